@@ -1,0 +1,29 @@
+# Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
+# VENV=/path/to/env reuses an environment (and the torch already in it).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.ddpkit-installed
+# A CPU build of torch installs in under a minute; an unpinned `torch` would pull a multi-GB CUDA build.
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: demo test install clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_PIN)
+	# Keep whatever torch is there: pin it so resolving ddpkit's deps never replaces it.
+	$(PY) -m pip install -q -e ".[dev]" "torch==$$($(PY) -c 'import torch; print(torch.__version__)')"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	rm -rf runs/digits
+	$(VENV)/bin/ddpkit launch --nproc-per-node 2 examples/digits.py --logdir runs/digits
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info src/*.egg-info

@@ -1,0 +1,54 @@
+"""ddpkit: a single-device PyTorch training script, data-parallel in a few lines.
+
+    import ddpkit
+    state = ddpkit.init()                                  # rank, world size, device, mode
+    model = ddpkit.prepare_model(Net())                    # device + SyncBatchNorm + DDP / DataParallel
+    loader = ddpkit.data_loader(train_set, batch_size=32)  # sharded, reshuffled every epoch
+    for x, y in ddpkit.progress(loader): ...               # bar on rank 0 only
+    ddpkit.print("done")                                   # printed once
+
+Launch with ``ddpkit launch --nproc-per-node 2 train.py`` or run ``python train.py`` as before.
+Importing ddpkit imports nothing heavy: each name loads its module on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it; resolved lazily so `import ddpkit` stays cheap.
+_EXPORTS = {
+    "init": "runtime",
+    "shutdown": "runtime",
+    "State": "runtime",
+    "prepare_model": "model",
+    "unwrap": "model",
+    "data_loader": "data",
+    "print": "output",
+    "get_logger": "output",
+    "summary_writer": "output",
+    "progress": "output",
+}
+
+__all__ = list(_EXPORTS)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ddpkit.data import data_loader
+    from ddpkit.model import prepare_model, unwrap
+    from ddpkit.output import get_logger, print, progress, summary_writer
+    from ddpkit.runtime import State, init, shutdown
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ddpkit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"ddpkit.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,129 @@
+"""How was this process started? Pure detection of rank, world size and rendezvous address.
+
+Nothing here touches torch or a network: :func:`detect` reads a mapping of environment variables and an
+argument list, so every launcher can be tested by handing it the variables that launcher sets.
+
+Example::
+
+    >>> env = detect({"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2",
+    ...               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29501"}, argv=[])
+    >>> env.source, env.rank, env.world_size, env.node_rank
+    ('torchrun', 1, 2, 0)
+    >>> detect({}, argv=[]).source
+    'single'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+
+class LaunchEnvError(RuntimeError):
+    """The environment describes a distributed launch, but not a consistent one."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessEnv:
+    """Where this process sits in the job, in torch's vocabulary.
+
+    ``source`` names what started the process: ``single`` (plain ``python train.py``), ``torchrun``
+    (``ddpkit launch``, ``torchrun`` or anything that sets RANK/WORLD_SIZE), ``legacy-launch``
+    (``python -m torch.distributed.launch`` passing ``--local_rank``) or ``slurm`` (``srun``).
+    """
+
+    source: str = "single"
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    master_addr: str | None = None
+    master_port: int | None = None
+
+    def __post_init__(self):
+        if not 0 <= self.rank < self.world_size:
+            raise LaunchEnvError(
+                f"rank {self.rank} is outside world size {self.world_size}: "
+                "RANK must be in [0, WORLD_SIZE); check the launcher's settings")
+        if not 0 <= self.local_rank < self.local_world_size:
+            raise LaunchEnvError(
+                f"local rank {self.local_rank} is outside local world size {self.local_world_size}: "
+                "check LOCAL_RANK / LOCAL_WORLD_SIZE")
+
+    @property
+    def node_rank(self) -> int:
+        """Index of this machine, assuming the same number of processes on every node (as torchrun does)."""
+        return self.rank // self.local_world_size
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> int:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        if default is None:
+            raise LaunchEnvError(f"{name} is not set, expected an integer; the launcher should set it")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise LaunchEnvError(f"{name}={raw!r} is not an integer; the launcher should set a number") from None
+
+
+def legacy_local_rank(argv: Sequence[str]) -> int | None:
+    """The ``--local_rank`` / ``--local-rank`` value that ``torch.distributed.launch`` appends, if any.
+
+    >>> legacy_local_rank(["train.py", "--local-rank=3"])
+    3
+    >>> legacy_local_rank(["train.py", "--local_rank", "1"]) , legacy_local_rank(["train.py"])
+    (1, None)
+    """
+    for i, arg in enumerate(argv):
+        for flag in ("--local_rank", "--local-rank"):
+            if arg.startswith(flag + "="):
+                return int(arg.split("=", 1)[1])
+            if arg == flag and i + 1 < len(argv):
+                return int(argv[i + 1])
+    return None
+
+
+def _address(environ: Mapping[str, str]) -> tuple[str | None, int | None]:
+    port = environ.get("MASTER_PORT")
+    return environ.get("MASTER_ADDR"), (int(port) if port else None)
+
+
+def _from_torchrun(environ: Mapping[str, str], argv: Sequence[str]) -> ProcessEnv:
+    world = _int(environ, "WORLD_SIZE")
+    local = environ.get("LOCAL_RANK")
+    source = "torchrun"
+    if local is None:
+        # torch.distributed.launch without --use-env passes the local rank as an argument.
+        legacy = legacy_local_rank(argv)
+        local, source = (legacy, "legacy-launch") if legacy is not None else (0, source)
+    local_world = _int(environ, "LOCAL_WORLD_SIZE", default=max(int(local) + 1, 1))
+    if "LOCAL_WORLD_SIZE" not in environ and world > 1:
+        local_world = world  # legacy launch on one node: every process is local
+    addr, port = _address(environ)
+    return ProcessEnv(source, _int(environ, "RANK"), int(local), world, local_world, addr, port)
+
+
+def _from_slurm(environ: Mapping[str, str]) -> ProcessEnv:
+    world = _int(environ, "SLURM_NTASKS")
+    nodes = _int(environ, "SLURM_NNODES", default=1)
+    # SLURM_NTASKS_PER_NODE may read "2(x3)"; with homogeneous nodes the division is what we need.
+    local_world = max(world // max(nodes, 1), 1)
+    addr, port = _address(environ)
+    return ProcessEnv("slurm", _int(environ, "SLURM_PROCID"), _int(environ, "SLURM_LOCALID"),
+                      world, local_world, addr, port)
+
+
+def detect(environ: Mapping[str, str], argv: Sequence[str]) -> ProcessEnv:
+    """Read the launcher's variables. torchrun-style variables win over Slurm's, which win over nothing."""
+    if "WORLD_SIZE" in environ and "RANK" in environ:
+        return _from_torchrun(environ, argv)
+    # srun sets SLURM_STEP_ID for the tasks it starts; a bare sbatch script is one process.
+    if "SLURM_PROCID" in environ and "SLURM_NTASKS" in environ and "SLURM_STEP_ID" in environ:
+        return _from_slurm(environ)
+    return ProcessEnv()

@@ -1,0 +1,92 @@
+"""Output that appears once per job, not once per rank: print, logging, TensorBoard, progress bars.
+
+Example::
+
+    ddpkit.print("epoch", epoch)                       # rank 0 only
+    log = ddpkit.get_logger(__name__)                  # log.info(...) on rank 0 only
+    writer = ddpkit.summary_writer("runs/exp")         # a real SummaryWriter on rank 0, a no-op elsewhere
+    for batch in ddpkit.progress(loader, desc="train"):  # a tqdm bar on rank 0 only
+        ...
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from ddpkit import runtime
+
+
+def print(*args: Any, **kwargs: Any) -> None:  # noqa: A001 - the point is to stand in for print
+    """``print`` on the main process (rank 0); nothing on the others."""
+    if runtime.current().is_main:
+        kwargs.setdefault("flush", True)
+        builtins.print(*args, **kwargs)
+
+
+class RankZeroAdapter(logging.LoggerAdapter):
+    """Logs on rank 0 only; with ``all_ranks=True`` logs everywhere and prefixes ``[rank N]``."""
+
+    def __init__(self, logger: logging.Logger, all_ranks: bool = False):
+        super().__init__(logger, {})
+        self.all_ranks = all_ranks
+
+    def isEnabledFor(self, level: int) -> bool:
+        return (self.all_ranks or runtime.current().is_main) and self.logger.isEnabledFor(level)
+
+    def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:
+        if self.isEnabledFor(level):
+            msg, kwargs = self.process(msg, kwargs)
+            kwargs.setdefault("stacklevel", 2)
+            self.logger.log(level, msg, *args, **kwargs)
+
+    def process(self, msg: Any, kwargs: Any):
+        if self.all_ranks:
+            msg = f"[rank {runtime.current().rank}] {msg}"
+        return msg, kwargs
+
+
+def get_logger(name: str, all_ranks: bool = False) -> RankZeroAdapter:
+    """A logger adapter over ``logging.getLogger(name)`` that logs on rank 0 only.
+
+    Handlers and levels stay yours to configure (ddpkit never touches the root logger).
+    """
+    return RankZeroAdapter(logging.getLogger(name), all_ranks)
+
+
+class _NullWriter:
+    """Stands in for a SummaryWriter on ranks other than 0: every method accepts anything and does nothing."""
+
+    def __getattr__(self, name: str):
+        return lambda *args, **kwargs: None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def summary_writer(log_dir: str | None = None, **kwargs: Any):
+    """A ``torch.utils.tensorboard.SummaryWriter`` on rank 0, a no-op object with the same methods elsewhere.
+
+    Needs the ``tensorboard`` extra (``pip install ddpkit[tensorboard]``) on rank 0.
+    """
+    if not runtime.current().is_main:
+        return _NullWriter()
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as exc:
+        raise ImportError("summary_writer needs tensorboard: pip install 'ddpkit[tensorboard]'") from exc
+    return SummaryWriter(log_dir=log_dir, **kwargs)
+
+
+def progress(iterable: Iterable, **tqdm_kwargs: Any) -> Iterable:
+    """``tqdm(iterable, ...)`` on rank 0; the iterable itself elsewhere (same items, no bar)."""
+    if not runtime.current().is_main:
+        return iterable
+    from tqdm import tqdm
+
+    return tqdm(iterable, **tqdm_kwargs)

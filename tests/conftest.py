@@ -1,0 +1,44 @@
+"""Helpers for tests that start real processes (gloo on CPU, free ports picked by the store itself)."""
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKERS = ROOT / "tests" / "workers"
+
+
+def run_cmd(cmd, timeout=180, env=None, cwd=ROOT):
+    """Run cmd in its own session; on timeout kill the whole group so no worker outlives the test."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"timed out after {timeout}s: {cmd}\nstdout:\n{out}\nstderr:\n{err}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def launch(script, *args, nproc=2, launcher_args=(), **kwargs):
+    """`ddpkit launch --nproc-per-node N script args` as a subprocess."""
+    cmd = [sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", str(nproc), *launcher_args,
+           str(script), *map(str, args)]
+    return run_cmd(cmd, **kwargs)
+
+
+def ok(result):
+    assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return result
+
+
+@pytest.fixture(scope="session")
+def has_cuda():
+    import torch
+
+    return torch.cuda.is_available()

@@ -1,0 +1,67 @@
+"""The launcher as pure steps, and its argument errors (exit 2, one line, nothing spawned)."""
+import sys
+
+import pytest
+
+from conftest import ROOT, run_cmd
+from ddpkit.launch import LaunchConfig, LaunchError, main, parse_args, resolve_nproc, torchrun_argv, worker_env
+
+SCRIPT = str(ROOT / "examples" / "digits.py")
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--nproc-per-node", "0", SCRIPT], "--nproc-per-node must be >= 1, got 0"),
+    (["--nproc-per-node", "abc", SCRIPT], "must be a positive integer or auto|gpu|cpu, got 'abc'"),
+    (["--nproc-per-node", "2", "missing.py"], "script 'missing.py' not found"),
+    (["--nnodes", "2", "--node-rank", "5", SCRIPT], "--node-rank must be in [0, 1] for --nnodes 2, got 5"),
+    (["--nnodes", "2", SCRIPT], "needs --master-addr"),
+    (["--mode", "fsdp", SCRIPT], "--mode must be ddp or dp"),
+    (["--mode", "dp", "--nproc-per-node", "2", SCRIPT], "--mode dp runs one process"),
+    (["--master-port", "70000", SCRIPT], "--master-port must be in 1..65535"),
+    (["--max-restarts", "-1", SCRIPT], "--max-restarts must be >= 0"),
+    (["--nproc-per-node", "gpu", SCRIPT], "no CUDA GPU is visible"),
+])
+def test_bad_arguments_exit_2_with_one_line(argv, fragment, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("ddpkit launch: error: "), err
+    assert fragment in err
+
+
+def test_argument_errors_from_the_command_line():
+    for argv in (["--nproc-per-node", "0", "x.py"], ["--nproc-per-node", "abc", "x.py"], ["missing.py"],
+                 ["--nnodes", "2", "--node-rank", "5", SCRIPT]):
+        r = run_cmd([sys.executable, "-m", "ddpkit", "launch", *argv], timeout=60)
+        assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r
+
+
+def test_nproc_values():
+    assert resolve_nproc("gpu", gpus=4, cpus=2) == 4
+    assert resolve_nproc("cpu", gpus=4, cpus=2) == 2
+    assert resolve_nproc("auto", gpus=0, cpus=3) == 3
+    with pytest.raises(LaunchError):
+        resolve_nproc("-1", gpus=0, cpus=2)
+
+
+def test_single_node_uses_a_port_the_store_binds_itself():
+    cfg = parse_args(["--nproc-per-node", "2", SCRIPT, "--epochs", "1"], gpus=0)
+    argv = torchrun_argv(cfg)
+    assert "--standalone" in argv and "--master-port" not in argv
+    assert argv[-3:] == [SCRIPT, "--epochs", "1"]  # script arguments pass through untouched
+
+
+def test_multi_node_passes_the_rendezvous_address():
+    cfg = parse_args(["--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29400",
+                      SCRIPT], gpus=0)
+    argv = torchrun_argv(cfg)
+    assert argv[argv.index("--master-addr") + 1] == "10.0.0.1" and argv[argv.index("--node-rank") + 1] == "1"
+    assert cfg.world_size == 2
+
+
+def test_omp_threads_shared_between_local_processes_unless_set():
+    cfg = LaunchConfig(script=SCRIPT, nproc_per_node=4)
+    env, notes = worker_env(cfg, {}, cores=16)
+    assert env["OMP_NUM_THREADS"] == "4" and "16 cores / 4" in notes[0]
+    env, notes = worker_env(cfg, {"OMP_NUM_THREADS": "7"}, cores=16)
+    assert "OMP_NUM_THREADS" not in env and not notes
+    assert env["DDPKIT_MODE"] == "ddp"
