@@ -24,11 +24,11 @@ epochs = [[int(i) for (batch,) in loader for i in batch] for _ in range(3)]
 # One DDP step: gradients must be equal on every rank although the batches differ.
 torch.manual_seed(1000 + state.rank)  # different initial weights: DDP must broadcast rank 0's
 model = ddpkit.prepare_model(nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 1)))
-x = torch.randn(6, 4, generator=torch.Generator().manual_seed(state.rank))
+x = torch.randn(6, 4, generator=torch.Generator().manual_seed(state.rank)).to(state.device)
 model(x).pow(2).mean().backward()
-grads = {n: p.grad.clone() for n, p in ddpkit.unwrap(model).named_parameters()}
-weights = {k: v.clone() for k, v in model.state_dict().items()}
-prefixed = {"module." + k: v for k, v in weights.items()}
+grads = {n: p.grad.cpu() for n, p in ddpkit.unwrap(model).named_parameters()}
+weights = {k: v.cpu() for k, v in model.state_dict().items()}
+prefixed = {"module." + k: v for k, v in model.state_dict().items()}
 model.load_state_dict(prefixed)  # a state dict saved by hand from a DDP model must load
 
 # Output once: the test counts these markers in the launcher's stdout.
