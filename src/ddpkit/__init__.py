@@ -22,10 +22,14 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "init": "runtime",
     "shutdown": "runtime",
-    "State": "runtime",
     "prepare_model": "model",
     "unwrap": "model",
+    "no_sync": "model",
+    "autocast": "precision",
     "data_loader": "data",
+    "join": "data",
+    "reduce": "collectives",
+    "gather": "collectives",
     "print": "output",
     "get_logger": "output",
     "summary_writer": "output",
@@ -35,10 +39,12 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ddpkit.data import data_loader
-    from ddpkit.model import prepare_model, unwrap
+    from ddpkit.collectives import gather, reduce
+    from ddpkit.data import data_loader, join
+    from ddpkit.model import no_sync, prepare_model, unwrap
     from ddpkit.output import get_logger, print, progress, summary_writer
-    from ddpkit.runtime import State, init, shutdown
+    from ddpkit.precision import autocast
+    from ddpkit.runtime import init, shutdown
 
 
 def __getattr__(name: str) -> Any:

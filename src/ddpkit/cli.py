@@ -14,6 +14,7 @@ from collections.abc import Sequence
 # subcommand -> (module with main(argv) -> int, one-line help)
 COMMANDS = {
     "launch": ("ddpkit.launch", "run a script as N data-parallel processes (torchrun underneath)"),
+    "verify": ("ddpkit.verify", "check that N-process training equals 1 process on the global batch"),
 }
 
 

@@ -2,68 +2,184 @@
 
 Example::
 
-    loader = ddpkit.data_loader(train_set, batch_size=32)   # 32 per process in DDP
+    loader = ddpkit.data_loader(train_set, batch_size=32)              # 32 per process in DDP
+    test_loader = ddpkit.data_loader(test_set, 256, train=False)       # exact: no padded duplicates
     for epoch in range(10):
-        for x, y in loader:                                 # set_epoch is called for you
+        for x, y in loader:                                            # set_epoch is called for you
             ...
 
 The global order of an epoch is one seeded permutation of the whole dataset, the same for every world
-size; rank r takes every world_size-th index of it from position r (torch's DistributedSampler). So one
-process with batch ``B * N`` sees the same global batches as N processes with batch ``B`` each.
+size; rank r takes every world_size-th index of it from position r. So one process with batch ``B * N``
+sees the same global batches as N processes with batch ``B`` each.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ddpkit import runtime
+
+UNEVEN = ("pad", "drop", "join")
+
+
+class ShardSampler(Sampler[int]):
+    """Rank ``rank``'s share of one seeded global order: positions ``rank, rank + W, rank + 2W, ...``.
+
+    ``uneven`` decides what happens when the dataset does not divide by the world size W:
+    ``pad`` repeats samples from the start of the order so every rank gets the same count (torch's
+    DistributedSampler does the same), ``drop`` drops the tail, ``none`` leaves ranks with counts that differ
+    by at most one (exact evaluation; training then needs ``ddpkit.join``).
+
+    >>> [list(ShardSampler(5, rank=r, world_size=2, shuffle=False, uneven="none")) for r in (0, 1)]
+    [[0, 2, 4], [1, 3]]
+    """
+
+    def __init__(self, size: int, rank: int, world_size: int, shuffle: bool = True, seed: int = 0,
+                 uneven: str = "pad"):
+        self.size, self.rank, self.world_size = size, rank, world_size
+        self.shuffle, self.seed, self.uneven = shuffle, seed, uneven
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def global_order(self) -> list[int]:
+        """This epoch's order of the whole dataset (independent of the world size)."""
+        if not self.shuffle:
+            return list(range(self.size))
+        return torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
+
+    def _total(self) -> int:
+        if self.uneven == "pad":
+            return -(-self.size // self.world_size) * self.world_size
+        if self.uneven == "drop":
+            return self.size // self.world_size * self.world_size
+        return self.size
+
+    def __iter__(self) -> Iterator[int]:
+        order, total = self.global_order(), self._total()
+        while len(order) < total:  # pad: wrap around (more than once for tiny datasets)
+            order += order[: total - len(order)]
+        return iter(order[self.rank:total:self.world_size])
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self._total(), self.world_size))
 
 
 class ShardedDataLoader(DataLoader):
     """A ``torch.utils.data.DataLoader`` whose sampler gets ``set_epoch(epoch)`` at the start of each pass.
 
     The epoch counts passes over the loader from 0; :meth:`set_epoch` moves it (e.g. after a resume).
+    ``max_steps`` (from ``DDPKIT_MAX_STEPS``, set by ``ddpkit verify``) ends iteration after that many
+    batches in total, across epochs.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    def __init__(self, *args: Any, join: bool = False, max_steps: int | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.epoch = 0
+        self.join = join
+        self.max_steps = max_steps
+        self.steps_taken = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __iter__(self):
+        if self.join and not _joining:
+            raise RuntimeError("uneven='join' gives ranks different numbers of batches; run the loop inside "
+                               "`with ddpkit.join(model):` or use uneven='pad' / 'drop'")
         self.sampler.set_epoch(self.epoch)
         self.epoch += 1
-        return super().__iter__()
+        batches = super().__iter__()
+        if self.max_steps is None:
+            return batches
+        return self._bounded(batches)
+
+    def _bounded(self, batches):
+        for batch in batches:
+            if self.steps_taken >= self.max_steps:
+                return
+            self.steps_taken += 1
+            yield batch
 
 
-def data_loader(dataset: Dataset, batch_size: int, *, shuffle: bool = True, drop_last: bool = False,
-                seed: int = 0, **loader_kwargs: Any) -> ShardedDataLoader:
+_joining = False
+
+
+@contextlib.contextmanager
+def join(model: torch.nn.Module):
+    """Let ranks run different numbers of training steps without a hang (torch's ``Join`` for DDP).
+
+    Ranks that run out of batches shadow the others' all-reduces until every rank is done. Does not work
+    with SyncBatchNorm (its collectives run in forward): pass ``sync_batchnorm=False`` or use ``uneven='pad'``.
+    Outside DDP it does nothing.
+
+    Example::
+
+        loader = ddpkit.data_loader(train_set, 32, uneven="join")
+        with ddpkit.join(model):
+            for x, y in loader: ...
+    """
+    global _joining
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(model, DistributedDataParallel):
+        context = contextlib.nullcontext()
+    elif any(type(m).__name__ == "SyncBatchNorm" for m in model.modules()):
+        raise ValueError("ddpkit.join cannot run with SyncBatchNorm (collectives in forward would hang); "
+                         "prepare_model(..., sync_batchnorm=False) or data_loader(..., uneven='pad')")
+    else:
+        context = model.join()
+    _joining = True
+    try:
+        with context:
+            yield
+    finally:
+        _joining = False
+
+
+def data_loader(dataset: Dataset, batch_size: int, *, train: bool = True, shuffle: bool | None = None,
+                uneven: str = "pad", seed: int = 0, **loader_kwargs: Any) -> ShardedDataLoader:
     """Build a loader over this rank's shard of ``dataset``.
 
     ``batch_size`` is **per process** in DDP (global batch = batch_size x world size) and **global** in
     DP and single mode (DataParallel splits each batch across the GPUs). The global batch is printed once.
-    ``shuffle`` uses a permutation seeded by ``seed`` and the epoch. With ``drop_last=False`` the sampler
-    pads the last round with repeats from the start so every rank takes the same number of steps.
-    Other keyword arguments (``num_workers``, ``collate_fn``, ...) go to ``DataLoader``.
+
+    ``train=True``: shuffled (seed ``seed`` + epoch) and ``uneven`` decides the tail: ``pad`` (default;
+    repeats a few samples so every rank takes the same steps), ``drop``, or ``join`` (no repeats, unequal
+    steps; wrap the loop in :func:`join`). ``train=False`` (evaluation): dataset order, no padding, so
+    metrics reduced with :func:`ddpkit.reduce` / :func:`ddpkit.gather` count every sample exactly once.
+
+    Each rank's DataLoader workers get their own reproducible seeds (from ``seed`` and the rank). Other
+    keyword arguments (``num_workers``, ``collate_fn``, ``drop_last``, ...) go to ``DataLoader``.
     """
     state = runtime.current()
+    if uneven not in UNEVEN:
+        raise ValueError(f"uneven={uneven!r} is not one of {', '.join(UNEVEN)}")
     if len(dataset) < state.world_size:
         raise ValueError(f"dataset has {len(dataset)} samples but the job has {state.world_size} processes: "
                          "each rank needs at least one sample; use fewer processes or a larger dataset")
-    sampler = DistributedSampler(dataset, num_replicas=state.world_size, rank=state.rank, shuffle=shuffle,
-                                 seed=seed, drop_last=drop_last)
+    shuffle = train if shuffle is None else shuffle
+    sampler = ShardSampler(len(dataset), state.rank, state.world_size, shuffle, seed,
+                           uneven if train else "none")
     if state.device.type == "cuda":
         loader_kwargs.setdefault("pin_memory", True)
-    loader = ShardedDataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last,
-                               **loader_kwargs)
-    if state.is_main:
-        print(f"ddpkit: {describe_batch(state, batch_size, len(loader))}", file=sys.stderr, flush=True)
+    # Worker seeds derive from this generator: distinct per rank, identical across reruns.
+    loader_kwargs.setdefault("generator", torch.Generator().manual_seed(seed * 1_000_003 + state.rank))
+    scale = int(os.environ.get("DDPKIT_BATCH_SCALE", "1")) if train else 1  # set by `ddpkit verify`
+    max_steps = os.environ.get("DDPKIT_MAX_STEPS") if train else None
+    loader = ShardedDataLoader(dataset, batch_size=batch_size * scale, sampler=sampler,
+                               join=train and uneven == "join",
+                               max_steps=int(max_steps) if max_steps else None, **loader_kwargs)
+    if state.is_main and train:
+        print(f"ddpkit: {describe_batch(state, batch_size * scale, len(loader))}", file=sys.stderr, flush=True)
     return loader
 
 

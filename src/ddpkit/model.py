@@ -10,15 +10,19 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 from ddpkit import runtime
+from ddpkit.consistency import FirstBackwardCheck, check_in_sync
 from ddpkit.syncbn import convert_sync_batchnorm, has_batchnorm
 
 
@@ -38,7 +42,25 @@ class _PlainStateDict:
 
 
 class DDP(_PlainStateDict, DistributedDataParallel):
-    """torch's DistributedDataParallel whose state dict is the plain module's."""
+    """torch's DistributedDataParallel whose state dict is the plain module's.
+
+    It also names, during the first backward, any parameter that got no gradient (instead of DDP's late
+    "Expected to have finished reduction" error), and with ``check_sync_every=K`` compares parameter
+    checksums across ranks every K forward calls.
+    """
+
+    def __init__(self, module: nn.Module, *args: Any, check_sync_every: int = 0, **kwargs: Any):
+        super().__init__(module, *args, **kwargs)
+        self._check_sync_every = check_sync_every
+        self._forward_calls = 0
+        if not kwargs.get("find_unused_parameters", False):
+            self._first_backward = FirstBackwardCheck(module)
+
+    def forward(self, *args: Any, **kwargs: Any):
+        if self._check_sync_every and self._forward_calls % self._check_sync_every == 0:
+            check_in_sync(self.module, self.process_group)
+        self._forward_calls += 1
+        return super().forward(*args, **kwargs)
 
 
 class DP(_PlainStateDict, DataParallel):
@@ -61,7 +83,37 @@ def unwrap(model: nn.Module) -> nn.Module:
             return model
 
 
-def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, **ddp_kwargs: Any) -> nn.Module:
+def no_sync(model: nn.Module, enabled: bool = True):
+    """Context in which backward skips DDP's all-reduce (gradient accumulation's non-final micro-steps).
+
+    Put forward *and* backward inside. A no-op outside DDP or with ``enabled=False``, so one loop serves all::
+
+        for i, (x, y) in enumerate(loader):
+            with ddpkit.no_sync(model, enabled=(i + 1) % accum != 0):
+                (loss_fn(model(x), y) / accum).backward()
+            if (i + 1) % accum == 0:
+                optimizer.step(); optimizer.zero_grad()
+    """
+    if enabled and isinstance(model, DistributedDataParallel):
+        return model.no_sync()
+    return contextlib.nullcontext()
+
+
+def _save_for_verify(model: nn.Module, path: str) -> None:
+    """``ddpkit verify`` protocol: at shutdown, rank 0 writes the final weights to DDPKIT_VERIFY_OUT.
+
+    The hook holds the model on purpose: a script's ``main()`` has usually returned by then.
+    """
+
+    def save() -> None:
+        if runtime.current().is_main:
+            torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)
+
+    runtime.on_shutdown(save)
+
+
+def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_every: int = 0,
+                  **ddp_kwargs: Any) -> nn.Module:
     """Move ``model`` to this process's device and wrap it for the mode :func:`ddpkit.init` chose.
 
     - ``ddp``: BatchNorm layers become SyncBatchNorm (``sync_batchnorm=False`` opts out; ddpkit's works on
@@ -72,9 +124,14 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, **ddp_kwargs
     - ``single``: just the move.
 
     The returned wrapper's ``state_dict()`` has no ``module.`` prefix and its ``load_state_dict`` accepts one.
+    In DDP, a parameter that gets no gradient in the first backward is named in an error (pass
+    ``find_unused_parameters=True`` if that is intended), and ``check_sync_every=K`` checks every K steps
+    that all ranks hold the same weights.
     """
     state = runtime.current()
     model = model.to(state.device)
+    if os.environ.get("DDPKIT_VERIFY_OUT"):
+        _save_for_verify(model, os.environ["DDPKIT_VERIFY_OUT"])
     if state.mode == "ddp":
         if sync_batchnorm and has_batchnorm(model):
             model = convert_sync_batchnorm(model, state.device)
@@ -82,7 +139,7 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, **ddp_kwargs
                 print("ddpkit: BatchNorm -> SyncBatchNorm (statistics over the global batch)",
                       file=sys.stderr, flush=True)
         device_ids = [state.device.index] if state.device.type == "cuda" else None
-        return DDP(model, device_ids=device_ids, **ddp_kwargs)
+        return DDP(model, device_ids=device_ids, check_sync_every=check_sync_every, **ddp_kwargs)
     # ddp_kwargs are ignored outside DDP on purpose: the same script must run in every mode.
     if state.mode == "dp":
         return DP(model)

@@ -18,8 +18,10 @@ import atexit
 import dataclasses
 import datetime
 import os
+import random
 import sys
 import threading
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -97,13 +99,14 @@ _lock = threading.Lock()
 
 
 def init(mode: str | None = None, *, backend: str | None = None, timeout_s: float | None = None,
-         cpu: bool = False) -> State:
+         cpu: bool = False, seed: int | None = None) -> State:
     """Start (once) the process group this launch calls for and return the :class:`State`.
 
     ``mode`` defaults to the ``DDPKIT_MODE`` variable (``ddpkit launch --mode`` sets it) or ``auto``.
     ``backend`` defaults to NCCL when the process drives a CUDA device, else gloo. ``timeout_s`` bounds
     every collective (torch's default when None). ``cpu=True`` keeps the work on the CPU even when GPUs
-    exist. Calling it again returns the same state.
+    exist. ``seed`` seeds python, numpy and torch with ``seed + rank``: reproducible streams that differ
+    per rank (rank 0's equals a one-process run's). Calling it again returns the same state.
     """
     global _state
     with _lock:
@@ -121,6 +124,8 @@ def init(mode: str | None = None, *, backend: str | None = None, timeout_s: floa
         _state = State(env.rank, env.local_rank, env.world_size, env.local_world_size, env.node_rank,
                        device, backend if chosen == "ddp" else None, chosen, reason)
         atexit.register(shutdown)
+    if seed is not None:
+        seed_everything(seed + _state.rank)
     if _state.is_main:
         print(f"ddpkit: {reason} on {device} (rank 0 of {env.world_size})", file=sys.stderr, flush=True)
     return _state
@@ -144,6 +149,22 @@ def _start_group(env: ProcessEnv, backend: str, device: torch.device, timeout_s:
                             rank=env.rank, world_size=env.world_size, **kwargs)
 
 
+def seed_everything(seed: int) -> None:
+    """Seed python's ``random``, numpy (when installed) and torch (CPU and CUDA) with ``seed``."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    if "numpy" in sys.modules:  # seed numpy only if the script uses it; importing it costs start-up time
+        sys.modules["numpy"].random.seed(seed % 2**32)
+
+
+_shutdown_hooks: list[Callable[[], None]] = []
+
+
+def on_shutdown(hook: Callable[[], None]) -> None:
+    """Run ``hook()`` at :func:`shutdown`, while the process group still works (e.g. a final save)."""
+    _shutdown_hooks.append(hook)
+
+
 def current() -> State:
     """The state of this process, calling :func:`init` with its defaults the first time."""
     return _state if _state is not None else init()
@@ -161,8 +182,11 @@ def shutdown() -> None:
     with _lock:
         if _state is None:
             return
+        failed = getattr(sys, "last_value", None) is not None
+        while _shutdown_hooks and not failed:
+            _shutdown_hooks.pop(0)()
         _state = None
         if dist.is_available() and dist.is_initialized():
-            if getattr(sys, "last_value", None) is None:
+            if not failed:
                 dist.barrier()
             dist.destroy_process_group()

@@ -1,0 +1,78 @@
+"""Catch ranks that silently stop computing the same thing.
+
+- :class:`FirstBackwardCheck` names, at the end of the first backward, every parameter that received no
+  gradient. Without it DDP (``find_unused_parameters=False``) lets the first optimizer step run on
+  gradients that were never all-reduced and only fails at the second forward with "Expected to have
+  finished reduction in the prior iteration".
+- :func:`check_in_sync` compares per-parameter checksums across ranks and names the first that differs.
+
+Example::
+
+    check_in_sync(model)          # raises RuntimeError("... '2.weight' differs between ranks ...")
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+class FirstBackwardCheck:
+    """Hooks every trainable parameter for the first backward only, then removes the hooks."""
+
+    def __init__(self, module: nn.Module):
+        self.names = {p: n for n, p in module.named_parameters() if p.requires_grad}
+        self.seen: set[nn.Parameter] = set()
+        self.queued = False
+        self.handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.names]
+
+    def _on_grad(self, param: nn.Parameter) -> None:
+        self.seen.add(param)
+        if not self.queued:
+            # runs once the whole backward pass is done, still inside loss.backward()
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+            self.queued = True
+
+    def _finish(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        unused = [name for p, name in self.names.items() if p not in self.seen]
+        if unused:
+            shown = ", ".join(unused[:5]) + (f" and {len(unused) - 5} more" if len(unused) > 5 else "")
+            raise RuntimeError(
+                f"{len(unused)} parameter(s) got no gradient in the first backward: {shown}. DDP cannot "
+                "all-reduce them; pass prepare_model(model, find_unused_parameters=True) if some layers are "
+                "skipped on purpose, or freeze them with requires_grad_(False)")
+
+
+def _checksums(module: nn.Module) -> tuple[list[str], torch.Tensor]:
+    names, sums = [], []
+    for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
+        if tensor.is_floating_point():
+            t = tensor.detach().double()
+            names.append(name)
+            sums.append(torch.stack([t.sum(), (t * t).sum()]))
+    return names, torch.stack(sums) if sums else torch.zeros(0, 2, dtype=torch.float64)
+
+
+def check_in_sync(module: nn.Module, group=None) -> None:
+    """Raise on every rank, naming the first parameter or buffer whose checksum differs between ranks.
+
+    A no-op without a process group. Costs one all_gather of two float64 numbers per tensor.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    names, local = _checksums(module)
+    device = next(module.parameters()).device if any(True for _ in module.parameters()) else local.device
+    local = local.to(device)
+    everyone = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(everyone, local, group=group)
+    for rank, other in enumerate(everyone[1:], start=1):
+        differs = (other != everyone[0]).any(dim=1).nonzero()
+        if len(differs):
+            i = int(differs[0])
+            raise RuntimeError(
+                f"ranks out of sync: {names[i]!r} differs between rank 0 and rank {rank} (sum "
+                f"{everyone[0][i, 0].item():.9g} vs {other[i, 0].item():.9g}); something rank-dependent "
+                "changed the weights (an update outside backward, a rank-dependent branch, an unsynced buffer)")

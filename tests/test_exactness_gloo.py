@@ -1,0 +1,67 @@
+"""CPU SyncBatchNorm against BatchNorm on the global batch; seeds; clear failures (gloo, 2 processes)."""
+import pytest
+import torch
+from torch import nn
+
+from conftest import WORKERS, launch, ok
+
+ATOL = 1e-6
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("syncbn")
+    ok(launch(WORKERS / "misc.py", "syncbn_seeds", out))
+    return [torch.load(out / f"rank{r}.pt") for r in range(2)]
+
+
+def _reference(r0):
+    """BatchNorm1d on the concatenated batch, with the loss the ranks summed."""
+    bn = nn.BatchNorm1d(4, momentum=0.3)
+    with torch.no_grad():
+        bn.weight.copy_(torch.linspace(0.5, 2, 4))
+        bn.bias.copy_(torch.linspace(-1, 1, 4))
+    x = r0["full"].clone().requires_grad_(True)
+    y = bn(x)
+    (y * r0["upstream"]).sum().backward()
+    bn.eval()
+    return {"y": y.detach(), "dx": x.grad, "dw": bn.weight.grad, "db": bn.bias.grad,
+            "running_mean": bn.running_mean, "running_var": bn.running_var, "eval_y": bn(r0["full"]).detach()}
+
+
+def test_cpu_syncbn_equals_batchnorm_on_the_global_batch_with_unequal_sizes(ranks):
+    ref = _reference(ranks[0])
+    assert ranks[0]["sizes"] == [3, 5]
+    for key in ("y", "dx", "eval_y"):  # per-sample outputs: concatenate the ranks' slices
+        got = torch.cat([r[key] for r in ranks])
+        assert torch.allclose(got, ref[key], rtol=0, atol=ATOL), key
+    for key in ("dw", "db", "running_mean", "running_var"):
+        for r in ranks:
+            assert torch.allclose(r[key], ref[key], rtol=0, atol=ATOL), key
+
+
+def test_per_rank_streams_differ_and_repeat(ranks, tmp_path):
+    assert not torch.equal(ranks[0]["rng"], ranks[1]["rng"]) and ranks[0]["py_rng"] != ranks[1]["py_rng"]
+    assert ranks[0]["workers"] != ranks[1]["workers"]  # DataLoader workers seeded per rank
+    ok(launch(WORKERS / "misc.py", "syncbn_seeds", tmp_path))
+    again = torch.load(tmp_path / "rank1.pt")
+    assert torch.equal(again["rng"], ranks[1]["rng"]) and again["workers"] == ranks[1]["workers"]
+
+
+def test_rank0_stream_equals_a_one_process_run(ranks):
+    torch.manual_seed(42)  # what init(seed=42) gives a one-process run
+    assert torch.equal(ranks[0]["rng"], torch.rand(3))
+
+
+@pytest.mark.parametrize("case, message", [
+    ("unused", "2 parameter(s) got no gradient in the first backward: spare.weight, spare.bias"),
+    ("desync", "ranks out of sync: 'spare.bias' differs between rank 0 and rank 1"),
+    ("tiny", "dataset has 1 samples but the job has 2 processes"),
+])
+def test_mistakes_fail_clearly(case, message, tmp_path):
+    r = launch(WORKERS / "misc.py", case, tmp_path, timeout=90)
+    assert r.returncode != 0 and message in r.stderr, r.stderr[-3000:]
+    if case == "unused":  # named during the first backward, before any optimizer step
+        assert "STEP 0 backward done" not in r.stdout
+    if case == "desync":  # caught at the forward right after the rank-dependent change
+        assert r.stdout.count("STEP 1 backward done") == 0

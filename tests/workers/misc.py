@@ -1,0 +1,78 @@
+"""Worker for single-purpose gloo checks: ``ddpkit launch --nproc-per-node 2 misc.py CASE OUT``.
+
+CASE is one of: syncbn_seeds (saves OUT/rank<R>.pt), unused, desync, tiny (each should fail clearly).
+"""
+import random
+import sys
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+import ddpkit
+from ddpkit.syncbn import convert_sync_batchnorm
+
+case, out_dir = sys.argv[1], sys.argv[2]
+torch.set_num_threads(1)
+state = ddpkit.init(seed=42)
+rank, W = state.rank, state.world_size
+
+
+class Noise(Dataset):
+    """Each item is a random draw made inside the DataLoader worker: shows the worker's seed."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.rand(1).item(), random.random()
+
+
+def syncbn_seeds():
+    sizes = [3, 5, 4][:W]  # unequal per-rank batches
+    g = torch.Generator().manual_seed(7)
+    full = torch.randn(sum(sizes), 4, 5, generator=g) * 3 + 1  # (N, C, L): BatchNorm1d with a length dim
+    upstream = torch.randn(sum(sizes), 4, 5, generator=g)
+    start = sum(sizes[:rank])
+    mine = slice(start, start + sizes[rank])
+    bn = nn.BatchNorm1d(4, momentum=0.3)
+    with torch.no_grad():
+        bn.weight.copy_(torch.linspace(0.5, 2, 4))
+        bn.bias.copy_(torch.linspace(-1, 1, 4))
+    sync = convert_sync_batchnorm(bn, torch.device("cpu"))
+    x = full[mine].clone().requires_grad_(True)
+    y = sync(x)
+    # A loss whose global value is the sum over ranks: gradients are then the global ones.
+    (y * upstream[mine]).sum().backward()
+    torch.distributed.all_reduce(sync.weight.grad)
+    torch.distributed.all_reduce(sync.bias.grad)
+    sync.eval()
+    return {"y": y.detach(), "dx": x.grad, "dw": sync.weight.grad, "db": sync.bias.grad,
+            "running_mean": sync.running_mean.clone(), "running_var": sync.running_var.clone(),
+            "eval_y": sync(full[mine]).detach(), "sizes": sizes, "full": full, "upstream": upstream,
+            "rng": torch.rand(3), "py_rng": random.random(),
+            "workers": [v for batch in ddpkit.data_loader(Noise(), 2, num_workers=1) for v in zip(*batch)]}
+
+
+if case == "syncbn_seeds":
+    torch.save(syncbn_seeds(), f"{out_dir}/rank{rank}.pt")
+elif case in ("unused", "desync"):
+    class TwoHeads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.spare = nn.Linear(4, 2), nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.used(x) if case == "unused" else self.used(x) + self.spare(x)
+
+    model = ddpkit.prepare_model(TwoHeads(), check_sync_every=1 if case == "desync" else 0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        model(torch.randn(2, 4)).sum().backward()
+        print(f"STEP {step} backward done", flush=True)
+        opt.step()
+        if case == "desync" and rank == 1:
+            with torch.no_grad():
+                model.module.spare.bias.add_(1.0)  # a rank-dependent update outside backward
+elif case == "tiny":
+    ddpkit.data_loader([1], batch_size=1)

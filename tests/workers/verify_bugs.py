@@ -1,0 +1,29 @@
+"""A script whose distributed run differs from its single run, for `ddpkit verify` to catch.
+
+--bug sum: the loss is a sum over the batch, so N processes average N per-rank sums (1/N of the gradient).
+--bug nosync: BatchNorm statistics per rank (sync_batchnorm=False).
+"""
+import argparse
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import ddpkit
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--bug", choices=["none", "sum", "nosync"], default="none")
+args = parser.parse_args()
+torch.set_num_threads(1)
+ddpkit.init(seed=0)
+g = torch.Generator().manual_seed(0)
+data = TensorDataset(torch.randn(64, 5, generator=g) * 2 + 1, torch.randn(64, 1, generator=g))
+model = ddpkit.prepare_model(nn.Sequential(nn.Linear(5, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 1)),
+                             sync_batchnorm=args.bug != "nosync")
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(3):
+    for x, y in ddpkit.data_loader(data, batch_size=8):
+        loss = nn.functional.mse_loss(model(x), y, reduction="sum" if args.bug == "sum" else "mean")
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
