@@ -33,3 +33,41 @@ def test_dataparallel_mode_runs_the_demo(tmp_path):
 def test_demo_on_gpu(tmp_path):
     r = ok(launch(ROOT / "examples" / "digits.py", "--logdir", tmp_path, nproc=min(GPUS, 2)))
     assert float(r.stdout.strip().splitlines()[-1].split("=")[1]) >= 0.95
+
+
+@needs_two
+def test_dp_mode_matches_single_mode(tmp_path):
+    """The same script under DataParallel equals one GPU (BatchNorm excepted: replicas keep local stats)."""
+    env = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    results = {}
+    for mode in ("single", "dp"):
+        out = tmp_path / mode
+        out.mkdir()
+        ok(run_cmd([sys.executable, str(WORKERS / "equivalence.py"), str(out)], env={**env, "DDPKIT_MODE": mode}))
+        results[mode] = torch.load(out / "world1.pt")
+    for case in ("plain", "accum", "uneven"):
+        for name, ref in results["single"][case].items():
+            assert torch.allclose(ref.double(), results["dp"][case][name].double(), atol=1e-5), (case, name)
+
+
+@needs_gpu
+def test_fp16_autocast_with_grad_scaler_trains():
+    import ddpkit
+
+    ddpkit.init()
+    model = ddpkit.prepare_model(torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cuda")
+    x, y = torch.randn(64, 8, device="cuda"), torch.randn(64, 1, device="cuda")
+    losses = []
+    for _ in range(20):
+        with ddpkit.autocast("fp16"):
+            out = model(x)
+            assert out.dtype == torch.float16
+            loss = torch.nn.functional.mse_loss(out.float(), y)
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]

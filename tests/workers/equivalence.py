@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import ddpkit
 
-GLOBAL_BATCH, STEPS = 12, 4
+GLOBAL_BATCH, STEPS, CLIP = 12, 4, 0.05
 out_dir = sys.argv[1]
 torch.set_num_threads(1)
 torch.use_deterministic_algorithms(True)
@@ -35,15 +35,17 @@ def train(bn=False, accum=1, n=48, steps=STEPS):
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     loader = ddpkit.data_loader(data(n), batch_size=GLOBAL_BATCH // W // accum, seed=5)
     batches = iter(loader)
+    norms = []
     for _ in range(steps):
         for micro in range(accum):
-            x, y = next(batches)
+            x, y = (t.to(state.device) for t in next(batches))
             with ddpkit.no_sync(model, enabled=micro < accum - 1):
                 (nn.functional.cross_entropy(model(x), y) / accum).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)  # on the all-reduced (global) gradient
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)))  # global gradient norm
         opt.step()
         opt.zero_grad()
-    return {k: v.clone() for k, v in model.state_dict().items()}
+    assert min(norms) > CLIP, norms  # clipping was active at every step
+    return {k: v.cpu() for k, v in model.state_dict().items()}
 
 
 def plain_torch(n=48):
@@ -55,7 +57,7 @@ def plain_torch(n=48):
     for _ in range(STEPS):
         x, y = next(batches)
         nn.functional.cross_entropy(model(x), y).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()
         opt.zero_grad()
     return model.state_dict()
@@ -68,11 +70,12 @@ def evaluate(n=49):
     loss_sum, correct, count, preds = 0.0, 0, 0, []
     with torch.no_grad():
         for x, y in ddpkit.data_loader(data(n), batch_size=5, train=False):
+            x, y = x.to(state.device), y.to(state.device)
             logits = model(x)
             loss_sum += nn.functional.cross_entropy(logits, y, reduction="sum").double().item()
             correct += int((logits.argmax(1) == y).sum())
             count += len(y)
-            preds.append(logits)
+            preds.append(logits.cpu())
     return {"accuracy": ddpkit.reduce(correct) / ddpkit.reduce(count),
             "mean_loss": ddpkit.reduce(loss_sum, "mean", count=count),
             "max_correct": ddpkit.reduce(correct, "max"), "logits": ddpkit.gather(torch.cat(preds))}
@@ -85,6 +88,7 @@ def join_steps(n=49):
     steps = 0
     with ddpkit.join(model):
         for x, y in ddpkit.data_loader(data(n), batch_size=4, uneven="join"):
+            x, y = x.to(state.device), y.to(state.device)
             nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
             opt.zero_grad()
