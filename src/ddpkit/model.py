@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
-from ddpkit import runtime
+from ddpkit import faults, runtime
 from ddpkit.consistency import FirstBackwardCheck, check_in_sync
 from ddpkit.syncbn import convert_sync_batchnorm, has_batchnorm
 
@@ -60,6 +60,7 @@ class DDP(_PlainStateDict, DistributedDataParallel):
         if self._check_sync_every and self._forward_calls % self._check_sync_every == 0:
             check_in_sync(self.module, self.process_group)
         self._forward_calls += 1
+        faults.heartbeat()
         return super().forward(*args, **kwargs)
 
 

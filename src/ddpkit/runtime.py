@@ -26,9 +26,13 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from ddpkit import faults
 from ddpkit.environment import LaunchEnvError, ProcessEnv, detect
 
 MODES = ("auto", "ddp", "dp", "single")
+# Collectives that wait longer than this fail (and `ddpkit launch` prints a hang report). torch's defaults
+# are 30 min for gloo and 10 min for NCCL: long enough to lose an evening on a job that hangs at start-up.
+DEFAULT_TIMEOUT_S = 900.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,13 +102,14 @@ _state: State | None = None
 _lock = threading.Lock()
 
 
-def init(mode: str | None = None, *, backend: str | None = None, timeout_s: float | None = None,
+def init(mode: str | None = None, *, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
          cpu: bool = False, seed: int | None = None) -> State:
     """Start (once) the process group this launch calls for and return the :class:`State`.
 
     ``mode`` defaults to the ``DDPKIT_MODE`` variable (``ddpkit launch --mode`` sets it) or ``auto``.
     ``backend`` defaults to NCCL when the process drives a CUDA device, else gloo. ``timeout_s`` bounds
-    every collective (torch's default when None). ``cpu=True`` keeps the work on the CPU even when GPUs
+    every collective (default 15 min); under ``ddpkit launch`` a rank that makes no progress for half of
+    it has its stack recorded for the hang report. ``cpu=True`` keeps the work on the CPU even when GPUs
     exist. ``seed`` seeds python, numpy and torch with ``seed + rank``: reproducible streams that differ
     per rank (rank 0's equals a one-process run's). Calling it again returns the same state.
     """
@@ -118,6 +123,10 @@ def init(mode: str | None = None, *, backend: str | None = None, timeout_s: floa
         device = choose_device(chosen, env, cuda_count, cpu)
         if device.type == "cuda":
             torch.cuda.set_device(device)
+        if os.environ.get("DDPKIT_REPORT_DIR"):  # set by `ddpkit launch`: root cause and hang reports
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            faults.install(env.rank, env.local_rank,
+                           os.path.join(os.environ["DDPKIT_REPORT_DIR"], f"attempt{attempt}"), timeout_s)
         if chosen == "ddp":
             backend = backend or ("nccl" if device.type == "cuda" else "gloo")
             _start_group(env, backend, device, timeout_s)
@@ -131,10 +140,8 @@ def init(mode: str | None = None, *, backend: str | None = None, timeout_s: floa
     return _state
 
 
-def _start_group(env: ProcessEnv, backend: str, device: torch.device, timeout_s: float | None) -> None:
-    kwargs = {}
-    if timeout_s is not None:
-        kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
+def _start_group(env: ProcessEnv, backend: str, device: torch.device, timeout_s: float) -> None:
+    kwargs = {"timeout": datetime.timedelta(seconds=timeout_s)}
     if device.type == "cuda":
         kwargs["device_id"] = device  # eager NCCL init: a bad GPU fails here, not at the first all-reduce
     if env.source in ("torchrun", "legacy-launch"):

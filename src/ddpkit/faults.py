@@ -1,0 +1,164 @@
+"""Root cause once, and hang reports: the worker half writes files, the launcher half reads them.
+
+Workers started by ``ddpkit launch`` get ``DDPKIT_REPORT_DIR``. In that directory each worker writes
+
+- ``error-rank<R>.json`` from its excepthook (rank, host, exception, traceback, time), printing one line
+  instead of the traceback, so N ranks do not interleave N tracebacks;
+- ``stack-rank<R>.txt``: Python stacks of every thread, dumped by a watchdog when the rank has made no
+  progress (no batch, no forward) for half the collective timeout, and on SIGUSR1, which a rank whose
+  collective timed out sends to its local siblings before it exits.
+
+The launcher then prints one summary (:func:`summarize`): the first exception with its traceback, or,
+when the first failure is a collective timeout, where every rank stands.
+
+Example of a hang report::
+
+    ddpkit: HANG: a collective did not complete within the timeout
+      rank 0 waits in a collective (all_reduce) at train.py:41 in train_step
+      rank 1 is at train.py:55 in evaluate (not in a collective)
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import glob
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+
+EXIT_WORKER_FAILED = 1
+EXIT_HANG = 3
+_TIMEOUT = re.compile(r"timed out|timeout|Timeout", re.IGNORECASE)
+_last_beat = time.monotonic()
+
+
+def heartbeat() -> None:
+    """Mark progress (a batch, a forward): the hang watchdog only dumps stacks of ranks that stopped."""
+    global _last_beat
+    _last_beat = time.monotonic()
+
+
+def install(rank: int, local_rank: int, report_dir: str, timeout_s: float) -> None:
+    """Worker side: excepthook, SIGUSR1 stack dumps and the no-progress watchdog."""
+    os.makedirs(report_dir, exist_ok=True)
+    stack_file = open(os.path.join(report_dir, f"stack-rank{rank}.txt"), "a")  # kept open for the C handler
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    previous = sys.excepthook
+
+    def excepthook(kind, value, tb):
+        record = {"rank": rank, "local_rank": local_rank, "host": socket.gethostname(), "pid": os.getpid(),
+                  "time": time.time(), "type": kind.__name__, "message": str(value),
+                  "traceback": "".join(traceback.format_exception(kind, value, tb))}
+        with open(os.path.join(report_dir, f"error-rank{rank}.json"), "w") as f:
+            json.dump(record, f)
+        first_line = (str(value).splitlines() or [""])[0][:300]
+        print(f"ddpkit: rank {rank} raised {kind.__name__}: {first_line} (the launcher prints the report)",
+              file=sys.stderr, flush=True)
+        if _TIMEOUT.search(str(value)):
+            _signal_siblings()
+        if previous is not sys.__excepthook__:
+            previous(kind, value, tb)
+
+    sys.excepthook = excepthook
+    threading.Thread(target=_watchdog, args=(stack_file, timeout_s / 2), daemon=True,
+                     name="ddpkit-hang-watchdog").start()
+
+
+def _watchdog(stack_file, stale_s: float) -> None:
+    dumped_for = None
+    while True:
+        time.sleep(min(1.0, stale_s / 4))
+        beat = _last_beat
+        if time.monotonic() - beat > stale_s and dumped_for != beat:
+            faulthandler.dump_traceback(file=stack_file, all_threads=True)
+            stack_file.flush()
+            dumped_for = beat
+
+
+def _signal_siblings() -> None:
+    """Ask the other workers of this node's agent to dump their stacks (Linux /proc), then give them time."""
+    parent, me = os.getppid(), os.getpid()
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid == parent:
+                os.kill(int(entry), signal.SIGUSR1)
+        except (OSError, ValueError, IndexError):
+            continue
+    time.sleep(0.5)
+
+
+# ---- launcher side ---------------------------------------------------------------------------------
+
+_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+def _threads(dump: str) -> list[list[tuple[str, int, str]]]:
+    """faulthandler text -> list of threads, each a list of (file, line, function), most recent first."""
+    threads: list[list[tuple[str, int, str]]] = []
+    for line in dump.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            threads.append([])
+        elif threads and (m := _FRAME.match(line)):
+            threads[-1].append((m["file"], int(m["line"]), m["func"]))
+    return threads
+
+
+def _is_library(path: str) -> bool:
+    return any(part in path for part in (f"{os.sep}torch{os.sep}", f"{os.sep}ddpkit{os.sep}",
+                                         f"{os.sep}python3.", "<frozen"))
+
+
+def where(dump: str) -> str | None:
+    """One phrase for the main thread of the last dump: 'waits in a collective (...) at f.py:12 in g'."""
+    mains = [t for t in _threads(dump) if t and not any(f.endswith("threading.py") for f, _, _ in t)]
+    if not mains:
+        return None
+    frames = mains[-1]
+    user = next((f for f in frames if not _is_library(f[0])), frames[0])
+    spot = f"{os.path.basename(user[0])}:{user[1]} in {user[2]}"
+    collective = next((fn for f, _, fn in frames if f"{os.sep}distributed{os.sep}" in f), None)
+    return f"waits in a collective ({collective}) at {spot}" if collective else f"is at {spot} (not in a collective)"
+
+
+def summarize(report_dir: str) -> tuple[int, str] | None:
+    """The launcher's one report for a failed run, or None when no worker left one."""
+    errors = []
+    for path in glob.glob(os.path.join(report_dir, "error-rank*.json")):
+        with open(path) as f:
+            errors.append(json.load(f))
+    if not errors:
+        return None
+    first = min(errors, key=lambda e: e["time"])
+    if not _TIMEOUT.search(first["message"]):
+        head = f"ddpkit: rank {first['rank']} on {first['host']} failed first: {first['type']}: {first['message']}"
+        others = sorted(e["rank"] for e in errors if e is not first)
+        tail = f"\n(ranks {others} failed after it)" if others else ""
+        return EXIT_WORKER_FAILED, f"{head}\n{first['traceback'].rstrip()}{tail}"
+    lines = ["ddpkit: HANG: a collective did not complete within the timeout"]
+    ranks = {e["rank"]: e for e in errors}
+    for path in sorted(glob.glob(os.path.join(report_dir, "stack-rank*.txt")),
+                       key=lambda p: int(re.findall(r"\d+", os.path.basename(p))[0])):
+        rank = int(re.findall(r"\d+", os.path.basename(path))[0])
+        with open(path) as f:
+            spot = where(f.read())
+        if rank in ranks and _TIMEOUT.search(ranks[rank]["message"]):
+            spot = where("Thread 0x0:\n" + _as_dump(ranks[rank]["traceback"])) or spot
+        lines.append(f"  rank {rank} {spot or 'left no stack (it had exited or was not reached)'}")
+    lines.append(f"  first timeout on rank {first['rank']}: {first['message'].splitlines()[0][:200]}")
+    return EXIT_HANG, "\n".join(lines)
+
+
+def _as_dump(tb: str) -> str:
+    """A Python traceback (most recent last) in faulthandler's order (most recent first)."""
+    frames = re.findall(r'  File "([^"]+)", line (\d+), in (\S+)', tb)
+    return "\n".join(f'  File "{f}", line {n} in {fn}' for f, n, fn in reversed(frames))
