@@ -30,6 +30,7 @@ _EXPORTS = {
     "join": "data",
     "reduce": "collectives",
     "gather": "collectives",
+    "Checkpointer": "checkpoint",
     "print": "output",
     "get_logger": "output",
     "summary_writer": "output",
@@ -39,6 +40,7 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ddpkit.checkpoint import Checkpointer
     from ddpkit.collectives import gather, reduce
     from ddpkit.data import data_loader, join
     from ddpkit.model import no_sync, prepare_model, unwrap

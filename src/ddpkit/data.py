@@ -46,6 +46,7 @@ class ShardSampler(Sampler[int]):
         self.size, self.rank, self.world_size = size, rank, world_size
         self.shuffle, self.seed, self.uneven = shuffle, seed, uneven
         self.epoch = 0
+        self.start = 0  # global position in this epoch's order to start from (mid-epoch resume)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -67,18 +68,20 @@ class ShardSampler(Sampler[int]):
         order, total = self.global_order(), self._total()
         while len(order) < total:  # pad: wrap around (more than once for tiny datasets)
             order += order[: total - len(order)]
-        return iter(order[self.rank:total:self.world_size])
+        return iter(order[self.start + self.rank:total:self.world_size])
 
     def __len__(self) -> int:
-        return len(range(self.rank, self._total(), self.world_size))
+        return len(range(self.start + self.rank, self._total(), self.world_size))
 
 
 class ShardedDataLoader(DataLoader):
     """A ``torch.utils.data.DataLoader`` whose sampler gets ``set_epoch(epoch)`` at the start of each pass.
 
-    The epoch counts passes over the loader from 0; :meth:`set_epoch` moves it (e.g. after a resume).
-    ``max_steps`` (from ``DDPKIT_MAX_STEPS``, set by ``ddpkit verify``) ends iteration after that many
-    batches in total, across epochs.
+    ``epoch`` is the epoch of the current pass, or of the next one between passes; loop over
+    ``range(loader.epoch, epochs)`` and a resumed run continues where it stopped. :meth:`state_dict` holds
+    the epoch and the global position in it (world-size free), so a resume on another number of processes
+    continues the same global order. ``max_steps`` (from ``DDPKIT_MAX_STEPS``, set by ``ddpkit verify``)
+    ends iteration after that many batches in total, across epochs.
     """
 
     def __init__(self, *args: Any, join: bool = False, max_steps: int | None = None, **kwargs: Any):
@@ -87,16 +90,36 @@ class ShardedDataLoader(DataLoader):
         self.join = join
         self.max_steps = max_steps
         self.steps_taken = 0
+        self._start = 0  # global position the current / next pass starts from
+        self._batches = None  # batches taken in the current pass; None between passes
+        self._generator_state = None  # generator state at the start of the current pass
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+        self.epoch, self._start, self._batches = epoch, 0, None
+
+    def state_dict(self) -> dict[str, int]:
+        """``{"epoch", "position"}``: position counts global samples of ``epoch`` already consumed."""
+        taken = 0 if self._batches is None else self._batches * self.batch_size * self.sampler.world_size
+        return {"epoch": self.epoch, "position": self._start + taken}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self._start, self._batches = int(state["epoch"]), int(state["position"]), None
+
+    def generator_state(self) -> torch.Tensor | None:
+        """This rank's worker-seed generator as it was when the current pass began (for checkpoints)."""
+        if self.generator is None:
+            return None
+        return self._generator_state if self._batches is not None else self.generator.get_state()
 
     def __iter__(self):
         if self.join and not _joining:
             raise RuntimeError("uneven='join' gives ranks different numbers of batches; run the loop inside "
                                "`with ddpkit.join(model):` or use uneven='pad' / 'drop'")
         self.sampler.set_epoch(self.epoch)
-        self.epoch += 1
+        self.sampler.start = self._start
+        self._batches = 0
+        if self.generator is not None:
+            self._generator_state = self.generator.get_state()
         return self._counted(super().__iter__())
 
     def _counted(self, batches):
@@ -104,8 +127,10 @@ class ShardedDataLoader(DataLoader):
             if self.max_steps is not None and self.steps_taken >= self.max_steps:
                 return
             self.steps_taken += 1
+            self._batches += 1  # counted when handed out: a checkpoint taken in the loop body includes it
             faults.heartbeat()
             yield batch
+        self.epoch, self._start, self._batches = self.epoch + 1, 0, None
 
 
 _joining = False
@@ -143,12 +168,14 @@ def join(model: torch.nn.Module):
         _joining = False
 
 
-def data_loader(dataset: Dataset, batch_size: int, *, train: bool = True, shuffle: bool | None = None,
-                uneven: str = "pad", seed: int = 0, **loader_kwargs: Any) -> ShardedDataLoader:
+def data_loader(dataset: Dataset, batch_size: int | None = None, *, global_batch_size: int | None = None,
+                train: bool = True, shuffle: bool | None = None, uneven: str = "pad", seed: int = 0,
+                **loader_kwargs: Any) -> ShardedDataLoader:
     """Build a loader over this rank's shard of ``dataset``.
 
     ``batch_size`` is **per process** in DDP (global batch = batch_size x world size) and **global** in
-    DP and single mode (DataParallel splits each batch across the GPUs). The global batch is printed once.
+    DP and single mode (DataParallel splits each batch across the GPUs). Or give ``global_batch_size``: it
+    must divide by the world size, and each process takes its share. The global batch is printed once.
 
     ``train=True``: shuffled (seed ``seed`` + epoch) and ``uneven`` decides the tail: ``pad`` (default;
     repeats a few samples so every rank takes the same steps), ``drop``, or ``join`` (no repeats, unequal
@@ -159,6 +186,7 @@ def data_loader(dataset: Dataset, batch_size: int, *, train: bool = True, shuffl
     keyword arguments (``num_workers``, ``collate_fn``, ``drop_last``, ...) go to ``DataLoader``.
     """
     state = runtime.current()
+    batch_size = _per_process_batch(batch_size, global_batch_size, state)
     if uneven not in UNEVEN:
         raise ValueError(f"uneven={uneven!r} is not one of {', '.join(UNEVEN)}")
     if len(dataset) < state.world_size:
@@ -179,6 +207,19 @@ def data_loader(dataset: Dataset, batch_size: int, *, train: bool = True, shuffl
     if state.is_main and train:
         print(f"ddpkit: {describe_batch(state, batch_size * scale, len(loader))}", file=sys.stderr, flush=True)
     return loader
+
+
+def _per_process_batch(batch_size: int | None, global_batch_size: int | None, state: runtime.State) -> int:
+    if (batch_size is None) == (global_batch_size is None):
+        raise ValueError("give exactly one of batch_size (per process) and global_batch_size, "
+                         f"got {batch_size} and {global_batch_size}")
+    if global_batch_size is None:
+        return batch_size
+    shares = state.world_size if state.mode == "ddp" else 1
+    if global_batch_size % shares:
+        raise ValueError(f"global_batch_size={global_batch_size} does not divide by {shares} processes; pass a "
+                         f"multiple of {shares} (e.g. {global_batch_size // shares * shares or shares}) or batch_size=")
+    return global_batch_size // shares
 
 
 def describe_batch(state: runtime.State, batch_size: int, steps: int) -> str:

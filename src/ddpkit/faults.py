@@ -35,6 +35,8 @@ import traceback
 EXIT_WORKER_FAILED = 1
 EXIT_HANG = 3
 _TIMEOUT = re.compile(r"timed out|timeout|Timeout", re.IGNORECASE)
+# what a rank raises when a peer died first: a consequence, not a root cause
+_PEER_LOST = re.compile(r"Connection (reset|closed) by peer|Broken pipe|NCCL communicator was aborted", re.IGNORECASE)
 _last_beat = time.monotonic()
 
 
@@ -130,12 +132,21 @@ def where(dump: str) -> str | None:
     return f"waits in a collective ({collective}) at {spot}" if collective else f"is at {spot} (not in a collective)"
 
 
-def summarize(report_dir: str) -> tuple[int, str] | None:
-    """The launcher's one report for a failed run, or None when no worker left one."""
+def summarize(report_dir: str, crashed: dict[int, str] | None = None) -> tuple[int, str] | None:
+    """The launcher's one report for a failed run, or None when no worker left one.
+
+    ``crashed``: ranks that died without a Python exception (signal, os._exit) -> how. When every recorded
+    exception only says a peer went away, such a rank is the root cause.
+    """
     errors = []
     for path in glob.glob(os.path.join(report_dir, "error-rank*.json")):
         with open(path) as f:
             errors.append(json.load(f))
+    silent = {r: how for r, how in (crashed or {}).items() if r not in {e["rank"] for e in errors}}
+    if silent and all(_PEER_LOST.search(e["message"]) for e in errors):
+        rank = min(silent)
+        return EXIT_WORKER_FAILED, (f"ddpkit: rank {rank} failed first: {silent[rank]}, without a Python "
+                                    f"exception; ranks {sorted(e['rank'] for e in errors)} then lost their peer")
     if not errors:
         return None
     first = min(errors, key=lambda e: e["time"])

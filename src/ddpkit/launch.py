@@ -79,6 +79,7 @@ class LaunchConfig:
     mode: str = "ddp"
     max_restarts: int = 0
     module: bool = False
+    resume: bool = False
 
     def __post_init__(self):
         if self.mode not in ("ddp", "dp"):
@@ -119,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="port on node 0; single-node default: a free port the store binds itself")
     p.add_argument("--mode", default="ddp", help="ddp (one process per device) or dp (one process, DataParallel)")
     p.add_argument("--max-restarts", "--max_restarts", default="0", help="restart the group this many times on failure")
+    p.add_argument("--resume", action="store_true",
+                   help="ddpkit.Checkpointer restores the newest valid checkpoint (sets DDPKIT_RESUME=1)")
     p.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module, like python -m")
     p.add_argument("script", help="training script (or module with -m)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
@@ -136,7 +139,7 @@ def parse_args(argv: Sequence[str], gpus: int | None = None, cpus: int | None = 
         script=ns.script, script_args=tuple(ns.script_args), nproc_per_node=nproc,
         nnodes=_count(ns.nnodes, "--nnodes", 1), node_rank=_count(ns.node_rank, "--node-rank", 0),
         master_addr=ns.master_addr, master_port=port, mode=ns.mode,
-        max_restarts=_count(ns.max_restarts, "--max-restarts", 0), module=ns.module)
+        max_restarts=_count(ns.max_restarts, "--max-restarts", 0), module=ns.module, resume=ns.resume)
 
 
 def _visible_gpus() -> int:
@@ -167,11 +170,14 @@ def worker_env(cfg: LaunchConfig, environ: Mapping[str, str], cores: int) -> tup
 
     OMP_NUM_THREADS: cores shared among the local processes, so N processes do not oversubscribe the CPU.
     DDPKIT_MODE: tells ``ddpkit.init()`` in the script which mode the launch asked for.
+    DDPKIT_RESUME=1 (``--resume``): ``ddpkit.Checkpointer`` restores the newest valid checkpoint.
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the agent's store shared, restarted groups failed to form in
     5 of 11 tries here (gloo "Connection refused", pytorch#135712); unshared, 9 of 9 succeeded.
     """
     local = 1 if cfg.mode == "dp" else cfg.nproc_per_node
     env = {"DDPKIT_MODE": cfg.mode}
+    if cfg.resume:
+        env["DDPKIT_RESUME"] = "1"
     if cfg.max_restarts > 0:
         env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"))
     notes = []
@@ -225,14 +231,18 @@ def _run_workers(cfg: LaunchConfig, report_dir: str) -> int:
 
 def failure_report(exc, report_dir: str) -> tuple[int, str]:
     """(exit code, text) for a failed run: ddpkit's report of the last attempt, else torch's failure."""
+    crashed = {rank: _how(failure) for rank, failure in exc.failures.items()}
     attempts = sorted((d for d in os.listdir(report_dir) if d.startswith("attempt")), key=lambda d: int(d[7:]))
-    report = faults.summarize(os.path.join(report_dir, attempts[-1])) if attempts else None
+    report = faults.summarize(os.path.join(report_dir, attempts[-1]), crashed) if attempts else None
     if report is not None:
         return report
     rank, failure = exc.get_first_failure()
-    how = (f"killed by {failure.signal_name()}" if failure.exitcode < 0
-           else f"exited with code {failure.exitcode} without a Python exception (a crash, os._exit, or no ddpkit.init)")
-    return faults.EXIT_WORKER_FAILED, f"{PROG}: rank {rank} (pid {failure.pid}) {how}"
+    return faults.EXIT_WORKER_FAILED, (f"{PROG}: rank {rank} (pid {failure.pid}) {_how(failure)}, without a Python "
+                                       "exception (a crash, os._exit, or a script that never called ddpkit.init)")
+
+
+def _how(failure) -> str:
+    return f"killed by {failure.signal_name()}" if failure.exitcode < 0 else f"exited with code {failure.exitcode}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

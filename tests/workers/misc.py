@@ -1,6 +1,7 @@
 """Worker for single-purpose gloo checks: ``ddpkit launch --nproc-per-node 2 misc.py CASE OUT``.
 
-CASE is one of: syncbn_seeds (saves OUT/rank<R>.pt), unused, desync, tiny (each should fail clearly).
+CASE is one of: syncbn_seeds (saves OUT/rank<R>.pt), unused, desync, tiny, global_batch, boom (each should
+fail clearly), sleep (writes OUT/pid<R> and sleeps, for signal tests).
 """
 import random
 import sys
@@ -76,3 +77,16 @@ elif case in ("unused", "desync"):
                 model.module.spare.bias.add_(1.0)  # a rank-dependent update outside backward
 elif case == "tiny":
     ddpkit.data_loader([1], batch_size=1)
+elif case == "global_batch":
+    ddpkit.data_loader(list(range(10)), global_batch_size=5)
+elif case == "boom":  # rank 1 raises while rank 0 waits in a collective
+    if rank == 1:
+        raise ValueError("bad batch on rank 1")
+    torch.distributed.all_reduce(torch.ones(1))
+elif case == "sleep":  # for signal tests: record the pid, then wait
+    import os
+    import time
+
+    with open(f"{out_dir}/pid{rank}", "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(120)

@@ -1,0 +1,257 @@
+"""Checkpoints that lose nothing: written once, atomically, checksummed, and resumed bitwise-exactly.
+
+Example::
+
+    ckpt = ddpkit.Checkpointer("runs/exp", keep=3)
+    step = ckpt.restore(model=model, optimizer=optimizer, loader=loader)   # 0 on a fresh start
+    for epoch in range(loader.epoch, epochs):
+        for x, y in loader:
+            ...
+            step += 1
+            if step % 100 == 0:
+                ckpt.save(step, model=model, optimizer=optimizer, loader=loader)
+
+Each checkpoint is a directory ``ckpt-<step>`` holding ``state.pt`` and ``manifest.json`` (sha256 and size
+of every file). Rank 0 writes it into a temporary directory, fsyncs the files and the directory, renames it
+into place and fsyncs the parent, so a crash leaves either the whole checkpoint or none. Every rank's RNG
+states (python, numpy, torch, CUDA, the loaders' worker-seed generators) are gathered into it as tensors, and
+loading uses ``torch.load(weights_only=True)``: nothing arbitrary is unpickled. A checkpoint whose checksum
+does not match is skipped, with a warning, for the previous one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import sys
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ddpkit import runtime
+from ddpkit.data import ShardedDataLoader
+from ddpkit.model import unwrap
+
+_NAME = re.compile(r"^ckpt-(\d{10})$")
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: str, write) -> None:
+    with open(path, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _rng_state(loaders: dict[str, ShardedDataLoader]) -> dict[str, torch.Tensor]:
+    """This rank's random states, as tensors (so they can be gathered and loaded without pickle)."""
+    version, mt, gauss = random.getstate()
+    state = {"python_mt": torch.tensor(mt, dtype=torch.int64),
+             "python_gauss": torch.tensor([version, gauss is not None, gauss or 0.0], dtype=torch.float64),
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    if "numpy" in sys.modules:
+        _, keys, pos, has_gauss, cached = sys.modules["numpy"].random.get_state()
+        state["numpy_keys"] = torch.from_numpy(keys.astype("int64"))
+        state["numpy_rest"] = torch.tensor([pos, has_gauss, cached], dtype=torch.float64)
+    for name, loader in loaders.items():
+        generator = loader.generator_state()
+        if generator is not None:
+            state[f"loader.{name}"] = generator
+    return state
+
+
+def _set_rng_state(state: dict[str, torch.Tensor], loaders: dict[str, ShardedDataLoader]) -> None:
+    version, has_gauss, gauss = state["python_gauss"].tolist()
+    random.setstate((int(version), tuple(state["python_mt"].tolist()), gauss if has_gauss else None))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    if "numpy_keys" in state and "numpy" in sys.modules:
+        np = sys.modules["numpy"]
+        pos, has_gauss, cached = state["numpy_rest"].tolist()
+        np.random.set_state(("MT19937", state["numpy_keys"].numpy().astype(np.uint32), int(pos), int(has_gauss), cached))
+    for name, loader in loaders.items():
+        if f"loader.{name}" in state and loader.generator is not None:
+            loader.generator.set_state(state[f"loader.{name}"])
+
+
+def _gather_rng(local: dict[str, torch.Tensor], state: runtime.State) -> dict[str, torch.Tensor] | None:
+    """Every rank's RNG tensors on rank 0, stacked along a new first dim (None on other ranks)."""
+    if state.world_size == 1:
+        return {k: v.unsqueeze(0) for k, v in local.items()}
+    out = {}
+    for name in sorted(local):
+        tensor = local[name].to(state.device)
+        parts = [torch.empty_like(tensor) for _ in range(state.world_size)]
+        dist.all_gather(parts, tensor)
+        out[name] = torch.stack(parts).cpu()
+    return out if state.is_main else None
+
+
+def _check_fits(model: torch.nn.Module, saved: dict[str, torch.Tensor], path: str) -> None:
+    """Name the keys and shapes that differ, instead of torch's multi-line load_state_dict error."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(saved))
+    unexpected = sorted(set(saved) - set(own))
+    shapes = [f"{k} {tuple(saved[k].shape)} vs model {tuple(own[k].shape)}"
+              for k in own if k in saved and saved[k].shape != own[k].shape]
+    if missing or unexpected or shapes:
+        parts = [f"missing {missing[:5]}" if missing else "", f"unexpected {unexpected[:5]}" if unexpected else "",
+                 f"shapes {shapes[:5]}" if shapes else ""]
+        raise ValueError(f"checkpoint {path} does not fit this model: " + "; ".join(p for p in parts if p)
+                         + " (was it saved from another model or configuration?)")
+
+
+class Checkpointer:
+    """Saves and restores training state in ``directory``; keeps the newest ``keep`` checkpoints.
+
+    ``resume``: restore the newest valid checkpoint. By default on when ``DDPKIT_RESUME=1``
+    (``ddpkit launch --resume``) or when torchrun restarted the group after a failure.
+    """
+
+    def __init__(self, directory: str, *, keep: int = 3, resume: bool | None = None):
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.directory, self.keep = directory, keep
+        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+        self.resume = (os.environ.get("DDPKIT_RESUME") == "1" or restarted) if resume is None else resume
+        self.state = runtime.current()
+        if self.state.is_main:
+            self._prepare_directory()
+
+    def _prepare_directory(self) -> None:
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            probe = os.path.join(self.directory, f".write-test-{os.getpid()}")
+            _write_file(probe, lambda f: f.write(b"ok"))
+            os.remove(probe)
+        except OSError as exc:
+            raise PermissionError(f"checkpoint directory {self.directory!r} is not writable ({exc.strerror}); "
+                                  "pass a directory this user can write") from None
+        for entry in os.listdir(self.directory):  # leftovers of a save that was killed midway
+            if ".tmp-" in entry and entry.startswith("ckpt-"):
+                shutil.rmtree(os.path.join(self.directory, entry), ignore_errors=True)
+
+    def checkpoints(self) -> list[str]:
+        """Committed checkpoint directories, newest first (not yet checked)."""
+        if not os.path.isdir(self.directory):
+            return []
+        names = sorted((n for n in os.listdir(self.directory) if _NAME.match(n)), reverse=True)
+        return [os.path.join(self.directory, n) for n in names]
+
+    def save(self, step: int, *, extra: dict[str, Any] | None = None, **objects: Any) -> str | None:
+        """Save ``objects`` (anything with ``state_dict()``: model, optimizer, scheduler, scaler, loader).
+
+        Call it on every rank (RNG states are gathered). ``extra``: JSON-able values kept in the manifest.
+        Returns the checkpoint's path on rank 0.
+        """
+        loaders = {k: v for k, v in objects.items() if isinstance(v, ShardedDataLoader)}
+        rng = _gather_rng(_rng_state(loaders), self.state)
+        path = None
+        if self.state.is_main:
+            payload = {"step": step, "world_size": self.state.world_size, "rng": rng,
+                       "objects": {name: obj.state_dict() for name, obj in objects.items()}}
+            path = self._commit(step, payload, extra or {})
+        if self.state.world_size > 1:
+            dist.barrier()  # every rank returns once the checkpoint exists
+        return path
+
+    def _commit(self, step: int, payload: dict, extra: dict[str, Any]) -> str:
+        final = os.path.join(self.directory, f"ckpt-{step:010d}")
+        tmp = f"{final}.tmp-{os.getpid()}"
+        try:
+            os.makedirs(tmp)
+            state_file = os.path.join(tmp, "state.pt")
+            _write_file(state_file, lambda f: torch.save(payload, f))
+            manifest = {"format": 1, "step": step, "world_size": payload["world_size"], "extra": extra,
+                        "files": {"state.pt": {"sha256": _sha256(state_file), "bytes": os.path.getsize(state_file)}}}
+            _write_file(os.path.join(tmp, "manifest.json"), lambda f: f.write(json.dumps(manifest).encode()))
+            _fsync_dir(tmp)
+            if os.path.exists(final):  # the same step saved again: replace it
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            _fsync_dir(self.directory)
+        except (OSError, RuntimeError) as exc:  # torch.save reports a failed write as RuntimeError
+            shutil.rmtree(tmp, ignore_errors=True)
+            previous = next(iter(self.checkpoints()), None)
+            reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
+            raise OSError(f"could not write checkpoint {final} ({reason}); nothing was replaced, "
+                          f"the previous checkpoint {previous} is intact; free space or pick another directory") from None
+        for old in self.checkpoints()[self.keep:]:
+            shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def validate(self, path: str) -> str | None:
+        """None when ``path`` is a complete checkpoint whose files match the manifest, else the reason."""
+        try:
+            with open(os.path.join(path, "manifest.json")) as f:
+                manifest = json.load(f)
+            for name, meta in manifest["files"].items():
+                file = os.path.join(path, name)
+                if os.path.getsize(file) != meta["bytes"]:
+                    return f"{name} has {os.path.getsize(file)} bytes, the manifest says {meta['bytes']} (truncated?)"
+                if _sha256(file) != meta["sha256"]:
+                    return f"{name} does not match its sha256 (corrupted)"
+        except (OSError, ValueError, KeyError) as exc:
+            return f"unreadable manifest or file ({exc})"
+        return None
+
+    def latest(self) -> str | None:
+        """The newest valid checkpoint; invalid ones are skipped with a warning."""
+        for path in self.checkpoints():
+            reason = self.validate(path)
+            if reason is None:
+                return path
+            if self.state.is_main:
+                warnings.warn(f"ddpkit: skipping checkpoint {path}: {reason}", stacklevel=3)
+        return None
+
+    def restore(self, path: str | None = None, **objects: Any) -> int:
+        """Load the newest valid checkpoint (or ``path``) into ``objects``; returns its step, 0 if none.
+
+        Without ``path`` nothing is loaded unless ``resume`` is on. A given ``path`` must exist and be valid.
+        """
+        if path is not None:
+            reason = "it does not exist" if not os.path.isdir(path) else self.validate(path)
+            if reason:
+                raise FileNotFoundError(f"cannot resume from {path}: {reason}; pass a ckpt-* directory "
+                                        f"from {self.directory} or drop the path to start fresh")
+        elif not self.resume or (path := self.latest()) is None:
+            return 0
+        payload = torch.load(os.path.join(path, "state.pt"), map_location="cpu", weights_only=True)
+        for name, obj in objects.items():
+            if name not in payload["objects"]:
+                raise KeyError(f"checkpoint {path} has no {name!r} (it has {sorted(payload['objects'])})")
+            if isinstance(obj, torch.nn.Module):
+                _check_fits(unwrap(obj), payload["objects"][name], path)
+            obj.load_state_dict(payload["objects"][name])
+        if payload["world_size"] == self.state.world_size:  # another world size: streams cannot match anyway
+            loaders = {k: v for k, v in objects.items() if isinstance(v, ShardedDataLoader)}
+            # clone: set_rng_state reads the storage from its start, so a row view of rank r > 0 would crash
+            _set_rng_state({k: v[self.state.rank].clone() for k, v in payload["rng"].items()}, loaders)
+        if self.state.is_main:
+            print(f"ddpkit: resumed from {path} (step {payload['step']})", file=sys.stderr, flush=True)
+        return int(payload["step"])
