@@ -6,7 +6,7 @@ STAMP := $(VENV)/.ddpkit-installed
 # A CPU build of torch installs in under a minute; an unpinned `torch` would pull a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean soak
 
 install: $(STAMP)
 
@@ -24,6 +24,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# Repeated faults (kills, clean exits, exceptions, hangs) on real 2-process jobs; ~12 min, not part of CI.
+soak: $(STAMP)
+	$(PY) soak/run.py
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info src/*.egg-info

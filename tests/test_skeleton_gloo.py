@@ -11,7 +11,7 @@ from conftest import WORKERS, launch, ok
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("skeleton")
     start = time.monotonic()
-    result = ok(launch(WORKERS / "skeleton.py", out))
+    result = ok(launch(WORKERS / "skeleton.py", out, launcher_args=["--log-dir", out / "logs"]))
     ranks = [torch.load(out / f"rank{r}.pt") for r in range(2)]
     return {"result": result, "ranks": ranks, "out": out, "seconds": time.monotonic() - start}
 
@@ -63,10 +63,24 @@ def test_output_appears_once(run):
     stdout, stderr = run["result"].stdout, run["result"].stderr
     assert stdout.count("MARKER-print") == 1
     assert stdout.count("MARKER-log") == 1
-    assert stdout.count("MARKER-every-rank") == 2 and "[rank 1] MARKER-every-rank" in stdout
+    assert stdout.count("MARKER-every-rank") == 1 and "[rank 1] MARKER-every-rank" not in stdout  # console: rank 0
+    assert stdout.count("MARKER-same-on-every-rank") == 1 and "MARKER-same-on-every-rank [x2 ranks]" in stdout
     assert stderr.count("MARKER-bar") >= 1 and stderr.count("global batch 8 = 4 per process x 2") == 1
     event_files = list((run["out"] / "tb").glob("events.out.tfevents.*"))
     assert len(event_files) == 1
+
+
+def test_every_rank_has_its_own_log_files(run):
+    rank1 = list((run["out"] / "logs").glob("*/*/attempt_0/1/stdout.log"))
+    assert len(rank1) == 1 and "[rank 1] MARKER-every-rank" in rank1[0].read_text()
+    assert len(list((run["out"] / "logs").glob("*/*/attempt_0/*/stderr.log"))) == 2
+
+
+def test_console_ranks_all_shows_every_rank(tmp_path):
+    r = ok(launch(WORKERS / "skeleton.py", tmp_path, launcher_args=["--console-ranks", "all", "--log-dir",
+                                                                     tmp_path / "logs"]))
+    assert "[rank 0] MARKER-every-rank" in r.stdout and "[rank 1] MARKER-every-rank" in r.stdout
+    assert r.stdout.count("MARKER-print") == 1
 
 
 def test_launch_and_teardown_finish_promptly(run):

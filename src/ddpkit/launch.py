@@ -24,9 +24,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 
 from ddpkit import faults
+from ddpkit.logs import ConsoleTail, parse_ranks
 
 USAGE_ERROR = 2
 PROG = "ddpkit launch"
@@ -80,6 +82,8 @@ class LaunchConfig:
     max_restarts: int = 0
     module: bool = False
     resume: bool = False
+    log_dir: str = os.path.join("runs", "logs")
+    console_ranks: str = "0"
 
     def __post_init__(self):
         if self.mode not in ("ddp", "dp"):
@@ -95,6 +99,10 @@ class LaunchConfig:
             raise LaunchError(f"--master-port must be in 1..65535, got {self.master_port}")
         if self.nnodes > 1 and not self.master_addr:
             raise LaunchError(f"--nnodes {self.nnodes} needs --master-addr (the address of node 0) on every node")
+        try:
+            parse_ranks(self.console_ranks, self.world_size)
+        except ValueError as exc:
+            raise LaunchError(str(exc)) from None
         if self.mode == "dp" and (self.nnodes > 1 or self.nproc_per_node > 1):
             raise LaunchError("--mode dp runs one process on one node (DataParallel drives every GPU from it); "
                               "drop --nproc-per-node/--nnodes or use --mode ddp")
@@ -122,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-restarts", "--max_restarts", default="0", help="restart the group this many times on failure")
     p.add_argument("--resume", action="store_true",
                    help="ddpkit.Checkpointer restores the newest valid checkpoint (sets DDPKIT_RESUME=1)")
+    p.add_argument("--log-dir", default=os.path.join("runs", "logs"),
+                   help="per-rank stdout/stderr files go under LOG_DIR/<time>-<pid>/ (default runs/logs)")
+    p.add_argument("--console-ranks", default="0", help="ranks shown on the console: 0 (default), 0,2 or all")
     p.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module, like python -m")
     p.add_argument("script", help="training script (or module with -m)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
@@ -139,7 +150,8 @@ def parse_args(argv: Sequence[str], gpus: int | None = None, cpus: int | None = 
         script=ns.script, script_args=tuple(ns.script_args), nproc_per_node=nproc,
         nnodes=_count(ns.nnodes, "--nnodes", 1), node_rank=_count(ns.node_rank, "--node-rank", 0),
         master_addr=ns.master_addr, master_port=port, mode=ns.mode,
-        max_restarts=_count(ns.max_restarts, "--max-restarts", 0), module=ns.module, resume=ns.resume)
+        max_restarts=_count(ns.max_restarts, "--max-restarts", 0), module=ns.module, resume=ns.resume,
+        log_dir=ns.log_dir, console_ranks=ns.console_ranks)
 
 
 def _visible_gpus() -> int:
@@ -148,13 +160,16 @@ def _visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def torchrun_argv(cfg: LaunchConfig) -> list[str]:
+def torchrun_argv(cfg: LaunchConfig, log_dir: str | None = None) -> list[str]:
     """The ``torchrun`` arguments for a DDP launch.
 
     Single node without ``--master-port``: c10d rendezvous on ``localhost:0``, so the store binds a free
-    port itself (no find-then-bind race, never a taken 29500).
+    port itself (no find-then-bind race, never a taken 29500). With ``log_dir``, every worker's stdout and
+    stderr go to files there (and only there: the console tail decides what to show).
     """
     argv = ["--nproc-per-node", str(cfg.nproc_per_node), "--max-restarts", str(cfg.max_restarts)]
+    if log_dir:
+        argv += ["--log-dir", log_dir, "--redirects", "3"]
     if cfg.nnodes == 1 and cfg.master_port is None:
         argv += ["--standalone"]
     else:
@@ -171,11 +186,14 @@ def worker_env(cfg: LaunchConfig, environ: Mapping[str, str], cores: int) -> tup
     OMP_NUM_THREADS: cores shared among the local processes, so N processes do not oversubscribe the CPU.
     DDPKIT_MODE: tells ``ddpkit.init()`` in the script which mode the launch asked for.
     DDPKIT_RESUME=1 (``--resume``): ``ddpkit.Checkpointer`` restores the newest valid checkpoint.
+    PYTHONUNBUFFERED=1 (DDP, when unset): worker output goes through log files and must not sit in buffers.
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the agent's store shared, restarted groups failed to form in
     5 of 11 tries here (gloo "Connection refused", pytorch#135712); unshared, 9 of 9 succeeded.
     """
     local = 1 if cfg.mode == "dp" else cfg.nproc_per_node
     env = {"DDPKIT_MODE": cfg.mode}
+    if cfg.mode == "ddp" and "PYTHONUNBUFFERED" not in environ:
+        env["PYTHONUNBUFFERED"] = "1"  # output goes to log files; without this, prints would wait for exit
     if cfg.resume:
         env["DDPKIT_RESUME"] = "1"
     if cfg.max_restarts > 0:
@@ -217,15 +235,25 @@ def _run_workers(cfg: LaunchConfig, report_dir: str) -> int:
     from torch.distributed.run import get_args_parser
     from torch.distributed.run import run as torchrun
 
+    log_dir = os.path.join(cfg.log_dir, time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
+    os.makedirs(log_dir, exist_ok=True)
+    print(f"{PROG}: per-rank logs in {log_dir}", file=sys.stderr, flush=True)
+    tail = ConsoleTail(log_dir, parse_ranks(cfg.console_ranks, cfg.world_size),
+                       cfg.node_rank * cfg.nproc_per_node, cfg.world_size)
+    tail.start()
     try:
-        torchrun(get_args_parser().parse_args(torchrun_argv(cfg)))
+        torchrun(get_args_parser().parse_args(torchrun_argv(cfg, log_dir)))
     except ChildFailedError as exc:
+        tail.stop()
         code, text = failure_report(exc, report_dir)
         print(text, file=sys.stderr, flush=True)
         return code
     except SignalException as exc:
+        tail.stop()
         print(f"{PROG}: stopped by signal {exc.sigval.name}; workers were stopped", file=sys.stderr, flush=True)
         return 128 + int(exc.sigval)
+    finally:
+        tail.stop()
     return 0
 
 

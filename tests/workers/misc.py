@@ -81,6 +81,9 @@ elif case == "global_batch":
     ddpkit.data_loader(list(range(10)), global_batch_size=5)
 elif case == "boom":  # rank 1 raises while rank 0 waits in a collective
     if rank == 1:
+        import time
+
+        print(f"RAISED-AT {time.time()}", file=sys.stderr, flush=True)
         raise ValueError("bad batch on rank 1")
     torch.distributed.all_reduce(torch.ones(1))
 elif case == "sleep":  # for signal tests: record the pid, then wait

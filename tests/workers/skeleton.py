@@ -36,6 +36,7 @@ ddpkit.print("MARKER-print")
 logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
 ddpkit.get_logger("skeleton").info("MARKER-log")
 ddpkit.get_logger("skeleton", all_ranks=True).info("MARKER-every-rank")
+print("MARKER-same-on-every-rank", flush=True)  # plain print: the launcher's console shows it once, x2
 writer = ddpkit.summary_writer(f"{out_dir}/tb")
 writer.add_scalar("x", 1.0, 0)
 writer.close()

@@ -1,0 +1,144 @@
+"""`make soak`: repeat faults on real 2-process gloo jobs and print one JSON line of what happened.
+
+- kill: SIGKILL a random worker from outside at a random moment of a checkpointing run launched with
+  ``--max-restarts``; the job must end with weights bitwise equal to an uninterrupted run (kill_exact).
+- clean exit: a minimal ddpkit DDP script must exit 0 within 15 s of its last step (clean_exits).
+- exception: one rank raises; worst time until the launcher has exited (exception_stop_s).
+- hang: rank 0 calls an all_reduce that rank 1 skips; worst time from the hang to the report (hang_report_s).
+
+Usage: python soak/run.py [--kills 20] [--exits 50] [--exceptions 5] [--hangs 3] [--hang-timeout 10]
+Bounded: about 12 minutes with the defaults on 2 cores. Results also go to soak/results/latest.json.
+"""
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKERS = ROOT / "tests" / "workers"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+MINIMAL = """
+import time, torch, ddpkit
+torch.set_num_threads(1)
+ddpkit.init()
+model = ddpkit.prepare_model(torch.nn.Sequential(torch.nn.Linear(10, 10), torch.nn.ReLU(), torch.nn.Linear(10, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(20):
+    opt.zero_grad(); model(torch.randn(8, 10)).sum().backward(); opt.step()
+print("LAST-STEP", time.time(), flush=True)
+"""
+
+
+def launch(*args, launcher=(), timeout=180):
+    cmd = [sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", "2", *launcher, *map(str, args)]
+    return subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def finish(proc, timeout=180):
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    return proc.returncode, out, err, time.time()
+
+
+def children(pid):
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                pass
+    return found
+
+
+def weights(out):
+    return torch.load(Path(out) / "final.pt")["weights"]
+
+
+def kill_run(reference, train_args):
+    with tempfile.TemporaryDirectory() as out:
+        proc = launch(WORKERS / "resume.py", out, *train_args, launcher=["--max-restarts", "3"])
+        ckpt = Path(out) / "ckpt"
+        deadline = time.time() + 60
+        while not (ckpt.exists() and any(ckpt.iterdir())) and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(random.uniform(0.0, 2.5))
+        victims = children(proc.pid)
+        if victims:
+            os.kill(random.choice(victims), signal.SIGKILL)
+        code, _, err, _ = finish(proc)
+        exact = code == 0 and all(torch.equal(a, b) for a, b in zip(reference.values(), weights(out).values()))
+        return exact, len(victims) > 0, err
+
+
+def clean_exit_run(script):
+    code, out, _, end = finish(launch(script), timeout=60)
+    last = re.search(r"LAST-STEP ([\d.]+)", out)
+    return code == 0 and last is not None and end - float(last.group(1)) <= 15
+
+
+def exception_run(tmp):
+    code, _, err, end = finish(launch(WORKERS / "misc.py", "boom", tmp, launcher=["--console-ranks", "all"]),
+                               timeout=120)
+    raised = float(re.search(r"RAISED-AT ([\d.]+)", err).group(1)) if "RAISED-AT" in err else None
+    return code == 1 and raised is not None, (end - raised) if raised else float("inf")
+
+
+def hang_run(timeout_s):
+    code, out, err, end = finish(launch(WORKERS / "hang.py", timeout_s), timeout=timeout_s * 6)
+    start = re.search(r"HANG-START ([\d.]+)", out)
+    return code == 3 and "HANG" in err, (end - float(start.group(1))) if start else float("inf")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--kills", type=int, default=20)
+    p.add_argument("--exits", type=int, default=50)
+    p.add_argument("--exceptions", type=int, default=5)
+    p.add_argument("--hangs", type=int, default=3)
+    p.add_argument("--hang-timeout", type=float, default=10.0)
+    args = p.parse_args()
+    random.seed(os.getpid())
+    train_args = ["--epochs", "4", "--step-sleep", "0.08", "--save-every", "3"]
+    result = {}
+    with tempfile.TemporaryDirectory() as ref:
+        code, _, err, _ = finish(launch(WORKERS / "resume.py", ref, *train_args))
+        assert code == 0, err
+        reference = weights(ref)
+    kills = [kill_run(reference, train_args) for _ in range(args.kills)]
+    result.update(kill_runs=len(kills), kill_exact=sum(exact for exact, _, _ in kills),
+                  kills_delivered=sum(hit for _, hit, _ in kills))
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(MINIMAL)
+    exits = [clean_exit_run(f.name) for _ in range(args.exits)]
+    os.unlink(f.name)
+    result.update(clean_exit_runs=len(exits), clean_exits=sum(exits))
+    with tempfile.TemporaryDirectory() as tmp:
+        stops = [exception_run(tmp) for _ in range(args.exceptions)]
+    result.update(exception_runs=len(stops), exception_reported=sum(ok for ok, _ in stops),
+                  exception_stop_s=round(max(s for _, s in stops), 2))
+    hangs = [hang_run(args.hang_timeout) for _ in range(args.hangs)]
+    result.update(hang_runs=len(hangs), hang_reported=sum(ok for ok, _ in hangs), hang_timeout_s=args.hang_timeout,
+                  hang_report_s=round(max(s for _, s in hangs), 2))
+    (ROOT / "soak" / "results").mkdir(exist_ok=True)
+    (ROOT / "soak" / "results" / "latest.json").write_text(json.dumps(result) + "\n")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""``ddpkit check script.py``: find the usual DP/DDP mistakes in a training script before it runs.
+
+Static analysis with :mod:`ast` of any PyTorch script (ddpkit or not). Each finding has a line, a rule id,
+what is wrong, why it matters and the fix. Exit 1 when something is found, 0 when clean, 2 on bad input.
+
+Example::
+
+    $ ddpkit check train.py
+    train.py:42 DDP001 DistributedSampler without set_epoch: ... fix: call sampler.set_epoch(epoch) ...
+    $ ddpkit check --json train.py
+    {"findings": [{"line": 42, "rule": "DDP001", "message": "...", "why": "...", "fix": "..."}]}
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import sys
+from collections.abc import Iterator, Sequence
+
+COLLECTIVES = {"all_reduce", "barrier", "broadcast", "all_gather", "reduce", "gather", "scatter",
+               "all_gather_object", "broadcast_object_list", "reduce_scatter", "all_to_all", "monitored_barrier"}
+RANK_WORDS = ("rank", "is_main", "main_process", "master")
+BATCHNORMS = {"BatchNorm1d", "BatchNorm2d", "BatchNorm3d"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    line: int
+    rule: str
+    message: str
+    why: str
+    fix: str
+
+
+RULES = {
+    "DDP001": ("DistributedSampler is never given set_epoch", "every epoch then reuses the same shuffle",
+               "call sampler.set_epoch(epoch) at the start of each epoch, or ddpkit.data_loader (does it for you)"),
+    "DDP002": ("DataLoader gets both a sampler and shuffle=True",
+               "torch refuses the combination; the sampler already shuffles",
+               "drop shuffle=True (DistributedSampler(shuffle=True) shuffles), or use ddpkit.data_loader"),
+    "DDP003": ("evaluation data goes through a DistributedSampler",
+               "it pads with repeated samples so every rank gets the same count: metrics count some samples twice",
+               "ddpkit.data_loader(dataset, batch, train=False) shards without padding; reduce with ddpkit.reduce"),
+    "DDP004": ("hard-coded cuda:0", "every rank then allocates on GPU 0 (out-of-memory, slow, wrong device)",
+               "use torch.device('cuda', local_rank) after torch.cuda.set_device, or ddpkit's state.device"),
+    "DDP005": ("BatchNorm under DDP without SyncBatchNorm",
+               "each rank normalises with its own small batch: statistics differ from single-GPU training",
+               "nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP, or ddpkit.prepare_model (converts)"),
+    "DDP006": ("SummaryWriter created on every rank", "N writers produce N event files that confuse TensorBoard",
+               "create it only when rank == 0, or use ddpkit.summary_writer (a no-op on other ranks)"),
+    "DDP007": ("torch.save on every rank", "ranks race to write the same file; multi-node runs can corrupt it",
+               "save only when rank == 0 (then barrier), or use ddpkit.Checkpointer (atomic, rank 0)"),
+    "DDP008": ("collective inside a rank-dependent branch",
+               "ranks that skip the branch never join the collective: the job hangs",
+               "call the collective on every rank, outside `if rank == ...`"),
+    "DDP009": ("init_process_group(rank=local_rank)", "the local rank repeats on every node: wrong beyond one node",
+               "pass the global RANK (or nothing: env:// reads it), or use ddpkit.init()"),
+    "DDP010": ("torch.load without map_location",
+               "tensors load onto the GPU they were saved from (usually GPU 0) on every rank",
+               "torch.load(path, map_location=device), or ddpkit.Checkpointer.restore"),
+    "DDP011": ("nn.DataParallel", "one process drives every GPU: slower than DDP, GPU 0 holds more memory",
+               "use DDP (ddpkit launch --nproc-per-node gpu); ddpkit keeps DataParallel as mode 'dp' if you must"),
+    "DDP012": ("argparse --local_rank only", "torchrun passes LOCAL_RANK in the environment and "
+               "torch.distributed.launch now passes --local-rank (with a dash)",
+               "read os.environ['LOCAL_RANK'], or accept both spellings, or let ddpkit.init() detect it"),
+    "DDP013": ("NCCL process group without torch.cuda.set_device",
+               "NCCL and CUDA calls default to GPU 0 on every rank", "call torch.cuda.set_device(local_rank) "
+               "before init_process_group, or ddpkit.init()"),
+}
+
+
+def _name(node: ast.AST) -> str:
+    """Dotted name of a call target: torch.utils.data.DataLoader -> 'torch.utils.data.DataLoader'."""
+    if isinstance(node, ast.Attribute):
+        return f"{_name(node.value)}.{node.attr}"
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Call):
+        return _name(node.func)
+    return ""
+
+
+def _last(node: ast.Call) -> str:
+    return _name(node.func).rsplit(".", 1)[-1]
+
+
+def _kw(node: ast.Call, key: str) -> ast.expr | None:
+    return next((k.value for k in node.keywords if k.arg == key), None)
+
+
+def _mentions_rank(test: ast.AST) -> bool:
+    text = ast.unparse(test).lower()
+    return any(word in text for word in RANK_WORDS)
+
+
+class _Visitor(ast.NodeVisitor):
+    """Walks the tree once, remembering whether each node sits under a rank-dependent `if`."""
+
+    def __init__(self):
+        self.calls: list[tuple[ast.Call, bool]] = []  # (call, under a rank condition)
+        self.strings: list[ast.Constant] = []
+        self._rank_depth = 0
+
+    def visit_If(self, node: ast.If):
+        ranked = _mentions_rank(node.test)
+        self._rank_depth += ranked
+        for child in node.body:
+            self.visit(child)
+        for child in node.orelse:  # `else` of `if rank == 0` is rank-dependent too
+            self.visit(child)
+        self._rank_depth -= ranked
+        self.visit(node.test)
+
+    def visit_Call(self, node: ast.Call):
+        self.calls.append((node, self._rank_depth > 0))
+        self.generic_visit(node)
+
+    def visit_Constant(self, node: ast.Constant):
+        if isinstance(node.value, str):
+            self.strings.append(node)
+
+
+def _per_rank_path(call: ast.Call) -> bool:
+    """torch.save(obj, f"out/rank{rank}.pt"): each rank writes its own file, which is fine."""
+    return len(call.args) > 1 and "rank" in ast.unparse(call.args[1]).lower()
+
+
+def analyze(source: str) -> list[Finding]:
+    """All findings for a script's source text, sorted by line."""
+    tree = ast.parse(source)
+    v = _Visitor()
+    v.visit(tree)
+    names = {_last(c) for c, _ in v.calls}
+    text = source
+    distributed = any(w in text for w in ("DistributedDataParallel", "init_process_group", "torch.distributed"))
+    found = list(_findings(v, names, text, distributed))
+    return sorted(set(found), key=lambda f: (f.line, f.rule))
+
+
+def _finding(rule: str, line: int) -> Finding:
+    message, why, fix = RULES[rule]
+    return Finding(line, rule, message, why, fix)
+
+
+def _findings(v: _Visitor, names: set[str], text: str, distributed: bool) -> Iterator[Finding]:
+    for call, ranked in v.calls:
+        last, line = _last(call), call.lineno
+        if last == "DistributedSampler":
+            if "set_epoch" not in names:
+                yield _finding("DDP001", line)
+            if call.args and any(w in ast.unparse(call.args[0]).lower() for w in ("val", "test", "eval")):
+                yield _finding("DDP003", line)
+        if last == "DataLoader" and _kw(call, "sampler") is not None:
+            shuffle = _kw(call, "shuffle")
+            if isinstance(shuffle, ast.Constant) and shuffle.value is True:
+                yield _finding("DDP002", line)
+        if last == "cuda" and call.args and isinstance(call.args[0], ast.Constant) and call.args[0].value == 0:
+            yield _finding("DDP004", line)
+        if last in BATCHNORMS and "DistributedDataParallel" in text and "SyncBatchNorm" not in text:
+            yield _finding("DDP005", line)
+        if distributed and not ranked and last == "SummaryWriter":
+            yield _finding("DDP006", line)
+        if distributed and not ranked and _name(call.func) == "torch.save" and not _per_rank_path(call):
+            yield _finding("DDP007", line)
+        if ranked and last in COLLECTIVES and _name(call.func).split(".")[0] in ("dist", "torch", "distributed"):
+            yield _finding("DDP008", line)
+        if last == "init_process_group":
+            rank = _kw(call, "rank")
+            if rank is not None and "local" in ast.unparse(rank).lower():
+                yield _finding("DDP009", line)
+            backend = _kw(call, "backend") or (call.args[0] if call.args else None)
+            if backend is not None and "nccl" in ast.unparse(backend) and "set_device" not in names:
+                yield _finding("DDP013", line)
+        if _name(call.func) == "torch.load" and _kw(call, "map_location") is None:
+            yield _finding("DDP010", line)
+        if last == "DataParallel":
+            yield _finding("DDP011", line)
+        if last == "add_argument" and any(isinstance(a, ast.Constant) and a.value == "--local_rank" for a in call.args):
+            if not any(isinstance(a, ast.Constant) and a.value == "--local-rank" for a in call.args):
+                yield _finding("DDP012", line)
+    for const in v.strings:
+        if const.value.strip() == "cuda:0":
+            yield _finding("DDP004", const.lineno)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    as_json = "--json" in args
+    paths = [a for a in args if a != "--json"]
+    if len(paths) != 1 or paths[0].startswith("-"):
+        print("ddpkit check: error: expected one script path (and optionally --json), got "
+              f"{' '.join(args) or 'nothing'}", file=sys.stderr)
+        return 2
+    try:
+        with open(paths[0]) as f:
+            findings = analyze(f.read())
+    except (OSError, SyntaxError) as exc:
+        print(f"ddpkit check: error: cannot analyse {paths[0]}: {exc}", file=sys.stderr)
+        return 2
+    if as_json:
+        print(json.dumps({"findings": [dataclasses.asdict(f) for f in findings]}))
+    else:
+        for f in findings:
+            print(f"{paths[0]}:{f.line} {f.rule} {f.message}: {f.why}. Fix: {f.fix}")
+        print(f"{len(findings)} finding(s)" if findings else "no findings", file=sys.stderr)
+    return 1 if findings else 0

@@ -1,0 +1,192 @@
+"""``ddpkit doctor``: what can this machine do for data-parallel training, and what is in the way?
+
+Each finding has a verdict (ok, warn, fail, info), the measured detail and a hint. Exit 1 when a finding
+fails (the machine cannot run a DDP job as it is), else 0. ``--json`` prints one JSON object.
+
+Example::
+
+    $ ddpkit doctor
+    ok    torch             2.13.0+cpu (CUDA none, Python 3.11.7)
+    ok    allreduce-gloo    2 processes: latency 0.21 ms, bus bandwidth 0.87 GB/s
+    ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+
+@dataclasses.dataclass
+class Finding:
+    name: str
+    verdict: str  # ok | warn | fail | info
+    detail: str
+    hint: str = ""
+
+
+def _versions() -> list[Finding]:
+    import torch
+
+    cuda = torch.version.cuda or "none"
+    nccl = ""
+    if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
+        try:
+            nccl = ", NCCL " + ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # an NCCL-less build: reported by the backends finding
+            nccl = ""
+    return [Finding("torch", "ok", f"{torch.__version__} (CUDA {cuda}{nccl}, Python {platform.python_version()})")]
+
+
+def _gpus() -> list[Finding]:
+    import torch
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if not torch.cuda.is_available():
+        return [Finding("gpus", "info", f"no CUDA GPU visible (CUDA_VISIBLE_DEVICES={visible})",
+                        "DDP runs on CPU with gloo: ddpkit launch --nproc-per-node N")]
+    props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
+    listing = "; ".join(f"{i}: {p.name} {p.total_memory / 2**30:.0f} GiB" for i, p in enumerate(props))
+    return [Finding("gpus", "ok", f"{len(props)} visible ({listing}); CUDA_VISIBLE_DEVICES={visible}")]
+
+
+def _backends() -> list[Finding]:
+    import torch
+    import torch.distributed as dist
+
+    found = [Finding("gloo", "ok" if dist.is_gloo_available() else "fail",
+                     "available" if dist.is_gloo_available() else "missing",
+                     "" if dist.is_gloo_available() else "this torch build has no gloo: install the official wheel")]
+    if torch.cuda.is_available():
+        good = dist.is_nccl_available()
+        found.append(Finding("nccl", "ok" if good else "fail", "available" if good else "missing",
+                             "" if good else "GPUs without NCCL: install a CUDA build of torch"))
+    return found
+
+
+def _smoke_worker(rank: int, port: int, backend: str, queue) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=__import__("datetime").timedelta(seconds=30))
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=2)
+    small, big = torch.ones(1, device=device), torch.ones(8 * 2**20, device=device)  # 32 MiB of fp32
+    times = {"small": [], "big": []}
+    for name, tensor, reps in (("small", small, 60), ("big", big, 5)):
+        for i in range(reps + 2):
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(tensor)
+            if backend == "nccl":
+                torch.cuda.synchronize()
+            if i >= 2:  # warm-up discarded
+                times[name].append(time.perf_counter() - start)
+    ok = bool(small.item() == 2 ** (60 + 2))  # every all_reduce doubled the ones
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank == 0:
+        queue.put({"ok": ok, "latency_ms": statistics.median(times["small"]) * 1e3,
+                   "busbw_gbs": big.numel() * 4 / statistics.median(times["big"]) / 1e9})
+
+
+def smoke_test(backend: str = "gloo", timeout_s: float = 60.0) -> Finding:
+    """A real 2-process all_reduce over loopback: correctness, latency and bus bandwidth (2(n-1)/n = 1)."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # port 0: no race
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_smoke_worker, args=(r, store.port, backend, queue), daemon=True) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    try:
+        result = queue.get(timeout=timeout_s)
+    except Exception:
+        result = None
+    for p in procs:
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+    name = f"allreduce-{backend}"
+    if not result or not result["ok"]:
+        return Finding(name, "fail", f"2-process all_reduce did not complete correctly within {timeout_s:.0f} s",
+                       "check that loopback works and no firewall blocks local ports; run with TORCH_DISTRIBUTED_DEBUG=DETAIL")
+    return Finding(name, "ok", f"2 processes: latency {result['latency_ms']:.2f} ms, "
+                               f"bus bandwidth {result['busbw_gbs']:.2f} GB/s")
+
+
+def _ports() -> list[Finding]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]
+    with socket.socket() as s:
+        taken = s.connect_ex(("127.0.0.1", 29500)) == 0
+    found = [Finding("free-port", "ok", f"binding port 0 gave {free}")]
+    if taken:
+        found.append(Finding("port-29500", "warn", "port 29500 (torchrun's static default) is in use",
+                             "ddpkit launch needs no port on one node; with torchrun pass --standalone"))
+    return found
+
+
+def _gpu_processes() -> list[Finding]:
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return [Finding("gpu-processes", "warn", "nvidia-smi did not answer within 20 s", "check the driver")]
+    if not out:
+        return [Finding("gpu-processes", "ok", "no process holds GPU memory")]
+    return [Finding("gpu-processes", "warn", f"processes holding GPU memory: {out.replace(chr(10), '; ')}",
+                    "leftovers of a killed job? stop them before launching (kill <pid>)")]
+
+
+def _threads() -> list[Finding]:
+    import torch
+
+    omp, cores = os.environ.get("OMP_NUM_THREADS"), os.cpu_count() or 1
+    detail = f"{cores} cores, OMP_NUM_THREADS={omp}, torch threads {torch.get_num_threads()}"
+    return [Finding("threads", "info", detail,
+                    "ddpkit launch sets OMP_NUM_THREADS = cores / local processes when it is unset")]
+
+
+def collect(smoke: bool = True) -> list[Finding]:
+    import torch
+
+    findings = _versions() + _gpus() + _backends()
+    if smoke:
+        findings.append(smoke_test("gloo"))
+        if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
+            findings.append(smoke_test("nccl"))
+    return findings + _ports() + _gpu_processes() + _threads()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    unknown = [a for a in args if a not in ("--json", "--no-smoke")]
+    if unknown:
+        print(f"ddpkit doctor: error: unknown option {unknown[0]!r}; expected --json or --no-smoke", file=sys.stderr)
+        return 2
+    findings = collect(smoke="--no-smoke" not in args)
+    failed = any(f.verdict == "fail" for f in findings)
+    if "--json" in args:
+        print(json.dumps({"ok": not failed, "findings": [dataclasses.asdict(f) for f in findings]}))
+    else:
+        for f in findings:
+            print(f"{f.verdict:5} {f.name:16} {f.detail}" + (f"\n      hint: {f.hint}" if f.hint else ""))
+    return 1 if failed else 0
