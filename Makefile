@@ -6,7 +6,7 @@ STAMP := $(VENV)/.ddpkit-installed
 # A CPU build of torch installs in under a minute; an unpinned `torch` would pull a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: demo test install clean soak
+.PHONY: demo test install clean soak bench
 
 install: $(STAMP)
 
@@ -28,6 +28,14 @@ test: $(STAMP)
 # Repeated faults (kills, clean exits, exceptions, hangs) on real 2-process jobs; ~12 min, not part of CI.
 soak: $(STAMP)
 	$(PY) soak/run.py
+
+# Side-by-side performance figures (not part of CI); peers and matplotlib go to benchmarks/.peers only.
+PEER_PKGS = accelerate==1.15.0 lightning-fabric==2.6.6 psutil pyyaml huggingface_hub safetensors \
+	lightning-utilities fsspec filelock hf-xet httpx anyio certifi httpcore h11 idna sniffio typer-slim click \
+	shellingham matplotlib contourpy cycler fonttools kiwisolver pillow pyparsing python-dateutil six
+bench: $(STAMP)
+	test -d benchmarks/.peers || $(PY) -m pip install -q --no-deps --target benchmarks/.peers $(PEER_PKGS)
+	$(PY) benchmarks/bench.py
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info src/*.egg-info

@@ -87,9 +87,13 @@ def kill_run(reference, train_args):
 
 
 def clean_exit_run(script):
-    code, out, _, end = finish(launch(script), timeout=60)
+    code, out, err, end = finish(launch(script), timeout=60)
     last = re.search(r"LAST-STEP ([\d.]+)", out)
-    return code == 0 and last is not None and end - float(last.group(1)) <= 15
+    clean = code == 0 and last is not None and end - float(last.group(1)) <= 15
+    if not clean:  # keep the evidence: what exited how, and after how long
+        waited = f"{end - float(last.group(1)):.1f} s after the last step" if last else "no last step"
+        print(f"soak: unclean exit (code {code}, {waited}):\n{out[-1500:]}\n{err[-3000:]}", file=sys.stderr)
+    return clean
 
 
 def exception_run(tmp):
@@ -116,11 +120,13 @@ def main():
     random.seed(os.getpid())
     train_args = ["--epochs", "4", "--step-sleep", "0.08", "--save-every", "3"]
     result = {}
-    with tempfile.TemporaryDirectory() as ref:
-        code, _, err, _ = finish(launch(WORKERS / "resume.py", ref, *train_args))
-        assert code == 0, err
-        reference = weights(ref)
-    kills = [kill_run(reference, train_args) for _ in range(args.kills)]
+    kills = []
+    if args.kills:
+        with tempfile.TemporaryDirectory() as ref:
+            code, _, err, _ = finish(launch(WORKERS / "resume.py", ref, *train_args))
+            assert code == 0, err
+            reference = weights(ref)
+        kills = [kill_run(reference, train_args) for _ in range(args.kills)]
     result.update(kill_runs=len(kills), kill_exact=sum(exact for exact, _, _ in kills),
                   kills_delivered=sum(hit for _, hit, _ in kills))
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
@@ -131,10 +137,10 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         stops = [exception_run(tmp) for _ in range(args.exceptions)]
     result.update(exception_runs=len(stops), exception_reported=sum(ok for ok, _ in stops),
-                  exception_stop_s=round(max(s for _, s in stops), 2))
+                  exception_stop_s=round(max((s for _, s in stops), default=0.0), 2))
     hangs = [hang_run(args.hang_timeout) for _ in range(args.hangs)]
     result.update(hang_runs=len(hangs), hang_reported=sum(ok for ok, _ in hangs), hang_timeout_s=args.hang_timeout,
-                  hang_report_s=round(max(s for _, s in hangs), 2))
+                  hang_report_s=round(max((s for _, s in hangs), default=0.0), 2))
     (ROOT / "soak" / "results").mkdir(exist_ok=True)
     (ROOT / "soak" / "results" / "latest.json").write_text(json.dumps(result) + "\n")
     print(json.dumps(result))

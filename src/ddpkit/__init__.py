@@ -31,6 +31,7 @@ _EXPORTS = {
     "reduce": "collectives",
     "gather": "collectives",
     "Checkpointer": "checkpoint",
+    "CommConfig": "comm",
     "print": "output",
     "get_logger": "output",
     "summary_writer": "output",
@@ -42,6 +43,7 @@ __all__ = list(_EXPORTS)
 if TYPE_CHECKING:  # pragma: no cover
     from ddpkit.checkpoint import Checkpointer
     from ddpkit.collectives import gather, reduce
+    from ddpkit.comm import CommConfig
     from ddpkit.data import data_loader, join
     from ddpkit.model import no_sync, prepare_model, unwrap
     from ddpkit.output import get_logger, print, progress, summary_writer

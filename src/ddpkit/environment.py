@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 
 
@@ -28,8 +29,9 @@ class ProcessEnv:
     """Where this process sits in the job, in torch's vocabulary.
 
     ``source`` names what started the process: ``single`` (plain ``python train.py``), ``torchrun``
-    (``ddpkit launch``, ``torchrun`` or anything that sets RANK/WORLD_SIZE), ``legacy-launch``
-    (``python -m torch.distributed.launch`` passing ``--local_rank``) or ``slurm`` (``srun``).
+    (``ddpkit launch``, ``torchrun``, a Kubeflow PyTorchJob or anything that sets RANK/WORLD_SIZE),
+    ``legacy-launch`` (``python -m torch.distributed.launch`` passing ``--local_rank``), ``slurm`` (``srun``)
+    or ``mpi`` (``mpirun`` of Open MPI, MPICH or Intel MPI).
     """
 
     source: str = "single"
@@ -103,10 +105,41 @@ def _from_torchrun(environ: Mapping[str, str], argv: Sequence[str]) -> ProcessEn
         legacy = legacy_local_rank(argv)
         local, source = (legacy, "legacy-launch") if legacy is not None else (0, source)
     local_world = _int(environ, "LOCAL_WORLD_SIZE", default=max(int(local) + 1, 1))
-    if "LOCAL_WORLD_SIZE" not in environ and world > 1:
+    if "LOCAL_WORLD_SIZE" not in environ and source == "legacy-launch":
         local_world = world  # legacy launch on one node: every process is local
+    # No LOCAL_RANK at all (a Kubeflow PyTorchJob pod): one process per node, local rank 0.
     addr, port = _address(environ)
     return ProcessEnv(source, _int(environ, "RANK"), int(local), world, local_world, addr, port)
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """Slurm's compact host list, expanded (what ``scontrol show hostnames`` prints).
+
+    >>> expand_hostlist("node[01-03,07],gpu5,rack[1-2]-n[1-2]")
+    ['node01', 'node02', 'node03', 'node07', 'gpu5', 'rack1-n1', 'rack1-n2', 'rack2-n1', 'rack2-n2']
+    """
+    hosts: list[str] = []
+    for item in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", hostlist):
+        expanded = [""]
+        for text, ranges in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", item):
+            choices = [text]
+            if ranges:
+                choices = [text + value for part in ranges.split(",") for value in _range(part)]
+            expanded = [prefix + choice for prefix in expanded for choice in choices]
+        hosts += [h for h in expanded if h]
+    return hosts
+
+
+def _range(part: str) -> list[str]:
+    if "-" not in part:
+        return [part]
+    low, high = part.split("-", 1)
+    return [str(n).zfill(len(low)) for n in range(int(low), int(high) + 1)]
+
+
+def slurm_port(job_id: int) -> int:
+    """A port derived from the job id (10000-19999), the same on every node of the job."""
+    return 10000 + job_id % 10000
 
 
 def _from_slurm(environ: Mapping[str, str]) -> ProcessEnv:
@@ -115,15 +148,36 @@ def _from_slurm(environ: Mapping[str, str]) -> ProcessEnv:
     # SLURM_NTASKS_PER_NODE may read "2(x3)"; with homogeneous nodes the division is what we need.
     local_world = max(world // max(nodes, 1), 1)
     addr, port = _address(environ)
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    if addr is None and nodelist:
+        addr = expand_hostlist(nodelist)[0]
+    if port is None and environ.get("SLURM_JOB_ID"):
+        port = slurm_port(_int(environ, "SLURM_JOB_ID"))
     return ProcessEnv("slurm", _int(environ, "SLURM_PROCID"), _int(environ, "SLURM_LOCALID"),
                       world, local_world, addr, port)
 
 
+def _from_mpi(environ: Mapping[str, str]) -> ProcessEnv:
+    """Open MPI (OMPI_COMM_WORLD_*) or MPICH / Intel MPI (PMI_*, MPI_LOCAL*); the address from MASTER_ADDR."""
+    if "OMPI_COMM_WORLD_RANK" in environ:
+        rank, world = _int(environ, "OMPI_COMM_WORLD_RANK"), _int(environ, "OMPI_COMM_WORLD_SIZE")
+        local = _int(environ, "OMPI_COMM_WORLD_LOCAL_RANK", default=0)
+        local_world = _int(environ, "OMPI_COMM_WORLD_LOCAL_SIZE", default=world)
+    else:
+        rank, world = _int(environ, "PMI_RANK"), _int(environ, "PMI_SIZE")
+        local = _int(environ, "MPI_LOCALRANKID", default=0)
+        local_world = _int(environ, "MPI_LOCALNRANKS", default=world)
+    addr, port = _address(environ)
+    return ProcessEnv("mpi", rank, local, world, local_world, addr, port)
+
+
 def detect(environ: Mapping[str, str], argv: Sequence[str]) -> ProcessEnv:
-    """Read the launcher's variables. torchrun-style variables win over Slurm's, which win over nothing."""
+    """Read the launcher's variables: torchrun-style first, then Slurm's, then MPI's, else one process."""
     if "WORLD_SIZE" in environ and "RANK" in environ:
         return _from_torchrun(environ, argv)
     # srun sets SLURM_STEP_ID for the tasks it starts; a bare sbatch script is one process.
     if "SLURM_PROCID" in environ and "SLURM_NTASKS" in environ and "SLURM_STEP_ID" in environ:
         return _from_slurm(environ)
+    if "OMPI_COMM_WORLD_RANK" in environ or ("PMI_RANK" in environ and "PMI_SIZE" in environ):
+        return _from_mpi(environ)
     return ProcessEnv()

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 
 from ddpkit import faults
 from ddpkit.logs import ConsoleTail, parse_ranks
+from ddpkit.preflight import check_nodes
 
 USAGE_ERROR = 2
 PROG = "ddpkit launch"
@@ -84,6 +85,7 @@ class LaunchConfig:
     resume: bool = False
     log_dir: str = os.path.join("runs", "logs")
     console_ranks: str = "0"
+    join_timeout: float = 600.0
 
     def __post_init__(self):
         if self.mode not in ("ddp", "dp"):
@@ -133,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-dir", default=os.path.join("runs", "logs"),
                    help="per-rank stdout/stderr files go under LOG_DIR/<time>-<pid>/ (default runs/logs)")
     p.add_argument("--console-ranks", default="0", help="ranks shown on the console: 0 (default), 0,2 or all")
+    p.add_argument("--join-timeout", default="600",
+                   help="multi-node: seconds to wait for every node to join before failing (default 600)")
     p.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module, like python -m")
     p.add_argument("script", help="training script (or module with -m)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
@@ -151,7 +155,17 @@ def parse_args(argv: Sequence[str], gpus: int | None = None, cpus: int | None = 
         nnodes=_count(ns.nnodes, "--nnodes", 1), node_rank=_count(ns.node_rank, "--node-rank", 0),
         master_addr=ns.master_addr, master_port=port, mode=ns.mode,
         max_restarts=_count(ns.max_restarts, "--max-restarts", 0), module=ns.module, resume=ns.resume,
-        log_dir=ns.log_dir, console_ranks=ns.console_ranks)
+        log_dir=ns.log_dir, console_ranks=ns.console_ranks, join_timeout=_seconds(ns.join_timeout, "--join-timeout"))
+
+
+def _seconds(value: str, name: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise LaunchError(f"{name} must be a number of seconds, got {value!r}") from None
+    if seconds <= 0:
+        raise LaunchError(f"{name} must be > 0, got {seconds}")
+    return seconds
 
 
 def _visible_gpus() -> int:
@@ -226,10 +240,16 @@ def _run_workers(cfg: LaunchConfig, report_dir: str) -> int:
     os.environ.update(env)  # inherited by the workers torchrun spawns
     what = ("1 process (DataParallel)" if cfg.mode == "dp"
             else f"{cfg.nproc_per_node} process(es) x {cfg.nnodes} node(s), world size {cfg.world_size}")
-    print(f"{PROG}: {what}; " + "; ".join(notes), file=sys.stderr, flush=True)
+    print(f"{PROG}: " + "; ".join([what, *notes]), file=sys.stderr, flush=True)
     if cfg.mode == "dp":
         cmd = [sys.executable] + (["-m"] if cfg.module else []) + [cfg.script, *cfg.script_args]
         return subprocess.call(cmd)
+    if cfg.nnodes > 1:
+        problem = check_nodes(cfg, cfg.join_timeout)
+        if problem:
+            print(f"{PROG}: error: {problem}; start every node with the same settings"
+                  if problem.startswith("nodes disagree") else f"{PROG}: error: {problem}", file=sys.stderr)
+            return USAGE_ERROR
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser

@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
+from ddpkit import comm as comm_options
 from ddpkit import faults, runtime
 from ddpkit.consistency import FirstBackwardCheck, check_in_sync
 from ddpkit.syncbn import convert_sync_batchnorm, has_batchnorm
@@ -114,7 +115,7 @@ def _save_for_verify(model: nn.Module, path: str) -> None:
 
 
 def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_every: int = 0,
-                  **ddp_kwargs: Any) -> nn.Module:
+                  comm: comm_options.CommConfig | None = None, **ddp_kwargs: Any) -> nn.Module:
     """Move ``model`` to this process's device and wrap it for the mode :func:`ddpkit.init` chose.
 
     - ``ddp``: BatchNorm layers become SyncBatchNorm (``sync_batchnorm=False`` opts out; ddpkit's works on
@@ -127,7 +128,8 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
     The returned wrapper's ``state_dict()`` has no ``module.`` prefix and its ``load_state_dict`` accepts one.
     In DDP, a parameter that gets no gradient in the first backward is named in an error (pass
     ``find_unused_parameters=True`` if that is intended), and ``check_sync_every=K`` checks every K steps
-    that all ranks hold the same weights.
+    that all ranks hold the same weights. ``comm`` sets DDP's communication options (bucket size,
+    compression, ...; see :class:`ddpkit.CommConfig`).
     """
     state = runtime.current()
     model = model.to(state.device)
@@ -140,7 +142,12 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
                 print("ddpkit: BatchNorm -> SyncBatchNorm (statistics over the global batch)",
                       file=sys.stderr, flush=True)
         device_ids = [state.device.index] if state.device.type == "cuda" else None
-        return DDP(model, device_ids=device_ids, check_sync_every=check_sync_every, **ddp_kwargs)
+        if comm is not None:
+            ddp_kwargs = {**comm.ddp_kwargs(), **ddp_kwargs}
+        wrapped = DDP(model, device_ids=device_ids, check_sync_every=check_sync_every, **ddp_kwargs)
+        if comm is not None:
+            comm_options.register(wrapped, comm, state.backend)
+        return wrapped
     # ddp_kwargs are ignored outside DDP on purpose: the same script must run in every mode.
     if state.mode == "dp":
         return DP(model)

@@ -1,0 +1,211 @@
+"""`make bench`: ddpkit's costs measured side by side with hand-written torch DDP (and peers when installed).
+
+Every figure is a ratio from one run: A and B interleaved (A B A B ...), warm-up steps discarded, median (and
+p90) of the per-step maximum over ranks, one thread per process, 2 processes, gloo on CPU.
+
+    python benchmarks/bench.py [--reps 5] [--quick]
+
+Writes benchmarks/results/latest.json (flat keys), latest.md (a table) and PNG plots beside them.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+WORKER = HERE / "step_worker.py"
+RESULTS = HERE / "results"
+PEERS = HERE / ".peers"  # accelerate / lightning_fabric live here, never in ddpkit's own environment
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+BIG = ["--width", "2048", "--depth", "2", "--batch", "8"]  # ~33 MB of fp32 gradients: communication-bound
+
+
+def run(cmd, env=None, timeout=600):
+    start = time.time()
+    r = subprocess.run(cmd, cwd=ROOT, env={**ENV, **(env or {})}, capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd))} failed:\n{r.stderr[-3000:]}")
+    found = re.search(r"BENCH (\{.*\})", r.stdout + r.stderr)
+    result = json.loads(found.group(1)) if found else {}
+    return {**result, "started": start}
+
+
+def torchrun(impl, *extra, nproc=2, env=None):
+    return run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+                str(WORKER), "--impl", impl, *extra], env=env)
+
+
+def ddpkit_launch(*extra, nproc=2):
+    return run([sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", str(nproc), "--log-dir",
+                str(RESULTS / "logs"), str(WORKER), "--impl", "ddpkit", *extra])
+
+
+def interleave(reps, variants):
+    """variants: name -> zero-argument callable. Runs them in turn, reps times; returns name -> [results]."""
+    out = {name: [] for name in variants}
+    for _ in range(reps):
+        for name, fn in variants.items():
+            out[name].append(fn())
+    return out
+
+
+def med(results, key):
+    return statistics.median(r[key] for r in results)
+
+
+def import_times(reps):
+    def once(code):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], check=True, env=ENV)
+        return time.perf_counter() - start
+
+    times = interleave(reps, {"torch": lambda: {"t": once("import torch")},
+                              "ddpkit": lambda: {"t": once("import torch, ddpkit")},
+                              "ddpkit_used": lambda: {"t": once("import ddpkit; ddpkit.init")}})
+    return {name: med(r, "t") for name, r in times.items()}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--quick", action="store_true", help="fewer repetitions, for a smoke run")
+    args = p.parse_args()
+    reps = 2 if args.quick else args.reps
+    RESULTS.mkdir(exist_ok=True)
+    res = {"machine": f"{os.cpu_count()} cores, gloo, 2 processes", "reps": reps}
+
+    # 1. step time and memory: identical model, data, DDP settings; same launcher for both.
+    step = interleave(reps, {"raw": lambda: torchrun("raw"), "ddpkit": lambda: torchrun("ddpkit")})
+    res.update(raw_step_ms=med(step["raw"], "median_ms"), ddpkit_step_ms=med(step["ddpkit"], "median_ms"),
+               raw_step_p90_ms=med(step["raw"], "p90_ms"), ddpkit_step_p90_ms=med(step["ddpkit"], "p90_ms"))
+    res["step_ratio_vs_raw_ddp"] = res["ddpkit_step_ms"] / res["raw_step_ms"]
+    res["rss_ratio_vs_raw_ddp"] = med(step["ddpkit"], "rss_mb") / med(step["raw"], "rss_mb")
+
+    # 2. import time, fresh interpreters.
+    imports = import_times(reps + 3)
+    res["import_ratio_vs_torch"] = imports["ddpkit"] / imports["torch"]
+    res["import_torch_s"], res["import_ddpkit_s"] = imports["torch"], imports["ddpkit"]
+
+    # 3. launch to first completed step: `ddpkit launch` + ddpkit vs `torchrun` + hand-written DDP.
+    first = interleave(reps, {"torchrun": lambda: torchrun("raw", "--steps", "3", "--warmup", "0"),
+                              "ddpkit": lambda: ddpkit_launch("--steps", "3", "--warmup", "0")})
+    to_first = {k: [r["first_step_at"] - r["started"] for r in v] for k, v in first.items()}
+    res["first_step_torchrun_s"] = statistics.median(to_first["torchrun"])
+    res["first_step_ddpkit_s"] = statistics.median(to_first["ddpkit"])
+    res["first_step_delta_vs_torchrun_s"] = res["first_step_ddpkit_s"] - res["first_step_torchrun_s"]
+
+    # 4. scaling: throughput at 1 and 2 processes and the ring all-reduce bound.
+    res.update(scaling(reps))
+
+    # 5. communication options on a communication-bound model.
+    res.update(comm_options(reps))
+
+    # 6. peers, when benchmarks/.peers holds them (make bench installs them there).
+    res.update(peers(reps))
+
+    (RESULTS / "latest.json").write_text(json.dumps(res, indent=1, sort_keys=True) + "\n")
+    (RESULTS / "latest.md").write_text(table(res))
+    plot(res)
+    print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in res.items()}))
+
+
+def scaling(reps):
+    from ddpkit.doctor import smoke_test  # measures latency a and bus bandwidth B on the spot
+
+    one = interleave(reps, {"1": lambda: torchrun("raw", nproc=1), "2": lambda: torchrun("raw", nproc=2)})
+    t1, t2 = med(one["1"], "median_ms") / 1e3, med(one["2"], "median_ms") / 1e3
+    link = smoke_test("gloo")
+    a = float(re.search(r"latency ([\d.]+) ms", link.detail).group(1)) / 1e3
+    bw = float(re.search(r"bandwidth ([\d.]+) GB/s", link.detail).group(1)) * 1e9
+    width, depth = 512, 3
+    size = 4 * (depth * (width * width + width) + width * 10 + 10)  # fp32 gradient bytes of the default MLP
+    n = 2
+    ring = 2 * (n - 1) * a + 2 * (n - 1) / n * size / bw
+    bound = t1 + ring  # same per-process batch: ideal step = compute + un-overlapped ring all-reduce
+    return {"throughput_1proc_samples_s": 64 / t1, "throughput_2proc_samples_s": 2 * 64 / t2,
+            "ring_allreduce_bound_ms": ring * 1e3, "allreduce_latency_ms": a * 1e3, "allreduce_bus_gbs": bw / 1e9,
+            "scaling_efficiency_vs_bound": bound / t2}
+
+
+def comm_options(reps):
+    settings = {"default": [], "bucket100": ["--bucket-mb", "100"], "grad_view": ["--grad-view"],
+                "static_graph": ["--static-graph"], "fp16": ["--compression", "fp16"],
+                "bf16": ["--compression", "bf16"]}
+    raw = {"raw_default": lambda: torchrun("raw", *BIG, "--steps", "40")}
+    ours = {name: (lambda extra=extra: torchrun("ddpkit", *BIG, "--steps", "40", *extra))
+            for name, extra in settings.items()}
+    results = interleave(reps, {**raw, **ours})
+    base = med(results["raw_default"], "median_ms")
+    base_loss = med(results["raw_default"], "final_loss")
+    out = {f"comm_{name}_speedup": base / med(results[name], "median_ms") for name in settings}
+    out.update({f"comm_{name}_loss_rel_diff": abs(med(results[name], "final_loss") - base_loss) / base_loss
+                for name in settings})
+    within = {name: out[f"comm_{name}_speedup"] for name in settings if out[f"comm_{name}_loss_rel_diff"] <= 0.01}
+    best = max(within, key=within.get)
+    out.update(best_comm_setting=best, best_comm_speedup_vs_raw_ddp=within[best], comm_raw_step_ms=base)
+    return out
+
+
+def peers(reps):
+    if not PEERS.exists():
+        return {"peers": "not installed (make bench installs accelerate and lightning-fabric in benchmarks/.peers)"}
+    env = {"PYTHONPATH": str(PEERS)}
+    results = interleave(reps, {"ddpkit": lambda: torchrun("ddpkit"),
+                                "accelerate": lambda: torchrun("accelerate", env=env),
+                                "fabric": lambda: torchrun("fabric", env=env)})
+    out = {}
+    for peer in ("accelerate", "fabric"):
+        out[f"{peer}_step_ms"] = med(results[peer], "median_ms")
+        out[f"step_ratio_vs_{peer}"] = med(results["ddpkit"], "median_ms") / out[f"{peer}_step_ms"]
+        out[f"first_step_ratio_vs_{peer}"] = (
+            statistics.median(r["first_step_at"] - r["started"] for r in results["ddpkit"])
+            / statistics.median(r["first_step_at"] - r["started"] for r in results[peer]))
+    return out
+
+
+TARGETS = {"step_ratio_vs_raw_ddp": ("<=", 1.01), "import_ratio_vs_torch": ("<=", 1.05),
+           "first_step_delta_vs_torchrun_s": ("<=", 0.3), "rss_ratio_vs_raw_ddp": ("<=", 1.05),
+           "best_comm_speedup_vs_raw_ddp": (">=", 1.3), "step_ratio_vs_accelerate": ("<=", 1.0),
+           "step_ratio_vs_fabric": ("<=", 1.0), "first_step_ratio_vs_accelerate": ("<=", 1.0),
+           "first_step_ratio_vs_fabric": ("<=", 1.0)}
+
+
+def table(res):
+    lines = ["| figure | value | target | met |", "|---|---|---|---|"]
+    for key, value in sorted(res.items()):
+        if not isinstance(value, float):
+            lines.append(f"| {key} | {value} | | |")
+            continue
+        op, goal = TARGETS.get(key, (None, None))
+        met = "" if op is None else ("yes" if (value <= goal if op == "<=" else value >= goal) else "**no**")
+        lines.append(f"| {key} | {value:.4g} | {f'{op} {goal}' if op else ''} | {met} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(res):
+    sys.path.append(str(PEERS))  # matplotlib is installed there, not in ddpkit's environment
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    names = [k[5:-8] for k in res if k.startswith("comm_") and k.endswith("_speedup")]
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.bar(names, [res[f"comm_{n}_speedup"] for n in names])
+    ax.axhline(1.0, color="gray", lw=1)
+    ax.set_ylabel("throughput vs raw DDP")
+    ax.set_title("communication options, 2 processes, gloo")
+    fig.tight_layout()
+    fig.savefig(RESULTS / "comm_options.png", dpi=100)
+
+
+if __name__ == "__main__":
+    main()
