@@ -26,11 +26,19 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 BIG = ["--width", "2048", "--depth", "2", "--batch", "8"]  # ~33 MB of fp32 gradients: communication-bound
 
 
-def run(cmd, env=None, timeout=600):
+FAILED_RUNS = []  # a run that fails is retried once; the failures are reported, not hidden
+
+
+def run(cmd, env=None, timeout=600, retry=True):
     start = time.time()
     r = subprocess.run(cmd, cwd=ROOT, env={**ENV, **(env or {})}, capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, cmd))} failed:\n{r.stderr[-3000:]}")
+        FAILED_RUNS.append({"cmd": " ".join(map(str, cmd[2:])), "code": r.returncode, "stderr": r.stderr[-1500:]})
+        print(f"bench: run failed (exit {r.returncode}): {' '.join(map(str, cmd))}\n{r.stderr[-1500:]}",
+              file=sys.stderr)
+        if retry:
+            return run(cmd, env, timeout, retry=False)
+        raise RuntimeError(f"{' '.join(map(str, cmd))} failed twice")
     found = re.search(r"BENCH (\{.*\})", r.stdout + r.stderr)
     result = json.loads(found.group(1)) if found else {}
     return {**result, "started": start}
@@ -109,6 +117,7 @@ def main():
     # 6. peers, when benchmarks/.peers holds them (make bench installs them there).
     res.update(peers(reps))
 
+    res["failed_runs"] = len(FAILED_RUNS)
     (RESULTS / "latest.json").write_text(json.dumps(res, indent=1, sort_keys=True) + "\n")
     (RESULTS / "latest.md").write_text(table(res))
     plot(res)

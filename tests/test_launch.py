@@ -65,3 +65,10 @@ def test_omp_threads_shared_between_local_processes_unless_set():
     env, notes = worker_env(cfg, {"OMP_NUM_THREADS": "7"}, cores=16)
     assert "OMP_NUM_THREADS" not in env and not notes
     assert env["DDPKIT_MODE"] == "ddp"
+
+
+def test_summary_prefers_the_crash_over_the_ranks_the_agent_terminated(tmp_path):
+    from ddpkit.faults import summarize
+
+    code, text = summarize(str(tmp_path), {0: "killed by SIGTERM", 1: "killed by SIGABRT"})
+    assert code == 1 and text.startswith("ddpkit: rank 1 failed first: killed by SIGABRT")

@@ -144,7 +144,8 @@ def summarize(report_dir: str, crashed: dict[int, str] | None = None) -> tuple[i
             errors.append(json.load(f))
     silent = {r: how for r, how in (crashed or {}).items() if r not in {e["rank"] for e in errors}}
     if silent and all(_PEER_LOST.search(e["message"]) for e in errors):
-        rank = min(silent)
+        # the agent SIGTERMs the survivors once one worker died: prefer any other way of dying
+        rank = min(silent, key=lambda r: ("SIGTERM" in silent[r], r))
         return EXIT_WORKER_FAILED, (f"ddpkit: rank {rank} failed first: {silent[rank]}, without a Python "
                                     f"exception; ranks {sorted(e['rank'] for e in errors)} then lost their peer")
     if not errors:

@@ -11,8 +11,10 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,6 +44,23 @@ class _PlainStateDict:
         return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
 
 
+_LIVE_DDP: "weakref.WeakSet[DDP]" = weakref.WeakSet()
+
+
+def _release_reducers() -> None:
+    """At shutdown, free each DDP's reducer (which holds the process group) while Python is whole.
+
+    Left to interpreter teardown, the gloo process group's destructor runs late and now and then hangs or
+    aborts (SIGABRT) the process after training finished; a user's own ``destroy_process_group()`` does not
+    help while a DDP model still references the group.
+    """
+    for model in list(_LIVE_DDP):
+        for name in ("logger", "reducer"):
+            model.__dict__.pop(name, None)
+    _LIVE_DDP.clear()
+    gc.collect()
+
+
 class DDP(_PlainStateDict, DistributedDataParallel):
     """torch's DistributedDataParallel whose state dict is the plain module's.
 
@@ -52,6 +71,9 @@ class DDP(_PlainStateDict, DistributedDataParallel):
 
     def __init__(self, module: nn.Module, *args: Any, check_sync_every: int = 0, **kwargs: Any):
         super().__init__(module, *args, **kwargs)
+        if not _LIVE_DDP:
+            runtime.on_shutdown(_release_reducers, always=True)
+        _LIVE_DDP.add(self)
         self._check_sync_every = check_sync_every
         self._forward_calls = 0
         if not kwargs.get("find_unused_parameters", False):

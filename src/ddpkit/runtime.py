@@ -165,11 +165,15 @@ def seed_everything(seed: int) -> None:
 
 
 _shutdown_hooks: list[Callable[[], None]] = []
+_release_hooks: list[Callable[[], None]] = []
 
 
-def on_shutdown(hook: Callable[[], None]) -> None:
-    """Run ``hook()`` at :func:`shutdown`, while the process group still works (e.g. a final save)."""
-    _shutdown_hooks.append(hook)
+def on_shutdown(hook: Callable[[], None], *, always: bool = False) -> None:
+    """Run ``hook()`` at :func:`shutdown`, while the process group still works (e.g. a final save).
+
+    ``always=True``: run it after an uncaught exception too (for local clean-up that needs no peer).
+    """
+    (_release_hooks if always else _shutdown_hooks).append(hook)
 
 
 def current() -> State:
@@ -192,6 +196,8 @@ def shutdown() -> None:
         failed = getattr(sys, "last_value", None) is not None
         while _shutdown_hooks and not failed:
             _shutdown_hooks.pop(0)()
+        while _release_hooks:
+            _release_hooks.pop(0)()
         _state = None
         if dist.is_available() and dist.is_initialized():
             if not failed:
