@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+# scripts that tests launch, not test modules: importing them (for doctests) would run them
+collect_ignore = ["workers", "check_corpus"]
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = ROOT / "tests" / "workers"
 

@@ -247,8 +247,7 @@ def _run_workers(cfg: LaunchConfig, report_dir: str) -> int:
     if cfg.nnodes > 1:
         problem = check_nodes(cfg, cfg.join_timeout)
         if problem:
-            print(f"{PROG}: error: {problem}; start every node with the same settings"
-                  if problem.startswith("nodes disagree") else f"{PROG}: error: {problem}", file=sys.stderr)
+            print(f"{PROG}: error: {problem}", file=sys.stderr)
             return USAGE_ERROR
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

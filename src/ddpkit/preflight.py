@@ -41,13 +41,13 @@ def compare(settings: dict[int, dict]) -> str | None:
     """The first setting on which nodes differ, as a sentence; None when all agree.
 
     >>> compare({0: {"nproc_per_node": 1}, 1: {"nproc_per_node": 2}})
-    'nodes disagree on nproc_per_node: node 0 has 1, node 1 has 2'
+    'nodes disagree on nproc_per_node: node 0 has 1, node 1 has 2; start every node with the same settings'
     """
     for key in settings[min(settings)]:
         values = {node: s.get(key) for node, s in sorted(settings.items())}
         if len({json.dumps(v) for v in values.values()}) > 1:
             listing = ", ".join(f"node {node} has {value}" for node, value in values.items())
-            return f"nodes disagree on {key}: {listing}"
+            return f"nodes disagree on {key}: {listing}; start every node with the same settings"
     return None
 
 
