@@ -114,13 +114,15 @@ class LaunchConfig:
         return self.nproc_per_node * self.nnodes
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit 2: argparse's default prints the whole usage
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that raises :class:`LaunchError` (one line, exit 2) instead of printing the whole usage."""
+
+    def error(self, message: str):
         raise LaunchError(message)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Run a training script as N data-parallel processes (torchrun underneath).")
+    p = OneLineParser(prog=PROG, description="Run a training script as N data-parallel processes (torchrun underneath).")
     p.add_argument("--nproc-per-node", "--nproc_per_node", default="1",
                    help="processes on this node: N, gpu, cpu or auto (default 1)")
     p.add_argument("--nnodes", default="1", help="number of nodes (default 1)")

@@ -28,18 +28,13 @@ from collections.abc import Sequence
 
 import torch
 
-from ddpkit.launch import LaunchError
+from ddpkit.launch import LaunchError, OneLineParser
 
 PROG = "ddpkit verify"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise LaunchError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Compare N-process training with one process on the global batch.")
+    p = OneLineParser(prog=PROG, description="Compare N-process training with one process on the global batch.")
     p.add_argument("--nproc-per-node", type=int, default=2, help="processes for the distributed run (default 2)")
     p.add_argument("--steps", type=int, default=5, help="optimizer steps to compare (default 5)")
     p.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance (default 1e-5)")
