@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from ddpkit.faults import children
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = ROOT / "tests" / "workers"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -53,19 +55,6 @@ def finish(proc, timeout=180):
     return proc.returncode, out, err, time.time()
 
 
-def children(pid):
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        found.append(int(entry))
-            except (OSError, ValueError, IndexError):
-                pass
-    return found
-
-
 def weights(out):
     return torch.load(Path(out) / "final.pt")["weights"]
 
@@ -78,7 +67,7 @@ def kill_run(reference, train_args):
         while not (ckpt.exists() and any(ckpt.iterdir())) and time.time() < deadline:
             time.sleep(0.05)
         time.sleep(random.uniform(0.0, 2.5))
-        victims = children(proc.pid)
+        victims = children(proc.pid)  # the workers: torchrun's agent runs inside the launcher
         if victims:
             os.kill(random.choice(victims), signal.SIGKILL)
         code, _, err, _ = finish(proc)

@@ -25,6 +25,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ddpkit import faults, runtime
+from ddpkit.syncbn import SyncBatchNorm
 
 UNEVEN = ("pad", "drop", "join")
 
@@ -155,7 +156,7 @@ def join(model: torch.nn.Module):
 
     if not isinstance(model, DistributedDataParallel):
         context = contextlib.nullcontext()
-    elif any(type(m).__name__ == "SyncBatchNorm" for m in model.modules()):
+    elif any(isinstance(m, (torch.nn.SyncBatchNorm, SyncBatchNorm)) for m in model.modules()):
         raise ValueError("ddpkit.join cannot run with SyncBatchNorm (collectives in forward would hang); "
                          "prepare_model(..., sync_batchnorm=False) or data_loader(..., uneven='pad')")
     else:

@@ -83,19 +83,28 @@ def _watchdog(stack_file, stale_s: float) -> None:
             dumped_for = beat
 
 
-def _signal_siblings() -> None:
-    """Ask the other workers of this node's agent to dump their stacks (Linux /proc), then give them time."""
-    parent, me = os.getppid(), os.getpid()
+def children(parent: int) -> list[int]:
+    """PIDs whose parent is ``parent`` (Linux /proc; empty elsewhere)."""
+    found = []
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if ppid == parent:
-                os.kill(int(entry), signal.SIGUSR1)
-        except (OSError, ValueError, IndexError):
-            continue
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == parent:
+                        found.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
+
+
+def _signal_siblings() -> None:
+    """Ask the other workers of this node's agent to dump their stacks, then give them time."""
+    for pid in children(os.getppid()):
+        if pid != os.getpid():
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except OSError:
+                continue
     time.sleep(0.5)
 
 
