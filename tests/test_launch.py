@@ -1,4 +1,5 @@
 """The launcher as pure steps, and its argument errors (exit 2, one line, nothing spawned)."""
+import re
 import sys
 
 import pytest
@@ -43,11 +44,34 @@ def test_nproc_values():
         resolve_nproc("-1", gpus=0, cpus=2)
 
 
-def test_single_node_uses_a_port_the_store_binds_itself():
+def test_single_node_uses_the_loopback_rendezvous_on_a_port_the_store_binds_itself():
     cfg = parse_args(["--nproc-per-node", "2", SCRIPT, "--epochs", "1"], gpus=0)
     argv = torchrun_argv(cfg)
-    assert "--standalone" in argv and "--master-port" not in argv
+    assert argv[argv.index("--rdzv-backend") + 1] == "ddpkit-loopback"
+    assert argv[argv.index("--rdzv-endpoint") + 1] == "127.0.0.1:0" and "--master-port" not in argv
     assert argv[-3:] == [SCRIPT, "--epochs", "1"]  # script arguments pass through untouched
+
+
+def test_elastic_form_uses_torchs_c10d_rendezvous_with_the_join_timeout():
+    cfg = parse_args(["--nnodes", "1:3", "--rdzv-endpoint", "10.0.0.1:29400", "--rdzv-id", "job7",
+                      "--join-timeout", "60", SCRIPT], gpus=0)
+    argv = torchrun_argv(cfg)
+    assert (cfg.min_nodes, cfg.nnodes, cfg.world_size) == (1, 3, 3)
+    assert argv[argv.index("--nnodes") + 1] == "1:3" and argv[argv.index("--rdzv-backend") + 1] == "c10d"
+    assert argv[argv.index("--rdzv-id") + 1] == "job7" and argv[argv.index("--rdzv-conf") + 1] == "join_timeout=60"
+    assert "--node-rank" not in argv and "--master-addr" not in argv
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--nnodes", "1:2", "--master-addr", "h", SCRIPT], "(a range) needs --rdzv-endpoint HOST:PORT"),
+    (["--nnodes", "3:2", "--rdzv-endpoint", "h:1", SCRIPT], "needs 1 <= MIN <= MAX, got 3:2"),
+    (["--nnodes", "2", "--rdzv-endpoint", "h", SCRIPT], "--rdzv-endpoint must be HOST:PORT"),
+    (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--node-rank", "1", SCRIPT], "assigns node ranks itself"),
+    (["--nnodes", "a:2", SCRIPT], "--nnodes must be an integer, got 'a'"),
+])
+def test_bad_elastic_arguments_are_one_line_errors(argv, message):
+    with pytest.raises(LaunchError, match=re.escape(message)):
+        parse_args(argv, gpus=0)
 
 
 def test_multi_node_passes_the_rendezvous_address():

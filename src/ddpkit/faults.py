@@ -83,6 +83,29 @@ def _watchdog(stack_file, stale_s: float) -> None:
             dumped_for = beat
 
 
+def die_with_parent() -> bool:
+    """Worker side (Linux): have the kernel SIGKILL this process when its launcher dies.
+
+    Without it, a worker whose agent was killed keeps training as an orphan with its peers on the other
+    nodes, so killing one node's launcher would stop nothing. SIGKILL rather than SIGTERM: a worker stuck
+    in a collective never gets to run a Python signal handler. Returns False where prctl is unavailable.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() == 1:  # the launcher died before the request was in place
+        os.kill(os.getpid(), signal.SIGKILL)
+    return True
+
+
 def children(parent: int) -> list[int]:
     """PIDs whose parent is ``parent`` (Linux /proc; empty elsewhere)."""
     found = []
@@ -160,6 +183,12 @@ def summarize(report_dir: str, crashed: dict[int, str] | None = None) -> tuple[i
     if not errors:
         return None
     first = min(errors, key=lambda e: e["time"])
+    if all(_PEER_LOST.search(e["message"]) for e in errors):
+        # nothing on this node failed on its own: a process elsewhere (another node) went away first
+        return EXIT_WORKER_FAILED, (
+            f"ddpkit: ranks {sorted(e['rank'] for e in errors)} on {first['host']} lost their peer "
+            f"({first['message'].splitlines()[0].split('. ')[0][:160]}); no rank here failed first, so the root cause is on "
+            "another node: see that node's launcher output (it may have been killed or lost)")
     if not _TIMEOUT.search(first["message"]):
         head = f"ddpkit: rank {first['rank']} on {first['host']} failed first: {first['type']}: {first['message']}"
         others = sorted(e["rank"] for e in errors if e is not first)

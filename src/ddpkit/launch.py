@@ -10,6 +10,7 @@ Example::
     ddpkit launch --nproc-per-node 2 examples/digits.py --epochs 3
     ddpkit launch --mode dp train.py            # one process, DataParallel over every GPU
     ddpkit launch --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --master-port 29400 train.py
+    ddpkit launch --nnodes 1:4 --rdzv-endpoint 10.0.0.1:29400 --rdzv-id job7 --max-restarts 3 train.py
 
 Flags are spelled as torchrun spells them. Bad arguments exit with code 2 and one line, before anything
 is spawned.
@@ -21,6 +22,7 @@ import argparse
 import dataclasses
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +32,8 @@ from collections.abc import Mapping, Sequence
 from ddpkit import faults
 from ddpkit.logs import ConsoleTail, parse_ranks
 from ddpkit.preflight import check_nodes
+
+LOOPBACK_BACKEND = "ddpkit-loopback"  # ddpkit.rendezvous.BACKEND, named here so argv stays torch-free
 
 USAGE_ERROR = 2
 PROG = "ddpkit launch"
@@ -75,8 +79,12 @@ class LaunchConfig:
     script: str
     script_args: tuple[str, ...] = ()
     nproc_per_node: int = 1
-    nnodes: int = 1
+    nnodes: int = 1  # the most nodes (MAX of MIN:MAX)
+    min_nodes: int | None = None  # MIN of --nnodes MIN:MAX; None: exactly nnodes
     node_rank: int = 0
+    rdzv_endpoint: str | None = None  # set: torch's elastic c10d rendezvous instead of fixed node ranks
+    rdzv_id: str = "ddpkit"
+    rdzv_conf: str = ""
     master_addr: str | None = None
     master_port: int | None = None
     mode: str = "ddp"
@@ -99,7 +107,12 @@ class LaunchConfig:
                               f"got {self.node_rank}")
         if self.master_port is not None and not 0 < self.master_port < 65536:
             raise LaunchError(f"--master-port must be in 1..65535, got {self.master_port}")
-        if self.nnodes > 1 and not self.master_addr:
+        if self.elastic:
+            self._check_elastic()
+        elif self.min_nodes not in (None, self.nnodes):
+            raise LaunchError(f"--nnodes {self.min_nodes}:{self.nnodes} (a range) needs --rdzv-endpoint HOST:PORT on "
+                              f"every node; for a fixed count use --nnodes {self.nnodes} --master-addr")
+        elif self.nnodes > 1 and not self.master_addr:
             raise LaunchError(f"--nnodes {self.nnodes} needs --master-addr (the address of node 0) on every node")
         try:
             parse_ranks(self.console_ranks, self.world_size)
@@ -108,6 +121,21 @@ class LaunchConfig:
         if self.mode == "dp" and (self.nnodes > 1 or self.nproc_per_node > 1):
             raise LaunchError("--mode dp runs one process on one node (DataParallel drives every GPU from it); "
                               "drop --nproc-per-node/--nnodes or use --mode ddp")
+
+    def _check_elastic(self) -> None:
+        host, _, port = (self.rdzv_endpoint or "").rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise LaunchError(f"--rdzv-endpoint must be HOST:PORT with a port in 1..65535, got {self.rdzv_endpoint!r}")
+        if not 1 <= (self.min_nodes or self.nnodes) <= self.nnodes:
+            raise LaunchError(f"--nnodes MIN:MAX needs 1 <= MIN <= MAX, got {self.min_nodes}:{self.nnodes}")
+        if self.master_addr or self.node_rank:
+            raise LaunchError("--rdzv-endpoint assigns node ranks itself; drop --master-addr/--node-rank "
+                              "(or drop --rdzv-endpoint for fixed node ranks)")
+
+    @property
+    def elastic(self) -> bool:
+        """torch's c10d rendezvous: nodes get their rank on joining, and MIN..MAX of them may take part."""
+        return self.rdzv_endpoint is not None
 
     @property
     def world_size(self) -> int:
@@ -125,11 +153,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog=PROG, description="Run a training script as N data-parallel processes (torchrun underneath).")
     p.add_argument("--nproc-per-node", "--nproc_per_node", default="1",
                    help="processes on this node: N, gpu, cpu or auto (default 1)")
-    p.add_argument("--nnodes", default="1", help="number of nodes (default 1)")
+    p.add_argument("--nnodes", default="1", help="number of nodes (default 1), or MIN:MAX with --rdzv-endpoint")
     p.add_argument("--node-rank", "--node_rank", default="0", help="index of this node, 0..nnodes-1")
     p.add_argument("--master-addr", "--master_addr", default=None, help="address of node 0 (multi-node)")
     p.add_argument("--master-port", "--master_port", default=None,
                    help="port on node 0; single-node default: a free port the store binds itself")
+    p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default=None,
+                   help="HOST:PORT of torch's elastic (c10d) rendezvous; nodes get their rank on joining")
+    p.add_argument("--rdzv-id", "--rdzv_id", default="ddpkit", help="job id, the same on every node (elastic)")
+    p.add_argument("--rdzv-conf", "--rdzv_conf", default="",
+                   help="torch rendezvous settings, e.g. last_call_timeout=5,join_timeout=600 (elastic)")
     p.add_argument("--mode", default="ddp", help="ddp (one process per device) or dp (one process, DataParallel)")
     p.add_argument("--max-restarts", "--max_restarts", default="0", help="restart the group this many times on failure")
     p.add_argument("--resume", action="store_true",
@@ -152,10 +185,12 @@ def parse_args(argv: Sequence[str], gpus: int | None = None, cpus: int | None = 
         gpus = _visible_gpus()
     nproc = resolve_nproc(ns.nproc_per_node, gpus, cpus or os.cpu_count() or 1)
     port = None if ns.master_port is None else _count(ns.master_port, "--master-port", 1)
+    low, _, high = ns.nnodes.partition(":")
     return LaunchConfig(
         script=ns.script, script_args=tuple(ns.script_args), nproc_per_node=nproc,
-        nnodes=_count(ns.nnodes, "--nnodes", 1), node_rank=_count(ns.node_rank, "--node-rank", 0),
-        master_addr=ns.master_addr, master_port=port, mode=ns.mode,
+        nnodes=_count(high or low, "--nnodes", 1), min_nodes=_count(low, "--nnodes", 1) if high else None,
+        node_rank=_count(ns.node_rank, "--node-rank", 0), rdzv_endpoint=ns.rdzv_endpoint, rdzv_id=ns.rdzv_id,
+        rdzv_conf=ns.rdzv_conf, master_addr=ns.master_addr, master_port=port, mode=ns.mode,
         max_restarts=_count(ns.max_restarts, "--max-restarts", 0), module=ns.module, resume=ns.resume,
         log_dir=ns.log_dir, console_ranks=ns.console_ranks, join_timeout=_seconds(ns.join_timeout, "--join-timeout"))
 
@@ -179,21 +214,36 @@ def _visible_gpus() -> int:
 def torchrun_argv(cfg: LaunchConfig, log_dir: str | None = None) -> list[str]:
     """The ``torchrun`` arguments for a DDP launch.
 
-    Single node without ``--master-port``: c10d rendezvous on ``localhost:0``, so the store binds a free
-    port itself (no find-then-bind race, never a taken 29500). With ``log_dir``, every worker's stdout and
-    stderr go to files there (and only there: the console tail decides what to show).
+    Single node: ddpkit's loopback rendezvous (:mod:`ddpkit.rendezvous`), whose store listens on 127.0.0.1
+    only, on ``--master-port`` or else on a free port it binds itself (no find-then-bind race, never a
+    taken 29500). With ``log_dir``, every worker's stdout and stderr go to files there (and only there: the
+    console tail decides what to show).
     """
     argv = ["--nproc-per-node", str(cfg.nproc_per_node), "--max-restarts", str(cfg.max_restarts)]
     if log_dir:
         argv += ["--log-dir", log_dir, "--redirects", "3"]
-    if cfg.nnodes == 1 and cfg.master_port is None:
-        argv += ["--standalone"]
+    if cfg.elastic:
+        conf = cfg.rdzv_conf if "join_timeout" in cfg.rdzv_conf else \
+            ",".join(filter(None, [cfg.rdzv_conf, f"join_timeout={cfg.join_timeout:g}"]))
+        argv += ["--nnodes", f"{cfg.min_nodes or cfg.nnodes}:{cfg.nnodes}", "--rdzv-backend", "c10d",
+                 "--rdzv-endpoint", cfg.rdzv_endpoint, "--rdzv-id", cfg.rdzv_id, "--rdzv-conf", conf]
+    elif cfg.nnodes == 1:
+        argv += ["--rdzv-backend", LOOPBACK_BACKEND, "--rdzv-endpoint", f"127.0.0.1:{cfg.master_port or 0}",
+                 "--rdzv-id", f"ddpkit-{os.getpid()}"]
     else:
         argv += ["--nnodes", str(cfg.nnodes), "--node-rank", str(cfg.node_rank),
                  "--master-addr", cfg.master_addr or "127.0.0.1", "--master-port", str(cfg.master_port or 29500)]
     if cfg.module:
         argv += ["--module"]
     return argv + [cfg.script, *cfg.script_args]
+
+
+def _loopback_ifname() -> str | None:
+    names = [name for _, name in socket.if_nameindex()] if hasattr(socket, "if_nameindex") else []
+    return next((name for name in ("lo", "lo0") if name in names), None)
+
+
+LOOPBACK_IFNAME = _loopback_ifname()
 
 
 def worker_env(cfg: LaunchConfig, environ: Mapping[str, str], cores: int) -> tuple[dict[str, str], list[str]]:
@@ -203,8 +253,11 @@ def worker_env(cfg: LaunchConfig, environ: Mapping[str, str], cores: int) -> tup
     DDPKIT_MODE: tells ``ddpkit.init()`` in the script which mode the launch asked for.
     DDPKIT_RESUME=1 (``--resume``): ``ddpkit.Checkpointer`` restores the newest valid checkpoint.
     PYTHONUNBUFFERED=1 (DDP, when unset): worker output goes through log files and must not sit in buffers.
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the agent's store shared, restarted groups failed to form in
-    5 of 11 tries here (gloo "Connection refused", pytorch#135712); unshared, 9 of 9 succeeded.
+    GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME=lo (single node, when unset): the workers' own listening
+    sockets bind loopback too, whatever the host name resolves to.
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (multi-node restarts): with the agent's store shared, restarted
+    groups failed to form in 5 of 11 tries here (gloo "Connection refused", pytorch#135712); unshared, 9 of
+    9 succeeded. (Single node needs no such switch: the loopback rendezvous makes a new store each round.)
     """
     local = 1 if cfg.mode == "dp" else cfg.nproc_per_node
     env = {"DDPKIT_MODE": cfg.mode}
@@ -212,7 +265,11 @@ def worker_env(cfg: LaunchConfig, environ: Mapping[str, str], cores: int) -> tup
         env["PYTHONUNBUFFERED"] = "1"  # output goes to log files; without this, prints would wait for exit
     if cfg.resume:
         env["DDPKIT_RESUME"] = "1"
-    if cfg.max_restarts > 0:
+    if cfg.nnodes == 1 and not cfg.elastic and cfg.mode == "ddp" and LOOPBACK_IFNAME:
+        for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            if name not in environ:
+                env[name] = LOOPBACK_IFNAME
+    if (cfg.nnodes > 1 or cfg.elastic) and cfg.max_restarts > 0:
         env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"))
     notes = []
     if "OMP_NUM_THREADS" not in environ:
@@ -240,13 +297,14 @@ def _run_workers(cfg: LaunchConfig, report_dir: str) -> int:
     env, notes = worker_env(cfg, os.environ, os.cpu_count() or 1)
     env["DDPKIT_REPORT_DIR"] = report_dir
     os.environ.update(env)  # inherited by the workers torchrun spawns
+    nodes = f"{cfg.min_nodes}..{cfg.nnodes}" if cfg.min_nodes not in (None, cfg.nnodes) else str(cfg.nnodes)
     what = ("1 process (DataParallel)" if cfg.mode == "dp"
-            else f"{cfg.nproc_per_node} process(es) x {cfg.nnodes} node(s), world size {cfg.world_size}")
+            else f"{cfg.nproc_per_node} process(es) x {nodes} node(s), world size up to {cfg.world_size}")
     print(f"{PROG}: " + "; ".join([what, *notes]), file=sys.stderr, flush=True)
     if cfg.mode == "dp":
         cmd = [sys.executable] + (["-m"] if cfg.module else []) + [cfg.script, *cfg.script_args]
         return subprocess.call(cmd)
-    if cfg.nnodes > 1:
+    if cfg.nnodes > 1 and not cfg.elastic:  # elastic: torch's rendezvous has its own join_timeout
         problem = check_nodes(cfg, cfg.join_timeout)
         if problem:
             print(f"{PROG}: error: {problem}", file=sys.stderr)
@@ -256,11 +314,16 @@ def _run_workers(cfg: LaunchConfig, report_dir: str) -> int:
     from torch.distributed.run import get_args_parser
     from torch.distributed.run import run as torchrun
 
+    from ddpkit import rendezvous
+
+    rendezvous.register()
+
     log_dir = os.path.join(cfg.log_dir, time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
     os.makedirs(log_dir, exist_ok=True)
     print(f"{PROG}: per-rank logs in {log_dir}", file=sys.stderr, flush=True)
+    # elastic: this node's rank is known only after the rendezvous, so the console counts from its first rank
     tail = ConsoleTail(log_dir, parse_ranks(cfg.console_ranks, cfg.world_size),
-                       cfg.node_rank * cfg.nproc_per_node, cfg.world_size)
+                       0 if cfg.elastic else cfg.node_rank * cfg.nproc_per_node, cfg.world_size)
     tail.start()
     try:
         torchrun(get_args_parser().parse_args(torchrun_argv(cfg, log_dir)))

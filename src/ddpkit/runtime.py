@@ -123,6 +123,8 @@ def init(mode: str | None = None, *, backend: str | None = None, timeout_s: floa
         device = choose_device(chosen, env, cuda_count, cpu)
         if device.type == "cuda":
             torch.cuda.set_device(device)
+        if env.source == "torchrun":
+            faults.die_with_parent()  # a worker must not outlive its node's agent (a killed launcher)
         if os.environ.get("DDPKIT_REPORT_DIR"):  # set by `ddpkit launch`: root cause and hang reports
             attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
             faults.install(env.rank, env.local_rank,

@@ -1,0 +1,106 @@
+"""A single-node rendezvous for torch's elastic agent whose store listens on loopback only.
+
+torchrun's stores (``--standalone`` or static) listen on every interface, and c10d stores accept
+unauthenticated connections (PyTorch's SECURITY.md), so a one-machine job would otherwise expose a port to
+the whole network. ``TCPStore`` has no bind-address option, but it accepts ``master_listen_fd``: a socket
+we bind to 127.0.0.1 ourselves. This handler is registered with torch's rendezvous registry under
+:data:`BACKEND` by the launcher process only (never at import) and torch's agent drives it as usual.
+
+Every rendezvous round (the first start and each ``--max-restarts`` restart) gets a *new* store on a new
+port. The workers connect to the agent's store (``TORCHELASTIC_USE_AGENT_STORE``) without a per-attempt
+prefix, so a store kept across restarts hands the restarted group the previous attempt's keys: that is
+the "Connection refused" / hang family of pytorch#135712, which a fresh store avoids.
+
+Example (what ``ddpkit launch`` does for a single-node run)::
+
+    register()
+    torch.distributed.run.run(get_args_parser().parse_args(
+        ["--rdzv-backend", BACKEND, "--rdzv-endpoint", "127.0.0.1:0", "--nproc-per-node", "2", "train.py"]))
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+
+from torch.distributed import TCPStore
+from torch.distributed.elastic.rendezvous import (
+    RendezvousHandler,
+    RendezvousInfo,
+    RendezvousParameters,
+    RendezvousStoreInfo,
+    rendezvous_handler_registry,
+)
+from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+BACKEND = "ddpkit-loopback"
+LOOPBACK = "127.0.0.1"
+STORE_TIMEOUT = datetime.timedelta(seconds=600)
+
+
+def loopback_store(port: int = 0) -> TCPStore:
+    """A server ``TCPStore`` that listens on 127.0.0.1 only, on ``port`` (0: a free port the kernel picks).
+
+    >>> store = loopback_store(); store.set("k", "v"); store.get("k")
+    b'v'
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((LOOPBACK, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    # The store owns the descriptor from here on (it closes it), so the Python object lets go of it.
+    return TCPStore(LOOPBACK, sock.getsockname()[1], None, True, STORE_TIMEOUT, wait_for_workers=False,
+                    multi_tenant=True, master_listen_fd=sock.detach())
+
+
+class LoopbackRendezvous(RendezvousHandler):
+    """One node, rank 0 of 1; the agent and its workers share a loopback store that is new every round."""
+
+    def __init__(self, run_id: str, port: int = 0):
+        self._run_id = run_id
+        self._port = port
+        self._store: TCPStore | None = None
+        self._closed = False
+
+    def get_backend(self) -> str:
+        return BACKEND
+
+    @property
+    def use_agent_store(self) -> bool:
+        return True  # workers connect to our loopback store; none of them starts a server of its own
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        self._store = None  # the previous round's workers are gone: close its server before the next one
+        self._store = loopback_store(self._port)
+        return RendezvousInfo(self._store, 0, 1, RendezvousStoreInfo(LOOPBACK, self._store.port))
+
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def set_closed(self) -> None:
+        self._closed = True
+
+    def num_nodes_waiting(self) -> int:
+        return 0  # nobody else can join a loopback rendezvous
+
+    def get_run_id(self) -> str:
+        return self._run_id
+
+    def shutdown(self) -> bool:
+        self._store = None
+        return True
+
+
+def create_handler(params: RendezvousParameters) -> LoopbackRendezvous:
+    if params.max_nodes != 1:
+        raise ValueError(f"the {BACKEND} rendezvous serves one node, got --nnodes {params.min_nodes}:{params.max_nodes}")
+    _, port = parse_rendezvous_endpoint(params.endpoint, default_port=0)
+    return LoopbackRendezvous(params.run_id, port)
+
+
+def register() -> None:
+    """Make :data:`BACKEND` known to torch's launcher in this process (idempotent)."""
+    rendezvous_handler_registry.register(BACKEND, create_handler)

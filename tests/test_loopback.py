@@ -1,0 +1,74 @@
+"""Security: a single-node run listens on loopback only (launcher store and workers), checked with `ss`."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT
+
+from ddpkit.faults import children
+
+WAITER = """
+import os, sys, time, torch, ddpkit
+ddpkit.init()
+ddpkit.reduce(torch.ones(1))  # the group is up: every socket it needs is open
+if torch.distributed.get_rank() == 0:
+    open(sys.argv[1], "w").write("ready")
+while not os.path.exists(sys.argv[1] + ".go"):
+    time.sleep(0.1)
+ddpkit.shutdown()
+"""
+
+
+def tree(pid):
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo += children(p)
+    return found
+
+
+def listening(pids):
+    """(address, pid) of every TCP listening socket owned by one of ``pids``, from `ss -ltnp`."""
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    found = []
+    for line in out.splitlines():
+        local = line.split()[3]
+        for pid in map(int, re.findall(r"pid=(\d+)", line)):
+            if pid in pids:
+                found.append((local.rsplit(":", 1)[0], pid))
+    return found
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs `ss` (iproute2)")
+def test_single_node_run_listens_on_loopback_only(tmp_path):
+    script, flag = tmp_path / "wait.py", tmp_path / "ready"
+    script.write_text(WAITER)
+    launcher = subprocess.Popen([sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", "2",
+                                 "--log-dir", str(tmp_path / "logs"), str(script), str(flag)],
+                                cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not flag.exists() and launcher.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert flag.exists(), f"workers never came up: {launcher.communicate(timeout=30)}"
+        pids = tree(launcher.pid)
+        sockets = listening(pids)
+        (tmp_path / "ready.go").write_text("")
+        out, err = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, 9)
+    assert launcher.returncode == 0, err
+    assert len(pids) >= 3  # launcher + 2 workers
+    # the launcher's store and each worker's gloo listener, all on loopback
+    assert {pid for _, pid in sockets} >= {launcher.pid}, sockets
+    assert len({pid for _, pid in sockets}) >= 3, sockets
+    exposed = [(addr, pid) for addr, pid in sockets if addr not in ("127.0.0.1", "[::1]")]
+    assert not exposed, f"listening beyond loopback: {exposed}"
