@@ -16,6 +16,7 @@ COMMANDS = {
     "launch": ("ddpkit.launch", "run a script as N data-parallel processes (torchrun underneath)"),
     "verify": ("ddpkit.verify", "check that N-process training equals 1 process on the global batch"),
     "check": ("ddpkit.check", "find common DP/DDP mistakes in a training script (static analysis)"),
+    "bench": ("ddpkit.bench", "throughput at 1..N processes, communication share, a measured recommendation"),
     "doctor": ("ddpkit.doctor", "what this machine can do: versions, GPUs, backends, an all-reduce test"),
 }
 

@@ -19,6 +19,8 @@ fp32 (2(N-1)/N of the fp32 all-reduce's bytes become (N-1)/N of half as many).
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
@@ -54,6 +56,26 @@ class CommConfig:
         if self.compression:
             parts.append(f"{self.compression} compression (lossy)")
         return ", ".join(parts)
+
+
+def from_env(config: CommConfig | None, environ: Mapping[str, str]) -> CommConfig | None:
+    """The script's config, overridden by ``DDPKIT_COMM`` (JSON of CommConfig fields, set by ``ddpkit bench``).
+
+    >>> from_env(CommConfig(bucket_mb=10), {"DDPKIT_COMM": '{"gradient_as_bucket_view": true}'})
+    CommConfig(bucket_mb=10, gradient_as_bucket_view=True, static_graph=False, compression=None, powersgd_rank=2)
+    """
+    if not environ.get("DDPKIT_COMM"):
+        return config
+    fields = json.loads(environ["DDPKIT_COMM"])
+    return dataclasses.replace(config, **fields) if config else CommConfig(**fields)
+
+
+def skip_hook(state, bucket):
+    """No communication at all (gradients stay local): ``ddpkit bench`` times the step without it to
+    measure how much of the step communication takes. Never for training."""
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
 
 
 def _allgather_hook(dtype: torch.dtype):

@@ -16,13 +16,15 @@ sees the same global batches as N processes with batch ``B`` each.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
 from ddpkit import faults, runtime
 from ddpkit.syncbn import SyncBatchNorm
@@ -94,6 +96,7 @@ class ShardedDataLoader(DataLoader):
         self._start = 0  # global position the current / next pass starts from
         self._batches = None  # batches taken in the current pass; None between passes
         self._generator_state = None  # generator state at the start of the current pass
+        self.step_times: list[float] | None = None  # hand-out times of the batches, for `ddpkit bench`
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch, self._start, self._batches = epoch, 0, None
@@ -130,6 +133,8 @@ class ShardedDataLoader(DataLoader):
             self.steps_taken += 1
             self._batches += 1  # counted when handed out: a checkpoint taken in the loop body includes it
             faults.heartbeat()
+            if self.step_times is not None:
+                self.step_times.append(time.perf_counter())
             yield batch
         self.epoch, self._start, self._batches = self.epoch + 1, 0, None
 
@@ -196,8 +201,12 @@ def data_loader(dataset: Dataset, batch_size: int | None = None, *, global_batch
     shuffle = train if shuffle is None else shuffle
     sampler = ShardSampler(len(dataset), state.rank, state.world_size, shuffle, seed,
                            uneven if train else "none")
-    if state.device.type == "cuda":
-        loader_kwargs.setdefault("pin_memory", True)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    defaults = loader_defaults(dataset, state.device.type, cores // max(1, state.local_world_size))
+    if "num_workers" in loader_kwargs:  # the script chose: persistent only if it asked for workers
+        defaults = {k: v for k, v in defaults.items() if k == "pin_memory"}
+        defaults["persistent_workers"] = loader_kwargs["num_workers"] > 0
+    loader_kwargs = {**defaults, **loader_kwargs}
     # Worker seeds derive from this generator: distinct per rank, identical across reruns.
     loader_kwargs.setdefault("generator", torch.Generator().manual_seed(seed * 1_000_003 + state.rank))
     scale = int(os.environ.get("DDPKIT_BATCH_SCALE", "1")) if train else 1  # set by `ddpkit verify`
@@ -206,8 +215,44 @@ def data_loader(dataset: Dataset, batch_size: int | None = None, *, global_batch
                                join=train and uneven == "join",
                                max_steps=int(max_steps) if max_steps else None, **loader_kwargs)
     if state.is_main and train:
-        print(f"ddpkit: {describe_batch(state, batch_size * scale, len(loader))}", file=sys.stderr, flush=True)
+        workers = f", {loader.num_workers} loader workers per process" if loader.num_workers else ""
+        print(f"ddpkit: {describe_batch(state, batch_size * scale, len(loader))}{workers}", file=sys.stderr, flush=True)
+    if train and os.environ.get("DDPKIT_BENCH_OUT"):  # set by `ddpkit bench`
+        _record_steps(loader, state, batch_size * scale, os.environ["DDPKIT_BENCH_OUT"])
     return loader
+
+
+def _record_steps(loader: ShardedDataLoader, state: runtime.State, batch_size: int, out_dir: str) -> None:
+    """Write this rank's batch hand-out times to ``out_dir/rank<R>.json`` at shutdown (``ddpkit bench``)."""
+    loader.step_times = []
+    global_batch = batch_size * (state.world_size if state.mode == "ddp" else 1)
+
+    def write() -> None:
+        with open(os.path.join(out_dir, f"rank{state.rank}.json"), "w") as f:
+            json.dump({"times": loader.step_times, "global_batch": global_batch, "mode": state.mode,
+                       "device": str(state.device)}, f)
+
+    runtime.on_shutdown(write)
+
+
+def loader_defaults(dataset: Dataset, device_type: str, cores_per_process: int) -> dict[str, Any]:
+    """DataLoader settings that help unless the script sets its own: pinned memory on CUDA; for datasets that
+    do work per sample, worker processes from this process's share of the cores (one core stays with the
+    training loop; at most 4), kept alive across epochs. Tensors already in memory get no workers: for them
+    workers only add inter-process copies. (Persistent workers draw their seeds once, at the first epoch: a
+    run resumed mid-way gives worker-side randomness, e.g. augmentation, fresh streams; pass
+    ``persistent_workers=False`` where a resume must replay it bit for bit.)
+
+    >>> loader_defaults(list(range(10)), "cuda", 8)
+    {'pin_memory': True, 'num_workers': 4, 'persistent_workers': True}
+    >>> loader_defaults(TensorDataset(torch.zeros(4)), "cpu", 8), loader_defaults(list(range(10)), "cpu", 1)
+    ({}, {})
+    """
+    defaults: dict[str, Any] = {"pin_memory": True} if device_type == "cuda" else {}
+    workers = 0 if isinstance(dataset, TensorDataset) else min(4, cores_per_process - 1)
+    if workers > 0:
+        defaults.update(num_workers=workers, persistent_workers=True)
+    return defaults
 
 
 def _per_process_batch(batch_size: int | None, global_batch_size: int | None, state: runtime.State) -> int:
