@@ -10,10 +10,9 @@ Example::
 - ``compression`` (lossy, opt-in): ``"fp16"`` or ``"bf16"`` send gradients in 16 bits and average in fp32;
   ``"powersgd"`` sends a low-rank approximation (torch's PowerSGD hook, ``powersgd_rank``).
 
-On NCCL, fp16 and bf16 are torch's own ``fp16_compress_hook`` / ``bf16_compress_hook``. On gloo, torch's fp16
-hook measured slower than no hook (gloo sums half precision slowly) and its bf16 hook refuses to run, so ddpkit
-uses an all-gather hook instead: each rank sends its 16-bit gradient once and every rank sums the copies in
-fp32 (2(N-1)/N of the fp32 all-reduce's bytes become (N-1)/N of half as many).
+fp16 is torch's own ``fp16_compress_hook`` on both backends; bf16 is torch's ``bf16_compress_hook`` on NCCL and,
+on gloo (where torch's hook refuses to run), the same all-reduce in bf16 done by :func:`_bf16_allreduce_hook`.
+On a CPU both measured no faster than uncompressed: the casts cost about what the halved bytes save.
 """
 
 from __future__ import annotations
@@ -78,28 +77,21 @@ def skip_hook(state, bucket):
     return future
 
 
-def _allgather_hook(dtype: torch.dtype):
-    """Send the bucket once in ``dtype``; every rank sums all copies in fp32 and divides by the world size."""
+def _bf16_allreduce_hook(state, bucket):
+    """torch's ``bf16_compress_hook`` without its NCCL-only check: sum in bf16, average back in fp32.
 
-    # No annotations on purpose: DDP compares the `bucket` annotation with dist.GradBucket, and this module's
-    # `from __future__ import annotations` would turn it into a string.
-    def hook(state, bucket):
-        group = state if state is not None else dist.group.WORLD
-        world = dist.get_world_size(group)
-        grad = bucket.buffer()
-        parts = [torch.empty(grad.numel(), dtype=dtype, device=grad.device) for _ in range(world)]
-        work = dist.all_gather(parts, grad.to(dtype), group=group, async_op=True)
+    bf16 keeps fp32's exponent range, so summing before dividing cannot overflow (fp16 could: for fp16 torch's
+    own hook, which divides first, runs on gloo as it is). An all-gather of bf16 copies summed in fp32 was
+    also measured: 85-115 ms per step against 56-67 ms for this and 52-66 ms for no compression (33 MB MLP).
+    """
+    group = state if state is not None else dist.group.WORLD
+    grad = bucket.buffer()
+    work = dist.all_reduce(grad.to(torch.bfloat16), group=group, async_op=True)
 
-        def average(fut):
-            total = torch.zeros_like(grad)
-            for part in parts:
-                total.add_(part)
-            return total.div_(world)
+    def average(fut):
+        return grad.copy_(fut.value()[0]).div_(dist.get_world_size(group))
 
-        return work.get_future().then(average)
-
-    hook.__name__ = f"ddpkit_{dtype}_allgather_hook".replace("torch.", "")
-    return hook
+    return work.get_future().then(average)
 
 
 def register(model, config: CommConfig, backend: str) -> None:
@@ -115,8 +107,7 @@ def register(model, config: CommConfig, backend: str) -> None:
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=config.powersgd_rank,
                                             start_powerSGD_iter=2)
         model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-    elif backend == "nccl":
-        hook = default_hooks.fp16_compress_hook if config.compression == "fp16" else default_hooks.bf16_compress_hook
-        model.register_comm_hook(None, hook)
+    elif config.compression == "fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     else:
-        model.register_comm_hook(None, _allgather_hook(torch.float16 if config.compression == "fp16" else torch.bfloat16))
+        model.register_comm_hook(None, default_hooks.bf16_compress_hook if backend == "nccl" else _bf16_allreduce_hook)
