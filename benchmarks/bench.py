@@ -101,7 +101,8 @@ def main():
     res["import_torch_s"], res["import_ddpkit_s"] = imports["torch"], imports["ddpkit"]
 
     # 3. launch to first completed step: `ddpkit launch` + ddpkit vs `torchrun` + hand-written DDP.
-    first = interleave(reps, {"torchrun": lambda: torchrun("raw", "--steps", "3", "--warmup", "0"),
+    # Short runs with a noisy start (process spawn, imports): twice the repetitions of the other figures.
+    first = interleave(2 * reps, {"torchrun": lambda: torchrun("raw", "--steps", "3", "--warmup", "0"),
                               "ddpkit": lambda: ddpkit_launch("--steps", "3", "--warmup", "0")})
     to_first = {k: [r["first_step_at"] - r["started"] for r in v] for k, v in first.items()}
     res["first_step_torchrun_s"] = statistics.median(to_first["torchrun"])
@@ -144,8 +145,9 @@ def scaling(reps):
 
 def comm_options(reps):
     settings = {"default": [], "bucket100": ["--bucket-mb", "100"], "grad_view": ["--grad-view"],
-                "static_graph": ["--static-graph"], "fp16": ["--compression", "fp16"],
-                "bf16": ["--compression", "bf16"]}
+                "static_graph": ["--static-graph"], "grad_view_static": ["--grad-view", "--static-graph"],
+                "fp16": ["--compression", "fp16"], "bf16": ["--compression", "bf16"],
+                "grad_view_bf16": ["--grad-view", "--compression", "bf16"]}
     raw = {"raw_default": lambda: torchrun("raw", *BIG, "--steps", "40")}
     ours = {name: (lambda extra=extra: torchrun("ddpkit", *BIG, "--steps", "40", *extra))
             for name, extra in settings.items()}

@@ -309,6 +309,11 @@ def _run_workers(cfg: LaunchConfig, report_dir: str) -> int:
         if problem:
             print(f"{PROG}: error: {problem}", file=sys.stderr)
             return USAGE_ERROR
+    return _supervise(cfg, report_dir)
+
+
+def _supervise(cfg: LaunchConfig, report_dir: str) -> int:
+    """torch's launcher runs the workers; the console tail shows them; a failure becomes one report."""
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser
