@@ -55,11 +55,15 @@ def ddpkit_launch(*extra, nproc=2):
 
 
 def interleave(reps, variants):
-    """variants: name -> zero-argument callable. Runs them in turn, reps times; returns name -> [results]."""
+    """variants: name -> zero-argument callable. Runs them in turn, reps times; returns name -> [results].
+
+    The order rotates each repetition (A B C, B C A, C A B, ...) so no variant always runs first or right
+    after the same neighbour."""
     out = {name: [] for name in variants}
-    for _ in range(reps):
-        for name, fn in variants.items():
-            out[name].append(fn())
+    names = list(variants)
+    for rep in range(reps):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            out[name].append(variants[name]())
     return out
 
 
@@ -79,50 +83,68 @@ def import_times(reps):
     return {name: med(r, "t") for name, r in times.items()}
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--quick", action="store_true", help="fewer repetitions, for a smoke run")
-    args = p.parse_args()
-    reps = 2 if args.quick else args.reps
-    RESULTS.mkdir(exist_ok=True)
-    res = {"machine": f"{os.cpu_count()} cores, gloo, 2 processes", "reps": reps}
-
-    # 1. step time and memory: identical model, data, DDP settings; same launcher for both.
+def step_and_memory(reps):
+    """Step time and peak RSS: identical model, data, DDP settings; the same launcher for both."""
     step = interleave(reps, {"raw": lambda: torchrun("raw"), "ddpkit": lambda: torchrun("ddpkit")})
-    res.update(raw_step_ms=med(step["raw"], "median_ms"), ddpkit_step_ms=med(step["ddpkit"], "median_ms"),
+    res = dict(raw_step_ms=med(step["raw"], "median_ms"), ddpkit_step_ms=med(step["ddpkit"], "median_ms"),
                raw_step_p90_ms=med(step["raw"], "p90_ms"), ddpkit_step_p90_ms=med(step["ddpkit"], "p90_ms"))
     res["step_ratio_vs_raw_ddp"] = res["ddpkit_step_ms"] / res["raw_step_ms"]
     res["rss_ratio_vs_raw_ddp"] = med(step["ddpkit"], "rss_mb") / med(step["raw"], "rss_mb")
+    return res
 
-    # 2. import time, fresh interpreters.
-    imports = import_times(reps + 3)
-    res["import_ratio_vs_torch"] = imports["ddpkit"] / imports["torch"]
-    res["import_torch_s"], res["import_ddpkit_s"] = imports["torch"], imports["ddpkit"]
 
-    # 3. launch to first completed step: `ddpkit launch` + ddpkit vs `torchrun` + hand-written DDP.
-    # Short runs with a noisy start (process spawn, imports): twice the repetitions of the other figures.
-    first = interleave(2 * reps, {"torchrun": lambda: torchrun("raw", "--steps", "3", "--warmup", "0"),
-                              "ddpkit": lambda: ddpkit_launch("--steps", "3", "--warmup", "0")})
-    to_first = {k: [r["first_step_at"] - r["started"] for r in v] for k, v in first.items()}
-    res["first_step_torchrun_s"] = statistics.median(to_first["torchrun"])
-    res["first_step_ddpkit_s"] = statistics.median(to_first["ddpkit"])
-    res["first_step_delta_vs_torchrun_s"] = res["first_step_ddpkit_s"] - res["first_step_torchrun_s"]
+def imports(reps):
+    times = import_times(reps + 3)  # fresh interpreters
+    return {"import_ratio_vs_torch": times["ddpkit"] / times["torch"], "import_torch_s": times["torch"],
+            "import_ddpkit_s": times["ddpkit"]}
 
-    # 4. scaling: throughput at 1 and 2 processes and the ring all-reduce bound.
-    res.update(scaling(reps))
 
-    # 5. communication options on a communication-bound model.
-    res.update(comm_options(reps))
+def launch_to_first_step(reps):
+    """`ddpkit launch` + ddpkit vs `torchrun` + hand-written DDP. Short runs with a noisy start (process spawn,
+    imports): twice the repetitions of the other figures."""
+    return first_step(interleave(2 * reps, {"torchrun": lambda: torchrun("raw", "--steps", "3", "--warmup", "0"),
+                                            "ddpkit": lambda: ddpkit_launch("--steps", "3", "--warmup", "0")}))
 
-    # 6. peers, when benchmarks/.peers holds them (make bench installs them there).
-    res.update(peers(reps))
 
+def main():
+    parts = {"step": step_and_memory, "import": imports, "first_step": launch_to_first_step,
+             "scaling": lambda reps: scaling(reps), "comm": lambda reps: comm_options(reps),
+             "peers": lambda reps: peers(reps)}
+    p = argparse.ArgumentParser()
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--quick", action="store_true", help="fewer repetitions, for a smoke run")
+    p.add_argument("--only", choices=list(parts), action="append",
+                   help="re-measure only these parts, keeping the other figures of latest.json")
+    args = p.parse_args()
+    reps = 2 if args.quick else args.reps
+    RESULTS.mkdir(exist_ok=True)
+    res = json.loads((RESULTS / "latest.json").read_text()) if args.only else {}
+    res["machine"] = f"{os.cpu_count()} cores, gloo, 2 processes"
+    res.pop("reps", None)
+    for name in args.only or parts:
+        res.update(parts[name](reps))
+        res[f"reps_{name}"] = 2 * reps if name == "first_step" else reps
     res["failed_runs"] = len(FAILED_RUNS)
     (RESULTS / "latest.json").write_text(json.dumps(res, indent=1, sort_keys=True) + "\n")
     (RESULTS / "latest.md").write_text(table(res))
     plot(res)
     print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in res.items()}))
+
+
+def first_step(first):
+    """Launch to first step, and its launcher share (launch to the script's first line), as medians of the
+    paired differences: each ddpkit run is compared with the torchrun run next to it, so a slow phase of the
+    machine hits both sides of a pair."""
+    def seconds(run, key):
+        return run[key] - run["started"]
+
+    pairs = list(zip(first["torchrun"], first["ddpkit"]))
+    return {"first_step_torchrun_s": statistics.median(seconds(r, "first_step_at") for r in first["torchrun"]),
+            "first_step_ddpkit_s": statistics.median(seconds(r, "first_step_at") for r in first["ddpkit"]),
+            "first_step_delta_vs_torchrun_s": statistics.median(
+                seconds(d, "first_step_at") - seconds(t, "first_step_at") for t, d in pairs),
+            "launcher_delta_vs_torchrun_s": statistics.median(
+                seconds(d, "script_started_at") - seconds(t, "script_started_at") for t, d in pairs)}
 
 
 def scaling(reps):

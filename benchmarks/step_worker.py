@@ -4,11 +4,14 @@
 Rank 0 prints one JSON line: per-step times (max over ranks) after warm-up, the wall time of the first
 completed step, peak RSS (max over ranks) and the final loss.
 """
-import argparse
-import json
-import os
-import resource
 import time
+
+SCRIPT_STARTED_AT = time.time()  # before any import: the launcher's share of start-up ends here
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import resource  # noqa: E402
 
 import torch
 import torch.distributed as dist
@@ -104,6 +107,7 @@ if dist.get_rank() == 0:
     print("BENCH " + json.dumps({
         "impl": args.impl, "median_ms": per_step.median().item() * 1e3,
         "p90_ms": per_step.quantile(0.9).item() * 1e3, "first_step_at": first_step_at,
+        "script_started_at": SCRIPT_STARTED_AT,
         "rss_mb": max(e[len(times)].item() for e in everyone),
         "final_loss": sum(e[len(times) + 1].item() for e in everyone) / len(everyone)}), flush=True)
 dist.barrier()
