@@ -96,3 +96,16 @@ def test_summary_prefers_the_crash_over_the_ranks_the_agent_terminated(tmp_path)
 
     code, text = summarize(str(tmp_path), {0: "killed by SIGTERM", 1: "killed by SIGABRT"})
     assert code == 1 and text.startswith("ddpkit: rank 1 failed first: killed by SIGABRT")
+
+
+def test_a_taken_master_port_on_one_node_is_a_one_line_error_before_spawning():
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        r = run_cmd([sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", "2", "--master-port", str(port),
+                     SCRIPT], timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert f"--master-port {port} is not free on 127.0.0.1" in r.stderr and "per-rank logs" not in r.stderr

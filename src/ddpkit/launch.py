@@ -306,10 +306,25 @@ def _run_workers(cfg: LaunchConfig, report_dir: str) -> int:
         return subprocess.call(cmd)
     if cfg.nnodes > 1 and not cfg.elastic:  # elastic: torch's rendezvous has its own join_timeout
         problem = check_nodes(cfg, cfg.join_timeout)
-        if problem:
-            print(f"{PROG}: error: {problem}", file=sys.stderr)
-            return USAGE_ERROR
+    elif cfg.nnodes == 1 and not cfg.elastic and cfg.master_port:
+        problem = _loopback_port_problem(cfg.master_port)
+    else:
+        problem = None
+    if problem:
+        print(f"{PROG}: error: {problem}", file=sys.stderr)
+        return USAGE_ERROR
     return _supervise(cfg, report_dir)
+
+
+def _loopback_port_problem(port: int) -> str | None:
+    """A one-line error when ``port`` cannot be bound on 127.0.0.1 (checked before anything is spawned)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            return (f"--master-port {port} is not free on 127.0.0.1 ({exc.strerror}); pick a free port or drop "
+                    "--master-port (a free one is then chosen)")
+    return None
 
 
 def _supervise(cfg: LaunchConfig, report_dir: str) -> int:

@@ -168,10 +168,10 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
         if comm is not None:
             ddp_kwargs = {**comm.ddp_kwargs(), **ddp_kwargs}
         wrapped = DDP(model, device_ids=device_ids, check_sync_every=check_sync_every, **ddp_kwargs)
-        if comm is not None:
-            comm_options.register(wrapped, comm, state.backend)
         if os.environ.get("DDPKIT_BENCH_NO_COMM"):  # set by `ddpkit bench` for one timing run only
             wrapped.register_comm_hook(None, comm_options.skip_hook)
+        elif comm is not None:
+            comm_options.register(wrapped, comm, state.backend)
         return wrapped
     # ddp_kwargs are ignored outside DDP on purpose: the same script must run in every mode.
     if state.mode == "dp":
