@@ -45,8 +45,17 @@ def kill_launcher(proc):
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate()
     time.sleep(1)
-    alive = [w for w in workers if os.path.exists(f"/proc/{w}") and "Z" not in open(f"/proc/{w}/stat").read().split()[2]]
+    alive = [w for w in workers if _running(w)]
     assert not alive, f"workers {alive} outlived their killed launcher"
+
+
+def _running(pid):
+    """Alive and not a zombie (state is the field after the parenthesised command name)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def finish(proc, timeout):
