@@ -26,20 +26,24 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 BIG = ["--width", "2048", "--depth", "2", "--batch", "8"]  # ~33 MB of fp32 gradients: communication-bound
 
 
-FAILED_RUNS = []  # a run that fails is retried once; the failures are reported, not hidden
+FAILED_RUNS = []  # a run that fails before reporting is retried once; the failures are reported, not hidden
+EXIT_ABORTS = {}  # impl -> runs that reported their figures, then died at exit (gloo teardown SIGABRT)
 
 
 def run(cmd, env=None, timeout=600, retry=True):
     start = time.time()
     r = subprocess.run(cmd, cwd=ROOT, env={**ENV, **(env or {})}, capture_output=True, text=True, timeout=timeout)
-    if r.returncode != 0:
+    found = re.search(r"BENCH (\{.*\})", r.stdout + r.stderr)
+    if r.returncode != 0 and found:  # the figures are in; only the exit failed: count it, keep the run
+        impl = json.loads(found.group(1))["impl"]
+        EXIT_ABORTS[impl] = EXIT_ABORTS.get(impl, 0) + 1
+    elif r.returncode != 0:
         FAILED_RUNS.append({"cmd": " ".join(map(str, cmd[2:])), "code": r.returncode, "stderr": r.stderr[-1500:]})
         print(f"bench: run failed (exit {r.returncode}): {' '.join(map(str, cmd))}\n{r.stderr[-1500:]}",
               file=sys.stderr)
         if retry:
             return run(cmd, env, timeout, retry=False)
         raise RuntimeError(f"{' '.join(map(str, cmd))} failed twice")
-    found = re.search(r"BENCH (\{.*\})", r.stdout + r.stderr)
     result = json.loads(found.group(1)) if found else {}
     return {**result, "started": start}
 
@@ -125,6 +129,7 @@ def main():
         res.update(parts[name](reps))
         res[f"reps_{name}"] = 2 * reps if name == "first_step" else reps
     res["failed_runs"] = len(FAILED_RUNS)
+    res.update({f"exit_aborts_{impl}": n for impl, n in EXIT_ABORTS.items()})
     (RESULTS / "latest.json").write_text(json.dumps(res, indent=1, sort_keys=True) + "\n")
     (RESULTS / "latest.md").write_text(table(res))
     plot(res)
