@@ -24,12 +24,12 @@ import glob
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
 
 from ddpkit.launch import LaunchError, OneLineParser
+from ddpkit.verify import run_logged
 
 PROG = "ddpkit bench"
 MIN_GAIN = 1.05  # a setting must be this much faster than the default, in every repetition, to be recommended
@@ -70,13 +70,14 @@ def run_once(script: str, args: Sequence[str], nproc: int, steps: int, warmup: i
     with tempfile.TemporaryDirectory(prefix="ddpkit-bench-") as out:
         cmd = [sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", str(nproc),
                "--log-dir", os.path.join(out, "logs"), script, *args]
-        run_env = {**os.environ, "DDPKIT_MAX_STEPS": str(warmup + steps + 1), "DDPKIT_BENCH_OUT": out, **env}
-        done = subprocess.run(cmd, env=run_env, capture_output=True, text=True)
+        log = os.path.join(out, "launch.log")
+        run_logged(cmd, {"DDPKIT_MAX_STEPS": str(warmup + steps + 1), "DDPKIT_BENCH_OUT": out, **env}, log)
         files = sorted(glob.glob(os.path.join(out, "rank*.json")))
-        if done.returncode != 0 or len(files) != nproc:
-            raise RuntimeError(f"`{' '.join(cmd)}` exited {done.returncode} with {len(files)} of {nproc} step records "
-                               f"(the training loader must come from ddpkit.data_loader); output ends with:\n"
-                               f"{done.stderr[-1500:]}")
+        if len(files) != nproc:
+            with open(log) as f:
+                tail = f.read()[-1500:]
+            raise RuntimeError(f"`{' '.join(cmd)}` left {len(files)} of {nproc} step records (the training loader "
+                               f"must come from ddpkit.data_loader); output ends with:\n{tail}")
         return step_ms(files, warmup)
 
 

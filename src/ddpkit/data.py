@@ -202,11 +202,8 @@ def data_loader(dataset: Dataset, batch_size: int | None = None, *, global_batch
     sampler = ShardSampler(len(dataset), state.rank, state.world_size, shuffle, seed,
                            uneven if train else "none")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    defaults = loader_defaults(dataset, state.device.type, cores // max(1, state.local_world_size))
-    if "num_workers" in loader_kwargs:  # the script chose: persistent only if it asked for workers
-        defaults = {k: v for k, v in defaults.items() if k == "pin_memory"}
-        defaults["persistent_workers"] = loader_kwargs["num_workers"] > 0
-    loader_kwargs = {**defaults, **loader_kwargs}
+    loader_kwargs = {**loader_defaults(dataset, state.device.type, cores // max(1, state.local_world_size),
+                                       loader_kwargs.get("num_workers")), **loader_kwargs}
     # Worker seeds derive from this generator: distinct per rank, identical across reruns.
     loader_kwargs.setdefault("generator", torch.Generator().manual_seed(seed * 1_000_003 + state.rank))
     scale = int(os.environ.get("DDPKIT_BATCH_SCALE", "1")) if train else 1  # set by `ddpkit verify`
@@ -235,21 +232,26 @@ def _record_steps(loader: ShardedDataLoader, state: runtime.State, batch_size: i
     runtime.on_shutdown(write)
 
 
-def loader_defaults(dataset: Dataset, device_type: str, cores_per_process: int) -> dict[str, Any]:
+def loader_defaults(dataset: Dataset, device_type: str, cores_per_process: int,
+                    num_workers: int | None = None) -> dict[str, Any]:
     """DataLoader settings that help unless the script sets its own: pinned memory on CUDA; for datasets that
     do work per sample, worker processes from this process's share of the cores (one core stays with the
     training loop; at most 4), kept alive across epochs. Tensors already in memory get no workers: for them
     workers only add inter-process copies. (Persistent workers draw their seeds once, at the first epoch: a
     run resumed mid-way gives worker-side randomness, e.g. augmentation, fresh streams; pass
-    ``persistent_workers=False`` where a resume must replay it bit for bit.)
+    ``persistent_workers=False`` where a resume must replay it bit for bit.) ``num_workers``: the script's own
+    choice, kept (workers then persist only if it asked for some).
 
     >>> loader_defaults(list(range(10)), "cuda", 8)
     {'pin_memory': True, 'num_workers': 4, 'persistent_workers': True}
     >>> loader_defaults(TensorDataset(torch.zeros(4)), "cpu", 8), loader_defaults(list(range(10)), "cpu", 1)
     ({}, {})
+    >>> loader_defaults(list(range(10)), "cpu", 8, num_workers=2)
+    {'num_workers': 2, 'persistent_workers': True}
     """
     defaults: dict[str, Any] = {"pin_memory": True} if device_type == "cuda" else {}
-    workers = 0 if isinstance(dataset, TensorDataset) else min(4, cores_per_process - 1)
+    workers = num_workers if num_workers is not None else \
+        0 if isinstance(dataset, TensorDataset) else min(4, cores_per_process - 1)
     if workers > 0:
         defaults.update(num_workers=workers, persistent_workers=True)
     return defaults

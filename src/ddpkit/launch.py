@@ -133,6 +133,11 @@ class LaunchConfig:
                               "(or drop --rdzv-endpoint for fixed node ranks)")
 
     @property
+    def loopback(self) -> bool:
+        """One node with fixed ranks: ddpkit's loopback rendezvous, nothing listens beyond 127.0.0.1."""
+        return self.nnodes == 1 and not self.elastic
+
+    @property
     def elastic(self) -> bool:
         """torch's c10d rendezvous: nodes get their rank on joining, and MIN..MAX of them may take part."""
         return self.rdzv_endpoint is not None
@@ -227,7 +232,7 @@ def torchrun_argv(cfg: LaunchConfig, log_dir: str | None = None) -> list[str]:
             ",".join(filter(None, [cfg.rdzv_conf, f"join_timeout={cfg.join_timeout:g}"]))
         argv += ["--nnodes", f"{cfg.min_nodes or cfg.nnodes}:{cfg.nnodes}", "--rdzv-backend", "c10d",
                  "--rdzv-endpoint", cfg.rdzv_endpoint, "--rdzv-id", cfg.rdzv_id, "--rdzv-conf", conf]
-    elif cfg.nnodes == 1:
+    elif cfg.loopback:
         argv += ["--rdzv-backend", LOOPBACK_BACKEND, "--rdzv-endpoint", f"127.0.0.1:{cfg.master_port or 0}",
                  "--rdzv-id", f"ddpkit-{os.getpid()}"]
     else:
@@ -265,7 +270,7 @@ def worker_env(cfg: LaunchConfig, environ: Mapping[str, str], cores: int) -> tup
         env["PYTHONUNBUFFERED"] = "1"  # output goes to log files; without this, prints would wait for exit
     if cfg.resume:
         env["DDPKIT_RESUME"] = "1"
-    if cfg.nnodes == 1 and not cfg.elastic and cfg.mode == "ddp" and LOOPBACK_IFNAME:
+    if cfg.loopback and cfg.mode == "ddp" and LOOPBACK_IFNAME:
         for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
             if name not in environ:
                 env[name] = LOOPBACK_IFNAME
@@ -306,7 +311,7 @@ def _run_workers(cfg: LaunchConfig, report_dir: str) -> int:
         return subprocess.call(cmd)
     if cfg.nnodes > 1 and not cfg.elastic:  # elastic: torch's rendezvous has its own join_timeout
         problem = check_nodes(cfg, cfg.join_timeout)
-    elif cfg.nnodes == 1 and not cfg.elastic and cfg.master_port:
+    elif cfg.loopback and cfg.master_port:
         problem = _loopback_port_problem(cfg.master_port)
     else:
         problem = None

@@ -67,7 +67,8 @@ def compare(reference: dict, candidate: dict, atol: float, rtol: float) -> dict:
     return {**result, **(first or {})}
 
 
-def _run(cmd: list[str], env: dict[str, str], log: str) -> None:
+def run_logged(cmd: list[str], env: dict[str, str], log: str) -> None:
+    """Run ``cmd`` with ``env`` added, output to ``log``; a non-zero exit raises with the end of the output."""
     with open(log, "w") as out:
         code = subprocess.call(cmd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)
     if code != 0:
@@ -81,10 +82,10 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
     with tempfile.TemporaryDirectory(prefix="ddpkit-verify-") as tmp:
         ref, dist_out = os.path.join(tmp, "single.pt"), os.path.join(tmp, "ddp.pt")
         common = {"DDPKIT_MAX_STEPS": str(steps), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        _run([sys.executable, script, *script_args],
+        run_logged([sys.executable, script, *script_args],
              {**common, "DDPKIT_MODE": "single", "DDPKIT_BATCH_SCALE": str(nproc), "DDPKIT_VERIFY_OUT": ref},
              os.path.join(tmp, "single.log"))
-        _run([sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", str(nproc), script, *script_args],
+        run_logged([sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", str(nproc), script, *script_args],
              {**common, "DDPKIT_VERIFY_OUT": dist_out}, os.path.join(tmp, "ddp.log"))
         for path in (ref, dist_out):
             if not os.path.exists(path):
