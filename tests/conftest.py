@@ -1,8 +1,11 @@
 """Helpers for tests that start real processes (gloo on CPU, free ports picked by the store itself)."""
+import atexit
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,10 +14,27 @@ import pytest
 collect_ignore = ["workers", "check_corpus"]
 
 ROOT = Path(__file__).resolve().parent.parent
+# The CPU tiers pin every process (in-process init() and every subprocess) to the CPU, so the suite passes on a
+# GPU host too; GPU tests run their own processes with GPU_ENV.
+os.environ["DDPKIT_DEVICE"] = "cpu"
+GPU_ENV = {"DDPKIT_DEVICE": "cuda"}
+# Processes start in a scratch directory, so nothing they write by default (runs/logs, runs/digits, runs/bench)
+# lands in the repository; pytest_sessionfinish checks that.
+SCRATCH = Path(tempfile.mkdtemp(prefix="ddpkit-tests-"))
+atexit.register(shutil.rmtree, SCRATCH, True)
+_RUNS_BEFORE = sorted(p.name for p in (ROOT / "runs").glob("*")) if (ROOT / "runs").is_dir() else []
+
+
+def pytest_sessionfinish(session, exitstatus):
+    after = sorted(p.name for p in (ROOT / "runs").glob("*")) if (ROOT / "runs").is_dir() else []
+    new = sorted(set(after) - set(_RUNS_BEFORE))
+    if new:
+        print(f"\ntests left files in {ROOT / 'runs'}: {new}; tests write under their temp dirs only", file=sys.stderr)
+        session.exitstatus = 1
 WORKERS = ROOT / "tests" / "workers"
 
 
-def run_cmd(cmd, timeout=180, env=None, cwd=ROOT):
+def run_cmd(cmd, timeout=180, env=None, cwd=SCRATCH):
     """Run cmd in its own session; on timeout kill the whole group so no worker outlives the test."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

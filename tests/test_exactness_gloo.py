@@ -65,3 +65,10 @@ def test_mistakes_fail_clearly(case, message, tmp_path):
         assert "STEP 0 backward done" not in r.stdout
     if case == "desync":  # caught at the forward right after the rank-dependent change
         assert r.stdout.count("STEP 1 backward done") == 0
+
+
+def test_unsynced_batchnorm_is_not_reported_as_a_desync(tmp_path):
+    """Issue 11: check_sync_every with sync_batchnorm=False compared BN running statistics, which differ
+    between ranks until DDP's next broadcast, and stopped a correct run."""
+    r = ok(launch(WORKERS / "misc.py", "bn_local", tmp_path, timeout=90))
+    assert "BN-LOCAL OK" in r.stdout

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT, WORKERS, launch, ok
+from conftest import SCRATCH, WORKERS, launch, ok
 
 RESUME = WORKERS / "resume.py"
 
@@ -83,7 +83,7 @@ def test_hang_is_reported_with_where_each_rank_stands(tmp_path):
 def test_signal_to_launcher_stops_every_worker(tmp_path, sig, code):
     cmd = [sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", "2", str(WORKERS / "misc.py"), "sleep",
            str(tmp_path)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(cmd, cwd=SCRATCH, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
     deadline = time.monotonic() + 60
     while not all((tmp_path / f"pid{r}").exists() for r in (0, 1)) and time.monotonic() < deadline:

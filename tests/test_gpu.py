@@ -4,7 +4,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, WORKERS, launch, ok, run_cmd
+from conftest import GPU_ENV, ROOT, WORKERS, launch, ok, run_cmd
 
 pytestmark = pytest.mark.gpu
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -15,7 +15,7 @@ needs_two = pytest.mark.skipif(GPUS < 2, reason="needs 2 CUDA GPUs")
 @needs_gpu
 def test_nccl_ddp_on_own_gpu(tmp_path):
     nproc = min(GPUS, 2)
-    ok(launch(WORKERS / "skeleton.py", tmp_path, nproc=nproc))
+    ok(launch(WORKERS / "skeleton.py", tmp_path, nproc=nproc, env=GPU_ENV))
     states = [torch.load(tmp_path / f"rank{r}.pt")["state"] for r in range(nproc)]
     assert [s["device"] for s in states] == [f"cuda:{r}" for r in range(nproc)]
     expected_mode, expected_backend = ("ddp", "nccl") if nproc > 1 else ("single", None)
@@ -25,20 +25,20 @@ def test_nccl_ddp_on_own_gpu(tmp_path):
 @needs_two
 def test_dataparallel_mode_runs_the_demo(tmp_path):
     r = ok(run_cmd([sys.executable, "-m", "ddpkit", "launch", "--mode", "dp", str(ROOT / "examples" / "digits.py"),
-                    "--epochs", "3", "--logdir", str(tmp_path)]))
+                    "--epochs", "3", "--logdir", str(tmp_path)], env=GPU_ENV))
     assert "DataParallel" in r.stderr and float(r.stdout.strip().splitlines()[-1].split("=")[1]) >= 0.9
 
 
 @needs_gpu
 def test_demo_on_gpu(tmp_path):
-    r = ok(launch(ROOT / "examples" / "digits.py", "--logdir", tmp_path, nproc=min(GPUS, 2)))
+    r = ok(launch(ROOT / "examples" / "digits.py", "--logdir", tmp_path, nproc=min(GPUS, 2), env=GPU_ENV))
     assert float(r.stdout.strip().splitlines()[-1].split("=")[1]) >= 0.95
 
 
 @needs_two
 def test_dp_mode_matches_single_mode(tmp_path):
     """The same script under DataParallel equals one GPU (BatchNorm excepted: replicas keep local stats)."""
-    env = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    env = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", **GPU_ENV}
     results = {}
     for mode in ("single", "dp"):
         out = tmp_path / mode
@@ -50,24 +50,72 @@ def test_dp_mode_matches_single_mode(tmp_path):
             assert torch.allclose(ref.double(), results["dp"][case][name].double(), atol=1e-5), (case, name)
 
 
+FP16 = """
+import torch, ddpkit
+ddpkit.init()
+model = ddpkit.prepare_model(torch.nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+scaler = torch.amp.GradScaler("cuda")
+x, y = torch.randn(64, 8, device="cuda"), torch.randn(64, 1, device="cuda")
+losses = []
+for _ in range(20):
+    with ddpkit.autocast("fp16"):
+        out = model(x)
+        assert out.dtype == torch.float16
+        loss = torch.nn.functional.mse_loss(out.float(), y)
+    opt.zero_grad()
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(opt)
+    scaler.update()
+    losses.append(loss.item())
+assert losses[-1] < losses[0], losses
+print("FP16 OK")
+"""
+
+
 @needs_gpu
 def test_fp16_autocast_with_grad_scaler_trains():
-    import ddpkit
+    """In its own process: an in-process init() would read the CPU state an earlier test cached."""
+    assert "FP16 OK" in ok(run_cmd([sys.executable, "-c", FP16], env=GPU_ENV)).stdout
 
-    ddpkit.init()
-    model = ddpkit.prepare_model(torch.nn.Linear(8, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    scaler = torch.amp.GradScaler("cuda")
-    x, y = torch.randn(64, 8, device="cuda"), torch.randn(64, 1, device="cuda")
-    losses = []
-    for _ in range(20):
-        with ddpkit.autocast("fp16"):
-            out = model(x)
-            assert out.dtype == torch.float16
-            loss = torch.nn.functional.mse_loss(out.float(), y)
-        opt.zero_grad()
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        losses.append(loss.item())
-    assert losses[-1] < losses[0]
+
+BF16_DP = """
+import torch, ddpkit
+ddpkit.init(mode="dp")
+seen = []
+class Probe(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+    def forward(self, x):
+        y = self.lin(x)
+        seen.append(y.dtype)
+        return y
+model = ddpkit.prepare_model(Probe())
+with ddpkit.autocast("bf16"):
+    model(torch.randn(16, 4, device="cuda"))
+assert set(seen) == {torch.bfloat16}, seen
+print("BF16 DP OK", len(seen))
+"""
+
+
+@needs_two
+def test_bf16_under_dataparallel_stays_bf16():
+    assert "BF16 DP OK" in ok(run_cmd([sys.executable, "-c", BF16_DP], env=GPU_ENV)).stdout
+
+
+PIN = """
+import torch, ddpkit
+from torch.utils.data import TensorDataset
+ddpkit.init()
+data = TensorDataset(torch.randn(64, 4).cuda(), torch.randn(64, 1).cuda())
+batches = sum(1 for _ in ddpkit.data_loader(data, batch_size=8))
+print("PIN OK", batches)
+"""
+
+
+@needs_gpu
+def test_gpu_resident_dataset_is_not_pinned():
+    assert "PIN OK 8" in ok(run_cmd([sys.executable, "-c", PIN], env={**GPU_ENV, "DDPKIT_MODE": "single"})).stdout

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import ROOT
+from conftest import SCRATCH
 
 from ddpkit.faults import children
 
@@ -51,7 +51,7 @@ def test_single_node_run_listens_on_loopback_only(tmp_path):
     script.write_text(WAITER)
     launcher = subprocess.Popen([sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", "2",
                                  "--log-dir", str(tmp_path / "logs"), str(script), str(flag)],
-                                cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
+                                cwd=SCRATCH, env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 90

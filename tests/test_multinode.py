@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from conftest import ROOT, ok
+from conftest import ROOT, SCRATCH, ok
 
 DIGITS = ROOT / "examples" / "digits.py"
 
@@ -25,7 +25,7 @@ def start(node_rank, port, *extra, nproc=1, addr="127.0.0.1", prefix=(), env=Non
     cmd = [*prefix, sys.executable, "-m", "ddpkit", "launch", "--nnodes", "2", "--node-rank", str(node_rank),
            "--nproc-per-node", str(nproc), "--master-addr", addr, "--master-port", str(port), *extra,
            str(DIGITS), "--epochs", "2", *args]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    return subprocess.Popen(cmd, cwd=SCRATCH, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, start_new_session=True)
 
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, WORKERS
+from conftest import SCRATCH, WORKERS
 from test_multinode import free_port
 
 from ddpkit.faults import children
@@ -20,7 +20,7 @@ STOP_BOUND_S = 30  # stated in docs/multi-node.md; measured here at about 1-2 s 
 def node(launcher_args, out, log_dir, *script_args):
     cmd = [sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", "1", "--log-dir", str(log_dir),
            *launcher_args, str(RESUME), str(out), "--plain", "--step-sleep", "0.3", *script_args]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    return subprocess.Popen(cmd, cwd=SCRATCH, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
 
 

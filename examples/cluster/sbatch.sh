@@ -1,6 +1,6 @@
 #!/bin/bash
 # Slurm: 2 nodes x 4 GPUs, one task per GPU. srun starts every process; ddpkit reads SLURM_PROCID,
-# SLURM_LOCALID, SLURM_NTASKS, the first host of SLURM_JOB_NODELIST (master address) and a port derived
+# SLURM_LOCALID, SLURM_NTASKS, SLURM_STEP_ID (set by srun only), the first host of SLURM_JOB_NODELIST (master address) and a port derived
 # from SLURM_JOB_ID. No launcher, no scontrol.
 #SBATCH --job-name=ddpkit-digits
 #SBATCH --nodes=2

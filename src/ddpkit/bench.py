@@ -28,6 +28,8 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
+from ddpkit import contract
+from ddpkit.cli import SCRIPT_FAILED, USAGE_ERROR
 from ddpkit.launch import LaunchError, OneLineParser
 from ddpkit.verify import run_logged
 
@@ -40,7 +42,9 @@ LOSSY = {"bf16": {"compression": "bf16"}}  # tried on GPUs only: on CPU the cast
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog=PROG, description="Throughput, scaling and communication share of a training script.")
-    p.add_argument("--nproc", default="1,2", help="process counts to run, comma-separated (default 1,2)")
+    p.add_argument("--nproc", default=None,
+                   help="process counts to run, comma-separated (default 1,2, capped at the usable GPU count)")
+    p.add_argument("--device", default=None, help="auto (default), cpu or cuda: where the runs train")
     p.add_argument("--steps", type=int, default=30, help="timed steps per run (default 30)")
     p.add_argument("--warmup", type=int, default=5, help="steps discarded at the start of each run (default 5)")
     p.add_argument("--reps", type=int, default=2, help="interleaved repetitions (default 2)")
@@ -71,7 +75,7 @@ def run_once(script: str, args: Sequence[str], nproc: int, steps: int, warmup: i
         cmd = [sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", str(nproc),
                "--log-dir", os.path.join(out, "logs"), script, *args]
         log = os.path.join(out, "launch.log")
-        run_logged(cmd, {"DDPKIT_MAX_STEPS": str(warmup + steps + 1), "DDPKIT_BENCH_OUT": out, **env}, log)
+        run_logged(cmd, {contract.MAX_STEPS.name: str(warmup + steps + 1), contract.BENCH_OUT.name: out, **env}, log)
         files = sorted(glob.glob(os.path.join(out, "rank*.json")))
         if len(files) != nproc:
             with open(log) as f:
@@ -86,9 +90,9 @@ def plan(counts: Sequence[int], gpus: int) -> dict[str, tuple[int, dict]]:
     jobs = {f"n{n}": (n, {}) for n in counts}
     top = max(counts)
     if top > 1:
-        jobs["no_comm"] = (top, {"DDPKIT_BENCH_NO_COMM": "1"})
+        jobs["no_comm"] = (top, {contract.BENCH_NO_COMM.name: "1"})
         for name, fields in {**SETTINGS, **(LOSSY if gpus else {})}.items():
-            jobs[name] = (top, {"DDPKIT_COMM": json.dumps(fields)})
+            jobs[name] = (top, {contract.COMM.name: json.dumps(fields)})
     return jobs
 
 
@@ -131,13 +135,13 @@ def summarize(samples: dict[str, list[float]], batches: dict[str, int], counts: 
 
 
 def bench(script: str, args: Sequence[str], counts: Sequence[int], steps: int, warmup: int, reps: int,
-          gpus: int) -> dict:
+          gpus: int, base_env: dict[str, str] | None = None) -> dict:
     jobs = plan(counts, gpus)
     samples: dict[str, list[float]] = {name: [] for name in jobs}
     batches: dict[str, int] = {}
     for _ in range(reps):  # interleaved: every configuration once per repetition, so drift hits all alike
         for name, (nproc, env) in jobs.items():
-            ms, batches[name] = run_once(script, args, nproc, steps, warmup, env)
+            ms, batches[name] = run_once(script, args, nproc, steps, warmup, {**(base_env or {}), **env})
             samples[name].append(ms)
     result = summarize(samples, batches, counts)
     result["mode_note"] = ("DDP: DataParallel is for 2+ CUDA GPUs in one process, and DDP is faster there too"
@@ -189,24 +193,50 @@ def report(result: dict) -> str:
     return "\n".join(lines)
 
 
+def cap_counts(counts: Sequence[int], explicit: bool, device: str | None, gpus: int) -> tuple[list[int], str | None]:
+    """The process counts to run on ``gpus`` usable GPUs, and a note when the default was capped.
+
+    One process per GPU: the default 1,2 becomes 1 on a one-GPU host; counts asked for explicitly above the
+    GPU count are an error naming ``--device cpu``.
+
+    >>> cap_counts([1, 2], False, None, 1), cap_counts([1, 2], False, None, 0), cap_counts([1, 2], True, "cpu", 0)
+    (([1], 'processes capped at the 1 usable GPU(s): 1 (--device cpu for more)'), ([1, 2], None), ([1, 2], None))
+    """
+    if device == "cpu" or gpus == 0 or max(counts) <= gpus:
+        return list(counts), None
+    if explicit:
+        raise LaunchError(f"--nproc {','.join(map(str, counts))} needs {max(counts)} GPUs, {gpus} usable; "
+                          f"pass counts up to {gpus} or --device cpu")
+    kept = [n for n in counts if n <= gpus]
+    return kept, f"processes capped at the {gpus} usable GPU(s): {','.join(map(str, kept))} (--device cpu for more)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-        counts = sorted({int(part) for part in ns.nproc.split(",") if part.strip()})
+        counts = sorted({int(part) for part in (ns.nproc or "1,2").split(",") if part.strip()})
         if not counts or counts[0] < 1 or ns.steps < 2 or ns.warmup < 0 or ns.reps < 1 or not os.path.isfile(ns.script):
             raise ValueError
     except (LaunchError, ValueError):
         print(f"{PROG}: error: need --nproc like 1,2 (counts >= 1), --steps >= 2, --warmup >= 0, --reps >= 1 and "
               f"an existing script; got {sys.argv[1:] if argv is None else list(argv)}", file=sys.stderr)
-        return 2
+        return USAGE_ERROR
     import torch
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = 0 if ns.device == "cpu" else torch.cuda.device_count() if torch.cuda.is_available() else 0
     try:
-        result = bench(ns.script, ns.script_args, counts, ns.steps, ns.warmup, ns.reps, gpus)
+        counts, note = cap_counts(counts, ns.nproc is not None, ns.device, gpus)
+    except LaunchError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    if note:
+        print(f"{PROG}: {note}", file=sys.stderr, flush=True)
+    try:
+        result = bench(ns.script, ns.script_args, counts, ns.steps, ns.warmup, ns.reps, gpus,
+                       {contract.DEVICE.name: ns.device} if ns.device else {})
     except RuntimeError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 1
+        return SCRIPT_FAILED
     result["plot"] = plot(result, ns.plot) if ns.plot else None
     if ns.json:
         print(json.dumps(result))

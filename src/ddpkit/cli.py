@@ -11,6 +11,13 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+# Exit codes shared by every command (docs/when-things-go-wrong.md lists them).
+OK = 0
+SCRIPT_FAILED = 1  # your script (a worker) failed: launch, verify, bench; doctor: a check failed; check: findings
+USAGE_ERROR = 2  # bad input: one line `ddpkit CMD: error: ...`, nothing started
+HANG = 3  # launch: a collective timed out (hang report)
+NOT_EQUIVALENT = 4  # verify: both runs finished, the weights differ
+
 # subcommand -> (module with main(argv) -> int, one-line help)
 COMMANDS = {
     "launch": ("ddpkit.launch", "run a script as N data-parallel processes (torchrun underneath)"),

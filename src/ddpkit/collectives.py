@@ -11,7 +11,8 @@ Example::
         correct += (model(x).argmax(1) == y).sum().item()
         total += len(y)
     accuracy = ddpkit.reduce(correct) / ddpkit.reduce(total)   # sum/count, never a mean of means
-    mean_loss = ddpkit.reduce(loss_sum, "mean", count=total)   # the same thing in one call
+    mean_loss = ddpkit.reduce(loss_sum, "mean", count=total)   # sample-weighted: global sum / global count
+    train_loss = ddpkit.reduce(loss.item(), "mean")              # plain mean over ranks
 """
 
 from __future__ import annotations
@@ -45,19 +46,20 @@ def _all_reduce(value, op: str):
 
 
 def reduce(value, op: str = "sum", *, count: Number | torch.Tensor | None = None):
-    """Combine a number or tensor across ranks. ``op``: ``sum``, ``max``, ``min`` or ``mean``.
+    """Combine a number or tensor across ranks. ``op``: ``sum``, ``mean``, ``max`` or ``min``.
 
-    ``mean`` takes ``value`` as this rank's **sum** over ``count`` samples and returns
-    global sum / global count: the mean over every sample, whatever each rank held. Numbers come back as
+    ``mean`` without ``count`` is the plain mean over ranks (torch's ``ReduceOp.AVG``): right for values every
+    rank computed over the same number of samples, such as a training loss. ``mean`` with ``count`` takes
+    ``value`` as this rank's **sum** over ``count`` samples and returns global sum / global count: the mean over
+    every sample, whatever each rank held (evaluation with ``train=False`` loaders). Numbers come back as
     numbers (``int`` stays ``int`` for ``sum``/``max``/``min``), tensors as tensors on their device.
 
-    >>> reduce(3), reduce(2.5, "mean", count=5)   # one process: the identity (a mean of 2.5 / 5)
-    (3, 0.5)
+    >>> reduce(3), reduce(2.5, "mean"), reduce(2.5, "mean", count=5)   # one process: the identity
+    (3, 2.5, 0.5)
     """
     if op == "mean":
         if count is None:
-            raise ValueError("reduce(value, 'mean') needs count=<samples behind value on this rank>: "
-                             "value is this rank's sum, the result is global sum / global count")
+            return _all_reduce(value, "sum") / runtime.current().world_size
         return _all_reduce(value, "sum") / _all_reduce(count, "sum")
     if op not in _OPS:
         raise ValueError(f"op {op!r} is not one of sum, mean, max, min")

@@ -18,8 +18,6 @@ On a CPU both measured no faster than uncompressed: the casts cost about what th
 from __future__ import annotations
 
 import dataclasses
-import json
-from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
@@ -55,18 +53,6 @@ class CommConfig:
         if self.compression:
             parts.append(f"{self.compression} compression (lossy)")
         return ", ".join(parts)
-
-
-def from_env(config: CommConfig | None, environ: Mapping[str, str]) -> CommConfig | None:
-    """The script's config, overridden by ``DDPKIT_COMM`` (JSON of CommConfig fields, set by ``ddpkit bench``).
-
-    >>> from_env(CommConfig(bucket_mb=10), {"DDPKIT_COMM": '{"gradient_as_bucket_view": true}'})
-    CommConfig(bucket_mb=10, gradient_as_bucket_view=True, static_graph=False, compression=None, powersgd_rank=2)
-    """
-    if not environ.get("DDPKIT_COMM"):
-        return config
-    fields = json.loads(environ["DDPKIT_COMM"])
-    return dataclasses.replace(config, **fields) if config else CommConfig(**fields)
 
 
 def skip_hook(state, bucket):

@@ -46,10 +46,28 @@ class FirstBackwardCheck:
                 "skipped on purpose, or freeze them with requires_grad_(False)")
 
 
+def local_buffers(module: nn.Module) -> set[str]:
+    """Buffers each rank updates from its own data: the running statistics of BatchNorm that is not synced
+    (``sync_batchnorm=False``). They differ between ranks by design until DDP broadcasts rank 0's at the next
+    forward, so comparing them would report a desync that is not one.
+
+    >>> sorted(local_buffers(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))))
+    ['1.num_batches_tracked', '1.running_mean', '1.running_var']
+    """
+    from ddpkit.syncbn import SyncBatchNorm
+
+    synced = (nn.SyncBatchNorm, SyncBatchNorm)
+    return {f"{prefix}.{name}" if prefix else name
+            for prefix, m in module.named_modules()
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and not isinstance(m, synced)
+            for name, _ in m.named_buffers(recurse=False)}
+
+
 def _checksums(module: nn.Module) -> tuple[list[str], torch.Tensor]:
     names, sums = [], []
+    skip = local_buffers(module)
     for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
-        if tensor.is_floating_point():
+        if tensor.is_floating_point() and name not in skip:
             t = tensor.detach().double()
             names.append(name)
             sums.append(torch.stack([t.sum(), (t * t).sum()]))

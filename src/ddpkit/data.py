@@ -16,7 +16,6 @@ sees the same global batches as N processes with batch ``B`` each.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import time
@@ -45,9 +44,10 @@ class ShardSampler(Sampler[int]):
     """
 
     def __init__(self, size: int, rank: int, world_size: int, shuffle: bool = True, seed: int = 0,
-                 uneven: str = "pad"):
+                 uneven: str = "pad", multiple: int | None = None):
         self.size, self.rank, self.world_size = size, rank, world_size
         self.shuffle, self.seed, self.uneven = shuffle, seed, uneven
+        self.multiple = multiple or world_size  # ``drop`` keeps a multiple of this (``ddpkit verify``: its N)
         self.epoch = 0
         self.start = 0  # global position in this epoch's order to start from (mid-epoch resume)
 
@@ -64,7 +64,7 @@ class ShardSampler(Sampler[int]):
         if self.uneven == "pad":
             return -(-self.size // self.world_size) * self.world_size
         if self.uneven == "drop":
-            return self.size // self.world_size * self.world_size
+            return self.size // self.multiple * self.multiple
         return self.size
 
     def __iter__(self) -> Iterator[int]:
@@ -83,8 +83,8 @@ class ShardedDataLoader(DataLoader):
     ``epoch`` is the epoch of the current pass, or of the next one between passes; loop over
     ``range(loader.epoch, epochs)`` and a resumed run continues where it stopped. :meth:`state_dict` holds
     the epoch and the global position in it (world-size free), so a resume on another number of processes
-    continues the same global order. ``max_steps`` (from ``DDPKIT_MAX_STEPS``, set by ``ddpkit verify``)
-    ends iteration after that many batches in total, across epochs.
+    continues the same global order. ``max_steps`` (set by ``ddpkit verify`` and ``bench``) ends iteration
+    after that many batches in total, across epochs.
     """
 
     def __init__(self, *args: Any, join: bool = False, max_steps: int | None = None, **kwargs: Any):
@@ -191,7 +191,7 @@ def data_loader(dataset: Dataset, batch_size: int | None = None, *, global_batch
     Each rank's DataLoader workers get their own reproducible seeds (from ``seed`` and the rank). Other
     keyword arguments (``num_workers``, ``collate_fn``, ``drop_last``, ...) go to ``DataLoader``.
     """
-    state = runtime.current()
+    state, tools = runtime.current(), runtime.tools()
     batch_size = _per_process_batch(batch_size, global_batch_size, state)
     if uneven not in UNEVEN:
         raise ValueError(f"uneven={uneven!r} is not one of {', '.join(UNEVEN)}")
@@ -199,37 +199,67 @@ def data_loader(dataset: Dataset, batch_size: int | None = None, *, global_batch
         raise ValueError(f"dataset has {len(dataset)} samples but the job has {state.world_size} processes: "
                          "each rank needs at least one sample; use fewer processes or a larger dataset")
     shuffle = train if shuffle is None else shuffle
+    if train:
+        batch_size, sampler_uneven = tools.train_batch(batch_size), tools.uneven(uneven)
     sampler = ShardSampler(len(dataset), state.rank, state.world_size, shuffle, seed,
-                           uneven if train else "none")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    loader_kwargs = {**loader_defaults(dataset, state.device.type, cores // max(1, state.local_world_size),
-                                       loader_kwargs.get("num_workers")), **loader_kwargs}
+                           sampler_uneven if train else "none", multiple=tools.drop_multiple)
+    cores = cores_per_process(_affinity(), os.cpu_count() or 1, state.local_world_size)
+    loader_kwargs = {**loader_defaults(dataset, state.device.type, cores, loader_kwargs.get("num_workers")),
+                     **loader_kwargs}
     # Worker seeds derive from this generator: distinct per rank, identical across reruns.
     loader_kwargs.setdefault("generator", torch.Generator().manual_seed(seed * 1_000_003 + state.rank))
-    scale = int(os.environ.get("DDPKIT_BATCH_SCALE", "1")) if train else 1  # set by `ddpkit verify`
-    max_steps = os.environ.get("DDPKIT_MAX_STEPS") if train else None
-    loader = ShardedDataLoader(dataset, batch_size=batch_size * scale, sampler=sampler,
-                               join=train and uneven == "join",
-                               max_steps=int(max_steps) if max_steps else None, **loader_kwargs)
-    if state.is_main and train:
-        workers = f", {loader.num_workers} loader workers per process" if loader.num_workers else ""
-        print(f"ddpkit: {describe_batch(state, batch_size * scale, len(loader))}{workers}", file=sys.stderr, flush=True)
-    if train and os.environ.get("DDPKIT_BENCH_OUT"):  # set by `ddpkit bench`
-        _record_steps(loader, state, batch_size * scale, os.environ["DDPKIT_BENCH_OUT"])
+    loader = ShardedDataLoader(dataset, batch_size=batch_size, sampler=sampler, join=train and uneven == "join",
+                               **loader_kwargs)
+    if train:
+        global_batch = batch_size * (state.world_size if state.mode == "ddp" else 1)
+        tools.on_loader(loader, state.rank, lambda: {"global_batch": global_batch, "mode": state.mode,
+                                                     "device": str(state.device)}, runtime.on_shutdown)
+        if state.is_main:
+            workers = f", {loader.num_workers} loader workers per process" if loader.num_workers else ""
+            print(f"ddpkit: {describe_batch(state, batch_size, len(loader))}{workers}", file=sys.stderr, flush=True)
     return loader
 
 
-def _record_steps(loader: ShardedDataLoader, state: runtime.State, batch_size: int, out_dir: str) -> None:
-    """Write this rank's batch hand-out times to ``out_dir/rank<R>.json`` at shutdown (``ddpkit bench``)."""
-    loader.step_times = []
-    global_batch = batch_size * (state.world_size if state.mode == "ddp" else 1)
+def _affinity() -> int | None:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
 
-    def write() -> None:
-        with open(os.path.join(out_dir, f"rank{state.rank}.json"), "w") as f:
-            json.dump({"times": loader.step_times, "global_batch": global_batch, "mode": state.mode,
-                       "device": str(state.device)}, f)
 
-    runtime.on_shutdown(write)
+def cores_per_process(affinity: int | None, cpu_count: int, local_processes: int) -> int:
+    """This process's share of the cores.
+
+    A process bound to fewer cores than the machine has (Slurm's per-task binding, ``taskset``, a container
+    quota) already has its share: dividing it again by the local process count would starve its loader
+    workers. Otherwise the machine's cores are split among the local processes.
+
+    >>> cores_per_process(4, 64, 8), cores_per_process(64, 64, 8), cores_per_process(None, 8, 2)
+    (4, 8, 4)
+    """
+    if affinity is not None and affinity < cpu_count:
+        return affinity
+    return max(1, (affinity or cpu_count) // max(1, local_processes))
+
+
+def pinnable(dataset: Dataset) -> bool:
+    """True when the dataset's samples live in CPU memory (pinning a CUDA tensor raises in the loader).
+
+    >>> pinnable(TensorDataset(torch.zeros(2))), pinnable([(torch.zeros(1), 1)])
+    (True, True)
+    """
+    if isinstance(dataset, TensorDataset):
+        return all(t.device.type == "cpu" for t in dataset.tensors)
+    try:
+        sample = dataset[0]
+    except Exception:  # a dataset that cannot be indexed here: let DataLoader decide as it would anyway
+        return True
+    return not any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in _leaves(sample))
+
+
+def _leaves(obj: Any) -> list[Any]:
+    if isinstance(obj, dict):
+        return [leaf for v in obj.values() for leaf in _leaves(v)]
+    if isinstance(obj, (list, tuple)):
+        return [leaf for v in obj for leaf in _leaves(v)]
+    return [obj]
 
 
 def loader_defaults(dataset: Dataset, device_type: str, cores_per_process: int,
@@ -249,7 +279,7 @@ def loader_defaults(dataset: Dataset, device_type: str, cores_per_process: int,
     >>> loader_defaults(list(range(10)), "cpu", 8, num_workers=2)
     {'num_workers': 2, 'persistent_workers': True}
     """
-    defaults: dict[str, Any] = {"pin_memory": True} if device_type == "cuda" else {}
+    defaults: dict[str, Any] = {"pin_memory": True} if device_type == "cuda" and pinnable(dataset) else {}
     workers = num_workers if num_workers is not None else \
         0 if isinstance(dataset, TensorDataset) else min(4, cores_per_process - 1)
     if workers > 0:

@@ -26,6 +26,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+from ddpkit import contract
+
 
 @dataclasses.dataclass
 class Finding:
@@ -55,7 +57,11 @@ def _gpus() -> list[Finding]:
     if not torch.cuda.is_available():
         return [Finding("gpus", "info", f"no CUDA GPU visible (CUDA_VISIBLE_DEVICES={visible})",
                         "DDP runs on CPU with gloo: ddpkit launch --nproc-per-node N")]
-    props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
+    try:
+        props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
+    except RuntimeError as exc:  # a GPU that is listed but cannot be queried (driver trouble, a lost GPU)
+        return [Finding("gpus", "fail", f"GPUs listed but not readable: {str(exc).splitlines()[0][:200]}",
+                        "check nvidia-smi and the driver; CUDA_VISIBLE_DEVICES may name a missing GPU")]
     listing = "; ".join(f"{i}: {p.name} {p.total_memory / 2**30:.0f} GiB" for i, p in enumerate(props))
     return [Finding("gpus", "ok", f"{len(props)} visible ({listing}); CUDA_VISIBLE_DEVICES={visible}")]
 
@@ -142,14 +148,46 @@ def _ports() -> list[Finding]:
     return found
 
 
-def _gpu_processes() -> list[Finding]:
+def run_bounded(cmd: list[str], timeout_s: float) -> tuple[int | None, str]:
+    """(exit code, output) of ``cmd``, or (None, "") when it did not finish within ``timeout_s``.
+
+    Bounded even when the process cannot be reaped: a wedged GPU driver leaves nvidia-smi in an
+    uninterruptible state that ignores SIGKILL, and ``subprocess.run(timeout=)`` then waits for it (and for
+    any child still holding its pipe) without end. We kill, wait briefly, and walk away.
+    """
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+        return proc.returncode, out
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, 9)
+        except OSError:
+            pass
+        try:
+            proc.communicate(timeout=1)
+        except subprocess.TimeoutExpired:
+            pass  # still not reaped: leave it to the kernel rather than hang doctor
+        return None, ""
+
+
+def gpu_processes(timeout_s: float = 20.0) -> list[Finding]:
+    """nvidia-smi's list of processes holding GPU memory, its own failure, or its silence."""
     if not shutil.which("nvidia-smi"):
         return []
     try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return [Finding("gpu-processes", "warn", "nvidia-smi did not answer within 20 s", "check the driver")]
+        code, out = run_bounded(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
+                                timeout_s)
+    except OSError as exc:
+        return [Finding("gpu-processes", "warn", f"nvidia-smi could not start ({exc.strerror})", "check the driver")]
+    if code is None:
+        return [Finding("gpu-processes", "warn", f"nvidia-smi did not answer within {timeout_s:g} s",
+                        "the driver may be wedged: check dmesg, or reset the GPU")]
+    out = out.strip()
+    if code != 0:
+        first = (out.splitlines() or ["no output"])[0][:200]
+        return [Finding("gpu-processes", "warn", f"nvidia-smi failed (exit {code}): {first}",
+                        "a driver/library version mismatch needs a reboot or a driver reload")]
     if not out:
         return [Finding("gpu-processes", "ok", "no process holds GPU memory")]
     return [Finding("gpu-processes", "warn", f"processes holding GPU memory: {out.replace(chr(10), '; ')}",
@@ -159,7 +197,7 @@ def _gpu_processes() -> list[Finding]:
 def _threads() -> list[Finding]:
     import torch
 
-    omp, cores = os.environ.get("OMP_NUM_THREADS"), os.cpu_count() or 1
+    omp, cores = contract.OMP_THREADS.text(os.environ), os.cpu_count() or 1
     detail = f"{cores} cores, OMP_NUM_THREADS={omp}, torch threads {torch.get_num_threads()}"
     return [Finding("threads", "info", detail,
                     "ddpkit launch sets OMP_NUM_THREADS = cores / local processes when it is unset")]
@@ -173,7 +211,7 @@ def collect(smoke: bool = True) -> list[Finding]:
         findings.append(smoke_test("gloo"))
         if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
             findings.append(smoke_test("nccl"))
-    return findings + _ports() + _gpu_processes() + _threads()
+    return findings + _ports() + gpu_processes() + _threads()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -85,31 +85,34 @@ def legacy_local_rank(argv: Sequence[str]) -> int | None:
     for i, arg in enumerate(argv):
         for flag in ("--local_rank", "--local-rank"):
             if arg.startswith(flag + "="):
-                return int(arg.split("=", 1)[1])
+                return _int({flag: arg.split("=", 1)[1]}, flag)
             if arg == flag and i + 1 < len(argv):
-                return int(argv[i + 1])
+                return _int({flag: argv[i + 1]}, flag)
     return None
 
 
 def _address(environ: Mapping[str, str]) -> tuple[str | None, int | None]:
-    port = environ.get("MASTER_PORT")
-    return environ.get("MASTER_ADDR"), (int(port) if port else None)
+    port = _int(environ, "MASTER_PORT") if environ.get("MASTER_PORT") else None
+    if port is not None and not 0 < port < 65536:
+        raise LaunchEnvError(f"MASTER_PORT={port} is not a port, expected 1..65535; export a free port of node 0")
+    return environ.get("MASTER_ADDR") or None, port
 
 
 def _from_torchrun(environ: Mapping[str, str], argv: Sequence[str]) -> ProcessEnv:
     world = _int(environ, "WORLD_SIZE")
-    local = environ.get("LOCAL_RANK")
     source = "torchrun"
-    if local is None:
+    if "LOCAL_RANK" in environ:
+        local = _int(environ, "LOCAL_RANK")
+    else:
         # torch.distributed.launch without --use-env passes the local rank as an argument.
         legacy = legacy_local_rank(argv)
         local, source = (legacy, "legacy-launch") if legacy is not None else (0, source)
-    local_world = _int(environ, "LOCAL_WORLD_SIZE", default=max(int(local) + 1, 1))
+    local_world = _int(environ, "LOCAL_WORLD_SIZE", default=max(local + 1, 1))
     if "LOCAL_WORLD_SIZE" not in environ and source == "legacy-launch":
         local_world = world  # legacy launch on one node: every process is local
     # No LOCAL_RANK at all (a Kubeflow PyTorchJob pod): one process per node, local rank 0.
     addr, port = _address(environ)
-    return ProcessEnv(source, _int(environ, "RANK"), int(local), world, local_world, addr, port)
+    return ProcessEnv(source, _int(environ, "RANK"), local, world, local_world, addr, port)
 
 
 def expand_hostlist(hostlist: str) -> list[str]:

@@ -83,17 +83,33 @@ def _watchdog(stack_file, stale_s: float) -> None:
             dumped_for = beat
 
 
-def die_with_parent() -> bool:
+def parent_gone(expected_parent: int, actual_parent: int) -> bool:
+    """True when this process's parent is no longer the launcher it was started by (it was re-parented).
+
+    Comparing with the launcher's own PID, not with 1: in a container PID 1 is often the shell or init
+    that legitimately started the launcher (or Python itself), and the launcher may even be PID 1.
+
+    >>> parent_gone(4242, 4242), parent_gone(4242, 1), parent_gone(1, 1)
+    (False, True, False)
+    """
+    return actual_parent != expected_parent
+
+
+def die_with_parent(launcher_pid: int | None = None) -> bool:
     """Worker side (Linux): have the kernel SIGKILL this process when its launcher dies.
 
     Without it, a worker whose agent was killed keeps training as an orphan with its peers on the other
     nodes, so killing one node's launcher would stop nothing. SIGKILL rather than SIGTERM: a worker stuck
-    in a collective never gets to run a Python signal handler. Returns False where prctl is unavailable.
+    in a collective never gets to run a Python signal handler. ``launcher_pid``: the launcher's PID
+    (``ddpkit launch`` passes its own); without it, the parent as seen right now. If the parent is no longer
+    that process once the request is in place, the launcher died in between: exit at once. Returns False
+    where prctl is unavailable.
     """
     if not sys.platform.startswith("linux"):
         return False
     import ctypes
 
+    expected = launcher_pid if launcher_pid is not None else os.getppid()
     pr_set_pdeathsig = 1
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -101,7 +117,7 @@ def die_with_parent() -> bool:
             return False
     except (OSError, AttributeError):
         return False
-    if os.getppid() == 1:  # the launcher died before the request was in place
+    if parent_gone(expected, os.getppid()):  # the launcher died before the request was in place
         os.kill(os.getpid(), signal.SIGKILL)
     return True
 
@@ -164,16 +180,41 @@ def where(dump: str) -> str | None:
     return f"waits in a collective ({collective}) at {spot}" if collective else f"is at {spot} (not in a collective)"
 
 
-def summarize(report_dir: str, crashed: dict[int, str] | None = None) -> tuple[int, str] | None:
+_NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|ProcessGroupNCCL.*(timed out|timeout)",
+                           re.IGNORECASE)
+
+
+def nccl_timeout(stderr_tail: str) -> bool:
+    """True when a rank's stderr shows NCCL's watchdog aborting it for a collective that timed out.
+
+    NCCL runs collectives asynchronously: the Python thread never sees the timeout, the watchdog aborts the
+    process (SIGABRT) and leaves only this line.
+
+    >>> nccl_timeout("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE)")
+    True
+    >>> nccl_timeout("RuntimeError: CUDA out of memory")
+    False
+    """
+    return bool(_NCCL_TIMEOUT.search(stderr_tail))
+
+
+def summarize(report_dir: str, crashed: dict[int, str] | None = None,
+              stderr_tails: dict[int, str] | None = None) -> tuple[int, str] | None:
     """The launcher's one report for a failed run, or None when no worker left one.
 
     ``crashed``: ranks that died without a Python exception (signal, os._exit) -> how. When every recorded
-    exception only says a peer went away, such a rank is the root cause.
+    exception only says a peer went away, such a rank is the root cause. ``stderr_tails``: the end of each
+    crashed rank's stderr; a rank that NCCL's watchdog aborted for a timeout makes this a hang report.
     """
     errors = []
     for path in glob.glob(os.path.join(report_dir, "error-rank*.json")):
         with open(path) as f:
             errors.append(json.load(f))
+    aborted = sorted(r for r, tail in (stderr_tails or {}).items() if r in (crashed or {}) and nccl_timeout(tail))
+    if aborted:
+        line = next(x for x in (stderr_tails or {})[aborted[0]].splitlines() if nccl_timeout(x))
+        return EXIT_HANG, _hang_report(report_dir, {}, f"first timeout on rank {aborted[0]} (NCCL watchdog, "
+                                       f"{crashed[aborted[0]]}): {line.strip()[:200]}", nccl=True)
     silent = {r: how for r, how in (crashed or {}).items() if r not in {e["rank"] for e in errors}}
     if silent and all(_PEER_LOST.search(e["message"]) for e in errors):
         # the agent SIGTERMs the survivors once one worker died: prefer any other way of dying
@@ -194,18 +235,26 @@ def summarize(report_dir: str, crashed: dict[int, str] | None = None) -> tuple[i
         others = sorted(e["rank"] for e in errors if e is not first)
         tail = f"\n(ranks {others} failed after it)" if others else ""
         return EXIT_WORKER_FAILED, f"{head}\n{first['traceback'].rstrip()}{tail}"
+    return EXIT_HANG, _hang_report(report_dir, {e["rank"]: e for e in errors},
+                                   f"first timeout on rank {first['rank']}: {first['message'].splitlines()[0][:200]}")
+
+
+def _hang_report(report_dir: str, errors: dict[int, dict], last_line: str, nccl: bool = False) -> str:
+    """Where every rank stands, from the stack dumps (and a timed-out rank's own traceback)."""
     lines = ["ddpkit: HANG: a collective did not complete within the timeout"]
-    ranks = {e["rank"]: e for e in errors}
     for path in sorted(glob.glob(os.path.join(report_dir, "stack-rank*.txt")),
                        key=lambda p: int(re.findall(r"\d+", os.path.basename(p))[0])):
         rank = int(re.findall(r"\d+", os.path.basename(path))[0])
         with open(path) as f:
             spot = where(f.read())
-        if rank in ranks and _TIMEOUT.search(ranks[rank]["message"]):
-            spot = where("Thread 0x0:\n" + _as_dump(ranks[rank]["traceback"])) or spot
+        if rank in errors and _TIMEOUT.search(errors[rank]["message"]):
+            spot = where("Thread 0x0:\n" + _as_dump(errors[rank]["traceback"])) or spot
+        if nccl and spot:  # NCCL runs collectives on the GPU: Python blocks where it next needs a result
+            spot = spot.replace("(not in a collective)", "(waiting for the GPU: a collective queued before it "
+                                "may be what hangs)")
         lines.append(f"  rank {rank} {spot or 'left no stack (it had exited or was not reached)'}")
-    lines.append(f"  first timeout on rank {first['rank']}: {first['message'].splitlines()[0][:200]}")
-    return EXIT_HANG, "\n".join(lines)
+    lines.append(f"  {last_line}")
+    return "\n".join(lines)
 
 
 def _as_dump(tb: str) -> str:

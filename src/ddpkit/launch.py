@@ -19,7 +19,10 @@ is spawned.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import glob
+import logging
 import os
 import shutil
 import socket
@@ -29,7 +32,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 
-from ddpkit import faults
+from ddpkit import contract, faults
 from ddpkit.logs import ConsoleTail, parse_ranks
 from ddpkit.preflight import check_nodes
 
@@ -88,6 +91,9 @@ class LaunchConfig:
     master_addr: str | None = None
     master_port: int | None = None
     mode: str = "ddp"
+    device: str | None = None  # auto | cpu | cuda; None: the environment's DDPKIT_DEVICE, else auto
+    gpus: int = 0  # GPUs the workers may use (0 with --device cpu)
+    verbose: bool = False
     max_restarts: int = 0
     module: bool = False
     resume: bool = False
@@ -98,6 +104,10 @@ class LaunchConfig:
     def __post_init__(self):
         if self.mode not in ("ddp", "dp"):
             raise LaunchError(f"--mode must be ddp or dp, got {self.mode!r}")
+        if self.device not in (None, "auto", "cpu", "cuda"):
+            raise LaunchError(f"--device must be auto, cpu or cuda, got {self.device!r}")
+        if self.device == "cuda" and self.gpus == 0:
+            raise LaunchError("--device cuda, but no CUDA GPU is visible; check nvidia-smi or pass --device cpu")
         if not self.module and not os.path.isfile(self.script):
             raise LaunchError(f"script {self.script!r} not found (cwd {os.getcwd()}); pass the path of a .py file")
         if self.nproc_per_node < 1 or self.nnodes < 1:
@@ -168,7 +178,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rdzv-id", "--rdzv_id", default="ddpkit", help="job id, the same on every node (elastic)")
     p.add_argument("--rdzv-conf", "--rdzv_conf", default="",
                    help="torch rendezvous settings, e.g. last_call_timeout=5,join_timeout=600 (elastic)")
-    p.add_argument("--mode", default="ddp", help="ddp (one process per device) or dp (one process, DataParallel)")
+    p.add_argument("--mode", default=None,
+                   help="ddp (one process per device, the default) or dp (one process, DataParallel); "
+                        "default: DDPKIT_MODE when set")
+    p.add_argument("--device", default=None,
+                   help="auto (GPUs if any), cpu (gloo, whatever GPUs exist) or cuda; default: DDPKIT_DEVICE or auto")
+    p.add_argument("--verbose", action="store_true",
+                   help="also show torch's own launcher and C++ log lines (otherwise in LOG_DIR/launcher.log)")
     p.add_argument("--max-restarts", "--max_restarts", default="0", help="restart the group this many times on failure")
     p.add_argument("--resume", action="store_true",
                    help="ddpkit.Checkpointer restores the newest valid checkpoint (sets DDPKIT_RESUME=1)")
@@ -183,11 +199,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: Sequence[str], gpus: int | None = None, cpus: int | None = None) -> LaunchConfig:
-    """argv (without the program name) -> validated :class:`LaunchConfig`; raises :class:`LaunchError`."""
+def parse_args(argv: Sequence[str], gpus: int | None = None, cpus: int | None = None,
+               environ: Mapping[str, str] | None = None) -> LaunchConfig:
+    """argv (without the program name) -> validated :class:`LaunchConfig`; raises :class:`LaunchError`.
+
+    ``environ`` (default ``os.environ``) supplies DDPKIT_MODE / DDPKIT_DEVICE when the flags are absent.
+    """
     ns = build_parser().parse_args(list(argv))
+    environ = os.environ if environ is None else environ
+    mode = _flag_or_env(ns.mode, "--mode", contract.MODE.name, environ)
+    if ns.mode is None and mode not in (None, "auto", "ddp", "dp"):
+        raise LaunchError(f"DDPKIT_MODE={mode} in the environment, but ddpkit launch runs ddp or dp; unset "
+                          "DDPKIT_MODE (or run the script with plain python)")
+    mode = "ddp" if mode in (None, "auto") else mode
+    device = _flag_or_env(ns.device, "--device", contract.DEVICE.name, environ)
     if gpus is None:
-        gpus = _visible_gpus()
+        gpus = _visible_gpus() if device != "cpu" else 0
+    gpus = 0 if device == "cpu" else gpus
     nproc = resolve_nproc(ns.nproc_per_node, gpus, cpus or os.cpu_count() or 1)
     port = None if ns.master_port is None else _count(ns.master_port, "--master-port", 1)
     low, _, high = ns.nnodes.partition(":")
@@ -195,9 +223,23 @@ def parse_args(argv: Sequence[str], gpus: int | None = None, cpus: int | None = 
         script=ns.script, script_args=tuple(ns.script_args), nproc_per_node=nproc,
         nnodes=_count(high or low, "--nnodes", 1), min_nodes=_count(low, "--nnodes", 1) if high else None,
         node_rank=_count(ns.node_rank, "--node-rank", 0), rdzv_endpoint=ns.rdzv_endpoint, rdzv_id=ns.rdzv_id,
-        rdzv_conf=ns.rdzv_conf, master_addr=ns.master_addr, master_port=port, mode=ns.mode,
-        max_restarts=_count(ns.max_restarts, "--max-restarts", 0), module=ns.module, resume=ns.resume,
-        log_dir=ns.log_dir, console_ranks=ns.console_ranks, join_timeout=_seconds(ns.join_timeout, "--join-timeout"))
+        rdzv_conf=ns.rdzv_conf, master_addr=ns.master_addr, master_port=port, mode=mode, device=device, gpus=gpus,
+        verbose=ns.verbose, max_restarts=_count(ns.max_restarts, "--max-restarts", 0), module=ns.module,
+        resume=ns.resume, log_dir=ns.log_dir, console_ranks=ns.console_ranks,
+        join_timeout=_seconds(ns.join_timeout, "--join-timeout"))
+
+
+def _flag_or_env(flag: str | None, flag_name: str, var: str, environ: Mapping[str, str]) -> str | None:
+    """The flag's value, else the variable's; a flag that contradicts the variable is refused, not hidden.
+
+    >>> _flag_or_env(None, "--mode", "DDPKIT_MODE", {"DDPKIT_MODE": "dp"}), _flag_or_env("ddp", "--mode", "X", {})
+    ('dp', 'ddp')
+    """
+    value = environ.get(var) or None
+    if flag is not None and value is not None and flag != value:
+        raise LaunchError(f"{flag_name} {flag} contradicts {var}={value} in the environment; unset {var} or drop "
+                          f"{flag_name}")
+    return flag if flag is not None else value
 
 
 def _seconds(value: str, name: str) -> float:
@@ -255,7 +297,11 @@ def worker_env(cfg: LaunchConfig, environ: Mapping[str, str], cores: int) -> tup
     """Variables to add for the workers, and a note for each one the user did not set.
 
     OMP_NUM_THREADS: cores shared among the local processes, so N processes do not oversubscribe the CPU.
-    DDPKIT_MODE: tells ``ddpkit.init()`` in the script which mode the launch asked for.
+    DDPKIT_MODE: tells ``ddpkit.init()`` in the script which mode the launch asked for (``single`` for
+    ``--mode dp`` with fewer than 2 GPUs: the launcher says so once, up front).
+    DDPKIT_DEVICE (``--device``): ``cpu`` keeps the workers on the CPU whatever GPUs exist.
+    DDPKIT_LAUNCHER_PID: a worker whose parent is no longer this process exits (orphan guard).
+    TORCH_CPP_LOG_LEVEL=ERROR (unless ``--verbose``): torch's C++ warnings stay off the console.
     DDPKIT_RESUME=1 (``--resume``): ``ddpkit.Checkpointer`` restores the newest valid checkpoint.
     PYTHONUNBUFFERED=1 (DDP, when unset): worker output goes through log files and must not sit in buffers.
     GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME=lo (single node, when unset): the workers' own listening
@@ -265,21 +311,26 @@ def worker_env(cfg: LaunchConfig, environ: Mapping[str, str], cores: int) -> tup
     9 succeeded. (Single node needs no such switch: the loopback rendezvous makes a new store each round.)
     """
     local = 1 if cfg.mode == "dp" else cfg.nproc_per_node
-    env = {"DDPKIT_MODE": cfg.mode}
-    if cfg.mode == "ddp" and "PYTHONUNBUFFERED" not in environ:
-        env["PYTHONUNBUFFERED"] = "1"  # output goes to log files; without this, prints would wait for exit
+    env = {contract.MODE.name: cfg.mode if cfg.mode == "ddp" or cfg.gpus >= 2 else "single",
+           contract.LAUNCHER_PID.name: str(os.getpid())}
+    if cfg.device:
+        env[contract.DEVICE.name] = cfg.device
+    if not cfg.verbose and contract.CPP_LOG_LEVEL.name not in environ:
+        env[contract.CPP_LOG_LEVEL.name] = "ERROR"  # no C++ store warnings while nodes join or leave
+    if cfg.mode == "ddp" and contract.UNBUFFERED.name not in environ:
+        env[contract.UNBUFFERED.name] = "1"  # output goes to log files; without this, prints would wait for exit
     if cfg.resume:
-        env["DDPKIT_RESUME"] = "1"
+        env[contract.RESUME.name] = "1"
     if cfg.loopback and cfg.mode == "ddp" and LOOPBACK_IFNAME:
-        for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        for name in (contract.GLOO_IFNAME.name, contract.NCCL_IFNAME.name):
             if name not in environ:
                 env[name] = LOOPBACK_IFNAME
     if (cfg.nnodes > 1 or cfg.elastic) and cfg.max_restarts > 0:
-        env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"))
+        env.setdefault(contract.UNSHARED_STORE.name, environ.get(contract.UNSHARED_STORE.name, "1"))
     notes = []
-    if "OMP_NUM_THREADS" not in environ:
-        env["OMP_NUM_THREADS"] = str(max(1, cores // local))
-        notes.append(f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']} ({cores} cores / {local} local processes; "
+    if contract.OMP_THREADS.name not in environ:
+        env[contract.OMP_THREADS.name] = str(max(1, cores // local))
+        notes.append(f"OMP_NUM_THREADS={env[contract.OMP_THREADS.name]} ({cores} cores / {local} local processes; "
                      "set it to override)")
     return env, notes
 
@@ -300,11 +351,14 @@ def run(cfg: LaunchConfig) -> int:
 
 def _run_workers(cfg: LaunchConfig, report_dir: str) -> int:
     env, notes = worker_env(cfg, os.environ, os.cpu_count() or 1)
-    env["DDPKIT_REPORT_DIR"] = report_dir
+    env[contract.REPORT_DIR.name] = report_dir
     os.environ.update(env)  # inherited by the workers torchrun spawns
     nodes = f"{cfg.min_nodes}..{cfg.nnodes}" if cfg.min_nodes not in (None, cfg.nnodes) else str(cfg.nnodes)
-    what = ("1 process (DataParallel)" if cfg.mode == "dp"
-            else f"{cfg.nproc_per_node} process(es) x {nodes} node(s), world size up to {cfg.world_size}")
+    if cfg.mode == "dp":
+        what = (f"1 process (DataParallel over {cfg.gpus} GPUs)" if cfg.gpus >= 2 else
+                f"1 process: --mode dp needs >= 2 GPUs and {cfg.gpus} are usable, so it runs on one device")
+    else:
+        what = f"{cfg.nproc_per_node} process(es) x {nodes} node(s), world size up to {cfg.world_size}"
     print(f"{PROG}: " + "; ".join([what, *notes]), file=sys.stderr, flush=True)
     if cfg.mode == "dp":
         cmd = [sys.executable] + (["-m"] if cfg.module else []) + [cfg.script, *cfg.script_args]
@@ -351,10 +405,11 @@ def _supervise(cfg: LaunchConfig, report_dir: str) -> int:
                        0 if cfg.elastic else cfg.node_rank * cfg.nproc_per_node, cfg.world_size)
     tail.start()
     try:
-        torchrun(get_args_parser().parse_args(torchrun_argv(cfg, log_dir)))
+        with _torch_logs(os.path.join(log_dir, "launcher.log"), cfg.verbose):
+            torchrun(get_args_parser().parse_args(torchrun_argv(cfg, log_dir)))
     except ChildFailedError as exc:
         tail.stop()
-        code, text = failure_report(exc, report_dir)
+        code, text = failure_report(exc, report_dir, stderr_tails(log_dir, tail.first_rank))
         print(text, file=sys.stderr, flush=True)
         return code
     except SignalException as exc:
@@ -366,11 +421,38 @@ def _supervise(cfg: LaunchConfig, report_dir: str) -> int:
     return 0
 
 
-def failure_report(exc, report_dir: str) -> tuple[int, str]:
+@contextlib.contextmanager
+def _torch_logs(path: str, verbose: bool):
+    """torch's launcher log lines (W/E ... api.py: "failed (exitcode ...)", "Sending closing signal") go to
+    ``path`` instead of the console, which shows ddpkit's lines and the script's; ``--verbose`` keeps both."""
+    logger = logging.getLogger("torch.distributed")  # torch gives it its own stderr handler
+    saved = logger.handlers[:]
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger.handlers = saved + [handler] if verbose else [handler]
+    try:
+        yield
+    finally:
+        logger.handlers = saved
+        handler.close()
+
+
+def stderr_tails(log_dir: str, first_rank: int, size: int = 8192) -> dict[int, str]:
+    """The end of each local worker's stderr in its newest attempt, by global rank."""
+    tails: dict[int, str] = {}
+    for path in sorted(glob.glob(os.path.join(log_dir, "*", "attempt_*", "*", "stderr.log")),
+                       key=lambda p: int(p.split("attempt_")[1].split(os.sep)[0])):
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - size))
+            tails[first_rank + int(os.path.basename(os.path.dirname(path)))] = f.read().decode("utf-8", "replace")
+    return tails
+
+
+def failure_report(exc, report_dir: str, tails: dict[int, str] | None = None) -> tuple[int, str]:
     """(exit code, text) for a failed run: ddpkit's report of the last attempt, else torch's failure."""
     crashed = {rank: _how(failure) for rank, failure in exc.failures.items()}
     attempts = sorted((d for d in os.listdir(report_dir) if d.startswith("attempt")), key=lambda d: int(d[7:]))
-    report = faults.summarize(os.path.join(report_dir, attempts[-1]), crashed) if attempts else None
+    report = faults.summarize(os.path.join(report_dir, attempts[-1]), crashed, tails) if attempts else None
     if report is not None:
         return report
     rank, failure = exc.get_first_failure()
@@ -384,8 +466,12 @@ def _how(failure) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``ddpkit launch``; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        cfg = parse_args(sys.argv[1:] if argv is None else argv)
+        if not build_parser().parse_args(argv).verbose:
+            # read once when torch loads (parse_args may load it): quiet from the first line on
+            os.environ.setdefault(contract.CPP_LOG_LEVEL.name, "ERROR")
+        cfg = parse_args(argv)
     except LaunchError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return USAGE_ERROR

@@ -26,7 +26,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from ddpkit import faults
+from ddpkit import contract, faults, instrument
+from ddpkit.cli import USAGE_ERROR
 from ddpkit.environment import LaunchEnvError, ProcessEnv, detect
 
 MODES = ("auto", "ddp", "dp", "single")
@@ -74,6 +75,8 @@ def choose_mode(requested: str, env: ProcessEnv, cuda_count: int) -> tuple[str, 
                 f"mode {requested!r} runs one process, but {procs}; "
                 f"use mode 'ddp' or start the script once (ddpkit launch --mode dp / plain python)")
         return "ddp", f"{procs}: DistributedDataParallel"
+    if requested == "ddp" and env.source != "single":  # e.g. an elastic job that shrank to one node
+        return "single", f"{env.source} started one process (world size 1): single-device training"
     if requested == "ddp":
         return "single", ("mode 'ddp' asked for, but only one process runs: single-device training "
                           "(start N processes with `ddpkit launch --nproc-per-node N script.py`)")
@@ -85,20 +88,62 @@ def choose_mode(requested: str, env: ProcessEnv, cuda_count: int) -> tuple[str, 
     return "single", f"one process and {'one GPU' if cuda_count == 1 else 'no GPU'}: single-device training"
 
 
-def choose_device(mode: str, env: ProcessEnv, cuda_count: int, cpu: bool) -> torch.device:
-    """``cuda:<local_rank>`` for DDP on GPUs (never another rank's GPU), ``cuda:0`` for dp/single, else cpu."""
-    if cpu or cuda_count == 0:
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def usable_gpus(preference: str, cuda_count: int) -> int:
+    """GPUs this process may use: none when the CPU is asked for (``--device cpu``, ``cpu=True``).
+
+    >>> usable_gpus("auto", 4), usable_gpus("cpu", 4)
+    (4, 0)
+    """
+    if preference not in DEVICES:
+        raise ValueError(f"device {preference!r} is not one of {', '.join(DEVICES)}; pass --device auto|cpu|cuda")
+    if preference == "cuda" and cuda_count == 0:
+        raise LaunchEnvError("device 'cuda' asked for (--device cuda / DDPKIT_DEVICE=cuda), but torch sees no "
+                             "CUDA GPU; check nvidia-smi and that torch is a CUDA build, or pass --device cpu")
+    return 0 if preference == "cpu" else cuda_count
+
+
+def choose_device(mode: str, env: ProcessEnv, cuda_count: int) -> torch.device:
+    """The device of this process, given the GPUs it may use (see :func:`usable_gpus`).
+
+    DDP: ``cuda:<local_rank>``, never another rank's GPU; a process that sees exactly one GPU (Slurm
+    ``--gpus-per-task=1``, ``--gpu-bind``, MPI wrappers that set CUDA_VISIBLE_DEVICES per rank) uses it,
+    ``cuda:0``. dp / single: ``cuda:0``. No GPU: the CPU.
+
+    >>> two = ProcessEnv("torchrun", rank=1, local_rank=1, world_size=2, local_world_size=2)
+    >>> choose_device("ddp", two, 2), choose_device("ddp", two, 1), choose_device("ddp", two, 0)
+    (device(type='cuda', index=1), device(type='cuda', index=0), device(type='cpu'))
+    """
+    if cuda_count == 0:
         return torch.device("cpu")
-    if mode == "ddp":
+    if mode == "ddp" and cuda_count > 1:
         if env.local_rank >= cuda_count:
             raise LaunchEnvError(
                 f"local rank {env.local_rank} has no GPU of its own: {cuda_count} visible; start at most "
-                f"{cuda_count} processes per node (--nproc-per-node {cuda_count}) or pass cpu=True")
+                f"{cuda_count} processes per node (--nproc-per-node {cuda_count}) or run on the CPU (--device cpu)")
         return torch.device("cuda", env.local_rank)
     return torch.device("cuda", 0)
 
 
+def gpu_fallback_warning(cuda_build: str | None, cuda_available: bool, nvidia_device: bool) -> str | None:
+    """One warning when this host has NVIDIA GPUs that torch cannot use, instead of a silent CPU run.
+
+    >>> gpu_fallback_warning(None, False, True)[:42]
+    'ddpkit: warning: this host has NVIDIA GPUs'
+    >>> gpu_fallback_warning("12.8", True, True) is None, gpu_fallback_warning(None, False, False) is None
+    (True, True)
+    """
+    if cuda_available or not nvidia_device:
+        return None
+    why = ("this torch is a CPU-only build (install a CUDA build of torch)" if cuda_build is None else
+           f"torch (CUDA {cuda_build}) cannot use them: check the driver with nvidia-smi")
+    return f"ddpkit: warning: this host has NVIDIA GPUs but {why}; training runs on the CPU"
+
+
 _state: State | None = None
+_tools: instrument.Tools = instrument.NONE
 _lock = threading.Lock()
 
 
@@ -109,26 +154,30 @@ def init(mode: str | None = None, *, backend: str | None = None, timeout_s: floa
     ``mode`` defaults to the ``DDPKIT_MODE`` variable (``ddpkit launch --mode`` sets it) or ``auto``.
     ``backend`` defaults to NCCL when the process drives a CUDA device, else gloo. ``timeout_s`` bounds
     every collective (default 15 min); under ``ddpkit launch`` a rank that makes no progress for half of
-    it has its stack recorded for the hang report. ``cpu=True`` keeps the work on the CPU even when GPUs
-    exist. ``seed`` seeds python, numpy and torch with ``seed + rank``: reproducible streams that differ
-    per rank (rank 0's equals a one-process run's). Calling it again returns the same state.
+    it has its stack recorded for the hang report. ``cpu=True`` (or ``DDPKIT_DEVICE=cpu``, which
+    ``ddpkit launch --device cpu`` sets) keeps the work on the CPU even when GPUs exist. ``seed`` seeds
+    python, numpy and torch with ``seed + rank``: reproducible streams that differ per rank (rank 0's equals
+    a one-process run's). Calling it again returns the same state.
     """
-    global _state
+    global _state, _tools
     with _lock:
         if _state is not None:
             return _state
-        env = detect(os.environ, sys.argv)
         cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        chosen, reason = choose_mode(mode or os.environ.get("DDPKIT_MODE") or "auto", env, cuda_count)
-        device = choose_device(chosen, env, cuda_count, cpu)
+        try:
+            env = detect(os.environ, sys.argv)
+            preference = "cpu" if cpu else contract.DEVICE.choice(os.environ) or "auto"
+            gpus = usable_gpus(preference, cuda_count)
+            chosen, reason = choose_mode(mode or contract.MODE.choice(os.environ) or "auto", env, gpus)
+            device = choose_device(chosen, env, gpus)
+        except (LaunchEnvError, contract.ContractError) as exc:
+            # the launch itself is wrong (a variable, a count): one line naming it, no traceback into ddpkit
+            print(f"ddpkit: error: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(USAGE_ERROR) from None
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        if env.source == "torchrun":
-            faults.die_with_parent()  # a worker must not outlive its node's agent (a killed launcher)
-        if os.environ.get("DDPKIT_REPORT_DIR"):  # set by `ddpkit launch`: root cause and hang reports
-            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-            faults.install(env.rank, env.local_rank,
-                           os.path.join(os.environ["DDPKIT_REPORT_DIR"], f"attempt{attempt}"), timeout_s)
+        _guard_worker(env, timeout_s)
+        _tools = instrument.from_env(os.environ)
         if chosen == "ddp":
             backend = backend or ("nccl" if device.type == "cuda" else "gloo")
             _start_group(env, backend, device, timeout_s)
@@ -138,8 +187,27 @@ def init(mode: str | None = None, *, backend: str | None = None, timeout_s: floa
     if seed is not None:
         seed_everything(seed + _state.rank)
     if _state.is_main:
+        warning = gpu_fallback_warning(torch.version.cuda, cuda_count > 0, os.path.exists("/dev/nvidia0"))
+        if warning and preference != "cpu":
+            print(warning, file=sys.stderr, flush=True)
         print(f"ddpkit: {reason} on {device} (rank 0 of {env.world_size})", file=sys.stderr, flush=True)
     return _state
+
+
+def _guard_worker(env: ProcessEnv, timeout_s: float) -> None:
+    """Under torch's agent (ddpkit launch, torchrun): die with it, and write reports for ddpkit launch."""
+    if env.source == "torchrun" and contract.RUN_ID.text(os.environ):
+        # only then is the parent a launcher: a shell or init as parent (a container's PID 1) is not one
+        faults.die_with_parent(contract.LAUNCHER_PID.number(os.environ))
+    report_dir = contract.REPORT_DIR.text(os.environ)
+    if report_dir:  # set by `ddpkit launch`: root cause and hang reports
+        attempt = contract.RESTART_COUNT.number(os.environ) or 0
+        faults.install(env.rank, env.local_rank, os.path.join(report_dir, f"attempt{attempt}"), timeout_s)
+
+
+def tools() -> instrument.Tools:
+    """The hooks of the command that started this run (``ddpkit verify`` / ``bench``); no-ops otherwise."""
+    return _tools
 
 
 def _start_group(env: ProcessEnv, backend: str, device: torch.device, timeout_s: float) -> None:
@@ -179,7 +247,8 @@ def on_shutdown(hook: Callable[[], None], *, always: bool = False) -> None:
 
 
 def current() -> State:
-    """The state of this process, calling :func:`init` with its defaults the first time."""
+    """The state of this process; the first call starts it with :func:`init`'s defaults (and so may
+    start the process group)."""
     return _state if _state is not None else init()
 
 
@@ -203,5 +272,16 @@ def shutdown() -> None:
         _state = None
         if dist.is_available() and dist.is_initialized():
             if not failed:
-                dist.barrier()
+                _final_barrier()
             dist.destroy_process_group()
+
+
+def _final_barrier() -> None:
+    """Wait for every rank at exit; a peer that already died is said in one line, not a C++ wall of text
+    (the launcher's summary names the rank that failed first)."""
+    try:
+        dist.barrier()
+    except RuntimeError as exc:  # DistBackendError / DistNetworkError: a peer is gone
+        first = (str(exc).splitlines() or [""])[0]
+        print(f"ddpkit: rank {dist.get_rank()} finished, but a peer had exited: "
+              f"{first.split('. ')[0].split('] ')[-1][:160]}", file=sys.stderr, flush=True)

@@ -4,11 +4,11 @@ Runs the script twice for K optimizer steps with the same seed and arguments: on
 the global batch (N x the per-process batch), once as N processes, then compares the final weights.
 
 What the script needs (ddpkit scripts usually have it already): ``ddpkit.prepare_model`` for the model and
-``ddpkit.data_loader`` for the training data. The runs talk to ddpkit through documented variables:
-
-- ``DDPKIT_MAX_STEPS=K``: training loaders stop after K batches in total (the script's loops just end);
-- ``DDPKIT_BATCH_SCALE=N``: the one-process run multiplies the training batch by N;
-- ``DDPKIT_VERIFY_OUT=path``: rank 0 saves the prepared model's state dict there at shutdown.
+``ddpkit.data_loader`` for the training data. Nothing else: both runs start from the same initial weights
+(the one-process run hands its own to the other, so the script need not seed), training loaders drop the
+last ``len % N`` samples in both runs (padding would repeat samples only the N-process run sees), dropout
+layers get p=0 (``--keep-dropout`` to leave them), and TF32 is off on GPUs. The runs talk to ddpkit through
+the variables of :mod:`ddpkit.contract` (read by :mod:`ddpkit.instrument`).
 
 Example::
 
@@ -28,6 +28,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ddpkit import contract
+from ddpkit.cli import NOT_EQUIVALENT, SCRIPT_FAILED, USAGE_ERROR
 from ddpkit.launch import LaunchError, OneLineParser
 
 PROG = "ddpkit verify"
@@ -35,7 +37,10 @@ PROG = "ddpkit verify"
 
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog=PROG, description="Compare N-process training with one process on the global batch.")
-    p.add_argument("--nproc-per-node", type=int, default=2, help="processes for the distributed run (default 2)")
+    p.add_argument("--nproc-per-node", type=int, default=None,
+                   help="processes for the distributed run (default 2, on the CPU where fewer GPUs are usable)")
+    p.add_argument("--device", default=None, help="auto (default), cpu or cuda: where both runs train")
+    p.add_argument("--keep-dropout", action="store_true", help="leave dropout on (the runs then differ by design)")
     p.add_argument("--steps", type=int, default=5, help="optimizer steps to compare (default 5)")
     p.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance (default 1e-5)")
     p.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance (default 1e-4)")
@@ -77,16 +82,47 @@ def run_logged(cmd: list[str], env: dict[str, str], log: str) -> None:
         raise RuntimeError(f"`{' '.join(cmd)}` exited {code}; its output ends with:\n{tail}")
 
 
-def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol: float, rtol: float) -> dict:
+def plan(nproc: int | None, device: str | None, gpus: int) -> tuple[int, str | None, str | None]:
+    """(processes, device for the runs, a note to print) from the flags and the usable GPU count.
+
+    NCCL cannot put two ranks on one GPU: where fewer GPUs are usable than processes, an unset
+    ``--device`` means the CPU (and says so); ``--device cuda`` is then an error.
+
+    >>> plan(None, None, 0), plan(None, None, 1)[:2], plan(None, None, 4)
+    ((2, None, None), (2, 'cpu'), (2, None, None))
+    """
+    count = 2 if nproc is None else nproc
+    if device == "cpu" or gpus == 0 or count <= gpus:
+        return count, device, None
+    if device == "cuda":
+        raise LaunchError(f"--device cuda with {count} processes needs {count} GPUs, {gpus} usable; "
+                          f"pass --nproc-per-node {gpus} (if >= 2) or --device cpu")
+    return count, "cpu", f"{gpus} GPU(s) usable for {count} processes: both runs train on the CPU (--device cpu)"
+
+
+def run_env(tmp: str, nproc: int, steps: int, device: str | None, keep_dropout: bool) -> dict[str, str]:
+    """The variables both runs get: steps, shared initial weights, drop semantics, dropout, no TF32, device."""
+    env = {contract.MAX_STEPS.name: str(steps), contract.VERIFY_INIT.name: os.path.join(tmp, "init.pt"),
+           contract.VERIFY_DROP.name: str(nproc), contract.TF32_OVERRIDE.name: "0",
+           contract.OMP_THREADS.name: os.environ.get(contract.OMP_THREADS.name, "1")}
+    if keep_dropout:
+        env[contract.KEEP_DROPOUT.name] = "1"
+    if device:
+        env[contract.DEVICE.name] = device
+    return env
+
+
+def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol: float, rtol: float,
+           device: str | None = None, keep_dropout: bool = False) -> dict:
     """Run both trainings in a temporary directory and compare them."""
     with tempfile.TemporaryDirectory(prefix="ddpkit-verify-") as tmp:
         ref, dist_out = os.path.join(tmp, "single.pt"), os.path.join(tmp, "ddp.pt")
-        common = {"DDPKIT_MAX_STEPS": str(steps), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        common = run_env(tmp, nproc, steps, device, keep_dropout)
         run_logged([sys.executable, script, *script_args],
-             {**common, "DDPKIT_MODE": "single", "DDPKIT_BATCH_SCALE": str(nproc), "DDPKIT_VERIFY_OUT": ref},
-             os.path.join(tmp, "single.log"))
+                   {**common, contract.MODE.name: "single", contract.BATCH_SCALE.name: str(nproc),
+                    contract.VERIFY_OUT.name: ref}, os.path.join(tmp, "single.log"))
         run_logged([sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", str(nproc), script, *script_args],
-             {**common, "DDPKIT_VERIFY_OUT": dist_out}, os.path.join(tmp, "ddp.log"))
+                   {**common, contract.VERIFY_OUT.name: dist_out}, os.path.join(tmp, "ddp.log"))
         for path in (ref, dist_out):
             if not os.path.exists(path):
                 raise RuntimeError("the script saved no weights: build the model with ddpkit.prepare_model")
@@ -97,24 +133,34 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-        if ns.nproc_per_node < 2 or ns.steps < 1 or not os.path.isfile(ns.script):
+        gpus = 0 if ns.device == "cpu" else _usable_gpus()
+        nproc, device, note = plan(ns.nproc_per_node, ns.device, gpus)
+        if nproc < 2 or ns.steps < 1 or not os.path.isfile(ns.script):
             raise LaunchError(f"need --nproc-per-node >= 2, --steps >= 1 and an existing script; got "
-                              f"{ns.nproc_per_node}, {ns.steps}, {ns.script!r}")
+                              f"{nproc}, {ns.steps}, {ns.script!r}")
     except LaunchError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+        return USAGE_ERROR
+    for line in filter(None, [note, f"training loaders drop the last len % {nproc} samples in both runs "
+                              "(padding would repeat samples only the N-process run sees)",
+                              None if ns.keep_dropout else "dropout is off in both runs (--keep-dropout to keep it)"]):
+        print(f"{PROG}: {line}", file=sys.stderr, flush=True)
     try:
-        result = verify(ns.script, ns.script_args, ns.nproc_per_node, ns.steps, ns.atol, ns.rtol)
+        result = verify(ns.script, ns.script_args, nproc, ns.steps, ns.atol, ns.rtol, device, ns.keep_dropout)
     except RuntimeError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+        return SCRIPT_FAILED
     if ns.json:
         print(json.dumps(result))
     elif result["passed"]:
-        print(f"PASS: {ns.nproc_per_node} processes match 1 process after {ns.steps} steps "
+        print(f"PASS: {nproc} processes match 1 process after {ns.steps} steps "
               f"({result['tensors']} tensors, max abs diff {result['max_abs_diff']:.3g})")
     else:
         print(f"FAIL: {result['first_diverging']!r} differs after {ns.steps} steps "
               f"(max abs diff {result.get('first_max_abs_diff', result['max_abs_diff'])}; "
               f"{result.get('reason', f'atol {ns.atol}, rtol {ns.rtol}')})")
-    return 0 if result["passed"] else 1
+    return 0 if result["passed"] else NOT_EQUIVALENT
+
+
+def _usable_gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

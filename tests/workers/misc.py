@@ -75,6 +75,14 @@ elif case in ("unused", "desync"):
         if case == "desync" and rank == 1:
             with torch.no_grad():
                 model.module.spare.bias.add_(1.0)  # a rank-dependent update outside backward
+elif case == "bn_local":  # plain BatchNorm (not synced) under check_sync_every: no false desync
+    net = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 1))
+    model = ddpkit.prepare_model(net, sync_batchnorm=False, check_sync_every=1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        model(torch.randn(8, 4) + rank).sum().backward()  # ranks see different data: local statistics differ
+        opt.step()
+    print("BN-LOCAL OK", flush=True)
 elif case == "tiny":
     ddpkit.data_loader([1], batch_size=1)
 elif case == "global_batch":

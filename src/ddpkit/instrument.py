@@ -1,0 +1,119 @@
+"""The hooks of ``ddpkit verify`` and ``ddpkit bench``, kept out of the training path.
+
+:func:`ddpkit.init` reads the tools' variables (:mod:`ddpkit.contract`) once and keeps a :class:`Tools`;
+``prepare_model`` and ``data_loader`` call its methods, which do nothing in a normal run (:data:`NONE`), so
+model.py and data.py never read the environment.
+
+What each tool changes, and why:
+
+- verify: the one-process run multiplies the training batch by N (``batch_scale``); both runs stop after K
+  batches (``max_steps``), drop the last ``len % N`` training samples (padding would repeat samples only the
+  N-process run sees), start from the same initial weights (the one-process run writes them, the other loads
+  them: a script need not seed), set dropout to p=0 (unless ``--keep-dropout``) and save the final weights.
+- bench: record batch hand-out times, skip gradient communication for one timing run, override CommConfig.
+
+Example::
+
+    >>> tools = from_env({"DDPKIT_MAX_STEPS": "5", "DDPKIT_BATCH_SCALE": "2"})
+    >>> tools.max_steps, tools.batch_scale, NONE.max_steps
+    (5, 2, None)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from ddpkit import contract
+from ddpkit.comm import CommConfig, skip_hook
+
+OnShutdown = Callable[[Callable[[], None]], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Tools:
+    max_steps: int | None = None
+    batch_scale: int = 1
+    drop_multiple: int | None = None
+    verify_out: str | None = None
+    verify_init: str | None = None
+    keep_dropout: bool = True
+    bench_out: str | None = None
+    no_comm: bool = False
+    comm: dict[str, Any] | None = None
+
+    # -- model --------------------------------------------------------------------------------------
+    def on_model(self, model: nn.Module, is_main: bool, on_shutdown: OnShutdown) -> None:
+        """Before wrapping: same initial weights, dropout off, final weights saved at shutdown (verify)."""
+        if not self.keep_dropout:
+            for module in model.modules():
+                if isinstance(module, nn.modules.dropout._DropoutNd):
+                    module.p = 0.0
+        if self.verify_init:
+            if os.path.exists(self.verify_init):  # the N-process run: start where the one-process run did
+                model.load_state_dict(torch.load(self.verify_init, map_location="cpu", weights_only=True))
+            elif is_main:
+                torch.save(_cpu_state(model), self.verify_init)
+        if self.verify_out and is_main:
+            path = self.verify_out
+            # the hook holds the model on purpose: a script's main() has usually returned by then
+            on_shutdown(lambda: torch.save(_cpu_state(model), path))
+
+    def comm_config(self, config: CommConfig | None) -> CommConfig | None:
+        """The script's CommConfig, with bench's fields on top."""
+        if not self.comm:
+            return config
+        return dataclasses.replace(config, **self.comm) if config else CommConfig(**self.comm)
+
+    def on_ddp(self, wrapped: nn.Module) -> bool:
+        """After wrapping in DDP; True when the tool installed its own communication hook."""
+        if self.no_comm:
+            wrapped.register_comm_hook(None, skip_hook)  # type: ignore[operator]
+        return self.no_comm
+
+    # -- data ---------------------------------------------------------------------------------------
+    def train_batch(self, batch_size: int) -> int:
+        return batch_size * self.batch_scale
+
+    def uneven(self, uneven: str) -> str:
+        return "drop" if self.drop_multiple else uneven
+
+    def on_loader(self, loader: Any, rank: int, describe: Callable[[], dict[str, Any]],
+                  on_shutdown: OnShutdown) -> None:
+        """A training loader: stop after max_steps; bench records every batch's hand-out time."""
+        loader.max_steps = self.max_steps
+        if self.bench_out is None:
+            return
+        loader.step_times = []
+        path = os.path.join(self.bench_out, f"rank{rank}.json")
+
+        def write() -> None:
+            with open(path, "w") as f:
+                json.dump({"times": loader.step_times, **describe()}, f)
+
+        on_shutdown(write)
+
+
+NONE = Tools()
+
+
+def _cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
+def from_env(environ: Mapping[str, str]) -> Tools:
+    """The tools the launching command asked for; :data:`NONE` in a normal run."""
+    comm = contract.COMM.text(environ)
+    return Tools(max_steps=contract.MAX_STEPS.number(environ),
+                  batch_scale=contract.BATCH_SCALE.number(environ) or 1,
+                  drop_multiple=contract.VERIFY_DROP.number(environ),
+                  verify_out=contract.VERIFY_OUT.text(environ), verify_init=contract.VERIFY_INIT.text(environ),
+                  keep_dropout=contract.VERIFY_OUT.text(environ) is None or contract.KEEP_DROPOUT.flag(environ),
+                  bench_out=contract.BENCH_OUT.text(environ), no_comm=contract.BENCH_NO_COMM.flag(environ),
+                  comm=json.loads(comm) if comm else None)

@@ -1,0 +1,178 @@
+"""GPU decisions tested on the CPU (issue 11): each test failed before its fix. What only a GPU can prove is
+listed in docs/gpu.md and run by `make gpu-check`."""
+import json
+import os
+import stat
+import sys
+import threading
+import time
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from conftest import ROOT, ok, run_cmd
+from ddpkit import faults
+from ddpkit.bench import cap_counts
+from ddpkit.checkpoint import cuda_rng_devices
+from ddpkit.data import loader_defaults
+from ddpkit.doctor import gpu_processes
+from ddpkit.launch import LaunchError, parse_args, stderr_tails
+from ddpkit.model import DP, balanced_split, in_caller_autocast
+from ddpkit.verify import plan
+
+SCRIPT = str(ROOT / "examples" / "digits.py")
+
+
+def _in_thread(fn):
+    """Run fn in a fresh thread under autocast(enabled=True) only, as torch's parallel_apply does."""
+    out = {}
+
+    def work():
+        with torch.autocast("cpu", enabled=True):
+            out["dtype"] = fn(torch.randn(2, 4)).dtype
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    return out["dtype"]
+
+
+def test_1_replica_threads_keep_the_callers_autocast_dtype():
+    layer = nn.Linear(4, 4)
+    with torch.autocast("cpu", dtype=torch.float16):  # the caller asked for one dtype ...
+        plain = _in_thread(layer)
+        [wrapped] = in_caller_autocast([layer], "cpu")
+        kept = _in_thread(wrapped)
+    assert plain == torch.bfloat16  # ... the thread took the device default (on CUDA: fp16 under bf16)
+    assert kept == torch.float16
+    assert in_caller_autocast([layer], "cpu") == [layer]  # outside autocast: untouched
+
+
+def test_2_pinned_memory_only_for_samples_in_cpu_memory():
+    on_device = TensorDataset(torch.zeros(4, 2, device="meta"))  # stands in for x.cuda(): not CPU memory
+    assert "pin_memory" not in loader_defaults(on_device, "cuda", 8)
+    assert loader_defaults(TensorDataset(torch.zeros(4, 2)), "cuda", 8)["pin_memory"] is True
+
+    class DeviceSamples(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return {"x": torch.zeros(2, device="meta")}, i
+
+    assert "pin_memory" not in loader_defaults(DeviceSamples(), "cuda", 1)
+
+
+def test_4_device_flag_reaches_config_and_caps_counts():
+    cfg = parse_args(["--device", "cpu", "--nproc-per-node", "auto", SCRIPT], gpus=4, cpus=3, environ={})
+    assert (cfg.device, cfg.gpus, cfg.nproc_per_node) == ("cpu", 0, 3)
+    with pytest.raises(LaunchError, match="no CUDA GPU is visible"):
+        parse_args(["--device", "cuda", SCRIPT], gpus=0, environ={})
+    with pytest.raises(LaunchError, match="--device must be auto, cpu or cuda"):
+        parse_args(["--device", "tpu", SCRIPT], gpus=0, environ={})
+    assert plan(None, None, 1) == (2, "cpu", "1 GPU(s) usable for 2 processes: both runs train on the CPU "
+                                             "(--device cpu)")
+    with pytest.raises(LaunchError, match="needs 2 GPUs, 1 usable"):
+        plan(2, "cuda", 1)
+    assert cap_counts([1, 2], False, None, 1)[0] == [1]
+    with pytest.raises(LaunchError, match="--device cpu"):
+        cap_counts([1, 2], True, None, 1)
+
+
+def test_4_launch_device_cpu_trains_on_cpu_with_gloo(tmp_path):
+    script = tmp_path / "where.py"
+    script.write_text("import ddpkit\ns = ddpkit.init()\nprint('ON', s.device, s.backend, s.rank)\n")
+    r = ok(run_cmd([sys.executable, "-m", "ddpkit", "launch", "--device", "cpu", "--nproc-per-node", "2",
+                    "--console-ranks", "all", "--log-dir", str(tmp_path / "logs"), str(script)],
+                   env={"DDPKIT_DEVICE": ""}, timeout=120))
+    assert sorted(line for line in r.stdout.splitlines() if line.startswith("ON")) == \
+        ["ON cpu gloo 0", "ON cpu gloo 1"]
+
+
+def _hang_dir(tmp_path):
+    report = tmp_path / "report"
+    report.mkdir()
+    for rank, (line, func) in enumerate([(41, "train_step"), (55, "evaluate")]):
+        (report / f"stack-rank{rank}.txt").write_text(
+            f'Current thread 0x0001 (most recent call first):\n  File "/x/train.py", line {line} in {func}\n')
+    return report
+
+
+def test_5_an_nccl_watchdog_abort_is_a_hang_report(tmp_path):
+    report = _hang_dir(tmp_path)
+    tails = {0: "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE) "
+                "ran for 600031 milliseconds before timing out.\n", 1: "some output\n"}
+    code, text = faults.summarize(str(report), {0: "killed by SIGABRT", 1: "killed by SIGTERM"}, tails)
+    assert code == faults.EXIT_HANG and text.startswith("ddpkit: HANG")
+    assert "rank 0 is at train.py:41 in train_step (waiting for the GPU" in text
+    assert "first timeout on rank 0 (NCCL watchdog, killed by SIGABRT)" in text
+    # without the watchdog's line a SIGABRT stays a crash
+    code, text = faults.summarize(str(report), {0: "killed by SIGABRT"}, {0: "free(): invalid pointer"})
+    assert code == faults.EXIT_WORKER_FAILED and "killed by SIGABRT" in text
+
+
+def test_5_stderr_tails_come_from_the_newest_attempt(tmp_path):
+    for attempt, text in ((0, "old"), (1, "new")):
+        folder = tmp_path / "run" / f"attempt_{attempt}" / "1"
+        folder.mkdir(parents=True)
+        (folder / "stderr.log").write_text(text)
+    assert stderr_tails(str(tmp_path), first_rank=4) == {5: "new"}
+
+
+def test_6_dataparallel_checkpoints_keep_every_gpus_rng():
+    assert cuda_rng_devices("dp", 0, 8) == list(range(8))
+    assert cuda_rng_devices("ddp", 3, 8) == [3] and cuda_rng_devices("single", 0, 1) == [0]
+
+
+def test_7_balanced_splits_and_small_training_batches():
+    assert balanced_split(29, 8) == [4, 4, 4, 4, 4, 3, 3, 3]  # torch's chunk: [4, 4, 4, 4, 4, 4, 4, 1]
+    assert min(balanced_split(17, 8)) >= 2
+    dp = DP(nn.BatchNorm1d(3))  # no GPU here: scatter is called as DataParallel.forward would
+    dp.dim = 0  # what DataParallel.__init__ sets when GPUs exist
+    with pytest.raises(ValueError, match="a training batch of 3 sample.* cannot be split over 4 GPUs"):
+        dp.scatter((torch.zeros(3, 3),), {}, [0, 1, 2, 3])
+
+
+def _fake_nvidia_smi(tmp_path, body):
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    tool = folder / "nvidia-smi"
+    tool.write_text("#!/bin/sh\n" + body + "\n")
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    return str(folder)
+
+
+@pytest.mark.parametrize("body, verdict, fragment", [
+    ("sleep 30", "warn", "did not answer within 1 s"),  # a child keeps the pipe open: the old wait hung 30 s
+    ("echo 'Failed to initialize NVML: Driver/library version mismatch'; exit 18", "warn",
+     "nvidia-smi failed (exit 18): Failed to initialize NVML: Driver/library version mismatch"),
+    ("echo '4242, 1024 MiB'", "warn", "processes holding GPU memory: 4242, 1024 MiB"),
+    ("true", "ok", "no process holds GPU memory"),
+])
+def test_8_doctor_reads_nvidia_smi_with_a_bound(tmp_path, monkeypatch, body, verdict, fragment):
+    monkeypatch.setenv("PATH", _fake_nvidia_smi(tmp_path, body) + os.pathsep + os.environ["PATH"])
+    start = time.monotonic()
+    [finding] = gpu_processes(timeout_s=1)
+    assert time.monotonic() - start < 5
+    assert finding.verdict == verdict and fragment in finding.detail, finding
+
+
+def test_9_cpu_tests_pin_their_workers_to_the_cpu():
+    from conftest import run_cmd as runner  # every subprocess of the CPU tiers gets DDPKIT_DEVICE=cpu
+
+    r = runner([sys.executable, "-c", "import os; print(os.environ['DDPKIT_DEVICE'])"], timeout=30)
+    assert r.stdout.strip() == "cpu"
+
+
+def test_verify_runs_without_tf32_and_with_shared_initial_weights(tmp_path):
+    seen = tmp_path / "seen.jsonl"
+    script = tmp_path / "env.py"
+    script.write_text("import json, os, ddpkit, torch\ns = ddpkit.init()\n"
+                      "m = ddpkit.prepare_model(torch.nn.Linear(2, 2))\n"
+                      f"open({str(seen)!r}, 'a').write(json.dumps([os.environ.get('NVIDIA_TF32_OVERRIDE'), "
+                      "str(s.device)]) + '\\n')\n")
+    r = run_cmd([sys.executable, "-m", "ddpkit", "verify", "--device", "cpu", "--json", str(script)], timeout=120)
+    assert r.returncode == 0 and json.loads(r.stdout)["passed"] is True, r.stderr
+    assert [json.loads(line) for line in seen.read_text().splitlines()] == [["0", "cpu"]] * 3  # 1 + 2 processes
