@@ -1,6 +1,7 @@
 """Several nodes on one machine: two launchers as two nodes over loopback (and over a veth pair between two
 network namespaces where root can make them); mismatched settings and missing nodes fail fast and clearly."""
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -63,6 +64,11 @@ def test_two_launchers_as_two_nodes_train_like_one_node(tmp_path, one_node_accur
         ok(node)
     assert accuracy(nodes[0]) == one_node_accuracy  # same seed, same world size: the same training
     assert "accuracy=" not in nodes[1].stdout  # rank 1 lives on node 1 and prints nothing
+    for node in nodes:  # one console: ddpkit's lines and the script's, nothing from torch's C++ or elastic logger
+        lines = re.split(r"[\r\n]", node.stdout + node.stderr)
+        foreign = [line for line in lines if line.strip() and not line.startswith(("ddpkit", "accuracy=", "epoch "))]
+        assert foreign == [], foreign
+        assert "TCPStore" not in node.stderr and "recvValue" not in node.stderr
 
 
 def test_nodes_with_different_settings_fail_fast_naming_the_mismatch(tmp_path):
