@@ -6,7 +6,7 @@ STAMP := $(VENV)/.ddpkit-installed
 # A CPU build of torch installs in under a minute; an unpinned `torch` would pull a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: demo test install clean soak bench
+.PHONY: demo test install clean soak bench lint gpu-check
 
 install: $(STAMP)
 
@@ -22,8 +22,20 @@ demo: $(STAMP)
 	rm -rf runs/digits
 	$(VENV)/bin/ddpkit launch --nproc-per-node 2 examples/digits.py --logdir runs/digits
 
-test: $(STAMP)
+# ruff (pyflakes, pycodestyle, imports, pyupgrade, bugbear) and mypy, configured in pyproject.toml
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests gpu benchmarks soak examples
+	$(VENV)/bin/mypy src/ddpkit
+
+test: lint
 	$(PY) -m pytest -q
+
+# What only a GPU can prove (docs/gpu.md), <= 8 min on one GPU; every check is "skipped" (exit 0) without one.
+# A python3 that already has a CUDA torch is used as it is (nothing is installed over it), with src/ on the path.
+gpu-check:
+	@if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
+		PYTHONPATH=$(CURDIR)/src python3 gpu/check.py --json-out docs/gpu-check.json; \
+	else $(MAKE) -s install && $(PY) gpu/check.py; fi
 
 # Repeated faults (kills, clean exits, exceptions, hangs) on real 2-process jobs; ~12 min, not part of CI.
 soak: $(STAMP)

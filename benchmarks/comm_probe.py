@@ -16,7 +16,8 @@ from ddpkit.comm import _bf16_allreduce_hook, skip_hook
 WIDTH, N = 2048, 8_400_000
 GV = {"gradient_as_bucket_view": True}
 SETTINGS = {"default": ({}, None), "no_comm": (GV, skip_hook), "grad_view": (GV, None),
-            "grad_view+static": ({**GV, "static_graph": True}, None), "grad_view+5mb": ({**GV, "bucket_cap_mb": 5}, None),
+            "grad_view+static": ({**GV, "static_graph": True}, None),
+            "grad_view+5mb": ({**GV, "bucket_cap_mb": 5}, None),
             "grad_view+bf16": (GV, _bf16_allreduce_hook), "grad_view+fp16": (GV, default_hooks.fp16_compress_hook)}
 
 

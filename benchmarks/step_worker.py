@@ -88,7 +88,7 @@ else:
 
 times, first_step_at, loss = [], None, None
 batches = iter(loader)
-for step in range(args.steps):
+for _step in range(args.steps):
     x, y = next(batches)
     start = time.perf_counter()
     loss = nn.functional.cross_entropy(model(x), y)

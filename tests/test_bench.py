@@ -5,7 +5,6 @@ import sys
 import pytest
 
 from conftest import ROOT, ok, run_cmd
-
 from ddpkit.bench import step_ms, summarize
 
 DIGITS = ROOT / "examples" / "digits.py"

@@ -3,9 +3,8 @@ and close, PowerSGD is refused before training; bad configs are one-line errors.
 import pytest
 import torch
 
-from conftest import WORKERS, launch, ok
-
 import ddpkit
+from conftest import WORKERS, launch, ok
 
 
 @pytest.fixture(scope="module")

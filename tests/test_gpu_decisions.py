@@ -176,3 +176,10 @@ def test_verify_runs_without_tf32_and_with_shared_initial_weights(tmp_path):
     r = run_cmd([sys.executable, "-m", "ddpkit", "verify", "--device", "cpu", "--json", str(script)], timeout=120)
     assert r.returncode == 0 and json.loads(r.stdout)["passed"] is True, r.stderr
     assert [json.loads(line) for line in seen.read_text().splitlines()] == [["0", "cpu"]] * 3  # 1 + 2 processes
+
+
+def test_gpu_check_skips_every_check_without_a_gpu():
+    r = ok(run_cmd([sys.executable, str(ROOT / "gpu" / "check.py")], timeout=120))
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["gpus"] == 0 and {c["status"] for c in summary["checks"].values()} == {"skipped"}
+    assert {"gpu_tests", "demo", "verify", "bf16", "fp16", "checkpoint", "doctor", "bench"} <= set(summary["checks"])

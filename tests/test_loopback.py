@@ -9,7 +9,6 @@ import time
 import pytest
 
 from conftest import SCRATCH
-
 from ddpkit.faults import children
 
 WAITER = """

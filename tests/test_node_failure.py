@@ -7,10 +7,9 @@ import sys
 import time
 
 import pytest
-
-from conftest import SCRATCH, WORKERS
 from test_multinode import free_port
 
+from conftest import SCRATCH, WORKERS
 from ddpkit.faults import children
 
 RESUME = WORKERS / "resume.py"

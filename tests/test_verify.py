@@ -41,7 +41,8 @@ def test_bad_arguments_exit_2():
 def test_a_script_with_dropout_passes_unedited(tmp_path):
     """Issue 12: verify sets dropout to p=0 in both runs; --keep-dropout leaves it (and then they differ)."""
     script = tmp_path / "dropout.py"
-    script.write_text((WORKERS / "verify_bugs.py").read_text().replace("nn.Tanh(), nn.Linear(8, 1)", "nn.Tanh(), nn.Dropout(0.5), nn.Linear(8, 1)"))
+    source = (WORKERS / "verify_bugs.py").read_text()
+    script.write_text(source.replace("nn.Tanh(), nn.Linear(8, 1)", "nn.Tanh(), nn.Dropout(0.5), nn.Linear(8, 1)"))
     assert "nn.Dropout(0.5)" in script.read_text()
     assert ok(run_cmd(VERIFY + ["--steps", "3", str(script)], timeout=240)).stdout.startswith("PASS")
     r = run_cmd(VERIFY + ["--steps", "3", "--keep-dropout", str(script)], timeout=240)

@@ -27,6 +27,7 @@ import statistics
 import sys
 import tempfile
 from collections.abc import Sequence
+from typing import Any
 
 from ddpkit import contract
 from ddpkit.cli import SCRIPT_FAILED, USAGE_ERROR
@@ -87,7 +88,7 @@ def run_once(script: str, args: Sequence[str], nproc: int, steps: int, warmup: i
 
 def plan(counts: Sequence[int], gpus: int) -> dict[str, tuple[int, dict]]:
     """name -> (processes, extra environment) of every configuration to run."""
-    jobs = {f"n{n}": (n, {}) for n in counts}
+    jobs: dict[str, tuple[int, dict]] = {f"n{n}": (n, {}) for n in counts}
     top = max(counts)
     if top > 1:
         jobs["no_comm"] = (top, {contract.BENCH_NO_COMM.name: "1"})
@@ -109,7 +110,7 @@ def summarize(samples: dict[str, list[float]], batches: dict[str, int], counts: 
     base = rows[0]["samples_per_s"] / one
     for row in rows:
         row["efficiency"] = row["samples_per_s"] / (row["nproc"] * base)
-    result = {"rows": rows}
+    result: dict[str, Any] = {"rows": rows}
     if top > 1:
         default = samples[f"n{top}"]
         result["comm_share"] = max(0.0, (times[f"n{top}"] - times["no_comm"]) / times[f"n{top}"])
@@ -185,7 +186,8 @@ def report(result: dict) -> str:
     lines += [f"{r['nproc']:>9}  {r['step_ms']:7.1f}  {r['samples_per_s']:9.0f}  {r['efficiency']:10.2f}"
               for r in result["rows"]]
     if "comm_share" in result:
-        lines.append(f"communication: {result['comm_share']:.0%} of the step at {result['rows'][-1]['nproc']} processes "
+        top = result['rows'][-1]['nproc']
+        lines.append(f"communication: {result['comm_share']:.0%} of the step at {top} processes "
                      "(the same run with gradient communication skipped)")
         lines.append("settings: " + ", ".join(f"{k} {v:.1f} ms" for k, v in result["settings_ms"].items()))
         lines.append(f"recommendation: {result['recommendation']['reason']}")

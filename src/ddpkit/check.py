@@ -181,7 +181,7 @@ def _findings(v: _Visitor, names: set[str], text: str, distributed: bool) -> Ite
             if not any(isinstance(a, ast.Constant) and a.value == "--local-rank" for a in call.args):
                 yield _finding("DDP012", line)
     for const in v.strings:
-        if const.value.strip() == "cuda:0":
+        if isinstance(const.value, str) and const.value.strip() == "cuda:0":
             yield _finding("DDP004", const.lineno)
 
 
@@ -200,9 +200,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ddpkit check: error: cannot analyse {paths[0]}: {exc}", file=sys.stderr)
         return 2
     if as_json:
-        print(json.dumps({"findings": [dataclasses.asdict(f) for f in findings]}))
+        print(json.dumps({"findings": [dataclasses.asdict(found) for found in findings]}))
     else:
-        for f in findings:
-            print(f"{paths[0]}:{f.line} {f.rule} {f.message}: {f.why}. Fix: {f.fix}")
+        for found in findings:
+            print(f"{paths[0]}:{found.line} {found.rule} {found.message}: {found.why}. Fix: {found.fix}")
         print(f"{len(findings)} finding(s)" if findings else "no findings", file=sys.stderr)
     return 1 if findings else 0

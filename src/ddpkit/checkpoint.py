@@ -106,7 +106,8 @@ def _set_rng_state(state: dict[str, torch.Tensor], loaders: dict[str, ShardedDat
     if "numpy_keys" in state and "numpy" in sys.modules:
         np = sys.modules["numpy"]
         pos, has_gauss, cached = state["numpy_rest"].tolist()
-        np.random.set_state(("MT19937", state["numpy_keys"].numpy().astype(np.uint32), int(pos), int(has_gauss), cached))
+        keys = state["numpy_keys"].numpy().astype(np.uint32)
+        np.random.set_state(("MT19937", keys, int(pos), int(has_gauss), cached))
     for name, loader in loaders.items():
         if f"loader.{name}" in state and loader.generator is not None:
             loader.generator.set_state(state[f"loader.{name}"])
@@ -213,7 +214,8 @@ class Checkpointer:
             previous = next(iter(self.checkpoints()), None)
             reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
             raise OSError(f"could not write checkpoint {final} ({reason}); nothing was replaced, "
-                          f"the previous checkpoint {previous} is intact; free space or pick another directory") from None
+                          f"the previous checkpoint {previous} is intact; free space or pick another directory") \
+                from None
         for old in self.checkpoints()[self.keep:]:
             shutil.rmtree(old, ignore_errors=True)
         return final

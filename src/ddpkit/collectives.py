@@ -76,9 +76,9 @@ def gather(tensor: torch.Tensor) -> torch.Tensor:
     if state.world_size == 1:
         return tensor
     local = tensor.detach().to(state.device)
-    sizes = [torch.zeros(1, dtype=torch.int64, device=state.device) for _ in range(state.world_size)]
-    dist.all_gather(sizes, torch.tensor([local.shape[0]], device=state.device))
-    sizes = [int(s.item()) for s in sizes]
+    counts = [torch.zeros(1, dtype=torch.int64, device=state.device) for _ in range(state.world_size)]
+    dist.all_gather(counts, torch.tensor([local.shape[0]], device=state.device))
+    sizes = [int(c.item()) for c in counts]
     longest = max(sizes)
     padded = local.new_zeros((longest, *local.shape[1:]))
     padded[: local.shape[0]] = local

@@ -18,6 +18,7 @@ On a CPU both measured no faster than uncompressed: the casts cost about what th
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -41,8 +42,9 @@ class CommConfig:
         if self.powersgd_rank < 1:
             raise ValueError(f"powersgd_rank must be >= 1, got {self.powersgd_rank}")
 
-    def ddp_kwargs(self) -> dict:
-        kwargs = {"gradient_as_bucket_view": self.gradient_as_bucket_view, "static_graph": self.static_graph}
+    def ddp_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"gradient_as_bucket_view": self.gradient_as_bucket_view,
+                                  "static_graph": self.static_graph}
         if self.bucket_mb is not None:
             kwargs["bucket_cap_mb"] = self.bucket_mb
         return kwargs
@@ -58,7 +60,7 @@ class CommConfig:
 def skip_hook(state, bucket):
     """No communication at all (gradients stay local): ``ddpkit bench`` times the step without it to
     measure how much of the step communication takes. Never for training."""
-    future = torch.futures.Future()
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     future.set_result(bucket.buffer())
     return future
 

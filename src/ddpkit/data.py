@@ -94,8 +94,8 @@ class ShardedDataLoader(DataLoader):
         self.max_steps = max_steps
         self.steps_taken = 0
         self._start = 0  # global position the current / next pass starts from
-        self._batches = None  # batches taken in the current pass; None between passes
-        self._generator_state = None  # generator state at the start of the current pass
+        self._batches: int | None = None  # batches taken in the current pass; None between passes
+        self._generator_state: torch.Tensor | None = None  # generator state at the start of the current pass
         self.step_times: list[float] | None = None  # hand-out times of the batches, for `ddpkit bench`
 
     def set_epoch(self, epoch: int) -> None:
@@ -103,7 +103,8 @@ class ShardedDataLoader(DataLoader):
 
     def state_dict(self) -> dict[str, int]:
         """``{"epoch", "position"}``: position counts global samples of ``epoch`` already consumed."""
-        taken = 0 if self._batches is None else self._batches * self.batch_size * self.sampler.world_size
+        world = self._shard_sampler().world_size
+        taken = 0 if self._batches is None else self._batches * (self.batch_size or 1) * world
         return {"epoch": self.epoch, "position": self._start + taken}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
@@ -119,19 +120,25 @@ class ShardedDataLoader(DataLoader):
         if self.join and not _joining:
             raise RuntimeError("uneven='join' gives ranks different numbers of batches; run the loop inside "
                                "`with ddpkit.join(model):` or use uneven='pad' / 'drop'")
-        self.sampler.set_epoch(self.epoch)
-        self.sampler.start = self._start
+        sampler = self._shard_sampler()
+        sampler.set_epoch(self.epoch)
+        sampler.start = self._start
         self._batches = 0
         if self.generator is not None:
             self._generator_state = self.generator.get_state()
         return self._counted(super().__iter__())
+
+    def _shard_sampler(self) -> ShardSampler:
+        assert isinstance(self.sampler, ShardSampler), "ShardedDataLoader is built by ddpkit.data_loader"
+        return self.sampler
 
     def _counted(self, batches):
         for batch in batches:
             if self.max_steps is not None and self.steps_taken >= self.max_steps:
                 return
             self.steps_taken += 1
-            self._batches += 1  # counted when handed out: a checkpoint taken in the loop body includes it
+            # counted when handed out: a checkpoint taken in the loop body includes it
+            self._batches = (self._batches or 0) + 1
             faults.heartbeat()
             if self.step_times is not None:
                 self.step_times.append(time.perf_counter())
@@ -174,7 +181,7 @@ def join(model: torch.nn.Module):
         _joining = False
 
 
-def data_loader(dataset: Dataset, batch_size: int | None = None, *, global_batch_size: int | None = None,
+def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_size: int | None = None,
                 train: bool = True, shuffle: bool | None = None, uneven: str = "pad", seed: int = 0,
                 **loader_kwargs: Any) -> ShardedDataLoader:
     """Build a loader over this rank's shard of ``dataset``.
@@ -291,8 +298,9 @@ def _per_process_batch(batch_size: int | None, global_batch_size: int | None, st
     if (batch_size is None) == (global_batch_size is None):
         raise ValueError("give exactly one of batch_size (per process) and global_batch_size, "
                          f"got {batch_size} and {global_batch_size}")
-    if global_batch_size is None:
+    if batch_size is not None:
         return batch_size
+    assert global_batch_size is not None
     shares = state.world_size if state.mode == "ddp" else 1
     if global_batch_size % shares:
         raise ValueError(f"global_batch_size={global_batch_size} does not divide by {shares} processes; pass a "

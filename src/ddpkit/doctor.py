@@ -91,7 +91,7 @@ def _smoke_worker(rank: int, port: int, backend: str, queue) -> None:
         torch.cuda.set_device(device)
     dist.init_process_group(backend, store=store, rank=rank, world_size=2)
     small, big = torch.ones(1, device=device), torch.ones(8 * 2**20, device=device)  # 32 MiB of fp32
-    times = {"small": [], "big": []}
+    times: dict[str, list[float]] = {"small": [], "big": []}
     for name, tensor, reps in (("small", small, 60), ("big", big, 5)):
         for i in range(reps + 2):
             dist.barrier()
@@ -130,7 +130,8 @@ def smoke_test(backend: str = "gloo", timeout_s: float = 60.0) -> Finding:
     name = f"allreduce-{backend}"
     if not result or not result["ok"]:
         return Finding(name, "fail", f"2-process all_reduce did not complete correctly within {timeout_s:.0f} s",
-                       "check that loopback works and no firewall blocks local ports; run with TORCH_DISTRIBUTED_DEBUG=DETAIL")
+                       "check that loopback works and no firewall blocks local ports; "
+                       "run with TORCH_DISTRIBUTED_DEBUG=DETAIL")
     return Finding(name, "ok", f"2 processes: latency {result['latency_ms']:.2f} ms, "
                                f"bus bandwidth {result['busbw_gbs']:.2f} GB/s")
 

@@ -213,8 +213,9 @@ def summarize(report_dir: str, crashed: dict[int, str] | None = None,
     aborted = sorted(r for r, tail in (stderr_tails or {}).items() if r in (crashed or {}) and nccl_timeout(tail))
     if aborted:
         line = next(x for x in (stderr_tails or {})[aborted[0]].splitlines() if nccl_timeout(x))
+        how = (crashed or {})[aborted[0]]
         return EXIT_HANG, _hang_report(report_dir, {}, f"first timeout on rank {aborted[0]} (NCCL watchdog, "
-                                       f"{crashed[aborted[0]]}): {line.strip()[:200]}", nccl=True)
+                                       f"{how}): {line.strip()[:200]}", nccl=True)
     silent = {r: how for r, how in (crashed or {}).items() if r not in {e["rank"] for e in errors}}
     if silent and all(_PEER_LOST.search(e["message"]) for e in errors):
         # the agent SIGTERMs the survivors once one worker died: prefer any other way of dying
@@ -228,7 +229,8 @@ def summarize(report_dir: str, crashed: dict[int, str] | None = None,
         # nothing on this node failed on its own: a process elsewhere (another node) went away first
         return EXIT_WORKER_FAILED, (
             f"ddpkit: ranks {sorted(e['rank'] for e in errors)} on {first['host']} lost their peer "
-            f"({first['message'].splitlines()[0].split('. ')[0][:160]}); no rank here failed first, so the root cause is on "
+            f"({first['message'].splitlines()[0].split('. ')[0][:160]}); no rank here failed first, "
+            "so the root cause is on "
             "another node: see that node's launcher output (it may have been killed or lost)")
     if not _TIMEOUT.search(first["message"]):
         head = f"ddpkit: rank {first['rank']} on {first['host']} failed first: {first['type']}: {first['message']}"

@@ -111,7 +111,8 @@ class LaunchConfig:
         if not self.module and not os.path.isfile(self.script):
             raise LaunchError(f"script {self.script!r} not found (cwd {os.getcwd()}); pass the path of a .py file")
         if self.nproc_per_node < 1 or self.nnodes < 1:
-            raise LaunchError(f"--nproc-per-node and --nnodes must be >= 1, got {self.nproc_per_node} and {self.nnodes}")
+            raise LaunchError(f"--nproc-per-node and --nnodes must be >= 1, got {self.nproc_per_node} and "
+                              f"{self.nnodes}")
         if not 0 <= self.node_rank < self.nnodes:
             raise LaunchError(f"--node-rank must be in [0, {self.nnodes - 1}] for --nnodes {self.nnodes}, "
                               f"got {self.node_rank}")
@@ -165,7 +166,8 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog=PROG, description="Run a training script as N data-parallel processes (torchrun underneath).")
+    p = OneLineParser(prog=PROG,
+                      description="Run a training script as N data-parallel processes (torchrun underneath).")
     p.add_argument("--nproc-per-node", "--nproc_per_node", default="1",
                    help="processes on this node: N, gpu, cpu or auto (default 1)")
     p.add_argument("--nnodes", default="1", help="number of nodes (default 1), or MIN:MAX with --rdzv-endpoint")
@@ -273,7 +275,7 @@ def torchrun_argv(cfg: LaunchConfig, log_dir: str | None = None) -> list[str]:
         conf = cfg.rdzv_conf if "join_timeout" in cfg.rdzv_conf else \
             ",".join(filter(None, [cfg.rdzv_conf, f"join_timeout={cfg.join_timeout:g}"]))
         argv += ["--nnodes", f"{cfg.min_nodes or cfg.nnodes}:{cfg.nnodes}", "--rdzv-backend", "c10d",
-                 "--rdzv-endpoint", cfg.rdzv_endpoint, "--rdzv-id", cfg.rdzv_id, "--rdzv-conf", conf]
+                 "--rdzv-endpoint", cfg.rdzv_endpoint or "", "--rdzv-id", cfg.rdzv_id, "--rdzv-conf", conf]
     elif cfg.loopback:
         argv += ["--rdzv-backend", LOOPBACK_BACKEND, "--rdzv-endpoint", f"127.0.0.1:{cfg.master_port or 0}",
                  "--rdzv-id", f"ddpkit-{os.getpid()}"]

@@ -35,6 +35,8 @@ class _PlainStateDict:
     ``load_state_dict`` also takes a dict saved from a wrapper by plain torch (keys ``module.*``).
     """
 
+    module: nn.Module  # set by the torch wrapper this is mixed into
+
     def state_dict(self, *args, **kwargs):
         return self.module.state_dict(*args, **kwargs)
 
@@ -44,7 +46,7 @@ class _PlainStateDict:
         return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
 
 
-_LIVE_DDP: "weakref.WeakSet[DDP]" = weakref.WeakSet()
+_LIVE_DDP: weakref.WeakSet[DDP] = weakref.WeakSet()
 
 
 def _release_reducers() -> None:
@@ -134,8 +136,8 @@ def _scatter(obj: Any, devices: list[int], sizes: list[int], dim: int) -> list[A
         fits = obj.dim() > dim and obj.shape[dim] == sum(sizes)
         return list(Scatter.apply(devices, sizes if fits else None, dim, obj))
     if isinstance(obj, tuple) and obj:
-        columns = zip(*(_scatter(o, devices, sizes, dim) for o in obj))
-        return [type(obj)(*parts) if hasattr(obj, "_fields") else tuple(parts) for parts in columns]
+        slices = zip(*(_scatter(o, devices, sizes, dim) for o in obj))
+        return [type(obj)(*parts) if hasattr(obj, "_fields") else tuple(parts) for parts in slices]
     if isinstance(obj, list) and obj:
         return [list(parts) for parts in zip(*(_scatter(o, devices, sizes, dim) for o in obj))]
     if isinstance(obj, dict) and obj:
@@ -233,7 +235,7 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
             ddp_kwargs = {**comm.ddp_kwargs(), **ddp_kwargs}
         wrapped = DDP(model, device_ids=device_ids, check_sync_every=check_sync_every, **ddp_kwargs)
         if not tools.on_ddp(wrapped) and comm is not None:
-            comm_options.register(wrapped, comm, state.backend)
+            comm_options.register(wrapped, comm, state.backend or "gloo")
         return wrapped
     # ddp_kwargs are ignored outside DDP on purpose: the same script must run in every mode.
     if state.mode == "dp":

@@ -62,7 +62,8 @@ def check_nodes(cfg, join_timeout_s: float) -> str | None:
                               timeout=timeout)
     except (RuntimeError, TimeoutError) as exc:
         if host:
-            return f"node 0 cannot listen on port {cfg.master_port} ({str(exc).splitlines()[0][:120]}); pick a free --master-port"
+            return (f"node 0 cannot listen on port {cfg.master_port} ({str(exc).splitlines()[0][:120]}); "
+                    "pick a free --master-port")
         return (f"node 0 was not reachable at {cfg.master_addr}:{cfg.master_port} within {join_timeout_s:.0f} s; "
                 "start node 0 first and check the address, the port and the firewall")
     store.set(f"{_PREFIX}node{cfg.node_rank}", json.dumps(node_settings(cfg)))

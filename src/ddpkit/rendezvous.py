@@ -96,7 +96,8 @@ class LoopbackRendezvous(RendezvousHandler):
 
 def create_handler(params: RendezvousParameters) -> LoopbackRendezvous:
     if params.max_nodes != 1:
-        raise ValueError(f"the {BACKEND} rendezvous serves one node, got --nnodes {params.min_nodes}:{params.max_nodes}")
+        raise ValueError(f"the {BACKEND} rendezvous serves one node, got --nnodes "
+                         f"{params.min_nodes}:{params.max_nodes}")
     _, port = parse_rendezvous_endpoint(params.endpoint, default_port=0)
     return LoopbackRendezvous(params.run_id, port)
 

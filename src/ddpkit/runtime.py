@@ -22,6 +22,7 @@ import random
 import sys
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -84,7 +85,8 @@ def choose_mode(requested: str, env: ProcessEnv, cuda_count: int) -> tuple[str, 
         return "dp", (f"one process and {cuda_count} GPUs visible: DataParallel over all of them "
                       "(DDP is faster: `ddpkit launch --nproc-per-node gpu script.py`)")
     if requested == "dp":
-        return "single", f"mode 'dp' asked for, but {cuda_count} GPU(s) visible (DataParallel needs >= 2): single device"
+        return "single", (f"mode 'dp' asked for, but {cuda_count} GPU(s) visible (DataParallel needs >= 2): "
+                          "single device")
     return "single", f"one process and {'one GPU' if cuda_count == 1 else 'no GPU'}: single-device training"
 
 
@@ -211,7 +213,7 @@ def tools() -> instrument.Tools:
 
 
 def _start_group(env: ProcessEnv, backend: str, device: torch.device, timeout_s: float) -> None:
-    kwargs = {"timeout": datetime.timedelta(seconds=timeout_s)}
+    kwargs: dict[str, Any] = {"timeout": datetime.timedelta(seconds=timeout_s)}
     if device.type == "cuda":
         kwargs["device_id"] = device  # eager NCCL init: a bad GPU fails here, not at the first all-reduce
     if env.source in ("torchrun", "legacy-launch"):

@@ -116,7 +116,7 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
                                        self.running_var if track else None, self.eps, momentum, group)
 
     def _momentum(self) -> float:
-        if self.track_running_stats:
+        if self.track_running_stats and self.num_batches_tracked is not None:
             self.num_batches_tracked.add_(1)
             if self.momentum is None:  # cumulative moving average, as BatchNorm does
                 return 1.0 / float(self.num_batches_tracked)

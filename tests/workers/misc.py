@@ -79,7 +79,7 @@ elif case == "bn_local":  # plain BatchNorm (not synced) under check_sync_every:
     net = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 1))
     model = ddpkit.prepare_model(net, sync_batchnorm=False, check_sync_every=1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(3):
+    for _ in range(3):
         model(torch.randn(8, 4) + rank).sum().backward()  # ranks see different data: local statistics differ
         opt.step()
     print("BN-LOCAL OK", flush=True)

@@ -38,7 +38,7 @@ sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.5)
 loader = ddpkit.data_loader(data, global_batch_size=8, seed=1)
 ckpt = ddpkit.Checkpointer(os.path.join(args.out, "ckpt"), keep=2)
 step = ckpt.restore(model=model, optimizer=opt, scheduler=sched, loader=loader)
-for epoch in range(loader.epoch, args.epochs):
+for _epoch in range(loader.epoch, args.epochs):
     for x, y in loader:
         noise = 0.0 if args.plain else random.random() * 0.01 + float(np.random.rand()) * 0.01  # python, numpy
         loss = nn.functional.mse_loss(model(x + noise), y)
