@@ -13,14 +13,13 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from conftest import ROOT, ok, run_cmd
-from ddpkit import faults
+from ddpkit import faults, strategy
 from ddpkit.bench import cap_counts
-from ddpkit.checkpoint import cuda_rng_devices
 from ddpkit.data import loader_defaults
 from ddpkit.doctor import gpu_processes
 from ddpkit.launch import LaunchError, parse_args, stderr_tails
-from ddpkit.model import DP, balanced_split, in_caller_autocast
 from ddpkit.verify import plan
+from ddpkit.wrappers import DP, balanced_split, in_caller_autocast
 
 SCRIPT = str(ROOT / "examples" / "digits.py")
 
@@ -122,8 +121,8 @@ def test_5_stderr_tails_come_from_the_newest_attempt(tmp_path):
 
 
 def test_6_dataparallel_checkpoints_keep_every_gpus_rng():
-    assert cuda_rng_devices("dp", 0, 8) == list(range(8))
-    assert cuda_rng_devices("ddp", 3, 8) == [3] and cuda_rng_devices("single", 0, 1) == [0]
+    assert strategy.get("dp").cuda_rng_devices(0, 8) == list(range(8))
+    assert strategy.get("ddp").cuda_rng_devices(3, 8) == [3] and strategy.get("single").cuda_rng_devices(0, 1) == [0]
 
 
 def test_7_balanced_splits_and_small_training_batches():

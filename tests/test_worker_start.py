@@ -61,8 +61,9 @@ def test_mode_from_the_environment_is_honoured_or_refused():
     assert parse_args([script], gpus=0, environ={"DDPKIT_MODE": "auto"}).mode == "ddp"
     with pytest.raises(LaunchError, match="--mode ddp contradicts DDPKIT_MODE=dp"):
         parse_args(["--mode", "ddp", script], gpus=0, environ={"DDPKIT_MODE": "dp"})
-    with pytest.raises(LaunchError, match="DDPKIT_MODE=single in the environment, but ddpkit launch runs ddp or dp"):
-        parse_args([script], gpus=0, environ={"DDPKIT_MODE": "single"})
+    assert parse_args([script], gpus=0, environ={"DDPKIT_MODE": "single"}).mode == "single"
+    with pytest.raises(LaunchError, match="--mode single runs one process on one node"):
+        parse_args(["--nproc-per-node", "2", script], gpus=0, environ={"DDPKIT_MODE": "single"})
 
 
 def test_dp_without_gpus_says_the_fallback_once_up_front(tmp_path):

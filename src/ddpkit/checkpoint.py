@@ -34,9 +34,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ddpkit import contract, runtime
+from ddpkit import contract, runtime, strategy
 from ddpkit.data import ShardedDataLoader
-from ddpkit.model import unwrap
+from ddpkit.wrappers import unwrap
 
 _NAME = re.compile(r"^ckpt-(\d{10})$")
 
@@ -64,24 +64,14 @@ def _write_file(path: str, write) -> None:
         os.fsync(f.fileno())
 
 
-def cuda_rng_devices(mode: str, current: int, count: int) -> list[int]:
-    """The GPUs whose RNG a checkpoint keeps: all of them under DataParallel (dropout runs in a replica on
-    every GPU, and ``get_rng_state()`` would save the current one only), else this process's own.
-
-    >>> cuda_rng_devices("dp", 0, 4), cuda_rng_devices("ddp", 2, 4)
-    ([0, 1, 2, 3], [2])
-    """
-    return list(range(count)) if mode == "dp" else [current]
-
-
-def _rng_state(loaders: dict[str, ShardedDataLoader], mode: str) -> dict[str, torch.Tensor]:
+def _rng_state(loaders: dict[str, ShardedDataLoader], mode: strategy.Strategy) -> dict[str, torch.Tensor]:
     """This rank's random states, as tensors (so they can be gathered and loaded without pickle)."""
     version, mt, gauss = random.getstate()
     state = {"python_mt": torch.tensor(mt, dtype=torch.int64),
              "python_gauss": torch.tensor([version, gauss is not None, gauss or 0.0], dtype=torch.float64),
              "torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        devices = cuda_rng_devices(mode, torch.cuda.current_device(), torch.cuda.device_count())
+        devices = mode.cuda_rng_devices(torch.cuda.current_device(), torch.cuda.device_count())
         state["cuda"] = torch.stack([torch.cuda.get_rng_state(d) for d in devices])  # one row per device
     if "numpy" in sys.modules:
         _, keys, pos, has_gauss, cached = sys.modules["numpy"].random.get_state()
@@ -94,13 +84,14 @@ def _rng_state(loaders: dict[str, ShardedDataLoader], mode: str) -> dict[str, to
     return state
 
 
-def _set_rng_state(state: dict[str, torch.Tensor], loaders: dict[str, ShardedDataLoader], mode: str) -> None:
+def _set_rng_state(state: dict[str, torch.Tensor], loaders: dict[str, ShardedDataLoader],
+                   mode: strategy.Strategy) -> None:
     version, has_gauss, gauss = state["python_gauss"].tolist()
     random.setstate((int(version), tuple(state["python_mt"].tolist()), gauss if has_gauss else None))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         rows = state["cuda"] if state["cuda"].dim() == 2 else state["cuda"].unsqueeze(0)  # older: one device
-        devices = cuda_rng_devices(mode, torch.cuda.current_device(), torch.cuda.device_count())
+        devices = mode.cuda_rng_devices(torch.cuda.current_device(), torch.cuda.device_count())
         for device, row in zip(devices, rows):
             torch.cuda.set_rng_state(row.clone(), device)
     if "numpy_keys" in state and "numpy" in sys.modules:
@@ -184,11 +175,14 @@ class Checkpointer:
         Returns the checkpoint's path on rank 0.
         """
         loaders = {k: v for k, v in objects.items() if isinstance(v, ShardedDataLoader)}
-        rng = _gather_rng(_rng_state(loaders, self.state.mode), self.state)
+        mode = strategy.get(self.state.mode)
+        rng = _gather_rng(_rng_state(loaders, mode), self.state)
+        # on every rank: a sharded mode assembles the full state dict collectively
+        states = {name: mode.state_dict(obj) if isinstance(obj, torch.nn.Module) else obj.state_dict()
+                  for name, obj in objects.items()}
         path = None
         if self.state.is_main:
-            payload = {"step": step, "world_size": self.state.world_size, "rng": rng,
-                       "objects": {name: obj.state_dict() for name, obj in objects.items()}}
+            payload = {"step": step, "world_size": self.state.world_size, "rng": rng, "objects": states}
             path = self._commit(step, payload, extra or {})
         if self.state.world_size > 1:
             dist.barrier()  # every rank returns once the checkpoint exists
@@ -268,7 +262,7 @@ class Checkpointer:
             loaders = {k: v for k, v in objects.items() if isinstance(v, ShardedDataLoader)}
             # clone: set_rng_state reads the storage from its start, so a row view of rank r > 0 would crash
             _set_rng_state({k: v[self.state.rank].clone() for k, v in payload["rng"].items()}, loaders,
-                           self.state.mode)
+                           strategy.get(self.state.mode))
         if self.state.is_main:
             print(f"ddpkit: resumed from {path} (step {payload['step']})", file=sys.stderr, flush=True)
         return int(payload["step"])

@@ -61,8 +61,8 @@ class Var:
 LAUNCH, VERIFY, BENCH = "ddpkit launch", "ddpkit verify", "ddpkit bench"
 
 # -- ddpkit's own ---------------------------------------------------------------------------------------
-MODE = Var("DDPKIT_MODE", f"{LAUNCH} --mode, or you", "init()", "parallel mode when init() gets none",
-           ("auto", "ddp", "dp", "single"))
+MODE = Var("DDPKIT_MODE", f"{LAUNCH} --mode, or you", "init()",
+           "parallel mode when init() gets none: auto, or an entry of ddpkit.strategy (single, dp, ddp, ...)")
 DEVICE = Var("DDPKIT_DEVICE", f"{LAUNCH}/verify/bench --device, or you", "init()",
              "cpu keeps every process on the CPU (gloo) whatever GPUs exist; cuda requires one",
              ("auto", "cpu", "cuda"))

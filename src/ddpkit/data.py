@@ -25,8 +25,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
-from ddpkit import faults, runtime
-from ddpkit.syncbn import SyncBatchNorm
+from ddpkit import faults, runtime, strategy
 
 UNEVEN = ("pad", "drop", "join")
 
@@ -164,15 +163,7 @@ def join(model: torch.nn.Module):
             for x, y in loader: ...
     """
     global _joining
-    from torch.nn.parallel import DistributedDataParallel
-
-    if not isinstance(model, DistributedDataParallel):
-        context = contextlib.nullcontext()
-    elif any(isinstance(m, (torch.nn.SyncBatchNorm, SyncBatchNorm)) for m in model.modules()):
-        raise ValueError("ddpkit.join cannot run with SyncBatchNorm (collectives in forward would hang); "
-                         "prepare_model(..., sync_batchnorm=False) or data_loader(..., uneven='pad')")
-    else:
-        context = model.join()
+    context = strategy.get(runtime.current().mode).join(model)
     _joining = True
     try:
         with context:
@@ -218,12 +209,13 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     loader = ShardedDataLoader(dataset, batch_size=batch_size, sampler=sampler, join=train and uneven == "join",
                                **loader_kwargs)
     if train:
-        global_batch = batch_size * (state.world_size if state.mode == "ddp" else 1)
+        global_batch = batch_size * strategy.get(state.mode).batch_share(state)
         tools.on_loader(loader, state.rank, lambda: {"global_batch": global_batch, "mode": state.mode,
                                                      "device": str(state.device)}, runtime.on_shutdown)
         if state.is_main:
             workers = f", {loader.num_workers} loader workers per process" if loader.num_workers else ""
-            print(f"ddpkit: {describe_batch(state, batch_size, len(loader))}{workers}", file=sys.stderr, flush=True)
+            line = strategy.get(state.mode).describe_batch(state, batch_size, len(loader))
+            print(f"ddpkit: {line}{workers}", file=sys.stderr, flush=True)
     return loader
 
 
@@ -301,19 +293,8 @@ def _per_process_batch(batch_size: int | None, global_batch_size: int | None, st
     if batch_size is not None:
         return batch_size
     assert global_batch_size is not None
-    shares = state.world_size if state.mode == "ddp" else 1
+    shares = strategy.get(state.mode).batch_share(state)
     if global_batch_size % shares:
         raise ValueError(f"global_batch_size={global_batch_size} does not divide by {shares} processes; pass a "
                          f"multiple of {shares} (e.g. {global_batch_size // shares * shares or shares}) or batch_size=")
     return global_batch_size // shares
-
-
-def describe_batch(state: runtime.State, batch_size: int, steps: int) -> str:
-    """One line about batch sizes, e.g. ``global batch 64 = 32 per process x 2 processes, 29 steps/epoch``."""
-    if state.mode == "dp":
-        gpus = torch.cuda.device_count()
-        return f"global batch {batch_size}, split by DataParallel across {gpus} GPUs, {steps} steps/epoch"
-    if state.mode == "ddp":
-        return (f"global batch {batch_size * state.world_size} = {batch_size} per process x "
-                f"{state.world_size} processes, {steps} steps/epoch")
-    return f"global batch {batch_size} (one process), {steps} steps/epoch"

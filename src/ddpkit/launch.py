@@ -32,7 +32,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 
-from ddpkit import contract, faults
+from ddpkit import contract, faults, strategy
 from ddpkit.logs import ConsoleTail, parse_ranks
 from ddpkit.preflight import check_nodes
 
@@ -102,8 +102,10 @@ class LaunchConfig:
     join_timeout: float = 600.0
 
     def __post_init__(self):
-        if self.mode not in ("ddp", "dp"):
-            raise LaunchError(f"--mode must be ddp or dp, got {self.mode!r}")
+        try:
+            strategy.get(self.mode)
+        except ValueError as exc:
+            raise LaunchError(f"--{exc}") from None
         if self.device not in (None, "auto", "cpu", "cuda"):
             raise LaunchError(f"--device must be auto, cpu or cuda, got {self.device!r}")
         if self.device == "cuda" and self.gpus == 0:
@@ -129,9 +131,9 @@ class LaunchConfig:
             parse_ranks(self.console_ranks, self.world_size)
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
-        if self.mode == "dp" and (self.nnodes > 1 or self.nproc_per_node > 1):
-            raise LaunchError("--mode dp runs one process on one node (DataParallel drives every GPU from it); "
-                              "drop --nproc-per-node/--nnodes or use --mode ddp")
+        if not self.strategy.multi_process and (self.nnodes > 1 or self.nproc_per_node > 1):
+            raise LaunchError(f"--mode {self.mode} runs one process on one node ({self.strategy.title} drives every "
+                              "device from it); drop --nproc-per-node/--nnodes or use --mode ddp")
 
     def _check_elastic(self) -> None:
         host, _, port = (self.rdzv_endpoint or "").rpartition(":")
@@ -142,6 +144,15 @@ class LaunchConfig:
         if self.master_addr or self.node_rank:
             raise LaunchError("--rdzv-endpoint assigns node ranks itself; drop --master-addr/--node-rank "
                               "(or drop --rdzv-endpoint for fixed node ranks)")
+
+    @property
+    def strategy(self) -> strategy.Strategy:
+        return strategy.get(self.mode)
+
+    @property
+    def one_device(self) -> bool:
+        """A one-process mode short of the GPUs it needs (dp with < 2): the workers run single instead."""
+        return not self.strategy.multi_process and self.gpus < self.strategy.min_gpus
 
     @property
     def loopback(self) -> bool:
@@ -210,9 +221,6 @@ def parse_args(argv: Sequence[str], gpus: int | None = None, cpus: int | None = 
     ns = build_parser().parse_args(list(argv))
     environ = os.environ if environ is None else environ
     mode = _flag_or_env(ns.mode, "--mode", contract.MODE.name, environ)
-    if ns.mode is None and mode not in (None, "auto", "ddp", "dp"):
-        raise LaunchError(f"DDPKIT_MODE={mode} in the environment, but ddpkit launch runs ddp or dp; unset "
-                          "DDPKIT_MODE (or run the script with plain python)")
     mode = "ddp" if mode in (None, "auto") else mode
     device = _flag_or_env(ns.device, "--device", contract.DEVICE.name, environ)
     if gpus is None:
@@ -312,18 +320,19 @@ def worker_env(cfg: LaunchConfig, environ: Mapping[str, str], cores: int) -> tup
     groups failed to form in 5 of 11 tries here (gloo "Connection refused", pytorch#135712); unshared, 9 of
     9 succeeded. (Single node needs no such switch: the loopback rendezvous makes a new store each round.)
     """
-    local = 1 if cfg.mode == "dp" else cfg.nproc_per_node
-    env = {contract.MODE.name: cfg.mode if cfg.mode == "ddp" or cfg.gpus >= 2 else "single",
+    multi = cfg.strategy.multi_process
+    local = cfg.nproc_per_node if multi else 1
+    env = {contract.MODE.name: "single" if cfg.one_device else cfg.mode,
            contract.LAUNCHER_PID.name: str(os.getpid())}
     if cfg.device:
         env[contract.DEVICE.name] = cfg.device
     if not cfg.verbose and contract.CPP_LOG_LEVEL.name not in environ:
         env[contract.CPP_LOG_LEVEL.name] = "ERROR"  # no C++ store warnings while nodes join or leave
-    if cfg.mode == "ddp" and contract.UNBUFFERED.name not in environ:
+    if multi and contract.UNBUFFERED.name not in environ:
         env[contract.UNBUFFERED.name] = "1"  # output goes to log files; without this, prints would wait for exit
     if cfg.resume:
         env[contract.RESUME.name] = "1"
-    if cfg.loopback and cfg.mode == "ddp" and LOOPBACK_IFNAME:
+    if cfg.loopback and multi and LOOPBACK_IFNAME:
         for name in (contract.GLOO_IFNAME.name, contract.NCCL_IFNAME.name):
             if name not in environ:
                 env[name] = LOOPBACK_IFNAME
@@ -356,13 +365,15 @@ def _run_workers(cfg: LaunchConfig, report_dir: str) -> int:
     env[contract.REPORT_DIR.name] = report_dir
     os.environ.update(env)  # inherited by the workers torchrun spawns
     nodes = f"{cfg.min_nodes}..{cfg.nnodes}" if cfg.min_nodes not in (None, cfg.nnodes) else str(cfg.nnodes)
-    if cfg.mode == "dp":
-        what = (f"1 process (DataParallel over {cfg.gpus} GPUs)" if cfg.gpus >= 2 else
-                f"1 process: --mode dp needs >= 2 GPUs and {cfg.gpus} are usable, so it runs on one device")
+    if cfg.one_device:
+        what = (f"1 process: --mode {cfg.mode} needs >= {cfg.strategy.min_gpus} GPUs and {cfg.gpus} are usable, "
+                "so it runs on one device")
+    elif not cfg.strategy.multi_process:
+        what = f"1 process ({cfg.strategy.title})"
     else:
         what = f"{cfg.nproc_per_node} process(es) x {nodes} node(s), world size up to {cfg.world_size}"
     print(f"{PROG}: " + "; ".join([what, *notes]), file=sys.stderr, flush=True)
-    if cfg.mode == "dp":
+    if not cfg.strategy.multi_process:
         cmd = [sys.executable] + (["-m"] if cfg.module else []) + [cfg.script, *cfg.script_args]
         return subprocess.call(cmd)
     if cfg.nnodes > 1 and not cfg.elastic:  # elastic: torch's rendezvous has its own join_timeout

@@ -27,11 +27,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ddpkit import contract, faults, instrument
+from ddpkit import contract, faults, instrument, strategy
 from ddpkit.cli import USAGE_ERROR
 from ddpkit.environment import LaunchEnvError, ProcessEnv, detect
 
-MODES = ("auto", "ddp", "dp", "single")
 # Collectives that wait longer than this fail (and `ddpkit launch` prints a hang report). torch's defaults
 # are 30 min for gloo and 10 min for NCCL: long enough to lose an evening on a job that hangs at start-up.
 DEFAULT_TIMEOUT_S = 900.0
@@ -62,32 +61,40 @@ class State:
 
 
 def choose_mode(requested: str, env: ProcessEnv, cuda_count: int) -> tuple[str, str]:
-    """Resolve ``auto`` and check an explicit mode against the launch. Returns (mode, why).
+    """Resolve ``auto`` and check an explicit mode (an entry of :mod:`ddpkit.strategy`) against the launch.
+    Returns (mode, why).
+
+    ``auto``: several processes -> ddp; one process and >= 2 GPUs -> dp; else single. A multi-process mode
+    in a one-process launch, or a mode short of the GPUs it needs, falls back to single and says so; a
+    one-process mode in a multi-process launch is an error (every process would train its own copy).
 
     >>> choose_mode("auto", ProcessEnv(), cuda_count=0)
     ('single', 'one process and no GPU: single-device training')
     """
-    if requested not in MODES:
-        raise ValueError(f"mode {requested!r} is not one of {', '.join(MODES)}; pass mode='auto' or omit it")
+    if requested == "auto":
+        requested = "ddp" if env.distributed else "dp" if cuda_count >= 2 else "single"
+    chosen = strategy.get(requested)
     procs = f"{env.world_size} processes started by {env.source}"
     if env.distributed:
-        if requested in ("dp", "single"):
+        if not chosen.multi_process:
             raise LaunchEnvError(
                 f"mode {requested!r} runs one process, but {procs}; "
                 f"use mode 'ddp' or start the script once (ddpkit launch --mode dp / plain python)")
-        return "ddp", f"{procs}: DistributedDataParallel"
-    if requested == "ddp" and env.source != "single":  # e.g. an elastic job that shrank to one node
+        return requested, f"{procs}: {chosen.title}"
+    if chosen.multi_process and env.source != "single":  # e.g. an elastic job that shrank to one node
         return "single", f"{env.source} started one process (world size 1): single-device training"
-    if requested == "ddp":
-        return "single", ("mode 'ddp' asked for, but only one process runs: single-device training "
+    if chosen.multi_process:
+        return "single", (f"mode {requested!r} asked for, but only one process runs: single-device training "
                           "(start N processes with `ddpkit launch --nproc-per-node N script.py`)")
-    if requested in ("auto", "dp") and cuda_count >= 2:
+    if cuda_count < chosen.min_gpus:
+        return "single", (f"mode {requested!r} asked for, but {cuda_count} GPU(s) visible (it needs >= "
+                          f"{chosen.min_gpus}): single device")
+    if requested == "dp":
         return "dp", (f"one process and {cuda_count} GPUs visible: DataParallel over all of them "
                       "(DDP is faster: `ddpkit launch --nproc-per-node gpu script.py`)")
-    if requested == "dp":
-        return "single", (f"mode 'dp' asked for, but {cuda_count} GPU(s) visible (DataParallel needs >= 2): "
-                          "single device")
-    return "single", f"one process and {'one GPU' if cuda_count == 1 else 'no GPU'}: single-device training"
+    if requested == "single":
+        return "single", f"one process and {'one GPU' if cuda_count == 1 else 'no GPU'}: single-device training"
+    return requested, f"one process: mode {requested!r}"
 
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -108,7 +115,7 @@ def usable_gpus(preference: str, cuda_count: int) -> int:
 
 
 def choose_device(mode: str, env: ProcessEnv, cuda_count: int) -> torch.device:
-    """The device of this process, given the GPUs it may use (see :func:`usable_gpus`).
+    """The device of this process, given the GPUs it may use (see :func:`usable_gpus`); the mode decides.
 
     DDP: ``cuda:<local_rank>``, never another rank's GPU; a process that sees exactly one GPU (Slurm
     ``--gpus-per-task=1``, ``--gpu-bind``, MPI wrappers that set CUDA_VISIBLE_DEVICES per rank) uses it,
@@ -118,15 +125,7 @@ def choose_device(mode: str, env: ProcessEnv, cuda_count: int) -> torch.device:
     >>> choose_device("ddp", two, 2), choose_device("ddp", two, 1), choose_device("ddp", two, 0)
     (device(type='cuda', index=1), device(type='cuda', index=0), device(type='cpu'))
     """
-    if cuda_count == 0:
-        return torch.device("cpu")
-    if mode == "ddp" and cuda_count > 1:
-        if env.local_rank >= cuda_count:
-            raise LaunchEnvError(
-                f"local rank {env.local_rank} has no GPU of its own: {cuda_count} visible; start at most "
-                f"{cuda_count} processes per node (--nproc-per-node {cuda_count}) or run on the CPU (--device cpu)")
-        return torch.device("cuda", env.local_rank)
-    return torch.device("cuda", 0)
+    return strategy.get(mode).device(env, cuda_count)
 
 
 def gpu_fallback_warning(cuda_build: str | None, cuda_available: bool, nvidia_device: bool) -> str | None:
@@ -170,9 +169,9 @@ def init(mode: str | None = None, *, backend: str | None = None, timeout_s: floa
             env = detect(os.environ, sys.argv)
             preference = "cpu" if cpu else contract.DEVICE.choice(os.environ) or "auto"
             gpus = usable_gpus(preference, cuda_count)
-            chosen, reason = choose_mode(mode or contract.MODE.choice(os.environ) or "auto", env, gpus)
+            chosen, reason = choose_mode(mode or contract.MODE.text(os.environ) or "auto", env, gpus)
             device = choose_device(chosen, env, gpus)
-        except (LaunchEnvError, contract.ContractError) as exc:
+        except (LaunchEnvError, ValueError) as exc:  # ContractError and an unknown mode are ValueErrors
             # the launch itself is wrong (a variable, a count): one line naming it, no traceback into ddpkit
             print(f"ddpkit: error: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(USAGE_ERROR) from None
@@ -180,11 +179,11 @@ def init(mode: str | None = None, *, backend: str | None = None, timeout_s: floa
             torch.cuda.set_device(device)
         _guard_worker(env, timeout_s)
         _tools = instrument.from_env(os.environ)
-        if chosen == "ddp":
-            backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+        backend = (backend or strategy.get(chosen).backend(device)) if strategy.get(chosen).multi_process else None
+        if backend is not None:
             _start_group(env, backend, device, timeout_s)
         _state = State(env.rank, env.local_rank, env.world_size, env.local_world_size, env.node_rank,
-                       device, backend if chosen == "ddp" else None, chosen, reason)
+                       device, backend, chosen, reason)
         atexit.register(shutdown)
     if seed is not None:
         seed_everything(seed + _state.rank)

@@ -1,0 +1,204 @@
+"""torch's wrappers as ddpkit uses them: DistributedDataParallel and DataParallel whose state dict is the plain
+module's, with the checks and fixes described on each class, and :func:`unwrap`.
+
+Example::
+
+    >>> from torch import nn
+    >>> lin = nn.Linear(2, 2)
+    >>> unwrap(DP(lin)) is lin, list(DP(lin).state_dict())
+    (True, ['weight', 'bias'])
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+from torch.nn.parallel import DataParallel, DistributedDataParallel
+from torch.nn.parallel._functions import Scatter
+
+from ddpkit import comm as comm_options
+from ddpkit import faults, runtime
+from ddpkit.consistency import FirstBackwardCheck, check_in_sync
+from ddpkit.syncbn import convert_sync_batchnorm, has_batchnorm
+
+
+class _PlainStateDict:
+    """Mixin: the wrapper saves and loads the wrapped module's state dict, with no ``module.`` prefix.
+
+    ``load_state_dict`` also takes a dict saved from a wrapper by plain torch (keys ``module.*``).
+    """
+
+    module: nn.Module  # set by the torch wrapper this is mixed into
+
+    def state_dict(self, *args, **kwargs):
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False):
+        state_dict = dict(state_dict)
+        consume_prefix_in_state_dict_if_present(state_dict, "module.")
+        return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
+
+
+_LIVE_DDP: weakref.WeakSet[DDP] = weakref.WeakSet()
+
+
+def _release_reducers() -> None:
+    """At shutdown, free each DDP's reducer (which holds the process group) while Python is whole.
+
+    Left to interpreter teardown, the gloo process group's destructor runs late and now and then hangs or
+    aborts (SIGABRT) the process after training finished; a user's own ``destroy_process_group()`` does not
+    help while a DDP model still references the group.
+    """
+    for model in list(_LIVE_DDP):
+        for name in ("logger", "reducer"):
+            model.__dict__.pop(name, None)
+    _LIVE_DDP.clear()
+    gc.collect()
+
+
+class DDP(_PlainStateDict, DistributedDataParallel):
+    """torch's DistributedDataParallel whose state dict is the plain module's.
+
+    It also names, during the first backward, any parameter that got no gradient (instead of DDP's late
+    "Expected to have finished reduction" error), and with ``check_sync_every=K`` compares parameter
+    checksums across ranks every K forward calls.
+    """
+
+    def __init__(self, module: nn.Module, *args: Any, check_sync_every: int = 0, **kwargs: Any):
+        super().__init__(module, *args, **kwargs)
+        if not _LIVE_DDP:
+            runtime.on_shutdown(_release_reducers, always=True)
+        _LIVE_DDP.add(self)
+        self._check_sync_every = check_sync_every
+        self._forward_calls = 0
+        if not kwargs.get("find_unused_parameters", False):
+            self._first_backward = FirstBackwardCheck(module)
+
+    def forward(self, *args: Any, **kwargs: Any):
+        if self._check_sync_every and self._forward_calls % self._check_sync_every == 0:
+            check_in_sync(self.module, self.process_group)
+        self._forward_calls += 1
+        faults.heartbeat()
+        return super().forward(*args, **kwargs)
+
+
+def balanced_split(total: int, parts: int) -> list[int]:
+    """Sizes of ``parts`` slices of a batch of ``total`` that differ by at most one.
+
+    torch's ``chunk`` splits 29 samples over 8 GPUs as [4, 4, 4, 4, 4, 4, 4, 1]: a 1-sample replica, which
+    BatchNorm refuses in training ("Expected more than 1 value per channel").
+
+    >>> balanced_split(29, 8), balanced_split(3, 2)
+    ([4, 4, 4, 4, 4, 3, 3, 3], [2, 1])
+    """
+    base, extra = divmod(total, parts)
+    return [base + (i < extra) for i in range(parts)]
+
+
+def in_caller_autocast(calls: Sequence[Any], device_type: str) -> list[Any]:
+    """Wrap callables so that each runs under the *calling* thread's autocast dtype, in whatever thread.
+
+    Autocast state is per thread. torch's ``parallel_apply`` re-enters autocast in each replica thread with
+    ``enabled=`` only, so the replicas take the device's default dtype (fp16 on CUDA) even inside
+    ``autocast("bf16")``: fp16 math with no GradScaler. Returns the callables unchanged outside autocast.
+    """
+    if not torch.is_autocast_enabled(device_type):
+        return list(calls)
+    dtype = torch.get_autocast_dtype(device_type)
+
+    def bind(call: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with torch.autocast(device_type, dtype=dtype):
+                return call(*args, **kwargs)
+        return run
+
+    return [bind(call) for call in calls]
+
+
+def _batch_size(obj: Any, dim: int) -> int | None:
+    """Size along ``dim`` of the first tensor in a (nested) forward input."""
+    if isinstance(obj, torch.Tensor):
+        return obj.shape[dim] if obj.dim() > dim else None
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+    return next((size for item in items if (size := _batch_size(item, dim)) is not None), None)
+
+
+def _scatter(obj: Any, devices: list[int], sizes: list[int], dim: int) -> list[Any]:
+    """torch's scatter of a nested input, with the given chunk sizes for tensors of the batch's size."""
+    if isinstance(obj, torch.Tensor):
+        fits = obj.dim() > dim and obj.shape[dim] == sum(sizes)
+        return list(Scatter.apply(devices, sizes if fits else None, dim, obj))
+    if isinstance(obj, tuple) and obj:
+        slices = zip(*(_scatter(o, devices, sizes, dim) for o in obj))
+        return [type(obj)(*parts) if hasattr(obj, "_fields") else tuple(parts) for parts in slices]
+    if isinstance(obj, list) and obj:
+        return [list(parts) for parts in zip(*(_scatter(o, devices, sizes, dim) for o in obj))]
+    if isinstance(obj, dict) and obj:
+        columns = [_scatter(v, devices, sizes, dim) for v in obj.values()]
+        return [type(obj)(zip(obj.keys(), parts)) for parts in zip(*columns)]
+    return [obj for _ in devices]
+
+
+class DP(_PlainStateDict, DataParallel):
+    """torch's DataParallel whose state dict is the plain module's, with two fixes.
+
+    Each replica runs under the caller's autocast dtype (bf16 stays bf16), and batches are split into
+    slices that differ by at most one sample; a training batch smaller than the GPU count is an error.
+    """
+
+    def scatter(self, inputs: Any, kwargs: Any, device_ids: Sequence[Any]) -> Any:
+        size = _batch_size((inputs, kwargs), self.dim)
+        if size is None:
+            return super().scatter(inputs, kwargs, device_ids)
+        if self.training and size < len(device_ids):
+            raise ValueError(f"a training batch of {size} sample(s) cannot be split over {len(device_ids)} GPUs "
+                             "(DataParallel gives each at least one; BatchNorm needs two); use a batch of at "
+                             f"least {2 * len(device_ids)}, or drop_last=True in the DataLoader")
+        sizes = balanced_split(size, min(size, len(device_ids)))
+        devices = [int(d) for d in device_ids[: len(sizes)]]
+        scattered_inputs = _scatter(tuple(inputs), devices, sizes, self.dim) if inputs else [() for _ in devices]
+        scattered_kwargs = _scatter(kwargs, devices, sizes, self.dim) if kwargs else [{} for _ in devices]
+        return tuple(scattered_inputs), tuple(scattered_kwargs)
+
+    def parallel_apply(self, replicas: Sequence[Any], inputs: Sequence[Any], kwargs: Any) -> list[Any]:
+        return super().parallel_apply(in_caller_autocast(replicas, "cuda"), inputs, kwargs)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain module under any DDP / DataParallel / ``torch.compile`` wrappers.
+
+    >>> lin = nn.Linear(2, 2)
+    >>> unwrap(DataParallel(lin)) is lin
+    True
+    """
+    while True:
+        if isinstance(model, (DistributedDataParallel, DataParallel)):
+            model = model.module
+        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):  # torch.compile
+            model = model._orig_mod
+        else:
+            return model
+
+
+def wrap_ddp(model: nn.Module, state: runtime.State, *, sync_batchnorm: bool = True, check_sync_every: int = 0,
+             comm: comm_options.CommConfig | None = None, tools: Any = None, **ddp_kwargs: Any) -> nn.Module:
+    """SyncBatchNorm (unless ``sync_batchnorm=False``), then :class:`DDP` with the communication options."""
+    if sync_batchnorm and has_batchnorm(model):
+        model = convert_sync_batchnorm(model, state.device)
+        if state.is_main:
+            print("ddpkit: BatchNorm -> SyncBatchNorm (statistics over the global batch)", file=sys.stderr, flush=True)
+    device_ids = [state.device.index] if state.device.type == "cuda" else None
+    comm = tools.comm_config(comm) if tools else comm
+    if comm is not None:
+        ddp_kwargs = {**comm.ddp_kwargs(), **ddp_kwargs}
+    wrapped = DDP(model, device_ids=device_ids, check_sync_every=check_sync_every, **ddp_kwargs)
+    if not (tools and tools.on_ddp(wrapped)) and comm is not None:
+        comm_options.register(wrapped, comm, state.backend or "gloo")
+    return wrapped
