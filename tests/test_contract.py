@@ -12,7 +12,9 @@ SRC = ROOT / "src" / "ddpkit"
 
 
 def test_docs_table_is_the_contract():
-    assert contract.markdown_table() in (ROOT / "docs" / "environment.md").read_text()
+    assert contract.markdown_table() in (ROOT / "docs" / "environment.md").read_text(), \
+        "docs/environment.md is stale: paste the output of `python -c 'from ddpkit import contract; " \
+        "print(contract.markdown_table())'` under its heading"
 
 
 def test_no_variable_name_is_spelled_outside_the_contract():
