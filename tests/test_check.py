@@ -46,3 +46,15 @@ def test_command_line_json_and_exit_codes():
     assert r.returncode == 0 and r.stdout == ""
     r = run_cmd([sys.executable, "-m", "ddpkit", "check", "missing.py"], timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1
+
+
+def test_several_files_and_directories_as_linters_take_them():
+    """Issue 12: a second path used to be refused."""
+    corpus = ROOT / "tests" / "check_corpus"
+    r = run_cmd([sys.executable, "-m", "ddpkit", "check", "--json", str(corpus), str(ROOT / "examples" / "digits.py")],
+                timeout=60)
+    findings = json.loads(r.stdout)["findings"]
+    assert r.returncode == 1 and {f["path"] for f in findings} == {str(p) for p in CORPUS if expected(p)}
+    assert sum(len(expected(p)) for p in CORPUS) == len(findings)
+    r = run_cmd([sys.executable, "-m", "ddpkit", "check"], timeout=60)
+    assert r.returncode == 2 and r.stderr.startswith("ddpkit check: error: ") and r.stderr.count("\n") == 1

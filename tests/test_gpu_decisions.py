@@ -15,9 +15,11 @@ from torch.utils.data import TensorDataset
 from conftest import ROOT, ok, run_cmd
 from ddpkit import faults, strategy
 from ddpkit.bench import cap_counts
+from ddpkit.cli import UsageError
 from ddpkit.data import loader_defaults
 from ddpkit.doctor import gpu_processes
-from ddpkit.launch import LaunchError, parse_args, stderr_tails
+from ddpkit.launch import LaunchError, parse_args
+from ddpkit.supervise import stderr_tails
 from ddpkit.verify import plan
 from ddpkit.wrappers import DP, balanced_split, in_caller_autocast
 
@@ -73,10 +75,10 @@ def test_4_device_flag_reaches_config_and_caps_counts():
         parse_args(["--device", "tpu", SCRIPT], gpus=0, environ={})
     assert plan(None, None, 1) == (2, "cpu", "1 GPU(s) usable for 2 processes: both runs train on the CPU "
                                              "(--device cpu)")
-    with pytest.raises(LaunchError, match="needs 2 GPUs, 1 usable"):
+    with pytest.raises(UsageError, match="needs 2 GPUs, 1 usable; pass --device cpu"):
         plan(2, "cuda", 1)
     assert cap_counts([1, 2], False, None, 1)[0] == [1]
-    with pytest.raises(LaunchError, match="--device cpu"):
+    with pytest.raises(UsageError, match="--device cpu"):
         cap_counts([1, 2], True, None, 1)
 
 

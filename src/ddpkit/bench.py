@@ -30,9 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ddpkit import contract
-from ddpkit.cli import SCRIPT_FAILED, USAGE_ERROR
-from ddpkit.launch import LaunchError, OneLineParser
-from ddpkit.verify import run_logged
+from ddpkit.cli import SCRIPT_FAILED, USAGE_ERROR, OneLineParser, UsageError, run_logged, usage_error
 
 PROG = "ddpkit bench"
 MIN_GAIN = 1.05  # a setting must be this much faster than the default, in every repetition, to be recommended
@@ -207,7 +205,7 @@ def cap_counts(counts: Sequence[int], explicit: bool, device: str | None, gpus: 
     if device == "cpu" or gpus == 0 or max(counts) <= gpus:
         return list(counts), None
     if explicit:
-        raise LaunchError(f"--nproc {','.join(map(str, counts))} needs {max(counts)} GPUs, {gpus} usable; "
+        raise UsageError(f"--nproc {','.join(map(str, counts))} needs {max(counts)} GPUs, {gpus} usable; "
                           f"pass counts up to {gpus} or --device cpu")
     kept = [n for n in counts if n <= gpus]
     return kept, f"processes capped at the {gpus} usable GPU(s): {','.join(map(str, kept))} (--device cpu for more)"
@@ -219,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         counts = sorted({int(part) for part in (ns.nproc or "1,2").split(",") if part.strip()})
         if not counts or counts[0] < 1 or ns.steps < 2 or ns.warmup < 0 or ns.reps < 1 or not os.path.isfile(ns.script):
             raise ValueError
-    except (LaunchError, ValueError):
+    except (UsageError, ValueError):
         print(f"{PROG}: error: need --nproc like 1,2 (counts >= 1), --steps >= 2, --warmup >= 0, --reps >= 1 and "
               f"an existing script; got {sys.argv[1:] if argv is None else list(argv)}", file=sys.stderr)
         return USAGE_ERROR
@@ -228,9 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     gpus = 0 if ns.device == "cpu" else torch.cuda.device_count() if torch.cuda.is_available() else 0
     try:
         counts, note = cap_counts(counts, ns.nproc is not None, ns.device, gpus)
-    except LaunchError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return USAGE_ERROR
+    except UsageError as exc:
+        return usage_error(PROG, exc)
     if note:
         print(f"{PROG}: {note}", file=sys.stderr, flush=True)
     try:

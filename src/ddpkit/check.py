@@ -8,7 +8,8 @@ Example::
     $ ddpkit check train.py
     train.py:42 DDP001 DistributedSampler without set_epoch: ... fix: call sampler.set_epoch(epoch) ...
     $ ddpkit check --json train.py
-    {"findings": [{"line": 42, "rule": "DDP001", "message": "...", "why": "...", "fix": "..."}]}
+    {"findings": [{"path": "train.py", "line": 42, "rule": "DDP001", "message": "...", "why": "...", "fix": "..."}]}
+    $ ddpkit check src/ scripts/train.py          # several files and directories, as linters take them
 """
 
 from __future__ import annotations
@@ -16,8 +17,13 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Iterator, Sequence
+
+from ddpkit.cli import SCRIPT_FAILED, OneLineParser, UsageError, usage_error
+
+PROG = "ddpkit check"
 
 COLLECTIVES = {"all_reduce", "barrier", "broadcast", "all_gather", "reduce", "gather", "scatter",
                "all_gather_object", "broadcast_object_list", "reduce_scatter", "all_to_all", "monitored_barrier"}
@@ -185,24 +191,46 @@ def _findings(v: _Visitor, names: set[str], text: str, distributed: bool) -> Ite
             yield _finding("DDP004", const.lineno)
 
 
+def scripts(paths: Sequence[str]) -> list[str]:
+    """The .py files named, and those under the directories named (hidden and virtualenv folders skipped)."""
+    found: list[str] = []
+    for path in paths:
+        if not os.path.isdir(path):
+            found.append(path)
+            continue
+        for root, dirs, files in os.walk(path):
+            dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__pycache__")) and d not in ("venv", "env"))
+            found += [os.path.join(root, name) for name in sorted(files) if name.endswith(".py")]
+    return found
+
+
+def build_parser() -> OneLineParser:
+    p = OneLineParser(prog=PROG, description="Find the usual DP/DDP mistakes in training scripts (static analysis).")
+    p.add_argument("--json", action="store_true", help='one JSON object: {"findings": [{"path", "line", ...}]}')
+    p.add_argument("paths", nargs="+", help="scripts and directories (their .py files, recursively)")
+    return p
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    as_json = "--json" in args
-    paths = [a for a in args if a != "--json"]
-    if len(paths) != 1 or paths[0].startswith("-"):
-        print("ddpkit check: error: expected one script path (and optionally --json), got "
-              f"{' '.join(args) or 'nothing'}", file=sys.stderr)
-        return 2
     try:
-        with open(paths[0]) as f:
-            findings = analyze(f.read())
-    except (OSError, SyntaxError) as exc:
-        print(f"ddpkit check: error: cannot analyse {paths[0]}: {exc}", file=sys.stderr)
-        return 2
-    if as_json:
-        print(json.dumps({"findings": [dataclasses.asdict(found) for found in findings]}))
+        ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+        files = scripts(ns.paths)
+        if not files:
+            raise UsageError(f"no .py file under {' '.join(ns.paths)}; pass scripts or directories holding them")
+    except UsageError as exc:
+        return usage_error(PROG, exc)
+    found: list[tuple[str, Finding]] = []
+    for path in files:
+        try:
+            with open(path) as f:
+                found += [(path, finding) for finding in analyze(f.read())]
+        except (OSError, SyntaxError, UnicodeDecodeError) as exc:
+            return usage_error(PROG, f"cannot analyse {path}: {exc}")
+    if ns.json:
+        print(json.dumps({"findings": [{"path": path, **dataclasses.asdict(item)} for path, item in found]}))
     else:
-        for found in findings:
-            print(f"{paths[0]}:{found.line} {found.rule} {found.message}: {found.why}. Fix: {found.fix}")
-        print(f"{len(findings)} finding(s)" if findings else "no findings", file=sys.stderr)
-    return 1 if findings else 0
+        for path, item in found:
+            print(f"{path}:{item.line} {item.rule} {item.message}: {item.why}. Fix: {item.fix}")
+        print(f"{len(found)} finding(s) in {len(files)} file(s)" if found else f"no findings in {len(files)} file(s)",
+              file=sys.stderr)
+    return SCRIPT_FAILED if found else 0

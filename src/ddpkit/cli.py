@@ -1,4 +1,6 @@
-"""The ``ddpkit`` command: one subcommand per module, dispatched without importing the others.
+"""The ``ddpkit`` command: one subcommand per module, dispatched without importing the others, and the
+conventions every subcommand shares: argparse whose errors are one line (``ddpkit CMD: error: ...``, exit 2),
+the exit codes below, and :func:`run_logged` for running the user's script.
 
 Example::
 
@@ -7,7 +9,10 @@ Example::
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import os
+import subprocess
 import sys
 from collections.abc import Sequence
 
@@ -17,6 +22,40 @@ SCRIPT_FAILED = 1  # your script (a worker) failed: launch, verify, bench; docto
 USAGE_ERROR = 2  # bad input: one line `ddpkit CMD: error: ...`, nothing started
 HANG = 3  # launch: a collective timed out (hang report)
 NOT_EQUIVALENT = 4  # verify: both runs finished, the weights differ
+
+
+
+class UsageError(ValueError):
+    """Bad input to a command; the message is one line naming what was received and what to do."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that raises :class:`UsageError` (one line, exit 2) instead of printing the whole usage."""
+
+    def error(self, message: str):
+        raise UsageError(message)
+
+
+def usage_error(prog: str, exc: Exception | str) -> int:
+    """Print ``PROG: error: MESSAGE`` (one line) and return :data:`USAGE_ERROR`."""
+    print(f"{prog}: error: {exc}", file=sys.stderr)
+    return USAGE_ERROR
+
+
+class ScriptFailed(RuntimeError):
+    """The user's script exited non-zero under verify or bench (exit :data:`SCRIPT_FAILED`)."""
+
+
+def run_logged(cmd: list[str], env: dict[str, str], log: str) -> None:
+    """Run ``cmd`` with ``env`` added, output to ``log``; a non-zero exit raises :class:`ScriptFailed` with the
+    end of the output."""
+    with open(log, "w") as out:
+        code = subprocess.call(cmd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)
+    if code != 0:
+        with open(log) as f:
+            tail = f.read()[-2000:]
+        raise ScriptFailed(f"`{' '.join(cmd)}` exited {code}; its output ends with:\n{tail}")
+
 
 # subcommand -> (module with main(argv) -> int, one-line help)
 COMMANDS = {

@@ -27,6 +27,7 @@ import time
 from collections.abc import Sequence
 
 from ddpkit import contract
+from ddpkit.cli import SCRIPT_FAILED, OneLineParser, UsageError, usage_error
 
 
 @dataclasses.dataclass
@@ -216,16 +217,18 @@ def collect(smoke: bool = True) -> list[Finding]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    unknown = [a for a in args if a not in ("--json", "--no-smoke")]
-    if unknown:
-        print(f"ddpkit doctor: error: unknown option {unknown[0]!r}; expected --json or --no-smoke", file=sys.stderr)
-        return 2
-    findings = collect(smoke="--no-smoke" not in args)
+    parser = OneLineParser(prog="ddpkit doctor", description="What this machine can do for data-parallel training.")
+    parser.add_argument("--json", action="store_true", help="one JSON object")
+    parser.add_argument("--no-smoke", action="store_true", help="skip the 2-process all-reduce test")
+    try:
+        ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    except UsageError as exc:
+        return usage_error("ddpkit doctor", exc)
+    findings = collect(smoke=not ns.no_smoke)
     failed = any(f.verdict == "fail" for f in findings)
-    if "--json" in args:
+    if ns.json:
         print(json.dumps({"ok": not failed, "findings": [dataclasses.asdict(f) for f in findings]}))
     else:
         for f in findings:
             print(f"{f.verdict:5} {f.name:16} {f.detail}" + (f"\n      hint: {f.hint}" if f.hint else ""))
-    return 1 if failed else 0
+    return SCRIPT_FAILED if failed else 0

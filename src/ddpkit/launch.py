@@ -19,30 +19,22 @@ is spawned.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import glob
-import logging
 import os
-import shutil
 import socket
-import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Mapping, Sequence
 
-from ddpkit import contract, faults, strategy
-from ddpkit.logs import ConsoleTail, parse_ranks
-from ddpkit.preflight import check_nodes
+from ddpkit import contract, strategy
+from ddpkit.cli import OneLineParser, UsageError, usage_error
+from ddpkit.logs import parse_ranks
 
 LOOPBACK_BACKEND = "ddpkit-loopback"  # ddpkit.rendezvous.BACKEND, named here so argv stays torch-free
 
-USAGE_ERROR = 2
 PROG = "ddpkit launch"
 
 
-class LaunchError(ValueError):
+class LaunchError(UsageError):
     """Bad launcher input; the message is one line that names what was received and what to do."""
 
 
@@ -167,13 +159,6 @@ class LaunchConfig:
     @property
     def world_size(self) -> int:
         return self.nproc_per_node * self.nnodes
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse that raises :class:`LaunchError` (one line, exit 2) instead of printing the whole usage."""
-
-    def error(self, message: str):
-        raise LaunchError(message)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -346,137 +331,6 @@ def worker_env(cfg: LaunchConfig, environ: Mapping[str, str], cores: int) -> tup
     return env, notes
 
 
-def run(cfg: LaunchConfig) -> int:
-    """Start the workers and wait for them; returns the exit code for the launcher.
-
-    Exit codes: 0 success, 1 a worker failed (one summary: rank, host, exception, traceback), 2 bad
-    arguments, 3 a collective timed out (hang report), 128 + N when the launcher got signal N.
-    """
-    report_dir = tempfile.mkdtemp(prefix="ddpkit-report-")
-    try:
-        code = _run_workers(cfg, report_dir)
-    finally:
-        shutil.rmtree(report_dir, ignore_errors=True)
-    return code
-
-
-def _run_workers(cfg: LaunchConfig, report_dir: str) -> int:
-    env, notes = worker_env(cfg, os.environ, os.cpu_count() or 1)
-    env[contract.REPORT_DIR.name] = report_dir
-    os.environ.update(env)  # inherited by the workers torchrun spawns
-    nodes = f"{cfg.min_nodes}..{cfg.nnodes}" if cfg.min_nodes not in (None, cfg.nnodes) else str(cfg.nnodes)
-    if cfg.one_device:
-        what = (f"1 process: --mode {cfg.mode} needs >= {cfg.strategy.min_gpus} GPUs and {cfg.gpus} are usable, "
-                "so it runs on one device")
-    elif not cfg.strategy.multi_process:
-        what = f"1 process ({cfg.strategy.title})"
-    else:
-        what = f"{cfg.nproc_per_node} process(es) x {nodes} node(s), world size up to {cfg.world_size}"
-    print(f"{PROG}: " + "; ".join([what, *notes]), file=sys.stderr, flush=True)
-    if not cfg.strategy.multi_process:
-        cmd = [sys.executable] + (["-m"] if cfg.module else []) + [cfg.script, *cfg.script_args]
-        return subprocess.call(cmd)
-    if cfg.nnodes > 1 and not cfg.elastic:  # elastic: torch's rendezvous has its own join_timeout
-        problem = check_nodes(cfg, cfg.join_timeout)
-    elif cfg.loopback and cfg.master_port:
-        problem = _loopback_port_problem(cfg.master_port)
-    else:
-        problem = None
-    if problem:
-        print(f"{PROG}: error: {problem}", file=sys.stderr)
-        return USAGE_ERROR
-    return _supervise(cfg, report_dir)
-
-
-def _loopback_port_problem(port: int) -> str | None:
-    """A one-line error when ``port`` cannot be bound on 127.0.0.1 (checked before anything is spawned)."""
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError as exc:
-            return (f"--master-port {port} is not free on 127.0.0.1 ({exc.strerror}); pick a free port or drop "
-                    "--master-port (a free one is then chosen)")
-    return None
-
-
-def _supervise(cfg: LaunchConfig, report_dir: str) -> int:
-    """torch's launcher runs the workers; the console tail shows them; a failure becomes one report."""
-    from torch.distributed.elastic.multiprocessing import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser
-    from torch.distributed.run import run as torchrun
-
-    from ddpkit import rendezvous
-
-    rendezvous.register()
-
-    log_dir = os.path.join(cfg.log_dir, time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
-    os.makedirs(log_dir, exist_ok=True)
-    print(f"{PROG}: per-rank logs in {log_dir}", file=sys.stderr, flush=True)
-    # elastic: this node's rank is known only after the rendezvous, so the console counts from its first rank
-    tail = ConsoleTail(log_dir, parse_ranks(cfg.console_ranks, cfg.world_size),
-                       0 if cfg.elastic else cfg.node_rank * cfg.nproc_per_node, cfg.world_size)
-    tail.start()
-    try:
-        with _torch_logs(os.path.join(log_dir, "launcher.log"), cfg.verbose):
-            torchrun(get_args_parser().parse_args(torchrun_argv(cfg, log_dir)))
-    except ChildFailedError as exc:
-        tail.stop()
-        code, text = failure_report(exc, report_dir, stderr_tails(log_dir, tail.first_rank))
-        print(text, file=sys.stderr, flush=True)
-        return code
-    except SignalException as exc:
-        tail.stop()
-        print(f"{PROG}: stopped by signal {exc.sigval.name}; workers were stopped", file=sys.stderr, flush=True)
-        return 128 + int(exc.sigval)
-    finally:
-        tail.stop()
-    return 0
-
-
-@contextlib.contextmanager
-def _torch_logs(path: str, verbose: bool):
-    """torch's launcher log lines (W/E ... api.py: "failed (exitcode ...)", "Sending closing signal") go to
-    ``path`` instead of the console, which shows ddpkit's lines and the script's; ``--verbose`` keeps both."""
-    logger = logging.getLogger("torch.distributed")  # torch gives it its own stderr handler
-    saved = logger.handlers[:]
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logger.handlers = saved + [handler] if verbose else [handler]
-    try:
-        yield
-    finally:
-        logger.handlers = saved
-        handler.close()
-
-
-def stderr_tails(log_dir: str, first_rank: int, size: int = 8192) -> dict[int, str]:
-    """The end of each local worker's stderr in its newest attempt, by global rank."""
-    tails: dict[int, str] = {}
-    for path in sorted(glob.glob(os.path.join(log_dir, "*", "attempt_*", "*", "stderr.log")),
-                       key=lambda p: int(p.split("attempt_")[1].split(os.sep)[0])):
-        with open(path, "rb") as f:
-            f.seek(max(0, os.path.getsize(path) - size))
-            tails[first_rank + int(os.path.basename(os.path.dirname(path)))] = f.read().decode("utf-8", "replace")
-    return tails
-
-
-def failure_report(exc, report_dir: str, tails: dict[int, str] | None = None) -> tuple[int, str]:
-    """(exit code, text) for a failed run: ddpkit's report of the last attempt, else torch's failure."""
-    crashed = {rank: _how(failure) for rank, failure in exc.failures.items()}
-    attempts = sorted((d for d in os.listdir(report_dir) if d.startswith("attempt")), key=lambda d: int(d[7:]))
-    report = faults.summarize(os.path.join(report_dir, attempts[-1]), crashed, tails) if attempts else None
-    if report is not None:
-        return report
-    rank, failure = exc.get_first_failure()
-    return faults.EXIT_WORKER_FAILED, (f"{PROG}: rank {rank} (pid {failure.pid}) {_how(failure)}, without a Python "
-                                       "exception (a crash, os._exit, or a script that never called ddpkit.init)")
-
-
-def _how(failure) -> str:
-    return f"killed by {failure.signal_name()}" if failure.exitcode < 0 else f"exited with code {failure.exitcode}"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``ddpkit launch``; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -486,6 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.environ.setdefault(contract.CPP_LOG_LEVEL.name, "ERROR")
         cfg = parse_args(argv)
     except LaunchError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return USAGE_ERROR
-    return run(cfg)
+        return usage_error(PROG, exc)
+    from ddpkit import supervise
+
+    return supervise.run(cfg)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -29,8 +28,7 @@ from collections.abc import Sequence
 import torch
 
 from ddpkit import contract
-from ddpkit.cli import NOT_EQUIVALENT, SCRIPT_FAILED, USAGE_ERROR
-from ddpkit.launch import LaunchError, OneLineParser
+from ddpkit.cli import NOT_EQUIVALENT, SCRIPT_FAILED, OneLineParser, UsageError, run_logged, usage_error
 
 PROG = "ddpkit verify"
 
@@ -72,16 +70,6 @@ def compare(reference: dict, candidate: dict, atol: float, rtol: float) -> dict:
     return {**result, **(first or {})}
 
 
-def run_logged(cmd: list[str], env: dict[str, str], log: str) -> None:
-    """Run ``cmd`` with ``env`` added, output to ``log``; a non-zero exit raises with the end of the output."""
-    with open(log, "w") as out:
-        code = subprocess.call(cmd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)
-    if code != 0:
-        with open(log) as f:
-            tail = f.read()[-2000:]
-        raise RuntimeError(f"`{' '.join(cmd)}` exited {code}; its output ends with:\n{tail}")
-
-
 def plan(nproc: int | None, device: str | None, gpus: int) -> tuple[int, str | None, str | None]:
     """(processes, device for the runs, a note to print) from the flags and the usable GPU count.
 
@@ -95,8 +83,9 @@ def plan(nproc: int | None, device: str | None, gpus: int) -> tuple[int, str | N
     if device == "cpu" or gpus == 0 or count <= gpus:
         return count, device, None
     if device == "cuda":
-        raise LaunchError(f"--device cuda with {count} processes needs {count} GPUs, {gpus} usable; "
-                          f"pass --nproc-per-node {gpus} (if >= 2) or --device cpu")
+        fewer = f"--nproc-per-node {gpus} or " if gpus >= 2 else ""
+        raise UsageError(f"--device cuda with {count} processes needs {count} GPUs, {gpus} usable; "
+                         f"pass {fewer}--device cpu")
     return count, "cpu", f"{gpus} GPU(s) usable for {count} processes: both runs train on the CPU (--device cpu)"
 
 
@@ -136,11 +125,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         gpus = 0 if ns.device == "cpu" else _usable_gpus()
         nproc, device, note = plan(ns.nproc_per_node, ns.device, gpus)
         if nproc < 2 or ns.steps < 1 or not os.path.isfile(ns.script):
-            raise LaunchError(f"need --nproc-per-node >= 2, --steps >= 1 and an existing script; got "
+            raise UsageError(f"need --nproc-per-node >= 2, --steps >= 1 and an existing script; got "
                               f"{nproc}, {ns.steps}, {ns.script!r}")
-    except LaunchError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return USAGE_ERROR
+    except UsageError as exc:
+        return usage_error(PROG, exc)
     for line in filter(None, [note, f"training loaders drop the last len % {nproc} samples in both runs "
                               "(padding would repeat samples only the N-process run sees)",
                               None if ns.keep_dropout else "dropout is off in both runs (--keep-dropout to keep it)"]):
