@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from conftest import ROOT, ok, run_cmd
-from ddpkit.bench import step_ms, summarize
+from ddpkit.bench import figures, step_ms
 
 DIGITS = ROOT / "examples" / "digits.py"
 
@@ -24,12 +24,12 @@ def samples(**settings):
 
 def test_a_setting_is_recommended_only_when_faster_in_every_repetition():
     batches = {"n1": 32, "n2": 64}
-    result = summarize(samples(bucket_5mb=[10.0, 11.5], gradient_as_bucket_view=[10.0, 12.5]), batches, [1, 2])
+    result = figures(samples(bucket_5mb=[10.0, 11.5], gradient_as_bucket_view=[10.0, 12.5]), batches, [1, 2])
     assert result["recommendation"]["setting"] == "bucket_5mb"  # 1.2x and 1.08x: both >= 1.05
     assert result["recommendation"]["fields"] == {"bucket_mb": 5}
     assert result["rows"][1]["efficiency"] == pytest.approx((64 / 12.2) / (2 * 32 / 10))
     assert result["comm_share"] == pytest.approx((12.2 - 9) / 12.2)
-    lucky = summarize(samples(bucket_5mb=[9.0, 12.4]), batches, [1, 2])  # 1.33x once, 1.0x the other time
+    lucky = figures(samples(bucket_5mb=[9.0, 12.4]), batches, [1, 2])  # 1.33x once, 1.0x the other time
     assert lucky["recommendation"]["setting"] == "default"
 
 

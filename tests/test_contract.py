@@ -1,5 +1,7 @@
 """The launch contract: one module names every variable; docs match it; the training path reads none."""
 import ast
+import inspect
+import re
 import sys
 from pathlib import Path
 
@@ -61,3 +63,35 @@ def test_every_exported_name_resolves():
 
     assert all(callable(getattr(ddpkit, name)) for name in ddpkit.__all__)
     assert Path(ddpkit.__file__).parent == SRC
+
+
+def _render(obj) -> str:
+    """``name(a, b=1, *, c=None, **kw)`` as the README writes a signature."""
+    parts, star = [], False
+    for p in inspect.signature(obj).parameters.values():
+        if p.kind is p.VAR_POSITIONAL:
+            parts.append(f"*{p.name}")
+            star = True
+        elif p.kind is p.VAR_KEYWORD:
+            parts.append(f"**{p.name}")
+        else:
+            if p.kind is p.KEYWORD_ONLY and not star:
+                parts.append("*")
+                star = True
+            default = "" if p.default is p.empty else \
+                "=" + (f'"{p.default}"' if isinstance(p.default, str) else repr(p.default))
+            parts.append(p.name + default)
+    return f"{obj.__name__}({', '.join(parts)})"
+
+
+def test_readme_api_table_matches_the_real_signatures():
+    """Issue 12: the table had drifted (no comm, global_batch_size, shuffle)."""
+    import ddpkit
+
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| name | what it does |"):readme.index("\nModes: ")]
+    names = "".join(row.split(" | ")[0] for row in table.splitlines()[2:])  # the first column only
+    shown = {m.group(1): m.group(0) for m in re.finditer(r"`(\w+)\([^`]*\)`", names)}
+    assert set(shown) == set(ddpkit.__all__), set(ddpkit.__all__) ^ set(shown)
+    for name, written in shown.items():
+        assert written.strip("`") == _render(getattr(ddpkit, name)), name

@@ -71,7 +71,7 @@ def test_4_device_flag_reaches_config_and_caps_counts():
     assert (cfg.device, cfg.gpus, cfg.nproc_per_node) == ("cpu", 0, 3)
     with pytest.raises(LaunchError, match="no CUDA GPU is visible"):
         parse_args(["--device", "cuda", SCRIPT], gpus=0, environ={})
-    with pytest.raises(LaunchError, match="--device must be auto, cpu or cuda"):
+    with pytest.raises(LaunchError, match="--device 'tpu' is not one of auto, cpu, cuda"):
         parse_args(["--device", "tpu", SCRIPT], gpus=0, environ={})
     assert plan(None, None, 1) == (2, "cpu", "1 GPU(s) usable for 2 processes: both runs train on the CPU "
                                              "(--device cpu)")
@@ -105,12 +105,12 @@ def test_5_an_nccl_watchdog_abort_is_a_hang_report(tmp_path):
     report = _hang_dir(tmp_path)
     tails = {0: "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE) "
                 "ran for 600031 milliseconds before timing out.\n", 1: "some output\n"}
-    code, text = faults.summarize(str(report), {0: "killed by SIGABRT", 1: "killed by SIGTERM"}, tails)
+    code, text = faults.report(str(report), {0: "killed by SIGABRT", 1: "killed by SIGTERM"}, tails)
     assert code == faults.EXIT_HANG and text.startswith("ddpkit: HANG")
     assert "rank 0 is at train.py:41 in train_step (waiting for the GPU" in text
     assert "first timeout on rank 0 (NCCL watchdog, killed by SIGABRT)" in text
     # without the watchdog's line a SIGABRT stays a crash
-    code, text = faults.summarize(str(report), {0: "killed by SIGABRT"}, {0: "free(): invalid pointer"})
+    code, text = faults.report(str(report), {0: "killed by SIGABRT"}, {0: "free(): invalid pointer"})
     assert code == faults.EXIT_WORKER_FAILED and "killed by SIGABRT" in text
 
 

@@ -56,7 +56,7 @@ def test_elastic_form_uses_torchs_c10d_rendezvous_with_the_join_timeout():
     cfg = parse_args(["--nnodes", "1:3", "--rdzv-endpoint", "10.0.0.1:29400", "--rdzv-id", "job7",
                       "--join-timeout", "60", SCRIPT], gpus=0)
     argv = torchrun_argv(cfg)
-    assert (cfg.min_nodes, cfg.nnodes, cfg.world_size) == (1, 3, 3)
+    assert (cfg.min_nodes, cfg.max_nodes, cfg.world_size) == (1, 3, 3)
     assert argv[argv.index("--nnodes") + 1] == "1:3" and argv[argv.index("--rdzv-backend") + 1] == "c10d"
     assert argv[argv.index("--rdzv-id") + 1] == "job7" and argv[argv.index("--rdzv-conf") + 1] == "join_timeout=60"
     assert "--node-rank" not in argv and "--master-addr" not in argv
@@ -92,9 +92,9 @@ def test_omp_threads_shared_between_local_processes_unless_set():
 
 
 def test_summary_prefers_the_crash_over_the_ranks_the_agent_terminated(tmp_path):
-    from ddpkit.faults import summarize
+    from ddpkit.faults import report
 
-    code, text = summarize(str(tmp_path), {0: "killed by SIGTERM", 1: "killed by SIGABRT"})
+    code, text = report(str(tmp_path), {0: "killed by SIGTERM", 1: "killed by SIGABRT"})
     assert code == 1 and text.startswith("ddpkit: rank 1 failed first: killed by SIGABRT")
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import WORKERS, ok, run_cmd
-from ddpkit.verify import compare
+from ddpkit.verify import compare_weights
 
 VERIFY = [sys.executable, "-m", "ddpkit", "verify"]
 
@@ -28,9 +28,9 @@ def test_correct_script_passes_with_json():
 
 def test_compare_reports_keys_and_shapes():
     a = {"w": torch.zeros(2), "b": torch.zeros(1)}
-    assert compare(a, {"w": torch.zeros(2)}, 1e-6, 0)["reason"].startswith("keys differ")
-    assert compare(a, {"w": torch.zeros(3), "b": torch.zeros(1)}, 1e-6, 0)["reason"] == "shape (2,) vs (3,)"
-    assert compare(a, {"w": torch.tensor([0.0, 1.0]), "b": torch.zeros(1)}, 1e-6, 0)["first_diverging"] == "w"
+    assert compare_weights(a, {"w": torch.zeros(2)}, 1e-6, 0)["reason"].startswith("keys differ")
+    assert compare_weights(a, {"w": torch.zeros(3), "b": torch.zeros(1)}, 1e-6, 0)["reason"] == "shape (2,) vs (3,)"
+    assert compare_weights(a, {"w": torch.tensor([0.0, 1.0]), "b": torch.zeros(1)}, 1e-6, 0)["first_diverging"] == "w"
 
 
 def test_bad_arguments_exit_2():

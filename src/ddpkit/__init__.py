@@ -21,6 +21,7 @@ __version__ = "0.1.0"
 # public name -> module that defines it; resolved lazily so `import ddpkit` stays cheap.
 _EXPORTS = {
     "init": "runtime",
+    "State": "runtime",
     "shutdown": "runtime",
     "prepare_model": "model",
     "unwrap": "model",
@@ -48,7 +49,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ddpkit.model import no_sync, prepare_model, unwrap
     from ddpkit.output import get_logger, print, progress, summary_writer
     from ddpkit.precision import autocast
-    from ddpkit.runtime import init, shutdown
+    from ddpkit.runtime import State, init, shutdown
 
 
 def __getattr__(name: str) -> Any:

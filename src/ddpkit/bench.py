@@ -95,7 +95,7 @@ def plan(counts: Sequence[int], gpus: int) -> dict[str, tuple[int, dict]]:
     return jobs
 
 
-def summarize(samples: dict[str, list[float]], batches: dict[str, int], counts: Sequence[int]) -> dict:
+def figures(samples: dict[str, list[float]], batches: dict[str, int], counts: Sequence[int]) -> dict:
     """Throughput, efficiency, communication share and the recommendation from the step times of each rep.
 
     A setting is recommended only when it beat the default by ``MIN_GAIN`` in *every* repetition (paired:
@@ -142,7 +142,7 @@ def bench(script: str, args: Sequence[str], counts: Sequence[int], steps: int, w
         for name, (nproc, env) in jobs.items():
             ms, batches[name] = run_once(script, args, nproc, steps, warmup, {**(base_env or {}), **env})
             samples[name].append(ms)
-    result = summarize(samples, batches, counts)
+    result = figures(samples, batches, counts)
     result["mode_note"] = ("DDP: DataParallel is for 2+ CUDA GPUs in one process, and DDP is faster there too"
                            if gpus < 2 else "DDP (one process per GPU) is what ddpkit runs by default")
     return {"script": script, "steps": steps, "warmup": warmup, "reps": reps, **result}

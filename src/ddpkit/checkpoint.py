@@ -144,7 +144,7 @@ class Checkpointer:
         self.directory, self.keep = directory, keep
         restarted = (contract.RESTART_COUNT.number(os.environ) or 0) > 0
         self.resume = (contract.RESUME.flag(os.environ) or restarted) if resume is None else resume
-        self.state = runtime.current()
+        self.state = runtime.ensure_init()
         if self.state.is_main:
             self._prepare_directory()
 

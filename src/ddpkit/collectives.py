@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ddpkit import runtime
+from ddpkit.options import Op, check
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
@@ -35,7 +36,7 @@ def _as_tensor(value, device: torch.device) -> torch.Tensor:
 
 
 def _all_reduce(value, op: str):
-    state = runtime.current()
+    state = runtime.ensure_init()
     if state.world_size == 1:
         return value
     tensor = _as_tensor(value, state.device).clone()
@@ -45,7 +46,7 @@ def _all_reduce(value, op: str):
     return int(tensor.item()) if isinstance(value, int) else tensor.item()
 
 
-def reduce(value, op: str = "sum", *, count: Number | torch.Tensor | None = None):
+def reduce(value, op: Op = "sum", *, count: Number | torch.Tensor | None = None):
     """Combine a number or tensor across ranks. ``op``: ``sum``, ``mean``, ``max`` or ``min``.
 
     ``mean`` without ``count`` is the plain mean over ranks (torch's ``ReduceOp.AVG``): right for values every
@@ -57,12 +58,10 @@ def reduce(value, op: str = "sum", *, count: Number | torch.Tensor | None = None
     >>> reduce(3), reduce(2.5, "mean"), reduce(2.5, "mean", count=5)   # one process: the identity
     (3, 2.5, 0.5)
     """
-    if op == "mean":
+    if check("op", op, Op) == "mean":
         if count is None:
-            return _all_reduce(value, "sum") / runtime.current().world_size
+            return _all_reduce(value, "sum") / runtime.ensure_init().world_size
         return _all_reduce(value, "sum") / _all_reduce(count, "sum")
-    if op not in _OPS:
-        raise ValueError(f"op {op!r} is not one of sum, mean, max, min")
     return _all_reduce(value, op)
 
 
@@ -72,7 +71,7 @@ def gather(tensor: torch.Tensor) -> torch.Tensor:
     Rank r holds positions r, r + W, r + 2W, ... of a ``train=False`` loader (counts may differ by one);
     the result interleaves them back, so row i is dataset sample i. Works on any dtype and trailing shape.
     """
-    state = runtime.current()
+    state = runtime.ensure_init()
     if state.world_size == 1:
         return tensor
     local = tensor.detach().to(state.device)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-COMPRESSIONS = (None, "fp16", "bf16", "powersgd")
+from ddpkit.options import Compression, check
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,12 +31,11 @@ class CommConfig:
     bucket_mb: float | None = None
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
-    compression: str | None = None
+    compression: Compression | None = None
     powersgd_rank: int = 2
 
     def __post_init__(self):
-        if self.compression not in COMPRESSIONS:
-            raise ValueError(f"compression={self.compression!r} is not one of none, fp16, bf16, powersgd")
+        check("compression", self.compression, Compression, none="none")
         if self.bucket_mb is not None and self.bucket_mb <= 0:
             raise ValueError(f"bucket_mb must be > 0, got {self.bucket_mb}")
         if self.powersgd_rank < 1:

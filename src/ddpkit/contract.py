@@ -20,6 +20,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+from ddpkit.options import Device, choices
+
 
 class ContractError(ValueError):
     """A variable of the launch contract holds a value ddpkit cannot use."""
@@ -65,7 +67,7 @@ MODE = Var("DDPKIT_MODE", f"{LAUNCH} --mode, or you", "init()",
            "parallel mode when init() gets none: auto, or an entry of ddpkit.strategy (single, dp, ddp, ...)")
 DEVICE = Var("DDPKIT_DEVICE", f"{LAUNCH}/verify/bench --device, or you", "init()",
              "cpu keeps every process on the CPU (gloo) whatever GPUs exist; cuda requires one",
-             ("auto", "cpu", "cuda"))
+             choices(Device))
 RESUME = Var("DDPKIT_RESUME", f"{LAUNCH} --resume", "Checkpointer", "1: restore the newest valid checkpoint")
 REPORT_DIR = Var("DDPKIT_REPORT_DIR", LAUNCH, "init()", "where workers write error and stack reports")
 LAUNCHER_PID = Var("DDPKIT_LAUNCHER_PID", LAUNCH, "init()",

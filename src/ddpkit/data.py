@@ -26,8 +26,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
 
 from ddpkit import faults, runtime, strategy
-
-UNEVEN = ("pad", "drop", "join")
+from ddpkit.options import Uneven, check
 
 
 class ShardSampler(Sampler[int]):
@@ -35,10 +34,10 @@ class ShardSampler(Sampler[int]):
 
     ``uneven`` decides what happens when the dataset does not divide by the world size W:
     ``pad`` repeats samples from the start of the order so every rank gets the same count (torch's
-    DistributedSampler does the same), ``drop`` drops the tail, ``none`` leaves ranks with counts that differ
-    by at most one (exact evaluation; training then needs ``ddpkit.join``).
+    DistributedSampler does the same), ``drop`` drops the tail, ``join`` leaves ranks with counts that differ
+    by at most one: no sample repeated or left out (evaluation loaders; training then needs ``ddpkit.join``).
 
-    >>> [list(ShardSampler(5, rank=r, world_size=2, shuffle=False, uneven="none")) for r in (0, 1)]
+    >>> [list(ShardSampler(5, rank=r, world_size=2, shuffle=False, uneven="join")) for r in (0, 1)]
     [[0, 2, 4], [1, 3]]
     """
 
@@ -163,7 +162,7 @@ def join(model: torch.nn.Module):
             for x, y in loader: ...
     """
     global _joining
-    context = strategy.get(runtime.current().mode).join(model)
+    context = strategy.get(runtime.ensure_init().mode).join(model)
     _joining = True
     try:
         with context:
@@ -173,7 +172,7 @@ def join(model: torch.nn.Module):
 
 
 def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_size: int | None = None,
-                train: bool = True, shuffle: bool | None = None, uneven: str = "pad", seed: int = 0,
+                train: bool = True, shuffle: bool | None = None, uneven: Uneven = "pad", seed: int = 0,
                 **loader_kwargs: Any) -> ShardedDataLoader:
     """Build a loader over this rank's shard of ``dataset``.
 
@@ -189,10 +188,9 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     Each rank's DataLoader workers get their own reproducible seeds (from ``seed`` and the rank). Other
     keyword arguments (``num_workers``, ``collate_fn``, ``drop_last``, ...) go to ``DataLoader``.
     """
-    state, tools = runtime.current(), runtime.tools()
+    state, tools = runtime.ensure_init(), runtime.tools()
     batch_size = _per_process_batch(batch_size, global_batch_size, state)
-    if uneven not in UNEVEN:
-        raise ValueError(f"uneven={uneven!r} is not one of {', '.join(UNEVEN)}")
+    check("uneven", uneven, Uneven)
     if len(dataset) < state.world_size:
         raise ValueError(f"dataset has {len(dataset)} samples but the job has {state.world_size} processes: "
                          "each rank needs at least one sample; use fewer processes or a larger dataset")
@@ -200,7 +198,7 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     if train:
         batch_size, sampler_uneven = tools.train_batch(batch_size), tools.uneven(uneven)
     sampler = ShardSampler(len(dataset), state.rank, state.world_size, shuffle, seed,
-                           sampler_uneven if train else "none", multiple=tools.drop_multiple)
+                           sampler_uneven if train else "join", multiple=tools.drop_multiple)
     cores = cores_per_process(_affinity(), os.cpu_count() or 1, state.local_world_size)
     loader_kwargs = {**loader_defaults(dataset, state.device.type, cores, loader_kwargs.get("num_workers")),
                      **loader_kwargs}

@@ -31,14 +31,14 @@ from ddpkit.cli import SCRIPT_FAILED, OneLineParser, UsageError, usage_error
 
 
 @dataclasses.dataclass
-class Finding:
+class Diagnosis:
     name: str
     verdict: str  # ok | warn | fail | info
     detail: str
     hint: str = ""
 
 
-def _versions() -> list[Finding]:
+def _versions() -> list[Diagnosis]:
     import torch
 
     cuda = torch.version.cuda or "none"
@@ -48,35 +48,35 @@ def _versions() -> list[Finding]:
             nccl = ", NCCL " + ".".join(map(str, torch.cuda.nccl.version()))
         except Exception:  # an NCCL-less build: reported by the backends finding
             nccl = ""
-    return [Finding("torch", "ok", f"{torch.__version__} (CUDA {cuda}{nccl}, Python {platform.python_version()})")]
+    return [Diagnosis("torch", "ok", f"{torch.__version__} (CUDA {cuda}{nccl}, Python {platform.python_version()})")]
 
 
-def _gpus() -> list[Finding]:
+def _gpus() -> list[Diagnosis]:
     import torch
 
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if not torch.cuda.is_available():
-        return [Finding("gpus", "info", f"no CUDA GPU visible (CUDA_VISIBLE_DEVICES={visible})",
+        return [Diagnosis("gpus", "info", f"no CUDA GPU visible (CUDA_VISIBLE_DEVICES={visible})",
                         "DDP runs on CPU with gloo: ddpkit launch --nproc-per-node N")]
     try:
         props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
     except RuntimeError as exc:  # a GPU that is listed but cannot be queried (driver trouble, a lost GPU)
-        return [Finding("gpus", "fail", f"GPUs listed but not readable: {str(exc).splitlines()[0][:200]}",
+        return [Diagnosis("gpus", "fail", f"GPUs listed but not readable: {str(exc).splitlines()[0][:200]}",
                         "check nvidia-smi and the driver; CUDA_VISIBLE_DEVICES may name a missing GPU")]
     listing = "; ".join(f"{i}: {p.name} {p.total_memory / 2**30:.0f} GiB" for i, p in enumerate(props))
-    return [Finding("gpus", "ok", f"{len(props)} visible ({listing}); CUDA_VISIBLE_DEVICES={visible}")]
+    return [Diagnosis("gpus", "ok", f"{len(props)} visible ({listing}); CUDA_VISIBLE_DEVICES={visible}")]
 
 
-def _backends() -> list[Finding]:
+def _backends() -> list[Diagnosis]:
     import torch
     import torch.distributed as dist
 
-    found = [Finding("gloo", "ok" if dist.is_gloo_available() else "fail",
+    found = [Diagnosis("gloo", "ok" if dist.is_gloo_available() else "fail",
                      "available" if dist.is_gloo_available() else "missing",
                      "" if dist.is_gloo_available() else "this torch build has no gloo: install the official wheel")]
     if torch.cuda.is_available():
         good = dist.is_nccl_available()
-        found.append(Finding("nccl", "ok" if good else "fail", "available" if good else "missing",
+        found.append(Diagnosis("nccl", "ok" if good else "fail", "available" if good else "missing",
                              "" if good else "GPUs without NCCL: install a CUDA build of torch"))
     return found
 
@@ -110,7 +110,7 @@ def _smoke_worker(rank: int, port: int, backend: str, queue) -> None:
                    "busbw_gbs": big.numel() * 4 / statistics.median(times["big"]) / 1e9})
 
 
-def smoke_test(backend: str = "gloo", timeout_s: float = 60.0) -> Finding:
+def smoke_test(backend: str = "gloo", timeout_s: float = 60.0) -> Diagnosis:
     """A real 2-process all_reduce over loopback: correctness, latency and bus bandwidth (2(n-1)/n = 1)."""
     import torch.distributed as dist
 
@@ -130,22 +130,22 @@ def smoke_test(backend: str = "gloo", timeout_s: float = 60.0) -> Finding:
             p.kill()
     name = f"allreduce-{backend}"
     if not result or not result["ok"]:
-        return Finding(name, "fail", f"2-process all_reduce did not complete correctly within {timeout_s:.0f} s",
+        return Diagnosis(name, "fail", f"2-process all_reduce did not complete correctly within {timeout_s:.0f} s",
                        "check that loopback works and no firewall blocks local ports; "
                        "run with TORCH_DISTRIBUTED_DEBUG=DETAIL")
-    return Finding(name, "ok", f"2 processes: latency {result['latency_ms']:.2f} ms, "
+    return Diagnosis(name, "ok", f"2 processes: latency {result['latency_ms']:.2f} ms, "
                                f"bus bandwidth {result['busbw_gbs']:.2f} GB/s")
 
 
-def _ports() -> list[Finding]:
+def _ports() -> list[Diagnosis]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         free = s.getsockname()[1]
     with socket.socket() as s:
         taken = s.connect_ex(("127.0.0.1", 29500)) == 0
-    found = [Finding("free-port", "ok", f"binding port 0 gave {free}")]
+    found = [Diagnosis("free-port", "ok", f"binding port 0 gave {free}")]
     if taken:
-        found.append(Finding("port-29500", "warn", "port 29500 (torchrun's static default) is in use",
+        found.append(Diagnosis("port-29500", "warn", "port 29500 (torchrun's static default) is in use",
                              "ddpkit launch needs no port on one node; with torchrun pass --standalone"))
     return found
 
@@ -173,7 +173,7 @@ def run_bounded(cmd: list[str], timeout_s: float) -> tuple[int | None, str]:
         return None, ""
 
 
-def gpu_processes(timeout_s: float = 20.0) -> list[Finding]:
+def gpu_processes(timeout_s: float = 20.0) -> list[Diagnosis]:
     """nvidia-smi's list of processes holding GPU memory, its own failure, or its silence."""
     if not shutil.which("nvidia-smi"):
         return []
@@ -181,31 +181,31 @@ def gpu_processes(timeout_s: float = 20.0) -> list[Finding]:
         code, out = run_bounded(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
                                 timeout_s)
     except OSError as exc:
-        return [Finding("gpu-processes", "warn", f"nvidia-smi could not start ({exc.strerror})", "check the driver")]
+        return [Diagnosis("gpu-processes", "warn", f"nvidia-smi could not start ({exc.strerror})", "check the driver")]
     if code is None:
-        return [Finding("gpu-processes", "warn", f"nvidia-smi did not answer within {timeout_s:g} s",
+        return [Diagnosis("gpu-processes", "warn", f"nvidia-smi did not answer within {timeout_s:g} s",
                         "the driver may be wedged: check dmesg, or reset the GPU")]
     out = out.strip()
     if code != 0:
         first = (out.splitlines() or ["no output"])[0][:200]
-        return [Finding("gpu-processes", "warn", f"nvidia-smi failed (exit {code}): {first}",
+        return [Diagnosis("gpu-processes", "warn", f"nvidia-smi failed (exit {code}): {first}",
                         "a driver/library version mismatch needs a reboot or a driver reload")]
     if not out:
-        return [Finding("gpu-processes", "ok", "no process holds GPU memory")]
-    return [Finding("gpu-processes", "warn", f"processes holding GPU memory: {out.replace(chr(10), '; ')}",
+        return [Diagnosis("gpu-processes", "ok", "no process holds GPU memory")]
+    return [Diagnosis("gpu-processes", "warn", f"processes holding GPU memory: {out.replace(chr(10), '; ')}",
                     "leftovers of a killed job? stop them before launching (kill <pid>)")]
 
 
-def _threads() -> list[Finding]:
+def _threads() -> list[Diagnosis]:
     import torch
 
     omp, cores = contract.OMP_THREADS.text(os.environ), os.cpu_count() or 1
     detail = f"{cores} cores, OMP_NUM_THREADS={omp}, torch threads {torch.get_num_threads()}"
-    return [Finding("threads", "info", detail,
+    return [Diagnosis("threads", "info", detail,
                     "ddpkit launch sets OMP_NUM_THREADS = cores / local processes when it is unset")]
 
 
-def collect(smoke: bool = True) -> list[Finding]:
+def collect(smoke: bool = True) -> list[Diagnosis]:
     import torch
 
     findings = _versions() + _gpus() + _backends()

@@ -17,7 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Literal, get_args
+
+# What started the process; ProcessEnv refuses anything else, so a new launcher cannot slip through unnoticed.
+Source = Literal["single", "torchrun", "legacy-launch", "slurm", "mpi"]
 
 
 class LaunchEnvError(RuntimeError):
@@ -34,7 +38,7 @@ class ProcessEnv:
     or ``mpi`` (``mpirun`` of Open MPI, MPICH or Intel MPI).
     """
 
-    source: str = "single"
+    source: Source = "single"
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
@@ -43,6 +47,8 @@ class ProcessEnv:
     master_port: int | None = None
 
     def __post_init__(self):
+        if self.source not in get_args(Source):
+            raise ValueError(f"source={self.source!r} is not one of {', '.join(get_args(Source))}")
         if not 0 <= self.rank < self.world_size:
             raise LaunchEnvError(
                 f"rank {self.rank} is outside world size {self.world_size}: "
@@ -60,6 +66,13 @@ class ProcessEnv:
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
+
+    @property
+    def agent_store(self) -> bool:
+        """The launcher's agent already serves the rendezvous store (torchrun, ``ddpkit launch``,
+        torch.distributed.launch): the group joins it with ``env://``. Otherwise (Slurm, MPI) rank 0 serves one
+        at MASTER_ADDR:MASTER_PORT (``tcp://``)."""
+        return self.source in ("torchrun", "legacy-launch")
 
 
 def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> int:
@@ -100,7 +113,7 @@ def _address(environ: Mapping[str, str]) -> tuple[str | None, int | None]:
 
 def _from_torchrun(environ: Mapping[str, str], argv: Sequence[str]) -> ProcessEnv:
     world = _int(environ, "WORLD_SIZE")
-    source = "torchrun"
+    source: Source = "torchrun"
     if "LOCAL_RANK" in environ:
         local = _int(environ, "LOCAL_RANK")
     else:
@@ -174,13 +187,29 @@ def _from_mpi(environ: Mapping[str, str]) -> ProcessEnv:
     return ProcessEnv("mpi", rank, local, world, local_world, addr, port)
 
 
+@dataclasses.dataclass(frozen=True)
+class Detector:
+    """One launcher: whether its variables are present, and how to read them."""
+
+    source: Source
+    present: Callable[[Mapping[str, str]], bool]
+    read: Callable[[Mapping[str, str], Sequence[str]], ProcessEnv]
+
+
+# Tried in this order; the first whose variables are present wins. torchrun-style variables come first: a
+# torchrun inside a Slurm allocation sets them on top of Slurm's. srun sets SLURM_STEP_ID for the tasks it
+# starts, so a bare sbatch script (one process) is not taken for a Slurm launch.
+DETECTORS = (
+    Detector("torchrun", lambda e: "WORLD_SIZE" in e and "RANK" in e, _from_torchrun),
+    Detector("slurm", lambda e: all(k in e for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_ID")),
+             lambda e, argv: _from_slurm(e)),
+    Detector("mpi", lambda e: "OMPI_COMM_WORLD_RANK" in e or ("PMI_RANK" in e and "PMI_SIZE" in e),
+             lambda e, argv: _from_mpi(e)),
+)
+
+
 def detect(environ: Mapping[str, str], argv: Sequence[str]) -> ProcessEnv:
-    """Read the launcher's variables: torchrun-style first, then Slurm's, then MPI's, else one process."""
-    if "WORLD_SIZE" in environ and "RANK" in environ:
-        return _from_torchrun(environ, argv)
-    # srun sets SLURM_STEP_ID for the tasks it starts; a bare sbatch script is one process.
-    if "SLURM_PROCID" in environ and "SLURM_NTASKS" in environ and "SLURM_STEP_ID" in environ:
-        return _from_slurm(environ)
-    if "OMPI_COMM_WORLD_RANK" in environ or ("PMI_RANK" in environ and "PMI_SIZE" in environ):
-        return _from_mpi(environ)
-    return ProcessEnv()
+    """Read the variables of the first launcher in :data:`DETECTORS` whose variables are present, else one
+    process (``python train.py``)."""
+    found = next((d for d in DETECTORS if d.present(environ)), None)
+    return found.read(environ, argv) if found else ProcessEnv()

@@ -8,7 +8,7 @@ Workers started by ``ddpkit launch`` get ``DDPKIT_REPORT_DIR``. In that director
   progress (no batch, no forward) for half the collective timeout, and on SIGUSR1, which a rank whose
   collective timed out sends to its local siblings before it exits.
 
-The launcher then prints one summary (:func:`summarize`): the first exception with its traceback, or,
+The launcher then prints one summary (:func:`report`): the first exception with its traceback, or,
 when the first failure is a collective timeout, where every rank stands.
 
 Example of a hang report::
@@ -198,7 +198,7 @@ def nccl_timeout(stderr_tail: str) -> bool:
     return bool(_NCCL_TIMEOUT.search(stderr_tail))
 
 
-def summarize(report_dir: str, crashed: dict[int, str] | None = None,
+def report(report_dir: str, crashed: dict[int, str] | None = None,
               stderr_tails: dict[int, str] | None = None) -> tuple[int, str] | None:
     """The launcher's one report for a failed run, or None when no worker left one.
 

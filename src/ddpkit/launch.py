@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from ddpkit import contract, strategy
 from ddpkit.cli import OneLineParser, UsageError, usage_error
 from ddpkit.logs import parse_ranks
+from ddpkit.options import Device, choices
 
 LOOPBACK_BACKEND = "ddpkit-loopback"  # ddpkit.rendezvous.BACKEND, named here so argv stays torch-free
 
@@ -74,7 +75,7 @@ class LaunchConfig:
     script: str
     script_args: tuple[str, ...] = ()
     nproc_per_node: int = 1
-    nnodes: int = 1  # the most nodes (MAX of MIN:MAX)
+    max_nodes: int = 1  # --nnodes N, or MAX of --nnodes MIN:MAX
     min_nodes: int | None = None  # MIN of --nnodes MIN:MAX; None: exactly nnodes
     node_rank: int = 0
     rdzv_endpoint: str | None = None  # set: torch's elastic c10d rendezvous instead of fixed node ranks
@@ -91,39 +92,39 @@ class LaunchConfig:
     resume: bool = False
     log_dir: str = os.path.join("runs", "logs")
     console_ranks: str = "0"
-    join_timeout: float = 600.0
+    join_timeout_s: float = 600.0
 
     def __post_init__(self):
         try:
             strategy.get(self.mode)
         except ValueError as exc:
             raise LaunchError(f"--{exc}") from None
-        if self.device not in (None, "auto", "cpu", "cuda"):
-            raise LaunchError(f"--device must be auto, cpu or cuda, got {self.device!r}")
+        if self.device not in (None, *choices(Device)):
+            raise LaunchError(f"--device {self.device!r} is not one of {', '.join(choices(Device))}; pass one of them")
         if self.device == "cuda" and self.gpus == 0:
             raise LaunchError("--device cuda, but no CUDA GPU is visible; check nvidia-smi or pass --device cpu")
         if not self.module and not os.path.isfile(self.script):
             raise LaunchError(f"script {self.script!r} not found (cwd {os.getcwd()}); pass the path of a .py file")
-        if self.nproc_per_node < 1 or self.nnodes < 1:
+        if self.nproc_per_node < 1 or self.max_nodes < 1:
             raise LaunchError(f"--nproc-per-node and --nnodes must be >= 1, got {self.nproc_per_node} and "
-                              f"{self.nnodes}")
-        if not 0 <= self.node_rank < self.nnodes:
-            raise LaunchError(f"--node-rank must be in [0, {self.nnodes - 1}] for --nnodes {self.nnodes}, "
+                              f"{self.max_nodes}")
+        if not 0 <= self.node_rank < self.max_nodes:
+            raise LaunchError(f"--node-rank must be in [0, {self.max_nodes - 1}] for --nnodes {self.max_nodes}, "
                               f"got {self.node_rank}")
         if self.master_port is not None and not 0 < self.master_port < 65536:
             raise LaunchError(f"--master-port must be in 1..65535, got {self.master_port}")
         if self.elastic:
             self._check_elastic()
-        elif self.min_nodes not in (None, self.nnodes):
-            raise LaunchError(f"--nnodes {self.min_nodes}:{self.nnodes} (a range) needs --rdzv-endpoint HOST:PORT on "
-                              f"every node; for a fixed count use --nnodes {self.nnodes} --master-addr")
-        elif self.nnodes > 1 and not self.master_addr:
-            raise LaunchError(f"--nnodes {self.nnodes} needs --master-addr (the address of node 0) on every node")
+        elif self.min_nodes not in (None, self.max_nodes):
+            raise LaunchError(f"--nnodes {self.min_nodes}:{self.max_nodes} (a range) needs --rdzv-endpoint HOST:PORT "
+                              f"on every node; for a fixed count use --nnodes {self.max_nodes} --master-addr")
+        elif self.max_nodes > 1 and not self.master_addr:
+            raise LaunchError(f"--nnodes {self.max_nodes} needs --master-addr (the address of node 0) on every node")
         try:
             parse_ranks(self.console_ranks, self.world_size)
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
-        if not self.strategy.multi_process and (self.nnodes > 1 or self.nproc_per_node > 1):
+        if not self.strategy.multi_process and (self.max_nodes > 1 or self.nproc_per_node > 1):
             raise LaunchError(f"--mode {self.mode} runs one process on one node ({self.strategy.title} drives every "
                               "device from it); drop --nproc-per-node/--nnodes or use --mode ddp")
 
@@ -131,8 +132,8 @@ class LaunchConfig:
         host, _, port = (self.rdzv_endpoint or "").rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise LaunchError(f"--rdzv-endpoint must be HOST:PORT with a port in 1..65535, got {self.rdzv_endpoint!r}")
-        if not 1 <= (self.min_nodes or self.nnodes) <= self.nnodes:
-            raise LaunchError(f"--nnodes MIN:MAX needs 1 <= MIN <= MAX, got {self.min_nodes}:{self.nnodes}")
+        if not 1 <= (self.min_nodes or self.max_nodes) <= self.max_nodes:
+            raise LaunchError(f"--nnodes MIN:MAX needs 1 <= MIN <= MAX, got {self.min_nodes}:{self.max_nodes}")
         if self.master_addr or self.node_rank:
             raise LaunchError("--rdzv-endpoint assigns node ranks itself; drop --master-addr/--node-rank "
                               "(or drop --rdzv-endpoint for fixed node ranks)")
@@ -149,7 +150,7 @@ class LaunchConfig:
     @property
     def loopback(self) -> bool:
         """One node with fixed ranks: ddpkit's loopback rendezvous, nothing listens beyond 127.0.0.1."""
-        return self.nnodes == 1 and not self.elastic
+        return self.max_nodes == 1 and not self.elastic
 
     @property
     def elastic(self) -> bool:
@@ -158,7 +159,7 @@ class LaunchConfig:
 
     @property
     def world_size(self) -> int:
-        return self.nproc_per_node * self.nnodes
+        return self.nproc_per_node * self.max_nodes
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -216,12 +217,12 @@ def parse_args(argv: Sequence[str], gpus: int | None = None, cpus: int | None = 
     low, _, high = ns.nnodes.partition(":")
     return LaunchConfig(
         script=ns.script, script_args=tuple(ns.script_args), nproc_per_node=nproc,
-        nnodes=_count(high or low, "--nnodes", 1), min_nodes=_count(low, "--nnodes", 1) if high else None,
+        max_nodes=_count(high or low, "--nnodes", 1), min_nodes=_count(low, "--nnodes", 1) if high else None,
         node_rank=_count(ns.node_rank, "--node-rank", 0), rdzv_endpoint=ns.rdzv_endpoint, rdzv_id=ns.rdzv_id,
         rdzv_conf=ns.rdzv_conf, master_addr=ns.master_addr, master_port=port, mode=mode, device=device, gpus=gpus,
         verbose=ns.verbose, max_restarts=_count(ns.max_restarts, "--max-restarts", 0), module=ns.module,
         resume=ns.resume, log_dir=ns.log_dir, console_ranks=ns.console_ranks,
-        join_timeout=_seconds(ns.join_timeout, "--join-timeout"))
+        join_timeout_s=_seconds(ns.join_timeout, "--join-timeout"))
 
 
 def _flag_or_env(flag: str | None, flag_name: str, var: str, environ: Mapping[str, str]) -> str | None:
@@ -266,14 +267,14 @@ def torchrun_argv(cfg: LaunchConfig, log_dir: str | None = None) -> list[str]:
         argv += ["--log-dir", log_dir, "--redirects", "3"]
     if cfg.elastic:
         conf = cfg.rdzv_conf if "join_timeout" in cfg.rdzv_conf else \
-            ",".join(filter(None, [cfg.rdzv_conf, f"join_timeout={cfg.join_timeout:g}"]))
-        argv += ["--nnodes", f"{cfg.min_nodes or cfg.nnodes}:{cfg.nnodes}", "--rdzv-backend", "c10d",
+            ",".join(filter(None, [cfg.rdzv_conf, f"join_timeout={cfg.join_timeout_s:g}"]))
+        argv += ["--nnodes", f"{cfg.min_nodes or cfg.max_nodes}:{cfg.max_nodes}", "--rdzv-backend", "c10d",
                  "--rdzv-endpoint", cfg.rdzv_endpoint or "", "--rdzv-id", cfg.rdzv_id, "--rdzv-conf", conf]
     elif cfg.loopback:
         argv += ["--rdzv-backend", LOOPBACK_BACKEND, "--rdzv-endpoint", f"127.0.0.1:{cfg.master_port or 0}",
                  "--rdzv-id", f"ddpkit-{os.getpid()}"]
     else:
-        argv += ["--nnodes", str(cfg.nnodes), "--node-rank", str(cfg.node_rank),
+        argv += ["--nnodes", str(cfg.max_nodes), "--node-rank", str(cfg.node_rank),
                  "--master-addr", cfg.master_addr or "127.0.0.1", "--master-port", str(cfg.master_port or 29500)]
     if cfg.module:
         argv += ["--module"]
@@ -321,7 +322,7 @@ def worker_env(cfg: LaunchConfig, environ: Mapping[str, str], cores: int) -> tup
         for name in (contract.GLOO_IFNAME.name, contract.NCCL_IFNAME.name):
             if name not in environ:
                 env[name] = LOOPBACK_IFNAME
-    if (cfg.nnodes > 1 or cfg.elastic) and cfg.max_restarts > 0:
+    if (cfg.max_nodes > 1 or cfg.elastic) and cfg.max_restarts > 0:
         env.setdefault(contract.UNSHARED_STORE.name, environ.get(contract.UNSHARED_STORE.name, "1"))
     notes = []
     if contract.OMP_THREADS.name not in environ:

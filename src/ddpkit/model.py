@@ -38,7 +38,7 @@ def no_sync(model: nn.Module, enabled: bool = True) -> contextlib.AbstractContex
     """
     if not enabled:
         return contextlib.nullcontext()
-    return strategy.get(runtime.current().mode).no_sync(model)
+    return strategy.get(runtime.ensure_init().mode).no_sync(model)
 
 
 def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_every: int = 0,
@@ -58,7 +58,7 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
     that all ranks hold the same weights. ``comm`` sets DDP's communication options (bucket size,
     compression, ...; see :class:`ddpkit.CommConfig`).
     """
-    state, tools = runtime.current(), runtime.tools()
+    state, tools = runtime.ensure_init(), runtime.tools()
     model = model.to(state.device)
     tools.on_model(model, state.is_main, runtime.on_shutdown)
     # options a mode does not use are ignored on purpose: the same script must run in every mode

@@ -21,7 +21,7 @@ from ddpkit import runtime
 
 def print(*args: Any, **kwargs: Any) -> None:  # noqa: A001 - the point is to stand in for print
     """``print`` on the main process (rank 0); nothing on the others."""
-    if runtime.current().is_main:
+    if runtime.ensure_init().is_main:
         kwargs.setdefault("flush", True)
         builtins.print(*args, **kwargs)
 
@@ -34,7 +34,7 @@ class RankZeroAdapter(logging.LoggerAdapter):
         self.all_ranks = all_ranks
 
     def isEnabledFor(self, level: int) -> bool:
-        return (self.all_ranks or runtime.current().is_main) and self.logger.isEnabledFor(level)
+        return (self.all_ranks or runtime.ensure_init().is_main) and self.logger.isEnabledFor(level)
 
     def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:
         if self.isEnabledFor(level):
@@ -44,7 +44,7 @@ class RankZeroAdapter(logging.LoggerAdapter):
 
     def process(self, msg: Any, kwargs: Any):
         if self.all_ranks:
-            msg = f"[rank {runtime.current().rank}] {msg}"
+            msg = f"[rank {runtime.ensure_init().rank}] {msg}"
         return msg, kwargs
 
 
@@ -74,7 +74,7 @@ def summary_writer(log_dir: str | None = None, **kwargs: Any):
 
     Needs the ``tensorboard`` extra (``pip install ddpkit[tensorboard]``) on rank 0.
     """
-    if not runtime.current().is_main:
+    if not runtime.ensure_init().is_main:
         return _NullWriter()
     try:
         from torch.utils.tensorboard import SummaryWriter
@@ -85,7 +85,7 @@ def summary_writer(log_dir: str | None = None, **kwargs: Any):
 
 def progress(iterable: Iterable, **tqdm_kwargs: Any) -> Iterable:
     """``tqdm(iterable, ...)`` on rank 0; the iterable itself elsewhere (same items, no bar)."""
-    if not runtime.current().is_main:
+    if not runtime.ensure_init().is_main:
         return iterable
     from tqdm import tqdm
 

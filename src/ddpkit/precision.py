@@ -17,17 +17,16 @@ import contextlib
 import torch
 
 from ddpkit import runtime
+from ddpkit.options import Precision, check
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def autocast(precision: str | None = "bf16"):
+def autocast(precision: Precision | None = "bf16"):
     """A ``torch.autocast`` context for this process's device, or a no-op for ``None`` / ``"fp32"``."""
-    if precision in (None, "fp32"):
+    if check("precision", precision, Precision, none="None") in (None, "fp32"):
         return contextlib.nullcontext()
-    if precision not in _DTYPES:
-        raise ValueError(f"precision {precision!r} is not one of fp32, bf16, fp16")
-    device = runtime.current().device
+    device = runtime.ensure_init().device
     if precision == "fp16" and device.type != "cuda":
         raise ValueError(f"fp16 autocast needs a CUDA device, this process runs on {device}; use 'bf16' on CPU")
-    return torch.autocast(device.type, dtype=_DTYPES[precision])
+    return torch.autocast(device.type, dtype=_DTYPES[str(precision)])

@@ -32,15 +32,15 @@ def node_settings(cfg) -> dict:
     if not cfg.module:
         with open(cfg.script, "rb") as f:
             script_hash = hashlib.sha256(f.read()).hexdigest()[:16]
-    return {"nnodes": cfg.nnodes, "nproc_per_node": cfg.nproc_per_node, "mode": cfg.mode,
+    return {"nnodes": cfg.max_nodes, "nproc_per_node": cfg.nproc_per_node, "mode": cfg.mode,
             "max_restarts": cfg.max_restarts, "script_sha256": script_hash,
             "ddpkit": __version__, "torch": torch.__version__}
 
 
-def compare(settings: dict[int, dict]) -> str | None:
+def disagreement(settings: dict[int, dict]) -> str | None:
     """The first setting on which nodes differ, as a sentence; None when all agree.
 
-    >>> compare({0: {"nproc_per_node": 1}, 1: {"nproc_per_node": 2}})
+    >>> disagreement({0: {"nproc_per_node": 1}, 1: {"nproc_per_node": 2}})
     'nodes disagree on nproc_per_node: node 0 has 1, node 1 has 2; start every node with the same settings'
     """
     for key in settings[min(settings)]:
@@ -67,17 +67,17 @@ def check_nodes(cfg, join_timeout_s: float) -> str | None:
         return (f"node 0 was not reachable at {cfg.master_addr}:{cfg.master_port} within {join_timeout_s:.0f} s; "
                 "start node 0 first and check the address, the port and the firewall")
     store.set(f"{_PREFIX}node{cfg.node_rank}", json.dumps(node_settings(cfg)))
-    keys = [f"{_PREFIX}node{i}" for i in range(cfg.nnodes)]
+    keys = [f"{_PREFIX}node{i}" for i in range(cfg.max_nodes)]
     deadline = time.monotonic() + join_timeout_s
     problem, present = None, [cfg.node_rank]
     while time.monotonic() < deadline:
         present = [i for i, k in enumerate(keys) if store.check([k])]
-        problem = compare({i: json.loads(store.get(keys[i])) for i in present})
-        if problem or len(present) == cfg.nnodes:  # a mismatch needs no wait for the others
+        problem = disagreement({i: json.loads(store.get(keys[i])) for i in present})
+        if problem or len(present) == cfg.max_nodes:  # a mismatch needs no wait for the others
             break
         time.sleep(0.1)
     else:
-        problem = (f"expected {cfg.nnodes} nodes, but only nodes {present} joined within {join_timeout_s:.0f} s; "
+        problem = (f"expected {cfg.max_nodes} nodes, but only nodes {present} joined within {join_timeout_s:.0f} s; "
                    "start the missing nodes or raise --join-timeout")
     store.add(f"{_PREFIX}read", 1)
     if host:  # keep the store up until the nodes that came have read the others' settings

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from ddpkit import contract, faults, instrument, strategy
 from ddpkit.cli import USAGE_ERROR
 from ddpkit.environment import LaunchEnvError, ProcessEnv, detect
+from ddpkit.options import Device, check
 
 # Collectives that wait longer than this fail (and `ddpkit launch` prints a hang report). torch's defaults
 # are 30 min for gloo and 10 min for NCCL: long enough to lose an evening on a job that hangs at start-up.
@@ -97,17 +98,13 @@ def choose_mode(requested: str, env: ProcessEnv, cuda_count: int) -> tuple[str, 
     return requested, f"one process: mode {requested!r}"
 
 
-DEVICES = ("auto", "cpu", "cuda")
-
-
 def usable_gpus(preference: str, cuda_count: int) -> int:
     """GPUs this process may use: none when the CPU is asked for (``--device cpu``, ``cpu=True``).
 
     >>> usable_gpus("auto", 4), usable_gpus("cpu", 4)
     (4, 0)
     """
-    if preference not in DEVICES:
-        raise ValueError(f"device {preference!r} is not one of {', '.join(DEVICES)}; pass --device auto|cpu|cuda")
+    check("device", preference, Device)
     if preference == "cuda" and cuda_count == 0:
         raise LaunchEnvError("device 'cuda' asked for (--device cuda / DDPKIT_DEVICE=cuda), but torch sees no "
                              "CUDA GPU; check nvidia-smi and that torch is a CUDA build, or pass --device cpu")
@@ -215,7 +212,7 @@ def _start_group(env: ProcessEnv, backend: str, device: torch.device, timeout_s:
     kwargs: dict[str, Any] = {"timeout": datetime.timedelta(seconds=timeout_s)}
     if device.type == "cuda":
         kwargs["device_id"] = device  # eager NCCL init: a bad GPU fails here, not at the first all-reduce
-    if env.source in ("torchrun", "legacy-launch"):
+    if env.agent_store:
         # torchrun's agent already serves the store at MASTER_ADDR:MASTER_PORT; env:// joins it.
         dist.init_process_group(backend, init_method="env://", **kwargs)
         return
@@ -247,7 +244,7 @@ def on_shutdown(hook: Callable[[], None], *, always: bool = False) -> None:
     (_release_hooks if always else _shutdown_hooks).append(hook)
 
 
-def current() -> State:
+def ensure_init() -> State:
     """The state of this process; the first call starts it with :func:`init`'s defaults (and so may
     start the process group)."""
     return _state if _state is not None else init()

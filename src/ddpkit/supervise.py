@@ -50,7 +50,7 @@ def _run_workers(cfg: LaunchConfig, report_dir: str) -> int:
     env, notes = worker_env(cfg, os.environ, os.cpu_count() or 1)
     env[contract.REPORT_DIR.name] = report_dir
     os.environ.update(env)  # inherited by the workers torchrun spawns
-    nodes = f"{cfg.min_nodes}..{cfg.nnodes}" if cfg.min_nodes not in (None, cfg.nnodes) else str(cfg.nnodes)
+    nodes = f"{cfg.min_nodes}..{cfg.max_nodes}" if cfg.min_nodes not in (None, cfg.max_nodes) else str(cfg.max_nodes)
     if cfg.one_device:
         what = (f"1 process: --mode {cfg.mode} needs >= {cfg.strategy.min_gpus} GPUs and {cfg.gpus} are usable, "
                 "so it runs on one device")
@@ -62,8 +62,8 @@ def _run_workers(cfg: LaunchConfig, report_dir: str) -> int:
     if not cfg.strategy.multi_process:
         cmd = [sys.executable] + (["-m"] if cfg.module else []) + [cfg.script, *cfg.script_args]
         return subprocess.call(cmd)
-    if cfg.nnodes > 1 and not cfg.elastic:  # elastic: torch's rendezvous has its own join_timeout
-        problem = check_nodes(cfg, cfg.join_timeout)
+    if cfg.max_nodes > 1 and not cfg.elastic:  # elastic: torch's rendezvous has its own join_timeout
+        problem = check_nodes(cfg, cfg.join_timeout_s)
     elif cfg.loopback and cfg.master_port:
         problem = _loopback_port_problem(cfg.master_port)
     else:
@@ -151,7 +151,7 @@ def failure_report(exc, report_dir: str, tails: dict[int, str] | None = None) ->
     """(exit code, text) for a failed run: ddpkit's report of the last attempt, else torch's failure."""
     crashed = {rank: _how(failure) for rank, failure in exc.failures.items()}
     attempts = sorted((d for d in os.listdir(report_dir) if d.startswith("attempt")), key=lambda d: int(d[7:]))
-    report = faults.summarize(os.path.join(report_dir, attempts[-1]), crashed, tails) if attempts else None
+    report = faults.report(os.path.join(report_dir, attempts[-1]), crashed, tails) if attempts else None
     if report is not None:
         return report
     rank, failure = exc.get_first_failure()

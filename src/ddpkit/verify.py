@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def compare(reference: dict, candidate: dict, atol: float, rtol: float) -> dict:
+def compare_weights(reference: dict, candidate: dict, atol: float, rtol: float) -> dict:
     """Compare two state dicts; report the first tensor out of tolerance (in state-dict order)."""
     missing = sorted(set(reference) ^ set(candidate))
     if missing:
@@ -115,7 +115,8 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
         for path in (ref, dist_out):
             if not os.path.exists(path):
                 raise RuntimeError("the script saved no weights: build the model with ddpkit.prepare_model")
-        result = compare(torch.load(ref, weights_only=True), torch.load(dist_out, weights_only=True), atol, rtol)
+        one, many = (torch.load(path, weights_only=True) for path in (ref, dist_out))
+        result = compare_weights(one, many, atol, rtol)
     return {"nproc": nproc, "steps": steps, "atol": atol, "rtol": rtol, **result}
 
 
