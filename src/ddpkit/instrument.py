@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -56,14 +57,15 @@ class Tools:
                 if isinstance(module, nn.modules.dropout._DropoutNd):
                     module.p = 0.0
         if self.verify_init:
-            if os.path.exists(self.verify_init):  # the N-process run: start where the one-process run did
-                model.load_state_dict(torch.load(self.verify_init, map_location="cpu", weights_only=True))
+            path = f"{self.verify_init}.{next(_prepared)}"  # one file per prepared model (a GAN has two)
+            if os.path.exists(path):  # the N-process run: start where the one-process run did
+                model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
             elif is_main:
-                torch.save(_cpu_state(model), self.verify_init)
+                torch.save(_cpu_state(model), path)
         if self.verify_out and is_main:
-            path = self.verify_out
+            out = self.verify_out
             # the hook holds the model on purpose: a script's main() has usually returned by then
-            on_shutdown(lambda: torch.save(_cpu_state(model), path))
+            on_shutdown(lambda: torch.save(_cpu_state(model), out))
 
     def comm_config(self, config: CommConfig | None) -> CommConfig | None:
         """The script's CommConfig, with bench's fields on top."""
@@ -101,6 +103,7 @@ class Tools:
 
 
 NONE = Tools()
+_prepared = itertools.count()  # models prepared so far in this process
 
 
 def _cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -168,6 +168,7 @@ def init(mode: str | None = None, *, backend: str | None = None, timeout_s: floa
             gpus = usable_gpus(preference, cuda_count)
             chosen, reason = choose_mode(mode or contract.MODE.text(os.environ) or "auto", env, gpus)
             device = choose_device(chosen, env, gpus)
+            hooks = instrument.from_env(os.environ)
         except (LaunchEnvError, ValueError) as exc:  # ContractError and an unknown mode are ValueErrors
             # the launch itself is wrong (a variable, a count): one line naming it, no traceback into ddpkit
             print(f"ddpkit: error: {exc}", file=sys.stderr, flush=True)
@@ -175,8 +176,9 @@ def init(mode: str | None = None, *, backend: str | None = None, timeout_s: floa
         if device.type == "cuda":
             torch.cuda.set_device(device)
         _guard_worker(env, timeout_s)
-        _tools = instrument.from_env(os.environ)
-        backend = (backend or strategy.get(chosen).backend(device)) if strategy.get(chosen).multi_process else None
+        _tools = hooks
+        mode_entry = strategy.get(chosen)
+        backend = (backend or mode_entry.backend(device)) if mode_entry.multi_process else None
         if backend is not None:
             _start_group(env, backend, device, timeout_s)
         _state = State(env.rank, env.local_rank, env.world_size, env.local_world_size, env.node_rank,
