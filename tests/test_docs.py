@@ -54,6 +54,15 @@ loader = ddpkit.data_loader(train_set, batch_size=16)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 accum, args = 4, argparse.Namespace(precision="bf16")
 """,
+    "control": """
+import time, ddpkit
+ddpkit.init()
+root = "data"
+def prepare_data(root):
+    pass
+def evaluate(epoch):
+    return abs(epoch - 5) + 1.0
+""",
     "checkpoint": QUICKSTART_DATA + """
 import ddpkit
 ddpkit.init()

@@ -31,6 +31,12 @@ _EXPORTS = {
     "join": "data",
     "reduce": "collectives",
     "gather": "collectives",
+    "barrier": "control",
+    "broadcast": "control",
+    "gather_object": "control",
+    "any_rank": "control",
+    "all_ranks": "control",
+    "main_process_first": "control",
     "Checkpointer": "checkpoint",
     "CommConfig": "comm",
     "print": "output",
@@ -45,6 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ddpkit.checkpoint import Checkpointer
     from ddpkit.collectives import gather, reduce
     from ddpkit.comm import CommConfig
+    from ddpkit.control import all_ranks, any_rank, barrier, broadcast, gather_object, main_process_first
     from ddpkit.data import data_loader, join
     from ddpkit.model import no_sync, prepare_model, unwrap
     from ddpkit.output import get_logger, print, progress, summary_writer
