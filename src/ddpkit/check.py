@@ -26,7 +26,9 @@ from ddpkit.cli import SCRIPT_FAILED, OneLineParser, UsageError, usage_error
 PROG = "ddpkit check"
 
 COLLECTIVES = {"all_reduce", "barrier", "broadcast", "all_gather", "reduce", "gather", "scatter",
-               "all_gather_object", "broadcast_object_list", "reduce_scatter", "all_to_all", "monitored_barrier"}
+               "all_gather_object", "broadcast_object_list", "reduce_scatter", "all_to_all", "monitored_barrier",
+               # ddpkit's own collectives (ddpkit.control, ddpkit.collectives)
+               "gather_object", "any_rank", "all_ranks", "main_process_first"}
 RANK_WORDS = ("rank", "is_main", "main_process", "master")
 BATCHNORMS = {"BatchNorm1d", "BatchNorm2d", "BatchNorm3d"}
 
@@ -58,7 +60,7 @@ RULES = {
                "create it only when rank == 0, or use ddpkit.summary_writer (a no-op on other ranks)"),
     "DDP007": ("torch.save on every rank", "ranks race to write the same file; multi-node runs can corrupt it",
                "save only when rank == 0 (then barrier), or use ddpkit.Checkpointer (atomic, rank 0)"),
-    "DDP008": ("collective inside a rank-dependent branch",
+    "DDP008": ("collective (torch.distributed or ddpkit's) inside a rank-dependent branch",
                "ranks that skip the branch never join the collective: the job hangs",
                "call the collective on every rank, outside `if rank == ...`"),
     "DDP009": ("init_process_group(rank=local_rank)", "the local rank repeats on every node: wrong beyond one node",
@@ -170,7 +172,8 @@ def _findings(v: _Visitor, names: set[str], text: str, distributed: bool) -> Ite
             yield _finding("DDP006", line)
         if distributed and not ranked and _name(call.func) == "torch.save" and not _per_rank_path(call):
             yield _finding("DDP007", line)
-        if ranked and last in COLLECTIVES and _name(call.func).split(".")[0] in ("dist", "torch", "distributed"):
+        if ranked and last in COLLECTIVES and _name(call.func).split(".")[0] in ("dist", "torch", "distributed",
+                                                                                 "ddpkit"):
             yield _finding("DDP008", line)
         if last == "init_process_group":
             rank = _kw(call, "rank")
