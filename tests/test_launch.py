@@ -21,10 +21,12 @@ SCRIPT = str(ROOT / "examples" / "digits.py")
     (["--master-port", "70000", SCRIPT], "--master-port must be in 1..65535"),
     (["--max-restarts", "-1", SCRIPT], "--max-restarts must be >= 0"),
     (["--nproc-per-node", "gpu", SCRIPT], "no CUDA GPU is visible"),
+    (["--bogus", SCRIPT], "unrecognized arguments: --bogus"),
+    ([], "the following arguments are required: script"),
 ])
 def test_bad_arguments_exit_2_with_one_line(argv, fragment, capsys):
     assert main(argv) == 2
-    err = capsys.readouterr().err
+    err = capsys.readouterr().err  # (argparse's own errors too: they used to escape as a traceback)
     assert err.count("\n") == 1 and err.startswith("ddpkit launch: error: "), err
     assert fragment in err
 

@@ -3,7 +3,7 @@
 A pipeline of pure steps, each testable on its own::
 
     argv --parse_args--> Namespace --LaunchConfig(...)--> validated config
-         --torchrun_argv / worker_env--> what torchrun gets --run--> exit code
+         --torchrun_argv / worker_env--> what torchrun gets --supervise.run--> exit code
 
 Example::
 
@@ -340,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # read once when torch loads (parse_args may load it): quiet from the first line on
             os.environ.setdefault(contract.CPP_LOG_LEVEL.name, "ERROR")
         cfg = parse_args(argv)
-    except LaunchError as exc:
+    except UsageError as exc:  # LaunchError, and argparse's own complaints
         return usage_error(PROG, exc)
     from ddpkit import supervise
 
