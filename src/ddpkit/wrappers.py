@@ -81,6 +81,9 @@ class DDP(_PlainStateDict, DistributedDataParallel):
         if not kwargs.get("find_unused_parameters", False):
             self._first_backward = FirstBackwardCheck(module)
 
+    # Not traced by torch.compile (only this frame: the module inside is compiled as usual, with DDP's bucket
+    # splitting): the checks and the heartbeat are Python side effects that would break the graph every step.
+    @torch.compiler.disable(recursive=False)
     def forward(self, *args: Any, **kwargs: Any):
         if self._check_sync_every and self._forward_calls % self._check_sync_every == 0:
             check_in_sync(self.module, self.process_group)

@@ -83,6 +83,20 @@ elif case == "bn_local":  # plain BatchNorm (not synced) under check_sync_every:
         model(torch.randn(8, 4) + rank).sum().backward()  # ranks see different data: local statistics differ
         opt.step()
     print("BN-LOCAL OK", flush=True)
+elif case == "compiled":  # torch.compile around a prepared DDP model: no graph break or recompile from ddpkit
+    from torch._dynamo.utils import compilation_time_metrics, counters
+
+    model = torch.compile(ddpkit.prepare_model(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(8):
+        opt.zero_grad()
+        model(torch.randn(4, 4)).sum().backward()
+        opt.step()
+    if rank == 0:
+        import json
+
+        print("COMPILED " + json.dumps({"breaks": list(counters["graph_break"]),
+                                        "compiles": len(compilation_time_metrics["_compile.compile_inner"])}))
 elif case == "tiny":
     ddpkit.data_loader([1], batch_size=1)
 elif case == "global_batch":
