@@ -109,6 +109,7 @@ class _Visitor(ast.NodeVisitor):
     def __init__(self):
         self.calls: list[tuple[ast.Call, bool]] = []  # (call, under a rank condition)
         self.strings: list[ast.Constant] = []
+        self.buffers: set[str] = set()  # names bound to io.BytesIO (set by analyze)
         self._rank_depth = 0
 
     def visit_If(self, node: ast.If):
@@ -135,6 +136,29 @@ def _per_rank_path(call: ast.Call) -> bool:
     return len(call.args) > 1 and "rank" in ast.unparse(call.args[1]).lower()
 
 
+def memory_buffers(tree: ast.AST) -> set[str]:
+    """Names bound to an ``io.BytesIO()`` (``buf = io.BytesIO()``, ``with BytesIO() as buf``): saving into one is
+    serialisation in memory, not a file that ranks race to write.
+
+    >>> sorted(memory_buffers(ast.parse("b = io.BytesIO()")))
+    ['b']
+    """
+    def is_buffer(node: ast.AST | None) -> bool:
+        return isinstance(node, ast.Call) and _last(node) == "BytesIO"
+
+    names = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) and is_buffer(n.value)
+             for t in n.targets if isinstance(t, ast.Name)}
+    names |= {item.optional_vars.id for n in ast.walk(tree) if isinstance(n, ast.With) for item in n.items
+              if is_buffer(item.context_expr) and isinstance(item.optional_vars, ast.Name)}
+    return names
+
+
+def _in_memory(call: ast.Call, buffers: set[str]) -> bool:
+    target = call.args[1] if len(call.args) > 1 else _kw(call, "f")
+    return (isinstance(target, ast.Name) and target.id in buffers) or \
+        (isinstance(target, ast.Call) and _last(target) == "BytesIO")
+
+
 def analyze(source: str) -> list[Finding]:
     """All findings for a script's source text, sorted by line."""
     tree = ast.parse(source)
@@ -143,6 +167,7 @@ def analyze(source: str) -> list[Finding]:
     names = {_last(c) for c, _ in v.calls}
     text = source
     distributed = any(w in text for w in ("DistributedDataParallel", "init_process_group", "torch.distributed"))
+    v.buffers = memory_buffers(tree)
     found = list(_findings(v, names, text, distributed))
     return sorted(set(found), key=lambda f: (f.line, f.rule))
 
@@ -170,7 +195,8 @@ def _findings(v: _Visitor, names: set[str], text: str, distributed: bool) -> Ite
             yield _finding("DDP005", line)
         if distributed and not ranked and last == "SummaryWriter":
             yield _finding("DDP006", line)
-        if distributed and not ranked and _name(call.func) == "torch.save" and not _per_rank_path(call):
+        if distributed and not ranked and _name(call.func) == "torch.save" and not _per_rank_path(call) \
+                and not _in_memory(call, v.buffers):
             yield _finding("DDP007", line)
         if ranked and last in COLLECTIVES and _name(call.func).split(".")[0] in ("dist", "torch", "distributed",
                                                                                  "ddpkit"):

@@ -1,4 +1,5 @@
 # Style: torchrun with environment variables, mostly right, a few classic slips.
+import io
 import os
 
 import torch
@@ -26,6 +27,9 @@ for epoch in range(5):
         opt.zero_grad()
         nn.functional.mse_loss(model(x.cuda()), y.cuda()).backward()
         opt.step()
+    snapshot = io.BytesIO()
+    torch.save(model.module.state_dict(), snapshot)  # into memory on every rank: not a file race
+    torch.save(opt.state_dict(), io.BytesIO())  # the same, inline
     if rank == 0:
         torch.save(model.module.state_dict(), "model.pt")
         dist.barrier()  # expect: DDP008
