@@ -29,7 +29,7 @@ COLLECTIVES = {"all_reduce", "barrier", "broadcast", "all_gather", "reduce", "ga
                "all_gather_object", "broadcast_object_list", "reduce_scatter", "all_to_all", "monitored_barrier",
                # ddpkit's own collectives (ddpkit.control, ddpkit.collectives)
                "gather_object", "any_rank", "all_ranks", "main_process_first"}
-RANK_WORDS = ("rank", "is_main", "main_process", "master")
+RANK_WORDS = ("rank", "is_main", "main_process", "master", "gpu_id")  # gpu_id: the local rank in torch's tutorial
 BATCHNORMS = {"BatchNorm1d", "BatchNorm2d", "BatchNorm3d"}
 
 
@@ -104,13 +104,27 @@ def _mentions_rank(test: ast.AST) -> bool:
 
 
 class _Visitor(ast.NodeVisitor):
-    """Walks the tree once, remembering whether each node sits under a rank-dependent `if`."""
+    """Walks the tree once, remembering whether each node sits under a rank-dependent `if`, and in which
+    function or method of the file."""
 
     def __init__(self):
         self.calls: list[tuple[ast.Call, bool]] = []  # (call, under a rank condition)
         self.strings: list[ast.Constant] = []
         self.buffers: set[str] = set()  # names bound to io.BytesIO (set by analyze)
+        self.defined: set[str] = set()  # functions and methods defined in the file
+        self.owner: dict[int, str] = {}  # id(call) -> the function or method it sits in
         self._rank_depth = 0
+        self._functions: list[str] = []
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef):
+        self.defined.add(node.name)
+        self._functions.append(node.name)
+        depth, self._rank_depth = self._rank_depth, 0  # a body runs where it is called, not where it is defined
+        self.generic_visit(node)
+        self._rank_depth = depth
+        self._functions.pop()
+
+    visit_AsyncFunctionDef = visit_FunctionDef
 
     def visit_If(self, node: ast.If):
         ranked = _mentions_rank(node.test)
@@ -124,7 +138,25 @@ class _Visitor(ast.NodeVisitor):
 
     def visit_Call(self, node: ast.Call):
         self.calls.append((node, self._rank_depth > 0))
+        if self._functions:
+            self.owner[id(node)] = self._functions[-1]
         self.generic_visit(node)
+
+    def guarded(self) -> set[str]:
+        """Functions of the file that run only under a rank condition: every call site in the file is under
+        one, or in such a function. Calls from other modules or by dynamic dispatch are not seen; a function
+        with no call site here is not guarded (the analysis then stays where it was: the enclosing `if`)."""
+        sites: dict[str, list[tuple[ast.Call, bool]]] = {}
+        for call, ranked in self.calls:
+            if _last(call) in self.defined and self.owner.get(id(call)) != _last(call):  # recursion aside
+                sites.setdefault(_last(call), []).append((call, ranked))
+        guarded: set[str] = set()
+        while True:
+            more = {name for name, calls in sites.items()
+                    if all(ranked or self.owner.get(id(call)) in guarded for call, ranked in calls)}
+            if more <= guarded:
+                return guarded
+            guarded |= more
 
     def visit_Constant(self, node: ast.Constant):
         if isinstance(node.value, str):
@@ -168,6 +200,8 @@ def analyze(source: str) -> list[Finding]:
     text = source
     distributed = any(w in text for w in ("DistributedDataParallel", "init_process_group", "torch.distributed"))
     v.buffers = memory_buffers(tree)
+    guarded = v.guarded()
+    v.calls = [(call, ranked or v.owner.get(id(call)) in guarded) for call, ranked in v.calls]
     found = list(_findings(v, names, text, distributed))
     return sorted(set(found), key=lambda f: (f.line, f.rule))
 
