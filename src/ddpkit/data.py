@@ -207,12 +207,13 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     loader = ShardedDataLoader(dataset, batch_size=batch_size, sampler=sampler, join=train and uneven == "join",
                                **loader_kwargs)
     if train:
-        global_batch = batch_size * strategy.get(state.mode).batch_share(state)
+        mode = strategy.get(state.mode)
+        global_batch = batch_size * mode.batch_share(state)
         tools.on_loader(loader, state.rank, lambda: {"global_batch": global_batch, "mode": state.mode,
                                                      "device": str(state.device)}, runtime.on_shutdown)
         if state.is_main:
             workers = f", {loader.num_workers} loader workers per process" if loader.num_workers else ""
-            line = strategy.get(state.mode).describe_batch(state, batch_size, len(loader))
+            line = mode.describe_batch(state, batch_size, len(loader))
             print(f"ddpkit: {line}{workers}", file=sys.stderr, flush=True)
     return loader
 
