@@ -85,10 +85,12 @@ class ShardedDataLoader(DataLoader):
     after that many batches in total, across epochs.
     """
 
-    def __init__(self, *args: Any, join: bool = False, max_steps: int | None = None, **kwargs: Any):
+    def __init__(self, *args: Any, join: bool = False, max_steps: int | None = None,
+                 equal_steps: int | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.epoch = 0
         self.join = join
+        self.equal_steps = equal_steps  # pass length of every rank: shorter ranks end with empty batches
         self.max_steps = max_steps
         self.steps_taken = 0
         self._start = 0  # global position the current / next pass starts from
@@ -131,6 +133,8 @@ class ShardedDataLoader(DataLoader):
         return self.sampler
 
     def _counted(self, batches):
+        if self.equal_steps is not None:
+            batches = _padded_with_empty(batches, self.equal_steps)
         for batch in batches:
             if self.max_steps is not None and self.steps_taken >= self.max_steps:
                 return
@@ -142,6 +146,34 @@ class ShardedDataLoader(DataLoader):
                 self.step_times.append(time.perf_counter())
             yield batch
         self.epoch, self._start, self._batches = self.epoch + 1, 0, None
+
+
+def empty_batch(batch: Any) -> Any:
+    """A batch of 0 samples shaped like ``batch`` (tensors sliced to ``[:0]``, per-sample lists emptied).
+
+    >>> empty_batch([torch.ones(3, 2), {"id": torch.arange(3), "name": ["a", "b", "c"]}])
+    [tensor([], size=(0, 2)), {'id': tensor([], dtype=torch.int64), 'name': []}]
+    """
+    if isinstance(batch, torch.Tensor):
+        return batch[:0]
+    if isinstance(batch, dict):
+        return type(batch)((k, empty_batch(v)) for k, v in batch.items())
+    if isinstance(batch, (list, tuple)):
+        if not any(isinstance(item, (torch.Tensor, dict, list, tuple)) for item in batch):
+            return type(batch)() if not hasattr(batch, "_fields") else batch  # per-sample values: none left
+        items = [empty_batch(item) for item in batch]
+        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
+    return batch
+
+
+def _padded_with_empty(batches: Any, total: int) -> Iterator[Any]:
+    """``batches``, then empty batches up to ``total``: every rank runs the same number of forwards."""
+    count, last = 0, None
+    for last in batches:
+        count += 1
+        yield last
+    for _ in range(total - count):
+        yield empty_batch(last)
 
 
 _joining = False
@@ -183,7 +215,9 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     ``train=True``: shuffled (seed ``seed`` + epoch) and ``uneven`` decides the tail: ``pad`` (default;
     repeats a few samples so every rank takes the same steps), ``drop``, or ``join`` (no repeats, unequal
     steps; wrap the loop in :func:`join`). ``train=False`` (evaluation): dataset order, no padding, so
-    metrics reduced with :func:`ddpkit.reduce` / :func:`ddpkit.gather` count every sample exactly once.
+    metrics reduced with :func:`ddpkit.reduce` / :func:`ddpkit.gather` count every sample exactly once. In
+    fsdp mode (every forward gathers parameters from all ranks) a rank with fewer samples ends its pass with
+    empty batches (0 samples) so all ranks run the same forwards: sum per batch, not mean.
 
     Each rank's DataLoader workers get their own reproducible seeds (from ``seed`` and the rank). Other
     keyword arguments (``num_workers``, ``collate_fn``, ``drop_last``, ...) go to ``DataLoader``.
@@ -204,8 +238,13 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
                      **loader_kwargs}
     # Worker seeds derive from this generator: distinct per rank, identical across reruns.
     loader_kwargs.setdefault("generator", torch.Generator().manual_seed(seed * 1_000_003 + state.rank))
+    # a mode whose forward is collective (fsdp gathers parameters) needs every rank to take every eval step
+    equal = None
+    if not train and strategy.get(state.mode).collective_forward:
+        first = len(range(0, len(dataset), state.world_size))  # rank 0 has the most samples, so the most batches
+        equal = first // batch_size if loader_kwargs.get("drop_last") else -(-first // batch_size)
     loader = ShardedDataLoader(dataset, batch_size=batch_size, sampler=sampler, join=train and uneven == "join",
-                               **loader_kwargs)
+                               equal_steps=equal, **loader_kwargs)
     if train:
         mode = strategy.get(state.mode)
         global_batch = batch_size * mode.batch_share(state)

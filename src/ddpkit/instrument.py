@@ -62,10 +62,15 @@ class Tools:
                 model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
             elif is_main:
                 torch.save(_cpu_state(model), path)
-        if self.verify_out and is_main:
+        if self.verify_out:
             out = self.verify_out
+
+            def save() -> None:  # on every rank: gathering a sharded (fsdp) model's tensors is collective
+                weights = _cpu_state(model)
+                if is_main:
+                    torch.save(weights, out)
             # the hook holds the model on purpose: a script's main() has usually returned by then
-            on_shutdown(lambda: torch.save(_cpu_state(model), out))
+            on_shutdown(save)
 
     def comm_config(self, config: CommConfig | None) -> CommConfig | None:
         """The script's CommConfig, with bench's fields on top."""
@@ -107,7 +112,9 @@ _prepared = itertools.count()  # models prepared so far in this process
 
 
 def _cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    """The full weights; in fsdp mode the model's tensors are shards (DTensor), gathered here."""
+    full = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model.state_dict().items()}
+    return {k: v.detach().cpu() for k, v in full.items()}
 
 
 def from_env(environ: Mapping[str, str]) -> Tools:

@@ -18,10 +18,12 @@ from typing import Any
 from torch import nn
 
 from ddpkit import comm as comm_options
-from ddpkit import runtime, strategy
+from ddpkit import runtime, sharded, strategy
 from ddpkit.wrappers import unwrap
 
-__all__ = ["no_sync", "prepare_model", "unwrap"]
+__all__ = ["init_empty", "no_sync", "prepare_model", "unwrap"]
+
+init_empty = sharded.init_empty
 
 
 def no_sync(model: nn.Module, enabled: bool = True) -> contextlib.AbstractContextManager[Any]:
@@ -42,7 +44,8 @@ def no_sync(model: nn.Module, enabled: bool = True) -> contextlib.AbstractContex
 
 
 def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_every: int = 0,
-                  comm: comm_options.CommConfig | None = None, **ddp_kwargs: Any) -> nn.Module:
+                  comm: comm_options.CommConfig | None = None, shard: sharded.Shard = None,
+                  init_fn: sharded.InitFn | None = None, **ddp_kwargs: Any) -> nn.Module:
     """Move ``model`` to this process's device and wrap it for the mode :func:`ddpkit.init` chose.
 
     - ``ddp``: BatchNorm layers become SyncBatchNorm (``sync_batchnorm=False`` opts out; ddpkit's works on
@@ -50,7 +53,13 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
       ignored in the other modes).
     - ``dp``: DataParallel over every visible GPU. Each replica computes BatchNorm statistics on its slice of
       the batch; running statistics are those of the GPU-0 replica (torch discards the others').
+    - ``fsdp``: BatchNorm as in ddp, then FSDP2's ``fully_shard`` on each block and the root; ``shard`` picks
+      the blocks (a parameter count, default 1M, or a list of classes: ``shard=[Block]``); ``ddp_kwargs`` go
+      to ``fully_shard`` (e.g. ``mp_policy=MixedPrecisionPolicy(...)``). Build the optimizer afterwards.
     - ``single``: just the move.
+
+    A model built inside :func:`ddpkit.init_empty` (meta device) is materialised here, in fsdp mode one shard
+    per rank, by each module's ``reset_parameters`` or ``init_fn(module)``.
 
     The returned wrapper's ``state_dict()`` has no ``module.`` prefix and its ``load_state_dict`` accepts one.
     In DDP, a parameter that gets no gradient in the first backward is named in an error (pass
@@ -58,9 +67,16 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
     that all ranks hold the same weights. ``comm`` sets DDP's communication options (bucket size,
     compression, ...; see :class:`ddpkit.CommConfig`).
     """
-    state, tools = runtime.ensure_init(), runtime.tools()
-    model = model.to(state.device)
-    tools.on_model(model, state.is_main, runtime.on_shutdown)
+    state, tools, mode = runtime.ensure_init(), runtime.tools(), strategy.get(runtime.ensure_init().mode)
+    empty = sharded.on_meta(model)
+    if not empty:
+        model = model.to(state.device)
+    elif not mode.shards:  # a sharding mode materialises after sharding, one shard per rank
+        sharded.materialize(model, state.device, init_fn)
+        empty = False
+    if not empty:
+        tools.on_model(model, state.is_main, runtime.on_shutdown)
     # options a mode does not use are ignored on purpose: the same script must run in every mode
-    return strategy.get(state.mode).wrap(model, state, sync_batchnorm=sync_batchnorm,
-                                         check_sync_every=check_sync_every, comm=comm, tools=tools, **ddp_kwargs)
+    extra = {"shard": shard, "init_fn": init_fn} if mode.shards else {}
+    return mode.wrap(model, state, sync_batchnorm=sync_batchnorm, check_sync_every=check_sync_every, comm=comm,
+                     tools=tools, **extra, **ddp_kwargs)

@@ -9,7 +9,7 @@ launcher and every worker find it without an import in the script).
 Example::
 
     >>> sorted(STRATEGIES)
-    ['ddp', 'dp', 'single']
+    ['ddp', 'dp', 'fsdp', 'single']
     >>> get("ddp").multi_process, get("dp").min_gpus
     (True, 2)
 
@@ -38,6 +38,8 @@ class Strategy:
     title: ClassVar[str] = "single device"  # how the start-up line names the mode
     multi_process: ClassVar[bool] = False  # one process per device, in a process group
     min_gpus: ClassVar[int] = 0  # with fewer usable GPUs the mode falls back to single
+    shards: ClassVar[bool] = False  # wrap() shards the model (and materialises a meta one, one shard per rank)
+    collective_forward: ClassVar[bool] = False  # every forward needs every rank (eval loaders then pad with empties)
 
     def device(self, env: ProcessEnv, gpus: int) -> torch.device:
         import torch
@@ -150,7 +152,36 @@ class Distributed(Strategy):
                 f"{state.world_size} processes, {steps} steps/epoch")
 
 
-STRATEGIES: dict[str, Strategy] = {s.name: s for s in (Strategy(), DataParallel(), Distributed())}
+class Sharded(Distributed):
+    """One process per device; parameters, gradients and optimizer state sharded (FSDP2 ``fully_shard``)."""
+
+    name = "fsdp"
+    title = "FullyShardedDataParallel (FSDP2)"
+    shards = True
+    collective_forward = True
+
+    def wrap(self, model: nn.Module, state: Any, **options: Any) -> nn.Module:
+        from ddpkit import sharded
+
+        for unused in ("check_sync_every", "comm", "tools"):  # DDP's: the replicas they check do not exist here
+            options.pop(unused, None)
+        return sharded.wrap(model, state, **options)
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        from ddpkit import sharded
+
+        return sharded.no_sync(model)
+
+    def join(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        raise ValueError("ddpkit.join cannot run in fsdp mode (every forward gathers parameters from all ranks, "
+                         "so a rank that finished early would hang the others); use "
+                         "data_loader(..., uneven='pad') or 'drop'")
+
+    def state_dict(self, model: nn.Module) -> dict[str, Any]:
+        return model.state_dict()  # ddpkit's FSDP wrapper gathers the full tensors (collective)
+
+
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (Strategy(), DataParallel(), Distributed(), Sharded())}
 
 
 def register(strategy: Strategy) -> Strategy:

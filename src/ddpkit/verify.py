@@ -14,6 +14,7 @@ Example::
 
     ddpkit verify --nproc-per-node 2 --steps 5 examples/digits.py
     ddpkit verify --json examples/digits.py      # one JSON object on stdout
+    ddpkit verify --mode fsdp examples/digits.py # sharded training against one process
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ddpkit import contract
+from ddpkit import contract, strategy
 from ddpkit.cli import NOT_EQUIVALENT, SCRIPT_FAILED, OneLineParser, UsageError, run_logged, usage_error
 
 PROG = "ddpkit verify"
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc-per-node", type=int, default=None,
                    help="processes for the distributed run (default 2, on the CPU where fewer GPUs are usable)")
     p.add_argument("--device", default=None, help="auto (default), cpu or cuda: where both runs train")
+    p.add_argument("--mode", default="ddp", help="the multi-process mode to check: ddp (default) or fsdp")
     p.add_argument("--keep-dropout", action="store_true", help="leave dropout on (the runs then differ by design)")
     p.add_argument("--steps", type=int, default=5, help="optimizer steps to compare (default 5)")
     p.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance (default 1e-5)")
@@ -102,7 +104,7 @@ def run_env(tmp: str, nproc: int, steps: int, device: str | None, keep_dropout: 
 
 
 def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol: float, rtol: float,
-           device: str | None = None, keep_dropout: bool = False) -> dict:
+           device: str | None = None, keep_dropout: bool = False, mode: str = "ddp") -> dict:
     """Run both trainings in a temporary directory and compare them."""
     with tempfile.TemporaryDirectory(prefix="ddpkit-verify-") as tmp:
         ref, dist_out = os.path.join(tmp, "single.pt"), os.path.join(tmp, "ddp.pt")
@@ -110,14 +112,15 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
         run_logged([sys.executable, script, *script_args],
                    {**common, contract.MODE.name: "single", contract.BATCH_SCALE.name: str(nproc),
                     contract.VERIFY_OUT.name: ref}, os.path.join(tmp, "single.log"))
-        run_logged([sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", str(nproc), script, *script_args],
+        run_logged([sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", str(nproc), "--mode", mode,
+                    script, *script_args],
                    {**common, contract.VERIFY_OUT.name: dist_out}, os.path.join(tmp, "ddp.log"))
         for path in (ref, dist_out):
             if not os.path.exists(path):
                 raise RuntimeError("the script saved no weights: build the model with ddpkit.prepare_model")
         one, many = (torch.load(path, weights_only=True) for path in (ref, dist_out))
         result = compare_weights(one, many, atol, rtol)
-    return {"nproc": nproc, "steps": steps, "atol": atol, "rtol": rtol, **result}
+    return {"nproc": nproc, "mode": mode, "steps": steps, "atol": atol, "rtol": rtol, **result}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -125,6 +128,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
         gpus = 0 if ns.device == "cpu" else _usable_gpus()
         nproc, device, note = plan(ns.nproc_per_node, ns.device, gpus)
+        if not strategy.get(ns.mode, UsageError).multi_process:
+            raise UsageError(f"--mode {ns.mode} runs one process; verify compares a multi-process mode "
+                             f"({', '.join(n for n, s in sorted(strategy.STRATEGIES.items()) if s.multi_process)})")
         if nproc < 2 or ns.steps < 1 or not os.path.isfile(ns.script):
             raise UsageError(f"need --nproc-per-node >= 2, --steps >= 1 and an existing script; got "
                               f"{nproc}, {ns.steps}, {ns.script!r}")
@@ -135,14 +141,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                               None if ns.keep_dropout else "dropout is off in both runs (--keep-dropout to keep it)"]):
         print(f"{PROG}: {line}", file=sys.stderr, flush=True)
     try:
-        result = verify(ns.script, ns.script_args, nproc, ns.steps, ns.atol, ns.rtol, device, ns.keep_dropout)
+        result = verify(ns.script, ns.script_args, nproc, ns.steps, ns.atol, ns.rtol, device, ns.keep_dropout,
+                        ns.mode)
     except RuntimeError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return SCRIPT_FAILED
     if ns.json:
         print(json.dumps(result))
     elif result["passed"]:
-        print(f"PASS: {nproc} processes match 1 process after {ns.steps} steps "
+        print(f"PASS: {nproc} processes ({ns.mode}) match 1 process after {ns.steps} steps "
               f"({result['tensors']} tensors, max abs diff {result['max_abs_diff']:.3g})")
     else:
         print(f"FAIL: {result['first_diverging']!r} differs after {ns.steps} steps "

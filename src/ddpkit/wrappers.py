@@ -174,15 +174,51 @@ class DP(_PlainStateDict, DataParallel):
         return super().parallel_apply(in_caller_autocast(replicas, "cuda"), inputs, kwargs)
 
 
+class FSDP(nn.Module):
+    """The root of a model sharded by FSDP2's ``fully_shard``, whose state dict is the full, plain one.
+
+    ``state_dict()`` all-gathers each sharded tensor (call it on every rank: it is collective) and
+    ``load_state_dict`` takes a full state dict (from any mode) and keeps this rank's slices. For models too
+    big to gather, :class:`ddpkit.Checkpointer` saves shards instead.
+    """
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args: Any, **kwargs: Any):
+        faults.heartbeat()
+        return self.module(*args, **kwargs)
+
+    def state_dict(self, *args: Any, **kwargs: Any):
+        from torch.distributed.tensor import DTensor
+
+        local = self.module.state_dict(*args, **kwargs)
+        for key, value in local.items():  # the same keys in the same order on every rank: one gather each
+            if isinstance(value, DTensor):
+                local[key] = value.full_tensor()
+        return local
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        state_dict = dict(state_dict)
+        consume_prefix_in_state_dict_if_present(state_dict, "module.")
+        return set_model_state_dict(self.module, state_dict,
+                                    options=StateDictOptions(full_state_dict=True, strict=strict))
+
+
 def unwrap(model: nn.Module) -> nn.Module:
-    """The plain module under any DDP / DataParallel / ``torch.compile`` wrappers.
+    """The plain module under any DDP / DataParallel / FSDP / ``torch.compile`` wrappers.
+
+    In fsdp mode that module holds this rank's shards (DTensor parameters).
 
     >>> lin = nn.Linear(2, 2)
     >>> unwrap(DataParallel(lin)) is lin
     True
     """
     while True:
-        if isinstance(model, (DistributedDataParallel, DataParallel)):
+        if isinstance(model, (DistributedDataParallel, DataParallel, FSDP)):
             model = model.module
         elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):  # torch.compile
             model = model._orig_mod

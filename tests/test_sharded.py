@@ -1,0 +1,62 @@
+"""Mode fsdp (FSDP2 on gloo, real processes): meta-device init, block policy, early optimizer, state dicts."""
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import WORKERS, launch, ok, run_cmd
+from ddpkit import sharded, strategy
+
+
+def test_block_policy_by_size_and_by_class():
+    net = nn.Sequential(nn.Linear(100, 100), nn.Sequential(nn.Linear(100, 50), nn.Linear(2, 2)), nn.Linear(3, 3))
+    assert sharded.blocks(net, 5051) == [net[0], net[1]]  # net[1] holds 5,056 parameters, none of its children do
+    assert sharded.blocks(net, 5000) == [net[0], net[1][0]]  # net[1][0] (5,050) reaches it alone; 6 stay in net[1]
+    assert sharded.blocks(net, [nn.Linear]) == [net[2], net[1][1], net[1][0], net[0]]  # children before parents
+    assert sharded.blocks(net) == []  # below the 1M default: the root is the only group
+    with pytest.raises(ValueError, match=r"matches no submodule.*Linear"):
+        sharded.blocks(net, [nn.Conv2d])
+    with pytest.raises(TypeError, match="shard= takes"):
+        sharded.blocks(net, ["Linear"])
+
+
+def test_fsdp_is_a_multi_process_entry_of_the_strategy_table():
+    mode = strategy.get("fsdp")
+    assert mode.multi_process and mode.shards and mode.collective_forward
+    with pytest.raises(ValueError, match="cannot run in fsdp mode"):
+        mode.join(nn.Linear(1, 1))
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sharded")
+    ok(run_cmd([sys.executable, str(WORKERS / "sharded.py"), str(out)]))
+    for world in (2, 3):
+        ok(launch(WORKERS / "sharded.py", out, nproc=world, launcher_args=("--mode", "fsdp")))
+    return {w: torch.load(out / f"sharded{w}.pt") for w in (1, 2, 3)}
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_init_empty_gives_the_weights_of_a_normally_built_model(results, world):
+    for case, (normal, empty) in results[world]["empty"].items():
+        assert normal.keys() == empty.keys(), case
+        assert all(torch.equal(normal[k], empty[k]) for k in normal), case  # bitwise, shard by shard
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_tensor_nothing_initialises_is_named(results, world):
+    assert "no initialisation for ['scale']" in results[world]["no_init"] and "init_fn" in results[world]["no_init"]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_fsdp_behaviour(results, world):
+    got = results[world]
+    assert got["early_optimizer"].startswith("SGD was built before prepare_model")
+    assert got["round_trip"] == {"changed": True, "restored": True, "plain_keys": True}
+    assert got["unwrap_is_sharded"] == "DTensor"  # unwrap gives the sharded module, state_dict() the full one
+    assert "cannot run in fsdp mode" in got["join"]
+
+
+def test_one_process_keeps_working_without_sharding(results):
+    assert results[1]["early_optimizer"] is None and results[1]["join"] is None

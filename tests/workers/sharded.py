@@ -1,0 +1,97 @@
+"""Worker for the fsdp tests: meta-device init, the early-optimizer error, full state dicts, join refused.
+
+``ddpkit launch --mode fsdp --nproc-per-node N sharded.py OUT``; rank 0 writes OUT/sharded<N>.pt.
+"""
+import sys
+
+import torch
+from torch import nn
+
+import ddpkit
+
+torch.set_num_threads(1)
+state = ddpkit.init(seed=0)
+
+
+class Scaled(nn.Module):
+    """A module with a parameter of its own and no reset_parameters: needs init_fn after init_empty."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(5, 7)
+        self.scale = nn.Parameter(torch.empty(7))
+
+    def forward(self, x):
+        return self.inner(x) * self.scale
+
+
+def init_weights(module):  # nanoGPT's style: model.apply(init_fn)
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, std=0.02)
+        nn.init.zeros_(module.bias)
+    elif isinstance(module, Scaled):
+        nn.init.uniform_(module.scale, 0.5, 1.5)
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(5, 9), nn.BatchNorm1d(9), nn.ReLU(), nn.Linear(9, 3))
+
+
+def built_normally(build, init_fn=None):
+    torch.manual_seed(0)
+    model = build()
+    if init_fn is not None:
+        model.apply(init_fn)
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def built_empty(build, init_fn=None, shard=None):
+    torch.manual_seed(0)
+    with ddpkit.init_empty():
+        model = build()
+    assert all(p.is_meta for p in model.parameters())
+    prepared = ddpkit.prepare_model(model, init_fn=init_fn, shard=shard)
+    return prepared, prepared.state_dict()
+
+
+results = {"empty": {}}
+for name, build, init_fn, shard in [("mlp", mlp, None, [nn.Linear]), ("mlp_root", mlp, None, None),
+                                    ("scaled", Scaled, init_weights, [nn.Linear])]:
+    _, full = built_empty(build, init_fn, shard)
+    results["empty"][name] = (built_normally(build, init_fn), full)
+
+try:  # a meta module with a parameter of its own and no reset_parameters
+    built_empty(Scaled)
+    results["no_init"] = None
+except ValueError as exc:
+    results["no_init"] = str(exc)
+
+early = mlp()
+early_opt = torch.optim.SGD(early.parameters(), lr=0.1)
+model = ddpkit.prepare_model(early, shard=[nn.Linear])
+model(torch.randn(4, 5)).sum().backward()
+try:
+    early_opt.step()
+    results["early_optimizer"] = None
+except RuntimeError as exc:
+    results["early_optimizer"] = str(exc)
+
+saved = model.state_dict()  # full tensors, on every rank
+opt = torch.optim.SGD(model.parameters(), lr=0.5)
+opt.step()  # the gradients of the forward above
+changed = model.state_dict()
+prefix = "module." if ddpkit.unwrap(model) is not model else ""  # ddpkit's wrappers take a plain-torch DDP file
+model.load_state_dict({f"{prefix}{k}": v for k, v in saved.items()})
+restored = model.state_dict()
+results["round_trip"] = {"changed": any(not torch.equal(saved[k], changed[k]) for k in saved),
+                         "restored": all(torch.equal(saved[k], restored[k]) for k in saved),
+                         "plain_keys": sorted(saved) == sorted(mlp().state_dict())}
+results["unwrap_is_sharded"] = type(ddpkit.unwrap(model).state_dict()["0.weight"]).__name__
+try:
+    with ddpkit.join(model):
+        pass
+    results["join"] = None
+except ValueError as exc:
+    results["join"] = str(exc)
+if state.is_main:
+    torch.save(results, f"{sys.argv[1]}/sharded{state.world_size}.pt")
