@@ -12,16 +12,19 @@ from ddpkit.verify import compare_weights
 VERIFY = [sys.executable, "-m", "ddpkit", "verify"]
 
 
-@pytest.mark.parametrize("bug, first", [("sum", "0.weight"), ("nosync", "0.weight")])
-def test_broken_scripts_fail_naming_the_first_difference(bug, first):
-    r = run_cmd(VERIFY + ["--json", "--steps", "3", str(WORKERS / "verify_bugs.py"), "--bug", bug], timeout=240)
+@pytest.mark.parametrize("mode, bug, first", [("ddp", "sum", "0.weight"), ("ddp", "nosync", "0.weight"),
+                                              ("fsdp", "sum", "0.weight")])  # fsdp: a SUM where AVG was meant
+def test_broken_scripts_fail_naming_the_first_difference(mode, bug, first):
+    r = run_cmd(VERIFY + ["--json", "--mode", mode, "--steps", "3", str(WORKERS / "verify_bugs.py"), "--bug", bug],
+                timeout=240)
     result = json.loads(r.stdout)
-    assert r.returncode == 4 and result["passed"] is False
+    assert r.returncode == 4 and result["passed"] is False and result["mode"] == mode
     assert result["first_diverging"] == first and result["first_max_abs_diff"] > 1e-4
 
 
-def test_correct_script_passes_with_json():
-    r = ok(run_cmd(VERIFY + ["--json", "--steps", "3", str(WORKERS / "verify_bugs.py")], timeout=240))
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_correct_script_passes_with_json(mode):
+    r = ok(run_cmd(VERIFY + ["--json", "--mode", mode, "--steps", "3", str(WORKERS / "verify_bugs.py")], timeout=240))
     result = json.loads(r.stdout)
     assert result["passed"] is True and result["max_abs_diff"] < 1e-5 and result["tensors"] == 9
 

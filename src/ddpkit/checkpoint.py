@@ -17,6 +17,10 @@ into place and fsyncs the parent, so a crash leaves either the whole checkpoint 
 states (python, numpy, torch, CUDA, the loaders' worker-seed generators) are gathered into it as tensors, and
 loading uses ``torch.load(weights_only=True)``: nothing arbitrary is unpickled. A checkpoint whose checksum
 does not match is skipped, with a warning, for the previous one.
+
+In a sharding mode (fsdp) the models and optimizers go into ``shards/`` instead, each rank writing its own
+shard (:mod:`ddpkit.shards`); the rest of the promises hold the same way, and such a checkpoint resumes at
+any world size, in any mode.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ddpkit import contract, runtime, strategy
+from ddpkit import contract, runtime, shards, strategy
 from ddpkit.data import ShardedDataLoader
 from ddpkit.wrappers import unwrap
 
@@ -62,6 +66,47 @@ def _write_file(path: str, write) -> None:
         write(f)
         f.flush()
         os.fsync(f.fileno())
+
+
+def write_atomically(path: str, write) -> None:
+    """``write(f)`` into a temporary file beside ``path``, fsync, rename: ``path`` is whole or untouched."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        _write_file(tmp, write)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _files(directory: str) -> list[str]:
+    """Every file under ``directory``, as sorted relative paths (``shards/__0_0.distcp``)."""
+    found = [os.path.relpath(os.path.join(root, name), directory)
+             for root, _, names in os.walk(directory) for name in names]
+    return sorted(found)
+
+
+def validate(path: str) -> str | None:
+    """None when ``path`` is a complete checkpoint whose files all match the manifest, else the reason."""
+    try:
+        with open(os.path.join(path, "manifest.json")) as f:
+            manifest = json.load(f)
+        for name, meta in manifest["files"].items():
+            file = os.path.join(path, name)
+            if os.path.getsize(file) != meta["bytes"]:
+                return f"{name} has {os.path.getsize(file)} bytes, the manifest says {meta['bytes']} (truncated?)"
+            if _sha256(file) != meta["sha256"]:
+                return f"{name} does not match its sha256 (corrupted)"
+    except (OSError, ValueError, KeyError) as exc:
+        return f"unreadable manifest or file ({exc})"
+    return None
+
+
+def newest_valid(directory: str) -> str | None:
+    """The newest ``ckpt-*`` in ``directory`` that :func:`validate` accepts (no warnings: for tools)."""
+    names = sorted((n for n in os.listdir(directory) if _NAME.match(n)), reverse=True) \
+        if os.path.isdir(directory) else []
+    return next((p for n in names if validate(p := os.path.join(directory, n)) is None), None)
 
 
 def _rng_state(loaders: dict[str, ShardedDataLoader], mode: strategy.Strategy) -> dict[str, torch.Tensor]:
@@ -177,7 +222,8 @@ class Checkpointer:
         loaders = {k: v for k, v in objects.items() if isinstance(v, ShardedDataLoader)}
         mode = strategy.get(self.state.mode)
         rng = _gather_rng(_rng_state(loaders, mode), self.state)
-        # on every rank: a sharded mode assembles the full state dict collectively
+        if mode.shards:
+            return self._save_sharded(step, rng, objects, extra or {})
         states = {name: mode.state_dict(obj) if isinstance(obj, torch.nn.Module) else obj.state_dict()
                   for name, obj in objects.items()}
         path = None
@@ -188,17 +234,48 @@ class Checkpointer:
             dist.barrier()  # every rank returns once the checkpoint exists
         return path
 
-    def _commit(self, step: int, payload: dict, extra: dict[str, Any]) -> str:
-        final = os.path.join(self.directory, f"ckpt-{step:010d}")
-        tmp = f"{final}.tmp-{os.getpid()}"
-        try:
+    def _save_sharded(self, step: int, rng: dict[str, torch.Tensor] | None, objects: dict[str, Any],
+                      extra: dict[str, Any]) -> str | None:
+        """Every rank writes its shard of the models and optimizers into the temporary directory, then
+        rank 0 adds state.pt and the manifest and renames it into place, as :meth:`_commit` does."""
+        tensors, rest = shards.split(objects)  # collective: DCP state dicts of DTensors
+        tmp = os.path.join(self.directory, f"ckpt-{step:010d}.tmp-sharded")
+        if self.state.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(tmp)
-            state_file = os.path.join(tmp, "state.pt")
-            _write_file(state_file, lambda f: torch.save(payload, f))
+        dist.barrier()
+        try:
+            shards.save(tensors, os.path.join(tmp, shards.SHARDS))
+        except Exception as exc:  # DCP raises on every rank when any rank's write failed
+            if self.state.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise OSError(f"could not write the shards of checkpoint step {step} ({str(exc).splitlines()[0][:200]}); "
+                          "nothing was replaced; free space or pick another directory") from None
+        path = None
+        if self.state.is_main:
+            payload = {"step": step, "world_size": self.state.world_size, "rng": rng, "objects": rest,
+                       "sharded": sorted(tensors)}
+            path = self._commit(step, payload, extra, tmp)
+        dist.barrier()
+        return path
+
+    def _commit(self, step: int, payload: dict, extra: dict[str, Any], tmp: str | None = None) -> str:
+        final = os.path.join(self.directory, f"ckpt-{step:010d}")
+        tmp = tmp or f"{final}.tmp-{os.getpid()}"
+        try:
+            os.makedirs(tmp, exist_ok=True)
+            _write_file(os.path.join(tmp, "state.pt"), lambda f: torch.save(payload, f))
+            files = {}
+            for name in _files(tmp):  # state.pt, and the shards of a sharded checkpoint
+                file = os.path.join(tmp, name)
+                with open(file, "rb") as f:
+                    os.fsync(f.fileno())
+                files[name] = {"sha256": _sha256(file), "bytes": os.path.getsize(file)}
             manifest = {"format": 1, "step": step, "world_size": payload["world_size"], "extra": extra,
-                        "files": {"state.pt": {"sha256": _sha256(state_file), "bytes": os.path.getsize(state_file)}}}
+                        "files": files}
             _write_file(os.path.join(tmp, "manifest.json"), lambda f: f.write(json.dumps(manifest).encode()))
-            _fsync_dir(tmp)
+            for root, _, _ in os.walk(tmp):
+                _fsync_dir(root)
             if os.path.exists(final):  # the same step saved again: replace it
                 shutil.rmtree(final)
             os.rename(tmp, final)
@@ -216,18 +293,7 @@ class Checkpointer:
 
     def validate(self, path: str) -> str | None:
         """None when ``path`` is a complete checkpoint whose files match the manifest, else the reason."""
-        try:
-            with open(os.path.join(path, "manifest.json")) as f:
-                manifest = json.load(f)
-            for name, meta in manifest["files"].items():
-                file = os.path.join(path, name)
-                if os.path.getsize(file) != meta["bytes"]:
-                    return f"{name} has {os.path.getsize(file)} bytes, the manifest says {meta['bytes']} (truncated?)"
-                if _sha256(file) != meta["sha256"]:
-                    return f"{name} does not match its sha256 (corrupted)"
-        except (OSError, ValueError, KeyError) as exc:
-            return f"unreadable manifest or file ({exc})"
-        return None
+        return validate(path)
 
     def latest(self) -> str | None:
         """The newest valid checkpoint; invalid ones are skipped with a warning."""
@@ -252,9 +318,22 @@ class Checkpointer:
         elif not self.resume or (path := self.latest()) is None:
             return 0
         payload = torch.load(os.path.join(path, "state.pt"), map_location="cpu", weights_only=True)
+        sharded = set(payload.get("sharded", ()))
+        saved = sorted(sharded | set(payload["objects"]))
+        for name in objects:
+            if name not in sharded and name not in payload["objects"]:
+                raise KeyError(f"checkpoint {path} has no {name!r} (it has {saved})")
+        if sharded:  # any mode, any world size: DCP reshards
+            shards.load({k: v for k, v in objects.items() if k in sharded}, os.path.join(path, shards.SHARDS),
+                        payload["objects"])
+        elif strategy.get(self.state.mode).shards and any(isinstance(o, torch.optim.Optimizer)
+                                                          for o in objects.values()):
+            raise ValueError(f"checkpoint {path} was saved unsharded (mode ddp / dp / single): its optimizer state "
+                             "cannot be split into fsdp's shards; resume in the mode it was saved in, or restore "
+                             "the model alone and start a new optimizer")
         for name, obj in objects.items():
-            if name not in payload["objects"]:
-                raise KeyError(f"checkpoint {path} has no {name!r} (it has {sorted(payload['objects'])})")
+            if name in sharded:
+                continue
             if isinstance(obj, torch.nn.Module):
                 _check_fits(unwrap(obj), payload["objects"][name], path)
             obj.load_state_dict(payload["objects"][name])

@@ -63,6 +63,7 @@ COMMANDS = {
     "verify": ("ddpkit.verify", "check that N-process training equals 1 process on the global batch"),
     "check": ("ddpkit.check", "find common DP/DDP mistakes in a training script (static analysis)"),
     "bench": ("ddpkit.bench", "throughput at 1..N processes, communication share, a measured recommendation"),
+    "consolidate": ("ddpkit.shards", "one plain state dict of a model from a (sharded) checkpoint"),
     "doctor": ("ddpkit.doctor", "what this machine can do: versions, GPUs, backends, an all-reduce test"),
 }
 
@@ -70,7 +71,7 @@ COMMANDS = {
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        lines = [f"  {name:8} {text}" for name, (_, text) in COMMANDS.items()]
+        lines = [f"  {name:11} {text}" for name, (_, text) in COMMANDS.items()]
         print("usage: ddpkit COMMAND [options]\n\ncommands:\n" + "\n".join(lines), file=sys.stderr)
         if argv and argv[0] not in ("-h", "--help"):
             print(f"ddpkit: error: unknown command {argv[0]!r}; expected one of {', '.join(COMMANDS)}",

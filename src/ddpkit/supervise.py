@@ -39,10 +39,13 @@ def run(cfg: LaunchConfig) -> int:
     arguments, 3 a collective timed out (hang report), 128 + N when the launcher got signal N.
     """
     report_dir = tempfile.mkdtemp(prefix="ddpkit-report-")
+    saved = dict(os.environ)  # the workers inherit this process's environment; give the caller its own back
     try:
         code = _run_workers(cfg, report_dir)
     finally:
         shutil.rmtree(report_dir, ignore_errors=True)
+        os.environ.clear()
+        os.environ.update(saved)
     return code
 
 

@@ -149,7 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.json:
         print(json.dumps(result))
     elif result["passed"]:
-        print(f"PASS: {nproc} processes ({ns.mode}) match 1 process after {ns.steps} steps "
+        shown = "" if ns.mode == "ddp" else f" ({ns.mode})"
+        print(f"PASS: {nproc} processes{shown} match 1 process after {ns.steps} steps "
               f"({result['tensors']} tensors, max abs diff {result['max_abs_diff']:.3g})")
     else:
         print(f"FAIL: {result['first_diverging']!r} differs after {ns.steps} steps "

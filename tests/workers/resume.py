@@ -1,6 +1,7 @@
 """Training with checkpoints, for the fault tests.
 
-``resume.py OUT [--steps N] [--save-every K] [--die-at S] [--die-how exc|kill] [--epochs E]``
+``resume.py OUT [--save-every K] [--die-at S] [--die-how exc|kill] [--stop-at S] [--epochs E] [--samples N]
+[--global-batch B]``
 Trains (dropout, python and numpy randomness, 2 epochs of an uneven dataset), saves every K steps into
 OUT/ckpt, dies at step S on the first attempt only, and writes OUT/final.pt (rank 0) at the end.
 """
@@ -22,6 +23,9 @@ p.add_argument("--save-every", type=int, default=3)
 p.add_argument("--die-at", type=int, default=-1)
 p.add_argument("--die-how", default="exc")
 p.add_argument("--epochs", type=int, default=2)
+p.add_argument("--stop-at", type=int, default=-1, help="exit cleanly (every rank) after this step")
+p.add_argument("--samples", type=int, default=50)
+p.add_argument("--global-batch", type=int, default=8)
 p.add_argument("--step-sleep", type=float, default=0.0)
 p.add_argument("--plain", action="store_true", help="no dropout, no noise: comparable across world sizes")
 args = p.parse_args()
@@ -29,13 +33,13 @@ torch.set_num_threads(1)
 state = ddpkit.init(seed=3)
 first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" and not os.environ.get("DDPKIT_RESUME")
 g = torch.Generator().manual_seed(0)
-data = TensorDataset(torch.randn(50, 6, generator=g), torch.randn(50, 1, generator=g))
+data = TensorDataset(torch.randn(args.samples, 6, generator=g), torch.randn(args.samples, 1, generator=g))
 torch.manual_seed(0)
 model = ddpkit.prepare_model(nn.Sequential(nn.Linear(6, 16), nn.Dropout(0.0 if args.plain else 0.2), nn.ReLU(),
                                            nn.Linear(16, 1)))
 opt = torch.optim.Adam(model.parameters(), lr=0.01)
 sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.5)
-loader = ddpkit.data_loader(data, global_batch_size=8, seed=1)
+loader = ddpkit.data_loader(data, global_batch_size=args.global_batch, seed=1)
 ckpt = ddpkit.Checkpointer(os.path.join(args.out, "ckpt"), keep=2)
 step = ckpt.restore(model=model, optimizer=opt, scheduler=sched, loader=loader)
 for _epoch in range(loader.epoch, args.epochs):
@@ -53,10 +57,13 @@ for _epoch in range(loader.epoch, args.epochs):
             if args.die_how == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"planned failure at step {step}")
+        if step == args.stop_at:
+            raise SystemExit(0)
         if args.step_sleep:
             import time
 
             time.sleep(args.step_sleep)
+weights = model.state_dict()  # on every rank: in fsdp mode it gathers the shards
 if state.is_main:
-    torch.save({"weights": model.state_dict(), "optimizer": opt.state_dict(), "step": step},
-               os.path.join(args.out, "final.pt"))
+    optimizer = None if state.mode == "fsdp" else opt.state_dict()  # fsdp's is sharded (DTensor)
+    torch.save({"weights": weights, "optimizer": optimizer, "step": step}, os.path.join(args.out, "final.pt"))

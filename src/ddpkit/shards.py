@@ -1,0 +1,175 @@
+"""Sharded checkpoints: models and optimizer state written by every rank through torch.distributed.checkpoint.
+
+In a sharding mode (fsdp) :class:`ddpkit.Checkpointer` keeps ``ckpt-<step>/shards/`` (torch's DCP format:
+one ``__<rank>_0.distcp`` per rank plus ``.metadata``) beside ``state.pt`` (step, RNG, loaders, schedulers,
+the optimizers' ``param_groups``). Only tensors go into the shards, so nothing there is unpickled but DCP's
+``.metadata``, which :class:`SafeReader` reads with an allow-list of torch's own metadata classes. DCP
+reshards on load, so a checkpoint saved by 2 processes resumes on 3, or on one (no process group).
+
+``ddpkit consolidate CKPT_DIR OUT.pt`` writes one plain state dict of a model from either format.
+
+Example::
+
+    ddpkit consolidate runs/exp/ckpt-0000000100 model.pt
+    model.load_state_dict(torch.load("model.pt", weights_only=True))
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ddpkit.cli import OneLineParser, UsageError, usage_error
+from ddpkit.wrappers import unwrap
+
+SHARDS = "shards"  # the DCP directory inside a checkpoint
+PROG = "ddpkit consolidate"
+
+# What DCP's .metadata may name: its own dataclasses and enums, torch's Size / dtypes / layouts, paths;
+# nothing that runs code of the file's choosing.
+_ALLOWED_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
+                    "torch.distributed.checkpoint.planner", "torch.distributed.checkpoint._extension")
+_ALLOWED_NAMES = {("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+                  ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = (module in _ALLOWED_MODULES or (module, name) in _ALLOWED_NAMES
+                   or (module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None), torch.dtype))))
+        if not allowed:
+            raise pickle.UnpicklingError(f"checkpoint metadata names {module}.{name}, which ddpkit does not load "
+                                         "(only torch.distributed.checkpoint's metadata classes)")
+        return super().find_class(module, name)
+
+
+def _reader(path: str) -> Any:
+    """torch's FileSystemReader whose ``.metadata`` goes through the allow-listed unpickler."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            with open(os.path.join(path, ".metadata"), "rb") as f:
+                metadata = _MetadataUnpickler(f).load()
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(path)
+
+
+def _owner(optimizer: torch.optim.Optimizer, models: Mapping[str, nn.Module]) -> nn.Module:
+    """The model whose parameters ``optimizer`` trains (the state dict names them by its FQNs)."""
+    first = next((p for group in optimizer.param_groups for p in group["params"]), None)
+    for model in models.values():
+        if any(p is first for p in model.parameters()):
+            return unwrap(model)
+    raise ValueError(f"{type(optimizer).__name__} trains no parameter of the models passed with it "
+                     f"({', '.join(models) or 'none'}); pass its model to the same save/restore call")
+
+
+def split(objects: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(tensors for the shards, the rest) of ``objects``' state dicts; collective in a sharded mode."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    models = {k: v for k, v in objects.items() if isinstance(v, nn.Module)}
+    tensors: dict[str, Any] = {k: get_model_state_dict(unwrap(m)) for k, m in models.items()}
+    rest: dict[str, Any] = {}
+    for name, obj in objects.items():
+        if isinstance(obj, torch.optim.Optimizer):
+            state = get_optimizer_state_dict(_owner(obj, models), obj)
+            tensors[name] = state["state"]
+            rest[name] = {"param_groups": state["param_groups"]}
+        elif name not in models:
+            rest[name] = obj.state_dict()
+    return tensors, rest
+
+
+def save(tensors: dict[str, Any], directory: str) -> None:
+    """Every rank writes its shard (fsynced) into ``directory``; rank 0 adds ``.metadata`` last."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(tensors, storage_writer=dcp.FileSystemWriter(directory, sync_files=True))
+
+
+def load(objects: Mapping[str, Any], directory: str, rest: Mapping[str, Any]) -> None:
+    """Load a sharded checkpoint into ``objects`` (any mode, any world size: DCP reshards)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    models = {k: v for k, v in objects.items() if isinstance(v, nn.Module)}
+    optimizers = {k: v for k, v in objects.items() if isinstance(v, torch.optim.Optimizer)}
+    targets: dict[str, Any] = {k: get_model_state_dict(unwrap(m)) for k, m in models.items()}
+    owners = {k: _owner(o, models) for k, o in optimizers.items()}
+    targets.update({k: get_optimizer_state_dict(owners[k], o)["state"] for k, o in optimizers.items()})
+    try:
+        dcp.load(targets, storage_reader=_reader(directory))
+    except Exception as exc:  # DCP's CheckpointException carries every rank's traceback: keep one line
+        first = next((line for line in str(exc).splitlines() if "Missing key" in line or "Error" in line), str(exc))
+        raise ValueError(f"checkpoint {os.path.dirname(directory)} does not fit these objects: {first.strip()[:300]} "
+                         "(was it saved from another model or configuration?)") from None
+    for name, model in models.items():
+        set_model_state_dict(unwrap(model), targets[name])
+    for name, optimizer in optimizers.items():
+        state = {"state": targets[name], "param_groups": rest[name]["param_groups"]}
+        set_optimizer_state_dict(owners[name], optimizer, state)
+
+
+def full_model_state(checkpoint: str, name: str = "model") -> dict[str, torch.Tensor]:
+    """The plain, whole state dict of object ``name`` in a checkpoint of either format (no process group)."""
+    shards = os.path.join(checkpoint, SHARDS)
+    if not os.path.isdir(shards):
+        payload = torch.load(os.path.join(checkpoint, "state.pt"), map_location="cpu", weights_only=True)
+        if name not in payload["objects"]:
+            raise UsageError(f"{checkpoint} has no {name!r} (it has {sorted(payload['objects'])}); pass --name")
+        return dict(payload["objects"][name])
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    everything: dict[str, Any] = {}
+    _load_state_dict(everything, storage_reader=_reader(shards), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    if name not in everything:
+        raise UsageError(f"{checkpoint} has no {name!r} (it has {sorted(everything)}); pass --name")
+    return {k: v for k, v in everything[name].items() if isinstance(v, torch.Tensor)}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog=PROG, description="Write one plain state dict of a model from a ddpkit checkpoint.")
+    p.add_argument("checkpoint", help="a ckpt-* directory (sharded or not), or a run directory: its newest valid")
+    p.add_argument("out", help="the .pt file to write (torch.load(out, weights_only=True) reads it)")
+    p.add_argument("--name", default="model", help="the object's name in Checkpointer.save (default: model)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from ddpkit.checkpoint import newest_valid, validate, write_atomically
+
+    try:
+        ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+        path = ns.checkpoint if os.path.exists(os.path.join(ns.checkpoint, "manifest.json")) else \
+            newest_valid(ns.checkpoint)
+        if path is None:
+            raise UsageError(f"{ns.checkpoint} holds no valid checkpoint; pass a ckpt-* directory or a run directory")
+        reason = validate(path)
+        if reason:
+            raise UsageError(f"{path} is not a valid checkpoint: {reason}")
+        state = full_model_state(path, ns.name)
+    except UsageError as exc:
+        return usage_error(PROG, exc)
+    write_atomically(ns.out, lambda f: torch.save(state, f))
+    print(f"{PROG}: {len(state)} tensors of {ns.name!r} from {path} -> {ns.out}", file=sys.stderr)
+    return 0
