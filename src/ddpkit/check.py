@@ -76,7 +76,17 @@ RULES = {
     "DDP013": ("NCCL process group without torch.cuda.set_device",
                "NCCL and CUDA calls default to GPU 0 on every rank", "call torch.cuda.set_device(local_rank) "
                "before init_process_group, or ddpkit.init()"),
+    "DDP014": ("optimizer built before the model is sharded (prepare_model / fully_shard)",
+               "sharding replaces the parameters the optimizer holds: under fsdp its steps train nothing",
+               "build the optimizer after: model = ddpkit.prepare_model(model); opt = Adam(model.parameters())"),
+    "DDP015": ("state_dict() on rank 0 only, in a sharded (FSDP) script",
+               "each rank holds a shard: gathering the full state dict is collective, so rank 0 waits forever "
+               "(ddpkit), or saves only its own shard (raw FSDP2)", "call state_dict() on every rank and save on "
+               "rank 0, or use ddpkit.Checkpointer (each rank writes its shard)"),
 }
+SHARDING = ("fully_shard", "FullyShardedDataParallel", "fsdp")  # a script that says it shards
+OPTIMIZERS = {"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "RMSprop", "NAdam", "RAdam", "LBFGS",
+              "SparseAdam", "Rprop", "ASGD", "Adafactor", "Muon"}
 
 
 def _name(node: ast.AST) -> str:
@@ -252,6 +262,23 @@ def _findings(v: _Visitor, names: set[str], text: str, distributed: bool) -> Ite
     for const in v.strings:
         if isinstance(const.value, str) and const.value.strip() == "cuda:0":
             yield _finding("DDP004", const.lineno)
+    yield from _sharding_findings(v, text)
+
+
+def _sharding_findings(v: _Visitor, text: str) -> Iterator[Finding]:
+    """DDP014: ``opt = SGD(model.parameters())`` above ``prepare_model(model)`` / ``fully_shard(model)``.
+    DDP015: ``state_dict()`` under a rank condition, in a script that shards."""
+    sharded_at = {ast.unparse(call.args[0]): call.lineno for call, _ in v.calls
+                  if _last(call) in ("prepare_model", "fully_shard") and call.args}
+    for call, ranked in v.calls:
+        params = call.args[0] if call.args else None
+        if _last(call) in OPTIMIZERS and isinstance(params, ast.Call) and _last(params) == "parameters" \
+                and isinstance(params.func, ast.Attribute):
+            model = ast.unparse(params.func.value)
+            if sharded_at.get(model, 0) > call.lineno:
+                yield _finding("DDP014", call.lineno)
+        if ranked and _last(call) == "state_dict" and any(word in text for word in SHARDING):
+            yield _finding("DDP015", call.lineno)
 
 
 def scripts(paths: Sequence[str]) -> list[str]:

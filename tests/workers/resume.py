@@ -64,6 +64,6 @@ for _epoch in range(loader.epoch, args.epochs):
 
             time.sleep(args.step_sleep)
 weights = model.state_dict()  # on every rank: in fsdp mode it gathers the shards
+optimizer = None if state.mode == "fsdp" else opt.state_dict()  # fsdp's is sharded (DTensor)
 if state.is_main:
-    optimizer = None if state.mode == "fsdp" else opt.state_dict()  # fsdp's is sharded (DTensor)
     torch.save({"weights": weights, "optimizer": optimizer, "step": step}, os.path.join(args.out, "final.pt"))
