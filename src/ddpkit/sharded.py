@@ -110,15 +110,56 @@ def on_meta(model: nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def init_empty() -> Iterator[None]:
+def init_empty(budget_mb: float | None = None, optimizer_slots: int = 2) -> Iterator[None]:
     """Build modules on the meta device: shapes only, no memory and no initialisation yet.
 
     ``prepare_model`` then shards the model and initialises each rank's shard, module by module, with the
     module's own ``reset_parameters`` (or ``init_fn``), drawing the same random numbers in the same order
     as building the model normally would: the same seed gives the same weights.
+
+    ``budget_mb``: refuse, before anything is allocated, a model whose training state (parameters, gradients,
+    ``optimizer_slots`` tensors per parameter: Adam 2) would not fit one process in the current mode::
+
+        with ddpkit.init_empty(budget_mb=600):    # ddp: "does not fit: 806 MB needed per process, ..."
+            model = Net()
     """
-    with torch.device("meta"):
-        yield
+    owners: dict[nn.Parameter, nn.Module] = {}  # every parameter created in the block, and its module
+
+    def record(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        if param is not None:
+            owners[param] = module
+
+    handle = nn.modules.module.register_module_parameter_registration_hook(record) if budget_mb else None
+    try:
+        with torch.device("meta"):
+            yield
+    finally:
+        if handle is not None:
+            handle.remove()
+    if budget_mb is not None:
+        check_budget(owners, budget_mb, optimizer_slots)
+
+
+def check_budget(owners: dict[nn.Parameter, nn.Module], budget_mb: float, optimizer_slots: int = 2) -> None:
+    """Raise MemoryError when the parameters' training state per process exceeds ``budget_mb`` in this mode.
+
+    ``owners``: parameter -> its module; the largest module stands in for the block gathered whole.
+    """
+    from ddpkit import runtime, strategy
+
+    state = runtime.ensure_init()
+    mode = strategy.get(state.mode)
+    per_module: dict[int, int] = {}
+    for param, module in owners.items():
+        per_module[id(module)] = per_module.get(id(module), 0) + param.numel()
+    size = max((p.element_size() for p in owners), default=4)
+    elements = mode.state_bytes(sum(per_module.values()), max(per_module.values(), default=0), state.world_size,
+                                optimizer_slots)
+    need = elements * size / 2**20
+    if need > budget_mb:
+        hint = "; use --mode fsdp" if not mode.shards else f"; use more processes than {state.world_size}"
+        raise MemoryError(f"does not fit: {need:.0f} MB needed per process ({mode.name}, {state.world_size} "
+                          f"process(es)), budget {budget_mb:.0f} MB{hint}")
 
 
 def _post_order(module: nn.Module) -> list[nn.Module]:

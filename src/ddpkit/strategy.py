@@ -71,6 +71,11 @@ class Strategy:
         """The GPUs whose generators a checkpoint keeps."""
         return [current]
 
+    def state_bytes(self, params: int, largest_block: int, world_size: int, slots: int) -> int:
+        """Training state one process holds, in elements: parameters, gradients, ``slots`` optimizer tensors
+        per parameter (Adam: 2, SGD with momentum: 1)."""
+        return params * (2 + slots)
+
     def state_dict(self, model: nn.Module) -> dict[str, Any]:
         """The model's full state dict, as a checkpoint saves it (plain names, no wrapper prefix)."""
         from ddpkit.wrappers import unwrap
@@ -147,6 +152,9 @@ class Distributed(Strategy):
     def batch_share(self, state: Any) -> int:
         return state.world_size
 
+    def state_bytes(self, params: int, largest_block: int, world_size: int, slots: int) -> int:
+        return params * (3 + slots)  # + the reducer's gradient buckets
+
     def describe_batch(self, state: Any, batch_size: int, steps: int) -> str:
         return (f"global batch {batch_size * state.world_size} = {batch_size} per process x "
                 f"{state.world_size} processes, {steps} steps/epoch")
@@ -176,6 +184,10 @@ class Sharded(Distributed):
         raise ValueError("ddpkit.join cannot run in fsdp mode (every forward gathers parameters from all ranks, "
                          "so a rank that finished early would hang the others); use "
                          "data_loader(..., uneven='pad') or 'drop'")
+
+    def state_bytes(self, params: int, largest_block: int, world_size: int, slots: int) -> int:
+        # this rank's shards, plus one block gathered whole with its unsharded gradient during backward
+        return -(-params // world_size) * (2 + slots) + 2 * largest_block
 
     def state_dict(self, model: nn.Module) -> dict[str, Any]:
         return model.state_dict()  # ddpkit's FSDP wrapper gathers the full tensors (collective)
