@@ -48,9 +48,9 @@ def run(cmd, env=None, timeout=600, retry=True):
     return {**result, "started": start}
 
 
-def torchrun(impl, *extra, nproc=2, env=None):
+def torchrun(impl, *extra, nproc=2, env=None, worker=WORKER):
     return run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-                str(WORKER), "--impl", impl, *extra], env=env)
+                str(HERE / worker), "--impl", impl, *extra], env=env)
 
 
 def ddpkit_launch(*extra, nproc=2):
@@ -113,7 +113,7 @@ def launch_to_first_step(reps):
 def main():
     parts = {"step": step_and_memory, "import": imports, "first_step": launch_to_first_step,
              "scaling": lambda reps: scaling(reps), "comm": lambda reps: comm_options(reps),
-             "peers": lambda reps: peers(reps)}
+             "peers": lambda reps: peers(reps), "sharded": sharded}
     p = argparse.ArgumentParser()
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="fewer repetitions, for a smoke run")
@@ -211,7 +211,14 @@ TARGETS = {"step_ratio_vs_raw_ddp": ("<=", 1.01), "import_ratio_vs_torch": ("<="
            "first_step_delta_vs_torchrun_s": ("<=", 0.3), "rss_ratio_vs_raw_ddp": ("<=", 1.05),
            "best_comm_speedup_vs_raw_ddp": (">=", 1.3), "step_ratio_vs_accelerate": ("<=", 1.0),
            "step_ratio_vs_fabric": ("<=", 1.0), "first_step_ratio_vs_accelerate": ("<=", 1.0),
-           "first_step_ratio_vs_fabric": ("<=", 1.0)}
+           "first_step_ratio_vs_fabric": ("<=", 1.0), "fsdp_state_bytes_ratio_vs_ddp_2p": ("<=", 0.60),
+           "fsdp_state_bytes_ratio_vs_ddp_3p": ("<=", 0.45), "fsdp_step_ratio_vs_raw_fsdp2": ("<=", 1.02)}
+
+
+def sharded(reps):
+    import sharding
+
+    return sharding.measure(min(reps, 3), torchrun, {"PYTHONPATH": str(PEERS)} if PEERS.exists() else None)
 
 
 def table(res):

@@ -63,6 +63,10 @@ def prepare_data(root):
 def evaluate(epoch):
     return abs(epoch - 5) + 1.0
 """,
+    "sharding": QUICKSTART_DATA + """
+import ddpkit
+state = ddpkit.init()
+""",
     "checkpoint": QUICKSTART_DATA + """
 import ddpkit
 ddpkit.init()
@@ -156,7 +160,9 @@ def parse(argv):
 
         parse_args(rest, gpus=8, cpus=8, environ={})
     else:
-        module = __import__(f"ddpkit.{command}", fromlist=["build_parser"])
+        from ddpkit.cli import COMMANDS
+
+        module = __import__(COMMANDS[command][0], fromlist=["build_parser"])
         module.build_parser().parse_args(rest)
 
 

@@ -1,4 +1,4 @@
-"""GPU tier: NCCL and DataParallel. Skipped cleanly where CUDA (or a second GPU) is missing."""
+"""GPU tier: NCCL, DataParallel and fsdp. Skipped cleanly where CUDA (or a second GPU) is missing."""
 import sys
 
 import pytest
@@ -119,3 +119,52 @@ print("PIN OK", batches)
 @needs_gpu
 def test_gpu_resident_dataset_is_not_pinned():
     assert "PIN OK 8" in ok(run_cmd([sys.executable, "-c", PIN], env={**GPU_ENV, "DDPKIT_MODE": "single"})).stdout
+
+
+@needs_gpu
+def test_init_empty_on_the_gpu_gives_the_weights_of_a_cpu_build(tmp_path):
+    """One process on the GPU (single mode): each module is initialised on the CPU, as a normal build is, then
+    moved; the same seed gives the same weights bitwise."""
+    ok(run_cmd([sys.executable, str(WORKERS / "sharded.py"), str(tmp_path)], env=GPU_ENV))
+    for case, (normal, empty) in torch.load(tmp_path / "sharded1.pt")["empty"].items():
+        assert all(torch.equal(normal[k].cpu(), empty[k].cpu()) for k in normal), case
+
+
+@needs_two
+def test_fsdp_over_nccl_equals_one_gpu(tmp_path):
+    env = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", **GPU_ENV}
+    ok(run_cmd([sys.executable, str(WORKERS / "equivalence.py"), str(tmp_path)], env=env))
+    ok(launch(WORKERS / "equivalence.py", tmp_path, nproc=2, launcher_args=("--mode", "fsdp"), env=env))
+    one, two = torch.load(tmp_path / "world1.pt"), torch.load(tmp_path / "world2-fsdp.pt")
+    for case in ("plain", "bn", "accum", "uneven"):
+        for name, ref in one[case].items():
+            assert torch.allclose(ref.double(), two[case][name].double(), atol=1e-5), (case, name)
+
+
+FSDP_BF16 = """
+import torch, ddpkit
+from torch.distributed.fsdp import MixedPrecisionPolicy
+state = ddpkit.init(seed=0)
+policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+model = ddpkit.prepare_model(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)),
+                             shard=[torch.nn.Linear], mp_policy=policy)
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+x, y = torch.randn(256, 64, device=state.device), torch.randn(256, 1, device=state.device)
+losses = []
+for _ in range(30):
+    out = model(x)
+    loss = torch.nn.functional.mse_loss(out.float(), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+    losses.append(loss.item())
+assert out.dtype == torch.bfloat16, out.dtype                       # computed in bf16
+assert all(p.dtype == torch.float32 for p in model.parameters())   # sharded master weights stay fp32
+assert losses[-1] < 0.5 * losses[0], losses
+ddpkit.print("FSDP BF16 OK")
+"""
+
+
+@needs_two
+def test_fsdp_bf16_mixed_precision_policy_trains(tmp_path):
+    script = tmp_path / "bf16.py"
+    script.write_text(FSDP_BF16)
+    assert "FSDP BF16 OK" in ok(launch(script, nproc=2, launcher_args=("--mode", "fsdp"), env=GPU_ENV)).stdout

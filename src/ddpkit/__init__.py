@@ -38,6 +38,7 @@ _EXPORTS = {
     "any_rank": "control",
     "all_ranks": "control",
     "main_process_first": "control",
+    "spawn": "spawning",
     "Checkpointer": "checkpoint",
     "CommConfig": "comm",
     "print": "output",
@@ -58,6 +59,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ddpkit.output import get_logger, print, progress, summary_writer
     from ddpkit.precision import autocast
     from ddpkit.runtime import State, init, shutdown
+    from ddpkit.spawning import spawn
 
 
 def __getattr__(name: str) -> Any:

@@ -210,7 +210,7 @@ def parse_args(argv: Sequence[str], gpus: int | None = None, cpus: int | None = 
     mode = "ddp" if mode in (None, "auto") else mode
     device = _flag_or_env(ns.device, "--device", contract.DEVICE.name, environ)
     if gpus is None:
-        gpus = _visible_gpus() if device != "cpu" else 0
+        gpus = visible_gpus() if device != "cpu" else 0
     gpus = 0 if device == "cpu" else gpus
     nproc = resolve_nproc(ns.nproc_per_node, gpus, cpus or os.cpu_count() or 1)
     port = None if ns.master_port is None else _count(ns.master_port, "--master-port", 1)
@@ -248,7 +248,7 @@ def _seconds(value: str, name: str) -> float:
     return seconds
 
 
-def _visible_gpus() -> int:
+def visible_gpus() -> int:
     import torch  # the launcher needs torch anyway; imported only once arguments parse
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -181,10 +181,10 @@ def materialize(model: nn.Module, device: torch.device, init_fn: InitFn | None =
     modules, done = _post_order(model), set[int]()
     for module in modules:
         if hasattr(module, "reset_parameters"):
-            _init_module(module, device, _reset, done, only_touched=False)
+            _init_module(module, _reset, done, only_touched=False)
     if init_fn is not None:
         for module in modules:
-            _init_module(module, device, init_fn, done, only_touched=True)
+            _init_module(module, init_fn, done, only_touched=True)
     missing = [n for n, t in [*model.named_parameters(), *model.named_buffers()]
                if id(t) not in done and t.numel()]
     if missing:
@@ -197,20 +197,21 @@ def _reset(module: nn.Module) -> None:
     module.reset_parameters()  # type: ignore[operator]
 
 
-def _init_module(module: nn.Module, device: torch.device, init: InitFn, done: set[int], only_touched: bool) -> None:
+def _init_module(module: nn.Module, init: InitFn, done: set[int], only_touched: bool) -> None:
     """Run ``init`` on a full-size scratch copy of ``module``'s own tensors; copy this rank's slices back."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     own = {**dict(module.named_parameters(recurse=False)), **dict(module.named_buffers(recurse=False))}
     if not own:
         return
-    scratch = _scratch_copy(module, device)
+    scratch = _scratch_copy(module)
     init(scratch)
     with torch.no_grad():
         for name, target in own.items():
             full = getattr(scratch, name)
             if only_touched and _untouched(full):
                 continue
+            full = full.to(target.device)
             if isinstance(target, DTensor):  # this rank's slice of the full tensor, no communication
                 full = distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=None)
             target.copy_(full)
@@ -230,8 +231,9 @@ def _untouched(tensor: torch.Tensor) -> bool:
     return tensor.dtype == torch.bool or bool((tensor == _sentinel(tensor.dtype)).all())
 
 
-def _scratch_copy(module: nn.Module, device: torch.device) -> nn.Module:
-    """A shallow copy of ``module`` with full-size, unsharded tensors of its own (children shared, unused).
+def _scratch_copy(module: nn.Module) -> nn.Module:
+    """A shallow copy of ``module`` with full-size, unsharded tensors of its own (children shared, unused),
+    on the CPU: a model built normally is initialised there, with the CPU generator, before it moves.
 
     Built from the module's own class, not FSDP2's subclass of it (whose ``__new__`` re-runs ``__init__``).
     """
@@ -242,15 +244,15 @@ def _scratch_copy(module: nn.Module, device: torch.device) -> nn.Module:
         cls = next(base for base in cls.__bases__ if base is not FSDPModule)
     scratch = object.__new__(cls)
     scratch.__dict__.update(module.__dict__)
-    scratch._parameters = {n: None if p is None else nn.Parameter(_filled(p, device), requires_grad=p.requires_grad)
+    scratch._parameters = {n: None if p is None else nn.Parameter(_filled(p), requires_grad=p.requires_grad)
                            for n, p in module._parameters.items()}
-    scratch._buffers = {n: None if b is None else _filled(b, device) for n, b in module._buffers.items()}
+    scratch._buffers = {n: None if b is None else _filled(b) for n, b in module._buffers.items()}
     return scratch
 
 
-def _filled(like: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A full-size tensor (a DTensor's global shape) holding the sentinel of its dtype."""
-    return torch.full(tuple(like.size()), _sentinel(like.dtype), dtype=like.dtype, device=device)
+def _filled(like: torch.Tensor) -> torch.Tensor:
+    """A full-size CPU tensor (a DTensor's global shape) holding the sentinel of its dtype."""
+    return torch.full(tuple(like.size()), _sentinel(like.dtype), dtype=like.dtype)
 
 
 def _watch_optimizers(old: list[torch.Tensor]) -> None:

@@ -107,7 +107,7 @@ def _supervise(cfg: LaunchConfig, report_dir: str) -> int:
                        0 if cfg.elastic else cfg.node_rank * cfg.nproc_per_node, cfg.world_size)
     tail.start()
     try:
-        with _torch_logs(os.path.join(log_dir, "launcher.log"), cfg.verbose):
+        with torch_logs(os.path.join(log_dir, "launcher.log"), cfg.verbose):
             torchrun(get_args_parser().parse_args(torchrun_argv(cfg, log_dir)))
     except ChildFailedError as exc:
         tail.stop()
@@ -124,7 +124,7 @@ def _supervise(cfg: LaunchConfig, report_dir: str) -> int:
 
 
 @contextlib.contextmanager
-def _torch_logs(path: str, verbose: bool):
+def torch_logs(path: str, verbose: bool):
     """torch's launcher log lines (W/E ... api.py: "failed (exitcode ...)", "Sending closing signal") go to
     ``path`` instead of the console, which shows ddpkit's lines and the script's; ``--verbose`` keeps both."""
     logger = logging.getLogger("torch.distributed")  # torch gives it its own stderr handler

@@ -1,0 +1,164 @@
+"""``ddpkit.spawn(fn, *args, nproc_per_node=N)``: N data-parallel processes from a script or a notebook.
+
+Each worker runs ``fn(*args, **kwargs)`` set up exactly as under ``ddpkit launch`` (the same environment
+contract, loopback-only store, threads per process, per-rank logs, death with the parent); ``ddpkit.init()``
+inside ``fn`` finds a ddp launch. torch's elastic launcher (``elastic_launch``) starts and watches them with
+ddpkit's rendezvous handler. Rank 0's return value comes back; a failure is raised once, as a
+:class:`SpawnError` whose text is the launcher's report (the rank that failed first and its traceback, or
+the hang report).
+
+Example (a notebook cell, or a script under ``if __name__ == "__main__":``)::
+
+    def train(epochs):
+        state = ddpkit.init()
+        ...
+        return accuracy
+
+    accuracy = ddpkit.spawn(train, 3, nproc_per_node=2)
+
+Start method: a function defined in a notebook or the REPL cannot be pickled by name, so workers are forked
+from the kernel; fork is unsafe once CUDA is initialised in the parent, which is refused before anything
+starts. Functions in a script or a module start with spawn (a fresh interpreter imports them).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ddpkit import contract, launch, runtime
+
+_SIGNALS = [getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, name)]
+_launches = itertools.count()
+
+
+class SpawnError(RuntimeError):
+    """A worker failed: the message is ddpkit's report; ``exit_code`` is what ``ddpkit launch`` would return."""
+
+    def __init__(self, report: str, exit_code: int):
+        super().__init__(report)
+        self.exit_code = exit_code
+
+
+def start_method(requested: str | None, interactive: bool, cuda_initialized: bool) -> str:
+    """fork for notebook / REPL functions, spawn otherwise; refuses fork after CUDA is initialised.
+
+    >>> start_method(None, True, False), start_method(None, False, True), start_method("fork", False, False)
+    ('fork', 'spawn', 'fork')
+    """
+    method = requested or ("fork" if interactive else "spawn")
+    if method not in ("fork", "spawn", "forkserver"):
+        raise ValueError(f"start_method={requested!r} is not one of fork, spawn, forkserver")
+    if method == "fork" and cuda_initialized:
+        fix = ("restart the kernel and call ddpkit.spawn before anything touches CUDA (torch.cuda.*, .cuda(), "
+               "a CUDA tensor)") if interactive else "pass start_method='spawn' (or leave it unset)"
+        raise RuntimeError(f"CUDA is already initialised in this process, and forked workers cannot use it "
+                           f"(\"Cannot re-initialize CUDA in forked subprocess\"); {fix}")
+    if method != "fork" and interactive:
+        raise ValueError(f"start_method={method!r} imports the function by name in a fresh interpreter, but it was "
+                         "defined in a notebook or the REPL; move it into a .py module, or leave start_method unset")
+    return method
+
+
+def _interactive(fn: Callable[..., Any]) -> bool:
+    """Defined in a notebook or the REPL: its ``__main__`` has no file for a spawned interpreter to import."""
+    main = sys.modules.get("__main__")
+    return getattr(fn, "__module__", None) == "__main__" and not getattr(main, "__file__", None)
+
+
+class _Call:
+    """``fn(*args, **kwargs)`` in a worker (torch's elastic_launch passes positional arguments only)."""
+
+    def __init__(self, fn: Callable[..., Any], kwargs: dict[str, Any]):
+        self.fn, self.kwargs = fn, kwargs
+
+    def __call__(self, *args: Any) -> Any:
+        try:
+            result = self.fn(*args, **self.kwargs)
+        except BaseException as exc:
+            # multiprocessing catches it before any excepthook: record it as ddpkit's hook would (the report
+            # names this rank), and mark the failure so shutdown does not wait in a barrier for the peers
+            sys.last_value = exc
+            sys.excepthook(type(exc), exc, exc.__traceback__)
+            raise
+        runtime.shutdown()  # a forked worker ends in os._exit, without atexit: leave the group cleanly here
+        return result
+
+
+def spawn(fn: Callable[..., Any], *args: Any, nproc_per_node: int | None = None, mode: str = "ddp",
+          device: str | None = None, start_method: str | None = None, log_dir: str = os.path.join("runs", "logs"),
+          **kwargs: Any) -> Any:
+    """Run ``fn(*args, **kwargs)`` in ``nproc_per_node`` workers (default: the GPU count, else 2); rank 0's result.
+
+    ``mode``: a multi-process mode (ddp, fsdp); ``device``: auto, cpu or cuda, as ``ddpkit launch --device``.
+    Ctrl-C (a kernel interrupt) stops every worker and raises KeyboardInterrupt here.
+    """
+    import torch
+
+    device = device or contract.DEVICE.text(os.environ)  # as ddpkit launch: the flag, else DDPKIT_DEVICE
+    gpus = 0 if device == "cpu" else launch.visible_gpus()
+    cfg = launch.LaunchConfig(script=f"<{getattr(fn, '__name__', 'fn')}>", module=True, mode=mode, device=device,
+                              gpus=gpus, nproc_per_node=nproc_per_node or gpus or 2, log_dir=log_dir)
+    if not cfg.strategy.multi_process:
+        raise ValueError(f"mode={mode!r} runs one process; ddpkit.spawn starts a multi-process mode (ddp, fsdp)")
+    method = start_method_for(start_method, fn, torch.cuda.is_available() and torch.cuda.is_initialized())
+    run_dir = os.path.join(log_dir, time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}-{next(_launches)}")
+    report_dir = tempfile.mkdtemp(prefix="ddpkit-report-")
+    env, _ = launch.worker_env(cfg, os.environ, os.cpu_count() or 1)
+    env[contract.REPORT_DIR.name] = report_dir
+    saved_env, saved_signals = dict(os.environ), {s: signal.getsignal(s) for s in _SIGNALS}
+    try:
+        os.environ.update(env)  # inherited by the workers: their contract with ddpkit.init()
+        return _launch(cfg, fn, args, kwargs, method, run_dir, report_dir)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        for sig, handler in saved_signals.items():  # torch's agent installs its own; give the caller theirs
+            signal.signal(sig, handler)
+        shutil.rmtree(report_dir, ignore_errors=True)
+
+
+def start_method_for(requested: str | None, fn: Callable[..., Any], cuda_initialized: bool) -> str:
+    return start_method(requested, _interactive(fn), cuda_initialized)
+
+
+def _launch(cfg: launch.LaunchConfig, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], method: str,
+            run_dir: str, report_dir: str) -> Any:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from ddpkit import rendezvous, supervise
+    from ddpkit.logs import ConsoleTail
+
+    rendezvous.register()
+    os.makedirs(run_dir, exist_ok=True)
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=cfg.nproc_per_node, run_id=os.path.basename(run_dir),
+                          rdzv_backend=rendezvous.BACKEND, rdzv_endpoint="127.0.0.1:0", max_restarts=0,
+                          start_method=method, monitor_interval=0.1, shutdown_timeout=3,
+                          logs_specs=DefaultLogsSpecs(log_dir=run_dir, redirects=Std.ALL))
+    tail = ConsoleTail(run_dir, {0}, 0, cfg.nproc_per_node)
+    tail.start()
+    try:
+        with supervise.torch_logs(os.path.join(run_dir, "launcher.log"), verbose=False):
+            results = elastic_launch(config, _Call(fn, kwargs))(*args)
+    except ChildFailedError as exc:
+        tail.stop()
+        code, text = supervise.failure_report(exc, report_dir, supervise.stderr_tails(run_dir, 0))
+        raise SpawnError(text, code) from None
+    except SignalException as exc:
+        tail.stop()
+        if exc.sigval == signal.SIGINT:
+            raise KeyboardInterrupt("ddpkit.spawn: interrupted; every worker was stopped") from None
+        raise SpawnError(f"ddpkit.spawn: stopped by signal {exc.sigval.name}; every worker was stopped",
+                         128 + int(exc.sigval)) from None
+    finally:
+        tail.stop()
+    return results[0]

@@ -1,0 +1,120 @@
+"""ddpkit.spawn: a script that launches itself, a function from an interactive session (fork), failures,
+interrupts and repeated launches, with real processes (gloo, CPU)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import SCRATCH, WORKERS, launch, ok, run_cmd
+from ddpkit.spawning import start_method
+
+SELF = WORKERS / "selflaunch.py"
+
+
+def test_start_method_decisions():
+    assert start_method(None, interactive=True, cuda_initialized=False) == "fork"  # notebook functions: no pickling
+    assert start_method(None, interactive=False, cuda_initialized=True) == "spawn"  # scripts: a fresh interpreter
+    with pytest.raises(RuntimeError, match="CUDA is already initialised.*restart the kernel"):
+        start_method(None, interactive=True, cuda_initialized=True)  # the fake: what a notebook that touched CUDA sees
+    with pytest.raises(RuntimeError, match="pass start_method='spawn'"):
+        start_method("fork", interactive=False, cuda_initialized=True)
+    with pytest.raises(ValueError, match="defined in a notebook or the REPL; move it into a .py module"):
+        start_method("spawn", interactive=True, cuda_initialized=False)
+    with pytest.raises(ValueError, match="not one of fork, spawn, forkserver"):
+        start_method("thread", interactive=False, cuda_initialized=False)
+
+
+def test_a_script_that_launches_itself_equals_ddpkit_launch(tmp_path):
+    r = ok(run_cmd([sys.executable, str(SELF), str(tmp_path), "--spawn"]))
+    result = json.loads(r.stdout.split("RESULT ", 1)[1])
+    assert result == {"rank": 0, "world_size": 2, "mode": "ddp"}  # rank 0's return value
+    assert "trained" in r.stdout  # rank 0's print reaches the caller's stdout
+    ok(launch(SELF, tmp_path))
+    spawned, launched = torch.load(tmp_path / "spawn.pt"), torch.load(tmp_path / "launch.pt")
+    assert all(torch.equal(spawned[k], launched[k]) for k in launched)  # the same weights, bitwise
+
+
+def test_an_exception_in_rank_1_is_raised_once_in_the_caller(tmp_path):
+    r = run_cmd([sys.executable, str(SELF), str(tmp_path), "--spawn", "--fail"])
+    assert r.returncode == 1 and "SPAWN-ERROR exit=1" in r.stdout, r.stdout + r.stderr
+    report = r.stdout.split("SPAWN-ERROR exit=1\n", 1)[1]
+    assert "rank 1 on" in report and "failed first: ValueError: planned failure on rank 1" in report
+    assert report.count("Traceback (most recent call last)") == 1
+    assert "ChildFailedError" not in r.stdout + r.stderr  # never torch's elastic wall
+
+
+SESSION = """
+import os, sys, threading, time, json
+import torch, ddpkit
+
+def work(scale, pid_dir=None, sleep=0.0):
+    state = ddpkit.init()
+    if pid_dir:
+        open(os.path.join(pid_dir, f"{os.getpid()}.pid"), "w").close()
+    total = ddpkit.reduce(torch.tensor(float(state.rank + 1) * scale)).item()
+    end = time.time() + sleep
+    while time.time() < end:
+        ddpkit.barrier()
+        time.sleep(0.05)
+    return total
+
+def fds():
+    return len(os.listdir("/proc/self/fd"))
+"""
+
+TEN = SESSION + """
+results, threads, files = [], [], []
+for i in range(10):
+    results.append(ddpkit.spawn(work, 1.0, nproc_per_node=2))
+    threads.append(threading.active_count()); files.append(fds())
+print("TEN " + json.dumps({"results": results, "threads": threads, "fds": files}))
+"""
+
+
+def test_ten_launches_in_one_session_leak_no_port_thread_or_file(tmp_path):
+    """A function defined in an interactive session (stdin: `__main__` has no file) forks its workers."""
+    r = ok(run_cmd([sys.executable, "-c", TEN], timeout=300))
+    got = json.loads(r.stdout.split("TEN ", 1)[1])
+    assert got["results"] == [3.0] * 10  # 1 + 2 from the two ranks, every time
+    assert len(set(got["threads"][1:])) == 1, got["threads"]  # no thread left behind per launch
+    assert got["fds"][-1] <= got["fds"][1], got["fds"]  # nor a file descriptor
+
+
+INTERRUPT = SESSION + """
+pid_dir = sys.argv[1]
+try:
+    ddpkit.spawn(work, 1.0, pid_dir, 120.0, nproc_per_node=2)
+except KeyboardInterrupt as exc:
+    print("INTERRUPTED", time.time(), exc, flush=True)
+print("AGAIN", ddpkit.spawn(work, 2.0, nproc_per_node=2), flush=True)
+"""
+
+
+def test_an_interrupt_stops_every_worker_and_the_session_launches_again(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPT, str(tmp_path)], cwd=SCRATCH, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 60
+        while len(list(tmp_path.glob("*.pid"))) < 2 and time.time() < deadline:
+            time.sleep(0.2)
+        workers = [int(p.stem) for p in tmp_path.glob("*.pid")]
+        assert len(workers) == 2, "the workers did not start"
+        sent = time.time()
+        proc.send_signal(signal.SIGINT)  # what a kernel interrupt sends
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out + err
+    stopped_at = float(out.split("INTERRUPTED ", 1)[1].split()[0])
+    assert stopped_at - sent < 5  # every worker stopped within 5 s
+    for pid in workers:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # no orphan
+    assert "AGAIN 6.0" in out  # the session survives and launches again
