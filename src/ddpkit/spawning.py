@@ -78,8 +78,15 @@ class _Call:
 
     def __init__(self, fn: Callable[..., Any], kwargs: dict[str, Any]):
         self.fn, self.kwargs = fn, kwargs
+        # torch's launcher names the run and its events after these
+        self.__name__ = getattr(fn, "__name__", "fn")
+        self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
 
     def __call__(self, *args: Any) -> Any:
+        # A fork copies the agent's handlers (which raise, for a traceback per worker). Ctrl-C / a kernel interrupt
+        # reaches the whole process group: the agent stops the workers, so they ignore it and die by its SIGTERM.
+        for sig in _SIGNALS:
+            signal.signal(sig, signal.SIG_IGN if sig == signal.SIGINT else signal.SIG_DFL)
         try:
             result = self.fn(*args, **self.kwargs)
         except BaseException as exc:
@@ -129,6 +136,14 @@ def start_method_for(requested: str | None, fn: Callable[..., Any], cuda_initial
     return start_method(requested, _interactive(fn), cuda_initialized)
 
 
+def _has_fileno(stream: Any) -> bool:
+    try:
+        stream.fileno()
+        return True
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both OSError and ValueError
+        return False
+
+
 def _launch(cfg: launch.LaunchConfig, fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any], method: str,
             run_dir: str, report_dir: str) -> Any:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException, Std
@@ -140,10 +155,13 @@ def _launch(cfg: launch.LaunchConfig, fn: Callable[..., Any], args: tuple, kwarg
 
     rendezvous.register()
     os.makedirs(run_dir, exist_ok=True)
+    # torch redirects a worker's output at the file-descriptor level, through sys.stdout.fileno(); a kernel that
+    # does not capture its descriptors has streams without one: the workers then write through those streams
+    redirects = Std.ALL if _has_fileno(sys.stdout) and _has_fileno(sys.stderr) else Std.NONE
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=cfg.nproc_per_node, run_id=os.path.basename(run_dir),
                           rdzv_backend=rendezvous.BACKEND, rdzv_endpoint="127.0.0.1:0", max_restarts=0,
                           start_method=method, monitor_interval=0.1, shutdown_timeout=3,
-                          logs_specs=DefaultLogsSpecs(log_dir=run_dir, redirects=Std.ALL))
+                          logs_specs=DefaultLogsSpecs(log_dir=run_dir, redirects=redirects))
     tail = ConsoleTail(run_dir, {0}, 0, cfg.nproc_per_node)
     tail.start()
     try:
