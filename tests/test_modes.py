@@ -31,8 +31,8 @@ def test_one_process_modes_refuse_a_multi_process_launch(requested):
 
 
 def test_unknown_mode():
-    with pytest.raises(ValueError, match="'fsdp' is not one of"):
-        choose_mode("fsdp", ProcessEnv(), 0)
+    with pytest.raises(ValueError, match="'zero' is not one of"):
+        choose_mode("zero", ProcessEnv(), 0)
 
 
 def test_device_is_own_gpu_or_cpu():

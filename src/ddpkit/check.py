@@ -83,6 +83,10 @@ RULES = {
                "each rank holds a shard: gathering the full state dict is collective, so rank 0 waits forever "
                "(ddpkit), or saves only its own shard (raw FSDP2)", "call state_dict() on every rank and save on "
                "rank 0, or use ddpkit.Checkpointer (each rank writes its shard)"),
+    "DDP016": ("an IterableDataset that never splits by rank, through a plain DataLoader in a DDP script",
+               "every rank (and every loader worker) reads the whole stream: each sample is trained on N times",
+               "ddpkit.data_loader(stream, batch_size) splits it across ranks and workers; or skip samples by "
+               "rank and get_worker_info() in __iter__"),
 }
 SHARDING = ("fully_shard", "FullyShardedDataParallel", "fsdp")  # a script that says it shards
 OPTIMIZERS = {"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "RMSprop", "NAdam", "RAdam", "LBFGS",
@@ -125,6 +129,19 @@ class _Visitor(ast.NodeVisitor):
         self.owner: dict[int, str] = {}  # id(call) -> the function or method it sits in
         self._rank_depth = 0
         self._functions: list[str] = []
+        self.iterables: dict[str, str] = {}  # IterableDataset subclasses of the file -> their source, lowercase
+        self.assigned: dict[str, ast.expr] = {}  # name -> the value last assigned to it (module or function level)
+
+    def visit_ClassDef(self, node: ast.ClassDef):
+        if any(_name(base).endswith("IterableDataset") for base in node.bases):
+            self.iterables[node.name] = ast.unparse(node).lower()
+        self.generic_visit(node)
+
+    def visit_Assign(self, node: ast.Assign):
+        for target in node.targets:
+            if isinstance(target, ast.Name):
+                self.assigned[target.id] = node.value
+        self.generic_visit(node)
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef):
         self.defined.add(node.name)
@@ -263,6 +280,22 @@ def _findings(v: _Visitor, names: set[str], text: str, distributed: bool) -> Ite
         if isinstance(const.value, str) and const.value.strip() == "cuda:0":
             yield _finding("DDP004", const.lineno)
     yield from _sharding_findings(v, text)
+    if distributed:
+        yield from _stream_findings(v)
+
+
+def _stream_findings(v: _Visitor) -> Iterator[Finding]:
+    """DDP016: ``DataLoader(Stream(...))`` or ``DataLoader(stream)`` with ``stream = Stream(...)``, where ``Stream``
+    subclasses IterableDataset in this file and its body never mentions a rank or the loader worker."""
+    unsplit = {name for name, body in v.iterables.items()
+               if not any(word in body for word in (*RANK_WORDS, "get_worker_info", "split_dataset_by_node"))}
+    for call, _ in v.calls:
+        if _last(call) != "DataLoader" or not call.args:
+            continue
+        source = call.args[0]
+        made = v.assigned.get(source.id) if isinstance(source, ast.Name) else source
+        if isinstance(made, ast.Call) and _last(made) in unsplit:
+            yield _finding("DDP016", call.lineno)
 
 
 def _sharding_findings(v: _Visitor, text: str) -> Iterator[Finding]:

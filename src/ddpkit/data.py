@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, TensorDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, TensorDataset
 
 from ddpkit import faults, runtime, strategy
 from ddpkit.options import Uneven, check
@@ -204,8 +204,8 @@ def join(model: torch.nn.Module):
 
 
 def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_size: int | None = None,
-                train: bool = True, shuffle: bool | None = None, uneven: Uneven = "pad", seed: int = 0,
-                **loader_kwargs: Any) -> ShardedDataLoader:
+                train: bool = True, shuffle: bool | None = None, uneven: Uneven | None = None, seed: int = 0,
+                shuffle_buffer: int = 1000, **loader_kwargs: Any) -> Any:
     """Build a loader over this rank's shard of ``dataset``.
 
     ``batch_size`` is **per process** in DDP (global batch = batch_size x world size) and **global** in
@@ -221,10 +221,20 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
 
     Each rank's DataLoader workers get their own reproducible seeds (from ``seed`` and the rank). Other
     keyword arguments (``num_workers``, ``collate_fn``, ``drop_last``, ...) go to ``DataLoader``.
+
+    A ``torch.utils.data.IterableDataset`` (a stream) is split across ranks and loader workers so each sample
+    is read by exactly one of them (:mod:`ddpkit.streams`); ``uneven`` is then ``drop`` (the default: every
+    rank stops when the first runs dry, agreed each step) or ``join``, ``shuffle`` is a seeded shard order
+    plus a buffer of ``shuffle_buffer`` samples, reseeded per epoch; ``train=False`` reads every sample once.
     """
     state, tools = runtime.ensure_init(), runtime.tools()
     batch_size = _per_process_batch(batch_size, global_batch_size, state)
-    check("uneven", uneven, Uneven)
+    if uneven is not None:
+        check("uneven", uneven, Uneven)
+    if isinstance(dataset, IterableDataset):
+        return _stream_loader(dataset, batch_size, state, tools, train, shuffle, uneven or "drop", seed,
+                              shuffle_buffer, loader_kwargs)
+    uneven = uneven or "pad"
     if len(dataset) < state.world_size:
         raise ValueError(f"dataset has {len(dataset)} samples but the job has {state.world_size} processes: "
                          "each rank needs at least one sample; use fewer processes or a larger dataset")
@@ -246,14 +256,40 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     loader = ShardedDataLoader(dataset, batch_size=batch_size, sampler=sampler, join=train and uneven == "join",
                                equal_steps=equal, **loader_kwargs)
     if train:
-        mode = strategy.get(state.mode)
-        global_batch = batch_size * mode.batch_share(state)
-        tools.on_loader(loader, state.rank, lambda: {"global_batch": global_batch, "mode": state.mode,
-                                                     "device": str(state.device)}, runtime.on_shutdown)
-        if state.is_main:
-            workers = f", {loader.num_workers} loader workers per process" if loader.num_workers else ""
-            line = mode.describe_batch(state, batch_size, len(loader))
-            print(f"ddpkit: {line}{workers}", file=sys.stderr, flush=True)
+        _announce(loader, state, tools, batch_size, len(loader))
+    return loader
+
+
+def _announce(loader: Any, state: runtime.State, tools: Any, batch_size: int, steps: int | None) -> None:
+    """A training loader: hook the tools in, and say the global batch once."""
+    mode = strategy.get(state.mode)
+    global_batch = batch_size * mode.batch_share(state)
+    tools.on_loader(loader, state.rank, lambda: {"global_batch": global_batch, "mode": state.mode,
+                                                 "device": str(state.device)}, runtime.on_shutdown)
+    if state.is_main:
+        workers = f", {loader.num_workers} loader workers per process" if loader.num_workers else ""
+        print(f"ddpkit: {mode.describe_batch(state, batch_size, steps)}{workers}", file=sys.stderr, flush=True)
+
+
+def _stream_loader(dataset: IterableDataset, batch_size: int, state: runtime.State, tools: Any, train: bool,
+                   shuffle: bool | None, uneven: str, seed: int, shuffle_buffer: int,
+                   loader_kwargs: dict[str, Any]) -> Any:
+    """An IterableDataset: :mod:`ddpkit.streams` splits it across ranks and workers."""
+    from ddpkit import streams
+
+    if loader_kwargs.get("persistent_workers"):
+        raise ValueError("persistent_workers=True would keep last epoch's stream position in the workers; "
+                         "drop it for a stream")
+    if state.device.type == "cuda":
+        loader_kwargs.setdefault("pin_memory", True)
+    if train:
+        batch_size = tools.train_batch(batch_size)
+    loader = streams.stream_loader(dataset, batch_size, state, train=train, uneven=uneven,
+                                   shuffle=train if shuffle is None else shuffle, seed=seed,
+                                   shuffle_buffer=shuffle_buffer,
+                                   collective_forward=strategy.get(state.mode).collective_forward, **loader_kwargs)
+    if train:
+        _announce(loader, state, tools, batch_size, None)
     return loader
 
 

@@ -44,7 +44,7 @@ def blocks(model: nn.Module, shard: Shard = None) -> list[nn.Module]:
 
     >>> net = nn.Sequential(nn.Linear(1000, 1000), nn.ReLU(), nn.Sequential(nn.Linear(10, 10), nn.Linear(1000, 999)))
     >>> [type(m).__name__ for m in blocks(net, 500_000)], [type(m).__name__ for m in blocks(net, [nn.Linear])]
-    (['Linear', 'Sequential'], ['Linear', 'Linear', 'Linear'])
+    (['Linear', 'Linear'], ['Linear', 'Linear', 'Linear'])
     """
     if shard is None or isinstance(shard, int):
         found: list[nn.Module] = []

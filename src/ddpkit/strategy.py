@@ -64,8 +64,9 @@ class Strategy:
         """How many processes share one global batch (``batch_size`` is per process)."""
         return 1
 
-    def describe_batch(self, state: Any, batch_size: int, steps: int) -> str:
-        return f"global batch {batch_size} (one process), {steps} steps/epoch"
+    def describe_batch(self, state: Any, batch_size: int, steps: int | None) -> str:
+        """The start-up line about the batch; ``steps`` None: a stream, whose length nobody knows up front."""
+        return f"global batch {batch_size} (one process), {_per_epoch(steps)}"
 
     def cuda_rng_devices(self, current: int, count: int) -> list[int]:
         """The GPUs whose generators a checkpoint keeps."""
@@ -95,11 +96,11 @@ class DataParallel(Strategy):
 
         return DP(model)
 
-    def describe_batch(self, state: Any, batch_size: int, steps: int) -> str:
+    def describe_batch(self, state: Any, batch_size: int, steps: int | None) -> str:
         import torch
 
         gpus = torch.cuda.device_count()
-        return f"global batch {batch_size}, split by DataParallel across {gpus} GPUs, {steps} steps/epoch"
+        return f"global batch {batch_size}, split by DataParallel across {gpus} GPUs, {_per_epoch(steps)}"
 
     def cuda_rng_devices(self, current: int, count: int) -> list[int]:
         return list(range(count))  # dropout runs in a replica on every GPU
@@ -155,9 +156,9 @@ class Distributed(Strategy):
     def state_bytes(self, params: int, largest_block: int, world_size: int, slots: int) -> int:
         return params * (3 + slots)  # + the reducer's gradient buckets
 
-    def describe_batch(self, state: Any, batch_size: int, steps: int) -> str:
+    def describe_batch(self, state: Any, batch_size: int, steps: int | None) -> str:
         return (f"global batch {batch_size * state.world_size} = {batch_size} per process x "
-                f"{state.world_size} processes, {steps} steps/epoch")
+                f"{state.world_size} processes, {_per_epoch(steps)}")
 
 
 class Sharded(Distributed):
@@ -191,6 +192,10 @@ class Sharded(Distributed):
 
     def state_dict(self, model: nn.Module) -> dict[str, Any]:
         return model.state_dict()  # ddpkit's FSDP wrapper gathers the full tensors (collective)
+
+
+def _per_epoch(steps: int | None) -> str:
+    return f"{steps} steps/epoch" if steps is not None else "a stream (an epoch ends when the first rank runs dry)"
 
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (Strategy(), DataParallel(), Distributed(), Sharded())}

@@ -1,0 +1,53 @@
+"""Training on a stream with checkpoints, for the mid-stream resume test.
+
+``stream_resume.py OUT [--die-at S] [--workers K]``: a deterministic stream of 90 samples, shuffled through a
+buffer, 2 epochs, a checkpoint every 3 steps, SIGKILL at step S on the first attempt; rank 0 writes OUT/final.pt.
+"""
+import argparse
+import os
+import signal
+
+import torch
+from torch import nn
+from torch.utils.data import IterableDataset
+
+import ddpkit
+
+p = argparse.ArgumentParser()
+p.add_argument("out")
+p.add_argument("--die-at", type=int, default=-1)
+p.add_argument("--workers", type=int, default=1)
+args = p.parse_args()
+torch.set_num_threads(1)
+state = ddpkit.init(seed=3)
+first_attempt = not os.environ.get("DDPKIT_RESUME")
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        for i in range(90):
+            g = torch.Generator().manual_seed(i)
+            x = torch.randn(6, generator=g)
+            yield x, x.sum(0, keepdim=True) * 0.5
+
+
+torch.manual_seed(0)
+model = ddpkit.prepare_model(nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 1)))
+opt = torch.optim.Adam(model.parameters(), lr=0.01)
+loader = ddpkit.data_loader(Stream(), batch_size=4, num_workers=args.workers, seed=1, shuffle_buffer=10)
+ckpt = ddpkit.Checkpointer(os.path.join(args.out, "ckpt"), keep=2)
+step = ckpt.restore(model=model, optimizer=opt, loader=loader)
+for _epoch in range(loader.epoch, 2):
+    for x, y in loader:
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        step += 1
+        if step % 3 == 0:
+            ckpt.save(step, model=model, optimizer=opt, loader=loader)
+        if step == args.die_at and first_attempt and state.rank == state.world_size - 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+weights = model.state_dict()
+if state.is_main:
+    torch.save({"weights": weights, "step": step}, os.path.join(args.out, "final.pt"))

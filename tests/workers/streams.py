@@ -1,0 +1,95 @@
+"""Worker for the streaming tests: ``ddpkit launch --nproc-per-node N streams.py OUT WORKERS``.
+
+Checks, on every rank, then rank 0 writes OUT/streams<N>x<WORKERS>.json:
+- eval over a generator stream (round robin) and a sharded stream over files: every id once across ranks and
+  workers (gathered);
+- train with uneven="drop" (the default): equal steps on every rank, no id twice, ids reshuffled per epoch;
+- a stream where rank 0 has 3 batches and rank 1 has 7 (2 processes, no workers): done in 3 equal steps.
+"""
+import json
+import os
+import sys
+import time
+
+import torch
+from torch.utils.data import IterableDataset
+
+import ddpkit
+
+out, workers = sys.argv[1], int(sys.argv[2])
+torch.set_num_threads(1)
+state = ddpkit.init(seed=0)
+N, B = 103, 4
+
+
+class Counter(IterableDataset):
+    """A generator: ids 0..n-1, unaware of ranks and workers."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        for i in range(self.n):
+            yield torch.tensor([i])
+
+
+class Files(IterableDataset):
+    """One file of ids per shard; exposes n_shards / shard(num_shards=, index=) so whole files go to slots."""
+
+    def __init__(self, folder, sizes):
+        self.paths, start = [], 0
+        for k, size in enumerate(sizes):
+            path = os.path.join(folder, f"part-{k}.txt")
+            if state.is_main and not os.path.exists(path):
+                with open(path + ".tmp", "w") as f:
+                    f.write("\n".join(str(i) for i in range(start, start + size)))
+                os.replace(path + ".tmp", path)
+            self.paths.append(path)
+            start += size
+        ddpkit.barrier()
+        self.n_shards = len(sizes)
+
+    def shard(self, num_shards, index):
+        assert num_shards == self.n_shards
+        with open(self.paths[index]) as f:
+            return [torch.tensor([int(line)]) for line in f]
+
+    def __iter__(self):
+        for k in range(self.n_shards):
+            yield from self.shard(self.n_shards, k)
+
+
+def ids(loader):
+    seen, steps = [], 0
+    for batch in loader:
+        seen += batch.flatten().tolist()
+        steps += 1
+    return seen, steps
+
+
+def everyone(values):
+    return [v for part in ddpkit.gather_object(values) for v in part]
+
+
+folder = os.path.join(out, "files")
+os.makedirs(folder, exist_ok=True)
+files = Files(folder, [11, 17, 5, 23, 13, 9, 25])  # 103 ids in 7 files of uneven sizes
+result = {}
+for name, stream in (("generator", Counter(N)), ("files", files)):
+    seen, _ = ids(ddpkit.data_loader(stream, batch_size=B, train=False, num_workers=workers))
+    result[f"{name}_eval"] = sorted(everyone(seen))
+    loader = ddpkit.data_loader(stream, batch_size=B, num_workers=workers, seed=1, shuffle_buffer=8)
+    epochs = []
+    for _ in range(2):
+        seen, steps = ids(loader)
+        epochs.append({"ids": everyone(seen), "steps": ddpkit.gather_object(steps)})
+    result[f"{name}_train"] = epochs
+if state.world_size == 2 and workers == 0:
+    os.makedirs(os.path.join(out, "uneven"), exist_ok=True)
+    uneven = Files(os.path.join(out, "uneven"), [3 * B, 7 * B])  # slot 0: 3 batches, slot 1: 7 batches
+    start = time.monotonic()
+    _, steps = ids(ddpkit.data_loader(uneven, batch_size=B, shuffle=False))
+    result["uneven"] = {"steps": ddpkit.gather_object(steps), "seconds": time.monotonic() - start}
+if state.is_main:
+    with open(os.path.join(out, f"streams{state.world_size}x{workers}.json"), "w") as f:
+        json.dump(result, f)
