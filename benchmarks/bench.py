@@ -113,7 +113,7 @@ def launch_to_first_step(reps):
 def main():
     parts = {"step": step_and_memory, "import": imports, "first_step": launch_to_first_step,
              "scaling": lambda reps: scaling(reps), "comm": lambda reps: comm_options(reps),
-             "peers": lambda reps: peers(reps), "sharded": sharded}
+             "peers": lambda reps: peers(reps), "sharded": sharded, "compile": compiled}
     p = argparse.ArgumentParser()
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="fewer repetitions, for a smoke run")
@@ -213,6 +213,14 @@ TARGETS = {"step_ratio_vs_raw_ddp": ("<=", 1.01), "import_ratio_vs_torch": ("<="
            "step_ratio_vs_fabric": ("<=", 1.0), "first_step_ratio_vs_accelerate": ("<=", 1.0),
            "first_step_ratio_vs_fabric": ("<=", 1.0), "fsdp_state_bytes_ratio_vs_ddp_2p": ("<=", 0.60),
            "fsdp_state_bytes_ratio_vs_ddp_3p": ("<=", 0.45), "fsdp_step_ratio_vs_raw_fsdp2": ("<=", 1.02)}
+
+
+def compiled(reps):
+    """prepare_model(compile=True) against eager, both ddpkit, same launcher; no target (2 CPU cores)."""
+    runs = interleave(reps, {"eager": lambda: torchrun("ddpkit", "--warmup", "20"),
+                             "compiled": lambda: torchrun("ddpkit", "--compile", "--warmup", "20")})
+    return {"compile_step_ratio_vs_eager": med(runs["compiled"], "median_ms") / med(runs["eager"], "median_ms"),
+            "compiled_step_ms": med(runs["compiled"], "median_ms"), "eager_step_ms": med(runs["eager"], "median_ms")}
 
 
 def sharded(reps):

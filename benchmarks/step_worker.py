@@ -29,6 +29,7 @@ p.add_argument("--bucket-mb", type=float, default=None)
 p.add_argument("--grad-view", action="store_true")
 p.add_argument("--static-graph", action="store_true")
 p.add_argument("--compression", default=None)
+p.add_argument("--compile", action="store_true", help="ddpkit: prepare_model(compile=True) (inductor)")
 args = p.parse_args()
 torch.set_num_threads(1)
 torch.manual_seed(0)
@@ -61,7 +62,7 @@ elif args.impl == "ddpkit":
     ddpkit.init()
     comm = ddpkit.CommConfig(bucket_mb=args.bucket_mb, gradient_as_bucket_view=args.grad_view,
                              static_graph=args.static_graph, compression=args.compression)
-    model = ddpkit.prepare_model(mlp(), comm=comm)
+    model = ddpkit.prepare_model(mlp(), comm=comm, compile=args.compile)
     loader = ddpkit.data_loader(data, batch_size=args.batch)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     backward = lambda loss: loss.backward()  # noqa: E731

@@ -84,3 +84,15 @@ def test_torch_compile_meets_no_graph_break_or_recompile_from_ddpkit(tmp_path):
     found = json.loads(r.stdout.split("COMPILED ", 1)[1].splitlines()[0])
     assert not [b for b in found["breaks"] if "ddpkit" in b or "monotonic" in b], found["breaks"]
     assert found["compiles"] <= 4, found
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_compile_option_and_a_model_compiled_before_prepare_model(tmp_path, mode):
+    """Issue 16: compile inside the wrapper (fsdp: per block), equal to eager, plain state-dict names."""
+    import json
+
+    r = ok(launch(WORKERS / "misc.py", "compile_option", tmp_path, launcher_args=("--mode", mode), timeout=180))
+    found = json.loads(r.stdout.split("COMPILE ", 1)[1].splitlines()[0])
+    assert found["max_diff"] <= 1e-5 and found["keys"], found
+    assert found["compiled_inside"] == [True, True] and found["wrapper"] in ("DDP", "FSDP"), found
+    assert not [b for b in found["breaks"] if "ddpkit" in b], found["breaks"]

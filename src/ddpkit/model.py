@@ -45,7 +45,8 @@ def no_sync(model: nn.Module, enabled: bool = True) -> contextlib.AbstractContex
 
 def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_every: int = 0,
                   comm: comm_options.CommConfig | None = None, shard: sharded.Shard = None,
-                  init_fn: sharded.InitFn | None = None, **ddp_kwargs: Any) -> nn.Module:
+                  init_fn: sharded.InitFn | None = None, compile: bool | dict[str, Any] = False,
+                  **ddp_kwargs: Any) -> nn.Module:
     """Move ``model`` to this process's device and wrap it for the mode :func:`ddpkit.init` chose.
 
     - ``ddp``: BatchNorm layers become SyncBatchNorm (``sync_batchnorm=False`` opts out; ddpkit's works on
@@ -66,7 +67,13 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
     ``find_unused_parameters=True`` if that is intended), and ``check_sync_every=K`` checks every K steps
     that all ranks hold the same weights. ``comm`` sets DDP's communication options (bucket size,
     compression, ...; see :class:`ddpkit.CommConfig`).
+
+    ``compile=True`` (or a dict of ``torch.compile`` options) compiles the module in place, inside the
+    wrapper (so state dicts keep their plain names): in fsdp block by block, as torch recommends. A model
+    passed already compiled (``torch.compile(model)``) is taken apart, wrapped, and compiled again inside.
     """
+    if hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):  # compiled before: its wrapper
+        model, compile = model._orig_mod, compile or True  # would hide DDP / FSDP from dynamo and add a prefix
     state, tools, mode = runtime.ensure_init(), runtime.tools(), strategy.get(runtime.ensure_init().mode)
     empty = sharded.on_meta(model)
     if not empty:
@@ -78,5 +85,8 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
         tools.on_model(model, state.is_main, runtime.on_shutdown)
     # options a mode does not use are ignored on purpose: the same script must run in every mode
     extra = {"shard": shard, "init_fn": init_fn} if mode.shards else {}
-    return mode.wrap(model, state, sync_batchnorm=sync_batchnorm, check_sync_every=check_sync_every, comm=comm,
-                     tools=tools, **extra, **ddp_kwargs)
+    wrapped = mode.wrap(model, state, sync_batchnorm=sync_batchnorm, check_sync_every=check_sync_every, comm=comm,
+                        tools=tools, **extra, **ddp_kwargs)
+    if compile:
+        mode.compile(wrapped, {} if compile is True else dict(compile))
+    return wrapped

@@ -57,6 +57,13 @@ class Strategy:
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
+    def compile(self, model: nn.Module, options: dict[str, Any]) -> None:
+        """``torch.compile`` the wrapped module in place (``nn.Module.compile``): the wrapper, its hooks and the
+        state-dict names stay as they are."""
+        from ddpkit.wrappers import unwrap
+
+        unwrap(model).compile(**options)
+
     def join(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         return contextlib.nullcontext()
 
@@ -180,6 +187,18 @@ class Sharded(Distributed):
         from ddpkit import sharded
 
         return sharded.no_sync(model)
+
+    def compile(self, model: nn.Module, options: dict[str, Any]) -> None:
+        """Each sharded block on its own (torch's advice for FSDP2: all-gathers stay outside the graphs); the
+        root only when it is the one group."""
+        from torch.distributed.fsdp import FSDPModule
+
+        from ddpkit.wrappers import unwrap
+
+        root = unwrap(model)
+        blocks: list[nn.Module] = [m for m in root.modules() if isinstance(m, FSDPModule) and m is not root]
+        for block in blocks or [root]:
+            block.compile(**options)
 
     def join(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         raise ValueError("ddpkit.join cannot run in fsdp mode (every forward gathers parameters from all ranks, "

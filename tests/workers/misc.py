@@ -97,6 +97,34 @@ elif case == "compiled":  # torch.compile around a prepared DDP model: no graph 
 
         print("COMPILED " + json.dumps({"breaks": list(counters["graph_break"]),
                                         "compiles": len(compilation_time_metrics["_compile.compile_inner"])}))
+elif case == "compile_option":  # prepare_model(compile=...) and a model compiled before prepare_model
+    import json
+
+    from torch._dynamo.utils import counters
+
+    def net():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+
+    def train(model):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(rank)
+        for _ in range(6):
+            opt.zero_grad()
+            model(torch.randn(4, 4, generator=g)).sum().backward()
+            opt.step()
+        return model.state_dict()
+
+    eager = train(ddpkit.prepare_model(net()))
+    option = ddpkit.prepare_model(net(), compile={"backend": "eager"})
+    before = ddpkit.prepare_model(torch.compile(net(), backend="eager"))
+    results = {"option": train(option), "before": train(before)}
+    if rank == 0:
+        print("COMPILE " + json.dumps({
+            "max_diff": max((eager[k] - r[k]).abs().max().item() for r in results.values() for k in eager),
+            "keys": sorted(results["before"]) == sorted(eager),
+            "compiled_inside": [ddpkit.unwrap(m)._compiled_call_impl is not None for m in (option, before)],
+            "wrapper": type(before).__name__, "breaks": list(counters["graph_break"])}))
 elif case == "tiny":
     ddpkit.data_loader([1], batch_size=1)
 elif case == "global_batch":
