@@ -58,3 +58,20 @@ def test_several_files_and_directories_as_linters_take_them():
     assert sum(len(expected(p)) for p in CORPUS) == len(findings)
     r = run_cmd([sys.executable, "-m", "ddpkit", "check"], timeout=60)
     assert r.returncode == 2 and r.stderr.startswith("ddpkit check: error: ") and r.stderr.count("\n") == 1
+
+
+def test_severities_and_strict(tmp_path):
+    """Issue 17: every rule has a severity; the exit code follows errors only, unless --strict."""
+    from ddpkit.check import SEVERITY
+
+    assert set(SEVERITY) == set(RULES) and set(SEVERITY.values()) == {"error", "warning", "advice"}
+    advice_only = tmp_path / "dp.py"
+    advice_only.write_text("import torch\nmodel = torch.nn.DataParallel(torch.nn.Linear(2, 2))\n")
+    r = run_cmd([sys.executable, "-m", "ddpkit", "check", str(advice_only)], timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("advice: ") and "DDP011" in r.stdout
+    assert run_cmd([sys.executable, "-m", "ddpkit", "check", "--strict", str(advice_only)], timeout=60).returncode == 1
+    spawn_script = ROOT / "tests" / "check_corpus" / "mp_spawn.py"
+    r = run_cmd([sys.executable, "-m", "ddpkit", "check", "--json", str(spawn_script)], timeout=60)
+    assert r.returncode == 1
+    assert {(f["rule"], f["severity"]) for f in json.loads(r.stdout)["findings"]} == {("DDP017", "warning"),
+                                                                                      ("DDP018", "error")}

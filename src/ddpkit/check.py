@@ -1,14 +1,16 @@
 """``ddpkit check script.py``: find the usual DP/DDP mistakes in a training script before it runs.
 
-Static analysis with :mod:`ast` of any PyTorch script (ddpkit or not). Each finding has a line, a rule id,
-what is wrong, why it matters and the fix. Exit 1 when something is found, 0 when clean, 2 on bad input.
+Static analysis with :mod:`ast` of any PyTorch script (ddpkit or not). Each finding has a severity (error:
+a hang, a crash or a wrong result; warning: wrong beyond one node, or wasteful; advice), a line, a rule id,
+what is wrong, why it matters and the fix. Exit 1 when an error is found (``--strict``: any finding), 0
+otherwise, 2 on bad input.
 
 Example::
 
     $ ddpkit check train.py
-    train.py:42 DDP001 DistributedSampler without set_epoch: ... fix: call sampler.set_epoch(epoch) ...
+    warning: train.py:42 DDP001 DistributedSampler without set_epoch: ... Fix: call sampler.set_epoch(epoch) ...
     $ ddpkit check --json train.py
-    {"findings": [{"path": "train.py", "line": 42, "rule": "DDP001", "message": "...", "why": "...", "fix": "..."}]}
+    {"findings": [{"path": "train.py", "line": 42, "rule": "DDP001", "severity": "warning", "message": "...", ...}]}
     $ ddpkit check src/ scripts/train.py          # several files and directories, as linters take them
 """
 
@@ -37,9 +39,17 @@ BATCHNORMS = {"BatchNorm1d", "BatchNorm2d", "BatchNorm3d"}
 class Finding:
     line: int
     rule: str
+    severity: str  # error: hang, crash or wrong result; warning: wrong beyond one node, or wasteful; advice
     message: str
     why: str
     fix: str
+
+
+# error: a hang, a crash or a wrong result; warning: wrong beyond one node, or wasteful; advice: a better way
+SEVERITY = {"DDP001": "warning", "DDP002": "error", "DDP003": "error", "DDP004": "error", "DDP005": "warning",
+            "DDP006": "warning", "DDP007": "warning", "DDP008": "error", "DDP009": "warning", "DDP010": "warning",
+            "DDP011": "advice", "DDP012": "error", "DDP013": "error", "DDP014": "error", "DDP015": "error",
+            "DDP016": "error", "DDP017": "warning", "DDP018": "error"}
 
 
 RULES = {
@@ -83,6 +93,11 @@ RULES = {
                "each rank holds a shard: gathering the full state dict is collective, so rank 0 waits forever "
                "(ddpkit), or saves only its own shard (raw FSDP2)", "call state_dict() on every rank and save on "
                "rank 0, or use ddpkit.Checkpointer (each rank writes its shard)"),
+    "DDP017": ("print of a loss or .item() on every rank", "N copies of the line, each with only this rank's value "
+               "(not the global one)", "ddpkit.print(ddpkit.reduce(loss.item(), 'mean')): reduced, printed once"),
+    "DDP018": ("a local count divided by the whole dataset's size, never reduced",
+               "each rank counted only its shard: the metric is about 1/N of the truth",
+               "reduce the count first (dist.all_reduce, or ddpkit.reduce(correct)) and divide the global sum"),
     "DDP016": ("an IterableDataset that never splits by rank, through a plain DataLoader in a DDP script",
                "every rank (and every loader worker) reads the whole stream: each sample is trained on N times",
                "ddpkit.data_loader(stream, batch_size) splits it across ranks and workers; or skip samples by "
@@ -131,10 +146,18 @@ class _Visitor(ast.NodeVisitor):
         self._functions: list[str] = []
         self.iterables: dict[str, str] = {}  # IterableDataset subclasses of the file -> their source, lowercase
         self.assigned: dict[str, ast.expr] = {}  # name -> the value last assigned to it (module or function level)
+        self.batchnorm = False  # the file builds a BatchNorm layer (set by analyze)
+        self.divisions: list[ast.BinOp] = []
+        self.ddp_names: set[str] = set()  # DistributedDataParallel and the names it is imported as (set by analyze)
 
     def visit_ClassDef(self, node: ast.ClassDef):
         if any(_name(base).endswith("IterableDataset") for base in node.bases):
             self.iterables[node.name] = ast.unparse(node).lower()
+        self.generic_visit(node)
+
+    def visit_BinOp(self, node: ast.BinOp):
+        if isinstance(node.op, ast.Div):
+            self.divisions.append(node)
         self.generic_visit(node)
 
     def visit_Assign(self, node: ast.Assign):
@@ -224,6 +247,10 @@ def analyze(source: str) -> list[Finding]:
     v = _Visitor()
     v.visit(tree)
     names = {_last(c) for c, _ in v.calls}
+    v.batchnorm = any(_last(c) in BATCHNORMS for c, _ in v.calls)
+    v.ddp_names = {"DistributedDataParallel"} | {alias.asname for node in ast.walk(tree)
+                                                 if isinstance(node, ast.ImportFrom) for alias in node.names
+                                                 if alias.name == "DistributedDataParallel" and alias.asname}
     text = source
     distributed = any(w in text for w in ("DistributedDataParallel", "init_process_group", "torch.distributed"))
     v.buffers = memory_buffers(tree)
@@ -235,7 +262,7 @@ def analyze(source: str) -> list[Finding]:
 
 def _finding(rule: str, line: int) -> Finding:
     message, why, fix = RULES[rule]
-    return Finding(line, rule, message, why, fix)
+    return Finding(line, rule, SEVERITY[rule], message, why, fix)
 
 
 def _findings(v: _Visitor, names: set[str], text: str, distributed: bool) -> Iterator[Finding]:
@@ -252,8 +279,8 @@ def _findings(v: _Visitor, names: set[str], text: str, distributed: bool) -> Ite
                 yield _finding("DDP002", line)
         if last == "cuda" and call.args and isinstance(call.args[0], ast.Constant) and call.args[0].value == 0:
             yield _finding("DDP004", line)
-        if last in BATCHNORMS and "DistributedDataParallel" in text and "SyncBatchNorm" not in text:
-            yield _finding("DDP005", line)
+        if last in v.ddp_names and v.batchnorm and "SyncBatchNorm" not in text:
+            yield _finding("DDP005", line)  # at the wrap, where the fix goes, not at the layer
         if distributed and not ranked and last == "SummaryWriter":
             yield _finding("DDP006", line)
         if distributed and not ranked and _name(call.func) == "torch.save" and not _per_rank_path(call) \
@@ -282,6 +309,26 @@ def _findings(v: _Visitor, names: set[str], text: str, distributed: bool) -> Ite
     yield from _sharding_findings(v, text)
     if distributed:
         yield from _stream_findings(v)
+        yield from _metric_findings(v)
+
+
+REDUCTIONS = {"all_reduce", "reduce", "all_gather", "gather", "all_gather_object", "gather_object", "reduce_scatter"}
+
+
+def _metric_findings(v: _Visitor) -> Iterator[Finding]:
+    """DDP017: ``print(... loss ...)`` outside a rank check. DDP018: ``correct / len(test_loader.dataset)`` where
+    ``correct`` goes through no reduction anywhere in the file."""
+    for call, ranked in v.calls:
+        if not ranked and _name(call.func) == "print" and any(
+                "loss" in (text := ast.unparse(arg)).lower() or ".item()" in text for arg in call.args):
+            yield _finding("DDP017", call.lineno)
+    reduced = " ".join(ast.unparse(c) for c, _ in v.calls if _last(c) in REDUCTIONS)
+    for node in v.divisions:
+        size = node.right
+        if isinstance(node.left, ast.Name) and isinstance(size, ast.Call) and _name(size.func) == "len" \
+                and size.args and any(w in ast.unparse(size.args[0]).lower() for w in ("dataset", "_set", "data")) \
+                and node.left.id not in reduced:
+            yield _finding("DDP018", node.lineno)
 
 
 def _stream_findings(v: _Visitor) -> Iterator[Finding]:
@@ -330,6 +377,7 @@ def scripts(paths: Sequence[str]) -> list[str]:
 def build_parser() -> OneLineParser:
     p = OneLineParser(prog=PROG, description="Find the usual DP/DDP mistakes in training scripts (static analysis).")
     p.add_argument("--json", action="store_true", help='one JSON object: {"findings": [{"path", "line", ...}]}')
+    p.add_argument("--strict", action="store_true", help="exit 1 on any finding (default: on errors only)")
     p.add_argument("paths", nargs="+", help="scripts and directories (their .py files, recursively)")
     return p
 
@@ -353,7 +401,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps({"findings": [{"path": path, **dataclasses.asdict(item)} for path, item in found]}))
     else:
         for path, item in found:
-            print(f"{path}:{item.line} {item.rule} {item.message}: {item.why}. Fix: {item.fix}")
-        print(f"{len(found)} finding(s) in {len(files)} file(s)" if found else f"no findings in {len(files)} file(s)",
+            print(f"{item.severity}: {path}:{item.line} {item.rule} {item.message}: {item.why}. Fix: {item.fix}")
+        counts = {level: sum(item.severity == level for _, item in found) for level in ("error", "warning", "advice")}
+        summary = ", ".join(f"{n} {level}(s)" for level, n in counts.items() if n)
+        print(f"{summary} in {len(files)} file(s)" if found else f"no findings in {len(files)} file(s)",
               file=sys.stderr)
-    return SCRIPT_FAILED if found else 0
+    failing = found if ns.strict else [f for f in found if f[1].severity == "error"]
+    return SCRIPT_FAILED if failing else 0

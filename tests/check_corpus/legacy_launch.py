@@ -16,8 +16,8 @@ parser.add_argument("--epochs", type=int, default=10)
 args = parser.parse_args()
 
 dist.init_process_group(backend="nccl", rank=args.local_rank, world_size=2)  # expect: DDP009 DDP013
-model = nn.Sequential(nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.ReLU())  # expect: DDP005
-model = DDP(model.cuda(args.local_rank), device_ids=[args.local_rank])
+model = nn.Sequential(nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.ReLU())
+model = DDP(model.cuda(args.local_rank), device_ids=[args.local_rank])  # expect: DDP005
 train_set = datasets.CIFAR10("data", train=True, transform=transforms.ToTensor())
 val_set = datasets.CIFAR10("data", train=False, transform=transforms.ToTensor())
 sampler = DistributedSampler(train_set)  # expect: DDP001
