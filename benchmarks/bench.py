@@ -113,7 +113,8 @@ def launch_to_first_step(reps):
 def main():
     parts = {"step": step_and_memory, "import": imports, "first_step": launch_to_first_step,
              "scaling": lambda reps: scaling(reps), "comm": lambda reps: comm_options(reps),
-             "peers": lambda reps: peers(reps), "sharded": sharded, "compile": compiled}
+             "peers": lambda reps: peers(reps), "sharded": sharded, "compile": compiled,
+             "stream": streaming}
     p = argparse.ArgumentParser()
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="fewer repetitions, for a smoke run")
@@ -212,7 +213,8 @@ TARGETS = {"step_ratio_vs_raw_ddp": ("<=", 1.01), "import_ratio_vs_torch": ("<="
            "best_comm_speedup_vs_raw_ddp": (">=", 1.3), "step_ratio_vs_accelerate": ("<=", 1.0),
            "step_ratio_vs_fabric": ("<=", 1.0), "first_step_ratio_vs_accelerate": ("<=", 1.0),
            "first_step_ratio_vs_fabric": ("<=", 1.0), "fsdp_state_bytes_ratio_vs_ddp_2p": ("<=", 0.60),
-           "fsdp_state_bytes_ratio_vs_ddp_3p": ("<=", 0.45), "fsdp_step_ratio_vs_raw_fsdp2": ("<=", 1.02)}
+           "fsdp_state_bytes_ratio_vs_ddp_3p": ("<=", 0.45), "fsdp_step_ratio_vs_raw_fsdp2": ("<=", 1.02),
+           "stream_throughput_ratio_vs_map": (">=", 0.95)}
 
 
 def compiled(reps):
@@ -221,6 +223,17 @@ def compiled(reps):
                              "compiled": lambda: torchrun("ddpkit", "--compile", "--warmup", "20")})
     return {"compile_step_ratio_vs_eager": med(runs["compiled"], "median_ms") / med(runs["eager"], "median_ms"),
             "compiled_step_ms": med(runs["compiled"], "median_ms"), "eager_step_ms": med(runs["eager"], "median_ms")}
+
+
+def streaming(reps):
+    """A stream through ddpkit.data_loader against the same samples as a map-style dataset (same loop, loading
+    timed): the stream's cost is the round-robin split, the shuffle buffer and one all-reduce per step."""
+    runs = interleave(reps, {"map": lambda: torchrun("map", worker="stream_worker.py"),
+                             "stream": lambda: torchrun("stream", worker="stream_worker.py")})
+    pairs = [s["samples_per_s"] / m["samples_per_s"] for m, s in zip(runs["map"], runs["stream"])]
+    return {"stream_throughput_ratio_vs_map": statistics.median(pairs),
+            "stream_samples_per_s": med(runs["stream"], "samples_per_s"),
+            "map_samples_per_s": med(runs["map"], "samples_per_s")}
 
 
 def sharded(reps):
