@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import SCRATCH, WORKERS, launch, ok, run_cmd
-from ddpkit.spawning import start_method
+from ddpkit.spawning import choose_start_method as start_method
 
 SELF = WORKERS / "selflaunch.py"
 

@@ -25,15 +25,13 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
-from ddpkit import contract, launch, runtime
+from ddpkit import contract, launch, runtime, supervise
 
 _SIGNALS = [getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, name)]
 _launches = itertools.count()
@@ -47,11 +45,11 @@ class SpawnError(RuntimeError):
         self.exit_code = exit_code
 
 
-def start_method(requested: str | None, interactive: bool, cuda_initialized: bool) -> str:
+def choose_start_method(requested: str | None, interactive: bool, cuda_initialized: bool) -> str:
     """fork for notebook / REPL functions, spawn otherwise; refuses fork after CUDA is initialised.
 
-    >>> start_method(None, True, False), start_method(None, False, True), start_method("fork", False, False)
-    ('fork', 'spawn', 'fork')
+    >>> choose_start_method(None, True, False), choose_start_method(None, False, True)
+    ('fork', 'spawn')
     """
     method = requested or ("fork" if interactive else "spawn")
     if method not in ("fork", "spawn", "forkserver"):
@@ -115,25 +113,16 @@ def spawn(fn: Callable[..., Any], *args: Any, nproc_per_node: int | None = None,
                               gpus=gpus, nproc_per_node=nproc_per_node or gpus or 2, log_dir=log_dir)
     if not cfg.strategy.multi_process:
         raise ValueError(f"mode={mode!r} runs one process; ddpkit.spawn starts a multi-process mode (ddp, fsdp)")
-    method = start_method_for(start_method, fn, torch.cuda.is_available() and torch.cuda.is_initialized())
+    method = choose_start_method(start_method, _interactive(fn),
+                                 torch.cuda.is_available() and torch.cuda.is_initialized())
     run_dir = os.path.join(log_dir, time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}-{next(_launches)}")
-    report_dir = tempfile.mkdtemp(prefix="ddpkit-report-")
-    env, _ = launch.worker_env(cfg, os.environ, os.cpu_count() or 1)
-    env[contract.REPORT_DIR.name] = report_dir
-    saved_env, saved_signals = dict(os.environ), {s: signal.getsignal(s) for s in _SIGNALS}
+    saved_signals = {s: signal.getsignal(s) for s in _SIGNALS}
     try:
-        os.environ.update(env)  # inherited by the workers: their contract with ddpkit.init()
-        return _launch(cfg, fn, args, kwargs, method, run_dir, report_dir)
+        with supervise.worker_environment(cfg) as (report_dir, _):  # the workers' contract with ddpkit.init()
+            return _launch(cfg, fn, args, kwargs, method, run_dir, report_dir)
     finally:
-        os.environ.clear()
-        os.environ.update(saved_env)
         for sig, handler in saved_signals.items():  # torch's agent installs its own; give the caller theirs
             signal.signal(sig, handler)
-        shutil.rmtree(report_dir, ignore_errors=True)
-
-
-def start_method_for(requested: str | None, fn: Callable[..., Any], cuda_initialized: bool) -> str:
-    return start_method(requested, _interactive(fn), cuda_initialized)
 
 
 def _has_fileno(stream: Any) -> bool:
@@ -150,7 +139,7 @@ def _launch(cfg: launch.LaunchConfig, fn: Callable[..., Any], args: tuple, kwarg
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from ddpkit import rendezvous, supervise
+    from ddpkit import rendezvous
     from ddpkit.logs import ConsoleTail
 
     rendezvous.register()

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 
 from ddpkit import contract, faults
 from ddpkit.cli import USAGE_ERROR
@@ -38,21 +39,28 @@ def run(cfg: LaunchConfig) -> int:
     Exit codes: 0 success, 1 a worker failed (one summary: rank, host, exception, traceback), 2 bad
     arguments, 3 a collective timed out (hang report), 128 + N when the launcher got signal N.
     """
+    with worker_environment(cfg) as (report_dir, notes):
+        return _run_workers(cfg, report_dir, notes)
+
+
+@contextlib.contextmanager
+def worker_environment(cfg: LaunchConfig) -> Iterator[tuple[str, list[str]]]:
+    """This process's environment with the workers' contract added (they inherit it: torch's launcher starts
+    them from here), and a report directory; on exit the caller gets its own environment back."""
     report_dir = tempfile.mkdtemp(prefix="ddpkit-report-")
-    saved = dict(os.environ)  # the workers inherit this process's environment; give the caller its own back
+    saved = dict(os.environ)
+    env, notes = worker_env(cfg, os.environ, os.cpu_count() or 1)
+    env[contract.REPORT_DIR.name] = report_dir
     try:
-        code = _run_workers(cfg, report_dir)
+        os.environ.update(env)
+        yield report_dir, notes
     finally:
         shutil.rmtree(report_dir, ignore_errors=True)
         os.environ.clear()
         os.environ.update(saved)
-    return code
 
 
-def _run_workers(cfg: LaunchConfig, report_dir: str) -> int:
-    env, notes = worker_env(cfg, os.environ, os.cpu_count() or 1)
-    env[contract.REPORT_DIR.name] = report_dir
-    os.environ.update(env)  # inherited by the workers torchrun spawns
+def _run_workers(cfg: LaunchConfig, report_dir: str, notes: list[str]) -> int:
     nodes = f"{cfg.min_nodes}..{cfg.max_nodes}" if cfg.min_nodes not in (None, cfg.max_nodes) else str(cfg.max_nodes)
     if cfg.one_device:
         what = (f"1 process: --mode {cfg.mode} needs >= {cfg.strategy.min_gpus} GPUs and {cfg.gpus} are usable, "
