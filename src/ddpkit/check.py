@@ -256,8 +256,10 @@ def _metric_findings(v: _Visitor) -> Iterator[Finding]:
     """DDP017: ``print(... loss ...)`` outside a rank check. DDP018: ``correct / len(test_loader.dataset)`` where
     ``correct`` goes through no reduction anywhere in the file."""
     for call, ranked in v.calls:
-        if not ranked and _name(call.func) == "print" and any(
-                "loss" in (text := ast.unparse(arg)).lower() or ".item()" in text for arg in call.args):
+        text = " ".join(ast.unparse(arg) for arg in call.args)
+        # a line that names its rank ("[GPU{gpu_id}] ... loss") is per-rank output on purpose
+        if not ranked and _name(call.func) == "print" and ("loss" in text.lower() or ".item()" in text) \
+                and not any(word in text.lower() for word in RANK_WORDS):
             yield _finding("DDP017", call.lineno)
     reduced = " ".join(ast.unparse(c) for c, _ in v.calls if _last(c) in REDUCTIONS)
     for node in v.divisions:

@@ -30,6 +30,7 @@ def worker(rank, world_size):
         print(f"epoch {epoch} loss {loss.item():.3f}")  # expect: DDP017
         if rank == 0:
             print(f"epoch {epoch} loss {loss.item():.3f}")  # rank 0 only: fine
+        print(f"[rank {rank}] epoch {epoch} local loss {loss.item():.3f}")  # names its rank: per-rank on purpose
     shard = torch.utils.data.Subset(test_set, range(rank, len(test_set), world_size))
     correct = 0
     with torch.no_grad():
