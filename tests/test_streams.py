@@ -16,7 +16,7 @@ def results(tmp_path_factory):
     found = {}
     for world in (2, 3):
         for workers in (0, 1, 2):
-            ok(launch(WORKERS / "streams.py", out, workers, nproc=world))
+            ok(launch(WORKERS / "streams.py", out, workers, nproc=world, env={"HF_DATASETS_OFFLINE": "1"}))
             found[world, workers] = json.loads((out / f"streams{world}x{workers}.json").read_text())
     return found
 
@@ -42,6 +42,15 @@ def test_training_takes_equal_steps_and_never_repeats_a_sample(results, world, w
         if stream == "generator":  # round robin: slots differ by a sample, so drop loses at most a batch per slot
             assert len(epoch["ids"]) >= N - world * max(1, workers) * 4 * 2
     assert first["ids"] != second["ids"]  # reshuffled per epoch
+
+
+@pytest.mark.parametrize("world, workers", CASES)
+def test_hugging_face_streaming_dataset_reads_every_sample_exactly_once(results, world, workers):
+    """split_dataset_by_node splits by rank (whole files when 7 divides, else every world_size-th sample); the
+    library splits its shards among the loader workers itself."""
+    pytest.importorskip("datasets")
+    assert results[world, workers]["hf_eval"] == list(range(N))
+    assert len(set(results[world, workers]["hf_train_steps"])) == 1  # equal steps on every rank
 
 
 def test_a_rank_with_3_batches_and_one_with_7_stop_together_at_once(results):

@@ -226,6 +226,7 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     is read by exactly one of them (:mod:`ddpkit.streams`); ``uneven`` is then ``drop`` (the default: every
     rank stops when the first runs dry, agreed each step) or ``join``, ``shuffle`` is a seeded shard order
     plus a buffer of ``shuffle_buffer`` samples, reseeded per epoch; ``train=False`` reads every sample once.
+    A Hugging Face ``datasets`` stream is split by rank with its own ``split_dataset_by_node``.
     """
     state, tools = runtime.ensure_init(), runtime.tools()
     batch_size = _per_process_batch(batch_size, global_batch_size, state)

@@ -63,6 +63,9 @@ class _Slots(IterableDataset):
             yield slot, consumed, self.collate(batch)
 
     def _samples(self, slot: int, slots: int) -> Iterator[Any]:
+        if is_hf(self.dataset):  # split by rank already (split_dataset_by_node); it splits by worker itself
+            yield from self.dataset
+            return
         if has_shards(self.dataset):
             order = list(range(self.dataset.n_shards))
             if self.shuffle:
@@ -73,6 +76,11 @@ class _Slots(IterableDataset):
         for position, sample in enumerate(self.dataset):
             if position % slots == slot:
                 yield sample
+
+
+def is_hf(dataset: Any) -> bool:
+    """A Hugging Face ``datasets.IterableDataset``: it hands its shards to DataLoader workers by itself."""
+    return type(dataset).__module__.startswith("datasets.") and type(dataset).__name__ == "IterableDataset"
 
 
 def has_shards(dataset: Any) -> bool:
@@ -212,6 +220,10 @@ def stream_loader(dataset: IterableDataset, batch_size: int, state: Any, *, trai
         if loader_kwargs.pop(ignored, None) is not None:
             raise ValueError(f"{ignored}= does not apply to a stream (it has no indices); ddpkit splits it across "
                              "ranks and workers itself; use shuffle=True / shuffle_buffer= for order")
+    if is_hf(dataset):  # the library's own rank split (whole shards when they divide, else every world_size-th)
+        from datasets.distributed import split_dataset_by_node
+
+        dataset = split_dataset_by_node(dataset, rank=state.rank, world_size=state.world_size)
     slots = _Slots(dataset, state.rank, state.world_size, batch_size, collate, shuffle, seed, shuffle_buffer,
                    drop_last)
     agree = ("drop" if uneven == "drop" else None) if train else ("empty" if collective_forward else None)

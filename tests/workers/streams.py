@@ -84,6 +84,26 @@ for name, stream in (("generator", Counter(N)), ("files", files)):
         seen, steps = ids(loader)
         epochs.append({"ids": everyone(seen), "steps": ddpkit.gather_object(steps)})
     result[f"{name}_train"] = epochs
+try:  # Hugging Face datasets, streaming from local JSON-lines files (nothing downloaded)
+    from datasets import load_dataset
+except ImportError:
+    load_dataset = None
+if load_dataset is not None:
+    parts = []
+    for k, size in enumerate([11, 17, 5, 23, 13, 9, 25]):
+        path, first = os.path.join(folder, f"part-{k}.jsonl"), sum([11, 17, 5, 23, 13, 9, 25][:k])
+        if state.is_main and not os.path.exists(path):
+            with open(path + ".tmp", "w") as f:
+                f.writelines(json.dumps({"id": i}) + "\n" for i in range(first, first + size))
+            os.replace(path + ".tmp", path)
+        parts.append(path)
+    ddpkit.barrier()
+    hf = load_dataset("json", data_files=parts, split="train", streaming=True)
+    seen = [int(i) for batch in ddpkit.data_loader(hf, batch_size=B, train=False, num_workers=workers)
+            for i in batch["id"]]
+    result["hf_eval"] = sorted(everyone(seen))
+    steps = sum(1 for _ in ddpkit.data_loader(hf, batch_size=B, num_workers=workers, seed=1))
+    result["hf_train_steps"] = ddpkit.gather_object(steps)
 if state.world_size == 2 and workers == 0:
     os.makedirs(os.path.join(out, "uneven"), exist_ok=True)
     uneven = Files(os.path.join(out, "uneven"), [3 * B, 7 * B])  # slot 0: 3 batches, slot 1: 7 batches
