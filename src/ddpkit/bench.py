@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import os
 import statistics
 import sys
@@ -33,7 +34,8 @@ from ddpkit import contract
 from ddpkit.cli import SCRIPT_FAILED, USAGE_ERROR, OneLineParser, UsageError, run_logged, usage_error
 
 PROG = "ddpkit bench"
-MIN_GAIN = 1.05  # a setting must be this much faster than the default, in every repetition, to be recommended
+MIN_GAIN = 1.05  # a setting must be faster than the default by this much, with evidence, to be recommended
+ALPHA = 0.05  # chance of recommending a setting that is not MIN_GAIN faster, over all the settings tried
 SETTINGS = {"gradient_as_bucket_view": {"gradient_as_bucket_view": True}, "bucket_5mb": {"bucket_mb": 5},
             "bucket_100mb": {"bucket_mb": 100}}
 LOSSY = {"bf16": {"compression": "bf16"}}  # tried on GPUs only: on CPU the casts cost more than they save
@@ -95,11 +97,41 @@ def plan(counts: Sequence[int], gpus: int) -> dict[str, tuple[int, dict]]:
     return jobs
 
 
+def sign_test(wins: int, reps: int) -> float:
+    """One-sided sign test: the chance of ``wins`` or more of ``reps`` paired repetitions beating the threshold
+    when the setting's true median speed-up is at or below it (each repetition a coin flip at worst).
+
+    >>> sign_test(2, 2), round(sign_test(6, 6), 4), round(sign_test(8, 9), 4)
+    (0.25, 0.0156, 0.0195)
+    """
+    return sum(math.comb(reps, k) for k in range(wins, reps + 1)) / 2 ** reps
+
+
+def median_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """A distribution-free interval for the median (order statistics) with coverage >= ``level`` where the
+    repetitions allow it, else the widest one, [min, max]; returns (low, high, its coverage).
+
+    >>> median_interval([1.0, 1.1, 0.9])[2], median_interval([float(v) for v in range(10)])[:2]
+    (0.75, (1.0, 8.0))
+    """
+    ordered, n = sorted(values), len(values)
+    best = (ordered[0], ordered[-1], 1 - 2 * 0.5 ** n)
+    for j in range(1, n // 2 + 1):  # [x_j, x_(n-j+1)] (1-based) covers the median with 1 - 2 P(Bin(n, .5) < j)
+        coverage = 1 - 2 * sum(math.comb(n, k) for k in range(j)) / 2 ** n
+        if coverage < level:
+            break
+        best = (ordered[j - 1], ordered[n - j], coverage)
+    return best
+
+
 def figures(samples: dict[str, list[float]], batches: dict[str, int], counts: Sequence[int]) -> dict:
     """Throughput, efficiency, communication share and the recommendation from the step times of each rep.
 
-    A setting is recommended only when it beat the default by ``MIN_GAIN`` in *every* repetition (paired:
-    the same repetition's default), so one lucky run cannot make a recommendation.
+    The decision rule, with its error rate: each repetition pairs a setting with the same repetition's default
+    run; a setting is recommended only when the repetitions it beat the default in by ``MIN_GAIN`` are too many
+    to be chance (one-sided sign test at ``ALPHA`` divided by the number of settings tried: Bonferroni), so at
+    most a 5 % chance of any false recommendation. Two repetitions can never pass it; with three settings it
+    takes six out of six, or eight of nine.
     """
     times = {name: statistics.median(values) for name, values in samples.items()}
     top, one = max(counts), min(counts)
@@ -116,21 +148,34 @@ def figures(samples: dict[str, list[float]], batches: dict[str, int], counts: Se
         result["settings_ms"] = {"default": times[f"n{top}"], **{k: times[k] for k in tried}}
         gains = {k: [d / t for d, t in zip(default, samples[k])] for k in tried}
         result["speedups"] = {k: statistics.median(g) for k, g in gains.items()}
-        winners = [k for k in tried if min(gains[k]) >= MIN_GAIN] if len(default) > 1 else []
-        if winners:
-            best = max(winners, key=result["speedups"].get)
-            lossy = " (lossy: check your loss curve)" if best in LOSSY else ""
-            result["recommendation"] = {
-                "setting": best, "fields": {**SETTINGS, **LOSSY}[best], "speedup": result["speedups"][best],
-                "reason": f"{best}: {times[best]:.1f} ms/step vs {times[f'n{top}']:.1f} ms with the defaults at {top} "
-                          f"processes, faster in each of {len(default)} repetitions{lossy}"}
-        else:
-            result["recommendation"] = {
-                "setting": "default", "fields": {}, "speedup": 1.0,
-                "reason": f"keep the defaults: no setting was {MIN_GAIN:.2f}x faster than them in every repetition "
-                          f"at {top} processes" if len(default) > 1 else
-                          "keep the defaults (one repetition: --reps 2 or more to get a recommendation)"}
+        intervals = {k: median_interval(g) for k, g in gains.items()}
+        result["speedups_ci"] = {k: [low, high] for k, (low, high, _) in intervals.items()}
+        result["speedups_ci_level"] = {k: level for k, (_, _, level) in intervals.items()}
+        limit = ALPHA / max(1, len(tried))
+        pvalues = {k: sign_test(sum(x >= MIN_GAIN for x in g), len(g)) for k, g in gains.items()}
+        winners = [k for k in tried if pvalues[k] <= limit]
+        result["recommendation"] = _recommend(winners, result["speedups"], intervals, times, top, len(default), limit)
     return result
+
+
+def _recommend(winners: list[str], speedups: dict[str, float], intervals: dict[str, tuple[float, float, float]],
+               times: dict[str, float], top: int, reps: int, limit: float) -> dict[str, Any]:
+    if winners:
+        best = max(winners, key=lambda k: speedups[k])
+        low, high, level = intervals[best]
+        lossy = " (lossy: check your loss curve)" if best in LOSSY else ""
+        return {"setting": best, "fields": {**SETTINGS, **LOSSY}[best], "speedup": speedups[best],
+                "reason": f"{best}: {times[best]:.1f} ms/step vs {times[f'n{top}']:.1f} ms with the defaults at {top} "
+                          f"processes, speed-up {speedups[best]:.2f} ({low:.2f}-{high:.2f}, {level:.0%} interval), "
+                          f">= {MIN_GAIN:.2f}x in too many of {reps} repetitions to be chance{lossy}"}
+    needed = next(n for n in range(1, 64) if sign_test(n, n) <= limit)
+    spread = ", ".join(f"{k} {lo:.2f}-{hi:.2f}" for k, (lo, hi, _) in intervals.items())
+    return {"setting": "default", "fields": {}, "speedup": 1.0,
+            "reason": f"keep the defaults: no measurable difference at {top} processes (speed-ups {spread}); "
+                      f"a recommendation needs >= {needed} repetitions all {MIN_GAIN:.2f}x faster "
+                      f"(--reps {max(needed, reps + 1)})" if reps < needed else
+                      f"keep the defaults: no setting was {MIN_GAIN:.2f}x faster often enough to rule out chance "
+                      f"at {top} processes (speed-ups {spread})"}
 
 
 def bench(script: str, args: Sequence[str], counts: Sequence[int], steps: int, warmup: int, reps: int,
