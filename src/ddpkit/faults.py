@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterable
 
 EXIT_WORKER_FAILED = 1
 EXIT_HANG = 3
@@ -46,9 +47,26 @@ def heartbeat() -> None:
     _last_beat = time.monotonic()
 
 
+_report_dir: str | None = None  # this worker's, once install() ran
+
+
+def mark_finished(rank: int) -> None:
+    """Every rank passed the final barrier: whatever kills this process from now on (gloo's destructor in
+    interpreter teardown now and then aborts, the pytorch#56297 family) comes after the work was done."""
+    if _report_dir is not None:
+        open(os.path.join(_report_dir, f"finished-rank{rank}"), "w").close()
+
+
+def finished(report_dir: str, ranks: Iterable[int]) -> bool:
+    """Every one of ``ranks`` wrote its mark_finished file into ``report_dir``."""
+    return all(os.path.exists(os.path.join(report_dir, f"finished-rank{rank}")) for rank in ranks)
+
+
 def install(rank: int, local_rank: int, report_dir: str, timeout_s: float) -> None:
     """Worker side: excepthook, SIGUSR1 stack dumps and the no-progress watchdog."""
+    global _report_dir
     os.makedirs(report_dir, exist_ok=True)
+    _report_dir = report_dir
     stack_file = open(os.path.join(report_dir, f"stack-rank{rank}.txt"), "a")  # kept open for the C handler
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     previous = sys.excepthook

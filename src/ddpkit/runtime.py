@@ -271,17 +271,19 @@ def shutdown() -> None:
             _release_hooks.pop(0)()
         _state = None
         if dist.is_available() and dist.is_initialized():
-            if not failed:
-                _final_barrier()
+            if not failed and _final_barrier():
+                faults.mark_finished(dist.get_rank())
             dist.destroy_process_group()
 
 
-def _final_barrier() -> None:
-    """Wait for every rank at exit; a peer that already died is said in one line, not a C++ wall of text
-    (the launcher's summary names the rank that failed first)."""
+def _final_barrier() -> bool:
+    """Wait for every rank at exit (True when all arrived); a peer that already died is said in one line, not
+    a C++ wall of text (the launcher's summary names the rank that failed first)."""
     try:
         dist.barrier()
+        return True
     except RuntimeError as exc:  # DistBackendError / DistNetworkError: a peer is gone
         first = (str(exc).splitlines() or [""])[0]
         print(f"ddpkit: rank {dist.get_rank()} finished, but a peer had exited: "
               f"{first.split('. ')[0].split('] ')[-1][:160]}", file=sys.stderr, flush=True)
+        return False

@@ -159,6 +159,8 @@ def _launch(cfg: launch.LaunchConfig, fn: Callable[..., Any], args: tuple, kwarg
     except ChildFailedError as exc:
         tail.stop()
         code, text = supervise.failure_report(exc, report_dir, supervise.stderr_tails(run_dir, 0))
+        if code == 0:  # died in teardown after the work: the return value went with it
+            code, text = 1, f"{text}; rank 0's return value was lost with it"
         raise SpawnError(text, code) from None
     except SignalException as exc:
         tail.stop()

@@ -14,6 +14,11 @@ import ddpkit
 from ddpkit.syncbn import convert_sync_batchnorm
 
 case, out_dir = sys.argv[1], sys.argv[2]
+if case == "abort_after_shutdown":  # registered before init: atexit runs it after ddpkit's shutdown
+    import atexit
+    import os
+
+    atexit.register(lambda: os.abort() if os.environ.get("RANK") == "1" else None)
 torch.set_num_threads(1)
 state = ddpkit.init(seed=42)
 rank, W = state.rank, state.world_size
@@ -125,6 +130,14 @@ elif case == "compile_option":  # prepare_model(compile=...) and a model compile
             "keys": sorted(results["before"]) == sorted(eager),
             "compiled_inside": [ddpkit.unwrap(m)._compiled_call_impl is not None for m in (option, before)],
             "wrapper": type(before).__name__, "breaks": list(counters["graph_break"])}))
+elif case == "abort_after_shutdown":  # rank 1 aborts in teardown, as gloo's destructor now and then does
+    torch.distributed.all_reduce(torch.ones(1))
+elif case == "abort_before_shutdown":  # rank 1 aborts before the final barrier: a real failure
+    torch.distributed.all_reduce(torch.ones(1))
+    if rank == 1:
+        import os
+
+        os.abort()
 elif case == "tiny":
     ddpkit.data_loader([1], batch_size=1)
 elif case == "global_batch":
