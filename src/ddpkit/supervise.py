@@ -162,7 +162,9 @@ def failure_report(exc, report_dir: str, tails: dict[int, str] | None = None) ->
     """(exit code, text) for a failed run: ddpkit's report of the last attempt, else torch's failure."""
     crashed = {rank: _how(failure) for rank, failure in exc.failures.items()}
     attempts = sorted((d for d in os.listdir(report_dir) if d.startswith("attempt")), key=lambda d: int(d[7:]))
-    if attempts and faults.finished(os.path.join(report_dir, attempts[-1]), crashed):
+    # killed by a signal after the final barrier: a teardown abort (an exit code is the script's own answer)
+    signalled = all(failure.exitcode < 0 for failure in exc.failures.values())
+    if attempts and signalled and faults.finished(os.path.join(report_dir, attempts[-1]), crashed):
         how = ", ".join(f"rank {rank} {text}" for rank, text in sorted(crashed.items()))
         return 0, (f"{PROG}: {how}, after every rank had passed the final barrier (in interpreter teardown: "
                    "gloo's destructor, the pytorch#56297 family); the work was done, so the run counts as finished")
