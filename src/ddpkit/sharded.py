@@ -18,7 +18,6 @@ What is exact, and why: on gloo the gradient reduce-scatter is forced to SUM the
 from __future__ import annotations
 
 import contextlib
-import sys
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -26,8 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ddpkit.syncbn import convert_sync_batchnorm, has_batchnorm
-from ddpkit.wrappers import FSDP
+from ddpkit.wrappers import FSDP, sync_batchnorms
 
 DEFAULT_MIN_PARAMS = 1_000_000
 Shard = int | Sequence[type[nn.Module]] | None
@@ -80,10 +78,8 @@ def wrap(model: nn.Module, state: Any, *, sync_batchnorm: bool = True, shard: Sh
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
-    if sync_batchnorm and has_batchnorm(model):
-        model = convert_sync_batchnorm(model, state.device)
-        if state.is_main:
-            print("ddpkit: BatchNorm -> SyncBatchNorm (statistics over the global batch)", file=sys.stderr, flush=True)
+    if sync_batchnorm:
+        model = sync_batchnorms(model, state)
     empty = on_meta(model)
     before = {} if empty else {name: p for name, p in model.named_parameters()}
     mesh = init_device_mesh(state.device.type, (state.world_size,))

@@ -226,13 +226,20 @@ def unwrap(model: nn.Module) -> nn.Module:
             return model
 
 
+def sync_batchnorms(model: nn.Module, state: runtime.State) -> nn.Module:
+    """BatchNorm layers -> synchronised ones (statistics over the global batch), said once; ddp and fsdp."""
+    if not has_batchnorm(model):
+        return model
+    if state.is_main:
+        print("ddpkit: BatchNorm -> SyncBatchNorm (statistics over the global batch)", file=sys.stderr, flush=True)
+    return convert_sync_batchnorm(model, state.device)
+
+
 def wrap_ddp(model: nn.Module, state: runtime.State, *, sync_batchnorm: bool = True, check_sync_every: int = 0,
              comm: comm_options.CommConfig | None = None, tools: Any = None, **ddp_kwargs: Any) -> nn.Module:
     """SyncBatchNorm (unless ``sync_batchnorm=False``), then :class:`DDP` with the communication options."""
-    if sync_batchnorm and has_batchnorm(model):
-        model = convert_sync_batchnorm(model, state.device)
-        if state.is_main:
-            print("ddpkit: BatchNorm -> SyncBatchNorm (statistics over the global batch)", file=sys.stderr, flush=True)
+    if sync_batchnorm:
+        model = sync_batchnorms(model, state)
     device_ids = [state.device.index] if state.device.type == "cuda" else None
     comm = tools.comm_config(comm) if tools else comm
     if comm is not None:
