@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+import advice
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 WORKER = HERE / "step_worker.py"
@@ -114,7 +116,8 @@ def main():
     parts = {"step": step_and_memory, "import": imports, "first_step": launch_to_first_step,
              "scaling": lambda reps: scaling(reps), "comm": lambda reps: comm_options(reps),
              "peers": lambda reps: peers(reps), "sharded": sharded, "compile": compiled,
-             "stream": streaming}
+             "stream": streaming, "aa": lambda reps: advice.aa(2 if reps < 5 else 20),
+             "advice": lambda reps: advice.comm_bound(2 if reps < 5 else 5)}
     p = argparse.ArgumentParser()
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="fewer repetitions, for a smoke run")

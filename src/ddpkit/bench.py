@@ -2,9 +2,13 @@
 
 Reports throughput (samples/s) and scaling efficiency at each process count, the share of the step that
 communication takes (the same run with gradient communication skipped), the communication settings tried at
-the largest count, and a recommendation that is only ever a setting that measured faster than the default in
-this same run. Runs are interleaved (every configuration once per repetition) and each figure is the median
-over steps and repetitions of the slowest rank's step.
+the largest count, and a recommendation only where a setting measured faster than the default in this same
+run by more than chance allows (:mod:`ddpkit.bench_stats`: the decision rule and its error rate). Runs are
+interleaved (every configuration once per repetition); each figure is the median over steps of the slowest
+rank's step, then over repetitions, with a distribution-free interval. After ``--reps`` repetitions, the
+default and the settings still undecided run again until each is decided or ``--budget-s`` is spent.
+Settings that cannot change this model's step (a bucket size above its gradient bytes, compression where
+communication is too small a share) are skipped, and the output says why.
 
 What the script needs: ``ddpkit.data_loader`` for the training data (the bench times the batches it hands
 out) and ``ddpkit.prepare_model`` (to apply the settings). It talks to the runs through documented variables:
@@ -15,6 +19,7 @@ Example::
 
     ddpkit bench --nproc 1,2 --steps 30 examples/digits.py --epochs 100
     ddpkit bench --json examples/digits.py          # one JSON object on stdout
+    ddpkit bench --aa --nproc 2 examples/digits.py  # the default against itself: should recommend nothing
 """
 
 from __future__ import annotations
@@ -22,23 +27,27 @@ from __future__ import annotations
 import argparse
 import glob
 import json
-import math
 import os
 import statistics
 import sys
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from ddpkit import bench_stats as stats
 from ddpkit import contract
 from ddpkit.cli import SCRIPT_FAILED, USAGE_ERROR, OneLineParser, UsageError, run_logged, usage_error
 
 PROG = "ddpkit bench"
-MIN_GAIN = 1.05  # a setting must be faster than the default by this much, with evidence, to be recommended
-ALPHA = 0.05  # chance of recommending a setting that is not MIN_GAIN faster, over all the settings tried
-SETTINGS = {"gradient_as_bucket_view": {"gradient_as_bucket_view": True}, "bucket_5mb": {"bucket_mb": 5},
-            "bucket_100mb": {"bucket_mb": 100}}
-LOSSY = {"bf16": {"compression": "bf16"}}  # tried on GPUs only: on CPU the casts cost more than they save
+MIN_GAIN = stats.MIN_GAIN
+LAST_LOOK = 20  # repetitions at most: the sequential test's boundary is computed for looks up to here
+Fields = dict[str, dict[str, Any]]  # setting name -> CommConfig fields
+SETTINGS: Fields = {"gradient_as_bucket_view": {"gradient_as_bucket_view": True}, "bucket_5mb": {"bucket_mb": 5},
+                    "bucket_100mb": {"bucket_mb": 100}}
+LOSSY: Fields = {"bf16": {"compression": "bf16"}}  # tried on GPUs only: on CPU the casts cost more than they save
+AA: Fields = {"default_again": {}}  # --aa: the default measured as if it were a setting (an A/A test of the rule)
+FIELDS = {**SETTINGS, **LOSSY, **AA}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="auto (default), cpu or cuda: where the runs train")
     p.add_argument("--steps", type=int, default=30, help="timed steps per run (default 30)")
     p.add_argument("--warmup", type=int, default=5, help="steps discarded at the start of each run (default 5)")
-    p.add_argument("--reps", type=int, default=2, help="interleaved repetitions (default 2)")
+    p.add_argument("--reps", type=int, default=2, help="interleaved repetitions of everything (default 2)")
+    p.add_argument("--budget-s", type=float, default=120.0,
+                   help="then repeat the undecided settings until this many seconds are spent (default 120; 0: no)")
+    p.add_argument("--aa", action="store_true", help="also measure the default as if it were a setting (A/A)")
     p.add_argument("--plot", default=os.path.join("runs", "bench", "bench.png"), help="PNG path ('' for none)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("script")
@@ -56,8 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def step_ms(rank_files: Sequence[str], warmup: int) -> tuple[float, int]:
-    """Median over steps of the slowest rank's step (ms), and the global batch, from the ranks' records."""
+def read_records(rank_files: Sequence[str], warmup: int) -> dict[str, Any]:
+    """From the ranks' records: the median over steps of the slowest rank's step (ms), the global batch, and
+    the largest DDP-wrapped model's gradient bytes and bucket cap (absent without DDP)."""
     records = []
     for path in rank_files:
         with open(path) as f:
@@ -67,11 +80,15 @@ def step_ms(rank_files: Sequence[str], warmup: int) -> tuple[float, int]:
     if not slowest:
         raise RuntimeError(f"only {min(len(r['times']) for r in records)} batches were timed; the training loop "
                            f"must take more than --warmup + 1 batches from ddpkit.data_loader")
-    return statistics.median(slowest) * 1e3, records[0]["global_batch"]
+    out = {"ms": statistics.median(slowest) * 1e3, "global_batch": records[0]["global_batch"]}
+    wrapped = records[0].get("ddp") or []
+    if wrapped:
+        out.update(max(wrapped, key=lambda w: w["grad_bytes"]))
+    return out
 
 
-def run_once(script: str, args: Sequence[str], nproc: int, steps: int, warmup: int, env: dict) -> tuple[float, int]:
-    """One launch of the script; returns (step ms, global batch)."""
+def run_once(script: str, args: Sequence[str], nproc: int, steps: int, warmup: int, env: dict) -> dict[str, Any]:
+    """One launch of the script; returns :func:`read_records` of its ranks."""
     with tempfile.TemporaryDirectory(prefix="ddpkit-bench-") as out:
         cmd = [sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", str(nproc),
                "--log-dir", os.path.join(out, "logs"), script, *args]
@@ -83,114 +100,165 @@ def run_once(script: str, args: Sequence[str], nproc: int, steps: int, warmup: i
                 tail = f.read()[-1500:]
             raise RuntimeError(f"`{' '.join(cmd)}` left {len(files)} of {nproc} step records (the training loader "
                                f"must come from ddpkit.data_loader); output ends with:\n{tail}")
-        return step_ms(files, warmup)
+        return read_records(files, warmup)
 
 
-def plan(counts: Sequence[int], gpus: int) -> dict[str, tuple[int, dict]]:
-    """name -> (processes, extra environment) of every configuration to run."""
+def plan(counts: Sequence[int], gpus: int, aa: bool = False) -> tuple[dict[str, tuple[int, dict]], dict[str, dict]]:
+    """The base configurations (name -> (processes, extra environment)) and the candidate settings (name ->
+    CommConfig fields) to try at the largest count."""
     jobs: dict[str, tuple[int, dict]] = {f"n{n}": (n, {}) for n in counts}
-    top = max(counts)
-    if top > 1:
-        jobs["no_comm"] = (top, {contract.BENCH_NO_COMM.name: "1"})
-        for name, fields in {**SETTINGS, **(LOSSY if gpus else {})}.items():
-            jobs[name] = (top, {contract.COMM.name: json.dumps(fields)})
-    return jobs
+    if max(counts) == 1:
+        return jobs, {}
+    jobs["no_comm"] = (max(counts), {contract.BENCH_NO_COMM.name: "1"})
+    return jobs, {**SETTINGS, **(LOSSY if gpus else {}), **(AA if aa else {})}
 
 
-def sign_test(wins: int, reps: int) -> float:
-    """One-sided sign test: the chance of ``wins`` or more of ``reps`` paired repetitions beating the threshold
-    when the setting's true median speed-up is at or below it (each repetition a coin flip at worst).
+def skipped(candidates: dict[str, dict], first: dict[str, Any], comm_share: float) -> dict[str, str]:
+    """The candidate settings that cannot change the step, with the reason, from the first default run.
 
-    >>> sign_test(2, 2), round(sign_test(6, 6), 4), round(sign_test(8, 9), 4)
-    (0.25, 0.0156, 0.0195)
+    Two bucket caps give the same buckets when the gradients fit under both. Compression at best halves the
+    communicated bytes, so below a communication share s it cannot beat 1 / (1 - s / 2) < MIN_GAIN.
+
+    >>> skipped({"bucket_5mb": {"bucket_mb": 5}, "bf16": {"compression": "bf16"}},
+    ...         {"grad_bytes": 160_000, "bucket_bytes": 25 * 2**20}, 0.04)["bucket_5mb"]
+    'the gradients (0.15 MB) fit in one bucket at 5 MB and at the default 25 MB: the same run as the default'
     """
-    return sum(math.comb(reps, k) for k in range(wins, reps + 1)) / 2 ** reps
+    out = {}
+    grads, cap = first.get("grad_bytes"), first.get("bucket_bytes")
+    for name, fields in candidates.items():
+        mb = fields.get("bucket_mb")
+        if mb is not None and grads is not None and cap and grads <= min(mb * 2**20, cap):
+            out[name] = (f"the gradients ({grads / 2**20:.2f} MB) fit in one bucket at {mb:g} MB and at the default "
+                         f"{cap / 2**20:g} MB: the same run as the default")
+        if "compression" in fields and 1 / (1 - comm_share / 2) < MIN_GAIN:
+            out[name] = (f"communication is {comm_share:.0%} of the step: halving its bytes cannot make the step "
+                         f"{MIN_GAIN:.2f}x faster")
+    return out
 
 
-def median_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
-    """A distribution-free interval for the median (order statistics) with coverage >= ``level`` where the
-    repetitions allow it, else the widest one, [min, max]; returns (low, high, its coverage).
-
-    >>> median_interval([1.0, 1.1, 0.9])[2], median_interval([float(v) for v in range(10)])[:2]
-    (0.75, (1.0, 8.0))
-    """
-    ordered, n = sorted(values), len(values)
-    best = (ordered[0], ordered[-1], 1 - 2 * 0.5 ** n)
-    for j in range(1, n // 2 + 1):  # [x_j, x_(n-j+1)] (1-based) covers the median with 1 - 2 P(Bin(n, .5) < j)
-        coverage = 1 - 2 * sum(math.comb(n, k) for k in range(j)) / 2 ** n
-        if coverage < level:
-            break
-        best = (ordered[j - 1], ordered[n - j], coverage)
-    return best
-
-
-def figures(samples: dict[str, list[float]], batches: dict[str, int], counts: Sequence[int]) -> dict:
+def figures(samples: dict[str, list[float]], batches: dict[str, int], counts: Sequence[int],
+            needed: dict[int, int] | None = None) -> dict:
     """Throughput, efficiency, communication share and the recommendation from the step times of each rep.
 
-    The decision rule, with its error rate: each repetition pairs a setting with the same repetition's default
-    run; a setting is recommended only when the repetitions it beat the default in by ``MIN_GAIN`` are too many
-    to be chance (one-sided sign test at ``ALPHA`` divided by the number of settings tried: Bonferroni), so at
-    most a 5 % chance of any false recommendation. Two repetitions can never pass it; with three settings it
-    takes six out of six, or eight of nine.
+    ``needed``: the sequential boundary the repetitions were run under (:func:`bench_stats.boundary`); by
+    default one look after all repetitions. A setting is recommended when its paired speed-ups crossed it.
     """
     times = {name: statistics.median(values) for name, values in samples.items()}
     top, one = max(counts), min(counts)
-    rows = [{"nproc": n, "step_ms": times[f"n{n}"], "samples_per_s": batches[f"n{n}"] / times[f"n{n}"] * 1e3}
-            for n in sorted(counts)]
-    base = rows[0]["samples_per_s"] / one
-    for row in rows:
-        row["efficiency"] = row["samples_per_s"] / (row["nproc"] * base)
-    result: dict[str, Any] = {"rows": rows}
-    if top > 1:
-        default = samples[f"n{top}"]
-        result["comm_share"] = max(0.0, (times[f"n{top}"] - times["no_comm"]) / times[f"n{top}"])
-        tried = [k for k in samples if k in {**SETTINGS, **LOSSY}]
-        result["settings_ms"] = {"default": times[f"n{top}"], **{k: times[k] for k in tried}}
-        gains = {k: [d / t for d, t in zip(default, samples[k])] for k in tried}
-        result["speedups"] = {k: statistics.median(g) for k, g in gains.items()}
-        intervals = {k: median_interval(g) for k, g in gains.items()}
-        result["speedups_ci"] = {k: [low, high] for k, (low, high, _) in intervals.items()}
-        result["speedups_ci_level"] = {k: level for k, (_, _, level) in intervals.items()}
-        limit = ALPHA / max(1, len(tried))
-        pvalues = {k: sign_test(sum(x >= MIN_GAIN for x in g), len(g)) for k, g in gains.items()}
-        winners = [k for k in tried if pvalues[k] <= limit]
-        result["recommendation"] = _recommend(winners, result["speedups"], intervals, times, top, len(default), limit)
+    rows = []
+    for n in sorted(counts):
+        eff = [(batches[f"n{n}"] / t) / (n * batches[f"n{one}"] / t1 / one)
+               for t, t1 in zip(samples[f"n{n}"], samples[f"n{one}"])]
+        rows.append({"nproc": n, "step_ms": times[f"n{n}"], "samples_per_s": batches[f"n{n}"] / times[f"n{n}"] * 1e3,
+                     "efficiency": statistics.median(eff), "efficiency_ci95": list(stats.median_interval(eff)[:2])})
+    result: dict[str, Any] = {"rows": rows, "reps_ms": samples}
+    if top == 1:
+        return result
+    default = samples[f"n{top}"]
+    shares = [max(0.0, (d - c) / d) for d, c in zip(default, samples["no_comm"])]
+    result.update(comm_share=statistics.median(shares), comm_share_ci95=list(stats.median_interval(shares)[:2]))
+    tried = [k for k in samples if k in FIELDS]
+    result["settings_ms"] = {"default": times[f"n{top}"], **{k: times[k] for k in tried}}
+    gains = {k: [d / t for d, t in zip(default, samples[k])] for k in tried}
+    needed = needed or stats.boundary(len(tried), len(default), len(default))
+    result["speedups"] = {k: statistics.median(g) for k, g in gains.items()}
+    intervals = {k: stats.median_interval(g) for k, g in gains.items()}
+    result["speedups_ci95"] = {k: [low, high] for k, (low, high, _) in intervals.items()}
+    result["speedups_ci_level"] = {k: level for k, (_, _, level) in intervals.items()}
+    winners = [k for k in tried if stats.crossed(gains[k], needed)]
+    result["recommendation"] = _recommend(winners, result["speedups"], intervals, times, top, gains, needed)
     return result
 
 
 def _recommend(winners: list[str], speedups: dict[str, float], intervals: dict[str, tuple[float, float, float]],
-               times: dict[str, float], top: int, reps: int, limit: float) -> dict[str, Any]:
+               times: dict[str, float], top: int, gains: dict[str, list[float]],
+               needed: dict[int, int]) -> dict[str, Any]:
     if winners:
         best = max(winners, key=lambda k: speedups[k])
         low, high, level = intervals[best]
+        n, wins = len(gains[best]), sum(g >= MIN_GAIN for g in gains[best])
         lossy = " (lossy: check your loss curve)" if best in LOSSY else ""
-        return {"setting": best, "fields": {**SETTINGS, **LOSSY}[best], "speedup": speedups[best],
+        return {"setting": best, "fields": FIELDS[best], "speedup": speedups[best],
                 "reason": f"{best}: {times[best]:.1f} ms/step vs {times[f'n{top}']:.1f} ms with the defaults at {top} "
                           f"processes, speed-up {speedups[best]:.2f} ({low:.2f}-{high:.2f}, {level:.0%} interval), "
-                          f">= {MIN_GAIN:.2f}x in too many of {reps} repetitions to be chance{lossy}"}
-    needed = next(n for n in range(1, 64) if sign_test(n, n) <= limit)
+                          f">= {MIN_GAIN:.2f}x in {wins} of {n} repetitions: beyond chance at 5 % over "
+                          f"{len(gains)} setting(s){lossy}"}
     spread = ", ".join(f"{k} {lo:.2f}-{hi:.2f}" for k, (lo, hi, _) in intervals.items())
+    reps = min((len(g) for g in gains.values()), default=0)
+    undecided = [k for k, g in gains.items() if stats.settled(g, needed) is None]
+    # the fewest repetitions that could ever recommend: under this boundary, else with one look at the end
+    first = min((n for n, w in needed.items() if w <= n),
+                default=next(n for n in range(1, 64) if stats.sign_test(n, n) <= stats.ALPHA / max(1, len(gains))))
+    hint = "" if not undecided else (
+        f"; a recommendation needs >= {first} repetitions all {MIN_GAIN:.2f}x faster (more --budget-s or --reps)"
+        if reps < first else f"; undecided after {reps} repetitions: {', '.join(undecided)} (more --budget-s)")
     return {"setting": "default", "fields": {}, "speedup": 1.0,
-            "reason": f"keep the defaults: no measurable difference at {top} processes (speed-ups {spread}); "
-                      f"a recommendation needs >= {needed} repetitions all {MIN_GAIN:.2f}x faster "
-                      f"(--reps {max(needed, reps + 1)})" if reps < needed else
-                      f"keep the defaults: no setting was {MIN_GAIN:.2f}x faster often enough to rule out chance "
-                      f"at {top} processes (speed-ups {spread})"}
+            "reason": f"keep the defaults: no measurable difference at {top} processes "
+                      f"(speed-ups {spread or 'none tried'}){hint}"}
 
 
 def bench(script: str, args: Sequence[str], counts: Sequence[int], steps: int, warmup: int, reps: int,
-          gpus: int, base_env: dict[str, str] | None = None) -> dict:
-    jobs = plan(counts, gpus)
+          gpus: int, base_env: dict[str, str] | None = None, budget_s: float = 0.0, aa: bool = False,
+          runner: Callable[..., dict[str, Any]] = run_once) -> dict:
+    """Run the plan: ``reps`` repetitions of everything, then the adaptive ones within ``budget_s``.
+    ``runner`` is :func:`run_once` (tests/test_bench.py simulates noisy runs with it to check the rule)."""
+    jobs, candidates = plan(counts, gpus, aa)
+    top, started = max(counts), time.monotonic()
+    first_default: dict[str, Any] = {}
+    skip: dict[str, str] = {}
     samples: dict[str, list[float]] = {name: [] for name in jobs}
     batches: dict[str, int] = {}
-    for _ in range(reps):  # interleaved: every configuration once per repetition, so drift hits all alike
+    last_ms: dict[str, float] = {}
+
+    def run(name: str, nproc: int, env: dict) -> dict[str, Any]:
+        begun = time.monotonic()
+        record = runner(script, args, nproc, steps, warmup, {**(base_env or {}), **env})
+        samples.setdefault(name, []).append(record["ms"])
+        batches[name], last_ms[name] = record["global_batch"], time.monotonic() - begun
+        return record
+
+    def paired(names: list[str], rep: int) -> None:
+        """The default at the top count and these settings, in an order that rotates with the repetition, so no
+        configuration always runs first or after the same neighbour (warm caches, drift of the machine)."""
+        group = [f"n{top}", *names]
+        for name in group[rep % len(group):] + group[:rep % len(group)]:
+            run(name, top, {contract.COMM.name: json.dumps(candidates[name])} if name in candidates else {})
+
+    for rep in range(reps):  # interleaved: every configuration once per repetition, so drift hits all alike
         for name, (nproc, env) in jobs.items():
-            ms, batches[name] = run_once(script, args, nproc, steps, warmup, {**(base_env or {}), **env})
-            samples[name].append(ms)
-    result = figures(samples, batches, counts)
+            if rep == 0 or name != f"n{top}" or not candidates:
+                record = run(name, nproc, env)
+                first_default = record if rep == 0 and name == f"n{top}" else first_default
+        if candidates and rep == 0:  # after the first default and no-communication runs: drop what can't matter
+            skip = skipped(candidates, first_default, max(0.0, 1 - samples["no_comm"][0] / samples[f"n{top}"][0]))
+            candidates = {k: v for k, v in candidates.items() if k not in skip}
+            for name, fields in candidates.items():
+                run(name, top, {contract.COMM.name: json.dumps(fields)})
+        elif candidates:
+            paired(list(candidates), rep)
+    last = max(reps, LAST_LOOK) if budget_s > 0 else reps
+    needed = stats.boundary(len(candidates), reps, last)
+    stopped = "--reps done, no budget for more" if budget_s <= 0 else None
+    while candidates and stopped is None:  # the adaptive part: only the default and the undecided settings
+        default = samples[f"n{top}"]
+        open_ = [k for k in candidates if not stats.settled([d / t for d, t in zip(default, samples[k])], needed)]
+        if not open_:
+            stopped = "every setting decided"
+        elif len(default) >= last:
+            stopped = f"{last} repetitions (the last look)"
+        elif time.monotonic() - started + sum(last_ms[k] for k in [f"n{top}", *open_]) > budget_s:
+            stopped = f"--budget-s {budget_s:g} spent"
+        else:
+            paired(open_, len(default))
+    result = figures(samples, batches, counts, needed if candidates else None)
+    if stopped and stopped.startswith("--budget-s") and result["recommendation"]["setting"] == "default":
+        per_rep = sum(last_ms[k] for k in [f"n{top}", *candidates])  # a rough price of one more repetition
+        result["recommendation"]["reason"] += f"; one more repetition takes ~{per_rep:.0f} s"
+    result["skipped"] = skip
     result["mode_note"] = ("DDP: DataParallel is for 2+ CUDA GPUs in one process, and DDP is faster there too"
                            if gpus < 2 else "DDP (one process per GPU) is what ddpkit runs by default")
-    return {"script": script, "steps": steps, "warmup": warmup, "reps": reps, **result}
+    return {"script": script, "steps": steps, "warmup": warmup, "reps": len(samples[f"n{top}"]), "min_reps": reps,
+            "budget_s": budget_s, "seconds": time.monotonic() - started, "stopped": stopped, **result}
 
 
 def plot(result: dict, path: str) -> str | None:
@@ -202,18 +270,26 @@ def plot(result: dict, path: str) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    rows = result["rows"]
+    rows, reps = result["rows"], result["reps_ms"]
     fig, axes = plt.subplots(1, 2 if "settings_ms" in result else 1, figsize=(10, 4), squeeze=False)
     ax = axes[0][0]
-    ax.plot([r["nproc"] for r in rows], [r["samples_per_s"] for r in rows], "o-", label="measured")
-    ax.plot([r["nproc"] for r in rows], [rows[0]["samples_per_s"] / rows[0]["nproc"] * r["nproc"] for r in rows],
-            "--", label="ideal")
-    ax.set(xlabel="processes", ylabel="samples/s", title="throughput", xticks=[r["nproc"] for r in rows])
+    counts = [r["nproc"] for r in rows]
+    ax.plot(counts, [r["samples_per_s"] for r in rows], "o-", label="median")
+    for r in rows:  # every repetition as a dot: the spread, not only the median
+        ax.plot([r["nproc"]] * len(reps[f"n{r['nproc']}"]),
+                [r["samples_per_s"] * r["step_ms"] / ms for ms in reps[f"n{r['nproc']}"]], ".", color="gray")
+    ax.plot(counts, [rows[0]["samples_per_s"] / rows[0]["nproc"] * n for n in counts], "--", label="ideal")
+    ax.set(xlabel="processes", ylabel="samples/s", title="throughput", xticks=counts)
     ax.legend()
     if "settings_ms" in result:
         names = list(result["settings_ms"])
-        axes[0][1].bar(names, [result["settings_ms"][n] for n in names])
-        axes[0][1].set(ylabel="ms per step (lower is better)", title=f"settings at {rows[-1]['nproc']} processes")
+        key = {"default": f"n{rows[-1]['nproc']}"}
+        axes[0][1].bar(names, [result["settings_ms"][n] for n in names], color="lightsteelblue", label="median")
+        for i, name in enumerate(names):
+            values = reps[key.get(name, name)]
+            axes[0][1].plot([i] * len(values), values, ".", color="black")
+        axes[0][1].set(ylabel="ms per step (lower is better)",
+                       title=f"settings at {rows[-1]['nproc']} processes, dots: repetitions")
         axes[0][1].tick_params(axis="x", rotation=20)
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -224,16 +300,18 @@ def plot(result: dict, path: str) -> str | None:
 
 def report(result: dict) -> str:
     lines = [f"{PROG}: {result['script']}, {result['steps']} steps after {result['warmup']} warm-up, "
-             f"{result['reps']} interleaved repetitions, median of the slowest rank",
-             "processes  step ms  samples/s  efficiency"]
-    lines += [f"{r['nproc']:>9}  {r['step_ms']:7.1f}  {r['samples_per_s']:9.0f}  {r['efficiency']:10.2f}"
-              for r in result["rows"]]
+             f"{result['min_reps']}+ interleaved repetitions, median of the slowest rank",
+             "processes  step ms  samples/s  efficiency (95 % interval, order statistics)"]
+    lines += [f"{r['nproc']:>9}  {r['step_ms']:7.1f}  {r['samples_per_s']:9.0f}  {r['efficiency']:10.2f} "
+              f"({r['efficiency_ci95'][0]:.2f}-{r['efficiency_ci95'][1]:.2f})" for r in result["rows"]]
     if "comm_share" in result:
-        top = result['rows'][-1]['nproc']
-        lines.append(f"communication: {result['comm_share']:.0%} of the step at {top} processes "
-                     "(the same run with gradient communication skipped)")
+        top, (low, high) = result["rows"][-1]["nproc"], result["comm_share_ci95"]
+        lines.append(f"communication: {result['comm_share']:.0%} of the step at {top} processes ({low:.0%}-{high:.0%}; "
+                     "the same run with gradient communication skipped)")
         lines.append("settings: " + ", ".join(f"{k} {v:.1f} ms" for k, v in result["settings_ms"].items()))
+        lines += [f"skipped {k}: {why}" for k, why in result["skipped"].items()]
         lines.append(f"recommendation: {result['recommendation']['reason']}")
+        lines.append(f"stopped after {result['reps']} repetitions, {result['seconds']:.0f} s: {result['stopped']}")
     lines.append(f"mode: {result['mode_note']}")
     return "\n".join(lines)
 
@@ -260,11 +338,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
         counts = sorted({int(part) for part in (ns.nproc or "1,2").split(",") if part.strip()})
-        if not counts or counts[0] < 1 or ns.steps < 2 or ns.warmup < 0 or ns.reps < 1 or not os.path.isfile(ns.script):
+        if (not counts or counts[0] < 1 or ns.steps < 2 or ns.warmup < 0 or ns.reps < 1 or ns.budget_s < 0
+                or not os.path.isfile(ns.script)):
             raise ValueError
     except (UsageError, ValueError):
-        print(f"{PROG}: error: need --nproc like 1,2 (counts >= 1), --steps >= 2, --warmup >= 0, --reps >= 1 and "
-              f"an existing script; got {sys.argv[1:] if argv is None else list(argv)}", file=sys.stderr)
+        print(f"{PROG}: error: need --nproc like 1,2 (counts >= 1), --steps >= 2, --warmup >= 0, --reps >= 1, "
+              f"--budget-s >= 0 and an existing script; got {sys.argv[1:] if argv is None else list(argv)}",
+              file=sys.stderr)
         return USAGE_ERROR
     import torch
 
@@ -277,7 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: {note}", file=sys.stderr, flush=True)
     try:
         result = bench(ns.script, ns.script_args, counts, ns.steps, ns.warmup, ns.reps, gpus,
-                       {contract.DEVICE.name: ns.device} if ns.device else {})
+                       {contract.DEVICE.name: ns.device} if ns.device else {}, ns.budget_s, ns.aa)
     except RuntimeError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return SCRIPT_FAILED

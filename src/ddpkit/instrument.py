@@ -48,6 +48,8 @@ class Tools:
     bench_out: str | None = None
     no_comm: bool = False
     comm: dict[str, Any] | None = None
+    # bench: what each DDP wrap of this process holds (gradient bytes, bucket cap), written with the step times
+    wrapped: list[dict[str, int]] = dataclasses.field(default_factory=list)
 
     # -- model --------------------------------------------------------------------------------------
     def on_model(self, model: nn.Module, is_main: bool, on_shutdown: OnShutdown) -> None:
@@ -80,6 +82,9 @@ class Tools:
 
     def on_ddp(self, wrapped: nn.Module) -> bool:
         """After wrapping in DDP; True when the tool installed its own communication hook."""
+        if self.bench_out is not None:  # bench skips the bucket sizes that cannot change this model's buckets
+            grads = sum(p.numel() * p.element_size() for p in wrapped.parameters() if p.requires_grad)
+            self.wrapped.append({"grad_bytes": grads, "bucket_bytes": int(getattr(wrapped, "bucket_bytes_cap", 0))})
         if self.no_comm:
             wrapped.register_comm_hook(None, skip_hook)  # type: ignore[operator]
         return self.no_comm
@@ -102,7 +107,7 @@ class Tools:
 
         def write() -> None:
             with open(path, "w") as f:
-                json.dump({"times": loader.step_times, **describe()}, f)
+                json.dump({"times": loader.step_times, "ddp": self.wrapped, **describe()}, f)
 
         on_shutdown(write)
 
