@@ -55,8 +55,9 @@ def aa(n):
 def comm_bound(n):
     runs = [ddpkit_bench("--nproc", "2", "--budget-s", "300", "benchmarks/comm_bound.py") for _ in range(n)]
     _save("comm_bound", runs)
-    found = [r["recommendation"]["setting"] == "gradient_as_bucket_view" for r in runs]
-    return {"advice_runs": n, "advice_found_grad_view": sum(found),
+    found = sum(r["recommendation"]["setting"] == "gradient_as_bucket_view" for r in runs)
+    return {"advice_runs": n, "advice_found_grad_view": found, "advice_found_rate": found / n,
+            "advice_found_rate_ci95": list(proportion_interval(found, n)),
             "advice_grad_view_speedup": statistics.median(r["speedups"]["gradient_as_bucket_view"] for r in runs),
             "advice_reps_median": statistics.median(r["reps"] for r in runs),
             "advice_seconds_median": statistics.median(r["seconds"] for r in runs),

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import advice
 
+from ddpkit.bench_stats import median_interval
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 WORKER = HERE / "step_worker.py"
@@ -77,16 +79,31 @@ def med(results, key):
     return statistics.median(r[key] for r in results)
 
 
+def interval(key, values):
+    """``key``: the median of per-repetition values; ``key_ci95``: a distribution-free interval of it (order
+    statistics, ddpkit.bench_stats); ``key_ci_level`` too where the repetitions give less than 95 %."""
+    low, high, level = median_interval(values)
+    out = {key: statistics.median(values), f"{key}_ci95": [low, high]}
+    if level < 0.95:
+        out[f"{key}_ci_level"] = round(level, 3)
+    return out
+
+
+def paired(key, num, den, field="median_ms"):
+    """The ratio of two variants as the median of the ratios of runs made next to each other (interleave
+    pairs repetition i of both), so a slow phase of the machine hits both sides of a pair; with its interval."""
+    return interval(key, [a[field] / b[field] for a, b in zip(num, den)])
+
+
 def import_times(reps):
     def once(code):
         start = time.perf_counter()
         subprocess.run([sys.executable, "-c", code], check=True, env=ENV)
         return time.perf_counter() - start
 
-    times = interleave(reps, {"torch": lambda: {"t": once("import torch")},
-                              "ddpkit": lambda: {"t": once("import torch, ddpkit")},
-                              "ddpkit_used": lambda: {"t": once("import ddpkit; ddpkit.init")}})
-    return {name: med(r, "t") for name, r in times.items()}
+    return interleave(reps, {"torch": lambda: {"t": once("import torch")},
+                             "ddpkit": lambda: {"t": once("import torch, ddpkit")},
+                             "ddpkit_used": lambda: {"t": once("import ddpkit; ddpkit.init")}})
 
 
 def step_and_memory(reps):
@@ -94,15 +111,15 @@ def step_and_memory(reps):
     step = interleave(reps, {"raw": lambda: torchrun("raw"), "ddpkit": lambda: torchrun("ddpkit")})
     res = dict(raw_step_ms=med(step["raw"], "median_ms"), ddpkit_step_ms=med(step["ddpkit"], "median_ms"),
                raw_step_p90_ms=med(step["raw"], "p90_ms"), ddpkit_step_p90_ms=med(step["ddpkit"], "p90_ms"))
-    res["step_ratio_vs_raw_ddp"] = res["ddpkit_step_ms"] / res["raw_step_ms"]
-    res["rss_ratio_vs_raw_ddp"] = med(step["ddpkit"], "rss_mb") / med(step["raw"], "rss_mb")
+    res.update(paired("step_ratio_vs_raw_ddp", step["ddpkit"], step["raw"]))
+    res.update(paired("rss_ratio_vs_raw_ddp", step["ddpkit"], step["raw"], "rss_mb"))
     return res
 
 
 def imports(reps):
     times = import_times(reps + 3)  # fresh interpreters
-    return {"import_ratio_vs_torch": times["ddpkit"] / times["torch"], "import_torch_s": times["torch"],
-            "import_ddpkit_s": times["ddpkit"]}
+    return {**paired("import_ratio_vs_torch", times["ddpkit"], times["torch"], "t"),
+            "import_torch_s": med(times["torch"], "t"), "import_ddpkit_s": med(times["ddpkit"], "t")}
 
 
 def launch_to_first_step(reps):
@@ -119,7 +136,7 @@ def main():
              "stream": streaming, "aa": lambda reps: advice.aa(2 if reps < 5 else 20),
              "advice": lambda reps: advice.comm_bound(2 if reps < 5 else 5)}
     p = argparse.ArgumentParser()
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--reps", type=int, default=6, help="6: the fewest that give a 95 %% interval of a median")
     p.add_argument("--quick", action="store_true", help="fewer repetitions, for a smoke run")
     p.add_argument("--only", choices=list(parts), action="append",
                    help="re-measure only these parts, keeping the other figures of latest.json")
@@ -150,10 +167,10 @@ def first_step(first):
     pairs = list(zip(first["torchrun"], first["ddpkit"]))
     return {"first_step_torchrun_s": statistics.median(seconds(r, "first_step_at") for r in first["torchrun"]),
             "first_step_ddpkit_s": statistics.median(seconds(r, "first_step_at") for r in first["ddpkit"]),
-            "first_step_delta_vs_torchrun_s": statistics.median(
-                seconds(d, "first_step_at") - seconds(t, "first_step_at") for t, d in pairs),
-            "launcher_delta_vs_torchrun_s": statistics.median(
-                seconds(d, "script_started_at") - seconds(t, "script_started_at") for t, d in pairs)}
+            **interval("first_step_delta_vs_torchrun_s",
+                       [seconds(d, "first_step_at") - seconds(t, "first_step_at") for t, d in pairs]),
+            **interval("launcher_delta_vs_torchrun_s",
+                       [seconds(d, "script_started_at") - seconds(t, "script_started_at") for t, d in pairs])}
 
 
 def scaling(reps):
@@ -168,10 +185,11 @@ def scaling(reps):
     size = 4 * (depth * (width * width + width) + width * 10 + 10)  # fp32 gradient bytes of the default MLP
     n = 2
     ring = 2 * (n - 1) * a + 2 * (n - 1) / n * size / bw
-    bound = t1 + ring  # same per-process batch: ideal step = compute + un-overlapped ring all-reduce
+    # same per-process batch: ideal step = compute + un-overlapped ring all-reduce, per repetition's pair
+    efficiency = [(r1["median_ms"] / 1e3 + ring) / (r2["median_ms"] / 1e3) for r1, r2 in zip(one["1"], one["2"])]
     return {"throughput_1proc_samples_s": 64 / t1, "throughput_2proc_samples_s": 2 * 64 / t2,
             "ring_allreduce_bound_ms": ring * 1e3, "allreduce_latency_ms": a * 1e3, "allreduce_bus_gbs": bw / 1e9,
-            "scaling_efficiency_vs_bound": bound / t2}
+            **interval("scaling_efficiency_vs_bound", efficiency)}
 
 
 def comm_options(reps):
@@ -185,12 +203,15 @@ def comm_options(reps):
     results = interleave(reps, {**raw, **ours})
     base = med(results["raw_default"], "median_ms")
     base_loss = med(results["raw_default"], "final_loss")
-    out = {f"comm_{name}_speedup": base / med(results[name], "median_ms") for name in settings}
+    out = {}
+    for name in settings:
+        out.update(paired(f"comm_{name}_speedup", results["raw_default"], results[name]))
     out.update({f"comm_{name}_loss_rel_diff": abs(med(results[name], "final_loss") - base_loss) / base_loss
                 for name in settings})
     within = {name: out[f"comm_{name}_speedup"] for name in settings if out[f"comm_{name}_loss_rel_diff"] <= 0.01}
-    best = max(within, key=within.get)
-    out.update(best_comm_setting=best, best_comm_speedup_vs_raw_ddp=within[best], comm_raw_step_ms=base)
+    best = max(within, key=within.get)  # chosen as the largest of several medians: its interval is optimistic
+    out.update(best_comm_setting=best, comm_raw_step_ms=base,
+               **paired("best_comm_speedup_vs_raw_ddp", results["raw_default"], results[best]))
     return out
 
 
@@ -202,12 +223,12 @@ def peers(reps):
                                 "accelerate": lambda: torchrun("accelerate", env=env),
                                 "fabric": lambda: torchrun("fabric", env=env)})
     out = {}
+    for run_ in (r for runs in results.values() for r in runs):
+        run_["first_step_s"] = run_["first_step_at"] - run_["started"]
     for peer in ("accelerate", "fabric"):
         out[f"{peer}_step_ms"] = med(results[peer], "median_ms")
-        out[f"step_ratio_vs_{peer}"] = med(results["ddpkit"], "median_ms") / out[f"{peer}_step_ms"]
-        out[f"first_step_ratio_vs_{peer}"] = (
-            statistics.median(r["first_step_at"] - r["started"] for r in results["ddpkit"])
-            / statistics.median(r["first_step_at"] - r["started"] for r in results[peer]))
+        out.update(paired(f"step_ratio_vs_{peer}", results["ddpkit"], results[peer]))
+        out.update(paired(f"first_step_ratio_vs_{peer}", results["ddpkit"], results[peer], "first_step_s"))
     return out
 
 
@@ -217,14 +238,15 @@ TARGETS = {"step_ratio_vs_raw_ddp": ("<=", 1.01), "import_ratio_vs_torch": ("<="
            "step_ratio_vs_fabric": ("<=", 1.0), "first_step_ratio_vs_accelerate": ("<=", 1.0),
            "first_step_ratio_vs_fabric": ("<=", 1.0), "fsdp_state_bytes_ratio_vs_ddp_2p": ("<=", 0.60),
            "fsdp_state_bytes_ratio_vs_ddp_3p": ("<=", 0.45), "fsdp_step_ratio_vs_raw_fsdp2": ("<=", 1.02),
-           "stream_throughput_ratio_vs_map": (">=", 0.95)}
+           "stream_throughput_ratio_vs_map": (">=", 0.95), "aa_false_rate": ("<=", 0.05),
+           "advice_found_rate": (">=", 0.8)}
 
 
 def compiled(reps):
     """prepare_model(compile=True) against eager, both ddpkit, same launcher; no target (2 CPU cores)."""
     runs = interleave(reps, {"eager": lambda: torchrun("ddpkit", "--warmup", "20"),
                              "compiled": lambda: torchrun("ddpkit", "--compile", "--warmup", "20")})
-    return {"compile_step_ratio_vs_eager": med(runs["compiled"], "median_ms") / med(runs["eager"], "median_ms"),
+    return {**paired("compile_step_ratio_vs_eager", runs["compiled"], runs["eager"]),
             "compiled_step_ms": med(runs["compiled"], "median_ms"), "eager_step_ms": med(runs["eager"], "median_ms")}
 
 
@@ -233,8 +255,7 @@ def streaming(reps):
     timed): the stream's cost is the round-robin split, the shuffle buffer and one all-reduce per step."""
     runs = interleave(reps, {"map": lambda: torchrun("map", worker="stream_worker.py"),
                              "stream": lambda: torchrun("stream", worker="stream_worker.py")})
-    pairs = [s["samples_per_s"] / m["samples_per_s"] for m, s in zip(runs["map"], runs["stream"])]
-    return {"stream_throughput_ratio_vs_map": statistics.median(pairs),
+    return {**paired("stream_throughput_ratio_vs_map", runs["stream"], runs["map"], "samples_per_s"),
             "stream_samples_per_s": med(runs["stream"], "samples_per_s"),
             "map_samples_per_s": med(runs["map"], "samples_per_s")}
 
@@ -242,18 +263,35 @@ def streaming(reps):
 def sharded(reps):
     import sharding
 
-    return sharding.measure(min(reps, 3), torchrun, {"PYTHONPATH": str(PEERS)} if PEERS.exists() else None)
+    return sharding.measure(min(reps, 3), torchrun, {"PYTHONPATH": str(PEERS)} if PEERS.exists() else None,
+                            paired)
+
+
+def verdict(value, interval, op, goal):
+    """"met" only when the whole interval is on the right side of the goal, "not met" when it is wholly on the
+    wrong side, else "within noise" (the repetitions cannot tell).
+
+    >>> verdict(1.0, [0.98, 1.03], "<=", 1.01), verdict(1.2, [1.15, 1.3], ">=", 1.1), verdict(1.0, None, "<=", 0.9)
+    ('within noise', 'met', '**not met**')
+    """
+    low, high = interval or (value, value)
+    good, bad = (high <= goal, low > goal) if op == "<=" else (low >= goal, high < goal)
+    return "met" if good else "**not met**" if bad else "within noise"
 
 
 def table(res):
-    lines = ["| figure | value | target | met |", "|---|---|---|---|"]
+    lines = ["| figure | value (95 % interval) | target | met |", "|---|---|---|---|"]
     for key, value in sorted(res.items()):
+        if key.endswith(("_ci95", "_ci_level")):
+            continue  # shown with their figure
         if not isinstance(value, float):
             lines.append(f"| {key} | {value} | | |")
             continue
+        ci, level = res.get(f"{key}_ci95"), res.get(f"{key}_ci_level")
+        shown = f"{value:.4g}" + (f" ({ci[0]:.4g}-{ci[1]:.4g}{f', {level:.0%} only' if level else ''})" if ci else "")
         op, goal = TARGETS.get(key, (None, None))
-        met = "" if op is None else ("yes" if (value <= goal if op == "<=" else value >= goal) else "**no**")
-        lines.append(f"| {key} | {value:.4g} | {f'{op} {goal}' if op else ''} | {met} |")
+        met = "" if op is None else verdict(value, ci, op, goal)
+        lines.append(f"| {key} | {shown} | {f'{op} {goal}' if op else ''} | {met} |")
     return "\n".join(lines) + "\n"
 
 
@@ -268,9 +306,13 @@ def plot(res):
         return
     names = [k[5:-8] for k in res if k.startswith("comm_") and k.endswith("_speedup")]
     fig, ax = plt.subplots(figsize=(6, 3))
-    ax.bar(names, [res[f"comm_{n}_speedup"] for n in names])
+    values = [res[f"comm_{n}_speedup"] for n in names]
+    cis = [res.get(f"comm_{n}_speedup_ci95") or [v, v] for n, v in zip(names, values)]
+    below, above = [v - lo for v, (lo, _) in zip(values, cis)], [hi - v for v, (_, hi) in zip(values, cis)]
+    # the error bars: each median's 95 % interval over repetitions
+    ax.bar(names, values, yerr=[below, above], capsize=3, color="lightsteelblue")
     ax.axhline(1.0, color="gray", lw=1)
-    ax.set_ylabel("throughput vs raw DDP")
+    ax.set_ylabel("throughput vs raw DDP (95 % interval)")
     ax.set_title("communication options, 2 processes, gloo")
     fig.tight_layout()
     fig.savefig(RESULTS / "comm_options.png", dpi=100)

@@ -13,8 +13,9 @@ WORKER = "shard_worker.py"
 MMAP = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 
 
-def measure(reps, torchrun, peers_env=None):
-    """torchrun(impl, *extra, nproc=, env=, worker=) runs benchmarks/shard_worker.py; returns flat keys."""
+def measure(reps, torchrun, peers_env=None, paired=None):
+    """torchrun(impl, *extra, nproc=, env=, worker=) runs benchmarks/shard_worker.py; paired(key, a_runs, b_runs,
+    field) is bench.py's median of per-repetition ratios with its interval; returns flat keys."""
     def run(impl, nproc, env=None):
         return lambda: torchrun(impl, nproc=nproc, env=env, worker=WORKER)
 
@@ -32,18 +33,20 @@ def measure(reps, torchrun, peers_env=None):
         out[f"fsdp_state_mb_{n}p"] = med(f"fsdp_{n}p", "state_mb")
         out[f"ddp_state_mb_{n}p"] = med(f"ddp_{n}p", "state_mb")
         out[f"raw_fsdp2_state_mb_{n}p"] = med(f"raw-fsdp2_{n}p", "state_mb")
-        out[f"fsdp_state_bytes_ratio_vs_ddp_{n}p"] = out[f"fsdp_state_mb_{n}p"] / out[f"ddp_state_mb_{n}p"]
-        out[f"fsdp_rss_ratio_vs_ddp_{n}p"] = med(f"fsdp_{n}p", "rss_mb") / med(f"ddp_{n}p", "rss_mb")
+        out.update(paired(f"fsdp_state_bytes_ratio_vs_ddp_{n}p", results[f"fsdp_{n}p"], results[f"ddp_{n}p"],
+                          "state_mb"))
+        out.update(paired(f"fsdp_rss_ratio_vs_ddp_{n}p", results[f"fsdp_{n}p"], results[f"ddp_{n}p"], "rss_mb"))
         out[f"fsdp_step_ms_{n}p"], out[f"raw_fsdp2_step_ms_{n}p"] = med(f"fsdp_{n}p", "median_ms"), \
             med(f"raw-fsdp2_{n}p", "median_ms")
         out[f"ddp_step_ms_{n}p"] = med(f"ddp_{n}p", "median_ms")
         # paired: each ddpkit run against the raw run of the same repetition
-        out[f"fsdp_step_ratio_vs_raw_fsdp2_{n}p"] = statistics.median(
-            a["median_ms"] / b["median_ms"] for a, b in zip(results[f"fsdp_{n}p"], results[f"raw-fsdp2_{n}p"]))
-    out["fsdp_step_ratio_vs_raw_fsdp2"] = out["fsdp_step_ratio_vs_raw_fsdp2_2p"]
+        out.update(paired(f"fsdp_step_ratio_vs_raw_fsdp2_{n}p", results[f"fsdp_{n}p"], results[f"raw-fsdp2_{n}p"],
+                          "median_ms"))
+    out.update({k.replace("_2p", ""): v for k, v in out.items() if k.startswith("fsdp_step_ratio_vs_raw_fsdp2_2p")})
     out["fsdp_rss_mb_2p_mmap"], out["ddp_rss_mb_2p_mmap"] = med("fsdp_2p_mmap", "rss_mb"), med("ddp_2p_mmap", "rss_mb")
-    out["fsdp_rss_ratio_vs_ddp_2p_mmap"] = out["fsdp_rss_mb_2p_mmap"] / out["ddp_rss_mb_2p_mmap"]
-    out["fsdp_step_ratio_mmap_vs_default_2p"] = med("fsdp_2p_mmap", "median_ms") / med("fsdp_2p", "median_ms")
+    out.update(paired("fsdp_rss_ratio_vs_ddp_2p_mmap", results["fsdp_2p_mmap"], results["ddp_2p_mmap"], "rss_mb"))
+    out.update(paired("fsdp_step_ratio_mmap_vs_default_2p", results["fsdp_2p_mmap"], results["fsdp_2p"],
+                      "median_ms"))
     for peer in ("accelerate", "fabric"):
         if peers_env is None:
             out[f"{peer}_fsdp_cpu"] = "not installed"

@@ -105,7 +105,8 @@ def test_the_sequential_boundary_holds_its_error_rate_exactly():
 def test_bench_on_digits_reports_scaling_comm_share_and_a_plot(tmp_path):
     png = tmp_path / "bench.png"
     r = ok(run_cmd([sys.executable, "-m", "ddpkit", "bench", "--nproc", "1,2", "--steps", "6", "--warmup", "2",
-                    "--reps", "1", "--budget-s", "0", "--json", "--plot", str(png), str(DIGITS), "--logdir", str(tmp_path / "tb")],
+                    "--reps", "1", "--budget-s", "0", "--json", "--plot", str(png), str(DIGITS),
+                    "--logdir", str(tmp_path / "tb")],
                    timeout=300))
     result = json.loads(r.stdout)
     assert [row["nproc"] for row in result["rows"]] == [1, 2]
@@ -124,3 +125,18 @@ def test_a_script_without_ddpkit_data_loader_is_a_clear_error(tmp_path):
     script.write_text("import ddpkit\nddpkit.init()\nprint('no loader')\n")
     r = run_cmd([sys.executable, "-m", "ddpkit", "bench", "--nproc", "1", "--reps", "1", str(script)], timeout=120)
     assert r.returncode == 1 and "0 of 1 step records" in r.stderr and "ddpkit.data_loader" in r.stderr
+
+
+def test_make_bench_calls_a_target_met_only_when_the_whole_interval_is_on_its_side():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench as make_bench
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    a, b = [{"median_ms": v} for v in (10.0, 11, 10.5, 10.2, 10.8, 10.1)], [{"median_ms": 10.0}] * 6
+    figure = make_bench.paired("step_ratio_vs_raw_ddp", a, b)
+    assert figure["step_ratio_vs_raw_ddp_ci95"] == [1.0, 1.1] and "step_ratio_vs_raw_ddp_ci_level" not in figure
+    assert make_bench.paired("x", a[:3], b[:3])["x_ci_level"] == 0.75  # [min, max] of 3 covers 75 %
+    table = make_bench.table({**figure, "rss_ratio_vs_raw_ddp": 1.0, "rss_ratio_vs_raw_ddp_ci95": [0.99, 1.01]})
+    assert "| step_ratio_vs_raw_ddp | 1.035 (1-1.1) | <= 1.01 | within noise |" in table
+    assert "| rss_ratio_vs_raw_ddp | 1 (0.99-1.01) | <= 1.05 | met |" in table and "_ci95" not in table
