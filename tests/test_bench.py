@@ -105,14 +105,14 @@ def test_the_sequential_boundary_holds_its_error_rate_exactly():
 def test_bench_on_digits_reports_scaling_comm_share_and_a_plot(tmp_path):
     png = tmp_path / "bench.png"
     r = ok(run_cmd([sys.executable, "-m", "ddpkit", "bench", "--nproc", "1,2", "--steps", "6", "--warmup", "2",
-                    "--reps", "1", "--budget-s", "0", "--json", "--plot", str(png), str(DIGITS),
+                    "--reps", "1", "--budget-s", "0", "--aa", "--json", "--plot", str(png), str(DIGITS),
                     "--logdir", str(tmp_path / "tb")],
                    timeout=300))
     result = json.loads(r.stdout)
     assert [row["nproc"] for row in result["rows"]] == [1, 2]
     assert all(row["samples_per_s"] > 0 for row in result["rows"]) and result["rows"][0]["efficiency"] == 1.0
     assert 0.0 <= result["comm_share"] < 1.0
-    assert set(result["settings_ms"]) == {"default", "gradient_as_bucket_view"}
+    assert set(result["settings_ms"]) == {"default", "gradient_as_bucket_view", "default_again"}  # --aa: A/A
     # the ranks recorded digits' gradient bytes (~0.2 MB): no bucket size can change its one bucket
     assert set(result["skipped"]) == {"bucket_5mb", "bucket_100mb"}, result["skipped"]
     assert result["recommendation"]["setting"] == "default"  # one repetition never recommends
