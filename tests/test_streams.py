@@ -69,3 +69,24 @@ def test_sigkill_mid_stream_then_resume_is_bitwise(tmp_path, workers):
     assert "ckpt-0000000006" in r.stderr  # mid-epoch: 90 samples / (2 x 4) = 11 steps per epoch
     a, b = torch.load(reference / "final.pt"), torch.load(tmp_path / "final.pt")
     assert a["step"] == b["step"] and all(torch.equal(a["weights"][k], b["weights"][k]) for k in a["weights"])
+
+
+def test_a_hugging_face_stream_resumes_mid_epoch_bitwise(tmp_path):
+    """The same kill and resume through ``datasets``' own split (by rank, then its shards among 2 workers)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for part in range(4):  # 4 files: 2 per rank, one per worker
+        rows = [{"x": torch.randn(6, generator=torch.Generator().manual_seed(i)).tolist()} for i in range(part, 90, 4)]
+        (data / f"part{part}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    env = {"HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    runs = {name: tmp_path / name for name in ("reference", "killed")}
+    for out in runs.values():
+        out.mkdir()
+    hf = ["--workers", 2, "--hf", data]
+    ok(launch(WORKERS / "stream_resume.py", runs["reference"], *hf, env=env))
+    r = launch(WORKERS / "stream_resume.py", runs["killed"], *hf, "--die-at", 7, env=env)
+    assert r.returncode == 1 and "killed by SIGKILL" in r.stderr, r.stderr[-2000:]
+    r = ok(launch(WORKERS / "stream_resume.py", runs["killed"], *hf, launcher_args=["--resume"], env=env))
+    assert "ckpt-0000000006" in r.stderr
+    a, b = torch.load(runs["reference"] / "final.pt"), torch.load(runs["killed"] / "final.pt")
+    assert a["step"] == b["step"] and all(torch.equal(a["weights"][k], b["weights"][k]) for k in a["weights"])

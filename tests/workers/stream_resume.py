@@ -1,9 +1,11 @@
 """Training on a stream with checkpoints, for the mid-stream resume test.
 
-``stream_resume.py OUT [--die-at S] [--workers K]``: a deterministic stream of 90 samples, shuffled through a
-buffer, 2 epochs, a checkpoint every 3 steps, SIGKILL at step S on the first attempt; rank 0 writes OUT/final.pt.
+``stream_resume.py OUT [--die-at S] [--workers K] [--hf DIR]``: a deterministic stream of 90 samples, shuffled
+through a buffer, 2 epochs, a checkpoint every 3 steps, SIGKILL at step S on the first attempt; rank 0 writes
+OUT/final.pt. ``--hf DIR``: the same samples from DIR/*.jsonl through a Hugging Face ``datasets`` stream.
 """
 import argparse
+import glob
 import os
 import signal
 
@@ -17,6 +19,7 @@ p = argparse.ArgumentParser()
 p.add_argument("out")
 p.add_argument("--die-at", type=int, default=-1)
 p.add_argument("--workers", type=int, default=1)
+p.add_argument("--hf", default=None)
 args = p.parse_args()
 torch.set_num_threads(1)
 state = ddpkit.init(seed=3)
@@ -31,14 +34,24 @@ class Stream(IterableDataset):
             yield x, x.sum(0, keepdim=True) * 0.5
 
 
+def hugging_face(directory):
+    from datasets import load_dataset
+
+    files = sorted(glob.glob(os.path.join(directory, "*.jsonl")))
+    rows = load_dataset("json", data_files=files, split="train", streaming=True)
+    return rows.map(lambda row: {"x": row["x"], "y": [sum(row["x"]) * 0.5]}).with_format("torch")
+
+
 torch.manual_seed(0)
 model = ddpkit.prepare_model(nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 1)))
 opt = torch.optim.Adam(model.parameters(), lr=0.01)
-loader = ddpkit.data_loader(Stream(), batch_size=4, num_workers=args.workers, seed=1, shuffle_buffer=10)
+stream = hugging_face(args.hf) if args.hf else Stream()
+loader = ddpkit.data_loader(stream, batch_size=4, num_workers=args.workers, seed=1, shuffle_buffer=10)
 ckpt = ddpkit.Checkpointer(os.path.join(args.out, "ckpt"), keep=2)
 step = ckpt.restore(model=model, optimizer=opt, loader=loader)
 for _epoch in range(loader.epoch, 2):
-    for x, y in loader:
+    for batch in loader:
+        x, y = (batch["x"], batch["y"]) if args.hf else batch
         loss = nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
