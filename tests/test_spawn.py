@@ -2,6 +2,7 @@
 interrupts and repeated launches, with real processes (gloo, CPU)."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -118,3 +119,40 @@ def test_an_interrupt_stops_every_worker_and_the_session_launches_again(tmp_path
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)  # no orphan
     assert "AGAIN 6.0" in out  # the session survives and launches again
+
+
+HANG = """
+import time, torch, torch.distributed as dist, ddpkit
+
+def only_rank0_reduces(state):
+    if state.rank == 0:
+        dist.all_reduce(torch.ones(1))
+
+def evaluate():
+    time.sleep(120)
+
+def work():
+    state = ddpkit.init(timeout_s=5)
+    only_rank0_reduces(state)
+    evaluate()
+
+started = time.time()
+try:
+    ddpkit.spawn(work, nproc_per_node=2)
+except ddpkit.spawning.SpawnError as exc:
+    print(f"SPAWN-ERROR exit={exc.exit_code} after={time.time() - started:.1f}\\n{exc}", flush=True)
+print("AGAIN", ddpkit.spawn(ddpkit.init, nproc_per_node=2).world_size, flush=True)
+"""
+
+
+def test_a_hang_in_spawned_workers_is_the_launchers_hang_report_and_the_session_goes_on():
+    """A collective that rank 1 never joins, in a forked (interactive-session) function: the same report as
+    `ddpkit launch` gives (exit code 3, where each rank stands), raised once in the caller, within the timeout."""
+    r = ok(run_cmd([sys.executable, "-c", HANG], timeout=180))
+    assert "SPAWN-ERROR exit=3" in r.stdout, r.stdout + r.stderr
+    report = r.stdout.split("SPAWN-ERROR", 1)[1]
+    assert "HANG: a collective did not complete within the timeout" in report
+    assert re.search(r"rank 0 waits in a collective \(\w+\) at <string>:\d+ in only_rank0_reduces", report), report
+    assert re.search(r"rank 1 is at <string>:\d+ in evaluate \(not in a collective\)", report), report
+    assert float(re.search(r"after=([\d.]+)", report).group(1)) < 5 + 15  # the timeout, then the report
+    assert "AGAIN 2" in r.stdout

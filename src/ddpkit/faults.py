@@ -187,14 +187,25 @@ def _is_library(path: str) -> bool:
 
 
 def where(dump: str) -> str | None:
-    """One phrase for the main thread of the last dump: 'waits in a collective (...) at f.py:12 in g'."""
+    """One phrase for the main thread of the last dump: 'waits in a collective (...) at f.py:12 in g'.
+
+    >>> lib = "/venv/lib/python3.11/site-packages/torch/distributed"
+    >>> where(chr(10).join(["Current thread 0x1 (most recent call first):",
+    ...                     '  File "train.py", line 9 in evaluate',
+    ...                     f'  File "{lib}/elastic/multiprocessing/errors/__init__.py", line 357 in wrapper']))
+    'is at train.py:9 in evaluate (not in a collective)'
+    """
     mains = [t for t in _threads(dump) if t and not any(f.endswith("threading.py") for f, _, _ in t)]
     if not mains:
         return None
     frames = mains[-1]
-    user = next((f for f in frames if not _is_library(f[0])), frames[0])
+    user = next((f for f in frames if not _is_library(f[0])), None)
+    # only what the user's frame called (frames are innermost first): the frames around it, such as
+    # torch.distributed.elastic's wrapper of a spawned function, are not where it waits
+    called = frames[:frames.index(user)] if user else frames
+    user = user or frames[0]
     spot = f"{os.path.basename(user[0])}:{user[1]} in {user[2]}"
-    collective = next((fn for f, _, fn in frames if f"{os.sep}distributed{os.sep}" in f), None)
+    collective = next((fn for f, _, fn in called if f"{os.sep}distributed{os.sep}" in f), None)
     return f"waits in a collective ({collective}) at {spot}" if collective else f"is at {spot} (not in a collective)"
 
 
