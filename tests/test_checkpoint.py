@@ -129,3 +129,22 @@ def test_disk_full_during_save_keeps_the_previous_checkpoint(tmp_path):
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["ckpt-0000000001"]  # no partial or temporary directory
     ddpkit.init(cpu=True)
     assert ddpkit.Checkpointer(str(tmp_path / "ckpt")).validate(str(tmp_path / "ckpt" / "ckpt-0000000001")) is None
+
+
+def test_the_ranks_share_the_hashing_of_a_checkpoints_files(tmp_path):
+    """validate(path, (i, n)) reads every n-th file from the i-th: together the parts read each file once."""
+    import hashlib
+
+    from ddpkit.checkpoint import validate
+
+    files = {f"shards/__{r}_0.distcp": bytes([r]) * 100 for r in range(3)}
+    (tmp_path / "shards").mkdir()
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    manifest = {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": 100} for name, data in files.items()}
+    (tmp_path / "manifest.json").write_text(json.dumps({"files": manifest}))
+    assert [validate(str(tmp_path), (i, 2)) for i in range(2)] == [None, None]
+    (tmp_path / "shards/__1_0.distcp").write_bytes(bytes([9]) * 100)  # the second file, in rank 1's part of 2
+    assert validate(str(tmp_path), (0, 2)) is None
+    assert "__1_0.distcp does not match its sha256" in validate(str(tmp_path), (1, 2))
+    assert validate(str(tmp_path / "missing")) == "it does not exist"

@@ -86,12 +86,26 @@ def _files(directory: str) -> list[str]:
     return sorted(found)
 
 
-def validate(path: str) -> str | None:
-    """None when ``path`` is a complete checkpoint whose files all match the manifest, else the reason."""
+def _hashes(directory: str, names: list[str]) -> dict[str, dict[str, Any]]:
+    """name -> sha256 and size of these files under ``directory``, each fsynced first."""
+    out = {}
+    for name in names:
+        file = os.path.join(directory, name)
+        with open(file, "rb") as f:
+            os.fsync(f.fileno())
+        out[name] = {"sha256": _sha256(file), "bytes": os.path.getsize(file)}
+    return out
+
+
+def validate(path: str, part: tuple[int, int] = (0, 1)) -> str | None:
+    """None when ``path`` is a complete checkpoint whose files all match the manifest, else the reason.
+    ``part=(i, n)`` hashes only every n-th file from the i-th (the ranks of a job share the reads)."""
+    if not os.path.isdir(path):
+        return "it does not exist"
     try:
         with open(os.path.join(path, "manifest.json")) as f:
             manifest = json.load(f)
-        for name, meta in manifest["files"].items():
+        for name, meta in sorted(manifest["files"].items())[part[0]::part[1]]:
             file = os.path.join(path, name)
             if os.path.getsize(file) != meta["bytes"]:
                 return f"{name} has {os.path.getsize(file)} bytes, the manifest says {meta['bytes']} (truncated?)"
@@ -246,31 +260,34 @@ class Checkpointer:
         dist.barrier()
         try:
             shards.save(tensors, os.path.join(tmp, shards.SHARDS))
+            own = _hashes(tmp, [os.path.join(shards.SHARDS, n) for n in os.listdir(os.path.join(tmp, shards.SHARDS))
+                                if n.startswith(f"__{self.state.rank}_")])  # each rank hashes what it wrote
         except Exception as exc:  # DCP raises on every rank when any rank's write failed
             if self.state.is_main:
                 shutil.rmtree(tmp, ignore_errors=True)
             raise OSError(f"could not write the shards of checkpoint step {step} ({str(exc).splitlines()[0][:200]}); "
                           "nothing was replaced; free space or pick another directory") from None
+        hashed: list[dict[str, dict[str, Any]]] = [{} for _ in range(self.state.world_size)]
+        dist.all_gather_object(hashed, own)
         path = None
         if self.state.is_main:
             payload = {"step": step, "world_size": self.state.world_size, "rng": rng, "objects": rest,
                        "sharded": sorted(tensors)}
-            path = self._commit(step, payload, extra, tmp)
+            path = self._commit(step, payload, extra, tmp, {k: v for part in hashed for k, v in part.items()})
         dist.barrier()
         return path
 
-    def _commit(self, step: int, payload: dict, extra: dict[str, Any], tmp: str | None = None) -> str:
+    def _commit(self, step: int, payload: dict, extra: dict[str, Any], tmp: str | None = None,
+                hashed: dict[str, dict[str, Any]] | None = None) -> str:
         final = os.path.join(self.directory, f"ckpt-{step:010d}")
         tmp = tmp or f"{final}.tmp-{os.getpid()}"
         try:
             os.makedirs(tmp, exist_ok=True)
             _write_file(os.path.join(tmp, "state.pt"), lambda f: torch.save(payload, f))
-            files = {}
-            for name in _files(tmp):  # state.pt, and the shards of a sharded checkpoint
-                file = os.path.join(tmp, name)
-                with open(file, "rb") as f:
-                    os.fsync(f.fileno())
-                files[name] = {"sha256": _sha256(file), "bytes": os.path.getsize(file)}
+            # state.pt, and the shards of a sharded checkpoint: those the ranks hashed as they wrote them (DCP
+            # fsynced them) are taken as they are, the rest (state.pt, DCP's .metadata) hashed and fsynced here
+            names = _files(tmp)
+            files = {**_hashes(tmp, [n for n in names if n not in (hashed or {})]), **(hashed or {})}
             manifest = {"format": 1, "step": step, "world_size": payload["world_size"], "extra": extra,
                         "files": files}
             _write_file(os.path.join(tmp, "manifest.json"), lambda f: f.write(json.dumps(manifest).encode()))
@@ -292,8 +309,14 @@ class Checkpointer:
         return final
 
     def validate(self, path: str) -> str | None:
-        """None when ``path`` is a complete checkpoint whose files match the manifest, else the reason."""
-        return validate(path)
+        """None when ``path`` is a complete checkpoint whose files match the manifest, else the reason.
+        In a sharded mode (fsdp: one file per rank and more) each rank hashes its part of the files and the
+        ranks agree, so call it, :meth:`latest` and :meth:`restore` on every rank there, as saving is."""
+        if self.state.world_size == 1 or not strategy.get(self.state.mode).shards or not dist.is_initialized():
+            return validate(path)
+        reasons: list[str | None] = [None] * self.state.world_size
+        dist.all_gather_object(reasons, validate(path, (self.state.rank, self.state.world_size)))
+        return next((reason for reason in reasons if reason), None)
 
     def latest(self) -> str | None:
         """The newest valid checkpoint; invalid ones are skipped with a warning."""
@@ -311,7 +334,7 @@ class Checkpointer:
         Without ``path`` nothing is loaded unless ``resume`` is on. A given ``path`` must exist and be valid.
         """
         if path is not None:
-            reason = "it does not exist" if not os.path.isdir(path) else self.validate(path)
+            reason = self.validate(path)
             if reason:
                 raise FileNotFoundError(f"cannot resume from {path}: {reason}; pass a ckpt-* directory "
                                         f"from {self.directory} or drop the path to start fresh")
