@@ -1,4 +1,5 @@
 """The launcher as pure steps, and its argument errors (exit 2, one line, nothing spawned)."""
+import json
 import re
 import sys
 
@@ -98,6 +99,18 @@ def test_summary_prefers_the_crash_over_the_ranks_the_agent_terminated(tmp_path)
 
     code, text = report(str(tmp_path), {0: "killed by SIGTERM", 1: "killed by SIGABRT"})
     assert code == 1 and text.startswith("ddpkit: rank 1 failed first: killed by SIGABRT")
+
+
+def test_a_cut_short_error_report_is_skipped_not_a_launcher_crash(tmp_path):
+    """A full disk can leave half a report (seen with rank 1's file size limit in test_sharded_checkpoint)."""
+    from ddpkit.faults import report
+
+    whole = {"rank": 0, "local_rank": 0, "host": "h", "pid": 1, "time": 1.0, "type": "OSError",
+             "message": "disk full", "traceback": "Traceback ...\nOSError: disk full\n"}
+    (tmp_path / "error-rank0.json").write_text(json.dumps(whole))
+    (tmp_path / "error-rank1.json").write_text(json.dumps({**whole, "rank": 1})[:60])
+    code, text = report(str(tmp_path))
+    assert code == 1 and text.startswith("ddpkit: rank 0 on h failed first: OSError: disk full")
 
 
 def test_a_taken_master_port_on_one_node_is_a_one_line_error_before_spawning():

@@ -42,6 +42,17 @@ def test_sigkill_then_resume_skips_a_flipped_bit_and_is_bitwise_equal(tmp_path, 
     assert all(torch.equal(a["weights"][k], b["weights"][k]) for k in a["weights"])
 
 
+def test_a_shard_that_cannot_be_written_fails_every_rank_with_one_line_and_leaves_nothing(tmp_path):
+    """Rank 1's writes fail past 200 bytes (RLIMIT_FSIZE): every rank raises the same OSError (no rank waits
+    in a collective for the others), the launcher names it once, and no checkpoint or temporary dir remains."""
+    r = launch(RESUME, tmp_path, "--save-every", 3, "--rank1-file-limit", 200, launcher_args=FSDP, timeout=120)
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "failed first: OSError: could not write the shards of checkpoint step 3" in r.stderr, r.stderr[-2000:]
+    assert "(rank 1: OSError: [Errno 27] File too large); nothing was replaced" in r.stderr, r.stderr[-2000:]
+    assert "HANG" not in r.stderr
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == []
+
+
 def test_resume_at_2_then_3_then_1_processes(tmp_path, tmp_path_factory):
     common = ("--plain", "--samples", 48, "--global-batch", 12, "--save-every", 2)  # 4 steps/epoch, 8 in all
     reference = tmp_path_factory.mktemp("fsdp-plain")

@@ -260,20 +260,28 @@ class Checkpointer:
         dist.barrier()
         try:
             shards.save(tensors, os.path.join(tmp, shards.SHARDS))
+            problem = None
+        except Exception as exc:  # shards.save raises OSError on every rank when any rank's write failed
+            problem = str(exc).splitlines()[0][:200]
+        own: dict[str, Any] = {}
+        try:  # each rank hashes the files it wrote; a failure here is one rank's, so the ranks agree below
             own = _hashes(tmp, [os.path.join(shards.SHARDS, n) for n in os.listdir(os.path.join(tmp, shards.SHARDS))
-                                if n.startswith(f"__{self.state.rank}_")])  # each rank hashes what it wrote
-        except Exception as exc:  # DCP raises on every rank when any rank's write failed
+                                if n.startswith(f"__{self.state.rank}_")]) if problem is None else {}
+        except OSError as exc:
+            problem = f"{exc.strerror or exc} while hashing rank {self.state.rank}'s shard"
+        hashed: list[dict[str, Any]] = [{} for _ in range(self.state.world_size)]
+        dist.all_gather_object(hashed, {"problem": problem, "files": own})
+        problem = next((h["problem"] for h in hashed if h["problem"]), None)
+        if problem:
             if self.state.is_main:
                 shutil.rmtree(tmp, ignore_errors=True)
-            raise OSError(f"could not write the shards of checkpoint step {step} ({str(exc).splitlines()[0][:200]}); "
-                          "nothing was replaced; free space or pick another directory") from None
-        hashed: list[dict[str, dict[str, Any]]] = [{} for _ in range(self.state.world_size)]
-        dist.all_gather_object(hashed, own)
+            raise OSError(f"could not write the shards of checkpoint step {step} ({problem}); "
+                          "nothing was replaced; free space or pick another directory")
         path = None
         if self.state.is_main:
             payload = {"step": step, "world_size": self.state.world_size, "rng": rng, "objects": rest,
                        "sharded": sorted(tensors)}
-            path = self._commit(step, payload, extra, tmp, {k: v for part in hashed for k, v in part.items()})
+            path = self._commit(step, payload, extra, tmp, {k: v for h in hashed for k, v in h["files"].items()})
         dist.barrier()
         return path
 

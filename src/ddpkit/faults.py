@@ -75,8 +75,14 @@ def install(rank: int, local_rank: int, report_dir: str, timeout_s: float) -> No
         record = {"rank": rank, "local_rank": local_rank, "host": socket.gethostname(), "pid": os.getpid(),
                   "time": time.time(), "type": kind.__name__, "message": str(value),
                   "traceback": "".join(traceback.format_exception(kind, value, tb))}
-        with open(os.path.join(report_dir, f"error-rank{rank}.json"), "w") as f:
-            json.dump(record, f)
+        path = os.path.join(report_dir, f"error-rank{rank}.json")
+        try:  # whole or not at all: a full disk must not leave the launcher half a report
+            with open(f"{path}.tmp", "w") as f:
+                json.dump(record, f)
+            os.replace(f"{path}.tmp", path)
+        except OSError as exc:
+            print(f"ddpkit: rank {rank} could not write its error report ({exc.strerror or exc}):\n"
+                  f"{record['traceback']}", file=sys.stderr, flush=True)
         first_line = (str(value).splitlines() or [""])[0][:300]
         print(f"ddpkit: rank {rank} raised {kind.__name__}: {first_line} (the launcher prints the report)",
               file=sys.stderr, flush=True)
@@ -237,8 +243,11 @@ def report(report_dir: str, crashed: dict[int, str] | None = None,
     """
     errors = []
     for path in glob.glob(os.path.join(report_dir, "error-rank*.json")):
-        with open(path) as f:
-            errors.append(json.load(f))
+        try:
+            with open(path) as f:
+                errors.append(json.load(f))
+        except (OSError, ValueError):  # written by an older worker or cut short: the rank's log has it
+            continue
     aborted = sorted(r for r, tail in (stderr_tails or {}).items() if r in (crashed or {}) and nccl_timeout(tail))
     if aborted:
         line = next(x for x in (stderr_tails or {})[aborted[0]].splitlines() if nccl_timeout(x))

@@ -95,10 +95,17 @@ def split(objects: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def save(tensors: dict[str, Any], directory: str) -> None:
-    """Every rank writes its shard (fsynced) into ``directory``; rank 0 adds ``.metadata`` last."""
+    """Every rank writes its shard (fsynced) into ``directory``; rank 0 adds ``.metadata`` last.
+    A failed write raises OSError on every rank, naming the rank and its error."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
-    dcp.save(tensors, storage_writer=dcp.FileSystemWriter(directory, sync_files=True))
+    try:
+        dcp.save(tensors, storage_writer=dcp.FileSystemWriter(directory, sync_files=True))
+    except CheckpointException as exc:  # a BaseException: `except Exception` would let it through
+        rank, failure = min(exc.failures.items())
+        error: Any = failure[0] if isinstance(failure, tuple) else failure  # (exception, its stack) in torch 2.x
+        raise OSError(f"rank {rank}: {type(error).__name__}: {str(error).splitlines()[0][:160]}") from None
 
 
 def load(objects: Mapping[str, Any], directory: str, rest: Mapping[str, Any]) -> None:

@@ -28,9 +28,15 @@ p.add_argument("--samples", type=int, default=50)
 p.add_argument("--global-batch", type=int, default=8)
 p.add_argument("--step-sleep", type=float, default=0.0)
 p.add_argument("--plain", action="store_true", help="no dropout, no noise: comparable across world sizes")
+p.add_argument("--rank1-file-limit", type=int, default=0, help="rank 1 cannot write files past this many bytes")
 args = p.parse_args()
 torch.set_num_threads(1)
 state = ddpkit.init(seed=3)
+if args.rank1_file_limit and state.rank == 1:  # a real write failure (EFBIG), as a full disk gives ENOSPC
+    import resource
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (args.rank1_file_limit, args.rank1_file_limit))
 first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" and not os.environ.get("DDPKIT_RESUME")
 g = torch.Generator().manual_seed(0)
 data = TensorDataset(torch.randn(args.samples, 6, generator=g), torch.randn(args.samples, 1, generator=g))
