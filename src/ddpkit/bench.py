@@ -301,18 +301,23 @@ def plot(result: dict, path: str) -> str | None:
 def report(result: dict) -> str:
     lines = [f"{PROG}: {result['script']}, {result['steps']} steps after {result['warmup']} warm-up, "
              f"{result['min_reps']}+ interleaved repetitions, median of the slowest rank",
-             "processes  step ms  samples/s  efficiency (95 % interval, order statistics)"]
+             "processes  step ms  samples/s  efficiency (interval)"]
     lines += [f"{r['nproc']:>9}  {r['step_ms']:7.1f}  {r['samples_per_s']:9.0f}  {r['efficiency']:10.2f} "
               f"({r['efficiency_ci95'][0]:.2f}-{r['efficiency_ci95'][1]:.2f})" for r in result["rows"]]
     if "comm_share" in result:
         top, (low, high) = result["rows"][-1]["nproc"], result["comm_share_ci95"]
         lines.append(f"communication: {result['comm_share']:.0%} of the step at {top} processes ({low:.0%}-{high:.0%}; "
                      "the same run with gradient communication skipped)")
-        lines.append("settings: " + ", ".join(f"{k} {v:.1f} ms" for k, v in result["settings_ms"].items()))
+        ci = result["speedups_ci95"]
+        lines.append("settings: " + ", ".join(
+            f"{k} {v:.1f} ms" + (f" ({result['speedups'][k]:.2f}x, {ci[k][0]:.2f}-{ci[k][1]:.2f})" if k in ci else "")
+            for k, v in result["settings_ms"].items()))
         lines += [f"skipped {k}: {why}" for k, why in result["skipped"].items()]
         lines.append(f"recommendation: {result['recommendation']['reason']}")
         lines.append(f"stopped after {result['reps']} repetitions, {result['seconds']:.0f} s: {result['stopped']}")
     lines.append(f"mode: {result['mode_note']}")
+    lines.append("intervals: of the median over repetitions (order statistics): 95 % from 6 repetitions on, "
+                 "min-max with fewer")
     return "\n".join(lines)
 
 
