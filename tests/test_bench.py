@@ -1,5 +1,6 @@
 """`ddpkit bench`: the figures from the ranks' records (pure), and a real run on the digits example."""
 import json
+import math
 import random
 import statistics
 import sys
@@ -95,11 +96,17 @@ def test_compression_is_skipped_where_communication_is_too_small_a_share():
     assert skipped({"bucket_5mb": {"bucket_mb": 5}}, {"grad_bytes": 33 * 2**20, "bucket_bytes": 25 * 2**20}, 0) == {}
 
 
-def test_the_sequential_boundary_holds_its_error_rate_exactly():
-    for settings in (1, 3, 4):
-        needed = bench_stats.boundary(settings, 2, 20)
-        assert bench_stats.crossing(needed) <= 0.05 / settings
-        assert all(needed[n] >= needed[n - 1] for n in range(3, 21))  # never fewer wins for more repetitions
+def test_the_sequential_boundary_holds_its_error_rate_on_fresh_null_sequences():
+    """The boundary comes from seeded simulated sequences; on 20,000 others (another seed, a heavy-tailed
+    symmetric noise: the rank statistics do not care), a setting at the threshold crosses at any of the
+    looks 2..20 at most ALPHA / settings of the time (+ the check's own simulation error)."""
+    rng = random.Random(7)
+    for settings in (1, 3):
+        needed, crossings = bench_stats.boundary(settings, 2, 20), 0
+        for _ in range(20_000):
+            gains = [1.05 * math.exp(rng.gauss(0, 0.05) * rng.choice([0.5, 1, 3])) for _ in range(20)]
+            crossings += bench_stats.crossed(gains, needed) is not None
+        assert crossings / 20_000 <= 0.05 / settings + 3 * math.sqrt(0.05 / settings / 20_000), (settings, crossings)
 
 
 def test_bench_on_digits_reports_scaling_comm_share_and_a_plot(tmp_path):

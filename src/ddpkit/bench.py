@@ -137,7 +137,7 @@ def skipped(candidates: dict[str, dict], first: dict[str, Any], comm_share: floa
 
 
 def figures(samples: dict[str, list[float]], batches: dict[str, int], counts: Sequence[int],
-            needed: dict[int, int] | None = None) -> dict:
+            needed: dict[int, float] | None = None) -> dict:
     """Throughput, efficiency, communication share and the recommendation from the step times of each rep.
 
     ``needed``: the sequential boundary the repetitions were run under (:func:`bench_stats.boundary`); by
@@ -172,23 +172,21 @@ def figures(samples: dict[str, list[float]], batches: dict[str, int], counts: Se
 
 def _recommend(winners: list[str], speedups: dict[str, float], intervals: dict[str, tuple[float, float, float]],
                times: dict[str, float], top: int, gains: dict[str, list[float]],
-               needed: dict[int, int]) -> dict[str, Any]:
+               needed: dict[int, float]) -> dict[str, Any]:
     if winners:
         best = max(winners, key=lambda k: speedups[k])
         low, high, level = intervals[best]
-        n, wins = len(gains[best]), sum(g >= MIN_GAIN for g in gains[best])
         lossy = " (lossy: check your loss curve)" if best in LOSSY else ""
         return {"setting": best, "fields": FIELDS[best], "speedup": speedups[best],
                 "reason": f"{best}: {times[best]:.1f} ms/step vs {times[f'n{top}']:.1f} ms with the defaults at {top} "
-                          f"processes, speed-up {speedups[best]:.2f} ({low:.2f}-{high:.2f}, {level:.0%} interval), "
-                          f">= {MIN_GAIN:.2f}x in {wins} of {n} repetitions: beyond chance at 5 % over "
-                          f"{len(gains)} setting(s){lossy}"}
+                          f"processes, speed-up {speedups[best]:.2f} ({low:.2f}-{high:.2f}, {level:.0%} interval); "
+                          f">= {MIN_GAIN:.2f}x beyond chance after {len(gains[best])} repetitions (signed-rank test, "
+                          f"5 % over {len(gains)} setting(s) and every look){lossy}"}
     spread = ", ".join(f"{k} {lo:.2f}-{hi:.2f}" for k, (lo, hi, _) in intervals.items())
     reps = min((len(g) for g in gains.values()), default=0)
     undecided = [k for k, g in gains.items() if stats.settled(g, needed) is None]
     # the fewest repetitions that could ever recommend: under this boundary, else with one look at the end
-    first = min((n for n, w in needed.items() if w <= n),
-                default=next(n for n in range(1, 64) if stats.sign_test(n, n) <= stats.ALPHA / max(1, len(gains))))
+    first = stats.fewest(needed) or next(n for n in range(1, 64) if stats.fewest(stats.boundary(len(gains), n, n)))
     hint = "" if not undecided else (
         f"; a recommendation needs >= {first} repetitions all {MIN_GAIN:.2f}x faster (more --budget-s or --reps)"
         if reps < first else f"; undecided after {reps} repetitions: {', '.join(undecided)} (more --budget-s)")
