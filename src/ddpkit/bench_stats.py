@@ -46,16 +46,24 @@ def signed_rank_z(gains: Sequence[float]) -> float:
     >>> round(signed_rank_z([1.2, 1.1, 1.3]), 2), round(signed_rank_z([1.0, 0.9, 1.2]), 2)
     (1.6, -0.53)
     """
+    return _z(_w_plus(gains), len(gains))
+
+
+def _w_plus(gains: Sequence[float]) -> int:
+    """The sum of the ranks of |log(gain / MIN_GAIN)| over the gains above MIN_GAIN."""
     d = [math.log(g / MIN_GAIN) for g in gains]
-    n = len(d)
-    ranks = {i: r for r, i in enumerate(sorted(range(n), key=lambda i: abs(d[i])), 1)}
-    w = sum(ranks[i] for i in range(n) if d[i] > 0)
+    order = sorted(range(len(d)), key=lambda i: abs(d[i]))
+    return sum(rank for rank, i in enumerate(order, 1) if d[i] > 0)
+
+
+def _z(w: Any, n: int) -> Any:
+    """W+ of n repetitions standardised by its null mean and spread (works on floats and tensors)."""
     return (w - n * (n + 1) / 4) / math.sqrt(n * (n + 1) * (2 * n + 1) / 24)
 
 
 def _most(n: int) -> float:
     """The largest z that n repetitions can give (all faster): what a look at n can reach at best."""
-    return (n * (n + 1) / 4) / math.sqrt(n * (n + 1) * (2 * n + 1) / 24)
+    return float(_z(n * (n + 1) / 2, n))
 
 
 @functools.lru_cache(maxsize=4)
@@ -68,7 +76,7 @@ def _null_z(length: int) -> Any:
     for n in range(1, length + 1):
         ranks = d[:, :n].abs().argsort(dim=1).argsort(dim=1) + 1
         w = (ranks * (d[:, :n] > 0)).sum(1).double()
-        columns.append((w - n * (n + 1) / 4) / math.sqrt(n * (n + 1) * (2 * n + 1) / 24))
+        columns.append(_z(w, n))
     return torch.stack(columns, 1)
 
 
@@ -123,17 +131,10 @@ def settled(gains: Sequence[float], needed: dict[int, float]) -> str | None:
     """
     if crossed(gains, needed):
         return "crossed"
-    n = len(gains)
-    d = [math.log(g / MIN_GAIN) for g in gains]
-    ranks = {i: r for r, i in enumerate(sorted(range(n), key=lambda i: abs(d[i])), 1)}
-    w = sum(ranks[i] for i in range(n) if d[i] > 0)
+    n, w = len(gains), _w_plus(gains)
     future = {m: z for m, z in needed.items() if m > n}  # none left: undecided, the repetitions ran out
-
-    def best(m: int) -> float:  # later repetitions all faster and larger than any so far: ranks n+1..m
-        top = w + (m * (m + 1) - n * (n + 1)) / 2
-        return (top - m * (m + 1) / 4) / math.sqrt(m * (m + 1) * (2 * m + 1) / 24)
-
-    if future and all(best(m) < z for m, z in future.items()):
+    # at best, later repetitions are all faster and larger than any so far: they add the ranks n+1..m
+    if future and all(_z(w + (m * (m + 1) - n * (n + 1)) / 2, m) < z for m, z in future.items()):
         return "cannot cross"
     low, high, level = median_interval(gains)
     if level >= 0.95 and high < MIN_GAIN:
