@@ -27,8 +27,8 @@ def samples(**settings):
 
 
 def test_a_setting_is_recommended_only_with_evidence_beyond_chance():
-    """Issue 18: paired sign test at 5 % / settings tried. Two repetitions never recommend (a coin flipped
-    twice); six out of six do, with two settings."""
+    """Issue 18: paired signed-rank test at 5 % / settings tried. Two repetitions never recommend (a coin
+    flipped twice); six out of six do, with two settings and one look; one lucky repetition does not."""
     batches = {"n1": 32, "n2": 64}
     two = figures(samples(bucket_5mb=[10.0, 11.5], gradient_as_bucket_view=[10.0, 12.5]), batches, [1, 2])
     assert two["recommendation"]["setting"] == "default"  # 1.2x and 1.08x: faster twice, but twice is chance
