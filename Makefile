@@ -42,7 +42,7 @@ soak: $(STAMP)
 	$(PY) soak/run.py
 
 # Side-by-side performance figures (not part of CI); peers and matplotlib go to benchmarks/.peers only.
-PEER_PKGS = accelerate==1.15.0 lightning-fabric==2.6.6 psutil pyyaml huggingface_hub safetensors \
+PEER_PKGS = accelerate==1.15.0 lightning-fabric==2.6.6 psutil pyyaml huggingface_hub==1.33.0 safetensors \
 	lightning-utilities fsspec filelock hf-xet httpx anyio certifi httpcore h11 idna sniffio typer-slim click \
 	shellingham matplotlib contourpy cycler fonttools kiwisolver pillow pyparsing python-dateutil six
 bench: $(STAMP)
