@@ -149,7 +149,8 @@ def main():
     for name in args.only or parts:
         try:
             res.update(parts[name](reps))
-            res[f"reps_{name}"] = 2 * reps if name == "first_step" else reps
+            if name not in ("aa", "advice"):  # those count whole `ddpkit bench` runs: aa_runs, advice_runs
+                res[f"reps_{name}"] = {"first_step": 2 * reps, "sharded": min(reps, 3)}.get(name, reps)
             res.pop(f"failed_part_{name}", None)
         except RuntimeError as exc:  # one broken part (a peer that no longer imports) must not lose the others
             res[f"failed_part_{name}"] = str(exc)[:300]
