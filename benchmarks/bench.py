@@ -320,6 +320,7 @@ def plot(res):
     ax.axhline(1.0, color="gray", lw=1)
     ax.set_ylabel("throughput vs raw DDP (95 % interval)")
     ax.set_title("communication options, 2 processes, gloo")
+    ax.tick_params(axis="x", rotation=30)
     fig.tight_layout()
     fig.savefig(RESULTS / "comm_options.png", dpi=100)
 
