@@ -142,12 +142,6 @@ def settled(gains: Sequence[float], needed: dict[int, float]) -> str | None:
     return None
 
 
-def summary(values: Sequence[float]) -> dict[str, float | list[float]]:
-    """Median, the interval of :func:`median_interval` and its coverage, as JSON fields."""
-    low, high, level = median_interval(values)
-    return {"median": statistics.median(values), "ci95": [low, high], "ci_level": level}
-
-
 def proportion_interval(hits: int, n: int, level: float = 0.95) -> tuple[float, float]:
     """Exact (Clopper-Pearson) interval for a rate seen ``hits`` times in ``n`` trials, by bisection on the
     binomial tails: used for the A/A false-recommendation rate of make bench.
