@@ -71,3 +71,24 @@ def test_single_node_run_listens_on_loopback_only(tmp_path):
     assert len({pid for _, pid in sockets}) >= 3, sockets
     exposed = [(addr, pid) for addr, pid in sockets if addr not in ("127.0.0.1", "[::1]")]
     assert not exposed, f"listening beyond loopback: {exposed}"
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs `ss` (iproute2)")
+def test_doctor_all_reduce_listens_on_loopback_only():
+    import threading
+
+    from ddpkit.doctor import smoke_test
+
+    found = []
+    thread = threading.Thread(target=lambda: found.append(smoke_test("gloo", timeout_s=90)))
+    thread.start()
+    sockets = set()
+    while thread.is_alive():  # the store and both workers' gloo listeners, sampled while they exist
+        sockets |= set(listening(tree(os.getpid())))
+        time.sleep(0.02)
+    thread.join()
+    assert found and found[0].verdict == "ok", found
+    assert {pid for _, pid in sockets} >= {os.getpid()}, sockets  # the store was seen
+    assert len({pid for _, pid in sockets}) >= 2, sockets  # and at least one worker's listener
+    exposed = [(addr, pid) for addr, pid in sockets if addr not in ("127.0.0.1", "[::1]")]
+    assert not exposed, f"doctor listens beyond loopback: {exposed}"

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from conftest import WORKERS, launch, ok, run_cmd
-from ddpkit import shards
+from ddpkit import safeload
 
 RESUME = WORKERS / "resume.py"
 FSDP = ("--mode", "fsdp")
@@ -86,5 +86,5 @@ def test_metadata_that_names_other_code_is_refused(tmp_path):
             return (print, ("ran",))
 
     (tmp_path / ".metadata").write_bytes(pickle.dumps(Evil()))
-    with pytest.raises(pickle.UnpicklingError, match="builtins.print, which ddpkit does not load"):
-        shards._reader(str(tmp_path)).read_metadata()
+    with pytest.raises(safeload.UnsafeCheckpoint, match="builtins.print, which ddpkit does not load"):
+        safeload.reader(str(tmp_path)).read_metadata()

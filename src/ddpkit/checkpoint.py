@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from ddpkit import contract, runtime, shards, strategy
+from ddpkit.control import gather_object
 from ddpkit.data import ShardedDataLoader
 from ddpkit.wrappers import unwrap
 
@@ -269,8 +270,7 @@ class Checkpointer:
                                 if n.startswith(f"__{self.state.rank}_")]) if problem is None else {}
         except OSError as exc:
             problem = f"{exc.strerror or exc} while hashing rank {self.state.rank}'s shard"
-        hashed: list[dict[str, Any]] = [{} for _ in range(self.state.world_size)]
-        dist.all_gather_object(hashed, {"problem": problem, "files": own})
+        hashed = gather_object({"problem": problem, "files": own})  # JSON between ranks, never pickle
         problem = next((h["problem"] for h in hashed if h["problem"]), None)
         if problem:
             if self.state.is_main:
@@ -322,8 +322,7 @@ class Checkpointer:
         ranks agree, so call it, :meth:`latest` and :meth:`restore` on every rank there, as saving is."""
         if self.state.world_size == 1 or not strategy.get(self.state.mode).shards or not dist.is_initialized():
             return validate(path)
-        reasons: list[str | None] = [None] * self.state.world_size
-        dist.all_gather_object(reasons, validate(path, (self.state.rank, self.state.world_size)))
+        reasons = gather_object(validate(path, (self.state.rank, self.state.world_size)))
         return next((reason for reason in reasons if reason), None)
 
     def latest(self) -> str | None:

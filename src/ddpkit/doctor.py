@@ -81,11 +81,14 @@ def _backends() -> list[Diagnosis]:
     return found
 
 
-def _smoke_worker(rank: int, port: int, backend: str, queue) -> None:
+def _smoke_worker(rank: int, port: int, backend: str, ifname: str | None, queue) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    if ifname:  # this child's own gloo / NCCL listeners on loopback too, as ddpkit launch has them on one node
+        os.environ.setdefault(contract.GLOO_IFNAME.name, ifname)
+        os.environ.setdefault(contract.NCCL_IFNAME.name, ifname)
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=__import__("datetime").timedelta(seconds=30))
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if backend == "nccl":
@@ -112,12 +115,14 @@ def _smoke_worker(rank: int, port: int, backend: str, queue) -> None:
 
 def smoke_test(backend: str = "gloo", timeout_s: float = 60.0) -> Diagnosis:
     """A real 2-process all_reduce over loopback: correctness, latency and bus bandwidth (2(n-1)/n = 1)."""
-    import torch.distributed as dist
+    from ddpkit.launch import LOOPBACK_IFNAME
+    from ddpkit.rendezvous import loopback_store
 
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # port 0: no race
+    store = loopback_store()  # 127.0.0.1 only (a plain TCPStore server listens on every interface); port 0: no race
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_smoke_worker, args=(r, store.port, backend, queue), daemon=True) for r in (0, 1)]
+    procs = [ctx.Process(target=_smoke_worker, args=(r, store.port, backend, LOOPBACK_IFNAME, queue), daemon=True)
+             for r in (0, 1)]
     for p in procs:
         p.start()
     try:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import pickle
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -26,46 +25,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from ddpkit import safeload
 from ddpkit.cli import OneLineParser, UsageError, usage_error
 from ddpkit.wrappers import unwrap
 
 SHARDS = "shards"  # the DCP directory inside a checkpoint
 PROG = "ddpkit consolidate"
-
-# What DCP's .metadata may name: its own dataclasses and enums, torch's Size / dtypes / layouts, paths;
-# nothing that runs code of the file's choosing.
-_ALLOWED_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem",
-                    "torch.distributed.checkpoint.planner", "torch.distributed.checkpoint._extension")
-_ALLOWED_NAMES = {("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
-                  ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath")}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        allowed = (module in _ALLOWED_MODULES or (module, name) in _ALLOWED_NAMES
-                   or (module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None), torch.dtype))))
-        if not allowed:
-            raise pickle.UnpicklingError(f"checkpoint metadata names {module}.{name}, which ddpkit does not load "
-                                         "(only torch.distributed.checkpoint's metadata classes)")
-        return super().find_class(module, name)
-
-
-def _reader(path: str) -> Any:
-    """torch's FileSystemReader whose ``.metadata`` goes through the allow-listed unpickler."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import StorageMeta
-
-    class SafeReader(FileSystemReader):
-        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            with open(os.path.join(path, ".metadata"), "rb") as f:
-                metadata = _MetadataUnpickler(f).load()
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            return metadata
-
-    return SafeReader(path)
-
 
 def _owner(optimizer: torch.optim.Optimizer, models: Mapping[str, nn.Module]) -> nn.Module:
     """The model whose parameters ``optimizer`` trains (the state dict names them by its FQNs)."""
@@ -123,9 +88,15 @@ def load(objects: Mapping[str, Any], directory: str, rest: Mapping[str, Any]) ->
     targets: dict[str, Any] = {k: get_model_state_dict(unwrap(m)) for k, m in models.items()}
     owners = {k: _owner(o, models) for k, o in optimizers.items()}
     targets.update({k: get_optimizer_state_dict(owners[k], o)["state"] for k, o in optimizers.items()})
+    safeload.read_metadata(directory)  # refused here, on every rank, before DCP plans anything
     try:
-        dcp.load(targets, storage_reader=_reader(directory))
-    except Exception as exc:  # DCP's CheckpointException carries every rank's traceback: keep one line
+        dcp.load(targets, storage_reader=safeload.reader(directory), planner=safeload.planner())
+    except BaseException as exc:  # DCP's CheckpointException (a BaseException) carries every rank's traceback
+        cause = _cause(exc)
+        if isinstance(cause, safeload.UnsafeCheckpoint):
+            raise safeload.UnsafeCheckpoint(f"checkpoint {os.path.dirname(directory)}: {cause}") from None
+        if not isinstance(exc, Exception):
+            raise
         first = next((line for line in str(exc).splitlines() if "Missing key" in line or "Error" in line), str(exc))
         raise ValueError(f"checkpoint {os.path.dirname(directory)} does not fit these objects: {first.strip()[:300]} "
                          "(was it saved from another model or configuration?)") from None
@@ -136,6 +107,15 @@ def load(objects: Mapping[str, Any], directory: str, rest: Mapping[str, Any]) ->
         set_optimizer_state_dict(owners[name], optimizer, state)
 
 
+def _cause(exc: BaseException) -> BaseException:
+    """The first rank's own exception inside DCP's CheckpointException (else ``exc``)."""
+    failures = getattr(exc, "failures", None)
+    if not failures:
+        return exc
+    failure = failures[min(failures)]
+    return failure[0] if isinstance(failure, tuple) else failure  # (exception, its stack) in torch 2.x
+
+
 def full_model_state(checkpoint: str, name: str = "model") -> dict[str, torch.Tensor]:
     """The plain, whole state dict of object ``name`` in a checkpoint of either format (no process group)."""
     shards = os.path.join(checkpoint, SHARDS)
@@ -144,11 +124,16 @@ def full_model_state(checkpoint: str, name: str = "model") -> dict[str, torch.Te
         if name not in payload["objects"]:
             raise UsageError(f"{checkpoint} has no {name!r} (it has {sorted(payload['objects'])}); pass --name")
         return dict(payload["objects"][name])
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     everything: dict[str, Any] = {}
-    _load_state_dict(everything, storage_reader=_reader(shards), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    safeload.read_metadata(shards)
+    try:
+        _load_state_dict(everything, storage_reader=safeload.reader(shards), planner=safeload.planner(empty=True),
+                         no_dist=True)
+    except BaseException as exc:
+        cause = _cause(exc)
+        raise cause if isinstance(cause, safeload.UnsafeCheckpoint) else exc from None
     if name not in everything:
         raise UsageError(f"{checkpoint} has no {name!r} (it has {sorted(everything)}); pass --name")
     return {k: v for k, v in everything[name].items() if isinstance(v, torch.Tensor)}
@@ -175,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if reason:
             raise UsageError(f"{path} is not a valid checkpoint: {reason}")
         state = full_model_state(path, ns.name)
-    except UsageError as exc:
+    except (UsageError, safeload.UnsafeCheckpoint) as exc:
         return usage_error(PROG, exc)
     write_atomically(ns.out, lambda f: torch.save(state, f))
     print(f"{PROG}: {len(state)} tensors of {ns.name!r} from {path} -> {ns.out}", file=sys.stderr)

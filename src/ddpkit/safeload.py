@@ -1,0 +1,141 @@
+"""Reading a sharded checkpoint that someone else may have written, without running any of its code.
+
+A DCP checkpoint has two places where torch itself would unpickle freely: ``.metadata`` (``pickle.load``)
+and its *bytes entries* (non-tensor values, which torch's load planner reads with
+``torch.load(weights_only=False)``). Whoever can write the directory can write both, and the manifest's
+sha256 values do not help (the same person writes the manifest). So every reader in ddpkit goes through
+this module:
+
+- ``.metadata`` is unpickled by :class:`MetadataUnpickler`, which resolves exactly the (module, name) pairs
+  in :data:`ALLOWED` (DCP's metadata dataclasses, ``torch.Size``, dtypes, paths) and nothing else: no
+  dotted names (pickle protocol 4 resolves ``os.system`` through any module that imports ``os``), no
+  module-wide wildcards.
+- the metadata is then checked for shape: only tensor and bytes entries, shard files that are plain names
+  inside the directory, no stream transforms (ddpkit never writes them).
+- bytes entries are read with ``torch.load(weights_only=True)`` (torch's own allow-list of plain
+  containers and numbers) by :func:`planner`.
+
+Example::
+
+    >>> import io, pickle
+    >>> evil = b"\\x80\\x04\\x8c%torch.distributed.checkpoint.metadata\\x94\\x8c\\tos.system\\x94\\x93."
+    >>> MetadataUnpickler(io.BytesIO(evil)).load()
+    Traceback (most recent call last):
+    ...
+    _pickle.UnpicklingError: checkpoint metadata names torch.distributed.checkpoint.metadata.os.system, ...
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import re
+from typing import Any
+
+import torch
+
+METADATA = ".metadata"
+_DCP = "torch.distributed.checkpoint.metadata"
+# Every global a .metadata written by torch's DCP (FileSystemWriter) names, found by unpickling real ones.
+ALLOWED: frozenset[tuple[str, str]] = frozenset(
+    {(_DCP, name) for name in ("Metadata", "MetadataIndex", "StorageMeta", "TensorProperties",
+                               "TensorStorageMetadata", "ChunkStorageMetadata", "BytesStorageMetadata",
+                               "_MEM_FORMAT_ENCODING")}
+    | {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch.serialization", "_get_layout"),
+       ("torch", "Size"), ("collections", "OrderedDict"),
+       ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath")}
+    | {("torch", name) for name, value in vars(torch).items() if isinstance(value, torch.dtype)})
+_SHARD_FILE = re.compile(r"^__\d+_\d+\.distcp$")  # what FileSystemWriter names its files
+
+
+class UnsafeCheckpoint(ValueError):
+    """A checkpoint whose files ask for something ddpkit does not load (crafted, or not from torch's DCP)."""
+
+
+class MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP's ``.metadata`` resolving only the exact pairs in :data:`ALLOWED`."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in ALLOWED:
+            raise pickle.UnpicklingError(
+                f"checkpoint metadata names {module}.{name}, which ddpkit does not load (only "
+                "torch.distributed.checkpoint's metadata classes); the file was not written by torch's DCP")
+        return super().find_class(module, name)
+
+
+def read_metadata(directory: str) -> Any:
+    """The checked ``Metadata`` of the DCP directory ``directory``; :class:`UnsafeCheckpoint` otherwise."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
+
+    path = os.path.join(directory, METADATA)
+    try:
+        with open(path, "rb") as f:
+            metadata = MetadataUnpickler(f).load()
+    except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError, IndexError) as exc:
+        raise UnsafeCheckpoint(f"{path} refused: {str(exc).splitlines()[0][:200]}") from None
+    problem = None
+    if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
+        problem = f"it holds a {type(metadata).__name__}, not torch's DCP Metadata"
+    elif any(not isinstance(m, (TensorStorageMetadata, BytesStorageMetadata))
+             for m in metadata.state_dict_metadata.values()):
+        problem = "an entry is neither a tensor nor a bytes entry"
+    else:
+        for info in (metadata.storage_data or {}).values():
+            if not isinstance(info, _StorageInfo) or not _SHARD_FILE.match(str(info.relative_path)):
+                problem = f"it points at {getattr(info, 'relative_path', info)!r}, not a shard file of its own"
+            elif info.transform_descriptors:
+                problem = f"it asks for stream transforms {list(info.transform_descriptors)[:3]}"
+            if problem:
+                break
+    if problem:
+        raise UnsafeCheckpoint(f"{path} refused: {problem}; ddpkit writes neither")
+    return metadata
+
+
+def reader(directory: str) -> Any:
+    """torch's ``FileSystemReader`` for ``directory`` whose ``.metadata`` goes through :func:`read_metadata`."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            metadata = read_metadata(directory)
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(directory)
+
+
+def _load_bytes(value: io.BytesIO) -> Any:
+    try:
+        return torch.load(value, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UnsafeCheckpoint(f"a bytes entry refused ({first[:200]}): only tensors and plain values load") \
+            from None
+
+
+def planner(empty: bool = False) -> Any:
+    """A DCP load planner whose bytes entries load with ``weights_only=True``; ``empty``: the one that rebuilds
+    the whole state dict from the metadata (for ``ddpkit consolidate``)."""
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.planner import ReadItem
+
+    base: type[DefaultLoadPlanner] = _EmptyStateDictLoadPlanner if empty else DefaultLoadPlanner
+
+    class SafePlanner(base):  # type: ignore[valid-type,misc]
+        def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+            loaded = _load_bytes(value)
+            fqn = read_item.dest_index.fqn
+            if self.flatten_state_dict:
+                from torch.distributed.checkpoint._traverse import set_element
+
+                set_element(self.original_state_dict, self.mappings[fqn], loaded)
+            else:
+                self.state_dict[fqn] = loaded
+
+    return SafePlanner()

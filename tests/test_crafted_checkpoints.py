@@ -1,0 +1,131 @@
+"""Checkpoints someone else wrote: a crafted ``shards/.metadata`` and a crafted bytes entry run no code, through
+``Checkpointer.restore`` (in this process, as a script would call it) and ``ddpkit consolidate``; each is refused
+with one line. The directories are made by hand, as an attacker would: with a manifest that matches."""
+import hashlib
+import json
+import os
+import pickle
+import sys
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+
+import ddpkit
+from conftest import run_cmd
+from ddpkit import safeload
+
+
+class _Payload:
+    """Pickles as ``os.system(command)``: unpickling it runs the command."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+def _stack_global(module, name, arg):
+    """Protocol-4 pickle of ``module.name(arg)`` (STACK_GLOBAL resolves dotted names by getattr)."""
+    def text(s):
+        b = s.encode()
+        return b"\x8c" + bytes([len(b)]) + b
+
+    return b"\x80\x04" + text(module) + text(name) + b"\x93" + text(arg) + b"\x85R."
+
+
+def _craft(tmp_path, *, weight=None, metadata=None):
+    """A run directory with one sharded checkpoint of a Linear(3, 2), its manifest matching every file."""
+    ckpt = tmp_path / "run" / "ckpt-0000000001"
+    shards = ckpt / "shards"
+    state = {"model": {"weight": torch.zeros(2, 3) if weight is None else weight, "bias": torch.zeros(2)}}
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(shards)), no_dist=True)
+    if metadata is not None:
+        (shards / ".metadata").write_bytes(metadata)
+    torch.save({"step": 1, "world_size": 2, "rng": {}, "objects": {}, "sharded": ["model"]}, ckpt / "state.pt")
+    files = {}
+    for path in sorted(p for p in ckpt.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        files[str(path.relative_to(ckpt))] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    manifest = {"format": 1, "step": 1, "world_size": 2, "extra": {}, "files": files}
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    return ckpt
+
+
+def _attacks(tmp_path):
+    marker = tmp_path / "pwned"
+    command = f"touch {marker}"
+    return marker, {
+        "dotted name in .metadata": dict(metadata=_stack_global("torch.distributed.checkpoint.metadata",
+                                                                "os.system", command)),
+        "bytes entry": dict(weight=_Payload(command)),
+    }
+
+
+@pytest.mark.parametrize("attack", ["dotted name in .metadata", "bytes entry"])
+def test_restore_of_a_crafted_checkpoint_runs_nothing(tmp_path, attack):
+    marker, attacks = _attacks(tmp_path)
+    _craft(tmp_path, **attacks[attack])
+    ddpkit.init()
+    model = ddpkit.prepare_model(nn.Linear(3, 2))
+    with pytest.raises(ValueError) as info:
+        ddpkit.Checkpointer(str(tmp_path / "run"), resume=True).restore(model=model)
+    assert not marker.exists(), f"{attack}: the checkpoint ran a command"
+    message = str(info.value)
+    assert "refused" in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize("attack", ["dotted name in .metadata", "bytes entry"])
+def test_consolidate_of_a_crafted_checkpoint_runs_nothing(tmp_path, attack):
+    marker, attacks = _attacks(tmp_path)
+    _craft(tmp_path, **attacks[attack])
+    out = tmp_path / "model.pt"
+    r = run_cmd([sys.executable, "-m", "ddpkit", "consolidate", str(tmp_path / "run"), str(out)])
+    assert not marker.exists(), f"{attack}: consolidate ran a command"
+    assert r.returncode == 2 and "refused" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert not out.exists()
+
+
+def test_an_honest_bytes_entry_still_loads(tmp_path):
+    """Plain non-tensor values (an int in an optimizer's state) are bytes entries too: weights_only admits them."""
+    shards = tmp_path / "shards"
+    dcp.save({"opt": {"n_iter": 7, "lr": [0.1, 0.2]}}, storage_writer=dcp.FileSystemWriter(str(shards)), no_dist=True)
+    loaded: dict = {"opt": {"n_iter": 0, "lr": []}}
+    dcp.load(loaded, storage_reader=safeload.reader(str(shards)), planner=safeload.planner(), no_dist=True)
+    assert loaded == {"opt": {"n_iter": 7, "lr": [0.1, 0.2]}}
+
+
+@pytest.mark.parametrize("pair", [("torch.distributed.checkpoint.metadata", "os.system"),
+                                  ("torch.distributed.checkpoint.filesystem", "os.system"),
+                                  ("torch", "load"), ("torch.serialization", "load"), ("builtins", "eval")])
+def test_allow_list_is_exact_pairs(tmp_path, pair):
+    (tmp_path / ".metadata").write_bytes(_stack_global(*pair, "true"))
+    with pytest.raises(safeload.UnsafeCheckpoint, match="refused.*which ddpkit does not load"):
+        safeload.read_metadata(str(tmp_path))
+
+
+def test_metadata_pointing_outside_its_directory_is_refused(tmp_path):
+    shards = tmp_path / "shards"
+    dcp.save({"w": torch.ones(2)}, storage_writer=dcp.FileSystemWriter(str(shards)), no_dist=True)
+    metadata = safeload.read_metadata(str(shards))
+    for info in metadata.storage_data.values():
+        info.relative_path = "../../secret.pt"
+    (shards / ".metadata").write_bytes(pickle.dumps(metadata))
+    with pytest.raises(safeload.UnsafeCheckpoint, match="not a shard file of its own"):
+        safeload.read_metadata(str(shards))
+
+
+def test_no_object_crosses_ranks_as_pickle():
+    """torch's *_object collectives pickle; every exchange between ranks goes through ddpkit.gather_object (JSON)."""
+    import re
+    from pathlib import Path
+
+    pickling = re.compile(r"\b(all_gather_object|gather_object|broadcast_object_list|scatter_object_list|"
+                          r"send_object_list|recv_object_list)\(")
+    src = Path(ddpkit.__file__).parent
+    found = [f"{path.name}:{n}: {line.strip()}" for path in sorted(src.glob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             if (m := pickling.search(line)) and ("dist." in line[:m.start()] or "torch.distributed" in line)]
+    assert not found, found
