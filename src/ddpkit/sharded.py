@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -34,7 +34,11 @@ InitFn = Callable[[nn.Module], None]
 # Parameters that fully_shard replaced by shards (by id; a WeakSet would compare tensors with ==): an
 # optimizer still holding one was built too early.
 _replaced: dict[int, weakref.ref[torch.Tensor]] = {}
+_checked: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[int, int]] = weakref.WeakKeyDictionary()
 _hook_installed = False
+# Which module created each parameter built inside init_empty (by id, checked through the weakref): a tied
+# weight holds its creator's initial values, whatever the modules that share it later draw.
+_creators: dict[int, tuple[weakref.ref[nn.Parameter], weakref.ref[nn.Module]]] = {}
 
 
 def blocks(model: nn.Module, shard: Shard = None) -> list[nn.Module]:
@@ -81,7 +85,9 @@ def wrap(model: nn.Module, state: Any, *, sync_batchnorm: bool = True, shard: Sh
     if sync_batchnorm:
         model = sync_batchnorms(model, state)
     empty = on_meta(model)
-    before = {} if empty else {name: p for name, p in model.named_parameters()}
+    if not empty:  # fully_shard broadcasts nothing: without this, rank r's rows would come from seed s + r
+        _broadcast_from_rank0(model, state)
+    before = list(model.parameters())
     mesh = init_device_mesh(state.device.type, (state.world_size,))
     for block in [*blocks(model, shard), model]:
         fully_shard(block, mesh=mesh, **fsdp_kwargs)
@@ -90,10 +96,42 @@ def wrap(model: nn.Module, state: Any, *, sync_batchnorm: bool = True, shard: Sh
             if isinstance(module, FSDPModule):
                 module.set_force_sum_reduction_for_comms(True)
     if empty:
-        materialize(model, state.device, init_fn)
+        with _rank0_generator(state):
+            materialize(model, state.device, init_fn)
     now = {id(p) for p in model.parameters()}
-    _watch_optimizers([p for p in before.values() if id(p) not in now])
+    _watch_optimizers([p for p in before if id(p) not in now])
     return FSDP(model)
+
+
+def _broadcast_from_rank0(model: nn.Module, state: Any) -> None:
+    """Every rank takes rank 0's parameters and buffers (what DDP does at wrap time), so the sharded model is
+    the one a single process with rank 0's seed builds. Tensors are on ``state.device`` (NCCL needs them there)."""
+    import torch.distributed as dist
+
+    seen: set[int] = set()
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            if id(tensor) not in seen:  # a tied weight once
+                seen.add(id(tensor))
+                dist.broadcast(tensor.data, src=0)
+
+
+@contextlib.contextmanager
+def _rank0_generator(state: Any) -> Iterator[None]:
+    """Run the block with rank 0's CPU generator state on every rank: a meta model then draws, on each rank,
+    the numbers rank 0 (and a single process with its seed) draws. Rank 0 keeps the advanced state, as one
+    process would; the other ranks get their own stream (seed + rank) back."""
+    import torch.distributed as dist
+
+    own = torch.get_rng_state()
+    shared = own.to(state.device)
+    dist.broadcast(shared, src=0)
+    torch.set_rng_state(shared.cpu())
+    try:
+        yield
+    finally:
+        if state.rank != 0:
+            torch.set_rng_state(own)
 
 
 def on_meta(model: nn.Module) -> bool:
@@ -119,19 +157,19 @@ def init_empty(budget_mb: float | None = None, optimizer_slots: int = 2) -> Iter
         with ddpkit.init_empty(budget_mb=600):    # ddp: "does not fit: 806 MB needed per process, ..."
             model = Net()
     """
-    owners: dict[nn.Parameter, nn.Module] = {}  # every parameter created in the block, and its module
+    owners: dict[nn.Parameter, nn.Module] = {}  # every parameter created in the block, and the module creating it
 
     def record(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
-        if param is not None:
+        if param is not None and param not in owners:  # a later registration is a tie (head.weight = emb.weight)
             owners[param] = module
+            _creators[id(param)] = (weakref.ref(param), weakref.ref(module))
 
-    handle = nn.modules.module.register_module_parameter_registration_hook(record) if budget_mb else None
+    handle = nn.modules.module.register_module_parameter_registration_hook(record)
     try:
         with torch.device("meta"):
             yield
     finally:
-        if handle is not None:
-            handle.remove()
+        handle.remove()
     if budget_mb is not None:
         check_budget(owners, budget_mb, optimizer_slots)
 
@@ -173,12 +211,16 @@ def materialize(model: nn.Module, device: torch.device, init_fn: InitFn | None =
     rank's slice copied into its shard; ``init_fn`` may leave a module's tensors alone (they keep their
     ``reset_parameters`` values).
     """
-    model.to_empty(device=device)
     modules, done = _post_order(model), set[int]()
+    before = list(model.parameters())
+    borrowed = _borrowed(modules)
+    model.to_empty(device=device)
+    _retie(modules, borrowed)  # to_empty gives each module its own new tensor: a tie would become two weights
+    _watch_optimizers([p for p in before if id(p) not in {id(q) for q in model.parameters()}])
     for module in modules:
         if hasattr(module, "reset_parameters"):
-            _init_module(module, _reset, done, only_touched=False)
-    if init_fn is not None:
+            _init_module(module, _reset, done, only_touched=False, skip=borrowed.get(id(module), {}))
+    if init_fn is not None:  # model.apply(init_fn) writes a tied tensor in place: the last module's values win
         for module in modules:
             _init_module(module, init_fn, done, only_touched=True)
     missing = [n for n, t in [*model.named_parameters(), *model.named_buffers()]
@@ -189,12 +231,43 @@ def materialize(model: nn.Module, device: torch.device, init_fn: InitFn | None =
                          "the tensors a module owns")
 
 
+def _borrowed(modules: list[nn.Module]) -> dict[int, dict[str, tuple[nn.Module, str]]]:
+    """id(module) -> {name: (creator, its name)} for each parameter a module shares but did not create (a tie).
+
+    The creator is the module that registered the parameter first inside :func:`init_empty`; for a tie made
+    elsewhere, the first module in construction order holding it."""
+    holders: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in modules:
+        for name, param in module._parameters.items():
+            if param is not None:
+                holders.setdefault(id(param), []).append((module, name))
+    borrowed: dict[int, dict[str, tuple[nn.Module, str]]] = {}
+    for pid, found in holders.items():
+        if len(found) < 2:
+            continue
+        ref = _creators.get(pid)
+        made_by = ref[1]() if ref is not None and ref[0]() is found[0][0]._parameters[found[0][1]] else None
+        creator = next((h for h in found if h[0] is made_by), found[0])
+        for module, name in found:
+            if (module, name) != creator:
+                borrowed.setdefault(id(module), {})[name] = creator
+    return borrowed
+
+
+def _retie(modules: list[nn.Module], borrowed: dict[int, dict[str, tuple[nn.Module, str]]]) -> None:
+    for module in modules:
+        for name, (creator, creator_name) in borrowed.get(id(module), {}).items():
+            module._parameters[name] = creator._parameters[creator_name]
+
+
 def _reset(module: nn.Module) -> None:
     module.reset_parameters()  # type: ignore[operator]
 
 
-def _init_module(module: nn.Module, init: InitFn, done: set[int], only_touched: bool) -> None:
-    """Run ``init`` on a full-size scratch copy of ``module``'s own tensors; copy this rank's slices back."""
+def _init_module(module: nn.Module, init: InitFn, done: set[int], only_touched: bool,
+                 skip: Mapping[str, Any] | None = None) -> None:
+    """Run ``init`` on a full-size scratch copy of ``module``'s own tensors; copy this rank's slices back,
+    except ``skip``'s (tied weights another module created: the draws happen, as in a normal build, and go)."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     own = {**dict(module.named_parameters(recurse=False)), **dict(module.named_buffers(recurse=False))}
@@ -205,7 +278,7 @@ def _init_module(module: nn.Module, init: InitFn, done: set[int], only_touched: 
     with torch.no_grad():
         for name, target in own.items():
             full = getattr(scratch, name)
-            if only_touched and _untouched(full):
+            if (only_touched and _untouched(full)) or name in (skip or {}):
                 continue
             full = full.to(target.device)
             if isinstance(target, DTensor):  # this rank's slice of the full tensor, no communication
@@ -267,11 +340,16 @@ def _refuse_stale(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> N
         ref = _replaced.get(id(p))
         return ref is not None and ref() is p
 
-    if _replaced and any(stale(p) for group in optimizer.param_groups for p in group["params"]):
+    # checked once per optimizer (and again when its groups or the replaced set change): steps stay cheap
+    key = (sum(len(group["params"]) for group in optimizer.param_groups), len(_replaced))
+    if not _replaced or _checked.get(optimizer) == key:
+        return
+    if any(stale(p) for group in optimizer.param_groups for p in group["params"]):
         raise RuntimeError(
-            f"{type(optimizer).__name__} was built before prepare_model: in fsdp mode its parameters were replaced "
-            "by shards, so its steps would train nothing; build it after: model = ddpkit.prepare_model(model); "
-            "optimizer = torch.optim.X(model.parameters(), ...)")
+            f"{type(optimizer).__name__} was built before prepare_model, whose parameters it holds were replaced "
+            "(fsdp's shards, or an init_empty() model's real tensors), so its steps would train nothing; build it "
+            "after: model = ddpkit.prepare_model(model); optimizer = torch.optim.X(model.parameters(), ...)")
+    _checked[optimizer] = key
 
 
 @contextlib.contextmanager
