@@ -56,6 +56,8 @@ def test_rank0_stream_equals_a_one_process_run(ranks):
 @pytest.mark.parametrize("case, message", [
     ("unused", "2 parameter(s) got no gradient in the first backward: spare.weight, spare.bias"),
     ("desync", "ranks out of sync: 'spare.bias' differs between rank 0 and rank 1"),
+    ("desync_nan", "ranks out of sync: 'spare.bias' differs between rank 0 and rank 1"),
+    ("diverged", "training diverged: 'used.weight' holds NaN or inf on every rank"),
     ("tiny", "dataset has 1 samples but the job has 2 processes"),
 ])
 def test_mistakes_fail_clearly(case, message, tmp_path):
@@ -63,8 +65,37 @@ def test_mistakes_fail_clearly(case, message, tmp_path):
     assert r.returncode != 0 and message in r.stderr, r.stderr[-3000:]
     if case == "unused":  # named during the first backward, before any optimizer step
         assert "STEP 0 backward done" not in r.stdout
-    if case == "desync":  # caught at the forward right after the rank-dependent change
+    if case.startswith("desync"):  # caught at the forward right after the rank-dependent change
         assert r.stdout.count("STEP 1 backward done") == 0
+    if case == "desync_nan":  # NaN on one rank only is still a desync, and the message shows it
+        assert "vs nan)" in r.stderr and "diverged" not in r.stderr
+    if case == "diverged":  # issue 24.12: NaN on every rank is the loss blowing up, not ranks disagreeing
+        assert "out of sync" not in r.stderr and "learning rate" in r.stderr
+
+
+def _sums(*ranks):
+    """Checksums as check_in_sync gathers them: (ranks, tensors, [sum, sum of squares])."""
+    return torch.tensor([[[s, s * s] for s in rank] for rank in ranks], dtype=torch.float64)
+
+
+def test_sync_problem_tells_a_divergence_from_a_desync():
+    from ddpkit.consistency import sync_problem
+
+    nan, inf = float("nan"), float("inf")
+    names = ["a", "b"]
+    assert sync_problem(names, _sums([1.0, 2.0], [1.0, 2.0])) is None
+    assert sync_problem(names, _sums([1.0, 2.0], [1.0, 3.0])).startswith(
+        "ranks out of sync: 'b' differs between rank 0 and rank 1 (sum 2 vs 3)")
+    assert sync_problem(names, _sums([1.0, nan], [1.0, nan], [1.0, nan])).startswith(
+        "training diverged: 'b' holds NaN or inf on every rank")
+    assert sync_problem(names, _sums([inf, 2.0], [inf, 2.0])).startswith("training diverged: 'a'")
+    assert sync_problem(names, _sums([1.0, 2.0], [1.0, nan])).startswith(  # one rank only: a desync
+        "ranks out of sync: 'b' differs between rank 0 and rank 1 (sum 2 vs nan)")
+    assert sync_problem(names, _sums([1.0, nan], [1.0, 2.0])).startswith(
+        "ranks out of sync: 'b' differs between rank 0 and rank 1 (sum nan vs 2)")
+    assert sync_problem(names, _sums([1.0, 2.0], [0.0, nan])).startswith("ranks out of sync: 'a'")  # first wins
+    assert sync_problem(names, _sums([1.0, nan], [1.0, nan], [1.0, 2.0])).startswith(  # the odd rank is named
+        "ranks out of sync: 'b' differs between rank 0 and rank 2")
 
 
 def test_unsynced_batchnorm_is_not_reported_as_a_desync(tmp_path):

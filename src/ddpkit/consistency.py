@@ -4,7 +4,8 @@
   gradient. Without it DDP (``find_unused_parameters=False``) lets the first optimizer step run on
   gradients that were never all-reduced and only fails at the second forward with "Expected to have
   finished reduction in the prior iteration".
-- :func:`check_in_sync` compares per-parameter checksums across ranks and names the first that differs.
+- :func:`check_in_sync` compares per-parameter checksums across ranks and names the first that differs, or
+  the first that is NaN / inf on every rank (the run diverged: the ranks agree, the loss blew up).
 
 Example::
 
@@ -75,7 +76,8 @@ def _checksums(module: nn.Module) -> tuple[list[str], torch.Tensor]:
 
 
 def check_in_sync(module: nn.Module, group=None) -> None:
-    """Raise on every rank, naming the first parameter or buffer whose checksum differs between ranks.
+    """Raise on every rank, naming the first parameter or buffer whose checksum differs between ranks, or
+    that holds NaN / inf on every rank (a divergence, not a desync: see :func:`sync_problem`).
 
     A no-op without a process group. Costs one all_gather of two float64 numbers per tensor.
     """
@@ -86,11 +88,35 @@ def check_in_sync(module: nn.Module, group=None) -> None:
     local = local.to(device)
     everyone = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
     dist.all_gather(everyone, local, group=group)
-    for rank, other in enumerate(everyone[1:], start=1):
-        differs = (other != everyone[0]).any(dim=1).nonzero()
-        if len(differs):
-            i = int(differs[0])
-            raise RuntimeError(
-                f"ranks out of sync: {names[i]!r} differs between rank 0 and rank {rank} (sum "
-                f"{everyone[0][i, 0].item():.9g} vs {other[i, 0].item():.9g}); something rank-dependent "
-                "changed the weights (an update outside backward, a rank-dependent branch, an unsynced buffer)")
+    problem = sync_problem(names, torch.stack(everyone).cpu())
+    if problem:
+        raise RuntimeError(problem)
+
+
+def sync_problem(names: list[str], sums: torch.Tensor) -> str | None:
+    """The error for the first tensor whose checksums (``sums[rank, tensor] = [sum, sum of squares]``) are
+    non-finite on every rank (the run diverged) or differ between ranks (a desync); None when all agree.
+
+    NaN never equals NaN, so without the first rule a loss that blew up on every rank read as "ranks out of
+    sync" and sent people hunting for a rank-dependent branch. NaN on some ranks only stays a desync.
+
+    >>> nan = float("nan")
+    >>> sync_problem(["w"], torch.tensor([[[nan, nan]], [[nan, nan]]]))[:50]
+    "training diverged: 'w' holds NaN or inf on every r"
+    >>> sync_problem(["w"], torch.tensor([[[1.0, 1.0]], [[1.0, 1.0]]])) is None
+    True
+    """
+    bad = ~torch.isfinite(sums).all(dim=2)  # (ranks, tensors)
+    for i, name in enumerate(names):
+        if bool(bad[:, i].all()):
+            return (f"training diverged: {name!r} holds NaN or inf on every rank (the loss blew up; not a "
+                    "desync): check the learning rate, the loss scaling (fp16 needs a GradScaler) and the input "
+                    "data for NaN / inf")
+        for rank in range(1, len(sums)):
+            a, b = sums[0, i], sums[rank, i]
+            if not bool(((a == b) | (a.isnan() & b.isnan())).all()):  # NaN on both: the same, not a desync
+                return (f"ranks out of sync: {name!r} differs between rank 0 and rank {rank} (sum "
+                        f"{sums[0, i, 0].item():.9g} vs {sums[rank, i, 0].item():.9g}); something "
+                        "rank-dependent changed the weights (an update outside backward, a rank-dependent "
+                        "branch, an unsynced buffer)")
+    return None

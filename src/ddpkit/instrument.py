@@ -53,7 +53,12 @@ class Tools:
 
     # -- model --------------------------------------------------------------------------------------
     def on_model(self, model: nn.Module, is_main: bool, on_shutdown: OnShutdown) -> None:
-        """Before wrapping: same initial weights, dropout off, final weights saved at shutdown (verify)."""
+        """Same initial weights, dropout off, final weights saved at shutdown (verify).
+
+        Called on every rank with the model before wrapping, or, for a meta model in a sharding mode (only
+        materialised by the wrap), with the wrapped one: its ``state_dict()`` gathers (collective) and its
+        ``load_state_dict`` takes the full weights and keeps this rank's slices.
+        """
         if not self.keep_dropout:
             for module in model.modules():
                 if isinstance(module, nn.modules.dropout._DropoutNd):
@@ -62,8 +67,10 @@ class Tools:
             path = f"{self.verify_init}.{next(_prepared)}"  # one file per prepared model (a GAN has two)
             if os.path.exists(path):  # the N-process run: start where the one-process run did
                 model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-            elif is_main:
-                torch.save(_cpu_state(model), path)
+            else:
+                weights = _cpu_state(model)  # on every rank: gathering a sharded (fsdp) model is collective
+                if is_main:
+                    torch.save(weights, path)
         if self.verify_out:
             out = self.verify_out
 

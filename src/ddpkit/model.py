@@ -87,6 +87,8 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
     extra = {"shard": shard, "init_fn": init_fn} if mode.shards else {}
     wrapped = mode.wrap(model, state, sync_batchnorm=sync_batchnorm, check_sync_every=check_sync_every, comm=comm,
                         tools=tools, **extra, **ddp_kwargs)
+    if empty:  # materialised by the sharding wrap just now: the tools (verify) hook the wrapped model, on every
+        tools.on_model(wrapped, state.is_main, runtime.on_shutdown)  # rank (its full state dict is a collective)
     if compile:
         mode.compile(wrapped, {} if compile is True else dict(compile))
     return wrapped

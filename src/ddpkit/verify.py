@@ -8,7 +8,8 @@ What the script needs (ddpkit scripts usually have it already): ``ddpkit.prepare
 (the one-process run hands its own to the other, so the script need not seed), training loaders drop the
 last ``len % N`` samples in both runs (padding would repeat samples only the N-process run sees), dropout
 layers get p=0 (``--keep-dropout`` to leave them), and TF32 is off on GPUs. The runs talk to ddpkit through
-the variables of :mod:`ddpkit.contract` (read by :mod:`ddpkit.instrument`).
+the variables of :mod:`ddpkit.contract` (read by :mod:`ddpkit.instrument`). A PASS needs every weight finite
+in both runs (:func:`non_finite`): ``NaN > tol`` is False, so a plain tolerance test would pass a diverged run.
 
 Example::
 
@@ -50,26 +51,72 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def compare_weights(reference: dict, candidate: dict, atol: float, rtol: float) -> dict:
-    """Compare two state dicts; report the first tensor out of tolerance (in state-dict order)."""
+def compare_weights(reference: dict, candidate: dict, atol: float, rtol: float,
+                    labels: tuple[str, str] = ("the reference", "the candidate")) -> dict:
+    """Compare two state dicts; report the first tensor that fails (in state-dict order).
+
+    A tensor fails when a value is out of tolerance or when it holds NaN / inf anywhere (see
+    :func:`non_finite`), so a PASS means every weight is finite in both. ``max_abs_diff`` is over the
+    positions finite in both (a number, never NaN: the JSON stays valid).
+
+    >>> nan = float("nan")
+    >>> compare_weights({"w": torch.tensor([1.0, 2.0])}, {"w": torch.tensor([1.0, nan])}, 1e-5, 1e-4)["reason"][:75]
+    "non-finite values differ in 'w': 2 (the reference) vs nan (the candidate) a"
+    """
     missing = sorted(set(reference) ^ set(candidate))
     if missing:
-        return {"passed": False, "first_diverging": missing[0], "max_abs_diff": None,
+        return {"passed": False, "first_diverging": missing[0], "max_abs_diff": None, "non_finite": False,
                 "reason": f"keys differ: {missing[:5]}"}
-    first, worst, worst_name = None, 0.0, None
+    first: dict | None = None
+    worst, worst_name = 0.0, None
     for name, ref in reference.items():
         other = candidate[name]
         if ref.shape != other.shape:
-            return {"passed": False, "first_diverging": name, "max_abs_diff": None,
+            return {"passed": False, "first_diverging": name, "max_abs_diff": None, "non_finite": False,
                     "reason": f"shape {tuple(ref.shape)} vs {tuple(other.shape)}"}
-        diff = (ref.double() - other.double()).abs()
+        ref, other = ref.double(), other.double()
+        finite = ref.isfinite() & other.isfinite()
+        diff = torch.where(finite, (ref - other).abs(), 0.0)
         peak = diff.max().item() if diff.numel() else 0.0
         if peak > worst:
             worst, worst_name = peak, name
-        if first is None and bool((diff > atol + rtol * ref.double().abs()).any()):
-            first = {"first_diverging": name, "first_max_abs_diff": peak}
-    result = {"passed": first is None, "max_abs_diff": worst, "max_abs_diff_at": worst_name, "tensors": len(reference)}
+        if first is None:
+            reason = non_finite(name, ref, other, labels)
+            if reason:
+                first = {"first_diverging": name, "first_max_abs_diff": None, "non_finite": True, "reason": reason}
+            elif bool((diff > atol + rtol * ref.abs()).any()):
+                first = {"first_diverging": name, "first_max_abs_diff": peak}
+    result = {"passed": first is None, "max_abs_diff": worst, "max_abs_diff_at": worst_name,
+              "tensors": len(reference), "non_finite": False}
     return {**result, **(first or {})}
+
+
+def non_finite(name: str, ref: torch.Tensor, other: torch.Tensor, labels: tuple[str, str]) -> str | None:
+    """Why ``name`` fails for holding NaN / inf, or None when both are finite everywhere.
+
+    A non-finite value in one run that the other does not hold bitwise (NaN vs a number, +inf vs -inf) is a
+    mismatch: ``NaN > tol`` is False, so a plain tolerance test would PASS a diverged run. The same NaN / inf
+    in both is no PASS either: both trainings diverged and there is nothing to compare.
+
+    >>> inf = float("inf")
+    >>> non_finite("w", torch.tensor([inf]), torch.tensor([-inf]), ("1 process", "2 processes"))[:77]
+    "non-finite values differ in 'w': inf (1 process) vs -inf (2 processes) at [0]"
+    """
+    bad = ~(ref.isfinite() & other.isfinite())
+    if not bool(bad.any()):
+        return None
+    same = (ref == other) | (ref.isnan() & other.isnan())
+    mismatch = bad & ~same
+    shown = mismatch if bool(mismatch.any()) else bad
+    at = tuple(int(i) for i in torch.unravel_index(shown.flatten().nonzero()[0, 0], ref.shape))
+    where = f"at {list(at)} ({int(shown.sum())} of {ref.numel()} values)"
+    a, b = ref[at].item(), other[at].item()
+    check = "check the learning rate, loss scaling and input data"
+    if shown is mismatch:
+        return (f"non-finite values differ in {name!r}: {a:g} ({labels[0]}) vs {b:g} ({labels[1]}) {where}; "
+                f"a run with NaN / inf weights diverged: {check}, and what depends on the per-process batch")
+    return (f"both runs diverged: {name!r} holds {a:g} in both {where}; weights that are not finite cannot be "
+            f"compared: {check}")
 
 
 def plan(nproc: int | None, device: str | None, gpus: int) -> tuple[int, str | None, str | None]:
@@ -119,7 +166,7 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
             if not os.path.exists(path):
                 raise RuntimeError("the script saved no weights: build the model with ddpkit.prepare_model")
         one, many = (torch.load(path, weights_only=True) for path in (ref, dist_out))
-        result = compare_weights(one, many, atol, rtol)
+        result = compare_weights(one, many, atol, rtol, labels=("1 process", f"{nproc} processes"))
     return {"nproc": nproc, "mode": mode, "steps": steps, "atol": atol, "rtol": rtol, **result}
 
 
@@ -152,6 +199,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         shown = "" if ns.mode == "ddp" else f" ({ns.mode})"
         print(f"PASS: {nproc} processes{shown} match 1 process after {ns.steps} steps "
               f"({result['tensors']} tensors, max abs diff {result['max_abs_diff']:.3g})")
+    elif result["non_finite"]:
+        print(f"FAIL after {ns.steps} steps: {result['reason']}")
     else:
         print(f"FAIL: {result['first_diverging']!r} differs after {ns.steps} steps "
               f"(max abs diff {result.get('first_max_abs_diff', result['max_abs_diff'])}; "

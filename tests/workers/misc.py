@@ -1,7 +1,7 @@
 """Worker for single-purpose gloo checks: ``ddpkit launch --nproc-per-node 2 misc.py CASE OUT``.
 
-CASE is one of: syncbn_seeds (saves OUT/rank<R>.pt), unused, desync, tiny, global_batch, boom (each should
-fail clearly), sleep (writes OUT/pid<R> and sleeps, for signal tests).
+CASE is one of: syncbn_seeds (saves OUT/rank<R>.pt), unused, desync, desync_nan, diverged, tiny, global_batch,
+boom (each should fail clearly), sleep (writes OUT/pid<R> and sleeps, for signal tests).
 """
 import random
 import sys
@@ -62,7 +62,7 @@ def syncbn_seeds():
 
 if case == "syncbn_seeds":
     torch.save(syncbn_seeds(), f"{out_dir}/rank{rank}.pt")
-elif case in ("unused", "desync"):
+elif case in ("unused", "desync", "desync_nan", "diverged"):
     class TwoHeads(nn.Module):
         def __init__(self):
             super().__init__()
@@ -71,15 +71,18 @@ elif case in ("unused", "desync"):
         def forward(self, x):
             return self.used(x) if case == "unused" else self.used(x) + self.spare(x)
 
-    model = ddpkit.prepare_model(TwoHeads(), check_sync_every=1 if case == "desync" else 0)
+    model = ddpkit.prepare_model(TwoHeads(), check_sync_every=0 if case == "unused" else 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(3):
-        model(torch.randn(2, 4)).sum().backward()
+        x = torch.randn(2, 4)
+        if case == "diverged" and rank == 1:
+            x[0, 0] = float("nan")  # one bad sample: the all-reduced gradient carries it to every rank
+        model(x).sum().backward()
         print(f"STEP {step} backward done", flush=True)
         opt.step()
-        if case == "desync" and rank == 1:
-            with torch.no_grad():
-                model.module.spare.bias.add_(1.0)  # a rank-dependent update outside backward
+        if case in ("desync", "desync_nan") and rank == 1:
+            with torch.no_grad():  # a rank-dependent update outside backward
+                model.module.spare.bias.add_(1.0 if case == "desync" else float("nan"))
 elif case == "bn_local":  # plain BatchNorm (not synced) under check_sync_every: no false desync
     net = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 1))
     model = ddpkit.prepare_model(net, sync_batchnorm=False, check_sync_every=1)

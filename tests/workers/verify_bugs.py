@@ -2,6 +2,8 @@
 
 --bug sum: the loss is a sum over the batch, so N processes average N per-rank sums (1/N of the gradient).
 --bug nosync: BatchNorm statistics per rank (sync_batchnorm=False).
+--bug std: inputs standardised per batch with x.std(0); at one sample per process that is NaN, so only the
+N-process run diverges (the one-process run gets N samples per batch).
 """
 import argparse
 
@@ -12,7 +14,7 @@ from torch.utils.data import TensorDataset
 import ddpkit
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--bug", choices=["none", "sum", "nosync"], default="none")
+parser.add_argument("--bug", choices=["none", "sum", "nosync", "std"], default="none")
 args = parser.parse_args()
 torch.set_num_threads(1)
 ddpkit.init(seed=0)
@@ -22,7 +24,9 @@ model = ddpkit.prepare_model(nn.Sequential(nn.Linear(5, 8), nn.BatchNorm1d(8), n
                              sync_batchnorm=args.bug != "nosync")
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for _ in range(3):
-    for x, y in ddpkit.data_loader(data, batch_size=8):
+    for x, y in ddpkit.data_loader(data, batch_size=1 if args.bug == "std" else 8):
+        if args.bug == "std":
+            x = (x - x.mean(0)) / x.std(0)
         loss = nn.functional.mse_loss(model(x), y, reduction="sum" if args.bug == "sum" else "mean")
         opt.zero_grad()
         loss.backward()
