@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
-import random
 import re
 import shutil
 import sys
@@ -38,8 +38,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ddpkit import contract, runtime, shards, strategy
-from ddpkit.control import gather_object
+from ddpkit import contract, rngstate, runtime, shards, strategy
+from ddpkit.control import broadcast, gather_object
 from ddpkit.data import ShardedDataLoader
 from ddpkit.wrappers import unwrap
 
@@ -117,64 +117,32 @@ def validate(path: str, part: tuple[int, int] = (0, 1)) -> str | None:
     return None
 
 
+def _commit_number(path: str) -> int | None:
+    """The commit counter in ``path``'s manifest (0 for one written before it existed); None when unreadable."""
+    try:
+        with open(os.path.join(path, "manifest.json")) as f:
+            number = json.load(f).get("commit", 0)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return number if isinstance(number, int) else None
+
+
+def by_commit(directory: str) -> list[str]:
+    """The ``ckpt-*`` directories in ``directory``, newest commit first (then the higher step).
+
+    The only order retention and resume use: after ``restore(path=older)`` or in a directory an earlier run
+    left behind, the newest save is not the highest step number. One whose manifest is unreadable comes
+    first, so that resuming names it (and skips it) instead of passing over it in silence."""
+    if not os.path.isdir(directory):
+        return []
+    paths = [os.path.join(directory, n) for n in os.listdir(directory) if _NAME.match(n)]
+    numbers = {p: _commit_number(p) for p in paths}
+    return sorted(paths, key=lambda p: (math.inf if numbers[p] is None else numbers[p], p), reverse=True)
+
+
 def newest_valid(directory: str) -> str | None:
     """The newest ``ckpt-*`` in ``directory`` that :func:`validate` accepts (no warnings: for tools)."""
-    names = sorted((n for n in os.listdir(directory) if _NAME.match(n)), reverse=True) \
-        if os.path.isdir(directory) else []
-    return next((p for n in names if validate(p := os.path.join(directory, n)) is None), None)
-
-
-def _rng_state(loaders: dict[str, ShardedDataLoader], mode: strategy.Strategy) -> dict[str, torch.Tensor]:
-    """This rank's random states, as tensors (so they can be gathered and loaded without pickle)."""
-    version, mt, gauss = random.getstate()
-    state = {"python_mt": torch.tensor(mt, dtype=torch.int64),
-             "python_gauss": torch.tensor([version, gauss is not None, gauss or 0.0], dtype=torch.float64),
-             "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        devices = mode.cuda_rng_devices(torch.cuda.current_device(), torch.cuda.device_count())
-        state["cuda"] = torch.stack([torch.cuda.get_rng_state(d) for d in devices])  # one row per device
-    if "numpy" in sys.modules:
-        _, keys, pos, has_gauss, cached = sys.modules["numpy"].random.get_state()
-        state["numpy_keys"] = torch.from_numpy(keys.astype("int64"))
-        state["numpy_rest"] = torch.tensor([pos, has_gauss, cached], dtype=torch.float64)
-    for name, loader in loaders.items():
-        generator = loader.generator_state()
-        if generator is not None:
-            state[f"loader.{name}"] = generator
-    return state
-
-
-def _set_rng_state(state: dict[str, torch.Tensor], loaders: dict[str, ShardedDataLoader],
-                   mode: strategy.Strategy) -> None:
-    version, has_gauss, gauss = state["python_gauss"].tolist()
-    random.setstate((int(version), tuple(state["python_mt"].tolist()), gauss if has_gauss else None))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        rows = state["cuda"] if state["cuda"].dim() == 2 else state["cuda"].unsqueeze(0)  # older: one device
-        devices = mode.cuda_rng_devices(torch.cuda.current_device(), torch.cuda.device_count())
-        for device, row in zip(devices, rows):
-            torch.cuda.set_rng_state(row.clone(), device)
-    if "numpy_keys" in state and "numpy" in sys.modules:
-        np = sys.modules["numpy"]
-        pos, has_gauss, cached = state["numpy_rest"].tolist()
-        keys = state["numpy_keys"].numpy().astype(np.uint32)
-        np.random.set_state(("MT19937", keys, int(pos), int(has_gauss), cached))
-    for name, loader in loaders.items():
-        if f"loader.{name}" in state and loader.generator is not None:
-            loader.generator.set_state(state[f"loader.{name}"])
-
-
-def _gather_rng(local: dict[str, torch.Tensor], state: runtime.State) -> dict[str, torch.Tensor] | None:
-    """Every rank's RNG tensors on rank 0, stacked along a new first dim (None on other ranks)."""
-    if state.world_size == 1:
-        return {k: v.unsqueeze(0) for k, v in local.items()}
-    out = {}
-    for name in sorted(local):
-        tensor = local[name].to(state.device)
-        parts = [torch.empty_like(tensor) for _ in range(state.world_size)]
-        dist.all_gather(parts, tensor)
-        out[name] = torch.stack(parts).cpu()
-    return out if state.is_main else None
+    return next((p for p in by_commit(directory) if validate(p) is None), None)
 
 
 def _check_fits(model: torch.nn.Module, saved: dict[str, torch.Tensor], path: str) -> None:
@@ -196,6 +164,11 @@ class Checkpointer:
 
     ``resume``: restore the newest valid checkpoint. By default on when ``DDPKIT_RESUME=1``
     (``ddpkit launch --resume``) or when torchrun restarted the group after a failure.
+
+    A directory that already holds checkpoints belongs to the run that wrote them: a run that neither resumes
+    nor restores one of them gets a one-line FileExistsError at its first ``restore()`` or ``save()``, before
+    anything is written. ``resume=False`` (said explicitly) starts over there instead: the new saves are the
+    newer commits, so retention and resume follow them and the old checkpoints go as ``keep`` new ones exist.
     """
 
     def __init__(self, directory: str, *, keep: int = 3, resume: bool | None = None):
@@ -205,8 +178,25 @@ class Checkpointer:
         restarted = (contract.RESTART_COUNT.number(os.environ) or 0) > 0
         self.resume = (contract.RESUME.flag(os.environ) or restarted) if resume is None else resume
         self.state = runtime.ensure_init()
+        self._fresh, self._settled = resume is False, False
         if self.state.is_main:
             self._prepare_directory()
+
+    def _settle(self, restored: bool) -> None:
+        """Once, at the first restore or save, on every rank: refuse to write over another run's checkpoints.
+        Rank 0 looks (the others may not see the directory) and every rank raises the same line."""
+        if self._settled:
+            return
+        self._settled = True
+        if restored or self.resume or self._fresh:  # the same on every rank: no collective needed
+            return
+        old = self.checkpoints() if self.state.is_main else []
+        problem = broadcast(None if not old else (
+            f"{self.directory} holds checkpoints of an earlier run (newest {os.path.basename(old[0])}) and this run "
+            "resumed none of them; saving would mix the runs and delete those: resume it (ddpkit launch --resume or "
+            "Checkpointer(..., resume=True)), pick another directory, or pass resume=False to start over there"))
+        if problem:
+            raise FileExistsError(problem)
 
     def _prepare_directory(self) -> None:
         try:
@@ -222,11 +212,8 @@ class Checkpointer:
                 shutil.rmtree(os.path.join(self.directory, entry), ignore_errors=True)
 
     def checkpoints(self) -> list[str]:
-        """Committed checkpoint directories, newest first (not yet checked)."""
-        if not os.path.isdir(self.directory):
-            return []
-        names = sorted((n for n in os.listdir(self.directory) if _NAME.match(n)), reverse=True)
-        return [os.path.join(self.directory, n) for n in names]
+        """Committed checkpoint directories, newest commit first (not yet checked)."""
+        return by_commit(self.directory)
 
     def save(self, step: int, *, extra: dict[str, Any] | None = None, **objects: Any) -> str | None:
         """Save ``objects`` (anything with ``state_dict()``: model, optimizer, scheduler, scaler, loader).
@@ -234,9 +221,10 @@ class Checkpointer:
         Call it on every rank (RNG states are gathered). ``extra``: JSON-able values kept in the manifest.
         Returns the checkpoint's path on rank 0.
         """
+        self._settle(restored=False)
         loaders = {k: v for k, v in objects.items() if isinstance(v, ShardedDataLoader)}
         mode = strategy.get(self.state.mode)
-        rng = _gather_rng(_rng_state(loaders, mode), self.state)
+        rng = rngstate.gather(rngstate.local(loaders, mode), self.state)
         if mode.shards:
             return self._save_sharded(step, rng, objects, extra or {})
         states = {name: mode.state_dict(obj) if isinstance(obj, torch.nn.Module) else obj.state_dict()
@@ -296,8 +284,9 @@ class Checkpointer:
             # fsynced them) are taken as they are, the rest (state.pt, DCP's .metadata) hashed and fsynced here
             names = _files(tmp)
             files = {**_hashes(tmp, [n for n in names if n not in (hashed or {})]), **(hashed or {})}
-            manifest = {"format": 1, "step": step, "world_size": payload["world_size"], "extra": extra,
-                        "files": files}
+            commit = 1 + max((n for p in self.checkpoints() if (n := _commit_number(p)) is not None), default=0)
+            manifest = {"format": 1, "step": step, "commit": commit, "world_size": payload["world_size"],
+                        "extra": extra, "files": files}
             _write_file(os.path.join(tmp, "manifest.json"), lambda f: f.write(json.dumps(manifest).encode()))
             for root, _, _ in os.walk(tmp):
                 _fsync_dir(root)
@@ -312,7 +301,8 @@ class Checkpointer:
             raise OSError(f"could not write checkpoint {final} ({reason}); nothing was replaced, "
                           f"the previous checkpoint {previous} is intact; free space or pick another directory") \
                 from None
-        for old in self.checkpoints()[self.keep:]:
+        committed = [p for p in self.checkpoints() if _commit_number(p) is not None]  # a damaged one stays to be named
+        for old in committed[self.keep:]:  # by commit order: the newest saves, not the highest steps
             shutil.rmtree(old, ignore_errors=True)
         return final
 
@@ -346,6 +336,7 @@ class Checkpointer:
                 raise FileNotFoundError(f"cannot resume from {path}: {reason}; pass a ckpt-* directory "
                                         f"from {self.directory} or drop the path to start fresh")
         elif not self.resume or (path := self.latest()) is None:
+            self._settle(restored=False)
             return 0
         payload = torch.load(os.path.join(path, "state.pt"), map_location="cpu", weights_only=True)
         sharded = set(payload.get("sharded", ()))
@@ -370,8 +361,9 @@ class Checkpointer:
         if payload["world_size"] == self.state.world_size:  # another world size: streams cannot match anyway
             loaders = {k: v for k, v in objects.items() if isinstance(v, ShardedDataLoader)}
             # clone: set_rng_state reads the storage from its start, so a row view of rank r > 0 would crash
-            _set_rng_state({k: v[self.state.rank].clone() for k, v in payload["rng"].items()}, loaders,
+            rngstate.restore({k: v[self.state.rank].clone() for k, v in payload["rng"].items()}, loaders,
                            strategy.get(self.state.mode))
         if self.state.is_main:
             print(f"ddpkit: resumed from {path} (step {payload['step']})", file=sys.stderr, flush=True)
+        self._settle(restored=True)
         return int(payload["step"])
