@@ -58,35 +58,62 @@ def test_a_rank_with_3_batches_and_one_with_7_stop_together_at_once(results):
     assert uneven["steps"] == [3, 3] and uneven["seconds"] < 5
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_sigkill_mid_stream_then_resume_is_bitwise(tmp_path, workers):
-    reference = tmp_path / "reference"
-    reference.mkdir()
-    ok(launch(WORKERS / "stream_resume.py", reference, "--workers", workers))
-    r = launch(WORKERS / "stream_resume.py", tmp_path, "--workers", workers, "--die-at", 7)
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """final.pt of an uninterrupted run, per (workers, extra arguments), run once for the tests that need it."""
+    runs = {}
+
+    def run(workers, *extra, env=None):
+        if (workers, extra) not in runs:
+            out = tmp_path_factory.mktemp("reference")
+            ok(launch(WORKERS / "stream_resume.py", out, "--workers", workers, *extra, env=env))
+            runs[workers, extra] = torch.load(out / "final.pt")
+        return runs[workers, extra]
+    return run
+
+
+def _same_weights(a, b):
+    return a["step"] == b["step"] and all(torch.equal(a["weights"][k], b["weights"][k]) for k in a["weights"])
+
+
+# 2 workers take turns: after an odd number of batches worker 1's batch is next, not worker 0's
+@pytest.mark.parametrize("workers, die_at, saved_at", [(0, 7, 6), (2, 7, 6), (2, 4, 3)])
+def test_sigkill_mid_stream_then_resume_is_bitwise(tmp_path, uninterrupted, workers, die_at, saved_at):
+    reference = uninterrupted(workers)
+    r = launch(WORKERS / "stream_resume.py", tmp_path, "--workers", workers, "--die-at", die_at)
     assert r.returncode == 1 and "killed by SIGKILL" in r.stderr, r.stderr[-2000:]
     r = ok(launch(WORKERS / "stream_resume.py", tmp_path, "--workers", workers, launcher_args=["--resume"]))
-    assert "ckpt-0000000006" in r.stderr  # mid-epoch: 90 samples / (2 x 4) = 11 steps per epoch
-    a, b = torch.load(reference / "final.pt"), torch.load(tmp_path / "final.pt")
-    assert a["step"] == b["step"] and all(torch.equal(a["weights"][k], b["weights"][k]) for k in a["weights"])
+    assert f"ckpt-{saved_at:010d}" in r.stderr  # mid-epoch: 90 samples / (2 x 4) = 11 steps per epoch
+    assert _same_weights(reference, torch.load(tmp_path / "final.pt"))
 
 
-def test_a_hugging_face_stream_resumes_mid_epoch_bitwise(tmp_path):
+@pytest.mark.parametrize("workers", [2, 3])
+def test_a_stream_position_taken_at_any_step_continues_with_the_same_batches(tmp_path, workers):
+    """Every step k of an epoch, odd and even, for a round-robin stream and one whose worker 0 runs dry first:
+    a loader restored from the position at k, and the same loader iterated again after a ``break`` at k, hand
+    out the rest of the epoch's batches in the uninterrupted order."""
+    ok(launch(WORKERS / "stream_turns.py", tmp_path, workers))
+    for rank, result in enumerate(json.loads((tmp_path / f"turns{workers}.json").read_text())):
+        for stream in ("generator", "uneven"):
+            assert result[stream]["steps"] >= 5 and result[stream]["wrong"] == [], (rank, stream, result[stream])
+
+
+@pytest.mark.parametrize("die_at, saved_at", [(7, 6), (4, 3)])
+def test_a_hugging_face_stream_resumes_mid_epoch_bitwise(tmp_path_factory, uninterrupted, die_at, saved_at):
     """The same kill and resume through ``datasets``' own split (by rank, then its shards among 2 workers)."""
-    data = tmp_path / "data"
-    data.mkdir()
-    for part in range(4):  # 4 files: 2 per rank, one per worker
-        rows = [{"x": torch.randn(6, generator=torch.Generator().manual_seed(i)).tolist()} for i in range(part, 90, 4)]
-        (data / f"part{part}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    env = {"HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    runs = {name: tmp_path / name for name in ("reference", "killed")}
-    for out in runs.values():
-        out.mkdir()
+    data = tmp_path_factory.getbasetemp() / "hf-data"
+    if not data.exists():
+        data.mkdir()
+        for part in range(4):  # 4 files: 2 per rank, one per worker
+            rows = [{"x": torch.randn(6, generator=torch.Generator().manual_seed(i)).tolist()}
+                    for i in range(part, 90, 4)]
+            (data / f"part{part}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    killed = tmp_path_factory.mktemp("killed")
+    env = {"HF_DATASETS_OFFLINE": "1", "HF_HOME": str(killed / "hf")}
     hf = ["--workers", 2, "--hf", data]
-    ok(launch(WORKERS / "stream_resume.py", runs["reference"], *hf, env=env))
-    r = launch(WORKERS / "stream_resume.py", runs["killed"], *hf, "--die-at", 7, env=env)
+    reference = uninterrupted(2, "--hf", str(data), env=env)
+    r = launch(WORKERS / "stream_resume.py", killed, *hf, "--die-at", die_at, env=env)
     assert r.returncode == 1 and "killed by SIGKILL" in r.stderr, r.stderr[-2000:]
-    r = ok(launch(WORKERS / "stream_resume.py", runs["killed"], *hf, launcher_args=["--resume"], env=env))
-    assert "ckpt-0000000006" in r.stderr
-    a, b = torch.load(runs["reference"] / "final.pt"), torch.load(runs["killed"] / "final.pt")
-    assert a["step"] == b["step"] and all(torch.equal(a["weights"][k], b["weights"][k]) for k in a["weights"])
+    r = ok(launch(WORKERS / "stream_resume.py", killed, *hf, launcher_args=["--resume"], env=env))
+    assert f"ckpt-{saved_at:010d}" in r.stderr
+    assert _same_weights(reference, torch.load(killed / "final.pt"))

@@ -5,7 +5,7 @@ Example::
     loader = ddpkit.data_loader(train_set, batch_size=32)              # 32 per process in DDP
     test_loader = ddpkit.data_loader(test_set, 256, train=False)       # exact: no padded duplicates
     for epoch in range(10):
-        for x, y in loader:                                            # set_epoch is called for you
+        for x, y in loader:                                            # each pass: the next epoch's order
             ...
 
 The global order of an epoch is one seeded permutation of the whole dataset, the same for every world
@@ -16,16 +16,19 @@ sees the same global batches as N processes with batch ``B`` each.
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 import sys
 import time
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler, TensorDataset
+from torch.utils.data import DataLoader, IterableDataset, Sampler
 
 from ddpkit import faults, runtime, strategy
+from ddpkit.loader_settings import cores_bound, cores_per_process, loader_defaults
 from ddpkit.options import Uneven, check
 
 
@@ -48,9 +51,21 @@ class ShardSampler(Sampler[int]):
         self.multiple = multiple or world_size  # ``drop`` keeps a multiple of this (``ddpkit verify``: its N)
         self.epoch = 0
         self.start = 0  # global position in this epoch's order to start from (mid-epoch resume)
+        # the owning loader's (weakly: no cycle), so the script's own set_epoch (the DistributedSampler habit)
+        # reaches the loader
+        self.on_set_epoch: weakref.WeakMethod[Callable[[int], None]] | None = None
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+        """Take ``epoch``'s order. Under :class:`ShardedDataLoader` this is the script's word and wins over the
+        loader's own count (see :meth:`ShardedDataLoader.set_epoch`).
+
+        >>> sampler = ShardSampler(4, rank=0, world_size=1); sampler.set_epoch(3); sampler.epoch
+        3
+        """
+        self.epoch = epoch_number(epoch)
+        owner = self.on_set_epoch() if self.on_set_epoch is not None else None
+        if owner is not None:
+            owner(self.epoch)
 
     def global_order(self) -> list[int]:
         """This epoch's order of the whole dataset (independent of the world size)."""
@@ -75,14 +90,41 @@ class ShardSampler(Sampler[int]):
         return len(range(self.start + self.rank, self._total(), self.world_size))
 
 
-class ShardedDataLoader(DataLoader):
-    """A ``torch.utils.data.DataLoader`` whose sampler gets ``set_epoch(epoch)`` at the start of each pass.
+def epoch_number(epoch: Any) -> int:
+    """``epoch`` as an int >= 0, or a one-line ValueError.
 
-    ``epoch`` is the epoch of the current pass, or of the next one between passes; loop over
-    ``range(loader.epoch, epochs)`` and a resumed run continues where it stopped. :meth:`state_dict` holds
-    the epoch and the global position in it (world-size free), so a resume on another number of processes
-    continues the same global order. ``max_steps`` (set by ``ddpkit verify`` and ``bench``) ends iteration
-    after that many batches in total, across epochs.
+    >>> epoch_number(2), epoch_number(torch.tensor(3))
+    (2, 3)
+    """
+    try:
+        number = operator.index(epoch)
+    except TypeError:
+        number = -1
+    if number < 0:
+        raise ValueError(f"set_epoch({epoch!r}): expected an epoch number (an int >= 0); pass the loop's "
+                         "counter, as in `for epoch in range(loader.epoch, epochs): loader.set_epoch(epoch)`")
+    return number
+
+
+class ShardedDataLoader(DataLoader):
+    """A ``torch.utils.data.DataLoader`` that counts epochs: each pass takes the next epoch's order.
+
+    A pass is the epoch's once it has handed out a batch: one that runs to its end, one left early
+    (``break`` after a fixed number of steps) and one whose iterator is kept unfinished all move the loader
+    to the next epoch, from its beginning; an ``iter()`` that hands out nothing moves nothing. ``epoch`` is
+    the epoch of the current pass, or of the next one between passes; loop over ``range(loader.epoch,
+    epochs)`` and a resumed run continues where it stopped. The script's own :meth:`set_epoch` (or
+    ``loader.sampler.set_epoch``) wins. :meth:`state_dict` holds the epoch and the global position in it
+    (world-size free), so a resume on another number of processes continues the same global order.
+    ``max_steps`` (set by ``ddpkit verify`` and ``bench``) ends iteration after that many batches in total.
+
+    Example (fixed steps per epoch)::
+
+        for epoch in range(loader.epoch, epochs):
+            for i, (x, y) in enumerate(loader):
+                ...
+                if i == steps_per_epoch - 1:
+                    break                      # the next pass is epoch + 1's order
     """
 
     def __init__(self, *args: Any, join: bool = False, max_steps: int | None = None,
@@ -94,12 +136,33 @@ class ShardedDataLoader(DataLoader):
         self.max_steps = max_steps
         self.steps_taken = 0
         self._start = 0  # global position the current / next pass starts from
-        self._batches: int | None = None  # batches taken in the current pass; None between passes
+        self._batches: int | None = None  # batches handed out in the open pass; None between passes
+        self._requested: int | None = None  # set_epoch during a pass: the next pass's epoch
+        self._passes = 0  # numbers the passes: an old pass closed late must leave the current one alone
         self._generator_state: torch.Tensor | None = None  # generator state at the start of the current pass
         self.step_times: list[float] | None = None  # hand-out times of the batches, for `ddpkit bench`
+        self._shard_sampler().on_set_epoch = weakref.WeakMethod(self._take_epoch)
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch, self._start, self._batches = epoch, 0, None
+        """Make the next pass epoch ``epoch`` (``loader.sampler.set_epoch(epoch)`` does the same).
+
+        Between passes it applies at once (``loader.epoch`` reads it); during a pass, to the next pass. The
+        epoch a checkpoint was restored in keeps its position, so a script that names its epochs resumes
+        mid-epoch as well, and a checkpoint saved on the step that leaves an epoch resumes in the next::
+
+            for epoch in range(step // steps_per_epoch, epochs):
+                loader.set_epoch(epoch)
+                for x, y in loader: ...        # `break` after steps_per_epoch steps
+        """
+        self._shard_sampler().set_epoch(epoch)
+
+    def _take_epoch(self, epoch: int) -> None:
+        if self._batches is not None:  # the open pass keeps its epoch (and its checkpoint position)
+            self._requested = epoch
+            return
+        if epoch != self.epoch:  # a restored position belongs to its own epoch only
+            self._start = 0
+        self.epoch = epoch
 
     def state_dict(self) -> dict[str, int]:
         """``{"epoch", "position"}``: position counts global samples of ``epoch`` already consumed."""
@@ -108,7 +171,9 @@ class ShardedDataLoader(DataLoader):
         return {"epoch": self.epoch, "position": self._start + taken}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self._start, self._batches = int(state["epoch"]), int(state["position"]), None
+        self.epoch, self._start = int(state["epoch"]), int(state["position"])
+        self._batches = self._requested = None
+        self._passes += 1  # a pass open before the restore is not the restored one
 
     def generator_state(self) -> torch.Tensor | None:
         """This rank's worker-seed generator as it was when the current pass began (for checkpoints)."""
@@ -120,32 +185,48 @@ class ShardedDataLoader(DataLoader):
         if self.join and not _joining:
             raise RuntimeError("uneven='join' gives ranks different numbers of batches; run the loop inside "
                                "`with ddpkit.join(model):` or use uneven='pad' / 'drop'")
+        self._close_pass(finished=False)  # a pass still open: its iterator was kept, never finished
         sampler = self._shard_sampler()
-        sampler.set_epoch(self.epoch)
-        sampler.start = self._start
-        self._batches = 0
+        sampler.epoch, sampler.start = self.epoch, self._start  # not set_epoch: that is the script's call
+        self._batches, self._passes = 0, self._passes + 1
         if self.generator is not None:
             self._generator_state = self.generator.get_state()
-        return self._counted(super().__iter__())
+        return self._counted(super().__iter__(), self._passes)
+
+    def _close_pass(self, finished: bool) -> None:
+        """End the open pass: one that ran to its end or handed out a batch was its epoch's."""
+        if self._batches is None:
+            return
+        if finished or self._batches:
+            self.epoch, self._start = self.epoch + 1, 0
+        self._batches = None
+        if self._requested is not None:
+            epoch, self._requested = self._requested, None
+            self._take_epoch(epoch)
 
     def _shard_sampler(self) -> ShardSampler:
         assert isinstance(self.sampler, ShardSampler), "ShardedDataLoader is built by ddpkit.data_loader"
         return self.sampler
 
-    def _counted(self, batches):
+    def _counted(self, batches: Any, number: int) -> Iterator[Any]:
         if self.equal_steps is not None:
             batches = _padded_with_empty(batches, self.equal_steps)
-        for batch in batches:
-            if self.max_steps is not None and self.steps_taken >= self.max_steps:
-                return
-            self.steps_taken += 1
-            # counted when handed out: a checkpoint taken in the loop body includes it
-            self._batches = (self._batches or 0) + 1
-            faults.heartbeat()
-            if self.step_times is not None:
-                self.step_times.append(time.perf_counter())
-            yield batch
-        self.epoch, self._start, self._batches = self.epoch + 1, 0, None
+        finished = False
+        try:
+            for batch in batches:
+                if self.max_steps is not None and self.steps_taken >= self.max_steps:
+                    return
+                self.steps_taken += 1
+                # counted when handed out: a checkpoint taken in the loop body includes it
+                self._batches = (self._batches or 0) + 1
+                faults.heartbeat()
+                if self.step_times is not None:
+                    self.step_times.append(time.perf_counter())
+                yield batch
+            finished = True
+        finally:  # at the end, and at a `break` (CPython closes the iterator as the loop is left)
+            if number == self._passes:
+                self._close_pass(finished)
 
 
 def empty_batch(batch: Any) -> Any:
@@ -244,7 +325,7 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
         batch_size, sampler_uneven = tools.train_batch(batch_size), tools.uneven(uneven)
     sampler = ShardSampler(len(dataset), state.rank, state.world_size, shuffle, seed,
                            sampler_uneven if train else "join", multiple=tools.drop_multiple)
-    cores = cores_per_process(_affinity(), os.cpu_count() or 1, state.local_world_size)
+    cores = cores_per_process(cores_bound(), os.cpu_count() or 1, state.local_world_size)
     loader_kwargs = {**loader_defaults(dataset, state.device.type, cores, loader_kwargs.get("num_workers")),
                      **loader_kwargs}
     # Worker seeds derive from this generator: distinct per rank, identical across reruns.
@@ -292,73 +373,6 @@ def _stream_loader(dataset: IterableDataset, batch_size: int, state: runtime.Sta
     if train:
         _announce(loader, state, tools, batch_size, None)
     return loader
-
-
-def _affinity() -> int | None:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-
-
-def cores_per_process(affinity: int | None, cpu_count: int, local_processes: int) -> int:
-    """This process's share of the cores.
-
-    A process bound to fewer cores than the machine has (Slurm's per-task binding, ``taskset``, a container
-    quota) already has its share: dividing it again by the local process count would starve its loader
-    workers. Otherwise the machine's cores are split among the local processes.
-
-    >>> cores_per_process(4, 64, 8), cores_per_process(64, 64, 8), cores_per_process(None, 8, 2)
-    (4, 8, 4)
-    """
-    if affinity is not None and affinity < cpu_count:
-        return affinity
-    return max(1, (affinity or cpu_count) // max(1, local_processes))
-
-
-def pinnable(dataset: Dataset) -> bool:
-    """True when the dataset's samples live in CPU memory (pinning a CUDA tensor raises in the loader).
-
-    >>> pinnable(TensorDataset(torch.zeros(2))), pinnable([(torch.zeros(1), 1)])
-    (True, True)
-    """
-    if isinstance(dataset, TensorDataset):
-        return all(t.device.type == "cpu" for t in dataset.tensors)
-    try:
-        sample = dataset[0]
-    except Exception:  # a dataset that cannot be indexed here: let DataLoader decide as it would anyway
-        return True
-    return not any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in _leaves(sample))
-
-
-def _leaves(obj: Any) -> list[Any]:
-    if isinstance(obj, dict):
-        return [leaf for v in obj.values() for leaf in _leaves(v)]
-    if isinstance(obj, (list, tuple)):
-        return [leaf for v in obj for leaf in _leaves(v)]
-    return [obj]
-
-
-def loader_defaults(dataset: Dataset, device_type: str, cores_per_process: int,
-                    num_workers: int | None = None) -> dict[str, Any]:
-    """DataLoader settings that help unless the script sets its own: pinned memory on CUDA; for datasets that
-    do work per sample, worker processes from this process's share of the cores (one core stays with the
-    training loop; at most 4), kept alive across epochs. Tensors already in memory get no workers: for them
-    workers only add inter-process copies. (Persistent workers draw their seeds once, at the first epoch: a
-    run resumed mid-way gives worker-side randomness, e.g. augmentation, fresh streams; pass
-    ``persistent_workers=False`` where a resume must replay it bit for bit.) ``num_workers``: the script's own
-    choice, kept (workers then persist only if it asked for some).
-
-    >>> loader_defaults(list(range(10)), "cuda", 8)
-    {'pin_memory': True, 'num_workers': 4, 'persistent_workers': True}
-    >>> loader_defaults(TensorDataset(torch.zeros(4)), "cpu", 8), loader_defaults(list(range(10)), "cpu", 1)
-    ({}, {})
-    >>> loader_defaults(list(range(10)), "cpu", 8, num_workers=2)
-    {'num_workers': 2, 'persistent_workers': True}
-    """
-    defaults: dict[str, Any] = {"pin_memory": True} if device_type == "cuda" and pinnable(dataset) else {}
-    workers = num_workers if num_workers is not None else \
-        0 if isinstance(dataset, TensorDataset) else min(4, cores_per_process - 1)
-    if workers > 0:
-        defaults.update(num_workers=workers, persistent_workers=True)
-    return defaults
 
 
 def _per_process_batch(batch_size: int | None, global_batch_size: int | None, state: runtime.State) -> int:

@@ -14,8 +14,11 @@ worker decodes what it drops. Any other stream is split round robin: slot s keep
 of the stream, so every worker reads the whole stream and keeps its share (exact; reading costs what it costs).
 
 Batches are formed inside the workers and carry how many samples of its slot each worker has consumed;
-that count, per slot, is the stream position a checkpoint keeps (not the data). Restoring replays each
-slot's stream up to that count without training on it, so the run continues with the next unseen sample.
+that count, per slot, is the stream position a checkpoint keeps (not the data), with the *turn*: which of
+the rank's workers hands out the next batch. torch's DataLoader takes the workers' batches in turn, always
+from its worker 0 first; so a restored pass rotates the slots (torch's worker i reads the slot of worker
+``(i + turn) % workers``) and replays each slot up to its count without training on it: the run continues
+with the next unseen batch, in the order of an uninterrupted run, after an odd number of batches as well.
 """
 
 from __future__ import annotations
@@ -42,12 +45,17 @@ class _Slots(IterableDataset):
         self.collate, self.shuffle, self.seed, self.buffer, self.drop_last = collate, shuffle, seed, buffer, drop_last
         self.epoch = 0
         self.skip: dict[int, int] = {}  # slot -> samples of it already consumed (a restored position)
+        self.turn = 0  # the worker whose batch comes next: torch starts with its worker 0, which reads that one
 
     def __iter__(self) -> Iterator[tuple[int, int, Any]]:
         info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        slot = self.rank * workers + worker
-        samples = self._samples(slot, self.world_size * workers)
+        worker, workers = ((info.id + self.turn) % info.num_workers, info.num_workers) if info else (0, 1)
+        if info is not None and worker != info.id and is_hf(self.dataset):
+            _as_worker(info, worker)  # a Hugging Face stream picks its worker's shards by get_worker_info()
+        return self._batches(self.rank * workers + worker, self.world_size * workers)
+
+    def _batches(self, slot: int, slots: int) -> Iterator[tuple[int, int, Any]]:
+        samples = self._samples(slot, slots)
         if self.shuffle and self.buffer > 1:
             samples = shuffled(samples, self.buffer, random.Random(f"{self.seed}-{self.epoch}-{slot}"))
         skip, consumed, batch = self.skip.get(slot, 0), 0, []
@@ -76,6 +84,14 @@ class _Slots(IterableDataset):
         for position, sample in enumerate(self.dataset):
             if position % slots == slot:
                 yield sample
+
+
+def _as_worker(info: Any, worker: int) -> None:
+    """Make ``get_worker_info()`` in this worker process say ``worker`` (torch keeps it in a module global)."""
+    from torch.utils.data._utils import worker as torch_worker
+
+    torch_worker._worker_info = type(info)(id=worker, num_workers=info.num_workers, seed=info.seed,
+                                           dataset=info.dataset)
 
 
 def is_hf(dataset: Any) -> bool:
@@ -123,23 +139,27 @@ class StreamLoader(DataLoader):
         self.steps_taken = 0
         self.step_times: list[float] | None = None
         self._consumed: dict[int, int] = {}  # slot -> samples consumed in the current / next pass
+        self._turn = 0  # this rank's worker whose batch is next (a pass left early continues with it)
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch, self._consumed = epoch, {}
+        self.epoch, self._consumed, self._turn = epoch, {}, 0
 
     def _workers(self) -> int:
         return max(1, self.num_workers)
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"epoch", "world_size", "workers", "consumed"}``: every slot's position. Collective with several
-        processes (call it on every rank, as :class:`ddpkit.Checkpointer` does)."""
+        """``{"epoch", "world_size", "workers", "consumed", "turns"}``: every slot's position and every rank's
+        next worker. Collective with several processes (call it on every rank, as :class:`ddpkit.Checkpointer`
+        does)."""
         workers = self._workers()
-        mine = torch.tensor([self._consumed.get(self.slots.rank * workers + w, 0) for w in range(workers)])
+        mine = torch.tensor([*(self._consumed.get(self.slots.rank * workers + w, 0) for w in range(workers)),
+                             self._turn])
+        rows = [mine]
         if self.group_size > 1:
-            parts = [torch.empty_like(mine) for _ in range(self.group_size)]
-            dist.all_gather(parts, mine)
-            mine = torch.cat(parts)
-        return {"epoch": self.epoch, "world_size": self.group_size, "workers": workers, "consumed": mine.tolist()}
+            rows = [torch.empty_like(mine) for _ in range(self.group_size)]
+            dist.all_gather(rows, mine)
+        return {"epoch": self.epoch, "world_size": self.group_size, "workers": workers,
+                "consumed": [n for row in rows for n in row[:-1].tolist()], "turns": [int(row[-1]) for row in rows]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if (state["world_size"], state["workers"]) != (self.group_size, self._workers()):
@@ -149,9 +169,11 @@ class StreamLoader(DataLoader):
                              f"without the loader to start epoch {state['epoch']} over")
         self.epoch = int(state["epoch"])
         self._consumed = {slot: int(n) for slot, n in enumerate(state["consumed"]) if n}
+        # saved before turns were kept: worker 0 (right after an even number of batches with 2 workers)
+        self._turn = int(state.get("turns", [0] * self.group_size)[self.slots.rank])
 
     def __iter__(self):  # a generator of batches (DataLoader.__iter__ returns a _BaseDataLoaderIter)
-        self.slots.epoch, self.slots.skip = self.epoch, dict(self._consumed)
+        self.slots.epoch, self.slots.skip, self.slots.turn = self.epoch, dict(self._consumed), self._turn
         return self._passing(super().__iter__())
 
     def _passing(self, batches: Any) -> Iterator[Any]:
@@ -180,6 +202,7 @@ class StreamLoader(DataLoader):
                 continue
             slot, consumed, last = current
             self._consumed[slot] = consumed
+            self._turn = (slot % self._workers() + 1) % self._workers()  # slot = rank * workers + worker
             self.steps_taken += 1
             faults.heartbeat()
             if self.step_times is not None:
@@ -187,7 +210,7 @@ class StreamLoader(DataLoader):
             yield last
         if pending is not None:  # every rank launched it: finish it before the next collective
             pending[0].wait()
-        self.epoch, self._consumed = self.epoch + 1, {}
+        self.epoch, self._consumed, self._turn = self.epoch + 1, {}, 0
 
     def _agree_on(self, item: Any) -> tuple[Any, torch.Tensor] | None:
         """Start the all-reduce of "I have a batch" (MIN: all have one; MAX: any has one), or None."""

@@ -1,0 +1,83 @@
+"""DataLoader settings from the machine: worker processes from this process's share of the cores, pinned memory
+for samples in CPU memory on CUDA. :func:`ddpkit.data_loader` applies them unless the script sets its own.
+
+Example::
+
+    loader_defaults(train_set, "cuda", cores_per_process(cores_bound(), os.cpu_count() or 1, 8))
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset, TensorDataset
+
+
+def cores_bound() -> int | None:
+    """How many cores this process may run on (its affinity mask; None where the OS does not say)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+
+def cores_per_process(affinity: int | None, cpu_count: int, local_processes: int) -> int:
+    """This process's share of the cores.
+
+    A process bound to fewer cores than the machine has (Slurm's per-task binding, ``taskset``, a container
+    quota) already has its share: dividing it again by the local process count would starve its loader
+    workers. Otherwise the machine's cores are split among the local processes.
+
+    >>> cores_per_process(4, 64, 8), cores_per_process(64, 64, 8), cores_per_process(None, 8, 2)
+    (4, 8, 4)
+    """
+    if affinity is not None and affinity < cpu_count:
+        return affinity
+    return max(1, (affinity or cpu_count) // max(1, local_processes))
+
+
+def pinnable(dataset: Dataset) -> bool:
+    """True when the dataset's samples live in CPU memory (pinning a CUDA tensor raises in the loader).
+
+    >>> pinnable(TensorDataset(torch.zeros(2))), pinnable([(torch.zeros(1), 1)])
+    (True, True)
+    """
+    if isinstance(dataset, TensorDataset):
+        return all(t.device.type == "cpu" for t in dataset.tensors)
+    try:
+        sample = dataset[0]
+    except Exception:  # a dataset that cannot be indexed here: let DataLoader decide as it would anyway
+        return True
+    return not any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in _leaves(sample))
+
+
+def _leaves(obj: Any) -> list[Any]:
+    if isinstance(obj, dict):
+        return [leaf for v in obj.values() for leaf in _leaves(v)]
+    if isinstance(obj, (list, tuple)):
+        return [leaf for v in obj for leaf in _leaves(v)]
+    return [obj]
+
+
+def loader_defaults(dataset: Dataset, device_type: str, cores_per_process: int,
+                    num_workers: int | None = None) -> dict[str, Any]:
+    """DataLoader settings that help unless the script sets its own: pinned memory on CUDA; for datasets that
+    do work per sample, worker processes from this process's share of the cores (one core stays with the
+    training loop; at most 4), kept alive across epochs. Tensors already in memory get no workers: for them
+    workers only add inter-process copies. (Persistent workers draw their seeds once, at the first epoch: a
+    run resumed mid-way gives worker-side randomness, e.g. augmentation, fresh streams; pass
+    ``persistent_workers=False`` where a resume must replay it bit for bit.) ``num_workers``: the script's own
+    choice, kept (workers then persist only if it asked for some).
+
+    >>> loader_defaults(list(range(10)), "cuda", 8)
+    {'pin_memory': True, 'num_workers': 4, 'persistent_workers': True}
+    >>> loader_defaults(TensorDataset(torch.zeros(4)), "cpu", 8), loader_defaults(list(range(10)), "cpu", 1)
+    ({}, {})
+    >>> loader_defaults(list(range(10)), "cpu", 8, num_workers=2)
+    {'num_workers': 2, 'persistent_workers': True}
+    """
+    defaults: dict[str, Any] = {"pin_memory": True} if device_type == "cuda" and pinnable(dataset) else {}
+    workers = num_workers if num_workers is not None else \
+        0 if isinstance(dataset, TensorDataset) else min(4, cores_per_process - 1)
+    if workers > 0:
+        defaults.update(num_workers=workers, persistent_workers=True)
+    return defaults

@@ -1,0 +1,72 @@
+"""Passes left early (fixed steps per epoch) and the script's own ``sampler.set_epoch``, on 2 processes (gloo):
+every pass is the next epoch's order, ``loader.epoch`` follows, and a SIGKILL + resume is bitwise."""
+import json
+
+import pytest
+import torch
+
+from conftest import WORKERS, launch, ok
+from ddpkit.data import ShardSampler
+
+K = 3  # steps per epoch in tests/workers/epochs.py
+
+
+def share(epoch, rank):
+    """Rank ``rank``'s samples of ``epoch``: the documented order, randperm(seed + epoch), every 2nd from rank."""
+    return torch.randperm(50, generator=torch.Generator().manual_seed(1 + epoch)).tolist()[rank::2]
+
+
+@pytest.fixture(scope="module")
+def order(tmp_path_factory):
+    out = tmp_path_factory.mktemp("order")
+    ok(launch(WORKERS / "epochs.py", out, "order"))
+    return [json.loads((out / f"order-{rank}.json").read_text()) for rank in (0, 1)]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_pass_left_after_k_steps_is_followed_by_the_next_epoch(order, rank):
+    got = order[rank]
+    assert got["left_early"] == [share(epoch, rank)[:K * 4] for epoch in range(3)]
+    assert got["epoch_after"] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_an_iterator_kept_unfinished_counts_as_its_epoch(order, rank):
+    got = order[rank]
+    assert got["after_held"] == share(4, rank)  # epoch 3 was the held pass
+    assert got["epoch_after_held"] == 5
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_the_scripts_own_sampler_set_epoch_wins(order, rank):
+    got = order[rank]
+    assert got["set_epoch"] == [share(7, rank), share(7, rank), share(2, rank)]
+    assert got["epoch_read"] == [7, 7, 2] and got["epoch_after_set"] == 3
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reference")
+    ok(launch(WORKERS / "epochs.py", out, "train"))
+    return torch.load(out / "final.pt")
+
+
+@pytest.mark.parametrize("idiom, die_at, resumed_from", [
+    ("plain", 5, 3),       # saved after epoch 0's loop was left: resumes at epoch 1
+    ("set-epoch", 7, 6),   # saved on the step that leaves epoch 1: set_epoch(step // K) moves on to epoch 2
+    ("set-epoch", 5, 4),   # saved mid-epoch 1: set_epoch(1) keeps the restored position
+])
+def test_sigkill_then_resume_with_fixed_steps_per_epoch_is_bitwise(tmp_path, reference, idiom, die_at, resumed_from):
+    r = launch(WORKERS / "epochs.py", tmp_path, "train", "--idiom", idiom, "--die-at", die_at)
+    assert r.returncode == 1 and "killed by SIGKILL" in r.stderr, r.stderr[-2000:]
+    r = ok(launch(WORKERS / "epochs.py", tmp_path, "train", "--idiom", idiom, launcher_args=["--resume"]))
+    assert f"ckpt-{resumed_from:010d}" in r.stderr
+    b = torch.load(tmp_path / "final.pt")
+    assert (b["step"], b["epoch"]) == (reference["step"], reference["epoch"]) == (3 * K, 3)
+    assert all(torch.equal(reference["weights"][k], b["weights"][k]) for k in reference["weights"])
+
+
+@pytest.mark.parametrize("epoch", ["1", 1.5, -1])
+def test_set_epoch_refuses_what_is_not_an_epoch_number(epoch):
+    with pytest.raises(ValueError, match=r"set_epoch\(.*\).*expected an epoch number"):
+        ShardSampler(10, rank=0, world_size=1).set_epoch(epoch)
