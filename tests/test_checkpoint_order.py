@@ -22,6 +22,13 @@ def _names(ckpt):
     return [int(os.path.basename(p).split("-")[1]) for p in ckpt.checkpoints()]
 
 
+def _old_run(tmp_path, model, steps, monkeypatch):
+    """Checkpoints another job wrote in ``tmp_path`` (another torchrun job id)."""
+    with monkeypatch.context() as m:
+        m.setenv("TORCHELASTIC_RUN_ID", "an-earlier-job")
+        _save(ddpkit.Checkpointer(str(tmp_path), keep=3), model, steps)
+
+
 def _save(ckpt, model, steps):
     for step in steps:
         with torch.no_grad():
@@ -40,8 +47,8 @@ def test_after_restoring_an_older_checkpoint_the_new_saves_are_kept_and_resumed(
     assert float(model.weight[0, 0]) == 11.0
 
 
-def test_a_new_run_in_a_used_directory_is_stopped_before_it_loses_anything(tmp_path, model):
-    _save(ddpkit.Checkpointer(str(tmp_path), keep=3), model, (40, 44, 48))
+def test_a_new_run_in_a_used_directory_is_stopped_before_it_loses_anything(tmp_path, model, monkeypatch):
+    _old_run(tmp_path, model, (40, 44, 48), monkeypatch)
     before = sorted(os.listdir(tmp_path))
     for call in ("restore", "save"):
         again = ddpkit.Checkpointer(str(tmp_path), keep=3)
@@ -52,8 +59,8 @@ def test_a_new_run_in_a_used_directory_is_stopped_before_it_loses_anything(tmp_p
         assert sorted(os.listdir(tmp_path)) == before
 
 
-def test_resume_false_starts_over_in_a_used_directory(tmp_path, model):
-    _save(ddpkit.Checkpointer(str(tmp_path), keep=3), model, (40, 44, 48))
+def test_resume_false_starts_over_in_a_used_directory(tmp_path, model, monkeypatch):
+    _old_run(tmp_path, model, (40, 44, 48), monkeypatch)
     fresh = ddpkit.Checkpointer(str(tmp_path), keep=3, resume=False)
     assert fresh.restore(model=model) == 0
     _save(fresh, model, (4, 8))
@@ -63,7 +70,22 @@ def test_resume_false_starts_over_in_a_used_directory(tmp_path, model):
     assert ddpkit.Checkpointer(str(tmp_path), resume=True).restore(model=model) == 12
 
 
-def test_every_rank_gets_the_same_line(tmp_path):
+def test_two_checkpointers_of_one_run_share_its_directory(tmp_path, model):
+    _save(ddpkit.Checkpointer(str(tmp_path), keep=3), model, (4,))
+    _save(ddpkit.Checkpointer(str(tmp_path), keep=3), model, (8,))  # one per save, as some scripts do
+    assert _names(ddpkit.Checkpointer(str(tmp_path))) == [8, 4]
+
+
+def test_restoring_from_another_directory_does_not_claim_this_one(tmp_path, model, monkeypatch):
+    _save(ddpkit.Checkpointer(str(tmp_path / "pretrain")), model, (1000,))
+    _old_run(tmp_path / "finetune", model, (40, 44, 48), monkeypatch)
+    finetune = ddpkit.Checkpointer(str(tmp_path / "finetune"), keep=3)
+    with pytest.raises(FileExistsError, match="ckpt-0000000048"):  # before anything is loaded
+        finetune.restore(str(tmp_path / "pretrain" / "ckpt-0000001000"), model=model)
+    assert _names(finetune) == [48, 44, 40]
+
+
+def test_every_rank_gets_the_same_line_and_a_restart_resumes_nothing_of_the_other_run(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent("""
         import sys, torch, ddpkit
@@ -76,8 +98,9 @@ def test_every_rank_gets_the_same_line(tmp_path):
     """))
     first = launch(script, tmp_path / "ckpt", nproc=2)
     assert first.returncode == 0, first.stderr
-    r = launch(script, tmp_path / "ckpt", nproc=2, timeout=120)
-    assert r.returncode != 0
+    # the refusal fails the group; its restart (resume on) must not continue the earlier run instead
+    r = launch(script, tmp_path / "ckpt", nproc=2, timeout=180, launcher_args=("--max-restarts", "1"))
+    assert r.returncode != 0 and "resumed from" not in r.stderr, r.stderr[-3000:]
     line = "holds checkpoints of an earlier run (newest ckpt-0000000001)"
     assert line in r.stderr, r.stderr[-2000:]
     assert "failed first" in r.stderr and "failed after it" in r.stderr, r.stderr[-2000:]  # both raised, none hung

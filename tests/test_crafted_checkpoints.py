@@ -36,12 +36,17 @@ def _stack_global(module, name, arg):
     return b"\x80\x04" + text(module) + text(name) + b"\x93" + text(arg) + b"\x85R."
 
 
-def _craft(tmp_path, *, weight=None, metadata=None):
-    """A run directory with one sharded checkpoint of a Linear(3, 2), its manifest matching every file."""
+def _craft(tmp_path, *, weight=None, metadata=None, mutate=None):
+    """A run directory with one sharded checkpoint of a Linear(3, 2), its manifest matching every file.
+    ``metadata``: the bytes of .metadata; ``mutate(md)``: edits the real metadata object before it is pickled."""
     ckpt = tmp_path / "run" / "ckpt-0000000001"
     shards = ckpt / "shards"
     state = {"model": {"weight": torch.zeros(2, 3) if weight is None else weight, "bias": torch.zeros(2)}}
     dcp.save(state, storage_writer=dcp.FileSystemWriter(str(shards)), no_dist=True)
+    if mutate is not None:
+        md = safeload.read_metadata(str(shards))
+        mutate(md)
+        metadata = pickle.dumps(md)
     if metadata is not None:
         (shards / ".metadata").write_bytes(metadata)
     torch.save({"step": 1, "world_size": 2, "rng": {}, "objects": {}, "sharded": ["model"]}, ckpt / "state.pt")
@@ -61,10 +66,32 @@ def _attacks(tmp_path):
         "dotted name in .metadata": dict(metadata=_stack_global("torch.distributed.checkpoint.metadata",
                                                                 "os.system", command)),
         "bytes entry": dict(weight=_Payload(command)),
+        # files that name only allowed classes but would crash DCP, allocate terabytes or read garbage
+        "unknown layout": dict(metadata=_stack_global("torch.serialization", "_get_layout", "nope")),
+        "WindowsPath on posix": dict(metadata=_stack_global("pathlib", "WindowsPath", "x")),
+        "file name with a newline": dict(mutate=lambda md: _each_info(md, "relative_path", "__0_0.distcp\n")),
+        "storage index not a dict": dict(mutate=lambda md: setattr(md, "storage_data", list(md.storage_data))),
+        "terabyte tensor": dict(mutate=lambda md: _resize(md, "model.weight", 10**6)),
+        "tensor with no chunks": dict(mutate=lambda md: setattr(md.state_dict_metadata["model.weight"], "chunks", [])),
     }
 
 
-@pytest.mark.parametrize("attack", ["dotted name in .metadata", "bytes entry"])
+def _each_info(md, field, value):
+    for info in md.storage_data.values():
+        setattr(info, field, value)
+
+
+def _resize(md, name, n):
+    entry = md.state_dict_metadata[name]
+    entry.size = torch.Size([n, n])
+    entry.chunks[0].sizes = torch.Size([n, n])
+
+
+ATTACKS = ["dotted name in .metadata", "bytes entry", "unknown layout", "WindowsPath on posix",
+           "file name with a newline", "storage index not a dict", "terabyte tensor", "tensor with no chunks"]
+
+
+@pytest.mark.parametrize("attack", ATTACKS)
 def test_restore_of_a_crafted_checkpoint_runs_nothing(tmp_path, attack):
     marker, attacks = _attacks(tmp_path)
     _craft(tmp_path, **attacks[attack])
@@ -77,7 +104,7 @@ def test_restore_of_a_crafted_checkpoint_runs_nothing(tmp_path, attack):
     assert "refused" in message and "\n" not in message, message
 
 
-@pytest.mark.parametrize("attack", ["dotted name in .metadata", "bytes entry"])
+@pytest.mark.parametrize("attack", ATTACKS)
 def test_consolidate_of_a_crafted_checkpoint_runs_nothing(tmp_path, attack):
     marker, attacks = _attacks(tmp_path)
     _craft(tmp_path, **attacks[attack])

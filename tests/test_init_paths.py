@@ -43,6 +43,13 @@ def test_fsdp_holds_the_one_process_model_without_a_reseed(tmp_path, references,
     _same(got["initial"], references[build]["initial"])
 
 
+@pytest.mark.parametrize("flags", [("--tie-head",), ("--numpy",)])
+def test_fsdp_init_empty_holds_the_one_process_model_with_nanogpt_ties_and_numpy_inits(tmp_path, flags):
+    reference = _one_process(tmp_path, "normal", *flags)
+    got = _launched(tmp_path, 2, "fsdp", "empty", *flags)
+    _same(got["initial"], reference["initial"])
+
+
 def test_init_empty_replays_the_normal_build(references):
     _same(references["empty"]["initial"], references["normal"]["initial"])
 

@@ -32,6 +32,7 @@ import os
 import re
 import shutil
 import sys
+import uuid
 import warnings
 from typing import Any
 
@@ -117,14 +118,35 @@ def validate(path: str, part: tuple[int, int] = (0, 1)) -> str | None:
     return None
 
 
-def _commit_number(path: str) -> int | None:
-    """The commit counter in ``path``'s manifest (0 for one written before it existed); None when unreadable."""
+_process_run: list[str] = []  # this process's run id when no launcher gave one (made on first use)
+
+
+def run_id() -> str:
+    """Who writes this run's checkpoints: torchrun's job id (the same in every restart of a job; ``ddpkit
+    launch`` makes one per launch on one node, ``--rdzv-id`` names it across nodes), else one per process."""
+    if not _process_run:
+        _process_run.append(contract.RUN_ID.text(os.environ) or f"process-{uuid.uuid4().hex[:12]}")
+    return contract.RUN_ID.text(os.environ) or _process_run[0]
+
+
+def _manifest(path: str) -> dict[str, Any] | None:
     try:
         with open(os.path.join(path, "manifest.json")) as f:
-            number = json.load(f).get("commit", 0)
-    except (OSError, ValueError, AttributeError):
+            manifest = json.load(f)
+        return manifest if isinstance(manifest, dict) else None
+    except (OSError, ValueError):
         return None
-    return number if isinstance(number, int) else None
+
+
+def _run_of(path: str) -> str | None:
+    return (_manifest(path) or {}).get("run")
+
+
+def _commit_number(path: str) -> int | None:
+    """The commit counter in ``path``'s manifest (0 for one written before it existed); None when unreadable."""
+    manifest = _manifest(path)
+    number = None if manifest is None else manifest.get("commit", 0)
+    return number if type(number) is int else None  # a forged 1.5 or true is no commit number
 
 
 def by_commit(directory: str) -> list[str]:
@@ -176,21 +198,26 @@ class Checkpointer:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.directory, self.keep = directory, keep
         restarted = (contract.RESTART_COUNT.number(os.environ) or 0) > 0
-        self.resume = (contract.RESUME.flag(os.environ) or restarted) if resume is None else resume
+        asked = bool(contract.RESUME.flag(os.environ)) if resume is None else resume  # --resume, or resume=
+        self.resume = asked or restarted
+        # a restart (--max-restarts) continues this job's own checkpoints only; --resume takes any run's
+        self._own_only = restarted and not asked
         self.state = runtime.ensure_init()
-        self._fresh, self._settled = resume is False, False
+        self._claimed = asked or resume is False  # resuming, or starting over here on purpose
+        self._settled = False
         if self.state.is_main:
             self._prepare_directory()
 
     def _settle(self, restored: bool) -> None:
-        """Once, at the first restore or save, on every rank: refuse to write over another run's checkpoints.
-        Rank 0 looks (the others may not see the directory) and every rank raises the same line."""
+        """Once, at the first restore or save, on every rank: refuse to write beside another run's checkpoints
+        unless this run resumed or restored one of this directory's. Rank 0 looks (the others may not see the
+        directory) and every rank raises the same line."""
         if self._settled:
             return
         self._settled = True
-        if restored or self.resume or self._fresh:  # the same on every rank: no collective needed
+        if restored or self._claimed:  # the same on every rank: no collective needed
             return
-        old = self.checkpoints() if self.state.is_main else []
+        old = [p for p in self.checkpoints() if _run_of(p) != run_id()] if self.state.is_main else []
         problem = broadcast(None if not old else (
             f"{self.directory} holds checkpoints of an earlier run (newest {os.path.basename(old[0])}) and this run "
             "resumed none of them; saving would mix the runs and delete those: resume it (ddpkit launch --resume or "
@@ -285,8 +312,8 @@ class Checkpointer:
             names = _files(tmp)
             files = {**_hashes(tmp, [n for n in names if n not in (hashed or {})]), **(hashed or {})}
             commit = 1 + max((n for p in self.checkpoints() if (n := _commit_number(p)) is not None), default=0)
-            manifest = {"format": 1, "step": step, "commit": commit, "world_size": payload["world_size"],
-                        "extra": extra, "files": files}
+            manifest = {"format": 1, "step": step, "commit": commit, "run": run_id(),
+                        "world_size": payload["world_size"], "extra": extra, "files": files}
             _write_file(os.path.join(tmp, "manifest.json"), lambda f: f.write(json.dumps(manifest).encode()))
             for root, _, _ in os.walk(tmp):
                 _fsync_dir(root)
@@ -316,8 +343,10 @@ class Checkpointer:
         return next((reason for reason in reasons if reason), None)
 
     def latest(self) -> str | None:
-        """The newest valid checkpoint; invalid ones are skipped with a warning."""
+        """The newest valid checkpoint (after a restart: of this job); invalid ones are skipped with a warning."""
         for path in self.checkpoints():
+            if self._own_only and _run_of(path) != run_id():
+                continue
             reason = self.validate(path)
             if reason is None:
                 return path
@@ -331,6 +360,8 @@ class Checkpointer:
         Without ``path`` nothing is loaded unless ``resume`` is on. A given ``path`` must exist and be valid.
         """
         if path is not None:
+            if os.path.dirname(os.path.abspath(path)) != os.path.abspath(self.directory):
+                self._settle(restored=False)  # fine-tuning from another directory's checkpoint claims none here
             reason = self.validate(path)
             if reason:
                 raise FileNotFoundError(f"cannot resume from {path}: {reason}; pass a ckpt-* directory "

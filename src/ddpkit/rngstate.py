@@ -11,27 +11,47 @@ from __future__ import annotations
 
 import random
 import sys
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from ddpkit import runtime, strategy
-from ddpkit.data import ShardedDataLoader
+if TYPE_CHECKING:  # pragma: no cover  (annotations only: fsdp's init uses the host half, below the loaders)
+    from ddpkit import runtime, strategy
+    from ddpkit.data import ShardedDataLoader
 
 
-def local(loaders: dict[str, ShardedDataLoader], mode: strategy.Strategy) -> dict[str, torch.Tensor]:
-    """This rank's random states, as tensors (so they can be gathered and loaded without pickle)."""
+def host() -> dict[str, torch.Tensor]:
+    """python's, numpy's (when imported) and torch's CPU generator states, as tensors."""
     version, mt, gauss = random.getstate()
     state = {"python_mt": torch.tensor(mt, dtype=torch.int64),
              "python_gauss": torch.tensor([version, gauss is not None, gauss or 0.0], dtype=torch.float64),
              "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        devices = mode.cuda_rng_devices(torch.cuda.current_device(), torch.cuda.device_count())
-        state["cuda"] = torch.stack([torch.cuda.get_rng_state(d) for d in devices])  # one row per device
     if "numpy" in sys.modules:
         _, keys, pos, has_gauss, cached = sys.modules["numpy"].random.get_state()
         state["numpy_keys"] = torch.from_numpy(keys.astype("int64"))
         state["numpy_rest"] = torch.tensor([pos, has_gauss, cached], dtype=torch.float64)
+    return state
+
+
+def set_host(state: dict[str, torch.Tensor]) -> None:
+    """The inverse of :func:`host`."""
+    version, has_gauss, gauss = state["python_gauss"].tolist()
+    random.setstate((int(version), tuple(state["python_mt"].tolist()), gauss if has_gauss else None))
+    torch.set_rng_state(state["torch"])
+    if "numpy_keys" in state and "numpy" in sys.modules:
+        np = sys.modules["numpy"]
+        pos, has_gauss, cached = state["numpy_rest"].tolist()
+        keys = state["numpy_keys"].numpy().astype(np.uint32)
+        np.random.set_state(("MT19937", keys, int(pos), int(has_gauss), cached))
+
+
+def local(loaders: dict[str, ShardedDataLoader], mode: strategy.Strategy) -> dict[str, torch.Tensor]:
+    """This rank's random states, as tensors (so they can be gathered and loaded without pickle)."""
+    state = host()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        devices = mode.cuda_rng_devices(torch.cuda.current_device(), torch.cuda.device_count())
+        state["cuda"] = torch.stack([torch.cuda.get_rng_state(d) for d in devices])  # one row per device
     for name, loader in loaders.items():
         generator = loader.generator_state()
         if generator is not None:
@@ -39,21 +59,13 @@ def local(loaders: dict[str, ShardedDataLoader], mode: strategy.Strategy) -> dic
     return state
 
 
-def restore(state: dict[str, torch.Tensor], loaders: dict[str, ShardedDataLoader],
-                   mode: strategy.Strategy) -> None:
-    version, has_gauss, gauss = state["python_gauss"].tolist()
-    random.setstate((int(version), tuple(state["python_mt"].tolist()), gauss if has_gauss else None))
-    torch.set_rng_state(state["torch"])
+def restore(state: dict[str, torch.Tensor], loaders: dict[str, ShardedDataLoader], mode: strategy.Strategy) -> None:
+    set_host(state)
     if "cuda" in state and torch.cuda.is_available():
         rows = state["cuda"] if state["cuda"].dim() == 2 else state["cuda"].unsqueeze(0)  # older: one device
         devices = mode.cuda_rng_devices(torch.cuda.current_device(), torch.cuda.device_count())
         for device, row in zip(devices, rows):
             torch.cuda.set_rng_state(row.clone(), device)
-    if "numpy_keys" in state and "numpy" in sys.modules:
-        np = sys.modules["numpy"]
-        pos, has_gauss, cached = state["numpy_rest"].tolist()
-        keys = state["numpy_keys"].numpy().astype(np.uint32)
-        np.random.set_state(("MT19937", keys, int(pos), int(has_gauss), cached))
     for name, loader in loaders.items():
         if f"loader.{name}" in state and loader.generator is not None:
             loader.generator.set_state(state[f"loader.{name}"])

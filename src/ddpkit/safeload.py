@@ -28,6 +28,7 @@ Example::
 from __future__ import annotations
 
 import io
+import math
 import os
 import pickle
 import re
@@ -66,32 +67,79 @@ class MetadataUnpickler(pickle.Unpickler):
 
 def read_metadata(directory: str) -> Any:
     """The checked ``Metadata`` of the DCP directory ``directory``; :class:`UnsafeCheckpoint` otherwise."""
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
+    from torch.distributed.checkpoint.metadata import Metadata
 
     path = os.path.join(directory, METADATA)
     try:
         with open(path, "rb") as f:
             metadata = MetadataUnpickler(f).load()
-    except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError, IndexError) as exc:
-        raise UnsafeCheckpoint(f"{path} refused: {str(exc).splitlines()[0][:200]}") from None
-    problem = None
-    if not isinstance(metadata, Metadata) or not isinstance(metadata.state_dict_metadata, dict):
-        problem = f"it holds a {type(metadata).__name__}, not torch's DCP Metadata"
-    elif any(not isinstance(m, (TensorStorageMetadata, BytesStorageMetadata))
-             for m in metadata.state_dict_metadata.values()):
-        problem = "an entry is neither a tensor nor a bytes entry"
+    except Exception as exc:  # anything a crafted pickle makes an allowed class raise (KeyError, RuntimeError, ...)
+        first = str(exc).splitlines()[0][:200] if str(exc) else ""
+        raise UnsafeCheckpoint(f"{path} refused: {type(exc).__name__}: {first}") from None
+    if not isinstance(metadata, Metadata):
+        problem: str | None = f"it holds a {type(metadata).__name__}, not torch's DCP Metadata"
     else:
-        for info in (metadata.storage_data or {}).values():
-            if not isinstance(info, _StorageInfo) or not _SHARD_FILE.match(str(info.relative_path)):
-                problem = f"it points at {getattr(info, 'relative_path', info)!r}, not a shard file of its own"
-            elif info.transform_descriptors:
-                problem = f"it asks for stream transforms {list(info.transform_descriptors)[:3]}"
-            if problem:
-                break
+        problem = _shape_problem(metadata, directory)
     if problem:
-        raise UnsafeCheckpoint(f"{path} refused: {problem}; ddpkit writes neither")
+        raise UnsafeCheckpoint(f"{path} refused: {problem}; ddpkit does not write that")
     return metadata
+
+
+def _shape_problem(metadata: Any, directory: str) -> str | None:
+    """What is wrong with an unpickled Metadata's shape, or None: plain containers, tensor and bytes entries,
+    shard files of its own without transforms, chunks that cover each tensor, and no more tensor bytes than
+    the shard files hold (a crafted size would make the reader allocate terabytes)."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
+
+    entries, storage = metadata.state_dict_metadata, metadata.storage_data
+    if not isinstance(entries, dict) or not isinstance(storage, dict):
+        return "its entries or storage index are not dicts"
+    if not isinstance(metadata.planner_data, (dict, type(None))) or any(
+            not isinstance(v, tuple) or not all(isinstance(x, (str, int)) for x in v)
+            for v in (metadata.planner_data or {}).values()):
+        return "its planner data are not tuples of names"
+    files: set[str] = set()
+    for info in storage.values():
+        if not isinstance(info, _StorageInfo) or not isinstance(info.relative_path, str) \
+                or not _SHARD_FILE.fullmatch(info.relative_path):
+            return f"it points at {getattr(info, 'relative_path', info)!r}, not a shard file of its own"
+        if info.transform_descriptors:
+            return f"it asks for stream transforms {list(info.transform_descriptors)[:3]}"
+        files.add(info.relative_path)
+    on_disk = sum(os.path.getsize(p) for f in files if os.path.isfile(p := os.path.join(directory, f)))
+    declared = 0
+    for name, entry in entries.items():
+        if not isinstance(entry, (TensorStorageMetadata, BytesStorageMetadata)):
+            return f"entry {name!r} is neither a tensor nor a bytes entry"
+        if isinstance(entry, TensorStorageMetadata):  # its chunks must tile it, inside its bounds
+            problem, nbytes = _chunk_problem(name, entry)
+            if problem:
+                return problem
+            declared += nbytes
+    if declared > on_disk:
+        return f"its tensors declare {declared} bytes but its shard files hold {on_disk}"
+    return None
+
+
+def _chunk_problem(name: str, entry: Any) -> tuple[str | None, int]:
+    size = tuple(entry.size)
+    if not isinstance(entry.chunks, list) or not all(isinstance(n, int) and n >= 0 for n in size):
+        return f"entry {name!r} has no list of chunks or a bad size {size}", 0
+    covered = 0
+    for chunk in entry.chunks:
+        offsets, lengths = tuple(chunk.offsets), tuple(chunk.sizes)
+        if len(offsets) != len(size) or len(lengths) != len(size) or any(
+                not isinstance(o, int) or not isinstance(n, int) or o < 0 or n < 0 or o + n > full
+                for o, n, full in zip(offsets, lengths, size)):
+            return f"entry {name!r} has a chunk outside its size {size}", 0
+        covered += math.prod(lengths)
+    if covered != math.prod(size):
+        return f"entry {name!r}'s chunks cover {covered} of its {math.prod(size)} values", 0
+    dtype = getattr(entry.properties, "dtype", None)
+    if not isinstance(dtype, torch.dtype):
+        return f"entry {name!r} has no dtype", 0
+    return None, math.prod(size) * torch.empty((), dtype=dtype).element_size()
 
 
 def reader(directory: str) -> Any:

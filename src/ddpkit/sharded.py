@@ -88,6 +88,7 @@ def wrap(model: nn.Module, state: Any, *, sync_batchnorm: bool = True, shard: Sh
     if not empty:  # fully_shard broadcasts nothing: without this, rank r's rows would come from seed s + r
         _broadcast_from_rank0(model, state)
     before = list(model.parameters())
+    ties = _borrowed(_post_order(model)) if empty else {}  # now: fully_shard replaces the recorded parameters
     mesh = init_device_mesh(state.device.type, (state.world_size,))
     for block in [*blocks(model, shard), model]:
         fully_shard(block, mesh=mesh, **fsdp_kwargs)
@@ -97,7 +98,7 @@ def wrap(model: nn.Module, state: Any, *, sync_batchnorm: bool = True, shard: Sh
                 module.set_force_sum_reduction_for_comms(True)
     if empty:
         with _rank0_generator(state):
-            materialize(model, state.device, init_fn)
+            materialize(model, state.device, init_fn, ties)
     now = {id(p) for p in model.parameters()}
     _watch_optimizers([p for p in before if id(p) not in now])
     return FSDP(model)
@@ -118,20 +119,26 @@ def _broadcast_from_rank0(model: nn.Module, state: Any) -> None:
 
 @contextlib.contextmanager
 def _rank0_generator(state: Any) -> Iterator[None]:
-    """Run the block with rank 0's CPU generator state on every rank: a meta model then draws, on each rank,
-    the numbers rank 0 (and a single process with its seed) draws. Rank 0 keeps the advanced state, as one
-    process would; the other ranks get their own stream (seed + rank) back."""
+    """Run the block with rank 0's python, numpy and torch CPU generator states on every rank: a meta model
+    then draws, on each rank, the numbers rank 0 (and a single process with its seed) draws, whatever its
+    ``init_fn`` draws from. Rank 0 keeps the advanced states, as one process would; the other ranks get their
+    own streams (seed + rank) back."""
     import torch.distributed as dist
 
-    own = torch.get_rng_state()
-    shared = own.to(state.device)
-    dist.broadcast(shared, src=0)
-    torch.set_rng_state(shared.cpu())
+    from ddpkit import rngstate
+
+    own = rngstate.host()
+    shared = {}
+    for name in sorted(own):  # the same keys on every rank: numpy is imported by the same script everywhere
+        tensor = own[name].to(state.device)
+        dist.broadcast(tensor, src=0)
+        shared[name] = tensor.cpu()
+    rngstate.set_host(shared)
     try:
         yield
     finally:
         if state.rank != 0:
-            torch.set_rng_state(own)
+            rngstate.set_host(own)
 
 
 def on_meta(model: nn.Module) -> bool:
@@ -202,7 +209,8 @@ def _post_order(module: nn.Module) -> list[nn.Module]:
     return [m for child in module.children() for m in _post_order(child)] + [module]
 
 
-def materialize(model: nn.Module, device: torch.device, init_fn: InitFn | None = None) -> None:
+def materialize(model: nn.Module, device: torch.device, init_fn: InitFn | None = None,
+                ties: dict[int, dict[str, tuple[nn.Module, str]]] | None = None) -> None:
     """Allocate each rank's shard of a (sharded) meta model and initialise it exactly.
 
     Replays what building the model normally, then ``model.apply(init_fn)``, would draw: first every
@@ -213,7 +221,7 @@ def materialize(model: nn.Module, device: torch.device, init_fn: InitFn | None =
     """
     modules, done = _post_order(model), set[int]()
     before = list(model.parameters())
-    borrowed = _borrowed(modules)
+    borrowed = _borrowed(modules) if ties is None else ties  # ties: found before sharding replaced them
     model.to_empty(device=device)
     _retie(modules, borrowed)  # to_empty gives each module its own new tensor: a tie would become two weights
     _watch_optimizers([p for p in before if id(p) not in {id(q) for q in model.parameters()}])
