@@ -70,3 +70,31 @@ def test_sigkill_then_resume_with_fixed_steps_per_epoch_is_bitwise(tmp_path, ref
 def test_set_epoch_refuses_what_is_not_an_epoch_number(epoch):
     with pytest.raises(ValueError, match=r"set_epoch\(.*\).*expected an epoch number"):
         ShardSampler(10, rank=0, world_size=1).set_epoch(epoch)
+
+
+def test_an_older_iterator_does_not_count_into_the_current_pass():
+    """A look at the training loader inside its own loop (one batch, then leave) is a pass of its own; the outer
+    loop, carrying on, must not move the position of the pass after it."""
+    import ddpkit
+
+    ddpkit.init(cpu=True)
+    loader = ddpkit.data_loader(torch.utils.data.TensorDataset(torch.arange(32)), batch_size=4, seed=1)
+    for i, _ in enumerate(loader):
+        if i == 1:
+            for _ in loader:  # the look: a pass, of epoch 1, left at once
+                break
+    assert loader.state_dict() == {"epoch": 2, "position": 0}  # between passes: no position inside an epoch
+    assert len(list(loader)) == 8 and loader.epoch == 3
+
+
+def test_the_sampler_still_copies():
+    import copy
+    import pickle
+
+    import ddpkit
+
+    ddpkit.init(cpu=True)
+    loader = ddpkit.data_loader(torch.utils.data.TensorDataset(torch.arange(8)), batch_size=2)
+    loader.sampler.set_epoch(2)
+    for clone in (copy.deepcopy(loader.sampler), pickle.loads(pickle.dumps(loader.sampler))):
+        assert list(clone) == list(loader.sampler) and clone.on_set_epoch is None

@@ -55,6 +55,10 @@ class ShardSampler(Sampler[int]):
         # reaches the loader
         self.on_set_epoch: weakref.WeakMethod[Callable[[int], None]] | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy (pickle, deepcopy) is the sampler alone: it does not reach its loader."""
+        return {**self.__dict__, "on_set_epoch": None}
+
     def set_epoch(self, epoch: int) -> None:
         """Take ``epoch``'s order. Under :class:`ShardedDataLoader` this is the script's word and wins over the
         loader's own count (see :meth:`ShardedDataLoader.set_epoch`).
@@ -217,8 +221,8 @@ class ShardedDataLoader(DataLoader):
                 if self.max_steps is not None and self.steps_taken >= self.max_steps:
                     return
                 self.steps_taken += 1
-                # counted when handed out: a checkpoint taken in the loop body includes it
-                self._batches = (self._batches or 0) + 1
+                if number == self._passes:  # counted when handed out (a checkpoint in the loop body includes
+                    self._batches = (self._batches or 0) + 1  # it), by the current pass only: not an older one
                 faults.heartbeat()
                 if self.step_times is not None:
                     self.step_times.append(time.perf_counter())
