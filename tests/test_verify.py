@@ -94,3 +94,10 @@ def test_compare_of_finite_weights_is_unchanged():
     ref, got = {"w": torch.tensor([1.0, 2.5])}, {"w": torch.tensor([1.0, 2.5 + 2**-20])}  # exact in float32
     result = compare_weights(ref, got, 1e-5, 1e-4)
     assert result["passed"] is True and result["non_finite"] is False and 0 < result["max_abs_diff"] < 1e-6
+
+
+def test_compare_sees_the_imaginary_part():
+    ref = {"w": torch.tensor([1 + 1j, 2 + 0j])}
+    assert compare_weights(ref, {"w": torch.tensor([1 + 1j, complex(2, float("nan"))])}, 1e-5, 1e-4)["non_finite"]
+    assert not compare_weights(ref, {"w": torch.tensor([1 + 2j, 2 + 0j])}, 1e-5, 1e-4)["passed"]
+    assert compare_weights(ref, {"w": ref["w"].clone()}, 1e-5, 1e-4)["passed"]

@@ -74,7 +74,7 @@ def compare_weights(reference: dict, candidate: dict, atol: float, rtol: float,
         if ref.shape != other.shape:
             return {"passed": False, "first_diverging": name, "max_abs_diff": None, "non_finite": False,
                     "reason": f"shape {tuple(ref.shape)} vs {tuple(other.shape)}"}
-        ref, other = ref.double(), other.double()
+        ref, other = _real(ref), _real(other)
         finite = ref.isfinite() & other.isfinite()
         diff = torch.where(finite, (ref - other).abs(), 0.0)
         peak = diff.max().item() if diff.numel() else 0.0
@@ -89,6 +89,12 @@ def compare_weights(reference: dict, candidate: dict, atol: float, rtol: float,
     result = {"passed": first is None, "max_abs_diff": worst, "max_abs_diff_at": worst_name,
               "tensors": len(reference), "non_finite": False}
     return {**result, **(first or {})}
+
+
+def _real(tensor: torch.Tensor) -> torch.Tensor:
+    """float64 values to compare; a complex tensor as its (real, imaginary) pairs (``.double()`` drops the
+    imaginary part, NaN included)."""
+    return torch.view_as_real(tensor).double() if tensor.is_complex() else tensor.double()
 
 
 def non_finite(name: str, ref: torch.Tensor, other: torch.Tensor, labels: tuple[str, str]) -> str | None:
