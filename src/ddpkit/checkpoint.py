@@ -124,9 +124,12 @@ _process_run: list[str] = []  # this process's run id when no launcher gave one 
 def run_id() -> str:
     """Who writes this run's checkpoints: torchrun's job id (the same in every restart of a job; ``ddpkit
     launch`` makes one per launch on one node, ``--rdzv-id`` names it across nodes), else one per process."""
+    job = contract.RUN_ID.text(os.environ)
+    if job:
+        return job
     if not _process_run:
-        _process_run.append(contract.RUN_ID.text(os.environ) or f"process-{uuid.uuid4().hex[:12]}")
-    return contract.RUN_ID.text(os.environ) or _process_run[0]
+        _process_run.append(f"process-{uuid.uuid4().hex[:12]}")
+    return _process_run[0]
 
 
 def _manifest(path: str) -> dict[str, Any] | None:
