@@ -47,7 +47,7 @@ ALLOWED: frozenset[tuple[str, str]] = frozenset(
        ("torch", "Size"), ("collections", "OrderedDict"),
        ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath")}
     | {("torch", name) for name, value in vars(torch).items() if isinstance(value, torch.dtype)})
-_SHARD_FILE = re.compile(r"^__\d+_\d+\.distcp$")  # what FileSystemWriter names its files
+_SHARD_FILE = re.compile(r"__\d+_\d+\.distcp")  # what FileSystemWriter names its files (fullmatch)
 
 
 class UnsafeCheckpoint(ValueError):
@@ -142,14 +142,15 @@ def _chunk_problem(name: str, entry: Any) -> tuple[str | None, int]:
     return None, math.prod(size) * torch.empty((), dtype=dtype).element_size()
 
 
-def reader(directory: str) -> Any:
-    """torch's ``FileSystemReader`` for ``directory`` whose ``.metadata`` goes through :func:`read_metadata`."""
+def reader(directory: str, checked: Any = None) -> Any:
+    """torch's ``FileSystemReader`` for ``directory`` whose ``.metadata`` goes through :func:`read_metadata`;
+    ``checked``: the Metadata :func:`read_metadata` already returned (the file is not read twice)."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
     class SafeReader(FileSystemReader):
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            metadata = read_metadata(directory)
+            metadata = checked if checked is not None else read_metadata(directory)
             if getattr(metadata, "storage_meta", None) is None:
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id

@@ -109,12 +109,9 @@ def _broadcast_from_rank0(model: nn.Module, state: Any) -> None:
     the one a single process with rank 0's seed builds. Tensors are on ``state.device`` (NCCL needs them there)."""
     import torch.distributed as dist
 
-    seen: set[int] = set()
     with torch.no_grad():
-        for tensor in [*model.parameters(), *model.buffers()]:
-            if id(tensor) not in seen:  # a tied weight once
-                seen.add(id(tensor))
-                dist.broadcast(tensor.data, src=0)
+        for tensor in [*model.parameters(), *model.buffers()]:  # both skip duplicates: a tied weight goes once
+            dist.broadcast(tensor.data, src=0)
 
 
 @contextlib.contextmanager

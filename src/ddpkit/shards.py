@@ -88,9 +88,9 @@ def load(objects: Mapping[str, Any], directory: str, rest: Mapping[str, Any]) ->
     targets: dict[str, Any] = {k: get_model_state_dict(unwrap(m)) for k, m in models.items()}
     owners = {k: _owner(o, models) for k, o in optimizers.items()}
     targets.update({k: get_optimizer_state_dict(owners[k], o)["state"] for k, o in optimizers.items()})
-    safeload.read_metadata(directory)  # refused here, on every rank, before DCP plans anything
+    checked = safeload.read_metadata(directory)  # refused here, on every rank, before DCP plans anything
     try:
-        dcp.load(targets, storage_reader=safeload.reader(directory), planner=safeload.planner())
+        dcp.load(targets, storage_reader=safeload.reader(directory, checked), planner=safeload.planner())
     except BaseException as exc:  # DCP's CheckpointException (a BaseException) carries every rank's traceback
         cause = _cause(exc)
         if isinstance(cause, safeload.UnsafeCheckpoint):
@@ -127,10 +127,10 @@ def full_model_state(checkpoint: str, name: str = "model") -> dict[str, torch.Te
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     everything: dict[str, Any] = {}
-    safeload.read_metadata(shards)
+    checked = safeload.read_metadata(shards)
     try:
-        _load_state_dict(everything, storage_reader=safeload.reader(shards), planner=safeload.planner(empty=True),
-                         no_dist=True)
+        _load_state_dict(everything, storage_reader=safeload.reader(shards, checked),
+                         planner=safeload.planner(empty=True), no_dist=True)
     except BaseException as exc:
         cause = _cause(exc)
         raise cause if isinstance(cause, safeload.UnsafeCheckpoint) else exc from None
