@@ -42,6 +42,7 @@ import torch.distributed as dist
 from ddpkit import contract, rngstate, runtime, shards, strategy
 from ddpkit.control import broadcast, gather_object
 from ddpkit.data import ShardedDataLoader
+from ddpkit.files import write_file
 from ddpkit.wrappers import unwrap
 
 _NAME = re.compile(r"^ckpt-(\d{10})$")
@@ -61,24 +62,6 @@ def _fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _write_file(path: str, write) -> None:
-    with open(path, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def write_atomically(path: str, write) -> None:
-    """``write(f)`` into a temporary file beside ``path``, fsync, rename: ``path`` is whole or untouched."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        _write_file(tmp, write)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def _files(directory: str) -> list[str]:
@@ -232,7 +215,7 @@ class Checkpointer:
         try:
             os.makedirs(self.directory, exist_ok=True)
             probe = os.path.join(self.directory, f".write-test-{os.getpid()}")
-            _write_file(probe, lambda f: f.write(b"ok"))
+            write_file(probe, lambda f: f.write(b"ok"))
             os.remove(probe)
         except OSError as exc:
             raise PermissionError(f"checkpoint directory {self.directory!r} is not writable ({exc.strerror}); "
@@ -309,7 +292,7 @@ class Checkpointer:
         tmp = tmp or f"{final}.tmp-{os.getpid()}"
         try:
             os.makedirs(tmp, exist_ok=True)
-            _write_file(os.path.join(tmp, "state.pt"), lambda f: torch.save(payload, f))
+            write_file(os.path.join(tmp, "state.pt"), lambda f: torch.save(payload, f))
             # state.pt, and the shards of a sharded checkpoint: those the ranks hashed as they wrote them (DCP
             # fsynced them) are taken as they are, the rest (state.pt, DCP's .metadata) hashed and fsynced here
             names = _files(tmp)
@@ -317,7 +300,7 @@ class Checkpointer:
             commit = 1 + max((n for p in self.checkpoints() if (n := _commit_number(p)) is not None), default=0)
             manifest = {"format": 1, "step": step, "commit": commit, "run": run_id(),
                         "world_size": payload["world_size"], "extra": extra, "files": files}
-            _write_file(os.path.join(tmp, "manifest.json"), lambda f: f.write(json.dumps(manifest).encode()))
+            write_file(os.path.join(tmp, "manifest.json"), lambda f: f.write(json.dumps(manifest).encode()))
             for root, _, _ in os.walk(tmp):
                 _fsync_dir(root)
             if os.path.exists(final):  # the same step saved again: replace it

@@ -148,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ddpkit.checkpoint import newest_valid, validate, write_atomically
+    from ddpkit.checkpoint import newest_valid, validate
+    from ddpkit.files import write_atomically
 
     try:
         ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
