@@ -2,7 +2,10 @@
 batches are the same as without workers."""
 import sys
 
+import torch
+
 from conftest import ok, run_cmd
+from ddpkit.loader_settings import loader_defaults
 
 SCRIPT = """
 import os, torch, ddpkit
@@ -28,3 +31,48 @@ def test_per_sample_datasets_get_workers_and_the_same_batches(tmp_path):
     script.write_text(SCRIPT)
     r = ok(run_cmd([sys.executable, str(script)], timeout=120))
     assert r.stdout.startswith("workers ")
+
+
+class Drawing(torch.utils.data.Dataset):
+    """Draws from the global RNG and counts its reads, as an augmenting (or lazily opening) dataset does."""
+
+    def __init__(self):
+        self.reads = 0
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        self.reads += 1
+        return torch.rand(2), i
+
+
+def test_the_cuda_pin_decision_reads_no_sample():
+    """Deciding pin_memory on CUDA once read dataset[0] in the main process: a GPU run drew from the global RNG
+    (a CPU run did not) and opened lazily opened files before the workers forked."""
+    data = Drawing()
+    before = torch.get_rng_state()
+    with_workers = loader_defaults(data, "cuda", 8)
+    in_process = loader_defaults(data, "cuda", 8, num_workers=0)
+    assert data.reads == 0 and torch.equal(before, torch.get_rng_state())
+    assert with_workers["pin_memory"] is True  # batches from worker processes are in CPU memory
+    assert "pin_memory" not in in_process  # in-process samples may be CUDA tensors: not known without one
+    assert loader_defaults(data, "cpu", 8) == {k: v for k, v in with_workers.items() if k != "pin_memory"}
+
+
+def test_data_loader_on_the_cuda_path_reads_no_sample(monkeypatch):
+    """data_loader's own construction, with the process's device taken for cuda (the decision reads only its
+    type): the dataset is not indexed and the global RNG is where it was."""
+    import dataclasses
+
+    import ddpkit
+    from ddpkit import runtime
+
+    state = ddpkit.init(cpu=True)
+    monkeypatch.setattr(runtime, "_state", dataclasses.replace(state, device=torch.device("cuda", 0)))
+    data = Drawing()
+    before = torch.get_rng_state()
+    for workers in (0, 2):
+        loader = ddpkit.data_loader(data, batch_size=4, num_workers=workers)
+        assert loader.pin_memory == (workers > 0)
+    assert data.reads == 0 and torch.equal(before, torch.get_rng_state())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import torch
+import torch  # noqa: F401  (the docstring examples use it)
 from torch.utils.data import Dataset, TensorDataset
 
 
@@ -35,38 +35,30 @@ def cores_per_process(affinity: int | None, cpu_count: int, local_processes: int
     return max(1, (affinity or cpu_count) // max(1, local_processes))
 
 
-def pinnable(dataset: Dataset) -> bool:
-    """True when the dataset's samples live in CPU memory (pinning a CUDA tensor raises in the loader).
+def pinnable(dataset: Dataset, workers: int) -> bool:
+    """True when the batches will be in CPU memory (pinning a CUDA tensor raises in the loader), decided
+    without reading a sample: reading ``dataset[0]`` here would draw from the global RNG on GPU runs only and
+    open lazily opened files before the workers fork. Batches from worker processes are in CPU memory
+    (torch advises against CUDA tensors from workers); in-process samples are only known for a
+    ``TensorDataset``, so other datasets read in the training process are not pinned.
 
-    >>> pinnable(TensorDataset(torch.zeros(2))), pinnable([(torch.zeros(1), 1)])
-    (True, True)
+    >>> pinnable(TensorDataset(torch.zeros(2)), 0), pinnable([(torch.zeros(1), 1)], 0), pinnable([0], 2)
+    (True, False, True)
     """
     if isinstance(dataset, TensorDataset):
         return all(t.device.type == "cpu" for t in dataset.tensors)
-    try:
-        sample = dataset[0]
-    except Exception:  # a dataset that cannot be indexed here: let DataLoader decide as it would anyway
-        return True
-    return not any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in _leaves(sample))
-
-
-def _leaves(obj: Any) -> list[Any]:
-    if isinstance(obj, dict):
-        return [leaf for v in obj.values() for leaf in _leaves(v)]
-    if isinstance(obj, (list, tuple)):
-        return [leaf for v in obj for leaf in _leaves(v)]
-    return [obj]
+    return workers > 0
 
 
 def loader_defaults(dataset: Dataset, device_type: str, cores_per_process: int,
                     num_workers: int | None = None) -> dict[str, Any]:
-    """DataLoader settings that help unless the script sets its own: pinned memory on CUDA; for datasets that
-    do work per sample, worker processes from this process's share of the cores (one core stays with the
-    training loop; at most 4), kept alive across epochs. Tensors already in memory get no workers: for them
-    workers only add inter-process copies. (Persistent workers draw their seeds once, at the first epoch: a
-    run resumed mid-way gives worker-side randomness, e.g. augmentation, fresh streams; pass
-    ``persistent_workers=False`` where a resume must replay it bit for bit.) ``num_workers``: the script's own
-    choice, kept (workers then persist only if it asked for some).
+    """DataLoader settings that help unless the script sets its own: pinned memory on CUDA (:func:`pinnable`:
+    no sample is read); for datasets that do work per sample, worker processes from this process's share of
+    the cores (one core stays with the training loop; at most 4), kept alive across epochs. Tensors already in
+    memory get no workers: for them workers only add inter-process copies. (Persistent workers draw their
+    seeds once, at the first epoch: a run resumed mid-way gives worker-side randomness, e.g. augmentation,
+    fresh streams; pass ``persistent_workers=False`` where a resume must replay it bit for bit.)
+    ``num_workers``: the script's own choice, kept (workers then persist only if it asked for some).
 
     >>> loader_defaults(list(range(10)), "cuda", 8)
     {'pin_memory': True, 'num_workers': 4, 'persistent_workers': True}
@@ -75,9 +67,9 @@ def loader_defaults(dataset: Dataset, device_type: str, cores_per_process: int,
     >>> loader_defaults(list(range(10)), "cpu", 8, num_workers=2)
     {'num_workers': 2, 'persistent_workers': True}
     """
-    defaults: dict[str, Any] = {"pin_memory": True} if device_type == "cuda" and pinnable(dataset) else {}
     workers = num_workers if num_workers is not None else \
         0 if isinstance(dataset, TensorDataset) else min(4, cores_per_process - 1)
+    defaults: dict[str, Any] = {"pin_memory": True} if device_type == "cuda" and pinnable(dataset, workers) else {}
     if workers > 0:
         defaults.update(num_workers=workers, persistent_workers=True)
     return defaults
