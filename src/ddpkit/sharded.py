@@ -279,11 +279,12 @@ def _init_module(module: nn.Module, init: InitFn, done: set[int], only_touched: 
     if not own:
         return
     scratch = _scratch_copy(module)
+    filled = {name: (getattr(scratch, name), getattr(scratch, name)._version) for name in own}
     init(scratch)
     with torch.no_grad():
         for name, target in own.items():
             full = getattr(scratch, name)
-            if (only_touched and _untouched(full)) or name in (skip or {}):
+            if (only_touched and _untouched(full, *filled[name])) or name in (skip or {}):
                 continue
             full = full.to(target.device)
             if isinstance(target, DTensor):  # this rank's slice of the full tensor, no communication
@@ -298,8 +299,20 @@ def _sentinel(dtype: torch.dtype) -> float | int | bool:
     return False if dtype == torch.bool else torch.iinfo(dtype).min
 
 
-def _untouched(tensor: torch.Tensor) -> bool:
-    """Still the scratch fill (NaN, or the integer minimum): ``init_fn`` did not write it."""
+def _untouched(tensor: torch.Tensor, scratch: torch.Tensor, version: int) -> bool:
+    """``init_fn`` did not write ``tensor``: it is still the ``scratch`` fill, at the same ``version``, and
+    holds the sentinel (NaN, the integer minimum).
+
+    The version counter sees in-place writes (``copy_``, ``nn.init``), identity sees a replaced tensor
+    (``module.mask = torch.tril(...)``), and the sentinel sees writes through ``.data`` (which bump no
+    version). A bool (a causal mask) has no value to serve as sentinel: only the first two can tell.
+
+    >>> t = _filled(torch.empty(2, dtype=torch.bool)); v = t._version
+    >>> _untouched(t, t, v), _untouched(t.copy_(torch.tensor([True, False])), t, v)
+    (True, False)
+    """
+    if tensor is not scratch or tensor._version != version:
+        return False
     if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
         return bool(torch.isnan(tensor).all())
     return tensor.dtype == torch.bool or bool((tensor == _sentinel(tensor.dtype)).all())

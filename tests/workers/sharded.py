@@ -25,7 +25,23 @@ class Scaled(nn.Module):
         return self.inner(x) * self.scale
 
 
+class Causal(nn.Module):
+    """A causal-mask buffer (bool) of a module with no reset_parameters: only init_fn can fill it."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.register_buffer("mask", torch.tril(torch.ones(4, 4, dtype=torch.bool)))
+        self.register_buffer("upper", ~torch.tril(torch.ones(3, 3, dtype=torch.bool)))
+
+    def forward(self, x):
+        return self.proj(x).masked_fill(~self.mask[: x.shape[-1]], 0.0)
+
+
 def init_weights(module):  # nanoGPT's style: model.apply(init_fn)
+    if isinstance(module, Causal):  # in place, and by assignment: both are how scripts fill a mask
+        module.mask.copy_(torch.tril(torch.ones_like(module.mask)))
+        module.upper = ~torch.tril(torch.ones(3, 3, dtype=torch.bool))
     if isinstance(module, nn.Linear):
         nn.init.normal_(module.weight, std=0.02)
         nn.init.zeros_(module.bias)
@@ -56,7 +72,8 @@ def built_empty(build, init_fn=None, shard=None):
 
 results = {"empty": {}}
 for name, build, init_fn, shard in [("mlp", mlp, None, [nn.Linear]), ("mlp_root", mlp, None, None),
-                                    ("scaled", Scaled, init_weights, [nn.Linear])]:
+                                    ("scaled", Scaled, init_weights, [nn.Linear]),
+                                    ("causal_mask", Causal, init_weights, [nn.Linear])]:
     _, full = built_empty(build, init_fn, shard)
     results["empty"][name] = (built_normally(build, init_fn), full)
 
