@@ -4,10 +4,11 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
-from conftest import ROOT, ok, run_cmd
+from conftest import ROOT, WORKERS, launch, ok, run_cmd
 from ddpkit.environment import ProcessEnv
 from ddpkit.launch import LaunchError, parse_args
 from ddpkit.runtime import choose_mode
@@ -79,3 +80,12 @@ def test_an_elastic_job_shrunk_to_one_process_is_not_told_to_use_ddpkit_launch()
     env = ProcessEnv("torchrun", rank=0, local_rank=0, world_size=1, local_world_size=1)
     mode, reason = choose_mode("ddp", env, 0)
     assert mode == "single" and "ddpkit launch" not in reason and "world size 1" in reason
+
+
+def test_one_rank_sys_exit_ends_the_job_in_seconds_with_its_code(tmp_path):
+    # SystemExit reaches no excepthook: the exiting rank must not wait at exit for a peer that waits for it
+    r = launch(WORKERS / "early_exit.py", tmp_path, timeout=150)
+    took = time.time() - float((tmp_path / "leaving").read_text())
+    assert took < 30, f"{took:.0f} s from rank 1's sys.exit(3) to the launcher's exit: it waited for the timeout"
+    assert r.returncode != 0 and "rank 1 exited with code 3" in r.stderr, (r.returncode, r.stderr[-2000:])
+    assert "rank 0 finished its backward" not in r.stdout

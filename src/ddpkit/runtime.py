@@ -276,14 +276,48 @@ def shutdown() -> None:
             dist.destroy_process_group()
 
 
-def _final_barrier() -> bool:
-    """Wait for every rank at exit (True when all arrived); a peer that already died is said in one line, not
-    a C++ wall of text (the launcher's summary names the rank that failed first)."""
+# How long a rank at exit waits for every other rank to reach its exit. A rank cannot tell a peer that is still
+# working (rank 0 writing a last checkpoint) from one blocked in a collective this rank will never join: a
+# `sys.exit(3)` in the loop raises SystemExit, which reaches no excepthook and leaves no sys.last_value, and
+# nothing at atexit says with which code the interpreter is leaving. So the wait is bounded: after it this rank
+# leaves without the barrier, its own exit code tells the launcher the rest, and a peer blocked on it fails at
+# once (its connection closed) instead of at the collective timeout.
+EXIT_WAIT_S = 5.0
+_AT_EXIT, _LEFT = "ddpkit/at-exit/", "ddpkit/left-early/"
+
+
+def _final_barrier(wait_s: float = EXIT_WAIT_S) -> bool:
+    """Wait for every rank at exit (True when all arrived and passed the barrier). Arrivals go to the group's
+    store first, where they outlive the rank, so a peer that arrives after this rank left finds it there; the
+    collective barrier runs only once everyone is known to be there. A peer that already died is said in one
+    line, not a C++ wall of text (the launcher's summary names the rank that failed first)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
     try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set(f"{_AT_EXIT}{rank}", "1")
+        late = _late_ranks(store, world, wait_s)
+        if late:
+            store.set(f"{_LEFT}{rank}", "1")
+            print(f"ddpkit: rank {rank} exits without the final barrier: rank(s) {late} did not reach their exit "
+                  f"within {wait_s:g} s (still working, or waiting in a collective this rank never joined)",
+                  file=sys.stderr, flush=True)
+            return False
+        if any(store.check([f"{_LEFT}{peer}"]) for peer in range(world)):
+            return False  # a peer gave up waiting for this rank and is gone: a barrier would wait for it
         dist.barrier()
         return True
-    except RuntimeError as exc:  # DistBackendError / DistNetworkError: a peer is gone
+    except RuntimeError as exc:  # DistBackendError / DistNetworkError: a peer (or the store's host) is gone
         first = (str(exc).splitlines() or [""])[0]
-        print(f"ddpkit: rank {dist.get_rank()} finished, but a peer had exited: "
+        print(f"ddpkit: rank {rank} finished, but a peer had exited: "
               f"{first.split('. ')[0].split('] ')[-1][:160]}", file=sys.stderr, flush=True)
         return False
+
+
+def _late_ranks(store: dist.Store, world: int, wait_s: float) -> list[int]:
+    """The ranks that have not reached their exit after ``wait_s`` (none: every rank is there)."""
+    keys = [f"{_AT_EXIT}{peer}" for peer in range(world)]
+    try:
+        store.wait(keys, datetime.timedelta(seconds=wait_s))
+        return []
+    except dist.DistStoreError:  # the wait timed out; an unreachable store is a DistNetworkError, raised on
+        return [peer for peer, key in enumerate(keys) if not store.check([key])]
