@@ -6,7 +6,8 @@ Example::
 
 - ``bucket_mb``: gradient bucket size (DDP's ``bucket_cap_mb``; torch's default 25).
 - ``gradient_as_bucket_view``: gradients alias the communication buckets (saves a copy and memory).
-- ``static_graph``: the set of used parameters never changes (lets DDP skip per-step bookkeeping).
+- ``static_graph``: the set of used parameters never changes (lets DDP skip per-step bookkeeping); parameters
+  unused by design are then fine: DDP finds them in the first iteration.
 - ``compression`` (lossy, opt-in): ``"fp16"`` or ``"bf16"`` send gradients in 16 bits and average in fp32;
   ``"powersgd"`` sends a low-rank approximation (torch's PowerSGD hook, ``powersgd_rank``).
 

@@ -44,7 +44,8 @@ class FirstBackwardCheck:
             raise RuntimeError(
                 f"{len(unused)} parameter(s) got no gradient in the first backward: {shown}. DDP cannot "
                 "all-reduce them; pass prepare_model(model, find_unused_parameters=True) if some layers are "
-                "skipped on purpose, or freeze them with requires_grad_(False)")
+                "skipped on purpose (comm=ddpkit.CommConfig(static_graph=True) when always the same ones), or "
+                "freeze them with requires_grad_(False)")
 
 
 def local_buffers(module: nn.Module) -> set[str]:

@@ -64,8 +64,10 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
 
     The returned wrapper's ``state_dict()`` has no ``module.`` prefix and its ``load_state_dict`` accepts one.
     In DDP, a parameter that gets no gradient in the first backward is named in an error (pass
-    ``find_unused_parameters=True`` if that is intended), and ``check_sync_every=K`` checks every K steps
-    that all ranks hold the same weights. ``comm`` sets DDP's communication options (bucket size,
+    ``find_unused_parameters=True``, or ``comm=CommConfig(static_graph=True)``, if that is intended), and
+    ``check_sync_every=K`` checks every K training steps that all ranks hold the same weights (evaluation
+    forwards, in ``model.eval()`` or ``torch.no_grad()``, and the steps inside ``ddpkit.join`` are not counted:
+    their number differs between ranks). ``comm`` sets DDP's communication options (bucket size,
     compression, ...; see :class:`ddpkit.CommConfig`).
 
     ``compile=True`` (or a dict of ``torch.compile`` options) compiles the module in place, inside the

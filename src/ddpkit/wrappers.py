@@ -11,10 +11,11 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import sys
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -68,7 +69,12 @@ class DDP(_PlainStateDict, DistributedDataParallel):
 
     It also names, during the first backward, any parameter that got no gradient (instead of DDP's late
     "Expected to have finished reduction" error), and with ``check_sync_every=K`` compares parameter
-    checksums across ranks every K forward calls.
+    checksums across ranks every K training steps.
+
+    A training step is a forward in training mode with gradients enabled, outside :meth:`join`: evaluation
+    forwards (``model.eval()`` or ``torch.no_grad()``) and the uneven steps under ``join`` differ in number
+    between ranks by design, so a check there would meet no peer (one rank in the checksums' all_gather,
+    another in DDP's all-reduce or already past its loop).
     """
 
     def __init__(self, module: nn.Module, *args: Any, check_sync_every: int = 0, **kwargs: Any):
@@ -77,19 +83,35 @@ class DDP(_PlainStateDict, DistributedDataParallel):
             runtime.on_shutdown(_release_reducers, always=True)
         _LIVE_DDP.add(self)
         self._check_sync_every = check_sync_every
-        self._forward_calls = 0
-        if not kwargs.get("find_unused_parameters", False):
+        self._training_steps = 0  # counted alike on every rank: see the class docstring
+        self._joined = 0
+        # static_graph: DDP itself finds, in the first iteration, the parameters that never get a gradient
+        if not (kwargs.get("find_unused_parameters", False) or kwargs.get("static_graph", False)):
             self._first_backward = FirstBackwardCheck(module)
 
     # Not traced by torch.compile (only this frame: the module inside is compiled as usual, with DDP's bucket
     # splitting): the checks and the heartbeat are Python side effects that would break the graph every step.
     @torch.compiler.disable(recursive=False)
     def forward(self, *args: Any, **kwargs: Any):
-        if self._check_sync_every and self._forward_calls % self._check_sync_every == 0:
-            check_in_sync(self.module, self.process_group)
-        self._forward_calls += 1
+        if self._check_sync_every and self.training and torch.is_grad_enabled() and not self._joined:
+            if self._training_steps % self._check_sync_every == 0:
+                check_in_sync(self.module, self.process_group)
+            self._training_steps += 1
         faults.heartbeat()
         return super().forward(*args, **kwargs)
+
+    def join(self, *args: Any, **kwargs: Any) -> contextlib.AbstractContextManager[Any]:
+        """torch's ``join`` (what :func:`ddpkit.join` enters), with the sync checks paused inside."""
+        return self._without_checks(super().join(*args, **kwargs))
+
+    @contextlib.contextmanager
+    def _without_checks(self, context: contextlib.AbstractContextManager[Any]) -> Iterator[None]:
+        self._joined += 1
+        try:
+            with context:
+                yield
+        finally:
+            self._joined -= 1
 
 
 def balanced_split(total: int, parts: int) -> list[int]:
