@@ -55,10 +55,11 @@ def loader_defaults(dataset: Dataset, device_type: str, cores_per_process: int,
     """DataLoader settings that help unless the script sets its own: pinned memory on CUDA (:func:`pinnable`:
     no sample is read); for datasets that do work per sample, worker processes from this process's share of
     the cores (one core stays with the training loop; at most 4), kept alive across epochs. Tensors already in
-    memory get no workers: for them workers only add inter-process copies. (Persistent workers draw their
-    seeds once, at the first epoch: a run resumed mid-way gives worker-side randomness, e.g. augmentation,
-    fresh streams; pass ``persistent_workers=False`` where a resume must replay it bit for bit.)
-    ``num_workers``: the script's own choice, kept (workers then persist only if it asked for some).
+    memory get no workers: for them workers only add inter-process copies. (Worker-side randomness, e.g.
+    augmentation, on a resume: persistent workers draw their seeds once, when they start, so a resumed run's
+    streams are fresh; with ``persistent_workers=False`` each epoch's workers are seeded from the loader's
+    generator, which the checkpoint restores: a resume replays them from the next epoch on, the rest of an epoch
+    resumed mid-way gets fresh streams. See docs/performance.md.) ``num_workers``: the script's own choice, kept (workers then persist only if it asked for some).
 
     >>> loader_defaults(list(range(10)), "cuda", 8)
     {'pin_memory': True, 'num_workers': 4, 'persistent_workers': True}
