@@ -154,9 +154,9 @@ def main():
               "checkpoint": checkpoint, "doctor": doctor, "bench": bench(results), "verify": verify,
               "nccl_between_ranks": None, "dataparallel": None}
     try:
-        import torch
+        from ddpkit.environment import visible_gpus
 
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        gpus = visible_gpus(initialise=True)  # ddpkit's one GPU count (the checks run in child processes)
     except ImportError:
         gpus = 0
     for name, check in checks.items():

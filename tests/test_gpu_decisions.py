@@ -184,3 +184,30 @@ def test_gpu_check_skips_every_check_without_a_gpu():
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["gpus"] == 0 and {c["status"] for c in summary["checks"].values()} == {"skipped"}
     assert {"gpu_tests", "demo", "verify", "bf16", "fp16", "checkpoint", "doctor", "bench"} <= set(summary["checks"])
+
+
+def _never():
+    raise AssertionError("asked the CUDA runtime, which initialises the driver")
+
+
+def test_gpus_are_counted_without_initialising_cuda_before_a_fork():
+    from ddpkit.environment import count_gpus
+
+    cpu_build = dict(compiled=False, initialized=False, nvml=_never, runtime=_never, probe=_never, nvidia=_never)
+    assert count_gpus(**cpu_build) == 0 and count_gpus(**cpu_build, initialise=True) == 0
+    gpu_host = dict(compiled=True, initialized=False, nvml=lambda: 2, runtime=_never, probe=_never, nvidia=_never)
+    assert count_gpus(**gpu_host) == 2  # NVML: the driver stays untouched, so forked workers can still use CUDA
+    # NVML cannot tell (MIG UUIDs in CUDA_VISIBLE_DEVICES): a child process asks the runtime instead of this one
+    mig = dict(gpu_host, nvml=lambda: -1, probe=lambda: 1, nvidia=lambda: True)
+    assert count_gpus(**mig) == 1
+    assert count_gpus(**dict(mig, nvidia=lambda: False)) == 0  # a CUDA build on a host without NVIDIA's driver
+    # the process that is about to use them asks the runtime: NVML lists GPUs a too-old driver cannot run
+    assert count_gpus(**dict(gpu_host, runtime=lambda: 0), initialise=True) == 0
+    assert count_gpus(**dict(gpu_host, initialized=True, runtime=lambda: 3)) == 3  # already up: nothing to spare
+
+
+def test_cuda_driver_loaded_reads_the_process_maps():
+    from ddpkit.environment import cuda_driver_loaded
+
+    maps = "7f00-7f10 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05\n"
+    assert cuda_driver_loaded(maps) and not cuda_driver_loaded("7f00-7f10 r-xp 0 08:01 1 /usr/lib/libnvidia-ml.so.1\n")

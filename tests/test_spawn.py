@@ -156,3 +156,26 @@ def test_a_hang_in_spawned_workers_is_the_launchers_hang_report_and_the_session_
     assert re.search(r"rank 1 is at <string>:\d+ in evaluate \(not in a collective\)", report), report
     assert float(re.search(r"after=([\d.]+)", report).group(1)) < 5 + 15  # the timeout, then the report
     assert "AGAIN 2" in r.stdout
+
+
+POISONED = """
+import os, torch, ddpkit
+
+def poisoned():
+    raise AssertionError("the CUDA driver was initialised in the caller before the fork")
+
+# a CUDA build of torch, as far as anything can tell: torch.cuda.is_available() now calls this (cudaGetDeviceCount,
+# which initialises the driver); forked workers get back the CPU build's torch
+torch._C._cuda_getDeviceCount = poisoned
+os.register_at_fork(after_in_child=lambda: delattr(torch._C, "_cuda_getDeviceCount"))
+
+def work():
+    return ddpkit.init().world_size
+
+print("WORLD", ddpkit.spawn(work, nproc_per_node=2))
+"""
+
+
+def test_spawn_counts_gpus_without_initialising_cuda_in_the_caller():
+    r = run_cmd([sys.executable, "-c", POISONED], env={"DDPKIT_DEVICE": ""}, timeout=120)
+    assert r.returncode == 0 and "WORLD 2" in r.stdout, r.stderr[-3000:]

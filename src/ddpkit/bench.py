@@ -38,6 +38,7 @@ from typing import Any
 from ddpkit import bench_stats as stats
 from ddpkit import contract
 from ddpkit.cli import SCRIPT_FAILED, USAGE_ERROR, OneLineParser, UsageError, run_logged, usage_error
+from ddpkit.environment import visible_gpus
 
 PROG = "ddpkit bench"
 MIN_GAIN = stats.MIN_GAIN
@@ -349,9 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"--budget-s >= 0 and an existing script; got {sys.argv[1:] if argv is None else list(argv)}",
               file=sys.stderr)
         return USAGE_ERROR
-    import torch
-
-    gpus = 0 if ns.device == "cpu" else torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = 0 if ns.device == "cpu" else visible_gpus()
     try:
         counts, note = cap_counts(counts, ns.nproc is not None, ns.device, gpus)
     except UsageError as exc:

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 from ddpkit import contract
 from ddpkit.cli import SCRIPT_FAILED, OneLineParser, UsageError, usage_error
+from ddpkit.environment import visible_gpus
 
 
 @dataclasses.dataclass
@@ -43,7 +44,7 @@ def _versions() -> list[Diagnosis]:
 
     cuda = torch.version.cuda or "none"
     nccl = ""
-    if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
+    if visible_gpus(initialise=True) and hasattr(torch.cuda, "nccl"):
         try:
             nccl = ", NCCL " + ".".join(map(str, torch.cuda.nccl.version()))
         except Exception:  # an NCCL-less build: reported by the backends finding
@@ -55,11 +56,12 @@ def _gpus() -> list[Diagnosis]:
     import torch
 
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if not torch.cuda.is_available():
+    count = visible_gpus(initialise=True)  # the doctor forks nothing: the CUDA runtime's own answer
+    if not count:
         return [Diagnosis("gpus", "info", f"no CUDA GPU visible (CUDA_VISIBLE_DEVICES={visible})",
                         "DDP runs on CPU with gloo: ddpkit launch --nproc-per-node N")]
     try:
-        props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
+        props = [torch.cuda.get_device_properties(i) for i in range(count)]
     except RuntimeError as exc:  # a GPU that is listed but cannot be queried (driver trouble, a lost GPU)
         return [Diagnosis("gpus", "fail", f"GPUs listed but not readable: {str(exc).splitlines()[0][:200]}",
                         "check nvidia-smi and the driver; CUDA_VISIBLE_DEVICES may name a missing GPU")]
@@ -68,13 +70,12 @@ def _gpus() -> list[Diagnosis]:
 
 
 def _backends() -> list[Diagnosis]:
-    import torch
     import torch.distributed as dist
 
     found = [Diagnosis("gloo", "ok" if dist.is_gloo_available() else "fail",
                      "available" if dist.is_gloo_available() else "missing",
                      "" if dist.is_gloo_available() else "this torch build has no gloo: install the official wheel")]
-    if torch.cuda.is_available():
+    if visible_gpus(initialise=True):
         good = dist.is_nccl_available()
         found.append(Diagnosis("nccl", "ok" if good else "fail", "available" if good else "missing",
                              "" if good else "GPUs without NCCL: install a CUDA build of torch"))
@@ -211,12 +212,11 @@ def _threads() -> list[Diagnosis]:
 
 
 def collect(smoke: bool = True) -> list[Diagnosis]:
-    import torch
 
     findings = _versions() + _gpus() + _backends()
     if smoke:
         findings.append(smoke_test("gloo"))
-        if torch.cuda.is_available() and torch.cuda.device_count() >= 2:
+        if visible_gpus(initialise=True) >= 2:
             findings.append(smoke_test("nccl"))
     return findings + _ports() + gpu_processes() + _threads()
 

@@ -1,7 +1,8 @@
-"""How was this process started? Pure detection of rank, world size and rendezvous address.
+"""How was this process started, and with how many GPUs? Rank, world size, rendezvous address, GPU count.
 
-Nothing here touches torch or a network: :func:`detect` reads a mapping of environment variables and an
-argument list, so every launcher can be tested by handing it the variables that launcher sets.
+Nothing here touches a network, and only :func:`visible_gpus` asks torch: :func:`detect` reads a mapping of
+environment variables and an argument list, so every launcher can be tested by handing it the variables that
+launcher sets; :func:`count_gpus` is the GPU count's decision, with torch's probes handed in.
 
 Example::
 
@@ -16,7 +17,10 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal, get_args
 
@@ -213,3 +217,79 @@ def detect(environ: Mapping[str, str], argv: Sequence[str]) -> ProcessEnv:
     process (``python train.py``)."""
     found = next((d for d in DETECTORS if d.present(environ)), None)
     return found.read(environ, argv) if found else ProcessEnv()
+
+
+def count_gpus(*, compiled: bool, initialized: bool, nvml: Callable[[], int], runtime: Callable[[], int],
+               probe: Callable[[], int], nvidia: Callable[[], bool], initialise: bool = False) -> int:
+    """How many GPUs torch would use, asked so that CUDA is not initialised here unless it is wanted.
+
+    ``runtime`` asks the CUDA runtime (``torch.cuda.is_available()`` / ``device_count()``), which initialises the
+    driver: after that a forked child cannot use CUDA ("CUDA initialization error"), and torch's own fork guard
+    does not see it. So a process that forks workers (``ddpkit.spawn``, a launcher) counts with NVML (``nvml``:
+    negative when NVML cannot tell, e.g. MIG UUIDs in CUDA_VISIBLE_DEVICES), and else in a child process
+    (``probe``) when NVIDIA's driver is there (``nvidia``). ``initialise=True``: this process is about to use
+    the GPUs; the runtime's answer is the one that counts (NVML also lists GPUs a too-old driver cannot run).
+
+    >>> count_gpus(compiled=True, initialized=False, nvml=lambda: 2, runtime=None, probe=None, nvidia=None)
+    2
+    """
+    if not compiled:
+        return 0
+    if initialized or initialise:
+        return runtime()
+    counted = nvml()
+    if counted >= 0:
+        return counted
+    return probe() if nvidia() else 0
+
+
+def visible_gpus(*, initialise: bool = False) -> int:
+    """The CUDA (or ROCm) GPUs this process may use, counted without initialising CUDA (safe before a fork);
+    ``initialise=True`` in a process that is about to use them (see :func:`count_gpus`).
+
+    >>> visible_gpus() >= 0
+    True
+    """
+    import torch
+
+    cuda = torch.cuda
+
+    def runtime() -> int:
+        return cuda.device_count() if cuda.is_available() else 0
+
+    nvml = cuda._device_count_amdsmi if torch.version.hip else cuda._device_count_nvml
+    return count_gpus(compiled=cuda._is_compiled(), initialized=cuda.is_initialized(), nvml=nvml, runtime=runtime,
+                      probe=_count_in_child, nvidia=_nvidia_driver, initialise=initialise)
+
+
+def _nvidia_driver() -> bool:
+    # /dev/nvidiactl on Linux hosts and containers given GPUs, /dev/dxg under WSL2; ROCm's /dev/kfd
+    return any(os.path.exists(path) for path in ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd"))
+
+
+def _count_in_child() -> int:
+    """The CUDA runtime's count, asked by a child process so that this one's driver stays untouched (a few
+    seconds: the child imports torch; only where NVML could not tell)."""
+    code = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+        return int(done.stdout.split()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return 0  # the runtime could not even count: no GPU torch can use
+
+
+def cuda_driver_loaded(maps: str | None = None) -> bool:
+    """True when NVIDIA's driver library is loaded in this process (``/proc/self/maps`` lists ``libcuda.so``):
+    something called into CUDA (``torch.cuda.is_available()`` does) even if torch's lazy init did not run, and a
+    forked child can no longer use CUDA. False where the maps cannot be read (not Linux).
+
+    >>> cuda_driver_loaded("7f00-7f10 r-xp 0 08:01 1 /usr/lib/libcuda.so.1")
+    True
+    """
+    if maps is None:
+        try:
+            with open("/proc/self/maps") as f:
+                maps = f.read()
+        except OSError:
+            return False
+    return re.search(r"/libcuda\.so(\.|$)", maps, re.MULTILINE) is not None

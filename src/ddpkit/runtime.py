@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from ddpkit import contract, faults, instrument, strategy
 from ddpkit.cli import USAGE_ERROR
-from ddpkit.environment import LaunchEnvError, ProcessEnv, detect
+from ddpkit.environment import LaunchEnvError, ProcessEnv, detect, visible_gpus
 from ddpkit.options import Device, check
 
 # Collectives that wait longer than this fail (and `ddpkit launch` prints a hang report). torch's defaults
@@ -161,10 +161,11 @@ def init(mode: str | None = None, *, backend: str | None = None, timeout_s: floa
     with _lock:
         if _state is not None:
             return _state
-        cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         try:
             env = detect(os.environ, sys.argv)
             preference = "cpu" if cpu else contract.DEVICE.choice(os.environ) or "auto"
+            # the CPU asked for: CUDA stays untouched (a notebook kernel that inits on the CPU can still fork)
+            cuda_count = 0 if preference == "cpu" else visible_gpus(initialise=True)
             gpus = usable_gpus(preference, cuda_count)
             chosen, reason = choose_mode(mode or contract.MODE.text(os.environ) or "auto", env, gpus)
             device = choose_device(chosen, env, gpus)

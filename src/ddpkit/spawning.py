@@ -29,12 +29,14 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import fields
 from typing import Any
 
-from ddpkit import contract, launch, runtime, supervise
+from ddpkit import contract, environment, launch, runtime, supervise
 
 _SIGNALS = [getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, name)]
 _launches = itertools.count()
+_NO_NUMA_QUESTION = object()
 
 
 class SpawnError(RuntimeError):
@@ -108,13 +110,14 @@ def spawn(fn: Callable[..., Any], *args: Any, nproc_per_node: int | None = None,
     import torch
 
     device = device or contract.DEVICE.text(os.environ)  # as ddpkit launch: the flag, else DDPKIT_DEVICE
-    gpus = 0 if device == "cpu" else launch.visible_gpus()
+    # counted with NVML, not the CUDA runtime: initialising the driver here would break every forked worker
+    gpus = 0 if device == "cpu" else environment.visible_gpus()
     cfg = launch.LaunchConfig(script=f"<{getattr(fn, '__name__', 'fn')}>", module=True, mode=mode, device=device,
                               gpus=gpus, nproc_per_node=nproc_per_node or gpus or 2, log_dir=log_dir)
     if not cfg.strategy.multi_process:
         raise ValueError(f"mode={mode!r} runs one process; ddpkit.spawn starts a multi-process mode (ddp, fsdp)")
     method = choose_start_method(start_method, _interactive(fn),
-                                 torch.cuda.is_available() and torch.cuda.is_initialized())
+                                 torch.cuda.is_initialized() or environment.cuda_driver_loaded())
     run_dir = os.path.join(log_dir, time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}-{next(_launches)}")
     saved_signals = {s: signal.getsignal(s) for s in _SIGNALS}
     try:
@@ -147,10 +150,17 @@ def _launch(cfg: launch.LaunchConfig, fn: Callable[..., Any], args: tuple, kwarg
     # torch redirects a worker's output at the file-descriptor level, through sys.stdout.fileno(); a kernel that
     # does not capture its descriptors has streams without one: the workers then write through those streams
     redirects = Std.ALL if _has_fileno(sys.stdout) and _has_fileno(sys.stderr) else Std.NONE
+    # torch's LaunchConfig without NUMA options asks torch.cuda.is_available(), which initialises the CUDA driver
+    # here and breaks every forked worker, only to pick default NUMA options, which are None outside Meta: skip
+    # the question (any options given) and keep that answer
+    asks_numa = "numa_options" in {f.name for f in fields(LaunchConfig)}  # torch >= 2.8
+    numa: dict[str, Any] = {"numa_options": _NO_NUMA_QUESTION} if asks_numa else {}
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=cfg.nproc_per_node, run_id=os.path.basename(run_dir),
                           rdzv_backend=rendezvous.BACKEND, rdzv_endpoint="127.0.0.1:0", max_restarts=0,
                           start_method=method, monitor_interval=0.1, shutdown_timeout=3,
-                          logs_specs=DefaultLogsSpecs(log_dir=run_dir, redirects=redirects))
+                          logs_specs=DefaultLogsSpecs(log_dir=run_dir, redirects=redirects), **numa)
+    if numa:
+        config.numa_options = None
     tail = ConsoleTail(run_dir, {0}, 0, cfg.nproc_per_node)
     tail.start()
     try:

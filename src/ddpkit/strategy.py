@@ -22,7 +22,7 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ddpkit.environment import LaunchEnvError, ProcessEnv
+from ddpkit.environment import LaunchEnvError, ProcessEnv, visible_gpus
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -104,9 +104,7 @@ class DataParallel(Strategy):
         return DP(model)
 
     def describe_batch(self, state: Any, batch_size: int, steps: int | None) -> str:
-        import torch
-
-        gpus = torch.cuda.device_count()
+        gpus = visible_gpus()
         return f"global batch {batch_size}, split by DataParallel across {gpus} GPUs, {_per_epoch(steps)}"
 
     def cuda_rng_devices(self, current: int, count: int) -> list[int]:

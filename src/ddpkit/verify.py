@@ -31,6 +31,7 @@ import torch
 
 from ddpkit import contract, strategy
 from ddpkit.cli import NOT_EQUIVALENT, SCRIPT_FAILED, OneLineParser, UsageError, run_logged, usage_error
+from ddpkit.environment import visible_gpus
 
 PROG = "ddpkit verify"
 
@@ -179,7 +180,7 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-        gpus = 0 if ns.device == "cpu" else _usable_gpus()
+        gpus = 0 if ns.device == "cpu" else visible_gpus()
         nproc, device, note = plan(ns.nproc_per_node, ns.device, gpus)
         if not strategy.get(ns.mode, UsageError).multi_process:
             raise UsageError(f"--mode {ns.mode} runs one process; verify compares a multi-process mode "
@@ -213,6 +214,3 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{result.get('reason', f'atol {ns.atol}, rtol {ns.rtol}')})")
     return 0 if result["passed"] else NOT_EQUIVALENT
 
-
-def _usable_gpus() -> int:
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
