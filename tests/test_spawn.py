@@ -179,3 +179,28 @@ print("WORLD", ddpkit.spawn(work, nproc_per_node=2))
 def test_spawn_counts_gpus_without_initialising_cuda_in_the_caller():
     r = run_cmd([sys.executable, "-c", POISONED], env={"DDPKIT_DEVICE": ""}, timeout=120)
     assert r.returncode == 0 and "WORLD 2" in r.stdout, r.stderr[-3000:]
+
+
+AFTER_CELLS = """
+import os, sys, ddpkit
+
+out = sys.argv[1]
+ddpkit.init()  # an earlier cell: the kernel itself is a one-process run now
+try:
+    raise ValueError("an earlier cell failed")
+except ValueError as exc:  # what the REPL and IPython record for a failed cell
+    sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
+
+def work():
+    state = ddpkit.init()
+    ddpkit.runtime.on_shutdown(lambda: open(os.path.join(out, f"hook-{state.rank}"), "w").close())
+    return [state.world_size, state.mode]
+
+print("GOT", ddpkit.spawn(work, nproc_per_node=2))
+"""
+
+
+def test_forked_workers_start_fresh_after_the_kernel_ran_init_and_a_cell_failed(tmp_path):
+    r = ok(run_cmd([sys.executable, "-c", AFTER_CELLS, str(tmp_path)], timeout=120))
+    assert "GOT [2, 'ddp']" in r.stdout, r.stdout + r.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.glob("hook-*")) == ["hook-0", "hook-1"]  # shutdown ran its hooks

@@ -247,6 +247,28 @@ def on_shutdown(hook: Callable[[], None], *, always: bool = False) -> None:
     (_release_hooks if always else _shutdown_hooks).append(hook)
 
 
+def start_fresh() -> None:
+    """Forget what this process inherited, as a new interpreter would have nothing: a worker forked by
+    ``ddpkit.spawn`` from a notebook kernel that already ran ``ddpkit.init()`` (its one-process state would come
+    back from ``init()``: world size 1, training alone on the full data) or whose last failed cell left
+    ``sys.last_value`` (read as this worker's failure: no final barrier, no shutdown hooks).
+
+    Example (the first thing a forked worker does)::
+
+        runtime.start_fresh()
+        state = ddpkit.init()   # this worker's own launch, not the kernel's
+    """
+    global _state, _tools, _lock
+    _state, _tools = None, instrument.NONE
+    _lock = threading.Lock()  # another thread of the parent may have held it at the fork
+    _shutdown_hooks.clear()
+    _release_hooks.clear()
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):
+        if hasattr(sys, name):
+            delattr(sys, name)
+    faults.heartbeat()  # the no-progress watchdog counts from this worker's start, not the kernel's last batch
+
+
 def ensure_init() -> State:
     """The state of this process; the first call starts it with :func:`init`'s defaults (and so may
     start the process group)."""
