@@ -59,7 +59,8 @@ def loader_defaults(dataset: Dataset, device_type: str, cores_per_process: int,
     augmentation, on a resume: persistent workers draw their seeds once, when they start, so a resumed run's
     streams are fresh; with ``persistent_workers=False`` each epoch's workers are seeded from the loader's
     generator, which the checkpoint restores: a resume replays them from the next epoch on, the rest of an epoch
-    resumed mid-way gets fresh streams. See docs/performance.md.) ``num_workers``: the script's own choice, kept (workers then persist only if it asked for some).
+    resumed mid-way gets fresh streams. See docs/performance.md.) ``num_workers``: the script's own choice,
+    kept (workers then persist only if it asked for some).
 
     >>> loader_defaults(list(range(10)), "cuda", 8)
     {'pin_memory': True, 'num_workers': 4, 'persistent_workers': True}
