@@ -16,98 +16,22 @@ sees the same global batches as N processes with batch ``B`` each.
 from __future__ import annotations
 
 import contextlib
-import operator
 import os
 import sys
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset, Sampler
+from torch.utils.data import DataLoader, IterableDataset
 
 from ddpkit import faults, runtime, strategy
 from ddpkit.loader_settings import cores_bound, cores_per_process, loader_defaults
 from ddpkit.options import Uneven, check
+from ddpkit.samplers import EpochSampler, SamplerShard, ShardSampler, epoch_number, user_sampler
 
-
-class ShardSampler(Sampler[int]):
-    """Rank ``rank``'s share of one seeded global order: positions ``rank, rank + W, rank + 2W, ...``.
-
-    ``uneven`` decides what happens when the dataset does not divide by the world size W:
-    ``pad`` repeats samples from the start of the order so every rank gets the same count (torch's
-    DistributedSampler does the same), ``drop`` drops the tail, ``join`` leaves ranks with counts that differ
-    by at most one: no sample repeated or left out (evaluation loaders; training then needs ``ddpkit.join``).
-
-    >>> [list(ShardSampler(5, rank=r, world_size=2, shuffle=False, uneven="join")) for r in (0, 1)]
-    [[0, 2, 4], [1, 3]]
-    """
-
-    def __init__(self, size: int, rank: int, world_size: int, shuffle: bool = True, seed: int = 0,
-                 uneven: str = "pad", multiple: int | None = None):
-        self.size, self.rank, self.world_size = size, rank, world_size
-        self.shuffle, self.seed, self.uneven = shuffle, seed, uneven
-        self.multiple = multiple or world_size  # ``drop`` keeps a multiple of this (``ddpkit verify``: its N)
-        self.epoch = 0
-        self.start = 0  # global position in this epoch's order to start from (mid-epoch resume)
-        # the owning loader's (weakly: no cycle), so the script's own set_epoch (the DistributedSampler habit)
-        # reaches the loader
-        self.on_set_epoch: weakref.WeakMethod[Callable[[int], None]] | None = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        """A copy (pickle, deepcopy) is the sampler alone: it does not reach its loader."""
-        return {**self.__dict__, "on_set_epoch": None}
-
-    def set_epoch(self, epoch: int) -> None:
-        """Take ``epoch``'s order. Under :class:`ShardedDataLoader` this is the script's word and wins over the
-        loader's own count (see :meth:`ShardedDataLoader.set_epoch`).
-
-        >>> sampler = ShardSampler(4, rank=0, world_size=1); sampler.set_epoch(3); sampler.epoch
-        3
-        """
-        self.epoch = epoch_number(epoch)
-        owner = self.on_set_epoch() if self.on_set_epoch is not None else None
-        if owner is not None:
-            owner(self.epoch)
-
-    def global_order(self) -> list[int]:
-        """This epoch's order of the whole dataset (independent of the world size)."""
-        if not self.shuffle:
-            return list(range(self.size))
-        return torch.randperm(self.size, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
-
-    def _total(self) -> int:
-        if self.uneven == "pad":
-            return -(-self.size // self.world_size) * self.world_size
-        if self.uneven == "drop":
-            return self.size // self.multiple * self.multiple
-        return self.size
-
-    def __iter__(self) -> Iterator[int]:
-        order, total = self.global_order(), self._total()
-        while len(order) < total:  # pad: wrap around (more than once for tiny datasets)
-            order += order[: total - len(order)]
-        return iter(order[self.start + self.rank:total:self.world_size])
-
-    def __len__(self) -> int:
-        return len(range(self.start + self.rank, self._total(), self.world_size))
-
-
-def epoch_number(epoch: Any) -> int:
-    """``epoch`` as an int >= 0, or a one-line ValueError.
-
-    >>> epoch_number(2), epoch_number(torch.tensor(3))
-    (2, 3)
-    """
-    try:
-        number = operator.index(epoch)
-    except TypeError:
-        number = -1
-    if number < 0:
-        raise ValueError(f"set_epoch({epoch!r}): expected an epoch number (an int >= 0); pass the loop's "
-                         "counter, as in `for epoch in range(loader.epoch, epochs): loader.set_epoch(epoch)`")
-    return number
+__all__ = ["ShardSampler", "ShardedDataLoader", "data_loader", "epoch_number", "join"]
 
 
 class ShardedDataLoader(DataLoader):
@@ -208,8 +132,8 @@ class ShardedDataLoader(DataLoader):
             epoch, self._requested = self._requested, None
             self._take_epoch(epoch)
 
-    def _shard_sampler(self) -> ShardSampler:
-        assert isinstance(self.sampler, ShardSampler), "ShardedDataLoader is built by ddpkit.data_loader"
+    def _shard_sampler(self) -> EpochSampler:
+        assert isinstance(self.sampler, EpochSampler), "ShardedDataLoader is built by ddpkit.data_loader"
         return self.sampler
 
     def _counted(self, batches: Any, number: int) -> Iterator[Any]:
@@ -305,7 +229,10 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     empty batches (0 samples) so all ranks run the same forwards: sum per batch, not mean.
 
     Each rank's DataLoader workers get their own reproducible seeds (from ``seed`` and the rank). Other
-    keyword arguments (``num_workers``, ``collate_fn``, ``drop_last``, ...) go to ``DataLoader``.
+    keyword arguments (``num_workers``, ``collate_fn``, ``drop_last``, ...) go to ``DataLoader``, but for
+    ``sampler=``: a sampler of your own (weighted, with replacement) gives the order instead of the shuffle;
+    its stream, seeded ``seed`` + epoch, is split across ranks by position (:class:`ddpkit.samplers.SamplerShard`,
+    docs/samplers.md). ``batch_sampler=`` is refused.
 
     A ``torch.utils.data.IterableDataset`` (a stream) is split across ranks and loader workers so each sample
     is read by exactly one of them (:mod:`ddpkit.streams`); ``uneven`` is then ``drop`` (the default: every
@@ -321,14 +248,17 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
         return _stream_loader(dataset, batch_size, state, tools, train, shuffle, uneven or "drop", seed,
                               shuffle_buffer, loader_kwargs)
     uneven = uneven or "pad"
+    own = user_sampler(loader_kwargs.pop("sampler", None), loader_kwargs, shuffle)
     if len(dataset) < state.world_size:
         raise ValueError(f"dataset has {len(dataset)} samples but the job has {state.world_size} processes: "
                          "each rank needs at least one sample; use fewer processes or a larger dataset")
     shuffle = train if shuffle is None else shuffle
+    sampler_uneven = "join"  # evaluation: no sample repeated or left out
     if train:
         batch_size, sampler_uneven = tools.train_batch(batch_size), tools.uneven(uneven)
-    sampler = ShardSampler(len(dataset), state.rank, state.world_size, shuffle, seed,
-                           sampler_uneven if train else "join", multiple=tools.drop_multiple)
+    sampler = ShardSampler(len(dataset), state.rank, state.world_size, shuffle, seed, sampler_uneven,
+                           multiple=tools.drop_multiple) if own is None else \
+        SamplerShard(own, state.rank, state.world_size, seed, sampler_uneven, multiple=tools.drop_multiple)
     cores = cores_per_process(cores_bound(), os.cpu_count() or 1, state.local_world_size)
     loader_kwargs = {**loader_defaults(dataset, state.device.type, cores, loader_kwargs.get("num_workers")),
                      **loader_kwargs}
@@ -337,7 +267,7 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     # a mode whose forward is collective (fsdp gathers parameters) needs every rank to take every eval step
     equal = None
     if not train and strategy.get(state.mode).collective_forward:
-        first = len(range(0, len(dataset), state.world_size))  # rank 0 has the most samples, so the most batches
+        first = len(range(0, sampler.size, state.world_size))  # rank 0 has the most samples, so the most batches
         equal = first // batch_size if loader_kwargs.get("drop_last") else -(-first // batch_size)
     loader = ShardedDataLoader(dataset, batch_size=batch_size, sampler=sampler, join=train and uneven == "join",
                                equal_steps=equal, **loader_kwargs)
