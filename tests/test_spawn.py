@@ -204,3 +204,17 @@ def test_forked_workers_start_fresh_after_the_kernel_ran_init_and_a_cell_failed(
     r = ok(run_cmd([sys.executable, "-c", AFTER_CELLS, str(tmp_path)], timeout=120))
     assert "GOT [2, 'ddp']" in r.stdout, r.stdout + r.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.glob("hook-*")) == ["hook-0", "hook-1"]  # shutdown ran its hooks
+
+
+def test_a_script_fed_on_stdin_spawns_its_workers_by_fork():
+    script = ("import ddpkit\n\ndef work():\n    return ddpkit.init().world_size\n\n"
+              "if __name__ == '__main__':\n    print('WORLD', ddpkit.spawn(work, nproc_per_node=2))\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-"], cwd=SCRATCH, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:  # `python - < train.py`: __main__.__file__ is '<stdin>', which a spawned interpreter cannot import
+        out, err = proc.communicate(script, timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0 and "WORLD 2" in out, err[-3000:]

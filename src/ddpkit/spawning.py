@@ -68,9 +68,10 @@ def choose_start_method(requested: str | None, interactive: bool, cuda_initializ
 
 
 def _interactive(fn: Callable[..., Any]) -> bool:
-    """Defined in a notebook or the REPL: its ``__main__`` has no file for a spawned interpreter to import."""
-    main = sys.modules.get("__main__")
-    return getattr(fn, "__module__", None) == "__main__" and not getattr(main, "__file__", None)
+    """Defined in a notebook, the REPL, ``python -c`` or a script fed on stdin (``python - < train.py``, whose
+    ``__main__.__file__`` is ``'<stdin>'``): its ``__main__`` has no file for a spawned interpreter to import."""
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    return getattr(fn, "__module__", None) == "__main__" and not (main_file and os.path.isfile(main_file))
 
 
 class _Call:
