@@ -84,3 +84,13 @@ def test_what_cannot_be_split_is_refused_in_one_line(kwargs, message):
         ddpkit.data_loader(DATA, batch_size=4, **kwargs)
     assert "\n" not in str(error.value)
 
+
+
+def test_a_sampler_ddpkit_has_seeded_can_build_another_loader():
+    """After a pass its generator is ddpkit's, not the script's: a rebuilt loader (a notebook cell run again)
+    must not be refused."""
+    ddpkit.init(cpu=True)
+    sampler = RandomSampler(DATA)
+    first = [i for (ids,) in ddpkit.data_loader(DATA, batch_size=8, sampler=sampler) for i in ids.tolist()]
+    again = [i for (ids,) in ddpkit.data_loader(DATA, batch_size=8, sampler=sampler) for i in ids.tolist()]
+    assert first == again == stream(RandomSampler(DATA), 0, 50)

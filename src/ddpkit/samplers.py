@@ -129,6 +129,7 @@ class SamplerShard(EpochSampler):
         # seeded now, not at the first index: the pass's epoch is the one set when the pass began
         if hasattr(self.sampler, "generator"):
             self.sampler.generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            _seeded.add(self.sampler.generator)
         if callable(getattr(self.sampler, "set_epoch", None)):
             self.sampler.set_epoch(self.epoch)  # type: ignore[attr-defined]
         return self._positions(iter(self.sampler), self.start + self.rank, self._total())
@@ -144,6 +145,10 @@ class SamplerShard(EpochSampler):
         for position in range(max(self.size, first), total):  # pad: wrap around to the stream's start
             if (position - first) % world == 0:
                 yield head[(position - self.size) % len(head)]
+
+
+# generators SamplerShard gave a sampler: a loader built again over that sampler is not refused for "its own"
+_seeded: weakref.WeakSet[torch.Generator] = weakref.WeakSet()
 
 
 def user_sampler(sampler: Any, loader_kwargs: dict[str, Any], shuffle: bool | None) -> Sampler[int] | None:
@@ -162,7 +167,7 @@ def user_sampler(sampler: Any, loader_kwargs: dict[str, Any], shuffle: bool | No
     if isinstance(sampler, DistributedSampler):
         raise ValueError(f"sampler={name}(...) splits the data by rank, and data_loader already does (each rank "
                          "would get 1/W of its share); drop sampler= (shuffle=, seed=, uneven= do the rest)")
-    if getattr(sampler, "generator", None) is not None:
+    if getattr(sampler, "generator", None) is not None and sampler.generator not in _seeded:
         raise ValueError(f"sampler={name}(...) has its own generator: data_loader seeds one per epoch so every "
                          "rank draws the same order and a resume replays it; build it without generator= and "
                          "pass data_loader(..., seed=N)")
