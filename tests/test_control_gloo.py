@@ -31,6 +31,18 @@ def test_a_value_that_is_not_json_is_refused_on_every_rank(two):
         assert "gather_object on rank 1: value is a __main__.Point, not JSON" in record["refused_gather"]
 
 
+def test_collectives_edges_a_scalar_gather_a_flag_and_tensors_that_differ_across_ranks(two):
+    for record in two:
+        assert record["gather_0d"] == [0.0, 0.5]  # one row per rank
+        assert record["flag_max"] is True and record["flag_min"] is True and record["flag_sum"] == 2
+        assert "ddpkit.reduce: the ranks passed different tensors (rank 0: float32 [3], rank 1: int64 [3]); " \
+            "pass the same dtype and shape on every rank" in record["reduce_dtypes"]
+        assert "ddpkit.gather: the ranks passed different tensors (rank 0: float32 [2, 3], rank 1: float32 [2, 4])" \
+            in record["gather_shapes"]
+        assert record["gather_rows"] == [[0, 0], [1, 1], [1, 1]]
+        assert record["after"] == "still in step"
+
+
 def test_early_stop_decided_by_one_rank_ends_every_rank_at_the_same_step(two):
     assert [r["stopped_at"] for r in two] == [3, 3] and all(r["all"] for r in two)
 
@@ -40,6 +52,7 @@ def test_one_process_runs_the_same_script(tmp_path):
     record = json.loads((tmp_path / "values0.json").read_text())
     assert record["gathered"] == [{"rank": 0, "loss": 0.0}] and record["stopped_at"] == 3
     assert "not JSON" in record["refused_broadcast"] and record["tensor"] == [[0, 1, 2], [3, 4, 5]]
+    assert record["gather_0d"] == [0.0] and record["flag_max"] is True and record["flag_sum"] == 1
 
 
 def test_main_process_first_runs_rank0_first(tmp_path):

@@ -28,6 +28,11 @@ from ddpkit.options import Op, check
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
 
+# every dtype torch has, in a fixed order: a dtype travels as its index here
+_DTYPES = list(dict.fromkeys(sorted((v for v in vars(torch).values() if isinstance(v, torch.dtype)), key=str)))
+_DIMS = 8  # shape entries a header carries (more dims: compared through the element count)
+
+
 def _as_tensor(value, device: torch.device) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value.detach().to(device)
@@ -35,14 +40,44 @@ def _as_tensor(value, device: torch.device) -> torch.Tensor:
     return torch.tensor(value, dtype=torch.float64, device=device)
 
 
+def _headers(tensor: torch.Tensor, world_size: int) -> list[list[int]]:
+    """Every rank's [dtype, ndim, numel, *shape] (one all-gather): gloo reduces mismatched buffers into
+    garbage on one rank and aborts the other, so the ranks compare them first."""
+    shape = list(tensor.shape[:_DIMS]) + [-1] * (_DIMS - min(tensor.dim(), _DIMS))
+    mine = torch.tensor([_DTYPES.index(tensor.dtype), tensor.dim(), tensor.numel(), *shape], dtype=torch.int64,
+                        device=tensor.device)
+    rows = [torch.empty_like(mine) for _ in range(world_size)]
+    dist.all_gather(rows, mine)
+    return [row.tolist() for row in rows]
+
+
+def _describe(header: list[int]) -> str:
+    dims = header[3:3 + header[1]]
+    return f"{str(_DTYPES[header[0]]).removeprefix('torch.')} {dims}"
+
+
+def _same_everywhere(where: str, headers: list[list[int]], rows_may_differ: bool, fix: str) -> None:
+    """Raise on every rank (each sees every header) when the ranks' tensors cannot be combined."""
+    def key(h: list[int]) -> list[int]:
+        return [h[0], h[1], *h[4:]] if rows_may_differ else h
+
+    if any(key(h) != key(headers[0]) for h in headers):
+        seen = ", ".join(f"rank {r}: {_describe(h)}" for r, h in enumerate(headers))
+        raise ValueError(f"{where}: the ranks passed different tensors ({seen}); {fix}")
+
+
 def _all_reduce(value, op: str):
     state = runtime.ensure_init()
     if state.world_size == 1:
-        return value
+        return bool(value) if isinstance(value, bool) and op != "sum" else value
     tensor = _as_tensor(value, state.device).clone()
+    _same_everywhere("ddpkit.reduce", _headers(tensor, state.world_size), False,
+                     "pass the same dtype and shape on every rank (a number everywhere, or e.g. .float() on each)")
     dist.all_reduce(tensor, op=_OPS[op])
     if isinstance(value, torch.Tensor):
         return tensor.to(value.device)
+    if isinstance(value, bool) and op != "sum":  # max/min of flags is a flag; their sum counts them
+        return bool(tensor.item())
     return int(tensor.item()) if isinstance(value, int) else tensor.item()
 
 
@@ -69,15 +104,21 @@ def gather(tensor: torch.Tensor) -> torch.Tensor:
     """Concatenate every rank's rows (dim 0) in dataset order.
 
     Rank r holds positions r, r + W, r + 2W, ... of a ``train=False`` loader (counts may differ by one);
-    the result interleaves them back, so row i is dataset sample i. Works on any dtype and trailing shape.
+    the result interleaves them back, so row i is dataset sample i. Works on any dtype and trailing shape
+    (the same on every rank); a 0-d tensor is one row (every rank's value, in rank order).
+
+    >>> gather(torch.tensor(0.5))      # one process: one row
+    tensor([0.5000])
     """
     state = runtime.ensure_init()
+    rows = tensor.reshape(1) if tensor.dim() == 0 else tensor
     if state.world_size == 1:
-        return tensor
-    local = tensor.detach().to(state.device)
-    counts = [torch.zeros(1, dtype=torch.int64, device=state.device) for _ in range(state.world_size)]
-    dist.all_gather(counts, torch.tensor([local.shape[0]], device=state.device))
-    sizes = [int(c.item()) for c in counts]
+        return rows
+    local = rows.detach().to(state.device)
+    headers = _headers(local, state.world_size)
+    _same_everywhere("ddpkit.gather", headers, True,
+                     "rows may differ in number, not in dtype or trailing shape: pass the same on every rank")
+    sizes = [h[3] for h in headers]
     longest = max(sizes)
     padded = local.new_zeros((longest, *local.shape[1:]))
     padded[: local.shape[0]] = local

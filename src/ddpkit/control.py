@@ -125,7 +125,7 @@ def any_rank(flag: bool) -> bool:
     >>> any_rank(True), any_rank(False)
     (True, False)
     """
-    return _agree(flag, dist.ReduceOp.MAX)
+    return bool(agree(int(bool(flag)), "max").result())
 
 
 def all_ranks(flag: bool) -> bool:
@@ -134,16 +134,38 @@ def all_ranks(flag: bool) -> bool:
     >>> all_ranks(True)
     True
     """
-    return _agree(flag, dist.ReduceOp.MIN)
+    return bool(agree(int(bool(flag)), "min").result())
 
 
-def _agree(flag: bool, op: Any) -> bool:
+class Agreement:
+    """A count every rank agreed on, possibly still in flight: :meth:`result` waits for it."""
+
+    def __init__(self, work: Any, tensor: torch.Tensor | None, value: int):
+        self._work, self._tensor, self._value = work, tensor, value
+
+    def result(self) -> int:
+        if self._tensor is not None:
+            self._work.wait()
+            self._value, self._tensor = int(self._tensor.item()), None
+        return self._value
+
+
+def agree(value: int, op: str) -> Agreement:
+    """Start agreeing on ``value`` across ranks: its ``"min"`` or ``"max"`` over every rank (a collective).
+
+    The one helper behind :func:`any_rank`, :func:`all_ranks` and the stream loader's "every rank still has
+    a batch" count: the tensor goes on ``state.device`` (an NCCL group takes no CPU tensor), and the
+    all-reduce runs asynchronously until :meth:`Agreement.result` is asked for.
+
+    >>> agree(3, "min").result()      # one process: the value itself
+    3
+    """
     state = runtime.ensure_init()
     if state.world_size == 1:
-        return bool(flag)
-    tensor = torch.tensor([int(bool(flag))], dtype=torch.int32, device=state.device)
-    dist.all_reduce(tensor, op=op)
-    return bool(tensor.item())
+        return Agreement(None, None, int(value))
+    tensor = torch.tensor([int(value)], dtype=torch.int64, device=state.device)
+    reduce_op = {"min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op]
+    return Agreement(dist.all_reduce(tensor, op=reduce_op, async_op=True), tensor, int(value))
 
 
 @contextlib.contextmanager

@@ -1,6 +1,7 @@
 """Worker for the cross-rank helpers: ``ddpkit launch --nproc-per-node 2 control.py CASE OUT`` (or plain python).
 
-CASE: values (broadcast / gather_object round trips and refusals, then an early stop decided by rank 1 only),
+CASE: values (broadcast / gather_object round trips and refusals, collectives' edges: a 0-d gather, a flag's
+max, tensors that differ across ranks; then an early stop decided by rank 1 only),
 first (main_process_first ordering), first_raises (rank 0 raises inside main_process_first).
 """
 import json
@@ -21,10 +22,10 @@ class Point:  # picklable, not JSON: must be refused, never unpickled
     x = 1
 
 
-def refused(call):
+def refused(call, error=TypeError):
     try:
         call()
-    except TypeError as exc:
+    except error as exc:
         return str(exc)
     return None
 
@@ -37,6 +38,13 @@ if case == "values":
         "gathered": ddpkit.gather_object({"rank": rank, "loss": 0.5 * rank}),
         "refused_broadcast": refused(lambda: ddpkit.broadcast(Point() if rank == 0 else None)),
         "refused_gather": refused(lambda: ddpkit.gather_object(Point() if rank == world - 1 else rank)),
+        "gather_0d": ddpkit.gather(torch.tensor(0.5 * rank)).tolist(),
+        "flag_max": ddpkit.reduce(rank == world - 1, "max"), "flag_min": ddpkit.reduce(True, "min"),
+        "flag_sum": ddpkit.reduce(True),
+        "reduce_dtypes": refused(lambda: ddpkit.reduce(torch.ones(3) if rank == 0 else torch.ones(3).long()),
+                                 ValueError),
+        "gather_shapes": refused(lambda: ddpkit.gather(torch.zeros(2, 3 if rank == 0 else 4)), ValueError),
+        "gather_rows": ddpkit.gather(torch.full((rank + 1, 2), rank)).tolist(),  # rows may differ in number
         "after": ddpkit.broadcast("still in step" if rank == 0 else None),  # nobody was left behind
     }
     stopped_at = None
