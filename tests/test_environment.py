@@ -61,7 +61,7 @@ def test_slurm_master_address_and_port_from_the_job():
                "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_NODELIST": "gpu[07-08]",
                "SLURM_JOB_ID": "123456", "SLURM_NTASKS_PER_NODE": "2(x2)"}
     env = detect(environ, [])
-    assert (env.master_addr, env.master_port, env.node_rank) == ("gpu07", slurm_port(123456), 1)
+    assert (env.master_addr, env.master_port, env.node_rank) == ("gpu07", slurm_port(123456, 0), 1)
     assert detect({**environ, "MASTER_ADDR": "10.1.1.1", "MASTER_PORT": "4000"}, []).master_addr == "10.1.1.1"
     assert expand_hostlist("node[01-03,07],gpu5") == ["node01", "node02", "node03", "node07", "gpu5"]
     assert expand_hostlist("rack[1-2]-n[1-2]") == ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]
@@ -82,3 +82,78 @@ def test_kubeflow_pytorchjob_variables_are_torchrun_style():
     env = detect({"MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "3", "RANK": "2"}, [])
     assert (env.source, env.rank, env.world_size, env.master_addr) == ("torchrun", 2, 3, "job-master-0")
     assert (env.local_rank, env.node_rank) == (0, 2)  # one process per pod
+
+
+# What srun sets in each task (srun(1), OUTPUT ENVIRONMENT VARIABLES), for `srun -N2 -n3 python train.py` in job
+# 123456 on gpu[07-08]: block distribution puts tasks 0 and 1 on gpu07 and task 2 on gpu08. SLURM_NODEID,
+# SLURM_LOCALID and the STEP_* variables describe the step, SLURM_JOB_NODELIST / SLURM_TASKS_PER_NODE the job.
+UNEVEN_STEP = {"SLURM_JOB_ID": "123456", "SLURM_JOBID": "123456", "SLURM_STEP_ID": "0", "SLURM_STEPID": "0",
+               "SLURM_NTASKS": "3", "SLURM_NPROCS": "3", "SLURM_NNODES": "2", "SLURM_JOB_NUM_NODES": "2",
+               "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_NODELIST": "gpu[07-08]", "SLURM_TASKS_PER_NODE": "2,1",
+               "SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "3",
+               "SLURM_STEP_TASKS_PER_NODE": "2,1"}
+
+
+def _task(step, procid, nodeid, localid, **extra):
+    return {**step, "SLURM_PROCID": str(procid), "SLURM_NODEID": str(nodeid), "SLURM_LOCALID": str(localid),
+            **extra}
+
+
+def test_slurm_uneven_tasks_per_node():
+    envs = [detect(_task(UNEVEN_STEP, *task), []) for task in ((0, 0, 0), (1, 0, 1), (2, 1, 0))]
+    assert [(e.rank, e.local_rank, e.local_world_size, e.node_rank, e.world_size) for e in envs] == \
+        [(0, 0, 2, 0, 3), (1, 1, 2, 0, 3), (2, 0, 1, 1, 3)]
+    assert len({(e.master_addr, e.master_port) for e in envs}) == 1 and envs[0].master_addr == "gpu07"
+
+
+def test_slurm_tasks_per_node_with_repeats():
+    from ddpkit.environment import tasks_per_node
+
+    assert tasks_per_node("2(x3),1") == [2, 2, 2, 1] and tasks_per_node("4") == [4]
+    step = {**UNEVEN_STEP, "SLURM_NTASKS": "7", "SLURM_STEP_NUM_TASKS": "7", "SLURM_STEP_NUM_NODES": "4",
+            "SLURM_NNODES": "4", "SLURM_STEP_TASKS_PER_NODE": "2(x3),1", "SLURM_STEP_NODELIST": "n[1-4]"}
+    env = detect(_task(step, 6, 3, 0), [])
+    assert (env.local_world_size, env.node_rank) == (1, 3)
+    assert detect(_task(step, 3, 1, 1), []).local_world_size == 2
+
+
+def test_two_concurrent_srun_steps_do_not_share_a_store():
+    # `srun -N1 -n2 ... &` twice in one allocation: step 0 on gpu07, step 1 on gpu08, or both on the same node
+    step0 = {**UNEVEN_STEP, "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "1",
+             "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_STEP_NODELIST": "gpu07"}
+    step1 = {**step0, "SLURM_STEP_ID": "1", "SLURM_STEPID": "1", "SLURM_STEP_NODELIST": "gpu08"}
+    a, b = detect(_task(step0, 0, 0, 0), []), detect(_task(step1, 0, 0, 0), [])
+    assert (a.master_addr, b.master_addr) == ("gpu07", "gpu08") and a.master_port != b.master_port
+    same_node = detect(_task({**step1, "SLURM_STEP_NODELIST": "gpu07"}, 0, 0, 0), [])
+    assert same_node.master_addr == "gpu07" and same_node.master_port != a.master_port
+
+
+def test_slurm_ports_of_jobs_10000_apart_differ_and_stay_below_the_ephemeral_range():
+    from ddpkit.environment import slurm_port
+
+    assert slurm_port(123456, 0) != slurm_port(133456, 0) != slurm_port(143456, 0)
+    assert slurm_port(123456, 0) != slurm_port(123456, 1)
+    ports = {slurm_port(job, step) for job in range(1000, 1200) for step in range(5)}
+    assert len(ports) > 950 and all(10000 <= p < 32768 for p in ports)
+
+
+def test_mpirun_inside_a_slurm_allocation_is_mpi():
+    # Open MPI's mpirun starts its daemons with srun: each rank inherits its node daemon's SLURM_PROCID (the node
+    # index) and SLURM_NTASKS (the node count). MPI's own variables say what this process is.
+    daemon = {**UNEVEN_STEP, "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+              "SLURM_PROCID": "1", "SLURM_NODEID": "1", "SLURM_LOCALID": "0"}
+    env = detect({**daemon, "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
+                  "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+                  "MASTER_ADDR": "gpu07", "MASTER_PORT": "29400"}, [])
+    assert (env.source, env.rank, env.world_size, env.local_rank, env.local_world_size) == ("mpi", 3, 4, 1, 2)
+    hydra = detect({**daemon, "PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2",
+                    "MASTER_ADDR": "gpu07", "MASTER_PORT": "29400"}, [])
+    assert (hydra.source, hydra.rank, hydra.world_size) == ("mpi", 2, 4)
+
+
+def test_srun_with_pmi_keeps_slurms_local_ranks():
+    # `srun --mpi=pmi2 -N2 -n4`: srun itself starts the ranks and sets PMI_RANK / PMI_SIZE, with no local rank:
+    # Slurm's variables describe the same launch, and know the nodes
+    step = {**UNEVEN_STEP, "SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_TASKS_PER_NODE": "2(x2)"}
+    env = detect({**_task(step, 3, 1, 1), "PMI_RANK": "3", "PMI_SIZE": "4"}, [])
+    assert (env.rank, env.local_rank, env.local_world_size, env.node_rank) == (3, 1, 2, 1)

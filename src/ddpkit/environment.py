@@ -21,6 +21,7 @@ import os
 import re
 import subprocess
 import sys
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal, get_args
 
@@ -49,6 +50,7 @@ class ProcessEnv:
     local_world_size: int = 1
     master_addr: str | None = None
     master_port: int | None = None
+    node: int | None = None  # this machine's index when the launcher says it (Slurm: nodes may differ in size)
 
     def __post_init__(self):
         if self.source not in get_args(Source):
@@ -64,8 +66,9 @@ class ProcessEnv:
 
     @property
     def node_rank(self) -> int:
-        """Index of this machine, assuming the same number of processes on every node (as torchrun does)."""
-        return self.rank // self.local_world_size
+        """Index of this machine: the launcher's word, else assuming the same number of processes on every
+        node (as torchrun does)."""
+        return self.node if self.node is not None else self.rank // self.local_world_size
 
     @property
     def distributed(self) -> bool:
@@ -157,38 +160,93 @@ def _range(part: str) -> list[str]:
     return [str(n).zfill(len(low)) for n in range(int(low), int(high) + 1)]
 
 
-def slurm_port(job_id: int) -> int:
-    """A port derived from the job id (10000-19999), the same on every node of the job."""
-    return 10000 + job_id % 10000
+# Slurm ports: below Linux's ephemeral range (32768-60999), where outgoing connections take theirs
+SLURM_PORTS = range(10000, 32768)
+
+
+def slurm_port(job_id: int, step_id: int = 0) -> int:
+    """The store's port for one srun step, the same in every task of the step: the job id hashed into
+    :data:`SLURM_PORTS`, plus the step id, so concurrent steps of one job never share a port and jobs whose ids
+    differ by any multiple of 10000 do not either. Two different jobs whose first nodes are the same machine
+    pick the same port with probability 1 / 22768 (about 4e-5; k such jobs at once: about k^2 / 45536);
+    export MASTER_PORT to choose one yourself.
+
+    >>> slurm_port(123456, 1) - slurm_port(123456, 0)
+    1
+    """
+    hashed = zlib.crc32(str(job_id).encode())
+    return SLURM_PORTS.start + (hashed + step_id) % len(SLURM_PORTS)
+
+
+def tasks_per_node(spec: str) -> list[int]:
+    """Slurm's compact tasks-per-node list, expanded, one entry per node of the step, in node order.
+
+    >>> tasks_per_node("2(x3),1")
+    [2, 2, 2, 1]
+    """
+    counts: list[int] = []
+    for part in spec.split(","):
+        found = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if found is None:
+            raise LaunchEnvError(f"SLURM_STEP_TASKS_PER_NODE={spec!r} is not a list like '2(x3),1'; "
+                                 "srun sets it: check that the job runs under srun")
+        counts += [int(found.group(1))] * int(found.group(2) or 1)
+    return counts
+
+
+def _slurm_local_world(environ: Mapping[str, str], world: int) -> tuple[int, int | None]:
+    """Processes on this node and this node's index in the step. ``srun -N2 -n3`` puts 2 tasks on one node
+    and 1 on the other: SLURM_STEP_TASKS_PER_NODE ("2,1") and SLURM_NODEID say which this is; without them
+    every node is taken to hold the same number."""
+    spec = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE")
+    if spec and environ.get("SLURM_NODEID"):
+        counts, node = tasks_per_node(spec), _int(environ, "SLURM_NODEID")
+        if 0 <= node < len(counts):
+            return counts[node], node
+    nodes = _int(environ, "SLURM_STEP_NUM_NODES", default=_int(environ, "SLURM_NNODES", default=1))
+    return max(world // max(nodes, 1), 1), None
 
 
 def _from_slurm(environ: Mapping[str, str]) -> ProcessEnv:
-    world = _int(environ, "SLURM_NTASKS")
-    nodes = _int(environ, "SLURM_NNODES", default=1)
-    # SLURM_NTASKS_PER_NODE may read "2(x3)"; with homogeneous nodes the division is what we need.
-    local_world = max(world // max(nodes, 1), 1)
+    """One srun step: its tasks, and its store on the step's first node (not the job's: two steps running at
+    once in one allocation must not meet in one store) at a port of the job and the step."""
+    world = _int(environ, "SLURM_STEP_NUM_TASKS", default=_int(environ, "SLURM_NTASKS"))
+    local_world, node = _slurm_local_world(environ, world)
     addr, port = _address(environ)
-    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
     if addr is None and nodelist:
         addr = expand_hostlist(nodelist)[0]
     if port is None and environ.get("SLURM_JOB_ID"):
-        port = slurm_port(_int(environ, "SLURM_JOB_ID"))
+        port = slurm_port(_int(environ, "SLURM_JOB_ID"), _int(environ, "SLURM_STEP_ID", default=0))
     return ProcessEnv("slurm", _int(environ, "SLURM_PROCID"), _int(environ, "SLURM_LOCALID"),
-                      world, local_world, addr, port)
+                      world, local_world, addr, port, node)
 
 
 def _from_mpi(environ: Mapping[str, str]) -> ProcessEnv:
-    """Open MPI (OMPI_COMM_WORLD_*) or MPICH / Intel MPI (PMI_*, MPI_LOCAL*); the address from MASTER_ADDR."""
+    """Open MPI (OMPI_COMM_WORLD_*) or MPICH / Intel MPI (PMI_*, MPI_LOCAL*); the address from MASTER_ADDR.
+
+    Inside a Slurm allocation, ``mpirun`` starts its daemons with srun: the ranks inherit a daemon's SLURM_PROCID
+    (a node index), so MPI's variables say what this process is. ``srun --mpi=pmi2`` starts the ranks itself
+    and sets PMI_RANK / PMI_SIZE without local ranks: Slurm's variables then describe the same launch, nodes
+    included, and are read instead."""
     if "OMPI_COMM_WORLD_RANK" in environ:
         rank, world = _int(environ, "OMPI_COMM_WORLD_RANK"), _int(environ, "OMPI_COMM_WORLD_SIZE")
         local = _int(environ, "OMPI_COMM_WORLD_LOCAL_RANK", default=0)
         local_world = _int(environ, "OMPI_COMM_WORLD_LOCAL_SIZE", default=world)
     else:
         rank, world = _int(environ, "PMI_RANK"), _int(environ, "PMI_SIZE")
+        if "MPI_LOCALRANKID" not in environ and _slurm_step(environ) and \
+                (_int(environ, "SLURM_PROCID"), _int(environ, "SLURM_NTASKS")) == (rank, world):
+            return _from_slurm(environ)
         local = _int(environ, "MPI_LOCALRANKID", default=0)
         local_world = _int(environ, "MPI_LOCALNRANKS", default=world)
     addr, port = _address(environ)
     return ProcessEnv("mpi", rank, local, world, local_world, addr, port)
+
+
+def _slurm_step(environ: Mapping[str, str]) -> bool:
+    # srun sets SLURM_STEP_ID for the tasks it starts: a bare sbatch script (one process) is not a launch
+    return all(k in environ for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_ID"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,14 +259,13 @@ class Detector:
 
 
 # Tried in this order; the first whose variables are present wins. torchrun-style variables come first: a
-# torchrun inside a Slurm allocation sets them on top of Slurm's. srun sets SLURM_STEP_ID for the tasks it
-# starts, so a bare sbatch script (one process) is not taken for a Slurm launch.
+# torchrun inside a Slurm allocation sets them on top of Slurm's; MPI's next, for mpirun inside an allocation
+# (see _from_mpi; Lightning met the same, its PR #11406).
 DETECTORS = (
     Detector("torchrun", lambda e: "WORLD_SIZE" in e and "RANK" in e, _from_torchrun),
-    Detector("slurm", lambda e: all(k in e for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_ID")),
-             lambda e, argv: _from_slurm(e)),
     Detector("mpi", lambda e: "OMPI_COMM_WORLD_RANK" in e or ("PMI_RANK" in e and "PMI_SIZE" in e),
              lambda e, argv: _from_mpi(e)),
+    Detector("slurm", _slurm_step, lambda e, argv: _from_slurm(e)),
 )
 
 
