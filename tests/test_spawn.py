@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 
+import ddpkit
 from conftest import SCRATCH, WORKERS, launch, ok, run_cmd
 from ddpkit.spawning import choose_start_method as start_method
 
@@ -218,3 +219,12 @@ def test_a_script_fed_on_stdin_spawns_its_workers_by_fork():
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0 and "WORLD 2" in out, err[-3000:]
+
+
+def test_spawn_refuses_one_gpu_for_two_processes_up_front(monkeypatch):
+    from ddpkit import environment, launch
+
+    monkeypatch.delenv("DDPKIT_DEVICE", raising=False)
+    monkeypatch.setattr(environment, "visible_gpus", lambda **_: 1)  # the count a one-GPU host gives
+    with pytest.raises(launch.LaunchError, match="2 processes per node need 2 GPUs .* 1 usable"):
+        ddpkit.spawn(print, nproc_per_node=2)  # refused before any worker starts: NCCL cannot share cuda:0
