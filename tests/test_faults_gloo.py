@@ -59,12 +59,17 @@ def test_resume_on_another_world_size_continues_the_same_global_order(tmp_path, 
 
 def test_exception_on_one_rank_stops_all_and_is_reported_once(tmp_path):
     start = time.monotonic()
-    r = launch(WORKERS / "misc.py", "boom", tmp_path)
+    logs = tmp_path / "logs"
+    r = launch(WORKERS / "misc.py", "boom", tmp_path, launcher_args=["--log-dir", logs])
     elapsed = time.monotonic() - start
     assert r.returncode == 1
     assert "rank 1 on" in r.stderr and "failed first: ValueError: bad batch on rank 1" in r.stderr
     assert r.stderr.count("Traceback (most recent call last)") == 1  # one traceback, not one per rank
     assert elapsed < 30
+    # every failure's traceback is in that rank's log, the rank that failed after the first one's too
+    assert "ValueError: bad batch on rank 1" in _rank_log(logs, 0, 1)
+    if "ranks [0] failed after it" in r.stderr:
+        assert "Traceback (most recent call last)" in _rank_log(logs, 0, 0)
 
 
 def test_hang_is_reported_with_where_each_rank_stands(tmp_path):
@@ -115,3 +120,52 @@ def test_an_abort_in_teardown_after_the_final_barrier_is_not_a_failure(tmp_path)
     assert "rank 1 killed by SIGABRT" in r.stderr and "after every rank had passed the final barrier" in r.stderr
     r = launch(WORKERS / "misc.py", "abort_before_shutdown", tmp_path)
     assert r.returncode == 1 and "rank 1 failed first: killed by SIGABRT" in r.stderr, r.stderr[-2000:]
+
+
+EXITS = WORKERS / "exits.py"
+
+
+def _rank_log(log_dir, attempt, local_rank):
+    (path,) = log_dir.glob(f"*/*/attempt_{attempt}/{local_rank}/stderr.log")
+    return path.read_text()
+
+
+@pytest.mark.parametrize("how", ["os_exit", "sys_exit"])
+def test_one_ranks_exit_code_ends_the_job_within_seconds_and_is_named(tmp_path, how):
+    """Rank 1 leaves with code 3 while rank 0 waits in DDP's all-reduce (the collective timeout is 60 s)."""
+    r = launch(EXITS, how, tmp_path, timeout=120, launcher_args=["--console-ranks", "all"])
+    left = float(re.search(r"LEAVING-AT ([\d.]+)", r.stderr).group(1))
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "rank 1 exited with code 3" in r.stderr and "HANG" not in r.stderr, r.stderr[-2000:]
+    assert time.time() - left < 30  # not the timeout (60 s); about 2 s on an idle machine
+
+
+def test_a_timeout_raised_by_user_code_is_that_exception_not_a_hang(tmp_path):
+    """A slow download's TimeoutError is an ordinary failure: its traceback, exit 1, no SIGUSR1 to the siblings."""
+    logs = tmp_path / "logs"
+    r = launch(EXITS, "user_timeout", tmp_path, launcher_args=["--log-dir", logs])
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "failed first: TimeoutError: read timed out fetching s3://bucket/shard-00017.tar" in r.stderr
+    assert "HANG" not in r.stderr and r.stderr.count("Traceback (most recent call last)") == 1
+    assert not (tmp_path / "got-sigusr1").exists()  # rank 0 was not asked for a stack dump
+    assert "TimeoutError: read timed out" in _rank_log(logs, 0, 1)
+
+
+def test_a_restart_on_a_fixed_port_recovers_and_keeps_the_failures_traceback_in_the_log(tmp_path):
+    """--master-port P --max-restarts 1 on one node: the restart used to die binding P again (EADDRINUSE)."""
+    from test_multinode import free_port
+
+    logs = tmp_path / "logs"
+    r = ok(launch(EXITS, "fail_once", tmp_path, timeout=240,
+                  launcher_args=["--master-port", str(free_port()), "--max-restarts", "1", "--log-dir", logs]))
+    assert "DONE attempt 1" in r.stdout
+    recovered = _rank_log(logs, 0, 1)  # the failure the restart recovered from, in rank 1's first attempt
+    assert "Traceback (most recent call last)" in recovered and "ValueError: rank 1 fails on attempt 0" in recovered
+    assert "Traceback" not in r.stderr  # the console shows the one-line notice, the log keeps the traceback
+
+
+def test_a_rank_failing_before_init_is_reported_with_its_traceback(tmp_path):
+    r = launch(EXITS, "before_init", tmp_path)
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "rank 1 failed first: ValueError: bad config on rank 1, before init" in r.stderr, r.stderr[-2000:]
+    assert "Traceback (most recent call last)" in r.stderr and "without a Python exception" not in r.stderr

@@ -124,3 +124,100 @@ def test_a_taken_master_port_on_one_node_is_a_one_line_error_before_spawning():
                      SCRIPT], timeout=60)
     assert r.returncode == 2, r.stderr
     assert f"--master-port {port} is not free on 127.0.0.1" in r.stderr and "per-rank logs" not in r.stderr
+
+
+@pytest.mark.parametrize("device, gpus, nproc, mode, refused", [
+    (None, 1, 2, "ddp", True), ("cuda", 1, 2, "ddp", True), (None, 2, 4, "fsdp", True),
+    ("cpu", 1, 2, "ddp", False), (None, 1, 1, "ddp", False), (None, 2, 2, "ddp", False), (None, 1, 1, "dp", False),
+])
+def test_one_gpu_shared_by_several_local_processes_is_refused_up_front(device, gpus, nproc, mode, refused):
+    """Every rank would take cuda:0 and NCCL would fail at the first collective ("Duplicate GPU detected")."""
+    make = lambda: LaunchConfig(script=SCRIPT, nproc_per_node=nproc, mode=mode, device=device, gpus=gpus)  # noqa: E731
+    if not refused:
+        make()
+        return
+    with pytest.raises(LaunchError) as err:
+        make()
+    assert str(err.value).count("\n") == 0
+    assert f"{nproc} processes per node need {nproc} GPUs" in str(err.value) and f"{gpus} usable" in str(err.value)
+    assert f"pass --nproc-per-node {gpus} or --device cpu" in str(err.value)
+
+
+def test_multi_node_without_a_port_uses_torchruns_default_in_the_preflight_too():
+    from ddpkit import preflight
+
+    cfg = parse_args(["--nnodes", "2", "--master-addr", "10.0.0.1", SCRIPT], gpus=0)
+    assert cfg.master_port is None and cfg.node0_port == 29500
+    argv = torchrun_argv(cfg)
+    assert argv[argv.index("--master-port") + 1] == "29500"
+    # a second node only connects (nothing binds 29500 here): it used to be a TypeError traceback (port None)
+    second = parse_args(["--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", SCRIPT], gpus=0)
+    problem = preflight.check_nodes(second, join_timeout_s=0.5)
+    assert problem and "127.0.0.1:29500" in problem, problem
+
+
+def test_the_preflight_compares_device_and_backend():
+    from ddpkit.preflight import disagreement, node_settings
+
+    gpu = LaunchConfig(script=SCRIPT, max_nodes=2, master_addr="h", gpus=1)
+    cpu = LaunchConfig(script=SCRIPT, max_nodes=2, master_addr="h", device="cpu", gpus=0)
+    a, b = node_settings(gpu), node_settings(cpu)
+    assert (a["device"], a["backend"], b["device"], b["backend"]) == ("cuda", "nccl", "cpu", "gloo")
+    assert disagreement({0: a, 1: b}).startswith("nodes disagree on device: node 0 has cuda, node 1 has cpu")
+
+
+def test_omp_threads_come_from_the_usable_cores_not_the_machines():
+    from ddpkit.launch import usable_cores
+
+    assert usable_cores({0}, cpu_count=2) == 1 and usable_cores({0, 1, 2, 3}, cpu_count=64) == 4
+    assert usable_cores() == len(__import__("os").sched_getaffinity(0))
+    env, notes = worker_env(LaunchConfig(script=SCRIPT), {}, cores=usable_cores({0}, cpu_count=2))
+    assert env["OMP_NUM_THREADS"] == "1" and "1 cores / 1 local processes" in notes[0]
+
+
+def test_an_elastic_nodes_failures_are_matched_with_their_own_stderr_logs(tmp_path):
+    """On the second node of an elastic launch global rank 2 is local rank 0: its NCCL watchdog line is in
+    .../attempt_0/0/stderr.log, and the report must read it (it said "killed by SIGABRT")."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from ddpkit.supervise import failure_report, first_local_rank, stderr_tails
+
+    folder = tmp_path / "logs" / "run" / "attempt_0" / "0"
+    folder.mkdir(parents=True)
+    (folder / "stderr.log").write_text("[Rank 2] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3)\n")
+    missing = str(tmp_path / "none.json")
+    exc = ChildFailedError("train.py", {2: ProcessFailure(0, 11, -6, missing), 3: ProcessFailure(1, 12, -15, missing)})
+    assert first_local_rank(exc, default=0) == 2
+    (tmp_path / "report" / "attempt0").mkdir(parents=True)
+    tails = stderr_tails(str(tmp_path / "logs"), first_local_rank(exc, 0))
+    code, text = failure_report(exc, str(tmp_path / "report"), tails)
+    assert code == 3 and "first timeout on rank 2 (NCCL watchdog, killed by SIGABRT)" in text, text
+
+
+def test_a_users_timeout_is_not_a_collective_timeout():
+    import subprocess
+
+    import torch.distributed as dist
+
+    from ddpkit.faults import collective_timeout
+
+    assert not collective_timeout(TimeoutError, "read timed out fetching https://example.com/shard-3")
+    assert not collective_timeout(subprocess.TimeoutExpired, "Command 'aws s3 cp' timed out after 30 seconds")
+    assert not collective_timeout(RuntimeError, "HTTPSConnectionPool: Read timed out. (read timeout=10)")
+    assert collective_timeout(dist.DistBackendError, "[c10d] wait timeout after 20000ms")
+    assert collective_timeout(RuntimeError, "[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out "
+                                            "waiting 6000ms for recv operation to complete")
+
+
+def test_the_console_leaves_a_workers_traceback_block_to_its_log(tmp_path, capsys):
+    from ddpkit.faults import TRACEBACK_BEGIN, TRACEBACK_END
+    from ddpkit.logs import ConsoleTail
+
+    folder = tmp_path / "run" / "attempt_0" / "0"
+    folder.mkdir(parents=True)
+    (folder / "stderr.log").write_text(f"ddpkit: rank 0 raised ValueError: x\n{TRACEBACK_BEGIN}\nTraceback (most "
+                                       f"recent call last):\nValueError: x\n{TRACEBACK_END}\nafter\n")
+    tail = ConsoleTail(str(tmp_path), {0}, 0, 1)
+    tail._poll()
+    tail._flush(force=True)
+    assert capsys.readouterr().err == "ddpkit: rank 0 raised ValueError: x\nafter\n"

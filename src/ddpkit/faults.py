@@ -33,9 +33,16 @@ import time
 import traceback
 from collections.abc import Iterable
 
+from ddpkit.files import write_atomically
+
 EXIT_WORKER_FAILED = 1
 EXIT_HANG = 3
-_TIMEOUT = re.compile(r"timed out|timeout|Timeout", re.IGNORECASE)
+_TIMEOUT = re.compile(r"timed out|timeout", re.IGNORECASE)
+# where a RuntimeError's message says torch.distributed raised it (older builds raise plain RuntimeErrors)
+_DIST_ORIGIN = re.compile(r"gloo|c10d|ProcessGroup|NCCL|Watchdog")
+# a worker's traceback in its stderr log sits between these lines; the console tail leaves them out
+TRACEBACK_BEGIN = "ddpkit: --- traceback (kept in this rank's log; the launcher's report shows the first) ---"
+TRACEBACK_END = "ddpkit: --- end of traceback ---"
 # what a rank raises when a peer died first: a consequence, not a root cause
 _PEER_LOST = re.compile(r"Connection (reset|closed) by peer|Broken pipe|NCCL communicator was aborted", re.IGNORECASE)
 _last_beat = time.monotonic()
@@ -48,6 +55,27 @@ def heartbeat() -> None:
 
 
 _report_dir: str | None = None  # this worker's, once install() ran
+
+
+def collective_timeout(kind: type, message: str) -> bool:
+    """True when an exception is torch.distributed's own timeout (a hang), not any exception saying "timeout".
+
+    A user's ``TimeoutError`` (a slow download), ``subprocess.TimeoutExpired`` or an HTTP read timeout is an
+    ordinary failure: reported with its traceback, and no SIGUSR1 to the siblings.
+
+    >>> import torch.distributed as dist
+    >>> collective_timeout(dist.DistBackendError, "[c10d] wait timeout after 20000ms, keys: /default_pg/0//cpu")
+    True
+    >>> collective_timeout(RuntimeError, "[../gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 6000ms")
+    True
+    >>> collective_timeout(TimeoutError, "read timed out fetching s3://bucket/shard-3.tar")
+    False
+    """
+    if not _TIMEOUT.search(message):
+        return False
+    if any(k.__name__ == "DistError" and k.__module__.startswith("torch") for k in kind.__mro__):
+        return True
+    return issubclass(kind, RuntimeError) and bool(_DIST_ORIGIN.search(message))
 
 
 def mark_finished(rank: int) -> None:
@@ -72,21 +100,23 @@ def install(rank: int, local_rank: int, report_dir: str, timeout_s: float) -> No
     previous = sys.excepthook
 
     def excepthook(kind, value, tb):
+        text = "".join(traceback.format_exception(kind, value, tb))
+        hang = collective_timeout(kind, str(value))
         record = {"rank": rank, "local_rank": local_rank, "host": socket.gethostname(), "pid": os.getpid(),
-                  "time": time.time(), "type": kind.__name__, "message": str(value),
-                  "traceback": "".join(traceback.format_exception(kind, value, tb))}
+                  "time": time.time(), "type": kind.__name__, "message": str(value), "traceback": text,
+                  "hang": hang}
         path = os.path.join(report_dir, f"error-rank{rank}.json")
         try:  # whole or not at all: a full disk must not leave the launcher half a report
-            with open(f"{path}.tmp", "w") as f:
-                json.dump(record, f)
-            os.replace(f"{path}.tmp", path)
+            write_atomically(path, lambda f: f.write(json.dumps(record).encode()))
         except OSError as exc:
-            print(f"ddpkit: rank {rank} could not write its error report ({exc.strerror or exc}):\n"
-                  f"{record['traceback']}", file=sys.stderr, flush=True)
+            print(f"ddpkit: rank {rank} could not write its error report ({exc.strerror or exc})",
+                  file=sys.stderr, flush=True)
         first_line = (str(value).splitlines() or [""])[0][:300]
-        print(f"ddpkit: rank {rank} raised {kind.__name__}: {first_line} (the launcher prints the report)",
-              file=sys.stderr, flush=True)
-        if _TIMEOUT.search(str(value)):
+        # the traceback goes into this rank's log (the report directory is gone after the launch), between
+        # markers the console leaves out: the launcher's report prints the first failure's once
+        print(f"ddpkit: rank {rank} raised {kind.__name__}: {first_line} (the launcher prints the report)\n"
+              f"{TRACEBACK_BEGIN}\n{text.rstrip()}\n{TRACEBACK_END}", file=sys.stderr, flush=True)
+        if hang:
             _signal_siblings()
         if previous is not sys.__excepthook__:
             previous(kind, value, tb)
@@ -234,32 +264,24 @@ def nccl_timeout(stderr_tail: str) -> bool:
 
 
 def report(report_dir: str, crashed: dict[int, str] | None = None,
-              stderr_tails: dict[int, str] | None = None) -> tuple[int, str] | None:
+           stderr_tails: dict[int, str] | None = None) -> tuple[int, str] | None:
     """The launcher's one report for a failed run, or None when no worker left one.
 
-    ``crashed``: ranks that died without a Python exception (signal, os._exit) -> how. When every recorded
+    ``crashed``: ranks that died without a Python exception (signal, exit code) -> how. When every recorded
     exception only says a peer went away, such a rank is the root cause. ``stderr_tails``: the end of each
-    crashed rank's stderr; a rank that NCCL's watchdog aborted for a timeout makes this a hang report.
+    crashed rank's stderr; a rank that NCCL's watchdog aborted for a timeout makes this a hang report, and a
+    rank that failed before ``ddpkit.init()`` installed the report has its traceback there.
     """
-    errors = []
-    for path in glob.glob(os.path.join(report_dir, "error-rank*.json")):
-        try:
-            with open(path) as f:
-                errors.append(json.load(f))
-        except (OSError, ValueError):  # written by an older worker or cut short: the rank's log has it
-            continue
-    aborted = sorted(r for r, tail in (stderr_tails or {}).items() if r in (crashed or {}) and nccl_timeout(tail))
+    crashed, tails = crashed or {}, stderr_tails or {}
+    errors = _records(report_dir)
+    aborted = sorted(r for r, tail in tails.items() if r in crashed and nccl_timeout(tail))
     if aborted:
-        line = next(x for x in (stderr_tails or {})[aborted[0]].splitlines() if nccl_timeout(x))
-        how = (crashed or {})[aborted[0]]
+        line = next(x for x in tails[aborted[0]].splitlines() if nccl_timeout(x))
         return EXIT_HANG, _hang_report(report_dir, {}, f"first timeout on rank {aborted[0]} (NCCL watchdog, "
-                                       f"{how}): {line.strip()[:200]}", nccl=True)
-    silent = {r: how for r, how in (crashed or {}).items() if r not in {e["rank"] for e in errors}}
+                                       f"{crashed[aborted[0]]}): {line.strip()[:200]}", nccl=True)
+    silent = {r: how for r, how in crashed.items() if r not in {e["rank"] for e in errors}}
     if silent and all(_PEER_LOST.search(e["message"]) for e in errors):
-        # the agent SIGTERMs the survivors once one worker died: prefer any other way of dying
-        rank = min(silent, key=lambda r: ("SIGTERM" in silent[r], r))
-        return EXIT_WORKER_FAILED, (f"ddpkit: rank {rank} failed first: {silent[rank]}, without a Python "
-                                    f"exception; ranks {sorted(e['rank'] for e in errors)} then lost their peer")
+        return EXIT_WORKER_FAILED, _silent_report(silent, tails, sorted(e["rank"] for e in errors))
     if not errors:
         return None
     first = min(errors, key=lambda e: e["time"])
@@ -270,13 +292,54 @@ def report(report_dir: str, crashed: dict[int, str] | None = None,
             f"({first['message'].splitlines()[0].split('. ')[0][:160]}); no rank here failed first, "
             "so the root cause is on "
             "another node: see that node's launcher output (it may have been killed or lost)")
-    if not _TIMEOUT.search(first["message"]):
+    if not first.get("hang"):
         head = f"ddpkit: rank {first['rank']} on {first['host']} failed first: {first['type']}: {first['message']}"
         others = sorted(e["rank"] for e in errors if e is not first)
-        tail = f"\n(ranks {others} failed after it)" if others else ""
+        tail = f"\n(ranks {others} failed after it; each rank's traceback is in its stderr.log)" if others else ""
         return EXIT_WORKER_FAILED, f"{head}\n{first['traceback'].rstrip()}{tail}"
     return EXIT_HANG, _hang_report(report_dir, {e["rank"]: e for e in errors},
                                    f"first timeout on rank {first['rank']}: {first['message'].splitlines()[0][:200]}")
+
+
+def _records(report_dir: str) -> list[dict]:
+    errors = []
+    for path in glob.glob(os.path.join(report_dir, "error-rank*.json")):
+        try:
+            with open(path) as f:
+                errors.append(json.load(f))
+        except (OSError, ValueError):  # cut short (a full disk): the rank's log has the traceback
+            continue
+    return errors
+
+
+def _silent_report(silent: dict[int, str], tails: dict[int, str], lost: list[int]) -> str:
+    """The root cause is a rank that left no report: its traceback from its stderr (it failed before
+    ``ddpkit.init()``), the script's own exit code, or the signal that killed it."""
+    rank = min(silent, key=lambda r: ("SIGTERM" in silent[r], r))  # the agent SIGTERMs the survivors
+    how, after = silent[rank], f"; ranks {lost} then lost their peer" if lost else ""
+    tb = python_traceback(tails.get(rank, ""))
+    if tb:
+        return (f"ddpkit: rank {rank} failed first: {tb.splitlines()[-1]}\n{tb}\n"
+                f"(rank {rank} {how}; its traceback, from its stderr log{after})")
+    if how.startswith("exited with code"):
+        return (f"ddpkit: rank {rank} {how}, the first rank to stop, without a Python exception (the script's "
+                f"sys.exit or os._exit){after}")
+    return f"ddpkit: rank {rank} failed first: {how}, without a Python exception{after}"
+
+
+def python_traceback(text: str) -> str | None:
+    r"""The uncaught exception's traceback at the end of a rank's stderr, or None.
+
+    >>> python_traceback("loading\nTraceback (most recent call last):\n  File \"t.py\", line 1\nKeyError: 'x'\n")
+    'Traceback (most recent call last):\n  File "t.py", line 1\nKeyError: \'x\''
+    >>> python_traceback("epoch 1 done\n") is None
+    True
+    """
+    start = text.find("Traceback (most recent call last):")
+    if start < 0:
+        return None
+    lines = [x for x in text[start:].splitlines() if x not in (TRACEBACK_BEGIN, TRACEBACK_END)]
+    return "\n".join(lines).rstrip() or None
 
 
 def _hang_report(report_dir: str, errors: dict[int, dict], last_line: str, nccl: bool = False) -> str:
@@ -287,7 +350,7 @@ def _hang_report(report_dir: str, errors: dict[int, dict], last_line: str, nccl:
         rank = int(re.findall(r"\d+", os.path.basename(path))[0])
         with open(path) as f:
             spot = where(f.read())
-        if rank in errors and _TIMEOUT.search(errors[rank]["message"]):
+        if rank in errors and errors[rank].get("hang"):
             spot = where("Thread 0x0:\n" + _as_dump(errors[rank]["traceback"])) or spot
         if nccl and spot:  # NCCL runs collectives on the GPU: Python blocks where it next needs a result
             spot = spot.replace("(not in a collective)", "(waiting for the GPU: a collective queued before it "

@@ -23,7 +23,7 @@ import dataclasses
 import os
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from ddpkit import contract, strategy
 from ddpkit.cli import OneLineParser, UsageError, usage_error
@@ -33,6 +33,7 @@ from ddpkit.options import Device, choices
 LOOPBACK_BACKEND = "ddpkit-loopback"  # ddpkit.rendezvous.BACKEND, named here so argv stays torch-free
 
 PROG = "ddpkit launch"
+DEFAULT_MASTER_PORT = 29500  # torchrun's: node 0's port when a multi-node launch names none
 
 
 class LaunchError(UsageError):
@@ -127,6 +128,16 @@ class LaunchConfig:
         if not self.strategy.multi_process and (self.max_nodes > 1 or self.nproc_per_node > 1):
             raise LaunchError(f"--mode {self.mode} runs one process on one node ({self.strategy.title} drives every "
                               "device from it); drop --nproc-per-node/--nnodes or use --mode ddp")
+        self._check_gpus()
+
+    def _check_gpus(self) -> None:
+        """Every local process of a multi-process mode on a GPU needs its own: with fewer, several ranks take
+        cuda:0 and NCCL fails at the first collective ("Duplicate GPU detected")."""
+        n = self.nproc_per_node
+        if self.strategy.multi_process and self.device_type == "cuda" and self.gpus < n:
+            asked = "--device cuda with " if self.device == "cuda" else ""
+            raise LaunchError(f"{asked}{n} processes per node need {n} GPUs (one each: NCCL cannot share one between "
+                              f"ranks), {self.gpus} usable; pass --nproc-per-node {self.gpus} or --device cpu")
 
     def _check_elastic(self) -> None:
         host, _, port = (self.rdzv_endpoint or "").rpartition(":")
@@ -160,6 +171,16 @@ class LaunchConfig:
     @property
     def world_size(self) -> int:
         return self.nproc_per_node * self.max_nodes
+
+    @property
+    def device_type(self) -> str:
+        """Where the workers run: ``cuda`` when GPUs are usable and not refused with ``--device cpu``."""
+        return "cuda" if self.device != "cpu" and self.gpus > 0 else "cpu"
+
+    @property
+    def node0_port(self) -> int:
+        """Node 0's port in a fixed-rank multi-node launch: ``--master-port``, else torchrun's 29500."""
+        return self.master_port or DEFAULT_MASTER_PORT
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -212,7 +233,7 @@ def parse_args(argv: Sequence[str], gpus: int | None = None, cpus: int | None = 
     if gpus is None:
         gpus = visible_gpus() if device != "cpu" else 0
     gpus = 0 if device == "cpu" else gpus
-    nproc = resolve_nproc(ns.nproc_per_node, gpus, cpus or os.cpu_count() or 1)
+    nproc = resolve_nproc(ns.nproc_per_node, gpus, cpus or usable_cores())
     port = None if ns.master_port is None else _count(ns.master_port, "--master-port", 1)
     low, _, high = ns.nnodes.partition(":")
     return LaunchConfig(
@@ -248,6 +269,18 @@ def _seconds(value: str, name: str) -> float:
     return seconds
 
 
+def usable_cores(mask: Collection[int] | None = None, cpu_count: int | None = None) -> int:
+    """The cores this process may run on: its affinity mask (Slurm ``--cpus-per-task``, ``taskset``, a cgroup
+    cpuset), not the machine's count; ``mask`` / ``cpu_count`` default to this process's.
+
+    >>> usable_cores({0}, 2), usable_cores({0, 1, 2, 3}, 64)
+    (1, 4)
+    """
+    if mask is None and hasattr(os, "sched_getaffinity"):
+        mask = os.sched_getaffinity(0)
+    return len(mask) if mask else max(1, cpu_count or os.cpu_count() or 1)
+
+
 def visible_gpus() -> int:
     import torch  # the launcher needs torch anyway; imported only once arguments parse
 
@@ -275,7 +308,7 @@ def torchrun_argv(cfg: LaunchConfig, log_dir: str | None = None) -> list[str]:
                  "--rdzv-id", f"ddpkit-{os.getpid()}"]
     else:
         argv += ["--nnodes", str(cfg.max_nodes), "--node-rank", str(cfg.node_rank),
-                 "--master-addr", cfg.master_addr or "127.0.0.1", "--master-port", str(cfg.master_port or 29500)]
+                 "--master-addr", cfg.master_addr or "127.0.0.1", "--master-port", str(cfg.node0_port)]
     if cfg.module:
         argv += ["--module"]
     return argv + [cfg.script, *cfg.script_args]

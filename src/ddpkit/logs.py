@@ -20,6 +20,8 @@ import sys
 import threading
 import time
 
+from ddpkit.faults import TRACEBACK_BEGIN, TRACEBACK_END
+
 _HOLD_S = 0.5  # how long a console line waits for twins from other ranks before it is printed
 _RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
 
@@ -48,6 +50,7 @@ class ConsoleTail:
         self.root, self.console, self.first_rank, self.world = root, console_ranks, first_rank, world_size
         self.offsets: dict[str, int] = {}
         self.partial: dict[str, str] = {}
+        self.hiding: set[str] = set()  # files inside a worker's traceback block (its log keeps it, not the console)
         # per stream, in arrival order: [first seen, text, ranks that printed it]
         self.pending: dict[str, list[list]] = {"stdout": [], "stderr": []}
         self._stop = threading.Event()
@@ -88,7 +91,18 @@ class ConsoleTail:
                     if rank in self.console:  # a progress-bar update: no de-duplication, no delay
                         self._write(stream, segment)
                 else:
-                    self._line(stream, _RANK_PREFIX.sub("", segment.rstrip("\n")), rank)
+                    self._line_of(path, stream, _RANK_PREFIX.sub("", segment.rstrip("\n")), rank)
+
+    def _line_of(self, path: str, stream: str, text: str, rank: int) -> None:
+        """A whole line from ``path``: a worker's traceback block stays in its log (the launcher's report
+        prints the first failure's traceback once, not one per console rank)."""
+        if text == TRACEBACK_BEGIN:
+            self.hiding.add(path)
+        elif path in self.hiding:
+            if text == TRACEBACK_END:
+                self.hiding.discard(path)
+        else:
+            self._line(stream, text, rank)
 
     def _line(self, stream: str, text: str, rank: int) -> None:
         """Join the waiting twin of this line that this rank has not printed yet, or queue a new one."""

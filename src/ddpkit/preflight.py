@@ -32,8 +32,11 @@ def node_settings(cfg) -> dict:
     if not cfg.module:
         with open(cfg.script, "rb") as f:
             script_hash = hashlib.sha256(f.read()).hexdigest()[:16]
+    # a CPU node among GPU nodes would join, and every node would then hang at the first collective
+    backend = cfg.strategy.backend(torch.device(cfg.device_type))
     return {"nnodes": cfg.max_nodes, "nproc_per_node": cfg.nproc_per_node, "mode": cfg.mode,
-            "max_restarts": cfg.max_restarts, "script_sha256": script_hash,
+            "device": cfg.device_type, "backend": backend, "max_restarts": cfg.max_restarts,
+            "script_sha256": script_hash,
             "ddpkit": __version__, "torch": torch.__version__}
 
 
@@ -58,13 +61,13 @@ def check_nodes(cfg, join_timeout_s: float) -> str | None:
     timeout = datetime.timedelta(seconds=join_timeout_s)
     host = cfg.node_rank == 0
     try:
-        store = dist.TCPStore(cfg.master_addr, cfg.master_port, is_master=host, wait_for_workers=False,
+        store = dist.TCPStore(cfg.master_addr, cfg.node0_port, is_master=host, wait_for_workers=False,
                               timeout=timeout)
     except (RuntimeError, TimeoutError) as exc:
         if host:
-            return (f"node 0 cannot listen on port {cfg.master_port} ({str(exc).splitlines()[0][:120]}); "
+            return (f"node 0 cannot listen on port {cfg.node0_port} ({str(exc).splitlines()[0][:120]}); "
                     "pick a free --master-port")
-        return (f"node 0 was not reachable at {cfg.master_addr}:{cfg.master_port} within {join_timeout_s:.0f} s; "
+        return (f"node 0 was not reachable at {cfg.master_addr}:{cfg.node0_port} within {join_timeout_s:.0f} s; "
                 "start node 0 first and check the address, the port and the firewall")
     store.set(f"{_PREFIX}node{cfg.node_rank}", json.dumps(node_settings(cfg)))
     keys = [f"{_PREFIX}node{i}" for i in range(cfg.max_nodes)]

@@ -46,6 +46,8 @@ def loopback_store(port: int = 0) -> TCPStore:
     """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
+        # a fixed port is bound again by a later round; the last round's connections linger in TIME_WAIT
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((LOOPBACK, port))
         sock.listen(128)
     except OSError:
@@ -73,8 +75,17 @@ class LoopbackRendezvous(RendezvousHandler):
         return True  # workers connect to our loopback store; none of them starts a server of its own
 
     def next_rendezvous(self) -> RendezvousInfo:
+        first = self._store is None
         self._store = None  # the previous round's workers are gone: close its server before the next one
-        self._store = loopback_store(self._port)
+        try:
+            self._store = loopback_store(self._port)
+        except OSError:
+            if first or not self._port:
+                raise
+            # --master-port P with --max-restarts: torch's agent still holds the previous round's store, which
+            # listens on P until the agent takes the new one; the restarted workers are told whatever port
+            # this round has, and nothing outside this machine connects to a loopback store
+            self._store = loopback_store(0)
         return RendezvousInfo(self._store, 0, 1, RendezvousStoreInfo(LOOPBACK, self._store.port))
 
     def is_closed(self) -> bool:

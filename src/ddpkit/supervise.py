@@ -19,6 +19,7 @@ import glob
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from collections.abc import Iterator
 
 from ddpkit import contract, faults
 from ddpkit.cli import USAGE_ERROR
-from ddpkit.launch import PROG, LaunchConfig, torchrun_argv, worker_env
+from ddpkit.launch import PROG, LaunchConfig, torchrun_argv, usable_cores, worker_env
 from ddpkit.logs import ConsoleTail, parse_ranks
 from ddpkit.preflight import check_nodes
 
@@ -39,8 +40,28 @@ def run(cfg: LaunchConfig) -> int:
     Exit codes: 0 success, 1 a worker failed (one summary: rank, host, exception, traceback), 2 bad
     arguments, 3 a collective timed out (hang report), 128 + N when the launcher got signal N.
     """
-    with worker_environment(cfg) as (report_dir, notes):
-        return _run_workers(cfg, report_dir, notes)
+    # as a container's PID 1 the launcher gets no signal it has no handler for: SIGTERM would be dropped until
+    # torch's agent installs its own (the pre-flight can wait minutes for other nodes before that)
+    saved = signal.signal(signal.SIGTERM, _stop)
+    try:
+        with worker_environment(cfg) as (report_dir, notes):
+            return _run_workers(cfg, report_dir, notes)
+    except _Stopped as stop:
+        print(f"{PROG}: stopped by signal {signal.Signals(stop.signum).name} before any worker started",
+              file=sys.stderr, flush=True)
+        return 128 + stop.signum
+    finally:
+        signal.signal(signal.SIGTERM, saved)
+
+
+class _Stopped(Exception):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum, frame) -> None:
+    raise _Stopped(signum)
 
 
 @contextlib.contextmanager
@@ -49,7 +70,7 @@ def worker_environment(cfg: LaunchConfig) -> Iterator[tuple[str, list[str]]]:
     them from here), and a report directory; on exit the caller gets its own environment back."""
     report_dir = tempfile.mkdtemp(prefix="ddpkit-report-")
     saved = dict(os.environ)
-    env, notes = worker_env(cfg, os.environ, os.cpu_count() or 1)
+    env, notes = worker_env(cfg, os.environ, usable_cores())
     env[contract.REPORT_DIR.name] = report_dir
     try:
         os.environ.update(env)
@@ -71,8 +92,7 @@ def _run_workers(cfg: LaunchConfig, report_dir: str, notes: list[str]) -> int:
         what = f"{cfg.nproc_per_node} process(es) x {nodes} node(s), world size up to {cfg.world_size}"
     print(f"{PROG}: " + "; ".join([what, *notes]), file=sys.stderr, flush=True)
     if not cfg.strategy.multi_process:
-        cmd = [sys.executable] + (["-m"] if cfg.module else []) + [cfg.script, *cfg.script_args]
-        return subprocess.call(cmd)
+        return run_one([sys.executable] + (["-m"] if cfg.module else []) + [cfg.script, *cfg.script_args])
     if cfg.max_nodes > 1 and not cfg.elastic:  # elastic: torch's rendezvous has its own join_timeout
         problem = check_nodes(cfg, cfg.join_timeout_s)
     elif cfg.loopback and cfg.master_port:
@@ -83,6 +103,49 @@ def _run_workers(cfg: LaunchConfig, report_dir: str, notes: list[str]) -> int:
         print(f"{PROG}: error: {problem}", file=sys.stderr)
         return USAGE_ERROR
     return _supervise(cfg, report_dir)
+
+
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def run_one(cmd: list[str]) -> int:
+    """The one process of ``--mode dp`` / single: it never outlives the launcher, and gets its signals.
+
+    SIGTERM and SIGHUP (and a SIGINT that was not a terminal's Ctrl-C, which reaches the child itself) are
+    passed on, the launcher waits for the child and exits 128 + N as the DDP path does. The child asks the
+    kernel to SIGKILL it should the launcher die (the workers under torch's agent do the same).
+    """
+    launcher, got = os.getpid(), []
+    child: subprocess.Popen | None = None
+
+    def forward(signum, frame):
+        got.append(signum)
+        if child is not None and not (signum == signal.SIGINT and _terminal_sent_it()):
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signum)
+
+    saved = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
+    try:
+        child = subprocess.Popen(cmd, preexec_fn=lambda: faults.die_with_parent(launcher))
+        if got:  # a signal came while the child was being started
+            child.send_signal(got[0])
+        code = child.wait()  # resumed after each handler (PEP 475)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    if got:
+        print(f"{PROG}: stopped by signal {signal.Signals(got[0]).name}; the worker was stopped",
+              file=sys.stderr, flush=True)
+        return 128 + got[0]
+    return code
+
+
+def _terminal_sent_it() -> bool:
+    """True when this process group is its terminal's foreground group: a Ctrl-C went to the child too."""
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError, AttributeError):  # no terminal
+        return False
 
 
 def _loopback_port_problem(port: int) -> str | None:
@@ -119,7 +182,7 @@ def _supervise(cfg: LaunchConfig, report_dir: str) -> int:
             torchrun(get_args_parser().parse_args(torchrun_argv(cfg, log_dir)))
     except ChildFailedError as exc:
         tail.stop()
-        code, text = failure_report(exc, report_dir, stderr_tails(log_dir, tail.first_rank))
+        code, text = failure_report(exc, report_dir, stderr_tails(log_dir, first_local_rank(exc, tail.first_rank)))
         print(text, file=sys.stderr, flush=True)
         return code
     except SignalException as exc:
@@ -158,6 +221,15 @@ def stderr_tails(log_dir: str, first_rank: int, size: int = 8192) -> dict[int, s
     return tails
 
 
+def first_local_rank(exc, default: int) -> int:
+    """The global rank of this node's local rank 0, from a failure (elastic: known only after the rendezvous).
+
+    Failures are keyed by global rank, the log folders by local rank: without this, every node of an elastic
+    launch but the first would read no stderr tail for its failed ranks.
+    """
+    return next((rank - failure.local_rank for rank, failure in exc.failures.items()), default)
+
+
 def failure_report(exc, report_dir: str, tails: dict[int, str] | None = None) -> tuple[int, str]:
     """(exit code, text) for a failed run: ddpkit's report of the last attempt, else torch's failure."""
     crashed = {rank: _how(failure) for rank, failure in exc.failures.items()}
@@ -168,7 +240,8 @@ def failure_report(exc, report_dir: str, tails: dict[int, str] | None = None) ->
         how = ", ".join(f"rank {rank} {text}" for rank, text in sorted(crashed.items()))
         return 0, (f"{PROG}: {how}, after every rank had passed the final barrier (in interpreter teardown: "
                    "gloo's destructor, the pytorch#56297 family); the work was done, so the run counts as finished")
-    report = faults.report(os.path.join(report_dir, attempts[-1]), crashed, tails) if attempts else None
+    # no attempt folder: no rank reached ddpkit.init(); their stderr tails may still hold a traceback
+    report = faults.report(os.path.join(report_dir, attempts[-1]) if attempts else report_dir, crashed, tails)
     if report is not None:
         return report
     rank, failure = exc.get_first_failure()
