@@ -1,22 +1,26 @@
 """Streaming datasets (torch IterableDataset, gloo, real processes): each sample read by exactly one (rank,
-worker), equal steps, a 3-vs-7-batch stream that ends at once, and a bitwise resume mid-stream."""
+worker), equal steps, a 3-vs-7-batch stream that ends at once, fewer shards than slots, and a bitwise resume
+mid-stream after kills at an odd and at an even step."""
 import json
 
 import pytest
 import torch
+from torch.utils.data._utils.pin_memory import pin_memory
 
 from conftest import WORKERS, launch, ok
+from ddpkit import streams
 
 N = 103
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
+    """One launch per world size; each runs 0, 1 and 2 loader workers in turn."""
     out = tmp_path_factory.mktemp("streams")
     found = {}
     for world in (2, 3):
+        ok(launch(WORKERS / "streams.py", out, nproc=world, env={"HF_DATASETS_OFFLINE": "1"}))
         for workers in (0, 1, 2):
-            ok(launch(WORKERS / "streams.py", out, workers, nproc=world, env={"HF_DATASETS_OFFLINE": "1"}))
             found[world, workers] = json.loads((out / f"streams{world}x{workers}.json").read_text())
     return found
 
@@ -45,6 +49,16 @@ def test_training_takes_equal_steps_and_never_repeats_a_sample(results, world, w
 
 
 @pytest.mark.parametrize("world, workers", CASES)
+def test_fewer_shards_than_slots_still_trains_every_rank(results, world, workers):
+    """2 shards (10 and 14 ids): fewer than the slots from 2 x 2 on, fewer than the ranks at 3 processes. Shards
+    go to ranks first, and with fewer shards than ranks each slot reads them all and keeps its share."""
+    train, evaluation = results[world, workers]["few_train"], results[world, workers]["few_eval"]
+    assert len(set(train["steps"])) == 1 and train["steps"][0] >= 3, train["steps"]
+    assert len(train["ids"]) == len(set(train["ids"])) and set(train["ids"]) <= set(range(24))
+    assert evaluation == list(range(24))
+
+
+@pytest.mark.parametrize("world, workers", CASES)
 def test_hugging_face_streaming_dataset_reads_every_sample_exactly_once(results, world, workers):
     """split_dataset_by_node splits by rank (whole files when 7 divides, else every world_size-th sample); the
     library splits its shards among the loader workers itself."""
@@ -58,62 +72,63 @@ def test_a_rank_with_3_batches_and_one_with_7_stop_together_at_once(results):
     assert uneven["steps"] == [3, 3] and uneven["seconds"] < 5
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    """final.pt of an uninterrupted run, per (workers, extra arguments), run once for the tests that need it."""
-    runs = {}
+def test_join_streams_run_only_inside_ddpkit_join(results):
+    """Outside ``ddpkit.join`` the rank that runs dry first would leave the other in its last all-reduce."""
+    uneven = results[2, 0]["uneven"]
+    assert "uneven='join' gives ranks different numbers of batches; run the loop inside `with ddpkit.join(model):`" \
+        in uneven["join_outside"]
+    assert uneven["join_steps"] == [3, 7]
 
-    def run(workers, *extra, env=None):
-        if (workers, extra) not in runs:
-            out = tmp_path_factory.mktemp("reference")
-            ok(launch(WORKERS / "stream_resume.py", out, "--workers", workers, *extra, env=env))
-            runs[workers, extra] = torch.load(out / "final.pt")
-        return runs[workers, extra]
-    return run
+
+def test_a_stream_of_tensors_off_the_cpu_survives_pinned_memory():
+    """The DataLoader's pin_memory=True pins what its dataset yields (torch's own pin_memory()); a stream that
+    yields GPU tensors must come through untouched (a meta tensor stands in for a CUDA one on a CPU machine)."""
+    batch = streams._Batch(0, 2, {"x": torch.zeros(2, 3, device="meta"), "name": ["a", "b"]})
+    out = pin_memory(batch)
+    assert out.data["x"] is batch.data["x"] and out.data["name"] == ["a", "b"] and out[:2] == (0, 2)
+
+
+@pytest.fixture(scope="module")
+def hf_data(tmp_path_factory):
+    data = tmp_path_factory.mktemp("hf-data")
+    for part in range(4):  # 4 files: 2 per rank, one per worker
+        rows = [{"x": torch.randn(6, generator=torch.Generator().manual_seed(i)).tolist()}
+                for i in range(part, 90, 4)]
+        (data / f"part{part}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return data
 
 
 def _same_weights(a, b):
     return a["step"] == b["step"] and all(torch.equal(a["weights"][k], b["weights"][k]) for k in a["weights"])
 
 
-# 2 workers take turns: after an odd number of batches worker 1's batch is next, not worker 0's
-@pytest.mark.parametrize("workers, die_at, saved_at", [(0, 7, 6), (2, 7, 6), (2, 4, 3)])
-def test_sigkill_mid_stream_then_resume_is_bitwise(tmp_path, uninterrupted, workers, die_at, saved_at):
-    reference = uninterrupted(workers)
-    r = launch(WORKERS / "stream_resume.py", tmp_path, "--workers", workers, "--die-at", die_at)
-    assert r.returncode == 1 and "killed by SIGKILL" in r.stderr, r.stderr[-2000:]
-    r = ok(launch(WORKERS / "stream_resume.py", tmp_path, "--workers", workers, launcher_args=["--resume"]))
-    assert f"ckpt-{saved_at:010d}" in r.stderr  # mid-epoch: 90 samples / (2 x 4) = 11 steps per epoch
-    assert _same_weights(reference, torch.load(tmp_path / "final.pt"))
+# 2 workers take turns: after an odd number of batches (3) worker 1's batch is next, not worker 0's; after 6, 0's.
+@pytest.mark.parametrize("stream", ["workers0", "workers2", "hugging_face"])
+def test_sigkill_mid_stream_then_restart_is_bitwise(tmp_path, hf_data, stream):
+    """One launch: SIGKILL at step 4 (newest checkpoint 3), the restart resumes from 3 and is killed at step 7,
+    the next restart resumes from 6 and finishes; its weights are those of an uninterrupted run, bitwise."""
+    if stream == "hugging_face":
+        pytest.importorskip("datasets")
+    extra = {"workers0": ["--workers", 0], "workers2": ["--workers", 2],
+             "hugging_face": ["--workers", 2, "--hf", hf_data]}[stream]
+    env = {"HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    reference.mkdir(), killed.mkdir()
+    ok(launch(WORKERS / "stream_resume.py", reference, *extra, env=env))
+    r = ok(launch(WORKERS / "stream_resume.py", killed, *extra, "--die-at", "4,7", env=env,
+                  launcher_args=["--max-restarts", "2"]))
+    # attempt 0 started fresh, attempt 1 (after the kill at 4) resumed from 3, attempt 2 (kill at 7) from 6
+    assert (killed / "restored.txt").read_text().split() == ["0", "0", "1", "3", "2", "6"], r.stderr[-3000:]
+    assert _same_weights(torch.load(reference / "final.pt"), torch.load(killed / "final.pt"))
 
 
-@pytest.mark.parametrize("workers", [2, 3])
-def test_a_stream_position_taken_at_any_step_continues_with_the_same_batches(tmp_path, workers):
-    """Every step k of an epoch, odd and even, for a round-robin stream and one whose worker 0 runs dry first:
-    a loader restored from the position at k, and the same loader iterated again after a ``break`` at k, hand
-    out the rest of the epoch's batches in the uninterrupted order."""
-    ok(launch(WORKERS / "stream_turns.py", tmp_path, workers))
-    for rank, result in enumerate(json.loads((tmp_path / f"turns{workers}.json").read_text())):
-        for stream in ("generator", "uneven"):
-            assert result[stream]["steps"] >= 5 and result[stream]["wrong"] == [], (rank, stream, result[stream])
-
-
-@pytest.mark.parametrize("die_at, saved_at", [(7, 6), (4, 3)])
-def test_a_hugging_face_stream_resumes_mid_epoch_bitwise(tmp_path_factory, uninterrupted, die_at, saved_at):
-    """The same kill and resume through ``datasets``' own split (by rank, then its shards among 2 workers)."""
-    data = tmp_path_factory.getbasetemp() / "hf-data"
-    if not data.exists():
-        data.mkdir()
-        for part in range(4):  # 4 files: 2 per rank, one per worker
-            rows = [{"x": torch.randn(6, generator=torch.Generator().manual_seed(i)).tolist()}
-                    for i in range(part, 90, 4)]
-            (data / f"part{part}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    killed = tmp_path_factory.mktemp("killed")
-    env = {"HF_DATASETS_OFFLINE": "1", "HF_HOME": str(killed / "hf")}
-    hf = ["--workers", 2, "--hf", data]
-    reference = uninterrupted(2, "--hf", str(data), env=env)
-    r = launch(WORKERS / "stream_resume.py", killed, *hf, "--die-at", die_at, env=env)
-    assert r.returncode == 1 and "killed by SIGKILL" in r.stderr, r.stderr[-2000:]
-    r = ok(launch(WORKERS / "stream_resume.py", killed, *hf, launcher_args=["--resume"], env=env))
-    assert f"ckpt-{saved_at:010d}" in r.stderr
-    assert _same_weights(reference, torch.load(killed / "final.pt"))
+def test_a_stream_position_taken_at_any_step_continues_with_the_same_batches(tmp_path):
+    """Every step k of an epoch, odd and even, with 2 and 3 workers, for a round-robin stream and one whose
+    worker 0 runs dry first: a loader restored from the position at k, and the same loader iterated again after
+    a ``break`` at k, hand out the rest of the epoch's batches in the uninterrupted order."""
+    ok(launch(WORKERS / "stream_turns.py", tmp_path))
+    for workers in (2, 3):
+        for rank, result in enumerate(json.loads((tmp_path / f"turns{workers}.json").read_text())):
+            for stream in ("generator", "uneven"):
+                assert result[stream]["steps"] >= 5 and result[stream]["wrong"] == [], \
+                    (workers, rank, stream, result[stream])

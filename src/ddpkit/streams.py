@@ -9,9 +9,11 @@ Example::
 
 How a stream is split. The (rank, worker) pairs are *slots*: ``slot = rank * workers + worker`` out of
 ``world_size * workers``. A dataset that exposes shards (``n_shards`` and ``shard(num_shards=, index=)``)
-gives whole shards to slots (shard i to slot i % slots, in a seeded order per epoch when shuffling), so no
-worker decodes what it drops. Any other stream is split round robin: slot s keeps samples s, s + slots, ...
-of the stream, so every worker reads the whole stream and keeps its share (exact; reading costs what it costs).
+gives whole shards to slots, ranks first (shard i, in a seeded order per epoch when shuffling, to rank
+i % world_size and that rank's worker (i // world_size) % workers), so no worker decodes what it drops and
+every rank has a shard when there are at least as many shards as ranks. Any other stream, and one with fewer
+shards than ranks (said once), is split round robin: slot s keeps samples s, s + slots, ... of the stream, so
+every worker reads the whole stream and keeps its share (exact; reading costs what it costs).
 
 Batches are formed inside the workers and carry how many samples of its slot each worker has consumed;
 that count, per slot, is the stream position a checkpoint keeps (not the data), with the *turn*: which of
@@ -24,16 +26,68 @@ with the next unseen batch, in the order of an uninterrupted run, after an odd n
 from __future__ import annotations
 
 import random
+import sys
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NamedTuple
 
 import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
-from ddpkit import faults
+from ddpkit import collectives, control, faults
+
+WINDOW_BATCHES, WINDOW_BYTES = 16, 64 << 20  # batches held ahead to agree on at once: at most 16 and 64 MiB
+
+
+class _Batch(NamedTuple):
+    """A batch formed in a worker, with its slot and how many of the slot's samples are consumed after it."""
+
+    slot: int
+    consumed: int
+    data: Any
+
+    def pin_memory(self) -> _Batch:
+        """What the DataLoader's ``pin_memory=True`` calls: pin the CPU tensors, leave the others (a stream may
+        yield tensors already on the GPU; torch's own pinning raises on them)."""
+        return _Batch(self.slot, self.consumed, pinned(self.data))
+
+
+def pinned(data: Any) -> Any:
+    """``data`` with its CPU tensors pinned and every other leaf (a CUDA tensor, a string) left as it is.
+
+    >>> pinned({"x": torch.zeros(2, device="meta"), "name": ["a"]})   # nothing on the CPU: nothing pinned
+    {'x': tensor(..., device='meta', size=(2,)), 'name': ['a']}
+    """
+    if isinstance(data, torch.Tensor):
+        return data.pin_memory() if data.device.type == "cpu" else data
+    if isinstance(data, Mapping):
+        return {k: pinned(v) for k, v in data.items()}
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(pinned(v) for v in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(pinned(v) for v in data)
+    return data
+
+
+def window(batch_bytes: int) -> int:
+    """How many batches a rank holds ahead so the ranks agree once per that many steps, not every step.
+
+    >>> window(64 * 65 * 4), window(64 * 3 * 224 * 224 * 4), window(0)
+    (16, 1, 16)
+    """
+    return max(1, min(WINDOW_BATCHES, WINDOW_BYTES // max(1, batch_bytes)))
+
+
+def _nbytes(data: Any) -> int:
+    if isinstance(data, torch.Tensor):
+        return data.element_size() * data.numel()
+    if isinstance(data, Mapping):
+        return sum(_nbytes(v) for v in data.values())
+    if isinstance(data, (list, tuple)):
+        return sum(_nbytes(v) for v in data)
+    return 0
 
 
 class _Slots(IterableDataset):
@@ -44,17 +98,18 @@ class _Slots(IterableDataset):
         self.dataset, self.rank, self.world_size, self.batch_size = dataset, rank, world_size, batch_size
         self.collate, self.shuffle, self.seed, self.buffer, self.drop_last = collate, shuffle, seed, buffer, drop_last
         self.epoch = 0
+        self.whole_shards = has_shards(dataset) and dataset.n_shards >= world_size  # else: round robin
         self.skip: dict[int, int] = {}  # slot -> samples of it already consumed (a restored position)
         self.turn = 0  # the worker whose batch comes next: torch starts with its worker 0, which reads that one
 
-    def __iter__(self) -> Iterator[tuple[int, int, Any]]:
+    def __iter__(self) -> Iterator[_Batch]:
         info = get_worker_info()
         worker, workers = ((info.id + self.turn) % info.num_workers, info.num_workers) if info else (0, 1)
         if info is not None and worker != info.id and is_hf(self.dataset):
             _as_worker(info, worker)  # a Hugging Face stream picks its worker's shards by get_worker_info()
         return self._batches(self.rank * workers + worker, self.world_size * workers)
 
-    def _batches(self, slot: int, slots: int) -> Iterator[tuple[int, int, Any]]:
+    def _batches(self, slot: int, slots: int) -> Iterator[_Batch]:
         samples = self._samples(slot, slots)
         if self.shuffle and self.buffer > 1:
             samples = shuffled(samples, self.buffer, random.Random(f"{self.seed}-{self.epoch}-{slot}"))
@@ -65,20 +120,21 @@ class _Slots(IterableDataset):
                 continue
             batch.append(sample)
             if len(batch) == self.batch_size:
-                yield slot, consumed, self.collate(batch)
+                yield _Batch(slot, consumed, self.collate(batch))
                 batch = []
         if batch and not self.drop_last:
-            yield slot, consumed, self.collate(batch)
+            yield _Batch(slot, consumed, self.collate(batch))
 
     def _samples(self, slot: int, slots: int) -> Iterator[Any]:
         if is_hf(self.dataset):  # split by rank already (split_dataset_by_node); it splits by worker itself
             yield from self.dataset
             return
-        if has_shards(self.dataset):
+        if self.whole_shards:
             order = list(range(self.dataset.n_shards))
             if self.shuffle:
                 random.Random(f"{self.seed}-{self.epoch}-shards").shuffle(order)
-            for index in order[slot::slots]:
+            rank, worker = divmod(slot, slots // self.world_size)
+            for index in order[rank + self.world_size * worker::slots]:  # ranks first: each has a shard
                 yield from self.dataset.shard(num_shards=self.dataset.n_shards, index=index)
             return
         for position, sample in enumerate(self.dataset):
@@ -126,14 +182,16 @@ def shuffled(samples: Iterator[Any], size: int, rng: random.Random) -> Iterator[
 class StreamLoader(DataLoader):
     """A DataLoader over this rank's share of a stream (built by :func:`ddpkit.data_loader`).
 
-    ``agree``: ``"drop"`` ends the pass on every rank at the step where the first rank runs dry (one small
-    all-reduce per step); ``"empty"`` lets ranks that ran dry hand out empty batches until every rank has
-    (modes whose forward is collective, in evaluation); None: ranks end on their own (evaluation, join).
+    ``agree``: ``"drop"`` ends the pass on every rank at the step where the first rank runs dry; ``"empty"``
+    lets ranks that ran dry hand out empty batches until every rank has (modes whose forward is collective,
+    in evaluation); None: ranks end on their own (evaluation, join). The ranks agree on a count of batches
+    each holds ahead (a window of up to 16, see :func:`window`): one small all-reduce per window, not per step.
+    ``join``: ``uneven="join"``, iterated only inside ``ddpkit.join`` (elsewhere the last step would hang).
     """
 
-    def __init__(self, slots: _Slots, agree: str | None, group_size: int, **kwargs: Any):
+    def __init__(self, slots: _Slots, agree: str | None, group_size: int, join: bool = False, **kwargs: Any):
         super().__init__(slots, batch_size=None, **kwargs)
-        self.slots, self.agree, self.group_size = slots, agree, group_size
+        self.slots, self.agree, self.group_size, self.join = slots, agree, group_size, join
         self.epoch = 0
         self.max_steps: int | None = None  # ddpkit verify / bench
         self.steps_taken = 0
@@ -152,12 +210,9 @@ class StreamLoader(DataLoader):
         next worker. Collective with several processes (call it on every rank, as :class:`ddpkit.Checkpointer`
         does)."""
         workers = self._workers()
-        mine = torch.tensor([*(self._consumed.get(self.slots.rank * workers + w, 0) for w in range(workers)),
-                             self._turn])
-        rows = [mine]
-        if self.group_size > 1:
-            rows = [torch.empty_like(mine) for _ in range(self.group_size)]
-            dist.all_gather(rows, mine)
+        mine = torch.tensor([[*(self._consumed.get(self.slots.rank * workers + w, 0) for w in range(workers)),
+                              self._turn]])
+        rows = collectives.gather(mine)  # one row per rank, in rank order
         return {"epoch": self.epoch, "world_size": self.group_size, "workers": workers,
                 "consumed": [n for row in rows for n in row[:-1].tolist()], "turns": [int(row[-1]) for row in rows]}
 
@@ -173,6 +228,11 @@ class StreamLoader(DataLoader):
         self._turn = int(state.get("turns", [0] * self.group_size)[self.slots.rank])
 
     def __iter__(self):  # a generator of batches (DataLoader.__iter__ returns a _BaseDataLoaderIter)
+        from ddpkit import data
+
+        if self.join and not data._joining:  # no agreement: the rank that runs dry first would leave the rest
+            raise RuntimeError("uneven='join' gives ranks different numbers of batches; run the loop inside "
+                               "`with ddpkit.join(model):` or use uneven='drop'")
         self.slots.epoch, self.slots.skip, self.slots.turn = self.epoch, dict(self._consumed), self._turn
         return self._passing(super().__iter__())
 
@@ -184,23 +244,17 @@ class StreamLoader(DataLoader):
             if shutdown is not None:
                 shutdown()
 
-    def _steps(self, batches: Iterator[tuple[int, int, Any]]) -> Iterator[Any]:
-        """One batch ahead: the agreement on the next batch runs (asynchronously) during the step on this one."""
-        last: Any = None
-        item = next(batches, None)
-        pending = self._agree_on(item)
-        while self.max_steps is None or self.steps_taken < self.max_steps:
-            if not self._agreed(pending, item):
-                break
-            current = item
-            item = next(batches, None) if current is not None else None
-            pending = self._agree_on(item)
-            if current is None:  # "empty": other ranks still have data, and their forward needs this rank
-                from ddpkit.data import empty_batch
+    def _steps(self, batches: Iterator[_Batch]) -> Iterator[Any]:
+        from ddpkit.data import empty_batch
 
+        last: Any = None
+        for item in self._agreed(batches):
+            if self.max_steps is not None and self.steps_taken >= self.max_steps:
+                break
+            if item is None:  # "empty": other ranks still have data, and their forward needs this rank
                 yield empty_batch(last)
                 continue
-            slot, consumed, last = current
+            slot, consumed, last = item
             self._consumed[slot] = consumed
             self._turn = (slot % self._workers() + 1) % self._workers()  # slot = rank * workers + worker
             self.steps_taken += 1
@@ -208,26 +262,36 @@ class StreamLoader(DataLoader):
             if self.step_times is not None:
                 self.step_times.append(time.perf_counter())
             yield last
-        if pending is not None:  # every rank launched it: finish it before the next collective
-            pending[0].wait()
         self.epoch, self._consumed, self._turn = self.epoch + 1, {}, 0
 
-    def _agree_on(self, item: Any) -> tuple[Any, torch.Tensor] | None:
-        """Start the all-reduce of "I have a batch" (MIN: all have one; MAX: any has one), or None."""
-        if not self.agree or self.group_size == 1:
-            return None
-        flag = torch.tensor([int(item is not None)])
-        op = dist.ReduceOp.MIN if self.agree == "drop" else dist.ReduceOp.MAX
-        # on the default group, ahead of the step's own collectives (a group of its own measured slower on 2 cores)
-        return dist.all_reduce(flag, op=op, async_op=True), flag
+    def _agreed(self, batches: Iterator[_Batch]) -> Iterator[_Batch | None]:
+        """This rank's batches, in rounds of a length every rank agreed on (None: an empty batch, "empty").
 
-    @staticmethod
-    def _agreed(pending: tuple[Any, torch.Tensor] | None, item: Any) -> bool:
-        if pending is None:
-            return item is not None
-        work, flag = pending
-        work.wait()
-        return bool(flag.item())
+        Each rank holds a window of batches ahead, topped up by one per step so the workers never wait, and the
+        ranks agree on the MIN ("drop") or MAX ("empty") of the counts they hold: a rank short of a window has
+        run dry, so the pass ends after that count (MIN), or once every rank holds none (MAX)."""
+        hand: deque[_Batch] = deque()
+        source, ended = iter(batches), False
+
+        def top_up(size: int) -> None:
+            nonlocal ended
+            while not ended and len(hand) < size:
+                item = next(source, None)
+                ended = item is None
+                if item is not None:
+                    hand.append(item)
+
+        top_up(1)
+        size = window(_nbytes(hand[0].data)) if hand and self.agree and self.group_size > 1 else 1
+        while True:
+            top_up(size)
+            rounds = control.agree(len(hand), "min" if self.agree == "drop" else "max").result() if self.agree \
+                else len(hand)
+            if rounds == 0:
+                return
+            for _ in range(rounds):
+                yield hand.popleft() if hand else None
+                top_up(size)
 
 
 def stream_loader(dataset: IterableDataset, batch_size: int, state: Any, *, train: bool, uneven: str,
@@ -249,5 +313,10 @@ def stream_loader(dataset: IterableDataset, batch_size: int, state: Any, *, trai
         dataset = split_dataset_by_node(dataset, rank=state.rank, world_size=state.world_size)
     slots = _Slots(dataset, state.rank, state.world_size, batch_size, collate, shuffle, seed, shuffle_buffer,
                    drop_last)
+    if has_shards(dataset) and not slots.whole_shards and state.is_main:
+        print(f"ddpkit: the stream has {slots.dataset.n_shards} shard(s) for {state.world_size} processes, so some "
+              "rank would get none; each (rank, worker) reads every shard and keeps its share of the samples instead "
+              "(exact, but each reads the whole stream): give it at least one shard per process",
+              file=sys.stderr, flush=True)
     agree = ("drop" if uneven == "drop" else None) if train else ("empty" if collective_forward else None)
-    return StreamLoader(slots, agree, state.world_size, **loader_kwargs)
+    return StreamLoader(slots, agree, state.world_size, join=train and uneven == "join", **loader_kwargs)

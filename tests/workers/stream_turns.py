@@ -1,10 +1,10 @@
-"""Stream positions at every step, for tests/test_streams.py: ``stream_turns.py OUT WORKERS``.
+"""Stream positions at every step, for tests/test_streams.py: ``stream_turns.py OUT`` (2, then 3 workers).
 
 Two streams: a generator (round robin, shuffled through a buffer) and a sharded stream where worker 0 of each
 rank runs dry first. For each: the batches of one whole epoch; then, for every step k of it, the batches after
 a ``state_dict()`` taken at step k (in the loop body, as ``Checkpointer.save`` does) loaded into a new loader
 (what a resume does), and the batches of iterating the first loader again after leaving its loop at step k.
-Each rank checks its own batches against the whole epoch; rank 0 writes OUT/turns<WORKERS>.json.
+Each rank checks its own batches against the whole epoch; rank 0 writes OUT/turns<WORKERS>.json per worker count.
 """
 import json
 import os
@@ -15,7 +15,7 @@ from torch.utils.data import IterableDataset
 
 import ddpkit
 
-out, workers = sys.argv[1], int(sys.argv[2])
+out = sys.argv[1]
 torch.set_num_threads(1)
 state = ddpkit.init(seed=0)
 
@@ -27,10 +27,13 @@ class Counter(IterableDataset):
 
 
 class Uneven(IterableDataset):
-    """One shard per (rank, worker) slot; worker 0's shard is the short one (1 or 2 batches, the others 4)."""
+    """One shard per (rank, worker) slot; worker 0's shard is the short one (1 or 2 batches, the others 4).
+
+    Shard i goes to rank i % world_size, worker i // world_size (ranks first)."""
 
     def __init__(self, slots):
-        self.n_shards, self.sizes = slots, [4 + 2 * (s // workers) if s % workers == 0 else 14 for s in range(slots)]
+        world = state.world_size
+        self.n_shards, self.sizes = slots, [4 + 2 * (i % world) if i // world == 0 else 14 for i in range(slots)]
 
     def shard(self, num_shards, index):
         start = sum(self.sizes[:index])
@@ -68,8 +71,9 @@ def check(stream, shuffle):
     return {"steps": len(whole), "wrong": wrong}
 
 
-result = {"generator": check(Counter(), True), "uneven": check(Uneven(state.world_size * max(1, workers)), False)}
-everyone = ddpkit.gather_object(result)
-if state.is_main:
-    with open(os.path.join(out, f"turns{workers}.json"), "w") as f:
-        json.dump(everyone, f)
+for workers in (2, 3):
+    result = {"generator": check(Counter(), True), "uneven": check(Uneven(state.world_size * workers), False)}
+    everyone = ddpkit.gather_object(result)
+    if state.is_main:
+        with open(os.path.join(out, f"turns{workers}.json"), "w") as f:
+            json.dump(everyone, f)

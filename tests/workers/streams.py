@@ -1,10 +1,14 @@
-"""Worker for the streaming tests: ``ddpkit launch --nproc-per-node N streams.py OUT WORKERS``.
+"""Worker for the streaming tests: ``ddpkit launch --nproc-per-node N streams.py OUT`` (0, 1 and 2 loader workers
+in turn, in one launch).
 
-Checks, on every rank, then rank 0 writes OUT/streams<N>x<WORKERS>.json:
+Checks, on every rank, then rank 0 writes OUT/streams<N>x<WORKERS>.json for each worker count:
 - eval over a generator stream (round robin) and a sharded stream over files: every id once across ranks and
   workers (gathered);
 - train with uneven="drop" (the default): equal steps on every rank, no id twice, ids reshuffled per epoch;
-- a stream where rank 0 has 3 batches and rank 1 has 7 (2 processes, no workers): done in 3 equal steps.
+- a sharded stream with 2 shards, fewer than the slots (and, at 3 processes, than the ranks): every rank still
+  trains (equal steps, each id at most once) and evaluation still reads every id once;
+- a stream where rank 0 has 3 batches and rank 1 has 7 (2 processes, no workers): done in 3 equal steps; with
+  uneven="join" it refuses to run outside ``ddpkit.join`` and runs 3 and 7 steps inside it.
 """
 import json
 import os
@@ -16,7 +20,7 @@ from torch.utils.data import IterableDataset
 
 import ddpkit
 
-out, workers = sys.argv[1], int(sys.argv[2])
+out = sys.argv[1]
 torch.set_num_threads(1)
 state = ddpkit.init(seed=0)
 N, B = 103, 4
@@ -71,23 +75,62 @@ def everyone(values):
     return [v for part in ddpkit.gather_object(values) for v in part]
 
 
+def streams(workers):
+    result = {}
+    for name, stream in (("generator", Counter(N)), ("files", files)):
+        seen, _ = ids(ddpkit.data_loader(stream, batch_size=B, train=False, num_workers=workers))
+        result[f"{name}_eval"] = sorted(everyone(seen))
+        loader = ddpkit.data_loader(stream, batch_size=B, num_workers=workers, seed=1, shuffle_buffer=8)
+        epochs = []
+        for _ in range(2):
+            seen, steps = ids(loader)
+            epochs.append({"ids": everyone(seen), "steps": ddpkit.gather_object(steps)})
+        result[f"{name}_train"] = epochs
+    seen, steps = ids(ddpkit.data_loader(few, batch_size=2, num_workers=workers, shuffle=False))
+    result["few_train"] = {"ids": everyone(seen), "steps": ddpkit.gather_object(steps)}
+    seen, _ = ids(ddpkit.data_loader(few, batch_size=2, train=False, num_workers=workers))
+    result["few_eval"] = sorted(everyone(seen))
+    if hf is not None:
+        seen = [int(i) for batch in ddpkit.data_loader(hf, batch_size=B, train=False, num_workers=workers)
+                for i in batch["id"]]
+        result["hf_eval"] = sorted(everyone(seen))
+        steps = sum(1 for _ in ddpkit.data_loader(hf, batch_size=B, num_workers=workers, seed=1))
+        result["hf_train_steps"] = ddpkit.gather_object(steps)
+    return result
+
+
+def uneven_steps():
+    """Rank 0 has 3 batches, rank 1 has 7: "drop" ends both after 3; "join" only inside ddpkit.join."""
+    os.makedirs(os.path.join(out, "uneven"), exist_ok=True)
+    uneven = Files(os.path.join(out, "uneven"), [3 * B, 7 * B])  # slot 0: 3 batches, slot 1: 7 batches
+    start = time.monotonic()
+    _, steps = ids(ddpkit.data_loader(uneven, batch_size=B, shuffle=False))
+    result = {"steps": ddpkit.gather_object(steps), "seconds": time.monotonic() - start}
+    joined = ddpkit.data_loader(uneven, batch_size=B, shuffle=False, uneven="join")
+    try:
+        ids(joined)
+    except RuntimeError as exc:
+        result["join_outside"] = str(exc)
+    model = ddpkit.prepare_model(torch.nn.Linear(1, 1))
+    steps = 0
+    with ddpkit.join(model):
+        for batch in joined:
+            model(batch.float()).sum().backward()
+            steps += 1
+    result["join_steps"] = ddpkit.gather_object(steps)
+    return result
+
+
 folder = os.path.join(out, "files")
 os.makedirs(folder, exist_ok=True)
 files = Files(folder, [11, 17, 5, 23, 13, 9, 25])  # 103 ids in 7 files of uneven sizes
-result = {}
-for name, stream in (("generator", Counter(N)), ("files", files)):
-    seen, _ = ids(ddpkit.data_loader(stream, batch_size=B, train=False, num_workers=workers))
-    result[f"{name}_eval"] = sorted(everyone(seen))
-    loader = ddpkit.data_loader(stream, batch_size=B, num_workers=workers, seed=1, shuffle_buffer=8)
-    epochs = []
-    for _ in range(2):
-        seen, steps = ids(loader)
-        epochs.append({"ids": everyone(seen), "steps": ddpkit.gather_object(steps)})
-    result[f"{name}_train"] = epochs
+os.makedirs(os.path.join(out, "few"), exist_ok=True)
+few = Files(os.path.join(out, "few"), [10, 14])  # 2 shards: fewer than the slots (and than 3 ranks)
 try:  # Hugging Face datasets, streaming from local JSON-lines files (nothing downloaded)
     from datasets import load_dataset
 except ImportError:
     load_dataset = None
+hf = None
 if load_dataset is not None:
     parts = []
     for k, size in enumerate([11, 17, 5, 23, 13, 9, 25]):
@@ -99,17 +142,10 @@ if load_dataset is not None:
         parts.append(path)
     ddpkit.barrier()
     hf = load_dataset("json", data_files=parts, split="train", streaming=True)
-    seen = [int(i) for batch in ddpkit.data_loader(hf, batch_size=B, train=False, num_workers=workers)
-            for i in batch["id"]]
-    result["hf_eval"] = sorted(everyone(seen))
-    steps = sum(1 for _ in ddpkit.data_loader(hf, batch_size=B, num_workers=workers, seed=1))
-    result["hf_train_steps"] = ddpkit.gather_object(steps)
-if state.world_size == 2 and workers == 0:
-    os.makedirs(os.path.join(out, "uneven"), exist_ok=True)
-    uneven = Files(os.path.join(out, "uneven"), [3 * B, 7 * B])  # slot 0: 3 batches, slot 1: 7 batches
-    start = time.monotonic()
-    _, steps = ids(ddpkit.data_loader(uneven, batch_size=B, shuffle=False))
-    result["uneven"] = {"steps": ddpkit.gather_object(steps), "seconds": time.monotonic() - start}
-if state.is_main:
-    with open(os.path.join(out, f"streams{state.world_size}x{workers}.json"), "w") as f:
-        json.dump(result, f)
+for workers in (0, 1, 2):
+    result = streams(workers)
+    if state.world_size == 2 and workers == 0:
+        result["uneven"] = uneven_steps()
+    if state.is_main:
+        with open(os.path.join(out, f"streams{state.world_size}x{workers}.json"), "w") as f:
+            json.dump(result, f)
