@@ -27,6 +27,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 from ddpkit import contract, strategy
 from ddpkit.cli import OneLineParser, UsageError, usage_error
+from ddpkit.environment import visible_gpus
 from ddpkit.logs import parse_ranks
 from ddpkit.options import Device, choices
 
@@ -279,12 +280,6 @@ def usable_cores(mask: Collection[int] | None = None, cpu_count: int | None = No
     if mask is None and hasattr(os, "sched_getaffinity"):
         mask = os.sched_getaffinity(0)
     return len(mask) if mask else max(1, cpu_count or os.cpu_count() or 1)
-
-
-def visible_gpus() -> int:
-    import torch  # the launcher needs torch anyway; imported only once arguments parse
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def torchrun_argv(cfg: LaunchConfig, log_dir: str | None = None) -> list[str]:
