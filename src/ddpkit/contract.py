@@ -92,7 +92,8 @@ RESTART_COUNT = Var("TORCHELASTIC_RESTART_COUNT", "torchrun", "init(), Checkpoin
 RUN_ID = Var("TORCHELASTIC_RUN_ID", "torchrun", "init()", "present: torch's agent is this process's parent")
 
 # -- set by ddpkit launch for torch, gloo, NCCL and OpenMP (a value you set is kept) ------------------
-OMP_THREADS = Var("OMP_NUM_THREADS", LAUNCH, "torch", "cores / local processes, so N processes do not oversubscribe")
+OMP_THREADS = Var("OMP_NUM_THREADS", LAUNCH, "torch",
+                  "usable cores (the affinity mask) / local processes, so N processes do not oversubscribe")
 UNBUFFERED = Var("PYTHONUNBUFFERED", LAUNCH, "python", "1: worker output reaches the log files as it is printed")
 GLOO_IFNAME = Var("GLOO_SOCKET_IFNAME", LAUNCH, "gloo", "lo on one node: worker sockets bind loopback only")
 NCCL_IFNAME = Var("NCCL_SOCKET_IFNAME", LAUNCH, "NCCL", "lo on one node: worker sockets bind loopback only")
