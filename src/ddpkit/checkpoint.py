@@ -13,7 +13,9 @@ Example::
 
 Each checkpoint is a directory ``ckpt-<step>`` holding ``state.pt`` and ``manifest.json`` (sha256 and size
 of every file). Rank 0 writes it into a temporary directory, fsyncs the files and the directory, renames it
-into place and fsyncs the parent, so a crash leaves either the whole checkpoint or none. Every rank's RNG
+into place and fsyncs the parent, so a crash leaves either the whole checkpoint or none; a step saved again
+replaces the old copy as atomically (:mod:`ddpkit.checkpoint_files`). A save that fails on any rank fails on
+every rank, with the same error naming that rank, and leaves nothing of itself. Every rank's RNG
 states (python, numpy, torch, CUDA, the loaders' worker-seed generators) are gathered into it as tensors, and
 loading uses ``torch.load(weights_only=True)``: nothing arbitrary is unpickled. A checkpoint whose checksum
 does not match is skipped, with a warning, for the previous one.
@@ -25,82 +27,29 @@ any world size, in any mode.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
 import os
-import re
 import shutil
 import sys
 import uuid
 import warnings
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
+from ddpkit import checkpoint_files as disk
 from ddpkit import contract, rngstate, runtime, shards, strategy
+from ddpkit.checkpoint_files import by_commit as by_commit  # the order and checks tools use, kept here too
+from ddpkit.checkpoint_files import newest_valid as newest_valid
+from ddpkit.checkpoint_files import validate
 from ddpkit.control import broadcast, gather_object
 from ddpkit.data import ShardedDataLoader
 from ddpkit.files import write_file
 from ddpkit.wrappers import unwrap
 
-_NAME = re.compile(r"^ckpt-(\d{10})$")
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _files(directory: str) -> list[str]:
-    """Every file under ``directory``, as sorted relative paths (``shards/__0_0.distcp``)."""
-    found = [os.path.relpath(os.path.join(root, name), directory)
-             for root, _, names in os.walk(directory) for name in names]
-    return sorted(found)
-
-
-def _hashes(directory: str, names: list[str]) -> dict[str, dict[str, Any]]:
-    """name -> sha256 and size of these files under ``directory``, each fsynced first."""
-    out = {}
-    for name in names:
-        file = os.path.join(directory, name)
-        with open(file, "rb") as f:
-            os.fsync(f.fileno())
-        out[name] = {"sha256": _sha256(file), "bytes": os.path.getsize(file)}
-    return out
-
-
-def validate(path: str, part: tuple[int, int] = (0, 1)) -> str | None:
-    """None when ``path`` is a complete checkpoint whose files all match the manifest, else the reason.
-    ``part=(i, n)`` hashes only every n-th file from the i-th (the ranks of a job share the reads)."""
-    if not os.path.isdir(path):
-        return "it does not exist"
-    try:
-        with open(os.path.join(path, "manifest.json")) as f:
-            manifest = json.load(f)
-        for name, meta in sorted(manifest["files"].items())[part[0]::part[1]]:
-            file = os.path.join(path, name)
-            if os.path.getsize(file) != meta["bytes"]:
-                return f"{name} has {os.path.getsize(file)} bytes, the manifest says {meta['bytes']} (truncated?)"
-            if _sha256(file) != meta["sha256"]:
-                return f"{name} does not match its sha256 (corrupted)"
-    except (OSError, ValueError, KeyError) as exc:
-        return f"unreadable manifest or file ({exc})"
-    return None
-
-
+T = TypeVar("T")
 _process_run: list[str] = []  # this process's run id when no launcher gave one (made on first use)
 
 
@@ -115,44 +64,6 @@ def run_id() -> str:
     return _process_run[0]
 
 
-def _manifest(path: str) -> dict[str, Any] | None:
-    try:
-        with open(os.path.join(path, "manifest.json")) as f:
-            manifest = json.load(f)
-        return manifest if isinstance(manifest, dict) else None
-    except (OSError, ValueError):
-        return None
-
-
-def _run_of(path: str) -> str | None:
-    return (_manifest(path) or {}).get("run")
-
-
-def _commit_number(path: str) -> int | None:
-    """The commit counter in ``path``'s manifest (0 for one written before it existed); None when unreadable."""
-    manifest = _manifest(path)
-    number = None if manifest is None else manifest.get("commit", 0)
-    return number if type(number) is int else None  # a forged 1.5 or true is no commit number
-
-
-def by_commit(directory: str) -> list[str]:
-    """The ``ckpt-*`` directories in ``directory``, newest commit first (then the higher step).
-
-    The only order retention and resume use: after ``restore(path=older)`` or in a directory an earlier run
-    left behind, the newest save is not the highest step number. One whose manifest is unreadable comes
-    first, so that resuming names it (and skips it) instead of passing over it in silence."""
-    if not os.path.isdir(directory):
-        return []
-    paths = [os.path.join(directory, n) for n in os.listdir(directory) if _NAME.match(n)]
-    numbers = {p: _commit_number(p) for p in paths}
-    return sorted(paths, key=lambda p: (math.inf if numbers[p] is None else numbers[p], p), reverse=True)
-
-
-def newest_valid(directory: str) -> str | None:
-    """The newest ``ckpt-*`` in ``directory`` that :func:`validate` accepts (no warnings: for tools)."""
-    return next((p for p in by_commit(directory) if validate(p) is None), None)
-
-
 def _check_fits(model: torch.nn.Module, saved: dict[str, torch.Tensor], path: str) -> None:
     """Name the keys and shapes that differ, instead of torch's multi-line load_state_dict error."""
     own = model.state_dict()
@@ -165,6 +76,20 @@ def _check_fits(model: torch.nn.Module, saved: dict[str, torch.Tensor], path: st
                  f"shapes {shapes[:5]}" if shapes else ""]
         raise ValueError(f"checkpoint {path} does not fit this model: " + "; ".join(p for p in parts if p)
                          + " (was it saved from another model or configuration?)")
+
+
+def _failure(exc: BaseException, rank: int) -> list[Any]:
+    """[rank, "Type: first line"] of a failed save step; a sharded write names the rank whose write failed.
+
+    torch.save reports a failed write as RuntimeError("... unexpected pos 832 vs 726"); the OSError it hides
+    (``[Errno 28] No space left on device``) is the one that tells the user what to do, so it is named instead.
+    """
+    inner: BaseException | None = exc
+    while inner is not None and not (isinstance(inner, OSError) and inner.errno):
+        inner = inner.__cause__ or inner.__context__
+    shown = inner if inner is not None else exc
+    reason = getattr(exc, "failure", None) or f"{type(shown).__name__}: {(str(shown).splitlines() or [''])[0][:200]}"
+    return [getattr(exc, "failed_rank", rank), reason]
 
 
 class Checkpointer:
@@ -203,7 +128,7 @@ class Checkpointer:
         self._settled = True
         if restored or self._claimed:  # the same on every rank: no collective needed
             return
-        old = [p for p in self.checkpoints() if _run_of(p) != run_id()] if self.state.is_main else []
+        old = [p for p in self.checkpoints() if disk.run_of(p) != run_id()] if self.state.is_main else []
         problem = broadcast(None if not old else (
             f"{self.directory} holds checkpoints of an earlier run (newest {os.path.basename(old[0])}) and this run "
             "resumed none of them; saving would mix the runs and delete those: resume it (ddpkit launch --resume or "
@@ -220,9 +145,8 @@ class Checkpointer:
         except OSError as exc:
             raise PermissionError(f"checkpoint directory {self.directory!r} is not writable ({exc.strerror}); "
                                   "pass a directory this user can write") from None
-        for entry in os.listdir(self.directory):  # leftovers of a save that was killed midway
-            if ".tmp-" in entry and entry.startswith("ckpt-"):
-                shutil.rmtree(os.path.join(self.directory, entry), ignore_errors=True)
+        disk.remove_unfinished(self.directory)  # leftovers of a save that was killed midway
+        disk.remove_replaced(self.directory)
 
     def checkpoints(self) -> list[str]:
         """Committed checkpoint directories, newest commit first (not yet checked)."""
@@ -232,7 +156,8 @@ class Checkpointer:
         """Save ``objects`` (anything with ``state_dict()``: model, optimizer, scheduler, scaler, loader).
 
         Call it on every rank (RNG states are gathered). ``extra``: JSON-able values kept in the manifest.
-        Returns the checkpoint's path on rank 0.
+        Returns the checkpoint's path on rank 0. When any rank fails (a full disk, a write refused), every rank
+        raises the same OSError naming that rank and its error, and nothing of this save is left.
         """
         self._settle(restored=False)
         loaders = {k: v for k, v in objects.items() if isinstance(v, ShardedDataLoader)}
@@ -240,81 +165,88 @@ class Checkpointer:
         rng = rngstate.gather(rngstate.local(loaders, mode), self.state)
         if mode.shards:
             return self._save_sharded(step, rng, objects, extra or {})
-        states = {name: mode.state_dict(obj) if isinstance(obj, torch.nn.Module) else obj.state_dict()
-                  for name, obj in objects.items()}
-        path = None
-        if self.state.is_main:
-            payload = {"step": step, "world_size": self.state.world_size, "rng": rng, "objects": states}
-            path = self._commit(step, payload, extra or {})
-        if self.state.world_size > 1:
-            dist.barrier()  # every rank returns once the checkpoint exists
-        return path
+        states = self._together(step, "collecting the state", lambda: {
+            name: mode.state_dict(obj) if isinstance(obj, torch.nn.Module) else obj.state_dict()
+            for name, obj in objects.items()})
+        payload = {"step": step, "world_size": self.state.world_size, "rng": rng, "objects": states}
+        tmp = os.path.join(self.directory, f"ckpt-{step:010d}.tmp-{os.getpid()}")
+        # every rank returns once the checkpoint exists, or raises with rank 0
+        return self._together(step, "writing", lambda: self._commit(step, payload, extra or {}, tmp)
+                              if self.state.is_main else None, tmp)
+
+    def _together(self, step: int, stage: str, action: Callable[[], T], tmp: str | None = None) -> T:
+        """``action()`` on this rank, then every rank learns whether it failed on any: all return, or all raise
+        the first failing rank's error, once rank 0 removed ``tmp``. A rank raising alone would leave the
+        others waiting in the next collective, and a script catching it would mismatch every one after.
+
+        What every rank raises when rank 1's disk is full::
+
+            OSError: checkpoint step 6 was not saved: writing the shards failed on rank 1 (OSError: [Errno 28]
+            No space left on device); every rank raised this, nothing of it was left and the newest checkpoint
+            is still runs/exp/ckpt-0000000003; free space or pick another directory, then save again ...
+        """
+        try:
+            result, mine, cause = action(), None, None
+        except Exception as exc:  # whatever it is, the other ranks must hear of it
+            result, mine, cause = None, _failure(exc, self.state.rank), exc
+        failed = next((f for f in gather_object(mine) if f), None)
+        if failed is None:
+            return result  # type: ignore[return-value]  # None only on a rank that raised, which raises here
+        if self.state.is_main and tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+        # rank 0's view (the others may not see the directory); they return once it removed the partial one
+        kept = broadcast(next(iter(self.checkpoints()), None) if self.state.is_main else None)
+        previous = f"the newest checkpoint is still {kept}" if kept else "there is no earlier checkpoint"
+        raise OSError(f"checkpoint step {step} was not saved: {stage} failed on rank {failed[0]} ({failed[1]}); "
+                      f"every rank raised this, nothing of it was left and {previous}; free space or pick another "
+                      "directory, then save again (every rank) or stop") from cause
 
     def _save_sharded(self, step: int, rng: dict[str, torch.Tensor] | None, objects: dict[str, Any],
                       extra: dict[str, Any]) -> str | None:
         """Every rank writes its shard of the models and optimizers into the temporary directory, then
         rank 0 adds state.pt and the manifest and renames it into place, as :meth:`_commit` does."""
-        tensors, rest = shards.split(objects)  # collective: DCP state dicts of DTensors
+        # collective (DCP state dicts of DTensors), then the local state dicts, which may fail on one rank
+        tensors, rest = self._together(step, "collecting the state", lambda: shards.split(objects))
         tmp = os.path.join(self.directory, f"ckpt-{step:010d}.tmp-sharded")
-        if self.state.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-            os.makedirs(tmp)
-        dist.barrier()
-        try:
-            shards.save(tensors, os.path.join(tmp, shards.SHARDS))
-            problem = None
-        except Exception as exc:  # shards.save raises OSError on every rank when any rank's write failed
-            problem = str(exc).splitlines()[0][:200]
-        own: dict[str, Any] = {}
-        try:  # each rank hashes the files it wrote; a failure here is one rank's, so the ranks agree below
-            own = _hashes(tmp, [os.path.join(shards.SHARDS, n) for n in os.listdir(os.path.join(tmp, shards.SHARDS))
-                                if n.startswith(f"__{self.state.rank}_")]) if problem is None else {}
-        except OSError as exc:
-            problem = f"{exc.strerror or exc} while hashing rank {self.state.rank}'s shard"
-        hashed = gather_object({"problem": problem, "files": own})  # JSON between ranks, never pickle
-        problem = next((h["problem"] for h in hashed if h["problem"]), None)
-        if problem:
+
+        def prepare() -> None:
             if self.state.is_main:
                 shutil.rmtree(tmp, ignore_errors=True)
-            raise OSError(f"could not write the shards of checkpoint step {step} ({problem}); "
-                          "nothing was replaced; free space or pick another directory")
-        path = None
-        if self.state.is_main:
-            payload = {"step": step, "world_size": self.state.world_size, "rng": rng, "objects": rest,
-                       "sharded": sorted(tensors)}
-            path = self._commit(step, payload, extra, tmp, {k: v for h in hashed for k, v in h["files"].items()})
-        dist.barrier()
-        return path
+                os.makedirs(tmp)
 
-    def _commit(self, step: int, payload: dict, extra: dict[str, Any], tmp: str | None = None,
+        def write() -> dict[str, Any]:  # shards.save fails on every rank, naming the rank, when any write failed
+            shards.save(tensors, os.path.join(tmp, shards.SHARDS))
+            # each rank hashes the files it wrote (DCP fsynced them); the others are hashed at the commit
+            mine = [os.path.join(shards.SHARDS, n) for n in os.listdir(os.path.join(tmp, shards.SHARDS))
+                    if n.startswith(f"__{self.state.rank}_")]
+            return disk.hashes(tmp, mine)
+
+        self._together(step, "making its directory", prepare, tmp)
+        own = self._together(step, "writing the shards", write, tmp)
+        hashed = {k: v for part in gather_object(own) for k, v in part.items()}  # JSON between ranks, never pickle
+        payload = {"step": step, "world_size": self.state.world_size, "rng": rng, "objects": rest,
+                   "sharded": sorted(tensors)}
+        return self._together(step, "writing", lambda: self._commit(step, payload, extra, tmp, hashed)
+                              if self.state.is_main else None, tmp)
+
+    def _commit(self, step: int, payload: dict, extra: dict[str, Any], tmp: str,
                 hashed: dict[str, dict[str, Any]] | None = None) -> str:
+        """Rank 0: state.pt and the manifest into ``tmp``, fsync, rename into place (atomically, also over an
+        older copy of the step: :func:`checkpoint_files.install`), then retention."""
         final = os.path.join(self.directory, f"ckpt-{step:010d}")
-        tmp = tmp or f"{final}.tmp-{os.getpid()}"
-        try:
-            os.makedirs(tmp, exist_ok=True)
-            write_file(os.path.join(tmp, "state.pt"), lambda f: torch.save(payload, f))
-            # state.pt, and the shards of a sharded checkpoint: those the ranks hashed as they wrote them (DCP
-            # fsynced them) are taken as they are, the rest (state.pt, DCP's .metadata) hashed and fsynced here
-            names = _files(tmp)
-            files = {**_hashes(tmp, [n for n in names if n not in (hashed or {})]), **(hashed or {})}
-            commit = 1 + max((n for p in self.checkpoints() if (n := _commit_number(p)) is not None), default=0)
-            manifest = {"format": 1, "step": step, "commit": commit, "run": run_id(),
-                        "world_size": payload["world_size"], "extra": extra, "files": files}
-            write_file(os.path.join(tmp, "manifest.json"), lambda f: f.write(json.dumps(manifest).encode()))
-            for root, _, _ in os.walk(tmp):
-                _fsync_dir(root)
-            if os.path.exists(final):  # the same step saved again: replace it
-                shutil.rmtree(final)
-            os.rename(tmp, final)
-            _fsync_dir(self.directory)
-        except (OSError, RuntimeError) as exc:  # torch.save reports a failed write as RuntimeError
-            shutil.rmtree(tmp, ignore_errors=True)
-            previous = next(iter(self.checkpoints()), None)
-            reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0]
-            raise OSError(f"could not write checkpoint {final} ({reason}); nothing was replaced, "
-                          f"the previous checkpoint {previous} is intact; free space or pick another directory") \
-                from None
-        committed = [p for p in self.checkpoints() if _commit_number(p) is not None]  # a damaged one stays to be named
+        os.makedirs(tmp, exist_ok=True)
+        write_file(os.path.join(tmp, "state.pt"), lambda f: torch.save(payload, f))
+        # state.pt, and the shards of a sharded checkpoint: those the ranks hashed as they wrote them (DCP
+        # fsynced them) are taken as they are, the rest (state.pt, DCP's .metadata) hashed and fsynced here
+        files = {**disk.hashes(tmp, [n for n in disk.files(tmp) if n not in (hashed or {})]), **(hashed or {})}
+        commit = 1 + max((n for p in self.checkpoints() if (n := disk.commit_number(p)) is not None), default=0)
+        manifest = {"format": 1, "step": step, "commit": commit, "run": run_id(),
+                    "world_size": payload["world_size"], "extra": extra, "files": files}
+        write_file(os.path.join(tmp, "manifest.json"), lambda f: f.write(json.dumps(manifest).encode()))
+        for root, _, _ in os.walk(tmp):
+            disk.fsync_dir(root)
+        disk.install(tmp, final)
+        committed = [p for p in self.checkpoints() if disk.commit_number(p) is not None]  # a damaged one stays named
         for old in committed[self.keep:]:  # by commit order: the newest saves, not the highest steps
             shutil.rmtree(old, ignore_errors=True)
         return final
@@ -331,7 +263,7 @@ class Checkpointer:
     def latest(self) -> str | None:
         """The newest valid checkpoint (after a restart: of this job); invalid ones are skipped with a warning."""
         for path in self.checkpoints():
-            if self._own_only and _run_of(path) != run_id():
+            if self._own_only and disk.run_of(path) != run_id():
                 continue
             reason = self.validate(path)
             if reason is None:

@@ -26,7 +26,9 @@ import torch
 from torch import nn
 
 from ddpkit import safeload
+from ddpkit.checkpoint_files import newest_valid, validate
 from ddpkit.cli import OneLineParser, UsageError, usage_error
+from ddpkit.files import write_atomically
 from ddpkit.wrappers import unwrap
 
 SHARDS = "shards"  # the DCP directory inside a checkpoint
@@ -43,7 +45,10 @@ def _owner(optimizer: torch.optim.Optimizer, models: Mapping[str, nn.Module]) ->
 
 
 def split(objects: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(tensors for the shards, the rest) of ``objects``' state dicts; collective in a sharded mode."""
+    """(tensors for the shards, the rest) of ``objects``' state dicts; collective in a sharded mode.
+
+    The models' and optimizers' (collective) come first, the other objects' (local) last: one of those failing
+    on one rank then leaves no peer inside a collective, and the ranks can agree on the failure."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     models = {k: v for k, v in objects.items() if isinstance(v, nn.Module)}
@@ -54,9 +59,10 @@ def split(objects: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
             state = get_optimizer_state_dict(_owner(obj, models), obj)
             tensors[name] = state["state"]
             rest[name] = {"param_groups": state["param_groups"]}
-        elif name not in models:
+    for name, obj in objects.items():
+        if name not in models and name not in tensors:
             rest[name] = obj.state_dict()
-    return tensors, rest
+    return {k: tensors[k] for k in objects if k in tensors}, {k: rest[k] for k in objects if k in rest}
 
 
 def save(tensors: dict[str, Any], directory: str) -> None:
@@ -70,7 +76,19 @@ def save(tensors: dict[str, Any], directory: str) -> None:
     except CheckpointException as exc:  # a BaseException: `except Exception` would let it through
         rank, failure = min(exc.failures.items())
         error: Any = failure[0] if isinstance(failure, tuple) else failure  # (exception, its stack) in torch 2.x
-        raise OSError(f"rank {rank}: {type(error).__name__}: {str(error).splitlines()[0][:160]}") from None
+        raise ShardWriteError(rank, f"{type(error).__name__}: {str(error).splitlines()[0][:160]}") from None
+
+
+class ShardWriteError(OSError):
+    """One rank's shard could not be written; raised on every rank, naming that rank (``failed_rank``).
+
+    >>> str(ShardWriteError(1, "OSError: [Errno 28] No space left on device"))
+    'rank 1: OSError: [Errno 28] No space left on device'
+    """
+
+    def __init__(self, rank: int, failure: str):
+        super().__init__(f"rank {rank}: {failure}")
+        self.failed_rank, self.failure = rank, failure
 
 
 def load(objects: Mapping[str, Any], directory: str, rest: Mapping[str, Any]) -> None:
@@ -148,9 +166,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ddpkit.checkpoint import newest_valid, validate
-    from ddpkit.files import write_atomically
-
     try:
         ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
         path = ns.checkpoint if os.path.exists(os.path.join(ns.checkpoint, "manifest.json")) else \

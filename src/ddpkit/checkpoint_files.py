@@ -1,0 +1,153 @@
+"""A checkpoint directory on disk: names, manifests, checksums, and the commit that replaces one atomically.
+
+``<directory>/ckpt-<step>`` is a committed checkpoint. While rank 0 writes one it is ``ckpt-<step>.tmp-<pid>``
+(or ``.tmp-sharded``); a step saved again has its old copy renamed aside to ``ckpt-<step>.replaced-<pid>``
+before the new one takes the name, and removed after. A crash at any point of that leaves a whole checkpoint
+of the step: before the second rename the copy set aside is the step's checkpoint (:func:`by_commit` lists it
+while the name is free), after it the new one is.
+
+Example::
+
+    install("runs/exp/ckpt-0000000005.tmp-41", "runs/exp/ckpt-0000000005")   # replaces an older ckpt-5 too
+    newest_valid("runs/exp")                                                  # 'runs/exp/ckpt-0000000005'
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+from typing import Any
+
+_NAME = re.compile(r"^ckpt-(\d{10})$")
+_ASIDE = re.compile(r"^(ckpt-\d{10})\.replaced-\d+$")
+
+
+def sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def files(directory: str) -> list[str]:
+    """Every file under ``directory``, as sorted relative paths (``shards/__0_0.distcp``)."""
+    found = [os.path.relpath(os.path.join(root, name), directory)
+             for root, _, names in os.walk(directory) for name in names]
+    return sorted(found)
+
+
+def hashes(directory: str, names: list[str]) -> dict[str, dict[str, Any]]:
+    """name -> sha256 and size of these files under ``directory``, each fsynced first."""
+    out = {}
+    for name in names:
+        file = os.path.join(directory, name)
+        with open(file, "rb") as f:
+            os.fsync(f.fileno())
+        out[name] = {"sha256": sha256(file), "bytes": os.path.getsize(file)}
+    return out
+
+
+def validate(path: str, part: tuple[int, int] = (0, 1)) -> str | None:
+    """None when ``path`` is a complete checkpoint whose files all match the manifest, else the reason.
+    ``part=(i, n)`` hashes only every n-th file from the i-th (the ranks of a job share the reads)."""
+    if not os.path.isdir(path):
+        return "it does not exist"
+    try:
+        with open(os.path.join(path, "manifest.json")) as f:
+            manifest = json.load(f)
+        for name, meta in sorted(manifest["files"].items())[part[0]::part[1]]:
+            file = os.path.join(path, name)
+            if os.path.getsize(file) != meta["bytes"]:
+                return f"{name} has {os.path.getsize(file)} bytes, the manifest says {meta['bytes']} (truncated?)"
+            if sha256(file) != meta["sha256"]:
+                return f"{name} does not match its sha256 (corrupted)"
+    except (OSError, ValueError, KeyError) as exc:
+        return f"unreadable manifest or file ({exc})"
+    return None
+
+
+def manifest(path: str) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(path, "manifest.json")) as f:
+            found = json.load(f)
+        return found if isinstance(found, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def run_of(path: str) -> str | None:
+    return (manifest(path) or {}).get("run")
+
+
+def commit_number(path: str) -> int | None:
+    """The commit counter in ``path``'s manifest (0 for one written before it existed); None when unreadable."""
+    found = manifest(path)
+    number = None if found is None else found.get("commit", 0)
+    return number if type(number) is int else None  # a forged 1.5 or true is no commit number
+
+
+def by_commit(directory: str) -> list[str]:
+    """The checkpoints in ``directory``, newest commit first (then the higher step).
+
+    The only order retention and resume use: after ``restore(path=older)`` or in a directory an earlier run
+    left behind, the newest save is not the highest step number. One whose manifest is unreadable comes
+    first, so that resuming names it (and skips it) instead of passing over it in silence. A copy set aside by
+    a re-save that was killed before the new copy took the name stands for its step (see the module doc)."""
+    if not os.path.isdir(directory):
+        return []
+    names = os.listdir(directory)
+    committed = {n for n in names if _NAME.match(n)}
+    aside = [n for n in names if (m := _ASIDE.match(n)) and m.group(1) not in committed]
+    paths = [os.path.join(directory, n) for n in [*committed, *aside]]
+    numbers = {p: commit_number(p) for p in paths}
+    return sorted(paths, key=lambda p: (math.inf if numbers[p] is None else numbers[p], p), reverse=True)
+
+
+def newest_valid(directory: str) -> str | None:
+    """The newest checkpoint in ``directory`` that :func:`validate` accepts (no warnings: for tools)."""
+    return next((p for p in by_commit(directory) if validate(p) is None), None)
+
+
+def install(tmp: str, final: str) -> None:
+    """Rename the finished ``tmp`` to ``final``; an older ``final`` (the step saved again) is renamed aside
+    first and removed once the new one holds the name, so that every moment leaves a whole checkpoint."""
+    aside = f"{final}.replaced-{os.getpid()}"
+    if os.path.exists(final):
+        os.rename(final, aside)
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if os.path.exists(aside):
+            os.rename(aside, final)  # the old copy takes its name back
+        raise
+    fsync_dir(os.path.dirname(final) or ".")
+    remove_replaced(os.path.dirname(final) or ".")
+
+
+def remove_replaced(directory: str) -> None:
+    """Remove the copies set aside whose step holds a committed checkpoint again (no reader uses those)."""
+    names = set(os.listdir(directory))
+    for name in names:
+        m = _ASIDE.match(name)
+        if m and m.group(1) in names:
+            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+
+
+def remove_unfinished(directory: str) -> None:
+    """Remove the temporary directories of saves that were killed midway (never a committed checkpoint)."""
+    for entry in os.listdir(directory):
+        if ".tmp-" in entry and entry.startswith("ckpt-"):
+            shutil.rmtree(os.path.join(directory, entry), ignore_errors=True)
