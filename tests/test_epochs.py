@@ -98,3 +98,26 @@ def test_the_sampler_still_copies():
     loader.sampler.set_epoch(2)
     for clone in (copy.deepcopy(loader.sampler), pickle.loads(pickle.dumps(loader.sampler))):
         assert list(clone) == list(loader.sampler) and clone.on_set_epoch is None
+
+
+@pytest.mark.parametrize("sampler", [None, "random"])
+def test_set_epoch_after_iter_before_the_first_batch_applies_to_the_next_pass(sampler):
+    """``it = iter(loader); loader.set_epoch(1)`` then the loop: the open pass is epoch 0 and keeps epoch 0's
+    order (it read epoch 1's, counted as epoch 0, so the next pass repeated the same order)."""
+    import ddpkit
+
+    ddpkit.init(cpu=True)
+    data = torch.utils.data.TensorDataset(torch.arange(20))
+
+    def build():
+        own = {} if sampler is None else {"sampler": torch.utils.data.RandomSampler(data)}
+        return ddpkit.data_loader(data, batch_size=4, **own)
+
+    ids = lambda batches: [i for (b,) in batches for i in b.tolist()]  # noqa: E731
+    reference = build()
+    epochs = [ids(reference), ids(reference)]
+    loader = build()
+    it = iter(loader)
+    loader.set_epoch(1)
+    assert ids(it) == epochs[0] and loader.epoch == 1
+    assert ids(loader) == epochs[1] and loader.epoch == 2

@@ -76,3 +76,17 @@ def test_data_loader_on_the_cuda_path_reads_no_sample(monkeypatch):
         loader = ddpkit.data_loader(data, batch_size=4, num_workers=workers)
         assert loader.pin_memory == (workers > 0)
     assert data.reads == 0 and torch.equal(before, torch.get_rng_state())
+
+
+def test_a_subset_of_cpu_tensors_pins_like_the_tensors():
+    """random_split returns Subsets: a Subset (of a Subset) of a CPU TensorDataset read in the training process
+    has batches in CPU memory, so it pins as the TensorDataset does; no sample is read to decide."""
+    from torch.utils.data import Subset, TensorDataset
+
+    from ddpkit.loader_settings import pinnable
+
+    tensors = TensorDataset(torch.zeros(8, 2))
+    train, _ = torch.utils.data.random_split(tensors, [6, 2], generator=torch.Generator().manual_seed(0))
+    assert pinnable(train, 0) and pinnable(Subset(train, [0, 1]), 0)
+    assert loader_defaults(Subset(train, [0, 1]), "cuda", 8) == {"pin_memory": True}  # in memory: no workers
+    assert not pinnable(Subset(Drawing(), [0, 1]), 0)  # samples of unknown kind: not pinned, not read

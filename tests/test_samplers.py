@@ -3,6 +3,7 @@ one stream of indices, seeded per epoch from ``seed``; rank r takes positions r,
 processes, gloo), and what cannot be split so gets one clear error."""
 import itertools
 import json
+import random
 
 import pytest
 import torch
@@ -10,13 +11,16 @@ from torch.utils.data import (
     BatchSampler,
     DistributedSampler,
     RandomSampler,
+    Sampler,
     SequentialSampler,
+    SubsetRandomSampler,
     TensorDataset,
     WeightedRandomSampler,
 )
 
 import ddpkit
 from conftest import WORKERS, launch, ok
+from ddpkit.samplers import SamplerShard
 
 DATA = TensorDataset(torch.arange(50))
 WEIGHTS = torch.linspace(0.1, 1.0, 50)
@@ -85,7 +89,6 @@ def test_what_cannot_be_split_is_refused_in_one_line(kwargs, message):
     assert "\n" not in str(error.value)
 
 
-
 def test_a_sampler_ddpkit_has_seeded_can_build_another_loader():
     """After a pass its generator is ddpkit's, not the script's: a rebuilt loader (a notebook cell run again)
     must not be refused."""
@@ -94,3 +97,125 @@ def test_a_sampler_ddpkit_has_seeded_can_build_another_loader():
     first = [i for (ids,) in ddpkit.data_loader(DATA, batch_size=8, sampler=sampler) for i in ids.tolist()]
     again = [i for (ids,) in ddpkit.data_loader(DATA, batch_size=8, sampler=sampler) for i in ids.tolist()]
     assert first == again == stream(RandomSampler(DATA), 0, 50)
+
+
+class GlobalRNG(Sampler):
+    """The common hand-written sampler: draws from torch's global RNG (and python's), no generator."""
+
+    def __init__(self, n, draw=lambda n: torch.randperm(n).tolist()):
+        self.n, self.draw = n, draw
+
+    def __iter__(self):
+        return iter(self.draw(self.n))
+
+    def __len__(self):
+        return self.n
+
+
+@pytest.mark.parametrize("draw", [lambda n: torch.randperm(n).tolist(), lambda n: random.sample(range(n), n)])
+def test_a_global_rng_sampler_draws_the_same_order_whatever_the_rank_s_rng(draw):
+    """Rank r's global RNGs are seeded seed + r: the order must not depend on them (it did: duplicated and
+    skipped samples across ranks), and the script's global RNGs are left where they were."""
+    ddpkit.init(cpu=True)
+    loader = ddpkit.data_loader(DATA, batch_size=8, seed=4, sampler=GlobalRNG(50, draw))
+    orders = []
+    for rank_seed in (3, 4):  # what ddpkit.init(seed=3) gives rank 0 and rank 1
+        loader.set_epoch(0)
+        torch.manual_seed(rank_seed)
+        random.seed(rank_seed)
+        before = torch.get_rng_state(), random.getstate()
+        orders.append([i for (ids,) in loader for i in ids.tolist()])
+        assert torch.equal(before[0], torch.get_rng_state()) and before[1] == random.getstate()
+    assert orders[0] == orders[1] and sorted(orders[0]) == list(range(50))
+    loader.set_epoch(1)
+    assert [i for (ids,) in loader for i in ids.tolist()] != orders[0]  # seeded seed + epoch: a new order
+
+
+def test_a_read_only_generator_property_falls_back_to_seeding_the_global_rng():
+    class Wrapped(Sampler):
+        def __init__(self, inner):
+            self.inner = inner
+
+        @property
+        def generator(self):
+            return self.inner.generator
+
+        def __iter__(self):
+            return iter(self.inner)
+
+        def __len__(self):
+            return len(self.inner)
+
+    ddpkit.init(cpu=True)
+    loader = ddpkit.data_loader(DATA, batch_size=8, sampler=Wrapped(RandomSampler(DATA)))  # was AttributeError
+    passes = []
+    for rank_seed in (3, 4):
+        loader.set_epoch(0)
+        torch.manual_seed(rank_seed)
+        passes.append([i for (ids,) in loader for i in ids.tolist()])
+    assert passes[0] == passes[1] and sorted(passes[0]) == list(range(50))
+
+
+class Overstated(Sampler):
+    """len() says 40, __iter__ yields 37 (a lazily filtering sampler)."""
+
+    def __iter__(self):
+        return iter([i for i in range(40) if i not in (5, 6, 7)])
+
+    def __len__(self):
+        return 40
+
+
+@pytest.mark.parametrize("uneven", ["pad", "drop", "join"])
+def test_a_sampler_shorter_than_its_len_raises_the_same_error_at_the_same_step_on_every_rank(uneven):
+    """Ranks got [10, 9, 9, 9] indices for len() 10 each: unequal steps, a DDP hang. Every rank reads the
+    stream's rows of W, so each sees the shortfall at the same index count, and says so in one line."""
+    failures = []
+    for rank in range(4):
+        shard, taken = SamplerShard(Overstated(), rank, 4, seed=0, uneven=uneven), []
+        with pytest.raises(ValueError, match=r"yielded 37 indices but len\(\) said 40.*__len__") as error:
+            for index in shard:
+                taken.append(index)
+        assert "\n" not in str(error.value)
+        failures.append((len(taken), str(error.value)))
+    assert len(set(failures)) == 1 and failures[0][0] == 9  # rows 0..8 complete on every rank; row 9 is short
+
+
+def test_a_growing_pool_is_read_at_its_length_each_pass():
+    """Active learning: the labeled pool a SubsetRandomSampler draws from grows between epochs; torch reads
+    len() per pass, ddpkit kept the length of build time (5 of 20)."""
+    ddpkit.init(cpu=True)
+    pool = list(range(5))
+    loader = ddpkit.data_loader(DATA, batch_size=4, sampler=SubsetRandomSampler(pool))
+    assert sorted(i for (ids,) in loader for i in ids.tolist()) == pool and len(loader) == 2
+    pool.extend(range(5, 20))
+    assert len(loader) == 5
+    assert sorted(i for (ids,) in loader for i in ids.tolist()) == list(range(20))
+
+
+def test_an_empty_sampler_is_refused_in_one_line():
+    ddpkit.init(cpu=True)
+    with pytest.raises(ValueError, match=r"sampler=SubsetRandomSampler\(\.\.\.\) has 0 indices but the job has "
+                                         r"1 process.*at least 1") as error:
+        ddpkit.data_loader(DATA, batch_size=4, sampler=SubsetRandomSampler([]))
+    assert "\n" not in str(error.value)
+
+
+def test_a_weighted_sampler_too_large_to_draw_is_refused_up_front():
+    """torch.multinomial draws a WeightedRandomSampler's whole stream at the first batch, then a list of it: at
+    num_samples=10**12 that is terabytes, not an endless stream."""
+    ddpkit.init(cpu=True)
+    with pytest.raises(ValueError, match=r"WeightedRandomSampler\(num_samples=1000000000000\) draws its whole "
+                                         r"stream.*num_samples=len\(dataset\)") as error:
+        ddpkit.data_loader(DATA, batch_size=4, sampler=WeightedRandomSampler(WEIGHTS, 10**12))
+    assert "\n" not in str(error.value)
+
+
+def test_ranks_of_a_global_rng_sampler_and_a_too_short_sampler(ranks):
+    """At 2 processes (init(seed=3): rank r's global RNG seeded 3 + r): each step's indices across the ranks
+    are one permutation; a sampler of 1 index is refused on each rank."""
+    union = [i for step in union_per_step(ranks, "global") for i in step]
+    assert sorted(union) == list(range(50))
+    for got in ranks:
+        assert got["short"].startswith("ValueError: sampler=SubsetRandomSampler(...) has 1 indices but the job "
+                                       "has 2 processes")

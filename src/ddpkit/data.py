@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from ddpkit import faults, runtime, strategy
 from ddpkit.loader_settings import cores_bound, cores_per_process, loader_defaults
 from ddpkit.options import Uneven, check
-from ddpkit.samplers import EpochSampler, SamplerShard, ShardSampler, epoch_number, user_sampler
+from ddpkit.samplers import EpochSampler, SamplerShard, ShardSampler, epoch_number, too_few, user_sampler
 
 __all__ = ["ShardSampler", "ShardedDataLoader", "data_loader", "epoch_number", "join"]
 
@@ -90,7 +90,7 @@ class ShardedDataLoader(DataLoader):
             return
         if epoch != self.epoch:  # a restored position belongs to its own epoch only
             self._start = 0
-        self.epoch = epoch
+        self.epoch = self._shard_sampler().epoch = epoch
 
     def state_dict(self) -> dict[str, int]:
         """``{"epoch", "position"}``: position counts global samples of ``epoch`` already consumed."""
@@ -249,6 +249,8 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
                               shuffle_buffer, loader_kwargs)
     uneven = uneven or "pad"
     own = user_sampler(loader_kwargs.pop("sampler", None), loader_kwargs, shuffle)
+    if own is not None and len(own) < state.world_size:  # type: ignore[arg-type]  # what the ranks share
+        raise ValueError(too_few(own, len(own), state.world_size))  # type: ignore[arg-type]
     if len(dataset) < state.world_size:
         raise ValueError(f"dataset has {len(dataset)} samples but the job has {state.world_size} processes: "
                          "each rank needs at least one sample; use fewer processes or a larger dataset")

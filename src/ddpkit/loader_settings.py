@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 import torch  # noqa: F401  (the docstring examples use it)
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset, Subset, TensorDataset
 
 
 def cores_bound() -> int | None:
@@ -40,14 +40,25 @@ def pinnable(dataset: Dataset, workers: int) -> bool:
     without reading a sample: reading ``dataset[0]`` here would draw from the global RNG on GPU runs only and
     open lazily opened files before the workers fork. Batches from worker processes are in CPU memory
     (torch advises against CUDA tensors from workers); in-process samples are only known for a
-    ``TensorDataset``, so other datasets read in the training process are not pinned.
+    ``TensorDataset`` (or a ``Subset`` of one, as ``random_split`` returns), so other datasets read in the
+    training process are not pinned.
 
     >>> pinnable(TensorDataset(torch.zeros(2)), 0), pinnable([(torch.zeros(1), 1)], 0), pinnable([0], 2)
     (True, False, True)
+    >>> pinnable(Subset(Subset(TensorDataset(torch.zeros(4)), [0, 1]), [1]), 0)
+    True
     """
-    if isinstance(dataset, TensorDataset):
-        return all(t.device.type == "cpu" for t in dataset.tensors)
+    tensors = _tensors(dataset)
+    if tensors is not None:
+        return all(t.device.type == "cpu" for t in tensors.tensors)
     return workers > 0
+
+
+def _tensors(dataset: Dataset) -> TensorDataset | None:
+    """The TensorDataset under ``dataset`` and its Subsets (a Subset's samples are its dataset's), or None."""
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    return dataset if isinstance(dataset, TensorDataset) else None
 
 
 def loader_defaults(dataset: Dataset, device_type: str, cores_per_process: int,
@@ -66,11 +77,13 @@ def loader_defaults(dataset: Dataset, device_type: str, cores_per_process: int,
     {'pin_memory': True, 'num_workers': 4, 'persistent_workers': True}
     >>> loader_defaults(TensorDataset(torch.zeros(4)), "cpu", 8), loader_defaults(list(range(10)), "cpu", 1)
     ({}, {})
+    >>> loader_defaults(Subset(TensorDataset(torch.zeros(4)), [0, 1]), "cuda", 8)  # random_split's
+    {'pin_memory': True}
     >>> loader_defaults(list(range(10)), "cpu", 8, num_workers=2)
     {'num_workers': 2, 'persistent_workers': True}
     """
     workers = num_workers if num_workers is not None else \
-        0 if isinstance(dataset, TensorDataset) else min(4, cores_per_process - 1)
+        0 if _tensors(dataset) is not None else min(4, cores_per_process - 1)
     defaults: dict[str, Any] = {"pin_memory": True} if device_type == "cuda" and pinnable(dataset, workers) else {}
     if workers > 0:
         defaults.update(num_workers=workers, persistent_workers=True)

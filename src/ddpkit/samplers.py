@@ -11,14 +11,18 @@ Example::
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import operator
+import os
+import random
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DistributedSampler, Sampler
+from torch.utils.data import DistributedSampler, Sampler, WeightedRandomSampler
 
 
 def epoch_number(epoch: Any) -> int:
@@ -66,10 +70,12 @@ class EpochSampler(Sampler[int]):
         >>> sampler = ShardSampler(4, rank=0, world_size=1); sampler.set_epoch(3); sampler.epoch
         3
         """
-        self.epoch = epoch_number(epoch)
+        number = epoch_number(epoch)
         owner = self.on_set_epoch() if self.on_set_epoch is not None else None
-        if owner is not None:
-            owner(self.epoch)
+        if owner is None:
+            self.epoch = number
+        else:  # the loader sets self.epoch: a pass already open (iter() before the first batch) keeps its own
+            owner(number)
 
     def _total(self) -> int:
         if self.uneven == "pad":
@@ -109,11 +115,12 @@ class ShardSampler(EpochSampler):
 
 class SamplerShard(EpochSampler):
     """A script's sampler as the global order: its stream of indices, read on every rank, and this rank's
-    positions of it. A sampler that draws from a ``generator`` attribute (``RandomSampler``,
-    ``WeightedRandomSampler``, ``SubsetRandomSampler``) gets a new one seeded ``seed + epoch`` each pass, so
-    every rank draws the same stream (their global RNGs differ: ``init(seed=)`` adds the rank) and a resume
-    replays it; others get ``set_epoch(epoch)`` if they have it, and must give every rank the same order.
-    The stream is read lazily: a sampler of ``num_samples=10**10`` costs what the loop takes of it.
+    positions of it. The stream is drawn seeded ``seed + epoch`` on every rank (their global RNGs differ:
+    ``init(seed=)`` adds the rank), so every rank reads the same order and a resume replays it: a sampler with
+    a ``generator`` attribute (``RandomSampler``, ``WeightedRandomSampler``, ``SubsetRandomSampler``) gets a new
+    generator so seeded; and whatever the sampler draws from torch's (CPU) or python's global RNG is drawn from
+    a copy seeded so (:class:`_Isolated`), leaving the script's own RNGs untouched. A sampler with
+    ``set_epoch`` also gets the epoch. ``len(sampler)`` is read at each pass (a pool that grows between epochs).
 
     >>> from torch.utils.data import SequentialSampler
     >>> [list(SamplerShard(SequentialSampler(range(5)), r, world_size=2, seed=0, uneven="pad")) for r in (0, 1)]
@@ -125,26 +132,126 @@ class SamplerShard(EpochSampler):
         super().__init__(len(sampler), rank, world_size, seed, uneven, multiple)  # type: ignore[arg-type]
         self.sampler = sampler
 
+    def __len__(self) -> int:
+        self.size = len(self.sampler)  # type: ignore[arg-type]
+        return super().__len__()
+
     def __iter__(self) -> Iterator[int]:
         # seeded now, not at the first index: the pass's epoch is the one set when the pass began
+        self.size = len(self.sampler)  # type: ignore[arg-type]
+        if self.size < self.world_size:  # the same test as data_loader's, for a pool that shrank
+            raise ValueError(too_few(self.sampler, self.size, self.world_size))
         if hasattr(self.sampler, "generator"):
-            self.sampler.generator = torch.Generator().manual_seed(self.seed + self.epoch)
-            _seeded.add(self.sampler.generator)
+            with contextlib.suppress(AttributeError):  # a read-only property: the global RNG's copy seeds it
+                self.sampler.generator = torch.Generator().manual_seed(self.seed + self.epoch)
+                _seeded.add(self.sampler.generator)
         if callable(getattr(self.sampler, "set_epoch", None)):
             self.sampler.set_epoch(self.epoch)  # type: ignore[attr-defined]
-        return self._positions(iter(self.sampler), self.start + self.rank, self._total())
+        stream = _Isolated(self.sampler, self.seed + self.epoch)
+        return self._positions(stream, self.start + self.rank, self._total())
 
     def _positions(self, stream: Iterator[int], first: int, total: int) -> Iterator[int]:
         world, size = self.world_size, min(self.size, total)  # size: the positions read from the stream
-        head = list(itertools.islice(stream, min(world, size)))  # what pad repeats
-        yield from head[first::world]  # positions < W: one at most
-        mine = first if first >= len(head) else first + world  # this rank's next position after the head
-        if mine < size:
-            collections.deque(itertools.islice(stream, mine - len(head)), maxlen=0)  # skip, at C speed
-            yield from itertools.islice(stream, 0, size - mine, world)
+        head = self._row(stream, 0, size)  # what pad repeats
+        if first < len(head):
+            yield head[first]
+        mine = max(world, first // world * world)  # the row of W positions this rank's next one is in
+        skipped = _skip(stream, min(mine, size) - world)  # a resume: the rows before its own, at C speed
+        if skipped < min(mine, size) - world:
+            raise ValueError(self._overstated(world + skipped))
+        for row in range(mine, size, world):
+            # a whole row read before this rank's index of it: a stream shorter than len() ends in the same
+            # row, so at the same step, on every rank
+            got = self._row(stream, row, size)
+            if first % world < len(got):  # the last row may end before this rank's position
+                yield got[first % world]
         for position in range(max(self.size, first), total):  # pad: wrap around to the stream's start
             if (position - first) % world == 0:
                 yield head[(position - self.size) % len(head)]
+
+    def _row(self, stream: Iterator[int], row: int, size: int) -> list[int]:
+        """Positions ``row`` to ``row + W`` of the stream (fewer at its end): the error if the stream ends early."""
+        want = min(self.world_size, size - row)
+        got = list(itertools.islice(stream, want))
+        if len(got) < want:
+            raise ValueError(self._overstated(row + len(got)))
+        return got
+
+    def _overstated(self, yielded: int) -> str:
+        name, size = type(self.sampler).__name__, self.size
+        return (f"sampler={name}(...) yielded {yielded} indices but len() said {size}: every rank must take "
+                f"the same number of steps, so the stream must be as long as len(); make __len__ return the "
+                "number of indices __iter__ yields")
+
+
+class _Isolated:
+    """A sampler's stream drawn with torch's CPU RNG, python's ``random`` and numpy's (when imported) seeded
+    ``seed``: copies, so the script's own RNGs are left where they were; read in chunks so the swap costs
+    little per index.
+
+    >>> before = torch.get_rng_state()
+    >>> list(_Isolated(range(3), seed=0)), torch.equal(before, torch.get_rng_state())
+    ([0, 1, 2], True)
+    """
+
+    CHUNK = 4096
+
+    def __init__(self, sampler: Any, seed: int):
+        self.sampler, self.seed = sampler, seed
+        self.stream: Iterator[int] | None = None
+        self.states: dict[str, Any] = {"torch": torch.Generator().manual_seed(seed).get_state(),
+                                       "python": random.Random(seed).getstate()}
+        self.chunks = itertools.chain.from_iterable(self._chunks())
+
+    def __iter__(self) -> Iterator[int]:
+        return self
+
+    def __next__(self) -> int:
+        return next(self.chunks)
+
+    def _chunks(self) -> Iterator[list[int]]:
+        while True:
+            with self._swapped():
+                if self.stream is None:  # iter() too: a sampler may draw its whole order there
+                    self.stream = iter(self.sampler)
+                chunk = list(itertools.islice(self.stream, self.CHUNK))
+            yield chunk
+            if len(chunk) < self.CHUNK:
+                return
+
+    @contextlib.contextmanager
+    def _swapped(self) -> Iterator[None]:
+        """The stream's RNG states in place of the process's, for one chunk."""
+        numpy = sys.modules.get("numpy")  # a sampler drawing from numpy has imported it
+        if numpy is not None and "numpy" not in self.states:
+            self.states["numpy"] = numpy.random.RandomState(self.seed % 2**32).get_state()
+        saved = random.getstate(), numpy.random.get_state() if numpy is not None else None
+        with torch.random.fork_rng(devices=[]):  # CPU only: a CUDA RNG is not touched (nor initialised)
+            torch.set_rng_state(self.states["torch"])
+            random.setstate(self.states["python"])
+            if numpy is not None:
+                numpy.random.set_state(self.states["numpy"])
+            try:
+                yield
+            finally:
+                self.states["torch"], self.states["python"] = torch.get_rng_state(), random.getstate()
+                random.setstate(saved[0])
+                if numpy is not None:
+                    self.states["numpy"] = numpy.random.get_state()
+                    numpy.random.set_state(saved[1])
+
+
+def _skip(stream: Iterator[int], count: int) -> int:
+    """Read ``count`` indices of ``stream`` (at C speed); how many there were."""
+    last = collections.deque(zip(itertools.count(1), itertools.islice(stream, count)), maxlen=1)
+    return last[0][0] if last else 0
+
+
+def too_few(sampler: Any, size: int, world_size: int) -> str:
+    """The one-line error for a sampler of fewer indices than the job has processes."""
+    processes = f"{world_size} process" + ("es" if world_size != 1 else "")
+    return (f"sampler={type(sampler).__name__}(...) has {size} indices but the job has {processes}: each rank "
+            f"needs at least one sample; use fewer processes or a sampler of at least {world_size} indices")
 
 
 # generators SamplerShard gave a sampler: a loader built again over that sampler is not refused for "its own"
@@ -171,6 +278,7 @@ def user_sampler(sampler: Any, loader_kwargs: dict[str, Any], shuffle: bool | No
         raise ValueError(f"sampler={name}(...) has its own generator: data_loader seeds one per epoch so every "
                          "rank draws the same order and a resume replays it; build it without generator= and "
                          "pass data_loader(..., seed=N)")
+    _check_drawable(sampler)
     if shuffle:
         raise ValueError(f"sampler= decides the order, got shuffle=True with sampler={name}(...); drop shuffle=")
     if not callable(getattr(sampler, "__len__", None)):
@@ -178,3 +286,28 @@ def user_sampler(sampler: Any, loader_kwargs: dict[str, Any], shuffle: bool | No
                          "give it a length (torch's samplers take num_samples=, e.g. 10**10 for a loop that "
                          "breaks after its steps)")
     return sampler
+
+
+# bytes an index of a WeightedRandomSampler's stream costs at once: torch.multinomial's int64, then .tolist()'s
+# python int (32) and its list slot (8)
+_BYTES_PER_DRAWN_INDEX = 48
+
+
+def _check_drawable(sampler: Any) -> None:
+    """A WeightedRandomSampler draws its whole stream at the first batch: refuse one this machine cannot hold
+    (``num_samples=10**10`` as an "endless" stream: 480 GB), rather than fail or swap there.
+
+    >>> _check_drawable(WeightedRandomSampler([1.0, 2.0], num_samples=10**6))
+    """
+    if not isinstance(sampler, WeightedRandomSampler) or not hasattr(os, "sysconf"):
+        return
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return
+    need = sampler.num_samples * _BYTES_PER_DRAWN_INDEX
+    if need > memory:
+        raise ValueError(f"sampler=WeightedRandomSampler(num_samples={sampler.num_samples}) draws its whole stream "
+                         f"at the first batch (torch.multinomial, then a list: {need / 2**30:.0f} GiB; this machine "
+                         f"has {memory / 2**30:.0f} GiB): it is not an endless stream; pass num_samples=len(dataset) "
+                         "and loop over epochs (each pass draws anew)")
