@@ -169,7 +169,8 @@ class Overstated(Sampler):
 @pytest.mark.parametrize("uneven", ["pad", "drop", "join"])
 def test_a_sampler_shorter_than_its_len_raises_the_same_error_at_the_same_step_on_every_rank(uneven):
     """Ranks got [10, 9, 9, 9] indices for len() 10 each: unequal steps, a DDP hang. Every rank reads the
-    stream's rows of W, so each sees the shortfall at the same index count, and says so in one line."""
+    stream in blocks of rows of W, the same blocks on every rank, so each sees the shortfall at the same index
+    count (before the short block), and says so in one line."""
     failures = []
     for rank in range(4):
         shard, taken = SamplerShard(Overstated(), rank, 4, seed=0, uneven=uneven), []
@@ -178,7 +179,7 @@ def test_a_sampler_shorter_than_its_len_raises_the_same_error_at_the_same_step_o
                 taken.append(index)
         assert "\n" not in str(error.value)
         failures.append((len(taken), str(error.value)))
-    assert len(set(failures)) == 1 and failures[0][0] == 9  # rows 0..8 complete on every rank; row 9 is short
+    assert len(set(failures)) == 1  # the same count, so the same step, and the same error on every rank
 
 
 def test_a_growing_pool_is_read_at_its_length_each_pass():

@@ -147,7 +147,7 @@ class SamplerShard(EpochSampler):
                 _seeded.add(self.sampler.generator)
         if callable(getattr(self.sampler, "set_epoch", None)):
             self.sampler.set_epoch(self.epoch)  # type: ignore[attr-defined]
-        stream = _Isolated(self.sampler, self.seed + self.epoch)
+        stream = iter(_Isolated(self.sampler, self.seed + self.epoch))
         return self._positions(stream, self.start + self.rank, self._total())
 
     def _positions(self, stream: Iterator[int], first: int, total: int) -> Iterator[int]:
@@ -159,19 +159,18 @@ class SamplerShard(EpochSampler):
         skipped = _skip(stream, min(mine, size) - world)  # a resume: the rows before its own, at C speed
         if skipped < min(mine, size) - world:
             raise ValueError(self._overstated(world + skipped))
-        for row in range(mine, size, world):
-            # a whole row read before this rank's index of it: a stream shorter than len() ends in the same
-            # row, so at the same step, on every rank
-            got = self._row(stream, row, size)
-            if first % world < len(got):  # the last row may end before this rank's position
-                yield got[first % world]
+        block = _ROWS * world
+        for row in range(mine, size, block):
+            # whole blocks of rows, their bounds the same on every rank, read before this rank's indices of
+            # them: a stream shorter than len() ends in the same block, so at the same step, on every rank
+            yield from self._row(stream, row, size, block)[first % world::world]
         for position in range(max(self.size, first), total):  # pad: wrap around to the stream's start
             if (position - first) % world == 0:
                 yield head[(position - self.size) % len(head)]
 
-    def _row(self, stream: Iterator[int], row: int, size: int) -> list[int]:
-        """Positions ``row`` to ``row + W`` of the stream (fewer at its end): the error if the stream ends early."""
-        want = min(self.world_size, size - row)
+    def _row(self, stream: Iterator[int], row: int, size: int, count: int | None = None) -> list[int]:
+        """Positions ``row`` to ``row + count`` (W) of the stream, fewer at its end; the error if it ends early."""
+        want = min(count or self.world_size, size - row)
         got = list(itertools.islice(stream, want))
         if len(got) < want:
             raise ValueError(self._overstated(row + len(got)))
@@ -194,30 +193,30 @@ class _Isolated:
     ([0, 1, 2], True)
     """
 
-    CHUNK = 4096
+    CHUNK = 65536
 
     def __init__(self, sampler: Any, seed: int):
         self.sampler, self.seed = sampler, seed
         self.stream: Iterator[int] | None = None
         self.states: dict[str, Any] = {"torch": torch.Generator().manual_seed(seed).get_state(),
                                        "python": random.Random(seed).getstate()}
-        self.chunks = itertools.chain.from_iterable(self._chunks())
 
     def __iter__(self) -> Iterator[int]:
-        return self
-
-    def __next__(self) -> int:
-        return next(self.chunks)
+        return itertools.chain.from_iterable(self._chunks())  # not a python __next__: C speed per index
 
     def _chunks(self) -> Iterator[list[int]]:
+        # a swap costs about 1 ms (numpy's state is large): chunks grow from 256 indices (a quick first batch)
+        # to CHUNK (a few ns per index)
+        size = 256
         while True:
             with self._swapped():
                 if self.stream is None:  # iter() too: a sampler may draw its whole order there
                     self.stream = iter(self.sampler)
-                chunk = list(itertools.islice(self.stream, self.CHUNK))
+                chunk = list(itertools.islice(self.stream, size))
             yield chunk
-            if len(chunk) < self.CHUNK:
+            if len(chunk) < size:
                 return
+            size = min(2 * size, self.CHUNK)
 
     @contextlib.contextmanager
     def _swapped(self) -> Iterator[None]:
@@ -253,6 +252,8 @@ def too_few(sampler: Any, size: int, world_size: int) -> str:
     return (f"sampler={type(sampler).__name__}(...) has {size} indices but the job has {processes}: each rank "
             f"needs at least one sample; use fewer processes or a sampler of at least {world_size} indices")
 
+
+_ROWS = 64  # rows of W indices SamplerShard reads at a time
 
 # generators SamplerShard gave a sampler: a loader built again over that sampler is not refused for "its own"
 _seeded: weakref.WeakSet[torch.Generator] = weakref.WeakSet()
