@@ -183,10 +183,13 @@ def test_spawn_counts_gpus_without_initialising_cuda_in_the_caller():
 
 
 AFTER_CELLS = """
-import os, sys, ddpkit
+import os, sys, torch, ddpkit
+from ddpkit import runtime, wrappers
 
 out = sys.argv[1]
 ddpkit.init()  # an earlier cell: the kernel itself is a one-process run now
+held = torch.nn.Linear(1, 1)
+wrappers._LIVE_DDP.add(held)  # as if an earlier cell still held a DDP model
 try:
     raise ValueError("an earlier cell failed")
 except ValueError as exc:  # what the REPL and IPython record for a failed cell
@@ -195,7 +198,9 @@ except ValueError as exc:  # what the REPL and IPython record for a failed cell
 def work():
     state = ddpkit.init()
     ddpkit.runtime.on_shutdown(lambda: open(os.path.join(out, f"hook-{state.rank}"), "w").close())
-    return [state.world_size, state.mode]
+    ddpkit.prepare_model(torch.nn.Linear(2, 2))
+    released = wrappers._release_reducers in runtime._release_hooks  # DDP's reducers freed at exit
+    return [state.world_size, state.mode, released]
 
 print("GOT", ddpkit.spawn(work, nproc_per_node=2))
 """
@@ -203,7 +208,7 @@ print("GOT", ddpkit.spawn(work, nproc_per_node=2))
 
 def test_forked_workers_start_fresh_after_the_kernel_ran_init_and_a_cell_failed(tmp_path):
     r = ok(run_cmd([sys.executable, "-c", AFTER_CELLS, str(tmp_path)], timeout=120))
-    assert "GOT [2, 'ddp']" in r.stdout, r.stdout + r.stderr[-2000:]
+    assert "GOT [2, 'ddp', True]" in r.stdout, r.stdout + r.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.glob("hook-*")) == ["hook-0", "hook-1"]  # shutdown ran its hooks
 
 

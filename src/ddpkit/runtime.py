@@ -242,9 +242,12 @@ _release_hooks: list[Callable[[], None]] = []
 def on_shutdown(hook: Callable[[], None], *, always: bool = False) -> None:
     """Run ``hook()`` at :func:`shutdown`, while the process group still works (e.g. a final save).
 
-    ``always=True``: run it after an uncaught exception too (for local clean-up that needs no peer).
+    ``always=True``: run it after an uncaught exception too (for local clean-up that needs no peer). A hook
+    already registered is kept once (each DDP wrap registers the same reducer release).
     """
-    (_release_hooks if always else _shutdown_hooks).append(hook)
+    hooks = _release_hooks if always else _shutdown_hooks
+    if hook not in hooks:
+        hooks.append(hook)
 
 
 def start_fresh() -> None:

@@ -79,8 +79,9 @@ class DDP(_PlainStateDict, DistributedDataParallel):
 
     def __init__(self, module: nn.Module, *args: Any, check_sync_every: int = 0, **kwargs: Any):
         super().__init__(module, *args, **kwargs)
-        if not _LIVE_DDP:
-            runtime.on_shutdown(_release_reducers, always=True)
+        # every time, not only for the first DDP: a worker forked from a kernel that held DDP models starts with
+        # fresh shutdown hooks (runtime.start_fresh) but the kernel's _LIVE_DDP; on_shutdown keeps one copy
+        runtime.on_shutdown(_release_reducers, always=True)
         _LIVE_DDP.add(self)
         self._check_sync_every = check_sync_every
         self._training_steps = 0  # counted alike on every rank: see the class docstring
