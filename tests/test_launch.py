@@ -221,3 +221,20 @@ def test_the_console_leaves_a_workers_traceback_block_to_its_log(tmp_path, capsy
     tail._poll()
     tail._flush(force=True)
     assert capsys.readouterr().err == "ddpkit: rank 0 raised ValueError: x\nafter\n"
+
+
+def test_only_torchs_own_collective_timeouts_are_hangs():
+    """A store connect timeout is a rendezvous/network failure; a user's RuntimeError naming NCCL is the user's;
+    a monitored barrier that a rank failed to pass is a hang, although its message says no "timeout"."""
+    import torch.distributed as dist
+
+    from ddpkit.faults import collective_timeout
+
+    assert not collective_timeout(dist.DistNetworkError, "The client socket has timed out after 60000ms while trying "
+                                                         "to connect to (10.0.0.1, 29500).")
+    assert not collective_timeout(RuntimeError, "HTTP read timed out (NCCL download mirror)")
+    assert collective_timeout(RuntimeError, "Rank 1 failed to pass monitoredBarrier in 30000 ms")
+    assert collective_timeout(dist.DistBackendError, "Rank 1 failed to pass monitoredBarrier in 30000 ms")
+    assert collective_timeout(RuntimeError, "[Rank 0] Watchdog caught collective operation timeout: "
+                                            "WorkNCCL(SeqNum=7, OpType=ALLREDUCE, Timeout(ms)=600000)")
+    assert collective_timeout(dist.DistStoreError, "Socket Timeout")

@@ -37,9 +37,13 @@ from ddpkit.files import write_atomically
 
 EXIT_WORKER_FAILED = 1
 EXIT_HANG = 3
-_TIMEOUT = re.compile(r"timed out|timeout", re.IGNORECASE)
-# where a RuntimeError's message says torch.distributed raised it (older builds raise plain RuntimeErrors)
-_DIST_ORIGIN = re.compile(r"gloo|c10d|ProcessGroup|NCCL|Watchdog")
+_TIMEOUT = re.compile(r"timed out|timeout|failed to pass monitoredBarrier", re.IGNORECASE)
+# where a RuntimeError's message says torch.distributed raised it (older builds raise plain RuntimeErrors): torch's
+# own phrasing (a source path, a class, the watchdog's sentence), not a word such as "NCCL" a user's message may hold
+_DIST_ORIGIN = re.compile(r"\[c10d\]|[/\\]gloo[/\\]|ProcessGroup(Gloo|NCCL)|WorkNCCL|Watchdog caught collective|"
+                          r"monitoredBarrier")
+# a store that could not be reached: the rendezvous or the network failed, no collective was waiting
+_CONNECT = re.compile(r"while trying to connect to|failed to connect|connection refused", re.IGNORECASE)
 # a worker's traceback in its stderr log sits between these lines; the console tail leaves them out
 TRACEBACK_BEGIN = "ddpkit: --- traceback (kept in this rank's log; the launcher's report shows the first) ---"
 TRACEBACK_END = "ddpkit: --- end of traceback ---"
@@ -70,8 +74,11 @@ def collective_timeout(kind: type, message: str) -> bool:
     True
     >>> collective_timeout(TimeoutError, "read timed out fetching s3://bucket/shard-3.tar")
     False
+    >>> collective_timeout(dist.DistNetworkError, "The client socket has timed out after 60000ms while trying to "
+    ...                    "connect to (10.0.0.1, 29500).")
+    False
     """
-    if not _TIMEOUT.search(message):
+    if not _TIMEOUT.search(message) or _CONNECT.search(message):
         return False
     if any(k.__name__ == "DistError" and k.__module__.startswith("torch") for k in kind.__mro__):
         return True
