@@ -25,10 +25,52 @@ def test_start_method_decisions():
         start_method(None, interactive=True, cuda_initialized=True)  # the fake: what a notebook that touched CUDA sees
     with pytest.raises(RuntimeError, match="pass start_method='spawn'"):
         start_method("fork", interactive=False, cuda_initialized=True)
-    with pytest.raises(ValueError, match="defined in a notebook or the REPL; move it into a .py module"):
+    with pytest.raises(ValueError, match="python -c, or the script was read from stdin; move it into a .py module"):
         start_method("spawn", interactive=True, cuda_initialized=False)
     with pytest.raises(ValueError, match="not one of fork, spawn, forkserver"):
         start_method("thread", interactive=False, cuda_initialized=False)
+
+
+def _main_work():
+    return "in __main__"
+
+
+_main_work.__module__ = "__main__"  # as `def` in a notebook cell, the REPL, `python -c` or stdin makes it
+
+
+class _MainCallable:
+    def __call__(self):
+        return "in __main__"
+
+
+_MainCallable.__module__ = "__main__"
+
+
+def test_fork_whenever_a_fresh_interpreter_could_not_import_the_function(monkeypatch):
+    """spawn pickles the function by name and re-runs __main__ from its file in every worker: fork where
+    either is impossible, looking through partials, callable objects, bound methods and the arguments."""
+    import functools
+    import types
+
+    from ddpkit.spawning import _interactive
+
+    def main_module(file):
+        module = types.ModuleType("__main__")
+        if file is not None:
+            module.__file__ = file
+        monkeypatch.setitem(sys.modules, "__main__", module)
+
+    main_module(None)  # a notebook, the REPL, python -c
+    assert _interactive(_main_work, (), {})
+    assert _interactive(functools.partial(functools.partial(_main_work)), (), {})  # partial.__module__: functools
+    assert _interactive(_MainCallable(), (), {})
+    assert _interactive(print, (_MainCallable(),), {}) and _interactive(print, (), {"cb": _MainCallable()})
+    assert _interactive(functools.partial(print, _MainCallable()), (), {})
+    assert not _interactive(os.getcwd, (1,), {}) and not _interactive(functools.partial(os.getcwd), (), {})
+    main_module("<stdin>")  # python - < train.py: multiprocessing's spawn re-runs '<cwd>/<stdin>' in each worker
+    assert _interactive(os.getcwd, (), {})
+    main_module(__file__)  # a real script: spawn re-runs it as __mp_main__
+    assert not _interactive(os.getcwd, (), {}) and not _interactive(_main_work, (), {})
 
 
 def test_a_script_that_launches_itself_equals_ddpkit_launch(tmp_path):
@@ -213,8 +255,12 @@ def test_forked_workers_start_fresh_after_the_kernel_ran_init_and_a_cell_failed(
 
 
 def test_a_script_fed_on_stdin_spawns_its_workers_by_fork():
-    script = ("import ddpkit\n\ndef work():\n    return ddpkit.init().world_size\n\n"
-              "if __name__ == '__main__':\n    print('WORLD', ddpkit.spawn(work, nproc_per_node=2))\n")
+    """Its own functions, one imported from a module (spawn would re-run '<stdin>' in every worker), and a
+    partial of its own (which spawn cannot find by name)."""
+    script = ("import functools, ddpkit\n\ndef work(k=1):\n    return ddpkit.init().world_size * k\n\n"
+              "if __name__ == '__main__':\n    print('WORLD', ddpkit.spawn(work, nproc_per_node=2))\n"
+              "    print('MODULE', ddpkit.spawn(ddpkit.init, nproc_per_node=2).world_size)\n"
+              "    print('PARTIAL', ddpkit.spawn(functools.partial(work, 10), nproc_per_node=2))\n")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-"], cwd=SCRATCH, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -223,7 +269,7 @@ def test_a_script_fed_on_stdin_spawns_its_workers_by_fork():
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0 and "WORLD 2" in out, err[-3000:]
+    assert proc.returncode == 0 and "WORLD 2\nMODULE 2\nPARTIAL 20" in out, err[-3000:]
 
 
 def test_spawn_refuses_one_gpu_for_two_processes_up_front(monkeypatch):

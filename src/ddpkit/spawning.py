@@ -16,18 +16,21 @@ Example (a notebook cell, or a script under ``if __name__ == "__main__":``)::
 
     accuracy = ddpkit.spawn(train, 3, nproc_per_node=2)
 
-Start method: a function defined in a notebook or the REPL cannot be pickled by name, so workers are forked
-from the kernel; fork is unsafe once CUDA is initialised in the parent, which is refused before anything
-starts. Functions in a script or a module start with spawn (a fresh interpreter imports them).
+Start method: a function defined in a notebook or the REPL cannot be pickled by name, and a script read from
+stdin cannot be re-run by a fresh interpreter, so workers are forked from the kernel; fork is unsafe once CUDA
+is initialised in the parent, which is refused before anything starts. Functions in a script or a module start
+with spawn (a fresh interpreter imports them).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import signal
 import sys
 import time
+import types
 from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
@@ -62,16 +65,43 @@ def choose_start_method(requested: str | None, interactive: bool, cuda_initializ
         raise RuntimeError(f"CUDA is already initialised in this process, and forked workers cannot use it "
                            f"(\"Cannot re-initialize CUDA in forked subprocess\"); {fix}")
     if method != "fork" and interactive:
-        raise ValueError(f"start_method={method!r} imports the function by name in a fresh interpreter, but it was "
-                         "defined in a notebook or the REPL; move it into a .py module, or leave start_method unset")
+        raise ValueError(f"start_method={method!r} imports the function by name in a fresh interpreter, but it (or "
+                         "an argument) was defined in a notebook, the REPL or python -c, or the script was read from "
+                         "stdin; move it into a .py module and run the script from its file, or leave start_method "
+                         "unset")
     return method
 
 
-def _interactive(fn: Callable[..., Any]) -> bool:
-    """Defined in a notebook, the REPL, ``python -c`` or a script fed on stdin (``python - < train.py``, whose
-    ``__main__.__file__`` is ``'<stdin>'``): its ``__main__`` has no file for a spawned interpreter to import."""
-    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
-    return getattr(fn, "__module__", None) == "__main__" and not (main_file and os.path.isfile(main_file))
+def _interactive(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> bool:
+    """Whether a fresh interpreter could not start the call, so the workers must be forked: the function (or
+    an argument) was defined in ``__main__`` and ``__main__`` has no file to import it from (a notebook, the
+    REPL, ``python -c``, a script fed on stdin), or ``__main__`` names a file that is not there (``python - <
+    train.py``: ``'<stdin>'``, which multiprocessing's spawn re-runs in every worker whatever the function).
+
+    >>> _interactive(print, (), {})  # a builtin, under a real script or doctest
+    False
+    """
+    main = sys.modules.get("__main__")
+    main_file = getattr(main, "__file__", None)
+    by_name = getattr(getattr(main, "__spec__", None), "name", None)  # python -m pkg: re-imported by name
+    if main_file is not None and not by_name and not os.path.isfile(main_file):
+        return True
+    if main_file is not None and os.path.isfile(main_file):
+        return False  # spawn re-runs the script as __mp_main__: its functions and classes are found there
+    return any(_from_main(obj) for obj in (fn, *args, *kwargs.values()))
+
+
+def _from_main(obj: Any) -> bool:
+    """``obj`` is pickled by a reference into ``__main__``, looked at one level deep: a function or class of
+    ``__main__``, a ``functools.partial`` of one (``partial.__module__`` is ``'functools'``) or with one among its
+    arguments, a bound method of one, or an instance of a ``__main__`` class (a callable object, a config)."""
+    if isinstance(obj, functools.partial):
+        return any(_from_main(part) for part in (obj.func, *obj.args, *obj.keywords.values()))
+    if isinstance(obj, types.MethodType):
+        return _from_main(obj.__func__) or _from_main(obj.__self__)
+    if isinstance(obj, (types.FunctionType, type)):
+        return obj.__module__ == "__main__"
+    return type(obj).__module__ == "__main__"
 
 
 class _Call:
@@ -118,7 +148,7 @@ def spawn(fn: Callable[..., Any], *args: Any, nproc_per_node: int | None = None,
                               gpus=gpus, nproc_per_node=nproc_per_node or gpus or 2, log_dir=log_dir)
     if not cfg.strategy.multi_process:
         raise ValueError(f"mode={mode!r} runs one process; ddpkit.spawn starts a multi-process mode (ddp, fsdp)")
-    method = choose_start_method(start_method, _interactive(fn),
+    method = choose_start_method(start_method, _interactive(fn, args, kwargs),
                                  torch.cuda.is_initialized() or environment.cuda_driver_loaded())
     run_dir = os.path.join(log_dir, time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}-{next(_launches)}")
     saved_signals = {s: signal.getsignal(s) for s in _SIGNALS}
