@@ -137,6 +137,19 @@ def test_slurm_ports_of_jobs_10000_apart_differ_and_stay_below_the_ephemeral_ran
     assert len(ports) > 950 and all(10000 <= p < 32768 for p in ports)
 
 
+def test_slurm_ports_of_two_jobs_collide_as_rarely_as_the_docstring_says_whatever_their_ids():
+    """1 / 22768 per pair of jobs, also for ids a round number apart (a sequential job counter makes those
+    common): 200000 pairs at each gap expect 8.8 collisions; 3x that is far outside chance (Poisson)."""
+    from ddpkit.environment import SLURM_PORTS, slurm_port
+
+    first, pairs = 100000, 200000
+    ports = [slurm_port(job, 0) for job in range(first, first + pairs + 20000)]
+    expected = pairs / len(SLURM_PORTS)
+    for gap in (1, 7, 1000, 10000, 20000):
+        collisions = sum(ports[i] == ports[i + gap] for i in range(pairs))
+        assert collisions < 3 * expected, f"ids {gap} apart: {collisions} collisions, expected {expected:.1f}"
+
+
 def test_mpirun_inside_a_slurm_allocation_is_mpi():
     # Open MPI's mpirun starts its daemons with srun: each rank inherits its node daemon's SLURM_PROCID (the node
     # index) and SLURM_NTASKS (the node count). MPI's own variables say what this process is.

@@ -17,11 +17,11 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import re
 import subprocess
 import sys
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal, get_args
 
@@ -166,16 +166,17 @@ SLURM_PORTS = range(10000, 32768)
 
 def slurm_port(job_id: int, step_id: int = 0) -> int:
     """The store's port for one srun step, the same in every task of the step: the job id hashed into
-    :data:`SLURM_PORTS`, plus the step id, so concurrent steps of one job never share a port and jobs whose ids
-    differ by any multiple of 10000 do not either. Two different jobs whose first nodes are the same machine
-    pick the same port with probability 1 / 22768 (about 4e-5; k such jobs at once: about k^2 / 45536);
-    export MASTER_PORT to choose one yourself.
+    :data:`SLURM_PORTS` (BLAKE2b: any two ids, also ids a round number apart, land like random pairs), plus
+    the step id, so concurrent steps of one job never share a port. Two different jobs whose first nodes are the
+    same machine pick the same port with probability 1 / 22768 (about 4e-5; k such jobs at once: about
+    k^2 / 45536); export MASTER_PORT to choose one yourself.
 
     >>> slurm_port(123456, 1) - slurm_port(123456, 0)
     1
     """
-    hashed = zlib.crc32(str(job_id).encode())
-    return SLURM_PORTS.start + (hashed + step_id) % len(SLURM_PORTS)
+    # not crc32 (zlib): it is affine in its input, and ids 10000 apart shared a port 11 times as often as chance
+    digest = hashlib.blake2b(str(job_id).encode(), digest_size=8, person=b"ddpkit-port").digest()
+    return SLURM_PORTS.start + (int.from_bytes(digest, "big") + step_id) % len(SLURM_PORTS)
 
 
 def tasks_per_node(spec: str) -> list[int]:
