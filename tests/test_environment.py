@@ -170,3 +170,17 @@ def test_srun_with_pmi_keeps_slurms_local_ranks():
     step = {**UNEVEN_STEP, "SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_TASKS_PER_NODE": "2(x2)"}
     env = detect({**_task(step, 3, 1, 1), "PMI_RANK": "3", "PMI_SIZE": "4"}, [])
     assert (env.rank, env.local_rank, env.local_world_size, env.node_rank) == (3, 1, 2, 1)
+
+
+def test_srun_keeping_the_callers_environment_with_pmi_keeps_slurms_local_ranks():
+    # `srun -E --mpi=pmi2 -N2 -n4` inside a 12-task allocation: -E keeps the caller's SLURM_NTASKS (the job's
+    # 12); the step's own count is SLURM_STEP_NUM_TASKS, which PMI_SIZE matches
+    job = {**UNEVEN_STEP, "SLURM_NTASKS": "12", "SLURM_NPROCS": "12", "SLURM_TASKS_PER_NODE": "6(x2)"}
+    step = {**job, "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_TASKS_PER_NODE": "2(x2)"}
+    envs = [detect({**_task(step, rank, rank // 2, rank % 2), "PMI_RANK": str(rank), "PMI_SIZE": "4"}, [])
+            for rank in range(4)]
+    assert [(e.source, e.rank, e.world_size, e.local_rank, e.local_world_size, e.node_rank) for e in envs] == \
+        [("slurm", r, 4, r % 2, 2, r // 2) for r in range(4)]
+    old = {k: v for k, v in step.items() if not k.startswith("SLURM_STEP_NUM")}  # a Slurm without STEP_NUM_*
+    env = detect({**_task({**old, "SLURM_NTASKS": "4"}, 3, 1, 1), "PMI_RANK": "3", "PMI_SIZE": "4"}, [])
+    assert (env.source, env.local_rank, env.local_world_size) == ("slurm", 1, 2)

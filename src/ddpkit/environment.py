@@ -211,7 +211,7 @@ def _slurm_local_world(environ: Mapping[str, str], world: int) -> tuple[int, int
 def _from_slurm(environ: Mapping[str, str]) -> ProcessEnv:
     """One srun step: its tasks, and its store on the step's first node (not the job's: two steps running at
     once in one allocation must not meet in one store) at a port of the job and the step."""
-    world = _int(environ, "SLURM_STEP_NUM_TASKS", default=_int(environ, "SLURM_NTASKS"))
+    world = _slurm_tasks(environ)
     local_world, node = _slurm_local_world(environ, world)
     addr, port = _address(environ)
     nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
@@ -237,12 +237,17 @@ def _from_mpi(environ: Mapping[str, str]) -> ProcessEnv:
     else:
         rank, world = _int(environ, "PMI_RANK"), _int(environ, "PMI_SIZE")
         if "MPI_LOCALRANKID" not in environ and _slurm_step(environ) and \
-                (_int(environ, "SLURM_PROCID"), _int(environ, "SLURM_NTASKS")) == (rank, world):
+                (_int(environ, "SLURM_PROCID"), _slurm_tasks(environ)) == (rank, world):
             return _from_slurm(environ)
         local = _int(environ, "MPI_LOCALRANKID", default=0)
         local_world = _int(environ, "MPI_LOCALNRANKS", default=world)
     addr, port = _address(environ)
     return ProcessEnv("mpi", rank, local, world, local_world, addr, port)
+
+
+def _slurm_tasks(environ: Mapping[str, str]) -> int:
+    # the step's count: SLURM_NTASKS is the job's under `srun -E` (which keeps the caller's environment)
+    return _int(environ, "SLURM_STEP_NUM_TASKS", default=_int(environ, "SLURM_NTASKS"))
 
 
 def _slurm_step(environ: Mapping[str, str]) -> bool:
