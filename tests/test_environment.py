@@ -184,3 +184,18 @@ def test_srun_keeping_the_callers_environment_with_pmi_keeps_slurms_local_ranks(
     old = {k: v for k, v in step.items() if not k.startswith("SLURM_STEP_NUM")}  # a Slurm without STEP_NUM_*
     env = detect({**_task({**old, "SLURM_NTASKS": "4"}, 3, 1, 1), "PMI_RANK": "3", "PMI_SIZE": "4"}, [])
     assert (env.source, env.local_rank, env.local_world_size) == ("slurm", 1, 2)
+
+
+def test_a_slurm_node_id_outside_the_steps_nodes_is_one_line_naming_both_variables():
+    for nodeid in ("2", "-1"):  # UNEVEN_STEP has 2 nodes: "2,1"
+        with pytest.raises(LaunchEnvError) as raised:
+            detect(_task(UNEVEN_STEP, 2, nodeid, 0), [])
+        text = str(raised.value)
+        assert f"SLURM_NODEID={nodeid}" in text and "SLURM_STEP_TASKS_PER_NODE='2,1'" in text and "\n" not in text
+        assert "2 nodes" in text
+    # a heterogeneous step (`srun ... : ...`): Slurm offsets SLURM_NODEID and SLURM_PROCID by the component's
+    # first node and task, and sets the STEP_* variables for the whole step (its env.c, env_array_for_step)
+    het = {**UNEVEN_STEP, "SLURM_HET_SIZE": "2", "SLURM_STEP_NUM_TASKS": "5", "SLURM_STEP_NUM_NODES": "3",
+           "SLURM_STEP_TASKS_PER_NODE": "2(x2),1", "SLURM_STEP_NODELIST": "gpu[07-09]"}
+    env = detect(_task(het, 4, 2, 0), [])
+    assert (env.rank, env.world_size, env.local_world_size, env.node_rank) == (4, 5, 1, 2)

@@ -1,7 +1,9 @@
 #!/bin/bash
 # Slurm: 2 nodes x 4 GPUs, one task per GPU. srun starts every process; ddpkit reads SLURM_PROCID,
-# SLURM_LOCALID, SLURM_NTASKS, SLURM_STEP_ID (set by srun only), the first host of SLURM_JOB_NODELIST (master address) and a port derived
-# from SLURM_JOB_ID. No launcher, no scontrol.
+# SLURM_LOCALID, SLURM_NODEID, SLURM_STEP_NUM_TASKS, SLURM_STEP_TASKS_PER_NODE and SLURM_STEP_ID (set by srun
+# only: this batch script itself stays one process). The store is on the first host of the step's
+# SLURM_STEP_NODELIST, at a port hashed from SLURM_JOB_ID plus SLURM_STEP_ID (two steps of this job at once get
+# two stores); export MASTER_ADDR / MASTER_PORT to choose them. No launcher, no scontrol.
 #SBATCH --job-name=ddpkit-digits
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=4

@@ -199,11 +199,15 @@ def _slurm_local_world(environ: Mapping[str, str], world: int) -> tuple[int, int
     """Processes on this node and this node's index in the step. ``srun -N2 -n3`` puts 2 tasks on one node
     and 1 on the other: SLURM_STEP_TASKS_PER_NODE ("2,1") and SLURM_NODEID say which this is; without them
     every node is taken to hold the same number."""
-    spec = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE")
+    name = "SLURM_STEP_TASKS_PER_NODE" if environ.get("SLURM_STEP_TASKS_PER_NODE") else "SLURM_TASKS_PER_NODE"
+    spec = environ.get(name)
     if spec and environ.get("SLURM_NODEID"):
         counts, node = tasks_per_node(spec), _int(environ, "SLURM_NODEID")
-        if 0 <= node < len(counts):
-            return counts[node], node
+        if not 0 <= node < len(counts):
+            raise LaunchEnvError(
+                f"SLURM_NODEID={node} is not a node of {name}={spec!r} ({len(counts)} nodes, ids 0..{len(counts) - 1});"
+                " srun sets both for the step: run the script under srun without overriding them")
+        return counts[node], node
     nodes = _int(environ, "SLURM_STEP_NUM_NODES", default=_int(environ, "SLURM_NNODES", default=1))
     return max(world // max(nodes, 1), 1), None
 
