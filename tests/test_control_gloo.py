@@ -40,6 +40,10 @@ def test_collectives_edges_a_scalar_gather_a_flag_and_tensors_that_differ_across
         assert "ddpkit.gather: the ranks passed different tensors (rank 0: float32 [2, 3], rank 1: float32 [2, 4])" \
             in record["gather_shapes"]
         assert record["gather_rows"] == [[0, 0], [1, 1], [1, 1]]
+        assert "ddpkit.gather: the ranks passed different tensors (rank 0: float32 [2, 1, 1, 1, 1, 1, 1, 1, 2], " \
+            "rank 1: float32 [2, 1, 1, 1, 1, 1, 1, 1, 3])" in record["gather_9d"]
+        assert "ddpkit.reduce: the ranks passed different tensors" in record["reduce_9d"]
+        assert record["gather_9d_same"] == [3, 1, 1, 1, 1, 1, 1, 1, 2]
         assert record["after"] == "still in step"
 
 

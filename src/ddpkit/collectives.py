@@ -30,7 +30,7 @@ _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp
 
 # every dtype torch has, in a fixed order: a dtype travels as its index here
 _DTYPES = list(dict.fromkeys(sorted((v for v in vars(torch).values() if isinstance(v, torch.dtype)), key=str)))
-_DIMS = 8  # shape entries a header carries (more dims: compared through the element count)
+_DIMS = 8  # shape entries the first header carries (a rank with more dims: every dim gathered after)
 
 
 def _as_tensor(value, device: torch.device) -> torch.Tensor:
@@ -41,14 +41,25 @@ def _as_tensor(value, device: torch.device) -> torch.Tensor:
 
 
 def _headers(tensor: torch.Tensor, world_size: int) -> list[list[int]]:
-    """Every rank's [dtype, ndim, numel, *shape] (one all-gather): gloo reduces mismatched buffers into
-    garbage on one rank and aborts the other, so the ranks compare them first."""
-    shape = list(tensor.shape[:_DIMS]) + [-1] * (_DIMS - min(tensor.dim(), _DIMS))
-    mine = torch.tensor([_DTYPES.index(tensor.dtype), tensor.dim(), tensor.numel(), *shape], dtype=torch.int64,
-                        device=tensor.device)
-    rows = [torch.empty_like(mine) for _ in range(world_size)]
-    dist.all_gather(rows, mine)
-    return [row.tolist() for row in rows]
+    """Every rank's [dtype, ndim, numel, *shape] (one all-gather; a second one, of every dim, when a rank has
+    more than 8): gloo reduces mismatched buffers into garbage on one rank and aborts the other, so the ranks
+    compare them first. Each row's shape is padded with -1 to the most dims any rank has."""
+    def gathered(values: list[int]) -> list[list[int]]:
+        mine = torch.tensor(values, dtype=torch.int64, device=tensor.device)
+        rows = [torch.empty_like(mine) for _ in range(world_size)]
+        dist.all_gather(rows, mine)
+        return [row.tolist() for row in rows]
+
+    def padded(shape: list[int], dims: int) -> list[int]:
+        return shape[:dims] + [-1] * (dims - min(len(shape), dims))
+
+    shape = list(tensor.shape)
+    headers = gathered([_DTYPES.index(tensor.dtype), tensor.dim(), tensor.numel(), *padded(shape, _DIMS)])
+    most = max(h[1] for h in headers)  # every rank sees every ndim: all take the second gather, or none
+    if most > _DIMS:
+        shapes = gathered(padded(shape, most))
+        headers = [h[:3] + s for h, s in zip(headers, shapes)]
+    return headers
 
 
 def _describe(header: list[int]) -> str:

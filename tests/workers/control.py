@@ -45,6 +45,11 @@ if case == "values":
                                  ValueError),
         "gather_shapes": refused(lambda: ddpkit.gather(torch.zeros(2, 3 if rank == 0 else 4)), ValueError),
         "gather_rows": ddpkit.gather(torch.full((rank + 1, 2), rank)).tolist(),  # rows may differ in number
+        # 9 dims, the 9th differing on the last rank (a fixed-size header would miss it, and gloo aborts)
+        "gather_9d": refused(lambda: ddpkit.gather(torch.ones(2, *[1] * 7, 3 if rank == world - 1 else 2)),
+                             ValueError),
+        "reduce_9d": refused(lambda: ddpkit.reduce(torch.ones(*[1] * 8, 3 if rank == world - 1 else 2)), ValueError),
+        "gather_9d_same": list(ddpkit.gather(torch.ones(rank + 1, *[1] * 7, 2)).shape),
         "after": ddpkit.broadcast("still in step" if rank == 0 else None),  # nobody was left behind
     }
     stopped_at = None
