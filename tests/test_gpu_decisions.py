@@ -211,3 +211,26 @@ def test_cuda_driver_loaded_reads_the_process_maps():
 
     maps = "7f00-7f10 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05\n"
     assert cuda_driver_loaded(maps) and not cuda_driver_loaded("7f00-7f10 r-xp 0 08:01 1 /usr/lib/libnvidia-ml.so.1\n")
+
+
+FORK_SAFE = """
+import json, os, torch, ddpkit
+from ddpkit import environment
+seen = [environment.cuda_driver_loaded()]
+environment.visible_gpus()  # what ddpkit.spawn counts with before it forks
+seen += [environment.cuda_driver_loaded(), torch.cuda.is_initialized()]
+# a CUDA build on an NVIDIA host; is_available() calls cudaGetDeviceCount: cuInit, fork is unsafe now
+if torch.cuda._is_compiled() and os.path.exists("/dev/nvidiactl") and torch.cuda.is_available():
+    seen += [environment.cuda_driver_loaded(), torch.cuda.is_initialized()]
+print("SEEN", json.dumps(seen))
+"""
+
+
+def test_importing_torch_and_counting_gpus_leave_a_notebook_fork_safe():
+    """The fork refusal reads libcuda in the process maps: `import torch` must not map it (CUDA wheels import
+    on hosts without the driver: libcuda is opened at the first CUDA call), nor may ddpkit's GPU count. On an
+    NVIDIA host the check also sees what torch does not: is_available() started the driver."""
+    r = ok(run_cmd([sys.executable, "-c", FORK_SAFE], timeout=120))
+    seen = json.loads(r.stdout.split("SEEN ", 1)[1])
+    assert seen[:3] == [False, False, False], seen
+    assert seen[3:] in ([], [True, False]), seen  # loaded, yet torch.cuda.is_initialized() is False

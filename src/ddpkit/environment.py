@@ -350,6 +350,10 @@ def cuda_driver_loaded(maps: str | None = None) -> bool:
     something called into CUDA (``torch.cuda.is_available()`` does) even if torch's lazy init did not run, and a
     forked child can no longer use CUDA. False where the maps cannot be read (not Linux).
 
+    ``import torch`` does not load it: CUDA wheels import on hosts without the driver, so no library torch
+    loads at import links ``libcuda.so.1``; torch opens it at the first CUDA call, and NVML (ddpkit's GPU count)
+    is another library (tests/test_gpu_decisions.py holds both on whatever host runs it).
+
     >>> cuda_driver_loaded("7f00-7f10 r-xp 0 08:01 1 /usr/lib/libcuda.so.1")
     True
     """
