@@ -1,6 +1,7 @@
 """Streaming datasets (torch IterableDataset, gloo, real processes): each sample read by exactly one (rank,
 worker), equal steps, a 3-vs-7-batch stream that ends at once, fewer shards than slots, and a bitwise resume
 mid-stream after kills at an odd and at an even step."""
+import collections
 import json
 
 import pytest
@@ -80,12 +81,39 @@ def test_join_streams_run_only_inside_ddpkit_join(results):
     assert uneven["join_steps"] == [3, 7]
 
 
+class _Encoding(collections.UserDict):
+    """Like transformers.BatchEncoding (what DataCollatorWithPadding returns): a mapping with its own .to()."""
+
+    def to(self, device):
+        return _Encoding({k: v.to(device) for k, v in self.items()})
+
+
+class _OwnPinning:
+    """A batch class with its own pin_memory(), which torch's pinning calls."""
+
+    def __init__(self):
+        self.pinned = False
+
+    def pin_memory(self):
+        self.pinned = True
+        return self
+
+
 def test_a_stream_of_tensors_off_the_cpu_survives_pinned_memory():
     """The DataLoader's pin_memory=True pins what its dataset yields (torch's own pin_memory()); a stream that
-    yields GPU tensors must come through untouched (a meta tensor stands in for a CUDA one on a CPU machine)."""
+    yields GPU tensors must come through untouched (a meta tensor stands in for a CUDA one on a CPU machine), and
+    every batch type torch's pinning keeps is kept: a mapping subclass stays itself, a batch object's own
+    pin_memory() is called, beside an off-CPU tensor too."""
     batch = streams._Batch(0, 2, {"x": torch.zeros(2, 3, device="meta"), "name": ["a", "b"]})
     out = pin_memory(batch)
     assert out.data["x"] is batch.data["x"] and out.data["name"] == ["a", "b"] and out[:2] == (0, 2)
+    alone, own = _Encoding({"text": ["a"]}), _OwnPinning()
+    out = pin_memory(streams._Batch(0, 1, [alone, own])).data
+    assert type(out[0]) is _Encoding and out[0]["text"] == ["a"] and own.pinned
+    mixed, own = _Encoding({"x": torch.zeros(2, device="meta"), "text": ("a",)}), _OwnPinning()
+    out = pin_memory(streams._Batch(0, 1, {"enc": mixed, "own": own})).data
+    assert type(out["enc"]) is _Encoding and out["enc"]["x"] is mixed["x"] and out["enc"]["text"] == ("a",)
+    assert own.pinned and type(out) is dict
 
 
 @pytest.fixture(scope="module")
