@@ -81,6 +81,18 @@ def test_join_streams_run_only_inside_ddpkit_join(results):
     assert uneven["join_steps"] == [3, 7]
 
 
+def test_the_fewer_shards_notice_says_what_happens():
+    """Said when a rank would get no shard and the stream is split round robin instead; a Hugging Face stream is
+    split by split_dataset_by_node from its own shard count: whole files when they divide (nothing to say, even
+    with fewer files per rank than ranks), 1 sample in every world_size when they do not."""
+    assert streams.shard_notice(2, 3, hf=False).startswith("ddpkit: the stream has 2 shard(s) for 3 processes")
+    assert streams.shard_notice(3, 3, hf=False) is None and streams.shard_notice(None, 3, hf=False) is None
+    assert streams.shard_notice(6, 3, hf=True) is None and streams.shard_notice(2, 2, hf=True) is None
+    notice = streams.shard_notice(7, 2, hf=True)
+    assert notice is not None and notice.startswith("ddpkit: the Hugging Face stream has 7 shard(s) for 2 processes")
+    assert "1 sample in every 2" in notice and "a multiple of 2" in notice
+
+
 class _Encoding(collections.UserDict):
     """Like transformers.BatchEncoding (what DataCollatorWithPadding returns): a mapping with its own .to()."""
 

@@ -190,6 +190,29 @@ def has_shards(dataset: Any) -> bool:
     return isinstance(getattr(dataset, "n_shards", None), int) and callable(getattr(dataset, "shard", None))
 
 
+def shard_notice(n_shards: int | None, world_size: int, *, hf: bool) -> str | None:
+    """What to tell the user when a sharded stream cannot give each rank whole shards (None: nothing to say).
+
+    ``n_shards``: the user's stream's own count (a Hugging Face stream's before split_dataset_by_node).
+
+    >>> shard_notice(8, 4, hf=True) is None, shard_notice(2, 3, hf=False)[:39]
+    (True, 'ddpkit: the stream has 2 shard(s) for 3')
+    """
+    if n_shards is None:
+        return None
+    if hf:  # split_dataset_by_node: whole files per rank when they divide, else every world_size-th sample
+        if n_shards % world_size == 0:
+            return None
+        return (f"ddpkit: the Hugging Face stream has {n_shards} shard(s) for {world_size} processes, which do not "
+                f"divide: split_dataset_by_node gives each rank 1 sample in every {world_size}, so each rank reads "
+                f"every shard (exact, but each reads the whole stream): give it a multiple of {world_size} shards")
+    if n_shards >= world_size:
+        return None
+    return (f"ddpkit: the stream has {n_shards} shard(s) for {world_size} processes, so some rank would get none; "
+            "each (rank, worker) reads every shard and keeps its share of the samples instead (exact, but each "
+            "reads the whole stream): give it at least one shard per process")
+
+
 def shuffled(samples: Iterator[Any], size: int, rng: random.Random) -> Iterator[Any]:
     """A bounded shuffle: fill a buffer of ``size``, then emit a random element and put the next one in its place.
 
@@ -338,16 +361,16 @@ def stream_loader(dataset: IterableDataset, batch_size: int, state: Any, *, trai
         if loader_kwargs.pop(ignored, None) is not None:
             raise ValueError(f"{ignored}= does not apply to a stream (it has no indices); ddpkit splits it across "
                              "ranks and workers itself; use shuffle=True / shuffle_buffer= for order")
-    if is_hf(dataset):  # the library's own rank split (whole shards when they divide, else every world_size-th)
+    original, hf = dataset, is_hf(dataset)
+    if hf:  # the library's own rank split (whole shards when they divide, else every world_size-th)
         from datasets.distributed import split_dataset_by_node
 
         dataset = split_dataset_by_node(dataset, rank=state.rank, world_size=state.world_size)
     slots = _Slots(dataset, state.rank, state.world_size, batch_size, collate, shuffle, seed, shuffle_buffer,
                    drop_last)
-    if has_shards(dataset) and not slots.whole_shards and state.is_main:
-        print(f"ddpkit: the stream has {slots.dataset.n_shards} shard(s) for {state.world_size} processes, so some "
-              "rank would get none; each (rank, worker) reads every shard and keeps its share of the samples instead "
-              "(exact, but each reads the whole stream): give it at least one shard per process",
-              file=sys.stderr, flush=True)
+    notice = shard_notice(getattr(original, "n_shards", None) if has_shards(original) or hf else None,
+                          state.world_size, hf=hf)
+    if notice and state.is_main:
+        print(notice, file=sys.stderr, flush=True)
     agree = ("drop" if uneven == "drop" else None) if train else ("empty" if collective_forward else None)
     return StreamLoader(slots, agree, state.world_size, join=train and uneven == "join", **loader_kwargs)
