@@ -168,3 +168,51 @@ def test_fsdp_bf16_mixed_precision_policy_trains(tmp_path):
     script = tmp_path / "bf16.py"
     script.write_text(FSDP_BF16)
     assert "FSDP BF16 OK" in ok(launch(script, nproc=2, launcher_args=("--mode", "fsdp"), env=GPU_ENV)).stdout
+
+
+FORK_FROM_A_KERNEL = """
+import torch, ddpkit
+from ddpkit.environment import visible_gpus
+
+def work():
+    x = torch.ones(4, device=ddpkit.init().device)  # the worker's first CUDA call: fails if the parent started CUDA
+    return [x.device.type, float(x.sum())]
+
+print("GPUS", visible_gpus())  # the kernel counts GPUs, as ddpkit.spawn does, without starting the driver
+print("GOT", ddpkit.spawn(work, nproc_per_node=1))
+"""
+
+
+@needs_gpu
+def test_a_kernel_that_counted_gpus_still_forks_working_cuda_workers():
+    out = ok(run_cmd([sys.executable, "-c", FORK_FROM_A_KERNEL], env=GPU_ENV, timeout=240)).stdout
+    assert "GOT ['cuda', 4.0]" in out, out
+
+
+STREAM_ON_NCCL = """
+import sys, torch, ddpkit
+from torch.utils.data import IterableDataset
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        return iter([(torch.full((3,), float(i)), i) for i in range(41)])
+
+state = ddpkit.init()
+loader = ddpkit.data_loader(Stream(), batch_size=4, num_workers=2)
+steps = 0
+for x, y in loader:
+    steps += 1
+    if steps == 3:
+        saved = loader.state_dict()  # a collective over NCCL: its tensors must be on the GPU
+total = ddpkit.reduce(steps)
+if state.rank == 0:
+    print("STREAM NCCL OK", state.backend, total, sorted(saved))
+"""
+
+
+@needs_two
+def test_a_stream_loader_steps_and_saves_over_nccl(tmp_path):
+    script = tmp_path / "stream_nccl.py"
+    script.write_text(STREAM_ON_NCCL)
+    r = ok(run_cmd([sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", "2", str(script)], env=GPU_ENV))
+    assert "STREAM NCCL OK nccl" in r.stdout, r.stdout + r.stderr[-3000:]
