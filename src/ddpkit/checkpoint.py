@@ -47,6 +47,7 @@ from ddpkit.checkpoint_files import validate
 from ddpkit.control import broadcast, gather_object
 from ddpkit.data import ShardedDataLoader
 from ddpkit.files import write_file
+from ddpkit.streams import StreamLoader
 from ddpkit.wrappers import unwrap
 
 T = TypeVar("T")
@@ -79,7 +80,8 @@ def _check_fits(model: torch.nn.Module, saved: dict[str, torch.Tensor], path: st
 
 
 def _failure(exc: BaseException, rank: int) -> list[Any]:
-    """[rank, "Type: first line"] of a failed save step; a sharded write names the rank whose write failed.
+    """[rank, "Type: first line", is it an I/O error] of a failed save step; a sharded write names the rank
+    whose write failed.
 
     torch.save reports a failed write as RuntimeError("... unexpected pos 832 vs 726"); the OSError it hides
     (``[Errno 28] No space left on device``) is the one that tells the user what to do, so it is named instead.
@@ -89,7 +91,14 @@ def _failure(exc: BaseException, rank: int) -> list[Any]:
         inner = inner.__cause__ or inner.__context__
     shown = inner if inner is not None else exc
     reason = getattr(exc, "failure", None) or f"{type(shown).__name__}: {(str(shown).splitlines() or [''])[0][:200]}"
-    return [getattr(exc, "failed_rank", rank), reason]
+    io = getattr(exc, "io", isinstance(shown, OSError))  # a shard write says what its rank's error was
+    return [getattr(exc, "failed_rank", rank), reason, bool(io)]
+
+
+def _collective(obj: Any) -> bool:
+    """ddpkit's loaders: a stream's ``state_dict()`` gathers every rank's position (a collective), so it must
+    run on every rank before any object whose ``state_dict()`` may fail on one rank alone."""
+    return isinstance(obj, (StreamLoader, ShardedDataLoader))
 
 
 class Checkpointer:
@@ -156,18 +165,24 @@ class Checkpointer:
         """Save ``objects`` (anything with ``state_dict()``: model, optimizer, scheduler, scaler, loader).
 
         Call it on every rank (RNG states are gathered). ``extra``: JSON-able values kept in the manifest.
-        Returns the checkpoint's path on rank 0. When any rank fails (a full disk, a write refused), every rank
-        raises the same OSError naming that rank and its error, and nothing of this save is left.
+        Returns the checkpoint's path on rank 0. When any rank fails, every rank raises the same error naming
+        that rank and its error, and nothing of this save is left: an OSError for an I/O error (a full disk, a
+        write refused), else a RuntimeError (an object's ``state_dict()`` raising KeyError, say).
         """
         self._settle(restored=False)
         loaders = {k: v for k, v in objects.items() if isinstance(v, ShardedDataLoader)}
         mode = strategy.get(self.state.mode)
-        rng = rngstate.gather(rngstate.local(loaders, mode), self.state)
+        # the collectives first, in the same order on every rank: the RNG gather and the loaders' state (a
+        # stream's gathers); only then the objects' own state dicts, which may fail on one rank alone
+        rng, gathered = self._together(step, "collecting the loaders' state", lambda: (
+            rngstate.gather(rngstate.local(loaders, mode), self.state),
+            {name: obj.state_dict() for name, obj in objects.items() if _collective(obj)}))
         if mode.shards:
-            return self._save_sharded(step, rng, objects, extra or {})
-        states = self._together(step, "collecting the state", lambda: {
+            return self._save_sharded(step, rng, objects, gathered, extra or {})
+        local = self._together(step, "collecting the state", lambda: {
             name: mode.state_dict(obj) if isinstance(obj, torch.nn.Module) else obj.state_dict()
-            for name, obj in objects.items()})
+            for name, obj in objects.items() if name not in gathered})
+        states = {name: gathered[name] if name in gathered else local[name] for name in objects}
         payload = {"step": step, "world_size": self.state.world_size, "rng": rng, "objects": states}
         tmp = os.path.join(self.directory, f"ckpt-{step:010d}.tmp-{os.getpid()}")
         # every rank returns once the checkpoint exists, or raises with rank 0
@@ -184,6 +199,8 @@ class Checkpointer:
             OSError: checkpoint step 6 was not saved: writing the shards failed on rank 1 (OSError: [Errno 28]
             No space left on device); every rank raised this, nothing of it was left and the newest checkpoint
             is still runs/exp/ckpt-0000000003; free space or pick another directory, then save again ...
+
+        An error that is not an OSError (a KeyError from a state_dict) is raised as a RuntimeError instead.
         """
         try:
             result, mine, cause = action(), None, None
@@ -197,16 +214,24 @@ class Checkpointer:
         # rank 0's view (the others may not see the directory); they return once it removed the partial one
         kept = broadcast(next(iter(self.checkpoints()), None) if self.state.is_main else None)
         previous = f"the newest checkpoint is still {kept}" if kept else "there is no earlier checkpoint"
-        raise OSError(f"checkpoint step {step} was not saved: {stage} failed on rank {failed[0]} ({failed[1]}); "
-                      f"every rank raised this, nothing of it was left and {previous}; free space or pick another "
-                      "directory, then save again (every rank) or stop") from cause
+        said = (f"checkpoint step {step} was not saved: {stage} failed on rank {failed[0]} ({failed[1]}); every "
+                f"rank raised this, nothing of it was left and {previous}")
+        if not failed[2]:  # a programming error is no disk problem: `except OSError` must not swallow it
+            raise RuntimeError(f"{said}; fix the error on rank {failed[0]}, then save again (every rank) or stop") \
+                from cause
+        advice = "fix what it could not read" if stage.startswith("collecting") else \
+            "free space or pick another directory"
+        raise OSError(f"{said}; {advice}, then save again (every rank) or stop") from cause
 
     def _save_sharded(self, step: int, rng: dict[str, torch.Tensor] | None, objects: dict[str, Any],
-                      extra: dict[str, Any]) -> str | None:
+                      gathered: dict[str, Any], extra: dict[str, Any]) -> str | None:
         """Every rank writes its shard of the models and optimizers into the temporary directory, then
         rank 0 adds state.pt and the manifest and renames it into place, as :meth:`_commit` does."""
         # collective (DCP state dicts of DTensors), then the local state dicts, which may fail on one rank
-        tensors, rest = self._together(step, "collecting the state", lambda: shards.split(objects))
+        tensors, local = self._together(step, "collecting the state", lambda: shards.split(
+            {name: obj for name, obj in objects.items() if name not in gathered}))
+        rest = {name: gathered[name] if name in gathered else local[name]
+                for name in objects if name in gathered or name in local}
         tmp = os.path.join(self.directory, f"ckpt-{step:010d}.tmp-sharded")
 
         def prepare() -> None:

@@ -76,19 +76,21 @@ def save(tensors: dict[str, Any], directory: str) -> None:
     except CheckpointException as exc:  # a BaseException: `except Exception` would let it through
         rank, failure = min(exc.failures.items())
         error: Any = failure[0] if isinstance(failure, tuple) else failure  # (exception, its stack) in torch 2.x
-        raise ShardWriteError(rank, f"{type(error).__name__}: {str(error).splitlines()[0][:160]}") from None
+        raise ShardWriteError(rank, f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:160]}",
+                              io=isinstance(error, OSError)) from None
 
 
 class ShardWriteError(OSError):
-    """One rank's shard could not be written; raised on every rank, naming that rank (``failed_rank``).
+    """One rank's shard could not be written; raised on every rank, naming that rank (``failed_rank``);
+    ``io``: that rank's error was an OSError (a full disk), not a programming error.
 
     >>> str(ShardWriteError(1, "OSError: [Errno 28] No space left on device"))
     'rank 1: OSError: [Errno 28] No space left on device'
     """
 
-    def __init__(self, rank: int, failure: str):
+    def __init__(self, rank: int, failure: str, io: bool = True):
         super().__init__(f"rank {rank}: {failure}")
-        self.failed_rank, self.failure = rank, failure
+        self.failed_rank, self.failure, self.io = rank, failure, io
 
 
 def load(objects: Mapping[str, Any], directory: str, rest: Mapping[str, Any]) -> None:

@@ -2,8 +2,10 @@
 
 Saves step 1; step 2 fails on rank 0 (its file-size limit stops the manifest: a full disk on rank 0's node);
 step 3 fails on rank 1 (in fsdp its shard write stops at the file-size limit; in ddp an object's state_dict
-reads a file rank 1 lost). Every rank catches the error and carries on: one training step, then
-step 4 saves. Each rank writes OUT/rank<R>.json. The collective timeout is 30 s: a hang fails fast.
+reads a file rank 1 lost). A save with a stream loader (whose state_dict is collective) fails when rank 1's
+object raises KeyError before the loader's turn: a RuntimeError on every rank, no OSError. Every rank
+catches the errors and carries on: one training step, then step 4 saves, the stream loader with it.
+Each rank writes OUT/rank<R>.json. The collective timeout is 30 s: a hang fails fast.
 """
 import json
 import os
@@ -13,6 +15,7 @@ import sys
 
 import torch
 from torch import nn
+from torch.utils.data import IterableDataset
 
 import ddpkit
 
@@ -38,6 +41,25 @@ class Notes:
 
 with open(Notes.path, "w") as f:
     f.write("seen: 3 files")
+class Vocabulary:
+    """An object whose state_dict raises KeyError on rank 1 (a programming error, not a disk problem)."""
+
+    broken = False
+
+    def state_dict(self):
+        if self.broken and state.rank == 1:
+            raise KeyError("'<pad>'")
+        return {"words": 3}
+
+    def load_state_dict(self, saved):
+        pass
+
+
+class Numbers(IterableDataset):
+    def __iter__(self):
+        return (torch.full((4,), float(i)) for i in range(1000))
+
+
 torch.manual_seed(0)
 model = ddpkit.prepare_model(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)))
 opt = torch.optim.Adam(model.parameters(), lr=0.01)
@@ -90,8 +112,19 @@ else:
 results["after"].append(seen())
 with open(Notes.path, "w") as f:  # the file is back
     f.write("seen: 3 files")
+stream, vocabulary = ddpkit.data_loader(Numbers(), 2), Vocabulary()
+batches = iter(stream)
+next(batches)
+vocabulary.broken = True
+try:  # the vocabulary comes before the loader: rank 1 fails while rank 0 would be in the loader's gather
+    ckpt.save(3, model=model, optimizer=opt, vocabulary=vocabulary, loader=stream)
+    results["errors"].append(None)
+except Exception as exc:
+    results["errors"].append(f"{type(exc).__name__}: {exc}")
+vocabulary.broken = False
+next(batches)
 train_step()
-ckpt.save(4, model=model, optimizer=opt, notes=notes)
+ckpt.save(4, model=model, optimizer=opt, notes=notes, vocabulary=vocabulary, loader=stream)
 results["after"].append(seen())
 with open(os.path.join(out, f"rank{state.rank}.json"), "w") as f:
     json.dump(results, f)
