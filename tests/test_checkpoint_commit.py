@@ -1,9 +1,11 @@
 """Committing a checkpoint: re-saving a step is atomic (a crash at any point keeps a whole checkpoint of it)."""
+import errno
 import os
 import signal
 import sys
 import textwrap
 
+import pytest
 import torch
 
 import ddpkit
@@ -64,3 +66,46 @@ def test_a_crash_while_resaving_a_step_keeps_a_whole_checkpoint_of_it(tmp_path):
         # the next run's first save of the step again leaves the one checkpoint, and nothing set aside
         ddpkit.Checkpointer(str(directory), resume=True).save(5, model=torch.nn.Linear(2, 2))
         assert sorted(os.listdir(directory)) == [STEP5], (when, os.listdir(directory))
+
+
+def test_a_leftover_copy_set_aside_does_not_block_saving_its_step_again(tmp_path):
+    """A copy set aside that could not be removed (an NFS .nfsXXXX file still open) took the only name the
+    next re-save of its step would use: every re-save failed with [Errno 39] Directory not empty."""
+    ddpkit.init(cpu=True)
+    ckpt = ddpkit.Checkpointer(str(tmp_path), keep=3)
+    ckpt.save(5, model=torch.nn.Linear(2, 2))
+    stuck = tmp_path / f"{STEP5}.replaced-{os.getpid()}"
+    stuck.mkdir()
+    (stuck / ".nfs000000001").write_text("busy")
+    for _ in range(2):
+        model = torch.nn.Linear(2, 2)
+        assert ckpt.save(5, model=model) == str(tmp_path / STEP5)
+        step, weights = _restored(tmp_path)
+        assert step == 5 and _same(weights, model.state_dict())
+    # no copy of this process's re-saves is left (the leftover too went here: root may remove .nfs files)
+    assert STEP5 in os.listdir(tmp_path) and set(os.listdir(tmp_path)) <= {STEP5, stuck.name}
+
+
+def test_a_failure_after_the_rename_reports_the_checkpoint_saved(tmp_path, monkeypatch):
+    """Once the new copy holds the name the checkpoint is committed: an fsync error of the directory after it
+    is a warning about durability, not "not saved ... the newest checkpoint is still" the one before."""
+    from ddpkit import checkpoint_files
+
+    ddpkit.init(cpu=True)
+    ckpt = ddpkit.Checkpointer(str(tmp_path), keep=1)
+    ckpt.save(5, model=torch.nn.Linear(2, 2))
+    real = checkpoint_files.fsync_dir
+
+    def failing(path):
+        if os.path.abspath(path) == str(tmp_path):  # the parent's fsync, after the rename
+            raise OSError(errno.EIO, "Input/output error")
+        return real(path)
+
+    monkeypatch.setattr(checkpoint_files, "fsync_dir", failing)
+    model = torch.nn.Linear(2, 2)
+    with pytest.warns(UserWarning, match=r"ckpt-0000000006 was saved, but .*Input/output error"):
+        assert ckpt.save(6, model=model) == str(tmp_path / "ckpt-0000000006")
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-0000000006"]  # committed, and retention ran (keep=1)
+    step, weights = _restored(tmp_path)
+    assert step == 6 and _same(weights, model.state_dict())

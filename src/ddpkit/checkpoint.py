@@ -270,10 +270,14 @@ class Checkpointer:
         write_file(os.path.join(tmp, "manifest.json"), lambda f: f.write(json.dumps(manifest).encode()))
         for root, _, _ in os.walk(tmp):
             disk.fsync_dir(root)
-        disk.install(tmp, final)
-        committed = [p for p in self.checkpoints() if disk.commit_number(p) is not None]  # a damaged one stays named
-        for old in committed[self.keep:]:  # by commit order: the newest saves, not the highest steps
-            shutil.rmtree(old, ignore_errors=True)
+        disk.install(tmp, final)  # committed from here: nothing after it may report the save as failed
+        try:
+            committed = [p for p in self.checkpoints() if disk.commit_number(p) is not None]  # a damaged one stays
+            for old in committed[self.keep:]:  # by commit order: the newest saves, not the highest steps
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError as exc:
+            warnings.warn(f"ddpkit: checkpoint {final} was saved, but removing older ones failed ({exc}); "
+                          "they are removed at a later save", stacklevel=4)
         return final
 
     def validate(self, path: str) -> str | None:

@@ -2,7 +2,8 @@
 
 ``<directory>/ckpt-<step>`` is a committed checkpoint. While rank 0 writes one it is ``ckpt-<step>.tmp-<pid>``
 (or ``.tmp-sharded``); a step saved again has its old copy renamed aside to ``ckpt-<step>.replaced-<pid>``
-before the new one takes the name, and removed after. A crash at any point of that leaves a whole checkpoint
+(``-<n>`` added while that name is taken: a leftover that could not be removed) before the new one takes the
+name, and removed after. A crash at any point of that leaves a whole checkpoint
 of the step: before the second rename the copy set aside is the step's checkpoint (:func:`by_commit` lists it
 while the name is free), after it the new one is.
 
@@ -20,10 +21,11 @@ import math
 import os
 import re
 import shutil
+import warnings
 from typing import Any
 
 _NAME = re.compile(r"^ckpt-(\d{10})$")
-_ASIDE = re.compile(r"^(ckpt-\d{10})\.replaced-\d+$")
+_ASIDE = re.compile(r"^(ckpt-\d{10})\.replaced-\d+(?:-\d+)?$")
 
 
 def sha256(path: str) -> str:
@@ -123,8 +125,12 @@ def newest_valid(directory: str) -> str | None:
 
 def install(tmp: str, final: str) -> None:
     """Rename the finished ``tmp`` to ``final``; an older ``final`` (the step saved again) is renamed aside
-    first and removed once the new one holds the name, so that every moment leaves a whole checkpoint."""
-    aside = f"{final}.replaced-{os.getpid()}"
+    first and removed once the new one holds the name, so that every moment leaves a whole checkpoint.
+
+    Once ``tmp`` holds the name the checkpoint is committed: a failure after that (the directory's fsync, the
+    removal of the old copy) is a warning, never "not saved"."""
+    parent = os.path.dirname(final) or "."
+    aside = _free_name(f"{final}.replaced-{os.getpid()}")
     if os.path.exists(final):
         os.rename(final, aside)
     try:
@@ -133,8 +139,28 @@ def install(tmp: str, final: str) -> None:
         if os.path.exists(aside):
             os.rename(aside, final)  # the old copy takes its name back
         raise
-    fsync_dir(os.path.dirname(final) or ".")
-    remove_replaced(os.path.dirname(final) or ".")
+    for attempt in (1, 2):  # EIO from an fsync is not always final; a second failure is reported
+        try:
+            fsync_dir(parent)
+            break
+        except OSError as exc:
+            if attempt == 2:
+                warnings.warn(f"ddpkit: checkpoint {final} was saved, but the fsync of {parent} after its rename "
+                              f"failed ({exc.strerror or exc}): a power loss now could lose it; check that disk",
+                              stacklevel=3)
+    try:
+        remove_replaced(parent)
+    except OSError:  # the copy set aside stays; the next save or Checkpointer removes it
+        pass
+
+
+def _free_name(name: str) -> str:
+    """``name``, or ``name-1``, ``name-2``...: the first that no leftover holds."""
+    found, n = name, 0
+    while os.path.lexists(found):
+        n += 1
+        found = f"{name}-{n}"
+    return found
 
 
 def remove_replaced(directory: str) -> None:
