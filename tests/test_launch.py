@@ -209,18 +209,39 @@ def test_a_users_timeout_is_not_a_collective_timeout():
                                             "waiting 6000ms for recv operation to complete")
 
 
-def test_the_console_leaves_a_workers_traceback_block_to_its_log(tmp_path, capsys):
-    from ddpkit.faults import TRACEBACK_BEGIN, TRACEBACK_END
+def _console(tmp_path, capsys, text, tag="t1"):
     from ddpkit.logs import ConsoleTail
 
     folder = tmp_path / "run" / "attempt_0" / "0"
-    folder.mkdir(parents=True)
-    (folder / "stderr.log").write_text(f"ddpkit: rank 0 raised ValueError: x\n{TRACEBACK_BEGIN}\nTraceback (most "
-                                       f"recent call last):\nValueError: x\n{TRACEBACK_END}\nafter\n")
-    tail = ConsoleTail(str(tmp_path), {0}, 0, 1)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "stderr.log").write_text(text)
+    tail = ConsoleTail(str(tmp_path), {0}, 0, 1, block_tag=tag)
     tail._poll()
     tail._flush(force=True)
-    assert capsys.readouterr().err == "ddpkit: rank 0 raised ValueError: x\nafter\n"
+    return capsys.readouterr().err
+
+
+def test_the_console_leaves_a_workers_traceback_block_to_its_log(tmp_path, capsys):
+    from ddpkit.faults import traceback_block
+
+    block = traceback_block("Traceback (most recent call last):\nValueError: x", "t1")
+    assert _console(tmp_path, capsys, f"ddpkit: rank 0 raised ValueError: x\n{block}\nafter\n") == \
+        "ddpkit: rank 0 raised ValueError: x\nafter\n"
+
+
+def test_a_message_or_a_user_line_cannot_forge_the_traceback_block(tmp_path, capsys):
+    """A message holding the block's end line ends nothing early; a user's line like the block's start (without
+    the launch's tag) hides nothing; a block cut short hides no more than its own count of lines."""
+    from ddpkit.faults import traceback_block
+
+    forged_end = traceback_block("Traceback (most recent call last):\nRuntimeError: bad\n"
+                                 "ddpkit: --- end of traceback [t1] ---\nLEAKED\r", "t1")
+    forged_begin = traceback_block("x", "other").splitlines()[0]
+    cut = "\n".join(traceback_block("Traceback (most recent call last):\nA\nB", "t1").splitlines()[:2])
+    err = _console(tmp_path, capsys, f"{forged_end}\none\n{forged_begin}\ntwo\n{cut}\nthree\nfour\nfive\nsix\n")
+    assert "LEAKED" not in err and "end of traceback" not in err
+    assert err.splitlines()[:3] == ["one", forged_begin, "two"]
+    assert err.splitlines()[3:] == ["six"], err  # the cut block said 4 lines, had 1: it hid three, four, five
 
 
 def test_only_torchs_own_collective_timeouts_are_hangs():
@@ -238,3 +259,106 @@ def test_only_torchs_own_collective_timeouts_are_hangs():
     assert collective_timeout(RuntimeError, "[Rank 0] Watchdog caught collective operation timeout: "
                                             "WorkNCCL(SeqNum=7, OpType=ALLREDUCE, Timeout(ms)=600000)")
     assert collective_timeout(dist.DistStoreError, "Socket Timeout")
+
+
+def _failed_run(tmp_path, failures, logs, reached_init):
+    """A failed launch as the launcher sees it: torch's failures (rank -> exit code or -signal), each local
+    rank's stderr.log, and the report folder of the attempt with the ranks that reached ddpkit.init()."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from ddpkit.supervise import failure_report, stderr_tails
+
+    for rank, text in logs.items():
+        folder = tmp_path / "logs" / "run" / "attempt_0" / str(rank)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "stderr.log").write_text(text)
+    attempt = tmp_path / "report" / "attempt0"
+    attempt.mkdir(parents=True, exist_ok=True)
+    for rank in reached_init:
+        (attempt / f"stack-rank{rank}.txt").write_text("")
+    missing = str(tmp_path / "none.json")
+    exc = ChildFailedError("train.py", {r: ProcessFailure(r, 10 + r, code, missing) for r, code in failures.items()})
+    return failure_report(exc, str(tmp_path / "report"), stderr_tails(str(tmp_path / "logs"), 0))
+
+
+def _peer_lost(tmp_path, rank):
+    record = {"rank": rank, "local_rank": rank, "host": "vm", "pid": 1, "time": 1.0, "type": "RuntimeError",
+              "message": "[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:7603. This is "
+                         "typically caused by a remote worker crashing.", "traceback": "Traceback ...\n"}
+    (tmp_path / "report" / "attempt0").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "report" / "attempt0" / f"error-rank{rank}.json").write_text(json.dumps(record))
+
+
+def test_a_rank_that_exits_0_mid_training_is_named_not_another_node(tmp_path):
+    """sys.exit(0) / os._exit(0) on rank 1 while rank 0 trains: torch lists only rank 0 (exit 1, its peer lost)."""
+    _peer_lost(tmp_path, 0)
+    code, text = _failed_run(tmp_path, {0: 1}, {0: "", 1: "rank 1 done early\n"}, reached_init=[0, 1])
+    assert code == 1 and text.startswith(
+        "ddpkit: rank 1 exited with code 0 while rank 0 was still training (waiting in a collective)"), text
+    assert "another node" not in text
+
+
+def test_a_handled_traceback_in_an_exiting_ranks_log_is_not_its_exception(tmp_path):
+    """A rank past init that logged a handled error (traceback.print_exc) and then called sys.exit(3)."""
+    _peer_lost(tmp_path, 0)
+    logged = ("Traceback (most recent call last):\n  File \"t.py\", line 35, in <module>\n    {}['shard-7']\n"
+              "KeyError: 'shard-7'\nretrying download: ok\nepoch 1 loss 0.25\n")
+    code, text = _failed_run(tmp_path, {0: 1, 1: 3}, {0: "", 1: logged}, reached_init=[0, 1])
+    assert code == 1 and text.startswith("ddpkit: rank 1 exited with code 3, the first rank to stop, without a "
+                                         "Python exception"), text
+    assert "KeyError" not in text and "Traceback" not in text
+
+
+def test_a_rank_failing_before_init_gets_its_traceback_up_to_the_exception_line(tmp_path):
+    """The spawn path too: ddpkit.spawn hands its workers' stderr tails to the same report."""
+    tb = ("Traceback (most recent call last):\n  File \"t.py\", line 3, in <module>\n    load()\n"
+          "ValueError: bad config\n")
+    code, text = _failed_run(tmp_path, {0: -15, 1: 1}, {0: "", 1: tb + "[W] a teardown warning from gloo\n"},
+                             reached_init=[0])
+    assert code == 1 and text.startswith("ddpkit: rank 1 failed first: ValueError: bad config\nTraceback"), text
+    assert "teardown warning" not in text and "without a Python exception" not in text
+
+
+def test_a_sys_exit_message_is_quoted(tmp_path):
+    """sys.exit("...") exits 1 and Python prints the message as the rank's last stderr line."""
+    _peer_lost(tmp_path, 0)
+    code, text = _failed_run(tmp_path, {0: 1, 1: 1}, {0: "", 1: "epoch 1\nconfig error: lr must be positive\n"},
+                             reached_init=[0, 1])
+    assert code == 1 and "rank 1 exited with code 1" in text, text
+    assert '"config error: lr must be positive"' in text, text
+
+
+@pytest.mark.parametrize("mode, reports", [("dp", False), ("single", False), ("ddp", True)])
+def test_only_a_multi_process_launch_gives_its_workers_a_report_dir(mode, reports):
+    """--mode dp / single runs the script as one plain child: no report, no console filter, so its excepthook
+    must print a plain traceback (not one-line notices promising a report that never comes)."""
+    import os
+
+    from ddpkit.supervise import worker_environment
+
+    cfg = LaunchConfig(script=SCRIPT, mode=mode, device="cpu", gpus=0)
+    with worker_environment(cfg):
+        assert ("DDPKIT_REPORT_DIR" in os.environ) == reports
+
+
+def test_each_attempt_a_restart_recovered_from_is_named_with_its_log(tmp_path):
+    from ddpkit.supervise import restarted_attempts
+
+    logs, report = tmp_path / "logs", tmp_path / "report"
+    for attempt in (0, 1, 2):
+        for local in (0, 1):
+            (logs / "run" / f"attempt_{attempt}" / str(local)).mkdir(parents=True)
+    record = {"rank": 1, "local_rank": 1, "host": "vm", "pid": 1, "time": 2.0, "type": "ValueError",
+              "message": "transient failure\nsecond line", "traceback": "Traceback ...\n"}
+    (report / "attempt0").mkdir(parents=True)
+    (report / "attempt0" / "error-rank1.json").write_text(json.dumps(record))
+    lost = {**record, "rank": 0, "local_rank": 0, "time": 3.0, "type": "RuntimeError",
+            "message": "[pair.cc:553] Connection closed by peer [127.0.0.1]:7603"}
+    (report / "attempt0" / "error-rank0.json").write_text(json.dumps(lost))
+    (report / "attempt1").mkdir()  # attempt 1: a rank was killed, no Python exception
+    lines = restarted_attempts(str(report), str(logs))
+    assert lines[0] == (f"ddpkit launch: attempt 0 failed (rank 1 raised ValueError: transient failure; its traceback: "
+                        f"{logs}/run/attempt_0/1/stderr.log); restarted"), lines
+    assert lines[1] == (f"ddpkit launch: attempt 1 failed (no rank raised a Python exception; the logs: "
+                        f"{logs}/run/attempt_1); restarted"), lines
+    assert len(lines) == 2  # attempt 2 is the last one: its outcome is the run's

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import faulthandler
 import glob
+import hashlib
 import json
 import os
 import re
@@ -44,9 +45,12 @@ _DIST_ORIGIN = re.compile(r"\[c10d\]|[/\\]gloo[/\\]|ProcessGroup(Gloo|NCCL)|Work
                           r"monitoredBarrier")
 # a store that could not be reached: the rendezvous or the network failed, no collective was waiting
 _CONNECT = re.compile(r"while trying to connect to|failed to connect|connection refused", re.IGNORECASE)
-# a worker's traceback in its stderr log sits between these lines; the console tail leaves them out
-TRACEBACK_BEGIN = "ddpkit: --- traceback (kept in this rank's log; the launcher's report shows the first) ---"
-TRACEBACK_END = "ddpkit: --- end of traceback ---"
+# a worker's traceback in its stderr log sits in a block the console tail leaves out: its first line carries the
+# launch's tag (a user's line cannot end up equal to it by chance) and how many lines follow (so a message holding
+# a line like the block's end cannot end it early, and a block cut short hides no more than its own lines)
+_BLOCK = re.compile(r"^ddpkit: --- traceback \[(?P<tag>\w+)\], the next (?P<n>\d+) lines "
+                    r"\(kept in this rank's log\) ---$")
+_MARKER = re.compile(r"^ddpkit: --- (traceback \[\w+\], the next \d+ lines|end of traceback \[\w+\]) ")
 # what a rank raises when a peer died first: a consequence, not a root cause
 _PEER_LOST = re.compile(r"Connection (reset|closed) by peer|Broken pipe|NCCL communicator was aborted", re.IGNORECASE)
 _last_beat = time.monotonic()
@@ -118,11 +122,11 @@ def install(rank: int, local_rank: int, report_dir: str, timeout_s: float) -> No
         except OSError as exc:
             print(f"ddpkit: rank {rank} could not write its error report ({exc.strerror or exc})",
                   file=sys.stderr, flush=True)
-        first_line = (str(value).splitlines() or [""])[0][:300]
-        # the traceback goes into this rank's log (the report directory is gone after the launch), between
-        # markers the console leaves out: the launcher's report prints the first failure's once
-        print(f"ddpkit: rank {rank} raised {kind.__name__}: {first_line} (the launcher prints the report)\n"
-              f"{TRACEBACK_BEGIN}\n{text.rstrip()}\n{TRACEBACK_END}", file=sys.stderr, flush=True)
+        # the traceback goes into this rank's log (the report directory is gone after the launch), in a block
+        # the console leaves out: the launcher's report prints the first failure's once
+        print(f"ddpkit: rank {rank} raised {kind.__name__}: {_first_line(value)} (its traceback is in this rank's "
+              f"stderr.log)\n{traceback_block(text, block_tag(os.path.dirname(report_dir)))}",
+              file=sys.stderr, flush=True)
         if hang:
             _signal_siblings()
         if previous is not sys.__excepthook__:
@@ -131,6 +135,47 @@ def install(rank: int, local_rank: int, report_dir: str, timeout_s: float) -> No
     sys.excepthook = excepthook
     threading.Thread(target=_watchdog, args=(stack_file, timeout_s / 2), daemon=True,
                      name="ddpkit-hang-watchdog").start()
+
+
+def _first_line(value: BaseException) -> str:
+    return (str(value).replace("\r", "\n").splitlines() or [""])[0][:300]
+
+
+def block_tag(launch_report_dir: str) -> str:
+    """The tag of a launch's traceback blocks, from its report directory (a fresh temporary one per launch).
+
+    >>> block_tag("/tmp/ddpkit-report-abc") == block_tag("/tmp/ddpkit-report-abc") != block_tag("/tmp/other")
+    True
+    """
+    return hashlib.sha256(os.path.abspath(launch_report_dir).encode()).hexdigest()[:12]
+
+
+def traceback_block(text: str, tag: str) -> str:
+    r"""``text`` as a block the console leaves out: a first line with ``tag`` and the count of lines after it.
+
+    A carriage return inside would end a console line early: it is written as ``\r``.
+
+    >>> print(traceback_block("Traceback (most recent call last):\nKeyError: 'x'", "t1"))
+    ddpkit: --- traceback [t1], the next 3 lines (kept in this rank's log) ---
+    Traceback (most recent call last):
+    KeyError: 'x'
+    ddpkit: --- end of traceback [t1] ---
+    """
+    body = text.rstrip().replace("\r", "\\r").split("\n") + [f"ddpkit: --- end of traceback [{tag}] ---"]
+    return "\n".join([f"ddpkit: --- traceback [{tag}], the next {len(body)} lines (kept in this rank's log) ---",
+                      *body])
+
+
+def block_length(line: str, tag: str | None) -> int:
+    """How many lines after ``line`` belong to a traceback block (0: ``line`` starts none). ``tag`` None: any.
+
+    >>> block_length("ddpkit: --- traceback [t1], the next 3 lines (kept in this rank's log) ---", "t1")
+    3
+    >>> block_length("ddpkit: --- traceback [t1], the next 3 lines (kept in this rank's log) ---", "t2")
+    0
+    """
+    m = _BLOCK.match(line)
+    return int(m["n"]) if m and tag in (None, m["tag"]) else 0
 
 
 def _watchdog(stack_file, stale_s: float) -> None:
@@ -280,7 +325,7 @@ def report(report_dir: str, crashed: dict[int, str] | None = None,
     rank that failed before ``ddpkit.init()`` installed the report has its traceback there.
     """
     crashed, tails = crashed or {}, stderr_tails or {}
-    errors = _records(report_dir)
+    errors = records(report_dir)
     aborted = sorted(r for r, tail in tails.items() if r in crashed and nccl_timeout(tail))
     if aborted:
         line = next(x for x in tails[aborted[0]].splitlines() if nccl_timeout(x))
@@ -288,7 +333,7 @@ def report(report_dir: str, crashed: dict[int, str] | None = None,
                                        f"{crashed[aborted[0]]}): {line.strip()[:200]}", nccl=True)
     silent = {r: how for r, how in crashed.items() if r not in {e["rank"] for e in errors}}
     if silent and all(_PEER_LOST.search(e["message"]) for e in errors):
-        return EXIT_WORKER_FAILED, _silent_report(silent, tails, sorted(e["rank"] for e in errors))
+        return EXIT_WORKER_FAILED, _silent_report(report_dir, silent, tails, sorted(e["rank"] for e in errors))
     if not errors:
         return None
     first = min(errors, key=lambda e: e["time"])
@@ -308,7 +353,13 @@ def report(report_dir: str, crashed: dict[int, str] | None = None,
                                    f"first timeout on rank {first['rank']}: {first['message'].splitlines()[0][:200]}")
 
 
-def _records(report_dir: str) -> list[dict]:
+def peer_lost(message: str) -> bool:
+    """True when an exception's message says only that a peer went away (a consequence, not a cause)."""
+    return bool(_PEER_LOST.search(message))
+
+
+def records(report_dir: str) -> list[dict]:
+    """The error reports the workers of one attempt wrote (the whole ones)."""
     errors = []
     for path in glob.glob(os.path.join(report_dir, "error-rank*.json")):
         try:
@@ -319,34 +370,72 @@ def _records(report_dir: str) -> list[dict]:
     return errors
 
 
-def _silent_report(silent: dict[int, str], tails: dict[int, str], lost: list[int]) -> str:
+def _silent_report(report_dir: str, silent: dict[int, str], tails: dict[int, str], lost: list[int]) -> str:
     """The root cause is a rank that left no report: its traceback from its stderr (it failed before
     ``ddpkit.init()``), the script's own exit code, or the signal that killed it."""
-    rank = min(silent, key=lambda r: ("SIGTERM" in silent[r], r))  # the agent SIGTERMs the survivors
+    # the agent SIGTERMs the survivors; a rank that exited 0 is a cause only when none stopped with a failure
+    rank = min(silent, key=lambda r: ("SIGTERM" in silent[r], silent[r] == "exited with code 0", r))
     how, after = silent[rank], f"; ranks {lost} then lost their peer" if lost else ""
-    tb = python_traceback(tails.get(rank, ""))
+    tail = _lines(tails.get(rank, ""))
+    before_init = not os.path.exists(os.path.join(report_dir, f"stack-rank{rank}.txt"))
+    # only an uncaught exception exits 1 (or dies of SIGINT, a KeyboardInterrupt) with its traceback last; a rank
+    # past init() had its exception recorded by the excepthook, so a traceback in its log was one it handled
+    tb = python_traceback(tail) if before_init and how in ("exited with code 1", "killed by SIGINT") else None
     if tb:
         return (f"ddpkit: rank {rank} failed first: {tb.splitlines()[-1]}\n{tb}\n"
-                f"(rank {rank} {how}; its traceback, from its stderr log{after})")
+                f"(rank {rank} {how} before ddpkit.init(); its traceback, from its stderr log{after})")
+    if how == "exited with code 0" and lost:
+        peers = f"rank {lost[0]} was" if len(lost) == 1 else f"ranks {', '.join(map(str, lost))} were"
+        return (f"ddpkit: rank {rank} exited with code 0 while {peers} still training (waiting in a collective): "
+                "a rank that ends early leaves its peers' collectives unmatched; every rank must run the same "
+                "steps (ddpkit.join for uneven data)")
     if how.startswith("exited with code"):
+        said = [x for x in tail.splitlines() if x.strip() and not x.startswith(f"ddpkit: rank {rank} ")]
+        # sys.exit("message") exits 1 and Python prints the message as the last line
+        quote = f'; its last stderr line: "{said[-1].strip()[:300]}" (a sys.exit message?)' \
+            if how == "exited with code 1" and said else ""
         return (f"ddpkit: rank {rank} {how}, the first rank to stop, without a Python exception (the script's "
-                f"sys.exit or os._exit){after}")
+                f"sys.exit or os._exit){quote}{after}")
     return f"ddpkit: rank {rank} failed first: {how}, without a Python exception{after}"
 
 
-def python_traceback(text: str) -> str | None:
-    r"""The uncaught exception's traceback at the end of a rank's stderr, or None.
+def _lines(tail: str) -> str:
+    """A stderr tail without torch's ``[rankN]:`` prefixes and ddpkit's traceback-block lines."""
+    lines = (_RANK_PREFIX.sub("", x) for x in tail.splitlines())
+    return "\n".join(x for x in lines if not _MARKER.match(x))
 
-    >>> python_traceback("loading\nTraceback (most recent call last):\n  File \"t.py\", line 1\nKeyError: 'x'\n")
+
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
+_TB_START = "Traceback (most recent call last):"
+_CHAINED = ("During handling of the above exception, another exception occurred:",
+            "The above exception was the direct cause of the following exception:")
+
+
+def python_traceback(text: str) -> str | None:
+    r"""The last traceback in a rank's stderr (with the exceptions chained before it), up to its exception line.
+
+    >>> python_traceback("loading\nTraceback (most recent call last):\n  File \"t.py\", line 1\nKeyError: 'x'\nbye\n")
     'Traceback (most recent call last):\n  File "t.py", line 1\nKeyError: \'x\''
     >>> python_traceback("epoch 1 done\n") is None
     True
     """
-    start = text.find("Traceback (most recent call last):")
-    if start < 0:
+    lines = text.splitlines()
+    starts = [i for i, x in enumerate(lines) if x == _TB_START]
+    if not starts:
         return None
-    lines = [x for x in text[start:].splitlines() if x not in (TRACEBACK_BEGIN, TRACEBACK_END)]
-    return "\n".join(lines).rstrip() or None
+    first = starts[-1]
+    for i in reversed(starts[:-1]):  # walk back over "During handling of the above exception" links
+        if any(x in _CHAINED for x in lines[i:first]) and _end(lines, i) < first:
+            first = i
+        else:
+            break
+    return "\n".join(lines[first:_end(lines, starts[-1]) + 1]).rstrip() or None
+
+
+def _end(lines: list[str], start: int) -> int:
+    """Index of the exception line of the traceback starting at ``start``: the first line not indented."""
+    return next((i for i in range(start + 1, len(lines)) if lines[i] and not lines[i].startswith(" ")),
+                len(lines) - 1)
 
 
 def _hang_report(report_dir: str, errors: dict[int, dict], last_line: str, nccl: bool = False) -> str:

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 
-from ddpkit.faults import TRACEBACK_BEGIN, TRACEBACK_END
+from ddpkit.faults import block_length
 
 _HOLD_S = 0.5  # how long a console line waits for twins from other ranks before it is printed
 _RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
@@ -46,11 +46,15 @@ def parse_ranks(text: str, world_size: int) -> set[int]:
 class ConsoleTail:
     """Follows the per-rank log files under ``root`` and writes the console's share of them."""
 
-    def __init__(self, root: str, console_ranks: set[int], first_rank: int, world_size: int):
+    def __init__(self, root: str, console_ranks: set[int], first_rank: int, world_size: int,
+                 block_tag: str | None = None):
+        """``block_tag``: the launch's tag of its workers' traceback blocks (:func:`ddpkit.faults.block_tag`);
+        None accepts any tag."""
         self.root, self.console, self.first_rank, self.world = root, console_ranks, first_rank, world_size
+        self.tag = block_tag
         self.offsets: dict[str, int] = {}
         self.partial: dict[str, str] = {}
-        self.hiding: set[str] = set()  # files inside a worker's traceback block (its log keeps it, not the console)
+        self.hiding: dict[str, int] = {}  # file -> lines of a worker's traceback block left (its log keeps them)
         # per stream, in arrival order: [first seen, text, ranks that printed it]
         self.pending: dict[str, list[list]] = {"stdout": [], "stderr": []}
         self._stop = threading.Event()
@@ -96,11 +100,10 @@ class ConsoleTail:
     def _line_of(self, path: str, stream: str, text: str, rank: int) -> None:
         """A whole line from ``path``: a worker's traceback block stays in its log (the launcher's report
         prints the first failure's traceback once, not one per console rank)."""
-        if text == TRACEBACK_BEGIN:
-            self.hiding.add(path)
-        elif path in self.hiding:
-            if text == TRACEBACK_END:
-                self.hiding.discard(path)
+        if self.hiding.get(path):
+            self.hiding[path] -= 1
+        elif n := block_length(text, self.tag):
+            self.hiding[path] = n
         else:
             self._line(stream, text, rank)
 

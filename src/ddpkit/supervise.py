@@ -67,11 +67,16 @@ def _stop(signum, frame) -> None:
 @contextlib.contextmanager
 def worker_environment(cfg: LaunchConfig) -> Iterator[tuple[str, list[str]]]:
     """This process's environment with the workers' contract added (they inherit it: torch's launcher starts
-    them from here), and a report directory; on exit the caller gets its own environment back."""
+    them from here), and a report directory; on exit the caller gets its own environment back.
+
+    Only workers under torch's agent are told the report directory: the one child of ``--mode dp`` / single has
+    no report and no console filter, so its excepthook stays Python's (a plain traceback).
+    """
     report_dir = tempfile.mkdtemp(prefix="ddpkit-report-")
     saved = dict(os.environ)
     env, notes = worker_env(cfg, os.environ, usable_cores())
-    env[contract.REPORT_DIR.name] = report_dir
+    if cfg.strategy.multi_process:
+        env[contract.REPORT_DIR.name] = report_dir
     try:
         os.environ.update(env)
         yield report_dir, notes
@@ -175,13 +180,15 @@ def _supervise(cfg: LaunchConfig, report_dir: str) -> int:
     print(f"{PROG}: per-rank logs in {log_dir}", file=sys.stderr, flush=True)
     # elastic: this node's rank is known only after the rendezvous, so the console counts from its first rank
     tail = ConsoleTail(log_dir, parse_ranks(cfg.console_ranks, cfg.world_size),
-                       0 if cfg.elastic else cfg.node_rank * cfg.nproc_per_node, cfg.world_size)
+                       0 if cfg.elastic else cfg.node_rank * cfg.nproc_per_node, cfg.world_size,
+                       faults.block_tag(report_dir))
     tail.start()
     try:
         with torch_logs(os.path.join(log_dir, "launcher.log"), cfg.verbose):
             torchrun(get_args_parser().parse_args(torchrun_argv(cfg, log_dir)))
     except ChildFailedError as exc:
         tail.stop()
+        _say_restarts(report_dir, log_dir)
         code, text = failure_report(exc, report_dir, stderr_tails(log_dir, first_local_rank(exc, tail.first_rank)))
         print(text, file=sys.stderr, flush=True)
         return code
@@ -191,7 +198,36 @@ def _supervise(cfg: LaunchConfig, report_dir: str) -> int:
         return 128 + int(exc.sigval)
     finally:
         tail.stop()
+    _say_restarts(report_dir, log_dir)
     return 0
+
+
+def _say_restarts(report_dir: str, log_dir: str) -> None:
+    for line in restarted_attempts(report_dir, log_dir):
+        print(line, file=sys.stderr, flush=True)
+
+
+def restarted_attempts(report_dir: str, log_dir: str) -> list[str]:
+    """One line for each attempt a restart followed (every attempt but the last): its first failure, and the
+    log that keeps its traceback (the report of a recovered failure is never printed otherwise).
+
+    Example line: ``ddpkit launch: attempt 0 failed (rank 1 raised ValueError: bad batch; its traceback:
+    runs/logs/<run>/attempt_0/1/stderr.log); restarted``
+    """
+    folders = {int(os.path.basename(p)[8:]): p for p in glob.glob(os.path.join(log_dir, "*", "attempt_*"))}
+    lines = []
+    for attempt in sorted(folders)[:-1]:
+        errors = faults.records(os.path.join(report_dir, f"attempt{attempt}"))
+        own = [e for e in errors if not faults.peer_lost(e["message"])] or errors
+        if own:
+            first = min(own, key=lambda e: e["time"])
+            message = (first["message"].splitlines() or [""])[0][:200]
+            what = (f"rank {first['rank']} raised {first['type']}: {message}; its traceback: "
+                    f"{os.path.join(folders[attempt], str(first['local_rank']), 'stderr.log')}")
+        else:
+            what = f"no rank raised a Python exception; the logs: {folders[attempt]}"
+        lines.append(f"{PROG}: attempt {attempt} failed ({what}); restarted")
+    return lines
 
 
 @contextlib.contextmanager
@@ -240,6 +276,8 @@ def failure_report(exc, report_dir: str, tails: dict[int, str] | None = None) ->
         how = ", ".join(f"rank {rank} {text}" for rank, text in sorted(crashed.items()))
         return 0, (f"{PROG}: {how}, after every rank had passed the final barrier (in interpreter teardown: "
                    "gloo's destructor, the pytorch#56297 family); the work was done, so the run counts as finished")
+    # a local rank torch does not list exited 0 before the failure (the agent stops at the first failure)
+    crashed.update({rank: "exited with code 0" for rank in (tails or {}) if rank not in crashed})
     # no attempt folder: no rank reached ddpkit.init(); their stderr tails may still hold a traceback
     report = faults.report(os.path.join(report_dir, attempts[-1]) if attempts else report_dir, crashed, tails)
     if report is not None:
