@@ -10,7 +10,7 @@ def test_static_graph_unused_parameter_and_sync_checks_on_training_steps_only(tm
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["static_graph_steps"] for r in ranks] == [3, 3]  # 10 samples, global batch 4, padded
     assert [r["eval_batches"] for r in ranks] == [3, 2] == [r["no_grad_batches"] for r in ranks]
-    assert [r["join_steps"] for r in ranks] == [3, 2]
+    assert [r["join_steps"] for r in ranks] == [3, 2] == [r["torch_join_steps"] for r in ranks]
     assert ranks[0]["weights"] == ranks[1]["weights"]
     for r in ranks:  # the check still runs on training steps: rank 1's changed weight is named on both ranks
         assert r["desync"] and r["desync"].startswith("ranks out of sync: '0.weight' differs"), r["desync"]

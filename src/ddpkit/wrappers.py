@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.algorithms.join import JoinHook
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 from torch.nn.parallel._functions import Scatter
@@ -71,10 +72,11 @@ class DDP(_PlainStateDict, DistributedDataParallel):
     "Expected to have finished reduction" error), and with ``check_sync_every=K`` compares parameter
     checksums across ranks every K training steps.
 
-    A training step is a forward in training mode with gradients enabled, outside :meth:`join`: evaluation
-    forwards (``model.eval()`` or ``torch.no_grad()``) and the uneven steps under ``join`` differ in number
-    between ranks by design, so a check there would meet no peer (one rank in the checksums' all_gather,
-    another in DDP's all-reduce or already past its loop).
+    A training step is a forward in training mode with gradients enabled, outside a join (:meth:`join`,
+    :func:`ddpkit.join` or torch's own ``Join([model])``): evaluation forwards (``model.eval()`` or
+    ``torch.no_grad()``) and the uneven steps of a join differ in number between ranks by design, so a check
+    there would meet no peer (one rank in the checksums' all_gather, another in DDP's all-reduce or already
+    past its loop).
     """
 
     def __init__(self, module: nn.Module, *args: Any, check_sync_every: int = 0, **kwargs: Any):
@@ -85,7 +87,7 @@ class DDP(_PlainStateDict, DistributedDataParallel):
         _LIVE_DDP.add(self)
         self._check_sync_every = check_sync_every
         self._training_steps = 0  # counted alike on every rank: see the class docstring
-        self._joined = 0
+        self._joined = False  # inside a join: from join_hook() (every Join asks for it) to its post-hook
         # static_graph: DDP itself finds, in the first iteration, the parameters that never get a gradient
         if not (kwargs.get("find_unused_parameters", False) or kwargs.get("static_graph", False)):
             self._first_backward = FirstBackwardCheck(module)
@@ -94,7 +96,9 @@ class DDP(_PlainStateDict, DistributedDataParallel):
     # splitting): the checks and the heartbeat are Python side effects that would break the graph every step.
     @torch.compiler.disable(recursive=False)
     def forward(self, *args: Any, **kwargs: Any):
-        if self._check_sync_every and self.training and torch.is_grad_enabled() and not self._joined:
+        # a Join(enable=False) that was left asks nothing of the ranks: checks run there
+        joined = self._joined and self._join_config.enable
+        if self._check_sync_every and self.training and torch.is_grad_enabled() and not joined:
             if self._training_steps % self._check_sync_every == 0:
                 check_in_sync(self.module, self.process_group)
             self._training_steps += 1
@@ -105,14 +109,33 @@ class DDP(_PlainStateDict, DistributedDataParallel):
         """torch's ``join`` (what :func:`ddpkit.join` enters), with the sync checks paused inside."""
         return self._without_checks(super().join(*args, **kwargs))
 
+    def join_hook(self, **kwargs: Any) -> JoinHook:
+        """torch's hook, which every ``Join`` (torch's own ``Join([model])`` too) asks for as it is made: the
+        checks pause from here until the hook's post-hook, which every rank runs once all have joined."""
+        self._joined = True
+        return _ResumeChecks(super().join_hook(**kwargs), self)
+
     @contextlib.contextmanager
     def _without_checks(self, context: contextlib.AbstractContextManager[Any]) -> Iterator[None]:
-        self._joined += 1
         try:
             with context:
                 yield
-        finally:
-            self._joined -= 1
+        finally:  # also when the loop raised, and torch's Join skipped the post-hook
+            self._joined = False
+
+
+class _ResumeChecks(JoinHook):
+    """DDP's join hook, resuming ``model``'s sync checks in its post-hook (the join ended on every rank)."""
+
+    def __init__(self, hook: JoinHook, model: DDP):
+        self.hook, self.model = hook, model
+
+    def main_hook(self) -> None:
+        self.hook.main_hook()
+
+    def post_hook(self, is_last_joiner: bool) -> None:
+        self.hook.post_hook(is_last_joiner)
+        self.model._joined = False
 
 
 def balanced_split(total: int, parts: int) -> list[int]:

@@ -2,7 +2,8 @@
 
 - static_graph: ``CommConfig(static_graph=True)`` with a head unused by design trains (torch's DDP supports it).
 - check_sync_every=1 with uneven ``train=False`` evaluation loaders (in eval mode and under no_grad) and an
-  uneven ``ddpkit.join`` loop completes; a real desync in a training step after them is still caught.
+  uneven ``ddpkit.join`` loop, and one under torch's own ``Join([model])`` (which asks for ``join_hook()``,
+  not ``model.join()``), complete; a real desync in a training step after them is still caught.
 The collective timeout is 30 s, so a hang fails the test fast instead of holding it.
 """
 import json
@@ -11,6 +12,7 @@ import sys
 
 import torch
 from torch import nn
+from torch.distributed.algorithms.join import Join
 from torch.utils.data import TensorDataset
 
 import ddpkit
@@ -62,6 +64,9 @@ results["no_grad_batches"] = evaluate(model, ddpkit.data_loader(five, 1, train=F
 results["train_steps"] = train(model, ddpkit.data_loader(data, 2))
 with ddpkit.join(model):
     results["join_steps"] = train(model, ddpkit.data_loader(five, 1, uneven="join"))
+uneven = [(x[None], y[None]) for x, y in five][state.rank::2]  # 3 batches on rank 0, 2 on rank 1
+with Join([model]):
+    results["torch_join_steps"] = train(model, uneven)
 results["after_join_steps"] = train(model, ddpkit.data_loader(data, 2))
 results["weights"] = [float(p.detach().double().sum()) for p in model.parameters()]
 if state.rank == 1:  # a real desync: the next training step's check must still see it
