@@ -73,12 +73,38 @@ def test_a_rank_with_3_batches_and_one_with_7_stop_together_at_once(results):
     assert uneven["steps"] == [3, 3] and uneven["seconds"] < 5
 
 
+def test_a_rank_reads_one_batch_before_its_first_step_and_at_most_64_mib_ahead(results):
+    """The window of batches held ahead starts at one (the first step waits for one batch, not 16), stays at one
+    while a peer reads slowly (it would wait in the agreement for that peer's whole window), then grows to 16; 8 MiB
+    batches of bytes after two small ones are held to 64 MiB (the window was sized from the first batch's tensors)."""
+    slow, big = results[2, 0]["windows"]["slow"], results[2, 0]["windows"]["bytes"]
+    assert slow[:3] == [0, 0, 0] and max(slow) == 15, slow
+    assert max(big) * 8 <= 64 - 8 and max(big) >= 3, big  # with the batch in hand: at most 64 MiB
+
+
 def test_join_streams_run_only_inside_ddpkit_join(results):
     """Outside ``ddpkit.join`` the rank that runs dry first would leave the other in its last all-reduce."""
     uneven = results[2, 0]["uneven"]
     assert "uneven='join' gives ranks different numbers of batches; run the loop inside `with ddpkit.join(model):`" \
         in uneven["join_outside"]
     assert uneven["join_steps"] == [3, 7]
+
+
+def test_the_window_grows_from_one_batch_within_the_bounds():
+    """A rank's proposal for the next window (the ranks take the MIN): double the last, so the first step waits for
+    one batch, not 16; at most 16 batches, at most 64 MiB of batches the size of the largest just read, and no
+    more than this rank reads in half a second (a peer waits in the agreement while it reads)."""
+    sizes = [1]
+    while len(sizes) < 7:
+        sizes.append(streams.next_window(sizes[-1], read=sizes[-1], waited=0.001, largest=1 << 10))
+    assert sizes == [1, 2, 4, 8, 16, 16, 16]
+    assert streams.next_window(16, read=16, waited=0.0, largest=16 << 20) == 4  # 16 MiB batches: 4 in 64 MiB
+    assert streams.next_window(8, read=8, waited=8.0, largest=100) == 1  # 1 s a batch: one batch per agreement
+    assert streams.next_window(2, read=4, waited=0.5, largest=100) == 4  # 8 batches a second: 4 in half of one
+    import numpy as np
+    sample = {"x": np.zeros(1 << 20, dtype=np.float32), "raw": [b"\0" * (1 << 20)], "text": "a" * (1 << 20),
+              "t": torch.zeros(1 << 20)}
+    assert 10 << 20 <= streams._nbytes(sample) <= (10 << 20) + 4096  # every leaf counted, not only tensors
 
 
 def test_the_fewer_shards_notice_says_what_happens():

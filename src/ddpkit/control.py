@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -138,34 +138,44 @@ def all_ranks(flag: bool) -> bool:
 
 
 class Agreement:
-    """A count every rank agreed on, possibly still in flight: :meth:`result` waits for it."""
+    """Counts every rank agreed on, possibly still in flight: :meth:`result` / :meth:`values` wait for them."""
 
-    def __init__(self, work: Any, tensor: torch.Tensor | None, value: int):
-        self._work, self._tensor, self._value = work, tensor, value
+    def __init__(self, work: Any, tensor: torch.Tensor | None, values: list[int], signs: list[int]):
+        self._work, self._tensor, self._values, self._signs = work, tensor, values, signs
 
-    def result(self) -> int:
+    def values(self) -> list[int]:
         if self._tensor is not None:
             self._work.wait()
-            self._value, self._tensor = int(self._tensor.item()), None
-        return self._value
+            self._values = [s * int(v) for s, v in zip(self._signs, self._tensor.tolist())]
+            self._tensor = None
+        return self._values
+
+    def result(self) -> int:
+        return self.values()[0]
 
 
-def agree(value: int, op: str) -> Agreement:
+def agree(value: int | Sequence[int], op: str | Sequence[str]) -> Agreement:
     """Start agreeing on ``value`` across ranks: its ``"min"`` or ``"max"`` over every rank (a collective).
 
-    The one helper behind :func:`any_rank`, :func:`all_ranks` and the stream loader's "every rank still has
-    a batch" count: the tensor goes on ``state.device`` (an NCCL group takes no CPU tensor), and the
-    all-reduce runs asynchronously until :meth:`Agreement.result` is asked for.
+    The one helper behind :func:`any_rank`, :func:`all_ranks` and the stream loader's count of batches every rank
+    holds: the tensor goes on ``state.device`` (an NCCL group takes no CPU tensor), and the all-reduce runs
+    asynchronously until :meth:`Agreement.result` is asked for. Several values, each with its own op, travel in
+    one all-reduce (a min is the negated max of the negated values); :meth:`Agreement.values` returns them all.
 
-    >>> agree(3, "min").result()      # one process: the value itself
-    3
+    >>> agree(3, "min").result(), agree([3, 5], ["max", "min"]).values()      # one process: the values
+    (3, [3, 5])
     """
+    values = [int(value)] if isinstance(value, int) else [int(v) for v in value]
+    ops = [op] * len(values) if isinstance(op, str) else list(op)
+    if len(ops) != len(values) or not set(ops) <= {"min", "max"}:
+        raise ValueError(f"agree: got values {values} with ops {ops}; expected one op, 'min' or 'max', per value")
+    signs = [1 if o == ops[0] else -1 for o in ops]
     state = runtime.ensure_init()
     if state.world_size == 1:
-        return Agreement(None, None, int(value))
-    tensor = torch.tensor([int(value)], dtype=torch.int64, device=state.device)
-    reduce_op = {"min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op]
-    return Agreement(dist.all_reduce(tensor, op=reduce_op, async_op=True), tensor, int(value))
+        return Agreement(None, None, values, signs)
+    tensor = torch.tensor([s * v for s, v in zip(signs, values)], dtype=torch.int64, device=state.device)
+    reduce_op = {"min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[ops[0]]
+    return Agreement(dist.all_reduce(tensor, op=reduce_op, async_op=True), tensor, values, signs)
 
 
 @contextlib.contextmanager

@@ -40,7 +40,8 @@ from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory
 
 from ddpkit import collectives, control, faults
 
-WINDOW_BATCHES, WINDOW_BYTES = 16, 64 << 20  # batches held ahead to agree on at once: at most 16 and 64 MiB
+# batches held ahead to agree on at once: at most 16, about 64 MiB, and what a rank reads in half a second
+WINDOW_BATCHES, WINDOW_BYTES, WINDOW_SECONDS = 16, 64 << 20, 0.5
 
 
 class _Batch(NamedTuple):
@@ -102,23 +103,71 @@ def _off_cpu(data: Any) -> bool:
     return False
 
 
-def window(batch_bytes: int) -> int:
-    """How many batches a rank holds ahead so the ranks agree once per that many steps, not every step.
+def next_window(size: int, read: int, waited: float, largest: int) -> int:
+    """This rank's proposal for how many batches to hold ahead of the next agreement (the ranks take the MIN, in
+    the agreement itself): twice the last window, so the first step waits for one batch, not 16; at most 16; at
+    most 64 MiB of batches the size of the ``largest`` (bytes) just read; and no more than it reads in half a
+    second, from ``read`` batches that kept it ``waited`` seconds (a peer waits in the agreement while it reads).
 
-    >>> window(64 * 65 * 4), window(64 * 3 * 224 * 224 * 4), window(0)
-    (16, 1, 16)
+    >>> next_window(1, 1, 0.0, 100), next_window(16, 16, 0.0, 100), next_window(8, 8, 0.0, 32 << 20)
+    (2, 16, 2)
     """
-    return max(1, min(WINDOW_BATCHES, WINDOW_BYTES // max(1, batch_bytes)))
+    by_bytes = WINDOW_BYTES // max(1, largest)
+    by_time = int(WINDOW_SECONDS * read / waited) if waited > 0 else WINDOW_BATCHES
+    return max(1, min(2 * size, WINDOW_BATCHES, by_bytes, by_time))
 
 
 def _nbytes(data: Any) -> int:
+    """About how much memory a batch takes: tensors and arrays by their data, other leaves (bytes, str) by
+    ``sys.getsizeof``."""
     if isinstance(data, torch.Tensor):
         return data.element_size() * data.numel()
+    if isinstance(getattr(data, "nbytes", None), int):  # a numpy array
+        return int(data.nbytes)
     if isinstance(data, Mapping):
         return sum(_nbytes(v) for v in data.values())
     if isinstance(data, (list, tuple)):
         return sum(_nbytes(v) for v in data)
-    return 0
+    return sys.getsizeof(data)
+
+
+class _Hand:
+    """The batches a rank holds ahead of its training loop (at most ``size``, and about 64 MiB), and what reading
+    them cost since the last agreement (for :func:`next_window`)."""
+
+    def __init__(self, source: Iterator[_Batch]):
+        self.source, self.ended = source, False
+        self.batches: deque[tuple[_Batch, int]] = deque()
+        self.held = self.read = self.largest = 0
+        self.waited = 0.0
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def fill(self, size: int) -> None:
+        while not self.ended and len(self.batches) < size and (not self.batches or self.held < WINDOW_BYTES):
+            start = time.perf_counter()
+            item = next(self.source, None)
+            self.waited += time.perf_counter() - start
+            if item is None:
+                self.ended = True
+                return
+            nbytes = _nbytes(item.data)
+            self.batches.append((item, nbytes))
+            self.held, self.read, self.largest = self.held + nbytes, self.read + 1, max(self.largest, nbytes)
+
+    def pop(self) -> _Batch | None:
+        if not self.batches:
+            return None
+        item, nbytes = self.batches.popleft()
+        self.held -= nbytes
+        return item
+
+    def proposal(self, size: int) -> int:
+        proposed = next_window(size, self.read, self.waited, self.largest)
+        self.read = self.largest = 0
+        self.waited = 0.0
+        return proposed
 
 
 class _Slots(IterableDataset):
@@ -239,7 +288,7 @@ class StreamLoader(DataLoader):
     ``agree``: ``"drop"`` ends the pass on every rank at the step where the first rank runs dry; ``"empty"``
     lets ranks that ran dry hand out empty batches until every rank has (modes whose forward is collective,
     in evaluation); None: ranks end on their own (evaluation, join). The ranks agree on a count of batches
-    each holds ahead (a window of up to 16, see :func:`window`): one small all-reduce per window, not per step.
+    each holds ahead (a window of 1 growing to 16, see :func:`next_window`): one small all-reduce per window.
     ``join``: ``uneven="join"``, iterated only inside ``ddpkit.join`` (elsewhere the last step would hang).
     """
 
@@ -321,31 +370,23 @@ class StreamLoader(DataLoader):
     def _agreed(self, batches: Iterator[_Batch]) -> Iterator[_Batch | None]:
         """This rank's batches, in rounds of a length every rank agreed on (None: an empty batch, "empty").
 
-        Each rank holds a window of batches ahead, topped up by one per step so the workers never wait, and the
-        ranks agree on the MIN ("drop") or MAX ("empty") of the counts they hold: a rank short of a window has
-        run dry, so the pass ends after that count (MIN), or once every rank holds none (MAX)."""
-        hand: deque[_Batch] = deque()
-        source, ended = iter(batches), False
-
-        def top_up(size: int) -> None:
-            nonlocal ended
-            while not ended and len(hand) < size:
-                item = next(source, None)
-                ended = item is None
-                if item is not None:
-                    hand.append(item)
-
-        top_up(1)
-        size = window(_nbytes(hand[0].data)) if hand and self.agree and self.group_size > 1 else 1
+        Each rank holds a window of batches ahead, topped up after each step so the workers never wait, and the
+        ranks agree on the MIN ("drop") or MAX ("empty") of the counts they hold: a rank holds none only once it
+        has run dry, so the pass ends at a count of 0. The same all-reduce agrees on the next window (the MIN of
+        every rank's :func:`next_window`): it starts at one batch and grows to 16, every rank alike."""
+        if not self.agree or self.group_size == 1:  # nobody to agree with: batches as they are asked for
+            yield from batches
+            return
+        hand, size = _Hand(iter(batches)), 1
+        op = "min" if self.agree == "drop" else "max"
         while True:
-            top_up(size)
-            rounds = control.agree(len(hand), "min" if self.agree == "drop" else "max").result() if self.agree \
-                else len(hand)
+            hand.fill(size)
+            rounds, size = control.agree([len(hand), hand.proposal(size)], [op, "min"]).values()
             if rounds == 0:
                 return
             for _ in range(rounds):
-                yield hand.popleft() if hand else None
-                top_up(size)
+                yield hand.pop()
+                hand.fill(size)
 
 
 def stream_loader(dataset: IterableDataset, batch_size: int, state: Any, *, train: bool, uneven: str,

@@ -8,7 +8,10 @@ Checks, on every rank, then rank 0 writes OUT/streams<N>x<WORKERS>.json for each
 - a sharded stream with 2 shards, fewer than the slots (and, at 3 processes, than the ranks): every rank still
   trains (equal steps, each id at most once) and evaluation still reads every id once;
 - a stream where rank 0 has 3 batches and rank 1 has 7 (2 processes, no workers): done in 3 equal steps; with
-  uneven="join" it refuses to run outside ``ddpkit.join`` and runs 3 and 7 steps inside it.
+  uneven="join" it refuses to run outside ``ddpkit.join`` and runs 3 and 7 steps inside it;
+- how far ahead of the loop a rank reads (no workers, 2 processes): one batch before the first step, also while
+  rank 1 takes 0.6 s a batch, then a window growing to 16; and batches of 8 MiB of bytes after two small ones
+  held to at most 64 MiB.
 """
 import json
 import os
@@ -121,6 +124,40 @@ def uneven_steps():
     return result
 
 
+class Counted(IterableDataset):
+    """One shard per rank, counting the samples this process read; the last rank's first ``slow`` take 0.6 s."""
+
+    read = 0
+
+    def __init__(self, n, make, slow=0):
+        self.n, self.make, self.slow, self.n_shards = n, make, slow, state.world_size
+
+    def shard(self, num_shards, index):
+        for i in range(self.n):
+            if i < self.slow and state.rank == state.world_size - 1:
+                time.sleep(0.6)
+            Counted.read += 1
+            yield self.make(i)
+
+    def __iter__(self):
+        return self.shard(self.n_shards, 0)
+
+
+def read_ahead(stream, steps):
+    """Batches (of one sample) this rank had read beyond the one in hand, at each step."""
+    Counted.read, ahead = 0, []
+    for step, _ in enumerate(ddpkit.data_loader(stream, batch_size=1, shuffle=False, num_workers=0)):
+        ahead.append(Counted.read - (step + 1))
+        if step + 1 == steps:
+            break
+    return ahead
+
+
+def windows():
+    return {"slow": read_ahead(Counted(64, lambda i: torch.tensor([i]), slow=3), 60),
+            "bytes": read_ahead(Counted(24, lambda i: b"\0" * (1 if i < 2 else 8 << 20)), 20)}
+
+
 folder = os.path.join(out, "files")
 os.makedirs(folder, exist_ok=True)
 files = Files(folder, [11, 17, 5, 23, 13, 9, 25])  # 103 ids in 7 files of uneven sizes
@@ -146,6 +183,7 @@ for workers in (0, 1, 2):
     result = streams(workers)
     if state.world_size == 2 and workers == 0:
         result["uneven"] = uneven_steps()
+        result["windows"] = windows()
     if state.is_main:
         with open(os.path.join(out, f"streams{state.world_size}x{workers}.json"), "w") as f:
             json.dump(result, f)
