@@ -298,6 +298,8 @@ def shutdown() -> None:
         _state = None
         if dist.is_available() and dist.is_initialized():
             if not failed and _final_barrier():
+                # this rank's script ended and its hooks ran: what kills it from now on comes after its work.
+                # The launcher forgives a teardown abort only when every rank it lists as failed is marked so
                 faults.mark_finished(dist.get_rank())
             dist.destroy_process_group()
 
@@ -306,30 +308,30 @@ def shutdown() -> None:
 # working (rank 0 writing a last checkpoint) from one blocked in a collective this rank will never join: a
 # `sys.exit(3)` in the loop raises SystemExit, which reaches no excepthook and leaves no sys.last_value, and
 # nothing at atexit says with which code the interpreter is leaving. So the wait is bounded: after it this rank
-# leaves without the barrier, its own exit code tells the launcher the rest, and a peer blocked on it fails at
-# once (its connection closed) instead of at the collective timeout.
+# leaves without the barrier, quietly (a slow final save on rank 0 is the common case), its own exit code tells the
+# launcher the rest, and a peer blocked on it fails at once (its connection closed) instead of at the collective
+# timeout; the launcher's report names the rank that left while its peers waited.
 EXIT_WAIT_S = 5.0
 _AT_EXIT, _LEFT = "ddpkit/at-exit/", "ddpkit/left-early/"
 
 
 def _final_barrier(wait_s: float = EXIT_WAIT_S) -> bool:
-    """Wait for every rank at exit (True when all arrived and passed the barrier). Arrivals go to the group's
-    store first, where they outlive the rank, so a peer that arrives after this rank left finds it there; the
-    collective barrier runs only once everyone is known to be there. A peer that already died is said in one
-    line, not a C++ wall of text (the launcher's summary names the rank that failed first)."""
+    """Wait for every rank at exit; True when this rank's exit is orderly: all arrived and passed the barrier,
+    or some were still at work after ``wait_s`` (or had left so) and this rank leaves without them. False when a
+    peer (or the store's host) was found gone.
+
+    Arrivals go to the group's store first, where they outlive the rank, so a peer that arrives after this rank
+    left finds it there; the collective barrier runs only once everyone is known to be there. A peer that already
+    died is said in one line, not a C++ wall of text (the launcher's summary names the rank that failed first)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
         store = dist.distributed_c10d._get_default_store()
         store.set(f"{_AT_EXIT}{rank}", "1")
-        late = _late_ranks(store, world, wait_s)
-        if late:
+        if _late_ranks(store, world, wait_s):
             store.set(f"{_LEFT}{rank}", "1")
-            print(f"ddpkit: rank {rank} exits without the final barrier: rank(s) {late} did not reach their exit "
-                  f"within {wait_s:g} s (still working, or waiting in a collective this rank never joined)",
-                  file=sys.stderr, flush=True)
-            return False
+            return True
         if any(store.check([f"{_LEFT}{peer}"]) for peer in range(world)):
-            return False  # a peer gave up waiting for this rank and is gone: a barrier would wait for it
+            return True  # a peer gave up waiting for this rank and is gone: a barrier would wait for it
         dist.barrier()
         return True
     except RuntimeError as exc:  # DistBackendError / DistNetworkError: a peer (or the store's host) is gone

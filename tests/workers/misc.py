@@ -19,6 +19,11 @@ if case == "abort_after_shutdown":  # registered before init: atexit runs it aft
     import os
 
     atexit.register(lambda: os.abort() if os.environ.get("RANK") == "1" else None)
+elif case == "slow_final_save_then_abort":  # rank 0 aborts in teardown after a final save longer than the exit wait
+    import atexit
+    import os
+
+    atexit.register(lambda: os.abort() if os.environ.get("RANK") == "0" else None)
 torch.set_num_threads(1)
 state = ddpkit.init(seed=42)
 rank, W = state.rank, state.world_size
@@ -135,6 +140,14 @@ elif case == "compile_option":  # prepare_model(compile=...) and a model compile
             "wrapper": type(before).__name__, "breaks": list(counters["graph_break"])}))
 elif case == "abort_after_shutdown":  # rank 1 aborts in teardown, as gloo's destructor now and then does
     torch.distributed.all_reduce(torch.ones(1))
+elif case == "slow_final_save_then_abort":  # rank 0 alone writes a last checkpoint, longer than the exit wait
+    import time
+
+    from ddpkit import runtime
+
+    torch.distributed.all_reduce(torch.ones(1))
+    if rank == 0:
+        runtime.on_shutdown(lambda: (time.sleep(runtime.EXIT_WAIT_S + 1), print("rank 0 saved", flush=True)))
 elif case == "abort_before_shutdown":  # rank 1 aborts before the final barrier: a real failure
     torch.distributed.all_reduce(torch.ones(1))
     if rank == 1:
