@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
-from ddpkit import contract, environment, launch, runtime, supervise
+from ddpkit import contract, environment, faults, launch, runtime, supervise
 
 _SIGNALS = [getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, name)]
 _launches = itertools.count()
@@ -193,7 +193,7 @@ def _launch(cfg: launch.LaunchConfig, fn: Callable[..., Any], args: tuple, kwarg
                           logs_specs=DefaultLogsSpecs(log_dir=run_dir, redirects=redirects), **numa)
     if numa:
         config.numa_options = None
-    tail = ConsoleTail(run_dir, {0}, 0, cfg.nproc_per_node)
+    tail = ConsoleTail(run_dir, {0}, 0, cfg.nproc_per_node, block_tag=faults.block_tag(report_dir))
     tail.start()
     try:
         with supervise.torch_logs(os.path.join(run_dir, "launcher.log"), verbose=False):
