@@ -213,8 +213,10 @@ def materialize(model: nn.Module, device: torch.device, init_fn: InitFn | None =
     Replays what building the model normally, then ``model.apply(init_fn)``, would draw: first every
     module's ``reset_parameters`` (construction), then ``init_fn`` on each module. Each module in turn is
     built whole on a throwaway copy (its own tensors only, never the whole model), initialised, and this
-    rank's slice copied into its shard; ``init_fn`` may leave a module's tensors alone (they keep their
-    ``reset_parameters`` values).
+    rank's slice copied into its shard. ``init_fn`` sees the values ``reset_parameters`` gave (it may scale
+    them in place, as GPT-2's residual scaling does; in fsdp they are gathered, one module at a time), or
+    leave a module's tensors alone. A tensor nothing wrote is an error, whether or not its module has
+    ``reset_parameters``.
     """
     modules, done = _post_order(model), set[int]()
     before = list(model.parameters())
@@ -224,16 +226,16 @@ def materialize(model: nn.Module, device: torch.device, init_fn: InitFn | None =
     _watch_optimizers([p for p in before if id(p) not in {id(q) for q in model.parameters()}])
     for module in modules:
         if hasattr(module, "reset_parameters"):
-            _init_module(module, _reset, done, only_touched=False, skip=borrowed.get(id(module), {}))
+            _init_module(module, _reset, done, skip=borrowed.get(id(module), {}))
     if init_fn is not None:  # model.apply(init_fn) writes a tied tensor in place: the last module's values win
         for module in modules:
-            _init_module(module, init_fn, done, only_touched=True)
+            _init_module(module, init_fn, done)
     missing = [n for n, t in [*model.named_parameters(), *model.named_buffers()]
                if id(t) not in done and t.numel()]
     if missing:
-        raise ValueError(f"no initialisation for {missing[:5]} after init_empty(): their modules have no "
-                         "reset_parameters; pass prepare_model(model, init_fn=fn) with fn(module) initialising "
-                         "the tensors a module owns")
+        raise ValueError(f"no initialisation for {missing[:5]} after init_empty(): neither their modules' "
+                         "reset_parameters nor an init_fn wrote them; pass prepare_model(model, init_fn=fn) with "
+                         "fn(module) initialising the tensors a module owns")
 
 
 def _borrowed(modules: list[nn.Module]) -> dict[int, dict[str, tuple[nn.Module, str]]]:
@@ -269,28 +271,48 @@ def _reset(module: nn.Module) -> None:
     module.reset_parameters()  # type: ignore[operator]
 
 
-def _init_module(module: nn.Module, init: InitFn, done: set[int], only_touched: bool,
-                 skip: Mapping[str, Any] | None = None) -> None:
-    """Run ``init`` on a full-size scratch copy of ``module``'s own tensors; copy this rank's slices back,
-    except ``skip``'s (tied weights another module created: the draws happen, as in a normal build, and go)."""
+def _init_module(module: nn.Module, init: InitFn, done: set[int], skip: Mapping[str, Any] | None = None) -> None:
+    """Run ``init`` on a full-size scratch copy of ``module``'s own tensors, each holding its value so far
+    (a sentinel if nothing wrote it yet); copy this rank's slices of the written ones back, except ``skip``'s
+    (tied weights another module created: the draws happen, as in a normal build, and go)."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     own = {**dict(module.named_parameters(recurse=False)), **dict(module.named_buffers(recurse=False))}
     if not own:
         return
-    scratch = _scratch_copy(module)
+    # the same tensors on every rank are in `done` (the same draws everywhere): the gathers of fsdp line up
+    scratch = _scratch_copy(module, {name: _whole(t) for name, t in own.items() if id(t) in done})
     filled = {name: (getattr(scratch, name), getattr(scratch, name)._version) for name in own}
     init(scratch)
     with torch.no_grad():
         for name, target in own.items():
             full = getattr(scratch, name)
-            if (only_touched and _untouched(full, *filled[name])) or name in (skip or {}):
+            if name in (skip or {}) or (id(target) not in done and _untouched(full, *filled[name])):
                 continue
+            if id(target) not in done and _holds_sentinel(full):  # never a sentinel into a real tensor
+                what = "reset_parameters" if init is _reset else "init_fn"
+                raise ValueError(f"{type(module).__name__}.{name}: {what} changed part of it, or changed it in "
+                                 "place, before anything had set it (after init_empty() a tensor holds no value "
+                                 "until reset_parameters or init_fn writes all of it); write every element in "
+                                 "init_fn (nn.init.*, copy_, fill_)")
             full = full.to(target.device)
             if isinstance(target, DTensor):  # this rank's slice of the full tensor, no communication
                 full = distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=None)
             target.copy_(full)
             done.add(id(target))
+
+
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of the whole of ``tensor`` (a DTensor's shards gathered: collective)."""
+    from torch.distributed.tensor import DTensor
+
+    whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+    return whole.detach().to("cpu", copy=True)
+
+
+def _holds_sentinel(tensor: torch.Tensor) -> bool:
+    """Some element still NaN (a float fill nothing replaced; an integer minimum or False may be a value)."""
+    return (tensor.dtype.is_floating_point or tensor.dtype.is_complex) and bool(torch.isnan(tensor).any())
 
 
 def _sentinel(dtype: torch.dtype) -> float | int | bool:
@@ -318,9 +340,10 @@ def _untouched(tensor: torch.Tensor, scratch: torch.Tensor, version: int) -> boo
     return tensor.dtype == torch.bool or bool((tensor == _sentinel(tensor.dtype)).all())
 
 
-def _scratch_copy(module: nn.Module) -> nn.Module:
+def _scratch_copy(module: nn.Module, start: Mapping[str, torch.Tensor]) -> nn.Module:
     """A shallow copy of ``module`` with full-size, unsharded tensors of its own (children shared, unused),
-    on the CPU: a model built normally is initialised there, with the CPU generator, before it moves.
+    on the CPU: a model built normally is initialised there, with the CPU generator, before it moves. Each
+    holds ``start``'s value, or the sentinel of its dtype.
 
     Built from the module's own class, not FSDP2's subclass of it (whose ``__new__`` re-runs ``__init__``).
     """
@@ -331,9 +354,13 @@ def _scratch_copy(module: nn.Module) -> nn.Module:
         cls = next(base for base in cls.__bases__ if base is not FSDPModule)
     scratch = object.__new__(cls)
     scratch.__dict__.update(module.__dict__)
-    scratch._parameters = {n: None if p is None else nn.Parameter(_filled(p), requires_grad=p.requires_grad)
+
+    def fresh(name: str, like: torch.Tensor) -> torch.Tensor:
+        return start[name] if name in start else _filled(like)
+
+    scratch._parameters = {n: None if p is None else nn.Parameter(fresh(n, p), requires_grad=p.requires_grad)
                            for n, p in module._parameters.items()}
-    scratch._buffers = {n: None if b is None else _filled(b) for n, b in module._buffers.items()}
+    scratch._buffers = {n: None if b is None else fresh(n, b) for n, b in module._buffers.items()}
     return scratch
 
 

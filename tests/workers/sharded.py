@@ -49,6 +49,21 @@ def init_weights(module):  # nanoGPT's style: model.apply(init_fn)
         nn.init.uniform_(module.scale, 0.5, 1.5)
 
 
+class MaskedLinear(nn.Linear):
+    """A module with reset_parameters, which does not touch its bool mask: only init_fn can fill it."""
+
+    def __init__(self):
+        super().__init__(4, 4)
+        self.register_buffer("mask", torch.tril(torch.ones(4, 4, dtype=torch.bool)))
+
+
+def scale_residuals(module):  # GPT-2's residual scaling: what reset_parameters drew, changed in place
+    if isinstance(module, nn.Linear):
+        with torch.no_grad():
+            module.weight.mul_(0.5)
+            module.bias.clamp_(-0.1, 0.1)
+
+
 def mlp():
     return nn.Sequential(nn.Linear(5, 9), nn.BatchNorm1d(9), nn.ReLU(), nn.Linear(9, 3))
 
@@ -73,7 +88,8 @@ def built_empty(build, init_fn=None, shard=None):
 results = {"empty": {}}
 for name, build, init_fn, shard in [("mlp", mlp, None, [nn.Linear]), ("mlp_root", mlp, None, None),
                                     ("scaled", Scaled, init_weights, [nn.Linear]),
-                                    ("causal_mask", Causal, init_weights, [nn.Linear])]:
+                                    ("causal_mask", Causal, init_weights, [nn.Linear]),
+                                    ("scaled_in_place", mlp, scale_residuals, [nn.Linear])]:
     _, full = built_empty(build, init_fn, shard)
     results["empty"][name] = (built_normally(build, init_fn), full)
 
@@ -82,6 +98,11 @@ try:  # a meta module with a parameter of its own and no reset_parameters
     results["no_init"] = None
 except ValueError as exc:
     results["no_init"] = str(exc)
+try:  # a buffer its module's reset_parameters does not write
+    built_empty(MaskedLinear)
+    results["reset_misses"] = None
+except ValueError as exc:
+    results["reset_misses"] = str(exc)
 
 early = mlp()
 early_opt = torch.optim.SGD(early.parameters(), lr=0.1)
