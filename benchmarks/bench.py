@@ -258,7 +258,7 @@ def compiled(reps):
 
 def streaming(reps):
     """A stream through ddpkit.data_loader against the same samples as a map-style dataset (same loop, loading
-    timed): the stream's cost is the round-robin split, the shuffle buffer and one all-reduce per step."""
+    timed): the stream's cost is the round-robin split, the shuffle buffer and one all-reduce per window."""
     runs = interleave(reps, {"map": lambda: torchrun("map", worker="stream_worker.py"),
                              "stream": lambda: torchrun("stream", worker="stream_worker.py")})
     return {**paired("stream_throughput_ratio_vs_map", runs["stream"], runs["map"], "samples_per_s"),

@@ -1,7 +1,7 @@
 """One loader-throughput run: the same samples as a map-style dataset or as a stream, through ddpkit.data_loader.
 
 ``torchrun --standalone --nproc-per-node 2 stream_worker.py --impl map|stream``: each rank trains a small
-linear model for one epoch (loading included in the time: the stream's per-step agreement is part of it);
+linear model for one epoch (loading included in the time: the stream's agreement per window is part of it);
 rank 0 prints BENCH {"impl", "samples_per_s"} (global samples over the slowest rank's wall time).
 """
 import argparse

@@ -101,6 +101,7 @@ def test_the_window_grows_from_one_batch_within_the_bounds():
     assert streams.next_window(16, read=16, waited=0.0, largest=16 << 20) == 4  # 16 MiB batches: 4 in 64 MiB
     assert streams.next_window(8, read=8, waited=8.0, largest=100) == 1  # 1 s a batch: one batch per agreement
     assert streams.next_window(2, read=4, waited=0.5, largest=100) == 4  # 8 batches a second: 4 in half of one
+    assert streams.next_window(4, read=0, waited=0.1, largest=0) == 8  # a rank that ran dry holds nobody back
     import numpy as np
     sample = {"x": np.zeros(1 << 20, dtype=np.float32), "raw": [b"\0" * (1 << 20)], "text": "a" * (1 << 20),
               "t": torch.zeros(1 << 20)}

@@ -113,7 +113,7 @@ def next_window(size: int, read: int, waited: float, largest: int) -> int:
     (2, 16, 2)
     """
     by_bytes = WINDOW_BYTES // max(1, largest)
-    by_time = int(WINDOW_SECONDS * read / waited) if waited > 0 else WINDOW_BATCHES
+    by_time = int(WINDOW_SECONDS * read / waited) if read and waited > 0 else WINDOW_BATCHES  # none: ran dry
     return max(1, min(2 * size, WINDOW_BATCHES, by_bytes, by_time))
 
 
