@@ -27,7 +27,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from ddpkit import faults, runtime, strategy
-from ddpkit.loader_settings import cores_bound, cores_per_process, loader_defaults
+from ddpkit.environment import usable_cores
+from ddpkit.loader_settings import cores_per_process, loader_defaults
 from ddpkit.options import Uneven, check
 from ddpkit.samplers import EpochSampler, SamplerShard, ShardSampler, epoch_number, too_few, user_sampler
 
@@ -261,7 +262,7 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     sampler = ShardSampler(len(dataset), state.rank, state.world_size, shuffle, seed, sampler_uneven,
                            multiple=tools.drop_multiple) if own is None else \
         SamplerShard(own, state.rank, state.world_size, seed, sampler_uneven, multiple=tools.drop_multiple)
-    cores = cores_per_process(cores_bound(), os.cpu_count() or 1, state.local_world_size)
+    cores = cores_per_process(usable_cores(), os.cpu_count() or 1, state.local_world_size)
     loader_kwargs = {**loader_defaults(dataset, state.device.type, cores, loader_kwargs.get("num_workers")),
                      **loader_kwargs}
     # Worker seeds derive from this generator: distinct per rank, identical across reruns.

@@ -22,7 +22,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Literal, get_args
 
 # What started the process; ProcessEnv refuses anything else, so a new launcher cannot slip through unnoticed.
@@ -364,3 +364,15 @@ def cuda_driver_loaded(maps: str | None = None) -> bool:
         except OSError:
             return False
     return re.search(r"/libcuda\.so(\.|$)", maps, re.MULTILINE) is not None
+
+
+def usable_cores(mask: Collection[int] | None = None, cpu_count: int | None = None) -> int:
+    """The cores this process may run on: its affinity mask (Slurm ``--cpus-per-task``, ``taskset``, a cgroup
+    cpuset), not the machine's count; ``mask`` / ``cpu_count`` default to this process's.
+
+    >>> usable_cores({0}, 2), usable_cores({0, 1, 2, 3}, 64)
+    (1, 4)
+    """
+    if mask is None and hasattr(os, "sched_getaffinity"):
+        mask = os.sched_getaffinity(0)
+    return len(mask) if mask else max(1, cpu_count or os.cpu_count() or 1)

@@ -23,11 +23,11 @@ import dataclasses
 import os
 import socket
 import sys
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from ddpkit import contract, strategy
 from ddpkit.cli import OneLineParser, UsageError, usage_error
-from ddpkit.environment import visible_gpus
+from ddpkit.environment import usable_cores, visible_gpus
 from ddpkit.logs import parse_ranks
 from ddpkit.options import Device, choices
 
@@ -268,18 +268,6 @@ def _seconds(value: str, name: str) -> float:
     if seconds <= 0:
         raise LaunchError(f"{name} must be > 0, got {seconds}")
     return seconds
-
-
-def usable_cores(mask: Collection[int] | None = None, cpu_count: int | None = None) -> int:
-    """The cores this process may run on: its affinity mask (Slurm ``--cpus-per-task``, ``taskset``, a cgroup
-    cpuset), not the machine's count; ``mask`` / ``cpu_count`` default to this process's.
-
-    >>> usable_cores({0}, 2), usable_cores({0, 1, 2, 3}, 64)
-    (1, 4)
-    """
-    if mask is None and hasattr(os, "sched_getaffinity"):
-        mask = os.sched_getaffinity(0)
-    return len(mask) if mask else max(1, cpu_count or os.cpu_count() or 1)
 
 
 def torchrun_argv(cfg: LaunchConfig, log_dir: str | None = None) -> list[str]:

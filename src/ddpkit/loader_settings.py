@@ -3,21 +3,15 @@ for samples in CPU memory on CUDA. :func:`ddpkit.data_loader` applies them unles
 
 Example::
 
-    loader_defaults(train_set, "cuda", cores_per_process(cores_bound(), os.cpu_count() or 1, 8))
+    loader_defaults(train_set, "cuda", cores_per_process(usable_cores(), os.cpu_count() or 1, 8))
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch  # noqa: F401  (the docstring examples use it)
 from torch.utils.data import Dataset, Subset, TensorDataset
-
-
-def cores_bound() -> int | None:
-    """How many cores this process may run on (its affinity mask; None where the OS does not say)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
 
 
 def cores_per_process(affinity: int | None, cpu_count: int, local_processes: int) -> int:

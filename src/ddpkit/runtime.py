@@ -315,6 +315,12 @@ EXIT_WAIT_S = 5.0
 _AT_EXIT, _LEFT = "ddpkit/at-exit/", "ddpkit/left-early/"
 
 
+def _exit_key(kind: str, rank: int) -> str:
+    """A store key of this attempt: a restarted group may meet the same store, where the keys of the attempt
+    before (a rank that left early) must not count."""
+    return f"{kind}{contract.RESTART_COUNT.number(os.environ) or 0}/{rank}"
+
+
 def _final_barrier(wait_s: float = EXIT_WAIT_S) -> bool:
     """Wait for every rank at exit; True when this rank's exit is orderly: all arrived and passed the barrier,
     or some were still at work after ``wait_s`` (or had left so) and this rank leaves without them. False when a
@@ -326,11 +332,11 @@ def _final_barrier(wait_s: float = EXIT_WAIT_S) -> bool:
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
         store = dist.distributed_c10d._get_default_store()
-        store.set(f"{_AT_EXIT}{rank}", "1")
+        store.set(_exit_key(_AT_EXIT, rank), "1")
         if _late_ranks(store, world, wait_s):
-            store.set(f"{_LEFT}{rank}", "1")
+            store.set(_exit_key(_LEFT, rank), "1")
             return True
-        if any(store.check([f"{_LEFT}{peer}"]) for peer in range(world)):
+        if any(store.check([_exit_key(_LEFT, peer)]) for peer in range(world)):
             return True  # a peer gave up waiting for this rank and is gone: a barrier would wait for it
         dist.barrier()
         return True
@@ -343,7 +349,7 @@ def _final_barrier(wait_s: float = EXIT_WAIT_S) -> bool:
 
 def _late_ranks(store: dist.Store, world: int, wait_s: float) -> list[int]:
     """The ranks that have not reached their exit after ``wait_s`` (none: every rank is there)."""
-    keys = [f"{_AT_EXIT}{peer}" for peer in range(world)]
+    keys = [_exit_key(_AT_EXIT, peer) for peer in range(world)]
     try:
         store.wait(keys, datetime.timedelta(seconds=wait_s))
         return []

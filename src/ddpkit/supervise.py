@@ -29,7 +29,8 @@ from collections.abc import Iterator
 
 from ddpkit import contract, faults
 from ddpkit.cli import USAGE_ERROR
-from ddpkit.launch import PROG, LaunchConfig, torchrun_argv, usable_cores, worker_env
+from ddpkit.environment import usable_cores
+from ddpkit.launch import PROG, LaunchConfig, torchrun_argv, worker_env
 from ddpkit.logs import ConsoleTail, parse_ranks
 from ddpkit.preflight import check_nodes
 
