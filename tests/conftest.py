@@ -55,6 +55,16 @@ def launch(script, *args, nproc=2, launcher_args=(), **kwargs):
     return run_cmd(cmd, **kwargs)
 
 
+def alive(pid):
+    """The process exists and is not a zombie (its state is the field after the parenthesised command name,
+    which may itself hold spaces or parentheses)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def ok(result):
     assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     return result

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from conftest import SCRATCH, WORKERS, launch, ok
+from conftest import SCRATCH, WORKERS, alive, launch, ok
 
 RESUME = WORKERS / "resume.py"
 
@@ -100,8 +100,7 @@ def test_signal_to_launcher_stops_every_worker(tmp_path, sig, code):
     finally:
         os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
     assert proc.returncode == code, err[-2000:]
-    alive = [p for p in pids if os.path.exists(f"/proc/{p}") and "Z" not in open(f"/proc/{p}/stat").read().split()[2]]
-    assert alive == []
+    assert [p for p in pids if alive(p)] == []
 
 
 @pytest.mark.parametrize("case, message", [

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import SCRATCH, WORKERS
+from conftest import SCRATCH, WORKERS, alive
 from ddpkit.faults import children
 
 PLAIN = WORKERS / "plain.py"
@@ -29,14 +29,6 @@ def _wait_for(path, proc, limit_s=60):
     return int(path.read_text())
 
 
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _finish(proc, limit_s=30):
     try:
         return proc.communicate(timeout=limit_s)
@@ -53,9 +45,9 @@ def test_sigterm_to_a_one_process_launcher_stops_its_child(tmp_path):
     _, err = _finish(proc)
     assert proc.returncode == 143 and "stopped by signal SIGTERM" in err, err
     deadline = time.monotonic() + 10
-    while _alive(child) and time.monotonic() < deadline:
+    while alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(child)  # it used to go on as an orphan
+    assert not alive(child)  # it used to go on as an orphan
 
 
 def _pid_namespaces() -> bool:
@@ -77,7 +69,7 @@ def test_the_launcher_as_pid_1_of_its_namespace_acts_on_sigterm(tmp_path):
     os.kill(launcher, signal.SIGTERM)
     _, err = _finish(proc)
     assert "stopped by signal SIGTERM" in err, err
-    assert not _alive(launcher) and not _alive(child)
+    assert not alive(launcher) and not alive(child)
 
 
 @pytest.mark.skipif(not shutil.which("taskset") or len(os.sched_getaffinity(0)) < 2, reason="needs taskset, 2 cores")

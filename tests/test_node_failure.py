@@ -9,7 +9,7 @@ import time
 import pytest
 from test_multinode import free_port
 
-from conftest import SCRATCH, WORKERS
+from conftest import SCRATCH, WORKERS, alive
 from ddpkit.faults import children
 
 RESUME = WORKERS / "resume.py"
@@ -44,17 +44,8 @@ def kill_launcher(proc):
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate()
     time.sleep(1)
-    alive = [w for w in workers if _running(w)]
-    assert not alive, f"workers {alive} outlived their killed launcher"
-
-
-def _running(pid):
-    """Alive and not a zombie (state is the field after the parenthesised command name)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    survivors = [w for w in workers if alive(w)]
+    assert not survivors, f"workers {survivors} outlived their killed launcher"
 
 
 def finish(proc, timeout):

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, SCRATCH
+from conftest import ROOT, SCRATCH, alive
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -55,18 +55,10 @@ def test_a_kernel_survives_an_interrupt_and_launches_ten_times():
         assert len(workers) == 2
         run_sync(client.km.interrupt_kernel)()  # what the notebook's stop button sends (to the process group)
         stopped = time.time()
-        while time.time() < stopped + 10 and any(_alive(pid) for pid in workers):
+        while time.time() < stopped + 10 and any(alive(pid) for pid in workers):
             time.sleep(0.1)
-        assert not any(_alive(pid) for pid in workers), "a worker outlived the interrupt"
+        assert not any(alive(pid) for pid in workers), "a worker outlived the interrupt"
         assert time.time() - stopped < 5
         shown = run("print('after', [ddpkit.spawn(work, 0.0, nproc_per_node=2) for _ in range(10)],"
                     " threading.active_count())")
         assert "after [2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0]" in shown, shown
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"  # a zombie has exited
-    except FileNotFoundError:
-        return False
