@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ddpkit import rngstate
 from ddpkit.wrappers import FSDP, sync_batchnorms
 
 DEFAULT_MIN_PARAMS = 1_000_000
@@ -121,8 +122,6 @@ def _rank0_generator(state: Any) -> Iterator[None]:
     ``init_fn`` draws from. Rank 0 keeps the advanced states, as one process would; the other ranks get their
     own streams (seed + rank) back."""
     import torch.distributed as dist
-
-    from ddpkit import rngstate
 
     own = rngstate.host()
     shared = {}
