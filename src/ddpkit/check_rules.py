@@ -2,7 +2,13 @@
 
 >>> sorted(RULES) == sorted(SEVERITY), SEVERITY["DDP008"], RULES["DDP011"][0]
 (True, 'error', 'nn.DataParallel')
+>>> finding("DDP011", 7).severity
+'advice'
 """
+
+from __future__ import annotations
+
+import dataclasses
 
 COLLECTIVES = {"all_reduce", "barrier", "broadcast", "all_gather", "reduce", "gather", "scatter",
                "all_gather_object", "broadcast_object_list", "reduce_scatter", "all_to_all", "monitored_barrier",
@@ -76,3 +82,18 @@ SEVERITY = {"DDP001": "warning", "DDP002": "error", "DDP003": "error", "DDP004":
             "DDP011": "advice", "DDP012": "error", "DDP013": "error", "DDP014": "error", "DDP015": "error",
             "DDP016": "error", "DDP017": "warning", "DDP018": "error",
             "DDP019": "error"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    line: int
+    rule: str
+    severity: str  # error: hang, crash or wrong result; warning: wrong beyond one node, or wasteful; advice
+    message: str
+    why: str
+    fix: str
+
+
+def finding(rule: str, line: int) -> Finding:
+    message, why, fix = RULES[rule]
+    return Finding(line, rule, SEVERITY[rule], message, why, fix)

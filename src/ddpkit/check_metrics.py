@@ -1,0 +1,145 @@
+"""``ddpkit check``'s evaluation rules: metrics printed or computed per rank, evaluation data a sampler pads
+or cuts short.
+
+DDP017: ``print(... loss ...)`` on every rank. DDP018: a count summed on this rank's shard divided by the
+whole dataset's size (``100. * correct / len(test_loader.dataset)``, ``test_loss /= len(loader.dataset)``)
+and never reduced. DDP003 / DDP019: an evaluation ``DistributedSampler`` that pads, or drops a tail that no
+``Subset`` evaluates.
+
+>>> src = "correct = 0\\nfor x in loader:\\n    correct += x.sum().item()\\nacc = correct / len(loader.dataset)"
+>>> sorted(atoms(ast.parse(src).body[-1].value.left)), sorted(counted(ast.parse(src)))
+(['correct'], ['correct'])
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from ddpkit.check_ast import Visitor, eval_data, kw, last, name
+from ddpkit.check_rules import RANK_WORDS, Finding, finding
+
+REDUCTIONS = {"all_reduce", "reduce", "all_gather", "gather", "all_gather_object", "gather_object", "reduce_scatter"}
+COUNTING = {"sum", "item", "count_nonzero", "numel", "size"}  # calls whose result, assigned, is a local count
+
+
+def atoms(node: ast.AST) -> set[str]:
+    """The variables an expression reads, dotted (``self.sum``), without the functions it calls:
+    ``100. * correct.item() / float(n)`` -> {'correct', 'n'}."""
+    found: set[str] = set()
+
+    def walk(node: ast.AST) -> None:
+        if isinstance(node, ast.Call):
+            if isinstance(node.func, ast.Attribute):  # correct.item(): the variable is correct
+                walk(node.func.value)
+            for child in (*node.args, *(k.value for k in node.keywords)):
+                walk(child)
+        elif isinstance(node, (ast.Name, ast.Attribute)) and name(node):
+            found.add(name(node))
+        else:
+            for sub in ast.iter_child_nodes(node):
+                walk(sub)
+
+    walk(node)
+    return found
+
+
+def _targets(node: ast.Assign | ast.AugAssign | ast.AnnAssign) -> set[str]:
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    return {name(t) for target in targets for t in ast.walk(target) if isinstance(t, (ast.Name, ast.Attribute))
+            and name(t)}
+
+
+def counted(tree: ast.AST) -> set[str]:
+    """Variables that hold a count or sum made on this rank: ``correct += ...``, ``n = mask.sum()``."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add):
+            found |= _targets(node)
+        elif isinstance(node, ast.Assign) and any(isinstance(c, ast.Call) and last(c) in COUNTING
+                                                  for c in ast.walk(node.value)):
+            found |= _targets(node)
+    return found
+
+
+def reduced(tree: ast.AST) -> set[str]:
+    """Variables that went through a reduction, or hold a value computed from one: ``dist.all_reduce(t);
+    correct, total = t.tolist()`` reduces ``t``, ``correct`` and ``total``; ``n = ddpkit.reduce(n)`` reduces ``n``."""
+    def is_reduction(node: ast.AST) -> bool:
+        return isinstance(node, ast.Call) and last(node) in REDUCTIONS
+
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and is_reduction(n)]
+    found = {atom for call in calls for arg in call.args for atom in atoms(arg)}
+    assigns = [(n, n.value) for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value]
+    while True:
+        more = {target for node, value in assigns for target in _targets(node)
+                if any(is_reduction(c) for c in ast.walk(value)) or atoms(value) & found}
+        if more <= found:
+            return found
+        found |= more
+
+
+def _whole_dataset(size: ast.expr, v: Visitor) -> bool:
+    """``len(test_loader.dataset)``, ``len(test_set)``: the size of every rank's data together. Not when the
+    loader is a plain DataLoader without a sampler: each rank then evaluates everything itself."""
+    if not (isinstance(size, ast.Call) and name(size.func) == "len" and size.args):
+        return False
+    data = size.args[0]
+    if not any(w in ast.unparse(data).lower() for w in ("dataset", "_set", "data")):
+        return False
+    if isinstance(data, ast.Attribute) and data.attr == "dataset" and isinstance(data.value, ast.Name):
+        loader = v.assigned.get(data.value.id)
+        if isinstance(loader, ast.Call) and last(loader) == "DataLoader" and kw(loader, "sampler") is None \
+                and kw(loader, "batch_sampler") is None:
+            return False
+    return True
+
+
+def metric_findings(tree: ast.AST, v: Visitor, rank0_print: bool) -> Iterator[Finding]:
+    """DDP017 and DDP018 (see the module docstring). ``rank0_print``: ``print`` is ddpkit's (imported from it)."""
+    for call, ranked in v.calls:
+        text = " ".join(ast.unparse(arg) for arg in call.args)
+        # a line that names its rank ("[GPU{gpu_id}] ... loss") is per-rank output on purpose
+        if not ranked and not rank0_print and name(call.func) == "print" \
+                and ("loss" in text.lower() or ".item()" in text) and not any(w in text.lower() for w in RANK_WORDS):
+            yield finding("DDP017", call.lineno)
+    counts, done = counted(tree), reduced(tree)
+    for node in v.divisions:
+        top, size = (node.left, node.right) if isinstance(node, ast.BinOp) else (node.target, node.value)
+        parts = atoms(top)
+        if parts & counts and not parts & done and _whole_dataset(size, v):
+            yield finding("DDP018", node.lineno)
+
+
+def _remainder_evaluated(dataset: str, v: Visitor) -> bool:
+    """A ``Subset`` of this dataset somewhere in the file: of it by name, or of ``loader.dataset`` where
+    ``loader`` is a DataLoader over it (torch's ImageNet example: ``Subset(val_loader.dataset, range(...))``
+    in ``validate(val_loader, ...)``, whose argument is the loader built in ``main_worker``)."""
+    for call, _ in v.calls:
+        if last(call) != "Subset" or not call.args:
+            continue
+        of = call.args[0]
+        if ast.unparse(of) == dataset:
+            return True
+        if isinstance(of, ast.Attribute) and of.attr == "dataset" and isinstance(of.value, ast.Name):
+            loader = v.assigned.get(of.value.id)
+            source = (loader.args[0] if loader.args else kw(loader, "dataset")) \
+                if isinstance(loader, ast.Call) and last(loader) == "DataLoader" else None
+            if source is not None and ast.unparse(source) == dataset:
+                return True
+    return False
+
+
+def eval_sampler(call: ast.Call, v: Visitor) -> Iterator[Finding]:
+    """An evaluation DistributedSampler (``DistributedSampler(val_set)``, ``(dataset=test_set)``): it pads
+    (DDP003), or with drop_last=True it drops the tail, which is fine when the file evaluates the remainder
+    through a Subset of the same dataset (torch's ImageNet example's aux_val_loader), and a skipped tail
+    otherwise (DDP019)."""
+    data = call.args[0] if call.args else kw(call, "dataset")
+    if data is None or not eval_data(data):
+        return
+    drop = kw(call, "drop_last")
+    if not (isinstance(drop, ast.Constant) and drop.value is True):
+        yield finding("DDP003", call.lineno)
+    elif not _remainder_evaluated(ast.unparse(data), v):
+        yield finding("DDP019", call.lineno)
