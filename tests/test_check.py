@@ -1,6 +1,8 @@
 """`ddpkit check`: the planted mistakes in the corpus at the right lines, nothing in ddpkit's examples."""
 import json
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -75,3 +77,29 @@ def test_severities_and_strict(tmp_path):
     assert r.returncode == 1
     assert {(f["rule"], f["severity"]) for f in json.loads(r.stdout)["findings"]} == {("DDP017", "warning"),
                                                                                       ("DDP018", "error")}
+
+
+def test_a_file_that_cannot_be_parsed_is_one_notice_and_every_other_file_still_reports(tmp_path):
+    """Issue 26: one Python 2 file, or a latin-1 file read as UTF-8, aborted the run and dropped every other
+    file's findings; the summary line was glued to the findings (and came first through a pipe)."""
+    (tmp_path / "py2.py").write_text('import torch.distributed\nprint "hello"\n')
+    header = "# -*- coding: latin-1 -*-\nimport torch\nname = 'caf\xe9'\n" \
+        "m = torch.nn.DataParallel(torch.nn.Linear(2, 2))\n"
+    (tmp_path / "latin1_header.py").write_bytes(header.encode("latin-1"))  # valid Python: analysed
+    (tmp_path / "latin1_bare.py").write_bytes("import torch\n\nname = 'caf\xe9'\n".encode("latin-1"))  # not UTF-8
+    (tmp_path / "wrong.py").write_text("import ddpkit\nimport torch\nddpkit.init()\ntorch.save({}, 'a.pt')\n")
+    cmd = [sys.executable, "-m", "ddpkit", "check", str(tmp_path)]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # as from a shell: stdout buffered
+    merged = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=60)
+    lines = merged.stdout.splitlines()
+    assert merged.returncode == 2, merged.stdout  # a file was not analysed: bad input, whatever else was found
+    assert [line.split(" ")[1] for line in lines[:-2]] == [f"{tmp_path}/{name}" for name in
+                                                          ("latin1_bare.py:3", "latin1_header.py:4", "py2.py:2",
+                                                           "wrong.py:4")]
+    assert "DDP011" in lines[1] and "DDP007" in lines[3] and all("not analysed" in lines[i] for i in (0, 2))
+    assert lines[-2] == "" and lines[-1] == "1 warning(s), 1 advice(s) in 4 file(s); 2 file(s) not analysed"
+    r = run_cmd([*cmd[:4], "--json", str(tmp_path)], timeout=60)
+    report = json.loads(r.stdout)
+    assert r.returncode == 2 and [f["rule"] for f in report["findings"]] == ["DDP011", "DDP007"]
+    assert [(Path(n["path"]).name, n["line"]) for n in report["not_analysed"]] == [("latin1_bare.py", 3),
+                                                                                  ("py2.py", 2)]

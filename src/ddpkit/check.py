@@ -18,16 +18,18 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import io
 import json
 import os
 import sys
+import tokenize
 from collections.abc import Iterator, Sequence
 
 from ddpkit.check_ast import Visitor, kw, last, memory_buffers, name, uses_ddpkit
 from ddpkit.check_metrics import eval_sampler, metric_findings
 from ddpkit.check_rules import BATCHNORMS, COLLECTIVES, OPTIMIZERS, RANK_WORDS, RULES, SEVERITY, SHARDING, Finding
 from ddpkit.check_rules import finding as _finding
-from ddpkit.cli import SCRIPT_FAILED, OneLineParser, UsageError, usage_error
+from ddpkit.cli import SCRIPT_FAILED, USAGE_ERROR, OneLineParser, UsageError, usage_error
 
 PROG = "ddpkit check"
 __all__ = ["RULES", "SEVERITY", "Finding", "analyze", "main", "memory_buffers", "scripts"]
@@ -187,29 +189,88 @@ def build_parser() -> OneLineParser:
     return p
 
 
+def read_source(path: str) -> str:
+    """A script's text as Python reads it: UTF-8, unless a ``# -*- coding: latin-1 -*-`` line (PEP 263) or a BOM
+    says otherwise. Raises UnparsedFile with the line where it went wrong."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        return data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        raise UnparsedFile(data[:exc.start].count(b"\n") + 1,
+                           f"byte 0x{data[exc.start]:02x} is not {encoding} and no coding line names another "
+                           "encoding") from None
+    except SyntaxError as exc:  # an unknown encoding on the coding line
+        raise UnparsedFile(exc.lineno or 1, exc.msg) from None
+
+
+class UnparsedFile(ValueError):
+    """A file ``check`` cannot read as Python 3: reported as one notice for that file, the others still checked."""
+
+    def __init__(self, line: int, reason: str):
+        super().__init__(reason)
+        self.line, self.reason = line, reason
+
+
+def _check_file(path: str) -> list[Finding]:
+    try:
+        return analyze(read_source(path))
+    except SyntaxError as exc:  # Python 2 (print "x"), or a tab/space mix
+        raise UnparsedFile(exc.lineno or 1, exc.msg) from None
+    except OSError as exc:
+        raise UnparsedFile(1, exc.strerror or str(exc)) from None
+
+
+def _notice(path: str, exc: UnparsedFile) -> str:
+    stop = "" if exc.reason.endswith((".", "?", "!")) else "."
+    return (f"error: {path}:{exc.line} not analysed: {exc.reason}{stop} Fix: check reads Python 3 source, in UTF-8 "
+            "unless a '# -*- coding: NAME -*-' line names the file's encoding")
+
+
+def _print_text(results: list[tuple[str, list[Finding] | UnparsedFile]], files: int) -> None:
+    """One line per finding or unreadable file, in file order; then, after an empty line, the summary on stderr
+    (stdout flushed first, so that through ``2>&1 | less`` it still comes last)."""
+    found = [item for _, r in results if not isinstance(r, UnparsedFile) for item in r]
+    for path, result in results:
+        if isinstance(result, UnparsedFile):
+            print(_notice(path, result))
+            continue
+        for item in result:
+            print(f"{item.severity}: {path}:{item.line} {item.rule} {item.message}: {item.why}. Fix: {item.fix}")
+    counts = {level: sum(item.severity == level for item in found) for level in ("error", "warning", "advice")}
+    summary = ", ".join(f"{n} {level}(s)" for level, n in counts.items() if n) or "no findings"
+    unparsed = sum(isinstance(r, UnparsedFile) for _, r in results)
+    summary += f" in {files} file(s)" + (f"; {unparsed} file(s) not analysed" if unparsed else "")
+    sys.stdout.flush()
+    print(("\n" if found or unparsed else "") + summary, file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
         files = scripts(ns.paths)
+        missing = [path for path in ns.paths if not os.path.exists(path)]
+        if missing:
+            raise UsageError(f"no such file or directory: {' '.join(missing)}; pass scripts or directories")
         if not files:
             raise UsageError(f"no .py file under {' '.join(ns.paths)}; pass scripts or directories holding them")
     except UsageError as exc:
         return usage_error(PROG, exc)
-    found: list[tuple[str, Finding]] = []
+    results: list[tuple[str, list[Finding] | UnparsedFile]] = []
     for path in files:
         try:
-            with open(path) as f:
-                found += [(path, finding) for finding in analyze(f.read())]
-        except (OSError, SyntaxError, UnicodeDecodeError) as exc:
-            return usage_error(PROG, f"cannot analyse {path}: {exc}")
+            results.append((path, _check_file(path)))
+        except UnparsedFile as exc:
+            results.append((path, exc))
+    found = [(path, item) for path, r in results if not isinstance(r, UnparsedFile) for item in r]
+    unparsed = [(path, r) for path, r in results if isinstance(r, UnparsedFile)]
     if ns.json:
-        print(json.dumps({"findings": [{"path": path, **dataclasses.asdict(item)} for path, item in found]}))
+        print(json.dumps({"findings": [{"path": path, **dataclasses.asdict(item)} for path, item in found],
+                          "not_analysed": [{"path": path, "line": exc.line, "message": exc.reason}
+                                           for path, exc in unparsed]}))
     else:
-        for path, item in found:
-            print(f"{item.severity}: {path}:{item.line} {item.rule} {item.message}: {item.why}. Fix: {item.fix}")
-        counts = {level: sum(item.severity == level for _, item in found) for level in ("error", "warning", "advice")}
-        summary = ", ".join(f"{n} {level}(s)" for level, n in counts.items() if n)
-        print(f"{summary} in {len(files)} file(s)" if found else f"no findings in {len(files)} file(s)",
-              file=sys.stderr)
+        _print_text(results, len(files))
     failing = found if ns.strict else [f for f in found if f[1].severity == "error"]
-    return SCRIPT_FAILED if failing else 0
+    # a file left unread is bad input: exit 2 even when the others have errors, so CI cannot read it as "checked"
+    return USAGE_ERROR if unparsed else SCRIPT_FAILED if failing else 0
