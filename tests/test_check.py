@@ -103,3 +103,36 @@ def test_a_file_that_cannot_be_parsed_is_one_notice_and_every_other_file_still_r
     assert r.returncode == 2 and [f["rule"] for f in report["findings"]] == ["DDP011", "DDP007"]
     assert [(Path(n["path"]).name, n["line"]) for n in report["not_analysed"]] == [("latin1_bare.py", 3),
                                                                                   ("py2.py", 2)]
+
+
+DDP = "import torch\nimport torch.distributed as dist\n"
+LOOP = "correct = 0\nfor x, y in loader:\n    correct += (model(x).argmax(1) == y).sum().item()\n"
+SNIPPETS = {  # issue 26: each case, its source and the rules it must get (line numbers aside)
+    "ddpkit script, plain print": ("import ddpkit\nloss = ddpkit.init()\nprint('loss', loss.item())\n", {"DDP017"}),
+    "print imported from ddpkit": ("from ddpkit import print\nprint('loss', loss.item())\n", set()),
+    "a lone HF barrier still hangs": (DDP + "if local_rank not in [-1, 0]:\n    dist.barrier()\n", {"DDP008"}),
+    "HF barriers paired across two functions are not one idiom": (
+        DDP + "def a():\n    if rank != 0:\n        dist.barrier()\n\n\ndef b():\n    if rank == 0:\n"
+        "        dist.barrier()\n\n\na()\nb()\n", {"DDP008"}),
+    "not is_main waits, is_main releases": (
+        "import ddpkit\nstate = ddpkit.init()\nif not state.is_main:\n    ddpkit.barrier()\ndownload()\n"
+        "if state.is_main:\n    ddpkit.barrier()\n", set()),
+    "writer on rank 0 by a conditional expression": (DDP + "w = SummaryWriter() if rank == 0 else None\n", set()),
+    "writer on every rank but 0": (DDP + "w = None if rank == 0 else SummaryWriter()\n", set()),
+    "torch.load with map_location positional": (DDP + "sd = torch.load('a.pt', 'cpu')\n", set()),
+    "percent of the dataset, unreduced": (DDP + LOOP + "acc = 100. * correct / len(loader.dataset)\n", {"DDP018"}),
+    "in-place average, unreduced": (DDP + "t = 0.0\nfor x in loader:\n    t += f(x).item()\n"
+                                    "t /= len(loader.dataset)\n", {"DDP018"}),
+    "reduced through a tensor and tolist": (DDP + LOOP + "t = torch.tensor([correct])\ndist.all_reduce(t)\n"
+                                            "(correct,) = t.tolist()\nacc = correct / len(test_set)\n", set()),
+    "an unsharded plain DataLoader counts everything on each rank": (
+        DDP + "loader = torch.utils.data.DataLoader(test_set, batch_size=100)\n" + LOOP
+        + "acc = correct / len(loader.dataset)\n", set()),
+    "a ratio that is not a count": (DDP + "lr = base_lr / len(train_set)\n", set()),
+}
+
+
+@pytest.mark.parametrize("case", SNIPPETS)
+def test_rules_on_the_shapes_of_public_scripts(case):
+    source, rules = SNIPPETS[case]
+    assert {f.rule for f in analyze(source)} == rules
