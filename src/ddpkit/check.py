@@ -3,14 +3,17 @@
 Static analysis with :mod:`ast` of any PyTorch script (ddpkit or not). Each finding has a severity (error:
 a hang, a crash or a wrong result; warning: wrong beyond one node, or wasteful; advice), a line, a rule id,
 what is wrong, why it matters and the fix. Exit 1 when an error is found (``--strict``: any finding), 0
-otherwise, 2 on bad input.
+otherwise, 2 on bad input: a path that does not exist, or a file that is not Python 3 (reported as one
+``not analysed`` line; the other files are still checked). A script that imports ddpkit is checked as a
+multi-process one, as is one that uses torch.distributed. The rules' decisions over the syntax tree live
+in :mod:`ddpkit.check_ast` (calls, rank conditions) and :mod:`ddpkit.check_metrics` (evaluation metrics).
 
 Example::
 
     $ ddpkit check train.py
     warning: train.py:42 DDP001 DistributedSampler without set_epoch: ... Fix: call sampler.set_epoch(epoch) ...
     $ ddpkit check --json train.py
-    {"findings": [{"path": "train.py", "line": 42, "rule": "DDP001", "severity": "warning", "message": "...", ...}]}
+    {"findings": [{"path": "train.py", "line": 42, "rule": "DDP001", "severity": "warning", ...}], "not_analysed": []}
     $ ddpkit check src/ scripts/train.py          # several files and directories, as linters take them
 """
 
