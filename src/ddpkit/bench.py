@@ -37,8 +37,9 @@ from typing import Any
 
 from ddpkit import bench_stats as stats
 from ddpkit import contract
-from ddpkit.cli import SCRIPT_FAILED, USAGE_ERROR, OneLineParser, UsageError, run_logged, usage_error
+from ddpkit.cli import SCRIPT_FAILED, USAGE_ERROR, OneLineParser, UsageError, usage_error
 from ddpkit.environment import visible_gpus
+from ddpkit.logtail import log_tail, run_logged
 
 PROG = "ddpkit bench"
 MIN_GAIN = stats.MIN_GAIN
@@ -97,8 +98,7 @@ def run_once(script: str, args: Sequence[str], nproc: int, steps: int, warmup: i
         run_logged(cmd, {contract.MAX_STEPS.name: str(warmup + steps + 1), contract.BENCH_OUT.name: out, **env}, log)
         files = sorted(glob.glob(os.path.join(out, "rank*.json")))
         if len(files) != nproc:
-            with open(log) as f:
-                tail = f.read()[-1500:]
+            tail = log_tail(log, 1500)  # whole lines, bytes that are not UTF-8 replaced
             raise RuntimeError(f"`{' '.join(cmd)}` left {len(files)} of {nproc} step records (the training loader "
                                f"must come from ddpkit.data_loader); output ends with:\n{tail}")
         return read_records(files, warmup)

@@ -6,10 +6,11 @@ model.py and data.py never read the environment.
 
 What each tool changes, and why:
 
-- verify: the one-process run multiplies the training batch by N (``batch_scale``); both runs stop after K
-  batches (``max_steps``), drop the last ``len % N`` training samples (padding would repeat samples only the
-  N-process run sees), start from the same initial weights (the one-process run writes them, the other loads
-  them: a script need not seed), set dropout to p=0 (unless ``--keep-dropout``) and save the final weights.
+- verify: the one-process run multiplies the training batch by N (``batch_scale``, not a
+  ``global_batch_size``); both runs stop after K optimizer steps (``max_steps``, :mod:`ddpkit.verify_run`),
+  drop the last ``len % N`` training samples (padding would repeat samples only the N-process run sees),
+  start from the same initial weights (the one-process run writes them, the other loads them: a script need
+  not seed), set dropout to 0 (unless ``--keep-dropout``), save the final weights and the step-1 gradients.
 - bench: record batch hand-out times, skip gradient communication for one timing run, override CommConfig.
 
 Example::
@@ -31,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ddpkit import contract
+from ddpkit import contract, verify_run
 from ddpkit.comm import CommConfig, skip_hook
 
 OnShutdown = Callable[[Callable[[], None]], None]
@@ -48,6 +49,7 @@ class Tools:
     bench_out: str | None = None
     no_comm: bool = False
     comm: dict[str, Any] | None = None
+    recorder: verify_run.Recorder | None = None  # verify: step cap, facts and step-1 gradients
     # bench: what each DDP wrap of this process holds (gradient bytes, bucket cap), written with the step times
     wrapped: list[dict[str, int]] = dataclasses.field(default_factory=list)
 
@@ -60,9 +62,9 @@ class Tools:
         ``load_state_dict`` takes the full weights and keeps this rank's slices.
         """
         if not self.keep_dropout:
-            for module in model.modules():
-                if isinstance(module, nn.modules.dropout._DropoutNd):
-                    module.p = 0.0
+            verify_run.dropout_off(model)  # modules and the float attributes of attention and RNN layers
+        if self.recorder is not None:
+            self.recorder.on_model(model, is_main, on_shutdown)
         if self.verify_init:
             path = f"{self.verify_init}.{next(_prepared)}"  # one file per prepared model (a GAN has two)
             if os.path.exists(path):  # the N-process run: start where the one-process run did
@@ -97,15 +99,21 @@ class Tools:
         return self.no_comm
 
     # -- data ---------------------------------------------------------------------------------------
-    def train_batch(self, batch_size: int) -> int:
-        return batch_size * self.batch_scale
+    def train_batch(self, batch_size: int, given_globally: bool = False) -> int:
+        """verify's one-process run takes N x the per-process batch; a ``global_batch_size`` is one already."""
+        return batch_size if given_globally else batch_size * self.batch_scale
 
     def uneven(self, uneven: str) -> str:
         return "drop" if self.drop_multiple else uneven
 
     def on_loader(self, loader: Any, rank: int, describe: Callable[[], dict[str, Any]],
                   on_shutdown: OnShutdown) -> None:
-        """A training loader: stop after max_steps; bench records every batch's hand-out time."""
+        """A training loader: bench stops it after max_steps and records every batch's hand-out time; verify
+        counts its batches and stops the run after max_steps optimizer steps instead (a loader that ran dry
+        broke loops that re-create their iterator, see :mod:`ddpkit.verify_run`)."""
+        if self.recorder is not None:
+            self.recorder.on_loader(loader, rank == 0, on_shutdown)
+            return
         loader.max_steps = self.max_steps
         if self.bench_out is None:
             return
@@ -131,11 +139,12 @@ def _cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def from_env(environ: Mapping[str, str]) -> Tools:
     """The tools the launching command asked for; :data:`NONE` in a normal run."""
-    comm = contract.COMM.text(environ)
+    comm, out = contract.COMM.text(environ), contract.VERIFY_OUT.text(environ)
     return Tools(max_steps=contract.MAX_STEPS.number(environ),
                   batch_scale=contract.BATCH_SCALE.number(environ) or 1,
                   drop_multiple=contract.VERIFY_DROP.number(environ),
                   verify_out=contract.VERIFY_OUT.text(environ), verify_init=contract.VERIFY_INIT.text(environ),
                   keep_dropout=contract.VERIFY_OUT.text(environ) is None or contract.KEEP_DROPOUT.flag(environ),
                   bench_out=contract.BENCH_OUT.text(environ), no_comm=contract.BENCH_NO_COMM.flag(environ),
-                  comm=json.loads(comm) if comm else None)
+                  comm=json.loads(comm) if comm else None,
+                  recorder=verify_run.Recorder(out, contract.MAX_STEPS.number(environ)) if out else None)

@@ -29,11 +29,17 @@ from collections.abc import Sequence
 
 import torch
 
-from ddpkit import contract, strategy
-from ddpkit.cli import NOT_EQUIVALENT, SCRIPT_FAILED, OneLineParser, UsageError, run_logged, usage_error
+from ddpkit import contract, strategy, verify_causes
+from ddpkit.cli import NOT_EQUIVALENT, SCRIPT_FAILED, OneLineParser, UsageError, usage_error
 from ddpkit.environment import visible_gpus
+from ddpkit.logtail import run_logged
 
 PROG = "ddpkit verify"
+CANNOT_COMPARE = 5  # verify: the script lacks what a comparison needs (no ddpkit loader iterated, no prepared model)
+
+
+class CannotCompare(RuntimeError):
+    """The one-process run shows the script cannot be compared (exit :data:`CANNOT_COMPARE`)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -159,22 +165,62 @@ def run_env(tmp: str, nproc: int, steps: int, device: str | None, keep_dropout: 
 
 def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol: float, rtol: float,
            device: str | None = None, keep_dropout: bool = False, mode: str = "ddp") -> dict:
-    """Run both trainings in a temporary directory and compare them."""
+    """Run both trainings in a temporary directory and compare them; :class:`CannotCompare` when the
+    one-process run shows there is nothing comparable (checked before the N-process run starts)."""
     with tempfile.TemporaryDirectory(prefix="ddpkit-verify-") as tmp:
         ref, dist_out = os.path.join(tmp, "single.pt"), os.path.join(tmp, "ddp.pt")
         common = run_env(tmp, nproc, steps, device, keep_dropout)
         run_logged([sys.executable, script, *script_args],
                    {**common, contract.MODE.name: "single", contract.BATCH_SCALE.name: str(nproc),
                     contract.VERIFY_OUT.name: ref}, os.path.join(tmp, "single.log"))
+        why = verify_causes.refusal(_facts(ref))
+        if why:
+            raise CannotCompare(why)
+        # the mode in the environment too: launch refuses a --mode that contradicts an exported DDPKIT_MODE
         run_logged([sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", str(nproc), "--mode", mode,
                     script, *script_args],
-                   {**common, contract.VERIFY_OUT.name: dist_out}, os.path.join(tmp, "ddp.log"))
-        for path in (ref, dist_out):
-            if not os.path.exists(path):
-                raise RuntimeError("the script saved no weights: build the model with ddpkit.prepare_model")
+                   {**common, contract.MODE.name: mode, contract.VERIFY_OUT.name: dist_out},
+                   os.path.join(tmp, "ddp.log"))
+        if not os.path.exists(ref) or not os.path.exists(dist_out):
+            raise CannotCompare(verify_causes.NEEDS_MODEL)
         one, many = (torch.load(path, weights_only=True) for path in (ref, dist_out))
         result = compare_weights(one, many, atol, rtol, labels=("1 process", f"{nproc} processes"))
+        facts = [_facts(ref) or {}, _facts(dist_out) or {}]
+        result["capped"] = all(f.get("capped") for f in facts)
+        if not result["passed"] and not result["non_finite"]:
+            g1, gn = (_grads(path) for path in (ref, dist_out))
+            grads = compare_weights(g1, gn, atol, rtol) if g1 and gn else None
+            result["first_gradient_diverging"] = grads.get("first_diverging") if grads else None
+            result["cause"] = verify_causes.likely_cause(g1, gn, grads, any(f.get("random_draws") for f in facts),
+                                                         nproc)
     return {"nproc": nproc, "mode": mode, "steps": steps, "atol": atol, "rtol": rtol, **result}
+
+
+def _facts(out: str) -> dict | None:
+    """What a run recorded (:mod:`ddpkit.verify_run`); None when it never prepared a model or loader."""
+    path = f"{out}.json"
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def _grads(out: str) -> dict[str, torch.Tensor] | None:
+    path = f"{out}.grads"
+    return torch.load(path, weights_only=True) if os.path.exists(path) else None
+
+
+def fail_line(result: dict, steps: int, atol: float, rtol: float) -> str:
+    """The FAIL lines of a finite difference: the first tensor, its diff (3 significant digits), the cause.
+
+    >>> fail_line({"first_diverging": "w", "first_max_abs_diff": 0.000051234, "cause": "a cause"}, 5, 1e-5, 1e-4)
+    "FAIL: 'w' differs after 5 steps (max abs diff 5.12e-05; atol 1e-05, rtol 0.0001)\\nlikely cause: a cause"
+    """
+    diff = result.get("first_max_abs_diff", result.get("max_abs_diff"))
+    shown = "n/a" if diff is None else f"{diff:.3g}"
+    line = (f"FAIL: {result['first_diverging']!r} differs after {steps} steps "
+            f"(max abs diff {shown}; {result.get('reason', f'atol {atol:g}, rtol {rtol:g}')})")
+    return line + (f"\nlikely cause: {result['cause']}" if result.get("cause") else "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -197,6 +243,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = verify(ns.script, ns.script_args, nproc, ns.steps, ns.atol, ns.rtol, device, ns.keep_dropout,
                         ns.mode)
+    except CannotCompare as exc:
+        print(f"{PROG}: cannot compare: {exc}", file=sys.stderr)
+        return CANNOT_COMPARE
     except RuntimeError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return SCRIPT_FAILED
@@ -209,8 +258,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif result["non_finite"]:
         print(f"FAIL after {ns.steps} steps: {result['reason']}")
     else:
-        print(f"FAIL: {result['first_diverging']!r} differs after {ns.steps} steps "
-              f"(max abs diff {result.get('first_max_abs_diff', result['max_abs_diff'])}; "
-              f"{result.get('reason', f'atol {ns.atol}, rtol {ns.rtol}')})")
+        print(fail_line(result, ns.steps, ns.atol, ns.rtol))
     return 0 if result["passed"] else NOT_EQUIVALENT
-

@@ -1,0 +1,91 @@
+"""Script shapes that ``ddpkit verify`` met in public scripts (issue 26), one per ``--case``.
+
+- seq: a small Transformer encoder and a 2-layer LSTM, both with dropout given as floats (not Dropout
+  modules), trained by a Trainer-style loop that re-creates its iterator on StopIteration: must PASS.
+- global: ``data_loader(global_batch_size=16)``: must PASS (the one-process run must not scale it again).
+- noise: a VAE-style sampling noise drawn in forward (torch.randn_like): must FAIL naming random draws.
+- handshard: batches sharded by hand (no ddpkit loader), as an LSTM LM's batchified columns: verify refuses.
+- noprepare: a ddpkit loader, but the model is not prepared: verify refuses.
+- badbytes: prints bytes that are not UTF-8, then fails: verify shows the output's tail, no UnicodeDecodeError.
+
+    ddpkit verify tests/workers/verify_cases.py --case seq
+"""
+import argparse
+import sys
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import ddpkit
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--case", choices=["seq", "global", "noise", "handshard", "noprepare", "badbytes"],
+                    required=True)
+args = parser.parse_args()
+torch.set_num_threads(1)
+state = ddpkit.init()
+g = torch.Generator().manual_seed(0)
+if args.case == "badbytes":
+    sys.stdout.buffer.write(b"loss 0.5 \xff\xfe caf\xe9\n")
+    sys.stdout.flush()
+    raise SystemExit("the data file is broken")
+
+
+class Seq(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(4, 8)
+        self.encoder = nn.TransformerEncoderLayer(8, nhead=2, dim_feedforward=16, dropout=0.3, batch_first=True)
+        self.lstm = nn.LSTM(8, 8, num_layers=2, dropout=0.4, batch_first=True)
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x):
+        out, _ = self.lstm(self.encoder(self.embed(x)))
+        return self.head(out[:, -1])
+
+
+class Noisy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc, self.dec = nn.Linear(4, 4), nn.Linear(2, 1)
+
+    def forward(self, x):
+        mu, logvar = self.enc(x.mean(1)).chunk(2, dim=1)
+        z = mu + torch.randn_like(mu) * (0.5 * logvar).exp()  # the reparameterisation trick's noise
+        return self.dec(z)
+
+
+data = TensorDataset(torch.randn(64, 3, 4, generator=g), torch.randn(64, 1, generator=g))
+net = Noisy() if args.case == "noise" else Seq()
+model = net if args.case == "noprepare" else ddpkit.prepare_model(net)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def train_step(x, y):
+    loss = nn.functional.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+if args.case == "handshard":  # every rank takes its own columns of the whole tensor, as batchify() does
+    xs, ys = data.tensors
+    for _epoch in range(2):
+        for start in range(0, 64, 16):
+            rows = slice(start + state.rank * 8 // state.world_size, start + (state.rank + 1) * 8 // state.world_size)
+            train_step(xs[rows], ys[rows])
+elif args.case == "global":
+    for _epoch in range(2):
+        for x, y in ddpkit.data_loader(data, global_batch_size=16):
+            train_step(x, y)
+else:  # a Trainer's endless loop: it stops at its own max_iters, verify's cap must stop it earlier and cleanly
+    loader = ddpkit.data_loader(data, batch_size=8)
+    it = iter(loader)
+    for _ in range(1000):
+        try:
+            x, y = next(it)
+        except StopIteration:
+            it = iter(loader)
+            x, y = next(it)
+        train_step(x, y)
