@@ -95,7 +95,7 @@ def test_omp_threads_shared_between_local_processes_unless_set():
 
 
 def test_summary_prefers_the_crash_over_the_ranks_the_agent_terminated(tmp_path):
-    from ddpkit.faults import report
+    from ddpkit.diagnosis import report
 
     code, text = report(str(tmp_path), {0: "killed by SIGTERM", 1: "killed by SIGABRT"})
     assert code == 1 and text.startswith("ddpkit: rank 1 failed first: killed by SIGABRT")
@@ -103,7 +103,7 @@ def test_summary_prefers_the_crash_over_the_ranks_the_agent_terminated(tmp_path)
 
 def test_a_cut_short_error_report_is_skipped_not_a_launcher_crash(tmp_path):
     """A full disk can leave half a report (seen with rank 1's file size limit in test_sharded_checkpoint)."""
-    from ddpkit.faults import report
+    from ddpkit.diagnosis import report
 
     whole = {"rank": 0, "local_rank": 0, "host": "h", "pid": 1, "time": 1.0, "type": "OSError",
              "message": "disk full", "traceback": "Traceback ...\nOSError: disk full\n"}
@@ -266,7 +266,7 @@ def _failed_run(tmp_path, failures, logs, reached_init):
     rank's stderr.log, and the report folder of the attempt with the ranks that reached ddpkit.init()."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-    from ddpkit.supervise import failure_report, stderr_tails
+    from ddpkit.supervise import failure_report, stderr_tails, stderr_times
 
     for rank, text in logs.items():
         folder = tmp_path / "logs" / "run" / "attempt_0" / str(rank)
@@ -278,7 +278,8 @@ def _failed_run(tmp_path, failures, logs, reached_init):
         (attempt / f"stack-rank{rank}.txt").write_text("")
     missing = str(tmp_path / "none.json")
     exc = ChildFailedError("train.py", {r: ProcessFailure(r, 10 + r, code, missing) for r, code in failures.items()})
-    return failure_report(exc, str(tmp_path / "report"), stderr_tails(str(tmp_path / "logs"), 0))
+    logs_dir = str(tmp_path / "logs")
+    return failure_report(exc, str(tmp_path / "report"), stderr_tails(logs_dir, 0), stderr_times(logs_dir, 0))
 
 
 def _peer_lost(tmp_path, rank):

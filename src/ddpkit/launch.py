@@ -94,6 +94,7 @@ class LaunchConfig:
     resume: bool = False
     log_dir: str = os.path.join("runs", "logs")
     console_ranks: str = "0"
+    keep_logs: int = 20  # launch folders kept under log_dir (0: all)
     join_timeout_s: float = 600.0
 
     def __post_init__(self):
@@ -211,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ddpkit.Checkpointer restores the newest valid checkpoint (sets DDPKIT_RESUME=1)")
     p.add_argument("--log-dir", default=os.path.join("runs", "logs"),
                    help="per-rank stdout/stderr files go under LOG_DIR/<time>-<pid>/ (default runs/logs)")
+    p.add_argument("--keep-logs", default="20",
+                   help="keep the newest N launch folders ddpkit made under LOG_DIR, remove older ones (0: keep all; "
+                        "default 20)")
     p.add_argument("--console-ranks", default="0", help="ranks shown on the console: 0 (default), 0,2 or all")
     p.add_argument("--join-timeout", default="600",
                    help="multi-node: seconds to wait for every node to join before failing (default 600)")
@@ -244,6 +248,7 @@ def parse_args(argv: Sequence[str], gpus: int | None = None, cpus: int | None = 
         rdzv_conf=ns.rdzv_conf, master_addr=ns.master_addr, master_port=port, mode=mode, device=device, gpus=gpus,
         verbose=ns.verbose, max_restarts=_count(ns.max_restarts, "--max-restarts", 0), module=ns.module,
         resume=ns.resume, log_dir=ns.log_dir, console_ranks=ns.console_ranks,
+        keep_logs=_count(ns.keep_logs, "--keep-logs", 0),
         join_timeout_s=_seconds(ns.join_timeout, "--join-timeout"))
 
 

@@ -1,29 +1,35 @@
 """Readable multi-rank output: every rank's output goes to its own files, the console shows chosen ranks,
-and a line that N ranks print alike appears once, marked ``[x N ranks]``.
+and a block of lines that N ranks print alike appears once, marked ``[x N ranks]``.
 
 ``ddpkit launch`` asks torchrun to redirect each worker's stdout and stderr into
 ``<log-dir>/<run id>/attempt_<k>/<local rank>/{stdout,stderr}.log`` and runs a :class:`ConsoleTail` that
-follows those files. Progress-bar updates (segments ending in ``\\r``) of console ranks pass straight through.
+follows those files. The unit is a rank's chunk of whole lines (what one print wrote), so a multi-line print
+stays together; with more than one console rank each line starts with ``[rank0]:`` as torchrun's do.
+Progress-bar updates (segments ending in ``\\r``) of console ranks pass straight through, after the lines
+that came before them.
 
 Example::
 
     ddpkit launch --nproc-per-node 4 --log-dir runs/logs train.py            # console: rank 0
-    ddpkit launch --nproc-per-node 4 --console-ranks all train.py            # console: every rank
+    ddpkit launch --nproc-per-node 4 --console-ranks all train.py            # console: every rank, prefixed
 """
 
 from __future__ import annotations
 
+import codecs
 import glob
 import os
 import re
+import shutil
 import sys
 import threading
 import time
 
 from ddpkit.faults import block_length
 
-_HOLD_S = 0.5  # how long a console line waits for twins from other ranks before it is printed
+_HOLD_S = 0.5  # how long a console chunk waits for twins from other ranks before it is printed
 _RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
+RUN_MARKER = ".ddpkit-run"  # in every log folder ddpkit made: only those are ever removed
 
 
 def parse_ranks(text: str, world_size: int) -> set[int]:
@@ -43,6 +49,60 @@ def parse_ranks(text: str, world_size: int) -> set[int]:
     return ranks
 
 
+def rank_label(ranks: set[int]) -> str:
+    """``[rank0]:`` for one rank, runs collapsed for several.
+
+    >>> rank_label({0}), rank_label({0, 1, 2, 5})
+    ('[rank0]: ', '[rank0-2,5]: ')
+    """
+    runs: list[list[int]] = []
+    for r in sorted(ranks):
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    return "[rank" + ",".join(f"{x[0]}-{x[-1]}" if len(x) > 1 else str(x[0]) for x in runs) + "]: "
+
+
+def new_run_dir(log_dir: str, keep: int) -> str:
+    """A new folder for one launch's logs under ``log_dir``, marked as ddpkit's; of the marked folders only the
+    newest ``keep`` stay (0: all). Folders without the mark (the user's) are never removed, nor the new one.
+
+    Example: ``new_run_dir("runs/logs", keep=20)`` -> ``runs/logs/20260101-120000-4242``.
+    """
+    base = os.path.join(log_dir, time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
+    path, n = base, 1
+    while True:
+        try:
+            os.makedirs(path)
+            break
+        except FileExistsError:  # a second launch from this process within the same second
+            n += 1
+            path = f"{base}-{n}"
+    with open(os.path.join(path, RUN_MARKER), "w") as f:
+        f.write(str(time.time_ns()))  # the order of removal: names sort by pid within a second
+    if keep > 0:
+        older = _marked(log_dir, path)
+        for old in older[:max(0, len(older) + 1 - keep)]:
+            shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+def _marked(log_dir: str, current: str) -> list[str]:
+    """ddpkit's log folders under ``log_dir`` but ``current``, oldest first."""
+    found = []
+    for marker in glob.glob(os.path.join(log_dir, "*", RUN_MARKER)):
+        folder = os.path.dirname(marker)
+        if os.path.abspath(folder) == os.path.abspath(current):
+            continue
+        try:
+            with open(marker) as f:
+                found.append((int(f.read().strip() or 0), folder))
+        except (OSError, ValueError):
+            found.append((0, folder))
+    return [folder for _, folder in sorted(found)]
+
+
 class ConsoleTail:
     """Follows the per-rank log files under ``root`` and writes the console's share of them."""
 
@@ -52,11 +112,15 @@ class ConsoleTail:
         None accepts any tag."""
         self.root, self.console, self.first_rank, self.world = root, console_ranks, first_rank, world_size
         self.tag = block_tag
+        self.prefixed = len(console_ranks) > 1  # who printed a line matters once several ranks are shown
         self.offsets: dict[str, int] = {}
         self.partial: dict[str, str] = {}
+        # bytes -> text per file: a UTF-8 character split across two reads is decoded whole
+        self.decoders: dict[str, codecs.IncrementalDecoder] = {}
         self.hiding: dict[str, int] = {}  # file -> lines of a worker's traceback block left (its log keeps them)
-        # per stream, in arrival order: [first seen, text, ranks that printed it]
+        # per stream, in arrival order: [first seen, lines of one chunk, ranks that printed it]
         self.pending: dict[str, list[list]] = {"stdout": [], "stderr": []}
+        self._lock = threading.Lock()  # the launcher's own lines (say) and the tail's thread write in turn
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="ddpkit-console")
 
@@ -64,66 +128,108 @@ class ConsoleTail:
         self._thread.start()
 
     def stop(self) -> None:
-        """Drain what is left and print it; safe to call more than once."""
+        """Drain what is left, a last line without its newline too, and print it; safe to call more than once."""
         if self._stop.is_set():
             return
         self._stop.set()
         self._thread.join(10)
-        self._poll()
-        self._flush(force=True)
+        with self._lock:
+            self._poll()
+            for path in sorted(self.partial):
+                text = self.partial.pop(path) + self.decoders[path].decode(b"", final=True)
+                if text:
+                    self._whole(path, [text])
+            self._flush(force=True)
+
+    def say(self, line: str) -> None:
+        """A launcher line on stderr, after every worker line that reached the files before it."""
+        with self._lock:
+            self._poll()
+            self._flush(force=True)
+            self._write("stderr", line + "\n")
 
     def _loop(self) -> None:
         while not self._stop.wait(0.1):
-            self._poll()
-            self._flush(force=False)
+            with self._lock:
+                self._poll()
+                self._flush(force=False)
 
     def _poll(self) -> None:
-        for path in glob.glob(os.path.join(self.root, "*", "attempt_*", "*", "std*.log")):
-            rank = self.first_rank + int(os.path.basename(os.path.dirname(path)))
-            stream = "stdout" if path.endswith("stdout.log") else "stderr"
+        for path in sorted(glob.glob(os.path.join(self.root, "*", "attempt_*", "*", "std*.log"))):
             with open(path, "rb") as f:
                 f.seek(self.offsets.get(path, 0))
                 data = f.read()
             if not data:
                 continue
             self.offsets[path] = self.offsets.get(path, 0) + len(data)
-            text = self.partial.pop(path, "") + data.decode("utf-8", "replace")
-            for segment in re.split(r"(?<=[\r\n])", text):
-                if not segment.endswith(("\n", "\r")):
-                    self.partial[path] = segment  # incomplete: wait for the rest
-                elif segment.endswith("\r") or "\r" in segment:
-                    if rank in self.console:  # a progress-bar update: no de-duplication, no delay
-                        self._write(stream, segment)
-                else:
-                    self._line_of(path, stream, _RANK_PREFIX.sub("", segment.rstrip("\n")), rank)
+            decoder = self.decoders.setdefault(path, codecs.getincrementaldecoder("utf-8")("replace"))
+            self._text(path, self.partial.pop(path, "") + decoder.decode(data))
 
-    def _line_of(self, path: str, stream: str, text: str, rank: int) -> None:
-        """A whole line from ``path``: a worker's traceback block stays in its log (the launcher's report
-        prints the first failure's traceback once, not one per console rank)."""
-        if self.hiding.get(path):
-            self.hiding[path] -= 1
-        elif n := block_length(text, self.tag):
-            self.hiding[path] = n
-        else:
-            self._line(stream, text, rank)
+    def _text(self, path: str, text: str) -> None:
+        """Whole lines of one read become one chunk; a progress update ends the chunk before it."""
+        lines: list[str] = []
+        for segment in re.split(r"(?<=[\r\n])", text):
+            if not segment:
+                continue
+            if not segment.endswith(("\n", "\r")):
+                self.partial[path] = segment  # incomplete: wait for the rest
+            elif "\r" in segment:
+                self._whole(path, lines)
+                lines = []
+                self._progress(path, segment)
+            else:
+                lines.append(segment.rstrip("\n"))
+        self._whole(path, lines)
 
-    def _line(self, stream: str, text: str, rank: int) -> None:
-        """Join the waiting twin of this line that this rank has not printed yet, or queue a new one."""
+    def _where(self, path: str) -> tuple[str, int]:
+        return ("stdout" if path.endswith("stdout.log") else "stderr",
+                self.first_rank + int(os.path.basename(os.path.dirname(path))))
+
+    def _progress(self, path: str, segment: str) -> None:
+        """A progress-bar update: no de-duplication, no delay, but after the lines that came before it."""
+        stream, rank = self._where(path)
+        if rank in self.console:
+            self._flush(force=True)
+            self._write(stream, (rank_label({rank}) if self.prefixed else "") + segment)
+
+    def _whole(self, path: str, lines: list[str]) -> None:
+        """A chunk of whole lines from ``path``: a worker's traceback block stays in its log (the launcher's
+        report prints the first failure's traceback once, not one per console rank)."""
+        kept = []
+        for line in lines:
+            line = _RANK_PREFIX.sub("", line)
+            if self.hiding.get(path):
+                self.hiding[path] -= 1
+            elif n := block_length(line, self.tag):
+                self.hiding[path] = n
+            else:
+                kept.append(line)
+        if kept:
+            stream, rank = self._where(path)
+            self._chunk(stream, tuple(kept), rank)
+
+    def _chunk(self, stream: str, lines: tuple[str, ...], rank: int) -> None:
+        """Join the waiting twin of this chunk that this rank has not printed yet, or queue a new one."""
         for entry in self.pending[stream]:
-            if entry[1] == text and rank not in entry[2]:
+            if entry[1] == lines and rank not in entry[2]:
                 entry[2].add(rank)
                 return
-        self.pending[stream].append([time.monotonic(), text, {rank}])
+        self.pending[stream].append([time.monotonic(), lines, {rank}])
 
     def _flush(self, force: bool) -> None:
-        """Print lines in arrival order once all ranks printed them or they waited long enough."""
+        """Print chunks in arrival order once all ranks printed them or they waited long enough."""
         now = time.monotonic()
         for stream, queue in self.pending.items():
             while queue and (force or len(queue[0][2]) == self.world or now - queue[0][0] > _HOLD_S):
-                _, text, ranks = queue.pop(0)
-                if ranks & self.console:
-                    mark = f" [x{len(ranks)} ranks]" if len(ranks) > 1 else ""
-                    self._write(stream, f"{text}{mark}\n")
+                _, lines, ranks = queue.pop(0)
+                shown = ranks & self.console
+                if not shown:
+                    continue
+                prefix = rank_label(shown) if self.prefixed else ""
+                # the prefix names who printed it; the mark counts the ranks it does not name
+                mark = f" [x{len(ranks)} ranks]" if len(ranks) > (len(shown) if self.prefixed else 1) else ""
+                self._write(stream, "".join(f"{prefix}{line}{mark if i == 0 else ''}\n"
+                                            for i, line in enumerate(lines)))
 
     @staticmethod
     def _write(stream: str, text: str) -> None:

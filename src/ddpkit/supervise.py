@@ -4,7 +4,7 @@
 (the pure steps are in :mod:`ddpkit.launch`), exports the worker variables, checks the port or the other
 nodes, and hands the workers to ``torch.distributed.run``. torch's own launcher log lines go to
 ``LOG_DIR/launcher.log`` (the console shows ddpkit's lines and the script's), and a failure becomes one
-report (:func:`ddpkit.faults.report`).
+report (:func:`ddpkit.diagnosis.report`).
 
 Example::
 
@@ -24,14 +24,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 
-from ddpkit import contract, faults
+from ddpkit import contract, diagnosis, faults
 from ddpkit.cli import USAGE_ERROR
 from ddpkit.environment import usable_cores
 from ddpkit.launch import PROG, LaunchConfig, torchrun_argv, worker_env
-from ddpkit.logs import ConsoleTail, parse_ranks
+from ddpkit.logs import ConsoleTail, new_run_dir, parse_ranks
 from ddpkit.preflight import check_nodes
 
 
@@ -176,51 +175,111 @@ def _supervise(cfg: LaunchConfig, report_dir: str) -> int:
 
     rendezvous.register()
 
-    log_dir = os.path.join(cfg.log_dir, time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
-    os.makedirs(log_dir, exist_ok=True)
+    log_dir = new_run_dir(cfg.log_dir, cfg.keep_logs)
     print(f"{PROG}: per-rank logs in {log_dir}", file=sys.stderr, flush=True)
     # elastic: this node's rank is known only after the rendezvous, so the console counts from its first rank
     tail = ConsoleTail(log_dir, parse_ranks(cfg.console_ranks, cfg.world_size),
                        0 if cfg.elastic else cfg.node_rank * cfg.nproc_per_node, cfg.world_size,
                        faults.block_tag(report_dir))
     tail.start()
+    restarts = RestartNotice(tail.say, None if cfg.elastic else tail.first_rank, cfg.max_restarts)
     try:
-        with torch_logs(os.path.join(log_dir, "launcher.log"), cfg.verbose):
+        with torch_logs(os.path.join(log_dir, "launcher.log"), cfg.verbose, restarts):
             torchrun(get_args_parser().parse_args(torchrun_argv(cfg, log_dir)))
     except ChildFailedError as exc:
         tail.stop()
-        _say_restarts(report_dir, log_dir)
-        code, text = failure_report(exc, report_dir, stderr_tails(log_dir, first_local_rank(exc, tail.first_rank)))
+        _say_restarts(report_dir, log_dir, restarts.causes)
+        first = first_local_rank(exc, tail.first_rank)
+        code, text = failure_report(exc, report_dir, stderr_tails(log_dir, first), stderr_times(log_dir, first))
         print(text, file=sys.stderr, flush=True)
         return code
     except SignalException as exc:
         tail.stop()
-        print(f"{PROG}: stopped by signal {exc.sigval.name}; workers were stopped", file=sys.stderr, flush=True)
+        print(stopped(exc.sigval, report_dir), file=sys.stderr, flush=True)
         return 128 + int(exc.sigval)
     finally:
         tail.stop()
-    _say_restarts(report_dir, log_dir)
+    _say_restarts(report_dir, log_dir, restarts.causes)
+    if warning := no_group_warning(cfg, report_dir):
+        print(warning, file=sys.stderr, flush=True)
     return 0
 
 
-def _say_restarts(report_dir: str, log_dir: str) -> None:
-    for line in restarted_attempts(report_dir, log_dir):
+def stopped(sig: signal.Signals, report_dir: str) -> str:
+    """The launcher's last words when a signal stopped the run; after a Ctrl-C, where each rank stood (the
+    agent passes SIGINT on, and every worker past ``ddpkit.init()`` dumps its stacks on it)."""
+    text = f"{PROG}: stopped by signal {sig.name}; workers were stopped"
+    attempts = sorted((d for d in os.listdir(report_dir) if d.startswith("attempt")), key=lambda d: int(d[7:]))
+    if sig != signal.SIGINT or not attempts:
+        return text
+    lines = diagnosis.stands(os.path.join(report_dir, attempts[-1]))
+    return "\n".join([f"{text}; where each rank was:", *lines]) if lines else text
+
+
+def no_group_warning(cfg: LaunchConfig, report_dir: str) -> str | None:
+    """A line when N processes finished and none called ``ddpkit.init()``: N copies of the script each ran
+    the whole job alone, which exits 0 and looks like success. A script that forms its own group with
+    torch.distributed (its text says init_process_group) is not warned about."""
+    n = cfg.nproc_per_node
+    if n < 2 or glob.glob(os.path.join(report_dir, "attempt*", "stack-rank*.txt")):
+        return None
+    if not cfg.module:
+        with contextlib.suppress(OSError), open(cfg.script, encoding="utf-8", errors="replace") as f:
+            if "init_process_group" in f.read():
+                return None
+    return (f"{PROG}: warning: {n} processes ran and exited 0, and none called ddpkit.init(): each ran the whole "
+            f"script on its own ({n} independent copies, no process group); call state = ddpkit.init() at the "
+            "start of the script")
+
+
+class RestartNotice(logging.Handler):
+    """torch's agent logs each failed attempt of this node's workers ("failed (exitcode: C) local_rank: L ...");
+    one that a restart follows is said on the console at once (launcher.log has the rest).
+
+    ``first_rank``: the global rank of local rank 0 (None: elastic, known only after the rendezvous).
+    """
+
+    def __init__(self, say, first_rank: int | None, max_restarts: int):
+        super().__init__(logging.ERROR)
+        self.say, self.first_rank, self.max_restarts, self.failed = say, first_rank, max_restarts, 0
+        self.causes: dict[int, str] = {}  # attempt -> who failed in it, as torch's agent saw it
+
+    def emit(self, record: logging.LogRecord) -> None:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if not str(record.msg).startswith("failed (exitcode: ") or len(args) < 2:
+            return
+        self.failed += 1
+        if self.failed > self.max_restarts:
+            return  # the last attempt: the failure report follows
+        code, local = int(str(args[0])), int(str(args[1]))
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        who = f"local rank {local}" if self.first_rank is None else f"rank {self.first_rank + local}"
+        self.causes[self.failed - 1] = f"{who} {how}"
+        self.say(f"{PROG}: {who} {how}; restarting: attempt {self.failed + 1} of {self.max_restarts + 1}")
+
+
+def _say_restarts(report_dir: str, log_dir: str, causes: dict[int, str]) -> None:
+    for line in restarted_attempts(report_dir, log_dir, causes):
         print(line, file=sys.stderr, flush=True)
 
 
-def restarted_attempts(report_dir: str, log_dir: str) -> list[str]:
+def restarted_attempts(report_dir: str, log_dir: str, causes: dict[int, str] | None = None) -> list[str]:
     """One line for each attempt a restart followed (every attempt but the last): its first failure, and the
-    log that keeps its traceback (the report of a recovered failure is never printed otherwise).
+    log that keeps its traceback (the report of a recovered failure is never printed otherwise). ``causes``:
+    attempt -> the rank torch's agent saw fail (``rank 1 killed by SIGKILL``), for an attempt whose only
+    exceptions are its peers' consequences.
 
     Example line: ``ddpkit launch: attempt 0 failed (rank 1 raised ValueError: bad batch; its traceback:
     runs/logs/<run>/attempt_0/1/stderr.log); restarted``
     """
     folders = {int(os.path.basename(p)[8:]): p for p in glob.glob(os.path.join(log_dir, "*", "attempt_*"))}
-    lines = []
+    lines, causes = [], causes or {}
     for attempt in sorted(folders)[:-1]:
-        errors = faults.records(os.path.join(report_dir, f"attempt{attempt}"))
-        own = [e for e in errors if not faults.peer_lost(e["message"])] or errors
-        if own:
+        errors = diagnosis.records(os.path.join(report_dir, f"attempt{attempt}"))
+        own = [e for e in errors if not faults.peer_lost(e["message"])]
+        if not own and attempt in causes:
+            what = f"{causes[attempt]}; the logs: {folders[attempt]}"
+        elif own := own or errors:
             first = min(own, key=lambda e: e["time"])
             message = (first["message"].splitlines() or [""])[0][:200]
             what = (f"rank {first['rank']} raised {first['type']}: {message}; its traceback: "
@@ -232,14 +291,15 @@ def restarted_attempts(report_dir: str, log_dir: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def torch_logs(path: str, verbose: bool):
+def torch_logs(path: str, verbose: bool, *extra: logging.Handler):
     """torch's launcher log lines (W/E ... api.py: "failed (exitcode ...)", "Sending closing signal") go to
-    ``path`` instead of the console, which shows ddpkit's lines and the script's; ``--verbose`` keeps both."""
+    ``path`` instead of the console, which shows ddpkit's lines and the script's; ``--verbose`` keeps both.
+    ``extra`` handlers see them too."""
     logger = logging.getLogger("torch.distributed")  # torch gives it its own stderr handler
     saved = logger.handlers[:]
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logger.handlers = saved + [handler] if verbose else [handler]
+    logger.handlers = (saved if verbose else []) + [handler, *extra]
     try:
         yield
     finally:
@@ -258,6 +318,16 @@ def stderr_tails(log_dir: str, first_rank: int, size: int = 8192) -> dict[int, s
     return tails
 
 
+def stderr_times(log_dir: str, first_rank: int) -> dict[int, float]:
+    """When each local worker last wrote to its stderr in its newest attempt, by global rank: when it stopped,
+    to a precision torch's failure timestamps (whole seconds) lack."""
+    times: dict[int, float] = {}
+    for path in sorted(glob.glob(os.path.join(log_dir, "*", "attempt_*", "*", "stderr.log")),
+                       key=lambda p: int(p.split("attempt_")[1].split(os.sep)[0])):
+        times[first_rank + int(os.path.basename(os.path.dirname(path)))] = os.path.getmtime(path)
+    return times
+
+
 def first_local_rank(exc, default: int) -> int:
     """The global rank of this node's local rank 0, from a failure (elastic: known only after the rendezvous).
 
@@ -267,7 +337,8 @@ def first_local_rank(exc, default: int) -> int:
     return next((rank - failure.local_rank for rank, failure in exc.failures.items()), default)
 
 
-def failure_report(exc, report_dir: str, tails: dict[int, str] | None = None) -> tuple[int, str]:
+def failure_report(exc, report_dir: str, tails: dict[int, str] | None = None,
+                   times: dict[int, float] | None = None) -> tuple[int, str]:
     """(exit code, text) for a failed run: ddpkit's report of the last attempt, else torch's failure."""
     crashed = {rank: _how(failure) for rank, failure in exc.failures.items()}
     attempts = sorted((d for d in os.listdir(report_dir) if d.startswith("attempt")), key=lambda d: int(d[7:]))
@@ -280,7 +351,8 @@ def failure_report(exc, report_dir: str, tails: dict[int, str] | None = None) ->
     # a local rank torch does not list exited 0 before the failure (the agent stops at the first failure)
     crashed.update({rank: "exited with code 0" for rank in (tails or {}) if rank not in crashed})
     # no attempt folder: no rank reached ddpkit.init(); their stderr tails may still hold a traceback
-    report = faults.report(os.path.join(report_dir, attempts[-1]) if attempts else report_dir, crashed, tails)
+    report = diagnosis.report(os.path.join(report_dir, attempts[-1]) if attempts else report_dir, crashed, tails,
+                              times)
     if report is not None:
         return report
     rank, failure = exc.get_first_failure()

@@ -1,0 +1,98 @@
+"""The launcher's console on real launches (gloo, CPU): who printed what, in print order, restarts and Ctrl-C
+shown, and a summary that names the right rank and cause."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import SCRATCH, WORKERS, launch, ok
+
+CONSOLE = WORKERS / "console.py"
+
+
+def test_every_ranks_output_is_prefixed_whole_and_in_blocks(tmp_path):
+    """--console-ranks all: [rankN]: prefixes; a rank's multi-line print stays one block; a UTF-8 character
+    split across two reads is whole; the last line without a newline is shown; N copies that never formed a
+    group are warned about."""
+    r = ok(launch(CONSOLE, "chatter", tmp_path, launcher_args=["--console-ranks", "all", "--log-dir", tmp_path]))
+    out = r.stdout.splitlines()
+    for rank in (0, 1):
+        p = f"[rank{rank}]: "
+        block = [f"{p}summary of rank {rank}:", f"{p}  common line", f"{p}  value {rank}"]
+        start = out.index(block[0])
+        assert out[start:start + 3] == block, r.stdout
+        assert f"[rank{rank}]: café from rank {rank}" in out, r.stdout
+        assert f"[rank{rank}]: accuracy=0.9{rank}" in out, r.stdout
+    assert "\ufffd" not in r.stdout
+    assert "2 processes ran and exited 0, and none called ddpkit.init()" in r.stderr, r.stderr
+
+
+def test_a_restart_shows_on_the_console_and_start_up_lines_precede_the_progress_bar(tmp_path):
+    r = ok(launch(CONSOLE, "restart", tmp_path, launcher_args=["--max-restarts", "1", "--log-dir", tmp_path],
+                  timeout=240))
+    err = r.stderr  # text mode: the bar's \r reads as \n
+    restart = err.find("ddpkit launch: rank 1 killed by SIGKILL; restarting: attempt 2 of 2")
+    started = err.rfind("(rank 0 of 2)")
+    assert 0 <= restart < started < err.find("step 1/3") < err.find("step 3/3"), err
+    # once the run is over, the attempt's summary names the killed rank, not its peer's consequence
+    assert "attempt 0 failed (rank 1 killed by SIGKILL; the logs: " in err, err
+    assert "none called ddpkit.init()" not in err
+
+
+def test_ctrl_c_prints_where_each_rank_was(tmp_path):
+    cmd = [sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", "2", "--log-dir", str(tmp_path),
+           str(CONSOLE), "ctrlc", str(tmp_path)]
+    proc = subprocess.Popen(cmd, cwd=SCRATCH, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not all((tmp_path / f"ready{r}").exists() for r in (0, 1)):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        time.sleep(0.5)  # rank 0 is inside its barrier by then
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert "stopped by signal SIGINT" in err, err
+    assert "rank 0 waits in a collective (barrier) at console.py" in err, err
+    assert "rank 1 is at console.py" in err and "in slow_step" in err, err
+
+
+def test_a_usage_error_is_said_as_such_and_names_the_rank_that_stopped_first(tmp_path):
+    r = launch(CONSOLE, "usage", tmp_path, launcher_args=["--log-dir", tmp_path])
+    assert r.returncode == 1, r.stderr
+    assert "rank 1 exited with code 2 (a usage error: console.py: error: the following arguments are required: " \
+           "--epochs)" in r.stderr, r.stderr
+    assert "without a Python exception" not in r.stderr
+
+
+def test_the_rank_that_failed_first_by_time_is_named_and_the_consequences_come_after(tmp_path):
+    """Both ranks raised before ddpkit.init and torch lists both; rank 1's log was written first."""
+    from test_launch import _failed_run
+
+    tb = "Traceback (most recent call last):\n  File \"t.py\", line 3, in <module>\n    load()\nValueError: {}\n"
+    logs = {0: tb.format("no data on rank 0"), 1: tb.format("no data on rank 1")}
+    for rank, age in ((0, 1.0), (1, 2.0)):  # rank 1's last write is older
+        folder = tmp_path / "logs" / "run" / "attempt_0" / str(rank)
+        folder.mkdir(parents=True)
+        (folder / "stderr.log").write_text(logs[rank])
+        stamp = time.time() - age
+        os.utime(folder / "stderr.log", (stamp, stamp))
+    code, text = _failed_run(tmp_path, {0: 1, 1: 1}, {}, reached_init=[])
+    assert code == 1 and text.startswith("ddpkit: rank 1 failed first: ValueError: no data on rank 1"), text
+
+
+def test_log_folders_beyond_the_newest_n_that_ddpkit_made_are_removed(tmp_path):
+    from ddpkit.logs import new_run_dir
+
+    made = [new_run_dir(str(tmp_path), keep=3) for _ in range(5)]
+    (tmp_path / "mine").mkdir()  # not made by ddpkit: never removed
+    current = new_run_dir(str(tmp_path), keep=3)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted(["mine", *(os.path.basename(p) for p in made[-2:]), os.path.basename(current)]), left
+    assert os.path.isdir(current)
