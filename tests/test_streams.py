@@ -199,3 +199,25 @@ def test_a_stream_position_taken_at_any_step_continues_with_the_same_batches(tmp
             for stream in ("generator", "uneven"):
                 assert result[stream]["steps"] >= 5 and result[stream]["wrong"] == [], \
                     (workers, rank, stream, result[stream])
+
+
+def test_the_shuffle_buffer_draws_what_randrange_draws_so_saved_positions_keep_their_order():
+    """A stream position is a count of samples per slot: resuming replays the same seeded order, so the
+    shuffle (which draws through Random's private _randbelow, for speed) must keep randrange's draws."""
+    import random
+
+    def reference(samples, size, rng):  # the shuffle as checkpoints written before 2026-12 were made with
+        buffer = []
+        for sample in samples:
+            if len(buffer) < size:
+                buffer.append(sample)
+                continue
+            index = rng.randrange(size)
+            buffer[index], sample = sample, buffer[index]
+            yield sample
+        rng.shuffle(buffer)
+        yield from buffer
+
+    for n, size in [(0, 4), (3, 4), (4, 4), (1000, 7), (5000, 1000), (257, 256)]:
+        got = list(streams.shuffled(iter(range(n)), size, random.Random(f"0-1-{size}")))
+        assert got == list(reference(iter(range(n)), size, random.Random(f"0-1-{size}"))), (n, size)

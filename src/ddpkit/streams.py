@@ -26,6 +26,7 @@ with the next unseen batch, in the order of an uninterrupted run, after an odd n
 from __future__ import annotations
 
 import copy
+import itertools
 import random
 import sys
 import time
@@ -193,33 +194,28 @@ class _Slots(IterableDataset):
         samples = self._samples(slot, slots)
         if self.shuffle and self.buffer > 1:
             samples = shuffled(samples, self.buffer, random.Random(f"{self.seed}-{self.epoch}-{slot}"))
-        skip, consumed, batch = self.skip.get(slot, 0), 0, []
-        for sample in samples:
-            consumed += 1
-            if consumed <= skip:  # seen before the checkpoint: replayed, not trained on
-                continue
-            batch.append(sample)
-            if len(batch) == self.batch_size:
-                yield _Batch(slot, consumed, self.collate(batch))
-                batch = []
-        if batch and not self.drop_last:
+        # islice, list, zip and deque do the per-sample work in C: this loop runs once per batch, not per sample
+        counter = itertools.count()
+        deque(zip(itertools.islice(samples, self.skip.get(slot, 0)), counter), maxlen=0)  # replayed, not trained
+        consumed = next(counter)  # zip pulls the counter once per sample it passed on
+        while batch := list(itertools.islice(samples, self.batch_size)):
+            consumed += len(batch)
+            if len(batch) < self.batch_size and self.drop_last:
+                return
             yield _Batch(slot, consumed, self.collate(batch))
 
     def _samples(self, slot: int, slots: int) -> Iterator[Any]:
         if is_hf(self.dataset):  # split by rank already (split_dataset_by_node); it splits by worker itself
-            yield from self.dataset
-            return
+            return iter(self.dataset)
         if self.whole_shards:
             order = list(range(self.dataset.n_shards))
             if self.shuffle:
                 random.Random(f"{self.seed}-{self.epoch}-shards").shuffle(order)
             rank, worker = divmod(slot, slots // self.world_size)
-            for index in order[rank + self.world_size * worker::slots]:  # ranks first: each has a shard
-                yield from self.dataset.shard(num_shards=self.dataset.n_shards, index=index)
-            return
-        for position, sample in enumerate(self.dataset):
-            if position % slots == slot:
-                yield sample
+            mine = order[rank + self.world_size * worker::slots]  # ranks first: each has a shard
+            return itertools.chain.from_iterable(
+                self.dataset.shard(num_shards=self.dataset.n_shards, index=index) for index in mine)
+        return itertools.islice(self.dataset, slot, None, slots)  # round robin: samples slot, slot + slots, ...
 
 
 def _as_worker(info: Any, worker: int) -> None:
@@ -270,14 +266,15 @@ def shuffled(samples: Iterator[Any], size: int, rng: random.Random) -> Iterator[
     >>> sorted(shuffled(iter(range(10)), 4, random.Random(0))) == list(range(10))
     True
     """
-    buffer: list[Any] = []
-    for sample in samples:
-        if len(buffer) < size:
-            buffer.append(sample)
-            continue
-        index = rng.randrange(size)
-        buffer[index], sample = sample, buffer[index]
-        yield sample
+    samples = iter(samples)
+    buffer = list(itertools.islice(samples, size))
+    if len(buffer) == size:
+        # what randrange(size) calls after checking its arguments: the same draws, without the checks per sample
+        draw: Callable[[int], int] = rng._randbelow  # type: ignore[attr-defined]
+        for sample in samples:
+            index = draw(size)
+            buffer[index], sample = sample, buffer[index]
+            yield sample
     rng.shuffle(buffer)
     yield from buffer
 
