@@ -28,13 +28,15 @@ from torch.nn.parallel._functions import Scatter
 from ddpkit import comm as comm_options
 from ddpkit import faults, runtime
 from ddpkit.consistency import FirstBackwardCheck, check_in_sync
+from ddpkit.forwarding import ForwardsAttributes, fsdp_method, user_method
 from ddpkit.syncbn import convert_sync_batchnorm, has_batchnorm
 
 
-class _PlainStateDict:
+class _PlainStateDict(ForwardsAttributes):
     """Mixin: the wrapper saves and loads the wrapped module's state dict, with no ``module.`` prefix.
 
-    ``load_state_dict`` also takes a dict saved from a wrapper by plain torch (keys ``module.*``).
+    ``load_state_dict`` also takes a dict saved from a wrapper by plain torch (keys ``module.*``). Names the
+    wrapper lacks are the module's (:class:`ddpkit.forwarding.ForwardsAttributes`): ``model.init_hidden(4)``.
     """
 
     module: nn.Module  # set by the torch wrapper this is mixed into
@@ -91,6 +93,9 @@ class DDP(_PlainStateDict, DistributedDataParallel):
         # static_graph: DDP itself finds, in the first iteration, the parameters that never get a gradient
         if not (kwargs.get("find_unused_parameters", False) or kwargs.get("static_graph", False)):
             self._first_backward = FirstBackwardCheck(module)
+        # a method called this way (model.init_hidden) runs on the local module, outside DDP's forward: right for
+        # set-up and inference; a loss from it is all-reduced only when a forward through DDP ran this step
+        self.start_forwarding()
 
     # Not traced by torch.compile (only this frame: the module inside is compiled as usual, with DDP's bucket
     # splitting): the checks and the heartbeat are Python side effects that would break the graph every step.
@@ -202,6 +207,10 @@ class DP(_PlainStateDict, DataParallel):
     slices that differ by at most one sample; a training batch smaller than the GPU count is an error.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.start_forwarding()  # a method called this way runs on the GPU-0 module, without replicas
+
     def scatter(self, inputs: Any, kwargs: Any, device_ids: Sequence[Any]) -> Any:
         size = _batch_size((inputs, kwargs), self.dim)
         if size is None:
@@ -220,17 +229,23 @@ class DP(_PlainStateDict, DataParallel):
         return super().parallel_apply(in_caller_autocast(replicas, "cuda"), inputs, kwargs)
 
 
-class FSDP(nn.Module):
+class FSDP(ForwardsAttributes, nn.Module):
     """The root of a model sharded by FSDP2's ``fully_shard``, whose state dict is the full, plain one.
 
     ``state_dict()`` all-gathers each sharded tensor (call it on every rank: it is collective) and
     ``load_state_dict`` takes a full state dict (from any mode) and keeps this rank's slices. For models too
-    big to gather, :class:`ddpkit.Checkpointer` saves shards instead.
+    big to gather, :class:`ddpkit.Checkpointer` saves shards instead. ``model.decode(z)`` runs the module's
+    method as an FSDP forward (:func:`ddpkit.forwarding.fsdp_method`): call it on every rank, like ``model(x)``.
     """
 
     def __init__(self, module: nn.Module):
         super().__init__()
         self.module = module
+        self._forward_methods: dict[str, Any] = {}
+        self.start_forwarding()
+
+    def _forwarded(self, inner: nn.Module, name: str, value: Any) -> Any:
+        return fsdp_method(inner, name, self._forward_methods) if user_method(inner, name, value) else value
 
     def forward(self, *args: Any, **kwargs: Any):
         faults.heartbeat()

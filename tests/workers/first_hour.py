@@ -1,0 +1,93 @@
+"""Worker: a prepared model keeps the user's methods and attributes (issue 26 item 3), and
+``ddpkit.accumulate`` (gradient accumulation). ``python first_hour.py CASE OUT`` or under ``ddpkit launch``.
+
+CASE ``methods``: asserts here, in whatever mode the launch chose, and writes OUT/methods-rank<R>.json.
+CASE ``accumulate``: trains with ``ddpkit.accumulate`` and saves OUT/accumulate-<mode>.pt on rank 0.
+"""
+import json
+import os
+import sys
+
+import torch
+from torch import nn
+
+import ddpkit
+
+torch.set_num_threads(1)
+case, out_dir = sys.argv[1], sys.argv[2]
+state = ddpkit.init(seed=3)
+
+
+class WordLM(nn.Module):
+    """The shapes of public scripts: word_language_model's init_hidden, a VAE's decode, minGPT's
+    configure_optimizers, plain attributes read in forward."""
+
+    def __init__(self, ntoken=7, nhid=4):
+        super().__init__()
+        self.ntoken, self.nhid, self.temperature = ntoken, nhid, 1.0
+        self.encoder = nn.Embedding(ntoken, nhid)
+        self.rnn = nn.LSTM(nhid, nhid)
+        self.decoder = nn.Linear(nhid, ntoken)
+
+    def init_hidden(self, bsz):
+        weight = next(self.parameters())
+        return weight.new_zeros(1, bsz, self.nhid), weight.new_zeros(1, bsz, self.nhid)
+
+    def decode(self, z):
+        return self.decoder(z) / self.temperature
+
+    def configure_optimizers(self, lr=0.1):
+        return torch.optim.SGD(self.parameters(), lr=lr)
+
+    def forward(self, x, hidden):
+        out, hidden = self.rnn(self.encoder(x), hidden)
+        return self.decode(out), hidden
+
+
+def is_dtensor(t):
+    return type(t).__name__ == "DTensor"
+
+
+def methods():
+    model = ddpkit.prepare_model(WordLM())
+    plain = WordLM()
+    plain.load_state_dict(model.state_dict())  # rank 0's weights, which every rank's wrapper holds
+    facts = {"mode": state.mode, "ntoken": model.ntoken}
+    hidden = model.init_hidden(3)
+    facts["hidden"] = [list(h.shape) for h in hidden]
+    assert not any(is_dtensor(h) for h in hidden), [type(h) for h in hidden]
+    # the same data on every rank: the averaged gradients are the local ones, those of the plain model
+    x, z = torch.arange(15).reshape(5, 3) % 7, torch.linspace(-1, 1, 12).reshape(3, 4)
+    for net in (model, plain):  # one loss through a method called on the wrapper (first: fsdp reshards after
+        decoded = net.decode(z)  # it, and the backward gathers again) and through forward
+        out, _ = net(x, net.init_hidden(3))
+        (out.square().mean() + decoded.square().mean()).backward()
+    facts["forward"] = list(out.shape)
+    grads = [p.grad.full_tensor() if is_dtensor(p.grad) else p.grad for p in ddpkit.unwrap(model).parameters()]
+    facts["grads_equal"] = all(torch.allclose(g, p.grad, atol=1e-6) for g, p in zip(grads, plain.parameters()))
+    # the methods leave fsdp's parameters sharded: an optimizer built now holds the shards
+    facts["sharded_after"] = all(is_dtensor(p) for p in model.parameters())
+    try:
+        opt = model.configure_optimizers()
+        facts["optimizer"] = [id(p) for p in opt.param_groups[0]["params"]] == [id(p) for p in model.parameters()]
+    except RuntimeError as exc:
+        facts["optimizer"] = str(exc)
+    opt = ddpkit.unwrap(model).configure_optimizers()  # the plain module: always the trained tensors
+    facts["unwrap_optimizer"] = [id(p) for p in opt.param_groups[0]["params"]] == [id(p) for p in model.parameters()]
+    model.temperature = 2.0  # the module's attribute: the module's forward sees it
+    facts["temperature"] = [ddpkit.unwrap(model).temperature, model.temperature]
+    model.note = "mine"  # a name neither has: the wrapper's, read back through it
+    facts["note"] = [model.note, hasattr(ddpkit.unwrap(model), "note") and model is not ddpkit.unwrap(model)]
+    facts["own"] = {"module": getattr(model, "module", None) is ddpkit.unwrap(model),
+                    "no_sync": hasattr(model, "no_sync"), "keys": sorted(model.state_dict())[:2]}
+    try:
+        model.init_hiddn(3)
+    except AttributeError as exc:
+        facts["missing"] = str(exc)
+    with open(os.path.join(out_dir, f"methods-rank{state.rank}.json"), "w") as f:
+        json.dump(facts, f)
+
+
+if case == "methods":
+    methods()
+ddpkit.shutdown()
