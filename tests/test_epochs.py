@@ -121,3 +121,37 @@ def test_set_epoch_after_iter_before_the_first_batch_applies_to_the_next_pass(sa
     loader.set_epoch(1)
     assert ids(it) == epochs[0] and loader.epoch == 1
     assert ids(loader) == epochs[1] and loader.epoch == 2
+
+
+def test_a_checkpoint_on_an_epochs_last_step_resumes_in_the_next_epoch():
+    """``ckpt.save`` inside the loop on the step that ends epoch 0 (step-based saving): the resumed loop,
+    ``range(loader.epoch, epochs)``, must start at epoch 1 with epoch 1's order, as after the loop; it re-entered
+    epoch 0 with an empty pass, so the script's per-epoch code (evaluation, scheduler.step) ran twice for it."""
+    import ddpkit
+
+    ddpkit.init(cpu=True)
+    data = torch.utils.data.TensorDataset(torch.arange(16))
+    build = lambda: ddpkit.data_loader(data, batch_size=4, seed=1, generator=torch.Generator().manual_seed(5))  # noqa: E731
+    loader, orders = build(), []
+    for epoch in range(loader.epoch, 2):
+        orders.append([])
+        for i, (x,) in enumerate(loader):
+            orders[-1] += x.tolist()
+            if epoch == 0 and i == len(loader) - 1:
+                saved, generator = loader.state_dict(), loader.generator_state()
+    resumed = build()
+    resumed.load_state_dict(saved)
+    resumed.generator.set_state(generator)
+    assert saved == {"epoch": 1, "position": 0} and list(range(resumed.epoch, 2)) == [1]
+    assert [i for (x,) in resumed for i in x.tolist()] == orders[1]
+    assert torch.equal(resumed.generator.get_state(), loader.generator.get_state())  # the same worker seeds drawn
+
+
+def test_a_resumed_mid_epoch_pass_that_reaches_its_end_counts_as_finished():
+    import ddpkit
+
+    ddpkit.init(cpu=True)
+    loader = ddpkit.data_loader(torch.utils.data.TensorDataset(torch.arange(16)), batch_size=4, seed=1)
+    loader.load_state_dict({"epoch": 2, "position": 8})
+    states = [loader.state_dict() for _ in loader]
+    assert states == [{"epoch": 2, "position": 12}, {"epoch": 3, "position": 0}]
