@@ -54,7 +54,8 @@ class TinyGPT(nn.Module):
 
     def configure_optimizers(self, config):
         """AdamW with weight decay on the Linear weights only (not biases, norms or embeddings)."""
-        decay = {f"{mn}.{pn}".lstrip(".") for mn, m in self.named_modules() for pn, _ in m.named_parameters(recurse=False)
+        decay = {f"{mn}.{pn}".lstrip(".") for mn, m in self.named_modules()
+                 for pn, _ in m.named_parameters(recurse=False)
                  if pn.endswith("weight") and isinstance(m, (nn.Linear, nn.MultiheadAttention))}
         params = dict(self.named_parameters())
         groups = [{"params": [params[n] for n in sorted(decay)], "weight_decay": config.weight_decay},

@@ -24,7 +24,8 @@ def synthetic_corpus(n_words: int, seed: int) -> list[str]:
     vocab = [f"w{i}" for i in range(40)]
     words, w = [], 0
     for _ in range(n_words):
-        w = (w * 7 + 3) % 40 if torch.rand(1, generator=g).item() < 0.7 else int(torch.randint(0, 40, (1,), generator=g))
+        habit = torch.rand(1, generator=g).item() < 0.7
+        w = (w * 7 + 3) % 40 if habit else int(torch.randint(0, 40, (1,), generator=g))
         words.append(vocab[w])
     return words
 
