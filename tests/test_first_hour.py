@@ -71,6 +71,43 @@ def test_the_wrappers_read_the_modules_names_and_write_the_modules_own():
     assert model.module.training is True
     with pytest.raises(AttributeError, match=r"^DP\(Net\) has no attribute 'nope': looked up on ddpkit's DP "
                                              r"wrapper, then on your Net module"):
-        model.nope
+        _ = model.nope
     clone = copy.deepcopy(model)
     assert clone.twice(2) == 4 and clone.module is not model.module and not hasattr(model, "__deepcopy__")
+
+
+def test_a_misspelt_option_is_refused_not_prefix_matched():
+    """`--nproc-per-nod 2` ran as --nproc-per-node 2 (argparse's prefix matching); every ddpkit parser refuses it."""
+    from ddpkit import bench, check, cli, launch, shards, verify
+
+    for build in (launch.build_parser, verify.build_parser, check.build_parser, bench.build_parser,
+                  shards.build_parser):
+        assert build().allow_abbrev is False, build.__module__
+    with pytest.raises(cli.UsageError, match="unrecognized arguments: --nproc-per-nod"):
+        launch.build_parser().parse_args(["--nproc-per-nod", "2", "train.py"])
+
+
+def test_version_and_help_go_to_stdout_with_exit_0(capsys):
+    from importlib.metadata import version
+
+    from ddpkit import cli
+
+    assert cli.main(["--version"]) == 0
+    out, err = capsys.readouterr()
+    assert out == f"ddpkit {version('ddpkit')}\n" and not err
+    assert cli.main(["--help"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("usage: ddpkit COMMAND") and "--version" in out and not err
+    assert cli.main(["lanch"]) == 2  # a wrong command: usage and the error on stderr
+    out, err = capsys.readouterr()
+    assert not out and "ddpkit: error: unknown command 'lanch'" in err
+
+
+def test_the_package_lists_its_api_only_and_spawn_error_is_top_level():
+    import ddpkit
+    from ddpkit.spawning import SpawnError
+
+    assert ddpkit.SpawnError is SpawnError and "SpawnError" in ddpkit.__all__
+    listed = dir(ddpkit)
+    assert not {"Any", "TYPE_CHECKING", "annotations", "importlib"} & set(listed), listed
+    assert {"init", "prepare_model", "spawn", "SpawnError", "__version__"} <= set(listed)

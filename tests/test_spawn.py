@@ -78,6 +78,9 @@ def test_a_script_that_launches_itself_equals_ddpkit_launch(tmp_path):
     result = json.loads(r.stdout.split("RESULT ", 1)[1])
     assert result == {"rank": 0, "world_size": 2, "mode": "ddp"}  # rank 0's return value
     assert "trained" in r.stdout  # rank 0's print reaches the caller's stdout
+    # issue 26 #6: where the logs are, said once, as ddpkit launch says it
+    logs = [line for line in r.stderr.splitlines() if line.startswith("ddpkit.spawn: ") and "per-rank logs in" in line]
+    assert len(logs) == 1 and os.path.isdir(os.path.join(SCRATCH, logs[0].rsplit(" in ", 1)[1])), r.stderr
     ok(launch(SELF, tmp_path))
     spawned, launched = torch.load(tmp_path / "spawn.pt"), torch.load(tmp_path / "launch.pt")
     assert all(torch.equal(spawned[k], launched[k]) for k in launched)  # the same weights, bitwise

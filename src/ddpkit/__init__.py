@@ -11,10 +11,9 @@ Launch with ``ddpkit launch --nproc-per-node 2 train.py`` or run ``python train.
 Importing ddpkit imports nothing heavy: each name loads its module on first use.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING, Any
+# Helpers under private names (and no ``from __future__``): ``dir(ddpkit)`` is the API, not this module's imports.
+import importlib as _importlib
+import typing as _typing
 
 __version__ = "0.1.0"
 
@@ -39,6 +38,7 @@ _EXPORTS = {
     "all_ranks": "control",
     "main_process_first": "control",
     "spawn": "spawning",
+    "SpawnError": "spawning",
     "Checkpointer": "checkpoint",
     "CommConfig": "comm",
     "print": "output",
@@ -49,7 +49,7 @@ _EXPORTS = {
 
 __all__ = list(_EXPORTS)
 
-if TYPE_CHECKING:  # pragma: no cover
+if _typing.TYPE_CHECKING:  # pragma: no cover
     from ddpkit.checkpoint import Checkpointer
     from ddpkit.collectives import gather, reduce
     from ddpkit.comm import CommConfig
@@ -59,17 +59,22 @@ if TYPE_CHECKING:  # pragma: no cover
     from ddpkit.output import get_logger, print, progress, summary_writer
     from ddpkit.precision import autocast
     from ddpkit.runtime import State, init, shutdown
-    from ddpkit.spawning import spawn
+    from ddpkit.spawning import SpawnError, spawn
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'ddpkit' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"ddpkit.{module}"), name)
+    value = getattr(_importlib.import_module(f"ddpkit.{module}"), name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+    """The API, ``__version__`` and the submodules imported so far; not this module's own helpers.
+
+    >>> {"init", "SpawnError", "__version__"} <= set(__dir__()) and "importlib" not in __dir__()
+    True
+    """
+    return sorted(set(__all__) | {name for name in globals() if not name.startswith("_") or name.startswith("__")})

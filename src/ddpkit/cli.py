@@ -30,7 +30,13 @@ class UsageError(ValueError):
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse that raises :class:`UsageError` (one line, exit 2) instead of printing the whole usage."""
+    """argparse that raises :class:`UsageError` (one line, exit 2) instead of printing the whole usage, and
+    takes options by their whole name only: with argparse's prefix matching, ``--nproc-per-nod 2`` ran as
+    ``--nproc-per-node 2`` and a misspelt option of the user's script could be taken for one of ddpkit's."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         raise UsageError(message)
@@ -68,15 +74,39 @@ COMMANDS = {
 }
 
 
+def version() -> str:
+    """ddpkit's version from the installed package's metadata (the source tree's when not installed)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("ddpkit")
+    except PackageNotFoundError:
+        from ddpkit import __version__
+
+        return __version__
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """``ddpkit COMMAND ...``; ``--help`` (asked for: stdout, exit 0) and ``--version`` (``ddpkit 0.1.0``).
+
+    >>> main(["--version"])  # doctest: +ELLIPSIS
+    ddpkit ...
+    0
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--version"]:
+        print(f"ddpkit {version()}")
+        return OK
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        asked = argv[:1] in (["-h"], ["--help"])  # asked for: the answer is output; otherwise a usage error
         lines = [f"  {name:11} {text}" for name, (_, text) in COMMANDS.items()]
-        print("usage: ddpkit COMMAND [options]\n\ncommands:\n" + "\n".join(lines), file=sys.stderr)
-        if argv and argv[0] not in ("-h", "--help"):
+        print("usage: ddpkit COMMAND [options]\n       ddpkit --version\n\ncommands:\n" + "\n".join(lines),
+              file=sys.stdout if asked else sys.stderr)
+        if argv and not asked:
             print(f"ddpkit: error: unknown command {argv[0]!r}; expected one of {', '.join(COMMANDS)}",
                   file=sys.stderr)
-        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+        return OK if asked else USAGE_ERROR
     module = importlib.import_module(COMMANDS[argv[0]][0])
     return module.main(argv[1:])
 

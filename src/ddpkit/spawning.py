@@ -179,6 +179,9 @@ def _launch(cfg: launch.LaunchConfig, fn: Callable[..., Any], args: tuple, kwarg
 
     rendezvous.register()
     os.makedirs(run_dir, exist_ok=True)
+    # before any worker speaks, as ddpkit launch says it: where a failed rank's whole output is
+    print(f"ddpkit.spawn: {cfg.nproc_per_node} processes ({cfg.strategy.title}); per-rank logs in {run_dir}",
+          file=sys.stderr, flush=True)
     # torch redirects a worker's output at the file-descriptor level, through sys.stdout.fileno(); a kernel that
     # does not capture its descriptors has streams without one: the workers then write through those streams
     redirects = Std.ALL if _has_fileno(sys.stdout) and _has_fileno(sys.stderr) else Std.NONE
