@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 _g = torch.Generator().manual_seed(0)
 train_set = TensorDataset(torch.randn(256, 8, generator=_g), torch.randint(0, 3, (256,), generator=_g))
+test_set = TensorDataset(torch.randn(61, 8, generator=_g), torch.randint(0, 3, (61,), generator=_g))
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
@@ -44,7 +45,6 @@ HARNESS = {
 import ddpkit
 ddpkit.init()
 model = ddpkit.prepare_model(Net()).eval()
-test_set = train_set
 """,
     "accumulate": QUICKSTART_DATA + """
 import argparse, ddpkit
