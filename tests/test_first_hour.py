@@ -111,3 +111,29 @@ def test_the_package_lists_its_api_only_and_spawn_error_is_top_level():
     listed = dir(ddpkit)
     assert not {"Any", "TYPE_CHECKING", "annotations", "importlib"} & set(listed), listed
     assert {"init", "prepare_model", "spawn", "SpawnError", "__version__"} <= set(listed)
+
+
+def test_accumulate_decides_per_micro_step_and_ends_each_epoch_with_a_sync():
+    import ddpkit
+
+    plan = [(m.sync, m.size) for m in (ddpkit.accumulate(None, i, steps=4, total=10) for i in range(10))]
+    assert plan == [(False, 4)] * 3 + [(True, 4)] + [(False, 4)] * 3 + [(True, 4), (False, 2), (True, 2)]
+    assert [ddpkit.accumulate(None, i, steps=3).sync for i in range(7)] == [False, False, True] * 2 + [False]
+    assert all(ddpkit.accumulate(None, i, steps=1, total=3).sync for i in range(3))
+    with pytest.raises(ValueError, match=r"accumulate\(step=10, steps=4, total=10\): expected .* total=len\(loader\)"):
+        ddpkit.accumulate(None, 10, steps=4, total=10)
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_accumulated_steps_equal_one_process_with_the_big_batch(tmp_path, mode):
+    """Accelerate's accumulate / Fabric's no_backward_sync, in torch's words: the non-final micro-steps skip
+    the gradient reduction, and an epoch of 10 micro-batches with steps=4 updates after 4, 8 and 10."""
+    import torch
+
+    ok(run_cmd([sys.executable, str(WORKER), "accumulate", str(tmp_path)]))
+    ok(launch(WORKER, "accumulate", tmp_path, launcher_args=("--mode", mode)))
+    ref, got = torch.load(tmp_path / "accumulate-single.pt"), torch.load(tmp_path / f"accumulate-{mode}.pt")
+    epoch = [False, False, False, True, False, False, False, True, False, True]
+    assert got["flags"] == epoch * 2 and got["synced"] == epoch * 2
+    for name, value in ref["weights"].items():
+        assert torch.allclose(value.double(), got["weights"][name].double(), rtol=0, atol=1e-6), name

@@ -25,6 +25,7 @@ _EXPORTS = {
     "prepare_model": "model",
     "unwrap": "model",
     "no_sync": "model",
+    "accumulate": "model",
     "init_empty": "model",
     "autocast": "precision",
     "data_loader": "data",
@@ -55,7 +56,7 @@ if _typing.TYPE_CHECKING:  # pragma: no cover
     from ddpkit.comm import CommConfig
     from ddpkit.control import all_ranks, any_rank, barrier, broadcast, gather_object, main_process_first
     from ddpkit.data import data_loader, join
-    from ddpkit.model import init_empty, no_sync, prepare_model, unwrap
+    from ddpkit.model import accumulate, init_empty, no_sync, prepare_model, unwrap
     from ddpkit.output import get_logger, print, progress, summary_writer
     from ddpkit.precision import autocast
     from ddpkit.runtime import State, init, shutdown

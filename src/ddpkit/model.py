@@ -5,7 +5,8 @@ Example::
     model = ddpkit.prepare_model(Net())       # device, SyncBatchNorm (DDP), DDP / DataParallel / nothing
     loss = loss_fn(model(x), y)               # forward and backward unchanged
     torch.save(model.state_dict(), "w.pt")    # no "module." prefix, in every mode
-    ddpkit.unwrap(model).my_method()          # the plain module
+    model.init_hidden(bsz)                    # the module's own methods and attributes, through the wrapper
+    ddpkit.unwrap(model)                      # the plain module
 
 The wrapping itself belongs to the mode (:mod:`ddpkit.strategy`); the wrappers are in :mod:`ddpkit.wrappers`.
 """
@@ -21,7 +22,7 @@ from ddpkit import comm as comm_options
 from ddpkit import runtime, sharded, strategy
 from ddpkit.wrappers import unwrap
 
-__all__ = ["init_empty", "no_sync", "prepare_model", "unwrap"]
+__all__ = ["MicroStep", "accumulate", "init_empty", "no_sync", "prepare_model", "unwrap"]
 
 init_empty = sharded.init_empty
 
@@ -41,6 +42,56 @@ def no_sync(model: nn.Module, enabled: bool = True) -> contextlib.AbstractContex
     if not enabled:
         return contextlib.nullcontext()
     return strategy.get(runtime.ensure_init().mode).no_sync(model)
+
+
+class MicroStep(contextlib.AbstractContextManager["MicroStep"]):
+    """One micro-step of gradient accumulation (made by :func:`accumulate`): ``sync`` says whether its
+    backward all-reduces (then step the optimizer), ``size`` how many micro-batches its group has (divide the
+    loss by it). Entered, it is :func:`no_sync` for the micro-steps that do not sync."""
+
+    def __init__(self, model: nn.Module, sync: bool, size: int):
+        self.sync, self.size, self._model = sync, size, model
+        self._context: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+
+    def __enter__(self) -> MicroStep:
+        self._context = no_sync(self._model, enabled=not self.sync)
+        self._context.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> bool | None:
+        return self._context.__exit__(*exc)
+
+
+def accumulate(model: nn.Module, step: int, steps: int, total: int | None = None) -> MicroStep:
+    """Gradient accumulation over ``steps`` micro-batches: micro-step ``step`` (0-based, in this epoch) of
+    ``total`` (``len(loader)``) skips the gradient all-reduce unless it ends a group (DDP's ``no_sync``, FSDP's
+    ``set_requires_gradient_sync(False)``; nothing to skip in single and dp). Put forward and backward inside::
+
+        for i, (x, y) in enumerate(loader):
+            with ddpkit.accumulate(model, i, steps=4, total=len(loader)) as micro:
+                (loss_fn(model(x), y) / micro.size).backward()
+            if micro.sync:
+                optimizer.step()
+                optimizer.zero_grad()
+
+    Groups are ``steps`` micro-batches from the start of each epoch; the last micro-step of the epoch
+    (``step == total - 1``) always syncs, so an epoch of 10 batches with ``steps=4`` steps the optimizer
+    after batches 4, 8 and 10, and the last group's ``size`` is 2: each update averages the samples it saw,
+    as one process with a batch of ``steps`` times the global batch does. Without ``total`` (a stream) a
+    trailing partial group is left accumulated: call ``optimizer.zero_grad()`` at each epoch's start.
+    ``step`` and ``total`` must be the same on every rank (``len()`` of a ddpkit loader is), or ranks that
+    disagree on syncing hang in the all-reduce.
+
+    >>> [accumulate(nn.Linear(1, 1), i, steps=4, total=6).sync for i in range(6)]
+    [False, False, False, True, False, True]
+    """
+    if steps < 1 or step < 0 or (total is not None and not 0 <= step < total):
+        raise ValueError(f"accumulate(step={step}, steps={steps}, total={total}): expected steps >= 1 and "
+                         "0 <= step < total; pass the micro-step's index in this epoch (enumerate(loader)) and "
+                         "total=len(loader)")
+    start = step - step % steps
+    end = start + steps if total is None else min(start + steps, total)
+    return MicroStep(model, sync=step + 1 == end, size=end - start)
 
 
 def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_every: int = 0,

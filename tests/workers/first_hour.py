@@ -88,6 +88,55 @@ def methods():
         json.dump(facts, f)
 
 
+def samples(n=40):
+    g = torch.Generator().manual_seed(123)
+    return torch.utils.data.TensorDataset(torch.randn(n, 6, generator=g), torch.randint(0, 3, (n,), generator=g))
+
+
+def accumulate(steps=4, epochs=2):
+    """40 samples, a global micro-batch of 4 (2 per process): 10 micro-steps an epoch, groups of 4, 4 and 2.
+    One process instead takes batches of 16 (16, 16, 8): the same samples in each update."""
+    torch.manual_seed(0)
+    model = ddpkit.prepare_model(nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3)), shard=[nn.Linear])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    one = state.world_size == 1
+    loader = ddpkit.data_loader(samples(), batch_size=16 if one else 16 // state.world_size // steps, seed=5)
+    synced, flags = [], []  # per backward: did it reduce gradients; did accumulate say it syncs
+    if state.mode == "ddp":  # torch's all-reduce, counted
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        def counting(process_group, bucket):
+            calls.append(1)
+            return allreduce_hook(process_group, bucket)
+
+        calls = []
+        model.register_comm_hook(None, counting)
+    for _ in range(epochs):
+        for i, (x, y) in enumerate(loader):
+            if one:
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+                continue
+            before = len(calls) if state.mode == "ddp" else 0
+            with ddpkit.accumulate(model, i, steps=steps, total=len(loader)) as micro:
+                (nn.functional.cross_entropy(model(x), y) / micro.size).backward()
+            flags.append(micro.sync)
+            if state.mode == "ddp":
+                synced.append(len(calls) > before)
+            else:  # fsdp: the sharded gradient appears only when a reduce-scatter ran (zero_grad sets None)
+                synced.append(all(p.grad is not None for p in model.parameters()))
+            if micro.sync:
+                opt.step()
+                opt.zero_grad()
+    weights = model.state_dict()
+    if state.is_main:
+        torch.save({"weights": weights, "synced": synced, "flags": flags},
+                   os.path.join(out_dir, f"accumulate-{state.mode}.pt"))
+
+
 if case == "methods":
     methods()
+elif case == "accumulate":
+    accumulate()
 ddpkit.shutdown()
