@@ -21,6 +21,8 @@ def test_broken_scripts_fail_naming_the_first_difference(mode, bug, first):
     result = json.loads(r.stdout)
     assert r.returncode == 4 and result["passed"] is False and result["mode"] == mode
     assert result["first_diverging"] == first and result["first_max_abs_diff"] > 1e-4
+    cause = {"sum": "loss reduction", "nosync": "rank-dependent code"}[bug]  # issue 26.2: a FAIL says why
+    assert cause in result["cause"] and result["first_gradient_diverging"] == first, result
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
