@@ -96,3 +96,24 @@ def test_log_folders_beyond_the_newest_n_that_ddpkit_made_are_removed(tmp_path):
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == sorted(["mine", *(os.path.basename(p) for p in made[-2:]), os.path.basename(current)]), left
     assert os.path.isdir(current)
+
+
+def _tail(tmp_path, capsys, console, logs):
+    from ddpkit.logs import ConsoleTail
+
+    for rank, text in logs.items():
+        folder = tmp_path / "run" / "attempt_0" / str(rank)
+        folder.mkdir(parents=True)
+        (folder / "stdout.log").write_text(text)
+    tail = ConsoleTail(str(tmp_path), console, 0, len(logs))
+    tail._poll()
+    tail._flush(force=True)
+    return capsys.readouterr().out.splitlines()
+
+
+def test_twins_are_joined_only_where_each_shown_ranks_lines_keep_their_order(tmp_path, capsys):
+    assert _tail(tmp_path / "a", capsys, {0, 1}, {0: "S0\nC\nV0\n", 1: "S1\nC\nV1\n"}) == \
+        ["[rank0]: S0", "[rank0]: C", "[rank0]: V0", "[rank1]: S1", "[rank1]: C", "[rank1]: V1"]
+    assert _tail(tmp_path / "b", capsys, {0}, {0: "E0\nS\n", 1: "E1\nS\n"}) == ["E0", "S [x2 ranks]"]
+    assert _tail(tmp_path / "c", capsys, {0, 1}, {0: "epoch 1\nx0\n", 1: "epoch 1\nx1\n"}) == \
+        ["[rank0-1]: epoch 1", "[rank0]: x0", "[rank1]: x1"]

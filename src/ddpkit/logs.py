@@ -3,8 +3,9 @@ and a block of lines that N ranks print alike appears once, marked ``[x N ranks]
 
 ``ddpkit launch`` asks torchrun to redirect each worker's stdout and stderr into
 ``<log-dir>/<run id>/attempt_<k>/<local rank>/{stdout,stderr}.log`` and runs a :class:`ConsoleTail` that
-follows those files. The unit is a rank's chunk of whole lines (what one print wrote), so a multi-line print
-stays together; with more than one console rank each line starts with ``[rank0]:`` as torchrun's do.
+follows those files. A line joins its twin of another rank only where that keeps each shown rank's lines in
+order, so a multi-line print stays together; with more than one console rank each line starts with
+``[rank0]:`` as torchrun's do.
 Progress-bar updates (segments ending in ``\\r``) of console ranks pass straight through, after the lines
 that came before them.
 
@@ -27,7 +28,7 @@ import time
 
 from ddpkit.faults import block_length
 
-_HOLD_S = 0.5  # how long a console chunk waits for twins from other ranks before it is printed
+_HOLD_S = 0.5  # how long a console line waits for twins from other ranks before it is printed
 _RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
 RUN_MARKER = ".ddpkit-run"  # in every log folder ddpkit made: only those are ever removed
 
@@ -118,7 +119,7 @@ class ConsoleTail:
         # bytes -> text per file: a UTF-8 character split across two reads is decoded whole
         self.decoders: dict[str, codecs.IncrementalDecoder] = {}
         self.hiding: dict[str, int] = {}  # file -> lines of a worker's traceback block left (its log keeps them)
-        # per stream, in arrival order: [first seen, lines of one chunk, ranks that printed it]
+        # per stream, in arrival order: [first seen, text, ranks that printed it]
         self.pending: dict[str, list[list]] = {"stdout": [], "stderr": []}
         self._lock = threading.Lock()  # the launcher's own lines (say) and the tail's thread write in turn
         self._stop = threading.Event()
@@ -166,7 +167,7 @@ class ConsoleTail:
             self._text(path, self.partial.pop(path, "") + decoder.decode(data))
 
     def _text(self, path: str, text: str) -> None:
-        """Whole lines of one read become one chunk; a progress update ends the chunk before it."""
+        """Whole lines go to the queue, progress updates straight out (after the lines before them)."""
         lines: list[str] = []
         for segment in re.split(r"(?<=[\r\n])", text):
             if not segment:
@@ -193,8 +194,8 @@ class ConsoleTail:
             self._write(stream, (rank_label({rank}) if self.prefixed else "") + segment)
 
     def _whole(self, path: str, lines: list[str]) -> None:
-        """A chunk of whole lines from ``path``: a worker's traceback block stays in its log (the launcher's
-        report prints the first failure's traceback once, not one per console rank)."""
+        """Whole lines from ``path``: a worker's traceback block stays in its log (the launcher's report prints
+        the first failure's traceback once, not one per console rank)."""
         kept = []
         for line in lines:
             line = _RANK_PREFIX.sub("", line)
@@ -204,32 +205,38 @@ class ConsoleTail:
                 self.hiding[path] = n
             else:
                 kept.append(line)
-        if kept:
-            stream, rank = self._where(path)
-            self._chunk(stream, tuple(kept), rank)
+        stream, rank = self._where(path)
+        for line in kept:
+            self._line(stream, line, rank)
 
-    def _chunk(self, stream: str, lines: tuple[str, ...], rank: int) -> None:
-        """Join the waiting twin of this chunk that this rank has not printed yet, or queue a new one."""
-        for entry in self.pending[stream]:
-            if entry[1] == lines and rank not in entry[2]:
+    def _line(self, stream: str, text: str, rank: int) -> None:
+        """Join the waiting twin of this line that this rank has not printed yet, or queue a new one.
+
+        A shown rank joins only a twin queued after its own waiting lines: its lines keep their order, so a
+        multi-line print is not merged line by line into another rank's (``[rank1]: value 1`` cannot move
+        above ``[rank1]: summary of rank 1:`` by joining rank 0's twin of a line in between).
+        """
+        queue = self.pending[stream]
+        for i, entry in enumerate(queue):
+            if entry[1] == text and rank not in entry[2]:
+                if rank in self.console and any(rank in later[2] for later in queue[i + 1:]):
+                    continue
                 entry[2].add(rank)
                 return
-        self.pending[stream].append([time.monotonic(), lines, {rank}])
+        queue.append([time.monotonic(), text, {rank}])
 
     def _flush(self, force: bool) -> None:
-        """Print chunks in arrival order once all ranks printed them or they waited long enough."""
+        """Print lines in arrival order once all ranks printed them or they waited long enough."""
         now = time.monotonic()
         for stream, queue in self.pending.items():
             while queue and (force or len(queue[0][2]) == self.world or now - queue[0][0] > _HOLD_S):
-                _, lines, ranks = queue.pop(0)
+                _, text, ranks = queue.pop(0)
                 shown = ranks & self.console
-                if not shown:
-                    continue
-                prefix = rank_label(shown) if self.prefixed else ""
-                # the prefix names who printed it; the mark counts the ranks it does not name
-                mark = f" [x{len(ranks)} ranks]" if len(ranks) > (len(shown) if self.prefixed else 1) else ""
-                self._write(stream, "".join(f"{prefix}{line}{mark if i == 0 else ''}\n"
-                                            for i, line in enumerate(lines)))
+                if shown:
+                    prefix = rank_label(shown) if self.prefixed else ""
+                    # the prefix names who printed it; the mark counts the ranks it does not name
+                    mark = f" [x{len(ranks)} ranks]" if len(ranks) > (len(shown) if self.prefixed else 1) else ""
+                    self._write(stream, f"{prefix}{text}{mark}\n")
 
     @staticmethod
     def _write(stream: str, text: str) -> None:
