@@ -1,4 +1,5 @@
-"""Root cause once, and hang reports: the worker half writes files, the launcher half reads them.
+"""Root cause once, and hang reports: the worker half, which writes files (:mod:`ddpkit.diagnosis`, the
+launcher half, reads them).
 
 Workers started by ``ddpkit launch`` get ``DDPKIT_REPORT_DIR``. In that directory each worker writes
 
@@ -6,10 +7,10 @@ Workers started by ``ddpkit launch`` get ``DDPKIT_REPORT_DIR``. In that director
   instead of the traceback, so N ranks do not interleave N tracebacks;
 - ``stack-rank<R>.txt``: Python stacks of every thread, dumped by a watchdog when the rank has made no
   progress (no batch, no forward) for half the collective timeout, and on SIGUSR1, which a rank whose
-  collective timed out sends to its local siblings before it exits.
+  collective timed out sends to its local siblings before it exits, and on SIGINT (a Ctrl-C the agent passed on).
 
-The launcher then prints one summary (:func:`report`): the first exception with its traceback, or,
-when the first failure is a collective timeout, where every rank stands.
+The launcher then prints one summary (:func:`ddpkit.diagnosis.report`): the first exception with its
+traceback, or, when the first failure is a collective timeout, where every rank stands.
 
 Example of a hang report::
 
