@@ -106,6 +106,7 @@ def test_a_file_that_cannot_be_parsed_is_one_notice_and_every_other_file_still_r
 
 
 DDP = "import torch\nimport torch.distributed as dist\n"
+SHARD = "loader = ddpkit.data_loader(test_set, 64, train=False)\n"  # DDP018 holds where some data is sharded
 LOOP = "correct = 0\nfor x, y in loader:\n    correct += (model(x).argmax(1) == y).sum().item()\n"
 SNIPPETS = {  # issue 26: each case, its source and the rules it must get (line numbers aside)
     "ddpkit script, plain print": ("import ddpkit\nloss = ddpkit.init()\nprint('loss', loss.item())\n", {"DDP017"}),
@@ -120,8 +121,9 @@ SNIPPETS = {  # issue 26: each case, its source and the rules it must get (line 
     "writer on rank 0 by a conditional expression": (DDP + "w = SummaryWriter() if rank == 0 else None\n", set()),
     "writer on every rank but 0": (DDP + "w = None if rank == 0 else SummaryWriter()\n", set()),
     "torch.load with map_location positional": (DDP + "sd = torch.load('a.pt', 'cpu')\n", set()),
-    "percent of the dataset, unreduced": (DDP + LOOP + "acc = 100. * correct / len(loader.dataset)\n", {"DDP018"}),
-    "in-place average, unreduced": (DDP + "t = 0.0\nfor x in loader:\n    t += f(x).item()\n"
+    "percent of the dataset, unreduced": (DDP + SHARD + LOOP + "acc = 100. * correct / len(loader.dataset)\n",
+                                          {"DDP018"}),
+    "in-place average, unreduced": (DDP + SHARD + "t = 0.0\nfor x in loader:\n    t += f(x).item()\n"
                                     "t /= len(loader.dataset)\n", {"DDP018"}),
     "reduced through a tensor and tolist": (DDP + LOOP + "t = torch.tensor([correct])\ndist.all_reduce(t)\n"
                                             "(correct,) = t.tolist()\nacc = correct / len(test_set)\n", set()),
@@ -136,3 +138,60 @@ SNIPPETS = {  # issue 26: each case, its source and the rules it must get (line 
 def test_rules_on_the_shapes_of_public_scripts(case):
     source, rules = SNIPPETS[case]
     assert {f.rule for f in analyze(source)} == rules
+
+DDPKIT = "import torch\nimport ddpkit\nstate = ddpkit.init()\n"
+SHARDED = "test_loader = ddpkit.data_loader(test_set, 4, train=False)\n"
+SNIPPETS_REVIEW = {  # issue 26, the reviewer's round: false errors and misses of DDP018 and DDP008
+    "mean loss over this rank's batches is not a fraction of the dataset": (
+        DDP + "sampler = DistributedSampler(train_dataset)\n"
+        "train_dataloader = DataLoader(train_dataset, sampler=sampler)\n"
+        "total_loss = 0\nfor x in train_dataloader:\n    total_loss += f(x).item()\n"
+        "avg = total_loss / len(train_dataloader)\n", {"DDP001"}),
+    "count reduced through a helper of the file that all-reduces its argument": (
+        DDPKIT + "import torch.distributed as dist\ndef reduce_tensor(t):\n    rt = t.clone()\n"
+        "    dist.all_reduce(rt)\n"
+        "    return rt\n" + SHARDED + LOOP.replace("loader", "test_loader")
+        + "correct = reduce_tensor(correct)\nacc = correct / len(test_loader.dataset)\n", set()),
+    "count made from gathered predictions is the global count": (
+        DDPKIT + "correct = 0\nfor x, y in ddpkit.data_loader(test_set, 4, train=False):\n"
+        "    correct += (ddpkit.gather(model(x)) == ddpkit.gather(y)).sum().item()\nacc = correct / len(test_set)\n",
+        set()),
+    "a helper's loader parameter that only ever gets a plain DataLoader": (
+        DDP + "sampler = DistributedSampler(trainset)\ntestloader = DataLoader(testset, batch_size=4, shuffle=False)\n"
+        "def evaluate(net, loader):\n    correct = 0\n    for x, y in loader:\n"
+        "        correct += (net(x).argmax(1) == y).sum().item()\n    return 100 * correct / len(loader.dataset)\n"
+        "print(evaluate(net, testloader))\n", {"DDP001"}),
+    "a test set that goes only through a plain DataLoader": (
+        DDP + "test_loader = DataLoader(test_set, batch_size=4)\n" + LOOP.replace("loader", "test_loader")
+        + "acc = 100.0 * correct / len(test_set)\n", set()),
+    "ddpkit.reduce's result discarded: the count is still this rank's": (
+        DDPKIT + SHARDED + LOOP.replace("loader", "test_loader") + "ddpkit.reduce(correct)\n"
+        "acc = 100. * correct / len(test_loader.dataset)\n", {"DDP018"}),
+    "the mean over ranks of each rank's share of the whole set": (
+        DDPKIT + SHARDED + "t = 0.0\nfor x in test_loader:\n    t += f(x).item()\n"
+        "ddpkit.print(ddpkit.reduce(t / len(test_loader.dataset), 'mean'))\n", {"DDP018"}),
+    "the sum over ranks of each rank's share is the truth": (
+        DDPKIT + SHARDED + "t = 0.0\nfor x in test_loader:\n    t += f(x).item()\n"
+        "ddpkit.print(ddpkit.reduce(t / len(test_loader.dataset)))\n", set()),
+    "reduced into another name: the original is still this rank's": (
+        DDPKIT + SHARDED + LOOP.replace("loader", "test_loader") + "total = ddpkit.reduce(correct)\n"
+        "acc = correct / len(test_set)\n", {"DDP018"}),
+    "a reduction after the division does not make it right": (
+        DDP + "sampler = DistributedSampler(test_set)\n" + LOOP + "acc = correct / len(test_set)\n"
+        "dist.all_reduce(correct)\n", {"DDP018", "DDP003", "DDP001"}),
+    "collectives imported by name under a rank condition hang": (
+        "import torch\nfrom ddpkit import barrier, init, reduce\nfrom torch.distributed import all_reduce\n"
+        "state = init()\nif state.is_main:\n    total = reduce(correct)\n    barrier()\n    all_reduce(correct)\n",
+        {"DDP008"}),
+}
+
+
+@pytest.mark.parametrize("case", SNIPPETS_REVIEW)
+def test_rules_on_the_reviewers_shapes(case):
+    source, rules = SNIPPETS_REVIEW[case]
+    assert {f.rule for f in analyze(source)} == rules
+
+
+def test_imported_collectives_are_each_found():
+    source = SNIPPETS_REVIEW["collectives imported by name under a rank condition hang"][0]
+    assert [f.line for f in analyze(source) if f.rule == "DDP008"] == [6, 7, 8]

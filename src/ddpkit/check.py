@@ -28,7 +28,7 @@ import sys
 import tokenize
 from collections.abc import Iterator, Sequence
 
-from ddpkit.check_ast import Visitor, kw, last, memory_buffers, name, uses_ddpkit
+from ddpkit.check_ast import Visitor, aliases, kw, last, memory_buffers, name, resolved, uses_ddpkit
 from ddpkit.check_metrics import eval_sampler, metric_findings
 from ddpkit.check_rules import BATCHNORMS, COLLECTIVES, OPTIMIZERS, RANK_WORDS, RULES, SEVERITY, SHARDING, Finding
 from ddpkit.check_rules import finding as _finding
@@ -88,7 +88,7 @@ def _findings(v: Visitor, tree: ast.AST, text: str, distributed: bool) -> Iterat
     ddp_names = {"DistributedDataParallel"} | {alias.asname for node in ast.walk(tree)
                                                if isinstance(node, ast.ImportFrom) for alias in node.names
                                                if alias.name == "DistributedDataParallel" and alias.asname}
-    buffers, paired = memory_buffers(tree), _paired_barriers(v)
+    buffers, paired, imported = memory_buffers(tree), _paired_barriers(v), aliases(tree)
     for call, ranked in v.calls:
         fn, line = last(call), call.lineno
         if fn == "DistributedSampler":
@@ -109,8 +109,10 @@ def _findings(v: Visitor, tree: ast.AST, text: str, distributed: bool) -> Iterat
         if distributed and not ranked and name(call.func) == "torch.save" and not _per_rank_path(call) \
                 and not _in_memory(call, buffers):
             yield _finding("DDP007", line)
-        if ranked and fn in COLLECTIVES and name(call.func).split(".")[0] in ("dist", "torch", "distributed",
-                                                                              "ddpkit") and id(call) not in paired:
+        # a collective by its module (dist.barrier) or imported by name (from ddpkit import barrier)
+        if ranked and fn in COLLECTIVES and resolved(call, imported).split(".")[0] in ("dist", "torch", "distributed",
+                                                                                       "ddpkit") \
+                and id(call) not in paired and resolved(call, imported) != "torch.gather":
             yield _finding("DDP008", line)
         yield from _setup_findings(call, names)
     for const in v.strings:

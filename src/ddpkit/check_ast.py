@@ -195,6 +195,31 @@ def memory_buffers(tree: ast.AST) -> set[str]:
     return names
 
 
+def aliases(tree: ast.AST) -> dict[str, str]:
+    """What each imported name stands for, dotted: ``import torch.distributed as dist`` -> dist:
+    torch.distributed; ``from ddpkit import reduce`` -> reduce: ddpkit.reduce.
+
+    >>> aliases(ast.parse("import torch.distributed as dist\\nfrom ddpkit import barrier as b"))
+    {'dist': 'torch.distributed', 'b': 'ddpkit.barrier'}
+    """
+    found: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update({a.asname or a.name.split(".")[0]: a.name if a.asname else a.name.split(".")[0]
+                          for a in node.names})
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
+    return found
+
+
+def resolved(call: ast.Call, names: dict[str, str]) -> str:
+    """A call's dotted name with its first part resolved through the imports (see :func:`aliases`):
+    ``all_reduce(t)`` after ``from torch.distributed import all_reduce`` -> 'torch.distributed.all_reduce'."""
+    head, _, rest = name(call.func).partition(".")
+    head = names.get(head, head)
+    return f"{head}.{rest}" if rest else head
+
+
 def uses_ddpkit(tree: ast.AST) -> set[str] | None:
     """The names a script imports from ddpkit (``from ddpkit import print``), or None when it never imports it.
 

@@ -17,37 +17,10 @@ import ast
 from collections.abc import Iterator
 
 from ddpkit.check_ast import Visitor, eval_data, kw, last, name
+from ddpkit.check_flow import Loaders, Reductions, atoms, targets
 from ddpkit.check_rules import RANK_WORDS, Finding, finding
 
-REDUCTIONS = {"all_reduce", "reduce", "all_gather", "gather", "all_gather_object", "gather_object", "reduce_scatter"}
 COUNTING = {"sum", "item", "count_nonzero", "numel", "size"}  # calls whose result, assigned, is a local count
-
-
-def atoms(node: ast.AST) -> set[str]:
-    """The variables an expression reads, dotted (``self.sum``), without the functions it calls:
-    ``100. * correct.item() / float(n)`` -> {'correct', 'n'}."""
-    found: set[str] = set()
-
-    def walk(node: ast.AST) -> None:
-        if isinstance(node, ast.Call):
-            if isinstance(node.func, ast.Attribute):  # correct.item(): the variable is correct
-                walk(node.func.value)
-            for child in (*node.args, *(k.value for k in node.keywords)):
-                walk(child)
-        elif isinstance(node, (ast.Name, ast.Attribute)) and name(node):
-            found.add(name(node))
-        else:
-            for sub in ast.iter_child_nodes(node):
-                walk(sub)
-
-    walk(node)
-    return found
-
-
-def _targets(node: ast.Assign | ast.AugAssign | ast.AnnAssign) -> set[str]:
-    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-    return {name(t) for target in targets for t in ast.walk(target) if isinstance(t, (ast.Name, ast.Attribute))
-            and name(t)}
 
 
 def counted(tree: ast.AST) -> set[str]:
@@ -55,44 +28,11 @@ def counted(tree: ast.AST) -> set[str]:
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Add):
-            found |= _targets(node)
+            found |= targets(node)
         elif isinstance(node, ast.Assign) and any(isinstance(c, ast.Call) and last(c) in COUNTING
                                                   for c in ast.walk(node.value)):
-            found |= _targets(node)
+            found |= targets(node)
     return found
-
-
-def reduced(tree: ast.AST) -> set[str]:
-    """Variables that went through a reduction, or hold a value computed from one: ``dist.all_reduce(t);
-    correct, total = t.tolist()`` reduces ``t``, ``correct`` and ``total``; ``n = ddpkit.reduce(n)`` reduces ``n``."""
-    def is_reduction(node: ast.AST) -> bool:
-        return isinstance(node, ast.Call) and last(node) in REDUCTIONS
-
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and is_reduction(n)]
-    found = {atom for call in calls for arg in call.args for atom in atoms(arg)}
-    assigns = [(n, n.value) for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value]
-    while True:
-        more = {target for node, value in assigns for target in _targets(node)
-                if any(is_reduction(c) for c in ast.walk(value)) or atoms(value) & found}
-        if more <= found:
-            return found
-        found |= more
-
-
-def _whole_dataset(size: ast.expr, v: Visitor) -> bool:
-    """``len(test_loader.dataset)``, ``len(test_set)``: the size of every rank's data together. Not when the
-    loader is a plain DataLoader without a sampler: each rank then evaluates everything itself."""
-    if not (isinstance(size, ast.Call) and name(size.func) == "len" and size.args):
-        return False
-    data = size.args[0]
-    if not any(w in ast.unparse(data).lower() for w in ("dataset", "_set", "data")):
-        return False
-    if isinstance(data, ast.Attribute) and data.attr == "dataset" and isinstance(data.value, ast.Name):
-        loader = v.assigned.get(data.value.id)
-        if isinstance(loader, ast.Call) and last(loader) == "DataLoader" and kw(loader, "sampler") is None \
-                and kw(loader, "batch_sampler") is None:
-            return False
-    return True
 
 
 def metric_findings(tree: ast.AST, v: Visitor, rank0_print: bool) -> Iterator[Finding]:
@@ -103,11 +43,13 @@ def metric_findings(tree: ast.AST, v: Visitor, rank0_print: bool) -> Iterator[Fi
         if not ranked and not rank0_print and name(call.func) == "print" \
                 and ("loss" in text.lower() or ".item()" in text) and not any(w in text.lower() for w in RANK_WORDS):
             yield finding("DDP017", call.lineno)
-    counts, done = counted(tree), reduced(tree)
+    counts, done, loaders = counted(tree), Reductions(tree), Loaders(tree, v)
     for node in v.divisions:
         top, size = (node.left, node.right) if isinstance(node, ast.BinOp) else (node.target, node.value)
-        parts = atoms(top)
-        if parts & counts and not parts & done and _whole_dataset(size, v):
+        scope = done.scope.get(id(node))
+        parts = {part for part in atoms(top) & counts if not done.at(part, scope, node.lineno)}
+        reduced_here = any(isinstance(c, ast.Call) and done.is_reduction(c) for c in ast.walk(top))
+        if parts and not reduced_here and id(node) not in done.summed and loaders.whole_dataset(size, scope):
             yield finding("DDP018", node.lineno)
 
 
