@@ -159,3 +159,11 @@ def test_a_log_tail_starts_at_a_whole_line(tmp_path):
     tail = log_tail(str(log), 500)
     assert tail.startswith("line ") and tail.endswith("somewhat long\n") and len(tail) <= 500, tail[:80]
     assert "\ufffd" in tail
+
+
+def test_a_constant_mask_of_minus_inf_is_no_divergence():
+    """Issue 26.2 (tests/realworld/trainer_gpt.py): a causal-mask buffer of -inf read as "both runs diverged"."""
+    mask = torch.full((2, 2), -INF).triu(1)
+    start, end = {"mask": mask, "w": torch.zeros(1)}, {"mask": mask.clone(), "w": torch.ones(1)}
+    assert compare_weights(end, {k: v.clone() for k, v in end.items()}, 1e-5, 1e-4, initial=start)["passed"]
+    assert not compare_weights(end, end, 1e-5, 1e-4)["passed"]  # without the start: as before
