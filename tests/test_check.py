@@ -97,7 +97,7 @@ def test_a_file_that_cannot_be_parsed_is_one_notice_and_every_other_file_still_r
                                                           ("latin1_bare.py:3", "latin1_header.py:4", "py2.py:2",
                                                            "wrong.py:4")]
     assert "DDP011" in lines[1] and "DDP007" in lines[3] and all("not analysed" in lines[i] for i in (0, 2))
-    assert lines[-2] == "" and lines[-1] == "1 warning(s), 1 advice(s) in 4 file(s); 2 file(s) not analysed"
+    assert lines[-2] == "" and lines[-1] == "1 warning(s), 1 advice(s) in 2 file(s); 2 file(s) not analysed"
     r = run_cmd([*cmd[:4], "--json", str(tmp_path)], timeout=60)
     report = json.loads(r.stdout)
     assert r.returncode == 2 and [f["rule"] for f in report["findings"]] == ["DDP011", "DDP007"]
@@ -195,3 +195,30 @@ def test_rules_on_the_reviewers_shapes(case):
 def test_imported_collectives_are_each_found():
     source = SNIPPETS_REVIEW["collectives imported by name under a rank condition hang"][0]
     assert [f.line for f in analyze(source) if f.rule == "DDP008"] == [6, 7, 8]
+
+
+def test_odd_inputs_are_each_one_notice_and_a_file_is_analysed_once(tmp_path):
+    """Issue 26, the reviewer's round: a 500-term sum crashed the run; a FIFO hung it; a broken symlink got a Fix
+    about encodings; a latin-1 byte on line 2 was reported at line 1 without the byte; a file named three times
+    was analysed three times; a folder named env (not a virtualenv) was skipped; unread files counted as checked."""
+    wrong = "import ddpkit\nimport torch\nddpkit.init()\ntorch.save({}, 'a.pt')\n"
+    (tmp_path / "deep.py").write_text("x = " + " + ".join(["1"] * 500) + "\n")
+    (tmp_path / "latin.py").write_bytes(b"# a\n\xe9t\xe9 = 1\n")
+    (tmp_path / "broken.py").symlink_to(tmp_path / "nowhere.py")
+    os.mkfifo(tmp_path / "pipe.py")
+    (tmp_path / "env").mkdir()
+    (tmp_path / "env" / "wrong.py").write_text(wrong)  # RL environments: user code, checked
+    (tmp_path / "venv2").mkdir()
+    (tmp_path / "venv2" / "pyvenv.cfg").write_text("home = /usr\n")
+    (tmp_path / "venv2" / "wrong.py").write_text(wrong)  # a virtualenv, whatever its name: skipped
+    same = str(tmp_path / "env" / "wrong.py")
+    r = run_cmd([sys.executable, "-m", "ddpkit", "check", str(tmp_path), same, same], timeout=60)
+    lines = r.stdout.splitlines()
+    assert r.returncode == 2, r.stdout + r.stderr
+    by_name = {Path(line.split(" ")[1].split(":")[0]).name: line for line in lines}
+    assert sorted(by_name) == ["broken.py", "deep.py", "latin.py", "pipe.py", "wrong.py"] and len(lines) == 5
+    assert "deep.py:1 not analysed" in by_name["deep.py"] and "encoding" not in by_name["deep.py"]
+    assert "latin.py:2 not analysed: byte 0xe9" in by_name["latin.py"]
+    assert "no such file" in by_name["broken.py"].lower() and "encoding" not in by_name["broken.py"]
+    assert "not a regular file" in by_name["pipe.py"] and "DDP007" in by_name["wrong.py"]
+    assert r.stderr.strip().splitlines()[-1] == "1 warning(s) in 1 file(s); 4 file(s) not analysed"

@@ -24,6 +24,7 @@ import dataclasses
 import io
 import json
 import os
+import stat
 import sys
 import tokenize
 from collections.abc import Iterator, Sequence
@@ -174,16 +175,21 @@ def _sharding_findings(v: Visitor, text: str) -> Iterator[Finding]:
 
 
 def scripts(paths: Sequence[str]) -> list[str]:
-    """The .py files named, and those under the directories named (hidden and virtualenv folders skipped)."""
-    found: list[str] = []
+    """The .py files named, and those under the directories named, each once (by its resolved path). Hidden
+    folders, caches and virtualenvs (a folder holding pyvenv.cfg) are skipped; a folder named ``env`` of
+    reinforcement-learning environments is user code and is not."""
+    found: dict[str, str] = {}
     for path in paths:
         if not os.path.isdir(path):
-            found.append(path)
+            found.setdefault(os.path.realpath(path), path)
             continue
         for root, dirs, files in os.walk(path):
-            dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__pycache__")) and d not in ("venv", "env"))
-            found += [os.path.join(root, name) for name in sorted(files) if name.endswith(".py")]
-    return found
+            dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__pycache__")) and d != "site-packages"
+                             and not os.path.exists(os.path.join(root, d, "pyvenv.cfg")))
+            for file in sorted(files):
+                if file.endswith(".py"):
+                    found.setdefault(os.path.realpath(os.path.join(root, file)), os.path.join(root, file))
+    return list(found.values())
 
 
 def build_parser() -> OneLineParser:
@@ -194,11 +200,20 @@ def build_parser() -> OneLineParser:
     return p
 
 
+ENCODING_FIX = "check reads Python 3 source, in UTF-8 unless a '# -*- coding: NAME -*-' line names the file's encoding"
+
+
 def read_source(path: str) -> str:
     """A script's text as Python reads it: UTF-8, unless a ``# -*- coding: latin-1 -*-`` line (PEP 263) or a BOM
-    says otherwise. Raises UnparsedFile with the line where it went wrong."""
+    says otherwise. Raises UnparsedFile with the line where it went wrong. Only a regular file is opened: a
+    FIFO named ``p.py`` would block the run forever."""
+    if not os.path.exists(path):
+        raise UnparsedFile(1, "no such file (a broken symbolic link?)", "point the link at the script, or remove it")
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise UnparsedFile(1, "not a regular file (a FIFO, socket or device)", "pass the script's own file")
     with open(path, "rb") as f:
         data = f.read()
+    encoding = "utf-8"
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
         return data.decode(encoding)
@@ -206,31 +221,42 @@ def read_source(path: str) -> str:
         raise UnparsedFile(data[:exc.start].count(b"\n") + 1,
                            f"byte 0x{data[exc.start]:02x} is not {encoding} and no coding line names another "
                            "encoding") from None
-    except SyntaxError as exc:  # an unknown encoding on the coding line
+    except SyntaxError as exc:  # an unknown encoding on the coding line, or a byte in the first two lines
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as bad:  # say which byte, on which line, as for a later one
+            raise UnparsedFile(data[:bad.start].count(b"\n") + 1, f"byte 0x{data[bad.start]:02x} is not utf-8 and "
+                               "no coding line names another encoding") from None
         raise UnparsedFile(exc.lineno or 1, exc.msg) from None
 
 
 class UnparsedFile(ValueError):
     """A file ``check`` cannot read as Python 3: reported as one notice for that file, the others still checked."""
 
-    def __init__(self, line: int, reason: str):
+    def __init__(self, line: int, reason: str, fix: str = ENCODING_FIX):
         super().__init__(reason)
-        self.line, self.reason = line, reason
+        self.line, self.reason, self.fix = line, reason, fix
 
 
 def _check_file(path: str) -> list[Finding]:
     try:
         return analyze(read_source(path))
+    except UnparsedFile:
+        raise
     except SyntaxError as exc:  # Python 2 (print "x"), or a tab/space mix
         raise UnparsedFile(exc.lineno or 1, exc.msg) from None
+    except (RecursionError, MemoryError):  # valid Python nested deeper than the analyser walks (x = 1 + 1 + ...)
+        raise UnparsedFile(1, "nested too deeply for the analyser", "split the deepest expression, or skip this "
+                           "file (pass the others)") from None
+    except ValueError as exc:  # source the parser refuses outright (a NUL byte)
+        raise UnparsedFile(1, str(exc), ENCODING_FIX) from None
     except OSError as exc:
-        raise UnparsedFile(1, exc.strerror or str(exc)) from None
+        raise UnparsedFile(1, exc.strerror or str(exc), "make the file readable, or leave it out") from None
 
 
 def _notice(path: str, exc: UnparsedFile) -> str:
     stop = "" if exc.reason.endswith((".", "?", "!")) else "."
-    return (f"error: {path}:{exc.line} not analysed: {exc.reason}{stop} Fix: check reads Python 3 source, in UTF-8 "
-            "unless a '# -*- coding: NAME -*-' line names the file's encoding")
+    return f"error: {path}:{exc.line} not analysed: {exc.reason}{stop} Fix: {exc.fix}"
 
 
 def _print_text(results: list[tuple[str, list[Finding] | UnparsedFile]], files: int) -> None:
@@ -246,7 +272,7 @@ def _print_text(results: list[tuple[str, list[Finding] | UnparsedFile]], files: 
     counts = {level: sum(item.severity == level for item in found) for level in ("error", "warning", "advice")}
     summary = ", ".join(f"{n} {level}(s)" for level, n in counts.items() if n) or "no findings"
     unparsed = sum(isinstance(r, UnparsedFile) for _, r in results)
-    summary += f" in {files} file(s)" + (f"; {unparsed} file(s) not analysed" if unparsed else "")
+    summary += f" in {files - unparsed} file(s)" + (f"; {unparsed} file(s) not analysed" if unparsed else "")
     sys.stdout.flush()
     print(("\n" if found or unparsed else "") + summary, file=sys.stderr)
 
