@@ -15,7 +15,14 @@ def test_every_ranks_output_is_prefixed_whole_and_in_blocks(tmp_path):
     """--console-ranks all: [rankN]: prefixes; a rank's multi-line print stays one block; a UTF-8 character
     split across two reads is whole; the last line without a newline is shown; N copies that never formed a
     group are warned about."""
-    r = ok(launch(CONSOLE, "chatter", tmp_path, launcher_args=["--console-ranks", "all", "--log-dir", tmp_path]))
+    logs = tmp_path / "logs"
+    for n, name in enumerate(["old-a", "old-b"]):  # two earlier launches' folders; "mine" is the user's
+        (logs / name).mkdir(parents=True)
+        (logs / name / ".ddpkit-run").write_text(str(n))
+    (logs / "mine").mkdir()
+    r = ok(launch(CONSOLE, "chatter", tmp_path, launcher_args=["--console-ranks", "all", "--log-dir", logs,
+                                                               "--keep-logs", "2"]))
+    assert sorted(p.name for p in logs.iterdir() if not p.name.startswith("20")) == ["mine", "old-b"]
     out = r.stdout.splitlines()
     for rank in (0, 1):
         p = f"[rank{rank}]: "
