@@ -179,6 +179,10 @@ SNIPPETS_REVIEW = {  # issue 26, the reviewer's round: false errors and misses o
     "a reduction after the division does not make it right": (
         DDP + "sampler = DistributedSampler(test_set)\n" + LOOP + "acc = correct / len(test_set)\n"
         "dist.all_reduce(correct)\n", {"DDP018", "DDP003", "DDP001"}),
+    "ImageNet remainder through a helper's loader, whatever the names": (
+        DDP + "def build(val_dataset):\n    s = DistributedSampler(val_dataset, shuffle=False, drop_last=True)\n"
+        "    return DataLoader(val_dataset, sampler=s)\ndef validate(loader, ws):\n"
+        "    aux = Subset(loader.dataset, range(len(loader.sampler) * ws, len(loader.dataset)))\n", set()),
     "collectives imported by name under a rank condition hang": (
         "import torch\nfrom ddpkit import barrier, init, reduce\nfrom torch.distributed import all_reduce\n"
         "state = init()\nif state.is_main:\n    total = reduce(correct)\n    barrier()\n    all_reduce(correct)\n",

@@ -53,6 +53,16 @@ def metric_findings(tree: ast.AST, v: Visitor, rank0_print: bool) -> Iterator[Fi
             yield finding("DDP018", node.lineno)
 
 
+def _tail_of_own_loader(subset: ast.Call) -> bool:
+    """``Subset(X.dataset, range(len(X.sampler) * world_size, len(X.dataset)))``: the samples X's sampler
+    dropped, whatever X is called or wherever it was built (torch's ImageNet example's shape)."""
+    of, rest = subset.args[0], subset.args[1:]
+    if not (isinstance(of, ast.Attribute) and of.attr == "dataset" and rest and isinstance(rest[0], ast.Call)
+            and last(rest[0]) == "range"):
+        return False
+    return f"len({ast.unparse(of.value)}.sampler)" in ast.unparse(rest[0])
+
+
 def _remainder_evaluated(dataset: str, v: Visitor) -> bool:
     """A ``Subset`` of this dataset somewhere in the file: of it by name, or of ``loader.dataset`` where
     ``loader`` is a DataLoader over it (torch's ImageNet example: ``Subset(val_loader.dataset, range(...))``
@@ -61,7 +71,7 @@ def _remainder_evaluated(dataset: str, v: Visitor) -> bool:
         if last(call) != "Subset" or not call.args:
             continue
         of = call.args[0]
-        if ast.unparse(of) == dataset:
+        if ast.unparse(of) == dataset or _tail_of_own_loader(call):
             return True
         if isinstance(of, ast.Attribute) and of.attr == "dataset" and isinstance(of.value, ast.Name):
             loader = v.assigned.get(of.value.id)
