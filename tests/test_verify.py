@@ -117,7 +117,6 @@ def test_transformer_and_lstm_dropout_and_an_endless_iterator_pass_with_ddpkit_m
     assert r.returncode == 0 and r.stdout.startswith("PASS"), f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}"
 
 
-@pytest.mark.xfail(strict=True, reason="needs data.py to call tools.train_batch(batch, given_globally=...)")
 def test_a_global_batch_size_script_passes():
     """Issue 26.2: the one-process run multiplied an already global batch by N again (0.13 apart)."""
     r = run_cmd(VERIFY + ["--steps", "3", CASES, "--case", "global"], timeout=240)

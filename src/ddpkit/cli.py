@@ -1,6 +1,6 @@
 """The ``ddpkit`` command: one subcommand per module, dispatched without importing the others, and the
 conventions every subcommand shares: argparse whose errors are one line (``ddpkit CMD: error: ...``, exit 2),
-the exit codes below, and :func:`run_logged` for running the user's script.
+the exit codes below.
 
 Example::
 
@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
-import subprocess
 import sys
 from collections.abc import Sequence
 
@@ -22,6 +20,7 @@ SCRIPT_FAILED = 1  # your script (a worker) failed: launch, verify, bench; docto
 USAGE_ERROR = 2  # bad input: one line `ddpkit CMD: error: ...`, nothing started
 HANG = 3  # launch: a collective timed out (hang report)
 NOT_EQUIVALENT = 4  # verify: both runs finished, the weights differ
+CANNOT_COMPARE = 5  # verify: the script lacks what a comparison needs (no prepared model, no ddpkit loader)
 
 
 
@@ -50,17 +49,6 @@ def usage_error(prog: str, exc: Exception | str) -> int:
 
 class ScriptFailed(RuntimeError):
     """The user's script exited non-zero under verify or bench (exit :data:`SCRIPT_FAILED`)."""
-
-
-def run_logged(cmd: list[str], env: dict[str, str], log: str) -> None:
-    """Run ``cmd`` with ``env`` added, output to ``log``; a non-zero exit raises :class:`ScriptFailed` with the
-    end of the output."""
-    with open(log, "w") as out:
-        code = subprocess.call(cmd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)
-    if code != 0:
-        with open(log) as f:
-            tail = f.read()[-2000:]
-        raise ScriptFailed(f"`{' '.join(cmd)}` exited {code}; its output ends with:\n{tail}")
 
 
 # subcommand -> (module with main(argv) -> int, one-line help)

@@ -72,7 +72,8 @@ RESUME = Var("DDPKIT_RESUME", f"{LAUNCH} --resume", "Checkpointer", "1: restore 
 REPORT_DIR = Var("DDPKIT_REPORT_DIR", LAUNCH, "init()", "where workers write error and stack reports")
 LAUNCHER_PID = Var("DDPKIT_LAUNCHER_PID", LAUNCH, "init()",
                    "the launcher's PID: a worker whose parent is no longer it exits (orphan guard)")
-MAX_STEPS = Var("DDPKIT_MAX_STEPS", f"{VERIFY}, {BENCH}", "instrument", "training loaders stop after K batches")
+MAX_STEPS = Var("DDPKIT_MAX_STEPS", f"{VERIFY}, {BENCH}", "instrument",
+                "verify: each run exits after K optimizer steps; bench: training loaders stop after K batches")
 BATCH_SCALE = Var("DDPKIT_BATCH_SCALE", VERIFY, "instrument",
                   "the one-process run multiplies the training batch by N")
 VERIFY_OUT = Var("DDPKIT_VERIFY_OUT", VERIFY, "instrument", "rank 0 saves the prepared model's weights there at exit")

@@ -269,7 +269,7 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
         check("uneven", uneven, Uneven)
     if isinstance(dataset, IterableDataset):
         return _stream_loader(dataset, batch_size, state, tools, train, shuffle, uneven or "drop", seed,
-                              shuffle_buffer, loader_kwargs)
+                              shuffle_buffer, loader_kwargs, given_globally=global_batch_size is not None)
     uneven = uneven or "pad"
     own = user_sampler(loader_kwargs.pop("sampler", None), loader_kwargs, shuffle)
     if own is not None and len(own) < state.world_size:  # type: ignore[arg-type]  # what the ranks share
@@ -280,7 +280,8 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     shuffle = train if shuffle is None else shuffle
     sampler_uneven = "join"  # evaluation: no sample repeated or left out
     if train:
-        batch_size, sampler_uneven = tools.train_batch(batch_size), tools.uneven(uneven)
+        batch_size = tools.train_batch(batch_size, global_batch_size is not None)  # verify: the global batch
+        sampler_uneven = tools.uneven(uneven)
     sampler = ShardSampler(len(dataset), state.rank, state.world_size, shuffle, seed, sampler_uneven,
                            multiple=tools.drop_multiple) if own is None else \
         SamplerShard(own, state.rank, state.world_size, seed, sampler_uneven, multiple=tools.drop_multiple)
@@ -314,7 +315,7 @@ def _announce(loader: Any, state: runtime.State, tools: Any, batch_size: int, st
 
 def _stream_loader(dataset: IterableDataset, batch_size: int, state: runtime.State, tools: Any, train: bool,
                    shuffle: bool | None, uneven: str, seed: int, shuffle_buffer: int,
-                   loader_kwargs: dict[str, Any]) -> Any:
+                   loader_kwargs: dict[str, Any], given_globally: bool = False) -> Any:
     """An IterableDataset: :mod:`ddpkit.streams` splits it across ranks and workers."""
     from ddpkit import streams
 
@@ -324,7 +325,7 @@ def _stream_loader(dataset: IterableDataset, batch_size: int, state: runtime.Sta
     if state.device.type == "cuda":
         loader_kwargs.setdefault("pin_memory", True)
     if train:
-        batch_size = tools.train_batch(batch_size)
+        batch_size = tools.train_batch(batch_size, given_globally)
     loader = streams.stream_loader(dataset, batch_size, state, train=train, uneven=uneven,
                                    shuffle=train if shuffle is None else shuffle, seed=seed,
                                    shuffle_buffer=shuffle_buffer,

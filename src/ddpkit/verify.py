@@ -30,12 +30,11 @@ from collections.abc import Sequence
 import torch
 
 from ddpkit import contract, strategy, verify_causes
-from ddpkit.cli import NOT_EQUIVALENT, SCRIPT_FAILED, OneLineParser, UsageError, usage_error
+from ddpkit.cli import CANNOT_COMPARE, NOT_EQUIVALENT, SCRIPT_FAILED, OneLineParser, UsageError, usage_error
 from ddpkit.environment import visible_gpus
 from ddpkit.logtail import run_logged
 
 PROG = "ddpkit verify"
-CANNOT_COMPARE = 5  # verify: the script lacks what a comparison needs (no ddpkit loader iterated, no prepared model)
 
 
 class CannotCompare(RuntimeError):
