@@ -94,30 +94,10 @@ class ShardedDataLoader(DataLoader):
         self.epoch = self._shard_sampler().epoch = epoch
 
     def state_dict(self) -> dict[str, int]:
-        """``{"epoch", "position"}``: position counts global samples of ``epoch`` already consumed.
-
-        A pass that has handed out its last batch counts as finished: a checkpoint saved on an epoch's last
-        step holds the next epoch at position 0, as one saved after the loop does, so a resumed
-        ``range(loader.epoch, epochs)`` does not re-enter the finished epoch (an empty pass that would run the
-        script's per-epoch code, evaluation or ``scheduler.step()``, twice for it).
-        """
-        if self._pass_complete():
-            nxt = self.epoch + 1 if self._requested is None else self._requested
-            return {"epoch": nxt, "position": 0}
+        """``{"epoch", "position"}``: position counts global samples of ``epoch`` already consumed."""
         world = self._shard_sampler().world_size
         taken = 0 if self._batches is None else self._batches * (self.batch_size or 1) * world
         return {"epoch": self.epoch, "position": self._start + taken}
-
-    def _pass_complete(self) -> bool:
-        """The open pass has handed out its last batch (``len(self)`` counts the batches left from where the
-        pass started, a restored position included); a stream's length is unknown and a capped loader ends
-        early: never."""
-        if not self._batches or self.max_steps is not None or self.equal_steps is not None:
-            return False
-        try:
-            return self._batches >= len(self)
-        except TypeError:
-            return False
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.epoch, self._start = int(state["epoch"]), int(state["position"])
@@ -128,9 +108,7 @@ class ShardedDataLoader(DataLoader):
         """This rank's worker-seed generator as it was when the current pass began (for checkpoints)."""
         if self.generator is None:
             return None
-        # a finished pass (see state_dict) resumes as the next one, which draws from the generator as it is now
-        open_pass = self._batches is not None and not self._pass_complete()
-        return self._generator_state if open_pass else self.generator.get_state()
+        return self._generator_state if self._batches is not None else self.generator.get_state()
 
     def __iter__(self):
         if self.join and not _joining:
