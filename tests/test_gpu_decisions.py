@@ -2,6 +2,7 @@
 listed in docs/gpu.md and run by `make gpu-check`."""
 import json
 import os
+import re
 import stat
 import sys
 import threading
@@ -13,7 +14,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from conftest import ROOT, ok, run_cmd
-from ddpkit import faults, strategy
+from ddpkit import diagnosis, faults, strategy
 from ddpkit.bench import cap_counts
 from ddpkit.cli import UsageError
 from ddpkit.data import loader_defaults
@@ -88,8 +89,8 @@ def test_4_launch_device_cpu_trains_on_cpu_with_gloo(tmp_path):
     r = ok(run_cmd([sys.executable, "-m", "ddpkit", "launch", "--device", "cpu", "--nproc-per-node", "2",
                     "--console-ranks", "all", "--log-dir", str(tmp_path / "logs"), str(script)],
                    env={"DDPKIT_DEVICE": ""}, timeout=120))
-    assert sorted(line for line in r.stdout.splitlines() if line.startswith("ON")) == \
-        ["ON cpu gloo 0", "ON cpu gloo 1"]
+    lines = [re.sub(r"^\[rank[\d,-]+\]: ", "", line) for line in r.stdout.splitlines()]  # --console-ranks all
+    assert sorted(line for line in lines if line.startswith("ON")) == ["ON cpu gloo 0", "ON cpu gloo 1"]
 
 
 def _hang_dir(tmp_path):
@@ -105,12 +106,12 @@ def test_5_an_nccl_watchdog_abort_is_a_hang_report(tmp_path):
     report = _hang_dir(tmp_path)
     tails = {0: "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE) "
                 "ran for 600031 milliseconds before timing out.\n", 1: "some output\n"}
-    code, text = faults.report(str(report), {0: "killed by SIGABRT", 1: "killed by SIGTERM"}, tails)
+    code, text = diagnosis.report(str(report), {0: "killed by SIGABRT", 1: "killed by SIGTERM"}, tails)
     assert code == faults.EXIT_HANG and text.startswith("ddpkit: HANG")
     assert "rank 0 is at train.py:41 in train_step (waiting for the GPU" in text
     assert "first timeout on rank 0 (NCCL watchdog, killed by SIGABRT)" in text
     # without the watchdog's line a SIGABRT stays a crash
-    code, text = faults.report(str(report), {0: "killed by SIGABRT"}, {0: "free(): invalid pointer"})
+    code, text = diagnosis.report(str(report), {0: "killed by SIGABRT"}, {0: "free(): invalid pointer"})
     assert code == faults.EXIT_WORKER_FAILED and "killed by SIGABRT" in text
 
 

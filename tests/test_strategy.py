@@ -89,3 +89,11 @@ def test_the_table_answers_mode_questions():
         strategy.get("nope")
     with pytest.raises(ValueError, match="other than 'auto'"):
         strategy.register(type("Auto", (strategy.Strategy,), {"name": "auto"})())
+
+
+def test_the_banner_names_ddpkit_when_ddpkit_started_the_processes():
+    """Issue 26.6: spawn's (and launch's) banner said "started by torchrun"."""
+    from ddpkit.runtime import ProcessEnv, choose_mode
+
+    two = ProcessEnv(rank=0, local_rank=0, world_size=2, local_world_size=2, source="torchrun")
+    assert choose_mode("auto", two, 0, launcher="ddpkit")[1] == "2 processes started by ddpkit: DistributedDataParallel"

@@ -35,6 +35,7 @@ LOOPBACK_BACKEND = "ddpkit-loopback"  # ddpkit.rendezvous.BACKEND, named here so
 
 PROG = "ddpkit launch"
 DEFAULT_MASTER_PORT = 29500  # torchrun's: node 0's port when a multi-node launch names none
+DEFAULT_KEEP_LOGS = 20  # launch folders kept under LOG_DIR (launch and spawn alike)
 
 
 class LaunchError(UsageError):
@@ -94,7 +95,7 @@ class LaunchConfig:
     resume: bool = False
     log_dir: str = os.path.join("runs", "logs")
     console_ranks: str = "0"
-    keep_logs: int = 20  # launch folders kept under log_dir (0: all)
+    keep_logs: int = DEFAULT_KEEP_LOGS  # launch folders kept under log_dir (0: all)
     join_timeout_s: float = 600.0
 
     def __post_init__(self):
@@ -212,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ddpkit.Checkpointer restores the newest valid checkpoint (sets DDPKIT_RESUME=1)")
     p.add_argument("--log-dir", default=os.path.join("runs", "logs"),
                    help="per-rank stdout/stderr files go under LOG_DIR/<time>-<pid>/ (default runs/logs)")
-    p.add_argument("--keep-logs", default="20",
+    p.add_argument("--keep-logs", default=str(DEFAULT_KEEP_LOGS),
                    help="keep the newest N launch folders ddpkit made under LOG_DIR, remove older ones (0: keep all; "
                         "default 20)")
     p.add_argument("--console-ranks", default="0", help="ranks shown on the console: 0 (default), 0,2 or all")

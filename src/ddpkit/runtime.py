@@ -61,9 +61,10 @@ class State:
         return self.rank == 0
 
 
-def choose_mode(requested: str, env: ProcessEnv, cuda_count: int) -> tuple[str, str]:
+def choose_mode(requested: str, env: ProcessEnv, cuda_count: int, launcher: str | None = None) -> tuple[str, str]:
     """Resolve ``auto`` and check an explicit mode (an entry of :mod:`ddpkit.strategy`) against the launch.
-    Returns (mode, why).
+    Returns (mode, why); ``launcher`` names who started the processes when it is not what the environment
+    says (``ddpkit launch`` and ``spawn`` run torchrun's agent, so the environment reads "torchrun").
 
     ``auto``: several processes -> ddp; one process and >= 2 GPUs -> dp; else single. A multi-process mode
     in a one-process launch, or a mode short of the GPUs it needs, falls back to single and says so; a
@@ -75,7 +76,7 @@ def choose_mode(requested: str, env: ProcessEnv, cuda_count: int) -> tuple[str, 
     if requested == "auto":
         requested = "ddp" if env.distributed else "dp" if cuda_count >= 2 else "single"
     chosen = strategy.get(requested)
-    procs = f"{env.world_size} processes started by {env.source}"
+    procs = f"{env.world_size} processes started by {launcher or env.source}"
     if env.distributed:
         if not chosen.multi_process:
             raise LaunchEnvError(
@@ -167,7 +168,8 @@ def init(mode: str | None = None, *, backend: str | None = None, timeout_s: floa
             # the CPU asked for: CUDA stays untouched (a notebook kernel that inits on the CPU can still fork)
             cuda_count = 0 if preference == "cpu" else visible_gpus(initialise=True)
             gpus = usable_gpus(preference, cuda_count)
-            chosen, reason = choose_mode(mode or contract.MODE.text(os.environ) or "auto", env, gpus)
+            launcher = "ddpkit" if contract.LAUNCHER_PID.name in os.environ else None  # launch and spawn set it
+            chosen, reason = choose_mode(mode or contract.MODE.text(os.environ) or "auto", env, gpus, launcher)
             device = choose_device(chosen, env, gpus)
             hooks = instrument.from_env(os.environ)
         except (LaunchEnvError, ValueError) as exc:  # ContractError and an unknown mode are ValueErrors

@@ -25,20 +25,17 @@ with spawn (a fresh interpreter imports them).
 from __future__ import annotations
 
 import functools
-import itertools
 import os
 import signal
 import sys
-import time
 import types
 from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
-from ddpkit import contract, environment, faults, launch, runtime, supervise
+from ddpkit import contract, environment, faults, launch, logs, runtime, supervise
 
 _SIGNALS = [getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, name)]
-_launches = itertools.count()
 _NO_NUMA_QUESTION = object()
 
 
@@ -150,7 +147,7 @@ def spawn(fn: Callable[..., Any], *args: Any, nproc_per_node: int | None = None,
         raise ValueError(f"mode={mode!r} runs one process; ddpkit.spawn starts a multi-process mode (ddp, fsdp)")
     method = choose_start_method(start_method, _interactive(fn, args, kwargs),
                                  torch.cuda.is_initialized() or environment.cuda_driver_loaded())
-    run_dir = os.path.join(log_dir, time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}-{next(_launches)}")
+    run_dir = logs.new_run_dir(log_dir, keep=launch.DEFAULT_KEEP_LOGS)  # the newest folders stay, as under launch
     saved_signals = {s: signal.getsignal(s) for s in _SIGNALS}
     try:
         with supervise.worker_environment(cfg) as (report_dir, _):  # the workers' contract with ddpkit.init()
@@ -203,7 +200,8 @@ def _launch(cfg: launch.LaunchConfig, fn: Callable[..., Any], args: tuple, kwarg
             results = elastic_launch(config, _Call(fn, kwargs))(*args)
     except ChildFailedError as exc:
         tail.stop()
-        code, text = supervise.failure_report(exc, report_dir, supervise.stderr_tails(run_dir, 0))
+        code, text = supervise.failure_report(exc, report_dir, supervise.stderr_tails(run_dir, 0),
+                                              supervise.stderr_times(run_dir, 0))  # the first failure by time
         if code == 0:  # died in teardown after the work: the return value went with it
             code, text = 1, f"{text}; rank 0's return value was lost with it"
         raise SpawnError(text, code) from None
