@@ -8,14 +8,16 @@
   the shutdown hooks still save the weights as they are after step K;
 - turns off dropout given as a float attribute (``nn.MultiheadAttention(dropout=)``, ``nn.LSTM/GRU(dropout=)``,
   a GPT block's ``self.dropout`` for ``scaled_dot_product_attention``): no Dropout module holds it;
-- writes, on rank 0, the gradients of step 1 (``<out>.grads``) and the facts (``<out>.json``): models
-  prepared, training batches handed out by ddpkit loaders, optimizer steps, whether the cap stopped the
-  run, and whether torch's global random generator was drawn from during a step (noise, augmentation).
+- writes, on rank 0, the gradients of step 1 (``<out>.grads``), each element's largest |gradient| over all
+  the steps (``<out>.gradpeak``: :mod:`ddpkit.verify_noise` excuses elements that only ever got float noise)
+  and the facts (``<out>.json``): models prepared, training batches handed out by ddpkit loaders, optimizer
+  steps, whether the cap stopped the run, whether torch's global random generator was drawn from during a
+  step (noise, augmentation), and the largest learning rate any optimizer stepped with.
   ``ddpkit verify`` refuses what it cannot compare and names a FAIL's likely cause from them.
 
 Example (what verify reads back)::
 
-    {"models": 1, "batches": 3, "steps": 3, "capped": true, "random_draws": false}
+    {"models": 1, "batches": 3, "steps": 3, "capped": true, "random_draws": false, "lr": 0.001}
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ class Recorder:
         self.capped = self.random_draws = False
         self.main = False
         self._rng: torch.Tensor | None = None
+        self.peaks: dict[str, torch.Tensor] = {}  # name -> largest |gradient| per element so far
+        self.lr = 0.0
         self._hooked = False
 
     def _hook(self, is_main: bool, on_shutdown: OnShutdown) -> None:
@@ -91,8 +95,13 @@ class Recorder:
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._rng is not None and not torch.equal(self._rng, _rng_state()):
             self.random_draws = True  # drawn between the last step and this one: forward, loss, batch
-        if not self.counts:
-            self._save_grads()
+        self.lr = max([self.lr, *(_lr(group) for group in getattr(optimizer, "param_groups", []))])
+        grads = self._grads()
+        if not self.counts and self.main and grads:
+            torch.save(grads, f"{self.out}.grads")
+        for name, grad in grads.items():
+            peak = self.peaks.get(name)
+            self.peaks[name] = grad.abs() if peak is None or peak.shape != grad.shape else peak.maximum(grad.abs())
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.counts[id(optimizer)] = self.counts.get(id(optimizer), 0) + 1
@@ -101,20 +110,31 @@ class Recorder:
             self.capped = True
             raise StepCap(0)
 
-    def _save_grads(self) -> None:
-        grads = {name: full_cpu(p.grad) for model, _ in self.models for name, p in model.named_parameters()
-                 if p.grad is not None}  # on every rank: gathering a sharded gradient is collective
-        if self.main and grads:
-            torch.save(grads, f"{self.out}.grads")
+    def _grads(self) -> dict[str, torch.Tensor]:
+        """The gradients of every prepared model, as CPU tensors; on every rank: gathering a sharded gradient
+        is collective."""
+        return {name: full_cpu(p.grad) for model, _ in self.models for name, p in model.named_parameters()
+                if p.grad is not None}
 
     def _write_facts(self) -> None:
         if not self.main:
             return
         facts = {"models": len(self.models), "batches": sum(int(getattr(ld, "steps_taken", 0)) for ld in self.loaders),
                  "loaders": len(self.loaders), "steps": max(self.counts.values(), default=0), "capped": self.capped,
-                 "random_draws": self.random_draws}
+                 "random_draws": self.random_draws, "lr": self.lr}
         with open(f"{self.out}.json", "w") as f:
             json.dump(facts, f)
+        if self.peaks:
+            torch.save(self.peaks, f"{self.out}.gradpeak")
+
+
+def _lr(group: dict) -> float:
+    """A param group's learning rate as a float (it may be a tensor, or absent in a custom optimizer)."""
+    lr = group.get("lr", 0.0)
+    try:
+        return float(lr)
+    except (TypeError, ValueError):
+        return 0.0
 
 
 def _rng_state() -> torch.Tensor:

@@ -2,6 +2,9 @@
 
 - seq: a small Transformer encoder and a 2-layer LSTM, both with dropout given as floats (not Dropout
   modules), trained by a Trainer-style loop that re-creates its iterator on StopIteration: must PASS.
+- attn: a Transformer encoder trained with AdamW. Softmax ignores a constant added to every key, so the key
+  part of ``in_proj_bias`` has an exactly-zero gradient whose float noise differs between 1 process and N;
+  AdamW's first steps move a weight by about lr whatever its gradient's size: must PASS, saying so.
 - global: ``data_loader(global_batch_size=16)``: must PASS (the one-process run must not scale it again).
 - noise: a VAE-style sampling noise drawn in forward (torch.randn_like): must FAIL naming random draws.
 - handshard: batches sharded by hand (no ddpkit loader), as an LSTM LM's batchified columns: verify refuses.
@@ -20,7 +23,7 @@ from torch.utils.data import TensorDataset
 import ddpkit
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--case", choices=["seq", "global", "noise", "handshard", "noprepare", "badbytes"],
+parser.add_argument("--case", choices=["seq", "attn", "global", "noise", "handshard", "noprepare", "badbytes"],
                     required=True)
 args = parser.parse_args()
 torch.set_num_threads(1)
@@ -45,6 +48,17 @@ class Seq(nn.Module):
         return self.head(out[:, -1])
 
 
+class Attn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(4, 8)
+        self.encoder = nn.TransformerEncoderLayer(8, nhead=2, dim_feedforward=16, batch_first=True)
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.head(self.encoder(self.embed(x * 3))[:, -1])
+
+
 class Noisy(nn.Module):
     def __init__(self):
         super().__init__()
@@ -57,9 +71,10 @@ class Noisy(nn.Module):
 
 
 data = TensorDataset(torch.randn(64, 3, 4, generator=g), torch.randn(64, 1, generator=g))
-net = Noisy() if args.case == "noise" else Seq()
+net = {"noise": Noisy, "attn": Attn}.get(args.case, Seq)()
 model = net if args.case == "noprepare" else ddpkit.prepare_model(net)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
+opt = (torch.optim.AdamW(model.parameters(), lr=1e-3) if args.case == "attn"
+       else torch.optim.SGD(model.parameters(), lr=0.1))
 
 
 def train_step(x, y):
