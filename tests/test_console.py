@@ -16,13 +16,17 @@ def test_every_ranks_output_is_prefixed_whole_and_in_blocks(tmp_path):
     split across two reads is whole; the last line without a newline is shown; N copies that never formed a
     group are warned about."""
     logs = tmp_path / "logs"
-    for n, name in enumerate(["old-a", "old-b"]):  # two earlier launches' folders; "mine" is the user's
+    # two earlier launches' folders (an older ddpkit's marks); "mine" is the user's, "best-run" one they renamed
+    for n, name in enumerate(["20250101-000000-1", "20250101-000000-2"]):
         (logs / name).mkdir(parents=True)
         (logs / name / ".ddpkit-run").write_text(str(n))
     (logs / "mine").mkdir()
+    (logs / "best-run").mkdir()
+    (logs / "best-run" / ".ddpkit-run").write_text('{"name": "20240101-000000-9", "created_ns": 0}')
     r = ok(launch(CONSOLE, "chatter", tmp_path, launcher_args=["--console-ranks", "all", "--log-dir", logs,
                                                                "--keep-logs", "2"]))
-    assert sorted(p.name for p in logs.iterdir() if not p.name.startswith("20")) == ["mine", "old-b"]
+    left = sorted(p.name for p in logs.iterdir() if not p.name.startswith("2026"))
+    assert left == ["20250101-000000-2", "best-run", "mine"], left
     out = r.stdout.splitlines()
     for rank in (0, 1):
         p = f"[rank{rank}]: "
@@ -95,9 +99,11 @@ def test_the_rank_that_failed_first_by_time_is_named_and_the_consequences_come_a
 
 
 def test_log_folders_beyond_the_newest_n_that_ddpkit_made_are_removed(tmp_path):
-    from ddpkit.logs import new_run_dir
+    from ddpkit.logs import new_run_dir, release
 
     made = [new_run_dir(str(tmp_path), keep=3) for _ in range(5)]
+    for path in made:  # those launches are over
+        release(path)
     (tmp_path / "mine").mkdir()  # not made by ddpkit: never removed
     current = new_run_dir(str(tmp_path), keep=3)
     left = sorted(p.name for p in tmp_path.iterdir())
@@ -124,3 +130,91 @@ def test_twins_are_joined_only_where_each_shown_ranks_lines_keep_their_order(tmp
     assert _tail(tmp_path / "b", capsys, {0}, {0: "E0\nS\n", 1: "E1\nS\n"}) == ["E0", "S [x2 ranks]"]
     assert _tail(tmp_path / "c", capsys, {0, 1}, {0: "epoch 1\nx0\n", 1: "epoch 1\nx1\n"}) == \
         ["[rank0-1]: epoch 1", "[rank0]: x0", "[rank1]: x1"]
+
+
+def test_a_log_folder_in_use_or_renamed_by_the_user_is_never_rotated_out(tmp_path):
+    """Two launches into one log dir with --keep-logs 1: the running one's folder stays (its console reads
+    it); a folder the user renamed is theirs, not ddpkit's."""
+    from ddpkit.logs import new_run_dir, release
+
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from ddpkit.logs import new_run_dir; "
+                               f"print(new_run_dir({str(tmp_path)!r}, keep=1), flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        running = holder.stdout.readline().strip()  # launch A, still running
+        assert os.path.isdir(running), running
+        renamed = new_run_dir(str(tmp_path), keep=1)
+        release(renamed)
+        os.rename(renamed, tmp_path / "best-run")
+        for _ in range(2):  # launch B, then C: each rotates with keep=1
+            release(new_run_dir(str(tmp_path), keep=1))
+        assert os.path.isdir(running) and (tmp_path / "best-run").is_dir()
+        assert len(os.listdir(tmp_path)) == 3, os.listdir(tmp_path)  # A, best-run, C
+    finally:
+        holder.communicate("")
+    release(new_run_dir(str(tmp_path), keep=1))  # A has ended: its folder may go now
+    assert not os.path.exists(running) and (tmp_path / "best-run").is_dir() and len(os.listdir(tmp_path)) == 2
+
+
+class _Console:
+    """Both console streams into one buffer, as a terminal shows them."""
+
+    def __init__(self, tmp_path, monkeypatch, world: int, console=frozenset({0})):
+        import io
+
+        from ddpkit.logs import ConsoleTail
+
+        self.buf, self.root = io.StringIO(), tmp_path
+        monkeypatch.setattr(sys, "stdout", self.buf)
+        monkeypatch.setattr(sys, "stderr", self.buf)
+        self.tail = ConsoleTail(str(tmp_path), set(console), 0, world)
+        for rank in range(world):
+            (tmp_path / "run" / "attempt_0" / str(rank)).mkdir(parents=True)
+
+    def write(self, rank: int, stream: str, text: str) -> None:
+        with open(self.root / "run" / "attempt_0" / str(rank) / f"{stream}.log", "a") as f:
+            f.write(text)
+        self.tail._poll()
+
+
+def test_the_console_keeps_print_order_across_streams_and_ranks(tmp_path, monkeypatch):
+    c = _Console(tmp_path, monkeypatch, 2)
+    c.write(0, "stderr", "ddpkit: started (rank 0 of 2)\n")  # one rank's line: waits for a twin
+    for rank in (0, 1):
+        c.write(rank, "stdout", "epoch 0\n")  # every rank's line, printed after it
+    c.write(0, "stderr", "\rbar 1/2\rbar 2/2\n")  # a progress bar's last update ends with a newline
+    for rank in (0, 1):
+        c.write(rank, "stdout", "epoch 1\n")
+    c.tail._flush(force=False)
+    c.tail._flush(force=True)
+    assert c.buf.getvalue() == "ddpkit: started (rank 0 of 2)\nepoch 0 [x2 ranks]\n\rbar 1/2\rbar 2/2\n" \
+                               "epoch 1 [x2 ranks]\n", repr(c.buf.getvalue())
+
+
+def test_a_progress_bar_update_shows_once_it_is_quiet_not_one_update_late(tmp_path, monkeypatch):
+    from ddpkit.logs import _BAR_QUIET_S
+
+    c = _Console(tmp_path, monkeypatch, 1)
+    c.write(0, "stderr", "\rbar 1/3")  # tqdm writes \r, then the text, and nothing until the next update
+    time.sleep(_BAR_QUIET_S + 0.05)
+    c.tail._poll()
+    assert c.buf.getvalue() == "\rbar 1/3", repr(c.buf.getvalue())
+    c.write(0, "stderr", "\rbar 2/3")
+    time.sleep(_BAR_QUIET_S + 0.05)
+    c.tail._poll()
+    c.write(0, "stderr", "\rbar 3/3\n")
+    c.tail._flush(force=True)
+    assert c.buf.getvalue() == "\rbar 1/3\rbar 2/3\rbar 3/3\n", repr(c.buf.getvalue())
+
+
+def test_ctrl_c_while_the_launcher_starts_is_one_line_and_exit_130(tmp_path):
+    cmd = [sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", "2", "--log-dir", str(tmp_path),
+           str(CONSOLE), "chatter", str(tmp_path)]
+    proc = subprocess.Popen(cmd, cwd=SCRATCH, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    time.sleep(0.5)  # the interpreter is up, torch is still loading: no worker yet
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "ddpkit launch: stopped by signal SIGINT before any worker started", err
+    assert "Traceback" not in err, err

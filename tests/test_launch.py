@@ -21,6 +21,7 @@ SCRIPT = str(ROOT / "examples" / "digits.py")
     (["--mode", "dp", "--nproc-per-node", "2", SCRIPT], "--mode dp runs one process"),
     (["--master-port", "70000", SCRIPT], "--master-port must be in 1..65535"),
     (["--max-restarts", "-1", SCRIPT], "--max-restarts must be >= 0"),
+    (["--keep-logs", "-1", SCRIPT], "--keep-logs must be >= 0, got -1; pass 0 to keep every log folder"),
     (["--nproc-per-node", "gpu", SCRIPT], "no CUDA GPU is visible"),
     (["--bogus", SCRIPT], "unrecognized arguments: --bogus"),
     ([], "the following arguments are required: script"),

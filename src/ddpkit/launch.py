@@ -42,13 +42,18 @@ class LaunchError(UsageError):
     """Bad launcher input; the message is one line that names what was received and what to do."""
 
 
-def _count(value: str, name: str, minimum: int) -> int:
+def _count(value: str, name: str, minimum: int, fix: str = "") -> int:
+    """``value`` as an integer >= ``minimum``; ``fix``: how to get what the user likely meant.
+
+    >>> _count("3", "--keep-logs", 0)
+    3
+    """
     try:
         number = int(value)
     except ValueError:
         raise LaunchError(f"{name} must be an integer, got {value!r}") from None
     if number < minimum:
-        raise LaunchError(f"{name} must be >= {minimum}, got {number}")
+        raise LaunchError(f"{name} must be >= {minimum}, got {number}" + (f"; {fix}" if fix else ""))
     return number
 
 
@@ -249,7 +254,7 @@ def parse_args(argv: Sequence[str], gpus: int | None = None, cpus: int | None = 
         rdzv_conf=ns.rdzv_conf, master_addr=ns.master_addr, master_port=port, mode=mode, device=device, gpus=gpus,
         verbose=ns.verbose, max_restarts=_count(ns.max_restarts, "--max-restarts", 0), module=ns.module,
         resume=ns.resume, log_dir=ns.log_dir, console_ranks=ns.console_ranks,
-        keep_logs=_count(ns.keep_logs, "--keep-logs", 0),
+        keep_logs=_count(ns.keep_logs, "--keep-logs", 0, "pass 0 to keep every log folder"),
         join_timeout_s=_seconds(ns.join_timeout, "--join-timeout"))
 
 

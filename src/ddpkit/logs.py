@@ -18,7 +18,9 @@ Example::
 from __future__ import annotations
 
 import codecs
+import fcntl
 import glob
+import json
 import os
 import re
 import shutil
@@ -66,8 +68,9 @@ def rank_label(ranks: set[int]) -> str:
 
 
 def new_run_dir(log_dir: str, keep: int) -> str:
-    """A new folder for one launch's logs under ``log_dir``, marked as ddpkit's; of the marked folders only the
-    newest ``keep`` stay (0: all). Folders without the mark (the user's) are never removed, nor the new one.
+    """A new folder for one launch's logs under ``log_dir``, marked as ddpkit's and held as in use until
+    :func:`release` (or this process's end); of the marked folders only the newest ``keep`` stay (0: all).
+    Never removed: a folder in use by a running launch, one without the mark (the user's), one the user renamed.
 
     Example: ``new_run_dir("runs/logs", keep=20)`` -> ``runs/logs/20260101-120000-4242``.
     """
@@ -80,17 +83,35 @@ def new_run_dir(log_dir: str, keep: int) -> str:
         except FileExistsError:  # a second launch from this process within the same second
             n += 1
             path = f"{base}-{n}"
-    with open(os.path.join(path, RUN_MARKER), "w") as f:
-        f.write(str(time.time_ns()))  # the order of removal: names sort by pid within a second
+    # An flock, not a pid in the marker: the kernel drops it when the holder dies (even SIGKILLed), a reused
+    # pid cannot fake it, and it needs no host name to compare on a shared file system. Locked before the
+    # mark is written: a marker without its record is never removed, so no rotation can take it in between.
+    fd = os.open(os.path.join(path, RUN_MARKER), os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    # the name it was given (a folder renamed since is the user's) and the order of removal (names sort by
+    # pid within a second)
+    os.write(fd, json.dumps({"name": os.path.basename(path), "created_ns": time.time_ns()}).encode())
+    _HELD[os.path.abspath(path)] = fd
     if keep > 0:
         older = _marked(log_dir, path)
         for old in older[:max(0, len(older) + 1 - keep)]:
-            shutil.rmtree(old, ignore_errors=True)
+            _remove_unless_in_use(old)
     return path
 
 
+def release(path: str) -> None:
+    """The launch that made ``path`` is over: later launches may rotate its folder out. Safe to repeat."""
+    fd = _HELD.pop(os.path.abspath(path), None)
+    if fd is not None:
+        os.close(fd)  # closing the descriptor drops its lock
+
+
+_HELD: dict[str, int] = {}  # folder -> the open, locked marker of a launch from this process still running
+_NAMED = re.compile(r"\d{8}-\d{6}-\d+(?:-\d+)?")  # the names ddpkit gives (markers before the record held none)
+
+
 def _marked(log_dir: str, current: str) -> list[str]:
-    """ddpkit's log folders under ``log_dir`` but ``current``, oldest first."""
+    """ddpkit's log folders under ``log_dir`` but ``current``, still under the name ddpkit gave, oldest first."""
     found = []
     for marker in glob.glob(os.path.join(log_dir, "*", RUN_MARKER)):
         folder = os.path.dirname(marker)
@@ -98,10 +119,47 @@ def _marked(log_dir: str, current: str) -> list[str]:
             continue
         try:
             with open(marker) as f:
-                found.append((int(f.read().strip() or 0), folder))
-        except (OSError, ValueError):
-            found.append((0, folder))
+                text = f.read().strip()
+        except OSError:
+            continue
+        created = _created(text, os.path.basename(folder))
+        if created is not None:
+            found.append((created, folder))
     return [folder for _, folder in sorted(found)]
+
+
+def _created(text: str, name: str) -> int | None:
+    """When the folder named ``name`` was made, from its marker; None where it is not removable: renamed by the
+    user, or an empty marker (a launch between its mark and its record). An older ddpkit's marker (a bare
+    time) recorded no name: the folder is ddpkit's only while its name has ddpkit's form.
+
+    >>> _created('{"name": "20260101-120000-42", "created_ns": 7}', "best-run"), _created("7", "20260101-120000-42")
+    (None, 7)
+    """
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(record, dict):
+        return int(record.get("created_ns", 0)) if record.get("name") == name else None
+    return record if isinstance(record, int) and _NAMED.fullmatch(name) else None
+
+
+def _remove_unless_in_use(folder: str) -> None:
+    """Remove ``folder`` if no running launch holds its marker (a non-blocking try of the lock it holds)."""
+    try:
+        fd = os.open(os.path.join(folder, RUN_MARKER), os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held: a launch still writes there and its console reads it
+        os.close(fd)
+        return
+    try:
+        shutil.rmtree(folder, ignore_errors=True)
+    finally:
+        os.close(fd)
 
 
 class ConsoleTail:

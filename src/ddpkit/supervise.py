@@ -30,7 +30,7 @@ from ddpkit import contract, diagnosis, faults
 from ddpkit.cli import USAGE_ERROR
 from ddpkit.environment import usable_cores
 from ddpkit.launch import PROG, LaunchConfig, torchrun_argv, worker_env
-from ddpkit.logs import ConsoleTail, new_run_dir, parse_ranks
+from ddpkit.logs import ConsoleTail, new_run_dir, parse_ranks, release
 from ddpkit.preflight import check_nodes
 
 
@@ -199,6 +199,7 @@ def _supervise(cfg: LaunchConfig, report_dir: str) -> int:
         return 128 + int(exc.sigval)
     finally:
         tail.stop()
+        release(log_dir)  # the run is over: a later launch may rotate its folder out
     _say_restarts(report_dir, log_dir, restarts.causes)
     if warning := no_group_warning(cfg, report_dir):
         print(warning, file=sys.stderr, flush=True)
