@@ -6,8 +6,10 @@ and a block of lines that N ranks print alike appears once, marked ``[x N ranks]
 follows those files. A line joins its twin of another rank only where that keeps each shown rank's lines in
 order, so a multi-line print stays together; with more than one console rank each line starts with
 ``[rank0]:`` as torchrun's do.
-Progress-bar updates (segments ending in ``\\r``) of console ranks pass straight through, after the lines
-that came before them.
+Both streams of every rank leave in print order (by arrival, within the poll interval): a line waiting for its
+twins holds back the lines after it. Progress-bar updates (segments ending in ``\\r``, and the bar's last one)
+of console ranks pass straight through, after the lines that came before them; an update still without its
+``\\r`` is shown once its file has been quiet for a poll or two.
 
 Example::
 
@@ -31,6 +33,7 @@ import time
 from ddpkit.faults import block_length
 
 _HOLD_S = 0.5  # how long a console line waits for twins from other ranks before it is printed
+_BAR_QUIET_S = 0.15  # a progress bar's pending update (tqdm writes \r, then the text) is shown once this quiet
 _RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
 RUN_MARKER = ".ddpkit-run"  # in every log folder ddpkit made: only those are ever removed
 
@@ -177,8 +180,12 @@ class ConsoleTail:
         # bytes -> text per file: a UTF-8 character split across two reads is decoded whole
         self.decoders: dict[str, codecs.IncrementalDecoder] = {}
         self.hiding: dict[str, int] = {}  # file -> lines of a worker's traceback block left (its log keeps them)
-        # per stream, in arrival order: [first seen, text, ranks that printed it]
-        self.pending: dict[str, list[list]] = {"stdout": [], "stderr": []}
+        # both streams in one queue, in arrival order (the console's print order): [first seen, stream, text,
+        # ranks that printed it]; a line waiting for its twins holds back the lines after it
+        self.pending: list[list] = []
+        self.bar: set[str] = set()  # files whose last segment was a progress update (ended with \r)
+        self.shown: dict[str, int] = {}  # file -> characters of its pending partial already shown (a quiet bar)
+        self.changed: dict[str, float] = {}  # file -> when it last grew
         self._lock = threading.Lock()  # the launcher's own lines (say) and the tail's thread write in turn
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="ddpkit-console")
@@ -196,7 +203,9 @@ class ConsoleTail:
             self._poll()
             for path in sorted(self.partial):
                 text = self.partial.pop(path) + self.decoders[path].decode(b"", final=True)
-                if text:
+                if path in self.shown:  # a bar's last update, shown already but for what came after
+                    self._progress(path, text[self.shown.pop(path):], label=False)
+                elif text:
                     self._whole(path, [text])
             self._flush(force=True)
 
@@ -221,35 +230,57 @@ class ConsoleTail:
             if not data:
                 continue
             self.offsets[path] = self.offsets.get(path, 0) + len(data)
+            self.changed[path] = time.monotonic()
             decoder = self.decoders.setdefault(path, codecs.getincrementaldecoder("utf-8")("replace"))
             self._text(path, self.partial.pop(path, "") + decoder.decode(data))
+        self._quiet_bars()
+
+    def _quiet_bars(self) -> None:
+        """Show a progress bar's pending update once its file is quiet: tqdm writes ``\r`` and then the text, so
+        waiting for the line's end would show every update one update late."""
+        now = time.monotonic()
+        for path, text in self.partial.items():
+            done = self.shown.get(path, 0)
+            if path in self.bar and len(text) > done and now - self.changed.get(path, now) >= _BAR_QUIET_S:
+                self._progress(path, text[done:], label=not done)
+                self.shown[path] = len(text)
 
     def _text(self, path: str, text: str) -> None:
-        """Whole lines go to the queue, progress updates straight out (after the lines before them)."""
+        """Whole lines go to the queue, progress updates straight out (after the lines before them); a line
+        that ends a progress bar (tqdm's last update, ``\r`` then the text and ``\n``) is one of its updates."""
         lines: list[str] = []
+        skip = self.shown.pop(path, 0)  # the start of this text is on the console already
         for segment in re.split(r"(?<=[\r\n])", text):
             if not segment:
                 continue
             if not segment.endswith(("\n", "\r")):
                 self.partial[path] = segment  # incomplete: wait for the rest
-            elif "\r" in segment:
+                if skip:
+                    self.shown[path] = skip
+            elif "\r" in segment or path in self.bar:
                 self._whole(path, lines)
                 lines = []
-                self._progress(path, segment)
+                self._progress(path, segment[skip:], label=not skip)
+                if segment.endswith("\n"):
+                    self.bar.discard(path)  # the bar's last update: the lines after it are lines again
+                else:
+                    self.bar.add(path)
             else:
                 lines.append(segment.rstrip("\n"))
+            skip = 0
         self._whole(path, lines)
 
     def _where(self, path: str) -> tuple[str, int]:
         return ("stdout" if path.endswith("stdout.log") else "stderr",
                 self.first_rank + int(os.path.basename(os.path.dirname(path))))
 
-    def _progress(self, path: str, segment: str) -> None:
-        """A progress-bar update: no de-duplication, no delay, but after the lines that came before it."""
+    def _progress(self, path: str, segment: str, label: bool = True) -> None:
+        """A progress-bar update: no de-duplication, no delay, but after the lines that came before it.
+        ``label``: False for the rest of an update whose start (and prefix) is shown already."""
         stream, rank = self._where(path)
-        if rank in self.console:
+        if rank in self.console and segment:
             self._flush(force=True)
-            self._write(stream, (rank_label({rank}) if self.prefixed else "") + segment)
+            self._write(stream, (rank_label({rank}) if self.prefixed and label else "") + segment)
 
     def _whole(self, path: str, lines: list[str]) -> None:
         """Whole lines from ``path``: a worker's traceback block stays in its log (the launcher's report prints
@@ -274,27 +305,28 @@ class ConsoleTail:
         multi-line print is not merged line by line into another rank's (``[rank1]: value 1`` cannot move
         above ``[rank1]: summary of rank 1:`` by joining rank 0's twin of a line in between).
         """
-        queue = self.pending[stream]
+        queue = self.pending
         for i, entry in enumerate(queue):
-            if entry[1] == text and rank not in entry[2]:
-                if rank in self.console and any(rank in later[2] for later in queue[i + 1:]):
+            if entry[1] == stream and entry[2] == text and rank not in entry[3]:
+                if rank in self.console and any(rank in later[3] for later in queue[i + 1:]):
                     continue
-                entry[2].add(rank)
+                entry[3].add(rank)
                 return
-        queue.append([time.monotonic(), text, {rank}])
+        queue.append([time.monotonic(), stream, text, {rank}])
 
     def _flush(self, force: bool) -> None:
-        """Print lines in arrival order once all ranks printed them or they waited long enough."""
+        """Print lines in arrival order, across both streams, once all ranks printed the first one or it waited
+        long enough: a line of one rank (ddpkit's start-up line) holds back the lines printed after it."""
         now = time.monotonic()
-        for stream, queue in self.pending.items():
-            while queue and (force or len(queue[0][2]) == self.world or now - queue[0][0] > _HOLD_S):
-                _, text, ranks = queue.pop(0)
-                shown = ranks & self.console
-                if shown:
-                    prefix = rank_label(shown) if self.prefixed else ""
-                    # the prefix names who printed it; the mark counts the ranks it does not name
-                    mark = f" [x{len(ranks)} ranks]" if len(ranks) > (len(shown) if self.prefixed else 1) else ""
-                    self._write(stream, f"{prefix}{text}{mark}\n")
+        queue = self.pending
+        while queue and (force or len(queue[0][3]) == self.world or now - queue[0][0] > _HOLD_S):
+            _, stream, text, ranks = queue.pop(0)
+            shown = ranks & self.console
+            if shown:
+                prefix = rank_label(shown) if self.prefixed else ""
+                # the prefix names who printed it; the mark counts the ranks it does not name
+                mark = f" [x{len(ranks)} ranks]" if len(ranks) > (len(shown) if self.prefixed else 1) else ""
+                self._write(stream, f"{prefix}{text}{mark}\n")
 
     @staticmethod
     def _write(stream: str, text: str) -> None:
