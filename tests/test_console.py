@@ -47,7 +47,7 @@ def test_a_restart_shows_on_the_console_and_start_up_lines_precede_the_progress_
     started = err.rfind("(rank 0 of 2)")
     assert 0 <= restart < started < err.find("step 1/3") < err.find("step 3/3"), err
     # once the run is over, the attempt's summary names the killed rank, not its peer's consequence
-    assert "attempt 0 failed (rank 1 killed by SIGKILL; the logs: " in err, err
+    assert "attempt 1 failed (rank 1 killed by SIGKILL; the logs: " in err, err  # counted as the notice counts
     assert "none called ddpkit.init()" not in err
 
 
@@ -218,3 +218,21 @@ def test_ctrl_c_while_the_launcher_starts_is_one_line_and_exit_130(tmp_path):
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1] == "ddpkit launch: stopped by signal SIGINT before any worker started", err
     assert "Traceback" not in err, err
+
+
+def test_an_exception_without_a_message_is_named_without_a_dangling_colon(tmp_path):
+    import json
+
+    from ddpkit import diagnosis
+    from ddpkit.supervise import restarted_attempts
+
+    record = {"rank": 1, "local_rank": 1, "host": "vm", "pid": 1, "time": 2.0, "type": "KeyboardInterrupt",
+              "message": "", "traceback": "Traceback ...\nKeyboardInterrupt\n"}
+    (tmp_path / "attempt0").mkdir()
+    (tmp_path / "attempt0" / "error-rank1.json").write_text(json.dumps(record))
+    _, text = diagnosis.report(str(tmp_path / "attempt0"))
+    assert text.splitlines()[0] == "ddpkit: rank 1 on vm failed first: KeyboardInterrupt", text
+    for attempt in (0, 1):
+        (tmp_path / "logs" / "run" / f"attempt_{attempt}" / "1").mkdir(parents=True)
+    (line,) = restarted_attempts(str(tmp_path), str(tmp_path / "logs"))
+    assert line.startswith("ddpkit launch: attempt 1 failed (rank 1 raised KeyboardInterrupt; its traceback"), line

@@ -359,8 +359,8 @@ def test_each_attempt_a_restart_recovered_from_is_named_with_its_log(tmp_path):
     (report / "attempt0" / "error-rank0.json").write_text(json.dumps(lost))
     (report / "attempt1").mkdir()  # attempt 1: a rank was killed, no Python exception
     lines = restarted_attempts(str(report), str(logs))
-    assert lines[0] == (f"ddpkit launch: attempt 0 failed (rank 1 raised ValueError: transient failure; its traceback: "
+    assert lines[0] == (f"ddpkit launch: attempt 1 failed (rank 1 raised ValueError: transient failure; its traceback: "
                         f"{logs}/run/attempt_0/1/stderr.log); restarted"), lines
-    assert lines[1] == (f"ddpkit launch: attempt 1 failed (no rank raised a Python exception; the logs: "
+    assert lines[1] == (f"ddpkit launch: attempt 2 failed (no rank raised a Python exception; the logs: "
                         f"{logs}/run/attempt_1); restarted"), lines
     assert len(lines) == 2  # attempt 2 is the last one: its outcome is the run's

@@ -112,12 +112,24 @@ def report(report_dir: str, crashed: dict[int, str] | None = None, stderr_tails:
             "so the root cause is on "
             "another node: see that node's launcher output (it may have been killed or lost)")
     if not first.get("hang"):
-        head = f"ddpkit: rank {first['rank']} on {first['host']} failed first: {first['type']}: {first['message']}"
+        head = f"ddpkit: rank {first['rank']} on {first['host']} failed first: {said(first)}"
         others = sorted(e["rank"] for e in errors if e is not first)
         tail = f"\n(ranks {others} failed after it; each rank's traceback is in its stderr.log)" if others else ""
         return EXIT_WORKER_FAILED, f"{head}\n{first['traceback'].rstrip()}{tail}"
     return EXIT_HANG, _hang_report(report_dir, {e["rank"]: e for e in errors},
                                    f"first timeout on rank {first['rank']}: {first['message'].splitlines()[0][:200]}")
+
+
+def said(error: dict, first_line: bool = False) -> str:
+    """An exception as Python prints its last line: ``ValueError: bad batch``, a bare ``KeyboardInterrupt``.
+
+    >>> said({"type": "KeyboardInterrupt", "message": ""}), said({"type": "E", "message": "a\\nb"}, first_line=True)
+    ('KeyboardInterrupt', 'E: a')
+    """
+    message = error["message"]
+    if first_line:
+        message = (message.splitlines() or [""])[0][:200]
+    return f"{error['type']}: {message}" if message else error["type"]
 
 
 def records(report_dir: str) -> list[dict]:

@@ -367,8 +367,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             # read once when torch loads (parse_args may load it): quiet from the first line on
             os.environ.setdefault(contract.CPP_LOG_LEVEL.name, "ERROR")
         cfg = parse_args(argv)
+        from ddpkit import supervise
+
+        return supervise.run(cfg)
     except UsageError as exc:  # LaunchError, and argparse's own complaints
         return usage_error(PROG, exc)
-    from ddpkit import supervise
-
-    return supervise.run(cfg)
+    except KeyboardInterrupt:  # Ctrl-C while torch loads: once workers run, torch's agent turns it into a stop
+        print(f"{PROG}: stopped by signal SIGINT before any worker started", file=sys.stderr, flush=True)
+        return 128 + 2

@@ -270,7 +270,7 @@ def restarted_attempts(report_dir: str, log_dir: str, causes: dict[int, str] | N
     attempt -> the rank torch's agent saw fail (``rank 1 killed by SIGKILL``), for an attempt whose only
     exceptions are its peers' consequences.
 
-    Example line: ``ddpkit launch: attempt 0 failed (rank 1 raised ValueError: bad batch; its traceback:
+    Example line: ``ddpkit launch: attempt 1 failed (rank 1 raised ValueError: bad batch; its traceback:
     runs/logs/<run>/attempt_0/1/stderr.log); restarted``
     """
     folders = {int(os.path.basename(p)[8:]): p for p in glob.glob(os.path.join(log_dir, "*", "attempt_*"))}
@@ -282,12 +282,12 @@ def restarted_attempts(report_dir: str, log_dir: str, causes: dict[int, str] | N
             what = f"{causes[attempt]}; the logs: {folders[attempt]}"
         elif own := own or errors:
             first = min(own, key=lambda e: e["time"])
-            message = (first["message"].splitlines() or [""])[0][:200]
-            what = (f"rank {first['rank']} raised {first['type']}: {message}; its traceback: "
+            what = (f"rank {first['rank']} raised {diagnosis.said(first, first_line=True)}; its traceback: "
                     f"{os.path.join(folders[attempt], str(first['local_rank']), 'stderr.log')}")
         else:
             what = f"no rank raised a Python exception; the logs: {folders[attempt]}"
-        lines.append(f"{PROG}: attempt {attempt} failed ({what}); restarted")
+        # counted from 1, as the restart notice counts them (torch's folders count from 0)
+        lines.append(f"{PROG}: attempt {attempt + 1} failed ({what}); restarted")
     return lines
 
 
