@@ -42,6 +42,26 @@ def test_a_prepared_model_keeps_the_users_methods_and_attributes(tmp_path, mode)
             assert "ddpkit.unwrap(model).configure_optimizers" in facts["optimizer"]
         else:
             assert facts["optimizer"] is True
+        _assert_guards(facts["guards"], mode)
+
+
+def _assert_guards(g, mode):
+    """fsdp: no dangling view of a freed gathered parameter (it segfaulted), the root sharded again after a
+    raise, a generator or a forward, an optimizer over the gathered copies refused; ddp/fsdp: layer writes
+    through the wrapper refused (the reducer / the sharding never sees them)."""
+    assert g["copy"] is None and g["unwrap_trains"], g
+    assert g["after_forward"] and g["fails"][1] and g["rows"][1], g
+    assert g["fails"][0] == "ValueError: k > 4", g
+    if mode == "fsdp":
+        for how in ("detach", "data", "row", "T"):
+            assert g[how] and "ddpkit.unwrap(model).view" in g[how] and "storage" in g[how], (how, g[how])
+        assert "ddpkit.unwrap(model).configure_optimizers" in g["opt_wrapper"], g
+        assert "generator" in g["rows"][0], g
+    else:
+        assert all(g[how] is None for how in ("detach", "data", "row", "T", "opt_wrapper")), g
+        assert g["rows"][0] is None, g
+    for case in ("replace", "add", "param"):
+        assert g[case] and "before ddpkit.prepare_model(model)" in g[case] and "\n" not in g[case], (case, g[case])
 
 
 def test_the_wrappers_read_the_modules_names_and_write_the_modules_own():

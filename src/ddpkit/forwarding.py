@@ -16,6 +16,8 @@ forward (its parameters gathered, then resharded), since outside ``forward`` eac
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -44,6 +46,8 @@ class ForwardsAttributes:
         try:
             value = getattr(inner, name)
         except AttributeError:
+            if _module_has(inner, name):  # a property whose body raised: its own error is the one to see
+                raise
             raise AttributeError(
                 f"{type(self).__name__}({type(inner).__name__}) has no attribute {name!r}: looked up on ddpkit's "
                 f"{type(self).__name__} wrapper, then on your {type(inner).__name__} module; check the name on "
@@ -58,18 +62,39 @@ class ForwardsAttributes:
         """Called at the end of the wrapper's ``__init__``: until then every write is the wrapper's own."""
         self.__dict__["_forwarding"] = True
 
+    #: DDP's reducer and FSDP's sharding are built from the module's parameters at wrap time: a layer or
+    #: parameter written through the wrapper later would be trained on one rank's terms only (DataParallel
+    #: replicates the module at each forward, so there it is fine)
+    refuses_layer_writes = False
+
     def __setattr__(self, name: str, value: Any) -> None:
         inner = self.__dict__.get("_modules", {}).get("module") if self.__dict__.get("_forwarding") else None
-        if inner is not None and not _wrapper_has(self, name) and hasattr(inner, name):
+        if inner is not None and self.refuses_layer_writes and isinstance(value, (nn.Module, nn.Parameter)):
+            raise AttributeError(
+                f"model.{name} = {type(value).__name__}(...) after ddpkit.prepare_model: the {type(self).__name__} "
+                f"wrapper was built from the layers the model had then and would not train the new one in step "
+                f"on every rank; replace layers before ddpkit.prepare_model(model)")
+        if inner is not None and not _wrapper_has(self, name) and _module_has(inner, name):
             setattr(inner, name, value)
         else:
             nn.Module.__setattr__(self, name, value)  # type: ignore[arg-type]
 
 
 def _wrapper_has(wrapper: Any, name: str) -> bool:
-    if name in wrapper.__dict__ or hasattr(type(wrapper), name):
+    if name in wrapper.__dict__ or _static(type(wrapper), name):
         return True
     return any(name in wrapper.__dict__.get(kind, {}) for kind in ("_parameters", "_buffers", "_modules"))
+
+
+def _module_has(module: nn.Module, name: str) -> bool:
+    """``module`` has ``name`` (its own, a parameter / buffer / submodule, or its class's), found without
+    running a property's getter: ``hasattr`` would run it, and call a getter that raises a missing name."""
+    return _wrapper_has(module, name)
+
+
+def _static(cls: type, name: str) -> bool:
+    missing = object()
+    return inspect.getattr_static(cls, name, missing) is not missing
 
 
 def user_method(inner: nn.Module, name: str, value: Any) -> bool:
@@ -87,31 +112,52 @@ def user_method(inner: nn.Module, name: str, value: Any) -> bool:
     return owner is not None and not owner.__module__.startswith("torch.")
 
 
-def gathered_in(result: Any, gathered: set[int], depth: int = 3) -> bool:
-    """``result`` (a tensor, an optimizer, or lists / tuples / dicts of them) holds a tensor whose id is in
-    ``gathered``."""
+def _storages(result: Any, depth: int = 3) -> Iterator[int]:
+    """Storage addresses of the tensors in ``result`` (a tensor, an optimizer's parameters, or lists / tuples
+    / dicts of them): a view (``w.detach()``, ``w.data``, ``w[0]``, ``w.T``) shares its base's storage."""
     if isinstance(result, torch.Tensor):
-        return id(result) in gathered
+        if not _is_dtensor(result) and result.untyped_storage().nbytes():
+            yield result.untyped_storage().data_ptr()
+    elif isinstance(result, torch.optim.Optimizer):
+        for group in result.param_groups:
+            yield from _storages(group["params"], depth)
+    elif depth and isinstance(result, (dict, list, tuple)):
+        for item in result.values() if isinstance(result, dict) else result:
+            yield from _storages(item, depth - 1)
+
+
+def _is_dtensor(tensor: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
+
+
+def gathered_in(result: Any, gathered: set[int]) -> bool:
+    """``result`` holds a tensor (or a view of one) whose storage address is in ``gathered``, or an optimizer
+    over tensors that are not DTensors (an fsdp model's trained parameters all are).
+
+    >>> w = torch.ones(2, 2)
+    >>> gathered_in({"rows": [w[0]]}, {w.untyped_storage().data_ptr()}), gathered_in(w.clone(), set())
+    (True, False)
+    """
     if isinstance(result, torch.optim.Optimizer):
-        return any(id(p) in gathered for group in result.param_groups for p in group["params"])
-    if depth == 0:
-        return False
-    items = result.values() if isinstance(result, dict) else result if isinstance(result, (list, tuple)) else ()
-    return any(gathered_in(item, gathered, depth - 1) for item in items)
+        if any(not _is_dtensor(p) for group in result.param_groups for p in group["params"]):
+            return True
+    return any(ptr in gathered for ptr in _storages(result))
 
 
 def fsdp_method(root: nn.Module, name: str, hooked: dict[str, Any]) -> Any:
     """``root.name`` as an FSDP forward: every parameter it touches is whole during the call (a submodule that
     is its own block gathers through its own hooks; the root's group through the forward hooks registered here,
-    once per name, kept in ``hooked``), and the root's group is sharded again after it, so that
-    ``model.parameters()`` (an optimizer built next) are the shards. A result holding the gathered copies (an
-    optimizer built inside, ``configure_optimizers``) would train nothing: that is an error naming
-    ``ddpkit.unwrap``.
+    once per name, kept in ``hooked``), and the root's group is sharded again after it (also when it raised,
+    and when an earlier forward left it gathered), so that ``model.parameters()`` (an optimizer built next) are
+    the shards. The gathered storage is freed then: a result that holds it (the parameter itself, a view such
+    as ``w.detach()`` or ``w[0]``, an optimizer built inside, ``configure_optimizers``) would dangle or train
+    nothing, and a generator would run after the reshard: each is an error naming ``ddpkit.unwrap``.
     """
     import functools
 
     from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
-    from torch.distributed.tensor import DTensor
 
     if not isinstance(root, FSDPModule):
         return getattr(root, name)
@@ -123,20 +169,36 @@ def fsdp_method(root: nn.Module, name: str, hooked: dict[str, Any]) -> Any:
         if had:
             root.__dict__[name] = before
     method = hooked[name]
+    cls = next(c for c in type(root).__mro__ if not issubclass(c, FSDPModule)).__name__
 
     @functools.wraps(method)
     def call(*args: Any, **kwargs: Any) -> Any:
-        sharded_before = all(isinstance(p, DTensor) for p in root.parameters())
-        result = method(*args, **kwargs)
-        gathered = {id(p) for p in root.parameters() if not isinstance(p, DTensor)}
-        if sharded_before and gathered:
-            root.reshard()
-            if gathered_in(result, gathered):
-                cls = next(c for c in type(root).__mro__ if not issubclass(c, FSDPModule)).__name__
-                raise RuntimeError(
-                    f"model.{name}() ran with fsdp's parameters gathered (a method call through the prepared model "
-                    f"is an FSDP forward), and it returned those whole copies, which an optimizer would never "
-                    f"update; call it on the shards instead: ddpkit.unwrap(model).{name}(...) ({cls}.{name})")
+        holds = False
+        try:
+            result = method(*args, **kwargs)
+        except BaseException:
+            # FSDP2's recovery after a forward that raised: its state stays "in forward" otherwise, where the
+            # root's reshard below is a no-op (the root keeps its gathered copies for a backward)
+            root.reset_iter_state()
+            raise
+        try:
+            if inspect.isgenerator(result):
+                result.close()
+                raise TypeError(
+                    f"model.{name}() is a generator: it would run after fsdp shards the parameters again (a method "
+                    f"call through the prepared model is an FSDP forward); return a list from {cls}.{name}, or "
+                    f"use it inside forward")
+            gathered = {p.untyped_storage().data_ptr() for p in root.parameters() if not _is_dtensor(p)}
+            holds = gathered_in(result, gathered)
+        finally:
+            if any(not _is_dtensor(p) for p in root.parameters()):
+                root.reshard()
+        if holds:
+            raise RuntimeError(
+                f"model.{name}() ran with fsdp's parameters gathered (a method call through the prepared model "
+                f"is an FSDP forward) and returned tensors or an optimizer on that gathered storage, which is "
+                f"freed now (an optimizer would never update the shards); return a copy (.clone()) or call it on "
+                f"the shards: ddpkit.unwrap(model).{name}(...) ({cls}.{name})")
         return result
 
     return call

@@ -81,6 +81,8 @@ class DDP(_PlainStateDict, DistributedDataParallel):
     past its loop).
     """
 
+    refuses_layer_writes = True  # ForwardsAttributes: the reducer knows the layers of prepare time only
+
     def __init__(self, module: nn.Module, *args: Any, check_sync_every: int = 0, **kwargs: Any):
         super().__init__(module, *args, **kwargs)
         # every time, not only for the first DDP: a worker forked from a kernel that held DDP models starts with
@@ -238,6 +240,8 @@ class FSDP(ForwardsAttributes, nn.Module):
     method as an FSDP forward (:func:`ddpkit.forwarding.fsdp_method`): call it on every rank, like ``model(x)``.
     """
 
+    refuses_layer_writes = True  # ForwardsAttributes: the shards are the layers of prepare time only
+
     def __init__(self, module: nn.Module):
         super().__init__()
         self.module = module
@@ -249,7 +253,13 @@ class FSDP(ForwardsAttributes, nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any):
         faults.heartbeat()
-        return self.module(*args, **kwargs)
+        out = self.module(*args, **kwargs)
+        if not torch.is_grad_enabled():
+            # FSDP2 keeps the root gathered after a forward, for the backward; with none coming (evaluation, a
+            # sanity check before the optimizer is built) model.parameters() would stay the whole copies, and
+            # an optimizer built from them would train nothing
+            self.module.reshard()  # type: ignore[operator]  # FSDPModule.reshard
+        return out
 
     def state_dict(self, *args: Any, **kwargs: Any):
         from torch.distributed.tensor import DTensor

@@ -84,8 +84,69 @@ def methods():
         model.init_hiddn(3)
     except AttributeError as exc:
         facts["missing"] = str(exc)
+    facts["guards"] = guards()
     with open(os.path.join(out_dir, f"methods-rank{state.rank}.json"), "w") as f:
         json.dump(facts, f)
+
+
+class Probe(nn.Module):
+    """Methods a reviewer found that leave fsdp's gathered parameters in the user's hands."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.fc = nn.Embedding(5, 4), nn.Linear(4, 2)
+
+    def forward(self, idx):
+        return self.fc(self.emb(idx))
+
+    def view(self, how):  # a view of the gathered parameter: its storage is freed by the reshard
+        w = self.emb.weight
+        return {"detach": lambda: w.detach(), "data": lambda: w.data, "row": lambda: w[0], "T": lambda: w.T}[how]()
+
+    def copy(self):
+        return self.emb.weight.detach().clone()
+
+    def fails(self):
+        self.fc(self.emb(torch.zeros(1, dtype=torch.long)))
+        raise ValueError("k > 4")
+
+    def rows(self):
+        yield from self.emb.weight
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.5)
+
+
+def _error(call):
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - the message is the fact
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def guards():
+    """Each case: the error (or None), and whether the parameters are sharded after it (fsdp)."""
+    model = ddpkit.prepare_model(Probe())
+    def sharded():
+        return all(is_dtensor(p) for p in model.parameters()) if state.mode == "fsdp" else True
+    facts = {how: _error(lambda how=how: model.view(how).sum().item()) for how in ("detach", "data", "row", "T")}
+    facts["copy"] = _error(lambda: model.copy().sum().item())
+    facts["fails"] = [_error(model.fails), sharded()]
+    facts["rows"] = [_error(lambda: list(model.rows())), sharded()]
+    with torch.no_grad():  # a sanity-check forward before the optimizer: fsdp's root stays gathered after it
+        model(torch.zeros(2, dtype=torch.long))
+    facts["after_forward"] = sharded()
+    facts["opt_wrapper"] = _error(model.configure_optimizers)
+    opt = ddpkit.unwrap(model).configure_optimizers()
+    before = model.state_dict()["fc.weight"].clone()
+    model(torch.zeros(2, dtype=torch.long)).square().sum().backward()
+    opt.step()
+    facts["unwrap_trains"] = not torch.equal(before, model.state_dict()["fc.weight"])
+    facts["replace"] = _error(lambda: setattr(model, "fc", nn.Linear(4, 3)))
+    facts["add"] = _error(lambda: setattr(model, "head", nn.Linear(4, 3)))
+    facts["param"] = _error(lambda: setattr(model, "scale", nn.Parameter(torch.ones(1))))
+    return facts
 
 
 def samples(n=40):
