@@ -50,6 +50,10 @@ def _assert_guards(g, mode):
     raise, a generator or a forward, an optimizer over the gathered copies refused; ddp/fsdp: layer writes
     through the wrapper refused (the reducer / the sharding never sees them)."""
     assert g["copy"] is None and g["unwrap_trains"], g
+    if mode == "ddp":
+        assert g["shadowed"] == ["model.logger is DDP's own attribute, not your Probe's: read yours as "
+                                 "ddpkit.unwrap(model).logger"], g["shadowed"]
+        assert g["copied_logger"] == "mine", "a deepcopy must not put DDP's logger into the user's module"
     assert g["after_forward"] and g["fails"][1] and g["rows"][1], g
     assert g["fails"][0] == "ValueError: k > 4", g
     if mode == "fsdp":
@@ -94,6 +98,44 @@ def test_the_wrappers_read_the_modules_names_and_write_the_modules_own():
         _ = model.nope
     clone = copy.deepcopy(model)
     assert clone.twice(2) == 4 and clone.module is not model.module and not hasattr(model, "__deepcopy__")
+
+
+def test_a_property_that_raises_says_its_own_error_and_writes_run_no_getter():
+    """A property whose body raises AttributeError was reported as "has no attribute ... check the name";
+    a write tested hasattr(), which ran the getter, found nothing, and left the value on the wrapper."""
+    import warnings
+
+    from torch import nn
+
+    from ddpkit.wrappers import DP
+
+    class Net(nn.Linear):
+        def __init__(self):
+            super().__init__(2, 2)
+            self.device_ids = ["mine"]  # DataParallel's own name too
+
+        @property
+        def broken(self):
+            return self.tokenizer  # not loaded
+
+        @property
+        def temperature(self):
+            return self._temperature  # set by the setter only
+
+        @temperature.setter
+        def temperature(self, value):
+            self._temperature = float(value)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = DP(Net())
+    said = [str(w.message) for w in caught]
+    assert said == ["model.device_ids is DP's own attribute, not your Net's: read yours as "
+                    "ddpkit.unwrap(model).device_ids"], said
+    with pytest.raises(AttributeError, match="'Net' object has no attribute 'tokenizer'"):
+        _ = model.broken
+    model.temperature = 2  # the module's property: its setter runs
+    assert model.module._temperature == 2.0 and "temperature" not in model.__dict__ and model.temperature == 2.0
 
 
 def test_a_misspelt_option_is_refused_not_prefix_matched():

@@ -17,6 +17,7 @@ forward (its parameters gathered, then resharded), since outside ``forward`` eac
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -46,7 +47,11 @@ class ForwardsAttributes:
         try:
             value = getattr(inner, name)
         except AttributeError:
-            if _module_has(inner, name):  # a property whose body raised: its own error is the one to see
+            found = inspect.getattr_static(type(inner), name, None)
+            if hasattr(found, "__get__"):  # a property whose body raised: torch's __getattr__ then says the
+                value = found.__get__(inner, type(inner))  # property is missing; run it for its own error
+                return self._forwarded(inner, name, value)
+            if _module_has(inner, name):
                 raise
             raise AttributeError(
                 f"{type(self).__name__}({type(inner).__name__}) has no attribute {name!r}: looked up on ddpkit's "
@@ -59,8 +64,18 @@ class ForwardsAttributes:
         return value
 
     def start_forwarding(self) -> None:
-        """Called at the end of the wrapper's ``__init__``: until then every write is the wrapper's own."""
+        """Called at the end of the wrapper's ``__init__``: until then every write is the wrapper's own.
+
+        Warns once per name the wrapper's own attributes take from the module (DDP's ``dim``, ``logger``,
+        ``device_ids``): a read of ``model.dim`` is the wrapper's, silently, where the script means its own.
+        """
         self.__dict__["_forwarding"] = True
+        inner = self.__dict__["_modules"]["module"]
+        torch_own = set(nn.Module().__dict__)
+        for name, value in self.__dict__.items():
+            if name in inner.__dict__ and not name.startswith("_") and name not in torch_own and not callable(value):
+                warnings.warn(f"model.{name} is {type(self).__name__}'s own attribute, not your "
+                              f"{type(inner).__name__}'s: read yours as ddpkit.unwrap(model).{name}", stacklevel=3)
 
     #: DDP's reducer and FSDP's sharding are built from the module's parameters at wrap time: a layer or
     #: parameter written through the wrapper later would be trained on one rank's terms only (DataParallel

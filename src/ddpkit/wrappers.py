@@ -99,6 +99,17 @@ class DDP(_PlainStateDict, DistributedDataParallel):
         # set-up and inference; a loss from it is all-reduced only when a forward through DDP ran this step
         self.start_forwarding()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # copy / pickle: forwarding starts again only after DDP's __setstate__ has set its own attributes
+        # (logger, reducer), which would otherwise land in the user's module when it has such a name
+        state = dict(super().__getstate__())
+        state.pop("_forwarding", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.__dict__["_forwarding"] = True
+
     # Not traced by torch.compile (only this frame: the module inside is compiled as usual, with DDP's bucket
     # splitting): the checks and the heartbeat are Python side effects that would break the graph every step.
     @torch.compiler.disable(recursive=False)

@@ -95,6 +95,7 @@ class Probe(nn.Module):
     def __init__(self):
         super().__init__()
         self.emb, self.fc = nn.Embedding(5, 4), nn.Linear(4, 2)
+        self.logger = "mine"  # DDP's own name too
 
     def forward(self, idx):
         return self.fc(self.emb(idx))
@@ -127,10 +128,18 @@ def _error(call):
 
 def guards():
     """Each case: the error (or None), and whether the parameters are sharded after it (fsdp)."""
-    model = ddpkit.prepare_model(Probe())
+    import copy
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = ddpkit.prepare_model(Probe())
+    facts = {"shadowed": [str(w.message) for w in caught if "own attribute" in str(w.message)]}
+    if state.mode == "ddp":  # DDP's __setstate__ sets its C++ logger after the state is restored
+        facts["copied_logger"] = copy.deepcopy(model).module.logger
     def sharded():
         return all(is_dtensor(p) for p in model.parameters()) if state.mode == "fsdp" else True
-    facts = {how: _error(lambda how=how: model.view(how).sum().item()) for how in ("detach", "data", "row", "T")}
+    facts.update({how: _error(lambda how=how: model.view(how).sum().item()) for how in ("detach", "data", "row", "T")})
     facts["copy"] = _error(lambda: model.copy().sum().item())
     facts["fails"] = [_error(model.fails), sharded()]
     facts["rows"] = [_error(lambda: list(model.rows())), sharded()]
