@@ -41,6 +41,8 @@ def no_sync(model: nn.Module, enabled: bool = True) -> contextlib.AbstractContex
     """
     if not enabled:
         return contextlib.nullcontext()
+    while isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch.compile(model): the DDP / FSDP
+        model = model._orig_mod  # inside decides; the compiled handle is neither and skipped nothing
     return strategy.get(runtime.ensure_init().mode).no_sync(model)
 
 
@@ -81,6 +83,15 @@ def accumulate(model: nn.Module, step: int, steps: int, total: int | None = None
     trailing partial group is left accumulated: call ``optimizer.zero_grad()`` at each epoch's start.
     ``step`` and ``total`` must be the same on every rank (``len()`` of a ddpkit loader is), or ranks that
     disagree on syncing hang in the all-reduce.
+
+    What equals one process exactly: ``size`` counts micro-batches, not samples, so an update equals one
+    process's big-batch step when the micro-batches it sums are full. A last, smaller micro-batch (42
+    samples in micro-batches of 4) weighs as much as a full one: use ``drop_last=True`` or a dataset size
+    that the global micro-batch divides. A loader resumed mid-epoch yields the remaining batches, and
+    ``len(loader)`` is the full epoch's before the pass but the remaining count inside it: pass
+    ``total=len(loader)`` inside the loop, as above, and ``step`` counts from 0 at the resume point. So
+    checkpoint on steps where ``micro.sync`` is true (no half-accumulated gradient is lost) and the groups
+    are those of an uninterrupted run when the resume point is a multiple of ``steps``.
 
     >>> [accumulate(nn.Linear(1, 1), i, steps=4, total=6).sync for i in range(6)]
     [False, False, False, True, False, True]

@@ -171,6 +171,7 @@ def accumulate(steps=4, epochs=2):
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     one = state.world_size == 1
     loader = ddpkit.data_loader(samples(), batch_size=16 if one else 16 // state.world_size // steps, seed=5)
+    handle = torch.compile(model)
     synced, flags = [], []  # per backward: did it reduce gradients; did accumulate say it syncs
     if state.mode == "ddp":  # torch's all-reduce, counted
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -189,7 +190,8 @@ def accumulate(steps=4, epochs=2):
                 opt.zero_grad()
                 continue
             before = len(calls) if state.mode == "ddp" else 0
-            with ddpkit.accumulate(model, i, steps=steps, total=len(loader)) as micro:
+            # a torch.compile handle (lazy: nothing compiles unless called) must skip the reduction as well
+            with ddpkit.accumulate(handle, i, steps=steps, total=len(loader)) as micro:
                 (nn.functional.cross_entropy(model(x), y) / micro.size).backward()
             flags.append(micro.sync)
             if state.mode == "ddp":
