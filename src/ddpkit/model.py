@@ -42,7 +42,7 @@ def no_sync(model: nn.Module, enabled: bool = True) -> contextlib.AbstractContex
     if not enabled:
         return contextlib.nullcontext()
     while isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch.compile(model): the DDP / FSDP
-        model = model._orig_mod  # inside decides; the compiled handle is neither and skipped nothing
+        model = model._orig_mod  # type: ignore[assignment]  # inside decides; the compiled handle is neither and skipped nothing
     return strategy.get(runtime.ensure_init().mode).no_sync(model)
 
 
