@@ -145,8 +145,19 @@ def test_a_misspelt_option_is_refused_not_prefix_matched():
     for build in (launch.build_parser, verify.build_parser, check.build_parser, bench.build_parser,
                   shards.build_parser):
         assert build().allow_abbrev is False, build.__module__
-    with pytest.raises(cli.UsageError, match="unrecognized arguments: --nproc-per-nod"):
+    with pytest.raises(cli.UsageError, match="unrecognized arguments: --nproc-per-nod; did you mean --nproc-per-node"):
         launch.build_parser().parse_args(["--nproc-per-nod", "2", "train.py"])
+
+
+def test_a_subcommand_says_its_version(capsys):
+    """`ddpkit launch --version` said "the following arguments are required: script"."""
+    from importlib.metadata import version
+
+    from ddpkit import launch
+
+    with pytest.raises(SystemExit) as exit_:
+        launch.build_parser().parse_args(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out == f"ddpkit {version('ddpkit')}\n"
 
 
 def test_version_and_help_go_to_stdout_with_exit_0(capsys):
@@ -199,3 +210,19 @@ def test_accumulated_steps_equal_one_process_with_the_big_batch(tmp_path, mode):
     assert got["flags"] == epoch * 2 and got["synced"] == epoch * 2
     for name, value in ref["weights"].items():
         assert torch.allclose(value.double(), got["weights"][name].double(), rtol=0, atol=1e-6), name
+
+
+def test_a_wrapper_without_no_sync_points_at_the_helper_every_mode_has():
+    """fsdp's wrapper has no DDP-style `model.no_sync`: the error said 'check the name on Net'."""
+    from torch import nn
+
+    from ddpkit.forwarding import ForwardsAttributes
+
+    class Wrapper(ForwardsAttributes, nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+            self.start_forwarding()
+
+    with pytest.raises(AttributeError, match=r"'no_sync'.*use ddpkit.no_sync\(model\) or ddpkit.accumulate"):
+        getattr(Wrapper(nn.Linear(2, 2)), "no_sync")  # noqa: B009 - the read is the test

@@ -174,7 +174,13 @@ def test_verify_runs_without_tf32_and_with_shared_initial_weights(tmp_path):
     script.write_text("import json, os, ddpkit, torch\ns = ddpkit.init()\n"
                       "m = ddpkit.prepare_model(torch.nn.Linear(2, 2))\n"
                       f"open({str(seen)!r}, 'a').write(json.dumps([os.environ.get('NVIDIA_TF32_OVERRIDE'), "
-                      "str(s.device)]) + '\\n')\n")
+                      "str(s.device)]) + '\\n')\n"
+                      # something to compare: verify refuses a script that trains on no ddpkit loader
+                      "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                      "g = torch.Generator().manual_seed(0)\n"
+                      "data = torch.utils.data.TensorDataset(torch.randn(8, 2, generator=g))\n"
+                      "for (x,) in ddpkit.data_loader(data, batch_size=2):\n"
+                      "    opt.zero_grad(); m(x).pow(2).mean().backward(); opt.step()\n")
     r = run_cmd([sys.executable, "-m", "ddpkit", "verify", "--device", "cpu", "--json", str(script)], timeout=120)
     assert r.returncode == 0 and json.loads(r.stdout)["passed"] is True, r.stderr
     assert [json.loads(line) for line in seen.read_text().splitlines()] == [["0", "cpu"]] * 3  # 1 + 2 processes

@@ -10,6 +10,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
 from collections.abc import Sequence
@@ -36,9 +37,27 @@ class OneLineParser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        # `ddpkit launch --version` as `ddpkit --version`: stdout, exit 0
+        self.add_argument("--version", action="version", version=f"ddpkit {version()}", help=argparse.SUPPRESS)
 
     def error(self, message: str):
-        raise UsageError(message)
+        raise UsageError(message + self._did_you_mean(message))
+
+    def _did_you_mean(self, message: str) -> str:
+        """``; did you mean --nproc-per-node?`` for an unrecognised option close to one of this parser's.
+
+        >>> p = OneLineParser(prog="x"); _ = p.add_argument("--nproc-per-node")
+        >>> p._did_you_mean("unrecognized arguments: --nproc-per-nod 2")
+        '; did you mean --nproc-per-node?'
+        """
+        if not message.startswith("unrecognized arguments:"):
+            return ""
+        known = [o for o in self._option_string_actions if o.startswith("--")]
+        for word in message.split(":", 1)[1].split():
+            close = difflib.get_close_matches(word.split("=")[0], known, n=1, cutoff=0.8)
+            if word.startswith("--") and close:
+                return f"; did you mean {close[0]}?"
+        return ""
 
 
 def usage_error(prog: str, exc: Exception | str) -> int:

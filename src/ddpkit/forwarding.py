@@ -24,6 +24,12 @@ from typing import Any
 import torch
 from torch import nn
 
+# names one wrapper has and another lacks (DDP's no_sync in fsdp): the helper that works in every mode
+_OTHER_MODES = {
+    "no_sync": "use ddpkit.no_sync(model) or ddpkit.accumulate(model, i, steps=k), which work in every mode",
+    "require_backward_grad_sync": "use ddpkit.no_sync(model) or ddpkit.accumulate(...), which work in every mode",
+}
+
 
 class ForwardsAttributes:
     """Mixin for ddpkit's wrappers: reads of names the wrapper lacks go to ``self.module``.
@@ -53,10 +59,10 @@ class ForwardsAttributes:
                 return self._forwarded(inner, name, value)
             if _module_has(inner, name):
                 raise
+            fix = _OTHER_MODES.get(name, f"check the name on {type(inner).__name__}")
             raise AttributeError(
                 f"{type(self).__name__}({type(inner).__name__}) has no attribute {name!r}: looked up on ddpkit's "
-                f"{type(self).__name__} wrapper, then on your {type(inner).__name__} module; check the name on "
-                f"{type(inner).__name__}") from None
+                f"{type(self).__name__} wrapper, then on your {type(inner).__name__} module; {fix}") from None
         return self._forwarded(inner, name, value)
 
     def _forwarded(self, inner: nn.Module, name: str, value: Any) -> Any:
