@@ -168,7 +168,7 @@ def test_a_restart_on_a_fixed_port_recovers_and_keeps_the_failures_traceback_in_
     assert "Traceback" not in r.stderr  # the console shows the one-line notice, the log keeps the traceback
     # ... and, once the run is over, which failure the restart recovered from and where its traceback is
     (path,) = logs.glob("*/*/attempt_0/1/stderr.log")
-    assert (f"attempt 0 failed (rank 1 raised ValueError: rank 1 fails on attempt 0; its traceback: {path}); "
+    assert (f"attempt 1 failed (rank 1 raised ValueError: rank 1 fails on attempt 0; its traceback: {path}); "
             "restarted") in r.stderr, r.stderr[-2000:]
 
 

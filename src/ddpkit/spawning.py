@@ -153,6 +153,7 @@ def spawn(fn: Callable[..., Any], *args: Any, nproc_per_node: int | None = None,
         with supervise.worker_environment(cfg) as (report_dir, _):  # the workers' contract with ddpkit.init()
             return _launch(cfg, fn, args, kwargs, method, run_dir, report_dir)
     finally:
+        logs.release(run_dir)  # a notebook lives on: its finished folders can be rotated out by later launches
         for sig, handler in saved_signals.items():  # torch's agent installs its own; give the caller theirs
             signal.signal(sig, handler)
 
