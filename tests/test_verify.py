@@ -201,3 +201,49 @@ def test_only_elements_with_noise_gradients_in_both_runs_within_the_step_bound_a
     assert not _excuse([1.0, 2.0], [1.0, 2.5], [0.5, 1e-10], [0.5, 2e-10])["passed"]
     # without a bound (no learning rate recorded) nothing is excused
     assert not _excuse([1.0, 2.0], [1.0, 2.003], [0.5, 1e-10], [0.5, 2e-10], bound=0.0)["passed"]
+
+
+def test_every_prepared_model_is_compared_with_its_own_step1_gradients():
+    """Issue 26.2 review: a GAN whose first prepared model (G) had a summed loss PASSed: only the last prepared
+    model's weights were saved, and the step-1 gradients of all models shared one name space."""
+    r = run_cmd(VERIFY + ["--json", "--steps", "3", CASES, "--case", "gan"], timeout=240)
+    result = json.loads(r.stdout or "{}")
+    assert r.returncode == 4 and result.get("passed") is False, f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}"
+    assert result["first_diverging"].startswith("model0.") and result["tensors"] == 8, result
+    assert result["first_gradient_diverging"].startswith("model0.") and "loss reduction" in result["cause"], result
+
+
+@pytest.mark.parametrize("case, said", [
+    ("manual", "after 3 batches (no optimizer.step() seen: the training loaders were capped at 3 batches;"),
+    ("phases", "after 3 steps (stopped by the step cap;")])
+def test_the_cap_applies_without_torch_optim_and_past_a_warm_up_optimizer(case, said):
+    """Issue 26.2 review: a hand-written update trained the whole run ("after 5 steps"); a warm-up optimizer
+    that stopped stepping held the cap off (22 steps taken). The PASS line says the steps taken and the cap."""
+    r = run_cmd(VERIFY + ["--steps", "3", CASES, "--case", case], timeout=240)
+    assert r.returncode == 0 and r.stdout.startswith("PASS") and said in r.stdout, \
+        f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}"
+
+
+def test_a_plain_eval_loader_is_no_random_draw_of_a_step():
+    """Issue 26.2 review: BatchNorm without sync, and an eval DataLoader whose iter() draws its seed from torch's
+    generator, read as "random draws outside dropout ... or pass --keep-dropout"."""
+    r = run_cmd(VERIFY + ["--steps", "5", CASES, "--case", "bnplain"], timeout=240)  # an eval before step 5
+    assert r.returncode == 4 and r.stdout.startswith("FAIL"), r.stdout + r.stderr[-3000:]
+    assert "rank-dependent code" in r.stdout and "random draws" not in r.stdout, r.stdout
+
+
+def test_a_run_ending_by_os_exit_is_told_its_weights_were_never_written():
+    r = run_cmd(VERIFY + ["--steps", "3", CASES, "--case", "exit"], timeout=240)
+    line = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == CANNOT_COMPARE and "ended without writing its weights" in line, r.stdout + r.stderr
+    assert "prepared no model" not in line and "os._exit" in line, line
+
+
+def test_the_pass_line_says_the_steps_taken_and_the_texts_promise_only_what_exists():
+    from ddpkit import verify_causes
+    from ddpkit.verify import pass_line
+    ended = pass_line({"steps_taken": 2, "cap": None, "tensors": 4, "max_abs_diff": 0.0}, 2, "ddp")
+    assert "after 2 steps (the script ended by itself; 4 tensors" in ended, ended
+    assert "sampler" not in verify_causes.NEEDS_LOADER  # ddpkit's samplers are not public
+    cause = verify_causes.likely_cause(None, None, None, random_draws=True)
+    assert "random draws" in cause and "--keep-dropout" not in cause, cause

@@ -55,7 +55,8 @@ class Tools:
 
     # -- model --------------------------------------------------------------------------------------
     def on_model(self, model: nn.Module, is_main: bool, on_shutdown: OnShutdown) -> None:
-        """Same initial weights, dropout off, final weights saved at shutdown (verify).
+        """Same initial weights, dropout off, final weights saved at shutdown (verify: every prepared model,
+        keyed ``model0.``, ``model1.`` ... by order of preparation when there are two or more).
 
         Called on every rank with the model before wrapping, or, for a meta model in a sharding mode (only
         materialised by the wrap), with the wrapped one: its ``state_dict()`` gathers (collective) and its
@@ -70,18 +71,10 @@ class Tools:
             if os.path.exists(path):  # the N-process run: start where the one-process run did
                 model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
             else:
-                weights = _cpu_state(model)  # on every rank: gathering a sharded (fsdp) model is collective
+                weights = verify_run.cpu_state(model)  # on every rank: gathering a sharded (fsdp) model is collective
                 if is_main:
                     torch.save(weights, path)
-        if self.verify_out:
-            out = self.verify_out
-
-            def save() -> None:  # on every rank: gathering a sharded (fsdp) model's tensors is collective
-                weights = _cpu_state(model)
-                if is_main:
-                    torch.save(weights, out)
-            # the hook holds the model on purpose: a script's main() has usually returned by then
-            on_shutdown(save)
+        # the recorder saves every prepared model's final weights at shutdown (verify_run.Recorder)
 
     def comm_config(self, config: CommConfig | None) -> CommConfig | None:
         """The script's CommConfig, with bench's fields on top."""
@@ -110,7 +103,8 @@ class Tools:
                   on_shutdown: OnShutdown) -> None:
         """A training loader: bench stops it after max_steps and records every batch's hand-out time; verify
         counts its batches and stops the run after max_steps optimizer steps instead (a loader that ran dry
-        broke loops that re-create their iterator, see :mod:`ddpkit.verify_run`)."""
+        broke loops that re-create their iterator, see :mod:`ddpkit.verify_run`); it caps the loader at
+        max_steps batches only until an optimizer steps (a hand-written update has no step to count)."""
         if self.recorder is not None:
             self.recorder.on_loader(loader, rank == 0, on_shutdown)
             return
@@ -129,12 +123,6 @@ class Tools:
 
 NONE = Tools()
 _prepared = itertools.count()  # models prepared so far in this process
-
-
-def _cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The full weights; in fsdp mode the model's tensors are shards (DTensor), gathered here."""
-    full = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model.state_dict().items()}
-    return {k: v.detach().cpu() for k, v in full.items()}
 
 
 def from_env(environ: Mapping[str, str]) -> Tools:

@@ -200,14 +200,13 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
                     script, *script_args],
                    {**common, contract.MODE.name: mode, contract.VERIFY_OUT.name: dist_out},
                    os.path.join(tmp, "ddp.log"))
-        if not os.path.exists(ref) or not os.path.exists(dist_out):
-            raise CannotCompare(verify_causes.NEEDS_MODEL)
-        one, many = (torch.load(path, weights_only=True) for path in (ref, dist_out))
-        init = os.path.join(tmp, "init.pt.0")  # the first prepared model's initial weights (verify_init)
-        start = torch.load(init, weights_only=True) if os.path.exists(init) else None
         facts = [_facts(ref) or {}, _facts(dist_out) or {}]
+        if not os.path.exists(ref) or not os.path.exists(dist_out):
+            raise CannotCompare(verify_causes.refusal(facts[1], f"{nproc}-process run") or verify_causes.NEEDS_MODEL)
+        one, many = (torch.load(path, weights_only=True) for path in (ref, dist_out))
+        start = _initial(os.path.join(tmp, "init.pt"), int(facts[0].get("models") or 0))
         lr = max(float(f.get("lr") or 0.0) for f in facts)
-        taken = max([int(f.get("steps") or 0) for f in facts] + [steps])
+        taken = max(int(f.get("steps") or 0) for f in facts)
         # elements whose gradients were only float noise in both runs, within what the optimizer can move them
         skip = verify_noise.noise_mask(one, many, _grads(ref, "gradpeak") or {}, _grads(dist_out, "gradpeak") or {},
                                        verify_noise.step_bound(taken, lr))
@@ -215,6 +214,8 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
                                  skip=skip)
         result["lr"] = lr
         result["capped"] = all(f.get("capped") for f in facts)
+        result["steps_taken"], result["cap"] = taken, facts[0].get("cap")
+        result["batches"] = int(facts[0].get("batches") or 0)
         if not result["passed"] and not result["non_finite"]:
             g1, gn = (_grads(path) for path in (ref, dist_out))
             grads = compare_weights(g1, gn, atol, rtol) if g1 and gn else None
@@ -233,10 +234,51 @@ def _facts(out: str) -> dict | None:
         return json.load(f)
 
 
+def _initial(path: str, models: int) -> dict[str, torch.Tensor] | None:
+    """The prepared models' initial weights (``<path>.<i>``, written by :mod:`ddpkit.instrument`), named as
+    the runs save them: ``model<i>.`` prefixes with two models or more."""
+    files = [f"{path}.{i}" for i in range(max(models, 1))]
+    if not all(os.path.exists(f) for f in files):
+        return None
+    weights = [torch.load(f, weights_only=True) for f in files]
+    if len(weights) == 1:
+        return weights[0]
+    return {f"model{i}.{k}": v for i, w in enumerate(weights) for k, v in w.items()}
+
+
 def _grads(out: str, kind: str = "grads") -> dict[str, torch.Tensor] | None:
     """A run's step-1 gradients (``grads``) or largest |gradient| per element (``gradpeak``), if it wrote them."""
     path = f"{out}.{kind}"
     return torch.load(path, weights_only=True) if os.path.exists(path) else None
+
+
+def run_length(result: dict) -> str:
+    """How long both runs trained, from what they recorded, and what stopped them.
+
+    >>> run_length({"steps_taken": 2, "cap": None})
+    '2 steps (the script ended by itself)'
+    >>> run_length({"steps_taken": 0, "cap": "batches", "batches": 5})
+    '5 batches (no optimizer.step() seen: the training loaders were capped at 5 batches)'
+    """
+    taken = result.get("steps_taken", result.get("steps"))
+    if result.get("cap") == "batches":
+        return f"{result['batches']} batches (no optimizer.step() seen: the training loaders were capped at " \
+               f"{result['batches']} batches)"
+    plural = "" if taken == 1 else "s"
+    if result.get("cap") == "steps":
+        return f"{taken} step{plural} (stopped by the step cap)"
+    return f"{taken} step{plural} (the script ended by itself)"
+
+
+def pass_line(result: dict, nproc: int, mode: str) -> str:
+    """The PASS line: the steps actually taken and the cap that applied, the tensors and their largest diff.
+
+    >>> pass_line({"steps_taken": 5, "cap": "steps", "tensors": 9, "max_abs_diff": 1.2345e-7}, 2, "ddp")
+    'PASS: 2 processes match 1 process after 5 steps (stopped by the step cap; 9 tensors, max abs diff 1.23e-07)'
+    """
+    shown = "" if mode == "ddp" else f" ({mode})"
+    return (f"PASS: {nproc} processes{shown} match 1 process after {run_length(result)[:-1]}; "
+            f"{result['tensors']} tensors, max abs diff {result['max_abs_diff']:.3g})")
 
 
 def fail_line(result: dict, steps: int, atol: float, rtol: float) -> str:
@@ -247,7 +289,8 @@ def fail_line(result: dict, steps: int, atol: float, rtol: float) -> str:
     """
     diff = result.get("first_max_abs_diff", result.get("max_abs_diff"))
     shown = "n/a" if diff is None else f"{diff:.3g}"
-    line = (f"FAIL: {result['first_diverging']!r} differs after {steps} steps "
+    taken = result.get("steps_taken", steps)
+    line = (f"FAIL: {result['first_diverging']!r} differs after {taken} step{'' if taken == 1 else 's'} "
             f"(max abs diff {shown}; {result.get('reason', f'atol {atol:g}, rtol {rtol:g}')})")
     return line + (f"\nlikely cause: {result['cause']}" if result.get("cause") else "")
 
@@ -281,14 +324,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.json:
         print(json.dumps(result))
     elif result["passed"]:
-        shown = "" if ns.mode == "ddp" else f" ({ns.mode})"
-        print(f"PASS: {nproc} processes{shown} match 1 process after {ns.steps} steps "
-              f"({result['tensors']} tensors, max abs diff {result['max_abs_diff']:.3g})")
+        print(pass_line(result, nproc, ns.mode))
         if result["excused"]:
             print(f"  {verify_noise.excused_line(result['excused'], result['excused_in'], result['lr'])}; "
                   f"their max abs diff {result['excused_max_diff']:.3g}")
     elif result["non_finite"]:
-        print(f"FAIL after {ns.steps} steps: {result['reason']}")
+        print(f"FAIL after {run_length(result)}: {result['reason']}")
     else:
         print(fail_line(result, ns.steps, ns.atol, ns.rtol))
     return 0 if result["passed"] else NOT_EQUIVALENT

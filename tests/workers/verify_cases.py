@@ -10,6 +10,14 @@
 - handshard: batches sharded by hand (no ddpkit loader), as an LSTM LM's batchified columns: verify refuses.
 - noprepare: a ddpkit loader, but the model is not prepared: verify refuses.
 - badbytes: prints bytes that are not UTF-8, then fails: verify shows the output's tail, no UnicodeDecodeError.
+- gan: two prepared models, the first (G) trained with reduction='sum' (broken), the second (D) correctly:
+  must FAIL at G's weights (only the last prepared model used to be compared: a false PASS).
+- manual: a hand-written update (``q -= 0.1 * q.grad``, no torch.optim): must PASS capped at K batches.
+- phases: a 2-step warm-up optimizer, then another for 5 epochs: the cap must stop at K main steps.
+- bnplain: BatchNorm without sync (a real difference) and an eval on a plain DataLoader (whose iter() draws
+  a seed from the global generator): the FAIL must name rank-dependent code, not random draws.
+- exit: a short loop, then os._exit(0) (no shutdown hooks): verify refuses, saying the weights were never
+  written (not "prepared no model").
 
     ddpkit verify tests/workers/verify_cases.py --case seq
 """
@@ -23,8 +31,8 @@ from torch.utils.data import TensorDataset
 import ddpkit
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--case", choices=["seq", "attn", "global", "noise", "handshard", "noprepare", "badbytes"],
-                    required=True)
+parser.add_argument("--case", required=True, choices=["seq", "attn", "global", "noise", "handshard", "noprepare",
+                                                     "badbytes", "gan", "manual", "phases", "bnplain", "exit"])
 args = parser.parse_args()
 torch.set_num_threads(1)
 state = ddpkit.init()
@@ -71,6 +79,10 @@ class Noisy(nn.Module):
 
 
 data = TensorDataset(torch.randn(64, 3, 4, generator=g), torch.randn(64, 1, generator=g))
+if args.case in ("gan", "manual", "phases", "bnplain", "exit"):  # shapes of a second review (issue 26.2)
+    import verify_shapes  # noqa: E402 (next to this file)
+    verify_shapes.run(args.case, data, state)
+    raise SystemExit(0)
 net = {"noise": Noisy, "attn": Attn}.get(args.case, Seq)()
 model = net if args.case == "noprepare" else ddpkit.prepare_model(net)
 opt = (torch.optim.AdamW(model.parameters(), lr=1e-3) if args.case == "attn"
