@@ -236,3 +236,40 @@ def test_an_exception_without_a_message_is_named_without_a_dangling_colon(tmp_pa
         (tmp_path / "logs" / "run" / f"attempt_{attempt}" / "1").mkdir(parents=True)
     (line,) = restarted_attempts(str(tmp_path), str(tmp_path / "logs"))
     assert line.startswith("ddpkit launch: attempt 1 failed (rank 1 raised KeyboardInterrupt; its traceback"), line
+
+
+def test_the_line_after_a_bar_that_erased_itself_is_a_line_again(tmp_path, capsys):
+    """tqdm(leave=False) ends with blanks and '\\r': the next line was taken for a bar update (no [x2 ranks],
+    torchrun's prefix kept)."""
+    bar = "\r 50%|#    |\r100%|#####|\r          \r"
+    assert _tail(tmp_path / "a", capsys, {0}, {0: bar + "epoch 0 done\n", 1: bar + "epoch 0 done\n"})[-1] \
+        .endswith("epoch 0 done [x2 ranks]")
+    assert _tail(tmp_path / "b", capsys, {0}, {0: "\rbar 1/2\r      \r[rank0]: hello\n"})[-1] == "hello"
+
+
+def test_a_crafted_marker_is_skipped_and_a_forked_child_keeps_no_folder(tmp_path):
+    """A marker with a time that is no int crashed the launch's set-up; a child forked by the launch (spawn's
+    fork workers) held the folder's lock after the launch released it, so it was never rotated out."""
+    import json
+
+    from ddpkit import logs
+
+    crafted = tmp_path / "20250101-000000-1"
+    crafted.mkdir()
+    (crafted / logs.RUN_MARKER).write_text(json.dumps({"name": crafted.name, "created_ns": "2025-01-01"}))
+    mine = logs.new_run_dir(str(tmp_path), keep=1)  # would remove the crafted one if it were removable
+    assert crafted.is_dir()
+    child = os.fork()
+    if child == 0:  # a worker forked while the launch runs, living on after it
+        time.sleep(30)
+        os._exit(0)
+    try:
+        remove = [sys.executable, "-c", f"from ddpkit import logs; logs._remove_unless_in_use({mine!r})"]
+        subprocess.run(remove, check=True)
+        assert os.path.isdir(mine)  # held by the running launch
+        logs.release(mine)
+        subprocess.run(remove, check=True)
+        assert not os.path.exists(mine)  # released: the forked child holds nothing
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)

@@ -226,3 +226,37 @@ def test_a_wrapper_without_no_sync_points_at_the_helper_every_mode_has():
 
     with pytest.raises(AttributeError, match=r"'no_sync'.*use ddpkit.no_sync\(model\) or ddpkit.accumulate"):
         getattr(Wrapper(nn.Linear(2, 2)), "no_sync")  # noqa: B009 - the read is the test
+
+
+def test_a_stateless_module_may_be_set_a_sparse_result_is_new_and_equal_values_do_not_warn():
+    """A second review: `model.criterion = nn.CrossEntropyLoss()` through DDP was refused though it holds
+    nothing DDP syncs; a sparse result crashed the fsdp view guard (no storage); DDP's `device`, equal to the
+    module's, warned on every prepare."""
+    import warnings
+
+    import torch
+    from torch import nn
+
+    from ddpkit.forwarding import ForwardsAttributes, _storages
+
+    class Wrapper(ForwardsAttributes, nn.Module):
+        refuses_layer_writes = True
+
+        def __init__(self, module, **own):
+            super().__init__()
+            self.module = module
+            self.__dict__.update(own)
+            self.start_forwarding()
+
+    net = nn.Linear(2, 2)
+    net.dim, net.device = 4, torch.device("cpu")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        model = Wrapper(net, dim=0, device=torch.device("cpu"))
+    assert [str(w.message).split(" is ")[0] for w in seen] == ["model.dim"]
+    model.criterion = nn.CrossEntropyLoss()  # no parameters, no buffers
+    with pytest.raises(AttributeError, match="replace layers before ddpkit.prepare_model"):
+        model.head = nn.Linear(2, 2)
+    with pytest.raises(AttributeError, match="replace layers before ddpkit.prepare_model"):
+        model.norm = nn.BatchNorm1d(2, affine=False)  # buffers only: DDP broadcasts those
+    assert list(_storages([torch.eye(2).to_sparse(), torch.eye(2).to_sparse_csr()])) == []

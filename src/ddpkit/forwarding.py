@@ -79,7 +79,8 @@ class ForwardsAttributes:
         inner = self.__dict__["_modules"]["module"]
         torch_own = set(nn.Module().__dict__)
         for name, value in self.__dict__.items():
-            if name in inner.__dict__ and not name.startswith("_") and name not in torch_own and not callable(value):
+            if name in inner.__dict__ and not name.startswith("_") and name not in torch_own and not callable(value) \
+                    and not _same(value, inner.__dict__[name]):  # DDP's device is the module's: nothing to tell
                 warnings.warn(f"model.{name} is {type(self).__name__}'s own attribute, not your "
                               f"{type(inner).__name__}'s: read yours as ddpkit.unwrap(model).{name}", stacklevel=3)
 
@@ -90,7 +91,7 @@ class ForwardsAttributes:
 
     def __setattr__(self, name: str, value: Any) -> None:
         inner = self.__dict__.get("_modules", {}).get("module") if self.__dict__.get("_forwarding") else None
-        if inner is not None and self.refuses_layer_writes and isinstance(value, (nn.Module, nn.Parameter)):
+        if inner is not None and self.refuses_layer_writes and _holds_state(value):
             raise AttributeError(
                 f"model.{name} = {type(value).__name__}(...) after ddpkit.prepare_model: the {type(self).__name__} "
                 f"wrapper was built from the layers the model had then and would not train the new one in step "
@@ -137,7 +138,8 @@ def _storages(result: Any, depth: int = 3) -> Iterator[int]:
     """Storage addresses of the tensors in ``result`` (a tensor, an optimizer's parameters, or lists / tuples
     / dicts of them): a view (``w.detach()``, ``w.data``, ``w[0]``, ``w.T``) shares its base's storage."""
     if isinstance(result, torch.Tensor):
-        if not _is_dtensor(result) and result.untyped_storage().nbytes():
+        # sparse results have no storage of their own to share with a parameter: new tensors
+        if result.layout == torch.strided and not _is_dtensor(result) and result.untyped_storage().nbytes():
             yield result.untyped_storage().data_ptr()
     elif isinstance(result, torch.optim.Optimizer):
         for group in result.param_groups:
@@ -145,6 +147,21 @@ def _storages(result: Any, depth: int = 3) -> Iterator[int]:
     elif depth and isinstance(result, (dict, list, tuple)):
         for item in result.values() if isinstance(result, dict) else result:
             yield from _storages(item, depth - 1)
+
+
+def _holds_state(value: Any) -> bool:
+    """A parameter, or a module with parameters or buffers: what DDP's reducer / broadcast and FSDP's shards
+    are built from. A loss or an activation module (``model.criterion = nn.CrossEntropyLoss()``) holds none."""
+    if isinstance(value, nn.Parameter):
+        return True
+    return isinstance(value, nn.Module) and any(True for _ in (*value.parameters(), *value.buffers()))
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # a value without a plain ==, e.g. a tensor of several elements: not the same to tell
+        return False
 
 
 def _is_dtensor(tensor: Any) -> bool:

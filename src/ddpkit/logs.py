@@ -86,11 +86,13 @@ def new_run_dir(log_dir: str, keep: int) -> str:
         except FileExistsError:  # a second launch from this process within the same second
             n += 1
             path = f"{base}-{n}"
-    # An flock, not a pid in the marker: the kernel drops it when the holder dies (even SIGKILLed), a reused
-    # pid cannot fake it, and it needs no host name to compare on a shared file system. Locked before the
-    # mark is written: a marker without its record is never removed, so no rotation can take it in between.
+    # A lock, not a pid in the marker: the kernel drops it when the holder dies (even SIGKILLed), a reused
+    # pid cannot fake it, and it needs no host name to compare on a shared file system. A POSIX lock (lockf),
+    # not an flock: it belongs to this process, so children forked from it (spawn's workers, loader workers)
+    # that outlive it do not keep the folder. Locked before the mark is written: a marker without its record
+    # is never removed, so no rotation can take it in between.
     fd = os.open(os.path.join(path, RUN_MARKER), os.O_RDWR | os.O_CREAT, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    fcntl.lockf(fd, fcntl.LOCK_EX)
     # the name it was given (a folder renamed since is the user's) and the order of removal (names sort by
     # pid within a second)
     os.write(fd, json.dumps({"name": os.path.basename(path), "created_ns": time.time_ns()}).encode())
@@ -144,18 +146,22 @@ def _created(text: str, name: str) -> int | None:
     except ValueError:
         return None
     if isinstance(record, dict):
-        return int(record.get("created_ns", 0)) if record.get("name") == name else None
+        created = record.get("created_ns", 0)
+        # a marker someone edited (a time that is not an int) is not removable: skipped, the launch goes on
+        return created if record.get("name") == name and isinstance(created, int) else None
     return record if isinstance(record, int) and _NAMED.fullmatch(name) else None
 
 
 def _remove_unless_in_use(folder: str) -> None:
     """Remove ``folder`` if no running launch holds its marker (a non-blocking try of the lock it holds)."""
+    if os.path.abspath(folder) in _HELD:  # this process's own launch: POSIX locks never conflict within a
+        return  # process, and closing any descriptor of the marker would drop the lock it holds
     try:
-        fd = os.open(os.path.join(folder, RUN_MARKER), os.O_RDONLY)
+        fd = os.open(os.path.join(folder, RUN_MARKER), os.O_RDWR)  # lockf needs a descriptor open for writing
     except OSError:
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:  # held: a launch still writes there and its console reads it
         os.close(fd)
         return
@@ -261,8 +267,10 @@ class ConsoleTail:
                 self._whole(path, lines)
                 lines = []
                 self._progress(path, segment[skip:], label=not skip)
-                if segment.endswith("\n"):
-                    self.bar.discard(path)  # the bar's last update: the lines after it are lines again
+                # the bar's last update ('\r' text '\n'), or its erasure (tqdm's leave=False writes blanks and
+                # '\r'): the lines after it are lines again
+                if segment.endswith("\n") or not segment.strip():
+                    self.bar.discard(path)
                 else:
                     self.bar.add(path)
             else:
