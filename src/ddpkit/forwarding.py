@@ -90,6 +90,9 @@ class ForwardsAttributes:
     refuses_layer_writes = False
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.__dict__:  # the wrapper's own attribute set again (DDP's forward does, every step):
+            nn.Module.__setattr__(self, name, value)  # type: ignore[arg-type]  # no lookups, nothing for a
+            return  # torch.compile around the wrapper to trace as frames of their own
         inner = self.__dict__.get("_modules", {}).get("module") if self.__dict__.get("_forwarding") else None
         if inner is not None and self.refuses_layer_writes and _holds_state(value):
             raise AttributeError(
