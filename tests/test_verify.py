@@ -247,3 +247,11 @@ def test_the_pass_line_says_the_steps_taken_and_the_texts_promise_only_what_exis
     assert "sampler" not in verify_causes.NEEDS_LOADER  # ddpkit's samplers are not public
     cause = verify_causes.likely_cause(None, None, None, random_draws=True)
     assert "random draws" in cause and "--keep-dropout" not in cause, cause
+
+
+def test_runs_the_cap_stopped_before_any_update_are_refused_not_passed():
+    """A second review: gradients accumulated over more micro-batches than the cap (no optimizer.step() within
+    it) left every weight as it started, and the equal weights PASSed having compared nothing."""
+    r = run_cmd(VERIFY + ["--steps", "3", CASES, "--case", "accum8"], timeout=240)
+    line = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == CANNOT_COMPARE and "trained nothing in the 3 batches" in line, r.stdout + r.stderr

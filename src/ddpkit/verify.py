@@ -210,6 +210,8 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
         # elements whose gradients were only float noise in both runs, within what the optimizer can move them
         skip = verify_noise.noise_mask(one, many, _grads(ref, "gradpeak") or {}, _grads(dist_out, "gradpeak") or {},
                                        verify_noise.step_bound(taken, lr))
+        if taken == 0 and start is not None and _unchanged(one, start):  # capped before any update: equal, vacuously
+            raise CannotCompare(verify_causes.trained_nothing(int(facts[0].get("batches") or 0)))
         result = compare_weights(one, many, atol, rtol, labels=("1 process", f"{nproc} processes"), initial=start,
                                  skip=skip)
         result["lr"] = lr
@@ -232,6 +234,10 @@ def _facts(out: str) -> dict | None:
         return None
     with open(path) as f:
         return json.load(f)
+
+
+def _unchanged(final: dict[str, torch.Tensor], initial: dict[str, torch.Tensor]) -> bool:
+    return final.keys() == initial.keys() and all(torch.equal(final[k], initial[k]) for k in final)
 
 
 def _initial(path: str, models: int) -> dict[str, torch.Tensor] | None:

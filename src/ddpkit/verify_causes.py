@@ -102,3 +102,17 @@ def likely_cause(one: dict[str, torch.Tensor] | None, many: dict[str, torch.Tens
                 "compare exactly, make the draw optional and turn it off for verify")
     return (f"{where}: rank-dependent code (a branch on the rank, per-rank statistics such as BatchNorm without "
             "sync_batchnorm, a loss normalised by the local batch, an update outside backward)")
+
+
+def trained_nothing(batches: int) -> str:
+    """The refusal for runs the cap stopped before any update (gradient accumulation over more micro-batches
+    than the cap, and no optimizer.step() yet): equal weights would be a PASS that compared nothing.
+
+    >>> trained_nothing(5).split(" (")[0]
+    'both runs trained nothing in the 5 batches they were given'
+    """
+    return (f"both runs trained nothing in the {batches} batches they were given (no optimizer.step() and no "
+            "weight changed, e.g. gradients accumulated over more micro-batches than that): pass a --steps larger "
+            "than the micro-batches per optimizer step (until the first step, --steps K caps the loaders at K "
+            "batches)")
+

@@ -32,7 +32,8 @@ import ddpkit
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--case", required=True, choices=["seq", "attn", "global", "noise", "handshard", "noprepare",
-                                                     "badbytes", "gan", "manual", "phases", "bnplain", "exit"])
+                                                     "badbytes", "gan", "manual", "phases", "bnplain", "exit",
+                                                     "accum8"])
 args = parser.parse_args()
 torch.set_num_threads(1)
 state = ddpkit.init()
@@ -79,7 +80,7 @@ class Noisy(nn.Module):
 
 
 data = TensorDataset(torch.randn(64, 3, 4, generator=g), torch.randn(64, 1, generator=g))
-if args.case in ("gan", "manual", "phases", "bnplain", "exit"):  # shapes of a second review (issue 26.2)
+if args.case in ("gan", "manual", "phases", "bnplain", "exit", "accum8"):  # shapes of a second review (issue 26.2)
     import verify_shapes  # noqa: E402 (next to this file)
     verify_shapes.run(args.case, data, state)
     raise SystemExit(0)

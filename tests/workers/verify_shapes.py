@@ -41,6 +41,14 @@ def run(case: str, data, state) -> None:
                 with torch.no_grad():
                     for q in model.parameters():
                         q -= 0.1 * q.grad
+    elif case == "accum8":  # gradients accumulated over 8 micro-batches: a cap of 3 batches sees no update
+        model = ddpkit.prepare_model(mlp(12))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i, (x, y) in enumerate(ddpkit.data_loader(data, batch_size=4)):
+            mse(model(x), y).backward()
+            if (i + 1) % 8 == 0:
+                opt.step()
+                opt.zero_grad()
     elif case == "phases":  # a warm-up optimizer steps twice, then the main one
         model = ddpkit.prepare_model(mlp(12))
         loader = ddpkit.data_loader(data, batch_size=8)
