@@ -269,7 +269,7 @@ class ConsoleTail:
                 self._progress(path, segment[skip:], label=not skip)
                 # the bar's last update ('\r' text '\n'), or its erasure (tqdm's leave=False writes blanks and
                 # '\r'): the lines after it are lines again
-                if segment.endswith("\n") or not segment.strip():
+                if segment.endswith("\n") or (segment[:-1] and not segment.strip()):  # a lone '\r' starts one
                     self.bar.discard(path)
                 else:
                     self.bar.add(path)
