@@ -43,7 +43,6 @@ class Tools:
     max_steps: int | None = None
     batch_scale: int = 1
     drop_multiple: int | None = None
-    verify_out: str | None = None
     verify_init: str | None = None
     keep_dropout: bool = True
     bench_out: str | None = None
@@ -128,11 +127,12 @@ _prepared = itertools.count()  # models prepared so far in this process
 def from_env(environ: Mapping[str, str]) -> Tools:
     """The tools the launching command asked for; :data:`NONE` in a normal run."""
     comm, out = contract.COMM.text(environ), contract.VERIFY_OUT.text(environ)
-    return Tools(max_steps=contract.MAX_STEPS.number(environ),
+    max_steps = contract.MAX_STEPS.number(environ)
+    return Tools(max_steps=max_steps,
                   batch_scale=contract.BATCH_SCALE.number(environ) or 1,
                   drop_multiple=contract.VERIFY_DROP.number(environ),
-                  verify_out=contract.VERIFY_OUT.text(environ), verify_init=contract.VERIFY_INIT.text(environ),
-                  keep_dropout=contract.VERIFY_OUT.text(environ) is None or contract.KEEP_DROPOUT.flag(environ),
+                  verify_init=contract.VERIFY_INIT.text(environ),
+                  keep_dropout=out is None or contract.KEEP_DROPOUT.flag(environ),
                   bench_out=contract.BENCH_OUT.text(environ), no_comm=contract.BENCH_NO_COMM.flag(environ),
                   comm=json.loads(comm) if comm else None,
-                  recorder=verify_run.Recorder(out, contract.MAX_STEPS.number(environ)) if out else None)
+                  recorder=verify_run.Recorder(out, max_steps) if out else None)
