@@ -1,6 +1,7 @@
 """`ddpkit verify` end to end: passes on equivalent scripts, fails naming the difference on broken ones.
 (The digits example and the README quickstart are verified by tests/test_docs.py, as the docs show them.)"""
 import json
+import re
 import sys
 
 import pytest
@@ -177,7 +178,10 @@ def test_a_transformer_trained_with_adamw_passes_saying_which_elements_it_exclud
     between 1 process and 2, and AdamW's first steps move a weight by about lr whatever its gradient's size."""
     r = run_cmd(VERIFY + ["--steps", "3", CASES, "--case", "attn"], timeout=240)
     assert r.returncode == 0 and r.stdout.startswith("PASS"), f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}"
-    assert "8 elements" in r.stdout and "~0 gradients" in r.stdout and "in_proj_bias" in r.stdout, r.stdout
+    # Only the key bias's elements (8 here) may be excused; how many of them differ is float noise, which varies
+    # with the machine (CI excused 7 where this machine excused 8), so the count is bounded, not pinned.
+    found = re.search(r"(\d+) elements with ~0 gradients excluded \(encoder\.self_attn\.in_proj_bias\)", r.stdout)
+    assert found and 1 <= int(found.group(1)) <= 8, r.stdout
     assert "adaptive optimizer" in r.stdout, r.stdout
 
 
