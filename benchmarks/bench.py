@@ -19,7 +19,7 @@ from pathlib import Path
 
 import advice
 
-from ddpkit.bench_stats import median_interval
+from ddpkit.commands.bench_stats import median_interval
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -81,7 +81,7 @@ def med(results, key):
 
 def interval(key, values):
     """``key``: the median of per-repetition values; ``key_ci95``: a distribution-free interval of it (order
-    statistics, ddpkit.bench_stats); ``key_ci_level`` too where the repetitions give less than 95 %."""
+    statistics, ddpkit.commands.bench_stats); ``key_ci_level`` too where the repetitions give less than 95 %."""
     low, high, level = median_interval(values)
     out = {key: statistics.median(values), f"{key}_ci95": [low, high]}
     if level < 0.95:
@@ -180,7 +180,7 @@ def first_step(first):
 
 
 def scaling(reps):
-    from ddpkit.doctor import smoke_test  # measures latency a and bus bandwidth B on the spot
+    from ddpkit.commands.doctor import smoke_test  # measures latency a and bus bandwidth B on the spot
 
     one = interleave(reps, {"1": lambda: torchrun("raw", nproc=1), "2": lambda: torchrun("raw", nproc=2)})
     t1, t2 = med(one["1"], "median_ms") / 1e3, med(one["2"], "median_ms") / 1e3

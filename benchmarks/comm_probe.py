@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from ddpkit.comm import _bf16_allreduce_hook, skip_hook
+from ddpkit.strategies.comm import _bf16_allreduce_hook, skip_hook
 
 WIDTH, N = 2048, 8_400_000
 GV = {"gradient_as_bucket_view": True}

@@ -154,7 +154,7 @@ def main():
               "checkpoint": checkpoint, "doctor": doctor, "bench": bench(results), "verify": verify,
               "nccl_between_ranks": None, "dataparallel": None}
     try:
-        from ddpkit.environment import visible_gpus
+        from ddpkit.core.environment import visible_gpus
 
         gpus = visible_gpus(initialise=True)  # ddpkit's one GPU count (the checks run in child processes)
     except ImportError:

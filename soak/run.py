@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from ddpkit.faults import children
+from ddpkit.runtime.faults import children
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = ROOT / "tests" / "workers"

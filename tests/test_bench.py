@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from conftest import ROOT, ok, run_cmd
-from ddpkit import bench_stats
-from ddpkit.bench import bench, figures, read_records, skipped
+from ddpkit.commands import bench_stats
+from ddpkit.commands.bench import bench, figures, read_records, skipped
 
 DIGITS = ROOT / "examples" / "digits.py"
 

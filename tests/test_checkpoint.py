@@ -137,7 +137,7 @@ def test_the_ranks_share_the_hashing_of_a_checkpoints_files(tmp_path):
     """validate(path, (i, n)) reads every n-th file from the i-th: together the parts read each file once."""
     import hashlib
 
-    from ddpkit.checkpoint import validate
+    from ddpkit.checkpoint.checkpointer import validate
 
     files = {f"shards/__{r}_0.distcp": bytes([r]) * 100 for r in range(3)}
     (tmp_path / "shards").mkdir()

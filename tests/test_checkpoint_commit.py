@@ -10,7 +10,7 @@ import torch
 
 import ddpkit
 from conftest import run_cmd
-from ddpkit.checkpoint import newest_valid
+from ddpkit.checkpoint.checkpointer import newest_valid
 
 STEP5 = "ckpt-0000000005"
 
@@ -89,8 +89,7 @@ def test_a_leftover_copy_set_aside_does_not_block_saving_its_step_again(tmp_path
 def test_a_failure_after_the_rename_reports_the_checkpoint_saved(tmp_path, monkeypatch):
     """Once the new copy holds the name the checkpoint is committed: an fsync error of the directory after it
     is a warning about durability, not "not saved ... the newest checkpoint is still" the one before."""
-    from ddpkit import checkpoint_files
-
+    from ddpkit.checkpoint import disk as checkpoint_files
     ddpkit.init(cpu=True)
     ckpt = ddpkit.Checkpointer(str(tmp_path), keep=1)
     ckpt.save(5, model=torch.nn.Linear(2, 2))

@@ -99,7 +99,7 @@ def test_the_rank_that_failed_first_by_time_is_named_and_the_consequences_come_a
 
 
 def test_log_folders_beyond_the_newest_n_that_ddpkit_made_are_removed(tmp_path):
-    from ddpkit.logs import new_run_dir, release
+    from ddpkit.launcher.console import new_run_dir, release
 
     made = [new_run_dir(str(tmp_path), keep=3) for _ in range(5)]
     for path in made:  # those launches are over
@@ -112,7 +112,7 @@ def test_log_folders_beyond_the_newest_n_that_ddpkit_made_are_removed(tmp_path):
 
 
 def _tail(tmp_path, capsys, console, logs):
-    from ddpkit.logs import ConsoleTail
+    from ddpkit.launcher.console import ConsoleTail
 
     for rank, text in logs.items():
         folder = tmp_path / "run" / "attempt_0" / str(rank)
@@ -135,9 +135,9 @@ def test_twins_are_joined_only_where_each_shown_ranks_lines_keep_their_order(tmp
 def test_a_log_folder_in_use_or_renamed_by_the_user_is_never_rotated_out(tmp_path):
     """Two launches into one log dir with --keep-logs 1: the running one's folder stays (its console reads
     it); a folder the user renamed is theirs, not ddpkit's."""
-    from ddpkit.logs import new_run_dir, release
+    from ddpkit.launcher.console import new_run_dir, release
 
-    holder = subprocess.Popen([sys.executable, "-c", "import sys; from ddpkit.logs import new_run_dir; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from ddpkit.launcher.console import new_run_dir; "
                                f"print(new_run_dir({str(tmp_path)!r}, keep=1), flush=True); sys.stdin.read()"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -162,7 +162,7 @@ class _Console:
     def __init__(self, tmp_path, monkeypatch, world: int, console=frozenset({0})):
         import io
 
-        from ddpkit.logs import ConsoleTail
+        from ddpkit.launcher.console import ConsoleTail
 
         self.buf, self.root = io.StringIO(), tmp_path
         monkeypatch.setattr(sys, "stdout", self.buf)
@@ -192,7 +192,7 @@ def test_the_console_keeps_print_order_across_streams_and_ranks(tmp_path, monkey
 
 
 def test_a_progress_bar_update_shows_once_it_is_quiet_not_one_update_late(tmp_path, monkeypatch):
-    from ddpkit.logs import _BAR_QUIET_S
+    from ddpkit.launcher.console import _BAR_QUIET_S
 
     c = _Console(tmp_path, monkeypatch, 1)
     c.write(0, "stderr", "\rbar 1/3")  # tqdm writes \r, then the text, and nothing until the next update
@@ -223,8 +223,8 @@ def test_ctrl_c_while_the_launcher_starts_is_one_line_and_exit_130(tmp_path):
 def test_an_exception_without_a_message_is_named_without_a_dangling_colon(tmp_path):
     import json
 
-    from ddpkit import diagnosis
-    from ddpkit.supervise import restarted_attempts
+    from ddpkit.launcher import diagnosis
+    from ddpkit.launcher.supervise import restarted_attempts
 
     record = {"rank": 1, "local_rank": 1, "host": "vm", "pid": 1, "time": 2.0, "type": "KeyboardInterrupt",
               "message": "", "traceback": "Traceback ...\nKeyboardInterrupt\n"}
@@ -252,8 +252,7 @@ def test_a_crafted_marker_is_skipped_and_a_forked_child_keeps_no_folder(tmp_path
     fork workers) held the folder's lock after the launch released it, so it was never rotated out."""
     import json
 
-    from ddpkit import logs
-
+    from ddpkit.launcher import console as logs
     crafted = tmp_path / "20250101-000000-1"
     crafted.mkdir()
     (crafted / logs.RUN_MARKER).write_text(json.dumps({"name": crafted.name, "created_ns": "2025-01-01"}))

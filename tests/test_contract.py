@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, ok, run_cmd
-from ddpkit import contract, instrument
+from ddpkit.core import contract
+from ddpkit.runtime import instrument
 
 SRC = ROOT / "src" / "ddpkit"
 

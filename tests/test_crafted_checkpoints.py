@@ -14,7 +14,7 @@ from torch import nn
 
 import ddpkit
 from conftest import run_cmd
-from ddpkit import safeload
+from ddpkit.checkpoint import safeload
 
 
 class _Payload:

@@ -17,8 +17,9 @@ from conftest import WORKERS, launch, ok
 sys.path.insert(0, str(WORKERS))
 from device_guard import GROUP, Guard, Placement  # noqa: E402
 
-AREAS = ("ddpkit.streams.StreamLoader._agreed", "ddpkit.streams.StreamLoader.state_dict", "ddpkit.control.",
-         "ddpkit.collectives.", "ddpkit.checkpoint.", "ddpkit.rngstate.")
+AREAS = ("ddpkit.data.streams.StreamLoader._agreed", "ddpkit.data.streams.StreamLoader.state_dict",
+         "ddpkit.runtime.control.",
+         "ddpkit.runtime.collectives.", "ddpkit.checkpoint.checkpointer.", "ddpkit.checkpoint.rng.")
 
 
 def test_the_placement_tags_what_a_gpu_run_would_put_on_the_cpu():

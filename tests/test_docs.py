@@ -156,11 +156,11 @@ def parse(argv):
     assert argv[0] == "ddpkit", f"parse markers are for ddpkit commands, got {argv}"
     command, rest = argv[1], argv[2:]
     if command == "launch":
-        from ddpkit.launch import parse_args
+        from ddpkit.commands.launch import parse_args
 
         parse_args(rest, gpus=8, cpus=8, environ={})
     else:
-        from ddpkit.cli import COMMANDS
+        from ddpkit.commands.cli import COMMANDS
 
         module = __import__(COMMANDS[command][0], fromlist=["build_parser"])
         module.build_parser().parse_args(rest)

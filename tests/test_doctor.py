@@ -3,7 +3,7 @@ import json
 import sys
 
 from conftest import run_cmd
-from ddpkit.doctor import smoke_test
+from ddpkit.commands.doctor import smoke_test
 
 
 def test_doctor_json_on_this_machine():

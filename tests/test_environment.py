@@ -1,7 +1,7 @@
 """Pure logic: what each launcher's variables mean."""
 import pytest
 
-from ddpkit.environment import LaunchEnvError, ProcessEnv, detect, legacy_local_rank
+from ddpkit.core.environment import LaunchEnvError, ProcessEnv, detect, legacy_local_rank
 
 
 def test_plain_python_is_single():
@@ -55,7 +55,7 @@ def test_process_env_validates_local_rank():
 
 
 def test_slurm_master_address_and_port_from_the_job():
-    from ddpkit.environment import expand_hostlist, slurm_port
+    from ddpkit.core.environment import expand_hostlist, slurm_port
 
     environ = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4", "SLURM_NNODES": "2",
                "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_NODELIST": "gpu[07-08]",
@@ -107,7 +107,7 @@ def test_slurm_uneven_tasks_per_node():
 
 
 def test_slurm_tasks_per_node_with_repeats():
-    from ddpkit.environment import tasks_per_node
+    from ddpkit.core.environment import tasks_per_node
 
     assert tasks_per_node("2(x3),1") == [2, 2, 2, 1] and tasks_per_node("4") == [4]
     step = {**UNEVEN_STEP, "SLURM_NTASKS": "7", "SLURM_STEP_NUM_TASKS": "7", "SLURM_STEP_NUM_NODES": "4",
@@ -129,7 +129,7 @@ def test_two_concurrent_srun_steps_do_not_share_a_store():
 
 
 def test_slurm_ports_of_jobs_10000_apart_differ_and_stay_below_the_ephemeral_range():
-    from ddpkit.environment import slurm_port
+    from ddpkit.core.environment import slurm_port
 
     assert slurm_port(123456, 0) != slurm_port(133456, 0) != slurm_port(143456, 0)
     assert slurm_port(123456, 0) != slurm_port(123456, 1)
@@ -140,7 +140,7 @@ def test_slurm_ports_of_jobs_10000_apart_differ_and_stay_below_the_ephemeral_ran
 def test_slurm_ports_of_two_jobs_collide_as_rarely_as_the_docstring_says_whatever_their_ids():
     """1 / 22768 per pair of jobs, also for ids a round number apart (a sequential job counter makes those
     common): 200000 pairs at each gap expect 8.8 collisions; 3x that is far outside chance (Poisson)."""
-    from ddpkit.environment import SLURM_PORTS, slurm_port
+    from ddpkit.core.environment import SLURM_PORTS, slurm_port
 
     first, pairs = 100000, 200000
     ports = [slurm_port(job, 0) for job in range(first, first + pairs + 20000)]

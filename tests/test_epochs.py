@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import WORKERS, launch, ok
-from ddpkit.data import ShardSampler
+from ddpkit.data.samplers import ShardSampler
 
 K = 3  # steps per epoch in tests/workers/epochs.py
 

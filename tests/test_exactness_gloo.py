@@ -79,7 +79,7 @@ def _sums(*ranks):
 
 
 def test_sync_problem_tells_a_divergence_from_a_desync():
-    from ddpkit.consistency import sync_problem
+    from ddpkit.strategies.consistency import sync_problem
 
     nan, inf = float("nan"), float("inf")
     names = ["a", "b"]

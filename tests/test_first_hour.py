@@ -74,7 +74,7 @@ def test_the_wrappers_read_the_modules_names_and_write_the_modules_own():
 
     from torch import nn
 
-    from ddpkit.wrappers import DP
+    from ddpkit.strategies.wrappers import DP
 
     class Net(nn.Linear):
         def __init__(self):
@@ -107,7 +107,7 @@ def test_a_property_that_raises_says_its_own_error_and_writes_run_no_getter():
 
     from torch import nn
 
-    from ddpkit.wrappers import DP
+    from ddpkit.strategies.wrappers import DP
 
     class Net(nn.Linear):
         def __init__(self):
@@ -140,12 +140,14 @@ def test_a_property_that_raises_says_its_own_error_and_writes_run_no_getter():
 
 def test_a_misspelt_option_is_refused_not_prefix_matched():
     """`--nproc-per-nod 2` ran as --nproc-per-node 2 (argparse's prefix matching); every ddpkit parser refuses it."""
-    from ddpkit import bench, check, cli, launch, shards, verify
-
+    from ddpkit.commands import bench, check, launch, verify
+    from ddpkit.commands import consolidate as shards
+    from ddpkit.core import errors
     for build in (launch.build_parser, verify.build_parser, check.build_parser, bench.build_parser,
                   shards.build_parser):
         assert build().allow_abbrev is False, build.__module__
-    with pytest.raises(cli.UsageError, match="unrecognized arguments: --nproc-per-nod; did you mean --nproc-per-node"):
+    with pytest.raises(errors.UsageError,
+                       match="unrecognized arguments: --nproc-per-nod; did you mean --nproc-per-node"):
         launch.build_parser().parse_args(["--nproc-per-nod", "2", "train.py"])
 
 
@@ -153,8 +155,7 @@ def test_a_subcommand_says_its_version(capsys):
     """`ddpkit launch --version` said "the following arguments are required: script"."""
     from importlib.metadata import version
 
-    from ddpkit import launch
-
+    from ddpkit.commands import launch
     with pytest.raises(SystemExit) as exit_:
         launch.build_parser().parse_args(["--version"])
     assert exit_.value.code == 0 and capsys.readouterr().out == f"ddpkit {version('ddpkit')}\n"
@@ -163,8 +164,7 @@ def test_a_subcommand_says_its_version(capsys):
 def test_version_and_help_go_to_stdout_with_exit_0(capsys):
     from importlib.metadata import version
 
-    from ddpkit import cli
-
+    from ddpkit.commands import cli
     assert cli.main(["--version"]) == 0
     out, err = capsys.readouterr()
     assert out == f"ddpkit {version('ddpkit')}\n" and not err
@@ -178,7 +178,7 @@ def test_version_and_help_go_to_stdout_with_exit_0(capsys):
 
 def test_the_package_lists_its_api_only_and_spawn_error_is_top_level():
     import ddpkit
-    from ddpkit.spawning import SpawnError
+    from ddpkit.launcher.spawn import SpawnError
 
     assert ddpkit.SpawnError is SpawnError and "SpawnError" in ddpkit.__all__
     listed = dir(ddpkit)
@@ -216,7 +216,7 @@ def test_a_wrapper_without_no_sync_points_at_the_helper_every_mode_has():
     """fsdp's wrapper has no DDP-style `model.no_sync`: the error said 'check the name on Net'."""
     from torch import nn
 
-    from ddpkit.forwarding import ForwardsAttributes
+    from ddpkit.strategies.forwarding import ForwardsAttributes
 
     class Wrapper(ForwardsAttributes, nn.Module):
         def __init__(self, module):
@@ -237,7 +237,7 @@ def test_a_stateless_module_may_be_set_a_sparse_result_is_new_and_equal_values_d
     import torch
     from torch import nn
 
-    from ddpkit.forwarding import ForwardsAttributes, _storages
+    from ddpkit.strategies.forwarding import ForwardsAttributes, _storages
 
     class Wrapper(ForwardsAttributes, nn.Module):
         refuses_layer_writes = True

@@ -172,7 +172,7 @@ def test_fsdp_bf16_mixed_precision_policy_trains(tmp_path):
 
 FORK_FROM_A_KERNEL = """
 import torch, ddpkit
-from ddpkit.environment import visible_gpus
+from ddpkit.core.environment import visible_gpus
 
 def work():
     x = torch.ones(4, device=ddpkit.init().device)  # the worker's first CUDA call: fails if the parent started CUDA

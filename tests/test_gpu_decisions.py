@@ -14,15 +14,17 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from conftest import ROOT, ok, run_cmd
-from ddpkit import diagnosis, faults, strategy
-from ddpkit.bench import cap_counts
-from ddpkit.cli import UsageError
-from ddpkit.data import loader_defaults
-from ddpkit.doctor import gpu_processes
-from ddpkit.launch import LaunchError, parse_args
-from ddpkit.supervise import stderr_tails
-from ddpkit.verify import plan
-from ddpkit.wrappers import DP, balanced_split, in_caller_autocast
+from ddpkit import strategy
+from ddpkit.commands.bench import cap_counts
+from ddpkit.commands.doctor import gpu_processes
+from ddpkit.commands.launch import parse_args
+from ddpkit.commands.verify import plan
+from ddpkit.core.errors import HANG, SCRIPT_FAILED, UsageError
+from ddpkit.data.settings import loader_defaults
+from ddpkit.launcher import diagnosis
+from ddpkit.launcher.config import LaunchError
+from ddpkit.launcher.supervise import stderr_tails
+from ddpkit.strategies.wrappers import DP, balanced_split, in_caller_autocast
 
 SCRIPT = str(ROOT / "examples" / "digits.py")
 
@@ -107,12 +109,12 @@ def test_5_an_nccl_watchdog_abort_is_a_hang_report(tmp_path):
     tails = {0: "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE) "
                 "ran for 600031 milliseconds before timing out.\n", 1: "some output\n"}
     code, text = diagnosis.report(str(report), {0: "killed by SIGABRT", 1: "killed by SIGTERM"}, tails)
-    assert code == faults.EXIT_HANG and text.startswith("ddpkit: HANG")
+    assert code == HANG and text.startswith("ddpkit: HANG")
     assert "rank 0 is at train.py:41 in train_step (waiting for the GPU" in text
     assert "first timeout on rank 0 (NCCL watchdog, killed by SIGABRT)" in text
     # without the watchdog's line a SIGABRT stays a crash
     code, text = diagnosis.report(str(report), {0: "killed by SIGABRT"}, {0: "free(): invalid pointer"})
-    assert code == faults.EXIT_WORKER_FAILED and "killed by SIGABRT" in text
+    assert code == SCRIPT_FAILED and "killed by SIGABRT" in text
 
 
 def test_5_stderr_tails_come_from_the_newest_attempt(tmp_path):
@@ -198,7 +200,7 @@ def _never():
 
 
 def test_gpus_are_counted_without_initialising_cuda_before_a_fork():
-    from ddpkit.environment import count_gpus
+    from ddpkit.core.environment import count_gpus
 
     cpu_build = dict(compiled=False, initialized=False, nvml=_never, runtime=_never, probe=_never, nvidia=_never)
     assert count_gpus(**cpu_build) == 0 and count_gpus(**cpu_build, initialise=True) == 0
@@ -214,7 +216,7 @@ def test_gpus_are_counted_without_initialising_cuda_before_a_fork():
 
 
 def test_cuda_driver_loaded_reads_the_process_maps():
-    from ddpkit.environment import cuda_driver_loaded
+    from ddpkit.core.environment import cuda_driver_loaded
 
     maps = "7f00-7f10 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05\n"
     assert cuda_driver_loaded(maps) and not cuda_driver_loaded("7f00-7f10 r-xp 0 08:01 1 /usr/lib/libnvidia-ml.so.1\n")
@@ -222,7 +224,7 @@ def test_cuda_driver_loaded_reads_the_process_maps():
 
 FORK_SAFE = """
 import json, os, torch, ddpkit
-from ddpkit import environment
+from ddpkit.core import environment
 seen = [environment.cuda_driver_loaded()]
 environment.visible_gpus()  # what ddpkit.spawn counts with before it forks
 seen += [environment.cuda_driver_loaded(), torch.cuda.is_initialized()]

@@ -6,7 +6,8 @@ import sys
 import pytest
 
 from conftest import ROOT, run_cmd
-from ddpkit.launch import LaunchConfig, LaunchError, main, parse_args, resolve_nproc, torchrun_argv, worker_env
+from ddpkit.commands.launch import main, parse_args
+from ddpkit.launcher.config import LaunchConfig, LaunchError, resolve_nproc, torchrun_argv, worker_env
 
 SCRIPT = str(ROOT / "examples" / "digits.py")
 
@@ -96,7 +97,7 @@ def test_omp_threads_shared_between_local_processes_unless_set():
 
 
 def test_summary_prefers_the_crash_over_the_ranks_the_agent_terminated(tmp_path):
-    from ddpkit.diagnosis import report
+    from ddpkit.launcher.diagnosis import report
 
     code, text = report(str(tmp_path), {0: "killed by SIGTERM", 1: "killed by SIGABRT"})
     assert code == 1 and text.startswith("ddpkit: rank 1 failed first: killed by SIGABRT")
@@ -104,7 +105,7 @@ def test_summary_prefers_the_crash_over_the_ranks_the_agent_terminated(tmp_path)
 
 def test_a_cut_short_error_report_is_skipped_not_a_launcher_crash(tmp_path):
     """A full disk can leave half a report (seen with rank 1's file size limit in test_sharded_checkpoint)."""
-    from ddpkit.diagnosis import report
+    from ddpkit.launcher.diagnosis import report
 
     whole = {"rank": 0, "local_rank": 0, "host": "h", "pid": 1, "time": 1.0, "type": "OSError",
              "message": "disk full", "traceback": "Traceback ...\nOSError: disk full\n"}
@@ -145,8 +146,7 @@ def test_one_gpu_shared_by_several_local_processes_is_refused_up_front(device, g
 
 
 def test_multi_node_without_a_port_uses_torchruns_default_in_the_preflight_too():
-    from ddpkit import preflight
-
+    from ddpkit.launcher import preflight
     cfg = parse_args(["--nnodes", "2", "--master-addr", "10.0.0.1", SCRIPT], gpus=0)
     assert cfg.master_port is None and cfg.node0_port == 29500
     argv = torchrun_argv(cfg)
@@ -158,7 +158,7 @@ def test_multi_node_without_a_port_uses_torchruns_default_in_the_preflight_too()
 
 
 def test_the_preflight_compares_device_and_backend():
-    from ddpkit.preflight import disagreement, node_settings
+    from ddpkit.launcher.preflight import disagreement, node_settings
 
     gpu = LaunchConfig(script=SCRIPT, max_nodes=2, master_addr="h", gpus=1)
     cpu = LaunchConfig(script=SCRIPT, max_nodes=2, master_addr="h", device="cpu", gpus=0)
@@ -168,7 +168,7 @@ def test_the_preflight_compares_device_and_backend():
 
 
 def test_omp_threads_come_from_the_usable_cores_not_the_machines():
-    from ddpkit.launch import usable_cores
+    from ddpkit.core.environment import usable_cores
 
     assert usable_cores({0}, cpu_count=2) == 1 and usable_cores({0, 1, 2, 3}, cpu_count=64) == 4
     assert usable_cores() == len(__import__("os").sched_getaffinity(0))
@@ -181,7 +181,7 @@ def test_an_elastic_nodes_failures_are_matched_with_their_own_stderr_logs(tmp_pa
     .../attempt_0/0/stderr.log, and the report must read it (it said "killed by SIGABRT")."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-    from ddpkit.supervise import failure_report, first_local_rank, stderr_tails
+    from ddpkit.launcher.supervise import failure_report, first_local_rank, stderr_tails
 
     folder = tmp_path / "logs" / "run" / "attempt_0" / "0"
     folder.mkdir(parents=True)
@@ -200,7 +200,7 @@ def test_a_users_timeout_is_not_a_collective_timeout():
 
     import torch.distributed as dist
 
-    from ddpkit.faults import collective_timeout
+    from ddpkit.runtime.faults import collective_timeout
 
     assert not collective_timeout(TimeoutError, "read timed out fetching https://example.com/shard-3")
     assert not collective_timeout(subprocess.TimeoutExpired, "Command 'aws s3 cp' timed out after 30 seconds")
@@ -211,7 +211,7 @@ def test_a_users_timeout_is_not_a_collective_timeout():
 
 
 def _console(tmp_path, capsys, text, tag="t1"):
-    from ddpkit.logs import ConsoleTail
+    from ddpkit.launcher.console import ConsoleTail
 
     folder = tmp_path / "run" / "attempt_0" / "0"
     folder.mkdir(parents=True, exist_ok=True)
@@ -223,7 +223,7 @@ def _console(tmp_path, capsys, text, tag="t1"):
 
 
 def test_the_console_leaves_a_workers_traceback_block_to_its_log(tmp_path, capsys):
-    from ddpkit.faults import traceback_block
+    from ddpkit.runtime.faults import traceback_block
 
     block = traceback_block("Traceback (most recent call last):\nValueError: x", "t1")
     assert _console(tmp_path, capsys, f"ddpkit: rank 0 raised ValueError: x\n{block}\nafter\n") == \
@@ -233,7 +233,7 @@ def test_the_console_leaves_a_workers_traceback_block_to_its_log(tmp_path, capsy
 def test_a_message_or_a_user_line_cannot_forge_the_traceback_block(tmp_path, capsys):
     """A message holding the block's end line ends nothing early; a user's line like the block's start (without
     the launch's tag) hides nothing; a block cut short hides no more than its own count of lines."""
-    from ddpkit.faults import traceback_block
+    from ddpkit.runtime.faults import traceback_block
 
     forged_end = traceback_block("Traceback (most recent call last):\nRuntimeError: bad\n"
                                  "ddpkit: --- end of traceback [t1] ---\nLEAKED\r", "t1")
@@ -250,7 +250,7 @@ def test_only_torchs_own_collective_timeouts_are_hangs():
     a monitored barrier that a rank failed to pass is a hang, although its message says no "timeout"."""
     import torch.distributed as dist
 
-    from ddpkit.faults import collective_timeout
+    from ddpkit.runtime.faults import collective_timeout
 
     assert not collective_timeout(dist.DistNetworkError, "The client socket has timed out after 60000ms while trying "
                                                          "to connect to (10.0.0.1, 29500).")
@@ -267,7 +267,7 @@ def _failed_run(tmp_path, failures, logs, reached_init):
     rank's stderr.log, and the report folder of the attempt with the ranks that reached ddpkit.init()."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-    from ddpkit.supervise import failure_report, stderr_tails, stderr_times
+    from ddpkit.launcher.supervise import failure_report, stderr_tails, stderr_times
 
     for rank, text in logs.items():
         folder = tmp_path / "logs" / "run" / "attempt_0" / str(rank)
@@ -336,7 +336,7 @@ def test_only_a_multi_process_launch_gives_its_workers_a_report_dir(mode, report
     must print a plain traceback (not one-line notices promising a report that never comes)."""
     import os
 
-    from ddpkit.supervise import worker_environment
+    from ddpkit.launcher.supervise import worker_environment
 
     cfg = LaunchConfig(script=SCRIPT, mode=mode, device="cpu", gpus=0)
     with worker_environment(cfg):
@@ -344,7 +344,7 @@ def test_only_a_multi_process_launch_gives_its_workers_a_report_dir(mode, report
 
 
 def test_each_attempt_a_restart_recovered_from_is_named_with_its_log(tmp_path):
-    from ddpkit.supervise import restarted_attempts
+    from ddpkit.launcher.supervise import restarted_attempts
 
     logs, report = tmp_path / "logs", tmp_path / "report"
     for attempt in (0, 1, 2):

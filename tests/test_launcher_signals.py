@@ -10,7 +10,7 @@ import time
 import pytest
 
 from conftest import SCRATCH, WORKERS, alive
-from ddpkit.faults import children
+from ddpkit.runtime.faults import children
 
 PLAIN = WORKERS / "plain.py"
 LAUNCH = [sys.executable, "-m", "ddpkit", "launch", "--mode", "dp", str(PLAIN)]

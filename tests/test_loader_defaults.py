@@ -5,7 +5,7 @@ import sys
 import torch
 
 from conftest import ok, run_cmd
-from ddpkit.loader_settings import loader_defaults
+from ddpkit.data.settings import loader_defaults
 
 SCRIPT = """
 import os, torch, ddpkit
@@ -66,8 +66,7 @@ def test_data_loader_on_the_cuda_path_reads_no_sample(monkeypatch):
     import dataclasses
 
     import ddpkit
-    from ddpkit import runtime
-
+    from ddpkit.runtime import group as runtime
     state = ddpkit.init(cpu=True)
     monkeypatch.setattr(runtime, "_state", dataclasses.replace(state, device=torch.device("cuda", 0)))
     data = Drawing()
@@ -83,7 +82,7 @@ def test_a_subset_of_cpu_tensors_pins_like_the_tensors():
     has batches in CPU memory, so it pins as the TensorDataset does; no sample is read to decide."""
     from torch.utils.data import Subset, TensorDataset
 
-    from ddpkit.loader_settings import pinnable
+    from ddpkit.data.settings import pinnable
 
     tensors = TensorDataset(torch.zeros(8, 2))
     train, _ = torch.utils.data.random_split(tensors, [6, 2], generator=torch.Generator().manual_seed(0))

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from conftest import SCRATCH
-from ddpkit.faults import children
+from ddpkit.runtime.faults import children
 
 WAITER = """
 import os, sys, time, torch, ddpkit
@@ -77,7 +77,7 @@ def test_single_node_run_listens_on_loopback_only(tmp_path):
 def test_doctor_all_reduce_listens_on_loopback_only():
     import threading
 
-    from ddpkit.doctor import smoke_test
+    from ddpkit.commands.doctor import smoke_test
 
     found = []
     thread = threading.Thread(target=lambda: found.append(smoke_test("gloo", timeout_s=90)))

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from ddpkit.environment import LaunchEnvError, ProcessEnv
-from ddpkit.runtime import choose_device, choose_mode, usable_gpus
+from ddpkit.core.environment import LaunchEnvError, ProcessEnv
+from ddpkit.runtime.group import choose_device, choose_mode, usable_gpus
 
 TWO = ProcessEnv("torchrun", rank=1, local_rank=1, world_size=2, local_world_size=2)
 

@@ -10,7 +10,7 @@ import pytest
 from test_multinode import free_port
 
 from conftest import SCRATCH, WORKERS, alive
-from ddpkit.faults import children
+from ddpkit.runtime.faults import children
 
 RESUME = WORKERS / "resume.py"
 STOP_BOUND_S = 30  # stated in docs/multi-node.md; measured here at about 1-2 s (the peer's socket closes)

@@ -20,7 +20,7 @@ from torch.utils.data import (
 
 import ddpkit
 from conftest import WORKERS, launch, ok
-from ddpkit.samplers import SamplerShard
+from ddpkit.data.samplers import SamplerShard
 
 DATA = TensorDataset(torch.arange(50))
 WEIGHTS = torch.linspace(0.1, 1.0, 50)

@@ -7,7 +7,8 @@ import torch
 from torch import nn
 
 from conftest import ROOT, WORKERS, launch, ok, run_cmd
-from ddpkit import sharded, strategy
+from ddpkit import strategy
+from ddpkit.strategies import sharded
 
 
 def test_block_policy_by_size_and_by_class():

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from conftest import WORKERS, launch, ok, run_cmd
-from ddpkit import safeload
+from ddpkit.checkpoint import safeload
 
 RESUME = WORKERS / "resume.py"
 FSDP = ("--mode", "fsdp")

@@ -13,7 +13,7 @@ import torch
 
 import ddpkit
 from conftest import SCRATCH, WORKERS, launch, ok, run_cmd
-from ddpkit.spawning import choose_start_method as start_method
+from ddpkit.launcher.spawn import choose_start_method as start_method
 
 SELF = WORKERS / "selflaunch.py"
 
@@ -52,7 +52,7 @@ def test_fork_whenever_a_fresh_interpreter_could_not_import_the_function(monkeyp
     import functools
     import types
 
-    from ddpkit.spawning import _interactive
+    from ddpkit.launcher.spawn import _interactive
 
     def main_module(file):
         module = types.ModuleType("__main__")
@@ -185,7 +185,7 @@ def work():
 started = time.time()
 try:
     ddpkit.spawn(work, nproc_per_node=2)
-except ddpkit.spawning.SpawnError as exc:
+except ddpkit.launcher.spawn.SpawnError as exc:
     print(f"SPAWN-ERROR exit={exc.exit_code} after={time.time() - started:.1f}\\n{exc}", flush=True)
 print("AGAIN", ddpkit.spawn(ddpkit.init, nproc_per_node=2).world_size, flush=True)
 """
@@ -229,8 +229,8 @@ def test_spawn_counts_gpus_without_initialising_cuda_in_the_caller():
 
 AFTER_CELLS = """
 import os, sys, torch, ddpkit
-from ddpkit import runtime, wrappers
-
+import ddpkit.core.process
+from ddpkit.strategies import wrappers
 out = sys.argv[1]
 ddpkit.init()  # an earlier cell: the kernel itself is a one-process run now
 held = torch.nn.Linear(1, 1)
@@ -242,9 +242,9 @@ except ValueError as exc:  # what the REPL and IPython record for a failed cell
 
 def work():
     state = ddpkit.init()
-    ddpkit.runtime.on_shutdown(lambda: open(os.path.join(out, f"hook-{state.rank}"), "w").close())
+    ddpkit.core.process.on_shutdown(lambda: open(os.path.join(out, f"hook-{state.rank}"), "w").close())
     ddpkit.prepare_model(torch.nn.Linear(2, 2))
-    released = wrappers._release_reducers in runtime._release_hooks  # DDP's reducers freed at exit
+    released = wrappers._release_reducers in ddpkit.core.process.current().release_hooks  # DDP's reducers freed at exit
     return [state.world_size, state.mode, released]
 
 print("GOT", ddpkit.spawn(work, nproc_per_node=2))
@@ -276,8 +276,8 @@ def test_a_script_fed_on_stdin_spawns_its_workers_by_fork():
 
 
 def test_spawn_refuses_one_gpu_for_two_processes_up_front(monkeypatch):
-    from ddpkit import environment, launch
-
+    from ddpkit.core import environment
+    from ddpkit.launcher import config as launch
     monkeypatch.delenv("DDPKIT_DEVICE", raising=False)
     monkeypatch.setattr(environment, "visible_gpus", lambda **_: 1)  # the count a one-GPU host gives
     with pytest.raises(launch.LaunchError, match="2 processes per node need 2 GPUs .* 1 usable"):

@@ -7,8 +7,8 @@ import torch
 
 from conftest import ok, run_cmd
 from ddpkit import strategy
-from ddpkit.environment import LaunchEnvError, ProcessEnv
-from ddpkit.runtime import choose_mode
+from ddpkit.core.environment import LaunchEnvError, ProcessEnv
+from ddpkit.runtime.group import choose_mode
 
 # A mode that is DDP without DistributedDataParallel: each gradient is all-reduced and averaged by a hook.
 FAKE_MODE = '''
@@ -93,7 +93,8 @@ def test_the_table_answers_mode_questions():
 
 def test_the_banner_names_ddpkit_when_ddpkit_started_the_processes():
     """Issue 26.6: spawn's (and launch's) banner said "started by torchrun"."""
-    from ddpkit.runtime import ProcessEnv, choose_mode
+    from ddpkit.core.environment import ProcessEnv
+    from ddpkit.runtime.group import choose_mode
 
     two = ProcessEnv(rank=0, local_rank=0, world_size=2, local_world_size=2, source="torchrun")
     assert choose_mode("auto", two, 0, launcher="ddpkit")[1] == "2 processes started by ddpkit: DistributedDataParallel"

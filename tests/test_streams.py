@@ -9,7 +9,7 @@ import torch
 from torch.utils.data._utils.pin_memory import pin_memory
 
 from conftest import WORKERS, launch, ok
-from ddpkit import streams
+from ddpkit.data import streams
 
 N = 103
 

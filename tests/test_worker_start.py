@@ -9,9 +9,10 @@ import time
 import pytest
 
 from conftest import ROOT, WORKERS, launch, ok, run_cmd
-from ddpkit.environment import ProcessEnv
-from ddpkit.launch import LaunchError, parse_args
-from ddpkit.runtime import choose_mode
+from ddpkit.commands.launch import parse_args
+from ddpkit.core.environment import ProcessEnv
+from ddpkit.launcher.config import LaunchError
+from ddpkit.runtime.group import choose_mode
 
 TRAIN = ("import ddpkit, torch; s = ddpkit.init(); m = ddpkit.prepare_model(torch.nn.Linear(2, 1)); "
          "m(torch.randn(4, 2)).sum().backward(); print('TRAINED', s.rank, flush=True)")

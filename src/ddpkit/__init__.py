@@ -15,33 +15,33 @@ Importing ddpkit imports nothing heavy: each name loads its module on first use.
 import importlib as _importlib
 import typing as _typing
 
-__version__ = "0.1.0"
+from ddpkit.core.version import __version__ as __version__
 
 # public name -> module that defines it; resolved lazily so `import ddpkit` stays cheap.
 _EXPORTS = {
-    "init": "runtime",
-    "State": "runtime",
-    "shutdown": "runtime",
+    "init": "runtime.group",
+    "State": "core.process",
+    "shutdown": "runtime.group",
     "prepare_model": "model",
     "unwrap": "model",
     "no_sync": "model",
     "accumulate": "model",
     "init_empty": "model",
     "autocast": "precision",
-    "data_loader": "data",
-    "join": "data",
-    "reduce": "collectives",
-    "gather": "collectives",
-    "barrier": "control",
-    "broadcast": "control",
-    "gather_object": "control",
-    "any_rank": "control",
-    "all_ranks": "control",
-    "main_process_first": "control",
-    "spawn": "spawning",
-    "SpawnError": "spawning",
-    "Checkpointer": "checkpoint",
-    "CommConfig": "comm",
+    "data_loader": "data.build",
+    "join": "data.join",
+    "reduce": "runtime.collectives",
+    "gather": "runtime.collectives",
+    "barrier": "runtime.control",
+    "broadcast": "runtime.control",
+    "gather_object": "runtime.control",
+    "any_rank": "runtime.control",
+    "all_ranks": "runtime.control",
+    "main_process_first": "runtime.control",
+    "spawn": "launcher.spawn",
+    "SpawnError": "launcher.spawn",
+    "Checkpointer": "checkpoint.checkpointer",
+    "CommConfig": "strategies.comm",
     "print": "output",
     "get_logger": "output",
     "summary_writer": "output",
@@ -51,16 +51,18 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 if _typing.TYPE_CHECKING:  # pragma: no cover
-    from ddpkit.checkpoint import Checkpointer
-    from ddpkit.collectives import gather, reduce
-    from ddpkit.comm import CommConfig
-    from ddpkit.control import all_ranks, any_rank, barrier, broadcast, gather_object, main_process_first
-    from ddpkit.data import data_loader, join
+    from ddpkit.checkpoint.checkpointer import Checkpointer
+    from ddpkit.core.process import State
+    from ddpkit.data.build import data_loader
+    from ddpkit.data.join import join
+    from ddpkit.launcher.spawn import SpawnError, spawn
     from ddpkit.model import accumulate, init_empty, no_sync, prepare_model, unwrap
     from ddpkit.output import get_logger, print, progress, summary_writer
     from ddpkit.precision import autocast
-    from ddpkit.runtime import State, init, shutdown
-    from ddpkit.spawning import SpawnError, spawn
+    from ddpkit.runtime.collectives import gather, reduce
+    from ddpkit.runtime.control import all_ranks, any_rank, barrier, broadcast, gather_object, main_process_first
+    from ddpkit.runtime.group import init, shutdown
+    from ddpkit.strategies.comm import CommConfig
 
 
 def __getattr__(name: str) -> _typing.Any:

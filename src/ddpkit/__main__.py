@@ -1,5 +1,5 @@
 import sys
 
-from ddpkit.cli import main
+from ddpkit.commands.cli import main
 
 sys.exit(main())

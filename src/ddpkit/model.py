@@ -8,23 +8,45 @@ Example::
     model.init_hidden(bsz)                    # the module's own methods and attributes, through the wrapper
     ddpkit.unwrap(model)                      # the plain module
 
-The wrapping itself belongs to the mode (:mod:`ddpkit.strategy`); the wrappers are in :mod:`ddpkit.wrappers`.
+The wrapping itself belongs to the mode (:mod:`ddpkit.strategies.table`); the wrappers are in
+:mod:`ddpkit.strategies.wrappers`.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from torch import nn
 
-from ddpkit import comm as comm_options
-from ddpkit import runtime, sharded, strategy
-from ddpkit.wrappers import unwrap
+from ddpkit.core import process
+from ddpkit.runtime import group as runtime
+from ddpkit.strategies import comm as comm_options
+from ddpkit.strategies import sharded
+from ddpkit.strategies.wrappers import unwrap
 
 __all__ = ["MicroStep", "accumulate", "init_empty", "no_sync", "prepare_model", "unwrap"]
 
-init_empty = sharded.init_empty
+
+@contextlib.contextmanager
+def init_empty(budget_mb: float | None = None, optimizer_slots: int = 2) -> Iterator[None]:
+    """Build modules on the meta device: shapes only, no memory and no initialisation yet.
+
+    ``prepare_model`` then shards the model and initialises each rank's shard, module by module, with the
+    module's own ``reset_parameters`` (or ``init_fn``), drawing the same random numbers in the same order
+    as building the model normally would: the same seed gives the same weights.
+
+    ``budget_mb``: refuse, before anything is allocated, a model whose training state (parameters, gradients,
+    ``optimizer_slots`` tensors per parameter: Adam 2) would not fit one process in the current mode::
+
+        with ddpkit.init_empty(budget_mb=600):    # ddp: "does not fit: 806 MB needed per process, ..."
+            model = Net()
+    """
+    with sharded.meta_build() as owners:
+        yield
+    if budget_mb is not None:
+        sharded.check_budget(owners, budget_mb, optimizer_slots, runtime.ensure_init())
 
 
 def no_sync(model: nn.Module, enabled: bool = True) -> contextlib.AbstractContextManager[Any]:
@@ -43,7 +65,7 @@ def no_sync(model: nn.Module, enabled: bool = True) -> contextlib.AbstractContex
         return contextlib.nullcontext()
     while isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch.compile(model): the DDP / FSDP
         model = model._orig_mod  # type: ignore[assignment]  # inside decides; the compiled handle is neither and skipped nothing
-    return strategy.get(runtime.ensure_init().mode).no_sync(model)
+    return runtime.ensure_init().strategy.no_sync(model)
 
 
 class MicroStep(contextlib.AbstractContextManager["MicroStep"]):
@@ -138,7 +160,8 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
     """
     if hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):  # compiled before: its wrapper
         model, compile = model._orig_mod, compile or True  # would hide DDP / FSDP from dynamo and add a prefix
-    state, tools, mode = runtime.ensure_init(), runtime.tools(), strategy.get(runtime.ensure_init().mode)
+    state, tools = runtime.ensure_init(), runtime.tools()
+    mode = state.strategy
     empty = sharded.on_meta(model)
     if not empty:
         model = model.to(state.device)
@@ -146,13 +169,13 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
         sharded.materialize(model, state.device, init_fn)
         empty = False
     if not empty:
-        tools.on_model(model, state.is_main, runtime.on_shutdown)
+        tools.on_model(model, state.is_main, process.on_shutdown)
     # options a mode does not use are ignored on purpose: the same script must run in every mode
     extra = {"shard": shard, "init_fn": init_fn} if mode.shards else {}
     wrapped = mode.wrap(model, state, sync_batchnorm=sync_batchnorm, check_sync_every=check_sync_every, comm=comm,
                         tools=tools, **extra, **ddp_kwargs)
     if empty:  # materialised by the sharding wrap just now: the tools (verify) hook the wrapped model, on every
-        tools.on_model(wrapped, state.is_main, runtime.on_shutdown)  # rank (its full state dict is a collective)
+        tools.on_model(wrapped, state.is_main, process.on_shutdown)  # rank (its full state dict is a collective)
     if compile:
         mode.compile(wrapped, {} if compile is True else dict(compile))
     return wrapped

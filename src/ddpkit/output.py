@@ -16,7 +16,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from ddpkit import runtime
+from ddpkit.runtime import group as runtime
 
 
 def print(*args: Any, **kwargs: Any) -> None:  # noqa: A001 - the point is to stand in for print

@@ -16,8 +16,8 @@ import contextlib
 
 import torch
 
-from ddpkit import runtime
-from ddpkit.options import Precision, check
+from ddpkit.core.options import Precision, check
+from ddpkit.runtime import group as runtime
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 import ddpkit
-from ddpkit.syncbn import convert_sync_batchnorm
+from ddpkit.strategies.syncbn import convert_sync_batchnorm
 
 case, out_dir = sys.argv[1], sys.argv[2]
 if case == "abort_after_shutdown":  # registered before init: atexit runs it after ddpkit's shutdown
@@ -143,11 +143,11 @@ elif case == "abort_after_shutdown":  # rank 1 aborts in teardown, as gloo's des
 elif case == "slow_final_save_then_abort":  # rank 0 alone writes a last checkpoint, longer than the exit wait
     import time
 
-    from ddpkit import runtime
-
+    from ddpkit.core import process
+    from ddpkit.runtime import group as runtime
     torch.distributed.all_reduce(torch.ones(1))
     if rank == 0:
-        runtime.on_shutdown(lambda: (time.sleep(runtime.EXIT_WAIT_S + 1), print("rank 0 saved", flush=True)))
+        process.on_shutdown(lambda: (time.sleep(runtime.EXIT_WAIT_S + 1), print("rank 0 saved", flush=True)))
 elif case == "abort_before_shutdown":  # rank 1 aborts before the final barrier: a real failure
     torch.distributed.all_reduce(torch.ones(1))
     if rank == 1:

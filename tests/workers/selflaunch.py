@@ -9,7 +9,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import ddpkit
-from ddpkit.spawning import SpawnError
+from ddpkit.launcher.spawn import SpawnError
 
 
 def main(out, how, fail=False):

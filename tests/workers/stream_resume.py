@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.data import IterableDataset
 
 import ddpkit
-from ddpkit import contract
+from ddpkit.core import contract
 
 p = argparse.ArgumentParser()
 p.add_argument("out")

@@ -1,0 +1,350 @@
+"""Checkpoints that lose nothing: written once, atomically, checksummed, and resumed bitwise-exactly.
+
+Example::
+
+    ckpt = ddpkit.Checkpointer("runs/exp", keep=3)
+    step = ckpt.restore(model=model, optimizer=optimizer, loader=loader)   # 0 on a fresh start
+    for epoch in range(loader.epoch, epochs):
+        for x, y in loader:
+            ...
+            step += 1
+            if step % 100 == 0:
+                ckpt.save(step, model=model, optimizer=optimizer, loader=loader)
+
+Each checkpoint is a directory ``ckpt-<step>`` holding ``state.pt`` and ``manifest.json`` (sha256 and size
+of every file). Rank 0 writes it into a temporary directory, fsyncs the files and the directory, renames it
+into place and fsyncs the parent, so a crash leaves either the whole checkpoint or none; a step saved again
+replaces the old copy as atomically (:mod:`ddpkit.checkpoint.disk`). A save that fails on any rank fails on
+every rank, with the same error naming that rank, and leaves nothing of itself. Every rank's RNG
+states (python, numpy, torch, CUDA, the loaders' worker-seed generators) are gathered into it as tensors, and
+loading uses ``torch.load(weights_only=True)``: nothing arbitrary is unpickled. A checkpoint whose checksum
+does not match is skipped, with a warning, for the previous one.
+
+In a sharding mode (fsdp) the models and optimizers go into ``shards/`` instead, each rank writing its own
+shard (:mod:`ddpkit.checkpoint.dcp`); the rest of the promises hold the same way, and such a checkpoint resumes at
+any world size, in any mode.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import uuid
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from ddpkit.checkpoint import dcp as shards
+from ddpkit.checkpoint import disk
+from ddpkit.checkpoint import rng as rngstate
+from ddpkit.checkpoint.disk import by_commit as by_commit  # the order and checks tools use, kept here too
+from ddpkit.checkpoint.disk import newest_valid as newest_valid
+from ddpkit.checkpoint.disk import validate
+from ddpkit.core import contract, process
+from ddpkit.core.atomic import write_file
+from ddpkit.data.loader import ShardedDataLoader
+from ddpkit.data.streams import StreamLoader
+from ddpkit.runtime import group as runtime
+from ddpkit.runtime.control import broadcast, gather_object
+from ddpkit.strategies.wrappers import unwrap
+
+T = TypeVar("T")
+
+
+def run_id() -> str:
+    """Who writes this run's checkpoints: torchrun's job id (the same in every restart of a job; ``ddpkit
+    launch`` makes one per launch on one node, ``--rdzv-id`` names it across nodes), else one per process."""
+    job = contract.RUN_ID.text(os.environ)
+    if job:
+        return job
+    proc = process.current()
+    if proc.run_id is None:  # this process's own, made on first use
+        proc.run_id = f"process-{uuid.uuid4().hex[:12]}"
+    return proc.run_id
+
+
+def _check_fits(model: torch.nn.Module, saved: dict[str, torch.Tensor], path: str) -> None:
+    """Name the keys and shapes that differ, instead of torch's multi-line load_state_dict error."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(saved))
+    unexpected = sorted(set(saved) - set(own))
+    shapes = [f"{k} {tuple(saved[k].shape)} vs model {tuple(own[k].shape)}"
+              for k in own if k in saved and saved[k].shape != own[k].shape]
+    if missing or unexpected or shapes:
+        parts = [f"missing {missing[:5]}" if missing else "", f"unexpected {unexpected[:5]}" if unexpected else "",
+                 f"shapes {shapes[:5]}" if shapes else ""]
+        raise ValueError(f"checkpoint {path} does not fit this model: " + "; ".join(p for p in parts if p)
+                         + " (was it saved from another model or configuration?)")
+
+
+def _failure(exc: BaseException, rank: int) -> list[Any]:
+    """[rank, "Type: first line", is it an I/O error] of a failed save step; a sharded write names the rank
+    whose write failed.
+
+    torch.save reports a failed write as RuntimeError("... unexpected pos 832 vs 726"); the OSError it hides
+    (``[Errno 28] No space left on device``) is the one that tells the user what to do, so it is named instead.
+    """
+    inner: BaseException | None = exc
+    while inner is not None and not (isinstance(inner, OSError) and inner.errno):
+        inner = inner.__cause__ or inner.__context__
+    shown = inner if inner is not None else exc
+    reason = getattr(exc, "failure", None) or f"{type(shown).__name__}: {(str(shown).splitlines() or [''])[0][:200]}"
+    io = getattr(exc, "io", isinstance(shown, OSError))  # a shard write says what its rank's error was
+    return [getattr(exc, "failed_rank", rank), reason, bool(io)]
+
+
+def _collective(obj: Any) -> bool:
+    """ddpkit's loaders: a stream's ``state_dict()`` gathers every rank's position (a collective), so it must
+    run on every rank before any object whose ``state_dict()`` may fail on one rank alone."""
+    return isinstance(obj, (StreamLoader, ShardedDataLoader))
+
+
+class Checkpointer:
+    """Saves and restores training state in ``directory``; keeps the newest ``keep`` checkpoints.
+
+    ``resume``: restore the newest valid checkpoint. By default on when ``DDPKIT_RESUME=1``
+    (``ddpkit launch --resume``) or when torchrun restarted the group after a failure.
+
+    A directory that already holds checkpoints belongs to the run that wrote them: a run that neither resumes
+    nor restores one of them gets a one-line FileExistsError at its first ``restore()`` or ``save()``, before
+    anything is written. ``resume=False`` (said explicitly) starts over there instead: the new saves are the
+    newer commits, so retention and resume follow them and the old checkpoints go as ``keep`` new ones exist.
+    """
+
+    def __init__(self, directory: str, *, keep: int = 3, resume: bool | None = None):
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.directory, self.keep = directory, keep
+        restarted = (contract.RESTART_COUNT.number(os.environ) or 0) > 0
+        asked = bool(contract.RESUME.flag(os.environ)) if resume is None else resume  # --resume, or resume=
+        self.resume = asked or restarted
+        # a restart (--max-restarts) continues this job's own checkpoints only; --resume takes any run's
+        self._own_only = restarted and not asked
+        self.state = runtime.ensure_init()
+        self._claimed = asked or resume is False  # resuming, or starting over here on purpose
+        self._settled = False
+        if self.state.is_main:
+            self._prepare_directory()
+
+    def _settle(self, restored: bool) -> None:
+        """Once, at the first restore or save, on every rank: refuse to write beside another run's checkpoints
+        unless this run resumed or restored one of this directory's. Rank 0 looks (the others may not see the
+        directory) and every rank raises the same line."""
+        if self._settled:
+            return
+        self._settled = True
+        if restored or self._claimed:  # the same on every rank: no collective needed
+            return
+        old = [p for p in self.checkpoints() if disk.run_of(p) != run_id()] if self.state.is_main else []
+        problem = broadcast(None if not old else (
+            f"{self.directory} holds checkpoints of an earlier run (newest {os.path.basename(old[0])}) and this run "
+            "resumed none of them; saving would mix the runs and delete those: resume it (ddpkit launch --resume or "
+            "Checkpointer(..., resume=True)), pick another directory, or pass resume=False to start over there"))
+        if problem:
+            raise FileExistsError(problem)
+
+    def _prepare_directory(self) -> None:
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            probe = os.path.join(self.directory, f".write-test-{os.getpid()}")
+            write_file(probe, lambda f: f.write(b"ok"))
+            os.remove(probe)
+        except OSError as exc:
+            raise PermissionError(f"checkpoint directory {self.directory!r} is not writable ({exc.strerror}); "
+                                  "pass a directory this user can write") from None
+        disk.remove_unfinished(self.directory)  # leftovers of a save that was killed midway
+        disk.remove_replaced(self.directory)
+
+    def checkpoints(self) -> list[str]:
+        """Committed checkpoint directories, newest commit first (not yet checked)."""
+        return by_commit(self.directory)
+
+    def save(self, step: int, *, extra: dict[str, Any] | None = None, **objects: Any) -> str | None:
+        """Save ``objects`` (anything with ``state_dict()``: model, optimizer, scheduler, scaler, loader).
+
+        Call it on every rank (RNG states are gathered). ``extra``: JSON-able values kept in the manifest.
+        Returns the checkpoint's path on rank 0. When any rank fails, every rank raises the same error naming
+        that rank and its error, and nothing of this save is left: an OSError for an I/O error (a full disk, a
+        write refused), else a RuntimeError (an object's ``state_dict()`` raising KeyError, say).
+        """
+        self._settle(restored=False)
+        loaders = {k: v for k, v in objects.items() if isinstance(v, ShardedDataLoader)}
+        mode = self.state.strategy
+        # the collectives first, in the same order on every rank: the RNG gather and the loaders' state (a
+        # stream's gathers); only then the objects' own state dicts, which may fail on one rank alone
+        rng, gathered = self._together(step, "collecting the loaders' state", lambda: (
+            rngstate.gather(rngstate.local(loaders, mode), self.state),
+            {name: obj.state_dict() for name, obj in objects.items() if _collective(obj)}))
+        if mode.shards:
+            return self._save_sharded(step, rng, objects, gathered, extra or {})
+        local = self._together(step, "collecting the state", lambda: {
+            name: mode.state_dict(obj) if isinstance(obj, torch.nn.Module) else obj.state_dict()
+            for name, obj in objects.items() if name not in gathered})
+        states = {name: gathered[name] if name in gathered else local[name] for name in objects}
+        payload = {"step": step, "world_size": self.state.world_size, "rng": rng, "objects": states}
+        tmp = os.path.join(self.directory, f"ckpt-{step:010d}.tmp-{os.getpid()}")
+        # every rank returns once the checkpoint exists, or raises with rank 0
+        return self._together(step, "writing", lambda: self._commit(step, payload, extra or {}, tmp)
+                              if self.state.is_main else None, tmp)
+
+    def _together(self, step: int, stage: str, action: Callable[[], T], tmp: str | None = None) -> T:
+        """``action()`` on this rank, then every rank learns whether it failed on any: all return, or all raise
+        the first failing rank's error, once rank 0 removed ``tmp``. A rank raising alone would leave the
+        others waiting in the next collective, and a script catching it would mismatch every one after.
+
+        What every rank raises when rank 1's disk is full::
+
+            OSError: checkpoint step 6 was not saved: writing the shards failed on rank 1 (OSError: [Errno 28]
+            No space left on device); every rank raised this, nothing of it was left and the newest checkpoint
+            is still runs/exp/ckpt-0000000003; free space or pick another directory, then save again ...
+
+        An error that is not an OSError (a KeyError from a state_dict) is raised as a RuntimeError instead.
+        """
+        try:
+            result, mine, cause = action(), None, None
+        except Exception as exc:  # whatever it is, the other ranks must hear of it
+            result, mine, cause = None, _failure(exc, self.state.rank), exc
+        failed = next((f for f in gather_object(mine) if f), None)
+        if failed is None:
+            return result  # type: ignore[return-value]  # None only on a rank that raised, which raises here
+        if self.state.is_main and tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+        # rank 0's view (the others may not see the directory); they return once it removed the partial one
+        kept = broadcast(next(iter(self.checkpoints()), None) if self.state.is_main else None)
+        previous = f"the newest checkpoint is still {kept}" if kept else "there is no earlier checkpoint"
+        said = (f"checkpoint step {step} was not saved: {stage} failed on rank {failed[0]} ({failed[1]}); every "
+                f"rank raised this, nothing of it was left and {previous}")
+        if not failed[2]:  # a programming error is no disk problem: `except OSError` must not swallow it
+            raise RuntimeError(f"{said}; fix the error on rank {failed[0]}, then save again (every rank) or stop") \
+                from cause
+        advice = "fix what it could not read" if stage.startswith("collecting") else \
+            "free space or pick another directory"
+        raise OSError(f"{said}; {advice}, then save again (every rank) or stop") from cause
+
+    def _save_sharded(self, step: int, rng: dict[str, torch.Tensor] | None, objects: dict[str, Any],
+                      gathered: dict[str, Any], extra: dict[str, Any]) -> str | None:
+        """Every rank writes its shard of the models and optimizers into the temporary directory, then
+        rank 0 adds state.pt and the manifest and renames it into place, as :meth:`_commit` does."""
+        # collective (DCP state dicts of DTensors), then the local state dicts, which may fail on one rank
+        tensors, local = self._together(step, "collecting the state", lambda: shards.split(
+            {name: obj for name, obj in objects.items() if name not in gathered}))
+        rest = {name: gathered[name] if name in gathered else local[name]
+                for name in objects if name in gathered or name in local}
+        tmp = os.path.join(self.directory, f"ckpt-{step:010d}.tmp-sharded")
+
+        def prepare() -> None:
+            if self.state.is_main:
+                shutil.rmtree(tmp, ignore_errors=True)
+                os.makedirs(tmp)
+
+        def write() -> dict[str, Any]:  # shards.save fails on every rank, naming the rank, when any write failed
+            shards.save(tensors, os.path.join(tmp, shards.SHARDS))
+            # each rank hashes the files it wrote (DCP fsynced them); the others are hashed at the commit
+            mine = [os.path.join(shards.SHARDS, n) for n in os.listdir(os.path.join(tmp, shards.SHARDS))
+                    if n.startswith(f"__{self.state.rank}_")]
+            return disk.hashes(tmp, mine)
+
+        self._together(step, "making its directory", prepare, tmp)
+        own = self._together(step, "writing the shards", write, tmp)
+        hashed = {k: v for part in gather_object(own) for k, v in part.items()}  # JSON between ranks, never pickle
+        payload = {"step": step, "world_size": self.state.world_size, "rng": rng, "objects": rest,
+                   "sharded": sorted(tensors)}
+        return self._together(step, "writing", lambda: self._commit(step, payload, extra, tmp, hashed)
+                              if self.state.is_main else None, tmp)
+
+    def _commit(self, step: int, payload: dict, extra: dict[str, Any], tmp: str,
+                hashed: dict[str, dict[str, Any]] | None = None) -> str:
+        """Rank 0: state.pt and the manifest into ``tmp``, fsync, rename into place (atomically, also over an
+        older copy of the step: :func:`checkpoint_files.install`), then retention."""
+        final = os.path.join(self.directory, f"ckpt-{step:010d}")
+        os.makedirs(tmp, exist_ok=True)
+        write_file(os.path.join(tmp, "state.pt"), lambda f: torch.save(payload, f))
+        # state.pt, and the shards of a sharded checkpoint: those the ranks hashed as they wrote them (DCP
+        # fsynced them) are taken as they are, the rest (state.pt, DCP's .metadata) hashed and fsynced here
+        files = {**disk.hashes(tmp, [n for n in disk.files(tmp) if n not in (hashed or {})]), **(hashed or {})}
+        commit = 1 + max((n for p in self.checkpoints() if (n := disk.commit_number(p)) is not None), default=0)
+        manifest = {"format": 1, "step": step, "commit": commit, "run": run_id(),
+                    "world_size": payload["world_size"], "extra": extra, "files": files}
+        write_file(os.path.join(tmp, "manifest.json"), lambda f: f.write(json.dumps(manifest).encode()))
+        for root, _, _ in os.walk(tmp):
+            disk.fsync_dir(root)
+        disk.install(tmp, final)  # committed from here: nothing after it may report the save as failed
+        try:
+            committed = [p for p in self.checkpoints() if disk.commit_number(p) is not None]  # a damaged one stays
+            for old in committed[self.keep:]:  # by commit order: the newest saves, not the highest steps
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError as exc:
+            warnings.warn(f"ddpkit: checkpoint {final} was saved, but removing older ones failed ({exc}); "
+                          "they are removed at a later save", stacklevel=4)
+        return final
+
+    def validate(self, path: str) -> str | None:
+        """None when ``path`` is a complete checkpoint whose files match the manifest, else the reason.
+        In a sharded mode (fsdp: one file per rank and more) each rank hashes its part of the files and the
+        ranks agree, so call it, :meth:`latest` and :meth:`restore` on every rank there, as saving is."""
+        if self.state.world_size == 1 or not self.state.strategy.shards or not dist.is_initialized():
+            return validate(path)
+        reasons = gather_object(validate(path, (self.state.rank, self.state.world_size)))
+        return next((reason for reason in reasons if reason), None)
+
+    def latest(self) -> str | None:
+        """The newest valid checkpoint (after a restart: of this job); invalid ones are skipped with a warning."""
+        for path in self.checkpoints():
+            if self._own_only and disk.run_of(path) != run_id():
+                continue
+            reason = self.validate(path)
+            if reason is None:
+                return path
+            if self.state.is_main:
+                warnings.warn(f"ddpkit: skipping checkpoint {path}: {reason}", stacklevel=3)
+        return None
+
+    def restore(self, path: str | None = None, **objects: Any) -> int:
+        """Load the newest valid checkpoint (or ``path``) into ``objects``; returns its step, 0 if none.
+
+        Without ``path`` nothing is loaded unless ``resume`` is on. A given ``path`` must exist and be valid.
+        """
+        if path is not None:
+            if os.path.dirname(os.path.abspath(path)) != os.path.abspath(self.directory):
+                self._settle(restored=False)  # fine-tuning from another directory's checkpoint claims none here
+            reason = self.validate(path)
+            if reason:
+                raise FileNotFoundError(f"cannot resume from {path}: {reason}; pass a ckpt-* directory "
+                                        f"from {self.directory} or drop the path to start fresh")
+        elif not self.resume or (path := self.latest()) is None:
+            self._settle(restored=False)
+            return 0
+        payload = torch.load(os.path.join(path, "state.pt"), map_location="cpu", weights_only=True)
+        sharded = set(payload.get("sharded", ()))
+        saved = sorted(sharded | set(payload["objects"]))
+        for name in objects:
+            if name not in sharded and name not in payload["objects"]:
+                raise KeyError(f"checkpoint {path} has no {name!r} (it has {saved})")
+        if sharded:  # any mode, any world size: DCP reshards
+            shards.load({k: v for k, v in objects.items() if k in sharded}, os.path.join(path, shards.SHARDS),
+                        payload["objects"])
+        elif self.state.strategy.shards and any(isinstance(o, torch.optim.Optimizer)
+                                                          for o in objects.values()):
+            raise ValueError(f"checkpoint {path} was saved unsharded (mode ddp / dp / single): its optimizer state "
+                             "cannot be split into fsdp's shards; resume in the mode it was saved in, or restore "
+                             "the model alone and start a new optimizer")
+        for name, obj in objects.items():
+            if name in sharded:
+                continue
+            if isinstance(obj, torch.nn.Module):
+                _check_fits(unwrap(obj), payload["objects"][name], path)
+            obj.load_state_dict(payload["objects"][name])
+        if payload["world_size"] == self.state.world_size:  # another world size: streams cannot match anyway
+            loaders = {k: v for k, v in objects.items() if isinstance(v, ShardedDataLoader)}
+            # clone: set_rng_state reads the storage from its start, so a row view of rank r > 0 would crash
+            rngstate.restore({k: v[self.state.rank].clone() for k, v in payload["rng"].items()}, loaders,
+                           self.state.strategy)
+        if self.state.is_main:
+            print(f"ddpkit: resumed from {path} (step {payload['step']})", file=sys.stderr, flush=True)
+        self._settle(restored=True)
+        return int(payload["step"])

@@ -1,0 +1,345 @@
+"""``ddpkit verify script.py [args]``: does N-process training compute what one process would?
+
+Runs the script twice for K optimizer steps with the same seed and arguments: once as one process with
+the global batch (N x the per-process batch), once as N processes, then compares the final weights.
+
+What the script needs (ddpkit scripts usually have it already): ``ddpkit.prepare_model`` for the model and
+``ddpkit.data_loader`` for the training data. Nothing else: both runs start from the same initial weights
+(the one-process run hands its own to the other, so the script need not seed), training loaders drop the
+last ``len % N`` samples in both runs (padding would repeat samples only the N-process run sees), dropout
+layers get p=0 (``--keep-dropout`` to leave them), and TF32 is off on GPUs. The runs talk to ddpkit through
+the variables of :mod:`ddpkit.core.contract` (read by :mod:`ddpkit.runtime.instrument`). A PASS needs every
+weight finite in both runs (:func:`non_finite`): ``NaN > tol`` is False,
+so a plain tolerance test would pass a diverged run.
+
+Example::
+
+    ddpkit verify --nproc-per-node 2 --steps 5 examples/digits.py
+    ddpkit verify --json examples/digits.py      # one JSON object on stdout
+    ddpkit verify --mode fsdp examples/digits.py # sharded training against one process
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+
+import torch
+
+from ddpkit.commands import verify_causes, verify_noise
+from ddpkit.commands.cli import OneLineParser, usage_error
+from ddpkit.commands.logtail import run_logged
+from ddpkit.core import contract
+from ddpkit.core.environment import visible_gpus
+from ddpkit.core.errors import CANNOT_COMPARE, NOT_EQUIVALENT, SCRIPT_FAILED, UsageError
+from ddpkit.strategies import table as strategy
+
+PROG = "ddpkit verify"
+
+
+class CannotCompare(RuntimeError):
+    """The one-process run shows the script cannot be compared (exit :data:`CANNOT_COMPARE`)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog=PROG, description="Compare N-process training with one process on the global batch.")
+    p.add_argument("--nproc-per-node", type=int, default=None,
+                   help="processes for the distributed run (default 2, on the CPU where fewer GPUs are usable)")
+    p.add_argument("--device", default=None, help="auto (default), cpu or cuda: where both runs train")
+    p.add_argument("--mode", default="ddp", help="the multi-process mode to check: ddp (default) or fsdp")
+    p.add_argument("--keep-dropout", action="store_true", help="leave dropout on (the runs then differ by design)")
+    p.add_argument("--steps", type=int, default=5, help="optimizer steps to compare (default 5)")
+    p.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance (default 1e-5)")
+    p.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance (default 1e-4)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("script")
+    p.add_argument("script_args", nargs=argparse.REMAINDER)
+    return p
+
+
+def compare_weights(reference: dict, candidate: dict, atol: float, rtol: float,
+                    labels: tuple[str, str] = ("the reference", "the candidate"), initial: dict | None = None,
+                    skip: dict[str, torch.Tensor] | None = None) -> dict:
+    """Compare two state dicts; report the first tensor that fails (in state-dict order).
+
+    ``skip``: per tensor, elements left out of the test and of ``max_abs_diff`` (:mod:`ddpkit.commands.verify_noise`);
+    ``excused`` counts those of them out of tolerance, ``excused_in`` names their tensors.
+
+    A tensor fails when a value is out of tolerance or when it holds NaN / inf anywhere (see
+    :func:`non_finite`), so a PASS means every weight is finite in both. ``max_abs_diff`` is over the
+    positions finite in both (a number, never NaN: the JSON stays valid).
+
+    >>> nan = float("nan")
+    >>> compare_weights({"w": torch.tensor([1.0, 2.0])}, {"w": torch.tensor([1.0, nan])}, 1e-5, 1e-4)["reason"][:75]
+    "non-finite values differ in 'w': 2 (the reference) vs nan (the candidate) a"
+    """
+    missing = sorted(set(reference) ^ set(candidate))
+    if missing:
+        return {"passed": False, "first_diverging": missing[0], "max_abs_diff": None, "non_finite": False,
+                "reason": f"keys differ: {missing[:5]}"}
+    first: dict | None = None
+    worst, worst_name = 0.0, None
+    excused, excused_in, excused_peak = 0, [], 0.0
+    for name, ref in reference.items():
+        other = candidate[name]
+        if ref.shape != other.shape:
+            return {"passed": False, "first_diverging": name, "max_abs_diff": None, "non_finite": False,
+                    "reason": f"shape {tuple(ref.shape)} vs {tuple(other.shape)}"}
+        ref, other = _real(ref), _real(other)
+        finite = ref.isfinite() & other.isfinite()
+        diff = torch.where(finite, (ref - other).abs(), 0.0)
+        skipped = (skip or {}).get(name)
+        if skipped is not None:
+            out = skipped & (diff > atol + rtol * ref.abs())
+            if bool(out.any()):
+                excused, excused_peak = excused + int(out.sum()), max(excused_peak, diff[out].max().item())
+                excused_in.append(name)
+            diff = torch.where(skipped, 0.0, diff)
+        peak = diff.max().item() if diff.numel() else 0.0
+        if peak > worst:
+            worst, worst_name = peak, name
+        if first is None:
+            # a tensor both runs left as it started (a causal mask of -inf) holds no divergence
+            kept = initial is not None and name in initial and _same(ref, other) and _same(ref, _real(initial[name]))
+            reason = None if kept else non_finite(name, ref, other, labels)
+            if reason:
+                first = {"first_diverging": name, "first_max_abs_diff": None, "non_finite": True, "reason": reason}
+            elif bool((diff > atol + rtol * ref.abs()).any()):
+                first = {"first_diverging": name, "first_max_abs_diff": peak}
+    result = {"passed": first is None, "max_abs_diff": worst, "max_abs_diff_at": worst_name,
+              "tensors": len(reference), "non_finite": False, "excused": excused, "excused_in": excused_in,
+              "excused_max_diff": excused_peak}
+    return {**result, **(first or {})}
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal everywhere, NaN where the other has NaN."""
+    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+def _real(tensor: torch.Tensor) -> torch.Tensor:
+    """float64 values to compare; a complex tensor as its (real, imaginary) pairs (``.double()`` drops the
+    imaginary part, NaN included)."""
+    return torch.view_as_real(tensor).double() if tensor.is_complex() else tensor.double()
+
+
+def non_finite(name: str, ref: torch.Tensor, other: torch.Tensor, labels: tuple[str, str]) -> str | None:
+    """Why ``name`` fails for holding NaN / inf, or None when both are finite everywhere.
+
+    A non-finite value in one run that the other does not hold bitwise (NaN vs a number, +inf vs -inf) is a
+    mismatch: ``NaN > tol`` is False, so a plain tolerance test would PASS a diverged run. The same NaN / inf
+    in both is no PASS either: both trainings diverged and there is nothing to compare.
+
+    >>> inf = float("inf")
+    >>> non_finite("w", torch.tensor([inf]), torch.tensor([-inf]), ("1 process", "2 processes"))[:77]
+    "non-finite values differ in 'w': inf (1 process) vs -inf (2 processes) at [0]"
+    """
+    bad = ~(ref.isfinite() & other.isfinite())
+    if not bool(bad.any()):
+        return None
+    same = (ref == other) | (ref.isnan() & other.isnan())
+    mismatch = bad & ~same
+    shown = mismatch if bool(mismatch.any()) else bad
+    at = tuple(int(i) for i in torch.unravel_index(shown.flatten().nonzero()[0, 0], ref.shape))
+    where = f"at {list(at)} ({int(shown.sum())} of {ref.numel()} values)"
+    a, b = ref[at].item(), other[at].item()
+    check = "check the learning rate, loss scaling and input data"
+    if shown is mismatch:
+        return (f"non-finite values differ in {name!r}: {a:g} ({labels[0]}) vs {b:g} ({labels[1]}) {where}; "
+                f"a run with NaN / inf weights diverged: {check}, and what depends on the per-process batch")
+    return (f"both runs diverged: {name!r} holds {a:g} in both {where}; weights that are not finite cannot be "
+            f"compared: {check}")
+
+
+def plan(nproc: int | None, device: str | None, gpus: int) -> tuple[int, str | None, str | None]:
+    """(processes, device for the runs, a note to print) from the flags and the usable GPU count.
+
+    NCCL cannot put two ranks on one GPU: where fewer GPUs are usable than processes, an unset
+    ``--device`` means the CPU (and says so); ``--device cuda`` is then an error.
+
+    >>> plan(None, None, 0), plan(None, None, 1)[:2], plan(None, None, 4)
+    ((2, None, None), (2, 'cpu'), (2, None, None))
+    """
+    count = 2 if nproc is None else nproc
+    if device == "cpu" or gpus == 0 or count <= gpus:
+        return count, device, None
+    if device == "cuda":
+        fewer = f"--nproc-per-node {gpus} or " if gpus >= 2 else ""
+        raise UsageError(f"--device cuda with {count} processes needs {count} GPUs, {gpus} usable; "
+                         f"pass {fewer}--device cpu")
+    return count, "cpu", f"{gpus} GPU(s) usable for {count} processes: both runs train on the CPU (--device cpu)"
+
+
+def run_env(tmp: str, nproc: int, steps: int, device: str | None, keep_dropout: bool) -> dict[str, str]:
+    """The variables both runs get: steps, shared initial weights, drop semantics, dropout, no TF32, device."""
+    env = {contract.MAX_STEPS.name: str(steps), contract.VERIFY_INIT.name: os.path.join(tmp, "init.pt"),
+           contract.VERIFY_DROP.name: str(nproc), contract.TF32_OVERRIDE.name: "0",
+           contract.OMP_THREADS.name: os.environ.get(contract.OMP_THREADS.name, "1")}
+    if keep_dropout:
+        env[contract.KEEP_DROPOUT.name] = "1"
+    if device:
+        env[contract.DEVICE.name] = device
+    return env
+
+
+def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol: float, rtol: float,
+           device: str | None = None, keep_dropout: bool = False, mode: str = "ddp") -> dict:
+    """Run both trainings in a temporary directory and compare them; :class:`CannotCompare` when the
+    one-process run shows there is nothing comparable (checked before the N-process run starts)."""
+    with tempfile.TemporaryDirectory(prefix="ddpkit-verify-") as tmp:
+        ref, dist_out = os.path.join(tmp, "single.pt"), os.path.join(tmp, "ddp.pt")
+        common = run_env(tmp, nproc, steps, device, keep_dropout)
+        run_logged([sys.executable, script, *script_args],
+                   {**common, contract.MODE.name: "single", contract.BATCH_SCALE.name: str(nproc),
+                    contract.VERIFY_OUT.name: ref}, os.path.join(tmp, "single.log"))
+        why = verify_causes.refusal(_facts(ref))
+        if why:
+            raise CannotCompare(why)
+        # the mode in the environment too: launch refuses a --mode that contradicts an exported DDPKIT_MODE
+        run_logged([sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", str(nproc), "--mode", mode,
+                    script, *script_args],
+                   {**common, contract.MODE.name: mode, contract.VERIFY_OUT.name: dist_out},
+                   os.path.join(tmp, "ddp.log"))
+        facts = [_facts(ref) or {}, _facts(dist_out) or {}]
+        if not os.path.exists(ref) or not os.path.exists(dist_out):
+            raise CannotCompare(verify_causes.refusal(facts[1], f"{nproc}-process run") or verify_causes.NEEDS_MODEL)
+        one, many = (torch.load(path, weights_only=True) for path in (ref, dist_out))
+        start = _initial(os.path.join(tmp, "init.pt"), int(facts[0].get("models") or 0))
+        lr = max(float(f.get("lr") or 0.0) for f in facts)
+        taken = max(int(f.get("steps") or 0) for f in facts)
+        # elements whose gradients were only float noise in both runs, within what the optimizer can move them
+        skip = verify_noise.noise_mask(one, many, _grads(ref, "gradpeak") or {}, _grads(dist_out, "gradpeak") or {},
+                                       verify_noise.step_bound(taken, lr))
+        if taken == 0 and start is not None and _unchanged(one, start):  # capped before any update: equal, vacuously
+            raise CannotCompare(verify_causes.trained_nothing(int(facts[0].get("batches") or 0)))
+        result = compare_weights(one, many, atol, rtol, labels=("1 process", f"{nproc} processes"), initial=start,
+                                 skip=skip)
+        result["lr"] = lr
+        result["capped"] = all(f.get("capped") for f in facts)
+        result["steps_taken"], result["cap"] = taken, facts[0].get("cap")
+        result["batches"] = int(facts[0].get("batches") or 0)
+        if not result["passed"] and not result["non_finite"]:
+            g1, gn = (_grads(path) for path in (ref, dist_out))
+            grads = compare_weights(g1, gn, atol, rtol) if g1 and gn else None
+            result["first_gradient_diverging"] = grads.get("first_diverging") if grads else None
+            result["cause"] = verify_causes.likely_cause(g1, gn, grads, any(f.get("random_draws") for f in facts),
+                                                         nproc)
+    return {"nproc": nproc, "mode": mode, "steps": steps, "atol": atol, "rtol": rtol, **result}
+
+
+def _facts(out: str) -> dict | None:
+    """What a run recorded (:mod:`ddpkit.commands.verify_run`); None when it never prepared a model or loader."""
+    path = f"{out}.json"
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def _unchanged(final: dict[str, torch.Tensor], initial: dict[str, torch.Tensor]) -> bool:
+    return final.keys() == initial.keys() and all(torch.equal(final[k], initial[k]) for k in final)
+
+
+def _initial(path: str, models: int) -> dict[str, torch.Tensor] | None:
+    """The prepared models' initial weights (``<path>.<i>``, written by :mod:`ddpkit.runtime.instrument`), named as
+    the runs save them: ``model<i>.`` prefixes with two models or more."""
+    files = [f"{path}.{i}" for i in range(max(models, 1))]
+    if not all(os.path.exists(f) for f in files):
+        return None
+    weights = [torch.load(f, weights_only=True) for f in files]
+    if len(weights) == 1:
+        return weights[0]
+    return {f"model{i}.{k}": v for i, w in enumerate(weights) for k, v in w.items()}
+
+
+def _grads(out: str, kind: str = "grads") -> dict[str, torch.Tensor] | None:
+    """A run's step-1 gradients (``grads``) or largest |gradient| per element (``gradpeak``), if it wrote them."""
+    path = f"{out}.{kind}"
+    return torch.load(path, weights_only=True) if os.path.exists(path) else None
+
+
+def run_length(result: dict) -> str:
+    """How long both runs trained, from what they recorded, and what stopped them.
+
+    >>> run_length({"steps_taken": 2, "cap": None})
+    '2 steps (the script ended by itself)'
+    >>> run_length({"steps_taken": 0, "cap": "batches", "batches": 5})
+    '5 batches (no optimizer.step() seen: the training loaders were capped at 5 batches)'
+    """
+    taken = result.get("steps_taken", result.get("steps"))
+    if result.get("cap") == "batches":
+        return f"{result['batches']} batches (no optimizer.step() seen: the training loaders were capped at " \
+               f"{result['batches']} batches)"
+    plural = "" if taken == 1 else "s"
+    if result.get("cap") == "steps":
+        return f"{taken} step{plural} (stopped by the step cap)"
+    return f"{taken} step{plural} (the script ended by itself)"
+
+
+def pass_line(result: dict, nproc: int, mode: str) -> str:
+    """The PASS line: the steps actually taken and the cap that applied, the tensors and their largest diff.
+
+    >>> pass_line({"steps_taken": 5, "cap": "steps", "tensors": 9, "max_abs_diff": 1.2345e-7}, 2, "ddp")
+    'PASS: 2 processes match 1 process after 5 steps (stopped by the step cap; 9 tensors, max abs diff 1.23e-07)'
+    """
+    shown = "" if mode == "ddp" else f" ({mode})"
+    return (f"PASS: {nproc} processes{shown} match 1 process after {run_length(result)[:-1]}; "
+            f"{result['tensors']} tensors, max abs diff {result['max_abs_diff']:.3g})")
+
+
+def fail_line(result: dict, steps: int, atol: float, rtol: float) -> str:
+    """The FAIL lines of a finite difference: the first tensor, its diff (3 significant digits), the cause.
+
+    >>> fail_line({"first_diverging": "w", "first_max_abs_diff": 0.000051234, "cause": "a cause"}, 5, 1e-5, 1e-4)
+    "FAIL: 'w' differs after 5 steps (max abs diff 5.12e-05; atol 1e-05, rtol 0.0001)\\nlikely cause: a cause"
+    """
+    diff = result.get("first_max_abs_diff", result.get("max_abs_diff"))
+    shown = "n/a" if diff is None else f"{diff:.3g}"
+    taken = result.get("steps_taken", steps)
+    line = (f"FAIL: {result['first_diverging']!r} differs after {taken} step{'' if taken == 1 else 's'} "
+            f"(max abs diff {shown}; {result.get('reason', f'atol {atol:g}, rtol {rtol:g}')})")
+    return line + (f"\nlikely cause: {result['cause']}" if result.get("cause") else "")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+        gpus = 0 if ns.device == "cpu" else visible_gpus()
+        nproc, device, note = plan(ns.nproc_per_node, ns.device, gpus)
+        if not strategy.get(ns.mode, UsageError).multi_process:
+            raise UsageError(f"--mode {ns.mode} runs one process; verify compares a multi-process mode "
+                             f"({', '.join(n for n, s in sorted(strategy.STRATEGIES.items()) if s.multi_process)})")
+        if nproc < 2 or ns.steps < 1 or not os.path.isfile(ns.script):
+            raise UsageError(f"need --nproc-per-node >= 2, --steps >= 1 and an existing script; got "
+                              f"{nproc}, {ns.steps}, {ns.script!r}")
+    except UsageError as exc:
+        return usage_error(PROG, exc)
+    for line in filter(None, [note, f"training loaders drop the last len % {nproc} samples in both runs "
+                              "(padding would repeat samples only the N-process run sees)",
+                              None if ns.keep_dropout else "dropout is off in both runs (--keep-dropout to keep it)"]):
+        print(f"{PROG}: {line}", file=sys.stderr, flush=True)
+    try:
+        result = verify(ns.script, ns.script_args, nproc, ns.steps, ns.atol, ns.rtol, device, ns.keep_dropout,
+                        ns.mode)
+    except CannotCompare as exc:
+        print(f"{PROG}: cannot compare: {exc}", file=sys.stderr)
+        return CANNOT_COMPARE
+    except RuntimeError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return SCRIPT_FAILED
+    if ns.json:
+        print(json.dumps(result))
+    elif result["passed"]:
+        print(pass_line(result, nproc, ns.mode))
+        if result["excused"]:
+            print(f"  {verify_noise.excused_line(result['excused'], result['excused_in'], result['lr'])}; "
+                  f"their max abs diff {result['excused_max_diff']:.3g}")
+    elif result["non_finite"]:
+        print(f"FAIL after {run_length(result)}: {result['reason']}")
+    else:
+        print(fail_line(result, ns.steps, ns.atol, ns.rtol))
+    return 0 if result["passed"] else NOT_EQUIVALENT

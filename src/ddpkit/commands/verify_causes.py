@@ -1,0 +1,118 @@
+"""What ``ddpkit verify`` can say about a FAIL, and what it refuses to compare, from what the runs measured.
+
+Each run writes its facts and its step-1 gradients (:mod:`ddpkit.commands.verify_run`). A FAIL then names its likely
+cause instead of one line for every difference (a VAE's sampling noise and a summed loss used to read alike):
+
+- the step-1 gradients are equal up to one constant factor: a loss reduction (``reduction='sum'``) or a
+  scale that depends on the batch size;
+- torch's random generator was drawn from during a step (from its first training forward to its optimizer
+  step: a DataLoader's seed draw at ``iter()`` is none): random draws outside dropout (sampling noise)
+  differ between one process and N by design;
+- otherwise: rank-dependent code (a branch on the rank, per-rank statistics, an update outside backward).
+
+Example::
+
+    >>> g = {"w": torch.tensor([1.0, -2.0])}
+    >>> likely_cause(g, {"w": g["w"] / 2}, {"passed": False, "first_diverging": "w"}, random_draws=False)[:72]
+    'the step-1 gradients differ by a factor of 2 (1 process / 2 processes) f'
+"""
+
+from __future__ import annotations
+
+import torch
+
+NEEDS_LOADER = ("no ddpkit.data_loader training loader handed out a batch (the script feeds batches of its own), "
+                "so the one-process run cannot take the N processes' global batch; build the training loader with "
+                "ddpkit.data_loader(dataset, batch_size=...) (tensors of its own: wrap them in a "
+                "TensorDataset; the loader shards it per rank)")
+NEEDS_MODEL = ("the script prepared no model, so there are no weights to compare; wrap the model with "
+               "model = ddpkit.prepare_model(model) before training")
+NO_WEIGHTS = ("the {run} prepared a model but ended without writing its weights (os._exit, or killed before "
+              "ddpkit's shutdown hooks ran); let the script end by returning, or call ddpkit.shutdown() before "
+              "os._exit")
+
+
+def refusal(facts: dict | None, run: str = "one-process run") -> str | None:
+    """Why the one-process run's ``facts`` cannot be compared with an N-process run, or None.
+
+    >>> refusal({"models": 1, "batches": 0}) == NEEDS_LOADER, refusal({"models": 1, "batches": 3})
+    (True, None)
+    >>> refusal({"models": 1, "batches": 3, "finished": False})[:49]
+    'the one-process run prepared a model but ended wi'
+    """
+    if not facts or not facts.get("models"):
+        return NEEDS_MODEL
+    if facts.get("finished") is False:
+        return NO_WEIGHTS.format(run=run)
+    if not facts.get("batches"):
+        return NEEDS_LOADER
+    return None
+
+
+def scale_factor(one: dict[str, torch.Tensor], many: dict[str, torch.Tensor]) -> float | None:
+    """``c`` when ``one == c * many`` for every tensor (relative residual under 1e-3) and ``c`` is not 1.
+
+    >>> scale_factor({"w": torch.tensor([2.0, 4.0])}, {"w": torch.tensor([1.0, 2.0])})
+    2.0
+    >>> scale_factor({"w": torch.tensor([2.0, 4.0])}, {"w": torch.tensor([2.0, 1.0])}) is None
+    True
+    """
+    a = torch.cat([t.double().flatten() for t in one.values()])
+    b = torch.cat([many[k].double().flatten() for k in one])
+    if not (a.isfinite().all() and b.isfinite().all()) or float(b.dot(b)) == 0.0:
+        return None
+    c = float(a.dot(b) / b.dot(b))
+    residual = float((a - c * b).norm() / a.norm().clamp_min(1e-30))
+    return c if residual < 1e-3 and abs(c - 1.0) > 1e-3 else None
+
+
+def _model_of(name: str, one: dict[str, torch.Tensor], many: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+    """The gradients of the model ``name`` belongs to (its ``model<i>.`` prefix, when the runs prepared two
+    models or more): a GAN's generator with a summed loss scales by N while its discriminator agrees.
+
+    >>> sorted(_model_of("model1.w", {"model0.w": 1, "model1.w": 2, "model1.b": 3}, {})[0])
+    ['model1.b', 'model1.w']
+    """
+    head = name.split(".", 1)[0]
+    if not (head.startswith("model") and head[5:].isdigit()):
+        return one, many
+    keys = [k for k in one if k.startswith(f"{head}.")]
+    return {k: one[k] for k in keys}, {k: many[k] for k in keys if k in many}
+
+
+def likely_cause(one: dict[str, torch.Tensor] | None, many: dict[str, torch.Tensor] | None, grads: dict | None,
+                 random_draws: bool, nproc: int = 2) -> str:
+    """One sentence: where the runs part (step-1 gradients or later) and why that likely is. ``one`` / ``many``:
+    the runs' step-1 gradients; ``grads``: :func:`ddpkit.commands.verify.compare_weights` of them (None without)."""
+    where = "the runs part"
+    if one and many and grads is not None:
+        if not grads["passed"]:
+            factor = scale_factor(*_model_of(grads["first_diverging"], one, many)) if set(one) == set(many) else None
+            if factor is not None:
+                return (f"the step-1 gradients differ by a factor of {factor:.3g} (1 process / {nproc} processes) "
+                        f"from {grads['first_diverging']!r} on: a loss reduction (reduction='sum'?) or a "
+                        "batch-size-dependent scale; average the loss over the batch (reduction='mean'), or scale "
+                        "it by the global batch, not the per-process one")
+            where = f"the step-1 gradients already differ at {grads['first_diverging']!r}"
+        else:
+            where = "the step-1 gradients agree, the weights part later"
+    if random_draws:
+        return (f"{where}: random draws during a training step, outside dropout (e.g. a VAE's sampling noise, "
+                "random masking) differ between 1 process and N by design: the difference may be only that; to "
+                "compare exactly, make the draw optional and turn it off for verify")
+    return (f"{where}: rank-dependent code (a branch on the rank, per-rank statistics such as BatchNorm without "
+            "sync_batchnorm, a loss normalised by the local batch, an update outside backward)")
+
+
+def trained_nothing(batches: int) -> str:
+    """The refusal for runs the cap stopped before any update (gradient accumulation over more micro-batches
+    than the cap, and no optimizer.step() yet): equal weights would be a PASS that compared nothing.
+
+    >>> trained_nothing(5).split(" (")[0]
+    'both runs trained nothing in the 5 batches they were given'
+    """
+    return (f"both runs trained nothing in the {batches} batches they were given (no optimizer.step() and no "
+            "weight changed, e.g. gradients accumulated over more micro-batches than that): pass a --steps larger "
+            "than the micro-batches per optimizer step (until the first step, --steps K caps the loaders at K "
+            "batches)")
+

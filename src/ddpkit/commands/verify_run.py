@@ -1,0 +1,211 @@
+"""Inside each run of ``ddpkit verify``: the step cap, what the run did, and the step-1 gradients.
+
+:class:`Recorder` is created by :mod:`ddpkit.runtime.instrument` in a verify run only. It
+
+- stops the run with a clean ``SystemExit(0)`` right before any optimizer's (K+1)-th step. Each optimizer
+  counts its own steps: a GAN's two optimizers, each stepping once an iteration, have both taken K steps
+  then, and a warm-up optimizer that stopped early cannot hold the cap off. A loader that simply ran dry at
+  the cap broke loops that re-create their iterator (``except StopIteration: it = iter(loader)``); exiting
+  does not depend on the loop's shape, and the shutdown hooks still save the weights as they are after K
+  steps. Until an optimizer steps, the training loaders are capped at K batches: a hand-written update
+  (``q -= lr * q.grad``) fires no step hook, so that is its cap;
+- turns off dropout given as a float attribute (``nn.MultiheadAttention(dropout=)``, ``nn.LSTM/GRU(dropout=)``,
+  a GPT block's ``self.dropout`` for ``scaled_dot_product_attention``): no Dropout module holds it;
+- saves every prepared model's final weights (``model<i>.`` prefixes with two models or more) and writes, on
+  rank 0, each model's gradients at its optimizer's first step (``<out>.grads``), each element's largest
+  |gradient| over all the steps (``<out>.gradpeak``: :mod:`ddpkit.commands.verify_noise` excuses elements that only
+  ever got float noise) and the facts (``<out>.json``, written early with ``finished: false`` so a run that
+  ends by ``os._exit`` is told apart from one that prepared nothing): models prepared, training batches
+  handed out by ddpkit loaders, optimizer steps, which cap stopped the run, whether torch's global random
+  generator was drawn from between a step's first training forward and its optimizer step (noise; not a
+  DataLoader's seed draw at ``iter()``), and the largest learning rate any optimizer stepped with.
+  ``ddpkit verify`` refuses what it cannot compare and names a FAIL's likely cause from them.
+
+Example (what verify reads back)::
+
+    {"models": 1, "batches": 4, "steps": 3, "capped": true, "cap": "steps", "random_draws": false, "lr": 0.001,
+     "finished": true}
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+OnShutdown = Callable[[Callable[[], None]], None]
+
+
+def dropout_off(model: nn.Module) -> int:
+    """Set every dropout of ``model`` to 0, modules and float attributes alike; returns how many.
+
+    >>> dropout_off(nn.Sequential(nn.Dropout(0.5), nn.LSTM(2, 2, num_layers=2, dropout=0.3),
+    ...                           nn.MultiheadAttention(4, 2, dropout=0.1)))
+    3
+    """
+    count = 0
+    for module in model.modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd):
+            module.p, count = 0.0, count + 1
+        for name in ("dropout", "dropout_p", "attn_dropout_p"):
+            value = module.__dict__.get(name)  # a float attribute, never a submodule or a bool
+            if isinstance(value, float) and 0.0 < value < 1.0:
+                setattr(module, name, 0.0)
+                count += 1
+    return count
+
+
+def full_cpu(tensor: torch.Tensor) -> torch.Tensor:
+    """A CPU copy; a sharded (fsdp DTensor) tensor gathered first (collective: every rank calls it)."""
+    full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+    return full.detach().cpu()
+
+
+class StepCap(SystemExit):
+    """The run reached verify's step cap: a clean exit (code 0) the facts file reports as ``capped``."""
+
+
+class Recorder:
+    """One per verify run (see the module's docstring). Models are keyed by order of preparation: with more
+    than one (a GAN's generator and discriminator) every name gets a ``model<i>.`` prefix, so each model's
+    weights and step-1 gradients are compared, not only the last one's."""
+
+    def __init__(self, out: str, max_steps: int | None):
+        self.out, self.max_steps = out, max_steps
+        self.models: list[nn.Module] = []
+        self.loaders: list[Any] = []
+        # steps per optimizer; weak keys: a new optimizer in a later phase may reuse a dropped one's id()
+        self.counts: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self.steps = 0  # the most steps any optimizer took (also one dropped since)
+        self.capped = self.random_draws = False
+        self.main = False
+        self._rng: torch.Tensor | None = None  # the generator's state at the step's first forward
+        self.first: dict[int, dict[str, torch.Tensor]] = {}  # model index -> its gradients at its first step
+        self.peaks: dict[str, torch.Tensor] = {}  # model<i>.name -> largest |gradient| per element so far
+        self.lr = 0.0
+        self._hooked = False
+
+    def _hook(self, is_main: bool, on_shutdown: OnShutdown) -> None:
+        self.main = self.main or is_main
+        if not self._hooked:
+            self._hooked = True
+            register_optimizer_step_pre_hook(self._before_step)
+            register_optimizer_step_post_hook(self._after_step)
+            on_shutdown(self._at_shutdown)
+        self._write_facts(finished=False)  # a run that ends by os._exit leaves this: prepared, never saved
+
+    def on_model(self, model: nn.Module, is_main: bool, on_shutdown: OnShutdown) -> None:
+        self.models.append(model)
+        model.register_forward_pre_hook(self._on_forward)
+        self._hook(is_main, on_shutdown)
+
+    def on_loader(self, loader: Any, is_main: bool, on_shutdown: OnShutdown) -> None:
+        """A training loader. Until an optimizer steps, it is capped at K batches: a hand-written update
+        (``q -= lr * q.grad``, no torch.optim) fires no step hook, so the batch cap is its only cap."""
+        if not self.steps and self.max_steps is not None:  # K batches in all: a script may build one per epoch
+            loader.max_steps = max(0, self.max_steps - self._batches())
+        self.loaders.append(loader)
+        self._hook(is_main, on_shutdown)
+
+    def _on_forward(self, module: nn.Module, args: Any) -> None:
+        # random draws are counted from a step's first training forward to its optimizer step: a plain
+        # DataLoader draws its base seed from the global generator at iter(), which is no draw of the step
+        if self._rng is None and torch.is_grad_enabled():
+            self._rng = _rng_state()
+
+    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.max_steps is not None and self.counts.get(optimizer, 0) >= self.max_steps:
+            # right before an optimizer's (K+1)-th step: a GAN's two optimizers have each taken K steps, and
+            # a warm-up optimizer that stopped early cannot hold the cap off (it counts its own steps)
+            self.capped = True
+            raise StepCap(0)
+        if self._rng is not None and not torch.equal(self._rng, _rng_state()):
+            self.random_draws = True  # drawn during the step: forward, loss (noise, random masking)
+        groups = getattr(optimizer, "param_groups", [])
+        self.lr = max([self.lr, *(_lr(group) for group in groups)])
+        stepped = {id(p) for group in groups for p in group.get("params", [])}
+        for i, model in enumerate(self.models):
+            params = dict(model.named_parameters())
+            if not any(id(p) in stepped for p in params.values()):
+                continue  # another model's optimizer: this model's gradients are not this step's
+            grads = {name: full_cpu(p.grad) for name, p in params.items() if p.grad is not None}
+            self.first.setdefault(i, grads)  # every rank: gathering a sharded gradient is collective
+            for name, grad in grads.items():
+                key, peak = f"model{i}.{name}", self.peaks.get(f"model{i}.{name}")
+                self.peaks[key] = grad.abs() if peak is None or peak.shape != grad.shape else peak.maximum(grad.abs())
+
+    def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.counts[optimizer] = self.counts.get(optimizer, 0) + 1
+        self.steps = max(self.steps, self.counts[optimizer])
+        for loader in self.loaders:  # an optimizer steps: its cap governs, a loop may re-create iterators
+            loader.max_steps = None
+        self._rng = None
+
+    def _batches(self) -> int:
+        """Training batches handed out by ddpkit loaders so far, all loaders together."""
+        return sum(int(getattr(ld, "steps_taken", 0)) for ld in self.loaders)
+
+    def _named(self, per_model: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``model<i>.`` prefixes kept with two models or more, dropped with one (names as the script has them)."""
+        if len(self.models) > 1:
+            return per_model
+        return {k.split(".", 1)[1]: v for k, v in per_model.items()}
+
+    def _at_shutdown(self) -> None:
+        # on every rank: gathering a sharded (fsdp) model's tensors is collective
+        weights = {f"model{i}.{k}": v for i, model in enumerate(self.models) for k, v in cpu_state(model).items()}
+        if self.main and self.models:
+            torch.save(self._named(weights), self.out)
+        self._write_facts(finished=True)
+
+    def cap(self) -> str | None:
+        """Which cap stopped the run: ``steps`` (an optimizer's K+1-th step), ``batches`` (no optimizer
+        stepped: the loaders' K batches), or None (the script ended by itself)."""
+        if self.capped:
+            return "steps"
+        batches = self._batches()
+        return "batches" if not self.steps and self.max_steps and batches >= self.max_steps else None
+
+    def _write_facts(self, finished: bool) -> None:
+        if not self.main:
+            return
+        facts = {"models": len(self.models), "batches": self._batches(),
+                 "loaders": len(self.loaders), "steps": self.steps, "capped": self.capped, "cap": self.cap(),
+                 "random_draws": self.random_draws, "lr": self.lr, "finished": finished}
+        with open(f"{self.out}.json", "w") as f:
+            json.dump(facts, f)
+        if not finished:
+            return
+        grads = {f"model{i}.{k}": v for i, per in sorted(self.first.items()) for k, v in per.items()}
+        if grads:
+            torch.save(self._named(grads), f"{self.out}.grads")
+        if self.peaks:
+            torch.save(self._named(self.peaks), f"{self.out}.gradpeak")
+
+
+def cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The full weights; in fsdp mode the model's tensors are shards (DTensor), gathered here."""
+    full = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model.state_dict().items()}
+    return {k: v.detach().cpu() for k, v in full.items()}
+
+
+def _lr(group: dict) -> float:
+    """A param group's learning rate as a float (it may be a tensor, or absent in a custom optimizer)."""
+    lr = group.get("lr", 0.0)
+    try:
+        return float(lr)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _rng_state() -> torch.Tensor:
+    """torch's global generator state (CPU; CUDA's appended when initialised): equal states, no draws."""
+    states = [torch.random.get_rng_state()]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states += [s.cpu() for s in torch.cuda.get_rng_state_all()]
+    return torch.cat(states)

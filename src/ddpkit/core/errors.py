@@ -1,0 +1,28 @@
+"""The one set of exit codes every ``ddpkit`` command and the launcher return, and the errors the library
+raises for bad input. The CLI turns a :class:`UsageError` into one line and :data:`USAGE_ERROR`; the
+library never imports the CLI to do so.
+
+Example::
+
+    >>> raise UsageError("--nproc-per-node 0: expected >= 1")
+    Traceback (most recent call last):
+    ...
+    ddpkit.core.errors.UsageError: --nproc-per-node 0: expected >= 1
+
+docs/when-things-go-wrong.md lists the codes; tests/test_layers.py checks that no other module defines them.
+"""
+
+OK = 0
+SCRIPT_FAILED = 1  # your script (a worker) failed: launch, verify, bench; doctor: a check failed; check: findings
+USAGE_ERROR = 2  # bad input: one line `ddpkit CMD: error: ...`, nothing started
+HANG = 3  # launch: a collective timed out (hang report)
+NOT_EQUIVALENT = 4  # verify: both runs finished, the weights differ
+CANNOT_COMPARE = 5  # verify: the script lacks what a comparison needs (no prepared model, no ddpkit loader)
+
+
+class UsageError(ValueError):
+    """Bad input to a command; the message is one line naming what was received and what to do."""
+
+
+class ScriptFailed(RuntimeError):
+    """The user's script exited non-zero under verify or bench (exit :data:`SCRIPT_FAILED`)."""

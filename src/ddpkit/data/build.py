@@ -1,0 +1,149 @@
+"""``ddpkit.data_loader``: the loader for a dataset, chosen by its kind: a map-style dataset gets a
+:class:`~ddpkit.data.loader.ShardedDataLoader` over this rank's shard, a stream (``IterableDataset``) a
+:mod:`~ddpkit.data.streams` loader; both sized for the mode, with the launching tool's hooks.
+
+Example::
+
+    loader = ddpkit.data_loader(train_set, batch_size=32)              # 32 per process in DDP
+    test_loader = ddpkit.data_loader(test_set, 256, train=False)       # exact: no padded duplicates
+    for epoch in range(10):
+        for x, y in loader:                                            # each pass: the next epoch's order
+            ...
+
+The global order of an epoch is one seeded permutation of the whole dataset, the same for every world
+size; rank r takes every world_size-th index of it from position r. So one process with batch ``B * N``
+sees the same global batches as N processes with batch ``B`` each.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import torch
+from torch.utils.data import IterableDataset
+
+from ddpkit.core import process
+from ddpkit.core.environment import usable_cores
+from ddpkit.core.options import Uneven, check
+from ddpkit.core.process import State
+from ddpkit.data import streams
+from ddpkit.data.loader import ShardedDataLoader
+from ddpkit.data.samplers import SamplerShard, ShardSampler, too_few, user_sampler
+from ddpkit.data.settings import cores_per_process, loader_defaults
+from ddpkit.runtime import group as runtime
+
+__all__ = ["data_loader"]
+
+
+def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_size: int | None = None,
+                train: bool = True, shuffle: bool | None = None, uneven: Uneven | None = None, seed: int = 0,
+                shuffle_buffer: int = 1000, **loader_kwargs: Any) -> Any:
+    """Build a loader over this rank's shard of ``dataset``.
+
+    ``batch_size`` is **per process** in DDP (global batch = batch_size x world size) and **global** in
+    DP and single mode (DataParallel splits each batch across the GPUs). Or give ``global_batch_size``: it
+    must divide by the world size, and each process takes its share. The global batch is printed once.
+
+    ``train=True``: shuffled (seed ``seed`` + epoch) and ``uneven`` decides the tail: ``pad`` (default;
+    repeats a few samples so every rank takes the same steps), ``drop``, or ``join`` (no repeats, unequal
+    steps; wrap the loop in :func:`join`). ``train=False`` (evaluation): dataset order, no padding, so
+    metrics reduced with :func:`ddpkit.reduce` / :func:`ddpkit.gather` count every sample exactly once. In
+    fsdp mode (every forward gathers parameters from all ranks) a rank with fewer samples ends its pass with
+    empty batches (0 samples) so all ranks run the same forwards: sum per batch, not mean.
+
+    Each rank's DataLoader workers get their own reproducible seeds (from ``seed`` and the rank). Other
+    keyword arguments (``num_workers``, ``collate_fn``, ``drop_last``, ...) go to ``DataLoader``, but for
+    ``sampler=``: a sampler of your own (weighted, with replacement) gives the order instead of the shuffle;
+    its stream, seeded ``seed`` + epoch, is split across ranks by position (:class:`ddpkit.data.samplers.SamplerShard`,
+    docs/samplers.md). ``batch_sampler=`` is refused.
+
+    A ``torch.utils.data.IterableDataset`` (a stream) is split across ranks and loader workers so each sample
+    is read by exactly one of them (:mod:`ddpkit.data.streams`); ``uneven`` is then ``drop`` (the default: every
+    rank stops when the first runs dry, agreed each step) or ``join``, ``shuffle`` is a seeded shard order
+    plus a buffer of ``shuffle_buffer`` samples, reseeded per epoch; ``train=False`` reads every sample once.
+    A Hugging Face ``datasets`` stream is split by rank with its own ``split_dataset_by_node``.
+    """
+    state, tools = runtime.ensure_init(), runtime.tools()
+    batch_size = _per_process_batch(batch_size, global_batch_size, state)
+    if uneven is not None:
+        check("uneven", uneven, Uneven)
+    if isinstance(dataset, IterableDataset):
+        return _stream_loader(dataset, batch_size, state, tools, train, shuffle, uneven or "drop", seed,
+                              shuffle_buffer, loader_kwargs, given_globally=global_batch_size is not None)
+    uneven = uneven or "pad"
+    own = user_sampler(loader_kwargs.pop("sampler", None), loader_kwargs, shuffle)
+    if own is not None and len(own) < state.world_size:  # type: ignore[arg-type]  # what the ranks share
+        raise ValueError(too_few(own, len(own), state.world_size))  # type: ignore[arg-type]
+    if len(dataset) < state.world_size:
+        raise ValueError(f"dataset has {len(dataset)} samples but the job has {state.world_size} processes: "
+                         "each rank needs at least one sample; use fewer processes or a larger dataset")
+    shuffle = train if shuffle is None else shuffle
+    sampler_uneven = "join"  # evaluation: no sample repeated or left out
+    if train:
+        batch_size = tools.train_batch(batch_size, global_batch_size is not None)  # verify: the global batch
+        sampler_uneven = tools.uneven(uneven)
+    sampler = ShardSampler(len(dataset), state.rank, state.world_size, shuffle, seed, sampler_uneven,
+                           multiple=tools.drop_multiple) if own is None else \
+        SamplerShard(own, state.rank, state.world_size, seed, sampler_uneven, multiple=tools.drop_multiple)
+    cores = cores_per_process(usable_cores(), os.cpu_count() or 1, state.local_world_size)
+    loader_kwargs = {**loader_defaults(dataset, state.device.type, cores, loader_kwargs.get("num_workers")),
+                     **loader_kwargs}
+    # Worker seeds derive from this generator: distinct per rank, identical across reruns.
+    loader_kwargs.setdefault("generator", torch.Generator().manual_seed(seed * 1_000_003 + state.rank))
+    # a mode whose forward is collective (fsdp gathers parameters) needs every rank to take every eval step
+    equal = None
+    if not train and state.strategy.collective_forward:
+        first = len(range(0, sampler.size, state.world_size))  # rank 0 has the most samples, so the most batches
+        equal = first // batch_size if loader_kwargs.get("drop_last") else -(-first // batch_size)
+    loader = ShardedDataLoader(dataset, batch_size=batch_size, sampler=sampler, join=train and uneven == "join",
+                               equal_steps=equal, **loader_kwargs)
+    if train:
+        _announce(loader, state, tools, batch_size, len(loader))
+    return loader
+
+
+def _announce(loader: Any, state: State, tools: Any, batch_size: int, steps: int | None) -> None:
+    """A training loader: hook the tools in, and say the global batch once."""
+    mode = state.strategy
+    global_batch = batch_size * mode.batch_share(state)
+    tools.on_loader(loader, state.rank, lambda: {"global_batch": global_batch, "mode": state.mode,
+                                                 "device": str(state.device)}, process.on_shutdown)
+    if state.is_main:
+        workers = f", {loader.num_workers} loader workers per process" if loader.num_workers else ""
+        print(f"ddpkit: {mode.describe_batch(state, batch_size, steps)}{workers}", file=sys.stderr, flush=True)
+
+
+def _stream_loader(dataset: IterableDataset, batch_size: int, state: State, tools: Any, train: bool,
+                   shuffle: bool | None, uneven: str, seed: int, shuffle_buffer: int,
+                   loader_kwargs: dict[str, Any], given_globally: bool = False) -> Any:
+    """An IterableDataset: :mod:`ddpkit.data.streams` splits it across ranks and workers."""
+    if loader_kwargs.get("persistent_workers"):
+        raise ValueError("persistent_workers=True would keep last epoch's stream position in the workers; "
+                         "drop it for a stream")
+    if state.device.type == "cuda":
+        loader_kwargs.setdefault("pin_memory", True)
+    if train:
+        batch_size = tools.train_batch(batch_size, given_globally)
+    loader = streams.stream_loader(dataset, batch_size, state, train=train, uneven=uneven,
+                                   shuffle=train if shuffle is None else shuffle, seed=seed,
+                                   shuffle_buffer=shuffle_buffer,
+                                   collective_forward=state.strategy.collective_forward, **loader_kwargs)
+    if train:
+        _announce(loader, state, tools, batch_size, None)
+    return loader
+
+
+def _per_process_batch(batch_size: int | None, global_batch_size: int | None, state: State) -> int:
+    if (batch_size is None) == (global_batch_size is None):
+        raise ValueError("give exactly one of batch_size (per process) and global_batch_size, "
+                         f"got {batch_size} and {global_batch_size}")
+    if batch_size is not None:
+        return batch_size
+    assert global_batch_size is not None
+    shares = state.strategy.batch_share(state)
+    if global_batch_size % shares:
+        raise ValueError(f"global_batch_size={global_batch_size} does not divide by {shares} processes; pass a "
+                         f"multiple of {shares} (e.g. {global_batch_size // shares * shares or shares}) or batch_size=")
+    return global_batch_size // shares

@@ -1,0 +1,181 @@
+"""The map-style loader ``ddpkit.data_loader`` builds (:mod:`ddpkit.data.build`): a DataLoader over this rank's
+shard that reshuffles every epoch by itself, resumes mid-epoch, and pads evaluation passes with empty batches
+where every forward is collective.
+
+Example::
+
+    loader = ddpkit.data_loader(train_set, batch_size=32)              # a ShardedDataLoader, 32 per process
+    for epoch in range(10):
+        for x, y in loader:                                            # each pass: the next epoch's order
+            ...
+
+The global order of an epoch is one seeded permutation of the whole dataset, the same for every world
+size; rank r takes every world_size-th index of it from position r. So one process with batch ``B * N``
+sees the same global batches as N processes with batch ``B`` each.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from ddpkit.core import process
+from ddpkit.data.samplers import EpochSampler
+
+__all__ = ["ShardedDataLoader", "empty_batch"]
+
+
+class ShardedDataLoader(DataLoader):
+    """A ``torch.utils.data.DataLoader`` that counts epochs: each pass takes the next epoch's order.
+
+    A pass is the epoch's once it has handed out a batch: one that runs to its end, one left early
+    (``break`` after a fixed number of steps) and one whose iterator is kept unfinished all move the loader
+    to the next epoch, from its beginning; an ``iter()`` that hands out nothing moves nothing. ``epoch`` is
+    the epoch of the current pass, or of the next one between passes; loop over ``range(loader.epoch,
+    epochs)`` and a resumed run continues where it stopped. The script's own :meth:`set_epoch` (or
+    ``loader.sampler.set_epoch``) wins. :meth:`state_dict` holds the epoch and the global position in it
+    (world-size free), so a resume on another number of processes continues the same global order.
+    ``max_steps`` (set by ``ddpkit verify`` and ``bench``) ends iteration after that many batches in total.
+
+    Example (fixed steps per epoch)::
+
+        for epoch in range(loader.epoch, epochs):
+            for i, (x, y) in enumerate(loader):
+                ...
+                if i == steps_per_epoch - 1:
+                    break                      # the next pass is epoch + 1's order
+    """
+
+    def __init__(self, *args: Any, join: bool = False, max_steps: int | None = None,
+                 equal_steps: int | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.epoch = 0
+        self.join = join
+        self.equal_steps = equal_steps  # pass length of every rank: shorter ranks end with empty batches
+        self.max_steps = max_steps
+        self.steps_taken = 0
+        self._start = 0  # global position the current / next pass starts from
+        self._batches: int | None = None  # batches handed out in the open pass; None between passes
+        self._requested: int | None = None  # set_epoch during a pass: the next pass's epoch
+        self._passes = 0  # numbers the passes: an old pass closed late must leave the current one alone
+        self._generator_state: torch.Tensor | None = None  # generator state at the start of the current pass
+        self.step_times: list[float] | None = None  # hand-out times of the batches, for `ddpkit bench`
+        self._shard_sampler().on_set_epoch = weakref.WeakMethod(self._take_epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass epoch ``epoch`` (``loader.sampler.set_epoch(epoch)`` does the same).
+
+        Between passes it applies at once (``loader.epoch`` reads it); during a pass, to the next pass. The
+        epoch a checkpoint was restored in keeps its position, so a script that names its epochs resumes
+        mid-epoch as well, and a checkpoint saved on the step that leaves an epoch resumes in the next::
+
+            for epoch in range(step // steps_per_epoch, epochs):
+                loader.set_epoch(epoch)
+                for x, y in loader: ...        # `break` after steps_per_epoch steps
+        """
+        self._shard_sampler().set_epoch(epoch)
+
+    def _take_epoch(self, epoch: int) -> None:
+        if self._batches is not None:  # the open pass keeps its epoch (and its checkpoint position)
+            self._requested = epoch
+            return
+        if epoch != self.epoch:  # a restored position belongs to its own epoch only
+            self._start = 0
+        self.epoch = self._shard_sampler().epoch = epoch
+
+    def state_dict(self) -> dict[str, int]:
+        """``{"epoch", "position"}``: position counts global samples of ``epoch`` already consumed."""
+        world = self._shard_sampler().world_size
+        taken = 0 if self._batches is None else self._batches * (self.batch_size or 1) * world
+        return {"epoch": self.epoch, "position": self._start + taken}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self._start = int(state["epoch"]), int(state["position"])
+        self._batches = self._requested = None
+        self._passes += 1  # a pass open before the restore is not the restored one
+
+    def generator_state(self) -> torch.Tensor | None:
+        """This rank's worker-seed generator as it was when the current pass began (for checkpoints)."""
+        if self.generator is None:
+            return None
+        return self._generator_state if self._batches is not None else self.generator.get_state()
+
+    def __iter__(self):
+        if self.join and not process.current().joining:
+            raise RuntimeError("uneven='join' gives ranks different numbers of batches; run the loop inside "
+                               "`with ddpkit.join(model):` or use uneven='pad' / 'drop'")
+        self._close_pass(finished=False)  # a pass still open: its iterator was kept, never finished
+        sampler = self._shard_sampler()
+        sampler.epoch, sampler.start = self.epoch, self._start  # not set_epoch: that is the script's call
+        self._batches, self._passes = 0, self._passes + 1
+        if self.generator is not None:
+            self._generator_state = self.generator.get_state()
+        return self._counted(super().__iter__(), self._passes)
+
+    def _close_pass(self, finished: bool) -> None:
+        """End the open pass: one that ran to its end or handed out a batch was its epoch's."""
+        if self._batches is None:
+            return
+        if finished or self._batches:
+            self.epoch, self._start = self.epoch + 1, 0
+        self._batches = None
+        if self._requested is not None:
+            epoch, self._requested = self._requested, None
+            self._take_epoch(epoch)
+
+    def _shard_sampler(self) -> EpochSampler:
+        assert isinstance(self.sampler, EpochSampler), "ShardedDataLoader is built by ddpkit.data_loader"
+        return self.sampler
+
+    def _counted(self, batches: Any, number: int) -> Iterator[Any]:
+        if self.equal_steps is not None:
+            batches = _padded_with_empty(batches, self.equal_steps)
+        finished = False
+        try:
+            for batch in batches:
+                if self.max_steps is not None and self.steps_taken >= self.max_steps:
+                    return
+                self.steps_taken += 1
+                if number == self._passes:  # counted when handed out (a checkpoint in the loop body includes
+                    self._batches = (self._batches or 0) + 1  # it), by the current pass only: not an older one
+                process.heartbeat()
+                if self.step_times is not None:
+                    self.step_times.append(time.perf_counter())
+                yield batch
+            finished = True
+        finally:  # at the end, and at a `break` (CPython closes the iterator as the loop is left)
+            if number == self._passes:
+                self._close_pass(finished)
+
+
+def empty_batch(batch: Any) -> Any:
+    """A batch of 0 samples shaped like ``batch`` (tensors sliced to ``[:0]``, per-sample lists emptied).
+
+    >>> empty_batch([torch.ones(3, 2), {"id": torch.arange(3), "name": ["a", "b", "c"]}])
+    [tensor([], size=(0, 2)), {'id': tensor([], dtype=torch.int64), 'name': []}]
+    """
+    if isinstance(batch, torch.Tensor):
+        return batch[:0]
+    if isinstance(batch, dict):
+        return type(batch)((k, empty_batch(v)) for k, v in batch.items())
+    if isinstance(batch, (list, tuple)):
+        if not any(isinstance(item, (torch.Tensor, dict, list, tuple)) for item in batch):
+            return type(batch)() if not hasattr(batch, "_fields") else batch  # per-sample values: none left
+        items = [empty_batch(item) for item in batch]
+        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
+    return batch
+
+
+def _padded_with_empty(batches: Any, total: int) -> Iterator[Any]:
+    """``batches``, then empty batches up to ``total``: every rank runs the same number of forwards."""
+    count, last = 0, None
+    for last in batches:
+        count += 1
+        yield last
+    for _ in range(total - count):
+        yield empty_batch(last)

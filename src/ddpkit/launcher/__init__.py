@@ -1,0 +1,1 @@
+"""The launcher process: its config, supervising torch's elastic agent, spawn, rendezvous, console, failure reports."""

@@ -1,0 +1,262 @@
+"""Root cause once, and hang reports: the worker half, which writes files (:mod:`ddpkit.launcher.diagnosis`, the
+launcher half, reads them).
+
+Workers started by ``ddpkit launch`` get ``DDPKIT_REPORT_DIR``. In that directory each worker writes
+
+- ``error-rank<R>.json`` from its excepthook (rank, host, exception, traceback, time), printing one line
+  instead of the traceback, so N ranks do not interleave N tracebacks;
+- ``stack-rank<R>.txt``: Python stacks of every thread, dumped by a watchdog when the rank has made no
+  progress (no batch, no forward) for half the collective timeout, and on SIGUSR1, which a rank whose
+  collective timed out sends to its local siblings before it exits, and on SIGINT (a Ctrl-C the agent passed on).
+
+The launcher then prints one summary (:func:`ddpkit.launcher.diagnosis.report`): the first exception with its
+traceback, or, when the first failure is a collective timeout, where every rank stands.
+
+Example of a hang report::
+
+    ddpkit: HANG: a collective did not complete within the timeout
+      rank 0 waits in a collective (all_reduce) at train.py:41 in train_step
+      rank 1 is at train.py:55 in evaluate (not in a collective)
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import hashlib
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterable
+
+from ddpkit.core import process
+from ddpkit.core.atomic import write_atomically
+
+_TIMEOUT = re.compile(r"timed out|timeout|failed to pass monitoredBarrier", re.IGNORECASE)
+# where a RuntimeError's message says torch.distributed raised it (older builds raise plain RuntimeErrors): torch's
+# own phrasing (a source path, a class, the watchdog's sentence), not a word such as "NCCL" a user's message may hold
+_DIST_ORIGIN = re.compile(r"\[c10d\]|[/\\]gloo[/\\]|ProcessGroup(Gloo|NCCL)|WorkNCCL|Watchdog caught collective|"
+                          r"monitoredBarrier")
+# a store that could not be reached: the rendezvous or the network failed, no collective was waiting
+_CONNECT = re.compile(r"while trying to connect to|failed to connect|connection refused", re.IGNORECASE)
+# a worker's traceback in its stderr log sits in a block the console tail leaves out: its first line carries the
+# launch's tag (a user's line cannot end up equal to it by chance) and how many lines follow (so a message holding
+# a line like the block's end cannot end it early, and a block cut short hides no more than its own lines)
+_BLOCK = re.compile(r"^ddpkit: --- traceback \[(?P<tag>\w+)\], the next (?P<n>\d+) lines "
+                    r"\(kept in this rank's log\) ---$")
+# what a rank raises when a peer died first: a consequence, not a root cause
+_PEER_LOST = re.compile(r"Connection (reset|closed) by peer|Broken pipe|NCCL communicator was aborted", re.IGNORECASE)
+
+def collective_timeout(kind: type, message: str) -> bool:
+    """True when an exception is torch.distributed's own timeout (a hang), not any exception saying "timeout".
+
+    A user's ``TimeoutError`` (a slow download), ``subprocess.TimeoutExpired`` or an HTTP read timeout is an
+    ordinary failure: reported with its traceback, and no SIGUSR1 to the siblings.
+
+    >>> import torch.distributed as dist
+    >>> collective_timeout(dist.DistBackendError, "[c10d] wait timeout after 20000ms, keys: /default_pg/0//cpu")
+    True
+    >>> collective_timeout(RuntimeError, "[../gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 6000ms")
+    True
+    >>> collective_timeout(TimeoutError, "read timed out fetching s3://bucket/shard-3.tar")
+    False
+    >>> collective_timeout(dist.DistNetworkError, "The client socket has timed out after 60000ms while trying to "
+    ...                    "connect to (10.0.0.1, 29500).")
+    False
+    """
+    if not _TIMEOUT.search(message) or _CONNECT.search(message):
+        return False
+    if any(k.__name__ == "DistError" and k.__module__.startswith("torch") for k in kind.__mro__):
+        return True
+    return issubclass(kind, RuntimeError) and bool(_DIST_ORIGIN.search(message))
+
+
+def mark_finished(rank: int) -> None:
+    """Every rank passed the final barrier: whatever kills this process from now on (gloo's destructor in
+    interpreter teardown now and then aborts, the pytorch#56297 family) comes after the work was done."""
+    report_dir = process.current().report_dir
+    if report_dir is not None:
+        open(os.path.join(report_dir, f"finished-rank{rank}"), "w").close()
+
+
+def finished(report_dir: str, ranks: Iterable[int]) -> bool:
+    """Every one of ``ranks`` wrote its mark_finished file into ``report_dir``."""
+    return all(os.path.exists(os.path.join(report_dir, f"finished-rank{rank}")) for rank in ranks)
+
+
+def install(rank: int, local_rank: int, report_dir: str, timeout_s: float) -> None:
+    """Worker side: excepthook, SIGUSR1 stack dumps and the no-progress watchdog."""
+    os.makedirs(report_dir, exist_ok=True)
+    process.current().report_dir = report_dir
+    stack_file = open(os.path.join(report_dir, f"stack-rank{rank}.txt"), "a")  # kept open for the C handler
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    # the agent passes a Ctrl-C on to its workers: where each stood goes to the same file (in C, so a rank
+    # blocked in a collective dumps too), then Python's own handler raises KeyboardInterrupt as usual
+    faulthandler.register(signal.SIGINT, file=stack_file, all_threads=True, chain=True)
+    previous = sys.excepthook
+
+    def excepthook(kind, value, tb):
+        text = "".join(traceback.format_exception(kind, value, tb))
+        hang = collective_timeout(kind, str(value))
+        record = {"rank": rank, "local_rank": local_rank, "host": socket.gethostname(), "pid": os.getpid(),
+                  "time": time.time(), "type": kind.__name__, "message": str(value), "traceback": text,
+                  "hang": hang}
+        path = os.path.join(report_dir, f"error-rank{rank}.json")
+        try:  # whole or not at all: a full disk must not leave the launcher half a report
+            write_atomically(path, lambda f: f.write(json.dumps(record).encode()))
+        except OSError as exc:
+            print(f"ddpkit: rank {rank} could not write its error report ({exc.strerror or exc})",
+                  file=sys.stderr, flush=True)
+        # the traceback goes into this rank's log (the report directory is gone after the launch), in a block
+        # the console leaves out: the launcher's report prints the first failure's once
+        print(f"{_said(rank, kind, value)} (its traceback is in this rank's stderr.log)\n"
+              f"{traceback_block(text, block_tag(os.path.dirname(report_dir)))}", file=sys.stderr, flush=True)
+        if hang:
+            _signal_siblings()
+        if previous is not sys.__excepthook__:
+            previous(kind, value, tb)
+
+    sys.excepthook = excepthook
+    threading.Thread(target=_watchdog, args=(stack_file, timeout_s / 2), daemon=True,
+                     name="ddpkit-hang-watchdog").start()
+
+
+def _said(rank: int, kind: type, value: BaseException) -> str:
+    """The console's one line for an exception: a lost peer is said to be a consequence, so it does not read as
+    the root cause that the launcher's report names after it.
+
+    >>> _said(0, RuntimeError, RuntimeError("[pair.cc:538] Connection closed by peer"))
+    'ddpkit: rank 0 lost its peer (RuntimeError: [pair.cc:538] Connection closed by peer), a consequence'
+    """
+    if peer_lost(str(value)):  # gloo's message goes on for three sentences: its first says it
+        said = _first_line(value).split(". ")[0]
+        return f"ddpkit: rank {rank} lost its peer ({kind.__name__}: {said}), a consequence"
+    if issubclass(kind, KeyboardInterrupt):
+        return f"ddpkit: rank {rank} was interrupted (KeyboardInterrupt)"
+    return f"ddpkit: rank {rank} raised {kind.__name__}: {_first_line(value)}"
+
+
+def _first_line(value: BaseException) -> str:
+    return (str(value).replace("\r", "\n").splitlines() or [""])[0][:300]
+
+
+def block_tag(launch_report_dir: str) -> str:
+    """The tag of a launch's traceback blocks, from its report directory (a fresh temporary one per launch).
+
+    >>> block_tag("/tmp/ddpkit-report-abc") == block_tag("/tmp/ddpkit-report-abc") != block_tag("/tmp/other")
+    True
+    """
+    return hashlib.sha256(os.path.abspath(launch_report_dir).encode()).hexdigest()[:12]
+
+
+def traceback_block(text: str, tag: str) -> str:
+    r"""``text`` as a block the console leaves out: a first line with ``tag`` and the count of lines after it.
+
+    A carriage return inside would end a console line early: it is written as ``\r``.
+
+    >>> print(traceback_block("Traceback (most recent call last):\nKeyError: 'x'", "t1"))
+    ddpkit: --- traceback [t1], the next 3 lines (kept in this rank's log) ---
+    Traceback (most recent call last):
+    KeyError: 'x'
+    ddpkit: --- end of traceback [t1] ---
+    """
+    body = text.rstrip().replace("\r", "\\r").split("\n") + [f"ddpkit: --- end of traceback [{tag}] ---"]
+    return "\n".join([f"ddpkit: --- traceback [{tag}], the next {len(body)} lines (kept in this rank's log) ---",
+                      *body])
+
+
+def block_length(line: str, tag: str | None) -> int:
+    """How many lines after ``line`` belong to a traceback block (0: ``line`` starts none). ``tag`` None: any.
+
+    >>> block_length("ddpkit: --- traceback [t1], the next 3 lines (kept in this rank's log) ---", "t1")
+    3
+    >>> block_length("ddpkit: --- traceback [t1], the next 3 lines (kept in this rank's log) ---", "t2")
+    0
+    """
+    m = _BLOCK.match(line)
+    return int(m["n"]) if m and tag in (None, m["tag"]) else 0
+
+
+def _watchdog(stack_file, stale_s: float) -> None:
+    dumped_for = None
+    while True:
+        time.sleep(min(1.0, stale_s / 4))
+        beat = process.current().last_beat
+        if time.monotonic() - beat > stale_s and dumped_for != beat:
+            faulthandler.dump_traceback(file=stack_file, all_threads=True)
+            stack_file.flush()
+            dumped_for = beat
+
+
+def parent_gone(expected_parent: int, actual_parent: int) -> bool:
+    """True when this process's parent is no longer the launcher it was started by (it was re-parented).
+
+    Comparing with the launcher's own PID, not with 1: in a container PID 1 is often the shell or init
+    that legitimately started the launcher (or Python itself), and the launcher may even be PID 1.
+
+    >>> parent_gone(4242, 4242), parent_gone(4242, 1), parent_gone(1, 1)
+    (False, True, False)
+    """
+    return actual_parent != expected_parent
+
+
+def die_with_parent(launcher_pid: int | None = None) -> bool:
+    """Worker side (Linux): have the kernel SIGKILL this process when its launcher dies.
+
+    Without it, a worker whose agent was killed keeps training as an orphan with its peers on the other
+    nodes, so killing one node's launcher would stop nothing. SIGKILL rather than SIGTERM: a worker stuck
+    in a collective never gets to run a Python signal handler. ``launcher_pid``: the launcher's PID
+    (``ddpkit launch`` passes its own); without it, the parent as seen right now. If the parent is no longer
+    that process once the request is in place, the launcher died in between: exit at once. Returns False
+    where prctl is unavailable.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    expected = launcher_pid if launcher_pid is not None else os.getppid()
+    pr_set_pdeathsig = 1
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if parent_gone(expected, os.getppid()):  # the launcher died before the request was in place
+        os.kill(os.getpid(), signal.SIGKILL)
+    return True
+
+
+def children(parent: int) -> list[int]:
+    """PIDs whose parent is ``parent`` (Linux /proc; empty elsewhere)."""
+    found = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == parent:
+                        found.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
+
+
+def _signal_siblings() -> None:
+    """Ask the other workers of this node's agent to dump their stacks, then give them time."""
+    for pid in children(os.getppid()):
+        if pid != os.getpid():
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except OSError:
+                continue
+    time.sleep(0.5)
+
+
+def peer_lost(message: str) -> bool:
+    """True when an exception's message says only that a peer went away (a consequence, not a cause)."""
+    return bool(_PEER_LOST.search(message))

@@ -1,0 +1,301 @@
+"""The process group: pick a mode, a device and a backend, start torch.distributed, and stop it cleanly.
+
+One process and N processes run the same code: with one process no group is created and every
+collective ddpkit offers is the identity, so a script has no ``if distributed:`` branches.
+
+Example::
+
+    import ddpkit
+    state = ddpkit.init()          # reads how the script was launched
+    print(state.rank, state.world_size, state.device, state.mode)
+    ...
+    ddpkit.shutdown()              # optional: registered with atexit by init()
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import os
+import random
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ddpkit.core import contract, process
+from ddpkit.core.environment import LaunchEnvError, ProcessEnv, detect, visible_gpus
+from ddpkit.core.errors import USAGE_ERROR
+from ddpkit.core.options import Device, check
+from ddpkit.core.process import State
+from ddpkit.runtime import faults, instrument
+from ddpkit.strategies import table as strategy
+
+# Collectives that wait longer than this fail (and `ddpkit launch` prints a hang report). torch's defaults
+# are 30 min for gloo and 10 min for NCCL: long enough to lose an evening on a job that hangs at start-up.
+DEFAULT_TIMEOUT_S = 900.0
+
+
+def choose_mode(requested: str, env: ProcessEnv, cuda_count: int, launcher: str | None = None) -> tuple[str, str]:
+    """Resolve ``auto`` and check an explicit mode (an entry of :mod:`ddpkit.strategies.table`) against the launch.
+    Returns (mode, why); ``launcher`` names who started the processes when it is not what the environment
+    says (``ddpkit launch`` and ``spawn`` run torchrun's agent, so the environment reads "torchrun").
+
+    ``auto``: several processes -> ddp; one process and >= 2 GPUs -> dp; else single. A multi-process mode
+    in a one-process launch, or a mode short of the GPUs it needs, falls back to single and says so; a
+    one-process mode in a multi-process launch is an error (every process would train its own copy).
+
+    >>> choose_mode("auto", ProcessEnv(), cuda_count=0)
+    ('single', 'one process and no GPU: single-device training')
+    """
+    if requested == "auto":
+        requested = "ddp" if env.distributed else "dp" if cuda_count >= 2 else "single"
+    chosen = strategy.get(requested)
+    procs = f"{env.world_size} processes started by {launcher or env.source}"
+    if env.distributed:
+        if not chosen.multi_process:
+            raise LaunchEnvError(
+                f"mode {requested!r} runs one process, but {procs}; "
+                f"use mode 'ddp' or start the script once (ddpkit launch --mode dp / plain python)")
+        return requested, f"{procs}: {chosen.title}"
+    if chosen.multi_process and env.source != "single":  # e.g. an elastic job that shrank to one node
+        return "single", f"{env.source} started one process (world size 1): single-device training"
+    if chosen.multi_process:
+        return "single", (f"mode {requested!r} asked for, but only one process runs: single-device training "
+                          "(start N processes with `ddpkit launch --nproc-per-node N script.py`)")
+    if cuda_count < chosen.min_gpus:
+        return "single", (f"mode {requested!r} asked for, but {cuda_count} GPU(s) visible (it needs >= "
+                          f"{chosen.min_gpus}): single device")
+    if requested == "dp":
+        return "dp", (f"one process and {cuda_count} GPUs visible: DataParallel over all of them "
+                      "(DDP is faster: `ddpkit launch --nproc-per-node gpu script.py`)")
+    if requested == "single":
+        return "single", f"one process and {'one GPU' if cuda_count == 1 else 'no GPU'}: single-device training"
+    return requested, f"one process: mode {requested!r}"
+
+
+def usable_gpus(preference: str, cuda_count: int) -> int:
+    """GPUs this process may use: none when the CPU is asked for (``--device cpu``, ``cpu=True``).
+
+    >>> usable_gpus("auto", 4), usable_gpus("cpu", 4)
+    (4, 0)
+    """
+    check("device", preference, Device)
+    if preference == "cuda" and cuda_count == 0:
+        raise LaunchEnvError("device 'cuda' asked for (--device cuda / DDPKIT_DEVICE=cuda), but torch sees no "
+                             "CUDA GPU; check nvidia-smi and that torch is a CUDA build, or pass --device cpu")
+    return 0 if preference == "cpu" else cuda_count
+
+
+def choose_device(mode: str, env: ProcessEnv, cuda_count: int) -> torch.device:
+    """The device of this process, given the GPUs it may use (see :func:`usable_gpus`); the mode decides.
+
+    DDP: ``cuda:<local_rank>``, never another rank's GPU; a process that sees exactly one GPU (Slurm
+    ``--gpus-per-task=1``, ``--gpu-bind``, MPI wrappers that set CUDA_VISIBLE_DEVICES per rank) uses it,
+    ``cuda:0``. dp / single: ``cuda:0``. No GPU: the CPU.
+
+    >>> two = ProcessEnv("torchrun", rank=1, local_rank=1, world_size=2, local_world_size=2)
+    >>> choose_device("ddp", two, 2), choose_device("ddp", two, 1), choose_device("ddp", two, 0)
+    (device(type='cuda', index=1), device(type='cuda', index=0), device(type='cpu'))
+    """
+    return strategy.get(mode).device(env, cuda_count)
+
+
+def gpu_fallback_warning(cuda_build: str | None, cuda_available: bool, nvidia_device: bool) -> str | None:
+    """One warning when this host has NVIDIA GPUs that torch cannot use, instead of a silent CPU run.
+
+    >>> gpu_fallback_warning(None, False, True)[:42]
+    'ddpkit: warning: this host has NVIDIA GPUs'
+    >>> gpu_fallback_warning("12.8", True, True) is None, gpu_fallback_warning(None, False, False) is None
+    (True, True)
+    """
+    if cuda_available or not nvidia_device:
+        return None
+    why = ("this torch is a CPU-only build (install a CUDA build of torch)" if cuda_build is None else
+           f"torch (CUDA {cuda_build}) cannot use them: check the driver with nvidia-smi")
+    return f"ddpkit: warning: this host has NVIDIA GPUs but {why}; training runs on the CPU"
+
+
+def init(mode: str | None = None, *, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+         cpu: bool = False, seed: int | None = None) -> State:
+    """Start (once) the process group this launch calls for and return the :class:`State`.
+
+    ``mode`` defaults to the ``DDPKIT_MODE`` variable (``ddpkit launch --mode`` sets it) or ``auto``.
+    ``backend`` defaults to NCCL when the process drives a CUDA device, else gloo. ``timeout_s`` bounds
+    every collective (default 15 min); under ``ddpkit launch`` a rank that makes no progress for half of
+    it has its stack recorded for the hang report. ``cpu=True`` (or ``DDPKIT_DEVICE=cpu``, which
+    ``ddpkit launch --device cpu`` sets) keeps the work on the CPU even when GPUs exist. ``seed`` seeds
+    python, numpy and torch with ``seed + rank``: reproducible streams that differ per rank (rank 0's equals
+    a one-process run's). Calling it again returns the same state.
+    """
+    proc = process.current()
+    with proc.lock:
+        if proc.state is not None:
+            return proc.state
+        try:
+            env = detect(os.environ, sys.argv)
+            preference = "cpu" if cpu else contract.DEVICE.choice(os.environ) or "auto"
+            # the CPU asked for: CUDA stays untouched (a notebook kernel that inits on the CPU can still fork)
+            cuda_count = 0 if preference == "cpu" else visible_gpus(initialise=True)
+            gpus = usable_gpus(preference, cuda_count)
+            launcher = "ddpkit" if contract.LAUNCHER_PID.name in os.environ else None  # launch and spawn set it
+            chosen, reason = choose_mode(mode or contract.MODE.text(os.environ) or "auto", env, gpus, launcher)
+            device = choose_device(chosen, env, gpus)
+            hooks = instrument.from_env(os.environ)
+        except (LaunchEnvError, ValueError) as exc:  # ContractError and an unknown mode are ValueErrors
+            # the launch itself is wrong (a variable, a count): one line naming it, no traceback into ddpkit
+            print(f"ddpkit: error: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(USAGE_ERROR) from None
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        _guard_worker(env, timeout_s)
+        proc.tools = hooks
+        mode_entry = strategy.get(chosen)  # the one place a mode name becomes the mode: State carries it
+        backend = (backend or mode_entry.backend(device)) if mode_entry.multi_process else None
+        if backend is not None:
+            _start_group(env, backend, device, timeout_s)
+        proc.state = state = State(env.rank, env.local_rank, env.world_size, env.local_world_size, env.node_rank,
+                                   device, backend, chosen, reason, mode_entry)
+        atexit.register(shutdown)
+    if seed is not None:
+        seed_everything(seed + state.rank)
+    if state.is_main:
+        warning = gpu_fallback_warning(torch.version.cuda, cuda_count > 0, os.path.exists("/dev/nvidia0"))
+        if warning and preference != "cpu":
+            print(warning, file=sys.stderr, flush=True)
+        print(f"ddpkit: {reason} on {device} (rank 0 of {env.world_size})", file=sys.stderr, flush=True)
+    return state
+
+
+def _guard_worker(env: ProcessEnv, timeout_s: float) -> None:
+    """Under torch's agent (ddpkit launch, torchrun): die with it, and write reports for ddpkit launch."""
+    if env.source == "torchrun" and contract.RUN_ID.text(os.environ):
+        # only then is the parent a launcher: a shell or init as parent (a container's PID 1) is not one
+        faults.die_with_parent(contract.LAUNCHER_PID.number(os.environ))
+    report_dir = contract.REPORT_DIR.text(os.environ)
+    if report_dir:  # set by `ddpkit launch`: root cause and hang reports
+        attempt = contract.RESTART_COUNT.number(os.environ) or 0
+        faults.install(env.rank, env.local_rank, os.path.join(report_dir, f"attempt{attempt}"), timeout_s)
+
+
+def tools() -> instrument.Tools:
+    """The hooks of the command that started this run (``ddpkit verify`` / ``bench``); no-ops otherwise."""
+    return process.current().tools or instrument.NONE
+
+
+def _start_group(env: ProcessEnv, backend: str, device: torch.device, timeout_s: float) -> None:
+    kwargs: dict[str, Any] = {"timeout": datetime.timedelta(seconds=timeout_s)}
+    if device.type == "cuda":
+        kwargs["device_id"] = device  # eager NCCL init: a bad GPU fails here, not at the first all-reduce
+    if env.agent_store:
+        # torchrun's agent already serves the store at MASTER_ADDR:MASTER_PORT; env:// joins it.
+        dist.init_process_group(backend, init_method="env://", **kwargs)
+        return
+    if env.master_addr is None or env.master_port is None:
+        raise LaunchEnvError(
+            f"{env.source} started {env.world_size} processes but MASTER_ADDR/MASTER_PORT are not set; "
+            "export both to the first node's address and a free port")
+    dist.init_process_group(backend, init_method=f"tcp://{env.master_addr}:{env.master_port}",
+                            rank=env.rank, world_size=env.world_size, **kwargs)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python's ``random``, numpy (when installed) and torch (CPU and CUDA) with ``seed``."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+    if "numpy" in sys.modules:  # seed numpy only if the script uses it; importing it costs start-up time
+        sys.modules["numpy"].random.seed(seed % 2**32)
+
+
+def start_fresh() -> None:
+    """The first thing a worker forked by ``ddpkit.spawn`` does: :func:`ddpkit.core.process.reset` (a kernel that
+    already ran ``ddpkit.init()`` would hand its one-process state back from ``init()``: world size 1, training
+    alone on the full data), and a no-progress clock that counts from this worker's start."""
+    process.reset()
+
+
+def ensure_init() -> State:
+    """The state of this process; the first call starts it with :func:`init`'s defaults (and so may
+    start the process group)."""
+    state = process.current().state
+    return state if state is not None else init()
+
+
+def shutdown() -> None:
+    """Stop the process group so the interpreter exits promptly.
+
+    Why the barrier: gloo's process-group destructor joins its worker threads while holding the GIL;
+    when it runs at interpreter exit with work still in flight it can deadlock (pytorch#56297). Letting
+    every rank finish outstanding work first, then destroying the group while Python is fully alive,
+    makes exit reliable. After an uncaught exception we skip the barrier: the peers may never arrive.
+    """
+    proc = process.current()
+    with proc.lock:
+        if proc.state is None:
+            return
+        failed = getattr(sys, "last_value", None) is not None
+        while proc.shutdown_hooks and not failed:
+            proc.shutdown_hooks.pop(0)()
+        while proc.release_hooks:
+            proc.release_hooks.pop(0)()
+        proc.state = None
+        if dist.is_available() and dist.is_initialized():
+            if not failed and _final_barrier():
+                # this rank's script ended and its hooks ran: what kills it from now on comes after its work.
+                # The launcher forgives a teardown abort only when every rank it lists as failed is marked so
+                faults.mark_finished(dist.get_rank())
+            dist.destroy_process_group()
+
+
+# How long a rank at exit waits for every other rank to reach its exit. A rank cannot tell a peer that is still
+# working (rank 0 writing a last checkpoint) from one blocked in a collective this rank will never join: a
+# `sys.exit(3)` in the loop raises SystemExit, which reaches no excepthook and leaves no sys.last_value, and
+# nothing at atexit says with which code the interpreter is leaving. So the wait is bounded: after it this rank
+# leaves without the barrier, quietly (a slow final save on rank 0 is the common case), its own exit code tells the
+# launcher the rest, and a peer blocked on it fails at once (its connection closed) instead of at the collective
+# timeout; the launcher's report names the rank that left while its peers waited.
+EXIT_WAIT_S = 5.0
+_AT_EXIT, _LEFT = "ddpkit/at-exit/", "ddpkit/left-early/"
+
+
+def _exit_key(kind: str, rank: int) -> str:
+    """A store key of this attempt: a restarted group may meet the same store, where the keys of the attempt
+    before (a rank that left early) must not count."""
+    return f"{kind}{contract.RESTART_COUNT.number(os.environ) or 0}/{rank}"
+
+
+def _final_barrier(wait_s: float = EXIT_WAIT_S) -> bool:
+    """Wait for every rank at exit; True when this rank's exit is orderly: all arrived and passed the barrier,
+    or some were still at work after ``wait_s`` (or had left so) and this rank leaves without them. False when a
+    peer (or the store's host) was found gone.
+
+    Arrivals go to the group's store first, where they outlive the rank, so a peer that arrives after this rank
+    left finds it there; the collective barrier runs only once everyone is known to be there. A peer that already
+    died is said in one line, not a C++ wall of text (the launcher's summary names the rank that failed first)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        store.set(_exit_key(_AT_EXIT, rank), "1")
+        if _late_ranks(store, world, wait_s):
+            store.set(_exit_key(_LEFT, rank), "1")
+            return True
+        if any(store.check([_exit_key(_LEFT, peer)]) for peer in range(world)):
+            return True  # a peer gave up waiting for this rank and is gone: a barrier would wait for it
+        dist.barrier()
+        return True
+    except RuntimeError as exc:  # DistBackendError / DistNetworkError: a peer (or the store's host) is gone
+        first = (str(exc).splitlines() or [""])[0]
+        print(f"ddpkit: rank {rank} finished, but a peer had exited: "
+              f"{first.split('. ')[0].split('] ')[-1][:160]}", file=sys.stderr, flush=True)
+        return False
+
+
+def _late_ranks(store: dist.Store, world: int, wait_s: float) -> list[int]:
+    """The ranks that have not reached their exit after ``wait_s`` (none: every rank is there)."""
+    keys = [_exit_key(_AT_EXIT, peer) for peer in range(world)]
+    try:
+        store.wait(keys, datetime.timedelta(seconds=wait_s))
+        return []
+    except dist.DistStoreError:  # the wait timed out; an unreachable store is a DistNetworkError, raised on
+        return [peer for peer, key in enumerate(keys) if not store.check([key])]

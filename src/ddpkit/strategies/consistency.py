@@ -1,0 +1,123 @@
+"""Catch ranks that silently stop computing the same thing.
+
+- :class:`FirstBackwardCheck` names, at the end of the first backward, every parameter that received no
+  gradient. Without it DDP (``find_unused_parameters=False``) lets the first optimizer step run on
+  gradients that were never all-reduced and only fails at the second forward with "Expected to have
+  finished reduction in the prior iteration".
+- :func:`check_in_sync` compares per-parameter checksums across ranks and names the first that differs, or
+  the first that is NaN / inf on every rank (the run diverged: the ranks agree, the loss blew up).
+
+Example::
+
+    check_in_sync(model)          # raises RuntimeError("... '2.weight' differs between ranks ...")
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddpkit.strategies.syncbn import SyncBatchNorm
+
+
+class FirstBackwardCheck:
+    """Hooks every trainable parameter for the first backward only, then removes the hooks."""
+
+    def __init__(self, module: nn.Module):
+        self.names = {p: n for n, p in module.named_parameters() if p.requires_grad}
+        self.seen: set[nn.Parameter] = set()
+        self.queued = False
+        self.handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.names]
+
+    def _on_grad(self, param: nn.Parameter) -> None:
+        self.seen.add(param)
+        if not self.queued:
+            # runs once the whole backward pass is done, still inside loss.backward()
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+            self.queued = True
+
+    def _finish(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        unused = [name for p, name in self.names.items() if p not in self.seen]
+        if unused:
+            shown = ", ".join(unused[:5]) + (f" and {len(unused) - 5} more" if len(unused) > 5 else "")
+            raise RuntimeError(
+                f"{len(unused)} parameter(s) got no gradient in the first backward: {shown}. DDP cannot "
+                "all-reduce them; pass prepare_model(model, find_unused_parameters=True) if some layers are "
+                "skipped on purpose (comm=ddpkit.CommConfig(static_graph=True) when always the same ones), or "
+                "freeze them with requires_grad_(False)")
+
+
+def local_buffers(module: nn.Module) -> set[str]:
+    """Buffers each rank updates from its own data: the running statistics of BatchNorm that is not synced
+    (``sync_batchnorm=False``). They differ between ranks by design until DDP broadcasts rank 0's at the next
+    forward, so comparing them would report a desync that is not one.
+
+    >>> sorted(local_buffers(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))))
+    ['1.num_batches_tracked', '1.running_mean', '1.running_var']
+    """
+    synced = (nn.SyncBatchNorm, SyncBatchNorm)
+    return {f"{prefix}.{name}" if prefix else name
+            for prefix, m in module.named_modules()
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and not isinstance(m, synced)
+            for name, _ in m.named_buffers(recurse=False)}
+
+
+def _checksums(module: nn.Module) -> tuple[list[str], torch.Tensor]:
+    names, sums = [], []
+    skip = local_buffers(module)
+    for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
+        if tensor.is_floating_point() and name not in skip:
+            t = tensor.detach().double()
+            names.append(name)
+            sums.append(torch.stack([t.sum(), (t * t).sum()]))
+    return names, torch.stack(sums) if sums else torch.zeros(0, 2, dtype=torch.float64)
+
+
+def check_in_sync(module: nn.Module, group=None) -> None:
+    """Raise on every rank, naming the first parameter or buffer whose checksum differs between ranks, or
+    that holds NaN / inf on every rank (a divergence, not a desync: see :func:`sync_problem`).
+
+    A no-op without a process group. Costs one all_gather of two float64 numbers per tensor.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    names, local = _checksums(module)
+    device = next(module.parameters()).device if any(True for _ in module.parameters()) else local.device
+    local = local.to(device)
+    everyone = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(everyone, local, group=group)
+    problem = sync_problem(names, torch.stack(everyone).cpu())
+    if problem:
+        raise RuntimeError(problem)
+
+
+def sync_problem(names: list[str], sums: torch.Tensor) -> str | None:
+    """The error for the first tensor whose checksums (``sums[rank, tensor] = [sum, sum of squares]``) are
+    non-finite on every rank (the run diverged) or differ between ranks (a desync); None when all agree.
+
+    NaN never equals NaN, so without the first rule a loss that blew up on every rank read as "ranks out of
+    sync" and sent people hunting for a rank-dependent branch. NaN on some ranks only stays a desync.
+
+    >>> nan = float("nan")
+    >>> sync_problem(["w"], torch.tensor([[[nan, nan]], [[nan, nan]]]))[:50]
+    "training diverged: 'w' holds NaN or inf on every r"
+    >>> sync_problem(["w"], torch.tensor([[[1.0, 1.0]], [[1.0, 1.0]]])) is None
+    True
+    """
+    bad = ~torch.isfinite(sums).all(dim=2)  # (ranks, tensors)
+    for i, name in enumerate(names):
+        if bool(bad[:, i].all()):
+            return (f"training diverged: {name!r} holds NaN or inf on every rank (the loss blew up; not a "
+                    "desync): check the learning rate, the loss scaling (fp16 needs a GradScaler) and the input "
+                    "data for NaN / inf")
+        for rank in range(1, len(sums)):
+            a, b = sums[0, i], sums[rank, i]
+            if not bool(((a == b) | (a.isnan() & b.isnan())).all()):  # NaN on both: the same, not a desync
+                return (f"ranks out of sync: {name!r} differs between rank 0 and rank {rank} (sum "
+                        f"{sums[0, i, 0].item():.9g} vs {sums[rank, i, 0].item():.9g}); something "
+                        "rank-dependent changed the weights (an update outside backward, a rank-dependent "
+                        "branch, an unsynced buffer)")
+    return None
