@@ -66,9 +66,9 @@ def test_data_loader_on_the_cuda_path_reads_no_sample(monkeypatch):
     import dataclasses
 
     import ddpkit
-    from ddpkit.runtime import group as runtime
+    from ddpkit.core import process
     state = ddpkit.init(cpu=True)
-    monkeypatch.setattr(runtime, "_state", dataclasses.replace(state, device=torch.device("cuda", 0)))
+    monkeypatch.setattr(process.current(), "state", dataclasses.replace(state, device=torch.device("cuda", 0)))
     data = Drawing()
     before = torch.get_rng_state()
     for workers in (0, 2):
