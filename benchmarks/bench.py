@@ -269,8 +269,8 @@ def streaming(reps):
 def sharded(reps):
     import sharding
 
-    return sharding.measure(min(reps, 3), torchrun, {"PYTHONPATH": str(PEERS)} if PEERS.exists() else None,
-                            paired)
+    return sharding.measure(min(reps, 3), torchrun, interleave, paired,
+                            peers_env={"PYTHONPATH": str(PEERS)} if PEERS.exists() else None)
 
 
 def verdict(value, interval, op, goal):

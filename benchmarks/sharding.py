@@ -13,16 +13,21 @@ WORKER = "shard_worker.py"
 MMAP = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 
 
-def measure(reps, torchrun, peers_env=None, paired=None):
-    """torchrun(impl, *extra, nproc=, env=, worker=) runs benchmarks/shard_worker.py; paired(key, a_runs, b_runs,
-    field) is bench.py's median of per-repetition ratios with its interval; returns flat keys."""
+def measure(reps, torchrun, interleave, paired, peers_env=None):
+    """Returns flat keys. The harness is handed in, so this section never imports bench.py (which imports it):
+    torchrun(impl, *extra, nproc=, env=, worker=) runs benchmarks/shard_worker.py; interleave(reps, variants) is
+    bench.py's rotation of the variants (the same as every other figure); paired(key, a_runs, b_runs, field) its
+    median of per-repetition ratios with its interval.
+
+    Example (bench.py's call)::
+
+        sharding.measure(3, torchrun, interleave, paired, peers_env=None)
+    """
     def run(impl, nproc, env=None):
         return lambda: torchrun(impl, nproc=nproc, env=env, worker=WORKER)
 
     variants = {f"{impl}_{n}p": run(impl, n) for n in (2, 3) for impl in ("fsdp", "ddp", "raw-fsdp2")}
     variants.update({f"{impl}_2p_mmap": run(impl, 2, MMAP) for impl in ("fsdp", "ddp")})
-    from bench import interleave  # the same rotation as every other figure
-
     results = interleave(reps, variants)
 
     def med(name, key):
