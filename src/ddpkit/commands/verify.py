@@ -8,7 +8,7 @@ What the script needs (ddpkit scripts usually have it already): ``ddpkit.prepare
 (the one-process run hands its own to the other, so the script need not seed), training loaders drop the
 last ``len % N`` samples in both runs (padding would repeat samples only the N-process run sees), dropout
 layers get p=0 (``--keep-dropout`` to leave them), and TF32 is off on GPUs. The runs talk to ddpkit through
-the variables of :mod:`ddpkit.core.contract` (read by :mod:`ddpkit.runtime.instrument`). A PASS needs every
+the variables of :mod:`ddpkit.core.contract` (read by :mod:`ddpkit.commands.verify_hooks`). A PASS needs every
 weight finite in both runs (:func:`non_finite`): ``NaN > tol`` is False,
 so a plain tolerance test would pass a diverged run.
 
@@ -176,7 +176,8 @@ def plan(nproc: int | None, device: str | None, gpus: int) -> tuple[int, str | N
 
 def run_env(tmp: str, nproc: int, steps: int, device: str | None, keep_dropout: bool) -> dict[str, str]:
     """The variables both runs get: steps, shared initial weights, drop semantics, dropout, no TF32, device."""
-    env = {contract.MAX_STEPS.name: str(steps), contract.VERIFY_INIT.name: os.path.join(tmp, "init.pt"),
+    env = {contract.TOOL.name: "verify",  # the workers load verify's hooks (ddpkit.commands.verify_hooks)
+           contract.MAX_STEPS.name: str(steps), contract.VERIFY_INIT.name: os.path.join(tmp, "init.pt"),
            contract.VERIFY_DROP.name: str(nproc), contract.TF32_OVERRIDE.name: "0",
            contract.OMP_THREADS.name: os.environ.get(contract.OMP_THREADS.name, "1")}
     if keep_dropout:
@@ -245,7 +246,7 @@ def _unchanged(final: dict[str, torch.Tensor], initial: dict[str, torch.Tensor])
 
 
 def _initial(path: str, models: int) -> dict[str, torch.Tensor] | None:
-    """The prepared models' initial weights (``<path>.<i>``, written by :mod:`ddpkit.runtime.instrument`), named as
+    """The prepared models' initial weights (``<path>.<i>``, written by :mod:`ddpkit.commands.verify_hooks`), named as
     the runs save them: ``model<i>.`` prefixes with two models or more."""
     files = [f"{path}.{i}" for i in range(max(models, 1))]
     if not all(os.path.exists(f) for f in files):

@@ -1,6 +1,6 @@
 """Inside each run of ``ddpkit verify``: the step cap, what the run did, and the step-1 gradients.
 
-:class:`Recorder` is created by :mod:`ddpkit.runtime.instrument` in a verify run only. It
+:class:`Recorder` is created by verify's hooks (:mod:`ddpkit.commands.verify_hooks`) in a verify run only. It
 
 - stops the run with a clean ``SystemExit(0)`` right before any optimizer's (K+1)-th step. Each optimizer
   counts its own steps: a GAN's two optimizers, each stepping once an iteration, have both taken K steps
@@ -108,7 +108,9 @@ class Recorder:
         """A training loader. Until an optimizer steps, it is capped at K batches: a hand-written update
         (``q -= lr * q.grad``, no torch.optim) fires no step hook, so the batch cap is its only cap."""
         if not self.steps and self.max_steps is not None:  # K batches in all: a script may build one per epoch
-            loader.max_steps = max(0, self.max_steps - self._batches())
+            cap = max(0, self.max_steps - self._batches())
+            # once an optimizer steps its cap governs (a loop may re-create iterators): the loader runs uncapped
+            loader.observe(lambda: self.steps > 0 or loader.steps_taken < cap)
         self.loaders.append(loader)
         self._hook(is_main, on_shutdown)
 
@@ -141,9 +143,7 @@ class Recorder:
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.counts[optimizer] = self.counts.get(optimizer, 0) + 1
-        self.steps = max(self.steps, self.counts[optimizer])
-        for loader in self.loaders:  # an optimizer steps: its cap governs, a loop may re-create iterators
-            loader.max_steps = None
+        self.steps = max(self.steps, self.counts[optimizer])  # > 0: the loaders' batch cap is lifted
         self._rng = None
 
     def _batches(self) -> int:

@@ -72,20 +72,24 @@ RESUME = Var("DDPKIT_RESUME", f"{LAUNCH} --resume", "Checkpointer", "1: restore 
 REPORT_DIR = Var("DDPKIT_REPORT_DIR", LAUNCH, "init()", "where workers write error and stack reports")
 LAUNCHER_PID = Var("DDPKIT_LAUNCHER_PID", LAUNCH, "init()",
                    "the launcher's PID: a worker whose parent is no longer it exits (orphan guard)")
-MAX_STEPS = Var("DDPKIT_MAX_STEPS", f"{VERIFY}, {BENCH}", "instrument",
+TOOL = Var("DDPKIT_TOOL", f"{VERIFY}, {BENCH}", "init()",
+           "the tool whose hooks the workers load: an entry point of the ddpkit.tools group (verify, bench)")
+MAX_STEPS = Var("DDPKIT_MAX_STEPS", f"{VERIFY}, {BENCH}", "the tool's hooks",
                 "verify: each run exits after K optimizer steps; bench: training loaders stop after K batches")
-BATCH_SCALE = Var("DDPKIT_BATCH_SCALE", VERIFY, "instrument",
+BATCH_SCALE = Var("DDPKIT_BATCH_SCALE", VERIFY, "verify's hooks",
                   "the one-process run multiplies the training batch by N")
-VERIFY_OUT = Var("DDPKIT_VERIFY_OUT", VERIFY, "instrument", "rank 0 saves the prepared model's weights there at exit")
-VERIFY_INIT = Var("DDPKIT_VERIFY_INIT", VERIFY, "instrument",
+VERIFY_OUT = Var("DDPKIT_VERIFY_OUT", VERIFY, "verify's hooks",
+                 "rank 0 saves the prepared model's weights there at exit")
+VERIFY_INIT = Var("DDPKIT_VERIFY_INIT", VERIFY, "verify's hooks",
                   "initial weights: written by the one-process run, loaded by the N-process run")
-VERIFY_DROP = Var("DDPKIT_VERIFY_DROP", VERIFY, "instrument",
+VERIFY_DROP = Var("DDPKIT_VERIFY_DROP", VERIFY, "verify's hooks",
                   "N: training loaders drop the last len % N samples in both runs (no padded repeats)")
-KEEP_DROPOUT = Var("DDPKIT_KEEP_DROPOUT", f"{VERIFY} --keep-dropout", "instrument",
+KEEP_DROPOUT = Var("DDPKIT_KEEP_DROPOUT", f"{VERIFY} --keep-dropout", "verify's hooks",
                    "1: verify leaves dropout on (by default it sets p=0 in both runs)")
-BENCH_OUT = Var("DDPKIT_BENCH_OUT", BENCH, "instrument", "each rank writes its batch hand-out times there")
-BENCH_NO_COMM = Var("DDPKIT_BENCH_NO_COMM", BENCH, "instrument", "1: DDP skips gradient communication (timing only)")
-COMM = Var("DDPKIT_COMM", BENCH, "instrument", "JSON of CommConfig fields that override the script's")
+BENCH_OUT = Var("DDPKIT_BENCH_OUT", BENCH, "bench's hooks", "each rank writes its batch hand-out times there")
+BENCH_NO_COMM = Var("DDPKIT_BENCH_NO_COMM", BENCH, "bench's hooks",
+                    "1: DDP skips gradient communication (timing only)")
+COMM = Var("DDPKIT_COMM", BENCH, "bench's hooks", "JSON of CommConfig fields that override the script's")
 
 # -- torch's agent's, read (the launchers' rank variables belong to ddpkit.core.environment's detectors) ----
 RESTART_COUNT = Var("TORCHELASTIC_RESTART_COUNT", "torchrun", "init(), Checkpointer",

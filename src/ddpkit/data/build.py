@@ -84,9 +84,10 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     if train:
         batch_size = tools.train_batch(batch_size, global_batch_size is not None)  # verify: the global batch
         sampler_uneven = tools.uneven(uneven)
+    multiple = tools.multiple()  # verify: both runs keep a multiple of N samples (with "drop": training)
     sampler = ShardSampler(len(dataset), state.rank, state.world_size, shuffle, seed, sampler_uneven,
-                           multiple=tools.drop_multiple) if own is None else \
-        SamplerShard(own, state.rank, state.world_size, seed, sampler_uneven, multiple=tools.drop_multiple)
+                           multiple=multiple) if own is None else \
+        SamplerShard(own, state.rank, state.world_size, seed, sampler_uneven, multiple=multiple)
     cores = cores_per_process(usable_cores(), os.cpu_count() or 1, state.local_world_size)
     loader_kwargs = {**loader_defaults(dataset, state.device.type, cores, loader_kwargs.get("num_workers")),
                      **loader_kwargs}

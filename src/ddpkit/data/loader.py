@@ -16,9 +16,8 @@ sees the same global batches as N processes with batch ``B`` each.
 
 from __future__ import annotations
 
-import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -27,10 +26,34 @@ from torch.utils.data import DataLoader
 from ddpkit.core import process
 from ddpkit.data.samplers import EpochSampler
 
-__all__ = ["ShardedDataLoader", "empty_batch"]
+__all__ = ["Observed", "ShardedDataLoader", "empty_batch"]
+
+Observer = Callable[[], "bool | None"]
 
 
-class ShardedDataLoader(DataLoader):
+class Observed:
+    """The per-batch observers of a ddpkit loader: the one place a tool (``ddpkit verify``, ``bench``) sees
+    the batches, so the loaders carry no tool's fields.
+
+    ``loader.observe(fn)``: ``fn()`` runs right before each batch is handed out (``loader.steps_taken``
+    counts the batches handed out before it); returning ``False`` ends the pass there, without that batch,
+    as a ``break`` would. Observers run in the order given; once one returns ``False`` the later ones do not
+    run (they see only batches handed out). Example, at most 3 batches in all::
+
+        loader.observe(lambda: loader.steps_taken < 3)
+    """
+
+    _observers: list[Observer]
+
+    def observe(self, fn: Observer) -> None:
+        self._observers.append(fn)
+
+    def _admitted(self) -> bool:
+        """True: hand out the next batch; False: an observer ended the pass."""
+        return all(fn() is not False for fn in self._observers)
+
+
+class ShardedDataLoader(Observed, DataLoader):
     """A ``torch.utils.data.DataLoader`` that counts epochs: each pass takes the next epoch's order.
 
     A pass is the epoch's once it has handed out a batch: one that runs to its end, one left early
@@ -40,7 +63,7 @@ class ShardedDataLoader(DataLoader):
     epochs)`` and a resumed run continues where it stopped. The script's own :meth:`set_epoch` (or
     ``loader.sampler.set_epoch``) wins. :meth:`state_dict` holds the epoch and the global position in it
     (world-size free), so a resume on another number of processes continues the same global order.
-    ``max_steps`` (set by ``ddpkit verify`` and ``bench``) ends iteration after that many batches in total.
+    :meth:`~Observed.observe` sees each batch as it is handed out, and may end the pass.
 
     Example (fixed steps per epoch)::
 
@@ -51,20 +74,18 @@ class ShardedDataLoader(DataLoader):
                     break                      # the next pass is epoch + 1's order
     """
 
-    def __init__(self, *args: Any, join: bool = False, max_steps: int | None = None,
-                 equal_steps: int | None = None, **kwargs: Any):
+    def __init__(self, *args: Any, join: bool = False, equal_steps: int | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.epoch = 0
         self.join = join
         self.equal_steps = equal_steps  # pass length of every rank: shorter ranks end with empty batches
-        self.max_steps = max_steps
-        self.steps_taken = 0
+        self._observers = []
+        self.steps_taken = 0  # batches handed out, all passes together
         self._start = 0  # global position the current / next pass starts from
         self._batches: int | None = None  # batches handed out in the open pass; None between passes
         self._requested: int | None = None  # set_epoch during a pass: the next pass's epoch
         self._passes = 0  # numbers the passes: an old pass closed late must leave the current one alone
         self._generator_state: torch.Tensor | None = None  # generator state at the start of the current pass
-        self.step_times: list[float] | None = None  # hand-out times of the batches, for `ddpkit bench`
         self._shard_sampler().on_set_epoch = weakref.WeakMethod(self._take_epoch)
 
     def set_epoch(self, epoch: int) -> None:
@@ -138,14 +159,12 @@ class ShardedDataLoader(DataLoader):
         finished = False
         try:
             for batch in batches:
-                if self.max_steps is not None and self.steps_taken >= self.max_steps:
+                if not self._admitted():
                     return
                 self.steps_taken += 1
                 if number == self._passes:  # counted when handed out (a checkpoint in the loop body includes
                     self._batches = (self._batches or 0) + 1  # it), by the current pass only: not an older one
                 process.heartbeat()
-                if self.step_times is not None:
-                    self.step_times.append(time.perf_counter())
                 yield batch
             finished = True
         finally:  # at the end, and at a `break` (CPython closes the iterator as the loop is left)

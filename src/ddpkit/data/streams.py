@@ -40,7 +40,7 @@ from torch.utils.data._utils.collate import default_collate
 from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory
 
 from ddpkit.core import process
-from ddpkit.data.loader import empty_batch
+from ddpkit.data.loader import Observed, empty_batch
 from ddpkit.runtime import collectives, control
 
 # batches held ahead to agree on at once: at most 16, about 64 MiB, and what a rank reads in half a second
@@ -281,7 +281,7 @@ def shuffled(samples: Iterator[Any], size: int, rng: random.Random) -> Iterator[
     yield from buffer
 
 
-class StreamLoader(DataLoader):
+class StreamLoader(Observed, DataLoader):
     """A DataLoader over this rank's share of a stream (built by :func:`ddpkit.data_loader`).
 
     ``agree``: ``"drop"`` ends the pass on every rank at the step where the first rank runs dry; ``"empty"``
@@ -295,9 +295,8 @@ class StreamLoader(DataLoader):
         super().__init__(slots, batch_size=None, **kwargs)
         self.slots, self.agree, self.group_size, self.join = slots, agree, group_size, join
         self.epoch = 0
-        self.max_steps: int | None = None  # ddpkit verify / bench
+        self._observers = []  # see Observed: a tool's cap and timer
         self.steps_taken = 0
-        self.step_times: list[float] | None = None
         self._consumed: dict[int, int] = {}  # slot -> samples consumed in the current / next pass
         self._turn = 0  # this rank's worker whose batch is next (a pass left early continues with it)
 
@@ -348,7 +347,7 @@ class StreamLoader(DataLoader):
     def _steps(self, batches: Iterator[_Batch]) -> Iterator[Any]:
         last: Any = None
         for item in self._agreed(batches):
-            if self.max_steps is not None and self.steps_taken >= self.max_steps:
+            if not self._admitted():
                 break
             if item is None:  # "empty": other ranks still have data, and their forward needs this rank
                 yield empty_batch(last)
@@ -358,8 +357,6 @@ class StreamLoader(DataLoader):
             self._turn = (slot % self._workers() + 1) % self._workers()  # slot = rank * workers + worker
             self.steps_taken += 1
             process.heartbeat()
-            if self.step_times is not None:
-                self.step_times.append(time.perf_counter())
             yield last
         self.epoch, self._consumed, self._turn = self.epoch + 1, {}, 0
 
