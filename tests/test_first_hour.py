@@ -74,7 +74,7 @@ def test_the_wrappers_read_the_modules_names_and_write_the_modules_own():
 
     from torch import nn
 
-    from ddpkit.strategies.wrappers import DP
+    from ddpkit.strategies.dp_wrapper import DP
 
     class Net(nn.Linear):
         def __init__(self):
@@ -107,7 +107,7 @@ def test_a_property_that_raises_says_its_own_error_and_writes_run_no_getter():
 
     from torch import nn
 
-    from ddpkit.strategies.wrappers import DP
+    from ddpkit.strategies.dp_wrapper import DP
 
     class Net(nn.Linear):
         def __init__(self):

@@ -24,7 +24,7 @@ from ddpkit.data.settings import loader_defaults
 from ddpkit.launcher import diagnosis
 from ddpkit.launcher.config import LaunchError
 from ddpkit.launcher.supervise import stderr_tails
-from ddpkit.strategies.wrappers import DP, balanced_split, in_caller_autocast
+from ddpkit.strategies.dp_wrapper import DP, balanced_split, in_caller_autocast
 
 SCRIPT = str(ROOT / "examples" / "digits.py")
 

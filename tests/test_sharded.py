@@ -8,19 +8,19 @@ from torch import nn
 
 from conftest import ROOT, WORKERS, launch, ok, run_cmd
 from ddpkit import strategy
-from ddpkit.strategies import sharded
+from ddpkit.strategies import fsdp_wrapper
 
 
 def test_block_policy_by_size_and_by_class():
     net = nn.Sequential(nn.Linear(100, 100), nn.Sequential(nn.Linear(100, 50), nn.Linear(2, 2)), nn.Linear(3, 3))
-    assert sharded.blocks(net, 5051) == [net[0], net[1]]  # net[1] holds 5,056 parameters, none of its children do
-    assert sharded.blocks(net, 5000) == [net[0], net[1][0]]  # net[1][0] (5,050) reaches it alone; 6 stay in net[1]
-    assert sharded.blocks(net, [nn.Linear]) == [net[2], net[1][1], net[1][0], net[0]]  # children before parents
-    assert sharded.blocks(net) == []  # below the 1M default: the root is the only group
+    assert fsdp_wrapper.blocks(net, 5051) == [net[0], net[1]]  # net[1] holds 5,056 parameters, none of its children do
+    assert fsdp_wrapper.blocks(net, 5000) == [net[0], net[1][0]]  # net[1][0] (5,050) reaches it alone; 6 stay in net[1]
+    assert fsdp_wrapper.blocks(net, [nn.Linear]) == [net[2], net[1][1], net[1][0], net[0]]  # children before parents
+    assert fsdp_wrapper.blocks(net) == []  # below the 1M default: the root is the only group
     with pytest.raises(ValueError, match=r"matches no submodule.*Linear"):
-        sharded.blocks(net, [nn.Conv2d])
+        fsdp_wrapper.blocks(net, [nn.Conv2d])
     with pytest.raises(TypeError, match="shard= takes"):
-        sharded.blocks(net, ["Linear"])
+        fsdp_wrapper.blocks(net, ["Linear"])
 
 
 def test_fsdp_is_a_multi_process_entry_of_the_strategy_table():

@@ -230,11 +230,11 @@ def test_spawn_counts_gpus_without_initialising_cuda_in_the_caller():
 AFTER_CELLS = """
 import os, sys, torch, ddpkit
 import ddpkit.core.process
-from ddpkit.strategies import wrappers
+from ddpkit.strategies import ddp_wrapper
 out = sys.argv[1]
 ddpkit.init()  # an earlier cell: the kernel itself is a one-process run now
 held = torch.nn.Linear(1, 1)
-wrappers._LIVE_DDP.add(held)  # as if an earlier cell still held a DDP model
+ddp_wrapper._LIVE_DDP.add(held)  # as if an earlier cell still held a DDP model
 try:
     raise ValueError("an earlier cell failed")
 except ValueError as exc:  # what the REPL and IPython record for a failed cell
@@ -244,7 +244,7 @@ def work():
     state = ddpkit.init()
     ddpkit.core.process.on_shutdown(lambda: open(os.path.join(out, f"hook-{state.rank}"), "w").close())
     ddpkit.prepare_model(torch.nn.Linear(2, 2))
-    released = wrappers._release_reducers in ddpkit.core.process.current().release_hooks  # DDP's reducers freed at exit
+    released = ddp_wrapper._release_reducers in ddpkit.core.process.current().release_hooks  # freed at exit
     return [state.world_size, state.mode, released]
 
 print("GOT", ddpkit.spawn(work, nproc_per_node=2))

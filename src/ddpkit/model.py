@@ -8,8 +8,8 @@ Example::
     model.init_hidden(bsz)                    # the module's own methods and attributes, through the wrapper
     ddpkit.unwrap(model)                      # the plain module
 
-The wrapping itself belongs to the mode (:mod:`ddpkit.strategies.table`); the wrappers are in
-:mod:`ddpkit.strategies.wrappers`.
+The preparing itself belongs to the mode (:meth:`ddpkit.strategies.base.Strategy.prepare`): one file per mode
+under :mod:`ddpkit.strategies`, its wrapper class beside it (``ddp.py``, ``ddp_wrapper.py``).
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from typing import Any
 
 from torch import nn
 
-from ddpkit.core import process
 from ddpkit.runtime import group as runtime
 from ddpkit.strategies import comm as comm_options
-from ddpkit.strategies import sharded
-from ddpkit.strategies.wrappers import unwrap
+from ddpkit.strategies import meta
+from ddpkit.strategies.forwarding import unwrap
+from ddpkit.strategies.fsdp_wrapper import Shard
 
 __all__ = ["MicroStep", "accumulate", "init_empty", "no_sync", "prepare_model", "unwrap"]
 
@@ -43,10 +43,10 @@ def init_empty(budget_mb: float | None = None, optimizer_slots: int = 2) -> Iter
         with ddpkit.init_empty(budget_mb=600):    # ddp: "does not fit: 806 MB needed per process, ..."
             model = Net()
     """
-    with sharded.meta_build() as owners:
+    with meta.meta_build() as owners:
         yield
     if budget_mb is not None:
-        sharded.check_budget(owners, budget_mb, optimizer_slots, runtime.ensure_init())
+        meta.check_budget(owners, budget_mb, optimizer_slots, runtime.ensure_init())
 
 
 def no_sync(model: nn.Module, enabled: bool = True) -> contextlib.AbstractContextManager[Any]:
@@ -128,8 +128,8 @@ def accumulate(model: nn.Module, step: int, steps: int, total: int | None = None
 
 
 def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_every: int = 0,
-                  comm: comm_options.CommConfig | None = None, shard: sharded.Shard = None,
-                  init_fn: sharded.InitFn | None = None, compile: bool | dict[str, Any] = False,
+                  comm: comm_options.CommConfig | None = None, shard: Shard = None,
+                  init_fn: meta.InitFn | None = None, compile: bool | dict[str, Any] = False,
                   **ddp_kwargs: Any) -> nn.Module:
     """Move ``model`` to this process's device and wrap it for the mode :func:`ddpkit.init` chose.
 
@@ -160,22 +160,13 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
     """
     if hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):  # compiled before: its wrapper
         model, compile = model._orig_mod, compile or True  # would hide DDP / FSDP from dynamo and add a prefix
-    state, tools = runtime.ensure_init(), runtime.tools()
+    state = runtime.ensure_init()
     mode = state.strategy
-    empty = sharded.on_meta(model)
-    if not empty:
-        model = model.to(state.device)
-    elif not mode.shards:  # a sharding mode materialises after sharding, one shard per rank
-        sharded.materialize(model, state.device, init_fn)
-        empty = False
-    if not empty:
-        tools.on_model(model, state.is_main, process.on_shutdown)
-    # options a mode does not use are ignored on purpose: the same script must run in every mode
-    extra = {"shard": shard, "init_fn": init_fn} if mode.shards else {}
-    wrapped = mode.wrap(model, state, sync_batchnorm=sync_batchnorm, check_sync_every=check_sync_every, comm=comm,
-                        tools=tools, **extra, **ddp_kwargs)
-    if empty:  # materialised by the sharding wrap just now: the tools (verify) hook the wrapped model, on every
-        tools.on_model(wrapped, state.is_main, process.on_shutdown)  # rank (its full state dict is a collective)
+    # each mode keeps the options it uses and ignores the others on purpose: the same script runs in every mode
+    options = mode.options(dict(sync_batchnorm=sync_batchnorm, check_sync_every=check_sync_every, comm=comm,
+                                shard=shard, init_fn=init_fn), ddp_kwargs)
+    # move (a meta model: materialise), let the launching tool hook it, wrap: in the mode's order
+    wrapped = mode.prepare(model, state, options, runtime.tools())
     if compile:
         mode.compile(wrapped, {} if compile is True else dict(compile))
     return wrapped

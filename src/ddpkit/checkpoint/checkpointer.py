@@ -51,7 +51,7 @@ from ddpkit.data.loader import ShardedDataLoader
 from ddpkit.data.streams import StreamLoader
 from ddpkit.runtime import group as runtime
 from ddpkit.runtime.control import broadcast, gather_object
-from ddpkit.strategies.wrappers import unwrap
+from ddpkit.strategies.forwarding import unwrap
 
 T = TypeVar("T")
 

@@ -26,7 +26,7 @@ from torch import nn
 
 from ddpkit.checkpoint import safeload
 from ddpkit.core.errors import UsageError
-from ddpkit.strategies.wrappers import unwrap
+from ddpkit.strategies.forwarding import unwrap
 
 SHARDS = "shards"  # the DCP directory inside a checkpoint
 

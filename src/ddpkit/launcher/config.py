@@ -28,6 +28,7 @@ from ddpkit.core.errors import UsageError
 from ddpkit.core.options import Device, choices
 from ddpkit.launcher.console import parse_ranks
 from ddpkit.strategies import table as strategy
+from ddpkit.strategies.base import Strategy
 
 LOOPBACK_BACKEND = "ddpkit-loopback"  # ddpkit.launcher.rendezvous.BACKEND, named here so argv stays torch-free
 
@@ -100,10 +101,12 @@ class LaunchConfig:
     console_ranks: str = "0"
     keep_logs: int = DEFAULT_KEEP_LOGS  # launch folders kept under log_dir (0: all)
     join_timeout_s: float = 600.0
+    # the mode itself, looked up once from ``mode`` (every question about it asks this object)
+    strategy: Strategy = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         try:
-            strategy.get(self.mode)
+            object.__setattr__(self, "strategy", strategy.get(self.mode))
         except ValueError as exc:
             raise LaunchError(f"--{exc}") from None
         if self.device not in (None, *choices(Device)):
@@ -154,10 +157,6 @@ class LaunchConfig:
         if self.master_addr or self.node_rank:
             raise LaunchError("--rdzv-endpoint assigns node ranks itself; drop --master-addr/--node-rank "
                               "(or drop --rdzv-endpoint for fixed node ranks)")
-
-    @property
-    def strategy(self) -> strategy.Strategy:
-        return strategy.get(self.mode)
 
     @property
     def one_device(self) -> bool:

@@ -141,7 +141,8 @@ def init(mode: str | None = None, *, backend: str | None = None, timeout_s: floa
             gpus = usable_gpus(preference, cuda_count)
             launcher = "ddpkit" if contract.LAUNCHER_PID.name in os.environ else None  # launch and spawn set it
             chosen, reason = choose_mode(mode or contract.MODE.text(os.environ) or "auto", env, gpus, launcher)
-            device = choose_device(chosen, env, gpus)
+            entry = strategy.get(chosen)  # the one place a mode name becomes the mode: State carries it
+            device = entry.device(env, gpus)
             hooks = instrument.from_env(os.environ)
         except (LaunchEnvError, ValueError) as exc:  # ContractError and an unknown mode are ValueErrors
             # the launch itself is wrong (a variable, a count): one line naming it, no traceback into ddpkit
@@ -151,12 +152,11 @@ def init(mode: str | None = None, *, backend: str | None = None, timeout_s: floa
             torch.cuda.set_device(device)
         _guard_worker(env, timeout_s)
         proc.tools = hooks
-        mode_entry = strategy.get(chosen)  # the one place a mode name becomes the mode: State carries it
-        backend = (backend or mode_entry.backend(device)) if mode_entry.multi_process else None
+        backend = (backend or entry.backend(device)) if entry.multi_process else None
         if backend is not None:
             _start_group(env, backend, device, timeout_s)
         proc.state = state = State(env.rank, env.local_rank, env.world_size, env.local_world_size, env.node_rank,
-                                   device, backend, chosen, reason, mode_entry)
+                                   device, backend, chosen, reason, entry)
         atexit.register(shutdown)
     if seed is not None:
         seed_everything(seed + state.rank)

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 # names one wrapper has and another lacks (DDP's no_sync in fsdp): the helper that works in every mode
 _OTHER_MODES = {
@@ -243,3 +245,41 @@ def fsdp_method(root: nn.Module, name: str, hooked: dict[str, Any]) -> Any:
         return result
 
     return call
+
+
+class PlainStateDict(ForwardsAttributes):
+    """Mixin: the wrapper saves and loads the wrapped module's state dict, with no ``module.`` prefix (DDP's
+    and DataParallel's wrappers).
+
+    ``load_state_dict`` also takes a dict saved from a wrapper by plain torch (keys ``module.*``). Names the
+    wrapper lacks are the module's (:class:`ForwardsAttributes`): ``model.init_hidden(4)``.
+    """
+
+    module: nn.Module  # set by the torch wrapper this is mixed into
+
+    def state_dict(self, *args, **kwargs):
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False):
+        state_dict = dict(state_dict)
+        consume_prefix_in_state_dict_if_present(state_dict, "module.")
+        return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain module under any DDP / DataParallel / FSDP / ``torch.compile`` wrappers (torch's own, or
+    ddpkit's: every ddpkit wrapper forwards to its ``module``).
+
+    In fsdp mode that module holds this rank's shards (DTensor parameters).
+
+    >>> lin = nn.Linear(2, 2)
+    >>> unwrap(DataParallel(lin)) is lin
+    True
+    """
+    while True:
+        if isinstance(model, (DistributedDataParallel, DataParallel, ForwardsAttributes)):
+            model = model.module
+        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):  # torch.compile
+            model = model._orig_mod
+        else:
+            return model

@@ -21,6 +21,9 @@ Example::
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -152,3 +155,12 @@ def _convert_cpu(module: nn.Module, process_group) -> nn.Module:
 
 def has_batchnorm(module: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
+
+
+def sync_batchnorms(model: nn.Module, state: Any) -> nn.Module:
+    """BatchNorm layers -> synchronised ones (statistics over the global batch), said once; ddp and fsdp."""
+    if not has_batchnorm(model):
+        return model
+    if state.is_main:
+        print("ddpkit: BatchNorm -> SyncBatchNorm (statistics over the global batch)", file=sys.stderr, flush=True)
+    return convert_sync_batchnorm(model, state.device)

@@ -1,141 +1,46 @@
-"""Mode ``fsdp``: parameters, gradients and optimizer state sharded across ranks, on torch's FSDP2 ``fully_shard``.
-
-Each *block* (a submodule that gets its own all-gather / reduce-scatter group) is sharded, then the root. A
-block is, by default, every submodule that holds at least ``DEFAULT_MIN_PARAMS`` parameters not already in
-a smaller block; ``prepare_model(model, shard=[Block])`` names the classes instead.
+"""Models built on the meta device (inside :func:`ddpkit.init_empty`): building one (:func:`meta_build`),
+checking it fits a budget, and materialising it exactly (:func:`materialize`): on the device, or one shard
+per rank, drawing the numbers a normal build draws, so the same seed gives the same weights.
 
 Example::
 
-    with ddpkit.init_empty():                        # on the meta device: no memory, no init yet
-        model = GPT(config)
-    model = ddpkit.prepare_model(model, shard=[Block])   # each rank materialises its own shard only
-    optimizer = torch.optim.AdamW(model.parameters())    # after prepare_model: it must hold the shards
+    >>> with meta_build() as owners:
+    ...     net = nn.Linear(3, 2)
+    >>> on_meta(net), len(owners)
+    (True, 2)
+    >>> materialize(net, torch.device("cpu")); on_meta(net)
+    False
 
-What is exact, and why: on gloo the gradient reduce-scatter is forced to SUM then divide (torch issue
-#162338 reports gloo's AVG wrong); the equivalence suite checks fsdp at 2 and 3 processes against one.
+Also the guard against an optimizer built before ``prepare_model`` replaced the parameters it holds.
 """
 
 from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
 from ddpkit.core.process import State
-from ddpkit.strategies import generators as rngstate
-from ddpkit.strategies.wrappers import FSDP, sync_batchnorms
 
-DEFAULT_MIN_PARAMS = 1_000_000
-Shard = int | Sequence[type[nn.Module]] | None
 InitFn = Callable[[nn.Module], None]
+Ties = dict[int, dict[str, tuple[nn.Module, str]]]  # id(module) -> {name: (creator, its name)}
 
-# Parameters that fully_shard replaced by shards (by id; a WeakSet would compare tensors with ==): an
-# optimizer still holding one was built too early.
+# Module-level, not run state for core.process to reset: both describe torch objects of this heap and outlive
+# a fork with them. The optimizer hook is registered in torch's global state, which a forked worker inherits,
+# so its flag and the parameters it checks must be inherited too; and a model built inside init_empty in a
+# notebook cell, then prepared in a forked worker, needs its creators there.
+# Parameters that were replaced (fully_shard's shards, a meta model's real tensors), by id (a WeakSet would
+# compare tensors with ==): an optimizer still holding one was built too early.
 _replaced: dict[int, weakref.ref[torch.Tensor]] = {}
 _checked: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[int, int]] = weakref.WeakKeyDictionary()
 _hook_installed = False
 # Which module created each parameter built inside init_empty (by id, checked through the weakref): a tied
 # weight holds its creator's initial values, whatever the modules that share it later draw.
 _creators: dict[int, tuple[weakref.ref[nn.Parameter], weakref.ref[nn.Module]]] = {}
-
-
-def blocks(model: nn.Module, shard: Shard = None) -> list[nn.Module]:
-    """The submodules sharded as their own groups, children before parents (the order fully_shard needs).
-
-    >>> net = nn.Sequential(nn.Linear(1000, 1000), nn.ReLU(), nn.Sequential(nn.Linear(10, 10), nn.Linear(1000, 999)))
-    >>> [type(m).__name__ for m in blocks(net, 500_000)], [type(m).__name__ for m in blocks(net, [nn.Linear])]
-    (['Linear', 'Linear'], ['Linear', 'Linear', 'Linear'])
-    """
-    if shard is None or isinstance(shard, int):
-        found: list[nn.Module] = []
-        _by_size(model, DEFAULT_MIN_PARAMS if shard is None else shard, found)
-        return found
-    classes = tuple(shard)
-    if not classes or not all(isinstance(c, type) and issubclass(c, nn.Module) for c in classes):
-        raise TypeError(f"shard= takes a parameter count or a list of nn.Module classes, got {shard!r}; "
-                        "e.g. prepare_model(model, shard=[Block])")
-    picked = [m for m in model.modules() if isinstance(m, classes) and m is not model]
-    if not picked:
-        names = sorted({type(m).__name__ for m in model.modules()})
-        raise ValueError(f"shard={[c.__name__ for c in classes]} matches no submodule of the model (its classes: "
-                         f"{', '.join(names[:8])}); name one of those")
-    return picked[::-1]  # modules() is parents first
-
-
-def _by_size(module: nn.Module, threshold: int, found: list[nn.Module]) -> int:
-    """Parameters under ``module`` not yet in a block; appends children that reach ``threshold``."""
-    left = sum(p.numel() for p in module.parameters(recurse=False))
-    for child in module.children():
-        inner = _by_size(child, threshold, found)
-        if inner >= threshold:
-            found.append(child)
-        else:
-            left += inner
-    return left
-
-
-def wrap(model: nn.Module, state: Any, *, sync_batchnorm: bool = True, shard: Shard = None,
-         init_fn: InitFn | None = None, **fsdp_kwargs: Any) -> nn.Module:
-    """SyncBatchNorm (unless off), ``fully_shard`` per block then the root, materialise a meta model."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule, fully_shard
-
-    if sync_batchnorm:
-        model = sync_batchnorms(model, state)
-    empty = on_meta(model)
-    if not empty:  # fully_shard broadcasts nothing: without this, rank r's rows would come from seed s + r
-        _broadcast_from_rank0(model, state)
-    before = list(model.parameters())
-    ties = _borrowed(_post_order(model)) if empty else {}  # now: fully_shard replaces the recorded parameters
-    mesh = init_device_mesh(state.device.type, (state.world_size,))
-    for block in [*blocks(model, shard), model]:
-        fully_shard(block, mesh=mesh, **fsdp_kwargs)
-    if state.backend == "gloo":  # torch issue #162338: gloo's AVG reduce-scatter can be wrong; SUM then divide
-        for module in model.modules():
-            if isinstance(module, FSDPModule):
-                module.set_force_sum_reduction_for_comms(True)
-    if empty:
-        with _rank0_generator(state):
-            materialize(model, state.device, init_fn, ties)
-    now = {id(p) for p in model.parameters()}
-    _watch_optimizers([p for p in before if id(p) not in now])
-    return FSDP(model)
-
-
-def _broadcast_from_rank0(model: nn.Module, state: Any) -> None:
-    """Every rank takes rank 0's parameters and buffers (what DDP does at wrap time), so the sharded model is
-    the one a single process with rank 0's seed builds. Tensors are on ``state.device`` (NCCL needs them there)."""
-    import torch.distributed as dist
-
-    with torch.no_grad():
-        for tensor in [*model.parameters(), *model.buffers()]:  # both skip duplicates: a tied weight goes once
-            dist.broadcast(tensor.data, src=0)
-
-
-@contextlib.contextmanager
-def _rank0_generator(state: Any) -> Iterator[None]:
-    """Run the block with rank 0's python, numpy and torch CPU generator states on every rank: a meta model
-    then draws, on each rank, the numbers rank 0 (and a single process with its seed) draws, whatever its
-    ``init_fn`` draws from. Rank 0 keeps the advanced states, as one process would; the other ranks get their
-    own streams (seed + rank) back."""
-    import torch.distributed as dist
-
-    own = rngstate.host()
-    shared = {}
-    for name in sorted(own):  # the same keys on every rank: numpy is imported by the same script everywhere
-        tensor = own[name].to(state.device)
-        dist.broadcast(tensor, src=0)
-        shared[name] = tensor.cpu()
-    rngstate.set_host(shared)
-    try:
-        yield
-    finally:
-        if state.rank != 0:
-            rngstate.set_host(own)
 
 
 def on_meta(model: nn.Module) -> bool:
@@ -186,6 +91,11 @@ def check_budget(owners: dict[nn.Parameter, nn.Module], budget_mb: float, optimi
                           f"process(es)), budget {budget_mb:.0f} MB{hint}")
 
 
+def find_ties(model: nn.Module) -> Ties:
+    """The tied parameters of a meta model, to be found before sharding replaces the recorded ones."""
+    return _borrowed(_post_order(model))
+
+
 def _post_order(module: nn.Module) -> list[nn.Module]:
     """Children before parents: the order in which ``__init__``-time ``reset_parameters`` calls finish, and
     the order of ``model.apply``."""
@@ -193,7 +103,7 @@ def _post_order(module: nn.Module) -> list[nn.Module]:
 
 
 def materialize(model: nn.Module, device: torch.device, init_fn: InitFn | None = None,
-                ties: dict[int, dict[str, tuple[nn.Module, str]]] | None = None) -> None:
+                ties: Ties | None = None) -> None:
     """Allocate each rank's shard of a (sharded) meta model and initialise it exactly.
 
     Replays what building the model normally, then ``model.apply(init_fn)``, would draw: first every
@@ -209,7 +119,7 @@ def materialize(model: nn.Module, device: torch.device, init_fn: InitFn | None =
     borrowed = _borrowed(modules) if ties is None else ties  # ties: found before sharding replaced them
     model.to_empty(device=device)
     _retie(modules, borrowed)  # to_empty gives each module its own new tensor: a tie would become two weights
-    _watch_optimizers([p for p in before if id(p) not in {id(q) for q in model.parameters()}])
+    watch_optimizers([p for p in before if id(p) not in {id(q) for q in model.parameters()}])
     for module in modules:
         if hasattr(module, "reset_parameters"):
             _init_module(module, _reset, done, skip=borrowed.get(id(module), {}))
@@ -224,7 +134,7 @@ def materialize(model: nn.Module, device: torch.device, init_fn: InitFn | None =
                          "fn(module) initialising the tensors a module owns")
 
 
-def _borrowed(modules: list[nn.Module]) -> dict[int, dict[str, tuple[nn.Module, str]]]:
+def _borrowed(modules: list[nn.Module]) -> Ties:
     """id(module) -> {name: (creator, its name)} for each parameter a module shares but did not create (a tie).
 
     The creator is the module that registered the parameter first inside :func:`init_empty`; for a tie made
@@ -234,7 +144,7 @@ def _borrowed(modules: list[nn.Module]) -> dict[int, dict[str, tuple[nn.Module, 
         for name, param in module._parameters.items():
             if param is not None:
                 holders.setdefault(id(param), []).append((module, name))
-    borrowed: dict[int, dict[str, tuple[nn.Module, str]]] = {}
+    borrowed: Ties = {}
     for pid, found in holders.items():
         if len(found) < 2:
             continue
@@ -247,7 +157,7 @@ def _borrowed(modules: list[nn.Module]) -> dict[int, dict[str, tuple[nn.Module, 
     return borrowed
 
 
-def _retie(modules: list[nn.Module], borrowed: dict[int, dict[str, tuple[nn.Module, str]]]) -> None:
+def _retie(modules: list[nn.Module], borrowed: Ties) -> None:
     for module in modules:
         for name, (creator, creator_name) in borrowed.get(id(module), {}).items():
             module._parameters[name] = creator._parameters[creator_name]
@@ -355,7 +265,7 @@ def _filled(like: torch.Tensor) -> torch.Tensor:
     return torch.full(tuple(like.size()), _sentinel(like.dtype), dtype=like.dtype)
 
 
-def _watch_optimizers(old: list[torch.Tensor]) -> None:
+def watch_optimizers(old: list[torch.Tensor]) -> None:
     """Remember the replaced parameters; an optimizer stepping over one of them raises."""
     global _hook_installed
     _replaced.update({id(p): weakref.ref(p) for p in old})
@@ -383,17 +293,3 @@ def _refuse_stale(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> N
     _checked[optimizer] = key
 
 
-@contextlib.contextmanager
-def no_sync(model: nn.Module) -> Iterator[None]:
-    """Accumulate unsharded gradients locally; the next synced backward reduce-scatters the sum."""
-    from torch.distributed.fsdp import FSDPModule
-
-    module = model.module if isinstance(model, FSDP) else model
-    if not isinstance(module, FSDPModule):
-        yield
-        return
-    module.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        module.set_requires_gradient_sync(True)

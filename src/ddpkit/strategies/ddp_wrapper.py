@@ -1,0 +1,135 @@
+"""DistributedDataParallel as mode ``ddp`` puts it around the model (:class:`DDP`): the plain module's state
+dict, unused parameters named at the first backward, optional cross-rank weight checks, and the reducers
+released at shutdown.
+
+Example::
+
+    model = DDP(net, device_ids=None, check_sync_every=100)   # after init_process_group
+    model.state_dict().keys() == net.state_dict().keys()      # no "module." prefix
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.algorithms.join import JoinHook
+from torch.nn.parallel import DistributedDataParallel
+
+from ddpkit.core import process
+from ddpkit.strategies.consistency import FirstBackwardCheck, check_in_sync
+from ddpkit.strategies.forwarding import PlainStateDict
+
+# Every DDP model this interpreter made, released at shutdown. Not run state for core.process to reset: it is a
+# registry of torch objects in this heap, and a worker forked from a notebook kernel holds copies of the
+# kernel's DDP models (and their reducers, which hold the kernel's process group) that it must release too.
+_LIVE_DDP: weakref.WeakSet[DDP] = weakref.WeakSet()
+
+
+def _release_reducers() -> None:
+    """At shutdown, free each DDP's reducer (which holds the process group) while Python is whole.
+
+    Left to interpreter teardown, the gloo process group's destructor runs late and now and then hangs or
+    aborts (SIGABRT) the process after training finished; a user's own ``destroy_process_group()`` does not
+    help while a DDP model still references the group.
+    """
+    for model in list(_LIVE_DDP):
+        for name in ("logger", "reducer"):
+            model.__dict__.pop(name, None)
+    _LIVE_DDP.clear()
+    gc.collect()
+
+
+class DDP(PlainStateDict, DistributedDataParallel):
+    """torch's DistributedDataParallel whose state dict is the plain module's.
+
+    It also names, during the first backward, any parameter that got no gradient (instead of DDP's late
+    "Expected to have finished reduction" error), and with ``check_sync_every=K`` compares parameter
+    checksums across ranks every K training steps.
+
+    A training step is a forward in training mode with gradients enabled, outside a join (:meth:`join`,
+    :func:`ddpkit.join` or torch's own ``Join([model])``): evaluation forwards (``model.eval()`` or
+    ``torch.no_grad()``) and the uneven steps of a join differ in number between ranks by design, so a check
+    there would meet no peer (one rank in the checksums' all_gather, another in DDP's all-reduce or already
+    past its loop).
+    """
+
+    refuses_layer_writes = True  # ForwardsAttributes: the reducer knows the layers of prepare time only
+
+    def __init__(self, module: nn.Module, *args: Any, check_sync_every: int = 0, **kwargs: Any):
+        super().__init__(module, *args, **kwargs)
+        # every time, not only for the first DDP: a worker forked from a kernel that held DDP models starts with
+        # fresh shutdown hooks (process.reset) but the kernel's _LIVE_DDP; on_shutdown keeps one copy
+        process.on_shutdown(_release_reducers, always=True)
+        _LIVE_DDP.add(self)
+        self._check_sync_every = check_sync_every
+        self._training_steps = 0  # counted alike on every rank: see the class docstring
+        self._joined = False  # inside a join: from join_hook() (every Join asks for it) to its post-hook
+        # static_graph: DDP itself finds, in the first iteration, the parameters that never get a gradient
+        if not (kwargs.get("find_unused_parameters", False) or kwargs.get("static_graph", False)):
+            self._first_backward = FirstBackwardCheck(module)
+        # a method called this way (model.init_hidden) runs on the local module, outside DDP's forward: right for
+        # set-up and inference; a loss from it is all-reduced only when a forward through DDP ran this step
+        self.start_forwarding()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # copy / pickle: forwarding starts again only after DDP's __setstate__ has set its own attributes
+        # (logger, reducer), which would otherwise land in the user's module when it has such a name
+        state = dict(super().__getstate__())
+        state.pop("_forwarding", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.__dict__["_forwarding"] = True
+
+    # Not traced by torch.compile (only this frame: the module inside is compiled as usual, with DDP's bucket
+    # splitting): the checks and the heartbeat are Python side effects that would break the graph every step.
+    @torch.compiler.disable(recursive=False)
+    def forward(self, *args: Any, **kwargs: Any):
+        # a Join(enable=False) that was left asks nothing of the ranks: checks run there
+        joined = self._joined and self._join_config.enable
+        if self._check_sync_every and self.training and torch.is_grad_enabled() and not joined:
+            if self._training_steps % self._check_sync_every == 0:
+                check_in_sync(self.module, self.process_group)
+            self._training_steps += 1
+        process.heartbeat()
+        return super().forward(*args, **kwargs)
+
+    def join(self, *args: Any, **kwargs: Any) -> contextlib.AbstractContextManager[Any]:
+        """torch's ``join`` (what :func:`ddpkit.join` enters), with the sync checks paused inside."""
+        return self._without_checks(super().join(*args, **kwargs))
+
+    def join_hook(self, **kwargs: Any) -> JoinHook:
+        """torch's hook, which every ``Join`` (torch's own ``Join([model])`` too) asks for as it is made: the
+        checks pause from here until the hook's post-hook, which every rank runs once all have joined."""
+        self._joined = True
+        return _ResumeChecks(super().join_hook(**kwargs), self)
+
+    @contextlib.contextmanager
+    def _without_checks(self, context: contextlib.AbstractContextManager[Any]) -> Iterator[None]:
+        try:
+            with context:
+                yield
+        finally:  # also when the loop raised, and torch's Join skipped the post-hook
+            self._joined = False
+
+
+class _ResumeChecks(JoinHook):
+    """DDP's join hook, resuming ``model``'s sync checks in its post-hook (the join ended on every rank)."""
+
+    def __init__(self, hook: JoinHook, model: DDP):
+        self.hook, self.model = hook, model
+
+    def main_hook(self) -> None:
+        self.hook.main_hook()
+
+    def post_hook(self, is_last_joiner: bool) -> None:
+        self.hook.post_hook(is_last_joiner)
+        self.model._joined = False
+
