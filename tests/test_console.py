@@ -263,7 +263,7 @@ def test_a_crafted_marker_is_skipped_and_a_forked_child_keeps_no_folder(tmp_path
         time.sleep(30)
         os._exit(0)
     try:
-        remove = [sys.executable, "-c", f"from ddpkit import logs; logs._remove_unless_in_use({mine!r})"]
+        remove = [sys.executable, "-c", f"from ddpkit.launcher import console; console._remove_unless_in_use({mine!r})"]
         subprocess.run(remove, check=True)
         assert os.path.isdir(mine)  # held by the running launch
         logs.release(mine)

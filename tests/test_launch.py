@@ -223,7 +223,7 @@ def _console(tmp_path, capsys, text, tag="t1"):
 
 
 def test_the_console_leaves_a_workers_traceback_block_to_its_log(tmp_path, capsys):
-    from ddpkit.runtime.faults import traceback_block
+    from ddpkit.core.reports import traceback_block
 
     block = traceback_block("Traceback (most recent call last):\nValueError: x", "t1")
     assert _console(tmp_path, capsys, f"ddpkit: rank 0 raised ValueError: x\n{block}\nafter\n") == \
@@ -233,7 +233,7 @@ def test_the_console_leaves_a_workers_traceback_block_to_its_log(tmp_path, capsy
 def test_a_message_or_a_user_line_cannot_forge_the_traceback_block(tmp_path, capsys):
     """A message holding the block's end line ends nothing early; a user's line like the block's start (without
     the launch's tag) hides nothing; a block cut short hides no more than its own count of lines."""
-    from ddpkit.runtime.faults import traceback_block
+    from ddpkit.core.reports import traceback_block
 
     forged_end = traceback_block("Traceback (most recent call last):\nRuntimeError: bad\n"
                                  "ddpkit: --- end of traceback [t1] ---\nLEAKED\r", "t1")

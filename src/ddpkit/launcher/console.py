@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 
-from ddpkit.runtime.faults import block_length
+from ddpkit.core.reports import block_length
 
 _HOLD_S = 0.5  # how long a console line waits for twins from other ranks before it is printed
 _BAR_QUIET_S = 0.15  # a progress bar's pending update (tqdm writes \r, then the text) is shown once this quiet
@@ -176,7 +176,7 @@ class ConsoleTail:
 
     def __init__(self, root: str, console_ranks: set[int], first_rank: int, world_size: int,
                  block_tag: str | None = None):
-        """``block_tag``: the launch's tag of its workers' traceback blocks (:func:`ddpkit.runtime.faults.block_tag`);
+        """``block_tag``: the launch's tag of its workers' traceback blocks (:func:`ddpkit.core.reports.block_tag`);
         None accepts any tag."""
         self.root, self.console, self.first_rank, self.world = root, console_ranks, first_rank, world_size
         self.tag = block_tag

@@ -1,5 +1,6 @@
-"""The launcher's half of the fault reports: it reads what the workers wrote (:mod:`ddpkit.runtime.faults`) and
-says what happened, once: the root cause with its traceback, then the consequences, or where each rank stands.
+"""The launcher's half of the fault reports: it reads what the workers wrote (:mod:`ddpkit.runtime.faults`, in
+the format of :mod:`ddpkit.core.reports`) and says what happened, once: the root cause with its traceback, then
+the consequences, or where each rank stands.
 
 Example::
 
@@ -13,11 +14,10 @@ import glob
 import json
 import os
 import re
+from collections.abc import Iterable
 
 from ddpkit.core.errors import HANG, SCRIPT_FAILED
-from ddpkit.runtime.faults import peer_lost
-
-_MARKER = re.compile(r"^ddpkit: --- (traceback \[\w+\], the next \d+ lines|end of traceback \[\w+\]) ")
+from ddpkit.core.reports import block_marker, finished_path, peer_lost
 
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 
@@ -133,6 +133,16 @@ def said(error: dict, first_line: bool = False) -> str:
     return f"{error['type']}: {message}" if message else error["type"]
 
 
+def finished(report_dir: str, ranks: Iterable[int]) -> bool:
+    """Every one of ``ranks`` wrote its finished mark (:func:`ddpkit.runtime.faults.mark_finished`) into
+    ``report_dir``: a signal that killed them afterwards came after the work was done.
+
+    >>> finished("/nonexistent/attempt0", [0]), finished("/nonexistent/attempt0", [])
+    (False, True)
+    """
+    return all(os.path.exists(finished_path(report_dir, rank)) for rank in ranks)
+
+
 def records(report_dir: str) -> list[dict]:
     """The error reports the workers of one attempt wrote (the whole ones)."""
     errors = []
@@ -194,7 +204,7 @@ def _usage(tail: str) -> str:
 def _lines(tail: str) -> str:
     """A stderr tail without torch's ``[rankN]:`` prefixes and ddpkit's traceback-block lines."""
     lines = (_RANK_PREFIX.sub("", x) for x in tail.splitlines())
-    return "\n".join(x for x in lines if not _MARKER.match(x))
+    return "\n".join(x for x in lines if not block_marker(x))
 
 
 _RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")

@@ -33,11 +33,10 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
-from ddpkit.core import contract, environment
+from ddpkit.core import contract, environment, reports
 from ddpkit.launcher import config as launch
 from ddpkit.launcher import console as logs
 from ddpkit.launcher import supervise
-from ddpkit.runtime import faults
 from ddpkit.runtime import group as runtime
 
 _SIGNALS = [getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, name)]
@@ -199,7 +198,7 @@ def _launch(cfg: launch.LaunchConfig, fn: Callable[..., Any], args: tuple, kwarg
                           logs_specs=DefaultLogsSpecs(log_dir=run_dir, redirects=redirects), **numa)
     if numa:
         config.numa_options = None
-    tail = ConsoleTail(run_dir, {0}, 0, cfg.nproc_per_node, block_tag=faults.block_tag(report_dir))
+    tail = ConsoleTail(run_dir, {0}, 0, cfg.nproc_per_node, block_tag=reports.block_tag(report_dir))
     tail.start()
     try:
         with supervise.torch_logs(os.path.join(run_dir, "launcher.log"), verbose=False):

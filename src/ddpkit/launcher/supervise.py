@@ -26,7 +26,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
-from ddpkit.core import contract
+from ddpkit.core import contract, reports
 from ddpkit.core.environment import usable_cores
 from ddpkit.core.errors import SCRIPT_FAILED, USAGE_ERROR
 from ddpkit.launcher import diagnosis
@@ -181,7 +181,7 @@ def _supervise(cfg: LaunchConfig, report_dir: str) -> int:
     # elastic: this node's rank is known only after the rendezvous, so the console counts from its first rank
     tail = ConsoleTail(log_dir, parse_ranks(cfg.console_ranks, cfg.world_size),
                        0 if cfg.elastic else cfg.node_rank * cfg.nproc_per_node, cfg.world_size,
-                       faults.block_tag(report_dir))
+                       reports.block_tag(report_dir))
     tail.start()
     restarts = RestartNotice(tail.say, None if cfg.elastic else tail.first_rank, cfg.max_restarts)
     try:
@@ -278,7 +278,7 @@ def restarted_attempts(report_dir: str, log_dir: str, causes: dict[int, str] | N
     lines, causes = [], causes or {}
     for attempt in sorted(folders)[:-1]:
         errors = diagnosis.records(os.path.join(report_dir, f"attempt{attempt}"))
-        own = [e for e in errors if not faults.peer_lost(e["message"])]
+        own = [e for e in errors if not reports.peer_lost(e["message"])]
         if not own and attempt in causes:
             what = f"{causes[attempt]}; the logs: {folders[attempt]}"
         elif own := own or errors:
@@ -346,7 +346,7 @@ def failure_report(exc, report_dir: str, tails: dict[int, str] | None = None,
     attempts = sorted((d for d in os.listdir(report_dir) if d.startswith("attempt")), key=lambda d: int(d[7:]))
     # killed by a signal after the final barrier: a teardown abort (an exit code is the script's own answer)
     signalled = all(failure.exitcode < 0 for failure in exc.failures.values())
-    if attempts and signalled and faults.finished(os.path.join(report_dir, attempts[-1]), crashed):
+    if attempts and signalled and diagnosis.finished(os.path.join(report_dir, attempts[-1]), crashed):
         how = ", ".join(f"rank {rank} {text}" for rank, text in sorted(crashed.items()))
         return 0, (f"{PROG}: {how}, after every rank had passed the final barrier (in interpreter teardown: "
                    "gloo's destructor, the pytorch#56297 family); the work was done, so the run counts as finished")

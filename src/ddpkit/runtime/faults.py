@@ -1,5 +1,5 @@
 """Root cause once, and hang reports: the worker half, which writes files (:mod:`ddpkit.launcher.diagnosis`, the
-launcher half, reads them).
+launcher half, reads them; the format between them is :mod:`ddpkit.core.reports`).
 
 Workers started by ``ddpkit launch`` get ``DDPKIT_REPORT_DIR``. In that directory each worker writes
 
@@ -22,7 +22,6 @@ Example of a hang report::
 from __future__ import annotations
 
 import faulthandler
-import hashlib
 import json
 import os
 import re
@@ -32,10 +31,10 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Iterable
 
 from ddpkit.core import process
 from ddpkit.core.atomic import write_atomically
+from ddpkit.core.reports import block_tag, finished_path, peer_lost, traceback_block
 
 _TIMEOUT = re.compile(r"timed out|timeout|failed to pass monitoredBarrier", re.IGNORECASE)
 # where a RuntimeError's message says torch.distributed raised it (older builds raise plain RuntimeErrors): torch's
@@ -44,13 +43,7 @@ _DIST_ORIGIN = re.compile(r"\[c10d\]|[/\\]gloo[/\\]|ProcessGroup(Gloo|NCCL)|Work
                           r"monitoredBarrier")
 # a store that could not be reached: the rendezvous or the network failed, no collective was waiting
 _CONNECT = re.compile(r"while trying to connect to|failed to connect|connection refused", re.IGNORECASE)
-# a worker's traceback in its stderr log sits in a block the console tail leaves out: its first line carries the
-# launch's tag (a user's line cannot end up equal to it by chance) and how many lines follow (so a message holding
-# a line like the block's end cannot end it early, and a block cut short hides no more than its own lines)
-_BLOCK = re.compile(r"^ddpkit: --- traceback \[(?P<tag>\w+)\], the next (?P<n>\d+) lines "
-                    r"\(kept in this rank's log\) ---$")
-# what a rank raises when a peer died first: a consequence, not a root cause
-_PEER_LOST = re.compile(r"Connection (reset|closed) by peer|Broken pipe|NCCL communicator was aborted", re.IGNORECASE)
+
 
 def collective_timeout(kind: type, message: str) -> bool:
     """True when an exception is torch.distributed's own timeout (a hang), not any exception saying "timeout".
@@ -81,12 +74,7 @@ def mark_finished(rank: int) -> None:
     interpreter teardown now and then aborts, the pytorch#56297 family) comes after the work was done."""
     report_dir = process.current().report_dir
     if report_dir is not None:
-        open(os.path.join(report_dir, f"finished-rank{rank}"), "w").close()
-
-
-def finished(report_dir: str, ranks: Iterable[int]) -> bool:
-    """Every one of ``ranks`` wrote its mark_finished file into ``report_dir``."""
-    return all(os.path.exists(os.path.join(report_dir, f"finished-rank{rank}")) for rank in ranks)
+        open(finished_path(report_dir, rank), "w").close()
 
 
 def install(rank: int, local_rank: int, report_dir: str, timeout_s: float) -> None:
@@ -143,43 +131,6 @@ def _said(rank: int, kind: type, value: BaseException) -> str:
 
 def _first_line(value: BaseException) -> str:
     return (str(value).replace("\r", "\n").splitlines() or [""])[0][:300]
-
-
-def block_tag(launch_report_dir: str) -> str:
-    """The tag of a launch's traceback blocks, from its report directory (a fresh temporary one per launch).
-
-    >>> block_tag("/tmp/ddpkit-report-abc") == block_tag("/tmp/ddpkit-report-abc") != block_tag("/tmp/other")
-    True
-    """
-    return hashlib.sha256(os.path.abspath(launch_report_dir).encode()).hexdigest()[:12]
-
-
-def traceback_block(text: str, tag: str) -> str:
-    r"""``text`` as a block the console leaves out: a first line with ``tag`` and the count of lines after it.
-
-    A carriage return inside would end a console line early: it is written as ``\r``.
-
-    >>> print(traceback_block("Traceback (most recent call last):\nKeyError: 'x'", "t1"))
-    ddpkit: --- traceback [t1], the next 3 lines (kept in this rank's log) ---
-    Traceback (most recent call last):
-    KeyError: 'x'
-    ddpkit: --- end of traceback [t1] ---
-    """
-    body = text.rstrip().replace("\r", "\\r").split("\n") + [f"ddpkit: --- end of traceback [{tag}] ---"]
-    return "\n".join([f"ddpkit: --- traceback [{tag}], the next {len(body)} lines (kept in this rank's log) ---",
-                      *body])
-
-
-def block_length(line: str, tag: str | None) -> int:
-    """How many lines after ``line`` belong to a traceback block (0: ``line`` starts none). ``tag`` None: any.
-
-    >>> block_length("ddpkit: --- traceback [t1], the next 3 lines (kept in this rank's log) ---", "t1")
-    3
-    >>> block_length("ddpkit: --- traceback [t1], the next 3 lines (kept in this rank's log) ---", "t2")
-    0
-    """
-    m = _BLOCK.match(line)
-    return int(m["n"]) if m and tag in (None, m["tag"]) else 0
 
 
 def _watchdog(stack_file, stale_s: float) -> None:
@@ -256,7 +207,3 @@ def _signal_siblings() -> None:
                 continue
     time.sleep(0.5)
 
-
-def peer_lost(message: str) -> bool:
-    """True when an exception's message says only that a peer went away (a consequence, not a cause)."""
-    return bool(_PEER_LOST.search(message))
