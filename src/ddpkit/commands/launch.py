@@ -33,6 +33,18 @@ from ddpkit.launcher.config import (
     parse_seconds,
     resolve_nproc,
 )
+from ddpkit.strategy import STRATEGIES
+
+
+def _mode_help() -> str:
+    """The ``--mode`` help, from the mode table, so a mode added there is listed here too.
+
+    >>> _mode_help().split(", dp")[0]
+    'single (single device, one process)'
+    """
+    modes = ", ".join(f"{name} ({s.title}, {'one process per device' if s.multi_process else 'one process'})"
+                      for name, s in STRATEGIES.items())
+    return f"{modes}; default: DDPKIT_MODE when set, else ddp"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,9 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rdzv-id", "--rdzv_id", default="ddpkit", help="job id, the same on every node (elastic)")
     p.add_argument("--rdzv-conf", "--rdzv_conf", default="",
                    help="torch rendezvous settings, e.g. last_call_timeout=5,join_timeout=600 (elastic)")
-    p.add_argument("--mode", default=None,
-                   help="ddp (one process per device, the default) or dp (one process, DataParallel); "
-                        "default: DDPKIT_MODE when set")
+    p.add_argument("--mode", default=None, help=_mode_help())
     p.add_argument("--device", default=None,
                    help="auto (GPUs if any), cpu (gloo, whatever GPUs exist) or cuda; default: DDPKIT_DEVICE or auto")
     p.add_argument("--verbose", action="store_true",
