@@ -50,7 +50,7 @@ class Observed:
 
     def _admitted(self) -> bool:
         """True: hand out the next batch; False: an observer ended the pass."""
-        return all(fn() is not False for fn in self._observers)
+        return not self._observers or all(fn() is not False for fn in self._observers)  # none: a normal run
 
 
 class ShardedDataLoader(Observed, DataLoader):
