@@ -23,7 +23,6 @@ from ddpkit.commands.cli import OneLineParser, usage_error
 from ddpkit.core import contract
 from ddpkit.core.environment import usable_cores, visible_gpus
 from ddpkit.core.errors import UsageError
-from ddpkit.launcher import supervise
 from ddpkit.launcher.config import (
     DEFAULT_KEEP_LOGS,
     PROG,
@@ -133,6 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             # read once when torch loads (parse_args may load it): quiet from the first line on
             os.environ.setdefault(contract.CPP_LOG_LEVEL.name, "ERROR")
         cfg = parse_args(argv)
+        # imported here, inside the try: a Ctrl-C while the launcher's modules load is one line and exit 130
+        from ddpkit.launcher import supervise
+
         return supervise.run(cfg)
     except UsageError as exc:  # LaunchError, and argparse's own complaints
         return usage_error(PROG, exc)
