@@ -207,11 +207,8 @@ def marked_lists(path: Path):
 def test_every_list_of_the_modes_names_each_mode_of_the_table_and_no_other():
     from ddpkit.strategy import STRATEGIES
 
-    # environment.md's table is generated from ddpkit.core.contract, whose DDPKIT_MODE text still lists three
-    # modes: checked once that text names fsdp (the contract's owner changes it and drops this exemption)
-    pending = {"environment.md"}
     wrong = [f"{path.name}: {sorted(words)} is not the table's {sorted(STRATEGIES)} (+ auto)"
-             for path in DOCS if path.name not in pending for words in mode_enumerations(path.read_text())
+             for path in DOCS for words in mode_enumerations(path.read_text())
              if words - {"auto"} != set(STRATEGIES)]
     lists = [(path, line, text) for path in DOCS for line, text in marked_lists(path)]
     assert len(lists) >= 3, f"the README and guide.md present the modes under {MODES_MARKER!r}: {lists}"
