@@ -12,6 +12,8 @@ Example::
 The wrapper's own names come first (``module``, ``no_sync``, ``state_dict``, ``parameters``, ...); only a
 name the wrapper lacks is looked up on the module. In fsdp mode a method of the user's class runs as an FSDP
 forward (its parameters gathered, then resharded), since outside ``forward`` each holds one shard only.
+
+Also what every ddpkit wrapper shares: :class:`PlainStateDict` (no ``module.`` prefix) and :func:`unwrap`.
 """
 
 from __future__ import annotations

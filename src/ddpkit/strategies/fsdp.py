@@ -49,14 +49,17 @@ class FSDPStrategy(DDPStrategy):
     options_type = FSDPOptions
 
     def prepare(self, model: nn.Module, state: Any, options: Any, tools: Any) -> nn.Module:
-        """A plain model: as every mode (move, hook, wrap). A meta one: wrap, which materialises one shard per
-        rank, then hook the wrapped model, on every rank (its full state dict is a collective)."""
-        from ddpkit.strategies import meta
+        """A plain model: as every mode (move, hook the plain model, wrap). A meta one: wrap, which materialises
+        one shard per rank, then hook the wrapped model, on every rank (its full state dict is a collective)."""
+        from ddpkit.strategies.meta import on_meta
 
-        if not meta.on_meta(model):
-            return super().prepare(model, state, options, tools)
+        empty = on_meta(model)
+        if not empty:
+            model = model.to(state.device)
+            tools.on_model(model, state.is_main, process.on_shutdown)
         wrapped = self.wrap(model, state, options, tools)
-        tools.on_model(wrapped, state.is_main, process.on_shutdown)
+        if empty:
+            tools.on_model(wrapped, state.is_main, process.on_shutdown)
         return wrapped
 
     def wrap(self, model: nn.Module, state: Any, options: Any, tools: Any = None) -> nn.Module:
