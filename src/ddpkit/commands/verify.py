@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc-per-node", type=int, default=None,
                    help="processes for the distributed run (default 2, on the CPU where fewer GPUs are usable)")
     p.add_argument("--device", default=None, help="auto (default), cpu or cuda: where both runs train")
-    p.add_argument("--mode", default="ddp", help="the multi-process mode to check: ddp (default) or fsdp")
+    multi = [name for name, mode in sorted(strategy.STRATEGIES.items()) if mode.multi_process]
+    p.add_argument("--mode", default="ddp", help=f"the multi-process mode to check: {', '.join(multi)} (default ddp)")
     p.add_argument("--keep-dropout", action="store_true", help="leave dropout on (the runs then differ by design)")
     p.add_argument("--steps", type=int, default=5, help="optimizer steps to compare (default 5)")
     p.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance (default 1e-5)")

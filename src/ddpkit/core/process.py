@@ -62,7 +62,7 @@ class Process:
     """The mutable state of one process's run; see the module docstring."""
 
     state: State | None = None
-    tools: Any = None  # the launching command's hooks (ddpkit.runtime.instrument.Tools); None: a normal run
+    tools: Any = None  # the launching command's hooks (ddpkit.runtime.instrument.Hooks); None: a normal run
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     shutdown_hooks: list[Hook] = dataclasses.field(default_factory=list)  # run while the group works
     release_hooks: list[Hook] = dataclasses.field(default_factory=list)  # run even after an uncaught exception
@@ -70,7 +70,6 @@ class Process:
     report_dir: str | None = None  # this worker's report folder under ddpkit launch, once faults.install ran
     run_id: str | None = None  # the checkpoint run id when no launcher gave one
     joining: bool = False  # inside ddpkit.join: loaders may hand out uneven batch counts
-    models_prepared: int = 0  # prepare_model calls so far (verify keys each model's initial weights by it)
 
 
 _current = Process()

@@ -179,7 +179,7 @@ def _guard_worker(env: ProcessEnv, timeout_s: float) -> None:
         faults.install(env.rank, env.local_rank, os.path.join(report_dir, f"attempt{attempt}"), timeout_s)
 
 
-def tools() -> instrument.Tools:
+def tools() -> instrument.Hooks:
     """The hooks of the command that started this run (``ddpkit verify`` / ``bench``); no-ops otherwise."""
     return process.current().tools or instrument.NONE
 

@@ -63,7 +63,6 @@ class Hooks:
         ``describe()`` is the run as the loader sees it: ``{"global_batch", "mode", "device"}``."""
 
 
-Tools = Hooks  # the name runtime.group's annotation still uses
 NONE = Hooks()
 
 
