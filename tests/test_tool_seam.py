@@ -26,6 +26,39 @@ def test_a_normal_run_looks_up_no_tool(monkeypatch):
     assert instrument.NONE.train_batch(4) == 4 and instrument.NONE.uneven("pad") == "pad"
 
 
+def test_the_commands_name_their_hooks_by_module_so_no_installed_metadata_is_needed(monkeypatch):
+    """Review of issue 27: `make gpu-check` runs a CUDA python with src/ on PYTHONPATH and nothing installed;
+    verify and bench named their hooks by entry point only, so every worker died at init ('installed: none')."""
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda **kwargs: [])  # no ddpkit metadata at all
+    from ddpkit.commands import bench, verify
+
+    env = verify.run_env("/tmp/x", 2, 3, None, False)
+    hooks = instrument.from_env({**env, "DDPKIT_VERIFY_OUT": "x"})
+    assert type(hooks).__module__ == "ddpkit.commands.verify_hooks", env
+    assert "ddpkit.commands.bench_hooks:from_env" in open(bench.__file__).read()
+    assert type(instrument.from_env({"DDPKIT_TOOL": "ddpkit.commands.bench_hooks:from_env"})).__name__ == "BenchHooks"
+    with pytest.raises(ValueError, match=r"^DDPKIT_TOOL='nope.mod:f' cannot be loaded \(No module named 'nope'\)"):
+        instrument.from_env({"DDPKIT_TOOL": "nope.mod:f"})
+
+
+def test_a_tool_variable_without_a_tool_is_said_once_not_ignored_silently(capsys):
+    assert instrument.from_env({"DDPKIT_MAX_STEPS": "7", "DDPKIT_BENCH_OUT": "/tmp/o"}) is instrument.NONE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ddpkit: warning: DDPKIT_MAX_STEPS, DDPKIT_BENCH_OUT set without "
+                                               "DDPKIT_TOOL: ignored"), err
+    assert instrument.from_env({}) is instrument.NONE and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("value,why", [("{bad", "Expecting property name"), ('{"bucket": 5}', "unexpected keyword"),
+                                       ("[1]", "not an object")])
+def test_a_bad_comm_override_is_one_line_naming_the_variable(value, why):
+    with pytest.raises(ValueError) as info:
+        instrument.from_env({"DDPKIT_TOOL": "bench", "DDPKIT_COMM": value})
+    text = str(info.value)
+    assert text.startswith(f"DDPKIT_COMM={value!r} is not a JSON object of CommConfig fields") and why in text, text
+    assert "\n" not in text
+
+
 def test_verify_and_bench_are_plugged_in_by_their_entry_points():
     verify = instrument.from_env({"DDPKIT_TOOL": "verify", "DDPKIT_VERIFY_OUT": "x", "DDPKIT_BATCH_SCALE": "2",
                                   "DDPKIT_VERIFY_DROP": "2", "DDPKIT_MAX_STEPS": "3"})

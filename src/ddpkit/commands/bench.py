@@ -96,9 +96,10 @@ def run_once(script: str, args: Sequence[str], nproc: int, steps: int, warmup: i
         cmd = [sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", str(nproc),
                "--log-dir", os.path.join(out, "logs"), script, *args]
         log = os.path.join(out, "launch.log")
-        # the workers load bench's hooks (ddpkit.commands.bench_hooks): step cap, hand-out times, the DDP sizes
-        run_logged(cmd, {contract.TOOL.name: "bench", contract.MAX_STEPS.name: str(warmup + steps + 1),
-                         contract.BENCH_OUT.name: out, **env}, log)
+        # the workers load bench's hooks by module (a checkout on PYTHONPATH works): step cap, hand-out times,
+        # the DDP sizes
+        run_logged(cmd, {contract.TOOL.name: "ddpkit.commands.bench_hooks:from_env",
+                         contract.MAX_STEPS.name: str(warmup + steps + 1), contract.BENCH_OUT.name: out, **env}, log)
         files = sorted(glob.glob(os.path.join(out, "rank*.json")))
         if len(files) != nproc:
             tail = log_tail(log, 1500)  # whole lines, bytes that are not UTF-8 replaced

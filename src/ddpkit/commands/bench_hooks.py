@@ -75,6 +75,24 @@ class BenchHooks(Hooks):
 
 def from_env(environ: Mapping[str, str]) -> BenchHooks:
     """The hooks of one timing run, from the variables :func:`ddpkit.commands.bench.run_once` set."""
-    comm = contract.COMM.text(environ)
     return BenchHooks(out=contract.BENCH_OUT.text(environ), max_steps=contract.MAX_STEPS.number(environ),
-                      no_comm=contract.BENCH_NO_COMM.flag(environ), comm=json.loads(comm) if comm else None)
+                      no_comm=contract.BENCH_NO_COMM.flag(environ), comm=_comm_fields(contract.COMM.text(environ)))
+
+
+def _comm_fields(text: str | None) -> dict[str, Any] | None:
+    """DDPKIT_COMM's CommConfig fields, checked here: a bad value is one line naming the variable, at init.
+
+    >>> _comm_fields('{"bucket_mb": 5}'), _comm_fields(None)
+    ({'bucket_mb': 5}, None)
+    """
+    if not text:
+        return None
+    try:
+        fields = json.loads(text)
+        if not isinstance(fields, dict):
+            raise ValueError("not an object")
+        CommConfig(**fields)  # unknown fields and bad values fail now, not at the first DDP wrap
+    except (ValueError, TypeError) as exc:
+        raise contract.ContractError(f"{contract.COMM.name}={text!r} is not a JSON object of CommConfig fields "
+                                     f"({exc}); pass e.g. '{{\"bucket_mb\": 25}}' or unset it") from None
+    return fields

@@ -177,7 +177,8 @@ def plan(nproc: int | None, device: str | None, gpus: int) -> tuple[int, str | N
 
 def run_env(tmp: str, nproc: int, steps: int, device: str | None, keep_dropout: bool) -> dict[str, str]:
     """The variables both runs get: steps, shared initial weights, drop semantics, dropout, no TF32, device."""
-    env = {contract.TOOL.name: "verify",  # the workers load verify's hooks (ddpkit.commands.verify_hooks)
+    # the workers load verify's hooks by module (no installed metadata needed: a checkout on PYTHONPATH works)
+    env = {contract.TOOL.name: "ddpkit.commands.verify_hooks:from_env",
            contract.MAX_STEPS.name: str(steps), contract.VERIFY_INIT.name: os.path.join(tmp, "init.pt"),
            contract.VERIFY_DROP.name: str(nproc), contract.TF32_OVERRIDE.name: "0",
            contract.OMP_THREADS.name: os.environ.get(contract.OMP_THREADS.name, "1")}

@@ -73,7 +73,7 @@ REPORT_DIR = Var("DDPKIT_REPORT_DIR", LAUNCH, "init()", "where workers write err
 LAUNCHER_PID = Var("DDPKIT_LAUNCHER_PID", LAUNCH, "init()",
                    "the launcher's PID: a worker whose parent is no longer it exits (orphan guard)")
 TOOL = Var("DDPKIT_TOOL", f"{VERIFY}, {BENCH}", "init()",
-           "the tool whose hooks the workers load: an entry point of the ddpkit.tools group (verify, bench)")
+           "the tool whose hooks the workers load: module:factory, or an entry point of the ddpkit.tools group")
 MAX_STEPS = Var("DDPKIT_MAX_STEPS", f"{VERIFY}, {BENCH}", "the tool's hooks",
                 "verify: each run exits after K optimizer steps; bench: training loaders stop after K batches")
 BATCH_SCALE = Var("DDPKIT_BATCH_SCALE", VERIFY, "verify's hooks",
@@ -90,6 +90,9 @@ BENCH_OUT = Var("DDPKIT_BENCH_OUT", BENCH, "bench's hooks", "each rank writes it
 BENCH_NO_COMM = Var("DDPKIT_BENCH_NO_COMM", BENCH, "bench's hooks",
                     "1: DDP skips gradient communication (timing only)")
 COMM = Var("DDPKIT_COMM", BENCH, "bench's hooks", "JSON of CommConfig fields that override the script's")
+# what only a tool's hooks read: set without DDPKIT_TOOL they do nothing, and init() says so
+TOOL_VARIABLES = (MAX_STEPS, BATCH_SCALE, VERIFY_OUT, VERIFY_INIT, VERIFY_DROP, KEEP_DROPOUT, BENCH_OUT, BENCH_NO_COMM,
+                  COMM)
 
 # -- torch's agent's, read (the launchers' rank variables belong to ddpkit.core.environment's detectors) ----
 RESTART_COUNT = Var("TORCHELASTIC_RESTART_COUNT", "torchrun", "init(), Checkpointer",

@@ -3,7 +3,8 @@
 The library owns the contract, :class:`Hooks`, whose methods do nothing; it knows no tool. :func:`ddpkit.init`
 calls :func:`from_env` once: in a normal run ``DDPKIT_TOOL`` is unset and the hooks are :data:`NONE` (no
 entry-point lookup, nothing to pay). A tool's command sets ``DDPKIT_TOOL`` for its workers; the entry point of
-that name in the ``ddpkit.tools`` group (declared in pyproject.toml, as modes are in ``ddpkit.strategies``) is a
+that name in the ``ddpkit.tools`` group (declared in pyproject.toml, as modes are in ``ddpkit.strategies``), or
+the ``module:factory`` it spells out (what verify and bench set, so an uninstalled checkout works), is a
 factory ``environ -> Hooks``, and the hooks it returns keep everything the tool measures or changes: verify's in
 :mod:`ddpkit.commands.verify_hooks`, bench's in :mod:`ddpkit.commands.bench_hooks`. ``prepare_model`` and
 ``data_loader`` call the hooks, so model.py and data read no tool variable.
@@ -16,6 +17,8 @@ Example::
 
 from __future__ import annotations
 
+import importlib
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -70,7 +73,31 @@ def from_env(environ: Mapping[str, str]) -> Hooks:
     """The hooks of the tool named by ``DDPKIT_TOOL``; :data:`NONE` when it is unset (a normal run)."""
     name = contract.TOOL.text(environ)
     if name is None:
+        stray = [var.name for var in contract.TOOL_VARIABLES if var.name in environ]
+        if stray:  # a harness that sets them by hand would otherwise get an uncapped run and no files, silently
+            print(f"ddpkit: warning: {', '.join(stray)} set without {contract.TOOL.name}: ignored (only the hooks "
+                  f"of the tool {contract.TOOL.name} names read them; ddpkit verify and bench set both)",
+                  file=sys.stderr, flush=True)
         return NONE
+    hooks = _factory(name)(environ)
+    if not isinstance(hooks, Hooks):
+        raise contract.ContractError(f"the {ENTRY_POINTS} entry point {name!r} returned a "
+                                     f"{type(hooks).__name__}, not ddpkit.runtime.instrument.Hooks; make its "
+                                     "factory return a Hooks subclass")
+    return hooks
+
+
+def _factory(name: str) -> Callable[[Mapping[str, str]], Any]:
+    """``module:factory`` (how the ddpkit commands name their own hooks: a checkout on PYTHONPATH, with no
+    installed metadata, works too), else the ``ddpkit.tools`` entry point called ``name`` (a third-party tool)."""
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise contract.ContractError(f"{contract.TOOL.name}={name!r} cannot be loaded ({exc}); name a "
+                                         "module:factory that returns ddpkit.runtime.instrument.Hooks, or a "
+                                         f"{ENTRY_POINTS} entry point") from None
     from importlib.metadata import entry_points  # only a tool's run pays for reading the installed metadata
 
     found = list(entry_points(group=ENTRY_POINTS, name=name))
@@ -79,9 +106,4 @@ def from_env(environ: Mapping[str, str]) -> Hooks:
         raise contract.ContractError(f"{contract.TOOL.name}={name!r} is not a tool of the {ENTRY_POINTS} entry "
                                      f"points (installed: {installed}); unset it (the ddpkit command that runs "
                                      "a tool sets it) or reinstall ddpkit (pip install -e .)")
-    hooks = found[0].load()(environ)
-    if not isinstance(hooks, Hooks):
-        raise contract.ContractError(f"the {ENTRY_POINTS} entry point {name!r} returned a "
-                                     f"{type(hooks).__name__}, not ddpkit.runtime.instrument.Hooks; make its "
-                                     "factory return a Hooks subclass")
-    return hooks
+    return found[0].load()
