@@ -15,8 +15,6 @@ Importing ddpkit imports nothing heavy: each name loads its module on first use.
 import importlib as _importlib
 import typing as _typing
 
-from ddpkit.core.version import __version__ as __version__
-
 # public name -> module that defines it; resolved lazily so `import ddpkit` stays cheap.
 _EXPORTS = {
     "init": "runtime.group",
@@ -46,13 +44,15 @@ _EXPORTS = {
     "get_logger": "output",
     "summary_writer": "output",
     "progress": "output",
+    "__version__": "core.version",  # lazy too: importing it would bind the submodule `core` on the package
 }
 
-__all__ = list(_EXPORTS)
+__all__ = [name for name in _EXPORTS if name != "__version__"]
 
 if _typing.TYPE_CHECKING:  # pragma: no cover
     from ddpkit.checkpoint.checkpointer import Checkpointer
     from ddpkit.core.process import State
+    from ddpkit.core.version import __version__
     from ddpkit.data.build import data_loader
     from ddpkit.data.join import join
     from ddpkit.launcher.spawn import SpawnError, spawn
@@ -80,4 +80,4 @@ def __dir__() -> list[str]:
     >>> {"init", "SpawnError", "__version__"} <= set(__dir__()) and "importlib" not in __dir__()
     True
     """
-    return sorted(set(__all__) | {name for name in globals() if not name.startswith("_") or name.startswith("__")})
+    return sorted(set(_EXPORTS) | {name for name in globals() if not name.startswith("_") or name.startswith("__")})
