@@ -14,9 +14,9 @@ CALL = dict(sync_batchnorm=False, check_sync_every=3, comm="c", shard=[object], 
 
 
 def test_each_mode_keeps_the_options_it_uses_and_ignores_the_rest():
-    ddp = strategy.get("ddp").options(CALL, {"find_unused_parameters": True})
-    fsdp = strategy.get("fsdp").options(CALL, {"reshard_after_forward": False})
-    single, dp = strategy.get("single").options(CALL, {"x": 1}), strategy.get("dp").options(CALL, {})
+    ddp = strategy.get("ddp").options({**CALL, "find_unused_parameters": True, "tools": None})
+    fsdp = strategy.get("fsdp").options({**CALL, "reshard_after_forward": False})
+    single, dp = strategy.get("single").options({**CALL, "x": 1}), strategy.get("dp").options(CALL)
     assert (ddp.sync_batchnorm, ddp.check_sync_every, ddp.comm, dict(ddp.ddp_kwargs)) == \
         (False, 3, "c", {"find_unused_parameters": True})
     assert (fsdp.sync_batchnorm, fsdp.shard, fsdp.init_fn, dict(fsdp.fsdp_kwargs)) == \
@@ -51,3 +51,43 @@ def test_prepare_model_names_no_mode():
         {n.id for stmt in code for n in ast.walk(stmt) if isinstance(n, ast.Name)}
     assert "prepare" in words  # the mode's own order
     assert not words & {"ddp", "fsdp", "dp", "single", "name", "shards", "meta", "on_meta", "materialize", "on_model"}
+
+
+def test_a_mode_written_for_the_flat_wrap_keywords_gets_them_as_before():
+    """Review of issue 27: plugins subclass the built-in modes and override ``wrap(model, state, **options)``.
+    With typed options passed in their place, a sharding plugin crashed (positional call), a ddp plugin lost
+    ``find_unused_parameters``, and a sharding plugin got a meta model materialised whole before its wrap."""
+    import torch
+    from torch import nn
+
+    from ddpkit.core.process import State
+    from ddpkit.runtime import instrument
+    from ddpkit.strategies.meta import meta_build, on_meta
+
+    seen = {}
+
+    class Recording(strategy.Sharded):
+        name = "recording-fsdp"
+
+        def wrap(self, model, state, **options):
+            seen.update(options, meta=on_meta(model))
+            return model
+
+    class Custom(strategy.Strategy):
+        name = "custom"
+
+        def wrap(self, model, state, **options):
+            seen.update(custom=sorted(options))
+            return model
+
+    state = State(0, 0, 1, 1, 0, torch.device("cpu"), None, "x", "x")
+    given = dict(sync_batchnorm=True, check_sync_every=0, comm=None, shard=None, init_fn=None,
+                 find_unused_parameters=True)
+    with meta_build():
+        net = nn.Linear(2, 2)
+    Recording().prepare(net, state, given, instrument.NONE)
+    assert seen.pop("meta") is True and seen.pop("tools") is instrument.NONE and seen == given
+    Custom().prepare(nn.Linear(2, 2), state, given, instrument.NONE)
+    assert seen["custom"] == ["check_sync_every", "comm", "find_unused_parameters", "sync_batchnorm", "tools"]
+    ddp = strategy.get("ddp").options({**given, "static_graph": True})
+    assert dict(ddp.ddp_kwargs) == {"find_unused_parameters": True, "static_graph": True}

@@ -163,9 +163,9 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
     state = runtime.ensure_init()
     mode = state.strategy
     # each mode keeps the options it uses and ignores the others on purpose: the same script runs in every mode
-    options = mode.options(dict(sync_batchnorm=sync_batchnorm, check_sync_every=check_sync_every, comm=comm,
-                                shard=shard, init_fn=init_fn), ddp_kwargs)
-    # move (a meta model: materialise), let the launching tool hook it, wrap: in the mode's order
+    options = dict(sync_batchnorm=sync_batchnorm, check_sync_every=check_sync_every, comm=comm, shard=shard,
+                   init_fn=init_fn, **ddp_kwargs)
+    # move (a meta model: materialise, unless the mode shards it first), let the launching tool hook it, wrap
     wrapped = mode.prepare(model, state, options, runtime.tools())
     if compile:
         mode.compile(wrapped, {} if compile is True else dict(compile))

@@ -11,6 +11,7 @@ Example::
     True
 """
 
+from ddpkit.core.environment import LaunchEnvError, ProcessEnv, visible_gpus
 from ddpkit.strategies.base import Options, Strategy
 from ddpkit.strategies.ddp import DDPOptions, DDPStrategy
 from ddpkit.strategies.dp import DataParallelStrategy
@@ -22,6 +23,8 @@ DataParallel = DataParallelStrategy
 Distributed = DDPStrategy
 Sharded = FSDPStrategy
 
-# the built-in modes are public too: a new mode is often one of them with one answer changed
+# the built-in modes are public too: a new mode is often one of them with one answer changed; and what a mode's
+# device() needs (this module named them before the move, and a plugin may import them from here)
 __all__ = ["ENTRY_POINTS", "STRATEGIES", "DDPOptions", "DDPStrategy", "DataParallel", "DataParallelStrategy",
-           "Distributed", "FSDPOptions", "FSDPStrategy", "Options", "Sharded", "Strategy", "get", "register"]
+           "Distributed", "FSDPOptions", "FSDPStrategy", "LaunchEnvError", "Options", "ProcessEnv", "Sharded",
+           "Strategy", "get", "register", "visible_gpus"]

@@ -7,7 +7,7 @@ each process's share of the batch, the checkpoint's CUDA generators, the full st
 
 Example::
 
-    >>> Strategy().options({"init_fn": print, "check_sync_every": 4}, {"find_unused_parameters": True})
+    >>> Strategy().options({"init_fn": print, "check_sync_every": 4, "find_unused_parameters": True})
     Options(init_fn=<built-in function print>)
 
 Torch-free at module level (torch is imported inside the methods that need it): ``ddpkit launch`` reads the
@@ -29,23 +29,28 @@ if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
 
 
+# prepare_model's own keyword arguments (and the tools): any other keyword is the wrapper's (``**ddp_kwargs``)
+NAMED = frozenset({"sync_batchnorm", "check_sync_every", "comm", "shard", "init_fn", "tools"})
+
+
 @dataclasses.dataclass(frozen=True)
 class Options:
     """What every mode takes from ``prepare_model``: ``init_fn(module)`` initialises a model built inside
     ``ddpkit.init_empty()`` (after each module's ``reset_parameters``). A mode with more says so in a subclass;
-    the ``extra`` keyword arguments (``**ddp_kwargs``) go to the field named ``kwargs_field``, if it has one."""
+    the keywords that are none of prepare_model's own (``**ddp_kwargs``) go to the field named ``kwargs_field``,
+    if it has one."""
 
     kwargs_field: ClassVar[str | None] = None
     init_fn: Any = None
 
     @classmethod
-    def build(cls, given: Mapping[str, Any], extra: Mapping[str, Any]) -> Options:
-        """The fields this mode has, from ``given``; the rest is ignored on purpose: the same script (with
-        ``check_sync_every=`` or ``shard=``) runs in every mode."""
+    def build(cls, given: Mapping[str, Any]) -> Options:
+        """The fields this mode has, from ``prepare_model``'s flat keywords; the rest is ignored on purpose: the
+        same script (with ``check_sync_every=`` or ``shard=``) runs in every mode."""
         names = {f.name for f in dataclasses.fields(cls)}
         kept = {name: value for name, value in given.items() if name in names}
         if cls.kwargs_field is not None:
-            kept[cls.kwargs_field] = dict(extra)
+            kept[cls.kwargs_field] = {k: v for k, v in given.items() if k not in names and k not in NAMED}
         return cls(**kept)
 
 
@@ -69,26 +74,41 @@ class Strategy:
         """The process-group backend; None: no group."""
         return None
 
-    def options(self, given: Mapping[str, Any], extra: Mapping[str, Any]) -> Any:
-        """This mode's :class:`Options` from ``prepare_model``'s named keyword arguments and its ``**kwargs``."""
-        return self.options_type.build(given, extra)
+    def options(self, given: Mapping[str, Any]) -> Any:
+        """This mode's typed :class:`Options` from ``prepare_model``'s flat keyword arguments."""
+        return self.options_type.build(given)
 
-    def prepare(self, model: nn.Module, state: Any, options: Any, tools: Any) -> nn.Module:
+    def prepare(self, model: nn.Module, state: Any, options: Mapping[str, Any], tools: Any) -> nn.Module:
         """In this order: move ``model`` to the device (a meta model: materialise it there, by each module's
-        ``reset_parameters`` then ``options.init_fn``), let the launching tool hook the plain model, wrap."""
+        ``reset_parameters`` then ``init_fn``; a mode that ``shards`` materialises inside its wrap, one shard per
+        rank), let the launching tool hook the plain model, wrap; a model materialised by the wrap is hooked
+        after it, on every rank (its full state dict is a collective).
+
+        ``options`` are prepare_model's keywords, flat; :meth:`wrap` gets them so (with ``tools=``), ``shard``
+        and ``init_fn`` only in a mode that shards, as ever: a mode of another package written for
+        ``wrap(model, state, **options)`` keeps working. Each built-in mode reads them through its typed
+        :class:`Options` (:meth:`options`)."""
         from ddpkit.strategies.meta import materialize, on_meta
 
-        if on_meta(model):
-            materialize(model, state.device, options.init_fn)
-        else:
+        empty = on_meta(model)
+        if not empty:
             model = model.to(state.device)
-        tools.on_model(model, state.is_main, process.on_shutdown)
-        # by keyword: a mode written for the old wrap(model, state, **options) still takes the call
-        return self.wrap(model, state, options=options, tools=tools)
+        elif not self.shards:
+            materialize(model, state.device, options.get("init_fn"))
+            empty = False
+        if not empty:
+            tools.on_model(model, state.is_main, process.on_shutdown)
+        passed = dict(options) if self.shards else {k: v for k, v in options.items() if k not in ("shard", "init_fn")}
+        wrapped = self.wrap(model, state, tools=tools, **passed)
+        if empty:
+            tools.on_model(wrapped, state.is_main, process.on_shutdown)
+        return wrapped
 
-    def wrap(self, model: nn.Module, state: Any, options: Any, tools: Any = None) -> nn.Module:
-        """``model`` is on the device already; ``options``: this mode's :class:`Options`; ``tools``: the
-        launching command's hooks (``ddpkit verify``, ``bench``)."""
+    def wrap(self, model: nn.Module, state: Any, **options: Any) -> nn.Module:
+        """``model`` is on the device already (a meta model, in a mode that shards); ``options``: prepare_model's
+        keywords (``sync_batchnorm``, ``check_sync_every``, ``comm``, the wrapper's own, and ``shard``,
+        ``init_fn`` in a mode that shards) and ``tools``, the launching command's hooks (``ddpkit verify``,
+        ``bench``). The built-in modes read them as their :class:`Options`: ``self.options(options)``."""
         return model
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:

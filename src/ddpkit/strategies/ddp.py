@@ -3,7 +3,7 @@ the wrapper class is :class:`ddpkit.strategies.ddp_wrapper.DDP`).
 
 Example::
 
-    >>> DDPStrategy().options({"check_sync_every": 50, "shard": 8}, {"static_graph": True})
+    >>> DDPStrategy().options({"check_sync_every": 50, "shard": 8, "static_graph": True})
     DDPOptions(init_fn=None, sync_batchnorm=True, check_sync_every=50, comm=None, ddp_kwargs={'static_graph': True})
 
 Torch-free at module level, like every table entry (``ddpkit launch`` reads the table before it loads
@@ -60,9 +60,10 @@ class DDPStrategy(Strategy):
     def backend(self, device: torch.device) -> str | None:
         return "nccl" if device.type == "cuda" else "gloo"
 
-    def wrap(self, model: nn.Module, state: Any, options: Any, tools: Any = None) -> nn.Module:
+    def wrap(self, model: nn.Module, state: Any, **given: Any) -> nn.Module:
         """SyncBatchNorm (unless ``sync_batchnorm=False``), then :class:`DDP` with the communication options
         (the launching tool may replace them, or install its own communication hook)."""
+        options, tools = self.options(given), given.get("tools")
         from ddpkit.strategies import comm as comm_options
         from ddpkit.strategies.ddp_wrapper import DDP
         from ddpkit.strategies.syncbn import sync_batchnorms

@@ -28,7 +28,7 @@ class DataParallelStrategy(Strategy):
     title = "DataParallel"
     min_gpus = 2
 
-    def wrap(self, model: nn.Module, state: Any, options: Any, tools: Any = None) -> nn.Module:
+    def wrap(self, model: nn.Module, state: Any, **options: Any) -> nn.Module:
         from ddpkit.strategies.dp_wrapper import DP
 
         return DP(model)

@@ -1,12 +1,12 @@
 """Mode ``fsdp``: one process per device; parameters, gradients and optimizer state sharded across ranks, on
 torch's FSDP2 ``fully_shard`` (the blocks, the sharding and the root wrapper are in ``fsdp_wrapper.py``).
 
-Its :meth:`FSDPStrategy.prepare` changes the base order for a model built inside ``ddpkit.init_empty()``:
-shard first, then materialise one shard per rank, then hook the wrapped model.
+A mode that ``shards``: the base :meth:`~ddpkit.strategies.base.Strategy.prepare` hands it a model built inside
+``ddpkit.init_empty()`` still on the meta device; its wrap shards first, then materialises one shard per rank.
 
 Example::
 
-    >>> FSDPStrategy().options({"shard": 4096, "check_sync_every": 50}, {"reshard_after_forward": False})
+    >>> FSDPStrategy().options({"shard": 4096, "check_sync_every": 50, "reshard_after_forward": False})
     FSDPOptions(init_fn=None, sync_batchnorm=True, shard=4096, fsdp_kwargs={'reshard_after_forward': False})
 
 Torch-free at module level, like every table entry (``ddpkit launch`` reads the table before it loads torch).
@@ -19,7 +19,6 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ddpkit.core import process
 from ddpkit.strategies.base import Options
 from ddpkit.strategies.ddp import DDPStrategy
 
@@ -48,23 +47,10 @@ class FSDPStrategy(DDPStrategy):
     collective_forward = True
     options_type = FSDPOptions
 
-    def prepare(self, model: nn.Module, state: Any, options: Any, tools: Any) -> nn.Module:
-        """A plain model: as every mode (move, hook the plain model, wrap). A meta one: wrap, which materialises
-        one shard per rank, then hook the wrapped model, on every rank (its full state dict is a collective)."""
-        from ddpkit.strategies.meta import on_meta
-
-        empty = on_meta(model)
-        if not empty:
-            model = model.to(state.device)
-            tools.on_model(model, state.is_main, process.on_shutdown)
-        wrapped = self.wrap(model, state, options, tools)
-        if empty:
-            tools.on_model(wrapped, state.is_main, process.on_shutdown)
-        return wrapped
-
-    def wrap(self, model: nn.Module, state: Any, options: Any, tools: Any = None) -> nn.Module:
+    def wrap(self, model: nn.Module, state: Any, **given: Any) -> nn.Module:
         """SyncBatchNorm (unless off); every rank takes rank 0's weights (a meta model: its ties are found);
         ``fully_shard`` per block then the root; a meta model materialised, shard by shard, with rank 0's draws."""
+        options = self.options(given)
         from ddpkit.strategies import fsdp_wrapper, meta
         from ddpkit.strategies.syncbn import sync_batchnorms
 
