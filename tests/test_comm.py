@@ -31,7 +31,8 @@ def test_powersgd_is_refused_on_gloo_before_any_step(results):
     assert "needs NCCL" in results["powersgd"] and "use 'fp16' or 'bf16' on CPU" in results["powersgd"]
 
 
-@pytest.mark.parametrize("kwargs, message", [({"compression": "int8"}, "is not one of none, fp16, bf16, powersgd"),
+@pytest.mark.parametrize("kwargs, message", [({"compression": "int8"},
+                                             r"is not one of None \(no compression\), fp16, bf16, powersgd"),
                                              ({"bucket_mb": 0}, "bucket_mb must be > 0, got 0"),
                                              ({"powersgd_rank": 0}, "powersgd_rank must be >= 1")])
 def test_bad_comm_config_is_a_clear_error(kwargs, message):

@@ -91,3 +91,10 @@ def test_a_mode_written_for_the_flat_wrap_keywords_gets_them_as_before():
     assert seen["custom"] == ["check_sync_every", "comm", "find_unused_parameters", "sync_batchnorm", "tools"]
     ddp = strategy.get("ddp").options({**given, "static_graph": True})
     assert dict(ddp.ddp_kwargs) == {"find_unused_parameters": True, "static_graph": True}
+
+
+def test_a_keyword_spelled_like_the_kwargs_field_goes_to_the_wrapper_which_refuses_it():
+    """Review of issue 27: prepare_model(net, ddp_kwargs={...}) was silently dropped; before it failed in DDP."""
+    assert dict(strategy.get("ddp").options({"ddp_kwargs": {"find_unused_parameters": True}}).ddp_kwargs) == \
+        {"ddp_kwargs": {"find_unused_parameters": True}}
+    assert dict(strategy.get("fsdp").options({"fsdp_kwargs": {"x": 1}}).fsdp_kwargs) == {"fsdp_kwargs": {"x": 1}}

@@ -41,6 +41,15 @@ def test_the_commands_name_their_hooks_by_module_so_no_installed_metadata_is_nee
         instrument.from_env({"DDPKIT_TOOL": "nope.mod:f"})
 
 
+@pytest.mark.parametrize("value,said", [("os:system", "its factory failed"), (":x", "cannot be loaded (Empty"),
+                                        ("ddpkit.core.contract:TOOL", "its factory failed ('Var' object"),
+                                        ("builtins:dict", "returned a dict, not")])
+def test_a_crafted_tool_is_one_line_naming_the_variable(value, said):
+    with pytest.raises(ValueError) as info:
+        instrument.from_env({"DDPKIT_TOOL": value})
+    assert str(info.value).startswith(f"DDPKIT_TOOL={value!r}") and said in str(info.value), str(info.value)
+
+
 def test_a_tool_variable_without_a_tool_is_said_once_not_ignored_silently(capsys):
     assert instrument.from_env({"DDPKIT_MAX_STEPS": "7", "DDPKIT_BENCH_OUT": "/tmp/o"}) is instrument.NONE
     err = capsys.readouterr().err.strip().splitlines()

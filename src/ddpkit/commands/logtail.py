@@ -6,7 +6,7 @@ so it is decoded with ``errors="replace"``; the tail starts at a line's beginnin
 
 Example::
 
-    run_logged([sys.executable, "train.py"], {"DDPKIT_MAX_STEPS": "5"}, "/tmp/run.log")  # ScriptFailed on exit != 0
+    run_logged([sys.executable, "train.py"], {"OMP_NUM_THREADS": "1"}, "/tmp/run.log")  # ScriptFailed on exit != 0
     print(log_tail("/tmp/run.log"))
 """
 

@@ -1,6 +1,7 @@
 """``ddpkit verify``'s hooks in each of its runs (the ``verify`` entry point of ``ddpkit.tools``).
 
-:func:`ddpkit.commands.verify.run_env` sets ``DDPKIT_TOOL=verify`` and the variables read here; the library
+:func:`ddpkit.commands.verify.run_env` sets ``DDPKIT_TOOL=ddpkit.commands.verify_hooks:from_env`` and the variables
+read here; the library
 calls the :class:`~ddpkit.runtime.instrument.Hooks` methods. What verify changes, and why:
 
 - the one-process run multiplies the training batch by N (``batch_scale``, not a ``global_batch_size``:

@@ -79,9 +79,17 @@ def from_env(environ: Mapping[str, str]) -> Hooks:
                   f"of the tool {contract.TOOL.name} names read them; ddpkit verify and bench set both)",
                   file=sys.stderr, flush=True)
         return NONE
-    hooks = _factory(name)(environ)
+    factory = _factory(name)
+    try:
+        hooks = factory(environ)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, contract.ContractError):  # the tool's own one-line complaint about its variables
+            raise
+        raise contract.ContractError(f"{contract.TOOL.name}={name!r}: its factory failed ({exc}); name a "
+                                     "module:factory taking the environment and returning "
+                                     "ddpkit.runtime.instrument.Hooks") from None
     if not isinstance(hooks, Hooks):
-        raise contract.ContractError(f"the {ENTRY_POINTS} entry point {name!r} returned a "
+        raise contract.ContractError(f"{contract.TOOL.name}={name!r} returned a "
                                      f"{type(hooks).__name__}, not ddpkit.runtime.instrument.Hooks; make its "
                                      "factory return a Hooks subclass")
     return hooks
@@ -94,7 +102,7 @@ def _factory(name: str) -> Callable[[Mapping[str, str]], Any]:
         module, _, attr = name.partition(":")
         try:
             return getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as exc:
+        except (ImportError, AttributeError, ValueError) as exc:  # ValueError: an empty module name
             raise contract.ContractError(f"{contract.TOOL.name}={name!r} cannot be loaded ({exc}); name a "
                                          "module:factory that returns ddpkit.runtime.instrument.Hooks, or a "
                                          f"{ENTRY_POINTS} entry point") from None

@@ -47,7 +47,9 @@ class Options:
     def build(cls, given: Mapping[str, Any]) -> Options:
         """The fields this mode has, from ``prepare_model``'s flat keywords; the rest is ignored on purpose: the
         same script (with ``check_sync_every=`` or ``shard=``) runs in every mode."""
-        names = {f.name for f in dataclasses.fields(cls)}
+        # a keyword spelled like the kwargs field (prepare_model(net, ddp_kwargs={...})) is the wrapper's, which
+        # refuses it as before, not the field: the field holds the keywords prepare_model does not name
+        names = {f.name for f in dataclasses.fields(cls)} - {cls.kwargs_field}
         kept = {name: value for name, value in given.items() if name in names}
         if cls.kwargs_field is not None:
             kept[cls.kwargs_field] = {k: v for k, v in given.items() if k not in names and k not in NAMED}

@@ -36,7 +36,7 @@ class CommConfig:
     powersgd_rank: int = 2
 
     def __post_init__(self):
-        check("compression", self.compression, Compression, none="none")
+        check("compression", self.compression, Compression, none="None (no compression)")
         if self.bucket_mb is not None and self.bucket_mb <= 0:
             raise ValueError(f"bucket_mb must be > 0, got {self.bucket_mb}")
         if self.powersgd_rank < 1:
