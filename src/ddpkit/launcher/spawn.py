@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
-from ddpkit.core import contract, environment, reports
+from ddpkit.core import contract, environment, process, reports
 from ddpkit.launcher import config as launch
 from ddpkit.launcher import console as logs
 from ddpkit.launcher import supervise
@@ -115,7 +115,7 @@ class _Call:
         self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
 
     def __call__(self, *args: Any) -> Any:
-        runtime.start_fresh()  # a forked worker inherits the kernel's ddpkit state and its last failed cell
+        process.reset()  # a forked worker inherits the kernel's ddpkit state and its last failed cell
         # A fork copies the agent's handlers (which raise, for a traceback per worker). Ctrl-C / a kernel interrupt
         # reaches the whole process group: the agent stops the workers, so they ignore it and die by its SIGTERM.
         for sig in _SIGNALS:

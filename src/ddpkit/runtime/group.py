@@ -208,13 +208,6 @@ def seed_everything(seed: int) -> None:
         sys.modules["numpy"].random.seed(seed % 2**32)
 
 
-def start_fresh() -> None:
-    """The first thing a worker forked by ``ddpkit.spawn`` does: :func:`ddpkit.core.process.reset` (a kernel that
-    already ran ``ddpkit.init()`` would hand its one-process state back from ``init()``: world size 1, training
-    alone on the full data), and a no-progress clock that counts from this worker's start."""
-    process.reset()
-
-
 def ensure_init() -> State:
     """The state of this process; the first call starts it with :func:`init`'s defaults (and so may
     start the process group)."""
