@@ -21,6 +21,7 @@ from typing import Any
 from torch import nn
 
 from ddpkit.runtime import group as runtime
+from ddpkit.runtime import phases
 from ddpkit.strategies import comm as comm_options
 from ddpkit.strategies import meta
 from ddpkit.strategies.forwarding import unwrap
@@ -169,4 +170,5 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
     wrapped = mode.prepare(model, state, options, runtime.tools())
     if compile:
         mode.compile(wrapped, {} if compile is True else dict(compile))
+    phases.watch_model(wrapped, compiled=bool(compile))  # under ddpkit launch: where each step's time goes
     return wrapped

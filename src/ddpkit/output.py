@@ -16,7 +16,9 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+from ddpkit.core import straggler
 from ddpkit.runtime import group as runtime
+from ddpkit.runtime import phases
 
 
 def print(*args: Any, **kwargs: Any) -> None:  # noqa: A001 - the point is to stand in for print
@@ -72,7 +74,10 @@ class _NullWriter:
 def summary_writer(log_dir: str | None = None, **kwargs: Any):
     """A ``torch.utils.tensorboard.SummaryWriter`` on rank 0, a no-op object with the same methods elsewhere.
 
-    Needs the ``tensorboard`` extra (``pip install ddpkit[tensorboard]``) on rank 0.
+    Needs the ``tensorboard`` extra (``pip install ddpkit[tensorboard]``) on rank 0. Under ``ddpkit launch``
+    it also gets the phase report's scalars after each window: ``ddpkit/phases/<phase>/rank<r>`` (ms per step)
+    and ``ddpkit/straggler_score`` (the largest excess of one rank's phase over the others', as a share of
+    the step: 0 when every rank is alike).
     """
     if not runtime.ensure_init().is_main:
         return _NullWriter()
@@ -80,7 +85,16 @@ def summary_writer(log_dir: str | None = None, **kwargs: Any):
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as exc:
         raise ImportError("summary_writer needs tensorboard: pip install 'ddpkit[tensorboard]'") from exc
-    return SummaryWriter(log_dir=log_dir, **kwargs)
+    writer = SummaryWriter(log_dir=log_dir, **kwargs)
+    phases.add_listener(lambda step, windows, found: _phase_scalars(writer, step, windows))
+    return writer
+
+
+def _phase_scalars(writer: Any, step: int, windows: list[dict[str, Any]]) -> None:
+    for win in windows:
+        for phase, ms in win["ms"].items():
+            writer.add_scalar(f"ddpkit/phases/{phase}/rank{win['rank']}", ms, step)
+    writer.add_scalar("ddpkit/straggler_score", straggler.score(windows), step)
 
 
 def progress(iterable: Iterable, **tqdm_kwargs: Any) -> Iterable:

@@ -77,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--console-ranks", default="0", help="ranks shown on the console: 0 (default), 0,2 or all")
     p.add_argument("--join-timeout", default="600",
                    help="multi-node: seconds to wait for every node to join before failing (default 600)")
+    p.add_argument("--phase-window", default=None,
+                   help="steps per window of the per-rank phase report and straggler check (default 200; 0: off)")
     p.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module, like python -m")
     p.add_argument("script", help="training script (or module with -m)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")
@@ -108,7 +110,9 @@ def parse_args(argv: Sequence[str], gpus: int | None = None, cpus: int | None = 
         verbose=ns.verbose, max_restarts=parse_count(ns.max_restarts, "--max-restarts", 0), module=ns.module,
         resume=ns.resume, log_dir=ns.log_dir, console_ranks=ns.console_ranks,
         keep_logs=parse_count(ns.keep_logs, "--keep-logs", 0, "pass 0 to keep every log folder"),
-        join_timeout_s=parse_seconds(ns.join_timeout, "--join-timeout"))
+        join_timeout_s=parse_seconds(ns.join_timeout, "--join-timeout"),
+        phase_window=None if ns.phase_window is None else parse_count(ns.phase_window, "--phase-window", 0,
+                                                                       "pass 0 to turn the phase report off"))
 
 
 def _flag_or_env(flag: str | None, flag_name: str, var: str, environ: Mapping[str, str]) -> str | None:

@@ -72,6 +72,8 @@ RESUME = Var("DDPKIT_RESUME", f"{LAUNCH} --resume", "Checkpointer", "1: restore 
 REPORT_DIR = Var("DDPKIT_REPORT_DIR", LAUNCH, "init()", "where workers write error and stack reports")
 LAUNCHER_PID = Var("DDPKIT_LAUNCHER_PID", LAUNCH, "init()",
                    "the launcher's PID: a worker whose parent is no longer it exits (orphan guard)")
+PHASE_WINDOW = Var("DDPKIT_PHASE_WINDOW", f"{LAUNCH} --phase-window", "init()",
+                   "steps per window of the per-rank phase report (default 200); 0 turns the report off")
 TOOL = Var("DDPKIT_TOOL", f"{VERIFY}, {BENCH}", "init()",
            "the tool whose hooks the workers load: module:factory, or an entry point of the ddpkit.tools group")
 MAX_STEPS = Var("DDPKIT_MAX_STEPS", f"{VERIFY}, {BENCH}", "the tool's hooks",

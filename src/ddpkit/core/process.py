@@ -70,6 +70,7 @@ class Process:
     report_dir: str | None = None  # this worker's report folder under ddpkit launch, once faults.install ran
     run_id: str | None = None  # the checkpoint run id when no launcher gave one
     joining: bool = False  # inside ddpkit.join: loaders may hand out uneven batch counts
+    phases: Any = None  # this rank's ddpkit.runtime.phases.PhaseClock under ddpkit launch
 
 
 _current = Process()

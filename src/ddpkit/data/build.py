@@ -33,6 +33,7 @@ from ddpkit.data.loader import ShardedDataLoader
 from ddpkit.data.samplers import SamplerShard, ShardSampler, too_few, user_sampler
 from ddpkit.data.settings import cores_per_process, loader_defaults
 from ddpkit.runtime import group as runtime
+from ddpkit.runtime import phases
 
 __all__ = ["data_loader"]
 
@@ -111,6 +112,7 @@ def _announce(loader: Any, state: State, tools: Any, batch_size: int, steps: int
     global_batch = batch_size * mode.batch_share(state)
     tools.on_loader(loader, state.rank, lambda: {"global_batch": global_batch, "mode": state.mode,
                                                  "device": str(state.device)}, process.on_shutdown)
+    phases.watch_loader(loader)  # under ddpkit launch: its fetches are the phase report's data time
     if state.is_main:
         workers = f", {loader.num_workers} loader workers per process" if loader.num_workers else ""
         print(f"ddpkit: {mode.describe_batch(state, batch_size, steps)}{workers}", file=sys.stderr, flush=True)

@@ -17,7 +17,7 @@ sees the same global batches as N processes with batch ``B`` each.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -29,6 +29,7 @@ from ddpkit.data.samplers import EpochSampler
 __all__ = ["Observed", "ShardedDataLoader", "empty_batch"]
 
 Observer = Callable[[], "bool | None"]
+FetchWatcher = Callable[["bool | None"], None]
 
 
 class Observed:
@@ -44,9 +45,18 @@ class Observed:
     """
 
     _observers: list[Observer]
+    _fetch_watchers: tuple[FetchWatcher, ...] = ()
 
     def observe(self, fn: Observer) -> None:
         self._observers.append(fn)
+
+    def watch_fetch(self, fn: FetchWatcher) -> None:
+        """``fn(True)`` as the loop asks for a batch, ``fn(False)`` once it is there, ``fn(None)`` when the pass
+        ended instead: the phase report's data time. A loader nobody watches iterates as it would without this."""
+        self._fetch_watchers = (*self._fetch_watchers, fn)
+
+    def _timed(self, batches: Iterable[Any]) -> Iterable[Any]:
+        return _timed(batches, self._fetch_watchers) if self._fetch_watchers else batches
 
     def _admitted(self) -> bool:
         """True: hand out the next batch; False: an observer ended the pass."""
@@ -158,7 +168,7 @@ class ShardedDataLoader(Observed, DataLoader):
             batches = _padded_with_empty(batches, self.equal_steps)
         finished = False
         try:
-            for batch in batches:
+            for batch in self._timed(batches):
                 if not self._admitted():
                     return
                 self.steps_taken += 1
@@ -170,6 +180,30 @@ class ShardedDataLoader(Observed, DataLoader):
         finally:  # at the end, and at a `break` (CPython closes the iterator as the loop is left)
             if number == self._passes:
                 self._close_pass(finished)
+
+
+def _timed(batches: Iterable[Any], watchers: tuple[FetchWatcher, ...]) -> Iterator[Any]:
+    """``batches``, telling ``watchers`` when each fetch starts and how it ended."""
+    it = iter(batches)
+    while True:
+        for fn in watchers:
+            fn(True)
+        try:
+            batch = next(it)
+        except StopIteration:
+            _ended(watchers)
+            return
+        except BaseException:  # a worker's error (raised on), a KeyboardInterrupt: no batch came either
+            _ended(watchers)
+            raise
+        for fn in watchers:
+            fn(False)
+        yield batch
+
+
+def _ended(watchers: tuple[FetchWatcher, ...]) -> None:
+    for fn in watchers:
+        fn(None)
 
 
 def empty_batch(batch: Any) -> Any:

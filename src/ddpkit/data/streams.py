@@ -346,7 +346,7 @@ class StreamLoader(Observed, DataLoader):
 
     def _steps(self, batches: Iterator[_Batch]) -> Iterator[Any]:
         last: Any = None
-        for item in self._agreed(batches):
+        for item in self._timed(self._agreed(batches)):
             if not self._admitted():
                 break
             if item is None:  # "empty": other ranks still have data, and their forward needs this rank

@@ -101,6 +101,7 @@ class LaunchConfig:
     console_ranks: str = "0"
     keep_logs: int = DEFAULT_KEEP_LOGS  # launch folders kept under log_dir (0: all)
     join_timeout_s: float = 600.0
+    phase_window: int | None = None  # steps per window of the phase report (0: off); None: the workers' default
     # the mode itself, looked up once from ``mode`` (every question about it asks this object)
     strategy: Strategy = dataclasses.field(init=False, repr=False, compare=False)
 
@@ -243,6 +244,7 @@ def worker_env(cfg: LaunchConfig, environ: Mapping[str, str], cores: int) -> tup
     DDPKIT_LAUNCHER_PID: a worker whose parent is no longer this process exits (orphan guard).
     TORCH_CPP_LOG_LEVEL=ERROR (unless ``--verbose``): torch's C++ warnings stay off the console.
     DDPKIT_RESUME=1 (``--resume``): ``ddpkit.Checkpointer`` restores the newest valid checkpoint.
+    DDPKIT_PHASE_WINDOW (``--phase-window N``): steps per window of the per-rank phase report; 0 turns it off.
     PYTHONUNBUFFERED=1 (DDP, when unset): worker output goes through log files and must not sit in buffers.
     GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME=lo (single node, when unset): the workers' own listening
     sockets bind loopback too, whatever the host name resolves to.
@@ -262,6 +264,8 @@ def worker_env(cfg: LaunchConfig, environ: Mapping[str, str], cores: int) -> tup
         env[contract.UNBUFFERED.name] = "1"  # output goes to log files; without this, prints would wait for exit
     if cfg.resume:
         env[contract.RESUME.name] = "1"
+    if cfg.phase_window is not None:
+        env[contract.PHASE_WINDOW.name] = str(cfg.phase_window)
     if cfg.loopback and multi and LOOPBACK_IFNAME:
         for name in (contract.GLOO_IFNAME.name, contract.NCCL_IFNAME.name):
             if name not in environ:

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from ddpkit.core import contract, reports
 from ddpkit.core.environment import usable_cores
 from ddpkit.core.errors import SCRIPT_FAILED, USAGE_ERROR
-from ddpkit.launcher import diagnosis
+from ddpkit.launcher import diagnosis, phase_report
 from ddpkit.launcher.config import PROG, LaunchConfig, torchrun_argv, worker_env
 from ddpkit.launcher.console import ConsoleTail, new_run_dir, parse_ranks, release
 from ddpkit.launcher.preflight import check_nodes
@@ -189,6 +189,7 @@ def _supervise(cfg: LaunchConfig, report_dir: str) -> int:
             torchrun(get_args_parser().parse_args(torchrun_argv(cfg, log_dir)))
     except ChildFailedError as exc:
         tail.stop()
+        _say_phases(report_dir, log_dir)
         _say_restarts(report_dir, log_dir, restarts.causes)
         first = first_local_rank(exc, tail.first_rank)
         code, text = failure_report(exc, report_dir, stderr_tails(log_dir, first), stderr_times(log_dir, first))
@@ -201,10 +202,16 @@ def _supervise(cfg: LaunchConfig, report_dir: str) -> int:
     finally:
         tail.stop()
         release(log_dir)  # the run is over: a later launch may rotate its folder out
+    _say_phases(report_dir, log_dir)
     _say_restarts(report_dir, log_dir, restarts.causes)
     if warning := no_group_warning(cfg, report_dir):
         print(warning, file=sys.stderr, flush=True)
     return 0
+
+
+def _say_phases(report_dir: str, log_dir: str) -> None:
+    if text := phase_report.summary(report_dir, log_dir):
+        print(text, file=sys.stderr, flush=True)
 
 
 def stopped(sig: signal.Signals, report_dir: str) -> str:

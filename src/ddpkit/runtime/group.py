@@ -29,7 +29,7 @@ from ddpkit.core.environment import LaunchEnvError, ProcessEnv, detect, visible_
 from ddpkit.core.errors import USAGE_ERROR
 from ddpkit.core.options import Device, check
 from ddpkit.core.process import State
-from ddpkit.runtime import faults, instrument
+from ddpkit.runtime import faults, instrument, phases
 from ddpkit.strategies import table as strategy
 
 # Collectives that wait longer than this fail (and `ddpkit launch` prints a hang report). torch's defaults
@@ -144,6 +144,7 @@ def init(mode: str | None = None, *, backend: str | None = None, timeout_s: floa
             entry = strategy.get(chosen)  # the one place a mode name becomes the mode: State carries it
             device = entry.device(env, gpus)
             hooks = instrument.from_env(os.environ)
+            window = phases.window_from(os.environ)
         except (LaunchEnvError, ValueError) as exc:  # ContractError and an unknown mode are ValueErrors
             # the launch itself is wrong (a variable, a count): one line naming it, no traceback into ddpkit
             print(f"ddpkit: error: {exc}", file=sys.stderr, flush=True)
@@ -157,6 +158,7 @@ def init(mode: str | None = None, *, backend: str | None = None, timeout_s: floa
             _start_group(env, backend, device, timeout_s)
         proc.state = state = State(env.rank, env.local_rank, env.world_size, env.local_world_size, env.node_rank,
                                    device, backend, chosen, reason, entry)
+        proc.phases = phases.start(state, contract.REPORT_DIR.text(os.environ), window)
         atexit.register(shutdown)
     if seed is not None:
         seed_everything(seed + state.rank)

@@ -1,0 +1,292 @@
+"""Where each step's time goes on this rank, in phases, and which rank is slow: the worker half of the report.
+
+Under ``ddpkit launch`` every rank runs a :class:`PhaseClock` (``--phase-window 0`` turns it off). It takes a
+time stamp at the points a step already passes, and adds the time since the last stamp to the phase the
+step was in:
+
+- ``data``: a ddpkit training loader was asked for a batch, until it handed one out (workers, I/O, collate);
+- ``compute``: the training forward of a prepared model started, until its last gradient was ready;
+- ``comm``: the last gradient was ready, until the backward returned: the all-reduce that no compute hides,
+  which is where a rank waits for a slower peer;
+- ``optimizer``: inside ``optimizer.step()`` (torch's global optimizer hooks);
+- ``other``: everything else in the loop (logging, moving the batch, the loss's ``.item()``).
+
+A step runs from one batch request to the next (without a ddpkit loader: from one optimizer step to the next).
+Every ``window`` steps the rank puts its window (mean ms per step in each phase, as JSON) in the group's store:
+no collective, nothing per step leaves the process. Rank 0 reads the previous window of every rank, and says
+once on the console when a straggler appears (:func:`ddpkit.core.straggler.verdict` names the same rank and
+phase in two windows in a row). At shutdown each rank
+puts its totals there too, and rank 0 writes ``phases.json`` for the launcher's final table.
+
+Example (one process, no store: its own table)::
+
+    clock = PhaseClock(rank=0, local_rank=0, host="h", window=200, store=None, report_path="phases.json")
+    loader.watch_fetch(clock.fetch); clock.watch_model(model); clock.start()
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddpkit.core import atomic, contract, process, straggler
+
+DEFAULT_WINDOW = 200
+FINAL_WAIT_S = 5.0  # rank 0 waits this long at shutdown for the other ranks' totals (as the final barrier does)
+_KEY = "ddpkit/phases/"
+Listener = Callable[[int, list[dict[str, Any]], "dict[str, Any] | None"], None]
+_N = len(straggler.PHASES)
+_DATA, _COMPUTE, _COMM, _OPT, _OTHER = range(_N)
+
+
+class PhaseClock:
+    """One rank's phase times: see the module docstring. ``store``: the group's store (None: one process)."""
+
+    def __init__(self, rank: int, local_rank: int, host: str, window: int, store: Any, report_path: str | None,
+                 world_size: int = 1, attempt: int = 0):
+        self.rank, self.local_rank, self.host, self.window = rank, local_rank, host, window
+        self.store, self.report_path, self.world_size = store, report_path, world_size
+        self.prefix = f"{_KEY}{attempt}/"
+        self.now = time.perf_counter
+        self.phase, self.mark = _OTHER, self.now()
+        self.step_sums = [0.0] * _N  # the open step
+        self.window_sums, self.total_sums = [0.0] * _N, [0.0] * _N
+        self.window_steps = self.total_steps = self.windows = 0
+        self.by_loader = self.stepping = self.in_backward = False
+        self.said: tuple[int, str] | None = None  # the straggler last said on the console
+        self.seen: tuple[int, str] | None = None  # the last window's verdict
+        self.listeners: list[Listener] = []
+        self.handles: list[Any] = []
+
+    # -- the stamps -------------------------------------------------------------------------------------
+    def _to(self, phase: int) -> None:
+        """The time since the last stamp goes to the phase the step was in; from now the step is in ``phase``."""
+        now = self.now()
+        self.step_sums[self.phase] += now - self.mark
+        self.phase, self.mark = phase, now
+
+    def fetch(self, starting: bool | None) -> None:
+        """A ddpkit training loader starts fetching a batch (True: a step ends, the next one starts), got one
+        (False), or ended its pass (None): the time from there to the next pass's first fetch (evaluation, a
+        save) is no step's."""
+        if starting:
+            self.by_loader = True
+            self._next_step()
+            self._to(_DATA)
+        else:
+            self._to(_OTHER)
+            if starting is None:
+                self.stepping = False
+
+    def forward(self, module: nn.Module, args: Any) -> None:
+        if module.training and torch.is_grad_enabled():  # an evaluation forward is "other"
+            self._to(_COMPUTE)
+
+    def grad_ready(self, param: torch.Tensor) -> None:
+        self.phase = _COMPUTE  # the backward so far (also when no forward was stamped: a compiled model)
+        self._to(_COMM)  # until the next gradient, or the end of the backward
+        if not self.in_backward:
+            self.in_backward = True
+            # Callbacks run at the end of the backward in the order queued. Ours, queued first, queues one more:
+            # that one runs after DDP's own (queued at its last bucket), which waits for the all-reduce.
+            torch.autograd.Variable._execution_engine.queue_callback(self._requeue)
+
+    def _requeue(self) -> None:
+        torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
+
+    def _backward_done(self) -> None:
+        self.in_backward = False
+        self._to(_OTHER)
+
+    def optimizer_start(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._to(_OPT)
+
+    def optimizer_end(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._to(_OTHER)
+        if not self.by_loader:  # no ddpkit loader: an optimizer step is the step
+            self._next_step()
+
+    # -- steps and windows -------------------------------------------------------------------------------
+    def _next_step(self) -> None:
+        self._to(self.phase)
+        if self.stepping:  # the time before the first step (building, loading) is no step's
+            for i in range(_N):
+                self.window_sums[i] += self.step_sums[i]
+            self.window_steps += 1
+            if self.window_steps >= self.window:
+                self._publish_window()
+        self.stepping = True
+        self.step_sums = [0.0] * _N
+
+    def _mean(self, sums: list[float], steps: int, index: int) -> dict[str, Any]:
+        ms = {p: 1000.0 * sums[i] / max(steps, 1) for i, p in enumerate(straggler.PHASES)}
+        return straggler.window(self.rank, ms, steps, self.host, self.local_rank, index)
+
+    def _publish_window(self) -> None:
+        index, self.windows = self.windows, self.windows + 1
+        mine = self._mean(self.window_sums, self.window_steps, index)
+        for i in range(_N):
+            self.total_sums[i] += self.window_sums[i]
+        self.total_steps += self.window_steps
+        self.window_sums, self.window_steps = [0.0] * _N, 0
+        if self.store is not None:
+            _put(self.store, f"{self.prefix}{index}/{self.rank}", mine)
+        if self.rank == 0:
+            previous = [mine] if self.store is None else self._gather(index - 1)
+            if previous:
+                self._judge(previous)
+
+    def _gather(self, index: int) -> list[dict[str, Any]]:
+        """Every rank's window ``index`` once all are in the store (none yet: []), then forgotten there."""
+        if index < 0:
+            return []
+        keys = [f"{self.prefix}{index}/{r}" for r in range(self.world_size)]
+        try:
+            if not self.store.check(keys):
+                return []
+            found = [straggler.parse_window(raw) for raw in self.store.multi_get(keys)]
+            for key in keys:
+                self.store.delete_key(key)
+        except (RuntimeError, straggler.ReportError) as exc:
+            print(f"ddpkit: warning: phase report: window {index} unreadable ({exc}); skipped", file=sys.stderr,
+                  flush=True)
+            return []
+        return found
+
+    def _judge(self, windows: list[dict[str, Any]]) -> None:
+        found = straggler.verdict(windows)
+        step = (windows[0]["window"] + 1) * self.window
+        for listener in self.listeners:
+            listener(step, windows, found)
+        now = None if found is None else (found["rank"], found["phase"])
+        # said once it holds for two windows in a row: one window's hiccup (a descheduled process) is no straggler
+        if now is not None and now == self.seen and now != self.said:
+            print(f"ddpkit: {straggler.describe(found, f'over steps {step - 2 * self.window}-{step}')}",
+                  file=sys.stderr, flush=True)
+            self.said = now
+        self.seen = now
+
+    # -- the run's end -----------------------------------------------------------------------------------
+    def totals(self) -> dict[str, Any]:
+        """This rank's phase means over every step so far (windows that were published and the open one)."""
+        sums = [t + w for t, w in zip(self.total_sums, self.window_sums)]
+        return self._mean(sums, self.total_steps + self.window_steps, self.windows)
+
+    def finish(self) -> None:
+        """At shutdown: put this rank's totals in the store; rank 0 writes the run's report."""
+        mine = self.totals()
+        if self.store is not None:
+            _put(self.store, f"{self.prefix}total/{self.rank}", mine)
+        if self.rank != 0 or self.report_path is None:
+            return
+        windows, missing = self._final_totals(mine) if self.store is not None else ([mine], [])
+        rep = straggler.report(windows, missing)
+        atomic.write_atomically(self.report_path, lambda f: f.write(straggler.dumps(rep).encode()))
+
+    def _final_totals(self, mine: dict[str, Any]) -> tuple[list[dict[str, Any]], list[int]]:
+        keys = {r: f"{self.prefix}total/{r}" for r in range(self.world_size) if r != self.rank}
+        try:
+            self.store.wait(list(keys.values()), datetime.timedelta(seconds=FINAL_WAIT_S))
+        except RuntimeError:  # a rank is late or gone: report the ones there
+            pass
+        windows, missing = [mine], list[int]()
+        for rank, key in keys.items():
+            try:
+                if self.store.check([key]):
+                    windows.append(straggler.parse_window(self.store.get(key)))
+                    continue
+            except (RuntimeError, straggler.ReportError):
+                pass
+            missing.append(rank)
+        return windows, missing
+
+    def watch_model(self, model: nn.Module, forward: bool = True) -> None:
+        """Stamp the training forwards of ``model`` (``forward=False``: a compiled one, whose hooks dynamo would
+        trace) and the moment each of its gradients is ready."""
+        if forward:
+            self.handles.append(model.register_forward_pre_hook(self.forward))
+        for param in model.parameters():
+            if param.requires_grad:
+                self.handles.append(param.register_post_accumulate_grad_hook(self.grad_ready))
+
+    def start(self) -> None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        self.handles += [register_optimizer_step_pre_hook(self.optimizer_start),
+                         register_optimizer_step_post_hook(self.optimizer_end)]
+        self.mark = self.now()
+
+    def stop(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+
+def _put(store: Any, key: str, win: dict[str, Any]) -> None:
+    try:
+        store.set(key, straggler.dumps(win))
+    except RuntimeError:  # the store's host is gone: the run is ending anyway, and the report is no reason to fail
+        pass
+
+
+def window_from(environ: Any) -> int:
+    """Steps per window from ``DDPKIT_PHASE_WINDOW`` (0: no report); a bad value is one line naming it.
+
+    >>> window_from({}), window_from({"DDPKIT_PHASE_WINDOW": "0"})
+    (200, 0)
+    """
+    window = contract.PHASE_WINDOW.number(environ)
+    if window is not None and window < 0:
+        raise contract.ContractError(f"{contract.PHASE_WINDOW.name}={window} must be >= 0; give the steps per "
+                                     "window of the phase report, or 0 to turn it off")
+    return DEFAULT_WINDOW if window is None else window
+
+
+def start(state: Any, report_dir: str | None, window: int) -> PhaseClock | None:
+    """This rank's clock under ``ddpkit launch`` (``report_dir`` set), unless ``window`` is 0."""
+    if report_dir is None or window == 0:
+        return None
+    store = None
+    if state.world_size > 1 and dist.is_initialized():
+        store = dist.distributed_c10d._get_default_store()
+    clock = PhaseClock(state.rank, state.local_rank, socket.gethostname(), window, store,
+                       os.path.join(report_dir, "phases.json"), state.world_size,
+                       contract.RESTART_COUNT.number(os.environ) or 0)
+    clock.start()
+    process.on_shutdown(clock.finish)
+    process.on_shutdown(clock.stop, always=True)
+    return clock
+
+
+def current() -> PhaseClock | None:
+    return process.current().phases
+
+
+def watch_loader(loader: Any) -> None:
+    """A ddpkit training loader: its batch fetches open the steps (nothing when no clock runs)."""
+    clock = current()
+    if clock is not None:
+        loader.watch_fetch(clock.fetch)
+
+
+def watch_model(model: nn.Module, compiled: bool = False) -> None:
+    """A prepared model: its training forwards and gradients are stamped (nothing when no clock runs)."""
+    clock = current()
+    if clock is not None:
+        clock.watch_model(model, forward=not compiled)
+
+
+def add_listener(listener: Listener) -> None:
+    """``listener(step, windows, verdict)`` on rank 0 after each window (e.g. TensorBoard scalars)."""
+    clock = current()
+    if clock is not None:
+        clock.listeners.append(listener)

@@ -1,0 +1,293 @@
+"""The per-rank phase report: real launches where one rank is slow (data, compute) or all are, at one node and at two
+node launchers on loopback; the verdict; no collective added; windows, not steps, through the store; crafted
+reports and windows read as data."""
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from conftest import WORKERS, launch, ok, run_cmd
+from ddpkit.core import straggler
+from ddpkit.launcher import phase_report
+from ddpkit.runtime.phases import PhaseClock
+from test_multinode import free_port, wait_all
+
+SCRIPT = WORKERS / "phases_train.py"
+TABLE = re.compile(r"^\s+(\d+)\s+\S+\s+" + r"\s+".join([r"([\d.]+)"] * 6) + r"$", re.M)
+
+
+def rows(stderr):
+    """rank -> {phase: ms} from the launcher's final table."""
+    return {int(m[0]): dict(zip((*straggler.PHASES, "step"), map(float, m[1:]))) for m in TABLE.findall(stderr)}
+
+
+def run(tmp_path, slow, nproc=3, window=10, steps=40, extra=()):
+    res = launch(SCRIPT, nproc=nproc, launcher_args=["--phase-window", str(window), "--log-dir", tmp_path, *extra],
+                 env={"PHASES_SLOW": slow, "PHASES_STEPS": str(steps)})
+    return ok(res)
+
+
+def kept_report(tmp_path):
+    found = list(tmp_path.glob("*/phases.json"))
+    assert len(found) == 1, found
+    return straggler.parse_report(found[0].read_bytes())
+
+
+# -- real launches ----------------------------------------------------------------------------------------------
+def test_a_rank_whose_data_is_slow_is_named_with_the_phase_and_the_others_waiting(tmp_path):
+    res = run(tmp_path, "data:2")
+    live = [line for line in res.stderr.splitlines() if "straggler: rank" in line and "over steps" in line]
+    assert len(live) == 1, res.stderr  # said once when it starts, not every window
+    assert "straggler: rank 2 (" in live[0] and "local 2): data loading" in live[0]
+    table = rows(res.stderr)
+    assert sorted(table) == [0, 1, 2]
+    assert table[2]["data"] > 3 * max(table[0]["data"], table[1]["data"])
+    for fast in (0, 1):  # the others spend that time waiting for rank 2 in the all-reduce
+        assert table[fast]["comm"] > 3 * table[2]["comm"], res.stderr
+    assert re.search(r"ddpkit: straggler: rank 2 .* over the run", res.stderr)
+    report = kept_report(tmp_path)
+    assert report["straggler"]["rank"] == 2 and report["straggler"]["phase"] == "data"
+    assert [w["steps"] for w in report["ranks"]] == [40, 40, 40]  # batches handed out, nothing between passes
+
+
+def test_a_rank_whose_compute_is_slow_is_named_with_compute(tmp_path):
+    res = run(tmp_path, "compute:1")
+    assert re.search(r"straggler: rank 1 \(.*\): compute \(forward \+ backward\) .* over steps", res.stderr)
+    table = rows(res.stderr)
+    assert table[1]["compute"] > 3 * max(table[0]["compute"], table[2]["compute"])
+    assert min(table[0]["comm"], table[2]["comm"]) > 3 * table[1]["comm"]
+    assert kept_report(tmp_path)["straggler"]["phase"] == "compute"
+
+
+def test_every_rank_equally_slow_is_a_slow_job_not_a_straggler(tmp_path):
+    res = run(tmp_path, "all")
+    assert "straggler: rank" not in res.stderr, res.stderr
+    assert "no straggler over the run" in res.stderr
+    table = rows(res.stderr)
+    assert all(table[r]["data"] > 10 for r in table), table  # every rank is slow in data: found, but alike
+    assert kept_report(tmp_path)["straggler"] is None
+
+
+def test_the_report_adds_no_collective_and_can_be_turned_off(tmp_path):
+    on = run(tmp_path / "on", "", nproc=2, window=5, steps=20)
+    off = run(tmp_path / "off", "", nproc=2, window=0, steps=20)
+    count = lambda res: int(re.search(r"collectives=(\d+)", res.stdout)[1])  # noqa: E731
+    assert count(on) == count(off) > 20  # the DDP all-reduces only, in both
+    assert "where each rank's time went" in on.stderr
+    assert "where each rank's time went" not in off.stderr and not list((tmp_path / "off").glob("*/phases.json"))
+
+
+@pytest.mark.parametrize("slow, rank, phase", [("data:1", 1, "data"), ("compute:1", 1, "compute"), ("all", None, None)])
+def test_two_node_launchers_on_loopback_name_the_same_rank(tmp_path, slow, rank, phase):
+    port = free_port()
+    procs = []
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "ddpkit", "launch", "--nnodes", "2", "--node-rank", str(node),
+               "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
+               "--phase-window", "10", "--log-dir", str(tmp_path / f"node{node}"), str(SCRIPT)]
+        procs.append(subprocess.Popen(
+            cmd, stdout=-1, stderr=-1, text=True, start_new_session=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1", "PHASES_SLOW": slow, "PHASES_STEPS": "40"}))
+    first, second = [ok(r) for r in wait_all(procs)]
+    assert "where each rank's time went" in first.stderr  # rank 0's node prints the table of every rank
+    assert "where each rank's time went" not in second.stderr
+    assert sorted(rows(first.stderr)) == [0, 1]
+    found = kept_report(tmp_path / "node0")["straggler"]
+    if rank is None:
+        assert found is None and "no straggler over the run" in first.stderr
+    else:
+        assert (found["rank"], found["phase"]) == (rank, phase), first.stderr
+        assert found["local_rank"] == 0  # rank 1 is the first process of node 1
+
+
+def test_a_bad_phase_window_is_one_line(tmp_path):
+    res = launch(SCRIPT, launcher_args=["--phase-window", "-3"])
+    assert res.returncode == 2 and "--phase-window must be >= 0, got -3" in res.stderr
+    assert "Traceback" not in res.stderr
+    res = launch(SCRIPT, env={"DDPKIT_PHASE_WINDOW": "soon"})
+    assert res.returncode != 0 and "DDPKIT_PHASE_WINDOW='soon' is not an integer" in res.stderr
+
+
+# -- the clock in one process ------------------------------------------------------------------------------------
+class CountingStore:
+    """A real store (HashStore), counting what is put in it."""
+
+    def __init__(self):
+        self.store, self.sets = dist.HashStore(), []
+
+    def set(self, key, value):
+        self.sets.append(key)
+        self.store.set(key, value)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def test_windows_not_steps_go_through_the_store_and_are_forgotten_once_read(tmp_path, capsys):
+    store = CountingStore()
+    clocks = [PhaseClock(r, r, "h", 10, store, str(tmp_path / "phases.json"), world_size=2) for r in (1, 0)]
+    for _ in range(45):  # rank 1 a step ahead, as a peer may be
+        for clock in clocks:
+            clock.fetch(True)
+            clock.fetch(False)
+    for clock in clocks:
+        clock.finish()
+    per_rank = [[k for k in store.sets if k.endswith(f"/{r}")] for r in (0, 1)]
+    assert [len(keys) for keys in per_rank] == [5, 5]  # 4 windows of 10 steps and the totals: not 45 steps
+    assert store.num_keys() <= 2 + 2  # windows read by rank 0 were deleted; the totals (and the last) remain
+    report = json.loads((tmp_path / "phases.json").read_text())
+    assert [w["steps"] for w in report["ranks"]] == [44, 44] and report["missing"] == []
+
+
+def test_a_steps_time_goes_to_the_phase_it_was_in(tmp_path):
+    model = torch.nn.Linear(4, 1)
+    clock = PhaseClock(0, 0, "h", 1000, None, str(tmp_path / "phases.json"))
+    clock.watch_model(model)
+    clock.start()
+    try:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            clock.fetch(True)
+            time.sleep(0.05)  # the loader's fetch
+            clock.fetch(False)
+            time.sleep(0.02)  # the loop moves the batch: "other"
+            loss = model(torch.ones(2, 4)).sum()
+            time.sleep(0.04)  # the loss, before the backward: compute
+            loss.backward()
+            opt.step()
+        clock.fetch(True)
+        clock.fetch(None)
+        totals = clock.totals()["ms"]
+    finally:
+        clock.stop()
+    assert totals["data"] >= 50 and totals["compute"] >= 40 and totals["other"] >= 20
+    assert max(totals, key=totals.get) == "data"
+    assert totals["optimizer"] > 0 and totals["comm"] >= 0
+    assert clock.totals()["steps"] == 3
+
+
+def test_a_peers_crafted_window_is_skipped_with_a_warning_not_unpickled(tmp_path, capsys):
+    store = dist.HashStore()
+    clock = PhaseClock(0, 0, "h", 2, store, str(tmp_path / "phases.json"), world_size=2)
+    import pickle
+
+    store.set("ddpkit/phases/0/0/1", pickle.dumps({"v": 1}))
+    store.set("ddpkit/phases/0/1/1", b'{"v": 1, "rank": 1, "ms": {"data": NaN}}')
+    for _ in range(7):
+        clock.fetch(True)
+        clock.fetch(False)
+    err = capsys.readouterr().err
+    assert err.count("phase report: window") == 2 and "skipped" in err
+    assert "Traceback" not in err
+
+
+# -- the verdict and the report format ---------------------------------------------------------------------------
+BASE = {"data": 1.0, "compute": 10.0, "comm": 5.0, "optimizer": 1.0, "other": 1.0}
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 5])
+def test_the_verdict_names_the_slow_rank_at_every_world_size(world):
+    windows = [straggler.window(r, BASE) for r in range(world)]
+    assert straggler.verdict(windows) is None
+    last = world - 1
+    windows[last] = straggler.window(last, dict(BASE, compute=30.0, comm=0.5))
+    for r in range(last):
+        windows[r] = straggler.window(r, dict(BASE, comm=25.0))
+    found = straggler.verdict(windows)
+    assert (found["rank"], found["phase"]) == (last, "compute") and found["others_wait_ms"] == 25.0
+    step = 38.0 if world > 2 else (38.0 + 33.5) / 2  # the median step: the fast ranks' (38 ms), or halfway at 2
+    assert straggler.score(windows) == pytest.approx(20.0 / step)
+
+
+def test_a_small_or_noisy_difference_is_no_straggler():
+    windows = [straggler.window(r, BASE) for r in range(3)]
+    windows[1] = straggler.window(1, dict(BASE, data=2.5))  # 2.5x, but 1.5 ms of an 18 ms step (< 10 %)
+    assert straggler.verdict(windows) is None
+    windows[1] = straggler.window(1, dict(BASE, compute=14.0))  # 4 ms (> 10 %), but 1.4x
+    assert straggler.verdict(windows) is None
+    assert straggler.verdict(windows[:1]) is None
+
+
+CRAFTED = [b"", b"\x80\x04K\x01.", b"[]", b'{"v": 2, "ranks": []}', b'{"v": 1, "ranks": {}, "missing": []}',
+           b'{"v": 1, "ranks": [{"v": 1}], "missing": []}',
+           b'{"v": 1, "ranks": [], "missing": [true]}', b'{"v": 1, "ranks": [], "missing": [-1]}']
+
+
+def crafted_window(**change):
+    win = straggler.window(0, BASE)
+    win.update(change)
+    return {"v": 1, "ranks": [win], "missing": []}
+
+
+@pytest.mark.parametrize("raw", CRAFTED + [json.dumps(crafted_window(**c)).encode() for c in (
+    {"rank": True}, {"rank": -1}, {"rank": 2**40}, {"host": 3}, {"steps": 1.5},
+    {"ms": dict(BASE, data=-1.0)}, {"ms": dict(BASE, data=1e400)}, {"ms": {"data": 1.0}},
+    {"ms": dict(BASE, evil=1.0)})])
+def test_a_crafted_report_is_one_warning_line_at_the_launcher(tmp_path, raw):
+    (tmp_path / "phases.json").write_bytes(raw)
+    text = phase_report.summary(str(tmp_path), str(tmp_path / "logs"))
+    assert text.startswith("ddpkit: warning: the phase report") and "\n" not in text
+    assert not (tmp_path / "logs").exists()
+
+
+def test_a_report_claiming_a_straggler_its_numbers_do_not_show_gets_the_verdict_recomputed(tmp_path):
+    report = straggler.report([straggler.window(r, BASE, steps=9) for r in range(2)], [])
+    report["straggler"] = {"rank": 1, "phase": "data", "note": "$(rm -rf ~)"}
+    (tmp_path / "phases.json").write_text(json.dumps(report))
+    (tmp_path / "logs").mkdir()
+    text = phase_report.summary(str(tmp_path), str(tmp_path / "logs"))
+    assert "no straggler over the run" in text and "rm -rf" not in text
+    kept = json.loads((tmp_path / "logs" / "phases.json").read_text())
+    assert kept["straggler"] is None and math.isclose(sum(kept["ranks"][0]["ms"].values()), 18.0)
+
+
+def test_no_report_is_no_summary(tmp_path):
+    assert phase_report.summary(str(tmp_path), str(tmp_path)) is None
+
+
+def test_a_huge_report_is_refused_without_reading_it_whole(tmp_path):
+    with open(tmp_path / "phases.json", "wb") as f:
+        f.truncate(phase_report.MAX_BYTES + 10)
+    assert "larger than" in phase_report.summary(str(tmp_path), str(tmp_path / "logs"))
+
+
+def test_a_watched_loader_hands_out_the_same_batches_and_its_errors_unchanged():
+    import ddpkit
+
+    ddpkit.init()
+    events = []
+    data = torch.utils.data.TensorDataset(torch.arange(10.0))
+    loader = ddpkit.data_loader(data, batch_size=4, shuffle=False)
+    plain = [b[0].tolist() for b in ddpkit.data_loader(data, batch_size=4, shuffle=False)]
+    loader.watch_fetch(events.append)
+    assert [b[0].tolist() for b in loader] == plain
+    assert events == [True, False] * len(plain) + [True, None]
+
+    class Broken(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            raise KeyError(f"sample {i} is gone")
+
+    events.clear()
+    broken = ddpkit.data_loader(Broken(), batch_size=2)
+    broken.watch_fetch(events.append)
+    with pytest.raises(KeyError, match="sample"):
+        next(iter(broken))
+    assert events == [True, None]
+
+
+def test_the_launch_flag_reaches_the_workers():
+    from ddpkit.launcher.config import LaunchConfig, worker_env
+
+    env, _ = worker_env(LaunchConfig(str(SCRIPT), nproc_per_node=2, phase_window=0), {}, 2)
+    assert env["DDPKIT_PHASE_WINDOW"] == "0"
+    assert "DDPKIT_PHASE_WINDOW" not in worker_env(LaunchConfig(str(SCRIPT), nproc_per_node=2), {}, 2)[0]

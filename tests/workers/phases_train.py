@@ -1,0 +1,50 @@
+"""A DDP loop whose one rank is slow on purpose: PHASES_SLOW=data:R sleeps in rank R's __getitem__,
+compute:R in rank R's forward, all slows every rank's data alike; PHASES_STEPS batches of 4 in all.
+Prints the default group's collective count at the end (rank 0), so a test can compare it with the report off."""
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+import ddpkit
+
+SLOW = os.environ.get("PHASES_SLOW", "")
+KIND, _, WHO = SLOW.partition(":")
+RANK = int(os.environ.get("RANK", "0"))
+SLEEP = float(os.environ.get("PHASES_SLEEP", "0.005"))
+STEPS = int(os.environ.get("PHASES_STEPS", "40"))
+
+
+class Data(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4 * STEPS * int(os.environ["WORLD_SIZE"])
+
+    def __getitem__(self, i):
+        if (KIND == "data" and RANK == int(WHO)) or KIND == "all":
+            time.sleep(SLEEP)
+        return torch.full((8,), float(i % 7)), torch.tensor([float(i % 3)])
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+
+    def forward(self, x):
+        if KIND == "compute" and RANK == int(WHO):
+            time.sleep(4 * SLEEP)  # a slow device, as far as the step can tell
+        return self.body(x)
+
+
+ddpkit.init(seed=0)
+model = ddpkit.prepare_model(Net())
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = ddpkit.data_loader(Data(), batch_size=4)
+for x, y in loader:
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    opt.zero_grad()
+if RANK == 0:
+    print(f"collectives={dist.distributed_c10d._get_default_group()._get_sequence_number_for_group()}", flush=True)
+ddpkit.shutdown()
