@@ -12,12 +12,12 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from test_multinode import free_port, wait_all
 
-from conftest import WORKERS, launch, ok, run_cmd
+from conftest import WORKERS, launch, ok
 from ddpkit.core import straggler
 from ddpkit.launcher import phase_report
 from ddpkit.runtime.phases import PhaseClock
-from test_multinode import free_port, wait_all
 
 SCRIPT = WORKERS / "phases_train.py"
 TABLE = re.compile(r"^\s+(\d+)\s+\S+\s+" + r"\s+".join([r"([\d.]+)"] * 6) + r"$", re.M)
