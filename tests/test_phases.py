@@ -20,7 +20,7 @@ from ddpkit.launcher import phase_report
 from ddpkit.runtime.phases import PhaseClock
 
 SCRIPT = WORKERS / "phases_train.py"
-TABLE = re.compile(r"^\s+(\d+)\s+\S+\s+" + r"\s+".join([r"([\d.]+)"] * 6) + r"$", re.M)
+TABLE = re.compile(r"^ddpkit:\s+(\d+)\s+\S+\s+" + r"\s+".join([r"([\d.]+)"] * 6) + r"$", re.M)
 
 
 def rows(stderr):

@@ -40,6 +40,5 @@ def summary(report_dir: str, log_dir: str) -> str | None:
         atomic.write_atomically(kept, lambda f: f.write(straggler.dumps(report).encode()))
     except OSError as exc:
         kept = f"not kept: {exc.strerror}"
-    lines = straggler.table(report).splitlines()
-    return "\n".join(f"ddpkit: {line}" if i == 0 or i == len(lines) - 1 else line for i, line in enumerate(lines)) \
-        + f"\nddpkit: phase report: {kept}"
+    # every console line of the launcher's own starts with "ddpkit:", the table's rows too
+    return "\n".join(f"ddpkit: {line}" for line in straggler.table(report).splitlines()) + f"\nddpkit: phase report: {kept}"
