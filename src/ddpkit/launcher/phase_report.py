@@ -41,4 +41,5 @@ def summary(report_dir: str, log_dir: str) -> str | None:
     except OSError as exc:
         kept = f"not kept: {exc.strerror}"
     # every console line of the launcher's own starts with "ddpkit:", the table's rows too
-    return "\n".join(f"ddpkit: {line}" for line in straggler.table(report).splitlines()) + f"\nddpkit: phase report: {kept}"
+    lines = [*straggler.table(report).splitlines(), f"phase report: {kept}"]
+    return "\n".join(f"ddpkit: {line}" for line in lines)
