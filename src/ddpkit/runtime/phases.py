@@ -30,7 +30,6 @@ import datetime
 import os
 import socket
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +38,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddpkit.core import atomic, contract, process, straggler
+from ddpkit.runtime.stamps import Timeline
 
 DEFAULT_WINDOW = 200
 FINAL_WAIT_S = 5.0  # rank 0 waits this long at shutdown for the other ranks' totals (as the final barrier does)
@@ -52,13 +52,14 @@ class PhaseClock:
     """One rank's phase times: see the module docstring. ``store``: the group's store (None: one process)."""
 
     def __init__(self, rank: int, local_rank: int, host: str, window: int, store: Any, report_path: str | None,
-                 world_size: int = 1, attempt: int = 0):
+                 world_size: int = 1, attempt: int = 0, cuda: bool = False):
         self.rank, self.local_rank, self.host, self.window = rank, local_rank, host, window
         self.store, self.report_path, self.world_size = store, report_path, world_size
         self.prefix = f"{_KEY}{attempt}/"
-        self.now = time.perf_counter
-        self.phase, self.mark = _OTHER, self.now()
-        self.step_sums = [0.0] * _N  # the open step
+        self.line = Timeline(_N, cuda)
+        self.phase = _OTHER
+        self.step_start = 0  # the open step's first mark on the timeline
+        self.grad: Any = None  # the stamp of the latest gradient of the running backward
         self.window_sums, self.total_sums = [0.0] * _N, [0.0] * _N
         self.window_steps = self.total_steps = self.windows = 0
         self.by_loader = self.stepping = self.in_backward = False
@@ -70,9 +71,8 @@ class PhaseClock:
     # -- the stamps -------------------------------------------------------------------------------------
     def _to(self, phase: int) -> None:
         """The time since the last stamp goes to the phase the step was in; from now the step is in ``phase``."""
-        now = self.now()
-        self.step_sums[self.phase] += now - self.mark
-        self.phase, self.mark = phase, now
+        self.line.close(self.phase)
+        self.phase = phase
 
     def fetch(self, starting: bool | None) -> None:
         """A ddpkit training loader starts fetching a batch (True: a step ends, the next one starts), got one
@@ -81,7 +81,7 @@ class PhaseClock:
         if starting:
             self.by_loader = True
             self._next_step()
-            self._to(_DATA)
+            self.phase = _DATA
         else:
             self._to(_OTHER)
             if starting is None:
@@ -92,8 +92,10 @@ class PhaseClock:
             self._to(_COMPUTE)
 
     def grad_ready(self, param: torch.Tensor) -> None:
-        self.phase = _COMPUTE  # the backward so far (also when no forward was stamped: a compiled model)
-        self._to(_COMM)  # until the next gradient, or the end of the backward
+        # one stamp kept per backward, the latest: a Python call and a clock read per parameter, nothing more
+        if self.grad is not None:
+            self.line.discard(self.grad)
+        self.grad = self.line.stamp()
         if not self.in_backward:
             self.in_backward = True
             # Callbacks run at the end of the backward in the order queued. Ours, queued first, queues one more:
@@ -105,7 +107,11 @@ class PhaseClock:
 
     def _backward_done(self) -> None:
         self.in_backward = False
-        self._to(_OTHER)
+        if self.grad is not None:  # up to the last gradient: compute (even with no forward stamped: compiled)
+            self.line.close(_COMPUTE, self.grad)
+            self.grad = None
+        self.line.close(_COMM)  # from there to here: the communication no compute hid
+        self.phase = _OTHER
 
     def optimizer_start(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._to(_OPT)
@@ -118,20 +124,26 @@ class PhaseClock:
     # -- steps and windows -------------------------------------------------------------------------------
     def _next_step(self) -> None:
         self._to(self.phase)
-        if self.stepping:  # the time before the first step (building, loading) is no step's
-            for i in range(_N):
-                self.window_sums[i] += self.step_sums[i]
+        if not self.stepping:  # the time before the first step (building, loading) or between passes: no step's
+            self.line.skip_from(self.step_start)
+        else:
             self.window_steps += 1
-            if self.window_steps >= self.window:
-                self._publish_window()
         self.stepping = True
-        self.step_sums = [0.0] * _N
+        self.step_start = len(self.line.marks)
+        if self.window_steps >= self.window:
+            self._publish_window()
+
+    def _resolve(self) -> None:
+        for i, seconds in enumerate(self.line.resolve()):
+            self.window_sums[i] += seconds
+        self.step_start = 0
 
     def _mean(self, sums: list[float], steps: int, index: int) -> dict[str, Any]:
         ms = {p: 1000.0 * sums[i] / max(steps, 1) for i, p in enumerate(straggler.PHASES)}
         return straggler.window(self.rank, ms, steps, self.host, self.local_rank, index)
 
     def _publish_window(self) -> None:
+        self._resolve()
         index, self.windows = self.windows, self.windows + 1
         mine = self._mean(self.window_sums, self.window_steps, index)
         for i in range(_N):
@@ -178,6 +190,9 @@ class PhaseClock:
     # -- the run's end -----------------------------------------------------------------------------------
     def totals(self) -> dict[str, Any]:
         """This rank's phase means over every step so far (windows that were published and the open one)."""
+        self._to(self.phase)
+        self.line.skip_from(self.step_start)  # the step still open is no whole step
+        self._resolve()
         sums = [t + w for t, w in zip(self.total_sums, self.window_sums)]
         return self._mean(sums, self.total_steps + self.window_steps, self.windows)
 
@@ -219,11 +234,11 @@ class PhaseClock:
                 self.handles.append(param.register_post_accumulate_grad_hook(self.grad_ready))
 
     def start(self) -> None:
+        """Stamp every optimizer's step (torch's global hooks) from now on."""
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         self.handles += [register_optimizer_step_pre_hook(self.optimizer_start),
                          register_optimizer_step_post_hook(self.optimizer_end)]
-        self.mark = self.now()
 
     def stop(self) -> None:
         for handle in self.handles:
@@ -260,7 +275,7 @@ def start(state: Any, report_dir: str | None, window: int) -> PhaseClock | None:
         store = dist.distributed_c10d._get_default_store()
     clock = PhaseClock(state.rank, state.local_rank, socket.gethostname(), window, store,
                        os.path.join(report_dir, "phases.json"), state.world_size,
-                       contract.RESTART_COUNT.number(os.environ) or 0)
+                       contract.RESTART_COUNT.number(os.environ) or 0, cuda=state.device.type == "cuda")
     clock.start()
     process.on_shutdown(clock.finish)
     process.on_shutdown(clock.stop, always=True)
