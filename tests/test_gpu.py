@@ -216,3 +216,36 @@ def test_a_stream_loader_steps_and_saves_over_nccl(tmp_path):
     script.write_text(STREAM_ON_NCCL)
     r = ok(run_cmd([sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", "2", str(script)], env=GPU_ENV))
     assert "STREAM NCCL OK nccl" in r.stdout, r.stdout + r.stderr[-3000:]
+
+
+@needs_gpu
+def test_phase_stamps_on_a_gpu_are_the_devices_time_with_one_synchronize():
+    import time
+
+    from ddpkit.runtime.stamps import Timeline
+
+    x = torch.randn(2048, 2048, device="cuda")
+    work = lambda: [torch.tanh(x @ x) for _ in range(30)]  # noqa: E731
+    work()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    work()
+    torch.cuda.synchronize()
+    synced = time.perf_counter() - start
+    line = Timeline(phases=2, cuda=True)
+    line.close(0)
+    start = time.perf_counter()
+    work()  # queued: the CPU returns long before the device is done
+    line.close(1)
+    queued = time.perf_counter() - start
+    sums = line.resolve()
+    assert sums[1] >= 0.5 * synced > queued, (sums, synced, queued)
+    assert len(line.free) >= 1  # resolved events are reused
+
+
+@needs_gpu
+def test_phase_report_on_a_gpu(tmp_path):
+    res = ok(launch(WORKERS / "phases_train.py", nproc=1, env={**GPU_ENV, "PHASES_STEPS": "30"},
+                    launcher_args=["--phase-window", "10", "--log-dir", tmp_path]))
+    assert "where each rank's time went" in res.stderr and "no straggler" in res.stderr
+    assert len(list(tmp_path.glob("*/phases.json"))) == 1

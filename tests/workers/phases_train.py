@@ -37,11 +37,12 @@ class Net(torch.nn.Module):
         return self.body(x)
 
 
-ddpkit.init(seed=0)
+device = ddpkit.init(seed=0).device
 model = ddpkit.prepare_model(Net())
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 loader = ddpkit.data_loader(Data(), batch_size=4)
 for x, y in loader:
+    x, y = x.to(device), y.to(device)
     torch.nn.functional.mse_loss(model(x), y).backward()
     opt.step()
     opt.zero_grad()
