@@ -28,9 +28,9 @@ def rows(stderr):
     return {int(m[0]): dict(zip((*straggler.PHASES, "step"), map(float, m[1:]))) for m in TABLE.findall(stderr)}
 
 
-def run(tmp_path, slow, nproc=3, window=10, steps=40, extra=()):
+def run(tmp_path, slow, nproc=3, window=10, steps=40, extra=(), env=None):
     res = launch(SCRIPT, nproc=nproc, launcher_args=["--phase-window", str(window), "--log-dir", tmp_path, *extra],
-                 env={"PHASES_SLOW": slow, "PHASES_STEPS": str(steps)})
+                 env={"PHASES_SLOW": slow, "PHASES_STEPS": str(steps), **(env or {})})
     return ok(res)
 
 
@@ -42,7 +42,7 @@ def kept_report(tmp_path):
 
 # -- real launches ----------------------------------------------------------------------------------------------
 def test_a_rank_whose_data_is_slow_is_named_with_the_phase_and_the_others_waiting(tmp_path):
-    res = run(tmp_path, "data:2")
+    res = run(tmp_path, "data:2", env={"PHASES_TB": str(tmp_path / "tb")})
     live = [line for line in res.stderr.splitlines() if "straggler: rank" in line and "over steps" in line]
     assert len(live) == 1, res.stderr  # said once when it starts, not every window
     assert "straggler: rank 2 (" in live[0] and "local 2): data loading" in live[0]
@@ -55,6 +55,16 @@ def test_a_rank_whose_data_is_slow_is_named_with_the_phase_and_the_others_waitin
     report = kept_report(tmp_path)
     assert report["straggler"]["rank"] == 2 and report["straggler"]["phase"] == "data"
     assert [w["steps"] for w in report["ranks"]] == [40, 40, 40]  # batches handed out, nothing between passes
+    # rank 0's summary_writer got every rank's phases and the straggler score, after each window it judged
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {f"ddpkit/phases/{p}/rank{r}" for p in straggler.PHASES for r in range(3)} <= tags
+    scores = [e.value for e in events.Scalars("ddpkit/straggler_score")]
+    assert len(scores) == 3 and min(scores) > straggler.SHARE  # windows 0-2, judged at the ends of 1-3
+    assert [e.step for e in events.Scalars("ddpkit/phases/data/rank2")] == [10, 20, 30]
 
 
 def test_a_rank_whose_compute_is_slow_is_named_with_compute(tmp_path):

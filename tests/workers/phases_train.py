@@ -1,6 +1,6 @@
 """A DDP loop whose one rank is slow on purpose: PHASES_SLOW=data:R sleeps in rank R's __getitem__,
 compute:R in rank R's forward, all slows every rank's data alike; PHASES_STEPS batches of 4 in all.
-Prints the default group's collective count at the end (rank 0), so a test can compare it with the report off."""
+PHASES_TB=DIR: a ddpkit.summary_writer there (the report's scalars go to it). Prints the default group's collective count at the end (rank 0), so a test can compare it with the report off."""
 import os
 import time
 
@@ -38,6 +38,7 @@ class Net(torch.nn.Module):
 
 
 device = ddpkit.init(seed=0).device
+writer = ddpkit.summary_writer(os.environ["PHASES_TB"]) if os.environ.get("PHASES_TB") else None
 model = ddpkit.prepare_model(Net())
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 loader = ddpkit.data_loader(Data(), batch_size=4)
@@ -46,6 +47,8 @@ for x, y in loader:
     torch.nn.functional.mse_loss(model(x), y).backward()
     opt.step()
     opt.zero_grad()
+if writer is not None:
+    writer.close()
 if RANK == 0:
     print(f"collectives={dist.distributed_c10d._get_default_group()._get_sequence_number_for_group()}", flush=True)
 ddpkit.shutdown()
