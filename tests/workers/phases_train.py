@@ -1,6 +1,7 @@
 """A DDP loop whose one rank is slow on purpose: PHASES_SLOW=data:R sleeps in rank R's __getitem__,
 compute:R in rank R's forward, all slows every rank's data alike; PHASES_STEPS batches of 4 in all.
-PHASES_TB=DIR: a ddpkit.summary_writer there (the report's scalars go to it). Prints the default group's collective count at the end (rank 0), so a test can compare it with the report off."""
+PHASES_TB=DIR: a ddpkit.summary_writer there (the report's scalars go to it). Prints the default group's
+collective count at the end (rank 0), so a test can compare it with the report off."""
 import os
 import time
 
