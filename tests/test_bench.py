@@ -9,7 +9,9 @@ import pytest
 
 from conftest import ROOT, ok, run_cmd
 from ddpkit.commands import bench_stats
-from ddpkit.commands.bench import bench, figures, read_records, skipped
+from ddpkit.commands.bench import bench, figures, read_records, report, skipped
+from ddpkit.commands.bench_phases import phase_comm
+from ddpkit.core import straggler
 
 DIGITS = ROOT / "examples" / "digits.py"
 
@@ -125,6 +127,31 @@ def test_bench_on_digits_reports_scaling_comm_share_and_a_plot(tmp_path):
     assert result["recommendation"]["setting"] == "default"  # one repetition never recommends
     assert result["reps_ms"]["n2"] and len(result["rows"][1]["efficiency_ci95"]) == 2
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # issue 29: the same default run's phase report (phases.json of its launch) gives the exposed comm share
+    assert 0.0 < result["phase_comm_share"] < 1.0 and len(result["phase_comm_share_ci95"]) == 2
+    assert len(result["phase_comm_ranks"]) == 1 and result["phase_comm_ranks"][0] in (0, 1)
+
+
+def test_the_phase_reports_comm_share_is_the_slowest_ranks_comm_over_its_step(tmp_path):
+    """The slowest rank (most time of its own) waits least: its comm is the communication nothing hid, what
+    skipping the communication would save; a faster rank's comm also holds its wait for the slowest."""
+    fast = {"data": 1.0, "compute": 5.0, "comm": 4.0, "optimizer": 0.0, "other": 0.0}  # waits 3 ms for rank 1
+    slow = {"data": 1.0, "compute": 8.0, "comm": 1.0, "optimizer": 0.0, "other": 0.0}
+    (tmp_path / "phases.json").write_text(straggler.dumps(straggler.report(
+        [straggler.window(0, fast, 9), straggler.window(1, slow, 9), straggler.window(2, fast, 9)], [])))
+    assert phase_comm(str(tmp_path)) == {"share": pytest.approx(0.1), "rank": 1, "steps": 9}
+    assert phase_comm(str(tmp_path / "absent")) is None  # the report was off, or rank 0 never shut down
+    (tmp_path / "phases.json").write_text('{"v": 1, "ranks": "not ranks"}')
+    assert phase_comm(str(tmp_path)) is None  # a file that is no report is no figure
+    runs = iter([{"share": 0.1, "rank": 1, "steps": 9}, None, {"share": 0.3, "rank": 0, "steps": 9}])
+
+    def runner(script, args, nproc, steps, warmup, env):
+        return {"ms": 10.0, "global_batch": 64, **({"phases": next(runs)} if nproc == 2 and not env else {})}
+
+    result = bench("s.py", [], [1, 2], 5, 1, 3, 0, runner=runner)
+    assert result["phase_comm_share"] == pytest.approx(0.2) and result["phase_comm_ranks"] == [1, 0]  # one had none
+    assert result["phase_comm_share_ci95"] == [0.1, 0.3]
+    assert "communication wait: 20% of the step at 2 processes on the slowest rank (10%-30%" in report(result)
 
 
 def test_a_script_without_ddpkit_data_loader_is_a_clear_error(tmp_path):
@@ -147,3 +174,6 @@ def test_make_bench_calls_a_target_met_only_when_the_whole_interval_is_on_its_si
     table = make_bench.table({**figure, "rss_ratio_vs_raw_ddp": 1.0, "rss_ratio_vs_raw_ddp_ci95": [0.99, 1.01]})
     assert "| step_ratio_vs_raw_ddp | 1.035 (1-1.1) | <= 1.01 | within noise |" in table
     assert "| rss_ratio_vs_raw_ddp | 1 (0.99-1.01) | <= 1.05 | met |" in table and "_ci95" not in table
+    # issue 29: the phase report on against off is a figure with a target of its own
+    on = make_bench.paired("phase_report_step_ratio", [{"median_ms": 10.2}] * 6, [{"median_ms": 10.0}] * 6)
+    assert "| phase_report_step_ratio | 1.02 (1.02-1.02) | <= 1.01 | **not met** |" in make_bench.table(on)

@@ -1,7 +1,9 @@
 """``ddpkit bench script.py [args]``: your training step at 1..N processes, measured.
 
 Reports throughput (samples/s) and scaling efficiency at each process count, the share of the step that
-communication takes (the same run with gradient communication skipped), the communication settings tried at
+communication takes (the same run with gradient communication skipped; and, from the phase report that
+``ddpkit launch`` writes for each default run, the slowest rank's wait in communication after its last
+gradient: :func:`phase_comm`), the communication settings tried at
 the largest count, and a recommendation only where a setting measured faster than the default in this same
 run by more than chance allows (:mod:`ddpkit.commands.bench_stats`: the decision rule and its error rate). Runs are
 interleaved (every configuration once per repetition); each figure is the median over steps of the slowest
@@ -36,6 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ddpkit.commands import bench_stats as stats
+from ddpkit.commands.bench_phases import phase_comm, phase_figures, phase_line
 from ddpkit.commands.cli import OneLineParser, usage_error
 from ddpkit.commands.logtail import log_tail, run_logged
 from ddpkit.core import contract
@@ -91,7 +94,8 @@ def read_records(rank_files: Sequence[str], warmup: int) -> dict[str, Any]:
 
 
 def run_once(script: str, args: Sequence[str], nproc: int, steps: int, warmup: int, env: dict) -> dict[str, Any]:
-    """One launch of the script; returns :func:`read_records` of its ranks."""
+    """One launch of the script; returns :func:`read_records` of its ranks, with ``phases``: :func:`phase_comm`
+    of its phase report (which ``ddpkit launch`` runs by default)."""
     with tempfile.TemporaryDirectory(prefix="ddpkit-bench-") as out:
         cmd = [sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", str(nproc),
                "--log-dir", os.path.join(out, "logs"), script, *args]
@@ -105,7 +109,9 @@ def run_once(script: str, args: Sequence[str], nproc: int, steps: int, warmup: i
             tail = log_tail(log, 1500)  # whole lines, bytes that are not UTF-8 replaced
             raise RuntimeError(f"`{' '.join(cmd)}` left {len(files)} of {nproc} step records (the training loader "
                                f"must come from ddpkit.data_loader); output ends with:\n{tail}")
-        return read_records(files, warmup)
+        # the launcher keeps rank 0's report in the run's folder under --log-dir (a fresh one: one run in it)
+        kept = sorted(glob.glob(os.path.join(out, "logs", "*", "phases.json")))
+        return {**read_records(files, warmup), "phases": phase_comm(os.path.dirname(kept[-1])) if kept else None}
 
 
 def plan(counts: Sequence[int], gpus: int, aa: bool = False) -> tuple[dict[str, tuple[int, dict]], dict[str, dict]]:
@@ -212,11 +218,14 @@ def bench(script: str, args: Sequence[str], counts: Sequence[int], steps: int, w
     samples: dict[str, list[float]] = {name: [] for name in jobs}
     batches: dict[str, int] = {}
     last_ms: dict[str, float] = {}
+    phase_runs: list[dict[str, Any]] = []  # the default runs' phase reports, at the top count
 
     def run(name: str, nproc: int, env: dict) -> dict[str, Any]:
         begun = time.monotonic()
         record = runner(script, args, nproc, steps, warmup, {**(base_env or {}), **env})
         samples.setdefault(name, []).append(record["ms"])
+        if name == f"n{top}" and record.get("phases"):
+            phase_runs.append(record["phases"])
         batches[name], last_ms[name] = record["global_batch"], time.monotonic() - begun
         return record
 
@@ -258,6 +267,8 @@ def bench(script: str, args: Sequence[str], counts: Sequence[int], steps: int, w
         per_rep = sum(last_ms[k] for k in [f"n{top}", *candidates])  # a rough price of one more repetition
         result["recommendation"]["reason"] += f"; one more repetition takes ~{per_rep:.0f} s"
     result["skipped"] = skip
+    if top > 1:
+        result.update(phase_figures(phase_runs))
     result["mode_note"] = ("DDP: DataParallel is for 2+ CUDA GPUs in one process, and DDP is faster there too"
                            if gpus < 2 else "DDP (one process per GPU) is what ddpkit runs by default")
     return {"script": script, "steps": steps, "warmup": warmup, "reps": len(samples[f"n{top}"]), "min_reps": reps,
@@ -311,6 +322,7 @@ def report(result: dict) -> str:
         top, (low, high) = result["rows"][-1]["nproc"], result["comm_share_ci95"]
         lines.append(f"communication: {result['comm_share']:.0%} of the step at {top} processes ({low:.0%}-{high:.0%}; "
                      "the same run with gradient communication skipped)")
+        lines.append(phase_line(result))
         ci = result["speedups_ci95"]
         lines.append("settings: " + ", ".join(
             f"{k} {v:.1f} ms" + (f" ({result['speedups'][k]:.2f}x, {ci[k][0]:.2f}-{ci[k][1]:.2f})" if k in ci else "")
