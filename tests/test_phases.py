@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from test_multinode import free_port, wait_all
 
-from conftest import WORKERS, launch, ok
+from conftest import WORKERS, launch, ok, run_cmd
 from ddpkit.core import straggler
 from ddpkit.launcher import phase_report
 from ddpkit.runtime.phases import PhaseClock
@@ -74,6 +74,18 @@ def test_a_rank_whose_compute_is_slow_is_named_with_compute(tmp_path):
     assert table[1]["compute"] > 3 * max(table[0]["compute"], table[2]["compute"])
     assert min(table[0]["comm"], table[2]["comm"]) > 3 * table[1]["comm"]
     assert kept_report(tmp_path)["straggler"]["phase"] == "compute"
+
+
+@pytest.mark.parametrize("slow, phase", [("data:1", "data"), ("compute:1", "compute")])
+def test_the_waits_inside_sync_batchnorm_and_the_buffer_broadcast_are_communication(tmp_path, slow, phase):
+    # the fast rank waits for the slow one in the forward (SyncBatchNorm's all-gather, DDP's buffer broadcast):
+    # counted as compute, it hid a compute straggler and named the waiting rank for a data one
+    res = run(tmp_path, slow, nproc=2, env={"PHASES_BN": "1"})
+    found = kept_report(tmp_path)["straggler"]
+    assert found is not None and (found["rank"], found["phase"]) == (1, phase), res.stderr
+    table = rows(res.stderr)  # rank 0's wait for rank 1 is in its comm, not its compute
+    excess = table[1][phase] - table[0][phase]
+    assert table[0]["comm"] - table[1]["comm"] > 0.5 * excess > 5, res.stderr
 
 
 def test_every_rank_equally_slow_is_a_slow_job_not_a_straggler(tmp_path):
@@ -140,13 +152,20 @@ class CountingStore:
         return getattr(self.store, name)
 
 
+def step(clock):
+    """One training step as the clock sees it: a batch fetched, then an optimizer step (its work)."""
+    clock.fetch(True)
+    clock.fetch(False)
+    clock.optimizer_start(None, (), {})
+    clock.optimizer_end(None, (), {})
+
+
 def test_windows_not_steps_go_through_the_store_and_are_forgotten_once_read(tmp_path, capsys):
     store = CountingStore()
     clocks = [PhaseClock(r, r, "h", 10, store, str(tmp_path / "phases.json"), world_size=2) for r in (1, 0)]
     for _ in range(45):  # rank 1 a step ahead, as a peer may be
         for clock in clocks:
-            clock.fetch(True)
-            clock.fetch(False)
+            step(clock)
     for clock in clocks:
         clock.finish()
     per_rank = [[k for k in store.sets if k.endswith(f"/{r}")] for r in (0, 1)]
@@ -156,9 +175,22 @@ def test_windows_not_steps_go_through_the_store_and_are_forgotten_once_read(tmp_
     assert [w["steps"] for w in report["ranks"]] == [44, 44] and report["missing"] == []
 
 
-def test_a_steps_time_goes_to_the_phase_it_was_in(tmp_path):
+@pytest.fixture
+def installed():
+    """This process's clock, as ddpkit.init() installs it under ddpkit launch (the model's hooks find it there)."""
+    from ddpkit.core import process
+
+    def install(clock):
+        process.current().phases = clock
+        return clock
+
+    yield install
+    process.current().phases = None
+
+
+def test_a_steps_time_goes_to_the_phase_it_was_in(tmp_path, installed):
     model = torch.nn.Linear(4, 1)
-    clock = PhaseClock(0, 0, "h", 1000, None, str(tmp_path / "phases.json"))
+    clock = installed(PhaseClock(0, 0, "h", 1000, None, str(tmp_path / "phases.json")))
     clock.watch_model(model)
     clock.start()
     try:
@@ -191,11 +223,89 @@ def test_a_peers_crafted_window_is_skipped_with_a_warning_not_unpickled(tmp_path
     store.set("ddpkit/phases/0/0/1", pickle.dumps({"v": 1}))
     store.set("ddpkit/phases/0/1/1", b'{"v": 1, "rank": 1, "ms": {"data": NaN}}')
     for _ in range(7):
-        clock.fetch(True)
-        clock.fetch(False)
+        step(clock)
     err = capsys.readouterr().err
     assert err.count("phase report: window") == 2 and "skipped" in err
     assert "Traceback" not in err
+
+
+def report_of(script, tmp_path):
+    env = {"DDPKIT_REPORT_DIR": str(tmp_path), "DDPKIT_PHASE_WINDOW": "1000"}
+    res = run_cmd([sys.executable, "-c", script], env=env)
+    ok(res)
+    return json.loads((tmp_path / "phases.json").read_text())["ranks"][0]
+
+
+LOOP = """
+import time, torch, ddpkit
+ddpkit.init(seed=0)
+model = ddpkit.prepare_model(torch.nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+data = torch.utils.data.TensorDataset(torch.randn(400, 8), torch.randn(400, 1))
+loader = ddpkit.data_loader(data, batch_size=4)
+other = ddpkit.data_loader(data, batch_size=4)
+"""
+
+
+def test_a_pass_left_with_break_counts_its_last_step_and_not_the_evaluation_after_it(tmp_path):
+    win = report_of(LOOP + """
+for epoch in range(4):
+    for i, (x, y) in enumerate(loader):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step(); opt.zero_grad()
+        if i == 4:
+            break
+    time.sleep(0.3)  # the evaluation after the epoch's training steps
+ddpkit.shutdown()
+""", tmp_path)
+    assert win["steps"] == 20 and win["ms"]["other"] < 30, win  # 1.2 s of evaluation spread over 20 steps: 60
+
+
+def test_zipped_loaders_are_one_step_per_iteration(tmp_path):
+    win = report_of(LOOP + """
+for (x, y), (x2, y2) in zip(loader, other):
+    torch.nn.functional.mse_loss(model(torch.cat([x, x2])), torch.cat([y, y2])).backward()
+    opt.step(); opt.zero_grad()
+ddpkit.shutdown()
+""", tmp_path)
+    assert win["steps"] == 100, win
+
+
+def test_a_loop_with_neither_a_ddpkit_loader_nor_a_torch_optimizer_counts_backwards_and_holds_no_marks(tmp_path,
+                                                                                                     installed):
+    model = torch.nn.Linear(4, 1)
+    clock = installed(PhaseClock(0, 0, "h", 10, None, str(tmp_path / "phases.json")))
+    clock.watch_model(model)
+    clock.start()
+    try:
+        for _ in range(3000):
+            model(torch.ones(2, 4)).sum().backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.01 * p.grad
+        assert len(clock.line.marks) < 100
+        assert clock.totals()["steps"] >= 2990
+    finally:
+        clock.stop()
+
+
+def test_no_steps_seen_is_said_not_a_table_of_zeros():
+    text = straggler.table(straggler.report([straggler.window(0, {}, steps=0)], []))
+    assert "no training steps" in text and "rank  host" not in text
+
+
+def test_a_prepared_model_with_the_clocks_hooks_deep_copies_and_pickles(tmp_path, installed):
+    import copy
+    import pickle
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8))
+    clock = installed(PhaseClock(0, 0, "h", 10, dist.HashStore(), str(tmp_path / "phases.json"), world_size=2))
+    clock.watch_model(model)
+    try:
+        twin = copy.deepcopy(model)  # an EMA copy; the clock (and its store) is not copied with the hooks
+        pickle.loads(pickle.dumps(twin))
+    finally:
+        clock.stop()
 
 
 # -- the verdict and the report format ---------------------------------------------------------------------------
@@ -214,6 +324,20 @@ def test_the_verdict_names_the_slow_rank_at_every_world_size(world):
     assert (found["rank"], found["phase"]) == (last, "compute") and found["others_wait_ms"] == 25.0
     step = 38.0 if world > 2 else (38.0 + 33.5) / 2  # the median step: the fast ranks' (38 ms), or halfway at 2
     assert straggler.score(windows) == pytest.approx(20.0 / step)
+
+
+def test_the_verdict_of_a_large_job_is_near_linear():
+    windows = [straggler.window(r, BASE) for r in range(40000)]  # O(n^2) medians: hours
+    windows[12345] = straggler.window(12345, dict(BASE, data=20.0))
+    found = straggler.verdict(windows)
+    assert (found["rank"], found["phase"]) == (12345, "data")
+    assert straggler.score(windows) == pytest.approx(19.0 / 18.0)
+
+
+@pytest.mark.parametrize("host", ["b\nddpkit: no straggler", "a\rb", "\x1b[2J", "tab\there"])
+def test_a_host_name_with_control_characters_is_refused(host):
+    with pytest.raises(straggler.ReportError, match="host"):
+        straggler.parse_window(json.dumps(straggler.window(1, BASE, host=host)))
 
 
 def test_a_small_or_noisy_difference_is_no_straggler():

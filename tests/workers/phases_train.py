@@ -1,5 +1,6 @@
 """A DDP loop whose one rank is slow on purpose: PHASES_SLOW=data:R sleeps in rank R's __getitem__,
 compute:R in rank R's forward, all slows every rank's data alike; PHASES_STEPS batches of 4 in all.
+PHASES_BN=1: a BatchNorm (SyncBatchNorm once prepared), whose forward waits for the peers.
 PHASES_TB=DIR: a ddpkit.summary_writer there (the report's scalars go to it). Prints the default group's
 collective count at the end (rank 0), so a test can compare it with the report off."""
 import os
@@ -30,7 +31,8 @@ class Data(torch.utils.data.Dataset):
 class Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.body = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+        norm = [torch.nn.BatchNorm1d(32)] if os.environ.get("PHASES_BN") else []  # SyncBatchNorm once prepared
+        self.body = torch.nn.Sequential(torch.nn.Linear(8, 32), *norm, torch.nn.ReLU(), torch.nn.Linear(32, 1))
 
     def forward(self, x):
         if KIND == "compute" and RANK == int(WHO):

@@ -71,6 +71,10 @@ class Process:
     run_id: str | None = None  # the checkpoint run id when no launcher gave one
     joining: bool = False  # inside ddpkit.join: loaders may hand out uneven batch counts
     phases: Any = None  # this rank's ddpkit.runtime.phases.PhaseClock under ddpkit launch
+    # called by ddpkit's DDP wrapper as its forward starts (True: before its buffer broadcast) and as the module's
+    # own forward starts (False): the phase clock's stamps there. Forward hooks on the wrapper or the module in it
+    # would change how a torch.compile around the prepared model splits its frames (3 compiles became 6)
+    on_ddp_forward: Callable[[Any, bool], None] | None = None
 
 
 _current = Process()

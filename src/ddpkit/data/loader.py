@@ -198,7 +198,11 @@ def _timed(batches: Iterable[Any], watchers: tuple[FetchWatcher, ...]) -> Iterat
             raise
         for fn in watchers:
             fn(False)
-        yield batch
+        try:
+            yield batch
+        except GeneratorExit:  # closed there: the loop was left with break, or an observer ended the pass
+            _ended(watchers)
+            raise
 
 
 def _ended(watchers: tuple[FetchWatcher, ...]) -> None:

@@ -36,9 +36,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from ddpkit.core import atomic, contract, process, straggler
 from ddpkit.runtime.stamps import Timeline
+from ddpkit.strategies.syncbn import SyncBatchNorm
 
 DEFAULT_WINDOW = 200
 FINAL_WAIT_S = 5.0  # rank 0 waits this long at shutdown for the other ranks' totals (as the final barrier does)
@@ -62,7 +64,8 @@ class PhaseClock:
         self.grad: Any = None  # the stamp of the latest gradient of the running backward
         self.window_sums, self.total_sums = [0.0] * _N, [0.0] * _N
         self.window_steps = self.total_steps = self.windows = 0
-        self.by_loader = self.stepping = self.in_backward = False
+        self.by_loader = self.by_optimizer = self.stepping = self.in_backward = False
+        self.worked = False  # the open step ran a training forward, a backward or an optimizer step
         self.said: tuple[int, str] | None = None  # the straggler last said on the console
         self.seen: tuple[int, str] | None = None  # the last window's verdict
         self.listeners: list[Listener] = []
@@ -75,20 +78,53 @@ class PhaseClock:
         self.phase = phase
 
     def fetch(self, starting: bool | None) -> None:
-        """A ddpkit training loader starts fetching a batch (True: a step ends, the next one starts), got one
-        (False), or ended its pass (None): the time from there to the next pass's first fetch (evaluation, a
-        save) is no step's."""
+        """A ddpkit training loader starts fetching a batch (True), got one (False), or its pass ended (None:
+        at its end, or left with ``break``). A fetch ends the step once the step did some work: a second
+        loader's batch for the same step (two loaders zipped) is that step's data. After a pass, the time to the
+        next pass's first fetch (evaluation, a save) is no step's."""
         if starting:
             self.by_loader = True
-            self._next_step()
-            self.phase = _DATA
-        else:
+            if self.worked or not self.stepping:
+                self._next_step()
+                self.phase = _DATA
+            else:
+                self._to(_DATA)
+        elif starting is False:
             self._to(_OTHER)
-            if starting is None:
-                self.stepping = False
+        else:
+            if self.worked:  # left with break after training on the batch: its step is whole
+                self._next_step()
+            else:  # the fetch found the end (or a tool refused the batch): the step it opened is none
+                self._to(_OTHER)
+            self.stepping = False
 
+    # The forward hooks return at once while dynamo traces them (a torch.compile around the prepared model):
+    # traced, their Python state would break the graph and recompile it as the phase changes.
     def forward(self, module: nn.Module, args: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
         if module.training and torch.is_grad_enabled():  # an evaluation forward is "other"
+            self.worked = True
+            self._to(_COMPUTE)
+
+    def _forward_sync(self, module: nn.Module, args: Any) -> None:
+        """DDP's forward before the module's (its buffer broadcast), or a SyncBatchNorm's forward: a wait for
+        the peers, as much as the all-reduce after the backward is."""
+        if torch.compiler.is_compiling():
+            return
+        if module.training and torch.is_grad_enabled():
+            self.worked = True
+            self._to(_COMM)
+
+    @torch.compiler.disable  # called from DDP's untraced frames: run as it is, never compiled into a no-op
+    def _ddp_forward(self, module: nn.Module, syncing: bool) -> None:
+        """ddpkit's DDP wrapper: its forward starts (``syncing``: its buffer broadcast), or its module's does."""
+        self._forward_sync(module, ()) if syncing else self.forward(module, ())
+
+    def _compute_again(self, module: nn.Module, args: Any, output: Any = None) -> None:
+        if torch.compiler.is_compiling():
+            return
+        if module.training and torch.is_grad_enabled():
             self._to(_COMPUTE)
 
     def grad_ready(self, param: torch.Tensor) -> None:
@@ -96,6 +132,7 @@ class PhaseClock:
         if self.grad is not None:
             self.line.discard(self.grad)
         self.grad = self.line.stamp()
+        self.worked = True
         if not self.in_backward:
             self.in_backward = True
             # Callbacks run at the end of the backward in the order queued. Ours, queued first, queues one more:
@@ -112,8 +149,11 @@ class PhaseClock:
             self.grad = None
         self.line.close(_COMM)  # from there to here: the communication no compute hid
         self.phase = _OTHER
+        if not (self.by_loader or self.by_optimizer):  # no ddpkit loader, no torch optimizer: a backward is the step
+            self._next_step()
 
     def optimizer_start(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.by_optimizer = self.worked = True
         self._to(_OPT)
 
     def optimizer_end(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -128,7 +168,7 @@ class PhaseClock:
             self.line.skip_from(self.step_start)
         else:
             self.window_steps += 1
-        self.stepping = True
+        self.stepping, self.worked = True, False
         self.step_start = len(self.line.marks)
         if self.window_steps >= self.window:
             self._publish_window()
@@ -228,10 +268,15 @@ class PhaseClock:
         """Stamp the training forwards of ``model`` (``forward=False``: a compiled one, whose hooks dynamo would
         trace) and the moment each of its gradients is ready."""
         if forward:
-            self.handles.append(model.register_forward_pre_hook(self.forward))
+            if not isinstance(model, DistributedDataParallel):  # ddpkit's DDP stamps itself: see start()
+                self.handles.append(model.register_forward_pre_hook(_forward))
+            for layer in model.modules():  # their forward all-gathers the batch statistics of every rank
+                if isinstance(layer, (nn.SyncBatchNorm, SyncBatchNorm)):
+                    self.handles += [layer.register_forward_pre_hook(_forward_sync),
+                                     layer.register_forward_hook(_compute_again)]
         for param in model.parameters():
             if param.requires_grad:
-                self.handles.append(param.register_post_accumulate_grad_hook(self.grad_ready))
+                self.handles.append(param.register_post_accumulate_grad_hook(_grad_ready))
 
     def start(self) -> None:
         """Stamp every optimizer's step (torch's global hooks) from now on."""
@@ -239,8 +284,10 @@ class PhaseClock:
 
         self.handles += [register_optimizer_step_pre_hook(self.optimizer_start),
                          register_optimizer_step_post_hook(self.optimizer_end)]
+        process.current().on_ddp_forward = self._ddp_forward
 
     def stop(self) -> None:
+        process.current().on_ddp_forward = None
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
@@ -284,6 +331,28 @@ def start(state: Any, report_dir: str | None, window: int) -> PhaseClock | None:
 
 def current() -> PhaseClock | None:
     return process.current().phases
+
+
+# The model's hooks are functions of this module, not the clock's bound methods: a model is deep-copied (an EMA
+# copy) and pickled (torch.save(model)) with its hooks, and a clock holds the group's store, which neither can.
+def _forward(module: nn.Module, args: Any) -> None:
+    if (clock := current()) is not None:
+        clock.forward(module, args)
+
+
+def _forward_sync(module: nn.Module, args: Any) -> None:
+    if (clock := current()) is not None:
+        clock._forward_sync(module, args)
+
+
+def _compute_again(module: nn.Module, args: Any, output: Any) -> None:
+    if (clock := current()) is not None:
+        clock._compute_again(module, args, output)
+
+
+def _grad_ready(param: torch.Tensor) -> None:
+    if (clock := current()) is not None:
+        clock.grad_ready(param)
 
 
 def watch_loader(loader: Any) -> None:

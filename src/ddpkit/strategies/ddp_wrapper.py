@@ -99,7 +99,16 @@ class DDP(PlainStateDict, DistributedDataParallel):
                 check_in_sync(self.module, self.process_group)
             self._training_steps += 1
         process.heartbeat()
+        if (stamp := process.current().on_ddp_forward) is not None:
+            stamp(self, True)  # the phase report: DDP's own part of the forward (the buffer broadcast) waits
         return super().forward(*args, **kwargs)
+
+    # Not traced either (torch's own frame here is not: a traced one would be a new compiled frame)
+    @torch.compiler.disable(recursive=False)
+    def _run_ddp_forward(self, *inputs: Any, **kwargs: Any):
+        if (stamp := process.current().on_ddp_forward) is not None:
+            stamp(self, False)  # the phase report: the module's own forward, compute
+        return super()._run_ddp_forward(*inputs, **kwargs)
 
     def join(self, *args: Any, **kwargs: Any) -> contextlib.AbstractContextManager[Any]:
         """torch's ``join`` (what :func:`ddpkit.join` enters), with the sync checks paused inside."""
