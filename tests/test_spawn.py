@@ -81,6 +81,9 @@ def test_a_script_that_launches_itself_equals_ddpkit_launch(tmp_path):
     # issue 26 #6: where the logs are, said once, as ddpkit launch says it
     logs = [line for line in r.stderr.splitlines() if line.startswith("ddpkit.spawn: ") and "per-rank logs in" in line]
     assert len(logs) == 1 and os.path.isdir(os.path.join(SCRATCH, logs[0].rsplit(" in ", 1)[1])), r.stderr
+    # issue 29: the per-rank phase table ends a spawn as it ends ddpkit launch, and its report is kept beside the logs
+    assert "ddpkit: where each rank's time went" in r.stderr and re.search(r"ddpkit:\s+1\s+\S+\s+[\d.]+", r.stderr)
+    assert os.path.isfile(os.path.join(SCRATCH, logs[0].rsplit(" in ", 1)[1], "phases.json"))
     ok(launch(SELF, tmp_path))
     spawned, launched = torch.load(tmp_path / "spawn.pt"), torch.load(tmp_path / "launch.pt")
     assert all(torch.equal(spawned[k], launched[k]) for k in launched)  # the same weights, bitwise

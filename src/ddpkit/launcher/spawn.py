@@ -36,7 +36,7 @@ from typing import Any
 from ddpkit.core import contract, environment, process, reports
 from ddpkit.launcher import config as launch
 from ddpkit.launcher import console as logs
-from ddpkit.launcher import supervise
+from ddpkit.launcher import phase_report, supervise
 from ddpkit.runtime import group as runtime
 
 _SIGNALS = [getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, name)]
@@ -218,4 +218,6 @@ def _launch(cfg: launch.LaunchConfig, fn: Callable[..., Any], args: tuple, kwarg
                          128 + int(exc.sigval)) from None
     finally:
         tail.stop()
+    if text := phase_report.summary(report_dir, run_dir):  # the per-rank table, as ddpkit launch ends with it
+        print(text, file=sys.stderr, flush=True)
     return results[0]
