@@ -218,6 +218,6 @@ def _launch(cfg: launch.LaunchConfig, fn: Callable[..., Any], args: tuple, kwarg
                          128 + int(exc.sigval)) from None
     finally:
         tail.stop()
-    if text := phase_report.summary(report_dir, run_dir):  # the per-rank table, as ddpkit launch ends with it
-        print(text, file=sys.stderr, flush=True)
+    if table := phase_report.summary(report_dir, run_dir):  # the per-rank table, as ddpkit launch ends with it
+        print(table, file=sys.stderr, flush=True)
     return results[0]
