@@ -88,6 +88,19 @@ def test_the_waits_inside_sync_batchnorm_and_the_buffer_broadcast_are_communicat
     assert table[0]["comm"] - table[1]["comm"] > 0.5 * excess > 5, res.stderr
 
 
+# (a compute straggler under fsdp is not named: the peers wait for it inside FSDP2's backward, before the last
+# gradient is stamped; docs/phases.md says so)
+@pytest.mark.parametrize("slow, phase, how", [("data:1", "data", ["--mode", "fsdp"]), ("data:1", "data", "stream")])
+def test_the_waits_in_fsdps_all_gathers_and_a_streams_agreement_are_communication(tmp_path, slow, phase, how):
+    # fsdp: the fast rank waits in the forward's all-gathers; a stream: in the ranks' agreement inside the fetch
+    extra, env = (how, {}) if how != "stream" else ((), {"PHASES_STREAM": "1"})
+    res = run(tmp_path, slow, nproc=2, extra=extra, env=env)
+    found = kept_report(tmp_path)["straggler"]
+    assert found is not None and (found["rank"], found["phase"]) == (1, phase), res.stderr
+    table = rows(res.stderr)
+    assert table[0]["comm"] - table[1]["comm"] > 0.5 * (table[1][phase] - table[0][phase]) > 5, res.stderr
+
+
 def test_every_rank_equally_slow_is_a_slow_job_not_a_straggler(tmp_path):
     res = run(tmp_path, "all")
     assert "straggler: rank" not in res.stderr, res.stderr
@@ -261,6 +274,17 @@ ddpkit.shutdown()
     assert win["steps"] == 20 and win["ms"]["other"] < 30, win  # 1.2 s of evaluation spread over 20 steps: 60
 
 
+def test_a_batch_taken_with_next_iter_each_step_is_a_step(tmp_path):
+    win = report_of(LOOP + """
+for step in range(50):
+    x, y = next(iter(loader))  # the iterator is dropped at once: the loader's generator closes before the work
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step(); opt.zero_grad()
+ddpkit.shutdown()
+""", tmp_path)
+    assert win["steps"] == 49 and win["ms"]["compute"] > 0, win  # the 50th stays open at shutdown: no whole step
+
+
 def test_zipped_loaders_are_one_step_per_iteration(tmp_path):
     win = report_of(LOOP + """
 for (x, y), (x2, y2) in zip(loader, other):
@@ -287,6 +311,33 @@ def test_a_loop_with_neither_a_ddpkit_loader_nor_a_torch_optimizer_counts_backwa
         assert clock.totals()["steps"] >= 2990
     finally:
         clock.stop()
+
+
+def test_a_rank_that_saw_no_step_is_left_out_of_the_verdict_and_no_ratio_is_infinite():
+    windows = [straggler.window(0, BASE, steps=50), straggler.window(1, {}, steps=0),
+               straggler.window(2, BASE, steps=50)]
+    assert straggler.verdict(windows) is None
+    text = straggler.table(straggler.report(windows, []))
+    assert "rank(s) 1 saw no training step" in text and "inf" not in text
+    zero = {"data": 0.0, "compute": 0.0, "comm": 0.0, "optimizer": 0.0, "other": 0.0}
+    found = straggler.verdict([straggler.window(0, zero), straggler.window(1, dict(zero, data=5.0))])
+    assert found["rank"] == 1 and "inf" not in straggler.describe(found, "over the run")
+
+
+def test_a_stopped_clock_stamps_nothing_more(tmp_path, installed):
+    import copy
+
+    from ddpkit.core import process
+
+    model = torch.nn.Linear(4, 1)
+    clock = installed(PhaseClock(0, 0, "h", 10, None, str(tmp_path / "phases.json")))
+    clock.watch_model(model)
+    twin = copy.deepcopy(model)
+    clock.stop()
+    assert process.current().phases is None
+    for _ in range(5):
+        twin(torch.ones(2, 4)).sum().backward()
+    assert clock.line.marks == []
 
 
 def test_no_steps_seen_is_said_not_a_table_of_zeros():

@@ -1,5 +1,6 @@
 """A DDP loop whose one rank is slow on purpose: PHASES_SLOW=data:R sleeps in rank R's __getitem__,
 compute:R in rank R's forward, all slows every rank's data alike; PHASES_STEPS batches of 4 in all.
+PHASES_STREAM=1: the samples as a stream.
 PHASES_BN=1: a BatchNorm (SyncBatchNorm once prepared), whose forward waits for the peers.
 PHASES_TB=DIR: a ddpkit.summary_writer there (the report's scalars go to it). Prints the default group's
 collective count at the end (rank 0), so a test can compare it with the report off."""
@@ -28,6 +29,14 @@ class Data(torch.utils.data.Dataset):
         return torch.full((8,), float(i % 7)), torch.tensor([float(i % 3)])
 
 
+class Stream(torch.utils.data.IterableDataset):
+    """The same samples as a stream (PHASES_STREAM=1): ddpkit's stream loader, whose ranks agree per window."""
+
+    def __iter__(self):
+        data = Data()
+        return (data[i] for i in range(len(data)))
+
+
 class Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -44,7 +53,7 @@ device = ddpkit.init(seed=0).device
 writer = ddpkit.summary_writer(os.environ["PHASES_TB"]) if os.environ.get("PHASES_TB") else None
 model = ddpkit.prepare_model(Net())
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-loader = ddpkit.data_loader(Data(), batch_size=4)
+loader = ddpkit.data_loader(Stream() if os.environ.get("PHASES_STREAM") else Data(), batch_size=4)
 for x, y in loader:
     x, y = x.to(device), y.to(device)
     torch.nn.functional.mse_loss(model(x), y).backward()

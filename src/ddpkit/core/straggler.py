@@ -76,7 +76,9 @@ def others_medians(values: list[float]) -> list[float]:
 
 
 def verdict(windows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The straggler among ``windows`` (one per rank, same steps), or None: no rank stands out."""
+    """The straggler among ``windows`` (one per rank, same steps), or None: no rank stands out. A rank that saw
+    no step (its loader never fetched) has no times to compare: it is left out."""
+    windows = [w for w in windows if w["steps"] > 0]
     if len(windows) < 2:
         return None
     step = statistics.median(step_ms(w) for w in windows)
@@ -99,6 +101,7 @@ def verdict(windows: list[dict[str, Any]]) -> dict[str, Any] | None:
 def score(windows: list[dict[str, Any]]) -> float:
     """The largest excess of one rank's own phase over the other ranks' median, as a share of the median step
     (0.0: every rank alike; the verdict names a straggler from :data:`SHARE` on, at :data:`RATIO` or more)."""
+    windows = [w for w in windows if w["steps"] > 0]
     if len(windows) < 2:
         return 0.0
     step = statistics.median(step_ms(w) for w in windows) or 1.0
@@ -117,10 +120,13 @@ def describe(found: dict[str, Any] | None, what: str) -> str:
     """
     if found is None:
         return f"no straggler {what}: no rank's phase is {RATIO:g}x the other ranks' median"
-    ratio = "inf" if math.isinf(found["ratio"]) else f"{found['ratio']:.1f}"
     where = f"host {found['host']}, " if found["host"] else ""
-    return (f"straggler: rank {found['rank']} ({where}local {found['local_rank']}): {WORDS[found['phase']]} "
-            f"{ratio}x the other ranks' median ({found['ms']:.1f} vs {found['others_ms']:.1f} ms/step) {what}; "
+    if math.isinf(found["ratio"]):  # the others' median is 0: no ratio to give
+        how = f"{found['ms']:.1f} ms/step where the other ranks' median is 0"
+    else:
+        how = f"{found['ratio']:.1f}x the other ranks' median ({found['ms']:.1f} vs {found['others_ms']:.1f} ms/step)"
+    return (f"straggler: rank {found['rank']} ({where}local {found['local_rank']}): {WORDS[found['phase']]} {how} "
+            f"{what}; "
             f"the other ranks spend {found['others_wait_ms']:.1f} ms/step waiting in communication "
             f"(this rank {found['wait_ms']:.1f})")
 
@@ -144,6 +150,8 @@ def table(rep: dict[str, Any]) -> str:
     for w in ranks:
         lines.append(f"  {w['rank']:>4}  {w['host'][:16]:<16}  " + "".join(f"{w['ms'][p]:>10.1f}" for p in PHASES)
                      + f"{step_ms(w):>10.1f}")
+    if idle := [str(w["rank"]) for w in ranks if w["steps"] == 0]:
+        lines.append(f"  (rank(s) {', '.join(idle)} saw no training step: left out of the verdict)")
     if rep["missing"]:
         lines.append(f"  (no figures from rank(s) {', '.join(map(str, rep['missing']))}: they did not reach "
                      "their shutdown in time)")

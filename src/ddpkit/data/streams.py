@@ -41,7 +41,7 @@ from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory
 
 from ddpkit.core import process
 from ddpkit.data.loader import Observed, empty_batch
-from ddpkit.runtime import collectives, control
+from ddpkit.runtime import collectives, control, phases
 
 # batches held ahead to agree on at once: at most 16, about 64 MiB, and what a rank reads in half a second
 WINDOW_BATCHES, WINDOW_BYTES, WINDOW_SECONDS = 16, 64 << 20, 0.5
@@ -374,7 +374,8 @@ class StreamLoader(Observed, DataLoader):
         op = "min" if self.agree == "drop" else "max"
         while True:
             hand.fill(size)
-            rounds, size = control.agree([len(hand), hand.proposal(size)], [op, "min"]).values()
+            with phases.waiting():  # the phase report: a rank that waits here waits for a slower peer
+                rounds, size = control.agree([len(hand), hand.proposal(size)], [op, "min"]).values()
             if rounds == 0:
                 return
             for _ in range(rounds):

@@ -26,16 +26,18 @@ Example (one process, no store: its own table)::
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 
 from ddpkit.core import atomic, contract, process, straggler
@@ -91,12 +93,14 @@ class PhaseClock:
                 self._to(_DATA)
         elif starting is False:
             self._to(_OTHER)
-        else:
-            if self.worked:  # left with break after training on the batch: its step is whole
-                self._next_step()
-            else:  # the fetch found the end (or a tool refused the batch): the step it opened is none
-                self._to(_OTHER)
+        elif self.worked:  # left with break after training on the batch: its step is whole
+            self._next_step()
             self.stepping = False
+        elif self.phase == _DATA:  # the fetch found the end (or failed): the step it opened is none
+            self._to(_OTHER)
+            self.stepping = False
+        # else: closed right after handing a batch out, before any work (next(iter(loader)) each step, a tool's
+        # cap refusing the batch): the step goes on, the work on that batch (if any) is its
 
     # The forward hooks return at once while dynamo traces them (a torch.compile around the prepared model):
     # traced, their Python state would break the graph and recompile it as the phase changes.
@@ -270,6 +274,11 @@ class PhaseClock:
         if forward:
             if not isinstance(model, DistributedDataParallel):  # ddpkit's DDP stamps itself: see start()
                 self.handles.append(model.register_forward_pre_hook(_forward))
+            for layer in model.modules():  # FSDP2's pre-forward (prepended) all-gathers the layer: a wait too
+                if isinstance(layer, FSDPModule):
+                    self.handles.append(layer.register_forward_pre_hook(_forward_sync, prepend=True))
+                    if layer is not model:
+                        self.handles.append(layer.register_forward_pre_hook(_compute_again))
             for layer in model.modules():  # their forward all-gathers the batch statistics of every rank
                 if isinstance(layer, (nn.SyncBatchNorm, SyncBatchNorm)):
                     self.handles += [layer.register_forward_pre_hook(_forward_sync),
@@ -287,7 +296,10 @@ class PhaseClock:
         process.current().on_ddp_forward = self._ddp_forward
 
     def stop(self) -> None:
-        process.current().on_ddp_forward = None
+        proc = process.current()
+        proc.on_ddp_forward = None
+        if proc.phases is self:  # a model's hooks (and a deep copy's) find no clock from now on
+            proc.phases = None
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
@@ -345,7 +357,7 @@ def _forward_sync(module: nn.Module, args: Any) -> None:
         clock._forward_sync(module, args)
 
 
-def _compute_again(module: nn.Module, args: Any, output: Any) -> None:
+def _compute_again(module: nn.Module, args: Any, output: Any = None) -> None:
     if (clock := current()) is not None:
         clock._compute_again(module, args, output)
 
@@ -367,6 +379,21 @@ def watch_model(model: nn.Module, compiled: bool = False) -> None:
     clock = current()
     if clock is not None:
         clock.watch_model(model, forward=not compiled)
+
+
+@contextlib.contextmanager
+def waiting() -> Iterator[None]:
+    """A wait for the peers inside a phase (a stream's ranks agreeing inside the fetch): ``comm`` meanwhile."""
+    clock = current()
+    if clock is None:
+        yield
+        return
+    phase = clock.phase
+    clock._to(_COMM)
+    try:
+        yield
+    finally:
+        clock._to(phase)
 
 
 def add_listener(listener: Listener) -> None:
