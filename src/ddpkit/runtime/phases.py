@@ -102,34 +102,20 @@ class PhaseClock:
         # else: closed right after handing a batch out, before any work (next(iter(loader)) each step, a tool's
         # cap refusing the batch): the step goes on, the work on that batch (if any) is its
 
-    # The forward hooks return at once while dynamo traces them (a torch.compile around the prepared model):
-    # traced, their Python state would break the graph and recompile it as the phase changes.
-    def forward(self, module: nn.Module, args: Any) -> None:
-        if torch.compiler.is_compiling():
-            return
-        if module.training and torch.is_grad_enabled():  # an evaluation forward is "other"
+    def in_forward(self, module: nn.Module, phase: int) -> None:
+        """A training forward reached the start of ``phase``: the prepared model's forward (compute), DDP's own
+        part before it, a SyncBatchNorm's or an FSDP2 pre-forward's all-gather (comm: a wait for the peers, as
+        much as the all-reduce after the backward is), the end of those (compute). Evaluation forwards stamp
+        nothing (they are "other"); so does a trace by dynamo (a torch.compile around the prepared model), where
+        the clock's Python state would break the graph and recompile it as the phase changes."""
+        if not torch.compiler.is_compiling() and module.training and torch.is_grad_enabled():
             self.worked = True
-            self._to(_COMPUTE)
-
-    def _forward_sync(self, module: nn.Module, args: Any) -> None:
-        """DDP's forward before the module's (its buffer broadcast), or a SyncBatchNorm's forward: a wait for
-        the peers, as much as the all-reduce after the backward is."""
-        if torch.compiler.is_compiling():
-            return
-        if module.training and torch.is_grad_enabled():
-            self.worked = True
-            self._to(_COMM)
+            self._to(phase)
 
     @torch.compiler.disable  # called from DDP's untraced frames: run as it is, never compiled into a no-op
     def _ddp_forward(self, module: nn.Module, syncing: bool) -> None:
         """ddpkit's DDP wrapper: its forward starts (``syncing``: its buffer broadcast), or its module's does."""
-        self._forward_sync(module, ()) if syncing else self.forward(module, ())
-
-    def _compute_again(self, module: nn.Module, args: Any, output: Any = None) -> None:
-        if torch.compiler.is_compiling():
-            return
-        if module.training and torch.is_grad_enabled():
-            self._to(_COMPUTE)
+        self.in_forward(module, _COMM if syncing else _COMPUTE)
 
     def grad_ready(self, param: torch.Tensor) -> None:
         # one stamp kept per backward, the latest: a Python call and a clock read per parameter, nothing more
@@ -273,16 +259,16 @@ class PhaseClock:
         trace) and the moment each of its gradients is ready."""
         if forward:
             if not isinstance(model, DistributedDataParallel):  # ddpkit's DDP stamps itself: see start()
-                self.handles.append(model.register_forward_pre_hook(_forward))
+                self.handles.append(model.register_forward_pre_hook(_compute_starts))
             for layer in model.modules():  # FSDP2's pre-forward (prepended) all-gathers the layer: a wait too
                 if isinstance(layer, FSDPModule):
-                    self.handles.append(layer.register_forward_pre_hook(_forward_sync, prepend=True))
+                    self.handles.append(layer.register_forward_pre_hook(_wait_starts, prepend=True))
                     if layer is not model:
-                        self.handles.append(layer.register_forward_pre_hook(_compute_again))
+                        self.handles.append(layer.register_forward_pre_hook(_compute_starts))
             for layer in model.modules():  # their forward all-gathers the batch statistics of every rank
                 if isinstance(layer, (nn.SyncBatchNorm, SyncBatchNorm)):
-                    self.handles += [layer.register_forward_pre_hook(_forward_sync),
-                                     layer.register_forward_hook(_compute_again)]
+                    self.handles += [layer.register_forward_pre_hook(_wait_starts),
+                                     layer.register_forward_hook(_compute_starts)]
         for param in model.parameters():
             if param.requires_grad:
                 self.handles.append(param.register_post_accumulate_grad_hook(_grad_ready))
@@ -347,19 +333,14 @@ def current() -> PhaseClock | None:
 
 # The model's hooks are functions of this module, not the clock's bound methods: a model is deep-copied (an EMA
 # copy) and pickled (torch.save(model)) with its hooks, and a clock holds the group's store, which neither can.
-def _forward(module: nn.Module, args: Any) -> None:
+def _compute_starts(module: nn.Module, args: Any, output: Any = None) -> None:
     if (clock := current()) is not None:
-        clock.forward(module, args)
+        clock.in_forward(module, _COMPUTE)
 
 
-def _forward_sync(module: nn.Module, args: Any) -> None:
+def _wait_starts(module: nn.Module, args: Any) -> None:
     if (clock := current()) is not None:
-        clock._forward_sync(module, args)
-
-
-def _compute_again(module: nn.Module, args: Any, output: Any = None) -> None:
-    if (clock := current()) is not None:
-        clock._compute_again(module, args, output)
+        clock.in_forward(module, _COMM)
 
 
 def _grad_ready(param: torch.Tensor) -> None:
