@@ -320,7 +320,7 @@ def test_a_rank_that_saw_no_step_is_left_out_of_the_verdict_and_no_ratio_is_infi
     text = straggler.table(straggler.report(windows, []))
     assert "rank(s) 1 saw no training step" in text and "inf" not in text
     zero = {"data": 0.0, "compute": 0.0, "comm": 0.0, "optimizer": 0.0, "other": 0.0}
-    found = straggler.verdict([straggler.window(0, zero), straggler.window(1, dict(zero, data=5.0))])
+    found = straggler.verdict([straggler.window(0, dict(zero, comm=5.0)), straggler.window(1, dict(zero, data=5.0))])
     assert found["rank"] == 1 and "inf" not in straggler.describe(found, "over the run")
 
 
@@ -378,11 +378,12 @@ def test_the_verdict_names_the_slow_rank_at_every_world_size(world):
 
 
 def test_the_verdict_of_a_large_job_is_near_linear():
-    windows = [straggler.window(r, BASE) for r in range(40000)]  # O(n^2) medians: hours
-    windows[12345] = straggler.window(12345, dict(BASE, data=20.0))
+    waiting = dict(BASE, comm=15.0)  # the others wait for rank 12345
+    windows = [straggler.window(r, waiting) for r in range(40000)]  # O(n^2) medians: hours
+    windows[12345] = straggler.window(12345, dict(BASE, data=20.0, comm=0.0))
     found = straggler.verdict(windows)
     assert (found["rank"], found["phase"]) == (12345, "data")
-    assert straggler.score(windows) == pytest.approx(19.0 / 18.0)
+    assert straggler.score(windows) == pytest.approx(19.0 / 28.0)
 
 
 @pytest.mark.parametrize("host", ["b\nddpkit: no straggler", "a\rb", "\x1b[2J", "tab\there"])
@@ -398,6 +399,10 @@ def test_a_small_or_noisy_difference_is_no_straggler():
     windows[1] = straggler.window(1, dict(BASE, compute=14.0))  # 4 ms (> 10 %), but 1.4x
     assert straggler.verdict(windows) is None
     assert straggler.verdict(windows[:1]) is None
+    windows[1] = straggler.window(1, dict(BASE, compute=30.0))  # 3x, 20 ms, but nobody waits for it: a rank whose
+    assert straggler.verdict(windows) is None  # compute holds a wait (or a hiccup that slowed nobody)
+    windows[0] = windows[2] = straggler.window(0, dict(BASE, comm=5.0 + 10.0))  # the others wait half of it
+    assert straggler.verdict(windows)["rank"] == 1
 
 
 CRAFTED = [b"", b"\x80\x04K\x01.", b"[]", b'{"v": 2, "ranks": []}', b'{"v": 1, "ranks": {}, "missing": []}',

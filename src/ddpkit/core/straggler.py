@@ -5,8 +5,9 @@ Each rank's :class:`~ddpkit.runtime.phases.PhaseClock` sums, per training step, 
 launcher prints :func:`table` from the report rank 0 leaves (``phases.json``). Torch-free: both sides share it.
 
 A rank is a straggler when one of its own phases (not ``comm``, the waiting) takes at least
-:data:`RATIO` times the other ranks' median for that phase *and* the excess is at least :data:`SHARE` of the
-step: a slow rank makes every other rank wait, so the others' ``comm`` grows by about what it loses. When every
+:data:`RATIO` times the other ranks' median for that phase, the excess is at least :data:`SHARE` of the
+step, and the others wait for it: a slow rank makes every other rank wait, so the others' median ``comm``
+exceeds its own by at least :data:`WAITED` of what it loses. When every
 rank is slow alike, no rank stands out and there is no straggler (a slow job, not a slow rank).
 
 Example::
@@ -34,6 +35,7 @@ WORDS = {"data": "data loading", "compute": "compute (forward + backward)", "com
          "optimizer": "the optimizer step", "other": "the rest of the loop"}
 RATIO = 1.5  # x the other ranks' median: well above the step-to-step noise of a healthy job (a few %)
 SHARE = 0.10  # of the median step: a phase that is 3x of almost nothing slows nobody
+WAITED = 0.5  # of the excess: at least this much more waiting on the other ranks than on this one
 VERSION = 1
 MAX_RANKS = 1 << 16  # a report naming more ranks than this is not one ddpkit wrote
 
@@ -90,7 +92,10 @@ def verdict(windows: list[dict[str, Any]]) -> dict[str, Any] | None:
             mine = win["ms"][phase]
             excess = mine - median
             ratio = mine / median if median > 0 else math.inf
-            if excess >= SHARE * step and ratio >= RATIO and (best is None or excess > best["excess_ms"]):
+            # and waited for: the others spend about what it loses waiting (a rank whose own phase holds a wait
+            # that the clock could not separate, or a hiccup that made nobody wait, is no straggler)
+            waited = medians["comm"][i] - win["ms"]["comm"] >= WAITED * excess
+            if excess >= SHARE * step and ratio >= RATIO and waited and (best is None or excess > best["excess_ms"]):
                 best = {"rank": win["rank"], "host": win["host"], "local_rank": win["local_rank"],
                         "phase": phase, "ratio": ratio, "ms": mine, "others_ms": median, "excess_ms": excess,
                         "others_wait_ms": medians["comm"][i],
