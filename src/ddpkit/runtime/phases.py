@@ -112,7 +112,6 @@ class PhaseClock:
             self.worked = True
             self._to(phase)
 
-    @torch.compiler.disable  # called from DDP's untraced frames: run as it is, never compiled into a no-op
     def _ddp_forward(self, module: nn.Module, syncing: bool) -> None:
         """ddpkit's DDP wrapper: its forward starts (``syncing``: its buffer broadcast), or its module's does."""
         self.in_forward(module, _COMM if syncing else _COMPUTE)
@@ -279,7 +278,9 @@ class PhaseClock:
 
         self.handles += [register_optimizer_step_pre_hook(self.optimizer_start),
                          register_optimizer_step_post_hook(self.optimizer_end)]
-        process.current().on_ddp_forward = self._ddp_forward
+        # called from DDP's untraced frames: run as it is, never compiled into a no-op. Wrapped here, not with a
+        # decorator: torch.compiler.disable imports dynamo and inductor, seconds that an import of ddpkit must not pay
+        process.current().on_ddp_forward = torch.compiler.disable(self._ddp_forward)
 
     def stop(self) -> None:
         proc = process.current()
