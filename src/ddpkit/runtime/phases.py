@@ -37,7 +37,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 
 from ddpkit.core import atomic, contract, process, straggler
@@ -259,8 +258,12 @@ class PhaseClock:
         if forward:
             if not isinstance(model, DistributedDataParallel):  # ddpkit's DDP stamps itself: see start()
                 self.handles.append(model.register_forward_pre_hook(_compute_starts))
-            for layer in model.modules():  # FSDP2's pre-forward (prepended) all-gathers the layer: a wait too
-                if isinstance(layer, FSDPModule):
+            # FSDP2's pre-forward (prepended) all-gathers the layer: a wait too. A model FSDP2 sharded has imported
+            # torch.distributed.fsdp; importing it here would cost every run ~2 s
+            fsdp = sys.modules.get("torch.distributed.fsdp")
+            sharded: type = getattr(fsdp, "FSDPModule", type(None))
+            for layer in model.modules():
+                if isinstance(layer, sharded):
                     self.handles.append(layer.register_forward_pre_hook(_wait_starts, prepend=True))
                     if layer is not model:
                         self.handles.append(layer.register_forward_pre_hook(_compute_starts))
