@@ -53,7 +53,10 @@ device = ddpkit.init(seed=0).device
 writer = ddpkit.summary_writer(os.environ["PHASES_TB"]) if os.environ.get("PHASES_TB") else None
 model = ddpkit.prepare_model(Net())
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-loader = ddpkit.data_loader(Stream() if os.environ.get("PHASES_STREAM") else Data(), batch_size=4)
+# no loader workers unless asked: with workers, equally slow loaders on every rank settle with one rank waiting in
+# data and the other in comm (its workers prefetch meanwhile), which the report names (docs/phases.md)
+loader = ddpkit.data_loader(Stream() if os.environ.get("PHASES_STREAM") else Data(), batch_size=4,
+                            num_workers=int(os.environ.get("PHASES_WORKERS", "0")))
 for x, y in loader:
     x, y = x.to(device), y.to(device)
     torch.nn.functional.mse_loss(model(x), y).backward()
