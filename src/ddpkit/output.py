@@ -98,9 +98,10 @@ def _phase_scalars(writer: Any, step: int, windows: list[dict[str, Any]]) -> Non
 
 
 def progress(iterable: Iterable, **tqdm_kwargs: Any) -> Iterable:
-    """``tqdm(iterable, ...)`` on rank 0; the iterable itself elsewhere (same items, no bar)."""
-    if not runtime.ensure_init().is_main:
-        return iterable
+    """``tqdm(iterable, ...)`` on rank 0; a disabled tqdm elsewhere: the same items, no bar, and the bar's
+    methods (``bar.set_postfix(loss=...)``, ``bar.update()``) do nothing instead of raising."""
     from tqdm import tqdm
 
+    if not runtime.ensure_init().is_main:
+        tqdm_kwargs["disable"] = True
     return tqdm(iterable, **tqdm_kwargs)

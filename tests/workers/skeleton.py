@@ -40,8 +40,9 @@ print("MARKER-same-on-every-rank", flush=True)  # plain print: the launcher's co
 writer = ddpkit.summary_writer(f"{out_dir}/tb")
 writer.add_scalar("x", 1.0, 0)
 writer.close()
-for _ in ddpkit.progress(range(3), desc="MARKER-bar"):
-    pass
+bar = ddpkit.progress(range(3), desc="MARKER-bar")
+for _ in bar:
+    bar.set_postfix(loss=1.0)  # a bar's own methods run on every rank (do nothing off rank 0)
 
 torch.save({"state": {"rank": state.rank, "local_rank": state.local_rank, "world_size": state.world_size,
                       "node_rank": state.node_rank, "mode": state.mode, "device": str(state.device),

@@ -1,0 +1,157 @@
+"""``ddpkit convert script.py``: rewrite a single-device training script into a ddpkit one, and prove it.
+
+Prints a unified diff and, for each edit, its line and why; ``--write`` rewrites the file in place, ``-o OUT``
+writes the result elsewhere. What it cannot convert safely it leaves unchanged and lists (line, what to do);
+when what is left would make the result train differently (a loader it cannot tell training from
+evaluation, batches fed by hand, a script already distributed by hand) it writes nothing and says
+``refused``. ``--verify`` then runs ``ddpkit verify`` on the result (1 process against N, same seed) and
+``ddpkit check`` (the usual DDP mistakes); arguments after the script go to the script.
+
+Exit: 0 converted (or nothing to change), 1 refused or something left to you, 2 bad input; with
+``--verify``, verify's code when it does not pass (4 the weights differ, 5 cannot compare). Needs libcst
+(``pip install 'ddpkit[convert]'``): a concrete syntax tree keeps the script's comments and formatting.
+
+Example::
+
+    $ ddpkit convert train.py                   # the diff and the list of edits
+    $ ddpkit convert --write train.py           # in place
+    $ ddpkit convert -o train_ddp.py --verify train.py --epochs 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+
+from ddpkit.commands.cli import OneLineParser, usage_error
+from ddpkit.core.atomic import write_atomically
+from ddpkit.core.errors import SCRIPT_FAILED, UsageError
+
+PROG = "ddpkit convert"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog=PROG, description="Rewrite a single-device training script into a ddpkit script.")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--write", action="store_true", help="rewrite the script in place")
+    out.add_argument("-o", "--output", default=None, help="write the converted script to this path")
+    p.add_argument("--verify", action="store_true", help="then run ddpkit verify and ddpkit check on the result")
+    p.add_argument("--nproc-per-node", type=int, default=2, help="processes for --verify (default 2)")
+    p.add_argument("--steps", type=int, default=5, help="optimizer steps --verify compares (default 5)")
+    p.add_argument("--json", action="store_true", help="one JSON object: edits, left, refused, diff")
+    p.add_argument("script")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script (--verify)")
+    return p
+
+
+def convert_file(path: str):
+    """The :class:`~ddpkit.commands.convert_plan.Plan` for the script at ``path`` (UsageError: not readable
+    as Python, or libcst missing)."""
+    try:
+        from libcst import ParserSyntaxError
+
+        from ddpkit.commands.convert_plan import plan
+    except ImportError as exc:
+        raise UsageError(f"convert needs libcst ({exc}); install it with pip install 'ddpkit[convert]'") from None
+    try:
+        with open(path, encoding="utf-8") as f:
+            source = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read {path!r} as a Python script ({exc.__class__.__name__}: {exc}); "
+                         "expected a UTF-8 .py file") from None
+    try:
+        return plan(source)
+    except ParserSyntaxError as exc:
+        raise UsageError(f"{path} is not Python 3 this tool can parse (line {exc.raw_line}: "
+                         f"{exc.message}); fix the syntax, then convert again") from None
+    except RecursionError:
+        raise UsageError(f"{path} nests too deeply to convert; expected a training script") from None
+
+
+def report(result, path: str) -> list[str]:
+    """The lines that say what was done and what is left, for people (stderr)."""
+    lines = [f"  {path}:{e.line}: {e.what}: {e.why}" for e in result.edits]
+    head = f"{PROG}: {len(result.edits)} edit(s) in {path}" if result.edits else f"{PROG}: nothing to change in {path}"
+    if result.refused:
+        head = f"{PROG}: refused: {path} is left as it is (it would run, and train differently)"
+        lines = []
+    lines += [f"  {path}:{x.line}: {'refused' if x.blocks else 'left to you'}: {x.what}; {x.fix}"
+              for x in result.left]
+    return [head, *lines]
+
+
+def _diff(result, path: str) -> str:
+    return "".join(difflib.unified_diff(result.source.splitlines(True), result.text.splitlines(True),
+                                        f"a/{path}", f"b/{path}"))
+
+
+def verify_and_check(converted: str, script_args: list[str], nproc: int, steps: int) -> tuple[int, list[str]]:
+    """``ddpkit verify`` on the converted script (a subprocess: it launches processes), then ``ddpkit check``."""
+    from ddpkit.commands.check import analyze
+
+    cmd = [sys.executable, "-m", "ddpkit", "verify", "--nproc-per-node", str(nproc), "--steps", str(steps),
+           converted, *script_args]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    verdict = (done.stdout.strip().splitlines() or [""])[-1]
+    lines = [f"{PROG}: verify: {verdict or done.stderr.strip()[-400:]}"]
+    with open(converted, encoding="utf-8") as f:
+        found = analyze(f.read())
+    lines += [f"{PROG}: check: {'nothing found' if not found else f'{len(found)} finding(s)'}"]
+    lines += [f"  {converted}:{x.line}: {x.rule} {x.severity}: {x.message}" for x in found]
+    code = done.returncode or (SCRIPT_FAILED if found else 0)
+    return code, lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+        if not os.path.isfile(ns.script):
+            raise UsageError(f"no script at {ns.script!r}; expected the path of a .py training script")
+        if ns.script_args and not ns.verify:
+            raise UsageError(f"arguments after the script ({' '.join(ns.script_args)}) go to it under --verify "
+                             "only; add --verify or drop them")
+        result = convert_file(ns.script)
+    except UsageError as exc:
+        return usage_error(PROG, exc)
+    if ns.json:
+        print(json.dumps({"script": ns.script, "refused": result.refused, "changed": result.text != result.source,
+                          "edits": [vars(e) for e in result.edits], "left": [vars(x) for x in result.left],
+                          "diff": _diff(result, ns.script)}))
+    else:
+        sys.stdout.write(_diff(result, ns.script))
+    for line in report(result, ns.script):
+        print(line, file=sys.stderr)
+    if result.refused:
+        return SCRIPT_FAILED
+    target = ns.script if ns.write else ns.output
+    if target and result.text != result.source:
+        write_atomically(target, lambda f: f.write(result.text.encode("utf-8")))
+    code = SCRIPT_FAILED if result.left else 0
+    if ns.verify:
+        code = max(code, _verify(result, ns, target))
+    return code
+
+
+def _verify(result, ns: argparse.Namespace, target: str | None) -> int:
+    """Verify the converted text where it was written, else from a file beside the script (its imports of
+    sibling modules still resolve), removed afterwards."""
+    path = target
+    if path is None:
+        folder = os.path.dirname(os.path.abspath(ns.script))
+        fd, path = tempfile.mkstemp(prefix=".ddpkit-convert-", suffix=".py", dir=folder)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(result.text)
+    try:
+        code, lines = verify_and_check(path, ns.script_args, ns.nproc_per_node, ns.steps)
+    finally:
+        if target is None:
+            os.unlink(path)
+    for line in lines:
+        print(line, file=sys.stderr)
+    return code

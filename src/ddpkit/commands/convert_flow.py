@@ -1,0 +1,158 @@
+"""Data flow for ``ddpkit convert``: where a name used in one place was bound, and where a bound value is used,
+across the script's own functions (a loader handed to ``train(args, model, device, train_loader, ...)`` is
+the ``train_loader`` parameter there), methods (``self.model``) and module globals.
+
+The questions it answers are the converter's: which binding is the model an optimizer trains
+(:func:`binding_of`), and which loops read a loader (:func:`loops_reading`). Both give up (None, or no loop)
+rather than guess: the plan then leaves the line to the user.
+
+Example::
+
+    >>> from ddpkit.commands.convert_scan import parse, scan
+    >>> facts = scan(parse("def train(ld):\\n    for b in ld:\\n        b.backward()\\nl = f()\\ntrain(l)\\n"))
+    >>> [loop.line for loop in loops_reading(facts, "l", facts.scopes[""])]
+    [2]
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from ddpkit.commands.convert_scan import Binding, Call, Facts, Loop, Scope, dotted, names_in
+
+DEPTH = 4  # calls followed from one binding: deeper than any public training script nests its loops
+
+
+def visible(facts: Facts, name: str, bound: Scope, used: Scope) -> bool:
+    """Whether ``name`` bound in ``bound`` is the one ``used`` reads (Python's rules, for the cases scripts
+    have): the same function; a module global not rebound locally; ``self.x`` across one class's methods."""
+    if name.startswith("self."):
+        return bound.cls is not None and bound.cls == used.cls
+    if bound is used:
+        return True
+    return bound.name == "" and not any(b.target == name and b.scope is used for b in facts.bindings)
+
+
+def callee(facts: Facts, call: Call) -> tuple[Scope, int] | None:
+    """The script's own function a call runs, and how many leading parameters the call does not pass
+    (``self``): ``train(...)``, ``self.run()``, ``trainer.run()`` (one class has a ``run``)."""
+    if call.name in facts.scopes and "." not in call.name:
+        return facts.scopes[call.name], 0
+    if isinstance(call.node.func, cst.Attribute):
+        methods = [s for s in facts.scopes.values() if s.cls and s.name.endswith(f".{call.last}")]
+        if call.name and call.name.startswith("self.") and call.scope.cls:
+            methods = [s for s in methods if s.cls == call.scope.cls]
+        if len(methods) == 1:
+            return methods[0], 1
+    return None
+
+
+def argument_for(call: Call, param: str, scope: Scope, skip: int) -> cst.BaseExpression | None:
+    """The expression ``call`` passes as ``param`` of ``scope``."""
+    positional = [a for a in call.node.args if a.keyword is None and not a.star]
+    for arg in call.node.args:
+        if arg.keyword is not None and arg.keyword.value == param:
+            return arg.value
+    index = scope.params.index(param) - skip if param in scope.params else -1
+    return positional[index].value if 0 <= index < len(positional) else None
+
+
+def binding_of(facts: Facts, name: str, scope: Scope, line: int, depth: int = 0) -> Binding | None:
+    """The binding ``name`` has when ``scope`` reads it at ``line``: the last before it in the same function,
+    else the class's (``__init__`` first) or the module's; a parameter is followed to the one call site that
+    passes it (several that pass different things: None)."""
+    same = [b for b in facts.bindings if b.target == name and b.scope is scope and b.line <= line]
+    found: Binding | None
+    if same:
+        found = same[-1]
+    else:
+        other = [b for b in facts.bindings if b.target == name and b.scope is not scope
+                 and visible(facts, name, b.scope, scope)]
+        other.sort(key=lambda b: (not b.scope.name.endswith(".__init__"), b.line))
+        found = other[-1] if other and not name.startswith("self.") else other[0] if other else None
+        if name.startswith("self.") and other:  # the class's: the last one written in __init__, if any
+            init = [b for b in other if b.scope.name.endswith(".__init__")]
+            found = init[-1] if init else other[-1]
+    if found is None or found.value is not None or depth >= DEPTH or found.scope.name == "":
+        return found
+    if name not in found.scope.params:  # a loop variable, ``with ... as``: not followed
+        return found
+    sites = []
+    for call in facts.calls:
+        target = callee(facts, call)
+        if target is None or target[0] is not found.scope:
+            continue
+        arg = argument_for(call, name, found.scope, target[1])
+        arg_name = dotted(arg) if arg is not None else None
+        sites.append(binding_of(facts, arg_name, call.scope, call.line, depth + 1) if arg_name else None)
+    distinct = {id(s) for s in sites}
+    return sites[0] if len(distinct) == 1 and sites[0] is not None else found
+
+
+def loops_reading(facts: Facts, name: str, scope: Scope, depth: int = 0) -> list[Loop]:
+    """Every loop that takes its items from ``name`` (bound in ``scope``): ``for b in name``, ``for i, b in
+    enumerate(tqdm(name))``, ``it = iter(name)`` then ``next(it)`` in a loop, through assignments
+    (``self.loader = name``) and calls of the script's functions that pass it on."""
+    if depth >= DEPTH:
+        return []
+    found = [loop for loop in facts.loops if name in loop.iter_names and visible(facts, name, scope, loop.scope)]
+    for call in facts.calls:
+        if not visible(facts, name, scope, call.scope):
+            continue
+        if call.name == "next" and call.node.args and dotted(call.node.args[0].value) == name and call.loops:
+            found.append(call.loops[-1])
+        target = callee(facts, call)
+        if target is None:
+            continue
+        for param in target[0].params:
+            arg = argument_for(call, param, target[0], target[1])
+            if arg is not None and name in names_in(arg):
+                found += loops_reading(facts, param, target[0], depth + 1)
+    for b in facts.bindings:  # ``self.loader = loader``, ``it = iter(loader)``, ``bar = tqdm(loader)``
+        if b.value is not None and b.target != name and visible(facts, name, scope, b.scope) \
+                and name in names_in(b.value) and _passes_items(b.value):
+            found += loops_reading(facts, b.target, b.scope, depth + 1)
+    unique: dict[int, Loop] = {id(loop): loop for loop in found}
+    return list(unique.values())
+
+
+def _passes_items(value: cst.BaseExpression) -> bool:
+    """A value that hands on the loader's items: the name itself, or a call such as ``iter``, ``tqdm``,
+    ``enumerate`` over it (not ``len(loader)``, not ``loader.dataset``)."""
+    if isinstance(value, (cst.Name, cst.Attribute)):
+        return True
+    return isinstance(value, cst.Call) and (dotted(value.func) or "").split(".")[-1] not in ("len", "list", "sum")
+
+
+def trains(facts: Facts, loop: Loop, depth: int = 0) -> bool:
+    """A loop that runs a backward pass: ``loss.backward()`` in it, or in a function of the script it calls."""
+    for call in loop.calls:
+        if call.last == "backward":
+            return True
+        target = callee(facts, call) if depth < DEPTH else None
+        if target is not None and _scope_trains(facts, target[0], depth + 1):
+            return True
+    return False
+
+
+def _scope_trains(facts: Facts, scope: Scope, depth: int) -> bool:
+    for call in facts.calls:
+        if call.scope is not scope:
+            continue
+        if call.last == "backward":
+            return True
+        target = callee(facts, call) if depth < DEPTH else None
+        if target is not None and target[0] is not scope and _scope_trains(facts, target[0], depth + 1):
+            return True
+    return False
+
+
+def evaluates(facts: Facts, loop: Loop) -> bool:
+    """A loop with positive signs of evaluation: no backward pass, and under ``no_grad`` / ``inference_mode``
+    or after ``model.eval()`` in the same function."""
+    if trains(facts, loop):
+        return False
+    if loop.no_grad:
+        return True
+    return any(c.scope is loop.scope and c.last == "eval" and not c.node.args and c.line <= loop.line
+               for c in facts.calls)

@@ -1,0 +1,315 @@
+"""What ``ddpkit convert`` changes in a script, and what it leaves to the user: the decisions over the scan.
+
+Each rewrite is an :class:`Edit` (line, what, why); what cannot be converted safely is a :class:`Left` (line,
+what, what to do). A ``Left`` with ``blocks=True`` means the result would run and train differently (a
+training loader of unknown role, hand-fed batches, a script already distributed by hand): nothing is written
+then. The rules for output (print, logging, TensorBoard, tqdm, saving) are :mod:`ddpkit.commands.convert_rules`.
+
+Example::
+
+    >>> p = plan("import torch\\nfrom torch.utils.data import DataLoader\\nmodel = Net()\\n"
+    ...          "opt = torch.optim.SGD(model.parameters(), lr=0.1)\\n"
+    ...          "for x, y in DataLoader(ds, batch_size=8, shuffle=True):\\n    loss(model(x), y).backward()\\n")
+    >>> [e.what for e in p.edits]
+    ['import ddpkit', 'model = ddpkit.prepare_model(...)', 'DataLoader -> ddpkit.data_loader (training)']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import libcst as cst
+
+from ddpkit.commands import convert_rules as rules
+from ddpkit.commands.check_rules import OPTIMIZERS
+from ddpkit.commands.convert_apply import Edits, rewrite
+from ddpkit.commands.convert_flow import binding_of, evaluates, loops_reading, trains
+from ddpkit.commands.convert_scan import Binding, Call, Facts, Loop, Scope, dotted, names_in, parse, scan
+
+LOADER = "torch.utils.data.DataLoader"
+HAND_DISTRIBUTED = ("torch.distributed.", "torch.nn.parallel.", "torch.nn.DataParallel", "torch.multiprocessing.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Edit:
+    line: int
+    what: str
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Left:
+    line: int
+    what: str
+    fix: str
+    blocks: bool = False
+
+
+@dataclasses.dataclass
+class Plan:
+    source: str
+    edits: list[Edit]
+    left: list[Left]
+    text: str  # the converted script (the source itself when nothing changes or a Left blocks)
+
+    @property
+    def refused(self) -> bool:
+        return any(left.blocks for left in self.left)
+
+
+def plan(source: str) -> Plan:
+    """Scan ``source`` (raises :class:`libcst.ParserSyntaxError` on a file that is not Python) and decide."""
+    wrapper = parse(source)
+    facts = scan(wrapper)
+    work = _Work(facts)
+    work.decide()
+    text = source
+    if work.edits and not any(left.blocks for left in work.left):
+        if "ddpkit" not in facts.aliases:
+            work.edits.imports.append("import ddpkit")
+            work.note(None, "import ddpkit", "the converted calls need it", work.import_line())
+        text = rewrite(wrapper, work.edits, facts.imports[-1] if facts.imports else None)
+    return Plan(source, sorted(work.log, key=lambda e: e.line), sorted(work.left, key=lambda e: e.line), text)
+
+
+class _Work:
+    """One plan being made: the facts, the edits so far and the report."""
+
+    def __init__(self, facts: Facts):
+        self.facts = facts
+        self.edits = Edits()
+        self.log: list[Edit] = []
+        self.left: list[Left] = []
+        self.models: list[Binding] = []  # the bindings wrapped (or already wrapped) in prepare_model
+        self.inits: list[Scope] = []  # where the plan binds the state (``state = ddpkit.init()``)
+        ours = all(rules.bound_to_init(b) for b in facts.bindings if b.target == "state")
+        self.state = "state" if ours else "ddp_state"  # a script's own ``state`` keeps its name
+
+    def note(self, node: cst.CSTNode | None, what: str, why: str, line: int | None = None) -> None:
+        self.log.append(Edit(line if line is not None else self.line(node), what, why))
+
+    def import_line(self) -> int:
+        return max(self.facts.import_lines, default=1)
+
+    def line(self, node: cst.CSTNode | None) -> int:
+        for call in self.facts.calls:
+            if call.node is node or call.stmt is node:
+                return call.line
+        for b in self.facts.bindings:
+            if b.stmt is node:
+                return b.line
+        return 1
+
+    def leave(self, line: int, what: str, fix: str, blocks: bool = False) -> None:
+        self.left.append(Left(line, what, fix, blocks))
+
+    def decide(self) -> None:
+        if not self._convertible():
+            return
+        rules.devices(self)
+        self._models()
+        self._loaders()
+        rules.outputs(self)
+
+    def _convertible(self) -> bool:
+        for call in self.facts.calls:
+            if call.name and call.name.startswith(HAND_DISTRIBUTED):
+                self.leave(call.line, f"{call.name}: the script is already distributed by hand",
+                           "convert the single-device version, or replace the hand-written set-up with "
+                           "ddpkit.init() / ddpkit.prepare_model() yourself (docs/guide.md)", blocks=True)
+                return False
+            if call.last == "get_worker_info":
+                self.leave(call.line, "get_worker_info(): the dataset splits its stream by worker itself",
+                           "remove the split (ddpkit.data_loader splits a stream across ranks and workers) and "
+                           "convert again", blocks=True)
+                return False
+        return True
+
+    # the model: what an optimizer trains
+    def _models(self) -> None:
+        for call in self.facts.calls:
+            target = _trained(call)
+            if target is None:
+                continue
+            binding = self._model_binding(target, call)
+            if binding is None:
+                self.leave(call.line, f"the model {target!r} this optimizer trains: where it is built was not "
+                           "found", f"wrap it yourself where it is built: {target} = ddpkit.prepare_model("
+                           f"{target})", blocks=True)
+            elif all(b is not binding for b in self.models):
+                self.models.append(binding)
+                self._wrap(binding, call)
+
+    def _model_binding(self, target: str, call: Call) -> Binding | None:
+        parts = target.split(".")
+        for end in range(2 if parts[0] == "self" else 1, len(parts) + 1):  # model.fc.parameters(): model
+            binding = binding_of(self.facts, ".".join(parts[:end]), call.scope, call.line)
+            if binding is not None and binding.value is not None:
+                return self._source(binding)
+        return None
+
+    def _source(self, binding: Binding, depth: int = 0) -> Binding:
+        """Where an alias (``model, config = self.model, self.config``) got its value: the model is wrapped
+        where it is built or moved, once, not in every method that reads it."""
+        alias = dotted(binding.value) if binding.value is not None else None
+        if alias is None or alias == binding.target or depth >= 4:
+            return binding
+        found = binding_of(self.facts, alias, binding.scope, binding.line - 1)
+        return self._source(found, depth + 1) if found is not None and found.value is not None else binding
+
+    def _wrap(self, binding: Binding, optimizer: Call) -> None:
+        value = binding.value
+        assert value is not None
+        if _prepared(value) or any(_prepared(b.value) for b in self.facts.bindings
+                                   if b.target == binding.target and b.value is not None):
+            return  # converted already
+        moves = [c for c in self.facts.calls if c.scope is binding.scope and c.last in ("to", "cuda")
+                 and binding.line < c.line <= optimizer.line and c.stmt is not None
+                 and isinstance(c.node.func, cst.Attribute) and dotted(c.node.func.value) == binding.target
+                 and len(c.stmt.body) == 1 and isinstance(c.stmt.body[0], cst.Expr)]
+        if moves:  # ``model.to(device)`` on its own line: that line becomes the wrap
+            move = moves[-1]
+            self.edits.replace[id(move.stmt)] = [f"{binding.target} = ddpkit.prepare_model({binding.target})"]
+            self.note(move.stmt, f"{binding.target}.{move.last}(...) -> {binding.target} = ddpkit.prepare_model("
+                      f"{binding.target})", "prepare_model moves it to this rank's device, converts BatchNorm to "
+                      "SyncBatchNorm and wraps it in DDP", move.line)
+            return
+        self.edits.expr[id(value)] = lambda node: cst.parse_expression(
+            f"ddpkit.prepare_model({self.facts.module.code_for_node(rules.without_moves(node))})")
+        self.note(None, f"{binding.target} = ddpkit.prepare_model(...)", "the model the optimizer at line "
+                  f"{optimizer.line} trains: prepare_model moves it to this rank's device, converts BatchNorm "
+                  "and wraps it in DDP", binding.line)
+
+    # the loaders: training or evaluation, found by what their loops do
+    def _loaders(self) -> None:
+        loaders = [c for c in self.facts.calls if c.name == LOADER]
+        training = False
+        for call in loaders:
+            training |= self._loader(call)
+        backward = [c for c in self.facts.calls if c.last == "backward"]
+        if backward and not training:
+            self.leave(backward[0].line, "the training batches do not come from a torch DataLoader (fed by hand): "
+                       "each rank would train on all of them", "build them with a Dataset and a DataLoader, then "
+                       "convert again; or split them by state.rank yourself (docs/guide.md)", blocks=True)
+
+    def _loader(self, call: Call) -> bool:
+        """Rewrite one ``DataLoader(...)``; whether it is a training one."""
+        kwargs = {a.keyword.value: a.value for a in call.node.args if a.keyword is not None}
+        if "batch_sampler" in kwargs:
+            self.leave(call.line, "DataLoader(batch_sampler=...): batches are not split across ranks by ddpkit",
+                       "pass sampler= and batch_size= instead, then convert again", blocks=True)
+            return True
+        binding = next((b for b in self.facts.bindings if b.value is call.node), None)
+        loops = loops_reading(self.facts, binding.target, binding.scope) if binding else \
+            [loop for loop in self.facts.loops if isinstance(loop.node, cst.For) and call.line == loop.line]
+        role = _role(self.facts, loops, binding, call)
+        if role is None:
+            self.leave(call.line, "a DataLoader whose loops neither train (no backward found) nor evaluate (no "
+                       "no_grad or model.eval() found)", "convert it yourself: ddpkit.data_loader(dataset, "
+                       "batch_size) to train, ddpkit.data_loader(..., train=False) to evaluate", blocks=True)
+            return False
+        if not self._reductions(loops, call, role == "train"):
+            return False
+        self.edits.expr[id(call.node.func)] = lambda node: cst.parse_expression("ddpkit.data_loader")
+        if role == "eval" and "train" not in kwargs:
+            self.edits.expr[id(call.node)] = lambda node: node.with_changes(args=[
+                *node.args[:-1], node.args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT),
+                cst.Arg(value=cst.Name("False"), keyword=cst.Name("train"),
+                        equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))])
+        how = "training: each rank takes its own shard, reshuffled every epoch" if role == "train" else \
+            "evaluation (train=False): each rank its part, no sample twice"
+        self.note(call.node, f"DataLoader -> ddpkit.data_loader ({'training' if role == 'train' else 'train=False'})",
+                  how, call.line)
+        return role == "train"
+
+    def _reductions(self, loops: list[Loop], call: Call, training: bool) -> bool:
+        """Sum across ranks what the loops over a loader accumulate and read after the loop, right after it;
+        False (an evaluation loader is then left as it is: every rank evaluates the whole set, which is right,
+        only slower) when an evaluation loop keeps results in a container this cannot sum."""
+        fors = [loop for loop in loops if isinstance(loop.node, cst.For)]
+        for loop in fors if not training else ():
+            if loop.stored:
+                name, line = loop.stored[0]
+                self.leave(line, f"the evaluation loop keeps per-batch results in {name}: they would be this rank's "
+                           f"only, so the DataLoader at line {call.line} is left as it is (each rank evaluates the "
+                           "whole set)", "to share the work: ddpkit.data_loader(..., train=False), then "
+                           "ddpkit.gather(...) the results or ddpkit.reduce(...) the sums (docs/convert.md)")
+                return False
+        for loop in fors:
+            self._reduce_after(loop, training)
+        return True
+
+    def _reduce_after(self, loop: Loop, training: bool) -> None:
+        """``x = ddpkit.reduce(x)`` after the loop for each sum it accumulates (and, evaluating, each count:
+        ``n += 1``, ``num_batches = len(loader)``) that is read below it: each rank summed its own shard.
+        A training loop's ``step += 1`` counts steps every rank takes alike: never summed."""
+        facts = self.facts
+        read_later = {name for name, scope, line, _ in facts.reads if scope is loop.scope and line > loop.end}
+        sums = [name for name, _ in loop.augmented if name in read_later and "." not in name]
+        counts = [] if training else [n for n in loop.counted if n in read_later and "." not in n] + [
+            b.target for b in facts.bindings if b.scope is loop.scope and isinstance(b.value, cst.Call)
+            and dotted(b.value.func) == "len" and b.value.args and dotted(b.value.args[0].value) in loop.iter_names
+            and b.target in read_later]
+        done = {n for c in facts.calls if c.scope is loop.scope and c.line > loop.end
+                and c.name in ("ddpkit.reduce", "ddpkit.gather") for n in names_in(c.node)}
+        todo = [n for n in dict.fromkeys(sums + counts) if n not in done]
+        if not todo:
+            return
+        self.edits.after.setdefault(id(loop.node), []).extend(f"{n} = ddpkit.reduce({n})" for n in todo)
+        self.note(loop.node, f"after the {'training' if training else 'evaluation'} loop: {', '.join(todo)} summed "
+                  "across ranks (ddpkit.reduce)", "each rank accumulated only its own shard", loop.end)
+        for c in facts.calls:  # ``total / len(loader)`` beside a sum: every rank's batches, as the sum is every rank's
+            if c.scope is loop.scope and c.line > loop.end and c.name == "len" and c.node.args and c.stmt \
+                    and dotted(c.node.args[0].value) in loop.iter_names and names_in(c.stmt) & set(todo):
+                self.edits.expr[id(c.node)] = lambda node: cst.parse_expression(
+                    f"ddpkit.reduce({facts.module.code_for_node(node)})")
+                self.note(c.node, "len(loader) -> ddpkit.reduce(len(loader))", "every rank's batches, as the "
+                          "sum divided by it is every rank's", c.line)
+
+
+def _role(facts: Facts, loops: list[Loop], binding: Binding | None, call: Call) -> str | None:
+    """``train``, ``eval`` or None, from what the loops over the loader do; a loader no loop is found for
+    (built in one place, iterated through an expression this cannot follow) by its shuffle= and names."""
+    if loops:
+        kinds = {"train" if trains(facts, loop) else "eval" if evaluates(facts, loop) else None for loop in loops}
+        return kinds.pop() if len(kinds) == 1 else None
+    shuffle = next((a.value for a in call.node.args if a.keyword is not None and a.keyword.value == "shuffle"), None)
+    words = " ".join(filter(None, [binding.target if binding else None,
+                                   facts.code(call.node.args[0].value) if call.node.args else None])).lower()
+    if isinstance(shuffle, cst.Name) and shuffle.value == "True" or "train" in words:
+        return "train"
+    if any(w in words for w in ("test", "val", "eval")):
+        return "eval"
+    return None
+
+
+def _trained(call: Call) -> str | None:
+    """The model an optimizer call trains: ``M`` of ``Adam(M.parameters())`` (``M.fc.parameters()``,
+    ``filter(..., M.parameters())``, parameter groups) or of ``M.configure_optimizers(...)``."""
+    if call.last == "configure_optimizers" and isinstance(call.node.func, cst.Attribute):
+        return dotted(call.node.func.value)
+    if call.last not in OPTIMIZERS or not (call.name or "").startswith(("torch.optim", call.last)):
+        return None
+    for arg in call.node.args:
+        for node in _calls_in(arg.value):
+            func = node.func
+            if isinstance(func, cst.Attribute) and func.attr.value in ("parameters", "named_parameters"):
+                name = dotted(func.value)
+                if name:
+                    return name
+    return None
+
+
+def _calls_in(node: cst.CSTNode) -> list[cst.Call]:
+    found: list[cst.Call] = []
+
+    class Calls(cst.CSTVisitor):
+        def visit_Call(self, n: cst.Call) -> None:
+            found.append(n)
+
+    node.visit(Calls())
+    return found
+
+
+def _prepared(value: cst.BaseExpression | None) -> bool:
+    return isinstance(value, cst.Call) and dotted(value.func) in ("ddpkit.prepare_model", "prepare_model")

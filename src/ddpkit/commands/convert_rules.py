@@ -1,0 +1,203 @@
+"""The line-by-line rules of ``ddpkit convert``: the device set-up, output on rank 0 (print, logging,
+TensorBoard, tqdm), saving on rank 0, loading onto this rank's device, and the few calls that must see the
+module inside the wrapper (``ddpkit.unwrap``). The model and the loaders are :mod:`ddpkit.commands.convert_plan`'s.
+
+Example::
+
+    >>> init_arguments(cst.parse_expression('torch.device("cuda" if torch.cuda.is_available() else "cpu")'))
+    ''
+    >>> init_arguments(cst.parse_expression('torch.device(args.device)'))
+    'cpu=torch.device(args.device).type == "cpu"'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libcst as cst
+
+from ddpkit.commands.check_rules import RANK_WORDS
+from ddpkit.commands.convert_flow import visible
+from ddpkit.commands.convert_scan import Binding, Scope, dotted, resolve
+
+# the plan in the making (convert_plan._Work, which imports this module): facts, edits, log, left, models, state
+_Work = Any
+
+ACCELERATORS = ("cuda", "mps", "xpu")
+LOG_CALLS = ("debug", "info", "warning", "warn", "error", "critical", "exception", "log")
+PROGRESS = ("tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm")
+UNWRAP = ("isinstance", "type", "copy.deepcopy", "torch.jit.script", "torch.jit.trace", "torch.onnx.export")
+
+
+def _text(node: cst.BaseExpression) -> str | None:
+    return node.evaluated_value if isinstance(node, cst.SimpleString) else None  # type: ignore[return-value]
+
+
+def is_device(value: cst.BaseExpression | None, target: str, aliases: dict[str, str]) -> bool:
+    """``torch.device(...)``, ``"cuda" if ... else "cpu"``, or a device string bound to a ``*device`` name."""
+    if isinstance(value, cst.Call):
+        return resolve(dotted(value.func), aliases) == "torch.device"
+    if isinstance(value, cst.IfExp):
+        return (_text(value.orelse) or "").startswith("cpu") and \
+            any((_text(value.body) or "").startswith(a) for a in ACCELERATORS)
+    text = _text(value) if value is not None else None
+    return "device" in target.lower() and text is not None and text.split(":")[0] in ("cpu", *ACCELERATORS)
+
+
+def init_arguments(value: cst.BaseExpression) -> str:
+    """What ``ddpkit.init(...)`` needs to pick the device the script picked: nothing where it picks an
+    accelerator when there is one (ddpkit does too, one per rank), ``cpu=...`` where the script can be told
+    to stay on the CPU."""
+    module = cst.Module(body=[])
+    if isinstance(value, cst.Call) and value.args:
+        inner = value.args[0].value
+        if isinstance(inner, (cst.IfExp, cst.SimpleString)):
+            return init_arguments(inner)
+        return f'cpu=torch.device({module.code_for_node(inner)}).type == "cpu"'
+    if isinstance(value, cst.IfExp):
+        test = value.test
+        while isinstance(test, cst.IfExp):
+            test = test.test
+        if isinstance(test, cst.Call) and (dotted(test.func) or "").endswith(("cuda.is_available", "mps.is_available")):
+            return ""
+        code = module.code_for_node(value.test)
+        simple = isinstance(value.test, (cst.Name, cst.Attribute, cst.Call))
+        return f"cpu=not {code}" if simple else f"cpu=not ({code})"
+    text = _text(value) if isinstance(value, cst.SimpleString) else None
+    return "cpu=True" if text is not None and text.startswith("cpu") else ""
+
+
+def devices(work: _Work) -> None:
+    """``device = torch.device(...)`` -> ``state = ddpkit.init(...)`` and ``device = state.device``."""
+    facts = work.facts
+    for b in facts.bindings:
+        if b.stmt is None or not is_device(b.value, b.target, facts.aliases) or len(b.stmt.body) != 1 \
+                or not isinstance(b.stmt.body[0], cst.Assign) or len(b.stmt.body[0].targets) != 1:
+            continue
+        assert b.value is not None
+        args = init_arguments(b.value)
+        if b.target.startswith("self."):
+            work.edits.expr[id(b.value)] = lambda node, a=args: cst.parse_expression(f"ddpkit.init({a}).device")
+            work.note(b.stmt, f"{b.target} = ddpkit.init().device", "ddpkit.init() starts the process group and "
+                      "gives each rank its own device", b.line)
+            continue
+        work.edits.replace[id(b.stmt)] = [f"{work.state} = ddpkit.init({args})", f"{b.target} = {work.state}.device"]
+        work.inits.append(b.scope)
+        work.note(b.stmt, f"{b.target} = ... -> {work.state} = ddpkit.init({args}); {b.target} = "
+                  f"{work.state}.device", "init() starts the process group and gives each rank its own device", b.line)
+
+
+def without_moves(node: cst.BaseExpression) -> cst.BaseExpression:
+    """``Net().to(device).cuda()`` -> ``Net()``: prepare_model moves the model (a ``.to`` that also casts,
+    ``.to(torch.float64)``, stays)."""
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and \
+            node.func.attr.value in ("to", "cuda") and (node.func.attr.value == "cuda" or _device_only(node)):
+        node = node.func.value
+    return node
+
+
+def _device_only(call: cst.Call) -> bool:
+    if len(call.args) != 1:
+        return False
+    arg = call.args[0]
+    name = (dotted(arg.value) or "").lower()
+    return arg.keyword is None and ("device" in name or name in ("gpu", "dev") or
+                                    (_text(arg.value) or "").split(":")[0] in ("cpu", *ACCELERATORS)) \
+        or arg.keyword is not None and arg.keyword.value == "device"
+
+
+def _main(work: _Work, scope: Scope) -> str:
+    """An expression for "this is rank 0" in ``scope``: ``state.is_main`` where the init's state is seen."""
+    if any(visible(work.facts, work.state, s, scope) for s in work.inits) or \
+            any(b.target == work.state and visible(work.facts, work.state, b.scope, scope)
+                for b in work.facts.bindings):
+        return f"{work.state}.is_main"
+    return "ddpkit.init().is_main"
+
+
+def outputs(work: _Work) -> None:
+    facts = work.facts
+    printing = "print" not in {b.target for b in facts.bindings} and "print" not in facts.aliases
+    loads = [c for c in facts.calls if c.name == "torch.load"]
+    for call in facts.calls:
+        ranked = any(w in test.lower() for test in call.tests for w in RANK_WORDS)
+        func = call.node.func
+        if call.name == "print" and printing and isinstance(func, cst.Name) and not ranked:
+            work.edits.expr[id(func)] = lambda node: cst.parse_expression("ddpkit.print")
+            work.note(call.node, "print -> ddpkit.print", "printed once, by rank 0", call.line)
+        elif call.name == "logging.getLogger":
+            work.edits.expr[id(call.node)] = lambda node: node.with_changes(
+                func=cst.parse_expression("ddpkit.get_logger"), args=node.args or [cst.Arg(cst.SimpleString('""'))])
+            work.note(call.node, "logging.getLogger -> ddpkit.get_logger", "logs on rank 0 only", call.line)
+        elif call.name in tuple(f"logging.{f}" for f in LOG_CALLS):
+            work.edits.expr[id(func)] = lambda node, f=call.last: cst.parse_expression(f'ddpkit.get_logger("").{f}')
+            work.note(call.node, f"logging.{call.last} -> ddpkit.get_logger(\"\").{call.last}", "logs on rank 0 "
+                      "only", call.line)
+        elif (call.name or "").endswith(("tensorboard.SummaryWriter", "tensorboardX.SummaryWriter")):
+            work.edits.expr[id(func)] = lambda node: cst.parse_expression("ddpkit.summary_writer")
+            work.note(call.node, "SummaryWriter -> ddpkit.summary_writer", "one event file, written by rank 0 "
+                      "(the others get a writer that does nothing)", call.line)
+        elif call.name in PROGRESS or call.name in ("tqdm.trange", "tqdm.auto.trange"):
+            _progress(work, call)
+        elif call.name == "torch.save" and not ranked:
+            _save(work, call, loads)
+        elif call.name == "torch.load" and not any(a.keyword and a.keyword.value == "map_location"
+                                                   for a in call.node.args):
+            where = f"{work.state}.device" if _main(work, call.scope).startswith(work.state) else '"cpu"'
+            work.edits.expr[id(call.node)] = lambda node, w=where: node.with_changes(args=[
+                *node.args, cst.Arg(cst.parse_expression(w), keyword=cst.Name("map_location"),
+                                    equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))])
+            work.note(call.node, f"torch.load(..., map_location={where})", "tensors load where this rank "
+                      "works, not on the GPU they were saved from", call.line)
+        elif call.name in UNWRAP:
+            _unwrap(work, call)
+
+
+def _progress(work: _Work, call: Any) -> None:
+    node = call.node
+    positional = [a for a in node.args if a.keyword is None]
+    if call.last == "trange":
+        work.edits.expr[id(node)] = lambda n: n.with_changes(
+            func=cst.parse_expression("ddpkit.progress"),
+            args=[cst.Arg(cst.Call(cst.Name("range"), args=[a for a in n.args if a.keyword is None]))] +
+            [a for a in n.args if a.keyword is not None])
+    elif positional or any(a.keyword and a.keyword.value == "iterable" for a in node.args):
+        work.edits.expr[id(node.func)] = lambda n: cst.parse_expression("ddpkit.progress")
+    else:  # tqdm(total=...) updated by hand: no iterable to hand over; the bar shows on rank 0 only
+        flag = f"not {_main(work, call.scope)}"
+        work.edits.expr[id(node)] = lambda n: n.with_changes(args=[
+            *n.args, cst.Arg(cst.parse_expression(flag), keyword=cst.Name("disable"),
+                             equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))])
+    work.note(node, f"{call.last} -> ddpkit.progress", "one bar, on rank 0", call.line)
+
+
+def _save(work: _Work, call: Any, loads: list[Any]) -> None:
+    if call.stmt is None or any(call.node is not c.node and c.stmt is call.stmt and c.name == "torch.save"
+                                for c in work.facts.calls if c.line < call.line):
+        if call.stmt is None:
+            work.leave(call.line, "torch.save inside an expression: every rank would write the file",
+                       "save on rank 0 only: if state.is_main: torch.save(...)")
+        return
+    work.edits.guard[id(call.stmt)] = _main(work, call.scope)
+    read_back = [c for c in loads if c.line > call.line]
+    if read_back:  # the file is read again below: the other ranks wait until rank 0 has written it
+        work.edits.after.setdefault(id(call.stmt), []).append("ddpkit.barrier()")
+    work.note(call.stmt, "torch.save guarded: rank 0 saves" + (", then every rank waits for it (barrier)"
+                                                               if read_back else ""),
+              "every rank holds the same weights; N writers of one file race" +
+              (f"; the file is read again at line {read_back[0].line}" if read_back else ""), call.line)
+
+
+def _unwrap(work: _Work, call: Any) -> None:
+    wrapped = {b.target for b in work.models}
+    args = call.node.args
+    if not args or dotted(args[0].value) not in wrapped:
+        return
+    work.edits.expr[id(args[0].value)] = lambda node: cst.parse_expression(
+        f"ddpkit.unwrap({cst.Module(body=[]).code_for_node(node)})")
+    work.note(call.node, f"{call.last}({dotted(args[0].value)}) -> {call.last}(ddpkit.unwrap(...))",
+              "the prepared model is a wrapper; this call needs the module inside it", call.line)
+
+
+def bound_to_init(b: Binding) -> bool:
+    return isinstance(b.value, cst.Call) and dotted(b.value.func) == "ddpkit.init"

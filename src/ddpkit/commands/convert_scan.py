@@ -1,0 +1,346 @@
+"""What ``ddpkit convert`` reads off a script before it changes anything: every call, binding and loop, with
+the function (scope), loops, ``if`` tests and ``no_grad`` blocks around it, names resolved through the
+script's imports (``DataLoader`` -> ``torch.utils.data.DataLoader``).
+
+The decisions (which binding is the model, whether a loader trains or evaluates) are
+:mod:`ddpkit.commands.convert_plan`'s; this module only records. It works on a libcst tree (comments and
+formatting kept for the rewrite) and never runs the script.
+
+Example::
+
+    >>> facts = scan(parse("from torch.utils.data import DataLoader\\nfor x in DataLoader(d):\\n    pass\\n"))
+    >>> [c.name for c in facts.calls], len(facts.loops)
+    (['torch.utils.data.DataLoader'], 1)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+
+def parse(source: str) -> MetadataWrapper:
+    """The script's tree wrapped for positions (``scan`` and the rewrite must share this one wrapper: the
+    rewrite finds the scanned nodes by identity)."""
+    return MetadataWrapper(cst.parse_module(source))
+
+
+@dataclasses.dataclass(eq=False)
+class Scope:
+    """A function (``train``, ``Trainer.run``) or the module (``""``); ``params`` in order, ``self`` included."""
+
+    name: str
+    node: cst.CSTNode
+    cls: str | None = None
+    params: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(eq=False)
+class Loop:
+    node: cst.For | cst.While
+    scope: Scope
+    line: int
+    end: int  # the loop's last line: what reads a sum after the loop comes below it
+    iter_names: set[str]  # dotted names read by a for loop's iterable (``enumerate(train_loader)``: train_loader)
+    no_grad: bool
+    calls: list[Call] = dataclasses.field(default_factory=list)  # every call in the body, nested loops included
+    augmented: list[tuple[str, int]] = dataclasses.field(default_factory=list)  # ``x += value`` targets, lines
+    counted: list[str] = dataclasses.field(default_factory=list)  # ``n += 1``: a count of the loop's steps
+    stored: list[tuple[str, int]] = dataclasses.field(default_factory=list)  # ``m[k] += ...``, ``xs.append()``
+
+
+@dataclasses.dataclass(eq=False)
+class Call:
+    node: cst.Call
+    name: str | None  # dotted, through the imports; None for ``f()()`` and the like
+    last: str  # the called attribute or name: ``backward`` in ``scaler.scale(loss).backward()``
+    scope: Scope
+    line: int
+    stmt: cst.SimpleStatementLine | None
+    loops: list[Loop]
+    tests: list[str]  # the code of every enclosing ``if`` test, outermost first
+    no_grad: bool
+
+
+@dataclasses.dataclass(eq=False)
+class Binding:
+    """``target = value`` (``value`` None: a parameter, a loop variable or a ``with ... as``)."""
+
+    target: str
+    value: cst.BaseExpression | None
+    stmt: cst.SimpleStatementLine | None
+    scope: Scope
+    line: int
+
+
+@dataclasses.dataclass(eq=False)
+class Facts:
+    module: cst.Module
+    aliases: dict[str, str]
+    scopes: dict[str, Scope]
+    calls: list[Call]
+    bindings: list[Binding]
+    loops: list[Loop]
+    reads: list[tuple[str, Scope, int, Any]]  # every dotted name read: (name, scope, line, the node)
+    imports: list[cst.SimpleStatementLine]  # the module's top-level import lines
+    import_lines: list[int] = dataclasses.field(default_factory=list)
+
+    def code(self, node: cst.CSTNode) -> str:
+        return self.module.code_for_node(node)
+
+
+def dotted(node: cst.CSTNode | None) -> str | None:
+    """``torch.cuda.is_available`` for the attribute chain, None for anything else.
+
+    >>> dotted(cst.parse_expression("self.model.fc")), dotted(cst.parse_expression("f().x"))
+    ('self.model.fc', None)
+    """
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = dotted(node.value)
+        return f"{base}.{node.attr.value}" if base else None
+    return None
+
+
+def names_in(node: cst.CSTNode) -> set[str]:
+    """Every dotted name (and each of its prefixes) read in an expression: ``enumerate(tqdm(self.loader))``
+    reads ``enumerate``, ``tqdm``, ``self`` and ``self.loader``."""
+    found: set[str] = set()
+
+    class Names(cst.CSTVisitor):
+        def visit_Attribute(self, node: cst.Attribute) -> None:
+            name = dotted(node)
+            if name:
+                found.add(name)
+
+        def visit_Name(self, node: cst.Name) -> None:
+            found.add(node.value)
+
+    node.visit(Names())
+    return found
+
+
+def _import_aliases(module: cst.Module) -> tuple[dict[str, str], list[cst.SimpleStatementLine]]:
+    aliases: dict[str, str] = {}
+    lines = []
+    for stmt in module.body:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for small in stmt.body:
+            if isinstance(small, cst.Import):
+                lines.append(stmt)
+                for alias in small.names:
+                    full = dotted(alias.name) or ""
+                    local = alias.asname.name.value if alias.asname else full.split(".")[0]  # type: ignore[union-attr]
+                    aliases[local] = full if alias.asname else local
+            elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
+                lines.append(stmt)
+                base = dotted(small.module) or ""
+                for alias in small.names:
+                    name = dotted(alias.name) or ""
+                    local = dotted(alias.asname.name) if alias.asname else name
+                    aliases[local or name] = f"{base}.{name}"
+    return aliases, lines
+
+
+def resolve(name: str | None, aliases: dict[str, str]) -> str | None:
+    """``nn.Linear`` -> ``torch.nn.Linear`` when the script did ``from torch import nn``."""
+    if name is None:
+        return None
+    head, _, rest = name.partition(".")
+    full = aliases.get(head, head)
+    return f"{full}.{rest}" if rest else full
+
+
+def _targets(target: cst.BaseExpression) -> Iterator[tuple[str, int]]:
+    """Each dotted target of an assignment with its position in a tuple (-1: the whole value)."""
+    if isinstance(target, (cst.Tuple, cst.List)):
+        for i, element in enumerate(target.elements):
+            name = dotted(element.value)
+            if name:
+                yield name, i
+    else:
+        name = dotted(target)
+        if name:
+            yield name, -1
+
+
+def _element(value: cst.BaseExpression, index: int) -> cst.BaseExpression | None:
+    if index < 0:
+        return value
+    if isinstance(value, (cst.Tuple, cst.List)) and index < len(value.elements):
+        return value.elements[index].value
+    return None  # ``a, b = f()``: bound, to something this scan cannot follow
+
+
+class _Scanner(cst.CSTVisitor):
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self, facts: Facts):
+        super().__init__()
+        self.facts = facts
+        self.scopes: list[Scope] = [facts.scopes[""]]
+        self.classes: list[str] = []
+        self.loops: list[Loop] = []
+        self.tests: list[str] = []
+        self.no_grad = 0
+        self.stmt: cst.SimpleStatementLine | None = None
+        self.written: set[int] = set()
+
+    def line(self, node: cst.CSTNode) -> int:
+        return self.get_metadata(PositionProvider, node).start.line
+
+    # scopes
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self.classes.append(node.name.value)
+
+    def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
+        self.classes.pop()
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        cls = self.classes[-1] if self.classes and self.scopes[-1].cls is None and len(self.scopes) == 1 else None
+        name = f"{cls}.{node.name.value}" if cls else node.name.value
+        params = [p.name.value for p in (*node.params.posonly_params, *node.params.params)]
+        scope = Scope(name, node, cls, params)
+        self.facts.scopes.setdefault(name, scope)
+        for param in params + [p.name.value for p in node.params.kwonly_params]:
+            self.facts.bindings.append(Binding(param, None, None, scope, self.line(node)))
+        self.scopes.append(scope)
+        self.no_grad += self._no_grad_decorated(node)
+
+    def leave_FunctionDef(self, original_node: cst.FunctionDef) -> None:
+        self.scopes.pop()
+        self.no_grad -= self._no_grad_decorated(original_node)
+
+    def _no_grad_decorated(self, node: cst.FunctionDef) -> bool:
+        """``@torch.no_grad()`` / ``@torch.inference_mode()`` over the function."""
+        names = [resolve(dotted(d.decorator.func if isinstance(d.decorator, cst.Call) else d.decorator),
+                         self.facts.aliases) or "" for d in node.decorators]
+        return any(n.endswith(("no_grad", "inference_mode")) for n in names)
+
+    # context
+    def visit_If(self, node: cst.If) -> None:
+        self.tests.append(self.facts.code(node.test))
+
+    def leave_If(self, original_node: cst.If) -> None:
+        self.tests.pop()
+
+    def _no_grad_with(self, node: cst.With) -> bool:
+        inside = [(resolve(dotted(i.item.func), self.facts.aliases) or "") if isinstance(i.item, cst.Call) else ""
+                  for i in node.items]
+        return any(n.endswith(("no_grad", "inference_mode")) for n in inside)
+
+    def visit_With(self, node: cst.With) -> None:
+        self.no_grad += self._no_grad_with(node)
+        for item in node.items:
+            if item.asname is not None:
+                for target, _ in _targets(item.asname.name):
+                    self._bind(target, None, node)
+
+    def leave_With(self, original_node: cst.With) -> None:
+        self.no_grad -= self._no_grad_with(original_node)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._enter_loop(node, names_in(node.iter))
+        for name in names_in(node.target):
+            self._bind(name, None, node)
+
+    def leave_For(self, original_node: cst.For) -> None:
+        self.loops.pop()
+
+    def visit_While(self, node: cst.While) -> None:
+        self._enter_loop(node, set())
+
+    def leave_While(self, original_node: cst.While) -> None:
+        self.loops.pop()
+
+    def _enter_loop(self, node: cst.For | cst.While, names: set[str]) -> None:
+        where = self.get_metadata(PositionProvider, node)
+        loop = Loop(node, self.scopes[-1], where.start.line, where.end.line, names, self.no_grad > 0)
+        self.facts.loops.append(loop)
+        self.loops.append(loop)
+
+    # statements
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        self.stmt = node
+        if node in self.facts.imports:
+            self.facts.import_lines.append(self.line(node))
+
+    def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine) -> None:
+        self.stmt = None
+
+    def _written(self, target: cst.CSTNode) -> None:
+        """Names an assignment writes are no reads (``loss_sum = 0.0`` after a loop reads nothing)."""
+        if isinstance(target, (cst.Name, cst.Attribute)):
+            self.written.add(id(target))
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._written(element.value)
+
+    def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            self._written(target.target)
+            for name, index in _targets(target.target):
+                self._bind(name, _element(node.value, index))
+            self._stored(target.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        name = dotted(node.target)
+        if name:
+            self._bind(name, node.value)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        name = dotted(node.target)
+        self._written(node.target)
+        for loop in self.loops:
+            if name and isinstance(node.operator, cst.AddAssign) and isinstance(node.value, cst.Integer):
+                loop.counted.append(name)
+            elif name and isinstance(node.operator, cst.AddAssign):
+                loop.augmented.append((name, self.line(node)))
+            elif name:  # ``x -= ...``, ``x *= ...``: not a sum this tool can reduce
+                loop.stored.append((name, self.line(node)))
+        self._stored(node.target)
+
+    def _stored(self, target: cst.BaseExpression) -> None:
+        if isinstance(target, cst.Subscript):  # ``metrics["loss"] += ...``: kept per rank, in a container
+            for loop in self.loops:
+                loop.stored.append((self.facts.code(target), self.line(target)))
+
+    def _bind(self, name: str, value: cst.BaseExpression | None, at: cst.CSTNode | None = None) -> None:
+        where = at or self.stmt or self.scopes[-1].node
+        self.facts.bindings.append(Binding(name, value, self.stmt, self.scopes[-1], self.line(where)))
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        last = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) \
+            else ""
+        call = Call(node, resolve(dotted(func), self.facts.aliases), last, self.scopes[-1], self.line(node),
+                    self.stmt, list(self.loops), list(self.tests), self.no_grad > 0)
+        self.facts.calls.append(call)
+        for loop in self.loops:
+            loop.calls.append(call)
+            if last in ("append", "extend") and isinstance(func, cst.Attribute):  # a list of per-batch results
+                loop.stored.append((self.facts.code(func.value), call.line))
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if id(node) in self.written:
+            return
+        self.facts.reads.append((node.value, self.scopes[-1], self.line(node), node))
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        name = dotted(node)
+        if name and id(node) not in self.written:
+            self.facts.reads.append((name, self.scopes[-1], self.line(node), node))
+
+
+def scan(wrapper: MetadataWrapper) -> Facts:
+    module = wrapper.module
+    aliases, imports = _import_aliases(module)
+    facts = Facts(module, aliases, {"": Scope("", module)}, [], [], [], [], imports)
+    wrapper.visit(_Scanner(facts))
+    return facts
