@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
 import json
 import os
@@ -66,6 +67,14 @@ def convert_file(path: str):
         raise UsageError(f"cannot read {path!r} as a Python script ({exc.__class__.__name__}: {exc}); "
                          "expected a UTF-8 .py file") from None
     try:
+        # the interpreter's own parser first: it refuses in one line what would crash libcst's native parser
+        # (a crafted file of 3000 nested parentheses overflows its stack: a segfault, not an exception)
+        ast.parse(source, filename=path)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        detail = f"line {exc.lineno}: {exc.msg}" if isinstance(exc, SyntaxError) else type(exc).__name__
+        raise UsageError(f"{path} is not Python 3 this tool can parse ({detail}); fix the syntax, then convert "
+                         "again") from None
+    try:
         return plan(source)
     except ParserSyntaxError as exc:
         raise UsageError(f"{path} is not Python 3 this tool can parse (line {exc.raw_line}: "
@@ -79,7 +88,7 @@ def report(result, path: str) -> list[str]:
     lines = [f"  {path}:{e.line}: {e.what}: {e.why}" for e in result.edits]
     head = f"{PROG}: {len(result.edits)} edit(s) in {path}" if result.edits else f"{PROG}: nothing to change in {path}"
     if result.refused:
-        head = f"{PROG}: refused: {path} is left as it is (it would run, and train differently)"
+        head = f"{PROG}: refused: nothing written for {path}: converting it safely needs what is listed below"
         lines = []
     lines += [f"  {path}:{x.line}: {'refused' if x.blocks else 'left to you'}: {x.what}; {x.fix}"
               for x in result.left]

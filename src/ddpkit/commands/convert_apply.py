@@ -30,10 +30,11 @@ class Edits:
     replace: dict[int, list[str]] = dataclasses.field(default_factory=dict)  # statement -> statements (code)
     guard: dict[int, str] = dataclasses.field(default_factory=dict)  # statement -> ``if <test>:`` around it
     after: dict[int, list[str]] = dataclasses.field(default_factory=dict)  # statement -> statements after it
+    before: dict[int, list[str]] = dataclasses.field(default_factory=dict)  # statement -> statements before it
     imports: list[str] = dataclasses.field(default_factory=list)  # lines after the module's last import
 
     def __bool__(self) -> bool:
-        return bool(self.expr or self.replace or self.guard or self.after)
+        return bool(self.expr or self.replace or self.guard or self.after or self.before)
 
 
 def statement(code: str) -> cst.BaseStatement:
@@ -61,6 +62,10 @@ class _Rewrite(cst.CSTTransformer):
             out = [cst.If(test=cst.parse_expression(edits.guard[key]), body=cst.IndentedBlock(body=body),
                           leading_lines=updated_node.leading_lines)]
         out += [statement(code) for code in edits.after.get(key, ())]
+        if key in edits.before:
+            first = [statement(code) for code in edits.before[key]]
+            first[0] = first[0].with_changes(leading_lines=out[0].leading_lines)
+            out = first + [out[0].with_changes(leading_lines=()), *out[1:]]
         if original_node is self.last_import:
             out += [statement(code) for code in edits.imports]
         return out[0] if len(out) == 1 else cst.FlattenSentinel(out)

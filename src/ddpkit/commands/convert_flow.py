@@ -108,12 +108,32 @@ def loops_reading(facts: Facts, name: str, scope: Scope, depth: int = 0) -> list
             arg = argument_for(call, param, target[0], target[1])
             if arg is not None and name in names_in(arg):
                 found += loops_reading(facts, param, target[0], depth + 1)
+    for returned_by, value in facts.returns:  # ``return train_dl, test_dl``: where the caller binds them
+        if returned_by is scope:
+            found += _returned(facts, name, scope, value, depth)
     for b in facts.bindings:  # ``self.loader = loader``, ``it = iter(loader)``, ``bar = tqdm(loader)``
         if b.value is not None and b.target != name and visible(facts, name, scope, b.scope) \
                 and name in names_in(b.value) and _passes_items(b.value):
             found += loops_reading(facts, b.target, b.scope, depth + 1)
     unique: dict[int, Loop] = {id(loop): loop for loop in found}
     return list(unique.values())
+
+
+def _returned(facts: Facts, name: str, scope: Scope, value: cst.BaseExpression, depth: int) -> list[Loop]:
+    elements = [e.value for e in value.elements] if isinstance(value, (cst.Tuple, cst.List)) else [value]
+    indexes = [i for i, e in enumerate(elements) if dotted(e) == name]
+    if not indexes:
+        return []
+    index = indexes[0] if len(elements) > 1 else -1
+    found = []
+    for call in facts.calls:
+        target = callee(facts, call)
+        if target is None or target[0] is not scope:
+            continue
+        for b in facts.bindings:
+            if b.whole is call.node and b.index == index:
+                found += loops_reading(facts, b.target, b.scope, depth + 1)
+    return found
 
 
 def _passes_items(value: cst.BaseExpression) -> bool:

@@ -187,7 +187,8 @@ class _Work:
         for call in loaders:
             training |= self._loader(call)
         backward = [c for c in self.facts.calls if c.last == "backward"]
-        if backward and not training:
+        training |= any(c.name == "ddpkit.data_loader" for c in self.facts.calls)
+        if backward and not training and not loaders and "ddpkit" not in self.facts.aliases:  # (ddpkit: by hand)
             self.leave(backward[0].line, "the training batches do not come from a torch DataLoader (fed by hand): "
                        "each rank would train on all of them", "build them with a Dataset and a DataLoader, then "
                        "convert again; or split them by state.rank yourself (docs/guide.md)", blocks=True)
@@ -202,7 +203,22 @@ class _Work:
         binding = next((b for b in self.facts.bindings if b.value is call.node), None)
         loops = loops_reading(self.facts, binding.target, binding.scope) if binding else \
             [loop for loop in self.facts.loops if isinstance(loop.node, cst.For) and call.line == loop.line]
+        if binding is None and not loops:  # in a comprehension or an argument: one call, maybe several roles
+            self.leave(call.line, "a DataLoader built inside an expression (a comprehension, a call's argument): "
+                       "its loaders' roles cannot be followed", "bind each loader to a name (train_loader = "
+                       "DataLoader(...)), then convert again", blocks=True)
+            return False
         role = _role(self.facts, loops, binding, call)
+        if role == "eval" and not loops:  # said by a name only: its loop, and what it sums, were not found
+            self.leave(call.line, "an evaluation DataLoader (by its name) whose loop was not found: left as it is "
+                       "(every rank evaluates the whole set, which is right)", "to share the work: "
+                       "ddpkit.data_loader(..., train=False) and ddpkit.reduce the sums after its loop")
+            return False
+        if role is None and "ddpkit" in self.facts.aliases:  # a ddpkit script's own plain loader: its choice
+            self.leave(call.line, "a plain DataLoader in a ddpkit script, whose loops neither train nor evaluate "
+                       "visibly: left as it is (every rank reads all of it)", "if it should be sharded: "
+                       "ddpkit.data_loader(dataset, batch_size) to train, or train=False to evaluate")
+            return False
         if role is None:
             self.leave(call.line, "a DataLoader whose loops neither train (no backward found) nor evaluate (no "
                        "no_grad or model.eval() found)", "convert it yourself: ddpkit.data_loader(dataset, "
@@ -218,6 +234,15 @@ class _Work:
                         equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))])
         how = "training: each rank takes its own shard, reshuffled every epoch" if role == "train" else \
             "evaluation (train=False): each rank its part, no sample twice"
+        starred = any(a.star == "**" for a in call.node.args)
+        if role == "train" and not {"shuffle", "sampler"} & set(kwargs) and not starred:
+            self.edits.expr[id(call.node)] = lambda node: node.with_changes(args=[  # torch's default, kept
+                *node.args[:-1], node.args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT),
+                cst.Arg(value=cst.Name("False"), keyword=cst.Name("shuffle"),
+                        equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))])
+            how = "training: each rank takes its own shard, in order (shuffle=False: torch's default, kept)"
+        elif role == "train" and starred and not {"shuffle", "sampler"} & set(kwargs):
+            how += " (unless the ** arguments say shuffle=False; a torch DataLoader did not shuffle by default)"
         self.note(call.node, f"DataLoader -> ddpkit.data_loader ({'training' if role == 'train' else 'train=False'})",
                   how, call.line)
         return role == "train"
@@ -270,17 +295,32 @@ class _Work:
 def _role(facts: Facts, loops: list[Loop], binding: Binding | None, call: Call) -> str | None:
     """``train``, ``eval`` or None, from what the loops over the loader do; a loader no loop is found for
     (built in one place, iterated through an expression this cannot follow) by its shuffle= and names."""
-    if loops:
-        kinds = {"train" if trains(facts, loop) else "eval" if evaluates(facts, loop) else None for loop in loops}
-        return kinds.pop() if len(kinds) == 1 else None
+    loops = [loop for loop in loops if not _peek(loop)]
     shuffle = next((a.value for a in call.node.args if a.keyword is not None and a.keyword.value == "shuffle"), None)
+    shuffled = isinstance(shuffle, cst.Name) and shuffle.value == "True"
     words = " ".join(filter(None, [binding.target if binding else None,
                                    facts.code(call.node.args[0].value) if call.node.args else None])).lower()
-    if isinstance(shuffle, cst.Name) and shuffle.value == "True" or "train" in words:
+    named_eval = not shuffled and "train" not in words and any(w in words for w in ("test", "val", "eval"))
+    if loops:
+        kinds = {"train" if trains(facts, loop) else "eval" if evaluates(facts, loop) else None for loop in loops}
+        if kinds == {None} and named_eval:  # no backward in its loops, and named for evaluation: both agree
+            return "eval"
+        return kinds.pop() if len(kinds) == 1 else None
+    if shuffled or "train" in words:
         return "train"
-    if any(w in words for w in ("test", "val", "eval")):
-        return "eval"
-    return None
+    return "eval" if named_eval else None
+
+
+def _peek(loop: Loop) -> bool:
+    """``for x, y in loader: print(x.shape); break``: a look at the first batch, which says nothing of the role."""
+    body = loop.node.body.body if isinstance(loop.node.body, cst.IndentedBlock) else ()
+    last = body[-1] if body else None
+    return isinstance(last, cst.SimpleStatementLine) and any(isinstance(s, cst.Break) for s in last.body) \
+        and not trains_anything(loop)
+
+
+def trains_anything(loop: Loop) -> bool:
+    return any(c.last == "backward" for c in loop.calls)
 
 
 def _trained(call: Call) -> str | None:

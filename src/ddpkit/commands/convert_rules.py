@@ -18,7 +18,7 @@ import libcst as cst
 
 from ddpkit.commands.check_rules import RANK_WORDS
 from ddpkit.commands.convert_flow import visible
-from ddpkit.commands.convert_scan import Binding, Scope, dotted, resolve
+from ddpkit.commands.convert_scan import Binding, Scope, dotted, names_in, resolve
 
 # the plan in the making (convert_plan._Work, which imports this module): facts, edits, log, left, models, state
 _Work = Any
@@ -37,9 +37,12 @@ def is_device(value: cst.BaseExpression | None, target: str, aliases: dict[str, 
     """``torch.device(...)``, ``"cuda" if ... else "cpu"``, or a device string bound to a ``*device`` name."""
     if isinstance(value, cst.Call):
         return resolve(dotted(value.func), aliases) == "torch.device"
-    if isinstance(value, cst.IfExp):
-        return (_text(value.orelse) or "").startswith("cpu") and \
-            any((_text(value.body) or "").startswith(a) for a in ACCELERATORS)
+    if isinstance(value, cst.IfExp):  # "cuda" if ... else "mps" if ... else "cpu"
+        bodies = []
+        while isinstance(value, cst.IfExp):
+            bodies.append(_text(value.body) or "")
+            value = value.orelse
+        return (_text(value) or "").startswith("cpu") and all(b.startswith(ACCELERATORS) for b in bodies)
     text = _text(value) if value is not None else None
     return "device" in target.lower() and text is not None and text.split(":")[0] in ("cpu", *ACCELERATORS)
 
@@ -81,10 +84,32 @@ def devices(work: _Work) -> None:
             work.note(b.stmt, f"{b.target} = ddpkit.init().device", "ddpkit.init() starts the process group and "
                       "gives each rank its own device", b.line)
             continue
-        work.edits.replace[id(b.stmt)] = [f"{work.state} = ddpkit.init({args})", f"{b.target} = {work.state}.device"]
+        init = f"{work.state} = ddpkit.init({args})"
+        early = _first_ddpkit_use(work, b)
+        if early is None:
+            work.edits.replace[id(b.stmt)] = [init, f"{b.target} = {work.state}.device"]
+        else:  # a loader or a print above would start ddpkit with the defaults first: start it there, as asked
+            work.edits.before.setdefault(id(early.stmt), []).append(init)
+            work.edits.replace[id(b.stmt)] = [f"{b.target} = {work.state}.device"]
         work.inits.append(b.scope)
         work.note(b.stmt, f"{b.target} = ... -> {work.state} = ddpkit.init({args}); {b.target} = "
                   f"{work.state}.device", "init() starts the process group and gives each rank its own device", b.line)
+
+
+STARTS_DDPKIT = ("print", "torch.utils.data.DataLoader", "torch.utils.tensorboard.SummaryWriter", *PROGRESS)
+
+
+def _first_ddpkit_use(work: _Work, device: Binding) -> Any:
+    """The first statement above the device line, in its block, whose converted call starts ddpkit (with the
+    defaults: ``cpu=`` would come too late), when the init's arguments are bound by then; else None."""
+    args = names_in(device.value) if device.value is not None else set()
+    for call in work.facts.calls:
+        if call.scope is not device.scope or call.line >= device.line or call.name not in STARTS_DDPKIT \
+                or call.stmt is None or call.loops or call.tests:
+            continue
+        bound = {b.target for b in work.facts.bindings if b.line < call.line}
+        return call if all(a in bound or a in work.facts.aliases for a in args if "." not in a) else None
+    return None
 
 
 def without_moves(node: cst.BaseExpression) -> cst.BaseExpression:
@@ -178,14 +203,42 @@ def _save(work: _Work, call: Any, loads: list[Any]) -> None:
             work.leave(call.line, "torch.save inside an expression: every rank would write the file",
                        "save on rank 0 only: if state.is_main: torch.save(...)")
         return
+    if _per_rank(work, call):
+        return
     work.edits.guard[id(call.stmt)] = _main(work, call.scope)
     read_back = [c for c in loads if c.line > call.line]
+    if read_back and (call.tests or call.loops):  # a branch may be taken on one rank only: no collective there
+        work.leave(call.line, f"the file saved here is read again at line {read_back[0].line}, and the save is "
+                   "inside an if or a loop: the other ranks may read it before rank 0 has written it",
+                   "put ddpkit.barrier() after the save where every rank passes (outside rank- or data-dependent "
+                   "branches)")
+        read_back = []
     if read_back:  # the file is read again below: the other ranks wait until rank 0 has written it
         work.edits.after.setdefault(id(call.stmt), []).append("ddpkit.barrier()")
     work.note(call.stmt, "torch.save guarded: rank 0 saves" + (", then every rank waits for it (barrier)"
                                                                if read_back else ""),
               "every rank holds the same weights; N writers of one file race" +
               (f"; the file is read again at line {read_back[0].line}" if read_back else ""), call.line)
+
+
+def _per_rank(work: _Work, call: Any) -> bool:
+    """A save each rank makes to its own file: a path that names the rank, or one under a temporary directory
+    (each rank creates its own; followed through the variables the path is built from). Guarding it would
+    leave the other ranks without their file."""
+    path = call.node.args[1].value if len(call.node.args) > 1 else None
+    if path is None:
+        return False
+    if "rank" in work.facts.code(path).lower():
+        return True
+    names, seen = names_in(path), set()
+    for _ in range(3):  # best = os.path.join(tmp, "best.pt"); with TemporaryDirectory() as tmp
+        values = [b.value for b in work.facts.bindings if b.target in names - seen and b.value is not None]
+        if any(isinstance(v, cst.Call) and (resolve(dotted(v.func), work.facts.aliases) or "").endswith(
+                ("TemporaryDirectory", "mkdtemp")) for v in values):
+            return True
+        seen |= names
+        names = names.union(*(names_in(v) for v in values))
+    return False
 
 
 def _unwrap(work: _Work, call: Any) -> None:

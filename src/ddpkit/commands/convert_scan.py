@@ -75,6 +75,8 @@ class Binding:
     stmt: cst.SimpleStatementLine | None
     scope: Scope
     line: int
+    whole: cst.BaseExpression | None = None  # ``a, b = f()``: ``f()``, of which this is element ``index``
+    index: int = -1
 
 
 @dataclasses.dataclass(eq=False)
@@ -87,6 +89,7 @@ class Facts:
     loops: list[Loop]
     reads: list[tuple[str, Scope, int, Any]]  # every dotted name read: (name, scope, line, the node)
     imports: list[cst.SimpleStatementLine]  # the module's top-level import lines
+    returns: list[tuple[Scope, cst.BaseExpression]] = dataclasses.field(default_factory=list)
     import_lines: list[int] = dataclasses.field(default_factory=list)
 
     def code(self, node: cst.CSTNode) -> str:
@@ -113,10 +116,12 @@ def names_in(node: cst.CSTNode) -> set[str]:
     found: set[str] = set()
 
     class Names(cst.CSTVisitor):
-        def visit_Attribute(self, node: cst.Attribute) -> None:
+        def visit_Attribute(self, node: cst.Attribute) -> bool:
             name = dotted(node)
             if name:
                 found.add(name)
+            node.value.visit(self)
+            return False  # ``.cuda`` of ``torch.cuda`` is no name of its own
 
         def visit_Name(self, node: cst.Name) -> None:
             found.add(node.value)
@@ -239,8 +244,8 @@ class _Scanner(cst.CSTVisitor):
         self.no_grad += self._no_grad_with(node)
         for item in node.items:
             if item.asname is not None:
-                for target, _ in _targets(item.asname.name):
-                    self._bind(target, None, node)
+                for target, _ in _targets(item.asname.name):  # bound to the context manager (its __enter__)
+                    self._bind(target, item.item, node)
 
     def leave_With(self, original_node: cst.With) -> None:
         self.no_grad -= self._no_grad_with(original_node)
@@ -287,7 +292,12 @@ class _Scanner(cst.CSTVisitor):
             self._written(target.target)
             for name, index in _targets(target.target):
                 self._bind(name, _element(node.value, index))
+                self.facts.bindings[-1].whole, self.facts.bindings[-1].index = node.value, index
             self._stored(target.target)
+
+    def visit_Return(self, node: cst.Return) -> None:
+        if node.value is not None:
+            self.facts.returns.append((self.scopes[-1], node.value))
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         name = dotted(node.target)
@@ -333,6 +343,7 @@ class _Scanner(cst.CSTVisitor):
         self.facts.reads.append((node.value, self.scopes[-1], self.line(node), node))
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
+        self.written.add(id(node.attr))  # ``x.total`` reads x, not a variable ``total``
         name = dotted(node)
         if name and id(node) not in self.written:
             self.facts.reads.append((name, self.scopes[-1], self.line(node), node))

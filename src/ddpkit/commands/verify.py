@@ -230,7 +230,8 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
             grads = compare_weights(g1, gn, atol, rtol) if g1 and gn else None
             result["first_gradient_diverging"] = grads.get("first_diverging") if grads else None
             result["cause"] = verify_causes.likely_cause(g1, gn, grads, any(f.get("random_draws") for f in facts),
-                                                         nproc)
+                                                         nproc, next((f["autocast"] for f in facts
+                                                                      if f.get("autocast")), None))
     return {"nproc": nproc, "mode": mode, "steps": steps, "atol": atol, "rtol": rtol, **result}
 
 

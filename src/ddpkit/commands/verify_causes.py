@@ -8,6 +8,7 @@ cause instead of one line for every difference (a VAE's sampling noise and a sum
 - torch's random generator was drawn from during a step (from its first training forward to its optimizer
   step: a DataLoader's seed draw at ``iter()`` is none): random draws outside dropout (sampling noise)
   differ between one process and N by design;
+- a training forward ran under autocast in a low-precision dtype: its rounding depends on the batch;
 - otherwise: rank-dependent code (a branch on the rank, per-rank statistics, an update outside backward).
 
 Example::
@@ -81,7 +82,7 @@ def _model_of(name: str, one: dict[str, torch.Tensor], many: dict[str, torch.Ten
 
 
 def likely_cause(one: dict[str, torch.Tensor] | None, many: dict[str, torch.Tensor] | None, grads: dict | None,
-                 random_draws: bool, nproc: int = 2) -> str:
+                 random_draws: bool, nproc: int = 2, autocast: str | None = None) -> str:
     """One sentence: where the runs part (step-1 gradients or later) and why that likely is. ``one`` / ``many``:
     the runs' step-1 gradients; ``grads``: :func:`ddpkit.commands.verify.compare_weights` of them (None without)."""
     where = "the runs part"
@@ -100,6 +101,10 @@ def likely_cause(one: dict[str, torch.Tensor] | None, many: dict[str, torch.Tens
         return (f"{where}: random draws during a training step, outside dropout (e.g. a VAE's sampling noise, "
                 "random masking) differ between 1 process and N by design: the difference may be only that; to "
                 "compare exactly, make the draw optional and turn it off for verify")
+    if autocast:
+        return (f"{where}: the forward ran under autocast in {autocast}, whose rounding differs between one batch "
+                f"of N x B and N batches of B by more than the tolerance; compare with autocast off (the script's "
+                "own switch, e.g. --no-amp), or loosen --rtol / --atol")
     return (f"{where}: rank-dependent code (a branch on the rank, per-rank statistics such as BatchNorm without "
             "sync_batchnorm, a loss normalised by the local batch, an update outside backward)")
 

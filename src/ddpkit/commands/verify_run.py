@@ -83,6 +83,7 @@ class Recorder:
         self.counts: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self.steps = 0  # the most steps any optimizer took (also one dropped since)
         self.capped = self.random_draws = False
+        self.autocast: str | None = None  # the low-precision dtype a training forward ran under (bfloat16)
         self.main = False
         self._rng: torch.Tensor | None = None  # the generator's state at the step's first forward
         self.first: dict[int, dict[str, torch.Tensor]] = {}  # model index -> its gradients at its first step
@@ -119,6 +120,9 @@ class Recorder:
         # DataLoader draws its base seed from the global generator at iter(), which is no draw of the step
         if self._rng is None and torch.is_grad_enabled():
             self._rng = _rng_state()
+        device = next((p.device.type for p in module.parameters()), "cpu")
+        if self.autocast is None and torch.is_grad_enabled() and torch.is_autocast_enabled(device):
+            self.autocast = str(torch.get_autocast_dtype(device)).removeprefix("torch.")
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.max_steps is not None and self.counts.get(optimizer, 0) >= self.max_steps:
@@ -176,7 +180,7 @@ class Recorder:
             return
         facts = {"models": len(self.models), "batches": self._batches(),
                  "loaders": len(self.loaders), "steps": self.steps, "capped": self.capped, "cap": self.cap(),
-                 "random_draws": self.random_draws, "lr": self.lr, "finished": finished}
+                 "random_draws": self.random_draws, "autocast": self.autocast, "lr": self.lr, "finished": finished}
         with open(f"{self.out}.json", "w") as f:
             json.dump(facts, f)
         if not finished:

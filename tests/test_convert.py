@@ -1,0 +1,117 @@
+"""``ddpkit convert`` in process: the corpus's expected diffs, idempotence, refusals, crafted files, and the
+decisions one at a time on small scripts shaped like the public ones (the multi-process proof is
+tests/test_convert_corpus.py).
+
+Regenerate the expected diffs after an intended change of the converter (and read them):
+``python tests/test_convert.py --regenerate``.
+"""
+import json
+import sys
+
+import pytest
+
+from conftest import ROOT, run_cmd
+
+pytest.importorskip("libcst")
+
+from ddpkit.commands.check import analyze  # noqa: E402
+from ddpkit.commands.convert import _diff, main  # noqa: E402
+from ddpkit.commands.convert_plan import plan  # noqa: E402
+
+CORPUS = ROOT / "tests" / "convert_corpus"
+EXPECTED = CORPUS / "expected"
+CONVERTIBLE = ["mnist_cnn", "vae", "device_flag", "amp_scheduler", "char_transformer"]
+
+
+def expected_diff(name):
+    result = plan((CORPUS / f"{name}.py").read_text())
+    return result, _diff(result, f"{name}.py")
+
+
+@pytest.mark.parametrize("name", CONVERTIBLE + ["word_lm"])
+def test_the_corpus_converts_to_its_expected_diff(name):
+    result, diff = expected_diff(name)
+    assert diff == (EXPECTED / f"{name}.diff").read_text(), f"regenerate with python {__file__} --regenerate"
+
+
+@pytest.mark.parametrize("name", CONVERTIBLE)
+def test_a_converted_script_has_nothing_left_for_check_or_a_second_conversion(name):
+    converted = plan((CORPUS / f"{name}.py").read_text()).text
+    assert analyze(converted) == []
+    again = plan(converted)
+    assert again.text == converted and again.edits == [] and again.left == []
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "tests" / "realworld").glob("*.py")) +
+                         sorted((ROOT / "examples").glob("*.py")), ids=lambda p: p.name)
+def test_scripts_converted_by_hand_have_nothing_to_change(path):
+    result = plan(path.read_text())
+    assert result.text == result.source and result.edits == [] and not result.refused, result.left
+
+
+def test_the_word_lm_is_refused_with_the_line_and_nothing_is_written(tmp_path, capsys):
+    script = tmp_path / "word_lm.py"
+    script.write_text((CORPUS / "word_lm.py").read_text())
+    before = script.read_bytes()
+    assert main(["--write", str(script)]) == 1
+    err = capsys.readouterr().err
+    assert "refused: nothing written" in err and "fed by hand" in err and f"{script}:" in err
+    assert script.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["word_lm.py"]
+
+
+def test_write_converts_in_place_and_a_second_run_says_nothing_to_change(tmp_path, capsys):
+    script = tmp_path / "mnist_cnn.py"
+    script.write_text((CORPUS / "mnist_cnn.py").read_text())
+    assert main(["--write", str(script)]) == 0
+    assert "ddpkit.prepare_model(Net())" in script.read_text()
+    capsys.readouterr()
+    assert main([str(script)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "" and f"nothing to change in {script}" in captured.err
+
+
+def test_json_lists_edits_with_their_lines(capsys):
+    assert main(["--json", str(CORPUS / "device_flag.py")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert not report["refused"] and report["changed"] and report["left"] == []
+    lines = {e["line"]: e["what"] for e in report["edits"]}
+    assert "ddpkit.prepare_model(model)" in lines[87] and "train=False" in lines[84]
+
+
+# Files someone else crafted: never run, never half-written, one line each
+@pytest.mark.parametrize("content, expected", [
+    (b"def f(:\n    pass\n", "is not Python 3"),
+    (b"\xff\xfe\x00garbage\x00" * 10, "expected a UTF-8 .py file"),
+    (b"x = " + b"(" * 3000 + b"1" + b")" * 3000 + b"\n", "too many nested parentheses"),  # libcst: a segfault
+    (b"x = " + b" + ".join([b"1"] * 30000) + b"\n", "RecursionError"),
+    (b"x = 1\x00\n", "is not Python 3"),
+])
+def test_a_crafted_file_is_one_line_and_exit_2(tmp_path, capsys, content, expected):
+    script = tmp_path / "crafted.py"
+    script.write_bytes(content)
+    assert main(["--write", str(script)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("ddpkit convert: error:") and expected in err[0], err
+    assert script.read_bytes() == content
+
+
+def test_converting_never_runs_the_script(tmp_path):
+    marker = tmp_path / "ran"
+    script = tmp_path / "evil.py"
+    script.write_text(f"import os\nopen({str(marker)!r}, 'w').close()\nos.system('touch {marker}')\n"
+                      "print('hello')\n")
+    r = run_cmd([sys.executable, "-m", "ddpkit", "convert", "--write", str(script)])
+    assert r.returncode == 0, r.stderr
+    assert not marker.exists() and "ddpkit.print('hello')" in script.read_text()
+
+
+def test_arguments_for_the_script_need_verify(capsys):
+    assert main([str(CORPUS / "vae.py"), "--epochs", "1"]) == 2
+    assert "add --verify" in capsys.readouterr().err
+
+
+if __name__ == "__main__" and "--regenerate" in sys.argv:
+    EXPECTED.mkdir(exist_ok=True)
+    for corpus_name in CONVERTIBLE + ["word_lm"]:
+        (EXPECTED / f"{corpus_name}.diff").write_text(expected_diff(corpus_name)[1])
+        print(f"wrote {EXPECTED / corpus_name}.diff")
