@@ -202,6 +202,7 @@ class _Scanner(cst.CSTVisitor):
 
     # scopes
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self._bind(node.name.value, None, node)
         self.classes.append(node.name.value)
 
     def leave_ClassDef(self, original_node: cst.ClassDef) -> None:
@@ -211,6 +212,7 @@ class _Scanner(cst.CSTVisitor):
         cls = self.classes[-1] if self.classes and self.scopes[-1].cls is None and len(self.scopes) == 1 else None
         name = f"{cls}.{node.name.value}" if cls else node.name.value
         params = [p.name.value for p in (*node.params.posonly_params, *node.params.params)]
+        self._bind(node.name.value, None, node)  # ``def print(...)``: the script's own print
         scope = Scope(name, node, cls, params)
         self.facts.scopes.setdefault(name, scope)
         for param in params + [p.name.value for p in node.params.kwonly_params]:

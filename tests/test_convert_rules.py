@@ -1,0 +1,215 @@
+"""``ddpkit convert``'s decisions one at a time, on small scripts in the shapes public ones have: what becomes
+what, and what is refused or left (and why). In process: the converter never runs the script."""
+import textwrap
+
+import pytest
+
+pytest.importorskip("libcst")
+
+from ddpkit.commands.convert_plan import plan  # noqa: E402
+
+HEAD = """\
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+"""
+
+
+def convert(body):
+    return plan(HEAD + textwrap.dedent(body))
+
+
+def lines(result):
+    return [line.strip() for line in result.text.splitlines()]
+
+
+TRAIN_EVAL = """
+model = nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+train_loader = DataLoader(train_set, batch_size=8, shuffle=True)
+val_loader = DataLoader(val_set, batch_size=8)
+
+def fit(loader):
+    step = 0
+    total = 0.0
+    for x, y in loader:
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        step += 1
+        total += loss.item()
+    return step, total
+
+def evaluate(loader):
+    model.eval()
+    correct, seen, batches = 0, 0, 0
+    with torch.no_grad():
+        for x, y in loader:
+            correct += (model(x).argmax(1) == y).sum().item()
+            seen += len(y)
+            batches += 1
+    return correct / seen, batches
+
+for epoch in range(3):
+    fit(train_loader)
+    evaluate(val_loader)
+"""
+
+
+def test_roles_follow_the_loaders_into_the_functions_that_loop_over_them():
+    result = convert(TRAIN_EVAL)
+    text = lines(result)
+    assert "train_loader = ddpkit.data_loader(train_set, batch_size=8, shuffle=True)" in text
+    assert "val_loader = ddpkit.data_loader(val_set, batch_size=8, train=False)" in text
+    assert "model = ddpkit.prepare_model(nn.Linear(4, 2))" in text and not result.left
+
+
+def test_a_training_step_counter_is_never_summed_and_evaluation_counts_are():
+    text = lines(convert(TRAIN_EVAL))
+    assert "total = ddpkit.reduce(total)" in text and "step = ddpkit.reduce(step)" not in text
+    for name in ("correct", "seen", "batches"):
+        assert f"{name} = ddpkit.reduce({name})" in text
+
+
+def test_a_loader_without_shuffle_keeps_torchs_order():
+    text = lines(convert(TRAIN_EVAL.replace("batch_size=8, shuffle=True)", "batch_size=8)", 1)))
+    assert "train_loader = ddpkit.data_loader(train_set, batch_size=8, shuffle=False)" in text
+
+
+def test_an_evaluation_that_keeps_per_batch_results_leaves_its_loader_plain():
+    source = TRAIN_EVAL.replace("            seen += len(y)\n", "            seen += len(y)\n            preds.append(y)\n")
+    result = convert(source)
+    assert "val_loader = DataLoader(val_set, batch_size=8)" in lines(result)
+    assert [x.blocks for x in result.left] == [False] and "preds" in result.left[0].what
+
+
+def test_a_quickstart_test_divides_by_every_ranks_batch_count():
+    result = convert("""
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        train_dl = DataLoader(train_set, batch_size=8, shuffle=True)
+        test_dl = DataLoader(test_set, batch_size=8)
+        for x, y in train_dl:
+            nn.functional.cross_entropy(model(x), y).backward()
+        def test(dataloader):
+            num_batches = len(dataloader)
+            test_loss = 0
+            with torch.no_grad():
+                for x, y in dataloader:
+                    test_loss += nn.functional.cross_entropy(model(x), y).item()
+            mean = test_loss / len(dataloader)
+            return test_loss / num_batches, mean
+        test(test_dl)
+    """)
+    text = lines(result)
+    assert "num_batches = ddpkit.reduce(num_batches)" in text and "test_loss = ddpkit.reduce(test_loss)" in text
+    assert "mean = test_loss / ddpkit.reduce(len(dataloader))" in text
+
+
+@pytest.mark.parametrize("body, why", [
+    ("import torch.distributed as dist\ndist.init_process_group('gloo')\n", "already distributed by hand"),
+    ("from torch.utils.data import get_worker_info\nget_worker_info()\n", "splits its stream by worker"),
+    ("model = nn.Linear(2, 2)\nopt = torch.optim.SGD(model.parameters(), lr=1)\nfor x in data:\n"
+     "    model(x).sum().backward()\n", "fed by hand"),
+    ("model = nn.Linear(2, 2)\nopt = torch.optim.SGD(model.parameters(), lr=1)\n"
+     "loaders = {k: DataLoader(sets[k], batch_size=2) for k in ('train', 'val')}\n", "inside an expression"),
+    ("model = nn.Linear(2, 2)\nopt = torch.optim.SGD(model.parameters(), lr=1)\n"
+     "ld = DataLoader(ds, batch_sampler=bs)\n", "batch_sampler"),
+    ("model = nn.Linear(2, 2)\nopt = torch.optim.SGD(model.parameters(), lr=1)\nld = DataLoader(ds, batch_size=2)\n"
+     "for x in ld:\n    trainer.step(x)\n", "neither train"),
+    ("def make(m):\n    return torch.optim.SGD(m.parameters(), lr=1)\n", "where it is built was not found"),
+])
+def test_what_would_train_differently_is_refused_and_nothing_changes(body, why):
+    result = convert(body)
+    assert result.refused and result.text == result.source
+    assert any(why in x.what for x in result.left if x.blocks), result.left
+
+
+def test_the_save_is_guarded_and_waited_for_when_the_file_is_read_back():
+    text = lines(convert(TRAIN_EVAL + "torch.save(model.state_dict(), 'm.pt')\nmodel.load_state_dict(torch.load('m.pt'))\n"))
+    at = text.index("torch.save(model.state_dict(), 'm.pt')")
+    assert text[at - 1] == "if ddpkit.init().is_main:" and text[at + 1] == "ddpkit.barrier()"
+    assert "model.load_state_dict(torch.load('m.pt', map_location=\"cpu\"))" in text
+
+
+def test_a_save_in_a_branch_read_back_gets_no_barrier_in_the_branch_but_a_note():
+    result = convert(TRAIN_EVAL + "if acc > best:\n    torch.save(model.state_dict(), 'best.pt')\n"
+                     "model.load_state_dict(torch.load('best.pt'))\n")
+    assert "ddpkit.barrier()" not in result.text and any("read again" in x.what for x in result.left)
+
+
+def test_a_save_under_each_ranks_temporary_directory_is_not_guarded():
+    result = convert(TRAIN_EVAL + "import os, tempfile\nwith tempfile.TemporaryDirectory() as tmp:\n"
+                     "    best = os.path.join(tmp, 'best.pt')\n    torch.save(model.state_dict(), best)\n"
+                     "    model.load_state_dict(torch.load(best))\n")
+    assert "is_main" not in result.text and "ddpkit.barrier()" not in result.text
+
+
+def test_the_device_setup_becomes_init_before_the_first_print_that_would_start_ddpkit():
+    result = convert("import argparse\nargs = argparse.ArgumentParser().parse_args()\nprint(args)\n"
+                     "device = torch.device('cuda' if args.cuda else 'cpu')\n" + TRAIN_EVAL)
+    text = lines(result)
+    assert text.index("state = ddpkit.init(cpu=not args.cuda)") < text.index("ddpkit.print(args)")
+    assert "device = state.device" in text
+
+
+@pytest.mark.parametrize("expr, args", [
+    ('torch.device("cuda" if torch.cuda.is_available() else "cpu")', ""),
+    ('"cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"', ""),
+    ("torch.device(args.device)", 'cpu=torch.device(args.device).type == "cpu"'),
+    ('torch.device("cuda" if not args.no_cuda and torch.cuda.is_available() else "cpu")',
+     "cpu=not (not args.no_cuda and torch.cuda.is_available())"),
+    ('"cpu"', "cpu=True"),
+])
+def test_init_keeps_the_scripts_device_choice(expr, args):
+    assert f"state = ddpkit.init({args})" in lines(convert(f"device = {expr}\n" + TRAIN_EVAL))
+
+
+def test_a_script_with_its_own_state_and_print_keeps_them():
+    result = convert("state = {'epoch': 0}\ndef print(*a):\n    pass\ndevice = torch.device('cpu')\n"
+                     + TRAIN_EVAL + "print(state)\n")
+    text = lines(result)
+    assert "ddp_state = ddpkit.init(cpu=True)" in text and "print(state)" in text
+    assert not any(t.startswith("ddpkit.print") for t in text)
+
+
+def test_output_goes_to_rank_0():
+    result = convert("import logging\nfrom tqdm import tqdm, trange\n"
+                     "from torch.utils.tensorboard import SummaryWriter\nlog = logging.getLogger(__name__)\n"
+                     "writer = SummaryWriter('runs/x')\nlogging.info('start')\nbar = tqdm(total=10)\n"
+                     "for i in trange(3):\n    pass\n" + TRAIN_EVAL.replace("for x, y in loader:\n        opt",
+                                                                           "for x, y in tqdm(loader):\n        opt"))
+    text = lines(result)
+    assert "log = ddpkit.get_logger(__name__)" in text and "writer = ddpkit.summary_writer('runs/x')" in text
+    assert "ddpkit.get_logger(\"\").info('start')" in text and "for x, y in ddpkit.progress(loader):" in text
+    assert "bar = tqdm(total=10, disable=not ddpkit.init().is_main)" in text and \
+        "for i in ddpkit.progress(range(3)):" in text
+
+
+def test_a_trainer_wraps_its_model_once_where_it_moves_it():
+    result = convert("""
+        class Trainer:
+            def __init__(self, model):
+                self.model = model
+                self.device = 'cuda' if torch.cuda.is_available() else 'cpu'
+                self.model = self.model.to(self.device)
+            def run(self, data):
+                model = self.model
+                opt = model.configure_optimizers()
+                loader = DataLoader(data, batch_size=4, shuffle=True)
+                it = iter(loader)
+                while True:
+                    batch = next(it)
+                    model(batch).sum().backward()
+        Trainer(nn.Linear(2, 2)).run(ds)
+    """)
+    text = lines(result)
+    assert "self.model = ddpkit.prepare_model(self.model)" in text and "model = self.model" in text
+    assert "self.device = ddpkit.init().device" in text
+    assert "loader = ddpkit.data_loader(data, batch_size=4, shuffle=True)" in text
+
+
+def test_calls_that_need_the_module_get_it_unwrapped():
+    text = lines(convert(TRAIN_EVAL + "import copy\nema = copy.deepcopy(model)\nassert isinstance(model, nn.Linear)\n"))
+    assert "ema = copy.deepcopy(ddpkit.unwrap(model))" in text and "assert isinstance(ddpkit.unwrap(model), nn.Linear)" in text
