@@ -119,6 +119,7 @@ def test_a_quickstart_test_divides_by_every_ranks_batch_count():
     ("model = nn.Linear(2, 2)\nopt = torch.optim.SGD(model.parameters(), lr=1)\nld = DataLoader(ds, batch_size=2)\n"
      "for x in ld:\n    trainer.step(x)\n", "neither train"),
     ("def make(m):\n    return torch.optim.SGD(m.parameters(), lr=1)\n", "where it is built was not found"),
+    ("opt = torch.optim.SGD(build().parameters(), lr=1)\n", "built inside the optimizer call"),
 ])
 def test_what_would_train_differently_is_refused_and_nothing_changes(body, why):
     result = convert(body)

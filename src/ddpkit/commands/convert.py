@@ -96,8 +96,9 @@ def report(result, path: str) -> list[str]:
 
 
 def _diff(result, path: str) -> str:
-    return "".join(difflib.unified_diff(result.source.splitlines(True), result.text.splitlines(True),
-                                        f"a/{path}", f"b/{path}"))
+    """git's headers (``a/train.py``, ``b/train.py``) for a relative path; an absolute one as it is."""
+    old, new = (path, path) if os.path.isabs(path) else (f"a/{path}", f"b/{path}")
+    return "".join(difflib.unified_diff(result.source.splitlines(True), result.text.splitlines(True), old, new))
 
 
 def verify_and_check(converted: str, script_args: list[str], nproc: int, steps: int) -> tuple[int, list[str]]:
@@ -107,8 +108,8 @@ def verify_and_check(converted: str, script_args: list[str], nproc: int, steps: 
     cmd = [sys.executable, "-m", "ddpkit", "verify", "--nproc-per-node", str(nproc), "--steps", str(steps),
            converted, *script_args]
     done = subprocess.run(cmd, capture_output=True, text=True)
-    verdict = (done.stdout.strip().splitlines() or [""])[-1]
-    lines = [f"{PROG}: verify: {verdict or done.stderr.strip()[-400:]}"]
+    said = [line for line in done.stdout.splitlines() if line.startswith(("PASS", "FAIL", "likely cause"))]
+    lines = [f"{PROG}: verify: {line}" for line in said] or [f"{PROG}: verify: {done.stderr.strip()[-400:]}"]
     with open(converted, encoding="utf-8") as f:
         found = analyze(f.read())
     lines += [f"{PROG}: check: {'nothing found' if not found else f'{len(found)} finding(s)'}"]

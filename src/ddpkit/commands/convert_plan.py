@@ -131,8 +131,12 @@ class _Work:
             target = _trained(call)
             if target is None:
                 continue
-            binding = self._model_binding(target, call)
-            if binding is None:
+            binding = self._model_binding(target, call) if target else None
+            if binding is None and not target:
+                self.leave(call.line, "the model this optimizer trains is built inside the optimizer call",
+                           "build it first: model = ddpkit.prepare_model(Net()), then the optimizer over "
+                           "model.parameters()", blocks=True)
+            elif binding is None:
                 self.leave(call.line, f"the model {target!r} this optimizer trains: where it is built was not "
                            "found", f"wrap it yourself where it is built: {target} = ddpkit.prepare_model("
                            f"{target})", blocks=True)
@@ -334,9 +338,7 @@ def _trained(call: Call) -> str | None:
         for node in _calls_in(arg.value):
             func = node.func
             if isinstance(func, cst.Attribute) and func.attr.value in ("parameters", "named_parameters"):
-                name = dotted(func.value)
-                if name:
-                    return name
+                return dotted(func.value) or ""  # "": built in the call itself (optim.SGD(Net().parameters()))
     return None
 
 
