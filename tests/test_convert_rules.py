@@ -78,7 +78,8 @@ def test_a_loader_without_shuffle_keeps_torchs_order():
 
 
 def test_an_evaluation_that_keeps_per_batch_results_leaves_its_loader_plain():
-    source = TRAIN_EVAL.replace("            seen += len(y)\n", "            seen += len(y)\n            preds.append(y)\n")
+    source = TRAIN_EVAL.replace("            seen += len(y)\n",
+                                "            seen += len(y)\n            preds.append(y)\n")
     result = convert(source)
     assert "val_loader = DataLoader(val_set, batch_size=8)" in lines(result)
     assert [x.blocks for x in result.left] == [False] and "preds" in result.left[0].what
@@ -128,7 +129,8 @@ def test_what_would_train_differently_is_refused_and_nothing_changes(body, why):
 
 
 def test_the_save_is_guarded_and_waited_for_when_the_file_is_read_back():
-    text = lines(convert(TRAIN_EVAL + "torch.save(model.state_dict(), 'm.pt')\nmodel.load_state_dict(torch.load('m.pt'))\n"))
+    text = lines(convert(TRAIN_EVAL + "torch.save(model.state_dict(), 'm.pt')\n"
+                                      "model.load_state_dict(torch.load('m.pt'))\n"))
     at = text.index("torch.save(model.state_dict(), 'm.pt')")
     assert text[at - 1] == "if ddpkit.init().is_main:" and text[at + 1] == "ddpkit.barrier()"
     assert "model.load_state_dict(torch.load('m.pt', map_location=\"cpu\"))" in text
@@ -213,4 +215,5 @@ def test_a_trainer_wraps_its_model_once_where_it_moves_it():
 
 def test_calls_that_need_the_module_get_it_unwrapped():
     text = lines(convert(TRAIN_EVAL + "import copy\nema = copy.deepcopy(model)\nassert isinstance(model, nn.Linear)\n"))
-    assert "ema = copy.deepcopy(ddpkit.unwrap(model))" in text and "assert isinstance(ddpkit.unwrap(model), nn.Linear)" in text
+    assert "ema = copy.deepcopy(ddpkit.unwrap(model))" in text
+    assert "assert isinstance(ddpkit.unwrap(model), nn.Linear)" in text

@@ -230,7 +230,7 @@ def _per_rank(work: _Work, call: Any) -> bool:
         return False
     if "rank" in work.facts.code(path).lower():
         return True
-    names, seen = names_in(path), set()
+    names, seen = names_in(path), set[str]()
     for _ in range(3):  # best = os.path.join(tmp, "best.pt"); with TemporaryDirectory() as tmp
         values = [b.value for b in work.facts.bindings if b.target in names - seen and b.value is not None]
         if any(isinstance(v, cst.Call) and (resolve(dotted(v.func), work.facts.aliases) or "").endswith(
