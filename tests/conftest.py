@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 # scripts that tests launch, not test modules: importing them (for doctests) would run them
-collect_ignore = ["workers", "check_corpus"]
+collect_ignore = ["workers", "check_corpus", "convert_corpus"]  # scripts: importing one runs it
 
 ROOT = Path(__file__).resolve().parent.parent
 # The CPU tiers pin every process (in-process init() and every subprocess) to the CPU, so the suite passes on a
