@@ -81,7 +81,7 @@ def test_json_lists_edits_with_their_lines(capsys):
 # Files someone else crafted: never run, never half-written, one line each
 @pytest.mark.parametrize("content, expected", [
     (b"def f(:\n    pass\n", "is not Python 3"),
-    (b"\xff\xfe\x00garbage\x00" * 10, "expected a UTF-8 .py file"),
+    (b"\xff\xfe\x00garbage\x00" * 10, "expected a .py file"),
     (b"x = " + b"(" * 3000 + b"1" + b")" * 3000 + b"\n", "too many nested parentheses"),  # libcst: a segfault
     (b"x = " + b" + ".join([b"1"] * 30000) + b"\n", "RecursionError"),
     (b"x = 1\x00\n", "is not Python 3"),
@@ -115,3 +115,57 @@ if __name__ == "__main__" and "--regenerate" in sys.argv:
     for corpus_name in CONVERTIBLE + ["word_lm"]:
         (EXPECTED / f"{corpus_name}.diff").write_text(expected_diff(corpus_name)[1])
         print(f"wrote {EXPECTED / corpus_name}.diff")
+
+
+# the CLI on what a reviewer handed it
+def test_output_is_always_written_and_a_missing_folder_is_one_line(tmp_path, capsys):
+    done = tmp_path / "done.py"
+    done.write_text((ROOT / "examples" / "digits.py").read_text())
+    out = tmp_path / "out.py"
+    out.write_text("stale")
+    assert main(["-o", str(out), str(done)]) == 0 and out.read_text() == done.read_text()  # not the stale one
+    capsys.readouterr()
+    assert main(["-o", str(tmp_path / "missing" / "out.py"), str(CORPUS / "vae.py")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("ddpkit convert: error: cannot write") and "Traceback" not in "".join(err)
+
+
+def test_write_keeps_crlf_a_bom_the_encoding_the_mode_and_writes_through_a_symlink(tmp_path):
+    source = (CORPUS / "device_flag.py").read_text()
+    crlf = tmp_path / "crlf.py"
+    crlf.write_bytes(source.replace("\n", "\r\n").encode())
+    bom = tmp_path / "bom.py"
+    bom.write_bytes(b"\xef\xbb\xbf" + source.encode())
+    latin = tmp_path / "latin.py"
+    latin.write_bytes(b"# -*- coding: latin-1 -*-\n# caf\xe9\n" + source.encode())
+    target = tmp_path / "target.py"
+    target.write_text(source)
+    target.chmod(0o755)
+    link = tmp_path / "link.py"
+    link.symlink_to(target)
+    for path in (crlf, bom, latin, link):
+        assert main(["--write", str(path)]) == 0, path
+    assert b"\r\n" in crlf.read_bytes() and b"\n" not in crlf.read_bytes().replace(b"\r\n", b"")
+    assert bom.read_bytes().startswith(b"\xef\xbb\xbf") and b"caf\xe9" in latin.read_bytes()
+    assert link.is_symlink() and "ddpkit.init" in target.read_text() and target.stat().st_mode & 0o777 == 0o755
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["ROOT"], "is a directory"),
+    (["NB"], "is a notebook"),
+    (["--verify", "--nproc-per-node", "1", "SCRIPT"], "--verify compares >= 2 processes"),
+])
+def test_what_is_no_script_or_no_comparison_is_one_line(tmp_path, capsys, argv, expected):
+    notebook = tmp_path / "t.ipynb"
+    notebook.write_text('{"cells": []}')
+    paths = {"ROOT": str(tmp_path), "NB": str(notebook), "SCRIPT": str(CORPUS / "vae.py")}
+    assert main([paths.get(a, a) for a in argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err
+
+
+def test_a_last_line_without_a_newline_is_marked_in_the_diff(tmp_path, capsys):
+    script = tmp_path / "t.py"
+    script.write_text("import torch\nprint('x')")
+    main([str(script)])
+    assert "\\ No newline at end of file" in capsys.readouterr().out

@@ -67,9 +67,42 @@ def test_roles_follow_the_loaders_into_the_functions_that_loop_over_them():
 
 def test_a_training_step_counter_is_never_summed_and_evaluation_counts_are():
     text = lines(convert(TRAIN_EVAL))
-    assert "total = ddpkit.reduce(total)" in text and "step = ddpkit.reduce(step)" not in text
+    assert not any(t.startswith(("step = ddpkit.reduce", "total = ddpkit.reduce")) for t in text)  # rank 0's mean
     for name in ("correct", "seen", "batches"):
         assert f"{name} = ddpkit.reduce({name})" in text
+
+
+def test_a_training_sum_over_the_whole_dataset_is_summed_and_a_mean_over_local_batches_is_not():
+    text = lines(convert(TRAIN_EVAL.replace("    return step, total", "    return total / len(loader.dataset)")))
+    assert "total = ddpkit.reduce(total)" in text
+    text = lines(convert(TRAIN_EVAL.replace("    return step, total", "    return total / step")))
+    assert not any(t.startswith(("step = ddpkit.reduce", "total = ddpkit.reduce")) for t in text)
+
+
+def test_x_equals_x_plus_is_a_sum_and_an_index_divisor_leaves_the_evaluation_plain():
+    source = TRAIN_EVAL.replace("correct += (model(x)", "correct = correct + (model(x)")
+    assert "correct = ddpkit.reduce(correct)" in lines(convert(source))
+    source = TRAIN_EVAL.replace("        for x, y in loader:\n            correct", "        for i, (x, y) in "
+                                "enumerate(loader):\n            correct").replace("return correct / seen, batches",
+                                                                              "return correct / (i + 1), batches")
+    result = convert(source)
+    assert "val_loader = DataLoader(val_set, batch_size=8)" in lines(result) and not result.refused
+
+
+def test_a_sum_started_before_an_outer_loop_is_reduced_once_after_it():
+    text = convert(TRAIN_EVAL + "sq, n = 0.0, 0\nwith torch.no_grad():\n    for aug in range(3):\n"
+                   "        for x, y in val_loader:\n            sq += ((model(x) - y) ** 2).sum().item()\n"
+                   "            n += len(y)\nprint(sq / n)\n").text
+    tail = text[text.index("for aug in range(3)"):]
+    assert tail.count("sq = ddpkit.reduce(sq)") == 1 and tail.index("sq = ddpkit.reduce(sq)") > \
+        tail.index("n += len(y)") and "\n    sq = ddpkit.reduce(sq)" in tail  # after the aug loop, in the with
+
+
+def test_an_evaluation_after_model_eval_without_no_grad_runs_under_no_grad():
+    source = TRAIN_EVAL.replace("    with torch.no_grad():\n        for x, y in loader:",
+                                "    if True:\n        for x, y in loader:")
+    text = convert(source).text
+    assert "with torch.no_grad():\n            for x, y in loader:" in text
 
 
 def test_a_loader_without_shuffle_keeps_torchs_order():
@@ -217,3 +250,69 @@ def test_calls_that_need_the_module_get_it_unwrapped():
     text = lines(convert(TRAIN_EVAL + "import copy\nema = copy.deepcopy(model)\nassert isinstance(model, nn.Linear)\n"))
     assert "ema = copy.deepcopy(ddpkit.unwrap(model))" in text
     assert "assert isinstance(ddpkit.unwrap(model), nn.Linear)" in text
+
+
+# what two reviewers found: each case failed (silently wrong, or a crash) before its fix
+def test_a_metric_object_in_an_evaluation_loop_leaves_its_loader_plain():
+    source = TRAIN_EVAL.replace("            seen += len(y)\n", "            seen += len(y)\n"
+                                "            metric.add_batch(predictions=model(x), references=y)\n")
+    assert "val_loader = DataLoader(val_set, batch_size=8)" in lines(convert(source))
+
+
+@pytest.mark.parametrize("expr, args", [
+    ('torch.device("cpu" if args.no_cuda else "cuda")', "cpu=args.no_cuda"),
+    ('torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")', ""),
+])
+def test_device_forms_keep_their_direction(expr, args):
+    assert f"state = ddpkit.init({args})" in lines(convert(f"device = {expr}\n" + TRAIN_EVAL))
+
+
+def test_a_device_chosen_over_several_lines_or_sharing_a_line_is_refused():
+    assert convert("device = 'cpu'\nif torch.cuda.is_available():\n    device = 'cuda'\n" + TRAIN_EVAL).refused
+    assert convert("device = torch.device('cpu'); seed = 0\n" + TRAIN_EVAL).refused
+
+
+def test_a_device_switch_read_after_a_print_that_starts_ddpkit_is_refused():
+    result = convert("print('torch', torch.__version__)\nuse_cuda = torch.cuda.is_available()\n"
+                     "device = torch.device('cuda' if use_cuda else 'cpu')\n" + TRAIN_EVAL)
+    assert result.refused and any("before the device set-up" in x.what for x in result.left)
+
+
+def test_positional_loader_arguments_become_keywords():
+    text = lines(convert(TRAIN_EVAL.replace("DataLoader(train_set, batch_size=8, shuffle=True)",
+                                            "DataLoader(train_set, 8, True)")))
+    assert "train_loader = ddpkit.data_loader(train_set, 8, shuffle=True)" in text
+
+
+def test_a_comment_after_the_last_argument_and_after_the_device_line_stay():
+    source = TRAIN_EVAL.replace("val_loader = DataLoader(val_set, batch_size=8)",
+                                "val_loader = DataLoader(\n    val_set,\n    batch_size=8,  # small\n)")
+    text = convert("device = torch.device('cpu')  # for now\n" + source).text
+    assert "    batch_size=8,  # small\n" in text and "device = state.device  # for now" in text
+
+
+def test_a_save_sharing_its_line_is_left_and_a_load_defined_above_still_gets_its_barrier():
+    result = convert(TRAIN_EVAL + "torch.save(model.state_dict(), 'a.pt'); step = 1\n")
+    assert "if ddpkit.init().is_main" not in result.text and any("other statements" in x.what for x in result.left)
+    text = lines(convert("def load():\n    return torch.load('a.pt')\n" + TRAIN_EVAL +
+                         "torch.save(model.state_dict(), 'a.pt')\nload()\n"))
+    assert text[text.index("torch.save(model.state_dict(), 'a.pt')") + 1] == "ddpkit.barrier()"
+
+
+def test_an_aliased_ddpkit_script_is_not_wrapped_twice_and_a_guarded_save_read_back_is_reported():
+    again = plan("import ddpkit as dk\nimport torch\nmodel = dk.prepare_model(torch.nn.Linear(2, 2))\n"
+                 "opt = torch.optim.SGD(model.parameters(), lr=1)\n")
+    assert again.edits == [] and again.text == again.source
+    result = plan("import ddpkit\nimport torch\nstate = ddpkit.init()\nif state.is_main:\n"
+                  "    torch.save({}, 'a.pt')\nx = torch.load('a.pt')\n")
+    assert any("no barrier" in x.what for x in result.left)
+
+
+def test_the_refusal_names_the_loops_that_disagree():
+    source = TRAIN_EVAL.replace("    evaluate(val_loader)", "    evaluate(val_loader)\n    evaluate(train_loader)")
+    result = convert(source)
+    assert result.refused and any("trains" in x.what and "evaluates" in x.what for x in result.left)
+
+
+def test_print_under_another_name_is_reported():
+    assert any("print is imported or renamed" in x.what for x in convert("log = print\n" + TRAIN_EVAL).left)

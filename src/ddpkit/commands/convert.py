@@ -4,7 +4,7 @@ Prints a unified diff and, for each edit, its line and why; ``--write`` rewrites
 writes the result elsewhere. What it cannot convert safely it leaves unchanged and lists (line, what to do);
 when what is left would make the result train differently (a loader it cannot tell training from
 evaluation, batches fed by hand, a script already distributed by hand) it writes nothing and says
-``refused``. ``--verify`` then runs ``ddpkit verify`` on the result (1 process against N, same seed) and
+``refused``. ``--verify`` then runs ``ddpkit verify`` on the result (1 process against N) and
 ``ddpkit check`` (the usual DDP mistakes); arguments after the script go to the script.
 
 Exit: 0 converted (or nothing to change), 1 refused or something left to you, 2 bad input; with
@@ -23,11 +23,13 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
+import io
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import tokenize
 from collections.abc import Sequence
 
 from ddpkit.commands.cli import OneLineParser, usage_error
@@ -52,8 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def convert_file(path: str):
-    """The :class:`~ddpkit.commands.convert_plan.Plan` for the script at ``path`` (UsageError: not readable
-    as Python, or libcst missing)."""
+    """The :class:`~ddpkit.commands.convert_plan.Plan` for the script at ``path`` and the file's encoding
+    (UsageError: not readable as Python, or libcst missing). The bytes are decoded as Python reads them
+    (PEP 263, a BOM) and line endings are kept (CRLF stays CRLF)."""
     try:
         from libcst import ParserSyntaxError
 
@@ -61,24 +64,27 @@ def convert_file(path: str):
     except ImportError as exc:
         raise UsageError(f"convert needs libcst ({exc}); install it with pip install 'ddpkit[convert]'") from None
     try:
-        with open(path, encoding="utf-8") as f:
-            source = f.read()
-    except (OSError, UnicodeDecodeError) as exc:
+        with open(path, "rb") as f:
+            raw = f.read()
+        encoding = tokenize.detect_encoding(io.BytesIO(raw).readline)[0]
+        source = raw.decode(encoding)
+    except (OSError, SyntaxError, UnicodeDecodeError, LookupError) as exc:
         raise UsageError(f"cannot read {path!r} as a Python script ({exc.__class__.__name__}: {exc}); "
-                         "expected a UTF-8 .py file") from None
+                         "expected a .py file in UTF-8 or the encoding its coding line names") from None
     try:
         # the interpreter's own parser first: it refuses in one line what would crash libcst's native parser
         # (a crafted file of 3000 nested parentheses overflows its stack: a segfault, not an exception)
         ast.parse(source, filename=path)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
-        detail = f"line {exc.lineno}: {exc.msg}" if isinstance(exc, SyntaxError) else type(exc).__name__
+        detail = f"line {exc.lineno}: {exc.msg}" if isinstance(exc, SyntaxError) and exc.lineno else \
+            (exc.msg if isinstance(exc, SyntaxError) else f"{type(exc).__name__}: {exc}")
         raise UsageError(f"{path} is not Python 3 this tool can parse ({detail}); fix the syntax, then convert "
                          "again") from None
     try:
-        return plan(source)
+        return plan(source), encoding
     except ParserSyntaxError as exc:
-        raise UsageError(f"{path} is not Python 3 this tool can parse (line {exc.raw_line}: "
-                         f"{exc.message}); fix the syntax, then convert again") from None
+        raise UsageError(f"{path} is Python, but not Python libcst can parse (line {exc.raw_line}: "
+                         f"{exc.message}); convert it by hand (docs/convert.md lists the edits)") from None
     except RecursionError:
         raise UsageError(f"{path} nests too deeply to convert; expected a training script") from None
 
@@ -96,9 +102,11 @@ def report(result, path: str) -> list[str]:
 
 
 def _diff(result, path: str) -> str:
-    """git's headers (``a/train.py``, ``b/train.py``) for a relative path; an absolute one as it is."""
+    """git's headers (``a/train.py``, ``b/train.py``) for a relative path; an absolute one as it is; a last line
+    without a newline marked as git marks it."""
     old, new = (path, path) if os.path.isabs(path) else (f"a/{path}", f"b/{path}")
-    return "".join(difflib.unified_diff(result.source.splitlines(True), result.text.splitlines(True), old, new))
+    lines = difflib.unified_diff(result.source.splitlines(True), result.text.splitlines(True), old, new)
+    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
 
 
 def verify_and_check(converted: str, script_args: list[str], nproc: int, steps: int) -> tuple[int, list[str]]:
@@ -109,7 +117,8 @@ def verify_and_check(converted: str, script_args: list[str], nproc: int, steps: 
            converted, *script_args]
     done = subprocess.run(cmd, capture_output=True, text=True)
     said = [line for line in done.stdout.splitlines() if line.startswith(("PASS", "FAIL", "likely cause"))]
-    lines = [f"{PROG}: verify: {line}" for line in said] or [f"{PROG}: verify: {done.stderr.strip()[-400:]}"]
+    last = ([line for line in done.stderr.splitlines() if line.strip()] or ["(no output)"])[-1]
+    lines = [f"{PROG}: verify: {line}" for line in said] or [f"{PROG}: verify: exit {done.returncode}: {last}"]
     with open(converted, encoding="utf-8") as f:
         found = analyze(f.read())
     lines += [f"{PROG}: check: {'nothing found' if not found else f'{len(found)} finding(s)'}"]
@@ -118,15 +127,26 @@ def verify_and_check(converted: str, script_args: list[str], nproc: int, steps: 
     return code, lines
 
 
+def _arguments(ns: argparse.Namespace) -> None:
+    if os.path.isdir(ns.script) or not os.path.isfile(ns.script):
+        what = "a directory" if os.path.isdir(ns.script) else "no such file"
+        raise UsageError(f"{ns.script!r} is {what}; expected the path of a .py training script")
+    if ns.script.endswith(".ipynb"):
+        raise UsageError(f"{ns.script} is a notebook; convert its code to a script first (jupyter nbconvert "
+                         "--to script), then convert that")
+    if ns.script_args and not ns.verify:
+        raise UsageError(f"arguments after the script ({' '.join(ns.script_args)}) go to it under --verify "
+                         "only; add --verify or drop them")
+    if ns.verify and (ns.nproc_per_node < 2 or ns.steps < 1):
+        raise UsageError(f"--verify compares >= 2 processes over >= 1 step; got --nproc-per-node "
+                         f"{ns.nproc_per_node} --steps {ns.steps}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-        if not os.path.isfile(ns.script):
-            raise UsageError(f"no script at {ns.script!r}; expected the path of a .py training script")
-        if ns.script_args and not ns.verify:
-            raise UsageError(f"arguments after the script ({' '.join(ns.script_args)}) go to it under --verify "
-                             "only; add --verify or drop them")
-        result = convert_file(ns.script)
+        _arguments(ns)
+        result, encoding = convert_file(ns.script)
     except UsageError as exc:
         return usage_error(PROG, exc)
     if ns.json:
@@ -139,28 +159,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(line, file=sys.stderr)
     if result.refused:
         return SCRIPT_FAILED
-    target = ns.script if ns.write else ns.output
-    if target and result.text != result.source:
-        write_atomically(target, lambda f: f.write(result.text.encode("utf-8")))
+    try:
+        written = _write(result, ns, encoding)
+    except OSError as exc:
+        where = ns.output or ns.script
+        return usage_error(PROG, f"cannot write {where!r} ({exc.__class__.__name__}: {exc.strerror or exc}); "
+                                 "expected a writable file path (its folder must exist)")
     code = SCRIPT_FAILED if result.left else 0
     if ns.verify:
-        code = max(code, _verify(result, ns, target))
+        code = max(code, _verify(result, ns, written, encoding))
     return code
 
 
-def _verify(result, ns: argparse.Namespace, target: str | None) -> int:
-    """Verify the converted text where it was written, else from a file beside the script (its imports of
-    sibling modules still resolve), removed afterwards."""
-    path = target
-    if path is None:
-        folder = os.path.dirname(os.path.abspath(ns.script))
-        fd, path = tempfile.mkstemp(prefix=".ddpkit-convert-", suffix=".py", dir=folder)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(result.text)
+def _write(result, ns: argparse.Namespace, encoding: str) -> str | None:
+    """Write where asked (``-o``: always, so ``--verify`` never meets an older file there; ``--write``: when
+    something changed), keeping the file's mode, and through a symlink; the path written, or None."""
+    if ns.output is None and not (ns.write and result.text != result.source):
+        return None
+    target = ns.output if ns.output is not None else os.path.realpath(ns.script)
+    mode = os.stat(target).st_mode & 0o7777 if os.path.exists(target) else None
+    write_atomically(target, lambda f: f.write(result.text.encode(encoding)))
+    if mode is not None:
+        os.chmod(target, mode)
+    return target
+
+
+def _verify(result, ns: argparse.Namespace, written: str | None, encoding: str) -> int:
+    """Verify the converted script where it was written, the script itself when nothing changed, else a copy
+    beside the script (its imports of sibling modules still resolve), removed afterwards."""
+    path = written or (ns.script if result.text == result.source else None)
+    temporary = path is None
     try:
+        if path is None:
+            folder = os.path.dirname(os.path.abspath(ns.script))
+            fd, path = tempfile.mkstemp(prefix=".ddpkit-convert-", suffix=".py", dir=folder)
+            with os.fdopen(fd, "wb") as f:
+                f.write(result.text.encode(encoding))
         code, lines = verify_and_check(path, ns.script_args, ns.nproc_per_node, ns.steps)
+    except OSError as exc:
+        return usage_error(PROG, f"cannot write a copy to verify beside {ns.script!r} ({exc.strerror or exc}); "
+                                 "pass -o PATH to a writable place")
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted during --verify; nothing was left behind", file=sys.stderr)
+        return 130
     finally:
-        if target is None:
+        if temporary and path is not None and os.path.exists(path):
             os.unlink(path)
     for line in lines:
         print(line, file=sys.stderr)

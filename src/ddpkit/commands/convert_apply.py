@@ -31,10 +31,53 @@ class Edits:
     guard: dict[int, str] = dataclasses.field(default_factory=dict)  # statement -> ``if <test>:`` around it
     after: dict[int, list[str]] = dataclasses.field(default_factory=dict)  # statement -> statements after it
     before: dict[int, list[str]] = dataclasses.field(default_factory=dict)  # statement -> statements before it
+    no_grad: set[int] = dataclasses.field(default_factory=set)  # statements to run under ``torch.no_grad()``
     imports: list[str] = dataclasses.field(default_factory=list)  # lines after the module's last import
 
     def __bool__(self) -> bool:
-        return bool(self.expr or self.replace or self.guard or self.after or self.before)
+        return bool(self.expr or self.replace or self.guard or self.after or self.before or self.no_grad)
+
+
+# torch.utils.data.DataLoader's parameters in order: what its positional arguments after the batch size are
+LOADER_PARAMETERS = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "num_workers", "collate_fn",
+                     "pin_memory", "drop_last", "timeout", "worker_init_fn", "multiprocessing_context", "generator")
+_NO_SPACE = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
+
+
+def add_keyword(call: cst.Call, name: str, value: str) -> cst.Call:
+    """``f(a, b=1)`` -> ``f(a, b=1, name=value)``; before the last argument when that one ends with a comma (a
+    call over several lines: its comma keeps the comment and line break after it) or is ``**kw``.
+
+    >>> code = cst.Module(body=[]).code_for_node
+    >>> code(add_keyword(cst.parse_expression("f(a, b=1)"), "c", "2")), code(add_keyword(
+    ...     cst.parse_expression("f(a, **kw)"), "c", "2"))
+    ('f(a, b=1, c=2)', 'f(a, c=2, **kw)')
+    """
+    new = cst.Arg(cst.parse_expression(value), keyword=cst.Name(name), equal=_NO_SPACE)
+    args = list(call.args)
+    if args and (args[-1].keyword is not None and isinstance(args[-1].comma, cst.Comma) or args[-1].star == "**"):
+        comma = args[-2].comma if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) else \
+            cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        return call.with_changes(args=[*args[:-1], new.with_changes(comma=comma), args[-1]])
+    if args and not isinstance(args[-1].comma, cst.Comma):
+        args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+    return call.with_changes(args=[*args, new])
+
+
+def loader_call(call: cst.Call, keywords: dict[str, str]) -> cst.Call:
+    """``DataLoader(ds, 8, True)`` -> ``ddpkit.data_loader(ds, 8, shuffle=True, **keywords)``: data_loader takes
+    the dataset and the batch size by position, the rest by name."""
+    args, position = [], 0
+    for arg in call.args:
+        if arg.keyword is None and not arg.star:
+            if position >= 2:
+                arg = arg.with_changes(keyword=cst.Name(LOADER_PARAMETERS[position]), equal=_NO_SPACE)
+            position += 1
+        args.append(arg)
+    call = call.with_changes(func=cst.parse_expression("ddpkit.data_loader"), args=args)
+    for name, value in keywords.items():
+        call = add_keyword(call, name, value)
+    return call
 
 
 def statement(code: str) -> cst.BaseStatement:
@@ -57,6 +100,12 @@ class _Rewrite(cst.CSTTransformer):
         if key in edits.replace:
             out = [statement(code) for code in edits.replace[key]]
             out[0] = out[0].with_changes(leading_lines=updated_node.leading_lines)
+            if isinstance(updated_node, cst.SimpleStatementLine):  # its comment: ``device = ...  # GPU if any``
+                out[-1] = out[-1].with_changes(trailing_whitespace=updated_node.trailing_whitespace)
+        if key in edits.no_grad:
+            body = [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(out)]
+            out = [cst.With(items=[cst.WithItem(cst.parse_expression("torch.no_grad()"))],
+                            body=cst.IndentedBlock(body=body), leading_lines=updated_node.leading_lines)]
         if key in edits.guard:
             body = [s.with_changes(leading_lines=()) if i == 0 else s for i, s in enumerate(out)]
             out = [cst.If(test=cst.parse_expression(edits.guard[key]), body=cst.IndentedBlock(body=body),

@@ -22,9 +22,10 @@ import libcst as cst
 
 from ddpkit.commands import convert_rules as rules
 from ddpkit.commands.check_rules import OPTIMIZERS
-from ddpkit.commands.convert_apply import Edits, rewrite
+from ddpkit.commands.convert_apply import LOADER_PARAMETERS, Edits, loader_call, rewrite
 from ddpkit.commands.convert_flow import binding_of, evaluates, loops_reading, trains
-from ddpkit.commands.convert_scan import Binding, Call, Facts, Loop, Scope, dotted, names_in, parse, scan
+from ddpkit.commands.convert_scan import Binding, Call, Facts, Loop, Scope, dotted, parse, resolve, scan
+from ddpkit.commands.convert_sums import sums_after
 
 LOADER = "torch.utils.data.DataLoader"
 HAND_DISTRIBUTED = ("torch.distributed.", "torch.nn.parallel.", "torch.nn.DataParallel", "torch.multiprocessing.")
@@ -65,7 +66,7 @@ def plan(source: str) -> Plan:
     work.decide()
     text = source
     if work.edits and not any(left.blocks for left in work.left):
-        if "ddpkit" not in facts.aliases:
+        if "ddpkit" not in facts.aliases:  # (``import ddpkit as dk`` too: the edits say ``ddpkit.``)
             work.edits.imports.append("import ddpkit")
             work.note(None, "import ddpkit", "the converted calls need it", work.import_line())
         text = rewrite(wrapper, work.edits, facts.imports[-1] if facts.imports else None)
@@ -164,8 +165,9 @@ class _Work:
     def _wrap(self, binding: Binding, optimizer: Call) -> None:
         value = binding.value
         assert value is not None
-        if _prepared(value) or any(_prepared(b.value) for b in self.facts.bindings
-                                   if b.target == binding.target and b.value is not None):
+        aliases = self.facts.aliases
+        if _prepared(value, aliases) or any(_prepared(b.value, aliases) for b in self.facts.bindings
+                                            if b.target == binding.target and b.value is not None):
             return  # converted already
         moves = [c for c in self.facts.calls if c.scope is binding.scope and c.last in ("to", "cuda")
                  and binding.line < c.line <= optimizer.line and c.stmt is not None
@@ -192,14 +194,20 @@ class _Work:
             training |= self._loader(call)
         backward = [c for c in self.facts.calls if c.last == "backward"]
         training |= any(c.name == "ddpkit.data_loader" for c in self.facts.calls)
-        if backward and not training and not loaders and "ddpkit" not in self.facts.aliases:  # (ddpkit: by hand)
+        if backward and not training and not loaders and not uses_ddpkit(self.facts):  # (ddpkit: by hand)
             self.leave(backward[0].line, "the training batches do not come from a torch DataLoader (fed by hand): "
                        "each rank would train on all of them", "build them with a Dataset and a DataLoader, then "
                        "convert again; or split them by state.rank yourself (docs/guide.md)", blocks=True)
 
     def _loader(self, call: Call) -> bool:
         """Rewrite one ``DataLoader(...)``; whether it is a training one."""
+        positional = [a for a in call.node.args if a.keyword is None and not a.star]
+        if len(positional) > len(LOADER_PARAMETERS) or any(a.star == "*" for a in call.node.args):
+            self.leave(call.line, "DataLoader(*args) or more positional arguments than it takes",
+                       "pass its arguments by name, then convert again", blocks=True)
+            return True
         kwargs = {a.keyword.value: a.value for a in call.node.args if a.keyword is not None}
+        kwargs.update({LOADER_PARAMETERS[i]: a.value for i, a in enumerate(positional) if i >= 2})
         if "batch_sampler" in kwargs:
             self.leave(call.line, "DataLoader(batch_sampler=...): batches are not split across ranks by ddpkit",
                        "pass sampler= and batch_size= instead, then convert again", blocks=True)
@@ -218,82 +226,68 @@ class _Work:
                        "(every rank evaluates the whole set, which is right)", "to share the work: "
                        "ddpkit.data_loader(..., train=False) and ddpkit.reduce the sums after its loop")
             return False
-        if role is None and "ddpkit" in self.facts.aliases:  # a ddpkit script's own plain loader: its choice
+        if role is None and uses_ddpkit(self.facts):  # a ddpkit script's own plain loader: its choice
             self.leave(call.line, "a plain DataLoader in a ddpkit script, whose loops neither train nor evaluate "
                        "visibly: left as it is (every rank reads all of it)", "if it should be sharded: "
                        "ddpkit.data_loader(dataset, batch_size) to train, or train=False to evaluate")
             return False
         if role is None:
-            self.leave(call.line, "a DataLoader whose loops neither train (no backward found) nor evaluate (no "
-                       "no_grad or model.eval() found)", "convert it yourself: ddpkit.data_loader(dataset, "
-                       "batch_size) to train, ddpkit.data_loader(..., train=False) to evaluate", blocks=True)
+            self.leave(call.line, f"a DataLoader whose role cannot be told: {_roles_said(self.facts, loops)}",
+                       "convert it yourself: ddpkit.data_loader(dataset, batch_size) to train, "
+                       "ddpkit.data_loader(..., train=False) to evaluate (one loader per role)", blocks=True)
             return False
         if not self._reductions(loops, call, role == "train"):
             return False
-        self.edits.expr[id(call.node.func)] = lambda node: cst.parse_expression("ddpkit.data_loader")
-        if role == "eval" and "train" not in kwargs:
-            self.edits.expr[id(call.node)] = lambda node: node.with_changes(args=[
-                *node.args[:-1], node.args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT),
-                cst.Arg(value=cst.Name("False"), keyword=cst.Name("train"),
-                        equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))])
         how = "training: each rank takes its own shard, reshuffled every epoch" if role == "train" else \
             "evaluation (train=False): each rank its part, no sample twice"
         starred = any(a.star == "**" for a in call.node.args)
+        keywords = {"train": "False"} if role == "eval" and "train" not in kwargs else {}
         if role == "train" and not {"shuffle", "sampler"} & set(kwargs) and not starred:
-            self.edits.expr[id(call.node)] = lambda node: node.with_changes(args=[  # torch's default, kept
-                *node.args[:-1], node.args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT),
-                cst.Arg(value=cst.Name("False"), keyword=cst.Name("shuffle"),
-                        equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))])
+            keywords["shuffle"] = "False"  # torch's default, kept: data_loader's would shuffle
             how = "training: each rank takes its own shard, in order (shuffle=False: torch's default, kept)"
         elif role == "train" and starred and not {"shuffle", "sampler"} & set(kwargs):
             how += " (unless the ** arguments say shuffle=False; a torch DataLoader did not shuffle by default)"
+        self.edits.expr[id(call.node)] = lambda node: loader_call(node, keywords)
         self.note(call.node, f"DataLoader -> ddpkit.data_loader ({'training' if role == 'train' else 'train=False'})",
                   how, call.line)
         return role == "train"
 
     def _reductions(self, loops: list[Loop], call: Call, training: bool) -> bool:
-        """Sum across ranks what the loops over a loader accumulate and read after the loop, right after it;
-        False (an evaluation loader is then left as it is: every rank evaluates the whole set, which is right,
-        only slower) when an evaluation loop keeps results in a container this cannot sum."""
+        """Sum across ranks what the loops over a loader accumulate and the code below reads
+        (:mod:`ddpkit.commands.convert_sums`); an evaluation loop also runs under ``torch.no_grad()`` (a DDP
+        forward with gradients on is collective, and the ranks' shards differ in length: the longer one would
+        wait forever). False, before any edit: an evaluation loader is then left as it is (every rank evaluates
+        the whole set, which is right, only slower), when a loop keeps results this cannot sum."""
         fors = [loop for loop in loops if isinstance(loop.node, cst.For)]
-        for loop in fors if not training else ():
-            if loop.stored:
-                name, line = loop.stored[0]
-                self.leave(line, f"the evaluation loop keeps per-batch results in {name}: they would be this rank's "
-                           f"only, so the DataLoader at line {call.line} is left as it is (each rank evaluates the "
-                           "whole set)", "to share the work: ddpkit.data_loader(..., train=False), then "
-                           "ddpkit.gather(...) the results or ddpkit.reduce(...) the sums (docs/convert.md)")
-                return False
+        plans = []
         for loop in fors:
-            self._reduce_after(loop, training)
+            stored = loop.stored[0] if loop.stored and not training else None
+            plan = sums_after(self.facts, loop, training) if stored is None else None
+            if plan is None and not training:
+                name, line = stored or (", ".join(sorted(loop.targets)), loop.line)
+                self.leave(line, f"the evaluation loop keeps per-batch results in {name} (or divides by it): they "
+                           f"would be this rank's only, so the DataLoader at line {call.line} is left as it is "
+                           "(each rank evaluates the whole set)", "to share the work: ddpkit.data_loader(..., "
+                           "train=False), then ddpkit.gather(...) the results or ddpkit.reduce(...) the sums "
+                           "and counts (docs/convert.md)")
+                return False
+            plans += plan or []
+        for anchor, names, lens in plans:
+            self.edits.after.setdefault(id(anchor.node), []).extend(f"{n} = ddpkit.reduce({n})" for n in names)
+            self.note(anchor.node, f"after the {'training' if training else 'evaluation'} loop: {', '.join(names)} "
+                      "summed across ranks (ddpkit.reduce)", "each rank accumulated only its own shard", anchor.end)
+            for node in lens:  # ``total / len(loader)``: every rank's batches, as the sum is every rank's
+                self.edits.expr[id(node)] = lambda n: cst.parse_expression(
+                    f"ddpkit.reduce({self.facts.module.code_for_node(n)})")
+                self.note(node, "len(loader) -> ddpkit.reduce(len(loader))", "every rank's batches, as the sum "
+                          "divided by it is every rank's", anchor.end)
+        for loop in fors if not training else ():
+            if not loop.no_grad and id(loop.node) not in self.edits.no_grad:
+                self.edits.no_grad.add(id(loop.node))
+                self.note(loop.node, "the evaluation loop runs under torch.no_grad()", "a DDP forward with "
+                          "gradients on is collective, and the ranks' evaluation shards differ in length",
+                          loop.line)
         return True
-
-    def _reduce_after(self, loop: Loop, training: bool) -> None:
-        """``x = ddpkit.reduce(x)`` after the loop for each sum it accumulates (and, evaluating, each count:
-        ``n += 1``, ``num_batches = len(loader)``) that is read below it: each rank summed its own shard.
-        A training loop's ``step += 1`` counts steps every rank takes alike: never summed."""
-        facts = self.facts
-        read_later = {name for name, scope, line, _ in facts.reads if scope is loop.scope and line > loop.end}
-        sums = [name for name, _ in loop.augmented if name in read_later and "." not in name]
-        counts = [] if training else [n for n in loop.counted if n in read_later and "." not in n] + [
-            b.target for b in facts.bindings if b.scope is loop.scope and isinstance(b.value, cst.Call)
-            and dotted(b.value.func) == "len" and b.value.args and dotted(b.value.args[0].value) in loop.iter_names
-            and b.target in read_later]
-        done = {n for c in facts.calls if c.scope is loop.scope and c.line > loop.end
-                and c.name in ("ddpkit.reduce", "ddpkit.gather") for n in names_in(c.node)}
-        todo = [n for n in dict.fromkeys(sums + counts) if n not in done]
-        if not todo:
-            return
-        self.edits.after.setdefault(id(loop.node), []).extend(f"{n} = ddpkit.reduce({n})" for n in todo)
-        self.note(loop.node, f"after the {'training' if training else 'evaluation'} loop: {', '.join(todo)} summed "
-                  "across ranks (ddpkit.reduce)", "each rank accumulated only its own shard", loop.end)
-        for c in facts.calls:  # ``total / len(loader)`` beside a sum: every rank's batches, as the sum is every rank's
-            if c.scope is loop.scope and c.line > loop.end and c.name == "len" and c.node.args and c.stmt \
-                    and dotted(c.node.args[0].value) in loop.iter_names and names_in(c.stmt) & set(todo):
-                self.edits.expr[id(c.node)] = lambda node: cst.parse_expression(
-                    f"ddpkit.reduce({facts.module.code_for_node(node)})")
-                self.note(c.node, "len(loader) -> ddpkit.reduce(len(loader))", "every rank's batches, as the "
-                          "sum divided by it is every rank's", c.line)
 
 
 def _role(facts: Facts, loops: list[Loop], binding: Binding | None, call: Call) -> str | None:
@@ -313,6 +307,16 @@ def _role(facts: Facts, loops: list[Loop], binding: Binding | None, call: Call) 
     if shuffled or "train" in words:
         return "train"
     return "eval" if named_eval else None
+
+
+def _roles_said(facts: Facts, loops: list[Loop]) -> str:
+    """Why no role: the loops that train, evaluate or do neither, by line."""
+    if not loops:
+        return "no loop over it was found"
+    neither = "neither trains (no backward found) nor evaluates (no no_grad, inference_mode or model.eval())"
+    said = [f"line {loop.line} " + ("trains" if trains(facts, loop) else "evaluates" if evaluates(facts, loop)
+                                    else neither) for loop in loops]
+    return "; ".join(said)
 
 
 def _peek(loop: Loop) -> bool:
@@ -353,5 +357,11 @@ def _calls_in(node: cst.CSTNode) -> list[cst.Call]:
     return found
 
 
-def _prepared(value: cst.BaseExpression | None) -> bool:
-    return isinstance(value, cst.Call) and dotted(value.func) in ("ddpkit.prepare_model", "prepare_model")
+def _prepared(value: cst.BaseExpression | None, aliases: dict[str, str]) -> bool:
+    """``ddpkit.prepare_model(...)``, also as ``dk.prepare_model`` or an imported ``prepare_model``."""
+    return isinstance(value, cst.Call) and resolve(dotted(value.func), aliases) == "ddpkit.prepare_model"
+
+
+def uses_ddpkit(facts: Facts) -> bool:
+    """The script imports ddpkit (under any name)."""
+    return any(full == "ddpkit" or full.startswith("ddpkit.") for full in facts.aliases.values())

@@ -30,21 +30,36 @@ UNWRAP = ("isinstance", "type", "copy.deepcopy", "torch.jit.script", "torch.jit.
 
 
 def _text(node: cst.BaseExpression) -> str | None:
+    """A device string: ``"cuda"``, or ``torch.device("cuda")``'s."""
+    if isinstance(node, cst.Call) and dotted(node.func) in ("torch.device", "device") and len(node.args) == 1:
+        node = node.args[0].value
     return node.evaluated_value if isinstance(node, cst.SimpleString) else None  # type: ignore[return-value]
 
 
+def _branches(value: cst.BaseExpression) -> list[str]:
+    """``"cuda" if a else "mps" if b else "cpu"``: ["cuda", "mps", "cpu"] ("" for a branch that is no string)."""
+    found = []
+    while isinstance(value, cst.IfExp):
+        found.append(_text(value.body) or "")
+        value = value.orelse
+    return [*found, _text(value) or ""]
+
+
+def _kind(text: str) -> str:
+    return "cpu" if text.startswith("cpu") else "accelerator" if text.startswith(ACCELERATORS) else ""
+
+
 def is_device(value: cst.BaseExpression | None, target: str, aliases: dict[str, str]) -> bool:
-    """``torch.device(...)``, ``"cuda" if ... else "cpu"``, or a device string bound to a ``*device`` name."""
+    """``torch.device(...)``, ``"cuda" if ... else "cpu"`` (either way round, or of ``torch.device`` calls), or
+    a device string bound to a ``*device`` name."""
     if isinstance(value, cst.Call):
         return resolve(dotted(value.func), aliases) == "torch.device"
-    if isinstance(value, cst.IfExp):  # "cuda" if ... else "mps" if ... else "cpu"
-        bodies = []
-        while isinstance(value, cst.IfExp):
-            bodies.append(_text(value.body) or "")
-            value = value.orelse
-        return (_text(value) or "").startswith("cpu") and all(b.startswith(ACCELERATORS) for b in bodies)
+    if isinstance(value, cst.IfExp):
+        kinds = [_kind(b) for b in _branches(value)]
+        return "" not in kinds and kinds.count("cpu") == 1 and kinds[0] != kinds[-1] and \
+            (kinds[-1] == "cpu" or len(kinds) == 2)
     text = _text(value) if value is not None else None
-    return "device" in target.lower() and text is not None and text.split(":")[0] in ("cpu", *ACCELERATORS)
+    return "device" in target.lower() and text is not None and _kind(text) != ""
 
 
 def init_arguments(value: cst.BaseExpression) -> str:
@@ -58,13 +73,14 @@ def init_arguments(value: cst.BaseExpression) -> str:
             return init_arguments(inner)
         return f'cpu=torch.device({module.code_for_node(inner)}).type == "cpu"'
     if isinstance(value, cst.IfExp):
-        test = value.test
-        while isinstance(test, cst.IfExp):
-            test = test.test
-        if isinstance(test, cst.Call) and (dotted(test.func) or "").endswith(("cuda.is_available", "mps.is_available")):
+        test, on_cpu = value.test, _kind(_text(value.body) or "") == "cpu"  # "cpu" if args.no_cuda else "cuda"
+        if not on_cpu and isinstance(test, cst.Call) and \
+                (dotted(test.func) or "").endswith(("cuda.is_available", "mps.is_available")):
             return ""
-        code = module.code_for_node(value.test)
-        simple = isinstance(value.test, (cst.Name, cst.Attribute, cst.Call))
+        code = module.code_for_node(test)
+        simple = isinstance(test, (cst.Name, cst.Attribute, cst.Call))
+        if on_cpu:
+            return f"cpu={code}" if simple else f"cpu=bool({code})"
         return f"cpu=not {code}" if simple else f"cpu=not ({code})"
     text = _text(value) if isinstance(value, cst.SimpleString) else None
     return "cpu=True" if text is not None and text.startswith("cpu") else ""
@@ -73,9 +89,19 @@ def init_arguments(value: cst.BaseExpression) -> str:
 def devices(work: _Work) -> None:
     """``device = torch.device(...)`` -> ``state = ddpkit.init(...)`` and ``device = state.device``."""
     facts = work.facts
-    for b in facts.bindings:
-        if b.stmt is None or not is_device(b.value, b.target, facts.aliases) or len(b.stmt.body) != 1 \
-                or not isinstance(b.stmt.body[0], cst.Assign) or len(b.stmt.body[0].targets) != 1:
+    found = [b for b in facts.bindings if b.stmt is not None and is_device(b.value, b.target, facts.aliases)]
+    for b in found:
+        again = [o for o in found if o.target == b.target and o.scope is b.scope and o is not b]
+        if again:  # device = "cpu"; if torch.cuda.is_available(): device = "cuda": the first init would win
+            work.leave(b.line, f"{b.target} is chosen over several lines ({', '.join(str(o.line) for o in again)})",
+                       f"write it as one: {b.target} = torch.device('cuda' if torch.cuda.is_available() else "
+                       "'cpu'), then convert again", blocks=True)
+            return
+    for b in found:
+        if len(b.stmt.body) != 1 or not isinstance(b.stmt.body[0], cst.Assign) \
+                or len(b.stmt.body[0].targets) != 1:
+            work.leave(b.line, "the device set-up shares its line with other statements: left as it is",
+                       f"put {b.target} = ... on a line of its own, then convert again", blocks=True)
             continue
         assert b.value is not None
         args = init_arguments(b.value)
@@ -108,7 +134,13 @@ def _first_ddpkit_use(work: _Work, device: Binding) -> Any:
                 or call.stmt is None or call.loops or call.tests:
             continue
         bound = {b.target for b in work.facts.bindings if b.line < call.line}
-        return call if all(a in bound or a in work.facts.aliases for a in args if "." not in a) else None
+        if all(a in bound or a in work.facts.aliases for a in args if "." not in a):
+            return call
+        if args - {"torch"}:  # the switch is read later than that: cpu= would come too late, and say nothing
+            work.leave(call.line, f"this line starts ddpkit (with the defaults) before the device set-up at line "
+                       f"{device.line} can say cpu=", f"move the device set-up (and what it reads) above line "
+                       f"{call.line}, then convert again", blocks=True)
+        return None
     return None
 
 
@@ -143,6 +175,10 @@ def _main(work: _Work, scope: Scope) -> str:
 def outputs(work: _Work) -> None:
     facts = work.facts
     printing = "print" not in {b.target for b in facts.bindings} and "print" not in facts.aliases
+    if facts.aliases.get("print") == "builtins.print" or any(dotted(b.value) == "print" for b in facts.bindings):
+        line = next((b.line for b in facts.bindings if dotted(b.value) == "print"), work.import_line())
+        work.leave(line, "print is imported or renamed here: its calls print on every rank", "call "
+                   "ddpkit.print(...) for what rank 0 alone should print")
     loads = [c for c in facts.calls if c.name == "torch.load"]
     for call in facts.calls:
         ranked = any(w in test.lower() for test in call.tests for w in RANK_WORDS)
@@ -166,6 +202,11 @@ def outputs(work: _Work) -> None:
             _progress(work, call)
         elif call.name == "torch.save" and not ranked:
             _save(work, call, loads)
+        elif call.name == "torch.save" and loads and not any(c.name == "ddpkit.barrier" or c.last == "barrier"
+                                                              for c in facts.calls):
+            work.leave(call.line, f"rank 0 saves here, and a file is read at line {loads[0].line} with no barrier "
+                       "between: the other ranks may read it before it is written", "put ddpkit.barrier() after the "
+                       "save where every rank passes")
         elif call.name == "torch.load" and not any(a.keyword and a.keyword.value == "map_location"
                                                    for a in call.node.args):
             where = f"{work.state}.device" if _main(work, call.scope).startswith(work.state) else '"cpu"'
@@ -197,16 +238,17 @@ def _progress(work: _Work, call: Any) -> None:
 
 
 def _save(work: _Work, call: Any, loads: list[Any]) -> None:
-    if call.stmt is None or any(call.node is not c.node and c.stmt is call.stmt and c.name == "torch.save"
-                                for c in work.facts.calls if c.line < call.line):
-        if call.stmt is None:
-            work.leave(call.line, "torch.save inside an expression: every rank would write the file",
-                       "save on rank 0 only: if state.is_main: torch.save(...)")
+    if call.stmt is None or len(call.stmt.body) > 1:
+        if _per_rank(work, call):
+            return
+        where = "on the line of its if / for / with" if call.stmt is None else "on a line with other statements"
+        work.leave(call.line, f"torch.save {where}: every rank writes the file (guarding the line would keep "
+                   "the rest from the other ranks)", "put the save on a line of its own, then convert again")
         return
     if _per_rank(work, call):
         return
     work.edits.guard[id(call.stmt)] = _main(work, call.scope)
-    read_back = [c for c in loads if c.line > call.line]
+    read_back = [c for c in loads if c.node is not call.node]  # read anywhere: a function above may run later
     if read_back and (call.tests or call.loops):  # a branch may be taken on one rank only: no collective there
         work.leave(call.line, f"the file saved here is read again at line {read_back[0].line}, and the save is "
                    "inside an if or a loop: the other ranks may read it before rank 0 has written it",
@@ -218,7 +260,7 @@ def _save(work: _Work, call: Any, loads: list[Any]) -> None:
     work.note(call.stmt, "torch.save guarded: rank 0 saves" + (", then every rank waits for it (barrier)"
                                                                if read_back else ""),
               "every rank holds the same weights; N writers of one file race" +
-              (f"; the file is read again at line {read_back[0].line}" if read_back else ""), call.line)
+              (f"; a file is read at line {read_back[0].line}" if read_back else ""), call.line)
 
 
 def _per_rank(work: _Work, call: Any) -> bool:

@@ -22,6 +22,10 @@ from typing import Any
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+# methods that keep what a loop hands them (a list, a metric object, a meter): their totals are per rank
+ACCUMULATING = ("append", "extend", "add_batch", "update", "add", "accumulate", "record", "push", "insert",
+                "update_state", "log", "add_scalar", "add_scalars")
+
 
 def parse(source: str) -> MetadataWrapper:
     """The script's tree wrapped for positions (``scan`` and the rewrite must share this one wrapper: the
@@ -50,6 +54,8 @@ class Loop:
     calls: list[Call] = dataclasses.field(default_factory=list)  # every call in the body, nested loops included
     augmented: list[tuple[str, int]] = dataclasses.field(default_factory=list)  # ``x += value`` targets, lines
     counted: list[str] = dataclasses.field(default_factory=list)  # ``n += 1``: a count of the loop's steps
+    outer: list[Loop] = dataclasses.field(default_factory=list)  # the loops around this one, outermost first
+    targets: set[str] = dataclasses.field(default_factory=set)  # what ``for i, (x, y) in ...`` binds
     stored: list[tuple[str, int]] = dataclasses.field(default_factory=list)  # ``m[k] += ...``, ``xs.append()``
 
 
@@ -90,6 +96,7 @@ class Facts:
     reads: list[tuple[str, Scope, int, Any]]  # every dotted name read: (name, scope, line, the node)
     imports: list[cst.SimpleStatementLine]  # the module's top-level import lines
     returns: list[tuple[Scope, cst.BaseExpression]] = dataclasses.field(default_factory=list)
+    statements: list[tuple[cst.SimpleStatementLine, Scope, int]] = dataclasses.field(default_factory=list)
     import_lines: list[int] = dataclasses.field(default_factory=list)
 
     def code(self, node: cst.CSTNode) -> str:
@@ -256,6 +263,7 @@ class _Scanner(cst.CSTVisitor):
         self._enter_loop(node, names_in(node.iter))
         for name in names_in(node.target):
             self._bind(name, None, node)
+        self.loops[-1].targets = names_in(node.target)
 
     def leave_For(self, original_node: cst.For) -> None:
         self.loops.pop()
@@ -268,13 +276,15 @@ class _Scanner(cst.CSTVisitor):
 
     def _enter_loop(self, node: cst.For | cst.While, names: set[str]) -> None:
         where = self.get_metadata(PositionProvider, node)
-        loop = Loop(node, self.scopes[-1], where.start.line, where.end.line, names, self.no_grad > 0)
+        loop = Loop(node, self.scopes[-1], where.start.line, where.end.line, names, self.no_grad > 0,
+                    outer=[o for o in self.loops if o.scope is self.scopes[-1]])
         self.facts.loops.append(loop)
         self.loops.append(loop)
 
     # statements
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
         self.stmt = node
+        self.facts.statements.append((node, self.scopes[-1], self.line(node)))
         if node in self.facts.imports:
             self.facts.import_lines.append(self.line(node))
 
@@ -290,6 +300,17 @@ class _Scanner(cst.CSTVisitor):
                 self._written(element.value)
 
     def visit_Assign(self, node: cst.Assign) -> None:
+        name = dotted(node.targets[0].target) if len(node.targets) == 1 else None
+        value = node.value
+        if name and isinstance(value, cst.BinaryOperation) and name in (dotted(value.left), dotted(value.right)):
+            other = value.right if dotted(value.left) == name else value.left  # ``total = total + x``: a sum
+            for loop in self.loops:
+                if isinstance(value.operator, cst.Add) and isinstance(other, cst.Integer):
+                    loop.counted.append(name)
+                elif isinstance(value.operator, cst.Add):
+                    loop.augmented.append((name, self.line(node)))
+                else:
+                    loop.stored.append((name, self.line(node)))
         for target in node.targets:
             self._written(target.target)
             for name, index in _targets(target.target):
@@ -336,7 +357,7 @@ class _Scanner(cst.CSTVisitor):
         self.facts.calls.append(call)
         for loop in self.loops:
             loop.calls.append(call)
-            if last in ("append", "extend") and isinstance(func, cst.Attribute):  # a list of per-batch results
+            if last in ACCUMULATING and isinstance(func, cst.Attribute):  # per-batch results kept in an object
                 loop.stored.append((self.facts.code(func.value), call.line))
 
     def visit_Name(self, node: cst.Name) -> None:

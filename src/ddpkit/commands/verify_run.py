@@ -70,6 +70,19 @@ class StepCap(SystemExit):
     """The run reached verify's step cap: a clean exit (code 0) the facts file reports as ``capped``."""
 
 
+def _autocast_dtype(module: nn.Module) -> str | None:
+    """The dtype autocast runs this forward in (``bfloat16``), for the module's device type (the CPU and CUDA
+    for a module without parameters); None when off. A device autocast does not know (meta) counts as off."""
+    first = next(module.parameters(), None)
+    for kind in [first.device.type] if first is not None else ["cuda", "cpu"]:
+        try:
+            if torch.is_autocast_enabled(kind):
+                return str(torch.get_autocast_dtype(kind)).removeprefix("torch.")
+        except RuntimeError:  # "unknown device type for autocast": meta, a backend without autocast
+            continue
+    return None
+
+
 class Recorder:
     """One per verify run (see the module's docstring). Models are keyed by order of preparation: with more
     than one (a GAN's generator and discriminator) every name gets a ``model<i>.`` prefix, so each model's
@@ -120,9 +133,8 @@ class Recorder:
         # DataLoader draws its base seed from the global generator at iter(), which is no draw of the step
         if self._rng is None and torch.is_grad_enabled():
             self._rng = _rng_state()
-        device = next((p.device.type for p in module.parameters()), "cpu")
-        if self.autocast is None and torch.is_grad_enabled() and torch.is_autocast_enabled(device):
-            self.autocast = str(torch.get_autocast_dtype(device)).removeprefix("torch.")
+        if self.autocast is None and torch.is_grad_enabled():
+            self.autocast = _autocast_dtype(module)
 
     def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.max_steps is not None and self.counts.get(optimizer, 0) >= self.max_steps:

@@ -1,0 +1,86 @@
+"""The sums ``ddpkit convert`` reduces across ranks: what a loop over a sharded loader accumulates and the code
+after it reads. Each rank sums only its shard, so the total is ``ddpkit.reduce(total)``, placed once, after
+the outermost loop that runs after the sum was started (``total = 0`` before ``for aug in ...: for x in
+loader: total += ...`` is reduced after the ``aug`` loop, not once per pass).
+
+Evaluation: every sum and count read below the loop is reduced (``n += 1``, ``num_batches = len(loader)``,
+``len(loader)`` beside a sum). When what is read below cannot be made global (a loop variable: ``total / (i +
+1)``), the plan is None and the loader stays plain: every rank evaluates the whole set, right and slower.
+
+Training: the steps are the same on every rank, so a count (``step += 1``) is never reduced, and a sum only
+when it is divided by the whole dataset's size (``train_loss / len(loader.dataset)``: 1/N of the truth
+otherwise); a mean over this rank's batches (``epoch_loss / n_batches``) is rank 0's and stays as it is.
+
+Example::
+
+    >>> from ddpkit.commands.convert_scan import parse, scan
+    >>> f = scan(parse("t = 0\\nfor x in ld:\\n    t += x\\nprint(t / len(ld.dataset))\\n"))
+    >>> [(names, loop.line) for loop, names, _ in sums_after(f, f.loops[0], training=False)]
+    [(['t'], 2)]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libcst as cst
+
+from ddpkit.commands.convert_scan import Facts, Loop, dotted, names_in
+
+
+def _dataset_size(facts: Facts, stmt: Any, scope: Any) -> bool:
+    """The statement divides by the whole dataset: ``len(X.dataset)``, or a name bound to it."""
+    def is_size(node: cst.CSTNode) -> bool:
+        return isinstance(node, cst.Call) and dotted(node.func) == "len" and bool(node.args) and \
+            (dotted(node.args[0].value) or "").endswith(".dataset")
+
+    sizes = {b.target for b in facts.bindings if b.scope is scope and b.value is not None and is_size(b.value)}
+    return any(c.stmt is stmt and c.name == "len" and is_size(c.node) for c in facts.calls) or \
+        bool(names_in(stmt) & sizes)
+
+
+def _anchor(facts: Facts, loop: Loop, name: str) -> Loop:
+    """The loop after which ``name``'s sum is complete: the outermost loop around ``loop`` that began after
+    ``name`` was last set before ``loop``."""
+    starts = [b.line for b in facts.bindings if b.target == name and b.scope is loop.scope and b.line < loop.line
+              and b.value is not None]
+    start = max(starts, default=0)
+    outer = [o for o in loop.outer if o.line > start]
+    return outer[0] if outer else loop
+
+
+def sums_after(facts: Facts, loop: Loop, training: bool) -> list[tuple[Loop, list[str], list[Any]]] | None:
+    """``[(anchor, names, len_calls)]``: reduce ``names`` after ``anchor``, and wrap each ``len(loader)`` call in
+    ``len_calls`` in ``ddpkit.reduce``; None: what follows the loop reads a local count this cannot reduce."""
+    candidates = [n for n, _ in loop.augmented if "." not in n]
+    if not training:
+        candidates += [n for n in loop.counted if "." not in n] + [
+            b.target for b in facts.bindings if b.scope is loop.scope and isinstance(b.value, cst.Call)
+            and dotted(b.value.func) == "len" and b.value.args and dotted(b.value.args[0].value) in loop.iter_names]
+    plans: dict[int, tuple[Loop, list[str], list[Any]]] = {}
+    for name in dict.fromkeys(candidates):
+        anchor = _anchor(facts, loop, name)
+        readers: list[Any] = [s for s, sc, line in facts.statements if sc is loop.scope and line > anchor.end
+                              and name in names_in(s)]
+        if not readers and any(n == name and sc is loop.scope and line > anchor.end for n, sc, line, _ in facts.reads):
+            readers = [None]  # read in an if / while test below
+        if not readers or _reduced(facts, loop, anchor, name):
+            continue
+        if training and not any(s is not None and _dataset_size(facts, s, loop.scope) for s in readers):
+            continue  # a mean over this rank's own batches: rank 0's, as printed
+        local = loop.targets | ({n for n in loop.counted} if training else set())
+        if any(s is not None and names_in(s) & local for s in readers):
+            if training:
+                continue
+            return None  # ``total / (i + 1)``: i counts this rank's batches only
+        entry = plans.setdefault(id(anchor), (anchor, [], []))
+        entry[1].append(name)
+        entry[2].extend(c.node for c in facts.calls if c.name == "len" and c.stmt in readers and c.node.args
+                        and dotted(c.node.args[0].value) in loop.iter_names and c.node not in entry[2])
+    return list(plans.values())
+
+
+def _reduced(facts: Facts, loop: Loop, anchor: Loop, name: str) -> bool:
+    """Converted already: a ``ddpkit.reduce`` / ``gather`` of ``name`` below the loop."""
+    return any(c.scope is loop.scope and c.line > anchor.end and c.name in ("ddpkit.reduce", "ddpkit.gather")
+               and name in names_in(c.node) for c in facts.calls)
