@@ -250,8 +250,8 @@ def _save(work: _Work, call: Any, loads: list[Any]) -> None:
     work.edits.guard[id(call.stmt)] = _main(work, call.scope)
     read_back = [c for c in loads if c.node is not call.node]  # read anywhere: a function above may run later
     if read_back and (call.tests or call.loops):  # a branch may be taken on one rank only: no collective there
-        work.leave(call.line, f"the file saved here is read again at line {read_back[0].line}, and the save is "
-                   "inside an if or a loop: the other ranks may read it before rank 0 has written it",
+        work.leave(call.line, f"a file is read at line {read_back[0].line} (maybe the one saved here), and the "
+                   "save is inside an if or a loop: the other ranks may read it before rank 0 has written it",
                    "put ddpkit.barrier() after the save where every rank passes (outside rank- or data-dependent "
                    "branches)")
         read_back = []
