@@ -248,7 +248,9 @@ def _save(work: _Work, call: Any, loads: list[Any]) -> None:
     if _per_rank(work, call):
         return
     work.edits.guard[id(call.stmt)] = _main(work, call.scope)
-    read_back = [c for c in loads if c.node is not call.node]  # read anywhere: a function above may run later
+    # read below, or in a function (defined above, it may run after the save); a load above in the same block
+    # ran before (a resume at the start)
+    read_back = [c for c in loads if c.line > call.line or c.scope is not call.scope and c.scope.name]
     if read_back and (call.tests or call.loops):  # a branch may be taken on one rank only: no collective there
         work.leave(call.line, f"a file is read at line {read_back[0].line} (maybe the one saved here), and the "
                    "save is inside an if or a loop: the other ranks may read it before rank 0 has written it",
