@@ -76,7 +76,13 @@ def loader_call(call: cst.Call, keywords: dict[str, str]) -> cst.Call:
         args.append(arg)
     call = call.with_changes(func=cst.parse_expression("ddpkit.data_loader"), args=args)
     for name, value in keywords.items():
-        call = add_keyword(call, name, value)
+        given = [i for i, a in enumerate(call.args) if a.keyword is not None and a.keyword.value == name]
+        if given:  # ``shuffle=None`` said: its value, replaced (a second shuffle= would not run)
+            i = given[0]
+            call = call.with_changes(args=[*call.args[:i], call.args[i].with_changes(
+                value=cst.parse_expression(value)), *call.args[i + 1:]])
+        else:
+            call = add_keyword(call, name, value)
     return call
 
 

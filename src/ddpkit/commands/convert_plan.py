@@ -28,6 +28,8 @@ from ddpkit.commands.convert_scan import Binding, Call, Facts, Loop, Scope, dott
 from ddpkit.commands.convert_sums import sums_after
 
 LOADER = "torch.utils.data.DataLoader"
+# an evaluation loop calling these needs gradients: it cannot run under no_grad, so it is not sharded
+NEEDS_GRAD = ("grad", "requires_grad_", "enable_grad", "set_grad_enabled", "backward", "vjp", "jacobian")
 HAND_DISTRIBUTED = ("torch.distributed.", "torch.nn.parallel.", "torch.nn.DataParallel", "torch.multiprocessing.")
 
 
@@ -83,6 +85,7 @@ class _Work:
         self.left: list[Left] = []
         self.models: list[Binding] = []  # the bindings wrapped (or already wrapped) in prepare_model
         self.inits: list[Scope] = []  # where the plan binds the state (``state = ddpkit.init()``)
+        self.devices: list[Binding] = []  # the device set-ups converted
         ours = all(rules.bound_to_init(b) for b in facts.bindings if b.target == "state")
         self.state = "state" if ours else "ddp_state"  # a script's own ``state`` keeps its name
 
@@ -173,6 +176,14 @@ class _Work:
                  and binding.line < c.line <= optimizer.line and c.stmt is not None
                  and isinstance(c.node.func, cst.Attribute) and dotted(c.node.func.value) == binding.target
                  and len(c.stmt.body) == 1 and isinstance(c.stmt.body[0], cst.Expr)]
+        unread = self._unread_device([value, *(m.node for m in moves)], binding)
+        if unread is not None:
+            self.leave(binding.line, f"the model moves to {unread.target}, set up at line {unread.line} in a form "
+                       "convert does not read: prepare_model would put it on ddpkit's device and the data would "
+                       f"go to {unread.target}", f"write {unread.target} = torch.device('cuda' if "
+                       "torch.cuda.is_available() else 'cpu') (or with your own switch), then convert again",
+                       blocks=True)
+            return
         if moves:  # ``model.to(device)`` on its own line: that line becomes the wrap
             move = moves[-1]
             self.edits.replace[id(move.stmt)] = [f"{binding.target} = ddpkit.prepare_model({binding.target})"]
@@ -185,6 +196,20 @@ class _Work:
         self.note(None, f"{binding.target} = ddpkit.prepare_model(...)", "the model the optimizer at line "
                   f"{optimizer.line} trains: prepare_model moves it to this rank's device, converts BatchNorm "
                   "and wraps it in DDP", binding.line)
+
+    def _unread_device(self, nodes: list[cst.CSTNode], model: Binding) -> Binding | None:
+        """The binding of a device the model is moved to (``.to(device)``) that the device rules did not
+        convert: the data would still go there while prepare_model picks ddpkit's."""
+        for node in nodes:
+            while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+                if node.func.attr.value == "to" and node.args:
+                    name = dotted(node.args[0].value)
+                    found = binding_of(self.facts, name, model.scope, model.line) if name else None
+                    if found is not None and found.value is not None and found not in self.devices and \
+                            not (dotted(found.value) or "").endswith(".device"):
+                        return found
+                node = node.func.value
+        return None
 
     # the loaders: training or evaluation, found by what their loops do
     def _loaders(self) -> None:
@@ -208,6 +233,7 @@ class _Work:
             return True
         kwargs = {a.keyword.value: a.value for a in call.node.args if a.keyword is not None}
         kwargs.update({LOADER_PARAMETERS[i]: a.value for i, a in enumerate(positional) if i >= 2})
+        kwargs = {k: v for k, v in kwargs.items() if not (isinstance(v, cst.Name) and v.value == "None")}
         if "batch_sampler" in kwargs:
             self.leave(call.line, "DataLoader(batch_sampler=...): batches are not split across ranks by ddpkit",
                        "pass sampler= and batch_size= instead, then convert again", blocks=True)
@@ -259,15 +285,21 @@ class _Work:
         wait forever). False, before any edit: an evaluation loader is then left as it is (every rank evaluates
         the whole set, which is right, only slower), when a loop keeps results this cannot sum."""
         fors = [loop for loop in loops if isinstance(loop.node, cst.For)]
+        datasets = frozenset(filter(None, [dotted(call.node.args[0].value)])) if call.node.args else frozenset()
         plans = []
         for loop in fors:
             stored = loop.stored[0] if loop.stored and not training else None
-            plan = sums_after(self.facts, loop, training) if stored is None else None
+            needs = next((c.last for c in loop.calls if c.last in NEEDS_GRAD), None)
+            if not training and not loop.no_grad and stored is None and needs:
+                stored = (f"{needs}() results (it needs gradients, so it cannot run under no_grad)", loop.line)
+            plan = sums_after(self.facts, loop, training, datasets) if stored is None else None
             if plan is None and not training:
-                name, line = stored or (", ".join(sorted(loop.targets)), loop.line)
-                self.leave(line, f"the evaluation loop keeps per-batch results in {name} (or divides by it): they "
-                           f"would be this rank's only, so the DataLoader at line {call.line} is left as it is "
-                           "(each rank evaluates the whole set)", "to share the work: ddpkit.data_loader(..., "
+                line = stored[1] if stored else loop.line
+                why = f"keeps per-batch results in {stored[0]}" if stored else "may stop before its shard ends " \
+                    "(a break)" if loop.breaks else "divides by a count of its own batches (its loop variable)"
+                self.leave(line, f"the evaluation loop {why}: the result would be this rank's only, so the "
+                           f"DataLoader at line {call.line} is left as it is (each rank evaluates the whole set)",
+                           "to share the work: ddpkit.data_loader(..., "
                            "train=False), then ddpkit.gather(...) the results or ddpkit.reduce(...) the sums "
                            "and counts (docs/convert.md)")
                 return False

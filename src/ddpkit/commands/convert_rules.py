@@ -17,7 +17,7 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.commands.check_rules import RANK_WORDS
-from ddpkit.commands.convert_flow import visible
+from ddpkit.commands.convert_flow import callee, visible
 from ddpkit.commands.convert_scan import Binding, Scope, dotted, names_in, resolve
 
 # the plan in the making (convert_plan._Work, which imports this module): facts, edits, log, left, models, state
@@ -52,12 +52,14 @@ def _kind(text: str) -> str:
 def is_device(value: cst.BaseExpression | None, target: str, aliases: dict[str, str]) -> bool:
     """``torch.device(...)``, ``"cuda" if ... else "cpu"`` (either way round, or of ``torch.device`` calls), or
     a device string bound to a ``*device`` name."""
-    if isinstance(value, cst.Call):
-        return resolve(dotted(value.func), aliases) == "torch.device"
-    if isinstance(value, cst.IfExp):
+    if isinstance(value, cst.Call):  # a fixed torch.device("cpu") is a set-up only as the script's ``device``
+        fixed = _text(value) is not None and _kind(_text(value) or "") == "cpu"
+        return resolve(dotted(value.func), aliases) == "torch.device" and \
+            (not fixed or target.split(".")[-1] == "device")
+    if isinstance(value, cst.IfExp):  # "cuda" if a else "mps" if b else "cpu"; "cpu" if a else "cuda" if b ...
         kinds = [_kind(b) for b in _branches(value)]
         return "" not in kinds and kinds.count("cpu") == 1 and kinds[0] != kinds[-1] and \
-            (kinds[-1] == "cpu" or len(kinds) == 2)
+            (kinds[-1] == "cpu" or kinds[0] == "cpu")
     text = _text(value) if value is not None else None
     return "device" in target.lower() and text is not None and _kind(text) != ""
 
@@ -106,10 +108,12 @@ def devices(work: _Work) -> None:
         assert b.value is not None
         args = init_arguments(b.value)
         if b.target.startswith("self."):
+            work.devices.append(b)
             work.edits.expr[id(b.value)] = lambda node, a=args: cst.parse_expression(f"ddpkit.init({a}).device")
             work.note(b.stmt, f"{b.target} = ddpkit.init().device", "ddpkit.init() starts the process group and "
                       "gives each rank its own device", b.line)
             continue
+        work.devices.append(b)
         init = f"{work.state} = ddpkit.init({args})"
         early = _first_ddpkit_use(work, b)
         if early is None:
@@ -251,7 +255,7 @@ def _save(work: _Work, call: Any, loads: list[Any]) -> None:
     # read below, or in a function (defined above, it may run after the save); a load above in the same block
     # ran before (a resume at the start)
     read_back = [c for c in loads if c.line > call.line or c.scope is not call.scope and c.scope.name]
-    if read_back and (call.tests or call.loops):  # a branch may be taken on one rank only: no collective there
+    if read_back and (call.tests or call.loops or _called_in_branch(work, call.scope)):  # (one rank may skip it)
         work.leave(call.line, f"a file is read at line {read_back[0].line} (maybe the one saved here), and the "
                    "save is inside an if or a loop: the other ranks may read it before rank 0 has written it",
                    "put ddpkit.barrier() after the save where every rank passes (outside rank- or data-dependent "
@@ -263,6 +267,15 @@ def _save(work: _Work, call: Any, loads: list[Any]) -> None:
                                                                if read_back else ""),
               "every rank holds the same weights; N writers of one file race" +
               (f"; a file is read at line {read_back[0].line}" if read_back else ""), call.line)
+
+
+def _called_in_branch(work: _Work, scope: Scope, depth: int = 0) -> bool:
+    """A function some call of which sits under an ``if`` (or any call of which cannot be found): a barrier in it
+    would be a collective that one rank may skip."""
+    if not scope.name or depth > 3:
+        return False
+    sites = [c for c in work.facts.calls if (callee(work.facts, c) or (None,))[0] is scope]
+    return not sites or any(c.tests or _called_in_branch(work, c.scope, depth + 1) for c in sites)
 
 
 def _per_rank(work: _Work, call: Any) -> bool:

@@ -56,6 +56,7 @@ class Loop:
     counted: list[str] = dataclasses.field(default_factory=list)  # ``n += 1``: a count of the loop's steps
     outer: list[Loop] = dataclasses.field(default_factory=list)  # the loops around this one, outermost first
     targets: set[str] = dataclasses.field(default_factory=set)  # what ``for i, (x, y) in ...`` binds
+    breaks: bool = False  # a ``break`` in its own body: it may end before its loader does
     stored: list[tuple[str, int]] = dataclasses.field(default_factory=list)  # ``m[k] += ...``, ``xs.append()``
 
 
@@ -267,6 +268,10 @@ class _Scanner(cst.CSTVisitor):
 
     def leave_For(self, original_node: cst.For) -> None:
         self.loops.pop()
+
+    def visit_Break(self, node: cst.Break) -> None:
+        if self.loops:
+            self.loops[-1].breaks = True
 
     def visit_While(self, node: cst.While) -> None:
         self._enter_loop(node, set())

@@ -28,11 +28,13 @@ import libcst as cst
 from ddpkit.commands.convert_scan import Facts, Loop, dotted, names_in
 
 
-def _dataset_size(facts: Facts, stmt: Any, scope: Any) -> bool:
-    """The statement divides by the whole dataset: ``len(X.dataset)``, or a name bound to it."""
+def _dataset_size(facts: Facts, stmt: Any, scope: Any, datasets: set[str]) -> bool:
+    """The statement divides by the whole dataset: ``len(X.dataset)``, ``len(train_ds)`` (the loader's own
+    dataset), or a name bound to one."""
     def is_size(node: cst.CSTNode) -> bool:
-        return isinstance(node, cst.Call) and dotted(node.func) == "len" and bool(node.args) and \
-            (dotted(node.args[0].value) or "").endswith(".dataset")
+        arg = dotted(node.args[0].value) if isinstance(node, cst.Call) and node.args else None
+        return isinstance(node, cst.Call) and dotted(node.func) == "len" and arg is not None and \
+            (arg.endswith(".dataset") or arg in datasets)
 
     sizes = {b.target for b in facts.bindings if b.scope is scope and b.value is not None and is_size(b.value)}
     return any(c.stmt is stmt and c.name == "len" and is_size(c.node) for c in facts.calls) or \
@@ -40,18 +42,38 @@ def _dataset_size(facts: Facts, stmt: Any, scope: Any) -> bool:
 
 
 def _anchor(facts: Facts, loop: Loop, name: str) -> Loop:
-    """The loop after which ``name``'s sum is complete: the outermost loop around ``loop`` that began after
-    ``name`` was last set before ``loop``."""
-    starts = [b.line for b in facts.bindings if b.target == name and b.scope is loop.scope and b.line < loop.line
-              and b.value is not None]
-    start = max(starts, default=0)
-    outer = [o for o in loop.outer if o.line > start]
-    return outer[0] if outer else loop
+    """The loop after which ``name``'s sum is complete: going outward from ``loop``, each loop that began after
+    ``name`` was last set before ``loop`` and does not set it again itself (``val_loss = 0.0`` at the end of
+    an epoch's body restarts the sum each epoch: it is complete after the inner loop)."""
+    sets = [b.line for b in facts.bindings if b.target == name and b.scope is loop.scope and b.value is not None]
+    start = max([line for line in sets if line < loop.line], default=0)
+    anchor = loop
+    for outer in reversed(loop.outer):
+        inside = [line for line in sets if outer.line <= line <= outer.end and not
+                  anchor.line <= line <= anchor.end]
+        if outer.line <= start or inside:
+            break
+        anchor = outer
+    return anchor
 
 
-def sums_after(facts: Facts, loop: Loop, training: bool) -> list[tuple[Loop, list[str], list[Any]]] | None:
+def _local(facts: Facts, loop: Loop) -> set[str]:
+    """What counts this rank's own batches: the loop's variables and what is computed from them below it
+    (``n_batches = i + 1``)."""
+    local = set(loop.targets)
+    for b in sorted(facts.bindings, key=lambda b: b.line):
+        if b.scope is loop.scope and b.line > loop.end and b.value is not None and names_in(b.value) & local:
+            local.add(b.target)
+    return local
+
+
+def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str] = frozenset()
+               ) -> list[tuple[Loop, list[str], list[Any]]] | None:
     """``[(anchor, names, len_calls)]``: reduce ``names`` after ``anchor``, and wrap each ``len(loader)`` call in
-    ``len_calls`` in ``ddpkit.reduce``; None: what follows the loop reads a local count this cannot reduce."""
+    ``len_calls`` in ``ddpkit.reduce``; None: what follows the loop reads a local count this cannot reduce, or
+    (evaluating) the loop may stop before its shard ends (``if i >= eval_iters: break``)."""
+    if loop.breaks and not training:
+        return None
     candidates = [n for n, _ in loop.augmented if "." not in n]
     if not training:
         candidates += [n for n in loop.counted if "." not in n] + [
@@ -64,11 +86,15 @@ def sums_after(facts: Facts, loop: Loop, training: bool) -> list[tuple[Loop, lis
                               and name in names_in(s)]
         if not readers and any(n == name and sc is loop.scope and line > anchor.end for n, sc, line, _ in facts.reads):
             readers = [None]  # read in an if / while test below
+        if not readers and not training and any(n == name and sc is loop.scope and line > loop.end
+                                                for n, sc, line, _ in facts.reads):
+            return None  # read below the loop, but not below where it is complete
         if not readers or _reduced(facts, loop, anchor, name):
             continue
-        if training and not any(s is not None and _dataset_size(facts, s, loop.scope) for s in readers):
+        if training and not any(s is not None and _dataset_size(facts, s, loop.scope, set(datasets))
+                                for s in readers):
             continue  # a mean over this rank's own batches: rank 0's, as printed
-        local = loop.targets | ({n for n in loop.counted} if training else set())
+        local = _local(facts, loop) | ({n for n in loop.counted} if training else set())
         if any(s is not None and names_in(s) & local for s in readers):
             if training:
                 continue
