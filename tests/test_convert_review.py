@@ -83,3 +83,11 @@ def test_an_explicit_none_sampler_keeps_torchs_order():
            "num_workers=0)" in text
     text = lines(convert(TRAIN_EVAL.replace("shuffle=True)", "sampler=None)", 1)))
     assert "train_loader = ddpkit.data_loader(train_set, batch_size=8, sampler=None, shuffle=False)" in text
+
+
+def test_a_peek_at_the_first_batch_neither_blocks_the_sums_nor_gets_no_grad():
+    source = TRAIN_EVAL.replace("for epoch in range(3):", "for x, y in val_loader:\n    print(x.shape)\n    break\n"
+                                "for epoch in range(3):")
+    result = convert(source)
+    assert "correct = ddpkit.reduce(correct)" in result.text and "for x, y in val_loader:\n    ddpkit.print" in \
+        result.text

@@ -246,6 +246,8 @@ class _Work:
                        "its loaders' roles cannot be followed", "bind each loader to a name (train_loader = "
                        "DataLoader(...)), then convert again", blocks=True)
             return False
+        peeks = [loop for loop in loops if _peek(loop)]  # a look at the first batch: no role, nothing to sum
+        loops = [loop for loop in loops if loop not in peeks]
         role = _role(self.facts, loops, binding, call)
         if role == "eval" and not loops:  # said by a name only: its loop, and what it sums, were not found
             self.leave(call.line, "an evaluation DataLoader (by its name) whose loop was not found: left as it is "
