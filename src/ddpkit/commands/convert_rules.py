@@ -17,6 +17,7 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.commands.check_rules import RANK_WORDS
+from ddpkit.commands.convert_apply import add_keyword
 from ddpkit.commands.convert_flow import callee, visible
 from ddpkit.commands.convert_scan import Binding, Scope, dotted, names_in, resolve
 
@@ -214,9 +215,7 @@ def outputs(work: _Work) -> None:
         elif call.name == "torch.load" and not any(a.keyword and a.keyword.value == "map_location"
                                                    for a in call.node.args):
             where = f"{work.state}.device" if _main(work, call.scope).startswith(work.state) else '"cpu"'
-            work.edits.expr[id(call.node)] = lambda node, w=where: node.with_changes(args=[
-                *node.args, cst.Arg(cst.parse_expression(w), keyword=cst.Name("map_location"),
-                                    equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))])
+            work.edits.expr[id(call.node)] = lambda node, w=where: add_keyword(node, "map_location", w)
             work.note(call.node, f"torch.load(..., map_location={where})", "tensors load where this rank "
                       "works, not on the GPU they were saved from", call.line)
         elif call.name in UNWRAP:
@@ -235,9 +234,7 @@ def _progress(work: _Work, call: Any) -> None:
         work.edits.expr[id(node.func)] = lambda n: cst.parse_expression("ddpkit.progress")
     else:  # tqdm(total=...) updated by hand: no iterable to hand over; the bar shows on rank 0 only
         flag = f"not {_main(work, call.scope)}"
-        work.edits.expr[id(node)] = lambda n: n.with_changes(args=[
-            *n.args, cst.Arg(cst.parse_expression(flag), keyword=cst.Name("disable"),
-                             equal=cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace("")))])
+        work.edits.expr[id(node)] = lambda n: add_keyword(n, "disable", flag)
     work.note(node, f"{call.last} -> ddpkit.progress", "one bar, on rank 0", call.line)
 
 
