@@ -176,3 +176,44 @@ def evaluates(facts: Facts, loop: Loop) -> bool:
         return True
     return any(c.scope is loop.scope and c.last == "eval" and not c.node.args and c.line <= loop.line
                for c in facts.calls)
+
+
+def role(facts: Facts, loops: list[Loop], binding: Binding | None, call: Call) -> str | None:
+    """``train``, ``eval`` or None, from what the loops over the loader do; a loader no loop is found for
+    (built in one place, iterated through an expression this cannot follow) by its shuffle= and names."""
+    loops = [loop for loop in loops if not peek(loop)]
+    shuffle = next((a.value for a in call.node.args if a.keyword is not None and a.keyword.value == "shuffle"), None)
+    shuffled = isinstance(shuffle, cst.Name) and shuffle.value == "True"
+    words = " ".join(filter(None, [binding.target if binding else None,
+                                   facts.code(call.node.args[0].value) if call.node.args else None])).lower()
+    named_eval = not shuffled and "train" not in words and any(w in words for w in ("test", "val", "eval"))
+    if loops:
+        kinds = {"train" if trains(facts, loop) else "eval" if evaluates(facts, loop) else None for loop in loops}
+        if kinds == {None} and named_eval:  # no backward in its loops, and named for evaluation: both agree
+            return "eval"
+        return kinds.pop() if len(kinds) == 1 else None
+    if shuffled or "train" in words:
+        return "train"
+    return "eval" if named_eval else None
+
+
+def roles_said(facts: Facts, loops: list[Loop]) -> str:
+    """Why no role: the loops that train, evaluate or do neither, by line."""
+    if not loops:
+        return "no loop over it was found"
+    neither = "neither trains (no backward found) nor evaluates (no no_grad, inference_mode or model.eval())"
+    said = [f"line {loop.line} " + ("trains" if trains(facts, loop) else "evaluates" if evaluates(facts, loop)
+                                    else neither) for loop in loops]
+    return "; ".join(said)
+
+
+def peek(loop: Loop) -> bool:
+    """``for x, y in loader: print(x.shape); break``: a look at the first batch, which says nothing of the role."""
+    body = loop.node.body.body if isinstance(loop.node.body, cst.IndentedBlock) else ()
+    last = body[-1] if body else None
+    return isinstance(last, cst.SimpleStatementLine) and any(isinstance(s, cst.Break) for s in last.body) \
+        and not trains_anything(loop)
+
+
+def trains_anything(loop: Loop) -> bool:
+    return any(c.last == "backward" for c in loop.calls)

@@ -20,10 +20,11 @@ import dataclasses
 
 import libcst as cst
 
+from ddpkit.commands import convert_flow as flow
 from ddpkit.commands import convert_rules as rules
 from ddpkit.commands.check_rules import OPTIMIZERS
 from ddpkit.commands.convert_apply import LOADER_PARAMETERS, Edits, loader_call, rewrite
-from ddpkit.commands.convert_flow import binding_of, evaluates, loops_reading, trains
+from ddpkit.commands.convert_flow import binding_of, loops_reading, peek, roles_said
 from ddpkit.commands.convert_scan import Binding, Call, Facts, Loop, Scope, dotted, parse, resolve, scan
 from ddpkit.commands.convert_sums import sums_after
 
@@ -246,9 +247,9 @@ class _Work:
                        "its loaders' roles cannot be followed", "bind each loader to a name (train_loader = "
                        "DataLoader(...)), then convert again", blocks=True)
             return False
-        peeks = [loop for loop in loops if _peek(loop)]  # a look at the first batch: no role, nothing to sum
+        peeks = [loop for loop in loops if peek(loop)]  # a look at the first batch: no role, nothing to sum
         loops = [loop for loop in loops if loop not in peeks]
-        role = _role(self.facts, loops, binding, call)
+        role = flow.role(self.facts, loops, binding, call)
         if role == "eval" and not loops:  # said by a name only: its loop, and what it sums, were not found
             self.leave(call.line, "an evaluation DataLoader (by its name) whose loop was not found: left as it is "
                        "(every rank evaluates the whole set, which is right)", "to share the work: "
@@ -260,7 +261,7 @@ class _Work:
                        "ddpkit.data_loader(dataset, batch_size) to train, or train=False to evaluate")
             return False
         if role is None:
-            self.leave(call.line, f"a DataLoader whose role cannot be told: {_roles_said(self.facts, loops)}",
+            self.leave(call.line, f"a DataLoader whose role cannot be told: {roles_said(self.facts, loops)}",
                        "convert it yourself: ddpkit.data_loader(dataset, batch_size) to train, "
                        "ddpkit.data_loader(..., train=False) to evaluate (one loader per role)", blocks=True)
             return False
@@ -322,47 +323,6 @@ class _Work:
                           "gradients on is collective, and the ranks' evaluation shards differ in length",
                           loop.line)
         return True
-
-
-def _role(facts: Facts, loops: list[Loop], binding: Binding | None, call: Call) -> str | None:
-    """``train``, ``eval`` or None, from what the loops over the loader do; a loader no loop is found for
-    (built in one place, iterated through an expression this cannot follow) by its shuffle= and names."""
-    loops = [loop for loop in loops if not _peek(loop)]
-    shuffle = next((a.value for a in call.node.args if a.keyword is not None and a.keyword.value == "shuffle"), None)
-    shuffled = isinstance(shuffle, cst.Name) and shuffle.value == "True"
-    words = " ".join(filter(None, [binding.target if binding else None,
-                                   facts.code(call.node.args[0].value) if call.node.args else None])).lower()
-    named_eval = not shuffled and "train" not in words and any(w in words for w in ("test", "val", "eval"))
-    if loops:
-        kinds = {"train" if trains(facts, loop) else "eval" if evaluates(facts, loop) else None for loop in loops}
-        if kinds == {None} and named_eval:  # no backward in its loops, and named for evaluation: both agree
-            return "eval"
-        return kinds.pop() if len(kinds) == 1 else None
-    if shuffled or "train" in words:
-        return "train"
-    return "eval" if named_eval else None
-
-
-def _roles_said(facts: Facts, loops: list[Loop]) -> str:
-    """Why no role: the loops that train, evaluate or do neither, by line."""
-    if not loops:
-        return "no loop over it was found"
-    neither = "neither trains (no backward found) nor evaluates (no no_grad, inference_mode or model.eval())"
-    said = [f"line {loop.line} " + ("trains" if trains(facts, loop) else "evaluates" if evaluates(facts, loop)
-                                    else neither) for loop in loops]
-    return "; ".join(said)
-
-
-def _peek(loop: Loop) -> bool:
-    """``for x, y in loader: print(x.shape); break``: a look at the first batch, which says nothing of the role."""
-    body = loop.node.body.body if isinstance(loop.node.body, cst.IndentedBlock) else ()
-    last = body[-1] if body else None
-    return isinstance(last, cst.SimpleStatementLine) and any(isinstance(s, cst.Break) for s in last.body) \
-        and not trains_anything(loop)
-
-
-def trains_anything(loop: Loop) -> bool:
-    return any(c.last == "backward" for c in loop.calls)
 
 
 def _trained(call: Call) -> str | None:
