@@ -3,8 +3,9 @@ across the script's own functions (a loader handed to ``train(args, model, devic
 the ``train_loader`` parameter there), methods (``self.model``) and module globals.
 
 The questions it answers are the converter's: which binding is the model an optimizer trains
-(:func:`binding_of`), and which loops read a loader (:func:`loops_reading`). Both give up (None, or no loop)
-rather than guess: the plan then leaves the line to the user.
+(:func:`binding_of`), which loops read a loader (:func:`loops_reading`), and whether those loops train or
+evaluate (:func:`role`). Each gives up (None, or no loop) rather than guess: the plan then leaves the line to
+the user.
 
 Example::
 
