@@ -71,7 +71,7 @@ def plan(source: str) -> Plan:
     if work.edits and not any(left.blocks for left in work.left):
         if "ddpkit" not in facts.aliases:  # (``import ddpkit as dk`` too: the edits say ``ddpkit.``)
             work.edits.imports.append("import ddpkit")
-            work.note(None, "import ddpkit", "the converted calls need it", work.import_line())
+            work.note("import ddpkit", "the converted calls need it", work.import_line())
         text = rewrite(wrapper, work.edits, facts.imports[-1] if facts.imports else None)
     return Plan(source, sorted(work.log, key=lambda e: e.line), sorted(work.left, key=lambda e: e.line), text)
 
@@ -90,20 +90,11 @@ class _Work:
         ours = all(rules.bound_to_init(b) for b in facts.bindings if b.target == "state")
         self.state = "state" if ours else "ddp_state"  # a script's own ``state`` keeps its name
 
-    def note(self, node: cst.CSTNode | None, what: str, why: str, line: int | None = None) -> None:
-        self.log.append(Edit(line if line is not None else self.line(node), what, why))
+    def note(self, what: str, why: str, line: int) -> None:
+        self.log.append(Edit(line, what, why))
 
     def import_line(self) -> int:
         return max(self.facts.import_lines, default=1)
-
-    def line(self, node: cst.CSTNode | None) -> int:
-        for call in self.facts.calls:
-            if call.node is node or call.stmt is node:
-                return call.line
-        for b in self.facts.bindings:
-            if b.stmt is node:
-                return b.line
-        return 1
 
     def leave(self, line: int, what: str, fix: str, blocks: bool = False) -> None:
         self.left.append(Left(line, what, fix, blocks))
@@ -188,13 +179,13 @@ class _Work:
         if moves:  # ``model.to(device)`` on its own line: that line becomes the wrap
             move = moves[-1]
             self.edits.replace[id(move.stmt)] = [f"{binding.target} = ddpkit.prepare_model({binding.target})"]
-            self.note(move.stmt, f"{binding.target}.{move.last}(...) -> {binding.target} = ddpkit.prepare_model("
+            self.note(f"{binding.target}.{move.last}(...) -> {binding.target} = ddpkit.prepare_model("
                       f"{binding.target})", "prepare_model moves it to this rank's device, converts BatchNorm to "
                       "SyncBatchNorm and wraps it in DDP", move.line)
             return
         self.edits.expr[id(value)] = lambda node: cst.parse_expression(
             f"ddpkit.prepare_model({self.facts.module.code_for_node(rules.without_moves(node))})")
-        self.note(None, f"{binding.target} = ddpkit.prepare_model(...)", "the model the optimizer at line "
+        self.note(f"{binding.target} = ddpkit.prepare_model(...)", "the model the optimizer at line "
                   f"{optimizer.line} trains: prepare_model moves it to this rank's device, converts BatchNorm "
                   "and wraps it in DDP", binding.line)
 
@@ -277,7 +268,7 @@ class _Work:
         elif role == "train" and starred and not {"shuffle", "sampler"} & set(kwargs):
             how += " (unless the ** arguments say shuffle=False; a torch DataLoader did not shuffle by default)"
         self.edits.expr[id(call.node)] = lambda node: loader_call(node, keywords)
-        self.note(call.node, f"DataLoader -> ddpkit.data_loader ({'training' if role == 'train' else 'train=False'})",
+        self.note(f"DataLoader -> ddpkit.data_loader ({'training' if role == 'train' else 'train=False'})",
                   how, call.line)
         return role == "train"
 
@@ -309,17 +300,17 @@ class _Work:
             plans += plan or []
         for anchor, names, lens in plans:
             self.edits.after.setdefault(id(anchor.node), []).extend(f"{n} = ddpkit.reduce({n})" for n in names)
-            self.note(anchor.node, f"after the {'training' if training else 'evaluation'} loop: {', '.join(names)} "
+            self.note(f"after the {'training' if training else 'evaluation'} loop: {', '.join(names)} "
                       "summed across ranks (ddpkit.reduce)", "each rank accumulated only its own shard", anchor.end)
             for node in lens:  # ``total / len(loader)``: every rank's batches, as the sum is every rank's
                 self.edits.expr[id(node)] = lambda n: cst.parse_expression(
                     f"ddpkit.reduce({self.facts.module.code_for_node(n)})")
-                self.note(node, "len(loader) -> ddpkit.reduce(len(loader))", "every rank's batches, as the sum "
+                self.note("len(loader) -> ddpkit.reduce(len(loader))", "every rank's batches, as the sum "
                           "divided by it is every rank's", anchor.end)
         for loop in fors if not training else ():
             if not loop.no_grad and id(loop.node) not in self.edits.no_grad:
                 self.edits.no_grad.add(id(loop.node))
-                self.note(loop.node, "the evaluation loop runs under torch.no_grad()", "a DDP forward with "
+                self.note("the evaluation loop runs under torch.no_grad()", "a DDP forward with "
                           "gradients on is collective, and the ranks' evaluation shards differ in length",
                           loop.line)
         return True

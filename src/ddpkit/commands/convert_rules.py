@@ -111,7 +111,7 @@ def devices(work: _Work) -> None:
         if b.target.startswith("self."):
             work.devices.append(b)
             work.edits.expr[id(b.value)] = lambda node, a=args: cst.parse_expression(f"ddpkit.init({a}).device")
-            work.note(b.stmt, f"{b.target} = ddpkit.init().device", "ddpkit.init() starts the process group and "
+            work.note(f"{b.target} = ddpkit.init().device", "ddpkit.init() starts the process group and "
                       "gives each rank its own device", b.line)
             continue
         work.devices.append(b)
@@ -123,7 +123,7 @@ def devices(work: _Work) -> None:
             work.edits.before.setdefault(id(early.stmt), []).append(init)
             work.edits.replace[id(b.stmt)] = [f"{b.target} = {work.state}.device"]
         work.inits.append(b.scope)
-        work.note(b.stmt, f"{b.target} = ... -> {work.state} = ddpkit.init({args}); {b.target} = "
+        work.note(f"{b.target} = ... -> {work.state} = ddpkit.init({args}); {b.target} = "
                   f"{work.state}.device", "init() starts the process group and gives each rank its own device", b.line)
 
 
@@ -190,18 +190,18 @@ def outputs(work: _Work) -> None:
         func = call.node.func
         if call.name == "print" and printing and isinstance(func, cst.Name) and not ranked:
             work.edits.expr[id(func)] = lambda node: cst.parse_expression("ddpkit.print")
-            work.note(call.node, "print -> ddpkit.print", "printed once, by rank 0", call.line)
+            work.note("print -> ddpkit.print", "printed once, by rank 0", call.line)
         elif call.name == "logging.getLogger":
             work.edits.expr[id(call.node)] = lambda node: node.with_changes(
                 func=cst.parse_expression("ddpkit.get_logger"), args=node.args or [cst.Arg(cst.SimpleString('""'))])
-            work.note(call.node, "logging.getLogger -> ddpkit.get_logger", "logs on rank 0 only", call.line)
+            work.note("logging.getLogger -> ddpkit.get_logger", "logs on rank 0 only", call.line)
         elif call.name in tuple(f"logging.{f}" for f in LOG_CALLS):
             work.edits.expr[id(func)] = lambda node, f=call.last: cst.parse_expression(f'ddpkit.get_logger("").{f}')
-            work.note(call.node, f"logging.{call.last} -> ddpkit.get_logger(\"\").{call.last}", "logs on rank 0 "
+            work.note(f"logging.{call.last} -> ddpkit.get_logger(\"\").{call.last}", "logs on rank 0 "
                       "only", call.line)
         elif (call.name or "").endswith(("tensorboard.SummaryWriter", "tensorboardX.SummaryWriter")):
             work.edits.expr[id(func)] = lambda node: cst.parse_expression("ddpkit.summary_writer")
-            work.note(call.node, "SummaryWriter -> ddpkit.summary_writer", "one event file, written by rank 0 "
+            work.note("SummaryWriter -> ddpkit.summary_writer", "one event file, written by rank 0 "
                       "(the others get a writer that does nothing)", call.line)
         elif call.name in PROGRESS or call.name in ("tqdm.trange", "tqdm.auto.trange"):
             _progress(work, call)
@@ -216,7 +216,7 @@ def outputs(work: _Work) -> None:
                                                    for a in call.node.args):
             where = f"{work.state}.device" if _main(work, call.scope).startswith(work.state) else '"cpu"'
             work.edits.expr[id(call.node)] = lambda node, w=where: add_keyword(node, "map_location", w)
-            work.note(call.node, f"torch.load(..., map_location={where})", "tensors load where this rank "
+            work.note(f"torch.load(..., map_location={where})", "tensors load where this rank "
                       "works, not on the GPU they were saved from", call.line)
         elif call.name in UNWRAP:
             _unwrap(work, call)
@@ -235,7 +235,7 @@ def _progress(work: _Work, call: Any) -> None:
     else:  # tqdm(total=...) updated by hand: no iterable to hand over; the bar shows on rank 0 only
         flag = f"not {_main(work, call.scope)}"
         work.edits.expr[id(node)] = lambda n: add_keyword(n, "disable", flag)
-    work.note(node, f"{call.last} -> ddpkit.progress", "one bar, on rank 0", call.line)
+    work.note(f"{call.last} -> ddpkit.progress", "one bar, on rank 0", call.line)
 
 
 def _save(work: _Work, call: Any, loads: list[Any]) -> None:
@@ -260,7 +260,7 @@ def _save(work: _Work, call: Any, loads: list[Any]) -> None:
         read_back = []
     if read_back:  # the file is read again below: the other ranks wait until rank 0 has written it
         work.edits.after.setdefault(id(call.stmt), []).append("ddpkit.barrier()")
-    work.note(call.stmt, "torch.save guarded: rank 0 saves" + (", then every rank waits for it (barrier)"
+    work.note("torch.save guarded: rank 0 saves" + (", then every rank waits for it (barrier)"
                                                                if read_back else ""),
               "every rank holds the same weights; N writers of one file race" +
               (f"; a file is read at line {read_back[0].line}" if read_back else ""), call.line)
@@ -302,7 +302,7 @@ def _unwrap(work: _Work, call: Any) -> None:
         return
     work.edits.expr[id(args[0].value)] = lambda node: cst.parse_expression(
         f"ddpkit.unwrap({cst.Module(body=[]).code_for_node(node)})")
-    work.note(call.node, f"{call.last}({dotted(args[0].value)}) -> {call.last}(ddpkit.unwrap(...))",
+    work.note(f"{call.last}({dotted(args[0].value)}) -> {call.last}(ddpkit.unwrap(...))",
               "the prepared model is a wrapper; this call needs the module inside it", call.line)
 
 
