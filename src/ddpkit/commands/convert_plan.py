@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 
 import libcst as cst
+from libcst import matchers as m
 
 from ddpkit.commands import convert_flow as flow
 from ddpkit.commands import convert_rules as rules
@@ -324,22 +325,11 @@ def _trained(call: Call) -> str | None:
     if call.last not in OPTIMIZERS or not (call.name or "").startswith(("torch.optim", call.last)):
         return None
     for arg in call.node.args:
-        for node in _calls_in(arg.value):
-            func = node.func
+        for node in m.findall(arg.value, m.Call()):  # in the order a visit meets them: the outermost first
+            func = node.func if isinstance(node, cst.Call) else None
             if isinstance(func, cst.Attribute) and func.attr.value in ("parameters", "named_parameters"):
                 return dotted(func.value) or ""  # "": built in the call itself (optim.SGD(Net().parameters()))
     return None
-
-
-def _calls_in(node: cst.CSTNode) -> list[cst.Call]:
-    found: list[cst.Call] = []
-
-    class Calls(cst.CSTVisitor):
-        def visit_Call(self, n: cst.Call) -> None:
-            found.append(n)
-
-    node.visit(Calls())
-    return found
 
 
 def _prepared(value: cst.BaseExpression | None, aliases: dict[str, str]) -> bool:
