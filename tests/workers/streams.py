@@ -155,7 +155,15 @@ def read_ahead(stream, steps):
 
 def windows():
     return {"slow": read_ahead(Counted(64, lambda i: torch.tensor([i]), slow=3), 60),
-            "bytes": read_ahead(Counted(24, lambda i: b"\0" * (1 if i < 2 else 8 << 20)), 20)}
+            "bytes": read_ahead(Counted(24, lambda i: b"\0" * (1 if i < 2 else 8 << 20)), 20),
+            "huge": huge_batch_steps()}
+
+
+def huge_batch_steps():
+    """Steps over 40 one-sample batches where the 20th weighs 65 MiB: while it waits among the agreed batches,
+    the hand is past 64 MiB, and a rank must still read (and offer) one more, or the pass would end there."""
+    return sum(1 for _ in ddpkit.data_loader(Counted(40, lambda i: b"\0" * ((65 << 20) if i == 19 else 1)),
+                                             batch_size=1, shuffle=False, num_workers=0))
 
 
 folder = os.path.join(out, "files")

@@ -43,7 +43,8 @@ from ddpkit.core import process
 from ddpkit.data.loader import Observed, empty_batch
 from ddpkit.runtime import collectives, control, phases
 
-# batches held ahead to agree on at once: at most 16, about 64 MiB, and what a rank reads in half a second
+# batches agreed on at once (a window): at most 16, about 64 MiB, and what a rank reads in half a second; a rank
+# holds up to two (the next is read and offered while this one trains)
 WINDOW_BATCHES, WINDOW_BYTES, WINDOW_SECONDS = 16, 64 << 20, 0.5
 
 
@@ -147,8 +148,11 @@ class _Hand:
     def __len__(self) -> int:
         return len(self.batches)
 
-    def fill(self, size: int) -> None:
-        while not self.ended and len(self.batches) < size and (not self.batches or self.held < WINDOW_BYTES):
+    def fill(self, size: int, agreed: int = 0) -> None:
+        """Read until the hand holds ``size`` batches beyond the ``agreed`` ones, and at least one (unless the
+        stream ran dry) whatever they weigh: an offer of 0 ends the pass on every rank."""
+        while not self.ended and len(self.batches) < agreed + size and (
+                len(self.batches) <= agreed or self.held < WINDOW_BYTES):
             start = time.perf_counter()
             item = next(self.source, None)
             self.waited += time.perf_counter() - start
@@ -287,7 +291,8 @@ class StreamLoader(Observed, DataLoader):
     ``agree``: ``"drop"`` ends the pass on every rank at the step where the first rank runs dry; ``"empty"``
     lets ranks that ran dry hand out empty batches until every rank has (modes whose forward is collective,
     in evaluation); None: ranks end on their own (evaluation, join). The ranks agree on a count of batches
-    each holds ahead (a window of 1 growing to 16, see :func:`next_window`): one small all-reduce per window.
+    each holds ahead (a window of 1 growing to 16, see :func:`next_window`): one small all-reduce per window,
+    in flight while the window before it trains.
     ``join``: ``uneven="join"``, iterated only inside ``ddpkit.join`` (elsewhere the last step would hang).
     """
 
@@ -363,24 +368,28 @@ class StreamLoader(Observed, DataLoader):
     def _agreed(self, batches: Iterator[_Batch]) -> Iterator[_Batch | None]:
         """This rank's batches, in rounds of a length every rank agreed on (None: an empty batch, "empty").
 
-        Each rank holds a window of batches ahead, topped up after each step so the workers never wait, and the
-        ranks agree on the MIN ("drop") or MAX ("empty") of the counts they hold: a rank holds none only once it
-        has run dry, so the pass ends at a count of 0. The same all-reduce agrees on the next window (the MIN of
-        every rank's :func:`next_window`): it starts at one batch and grows to 16, every rank alike."""
+        Each rank reads ahead and offers the ranks a count of batches it holds beyond those already agreed on;
+        they agree on the MIN ("drop") or MAX ("empty") of the offers: a rank offers none only once it has run
+        dry, so the pass ends at a count of 0. The same all-reduce agrees on the next window (the MIN of every
+        rank's :func:`next_window`): it starts at one batch and grows to 16, every rank alike. The offer for
+        the next round travels while this round trains, so a step waits for it only when a peer is behind."""
         if not self.agree or self.group_size == 1:  # nobody to agree with: batches as they are asked for
             yield from batches
             return
         hand, size = _Hand(iter(batches)), 1
         op = "min" if self.agree == "drop" else "max"
+        hand.fill(size)
+        offer = control.agree([len(hand), hand.proposal(size)], [op, "min"])
         while True:
-            hand.fill(size)
             with phases.waiting():  # the phase report: a rank that waits here waits for a slower peer
-                rounds, size = control.agree([len(hand), hand.proposal(size)], [op, "min"]).values()
+                rounds, size = offer.values()
             if rounds == 0:
                 return
-            for _ in range(rounds):
-                yield hand.pop()
-                hand.fill(size)
+            for left in range(rounds - 1, -1, -1):
+                yield hand.pop()  # None only once this rank has run dry ("empty": its peers have not)
+                hand.fill(size, agreed=left)
+                if left == rounds - 1:  # after the round's first step: the next offer travels while it trains
+                    offer = control.agree([max(0, len(hand) - left), hand.proposal(size)], [op, "min"])
 
 
 def stream_loader(dataset: IterableDataset, batch_size: int, state: Any, *, train: bool, uneven: str,
