@@ -29,9 +29,11 @@ from ddpkit.core.environment import usable_cores
 from ddpkit.core.options import Uneven, check
 from ddpkit.core.process import State
 from ddpkit.data import streams
+from ddpkit.data.global_batch import GlobalBatchSampler
 from ddpkit.data.loader import ShardedDataLoader
 from ddpkit.data.samplers import SamplerShard, ShardSampler, too_few, user_sampler
 from ddpkit.data.settings import cores_per_process, loader_defaults
+from ddpkit.data.steps import GlobalBatchLoader
 from ddpkit.runtime import group as runtime
 from ddpkit.runtime import phases
 
@@ -39,6 +41,7 @@ __all__ = ["data_loader"]
 
 
 def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_size: int | None = None,
+                micro_batch_size: int | None = None, accumulation_steps: int | None = None,
                 train: bool = True, shuffle: bool | None = None, uneven: Uneven | None = None, seed: int = 0,
                 shuffle_buffer: int = 1000, **loader_kwargs: Any) -> Any:
     """Build a loader over this rank's shard of ``dataset``.
@@ -65,8 +68,18 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     rank stops when the first runs dry, agreed each step) or ``join``, ``shuffle`` is a seeded shard order
     plus a buffer of ``shuffle_buffer`` samples, reseeded per epoch; ``train=False`` reads every sample once.
     A Hugging Face ``datasets`` stream is split by rank with its own ``split_dataset_by_node``.
+
+    ``global_batch_size=G`` with ``micro_batch_size=M`` (the most one process takes at once) or
+    ``accumulation_steps=k``: a loader of optimizer *steps* of the same G samples at any world size, each
+    yielding this rank's micro-batches (:mod:`ddpkit.data.steps`, docs/global-batch.md); G need not divide
+    by the world size.
     """
     state, tools = runtime.ensure_init(), runtime.tools()
+    if micro_batch_size is not None or accumulation_steps is not None:
+        if batch_size is not None:
+            global_batch_size = None  # refused below: the per-process batch is ddpkit's to choose here
+        return _step_loader(dataset, global_batch_size, micro_batch_size, accumulation_steps, state, tools,
+                            train, shuffle, uneven, seed, loader_kwargs)
     batch_size = _per_process_batch(batch_size, global_batch_size, state)
     if uneven is not None:
         check("uneven", uneven, Uneven)
@@ -106,16 +119,53 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     return loader
 
 
-def _announce(loader: Any, state: State, tools: Any, batch_size: int, steps: int | None) -> None:
-    """A training loader: hook the tools in, and say the global batch once."""
+def _step_loader(dataset: Any, global_batch: int | None, micro: int | None, accumulation: int | None,
+                 state: State, tools: Any, train: bool, shuffle: bool | None, uneven: str | None, seed: int,
+                 loader_kwargs: dict[str, Any]) -> GlobalBatchLoader:
+    """``global_batch_size`` with ``micro_batch_size`` / ``accumulation_steps``: a loader of optimizer steps."""
+    asked = f"micro_batch_size={micro}, accumulation_steps={accumulation}"
+    if global_batch is None:
+        raise ValueError(f"{asked} split a global batch into micro-steps: pass global_batch_size=G (the samples "
+                         "of one optimizer step, at any world size) instead of batch_size=")
+    if isinstance(dataset, IterableDataset) or not train or uneven is not None:
+        what = ("a stream (IterableDataset)" if isinstance(dataset, IterableDataset) else
+                "train=False (evaluation needs no accumulation)" if not train else f"uneven={uneven!r}")
+        raise ValueError(f"{asked} works on a map-style training loader, got {what}; use batch_size= there "
+                         "(a step's last micro-batches take whatever the global batch leaves: no uneven= needed)")
+    share = state.strategy.batch_share(state)
+    if len(dataset) < share:
+        raise ValueError(f"dataset has {len(dataset)} samples but the job has {share} processes: each rank "
+                         "needs at least one sample; use fewer processes or a larger dataset")
+    own = user_sampler(loader_kwargs.pop("sampler", None), loader_kwargs, shuffle)
+    order = ShardSampler(len(dataset), 0, 1, train if shuffle is None else shuffle, seed, "join") \
+        if own is None else SamplerShard(own, 0, 1, seed, "join")
+    sampler = GlobalBatchSampler(order, state.rank if share > 1 else 0, share, global_batch, micro, accumulation,
+                                 drop_last=bool(loader_kwargs.pop("drop_last", False)))
+    cores = cores_per_process(usable_cores(), os.cpu_count() or 1, state.local_world_size)
+    loader_kwargs = {**loader_defaults(dataset, state.device.type, cores, loader_kwargs.get("num_workers")),
+                     **loader_kwargs}
+    loader_kwargs.setdefault("generator", torch.Generator().manual_seed(seed * 1_000_003 + state.rank))
+    loader = GlobalBatchLoader(dataset, sampler, **loader_kwargs)
+    largest = max(max(shape.mine(sampler.rank)) for shape in sampler.shapes(0)) if len(loader) else 0
+    processes = f"{share} process{'es' if share != 1 else ''}"
+    _announce(loader, state, tools, global_batch, f"global batch {global_batch} over {processes} in "
+              f"{loader.micro_steps} micro-step{'s' if loader.micro_steps != 1 else ''} of <= {largest} per "
+              f"process (gradients synced once per step), {len(loader)} steps/epoch")
+    return loader
+
+
+def _announce(loader: Any, state: State, tools: Any, batch_size: int, steps: int | None | str) -> None:
+    """A training loader: hook the tools in, and say the global batch once (``steps``: its line, or the steps
+    per epoch for the mode's own line)."""
     mode = state.strategy
-    global_batch = batch_size * mode.batch_share(state)
+    global_batch = batch_size * mode.batch_share(state) if not isinstance(steps, str) else batch_size
     tools.on_loader(loader, state.rank, lambda: {"global_batch": global_batch, "mode": state.mode,
                                                  "device": str(state.device)}, process.on_shutdown)
     phases.watch_loader(loader)  # under ddpkit launch: its fetches are the phase report's data time
     if state.is_main:
         workers = f", {loader.num_workers} loader workers per process" if loader.num_workers else ""
-        print(f"ddpkit: {mode.describe_batch(state, batch_size, steps)}{workers}", file=sys.stderr, flush=True)
+        line = steps if isinstance(steps, str) else mode.describe_batch(state, batch_size, steps)
+        print(f"ddpkit: {line}{workers}", file=sys.stderr, flush=True)
 
 
 def _stream_loader(dataset: IterableDataset, batch_size: int, state: State, tools: Any, train: bool,
@@ -148,5 +198,6 @@ def _per_process_batch(batch_size: int | None, global_batch_size: int | None, st
     shares = state.strategy.batch_share(state)
     if global_batch_size % shares:
         raise ValueError(f"global_batch_size={global_batch_size} does not divide by {shares} processes; pass a "
-                         f"multiple of {shares} (e.g. {global_batch_size // shares * shares or shares}) or batch_size=")
+                         f"multiple of {shares} (e.g. {global_batch_size // shares * shares or shares}), or "
+                         "micro_batch_size=M too: steps of any global batch, split by ddpkit (docs/global-batch.md)")
     return global_batch_size // shares

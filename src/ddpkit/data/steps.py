@@ -1,0 +1,150 @@
+"""The loader of optimizer steps ``ddpkit.data_loader(..., global_batch_size=G, micro_batch_size=M)`` builds: each
+item is a :class:`Step` of the same ``G`` samples at any world size, which yields this rank's micro-batches,
+keeps the gradient all-reduce for the last of them, and scales each micro-batch's loss so the step equals
+one process's step over the ``G`` samples (:mod:`ddpkit.data.global_batch` says how they are split).
+
+Example::
+
+    loader = ddpkit.data_loader(train_set, global_batch_size=48, micro_batch_size=8)
+    for epoch in range(loader.epoch, epochs):
+        for step in loader:                            # one optimizer step: 48 samples, at 1, 2, 3 ... processes
+            for x, y in step.micro_batches(model):     # this rank's share, at most 8 at a time
+                step.backward(loss_fn(model(x), y))    # the mean loss, scaled; all-reduced on the last only
+            optimizer.step()
+            optimizer.zero_grad()
+
+Accelerate writes the same loop with ``with accelerator.accumulate(model):`` around each batch and a
+``gradient_accumulation_steps`` fixed up front; Fabric with ``fabric.no_backward_sync(model, enabled=...)``
+and the arithmetic left to the script. Here the accumulation count follows the world size, the global
+batch does not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from ddpkit.data.global_batch import GlobalBatchSampler, StepShape
+from ddpkit.data.loader import ShardedDataLoader
+from ddpkit.data.samplers import EpochSampler
+from ddpkit.runtime import group as runtime
+
+__all__ = ["GlobalBatchLoader", "Step"]
+
+
+class Step:
+    """One optimizer step's micro-batches on this rank. Iterate :meth:`micro_batches` (or the step itself,
+    which all-reduces after every micro-batch: the same result, more traffic) and call :meth:`backward` on each
+    micro-batch's mean loss; ``scale`` is the factor it applies (``m * W / G`` for m samples here), ``sync``
+    whether the current micro-batch is the one whose backward all-reduces. ``index``: the step's number in
+    its epoch; ``micro_steps``: how many micro-batches every rank takes; ``samples``: this rank's real samples
+    (a padding sample of weight 0 is not one); ``global_samples``: the step's samples over all ranks."""
+
+    def __init__(self, shape: StepShape, rank: int, index: int, source: Iterator[Any], on_done: Any):
+        self.index, self.micro_steps, self.global_samples = index, shape.micro_steps, shape.samples
+        self.samples = sum(shape.mine(rank))
+        self._weights = shape.weights(rank)
+        self._source, self._on_done = source, on_done
+        self.handed = 0  # micro-batches handed out
+        self.owns_source = False  # the loop over steps was left: this step closes the pass when read
+        self.ended = False  # the pass ended inside this step (an observer, or the data ran out)
+        self.scale, self.sync = self._weights[0], self.micro_steps == 1
+
+    def micro_batches(self, model: nn.Module | None = None) -> Iterator[Any]:
+        """This rank's micro-batches; with ``model``, every one but the last runs (forward and backward, inside
+        the loop body) without the gradient all-reduce, as ``ddpkit.no_sync(model)``."""
+        if self.handed:
+            raise RuntimeError(f"step {self.index}'s micro-batches were already iterated ({self.handed} of "
+                               f"{self.micro_steps}); iterate step.micro_batches(model) once per step")
+        for j, scale in enumerate(self._weights):
+            try:
+                batch = next(self._source)
+            except StopIteration:
+                self.ended = True
+                return
+            self.handed, self.scale, self.sync = j + 1, scale, j + 1 == self.micro_steps
+            if self.sync:
+                self._on_done()
+            with _no_sync(model) if model is not None and not self.sync else contextlib.nullcontext():
+                yield batch
+        if self.owns_source:
+            self._source.close()  # type: ignore[attr-defined]
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.micro_batches(None)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``(loss * step.scale).backward()``: ``loss`` is the mean over this micro-batch (torch's losses'
+        default). With a GradScaler: ``scaler.scale(loss * step.scale).backward()``."""
+        (loss * self.scale).backward()
+
+
+def _no_sync(model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+    while isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch.compile(model): its inner module
+        model = model._orig_mod  # type: ignore[assignment]
+    return runtime.ensure_init().strategy.no_sync(model)
+
+
+class GlobalBatchLoader(ShardedDataLoader):
+    """A :class:`~ddpkit.data.loader.ShardedDataLoader` whose items are :class:`Step` s. ``len()``: steps of
+    the epoch (the rest of it inside a pass); :meth:`state_dict` holds the epoch and the global position of
+    the steps handed out entirely, so a resume at any world size continues the same global batches (save
+    after ``optimizer.step()``: a step cut in half restarts whole). ``micro_steps``: a full step's count."""
+
+    def __init__(self, dataset: Any, batch_sampler: GlobalBatchSampler, **kwargs: Any):
+        self._done = 0  # global samples of the steps handed out entirely in the open pass
+        super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
+        self.global_batch, self.micro_steps = batch_sampler.global_batch, batch_sampler.micro_steps
+
+    def _shard_sampler(self) -> EpochSampler:
+        return self._global_sampler()
+
+    def _global_sampler(self) -> GlobalBatchSampler:
+        assert isinstance(self.batch_sampler, GlobalBatchSampler), "GlobalBatchLoader is built by ddpkit.data_loader"
+        return self.batch_sampler
+
+    def __len__(self) -> int:
+        return len(self._global_sampler().shapes(self.state_dict()["position"]))
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self._start + (0 if self._batches is None else self._done)}
+
+    def __iter__(self):
+        micro = super().__iter__()  # the pass opens here: epoch and start set on the sampler
+        self._done = 0
+        return self._steps(micro, self._passes, self._global_sampler().shapes(self._start))
+
+    def _steps(self, micro: Iterator[Any], number: int, shapes: list[StepShape]) -> Iterator[Step]:
+        rank, first = self._shard_sampler().rank, -(-self._start // self.global_batch)  # a resume's first step
+
+        def done(samples: int) -> Any:
+            def count() -> None:
+                if number == self._passes:  # counted when handed out, by the current pass only
+                    self._done += samples
+            return count
+
+        current: Step | None = None
+        try:
+            for index, shape in enumerate(shapes):
+                current = Step(shape, rank, first + index, micro, done(shape.samples))
+                yield current
+                if current.ended:
+                    return
+                if current.handed < current.micro_steps:
+                    handed, current = current.handed, None
+                    raise RuntimeError(f"step {first + index} handed out {handed} of its {shape.micro_steps} "
+                                       "micro-batches before the next step was asked for; iterate all of "
+                                       "step.micro_batches(model) in each step (the samples would be lost)")
+            current = None
+            next(micro, None)  # the epoch's end: the pass closes as a finished one
+        finally:
+            if current is not None and current.handed < current.micro_steps and not current.ended:
+                # left (or dropped: `step = next(iter(loader))`) with a step still to be read: the step keeps the
+                # rest of the pass and closes it once its last micro-batch is read
+                current.owns_source = True
+            else:  # at the end, and at a `break` between steps: the pass closes now
+                micro.close()  # type: ignore[attr-defined]

@@ -1,0 +1,193 @@
+"""A global batch independent of the world size (issue 28): ``data_loader(global_batch_size=48, micro_batch_size=8)``
+at 1, 2, 3 and 4 processes (ddp) and 2, 3 (fsdp) ends with the same weights; each step uses the same samples;
+micro-steps without sync run no all-reduce; killed mid-step at 3 processes and resumed at 2, then at 1, the run
+continues the same global batches and ends where the uninterrupted run does."""
+import itertools
+import json
+import sys
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+import ddpkit
+from conftest import WORKERS, launch, ok, run_cmd
+from ddpkit.data.global_batch import GlobalBatchSampler, micro_steps, plan
+from ddpkit.data.samplers import ShardSampler
+
+WORLDS = (2, 3, 4, "2-fsdp", "3-fsdp")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("global_batch")
+    ok(run_cmd([sys.executable, str(WORKERS / "global_batch.py"), str(out)]))
+    for world in (2, 3, 4):
+        ok(launch(WORKERS / "global_batch.py", out, nproc=world))
+    for world in (2, 3):
+        ok(launch(WORKERS / "global_batch.py", out, nproc=world, launcher_args=("--mode", "fsdp")))
+    return {str(w): torch.load(out / f"world{w}.pt") for w in (1, *WORLDS)}
+
+
+def _largest_difference(ref, got):
+    return max((ref[k].double() - got[k].double()).abs().max().item() for k in ref if ref[k].is_floating_point())
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("case, atol", [("plain", 1e-6), ("odd", 1e-6), ("adamw_clip", 1e-5), ("bn", 1e-6)])
+def test_the_same_script_ends_with_the_same_weights_at_any_world_size(results, world, case, atol):
+    ref, got = results["1"][case], results[str(world)][case]
+    assert ref["weights"].keys() == got["weights"].keys()
+    assert _largest_difference(ref["weights"], got["weights"]) <= atol, case
+    assert got["steps"] == ref["steps"]  # every step took the same samples, padding left out
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_every_sample_of_every_epoch_is_used_exactly_once(results, world):
+    for case, size in (("plain", 98), ("odd", 101), ("bn", 96)):  # bn: drop_last drops the last 2 of 98
+        steps = results[str(world)][case]["steps"]
+        per_epoch = len(steps) // 2
+        for epoch in (steps[:per_epoch], steps[per_epoch:]):
+            ids = list(itertools.chain.from_iterable(epoch))
+            assert sorted(ids) == list(range(size)) if case != "bn" else len(set(ids)) == len(ids) == size
+            assert all(len(s) == 48 for s in epoch[:-1] if case != "bn")
+
+
+def test_the_accumulation_count_follows_the_world_size(results):
+    assert [results[w]["plain"]["micro_steps"] for w in ("1", "2", "3", "4")] == [6, 3, 2, 2]
+    assert {results[w]["bn"]["micro_steps"] for w in results} == {2}  # accumulation_steps=2 pins it
+
+
+def test_bf16_autocast_stays_close_at_any_world_size(results):
+    """bf16 rounds each micro-batch's matmuls on its own: equal within bf16's precision, not bitwise."""
+    for world in WORLDS:
+        assert _largest_difference(results["1"]["bf16"]["weights"], results[str(world)]["bf16"]["weights"]) < 5e-3
+
+
+@pytest.mark.parametrize("world", ["1", *map(str, WORLDS)])
+def test_no_all_reduce_runs_in_a_micro_step_without_sync(results, world):
+    """The profiler's c10d ops of each micro-step's forward and backward: none before the last (ddp's
+    all-reduce, fsdp's reduce-scatter), at least one in it (a process alone has nothing to reduce)."""
+    counts = results[world]["allreduces"]
+    assert len(counts) == results[world]["plain"]["micro_steps"]
+    assert counts[:-1] == [0] * (len(counts) - 1)
+    assert counts[-1] >= (1 if world != "1" else 0)
+
+
+def test_killed_mid_step_at_3_processes_and_resumed_at_2_then_1_continues_the_same_global_batches(tmp_path):
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    ref.mkdir(), run.mkdir()
+    worker = WORKERS / "global_batch_resume.py"
+    ok(run_cmd([sys.executable, str(worker), str(ref), "-1"]))
+    first = launch(worker, run, 4, nproc=3)  # killed halfway through step 4 (an even one)
+    assert first.returncode != 0
+    second = launch(worker, run, 9, nproc=2, launcher_args=("--resume",))  # and through step 9 (odd, 2nd epoch)
+    assert second.returncode != 0 and "resumed from" in second.stderr
+    ok(launch(worker, run, -1, nproc=1, launcher_args=("--resume",)))
+    got = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
+    want = [json.loads(line) for line in (ref / "steps.jsonl").read_text().splitlines()]
+    assert [s["world_size"] for s in got] == [3] * 4 + [2] * 5 + [1] * 5
+    assert [(s["epoch"], s["index"], s["ids"]) for s in got] == [(s["epoch"], s["index"], s["ids"]) for s in want]
+    for epoch in (0, 1):
+        ids = [i for s in got if s["epoch"] == epoch for i in s["ids"]]
+        assert sorted(ids) == list(range(98))
+    final, expected = torch.load(run / "final.pt"), torch.load(ref / "final.pt")
+    assert _largest_difference(expected, final) <= 1e-6
+
+
+# in one process: the arithmetic, the sampler, the errors
+
+
+@pytest.mark.parametrize("total, batch, world, limit", [(98, 48, 4, 8), (101, 48, 3, 5), (7, 6, 3, 1),
+                                                        (50, 7, 2, 3), (13, 13, 13, None), (2, 5, 4, 2)])
+def test_each_step_splits_into_equal_micro_step_counts_within_the_limit_and_weights_summing_to_one(
+        total, batch, world, limit):
+    for shape in plan(total, batch, world, limit):
+        mine = [shape.mine(r) for r in range(world)]
+        assert sum(map(sum, mine)) == shape.samples == sum(shape.chunks)
+        assert limit is None or max(max(m) for m in mine) <= limit
+        # DDP averages over the W ranks: the weights of all ranks' micro-batches sum to W (the step's mean loss)
+        assert abs(sum(sum(shape.weights(r)) for r in range(world)) - world) < 1e-9
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_the_ranks_micro_batches_cover_the_global_order_once_in_the_same_steps_at_any_world_size(world):
+    order = ShardSampler(50, rank=0, world_size=1, shuffle=True, seed=1, uneven="join")
+    everyone = [list(GlobalBatchSampler(order, r, world, global_batch=12, micro_batch_size=2)) for r in range(world)]
+    assert len({len(m) for m in everyone}) == 1  # the same count of micro-batches on every rank
+    shapes = plan(50, 12, world, 2)
+    got, at = [], 0
+    for shape in shapes:
+        step = []
+        for j, _ in enumerate(shape.chunks):
+            for r in range(world):
+                step += everyone[r][at + j] if shape.mine(r)[j] else []  # padding (weight 0) left out
+        at += shape.micro_steps
+        got.append(sorted(step))
+    order.epoch, order.start = 0, 0
+    full = list(order)
+    assert got == [sorted(full[i:i + 12]) for i in range(0, 50, 12)]
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(global_batch_size=3, micro_batch_size=2, world=4), "global_batch_size=3 over 4 processes"),
+    (dict(global_batch_size=10, micro_batch_size=1, world=4), "use micro_batch_size >= 2"),
+    (dict(global_batch_size=8, accumulation_steps=5, world=2), "accumulation_steps between 1 and 4"),
+    (dict(global_batch_size=8, micro_batch_size=1, accumulation_steps=2, world=2), "over micro_batch_size=1"),
+    (dict(global_batch_size=8, micro_batch_size=0, world=1), "micro_batch_size=0"),
+])
+def test_a_global_batch_that_cannot_be_made_is_one_line_saying_what_works(kwargs, words):
+    world = kwargs.pop("world")
+    with pytest.raises(ValueError) as err:
+        micro_steps(kwargs.pop("global_batch_size"), world, kwargs.get("micro_batch_size"),
+                    kwargs.get("accumulation_steps"))
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.fixture
+def single():
+    ddpkit.init()
+    yield
+    ddpkit.shutdown()
+
+
+def _data(n=20):
+    return TensorDataset(torch.arange(n, dtype=torch.float32).unsqueeze(1), torch.arange(n))
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(batch_size=4, micro_batch_size=2), "pass global_batch_size=G"),
+    (dict(global_batch_size=8, micro_batch_size=2, train=False), "train=False"),
+    (dict(global_batch_size=8, micro_batch_size=2, uneven="pad"), "uneven='pad'"),
+])
+def test_data_loader_refuses_what_a_step_loader_cannot_do_in_one_line(single, kwargs, words):
+    with pytest.raises(ValueError) as err:
+        ddpkit.data_loader(_data(), **kwargs)
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_step_taken_with_next_iter_still_hands_out_its_micro_batches(single):
+    """`step = next(iter(loader))` drops the loop over steps at once; the step keeps what it needs."""
+    loader = ddpkit.data_loader(_data(), global_batch_size=8, micro_batch_size=2, shuffle=False)
+    step = next(iter(loader))
+    ids = [int(i) for _, batch in step.micro_batches() for i in batch]
+    assert ids == list(range(8)) and step.micro_steps == 4 and loader.epoch == 1  # the pass closed after it
+
+
+def test_a_step_not_read_to_its_end_is_an_error_not_lost_samples(single):
+    loader = ddpkit.data_loader(_data(), global_batch_size=8, micro_batch_size=2)
+    with pytest.raises(RuntimeError, match="handed out 1 of its 4 micro-batches"):
+        for step in loader:
+            next(iter(step))
+
+
+def test_break_between_steps_ends_the_epoch_and_a_state_dict_counts_whole_steps(single):
+    loader = ddpkit.data_loader(_data(), global_batch_size=8, micro_batch_size=3)
+    assert len(loader) == 3  # 8 + 8 + 4
+    for step in loader:
+        list(step.micro_batches())
+        assert loader.state_dict() == {"epoch": 0, "position": 8}
+        break
+    assert loader.epoch == 1 and loader.state_dict() == {"epoch": 1, "position": 0}
+    loader.load_state_dict({"epoch": 1, "position": 16})
+    assert [(step.index, len(list(step)), step.global_samples) for step in loader] == [(2, 2, 4)]
