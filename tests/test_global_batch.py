@@ -135,6 +135,10 @@ def test_the_ranks_micro_batches_cover_the_global_order_once_in_the_same_steps_a
     (dict(global_batch_size=8, accumulation_steps=5, world=2), "accumulation_steps between 1 and 4"),
     (dict(global_batch_size=8, micro_batch_size=1, accumulation_steps=2, world=2), "over micro_batch_size=1"),
     (dict(global_batch_size=8, micro_batch_size=0, world=1), "micro_batch_size=0"),
+    (dict(global_batch_size=8.0, micro_batch_size=2, world=1), "global_batch_size=8.0: expected a whole number"),
+    (dict(global_batch_size=8, micro_batch_size="2", world=1), "micro_batch_size='2': expected a whole number"),
+    (dict(global_batch_size=8, micro_batch_size=True, world=1), "micro_batch_size=True"),
+    (dict(global_batch_size=0, micro_batch_size=2, world=1), "global_batch_size=0: expected a whole number"),
 ])
 def test_a_global_batch_that_cannot_be_made_is_one_line_saying_what_works(kwargs, words):
     world = kwargs.pop("world")
@@ -164,6 +168,22 @@ def test_data_loader_refuses_what_a_step_loader_cannot_do_in_one_line(single, kw
     with pytest.raises(ValueError) as err:
         ddpkit.data_loader(_data(), **kwargs)
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_drop_last_with_a_global_batch_larger_than_the_dataset_is_refused(single):
+    with pytest.raises(ValueError, match="makes no step: every epoch would be empty"):
+        ddpkit.data_loader(_data(20), global_batch_size=32, micro_batch_size=4, drop_last=True)
+
+
+def test_an_observer_that_ends_the_pass_inside_a_step_is_an_error_not_unsynced_gradients(single):
+    """Found by a review: `loader.observe` counts micro-batches; a pass ended after 3 of a step's 4 left the
+    ranks with gradients that were never all-reduced, and the script's optimizer.step() trained them apart."""
+    loader = ddpkit.data_loader(_data(), global_batch_size=8, micro_batch_size=2)
+    loader.observe(lambda: loader.steps_taken < 3)
+    with pytest.raises(RuntimeError, match="after 3 of its 4 micro-batches"):
+        for step in loader:
+            for _ in step.micro_batches():
+                pass
 
 
 def test_a_step_taken_with_next_iter_still_hands_out_its_micro_batches(single):

@@ -126,7 +126,8 @@ def _step_loader(dataset: Any, global_batch: int | None, micro: int | None, accu
     asked = f"micro_batch_size={micro}, accumulation_steps={accumulation}"
     if global_batch is None:
         raise ValueError(f"{asked} split a global batch into micro-steps: pass global_batch_size=G (the samples "
-                         "of one optimizer step, at any world size) instead of batch_size=")
+                         "of one optimizer step, at any world size) and no batch_size= (ddpkit picks the "
+                         "per-process micro-batch)")
     if isinstance(dataset, IterableDataset) or not train or uneven is not None:
         what = ("a stream (IterableDataset)" if isinstance(dataset, IterableDataset) else
                 "train=False (evaluation needs no accumulation)" if not train else f"uneven={uneven!r}")

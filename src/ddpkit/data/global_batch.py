@@ -80,6 +80,10 @@ def micro_steps(global_batch: int, world_size: int, micro_batch_size: int | None
     >>> micro_steps(48, 1, 8), micro_steps(48, 2, 8), micro_steps(48, 3, 8), micro_steps(48, 4, 8)
     (6, 3, 2, 2)
     """
+    for name, value in (("global_batch_size", global_batch), ("micro_batch_size", micro_batch_size),
+                        ("accumulation_steps", accumulation_steps)):
+        if value is not None and (type(value) is not int or value < 1):  # bool, float, str: refused, not rounded
+            raise ValueError(f"{name}={value!r}: expected a whole number >= 1 (e.g. {name}=8)")
     asked = f"global_batch_size={global_batch} over {world_size} process{'es' if world_size != 1 else ''}"
     if global_batch < world_size:
         raise ValueError(f"{asked}: every process needs at least one sample of each step; use "
@@ -122,6 +126,9 @@ def plan(total: int, global_batch: int, world_size: int, micro_batch_size: int |
     """
     k = micro_steps(global_batch, world_size, micro_batch_size, accumulation_steps)
     full, rest = divmod(total, global_batch)
+    if drop_last and not full and total:
+        raise ValueError(f"global_batch_size={global_batch} with drop_last=True over {total} samples makes no step: "
+                         f"every epoch would be empty; use global_batch_size <= {total} or drop drop_last")
     steps = [StepShape(global_batch, _split(global_batch, k), world_size)] * full
     if rest and not drop_last:
         if micro_batch_size is None:
