@@ -68,7 +68,8 @@ class Step:
                 if j:  # gradients of micro-batches that skipped the all-reduce: a step here trains apart
                     raise RuntimeError(f"the pass ended inside step {self.index}, after {j} of its "
                                        f"{self.micro_steps} micro-batches (an observer of loader.observe ended "
-                                       "it): their gradients were never all-reduced; end passes between steps") from None
+                                       "it): their gradients were never all-reduced; end passes between "
+                                       "steps") from None
                 return
             self.handed, self.scale, self.sync = j + 1, scale, j + 1 == self.micro_steps
             if self.sync:
