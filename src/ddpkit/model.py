@@ -24,7 +24,7 @@ from ddpkit.runtime import group as runtime
 from ddpkit.runtime import phases
 from ddpkit.strategies import comm as comm_options
 from ddpkit.strategies import meta
-from ddpkit.strategies.forwarding import unwrap
+from ddpkit.strategies.forwarding import uncompiled, unwrap
 from ddpkit.strategies.fsdp_wrapper import Shard
 
 __all__ = ["MicroStep", "accumulate", "init_empty", "no_sync", "prepare_model", "unwrap"]
@@ -64,9 +64,7 @@ def no_sync(model: nn.Module, enabled: bool = True) -> contextlib.AbstractContex
     """
     if not enabled:
         return contextlib.nullcontext()
-    while isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch.compile(model): the DDP / FSDP
-        model = model._orig_mod  # type: ignore[assignment]  # inside decides; the compiled handle is neither and skipped nothing
-    return runtime.ensure_init().strategy.no_sync(model)
+    return runtime.ensure_init().strategy.no_sync(uncompiled(model))
 
 
 class MicroStep(contextlib.AbstractContextManager["MicroStep"]):

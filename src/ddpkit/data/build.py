@@ -90,9 +90,7 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     own = user_sampler(loader_kwargs.pop("sampler", None), loader_kwargs, shuffle)
     if own is not None and len(own) < state.world_size:  # type: ignore[arg-type]  # what the ranks share
         raise ValueError(too_few(own, len(own), state.world_size))  # type: ignore[arg-type]
-    if len(dataset) < state.world_size:
-        raise ValueError(f"dataset has {len(dataset)} samples but the job has {state.world_size} processes: "
-                         "each rank needs at least one sample; use fewer processes or a larger dataset")
+    _check_samples(len(dataset), state.world_size)
     shuffle = train if shuffle is None else shuffle
     sampler_uneven = "join"  # evaluation: no sample repeated or left out
     if train:
@@ -102,11 +100,7 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     sampler = ShardSampler(len(dataset), state.rank, state.world_size, shuffle, seed, sampler_uneven,
                            multiple=multiple) if own is None else \
         SamplerShard(own, state.rank, state.world_size, seed, sampler_uneven, multiple=multiple)
-    cores = cores_per_process(usable_cores(), os.cpu_count() or 1, state.local_world_size)
-    loader_kwargs = {**loader_defaults(dataset, state.device.type, cores, loader_kwargs.get("num_workers")),
-                     **loader_kwargs}
-    # Worker seeds derive from this generator: distinct per rank, identical across reruns.
-    loader_kwargs.setdefault("generator", torch.Generator().manual_seed(seed * 1_000_003 + state.rank))
+    loader_kwargs = _with_defaults(dataset, state, seed, loader_kwargs)
     # a mode whose forward is collective (fsdp gathers parameters) needs every rank to take every eval step
     equal = None
     if not train and state.strategy.collective_forward:
@@ -115,7 +109,9 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     loader = ShardedDataLoader(dataset, batch_size=batch_size, sampler=sampler, join=train and uneven == "join",
                                equal_steps=equal, **loader_kwargs)
     if train:
-        _announce(loader, state, tools, batch_size, len(loader))
+        mode = state.strategy
+        _announce(loader, state, tools, batch_size * mode.batch_share(state),
+                  mode.describe_batch(state, batch_size, len(loader)))
     return loader
 
 
@@ -134,19 +130,13 @@ def _step_loader(dataset: Any, global_batch: int | None, micro: int | None, accu
         raise ValueError(f"{asked} works on a map-style training loader, got {what}; use batch_size= there "
                          "(a step's last micro-batches take whatever the global batch leaves: no uneven= needed)")
     share = state.strategy.batch_share(state)
-    if len(dataset) < share:
-        raise ValueError(f"dataset has {len(dataset)} samples but the job has {share} processes: each rank "
-                         "needs at least one sample; use fewer processes or a larger dataset")
+    _check_samples(len(dataset), share)
     own = user_sampler(loader_kwargs.pop("sampler", None), loader_kwargs, shuffle)
     order = ShardSampler(len(dataset), 0, 1, train if shuffle is None else shuffle, seed, "join") \
         if own is None else SamplerShard(own, 0, 1, seed, "join")
     sampler = GlobalBatchSampler(order, state.rank if share > 1 else 0, share, global_batch, micro, accumulation,
                                  drop_last=bool(loader_kwargs.pop("drop_last", False)))
-    cores = cores_per_process(usable_cores(), os.cpu_count() or 1, state.local_world_size)
-    loader_kwargs = {**loader_defaults(dataset, state.device.type, cores, loader_kwargs.get("num_workers")),
-                     **loader_kwargs}
-    loader_kwargs.setdefault("generator", torch.Generator().manual_seed(seed * 1_000_003 + state.rank))
-    loader = GlobalBatchLoader(dataset, sampler, **loader_kwargs)
+    loader = GlobalBatchLoader(dataset, sampler, **_with_defaults(dataset, state, seed, loader_kwargs))
     largest = max(max(shape.mine(sampler.rank)) for shape in sampler.shapes(0)) if len(loader) else 0
     processes = f"{share} process{'es' if share != 1 else ''}"
     _announce(loader, state, tools, global_batch, f"global batch {global_batch} over {processes} in "
@@ -155,17 +145,29 @@ def _step_loader(dataset: Any, global_batch: int | None, micro: int | None, accu
     return loader
 
 
-def _announce(loader: Any, state: State, tools: Any, batch_size: int, steps: int | None | str) -> None:
-    """A training loader: hook the tools in, and say the global batch once (``steps``: its line, or the steps
-    per epoch for the mode's own line)."""
-    mode = state.strategy
-    global_batch = batch_size * mode.batch_share(state) if not isinstance(steps, str) else batch_size
+def _check_samples(samples: int, processes: int) -> None:
+    if samples < processes:
+        raise ValueError(f"dataset has {samples} samples but the job has {processes} processes: each rank "
+                         "needs at least one sample; use fewer processes or a larger dataset")
+
+
+def _with_defaults(dataset: Any, state: State, seed: int, loader_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The DataLoader's arguments with the machine's defaults (workers, pinning) and this rank's generator
+    under the script's own."""
+    cores = cores_per_process(usable_cores(), os.cpu_count() or 1, state.local_world_size)
+    kwargs = {**loader_defaults(dataset, state.device.type, cores, loader_kwargs.get("num_workers")), **loader_kwargs}
+    # Worker seeds derive from this generator: distinct per rank, identical across reruns.
+    kwargs.setdefault("generator", torch.Generator().manual_seed(seed * 1_000_003 + state.rank))
+    return kwargs
+
+
+def _announce(loader: Any, state: State, tools: Any, global_batch: int, line: str) -> None:
+    """A training loader: hook the tools in, and say ``line`` (the global batch) once."""
     tools.on_loader(loader, state.rank, lambda: {"global_batch": global_batch, "mode": state.mode,
                                                  "device": str(state.device)}, process.on_shutdown)
     phases.watch_loader(loader)  # under ddpkit launch: its fetches are the phase report's data time
     if state.is_main:
         workers = f", {loader.num_workers} loader workers per process" if loader.num_workers else ""
-        line = steps if isinstance(steps, str) else mode.describe_batch(state, batch_size, steps)
         print(f"ddpkit: {line}{workers}", file=sys.stderr, flush=True)
 
 
@@ -185,7 +187,9 @@ def _stream_loader(dataset: IterableDataset, batch_size: int, state: State, tool
                                    shuffle_buffer=shuffle_buffer,
                                    collective_forward=state.strategy.collective_forward, **loader_kwargs)
     if train:
-        _announce(loader, state, tools, batch_size, None)
+        mode = state.strategy
+        _announce(loader, state, tools, batch_size * mode.batch_share(state),
+                  mode.describe_batch(state, batch_size, None))
     return loader
 
 

@@ -90,16 +90,11 @@ def micro_steps(global_batch: int, world_size: int, micro_batch_size: int | None
                          f"global_batch_size >= {world_size} or at most {global_batch} processes")
     if accumulation_steps is not None:
         k = accumulation_steps
-        if k < 1 or global_batch // k < world_size:
+        if global_batch // k < world_size:
             raise ValueError(f"{asked} with accumulation_steps={k}: each micro-step needs at least one sample per "
                              f"process; use accumulation_steps between 1 and {global_batch // world_size}")
     else:
-        k = 1
-        if micro_batch_size is not None:
-            if micro_batch_size < 1:
-                raise ValueError(f"micro_batch_size={micro_batch_size}: expected the largest batch one process "
-                                 "may take at once (>= 1)")
-            k = _fewest(global_batch, world_size, micro_batch_size)
+        k = 1 if micro_batch_size is None else _fewest(global_batch, world_size, micro_batch_size)
     largest = _largest(global_batch, k, world_size)
     if micro_batch_size is not None and largest > micro_batch_size:
         raise ValueError(f"{asked} with accumulation_steps={k} gives micro-batches of {largest} per process, over "

@@ -32,6 +32,7 @@ from ddpkit.data.global_batch import GlobalBatchSampler, StepShape
 from ddpkit.data.loader import ShardedDataLoader
 from ddpkit.data.samplers import EpochSampler
 from ddpkit.runtime import group as runtime
+from ddpkit.strategies.forwarding import uncompiled
 
 __all__ = ["GlobalBatchLoader", "Step"]
 
@@ -74,7 +75,9 @@ class Step:
             self.handed, self.scale, self.sync = j + 1, scale, j + 1 == self.micro_steps
             if self.sync:
                 self._on_done()
-            with _no_sync(model) if model is not None and not self.sync else contextlib.nullcontext():
+            context = contextlib.nullcontext() if model is None or self.sync else \
+                runtime.ensure_init().strategy.no_sync(uncompiled(model))  # as ddpkit.no_sync(model)
+            with context:
                 yield batch
         if self.owns_source:
             self._source.close()  # type: ignore[attr-defined]
@@ -86,12 +89,6 @@ class Step:
         """``(loss * step.scale).backward()``: ``loss`` is the mean over this micro-batch (torch's losses'
         default). With a GradScaler: ``scaler.scale(loss * step.scale).backward()``."""
         (loss * self.scale).backward()
-
-
-def _no_sync(model: nn.Module) -> contextlib.AbstractContextManager[Any]:
-    while isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch.compile(model): its inner module
-        model = model._orig_mod  # type: ignore[assignment]
-    return runtime.ensure_init().strategy.no_sync(model)
 
 
 class GlobalBatchLoader(ShardedDataLoader):

@@ -268,6 +268,19 @@ class PlainStateDict(ForwardsAttributes):
         return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
 
 
+def uncompiled(model: nn.Module) -> nn.Module:
+    """The module under ``torch.compile``'s handles: the DDP / FSDP wrapper inside decides what a context such
+    as ``no_sync`` does, and the compiled handle is neither.
+
+    >>> lin = nn.Linear(2, 2)
+    >>> uncompiled(lin) is lin
+    True
+    """
+    while isinstance(getattr(model, "_orig_mod", None), nn.Module):
+        model = model._orig_mod  # type: ignore[assignment]
+    return model
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     """The plain module under any DDP / DataParallel / FSDP / ``torch.compile`` wrappers (torch's own, or
     ddpkit's: every ddpkit wrapper forwards to its ``module``).
