@@ -207,12 +207,23 @@ def test_a_progress_bar_update_shows_once_it_is_quiet_not_one_update_late(tmp_pa
     assert c.buf.getvalue() == "\rbar 1/3\rbar 2/3\rbar 3/3\n", repr(c.buf.getvalue())
 
 
+def _wait_until_torch_loads(pid, timeout=60.0):
+    """Return once torch's shared libraries are mapped into pid (its import has begun)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/maps") as f:
+            if "libtorch" in f.read():
+                return
+        time.sleep(0.005)
+    raise AssertionError(f"torch never loaded in {pid} within {timeout} s")
+
+
 def test_ctrl_c_while_the_launcher_starts_is_one_line_and_exit_130(tmp_path):
     cmd = [sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", "2", "--log-dir", str(tmp_path),
            str(CONSOLE), "chatter", str(tmp_path)]
     proc = subprocess.Popen(cmd, cwd=SCRATCH, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
-    time.sleep(0.5)  # the interpreter is up, torch is still loading: no worker yet
+    _wait_until_torch_loads(proc.pid)  # inside the launcher's try, and no worker yet (a fixed sleep raced load)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err

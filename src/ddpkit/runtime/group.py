@@ -29,7 +29,7 @@ from ddpkit.core.environment import LaunchEnvError, ProcessEnv, detect, visible_
 from ddpkit.core.errors import USAGE_ERROR
 from ddpkit.core.options import Device, check
 from ddpkit.core.process import State
-from ddpkit.runtime import faults, instrument, phases
+from ddpkit.runtime import faults, forksafe, instrument, phases
 from ddpkit.strategies import table as strategy
 
 # Collectives that wait longer than this fail (and `ddpkit launch` prints a hang report). torch's defaults
@@ -190,6 +190,7 @@ def _start_group(env: ProcessEnv, backend: str, device: torch.device, timeout_s:
     kwargs: dict[str, Any] = {"timeout": datetime.timedelta(seconds=timeout_s)}
     if device.type == "cuda":
         kwargs["device_id"] = device  # eager NCCL init: a bad GPU fails here, not at the first all-reduce
+    forksafe.install()  # from here on torch.distributed's threads may hold a lock that a fork would copy
     if env.agent_store:
         # torchrun's agent already serves the store at MASTER_ADDR:MASTER_PORT; env:// joins it.
         dist.init_process_group(backend, init_method="env://", **kwargs)
