@@ -221,8 +221,10 @@ def _wait_until_torch_loads(pid, timeout=60.0):
 def test_ctrl_c_while_the_launcher_starts_is_one_line_and_exit_130(tmp_path):
     cmd = [sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", "2", "--log-dir", str(tmp_path),
            str(CONSOLE), "chatter", str(tmp_path)]
+    # SIGINT's default restored: a suite started in the background (`make test &`) hands its children SIGINT ignored
     proc = subprocess.Popen(cmd, cwd=SCRATCH, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     _wait_until_torch_loads(proc.pid)  # inside the launcher's try, and no worker yet (a fixed sleep raced load)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)

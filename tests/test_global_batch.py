@@ -4,14 +4,17 @@ micro-steps without sync run no all-reduce; killed mid-step at 3 processes and r
 continues the same global batches and ends where the uninterrupted run does."""
 import itertools
 import json
+import os
+import subprocess
 import sys
+import time
 
 import pytest
 import torch
 from torch.utils.data import TensorDataset
 
 import ddpkit
-from conftest import WORKERS, launch, ok, run_cmd
+from conftest import SCRATCH, WORKERS, launch, ok, run_cmd
 from ddpkit.data.global_batch import GlobalBatchSampler, micro_steps, plan
 from ddpkit.data.samplers import ShardSampler
 
@@ -206,8 +209,50 @@ def test_break_between_steps_ends_the_epoch_and_a_state_dict_counts_whole_steps(
     assert len(loader) == 3  # 8 + 8 + 4
     for step in loader:
         list(step.micro_batches())
-        assert loader.state_dict() == {"epoch": 0, "position": 8}
+        assert loader.state_dict() == {"epoch": 0, "position": 8, "world_size": 1, "micro_steps": 3}
         break
-    assert loader.epoch == 1 and loader.state_dict() == {"epoch": 1, "position": 0}
+    assert loader.epoch == 1 and loader.state_dict() == {"epoch": 1, "position": 0, "world_size": 1, "micro_steps": 3}
     loader.load_state_dict({"epoch": 1, "position": 16})
     assert [(step.index, len(list(step)), step.global_samples) for step in loader] == [(2, 2, 4)]
+
+
+def test_an_elastic_job_that_loses_a_node_continues_alone_at_the_same_global_batch(tmp_path):
+    """Two "nodes" on loopback (one launcher each, ``--nnodes 1:2``); the second is killed after step 4: the
+    survivor's restart resumes alone from the last checkpoint, with twice the micro-steps, and ends where one
+    uninterrupted process ends."""
+    from test_multinode import free_port
+    from test_node_failure import finish, kill_launcher, wait_for_checkpoint
+
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    ref.mkdir(), run.mkdir()
+    worker = WORKERS / "global_batch_resume.py"
+    ok(run_cmd([sys.executable, str(worker), str(ref), "-1"]))
+    common = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+              "--rdzv-id", "gb", "--rdzv-conf", "last_call_timeout=3", "--max-restarts", "1"]
+
+    def node(logs):
+        return subprocess.Popen([sys.executable, "-m", "ddpkit", "launch", *common, "--log-dir", str(logs),
+                                 str(worker), str(run), "-1", "0.4"], cwd=SCRATCH, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                start_new_session=True)
+
+    first = node(tmp_path / "logs0")
+    time.sleep(1)  # the first launcher hosts the rendezvous store: it is the one that survives
+    second = node(tmp_path / "logs1")
+    wait_for_checkpoint(run, "ckpt-0000000004", [first, second])
+    kill_launcher(second)
+    _, err = finish(first, 180)
+    assert first.returncode == 0, err[-3000:]
+    got = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
+    want = {(s["epoch"], s["index"]): s["ids"] for s in map(json.loads, (ref / "steps.jsonl").read_text().splitlines())}
+    assert {s["world_size"] for s in got} == {1, 2} and got[-1]["world_size"] == 1, got
+    assert all(s["ids"] == want[s["epoch"], s["index"]] for s in got)  # the same global batch at each step
+    # a step can be trained and saved while the other node dies before its log line's gather: at most that one
+    assert {(s["epoch"], s["index"]) for s in got} <= set(want)
+    assert len(set(want) - {(s["epoch"], s["index"]) for s in got}) <= 1, got
+    assert "over 2 processes in 2 micro-steps" in err and "over 1 process in 4 micro-steps" in err, err[-3000:]
+    assert "resumed at world size 1 (saved at 2): the global batch stays 16, now 4 micro-steps a step (were 2)" \
+        in err and "resumed from" in err, err[-3000:]
+    difference = _largest_difference(torch.load(ref / "final.pt"), torch.load(run / "final.pt"))
+    print(f"largest difference from one uninterrupted process: {difference:.2e}\n{err[-2500:]}")
+    assert difference <= 1e-5

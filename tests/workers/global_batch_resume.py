@@ -2,12 +2,14 @@
 (``os._exit``) halfway through the step after ``CRASH`` when CRASH >= 0; resumed by ``ddpkit launch --resume``,
 at any world size.
 
-``global_batch_resume.py OUT CRASH``: rank 0 appends one JSON line per finished step to OUT/steps.jsonl
+``global_batch_resume.py OUT CRASH [SLEEP]``: SLEEP seconds after each step (time for a test to kill a node);
+rank 0 appends one JSON line per finished step to OUT/steps.jsonl
 (epoch, step index, the ids of its samples over all ranks, the world size) and writes OUT/final.pt at the end.
 """
 import json
 import os
 import sys
+import time
 
 import torch
 from torch import nn
@@ -16,6 +18,7 @@ from torch.utils.data import TensorDataset
 import ddpkit
 
 out, crash = sys.argv[1], int(sys.argv[2])
+pause = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
 torch.set_num_threads(1)
 state = ddpkit.init(seed=0)
 g = torch.Generator().manual_seed(7)
@@ -37,6 +40,7 @@ for epoch in range(loader.epoch, 2):
         optimizer.zero_grad()
         done += 1
         checkpoints.save(done, model=model, optimizer=optimizer, loader=loader)
+        time.sleep(pause)
         ids = sorted(sum(ddpkit.gather_object(used), []))
         if state.is_main:
             with open(os.path.join(out, "steps.jsonl"), "a") as f:

@@ -22,6 +22,7 @@ batch does not.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -113,7 +114,16 @@ class GlobalBatchLoader(ShardedDataLoader):
         return len(self._global_sampler().shapes(self.state_dict()["position"]))
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self._start + (0 if self._batches is None else self._done)}
+        """``{"epoch", "position"}`` as every loader has, and the world size and micro-steps it ran with (said
+        back when a resume runs at another world size)."""
+        return {"epoch": self.epoch, "position": self._start + (0 if self._batches is None else self._done),
+                "world_size": self._global_sampler().world_size, "micro_steps": self.micro_steps}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        super().load_state_dict(state)
+        line = resized(state, self._global_sampler().world_size, self.micro_steps, self.global_batch)
+        if line and runtime.ensure_init().is_main:
+            print(line, file=sys.stderr, flush=True)
 
     def __iter__(self):
         micro = super().__iter__()  # the pass opens here: epoch and start set on the sampler
@@ -150,3 +160,15 @@ class GlobalBatchLoader(ShardedDataLoader):
                 current.owns_source = True
             else:  # at the end, and at a `break` between steps: the pass closes now
                 micro.close()  # type: ignore[attr-defined]
+
+
+def resized(saved: dict[str, int], world_size: int, micro_steps: int, global_batch: int) -> str | None:
+    """The line a resume at another world size prints (None: the same world size, or a state saved without it).
+
+    >>> resized({"world_size": 2, "micro_steps": 2}, 1, 4, 16)
+    'ddpkit: resumed at world size 1 (saved at 2): the global batch stays 16, now 4 micro-steps a step (were 2)'
+    """
+    if saved.get("world_size", world_size) == world_size:
+        return None
+    return (f"ddpkit: resumed at world size {world_size} (saved at {saved['world_size']}): the global batch stays "
+            f"{global_batch}, now {micro_steps} micro-steps a step (were {saved.get('micro_steps', '?')})")
