@@ -178,15 +178,13 @@ def test_drop_last_with_a_global_batch_larger_than_the_dataset_is_refused(single
         ddpkit.data_loader(_data(20), global_batch_size=32, micro_batch_size=4, drop_last=True)
 
 
-def test_an_observer_that_ends_the_pass_inside_a_step_is_an_error_not_unsynced_gradients(single):
-    """Found by a review: `loader.observe` counts micro-batches; a pass ended after 3 of a step's 4 left the
-    ranks with gradients that were never all-reduced, and the script's optimizer.step() trained them apart."""
+def test_an_observer_sees_steps_and_ends_a_pass_between_two_of_them(single):
+    """Found by a review: `loader.observe` counted micro-batches; a pass ended after 3 of a step's 4 left the
+    ranks with gradients that were never all-reduced (and verify's --steps cap cut steps in half)."""
     loader = ddpkit.data_loader(_data(), global_batch_size=8, micro_batch_size=2)
-    loader.observe(lambda: loader.steps_taken < 3)
-    with pytest.raises(RuntimeError, match="after 3 of its 4 micro-batches"):
-        for step in loader:
-            for _ in step.micro_batches():
-                pass
+    loader.observe(lambda: loader.steps_taken < 2)
+    read = [len(list(step.micro_batches())) for step in loader]
+    assert read == [4, 4] and loader.steps_taken == 2 and loader.epoch == 1
 
 
 def test_a_step_taken_with_next_iter_still_hands_out_its_micro_batches(single):
@@ -256,3 +254,16 @@ def test_an_elastic_job_that_loses_a_node_continues_alone_at_the_same_global_bat
     difference = _largest_difference(torch.load(ref / "final.pt"), torch.load(run / "final.pt"))
     print(f"largest difference from one uninterrupted process: {difference:.2e}\n{err[-2500:]}")
     assert difference <= 1e-5
+
+
+def test_verify_compares_several_world_sizes_at_one_global_batch():
+    script = WORKERS / "verify_steps.py"
+    verify = [sys.executable, "-m", "ddpkit", "verify", "--steps", "4"]
+    passed = ok(run_cmd(verify + ["--nproc", "1,2,3", str(script)], timeout=240))
+    lines = [line for line in passed.stdout.splitlines() if line.startswith("PASS")]
+    assert [line.split(" match")[0] for line in lines] == ["PASS: 2 processes", "PASS: 3 processes"], passed.stdout
+    failed = run_cmd(verify + ["--nproc", "2", str(script), "--unscaled"], timeout=240)
+    assert failed.returncode != 0 and "FAIL" in failed.stdout, failed.stdout + failed.stderr[-1500:]
+    for bad in ("1", "0,2", "two"):
+        r = run_cmd(verify + ["--nproc", bad, str(script)])
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -16,6 +16,7 @@ Example::
 
     ddpkit verify --nproc-per-node 2 --steps 5 examples/digits.py
     ddpkit verify --json examples/digits.py      # one JSON object on stdout
+    ddpkit verify --nproc 1,2,3 train.py         # 2 and then 3 processes, each against one process
     ddpkit verify --mode fsdp examples/digits.py # sharded training against one process
 """
 
@@ -49,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog=PROG, description="Compare N-process training with one process on the global batch.")
     p.add_argument("--nproc-per-node", type=int, default=None,
                    help="processes for the distributed run (default 2, on the CPU where fewer GPUs are usable)")
+    p.add_argument("--nproc", type=_counts, default=None, metavar="N,N,...",
+                   help="world sizes to compare with one process in turn, e.g. 1,2,3 (1 is the reference); for "
+                        "a global_batch_size= loader every one trains the same steps")
     p.add_argument("--device", default=None, help="auto (default), cpu or cuda: where both runs train")
     multi = [name for name, mode in sorted(strategy.STRATEGIES.items()) if mode.multi_process]
     p.add_argument("--mode", default="ddp", help=f"the multi-process mode to check: {', '.join(multi)} (default ddp)")
@@ -56,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=5, help="optimizer steps to compare (default 5)")
     p.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance (default 1e-5)")
     p.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance (default 1e-4)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--json", action="store_true", help="print one JSON object (one line per world size)")
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     return p
@@ -154,6 +158,21 @@ def non_finite(name: str, ref: torch.Tensor, other: torch.Tensor, labels: tuple[
                 f"a run with NaN / inf weights diverged: {check}, and what depends on the per-process batch")
     return (f"both runs diverged: {name!r} holds {a:g} in both {where}; weights that are not finite cannot be "
             f"compared: {check}")
+
+
+def _counts(text: str) -> list[int]:
+    """``--nproc 1,2,3`` -> the world sizes to compare with the reference, 1 (the reference itself) left out.
+
+    >>> _counts("1,2,3"), _counts("3,2")
+    ([2, 3], [3, 2])
+    """
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"expected world sizes like 1,2,3; got {text!r}")
+    return [n for n in dict.fromkeys(counts) if n > 1]
 
 
 def plan(nproc: int | None, device: str | None, gpus: int) -> tuple[int, str | None, str | None]:
@@ -312,16 +331,26 @@ def fail_line(result: dict, steps: int, atol: float, rtol: float) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+        if ns.nproc is not None and ns.nproc_per_node is not None:
+            raise UsageError("--nproc and --nproc-per-node both given; pass one (--nproc 1,2,3 compares each)")
+        if ns.nproc == []:
+            raise UsageError("--nproc lists no world size above 1; pass e.g. --nproc 1,2,3")
         gpus = 0 if ns.device == "cpu" else visible_gpus()
-        nproc, device, note = plan(ns.nproc_per_node, ns.device, gpus)
+        plans = [plan(n, ns.device, gpus) for n in (ns.nproc or [ns.nproc_per_node])]
         if not strategy.get(ns.mode, UsageError).multi_process:
             raise UsageError(f"--mode {ns.mode} runs one process; verify compares a multi-process mode "
                              f"({', '.join(n for n, s in sorted(strategy.STRATEGIES.items()) if s.multi_process)})")
-        if nproc < 2 or ns.steps < 1 or not os.path.isfile(ns.script):
+        if min(p[0] for p in plans) < 2 or ns.steps < 1 or not os.path.isfile(ns.script):
             raise UsageError(f"need --nproc-per-node >= 2, --steps >= 1 and an existing script; got "
-                              f"{nproc}, {ns.steps}, {ns.script!r}")
+                              f"{min(p[0] for p in plans)}, {ns.steps}, {ns.script!r}")
     except UsageError as exc:
         return usage_error(PROG, exc)
+    codes = [_verify_one(ns, nproc, device, note) for nproc, device, note in plans]
+    return next((code for code in codes if code), 0)  # the first world size that did not pass decides
+
+
+def _verify_one(ns: argparse.Namespace, nproc: int, device: str | None, note: str | None) -> int:
+    """One world size against one process: its lines, and its exit code."""
     for line in filter(None, [note, f"training loaders drop the last len % {nproc} samples in both runs "
                               "(padding would repeat samples only the N-process run sees)",
                               None if ns.keep_dropout else "dropout is off in both runs (--keep-dropout to keep it)"]):
@@ -336,14 +365,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return SCRIPT_FAILED
     if ns.json:
-        print(json.dumps(result))
+        print(json.dumps(result), flush=True)
     elif result["passed"]:
-        print(pass_line(result, nproc, ns.mode))
+        print(pass_line(result, nproc, ns.mode), flush=True)
         if result["excused"]:
             print(f"  {verify_noise.excused_line(result['excused'], result['excused_in'], result['lr'])}; "
                   f"their max abs diff {result['excused_max_diff']:.3g}")
     elif result["non_finite"]:
-        print(f"FAIL after {run_length(result)}: {result['reason']}")
+        print(f"FAIL after {run_length(result)}: {result['reason']}", flush=True)
     else:
-        print(fail_line(result, ns.steps, ns.atol, ns.rtol))
+        print(fail_line(result, ns.steps, ns.atol, ns.rtol), flush=True)
     return 0 if result["passed"] else NOT_EQUIVALENT

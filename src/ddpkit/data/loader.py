@@ -163,15 +163,21 @@ class ShardedDataLoader(Observed, DataLoader):
         assert isinstance(self.sampler, EpochSampler), "ShardedDataLoader is built by ddpkit.data_loader"
         return self.sampler
 
+    def _admit(self) -> bool:
+        """Before each batch: the observers' say, and the count they read (a loader of steps admits steps)."""
+        if not self._admitted():
+            return False
+        self.steps_taken += 1
+        return True
+
     def _counted(self, batches: Any, number: int) -> Iterator[Any]:
         if self.equal_steps is not None:
             batches = _padded_with_empty(batches, self.equal_steps)
         finished = False
         try:
             for batch in self._timed(batches):
-                if not self._admitted():
+                if not self._admit():
                     return
-                self.steps_taken += 1
                 if number == self._passes:  # counted when handed out (a checkpoint in the loop body includes
                     self._batches = (self._batches or 0) + 1  # it), by the current pass only: not an older one
                 process.heartbeat()

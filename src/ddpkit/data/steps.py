@@ -53,7 +53,7 @@ class Step:
         self._source, self._on_done = source, on_done
         self.handed = 0  # micro-batches handed out
         self.owns_source = False  # the loop over steps was left: this step closes the pass when read
-        self.ended = False  # the pass ended inside this step (an observer, or the data ran out)
+        self.ended = False  # the pass ended inside this step (the data ran out)
         self.scale, self.sync = self._weights[0], self.micro_steps == 1
 
     def micro_batches(self, model: nn.Module | None = None) -> Iterator[Any]:
@@ -69,9 +69,8 @@ class Step:
                 self.ended = True
                 if j:  # gradients of micro-batches that skipped the all-reduce: a step here trains apart
                     raise RuntimeError(f"the pass ended inside step {self.index}, after {j} of its "
-                                       f"{self.micro_steps} micro-batches (an observer of loader.observe ended "
-                                       "it): their gradients were never all-reduced; end passes between "
-                                       "steps") from None
+                                       f"{self.micro_steps} micro-batches: their gradients were never "
+                                       "all-reduced; end passes between steps") from None
                 return
             self.handed, self.scale, self.sync = j + 1, scale, j + 1 == self.micro_steps
             if self.sync:
@@ -125,6 +124,9 @@ class GlobalBatchLoader(ShardedDataLoader):
         if line and runtime.ensure_init().is_main:
             print(line, file=sys.stderr, flush=True)
 
+    def _admit(self) -> bool:
+        return True  # the observers see steps (in _steps): one that ends a pass ends it between two steps
+
     def __iter__(self):
         micro = super().__iter__()  # the pass opens here: epoch and start set on the sampler
         self._done = 0
@@ -142,6 +144,9 @@ class GlobalBatchLoader(ShardedDataLoader):
         current: Step | None = None
         try:
             for index, shape in enumerate(shapes):
+                if not super()._admit():  # an observer (verify's and bench's step cap) ended the pass here
+                    micro.close()
+                    return
                 current = Step(shape, rank, first + index, micro, done(shape.samples))
                 yield current
                 if current.ended:
