@@ -20,3 +20,13 @@ def test_a_fork_waits_for_a_thread_inside_the_thread_list_lock():
     fixed = _fork("install")
     assert fixed.startswith("started"), fixed
     assert float(fixed.split()[1]) >= 0.25, fixed  # it waited for the holder, it did not race past it
+
+
+def test_the_hook_runs_no_finalizer_under_the_thread_list_lock():
+    for mode in ("plain", "install"):
+        try:
+            out = subprocess.run([sys.executable, str(WORKERS / "fork_gc_finalizer.py"), mode], capture_output=True,
+                                 text=True, timeout=30).stdout.strip()
+        except subprocess.TimeoutExpired:
+            out = "hung"
+        assert out == "forked", mode

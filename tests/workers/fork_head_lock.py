@@ -27,7 +27,7 @@ class ITimerSpec(ctypes.Structure):
 
 
 SIGEV_THREAD, CLOCK_MONOTONIC = 2, 1
-if sys.version_info[:2] != (3, 11) or not sys.platform.startswith("linux"):
+if sys.version_info[:2] != (3, 11) or not sys.platform.startswith("linux") or ctypes.sizeof(ctypes.c_void_p) != 8:
     print("unsupported")
     sys.exit(0)
 libc = ctypes.CDLL(None)  # calls through CDLL release the GIL

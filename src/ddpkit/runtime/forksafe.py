@@ -10,8 +10,10 @@ for its first batch, and every peer waits in the next collective. On 2 cores wit
 3 launches of tests/workers/streams.py in 38 hung that way.
 
 The fix: just before each fork, take and release that lock (``sys._current_frames()`` does, from the forking
-thread, which holds the GIL). A thread inside it finishes first; the window left is the microseconds between
-this hook and ``fork()`` itself, where it was a preempted thread's whole time slice.
+thread, which holds the GIL). A thread inside it finishes first. The window left is what runs between this hook
+and ``fork()``: the before-fork hooks registered earlier (run after this one: logging's takes its lock) and
+CPython's import lock. Both are short unless another thread holds those locks; before, the window was a
+preempted thread's whole time slice.
 
 Example::
 
@@ -20,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -27,7 +30,16 @@ _installed = False
 
 
 def _settle() -> None:
-    sys._current_frames()  # waits for the thread-list lock, so no other thread holds it as the fork copies it
+    # sys._current_frames() waits for the thread-list lock, so no other thread holds it as the fork copies it.
+    # It allocates while holding that lock, and on 3.11 before 3.11.9 (gh-106883) an allocation may run the
+    # cyclic GC there: a finalizer that joins a thread would then wait for a thread that waits for the lock.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        sys._current_frames()
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def install() -> None:
