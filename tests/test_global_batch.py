@@ -187,6 +187,25 @@ def test_an_observer_sees_steps_and_ends_a_pass_between_two_of_them(single):
     assert read == [4, 4] and loader.steps_taken == 2 and loader.epoch == 1
 
 
+def test_a_pass_an_observer_ends_before_its_first_step_closes_as_the_batch_size_loaders_does(single):
+    """Review: a cap reached at an epoch's end left the pass open: set_epoch waited and state_dict kept epoch 0."""
+    for kwargs in ({"batch_size": 4}, {"global_batch_size": 4, "micro_batch_size": 2}):
+        loader = ddpkit.data_loader(_data(), **kwargs)
+        loader.observe(lambda: False)
+        assert list(loader) == []
+        loader.set_epoch(3)
+        assert loader.epoch == 3 and loader.state_dict()["epoch"] == 3, kwargs
+
+
+def test_a_crafted_loader_state_resumes_without_saying_what_it_claims(single, capsys):
+    """Review: a checkpoint's world_size went into the console unchecked (a tensor raised, a string printed)."""
+    for crafted in (torch.tensor([1, 2]), "2\nddpkit: forged", None, 10 ** 30, -1):
+        loader = ddpkit.data_loader(_data(), global_batch_size=8, micro_batch_size=2)
+        loader.load_state_dict({"epoch": 0, "position": 8, "world_size": crafted, "micro_steps": crafted})
+        assert [(step.index, len(list(step))) for step in loader][0] == (1, 4)
+    assert "resumed at world size" not in capsys.readouterr().err
+
+
 def test_a_step_taken_with_next_iter_still_hands_out_its_micro_batches(single):
     """`step = next(iter(loader))` drops the loop over steps at once; the step keeps what it needs."""
     loader = ddpkit.data_loader(_data(), global_batch_size=8, micro_batch_size=2, shuffle=False)
@@ -264,6 +283,10 @@ def test_verify_compares_several_world_sizes_at_one_global_batch():
     assert [line.split(" match")[0] for line in lines] == ["PASS: 2 processes", "PASS: 3 processes"], passed.stdout
     failed = run_cmd(verify + ["--nproc", "2", str(script), "--unscaled"], timeout=240)
     assert failed.returncode != 0 and "FAIL" in failed.stdout, failed.stdout + failed.stderr[-1500:]
+    # review: --json printed no line for a world size whose run failed; the first size not passing decides
+    mixed = run_cmd(verify + ["--json", "--nproc", "3,2", "--steps", "2", str(script), "--fail-at", "3"], timeout=240)
+    got = [json.loads(line) for line in mixed.stdout.splitlines()]
+    assert mixed.returncode == 1 and [(r["nproc"], r["passed"]) for r in got] == [(3, False), (2, True)], mixed.stdout
     for bad in ("1", "0,2", "two"):
         r = run_cmd(verify + ["--nproc", bad, str(script)])
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -188,7 +188,7 @@ def plan(nproc: int | None, device: str | None, gpus: int) -> tuple[int, str | N
     if device == "cpu" or gpus == 0 or count <= gpus:
         return count, device, None
     if device == "cuda":
-        fewer = f"--nproc-per-node {gpus} or " if gpus >= 2 else ""
+        fewer = f"at most {gpus} processes or " if gpus >= 2 else ""
         raise UsageError(f"--device cuda with {count} processes needs {count} GPUs, {gpus} usable; "
                          f"pass {fewer}--device cpu")
     return count, "cpu", f"{gpus} GPU(s) usable for {count} processes: both runs train on the CPU (--device cpu)"
@@ -341,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(f"--mode {ns.mode} runs one process; verify compares a multi-process mode "
                              f"({', '.join(n for n, s in sorted(strategy.STRATEGIES.items()) if s.multi_process)})")
         if min(p[0] for p in plans) < 2 or ns.steps < 1 or not os.path.isfile(ns.script):
-            raise UsageError(f"need --nproc-per-node >= 2, --steps >= 1 and an existing script; got "
+            raise UsageError(f"need processes >= 2, --steps >= 1 and an existing script; got "
                               f"{min(p[0] for p in plans)}, {ns.steps}, {ns.script!r}")
     except UsageError as exc:
         return usage_error(PROG, exc)
@@ -358,12 +358,13 @@ def _verify_one(ns: argparse.Namespace, nproc: int, device: str | None, note: st
     try:
         result = verify(ns.script, ns.script_args, nproc, ns.steps, ns.atol, ns.rtol, device, ns.keep_dropout,
                         ns.mode)
-    except CannotCompare as exc:
-        print(f"{PROG}: cannot compare: {exc}", file=sys.stderr)
-        return CANNOT_COMPARE
-    except RuntimeError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return SCRIPT_FAILED
+    except (CannotCompare, RuntimeError) as exc:
+        cannot = isinstance(exc, CannotCompare)
+        print(f"{PROG}: {'cannot compare' if cannot else 'error'}: {exc}", file=sys.stderr)
+        if ns.json:  # one line per world size, this one's too
+            print(json.dumps({"nproc": nproc, "mode": ns.mode, "passed": False,
+                              "error": "cannot compare" if cannot else "a run failed", "reason": str(exc)}))
+        return CANNOT_COMPARE if cannot else SCRIPT_FAILED
     if ns.json:
         print(json.dumps(result), flush=True)
     elif result["passed"]:

@@ -146,6 +146,8 @@ class GlobalBatchLoader(ShardedDataLoader):
             for index, shape in enumerate(shapes):
                 if not super()._admit():  # an observer (verify's and bench's step cap) ended the pass here
                     micro.close()  # type: ignore[attr-defined]  # the loader's own generator
+                    if number == self._passes:  # one never started runs no finally: close its pass here
+                        self._close_pass(finished=False)
                     return
                 current = Step(shape, rank, first + index, micro, done(shape.samples))
                 yield current
@@ -172,8 +174,16 @@ def resized(saved: dict[str, int], world_size: int, micro_steps: int, global_bat
 
     >>> resized({"world_size": 2, "micro_steps": 2}, 1, 4, 16)
     'ddpkit: resumed at world size 1 (saved at 2): the global batch stays 16, now 4 micro-steps a step (were 2)'
+    >>> crafted = [{"world_size": "2\\nddpkit: forged"}, {"world_size": 2, "micro_steps": -1}]
+    >>> resized(crafted[0], 1, 4, 16) is None, resized(crafted[1], 1, 4, 16).endswith("4 micro-steps a step")
+    (True, True)
     """
-    if saved.get("world_size", world_size) == world_size:
+    was, before = (saved.get(key) for key in ("world_size", "micro_steps"))  # a crafted file: only counts are said
+    if not _count(was) or was == world_size:
         return None
-    return (f"ddpkit: resumed at world size {world_size} (saved at {saved['world_size']}): the global batch stays "
-            f"{global_batch}, now {micro_steps} micro-steps a step (were {saved.get('micro_steps', '?')})")
+    return (f"ddpkit: resumed at world size {world_size} (saved at {was}): the global batch stays {global_batch}, "
+            f"now {micro_steps} micro-steps a step" + (f" (were {before})" if _count(before) else ""))
+
+
+def _count(value: Any) -> bool:
+    return type(value) is int and 1 <= value <= 1 << 40
