@@ -145,8 +145,7 @@ class GlobalBatchLoader(ShardedDataLoader):
         try:
             for index, shape in enumerate(shapes):
                 if not super()._admit():  # an observer (verify's and bench's step cap) ended the pass here
-                    micro.close()  # type: ignore[attr-defined]  # the loader's own generator
-                    if number == self._passes:  # one never started runs no finally: close its pass here
+                    if number == self._passes:  # a source never started runs no finally when closed below
                         self._close_pass(finished=False)
                     return
                 current = Step(shape, rank, first + index, micro, done(shape.samples))
