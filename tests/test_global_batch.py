@@ -206,6 +206,17 @@ def test_a_crafted_loader_state_resumes_without_saying_what_it_claims(single, ca
     assert "resumed at world size" not in capsys.readouterr().err
 
 
+def test_loader_sampler_set_epoch_takes_that_epochs_order_as_with_a_distributed_sampler(single):
+    """Review: `loader.sampler` was torch's default SequentialSampler, so the usual set_epoch raised."""
+    ids = []
+    for epoch in (0, 5):
+        loader = ddpkit.data_loader(_data(), global_batch_size=8, micro_batch_size=4, seed=1)
+        loader.sampler.set_epoch(epoch)
+        ids.append([x.flatten().tolist() for step in loader for x, *_ in step.micro_batches()])
+        assert loader.epoch == epoch + 1  # the pass was epoch's
+    assert ids[0] != ids[1]
+
+
 def test_a_step_taken_with_next_iter_still_hands_out_its_micro_batches(single):
     """`step = next(iter(loader))` drops the loop over steps at once; the step keeps what it needs."""
     loader = ddpkit.data_loader(_data(), global_batch_size=8, micro_batch_size=2, shuffle=False)

@@ -101,6 +101,9 @@ class GlobalBatchLoader(ShardedDataLoader):
         self._done = 0  # global samples of the steps handed out entirely in the open pass
         super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
         self.global_batch, self.micro_steps = batch_sampler.global_batch, batch_sampler.micro_steps
+        # `loader.sampler.set_epoch(epoch)`, the DistributedSampler habit, reaches the order: torch left its
+        # default sampler there (unused with a batch_sampler) and refuses to set the attribute after __init__
+        object.__setattr__(self, "sampler", batch_sampler)
 
     def _shard_sampler(self) -> EpochSampler:
         return self._global_sampler()
