@@ -340,9 +340,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not strategy.get(ns.mode, UsageError).multi_process:
             raise UsageError(f"--mode {ns.mode} runs one process; verify compares a multi-process mode "
                              f"({', '.join(n for n, s in sorted(strategy.STRATEGIES.items()) if s.multi_process)})")
-        if min(p[0] for p in plans) < 2 or ns.steps < 1 or not os.path.isfile(ns.script):
+        fewest = min(count for count, _, _ in plans)
+        if fewest < 2 or ns.steps < 1 or not os.path.isfile(ns.script):
             raise UsageError(f"need processes >= 2, --steps >= 1 and an existing script; got "
-                              f"{min(p[0] for p in plans)}, {ns.steps}, {ns.script!r}")
+                              f"{fewest}, {ns.steps}, {ns.script!r}")
     except UsageError as exc:
         return usage_error(PROG, exc)
     codes = [_verify_one(ns, nproc, device, note) for nproc, device, note in plans]
