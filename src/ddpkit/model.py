@@ -127,7 +127,7 @@ def accumulate(model: nn.Module, step: int, steps: int, total: int | None = None
 
 
 def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_every: int = 0,
-                  comm: comm_options.CommConfig | None = None, shard: Shard = None,
+                  comm: comm_options.CommConfig | None = None, shard: Shard = None, shard_size: int | None = None,
                   init_fn: meta.InitFn | None = None, compile: bool | dict[str, Any] = False,
                   **ddp_kwargs: Any) -> nn.Module:
     """Move ``model`` to this process's device and wrap it for the mode :func:`ddpkit.init` chose.
@@ -140,6 +140,8 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
     - ``fsdp``: BatchNorm as in ddp, then FSDP2's ``fully_shard`` on each block and the root; ``shard`` picks
       the blocks (a parameter count, default 1M, or a list of classes: ``shard=[Block]``); ``ddp_kwargs`` go
       to ``fully_shard`` (e.g. ``mp_policy=MixedPrecisionPolicy(...)``). Build the optimizer afterwards.
+    - ``hsdp``: as fsdp, sharded inside each group of ``shard_size`` consecutive ranks (default: one node's
+      processes) and replicated across the groups (a 2-D mesh; ignored in the other modes).
     - ``single``: just the move.
 
     A model built inside :func:`ddpkit.init_empty` (meta device) is materialised here, in fsdp mode one shard
@@ -163,7 +165,7 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
     mode = state.strategy
     # each mode keeps the options it uses and ignores the others on purpose: the same script runs in every mode
     options = dict(sync_batchnorm=sync_batchnorm, check_sync_every=check_sync_every, comm=comm, shard=shard,
-                   init_fn=init_fn, **ddp_kwargs)
+                   shard_size=shard_size, init_fn=init_fn, **ddp_kwargs)
     # move (a meta model: materialise, unless the mode shards it first), let the launching tool hook it, wrap
     wrapped = mode.prepare(model, state, options, runtime.tools())
     if compile:

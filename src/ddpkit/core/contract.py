@@ -64,7 +64,8 @@ LAUNCH, VERIFY, BENCH = "ddpkit launch", "ddpkit verify", "ddpkit bench"
 
 # -- ddpkit's own ---------------------------------------------------------------------------------------
 MODE = Var("DDPKIT_MODE", f"{LAUNCH} --mode, or you", "init()",
-           "parallel mode when init() gets none: auto, or an entry of ddpkit.strategy (single, dp, ddp, fsdp, ...)")
+           "parallel mode when init() gets none: auto, or an entry of ddpkit.strategy "
+           "(single, dp, ddp, fsdp, hsdp, ...)")
 DEVICE = Var("DDPKIT_DEVICE", f"{LAUNCH}/verify/bench --device, or you", "init()",
              "cpu keeps every process on the CPU (gloo) whatever GPUs exist; cuda requires one",
              choices(Device))

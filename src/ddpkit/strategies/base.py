@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 # prepare_model's own keyword arguments (and the tools): any other keyword is the wrapper's (``**ddp_kwargs``)
-NAMED = frozenset({"sync_batchnorm", "check_sync_every", "comm", "shard", "init_fn", "tools"})
+NAMED = frozenset({"sync_batchnorm", "check_sync_every", "comm", "shard", "shard_size", "init_fn", "tools"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,8 +86,8 @@ class Strategy:
         rank), let the launching tool hook the plain model, wrap; a model materialised by the wrap is hooked
         after it, on every rank (its full state dict is a collective).
 
-        ``options`` are prepare_model's keywords, flat; :meth:`wrap` gets them so (with ``tools=``), ``shard``
-        and ``init_fn`` only in a mode that shards, as ever: a mode of another package written for
+        ``options`` are prepare_model's keywords, flat; :meth:`wrap` gets them so (with ``tools=``), ``shard``,
+        ``shard_size`` and ``init_fn`` only in a mode that shards, as ever: a mode of another package written for
         ``wrap(model, state, **options)`` keeps working. Each built-in mode reads them through its typed
         :class:`Options` (:meth:`options`)."""
         from ddpkit.strategies.meta import materialize, on_meta
@@ -100,7 +100,8 @@ class Strategy:
             empty = False
         if not empty:
             tools.on_model(model, state.is_main, process.on_shutdown)
-        passed = dict(options) if self.shards else {k: v for k, v in options.items() if k not in ("shard", "init_fn")}
+        passed = dict(options) if self.shards else {k: v for k, v in options.items()
+                                                    if k not in ("shard", "shard_size", "init_fn")}
         wrapped = self.wrap(model, state, tools=tools, **passed)
         if empty:
             tools.on_model(wrapped, state.is_main, process.on_shutdown)
@@ -137,6 +138,11 @@ class Strategy:
     def cuda_rng_devices(self, current: int, count: int) -> list[int]:
         """The GPUs whose generators a checkpoint keeps."""
         return [current]
+
+    def shard_group_size(self, state: Any) -> int:
+        """How many processes share one copy of the model's state (a mode that shards splits it that many ways;
+        hsdp: one node's processes by default); :meth:`state_bytes` gets it as ``world_size``."""
+        return int(state.world_size)
 
     def state_bytes(self, params: int, largest_block: int, world_size: int, slots: int) -> int:
         """Training state one process holds, in elements: parameters, gradients, ``slots`` optimizer tensors

@@ -51,6 +51,7 @@ class FSDPStrategy(DDPStrategy):
         """SyncBatchNorm (unless off); every rank takes rank 0's weights (a meta model: its ties are found);
         ``fully_shard`` per block then the root; a meta model materialised, shard by shard, with rank 0's draws."""
         options = self.options(given)
+        shape = self.mesh(state, options)  # checked before anything changes
         from ddpkit.strategies import fsdp_wrapper, meta
         from ddpkit.strategies.syncbn import sync_batchnorms
 
@@ -61,13 +62,17 @@ class FSDPStrategy(DDPStrategy):
             fsdp_wrapper.broadcast_from_rank0(model, state)
         before = list(model.parameters())
         ties = meta.find_ties(model) if empty else {}  # now: fully_shard replaces the recorded parameters
-        fsdp_wrapper.shard_blocks(model, state, options.shard, options.fsdp_kwargs)
+        fsdp_wrapper.shard_blocks(model, state, options.shard, options.fsdp_kwargs, shape)
         if empty:
             with fsdp_wrapper.rank0_generator(state):
                 meta.materialize(model, state.device, options.init_fn, ties)
         now = {id(p) for p in model.parameters()}
         meta.watch_optimizers([p for p in before if id(p) not in now])
         return fsdp_wrapper.FSDP(model)
+
+    def mesh(self, state: Any, options: Any) -> tuple[int, ...]:
+        """The device mesh's shape: one dimension, every rank shares the shards (hsdp: replicas x shard)."""
+        return (state.world_size,)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         from ddpkit.strategies import fsdp_wrapper
@@ -87,8 +92,8 @@ class FSDPStrategy(DDPStrategy):
             block.compile(**options)
 
     def join(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
-        raise ValueError("ddpkit.join cannot run in fsdp mode (every forward gathers parameters from all ranks, "
-                         "so a rank that finished early would hang the others); use "
+        raise ValueError(f"ddpkit.join cannot run in {self.name} mode (every forward gathers parameters from all "
+                         "ranks, so a rank that finished early would hang the others); use "
                          "data_loader(..., uneven='pad') or 'drop'")
 
     def state_bytes(self, params: int, largest_block: int, world_size: int, slots: int) -> int:

@@ -69,12 +69,17 @@ def _by_size(module: nn.Module, threshold: int, found: list[nn.Module]) -> int:
     return left
 
 
-def shard_blocks(model: nn.Module, state: Any, shard: Shard, fsdp_kwargs: Mapping[str, Any]) -> None:
-    """``fully_shard`` each block, then the root, over all ranks (in place)."""
+def shard_blocks(model: nn.Module, state: Any, shard: Shard, fsdp_kwargs: Mapping[str, Any],
+                 shape: Sequence[int] = ()) -> None:
+    """``fully_shard`` each block, then the root (in place), on a mesh of ``shape``: (world size,) shards over
+    every rank; (replicas, shard size) shards inside each group of consecutive ranks (a node, as torchrun numbers
+    them) and replicates across the groups (HSDP: the gradients are all-reduced over the replica dimension)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
-    mesh = init_device_mesh(state.device.type, (state.world_size,))
+    shape = tuple(shape) or (state.world_size,)
+    names = ("replicate", "shard") if len(shape) == 2 else ("shard",)
+    mesh = init_device_mesh(state.device.type, shape, mesh_dim_names=names)
     for block in [*blocks(model, shard), model]:
         fully_shard(block, mesh=mesh, **fsdp_kwargs)
     if state.backend == "gloo":  # torch issue #162338: gloo's AVG reduce-scatter can be wrong; SUM then divide

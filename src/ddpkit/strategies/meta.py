@@ -82,8 +82,8 @@ def check_budget(owners: dict[nn.Parameter, nn.Module], budget_mb: float, optimi
     for param, module in owners.items():
         per_module[id(module)] = per_module.get(id(module), 0) + param.numel()
     size = max((p.element_size() for p in owners), default=4)
-    elements = mode.state_bytes(sum(per_module.values()), max(per_module.values(), default=0), state.world_size,
-                                optimizer_slots)
+    elements = mode.state_bytes(sum(per_module.values()), max(per_module.values(), default=0),
+                                mode.shard_group_size(state), optimizer_slots)
     need = elements * size / 2**20
     if need > budget_mb:
         hint = "; use --mode fsdp" if not mode.shards else f"; use more processes than {state.world_size}"

@@ -1,6 +1,6 @@
 """Parallel modes as one table: each mode is a small object (:class:`ddpkit.strategies.base.Strategy`), and
 every question whose answer depends on the mode asks it. One file per built-in mode: ``base.py`` (``single``,
-and what every mode inherits), ``dp.py``, ``ddp.py``, ``fsdp.py``.
+and what every mode inherits), ``dp.py``, ``ddp.py``, ``fsdp.py``, ``hsdp.py``.
 
 Another mode is one :class:`Strategy` subclass, made known with :func:`register`, or from another package
 through the ``ddpkit.strategies`` entry point group (so the launcher and every worker find it without an
@@ -9,7 +9,7 @@ import in the script).
 Example::
 
     >>> sorted(STRATEGIES)
-    ['ddp', 'dp', 'fsdp', 'single']
+    ['ddp', 'dp', 'fsdp', 'hsdp', 'single']
     >>> get("ddp").multi_process, get("dp").min_gpus
     (True, 2)
 
@@ -26,11 +26,12 @@ from ddpkit.strategies.base import Strategy
 from ddpkit.strategies.ddp import DDPStrategy
 from ddpkit.strategies.dp import DataParallelStrategy
 from ddpkit.strategies.fsdp import FSDPStrategy
+from ddpkit.strategies.hsdp import HSDPStrategy
 
 ENTRY_POINTS = "ddpkit.strategies"
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (Strategy(), DataParallelStrategy(), DDPStrategy(),
-                                                        FSDPStrategy())}
+                                                        FSDPStrategy(), HSDPStrategy())}
 
 
 def register(strategy: Strategy) -> Strategy:

@@ -1,0 +1,66 @@
+"""Mode ``hsdp``: hybrid sharding on FSDP2. ``fully_shard`` on a 2-D device mesh: the model is sharded inside a
+group of ``shard_size`` processes (by default one node's: all-gathers and reduce-scatters stay on the fast links
+inside it) and replicated across the groups (one gradient all-reduce per step crosses the nodes).
+
+Everything else is the fsdp mode's: the blocks, meta-device init with rank 0's draws, the full state dict,
+sharded checkpoints (DCP reshards: a checkpoint of 2 x 2 resumes as 1 x 4, in fsdp, ddp or one process).
+
+Example::
+
+    >>> HSDPStrategy().options({"shard_size": 2, "shard": 4096, "check_sync_every": 50})
+    HSDPOptions(init_fn=None, sync_batchnorm=True, shard=4096, fsdp_kwargs={}, shard_size=2)
+    >>> mesh_shape(world_size=8, local_world_size=4, shard_size=None)   # 2 nodes of 4: (replicas, shard)
+    (2, 4)
+
+Torch-free at module level, like every table entry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ddpkit.strategies.fsdp import FSDPOptions, FSDPStrategy
+
+
+@dataclasses.dataclass(frozen=True)
+class HSDPOptions(FSDPOptions):
+    """fsdp's options, and ``shard_size``: how many processes share one copy of the model (default: the
+    processes of one node, ``local_world_size``); the world size must be a multiple of it."""
+
+    shard_size: int | None = None
+
+
+def mesh_shape(world_size: int, local_world_size: int, shard_size: Any) -> tuple[int, int]:
+    """(replicas, shard size) for a world size; a shape that does not fit it is one line naming the fix.
+
+    >>> mesh_shape(6, 6, 4)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: hsdp: shard_size=4 does not divide the world size 6; pass one of 1, 2, 3, 6 (...), or launch ...
+    """
+    size = local_world_size if shard_size is None else shard_size
+    fits = [d for d in range(1, world_size + 1) if world_size % d == 0]
+    example = fits[min(1, len(fits) - 1)]
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"hsdp: shard_size={shard_size!r} is not a whole number >= 1; pass one of "
+                         f"{', '.join(map(str, fits))} (prepare_model(model, shard_size={example}))")
+    if world_size % size:
+        said = f"shard_size={size}" if shard_size is not None else f"one node's {size} processes (the default)"
+        raise ValueError(f"hsdp: {said} does not divide the world size {world_size}; pass one of "
+                         f"{', '.join(map(str, fits))} (prepare_model(model, shard_size={example})), or launch a "
+                         f"multiple of {size} processes")
+    return world_size // size, size
+
+
+class HSDPStrategy(FSDPStrategy):
+    """Sharded inside a group of processes (a node), replicated across the groups (FSDP2 on a 2-D mesh)."""
+
+    name = "hsdp"
+    title = "hybrid sharding (FSDP2, 2-D mesh)"
+    options_type = HSDPOptions
+
+    def mesh(self, state: Any, options: Any) -> tuple[int, ...]:
+        return mesh_shape(state.world_size, state.local_world_size, options.shard_size)
+
+    def shard_group_size(self, state: Any) -> int:
+        return mesh_shape(state.world_size, state.local_world_size, None)[1]
