@@ -115,6 +115,20 @@ def test_consolidate_of_a_crafted_checkpoint_runs_nothing(tmp_path, attack):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("attack", ATTACKS)
+def test_a_safetensors_export_of_a_crafted_checkpoint_runs_nothing(tmp_path, attack):
+    from ddpkit.checkpoint.export import to_safetensors
+
+    marker, attacks = _attacks(tmp_path)
+    ckpt = _craft(tmp_path, **attacks[attack])
+    out = tmp_path / "model.safetensors"
+    with pytest.raises(safeload.UnsafeCheckpoint) as info:
+        to_safetensors(str(ckpt), str(out))
+    assert not marker.exists(), f"{attack}: the export ran a command"
+    assert "refused" in str(info.value) and "\n" not in str(info.value)
+    assert not out.exists() and not list(tmp_path.glob("model.safetensors*"))
+
+
 def test_an_honest_bytes_entry_still_loads(tmp_path):
     """Plain non-tensor values (an int in an optimizer's state) are bytes entries too: weights_only admits them."""
     shards = tmp_path / "shards"

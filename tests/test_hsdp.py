@@ -1,5 +1,6 @@
 """Mode hsdp (FSDP2 on a 2-D mesh, gloo, real processes): two launchers as two loopback nodes of 2 processes
-train as one process does; each rank holds half a replica; its checkpoint restores in every mode and shape."""
+train as one process does; each rank holds half a replica; its checkpoint restores in every mode and shape; the
+checkpoints of hsdp, fsdp, ddp and one process export to safetensors that a plain model loads strictly."""
 import subprocess
 import sys
 
@@ -70,7 +71,7 @@ def runs(tmp_path_factory):
     for result in restores.values():
         ok(result)
     return {"one": torch.load(out / "train-single-1.pt"), "hsdp": torch.load(out / "train-hsdp-4.pt"),
-            **{tag: torch.load(out / f"restore-{tag}.pt") for tag in restores}}
+            **{tag: torch.load(out / f"restore-{tag}.pt") for tag in restores}, "dir": out}
 
 
 def test_two_nodes_of_two_shard_inside_a_node_and_replicate_across(runs):
@@ -105,3 +106,70 @@ def test_the_hsdp_checkpoint_restores_bitwise_in_every_mode_and_shape(runs, tag)
     for part in ("weights", "optimizer"):
         assert saved[part].keys() == got[part].keys()
         assert all(torch.equal(saved[part][k], got[part][k]) for k in saved[part]), (tag, part)
+
+
+def plain_net():
+    from torch import nn
+
+    return nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.Tanh(), nn.Linear(16, 3))
+
+
+@pytest.mark.parametrize("saved", ["ckpt-hsdp-4", "ckpt-restored-fsdp3", "ckpt-restored-ddp2", "ckpt-single-1"])
+def test_consolidate_writes_safetensors_a_plain_model_loads_strictly(runs, saved, tmp_path):
+    from safetensors.torch import load_file
+
+    out = tmp_path / "model.safetensors"
+    r = ok(run_cmd([sys.executable, "-m", "ddpkit", "consolidate", str(runs["dir"] / saved), str(out)]))
+    assert "->" in r.stderr
+    assert out.read_bytes()[8:9] == b"{"  # a JSON header after its 8-byte length: no pickle anywhere
+    model = plain_net()
+    model.load_state_dict(load_file(out), strict=True)
+    expected = runs["one"] if saved == "ckpt-single-1" else runs["hsdp"]  # the others hold the hsdp run's weights
+    got = model.state_dict()
+    assert all(torch.equal(got[k], expected["weights"][k]) for k in expected["weights"]), saved
+
+
+def test_a_split_export_has_parts_and_an_index_that_name_every_tensor(runs, tmp_path):
+    import json
+
+    from safetensors.torch import load_file
+
+    out = tmp_path / "export"
+    ok(run_cmd([sys.executable, "-m", "ddpkit", "consolidate", str(runs["dir"] / "ckpt-hsdp-4"), str(out),
+                "--max-shard-mb", "0.0004"]))  # 420 bytes a part: the 384-byte weight alone, the small ones together
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    files = sorted(p.name for p in out.glob("*.safetensors"))
+    assert len(files) > 2 and set(index["weight_map"].values()) == set(files)
+    merged = {k: v for f in files for k, v in load_file(out / f).items()}
+    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in merged.values())
+    model = plain_net()
+    model.load_state_dict(merged, strict=True)
+    assert set(index["weight_map"]) == set(model.state_dict())
+
+
+def test_tied_weights_export_once_per_name(tmp_path):
+    """safetensors refuses two names over one storage; the export gives each its own copy."""
+    from safetensors.torch import load_file
+    from torch import nn
+
+    from ddpkit.checkpoint.export import to_safetensors
+
+    net = nn.Sequential(nn.Embedding(5, 4), nn.Linear(4, 5, bias=False))
+    net[1].weight = net[0].weight
+    ckpt = tmp_path / "ckpt-0000000001"
+    ckpt.mkdir()
+    torch.save({"step": 1, "world_size": 1, "rng": {}, "objects": {"model": net.state_dict()}}, ckpt / "state.pt")
+    path, = to_safetensors(str(ckpt), str(tmp_path / "tied.safetensors"))
+    again = nn.Sequential(nn.Embedding(5, 4), nn.Linear(4, 5, bias=False))
+    again.load_state_dict(load_file(path), strict=True)
+    assert torch.equal(again[1].weight, net[0].weight)
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--format", "pt", "--max-shard-mb", "5"], "--max-shard-mb splits safetensors files only"),
+    (["--max-shard-mb", "0"], "--max-shard-mb 0.0 is not a size")])
+def test_a_bad_export_request_is_one_line_and_writes_nothing(runs, tmp_path, argv, said):
+    out = tmp_path / "out"
+    r = run_cmd([sys.executable, "-m", "ddpkit", "consolidate", str(runs["dir"] / "ckpt-hsdp-4"), str(out), *argv])
+    assert r.returncode == 2 and said in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert not out.exists()

@@ -5,7 +5,7 @@ one in any mode and world size.
 full weights after training, a meta-built model's weights, each rank's state bytes); the checkpoint goes to
 OUT/ckpt-<mode>-<N>.
 ``... hsdp.py OUT restore CKPT TAG [SHARD_SIZE]``: rank 0 writes OUT/restore-TAG.pt (the full weights and
-optimizer state loaded).
+optimizer state loaded), and every rank saves them again into OUT/ckpt-restored-TAG.
 """
 import sys
 
@@ -86,5 +86,6 @@ else:
     ckpt = ddpkit.Checkpointer(out + "/elsewhere", resume=False)
     step = ckpt.restore(path, model=model, optimizer=opt)
     result = {"step": step, "weights": cpu(model.state_dict()), "optimizer": full_optimizer(model, opt)}
+    ddpkit.Checkpointer(f"{out}/ckpt-restored-{tag}", resume=False).save(step, model=model, optimizer=opt)
     if state.is_main:
         torch.save(result, f"{out}/restore-{tag}.pt")

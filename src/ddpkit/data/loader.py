@@ -16,6 +16,7 @@ sees the same global batches as N processes with batch ``B`` each.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -188,8 +189,11 @@ class ShardedDataLoader(Observed, DataLoader):
                 self._close_pass(finished)
 
 
-def _timed(batches: Iterable[Any], watchers: tuple[FetchWatcher, ...]) -> Iterator[Any]:
-    """``batches``, telling ``watchers`` when each fetch starts and how it ended."""
+def _timed(batches: Iterable[Any], watchers: tuple[FetchWatcher, ...],
+           finalizing: Callable[[], bool] = sys.is_finalizing) -> Iterator[Any]:
+    """``batches``, telling ``watchers`` when each fetch starts and how it ended. A pass still open when the
+    interpreter exits (a script's module-level ``iter(loader)``) is closed while modules are torn down and
+    their globals are None: the watchers are not told then (``finalizing``, bound here, still answers)."""
     it = iter(batches)
     while True:
         for fn in watchers:
@@ -207,8 +211,8 @@ def _timed(batches: Iterable[Any], watchers: tuple[FetchWatcher, ...]) -> Iterat
         try:
             yield batch
         except GeneratorExit:  # closed there: the loop was left with break, or an observer ended the pass
-            for fn in watchers:  # not _ended(): a pass left open is closed at exit, when module globals are None
-                fn(None)
+            if not finalizing():
+                _ended(watchers)
             raise
 
 
