@@ -1,10 +1,12 @@
-"""One sharded-memory run: an MLP of about --params-m million parameters trained with Adam, written five ways.
+"""One sharded-memory run: an MLP of --depth x --width^2 parameters trained with Adam, written seven ways.
 
-``torchrun --standalone --nproc-per-node N shard_worker.py --impl fsdp|ddp|raw-fsdp2|accelerate|fabric``
-(fsdp / ddp are ddpkit's modes; raw-fsdp2 is fully_shard by hand with the same block policy: one group per
-Linear, then the root). Rank 0 prints one JSON line: the training state each rank holds after a step
-(parameters + gradients + optimizer state, local shards, tensor accounting; max over ranks), peak RSS (max
-over ranks) and the median step time (slowest rank per step), or the error a peer gives.
+``torchrun --standalone --nproc-per-node N shard_worker.py --impl fsdp|ddp|hsdp|raw-fsdp2|raw-hsdp|accelerate|fabric``
+(fsdp / ddp / hsdp are ddpkit's modes, hsdp with ``prepare_model(..., shard_size=--shard-size)``; raw-fsdp2 is
+fully_shard by hand with the same block policy: one group per Linear, then the root; raw-hsdp the same on the
+2-D mesh ``init_device_mesh("cpu", (N // shard_size, shard_size), mesh_dim_names=("replicate", "shard"))``, with
+SUM reductions forced as ddpkit forces them on gloo). Rank 0 prints one JSON line: the training state each rank
+holds after a step (parameters + gradients + optimizer state, local shards, tensor accounting; max over ranks),
+peak RSS (max over ranks) and the median step time (slowest rank per step), or the error a peer gives.
 """
 import argparse
 import json
@@ -17,12 +19,14 @@ import torch.distributed as dist
 from torch import nn
 
 p = argparse.ArgumentParser()
-p.add_argument("--impl", required=True, choices=["fsdp", "ddp", "raw-fsdp2", "accelerate", "fabric"])
+p.add_argument("--impl", required=True,
+               choices=["fsdp", "ddp", "hsdp", "raw-fsdp2", "raw-hsdp", "accelerate", "fabric"])
 p.add_argument("--width", type=int, default=2048)
 p.add_argument("--depth", type=int, default=12, help="12 x 2048^2: 50M parameters")
 p.add_argument("--batch", type=int, default=8)
 p.add_argument("--steps", type=int, default=8)
 p.add_argument("--warmup", type=int, default=2)
+p.add_argument("--shard-size", type=int, default=2, help="hsdp / raw-hsdp: processes per model copy")
 args = p.parse_args()
 torch.set_num_threads(1)
 torch.manual_seed(0)
@@ -38,21 +42,31 @@ def local_bytes(tensors):
 
 
 def setup():
-    if args.impl in ("fsdp", "ddp"):
+    if args.impl in ("fsdp", "ddp", "hsdp"):
         import ddpkit
 
         ddpkit.init(args.impl)
-        model = ddpkit.prepare_model(mlp(), shard=[nn.Linear])  # shard= is ignored in ddp
+        hybrid = {"shard_size": args.shard_size} if args.impl == "hsdp" else {}  # mesh (N // shard_size, shard_size)
+        model = ddpkit.prepare_model(mlp(), shard=[nn.Linear], **hybrid)  # shard= is ignored in ddp
         return model, torch.optim.Adam(model.parameters(), lr=1e-4), lambda loss: loss.backward()
-    if args.impl == "raw-fsdp2":
-        from torch.distributed.fsdp import fully_shard
+    if args.impl in ("raw-fsdp2", "raw-hsdp"):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import FSDPModule, fully_shard
 
         dist.init_process_group("gloo")
+        mesh = None  # raw-fsdp2: fully_shard's default, one dimension over every rank
+        if args.impl == "raw-hsdp":
+            mesh = init_device_mesh("cpu", (dist.get_world_size() // args.shard_size, args.shard_size),
+                                    mesh_dim_names=("replicate", "shard"))
         model = mlp()
         for layer in model.modules():
             if isinstance(layer, nn.Linear):
-                fully_shard(layer)
-        fully_shard(model)
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        if args.impl == "raw-hsdp":  # what ddpkit's hsdp sets on gloo (torch issue #162338): SUM, then divide
+            for module in model.modules():
+                if isinstance(module, FSDPModule):
+                    module.set_force_sum_reduction_for_comms(True)
         return model, torch.optim.Adam(model.parameters(), lr=1e-4), lambda loss: loss.backward()
     if args.impl == "accelerate":
         from accelerate import Accelerator

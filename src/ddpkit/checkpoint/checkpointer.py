@@ -23,6 +23,9 @@ does not match is skipped, with a warning, for the previous one.
 In a sharding mode (fsdp) the models and optimizers go into ``shards/`` instead, each rank writing its own
 shard (:mod:`ddpkit.checkpoint.dcp`); the rest of the promises hold the same way, and such a checkpoint resumes at
 any world size, in any mode.
+
+``async_save=True``: ``save`` returns once the state is copied to CPU memory, and a background thread writes and
+commits it with the same promises (:mod:`ddpkit.checkpoint.background`).
 """
 
 from __future__ import annotations
@@ -42,9 +45,11 @@ import torch.distributed as dist
 from ddpkit.checkpoint import dcp as shards
 from ddpkit.checkpoint import disk
 from ddpkit.checkpoint import rng as rngstate
+from ddpkit.checkpoint.background import BackgroundWrite, say, stage
 from ddpkit.checkpoint.disk import by_commit as by_commit  # the order and checks tools use, kept here too
 from ddpkit.checkpoint.disk import newest_valid as newest_valid
 from ddpkit.checkpoint.disk import validate
+from ddpkit.checkpoint.reasons import check_fits, failure
 from ddpkit.core import contract, process
 from ddpkit.core.atomic import write_file
 from ddpkit.data.loader import ShardedDataLoader
@@ -68,36 +73,6 @@ def run_id() -> str:
     return proc.run_id
 
 
-def _check_fits(model: torch.nn.Module, saved: dict[str, torch.Tensor], path: str) -> None:
-    """Name the keys and shapes that differ, instead of torch's multi-line load_state_dict error."""
-    own = model.state_dict()
-    missing = sorted(set(own) - set(saved))
-    unexpected = sorted(set(saved) - set(own))
-    shapes = [f"{k} {tuple(saved[k].shape)} vs model {tuple(own[k].shape)}"
-              for k in own if k in saved and saved[k].shape != own[k].shape]
-    if missing or unexpected or shapes:
-        parts = [f"missing {missing[:5]}" if missing else "", f"unexpected {unexpected[:5]}" if unexpected else "",
-                 f"shapes {shapes[:5]}" if shapes else ""]
-        raise ValueError(f"checkpoint {path} does not fit this model: " + "; ".join(p for p in parts if p)
-                         + " (was it saved from another model or configuration?)")
-
-
-def _failure(exc: BaseException, rank: int) -> list[Any]:
-    """[rank, "Type: first line", is it an I/O error] of a failed save step; a sharded write names the rank
-    whose write failed.
-
-    torch.save reports a failed write as RuntimeError("... unexpected pos 832 vs 726"); the OSError it hides
-    (``[Errno 28] No space left on device``) is the one that tells the user what to do, so it is named instead.
-    """
-    inner: BaseException | None = exc
-    while inner is not None and not (isinstance(inner, OSError) and inner.errno):
-        inner = inner.__cause__ or inner.__context__
-    shown = inner if inner is not None else exc
-    reason = getattr(exc, "failure", None) or f"{type(shown).__name__}: {(str(shown).splitlines() or [''])[0][:200]}"
-    io = getattr(exc, "io", isinstance(shown, OSError))  # a shard write says what its rank's error was
-    return [getattr(exc, "failed_rank", rank), reason, bool(io)]
-
-
 def _collective(obj: Any) -> bool:
     """ddpkit's loaders: a stream's ``state_dict()`` gathers every rank's position (a collective), so it must
     run on every rank before any object whose ``state_dict()`` may fail on one rank alone."""
@@ -114,9 +89,11 @@ class Checkpointer:
     nor restores one of them gets a one-line FileExistsError at its first ``restore()`` or ``save()``, before
     anything is written. ``resume=False`` (said explicitly) starts over there instead: the new saves are the
     newer commits, so retention and resume follow them and the old checkpoints go as ``keep`` new ones exist.
+
+    ``async_save=True``: each save is written in the background once its state is staged; see :meth:`wait`.
     """
 
-    def __init__(self, directory: str, *, keep: int = 3, resume: bool | None = None):
+    def __init__(self, directory: str, *, keep: int = 3, resume: bool | None = None, async_save: bool = False):
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.directory, self.keep = directory, keep
@@ -128,6 +105,12 @@ class Checkpointer:
         self.state = runtime.ensure_init()
         self._claimed = asked or resume is False  # resuming, or starting over here on purpose
         self._settled = False
+        self.async_save = bool(async_save)
+        self._pending: BackgroundWrite | None = None
+        self._writer_group: Any = None  # sharded writes in the background talk on a group of their own
+        self._staged: Any = None  # the last save's staged state (async_save, unsharded)
+        if self.async_save:
+            process.on_shutdown(self._at_exit)
         if self.state.is_main:
             self._prepare_directory()
 
@@ -171,8 +154,12 @@ class Checkpointer:
         Returns the checkpoint's path on rank 0. When any rank fails, every rank raises the same error naming
         that rank and its error, and nothing of this save is left: an OSError for an I/O error (a full disk, a
         write refused), else a RuntimeError (an object's ``state_dict()`` raising KeyError, say).
+
+        With ``async_save`` it returns once the state is staged, with the path the checkpoint will have; the
+        write goes on in the background, and a failure of it is raised here at the next save (see :meth:`wait`).
         """
         self._settle(restored=False)
+        self.wait()  # one write at a time: the previous one is finished, and its failure raised, first
         loaders = {k: v for k, v in objects.items() if isinstance(v, ShardedDataLoader)}
         mode = self.state.strategy
         # the collectives first, in the same order on every rank: the RNG gather and the loaders' state (a
@@ -188,9 +175,41 @@ class Checkpointer:
         states = {name: gathered[name] if name in gathered else local[name] for name in objects}
         payload = {"step": step, "world_size": self.state.world_size, "rng": rng, "objects": states}
         tmp = os.path.join(self.directory, f"ckpt-{step:010d}.tmp-{os.getpid()}")
+        if self.async_save:  # staged here, on the training thread: the next step must not change what is written
+            staged = self._together(step, "staging", lambda: stage(payload, self._staged) if self.state.is_main
+                                    else None)
+            self._staged = staged  # its buffers are written into again at the next save, once this write ended
+            return self._in_background(step, tmp, lambda: self._commit(step, staged, extra or {}, tmp)  # type: ignore[arg-type]
+                                       if self.state.is_main else None)
         # every rank returns once the checkpoint exists, or raises with rank 0
         return self._together(step, "writing", lambda: self._commit(step, payload, extra or {}, tmp)
                               if self.state.is_main else None, tmp)
+
+    def _in_background(self, step: int, tmp: str, write: Callable[[], Any]) -> str | None:
+        def announce(exc: BaseException) -> None:  # at once, on the rank it failed on; every rank raises it later
+            rank, reason, _ = failure(exc, self.state.rank)
+            say(f"ddpkit: checkpoint step {step}: its background write failed on rank {rank} ({reason}); every "
+                "rank raises it at the next save, wait() or restore")
+
+        self._pending = BackgroundWrite(step, tmp, write, announce=announce)
+        return os.path.join(self.directory, f"ckpt-{step:010d}") if self.state.is_main else None
+
+    def wait(self) -> str | None:
+        """Wait for the background write of the last save (``async_save``), on every rank; returns its path on
+        rank 0 (None when none was pending). A write that failed on any rank is raised on every rank as a
+        synchronous save's failure is (nothing of it left, the newest checkpoint named). ``save``, ``restore``
+        and ``ddpkit.shutdown()`` (at exit) call it."""
+        pending, self._pending = self._pending, None
+        if pending is None:  # the same on every rank: saves are collective
+            return None
+        return self._together(pending.step, "writing in the background", pending.result, pending.tmp)
+
+    def _at_exit(self) -> None:
+        """At ``ddpkit.shutdown()``: the last write finishes, and its failure is said on every rank."""
+        try:
+            self.wait()
+        except (OSError, RuntimeError) as exc:
+            say(f"ddpkit: {exc}")
 
     def _together(self, step: int, stage: str, action: Callable[[], T], tmp: str | None = None) -> T:
         """``action()`` on this rank, then every rank learns whether it failed on any: all return, or all raise
@@ -208,7 +227,7 @@ class Checkpointer:
         try:
             result, mine, cause = action(), None, None
         except Exception as exc:  # whatever it is, the other ranks must hear of it
-            result, mine, cause = None, _failure(exc, self.state.rank), exc
+            result, mine, cause = None, failure(exc, self.state.rank), exc
         failed = next((f for f in gather_object(mine) if f), None)
         if failed is None:
             return result  # type: ignore[return-value]  # None only on a rank that raised, which raises here
@@ -250,12 +269,35 @@ class Checkpointer:
             return disk.hashes(tmp, mine)
 
         self._together(step, "making its directory", prepare, tmp)
+        if self.async_save:
+            return self._sharded_in_background(step, tensors, tmp, {
+                "step": step, "world_size": self.state.world_size, "rng": rng, "objects": rest,
+                "sharded": sorted(tensors)}, extra)
         own = self._together(step, "writing the shards", write, tmp)
         hashed = {k: v for part in gather_object(own) for k, v in part.items()}  # JSON between ranks, never pickle
         payload = {"step": step, "world_size": self.state.world_size, "rng": rng, "objects": rest,
                    "sharded": sorted(tensors)}
         return self._together(step, "writing", lambda: self._commit(step, payload, extra, tmp, hashed)
                               if self.state.is_main else None, tmp)
+
+    def _sharded_in_background(self, step: int, tensors: dict[str, Any], tmp: str, payload: dict[str, Any],
+                               extra: dict[str, Any]) -> str | None:
+        """DCP's async save stages this rank's shards to CPU memory and writes them on a thread, over a gloo
+        group of its own (the training thread's collectives go on meanwhile); rank 0 commits once DCP's write
+        ends, which is once every rank's shard is written, hashing every file itself."""
+        if self._writer_group is None:
+            self._writer_group = self._together(step, "making the writers' group",
+                                                lambda: dist.new_group(backend="gloo"))
+        group = self._writer_group
+        future = self._together(step, "staging", lambda: shards.save_async(
+            tensors, os.path.join(tmp, shards.SHARDS), group))
+        staged = stage(payload) if self.state.is_main else None
+
+        def write() -> str | None:
+            shards.finish(future)
+            return self._commit(step, staged, extra, tmp) if self.state.is_main else None  # type: ignore[arg-type]
+
+        return self._in_background(step, tmp, write)
 
     def _commit(self, step: int, payload: dict, extra: dict[str, Any], tmp: str,
                 hashed: dict[str, dict[str, Any]] | None = None) -> str:
@@ -309,6 +351,7 @@ class Checkpointer:
 
         Without ``path`` nothing is loaded unless ``resume`` is on. A given ``path`` must exist and be valid.
         """
+        self.wait()  # a save still being written in the background is the newest checkpoint
         if path is not None:
             if os.path.dirname(os.path.abspath(path)) != os.path.abspath(self.directory):
                 self._settle(restored=False)  # fine-tuning from another directory's checkpoint claims none here
@@ -337,7 +380,7 @@ class Checkpointer:
             if name in sharded:
                 continue
             if isinstance(obj, torch.nn.Module):
-                _check_fits(unwrap(obj), payload["objects"][name], path)
+                check_fits(unwrap(obj), payload["objects"][name], path)
             obj.load_state_dict(payload["objects"][name])
         if payload["world_size"] == self.state.world_size:  # another world size: streams cannot match anyway
             loaders = {k: v for k, v in objects.items() if isinstance(v, ShardedDataLoader)}

@@ -1,0 +1,44 @@
+"""What a checkpoint operation says when it fails: the failing rank's reason (the OSError a torch error hides),
+and the keys and shapes by which a saved state dict does not fit a model.
+
+Example::
+
+    >>> failure(OSError(28, "No space left on device"), rank=1)
+    [1, 'OSError: [Errno 28] No space left on device', True]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def check_fits(model: torch.nn.Module, saved: dict[str, torch.Tensor], path: str) -> None:
+    """Name the keys and shapes that differ, instead of torch's multi-line load_state_dict error."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(saved))
+    unexpected = sorted(set(saved) - set(own))
+    shapes = [f"{k} {tuple(saved[k].shape)} vs model {tuple(own[k].shape)}"
+              for k in own if k in saved and saved[k].shape != own[k].shape]
+    if missing or unexpected or shapes:
+        parts = [f"missing {missing[:5]}" if missing else "", f"unexpected {unexpected[:5]}" if unexpected else "",
+                 f"shapes {shapes[:5]}" if shapes else ""]
+        raise ValueError(f"checkpoint {path} does not fit this model: " + "; ".join(p for p in parts if p)
+                         + " (was it saved from another model or configuration?)")
+
+
+def failure(exc: BaseException, rank: int) -> list[Any]:
+    """[rank, "Type: first line", is it an I/O error] of a failed save step; a sharded write names the rank
+    whose write failed.
+
+    torch.save reports a failed write as RuntimeError("... unexpected pos 832 vs 726"); the OSError it hides
+    (``[Errno 28] No space left on device``) is the one that tells the user what to do, so it is named instead.
+    """
+    inner: BaseException | None = exc
+    while inner is not None and not (isinstance(inner, OSError) and inner.errno):
+        inner = inner.__cause__ or inner.__context__
+    shown = inner if inner is not None else exc
+    reason = getattr(exc, "failure", None) or f"{type(shown).__name__}: {(str(shown).splitlines() or [''])[0][:200]}"
+    io = getattr(exc, "io", isinstance(shown, OSError))  # a shard write says what its rank's error was
+    return [getattr(exc, "failed_rank", rank), reason, bool(io)]
