@@ -59,10 +59,12 @@ def two_nodes(out, *args, nproc=2):
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("hsdp")
     ok(run_cmd([sys.executable, str(WORKER), str(out), "train"]))
-    for node in two_nodes(out, "train"):
+    nodes = two_nodes(out, "train")
+    for node in nodes:
         ok(node)
         # the loader's pass left open (5 of 5 batches taken, no StopIteration yet) closes quietly at exit
         assert "Exception ignored" not in node.stdout + node.stderr, node.stderr[-2000:]
+    assert "ddpkit: hsdp mesh 2 x 2: each copy of the model sharded over 2 process(es), 2 copies" in nodes[0].stderr
     ckpt = next((out / "ckpt-hsdp-4").glob("ckpt-*"))
     restores = {"single": run_cmd([sys.executable, str(WORKER), str(out), "restore", str(ckpt), "single"]),
                 "fsdp3": launch(WORKER, out, "restore", ckpt, "fsdp3", 3, nproc=3, launcher_args=("--mode", "fsdp")),

@@ -72,7 +72,7 @@ RULES = {
                "ddpkit.data_loader(stream, batch_size) splits it across ranks and workers; or skip samples by "
                "rank and get_worker_info() in __iter__"),
 }
-SHARDING = ("fully_shard", "FullyShardedDataParallel", "fsdp")  # a script that says it shards
+SHARDING = ("fully_shard", "FullyShardedDataParallel", "fsdp", "hsdp")  # a script that says it shards
 OPTIMIZERS = {"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "RMSprop", "NAdam", "RAdam", "LBFGS",
               "SparseAdam", "Rprop", "ASGD", "Adafactor", "Muon"}
 

@@ -18,9 +18,13 @@ Torch-free at module level, like every table entry.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any
 
 from ddpkit.strategies.fsdp import FSDPOptions, FSDPStrategy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch import nn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +65,16 @@ class HSDPStrategy(FSDPStrategy):
 
     def mesh(self, state: Any, options: Any) -> tuple[int, ...]:
         return mesh_shape(state.world_size, state.local_world_size, options.shard_size)
+
+    def wrap(self, model: nn.Module, state: Any, **given: Any) -> nn.Module:
+        """fsdp's wrap on the 2-D mesh; says the shape once."""
+        wrapped = super().wrap(model, state, **given)
+        replicas, size = self.mesh(state, self.options(given))
+        if state.is_main:
+            print(f"ddpkit: hsdp mesh {replicas} x {size}: each copy of the model sharded over {size} process(es), "
+                  f"{replicas} cop{'y' if replicas == 1 else 'ies'} (gradients all-reduced across them)",
+                  file=sys.stderr, flush=True)
+        return wrapped
 
     def shard_group_size(self, state: Any) -> int:
         return mesh_shape(state.world_size, state.local_world_size, None)[1]
