@@ -129,6 +129,27 @@ def test_a_safetensors_export_of_a_crafted_checkpoint_runs_nothing(tmp_path, att
     assert not out.exists() and not list(tmp_path.glob("model.safetensors*"))
 
 
+@pytest.mark.parametrize("saved, said", [({"epoch": 0, "position": -3}, "position=-3"),
+                                         ({"epoch": "1", "position": 0}, "epoch='1'"),
+                                         ({"epoch": 0.5, "position": True}, "epoch=0.5, position=True"),
+                                         ({"position": 4}, "epoch=None")])
+def test_a_crafted_loader_state_is_one_line(tmp_path, saved, said):
+    """Before: a negative position surfaced mid-epoch as "generator raised StopIteration"."""
+    ckpt = tmp_path / "run" / "ckpt-0000000001"
+    ckpt.mkdir(parents=True)
+    torch.save({"step": 1, "world_size": 1, "rng": {}, "objects": {"loader": saved}}, ckpt / "state.pt")
+    data = (ckpt / "state.pt").read_bytes()
+    files = {"state.pt": {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}}
+    (ckpt / "manifest.json").write_text(json.dumps({"format": 1, "step": 1, "world_size": 1, "extra": {},
+                                                    "files": files}))
+    ddpkit.init()
+    loader = ddpkit.data_loader(torch.utils.data.TensorDataset(torch.arange(8.0)), batch_size=2)
+    with pytest.raises(ValueError) as info:
+        ddpkit.Checkpointer(str(tmp_path / "run"), resume=True).restore(loader=loader)
+    message = str(info.value)
+    assert message.startswith(f"loader state {said}: expected whole numbers >= 0") and "\n" not in message
+
+
 def test_an_honest_bytes_entry_still_loads(tmp_path):
     """Plain non-tensor values (an int in an optimizer's state) are bytes entries too: weights_only admits them."""
     shards = tmp_path / "shards"

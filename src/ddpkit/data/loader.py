@@ -127,6 +127,15 @@ class ShardedDataLoader(Observed, DataLoader):
         return {"epoch": self.epoch, "position": self._start + taken}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue at ``state`` (a :meth:`state_dict`): its epoch, past the samples it had taken. A value that is
+        no whole number >= 0 (a crafted file's ``{"epoch": 1, "position": -4}``) is refused with one line::
+
+            ValueError: loader state position=-4: expected whole numbers >= 0 (the epoch, the samples of it ...
+        """
+        bad = [f"{key}={state.get(key)!r}" for key in ("epoch", "position") if not _count(state.get(key))]
+        if bad:  # a crafted file's value would otherwise surface as "generator raised StopIteration" mid-epoch
+            raise ValueError(f"loader state {', '.join(bad)}: expected whole numbers >= 0 (the epoch, the samples of "
+                             "it already taken); restore a checkpoint this loader's script wrote")
         self.epoch, self._start = int(state["epoch"]), int(state["position"])
         self._batches = self._requested = None
         self._passes += 1  # a pass open before the restore is not the restored one
@@ -187,6 +196,13 @@ class ShardedDataLoader(Observed, DataLoader):
         finally:  # at the end, and at a `break` (CPython closes the iterator as the loop is left)
             if number == self._passes:
                 self._close_pass(finished)
+
+
+def _count(value: Any) -> bool:
+    """A whole number >= 0 (an int, or an integer tensor of one element, as a checkpoint may hold it)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() == 1 and not value.is_floating_point() and value.dtype != torch.bool and int(value) >= 0
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _timed(batches: Iterable[Any], watchers: tuple[FetchWatcher, ...],
