@@ -20,11 +20,34 @@ WORKER = WORKERS / "async_ckpt.py"
 
 
 def test_staging_copies_every_tensor_so_the_next_step_cannot_change_it():
+    from collections import OrderedDict, defaultdict
+
     w = torch.ones(3)
-    staged = stage({"model": {"w": w}, "groups": [{"params": [0]}], "pair": (w, "x")})
+    counts = defaultdict(int, {"a": 1})
+    staged = stage({"model": OrderedDict(w=w), "groups": [{"params": [0]}], "pair": (w, "x"), "counts": counts})
     w.add_(1)
     assert staged["model"]["w"].tolist() == [1.0] * 3 and staged["pair"][0].tolist() == [1.0] * 3
     assert staged["groups"] == [{"params": [0]}] and staged["pair"][1] == "x"
+    assert type(staged["model"]) is OrderedDict and staged["counts"] == counts  # a defaultdict raised TypeError
+
+
+def test_latest_and_a_second_checkpointer_wait_for_the_write_in_flight(tmp_path):
+    """keep=1: latest() named the checkpoint the write's commit was about to remove; a second Checkpointer of the
+    directory removed the write's temporary directory as a leftover of a killed save."""
+    import ddpkit
+
+    sys.path.insert(0, str(WORKERS))
+    ddpkit.init()
+    model = ddpkit.prepare_model(torch.nn.Linear(3, 2))
+    ckpt = ddpkit.Checkpointer(str(tmp_path / "run"), keep=1, async_save=True)
+    ckpt.save(1, model=model)
+    ckpt.wait()
+    slow = __import__("async_ckpt_slow").SlowState(1.0)
+    ckpt.save(2, model=model, slow=slow)
+    ddpkit.Checkpointer(str(tmp_path / "run"), resume=True)  # while step 2 is being written
+    latest = ckpt.latest()
+    assert latest is not None and latest.endswith("ckpt-0000000002"), latest
+    assert ckpt.restore(latest, model=model) == 2
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
@@ -34,14 +57,17 @@ def test_each_background_save_holds_its_steps_weights_and_the_last_is_finished_a
     for step in (1, 2, 3):
         path = tmp_path / "ckpt" / f"ckpt-{step:010d}"
         assert validate(str(path)) is None, step  # whole and checksummed, step 3 too (written while exiting)
+        # step 2 was still being written when a second Checkpointer cleared the directory's leftovers: not one
+        assert json.loads((path / "manifest.json").read_text())["extra"] == {"step": step}  # staged at save()
         got = full_model_state(str(path))
         assert all(torch.equal(got[k], snaps[step][k]) for k in snaps[step]), (mode, step)
     assert not [p for p in (tmp_path / "ckpt").iterdir() if ".tmp" in p.name]
 
 
 @pytest.mark.parametrize("mode, rank", [("ddp", 0), ("fsdp", 1)])
-def test_a_failed_background_write_is_raised_on_every_rank_and_said_at_exit(tmp_path, mode, rank):
-    r = ok(launch(WORKER, tmp_path, "fail", launcher_args=("--mode", mode, "--log-dir", tmp_path / "logs")))
+def test_a_failed_background_write_is_raised_on_every_rank_and_fails_the_exit(tmp_path, mode, rank):
+    r = launch(WORKER, tmp_path, "fail", launcher_args=("--mode", mode, "--log-dir", tmp_path / "logs"))
+    assert r.returncode == 1, r.stderr[-3000:]  # the last save's write failed: the run failed (it exited 0)
     results = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in (0, 1)]
     newest = tmp_path / "ckpt" / "ckpt-0000000001"
     for got in results:
@@ -55,10 +81,24 @@ def test_a_failed_background_write_is_raised_on_every_rank_and_said_at_exit(tmp_
     logs = {i: next((tmp_path / "logs").rglob(f"attempt_0/{i}/stderr.log")).read_text() for i in (0, 1)}
     # said at once on the rank it failed on, without waiting for the next save
     assert f"checkpoint step 2: its background write failed on rank {rank} (OSError: [Errno 27]" in logs[rank]
-    for i in (0, 1):  # step 4 failed after the script's last line: every rank says so at exit
-        assert "checkpoint step 4 was not saved: writing in the background failed" in logs[i], logs[i]
+    # step 4 failed after the script's last line: the rank it failed on (both, in fsdp: DCP tells every writer)
+    # says so at exit and exits 1, asking no peer (one may be gone already)
+    for i in ((0, 1) if mode == "fsdp" else (rank,)):
+        assert f"checkpoint step 4 was not saved: its background write failed on rank {rank} (OSError: [Errno 27]" \
+            in logs[i] and "this process exits 1" in logs[i], logs[i]
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["ckpt-0000000001", "ckpt-0000000003"]
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_a_rank_that_leaves_during_a_background_write_fails_the_run_cleanly(tmp_path, mode):
+    """Its exit asked the peers for the write's outcome while they trained on: ddp hung until the collective
+    timeout, fsdp aborted in a collective mismatch (SIGABRT)."""
+    r = launch(WORKER, tmp_path, "exit", launcher_args=("--mode", mode), timeout=150)
+    assert r.returncode == 1
+    assert "rank 1 exited with code 3, the first rank to stop" in r.stderr, r.stderr[-3000:]
+    assert "HANG" not in r.stderr and "SIGABRT" not in r.stderr
+    assert validate(str(tmp_path / "ckpt" / "ckpt-0000000002")) is None  # the write in flight still committed
 
 
 def test_a_process_killed_during_a_background_write_resumes_from_the_previous_checkpoint_bitwise(tmp_path):

@@ -167,11 +167,28 @@ def test_tied_weights_export_once_per_name(tmp_path):
     assert torch.equal(again[1].weight, net[0].weight)
 
 
-@pytest.mark.parametrize("argv, said", [
-    (["--format", "pt", "--max-shard-mb", "5"], "--max-shard-mb splits safetensors files only"),
-    (["--max-shard-mb", "0"], "--max-shard-mb 0.0 is not a size")])
-def test_a_bad_export_request_is_one_line_and_writes_nothing(runs, tmp_path, argv, said):
-    out = tmp_path / "out"
-    r = run_cmd([sys.executable, "-m", "ddpkit", "consolidate", str(runs["dir"] / "ckpt-hsdp-4"), str(out), *argv])
+@pytest.mark.parametrize("saved, out, argv, said", [
+    ("ckpt-hsdp-4", "out", ["--format", "pt", "--max-shard-mb", "5"], "--max-shard-mb splits safetensors files only"),
+    ("ckpt-hsdp-4", "out", ["--max-shard-mb", "0"], "--max-shard-mb 0.0 is not a size"),
+    # before: a 40-byte file of no tensors, exit 0 (sharded); AttributeError tracebacks (unsharded)
+    ("ckpt-hsdp-4", "o.safetensors", ["--name", "optimizer"], "'optimizer' in "),
+    ("ckpt-restored-ddp2", "o.safetensors", ["--name", "optimizer"], "is not a model's state dict"),
+    ("ckpt-restored-ddp2", "o.pt", ["--name", "optimizer"], "pass --name of a model: model"),
+    ("ckpt-hsdp-4", "missing/m.safetensors", [], "does not exist; create it"),  # before: FileNotFoundError traceback
+    ("ckpt-hsdp-4", "missing/m.pt", [], "does not exist; create it"),
+    ("ckpt-hsdp-4", "afile", ["--max-shard-mb", "1"], "is a file, and --max-shard-mb writes a directory")])
+def test_a_bad_export_request_is_one_line_and_writes_nothing(runs, tmp_path, saved, out, argv, said):
+    (tmp_path / "afile").write_text("mine")
+    r = run_cmd([sys.executable, "-m", "ddpkit", "consolidate", str(runs["dir"] / saved), str(tmp_path / out), *argv])
     assert r.returncode == 2 and said in r.stderr and r.stderr.count("\n") == 1, r.stderr
-    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"] and (tmp_path / "afile").read_text() == "mine"
+
+
+def test_the_budget_counts_the_shard_size_prepare_model_will_get():
+    """init_empty(budget_mb=) counted one node's processes whatever shard_size prepare_model got."""
+    from types import SimpleNamespace
+
+    mode, one_node_of_2 = strategy.get("hsdp"), SimpleNamespace(world_size=2, local_world_size=2)
+    assert mode.shard_group_size(one_node_of_2) == 2 and mode.shard_group_size(one_node_of_2, 1) == 1
+    assert mode.state_bytes(1000, 10, mode.shard_group_size(one_node_of_2, 1), 2) == \
+        strategy.get("fsdp").state_bytes(1000, 10, 1, 2)  # shard_size=1: a whole replica per rank

@@ -31,7 +31,8 @@ __all__ = ["MicroStep", "accumulate", "init_empty", "no_sync", "prepare_model", 
 
 
 @contextlib.contextmanager
-def init_empty(budget_mb: float | None = None, optimizer_slots: int = 2) -> Iterator[None]:
+def init_empty(budget_mb: float | None = None, optimizer_slots: int = 2,
+               shard_size: int | None = None) -> Iterator[None]:
     """Build modules on the meta device: shapes only, no memory and no initialisation yet.
 
     ``prepare_model`` then shards the model and initialises each rank's shard, module by module, with the
@@ -43,11 +44,14 @@ def init_empty(budget_mb: float | None = None, optimizer_slots: int = 2) -> Iter
 
         with ddpkit.init_empty(budget_mb=600):    # ddp: "does not fit: 806 MB needed per process, ..."
             model = Net()
+
+    ``shard_size``: in hsdp, the one ``prepare_model`` will get (the budget is counted for that many processes
+    sharing the state; default: one node's processes, as prepare_model's default).
     """
     with meta.meta_build() as owners:
         yield
     if budget_mb is not None:
-        meta.check_budget(owners, budget_mb, optimizer_slots, runtime.ensure_init())
+        meta.check_budget(owners, budget_mb, optimizer_slots, runtime.ensure_init(), shard_size)
 
 
 def no_sync(model: nn.Module, enabled: bool = True) -> contextlib.AbstractContextManager[Any]:

@@ -7,6 +7,7 @@
   shard); the save of step 3 raises it on every rank; a save after that works; step 4's write fails again and
   the script ends: every rank says so at exit. Each rank writes OUT/rank<R>.json.
 - ``kill``: saves step 1 (finished), then step 2, whose write is slow; prints ``WRITING`` and waits to be killed.
+- ``exit``: rank 1 leaves with ``sys.exit(3)`` while step 2 is being written; rank 0 trains on.
 - ``resume``: restores the newest valid checkpoint; writes OUT/resumed.pt.
 """
 import json
@@ -17,6 +18,7 @@ import sys
 import time
 
 import torch
+from async_ckpt_slow import SlowState
 from torch import nn
 
 import ddpkit
@@ -53,30 +55,18 @@ def limit_files(rank, limit):
     return soft, hard
 
 
-class Slow:
-    """Pickles slowly: the background write of a checkpoint holding it takes a minute."""
-
-    def __reduce__(self):
-        time.sleep(60)
-        return (dict, ())
-
-
-class SlowState:
-    def state_dict(self):
-        return {"slow": Slow()}
-
-    def load_state_dict(self, saved):
-        pass
-
-
 if action == "train":
     ckpt = ddpkit.Checkpointer(directory, async_save=True, keep=10)
-    snaps = {}
+    snaps, metrics = {}, {}
     for step in (1, 2, 3):
         train_step()
         snaps[step] = snapshot()
-        returned = ckpt.save(step, model=model, optimizer=opt)
+        metrics["step"] = step  # one dict the script keeps updating: each manifest keeps the value of its save
+        returned = ckpt.save(step, model=model, optimizer=opt, extra=metrics, slow=SlowState(1.0 if step == 2 else 0))
         assert (returned is not None) == state.is_main
+        metrics["step"] = f"after {step}"
+        if step == 2:  # a second Checkpointer of the directory while step 2 is being written (an evaluation helper)
+            ddpkit.Checkpointer(directory, resume=True)
     train_step()  # changes every weight while step 3 is being written
     if state.is_main:
         torch.save(snaps, os.path.join(out, "snaps.pt"))
@@ -116,6 +106,17 @@ elif action == "kill":
     ckpt.save(2, model=model, optimizer=opt, slow=SlowState())
     print("WRITING", flush=True)
     time.sleep(120)
+elif action == "exit":
+    ckpt = ddpkit.Checkpointer(directory, async_save=True)
+    train_step()
+    ckpt.save(1, model=model, optimizer=opt)
+    ckpt.wait()
+    train_step()
+    ckpt.save(2, model=model, optimizer=opt, slow=SlowState(2.0))
+    if state.rank == 1:
+        sys.exit(3)  # leaves alone while step 2 is being written
+    for _ in range(20):
+        train_step()  # rank 0 goes on: its next collective finds rank 1 gone
 else:
     ckpt = ddpkit.Checkpointer(directory, async_save=True, resume=True)
     step = ckpt.restore(model=model, optimizer=opt)

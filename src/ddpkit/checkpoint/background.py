@@ -20,12 +20,18 @@ Example::
 
 from __future__ import annotations
 
+import copy
+import os
 import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+# the temporary directories of this process's writes still running: a second Checkpointer of the same directory
+# clears the leftovers of killed saves at its start, and must not take these for such leftovers
+IN_FLIGHT: set[str] = set()
 
 
 def stage(obj: Any, reuse: Any = None) -> Any:
@@ -44,9 +50,12 @@ def stage(obj: Any, reuse: Any = None) -> Any:
                 reuse.dtype == obj.dtype and reuse.layout == obj.layout == torch.strided and reuse.is_contiguous():
             return reuse.copy_(obj.detach())
         return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
+    if isinstance(obj, dict):  # a copy of its own kind: an OrderedDict stays one, a defaultdict keeps its factory
         old = reuse if isinstance(reuse, dict) else {}
-        return type(obj)((k, stage(v, old.get(k))) for k, v in obj.items())
+        out = copy.copy(obj)
+        for k, v in obj.items():
+            out[k] = stage(v, old.get(k))
+        return out
     if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
         same = isinstance(reuse, (list, tuple)) and len(reuse) == len(obj)
         return type(obj)(stage(v, reuse[i] if same else None) for i, v in enumerate(obj))
@@ -65,6 +74,7 @@ class BackgroundWrite:
         self._error: BaseException | None = None
         # not a daemon: an interpreter that exits (even after an uncaught exception) first lets the write finish
         self._thread = threading.Thread(target=self._run, name=f"ddpkit-checkpoint-{step}")
+        IN_FLIGHT.add(os.path.abspath(tmp))
         self._thread.start()
 
     def _run(self) -> None:
@@ -74,9 +84,16 @@ class BackgroundWrite:
             self._error = exc
             if self._announce is not None:
                 self._announce(exc)
+        finally:
+            IN_FLIGHT.discard(os.path.abspath(self.tmp))
 
     def done(self) -> bool:
         return not self._thread.is_alive()
+
+    def join(self) -> BaseException | None:
+        """Wait for the write on this rank alone (no peer is asked); its error, if it failed."""
+        self._thread.join()
+        return self._error
 
     def result(self) -> Any:
         self._thread.join()

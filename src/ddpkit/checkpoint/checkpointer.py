@@ -34,7 +34,6 @@ import json
 import os
 import shutil
 import sys
-import uuid
 import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -45,10 +44,10 @@ import torch.distributed as dist
 from ddpkit.checkpoint import dcp as shards
 from ddpkit.checkpoint import disk
 from ddpkit.checkpoint import rng as rngstate
-from ddpkit.checkpoint.background import BackgroundWrite, say, stage
+from ddpkit.checkpoint.background import IN_FLIGHT, BackgroundWrite, say, stage
 from ddpkit.checkpoint.disk import by_commit as by_commit  # the order and checks tools use, kept here too
 from ddpkit.checkpoint.disk import newest_valid as newest_valid
-from ddpkit.checkpoint.disk import validate
+from ddpkit.checkpoint.disk import run_id, validate
 from ddpkit.checkpoint.reasons import check_fits, failure
 from ddpkit.core import contract, process
 from ddpkit.core.atomic import write_file
@@ -59,18 +58,6 @@ from ddpkit.runtime.control import broadcast, gather_object
 from ddpkit.strategies.forwarding import unwrap
 
 T = TypeVar("T")
-
-
-def run_id() -> str:
-    """Who writes this run's checkpoints: torchrun's job id (the same in every restart of a job; ``ddpkit
-    launch`` makes one per launch on one node, ``--rdzv-id`` names it across nodes), else one per process."""
-    job = contract.RUN_ID.text(os.environ)
-    if job:
-        return job
-    proc = process.current()
-    if proc.run_id is None:  # this process's own, made on first use
-        proc.run_id = f"process-{uuid.uuid4().hex[:12]}"
-    return proc.run_id
 
 
 def _collective(obj: Any) -> bool:
@@ -140,12 +127,20 @@ class Checkpointer:
         except OSError as exc:
             raise PermissionError(f"checkpoint directory {self.directory!r} is not writable ({exc.strerror}); "
                                   "pass a directory this user can write") from None
-        disk.remove_unfinished(self.directory)  # leftovers of a save that was killed midway
+        disk.remove_unfinished(self.directory, IN_FLIGHT)  # leftovers of a save that was killed midway
         disk.remove_replaced(self.directory)
 
     def checkpoints(self) -> list[str]:
-        """Committed checkpoint directories, newest commit first (not yet checked)."""
+        """Committed checkpoint directories, newest commit first (not yet checked); a background write of this
+        rank is finished first (its commit may remove older ones)."""
+        self._join_local()
         return by_commit(self.directory)
+
+    def _join_local(self) -> None:
+        """This rank's background write finished, nothing asked of the peers (a failure is raised on every rank
+        by the next save, wait() or restore): what a rank alone may call, as latest() or checkpoints()."""
+        if self._pending is not None:
+            self._pending.join()
 
     def save(self, step: int, *, extra: dict[str, Any] | None = None, **objects: Any) -> str | None:
         """Save ``objects`` (anything with ``state_dict()``: model, optimizer, scheduler, scaler, loader).
@@ -160,6 +155,8 @@ class Checkpointer:
         """
         self._settle(restored=False)
         self.wait()  # one write at a time: the previous one is finished, and its failure raised, first
+        if self.async_save:  # as it is now: written later, a dict the script keeps updating would say later values
+            extra = self._together(step, "collecting the state", lambda: json.loads(json.dumps(extra or {})))
         loaders = {k: v for k, v in objects.items() if isinstance(v, ShardedDataLoader)}
         mode = self.state.strategy
         # the collectives first, in the same order on every rank: the RNG gather and the loaders' state (a
@@ -205,11 +202,20 @@ class Checkpointer:
         return self._together(pending.step, "writing in the background", pending.result, pending.tmp)
 
     def _at_exit(self) -> None:
-        """At ``ddpkit.shutdown()``: the last write finishes, and its failure is said on every rank."""
-        try:
-            self.wait()
-        except (OSError, RuntimeError) as exc:
-            say(f"ddpkit: {exc}")
+        """At ``ddpkit.shutdown()`` (at exit): the last write finishes on this rank. No peer is asked (one may have
+        left already, or still be training: a collective here would hang or mismatch); a rank whose write failed
+        says so and fails the process (exit code 1), as a synchronous save's failure would have."""
+        pending, self._pending = self._pending, None
+        error = pending.join() if pending is not None else None
+        if error is not None:
+            if self.state.is_main:  # its directory: nothing of a failed save is left
+                shutil.rmtree(pending.tmp, ignore_errors=True)  # type: ignore[union-attr]
+            rank, reason, _ = failure(error, self.state.rank)
+            step = pending.step  # type: ignore[union-attr]  # an error comes from a pending write
+            say(f"ddpkit: checkpoint step {step} was not saved: its background write failed on rank {rank} "
+                f"({reason}) after the script's last save; the newest checkpoint is still "
+                f"{next(iter(by_commit(self.directory)), 'none')}; this process exits 1")
+            process.current().exit_code = 1
 
     def _together(self, step: int, stage: str, action: Callable[[], T], tmp: str | None = None) -> T:
         """``action()`` on this rank, then every rank learns whether it failed on any: all return, or all raise
@@ -309,7 +315,7 @@ class Checkpointer:
         # state.pt, and the shards of a sharded checkpoint: those the ranks hashed as they wrote them (DCP
         # fsynced them) are taken as they are, the rest (state.pt, DCP's .metadata) hashed and fsynced here
         files = {**disk.hashes(tmp, [n for n in disk.files(tmp) if n not in (hashed or {})]), **(hashed or {})}
-        commit = 1 + max((n for p in self.checkpoints() if (n := disk.commit_number(p)) is not None), default=0)
+        commit = 1 + max((n for p in by_commit(self.directory) if (n := disk.commit_number(p)) is not None), default=0)
         manifest = {"format": 1, "step": step, "commit": commit, "run": run_id(),
                     "world_size": payload["world_size"], "extra": extra, "files": files}
         write_file(os.path.join(tmp, "manifest.json"), lambda f: f.write(json.dumps(manifest).encode()))
@@ -317,7 +323,8 @@ class Checkpointer:
             disk.fsync_dir(root)
         disk.install(tmp, final)  # committed from here: nothing after it may report the save as failed
         try:
-            committed = [p for p in self.checkpoints() if disk.commit_number(p) is not None]  # a damaged one stays
+            # a damaged one stays; by_commit, not checkpoints(): this may run on the writer thread itself
+            committed = [p for p in by_commit(self.directory) if disk.commit_number(p) is not None]
             for old in committed[self.keep:]:  # by commit order: the newest saves, not the highest steps
                 shutil.rmtree(old, ignore_errors=True)
         except OSError as exc:
@@ -329,6 +336,7 @@ class Checkpointer:
         """None when ``path`` is a complete checkpoint whose files match the manifest, else the reason.
         In a sharded mode (fsdp: one file per rank and more) each rank hashes its part of the files and the
         ranks agree, so call it, :meth:`latest` and :meth:`restore` on every rank there, as saving is."""
+        self._join_local()  # a path still being written in the background is whole once its write ended
         if self.state.world_size == 1 or not self.state.strategy.shards or not dist.is_initialized():
             return validate(path)
         reasons = gather_object(validate(path, (self.state.rank, self.state.world_size)))

@@ -162,7 +162,7 @@ def full_model_state(checkpoint: str, name: str = "model") -> dict[str, torch.Te
         payload = torch.load(os.path.join(checkpoint, "state.pt"), map_location="cpu", weights_only=True)
         if name not in payload["objects"]:
             raise UsageError(f"{checkpoint} has no {name!r} (it has {sorted(payload['objects'])}); pass --name")
-        return dict(payload["objects"][name])
+        return _model_state(checkpoint, name, payload["objects"][name], payload["objects"])
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     everything: dict[str, Any] = {}
@@ -175,4 +175,24 @@ def full_model_state(checkpoint: str, name: str = "model") -> dict[str, torch.Te
         raise cause if isinstance(cause, safeload.UnsafeCheckpoint) else exc from None
     if name not in everything:
         raise UsageError(f"{checkpoint} has no {name!r} (it has {sorted(everything)}); pass --name")
-    return {k: v for k, v in everything[name].items() if isinstance(v, torch.Tensor)}
+    return _model_state(checkpoint, name, everything[name], everything)
+
+
+def _model_state(checkpoint: str, name: str, saved: Any, objects: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """``saved`` when it is a model's state dict (tensors by name), else one line naming the models there.
+
+    >>> _model_state("ckpt", "optimizer", {"state": {}, "param_groups": []}, {"model": {"w": torch.ones(1)}})
+    ... # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ddpkit.core.errors.UsageError: 'optimizer' in ckpt is not a model's state dict (...); pass --name of a model: model
+    """
+    def is_model(obj: Any) -> bool:
+        return isinstance(obj, Mapping) and bool(obj) and all(isinstance(v, torch.Tensor) for v in obj.values())
+
+    if is_model(saved):
+        return dict(saved)
+    models = sorted(k for k, v in objects.items() if is_model(v))
+    kind = f"a dict of {', '.join(map(str, list(saved)[:4]))}" if isinstance(saved, Mapping) and saved else \
+        type(saved).__name__
+    raise UsageError(f"{name!r} in {checkpoint} is not a model's state dict (no tensors by name: {kind}); pass "
+                     f"--name of a model: {', '.join(models) or 'this checkpoint holds none'}")

@@ -21,8 +21,12 @@ import math
 import os
 import re
 import shutil
+import uuid
 import warnings
+from collections.abc import Collection
 from typing import Any
+
+from ddpkit.core import contract, process
 
 _NAME = re.compile(r"^ckpt-(\d{10})$")
 _ASIDE = re.compile(r"^(ckpt-\d{10})\.replaced-\d+(?:-\d+)?$")
@@ -172,8 +176,22 @@ def remove_replaced(directory: str) -> None:
             shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
 
 
-def remove_unfinished(directory: str) -> None:
-    """Remove the temporary directories of saves that were killed midway (never a committed checkpoint)."""
+def remove_unfinished(directory: str, running: Collection[str] = ()) -> None:
+    """Remove the temporary directories of saves that were killed midway (never a committed checkpoint); those in
+    ``running`` (absolute paths: this process's background writes) are not leftovers."""
     for entry in os.listdir(directory):
-        if ".tmp-" in entry and entry.startswith("ckpt-"):
+        if ".tmp-" in entry and entry.startswith("ckpt-") and os.path.abspath(os.path.join(directory, entry)) \
+                not in running:
             shutil.rmtree(os.path.join(directory, entry), ignore_errors=True)
+
+
+def run_id() -> str:
+    """Who writes this run's checkpoints: torchrun's job id (the same in every restart of a job; ``ddpkit
+    launch`` makes one per launch on one node, ``--rdzv-id`` names it across nodes), else one per process."""
+    job = contract.RUN_ID.text(os.environ)
+    if job:
+        return job
+    proc = process.current()
+    if proc.run_id is None:  # this process's own, made on first use
+        proc.run_id = f"process-{uuid.uuid4().hex[:12]}"
+    return proc.run_id

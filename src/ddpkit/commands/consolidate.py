@@ -64,6 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{PROG}: {ns.name!r} from {path} -> {', '.join(written)}", file=sys.stderr)
             return 0
         state = full_model_state(path, ns.name)
+        if not os.path.isdir(os.path.dirname(os.path.abspath(ns.out))):
+            raise UsageError(f"the directory of {ns.out} does not exist; create it or name another path")
     except (UsageError, safeload.UnsafeCheckpoint) as exc:
         return usage_error(PROG, exc)
     write_atomically(ns.out, lambda f: torch.save(state, f))

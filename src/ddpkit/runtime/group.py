@@ -159,7 +159,7 @@ def init(mode: str | None = None, *, backend: str | None = None, timeout_s: floa
         proc.state = state = State(env.rank, env.local_rank, env.world_size, env.local_world_size, env.node_rank,
                                    device, backend, chosen, reason, entry)
         proc.phases = phases.start(state, contract.REPORT_DIR.text(os.environ), window)
-        atexit.register(shutdown)
+        atexit.register(_shutdown_at_exit)
     if seed is not None:
         seed_everything(seed + state.rank)
     if state.is_main:
@@ -242,6 +242,17 @@ def shutdown() -> None:
                 # The launcher forgives a teardown abort only when every rank it lists as failed is marked so
                 faults.mark_finished(dist.get_rank())
             dist.destroy_process_group()
+
+
+def _shutdown_at_exit() -> None:
+    """:func:`shutdown` at interpreter exit; a hook that failed the process there (the last checkpoint's
+    background write) leaves with its exit code: nothing at atexit can change the code any other way."""
+    shutdown()
+    code = process.current().exit_code
+    if code:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 # How long a rank at exit waits for every other rank to reach its exit. A rank cannot tell a peer that is still

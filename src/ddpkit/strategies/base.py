@@ -139,9 +139,9 @@ class Strategy:
         """The GPUs whose generators a checkpoint keeps."""
         return [current]
 
-    def shard_group_size(self, state: Any) -> int:
+    def shard_group_size(self, state: Any, shard_size: int | None = None) -> int:
         """How many processes share one copy of the model's state (a mode that shards splits it that many ways;
-        hsdp: one node's processes by default); :meth:`state_bytes` gets it as ``world_size``."""
+        hsdp: ``shard_size``, by default one node's processes); :meth:`state_bytes` gets it as ``world_size``."""
         return int(state.world_size)
 
     def state_bytes(self, params: int, largest_block: int, world_size: int, slots: int) -> int:

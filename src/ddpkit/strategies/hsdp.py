@@ -76,5 +76,5 @@ class HSDPStrategy(FSDPStrategy):
                   file=sys.stderr, flush=True)
         return wrapped
 
-    def shard_group_size(self, state: Any) -> int:
-        return mesh_shape(state.world_size, state.local_world_size, None)[1]
+    def shard_group_size(self, state: Any, shard_size: int | None = None) -> int:
+        return mesh_shape(state.world_size, state.local_world_size, shard_size)[1]

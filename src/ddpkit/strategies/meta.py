@@ -72,7 +72,8 @@ def meta_build() -> Iterator[dict[nn.Parameter, nn.Module]]:
         handle.remove()
 
 
-def check_budget(owners: dict[nn.Parameter, nn.Module], budget_mb: float, optimizer_slots: int, state: State) -> None:
+def check_budget(owners: dict[nn.Parameter, nn.Module], budget_mb: float, optimizer_slots: int, state: State,
+                 shard_size: int | None = None) -> None:
     """Raise MemoryError when the parameters' training state per process exceeds ``budget_mb`` in this mode.
 
     ``owners``: parameter -> its module; the largest module stands in for the block gathered whole.
@@ -83,7 +84,7 @@ def check_budget(owners: dict[nn.Parameter, nn.Module], budget_mb: float, optimi
         per_module[id(module)] = per_module.get(id(module), 0) + param.numel()
     size = max((p.element_size() for p in owners), default=4)
     elements = mode.state_bytes(sum(per_module.values()), max(per_module.values(), default=0),
-                                mode.shard_group_size(state), optimizer_slots)
+                                mode.shard_group_size(state, shard_size), optimizer_slots)
     need = elements * size / 2**20
     if need > budget_mb:
         hint = "; use --mode fsdp" if not mode.shards else f"; use more processes than {state.world_size}"
