@@ -78,6 +78,7 @@ class BackgroundWrite:
         self._thread.start()
 
     def _run(self) -> None:
+        _yield_to_training()
         try:
             self._value = self._write()
         except BaseException as exc:  # DCP's CheckpointException is a BaseException
@@ -100,6 +101,16 @@ class BackgroundWrite:
         if self._error is not None:
             raise self._error
         return self._value
+
+
+def _yield_to_training() -> None:
+    """The calling thread at the lowest CPU priority: on Linux a nice value is a thread's own, so on a busy
+    machine the training thread (and its data loading) goes first and the write takes the cycles left over.
+    Elsewhere, or where it is refused, nothing changes."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):
+        pass
 
 
 def say(line: str) -> None:
