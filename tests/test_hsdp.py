@@ -192,3 +192,19 @@ def test_the_budget_counts_the_shard_size_prepare_model_will_get():
     assert mode.shard_group_size(one_node_of_2) == 2 and mode.shard_group_size(one_node_of_2, 1) == 1
     assert mode.state_bytes(1000, 10, mode.shard_group_size(one_node_of_2, 1), 2) == \
         strategy.get("fsdp").state_bytes(1000, 10, 1, 2)  # shard_size=1: a whole replica per rank
+
+
+def test_a_model_with_extra_state_exports_its_tensors(tmp_path):
+    """A module's get_extra_state() made consolidate refuse the model ("no tensors by name")."""
+    from safetensors.torch import load_file
+
+    from ddpkit.checkpoint.dcp import full_model_state
+    from ddpkit.checkpoint.export import to_safetensors
+
+    ckpt = tmp_path / "ckpt-0000000001"
+    ckpt.mkdir()
+    saved = {"lin.weight": torch.ones(2, 2), "lin._extra_state": {"version": 3}}
+    torch.save({"step": 1, "world_size": 1, "rng": {}, "objects": {"model": saved}}, ckpt / "state.pt")
+    assert full_model_state(str(ckpt))["lin._extra_state"] == {"version": 3}  # the .pt export keeps it
+    path, = to_safetensors(str(ckpt), str(tmp_path / "m.safetensors"))
+    assert list(load_file(path)) == ["lin.weight"]

@@ -7,6 +7,7 @@
   shard); the save of step 3 raises it on every rank; a save after that works; step 4's write fails again and
   the script ends: every rank says so at exit. Each rank writes OUT/rank<R>.json.
 - ``kill``: saves step 1 (finished), then step 2, whose write is slow; prints ``WRITING`` and waits to be killed.
+- ``latest``: with ``keep=1``, every rank lists the checkpoints while step 2 is being written; OUT/latest<R>.json.
 - ``exit``: rank 1 leaves with ``sys.exit(3)`` while step 2 is being written; rank 0 trains on.
 - ``resume``: restores the newest valid checkpoint; writes OUT/resumed.pt.
 """
@@ -106,6 +107,17 @@ elif action == "kill":
     ckpt.save(2, model=model, optimizer=opt, slow=SlowState())
     print("WRITING", flush=True)
     time.sleep(120)
+elif action == "latest":
+    ckpt = ddpkit.Checkpointer(directory, async_save=True, keep=1)
+    train_step()
+    ckpt.save(1, model=model, optimizer=opt)
+    ckpt.wait()
+    ckpt.save(2, model=model, optimizer=opt, slow=SlowState(1.5))  # the commit of 2 removes 1 (keep=1)
+    named = {"checkpoints": [os.path.basename(p) for p in ckpt.checkpoints()],
+             "latest": os.path.basename(ckpt.latest() or "")}
+    named["restored"] = ckpt.restore(ckpt.latest(), model=model, optimizer=opt)
+    with open(os.path.join(out, f"latest{state.rank}.json"), "w") as f:
+        json.dump(named, f)
 elif action == "exit":
     ckpt = ddpkit.Checkpointer(directory, async_save=True)
     train_step()

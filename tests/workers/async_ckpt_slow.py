@@ -23,3 +23,29 @@ class SlowState:
 
     def load_state_dict(self, saved):
         pass
+
+
+class Full:
+    """Pickles as a full disk: the write of a checkpoint holding it fails with ENOSPC."""
+
+    def __reduce__(self):
+        raise OSError(28, "No space left on device")
+
+
+class FullState:
+    def state_dict(self):
+        return {"full": Full()}
+
+    def load_state_dict(self, saved):
+        pass
+
+
+def spawned(directory):
+    """A ddpkit.spawn worker whose last background write fails (rank 0's disk is full)."""
+    import torch
+
+    import ddpkit
+
+    ddpkit.init()
+    ckpt = ddpkit.Checkpointer(directory, async_save=True)
+    ckpt.save(1, model=ddpkit.prepare_model(torch.nn.Linear(2, 2)), full=FullState())

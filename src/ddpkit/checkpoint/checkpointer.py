@@ -44,11 +44,11 @@ import torch.distributed as dist
 from ddpkit.checkpoint import dcp as shards
 from ddpkit.checkpoint import disk
 from ddpkit.checkpoint import rng as rngstate
-from ddpkit.checkpoint.background import IN_FLIGHT, BackgroundWrite, say, stage
+from ddpkit.checkpoint.background import IN_FLIGHT, BackgroundWrite, say, stage, tell
 from ddpkit.checkpoint.disk import by_commit as by_commit  # the order and checks tools use, kept here too
 from ddpkit.checkpoint.disk import newest_valid as newest_valid
 from ddpkit.checkpoint.disk import run_id, validate
-from ddpkit.checkpoint.reasons import check_fits, failure
+from ddpkit.checkpoint.reasons import PeerWriteError, check_fits, failure
 from ddpkit.core import contract, process
 from ddpkit.core.atomic import write_file
 from ddpkit.data.loader import ShardedDataLoader
@@ -96,10 +96,8 @@ class Checkpointer:
         self._pending: BackgroundWrite | None = None
         self._writer_group: Any = None  # sharded writes in the background talk on a group of their own
         self._staged: Any = None  # the last save's staged state (async_save, unsharded)
-        if self.async_save:
-            process.on_shutdown(self._at_exit)
         if self.state.is_main:
-            self._prepare_directory()
+            disk.prepare(self.directory, IN_FLIGHT)
 
     def _settle(self, restored: bool) -> None:
         """Once, at the first restore or save, on every rank: refuse to write beside another run's checkpoints
@@ -117,18 +115,6 @@ class Checkpointer:
             "Checkpointer(..., resume=True)), pick another directory, or pass resume=False to start over there"))
         if problem:
             raise FileExistsError(problem)
-
-    def _prepare_directory(self) -> None:
-        try:
-            os.makedirs(self.directory, exist_ok=True)
-            probe = os.path.join(self.directory, f".write-test-{os.getpid()}")
-            write_file(probe, lambda f: f.write(b"ok"))
-            os.remove(probe)
-        except OSError as exc:
-            raise PermissionError(f"checkpoint directory {self.directory!r} is not writable ({exc.strerror}); "
-                                  "pass a directory this user can write") from None
-        disk.remove_unfinished(self.directory, IN_FLIGHT)  # leftovers of a save that was killed midway
-        disk.remove_replaced(self.directory)
 
     def checkpoints(self) -> list[str]:
         """Committed checkpoint directories, newest commit first (not yet checked); a background write of this
@@ -176,13 +162,14 @@ class Checkpointer:
             staged = self._together(step, "staging", lambda: stage(payload, self._staged) if self.state.is_main
                                     else None)
             self._staged = staged  # its buffers are written into again at the next save, once this write ended
-            return self._in_background(step, tmp, lambda: self._commit(step, staged, extra or {}, tmp)  # type: ignore[arg-type]
-                                       if self.state.is_main else None)
+            group = self._writers(step)
+            return self._in_background(step, tmp, lambda: self._commit_and_tell(step, staged, extra or {}, tmp, group))
         # every rank returns once the checkpoint exists, or raises with rank 0
         return self._together(step, "writing", lambda: self._commit(step, payload, extra or {}, tmp)
                               if self.state.is_main else None, tmp)
 
     def _in_background(self, step: int, tmp: str, write: Callable[[], Any]) -> str | None:
+        process.on_shutdown(self._at_exit)  # at each save: a shutdown() in between (a notebook) ran the last one
         def announce(exc: BaseException) -> None:  # at once, on the rank it failed on; every rank raises it later
             rank, reason, _ = failure(exc, self.state.rank)
             say(f"ddpkit: checkpoint step {step}: its background write failed on rank {rank} ({reason}); every "
@@ -203,8 +190,9 @@ class Checkpointer:
 
     def _at_exit(self) -> None:
         """At ``ddpkit.shutdown()`` (at exit): the last write finishes on this rank. No peer is asked (one may have
-        left already, or still be training: a collective here would hang or mismatch); a rank whose write failed
-        says so and fails the process (exit code 1), as a synchronous save's failure would have."""
+        left already, or still be training: a collective here would hang or mismatch); every rank's thread ends
+        after rank 0's commit and knows its outcome. A failed write is said, and fails the process as a synchronous
+        save's failure would have: ``shutdown()`` raises it, and at exit the process exits 1."""
         pending, self._pending = self._pending, None
         error = pending.join() if pending is not None else None
         if error is not None:
@@ -212,23 +200,20 @@ class Checkpointer:
                 shutil.rmtree(pending.tmp, ignore_errors=True)  # type: ignore[union-attr]
             rank, reason, _ = failure(error, self.state.rank)
             step = pending.step  # type: ignore[union-attr]  # an error comes from a pending write
-            say(f"ddpkit: checkpoint step {step} was not saved: its background write failed on rank {rank} "
-                f"({reason}) after the script's last save; the newest checkpoint is still "
-                f"{next(iter(by_commit(self.directory)), 'none')}; this process exits 1")
-            process.current().exit_code = 1
+            line = (f"checkpoint step {step} was not saved: its background write failed on rank {rank} ({reason}) "
+                    f"after the script's last save; the newest checkpoint is still "
+                    f"{next(iter(by_commit(self.directory)), 'none')}")
+            say(f"ddpkit: {line}")
+            process.current().exit_failure = line
 
     def _together(self, step: int, stage: str, action: Callable[[], T], tmp: str | None = None) -> T:
         """``action()`` on this rank, then every rank learns whether it failed on any: all return, or all raise
         the first failing rank's error, once rank 0 removed ``tmp``. A rank raising alone would leave the
         others waiting in the next collective, and a script catching it would mismatch every one after.
 
-        What every rank raises when rank 1's disk is full::
-
-            OSError: checkpoint step 6 was not saved: writing the shards failed on rank 1 (OSError: [Errno 28]
-            No space left on device); every rank raised this, nothing of it was left and the newest checkpoint
-            is still runs/exp/ckpt-0000000003; free space or pick another directory, then save again ...
-
-        An error that is not an OSError (a KeyError from a state_dict) is raised as a RuntimeError instead.
+        What every rank raises when rank 1's disk is full: ``OSError: checkpoint step 6 was not saved: writing the
+        shards failed on rank 1 (OSError: [Errno 28] ...); every rank raised this, nothing of it was left and the
+        newest checkpoint is still runs/exp/ckpt-0000000003; ...``; any other error as a RuntimeError.
         """
         try:
             result, mine, cause = action(), None, None
@@ -291,19 +276,39 @@ class Checkpointer:
         """DCP's async save stages this rank's shards to CPU memory and writes them on a thread, over a gloo
         group of its own (the training thread's collectives go on meanwhile); rank 0 commits once DCP's write
         ends, which is once every rank's shard is written, hashing every file itself."""
-        if self._writer_group is None:
-            self._writer_group = self._together(step, "making the writers' group",
-                                                lambda: dist.new_group(backend="gloo"))
-        group = self._writer_group
+        group = self._writers(step)
         future = self._together(step, "staging", lambda: shards.save_async(
             tensors, os.path.join(tmp, shards.SHARDS), group))
         staged = stage(payload) if self.state.is_main else None
 
         def write() -> str | None:
-            shards.finish(future)
-            return self._commit(step, staged, extra, tmp) if self.state.is_main else None  # type: ignore[arg-type]
+            shards.finish(future)  # a shard that failed raises here on every rank
+            return self._commit_and_tell(step, staged, extra, tmp, group)
 
         return self._in_background(step, tmp, write)
+
+    def _writers(self, step: int) -> Any:
+        """The background writers' gloo group (made at the first save, on every rank); None in one process."""
+        if self._writer_group is None and self.state.world_size > 1 and dist.is_initialized():
+            self._writer_group = self._together(step, "making the writers' group",
+                                                lambda: dist.new_group(backend="gloo"))
+        return self._writer_group
+
+    def _commit_and_tell(self, step: int, staged: Any, extra: dict[str, Any], tmp: str, group: Any) -> str | None:
+        """Rank 0 commits; then every rank's writer learns how it went, so each rank's write ends only once the
+        checkpoint is in place (its latest() names it) and knows when it is not."""
+        error, path = None, None
+        if self.state.is_main:
+            try:
+                path = self._commit(step, staged, extra, tmp)
+            except Exception as exc:
+                error = exc
+        told = tell(None if error is None else failure(error, self.state.rank), group)
+        if error is not None:
+            raise error
+        if told is not None:
+            raise PeerWriteError(*told)
+        return path
 
     def _commit(self, step: int, payload: dict, extra: dict[str, Any], tmp: str,
                 hashed: dict[str, dict[str, Any]] | None = None) -> str:

@@ -186,8 +186,9 @@ def _model_state(checkpoint: str, name: str, saved: Any, objects: Mapping[str, A
     Traceback (most recent call last):
     ddpkit.core.errors.UsageError: 'optimizer' in ckpt is not a model's state dict (...); pass --name of a model: model
     """
-    def is_model(obj: Any) -> bool:
-        return isinstance(obj, Mapping) and bool(obj) and all(isinstance(v, torch.Tensor) for v in obj.values())
+    def is_model(obj: Any) -> bool:  # tensors by name; a module's get_extra_state() is kept as it is, untensored
+        return isinstance(obj, Mapping) and any(isinstance(v, torch.Tensor) for v in obj.values()) and all(
+            isinstance(v, torch.Tensor) or str(k).endswith("_extra_state") for k, v in obj.items())
 
     if is_model(saved):
         return dict(saved)

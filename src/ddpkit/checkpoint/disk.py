@@ -27,6 +27,7 @@ from collections.abc import Collection
 from typing import Any
 
 from ddpkit.core import contract, process
+from ddpkit.core.atomic import write_file
 
 _NAME = re.compile(r"^ckpt-(\d{10})$")
 _ASIDE = re.compile(r"^(ckpt-\d{10})\.replaced-\d+(?:-\d+)?$")
@@ -195,3 +196,18 @@ def run_id() -> str:
     if proc.run_id is None:  # this process's own, made on first use
         proc.run_id = f"process-{uuid.uuid4().hex[:12]}"
     return proc.run_id
+
+
+def prepare(directory: str, running: Collection[str] = ()) -> None:
+    """Rank 0, once per Checkpointer: ``directory`` exists and is writable (one line if not), and the leftovers
+    of saves killed midway are gone (not the temporary directories in ``running``: this process's writes)."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        probe = os.path.join(directory, f".write-test-{os.getpid()}")
+        write_file(probe, lambda f: f.write(b"ok"))
+        os.remove(probe)
+    except OSError as exc:
+        raise PermissionError(f"checkpoint directory {directory!r} is not writable ({exc.strerror}); "
+                              "pass a directory this user can write") from None
+    remove_unfinished(directory, running)
+    remove_replaced(directory)

@@ -83,14 +83,15 @@ def to_safetensors(checkpoint: str, out: str, name: str = "model", max_shard_mb:
     whole or not at all (a temporary file renamed into place), the index last."""
     if max_shard_mb is not None and not max_shard_mb > 0:
         raise UsageError(f"--max-shard-mb {max_shard_mb} is not a size; pass a number of MB > 0, e.g. 5000")
-    if max_shard_mb is not None and os.path.exists(out) and not os.path.isdir(out):
+    if max_shard_mb is not None and os.path.exists(out.rstrip(os.sep) or out) and not os.path.isdir(out):
         raise UsageError(f"{out} is a file, and --max-shard-mb writes a directory of parts; name a directory")
     parent = os.path.dirname(os.path.abspath(out)) if max_shard_mb is None or os.path.isdir(out) else \
         os.path.dirname(os.path.abspath(out.rstrip(os.sep)))
     if not os.path.isdir(parent):
         raise UsageError(f"the directory {parent} of {out} does not exist; create it or name another path")
     backend = _backend()
-    state = plain(full_model_state(checkpoint, name))
+    # tensors only: a module's _extra_state (any picklable value) has no place in safetensors
+    state = plain({k: v for k, v in full_model_state(checkpoint, name).items() if isinstance(v, torch.Tensor)})
     parts = split(state, None if max_shard_mb is None else int(max_shard_mb * 2**20))
     metadata = {"format": "pt"}  # what transformers' loader checks
     if max_shard_mb is None:

@@ -14,6 +14,18 @@ from typing import Any
 import torch
 
 
+class PeerWriteError(OSError):
+    """Rank ``failed_rank``'s part of a checkpoint write failed: what the ranks that learnt of it raise.
+
+    >>> failure(PeerWriteError(0, "OSError: [Errno 28] No space left on device", True), rank=1)
+    [0, 'OSError: [Errno 28] No space left on device', True]
+    """
+
+    def __init__(self, rank: int, reason: str, io: bool):
+        super().__init__(f"rank {rank}: {reason}")
+        self.failed_rank, self.failure, self.io = rank, reason, io
+
+
 def check_fits(model: torch.nn.Module, saved: dict[str, torch.Tensor], path: str) -> None:
     """Name the keys and shapes that differ, instead of torch's multi-line load_state_dict error."""
     own = model.state_dict()

@@ -66,6 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         state = full_model_state(path, ns.name)
         if not os.path.isdir(os.path.dirname(os.path.abspath(ns.out))):
             raise UsageError(f"the directory of {ns.out} does not exist; create it or name another path")
+        if os.path.isdir(ns.out):
+            raise UsageError(f"{ns.out} is a directory; name the .pt file to write (e.g. {ns.out.rstrip(os.sep)}/"
+                             "model.pt)")
     except (UsageError, safeload.UnsafeCheckpoint) as exc:
         return usage_error(PROG, exc)
     write_atomically(ns.out, lambda f: torch.save(state, f))

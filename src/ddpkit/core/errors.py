@@ -24,5 +24,10 @@ class UsageError(ValueError):
     """Bad input to a command; the message is one line naming what was received and what to do."""
 
 
+class ShutdownError(RuntimeError):
+    """A shutdown hook failed after the script's last line (the last background checkpoint write): raised by an
+    explicit ``ddpkit.shutdown()``; at interpreter exit the process exits :data:`SCRIPT_FAILED` instead."""
+
+
 class ScriptFailed(RuntimeError):
     """The user's script exited non-zero under verify or bench (exit :data:`SCRIPT_FAILED`)."""

@@ -69,7 +69,7 @@ class Process:
     last_beat: float = dataclasses.field(default_factory=time.monotonic)  # the hang watchdog's clock
     report_dir: str | None = None  # this worker's report folder under ddpkit launch, once faults.install ran
     run_id: str | None = None  # the checkpoint run id when no launcher gave one
-    exit_code: int | None = None  # set by a shutdown hook whose failure fails the process (a background checkpoint)
+    exit_failure: str | None = None  # a shutdown hook's failure that fails the process (a background checkpoint)
     joining: bool = False  # inside ddpkit.join: loaders may hand out uneven batch counts
     phases: Any = None  # this rank's ddpkit.runtime.phases.PhaseClock under ddpkit launch
     # called by ddpkit's DDP wrapper as its forward starts (True: before its buffer broadcast) and as the module's

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from ddpkit.core import contract, process
 from ddpkit.core.environment import LaunchEnvError, ProcessEnv, detect, visible_gpus
-from ddpkit.core.errors import USAGE_ERROR
+from ddpkit.core.errors import SCRIPT_FAILED, USAGE_ERROR, ShutdownError
 from ddpkit.core.options import Device, check
 from ddpkit.core.process import State
 from ddpkit.runtime import faults, forksafe, instrument, phases
@@ -225,6 +225,9 @@ def shutdown() -> None:
     when it runs at interpreter exit with work still in flight it can deadlock (pytorch#56297). Letting
     every rank finish outstanding work first, then destroying the group while Python is fully alive,
     makes exit reliable. After an uncaught exception we skip the barrier: the peers may never arrive.
+
+    Raises :class:`ShutdownError` once the group is down when a shutdown hook failed (the last background
+    checkpoint write: it was not saved).
     """
     proc = process.current()
     with proc.lock:
@@ -242,17 +245,24 @@ def shutdown() -> None:
                 # The launcher forgives a teardown abort only when every rank it lists as failed is marked so
                 faults.mark_finished(dist.get_rank())
             dist.destroy_process_group()
+        failure, proc.exit_failure = proc.exit_failure, None
+    if failure:  # said already, by the hook; raised once the group is down (a later init() starts clean)
+        raise ShutdownError(failure)
 
 
 def _shutdown_at_exit() -> None:
-    """:func:`shutdown` at interpreter exit; a hook that failed the process there (the last checkpoint's
-    background write) leaves with its exit code: nothing at atexit can change the code any other way."""
-    shutdown()
-    code = process.current().exit_code
-    if code:
+    """:func:`shutdown` at interpreter exit. A hook that failed the process there (the last checkpoint's
+    background write) makes it exit 1: nothing at atexit can change the exit code but ``os._exit``, so logging
+    and the standard streams are flushed first (atexit handlers registered before ``ddpkit.init()`` do not run)."""
+    try:
+        shutdown()
+    except ShutdownError:
+        import logging
+
+        logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(code)
+        os._exit(SCRIPT_FAILED)
 
 
 # How long a rank at exit waits for every other rank to reach its exit. A rank cannot tell a peer that is still
