@@ -18,7 +18,7 @@ SCRIPT = str(ROOT / "examples" / "digits.py")
     (["--nproc-per-node", "2", "missing.py"], "script 'missing.py' not found"),
     (["--nnodes", "2", "--node-rank", "5", SCRIPT], "--node-rank must be in [0, 1] for --nnodes 2, got 5"),
     (["--nnodes", "2", SCRIPT], "needs --master-addr"),
-    (["--mode", "nope", SCRIPT], "--mode 'nope' is not one of auto, ddp, dp, fsdp, single"),
+    (["--mode", "nope", SCRIPT], "--mode 'nope' is not one of auto, ddp, dp, fsdp, hsdp, single"),
     (["--mode", "dp", "--nproc-per-node", "2", SCRIPT], "--mode dp runs one process"),
     (["--master-port", "70000", SCRIPT], "--master-port must be in 1..65535"),
     (["--max-restarts", "-1", SCRIPT], "--max-restarts must be >= 0"),

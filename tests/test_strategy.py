@@ -85,7 +85,7 @@ def test_the_table_answers_mode_questions():
     assert choose_mode("auto", two, 0) == ("ddp", "2 processes started by torchrun: DistributedDataParallel")
     with pytest.raises(LaunchEnvError, match="mode 'dp' runs one process, but 2 processes"):
         choose_mode("dp", two, 4)
-    with pytest.raises(ValueError, match="'nope' is not one of auto, ddp, dp, fsdp, single"):
+    with pytest.raises(ValueError, match="'nope' is not one of auto, ddp, dp, fsdp, hsdp, single"):
         strategy.get("nope")
     with pytest.raises(ValueError, match="other than 'auto'"):
         strategy.register(type("Auto", (strategy.Strategy,), {"name": "auto"})())
