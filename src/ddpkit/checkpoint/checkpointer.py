@@ -170,6 +170,7 @@ class Checkpointer:
 
     def _in_background(self, step: int, tmp: str, write: Callable[[], Any]) -> str | None:
         process.on_shutdown(self._at_exit)  # at each save: a shutdown() in between (a notebook) ran the last one
+
         def announce(exc: BaseException) -> None:  # at once, on the rank it failed on; every rank raises it later
             rank, reason, _ = failure(exc, self.state.rank)
             say(f"ddpkit: checkpoint step {step}: its background write failed on rank {rank} ({reason}); every "
@@ -181,8 +182,8 @@ class Checkpointer:
     def wait(self) -> str | None:
         """Wait for the background write of the last save (``async_save``), on every rank; returns its path on
         rank 0 (None when none was pending). A write that failed on any rank is raised on every rank as a
-        synchronous save's failure is (nothing of it left, the newest checkpoint named). ``save``, ``restore``
-        and ``ddpkit.shutdown()`` (at exit) call it."""
+        synchronous save's failure is (nothing of it left, the newest checkpoint named). ``save`` and
+        ``restore`` call it; at exit the write is joined on each rank alone (``_at_exit``)."""
         pending, self._pending = self._pending, None
         if pending is None:  # the same on every rank: saves are collective
             return None
