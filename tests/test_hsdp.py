@@ -208,3 +208,25 @@ def test_a_model_with_extra_state_exports_its_tensors(tmp_path):
     assert full_model_state(str(ckpt))["lin._extra_state"] == {"version": 3}  # the .pt export keeps it
     path, = to_safetensors(str(ckpt), str(tmp_path / "m.safetensors"))
     assert list(load_file(path)) == ["lin.weight"]
+
+
+def test_nodes_of_different_sizes_are_one_line_on_every_rank_not_a_hang(tmp_path):
+    """Slurm may give nodes different task counts (``srun -n3`` on two nodes: 2 + 1): each rank's default shard
+    size was its own node's, so one rank raised while the others waited in the mesh's first collective."""
+    from test_multinode import free_port
+
+    port, script = free_port(), tmp_path / "uneven.py"
+    script.write_text("import torch, ddpkit\nddpkit.init(mode='hsdp', timeout_s=60)\n"
+                      "ddpkit.prepare_model(torch.nn.Linear(4, 4))\n")
+    layout = [(0, 0, 2), (1, 1, 2), (2, 0, 1)]  # (rank, local rank, local world size): 2 + 1 processes
+    procs = [subprocess.Popen([sys.executable, str(script)], cwd=SCRATCH, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True,
+                              env={**__import__("os").environ, "OMP_NUM_THREADS": "1", "RANK": str(rank),
+                                   "LOCAL_RANK": str(local), "WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": str(size),
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+             for rank, local, size in layout]
+    from test_multinode import wait_all
+
+    for result in wait_all(procs, timeout=120):
+        assert result.returncode != 0
+        assert "hsdp: the nodes run different numbers of processes (1 to 2)" in result.stderr, result.stderr[-2000:]

@@ -19,12 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ddpkit.strategies.fsdp import FSDPOptions, FSDPStrategy
-
-if TYPE_CHECKING:  # pragma: no cover
-    from torch import nn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,17 +61,27 @@ class HSDPStrategy(FSDPStrategy):
     options_type = HSDPOptions
 
     def mesh(self, state: Any, options: Any) -> tuple[int, ...]:
-        return mesh_shape(state.world_size, state.local_world_size, options.shard_size)
+        """The agreed shape, said once. Collective: the default (one node's processes) is the same on every rank
+        only when every node runs as many processes; otherwise every rank raises the same line (a rank raising
+        alone would leave the others in the mesh's first collective)."""
+        size = options.shard_size
+        if size is None and state.world_size > 1:
+            import torch
+            import torch.distributed as dist
 
-    def wrap(self, model: nn.Module, state: Any, **given: Any) -> nn.Module:
-        """fsdp's wrap on the 2-D mesh; says the shape once."""
-        wrapped = super().wrap(model, state, **given)
-        replicas, size = self.mesh(state, self.options(given))
+            counts = torch.tensor([state.local_world_size, -state.local_world_size], device=state.device)
+            dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+            most, fewest = int(counts[0]), -int(counts[1])
+            if most != fewest:
+                raise ValueError(f"hsdp: the nodes run different numbers of processes ({fewest} to {most}), so "
+                                 "one node's processes is no shard size; pass prepare_model(model, shard_size=N) "
+                                 "with an N that divides the world size")
+        replicas, size = mesh_shape(state.world_size, state.local_world_size, size)
         if state.is_main:
             print(f"ddpkit: hsdp mesh {replicas} x {size}: each copy of the model sharded over {size} process(es), "
                   f"{replicas} cop{'y' if replicas == 1 else 'ies'} (gradients all-reduced across them)",
                   file=sys.stderr, flush=True)
-        return wrapped
+        return replicas, size
 
     def shard_group_size(self, state: Any, shard_size: int | None = None) -> int:
         return mesh_shape(state.world_size, state.local_world_size, shard_size)[1]
