@@ -196,16 +196,16 @@ class Checkpointer:
         save's failure would have: ``shutdown()`` raises it, and at exit the process exits 1."""
         pending, self._pending = self._pending, None
         error = pending.join() if pending is not None else None
-        if error is not None:
-            if self.state.is_main:  # its directory: nothing of a failed save is left
-                shutil.rmtree(pending.tmp, ignore_errors=True)  # type: ignore[union-attr]
-            rank, reason, _ = failure(error, self.state.rank)
-            step = pending.step  # type: ignore[union-attr]  # an error comes from a pending write
-            line = (f"checkpoint step {step} was not saved: its background write failed on rank {rank} ({reason}) "
-                    f"after the script's last save; the newest checkpoint is still "
-                    f"{next(iter(by_commit(self.directory)), 'none')}")
-            say(f"ddpkit: {line}")
-            process.current().exit_failure = line
+        if pending is None or error is None:
+            return
+        if self.state.is_main:  # its directory: nothing of a failed save is left
+            shutil.rmtree(pending.tmp, ignore_errors=True)
+        rank, reason, _ = failure(error, self.state.rank)
+        line = (f"checkpoint step {pending.step} was not saved: its background write failed on rank {rank} "
+                f"({reason}) after the script's last save; the newest checkpoint is still "
+                f"{next(iter(by_commit(self.directory)), 'none')}")
+        say(f"ddpkit: {line}")
+        process.current().exit_failure = line
 
     def _together(self, step: int, stage: str, action: Callable[[], T], tmp: str | None = None) -> T:
         """``action()`` on this rank, then every rank learns whether it failed on any: all return, or all raise

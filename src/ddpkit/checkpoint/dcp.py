@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ddpkit.checkpoint import safeload
+from ddpkit.checkpoint.reasons import PeerWriteError
 from ddpkit.core.errors import UsageError
 from ddpkit.strategies.forwarding import unwrap
 
@@ -99,17 +100,13 @@ def _write_error(exc: Any) -> ShardWriteError:
                            io=isinstance(error, OSError))
 
 
-class ShardWriteError(OSError):
+class ShardWriteError(PeerWriteError):
     """One rank's shard could not be written; raised on every rank, naming that rank (``failed_rank``);
     ``io``: that rank's error was an OSError (a full disk), not a programming error.
 
     >>> str(ShardWriteError(1, "OSError: [Errno 28] No space left on device"))
     'rank 1: OSError: [Errno 28] No space left on device'
     """
-
-    def __init__(self, rank: int, failure: str, io: bool = True):
-        super().__init__(f"rank {rank}: {failure}")
-        self.failed_rank, self.failure, self.io = rank, failure, io
 
 
 def load(objects: Mapping[str, Any], directory: str, rest: Mapping[str, Any]) -> None:

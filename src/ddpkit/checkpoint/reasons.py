@@ -21,7 +21,7 @@ class PeerWriteError(OSError):
     [0, 'OSError: [Errno 28] No space left on device', True]
     """
 
-    def __init__(self, rank: int, reason: str, io: bool):
+    def __init__(self, rank: int, reason: str, io: bool = True):
         super().__init__(f"rank {rank}: {reason}")
         self.failed_rank, self.failure, self.io = rank, reason, io
 
