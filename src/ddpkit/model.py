@@ -50,8 +50,11 @@ def init_empty(budget_mb: float | None = None, optimizer_slots: int = 2,
     """
     with meta.meta_build() as owners:
         yield
-    if budget_mb is not None:
-        meta.check_budget(owners, budget_mb, optimizer_slots, runtime.ensure_init(), shard_size)
+    if budget_mb is None:
+        return
+    state = runtime.ensure_init()
+    if runtime.tools().on_budget(budget_mb, optimizer_slots):  # ddpkit plan counts every mode itself
+        meta.check_budget(owners, budget_mb, optimizer_slots, state, shard_size)
 
 
 def no_sync(model: nn.Module, enabled: bool = True) -> contextlib.AbstractContextManager[Any]:

@@ -60,7 +60,7 @@ class Var:
         return self.text(environ) == "1"
 
 
-LAUNCH, VERIFY, BENCH = "ddpkit launch", "ddpkit verify", "ddpkit bench"
+LAUNCH, VERIFY, BENCH, PLAN = "ddpkit launch", "ddpkit verify", "ddpkit bench", "ddpkit plan"
 
 # -- ddpkit's own ---------------------------------------------------------------------------------------
 MODE = Var("DDPKIT_MODE", f"{LAUNCH} --mode, or you", "init()",
@@ -77,8 +77,8 @@ PHASE_WINDOW = Var("DDPKIT_PHASE_WINDOW", f"{LAUNCH} --phase-window", "init()",
                    "steps per window of the per-rank phase report (default 200); 0 turns the report off")
 TOOL = Var("DDPKIT_TOOL", f"{VERIFY}, {BENCH}", "init()",
            "the tool whose hooks the workers load: module:factory, or an entry point of the ddpkit.tools group")
-MAX_STEPS = Var("DDPKIT_MAX_STEPS", f"{VERIFY}, {BENCH}", "the tool's hooks",
-                "verify: each run exits after K optimizer steps; bench: training loaders stop after K batches")
+MAX_STEPS = Var("DDPKIT_MAX_STEPS", f"{VERIFY}, {BENCH}, {PLAN}", "the tool's hooks",
+                "verify, plan: each run exits after K optimizer steps; bench: training loaders stop after K batches")
 BATCH_SCALE = Var("DDPKIT_BATCH_SCALE", VERIFY, "verify's hooks",
                   "the one-process run multiplies the training batch by N")
 VERIFY_OUT = Var("DDPKIT_VERIFY_OUT", VERIFY, "verify's hooks",
@@ -93,9 +93,12 @@ BENCH_OUT = Var("DDPKIT_BENCH_OUT", BENCH, "bench's hooks", "each rank writes it
 BENCH_NO_COMM = Var("DDPKIT_BENCH_NO_COMM", BENCH, "bench's hooks",
                     "1: DDP skips gradient communication (timing only)")
 COMM = Var("DDPKIT_COMM", BENCH, "bench's hooks", "JSON of CommConfig fields that override the script's")
+PLAN_OUT = Var("DDPKIT_PLAN_OUT", PLAN, "plan's hooks", "each rank writes its memory record there (rank<r>.json)")
+PLAN_FAKE = Var("DDPKIT_PLAN_FAKE", PLAN, "plan's hooks",
+                "1: the planning run (fake tensors, one optimizer step); unset: a measured run")
 # what only a tool's hooks read: set without DDPKIT_TOOL they do nothing, and init() says so
 TOOL_VARIABLES = (MAX_STEPS, BATCH_SCALE, VERIFY_OUT, VERIFY_INIT, VERIFY_DROP, KEEP_DROPOUT, BENCH_OUT, BENCH_NO_COMM,
-                  COMM)
+                  COMM, PLAN_OUT, PLAN_FAKE)
 
 # -- torch's agent's, read (the launchers' rank variables belong to ddpkit.core.environment's detectors) ----
 RESTART_COUNT = Var("TORCHELASTIC_RESTART_COUNT", "torchrun", "init(), Checkpointer",

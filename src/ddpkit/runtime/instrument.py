@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
 from torch import nn
 
 from ddpkit.core import contract
@@ -35,6 +36,17 @@ class Hooks:
     """What the library calls, in the order a script meets it; every method a no-op here. A tool subclasses
     it and overrides what it needs (a subclass of the hooks of a newer ddpkit keeps working: the new methods
     do nothing)."""
+
+    def on_budget(self, budget_mb: float, optimizer_slots: int) -> bool:
+        """``init_empty(budget_mb=...)`` is about to check the budget; False: the tool skips the check (``ddpkit
+        plan`` counts every mode itself, so the script's own refusal in the planning process must not stop it)."""
+        return True
+
+    def place(self, model: nn.Module, device: torch.device, options: Mapping[str, Any]) -> bool:
+        """Before ``prepare_model`` moves (or materialises) ``model`` on ``device``; ``options`` are its
+        keywords. True: the tool placed the model itself and nothing is allocated (``ddpkit plan`` gives it fake
+        tensors of the device's)."""
+        return False
 
     def on_model(self, model: nn.Module, is_main: bool, on_shutdown: OnShutdown) -> None:
         """Every prepared model, on every rank, before wrapping; a meta model in a sharding mode (only

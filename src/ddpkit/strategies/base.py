@@ -93,7 +93,9 @@ class Strategy:
         from ddpkit.strategies.meta import materialize, on_meta
 
         empty = on_meta(model)
-        if not empty:
+        if tools.place(model, state.device, options):  # a tool's stand-in (ddpkit plan's fake tensors)
+            empty = False
+        elif not empty:
             model = model.to(state.device)
         elif not self.shards:
             materialize(model, state.device, options.get("init_fn"))

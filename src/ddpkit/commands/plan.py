@@ -1,0 +1,220 @@
+"""``ddpkit plan``: will this script fit? Per-rank peak memory of each mode at each process count, before launch.
+
+One planning run (one process) takes the script up to the end of its first optimizer step with fake tensors
+in place of the model's (no memory allocated for it; see :mod:`ddpkit.commands.plan_hooks`); each mode's
+estimate follows (:mod:`ddpkit.commands.plan_model`). ``--measure`` also runs each configuration for real for
+a few steps and prints what torch's tensor accounting saw, beside the estimate.
+
+Example::
+
+    ddpkit plan --nproc-per-node 2,4,8 --budget-gb 80 train.py --lr 3e-4
+    # fsdp at 8 processes: 11.2 GB per rank, fits 80 GB
+    # ddp at 8 processes: 61.0 GB per rank, fits 80 GB
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+import tempfile
+import types
+from collections.abc import Sequence
+from typing import Any
+
+from ddpkit.commands import plan_model
+from ddpkit.commands.cli import OK, OneLineParser, usage_error
+from ddpkit.commands.logtail import ScriptFailed, run_logged
+from ddpkit.core import contract
+from ddpkit.core.errors import UsageError
+
+MODES = ("ddp", "fsdp", "hsdp")
+COMM = {"single": "buckets", "ddp": "buckets", "fsdp": "gathered blocks", "hsdp": "gathered blocks"}
+MB = 2**20
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    p = OneLineParser(prog="ddpkit plan", description=__doc__.split("\n")[0])
+    p.add_argument("--nproc-per-node", default="1,2,4,8", help="process counts to plan for (default 1,2,4,8)")
+    p.add_argument("--modes", default=",".join(MODES), help="modes to plan for (default ddp,fsdp,hsdp)")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--budget-mb", type=float, default=None, help="memory per rank (default: the script's "
+                        "init_empty(budget_mb=), else none)")
+    budget.add_argument("--budget-gb", type=float, default=None, help="memory per rank, in GB")
+    p.add_argument("--shard-size", type=int, default=None, help="hsdp's shard group (default: the processes)")
+    p.add_argument("--measure", action="store_true", help="also run each configuration for real and compare")
+    p.add_argument("--steps", type=int, default=3, help="optimizer steps of each measured run (default 3)")
+    p.add_argument("--device", default=None, help="cpu or cuda: where the runs train (default: auto)")
+    p.add_argument("--json", default=None, help="also write the figures to this file")
+    p.add_argument("script")
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    ns = p.parse_args(argv)
+    ns.counts = _counts(ns.nproc_per_node)
+    ns.modes = [m.strip() for m in ns.modes.split(",") if m.strip()]
+    for mode in ns.modes:
+        if mode not in MODES:
+            raise UsageError(f"--modes: {mode!r} is not planned; pass some of {', '.join(MODES)} (single is always "
+                             "shown; dp drives every GPU from one process)")
+    if ns.steps < 1 or (ns.shard_size is not None and ns.shard_size < 1):
+        raise UsageError("--steps and --shard-size take a positive integer")
+    if not os.path.isfile(ns.script):
+        raise UsageError(f"script {ns.script!r} not found; pass the path of a training script")
+    return ns
+
+
+def _counts(text: str) -> list[int]:
+    """``"1,2,4"`` -> [1, 2, 4]; anything else is a usage error.
+
+    >>> _counts("3,1,2,2")
+    [1, 2, 3]
+    """
+    try:
+        counts = sorted({int(c) for c in text.split(",")})
+    except ValueError:
+        counts = []
+    if not counts or counts[0] < 1:
+        raise UsageError(f"--nproc-per-node {text!r}: expected positive process counts, e.g. 1,2,4")
+    return counts
+
+
+def run_once(script: str, args: Sequence[str], nproc: int, mode: str, env: dict[str, str]) -> list[dict[str, Any]]:
+    """One launch with plan's hooks; each rank's record."""
+    with tempfile.TemporaryDirectory(prefix="ddpkit-plan-") as out:
+        cmd = [sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", str(nproc), "--mode", mode,
+               "--log-dir", os.path.join(out, "logs"), script, *args]
+        run_logged(cmd, {contract.TOOL.name: "ddpkit.commands.plan_hooks:from_env", contract.PLAN_OUT.name: out,
+                         contract.PHASE_WINDOW.name: "0", **env}, os.path.join(out, "launch.log"))
+        records = []
+        for path in sorted(glob.glob(os.path.join(out, "rank*.json"))):
+            with open(path) as f:
+                records.append(json.load(f))
+        if len(records) != nproc:
+            raise ScriptFailed(f"{mode} at {nproc}: {len(records)} of {nproc} ranks reached an optimizer step; "
+                               "the script must prepare its model with ddpkit.prepare_model and step an optimizer")
+        return records
+
+
+def estimates(capture: plan_model.Capture, modes: Sequence[str], counts: Sequence[int],
+              shard_size: int | None) -> list[tuple[str, int, plan_model.Estimate | str]]:
+    """(mode, processes, estimate or why not) for single at 1 and each mode at each count."""
+    from ddpkit.strategies.hsdp import mesh_shape
+
+    rows: list[tuple[str, int, plan_model.Estimate | str]] = [("single", 1, plan_model.single(capture))]
+    for mode in modes:
+        for n in (c for c in counts if c > 1):  # one process trains as single in every mode
+            if mode == "ddp":
+                rows.append((mode, n, plan_model.ddp(capture, n)))
+            elif mode == "fsdp":
+                rows.append((mode, n, plan_model.sharded(capture, n)))
+            else:
+                try:
+                    shard = mesh_shape(n, n, shard_size)[1]
+                except ValueError as exc:
+                    rows.append((mode, n, str(exc).split(";")[0]))
+                    continue
+                rows.append((mode, n, plan_model.sharded(capture, shard, n)))
+    return rows
+
+
+def state_count_mb(capture: plan_model.Capture, mode: str, n: int, shard_size: int | None) -> float:
+    """What ``init_empty(budget_mb=)`` counts for this mode at N (the same function), in MB."""
+    from ddpkit.strategies import table
+
+    strategy = table.get(mode)
+    group = strategy.shard_group_size(types.SimpleNamespace(world_size=n, local_world_size=n), shard_size)
+    size = capture.params // capture.elements if capture.elements else 4
+    return strategy.state_bytes(capture.elements, capture.largest_module, group, capture.slots()) * size / MB
+
+
+def verdict(total: int, budget_mb: float | None) -> str:
+    if budget_mb is None:
+        return ""
+    return f", fits {_size(budget_mb * MB)}" if total <= budget_mb * MB else f", does not fit {_size(budget_mb * MB)}"
+
+
+def advice(rows: list[tuple[str, int, Any]], budget_mb: float | None) -> str | None:
+    """The first mode (single, ddp, fsdp, hsdp) and the fewest processes that fit, when the budget is given."""
+    if budget_mb is None:
+        return None
+    fits = [(mode, n) for mode, n, e in rows if not isinstance(e, str) and e.total <= budget_mb * MB]
+    if not fits:
+        return f"nothing planned fits {_size(budget_mb * MB)} per rank: more processes, or a smaller batch / model"
+    mode, n = fits[0]
+    order = ("single", *MODES)
+    missed = [m for m in order[:order.index(mode)] if any(r[0] == m for r in rows)]
+    if not missed:
+        return f"{mode} at {_procs(n)} fits {_size(budget_mb * MB)} per rank"
+    return (f"at {_size(budget_mb * MB)} per rank {' and '.join(missed)} {'do' if len(missed) > 1 else 'does'} "
+            f"not fit: use {mode} at {_procs(n)}")
+
+
+def _procs(n: int) -> str:
+    return f"{n} process" if n == 1 else f"{n} processes"
+
+
+def _size(n: float) -> str:
+    """Bytes as people say them.
+
+    >>> _size(11.2 * 2**30), _size(600 * 2**20), _size(3 * 2**20)
+    ('11.2 GB', '600 MB', '3.00 MB')
+    """
+    if n >= 2**30:
+        return f"{n / 2**30:.1f} GB"
+    return f"{n / MB:.0f} MB" if n >= 100 * MB else f"{n / MB:.2f} MB"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        ns = parse(list(sys.argv[1:] if argv is None else argv))
+    except UsageError as exc:
+        return usage_error("ddpkit plan", exc)
+    env = {contract.DEVICE.name: ns.device} if ns.device else {}
+    try:
+        first = run_once(ns.script, ns.args, 1, "single", {**env, contract.PLAN_FAKE.name: "1"})[0]
+        capture = plan_model.Capture.from_json(first)
+    except (ScriptFailed, ValueError) as exc:
+        print(f"ddpkit plan: the planning run failed: {exc}", file=sys.stderr)
+        return 1
+    budget = ns.budget_mb if ns.budget_gb is None else ns.budget_gb * 1024
+    budget = capture.script_budget_mb if budget is None else budget
+    rows = estimates(capture, ns.modes, ns.counts, ns.shard_size)
+    report = []
+    for mode, n, est in rows:
+        if isinstance(est, str):
+            print(f"{mode} at {_procs(n)}: not planned ({est})")
+            continue
+        counted = state_count_mb(capture, mode, n, ns.shard_size)
+        line = (f"{mode} at {_procs(n)}: {_size(est.total)} per rank{verdict(est.total, budget)} (state "
+                f"{_size(est.state)}, activations {_size(est.activations)}, {COMM[mode]} {_size(est.comm)}, "
+                f"optimizer step temporaries {_size(est.temporaries)}; init_empty counts {_size(counted * MB)})")
+        entry = {"mode": mode, "nproc": n, "bytes": est.total, "init_empty_mb": counted, **dataclass_dict(est)}
+        if ns.measure:
+            entry["measured"] = measure(ns, mode, n, env)
+            if isinstance(entry["measured"], int):
+                line += f"; measured {_size(entry['measured'])} ({est.total / entry['measured'] - 1:+.1%})"
+            else:
+                line += f"; measured: {entry['measured']}"
+        print(line)
+        report.append(entry)
+    if (text := advice(rows, budget)) is not None:
+        print(text)
+    if ns.json:
+        with open(ns.json, "w") as f:
+            json.dump({"budget_mb": budget, "rows": report}, f, indent=1)
+    return OK
+
+
+def measure(ns: argparse.Namespace, mode: str, n: int, env: dict[str, str]) -> int | str:
+    """The largest rank's peak over ``--steps`` real steps, or the line saying why the run gave none."""
+    try:
+        records = run_once(ns.script, ns.args, n, mode, {**env, contract.MAX_STEPS.name: str(ns.steps)})
+    except ScriptFailed as exc:
+        return str(exc).splitlines()[-1]
+    peaks = [r.get("peak") for r in records]
+    return max(p for p in peaks if type(p) is int) if any(type(p) is int for p in peaks) else "no peak recorded"
+
+
+def dataclass_dict(est: plan_model.Estimate) -> dict[str, int]:
+    return {"state": est.state, "activations": est.activations, "comm": est.comm, "temporaries": est.temporaries}
