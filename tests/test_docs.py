@@ -147,7 +147,7 @@ def test_block(path, line, lang, marker, text, scratch, monkeypatch):
             continue
         r = ok(run_cmd(executable(argv), env=env, cwd=scratch, timeout=240))
         shown = claim.split("(")[0].split("...")[0].strip()
-        if re.match(r"^(PASS|FAIL|accuracy)", shown):
+        if re.match(r"^(PASS|FAIL|accuracy|at [\d.]+ [MG]B per rank)", shown):
             assert (r.stdout.strip().splitlines() or [""])[-1].startswith(shown), (argv, r.stdout[-500:])
 
 

@@ -18,6 +18,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import sys
 import tempfile
 import types
@@ -26,7 +27,7 @@ from typing import Any
 
 from ddpkit.commands import plan_model
 from ddpkit.commands.cli import OK, OneLineParser, usage_error
-from ddpkit.commands.logtail import ScriptFailed, run_logged
+from ddpkit.commands.logtail import ScriptFailed, log_tail, run_logged
 from ddpkit.core import contract
 from ddpkit.core.errors import UsageError
 
@@ -35,7 +36,7 @@ COMM = {"single": "buckets", "ddp": "buckets", "fsdp": "gathered blocks", "hsdp"
 MB = 2**20
 
 
-def parse(argv: Sequence[str]) -> argparse.Namespace:
+def build_parser() -> OneLineParser:
     p = OneLineParser(prog="ddpkit plan", description=__doc__.split("\n")[0])
     p.add_argument("--nproc-per-node", default="1,2,4,8", help="process counts to plan for (default 1,2,4,8)")
     p.add_argument("--modes", default=",".join(MODES), help="modes to plan for (default ddp,fsdp,hsdp)")
@@ -50,7 +51,12 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--json", default=None, help="also write the figures to this file")
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
-    ns = p.parse_args(argv)
+    return p
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """The command line, checked: a bad count, mode or script is one line (a usage error)."""
+    ns = build_parser().parse_args(argv)
     ns.counts = _counts(ns.nproc_per_node)
     ns.modes = [m.strip() for m in ns.modes.split(",") if m.strip()]
     for mode in ns.modes:
@@ -84,16 +90,38 @@ def run_once(script: str, args: Sequence[str], nproc: int, mode: str, env: dict[
     with tempfile.TemporaryDirectory(prefix="ddpkit-plan-") as out:
         cmd = [sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", str(nproc), "--mode", mode,
                "--log-dir", os.path.join(out, "logs"), script, *args]
-        run_logged(cmd, {contract.TOOL.name: "ddpkit.commands.plan_hooks:from_env", contract.PLAN_OUT.name: out,
-                         contract.PHASE_WINDOW.name: "0", **env}, os.path.join(out, "launch.log"))
+        log = os.path.join(out, "launch.log")
+        try:
+            run_logged(cmd, {contract.TOOL.name: "ddpkit.commands.plan_hooks:from_env", contract.PLAN_OUT.name: out,
+                             contract.PHASE_WINDOW.name: "0", **env}, log)
+        except ScriptFailed as exc:
+            raise ScriptFailed(why_failed(script, log_tail(log, 8000), str(exc).splitlines()[0])) from None
         records = []
         for path in sorted(glob.glob(os.path.join(out, "rank*.json"))):
             with open(path) as f:
                 records.append(json.load(f))
         if len(records) != nproc:
-            raise ScriptFailed(f"{mode} at {nproc}: {len(records)} of {nproc} ranks reached an optimizer step; "
-                               "the script must prepare its model with ddpkit.prepare_model and step an optimizer")
+            raise ScriptFailed(f"{mode} at {_procs(nproc)}: the script ended before its first optimizer step on "
+                               f"{nproc - len(records)} rank(s); plan needs a model from ddpkit.prepare_model and a "
+                               "torch.optim optimizer that steps")
         return records
+
+
+def why_failed(script: str, output: str, first: str) -> str:
+    """One line for a run that exited non-zero: a fake tensor's value read before the first step (the script's
+    line named), else the output's last line.
+
+    >>> why_failed("t.py", 'File "t.py", line 8, in <module>\\nDataDependentOutputException: aten', "x")[:40]
+    "t.py:8 reads a tensor's value (loss.item"
+    """
+    if "DataDependentOutputException" in output or "_local_scalar_dense" in output:
+        lines = re.findall(rf'File "[^"]*{re.escape(os.path.basename(script))}", line (\d+)', output)
+        where = f"{script}:{lines[-1]}" if lines else script
+        return (f"{where} reads a tensor's value (loss.item(), print(tensor), if loss > x) before the first "
+                "optimizer.step(), where the planning run's tensors are fake (shapes, no values): move the read "
+                "after optimizer.step()")
+    last = [line for line in output.splitlines() if line.strip()]
+    return f"{first.rstrip(';')}: {last[-1].strip() if last else 'no output'}"
 
 
 def estimates(capture: plan_model.Capture, modes: Sequence[str], counts: Sequence[int],
@@ -157,12 +185,13 @@ def _procs(n: int) -> str:
 def _size(n: float) -> str:
     """Bytes as people say them.
 
-    >>> _size(11.2 * 2**30), _size(600 * 2**20), _size(3 * 2**20)
-    ('11.2 GB', '600 MB', '3.00 MB')
+    >>> _size(11.2 * 2**30), _size(600 * 2**20), _size(64 * 2**20), _size(3.14159 * 2**20), _size(0)
+    ('11.2 GB', '600 MB', '64.0 MB', '3.14 MB', '0 MB')
     """
     if n >= 2**30:
         return f"{n / 2**30:.1f} GB"
-    return f"{n / MB:.0f} MB" if n >= 100 * MB else f"{n / MB:.2f} MB"
+    mb = n / MB
+    return f"{mb:.0f} MB" if mb >= 100 or mb == 0 else f"{mb:.1f} MB" if mb >= 10 else f"{mb:.2f} MB"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -202,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(text)
     if ns.json:
         with open(ns.json, "w") as f:
-            json.dump({"budget_mb": budget, "rows": report}, f, indent=1)
+            json.dump({"budget_mb": budget, "rows": report, "capture": first}, f, indent=1)
     return OK
 
 

@@ -89,8 +89,9 @@ class PlanHooks(Hooks):
     def __init__(self, out: str | None, steps: int = 1, fake: bool = False):
         self.out, self.steps, self.fake = out, steps, fake
         self.tracker: Any = None
-        self.record: dict[str, Any] = {}
-        self.model: nn.Module | None = None
+        self.record: dict[str, Any] = {"batchnorm": 0}
+        self.models: list[nn.Module] = []
+        self.seen: set[int] = set()  # BatchNorm modules whose input is counted
         self.done = 0
 
     def on_budget(self, budget_mb: float, optimizer_slots: int) -> bool:
@@ -99,15 +100,17 @@ class PlanHooks(Hooks):
         return False  # a measured run measures the modes that the budget would refuse too
 
     def place(self, model: nn.Module, device: torch.device, options: Mapping[str, Any]) -> bool:
-        if not self.fake or self.model is not None:
+        """The planning run: every prepared model gets fake tensors (a GAN's two as well)."""
+        if not self.fake:
             return False
-        comm = options.get("comm")
-        self.record.update(
-            groups=groups(model, options.get("shard")), sync_batchnorm=bool(options.get("sync_batchnorm", True)),
+        comm, sizes = options.get("comm"), [sum(p.numel() for p in m.parameters(recurse=False))
+                                            for m in model.modules()]
+        self.record.update(  # a second model's blocks and sizes add to the first's
+            groups=self.record.get("groups", []) + groups(model, options.get("shard")),
+            sync_batchnorm=bool(options.get("sync_batchnorm", True)),
             bucket_view=bool(getattr(comm, "gradient_as_bucket_view", False)),
-            elements=sum(p.numel() for p in model.parameters()),
-            largest_module=max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()),
-                               default=0))
+            elements=self.record.get("elements", 0) + sum(p.numel() for p in model.parameters()),
+            largest_module=max([self.record.get("largest_module", 0), *sizes]))
         fake_copy(model, device)
         return True
 
@@ -116,18 +119,19 @@ class PlanHooks(Hooks):
         return batch_size
 
     def on_model(self, model: nn.Module, is_main: bool, on_shutdown: OnShutdown) -> None:
-        """Start counting at the first prepared model (a second one, a GAN's, is counted as the script makes it)."""
-        if self.tracker is not None:
-            return
+        """Count from the first prepared model on; a later one is added to the count (track_external)."""
         from torch.distributed._tools.mem_tracker import MemTracker
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        self.model, self.device = model, next(iter(model.parameters()), torch.empty(0)).device
-        self.record["params"] = live_bytes([*model.parameters(), *model.buffers()])
-        self.record["batchnorm"] = 0
+        self.models.append(model)
+        self.record["params"] = live_bytes(t for m in self.models for t in [*m.parameters(), *m.buffers()])
         for module in model.modules():
             if isinstance(module, nn.modules.batchnorm._BatchNorm):
                 module.register_forward_pre_hook(self._batchnorm_input)
+        if self.tracker is not None:
+            self.tracker.track_external(model)
+            return
+        self.device = next(iter(model.parameters()), torch.empty(0)).device
         self.tracker = MemTracker()
         self.tracker.track_external(model)
         self.tracker.__enter__()  # left at the last counted step (the script is stopped there)
@@ -135,7 +139,9 @@ class PlanHooks(Hooks):
                         register_optimizer_step_post_hook(self._after_step))
 
     def _batchnorm_input(self, module: nn.Module, inputs: tuple[Any, ...]) -> None:
-        if self.done == 0 and self.record.get("fb_peak") is None and inputs and isinstance(inputs[0], torch.Tensor):
+        """Each BatchNorm's input at its first call (a micro-step's, with accumulation: they come one at a time)."""
+        if id(module) not in self.seen and inputs and isinstance(inputs[0], torch.Tensor):
+            self.seen.add(id(module))
             self.record["batchnorm"] += inputs[0].numel() * inputs[0].element_size()
 
     def _peak(self) -> int:
@@ -144,8 +150,7 @@ class PlanHooks(Hooks):
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self.done == 0:
             self.record["fb_peak"] = self._peak()
-            assert self.model is not None
-            self.record["grads"] = live_bytes(p.grad for p in self.model.parameters() if p.grad is not None)
+            self.record["grads"] = live_bytes(p.grad for m in self.models for p in m.parameters() if p.grad is not None)
             if self.fake:  # the step's own peak: its temporaries shard in fsdp, the activations do not
                 _restart_peak(self.tracker)
 
@@ -169,7 +174,14 @@ class PlanHooks(Hooks):
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         if self.out is not None:
             with open(os.path.join(self.out, f"rank{rank}.json"), "w") as f:
-                json.dump({**self.record, "steps": self.done, "device": str(self.device)}, f)
+                json.dump({**self.record, "steps": self.done, "device": str(self.device), "rss_mb": _peak_rss_mb()}, f)
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory (Linux: ru_maxrss in KiB): the planning run's own cost."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _restart_peak(tracker: Any) -> None:
