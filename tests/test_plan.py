@@ -1,0 +1,133 @@
+"""``ddpkit plan`` (issue 30, part 4): each mode's per-rank peak at 1, 2 and 3 processes, predicted from one fake
+step in one process, against what torch's tensor accounting (MemTracker) measures in real runs of the same
+script; verdicts against ``init_empty(budget_mb=)``; the planning run allocates no model memory; failures are one
+line."""
+import json
+import sys
+
+import pytest
+
+from conftest import ROOT, WORKERS, launch, ok, run_cmd
+
+from ddpkit.commands import plan_model
+
+BIG = [str(ROOT / "examples" / "big.py"), "--width", "1024", "--depth", "4"]
+SCRIPTS = {
+    "big": BIG,
+    "digits": [str(ROOT / "examples" / "digits.py"), "--epochs", "1"],
+    "lm": [str(WORKERS / "plan_lm.py")],
+}
+
+
+def plan(*args, timeout=600):
+    return run_cmd([sys.executable, "-m", "ddpkit", "plan", *map(str, args)], timeout=timeout)
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_estimates_are_within_15_percent_of_the_measured_peak(name, tmp_path):
+    out = tmp_path / "plan.json"
+    r = ok(plan("--nproc-per-node", "1,2,3", "--measure", "--steps", "2", "--json", out, *SCRIPTS[name]))
+    rows = json.loads(out.read_text())["rows"]
+    assert {(row["mode"], row["nproc"]) for row in rows} == {
+        ("single", 1), *((m, n) for m in ("ddp", "fsdp", "hsdp") for n in (2, 3))}, r.stdout
+    for row in rows:
+        assert isinstance(row["measured"], int), (row, r.stdout)
+        error = row["bytes"] / row["measured"] - 1
+        assert abs(error) <= 0.15, f"{name}: {row['mode']} at {row['nproc']}: {error:+.1%}\n{r.stdout}"
+    sharded = {row["nproc"]: row["measured"] for row in rows if row["mode"] == "fsdp"}
+    ddp = {row["nproc"]: row["measured"] for row in rows if row["mode"] == "ddp"}
+    if name == "big":  # the state dominates: the measured fsdp peak does shrink with processes, as planned
+        assert sharded[3] < sharded[2] < ddp[2]
+
+
+def test_verdicts_agree_with_init_empty_budget(tmp_path):
+    """At 64 MB: init_empty refuses single and ddp and lets fsdp through; the plan says the same, and never counts
+    less than init_empty for any row (it counts the same state and more)."""
+    out = tmp_path / "plan.json"
+    r = ok(plan("--nproc-per-node", "2", "--budget-mb", "64", "--json", out, *BIG))
+    assert r.stdout.strip().splitlines()[-1] == "at 64.0 MB per rank single and ddp do not fit: use fsdp at 2 processes"
+    rows = {(row["mode"], row["nproc"]): row for row in json.loads(out.read_text())["rows"]}
+    for row in rows.values():
+        assert row["bytes"] >= row["init_empty_mb"] * 2**20, row
+    for mode, fits in (("ddp", False), ("fsdp", True)):
+        assert (rows[(mode, 2)]["bytes"] <= 64 * 2**20) is fits
+        run = launch(BIG[0], *BIG[1:], "--budget-mb", "64", "--steps", "1", launcher_args=["--mode", mode])
+        refused = "does not fit" in run.stdout + run.stderr
+        assert refused is not fits, (mode, run.stdout[-800:], run.stderr[-800:])
+
+
+def test_the_script_budget_is_the_default_budget_and_does_not_stop_the_plan():
+    """big.py's init_empty(budget_mb=600) would refuse one process; the planning run records it instead."""
+    r = ok(plan("--nproc-per-node", "2", "--modes", "ddp,fsdp", *BIG, "--budget-mb", "50"))
+    assert "fits 50.0 MB" in r.stdout or "does not fit 50.0 MB" in r.stdout, r.stdout
+    assert r.stdout.strip().splitlines()[-1].startswith("at 50.0 MB per rank single and ddp do not fit: use fsdp")
+
+
+def test_the_planning_run_allocates_no_model_memory(tmp_path):
+    """1.07 GB of parameters (Adam: 4.3 GB of state): the planning process's peak RSS stays far below them."""
+    out = tmp_path / "plan.json"
+    ok(plan("--nproc-per-node", "8", "--modes", "fsdp", "--json", out, BIG[0], "--width", "8192", "--depth", "4"))
+    data = json.loads(out.read_text())
+    assert data["capture"]["params"] > 2**30
+    assert data["capture"]["rss_mb"] < 900, data["capture"]
+    (row,) = data["rows"][1:]
+    # Adam: parameters, gradients, 2 slots, over 8 ranks (and the step counters: a few bytes)
+    assert abs(row["state"] - data["capture"]["params"] * 4 / 8) < 2**10, (row, data["capture"])
+
+
+def test_a_fake_value_read_before_the_first_step_is_one_line(tmp_path):
+    script = tmp_path / "reads.py"
+    script.write_text("import torch, ddpkit\nfrom torch import nn\nddpkit.init()\n"
+                      "model = ddpkit.prepare_model(nn.Linear(4, 2))\n"
+                      "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                      "loss = model(torch.randn(8, 4)).pow(2).mean()\n"
+                      "if loss.item() > 100:\n    print('big')\n"
+                      "loss.backward()\nopt.step()\n")
+    r = plan("--nproc-per-node", "2", script)
+    assert r.returncode == 1
+    assert r.stderr.strip() == (f"ddpkit plan: the planning run failed: {script}:7 reads a tensor's value "
+                                "(loss.item(), print(tensor), if loss > x) before the first optimizer.step(), where "
+                                "the planning run's tensors are fake (shapes, no values): move the read after "
+                                "optimizer.step()"), r.stderr
+
+
+def test_a_script_that_never_steps_is_one_line(tmp_path):
+    script = tmp_path / "nostep.py"
+    script.write_text("import torch, ddpkit\nfrom torch import nn\nddpkit.init()\n"
+                      "model = ddpkit.prepare_model(nn.Linear(4, 2))\nprint(model(torch.randn(2, 4)).shape)\n")
+    r = plan("--nproc-per-node", "2", script)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "the script ended before its first optimizer step" in r.stderr
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--nproc-per-node", "0"], "expected positive process counts"),
+    (["--nproc-per-node", "two"], "expected positive process counts"),
+    (["--modes", "dp"], "'dp' is not planned"),
+    (["--steps", "0"], "positive integer"),
+    (["--budget-mb", "5", "--budget-gb", "1"], "not allowed with argument"),
+])
+def test_bad_command_lines_are_one_line(args, says):
+    r = plan(*args, str(WORKERS / "plan_lm.py"))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and says in r.stderr, r.stderr
+
+
+def test_a_missing_script_is_a_usage_error():
+    r = plan("no_such_script.py")
+    assert r.returncode == 2 and "not found" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("record, field", [
+    ([], "JSON object"),
+    ({"params": "1e9"}, "params="),
+    ({"params": -5}, "params="),
+    ({"params": True}, "params="),
+    ({"params": 1, "grads": 1, "optimizer": 1, "fb_peak": 1, "peak": 1, "batchnorm": 0, "elements": 1,
+      "largest_module": 1, "groups": {"__class__": "os.system"}}, "groups="),
+    ({"params": 1, "grads": 1, "optimizer": 1, "fb_peak": 1, "peak": 1, "batchnorm": 0, "elements": 1,
+      "largest_module": 1, "groups": [1.5]}, "groups="),
+])
+def test_a_crafted_plan_record_is_one_line(record, field):
+    with pytest.raises(ValueError) as exc:
+        plan_model.Capture.from_json(record)
+    assert field in str(exc.value) and "\n" not in str(exc.value)
