@@ -8,7 +8,6 @@ import sys
 import pytest
 
 from conftest import ROOT, WORKERS, launch, ok, run_cmd
-
 from ddpkit.commands import plan_model
 
 BIG = [str(ROOT / "examples" / "big.py"), "--width", "1024", "--depth", "4"]
