@@ -130,3 +130,27 @@ def test_a_crafted_plan_record_is_one_line(record, field):
     with pytest.raises(ValueError) as exc:
         plan_model.Capture.from_json(record)
     assert field in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_an_optimizer_built_before_prepare_model_is_planned(tmp_path):
+    """single and ddp keep the model's parameters, so a script may build its optimizer first: its step is counted."""
+    script = tmp_path / "early.py"
+    script.write_text("import torch, ddpkit\nfrom torch import nn\nddpkit.init()\nnet = nn.Linear(64, 32)\n"
+                      "opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)\n"
+                      "model = ddpkit.prepare_model(net)\n"
+                      "model(torch.randn(8, 64)).pow(2).mean().backward()\nopt.step()\n")
+    out = tmp_path / "plan.json"
+    ok(plan("--nproc-per-node", "2", "--modes", "ddp", "--json", out, script))
+    capture = json.loads(out.read_text())["capture"]
+    assert capture["optimizer"] == capture["params"] == capture["grads"] == (64 * 32 + 32) * 4, capture
+
+
+def test_an_optimizer_of_another_model_is_one_line(tmp_path):
+    script = tmp_path / "other.py"
+    script.write_text("import torch, ddpkit\nfrom torch import nn\nddpkit.init()\nother = nn.Linear(4, 2)\n"
+                      "opt = torch.optim.SGD(other.parameters(), lr=0.1)\n"
+                      "model = ddpkit.prepare_model(nn.Linear(4, 2))\n"
+                      "(model(torch.randn(8, 4)).sum() + other(torch.randn(8, 4)).sum()).backward()\nopt.step()\n")
+    r = plan("--nproc-per-node", "2", script)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "holds none of the prepared model's parameters" in r.stderr

@@ -120,8 +120,10 @@ def why_failed(script: str, output: str, first: str) -> str:
         return (f"{where} reads a tensor's value (loss.item(), print(tensor), if loss > x) before the first "
                 "optimizer.step(), where the planning run's tensors are fake (shapes, no values): move the read "
                 "after optimizer.step()")
-    last = [line for line in output.splitlines() if line.strip()]
-    return f"{first.rstrip(';')}: {last[-1].strip() if last else 'no output'}"
+    last = [line.strip() for line in output.splitlines() if line.strip()]
+    code = re.search(r"exited (-?\d+)", first)
+    said = last[-1].removeprefix("ddpkit plan: ") if last else "no output"
+    return f"the script exited {code.group(1) if code else 'non-zero'}: {said}"
 
 
 def estimates(capture: plan_model.Capture, modes: Sequence[str], counts: Sequence[int],
@@ -185,13 +187,15 @@ def _procs(n: int) -> str:
 def _size(n: float) -> str:
     """Bytes as people say them.
 
-    >>> _size(11.2 * 2**30), _size(600 * 2**20), _size(64 * 2**20), _size(3.14159 * 2**20), _size(0)
-    ('11.2 GB', '600 MB', '64.0 MB', '3.14 MB', '0 MB')
+    >>> _size(11.2 * 2**30), _size(600 * 2**20), _size(64 * 2**20), _size(3.14159 * 2**20), _size(40), _size(0)
+    ('11.2 GB', '600 MB', '64.0 MB', '3.14 MB', '0.0 kB', '0 MB')
     """
     if n >= 2**30:
         return f"{n / 2**30:.1f} GB"
     mb = n / MB
-    return f"{mb:.0f} MB" if mb >= 100 or mb == 0 else f"{mb:.1f} MB" if mb >= 10 else f"{mb:.2f} MB"
+    if mb < 0.1:
+        return f"{n / 1024:.1f} kB" if n else "0 MB"
+    return f"{mb:.0f} MB" if mb >= 100 else f"{mb:.1f} MB" if mb >= 10 else f"{mb:.2f} MB"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -50,12 +50,14 @@ def live_bytes(tensors: Iterable[torch.Tensor]) -> int:
     return sum(seen.values())
 
 
-def fake_copy(model: nn.Module, device: torch.device) -> None:
-    """Give ``model`` fake parameters and buffers on ``device``, in place (ties kept): nothing is allocated."""
+def fake_copy(model: nn.Module, device: torch.device) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Give ``model`` fake parameters and buffers on ``device``, in place (ties kept): nothing is allocated.
+    Returns id(real) -> (real, fake), for an optimizer built before ``prepare_model`` (:func:`rebind`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)  # the script's real batches meet the fake weights
     made: dict[int, torch.Tensor] = {}
+    replaced: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for module in model.modules():
         stores: tuple[dict[str, Any], ...] = (module._parameters, module._buffers)
         for store in stores:
@@ -66,7 +68,17 @@ def fake_copy(model: nn.Module, device: torch.device) -> None:
                     with mode:
                         fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
                     made[id(t)] = nn.Parameter(fake, t.requires_grad) if isinstance(t, nn.Parameter) else fake
+                    replaced[id(t)] = (t, made[id(t)])
                 store[name] = made[id(t)]
+    return replaced
+
+
+def rebind(optimizer: torch.optim.Optimizer, replaced: Mapping[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """An optimizer built before ``prepare_model`` holds the real parameters (single and ddp keep them, so a
+    script may do that): hand it their fake stand-ins before its first step."""
+    for group in optimizer.param_groups:
+        group["params"] = [replaced[id(p)][1] if replaced.get(id(p), (None,))[0] is p else p
+                           for p in group["params"]]
 
 
 def groups(model: nn.Module, shard: Any) -> list[int]:
@@ -92,6 +104,7 @@ class PlanHooks(Hooks):
         self.record: dict[str, Any] = {"batchnorm": 0}
         self.models: list[nn.Module] = []
         self.seen: set[int] = set()  # BatchNorm modules whose input is counted
+        self.replaced: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # real parameter -> its fake stand-in
         self.done = 0
 
     def on_budget(self, budget_mb: float, optimizer_slots: int) -> bool:
@@ -111,7 +124,7 @@ class PlanHooks(Hooks):
             bucket_view=bool(getattr(comm, "gradient_as_bucket_view", False)),
             elements=self.record.get("elements", 0) + sum(p.numel() for p in model.parameters()),
             largest_module=max([self.record.get("largest_module", 0), *sizes]))
-        fake_copy(model, device)
+        self.replaced.update(fake_copy(model, device))
         return True
 
     def train_batch(self, batch_size: int, given_globally: bool = False) -> int:
@@ -149,6 +162,11 @@ class PlanHooks(Hooks):
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self.done == 0:
+            if self.fake:
+                rebind(optimizer, self.replaced)
+            if self.fake and not _steps_a_model(optimizer, self.models):  # its step would count nothing
+                sys.exit("ddpkit plan: the first optimizer to step holds none of the prepared model's parameters; "
+                         "pass it model.parameters() of a model from ddpkit.prepare_model")
             self.record["fb_peak"] = self._peak()
             self.record["grads"] = live_bytes(p.grad for m in self.models for p in m.parameters() if p.grad is not None)
             if self.fake:  # the step's own peak: its temporaries shard in fsdp, the activations do not
@@ -175,6 +193,11 @@ class PlanHooks(Hooks):
         if self.out is not None:
             with open(os.path.join(self.out, f"rank{rank}.json"), "w") as f:
                 json.dump({**self.record, "steps": self.done, "device": str(self.device), "rss_mb": _peak_rss_mb()}, f)
+
+
+def _steps_a_model(optimizer: torch.optim.Optimizer, models: list[nn.Module]) -> bool:
+    mine = {id(p) for m in models for p in m.parameters()}
+    return any(id(p) in mine for group in optimizer.param_groups for p in group["params"])
 
 
 def _peak_rss_mb() -> float:
