@@ -65,6 +65,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
                              "shown; dp drives every GPU from one process)")
     if ns.steps < 1 or (ns.shard_size is not None and ns.shard_size < 1):
         raise UsageError("--steps and --shard-size take a positive integer")
+    if ns.measure and ns.shard_size is not None:
+        raise UsageError("--shard-size with --measure: the measured runs shard as the script does "
+                         "(prepare_model(shard_size=)); drop one of them")
     if not os.path.isfile(ns.script):
         raise UsageError(f"script {ns.script!r} not found; pass the path of a training script")
     return ns
@@ -212,6 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     budget = ns.budget_mb if ns.budget_gb is None else ns.budget_gb * 1024
     budget = capture.script_budget_mb if budget is None else budget
+    ns.shard_size = ns.shard_size or capture.shard_size  # the script's own, unless asked about another
     rows = estimates(capture, ns.modes, ns.counts, ns.shard_size)
     report = []
     for mode, n, est in rows:

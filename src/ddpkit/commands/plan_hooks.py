@@ -120,7 +120,7 @@ class PlanHooks(Hooks):
                                             for m in model.modules()]
         self.record.update(  # a second model's blocks and sizes add to the first's
             groups=self.record.get("groups", []) + groups(model, options.get("shard")),
-            sync_batchnorm=bool(options.get("sync_batchnorm", True)),
+            sync_batchnorm=bool(options.get("sync_batchnorm", True)), shard_size=options.get("shard_size"),
             bucket_view=bool(getattr(comm, "gradient_as_bucket_view", False)),
             elements=self.record.get("elements", 0) + sum(p.numel() for p in model.parameters()),
             largest_module=max([self.record.get("largest_module", 0), *sizes]))

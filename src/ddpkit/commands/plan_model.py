@@ -57,6 +57,7 @@ class Capture:
     batch_global: bool = False
     script_budget_mb: float | None = None
     script_slots: int | None = None
+    shard_size: int | None = None  # the script's prepare_model(shard_size=), hsdp's
 
     @classmethod
     def from_json(cls, data: Any) -> Capture:
@@ -78,7 +79,8 @@ class Capture:
                    batch_size=batch.get("size") if type(batch.get("size")) is int else None,
                    batch_global=batch.get("global") is True,
                    script_budget_mb=_number(budget.get("budget_mb")),
-                   script_slots=budget.get("optimizer_slots") if type(budget.get("optimizer_slots")) is int else None)
+                   script_slots=budget.get("optimizer_slots") if type(budget.get("optimizer_slots")) is int else None,
+                   shard_size=_count(data.get("shard_size")))
 
     @property
     def state(self) -> int:
@@ -140,6 +142,10 @@ def sharded(c: Capture, shard: int, n: int | None = None) -> Estimate:
     gathered = GATHERED_COPIES * max(c.groups, default=0)
     return Estimate(-(-c.state // shard), round((c.activations + syncbn) * scale), gathered,
                     -(-c.temporaries // shard))
+
+
+def _count(value: Any) -> int | None:
+    return value if type(value) is int and value >= 1 else None
 
 
 def _number(value: Any) -> float | None:
