@@ -50,7 +50,6 @@ from ddpkit.checkpoint.disk import newest_valid as newest_valid
 from ddpkit.checkpoint.disk import run_id, validate
 from ddpkit.checkpoint.reasons import PeerWriteError, check_fits, failure
 from ddpkit.core import contract, process
-from ddpkit.core.atomic import write_file
 from ddpkit.data.loader import ShardedDataLoader
 from ddpkit.data.streams import StreamLoader
 from ddpkit.runtime import group as runtime
@@ -313,30 +312,9 @@ class Checkpointer:
 
     def _commit(self, step: int, payload: dict, extra: dict[str, Any], tmp: str,
                 hashed: dict[str, dict[str, Any]] | None = None) -> str:
-        """Rank 0: state.pt and the manifest into ``tmp``, fsync, rename into place (atomically, also over an
-        older copy of the step: :func:`checkpoint_files.install`), then retention."""
-        final = os.path.join(self.directory, f"ckpt-{step:010d}")
-        os.makedirs(tmp, exist_ok=True)
-        write_file(os.path.join(tmp, "state.pt"), lambda f: torch.save(payload, f))
-        # state.pt, and the shards of a sharded checkpoint: those the ranks hashed as they wrote them (DCP
-        # fsynced them) are taken as they are, the rest (state.pt, DCP's .metadata) hashed and fsynced here
-        files = {**disk.hashes(tmp, [n for n in disk.files(tmp) if n not in (hashed or {})]), **(hashed or {})}
-        commit = 1 + max((n for p in by_commit(self.directory) if (n := disk.commit_number(p)) is not None), default=0)
-        manifest = {"format": 1, "step": step, "commit": commit, "run": run_id(),
-                    "world_size": payload["world_size"], "extra": extra, "files": files}
-        write_file(os.path.join(tmp, "manifest.json"), lambda f: f.write(json.dumps(manifest).encode()))
-        for root, _, _ in os.walk(tmp):
-            disk.fsync_dir(root)
-        disk.install(tmp, final)  # committed from here: nothing after it may report the save as failed
-        try:
-            # a damaged one stays; by_commit, not checkpoints(): this may run on the writer thread itself
-            committed = [p for p in by_commit(self.directory) if disk.commit_number(p) is not None]
-            for old in committed[self.keep:]:  # by commit order: the newest saves, not the highest steps
-                shutil.rmtree(old, ignore_errors=True)
-        except OSError as exc:
-            warnings.warn(f"ddpkit: checkpoint {final} was saved, but removing older ones failed ({exc}); "
-                          "they are removed at a later save", stacklevel=4)
-        return final
+        """Rank 0: state.pt and the manifest into ``tmp``, then the commit (:func:`disk.commit`)."""
+        return disk.commit(self.directory, tmp, step, self.keep, payload["world_size"], extra,
+                           lambda f: torch.save(payload, f), hashed)
 
     def validate(self, path: str) -> str | None:
         """None when ``path`` is a complete checkpoint whose files match the manifest, else the reason.

@@ -23,8 +23,8 @@ import re
 import shutil
 import uuid
 import warnings
-from collections.abc import Collection
-from typing import Any
+from collections.abc import Callable, Collection
+from typing import Any, BinaryIO
 
 from ddpkit.core import contract, process
 from ddpkit.core.atomic import write_file
@@ -211,3 +211,37 @@ def prepare(directory: str, running: Collection[str] = ()) -> None:
                               "pass a directory this user can write") from None
     remove_unfinished(directory, running)
     remove_replaced(directory)
+
+
+def commit(directory: str, tmp: str, step: int, keep: int, world_size: int, extra: dict[str, Any],
+           write_state: Callable[[BinaryIO], Any], hashed: dict[str, dict[str, Any]] | None = None) -> str:
+    """Rank 0's commit of a save: ``state.pt`` (``write_state(f)``) and the manifest into ``tmp``, every file
+    fsynced, renamed into place (atomically, also over an older copy of the step: :func:`install`), then the
+    oldest commits beyond ``keep`` removed. ``hashed``: the shard files the ranks hashed as they wrote them.
+
+    Example::
+
+        commit("runs/exp", "runs/exp/ckpt-0000000005.tmp-41", 5, 3, 2, {}, lambda f: torch.save(payload, f))
+    """
+    final = os.path.join(directory, f"ckpt-{step:010d}")
+    os.makedirs(tmp, exist_ok=True)
+    write_file(os.path.join(tmp, "state.pt"), write_state)
+    # state.pt, and the shards of a sharded checkpoint: those the ranks hashed as they wrote them (DCP
+    # fsynced them) are taken as they are, the rest (state.pt, DCP's .metadata) hashed and fsynced here
+    listed = {**hashes(tmp, [n for n in files(tmp) if n not in (hashed or {})]), **(hashed or {})}
+    number = 1 + max((n for p in by_commit(directory) if (n := commit_number(p)) is not None), default=0)
+    record = {"format": 1, "step": step, "commit": number, "run": run_id(), "world_size": world_size,
+              "extra": extra, "files": listed}
+    write_file(os.path.join(tmp, "manifest.json"), lambda f: f.write(json.dumps(record).encode()))
+    for root, _, _ in os.walk(tmp):
+        fsync_dir(root)
+    install(tmp, final)  # committed from here: nothing after it may report the save as failed
+    try:
+        # a damaged one stays; this may run on a background writer thread
+        committed = [p for p in by_commit(directory) if commit_number(p) is not None]
+        for old in committed[keep:]:  # by commit order: the newest saves, not the highest steps
+            shutil.rmtree(old, ignore_errors=True)
+    except OSError as exc:
+        warnings.warn(f"ddpkit: checkpoint {final} was saved, but removing older ones failed ({exc}); "
+                      "they are removed at a later save", stacklevel=5)
+    return final
