@@ -1,6 +1,7 @@
 """Checkpoints in one process: atomic commit, checksums, fallback, weights_only, clear errors."""
 import json
 import os
+import subprocess
 import sys
 import textwrap
 
@@ -104,10 +105,33 @@ def test_directory_that_cannot_be_written_is_a_clear_error(tmp_path):
         ddpkit.Checkpointer(str(blocker / "ckpt"))
 
 
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
 def test_stale_temporary_directories_are_cleaned(tmp_path, parts):
-    (tmp_path / "ckpt" / "ckpt-0000000009.tmp-123").mkdir(parents=True)
+    (tmp_path / "ckpt" / f"ckpt-0000000009.tmp-{_dead_pid()}").mkdir(parents=True)
+    (tmp_path / "ckpt" / "ckpt-0000000008.tmp-sharded").mkdir(parents=True)
     ckpt = ddpkit.Checkpointer(str(tmp_path / "ckpt"))
     assert os.listdir(tmp_path / "ckpt") == [] and ckpt.latest() is None
+
+
+def test_a_temporary_directory_of_a_live_writer_is_not_a_leftover(tmp_path, parts):
+    """Another process (the trainer) writing ckpt-9 while an evaluation watcher starts a Checkpointer of the
+    directory: the watcher leaves the write alone; once the writer is gone, its leftover is removed."""
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        tmp = tmp_path / "ckpt" / f"ckpt-0000000009.tmp-{writer.pid}"
+        tmp.mkdir(parents=True)
+        ddpkit.Checkpointer(str(tmp_path / "ckpt"))
+        assert tmp.is_dir()
+    finally:
+        writer.kill()
+        writer.wait()
+    ddpkit.Checkpointer(str(tmp_path / "ckpt"))
+    assert not tmp.exists()
 
 
 def test_disk_full_during_save_keeps_the_previous_checkpoint(tmp_path):

@@ -30,6 +30,7 @@ from ddpkit.core import contract, process
 from ddpkit.core.atomic import write_file
 
 _NAME = re.compile(r"^ckpt-(\d{10})$")
+_TMP_PID = re.compile(r"\.tmp-(\d+)$")
 _ASIDE = re.compile(r"^(ckpt-\d{10})\.replaced-\d+(?:-\d+)?$")
 
 
@@ -179,11 +180,28 @@ def remove_replaced(directory: str) -> None:
 
 def remove_unfinished(directory: str, running: Collection[str] = ()) -> None:
     """Remove the temporary directories of saves that were killed midway (never a committed checkpoint); those in
-    ``running`` (absolute paths: this process's background writes) are not leftovers."""
+    ``running`` (absolute paths: this process's background writes) are not leftovers, nor is ``.tmp-<pid>`` of a
+    process alive on this host (another process's Checkpointer of the directory, writing now: an evaluation
+    watcher must not delete the trainer's save; a pid taken again by another process keeps a leftover a while)."""
     for entry in os.listdir(directory):
-        if ".tmp-" in entry and entry.startswith("ckpt-") and os.path.abspath(os.path.join(directory, entry)) \
-                not in running:
-            shutil.rmtree(os.path.join(directory, entry), ignore_errors=True)
+        path = os.path.abspath(os.path.join(directory, entry))
+        if ".tmp-" not in entry or not entry.startswith("ckpt-") or path in running:
+            continue
+        writer = _TMP_PID.search(entry)
+        if writer and int(writer.group(1)) != os.getpid() and _alive(int(writer.group(1))):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    """A process ``pid`` exists on this host (signal 0 checks without sending; EPERM: it exists, not ours)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
 
 
 def run_id() -> str:
