@@ -99,7 +99,31 @@ def test_a_script_that_never_steps_is_one_line(tmp_path):
     assert "the script ended before its first optimizer step" in r.stderr
 
 
+@pytest.mark.parametrize("case", ["accumulate", "gan"])
+def test_scripts_the_first_plan_failed_on(case, tmp_path):
+    """Review of the first version: four forwards per step (ddpkit.accumulate) and frozen parameters failed in
+    torch's MemTracker; a dataset made after prepare_model scaled with the global batch; a GAN was planned from
+    its discriminator's step alone (-74 %)."""
+    out = tmp_path / "plan.json"
+    r = ok(plan("--nproc-per-node", "2,3", "--modes", "ddp,fsdp", "--measure", "--steps", "2", "--json", out,
+                WORKERS / "plan_edges.py", case))
+    for row in json.loads(out.read_text())["rows"]:
+        assert isinstance(row["measured"], int), (row, r.stdout)
+        assert abs(row["bytes"] / row["measured"] - 1) <= 0.15, (case, row, r.stdout)
+
+
+def test_the_advice_takes_the_simplest_mode_whatever_the_order_asked():
+    r = ok(plan("--nproc-per-node", "1,2,4", "--modes", "fsdp,ddp", "--budget-mb", "60", WORKERS / "plan_lm.py"))
+    assert r.stdout.strip().splitlines()[-1] == "at 60.0 MB per rank single does not fit: use ddp at 2 processes"
+
+
 @pytest.mark.parametrize("args, says", [
+    (["--budget-mb", "-5"], "expected a positive number"),
+    (["--budget-gb", "nan"], "expected a positive number"),
+    (["--budget-mb", "inf"], "expected a positive number"),
+    (["--json", "/nonexistent/x.json"], "its directory does not exist"),
+    (["--device", "tpu"], "invalid choice"),
+    (["--measure", "--shard-size", "2"], "drop one of them"),
     (["--nproc-per-node", "0"], "expected positive process counts"),
     (["--nproc-per-node", "two"], "expected positive process counts"),
     (["--modes", "dp"], "'dp' is not planned"),

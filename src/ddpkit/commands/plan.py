@@ -19,6 +19,7 @@ import glob
 import json
 import os
 import re
+import signal
 import sys
 import tempfile
 import types
@@ -47,7 +48,8 @@ def build_parser() -> OneLineParser:
     p.add_argument("--shard-size", type=int, default=None, help="hsdp's shard group (default: the processes)")
     p.add_argument("--measure", action="store_true", help="also run each configuration for real and compare")
     p.add_argument("--steps", type=int, default=3, help="optimizer steps of each measured run (default 3)")
-    p.add_argument("--device", default=None, help="cpu or cuda: where the runs train (default: auto)")
+    p.add_argument("--device", default=None, choices=("auto", "cpu", "cuda"),
+                   help="cpu or cuda: where the runs train (default: auto)")
     p.add_argument("--json", default=None, help="also write the figures to this file")
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
@@ -68,6 +70,11 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     if ns.measure and ns.shard_size is not None:
         raise UsageError("--shard-size with --measure: the measured runs shard as the script does "
                          "(prepare_model(shard_size=)); drop one of them")
+    for name, value in (("--budget-mb", ns.budget_mb), ("--budget-gb", ns.budget_gb)):
+        if value is not None and not (0 < value < float("inf")):
+            raise UsageError(f"{name} {value}: expected a positive number of bytes per rank, e.g. {name} 80")
+    if ns.json and not os.path.isdir(os.path.dirname(os.path.abspath(ns.json))):
+        raise UsageError(f"--json {ns.json}: its directory does not exist; pass a path in an existing directory")
     if not os.path.isfile(ns.script):
         raise UsageError(f"script {ns.script!r} not found; pass the path of a training script")
     return ns
@@ -97,8 +104,10 @@ def run_once(script: str, args: Sequence[str], nproc: int, mode: str, env: dict[
         try:
             run_logged(cmd, {contract.TOOL.name: "ddpkit.commands.plan_hooks:from_env", contract.PLAN_OUT.name: out,
                              contract.PHASE_WINDOW.name: "0", **env}, log)
-        except ScriptFailed as exc:
-            raise ScriptFailed(why_failed(script, log_tail(log, 8000), str(exc).splitlines()[0])) from None
+        except ScriptFailed as exc:  # the ranks' own logs go with the temporary directory: read them now
+            ranks = sorted(glob.glob(os.path.join(out, "logs", "**", "*.log"), recursive=True))
+            output = "\n".join([*(log_tail(path, 4000) for path in ranks), log_tail(log, 8000)])
+            raise ScriptFailed(why_failed(script, output, str(exc).splitlines()[0])) from None
         records = []
         for path in sorted(glob.glob(os.path.join(out, "rank*.json"))):
             with open(path) as f:
@@ -124,8 +133,9 @@ def why_failed(script: str, output: str, first: str) -> str:
                 "optimizer.step(), where the planning run's tensors are fake (shapes, no values): move the read "
                 "after optimizer.step()")
     last = [line.strip() for line in output.splitlines() if line.strip()]
+    raised = [line for line in last if re.match(r"^[\w.]*(Error|Exception|Exit)\b.*:", line)]
     code = re.search(r"exited (-?\d+)", first)
-    said = last[-1].removeprefix("ddpkit plan: ") if last else "no output"
+    said = (raised or last or ["no output"])[-1].removeprefix("ddpkit plan: ")
     return f"the script exited {code.group(1) if code else 'non-zero'}: {said}"
 
 
@@ -157,7 +167,7 @@ def state_count_mb(capture: plan_model.Capture, mode: str, n: int, shard_size: i
 
     strategy = table.get(mode)
     group = strategy.shard_group_size(types.SimpleNamespace(world_size=n, local_world_size=n), shard_size)
-    size = capture.params // capture.elements if capture.elements else 4
+    size = capture.element_size()
     return strategy.state_bytes(capture.elements, capture.largest_module, group, capture.slots()) * size / MB
 
 
@@ -171,11 +181,12 @@ def advice(rows: list[tuple[str, int, Any]], budget_mb: float | None) -> str | N
     """The first mode (single, ddp, fsdp, hsdp) and the fewest processes that fit, when the budget is given."""
     if budget_mb is None:
         return None
-    fits = [(mode, n) for mode, n, e in rows if not isinstance(e, str) and e.total <= budget_mb * MB]
+    order = ("single", *MODES)
+    fits = sorted(((mode, n) for mode, n, e in rows if not isinstance(e, str) and e.total <= budget_mb * MB),
+                  key=lambda row: (order.index(row[0]), row[1]))  # the simplest mode first, then fewest processes
     if not fits:
         return f"nothing planned fits {_size(budget_mb * MB)} per rank: more processes, or a smaller batch / model"
     mode, n = fits[0]
-    order = ("single", *MODES)
     missed = [m for m in order[:order.index(mode)] if any(r[0] == m for r in rows)]
     if not missed:
         return f"{mode} at {_procs(n)} fits {_size(budget_mb * MB)} per rank"
@@ -206,6 +217,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         ns = parse(list(sys.argv[1:] if argv is None else argv))
     except UsageError as exc:
         return usage_error("ddpkit plan", exc)
+    # SIGTERM (a job's time limit) as an exception: the running launch is stopped and the temporary folder goes
+    before = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    try:
+        return _plan(ns)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def _plan(ns: argparse.Namespace) -> int:
     env = {contract.DEVICE.name: ns.device} if ns.device else {}
     try:
         first = run_once(ns.script, ns.args, 1, "single", {**env, contract.PLAN_FAKE.name: "1"})[0]
@@ -223,8 +243,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{mode} at {_procs(n)}: not planned ({est})")
             continue
         counted = state_count_mb(capture, mode, n, ns.shard_size)
+        resident = f"other tensors {_size(est.resident)}, " if est.resident else ""
         line = (f"{mode} at {_procs(n)}: {_size(est.total)} per rank{verdict(est.total, budget)} (state "
-                f"{_size(est.state)}, activations {_size(est.activations)}, {COMM[mode]} {_size(est.comm)}, "
+                f"{_size(est.state)}, {resident}activations {_size(est.activations)}, {COMM[mode]} {_size(est.comm)}, "
                 f"optimizer step temporaries {_size(est.temporaries)}; init_empty counts {_size(counted * MB)})")
         entry = {"mode": mode, "nproc": n, "bytes": est.total, "init_empty_mb": counted, **dataclass_dict(est)}
         if ns.measure:
@@ -254,4 +275,5 @@ def measure(ns: argparse.Namespace, mode: str, n: int, env: dict[str, str]) -> i
 
 
 def dataclass_dict(est: plan_model.Estimate) -> dict[str, int]:
-    return {"state": est.state, "activations": est.activations, "comm": est.comm, "temporaries": est.temporaries}
+    return {"state": est.state, "resident": est.resident, "activations": est.activations, "comm": est.comm,
+            "temporaries": est.temporaries}

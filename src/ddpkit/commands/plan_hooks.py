@@ -1,4 +1,4 @@
-"""``ddpkit plan``'s hooks in its runs (the ``plan`` entry point of ``ddpkit.tools``).
+"""``ddpkit plan``'s hooks in its runs (the ``plan`` entry point of ``ddpkit.tools``, declared in pyproject.toml).
 
 :func:`ddpkit.commands.plan.run_once` sets ``DDPKIT_TOOL=ddpkit.commands.plan_hooks:from_env`` and the
 variables read here. Two kinds of run use them, both counting live tensor bytes with torch's
@@ -7,9 +7,9 @@ is freed) from ``prepare_model`` on:
 
 - **the planning run** (``DDPKIT_PLAN_FAKE=1``, one process): ``prepare_model`` gives the model fake tensors
   (``FakeTensorMode``: shapes, dtypes, a device, no memory), so the script's own first step (its forward,
-  loss, backward and optimizer) runs without allocating the model's memory. The run stops after the first
-  optimizer step and writes :class:`Capture`'s fields: what the per-mode formulas of
-  :mod:`ddpkit.commands.plan_model` need.
+  loss, backward and optimizer) runs without allocating the model's memory. The run stops once every prepared
+  model's optimizer stepped once (a GAN: both) and writes the fields of
+  :class:`~ddpkit.commands.plan_model.Capture`: what the per-mode formulas need.
 - **a measured run** (``ddpkit plan --measure``): the script for real in one mode at N processes, stopped
   after ``DDPKIT_MAX_STEPS`` optimizer steps; each rank writes its peak.
 
@@ -34,6 +34,7 @@ from torch import nn
 from ddpkit.core import contract
 from ddpkit.runtime.instrument import Hooks, OnShutdown
 from ddpkit.strategies import fsdp_wrapper
+from ddpkit.strategies.meta import on_meta
 
 
 def live_bytes(tensors: Iterable[torch.Tensor]) -> int:
@@ -97,6 +98,25 @@ def groups(model: nn.Module, shard: Any) -> list[int]:
     return sizes
 
 
+def tracker() -> Any:
+    """torch's MemTracker counting live tensor bytes only: its per-module records refuse a module called again
+    at the top level before a reset (gradient accumulation, a GAN's discriminator, two views of one batch), and
+    its gradient hooks refuse frozen parameters; plan needs neither (gradients are counted as the tensors they
+    are when backward makes them)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class Totals(MemTracker):
+        def _track_module_params_and_buffers(self, module: nn.Module, install_grad_hooks: bool = True) -> Any:
+            return super()._track_module_params_and_buffers(module, install_grad_hooks=False)
+
+        def _pre_fw_hook(self, module: nn.Module, inputs: Any) -> None:
+            if not self._mod_tracker.is_bw:
+                self.memory_tracking.pop(module, None)  # each call a first one
+            super()._pre_fw_hook(module, inputs)
+
+    return Totals()
+
+
 class PlanHooks(Hooks):
     def __init__(self, out: str | None, steps: int = 1, fake: bool = False):
         self.out, self.steps, self.fake = out, steps, fake
@@ -105,7 +125,9 @@ class PlanHooks(Hooks):
         self.models: list[nn.Module] = []
         self.seen: set[int] = set()  # BatchNorm modules whose input is counted
         self.replaced: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # real parameter -> its fake stand-in
-        self.done = 0
+        self.done = 0  # steps of the first optimizer that stepped (a measured run stops after K)
+        self.stepped: dict[torch.optim.Optimizer, int] = {}  # each optimizer's steps, in order of its first
+        self.written = False
 
     def on_budget(self, budget_mb: float, optimizer_slots: int) -> bool:
         """Recorded, not checked: the planning run counts every mode itself."""
@@ -124,6 +146,7 @@ class PlanHooks(Hooks):
             bucket_view=bool(getattr(comm, "gradient_as_bucket_view", False)),
             elements=self.record.get("elements", 0) + sum(p.numel() for p in model.parameters()),
             largest_module=max([self.record.get("largest_module", 0), *sizes]))
+        self.record["built_whole"] = self.record.get("built_whole", False) or not on_meta(model)
         self.replaced.update(fake_copy(model, device))
         return True
 
@@ -133,20 +156,25 @@ class PlanHooks(Hooks):
 
     def on_model(self, model: nn.Module, is_main: bool, on_shutdown: OnShutdown) -> None:
         """Count from the first prepared model on; a later one is added to the count (track_external)."""
-        from torch.distributed._tools.mem_tracker import MemTracker
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         self.models.append(model)
-        self.record["params"] = live_bytes(t for m in self.models for t in [*m.parameters(), *m.buffers()])
+        params = [p for m in self.models for p in m.parameters()]
+        self.record.update(params=live_bytes([*params, *(b for m in self.models for b in m.buffers())]),
+                           param_bytes=live_bytes(params), trainable_bytes=live_bytes(p for p in params
+                                                                                      if p.requires_grad))
         for module in model.modules():
             if isinstance(module, nn.modules.batchnorm._BatchNorm):
                 module.register_forward_pre_hook(self._batchnorm_input)
+        model.register_forward_pre_hook(self._first_forward)
+        model.register_forward_hook(self._forward_done)
         if self.tracker is not None:
             self.tracker.track_external(model)
             return
         self.device = next(iter(model.parameters()), torch.empty(0)).device
-        self.tracker = MemTracker()
+        self.tracker = tracker()
         self.tracker.track_external(model)
+        on_shutdown(self._at_end)
         self.tracker.__enter__()  # left at the last counted step (the script is stopped there)
         self.handles = (register_optimizer_step_pre_hook(self._before_step),
                         register_optimizer_step_post_hook(self._after_step))
@@ -157,34 +185,74 @@ class PlanHooks(Hooks):
             self.seen.add(id(module))
             self.record["batchnorm"] += inputs[0].numel() * inputs[0].element_size()
 
+    def _first_forward(self, module: nn.Module, inputs: Any) -> None:
+        """What lives besides the models when the first step starts (a dataset made after prepare_model, the
+        batch, a restored optimizer state): held whole on every rank in every mode, and not an activation."""
+        if "resident" not in self.record:
+            self.record["resident"] = self._current() - self.record["params"]
+            self.record["setup_peak"] = self._peak()  # a restore's loaded payload, say: gone before training
+            if self.fake:
+                _restart_peak(self.tracker)
+
+    def _forward_done(self, module: nn.Module, inputs: Any, output: Any) -> None:
+        if self.done == 0 and "fwd_peak" not in self.record:
+            self.record["fwd_peak"] = self._peak()
+
+    def _current(self) -> int:
+        return int(self.tracker.get_tracker_snapshot("current").get(self.device, {}).get("Total", 0))
+
     def _peak(self) -> int:
         return int(self.tracker.get_tracker_snapshot("peak").get(self.device, {}).get("Total", 0))
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if self.done == 0:
-            if self.fake:
-                rebind(optimizer, self.replaced)
-            if self.fake and not _steps_a_model(optimizer, self.models):  # its step would count nothing
+        first = optimizer not in self.stepped
+        if self.fake and first:
+            rebind(optimizer, self.replaced)
+            if not _steps_a_model(optimizer, self.models):  # its step would count nothing
                 sys.exit("ddpkit plan: the first optimizer to step holds none of the prepared model's parameters; "
                          "pass it model.parameters() of a model from ddpkit.prepare_model")
-            self.record["fb_peak"] = self._peak()
-            self.record["grads"] = live_bytes(p.grad for m in self.models for p in m.parameters() if p.grad is not None)
-            if self.fake:  # the step's own peak: its temporaries shard in fsdp, the activations do not
-                _restart_peak(self.tracker)
+        if first:  # a restored optimizer state lived through the first step: in resident, and in the state after
+            self.record["restored"] = self.record.get("restored", 0) + live_bytes(_states(optimizer))
+        if not first and optimizer is next(iter(self.stepped)) and self.done >= self.steps:  # a measured run's K steps
+            self._finish()
+        self.stepped.setdefault(optimizer, 0)
+        if self.fake:  # each phase's own peak: the optimizer step's temporaries shard in fsdp, activations do not
+            self.record["fb_peak"] = max(self.record.get("fb_peak", 0), self._peak())
+            self.record["grads"] = max(self.record.get("grads", 0), live_bytes(
+                p.grad for m in self.models for p in m.parameters() if p.grad is not None))
+            _restart_peak(self.tracker)
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self.done += 1
-        self.tracker.reset_mod_stats()  # the tracker's per-module records refuse a second forward otherwise
-        if self.done < self.steps:
+        self.stepped[optimizer] += 1
+        if optimizer is next(iter(self.stepped)):
+            self.done += 1
+        if not self.fake:
             return
-        self.record.update(peak=self._peak(), optimizer=live_bytes(
-            v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)))
+        self.record["peak"] = max(self.record.get("peak", 0), self._peak())
+        _restart_peak(self.tracker)
+        trained = {id(p) for o in self.stepped for g in o.param_groups for p in g["params"]}
+        every = all(id(p) in trained for m in self.models for p in m.parameters() if p.requires_grad)
+        if every or self.stepped[optimizer] > 1:  # each model stepped once (a GAN: both), or a second round began
+            self._finish()
+
+    def _finish(self) -> None:
+        """Write the record and stop the script: its next line may read the fake loss (loss.item())."""
+        self.record.update(optimizer=live_bytes(t for o in self.stepped for t in _states(o)),
+                           grads_kept=any(p.grad is not None for m in self.models for p in m.parameters()))
+        if not self.fake:
+            self.record["peak"] = self._peak()
         self.tracker.__exit__(None, None, None)
         for handle in self.handles:
             handle.remove()
         self._write()
-        # the script stops here: its next line may read the fake loss (loss.item()), and the count is done
         sys.exit(0)
+
+    def _at_end(self) -> None:
+        """The script ended before a measured run's K steps: its record as it stands (nothing in a planning run,
+        whose record needs a finished step)."""
+        if self.tracker is not None and not self.fake and self.stepped and not self.written:
+            self.record.update(peak=self._peak(), optimizer=live_bytes(t for o in self.stepped for t in _states(o)))
+            self._write()
 
     def _write(self) -> None:
         import torch.distributed as dist
@@ -193,6 +261,11 @@ class PlanHooks(Hooks):
         if self.out is not None:
             with open(os.path.join(self.out, f"rank{rank}.json"), "w") as f:
                 json.dump({**self.record, "steps": self.done, "device": str(self.device), "rss_mb": _peak_rss_mb()}, f)
+        self.written = True
+
+
+def _states(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
 
 
 def _steps_a_model(optimizer: torch.optim.Optimizer, models: list[nn.Module]) -> bool:
