@@ -178,3 +178,13 @@ def test_an_optimizer_of_another_model_is_one_line(tmp_path):
     r = plan("--nproc-per-node", "2", script)
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "holds none of the prepared model's parameters" in r.stderr
+
+
+def test_buffers_are_not_parameters_in_the_init_empty_count():
+    """Review: bytes per element came from parameters and buffers over the parameter count (11 for 4), and the
+    optimizer's slots from the same (Adam: 1 for 2)."""
+    record = {"params": 8 * 2**20 + 4 * 2**20, "param_bytes": 4 * 2**20, "trainable_bytes": 4 * 2**20,
+              "grads": 4 * 2**20, "optimizer": 8 * 2**20, "fb_peak": 0, "peak": 0, "groups": [], "batchnorm": 0,
+              "elements": 2**20, "largest_module": 2**20}
+    capture = plan_model.Capture.from_json(record)
+    assert (capture.element_size(), capture.slots()) == (4, 2)
