@@ -84,7 +84,7 @@ def test_an_unknown_tool_is_one_line_naming_the_installed_ones():
     with pytest.raises(ValueError) as err:
         instrument.from_env({"DDPKIT_TOOL": "nope"})
     line = str(err.value)
-    assert "\n" not in line and "DDPKIT_TOOL='nope'" in line and "bench, verify" in line, line
+    assert "\n" not in line and "DDPKIT_TOOL='nope'" in line and "bench, plan, verify" in line, line
 
 
 def _loader(n: int = 20, batch: int = 2) -> ShardedDataLoader:
