@@ -1,9 +1,11 @@
-"""Scripts ``ddpkit plan`` first failed on or mis-planned (tests/test_plan.py): ``plan_edges.py accumulate|gan``.
+"""Scripts ``ddpkit plan`` first failed on or mis-planned (tests/test_plan.py): ``plan_edges.py accumulate|gan|wgan``.
 
 - ``accumulate``: a frozen backbone (``requires_grad=False``), the dataset made after ``prepare_model`` (every rank
   holds it whole), a ``global_batch_size``, four micro-steps of ``ddpkit.accumulate`` (four forwards per step).
 - ``gan``: two models and two optimizers; the discriminator runs twice before its step, the generator's step
   (the bigger one) comes second.
+- ``wgan``: the critic steps 3 times per generator step; a no_grad shape check runs before training, and the
+  "real" data (32 MB, every rank holds it) is made after it.
 """
 import sys
 
@@ -32,6 +34,26 @@ if sys.argv[1] == "accumulate":
         ddpkit.print(f"step {i}")
         if i == 3:
             break
+elif sys.argv[1] == "wgan":
+    gen = ddpkit.prepare_model(nn.Sequential(nn.Linear(32, 4 * W), nn.ReLU(), nn.Linear(4 * W, 4 * W), nn.ReLU(),
+                                             nn.Linear(4 * W, W)), shard=[nn.Linear])
+    critic = ddpkit.prepare_model(nn.Sequential(nn.Linear(W, 64), nn.ReLU(), nn.Linear(64, 1)), shard=[nn.Linear])
+    with torch.no_grad():
+        assert critic(gen(torch.randn(2, 32))).shape == (2, 1)
+    real = torch.randn(32768, W)
+    og, oc = torch.optim.Adam(gen.parameters(), lr=1e-4), torch.optim.Adam(critic.parameters(), lr=1e-4)
+    for step in range(3):
+        for _ in range(3):
+            batch = real[torch.randint(0, len(real), (128,))]
+            lc = critic(gen(torch.randn(128, 32)).detach()).mean() - critic(batch).mean()
+            oc.zero_grad()
+            lc.backward()
+            oc.step()
+        lg = -critic(gen(torch.randn(128, 32))).mean()
+        og.zero_grad()
+        lg.backward()
+        og.step()
+        ddpkit.print(f"step {step} {lc.item():.3f} {lg.item():.3f}")
 else:
     gen = ddpkit.prepare_model(nn.Sequential(nn.Linear(32, W), nn.ReLU(), nn.Linear(W, 4 * W), nn.ReLU(),
                                              nn.Linear(4 * W, W)), shard=[nn.Linear])

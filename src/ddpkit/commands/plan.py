@@ -73,8 +73,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     for name, value in (("--budget-mb", ns.budget_mb), ("--budget-gb", ns.budget_gb)):
         if value is not None and not (0 < value < float("inf")):
             raise UsageError(f"{name} {value}: expected a positive number of bytes per rank, e.g. {name} 80")
-    if ns.json and not os.path.isdir(os.path.dirname(os.path.abspath(ns.json))):
-        raise UsageError(f"--json {ns.json}: its directory does not exist; pass a path in an existing directory")
+    if ns.json and (os.path.isdir(ns.json) or not os.access(os.path.dirname(os.path.abspath(ns.json)), os.W_OK)):
+        raise UsageError(f"--json {ns.json}: not a file this user can write (a directory, or in a missing or "
+                         "read-only one); pass e.g. --json plan.json")
     if not os.path.isfile(ns.script):
         raise UsageError(f"script {ns.script!r} not found; pass the path of a training script")
     return ns
@@ -107,7 +108,7 @@ def run_once(script: str, args: Sequence[str], nproc: int, mode: str, env: dict[
         except ScriptFailed as exc:  # the ranks' own logs go with the temporary directory: read them now
             ranks = sorted(glob.glob(os.path.join(out, "logs", "**", "*.log"), recursive=True))
             output = "\n".join([*(log_tail(path, 4000) for path in ranks), log_tail(log, 8000)])
-            raise ScriptFailed(why_failed(script, output, str(exc).splitlines()[0])) from None
+            raise ScriptFailed(why_failed(script, output, str(exc).splitlines()[0], _progress(out))) from None
         records = []
         for path in sorted(glob.glob(os.path.join(out, "rank*.json"))):
             with open(path) as f:
@@ -119,7 +120,17 @@ def run_once(script: str, args: Sequence[str], nproc: int, mode: str, env: dict[
         return records
 
 
-def why_failed(script: str, output: str, first: str) -> str:
+def _progress(out: str) -> tuple[int, int] | None:
+    """(models stepped, models trained) when the planning run had stepped some optimizer before it failed."""
+    try:
+        with open(os.path.join(out, "progress.json")) as f:
+            got = json.load(f)
+        return int(got["stepped"]), int(got["models"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def why_failed(script: str, output: str, first: str, progress: tuple[int, int] | None = None) -> str:
     """One line for a run that exited non-zero: a fake tensor's value read before the first step (the script's
     line named), else the output's last line.
 
@@ -129,14 +140,33 @@ def why_failed(script: str, output: str, first: str) -> str:
     if "DataDependentOutputException" in output or "_local_scalar_dense" in output:
         lines = re.findall(rf'File "[^"]*{re.escape(os.path.basename(script))}", line (\d+)', output)
         where = f"{script}:{lines[-1]}" if lines else script
+        if progress and progress[0]:  # some model stepped: the run goes on until each trained model's did
+            return (f"{where} reads a tensor's value (loss.item(), print(tensor)) after {progress[0]} of the "
+                    f"{progress[1]} trained models' optimizers stepped, where the planning run's tensors are still "
+                    "fake (shapes, no values): it runs until every prepared model's optimizer stepped once; move "
+                    "the read after the last model's optimizer.step()")
         return (f"{where} reads a tensor's value (loss.item(), print(tensor), if loss > x) before the first "
                 "optimizer.step(), where the planning run's tensors are fake (shapes, no values): move the read "
                 "after optimizer.step()")
-    last = [line.strip() for line in output.splitlines() if line.strip()]
-    raised = [line for line in last if re.match(r"^[\w.]*(Error|Exception|Exit)\b.*:", line)]
     code = re.search(r"exited (-?\d+)", first)
-    said = (raised or last or ["no output"])[-1].removeprefix("ddpkit plan: ")
+    said = _raised(output).removeprefix("ddpkit plan: ")
     return f"the script exited {code.group(1) if code else 'non-zero'}: {said}"
+
+
+def _raised(output: str) -> str:
+    """The exception line of the output's last traceback (the first unindented line after it), else its last
+    line.
+
+    >>> _raised("Traceback (most recent call last):\\n  File x\\n    raise E\\nmod.E: bad\\nValueError: a log\\n")
+    'mod.E: bad'
+    """
+    lines = [line.rstrip() for line in output.splitlines() if line.strip()]
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")]
+    if starts:
+        after = [line for line in lines[starts[-1] + 1:] if not line.startswith((" ", "\t"))]
+        if after:
+            return after[0].strip()
+    return lines[-1].strip() if lines else "no output"
 
 
 def estimates(capture: plan_model.Capture, modes: Sequence[str], counts: Sequence[int],

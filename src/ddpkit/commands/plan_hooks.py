@@ -117,6 +117,9 @@ def tracker() -> Any:
     return Totals()
 
 
+MAX_ROUNDS = 8  # a planning run ends after this many steps of one optimizer, every model stepped or not
+
+
 class PlanHooks(Hooks):
     def __init__(self, out: str | None, steps: int = 1, fake: bool = False):
         self.out, self.steps, self.fake = out, steps, fake
@@ -188,14 +191,14 @@ class PlanHooks(Hooks):
     def _first_forward(self, module: nn.Module, inputs: Any) -> None:
         """What lives besides the models when the first step starts (a dataset made after prepare_model, the
         batch, a restored optimizer state): held whole on every rank in every mode, and not an activation."""
-        if "resident" not in self.record:
+        if "resident" not in self.record and torch.is_grad_enabled():  # not a no_grad shape check before training
             self.record["resident"] = self._current() - self.record["params"]
             self.record["setup_peak"] = self._peak()  # a restore's loaded payload, say: gone before training
             if self.fake:
                 _restart_peak(self.tracker)
 
     def _forward_done(self, module: nn.Module, inputs: Any, output: Any) -> None:
-        if self.done == 0 and "fwd_peak" not in self.record:
+        if self.done == 0 and "fwd_peak" not in self.record and "resident" in self.record:
             self.record["fwd_peak"] = self._peak()
 
     def _current(self) -> int:
@@ -213,8 +216,8 @@ class PlanHooks(Hooks):
                          "pass it model.parameters() of a model from ddpkit.prepare_model")
         if first:  # a restored optimizer state lived through the first step: in resident, and in the state after
             self.record["restored"] = self.record.get("restored", 0) + live_bytes(_states(optimizer))
-        if not first and optimizer is next(iter(self.stepped)) and self.done >= self.steps:  # a measured run's K steps
-            self._finish()
+        if not self.fake and not first and self._covered() and min(self.stepped.values()) >= self.steps:
+            self._finish()  # a measured run: each model's optimizers took K steps
         self.stepped.setdefault(optimizer, 0)
         if self.fake:  # each phase's own peak: the optimizer step's temporaries shard in fsdp, activations do not
             self.record["fb_peak"] = max(self.record.get("fb_peak", 0), self._peak())
@@ -230,10 +233,26 @@ class PlanHooks(Hooks):
             return
         self.record["peak"] = max(self.record.get("peak", 0), self._peak())
         _restart_peak(self.tracker)
-        trained = {id(p) for o in self.stepped for g in o.param_groups for p in g["params"]}
-        every = all(id(p) in trained for m in self.models for p in m.parameters() if p.requires_grad)
-        if every or self.stepped[optimizer] > 1:  # each model stepped once (a GAN: both), or a second round began
+        covered = self._covered()
+        if self.out is not None:  # how far the fake run got: a value read before the stop is told precisely
+            with open(os.path.join(self.out, "progress.json"), "w") as f:
+                json.dump({"stepped": sum(map(self._stepped_in, self.models)), "models": len(self._trained())}, f)
+        # each trained model's optimizer stepped once (a GAN: both, a WGAN's critic 5 times first); a model
+        # prepared with trainable parameters that no optimizer steps (an EMA copy) ends it after MAX_ROUNDS
+        if covered or max(self.stepped.values()) >= MAX_ROUNDS:
             self._finish()
+
+    def _trained(self) -> list[nn.Module]:
+        return [m for m in self.models if any(p.requires_grad for p in m.parameters())]
+
+    def _stepped_in(self, model: nn.Module) -> bool:
+        stepped = {id(p) for o in self.stepped for g in o.param_groups for p in g["params"]}
+        return any(id(p) in stepped for p in model.parameters())
+
+    def _covered(self) -> bool:
+        """Every prepared model with trainable parameters has some of them in an optimizer that stepped (a linear
+        probe's optimizer holds the head alone)."""
+        return all(self._stepped_in(m) for m in self._trained())
 
     def _finish(self) -> None:
         """Write the record and stop the script: its next line may read the fake loss (loss.item())."""

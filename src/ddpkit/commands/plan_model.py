@@ -120,7 +120,7 @@ class Capture:
 
     @property
     def temporaries(self) -> int:
-        return max(0, self.peak - self.state - self.resident)
+        return max(0, self.peak - self.state - self.other)  # a restored optimizer state is in the state
 
     def element_size(self) -> int:
         """Bytes per parameter element (buffers are not parameters)."""
