@@ -22,6 +22,7 @@ import re
 import signal
 import sys
 import tempfile
+import threading
 import types
 from collections.abc import Sequence
 from typing import Any
@@ -248,11 +249,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         return usage_error("ddpkit plan", exc)
     # SIGTERM (a job's time limit) as an exception: the running launch is stopped and the temporary folder goes
-    before = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    # (only the main thread may set a handler: called from another, main() goes without)
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM)) if main_thread else None
     try:
         return _plan(ns)
     finally:
-        signal.signal(signal.SIGTERM, before)
+        if main_thread:
+            signal.signal(signal.SIGTERM, before)
 
 
 def _plan(ns: argparse.Namespace) -> int:
@@ -280,7 +284,7 @@ def _plan(ns: argparse.Namespace) -> int:
         entry = {"mode": mode, "nproc": n, "bytes": est.total, "init_empty_mb": counted, **dataclass_dict(est)}
         if ns.measure:
             entry["measured"] = measure(ns, mode, n, env)
-            if isinstance(entry["measured"], int):
+            if isinstance(entry["measured"], int) and entry["measured"] > 0:
                 line += f"; measured {_size(entry['measured'])} ({est.total / entry['measured'] - 1:+.1%})"
             else:
                 line += f"; measured: {entry['measured']}"
