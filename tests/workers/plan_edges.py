@@ -1,4 +1,4 @@
-"""Scripts ``ddpkit plan`` first failed on or mis-planned (tests/test_plan.py): ``plan_edges.py accumulate|gan|wgan``.
+"""Scripts ``ddpkit plan`` first mis-planned (tests/test_plan.py): ``plan_edges.py accumulate|gan|wgan|probe``.
 
 - ``accumulate``: a frozen backbone (``requires_grad=False``), the dataset made after ``prepare_model`` (every rank
   holds it whole), a ``global_batch_size``, four micro-steps of ``ddpkit.accumulate`` (four forwards per step).
@@ -6,6 +6,8 @@
   (the bigger one) comes second.
 - ``wgan``: the critic steps 3 times per generator step; a no_grad shape check runs before training, and the
   "real" data (32 MB, every rank holds it) is made after it.
+- ``probe``: a linear probe whose backbone keeps ``requires_grad``: no optimizer zeroes its gradients, so each
+  later backward makes them anew beside the old ones.
 """
 import sys
 
@@ -34,6 +36,17 @@ if sys.argv[1] == "accumulate":
         ddpkit.print(f"step {i}")
         if i == 3:
             break
+elif sys.argv[1] == "probe":
+    model = ddpkit.prepare_model(nn.Sequential(nn.Linear(W, 4 * W), nn.ReLU(), nn.Linear(4 * W, W), nn.ReLU(),
+                                               nn.Linear(W, 10)), shard=[nn.Linear])
+    opt = torch.optim.Adam(ddpkit.unwrap(model)[4].parameters(), lr=1e-3)  # the head alone
+    x, y = torch.randn(64, W), torch.randint(0, 10, (64,))
+    for step in range(4):
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ddpkit.print(f"step {step} {loss.item():.3f}")
 elif sys.argv[1] == "wgan":
     gen = ddpkit.prepare_model(nn.Sequential(nn.Linear(32, 4 * W), nn.ReLU(), nn.Linear(4 * W, 4 * W), nn.ReLU(),
                                              nn.Linear(4 * W, W)), shard=[nn.Linear])

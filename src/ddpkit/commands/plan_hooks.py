@@ -256,8 +256,13 @@ class PlanHooks(Hooks):
 
     def _finish(self) -> None:
         """Write the record and stop the script: its next line may read the fake loss (loss.item())."""
+        stepped = {id(p) for o in self.stepped for g in o.param_groups for p in g["params"]}
         self.record.update(optimizer=live_bytes(t for o in self.stepped for t in _states(o)),
-                           grads_kept=any(p.grad is not None for m in self.models for p in m.parameters()))
+                           grads_kept=any(p.grad is not None for m in self.models for p in m.parameters()),
+                           # no optimizer zeroes these (a linear probe's backbone): the next backward makes each
+                           # one anew, one at a time, and adds it to the old
+                           stale_grads=max((live_bytes([p.grad]) for m in self.models for p in m.parameters()
+                                            if p.grad is not None and id(p) not in stepped), default=0))
         if not self.fake:
             self.record["peak"] = self._peak()
         self.tracker.__exit__(None, None, None)

@@ -60,6 +60,7 @@ class Capture:
     largest_module: int
     resident: int = 0  # all that lived at the first forward besides the models, a restored optimizer state too
     restored: int = 0  # the optimizer state that was restored before the first step
+    stale_grads: int = 0  # the largest gradient no optimizer zeroes: a later backward makes it anew beside it
     setup_peak: int = 0  # the peak before the first forward (a restore's payload)
     fwd_peak: int | None = None  # the peak at the end of the first forward (None: fb_peak)
     grads_kept: bool = True
@@ -83,7 +84,8 @@ class Capture:
         for name in ints:
             if _count(data.get(name), 0) is None:
                 raise ValueError(f"plan record: {name}={data.get(name)!r}, expected a byte count (an int >= 0)")
-        optional = ("resident", "restored", "setup_peak", "fwd_peak", "param_bytes", "trainable_bytes")
+        optional = ("resident", "restored", "stale_grads", "setup_peak", "fwd_peak", "param_bytes",
+                    "trainable_bytes")
         for name in optional:
             if name in data and _count(data[name], 0) is None:
                 raise ValueError(f"plan record: {name}={data[name]!r}, expected a byte count (an int >= 0)")
@@ -162,7 +164,7 @@ def estimate(c: Capture, shard: int = 1, scale: float = 1.0, extra_act: int = 0,
     state, temps = -(-c.state // shard), -(-c.temporaries // shard)
     freed = 0 if c.grads_kept else -(-c.grads // shard)
     forward = round((c.act_forward + extra_act) * scale) - freed
-    backward = round((c.act_backward + extra_act) * scale)
+    backward = round((c.act_backward + extra_act) * scale) + -(-c.stale_grads // shard)
     peak = state + c.other + max(forward + comm, backward + comm, temps + (comm if comm_in_step else 0))
     return Estimate(state, c.other, max(forward, backward), comm, temps, max(peak, construction))
 
