@@ -236,7 +236,9 @@ class PlanHooks(Hooks):
         covered = self._covered()
         if self.out is not None:  # how far the fake run got: a value read before the stop is told precisely
             with open(os.path.join(self.out, "progress.json"), "w") as f:
-                json.dump({"stepped": sum(map(self._stepped_in, self.models)), "models": len(self._trained())}, f)
+                stepped = self._stepped_ids()
+                json.dump({"stepped": sum(self._stepped_in(m, stepped) for m in self._trained()),
+                           "models": len(self._trained())}, f)
         # each trained model's optimizer stepped once (a GAN: both, a WGAN's critic 5 times first); a model
         # prepared with trainable parameters that no optimizer steps (an EMA copy) ends it after MAX_ROUNDS
         if covered or max(self.stepped.values()) >= MAX_ROUNDS:
@@ -245,19 +247,26 @@ class PlanHooks(Hooks):
     def _trained(self) -> list[nn.Module]:
         return [m for m in self.models if any(p.requires_grad for p in m.parameters())]
 
-    def _stepped_in(self, model: nn.Module) -> bool:
-        stepped = {id(p) for o in self.stepped for g in o.param_groups for p in g["params"]}
+    def _stepped_ids(self) -> set[int]:
+        """The parameters some optimizer that stepped holds."""
+        return {id(p) for o in self.stepped for g in o.param_groups for p in g["params"]}
+
+    def _optimizer_bytes(self) -> int:
+        return live_bytes(t for o in self.stepped for t in _states(o))
+
+    def _stepped_in(self, model: nn.Module, stepped: set[int]) -> bool:
         return any(id(p) in stepped for p in model.parameters())
 
     def _covered(self) -> bool:
         """Every prepared model with trainable parameters has some of them in an optimizer that stepped (a linear
         probe's optimizer holds the head alone)."""
-        return all(self._stepped_in(m) for m in self._trained())
+        stepped = self._stepped_ids()
+        return all(self._stepped_in(m, stepped) for m in self._trained())
 
     def _finish(self) -> None:
         """Write the record and stop the script: its next line may read the fake loss (loss.item())."""
-        stepped = {id(p) for o in self.stepped for g in o.param_groups for p in g["params"]}
-        self.record.update(optimizer=live_bytes(t for o in self.stepped for t in _states(o)),
+        stepped = self._stepped_ids()
+        self.record.update(optimizer=self._optimizer_bytes(),
                            grads_kept=any(p.grad is not None for m in self.models for p in m.parameters()),
                            # no optimizer zeroes these (a linear probe's backbone): the next backward makes each
                            # one anew, one at a time, and adds it to the old
@@ -275,7 +284,7 @@ class PlanHooks(Hooks):
         """The script ended before a measured run's K steps: its record as it stands (nothing in a planning run,
         whose record needs a finished step)."""
         if self.tracker is not None and not self.fake and self.stepped and not self.written:
-            self.record.update(peak=self._peak(), optimizer=live_bytes(t for o in self.stepped for t in _states(o)))
+            self.record.update(peak=self._peak(), optimizer=self._optimizer_bytes())
             self._write()
 
     def _write(self) -> None:
