@@ -285,3 +285,23 @@ def test_a_crafted_marker_is_skipped_and_a_forked_child_keeps_no_folder(tmp_path
     finally:
         os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)
+
+
+def test_a_twin_that_comes_late_is_still_merged_and_a_bar_after_the_line_waits_behind_it(tmp_path, monkeypatch):
+    """Issue 48: rank 1's copy of a line came after the old 0.5 s hold, or after rank 0's progress bar (which
+    forced the line out alone): the console showed the line twice in some runs, once with [x2 ranks] in others."""
+    c = _Console(tmp_path, monkeypatch, 2)
+    c.write(0, "stdout", "same on every rank\n")
+    c.write(0, "stderr", "\rbar 1/2")  # rank 0 went on to its bar before rank 1 printed its copy
+    c.write(0, "stderr", "\rbar 2/2\n")
+    time.sleep(0.6)  # a loaded machine: rank 1 lags
+    c.tail._flush(force=False)
+    assert c.buf.getvalue() == "", repr(c.buf.getvalue())
+    c.write(1, "stdout", "same on every rank\n")
+    c.tail._flush(force=False)
+    assert c.buf.getvalue() == "same on every rank [x2 ranks]\n\rbar 1/2\rbar 2/2\n", repr(c.buf.getvalue())
+    c.write(0, "stdout", "rank 0 only\n")
+    for rank in (0, 1):
+        c.write(rank, "stdout", "shared later\n")  # rank 1 is past the one-rank line: no hold
+    c.tail._flush(force=False)
+    assert c.buf.getvalue().endswith("rank 0 only\nshared later [x2 ranks]\n"), repr(c.buf.getvalue())

@@ -7,9 +7,12 @@ follows those files. A line joins its twin of another rank only where that keeps
 order, so a multi-line print stays together; with more than one console rank each line starts with
 ``[rank0]:`` as torchrun's do.
 Both streams of every rank leave in print order (by arrival, within the poll interval): a line waiting for its
-twins holds back the lines after it. Progress-bar updates (segments ending in ``\\r``, and the bar's last one)
-of console ranks pass straight through, after the lines that came before them; an update still without its
-``\\r`` is shown once its file has been quiet for a poll or two.
+twins holds back the lines after it. Whether lines merge is decided by what the ranks print, not by how fast: a
+line waits for its twins until every other rank printed it, or printed a later line that another rank shares (it
+is past this point), or for at most two seconds. Progress-bar updates (segments ending in ``\\r``, and the
+bar's last one) of console ranks are never merged nor held for twins of their own; they leave after the lines
+that came before them. An update still without its ``\\r`` is shown once its file has been quiet for a poll or
+two.
 
 Example::
 
@@ -32,7 +35,11 @@ import time
 
 from ddpkit.core.reports import block_length
 
-_HOLD_S = 0.5  # how long a console line waits for twins from other ranks before it is printed
+# How long a console line waits at most for its twins from other ranks. Twins are printed by ranks that left a
+# collective together, so they are usually a poll apart; on a loaded machine a rank can lag a second or more, and a
+# hold of 0.5 s made the same run show "x [x2 ranks]" once and "x" twice another time. A line of one rank only
+# (ddpkit.print) waits this long only while no other rank has printed a later shared line (see _flush).
+_HOLD_S = 2.0
 _BAR_QUIET_S = 0.15  # a progress bar's pending update (tqdm writes \r, then the text) is shown once this quiet
 _RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
 RUN_MARKER = ".ddpkit-run"  # in every log folder ddpkit made: only those are ever removed
@@ -187,7 +194,8 @@ class ConsoleTail:
         self.decoders: dict[str, codecs.IncrementalDecoder] = {}
         self.hiding: dict[str, int] = {}  # file -> lines of a worker's traceback block left (its log keeps them)
         # both streams in one queue, in arrival order (the console's print order): [first seen, stream, text,
-        # ranks that printed it]; a line waiting for its twins holds back the lines after it
+        # ranks that printed it, raw]; a line waiting for its twins holds back the lines after it, a progress
+        # update that came after it too (raw: written as it is, never joined)
         self.pending: list[list] = []
         self.bar: set[str] = set()  # files whose last segment was a progress update (ended with \r)
         self.shown: dict[str, int] = {}  # file -> characters of its pending partial already shown (a quiet bar)
@@ -287,8 +295,11 @@ class ConsoleTail:
         ``label``: False for the rest of an update whose start (and prefix) is shown already."""
         stream, rank = self._where(path)
         if rank in self.console and segment:
-            self._flush(force=True)
-            self._write(stream, (rank_label({rank}) if self.prefixed and label else "") + segment)
+            text = (rank_label({rank}) if self.prefixed and label else "") + segment
+            if self.pending:  # behind a line that waits for its twins: forcing that out would decide the merge
+                self.pending.append([time.monotonic(), stream, text, {rank}, True])  # by timing
+            else:
+                self._write(stream, text)
 
     def _whole(self, path: str, lines: list[str]) -> None:
         """Whole lines from ``path``: a worker's traceback block stays in its log (the launcher's report prints
@@ -315,26 +326,44 @@ class ConsoleTail:
         """
         queue = self.pending
         for i, entry in enumerate(queue):
-            if entry[1] == stream and entry[2] == text and rank not in entry[3]:
+            if entry[1] == stream and entry[2] == text and rank not in entry[3] and not entry[4]:
                 if rank in self.console and any(rank in later[3] for later in queue[i + 1:]):
                     continue
                 entry[3].add(rank)
                 return
-        queue.append([time.monotonic(), stream, text, {rank}])
+        queue.append([time.monotonic(), stream, text, {rank}, False])
 
     def _flush(self, force: bool) -> None:
         """Print lines in arrival order, across both streams, once all ranks printed the first one or it waited
         long enough: a line of one rank (ddpkit's start-up line) holds back the lines printed after it."""
         now = time.monotonic()
         queue = self.pending
-        while queue and (force or len(queue[0][3]) == self.world or now - queue[0][0] > _HOLD_S):
-            _, stream, text, ranks = queue.pop(0)
+        while queue and (force or queue[0][4] or len(queue[0][3]) == self.world or now - queue[0][0] > _HOLD_S
+                         or self._passed(queue[0][3])):
+            _, stream, text, ranks, raw = queue.pop(0)
+            if raw:  # a progress update, as it came
+                self._write(stream, text)
+                continue
             shown = ranks & self.console
             if shown:
                 prefix = rank_label(shown) if self.prefixed else ""
                 # the prefix names who printed it; the mark counts the ranks it does not name
                 mark = f" [x{len(ranks)} ranks]" if len(ranks) > (len(shown) if self.prefixed else 1) else ""
                 self._write(stream, f"{prefix}{text}{mark}\n")
+
+    def _passed(self, ranks: set[int]) -> bool:
+        """Every rank missing from the first queued line (``ranks`` printed it) is past it: each printed a later
+        line that another rank printed too, so its own copy would have come first. A rank that printed nothing
+        yet may still be on its way: then the line waits for the hold.
+
+        >>> tail = ConsoleTail("/nonexistent", {0}, 0, 2)
+        >>> tail.pending = [[0.0, "stdout", "one rank", {0}, False], [0.0, "stdout", "shared", {0, 1}, False]]
+        >>> tail._passed({0}), tail._passed({1})
+        (True, False)
+        """
+        later = self.pending[1:]
+        missing = set(range(self.first_rank, self.first_rank + self.world)) - ranks
+        return all(any(rank in entry[3] and len(entry[3]) > 1 for entry in later) for rank in missing)
 
     @staticmethod
     def _write(stream: str, text: str) -> None:
