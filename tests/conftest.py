@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import warm
 
 # scripts that tests launch, not test modules: importing them (for doctests) would run them
 collect_ignore = ["workers", "check_corpus", "convert_corpus"]  # scripts: importing one runs it
@@ -37,6 +38,12 @@ WORKERS = ROOT / "tests" / "workers"
 def run_cmd(cmd, timeout=180, env=None, cwd=SCRATCH):
     """Run cmd in its own session; on timeout kill the whole group so no worker outlives the test."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    try:  # forked from an interpreter that imported torch once, where that runs what exec would (tests/warm.py)
+        done = warm.run(list(map(str, cmd)), full_env, cwd, timeout)
+    except subprocess.TimeoutExpired as expired:
+        pytest.fail(f"timed out after {timeout}s: {cmd}\nstdout:\n{expired.output}\nstderr:\n{expired.stderr}")
+    if done is not None:
+        return subprocess.CompletedProcess(cmd, done.returncode, done.stdout, done.stderr)
     proc = subprocess.Popen(cmd, cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     try:

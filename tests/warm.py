@@ -1,0 +1,313 @@
+"""Warm interpreters for the processes the suite starts: a server that imported torch once forks each one.
+
+Most of a test's launch used to be interpreters importing torch (2-3 s each on a 2-core machine): the launcher
+of ``ddpkit launch``, a one-process reference run, ``ddpkit verify``'s own process. :func:`run` hands such a
+command to a server (started once per pytest process, torch and ddpkit's launcher imported) that forks it: the
+child takes the command's stdin/stdout/stderr, working directory, environment, argv and a session of its own,
+reseeds what a fresh interpreter seeds at random (torch's default generator, numpy's, ``random``), and runs
+the script or module as ``python`` would (``__main__``, ``sys.argv``, ``sys.path[0]``, exit code, atexit).
+What it starts (the workers under torch's elastic agent) are real ``exec``s as ever.
+
+A command is forked only where forking cannot change what it does; :func:`warmable` says which: the
+interpreter is ``sys.executable``, the options are ``-u``/``-B`` then ``-m mod``, ``-c code`` or a script, and
+no variable read at interpreter or torch start-up (``PYTHON*``, thread counts, allocators, devices) differs
+from the server's. Anything else, and ``DDPKIT_TEST_WARM=0``, runs as a plain subprocess.
+
+Example (what ``conftest.run_cmd`` does)::
+
+    done = warm.run([sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", "2", "train.py"],
+                    env=env, cwd=tmp, timeout=180)   # None: not warmable, run it with Popen
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+# What the server imports once: what ddpkit's launcher and a one-process run import anyway.
+_PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.distributed.elastic.multiprocessing",
+            "numpy", "ddpkit", "ddpkit.commands.cli", "ddpkit.launcher.supervise", "ddpkit.runtime.group",
+            "ddpkit.data.loader", "ddpkit.strategies.ddp", "tqdm")
+# Read when an interpreter or torch starts: a command that sets them otherwise than the server runs cold.
+_STARTUP_VARS = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "LD_", "MALLOC", "CUDA_", "KMP_", "GOMP_", "TORCH_CUDA",
+                 "PYTORCH_CUDA", "NCCL_")
+_MAX = 1 << 20
+
+
+def warmable(cmd: list[str], env: dict[str, str], server_env: dict[str, str]) -> bool:
+    """True where forking ``cmd`` from the server runs what ``exec`` would.
+
+    >>> warmable([sys.executable, "-u", "-m", "ddpkit", "launch"], {"A": "1"}, {"A": "2"})
+    True
+    >>> warmable([sys.executable, "-X", "dev", "t.py"], {}, {}), warmable(["python3", "t.py"], {}, {})
+    (False, False)
+    >>> warmable([sys.executable, "t.py"], {"OMP_NUM_THREADS": "4"}, {"OMP_NUM_THREADS": "1"})
+    False
+    """
+    if not cmd or cmd[0] != sys.executable or "0" in (os.environ.get("DDPKIT_TEST_WARM"), env.get("DDPKIT_TEST_WARM")):
+        return False
+    args = cmd[1:]
+    while args and args[0] in ("-u", "-B"):
+        args = args[1:]
+    if not args or (args[0].startswith("-") and args[0] not in ("-m", "-c")) or (args[0] in ("-m", "-c")
+                                                                                and len(args) < 2):
+        return False
+    keys = {k for k in (*env, *server_env) if k.startswith(_STARTUP_VARS)}
+    return all(env.get(k) == server_env.get(k) for k in keys)
+
+
+# --- the client side (the pytest process) ---------------------------------------------------------------------
+
+_server: dict = {}
+
+
+def run(cmd: list[str], env: dict[str, str], cwd, timeout: float) -> subprocess.CompletedProcess | None:
+    """Run ``cmd`` forked from the warm server; None where it is not :func:`warmable` (run it cold).
+
+    Returns a CompletedProcess as ``Popen.communicate`` gives one (text, returncode -N for a signal); raises
+    ``subprocess.TimeoutExpired`` (its session killed first, output kept) after ``timeout`` seconds.
+    """
+    if not _server:
+        _start(env)
+    if not _server.get("sock") or not warmable(cmd, env, _server["env"]):
+        return None
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(_server["sock"])
+        null = os.open(os.devnull, os.O_RDONLY)
+        body = json.dumps({"argv": cmd[1:], "env": env, "cwd": str(cwd)}).encode()
+        socket.send_fds(conn, [struct.pack("!I", len(body)) + body], [null, out_w, err_w])
+        os.close(null)
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    return _wait(cmd, conn, out_r, err_r, timeout)
+
+
+def _wait(cmd, conn, out_r, err_r, timeout):
+    """Collect both streams and the child's status (``{"pid": ..}`` then ``{"status": ..}`` lines)."""
+    sel = selectors.DefaultSelector()
+    chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
+    for fd in (out_r, err_r, conn.fileno()):
+        sel.register(fd, selectors.EVENT_READ)
+    replies, pid, status, killed = b"", None, None, False
+    deadline = time.monotonic() + timeout
+    while len(sel.get_map()) > 1 or status is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            if killed:
+                break
+            if pid is not None:
+                _kill(pid)
+            killed, deadline = True, time.monotonic() + 30
+            continue
+        for key, _ in sel.select(left):
+            if key.fd == conn.fileno():
+                data = conn.recv(65536)
+                replies += data
+                *lines, replies = replies.split(b"\n")
+                for line in lines:
+                    msg = json.loads(line)
+                    pid, status = msg.get("pid", pid), msg.get("status", status)
+                if not data:
+                    sel.unregister(key.fd)
+                    status = -signal.SIGKILL if status is None else status  # the server went away
+                continue
+            data = os.read(key.fd, 65536)
+            if data:
+                chunks[key.fd].append(data)
+            else:
+                sel.unregister(key.fd)
+    sel.close()
+    conn.close()
+    out, err = (b"".join(chunks[fd]).decode("utf-8", "replace") for fd in (out_r, err_r))
+    os.close(out_r)
+    os.close(err_r)
+    if killed:
+        raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err)
+    return subprocess.CompletedProcess(cmd, status, out, err)
+
+
+def _start(env: dict[str, str]) -> None:
+    """The server for this pytest process, with the environment every test command starts from."""
+    folder = tempfile.mkdtemp(prefix="ddpkit-warm-")
+    sock = os.path.join(folder, "sock")
+    if os.environ.get("DDPKIT_TEST_WARM") == "0":
+        _server.update(sock=None, env=env)
+        return
+    proc = subprocess.Popen([sys.executable, __file__, sock], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=open(os.path.join(folder, "server.log"), "w"))
+    ready = proc.stdout.readline().strip() == b"ready"
+    _server.update(sock=sock if ready else None, env=env, proc=proc)
+
+
+# --- the server side -----------------------------------------------------------------------------------------
+
+def serve(path: str):
+    """Accept commands until stdin closes (the pytest process ended); in a forked child, return its request."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    children: dict[int, socket.socket] = {}
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ)
+    sel.register(sys.stdin.fileno(), selectors.EVENT_READ)
+    print("ready", flush=True)
+    while True:
+        for key, _ in sel.select(0.05):
+            if key.fd == sys.stdin.fileno() and not os.read(key.fd, 1024):
+                for pid in children:
+                    _kill(pid)
+                return None
+            if key.fileobj is listener:
+                conn, _ = listener.accept()
+                msg, fds, _, _ = socket.recv_fds(conn, _MAX, 3)
+                size = struct.unpack("!I", msg[:4])[0]
+                while len(msg) < 4 + size:
+                    msg += conn.recv(_MAX)
+                request = json.loads(msg[4:4 + size])
+                pid = os.fork()
+                if pid == 0:
+                    sel.close()
+                    listener.close()
+                    for other in children.values():
+                        other.close()
+                    return request, fds, conn
+                for fd in fds:
+                    os.close(fd)
+                conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+                children[pid] = conn
+        _reap(children)
+
+
+def _reap(children: dict[int, socket.socket]) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        conn = children.pop(pid, None)
+        if conn is not None:
+            code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            try:
+                conn.sendall(json.dumps({"status": code}).encode() + b"\n")
+            except OSError:
+                pass
+            conn.close()
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def child(request: dict, fds: list[int], conn: socket.socket) -> int:
+    """Become the command: its session, streams, directory, environment, seeds; then run it as python does."""
+    conn.close()
+    os.setsid()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        if fd > 2:
+            os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(open(0, "rb", closefd=False), encoding="utf-8")
+    sys.stdout = sys.__stdout__ = _stream(1, unbuffered, line=False, errors="strict")
+    sys.stderr = sys.__stderr__ = _stream(2, unbuffered, line=True, errors="backslashreplace")
+    _reseed()
+    return _run_python(request["argv"])
+
+
+def _stream(fd: int, unbuffered: bool, line: bool, errors: str) -> io.TextIOWrapper:
+    """A standard stream as the interpreter opens it on a pipe (``-u``: no buffer at all; stderr: by line)."""
+    raw = open(fd, "wb", buffering=0, closefd=False)  # noqa: SIM115 (the process's own stream)
+    return io.TextIOWrapper(raw if unbuffered else io.BufferedWriter(raw), encoding="utf-8", errors=errors,
+                            write_through=unbuffered, line_buffering=line)
+
+
+def _reseed() -> None:
+    """What a fresh interpreter draws at random (``random`` reseeds itself after a fork)."""
+    import torch
+
+    torch.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+
+
+def _run_python(argv: list[str]) -> int:
+    """``python [-u] (-m mod | -c code | script) args``, in a new ``__main__`` as the interpreter makes one."""
+    import runpy
+    import types
+
+    while argv[0] in ("-u", "-B"):
+        argv = argv[1:]
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = __builtins__
+    sys.modules["__main__"] = main
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]  # runpy puts the module's file in argv[0]
+            sys.path[0] = os.getcwd()
+            runpy._run_module_as_main(argv[1], alter_argv=True)  # what `python -m` calls
+        elif argv[0] == "-c":
+            sys.argv = ["-c", *argv[2:]]
+            sys.path[0] = ""
+            exec(compile(argv[1], "<string>", "exec"), main.__dict__)
+        else:
+            sys.argv = list(argv)
+            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+            with open(argv[0], "rb") as f:
+                code = compile(f.read(), argv[0], "exec")
+            main.__dict__.update(__file__=argv[0], __cached__=None)
+            exec(code, main.__dict__)
+    except SystemExit as stop:
+        return _exit_code(stop.code)
+    except BaseException as exc:
+        # the traceback starts at the script's frame, as the interpreter's does (not in this function)
+        tb = exc.__traceback__.tb_next if exc.__traceback__ else None
+        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        if isinstance(exc, KeyboardInterrupt):  # the interpreter ends itself with SIGINT then
+            sys.stderr.flush()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        return 1
+    return 0
+
+
+def _exit_code(code) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    import importlib
+
+    for name in _PRELOAD:
+        importlib.import_module(name)
+    forked = serve(sys.argv[1])
+    if forked is None:
+        sys.exit(0)
+    sys.exit(child(*forked))
