@@ -20,6 +20,7 @@ Example (what ``conftest.run_cmd`` does)::
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -77,7 +78,7 @@ def run(cmd: list[str], env: dict[str, str], cwd, timeout: float) -> subprocess.
     """
     if not _server:
         _start(env)
-    if not _server.get("sock") or not warmable(cmd, env, _server["env"]):
+    if not _server.get("sock") or not cmd or cmd[0] != sys.executable:
         return None
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -85,30 +86,49 @@ def run(cmd: list[str], env: dict[str, str], cwd, timeout: float) -> subprocess.
     try:
         conn.connect(_server["sock"])
         null = os.open(os.devnull, os.O_RDONLY)
-        body = json.dumps({"argv": cmd[1:], "env": env, "cwd": str(cwd)}).encode()
-        socket.send_fds(conn, [struct.pack("!I", len(body)) + body], [null, out_w, err_w])
+        _send(conn, {"argv": cmd, "env": env, "cwd": str(cwd)}, [null, out_w, err_w])
         os.close(null)
     finally:
         os.close(out_w)
         os.close(err_w)
-    return _wait(cmd, conn, out_r, err_r, timeout)
+    first = _reply(conn)
+    if "pid" not in first:  # not warmable: the server sent nothing on
+        for fd in (out_r, err_r):
+            os.close(fd)
+        conn.close()
+        return None
+    return _wait(cmd, conn, first["pid"], out_r, err_r, timeout)
 
 
-def _wait(cmd, conn, out_r, err_r, timeout):
-    """Collect both streams and the child's status (``{"pid": ..}`` then ``{"status": ..}`` lines)."""
+def _send(conn: socket.socket, request: dict, fds: list[int]) -> None:
+    body = json.dumps(request).encode()
+    socket.send_fds(conn, [struct.pack("!I", len(body)) + body], fds)
+
+
+def _reply(conn: socket.socket) -> dict:
+    line = b""
+    while not line.endswith(b"\n"):
+        got = conn.recv(1)
+        if not got:
+            return {}
+        line += got
+    return json.loads(line)
+
+
+def _wait(cmd, conn, pid, out_r, err_r, timeout):
+    """Collect both streams and the child's status (a ``{"status": ..}`` line)."""
     sel = selectors.DefaultSelector()
     chunks: dict[int, list[bytes]] = {out_r: [], err_r: []}
     for fd in (out_r, err_r, conn.fileno()):
         sel.register(fd, selectors.EVENT_READ)
-    replies, pid, status, killed = b"", None, None, False
+    replies, status, killed = b"", None, False
     deadline = time.monotonic() + timeout
     while len(sel.get_map()) > 1 or status is None:
         left = deadline - time.monotonic()
         if left <= 0:
             if killed:
                 break
-            if pid is not None:
-                _kill(pid)
+            _kill(pid)
             killed, deadline = True, time.monotonic() + 30
             continue
         for key, _ in sel.select(left):
@@ -118,7 +138,7 @@ def _wait(cmd, conn, out_r, err_r, timeout):
                 *lines, replies = replies.split(b"\n")
                 for line in lines:
                     msg = json.loads(line)
-                    pid, status = msg.get("pid", pid), msg.get("status", status)
+                    status = msg.get("status", status)
                 if not data:
                     sel.unregister(key.fd)
                     status = -signal.SIGKILL if status is None else status  # the server went away
@@ -154,7 +174,13 @@ def _start(env: dict[str, str]) -> None:
 # --- the server side -----------------------------------------------------------------------------------------
 
 def serve(path: str):
-    """Accept commands until stdin closes (the pytest process ended); in a forked child, return its request."""
+    """Accept commands until stdin closes (the pytest process ended); in a forked child, return its request.
+
+    A command that is not :func:`warmable` is answered ``{}`` (its sender runs it cold); a sender that goes
+    away before its child ended (a shim killed with SIGKILL) takes the child's session with it.
+    """
+    server_env = dict(os.environ)
+    shim = _write_shim(os.path.join(os.path.dirname(path), "python"), path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
@@ -165,32 +191,47 @@ def serve(path: str):
     print("ready", flush=True)
     while True:
         for key, _ in sel.select(0.05):
-            if key.fd == sys.stdin.fileno() and not os.read(key.fd, 1024):
-                for pid in children:
-                    _kill(pid)
-                return None
-            if key.fileobj is listener:
+            if key.fd == sys.stdin.fileno():
+                if not os.read(key.fd, 1024):
+                    for pid in children:
+                        _kill(pid)
+                    return None
+            elif key.fileobj is listener:
                 conn, _ = listener.accept()
-                msg, fds, _, _ = socket.recv_fds(conn, _MAX, 3)
-                size = struct.unpack("!I", msg[:4])[0]
-                while len(msg) < 4 + size:
-                    msg += conn.recv(_MAX)
-                request = json.loads(msg[4:4 + size])
+                request, fds = _receive(conn)
+                if not warmable(request["argv"], request["env"], server_env):
+                    for fd in fds:
+                        os.close(fd)
+                    conn.sendall(b"{}\n")
+                    conn.close()
+                    continue
                 pid = os.fork()
                 if pid == 0:
                     sel.close()
                     listener.close()
                     for other in children.values():
                         other.close()
-                    return request, fds, conn
+                    return request, fds, conn, shim
                 for fd in fds:
                     os.close(fd)
                 conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
                 children[pid] = conn
-        _reap(children)
+                sel.register(conn, selectors.EVENT_READ, pid)
+            else:  # a sender's end closed (or sent something): its child goes with it
+                sel.unregister(key.fileobj)
+                _kill(key.data)
+        _reap(children, sel)
 
 
-def _reap(children: dict[int, socket.socket]) -> None:
+def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
+    msg, fds, _, _ = socket.recv_fds(conn, _MAX, 3)
+    size = struct.unpack("!I", msg[:4])[0]
+    while len(msg) < 4 + size:
+        msg += conn.recv(_MAX)
+    return json.loads(msg[4:4 + size]), fds
+
+
+def _reap(children: dict[int, socket.socket], sel: selectors.BaseSelector) -> None:
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -200,12 +241,56 @@ def _reap(children: dict[int, socket.socket]) -> None:
             return
         conn = children.pop(pid, None)
         if conn is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                sel.unregister(conn)
             code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
             try:
                 conn.sendall(json.dumps({"status": code}).encode() + b"\n")
             except OSError:
                 pass
             conn.close()
+
+
+_SHIM = """#!{python} -IS
+# What the warm server's children see as sys.executable: a command is forked from the server where it can be,
+# a worker under torch's agent (its parent must be the agent) and anything else is an exec of the interpreter.
+import json, os, signal, socket, struct, sys
+PYTHON, SOCK = {python!r}, {sock!r}
+argv = [PYTHON, *sys.argv[1:]]
+reply = {{}}
+if "TORCHELASTIC_RUN_ID" not in os.environ:
+    try:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(SOCK)
+        body = json.dumps({{"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}}).encode()
+        socket.send_fds(conn, [struct.pack("!I", len(body)) + body], [0, 1, 2])
+        replies = conn.makefile("rb")
+        reply = json.loads(replies.readline() or b"{{}}")
+    except (OSError, ValueError):
+        reply = {{}}
+if "pid" not in reply:
+    os.execv(PYTHON, argv)
+def forward(signum, frame):
+    try:
+        os.kill(reply["pid"], signum)
+    except OSError:
+        pass
+for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(sig, forward)
+line = replies.readline()
+status = json.loads(line)["status"] if line else -signal.SIGKILL
+if status < 0:
+    signal.signal(-status, signal.SIG_DFL)
+    os.kill(os.getpid(), -status)
+os._exit(status)
+"""
+
+
+def _write_shim(path: str, sock: str) -> str:
+    with open(path, "w") as f:
+        f.write(_SHIM.format(python=sys.executable, sock=sock))
+    os.chmod(path, 0o755)
+    return path
 
 
 def _kill(pid: int) -> None:
@@ -215,9 +300,11 @@ def _kill(pid: int) -> None:
         pass
 
 
-def child(request: dict, fds: list[int], conn: socket.socket) -> int:
-    """Become the command: its session, streams, directory, environment, seeds; then run it as python does."""
+def child(request: dict, fds: list[int], conn: socket.socket, shim: str) -> int:
+    """Become the command: its session, streams, directory, environment, seeds; then run it as python does.
+    What it starts with ``sys.executable`` goes through ``shim``: forked from the server too where it can be."""
     conn.close()
+    sys.executable = shim
     os.setsid()
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
@@ -234,7 +321,7 @@ def child(request: dict, fds: list[int], conn: socket.socket) -> int:
     sys.stdout = sys.__stdout__ = _stream(1, unbuffered, line=False, errors="strict")
     sys.stderr = sys.__stderr__ = _stream(2, unbuffered, line=True, errors="backslashreplace")
     _reseed()
-    return _run_python(request["argv"])
+    return _run_python(request["argv"][1:])
 
 
 def _stream(fd: int, unbuffered: bool, line: bool, errors: str) -> io.TextIOWrapper:

@@ -1,0 +1,103 @@
+"""The suite's warm interpreters (tests/warm.py) run a command as a fresh interpreter would: same output, exit
+codes, signals, argv, sys.path, environment and working directory; fresh random seeds; a timeout takes the
+whole session; a nested interpreter is forked too, a worker under torch's agent is a real child of its parent."""
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import warm
+
+from conftest import alive
+
+SCRIPT = textwrap.dedent("""
+    import os, sys, random
+    import numpy, torch
+    import sibling
+    print("argv", sys.argv[1:], "cwd", os.getcwd() == sys.argv[1], "var", os.environ.get("WARM_VAR"))
+    print("seeds", torch.initial_seed(), numpy.random.randint(1 << 30), random.random())
+    print("to stderr", file=sys.stderr)
+    how = sys.argv[2]
+    if how == "raise":
+        raise ValueError("boom")
+    if how == "kill":
+        os.kill(os.getpid(), 9)
+    if how == "interrupt":
+        raise KeyboardInterrupt
+    sys.exit(int(how))
+""")
+
+
+def _both(cmd, env, cwd):
+    """The command forked from the warm server, then as a plain subprocess."""
+    forked = warm.run(cmd, env, cwd, timeout=120)
+    assert forked is not None, "a plain python command must be warmable"
+    cold = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=120)
+    return forked, cold
+
+
+@pytest.mark.parametrize("how, code", [("0", 0), ("3", 3), ("raise", 1), ("kill", -9), ("interrupt", -2)])
+def test_a_forked_command_ends_and_prints_as_an_exec_does(tmp_path, how, code):
+    (tmp_path / "sibling.py").write_text("")
+    (tmp_path / "s.py").write_text(SCRIPT)
+    env = {**os.environ, "WARM_VAR": "x", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    forked, cold = _both([sys.executable, str(tmp_path / "s.py"), str(tmp_path), how], env, tmp_path)
+    assert forked.returncode == cold.returncode == code, (forked, cold)
+    strip = [line for line in forked.stdout.splitlines() if not line.startswith("seeds")]
+    assert strip == [line for line in cold.stdout.splitlines() if not line.startswith("seeds")]
+    assert strip[0] == f"argv ['{tmp_path}', '{how}'] cwd True var x"
+    assert forked.stderr.startswith("to stderr\n") and forked.stderr == cold.stderr, (forked.stderr, cold.stderr)
+
+
+def test_each_forked_command_draws_fresh_seeds_as_a_new_interpreter(tmp_path):
+    (tmp_path / "sibling.py").write_text("")
+    (tmp_path / "s.py").write_text(SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    seeds = [next(line for line in warm.run([sys.executable, str(tmp_path / "s.py"), str(tmp_path), "0"], env,
+                                             tmp_path, timeout=120).stdout.splitlines() if line.startswith("seeds"))
+             for _ in range(2)]
+    assert all(a != b for a, b in zip(seeds[0].split()[1:], seeds[1].split()[1:])), seeds
+
+
+def test_a_timeout_kills_the_command_and_what_it_started(tmp_path):
+    code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; "
+            "time.sleep(60)']); print(p.pid, flush=True); time.sleep(60)")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    with pytest.raises(subprocess.TimeoutExpired) as stopped:
+        warm.run([sys.executable, "-c", code], env, tmp_path, timeout=8)
+    grandchild = int(stopped.value.output.split()[0])
+    for _ in range(50):  # SIGKILLed with its session; reaped by the server (not this process's child)
+        if not alive(grandchild):
+            break
+        time.sleep(0.1)
+    assert not alive(grandchild)
+
+
+def test_a_nested_interpreter_is_forked_and_a_torch_agents_worker_is_its_parents_child(tmp_path):
+    code = textwrap.dedent("""
+        import os, subprocess, sys
+        ask = [sys.executable, "-c", "import os, sys; print(os.getppid(), sys.executable)"]
+        print("me", os.getpid())
+        print("nested", subprocess.run(ask, capture_output=True, text=True).stdout.strip())
+        worker = subprocess.run(ask, capture_output=True, text=True, env={**os.environ, "TORCHELASTIC_RUN_ID": "x"})
+        print("worker", worker.stdout.strip())
+    """)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    out = dict(line.split(" ", 1) for line in warm.run([sys.executable, "-c", code], env, tmp_path,
+                                                        timeout=120).stdout.splitlines())
+    me = out["me"]
+    nested_parent, _ = out["nested"].split()
+    worker_parent, worker_python = out["worker"].split()
+    assert nested_parent != me  # forked from the server
+    assert worker_parent == me and worker_python == sys.executable  # an exec: the agent's own child
+
+
+def test_what_a_fork_could_change_runs_cold():
+    base = {"OMP_NUM_THREADS": "1"}
+    assert warm.warmable([sys.executable, "-u", "-m", "ddpkit", "launch"], base, base)
+    assert not warm.warmable([sys.executable, "-X", "faulthandler", "t.py"], base, base)
+    assert not warm.warmable([sys.executable, "t.py"], {**base, "PYTHONPATH": "/x"}, base)
+    assert not warm.warmable([sys.executable, "t.py"], {**base, "DDPKIT_TEST_WARM": "0"}, base)
+    assert not warm.warmable(["/usr/bin/python3", "t.py"], base, base)
