@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ddpkit.commands.bench_stats import proportion_interval
+from ddpkit.commands.bench.stats import proportion_interval
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import advice
 
-from ddpkit.commands.bench_stats import median_interval
+from ddpkit.commands.bench.stats import median_interval
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -82,7 +82,7 @@ def med(results, key):
 
 def interval(key, values):
     """``key``: the median of per-repetition values; ``key_ci95``: a distribution-free interval of it (order
-    statistics, ddpkit.commands.bench_stats); ``key_ci_level`` too where the repetitions give less than 95 %."""
+    statistics, ddpkit.commands.bench.stats); ``key_ci_level`` too where the repetitions give less than 95 %."""
     low, high, level = median_interval(values)
     out = {key: statistics.median(values), f"{key}_ci95": [low, high]}
     if level < 0.95:

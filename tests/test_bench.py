@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from conftest import ROOT, ok, run_cmd
-from ddpkit.commands import bench_stats
-from ddpkit.commands.bench import bench, figures, read_records, report, skipped
-from ddpkit.commands.bench_phases import phase_comm
+from ddpkit.commands.bench import stats
+from ddpkit.commands.bench.command import bench, figures, read_records, report, skipped
+from ddpkit.commands.bench.phases import phase_comm
 from ddpkit.core import straggler
 
 DIGITS = ROOT / "examples" / "digits.py"
@@ -104,10 +104,10 @@ def test_the_sequential_boundary_holds_its_error_rate_on_fresh_null_sequences():
     looks 2..20 at most ALPHA / settings of the time (+ the check's own simulation error)."""
     rng = random.Random(7)
     for settings in (1, 3):
-        needed, crossings = bench_stats.boundary(settings, 2, 20), 0
+        needed, crossings = stats.boundary(settings, 2, 20), 0
         for _ in range(20_000):
             gains = [1.05 * math.exp(rng.gauss(0, 0.05) * rng.choice([0.5, 1, 3])) for _ in range(20)]
-            crossings += bench_stats.crossed(gains, needed) is not None
+            crossings += stats.crossed(gains, needed) is not None
         assert crossings / 20_000 <= 0.05 / settings + 3 * math.sqrt(0.05 / settings / 20_000), (settings, crossings)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, run_cmd
-from ddpkit.commands.check import RULES, analyze
+from ddpkit.commands.check.command import RULES, analyze
 
 CORPUS = sorted((ROOT / "tests" / "check_corpus").glob("*.py"))
 # ddpkit's examples, and the test workers that are not wrong on purpose (hang.py, misc.py and verify_bugs.py are)
@@ -64,7 +64,7 @@ def test_several_files_and_directories_as_linters_take_them():
 
 def test_severities_and_strict(tmp_path):
     """Issue 17: every rule has a severity; the exit code follows errors only, unless --strict."""
-    from ddpkit.commands.check import SEVERITY
+    from ddpkit.commands.check.command import SEVERITY
 
     assert set(SEVERITY) == set(RULES) and set(SEVERITY.values()) == {"error", "warning", "advice"}
     advice_only = tmp_path / "dp.py"

@@ -14,9 +14,9 @@ from conftest import ROOT, run_cmd
 
 pytest.importorskip("libcst")
 
-from ddpkit.commands.check import analyze  # noqa: E402
-from ddpkit.commands.convert import _diff, main  # noqa: E402
-from ddpkit.commands.convert_plan import plan  # noqa: E402
+from ddpkit.commands.check.command import analyze  # noqa: E402
+from ddpkit.commands.convert.command import _diff, main  # noqa: E402
+from ddpkit.commands.convert.plan import plan  # noqa: E402
 
 CORPUS = ROOT / "tests" / "convert_corpus"
 EXPECTED = CORPUS / "expected"

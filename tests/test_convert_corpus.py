@@ -17,7 +17,7 @@ from conftest import ROOT, launch, ok, run_cmd
 
 pytest.importorskip("libcst")
 
-from ddpkit.commands.convert_plan import plan  # noqa: E402
+from ddpkit.commands.convert.plan import plan  # noqa: E402
 
 CORPUS = ROOT / "tests" / "convert_corpus"
 pytestmark = pytest.mark.timeout(1200)

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("libcst")
 
-from ddpkit.commands.convert_plan import plan  # noqa: E402
+from ddpkit.commands.convert.plan import plan  # noqa: E402
 
 HEAD = """\
 import torch

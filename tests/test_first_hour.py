@@ -140,8 +140,11 @@ def test_a_property_that_raises_says_its_own_error_and_writes_run_no_getter():
 
 def test_a_misspelt_option_is_refused_not_prefix_matched():
     """`--nproc-per-nod 2` ran as --nproc-per-node 2 (argparse's prefix matching); every ddpkit parser refuses it."""
-    from ddpkit.commands import bench, check, launch, verify
     from ddpkit.commands import consolidate as shards
+    from ddpkit.commands import launch
+    from ddpkit.commands.bench import command as bench
+    from ddpkit.commands.check import command as check
+    from ddpkit.commands.verify import command as verify
     from ddpkit.core import errors
     for build in (launch.build_parser, verify.build_parser, check.build_parser, bench.build_parser,
                   shards.build_parser):

@@ -15,10 +15,10 @@ from torch.utils.data import TensorDataset
 
 from conftest import ROOT, ok, run_cmd
 from ddpkit import strategy
-from ddpkit.commands.bench import cap_counts
+from ddpkit.commands.bench.command import cap_counts
 from ddpkit.commands.doctor import gpu_processes
 from ddpkit.commands.launch import parse_args
-from ddpkit.commands.verify import plan
+from ddpkit.commands.verify.command import plan
 from ddpkit.core.errors import HANG, SCRIPT_FAILED, UsageError
 from ddpkit.data.settings import loader_defaults
 from ddpkit.launcher import diagnosis

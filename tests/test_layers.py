@@ -12,6 +12,32 @@ BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
 # bottom to top; a module may import its own layer and the layers before it
 LAYERS = ["core", "strategies", "runtime", "data", "checkpoint", "verbs", "launcher", "commands", "facade"]
 VERBS = {"ddpkit.model", "ddpkit.output", "ddpkit.precision", "ddpkit.strategy"}
+# inside commands/: a command's folder may import another command's folder only here (convert runs check's
+# analysis on its result and reads check's rule tables); the one-file modules beside the folders import none
+COMMAND_USES = {"convert": {"check"}}
+
+
+def command_folder(module: str, folders: set[str]) -> str | None:
+    """The command folder a module is in: ``ddpkit.commands.verify.hooks`` -> verify; None outside one."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "commands" and parts[2] in folders else None
+
+
+def command_folders(root: pathlib.Path) -> set[str]:
+    """The sub-packages of ``commands/`` (one per command with parts)."""
+    return {p.parent.name for p in (root / "commands").glob("*/__init__.py")}
+
+
+def crossings(edges: dict[str, set[str]], folders: set[str]) -> list[str]:
+    """Imports between command folders that COMMAND_USES does not allow, and imports of a folder from outside any
+    (the modules beside the folders)."""
+    out = []
+    for a, targets in edges.items():
+        for b in targets:
+            fa, fb = command_folder(a, folders), command_folder(b, folders)
+            if fb is not None and fa != fb and fb not in COMMAND_USES.get(fa or "", set()):
+                out.append(f"{a} imports {b}")
+    return sorted(out)
 
 
 def layer(module: str) -> str:
@@ -113,6 +139,16 @@ def test_no_import_cycle_even_behind_a_function_level_import(root, package):
     assert not cycles(edges), cycles(edges)
 
 
+def test_a_command_folder_imports_no_other_command_folder_but_the_known_ones():
+    folders = command_folders(SRC)
+    assert folders == {"convert", "check", "verify", "bench", "plan"}, folders
+    bad = crossings(graph(SRC, "ddpkit"), folders)
+    assert not bad, "\n".join(bad)
+    for folder in folders:  # a folder's __init__ is a docstring: importing one part loads no other
+        body = ast.parse((SRC / "commands" / folder / "__init__.py").read_text()).body
+        assert len(body) == 1 and isinstance(body[0], ast.Expr), f"commands/{folder}/__init__.py"
+
+
 def test_every_module_is_in_a_layer():
     unknown = sorted(name for name in modules(SRC, "ddpkit") if layer(name) not in LAYERS)
     assert not unknown, f"modules outside the layers of docs/architecture.md: {unknown}"
@@ -152,3 +188,21 @@ def test_a_planted_upward_import_and_cycle_are_caught(tmp_path):
     edges = graph(pkg, "ddpkit")
     assert "ddpkit.commands.b" in edges["ddpkit.core.a"]
     assert cycles(edges) == [["ddpkit.commands.b", "ddpkit.core.a"]]
+
+
+def test_a_planted_import_between_command_folders_is_caught(tmp_path):
+    """verify's part importing bench's part, and the CLI importing a part, are caught; convert -> check is not."""
+    pkg = tmp_path / "ddpkit"
+    for folder in ("verify", "bench", "convert", "check"):
+        (pkg / "commands" / folder).mkdir(parents=True)
+        (pkg / "commands" / folder / "__init__.py").write_text('"""docstring"""\n')
+    (pkg / "__init__.py").write_text("")
+    (pkg / "commands" / "__init__.py").write_text("")
+    (pkg / "commands" / "bench" / "stats.py").write_text("")
+    (pkg / "commands" / "check" / "rules.py").write_text("")
+    (pkg / "commands" / "verify" / "hooks.py").write_text("def f():\n    from ddpkit.commands.bench import stats\n")
+    (pkg / "commands" / "convert" / "rules.py").write_text("from ddpkit.commands.check.rules import X\n")
+    (pkg / "commands" / "cli.py").write_text("import ddpkit.commands.verify.hooks\n")
+    bad = crossings(graph(pkg, "ddpkit"), command_folders(pkg))
+    assert bad == ["ddpkit.commands.cli imports ddpkit.commands.verify.hooks",
+                   "ddpkit.commands.verify.hooks imports ddpkit.commands.bench.stats"], bad

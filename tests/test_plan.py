@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from conftest import ROOT, WORKERS, launch, ok, run_cmd
-from ddpkit.commands import plan_model
+from ddpkit.commands.plan import memory
 
 BIG = [str(ROOT / "examples" / "big.py"), "--width", "1024", "--depth", "4"]
 SCRIPTS = {
@@ -155,7 +155,7 @@ def test_a_missing_script_is_a_usage_error():
 ])
 def test_a_crafted_plan_record_is_one_line(record, field):
     with pytest.raises(ValueError) as exc:
-        plan_model.Capture.from_json(record)
+        memory.Capture.from_json(record)
     assert field in str(exc.value) and "\n" not in str(exc.value)
 
 
@@ -189,7 +189,7 @@ def test_buffers_are_not_parameters_in_the_init_empty_count():
     record = {"params": 8 * 2**20 + 4 * 2**20, "param_bytes": 4 * 2**20, "trainable_bytes": 4 * 2**20,
               "grads": 4 * 2**20, "optimizer": 8 * 2**20, "fb_peak": 0, "peak": 0, "groups": [], "batchnorm": 0,
               "elements": 2**20, "largest_module": 2**20}
-    capture = plan_model.Capture.from_json(record)
+    capture = memory.Capture.from_json(record)
     assert (capture.element_size(), capture.slots()) == (4, 2)
 
 

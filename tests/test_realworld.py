@@ -85,7 +85,7 @@ def test_verify_passes_the_trainer_with_an_endless_loop(runs):
 
 
 def _check(paths, capsys):
-    from ddpkit.commands.check import main
+    from ddpkit.commands.check.command import main
 
     code = main(["--json", *map(str, paths)])
     return code, json.loads(capsys.readouterr().out)

@@ -30,13 +30,14 @@ def test_the_commands_name_their_hooks_by_module_so_no_installed_metadata_is_nee
     """Review of issue 27: `make gpu-check` runs a CUDA python with src/ on PYTHONPATH and nothing installed;
     verify and bench named their hooks by entry point only, so every worker died at init ('installed: none')."""
     monkeypatch.setattr(importlib.metadata, "entry_points", lambda **kwargs: [])  # no ddpkit metadata at all
-    from ddpkit.commands import bench, verify
+    from ddpkit.commands.bench import command as bench
+    from ddpkit.commands.verify import command as verify
 
     env = verify.run_env("/tmp/x", 2, 3, None, False)
     hooks = instrument.from_env({**env, "DDPKIT_VERIFY_OUT": "x"})
-    assert type(hooks).__module__ == "ddpkit.commands.verify_hooks", env
-    assert "ddpkit.commands.bench_hooks:from_env" in open(bench.__file__).read()
-    assert type(instrument.from_env({"DDPKIT_TOOL": "ddpkit.commands.bench_hooks:from_env"})).__name__ == "BenchHooks"
+    assert type(hooks).__module__ == "ddpkit.commands.verify.hooks", env
+    assert "ddpkit.commands.bench.hooks:from_env" in open(bench.__file__).read()
+    assert type(instrument.from_env({"DDPKIT_TOOL": "ddpkit.commands.bench.hooks:from_env"})).__name__ == "BenchHooks"
     with pytest.raises(ValueError, match=r"^DDPKIT_TOOL='nope.mod:f' cannot be loaded \(No module named 'nope'\)"):
         instrument.from_env({"DDPKIT_TOOL": "nope.mod:f"})
 
@@ -71,12 +72,12 @@ def test_a_bad_comm_override_is_one_line_naming_the_variable(value, why):
 def test_verify_and_bench_are_plugged_in_by_their_entry_points():
     verify = instrument.from_env({"DDPKIT_TOOL": "verify", "DDPKIT_VERIFY_OUT": "x", "DDPKIT_BATCH_SCALE": "2",
                                   "DDPKIT_VERIFY_DROP": "2", "DDPKIT_MAX_STEPS": "3"})
-    assert isinstance(verify, instrument.Hooks) and type(verify).__module__ == "ddpkit.commands.verify_hooks"
+    assert isinstance(verify, instrument.Hooks) and type(verify).__module__ == "ddpkit.commands.verify.hooks"
     assert (verify.train_batch(4), verify.train_batch(4, given_globally=True), verify.uneven("pad"),
             verify.multiple(), verify.keep_dropout) == (8, 4, "drop", 2, False)
     bench = instrument.from_env({"DDPKIT_TOOL": "bench", "DDPKIT_BENCH_OUT": "/tmp", "DDPKIT_MAX_STEPS": "3",
                                  "DDPKIT_COMM": '{"bucket_mb": 5}'})
-    assert type(bench).__module__ == "ddpkit.commands.bench_hooks"
+    assert type(bench).__module__ == "ddpkit.commands.bench.hooks"
     assert bench.comm_config(None).bucket_mb == 5 and bench.train_batch(4) == 4 and bench.multiple() is None
 
 

@@ -9,7 +9,7 @@ import torch
 
 from conftest import WORKERS, ok, run_cmd
 from ddpkit.commands.logtail import log_tail
-from ddpkit.commands.verify import CANNOT_COMPARE, compare_weights
+from ddpkit.commands.verify.command import CANNOT_COMPARE, compare_weights
 
 VERIFY = [sys.executable, "-m", "ddpkit", "verify"]
 
@@ -186,7 +186,7 @@ def test_a_transformer_trained_with_adamw_passes_saying_which_elements_it_exclud
 
 
 def _excuse(w_one, w_many, g_one, g_many, bound=1e-2):
-    from ddpkit.commands.verify_noise import noise_mask
+    from ddpkit.commands.verify.noise import noise_mask
     one, many = {"w": torch.tensor(w_one)}, {"w": torch.tensor(w_many)}
     skip = noise_mask(one, many, {"w": torch.tensor(g_one)}, {"w": torch.tensor(g_many)}, bound)
     return compare_weights(one, many, 1e-5, 1e-4, skip=skip)
@@ -244,12 +244,12 @@ def test_a_run_ending_by_os_exit_is_told_its_weights_were_never_written():
 
 
 def test_the_pass_line_says_the_steps_taken_and_the_texts_promise_only_what_exists():
-    from ddpkit.commands import verify_causes
-    from ddpkit.commands.verify import pass_line
+    from ddpkit.commands.verify import causes
+    from ddpkit.commands.verify.command import pass_line
     ended = pass_line({"steps_taken": 2, "cap": None, "tensors": 4, "max_abs_diff": 0.0}, 2, "ddp")
     assert "after 2 steps (the script ended by itself; 4 tensors" in ended, ended
-    assert "sampler" not in verify_causes.NEEDS_LOADER  # ddpkit's samplers are not public
-    cause = verify_causes.likely_cause(None, None, None, random_draws=True)
+    assert "sampler" not in causes.NEEDS_LOADER  # ddpkit's samplers are not public
+    cause = causes.likely_cause(None, None, None, random_draws=True)
     assert "random draws" in cause and "--keep-dropout" not in cause, cause
 
 

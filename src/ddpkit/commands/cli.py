@@ -57,15 +57,20 @@ def usage_error(prog: str, exc: Exception | str) -> int:
     return USAGE_ERROR
 
 
-# subcommand -> (module with main(argv) -> int, one-line help)
+# subcommand -> (module with main(argv) -> int, one-line help); a command with parts is a folder whose entry
+# module is <folder>.command
 COMMANDS = {
     "launch": ("ddpkit.commands.launch", "run a script as N data-parallel processes (torchrun underneath)"),
-    "verify": ("ddpkit.commands.verify", "check that N-process training equals 1 process on the global batch"),
-    "check": ("ddpkit.commands.check", "find common DP/DDP mistakes in a training script (static analysis)"),
-    "bench": ("ddpkit.commands.bench", "throughput at 1..N processes, communication share, a measured recommendation"),
-    "plan": ("ddpkit.commands.plan", "will it fit: per-rank peak memory of each mode and process count, before launch"),
+    "verify": ("ddpkit.commands.verify.command",
+               "check that N-process training equals 1 process on the global batch"),
+    "check": ("ddpkit.commands.check.command", "find common DP/DDP mistakes in a training script (static analysis)"),
+    "bench": ("ddpkit.commands.bench.command",
+              "throughput at 1..N processes, communication share, a measured recommendation"),
+    "plan": ("ddpkit.commands.plan.command",
+             "will it fit: per-rank peak memory of each mode and process count, before launch"),
     "consolidate": ("ddpkit.commands.consolidate", "one plain state dict of a model from a (sharded) checkpoint"),
-    "convert": ("ddpkit.commands.convert", "rewrite a single-device training script into a ddpkit one, and verify it"),
+    "convert": ("ddpkit.commands.convert.command",
+                "rewrite a single-device training script into a ddpkit one, and verify it"),
     "doctor": ("ddpkit.commands.doctor", "what this machine can do: versions, GPUs, backends, an all-reduce test"),
 }
 

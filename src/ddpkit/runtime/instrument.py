@@ -6,7 +6,7 @@ entry-point lookup, nothing to pay). A tool's command sets ``DDPKIT_TOOL`` for i
 that name in the ``ddpkit.tools`` group (declared in pyproject.toml, as modes are in ``ddpkit.strategies``), or
 the ``module:factory`` it spells out (what verify and bench set, so an uninstalled checkout works), is a
 factory ``environ -> Hooks``, and the hooks it returns keep everything the tool measures or changes: verify's in
-:mod:`ddpkit.commands.verify_hooks`, bench's in :mod:`ddpkit.commands.bench_hooks`. ``prepare_model`` and
+:mod:`ddpkit.commands.verify.hooks`, bench's in :mod:`ddpkit.commands.bench.hooks`. ``prepare_model`` and
 ``data_loader`` call the hooks, so model.py and data read no tool variable.
 
 Example::

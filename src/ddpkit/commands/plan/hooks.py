@@ -1,6 +1,6 @@
 """``ddpkit plan``'s hooks in its runs (the ``plan`` entry point of ``ddpkit.tools``, declared in pyproject.toml).
 
-:func:`ddpkit.commands.plan.run_once` sets ``DDPKIT_TOOL=ddpkit.commands.plan_hooks:from_env`` and the
+:func:`ddpkit.commands.plan.command.run_once` sets ``DDPKIT_TOOL=ddpkit.commands.plan.hooks:from_env`` and the
 variables read here. Two kinds of run use them, both counting live tensor bytes with torch's
 ``MemTracker`` (``torch.distributed._tools.mem_tracker``: each storage created, by weak reference, until it
 is freed) from ``prepare_model`` on:
@@ -9,7 +9,7 @@ is freed) from ``prepare_model`` on:
   (``FakeTensorMode``: shapes, dtypes, a device, no memory), so the script's own first step (its forward,
   loss, backward and optimizer) runs without allocating the model's memory. The run stops once every prepared
   model's optimizer stepped once (a GAN: both) and writes the fields of
-  :class:`~ddpkit.commands.plan_model.Capture`: what the per-mode formulas need.
+  :class:`~ddpkit.commands.plan.memory.Capture`: what the per-mode formulas need.
 - **a measured run** (``ddpkit plan --measure``): the script for real in one mode at N processes, stopped
   after ``DDPKIT_MAX_STEPS`` optimizer steps; each rank writes its peak.
 
@@ -320,7 +320,7 @@ def _restart_peak(tracker: Any) -> None:
 
 
 def from_env(environ: Mapping[str, str]) -> PlanHooks:
-    """The hooks of one plan run, from the variables :func:`ddpkit.commands.plan.run_once` set."""
+    """The hooks of one plan run, from the variables :func:`ddpkit.commands.plan.command.run_once` set."""
     fake = contract.PLAN_FAKE.flag(environ)
     return PlanHooks(contract.PLAN_OUT.text(environ), 1 if fake else (contract.MAX_STEPS.number(environ) or 3), fake)
 

@@ -8,7 +8,7 @@ What the script needs (ddpkit scripts usually have it already): ``ddpkit.prepare
 (the one-process run hands its own to the other, so the script need not seed), training loaders drop the
 last ``len % N`` samples in both runs (padding would repeat samples only the N-process run sees), dropout
 layers get p=0 (``--keep-dropout`` to leave them), and TF32 is off on GPUs. The runs talk to ddpkit through
-the variables of :mod:`ddpkit.core.contract` (read by :mod:`ddpkit.commands.verify_hooks`). A PASS needs every
+the variables of :mod:`ddpkit.core.contract` (read by :mod:`ddpkit.commands.verify.hooks`). A PASS needs every
 weight finite in both runs (:func:`non_finite`): ``NaN > tol`` is False,
 so a plain tolerance test would pass a diverged run.
 
@@ -31,9 +31,9 @@ from collections.abc import Sequence
 
 import torch
 
-from ddpkit.commands import verify_causes, verify_noise
 from ddpkit.commands.cli import OneLineParser, usage_error
 from ddpkit.commands.logtail import run_logged
+from ddpkit.commands.verify import causes, noise
 from ddpkit.core import contract
 from ddpkit.core.environment import visible_gpus
 from ddpkit.core.errors import CANNOT_COMPARE, NOT_EQUIVALENT, SCRIPT_FAILED, UsageError
@@ -71,7 +71,7 @@ def compare_weights(reference: dict, candidate: dict, atol: float, rtol: float,
                     skip: dict[str, torch.Tensor] | None = None) -> dict:
     """Compare two state dicts; report the first tensor that fails (in state-dict order).
 
-    ``skip``: per tensor, elements left out of the test and of ``max_abs_diff`` (:mod:`ddpkit.commands.verify_noise`);
+    ``skip``: per tensor, elements left out of the test and of ``max_abs_diff`` (:mod:`ddpkit.commands.verify.noise`);
     ``excused`` counts those of them out of tolerance, ``excused_in`` names their tensors.
 
     A tensor fails when a value is out of tolerance or when it holds NaN / inf anywhere (see
@@ -197,7 +197,7 @@ def plan(nproc: int | None, device: str | None, gpus: int) -> tuple[int, str | N
 def run_env(tmp: str, nproc: int, steps: int, device: str | None, keep_dropout: bool) -> dict[str, str]:
     """The variables both runs get: steps, shared initial weights, drop semantics, dropout, no TF32, device."""
     # the workers load verify's hooks by module (no installed metadata needed: a checkout on PYTHONPATH works)
-    env = {contract.TOOL.name: "ddpkit.commands.verify_hooks:from_env",
+    env = {contract.TOOL.name: "ddpkit.commands.verify.hooks:from_env",
            contract.MAX_STEPS.name: str(steps), contract.VERIFY_INIT.name: os.path.join(tmp, "init.pt"),
            contract.VERIFY_DROP.name: str(nproc), contract.TF32_OVERRIDE.name: "0",
            contract.OMP_THREADS.name: os.environ.get(contract.OMP_THREADS.name, "1")}
@@ -218,7 +218,7 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
         run_logged([sys.executable, script, *script_args],
                    {**common, contract.MODE.name: "single", contract.BATCH_SCALE.name: str(nproc),
                     contract.VERIFY_OUT.name: ref}, os.path.join(tmp, "single.log"))
-        why = verify_causes.refusal(_facts(ref))
+        why = causes.refusal(_facts(ref))
         if why:
             raise CannotCompare(why)
         # the mode in the environment too: launch refuses a --mode that contradicts an exported DDPKIT_MODE
@@ -228,16 +228,16 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
                    os.path.join(tmp, "ddp.log"))
         facts = [_facts(ref) or {}, _facts(dist_out) or {}]
         if not os.path.exists(ref) or not os.path.exists(dist_out):
-            raise CannotCompare(verify_causes.refusal(facts[1], f"{nproc}-process run") or verify_causes.NEEDS_MODEL)
+            raise CannotCompare(causes.refusal(facts[1], f"{nproc}-process run") or causes.NEEDS_MODEL)
         one, many = (torch.load(path, weights_only=True) for path in (ref, dist_out))
         start = _initial(os.path.join(tmp, "init.pt"), int(facts[0].get("models") or 0))
         lr = max(float(f.get("lr") or 0.0) for f in facts)
         taken = max(int(f.get("steps") or 0) for f in facts)
         # elements whose gradients were only float noise in both runs, within what the optimizer can move them
-        skip = verify_noise.noise_mask(one, many, _grads(ref, "gradpeak") or {}, _grads(dist_out, "gradpeak") or {},
-                                       verify_noise.step_bound(taken, lr))
+        skip = noise.noise_mask(one, many, _grads(ref, "gradpeak") or {}, _grads(dist_out, "gradpeak") or {},
+                                       noise.step_bound(taken, lr))
         if taken == 0 and start is not None and _unchanged(one, start):  # capped before any update: equal, vacuously
-            raise CannotCompare(verify_causes.trained_nothing(int(facts[0].get("batches") or 0)))
+            raise CannotCompare(causes.trained_nothing(int(facts[0].get("batches") or 0)))
         result = compare_weights(one, many, atol, rtol, labels=("1 process", f"{nproc} processes"), initial=start,
                                  skip=skip)
         result["lr"] = lr
@@ -248,14 +248,14 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
             g1, gn = (_grads(path) for path in (ref, dist_out))
             grads = compare_weights(g1, gn, atol, rtol) if g1 and gn else None
             result["first_gradient_diverging"] = grads.get("first_diverging") if grads else None
-            result["cause"] = verify_causes.likely_cause(g1, gn, grads, any(f.get("random_draws") for f in facts),
+            result["cause"] = causes.likely_cause(g1, gn, grads, any(f.get("random_draws") for f in facts),
                                                          nproc, next((f["autocast"] for f in facts
                                                                       if f.get("autocast")), None))
     return {"nproc": nproc, "mode": mode, "steps": steps, "atol": atol, "rtol": rtol, **result}
 
 
 def _facts(out: str) -> dict | None:
-    """What a run recorded (:mod:`ddpkit.commands.verify_run`); None when it never prepared a model or loader."""
+    """What a run recorded (:mod:`ddpkit.commands.verify.recorder`); None when it never prepared a model or loader."""
     path = f"{out}.json"
     if not os.path.exists(path):
         return None
@@ -268,7 +268,7 @@ def _unchanged(final: dict[str, torch.Tensor], initial: dict[str, torch.Tensor])
 
 
 def _initial(path: str, models: int) -> dict[str, torch.Tensor] | None:
-    """The prepared models' initial weights (``<path>.<i>``, written by :mod:`ddpkit.commands.verify_hooks`), named as
+    """The prepared models' initial weights (``<path>.<i>``, written by :mod:`ddpkit.commands.verify.hooks`), named as
     the runs save them: ``model<i>.`` prefixes with two models or more."""
     files = [f"{path}.{i}" for i in range(max(models, 1))]
     if not all(os.path.exists(f) for f in files):
@@ -371,7 +371,7 @@ def _verify_one(ns: argparse.Namespace, nproc: int, device: str | None, note: st
     elif result["passed"]:
         print(pass_line(result, nproc, ns.mode), flush=True)
         if result["excused"]:
-            print(f"  {verify_noise.excused_line(result['excused'], result['excused_in'], result['lr'])}; "
+            print(f"  {noise.excused_line(result['excused'], result['excused_in'], result['lr'])}; "
                   f"their max abs diff {result['excused_max_diff']:.3g}")
     elif result["non_finite"]:
         print(f"FAIL after {run_length(result)}: {result['reason']}", flush=True)

@@ -1,6 +1,6 @@
 """The line-by-line rules of ``ddpkit convert``: the device set-up, output on rank 0 (print, logging,
 TensorBoard, tqdm), saving on rank 0, loading onto this rank's device, and the few calls that must see the
-module inside the wrapper (``ddpkit.unwrap``). The model and the loaders are :mod:`ddpkit.commands.convert_plan`'s.
+module inside the wrapper (``ddpkit.unwrap``). The model and the loaders are :mod:`ddpkit.commands.convert.plan`'s.
 
 Example::
 
@@ -16,12 +16,12 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.commands.check_rules import RANK_WORDS
-from ddpkit.commands.convert_apply import add_keyword
-from ddpkit.commands.convert_flow import callee, visible
-from ddpkit.commands.convert_scan import Binding, Scope, dotted, names_in, resolve
+from ddpkit.commands.check.rules import RANK_WORDS
+from ddpkit.commands.convert.apply import add_keyword
+from ddpkit.commands.convert.flow import callee, visible
+from ddpkit.commands.convert.scan import Binding, Scope, dotted, names_in, resolve
 
-# the plan in the making (convert_plan._Work, which imports this module): facts, edits, log, left, models, state
+# the plan in the making (plan._Work, which imports this module): facts, edits, log, left, models, state
 _Work = Any
 
 ACCELERATORS = ("cuda", "mps", "xpu")

@@ -6,7 +6,7 @@ what is wrong, why it matters and the fix. Exit 1 when an error is found (``--st
 otherwise, 2 on bad input: a path that does not exist, or a file that is not Python 3 (reported as one
 ``not analysed`` line; the other files are still checked). A script that imports ddpkit is checked as a
 multi-process one, as is one that uses torch.distributed. The rules' decisions over the syntax tree live
-in :mod:`ddpkit.commands.check_ast` (calls, rank conditions) and :mod:`ddpkit.commands.check_metrics`
+in :mod:`ddpkit.commands.check.syntax` (calls, rank conditions) and :mod:`ddpkit.commands.check.metrics`
 (evaluation metrics).
 
 Example::
@@ -30,9 +30,8 @@ import sys
 import tokenize
 from collections.abc import Iterator, Sequence
 
-from ddpkit.commands.check_ast import Visitor, aliases, kw, last, memory_buffers, name, resolved, uses_ddpkit
-from ddpkit.commands.check_metrics import eval_sampler, metric_findings
-from ddpkit.commands.check_rules import (
+from ddpkit.commands.check.metrics import eval_sampler, metric_findings
+from ddpkit.commands.check.rules import (
     BATCHNORMS,
     COLLECTIVES,
     OPTIMIZERS,
@@ -42,7 +41,8 @@ from ddpkit.commands.check_rules import (
     SHARDING,
     Finding,
 )
-from ddpkit.commands.check_rules import finding as _finding
+from ddpkit.commands.check.rules import finding as _finding
+from ddpkit.commands.check.syntax import Visitor, aliases, kw, last, memory_buffers, name, resolved, uses_ddpkit
 from ddpkit.commands.cli import OneLineParser, usage_error
 from ddpkit.core.errors import SCRIPT_FAILED, USAGE_ERROR, UsageError
 

@@ -3,7 +3,7 @@
 Each rewrite is an :class:`Edit` (line, what, why); what cannot be converted safely is a :class:`Left` (line,
 what, what to do). A ``Left`` with ``blocks=True`` means the result would run and train differently (a
 training loader of unknown role, hand-fed batches, a script already distributed by hand): nothing is written
-then. The rules for output (print, logging, TensorBoard, tqdm, saving) are :mod:`ddpkit.commands.convert_rules`.
+then. The rules for output (print, logging, TensorBoard, tqdm, saving) are :mod:`ddpkit.commands.convert.rules`.
 
 Example::
 
@@ -21,13 +21,12 @@ import dataclasses
 import libcst as cst
 from libcst import matchers as m
 
-from ddpkit.commands import convert_flow as flow
-from ddpkit.commands import convert_rules as rules
-from ddpkit.commands.check_rules import OPTIMIZERS
-from ddpkit.commands.convert_apply import LOADER_PARAMETERS, Edits, loader_call, rewrite
-from ddpkit.commands.convert_flow import binding_of, loops_reading, peek, roles_said
-from ddpkit.commands.convert_scan import Binding, Call, Facts, Loop, Scope, dotted, parse, resolve, scan
-from ddpkit.commands.convert_sums import sums_after
+from ddpkit.commands.check.rules import OPTIMIZERS
+from ddpkit.commands.convert import flow, rules
+from ddpkit.commands.convert.apply import LOADER_PARAMETERS, Edits, loader_call, rewrite
+from ddpkit.commands.convert.flow import binding_of, loops_reading, peek, roles_said
+from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, Scope, dotted, parse, resolve, scan
+from ddpkit.commands.convert.sums import sums_after
 
 LOADER = "torch.utils.data.DataLoader"
 # an evaluation loop calling these needs gradients: it cannot run under no_grad, so it is not sharded
@@ -275,7 +274,7 @@ class _Work:
 
     def _reductions(self, loops: list[Loop], call: Call, training: bool) -> bool:
         """Sum across ranks what the loops over a loader accumulate and the code below reads
-        (:mod:`ddpkit.commands.convert_sums`); an evaluation loop also runs under ``torch.no_grad()`` (a DDP
+        (:mod:`ddpkit.commands.convert.sums`); an evaluation loop also runs under ``torch.no_grad()`` (a DDP
         forward with gradients on is collective, and the ranks' shards differ in length: the longer one would
         wait forever). False, before any edit: an evaluation loader is then left as it is (every rank evaluates
         the whole set, which is right, only slower), when a loop keeps results this cannot sum."""

@@ -5,7 +5,7 @@ communication takes (the same run with gradient communication skipped; and, from
 ``ddpkit launch`` writes for each default run, the slowest rank's wait in communication after its last
 gradient: :func:`phase_comm`), the communication settings tried at
 the largest count, and a recommendation only where a setting measured faster than the default in this same
-run by more than chance allows (:mod:`ddpkit.commands.bench_stats`: the decision rule and its error rate). Runs are
+run by more than chance allows (:mod:`ddpkit.commands.bench.stats`: the decision rule and its error rate). Runs are
 interleaved (every configuration once per repetition); each figure is the median over steps of the slowest
 rank's step, then over repetitions, with a distribution-free interval. After ``--reps`` repetitions, the
 default and the settings still undecided run again until each is decided or ``--budget-s`` is spent.
@@ -37,8 +37,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ddpkit.commands import bench_stats as stats
-from ddpkit.commands.bench_phases import phase_comm, phase_figures, phase_line
+from ddpkit.commands.bench import stats
+from ddpkit.commands.bench.phases import phase_comm, phase_figures, phase_line
 from ddpkit.commands.cli import OneLineParser, usage_error
 from ddpkit.commands.logtail import log_tail, run_logged
 from ddpkit.core import contract
@@ -102,7 +102,7 @@ def run_once(script: str, args: Sequence[str], nproc: int, steps: int, warmup: i
         log = os.path.join(out, "launch.log")
         # the workers load bench's hooks by module (a checkout on PYTHONPATH works): step cap, hand-out times,
         # the DDP sizes
-        run_logged(cmd, {contract.TOOL.name: "ddpkit.commands.bench_hooks:from_env",
+        run_logged(cmd, {contract.TOOL.name: "ddpkit.commands.bench.hooks:from_env",
                          contract.MAX_STEPS.name: str(warmup + steps + 1), contract.BENCH_OUT.name: out, **env}, log)
         files = sorted(glob.glob(os.path.join(out, "rank*.json")))
         if len(files) != nproc:
@@ -151,7 +151,7 @@ def figures(samples: dict[str, list[float]], batches: dict[str, int], counts: Se
             needed: dict[int, float] | None = None) -> dict:
     """Throughput, efficiency, communication share and the recommendation from the step times of each rep.
 
-    ``needed``: the sequential boundary the repetitions were run under (:func:`bench_stats.boundary`); by
+    ``needed``: the sequential boundary the repetitions were run under (:func:`stats.boundary`); by
     default one look after all repetitions. A setting is recommended when its paired speed-ups crossed it.
     """
     times = {name: statistics.median(values) for name, values in samples.items()}

@@ -61,7 +61,7 @@ def noise_mask(one: dict[str, torch.Tensor], many: dict[str, torch.Tensor], peak
     """Per tensor, the elements verify excuses (see the module docstring); only tensors with any.
 
     ``one`` / ``many``: the runs' final weights; ``peak_*``: each run's largest |gradient| per element over
-    the steps (:mod:`ddpkit.commands.verify_run`); ``bound``: :func:`step_bound` (0: excuse nothing).
+    the steps (:mod:`ddpkit.commands.verify.recorder`); ``bound``: :func:`step_bound` (0: excuse nothing).
     """
     masks = {}
     for name, a in one.items():

@@ -1,6 +1,6 @@
 """Inside each run of ``ddpkit verify``: the step cap, what the run did, and the step-1 gradients.
 
-:class:`Recorder` is created by verify's hooks (:mod:`ddpkit.commands.verify_hooks`) in a verify run only. It
+:class:`Recorder` is created by verify's hooks (:mod:`ddpkit.commands.verify.hooks`) in a verify run only. It
 
 - stops the run with a clean ``SystemExit(0)`` right before any optimizer's (K+1)-th step. Each optimizer
   counts its own steps: a GAN's two optimizers, each stepping once an iteration, have both taken K steps
@@ -13,7 +13,7 @@
   a GPT block's ``self.dropout`` for ``scaled_dot_product_attention``): no Dropout module holds it;
 - saves every prepared model's final weights (``model<i>.`` prefixes with two models or more) and writes, on
   rank 0, each model's gradients at its optimizer's first step (``<out>.grads``), each element's largest
-  |gradient| over all the steps (``<out>.gradpeak``: :mod:`ddpkit.commands.verify_noise` excuses elements that only
+  |gradient| over all the steps (``<out>.gradpeak``: :mod:`ddpkit.commands.verify.noise` excuses elements that only
   ever got float noise) and the facts (``<out>.json``, written early with ``finished: false`` so a run that
   ends by ``os._exit`` is told apart from one that prepared nothing): models prepared, training batches
   handed out by ddpkit loaders, optimizer steps, which cap stopped the run, whether torch's global random

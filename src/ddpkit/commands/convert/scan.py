@@ -3,7 +3,7 @@ the function (scope), loops, ``if`` tests and ``no_grad`` blocks around it, name
 script's imports (``DataLoader`` -> ``torch.utils.data.DataLoader``).
 
 The decisions (which binding is the model, whether a loader trains or evaluates) are
-:mod:`ddpkit.commands.convert_plan`'s; this module only records. It works on a libcst tree (comments and
+:mod:`ddpkit.commands.convert.plan`'s; this module only records. It works on a libcst tree (comments and
 formatting kept for the rewrite) and never runs the script.
 
 Example::

@@ -1,11 +1,11 @@
 """``ddpkit bench``'s hooks in each timing run (the ``bench`` entry point of ``ddpkit.tools``).
 
-:func:`ddpkit.commands.bench.run_once` sets ``DDPKIT_TOOL=ddpkit.commands.bench_hooks:from_env`` and the variables
-read here. Each training loader stops after K batches (``DDPKIT_MAX_STEPS``) and records when it hands out each
-batch; at shutdown every rank writes ``<out>/rank<r>.json``: ``{"times", "ddp", "global_batch", "mode", "device"}``,
-where ``ddp`` lists what each DDP wrap holds (gradient bytes, bucket cap: bench skips the bucket sizes that cannot
-change this model's buckets). One timing run skips gradient communication (``DDPKIT_BENCH_NO_COMM``), the candidate
-settings override CommConfig fields (``DDPKIT_COMM``).
+:func:`ddpkit.commands.bench.command.run_once` sets ``DDPKIT_TOOL=ddpkit.commands.bench.hooks:from_env`` and the
+variables read here. Each training loader stops after K batches (``DDPKIT_MAX_STEPS``) and records when it hands out
+each batch; at shutdown every rank writes ``<out>/rank<r>.json``:
+``{"times", "ddp", "global_batch", "mode", "device"}``, where ``ddp`` lists what each DDP wrap holds (gradient bytes,
+bucket cap: bench skips the bucket sizes that cannot change this model's buckets). One timing run skips gradient
+communication (``DDPKIT_BENCH_NO_COMM``), the candidate settings override CommConfig fields (``DDPKIT_COMM``).
 
 Example::
 
@@ -74,7 +74,7 @@ class BenchHooks(Hooks):
 
 
 def from_env(environ: Mapping[str, str]) -> BenchHooks:
-    """The hooks of one timing run, from the variables :func:`ddpkit.commands.bench.run_once` set."""
+    """The hooks of one timing run, from the variables :func:`ddpkit.commands.bench.command.run_once` set."""
     return BenchHooks(out=contract.BENCH_OUT.text(environ), max_steps=contract.MAX_STEPS.number(environ),
                       no_comm=contract.BENCH_NO_COMM.flag(environ), comm=_comm_fields(contract.COMM.text(environ)))
 

@@ -20,7 +20,7 @@ import os
 import statistics
 from typing import Any
 
-from ddpkit.commands.bench_stats import median_interval
+from ddpkit.commands.bench.stats import median_interval
 from ddpkit.core import straggler
 
 MAX_BYTES = 1 << 20  # a report is ~200 bytes a rank

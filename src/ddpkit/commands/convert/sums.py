@@ -13,7 +13,7 @@ otherwise); a mean over this rank's batches (``epoch_loss / n_batches``) is rank
 
 Example::
 
-    >>> from ddpkit.commands.convert_scan import parse, scan
+    >>> from ddpkit.commands.convert.scan import parse, scan
     >>> f = scan(parse("t = 0\\nfor x in ld:\\n    t += x\\nprint(t / len(ld.dataset))\\n"))
     >>> [(names, loop.line) for loop, names, _ in sums_after(f, f.loops[0], training=False)]
     [(['t'], 2)]
@@ -25,7 +25,7 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.commands.convert_scan import Facts, Loop, dotted, names_in
+from ddpkit.commands.convert.scan import Facts, Loop, dotted, names_in
 
 
 def _dataset_size(facts: Facts, stmt: Any, scope: Any, datasets: set[str]) -> bool:

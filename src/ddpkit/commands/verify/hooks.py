@@ -1,8 +1,8 @@
 """``ddpkit verify``'s hooks in each of its runs (the ``verify`` entry point of ``ddpkit.tools``).
 
-:func:`ddpkit.commands.verify.run_env` sets ``DDPKIT_TOOL=ddpkit.commands.verify_hooks:from_env`` and the variables
-read here; the library
-calls the :class:`~ddpkit.runtime.instrument.Hooks` methods. What verify changes, and why:
+:func:`ddpkit.commands.verify.command.run_env` sets ``DDPKIT_TOOL=ddpkit.commands.verify.hooks:from_env`` and the
+variables read here; the library calls the :class:`~ddpkit.runtime.instrument.Hooks` methods. What verify
+changes, and why:
 
 - the one-process run multiplies the training batch by N (``batch_scale``, not a ``global_batch_size``:
   that is the global batch already);
@@ -11,7 +11,7 @@ calls the :class:`~ddpkit.runtime.instrument.Hooks` methods. What verify changes
 - both start from the same initial weights: the one-process run writes them, the N-process run loads them,
   so a script need not seed;
 - dropout is set to 0 (unless ``--keep-dropout``);
-- the :class:`~ddpkit.commands.verify_run.Recorder` stops both runs after K optimizer steps, saves the final
+- the :class:`~ddpkit.commands.verify.recorder.Recorder` stops both runs after K optimizer steps, saves the final
   weights and the step-1 gradients.
 
 Example::
@@ -30,14 +30,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from ddpkit.commands import verify_run
+from ddpkit.commands.verify.recorder import Recorder, cpu_state, dropout_off
 from ddpkit.core import contract
 from ddpkit.runtime.instrument import Hooks, OnShutdown
 
 
 class VerifyHooks(Hooks):
     def __init__(self, batch_scale: int = 1, drop_multiple: int | None = None, init: str | None = None,
-                 keep_dropout: bool = True, recorder: verify_run.Recorder | None = None):
+                 keep_dropout: bool = True, recorder: Recorder | None = None):
         self.batch_scale, self.drop_multiple, self.init = batch_scale, drop_multiple, init
         self.keep_dropout, self.recorder = keep_dropout, recorder
         self.models = 0  # models prepared so far: each one's initial weights are a file of its own (a GAN has two)
@@ -46,7 +46,7 @@ class VerifyHooks(Hooks):
         """Dropout off, the recorder's hooks, the same initial weights (keyed ``model0.``, ``model1.`` ... by
         order of preparation, with two or more); the recorder saves the final weights at shutdown."""
         if not self.keep_dropout:
-            verify_run.dropout_off(model)  # modules and the float attributes of attention and RNN layers
+            dropout_off(model)  # modules and the float attributes of attention and RNN layers
         if self.recorder is not None:
             self.recorder.on_model(model, is_main, on_shutdown)
         if self.init:
@@ -55,7 +55,7 @@ class VerifyHooks(Hooks):
             if os.path.exists(path):  # the N-process run: start where the one-process run did
                 model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
             else:
-                weights = verify_run.cpu_state(model)  # on every rank: gathering a sharded (fsdp) model is collective
+                weights = cpu_state(model)  # on every rank: gathering a sharded (fsdp) model is collective
                 if is_main:
                     torch.save(weights, path)
 
@@ -72,15 +72,15 @@ class VerifyHooks(Hooks):
     def on_loader(self, loader: Any, rank: int, describe: Callable[[], dict[str, Any]],
                   on_shutdown: OnShutdown) -> None:
         """The recorder counts the loader's batches and caps it until an optimizer steps (see
-        :meth:`~ddpkit.commands.verify_run.Recorder.on_loader`)."""
+        :meth:`~ddpkit.commands.verify.recorder.Recorder.on_loader`)."""
         if self.recorder is not None:
             self.recorder.on_loader(loader, rank == 0, on_shutdown)
 
 
 def from_env(environ: Mapping[str, str]) -> VerifyHooks:
-    """The hooks of one verify run, from the variables :func:`ddpkit.commands.verify.run_env` set."""
+    """The hooks of one verify run, from the variables :func:`ddpkit.commands.verify.command.run_env` set."""
     out = contract.VERIFY_OUT.text(environ)
     return VerifyHooks(batch_scale=contract.BATCH_SCALE.number(environ) or 1,
                        drop_multiple=contract.VERIFY_DROP.number(environ), init=contract.VERIFY_INIT.text(environ),
                        keep_dropout=out is None or contract.KEEP_DROPOUT.flag(environ),
-                       recorder=verify_run.Recorder(out, contract.MAX_STEPS.number(environ)) if out else None)
+                       recorder=Recorder(out, contract.MAX_STEPS.number(environ)) if out else None)

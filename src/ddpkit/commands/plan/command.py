@@ -1,8 +1,8 @@
 """``ddpkit plan``: will this script fit? Per-rank peak memory of each mode at each process count, before launch.
 
 One planning run (one process) takes the script up to the end of its first optimizer step with fake tensors
-in place of the model's (no memory allocated for it; see :mod:`ddpkit.commands.plan_hooks`); each mode's
-estimate follows (:mod:`ddpkit.commands.plan_model`). ``--measure`` also runs each configuration for real for
+in place of the model's (no memory allocated for it; see :mod:`ddpkit.commands.plan.hooks`); each mode's
+estimate follows (:mod:`ddpkit.commands.plan.memory`). ``--measure`` also runs each configuration for real for
 a few steps and prints what torch's tensor accounting saw, beside the estimate.
 
 Example::
@@ -27,9 +27,9 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
-from ddpkit.commands import plan_model
 from ddpkit.commands.cli import OK, OneLineParser, usage_error
 from ddpkit.commands.logtail import ScriptFailed, log_tail, run_logged
+from ddpkit.commands.plan import memory
 from ddpkit.core import contract
 from ddpkit.core.errors import UsageError
 
@@ -104,7 +104,7 @@ def run_once(script: str, args: Sequence[str], nproc: int, mode: str, env: dict[
                "--log-dir", os.path.join(out, "logs"), script, *args]
         log = os.path.join(out, "launch.log")
         try:
-            run_logged(cmd, {contract.TOOL.name: "ddpkit.commands.plan_hooks:from_env", contract.PLAN_OUT.name: out,
+            run_logged(cmd, {contract.TOOL.name: "ddpkit.commands.plan.hooks:from_env", contract.PLAN_OUT.name: out,
                              contract.PHASE_WINDOW.name: "0", **env}, log)
         except ScriptFailed as exc:  # the ranks' own logs go with the temporary directory: read them now
             ranks = sorted(glob.glob(os.path.join(out, "logs", "**", "*.log"), recursive=True))
@@ -170,29 +170,29 @@ def _raised(output: str) -> str:
     return lines[-1].strip() if lines else "no output"
 
 
-def estimates(capture: plan_model.Capture, modes: Sequence[str], counts: Sequence[int],
-              shard_size: int | None) -> list[tuple[str, int, plan_model.Estimate | str]]:
+def estimates(capture: memory.Capture, modes: Sequence[str], counts: Sequence[int],
+              shard_size: int | None) -> list[tuple[str, int, memory.Estimate | str]]:
     """(mode, processes, estimate or why not) for single at 1 and each mode at each count."""
     from ddpkit.strategies.hsdp import mesh_shape
 
-    rows: list[tuple[str, int, plan_model.Estimate | str]] = [("single", 1, plan_model.single(capture))]
+    rows: list[tuple[str, int, memory.Estimate | str]] = [("single", 1, memory.single(capture))]
     for mode in modes:
         for n in (c for c in counts if c > 1):  # one process trains as single in every mode
             if mode == "ddp":
-                rows.append((mode, n, plan_model.ddp(capture, n)))
+                rows.append((mode, n, memory.ddp(capture, n)))
             elif mode == "fsdp":
-                rows.append((mode, n, plan_model.sharded(capture, n)))
+                rows.append((mode, n, memory.sharded(capture, n)))
             else:
                 try:
                     shard = mesh_shape(n, n, shard_size)[1]
                 except ValueError as exc:
                     rows.append((mode, n, str(exc).split(";")[0]))
                     continue
-                rows.append((mode, n, plan_model.sharded(capture, shard, n)))
+                rows.append((mode, n, memory.sharded(capture, shard, n)))
     return rows
 
 
-def state_count_mb(capture: plan_model.Capture, mode: str, n: int, shard_size: int | None) -> float:
+def state_count_mb(capture: memory.Capture, mode: str, n: int, shard_size: int | None) -> float:
     """What ``init_empty(budget_mb=)`` counts for this mode at N (the same function), in MB."""
     from ddpkit.strategies import table
 
@@ -263,7 +263,7 @@ def _plan(ns: argparse.Namespace) -> int:
     env = {contract.DEVICE.name: ns.device} if ns.device else {}
     try:
         first = run_once(ns.script, ns.args, 1, "single", {**env, contract.PLAN_FAKE.name: "1"})[0]
-        capture = plan_model.Capture.from_json(first)
+        capture = memory.Capture.from_json(first)
     except (ScriptFailed, ValueError) as exc:
         print(f"ddpkit plan: the planning run failed: {exc}", file=sys.stderr)
         return 1
@@ -308,6 +308,6 @@ def measure(ns: argparse.Namespace, mode: str, n: int, env: dict[str, str]) -> i
     return max(p for p in peaks if type(p) is int) if any(type(p) is int for p in peaks) else "no peak recorded"
 
 
-def dataclass_dict(est: plan_model.Estimate) -> dict[str, int]:
+def dataclass_dict(est: memory.Estimate) -> dict[str, int]:
     return {"state": est.state, "resident": est.resident, "activations": est.activations, "comm": est.comm,
             "temporaries": est.temporaries}

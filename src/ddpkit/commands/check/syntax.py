@@ -2,7 +2,7 @@
 
 One walk of the tree (:class:`Visitor`) records every call with whether it sits under a rank-dependent
 condition, which side of it (rank 0's or the others'), and in which function; the rules in
-:mod:`ddpkit.commands.check` and :mod:`ddpkit.commands.check_metrics` are decisions over that record.
+:mod:`ddpkit.commands.check.command` and :mod:`ddpkit.commands.check.metrics` are decisions over that record.
 
 >>> v = Visitor(); v.visit(ast.parse("if rank == 0:\\n    dist.barrier()"))
 >>> [(name(c.func), ranked, v.side[id(c)]) for c, ranked in v.calls]
@@ -15,7 +15,7 @@ import ast
 import re
 from collections.abc import Sequence
 
-from ddpkit.commands.check_rules import RANK_WORDS
+from ddpkit.commands.check.rules import RANK_WORDS
 
 # whole words of a name that mark evaluation data; "retrieval" or "interval" hold "val" and are not
 EVAL_WORDS = {"val", "valid", "validation", "eval", "evaluation", "test", "testing", "dev"}

@@ -54,13 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def convert_file(path: str):
-    """The :class:`~ddpkit.commands.convert_plan.Plan` for the script at ``path`` and the file's encoding
+    """The :class:`~ddpkit.commands.convert.plan.Plan` for the script at ``path`` and the file's encoding
     (UsageError: not readable as Python, or libcst missing). The bytes are decoded as Python reads them
     (PEP 263, a BOM) and line endings are kept (CRLF stays CRLF)."""
     try:
         from libcst import ParserSyntaxError
 
-        from ddpkit.commands.convert_plan import plan
+        from ddpkit.commands.convert.plan import plan
     except ImportError as exc:
         raise UsageError(f"convert needs libcst ({exc}); install it with pip install 'ddpkit[convert]'") from None
     try:
@@ -111,7 +111,7 @@ def _diff(result, path: str) -> str:
 
 def verify_and_check(converted: str, script_args: list[str], nproc: int, steps: int) -> tuple[int, list[str]]:
     """``ddpkit verify`` on the converted script (a subprocess: it launches processes), then ``ddpkit check``."""
-    from ddpkit.commands.check import analyze
+    from ddpkit.commands.check.command import analyze
 
     cmd = [sys.executable, "-m", "ddpkit", "verify", "--nproc-per-node", str(nproc), "--steps", str(steps),
            converted, *script_args]

@@ -16,9 +16,9 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from ddpkit.commands.check_ast import Visitor, eval_data, kw, last, name
-from ddpkit.commands.check_flow import Loaders, Reductions, atoms, targets
-from ddpkit.commands.check_rules import RANK_WORDS, Finding, finding
+from ddpkit.commands.check.flow import Loaders, Reductions, atoms, targets
+from ddpkit.commands.check.rules import RANK_WORDS, Finding, finding
+from ddpkit.commands.check.syntax import Visitor, eval_data, kw, last, name
 
 COUNTING = {"sum", "item", "count_nonzero", "numel", "size"}  # calls whose result, assigned, is a local count
 

@@ -9,7 +9,7 @@ the user.
 
 Example::
 
-    >>> from ddpkit.commands.convert_scan import parse, scan
+    >>> from ddpkit.commands.convert.scan import parse, scan
     >>> facts = scan(parse("def train(ld):\\n    for b in ld:\\n        b.backward()\\nl = f()\\ntrain(l)\\n"))
     >>> [loop.line for loop in loops_reading(facts, "l", facts.scopes[""])]
     [2]
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpkit.commands.convert_scan import Binding, Call, Facts, Loop, Scope, dotted, names_in
+from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, Scope, dotted, names_in
 
 DEPTH = 4  # calls followed from one binding: deeper than any public training script nests its loops
 

@@ -7,7 +7,7 @@ Edits find their node by identity (the node the scan saw), so the scan and the r
 
 Example::
 
-    >>> from ddpkit.commands.convert_scan import parse
+    >>> from ddpkit.commands.convert.scan import parse
     >>> w = parse("x = f(1)\\n"); call = w.module.body[0].body[0].value
     >>> edits = Edits(); edits.expr[id(call)] = lambda node: node.with_changes(func=cst.parse_expression("g"))
     >>> rewrite(w, edits)

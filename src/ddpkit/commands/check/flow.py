@@ -15,7 +15,7 @@ from __future__ import annotations
 import ast
 from collections import defaultdict
 
-from ddpkit.commands.check_ast import Visitor, aliases, kw, last, mentions_rank, name, resolved
+from ddpkit.commands.check.syntax import Visitor, aliases, kw, last, mentions_rank, name, resolved
 
 REDUCTIONS = {"all_reduce", "reduce", "all_gather", "gather", "all_gather_object", "gather_object", "reduce_scatter"}
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)

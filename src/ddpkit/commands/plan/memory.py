@@ -1,6 +1,6 @@
 """Per-rank peak memory of each mode at N processes, from one fake step of the script in one process.
 
-The planning run (:mod:`ddpkit.commands.plan_hooks`) counts, with torch's ``MemTracker``, the script's first
+The planning run (:mod:`ddpkit.commands.plan.hooks`) counts, with torch's ``MemTracker``, the script's first
 step at one process: what lived when its first forward started, the peaks at the end of that forward, of the
 backward and of the optimizer step, with the parameters, gradients and optimizer state they held. Those split
 into

@@ -1,7 +1,7 @@
 """What ``ddpkit verify`` can say about a FAIL, and what it refuses to compare, from what the runs measured.
 
-Each run writes its facts and its step-1 gradients (:mod:`ddpkit.commands.verify_run`). A FAIL then names its likely
-cause instead of one line for every difference (a VAE's sampling noise and a summed loss used to read alike):
+Each run writes its facts and its step-1 gradients (:mod:`ddpkit.commands.verify.recorder`). A FAIL then names its
+likely cause instead of one line for every difference (a VAE's sampling noise and a summed loss used to read alike):
 
 - the step-1 gradients are equal up to one constant factor: a loss reduction (``reduction='sum'``) or a
   scale that depends on the batch size;
@@ -84,7 +84,8 @@ def _model_of(name: str, one: dict[str, torch.Tensor], many: dict[str, torch.Ten
 def likely_cause(one: dict[str, torch.Tensor] | None, many: dict[str, torch.Tensor] | None, grads: dict | None,
                  random_draws: bool, nproc: int = 2, autocast: str | None = None) -> str:
     """One sentence: where the runs part (step-1 gradients or later) and why that likely is. ``one`` / ``many``:
-    the runs' step-1 gradients; ``grads``: :func:`ddpkit.commands.verify.compare_weights` of them (None without)."""
+    the runs' step-1 gradients; ``grads``: :func:`ddpkit.commands.verify.command.compare_weights` of them (None
+    without)."""
     where = "the runs part"
     if one and many and grads is not None:
         if not grads["passed"]:
