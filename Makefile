@@ -27,8 +27,9 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests gpu benchmarks soak examples
 	$(VENV)/bin/mypy src/ddpkit
 
+# --durations: the slowest tests, printed at the end (the suite's budget: docs/architecture.md#the-test-suite)
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=20
 
 # What only a GPU can prove (docs/gpu.md), <= 8 min on one GPU; every check is "skipped" (exit 0) without one.
 # A python3 that already has a CUDA torch is used as it is (nothing is installed over it), with src/ on the path.
