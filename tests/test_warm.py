@@ -19,6 +19,7 @@ SCRIPT = textwrap.dedent("""
     print("argv", sys.argv[1:], "cwd", os.getcwd() == sys.argv[1], "var", os.environ.get("WARM_VAR"))
     print("seeds", torch.initial_seed(), numpy.random.randint(1 << 30), random.random())
     print("to stderr", file=sys.stderr)
+    print("file", __file__ == os.path.abspath(__file__), "lines a\\rb\\r\\nc")
     how = sys.argv[2]
     if how == "raise":
         raise ValueError("boom")
@@ -43,7 +44,7 @@ def test_a_forked_command_ends_and_prints_as_an_exec_does(tmp_path, how, code):
     (tmp_path / "sibling.py").write_text("")
     (tmp_path / "s.py").write_text(SCRIPT)
     env = {**os.environ, "WARM_VAR": "x", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    forked, cold = _both([sys.executable, str(tmp_path / "s.py"), str(tmp_path), how], env, tmp_path)
+    forked, cold = _both([sys.executable, "s.py", str(tmp_path), how], env, tmp_path)  # relative, as a user runs it
     assert forked.returncode == cold.returncode == code, (forked, cold)
     strip = [line for line in forked.stdout.splitlines() if not line.startswith("seeds")]
     assert strip == [line for line in cold.stdout.splitlines() if not line.startswith("seeds")]
@@ -101,3 +102,30 @@ def test_what_a_fork_could_change_runs_cold():
     assert not warm.warmable([sys.executable, "t.py"], {**base, "PYTHONPATH": "/x"}, base)
     assert not warm.warmable([sys.executable, "t.py"], {**base, "DDPKIT_TEST_WARM": "0"}, base)
     assert not warm.warmable(["/usr/bin/python3", "t.py"], base, base)
+
+
+def test_a_script_named_relatively_spawns_children_that_find_it(tmp_path):
+    """multiprocessing's spawn (ddpkit.spawn's) re-runs the main script by the path it was started with."""
+    (tmp_path / "sp.py").write_text(textwrap.dedent("""
+        import multiprocessing as mp
+        def hello():
+            print("child ran", flush=True)
+        if __name__ == "__main__":
+            p = mp.get_context("spawn").Process(target=hello)
+            p.start()
+            p.join()
+            raise SystemExit(p.exitcode)
+    """))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    done = warm.run([sys.executable, "sp.py"], env, tmp_path, timeout=120)
+    assert done.returncode == 0 and done.stdout == "child ran\n", done
+
+
+def test_a_client_that_goes_away_before_its_request_leaves_the_server_serving(tmp_path):
+    import socket
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    assert warm.run([sys.executable, "-c", "pass"], env, tmp_path, timeout=120).returncode == 0
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as half:
+        half.connect(warm._server["sock"])  # and closes without a word
+    assert warm.run([sys.executable, "-c", "print(7)"], env, tmp_path, timeout=120).stdout == "7\n"

@@ -8,6 +8,10 @@ reseeds what a fresh interpreter seeds at random (torch's default generator, num
 the script or module as ``python`` would (``__main__``, ``sys.argv``, ``sys.path[0]``, exit code, atexit).
 What it starts (the workers under torch's elastic agent) are real ``exec``s as ever.
 
+Known differences, none of which a test here depends on: every forked process of one pytest process has the
+same string-hash secret (workers under a launcher are execs, so ranks still differ from each other and from a
+forked reference run), and ``-m`` of a missing module names the shim, not the interpreter.
+
 A command is forked only where forking cannot change what it does; :func:`warmable` says which: the
 interpreter is ``sys.executable``, the options are ``-u``/``-B`` then ``-m mod``, ``-c code`` or a script, and
 no variable read at interpreter or torch start-up (``PYTHON*``, thread counts, allocators, devices) differs
@@ -20,17 +24,21 @@ Example (what ``conftest.run_cmd`` does)::
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import json
+import locale
 import os
 import selectors
+import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 # What the server imports once: what ddpkit's launcher and a one-process run import anyway.
@@ -39,8 +47,9 @@ _PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.distri
             "ddpkit.data.loader", "ddpkit.strategies.ddp", "tqdm")
 # Read when an interpreter or torch starts: a command that sets them otherwise than the server runs cold.
 _STARTUP_VARS = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "LD_", "MALLOC", "CUDA_", "KMP_", "GOMP_", "TORCH_CUDA",
-                 "PYTORCH_CUDA", "NCCL_")
+                 "PYTORCH_CUDA", "NCCL_", "LOGLEVEL", "LANG", "LC_")
 _MAX = 1 << 20
+_PYTHON = sys.executable  # the interpreter itself (a forked child's sys.executable is the shim)
 
 
 def warmable(cmd: list[str], env: dict[str, str], server_env: dict[str, str]) -> bool:
@@ -68,6 +77,7 @@ def warmable(cmd: list[str], env: dict[str, str], server_env: dict[str, str]) ->
 # --- the client side (the pytest process) ---------------------------------------------------------------------
 
 _server: dict = {}
+_starting = threading.Lock()  # two threads' first commands (a test's thread pool) start one server
 
 
 def run(cmd: list[str], env: dict[str, str], cwd, timeout: float) -> subprocess.CompletedProcess | None:
@@ -76,8 +86,9 @@ def run(cmd: list[str], env: dict[str, str], cwd, timeout: float) -> subprocess.
     Returns a CompletedProcess as ``Popen.communicate`` gives one (text, returncode -N for a signal); raises
     ``subprocess.TimeoutExpired`` (its session killed first, output kept) after ``timeout`` seconds.
     """
-    if not _server:
-        _start(env)
+    with _starting:
+        if not _server:
+            _start()
     if not _server.get("sock") or not cmd or cmd[0] != sys.executable:
         return None
     out_r, out_w = os.pipe()
@@ -88,10 +99,12 @@ def run(cmd: list[str], env: dict[str, str], cwd, timeout: float) -> subprocess.
         null = os.open(os.devnull, os.O_RDONLY)
         _send(conn, {"argv": cmd, "env": env, "cwd": str(cwd)}, [null, out_w, err_w])
         os.close(null)
+        first = _reply(conn)
+    except OSError:  # the server is gone: the command runs cold
+        first = {}
     finally:
         os.close(out_w)
         os.close(err_w)
-    first = _reply(conn)
     if "pid" not in first:  # not warmable: the server sent nothing on
         for fd in (out_r, err_r):
             os.close(fd)
@@ -150,7 +163,7 @@ def _wait(cmd, conn, pid, out_r, err_r, timeout):
                 sel.unregister(key.fd)
     sel.close()
     conn.close()
-    out, err = (b"".join(chunks[fd]).decode("utf-8", "replace") for fd in (out_r, err_r))
+    out, err = (_text(b"".join(chunks[fd])) for fd in (out_r, err_r))
     os.close(out_r)
     os.close(err_r)
     if killed:
@@ -158,17 +171,27 @@ def _wait(cmd, conn, pid, out_r, err_r, timeout):
     return subprocess.CompletedProcess(cmd, status, out, err)
 
 
-def _start(env: dict[str, str]) -> None:
-    """The server for this pytest process, with the environment every test command starts from."""
-    folder = tempfile.mkdtemp(prefix="ddpkit-warm-")
-    sock = os.path.join(folder, "sock")
+def _text(data: bytes) -> str:
+    """Bytes as ``Popen(text=True)`` reads them: the locale's encoding, strict, universal newlines."""
+    text = data.decode(locale.getpreferredencoding(False))
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _start() -> None:
+    """The server for this pytest process, with the environment every test command starts from
+    (``conftest.run_cmd``'s, without any one test's additions)."""
+    _server["sock"] = None
     if os.environ.get("DDPKIT_TEST_WARM") == "0":
-        _server.update(sock=None, env=env)
         return
-    proc = subprocess.Popen([sys.executable, __file__, sock], env=env, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=open(os.path.join(folder, "server.log"), "w"))
-    ready = proc.stdout.readline().strip() == b"ready"
-    _server.update(sock=sock if ready else None, env=env, proc=proc)
+    folder = tempfile.mkdtemp(prefix="ddpkit-warm-")
+    atexit.register(shutil.rmtree, folder, True)
+    sock = os.path.join(folder, "sock")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    with open(os.path.join(folder, "server.log"), "w") as log:
+        proc = subprocess.Popen([sys.executable, __file__, sock], env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=log)
+    if proc.stdout.readline().strip() == b"ready":
+        _server.update(sock=sock, proc=proc)
 
 
 # --- the server side -----------------------------------------------------------------------------------------
@@ -198,14 +221,25 @@ def serve(path: str):
                     return None
             elif key.fileobj is listener:
                 conn, _ = listener.accept()
-                request, fds = _receive(conn)
+                try:  # a sender that died half-way, or a fork that failed, is that sender's problem only
+                    request, fds = _receive(conn)
+                except (OSError, ValueError, struct.error):
+                    conn.close()
+                    continue
                 if not warmable(request["argv"], request["env"], server_env):
                     for fd in fds:
                         os.close(fd)
-                    conn.sendall(b"{}\n")
+                    with contextlib.suppress(OSError):
+                        conn.sendall(b"{}\n")
                     conn.close()
                     continue
-                pid = os.fork()
+                try:
+                    pid = os.fork()
+                except OSError:
+                    for fd in fds:
+                        os.close(fd)
+                    conn.close()
+                    continue
                 if pid == 0:
                     sel.close()
                     listener.close()
@@ -214,7 +248,8 @@ def serve(path: str):
                     return request, fds, conn, shim
                 for fd in fds:
                     os.close(fd)
-                conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+                with contextlib.suppress(OSError):
+                    conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
                 children[pid] = conn
                 sel.register(conn, selectors.EVENT_READ, pid)
             else:  # a sender's end closed (or sent something): its child goes with it
@@ -262,7 +297,9 @@ if "TORCHELASTIC_RUN_ID" not in os.environ:
     try:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         conn.connect(SOCK)
-        body = json.dumps({{"argv": argv, "env": dict(os.environ), "cwd": os.getcwd()}}).encode()
+        ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # inherited: the child keeps it
+        body = json.dumps({{"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(),
+                           "sigint_ignored": ignored}}).encode()
         socket.send_fds(conn, [struct.pack("!I", len(body)) + body], [0, 1, 2])
         replies = conn.makefile("rb")
         reply = json.loads(replies.readline() or b"{{}}")
@@ -271,8 +308,8 @@ if "TORCHELASTIC_RUN_ID" not in os.environ:
 if "pid" not in reply:
     os.execv(PYTHON, argv)
 def forward(signum, frame):
-    try:
-        os.kill(reply["pid"], signum)
+    try:  # the child leads a session of its own: what it started is in its group
+        os.killpg(reply["pid"], signum)
     except OSError:
         pass
 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
@@ -315,19 +352,24 @@ def child(request: dict, fds: list[int], conn: socket.socket, shim: str) -> int:
     os.environ.update(request["env"])
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
-    sys.stdin = sys.__stdin__ = io.TextIOWrapper(open(0, "rb", closefd=False), encoding="utf-8")
-    sys.stdout = sys.__stdout__ = _stream(1, unbuffered, line=False, errors="strict")
-    sys.stderr = sys.__stderr__ = _stream(2, unbuffered, line=True, errors="backslashreplace")
+    signal.signal(signal.SIGINT, signal.SIG_IGN if request.get("sigint_ignored") else signal.default_int_handler)
+    options = request["argv"][1:3]
+    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED")) or "-u" in options
+    encoding, errors = sys.stdout.encoding, sys.stdout.errors  # what this interpreter's locale gave its streams
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(open(0, "rb", closefd=False), encoding=encoding, errors=errors)
+    sys.stdout = sys.__stdout__ = _stream(1, unbuffered, False, encoding, errors)
+    sys.stderr = sys.__stderr__ = _stream(2, unbuffered, True, encoding, "backslashreplace")
+    sys.orig_argv = list(request["argv"])
+    if "multiprocessing.process" in sys.modules:  # where a spawned child finds a script named relatively
+        sys.modules["multiprocessing.process"].ORIGINAL_DIR = os.getcwd()
     _reseed()
     return _run_python(request["argv"][1:])
 
 
-def _stream(fd: int, unbuffered: bool, line: bool, errors: str) -> io.TextIOWrapper:
+def _stream(fd: int, unbuffered: bool, line: bool, encoding: str, errors: str) -> io.TextIOWrapper:
     """A standard stream as the interpreter opens it on a pipe (``-u``: no buffer at all; stderr: by line)."""
     raw = open(fd, "wb", buffering=0, closefd=False)  # noqa: SIM115 (the process's own stream)
-    return io.TextIOWrapper(raw if unbuffered else io.BufferedWriter(raw), encoding="utf-8", errors=errors,
+    return io.TextIOWrapper(raw if unbuffered else io.BufferedWriter(raw), encoding=encoding, errors=errors,
                             write_through=unbuffered, line_buffering=line)
 
 
@@ -342,6 +384,7 @@ def _reseed() -> None:
 
 def _run_python(argv: list[str]) -> int:
     """``python [-u] (-m mod | -c code | script) args``, in a new ``__main__`` as the interpreter makes one."""
+    import importlib.machinery
     import runpy
     import types
 
@@ -361,11 +404,18 @@ def _run_python(argv: list[str]) -> int:
             exec(compile(argv[1], "<string>", "exec"), main.__dict__)
         else:
             sys.argv = list(argv)
-            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
-            with open(argv[0], "rb") as f:
-                code = compile(f.read(), argv[0], "exec")
-            main.__dict__.update(__file__=argv[0], __cached__=None)
-            exec(code, main.__dict__)
+            path = os.path.abspath(argv[0])  # the interpreter makes __main__'s file absolute (3.9+)
+            sys.path[0] = os.path.dirname(path)
+            try:
+                with open(path, "rb") as f:
+                    source = f.read()
+            except OSError as exc:
+                print(f"{_PYTHON}: can't open file {path!r}: [Errno {exc.errno}] {exc.strerror}",
+                      file=sys.stderr)
+                return 2
+            main.__dict__.update(__file__=path, __cached__=None, __spec__=None, __package__=None,
+                                 __loader__=importlib.machinery.SourceFileLoader("__main__", path))
+            exec(compile(source, path, "exec"), main.__dict__)
     except SystemExit as stop:
         return _exit_code(stop.code)
     except BaseException as exc:
