@@ -305,3 +305,24 @@ def test_a_twin_that_comes_late_is_still_merged_and_a_bar_after_the_line_waits_b
         c.write(rank, "stdout", "shared later\n")  # rank 1 is past the one-rank line: no hold
     c.tail._flush(force=False)
     assert c.buf.getvalue().endswith("rank 0 only\nshared later [x2 ranks]\n"), repr(c.buf.getvalue())
+
+
+def test_a_bar_does_not_wait_behind_another_ranks_line_and_a_node_waits_for_its_own_ranks_only(tmp_path,
+                                                                                               monkeypatch):
+    """Review of issue 48's fix: rank 1's own line (not on the console) held rank 0's bar for the hold; on node 1
+    of two (ranks 2-3) a line both local ranks printed waited for ranks 0-1, which this console never sees."""
+    c = _Console(tmp_path / "a", monkeypatch, 2)
+    c.write(1, "stdout", "rank 1 only\n")
+    c.write(0, "stderr", "\rbar 1/2")
+    c.write(0, "stderr", "\rbar 2/2\r")
+    assert c.buf.getvalue() == "\rbar 1/2\rbar 2/2\r", repr(c.buf.getvalue())
+    from ddpkit.launcher.console import ConsoleTail
+
+    node = tmp_path / "b"
+    for local in (0, 1):
+        (node / "run" / "attempt_0" / str(local)).mkdir(parents=True)
+        (node / "run" / "attempt_0" / str(local) / "stdout.log").write_text("shared\n")
+    c.tail = ConsoleTail(str(node), {2}, 2, 2)
+    c.tail._poll()
+    c.tail._flush(force=False)
+    assert c.buf.getvalue().endswith("shared [x2 ranks]\n"), repr(c.buf.getvalue())

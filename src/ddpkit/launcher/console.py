@@ -181,11 +181,13 @@ def _remove_unless_in_use(folder: str) -> None:
 class ConsoleTail:
     """Follows the per-rank log files under ``root`` and writes the console's share of them."""
 
-    def __init__(self, root: str, console_ranks: set[int], first_rank: int, world_size: int,
+    def __init__(self, root: str, console_ranks: set[int], first_rank: int, local_ranks: int,
                  block_tag: str | None = None):
-        """``block_tag``: the launch's tag of its workers' traceback blocks (:func:`ddpkit.core.reports.block_tag`);
+        """``local_ranks``: how many ranks this node's files hold (ranks ``first_rank`` on): a line all of them
+        printed waits for no other node's copy, which this console never sees.
+        ``block_tag``: the launch's tag of its workers' traceback blocks (:func:`ddpkit.core.reports.block_tag`);
         None accepts any tag."""
-        self.root, self.console, self.first_rank, self.world = root, console_ranks, first_rank, world_size
+        self.root, self.console, self.first_rank, self.world = root, console_ranks, first_rank, local_ranks
         self.tag = block_tag
         self.prefixed = len(console_ranks) > 1  # who printed a line matters once several ranks are shown
         self.offsets: dict[str, int] = {}
@@ -296,8 +298,10 @@ class ConsoleTail:
         stream, rank = self._where(path)
         if rank in self.console and segment:
             text = (rank_label({rank}) if self.prefixed and label else "") + segment
-            if self.pending:  # behind a line that waits for its twins: forcing that out would decide the merge
-                self.pending.append([time.monotonic(), stream, text, {rank}, True])  # by timing
+            # behind a line of its own rank that waits for twins: forcing that out would decide the merge by
+            # timing; lines of other ranks are no reason to wait (their order against this rank's is arrival's)
+            if any(rank in entry[3] for entry in self.pending):
+                self.pending.append([time.monotonic(), stream, text, {rank}, True])
             else:
                 self._write(stream, text)
 
@@ -339,7 +343,7 @@ class ConsoleTail:
         now = time.monotonic()
         queue = self.pending
         while queue and (force or queue[0][4] or len(queue[0][3]) == self.world or now - queue[0][0] > _HOLD_S
-                         or self._passed(queue[0][3])):
+                         or self._passed(queue[0][1], queue[0][3])):
             _, stream, text, ranks, raw = queue.pop(0)
             if raw:  # a progress update, as it came
                 self._write(stream, text)
@@ -351,17 +355,18 @@ class ConsoleTail:
                 mark = f" [x{len(ranks)} ranks]" if len(ranks) > (len(shown) if self.prefixed else 1) else ""
                 self._write(stream, f"{prefix}{text}{mark}\n")
 
-    def _passed(self, ranks: set[int]) -> bool:
-        """Every rank missing from the first queued line (``ranks`` printed it) is past it: each printed a later
-        line that another rank printed too, so its own copy would have come first. A rank that printed nothing
-        yet may still be on its way: then the line waits for the hold.
+    def _passed(self, stream: str, ranks: set[int]) -> bool:
+        """Every rank missing from the first queued line (``ranks`` printed it on ``stream``) is past it: each
+        printed a later line on the same stream that another rank printed too, so its own copy would have come
+        first (one file is read in order; two streams of one rank may be read out of order within a poll). A
+        rank that printed nothing yet may still be on its way: then the line waits for the hold.
 
         >>> tail = ConsoleTail("/nonexistent", {0}, 0, 2)
         >>> tail.pending = [[0.0, "stdout", "one rank", {0}, False], [0.0, "stdout", "shared", {0, 1}, False]]
-        >>> tail._passed({0}), tail._passed({1})
-        (True, False)
+        >>> tail._passed("stdout", {0}), tail._passed("stdout", {1}), tail._passed("stderr", {0})
+        (True, False, False)
         """
-        later = self.pending[1:]
+        later = [entry for entry in self.pending[1:] if entry[1] == stream and not entry[4]]
         missing = set(range(self.first_rank, self.first_rank + self.world)) - ranks
         return all(any(rank in entry[3] and len(entry[3]) > 1 for entry in later) for rank in missing)
 

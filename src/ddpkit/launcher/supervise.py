@@ -180,7 +180,7 @@ def _supervise(cfg: LaunchConfig, report_dir: str) -> int:
     print(f"{PROG}: per-rank logs in {log_dir}", file=sys.stderr, flush=True)
     # elastic: this node's rank is known only after the rendezvous, so the console counts from its first rank
     tail = ConsoleTail(log_dir, parse_ranks(cfg.console_ranks, cfg.world_size),
-                       0 if cfg.elastic else cfg.node_rank * cfg.nproc_per_node, cfg.world_size,
+                       0 if cfg.elastic else cfg.node_rank * cfg.nproc_per_node, cfg.nproc_per_node,
                        reports.block_tag(report_dir))
     tail.start()
     restarts = RestartNotice(tail.say, None if cfg.elastic else tail.first_rank, cfg.max_restarts)
