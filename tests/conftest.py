@@ -18,6 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # The CPU tiers pin every process (in-process init() and every subprocess) to the CPU, so the suite passes on a
 # GPU host too; GPU tests run their own processes with GPU_ENV.
 os.environ["DDPKIT_DEVICE"] = "cpu"
+# Each worker imports ddpkit anew: without a bytecode cache (a machine that sets PYTHONDONTWRITEBYTECODE, as CI's
+# does) every one of the suite's ~1500 processes compiles ddpkit's sources again (0.2-0.3 s of a core each).
+sys.dont_write_bytecode = False
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 GPU_ENV = {"DDPKIT_DEVICE": "cuda"}
 # Processes start in a scratch directory, so nothing they write by default (runs/logs, runs/digits, runs/bench)
 # lands in the repository; pytest_sessionfinish checks that.
