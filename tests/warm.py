@@ -67,8 +67,7 @@ def warmable(cmd: list[str], env: dict[str, str], server_env: dict[str, str]) ->
     args = cmd[1:]
     while args and args[0] in ("-u", "-B"):
         args = args[1:]
-    if not args or (args[0].startswith("-") and args[0] not in ("-m", "-c")) or (args[0] in ("-m", "-c")
-                                                                                and len(args) < 2):
+    if not args or (args[0].startswith("-") and (args[0] not in ("-m", "-c") or len(args) < 2)):
         return False
     keys = {k for k in (*env, *server_env) if k.startswith(_STARTUP_VARS)}
     return all(env.get(k) == server_env.get(k) for k in keys)
@@ -94,17 +93,16 @@ def run(cmd: list[str], env: dict[str, str], cwd, timeout: float) -> subprocess.
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    null = os.open(os.devnull, os.O_RDONLY)
     try:
         conn.connect(_server["sock"])
-        null = os.open(os.devnull, os.O_RDONLY)
         _send(conn, {"argv": cmd, "env": env, "cwd": str(cwd)}, [null, out_w, err_w])
-        os.close(null)
         first = _reply(conn)
     except OSError:  # the server is gone: the command runs cold
         first = {}
     finally:
-        os.close(out_w)
-        os.close(err_w)
+        for fd in (null, out_w, err_w):  # the child holds its own copies
+            os.close(fd)
     if "pid" not in first:  # not warmable: the server sent nothing on
         for fd in (out_r, err_r):
             os.close(fd)
