@@ -27,10 +27,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests gpu benchmarks soak examples
 	$(VENV)/bin/mypy src/ddpkit
 
-# Files in parallel on 3 workers (most of a multi-process test waits); the tests sharing a module-scoped launch
-# stay together (conftest's xdist_group); --durations: the 20 slowest, at the end (docs/architecture.md#the-test-suite)
+# Files in parallel on 3 workers (a file's module-scoped launch runs once); --durations: the 20 slowest, at the end
+# (docs/architecture.md#the-test-suite)
 test: lint
-	$(PY) -m pytest -q -n 3 --dist loadgroup --durations=20
+	$(PY) -m pytest -q -n 3 --dist loadfile --durations=20
 
 # What only a GPU can prove (docs/gpu.md), <= 8 min on one GPU; every check is "skipped" (exit 0) without one.
 # A python3 that already has a CUDA torch is used as it is (nothing is installed over it), with src/ on the path.

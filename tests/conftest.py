@@ -87,19 +87,3 @@ def has_cuda():
 
     return torch.cuda.is_available()
 
-
-def pytest_collection_modifyitems(config, items):
-    """For pytest-xdist's ``--dist loadgroup`` (``make test``): the tests of a file that share a module-scoped
-    fixture (one launch that many tests assert on) stay on one worker, so it runs once; the tests of any other
-    file are spread one by one (a file of three 3-minute tests would otherwise be one worker's 9 minutes)."""
-    shared = {item.nodeid.split("::")[0] for item in items if _shares_a_module_fixture(item)}
-    for item in items:
-        path = item.nodeid.split("::")[0]
-        if path in shared:
-            item.add_marker(pytest.mark.xdist_group(path))
-
-
-def _shares_a_module_fixture(item) -> bool:
-    info = getattr(item, "_fixtureinfo", None)
-    return info is not None and any(fixture.scope in ("module", "package")
-                                    for defs in info.name2fixturedefs.values() for fixture in defs)

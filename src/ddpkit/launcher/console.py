@@ -363,8 +363,11 @@ class ConsoleTail:
 
         >>> tail = ConsoleTail("/nonexistent", {0}, 0, 2)
         >>> tail.pending = [[0.0, "stdout", "one rank", {0}, False], [0.0, "stdout", "shared", {0, 1}, False]]
-        >>> tail._passed("stdout", {0}), tail._passed("stdout", {1}), tail._passed("stderr", {0})
-        (True, False, False)
+        >>> tail._passed("stdout", {0}), tail._passed("stderr", {0})
+        (True, False)
+        >>> tail.pending[1] = [0.0, "stdout", "rank 0 again", {0}, False]  # rank 1 is not past "one rank"
+        >>> tail._passed("stdout", {0})
+        False
         """
         later = [entry for entry in self.pending[1:] if entry[1] == stream and not entry[4]]
         missing = set(range(self.first_rank, self.first_rank + self.world)) - ranks
