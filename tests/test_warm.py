@@ -95,6 +95,46 @@ def test_a_nested_interpreter_is_forked_and_a_torch_agents_worker_is_its_parents
     assert worker_parent == me and worker_python == sys.executable  # an exec: the agent's own child
 
 
+def test_atexit_code_sees_the_failure_of_a_script_as_after_an_exec(tmp_path):
+    """ddpkit's shutdown at exit skips the peers' barrier after an uncaught exception, which it reads from
+    sys.last_value: a forked command that did not set it made a failed rank wait 10 s for its peers."""
+    (tmp_path / "s.py").write_text("import atexit, sys\n"
+                                   "atexit.register(lambda: print('failed', repr(getattr(sys, 'last_value', None))))\n"
+                                   "raise ValueError('boom')\n")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    forked, cold = _both([sys.executable, "s.py"], env, tmp_path)
+    assert forked.returncode == cold.returncode == 1
+    assert forked.stdout == cold.stdout == "failed ValueError('boom')\n", (forked.stdout, cold.stdout)
+
+
+RANK = textwrap.dedent("""
+    import os, random, sys
+    preloaded = "torch" in sys.modules
+    import numpy, torch
+    print("rank", os.environ["RANK"], os.getppid(), preloaded, torch.initial_seed(), random.random(),
+          numpy.random.randint(1 << 30), flush=True)
+""")
+
+
+@pytest.mark.parametrize("warm_ranks", ["1", "0"])
+def test_ranks_under_a_launcher_are_its_children_forked_warm_with_seeds_of_their_own(tmp_path, warm_ranks):
+    """tests/zygote.py: a rank torch's agent starts is forked from a clean interpreter but is the launcher's
+    child (ddpkit's worker dies with that parent); DDPKIT_TEST_WARM=0 execs it as ever."""
+    (tmp_path / "r.py").write_text(RANK)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "DDPKIT_TEST_WARM": warm_ranks}
+    cmd = [sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", "3", "--console-ranks", "all", "r.py"]
+    done = warm.run(cmd, env, tmp_path, timeout=120) or subprocess.run(cmd, env=env, cwd=tmp_path, text=True,
+                                                                        capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    launcher = done.stderr.split("per-rank logs in ", 1)[1].split()[0].rsplit("-", 1)[1]  # <time>-<pid>
+    ranks = [line.split("rank ", 1)[1].split() for line in done.stdout.splitlines() if "]: rank " in line]
+    assert sorted(r[0] for r in ranks) == ["0", "1", "2"], done.stdout
+    assert {r[1] for r in ranks} == {launcher}, (launcher, ranks)
+    assert {r[2] for r in ranks} == {"True" if warm_ranks == "1" else "False"}, ranks
+    for column in (3, 4, 5):  # torch's, random's and numpy's seeds: each rank draws its own
+        assert len({r[column] for r in ranks}) == 3, ranks
+
+
 def test_what_a_fork_could_change_runs_cold():
     base = {"OMP_NUM_THREADS": "1"}
     assert warm.warmable([sys.executable, "-u", "-m", "ddpkit", "launch"], base, base)

@@ -6,11 +6,14 @@ command to a server (started once per pytest process, torch and ddpkit's launche
 child takes the command's stdin/stdout/stderr, working directory, environment, argv and a session of its own,
 reseeds what a fresh interpreter seeds at random (torch's default generator, numpy's, ``random``), and runs
 the script or module as ``python`` would (``__main__``, ``sys.argv``, ``sys.path[0]``, exit code, atexit).
-What it starts (the workers under torch's elastic agent) are real ``exec``s as ever.
+The ranks torch's elastic agent starts in such a command (``ddpkit launch``, ``torchrun``) are forked too, from a
+zygote the command forked first, so that they are the agent's children as after an ``exec`` (tests/zygote.py).
 
 Known differences, none of which a test here depends on: every forked process of one pytest process has the
-same string-hash secret (workers under a launcher are execs, so ranks still differ from each other and from a
-forked reference run), and ``-m`` of a missing module names the shim, not the interpreter.
+same string-hash secret (a set of strings iterates in the same order on every rank; a test about that sets
+``PYTHONHASHSEED``, which makes its command cold); a forked process leaves as the interpreter does (threads,
+atexit, standard streams) but without tearing its modules down (~1 s of a core each), so a file a script left
+open and unflushed would lose its buffer; and ``-m`` of a missing module names the shim, not the interpreter.
 
 A command is forked only where forking cannot change what it does; :func:`warmable` says which: the
 interpreter is ``sys.executable``, the options are ``-u``/``-B`` then ``-m mod``, ``-c code`` or a script, and
@@ -41,13 +44,18 @@ import tempfile
 import threading
 import time
 
+import zygote
+
 # What the server imports once: what ddpkit's launcher and a one-process run import anyway.
 _PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.distributed.elastic.multiprocessing",
             "numpy", "ddpkit", "ddpkit.commands.cli", "ddpkit.launcher.supervise", "ddpkit.runtime.group",
-            "ddpkit.data.loader", "ddpkit.strategies.ddp", "tqdm")
+            "ddpkit.data.loader", "ddpkit.strategies.ddp", "tqdm",
+            # what a rank imports in ddpkit.init() and prepare_model (torch.compiler.disable imports dynamo: ~2 s)
+            "ddpkit.strategies.ddp_wrapper", "ddpkit.runtime.phases", "torch._dynamo")
 # Read when an interpreter or torch starts: a command that sets them otherwise than the server runs cold.
+# (NCCL_* is read when a communicator is made, well after the fork: ddpkit's launcher sets NCCL_SOCKET_IFNAME.)
 _STARTUP_VARS = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "LD_", "MALLOC", "CUDA_", "KMP_", "GOMP_", "TORCH_CUDA",
-                 "PYTORCH_CUDA", "NCCL_", "LOGLEVEL", "LANG", "LC_")
+                 "PYTORCH_CUDA", "LOGLEVEL", "LANG", "LC_")
 _MAX = 1 << 20
 _PYTHON = sys.executable  # the interpreter itself (a forked child's sys.executable is the shim)
 
@@ -243,7 +251,7 @@ def serve(path: str):
                     listener.close()
                     for other in children.values():
                         other.close()
-                    return request, fds, conn, shim
+                    return request, fds, conn, shim, server_env
                 for fd in fds:
                     os.close(fd)
                 with contextlib.suppress(OSError):
@@ -335,16 +343,19 @@ def _kill(pid: int) -> None:
         pass
 
 
-def child(request: dict, fds: list[int], conn: socket.socket, shim: str) -> int:
+def child(request: dict, fds: list[int], conn: socket.socket, shim: str, server_env: dict[str, str]) -> int:
     """Become the command: its session, streams, directory, environment, seeds; then run it as python does.
-    What it starts with ``sys.executable`` goes through ``shim``: forked from the server too where it can be."""
+    What it starts with ``sys.executable`` goes through ``shim``: forked from the server too where it can be;
+    the ranks torch's agent starts in it are cloned from a zygote forked here first (tests/zygote.py)."""
     conn.close()
     sys.executable = shim
-    os.setsid()
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-        if fd > 2:
-            os.close(fd)
+    session = True
+    _streams(fds, session)
+    worker = zygote.start(lambda argv, env: warmable(argv, env, server_env))
+    if worker is not None:  # this process is a rank the command's agent asked the zygote for
+        request, fds = worker
+        session = request["session"]
+        _streams(fds, session)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -362,6 +373,16 @@ def child(request: dict, fds: list[int], conn: socket.socket, shim: str) -> int:
         sys.modules["multiprocessing.process"].ORIGINAL_DIR = os.getcwd()
     _reseed()
     return _run_python(request["argv"][1:])
+
+
+def _streams(fds: list[int], session: bool) -> None:
+    """A session of its own (as ``start_new_session``), and ``fds`` as stdin, stdout and stderr."""
+    if session:
+        os.setsid()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        if fd > 2:
+            os.close(fd)
 
 
 def _stream(fd: int, unbuffered: bool, line: bool, encoding: str, errors: str) -> io.TextIOWrapper:
@@ -419,13 +440,29 @@ def _run_python(argv: list[str]) -> int:
     except BaseException as exc:
         # the traceback starts at the script's frame, as the interpreter's does (not in this function)
         tb = exc.__traceback__.tb_next if exc.__traceback__ else None
-        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        # as the interpreter's PyErr_Print: atexit code reads them to tell a failed script (ddpkit's shutdown)
+        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc.with_traceback(tb), tb
+        sys.excepthook(type(exc), exc, tb)
         if isinstance(exc, KeyboardInterrupt):  # the interpreter ends itself with SIGINT then
             sys.stderr.flush()
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
         return 1
     return 0
+
+
+def _exit(code: int) -> None:
+    """Leave as the interpreter does (wait for threads, run atexit, flush the standard streams) but without
+    tearing down torch's modules and heap: ~1 s of a core per process, and a forked one copies each page it
+    frees. A file a command left open and unflushed would lose its buffer: none of the suite's scripts does."""
+    import threading as threads
+
+    threads._shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _exit_code(code) -> int:
@@ -445,4 +482,4 @@ if __name__ == "__main__":
     forked = serve(sys.argv[1])
     if forked is None:
         sys.exit(0)
-    sys.exit(child(*forked))
+    _exit(child(*forked))
