@@ -95,16 +95,18 @@ def test_a_nested_interpreter_is_forked_and_a_torch_agents_worker_is_its_parents
     assert worker_parent == me and worker_python == sys.executable  # an exec: the agent's own child
 
 
-def test_atexit_code_sees_the_failure_of_a_script_as_after_an_exec(tmp_path):
+@pytest.mark.parametrize("error, code", [("ValueError('boom')", 1), ("KeyboardInterrupt()", -2)])
+def test_atexit_code_sees_the_failure_of_a_script_as_after_an_exec(tmp_path, error, code):
     """ddpkit's shutdown at exit skips the peers' barrier after an uncaught exception, which it reads from
-    sys.last_value: a forked command that did not set it made a failed rank wait 10 s for its peers."""
+    sys.last_value: a forked command that did not set it made a failed rank wait 10 s for its peers. After a
+    KeyboardInterrupt the interpreter runs atexit before it ends itself with SIGINT."""
     (tmp_path / "s.py").write_text("import atexit, sys\n"
                                    "atexit.register(lambda: print('failed', repr(getattr(sys, 'last_value', None))))\n"
-                                   "raise ValueError('boom')\n")
+                                   f"raise {error}\n")
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     forked, cold = _both([sys.executable, "s.py"], env, tmp_path)
-    assert forked.returncode == cold.returncode == 1
-    assert forked.stdout == cold.stdout == "failed ValueError('boom')\n", (forked.stdout, cold.stdout)
+    assert forked.returncode == cold.returncode == code
+    assert forked.stdout == cold.stdout == f"failed {error}\n", (forked.stdout, cold.stdout)
 
 
 RANK = textwrap.dedent("""
@@ -112,7 +114,7 @@ RANK = textwrap.dedent("""
     preloaded = "torch" in sys.modules
     import numpy, torch
     print("rank", os.environ["RANK"], os.getppid(), preloaded, torch.initial_seed(), random.random(),
-          numpy.random.randint(1 << 30), flush=True)
+          numpy.random.randint(1 << 30), sys.executable, flush=True)
 """)
 
 
@@ -133,6 +135,7 @@ def test_ranks_under_a_launcher_are_its_children_forked_warm_with_seeds_of_their
     assert {r[2] for r in ranks} == {"True" if warm_ranks == "1" else "False"}, ranks
     for column in (3, 4, 5):  # torch's, random's and numpy's seeds: each rank draws its own
         assert len({r[column] for r in ranks}) == 3, ranks
+    assert {r[6] for r in ranks} == {sys.executable}, ranks  # the interpreter, as an exec'd rank has it
 
 
 def test_what_a_fork_could_change_runs_cold():

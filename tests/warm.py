@@ -55,7 +55,9 @@ _PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.distri
 # Read when an interpreter or torch starts: a command that sets them otherwise than the server runs cold.
 # (NCCL_* is read when a communicator is made, well after the fork: ddpkit's launcher sets NCCL_SOCKET_IFNAME.)
 _STARTUP_VARS = ("PYTHON", "OMP_", "MKL_", "OPENBLAS_", "LD_", "MALLOC", "CUDA_", "KMP_", "GOMP_", "TORCH_CUDA",
-                 "PYTORCH_CUDA", "LOGLEVEL", "LANG", "LC_")
+                 "PYTORCH_CUDA", "LOGLEVEL", "LANG", "LC_",
+                 # read when dynamo is imported (the server preloads it)
+                 "TORCH_COMPILE", "TORCHDYNAMO", "TORCHINDUCTOR", "TORCH_LOGS")
 _MAX = 1 << 20
 _PYTHON = sys.executable  # the interpreter itself (a forked child's sys.executable is the shim)
 
@@ -202,13 +204,12 @@ def _start() -> None:
 
 # --- the server side -----------------------------------------------------------------------------------------
 
-def serve(path: str):
+def serve(path: str, server_env: dict[str, str]):
     """Accept commands until stdin closes (the pytest process ended); in a forked child, return its request.
 
     A command that is not :func:`warmable` is answered ``{}`` (its sender runs it cold); a sender that goes
     away before its child ended (a shim killed with SIGKILL) takes the child's session with it.
     """
-    server_env = dict(os.environ)
     shim = _write_shim(os.path.join(os.path.dirname(path), "python"), path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -351,11 +352,14 @@ def child(request: dict, fds: list[int], conn: socket.socket, shim: str, server_
     sys.executable = shim
     session = True
     _streams(fds, session)
-    worker = zygote.start(lambda argv, env: warmable(argv, env, server_env))
+    worker = zygote.start(lambda argv, env: warmable(argv, env, server_env)) \
+        if zygote.runs_an_agent(request["argv"]) else None
     if worker is not None:  # this process is a rank the command's agent asked the zygote for
         request, fds = worker
         session = request["session"]
         _streams(fds, session)
+        zygote.take_attributes(request)
+        sys.executable = _PYTHON  # what a rank's own subprocesses start is an exec, as it was before the zygote
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -368,7 +372,7 @@ def child(request: dict, fds: list[int], conn: socket.socket, shim: str, server_
     sys.stdin = sys.__stdin__ = io.TextIOWrapper(open(0, "rb", closefd=False), encoding=encoding, errors=errors)
     sys.stdout = sys.__stdout__ = _stream(1, unbuffered, False, encoding, errors)
     sys.stderr = sys.__stderr__ = _stream(2, unbuffered, True, encoding, "backslashreplace")
-    sys.orig_argv = list(request["argv"])
+    sys.orig_argv = [sys.executable, *request["argv"][1:]]
     if "multiprocessing.process" in sys.modules:  # where a spawned child finds a script named relatively
         sys.modules["multiprocessing.process"].ORIGINAL_DIR = os.getcwd()
     _reseed()
@@ -443,11 +447,8 @@ def _run_python(argv: list[str]) -> int:
         # as the interpreter's PyErr_Print: atexit code reads them to tell a failed script (ddpkit's shutdown)
         sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc.with_traceback(tb), tb
         sys.excepthook(type(exc), exc, tb)
-        if isinstance(exc, KeyboardInterrupt):  # the interpreter ends itself with SIGINT then
-            sys.stderr.flush()
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGINT)
-        return 1
+        # the interpreter ends itself with SIGINT then, once threads and atexit are done (_exit)
+        return -signal.SIGINT if isinstance(exc, KeyboardInterrupt) else 1
     return 0
 
 
@@ -462,6 +463,9 @@ def _exit(code: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+    if code == -signal.SIGINT:  # an uncaught KeyboardInterrupt
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
     os._exit(code)
 
 
@@ -477,9 +481,10 @@ def _exit_code(code) -> int:
 if __name__ == "__main__":
     import importlib
 
+    started_with = dict(os.environ)  # before the imports: inductor's import sets TORCHINDUCTOR_CACHE_DIR
     for name in _PRELOAD:
         importlib.import_module(name)
-    forked = serve(sys.argv[1])
+    forked = serve(sys.argv[1], started_with)
     if forked is None:
         sys.exit(0)
     _exit(child(*forked))

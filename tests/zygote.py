@@ -4,18 +4,23 @@
 ranks the launcher's agent starts used to be real ``exec``s: 2-3 s of a core each to import torch, most of the
 suite's time. They cannot be forked from the server (their parent must be the launcher: ddpkit's worker asks the
 kernel to kill it when its launcher dies and checks ``getppid()``), nor from the agent (by then it has threads,
-a store, logging set up). So every warm-forked command first forks a *zygote*, a copy of the server's clean
-state, and becomes a child subreaper (``PR_SET_CHILD_SUBREAPER``). The agent's ``Popen`` of a rank asks the
-zygote, which forks a middle process that forks the rank and exits: the orphaned rank is handed to the nearest
-subreaper, the launcher, before the zygote answers with its pid. So the rank's parent is the launcher, as after
-an ``exec``; the agent waits for it, signals its session and reaps it with the ``Popen`` it got. The rank then
+a store, logging set up). So every warm-forked command that runs torch's agent (``-m ddpkit``, ``-m
+torch.distributed.run``: :func:`runs_an_agent`) first forks a *zygote*, a copy of the server's clean state. The
+agent's ``Popen`` of a rank asks the zygote, which forks a middle process that forks the rank and exits; the
+launcher is a child subreaper (``PR_SET_CHILD_SUBREAPER``) only while it waits for that answer, so the orphaned
+rank is handed to it before the zygote answers with its pid. So the rank's parent is the launcher, as after an
+``exec``; the agent waits for it, signals its session and reaps it with the ``Popen`` it got. The rank then
 becomes its command as a warm-forked command does (streams, directory, environment, signals, seeds:
-``warm.child``).
+``warm.child``), with the launcher's umask, niceness, CPU affinity and resource limits and the interpreter's
+own ``sys.executable``.
 
 Only what :func:`warm.warmable` accepts is forked (the interpreter, ``-u``, a script or ``-m``, and no start-up
-variable that differs from the server's); anything else, a zygote that is gone, or ``DDPKIT_TEST_WARM=0`` is an
-``exec`` as ever. Linux only; elsewhere nothing changes. The one difference a test could see: an orphan of a
-rank (a child left behind when a rank died) is handed to the launcher rather than to init.
+variable that differs from the server's); anything else, a zygote that is gone, a fork of the launcher (not the
+process the zygote answers), or ``DDPKIT_TEST_WARM=0`` is an ``exec`` as ever. Linux only; elsewhere nothing
+changes. What a test could see: the zygote is one more child of the launcher (it ignores SIGUSR1, which a
+rank's hang report sends to its siblings), and every rank of one pytest process has the same string-hash
+secret (a set of strings iterates in the same order on every rank; a test about that sets ``PYTHONHASHSEED``,
+which makes its command cold).
 
 Example (what ``warm.child`` does in each command it forks)::
 
@@ -29,6 +34,7 @@ import contextlib
 import ctypes
 import json
 import os
+import resource
 import signal
 import socket
 import struct
@@ -46,16 +52,24 @@ def start(accepts):
     zygote cloned later, return ``(request, fds)``: its command and its stdin/stdout/stderr."""
     if not sys.platform.startswith("linux"):
         return None
-    libc = ctypes.CDLL(None, use_errno=True)
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     pid = os.fork()
     if pid:
         theirs.close()
-        if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0:
-            _install(mine, accepts)
+        _install(mine, accepts)
         return None
     mine.close()
     return _serve(theirs)
+
+
+def runs_an_agent(argv: list[str]) -> bool:
+    """Commands whose process runs torch's elastic agent: only they get a zygote (a child of their own).
+
+    >>> runs_an_agent(["python", "-u", "-m", "ddpkit", "launch", "t.py"]), runs_an_agent(["python", "t.py"])
+    (True, False)
+    """
+    args = [a for a in argv[1:] if a not in ("-u", "-B")]
+    return args[:1] == ["-m"] and len(args) > 1 and args[1] in ("ddpkit", "torch.distributed.run")
 
 
 def _serve(sock: socket.socket):
@@ -128,6 +142,7 @@ def _install(sock: socket.socket, accepts) -> None:
     except ImportError:
         return
     lock = threading.Lock()
+    owner = os.getpid()  # a fork of this process (an agent in a multiprocessing child) is no subreaper: it execs
 
     class ClonedPopen(subprocess.Popen):
         """A ``Popen`` whose child the zygote cloned; wait, poll, signals and returncode are Popen's own."""
@@ -139,7 +154,7 @@ def _install(sock: socket.socket, accepts) -> None:
                          or any(r not in (None, -1) for r in rest))
             argv, env = [str(a) for a in args], dict(env if env is not None else os.environ)
             pid = _ask(sock, lock, argv, env, cwd, start_new_session, (p2cread, c2pwrite, errwrite)) \
-                if plain and accepts(argv, env) else None
+                if plain and os.getpid() == owner and accepts(argv, env) else None
             if pid is None:
                 return super()._execute_child(args, executable, preexec_fn, close_fds, pass_fds, cwd, env,
                                               startupinfo, creationflags, shell, p2cread, p2cwrite, c2pread,
@@ -159,8 +174,12 @@ def _ask(sock, lock, argv, env, cwd, session, handles) -> int | None:
     """The zygote's pid for this rank, or None (it is gone): the caller then execs as ever."""
     fds = [handle if handle != -1 else target for target, handle in enumerate(handles)]
     body = json.dumps({"argv": argv, "env": env, "cwd": os.fspath(cwd) if cwd else os.getcwd(),
-                       "session": bool(session)}).encode()
+                       "session": bool(session), **_attributes()}).encode()
+    libc = ctypes.CDLL(None, use_errno=True)
     with lock:
+        # a subreaper only while the rank is handed over: an orphan of a rank later goes to init, as ever
+        if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            return None
         try:
             socket.send_fds(sock, [struct.pack("!I", len(body)) + body], fds)
             line = b""
@@ -171,4 +190,30 @@ def _ask(sock, lock, argv, env, cwd, session, handles) -> int | None:
                 line += got
         except OSError:
             return None
+        finally:
+            libc.prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
     return json.loads(line).get("pid")
+
+
+_LIMITS = ("RLIMIT_NOFILE", "RLIMIT_CORE", "RLIMIT_STACK", "RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_NPROC",
+           "RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_MEMLOCK")
+
+
+def _attributes() -> dict:
+    """What an exec'd child inherits from the launcher and a fork of the zygote would not: the launcher may have
+    changed them after the zygote was made."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return {"umask": mask, "nice": os.getpriority(os.PRIO_PROCESS, 0), "affinity": sorted(os.sched_getaffinity(0)),
+            "limits": {name: resource.getrlimit(getattr(resource, name)) for name in _LIMITS}}
+
+
+def take_attributes(request: dict) -> None:
+    """In a rank: the launcher's umask, niceness, CPU affinity and resource limits."""
+    os.umask(request["umask"])
+    if request["nice"] > os.getpriority(os.PRIO_PROCESS, 0):
+        os.setpriority(os.PRIO_PROCESS, 0, request["nice"])
+    os.sched_setaffinity(0, request["affinity"])
+    for name, limit in request["limits"].items():
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(getattr(resource, name), tuple(limit))
