@@ -59,10 +59,15 @@ def test_rank0_stream_equals_a_one_process_run(ranks):
     ("desync_nan", "ranks out of sync: 'spare.bias' differs between rank 0 and rank 1"),
     ("diverged", "training diverged: 'used.weight' holds NaN or inf on every rank"),
     ("tiny", "dataset has 1 samples but the job has 2 processes"),
+    ("init_after_wrap", "ranks start different: '0.weight' differs between rank 0 and rank 1 at the first training "
+                        "step"),
 ])
 def test_mistakes_fail_clearly(case, message, tmp_path):
     r = launch(WORKERS / "misc.py", case, tmp_path, timeout=90)
     assert r.returncode != 0 and message in r.stderr, r.stderr[-3000:]
+    if case == "init_after_wrap":  # issue 44: caught at the first training forward, on every rank, with the cause
+        assert "EVAL done" in r.stdout and "STEP 0 backward done" not in r.stdout
+        assert "initialised after prepare_model" in r.stderr and "ranks [1] failed after it" in r.stderr, r.stderr[-3000:]
     if case == "unused":  # named during the first backward, before any optimizer step
         assert "STEP 0 backward done" not in r.stdout
     if case.startswith("desync"):  # caught at the forward right after the rank-dependent change

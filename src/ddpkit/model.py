@@ -156,8 +156,10 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
 
     The returned wrapper's ``state_dict()`` has no ``module.`` prefix and its ``load_state_dict`` accepts one.
     In DDP, a parameter that gets no gradient in the first backward is named in an error (pass
-    ``find_unused_parameters=True``, or ``comm=CommConfig(static_graph=True)``, if that is intended), and
-    ``check_sync_every=K`` checks every K training steps that all ranks hold the same weights (evaluation
+    ``find_unused_parameters=True``, or ``comm=CommConfig(static_graph=True)``, if that is intended), the
+    first training step checks that all ranks hold the same weights (an init applied after ``prepare_model``
+    under a per-rank seed would train a different model on each rank), and ``check_sync_every=K`` checks that
+    again every K training steps (evaluation
     forwards, in ``model.eval()`` or ``torch.no_grad()``, and the steps inside ``ddpkit.join`` are not counted:
     their number differs between ranks). ``comm`` sets DDP's communication options (bucket size,
     compression, ...; see :class:`ddpkit.CommConfig`).

@@ -88,6 +88,18 @@ elif case in ("unused", "desync", "desync_nan", "diverged"):
         if case in ("desync", "desync_nan") and rank == 1:
             with torch.no_grad():  # a rank-dependent update outside backward
                 model.module.spare.bias.add_(1.0 if case == "desync" else float("nan"))
+elif case == "init_after_wrap":  # DCGAN's order: wrap, then model.apply(init) under init(seed=)'s per-rank seed
+    def weights_init(m):
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, 0.0, 0.02)
+
+    model = ddpkit.prepare_model(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)))
+    model.apply(weights_init)
+    with torch.no_grad():
+        model(torch.randn(2, 4))  # an evaluation forward: no check (their number may differ between ranks)
+    print("EVAL done", flush=True)
+    model(torch.randn(2, 4)).sum().backward()
+    print("STEP 0 backward done", flush=True)
 elif case == "bn_local":  # plain BatchNorm (not synced) under check_sync_every: no false desync
     net = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 1))
     model = ddpkit.prepare_model(net, sync_batchnorm=False, check_sync_every=1)

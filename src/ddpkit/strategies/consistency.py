@@ -5,7 +5,9 @@
   gradients that were never all-reduced and only fails at the second forward with "Expected to have
   finished reduction in the prior iteration".
 - :func:`check_in_sync` compares per-parameter checksums across ranks and names the first that differs, or
-  the first that is NaN / inf on every rank (the run diverged: the ranks agree, the loss blew up).
+  the first that is NaN / inf on every rank (the run diverged: the ranks agree, the loss blew up). DDP runs it
+  before the first training step of every run: ranks that start with different weights (an init applied after
+  the wrap under a per-rank seed) would otherwise train a different model each, with no error ever.
 
 Example::
 
@@ -65,10 +67,10 @@ def local_buffers(module: nn.Module) -> set[str]:
             for name, _ in m.named_buffers(recurse=False)}
 
 
-def _checksums(module: nn.Module) -> tuple[list[str], torch.Tensor]:
+def _checksums(module: nn.Module, buffers: bool = True) -> tuple[list[str], torch.Tensor]:
     names, sums = [], []
     skip = local_buffers(module)
-    for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
+    for name, tensor in list(module.named_parameters()) + (list(module.named_buffers()) if buffers else []):
         if tensor.is_floating_point() and name not in skip:
             t = tensor.detach().double()
             names.append(name)
@@ -76,25 +78,30 @@ def _checksums(module: nn.Module) -> tuple[list[str], torch.Tensor]:
     return names, torch.stack(sums) if sums else torch.zeros(0, 2, dtype=torch.float64)
 
 
-def check_in_sync(module: nn.Module, group=None) -> None:
+# Called from DDP's untraced forward, whose callees dynamo would compile: a .item() there broke the graph and
+# recompiled (torch.compile of a prepared model must meet nothing of ddpkit's)
+@torch.compiler.disable
+def check_in_sync(module: nn.Module, group=None, *, first_step: bool = False, buffers: bool = True) -> None:
     """Raise on every rank, naming the first parameter or buffer whose checksum differs between ranks, or
     that holds NaN / inf on every rank (a divergence, not a desync: see :func:`sync_problem`).
 
+    ``first_step``: the check before the first training step, whose error names what makes ranks start
+    different; ``buffers=False`` leaves buffers out (DDP broadcasts rank 0's at every forward).
     A no-op without a process group. Costs one all_gather of two float64 numbers per tensor.
     """
     if not (dist.is_available() and dist.is_initialized()):
         return
-    names, local = _checksums(module)
+    names, local = _checksums(module, buffers)
     device = next(module.parameters()).device if any(True for _ in module.parameters()) else local.device
     local = local.to(device)
     everyone = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
     dist.all_gather(everyone, local, group=group)
-    problem = sync_problem(names, torch.stack(everyone).cpu())
+    problem = sync_problem(names, torch.stack(everyone).cpu(), first_step)
     if problem:
         raise RuntimeError(problem)
 
 
-def sync_problem(names: list[str], sums: torch.Tensor) -> str | None:
+def sync_problem(names: list[str], sums: torch.Tensor, first_step: bool = False) -> str | None:
     """The error for the first tensor whose checksums (``sums[rank, tensor] = [sum, sum of squares]``) are
     non-finite on every rank (the run diverged) or differ between ranks (a desync); None when all agree.
 
@@ -106,6 +113,8 @@ def sync_problem(names: list[str], sums: torch.Tensor) -> str | None:
     "training diverged: 'w' holds NaN or inf on every r"
     >>> sync_problem(["w"], torch.tensor([[[1.0, 1.0]], [[1.0, 1.0]]])) is None
     True
+    >>> sync_problem(["w"], torch.tensor([[[1.0, 1.0]], [[2.0, 4.0]]]), first_step=True)[:60]
+    "ranks start different: 'w' differs between rank 0 and rank 1"
     """
     bad = ~torch.isfinite(sums).all(dim=2)  # (ranks, tensors)
     for i, name in enumerate(names):
@@ -116,6 +125,13 @@ def sync_problem(names: list[str], sums: torch.Tensor) -> str | None:
         for rank in range(1, len(sums)):
             a, b = sums[0, i], sums[rank, i]
             if not bool(((a == b) | (a.isnan() & b.isnan())).all()):  # NaN on both: the same, not a desync
+                if first_step:
+                    return (f"ranks start different: {name!r} differs between rank 0 and rank {rank} at the first "
+                            f"training step (sum {a[0].item():.9g} vs {b[0].item():.9g}). prepare_model gave every "
+                            "rank rank 0's weights, so something changed them after it on some ranks: weights "
+                            "initialised after prepare_model (model.apply(init) under a per-rank seed) or a "
+                            "checkpoint loaded on one rank only; initialise and load before prepare_model, or "
+                            "the same way on every rank")
                 return (f"ranks out of sync: {name!r} differs between rank 0 and rank {rank} (sum "
                         f"{sums[0, i, 0].item():.9g} vs {sums[rank, i, 0].item():.9g}); something "
                         "rank-dependent changed the weights (an update outside backward, a rank-dependent "

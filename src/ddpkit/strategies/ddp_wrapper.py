@@ -49,8 +49,9 @@ class DDP(PlainStateDict, DistributedDataParallel):
     """torch's DistributedDataParallel whose state dict is the plain module's.
 
     It also names, during the first backward, any parameter that got no gradient (instead of DDP's late
-    "Expected to have finished reduction" error), and with ``check_sync_every=K`` compares parameter
-    checksums across ranks every K training steps.
+    "Expected to have finished reduction" error), compares parameter checksums across ranks before the first
+    training step (one all_gather of two numbers per tensor, once) and, with ``check_sync_every=K``, every K
+    training steps.
 
     A training step is a forward in training mode with gradients enabled, outside a join (:meth:`join`,
     :func:`ddpkit.join` or torch's own ``Join([model])``): evaluation forwards (``model.eval()`` or
@@ -94,8 +95,10 @@ class DDP(PlainStateDict, DistributedDataParallel):
     def forward(self, *args: Any, **kwargs: Any):
         # a Join(enable=False) that was left asks nothing of the ranks: checks run there
         joined = self._joined and self._join_config.enable
-        if self._check_sync_every and self.training and torch.is_grad_enabled() and not joined:
-            if self._training_steps % self._check_sync_every == 0:
+        if self.training and torch.is_grad_enabled() and not joined:
+            if self._training_steps == 0:  # always, once: ranks that start different never meet again
+                check_in_sync(self.module, self.process_group, first_step=True, buffers=not self.broadcast_buffers)
+            elif self._check_sync_every and self._training_steps % self._check_sync_every == 0:
                 check_in_sync(self.module, self.process_group)
             self._training_steps += 1
         process.heartbeat()
