@@ -72,10 +72,25 @@ def _checksums(module: nn.Module, buffers: bool = True) -> tuple[list[str], torc
     skip = local_buffers(module)
     for name, tensor in list(module.named_parameters()) + (list(module.named_buffers()) if buffers else []):
         if tensor.is_floating_point() and name not in skip:
-            t = tensor.detach().double()
             names.append(name)
-            sums.append(torch.stack([t.sum(), (t * t).sum()]))
+            sums.append(_sums(tensor.detach()))
     return names, torch.stack(sums) if sums else torch.zeros(0, 2, dtype=torch.float64)
+
+
+_CHUNK = 1 << 24  # elements made float64 at a time: an embedding of 500M would otherwise need 4 GB more at once
+
+
+def _sums(tensor: torch.Tensor) -> torch.Tensor:
+    """[sum, sum of squares] in float64, a chunk at a time (every DDP run computes them at its first step).
+
+    >>> _sums(torch.tensor([1.0, 2.0, 3.0])).tolist()
+    [6.0, 14.0]
+    """
+    total = torch.zeros(2, dtype=torch.float64, device=tensor.device)
+    for chunk in tensor.reshape(-1).split(_CHUNK):
+        part = chunk.double()
+        total += torch.stack([part.sum(), (part * part).sum()])
+    return total
 
 
 # Called from DDP's untraced forward, whose callees dynamo would compile: a .item() there broke the graph and
