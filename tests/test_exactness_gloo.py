@@ -61,10 +61,13 @@ def test_rank0_stream_equals_a_one_process_run(ranks):
     ("tiny", "dataset has 1 samples but the job has 2 processes"),
     ("init_after_wrap", "ranks start different: '0.weight' differs between rank 0 and rank 1 at the first training "
                         "step"),
+    ("init_in_join", "ranks start different: '0.weight' differs between rank 0 and rank 1"),
 ])
 def test_mistakes_fail_clearly(case, message, tmp_path):
     r = launch(WORKERS / "misc.py", case, tmp_path, timeout=90)
     assert r.returncode != 0 and message in r.stderr, r.stderr[-3000:]
+    if case == "init_in_join":  # checked as the join starts: every rank enters it
+        assert "STEP 0 backward done" not in r.stdout
     if case == "init_after_wrap":  # issue 44: caught at the first training forward, on every rank, with the cause
         assert "EVAL done" in r.stdout and "STEP 0 backward done" not in r.stdout
         assert "initialised after prepare_model" in r.stderr, r.stderr[-3000:]
@@ -77,6 +80,13 @@ def test_mistakes_fail_clearly(case, message, tmp_path):
         assert "vs nan)" in r.stderr and "diverged" not in r.stderr
     if case == "diverged":  # issue 24.12: NaN on every rank is the loss blowing up, not ranks disagreeing
         assert "out of sync" not in r.stderr and "learning rate" in r.stderr
+
+
+def test_ranks_that_start_alike_pass_the_first_step_check(tmp_path):
+    """Issue 44's review: a float sum of the same weights differs with the thread count, a parameter DDP ignores
+    is per-rank by design, a frozen -inf mask is no divergence before anything trained."""
+    r = launch(WORKERS / "misc.py", "start_alike", tmp_path, timeout=90)
+    assert r.returncode == 0 and r.stdout.count("START-ALIKE OK") == 1, r.stderr[-3000:]
 
 
 def _sums(*ranks):

@@ -100,6 +100,33 @@ elif case == "init_after_wrap":  # DCGAN's order: wrap, then model.apply(init) u
     print("EVAL done", flush=True)
     model(torch.randn(2, 4)).sum().backward()
     print("STEP 0 backward done", flush=True)
+elif case == "start_alike":  # issue 44 review: ranks that start alike pass the first-step check
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wide = nn.Linear(512, 512)  # big enough for a parallel sum: its float sum follows the threads
+            self.expert = nn.Linear(512, 1)  # DDP is told to ignore it: a per-rank expert by design
+            self.mask = nn.Parameter(torch.full((4,), float("-inf")), requires_grad=False)  # -inf by design
+
+        def forward(self, x):
+            return self.expert(self.wide(x)) + self.mask.exp().sum()
+
+    torch.manual_seed(0)
+    net = Net()
+    nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(net, ["expert.weight",
+                                                                                          "expert.bias"])
+    torch.manual_seed(1000 + rank)
+    net.expert.reset_parameters()
+    torch.set_num_threads(1 if rank == 0 else 2)  # nodes with different core counts run different thread counts
+    model = ddpkit.prepare_model(net)
+    model(torch.randn(2, 512)).sum().backward()
+    print("START-ALIKE OK", flush=True)
+elif case == "init_in_join":  # uneven data: the whole loop inside ddpkit.join, an init after the wrap
+    model = ddpkit.prepare_model(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)))
+    nn.init.normal_(model.module[0].weight)  # init(seed=42) seeds each rank its own
+    with ddpkit.join(model):
+        model(torch.randn(2, 4)).sum().backward()
+        print("STEP 0 backward done", flush=True)
 elif case == "bn_local":  # plain BatchNorm (not synced) under check_sync_every: no false desync
     net = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 1))
     model = ddpkit.prepare_model(net, sync_batchnorm=False, check_sync_every=1)

@@ -67,46 +67,55 @@ def local_buffers(module: nn.Module) -> set[str]:
             for name, _ in m.named_buffers(recurse=False)}
 
 
-def _checksums(module: nn.Module, buffers: bool = True) -> tuple[list[str], torch.Tensor]:
+def _checksums(module: nn.Module, buffers: bool = True, ignore=frozenset()) -> tuple[list[str], torch.Tensor]:
     names, sums = [], []
-    skip = local_buffers(module)
+    skip = local_buffers(module) | set(ignore)
     for name, tensor in list(module.named_parameters()) + (list(module.named_buffers()) if buffers else []):
         if tensor.is_floating_point() and name not in skip:
             names.append(name)
             sums.append(_sums(tensor.detach()))
-    return names, torch.stack(sums) if sums else torch.zeros(0, 2, dtype=torch.float64)
+    return names, torch.stack(sums) if sums else torch.zeros(0, 4, dtype=torch.float64)
 
 
 _CHUNK = 1 << 24  # elements made float64 at a time: an embedding of 500M would otherwise need 4 GB more at once
+_BITS = {1: torch.int8, 2: torch.int16}  # element size -> the integer type its bits are read as (else int32)
 
 
 def _sums(tensor: torch.Tensor) -> torch.Tensor:
-    """[sum, sum of squares] in float64, a chunk at a time (every DDP run computes them at its first step).
+    """[sum, sum of squares, bits high, bits low] in float64, a chunk at a time.
 
-    >>> _sums(torch.tensor([1.0, 2.0, 3.0])).tolist()
+    The float sums say NaN / inf and show in messages; ranks are compared on the bits: the wrapping int64 sum
+    of the elements' bit patterns, which no thread count or reduction order changes (a float sum does: ranks
+    on nodes with different core counts run different OMP_NUM_THREADS), split in halves a float64 holds exactly.
+
+    >>> _sums(torch.tensor([1.0, 2.0, 3.0]))[:2].tolist()
     [6.0, 14.0]
     """
     total = torch.zeros(2, dtype=torch.float64, device=tensor.device)
+    bits = torch.zeros((), dtype=torch.int64, device=tensor.device)
     for chunk in tensor.reshape(-1).split(_CHUNK):
         part = chunk.double()
         total += torch.stack([part.sum(), (part * part).sum()])
-    return total
+        bits += chunk.contiguous().view(_BITS.get(chunk.element_size(), torch.int32)).to(torch.int64).sum()
+    return torch.cat([total, torch.stack([bits >> 32, bits & 0xFFFFFFFF]).double()])
 
 
 # Called from DDP's untraced forward, whose callees dynamo would compile: a .item() there broke the graph and
 # recompiled (torch.compile of a prepared model must meet nothing of ddpkit's)
 @torch.compiler.disable
-def check_in_sync(module: nn.Module, group=None, *, first_step: bool = False, buffers: bool = True) -> None:
+def check_in_sync(module: nn.Module, group=None, *, first_step: bool = False, buffers: bool = True,
+                  ignore=frozenset()) -> None:
     """Raise on every rank, naming the first parameter or buffer whose checksum differs between ranks, or
     that holds NaN / inf on every rank (a divergence, not a desync: see :func:`sync_problem`).
 
     ``first_step``: the check before the first training step, whose error names what makes ranks start
-    different; ``buffers=False`` leaves buffers out (DDP broadcasts rank 0's at every forward).
-    A no-op without a process group. Costs one all_gather of two float64 numbers per tensor.
+    different; ``buffers=False`` leaves buffers out (DDP broadcasts rank 0's at every forward); ``ignore``:
+    names left out (DDP's ``parameters_to_ignore``: per-rank by design).
+    A no-op without a process group. Costs one all_gather of four float64 numbers per tensor.
     """
     if not (dist.is_available() and dist.is_initialized()):
         return
-    names, local = _checksums(module, buffers)
+    names, local = _checksums(module, buffers, ignore)
     device = next(module.parameters()).device if any(True for _ in module.parameters()) else local.device
     local = local.to(device)
     everyone = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
@@ -117,8 +126,10 @@ def check_in_sync(module: nn.Module, group=None, *, first_step: bool = False, bu
 
 
 def sync_problem(names: list[str], sums: torch.Tensor, first_step: bool = False) -> str | None:
-    """The error for the first tensor whose checksums (``sums[rank, tensor] = [sum, sum of squares]``) are
-    non-finite on every rank (the run diverged) or differ between ranks (a desync); None when all agree.
+    """The error for the first tensor whose checksums (``sums[rank, tensor] = [sum, sum of squares]``, then
+    optionally the two halves of its bits' sum, on which ranks are compared: see :func:`_sums`) are non-finite
+    on every rank (the run diverged; not at the ``first_step``) or differ between ranks (a desync); None when
+    all agree.
 
     NaN never equals NaN, so without the first rule a loss that blew up on every rank read as "ranks out of
     sync" and sent people hunting for a rank-dependent branch. NaN on some ranks only stays a desync.
@@ -131,24 +142,27 @@ def sync_problem(names: list[str], sums: torch.Tensor, first_step: bool = False)
     >>> sync_problem(["w"], torch.tensor([[[1.0, 1.0]], [[2.0, 4.0]]]), first_step=True)[:60]
     "ranks start different: 'w' differs between rank 0 and rank 1"
     """
-    bad = ~torch.isfinite(sums).all(dim=2)  # (ranks, tensors)
-    for i, name in enumerate(names):
-        if bool(bad[:, i].all()):
-            return (f"training diverged: {name!r} holds NaN or inf on every rank (the loss blew up; not a "
-                    "desync): check the learning rate, the loss scaling (fp16 needs a GradScaler) and the input "
-                    "data for NaN / inf")
-        for rank in range(1, len(sums)):
-            a, b = sums[0, i], sums[rank, i]
-            if not bool(((a == b) | (a.isnan() & b.isnan())).all()):  # NaN on both: the same, not a desync
-                if first_step:
-                    return (f"ranks start different: {name!r} differs between rank 0 and rank {rank} at the first "
-                            f"training step (sum {a[0].item():.9g} vs {b[0].item():.9g}). prepare_model gave every "
-                            "rank rank 0's weights, so something changed them after it on some ranks: weights "
-                            "initialised after prepare_model (model.apply(init) under a per-rank seed) or a "
-                            "checkpoint loaded on one rank only; initialise and load before prepare_model, or "
-                            "the same way on every rank")
-                return (f"ranks out of sync: {name!r} differs between rank 0 and rank {rank} (sum "
-                        f"{sums[0, i, 0].item():.9g} vs {sums[rank, i, 0].item():.9g}); something "
-                        "rank-dependent changed the weights (an update outside backward, a rank-dependent "
-                        "branch, an unsynced buffer)")
-    return None
+    floats, exact = sums[..., :2], sums[..., 2:] if sums.shape[-1] > 2 else sums  # (ranks, tensors, 2)
+    diverged = (~torch.isfinite(floats).all(dim=2)).all(dim=0)  # per tensor: NaN or inf on every rank
+    same = ((exact == exact[:1]) | (exact.isnan() & exact[:1].isnan())).all(dim=2)  # (ranks, tensors)
+    # at the first step nothing has trained: a tensor that holds -inf by design (a causal mask) is no divergence
+    wrong = ~same.all(dim=0) | (diverged & (not first_step))
+    if not bool(wrong.any()):  # one test for all: the loop below only names the first culprit
+        return None
+    i = int(wrong.nonzero()[0])
+    name = names[i]
+    if bool(diverged[i]) and not first_step:
+        return (f"training diverged: {name!r} holds NaN or inf on every rank (the loss blew up; not a "
+                "desync): check the learning rate, the loss scaling (fp16 needs a GradScaler) and the input "
+                "data for NaN / inf")
+    rank = int((~same[:, i]).nonzero()[0])
+    shown = f"sum {floats[0, i, 0].item():.17g} vs {floats[rank, i, 0].item():.17g}"
+    if first_step:
+        return (f"ranks start different: {name!r} differs between rank 0 and rank {rank} at the first training "
+                f"step ({shown}). prepare_model gave every rank rank 0's weights, so something changed them after "
+                "it on some ranks: weights initialised after prepare_model (model.apply(init) under a per-rank "
+                "seed) or a checkpoint loaded on one rank only; initialise and load before prepare_model, or the "
+                "same way on every rank")
+    return (f"ranks out of sync: {name!r} differs between rank 0 and rank {rank} ({shown}); something "
+            "rank-dependent changed the weights (an update outside backward, a rank-dependent branch, an unsynced "
+            "buffer)")

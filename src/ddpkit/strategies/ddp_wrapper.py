@@ -97,7 +97,7 @@ class DDP(PlainStateDict, DistributedDataParallel):
         joined = self._joined and self._join_config.enable
         if self.training and torch.is_grad_enabled() and not joined:
             if self._training_steps == 0:  # always, once: ranks that start different never meet again
-                check_in_sync(self.module, self.process_group, first_step=True, buffers=not self.broadcast_buffers)
+                self._check_start()
             elif self._check_sync_every and self._training_steps % self._check_sync_every == 0:
                 check_in_sync(self.module, self.process_group)
             self._training_steps += 1
@@ -120,8 +120,16 @@ class DDP(PlainStateDict, DistributedDataParallel):
     def join_hook(self, **kwargs: Any) -> JoinHook:
         """torch's hook, which every ``Join`` (torch's own ``Join([model])`` too) asks for as it is made: the
         checks pause from here until the hook's post-hook, which every rank runs once all have joined."""
+        if self._training_steps == 0 and self.training:  # a loop that trains inside the join from its start
+            self._check_start()
+            self._training_steps += 1
         self._joined = True
         return _ResumeChecks(super().join_hook(**kwargs), self)
+
+    def _check_start(self) -> None:
+        """Every rank holds rank 0's weights (what DDP gave them at the wrap) but those it is told to ignore."""
+        check_in_sync(self.module, self.process_group, first_step=True, buffers=not self.broadcast_buffers,
+                      ignore=self.parameters_to_ignore)
 
     @contextlib.contextmanager
     def _without_checks(self, context: contextlib.AbstractContextManager[Any]) -> Iterator[None]:
