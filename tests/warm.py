@@ -347,17 +347,15 @@ def _kill(pid: int) -> None:
 def child(request: dict, fds: list[int], conn: socket.socket, shim: str, server_env: dict[str, str]) -> int:
     """Become the command: its session, streams, directory, environment, seeds; then run it as python does.
     What it starts with ``sys.executable`` goes through ``shim``: forked from the server too where it can be;
-    the ranks torch's agent starts in it are cloned from a zygote forked here first (tests/zygote.py)."""
+    the ranks torch's agent starts in it are forked from a zygote forked here first (tests/zygote.py)."""
     conn.close()
     sys.executable = shim
-    session = True
-    _streams(fds, session)
+    _streams(fds, session=True)
     worker = zygote.start(lambda argv, env: warmable(argv, env, server_env)) \
         if zygote.runs_an_agent(request["argv"]) else None
     if worker is not None:  # this process is a rank the command's agent asked the zygote for
         request, fds = worker
-        session = request["session"]
-        _streams(fds, session)
+        _streams(fds, session=request["session"])
         zygote.take_attributes(request)
         sys.executable = _PYTHON  # what a rank's own subprocesses start is an exec, as it was before the zygote
     os.chdir(request["cwd"])

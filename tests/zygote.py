@@ -49,7 +49,7 @@ _MAX = 1 << 20
 
 def start(accepts):
     """Fork the zygote; in this process install the agent's ``Popen`` of ranks and return None. In a rank the
-    zygote cloned later, return ``(request, fds)``: its command and its stdin/stdout/stderr."""
+    zygote forked later, return ``(request, fds)``: its command and its stdin/stdout/stderr."""
     if not sys.platform.startswith("linux"):
         return None
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -144,8 +144,8 @@ def _install(sock: socket.socket, accepts) -> None:
     lock = threading.Lock()
     owner = os.getpid()  # a fork of this process (an agent in a multiprocessing child) is no subreaper: it execs
 
-    class ClonedPopen(subprocess.Popen):
-        """A ``Popen`` whose child the zygote cloned; wait, poll, signals and returncode are Popen's own."""
+    class ZygotePopen(subprocess.Popen):
+        """A ``Popen`` whose child the zygote forked; wait, poll, signals and returncode are Popen's own."""
 
         def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
                            creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite,
@@ -164,7 +164,7 @@ def _install(sock: socket.socket, accepts) -> None:
             self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
 
     def popen(handler, args, env):
-        return ClonedPopen(args=args, env=env, stdout=handler._stdout, stderr=handler._stderr,
+        return ZygotePopen(args=args, env=env, stdout=handler._stdout, stderr=handler._stderr,
                            start_new_session=True)
 
     subprocess_handler.SubprocessHandler._popen = popen

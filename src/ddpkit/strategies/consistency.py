@@ -147,7 +147,7 @@ def sync_problem(names: list[str], sums: torch.Tensor, first_step: bool = False)
     same = ((exact == exact[:1]) | (exact.isnan() & exact[:1].isnan())).all(dim=2)  # (ranks, tensors)
     # at the first step nothing has trained: a tensor that holds -inf by design (a causal mask) is no divergence
     wrong = ~same.all(dim=0) | (diverged & (not first_step))
-    if not bool(wrong.any()):  # one test for all: the loop below only names the first culprit
+    if not bool(wrong.any()):  # one test for every tensor and rank; what follows only names the first culprit
         return None
     i = int(wrong.nonzero()[0])
     name = names[i]

@@ -50,7 +50,7 @@ class DDP(PlainStateDict, DistributedDataParallel):
 
     It also names, during the first backward, any parameter that got no gradient (instead of DDP's late
     "Expected to have finished reduction" error), compares parameter checksums across ranks before the first
-    training step (one all_gather of two numbers per tensor, once) and, with ``check_sync_every=K``, every K
+    training step (one all_gather of four numbers per tensor, once) and, with ``check_sync_every=K``, every K
     training steps.
 
     A training step is a forward in training mode with gradients enabled, outside a join (:meth:`join`,
