@@ -9,10 +9,10 @@ order, so a multi-line print stays together; with more than one console rank eac
 Both streams of every rank leave in print order (by arrival, within the poll interval): a line waiting for its
 twins holds back the lines after it. Whether lines merge is decided by what the ranks print, not by how fast: a
 line waits for its twins until every other rank printed it, or printed a later line that another rank shares (it
-is past this point), or for at most two seconds. Progress-bar updates (segments ending in ``\\r``, and the
-bar's last one) of console ranks are never merged nor held for twins of their own; they leave after the lines
-that came before them. An update still without its ``\\r`` is shown once its file has been quiet for a poll or
-two.
+is past this point), or for at most two seconds (up to ten while runnable processes outnumber the cores).
+Progress-bar updates (segments ending in ``\\r``, and the bar's last one) of console ranks are never merged nor
+held for twins of their own; they leave after the lines that came before them. An update still without its
+``\\r`` is shown once its file has been quiet for a poll or two.
 
 Example::
 
@@ -39,10 +39,26 @@ from ddpkit.core.reports import block_length
 # collective together, so they are usually a poll apart; on a loaded machine a rank can lag a second or more, and a
 # hold of 0.5 s made the same run show "x [x2 ranks]" once and "x" twice another time. A line of one rank only
 # (ddpkit.print) waits this long only while no other rank has printed a later shared line (see _flush).
-_HOLD_S = 2.0
+# On a machine with more runnable processes than cores a rank can be off a core for longer, so the hold grows
+# with the load, up to _HOLD_MAX_S (a CI machine at load 6 on 2 cores once showed a 2 s lag).
+_HOLD_S, _HOLD_MAX_S = 2.0, 10.0
 _BAR_QUIET_S = 0.15  # a progress bar's pending update (tqdm writes \r, then the text) is shown once this quiet
 _RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
 RUN_MARKER = ".ddpkit-run"  # in every log folder ddpkit made: only those are ever removed
+
+
+def _hold_s() -> float:
+    """How long a line waits at most for its twins: 2 s, more while runnable processes outnumber the cores.
+
+    >>> 2.0 <= _hold_s() <= 10.0
+    True
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # a platform without them: the plain hold
+        return _HOLD_S
+    return min(_HOLD_MAX_S, _HOLD_S * max(1.0, load / max(1, cores)))
 
 
 def parse_ranks(text: str, world_size: int) -> set[int]:
@@ -340,9 +356,9 @@ class ConsoleTail:
     def _flush(self, force: bool) -> None:
         """Print lines in arrival order, across both streams, once all ranks printed the first one or it waited
         long enough: a line of one rank (ddpkit's start-up line) holds back the lines printed after it."""
-        now = time.monotonic()
+        now, hold = time.monotonic(), _hold_s()
         queue = self.pending
-        while queue and (force or queue[0][4] or len(queue[0][3]) == self.world or now - queue[0][0] > _HOLD_S
+        while queue and (force or queue[0][4] or len(queue[0][3]) == self.world or now - queue[0][0] > hold
                          or self._passed(queue[0][1], queue[0][3])):
             _, stream, text, ranks, raw = queue.pop(0)
             if raw:  # a progress update, as it came
