@@ -18,7 +18,7 @@ sys.path.insert(0, str(WORKERS))
 from device_guard import GROUP, Guard, Placement  # noqa: E402
 
 AREAS = ("ddpkit.data.streams.StreamLoader._agreed", "ddpkit.data.streams.StreamLoader.state_dict",
-         "ddpkit.runtime.control.",
+         "ddpkit.runtime.control.", "ddpkit.data.steps.Step._counted",
          "ddpkit.runtime.collectives.", "ddpkit.checkpoint.checkpointer.", "ddpkit.checkpoint.rng.")
 
 

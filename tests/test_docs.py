@@ -41,6 +41,7 @@ loss_fn = nn.CrossEntropyLoss()
 """
 
 HARNESS = {
+    "plain": "",  # a block that is a whole script
     "evaluate": QUICKSTART_DATA + """
 import ddpkit
 ddpkit.init()

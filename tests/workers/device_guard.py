@@ -13,7 +13,7 @@ ddpkit* (its direct caller lives in the ``ddpkit`` package; torch's own internal
 with a tensor tagged ``"cpu"`` is recorded as a violation. Nothing in the library is patched.
 
 The worker runs control (broadcast, gather_object, any_rank, all_ranks, barrier), collectives (reduce,
-gather), a stream loader (training, evaluation, ``state_dict``) and a Checkpointer save and restore with the
+gather), a step loader with count=, a stream loader (training, evaluation, ``state_dict``) and a Checkpointer save and restore with the
 stream loader, in the launch's mode; rank 0 writes OUT/guard-<mode>.json: the violations and the ddpkit
 functions on the stack of each guarded call (so the test knows each area was exercised).
 
@@ -187,6 +187,11 @@ def main():
         again = ddpkit.data_loader(Stream(), batch_size=2)
         restored = ckpt.restore(ckpt.latest(), model=model, optimizer=opt, loader=again)
         again.state_dict()
+        steps = ddpkit.data_loader(list(range(6)), global_batch_size=4, micro_batch_size=1,
+                                   count=lambda batch: len(batch))  # the step's count: one all-reduce
+        for step in steps:
+            for x in step.micro_batches(model):
+                step.backward(model(x.float().unsqueeze(1).expand(-1, 4)).sum())
     everyone = ddpkit.gather_object({"violations": guard.violations, "callers": sorted(guard.callers)})
     if state.is_main:
         with open(os.path.join(out, f"guard-{state.mode}.json"), "w") as f:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -43,7 +44,8 @@ __all__ = ["data_loader"]
 def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_size: int | None = None,
                 micro_batch_size: int | None = None, accumulation_steps: int | None = None,
                 train: bool = True, shuffle: bool | None = None, uneven: Uneven | None = None, seed: int = 0,
-                shuffle_buffer: int = 1000, **loader_kwargs: Any) -> Any:
+                shuffle_buffer: int = 1000, count: Callable[[Any], Any] | None = None,
+                **loader_kwargs: Any) -> Any:
     """Build a loader over this rank's shard of ``dataset``.
 
     ``batch_size`` is **per process** in DDP (global batch = batch_size x world size) and **global** in
@@ -73,13 +75,18 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     ``accumulation_steps=k``: a loader of optimizer *steps* of the same G samples at any world size, each
     yielding this rank's micro-batches (:mod:`ddpkit.data.steps`, docs/global-batch.md); G need not divide
     by the world size.
+
+    ``count=fn`` (with ``global_batch_size``): the loss is a mean over items that differ in number from sample
+    to sample (tokens whose label is not ``-100``, valid pixels): ``fn(micro_batch)`` counts them, and each
+    step weighs its micro-batches by their share of the step's count over all ranks, so a step equals one
+    process's step over the same samples at any world size (docs/global-batch.md, "Token-weighted losses").
     """
     state, tools = runtime.ensure_init(), runtime.tools()
-    if micro_batch_size is not None or accumulation_steps is not None:
+    if micro_batch_size is not None or accumulation_steps is not None or count is not None:
         if batch_size is not None:
             global_batch_size = None  # refused below: the per-process batch is ddpkit's to choose here
         return _step_loader(dataset, global_batch_size, micro_batch_size, accumulation_steps, state, tools,
-                            train, shuffle, uneven, seed, loader_kwargs)
+                            train, shuffle, uneven, seed, loader_kwargs, count)
     batch_size = _per_process_batch(batch_size, global_batch_size, state)
     if uneven is not None:
         check("uneven", uneven, Uneven)
@@ -117,9 +124,13 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
 
 def _step_loader(dataset: Any, global_batch: int | None, micro: int | None, accumulation: int | None,
                  state: State, tools: Any, train: bool, shuffle: bool | None, uneven: str | None, seed: int,
-                 loader_kwargs: dict[str, Any]) -> GlobalBatchLoader:
-    """``global_batch_size`` with ``micro_batch_size`` / ``accumulation_steps``: a loader of optimizer steps."""
-    asked = f"micro_batch_size={micro}, accumulation_steps={accumulation}"
+                 loader_kwargs: dict[str, Any], count: Callable[[Any], Any] | None) -> GlobalBatchLoader:
+    """``global_batch_size`` with ``micro_batch_size`` / ``accumulation_steps`` / ``count``: a loader of optimizer
+    steps."""
+    asked = f"micro_batch_size={micro}, accumulation_steps={accumulation}" + (", count=..." if count else "")
+    if count is not None and not callable(count):
+        raise ValueError(f"count={count!r}: expected a function of a micro-batch that returns how many items its "
+                         "mean loss averages, e.g. count=lambda batch: (batch['labels'] != -100).sum()")
     if global_batch is None:
         raise ValueError(f"{asked} split a global batch into micro-steps: pass global_batch_size=G (the samples "
                          "of one optimizer step, at any world size) and no batch_size= (ddpkit picks the "
@@ -136,7 +147,7 @@ def _step_loader(dataset: Any, global_batch: int | None, micro: int | None, accu
         if own is None else SamplerShard(own, 0, 1, seed, "join")
     sampler = GlobalBatchSampler(order, state.rank if share > 1 else 0, share, global_batch, micro, accumulation,
                                  drop_last=bool(loader_kwargs.pop("drop_last", False)))
-    loader = GlobalBatchLoader(dataset, sampler, **_with_defaults(dataset, state, seed, loader_kwargs))
+    loader = GlobalBatchLoader(dataset, sampler, count, **_with_defaults(dataset, state, seed, loader_kwargs))
     largest = max(max(shape.mine(sampler.rank)) for shape in sampler.shapes(0)) if len(loader) else 0
     processes = f"{share} process{'es' if share != 1 else ''}"
     _announce(loader, state, tools, global_batch, f"global batch {global_batch} over {processes} in "

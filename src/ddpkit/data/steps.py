@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ddpkit.data.global_batch import GlobalBatchSampler, StepShape
@@ -41,20 +42,25 @@ __all__ = ["GlobalBatchLoader", "Step"]
 class Step:
     """One optimizer step's micro-batches on this rank. Iterate :meth:`micro_batches` (or the step itself,
     which all-reduces after every micro-batch: the same result, more traffic) and call :meth:`backward` on each
-    micro-batch's mean loss; ``scale`` is the factor it applies (``m * W / G`` for m samples here), ``sync``
-    whether the current micro-batch is the one whose backward all-reduces. ``index``: the step's number in
-    its epoch; ``micro_steps``: how many micro-batches every rank takes; ``samples``: this rank's real samples
-    (a padding sample of weight 0 is not one); ``global_samples``: the step's samples over all ranks."""
+    micro-batch's mean loss; ``scale`` is the factor it applies (``m * W / G`` for m samples here, or
+    ``n * W / N`` for n counted items of the step's N with the loader's ``count=``), ``sync`` whether the
+    current micro-batch is the one whose backward all-reduces. ``index``: the step's number in its epoch;
+    ``micro_steps``: how many micro-batches every rank takes; ``samples``: this rank's real samples (a padding
+    sample of weight 0 is not one); ``global_samples``: the step's samples over all ranks; with ``count=``,
+    ``count`` and ``global_count``: the items counted here and over all ranks (None without it)."""
 
-    def __init__(self, shape: StepShape, rank: int, index: int, source: Iterator[Any], on_done: Any):
+    def __init__(self, shape: StepShape, rank: int, index: int, source: Iterator[Any], on_done: Any,
+                 count: Callable[[Any], Any] | None = None):
         self.index, self.micro_steps, self.global_samples = index, shape.micro_steps, shape.samples
         self.samples = sum(shape.mine(rank))
         self._weights = shape.weights(rank)
-        self._source, self._on_done = source, on_done
+        self._source, self._on_done, self._count, self._world = source, on_done, count, shape.world_size
         self.handed = 0  # micro-batches handed out
         self.owns_source = False  # the loop over steps was left: this step closes the pass when read
         self.ended = False  # the pass ended inside this step (the data ran out)
         self.scale, self.sync = self._weights[0], self.micro_steps == 1
+        self.count: float | None = None
+        self.global_count: float | None = None
 
     def micro_batches(self, model: nn.Module | None = None) -> Iterator[Any]:
         """This rank's micro-batches; with ``model``, every one but the last runs (forward and backward, inside
@@ -62,16 +68,18 @@ class Step:
         if self.handed:
             raise RuntimeError(f"step {self.index}'s micro-batches were already iterated ({self.handed} of "
                                f"{self.micro_steps}); iterate step.micro_batches(model) once per step")
-        for j, scale in enumerate(self._weights):
-            try:
-                batch = next(self._source)
-            except StopIteration:
-                self.ended = True
-                if j:  # gradients of micro-batches that skipped the all-reduce: a step here trains apart
-                    raise RuntimeError(f"the pass ended inside step {self.index}, after {j} of its "
-                                       f"{self.micro_steps} micro-batches: their gradients were never "
-                                       "all-reduced; end passes between steps") from None
-                return
+        # with count=, the step's items are counted over all ranks before the first backward: every
+        # micro-batch of this rank is read first (as Hugging Face's trainer does for num_items_in_batch)
+        batches, scales = self._counted() if self._count is not None else (None, self._weights)
+        for j, scale in enumerate(scales):
+            if batches is not None:
+                batch = batches[j]
+            else:
+                try:
+                    batch = next(self._source)
+                except StopIteration:
+                    self._ran_out(j)
+                    return
             self.handed, self.scale, self.sync = j + 1, scale, j + 1 == self.micro_steps
             if self.sync:
                 self._on_done()
@@ -82,13 +90,55 @@ class Step:
         if self.owns_source:
             self._source.close()  # type: ignore[attr-defined]
 
+    def _ran_out(self, j: int) -> None:
+        self.ended = True
+        if j:  # gradients of micro-batches that skipped the all-reduce: a step here trains apart
+            raise RuntimeError(f"the pass ended inside step {self.index}, after {j} of its {self.micro_steps} "
+                               "micro-batches: their gradients were never all-reduced; end passes between steps")
+
+    def _counted(self) -> tuple[list[Any], list[float]]:
+        """Every micro-batch of this rank and its loss factor ``n * W / N``: n items counted in it (0 in a
+        padding micro-batch), N over the whole step, from one all-reduce of a number on the group's device."""
+        batches: list[Any] = []
+        for j in range(self.micro_steps):
+            try:
+                batches.append(next(self._source))
+            except StopIteration:
+                self._ran_out(j)
+                return [], []
+        assert self._count is not None
+        counts = [_checked(self._count(batch)) if weight > 0 else 0.0
+                  for batch, weight in zip(batches, self._weights)]
+        total = sum(counts)
+        if self._world > 1:
+            state = runtime.ensure_init()
+            summed = torch.tensor([total], dtype=torch.float64, device=state.device)
+            dist.all_reduce(summed)
+            total = summed.item()
+        self.count, self.global_count = sum(counts), total
+        return batches, [n * self._world / total if total else 0.0 for n in counts]
+
     def __iter__(self) -> Iterator[Any]:
         return self.micro_batches(None)
 
     def backward(self, loss: torch.Tensor) -> None:
         """``(loss * step.scale).backward()``: ``loss`` is the mean over this micro-batch (torch's losses'
-        default). With a GradScaler: ``scaler.scale(loss * step.scale).backward()``."""
+        default), or with the loader's ``count=`` the mean over the items it counts. With a GradScaler:
+        ``step.backward(scaler.scale(loss))``. A micro-batch with nothing counted (``step.scale == 0``, e.g. every
+        label ``-100``) adds nothing, even where its mean is torch's 0/0 NaN."""
+        if self.scale == 0:
+            loss = torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
         (loss * self.scale).backward()
+
+
+def _checked(value: Any) -> float:
+    """A micro-batch's count as a float: a number or one-element tensor, finite and >= 0."""
+    number = value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value
+    if isinstance(number, bool) or not isinstance(number, (int, float)) or not 0 <= number < float("inf"):
+        raise ValueError(f"count(batch) returned {value!r}: expected the number of items the micro-batch's mean "
+                         "loss averages (a number or one-element tensor >= 0), e.g. "
+                         "count=lambda batch: (batch['labels'] != -100).sum()")
+    return float(number)
 
 
 class GlobalBatchLoader(ShardedDataLoader):
@@ -97,8 +147,9 @@ class GlobalBatchLoader(ShardedDataLoader):
     the steps handed out entirely, so a resume at any world size continues the same global batches (save
     after ``optimizer.step()``: a step cut in half restarts whole). ``micro_steps``: a full step's count."""
 
-    def __init__(self, dataset: Any, batch_sampler: GlobalBatchSampler, **kwargs: Any):
-        self._done = 0  # global samples of the steps handed out entirely in the open pass
+    def __init__(self, dataset: Any, batch_sampler: GlobalBatchSampler,
+                 count: Callable[[Any], Any] | None = None, **kwargs: Any):
+        self._done, self._count = 0, count  # global samples of the steps handed out entirely in the open pass
         super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
         self.global_batch, self.micro_steps = batch_sampler.global_batch, batch_sampler.micro_steps
         # `loader.sampler.set_epoch(epoch)`, the DistributedSampler habit, reaches the order: torch left its
@@ -151,7 +202,7 @@ class GlobalBatchLoader(ShardedDataLoader):
                     if number == self._passes:  # a source never started runs no finally when closed below
                         self._close_pass(finished=False)
                     return
-                current = Step(shape, rank, first + index, micro, done(shape.samples))
+                current = Step(shape, rank, first + index, micro, done(shape.samples), self._count)
                 yield current
                 if current.ended:
                     return

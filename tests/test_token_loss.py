@@ -1,0 +1,101 @@
+"""Token-weighted losses at any world size (issue 46): ``data_loader(..., global_batch_size=G, count=fn)`` weighs
+each micro-batch's token mean by its share of the step's tokens over all ranks, so an SFT-style loop (labels -100
+on prompts and padding, lengths that differ by sample) ends where one process training on the whole global batch
+ends, at 1-4 processes in ddp, at 2 in fsdp and at 4 in hsdp (2 replicas of 2 shards), whatever the micro-batching.
+Without ``count`` the same loop drifts 1e-1 away."""
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import ddpkit
+from conftest import WORKERS, launch, ok, run_cmd
+
+WORLDS = ("1", "2", "3", "4", "2-fsdp", "4-hsdp")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("token_loss")
+    ok(run_cmd([sys.executable, str(WORKERS / "token_loss.py"), str(out)]))
+    for world in (2, 3, 4):
+        ok(launch(WORKERS / "token_loss.py", out, nproc=world))
+    ok(launch(WORKERS / "token_loss.py", out, nproc=2, launcher_args=("--mode", "fsdp")))
+    ok(launch(WORKERS / "token_loss.py", out, nproc=4, launcher_args=("--mode", "hsdp")))
+    return {w: torch.load(out / f"world{w}.pt") for w in WORLDS}
+
+
+def _largest_difference(ref, got):
+    assert ref.keys() == got.keys()
+    return max((ref[k].double() - got[k].double()).abs().max().item() for k in ref)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("case", ["whole", "counted", "one_sample"])
+def test_a_counted_step_equals_one_process_on_the_whole_global_batch(results, world, case):
+    """``whole`` at one process is one plain token mean over each step's 24 samples."""
+    got = results[world][case]
+    assert all(torch.isfinite(v).all() for v in got["weights"].values())  # micro-batches with 0 tokens: no NaN
+    assert _largest_difference(results["1"]["whole"]["weights"], got["weights"]) <= 1e-6
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_adamw_with_counts_ends_where_one_process_does(results, world):
+    assert _largest_difference(results["1"]["counted_adamw"]["weights"],
+                               results[world]["counted_adamw"]["weights"]) <= 1e-6
+
+
+def test_the_micro_steps_change_with_the_world_size_and_the_counts_do_not(results):
+    assert [results[w]["counted"]["micro_steps"] for w in ("1", "2", "3", "4")] == [6, 3, 2, 2]
+    assert [results[w]["one_sample"]["micro_steps"] for w in ("1", "2", "3", "4")] == [24, 12, 8, 6]
+    counts = results["1"]["counted"]["counts"]
+    assert len(counts) == 6 and all(c > 0 for c in counts)
+    assert all(results[w][case]["counts"] == counts for w in WORLDS for case in ("whole", "counted", "one_sample"))
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_without_a_count_the_sample_weighted_mean_is_not_one_process(results, world):
+    """What the count fixes: a token mean per micro-batch, weighted by samples, trains another model."""
+    assert results[world]["uncounted"]["counts"] == [None] * 6
+    assert _largest_difference(results["1"]["whole"]["weights"], results[world]["uncounted"]["weights"]) > 1e-2
+
+
+@pytest.mark.parametrize("count, said", [
+    (lambda batch: "many", "count(batch) returned 'many'"),
+    (lambda batch: torch.tensor([1, 2]), "count(batch) returned tensor([1, 2])"),
+    (lambda batch: -1, "count(batch) returned -1"),
+    (lambda batch: float("nan"), "count(batch) returned nan"),
+    (lambda batch: True, "count(batch) returned True"),
+])
+def test_a_count_that_is_not_a_number_of_items_is_one_line(count, said):
+    ddpkit.init()
+    loader = ddpkit.data_loader(list(range(8)), global_batch_size=4, count=count)
+    step = next(iter(loader))
+    with pytest.raises(ValueError) as error:
+        next(step.micro_batches())
+    assert str(error.value).startswith(said) and "expected the number of items" in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_count_needs_a_function_and_a_global_batch():
+    ddpkit.init()
+    with pytest.raises(ValueError, match="count=3: expected a function of a micro-batch"):
+        ddpkit.data_loader(list(range(8)), global_batch_size=4, count=3)
+    with pytest.raises(ValueError, match="pass global_batch_size=G"):
+        ddpkit.data_loader(list(range(8)), batch_size=4, count=len)
+
+
+def test_a_step_with_nothing_to_count_adds_nothing():
+    """Every label -100: torch's mean is 0/0, NaN; the step's scale is 0 and the gradient stays 0."""
+    ddpkit.init()
+    model = nn.Linear(3, 4)
+    data = [(torch.randn(3), torch.tensor(-100)) for _ in range(4)]
+    loader = ddpkit.data_loader(data, global_batch_size=4, micro_batch_size=2, count=lambda b: (b[1] != -100).sum())
+    step = next(iter(loader))
+    for x, y in step.micro_batches(model):
+        loss = nn.functional.cross_entropy(model(x), y, ignore_index=-100)
+        assert torch.isnan(loss)
+        step.backward(loss)
+    assert step.global_count == 0 and step.scale == 0
+    assert all(torch.equal(p.grad, torch.zeros_like(p)) for p in model.parameters())
