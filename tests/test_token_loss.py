@@ -99,3 +99,14 @@ def test_a_step_with_nothing_to_count_adds_nothing():
         step.backward(loss)
     assert step.global_count == 0 and step.scale == 0
     assert all(torch.equal(p.grad, torch.zeros_like(p)) for p in model.parameters())
+
+
+def test_verify_passes_a_counted_sft_loop_and_names_the_missing_count():
+    script = WORKERS / "verify_tokens.py"
+    verify = [sys.executable, "-m", "ddpkit", "verify", "--steps", "3"]
+    passed = ok(run_cmd(verify + ["--nproc", "1,2,3", str(script)], timeout=300))
+    assert [line.split(" match")[0] for line in passed.stdout.splitlines() if line.startswith("PASS")] == \
+        ["PASS: 2 processes", "PASS: 3 processes"], passed.stdout
+    failed = run_cmd(verify + ["--nproc", "2", str(script), "--uncounted"], timeout=300)
+    assert failed.returncode != 0 and "FAIL" in failed.stdout, failed.stdout + failed.stderr[-1500:]
+    assert "labels of -100 (ignored tokens) and the loader has no count=" in failed.stdout, failed.stdout

@@ -13,9 +13,9 @@ ddpkit* (its direct caller lives in the ``ddpkit`` package; torch's own internal
 with a tensor tagged ``"cpu"`` is recorded as a violation. Nothing in the library is patched.
 
 The worker runs control (broadcast, gather_object, any_rank, all_ranks, barrier), collectives (reduce,
-gather), a step loader with count=, a stream loader (training, evaluation, ``state_dict``) and a Checkpointer save and restore with the
-stream loader, in the launch's mode; rank 0 writes OUT/guard-<mode>.json: the violations and the ddpkit
-functions on the stack of each guarded call (so the test knows each area was exercised).
+gather), a step loader with count=, a stream loader (training, evaluation, ``state_dict``) and a Checkpointer
+save and restore with the stream loader, in the launch's mode; rank 0 writes OUT/guard-<mode>.json: the
+violations and the ddpkit functions on the stack of each guarded call (so the test knows each area was exercised).
 
 Example::
 

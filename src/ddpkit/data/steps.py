@@ -149,7 +149,8 @@ class GlobalBatchLoader(ShardedDataLoader):
 
     def __init__(self, dataset: Any, batch_sampler: GlobalBatchSampler,
                  count: Callable[[Any], Any] | None = None, **kwargs: Any):
-        self._done, self._count = 0, count  # global samples of the steps handed out entirely in the open pass
+        self._done = 0  # global samples of the steps handed out entirely in the open pass
+        self.count = count  # how many items a micro-batch's loss averages (None: its samples, the default)
         super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
         self.global_batch, self.micro_steps = batch_sampler.global_batch, batch_sampler.micro_steps
         # `loader.sampler.set_epoch(epoch)`, the DistributedSampler habit, reaches the order: torch left its
@@ -202,7 +203,7 @@ class GlobalBatchLoader(ShardedDataLoader):
                     if number == self._passes:  # a source never started runs no finally when closed below
                         self._close_pass(finished=False)
                     return
-                current = Step(shape, rank, first + index, micro, done(shape.samples), self._count)
+                current = Step(shape, rank, first + index, micro, done(shape.samples), self.count)
                 yield current
                 if current.ended:
                     return

@@ -8,6 +8,7 @@ likely cause instead of one line for every difference (a VAE's sampling noise an
 - torch's random generator was drawn from during a step (from its first training forward to its optimizer
   step: a DataLoader's seed draw at ``iter()`` is none): random draws outside dropout (sampling noise)
   differ between one process and N by design;
+- a training loader without ``count=`` hands out labels of -100: a token-mean loss weighted by samples;
 - a training forward ran under autocast in a low-precision dtype: its rounding depends on the batch;
 - otherwise: rank-dependent code (a branch on the rank, per-rank statistics, an update outside backward).
 
@@ -82,10 +83,10 @@ def _model_of(name: str, one: dict[str, torch.Tensor], many: dict[str, torch.Ten
 
 
 def likely_cause(one: dict[str, torch.Tensor] | None, many: dict[str, torch.Tensor] | None, grads: dict | None,
-                 random_draws: bool, nproc: int = 2, autocast: str | None = None) -> str:
+                 random_draws: bool, nproc: int = 2, autocast: str | None = None, masked: bool = False) -> str:
     """One sentence: where the runs part (step-1 gradients or later) and why that likely is. ``one`` / ``many``:
     the runs' step-1 gradients; ``grads``: :func:`ddpkit.commands.verify.command.compare_weights` of them (None
-    without)."""
+    without); ``masked``: a training loader without ``count=`` hands out labels of -100."""
     where = "the runs part"
     if one and many and grads is not None:
         if not grads["passed"]:
@@ -98,6 +99,10 @@ def likely_cause(one: dict[str, torch.Tensor] | None, many: dict[str, torch.Tens
             where = f"the step-1 gradients already differ at {grads['first_diverging']!r}"
         else:
             where = "the step-1 gradients agree, the weights part later"
+    if masked:
+        return (f"{where}: the training data holds labels of -100 (ignored tokens) and the loader has no count=: a "
+                "loss that is a mean over tokens, weighted by samples, changes with the world size; build the loader "
+                "with global_batch_size=G and count=lambda batch: (labels != -100).sum() (docs/global-batch.md)")
     if random_draws:
         return (f"{where}: random draws during a training step, outside dropout (e.g. a VAE's sampling noise, "
                 "random masking) differ between 1 process and N by design: the difference may be only that; to "

@@ -250,7 +250,8 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
             result["first_gradient_diverging"] = grads.get("first_diverging") if grads else None
             result["cause"] = causes.likely_cause(g1, gn, grads, any(f.get("random_draws") for f in facts),
                                                          nproc, next((f["autocast"] for f in facts
-                                                                      if f.get("autocast")), None))
+                                                                      if f.get("autocast")), None),
+                                                         any(f.get("masked_labels") for f in facts))
     return {"nproc": nproc, "mode": mode, "steps": steps, "atol": atol, "rtol": rtol, **result}
 
 

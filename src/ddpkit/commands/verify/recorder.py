@@ -102,6 +102,7 @@ class Recorder:
         self.first: dict[int, dict[str, torch.Tensor]] = {}  # model index -> its gradients at its first step
         self.peaks: dict[str, torch.Tensor] = {}  # model<i>.name -> largest |gradient| per element so far
         self.lr = 0.0
+        self.masked = False  # a training loader without count= whose samples hold labels of -100
         self._hooked = False
 
     def _hook(self, is_main: bool, on_shutdown: OnShutdown) -> None:
@@ -126,6 +127,7 @@ class Recorder:
             # once an optimizer steps its cap governs (a loop may re-create iterators): the loader runs uncapped
             loader.observe(lambda: self.steps > 0 or loader.steps_taken < cap)
         self.loaders.append(loader)
+        self.masked = self.masked or (getattr(loader, "count", None) is None and masked_labels(loader))
         self._hook(is_main, on_shutdown)
 
     def _on_forward(self, module: nn.Module, args: Any) -> None:
@@ -192,7 +194,8 @@ class Recorder:
             return
         facts = {"models": len(self.models), "batches": self._batches(),
                  "loaders": len(self.loaders), "steps": self.steps, "capped": self.capped, "cap": self.cap(),
-                 "random_draws": self.random_draws, "autocast": self.autocast, "lr": self.lr, "finished": finished}
+                 "random_draws": self.random_draws, "autocast": self.autocast, "lr": self.lr,
+                 "masked_labels": self.masked, "finished": finished}
         with open(f"{self.out}.json", "w") as f:
             json.dump(facts, f)
         if not finished:
@@ -202,6 +205,32 @@ class Recorder:
             torch.save(self._named(grads), f"{self.out}.grads")
         if self.peaks:
             torch.save(self._named(self.peaks), f"{self.out}.gradpeak")
+
+
+def masked_labels(loader: Any, probes: int = 8) -> bool:
+    """Whether one of the first ``probes`` samples of a map-style loader's dataset holds an integer tensor with
+    -100 (torch's ``ignore_index``): a token-mean loss there averages a count that varies by sample.
+
+    >>> class Loader: dataset = [(torch.zeros(2), torch.tensor([3, -100]))]
+    >>> masked_labels(Loader()), masked_labels(type("L", (), {"dataset": [torch.ones(3)]})())
+    (True, False)
+    """
+    dataset = getattr(loader, "dataset", None)
+    try:
+        samples = [dataset[i] for i in range(min(probes, len(dataset)))]  # type: ignore[index, arg-type]
+    except Exception:  # noqa: BLE001 - a stream, or a dataset that cannot be probed: nothing said
+        return False
+    return any(_holds_ignored(sample, depth=0) for sample in samples)
+
+
+def _holds_ignored(value: Any, depth: int) -> bool:
+    if isinstance(value, torch.Tensor):
+        return not value.is_floating_point() and not value.is_complex() and bool((value == -100).any())
+    if depth < 3 and isinstance(value, (list, tuple)):
+        return any(_holds_ignored(v, depth + 1) for v in value)
+    if depth < 3 and isinstance(value, dict):
+        return any(_holds_ignored(v, depth + 1) for v in value.values())
+    return False
 
 
 def cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
