@@ -110,3 +110,21 @@ def test_verify_passes_a_counted_sft_loop_and_names_the_missing_count():
     failed = run_cmd(verify + ["--nproc", "2", str(script), "--uncounted"], timeout=300)
     assert failed.returncode != 0 and "FAIL" in failed.stdout, failed.stdout + failed.stderr[-1500:]
     assert "labels of -100 (ignored tokens) and the loader has no count=" in failed.stdout, failed.stdout
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_static_graph_trains_with_the_step_loader_and_accumulate_and_zero_grad_inside_is_stopped(tmp_path, world):
+    """static_graph=True crashed at the first no_sync backward (torch's reducer records its graph in the first
+    iteration, which must all-reduce); zero_grad() inside the micro-batch loop trained on the last micro-batch."""
+    script = WORKERS / "step_edges.py"
+    ok(launch(script, tmp_path, nproc=world) if world > 1 else run_cmd([sys.executable, str(script), str(tmp_path)]))
+    got = torch.load(tmp_path / f"edges{world}.pt")
+    for case in ("steps", "accumulate"):
+        plain, static = got[case]
+        assert _largest_difference(plain, static) <= 1e-6, case
+    assert got["zero_grad"].startswith("step 0: the gradients of micro-batches 1-1 were erased before micro-batch "
+                                       "2's backward (optimizer.zero_grad() inside step.micro_batches()?)")
+    evaluation, training = got["odd"]
+    if world == 2:  # review: evaluation was advised micro_batch_size=, which it refuses
+        assert evaluation.startswith("global_batch_size=3 does not divide by 2") and "micro_batch" not in evaluation
+        assert "or micro_batch_size=M too" in training

@@ -87,7 +87,8 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
             global_batch_size = None  # refused below: the per-process batch is ddpkit's to choose here
         return _step_loader(dataset, global_batch_size, micro_batch_size, accumulation_steps, state, tools,
                             train, shuffle, uneven, seed, loader_kwargs, count)
-    batch_size = _per_process_batch(batch_size, global_batch_size, state)
+    batch_size = _per_process_batch(batch_size, global_batch_size, state,
+                                    steps=train and not isinstance(dataset, IterableDataset))
     if uneven is not None:
         check("uneven", uneven, Uneven)
     if isinstance(dataset, IterableDataset):
@@ -204,7 +205,9 @@ def _stream_loader(dataset: IterableDataset, batch_size: int, state: State, tool
     return loader
 
 
-def _per_process_batch(batch_size: int | None, global_batch_size: int | None, state: State) -> int:
+def _per_process_batch(batch_size: int | None, global_batch_size: int | None, state: State, steps: bool) -> int:
+    """The batch each process takes. ``steps``: a map-style training loader, which the step loader could build
+    instead (its advice is given only where it would be accepted)."""
     if (batch_size is None) == (global_batch_size is None):
         raise ValueError("give exactly one of batch_size (per process) and global_batch_size, "
                          f"got {batch_size} and {global_batch_size}")
@@ -213,7 +216,8 @@ def _per_process_batch(batch_size: int | None, global_batch_size: int | None, st
     assert global_batch_size is not None
     shares = state.strategy.batch_share(state)
     if global_batch_size % shares:
+        steps_too = (", or micro_batch_size=M too: steps of any global batch, split by ddpkit "
+                     "(docs/global-batch.md)") if steps else ""
         raise ValueError(f"global_batch_size={global_batch_size} does not divide by {shares} processes; pass a "
-                         f"multiple of {shares} (e.g. {global_batch_size // shares * shares or shares}), or "
-                         "micro_batch_size=M too: steps of any global batch, split by ddpkit (docs/global-batch.md)")
+                         f"multiple of {shares} (e.g. {global_batch_size // shares * shares or shares}){steps_too}")
     return global_batch_size // shares

@@ -61,6 +61,8 @@ class Step:
         self.scale, self.sync = self._weights[0], self.micro_steps == 1
         self.count: float | None = None
         self.global_count: float | None = None
+        self._model: nn.Module | None = None
+        self._kept: torch.Tensor | None = None  # a parameter whose gradient the last backward left
 
     def micro_batches(self, model: nn.Module | None = None) -> Iterator[Any]:
         """This rank's micro-batches; with ``model``, every one but the last runs (forward and backward, inside
@@ -70,6 +72,7 @@ class Step:
                                f"{self.micro_steps}); iterate step.micro_batches(model) once per step")
         # with count=, the step's items are counted over all ranks before the first backward: every
         # micro-batch of this rank is read first (as Hugging Face's trainer does for num_items_in_batch)
+        self._model = model
         batches, scales = self._counted() if self._count is not None else (None, self._weights)
         for j, scale in enumerate(scales):
             if batches is not None:
@@ -126,9 +129,18 @@ class Step:
         default), or with the loader's ``count=`` the mean over the items it counts. With a GradScaler:
         ``step.backward(scaler.scale(loss))``. A micro-batch with nothing counted (``step.scale == 0``, e.g. every
         label ``-100``) adds nothing, even where its mean is torch's 0/0 NaN."""
+        if self._kept is not None and self._kept.grad is None:
+            raise RuntimeError(f"step {self.index}: the gradients of micro-batches 1-{self.handed - 1} were erased "
+                               f"before micro-batch {self.handed}'s backward (optimizer.zero_grad() inside "
+                               "step.micro_batches()?): the step would train on its last micro-batch only; call "
+                               "optimizer.zero_grad() once per step, after optimizer.step()")
         if self.scale == 0:
             loss = torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
         (loss * self.scale).backward()
+        if self._model is not None and self._kept is None and not self.sync:
+            # one parameter's gradient is watched: zero_grad() (set_to_none, torch's default) drops it. fsdp keeps a
+            # skipped sync's gradients elsewhere: no parameter has one, and nothing is watched
+            self._kept = next((p for p in self._model.parameters() if p.grad is not None), None)
 
 
 def _checked(value: Any) -> float:

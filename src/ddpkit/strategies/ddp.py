@@ -83,7 +83,14 @@ class DDPStrategy(Strategy):
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         from torch.nn.parallel import DistributedDataParallel
 
-        return model.no_sync() if isinstance(model, DistributedDataParallel) else contextlib.nullcontext()
+        if not isinstance(model, DistributedDataParallel):
+            return contextlib.nullcontext()
+        if model.static_graph and not getattr(model, "_static_graph_delay_allreduce_enqueued", True):
+            # static_graph records the graph in its first backward, which must all-reduce (torch's reducer
+            # asserts inside no_sync then): that one micro-batch syncs. The step's result is the same: an
+            # averaged gradient, equal on every rank, stays itself when the last micro-batch averages again
+            return contextlib.nullcontext()
+        return model.no_sync()
 
     def join(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         from torch.nn import SyncBatchNorm as TorchSyncBatchNorm

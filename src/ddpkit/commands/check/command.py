@@ -131,6 +131,7 @@ def _findings(v: Visitor, tree: ast.AST, text: str, distributed: bool) -> Iterat
         if isinstance(const.value, str) and const.value.strip() == "cuda:0":
             yield _finding("DDP004", const.lineno)
     yield from _sharding_findings(v, text)
+    yield from _micro_batch_findings(tree)
     if distributed:
         yield from _stream_findings(v)
 
@@ -167,6 +168,15 @@ def _stream_findings(v: Visitor) -> Iterator[Finding]:
         made = v.assigned.get(source.id) if isinstance(source, ast.Name) else source
         if isinstance(made, ast.Call) and last(made) in unsplit:
             yield _finding("DDP016", call.lineno)
+
+
+def _micro_batch_findings(tree: ast.AST) -> Iterator[Finding]:
+    """DDP020: ``optimizer.zero_grad()`` in the body of ``for batch in step.micro_batches(...)``."""
+    for loop in ast.walk(tree):
+        if isinstance(loop, ast.For) and isinstance(loop.iter, ast.Call) and last(loop.iter) == "micro_batches":
+            for node in (n for statement in loop.body for n in ast.walk(statement)):
+                if isinstance(node, ast.Call) and last(node) == "zero_grad":
+                    yield _finding("DDP020", node.lineno)
 
 
 def _sharding_findings(v: Visitor, text: str) -> Iterator[Finding]:

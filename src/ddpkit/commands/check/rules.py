@@ -71,6 +71,9 @@ RULES = {
                "every rank (and every loader worker) reads the whole stream: each sample is trained on N times",
                "ddpkit.data_loader(stream, batch_size) splits it across ranks and workers; or skip samples by "
                "rank and get_worker_info() in __iter__"),
+    "DDP020": ("zero_grad() inside the loop over step.micro_batches()",
+               "each micro-batch erases the gradients of the ones before it: the step trains on its last micro-batch",
+               "call optimizer.zero_grad() once per step, after optimizer.step(), outside the micro-batch loop"),
 }
 SHARDING = ("fully_shard", "FullyShardedDataParallel", "fsdp", "hsdp")  # a script that says it shards
 OPTIMIZERS = {"SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "RMSprop", "NAdam", "RAdam", "LBFGS",
@@ -81,7 +84,7 @@ SEVERITY = {"DDP001": "warning", "DDP002": "error", "DDP003": "error", "DDP004":
             "DDP006": "warning", "DDP007": "warning", "DDP008": "error", "DDP009": "warning", "DDP010": "warning",
             "DDP011": "advice", "DDP012": "error", "DDP013": "error", "DDP014": "error", "DDP015": "error",
             "DDP016": "error", "DDP017": "warning", "DDP018": "error",
-            "DDP019": "error"}
+            "DDP019": "error", "DDP020": "error"}
 
 
 @dataclasses.dataclass(frozen=True)
