@@ -128,3 +128,16 @@ def test_static_graph_trains_with_the_step_loader_and_accumulate_and_zero_grad_i
     if world == 2:  # review: evaluation was advised micro_batch_size=, which it refuses
         assert evaluation.startswith("global_batch_size=3 does not divide by 2") and "micro_batch" not in evaluation
         assert "or micro_batch_size=M too" in training
+
+
+def test_verify_says_when_its_world_sizes_cannot_show_a_micro_batch_sized_loss():
+    """Review: verify --nproc 1,2,3 passed a reduction="sum" script that is wrong at 4 processes."""
+    script = WORKERS / "verify_sum.py"
+    verify = [sys.executable, "-m", "ddpkit", "verify", "--steps", "2"]
+    passed = ok(run_cmd(verify + ["--nproc", "2,3", str(script)], timeout=300))
+    assert passed.stdout.count("PASS") == 2
+    assert "every world size compared (2, 3) takes micro-batches of 8 samples per process, as one process does" \
+        in passed.stderr and "e.g. --nproc 2,3,4" in passed.stderr, passed.stderr[-1500:]
+    failed = run_cmd(verify + ["--nproc", "4", str(script)], timeout=300)
+    assert failed.returncode != 0 and "differ by a factor of 1.33" in failed.stdout, failed.stdout
+    assert "takes micro-batches of" not in failed.stderr

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 
 from ddpkit.data.samplers import EpochSampler
 
-__all__ = ["GlobalBatchSampler", "StepShape", "micro_steps", "plan"]
+__all__ = ["GlobalBatchSampler", "StepShape", "largest_micro_batch", "micro_steps", "plan"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +107,17 @@ def micro_steps(global_batch: int, world_size: int, micro_batch_size: int | None
                          f"of {global_batch // k} samples leaves a process without one; use micro_batch_size >= "
                          f"{fits}, or a global batch that divides by {world_size}")
     return k
+
+
+def largest_micro_batch(global_batch: int, world_size: int, micro_batch_size: int | None,
+                        accumulation_steps: int | None = None) -> int:
+    """The most samples one process takes in a micro-step of a full step.
+
+    >>> [largest_micro_batch(48, w, 8) for w in (1, 2, 3, 4)]
+    [8, 8, 8, 6]
+    """
+    return _largest(global_batch, micro_steps(global_batch, world_size, micro_batch_size, accumulation_steps),
+                    world_size)
 
 
 def plan(total: int, global_batch: int, world_size: int, micro_batch_size: int | None = None,

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import torch
 
+from ddpkit.data.global_batch import largest_micro_batch
+
 NEEDS_LOADER = ("no ddpkit.data_loader training loader handed out a batch (the script feeds batches of its own), "
                 "so the one-process run cannot take the N processes' global batch; build the training loader with "
                 "ddpkit.data_loader(dataset, batch_size=...) (tensors of its own: wrap them in a "
@@ -127,3 +129,34 @@ def trained_nothing(batches: int) -> str:
             "than the micro-batches per optimizer step (until the first step, --steps K caps the loaders at K "
             "batches)")
 
+
+
+def same_micro_batches(shape: dict | None, world_sizes: list[int]) -> str | None:
+    """A note when every world size compared ran the step loader's micro-batches of the one-process run's size:
+    a loss that depends on a micro-batch's size (a sum) then passes, however wrong at other sizes; None otherwise.
+    ``shape``: the recorded step loader's global batch and limits (None: no step loader).
+
+    >>> same_micro_batches({"global_batch": 48, "micro_batch_size": 8, "accumulation_steps": None}, [2, 3])[-68:]
+    'passes there; add a world size where they differ, e.g. --nproc 2,3,4'
+    >>> same_micro_batches({"global_batch": 48, "micro_batch_size": 8, "accumulation_steps": None}, [2, 4]) is None
+    True
+    """
+    if not shape or not isinstance(shape.get("global_batch"), int):
+        return None
+    global_batch, limit, steps = shape["global_batch"], shape.get("micro_batch_size"), shape.get("accumulation_steps")
+
+    def largest(world_size: int) -> int | None:
+        try:
+            return largest_micro_batch(global_batch, world_size, limit, steps)
+        except ValueError:  # no split at that world size
+            return None
+
+    one = largest(1)
+    if one is None or any(largest(w) != one for w in world_sizes):
+        return None
+    other = next((w for w in range(2, min(global_batch, 64) + 1) if largest(w) not in (None, one)), None)
+    hint = f"; add a world size where they differ, e.g. --nproc {','.join(map(str, sorted({*world_sizes, other})))}" \
+        if other else ""
+    return (f"every world size compared ({', '.join(map(str, world_sizes))}) takes micro-batches of {one} samples "
+            "per process, as one process does: a loss that depends on the micro-batch size (reduction=\"sum\") "
+            f"passes there{hint}")

@@ -244,6 +244,7 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
         result["capped"] = all(f.get("capped") for f in facts)
         result["steps_taken"], result["cap"] = taken, facts[0].get("cap")
         result["batches"] = int(facts[0].get("batches") or 0)
+        result["steps_shape"] = facts[0].get("steps_shape")
         if not result["passed"] and not result["non_finite"]:
             g1, gn = (_grads(path) for path in (ref, dist_out))
             grads = compare_weights(g1, gn, atol, rtol) if g1 and gn else None
@@ -347,12 +348,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                               f"{fewest}, {ns.steps}, {ns.script!r}")
     except UsageError as exc:
         return usage_error(PROG, exc)
-    codes = [_verify_one(ns, nproc, device, note) for nproc, device, note in plans]
+    results: list[dict] = []
+    codes = [_verify_one(ns, nproc, device, note, results) for nproc, device, note in plans]
+    if results and all(r["passed"] for r in results):  # a PASS that could not have seen a micro-batch-size bug
+        same = causes.same_micro_batches(results[0].get("steps_shape"), [r["nproc"] for r in results])
+        if same:
+            print(f"{PROG}: note: {same}", file=sys.stderr, flush=True)
     return next((code for code in codes if code), 0)  # the first world size that did not pass decides
 
 
-def _verify_one(ns: argparse.Namespace, nproc: int, device: str | None, note: str | None) -> int:
-    """One world size against one process: its lines, and its exit code."""
+def _verify_one(ns: argparse.Namespace, nproc: int, device: str | None, note: str | None,
+                results: list[dict]) -> int:
+    """One world size against one process: its lines, and its exit code; its result appended to ``results``."""
     for line in filter(None, [note, f"training loaders drop the last len % {nproc} samples in both runs "
                               "(padding would repeat samples only the N-process run sees)",
                               None if ns.keep_dropout else "dropout is off in both runs (--keep-dropout to keep it)"]):
@@ -367,6 +374,7 @@ def _verify_one(ns: argparse.Namespace, nproc: int, device: str | None, note: st
             print(json.dumps({"nproc": nproc, "mode": ns.mode, "passed": False,
                               "error": "cannot compare" if cannot else "a run failed", "reason": str(exc)}))
         return CANNOT_COMPARE if cannot else SCRIPT_FAILED
+    results.append(result)
     if ns.json:
         print(json.dumps(result), flush=True)
     elif result["passed"]:

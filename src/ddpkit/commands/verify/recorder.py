@@ -38,6 +38,8 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from ddpkit.data.global_batch import GlobalBatchSampler
+
 OnShutdown = Callable[[Callable[[], None]], None]
 
 
@@ -103,6 +105,7 @@ class Recorder:
         self.peaks: dict[str, torch.Tensor] = {}  # model<i>.name -> largest |gradient| per element so far
         self.lr = 0.0
         self.masked = False  # a training loader without count= whose samples hold labels of -100
+        self.steps_shape: dict[str, int | None] | None = None  # the first step loader's global batch and limits
         self._hooked = False
 
     def _hook(self, is_main: bool, on_shutdown: OnShutdown) -> None:
@@ -128,6 +131,10 @@ class Recorder:
             loader.observe(lambda: self.steps > 0 or loader.steps_taken < cap)
         self.loaders.append(loader)
         self.masked = self.masked or (getattr(loader, "count", None) is None and masked_labels(loader))
+        sampler = getattr(loader, "batch_sampler", None)
+        if self.steps_shape is None and isinstance(sampler, GlobalBatchSampler):
+            self.steps_shape = {"global_batch": sampler.global_batch, "micro_batch_size": sampler.micro_batch_size,
+                                "accumulation_steps": sampler.accumulation_steps}
         self._hook(is_main, on_shutdown)
 
     def _on_forward(self, module: nn.Module, args: Any) -> None:
@@ -195,7 +202,7 @@ class Recorder:
         facts = {"models": len(self.models), "batches": self._batches(),
                  "loaders": len(self.loaders), "steps": self.steps, "capped": self.capped, "cap": self.cap(),
                  "random_draws": self.random_draws, "autocast": self.autocast, "lr": self.lr,
-                 "masked_labels": self.masked, "finished": finished}
+                 "masked_labels": self.masked, "steps_shape": self.steps_shape, "finished": finished}
         with open(f"{self.out}.json", "w") as f:
             json.dump(facts, f)
         if not finished:
