@@ -41,14 +41,14 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from ddpkit.checkpoint import bounds, disk
 from ddpkit.checkpoint import dcp as shards
-from ddpkit.checkpoint import disk
 from ddpkit.checkpoint import rng as rngstate
 from ddpkit.checkpoint.background import IN_FLIGHT, BackgroundWrite, say, stage, tell
 from ddpkit.checkpoint.disk import by_commit as by_commit  # the order and checks tools use, kept here too
 from ddpkit.checkpoint.disk import newest_valid as newest_valid
 from ddpkit.checkpoint.disk import run_id, validate
-from ddpkit.checkpoint.reasons import PeerWriteError, check_fits, failure
+from ddpkit.checkpoint.reasons import PeerWriteError, check_fits, check_optimizer, failure
 from ddpkit.core import contract, process
 from ddpkit.data.loader import ShardedDataLoader
 from ddpkit.data.streams import StreamLoader
@@ -138,6 +138,7 @@ class Checkpointer:
         With ``async_save`` it returns once the state is staged, with the path the checkpoint will have; the
         write goes on in the background, and a failure of it is raised here at the next save (see :meth:`wait`).
         """
+        step = bounds.step_number(step)  # before anything: the same step on every rank fails on every rank alike
         self._settle(restored=False)
         self.wait()  # one write at a time: the previous one is finished, and its failure raised, first
         if self.async_save:  # as it is now: written later, a dict the script keeps updating would say later values
@@ -354,7 +355,7 @@ class Checkpointer:
         elif not self.resume or (path := self.latest()) is None:
             self._settle(restored=False)
             return 0
-        payload = torch.load(os.path.join(path, "state.pt"), map_location="cpu", weights_only=True)
+        payload = bounds.load_state(path)  # confined, bounded and of ddpkit's frame before anything uses it
         sharded = set(payload.get("sharded", ()))
         saved = sorted(sharded | set(payload["objects"]))
         for name in objects:
@@ -373,6 +374,8 @@ class Checkpointer:
                 continue
             if isinstance(obj, torch.nn.Module):
                 check_fits(unwrap(obj), payload["objects"][name], path)
+            elif isinstance(obj, torch.optim.Optimizer):  # its load_state_dict copies the state as a tree
+                check_optimizer(obj, payload["objects"][name], f"{path} {name!r}")
             obj.load_state_dict(payload["objects"][name])
         if payload["world_size"] == self.state.world_size:  # another world size: streams cannot match anyway
             loaders = {k: v for k, v in objects.items() if isinstance(v, ShardedDataLoader)}

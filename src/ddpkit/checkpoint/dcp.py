@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ddpkit.checkpoint import safeload
+from ddpkit.checkpoint import bounds, safeload
 from ddpkit.checkpoint.reasons import PeerWriteError
 from ddpkit.core.errors import UsageError
 from ddpkit.strategies.forwarding import unwrap
@@ -156,7 +156,7 @@ def full_model_state(checkpoint: str, name: str = "model") -> dict[str, torch.Te
     """The plain, whole state dict of object ``name`` in a checkpoint of either format (no process group)."""
     shards = os.path.join(checkpoint, SHARDS)
     if not os.path.isdir(shards):
-        payload = torch.load(os.path.join(checkpoint, "state.pt"), map_location="cpu", weights_only=True)
+        payload = bounds.load_state(checkpoint)
         if name not in payload["objects"]:
             raise UsageError(f"{checkpoint} has no {name!r} (it has {sorted(payload['objects'])}); pass --name")
         return _model_state(checkpoint, name, payload["objects"][name], payload["objects"])

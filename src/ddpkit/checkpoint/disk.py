@@ -26,6 +26,7 @@ import warnings
 from collections.abc import Callable, Collection
 from typing import Any, BinaryIO
 
+from ddpkit.checkpoint import confine
 from ddpkit.core import contract, process
 from ddpkit.core.atomic import write_file
 
@@ -35,10 +36,14 @@ _ASIDE = re.compile(r"^(ckpt-\d{10})\.replaced-\d+(?:-\d+)?$")
 
 
 def sha256(path: str) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
+        return _digest(f)
+
+
+def _digest(f: BinaryIO) -> str:
+    digest = hashlib.sha256()
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+        digest.update(chunk)
     return digest.hexdigest()
 
 
@@ -70,27 +75,54 @@ def hashes(directory: str, names: list[str]) -> dict[str, dict[str, Any]]:
 
 def validate(path: str, part: tuple[int, int] = (0, 1)) -> str | None:
     """None when ``path`` is a complete checkpoint whose files all match the manifest, else the reason.
-    ``part=(i, n)`` hashes only every n-th file from the i-th (the ranks of a job share the reads)."""
-    if not os.path.isdir(path):
-        return "it does not exist"
+    ``part=(i, n)`` hashes only every n-th file from the i-th (the ranks of a job share the reads).
+    Every name is confined to ``path`` as a regular file before it is opened (:mod:`ddpkit.checkpoint.confine`)."""
+    problem = confine.directory_problem(path)
+    if problem:
+        return problem
     try:
-        with open(os.path.join(path, "manifest.json")) as f:
-            manifest = json.load(f)
-        for name, meta in sorted(manifest["files"].items())[part[0]::part[1]]:
-            file = os.path.join(path, name)
-            if os.path.getsize(file) != meta["bytes"]:
-                return f"{name} has {os.path.getsize(file)} bytes, the manifest says {meta['bytes']} (truncated?)"
-            if sha256(file) != meta["sha256"]:
-                return f"{name} does not match its sha256 (corrupted)"
-    except (OSError, ValueError, KeyError) as exc:
-        return f"unreadable manifest or file ({exc})"
+        listed = confine.read_json(path, "manifest.json")
+        problem = _listing_problem(listed)
+        if problem:
+            return problem
+        for name, meta in sorted(listed["files"].items())[part[0]::part[1]]:
+            with confine.open_inside(path, name) as f:
+                size = os.fstat(f.fileno()).st_size
+                if size != meta["bytes"]:
+                    return f"{name} has {size} bytes, the manifest says {meta['bytes']} (truncated?)"
+                if _digest(f) != meta["sha256"]:
+                    return f"{name} does not match its sha256 (corrupted)"
+    except OSError as exc:
+        return f"unreadable file ({exc})"
+    except ValueError as exc:  # confine.UnsafeCheckpoint: its one line says what, what was expected, what to do
+        return str(exc)
+    return None
+
+
+def _listing_problem(listed: Any) -> str | None:
+    """What is wrong with a manifest's shape (None when nothing): what ddpkit writes is an object whose "files"
+    maps each name to its sha256 and size."""
+    files = listed.get("files") if isinstance(listed, dict) else None
+    if not isinstance(files, dict):
+        found = f"a {type(files).__name__}" if isinstance(listed, dict) else \
+            f"absent: the manifest is a {type(listed).__name__}, not an object"
+        return (f'its manifest\'s "files" is {found}, expected an object of name -> {{"sha256", "bytes"}}; '
+                f"{confine.ADVICE}")
+    bad = next((n for n, m in files.items() if not isinstance(m, dict) or type(m.get("bytes")) is not int
+                or not isinstance(m.get("sha256"), str)), None)
+    if bad is not None:
+        return (f'its manifest\'s entry for {bad!r} is {files[bad]!r:.80}, expected {{"sha256": <hex>, "bytes": '
+                f"<int>}}; {confine.ADVICE}")
     return None
 
 
 def manifest(path: str) -> dict[str, Any] | None:
+    """``path``'s manifest; None when it is unreadable, or no file of the checkpoint's own (a FIFO, /dev/zero, a
+    symlink out: :mod:`ddpkit.checkpoint.confine`), or ``path`` itself a symlink (another directory's)."""
+    if os.path.islink(path):
+        return None
     try:
-        with open(os.path.join(path, "manifest.json")) as f:
-            found = json.load(f)
+        found = confine.read_json(path, "manifest.json")
         return found if isinstance(found, dict) else None
     except (OSError, ValueError):
         return None

@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any
 
@@ -81,7 +82,7 @@ def to_safetensors(checkpoint: str, out: str, name: str = "model", max_shard_mb:
     in it). With it, ``out`` is a directory that receives the parts and ``model.safetensors.index.json``, the
     layout ``transformers`` loads with ``from_pretrained(out)``. Every file is written
     whole or not at all (a temporary file renamed into place), the index last."""
-    if max_shard_mb is not None and not max_shard_mb > 0:
+    if max_shard_mb is not None and not 0 < max_shard_mb < math.inf:  # nan fails both; inf would overflow int()
         raise UsageError(f"--max-shard-mb {max_shard_mb} is not a size; pass a number of MB > 0, e.g. 5000")
     if max_shard_mb is not None and os.path.exists(out.rstrip(os.sep) or out) and not os.path.isdir(out):
         raise UsageError(f"{out} is a file, and --max-shard-mb writes a directory of parts; name a directory")

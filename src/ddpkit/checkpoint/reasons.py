@@ -13,6 +13,9 @@ from typing import Any
 
 import torch
 
+from ddpkit.checkpoint.bounds import optimizer_problem
+from ddpkit.checkpoint.confine import UnsafeCheckpoint
+
 
 class PeerWriteError(OSError):
     """Rank ``failed_rank``'s part of a checkpoint write failed: what the ranks that learnt of it raise.
@@ -27,7 +30,17 @@ class PeerWriteError(OSError):
 
 
 def check_fits(model: torch.nn.Module, saved: dict[str, torch.Tensor], path: str) -> None:
-    """Name the keys and shapes that differ, instead of torch's multi-line load_state_dict error."""
+    """Name the keys and shapes that differ, instead of torch's multi-line load_state_dict error; a value that is no
+    tensor (a crafted list, which load_state_dict would try to copy) is refused first."""
+    if not isinstance(saved, dict):
+        raise UnsafeCheckpoint(f"checkpoint {path} refused: its model state is a {type(saved).__name__}, expected a "
+                               "dict of tensors by name; it was not written by ddpkit: restore another checkpoint")
+    wrong = next((k for k, v in saved.items() if not isinstance(v, torch.Tensor)
+                  and not str(k).endswith("_extra_state")), None)  # get_extra_state() may return anything
+    if wrong is not None:
+        raise UnsafeCheckpoint(f"checkpoint {path} refused: its model's {wrong!r:.80} is a "
+                               f"{type(saved[wrong]).__name__}, expected a tensor; it was not written by ddpkit: "
+                               "restore another checkpoint")
     own = model.state_dict()
     missing = sorted(set(own) - set(saved))
     unexpected = sorted(set(saved) - set(own))
@@ -38,6 +51,14 @@ def check_fits(model: torch.nn.Module, saved: dict[str, torch.Tensor], path: str
                  f"shapes {shapes[:5]}" if shapes else ""]
         raise ValueError(f"checkpoint {path} does not fit this model: " + "; ".join(p for p in parts if p)
                          + " (was it saved from another model or configuration?)")
+
+
+def check_optimizer(optimizer: torch.optim.Optimizer, saved: Any, where: str) -> None:
+    """One line when ``saved`` is no state of ``optimizer`` (:func:`ddpkit.checkpoint.bounds.optimizer_problem`)."""
+    problem = optimizer_problem(saved, optimizer)
+    if problem:
+        raise UnsafeCheckpoint(f"checkpoint {where} refused: {problem}; it was not written by ddpkit for this "
+                               "optimizer: restore another checkpoint, or a new optimizer")
 
 
 def failure(exc: BaseException, rank: int) -> list[Any]:

@@ -13,7 +13,10 @@ this module:
 - the metadata is then checked for shape: only tensor and bytes entries, shard files that are plain names
   inside the directory, no stream transforms (ddpkit never writes them).
 - bytes entries are read with ``torch.load(weights_only=True)`` (torch's own allow-list of plain
-  containers and numbers) by :func:`planner`.
+  containers and numbers) by :func:`planner`, bounded by :func:`ddpkit.checkpoint.bounds.load`, and refused where
+  the object restored holds a tensor.
+- every file (``.metadata``, the shards) is a regular file inside the directory (:mod:`ddpkit.checkpoint.confine`),
+  and the planner data's list indices are bounded (torch's loader fills a list up to an index with ``None``).
 
 Example::
 
@@ -36,6 +39,9 @@ from typing import Any
 
 import torch
 
+from ddpkit.checkpoint import bounds, confine
+from ddpkit.checkpoint.confine import UnsafeCheckpoint as UnsafeCheckpoint  # where readers have caught it
+
 METADATA = ".metadata"
 _DCP = "torch.distributed.checkpoint.metadata"
 # Every global a .metadata written by torch's DCP (FileSystemWriter) names, found by unpickling real ones.
@@ -48,10 +54,6 @@ ALLOWED: frozenset[tuple[str, str]] = frozenset(
        ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath")}
     | {("torch", name) for name, value in vars(torch).items() if isinstance(value, torch.dtype)})
 _SHARD_FILE = re.compile(r"__\d+_\d+\.distcp")  # what FileSystemWriter names its files (fullmatch)
-
-
-class UnsafeCheckpoint(ValueError):
-    """A checkpoint whose files ask for something ddpkit does not load (crafted, or not from torch's DCP)."""
 
 
 class MetadataUnpickler(pickle.Unpickler):
@@ -70,12 +72,12 @@ def read_metadata(directory: str) -> Any:
     from torch.distributed.checkpoint.metadata import Metadata
 
     path = os.path.join(directory, METADATA)
-    try:
-        with open(path, "rb") as f:
+    with confine.open_inside(directory, METADATA) as f:  # a FIFO or /dev/zero there is refused, never read
+        try:
             metadata = MetadataUnpickler(f).load()
-    except Exception as exc:  # anything a crafted pickle makes an allowed class raise (KeyError, RuntimeError, ...)
-        first = str(exc).splitlines()[0][:200] if str(exc) else ""
-        raise UnsafeCheckpoint(f"{path} refused: {type(exc).__name__}: {first}") from None
+        except Exception as exc:  # anything a crafted pickle makes an allowed class raise (KeyError, ...)
+            first = str(exc).splitlines()[0][:200] if str(exc) else ""
+            raise UnsafeCheckpoint(f"{path} refused: {type(exc).__name__}: {first}") from None
     if not isinstance(metadata, Metadata):
         problem: str | None = f"it holds a {type(metadata).__name__}, not torch's DCP Metadata"
     else:
@@ -99,6 +101,9 @@ def _shape_problem(metadata: Any, directory: str) -> str | None:
             not isinstance(v, tuple) or not all(isinstance(x, (str, int)) for x in v)
             for v in (metadata.planner_data or {}).values()):
         return "its planner data are not tuples of names"
+    problem = _index_problem(metadata.planner_data or {}, len(entries))
+    if problem:
+        return problem
     files: set[str] = set()
     for info in storage.values():
         if not isinstance(info, _StorageInfo) or not isinstance(info.relative_path, str) \
@@ -107,7 +112,7 @@ def _shape_problem(metadata: Any, directory: str) -> str | None:
         if info.transform_descriptors:
             return f"it asks for stream transforms {list(info.transform_descriptors)[:3]}"
         files.add(info.relative_path)
-    on_disk = sum(os.path.getsize(p) for f in files if os.path.isfile(p := os.path.join(directory, f)))
+    on_disk = sum(os.path.getsize(confine.inside(directory, f)) for f in sorted(files))
     declared = 0
     for name, entry in entries.items():
         if not isinstance(entry, (TensorStorageMetadata, BytesStorageMetadata)):
@@ -119,6 +124,24 @@ def _shape_problem(metadata: Any, directory: str) -> str | None:
             declared += nbytes
     if declared > on_disk:
         return f"its tensors declare {declared} bytes but its shard files hold {on_disk}"
+    return None
+
+
+def _index_problem(paths: dict[Any, tuple[Any, ...]], entries: int) -> str | None:
+    """A list index in the planner data past what the entries can fill, or None. torch's loader extends a list
+    with None up to each index (an index of 10**10 grew ~60 MB/s until the OOM killer); a list DCP walks has an
+    entry per element, so its indices stay below the entry count (slack for elements that are empty dicts)."""
+    slots: dict[tuple[Any, ...], int] = {}
+    for path in paths.values():
+        for at, key in enumerate(path):
+            if type(key) is int:  # a str path element is a dict key; an int one a list index
+                slots[path[:at]] = max(slots.get(path[:at], -1), key)
+                if key < 0:
+                    return f"its planner data hold the list index {key}, expected indices >= 0"
+    total = sum(n + 1 for n in slots.values())
+    if total > 2 * entries + 1024:
+        return (f"its planner data's largest list index {max(slots.values())} makes {total} list slots for "
+                f"{entries} entries, expected about one slot per entry")
     return None
 
 
@@ -159,13 +182,14 @@ def reader(directory: str, checked: Any = None) -> Any:
     return SafeReader(directory)
 
 
-def _load_bytes(value: io.BytesIO) -> Any:
-    try:
-        return torch.load(value, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UnsafeCheckpoint(f"a bytes entry refused ({first[:200]}): only tensors and plain values load") \
-            from None
+def _load_bytes(value: io.BytesIO, fqn: str, current: Any) -> Any:
+    """The value of the bytes entry ``fqn``, bounded (:func:`bounds.load`), refused where the object restored
+    holds a tensor (``current``): a list there would be copied as a tree by the optimizer's load_state_dict."""
+    loaded = bounds.load(value, f"the bytes entry {fqn!r}")
+    if isinstance(current, torch.Tensor) and not isinstance(loaded, torch.Tensor):
+        raise UnsafeCheckpoint(f"the bytes entry {fqn!r} refused: it is a {type(loaded).__name__}, expected a "
+                               f"tensor as the object restored holds there; {confine.ADVICE}")
+    return loaded
 
 
 def planner(empty: bool = False) -> Any:
@@ -178,8 +202,8 @@ def planner(empty: bool = False) -> Any:
 
     class SafePlanner(base):  # type: ignore[valid-type,misc]
         def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-            loaded = _load_bytes(value)
             fqn = read_item.dest_index.fqn
+            loaded = _load_bytes(value, fqn, self.state_dict.get(fqn))
             if self.flatten_state_dict:
                 from torch.distributed.checkpoint._traverse import set_element
 
