@@ -16,7 +16,7 @@ SRC = ROOT / "src" / "ddpkit"
 
 def test_docs_table_is_the_contract():
     assert contract.markdown_table() in (ROOT / "docs" / "environment.md").read_text(), \
-        "docs/environment.md is stale: paste the output of `python -c 'from ddpkit import contract; " \
+        "docs/environment.md is stale: paste the output of `python -c 'from ddpkit.core import contract; " \
         "print(contract.markdown_table())'` under its heading"
 
 

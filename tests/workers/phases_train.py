@@ -2,8 +2,9 @@
 compute:R in rank R's forward, all slows every rank's data alike; PHASES_STEPS batches of 4 in all.
 PHASES_STREAM=1: the samples as a stream.
 PHASES_BN=1: a BatchNorm (SyncBatchNorm once prepared), whose forward waits for the peers.
-PHASES_TB=DIR: a ddpkit.summary_writer there (the report's scalars go to it). Prints the default group's
-collective count at the end (rank 0), so a test can compare it with the report off."""
+PHASES_TB=DIR: a ddpkit.summary_writer there (the report's scalars go to it).
+optimizer:R sleeps in rank R's optimizer step; PHASES_LOG=1 logs ddpkit.reduce(loss.item(), "mean") every step.
+Prints the default group's collective count at the end (rank 0), so a test can compare it with the report off."""
 import os
 import time
 
@@ -53,15 +54,23 @@ device = ddpkit.init(seed=0).device
 writer = ddpkit.summary_writer(os.environ["PHASES_TB"]) if os.environ.get("PHASES_TB") else None
 model = ddpkit.prepare_model(Net())
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
+if KIND == "optimizer" and RANK == int(WHO):
+    opt.register_step_pre_hook(lambda *args: time.sleep(4 * SLEEP))
 # no loader workers unless asked: with workers, equally slow loaders on every rank settle with one rank waiting in
 # data and the other in comm (its workers prefetch meanwhile), which the report names (docs/phases.md)
-loader = ddpkit.data_loader(Stream() if os.environ.get("PHASES_STREAM") else Data(), batch_size=4,
+# a stream unshuffled: a shuffle buffer would read its first 1000 samples (all of them here) at the first fetch,
+# inside the first window, which the report leaves out as warm-up
+stream = os.environ.get("PHASES_STREAM")
+loader = ddpkit.data_loader(Stream() if stream else Data(), batch_size=4, shuffle=False if stream else None,
                             num_workers=int(os.environ.get("PHASES_WORKERS", "0")))
 for x, y in loader:
     x, y = x.to(device), y.to(device)
-    torch.nn.functional.mse_loss(model(x), y).backward()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
     opt.step()
     opt.zero_grad()
+    if os.environ.get("PHASES_LOG"):
+        ddpkit.reduce(loss.item(), "mean")  # the others wait here for a rank slow after its backward
 if writer is not None:
     writer.close()
 if RANK == 0:

@@ -71,6 +71,8 @@ DEVICE = Var("DDPKIT_DEVICE", f"{LAUNCH}/verify/bench --device, or you", "init()
              choices(Device))
 RESUME = Var("DDPKIT_RESUME", f"{LAUNCH} --resume", "Checkpointer", "1: restore the newest valid checkpoint")
 REPORT_DIR = Var("DDPKIT_REPORT_DIR", LAUNCH, "init()", "where workers write error and stack reports")
+PHASE_DIR = Var("DDPKIT_PHASE_DIR", LAUNCH, "init()",
+                "where the one process of --mode dp / single writes its phase report (it has no REPORT_DIR)")
 LAUNCHER_PID = Var("DDPKIT_LAUNCHER_PID", LAUNCH, "init()",
                    "the launcher's PID: a worker whose parent is no longer it exits (orphan guard)")
 PHASE_WINDOW = Var("DDPKIT_PHASE_WINDOW", f"{LAUNCH} --phase-window", "init()",

@@ -136,10 +136,11 @@ def describe(found: dict[str, Any] | None, what: str) -> str:
             f"(this rank {found['wait_ms']:.1f})")
 
 
-def report(windows: list[dict[str, Any]], missing: list[int]) -> dict[str, Any]:
-    """The run's report: every rank's totals (as windows over the whole run) and the verdict over them."""
+def report(windows: list[dict[str, Any]], missing: list[int], warmup: int = 0) -> dict[str, Any]:
+    """The run's report: every rank's totals (as windows over the run, the first ``warmup`` steps left out) and
+    the verdict over them."""
     return {"v": VERSION, "ranks": sorted(windows, key=lambda w: w["rank"]), "missing": sorted(missing),
-            "straggler": verdict(windows)}
+            "warmup": warmup, "straggler": verdict(windows)}
 
 
 def table(rep: dict[str, Any]) -> str:
@@ -149,7 +150,8 @@ def table(rep: dict[str, Any]) -> str:
     if steps == 0:
         return ("no training steps seen (no ddpkit loader fetch, optimizer step or backward of a prepared model): "
                 "no per-rank table")
-    lines = [f"where each rank's time went (ms per step over {steps} steps; comm = waiting for the peers "
+    after = f" after the first {rep['warmup']} (warm-up: compile, caches; left out)" if rep.get("warmup") else ""
+    lines = [f"where each rank's time went (ms per step over {steps} steps{after}; comm = waiting for the peers "
              "after the last gradient):",
              "  rank  host              " + "".join(f"{p:>10}" for p in PHASES) + "      step"]
     for w in ranks:
@@ -205,10 +207,12 @@ def parse_report(text: str | bytes) -> dict[str, Any]:
     if len(raw["ranks"]) > MAX_RANKS or not isinstance(raw.get("missing"), list):
         raise ReportError("its 'ranks' / 'missing' are not lists of a job's ranks")
     windows = [_checked_window(w) for w in raw["ranks"]]
-    missing = raw["missing"]
+    missing, warmup = raw["missing"], raw.get("warmup", 0)
     if len(missing) > MAX_RANKS or not all(_count(r) for r in missing):
         raise ReportError("its 'missing' must list ranks")
-    return report(windows, missing)  # the verdict is recomputed: a file's own claim is not repeated
+    if not _count(warmup):
+        raise ReportError(f"its 'warmup' must be an integer in 0..{MAX_RANKS**2}")
+    return report(windows, missing, warmup)  # the verdict is recomputed: a file's own claim is not repeated
 
 
 def _finite(value: Any) -> bool:

@@ -79,6 +79,8 @@ def worker_environment(cfg: LaunchConfig) -> Iterator[tuple[str, list[str]]]:
     env, notes = worker_env(cfg, os.environ, usable_cores())
     if cfg.strategy.multi_process:
         env[contract.REPORT_DIR.name] = report_dir
+    else:  # its phase report only
+        env[contract.PHASE_DIR.name] = report_dir
     try:
         os.environ.update(env)
         yield report_dir, notes
@@ -99,7 +101,12 @@ def _run_workers(cfg: LaunchConfig, report_dir: str, notes: list[str]) -> int:
         what = f"{cfg.nproc_per_node} process(es) x {nodes} node(s), world size up to {cfg.world_size}"
     print(f"{PROG}: " + "; ".join([what, *notes]), file=sys.stderr, flush=True)
     if not cfg.strategy.multi_process:
-        return run_one([sys.executable] + (["-m"] if cfg.module else []) + [cfg.script, *cfg.script_args])
+        code = run_one([sys.executable] + (["-m"] if cfg.module else []) + [cfg.script, *cfg.script_args])
+        if code == 0 and os.path.exists(os.path.join(report_dir, phase_report.NAME)):  # its one-row table
+            log_dir = new_run_dir(cfg.log_dir, cfg.keep_logs)
+            _say_phases(report_dir, log_dir)
+            release(log_dir)
+        return code
     if cfg.max_nodes > 1 and not cfg.elastic:  # elastic: torch's rendezvous has its own join_timeout
         problem = check_nodes(cfg, cfg.join_timeout_s)
     elif cfg.loopback and cfg.master_port:

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from ddpkit.core.options import Op, check
 from ddpkit.runtime import group as runtime
+from ddpkit.runtime import phases
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
@@ -92,6 +93,7 @@ def _all_reduce(value, op: str):
     return int(tensor.item()) if isinstance(value, int) else tensor.item()
 
 
+@phases.waits
 def reduce(value, op: Op = "sum", *, count: Number | torch.Tensor | None = None):
     """Combine a number or tensor across ranks. ``op``: ``sum``, ``mean``, ``max`` or ``min``.
 
@@ -111,6 +113,7 @@ def reduce(value, op: Op = "sum", *, count: Number | torch.Tensor | None = None)
     return _all_reduce(value, op)
 
 
+@phases.waits
 def gather(tensor: torch.Tensor) -> torch.Tensor:
     """Concatenate every rank's rows (dim 0) in dataset order.
 

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from ddpkit.runtime import group as runtime
+from ddpkit.runtime import phases
 
 
 def _json_problem(value: Any, where: str = "value") -> str | None:
@@ -57,12 +58,14 @@ def _send_bytes(data: bytes | None, src: int, device: torch.device) -> bytes:
     return bytes(buffer.cpu().tolist())
 
 
+@phases.waits
 def barrier() -> None:
     """Wait until every rank gets here (a no-op with one process)."""
     if runtime.ensure_init().world_size > 1:
         dist.barrier()
 
 
+@phases.waits
 def broadcast(value: Any, src: int = 0) -> Any:
     """``src``'s ``value`` on every rank: a tensor (any shape and dtype; other ranks may pass None) or a JSON-safe
     value. Returns tensors on this process's device.
@@ -94,6 +97,7 @@ def broadcast(value: Any, src: int = 0) -> Any:
     return tensor
 
 
+@phases.waits
 def gather_object(value: Any) -> list[Any]:
     """Every rank's JSON-safe ``value``, in rank order, on every rank. One rank's bad value raises on all.
 
@@ -119,6 +123,7 @@ def gather_object(value: Any) -> list[Any]:
     return [e["json"] for e in everyone]
 
 
+@phases.waits
 def any_rank(flag: bool) -> bool:
     """True on every rank when ``flag`` is true on at least one (early stop, skip a bad batch).
 
@@ -128,6 +133,7 @@ def any_rank(flag: bool) -> bool:
     return bool(agree(int(bool(flag)), "max").result())
 
 
+@phases.waits
 def all_ranks(flag: bool) -> bool:
     """True on every rank when ``flag`` is true on all of them.
 

@@ -158,7 +158,8 @@ def init(mode: str | None = None, *, backend: str | None = None, timeout_s: floa
             _start_group(env, backend, device, timeout_s)
         proc.state = state = State(env.rank, env.local_rank, env.world_size, env.local_world_size, env.node_rank,
                                    device, backend, chosen, reason, entry)
-        proc.phases = phases.start(state, contract.REPORT_DIR.text(os.environ), window)
+        report = contract.REPORT_DIR.text(os.environ) or contract.PHASE_DIR.text(os.environ)
+        proc.phases = phases.start(state, report, window)
         atexit.register(_shutdown_at_exit)
     if seed is not None:
         seed_everything(seed + state.rank)

@@ -27,7 +27,7 @@ Example (one process, no store: its own table)::
 from __future__ import annotations
 
 import contextlib
-import datetime
+import functools
 import os
 import socket
 import sys
@@ -40,6 +40,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ddpkit.core import atomic, contract, process, straggler
+from ddpkit.runtime import phase_store
 from ddpkit.runtime.stamps import Timeline
 from ddpkit.strategies.syncbn import SyncBatchNorm
 
@@ -48,6 +49,9 @@ FINAL_WAIT_S = 5.0  # rank 0 waits this long at shutdown for the other ranks' to
 _KEY = "ddpkit/phases/"
 Listener = Callable[[int, list[dict[str, Any]], "dict[str, Any] | None"], None]
 _N = len(straggler.PHASES)
+# marks one step may hold (~100 bytes each) before its loader no longer counts as what cuts the steps: a loop that
+# stopped fetching (one batch reused) would otherwise keep every stamp of the run in one open step
+_MAX_OPEN = 20_000
 _DATA, _COMPUTE, _COMM, _OPT, _OTHER = range(_N)
 
 
@@ -63,8 +67,11 @@ class PhaseClock:
         self.phase = _OTHER
         self.step_start = 0  # the open step's first mark on the timeline
         self.grad: Any = None  # the stamp of the latest gradient of the running backward
-        self.window_sums, self.total_sums = [0.0] * _N, [0.0] * _N
-        self.window_steps = self.total_steps = self.windows = 0
+        self.window_sums, self.total_sums, self.first_sums = [0.0] * _N, [0.0] * _N, [0.0] * _N
+        self.window_steps = self.total_steps = self.first_steps = self.windows = 0
+        self.stepped: set[int] = set()  # the optimizers that stepped since the last fetch
+        self.last_grad: int | None = None  # id() of the parameter whose gradient came last in the last backward
+        self.latest_grad: int | None = None  # ... in the running one
         self.by_loader = self.by_optimizer = self.stepping = self.in_backward = False
         self.worked = False  # the open step ran a training forward, a backward or an optimizer step
         self.said: tuple[int, str] | None = None  # the straggler last said on the console
@@ -77,6 +84,8 @@ class PhaseClock:
         """The time since the last stamp goes to the phase the step was in; from now the step is in ``phase``."""
         self.line.close(self.phase)
         self.phase = phase
+        if self.by_loader and len(self.line.marks) - self.step_start > _MAX_OPEN:
+            self.by_loader = False  # the optimizer steps (or backwards) cut the steps from now on
 
     def fetch(self, starting: bool | None) -> None:
         """A ddpkit training loader starts fetching a batch (True), got one (False), or its pass ended (None:
@@ -85,6 +94,7 @@ class PhaseClock:
         next pass's first fetch (evaluation, a save) is no step's."""
         if starting:
             self.by_loader = True
+            self.stepped.clear()
             if self.worked or not self.stepping:
                 self._next_step()
                 self.phase = _DATA
@@ -116,11 +126,14 @@ class PhaseClock:
         self.in_forward(module, _COMM if syncing else _COMPUTE)
 
     def grad_ready(self, param: torch.Tensor) -> None:
-        # one stamp kept per backward, the latest: a Python call and a clock read per parameter, nothing more
-        if self.grad is not None:
-            self.line.discard(self.grad)
-        self.grad = self.line.stamp()
-        self.worked = True
+        # the stamp that ends compute is the last gradient's. The first backward stamps each (a clock read per
+        # parameter) and learns which came last; later ones stamp that parameter's only: one stamp (on CUDA one
+        # event) a backward, whatever the parameter count
+        self.worked, self.latest_grad = True, id(param)
+        if self.last_grad is None or self.latest_grad == self.last_grad:
+            if self.grad is not None:
+                self.line.discard(self.grad)
+            self.grad = self.line.stamp()
         if not self.in_backward:
             self.in_backward = True
             # Callbacks run at the end of the backward in the order queued. Ours, queued first, queues one more:
@@ -132,6 +145,8 @@ class PhaseClock:
 
     def _backward_done(self) -> None:
         self.in_backward = False
+        # another parameter came last this time (a branch the graph took): learnt for the next backward
+        self.last_grad = self.latest_grad
         if self.grad is not None:  # up to the last gradient: compute (even with no forward stamped: compiled)
             self.line.close(_COMPUTE, self.grad)
             self.grad = None
@@ -146,7 +161,10 @@ class PhaseClock:
 
     def optimizer_end(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._to(_OTHER)
-        if not self.by_loader:  # no ddpkit loader: an optimizer step is the step
+        if self.by_loader and id(optimizer) in self.stepped:  # stepped twice on one fetch: the loop reuses a batch
+            self.by_loader = False
+        self.stepped.add(id(optimizer))  # (a GAN's two optimizers step once each a batch)
+        if not self.by_loader:  # no ddpkit loader, or one no longer read: an optimizer step is the step
             self._next_step()
 
     # -- steps and windows -------------------------------------------------------------------------------
@@ -160,6 +178,7 @@ class PhaseClock:
         self.step_start = len(self.line.marks)
         if self.window_steps >= self.window:
             self._publish_window()
+            self.line.close(self.line.skip)  # the store's round trips are the clock's own time, no phase's
 
     def _resolve(self) -> None:
         for i, seconds in enumerate(self.line.resolve()):
@@ -174,33 +193,19 @@ class PhaseClock:
         self._resolve()
         index, self.windows = self.windows, self.windows + 1
         mine = self._mean(self.window_sums, self.window_steps, index)
+        # the first window (compile, allocator and cache warm-up) stays out of the run's totals and the verdict
+        kept, counted = (self.first_sums, "first_steps") if index == 0 else (self.total_sums, "total_steps")
         for i in range(_N):
-            self.total_sums[i] += self.window_sums[i]
-        self.total_steps += self.window_steps
+            kept[i] += self.window_sums[i]
+        setattr(self, counted, getattr(self, counted) + self.window_steps)
         self.window_sums, self.window_steps = [0.0] * _N, 0
         if self.store is not None:
-            _put(self.store, f"{self.prefix}{index}/{self.rank}", mine)
-        if self.rank == 0:
-            previous = [mine] if self.store is None else self._gather(index - 1)
-            if previous:
+            phase_store.put(self.store, phase_store.key(self.prefix, index, self.rank), mine)
+        if self.rank == 0 and index > 0:
+            previous = [mine] if self.store is None else \
+                phase_store.gather(self.store, self.prefix, index - 1, self.world_size)
+            if previous and previous[0]["window"] > 0:
                 self._judge(previous)
-
-    def _gather(self, index: int) -> list[dict[str, Any]]:
-        """Every rank's window ``index`` once all are in the store (none yet: []), then forgotten there."""
-        if index < 0:
-            return []
-        keys = [f"{self.prefix}{index}/{r}" for r in range(self.world_size)]
-        try:
-            if not self.store.check(keys):
-                return []
-            found = [straggler.parse_window(raw) for raw in self.store.multi_get(keys)]
-            for key in keys:
-                self.store.delete_key(key)
-        except (RuntimeError, straggler.ReportError) as exc:
-            print(f"ddpkit: warning: phase report: window {index} unreadable ({exc}); skipped", file=sys.stderr,
-                  flush=True)
-            return []
-        return found
 
     def _judge(self, windows: list[dict[str, Any]]) -> None:
         found = straggler.verdict(windows)
@@ -217,40 +222,30 @@ class PhaseClock:
 
     # -- the run's end -----------------------------------------------------------------------------------
     def totals(self) -> dict[str, Any]:
-        """This rank's phase means over every step so far (windows that were published and the open one)."""
+        """This rank's phase means over every step so far but the first window's (warm-up), or over all of them
+        when no step came after it; ``warmup``: the steps left out."""
         self._to(self.phase)
         self.line.skip_from(self.step_start)  # the step still open is no whole step
         self._resolve()
         sums = [t + w for t, w in zip(self.total_sums, self.window_sums)]
-        return self._mean(sums, self.total_steps + self.window_steps, self.windows)
+        steps = self.total_steps + self.window_steps
+        warmup = self.first_steps
+        if not steps:  # a run within its first window: its only figures
+            sums, steps, warmup = [t + f for t, f in zip(sums, self.first_sums)], self.first_steps, 0
+        return {**self._mean(sums, steps, self.windows), "warmup": warmup}
 
     def finish(self) -> None:
         """At shutdown: put this rank's totals in the store; rank 0 writes the run's report."""
         mine = self.totals()
+        warmup = mine.pop("warmup")
         if self.store is not None:
-            _put(self.store, f"{self.prefix}total/{self.rank}", mine)
+            phase_store.put(self.store, f"{self.prefix}total/{self.rank}", mine)
         if self.rank != 0 or self.report_path is None:
             return
-        windows, missing = self._final_totals(mine) if self.store is not None else ([mine], [])
-        rep = straggler.report(windows, missing)
+        windows, missing = ([mine], []) if self.store is None else \
+            phase_store.final_totals(self.store, self.prefix, mine, self.world_size, FINAL_WAIT_S)
+        rep = straggler.report(windows, missing, warmup)
         atomic.write_atomically(self.report_path, lambda f: f.write(straggler.dumps(rep).encode()))
-
-    def _final_totals(self, mine: dict[str, Any]) -> tuple[list[dict[str, Any]], list[int]]:
-        keys = {r: f"{self.prefix}total/{r}" for r in range(self.world_size) if r != self.rank}
-        try:
-            self.store.wait(list(keys.values()), datetime.timedelta(seconds=FINAL_WAIT_S))
-        except RuntimeError:  # a rank is late or gone: report the ones there
-            pass
-        windows, missing = [mine], list[int]()
-        for rank, key in keys.items():
-            try:
-                if self.store.check([key]):
-                    windows.append(straggler.parse_window(self.store.get(key)))
-                    continue
-            except (RuntimeError, straggler.ReportError):
-                pass
-            missing.append(rank)
-        return windows, missing
 
     def watch_model(self, model: nn.Module, forward: bool = True) -> None:
         """Stamp the training forwards of ``model`` (``forward=False``: a compiled one, whose hooks dynamo would
@@ -293,13 +288,6 @@ class PhaseClock:
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
-
-
-def _put(store: Any, key: str, win: dict[str, Any]) -> None:
-    try:
-        store.set(key, straggler.dumps(win))
-    except RuntimeError:  # the store's host is gone: the run is ending anyway, and the report is no reason to fail
-        pass
 
 
 def window_from(environ: Any) -> int:
@@ -364,6 +352,19 @@ def watch_model(model: nn.Module, compiled: bool = False) -> None:
     clock = current()
     if clock is not None:
         clock.watch_model(model, forward=not compiled)
+
+
+def waits(collective: Callable[..., Any]) -> Callable[..., Any]:
+    """A collective a script calls (``ddpkit.reduce``, ``barrier``, ...): its time is a wait for the peers,
+    ``comm``, not the phase around it (a loop that logs ``ddpkit.reduce(loss.item())`` each step would put a
+    slow peer's lag in "other", where the verdict cannot see it as waiting)."""
+    @functools.wraps(collective)
+    def waiting_for_peers(*args: Any, **kwargs: Any) -> Any:
+        if current() is None:
+            return collective(*args, **kwargs)
+        with waiting():
+            return collective(*args, **kwargs)
+    return waiting_for_peers
 
 
 @contextlib.contextmanager
