@@ -89,6 +89,9 @@ VERIFY_INIT = Var("DDPKIT_VERIFY_INIT", VERIFY, "verify's hooks",
                   "initial weights: written by the one-process run, loaded by the N-process run")
 VERIFY_DROP = Var("DDPKIT_VERIFY_DROP", VERIFY, "verify's hooks",
                   "N: training loaders drop the last len % N samples in both runs (no padded repeats)")
+VERIFY_F64 = Var("DDPKIT_VERIFY_F64", VERIFY, "verify's hooks",
+                 "1: the prepared model in float64 (its float inputs cast up, its outputs back): the re-run that "
+                 "tells float rounding from a defect")
 KEEP_DROPOUT = Var("DDPKIT_KEEP_DROPOUT", f"{VERIFY} --keep-dropout", "verify's hooks",
                    "1: verify leaves dropout on (by default it sets p=0 in both runs)")
 BENCH_OUT = Var("DDPKIT_BENCH_OUT", BENCH, "bench's hooks", "each rank writes its batch hand-out times there")

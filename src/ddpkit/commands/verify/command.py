@@ -33,7 +33,7 @@ import torch
 
 from ddpkit.commands.cli import OneLineParser, usage_error
 from ddpkit.commands.logtail import run_logged
-from ddpkit.commands.verify import causes, noise
+from ddpkit.commands.verify import causes, noise, rounding
 from ddpkit.core import contract
 from ddpkit.core.environment import visible_gpus
 from ddpkit.core.errors import CANNOT_COMPARE, NOT_EQUIVALENT, SCRIPT_FAILED, UsageError
@@ -209,12 +209,14 @@ def run_env(tmp: str, nproc: int, steps: int, device: str | None, keep_dropout: 
 
 
 def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol: float, rtol: float,
-           device: str | None = None, keep_dropout: bool = False, mode: str = "ddp") -> dict:
+           device: str | None = None, keep_dropout: bool = False, mode: str = "ddp", float64: bool = False) -> dict:
     """Run both trainings in a temporary directory and compare them; :class:`CannotCompare` when the
     one-process run shows there is nothing comparable (checked before the N-process run starts)."""
     with tempfile.TemporaryDirectory(prefix="ddpkit-verify-") as tmp:
         ref, dist_out = os.path.join(tmp, "single.pt"), os.path.join(tmp, "ddp.pt")
         common = run_env(tmp, nproc, steps, device, keep_dropout)
+        if float64:
+            common[contract.VERIFY_F64.name] = "1"
         run_logged([sys.executable, script, *script_args],
                    {**common, contract.MODE.name: "single", contract.BATCH_SCALE.name: str(nproc),
                     contract.VERIFY_OUT.name: ref}, os.path.join(tmp, "single.log"))
@@ -245,14 +247,15 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
         result["steps_taken"], result["cap"] = taken, facts[0].get("cap")
         result["batches"] = int(facts[0].get("batches") or 0)
         result["steps_shape"] = facts[0].get("steps_shape")
+        result["optimizers"] = sorted({o for f in facts for o in f.get("optimizers") or ()})
+        result["random_draws"] = any(f.get("random_draws") for f in facts)
+        result["autocast"] = next((f["autocast"] for f in facts if f.get("autocast")), None)
         if not result["passed"] and not result["non_finite"]:
             g1, gn = (_grads(path) for path in (ref, dist_out))
             grads = compare_weights(g1, gn, atol, rtol) if g1 and gn else None
             result["first_gradient_diverging"] = grads.get("first_diverging") if grads else None
-            result["cause"] = causes.likely_cause(g1, gn, grads, any(f.get("random_draws") for f in facts),
-                                                         nproc, next((f["autocast"] for f in facts
-                                                                      if f.get("autocast")), None),
-                                                         any(f.get("masked_labels") for f in facts))
+            result["cause"] = causes.likely_cause(g1, gn, grads, result["random_draws"], nproc, result["autocast"],
+                                                  any(f.get("masked_labels") for f in facts))
     return {"nproc": nproc, "mode": mode, "steps": steps, "atol": atol, "rtol": rtol, **result}
 
 
@@ -374,11 +377,21 @@ def _verify_one(ns: argparse.Namespace, nproc: int, device: str | None, note: st
             print(json.dumps({"nproc": nproc, "mode": ns.mode, "passed": False,
                               "error": "cannot compare" if cannot else "a run failed", "reason": str(exc)}))
         return CANNOT_COMPARE if cannot else SCRIPT_FAILED
+    if rounding.worth_rerun(result):
+        print(f"{PROG}: the runs differ and an adaptive optimizer stepped: both run again in float64 "
+              "(float rounding or a defect?)", file=sys.stderr, flush=True)
+        try:
+            result = rounding.decided(result, verify(ns.script, ns.script_args, nproc, ns.steps, ns.atol, ns.rtol,
+                                                     device, ns.keep_dropout, ns.mode, float64=True))
+        except (CannotCompare, RuntimeError) as exc:
+            result = rounding.decided(result, None, str(exc))
     results.append(result)
     if ns.json:
         print(json.dumps(result), flush=True)
     elif result["passed"]:
         print(pass_line(result, nproc, ns.mode), flush=True)
+        if result.get("rounding_note"):
+            print(f"  {result['rounding_note']}", flush=True)
         if result["excused"]:
             print(f"  {noise.excused_line(result['excused'], result['excused_in'], result['lr'])}; "
                   f"their max abs diff {result['excused_max_diff']:.3g}")
@@ -386,4 +399,6 @@ def _verify_one(ns: argparse.Namespace, nproc: int, device: str | None, note: st
         print(f"FAIL after {run_length(result)}: {result['reason']}", flush=True)
     else:
         print(fail_line(result, ns.steps, ns.atol, ns.rtol), flush=True)
+        if result.get("rounding_note"):
+            print(f"  {result['rounding_note']}", flush=True)
     return 0 if result["passed"] else NOT_EQUIVALENT

@@ -11,6 +11,7 @@ changes, and why:
 - both start from the same initial weights: the one-process run writes them, the N-process run loads them,
   so a script need not seed;
 - dropout is set to 0 (unless ``--keep-dropout``);
+- in the float64 re-run of a FAIL, the model is float64 (:mod:`ddpkit.commands.verify.rounding`);
 - the :class:`~ddpkit.commands.verify.recorder.Recorder` stops both runs after K optimizer steps, saves the final
   weights and the step-1 gradients.
 
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ddpkit.commands.verify import rounding
 from ddpkit.commands.verify.recorder import Recorder, cpu_state, dropout_off
 from ddpkit.core import contract
 from ddpkit.runtime.instrument import Hooks, OnShutdown
@@ -37,8 +39,8 @@ from ddpkit.runtime.instrument import Hooks, OnShutdown
 
 class VerifyHooks(Hooks):
     def __init__(self, batch_scale: int = 1, drop_multiple: int | None = None, init: str | None = None,
-                 keep_dropout: bool = True, recorder: Recorder | None = None):
-        self.batch_scale, self.drop_multiple, self.init = batch_scale, drop_multiple, init
+                 keep_dropout: bool = True, recorder: Recorder | None = None, float64: bool = False):
+        self.batch_scale, self.drop_multiple, self.init, self.float64 = batch_scale, drop_multiple, init, float64
         self.keep_dropout, self.recorder = keep_dropout, recorder
         self.models = 0  # models prepared so far: each one's initial weights are a file of its own (a GAN has two)
 
@@ -47,6 +49,8 @@ class VerifyHooks(Hooks):
         order of preparation, with two or more); the recorder saves the final weights at shutdown."""
         if not self.keep_dropout:
             dropout_off(model)  # modules and the float attributes of attention and RNN layers
+        if self.float64:  # the re-run that tells rounding from a defect (before the wrap: DDP's buckets are typed)
+            rounding.to_float64(model)
         if self.recorder is not None:
             self.recorder.on_model(model, is_main, on_shutdown)
         if self.init:
@@ -83,4 +87,5 @@ def from_env(environ: Mapping[str, str]) -> VerifyHooks:
     return VerifyHooks(batch_scale=contract.BATCH_SCALE.number(environ) or 1,
                        drop_multiple=contract.VERIFY_DROP.number(environ), init=contract.VERIFY_INIT.text(environ),
                        keep_dropout=out is None or contract.KEEP_DROPOUT.flag(environ),
-                       recorder=Recorder(out, contract.MAX_STEPS.number(environ)) if out else None)
+                       recorder=Recorder(out, contract.MAX_STEPS.number(environ)) if out else None,
+                       float64=contract.VERIFY_F64.flag(environ))

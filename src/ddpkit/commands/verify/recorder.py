@@ -105,6 +105,7 @@ class Recorder:
         self.peaks: dict[str, torch.Tensor] = {}  # model<i>.name -> largest |gradient| per element so far
         self.lr = 0.0
         self.masked = False  # a training loader without count= whose samples hold labels of -100
+        self.optimizers: set[str] = set()  # the classes of the optimizers that stepped
         self.steps_shape: dict[str, int | None] | None = None  # the first step loader's global batch and limits
         self._hooked = False
 
@@ -153,6 +154,7 @@ class Recorder:
             raise StepCap(0)
         if self._rng is not None and not torch.equal(self._rng, _rng_state()):
             self.random_draws = True  # drawn during the step: forward, loss (noise, random masking)
+        self.optimizers.add(type(optimizer).__name__)
         groups = getattr(optimizer, "param_groups", [])
         self.lr = max([self.lr, *(_lr(group) for group in groups)])
         stepped = {id(p) for group in groups for p in group.get("params", [])}
@@ -202,7 +204,8 @@ class Recorder:
         facts = {"models": len(self.models), "batches": self._batches(),
                  "loaders": len(self.loaders), "steps": self.steps, "capped": self.capped, "cap": self.cap(),
                  "random_draws": self.random_draws, "autocast": self.autocast, "lr": self.lr,
-                 "masked_labels": self.masked, "steps_shape": self.steps_shape, "finished": finished}
+                 "masked_labels": self.masked, "steps_shape": self.steps_shape,
+                 "optimizers": sorted(self.optimizers), "finished": finished}
         with open(f"{self.out}.json", "w") as f:
             json.dump(facts, f)
         if not finished:

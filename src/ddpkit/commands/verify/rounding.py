@@ -1,0 +1,80 @@
+"""Float rounding or a defect: ``ddpkit verify``'s float64 re-run.
+
+A weight whose exact gradient is zero (a conv or linear bias right before a BatchNorm, which subtracts the batch
+mean: the bias cancels) gets float32 rounding noise, and the noise of one process summing the global batch differs
+from that of N processes averaging their shares. SGD moves such a weight by lr x noise: nothing. Adam and its kin
+divide each gradient by its own running size, so noise of 1e-9 moves the weight by up to about lr, and the two
+correct runs part by ~lr. :mod:`ddpkit.commands.verify.noise` excuses that when an element's gradient is noise next
+to its own tensor's largest, which cannot see a tensor that is noise throughout (every element of that bias).
+
+So when a run with an adaptive optimizer FAILs, verify runs both sides again with the prepared model in float64
+(:func:`to_float64`: parameters and buffers, float inputs cast up at its forward, float outputs cast back, so the
+script's loss code sees what it always did). Rounding noise falls ~1e-9 times lower, below Adam's ``eps``, and the
+runs then agree; a real defect (a summed loss, unsynced statistics, rank-dependent code) changes real gradients
+and still differs. The PASS or FAIL line says which test decided.
+
+Example::
+
+    >>> worth_rerun({"passed": False, "non_finite": False, "optimizers": ["AdamW"]})
+    True
+    >>> worth_rerun({"passed": False, "non_finite": False, "optimizers": ["SGD"]})
+    False
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+# optimizers that scale each element's step by its own gradient history: float noise becomes an lr-sized step
+ADAPTIVE = {"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop", "SparseAdam", "Adafactor",
+            "FusedAdam", "Lion", "Muon"}
+
+
+def worth_rerun(result: dict) -> bool:
+    """A finite FAIL of runs that stepped an adaptive optimizer, without autocast (whose bf16/fp16 rounding a
+    float64 model would not remove) and without random draws in the step (which differ by design)."""
+    return (not result.get("passed") and not result.get("non_finite") and not result.get("autocast")
+            and not result.get("random_draws") and bool(ADAPTIVE & set(result.get("optimizers") or ())))
+
+
+def to_float64(model: nn.Module) -> None:
+    """``model`` in float64 in place, before it is wrapped: float inputs are cast up at its forward and its float
+    outputs back to float32, so a loss computed next to float32 targets runs unchanged."""
+    model.double()
+    model.register_forward_pre_hook(lambda module, args, kwargs: (_cast(args, torch.float64),
+                                                                  _cast(kwargs, torch.float64)), with_kwargs=True)
+    model.register_forward_hook(lambda module, args, output: _cast(output, torch.float32))
+
+
+def _cast(value: Any, dtype: torch.dtype) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() and value.dtype != dtype else value
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(_cast(v, dtype) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast(v, dtype) for v in value)
+    if isinstance(value, dict):
+        return {k: _cast(v, dtype) for k, v in value.items()}
+    return value
+
+
+def decided(float32: dict, float64: dict | None, error: str | None = None) -> dict:
+    """The result verify reports: the float64 runs' when they pass (rounding was all), else the float32 FAIL with
+    what the re-run found. ``error``: why the float64 runs could not run."""
+    diff = float32.get("first_max_abs_diff", float32.get("max_abs_diff"))
+    where = f"{float32.get('first_diverging')!r} {diff:.3g} apart" if diff is not None else "apart"
+    if float64 is not None and float64.get("passed"):
+        note = (f"decided by a float64 re-run: in float32 the runs ended {where}, float rounding that an adaptive "
+                "optimizer magnified (a weight whose exact gradient is 0, e.g. a bias right before BatchNorm); in "
+                f"float64 they match (max abs diff {float64['max_abs_diff']:.3g})")
+        return {**float64, "decided_by": "float64", "rounding_note": note}
+    if float64 is not None:
+        f64 = float64.get("first_max_abs_diff", float64.get("max_abs_diff"))
+        note = (f"the float64 re-run differs too ({float64.get('first_diverging')!r}, max abs diff "
+                f"{f64 if f64 is None else format(f64, '.3g')}): not float rounding")
+    else:
+        note = f"the float64 re-run could not run ({error}): float rounding not ruled out"
+    return {**float32, "decided_by": "float32", "rounding_note": note}

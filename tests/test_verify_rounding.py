@@ -1,0 +1,30 @@
+"""``ddpkit verify`` tells float rounding from a defect (issue 44): a correct BatchNorm + Adam CNN, whose conv biases
+before BatchNorm get pure float32 noise that Adam magnifies to lr-sized steps, FAILed as "rank-dependent code";
+verify now runs both sides again in float64 and PASSes it, saying which test decided, while per-rank BatchNorm
+statistics still FAIL in float64 too."""
+import sys
+
+import torch
+
+from conftest import WORKERS, ok, run_cmd
+from ddpkit.commands.verify.rounding import _cast
+
+VERIFY = [sys.executable, "-m", "ddpkit", "verify", "--nproc", "2", "--steps", "4", str(WORKERS / "verify_bn_adam.py")]
+
+
+def test_a_correct_batchnorm_adam_cnn_passes_by_the_float64_rerun():
+    r = ok(run_cmd(VERIFY, timeout=400))
+    assert r.stdout.startswith("PASS: 2 processes match 1 process"), r.stdout + r.stderr[-2000:]
+    assert "decided by a float64 re-run: in float32 the runs ended '0.bias'" in r.stdout, r.stdout
+
+
+def test_per_rank_batchnorm_statistics_still_fail_in_float64():
+    r = run_cmd(VERIFY + ["--local-bn"], timeout=400)
+    assert r.returncode != 0 and r.stdout.startswith("FAIL"), r.stdout + r.stderr[-2000:]
+    assert "the float64 re-run differs too" in r.stdout and "not float rounding" in r.stdout, r.stdout
+
+
+def test_the_cast_keeps_structure_and_leaves_integers():
+    x, ids = torch.ones(2), torch.arange(3)
+    got = _cast({"a": [x, ids], "b": (x,)}, torch.float64)
+    assert got["a"][0].dtype == torch.float64 and got["a"][1] is ids and isinstance(got["b"], tuple)

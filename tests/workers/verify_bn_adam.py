@@ -1,0 +1,28 @@
+"""A BatchNorm CNN trained with Adam, as public CIFAR scripts write it: each conv keeps its bias right before its
+BatchNorm (a weight whose exact gradient is 0: float noise that Adam turns into lr-sized steps).
+
+``verify_bn_adam.py [--local-bn]``: ``--local-bn`` keeps each rank's own BatchNorm statistics
+(``sync_batchnorm=False``), a real difference from one process that verify must still FAIL.
+"""
+import sys
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import ddpkit
+
+torch.set_num_threads(1)
+ddpkit.init(seed=0)
+g = torch.Generator().manual_seed(0)
+data = TensorDataset(torch.randn(128, 3, 8, 8, generator=g), torch.randint(0, 10, (128,), generator=g))
+net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                    nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                    nn.Flatten(), nn.Linear(16, 10))
+model = ddpkit.prepare_model(net, sync_batchnorm="--local-bn" not in sys.argv)
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+for x, y in ddpkit.data_loader(data, batch_size=16):
+    loss = nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
