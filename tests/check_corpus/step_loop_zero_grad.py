@@ -16,3 +16,14 @@ for step in loader:
         step.backward(nn.functional.cross_entropy(model(x), y))
     optimizer.step()
     optimizer.zero_grad()
+for step in loader:
+    for i, (x, y) in enumerate(step.micro_batches(model)):
+        optimizer.zero_grad()  # expect: DDP020
+        step.backward(nn.functional.cross_entropy(model(x), y))
+    optimizer.step()
+for step in loader:  # right: the step and its zero_grad beside it, on the last micro-batch only
+    for x, y in step.micro_batches(model):
+        step.backward(nn.functional.cross_entropy(model(x), y))
+        if step.sync:
+            optimizer.step()
+            optimizer.zero_grad()

@@ -47,12 +47,14 @@ def accumulated(static):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def zero_grad_inside():
+def zero_grad_inside(variant):
+    """``plain``: zero_grad() at the top of each micro-batch; ``in_place``: zero_grad(set_to_none=False);
+    ``step``: the step iterated itself (no model given to watch)."""
     model, opt = model_and_optimizer(False)
     try:
         for step in ddpkit.data_loader(data, global_batch_size=12, micro_batch_size=2):
-            for x, y in step.micro_batches(model):
-                opt.zero_grad()
+            for x, y in step if variant == "step" else step.micro_batches(model):
+                opt.zero_grad(set_to_none=variant != "in_place")
                 step.backward(nn.functional.mse_loss(model(x), y))
             opt.step()
     except RuntimeError as error:
@@ -69,6 +71,7 @@ def odd_global_batch(train):
 
 
 results = {"odd": [odd_global_batch(False), odd_global_batch(True)], "steps": [steps(False), steps(True)],
-           "accumulate": [accumulated(False), accumulated(True)], "zero_grad": zero_grad_inside()}
+           "accumulate": [accumulated(False), accumulated(True)],
+           "zero_grad": {v: zero_grad_inside(v) for v in ("plain", "in_place", "step")}}
 if state.is_main:
     torch.save(results, f"{out_dir}/edges{state.world_size}.pt")

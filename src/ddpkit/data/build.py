@@ -128,7 +128,9 @@ def _step_loader(dataset: Any, global_batch: int | None, micro: int | None, accu
                  loader_kwargs: dict[str, Any], count: Callable[[Any], Any] | None) -> GlobalBatchLoader:
     """``global_batch_size`` with ``micro_batch_size`` / ``accumulation_steps`` / ``count``: a loader of optimizer
     steps."""
-    asked = f"micro_batch_size={micro}, accumulation_steps={accumulation}" + (", count=..." if count else "")
+    given = (("micro_batch_size", micro), ("accumulation_steps", accumulation))
+    asked = ", ".join([f"{name}={value}" for name, value in given if value is not None]
+                      + (["count=..."] if count is not None else []))
     if count is not None and not callable(count):
         raise ValueError(f"count={count!r}: expected a function of a micro-batch that returns how many items its "
                          "mean loss averages, e.g. count=lambda batch: (batch['labels'] != -100).sum()")
@@ -136,6 +138,11 @@ def _step_loader(dataset: Any, global_batch: int | None, micro: int | None, accu
         raise ValueError(f"{asked} split a global batch into micro-steps: pass global_batch_size=G (the samples "
                          "of one optimizer step, at any world size) and no batch_size= (ddpkit picks the "
                          "per-process micro-batch)")
+    if count is not None and isinstance(dataset, IterableDataset):
+        raise ValueError(f"{asked} on a stream (IterableDataset): a step is read ahead to be counted, which a stream "
+                         "loader does not do yet; give the samples as a map-style dataset (a list, or a Dataset "
+                         "with __getitem__), or weigh the loss yourself: loss_sum / ddpkit.reduce(count) * "
+                         "world_size, with loss_sum the summed (reduction='sum') token loss of the batch")
     if isinstance(dataset, IterableDataset) or not train or uneven is not None:
         what = ("a stream (IterableDataset)" if isinstance(dataset, IterableDataset) else
                 "train=False (evaluation needs no accumulation)" if not train else f"uneven={uneven!r}")

@@ -63,6 +63,7 @@ class Step:
         self.global_count: float | None = None
         self._model: nn.Module | None = None
         self._kept: torch.Tensor | None = None  # a parameter whose gradient the last backward left
+        self._version: int | None = None  # ... and that gradient's version then
 
     def micro_batches(self, model: nn.Module | None = None) -> Iterator[Any]:
         """This rank's micro-batches; with ``model``, every one but the last runs (forward and backward, inside
@@ -129,23 +130,54 @@ class Step:
         default), or with the loader's ``count=`` the mean over the items it counts. With a GradScaler:
         ``step.backward(scaler.scale(loss))``. A micro-batch with nothing counted (``step.scale == 0``, e.g. every
         label ``-100``) adds nothing, even where its mean is torch's 0/0 NaN."""
-        if self._kept is not None and self._kept.grad is None:
-            raise RuntimeError(f"step {self.index}: the gradients of micro-batches 1-{self.handed - 1} were erased "
-                               f"before micro-batch {self.handed}'s backward (optimizer.zero_grad() inside "
-                               "step.micro_batches()?): the step would train on its last micro-batch only; call "
-                               "optimizer.zero_grad() once per step, after optimizer.step()")
+        if self._erased():
+            earlier = "micro-batch 1" if self.handed == 2 else f"micro-batches 1-{self.handed - 1}"
+            raise RuntimeError(f"step {self.index}: the gradients of {earlier} were erased before micro-batch "
+                               f"{self.handed}'s backward (optimizer.zero_grad() inside step.micro_batches()?): the "
+                               "step would train on its last micro-batch only; call optimizer.zero_grad() once per "
+                               "step, after optimizer.step()")
         if self.scale == 0:
             loss = torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0)
         (loss * self.scale).backward()
-        if self._model is not None and self._kept is None and not self.sync:
-            # one parameter's gradient is watched: zero_grad() (set_to_none, torch's default) drops it. fsdp keeps a
-            # skipped sync's gradients elsewhere: no parameter has one, and nothing is watched
-            self._kept = next((p for p in self._model.parameters() if p.grad is not None), None)
+        if self._kept is None and not self.sync:
+            # one parameter's gradient is watched: zero_grad() drops it (set_to_none, torch's default) or zeroes it
+            # in place (a new version). fsdp keeps a skipped sync's gradients elsewhere: no parameter has one, and
+            # nothing is watched. Without the model (`for batch in step`), a parameter the loss reached
+            params = self._model.parameters() if self._model is not None else _leaves(loss)
+            self._kept = next((p for p in params if p.grad is not None), None)
+        if self._kept is not None and self._kept.grad is not None:  # what this backward left; a change after it
+            self._version = self._kept.grad._version  # is the loop's own
+
+    def _erased(self) -> bool:
+        """The watched gradient was dropped, or changed in place to zeros, since the last backward."""
+        if self._kept is None:
+            return False
+        grad = self._kept.grad
+        # only a gradient changed in place is read (a sync on a GPU): a plain loop never changes it in between
+        return grad is None or (grad._version != self._version and not bool(grad.any()))
+
+
+def _leaves(loss: torch.Tensor, limit: int = 10_000) -> Iterator[torch.Tensor]:
+    """The leaf tensors ``loss``'s graph accumulates gradients into, depth first (at most ``limit`` nodes)."""
+    stack: list[Any] = [loss.grad_fn]
+    seen: set[Any] = set()
+    while stack and len(seen) < limit:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if hasattr(node, "variable"):  # AccumulateGrad: the leaf itself
+            yield node.variable
+        stack.extend(child for child, _ in node.next_functions)
 
 
 def _checked(value: Any) -> float:
     """A micro-batch's count as a float: a number or one-element tensor, finite and >= 0."""
-    number = value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value
+    number = value
+    if isinstance(value, torch.Tensor):
+        number = value.item() if value.numel() == 1 else value
+    elif hasattr(value, "item") and getattr(value, "size", None) == 1:  # a numpy scalar (np.count_nonzero) or array
+        number = value.item()
     if isinstance(number, bool) or not isinstance(number, (int, float)) or not 0 <= number < float("inf"):
         raise ValueError(f"count(batch) returned {value!r}: expected the number of items the micro-batch's mean "
                          "loss averages (a number or one-element tensor >= 0), e.g. "

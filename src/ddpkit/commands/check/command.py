@@ -171,12 +171,24 @@ def _stream_findings(v: Visitor) -> Iterator[Finding]:
 
 
 def _micro_batch_findings(tree: ast.AST) -> Iterator[Finding]:
-    """DDP020: ``optimizer.zero_grad()`` in the body of ``for batch in step.micro_batches(...)``."""
+    """DDP020: ``optimizer.zero_grad()`` in the body of ``for batch in step.micro_batches(...)`` (also through
+    ``enumerate`` / ``zip``). One under an ``if`` (``if step.sync:`` beside ``optimizer.step()``, or before the
+    first backward) is the script's decision: no finding."""
     for loop in ast.walk(tree):
-        if isinstance(loop, ast.For) and isinstance(loop.iter, ast.Call) and last(loop.iter) == "micro_batches":
-            for node in (n for statement in loop.body for n in ast.walk(statement)):
-                if isinstance(node, ast.Call) and last(node) == "zero_grad":
-                    yield _finding("DDP020", node.lineno)
+        if not (isinstance(loop, ast.For) and any(isinstance(n, ast.Call) and last(n) == "micro_batches"
+                                                  for n in ast.walk(loop.iter))):
+            continue
+        for node in _unguarded(loop.body):
+            if isinstance(node, ast.Call) and last(node) == "zero_grad":
+                yield _finding("DDP020", node.lineno)
+
+
+def _unguarded(body: list[ast.stmt]) -> Iterator[ast.AST]:
+    """The nodes of ``body`` that run on every pass: not under an ``if`` (nor in a nested function)."""
+    for statement in body:
+        if isinstance(statement, (ast.If, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        yield from ast.walk(statement)
 
 
 def _sharding_findings(v: Visitor, text: str) -> Iterator[Finding]:

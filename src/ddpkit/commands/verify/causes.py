@@ -21,6 +21,9 @@ Example::
 
 from __future__ import annotations
 
+import os
+import re
+
 import torch
 
 from ddpkit.data.global_batch import largest_micro_batch
@@ -160,3 +163,25 @@ def same_micro_batches(shape: dict | None, world_sizes: list[int]) -> str | None
     return (f"every world size compared ({', '.join(map(str, world_sizes))}) takes micro-batches of {one} samples "
             "per process, as one process does: a loss that depends on the micro-batch size (reduction=\"sum\") "
             f"passes there{hint}")
+
+
+def crash_line(run: str, script: str, output: str, nproc: int) -> str:
+    """One line for a verify run that exited non-zero: the script's line, the exception, and why the run may fail
+    where the script alone does not (the one-process run takes N x the per-process batch).
+
+    >>> out = "Traceback ...\\n  File \\"/x/t.py\\", line 12, in <module>\\nRuntimeError: tensor a (16) vs b (8)\\n"
+    >>> crash_line("one-process run", "/x/t.py", out, 2)[:76]
+    'the one-process run failed at t.py:12 (RuntimeError: tensor a (16) vs b (8))'
+    """
+    name = os.path.basename(script)
+    lines = re.findall(rf'File "[^"]*{re.escape(name)}", line (\d+)', output)
+    where = f"{name}:{lines[-1]}" if lines else name
+    tail = [line.strip() for line in output.splitlines() if line.strip()]
+    raised = next((line for line in reversed(tail) if re.match(r"^[\w.]+(Error|Exception|Exit|Interrupt)\b", line)),
+                  tail[-1] if tail else "no output")
+    line = f"the {run} failed at {where} ({raised[:300]})"
+    if run.startswith("one-process") and re.search(r"\bsize\b|\bshape\b", raised):
+        line += (f"; verify's one-process run takes the {nproc} processes' global batch ({nproc} x the per-process "
+                 "batch), so a tensor sized from a fixed batch size breaks there: size it from the batch "
+                 "(x.shape[0]), or give the loader global_batch_size=")
+    return line

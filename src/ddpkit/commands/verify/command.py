@@ -36,7 +36,7 @@ from ddpkit.commands.logtail import run_logged
 from ddpkit.commands.verify import causes, noise, rounding
 from ddpkit.core import contract
 from ddpkit.core.environment import visible_gpus
-from ddpkit.core.errors import CANNOT_COMPARE, NOT_EQUIVALENT, SCRIPT_FAILED, UsageError
+from ddpkit.core.errors import CANNOT_COMPARE, NOT_EQUIVALENT, SCRIPT_FAILED, ScriptFailed, UsageError
 from ddpkit.strategies import table as strategy
 
 PROG = "ddpkit verify"
@@ -217,17 +217,16 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
         common = run_env(tmp, nproc, steps, device, keep_dropout)
         if float64:
             common[contract.VERIFY_F64.name] = "1"
-        run_logged([sys.executable, script, *script_args],
-                   {**common, contract.MODE.name: "single", contract.BATCH_SCALE.name: str(nproc),
-                    contract.VERIFY_OUT.name: ref}, os.path.join(tmp, "single.log"))
+        _run(script, "one-process run", nproc, [sys.executable, script, *script_args],
+             {**common, contract.MODE.name: "single", contract.BATCH_SCALE.name: str(nproc),
+              contract.VERIFY_OUT.name: ref}, os.path.join(tmp, "single.log"))
         why = causes.refusal(_facts(ref))
         if why:
             raise CannotCompare(why)
         # the mode in the environment too: launch refuses a --mode that contradicts an exported DDPKIT_MODE
-        run_logged([sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", str(nproc), "--mode", mode,
-                    script, *script_args],
-                   {**common, contract.MODE.name: mode, contract.VERIFY_OUT.name: dist_out},
-                   os.path.join(tmp, "ddp.log"))
+        _run(script, f"{nproc}-process run", nproc, [sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node",
+                                                      str(nproc), "--mode", mode, script, *script_args],
+             {**common, contract.MODE.name: mode, contract.VERIFY_OUT.name: dist_out}, os.path.join(tmp, "ddp.log"))
         facts = [_facts(ref) or {}, _facts(dist_out) or {}]
         if not os.path.exists(ref) or not os.path.exists(dist_out):
             raise CannotCompare(causes.refusal(facts[1], f"{nproc}-process run") or causes.NEEDS_MODEL)
@@ -257,6 +256,15 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
             result["cause"] = causes.likely_cause(g1, gn, grads, result["random_draws"], nproc, result["autocast"],
                                                   any(f.get("masked_labels") for f in facts))
     return {"nproc": nproc, "mode": mode, "steps": steps, "atol": atol, "rtol": rtol, **result}
+
+
+def _run(script: str, run: str, nproc: int, cmd: list[str], env: dict[str, str], log: str) -> None:
+    """One of verify's runs; its failure is one line naming the script's line (the temporary log goes away)."""
+    try:
+        run_logged(cmd, env, log)
+    except ScriptFailed:
+        with open(log, errors="replace") as f:
+            raise ScriptFailed(causes.crash_line(run, script, f.read()[-20000:], nproc)) from None
 
 
 def _facts(out: str) -> dict | None:

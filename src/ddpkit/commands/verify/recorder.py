@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -119,8 +119,12 @@ class Recorder:
         self._write_facts(finished=False)  # a run that ends by os._exit leaves this: prepared, never saved
 
     def on_model(self, model: nn.Module, is_main: bool, on_shutdown: OnShutdown) -> None:
+        global _ACTIVE
+        _ACTIVE = self
         self.models.append(model)
-        model.register_forward_pre_hook(self._on_forward)
+        # a module-level hook, not this recorder's method: torch.save(model) pickles the model's hooks, and a
+        # recorder (its loaders' observers, weak references) cannot be pickled
+        model.register_forward_pre_hook(_on_forward)
         self._hook(is_main, on_shutdown)
 
     def on_loader(self, loader: Any, is_main: bool, on_shutdown: OnShutdown) -> None:
@@ -217,30 +221,47 @@ class Recorder:
             torch.save(self._named(self.peaks), f"{self.out}.gradpeak")
 
 
-def masked_labels(loader: Any, probes: int = 8) -> bool:
-    """Whether one of the first ``probes`` samples of a map-style loader's dataset holds an integer tensor with
-    -100 (torch's ``ignore_index``): a token-mean loss there averages a count that varies by sample.
+_ACTIVE: Recorder | None = None  # the recorder of this verify run (one a process)
 
-    >>> class Loader: dataset = [(torch.zeros(2), torch.tensor([3, -100]))]
-    >>> masked_labels(Loader()), masked_labels(type("L", (), {"dataset": [torch.ones(3)]})())
+
+def _on_forward(module: nn.Module, args: Any) -> None:
+    if _ACTIVE is not None:
+        _ACTIVE._on_forward(module, args)
+
+
+def masked_labels(loader: Any, probes: int = 8) -> bool:
+    """Whether the batches of a map-style loader hold labels of -100 (torch's ``ignore_index``) in a number that
+    varies from sample to sample: then a token-mean loss averages a count that differs between micro-batches, and
+    weighting it by samples changes with the world size. The first ``probes`` samples go through the loader's own
+    ``collate_fn`` (a collator that pads labels with -100 counts). The same count in every sample (a fixed
+    prompt length, no padding) is no such cause.
+
+    >>> from torch.utils.data import DataLoader
+    >>> varied = [(torch.tensor([3, -100]),), (torch.tensor([-100, -100]),)]
+    >>> masked_labels(DataLoader(varied, batch_size=2)), masked_labels(DataLoader(varied[:1] * 2, batch_size=2))
     (True, False)
     """
     dataset = getattr(loader, "dataset", None)
     try:
         samples = [dataset[i] for i in range(min(probes, len(dataset)))]  # type: ignore[index, arg-type]
-    except Exception:  # noqa: BLE001 - a stream, or a dataset that cannot be probed: nothing said
+        batch = getattr(loader, "collate_fn", None)(samples)  # type: ignore[misc]
+    except Exception:  # noqa: BLE001 - a stream, or a dataset or collator that cannot be probed: nothing said
         return False
-    return any(_holds_ignored(sample, depth=0) for sample in samples)
+    return any(len(set(counts)) > 1 for counts in _kept_per_row(batch, depth=0))
 
 
-def _holds_ignored(value: Any, depth: int) -> bool:
+def _kept_per_row(value: Any, depth: int) -> Iterator[list[int]]:
+    """For each integer tensor of a batch that holds -100: how many of each row's entries are not -100."""
     if isinstance(value, torch.Tensor):
-        return not value.is_floating_point() and not value.is_complex() and bool((value == -100).any())
-    if depth < 3 and isinstance(value, (list, tuple)):
-        return any(_holds_ignored(v, depth + 1) for v in value)
-    if depth < 3 and isinstance(value, dict):
-        return any(_holds_ignored(v, depth + 1) for v in value.values())
-    return False
+        integer = not value.is_floating_point() and not value.is_complex()
+        if integer and value.dim() >= 1 and bool((value == -100).any()):
+            yield (value != -100).reshape(value.shape[0], -1).sum(1).tolist()
+    elif depth < 3 and isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _kept_per_row(item, depth + 1)
+    elif depth < 3 and isinstance(value, dict):
+        for item in value.values():
+            yield from _kept_per_row(item, depth + 1)
 
 
 def cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
