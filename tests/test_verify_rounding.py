@@ -28,3 +28,20 @@ def test_the_cast_keeps_structure_and_leaves_integers():
     x, ids = torch.ones(2), torch.arange(3)
     got = _cast({"a": [x, ids], "b": (x,)}, torch.float64)
     assert got["a"][0].dtype == torch.float64 and got["a"][1] is ids and isinstance(got["b"], tuple)
+
+
+def test_a_crash_in_verifys_own_runs_is_one_line_naming_the_scripts_line():
+    """Review: a batch-sized tensor crashed verify's one-process run with a raw traceback."""
+    r = run_cmd([sys.executable, "-m", "ddpkit", "verify", "--nproc", "2", "--steps", "3",
+                 str(WORKERS / "verify_crashes.py"), "--batch-sized"], timeout=300)
+    errors = [line for line in r.stderr.splitlines() if line.startswith("ddpkit verify: error:")]
+    assert r.returncode != 0 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "the one-process run failed at verify_crashes.py:24 (RuntimeError: The size of tensor a (16)" in errors[0]
+    assert "so a tensor sized from a fixed batch size breaks there" in errors[0]
+
+
+def test_a_script_that_saves_its_whole_model_passes():
+    """Review: verify's forward hook (a method of its recorder) made torch.save(model) fail at the end."""
+    r = ok(run_cmd([sys.executable, "-m", "ddpkit", "verify", "--nproc", "2", "--steps", "100",
+                    str(WORKERS / "verify_crashes.py"), "--save-whole"], timeout=300))
+    assert r.stdout.startswith("PASS: 2 processes match 1 process"), r.stdout + r.stderr[-1500:]
