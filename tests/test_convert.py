@@ -20,7 +20,8 @@ from ddpkit.commands.convert.plan import plan  # noqa: E402
 
 CORPUS = ROOT / "tests" / "convert_corpus"
 EXPECTED = CORPUS / "expected"
-CONVERTIBLE = ["mnist_cnn", "vae", "device_flag", "amp_scheduler", "char_transformer"]
+CONVERTIBLE = ["mnist_cnn", "vae", "device_flag", "amp_scheduler", "char_transformer", "cifar_dataparallel",
+               "dcgan_accel", "quickstart_notebook"]
 
 
 def expected_diff(name):

@@ -9,6 +9,7 @@ the file costs its runs.
 import os
 import re
 import sys
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -22,7 +23,9 @@ from ddpkit.commands.convert.plan import plan  # noqa: E402
 CORPUS = ROOT / "tests" / "convert_corpus"
 pytestmark = pytest.mark.timeout(1200)
 SHORT = {"mnist_cnn": ["--epochs", "1"], "vae": ["--epochs", "1"], "device_flag": ["--epochs", "1"],
-         "amp_scheduler": ["--epochs", "1"], "char_transformer": ["--max-iters", "20"]}
+         "amp_scheduler": ["--epochs", "1"], "char_transformer": ["--max-iters", "20"],
+         "cifar_dataparallel": ["--epochs", "2"], "dcgan_accel": ["--niter", "1", "--accel"],
+         "quickstart_notebook": ["--epochs", "1"]}
 
 
 @pytest.fixture(scope="module")
@@ -31,10 +34,14 @@ def runs(tmp_path_factory):
     for name in SHORT:
         (out / f"{name}.py").write_text(plan((CORPUS / f"{name}.py").read_text()).text)
     files = {"device_flag": ["--out", str(out / "r.pt")], "amp_scheduler": ["--log-dir", str(out / "tb"),
-                                                                            "--checkpoint", str(out / "c.pth")]}
+                                                                            "--checkpoint", str(out / "c.pth")],
+             "dcgan_accel": ["--outf", str(out / "dcgan")], "quickstart_notebook": ["--out", str(out / "q.pth")]}
     jobs = {}
-    for name, args in SHORT.items():
-        jobs[f"launch:{name}"] = lambda n=name, a=args: launch(out / f"{n}.py", *a, *files.get(n, []), timeout=600)
+    for name, args in SHORT.items():  # (cifar_dataparallel.py makes ./checkpoint: each run in its own folder)
+        jobs[f"launch:{name}"] = lambda n=name, a=args: launch(out / f"{n}.py", *a, *files.get(n, []), timeout=600,
+                                                               cwd=out)
+        if name in ONLY_LAUNCHED:
+            continue
         jobs[f"verify:{name}"] = lambda n=name, a=args: run_cmd(
             [sys.executable, "-m", "ddpkit", "convert", "-o", str(out / f"{n}.verified.py"), "--verify",
              str(CORPUS / f"{n}.py"), *a, *files.get(n, [])], timeout=600)
@@ -50,9 +57,13 @@ def runs(tmp_path_factory):
         return {key: future.result() for key, future in futures.items()}
 
 
+ONLY_LAUNCHED = ("cifar_dataparallel", "dcgan_accel", "quickstart_notebook")  # issue 44's idioms: launched
+
+
 # the script's last report: printed (or logged) once, by rank 0, after the whole run
 LAST = {"mnist_cnn": "Test set: Average loss", "vae": "sample mean:", "device_flag": "saved model to",
-        "amp_scheduler": "best val acc:", "char_transformer": "number of parameters:"}
+        "amp_scheduler": "best val acc:", "char_transformer": "number of parameters:",
+        "cifar_dataparallel": "best acc:", "dcgan_accel": "finished 1 epochs", "quickstart_notebook": "Predicted:"}
 
 
 @pytest.mark.parametrize("name", SHORT)
@@ -86,3 +97,16 @@ def test_the_converted_mnist_reduces_its_test_metrics_to_the_one_process_ones(ru
     two = re.findall(pattern, ok(runs["mnist:2"]).stdout)
     assert len(one) == len(two) == 1, (one, two)
     assert one[0][1:] == two[0][1:] and abs(float(one[0][0]) - float(two[0][0])) < 1e-3, (one, two)
+
+
+def test_the_whole_model_the_notebook_saves_is_the_plain_module(runs, tmp_path_factory):
+    ok(runs["launch:quickstart_notebook"])
+    saved = next(p for p in tmp_path_factory.getbasetemp().glob("converted*/q.pth"))
+    with zipfile.ZipFile(saved) as archive:  # the pickle names the classes it needs: a wrapper needs a process group
+        pickled = b"".join(archive.read(n) for n in archive.namelist() if n.endswith(".pkl"))
+    assert b"NeuralNetwork" in pickled and b"DistributedDataParallel" not in pickled
+
+
+def test_the_data_parallel_scripts_checkpoint_folder_is_made_once(runs):
+    r = ok(runs["launch:cifar_dataparallel"])
+    assert "FileExistsError" not in r.stderr and (r.stdout + r.stderr).count("Saving..") >= 1

@@ -32,10 +32,12 @@ class Edits:
     after: dict[int, list[str]] = dataclasses.field(default_factory=dict)  # statement -> statements after it
     before: dict[int, list[str]] = dataclasses.field(default_factory=dict)  # statement -> statements before it
     no_grad: set[int] = dataclasses.field(default_factory=set)  # statements to run under ``torch.no_grad()``
+    remove: set[int] = dataclasses.field(default_factory=set)  # statements deleted (an ``if`` left empty goes too)
     imports: list[str] = dataclasses.field(default_factory=list)  # lines after the module's last import
 
     def __bool__(self) -> bool:
-        return bool(self.expr or self.replace or self.guard or self.after or self.before or self.no_grad)
+        return bool(self.expr or self.replace or self.guard or self.after or self.before or self.no_grad or
+                    self.remove)
 
 
 # torch.utils.data.DataLoader's parameters in order: what its positional arguments after the batch size are
@@ -59,7 +61,9 @@ def add_keyword(call: cst.Call, name: str, value: str) -> cst.Call:
         comma = args[-2].comma if len(args) > 1 and isinstance(args[-2].comma, cst.Comma) else \
             cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
         return call.with_changes(args=[*args[:-1], new.with_changes(comma=comma), args[-1]])
-    if args and not isinstance(args[-1].comma, cst.Comma):
+    if args and isinstance(args[-1].comma, cst.Comma):  # a positional one: its comma (and comment) ends the new
+        new = new.with_changes(comma=args[-1].comma)
+    if args:
         args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
     return call.with_changes(args=[*args, new])
 
@@ -94,10 +98,17 @@ class _Rewrite(cst.CSTTransformer):
     def __init__(self, edits: Edits, last_import: cst.CSTNode | None):
         super().__init__()
         self.edits, self.last_import = edits, last_import
+        self.elifs: set[int] = set()
+
+    def visit_If(self, node: cst.If) -> None:
+        if isinstance(node.orelse, cst.If):
+            self.elifs.add(id(node.orelse))
 
     def on_leave(self, original_node: Any, updated_node: Any) -> Any:
         key = id(original_node)
         edits = self.edits
+        if key in edits.remove or _emptied(original_node, updated_node, self.elifs):
+            return cst.RemoveFromParent()
         if key in edits.expr:
             updated_node = edits.expr[key](updated_node)
         if not isinstance(original_node, cst.BaseStatement):
@@ -126,8 +137,40 @@ class _Rewrite(cst.CSTTransformer):
         return out[0] if len(out) == 1 else cst.FlattenSentinel(out)
 
 
+def first_use(module: cst.Module, edits: Edits, defined: set[str]) -> cst.BaseStatement | None:
+    """The first top-level statement that runs as the script starts and may need ``ddpkit``: one with an edit in
+    it, or a call of the script's own function or class (whose body may have one). ``import ddpkit`` must come
+    above it: a notebook exported as a script imports again further down, below its first use."""
+    keys = {*edits.expr, *edits.replace, *edits.guard, *edits.after, *edits.before, *edits.no_grad, *edits.remove}
+
+    class Uses(cst.CSTVisitor):
+        found = False
+
+        def on_visit(self, node: cst.CSTNode) -> bool:
+            calls_own = isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value in defined
+            self.found |= id(node) in keys or calls_own
+            return not self.found
+
+    for stmt in module.body:
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            continue
+        uses = Uses()
+        stmt.visit(uses)
+        if uses.found:
+            return stmt
+    return None
+
+
+def _emptied(original: Any, updated: Any, elifs: set[int]) -> bool:
+    """An ``if`` (no ``else``, not an ``elif``) whose every statement was deleted: ``if use_cuda: net =
+    nn.DataParallel(net)`` goes as a whole, not as ``if use_cuda: pass``."""
+    return isinstance(updated, cst.If) and updated.orelse is None and id(original) not in elifs and \
+        isinstance(updated.body, cst.IndentedBlock) and not updated.body.body and bool(original.body.body)
+
+
 def rewrite(wrapper: MetadataWrapper, edits: Edits, last_import: cst.CSTNode | None = None) -> str:
-    """The script's text with ``edits`` made (the ``imports`` go after ``last_import``, or first)."""
+    """The script's text with ``edits`` made (the ``imports`` go after ``last_import``, or first; put them in
+    ``before`` to place them elsewhere)."""
     module = wrapper.module.visit(_Rewrite(edits, last_import))
     if edits.imports and last_import is None:
         module = module.with_changes(body=[*(statement(c) for c in edits.imports), *module.body])

@@ -20,10 +20,11 @@ import dataclasses
 
 import libcst as cst
 from libcst import matchers as m
+from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ddpkit.commands.check.rules import OPTIMIZERS
-from ddpkit.commands.convert import flow, rules
-from ddpkit.commands.convert.apply import LOADER_PARAMETERS, Edits, loader_call, rewrite
+from ddpkit.commands.convert import device, flow, parallel, rules
+from ddpkit.commands.convert.apply import LOADER_PARAMETERS, Edits, first_use, loader_call, rewrite
 from ddpkit.commands.convert.flow import binding_of, loops_reading, peek, roles_said
 from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, Scope, dotted, parse, resolve, scan
 from ddpkit.commands.convert.sums import sums_after
@@ -69,11 +70,31 @@ def plan(source: str) -> Plan:
     work.decide()
     text = source
     if work.edits and not any(left.blocks for left in work.left):
-        if "ddpkit" not in facts.aliases:  # (``import ddpkit as dk`` too: the edits say ``ddpkit.``)
-            work.edits.imports.append("import ddpkit")
-            work.note("import ddpkit", "the converted calls need it", work.import_line())
-        text = rewrite(wrapper, work.edits, facts.imports[-1] if facts.imports else None)
+        anchor = _import_place(wrapper, work) if "ddpkit" not in facts.aliases else None  # (``import ddpkit as
+        # dk`` too: the edits say ``ddpkit.``)
+        text = rewrite(wrapper, work.edits, anchor)
     return Plan(source, sorted(work.log, key=lambda e: e.line), sorted(work.left, key=lambda e: e.line), text)
+
+
+def _import_place(wrapper: MetadataWrapper, work: _Work) -> cst.CSTNode | None:
+    """Add ``import ddpkit`` after the script's last import above its first use of ddpkit (its last import
+    overall may come below that use); with no import above it, right above the use. The import it follows."""
+    facts = work.facts
+    defined = {s.name.value for s in facts.module.body if isinstance(s, (cst.FunctionDef, cst.ClassDef))}
+    use = first_use(facts.module, work.edits, defined)
+    order = {id(s): i for i, s in enumerate(facts.module.body)}
+    above = [s for s in facts.imports if use is None or order[id(s)] < order[id(use)]]
+    place = above[-1] if above else use
+    line = wrapper.resolve(PositionProvider)[place].start.line if place is not None else 1
+    if above or use is None:
+        work.edits.imports.append("import ddpkit")
+    else:
+        work.edits.before.setdefault(id(use), []).insert(0, "import ddpkit")
+    why = "the converted calls need it"
+    if place is not None and facts.imports and place is not facts.imports[-1]:
+        why += ", above their first use (the script imports more below it)"
+    work.note("import ddpkit", why, line)
+    return above[-1] if above else None
 
 
 class _Work:
@@ -102,14 +123,16 @@ class _Work:
     def decide(self) -> None:
         if not self._convertible():
             return
-        rules.devices(self)
+        device.devices(self)
+        parallel.undo(self)
         self._models()
+        parallel.modules(self)
         self._loaders()
         rules.outputs(self)
 
     def _convertible(self) -> bool:
         for call in self.facts.calls:
-            if call.name and call.name.startswith(HAND_DISTRIBUTED):
+            if call.name and call.name.startswith(HAND_DISTRIBUTED) and not parallel.single_process(call.name):
                 self.leave(call.line, f"{call.name}: the script is already distributed by hand",
                            "convert the single-device version, or replace the hand-written set-up with "
                            "ddpkit.init() / ddpkit.prepare_model() yourself (docs/guide.md)", blocks=True)
@@ -151,8 +174,9 @@ class _Work:
     def _source(self, binding: Binding, depth: int = 0) -> Binding:
         """Where an alias (``model, config = self.model, self.config``) got its value: the model is wrapped
         where it is built or moved, once, not in every method that reads it."""
-        alias = dotted(binding.value) if binding.value is not None else None
-        if alias is None or alias == binding.target or depth >= 4:
+        bare = parallel.inner(binding.value, self.facts.aliases)  # model = DataParallel(model): the one before
+        alias = dotted(bare)
+        if alias is None or alias == binding.target and bare is binding.value or depth >= 4:
             return binding
         found = binding_of(self.facts, alias, binding.scope, binding.line - 1)
         return self._source(found, depth + 1) if found is not None and found.value is not None else binding

@@ -1,13 +1,12 @@
-"""The line-by-line rules of ``ddpkit convert``: the device set-up, output on rank 0 (print, logging,
-TensorBoard, tqdm), saving on rank 0, loading onto this rank's device, and the few calls that must see the
-module inside the wrapper (``ddpkit.unwrap``). The model and the loaders are :mod:`ddpkit.commands.convert.plan`'s.
+"""The line-by-line rules of ``ddpkit convert``: output on rank 0 (print, logging, TensorBoard, tqdm), saving
+on rank 0, folders every rank makes, loading onto this rank's device, and the few calls that must see the module
+inside the wrapper (``ddpkit.unwrap``). The device set-up is :mod:`ddpkit.commands.convert.device`'s; the model
+and the loaders are :mod:`ddpkit.commands.convert.plan`'s.
 
 Example::
 
-    >>> init_arguments(cst.parse_expression('torch.device("cuda" if torch.cuda.is_available() else "cpu")'))
-    ''
-    >>> init_arguments(cst.parse_expression('torch.device(args.device)'))
-    'cpu=torch.device(args.device).type == "cpu"'
+    >>> without_moves(cst.parse_expression("Net().to(device).cuda()")).func.value
+    'Net'
 """
 
 from __future__ import annotations
@@ -18,135 +17,16 @@ import libcst as cst
 
 from ddpkit.commands.check.rules import RANK_WORDS
 from ddpkit.commands.convert.apply import add_keyword
-from ddpkit.commands.convert.flow import callee, visible
+from ddpkit.commands.convert.device import ACCELERATORS, PROGRESS, text_of
+from ddpkit.commands.convert.flow import binding_of, callee, visible
 from ddpkit.commands.convert.scan import Binding, Scope, dotted, names_in, resolve
 
 # the plan in the making (plan._Work, which imports this module): facts, edits, log, left, models, state
 _Work = Any
 
-ACCELERATORS = ("cuda", "mps", "xpu")
 LOG_CALLS = ("debug", "info", "warning", "warn", "error", "critical", "exception", "log")
-PROGRESS = ("tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm")
+BARRIER_FIX = "put ddpkit.barrier() after the save where every rank passes (outside rank- or data-dependent branches)"
 UNWRAP = ("isinstance", "type", "copy.deepcopy", "torch.jit.script", "torch.jit.trace", "torch.onnx.export")
-
-
-def _text(node: cst.BaseExpression) -> str | None:
-    """A device string: ``"cuda"``, or ``torch.device("cuda")``'s."""
-    if isinstance(node, cst.Call) and dotted(node.func) in ("torch.device", "device") and len(node.args) == 1:
-        node = node.args[0].value
-    return node.evaluated_value if isinstance(node, cst.SimpleString) else None  # type: ignore[return-value]
-
-
-def _branches(value: cst.BaseExpression) -> list[str]:
-    """``"cuda" if a else "mps" if b else "cpu"``: ["cuda", "mps", "cpu"] ("" for a branch that is no string)."""
-    found = []
-    while isinstance(value, cst.IfExp):
-        found.append(_text(value.body) or "")
-        value = value.orelse
-    return [*found, _text(value) or ""]
-
-
-def _kind(text: str) -> str:
-    return "cpu" if text.startswith("cpu") else "accelerator" if text.startswith(ACCELERATORS) else ""
-
-
-def is_device(value: cst.BaseExpression | None, target: str, aliases: dict[str, str]) -> bool:
-    """``torch.device(...)``, ``"cuda" if ... else "cpu"`` (either way round, or of ``torch.device`` calls), or
-    a device string bound to a ``*device`` name."""
-    if isinstance(value, cst.Call):  # a fixed torch.device("cpu") is a set-up only as the script's ``device``
-        fixed = _text(value) is not None and _kind(_text(value) or "") == "cpu"
-        return resolve(dotted(value.func), aliases) == "torch.device" and \
-            (not fixed or target.split(".")[-1] == "device")
-    if isinstance(value, cst.IfExp):  # "cuda" if a else "mps" if b else "cpu"; "cpu" if a else "cuda" if b ...
-        kinds = [_kind(b) for b in _branches(value)]
-        return "" not in kinds and kinds.count("cpu") == 1 and kinds[0] != kinds[-1] and \
-            (kinds[-1] == "cpu" or kinds[0] == "cpu")
-    text = _text(value) if value is not None else None
-    return "device" in target.lower() and text is not None and _kind(text) != ""
-
-
-def init_arguments(value: cst.BaseExpression) -> str:
-    """What ``ddpkit.init(...)`` needs to pick the device the script picked: nothing where it picks an
-    accelerator when there is one (ddpkit does too, one per rank), ``cpu=...`` where the script can be told
-    to stay on the CPU."""
-    module = cst.Module(body=[])
-    if isinstance(value, cst.Call) and value.args:
-        inner = value.args[0].value
-        if isinstance(inner, (cst.IfExp, cst.SimpleString)):
-            return init_arguments(inner)
-        return f'cpu=torch.device({module.code_for_node(inner)}).type == "cpu"'
-    if isinstance(value, cst.IfExp):
-        test, on_cpu = value.test, _kind(_text(value.body) or "") == "cpu"  # "cpu" if args.no_cuda else "cuda"
-        if not on_cpu and isinstance(test, cst.Call) and \
-                (dotted(test.func) or "").endswith(("cuda.is_available", "mps.is_available")):
-            return ""
-        code = module.code_for_node(test)
-        simple = isinstance(test, (cst.Name, cst.Attribute, cst.Call))
-        if on_cpu:
-            return f"cpu={code}" if simple else f"cpu=bool({code})"
-        return f"cpu=not {code}" if simple else f"cpu=not ({code})"
-    text = _text(value) if isinstance(value, cst.SimpleString) else None
-    return "cpu=True" if text is not None and text.startswith("cpu") else ""
-
-
-def devices(work: _Work) -> None:
-    """``device = torch.device(...)`` -> ``state = ddpkit.init(...)`` and ``device = state.device``."""
-    facts = work.facts
-    found = [b for b in facts.bindings if b.stmt is not None and is_device(b.value, b.target, facts.aliases)]
-    for b in found:
-        again = [o for o in found if o.target == b.target and o.scope is b.scope and o is not b]
-        if again:  # device = "cpu"; if torch.cuda.is_available(): device = "cuda": the first init would win
-            work.leave(b.line, f"{b.target} is chosen over several lines ({', '.join(str(o.line) for o in again)})",
-                       f"write it as one: {b.target} = torch.device('cuda' if torch.cuda.is_available() else "
-                       "'cpu'), then convert again", blocks=True)
-            return
-    for b in found:
-        if len(b.stmt.body) != 1 or not isinstance(b.stmt.body[0], cst.Assign) \
-                or len(b.stmt.body[0].targets) != 1:
-            work.leave(b.line, "the device set-up shares its line with other statements: left as it is",
-                       f"put {b.target} = ... on a line of its own, then convert again", blocks=True)
-            continue
-        assert b.value is not None
-        args = init_arguments(b.value)
-        if b.target.startswith("self."):
-            work.devices.append(b)
-            work.edits.expr[id(b.value)] = lambda node, a=args: cst.parse_expression(f"ddpkit.init({a}).device")
-            work.note(f"{b.target} = ddpkit.init().device", "ddpkit.init() starts the process group and "
-                      "gives each rank its own device", b.line)
-            continue
-        work.devices.append(b)
-        init = f"{work.state} = ddpkit.init({args})"
-        early = _first_ddpkit_use(work, b)
-        if early is None:
-            work.edits.replace[id(b.stmt)] = [init, f"{b.target} = {work.state}.device"]
-        else:  # a loader or a print above would start ddpkit with the defaults first: start it there, as asked
-            work.edits.before.setdefault(id(early.stmt), []).append(init)
-            work.edits.replace[id(b.stmt)] = [f"{b.target} = {work.state}.device"]
-        work.inits.append(b.scope)
-        work.note(f"{b.target} = ... -> {work.state} = ddpkit.init({args}); {b.target} = "
-                  f"{work.state}.device", "init() starts the process group and gives each rank its own device", b.line)
-
-
-STARTS_DDPKIT = ("print", "torch.utils.data.DataLoader", "torch.utils.tensorboard.SummaryWriter", *PROGRESS)
-
-
-def _first_ddpkit_use(work: _Work, device: Binding) -> Any:
-    """The first statement above the device line, in its block, whose converted call starts ddpkit (with the
-    defaults: ``cpu=`` would come too late), when the init's arguments are bound by then; else None."""
-    args = names_in(device.value) if device.value is not None else set()
-    for call in work.facts.calls:
-        if call.scope is not device.scope or call.line >= device.line or call.name not in STARTS_DDPKIT \
-                or call.stmt is None or call.loops or call.tests:
-            continue
-        bound = {b.target for b in work.facts.bindings if b.line < call.line}
-        if all(a in bound or a in work.facts.aliases for a in args if "." not in a):
-            return call
-        if args - {"torch"}:  # the switch is read later than that: cpu= would come too late, and say nothing
-            work.leave(call.line, f"this line starts ddpkit (with the defaults) before the device set-up at line "
-                       f"{device.line} can say cpu=", f"move the device set-up (and what it reads) above line "
-                       f"{call.line}, then convert again", blocks=True)
-        return None
-    return None
 
 
 def without_moves(node: cst.BaseExpression) -> cst.BaseExpression:
@@ -164,7 +44,7 @@ def _device_only(call: cst.Call) -> bool:
     arg = call.args[0]
     name = (dotted(arg.value) or "").lower()
     return arg.keyword is None and ("device" in name or name in ("gpu", "dev") or
-                                    (_text(arg.value) or "").split(":")[0] in ("cpu", *ACCELERATORS)) \
+                                    (text_of(arg.value) or "").split(":")[0] in ("cpu", *ACCELERATORS)) \
         or arg.keyword is not None and arg.keyword.value == "device"
 
 
@@ -187,6 +67,8 @@ def outputs(work: _Work) -> None:
     loads = [c for c in facts.calls if c.name == "torch.load"]
     for call in facts.calls:
         ranked = any(w in test.lower() for test in call.tests for w in RANK_WORDS)
+        if call.name == "torch.save":
+            _whole_model(work, call)
         func = call.node.func
         if call.name == "print" and printing and isinstance(func, cst.Name) and not ranked:
             work.edits.expr[id(func)] = lambda node: cst.parse_expression("ddpkit.print")
@@ -203,15 +85,14 @@ def outputs(work: _Work) -> None:
             work.edits.expr[id(func)] = lambda node: cst.parse_expression("ddpkit.summary_writer")
             work.note("SummaryWriter -> ddpkit.summary_writer", "one event file, written by rank 0 "
                       "(the others get a writer that does nothing)", call.line)
-        elif call.name in PROGRESS or call.name in ("tqdm.trange", "tqdm.auto.trange"):
-            _progress(work, call)
+        elif (call.name in PROGRESS or call.name in ("tqdm.trange", "tqdm.auto.trange")) and \
+                not any(a.keyword is not None and a.keyword.value == "disable" for a in call.node.args):
+            _progress(work, call)  # (a bar that says disable= is shown where the script chose: converted already)
         elif call.name == "torch.save" and not ranked:
             _save(work, call, loads)
-        elif call.name == "torch.save" and loads and not any(c.name == "ddpkit.barrier" or c.last == "barrier"
-                                                              for c in facts.calls):
-            work.leave(call.line, f"rank 0 saves here, and a file is read at line {loads[0].line} with no barrier "
-                       "between: the other ranks may read it before it is written", "put ddpkit.barrier() after the "
-                       "save where every rank passes")
+        elif call.name == "torch.save" and _read_back(call, loads) and not any(
+                c.name == "ddpkit.barrier" or c.last == "barrier" for c in facts.calls):
+            _unwaited(work, call, _read_back(call, loads)[0].line)
         elif call.name == "torch.load" and not any(a.keyword and a.keyword.value == "map_location"
                                                    for a in call.node.args):
             where = f"{work.state}.device" if _main(work, call.scope).startswith(work.state) else '"cpu"'
@@ -220,6 +101,8 @@ def outputs(work: _Work) -> None:
                       "works, not on the GPU they were saved from", call.line)
         elif call.name in UNWRAP:
             _unwrap(work, call)
+        elif call.name in ("os.mkdir", "os.makedirs") or call.last == "mkdir" and _a_path(work, call):
+            _mkdir(work, call)
 
 
 def _progress(work: _Work, call: Any) -> None:
@@ -249,14 +132,11 @@ def _save(work: _Work, call: Any, loads: list[Any]) -> None:
     if _per_rank(work, call):
         return
     work.edits.guard[id(call.stmt)] = _main(work, call.scope)
-    # read below, or in a function (defined above, it may run after the save); a load above in the same block
-    # ran before (a resume at the start)
-    read_back = [c for c in loads if c.line > call.line or c.scope is not call.scope and c.scope.name]
+    read_back = _read_back(call, loads)
     if read_back and (call.tests or call.loops or _called_in_branch(work, call.scope)):  # (one rank may skip it)
         work.leave(call.line, f"a file is read at line {read_back[0].line} (maybe the one saved here), and the "
                    "save is inside an if or a loop: the other ranks may read it before rank 0 has written it",
-                   "put ddpkit.barrier() after the save where every rank passes (outside rank- or data-dependent "
-                   "branches)")
+                   BARRIER_FIX)
         read_back = []
     if read_back:  # the file is read again below: the other ranks wait until rank 0 has written it
         work.edits.after.setdefault(id(call.stmt), []).append("ddpkit.barrier()")
@@ -264,6 +144,68 @@ def _save(work: _Work, call: Any, loads: list[Any]) -> None:
                                                                if read_back else ""),
               "every rank holds the same weights; N writers of one file race" +
               (f"; a file is read at line {read_back[0].line}" if read_back else ""), call.line)
+
+
+def _mkdir(work: _Work, call: Any) -> None:
+    """``os.mkdir(d)`` / ``os.makedirs(d)`` / ``Path(d).mkdir()`` -> ``os.makedirs(d, exist_ok=True)`` (``.mkdir(...,
+    exist_ok=True)``): every rank runs it, and all but the first find the folder made (FileExistsError), also
+    behind an ``if not os.path.isdir(d)`` test, which they may all pass before any makes it."""
+    node, func = call.node, call.node.func
+    said = [a for a in node.args if a.keyword is not None and a.keyword.value == "exist_ok"]
+    if said and isinstance(said[0].value, cst.Name) and said[0].value.value == "True":
+        return
+    if call.name == "os.mkdir" and not isinstance(func, cst.Attribute) or \
+            any(a.keyword is not None and a.keyword.value == "dir_fd" for a in node.args):
+        work.leave(call.line, "a folder made on every rank: all but the first find it made (FileExistsError)",
+                   "write os.makedirs(path, exist_ok=True)")
+        return
+    positional = [a for a in node.args if a.keyword is None and not a.star]
+    keep = 2 if call.last != "mkdir" or call.name == "os.mkdir" else 1  # (path, mode); Path.mkdir(mode, parents)
+    cut = len(positional) > keep  # ``os.makedirs(d, 0o755, False)``: its exist_ok goes by name
+
+    def safe(n: cst.Call) -> cst.Call:
+        args = [a for a in n.args if not (a.keyword is not None and a.keyword.value == "exist_ok")]
+        if cut:
+            args = args[:keep] + args[keep + 1:]
+        if call.name == "os.mkdir":
+            n = n.with_changes(func=n.func.with_changes(attr=cst.Name("makedirs")))
+        if args and len(args) < len(n.args):  # one went: the new last one ends the call
+            args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return add_keyword(n.with_changes(args=args), "exist_ok", "True")
+
+    work.edits.expr[id(node)] = safe
+    work.note(f"{call.last}(...) -> {'os.makedirs' if call.name == 'os.mkdir' else call.last}(..., exist_ok=True)",
+              "every rank makes the folder: all but the first would find it made (FileExistsError)", call.line)
+
+
+def _a_path(work: _Work, call: Any) -> bool:
+    """``Path(d).mkdir()``, or ``p.mkdir()`` of a ``p`` bound to a ``Path(...)`` (other ``mkdir`` methods, an
+    FTP client's, may take no exist_ok)."""
+    func = call.node.func
+    base = func.value if isinstance(func, cst.Attribute) else None
+    if isinstance(base, cst.Name):
+        bound = [b.value for b in work.facts.bindings if b.target == base.value and b.value is not None]
+        base = bound[-1] if bound else base
+    return isinstance(base, cst.Call) and (resolve(dotted(base.func), work.facts.aliases) or "").endswith("Path")
+
+
+def _unwaited(work: _Work, call: Any, line: int) -> None:
+    """A save rank 0 makes with a load below and no barrier: said as the first conversion said it when the save
+    is also inside a branch or a loop (a second conversion of its output says nothing new)."""
+    others = [t for t in call.tests if not any(w in t.lower() for w in RANK_WORDS)]
+    if others or call.loops or _called_in_branch(work, call.scope):
+        work.leave(call.line, f"a file is read at line {line} (maybe the one saved here), and the save is inside an "
+                   "if or a loop: the other ranks may read it before rank 0 has written it", BARRIER_FIX)
+        return
+    work.leave(call.line, f"rank 0 saves here, and a file is read at line {line} with no barrier between: the "
+               "other ranks may read it before it is written", "put ddpkit.barrier() after the save where every "
+               "rank passes")
+
+
+def _read_back(save: Any, loads: list[Any]) -> list[Any]:
+    """The loads that may read what ``save`` wrote: below it, or in a function (defined above, it may run after
+    the save); a load above in the same block ran before (a resume at the start)."""
+    return [c for c in loads if c.line > save.line or c.scope is not save.scope and c.scope.name]
 
 
 def _called_in_branch(work: _Work, scope: Scope, depth: int = 0) -> bool:
@@ -293,6 +235,20 @@ def _per_rank(work: _Work, call: Any) -> bool:
         seen |= names
         names = names.union(*(names_in(v) for v in values))
     return False
+
+
+def _whole_model(work: _Work, call: Any) -> None:
+    """``torch.save(model, f)`` of the prepared model -> ``torch.save(ddpkit.unwrap(model), f)``: a pickled DDP
+    wrapper loads only where a process group runs, so the script's own inference code could not read it."""
+    arg = call.node.args[0].value if call.node.args else None
+    name = dotted(arg)
+    found = binding_of(work.facts, name, call.scope, call.line) if name else None
+    if found is None or not any(found is b or found.target == b.target and visible(work.facts, b.target, b.scope,
+                                                                                     call.scope) for b in work.models):
+        return
+    work.edits.expr[id(arg)] = lambda node: cst.parse_expression(f"ddpkit.unwrap({name})")
+    work.note(f"torch.save({name}, ...) -> torch.save(ddpkit.unwrap({name}), ...)", "the plain module is saved: "
+              "a pickled wrapper loads only where a process group runs", call.line)
 
 
 def _unwrap(work: _Work, call: Any) -> None:

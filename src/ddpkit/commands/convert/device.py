@@ -1,0 +1,237 @@
+"""The device set-up of a script, as ``ddpkit convert`` rewrites it: ``device = torch.device(...)`` becomes
+``state = ddpkit.init(...)`` and ``device = state.device``, keeping the script's own switch to the CPU (``cpu=``).
+A device chosen in an ``if`` / ``else`` (pytorch/examples' ``if use_accel: device =
+torch.accelerator.current_accelerator() else: device = torch.device("cpu")``) gets one init above the ``if``, so
+every path has its state; each branch then reads ``state.device``.
+
+Example::
+
+    >>> init_arguments(cst.parse_expression('torch.device("cuda" if torch.cuda.is_available() else "cpu")'))
+    ''
+    >>> init_arguments(cst.parse_expression('torch.device(args.device)'))
+    'cpu=torch.device(args.device).type == "cpu"'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libcst as cst
+from libcst import matchers as m
+
+from ddpkit.commands.convert.scan import Binding, Scope, dotted, names_in, resolve
+
+# the plan in the making (plan._Work): facts, edits, leave, note, devices, inits, state
+_Work = Any
+
+ACCELERATORS = ("cuda", "mps", "xpu", "accelerator")  # "accelerator": torch.accelerator.current_accelerator()
+AVAILABLE = ("cuda.is_available", "mps.is_available", "accelerator.is_available")
+PROGRESS = ("tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm")
+
+
+def text_of(node: cst.BaseExpression) -> str | None:
+    """A device string: ``"cuda"``, or ``torch.device("cuda")``'s; ``"accelerator"`` for
+    ``torch.accelerator.current_accelerator()`` (and its ``.type``)."""
+    if isinstance(node, cst.Attribute) and node.attr.value == "type":
+        node = node.value
+    if isinstance(node, cst.Call) and (dotted(node.func) or "").endswith("accelerator.current_accelerator"):
+        return "accelerator"
+    if isinstance(node, cst.Call) and dotted(node.func) in ("torch.device", "device") and len(node.args) == 1:
+        node = node.args[0].value
+    return node.evaluated_value if isinstance(node, cst.SimpleString) else None  # type: ignore[return-value]
+
+
+def _branches(value: cst.BaseExpression) -> list[str]:
+    """``"cuda" if a else "mps" if b else "cpu"``: ["cuda", "mps", "cpu"] ("" for a branch that is no string)."""
+    found = []
+    while isinstance(value, cst.IfExp):
+        found.append(text_of(value.body) or "")
+        value = value.orelse
+    return [*found, text_of(value) or ""]
+
+
+def _kind(text: str) -> str:
+    return "cpu" if text.startswith("cpu") else "accelerator" if text.startswith(ACCELERATORS) else ""
+
+
+def is_device(value: cst.BaseExpression | None, target: str, aliases: dict[str, str]) -> bool:
+    """``torch.device(...)``, ``"cuda" if ... else "cpu"`` (either way round, or of ``torch.device`` calls), or
+    a device string bound to a ``*device`` name."""
+    if isinstance(value, cst.Call) and text_of(value) != "accelerator":  # (a fixed torch.device("cpu") is a
+        # set-up only as the script's ``device``)
+        fixed = text_of(value) is not None and _kind(text_of(value) or "") == "cpu"
+        return resolve(dotted(value.func), aliases) == "torch.device" and \
+            (not fixed or target.split(".")[-1] == "device")
+    if isinstance(value, cst.IfExp):  # "cuda" if a else "mps" if b else "cpu"; "cpu" if a else "cuda" if b ...
+        kinds = [_kind(b) for b in _branches(value)]
+        return "" not in kinds and kinds.count("cpu") == 1 and kinds[0] != kinds[-1] and \
+            (kinds[-1] == "cpu" or kinds[0] == "cpu")
+    text = text_of(value) if value is not None else None
+    return "device" in target.lower() and text is not None and _kind(text) != ""
+
+
+def init_arguments(value: cst.BaseExpression) -> str:
+    """What ``ddpkit.init(...)`` needs to pick the device the script picked: nothing where it picks an
+    accelerator when there is one (ddpkit does too, one per rank), ``cpu=...`` where the script can be told
+    to stay on the CPU."""
+    module = cst.Module(body=[])
+    if isinstance(value, cst.Call) and value.args:
+        inner = value.args[0].value
+        if isinstance(inner, (cst.IfExp, cst.SimpleString)):
+            return init_arguments(inner)
+        return f'cpu=torch.device({module.code_for_node(inner)}).type == "cpu"'
+    if isinstance(value, cst.IfExp):
+        test, on_cpu = value.test, _kind(text_of(value.body) or "") == "cpu"  # "cpu" if args.no_cuda else "cuda"
+        if not on_cpu and _available(test):
+            return ""
+        return _cpu_when(test, not on_cpu)
+    text = text_of(value) if isinstance(value, cst.SimpleString) else None
+    return "cpu=True" if text is not None and text.startswith("cpu") else ""
+
+
+def _available(test: cst.BaseExpression) -> bool:
+    """``torch.cuda.is_available()`` and the like: ddpkit asks that itself, no ``cpu=`` needed."""
+    return isinstance(test, cst.Call) and (dotted(test.func) or "").endswith(AVAILABLE)
+
+
+def _cpu_when(test: cst.BaseExpression, negate: bool) -> str:
+    """``cpu=test`` (``cpu=not test`` when the test picks the accelerator), in parentheses where needed."""
+    code = cst.Module(body=[]).code_for_node(test)
+    simple = isinstance(test, (cst.Name, cst.Attribute, cst.Call))
+    if negate:
+        return f"cpu=not {code}" if simple else f"cpu=not ({code})"
+    return f"cpu={code}" if simple else f"cpu=bool({code})"
+
+
+def devices(work: _Work) -> None:
+    """``device = torch.device(...)`` -> ``state = ddpkit.init(...)`` and ``device = state.device``; a device
+    chosen in an ``if`` / ``else``: one init above it (:func:`_chosen`)."""
+    facts = work.facts
+    chosen = [b for choice in _choices(work) for b in _chosen(work, *choice)]
+    found = [b for b in facts.bindings if b.stmt is not None and is_device(b.value, b.target, facts.aliases)
+             and b not in chosen]
+    for b in found:
+        again = [o for o in found if o.target == b.target and o.scope is b.scope and o is not b]
+        if again:  # device = "cpu"; if torch.cuda.is_available(): device = "cuda": the first init would win
+            work.leave(b.line, f"{b.target} is chosen over several lines ({', '.join(str(o.line) for o in again)})",
+                       f"write it as one: {b.target} = torch.device('cuda' if torch.cuda.is_available() else "
+                       "'cpu'), then convert again", blocks=True)
+            return
+    for b in found:
+        if len(b.stmt.body) != 1 or not isinstance(b.stmt.body[0], cst.Assign) \
+                or len(b.stmt.body[0].targets) != 1:
+            work.leave(b.line, "the device set-up shares its line with other statements: left as it is",
+                       f"put {b.target} = ... on a line of its own, then convert again", blocks=True)
+            continue
+        assert b.value is not None
+        args = init_arguments(b.value)
+        if b.target.startswith("self."):
+            work.devices.append(b)
+            work.edits.expr[id(b.value)] = lambda node, a=args: cst.parse_expression(f"ddpkit.init({a}).device")
+            work.note(f"{b.target} = ddpkit.init().device", "ddpkit.init() starts the process group and "
+                      "gives each rank its own device", b.line)
+            continue
+        work.devices.append(b)
+        init = f"{work.state} = ddpkit.init({args})"
+        early = _first_ddpkit_use(work, b.scope, b.line, names_in(b.value))
+        if early is None:
+            work.edits.replace[id(b.stmt)] = [init, f"{b.target} = {work.state}.device"]
+        else:  # a loader or a print above would start ddpkit with the defaults first: start it there, as asked
+            work.edits.before.setdefault(id(early.stmt), []).append(init)
+            work.edits.replace[id(b.stmt)] = [f"{b.target} = {work.state}.device"]
+        work.inits.append(b.scope)
+        work.note(f"{b.target} = ... -> {work.state} = ddpkit.init({args}); {b.target} = "
+                  f"{work.state}.device", "init() starts the process group and gives each rank its own device", b.line)
+
+
+STARTS_DDPKIT = ("print", "torch.utils.data.DataLoader", "torch.utils.tensorboard.SummaryWriter", *PROGRESS)
+
+
+def _first_ddpkit_use(work: _Work, scope: Scope, line: int, args: set[str]) -> Any:
+    """The first statement above the device set-up at ``line``, in its block, whose converted call starts ddpkit
+    (with the defaults: ``cpu=`` would come too late), when the init's arguments (``args``) are bound by then;
+    else None."""
+    for call in work.facts.calls:
+        if call.scope is not scope or call.line >= line or call.name not in STARTS_DDPKIT \
+                or call.stmt is None or call.loops or call.tests:
+            continue
+        bound = {b.target for b in work.facts.bindings if b.line < call.line}
+        if all(a in bound or a in work.facts.aliases for a in args if "." not in a):
+            return call
+        if args - {"torch"}:  # the switch is read later than that: cpu= would come too late, and say nothing
+            work.leave(call.line, f"this line starts ddpkit (with the defaults) before the device set-up at line "
+                       f"{line} can say cpu=", f"move the device set-up (and what it reads) above line "
+                       f"{call.line}, then convert again", blocks=True)
+        return None
+    return None
+
+
+
+
+def _chain(node: cst.If) -> tuple[list[cst.BaseExpression], list[cst.BaseSuite], bool]:
+    """An ``if`` / ``elif`` / ``else`` chain's tests, its blocks in order, and whether it ends in an ``else``."""
+    tests: list[cst.BaseExpression] = []
+    blocks: list[cst.BaseSuite] = []
+    branch: Any = node
+    while isinstance(branch, cst.If):
+        tests.append(branch.test)
+        blocks.append(branch.body)
+        branch = branch.orelse.body if isinstance(branch.orelse, cst.Else) else branch.orelse
+    return tests, blocks + ([branch] if branch is not None else []), branch is not None
+
+
+def _choices(work: _Work) -> list[tuple[cst.If, list[cst.BaseExpression], list[Binding]]]:
+    """Each ``if`` / ``elif`` / ``else`` chain whose every branch binds one name to a device (CPU or an
+    accelerator) on its own line: the chain, its tests and those bindings, in order. (A chain without an
+    ``else`` has a path where the device is not chosen there: not one of these.)"""
+    facts = work.facts
+    found: list[tuple[cst.If, list[cst.BaseExpression], list[Binding]]] = []
+    elifs: set[int] = set()
+    for node in m.findall(facts.module, m.If()):
+        assert isinstance(node, cst.If)
+        elifs.add(id(node.orelse))
+        tests, blocks, ends_in_else = _chain(node)
+        if id(node) in elifs or not ends_in_else:
+            continue
+        picks = [[b for b in facts.bindings if b.value is not None and _kind(text_of(b.value) or "")
+                  and any(b.stmt is s for s in block.body)] for block in blocks]
+        if all(len(p) == 1 for p in picks) and len({p[0].target for p in picks}) == 1:
+            found.append((node, tests, [p[0] for p in picks]))
+    return found
+
+
+def _chosen(work: _Work, node: cst.If, tests: list[cst.BaseExpression], picks: list[Binding]) -> list[Binding]:
+    """One ``state = ddpkit.init(...)`` above the chain (every path needs the state, not only the branch that
+    bound it), and ``device = state.device`` in each branch; the chain itself goes when it did nothing else.
+    The bindings converted, or none (a CPU branch between two accelerator ones: the switch is not one test)."""
+    kinds = [_kind(text_of(b.value) or "") for b in picks]  # type: ignore[arg-type]
+    if kinds.count("cpu") > 1 or "cpu" in kinds[1:-1]:
+        return []
+    code = cst.Module(body=[]).code_for_node
+    if "cpu" not in kinds or kinds[-1] == "cpu" and all(_available(t) for t in tests):
+        args = ""  # an accelerator whenever there is one: ddpkit's own choice
+    elif kinds[0] == "cpu":
+        args = _cpu_when(tests[0], negate=False)
+    else:  # the CPU when no test before the else holds
+        args = _cpu_when(tests[0] if len(tests) == 1 else cst.parse_expression(
+            " or ".join(code(t) if isinstance(t, (cst.Name, cst.Attribute, cst.Call)) else f"({code(t)})"
+                        for t in tests)), negate=True)
+    target, scope, line = picks[0].target, picks[0].scope, picks[0].line - 1
+    init, read = f"{work.state} = ddpkit.init({args})", f"{target} = {work.state}.device"
+    early = _first_ddpkit_use(work, scope, line, set().union(*(names_in(t) for t in tests)))
+    only = all(len(block.body) == 1 for block in _chain(node)[1])
+    if early is not None:  # a loader or a print above would start ddpkit with the defaults first
+        work.edits.before.setdefault(id(early.stmt), []).append(init)
+    if only:
+        work.edits.replace[id(node)] = ([] if early is not None else [init]) + [read]
+    else:
+        if early is None:
+            work.edits.before.setdefault(id(node), []).append(init)
+        for b in picks:
+            work.edits.replace[id(b.stmt)] = [read]
+    work.devices.extend(picks)
+    work.inits.append(scope)
+    work.note(f"{target} chosen in an if / else -> {init} above it; {read} on every path", "init() starts the "
+              "process group and gives each rank its own device; every path needs the state, not one branch",
+              picks[0].line)
+    return picks

@@ -1,0 +1,164 @@
+"""``ddpkit convert`` on what public scripts write (issue 44, item 2): the DataParallel idiom, a device chosen in
+an ``if`` / ``else`` (pytorch/examples' ``--accel``), ``import ddpkit`` above a notebook's later imports, folders
+every rank makes, a whole model saved, and a second conversion of its own output. In process: small scripts in
+those shapes (the corpus's cifar_dataparallel.py, dcgan_accel.py and quickstart_notebook.py run them at 2
+processes in tests/test_convert_corpus.py)."""
+import textwrap
+import types
+
+import pytest
+
+pytest.importorskip("libcst")
+
+from ddpkit.commands.convert.plan import plan  # noqa: E402
+
+HEAD = "import torch\nfrom torch import nn\nfrom torch.utils.data import DataLoader\n"
+LOOP = """
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+loader = DataLoader(ds, batch_size=8, shuffle=True)
+for x, y in loader:
+    opt.zero_grad()
+    nn.functional.cross_entropy(net(x.to(device)), y.to(device)).backward()
+    opt.step()
+"""
+
+
+def convert(body, loop=LOOP):
+    return plan(HEAD + textwrap.dedent(body) + loop)
+
+
+def lines(result):
+    return [line.strip() for line in result.text.splitlines()]
+
+
+@pytest.mark.parametrize("body, wrapped", [
+    ("device = 'cuda' if torch.cuda.is_available() else 'cpu'\nnet = Net().to(device)\nif device == 'cuda':\n"
+     "    net = torch.nn.DataParallel(net)\n", "net = ddpkit.prepare_model(Net())"),
+    ("use_cuda = torch.cuda.is_available()\ndevice = torch.device('cuda' if use_cuda else 'cpu')\nnet = Net()\n"
+     "if torch.cuda.device_count() > 1:\n    print('GPUs:', torch.cuda.device_count())\n"
+     "    net = nn.DataParallel(net, device_ids=[0, 1])\nnet.to(device)\n", "net = ddpkit.prepare_model(net)"),
+    ("from torch.nn.parallel import DataParallel\ndevice = torch.device('cuda')\n"
+     "net = DataParallel(Net()).to(device)\n", "net = ddpkit.prepare_model(Net())"),
+])
+def test_a_data_parallel_wrap_goes_and_the_model_is_prepared_once(body, wrapped):
+    result = convert(body)
+    text = lines(result)
+    assert not result.refused and "DataParallel(" not in result.text, result.left
+    assert wrapped in text and result.text.count("prepare_model") == 1
+    assert "if device == 'cuda':" not in text  # the branch held only the wrap: it goes with it
+
+
+def test_the_wrappers_module_becomes_unwrap_and_ddp_by_hand_stays_refused():
+    text = lines(convert("device = torch.device('cpu')\nnet = Net().to(device)\nnet = nn.DataParallel(net)\n",
+                         LOOP + "torch.save(net.module.state_dict(), 'n.pt')\n"))
+    assert "torch.save(ddpkit.unwrap(net).state_dict(), 'n.pt')" in text
+    ddp = convert("net = nn.parallel.DistributedDataParallel(Net())\n")
+    assert ddp.refused and any("distributed by hand" in x.what for x in ddp.left)
+
+
+def test_data_parallel_in_a_forward_becomes_the_modules_own_call():
+    result = convert("""
+        class G(nn.Module):
+            def forward(self, input):
+                if input.is_cuda and self.ngpu > 1:
+                    output = nn.parallel.data_parallel(self.main, input, range(self.ngpu))
+                else:
+                    output = self.main(input)
+                return output
+        device = torch.device('cpu')
+        net = G().to(device)
+    """)
+    assert not result.refused and "data_parallel" not in result.text
+    assert lines(result).count("output = self.main(input)") == 2
+
+
+ACCEL = """
+def main(use_accel):
+    if use_accel:
+        device = torch.accelerator.current_accelerator()
+    else:
+        device = torch.device("cpu")
+    net = Net().to(device)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for x in DataLoader(ds, batch_size=8, shuffle=True):
+        net(x.to(device)).backward()
+    torch.save({}, "x.pt")
+    return device
+"""
+
+
+@pytest.mark.parametrize("use_accel", [True, False])
+def test_a_device_chosen_in_if_else_starts_ddpkit_on_every_path_with_the_scripts_switch(use_accel):
+    result = plan(HEAD + ACCEL)
+    text = lines(result)
+    assert "state = ddpkit.init(cpu=not use_accel)" in text and "device = state.device" in text, result.text
+    # the converted main() run with stand-ins: on the accelerator path it had no state (UnboundLocalError)
+    seen = []
+    fake = types.SimpleNamespace(init=lambda **kw: seen.append(kw) or types.SimpleNamespace(device="d", is_main=1),
+                                 prepare_model=lambda m: m, data_loader=lambda *a, **k: [])
+    torch = types.SimpleNamespace(device=str, save=lambda *a: seen.append("saved"),
+                                  optim=types.SimpleNamespace(SGD=lambda *a, **k: None))
+    scope = {"ddpkit": fake, "torch": torch, "Net": lambda: types.SimpleNamespace(parameters=list), "ds": None}
+    exec(compile(result.text.split("import ddpkit\n", 1)[1], "main", "exec"), scope)
+    assert scope["main"](use_accel) == "d" and seen == [{"cpu": not use_accel}, "saved"]
+
+
+@pytest.mark.parametrize("setup, args", [
+    ("if args.accel and torch.accelerator.is_available():\n    device = torch.accelerator.current_accelerator()\n"
+     "else:\n    device = torch.device('cpu')\n", "cpu=not (args.accel and torch.accelerator.is_available())"),
+    ("if torch.cuda.is_available():\n    device = 'cuda'\nelif torch.backends.mps.is_available():\n"
+     "    device = 'mps'\nelse:\n    device = 'cpu'\n", ""),
+    ("if args.cpu:\n    device = torch.device('cpu')\n    print('on the CPU')\nelse:\n"
+     "    device = torch.device('cuda')\n", "cpu=args.cpu"),
+    ("device = torch.accelerator.current_accelerator().type if torch.accelerator.is_available() else 'cpu'\n", ""),
+])
+def test_device_choices_of_public_scripts_become_one_init(setup, args):
+    result = convert("import argparse\nargs = argparse.ArgumentParser().parse_args()\n" + setup +
+                     "net = Net().to(device)\n")
+    text = lines(result)
+    assert not result.refused and text.count(f"state = ddpkit.init({args})") == 1, result.text
+    assert "current_accelerator" not in result.text and text.count("device = state.device") >= 1
+    assert text.index(f"state = ddpkit.init({args})") < text.index("device = state.device")
+
+
+def test_import_ddpkit_comes_above_its_first_use_when_the_script_imports_again_below():
+    result = convert("device = torch.device('cpu')\nprint(device)\nimport os\nnet = Net().to(device)\n")
+    text = lines(result)
+    assert text.index("import ddpkit") < text.index("state = ddpkit.init(cpu=True)") < text.index("import os")
+    late = plan('"""A script."""\nprint("start")\nimport torch\nfrom torch.utils.data import DataLoader\n' +
+                "device = torch.device('cpu')\nnet = Net().to(device)\n" + LOOP)
+    text = lines(late)
+    assert text[0] == '"""A script."""' and text.index("import ddpkit") < text.index('ddpkit.print("start")')
+    compile(late.text, "late", "exec")
+
+
+def test_folders_every_rank_makes_cannot_fail_as_made_already():
+    text = lines(convert("import os\nfrom pathlib import Path\ndevice = torch.device('cpu')\n"
+                         "net = Net().to(device)\nif not os.path.isdir('checkpoint'):\n    os.mkdir('checkpoint')\n"
+                         "os.makedirs(args.out)\nos.makedirs(d, 0o755, False)\nPath(d).mkdir(parents=True)\n"
+                         "ftp.mkdir('x')\n"))
+    assert "os.makedirs('checkpoint', exist_ok=True)" in text and "os.makedirs(args.out, exist_ok=True)" in text
+    assert "os.makedirs(d, 0o755, exist_ok=True)" in text and "Path(d).mkdir(parents=True, exist_ok=True)" in text
+    assert "ftp.mkdir('x')" in text  # not a path's mkdir: it may take no exist_ok
+
+
+def test_a_whole_model_saved_is_the_plain_module():
+    text = lines(convert("device = torch.device('cpu')\nnet = Net().to(device)\n",
+                         LOOP + "def save(model, path):\n    torch.save(model, path)\ntorch.save(net, 'n.pt')\n"
+                         "save(net, 'm.pt')\ntorch.save(net.state_dict(), 's.pt')\n"))
+    assert "torch.save(ddpkit.unwrap(net), 'n.pt')" in text and "torch.save(ddpkit.unwrap(model), path)" in text
+    assert "torch.save(net.state_dict(), 's.pt')" in text
+
+
+@pytest.mark.parametrize("body", [
+    "from tqdm import tqdm\nbar = tqdm(total=10)\ndevice = torch.device('cpu')\nnet = Net().to(device)\n",
+    "import os\ndevice = torch.device('cpu')\nnet = Net().to(device)\n"
+    "if os.path.exists('c.pt'):\n    net.load_state_dict(torch.load('c.pt'))\n",
+])
+def test_a_second_conversion_of_its_output_says_nothing_new(body):
+    first = convert(body, LOOP + "def save():\n    torch.save(net.state_dict(), 'c.pt')\nif best:\n    save()\n"
+                    "net.load_state_dict(torch.load('c.pt'))\n")
+    again = plan(first.text)
+    assert again.edits == [] and again.text == first.text
+    assert [x.fix for x in again.left] == [x.fix for x in first.left], (first.left, again.left)
+    assert [x.what.split(" at line")[0] for x in again.left] == [x.what.split(" at line")[0] for x in first.left]
