@@ -131,13 +131,15 @@ def launch_to_first_step(reps):
 
 
 def phase_report(reps):
-    """The per-rank phase report's cost (issue 46): one 2-rank job at ``--phase-window 0`` that runs blocks of 200
-    steps with the clock on and off in turn (benchmarks/phase_ab.py), ``10 * reps`` pairs: the ratio on/off per
+    """The per-rank phase report's cost (issue 46): one 2-rank job at ``--phase-window 0`` that runs blocks of 50
+    steps with the clock on and off in turn (benchmarks/phase_ab.py), ``60 * reps`` pairs: the ratio on/off per
     pair, of the slower rank's wall time and of rank 0's CPU time, median and interval. In one warm process the
-    pairs are a second apart, so the interval is that of the clock's cost, not of launches' start-up noise."""
+    pairs are a second apart, so the interval is that of the clock's cost, not of launches' start-up noise; a
+    pair's ratio still varies by ~10 % on a 2-core machine, so it takes hundreds of short pairs to pin the median
+    within ~1 %."""
     found = run([sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", "2", "--phase-window", "0",
                  "--log-dir", str(RESULTS / "logs"), str(ROOT / "benchmarks" / "phase_ab.py"),
-                 "--pairs", str(10 * reps), "--block", "200"], timeout=1800)
+                 "--pairs", str(60 * reps), "--block", "50"], timeout=3600)
     return {**interval("phase_report_step_ratio", found["wall_ratios"]),
             **interval("phase_report_cpu_ratio", found["cpu_ratios"]),
             "phase_report_pairs": len(found["wall_ratios"]), "phase_report_off_steps_per_s": found["steps_per_s"]}

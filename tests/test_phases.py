@@ -125,9 +125,10 @@ def test_every_rank_equally_slow_is_a_slow_job_not_a_straggler(tmp_path, window)
     assert kept_report(tmp_path)["straggler"] is None
 
 
-def test_the_report_adds_no_collective_and_can_be_turned_off(tmp_path):
+def test_the_report_adds_no_collective_and_is_off_unless_asked(tmp_path):
+    """Off by default (issue 46: ~0.1 ms a step, 1.5-2.3 % of the bench's 10 ms step); --phase-window N turns it on."""
     on = run(tmp_path / "on", "", nproc=2, window=5, steps=20)
-    off = run(tmp_path / "off", "", nproc=2, window=0, steps=20)
+    off = ok(launch(SCRIPT, nproc=2, launcher_args=["--log-dir", tmp_path / "off"], env={"PHASES_STEPS": "20"}))
     count = lambda res: int(re.search(r"collectives=(\d+)", res.stdout)[1])  # noqa: E731
     assert count(on) == count(off) > 20  # the DDP all-reduces only, in both
     assert "where each rank's time went" in on.stderr
@@ -336,7 +337,7 @@ def test_a_mode_of_one_process_gets_its_table(tmp_path):
     script.write_text(LOOP + "for x, y in loader:\n    torch.nn.functional.mse_loss(model(x), y).backward()\n"
                              "    opt.step(); opt.zero_grad()\n")
     res = ok(run_cmd([sys.executable, "-m", "ddpkit", "launch", "--mode", "single", "--log-dir", str(tmp_path / "logs"),
-                      str(script)]))
+                      "--phase-window", "200", str(script)]))
     assert len(rows(res.stderr)) == 1 and "no straggler over the run" in res.stderr, res.stderr
     assert len(list((tmp_path / "logs").glob("*/phases.json"))) == 1
 

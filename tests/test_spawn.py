@@ -74,14 +74,15 @@ def test_fork_whenever_a_fresh_interpreter_could_not_import_the_function(monkeyp
 
 
 def test_a_script_that_launches_itself_equals_ddpkit_launch(tmp_path):
-    r = ok(run_cmd([sys.executable, str(SELF), str(tmp_path), "--spawn"]))
+    r = ok(run_cmd([sys.executable, str(SELF), str(tmp_path), "--spawn"], env={"DDPKIT_PHASE_WINDOW": "200"}))
     result = json.loads(r.stdout.split("RESULT ", 1)[1])
     assert result == {"rank": 0, "world_size": 2, "mode": "ddp"}  # rank 0's return value
     assert "trained" in r.stdout  # rank 0's print reaches the caller's stdout
     # issue 26 #6: where the logs are, said once, as ddpkit launch says it
     logs = [line for line in r.stderr.splitlines() if line.startswith("ddpkit.spawn: ") and "per-rank logs in" in line]
     assert len(logs) == 1 and os.path.isdir(os.path.join(SCRATCH, logs[0].rsplit(" in ", 1)[1])), r.stderr
-    # issue 29: the per-rank phase table ends a spawn as it ends ddpkit launch, and its report is kept beside the logs
+    # issue 29: the per-rank phase table (turned on: off by default) ends a spawn as it ends ddpkit launch, and its
+    # report is kept beside the logs
     assert "ddpkit: where each rank's time went" in r.stderr and re.search(r"ddpkit:\s+1\s+\S+\s+[\d.]+", r.stderr)
     assert os.path.isfile(os.path.join(SCRATCH, logs[0].rsplit(" in ", 1)[1], "phases.json"))
     ok(launch(SELF, tmp_path))

@@ -78,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--join-timeout", default="600",
                    help="multi-node: seconds to wait for every node to join before failing (default 600)")
     p.add_argument("--phase-window", default=None,
-                   help="steps per window of the per-rank phase report and straggler check (default 200; 0: off)")
+                   help="turn on the per-rank phase report and straggler check, N steps a window (e.g. 200; "
+                        "default off: ~0.1 ms a step)")
     p.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module, like python -m")
     p.add_argument("script", help="training script (or module with -m)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments passed to the script")

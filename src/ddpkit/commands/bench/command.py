@@ -44,6 +44,7 @@ from ddpkit.commands.logtail import log_tail, run_logged
 from ddpkit.core import contract
 from ddpkit.core.environment import visible_gpus
 from ddpkit.core.errors import SCRIPT_FAILED, USAGE_ERROR, UsageError
+from ddpkit.runtime import phases
 
 PROG = "ddpkit bench"
 MIN_GAIN = stats.MIN_GAIN
@@ -102,7 +103,9 @@ def run_once(script: str, args: Sequence[str], nproc: int, steps: int, warmup: i
         log = os.path.join(out, "launch.log")
         # the workers load bench's hooks by module (a checkout on PYTHONPATH works): step cap, hand-out times,
         # the DDP sizes
-        run_logged(cmd, {contract.TOOL.name: "ddpkit.commands.bench.hooks:from_env",
+        # the phase report on (off by default): the communication share comes from it
+        window = os.environ.get(contract.PHASE_WINDOW.name) or str(phases.DEFAULT_WINDOW)
+        run_logged(cmd, {contract.TOOL.name: "ddpkit.commands.bench.hooks:from_env", contract.PHASE_WINDOW.name: window,
                          contract.MAX_STEPS.name: str(warmup + steps + 1), contract.BENCH_OUT.name: out, **env}, log)
         files = sorted(glob.glob(os.path.join(out, "rank*.json")))
         if len(files) != nproc:
