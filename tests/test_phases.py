@@ -343,9 +343,10 @@ def test_a_mode_of_one_process_gets_its_table(tmp_path):
 
 
 def test_one_stamp_a_backward_once_the_last_gradient_is_known(tmp_path, installed):
-    """Review: every parameter's gradient took a stamp (on CUDA an event) in every backward."""
+    """Review: every parameter's gradient took a stamp (on CUDA an event) in every backward. CUDA's way, on the CPU."""
     model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(10)])
     clock = installed(PhaseClock(0, 0, "h", 1000, None, str(tmp_path / "phases.json")))
+    clock.learn_last = True
     clock.watch_model(model)
     clock.start()
     taken, stamp = [], clock.line.stamp
@@ -363,6 +364,52 @@ def test_one_stamp_a_backward_once_the_last_gradient_is_known(tmp_path, installe
     finally:
         clock.stop()
     assert per_step[0] >= 20 and per_step[1:] == [per_step[1]] * 3 and per_step[1] <= 8, per_step
+
+
+class _SlowBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(0.005)
+        return grad
+
+
+@pytest.mark.parametrize("learn_last", [False, True])
+def test_a_graph_that_changes_between_backwards_keeps_its_compute_in_compute(tmp_path, installed, learn_last):
+    """Review: with one stamp a backward, a stem that alternates by step (the learnt last gradient absent) booked
+    the whole backward as waiting for peers that a single process does not have."""
+    stems, head = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)]), torch.nn.Linear(4, 1)
+    model = torch.nn.ModuleDict({"stems": stems, "head": head})
+    clock = installed(PhaseClock(0, 0, "h", 1000, None, str(tmp_path / "phases.json")))
+    clock.learn_last = learn_last
+    clock.watch_model(model)
+    clock.start()
+    try:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(12):
+            clock.fetch(True)
+            clock.fetch(False)
+            head(_SlowBackward.apply(stems[i % 2](torch.ones(2, 4)))).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        totals = clock.totals()["ms"]
+    finally:
+        clock.stop()
+    assert totals["compute"] > 4 and totals["comm"] < 1, totals
+
+
+def test_a_loop_that_fetches_and_never_trains_holds_no_more_than_a_bounded_step(tmp_path, installed):
+    """Review: feature extraction with a training loader (no backward, no optimizer) kept every stamp."""
+    from ddpkit.runtime import phases
+
+    clock = installed(PhaseClock(0, 0, "h", 10, None, str(tmp_path / "phases.json")))
+    for _ in range(phases._MAX_OPEN + 5000):
+        clock.fetch(True)
+        clock.fetch(False)
+    assert len(clock.line.marks) <= phases._MAX_OPEN + 2
 
 
 def test_zipped_loaders_are_one_step_per_iteration(tmp_path):
@@ -561,3 +608,19 @@ def test_the_launch_flag_reaches_the_workers():
     env, _ = worker_env(LaunchConfig(str(SCRIPT), nproc_per_node=2, phase_window=0), {}, 2)
     assert env["DDPKIT_PHASE_WINDOW"] == "0"
     assert "DDPKIT_PHASE_WINDOW" not in worker_env(LaunchConfig(str(SCRIPT), nproc_per_node=2), {}, 2)[0]
+
+
+def test_at_a_window_of_one_step_a_straggler_is_said_after_twenty_steps_in_a_row(capsys):
+    """Review: at --phase-window 1 "two windows in a row" was two steps: a balanced job's hiccup was said live."""
+    clock = PhaseClock(0, 0, "h", 1, None, None, world_size=3)
+    fast = {"data": 1.0, "compute": 10.0, "comm": 30.0, "optimizer": 1.0, "other": 0.0}
+    slow = dict(fast, data=31.0, comm=1.0)
+
+    def judged(index):
+        clock._judge([straggler.window(0, fast, index=index), straggler.window(1, fast, index=index),
+                      straggler.window(2, slow, index=index)])
+        return capsys.readouterr().err
+
+    assert all("straggler: rank 2" not in judged(i) for i in range(1, 20))
+    said = judged(20)
+    assert "straggler: rank 2" in said and "over steps 1-21" in said, said

@@ -13,7 +13,9 @@ VERIFY = [sys.executable, "-m", "ddpkit", "verify", "--nproc", "2", "--steps", "
 
 
 def test_a_correct_batchnorm_adam_cnn_passes_by_the_float64_rerun():
-    r = ok(run_cmd(VERIFY, timeout=400))
+    """Also with a subclass of Adam (review: matched by exact name, no re-run) and a torch.save of the whole model
+    (review: the float64 hooks were lambdas, which pickle refused)."""
+    r = ok(run_cmd(VERIFY + ["--own-adam"], timeout=400))
     assert r.stdout.startswith("PASS: 2 processes match 1 process"), r.stdout + r.stderr[-2000:]
     assert "decided by a float64 re-run: in float32 the runs ended '0.bias'" in r.stdout, r.stdout
 
@@ -22,6 +24,25 @@ def test_per_rank_batchnorm_statistics_still_fail_in_float64():
     r = run_cmd(VERIFY + ["--local-bn"], timeout=400)
     assert r.returncode != 0 and r.stdout.startswith("FAIL"), r.stdout + r.stderr[-2000:]
     assert "the float64 re-run differs too" in r.stdout and "not float rounding" in r.stdout, r.stdout
+
+
+def test_the_cast_keeps_model_output_types():
+    """Review: a Hugging Face-style ModelOutput (a dict subclass read by attribute) came back a plain dict; a
+    dataclass output was never cast back."""
+    import dataclasses
+
+    class Output(dict):
+        __getattr__ = dict.__getitem__
+
+    @dataclasses.dataclass
+    class Result:
+        logits: torch.Tensor
+        name: str = "x"
+
+    out = _cast(Output(logits=torch.ones(2, dtype=torch.float64)), torch.float32)
+    assert type(out) is Output and out.logits.dtype == torch.float32
+    res = _cast(Result(torch.ones(2, dtype=torch.float64)), torch.float32)
+    assert type(res) is Result and res.logits.dtype == torch.float32 and res.name == "x"
 
 
 def test_the_cast_keeps_structure_and_leaves_integers():

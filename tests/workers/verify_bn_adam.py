@@ -1,10 +1,13 @@
 """A BatchNorm CNN trained with Adam, as public CIFAR scripts write it: each conv keeps its bias right before its
 BatchNorm (a weight whose exact gradient is 0: float noise that Adam turns into lr-sized steps).
 
-``verify_bn_adam.py [--local-bn]``: ``--local-bn`` keeps each rank's own BatchNorm statistics
-(``sync_batchnorm=False``), a real difference from one process that verify must still FAIL.
+``verify_bn_adam.py [--local-bn] [--own-adam]``: ``--local-bn`` keeps each rank's own BatchNorm statistics
+(``sync_batchnorm=False``), a real difference from one process that verify must still FAIL; ``--own-adam`` steps a
+subclass of Adam and saves the whole model first (verify's float64 hooks must pickle).
 """
+import os
 import sys
+import tempfile
 
 import torch
 from torch import nn
@@ -20,7 +23,14 @@ net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
                     nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
                     nn.Flatten(), nn.Linear(16, 10))
 model = ddpkit.prepare_model(net, sync_batchnorm="--local-bn" not in sys.argv)
-opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+if "--own-adam" in sys.argv:
+    class OwnAdam(torch.optim.Adam):
+        pass
+
+    opt = OwnAdam(model.parameters(), lr=1e-3)
+    torch.save(ddpkit.unwrap(model), os.path.join(tempfile.mkdtemp(), "initial.pt"))
+else:
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 for x, y in ddpkit.data_loader(data, batch_size=16):
     loss = nn.functional.cross_entropy(model(x), y)
     opt.zero_grad()

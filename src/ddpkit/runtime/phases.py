@@ -53,6 +53,7 @@ _N = len(straggler.PHASES)
 # marks one step may hold (~100 bytes each) before its loader no longer counts as what cuts the steps: a loop that
 # stopped fetching (one batch reused) would otherwise keep every stamp of the run in one open step
 _MAX_OPEN = 20_000
+_MIN_SAID_STEPS = 20  # a straggler is said live once it held this many steps (and two windows) in a row
 _DATA, _COMPUTE, _COMM, _OPT, _OTHER = range(_N)
 
 
@@ -71,12 +72,17 @@ class PhaseClock:
         self.window_sums, self.total_sums, self.first_sums = [0.0] * _N, [0.0] * _N, [0.0] * _N
         self.window_steps = self.total_steps = self.first_steps = self.windows = 0
         self.stepped: set[int] = set()  # the optimizers that stepped since the last fetch
+        # on CUDA a stamp is an event: only the gradient that came last in the previous backward is stamped (on
+        # the CPU a stamp is a clock read, and every gradient takes one: a graph that changes between backwards,
+        # a GAN's three, a branch, keeps its compute in compute)
+        self.learn_last = cuda
         self.last_grad: int | None = None  # id() of the parameter whose gradient came last in the last backward
         self.latest_grad: int | None = None  # ... in the running one
         self.by_loader = self.by_optimizer = self.stepping = self.in_backward = False
         self.worked = False  # the open step ran a training forward, a backward or an optimizer step
         self.said: tuple[int, str] | None = None  # the straggler last said on the console
         self.seen: tuple[int, str] | None = None  # the last window's verdict
+        self.streak = 0  # windows in a row with that verdict
         self.listeners: list[Listener] = []
         self.handles: list[Any] = []
 
@@ -85,8 +91,10 @@ class PhaseClock:
         """The time since the last stamp goes to the phase the step was in; from now the step is in ``phase``."""
         self.line.close(self.phase)
         self.phase = phase
-        if self.by_loader and len(self.line.marks) - self.step_start > _MAX_OPEN:
-            self.by_loader = False  # the optimizer steps (or backwards) cut the steps from now on
+        if len(self.line.marks) - self.step_start > _MAX_OPEN:  # a step that never ends (one batch reused, or
+            self.by_loader = False  # fetches and no training): optimizer steps or backwards cut the steps from now
+            self.line.skip_from(self.step_start)  # on, and what it held so far is no step's
+            self._resolve()
 
     def fetch(self, starting: bool | None) -> None:
         """A ddpkit training loader starts fetching a batch (True), got one (False), or its pass ended (None:
@@ -127,11 +135,9 @@ class PhaseClock:
         self.in_forward(module, _COMM if syncing else _COMPUTE)
 
     def grad_ready(self, param: torch.Tensor) -> None:
-        # the stamp that ends compute is the last gradient's. The first backward stamps each (a clock read per
-        # parameter) and learns which came last; later ones stamp that parameter's only: one stamp (on CUDA one
-        # event) a backward, whatever the parameter count
+        # the stamp that ends compute is the last gradient's: see learn_last
         self.worked, self.latest_grad = True, id(param)
-        if self.last_grad is None or self.latest_grad == self.last_grad:
+        if not self.learn_last or self.last_grad is None or self.latest_grad == self.last_grad:
             if self.grad is not None:
                 self.line.discard(self.grad)
             self.grad = self.line.stamp()
@@ -147,7 +153,13 @@ class PhaseClock:
     def _backward_done(self) -> None:
         self.in_backward = False
         # another parameter came last this time (a branch the graph took): learnt for the next backward
-        self.last_grad = self.latest_grad
+        learnt, self.last_grad = self.last_grad, self.latest_grad
+        if self.learn_last and learnt is not None and learnt != self.latest_grad:
+            # the graph changed (the learnt parameter came early, or got no gradient): the compute ran to about
+            # here, a wait of this backward is not told apart (never compute counted as waiting)
+            if self.grad is not None:
+                self.line.discard(self.grad)
+            self.grad = self.line.stamp()
         if self.grad is not None:  # up to the last gradient: compute (even with no forward stamped: compiled)
             self.line.close(_COMPUTE, self.grad)
             self.grad = None
@@ -214,9 +226,12 @@ class PhaseClock:
         for listener in self.listeners:
             listener(step, windows, found)
         now = None if found is None else (found["rank"], found["phase"])
-        # said once it holds for two windows in a row: one window's hiccup (a descheduled process) is no straggler
-        if now is not None and now == self.seen and now != self.said:
-            print(f"ddpkit: {straggler.describe(found, f'over steps {step - 2 * self.window}-{step}')}",
+        self.streak = self.streak + 1 if now is not None and now == self.seen else int(now is not None)
+        # said once it holds for two windows in a row, and at least 20 steps: one window's hiccup (a descheduled
+        # process) is no straggler, nor are two steps' at --phase-window 1
+        needed = max(2, -(-_MIN_SAID_STEPS // self.window))
+        if now is not None and self.streak >= needed and now != self.said:
+            print(f"ddpkit: {straggler.describe(found, f'over steps {step - needed * self.window}-{step}')}",
                   file=sys.stderr, flush=True)
             self.said = now
         self.seen = now

@@ -1,11 +1,12 @@
 """``ddpkit bench``'s second communication figure: the phase report of its default timing runs (issue 29).
 
-Every timing run goes through ``ddpkit launch``, whose phase report is on by default: rank 0 leaves
+Every timing run goes through ``ddpkit launch`` with the phase report turned on (off by default; the bench sets
+``DDPKIT_PHASE_WINDOW=200`` unless the environment gives another): rank 0 leaves
 ``phases.json`` (every rank's ms per step in data, compute, comm, optimizer, other) in the run's log folder.
 From the default runs at the largest process count, the bench takes the *slowest rank's* ``comm / step``: the
 rank the others wait for waits for no peer itself, so its ``comm`` is the communication no compute hid, the
 part of the step the same run with communication skipped saves. A faster rank's ``comm`` also holds its wait
-for the slowest one. The report's means are over all the run's steps, warm-up included.
+for the slowest one. The report's means leave its first window (200 steps, warm-up) out once a run is past it.
 
 Example::
 

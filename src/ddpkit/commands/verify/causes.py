@@ -174,7 +174,8 @@ def crash_line(run: str, script: str, output: str, nproc: int) -> str:
     'the one-process run failed at t.py:12 (RuntimeError: tensor a (16) vs b (8))'
     """
     name = os.path.basename(script)
-    lines = re.findall(rf'File "[^"]*{re.escape(name)}", line (\d+)', output)
+    paths = "|".join(re.escape(p) for p in {script, os.path.abspath(script)})  # not mytrain.py, nor torch's module.py
+    lines = re.findall(rf'File "(?:{paths})", line (\d+)', output)
     where = f"{name}:{lines[-1]}" if lines else name
     tail = [line.strip() for line in output.splitlines() if line.strip()]
     raised = next((line for line in reversed(tail) if re.match(r"^[\w.]+(Error|Exception|Exit|Interrupt)\b", line)),

@@ -158,7 +158,7 @@ class Recorder:
             raise StepCap(0)
         if self._rng is not None and not torch.equal(self._rng, _rng_state()):
             self.random_draws = True  # drawn during the step: forward, loss (noise, random masking)
-        self.optimizers.add(type(optimizer).__name__)
+        self.optimizers.update(c.__name__ for c in type(optimizer).__mro__[:-1])  # a subclass of Adam is Adam
         groups = getattr(optimizer, "param_groups", [])
         self.lr = max([self.lr, *(_lr(group) for group in groups)])
         stepped = {id(p) for group in groups for p in group.get("params", [])}

@@ -23,6 +23,8 @@ Example::
 
 from __future__ import annotations
 
+import copy as copy_module
+import dataclasses
 from typing import Any
 
 import torch
@@ -30,26 +32,43 @@ from torch import nn
 
 # optimizers that scale each element's step by its own gradient history: float noise becomes an lr-sized step
 ADAPTIVE = {"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop", "SparseAdam", "Adafactor",
-            "FusedAdam", "Lion", "Muon"}
+            "FusedAdam", "Lion", "Muon", "Rprop", "Lamb", "LAMB", "Adam8bit", "AdamW8bit", "PagedAdamW"}
 
 
 def worth_rerun(result: dict) -> bool:
-    """A finite FAIL of runs that stepped an adaptive optimizer, without autocast (whose bf16/fp16 rounding a
-    float64 model would not remove) and without random draws in the step (which differ by design)."""
+    """A finite FAIL of runs that stepped an adaptive optimizer (its class or a base class, by name), without
+    autocast (whose bf16/fp16 rounding a float64 model would not remove) and without random draws in the step
+    (which differ by design)."""
     return (not result.get("passed") and not result.get("non_finite") and not result.get("autocast")
             and not result.get("random_draws") and bool(ADAPTIVE & set(result.get("optimizers") or ())))
 
 
 def to_float64(model: nn.Module) -> None:
     """``model`` in float64 in place, before it is wrapped: float inputs are cast up at its forward and its float
-    outputs back to float32, so a loss computed next to float32 targets runs unchanged."""
+    outputs back to float32, so a loss computed next to float32 targets runs unchanged. The hooks are functions of
+    this module: a script's ``torch.save(model)`` pickles them."""
     model.double()
-    model.register_forward_pre_hook(lambda module, args, kwargs: (_cast(args, torch.float64),
-                                                                  _cast(kwargs, torch.float64)), with_kwargs=True)
-    model.register_forward_hook(lambda module, args, output: _cast(output, torch.float32))
+    model.register_forward_pre_hook(_inputs_up, with_kwargs=True)
+    model.register_forward_hook(_outputs_back)
+
+
+def _inputs_up(module: nn.Module, args: Any, kwargs: Any) -> Any:
+    return _cast(args, torch.float64), _cast(kwargs, torch.float64)
+
+
+def _outputs_back(module: nn.Module, args: Any, output: Any) -> Any:
+    return _cast(output, torch.float32)
 
 
 def _cast(value: Any, dtype: torch.dtype) -> Any:
+    """Every float tensor in ``value`` as ``dtype``, the containers' own types kept (a namedtuple, a dict subclass
+    such as Hugging Face's ``ModelOutput``, a dataclass).
+
+    >>> import collections; Out = collections.namedtuple("Out", "loss ids")
+    >>> got = _cast(Out(torch.ones(1), torch.arange(2)), torch.float64)
+    >>> type(got).__name__, got.loss.dtype, got.ids.dtype
+    ('Out', torch.float64, torch.int64)
+    """
     if isinstance(value, torch.Tensor):
         return value.to(dtype) if value.is_floating_point() and value.dtype != dtype else value
     if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
@@ -57,7 +76,15 @@ def _cast(value: Any, dtype: torch.dtype) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(_cast(v, dtype) for v in value)
     if isinstance(value, dict):
-        return {k: _cast(v, dtype) for k, v in value.items()}
+        if type(value) is dict:
+            return {k: _cast(v, dtype) for k, v in value.items()}
+        copy = copy_module.copy(value)  # a dict subclass (ModelOutput): its type and attributes kept
+        for k, v in value.items():
+            copy[k] = _cast(v, dtype)
+        return copy
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: _cast(getattr(value, f.name), dtype)
+                                             for f in dataclasses.fields(value) if f.init})
     return value
 
 
