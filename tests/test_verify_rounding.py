@@ -66,3 +66,29 @@ def test_a_script_that_saves_its_whole_model_passes():
     r = ok(run_cmd([sys.executable, "-m", "ddpkit", "verify", "--nproc", "2", "--steps", "100",
                     str(WORKERS / "verify_crashes.py"), "--save-whole"], timeout=300))
     assert r.stdout.startswith("PASS: 2 processes match 1 process"), r.stdout + r.stderr[-1500:]
+
+
+def test_a_model_that_makes_tensors_in_its_forward_runs_in_the_float64_rerun():
+    """Review: an LSTM's h0 = torch.zeros(...) made in forward crashed the re-run (float32 beside float64)."""
+    from torch import nn
+
+    from ddpkit.commands.verify.rounding import to_float64
+
+    class Recurrent(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn, self.fc = nn.LSTM(4, 8, batch_first=True), nn.Linear(8, 2)
+
+        def forward(self, x):
+            h0 = torch.zeros(1, x.size(0), 8)
+            out, _ = self.rnn(x, (h0, torch.zeros(1, x.size(0), 8)))
+            return self.fc(out[:, -1]), torch.fft.rfft(out[:, -1])
+
+    model = Recurrent()
+    try:
+        to_float64(model)
+        logits, spectrum = model(torch.randn(2, 5, 4, dtype=torch.float32))
+    finally:
+        torch.set_default_dtype(torch.float32)  # the re-run's process keeps it; this test's must not
+    assert logits.dtype == torch.float32 and spectrum.dtype == torch.complex64
+    assert model.fc.weight.dtype == torch.float64

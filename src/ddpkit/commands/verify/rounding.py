@@ -9,7 +9,8 @@ to its own tensor's largest, which cannot see a tensor that is noise throughout 
 
 So when a run with an adaptive optimizer FAILs, verify runs both sides again with the prepared model in float64
 (:func:`to_float64`: parameters and buffers, float inputs cast up at its forward, float outputs cast back, so the
-script's loss code sees what it always did). Rounding noise falls ~1e-9 times lower, below Adam's ``eps``, and the
+script's loss code sees what it always did; torch's default dtype float64 from there on, for tensors made inside
+the forward). Rounding noise falls ~1e-9 times lower, below Adam's ``eps``, and the
 runs then agree; a real defect (a summed loss, unsynced statistics, rank-dependent code) changes real gradients
 and still differs. The PASS or FAIL line says which test decided.
 
@@ -48,6 +49,9 @@ def to_float64(model: nn.Module) -> None:
     outputs back to float32, so a loss computed next to float32 targets runs unchanged. The hooks are functions of
     this module: a script's ``torch.save(model)`` pickles them."""
     model.double()
+    # tensors the model makes in its forward (an LSTM's h0 = torch.zeros(...)) are float64 too; a float32 loss
+    # target meeting a float64 one promotes
+    torch.set_default_dtype(torch.float64)
     model.register_forward_pre_hook(_inputs_up, with_kwargs=True)
     model.register_forward_hook(_outputs_back)
 
@@ -70,6 +74,8 @@ def _cast(value: Any, dtype: torch.dtype) -> Any:
     ('Out', torch.float64, torch.int64)
     """
     if isinstance(value, torch.Tensor):
+        if value.is_complex():  # a spectrum: its complex kin (complex64 beside float32)
+            return value.to(torch.complex128 if dtype == torch.float64 else torch.complex64)
         return value.to(dtype) if value.is_floating_point() and value.dtype != dtype else value
     if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
         return type(value)(*(_cast(v, dtype) for v in value))
