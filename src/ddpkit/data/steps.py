@@ -113,13 +113,13 @@ class Step:
         assert self._count is not None
         counts = [_checked(self._count(batch)) if weight > 0 else 0.0
                   for batch, weight in zip(batches, self._weights)]
-        total = sum(counts)
+        self.count = total = sum(counts)
         if self._world > 1:
             state = runtime.ensure_init()
             summed = torch.tensor([total], dtype=torch.float64, device=state.device)
             dist.all_reduce(summed)
             total = summed.item()
-        self.count, self.global_count = sum(counts), total
+        self.global_count = total
         return batches, [n * self._world / total if total else 0.0 for n in counts]
 
     def __iter__(self) -> Iterator[Any]:

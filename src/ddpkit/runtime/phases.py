@@ -50,8 +50,8 @@ FINAL_WAIT_S = 5.0  # rank 0 waits this long at shutdown for the other ranks' to
 _KEY = "ddpkit/phases/"
 Listener = Callable[[int, list[dict[str, Any]], "dict[str, Any] | None"], None]
 _N = len(straggler.PHASES)
-# marks one step may hold (~100 bytes each) before its loader no longer counts as what cuts the steps: a loop that
-# stopped fetching (one batch reused) would otherwise keep every stamp of the run in one open step
+# marks one step may hold (~100 bytes each): a step that never ends (one batch reused, or fetches and no training)
+# would otherwise keep every stamp of the run
 _MAX_OPEN = 20_000
 _MIN_SAID_STEPS = 20  # a straggler is said live once it held this many steps (and two windows) in a row
 _DATA, _COMPUTE, _COMM, _OPT, _OTHER = range(_N)
