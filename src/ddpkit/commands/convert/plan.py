@@ -23,7 +23,7 @@ from libcst import matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ddpkit.commands.check.rules import OPTIMIZERS
-from ddpkit.commands.convert import device, flow, parallel, rules
+from ddpkit.commands.convert import device, flow, inits, parallel, rules
 from ddpkit.commands.convert.apply import LOADER_PARAMETERS, Edits, first_use, loader_call, rewrite
 from ddpkit.commands.convert.flow import binding_of, loops_reading, peek, roles_said
 from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, Scope, dotted, parse, resolve, scan
@@ -199,6 +199,8 @@ class _Work:
                        f"go to {unread.target}", f"write {unread.target} = torch.device('cuda' if "
                        "torch.cuda.is_available() else 'cpu') (or with your own switch), then convert again",
                        blocks=True)
+            return
+        if inits.place(self, binding, moves):  # ``netG.apply(weights_init)`` below the build: the wrap below it
             return
         if moves:  # ``model.to(device)`` on its own line: that line becomes the wrap
             move = moves[-1]

@@ -1,0 +1,75 @@
+"""What the held-out check of 2026-12-04 (docs/convert.md) found ``ddpkit convert`` still owes public scripts, each
+a case that converted wrong (or exited 1 for nothing) before its fix: ``prepare_model`` above an init of the model,
+an unused loader, ``save_pretrained`` on every rank, an unseeded split made by every rank, and the global batch.
+In process, on small scripts in the shapes those scripts have."""
+import textwrap
+
+import pytest
+
+pytest.importorskip("libcst")
+
+from test_convert_public import HEAD, lines  # noqa: E402
+
+from ddpkit.commands.convert.plan import plan  # noqa: E402
+
+# the public LOOP's, with the batches left where they are (a model's own ``.to(device)`` must go)
+LOOP = """
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+loader = DataLoader(ds, batch_size=8, shuffle=True)
+for x, y in loader:
+    opt.zero_grad()
+    nn.functional.cross_entropy(net(x), y).backward()
+    opt.step()
+"""
+
+
+def convert(body, loop=LOOP):
+    return plan(HEAD + textwrap.dedent(body) + loop)
+
+
+def below(text, first, then):
+    return text.index(first) < text.index(then)
+
+
+@pytest.mark.parametrize("body, last_init", [
+    ("net = Generator().to(device)\nnet.apply(weights_init)\nprint(net)\n", "net.apply(weights_init)"),
+    ("net = Net()\nnn.init.xavier_uniform_(net.fc.weight)\nnet.fc.bias.data.zero_()\n", "net.fc.bias.data.zero_()"),
+    ("net = Net()\nfor m in net.modules():\n    if isinstance(m, nn.Conv2d):\n"
+     "        nn.init.kaiming_normal_(m.weight)\n", "nn.init.kaiming_normal_(m.weight)"),
+    ("net = Net()\nnet.to(device)\nif args.resume:\n    net.load_state_dict(torch.load(args.resume))\n",
+     "net.load_state_dict(torch.load(args.resume, map_location="),
+    ("net = Generator()\nif ngpu > 1:\n    net = nn.DataParallel(net, list(range(ngpu)))\nnet.apply(weights_init)\n",
+     "net.apply(weights_init)"),
+], ids=["apply", "nn.init", "modules-loop", "resume", "dataparallel"])
+def test_the_model_is_prepared_below_the_lines_that_initialise_it(body, last_init):
+    result = convert(body)
+    text = result.text
+    assert text.count("prepare_model") == 1 and "net = ddpkit.prepare_model(net)" in lines(result), text
+    assert below(text, last_init, "prepare_model") and below(text, "prepare_model", "torch.optim.SGD")
+    assert ".to(device)" not in text and not result.left
+    assert any("below line" in e.what and "initialised" in e.why for e in result.edits)
+    again = plan(text)
+    assert again.text == text and again.edits == [] and again.left == []
+
+
+def test_the_dcgan_pattern_initialises_both_models_before_their_wraps():
+    result = convert("netG = Generator(ngpu).to(device)\nnetG.apply(weights_init)\nprint(netG)\n"
+                     "netD = Discriminator(ngpu).to(device)\nnetD.apply(weights_init)\n",
+                     LOOP.replace("net.parameters()", "netD.parameters()").replace("net(x)", "netD(netG(x))") +
+                     "optG = torch.optim.Adam(netG.parameters())\n")
+    text = result.text
+    for name in ("netG", "netD"):
+        assert below(text, f"{name}.apply(weights_init)", f"{name} = ddpkit.prepare_model({name})")
+
+
+def test_an_init_below_another_use_of_the_model_is_listed_with_its_line():
+    result = convert("net = Net()\n", "opt = torch.optim.SGD(net.parameters(), lr=0.1)\nnet.apply(weights_init)\n"
+                     + LOOP.split("\n", 2)[2] + "net.apply(freeze_bn)\n")
+    left = [x for x in result.left if "initialised here, after prepare_model" in x.what]
+    assert len(left) == 1 and left[0].line == 6 and "move the initialisation up" in left[0].fix
+    assert not result.refused and "net = ddpkit.prepare_model(Net())" in lines(result)  # (after training: no init)
+
+
+def test_a_model_used_before_its_init_keeps_its_wrap_at_the_build():
+    result = convert("net = Net()\ntrainer = Trainer(net)\nnet.load_state_dict(torch.load('w.pt'))\n")
+    assert "net = ddpkit.prepare_model(Net())" in lines(result) and not result.left  # (a load is no random init)
