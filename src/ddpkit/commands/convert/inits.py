@@ -14,7 +14,7 @@ Example::
     >>> from ddpkit.commands.convert.plan import plan
     >>> text = plan("import torch\\nnet = Net().to(dev)\\nnet.apply(init)\\n"
     ...             "opt = torch.optim.SGD(net.parameters(), lr=1)\\n").text
-    >>> text.splitlines()[-3:]
+    >>> text.splitlines()[-4:-1]
     ['net = Net()', 'net.apply(init)', 'net = ddpkit.prepare_model(net)']
 """
 

@@ -3,7 +3,8 @@
 Each rewrite is an :class:`Edit` (line, what, why); what cannot be converted safely is a :class:`Left` (line,
 what, what to do). A ``Left`` with ``blocks=True`` means the result would run and train differently (a
 training loader of unknown role, hand-fed batches, a script already distributed by hand): nothing is written
-then. The rules for output (print, logging, TensorBoard, tqdm, saving) are :mod:`ddpkit.commands.convert.rules`.
+then. The loaders are :mod:`ddpkit.commands.convert.loaders`'s, the rules for output (print, logging,
+TensorBoard, tqdm, saving) :mod:`ddpkit.commands.convert.rules`'s.
 
 Example::
 
@@ -23,15 +24,11 @@ from libcst import matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ddpkit.commands.check.rules import OPTIMIZERS
-from ddpkit.commands.convert import device, flow, inits, parallel, rules
-from ddpkit.commands.convert.apply import LOADER_PARAMETERS, Edits, first_use, loader_call, rewrite
-from ddpkit.commands.convert.flow import binding_of, loops_reading, peek, roles_said
-from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, Scope, dotted, parse, resolve, scan
-from ddpkit.commands.convert.sums import sums_after
+from ddpkit.commands.convert import device, inits, loaders, parallel, rules
+from ddpkit.commands.convert.apply import Edits, first_use, rewrite
+from ddpkit.commands.convert.flow import binding_of
+from ddpkit.commands.convert.scan import Binding, Call, Facts, Scope, dotted, parse, resolve, scan
 
-LOADER = "torch.utils.data.DataLoader"
-# an evaluation loop calling these needs gradients: it cannot run under no_grad, so it is not sharded
-NEEDS_GRAD = ("grad", "requires_grad_", "enable_grad", "set_grad_enabled", "backward", "vjp", "jacobian")
 HAND_DISTRIBUTED = ("torch.distributed.", "torch.nn.parallel.", "torch.nn.DataParallel", "torch.multiprocessing.")
 
 
@@ -127,7 +124,7 @@ class _Work:
         parallel.undo(self)
         self._models()
         parallel.modules(self)
-        self._loaders()
+        loaders.loaders(self)
         rules.outputs(self)
 
     def _convertible(self) -> bool:
@@ -229,118 +226,6 @@ class _Work:
                 node = node.func.value
         return None
 
-    # the loaders: training or evaluation, found by what their loops do
-    def _loaders(self) -> None:
-        loaders = [c for c in self.facts.calls if c.name == LOADER]
-        training = False
-        for call in loaders:
-            training |= self._loader(call)
-        backward = [c for c in self.facts.calls if c.last == "backward"]
-        training |= any(c.name == "ddpkit.data_loader" for c in self.facts.calls)
-        if backward and not training and not loaders and not uses_ddpkit(self.facts):  # (ddpkit: by hand)
-            self.leave(backward[0].line, "the training batches do not come from a torch DataLoader (fed by hand): "
-                       "each rank would train on all of them", "build them with a Dataset and a DataLoader, then "
-                       "convert again; or split them by state.rank yourself (docs/guide.md)", blocks=True)
-
-    def _loader(self, call: Call) -> bool:
-        """Rewrite one ``DataLoader(...)``; whether it is a training one."""
-        positional = [a for a in call.node.args if a.keyword is None and not a.star]
-        if len(positional) > len(LOADER_PARAMETERS) or any(a.star == "*" for a in call.node.args):
-            self.leave(call.line, "DataLoader(*args) or more positional arguments than it takes",
-                       "pass its arguments by name, then convert again", blocks=True)
-            return True
-        kwargs = {a.keyword.value: a.value for a in call.node.args if a.keyword is not None}
-        kwargs.update({LOADER_PARAMETERS[i]: a.value for i, a in enumerate(positional) if i >= 2})
-        kwargs = {k: v for k, v in kwargs.items() if not (isinstance(v, cst.Name) and v.value == "None")}
-        if "batch_sampler" in kwargs:
-            self.leave(call.line, "DataLoader(batch_sampler=...): batches are not split across ranks by ddpkit",
-                       "pass sampler= and batch_size= instead, then convert again", blocks=True)
-            return True
-        binding = next((b for b in self.facts.bindings if b.value is call.node), None)
-        loops = loops_reading(self.facts, binding.target, binding.scope) if binding else \
-            [loop for loop in self.facts.loops if isinstance(loop.node, cst.For) and call.line == loop.line]
-        if binding is None and not loops:  # in a comprehension or an argument: one call, maybe several roles
-            self.leave(call.line, "a DataLoader built inside an expression (a comprehension, a call's argument): "
-                       "its loaders' roles cannot be followed", "bind each loader to a name (train_loader = "
-                       "DataLoader(...)), then convert again", blocks=True)
-            return False
-        peeks = [loop for loop in loops if peek(loop)]  # a look at the first batch: no role, nothing to sum
-        loops = [loop for loop in loops if loop not in peeks]
-        role = flow.role(self.facts, loops, binding, call)
-        if role == "eval" and not loops:  # said by a name only: its loop, and what it sums, were not found
-            self.leave(call.line, "an evaluation DataLoader (by its name) whose loop was not found: left as it is "
-                       "(every rank evaluates the whole set, which is right)", "to share the work: "
-                       "ddpkit.data_loader(..., train=False) and ddpkit.reduce the sums after its loop")
-            return False
-        if role is None and uses_ddpkit(self.facts):  # a ddpkit script's own plain loader: its choice
-            self.leave(call.line, "a plain DataLoader in a ddpkit script, whose loops neither train nor evaluate "
-                       "visibly: left as it is (every rank reads all of it)", "if it should be sharded: "
-                       "ddpkit.data_loader(dataset, batch_size) to train, or train=False to evaluate")
-            return False
-        if role is None:
-            self.leave(call.line, f"a DataLoader whose role cannot be told: {roles_said(self.facts, loops)}",
-                       "convert it yourself: ddpkit.data_loader(dataset, batch_size) to train, "
-                       "ddpkit.data_loader(..., train=False) to evaluate (one loader per role)", blocks=True)
-            return False
-        if not self._reductions(loops, call, role == "train"):
-            return False
-        how = "training: each rank takes its own shard, reshuffled every epoch" if role == "train" else \
-            "evaluation (train=False): each rank its part, no sample twice"
-        starred = any(a.star == "**" for a in call.node.args)
-        keywords = {"train": "False"} if role == "eval" and "train" not in kwargs else {}
-        if role == "train" and not {"shuffle", "sampler"} & set(kwargs) and not starred:
-            keywords["shuffle"] = "False"  # torch's default, kept: data_loader's would shuffle
-            how = "training: each rank takes its own shard, in order (shuffle=False: torch's default, kept)"
-        elif role == "train" and starred and not {"shuffle", "sampler"} & set(kwargs):
-            how += " (unless the ** arguments say shuffle=False; a torch DataLoader did not shuffle by default)"
-        self.edits.expr[id(call.node)] = lambda node: loader_call(node, keywords)
-        self.note(f"DataLoader -> ddpkit.data_loader ({'training' if role == 'train' else 'train=False'})",
-                  how, call.line)
-        return role == "train"
-
-    def _reductions(self, loops: list[Loop], call: Call, training: bool) -> bool:
-        """Sum across ranks what the loops over a loader accumulate and the code below reads
-        (:mod:`ddpkit.commands.convert.sums`); an evaluation loop also runs under ``torch.no_grad()`` (a DDP
-        forward with gradients on is collective, and the ranks' shards differ in length: the longer one would
-        wait forever). False, before any edit: an evaluation loader is then left as it is (every rank evaluates
-        the whole set, which is right, only slower), when a loop keeps results this cannot sum."""
-        fors = [loop for loop in loops if isinstance(loop.node, cst.For)]
-        datasets = frozenset(filter(None, [dotted(call.node.args[0].value)])) if call.node.args else frozenset()
-        plans = []
-        for loop in fors:
-            stored = loop.stored[0] if loop.stored and not training else None
-            needs = next((c.last for c in loop.calls if c.last in NEEDS_GRAD), None)
-            if not training and not loop.no_grad and stored is None and needs:
-                stored = (f"{needs}() results (it needs gradients, so it cannot run under no_grad)", loop.line)
-            plan = sums_after(self.facts, loop, training, datasets) if stored is None else None
-            if plan is None and not training:
-                line = stored[1] if stored else loop.line
-                why = f"keeps per-batch results in {stored[0]}" if stored else "may stop before its shard ends " \
-                    "(a break)" if loop.breaks else "divides by a count of its own batches (its loop variable)"
-                self.leave(line, f"the evaluation loop {why}: the result would be this rank's only, so the "
-                           f"DataLoader at line {call.line} is left as it is (each rank evaluates the whole set)",
-                           "to share the work: ddpkit.data_loader(..., "
-                           "train=False), then ddpkit.gather(...) the results or ddpkit.reduce(...) the sums "
-                           "and counts (docs/convert.md)")
-                return False
-            plans += plan or []
-        for anchor, names, lens in plans:
-            self.edits.after.setdefault(id(anchor.node), []).extend(f"{n} = ddpkit.reduce({n})" for n in names)
-            self.note(f"after the {'training' if training else 'evaluation'} loop: {', '.join(names)} "
-                      "summed across ranks (ddpkit.reduce)", "each rank accumulated only its own shard", anchor.end)
-            for node in lens:  # ``total / len(loader)``: every rank's batches, as the sum is every rank's
-                self.edits.expr[id(node)] = lambda n: cst.parse_expression(
-                    f"ddpkit.reduce({self.facts.module.code_for_node(n)})")
-                self.note("len(loader) -> ddpkit.reduce(len(loader))", "every rank's batches, as the sum "
-                          "divided by it is every rank's", anchor.end)
-        for loop in fors if not training else ():
-            if not loop.no_grad and id(loop.node) not in self.edits.no_grad:
-                self.edits.no_grad.add(id(loop.node))
-                self.note("the evaluation loop runs under torch.no_grad()", "a DDP forward with "
-                          "gradients on is collective, and the ranks' evaluation shards differ in length",
-                          loop.line)
-        return True
-
 
 def _trained(call: Call) -> str | None:
     """The model an optimizer call trains: ``M`` of ``Adam(M.parameters())`` (``M.fc.parameters()``,
@@ -360,8 +245,3 @@ def _trained(call: Call) -> str | None:
 def _prepared(value: cst.BaseExpression | None, aliases: dict[str, str]) -> bool:
     """``ddpkit.prepare_model(...)``, also as ``dk.prepare_model`` or an imported ``prepare_model``."""
     return isinstance(value, cst.Call) and resolve(dotted(value.func), aliases) == "ddpkit.prepare_model"
-
-
-def uses_ddpkit(facts: Facts) -> bool:
-    """The script imports ddpkit (under any name)."""
-    return any(full == "ddpkit" or full.startswith("ddpkit.") for full in facts.aliases.values())
