@@ -10,6 +10,7 @@ pytest.importorskip("libcst")
 
 from test_convert_public import HEAD, lines  # noqa: E402
 
+from ddpkit.commands.convert.command import main  # noqa: E402
 from ddpkit.commands.convert.plan import plan  # noqa: E402
 
 # the public LOOP's, with the batches left where they are (a model's own ``.to(device)`` must go)
@@ -73,3 +74,32 @@ def test_an_init_below_another_use_of_the_model_is_listed_with_its_line():
 def test_a_model_used_before_its_init_keeps_its_wrap_at_the_build():
     result = convert("net = Net()\ntrainer = Trainer(net)\nnet.load_state_dict(torch.load('w.pt'))\n")
     assert "net = ddpkit.prepare_model(Net())" in lines(result) and not result.left  # (a load is no random init)
+
+
+UNUSED = """
+net = Net()
+train_loader = DataLoader(train_set, batch_size=8, shuffle=True)
+test_loader = DataLoader(test_set, batch_size=8)
+extra = DataLoader(more, batch_size=8)
+"""
+
+
+def test_loaders_nothing_reads_are_kept_and_the_conversion_exits_0(tmp_path, capsys):
+    script = tmp_path / "train.py"
+    loop = LOOP.replace("loader = DataLoader(ds, batch_size=8, shuffle=True)\n", "")
+    script.write_text(HEAD + textwrap.dedent(UNUSED) + loop.replace("in loader", "in train_loader"))
+    assert main([str(script)]) == 0
+    err = capsys.readouterr().err
+    for name, line in (("test_loader", 7), ("extra", 8)):
+        assert f"{script}:{line}: kept: {name} = DataLoader(...) left as it is: nothing reads {name}" in err, err
+    assert "left to you" not in err and "refused" not in err
+    result = plan(script.read_text())
+    assert "extra = DataLoader(more, batch_size=8)" in lines(result) and [k.line for k in result.kept] == [7, 8]
+
+
+def test_a_loader_read_somewhere_without_a_loop_is_still_left_and_hand_fed_batches_still_refused():
+    result = convert(UNUSED, LOOP + "trainer.evaluate(test_loader)\n")
+    assert [x.line for x in result.left] == [7] and [k.line for k in result.kept] == [6, 8]
+    fed = convert("net = Net()\nloader = DataLoader(ds, batch_size=8)\n",
+                  "opt = torch.optim.SGD(net.parameters(), lr=0.1)\nnet(x).sum().backward()\n")
+    assert fed.refused and any("fed by hand" in x.what for x in fed.left)

@@ -149,7 +149,7 @@ def test_a_quickstart_test_divides_by_every_ranks_batch_count():
     ("model = nn.Linear(2, 2)\nopt = torch.optim.SGD(model.parameters(), lr=1)\n"
      "loaders = {k: DataLoader(sets[k], batch_size=2) for k in ('train', 'val')}\n", "inside an expression"),
     ("model = nn.Linear(2, 2)\nopt = torch.optim.SGD(model.parameters(), lr=1)\n"
-     "ld = DataLoader(ds, batch_sampler=bs)\n", "batch_sampler"),
+     "ld = DataLoader(ds, batch_sampler=bs)\nfor x in ld:\n    model(x).sum().backward()\n", "batch_sampler"),
     ("model = nn.Linear(2, 2)\nopt = torch.optim.SGD(model.parameters(), lr=1)\nld = DataLoader(ds, batch_size=2)\n"
      "for x in ld:\n    trainer.step(x)\n", "neither train"),
     ("def make(m):\n    return torch.optim.SGD(m.parameters(), lr=1)\n", "where it is built was not found"),

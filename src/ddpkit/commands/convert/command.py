@@ -98,6 +98,7 @@ def report(result, path: str) -> list[str]:
         lines = []
     lines += [f"  {path}:{x.line}: {'refused' if x.blocks else 'left to you'}: {x.what}; {x.fix}"
               for x in result.left]
+    lines += [f"  {path}:{k.line}: kept: {k.what}: {k.why}" for k in result.kept if not result.refused]
     return [head, *lines]
 
 
@@ -152,6 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.json:
         print(json.dumps({"script": ns.script, "refused": result.refused, "changed": result.text != result.source,
                           "edits": [vars(e) for e in result.edits], "left": [vars(x) for x in result.left],
+                          "kept": [vars(k) for k in result.kept],
                           "diff": _diff(result, ns.script)}))
     else:
         sys.stdout.write(_diff(result, ns.script))

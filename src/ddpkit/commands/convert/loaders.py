@@ -37,6 +37,9 @@ def loaders(work: _Work) -> None:
     built = [c for c in work.facts.calls if c.name == LOADER]
     training = False
     for call in built:
+        if _unused(work, call):
+            built = [c for c in built if c is not call]
+            continue
         training |= _loader(work, call)
     backward = [c for c in work.facts.calls if c.last == "backward"]
     training |= any(c.name == "ddpkit.data_loader" for c in work.facts.calls)
@@ -44,6 +47,21 @@ def loaders(work: _Work) -> None:
         work.leave(backward[0].line, "the training batches do not come from a torch DataLoader (fed by hand): "
                    "each rank would train on all of them", "build them with a Dataset and a DataLoader, then "
                    "convert again; or split them by state.rank yourself (docs/guide.md)", blocks=True)
+
+def _unused(work: _Work, call: Call) -> bool:
+    """``test_loader = DataLoader(...)`` whose name nothing reads: no rank takes a batch from it, so it stays as it
+    is, said as kept (a loader of unknown role would otherwise be refused, one named for evaluation left to you)."""
+    binding = next((b for b in work.facts.bindings if b.value is call.node), None)
+    if binding is None:
+        return False
+    name, scope = binding.target, binding.scope
+    if any((read == name or read.startswith(f"{name}.")) and flow.visible(work.facts, name, scope, where) and
+           (where is not scope or line >= binding.line) for read, where, line, _node in work.facts.reads):
+        return False
+    work.keep(call.line, f"{name} = DataLoader(...) left as it is", f"nothing reads {name}: no rank takes a "
+              "batch from it")
+    return True
+
 
 def _loader(work: _Work, call: Call) -> bool:
     """Rewrite one ``DataLoader(...)``; whether it is a training one."""

@@ -53,6 +53,7 @@ class Plan:
     edits: list[Edit]
     left: list[Left]
     text: str  # the converted script (the source itself when nothing changes or a Left blocks)
+    kept: list[Edit] = dataclasses.field(default_factory=list)  # left as it is, rightly: said, not to do
 
     @property
     def refused(self) -> bool:
@@ -70,7 +71,8 @@ def plan(source: str) -> Plan:
         anchor = _import_place(wrapper, work) if "ddpkit" not in facts.aliases else None  # (``import ddpkit as
         # dk`` too: the edits say ``ddpkit.``)
         text = rewrite(wrapper, work.edits, anchor)
-    return Plan(source, sorted(work.log, key=lambda e: e.line), sorted(work.left, key=lambda e: e.line), text)
+    return Plan(source, sorted(work.log, key=lambda e: e.line), sorted(work.left, key=lambda e: e.line), text,
+                sorted(work.kept, key=lambda e: e.line))
 
 
 def _import_place(wrapper: MetadataWrapper, work: _Work) -> cst.CSTNode | None:
@@ -102,6 +104,7 @@ class _Work:
         self.edits = Edits()
         self.log: list[Edit] = []
         self.left: list[Left] = []
+        self.kept: list[Edit] = []
         self.models: list[Binding] = []  # the bindings wrapped (or already wrapped) in prepare_model
         self.inits: list[Scope] = []  # where the plan binds the state (``state = ddpkit.init()``)
         self.devices: list[Binding] = []  # the device set-ups converted
@@ -110,6 +113,10 @@ class _Work:
 
     def note(self, what: str, why: str, line: int) -> None:
         self.log.append(Edit(line, what, why))
+
+    def keep(self, line: int, what: str, why: str) -> None:
+        """A line left as it is because that is right for N processes (no edit, nothing to do)."""
+        self.kept.append(Edit(line, what, why))
 
     def import_line(self) -> int:
         return max(self.facts.import_lines, default=1)
