@@ -11,6 +11,7 @@ import torch
 import ddpkit
 from conftest import run_cmd
 from ddpkit.checkpoint.checkpointer import newest_valid
+from ddpkit.checkpoint.lock import LOCK
 
 STEP5 = "ckpt-0000000005"
 
@@ -83,7 +84,7 @@ def test_a_leftover_copy_set_aside_does_not_block_saving_its_step_again(tmp_path
         step, weights = _restored(tmp_path)
         assert step == 5 and _same(weights, model.state_dict())
     # no copy of this process's re-saves is left (the leftover too went here: root may remove .nfs files)
-    assert STEP5 in os.listdir(tmp_path) and set(os.listdir(tmp_path)) <= {STEP5, stuck.name}
+    assert STEP5 in os.listdir(tmp_path) and set(os.listdir(tmp_path)) <= {STEP5, stuck.name, LOCK}
 
 
 def test_a_failure_after_the_rename_reports_the_checkpoint_saved(tmp_path, monkeypatch):
@@ -105,6 +106,7 @@ def test_a_failure_after_the_rename_reports_the_checkpoint_saved(tmp_path, monke
     with pytest.warns(UserWarning, match=r"ckpt-0000000006 was saved, but .*Input/output error"):
         assert ckpt.save(6, model=model) == str(tmp_path / "ckpt-0000000006")
     monkeypatch.undo()
-    assert sorted(os.listdir(tmp_path)) == ["ckpt-0000000006"]  # committed, and retention ran (keep=1)
+    # committed, and retention ran (keep=1); the lock is the live job's own
+    assert sorted(os.listdir(tmp_path)) == [LOCK, "ckpt-0000000006"]
     step, weights = _restored(tmp_path)
     assert step == 6 and _same(weights, model.state_dict())

@@ -89,7 +89,9 @@ def limited(rank, limit, save):
 
 
 def seen():
-    return {"listing": sorted(os.listdir(directory)), "latest": os.path.basename(ckpt.latest() or "")}
+    # everything but the job's lock on its directory (.ddpkit-lock): no partial or temporary directory
+    listing = sorted(n for n in os.listdir(directory) if n != ".ddpkit-lock")
+    return {"listing": listing, "latest": os.path.basename(ckpt.latest() or "")}
 
 
 results = {"errors": [], "after": []}

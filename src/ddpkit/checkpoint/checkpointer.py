@@ -35,14 +35,16 @@ import os
 import shutil
 import sys
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from ddpkit.checkpoint import bounds, disk
+from ddpkit.checkpoint import agree, bounds, disk
 from ddpkit.checkpoint import dcp as shards
+from ddpkit.checkpoint import lock as locks
 from ddpkit.checkpoint import rng as rngstate
 from ddpkit.checkpoint.background import IN_FLIGHT, BackgroundWrite, say, stage, tell
 from ddpkit.checkpoint.disk import by_commit as by_commit  # the order and checks tools use, kept here too
@@ -95,8 +97,10 @@ class Checkpointer:
         self._pending: BackgroundWrite | None = None
         self._writer_group: Any = None  # sharded writes in the background talk on a group of their own
         self._staged: Any = None  # the last save's staged state (async_save, unsharded)
-        if self.state.is_main:
-            disk.prepare(self.directory, IN_FLIGHT)
+        self._lock = locks.DirectoryLock(directory)  # rank 0's, taken at its first save: one job per directory
+        weakref.finalize(self, self._lock.release)
+        if self.state.is_main:  # another live job's leftovers may be its saves in flight: not ours to remove
+            disk.prepare(self.directory, IN_FLIGHT, clean=locks.other_job(directory) is None)
 
     def _settle(self, restored: bool) -> None:
         """Once, at the first restore or save, on every rank: refuse to write beside another run's checkpoints
@@ -138,8 +142,10 @@ class Checkpointer:
         With ``async_save`` it returns once the state is staged, with the path the checkpoint will have; the
         write goes on in the background, and a failure of it is raised here at the next save (see :meth:`wait`).
         """
-        step = bounds.step_number(step)  # before anything: the same step on every rank fails on every rank alike
-        self._settle(restored=False)
+        # before anything, on every rank alike: a step that names a checkpoint, the same on every rank, and a
+        # directory no other live job saves into (rank 0 takes its lock)
+        step = agree.steps_agreed(step, self.directory, self._lock if self.state.is_main else None,
+                                  then=lambda: self._settle(restored=False))
         self.wait()  # one write at a time: the previous one is finished, and its failure raised, first
         if self.async_save:  # as it is now: written later, a dict the script keeps updating would say later values
             extra = self._together(step, "collecting the state", lambda: json.loads(json.dumps(extra or {})))
@@ -267,6 +273,9 @@ class Checkpointer:
                 "sharded": sorted(tensors)}, extra)
         own = self._together(step, "writing the shards", write, tmp)
         hashed = {k: v for part in gather_object(own) for k, v in part.items()}  # JSON between ranks, never pickle
+        # a node-local directory: rank 0 would commit without the other nodes' shards
+        agree.parts_agreed(self.directory, tmp, step, hashed, self.state.is_main,
+                           lambda: next(iter(self.checkpoints()), None))
         payload = {"step": step, "world_size": self.state.world_size, "rng": rng, "objects": rest,
                    "sharded": sorted(tensors)}
         return self._together(step, "writing", lambda: self._commit(step, payload, extra, tmp, hashed)
@@ -348,11 +357,11 @@ class Checkpointer:
         if path is not None:
             if os.path.dirname(os.path.abspath(path)) != os.path.abspath(self.directory):
                 self._settle(restored=False)  # fine-tuning from another directory's checkpoint claims none here
-            reason = self.validate(path)
+            reason = agree.path_agreed(self.directory, path, self.validate(path))
             if reason:
                 raise FileNotFoundError(f"cannot resume from {path}: {reason}; pass a ckpt-* directory "
                                         f"from {self.directory} or drop the path to start fresh")
-        elif not self.resume or (path := self.latest()) is None:
+        elif not self.resume or (path := agree.latest_agreed(self)) is None:
             self._settle(restored=False)
             return 0
         payload = bounds.load_state(path)  # confined, bounded and of ddpkit's frame before anything uses it

@@ -248,9 +248,10 @@ def run_id() -> str:
     return proc.run_id
 
 
-def prepare(directory: str, running: Collection[str] = ()) -> None:
+def prepare(directory: str, running: Collection[str] = (), clean: bool = True) -> None:
     """Rank 0, once per Checkpointer: ``directory`` exists and is writable (one line if not), and the leftovers
-    of saves killed midway are gone (not the temporary directories in ``running``: this process's writes)."""
+    of saves killed midway are gone (not the temporary directories in ``running``: this process's writes; none
+    when not ``clean``: another live job holds the directory, and they may be its saves in flight)."""
     try:
         os.makedirs(directory, exist_ok=True)
         probe = os.path.join(directory, f".write-test-{os.getpid()}")
@@ -259,8 +260,9 @@ def prepare(directory: str, running: Collection[str] = ()) -> None:
     except OSError as exc:
         raise PermissionError(f"checkpoint directory {directory!r} is not writable ({exc.strerror}); "
                               "pass a directory this user can write") from None
-    remove_unfinished(directory, running)
-    remove_replaced(directory)
+    if clean:
+        remove_unfinished(directory, running)
+        remove_replaced(directory)
 
 
 def commit(directory: str, tmp: str, step: int, keep: int, world_size: int, extra: dict[str, Any],

@@ -1,0 +1,71 @@
+"""Every rank sees one checkpoint directory (real gloo jobs, ddp and fsdp): a per-node directory, ranks passing
+different steps, and a directory another live job holds are one line on every rank, with nothing committed,
+deleted or loaded apart."""
+import json
+import os
+import socket
+import time
+
+from conftest import WORKERS, launch, ok
+from ddpkit.checkpoint import lock
+
+SPLIT = WORKERS / "ckpt_agree_split.py"
+
+
+def _hold(directory):
+    """A lock in ``directory`` naming this (live) pytest process, of another job."""
+    directory.mkdir(parents=True)
+    (directory / lock.LOCK).write_text(json.dumps({
+        "host": socket.gethostname(), "pid": os.getpid(), "start": lock._process_start(os.getpid()),
+        "job": "other-job", "since": time.time(), "token": "t" * 32}))
+
+
+def _run(tmp_path, mode):
+    _hold(tmp_path / "held")
+    ok(launch(SPLIT, tmp_path, launcher_args=("--mode", mode), timeout=150))
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for name in ("split restore", "steps", "held"):  # every rank raised the same line
+        assert ranks[0][name] == ranks[1][name], (name, ranks)
+    return ranks
+
+
+def _steps_and_lock(ranks, tmp_path):
+    kind, line = ranks[0]["steps"]
+    assert kind == "ValueError" and "the ranks passed different steps to save()" in line, line
+    assert "rank 0 step 4, rank 1 step 5" in line and "nothing was written or deleted" in line, line
+    for r in ranks:  # keep=1 deleted nothing: ckpt-2 is still there, alone and valid
+        assert r["after steps"] == [["ckpt-0000000002"], "ckpt-0000000002"], r
+    kind, line = ranks[0]["held"]
+    assert kind == "DirectoryInUse" and f"in use by another job (job other-job, pid {os.getpid()}" in line, line
+    assert not [n for n in os.listdir(tmp_path / "held") if n.startswith("ckpt-")]  # nothing written there
+    assert "\n" not in line and "\n" not in ranks[0]["steps"][1]
+
+
+def test_ddp_node_local_directories_stop_the_resume_on_every_rank(tmp_path):
+    ranks = _run(tmp_path, "ddp")
+    # in ddp rank 0 alone writes: its node holds the checkpoints, rank 1's none
+    assert ranks[0]["after split save"] == ["ckpt-0000000003", "ckpt-0000000006"]
+    assert ranks[1]["after split save"] == []
+    kind, line = ranks[0]["split restore"]
+    assert kind == "SplitDirectory", ranks[0]
+    assert line.startswith("ranks disagree on the checkpoint directory "), line
+    assert "rank 0 sees step 6 (ckpt-0000000006, the newest of 2), rank 1 sees no checkpoint" in line, line
+    assert "one shared directory on every node" in line and "\n" not in line
+    # a per-node copy of the same checkpoints is not refused: both ranks resume step 6
+    assert ranks[0]["copied restore"] == ranks[1]["copied restore"] == "ok 6", ranks
+    _steps_and_lock(ranks, tmp_path)
+
+
+def test_fsdp_node_local_directories_stop_the_save_before_it_commits(tmp_path):
+    ranks = _run(tmp_path, "fsdp")
+    assert ranks[0]["split save"] == ranks[1]["split save"], ranks
+    kind, line = ranks[0]["split save"]
+    assert kind == "SplitDirectory", ranks[0]
+    assert line.startswith("checkpoint step 3 was not saved: ranks disagree on the checkpoint directory "), line
+    assert "does not see the shards that rank 1 wrote (shards/__1_0.distcp)" in line, line
+    assert "there is no earlier checkpoint" in line and "\n" not in line
+    assert ranks[0]["after split save"] == ranks[1]["after split save"] == []  # nothing committed on either node
+    assert not os.listdir(tmp_path / "node1")  # rank 1's part of the refused save is gone too
+    assert ranks[0]["split restore"] == "ok 0", ranks  # no node holds anything: a fresh start on both
+    _steps_and_lock(ranks, tmp_path)
+

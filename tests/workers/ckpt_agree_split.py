@@ -1,0 +1,75 @@
+"""Ranks that do not see one checkpoint directory: ``ddpkit launch [--mode fsdp] --nproc-per-node 2
+ckpt_agree_split.py OUT``.
+
+Each step catches what every rank raises and writes it to OUT/rank<R>.json ({"name": [type, first line] or
+"ok ..."}), so the job ends 0 and the test reads what each rank saw:
+
+- "split save": each rank saves into a directory of its own, OUT/node<R> (node-local disks); in ddp rank 0
+  alone writes, so steps 3 and 6 commit there; in fsdp rank 0 must not commit without rank 1's shard.
+- "split restore": a resume in those per-node directories (rank 0 sees ckpt-6, rank 1 none in ddp).
+- "copied restore" (ddp): rank 1's node gets a copy of rank 0's directory; then both resume from step 6.
+- "steps": a shared directory OUT/shared with ckpt-2 (keep=1); rank 0 saves step 4, rank 1 step 5; after it
+  OUT/shared must still hold ckpt-2 alone, valid.
+- "held": OUT/held holds a lock naming a live process of another job (the test's pytest process, written by the
+  test): the first save is refused on every rank.
+The collective timeout is 30 s: a hang fails fast.
+"""
+import json
+import os
+import shutil
+import sys
+
+import torch
+from torch import nn
+
+import ddpkit
+
+out = sys.argv[1]
+torch.set_num_threads(1)
+state = ddpkit.init(seed=0, timeout_s=30)
+model = ddpkit.prepare_model(nn.Linear(4, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+seen: dict = {}
+
+
+def caught(name, action):
+    try:
+        seen[name] = f"ok {action()}"
+    except Exception as exc:  # every rank must raise the same: recorded, compared by the test
+        seen[name] = [type(exc).__name__, str(exc)]
+
+
+def listing(directory):
+    return sorted(n for n in os.listdir(directory) if n.startswith("ckpt-"))
+
+
+own = os.path.join(out, f"node{state.rank}")
+os.makedirs(own, exist_ok=True)  # each node its own disk: made there by whoever runs on it
+
+
+def split_save():
+    ckpt = ddpkit.Checkpointer(own, keep=3)
+    ckpt.save(3, model=model, optimizer=opt)
+    ckpt.save(6, model=model, optimizer=opt)
+    return listing(own)
+
+
+caught("split save", split_save)
+seen["after split save"] = listing(own)
+caught("split restore", lambda: ddpkit.Checkpointer(own, resume=True).restore(model=model, optimizer=opt))
+if state.mode == "ddp":
+    ddpkit.barrier()
+    if state.rank == 1:
+        shutil.rmtree(own)
+        shutil.copytree(os.path.join(out, "node0"), own)
+    ddpkit.barrier()
+    caught("copied restore", lambda: ddpkit.Checkpointer(own, resume=True).restore(model=model, optimizer=opt))
+
+shared = os.path.join(out, "shared")
+steps = ddpkit.Checkpointer(shared, keep=1)
+steps.save(2, model=model, optimizer=opt)
+caught("steps", lambda: steps.save(4 + state.rank, model=model, optimizer=opt))
+seen["after steps"] = [listing(shared), steps.latest() and os.path.basename(steps.latest())]
+caught("held", lambda: ddpkit.Checkpointer(os.path.join(out, "held")).save(1, model=model, optimizer=opt))
+with open(os.path.join(out, f"rank{state.rank}.json"), "w") as f:
+    json.dump(seen, f)
