@@ -103,3 +103,30 @@ def test_a_loader_read_somewhere_without_a_loop_is_still_left_and_hand_fed_batch
     fed = convert("net = Net()\nloader = DataLoader(ds, batch_size=8)\n",
                   "opt = torch.optim.SGD(net.parameters(), lr=0.1)\nnet(x).sum().backward()\n")
     assert fed.refused and any("fed by hand" in x.what for x in fed.left)
+
+
+HF = """
+from transformers import AutoModel, AutoTokenizer
+net = AutoModel.from_pretrained("bert-base-uncased")
+tokenizer = AutoTokenizer.from_pretrained("bert-base-uncased")
+"""
+
+
+def test_save_pretrained_and_push_to_hub_are_made_by_rank_0_on_the_unwrapped_model():
+    result = convert(HF, LOOP + "net.save_pretrained('out')\ntokenizer.save_pretrained('out')\n"
+                     "net.push_to_hub('me/bert')\nagain = AutoModel.from_pretrained('out')\n")
+    text = result.text
+    assert "if ddpkit.init().is_main:\n    ddpkit.unwrap(net).save_pretrained('out')\n" in text
+    assert "if ddpkit.init().is_main:\n    tokenizer.save_pretrained('out')\nddpkit.barrier()\n" in text
+    assert "if ddpkit.init().is_main:\n    ddpkit.unwrap(net).push_to_hub('me/bert')\nagain =" in text
+    assert text.count("ddpkit.barrier()") == 1 and not result.left  # one wait, before the read, after both saves
+    assert plan(text).edits == []
+
+
+def test_a_save_pretrained_already_under_a_rank_test_is_only_unwrapped_and_one_in_a_loop_with_a_read_is_listed():
+    ranked = convert(HF, LOOP + "if args.local_rank == 0:\n    net.save_pretrained('out')\n")
+    assert "if args.local_rank == 0:\n    ddpkit.unwrap(net).save_pretrained('out')\n" in ranked.text
+    looped = convert(HF, LOOP.replace("    opt.step()\n", "    opt.step()\n    net.save_pretrained('out')\n") +
+                     "net = AutoModel.from_pretrained('out')\n")
+    assert any(x.line == 15 and "save_pretrained inside an if or a loop" in x.what for x in looped.left)
+    assert "ddpkit.barrier()" not in looped.text

@@ -26,6 +26,7 @@ _Work = Any
 
 LOG_CALLS = ("debug", "info", "warning", "warn", "error", "critical", "exception", "log")
 BARRIER_FIX = "put ddpkit.barrier() after the save where every rank passes (outside rank- or data-dependent branches)"
+PRETRAINED = ("save_pretrained", "push_to_hub")  # Hugging Face's saves (a model's, a tokenizer's)
 UNWRAP = ("isinstance", "type", "copy.deepcopy", "torch.jit.script", "torch.jit.trace", "torch.onnx.export")
 
 
@@ -90,6 +91,8 @@ def outputs(work: _Work) -> None:
             _progress(work, call)  # (a bar that says disable= is shown where the script chose: converted already)
         elif call.name == "torch.save" and not ranked:
             _save(work, call, loads)
+        elif call.last in PRETRAINED and isinstance(func, cst.Attribute):
+            _pretrained(work, call, ranked)
         elif call.name == "torch.save" and _read_back(call, loads) and not any(
                 c.name == "ddpkit.barrier" or c.last == "barrier" for c in facts.calls):
             _unwaited(work, call, _read_back(call, loads)[0].line)
@@ -144,6 +147,42 @@ def _save(work: _Work, call: Any, loads: list[Any]) -> None:
                                                                if read_back else ""),
               "every rank holds the same weights; N writers of one file race" +
               (f"; a file is read at line {read_back[0].line}" if read_back else ""), call.line)
+
+
+def _pretrained(work: _Work, call: Any, ranked: bool) -> None:
+    """``model.save_pretrained(d)`` / ``.push_to_hub(repo)`` -> ``if state.is_main:
+    ddpkit.unwrap(model).save_pretrained(d)``: one writer (N ranks would write one folder, or push N commits), and
+    the prepared model's own module (the wrapper is no Hugging Face model); a ``from_pretrained`` below reads
+    it back only after a barrier, as a ``torch.save`` read back does."""
+    func = call.node.func
+    name = dotted(func.value)
+    found = binding_of(work.facts, name, call.scope, call.line) if name else None
+    if found is not None and any(found is b or found.target == b.target and visible(
+            work.facts, b.target, b.scope, call.scope) for b in work.models):
+        work.edits.expr[id(func.value)] = lambda node: cst.parse_expression(f"ddpkit.unwrap({name})")
+        work.note(f"{name}.{call.last}(...) -> ddpkit.unwrap({name}).{call.last}(...)", "the prepared model is a "
+                  "wrapper: the Hugging Face model is the module inside it", call.line)
+    if ranked:
+        return
+    if call.stmt is None or len(call.stmt.body) > 1:
+        where = "on the line of its if / for / with" if call.stmt is None else "on a line with other statements"
+        work.leave(call.line, f"{call.last} {where}: every rank writes it", "put it on a line of its own, then "
+                   "convert again")
+        return
+    work.edits.guard[id(call.stmt)] = _main(work, call.scope)
+    loads = [c for c in work.facts.calls if c.last == "from_pretrained"] if call.last == "save_pretrained" else []
+    read_back = _read_back(call, loads)
+    if read_back and any(c.last == "save_pretrained" and c.scope is call.scope and call.line < c.line <
+                         read_back[0].line for c in work.facts.calls):
+        read_back = []  # (a tokenizer saved below it: one barrier, after the last save, does for both)
+    if read_back and (call.tests or call.loops or _called_in_branch(work, call.scope)):
+        work.leave(call.line, f"{call.last} inside an if or a loop, and from_pretrained reads at line "
+                   f"{read_back[0].line}: the other ranks may read before rank 0 has written", BARRIER_FIX)
+    elif read_back:
+        work.edits.after.setdefault(id(call.stmt), []).append("ddpkit.barrier()")
+    work.note(f"{call.last} guarded: rank 0 {'pushes' if call.last == 'push_to_hub' else 'saves'}" +
+              (", then every rank waits for it (barrier)" if read_back and id(call.stmt) in work.edits.after else ""),
+              "every rank holds the same weights; N writers of one folder race (N pushes: N commits)", call.line)
 
 
 def _mkdir(work: _Work, call: Any) -> None:
