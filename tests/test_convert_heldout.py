@@ -130,3 +130,49 @@ def test_a_save_pretrained_already_under_a_rank_test_is_only_unwrapped_and_one_i
                      "net = AutoModel.from_pretrained('out')\n")
     assert any(x.line == 15 and "save_pretrained inside an if or a loop" in x.what for x in looped.left)
     assert "ddpkit.barrier()" not in looped.text
+
+
+SPLITS = """
+import random
+import numpy as np
+from sklearn.model_selection import train_test_split
+from torch.utils.data import random_split
+X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.2)
+a, b = train_test_split(X, test_size=0.2, random_state=None)
+train_set, val_set = random_split(full, [80, 20])
+order = np.random.permutation(len(X))
+random.shuffle(rows)
+net = Net()
+"""
+
+
+def test_unseeded_splits_get_a_fixed_seed_and_each_rewrite_is_said():
+    result = convert(SPLITS)
+    text = lines(result)
+    for seeded in ("X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.2, random_state=0)",
+                   "a, b = train_test_split(X, test_size=0.2, random_state=0)",
+                   "train_set, val_set = random_split(full, [80, 20], generator=torch.Generator().manual_seed(0))",
+                   "order = np.random.RandomState(0).permutation(len(X))", "random.Random(0).shuffle(rows)"):
+        assert seeded in text
+    said = {e.line: e.what for e in result.edits if "every rank would draw its own split" in e.why}
+    assert sorted(said) == [9, 10, 11, 12, 13] and not result.left
+    assert plan(result.text).edits == []
+
+
+@pytest.mark.parametrize("seed, rewritten", [
+    ("np.random.seed(42)\ntorch.manual_seed(0)\nrandom.seed(1)\n", False),
+    ("SEED = 7\nif __name__ == '__main__':\n    np.random.seed(SEED)\n", True),  # an if the split is not under
+    ("np.random.seed(args.seed)\n", True),  # a seed that may differ per process (DCGAN draws one at random)
+], ids=["constant", "in-an-if", "variable"])
+def test_a_constant_seed_above_keeps_the_split_and_any_other_does_not(seed, rewritten):
+    body = SPLITS.replace("X_train,", seed + "X_train,")
+    text = convert(body).text
+    assert ("random_state=0" in text) is rewritten and ("RandomState(0)" in text) is rewritten
+
+
+def test_a_draw_per_sample_or_per_epoch_is_no_split_and_a_bare_shuffle_is_listed():
+    body = "import numpy as np\nfrom random import shuffle\nclass Noisy:\n    def __getitem__(self, i):\n" \
+           "        return np.random.permutation(4)\nshuffle(rows)\nnet = Net()\n"
+    result = convert(body, LOOP.replace("    opt.step()\n", "    opt.step()\n    np.random.shuffle(rows)\n"))
+    assert "np.random.permutation(4)" in result.text and "    np.random.shuffle(rows)" in result.text
+    assert [x.line for x in result.left] == [9] and "random.Random(0).shuffle" in result.left[0].fix
