@@ -66,6 +66,13 @@ def test_fsdp_node_local_directories_stop_the_save_before_it_commits(tmp_path):
     assert "there is no earlier checkpoint" in line and "\n" not in line
     assert ranks[0]["after split save"] == ranks[1]["after split save"] == []  # nothing committed on either node
     assert not os.listdir(tmp_path / "node1")  # rank 1's part of the refused save is gone too
+    kind, line = ranks[0]["async split save"]
+    assert ranks[1]["async split save"] == [kind, line] and kind == "RuntimeError", ranks
+    assert line.startswith("checkpoint step 3 was not saved: writing in the background failed on rank 0 (Split"
+                           "Directory: rank 0, which commits, does not see the shards of rank 1 (shards/__1_0.distcp)"
+                           f": {tmp_path / 'async0'} is no shared directory on every node)"), line
+    # nothing committed on either node (rank 1's own copy of the temporary directory stays there: only rank 0 cleans)
+    assert [n for r in ranks for n in r["after async split save"] if ".tmp-" not in n] == []
     assert ranks[0]["split restore"] == "ok 0", ranks  # no node holds anything: a fresh start on both
     _steps_and_lock(ranks, tmp_path)
 

@@ -6,6 +6,7 @@ Each step catches what every rank raises and writes it to OUT/rank<R>.json ({"na
 
 - "split save": each rank saves into a directory of its own, OUT/node<R> (node-local disks); in ddp rank 0
   alone writes, so steps 3 and 6 commit there; in fsdp rank 0 must not commit without rank 1's shard.
+- "async split save" (fsdp): the same with ``async_save=True``: ``wait()`` raises it on every rank.
 - "split restore": a resume in those per-node directories (rank 0 sees ckpt-6, rank 1 none in ddp).
 - "copied restore" (ddp): rank 1's node gets a copy of rank 0's directory; then both resume from step 6.
 - "steps": a shared directory OUT/shared with ckpt-2 (keep=1); rank 0 saves step 4, rank 1 step 5; after it
@@ -45,6 +46,7 @@ def listing(directory):
 
 own = os.path.join(out, f"node{state.rank}")
 os.makedirs(own, exist_ok=True)  # each node its own disk: made there by whoever runs on it
+os.makedirs(os.path.join(out, f"async{state.rank}"), exist_ok=True)
 
 
 def split_save():
@@ -56,6 +58,10 @@ def split_save():
 
 caught("split save", split_save)
 seen["after split save"] = listing(own)
+if state.mode == "fsdp":  # the same in the background: wait() raises it on every rank
+    background = ddpkit.Checkpointer(os.path.join(out, f"async{state.rank}"), async_save=True)
+    caught("async split save", lambda: (background.save(3, model=model, optimizer=opt), background.wait()))
+    seen["after async split save"] = listing(os.path.join(out, f"async{state.rank}"))
 caught("split restore", lambda: ddpkit.Checkpointer(own, resume=True).restore(model=model, optimizer=opt))
 if state.mode == "ddp":
     ddpkit.barrier()

@@ -164,6 +164,28 @@ def parts_agreed(directory: str, tmp: str, step: int, hashed: dict[str, dict[str
         f"{f'the newest checkpoint is still {kept}' if kept else 'there is no earlier checkpoint'}")
 
 
+def shards_present(directory: str, tmp: str, step: int) -> None:
+    """Rank 0, before it commits a sharded save written in the background (no per-rank list gathered there):
+    every file DCP's ``.metadata`` names is in ``tmp``; else :class:`SplitDirectory` naming the ranks whose
+    shards are not there (the rank that failed is told to every rank as any background failure is)."""
+    from ddpkit.checkpoint import safeload
+
+    folder = os.path.join(tmp, "shards")
+    try:
+        named = {getattr(i, "relative_path", "") for i in safeload.read_metadata(folder).storage_data.values()}
+        missing = sorted(n for n in named if n and not os.path.isfile(os.path.join(folder, n)))
+    except (OSError, ValueError) as exc:  # its reader sizes every file it names: the first one missing
+        lost = exc if isinstance(exc, FileNotFoundError) else exc.__context__
+        if not isinstance(lost, FileNotFoundError):
+            raise
+        missing = [os.path.basename(str(lost.filename))]
+    if missing:
+        who = sorted({int(w) for n in missing if (w := n.lstrip("_").split("_")[0]).isdigit()})
+        # short: a background failure reaches the other ranks as its first 200 characters
+        raise SplitDirectory(f"rank 0, which commits, does not see the shards of {ranks(who) if who else 'the others'} "
+                             f"(shards/{missing[0]}): {directory} is no shared directory on every node")
+
+
 def loads(path: str | None) -> dict[str, Any]:
     """The checkpoint a rank would restore, for :func:`view_agreed`: its name and a digest of its manifest (a
     per-node copy of another save has the same name, not the same manifest)."""

@@ -323,6 +323,8 @@ class Checkpointer:
     def _commit(self, step: int, payload: dict, extra: dict[str, Any], tmp: str,
                 hashed: dict[str, dict[str, Any]] | None = None) -> str:
         """Rank 0: state.pt and the manifest into ``tmp``, then the commit (:func:`disk.commit`)."""
+        if hashed is None and payload.get("sharded"):  # in the background: no per-rank list was gathered
+            agree.shards_present(self.directory, tmp, step)
         return disk.commit(self.directory, tmp, step, self.keep, payload["world_size"], extra,
                            lambda f: torch.save(payload, f), hashed)
 
