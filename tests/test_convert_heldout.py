@@ -176,3 +176,30 @@ def test_a_draw_per_sample_or_per_epoch_is_no_split_and_a_bare_shuffle_is_listed
     result = convert(body, LOOP.replace("    opt.step()\n", "    opt.step()\n    np.random.shuffle(rows)\n"))
     assert "np.random.permutation(4)" in result.text and "    np.random.shuffle(rows)" in result.text
     assert [x.line for x in result.left] == [9] and "random.Random(0).shuffle" in result.left[0].fix
+
+
+def test_the_training_batch_is_the_global_batch_and_the_flag_keeps_it_per_process(tmp_path, capsys):
+    result = convert("net = Net()\n", LOOP.replace("batch_size=8", "batch_size=args.batch_size") +
+                     "test_loader = DataLoader(test_set, batch_size=args.batch_size)\nwith torch.no_grad():\n"
+                     "    for x, y in test_loader:\n        print(net(x))\n")
+    text = lines(result)
+    assert "loader = ddpkit.data_loader(ds, global_batch_size=args.batch_size, shuffle=True)" in text
+    assert "test_loader = ddpkit.data_loader(test_set, batch_size=args.batch_size, train=False)" in text
+    assert any(e.what == "batch_size=args.batch_size -> global_batch_size=args.batch_size" for e in result.edits)
+    script = tmp_path / "train.py"
+    script.write_text(HEAD + "net = Net()\n" + LOOP)
+    assert main(["--per-process-batch", str(script)]) == 0
+    captured = capsys.readouterr()
+    assert "ddpkit.data_loader(ds, batch_size=8, shuffle=True)" in captured.out
+    assert "batch_size=8 kept per process (--per-process-batch)" in captured.err
+
+
+def test_a_batch_size_the_training_loop_sizes_tensors_from_stays_per_process_and_is_listed():
+    loop = LOOP.replace("batch_size=8", "batch_size=batch_size").replace(
+        "    opt.zero_grad()\n", "    h = net.init_hidden(batch_size)\n    opt.zero_grad()\n")
+    result = convert("batch_size = 50\nnet = Net()\n", loop)
+    assert "loader = ddpkit.data_loader(ds, batch_size=batch_size, shuffle=True)" in lines(result)
+    left = [x for x in result.left if "kept per process" in x.what]
+    assert len(left) == 1 and "reads batch_size at line 10" in left[0].what and "x.size(0)" in left[0].fix
+    starred = convert("net = Net()\n", LOOP.replace("batch_size=8, shuffle=True", "**kw"))
+    assert any("** arguments stays per process" in k.what for k in starred.kept) and not starred.left

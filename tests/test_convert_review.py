@@ -79,10 +79,10 @@ def test_a_three_way_device_with_cpu_first_and_an_unread_device_the_model_moves_
 def test_an_explicit_none_sampler_keeps_torchs_order():
     text = lines(convert(TRAIN_EVAL.replace("DataLoader(train_set, batch_size=8, shuffle=True)",
                                             "DataLoader(train_set, 8, None, None, None, 0)")))
-    assert "train_loader = ddpkit.data_loader(train_set, 8, shuffle=False, sampler=None, batch_sampler=None, " \
-           "num_workers=0)" in text
+    assert "train_loader = ddpkit.data_loader(train_set, global_batch_size=8, shuffle=False, sampler=None, " \
+           "batch_sampler=None, num_workers=0)" in text
     text = lines(convert(TRAIN_EVAL.replace("shuffle=True)", "sampler=None)", 1)))
-    assert "train_loader = ddpkit.data_loader(train_set, batch_size=8, sampler=None, shuffle=False)" in text
+    assert "train_loader = ddpkit.data_loader(train_set, global_batch_size=8, sampler=None, shuffle=False)" in text
 
 
 def test_a_peek_at_the_first_batch_neither_blocks_the_sums_nor_gets_no_grad():

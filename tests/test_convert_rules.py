@@ -60,7 +60,7 @@ for epoch in range(3):
 def test_roles_follow_the_loaders_into_the_functions_that_loop_over_them():
     result = convert(TRAIN_EVAL)
     text = lines(result)
-    assert "train_loader = ddpkit.data_loader(train_set, batch_size=8, shuffle=True)" in text
+    assert "train_loader = ddpkit.data_loader(train_set, global_batch_size=8, shuffle=True)" in text
     assert "val_loader = ddpkit.data_loader(val_set, batch_size=8, train=False)" in text
     assert "model = ddpkit.prepare_model(nn.Linear(4, 2))" in text and not result.left
 
@@ -107,7 +107,7 @@ def test_an_evaluation_after_model_eval_without_no_grad_runs_under_no_grad():
 
 def test_a_loader_without_shuffle_keeps_torchs_order():
     text = lines(convert(TRAIN_EVAL.replace("batch_size=8, shuffle=True)", "batch_size=8)", 1)))
-    assert "train_loader = ddpkit.data_loader(train_set, batch_size=8, shuffle=False)" in text
+    assert "train_loader = ddpkit.data_loader(train_set, global_batch_size=8, shuffle=False)" in text
 
 
 def test_an_evaluation_that_keeps_per_batch_results_leaves_its_loader_plain():
@@ -243,7 +243,7 @@ def test_a_trainer_wraps_its_model_once_where_it_moves_it():
     text = lines(result)
     assert "self.model = ddpkit.prepare_model(self.model)" in text and "model = self.model" in text
     assert "self.device = ddpkit.init().device" in text
-    assert "loader = ddpkit.data_loader(data, batch_size=4, shuffle=True)" in text
+    assert "loader = ddpkit.data_loader(data, global_batch_size=4, shuffle=True)" in text
 
 
 def test_calls_that_need_the_module_get_it_unwrapped():
@@ -281,7 +281,7 @@ def test_a_device_switch_read_after_a_print_that_starts_ddpkit_is_refused():
 def test_positional_loader_arguments_become_keywords():
     text = lines(convert(TRAIN_EVAL.replace("DataLoader(train_set, batch_size=8, shuffle=True)",
                                             "DataLoader(train_set, 8, True)")))
-    assert "train_loader = ddpkit.data_loader(train_set, 8, shuffle=True)" in text
+    assert "train_loader = ddpkit.data_loader(train_set, global_batch_size=8, shuffle=True)" in text
 
 
 def test_a_comment_after_the_last_argument_and_after_the_device_line_stay():

@@ -47,13 +47,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", action="store_true", help="then run ddpkit verify and ddpkit check on the result")
     p.add_argument("--nproc-per-node", type=int, default=2, help="processes for --verify (default 2)")
     p.add_argument("--steps", type=int, default=5, help="optimizer steps --verify compares (default 5)")
+    p.add_argument("--per-process-batch", action="store_true", help="keep a training loader's batch_size per "
+                   "process (the global batch grows with the processes); default: it is the global batch")
     p.add_argument("--json", action="store_true", help="one JSON object: edits, left, refused, diff")
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script (--verify)")
     return p
 
 
-def convert_file(path: str):
+def convert_file(path: str, per_process_batch: bool = False):
     """The :class:`~ddpkit.commands.convert.plan.Plan` for the script at ``path`` and the file's encoding
     (UsageError: not readable as Python, or libcst missing). The bytes are decoded as Python reads them
     (PEP 263, a BOM) and line endings are kept (CRLF stays CRLF)."""
@@ -81,7 +83,7 @@ def convert_file(path: str):
         raise UsageError(f"{path} is not Python 3 this tool can parse ({detail}); fix the syntax, then convert "
                          "again") from None
     try:
-        return plan(source), encoding
+        return plan(source, per_process_batch), encoding
     except ParserSyntaxError as exc:
         raise UsageError(f"{path} is Python, but not Python libcst can parse (line {exc.raw_line}: "
                          f"{exc.message}); convert it by hand (docs/convert.md lists the edits)") from None
@@ -147,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
         _arguments(ns)
-        result, encoding = convert_file(ns.script)
+        result, encoding = convert_file(ns.script, ns.per_process_batch)
     except UsageError as exc:
         return usage_error(PROG, exc)
     if ns.json:

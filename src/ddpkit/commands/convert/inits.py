@@ -45,7 +45,7 @@ def place(work: _Work, binding: Binding, moves: list[Call]) -> bool:
         return False
     start = next(i for i, s in enumerate(block) if s is binding.stmt) + 1
     target, last, stop = binding.target, None, len(block)
-    allowed = _removed(work) | {i for c in moves for i in _ids(c.node)}
+    allowed = _removed(work) | {i for c in moves for i in node_ids(c.node)}
     for index in range(start, len(block)):
         state = _statement(work, target, block[index], allowed)
         if state == "init":
@@ -53,7 +53,7 @@ def place(work: _Work, binding: Binding, moves: list[Call]) -> bool:
         elif state == "use":
             stop = index
             break
-    moved = [c for c in moves if last is not None and any(id(c.stmt) in _ids(s) for s in block[last + 1:stop])]
+    moved = [c for c in moves if last is not None and any(id(c.stmt) in node_ids(s) for s in block[last + 1:stop])]
     if last is None or moved:  # the wrap stays at the build, or at a move below the inits
         _late(work, target, block[stop:], moves[-1].line if moves else binding.line)
         return False
@@ -77,7 +77,7 @@ def place(work: _Work, binding: Binding, moves: list[Call]) -> bool:
 def _statement(work: _Work, target: str, stmt: cst.BaseStatement, allowed: set[int]) -> str | None:
     """"init": the statement initialises ``target`` and reads it no other way; "use": it reads it otherwise (or
     binds the name again); None: it does not read it."""
-    inside = _ids(stmt)
+    inside = node_ids(stmt)
     reads = [r for r in work.facts.reads if id(r[3]) in inside and _of(r[0], target)]
     if not reads:
         return None
@@ -85,8 +85,8 @@ def _statement(work: _Work, target: str, stmt: cst.BaseStatement, allowed: set[i
         return "use"  # a new model under the old name
     calls = [c for c in work.facts.calls if id(c.node) in inside]
     inits = [c for c in calls if _init(c, target, loading=True)] + _walks(stmt, target)
-    fine = allowed | {i for c in inits for i in _ids(c.node)} | \
-        {i for c in calls if c.name in HARMLESS for i in _ids(c.node)}
+    fine = allowed | {i for c in inits for i in node_ids(c.node)} | \
+        {i for c in calls if c.name in HARMLESS for i in node_ids(c.node)}
     if any(id(r[3]) not in fine for r in reads):
         return "use"
     return "init" if inits else None
@@ -95,7 +95,7 @@ def _statement(work: _Work, target: str, stmt: cst.BaseStatement, allowed: set[i
 def _late(work: _Work, target: str, rest: Sequence[cst.BaseStatement], wrapped_at: int) -> None:
     """An ``apply`` / ``nn.init`` of ``target`` below its first other use: listed, the wrap cannot pass that use."""
     loop = next((i for i, s in enumerate(rest) if isinstance(s, (cst.For, cst.While))), len(rest))
-    inside = {i for s in rest[:loop] for i in _ids(s)}  # (once training starts, an apply is no init)
+    inside = {i for s in rest[:loop] for i in node_ids(s)}  # (once training starts, an apply is no init)
     for call in work.facts.calls:
         if id(call.node) in inside and _init(call, target, loading=False):
             work.leave(call.line, f"{target} is initialised here, after prepare_model (line {wrapped_at}"
@@ -147,10 +147,10 @@ def _removed(work: _Work) -> set[int]:
     found: set[int] = set()
     for stmt, _scope, _line in work.facts.statements:
         if id(stmt) in work.edits.remove:
-            found |= _ids(stmt)
+            found |= node_ids(stmt)
     for call in work.facts.calls:
         if parallel.single_process(call.name):
-            found |= _ids(call.node)
+            found |= node_ids(call.node)
     return found
 
 
@@ -177,13 +177,14 @@ def _nodes(root: cst.CSTNode) -> list[cst.CSTNode]:
     return found
 
 
-def _ids(root: cst.CSTNode) -> set[int]:
+def node_ids(root: cst.CSTNode) -> set[int]:
+    """The identities of ``root`` and every node under it (what a statement holds, for the scan's records)."""
     return {id(n) for n in _nodes(root)}
 
 
 def _line(work: _Work, stmt: cst.BaseStatement) -> int:
     """The last line of ``stmt`` the scan recorded (a read or a simple statement in it): the wrap goes below it."""
-    inside = _ids(stmt)
+    inside = node_ids(stmt)
     lines = [line for s, _scope, line in work.facts.statements if id(s) in inside]
     lines += [r[2] for r in work.facts.reads if id(r[3]) in inside]
     return max(lines, default=0)

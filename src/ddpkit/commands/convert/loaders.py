@@ -8,7 +8,7 @@ Example::
     >>> p = plan("from torch.utils.data import DataLoader\\nfor x in DataLoader(ds, batch_size=8):\\n"
     ...          "    x.sum().backward()\\n")
     >>> p.text.splitlines()[-2]
-    'for x in ddpkit.data_loader(ds, batch_size=8, shuffle=False):'
+    'for x in ddpkit.data_loader(ds, global_batch_size=8, shuffle=False):'
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.commands.convert import flow
+from ddpkit.commands.convert import batch, flow
 from ddpkit.commands.convert.apply import LOADER_PARAMETERS, loader_call
 from ddpkit.commands.convert.flow import loops_reading, peek, roles_said
 from ddpkit.commands.convert.scan import Call, Facts, Loop, dotted
@@ -114,10 +114,15 @@ def _loader(work: _Work, call: Call) -> bool:
         how = "training: each rank takes its own shard, in order (shuffle=False: torch's default, kept)"
     elif role == "train" and starred and not {"shuffle", "sampler"} & set(kwargs):
         how += " (unless the ** arguments say shuffle=False; a torch DataLoader did not shuffle by default)"
-    work.edits.expr[id(call.node)] = lambda node: loader_call(node, keywords)
+    rename = batch.global_batch(work, call, loops) if role == "train" else None
+    work.edits.expr[id(call.node)] = lambda node: (rename or _same)(loader_call(node, keywords))
     work.note(f"DataLoader -> ddpkit.data_loader ({'training' if role == 'train' else 'train=False'})",
               how, call.line)
     return role == "train"
+
+def _same(node: cst.Call) -> cst.Call:
+    return node
+
 
 def _reductions(work: _Work, loops: list[Loop], call: Call, training: bool) -> bool:
     """Sum across ranks what the loops over a loader accumulate and the code below reads

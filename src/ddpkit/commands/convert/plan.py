@@ -11,8 +11,8 @@ Example::
     >>> p = plan("import torch\\nfrom torch.utils.data import DataLoader\\nmodel = Net()\\n"
     ...          "opt = torch.optim.SGD(model.parameters(), lr=0.1)\\n"
     ...          "for x, y in DataLoader(ds, batch_size=8, shuffle=True):\\n    loss(model(x), y).backward()\\n")
-    >>> [e.what for e in p.edits]
-    ['import ddpkit', 'model = ddpkit.prepare_model(...)', 'DataLoader -> ddpkit.data_loader (training)']
+    >>> [e.what for e in p.edits][1:3]
+    ['model = ddpkit.prepare_model(...)', 'batch_size=8 -> global_batch_size=8']
 """
 
 from __future__ import annotations
@@ -60,11 +60,12 @@ class Plan:
         return any(left.blocks for left in self.left)
 
 
-def plan(source: str) -> Plan:
-    """Scan ``source`` (raises :class:`libcst.ParserSyntaxError` on a file that is not Python) and decide."""
+def plan(source: str, per_process_batch: bool = False) -> Plan:
+    """Scan ``source`` (raises :class:`libcst.ParserSyntaxError` on a file that is not Python) and decide;
+    ``per_process_batch``: a training loader's ``batch_size`` stays per process (else it is the global batch)."""
     wrapper = parse(source)
     facts = scan(wrapper)
-    work = _Work(facts)
+    work = _Work(facts, per_process_batch)
     work.decide()
     text = source
     if work.edits and not any(left.blocks for left in work.left):
@@ -99,8 +100,9 @@ def _import_place(wrapper: MetadataWrapper, work: _Work) -> cst.CSTNode | None:
 class _Work:
     """One plan being made: the facts, the edits so far and the report."""
 
-    def __init__(self, facts: Facts):
+    def __init__(self, facts: Facts, per_process_batch: bool = False):
         self.facts = facts
+        self.per_process_batch = per_process_batch
         self.edits = Edits()
         self.log: list[Edit] = []
         self.left: list[Left] = []

@@ -1,0 +1,93 @@
+"""The batch size of a converted training loader: ``DataLoader(ds, batch_size=B)`` becomes
+``ddpkit.data_loader(ds, global_batch_size=B)``, so the script at N processes trains what it trained at one (each
+process takes B/N; B must divide by N, which ``data_loader`` says in one line when it does not). Kept per process
+(``batch_size=B``, a global batch of B x N) with ``ddpkit convert --per-process-batch``, and said either way.
+
+Where the script reads the batch size inside its training loop (``model.init_hidden(batch_size)``, ``x.view(
+args.batch_size, -1)``), a share of B/N would not fit what it sizes: the batch stays per process there and the
+line is listed. A batch size hidden in ``**kwargs`` cannot be rewritten: the global batch it gives is said.
+
+Example (the rewrite of a converted call's batch size)::
+
+    >>> code = cst.Module(body=[]).code_for_node
+    >>> code(_rename(cst.parse_expression("ddpkit.data_loader(ds, 64, shuffle=True)")))
+    'ddpkit.data_loader(ds, global_batch_size=64, shuffle=True)'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import libcst as cst
+
+from ddpkit.commands.convert.inits import node_ids
+from ddpkit.commands.convert.scan import Call, Loop, names_in
+
+# the plan in the making (plan._Work): facts, edits, note, leave, keep, per_process_batch
+_Work = Any
+_NO_SPACE = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
+QUIET = ("print", "ddpkit.print")  # a read of the batch size that sizes nothing
+
+
+def global_batch(work: _Work, call: Call, loops: list[Loop]) -> Callable[[cst.Call], cst.Call] | None:
+    """For the training loader ``call`` (read by ``loops``): the rewrite of its batch size to ``global_batch_size=``
+    (applied to the converted call), or None where it stays per process (said or listed)."""
+    args = call.node.args
+    positional = [a for a in args if a.keyword is None and not a.star]
+    given = next((a for a in args if a.keyword is not None and a.keyword.value == "batch_size"), None) or \
+        (positional[1] if len(positional) > 1 else None)
+    code = work.facts.code
+    if given is None or isinstance(given.value, cst.Name) and given.value.value == "None":
+        if any(a.star == "**" for a in args):
+            work.keep(call.line, "the batch size in the ** arguments stays per process", "convert cannot "
+                      "rewrite it there: the global batch is that size x the number of processes (write "
+                      "global_batch_size= to keep it at any number)")
+        return None
+    size = code(given.value)
+    if work.per_process_batch:
+        work.note(f"batch_size={size} kept per process (--per-process-batch)", f"the global batch is {size} x "
+                  "the number of processes", call.line)
+        return None
+    read = _read_in_training(work, given.value, loops)
+    if read is not None:
+        work.leave(call.line, f"batch_size={size} kept per process (a global batch of {size} x N): the training "
+                   f"loop reads {read[0]} at line {read[1]}, sized for a batch of {size}, and each process would "
+                   f"take {size}/N", "size it from the batch itself (x.size(0)), then convert again; or pass "
+                   "--per-process-batch to keep the per-process batch (and scale the learning rate yourself)")
+        return None
+    work.note(f"batch_size={size} -> global_batch_size={size}", f"the global batch stays {size} at any number of "
+              f"processes, each taking its share ({size} must divide by it); --per-process-batch keeps {size} per "
+              "process", call.line)
+    return _rename
+
+
+def _rename(node: cst.Call) -> cst.Call:
+    """``data_loader(ds, 64, ...)`` / ``data_loader(ds, batch_size=64)`` -> ``data_loader(ds, global_batch_size=64)``
+    (the batch size is the second argument, positional or named)."""
+    args, position = [], 0
+    for arg in node.args:
+        positional = arg.keyword is None and not arg.star
+        if positional and position == 1 or arg.keyword is not None and arg.keyword.value == "batch_size":
+            arg = arg.with_changes(keyword=cst.Name("global_batch_size"),
+                                   equal=arg.equal if arg.keyword is not None else _NO_SPACE)
+        position += positional
+        args.append(arg)
+    return node.with_changes(args=args)
+
+
+def _read_in_training(work: _Work, size: cst.BaseExpression, loops: list[Loop]) -> tuple[str, int] | None:
+    """A read of the batch size's name (``batch_size``, ``args.batch_size``) in a training loop's body or the loops
+    around it, outside a print: what the loop sizes from it."""
+    names = {n for n in names_in(size) if "." in n or n == (size.value if isinstance(size, cst.Name) else "")}
+    if not names:
+        return None
+    inside: set[int] = set()
+    for loop in loops:
+        for around in (loop, *loop.outer):
+            inside |= node_ids(around.node.body)
+    quiet = {i for c in work.facts.calls if c.name in QUIET for i in node_ids(c.node)}
+    for name, _scope, line, node in work.facts.reads:
+        if name in names and id(node) in inside and id(node) not in quiet:
+            return name, line
+    return None
