@@ -23,7 +23,7 @@ from torch import nn
 from ddpkit.runtime import group as runtime
 from ddpkit.runtime import phases
 from ddpkit.strategies import comm as comm_options
-from ddpkit.strategies import meta
+from ddpkit.strategies import meta, replicas
 from ddpkit.strategies.forwarding import uncompiled, unwrap
 from ddpkit.strategies.fsdp_wrapper import Shard
 
@@ -133,10 +133,10 @@ def accumulate(model: nn.Module, step: int, steps: int, total: int | None = None
     return MicroStep(model, sync=step + 1 == end, size=end - start)
 
 
-def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_every: int = 0,
-                  comm: comm_options.CommConfig | None = None, shard: Shard = None, shard_size: int | None = None,
-                  init_fn: meta.InitFn | None = None, compile: bool | dict[str, Any] = False,
-                  **ddp_kwargs: Any) -> nn.Module:
+def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_every: int | str = "auto",
+                  heal: bool | str = False, comm: comm_options.CommConfig | None = None, shard: Shard = None,
+                  shard_size: int | None = None, init_fn: meta.InitFn | None = None,
+                  compile: bool | dict[str, Any] = False, **ddp_kwargs: Any) -> nn.Module:
     """Move ``model`` to this process's device and wrap it for the mode :func:`ddpkit.init` chose.
 
     - ``ddp``: BatchNorm layers become SyncBatchNorm (``sync_batchnorm=False`` opts out; ddpkit's works on
@@ -158,10 +158,13 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
     In DDP, a parameter that gets no gradient in the first backward is named in an error (pass
     ``find_unused_parameters=True``, or ``comm=CommConfig(static_graph=True)``, if that is intended), the
     first training step checks that all ranks hold the same weights (an init applied after ``prepare_model``
-    under a per-rank seed would train a different model on each rank), and ``check_sync_every=K`` checks that
-    again every K training steps (evaluation
-    forwards, in ``model.eval()`` or ``torch.no_grad()``, and the steps inside ``ddpkit.join`` are not counted:
-    their number differs between ranks). ``comm`` sets DDP's communication options (bucket size,
+    under a per-rank seed would train a different model on each rank), and then the replicas' fingerprints are
+    compared every few training steps (``check_sync_every='auto'``: as often as 0.25 % of the run's time allows;
+    K: every K steps; 0: never); a rank that left the others is named with the step, the tensor and the likely
+    cause, and ``heal=True`` copies the majority's weights and optimizer state to it instead (3 or more ranks;
+    ``heal='rank0'``: rank 0's win a tie). Evaluation forwards, in ``model.eval()`` or ``torch.no_grad()``, and
+    the steps inside ``ddpkit.join`` are not counted: their number differs between ranks. ``comm`` sets DDP's
+    communication options (bucket size,
     compression, ...; see :class:`ddpkit.CommConfig`).
 
     ``compile=True`` (or a dict of ``torch.compile`` options) compiles the module in place, inside the
@@ -173,8 +176,9 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
     state = runtime.ensure_init()
     mode = state.strategy
     # each mode keeps the options it uses and ignores the others on purpose: the same script runs in every mode
-    options = dict(sync_batchnorm=sync_batchnorm, check_sync_every=check_sync_every, comm=comm, shard=shard,
-                   shard_size=shard_size, init_fn=init_fn, **ddp_kwargs)
+    replicas.validate(check_sync_every, heal)  # before anything moves: a typo costs no wrap
+    options = dict(sync_batchnorm=sync_batchnorm, check_sync_every=check_sync_every, heal=heal, comm=comm,
+                   shard=shard, shard_size=shard_size, init_fn=init_fn, **ddp_kwargs)
     # move (a meta model: materialise, unless the mode shards it first), let the launching tool hook it, wrap
     wrapped = mode.prepare(model, state, options, runtime.tools())
     if compile:

@@ -77,6 +77,9 @@ LAUNCHER_PID = Var("DDPKIT_LAUNCHER_PID", LAUNCH, "init()",
                    "the launcher's PID: a worker whose parent is no longer it exits (orphan guard)")
 PHASE_WINDOW = Var("DDPKIT_PHASE_WINDOW", f"{LAUNCH} --phase-window", "init()",
                    "steps per window of the per-rank phase report (e.g. 200); unset or 0: no report (the default)")
+DESYNC_AFTER = Var("DDPKIT_DESYNC_AFTER", "you", "init()",
+                   "seconds (at least; 20 steps when longer) a rank waits in one collective before the ranks compare "
+                   "where they wait, through the store (default 3); 0: no desync watch")
 TOOL = Var("DDPKIT_TOOL", f"{VERIFY}, {BENCH}", "init()",
            "the tool whose hooks the workers load: module:factory, or an entry point of the ddpkit.tools group")
 MAX_STEPS = Var("DDPKIT_MAX_STEPS", f"{VERIFY}, {BENCH}, {PLAN}", "the tool's hooks",

@@ -67,11 +67,13 @@ class Process:
     shutdown_hooks: list[Hook] = dataclasses.field(default_factory=list)  # run while the group works
     release_hooks: list[Hook] = dataclasses.field(default_factory=list)  # run even after an uncaught exception
     last_beat: float = dataclasses.field(default_factory=time.monotonic)  # the hang watchdog's clock
+    beats: int = 0  # heartbeats so far: the desync watch's measure of the usual step time
     report_dir: str | None = None  # this worker's report folder under ddpkit launch, once faults.install ran
     run_id: str | None = None  # the checkpoint run id when no launcher gave one
     exit_failure: str | None = None  # a shutdown hook's failure that fails the process (a background checkpoint)
     joining: bool = False  # inside ddpkit.join: loaders may hand out uneven batch counts
     phases: Any = None  # this rank's ddpkit.runtime.phases.PhaseClock under ddpkit launch
+    desync: Any = None  # this rank's ddpkit.runtime.desync.Watch (a thread) while its group runs
     # called by ddpkit's DDP wrapper as its forward starts (True: before its buffer broadcast) and as the module's
     # own forward starts (False): the phase clock's stamps there. Forward hooks on the wrapper or the module in it
     # would change how a torch.compile around the prepared model splits its frames (3 compiles became 6)
@@ -112,3 +114,4 @@ def on_shutdown(hook: Hook, *, always: bool = False) -> None:
 def heartbeat() -> None:
     """Training made progress (a batch handed out, a forward): the no-progress watchdog counts from now."""
     _current.last_beat = time.monotonic()
+    _current.beats += 1

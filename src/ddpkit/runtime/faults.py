@@ -91,15 +91,7 @@ def install(rank: int, local_rank: int, report_dir: str, timeout_s: float) -> No
     def excepthook(kind, value, tb):
         text = "".join(traceback.format_exception(kind, value, tb))
         hang = collective_timeout(kind, str(value))
-        record = {"rank": rank, "local_rank": local_rank, "host": socket.gethostname(), "pid": os.getpid(),
-                  "time": time.time(), "type": kind.__name__, "message": str(value), "traceback": text,
-                  "hang": hang}
-        path = os.path.join(report_dir, f"error-rank{rank}.json")
-        try:  # whole or not at all: a full disk must not leave the launcher half a report
-            write_atomically(path, lambda f: f.write(json.dumps(record).encode()))
-        except OSError as exc:
-            print(f"ddpkit: rank {rank} could not write its error report ({exc.strerror or exc})",
-                  file=sys.stderr, flush=True)
+        _write_record(report_dir, rank, local_rank, kind.__name__, str(value), text, hang)
         # the traceback goes into this rank's log (the report directory is gone after the launch), in a block
         # the console leaves out: the launcher's report prints the first failure's once
         print(f"{_said(rank, kind, value)} (its traceback is in this rank's stderr.log)\n"
@@ -112,6 +104,31 @@ def install(rank: int, local_rank: int, report_dir: str, timeout_s: float) -> No
     sys.excepthook = excepthook
     threading.Thread(target=_watchdog, args=(stack_file, timeout_s / 2), daemon=True,
                      name="ddpkit-hang-watchdog").start()
+
+
+def _write_record(report_dir: str, rank: int, local_rank: int, kind: str, message: str, text: str,
+                  hang: bool) -> None:
+    """This rank's failure, for the launcher's report: whole or not at all (a full disk must not leave the launcher
+    half a report)."""
+    record = {"rank": rank, "local_rank": local_rank, "host": socket.gethostname(), "pid": os.getpid(),
+              "time": time.time(), "type": kind, "message": message, "traceback": text, "hang": hang}
+    try:
+        write_atomically(os.path.join(report_dir, f"error-rank{rank}.json"),
+                         lambda f: f.write(json.dumps(record).encode()))
+    except OSError as exc:
+        print(f"ddpkit: rank {rank} could not write its error report ({exc.strerror or exc})",
+              file=sys.stderr, flush=True)
+
+
+def fail_now(rank: int, local_rank: int, kind: str, line: str) -> None:
+    """End this process for a failure found outside the main thread, which is stuck in a collective and cannot
+    raise (a desync): the launcher's report names it as this rank's failure, then the process exits 1."""
+    report_dir = process.current().report_dir
+    if report_dir is not None:
+        _write_record(report_dir, rank, local_rank, kind, line, "", False)
+    print(f"ddpkit: rank {rank}: {kind}: {line}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)  # the main thread waits in C++: no exception reaches it, and at-exit hooks would wait for peers
 
 
 def _said(rank: int, kind: type, value: BaseException) -> str:

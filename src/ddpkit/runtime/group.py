@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import functools
+import json
 import os
 import random
 import sys
@@ -29,7 +31,8 @@ from ddpkit.core.environment import LaunchEnvError, ProcessEnv, detect, visible_
 from ddpkit.core.errors import SCRIPT_FAILED, USAGE_ERROR, ShutdownError
 from ddpkit.core.options import Device, check
 from ddpkit.core.process import State
-from ddpkit.runtime import faults, forksafe, instrument, phases
+from ddpkit.runtime import desync, faults, forksafe, instrument, phases
+from ddpkit.strategies import replicas
 from ddpkit.strategies import table as strategy
 
 # Collectives that wait longer than this fail (and `ddpkit launch` prints a hang report). torch's defaults
@@ -145,6 +148,7 @@ def init(mode: str | None = None, *, backend: str | None = None, timeout_s: floa
             device = entry.device(env, gpus)
             hooks = instrument.from_env(os.environ)
             window = phases.window_from(os.environ)
+            desync_after = desync.floor_from(os.environ)
         except (LaunchEnvError, ValueError) as exc:  # ContractError and an unknown mode are ValueErrors
             # the launch itself is wrong (a variable, a count): one line naming it, no traceback into ddpkit
             print(f"ddpkit: error: {exc}", file=sys.stderr, flush=True)
@@ -158,6 +162,8 @@ def init(mode: str | None = None, *, backend: str | None = None, timeout_s: floa
             _start_group(env, backend, device, timeout_s)
         proc.state = state = State(env.rank, env.local_rank, env.world_size, env.local_world_size, env.node_rank,
                                    device, backend, chosen, reason, entry)
+        if backend is not None:  # ranks waiting in different collectives: said in seconds, not at the timeout
+            proc.desync = desync.start(state, desync_after, functools.partial(_desynced, state.local_rank))
         report = contract.REPORT_DIR.text(os.environ) or contract.PHASE_DIR.text(os.environ)
         proc.phases = phases.start(state, report, window)
         atexit.register(_shutdown_at_exit)
@@ -169,6 +175,10 @@ def init(mode: str | None = None, *, backend: str | None = None, timeout_s: floa
             print(warning, file=sys.stderr, flush=True)
         print(f"ddpkit: {reason} on {device} (rank 0 of {env.world_size})", file=sys.stderr, flush=True)
     return state
+
+
+def _desynced(local_rank: int, rank: int, line: str) -> None:
+    faults.fail_now(rank, local_rank, "CollectiveDesync", line)
 
 
 def _guard_worker(env: ProcessEnv, timeout_s: float) -> None:
@@ -235,6 +245,9 @@ def shutdown() -> None:
         if proc.state is None:
             return
         failed = getattr(sys, "last_value", None) is not None
+        if proc.desync is not None:  # the group goes down from here: nothing left to watch
+            proc.desync.stopped.set()
+            proc.desync = None
         while proc.shutdown_hooks and not failed:
             proc.shutdown_hooks.pop(0)()
         while proc.release_hooks:
@@ -294,12 +307,19 @@ def _final_barrier(wait_s: float = EXIT_WAIT_S) -> bool:
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
         store = dist.distributed_c10d._get_default_store()
-        store.set(_exit_key(_AT_EXIT, rank), "1")
+        # what arrives is the models this rank still holds: the last replica check covers those every rank holds
+        # (a model dropped by the script may be collected on one rank and not yet on another)
+        store.set(_exit_key(_AT_EXIT, rank), json.dumps(replicas.live()))
         if _late_ranks(store, world, wait_s):
             store.set(_exit_key(_LEFT, rank), "1")
             return True
         if any(store.check([_exit_key(_LEFT, peer)]) for peer in range(world)):
             return True  # a peer gave up waiting for this rank and is gone: a barrier would wait for it
+        held = [replicas.parse_live(raw) for raw in store.multi_get([_exit_key(_AT_EXIT, p) for p in range(world)])]
+        problem = replicas.check_at_exit(set.intersection(*held))  # every rank is here: the last steps' weights
+        if problem:
+            print(f"ddpkit: error: {problem}", file=sys.stderr, flush=True)
+            process.current().exit_failure = problem
         dist.barrier()
         return True
     except RuntimeError as exc:  # DistBackendError / DistNetworkError: a peer (or the store's host) is gone

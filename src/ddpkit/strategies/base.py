@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 # prepare_model's own keyword arguments (and the tools): any other keyword is the wrapper's (``**ddp_kwargs``)
-NAMED = frozenset({"sync_batchnorm", "check_sync_every", "comm", "shard", "shard_size", "init_fn", "tools"})
+NAMED = frozenset({"sync_batchnorm", "check_sync_every", "heal", "comm", "shard", "shard_size", "init_fn", "tools"})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -125,6 +125,16 @@ def check_in_sync(module: nn.Module, group=None, *, first_step: bool = False, bu
         raise RuntimeError(problem)
 
 
+def diverged_line(name: str) -> str:
+    """The line for a tensor that holds NaN or inf on every rank: the loss blew up, the ranks agree.
+
+    >>> diverged_line("w")[:40]
+    "training diverged: 'w' holds NaN or inf "
+    """
+    return (f"training diverged: {name!r} holds NaN or inf on every rank (the loss blew up; not a desync): check "
+            "the learning rate, the loss scaling (fp16 needs a GradScaler) and the input data for NaN / inf")
+
+
 def sync_problem(names: list[str], sums: torch.Tensor, first_step: bool = False) -> str | None:
     """The error for the first tensor whose checksums (``sums[rank, tensor] = [sum, sum of squares]``, then
     optionally the two halves of its bits' sum, on which ranks are compared: see :func:`_sums`) are non-finite
@@ -152,9 +162,7 @@ def sync_problem(names: list[str], sums: torch.Tensor, first_step: bool = False)
     i = int(wrong.nonzero()[0])
     name = names[i]
     if bool(diverged[i]) and not first_step:
-        return (f"training diverged: {name!r} holds NaN or inf on every rank (the loss blew up; not a "
-                "desync): check the learning rate, the loss scaling (fp16 needs a GradScaler) and the input "
-                "data for NaN / inf")
+        return diverged_line(name)
     rank = int((~same[:, i]).nonzero()[0])
     shown = f"sum {floats[0, i, 0].item():.17g} vs {floats[rank, i, 0].item():.17g}"
     if first_step:

@@ -3,8 +3,8 @@ the wrapper class is :class:`ddpkit.strategies.ddp_wrapper.DDP`).
 
 Example::
 
-    >>> DDPStrategy().options({"check_sync_every": 50, "shard": 8, "static_graph": True})
-    DDPOptions(init_fn=None, sync_batchnorm=True, check_sync_every=50, comm=None, ddp_kwargs={'static_graph': True})
+    >>> DDPStrategy().options({"check_sync_every": 50, "shard": 8, "static_graph": True})  # doctest: +ELLIPSIS
+    DDPOptions(init_fn=None, sync_batchnorm=True, check_sync_every=50, heal=False, ..., ddp_kwargs={...})
 
 Torch-free at module level, like every table entry (``ddpkit launch`` reads the table before it loads
 torch): the wrapper, a subclass of torch's, lives in ``ddp_wrapper.py`` and is imported when a model is wrapped.
@@ -27,13 +27,16 @@ if TYPE_CHECKING:  # pragma: no cover
 
 @dataclasses.dataclass(frozen=True)
 class DDPOptions(Options):
-    """``sync_batchnorm``: BatchNorm -> SyncBatchNorm first; ``check_sync_every=K``: compare the ranks' weights
-    every K training steps; ``comm``: a :class:`ddpkit.CommConfig`; ``ddp_kwargs``: DistributedDataParallel's own
+    """``sync_batchnorm``: BatchNorm -> SyncBatchNorm first; ``check_sync_every``: compare the replicas'
+    fingerprints every K training steps ('auto': as often as 0.25 % of the time allows; 0: never); ``heal``: copy
+    the majority's weights to a rank that left it (True) or rank 0's on a tie ('rank0'); ``comm``: a
+    :class:`ddpkit.CommConfig`; ``ddp_kwargs``: DistributedDataParallel's own
     (``find_unused_parameters=True``)."""
 
     kwargs_field = "ddp_kwargs"
     sync_batchnorm: bool = True
-    check_sync_every: int = 0
+    check_sync_every: int | str = "auto"
+    heal: bool | str = False
     comm: Any = None  # a ddpkit.strategies.comm.CommConfig (a torch module: not imported here)
     ddp_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -75,7 +78,8 @@ class DDPStrategy(Strategy):
         ddp_kwargs = dict(options.ddp_kwargs)
         if comm is not None:
             ddp_kwargs = {**comm.ddp_kwargs(), **ddp_kwargs}
-        wrapped = DDP(model, device_ids=device_ids, check_sync_every=options.check_sync_every, **ddp_kwargs)
+        wrapped = DDP(model, device_ids=device_ids, check_sync_every=options.check_sync_every,
+                      heal=options.heal, **ddp_kwargs)
         if not (tools and tools.on_ddp(wrapped)) and comm is not None:
             comm_options.register(wrapped, comm, state.backend or "gloo")
         return wrapped

@@ -22,8 +22,9 @@ from torch.distributed.algorithms.join import JoinHook
 from torch.nn.parallel import DistributedDataParallel
 
 from ddpkit.core import process
-from ddpkit.strategies.consistency import FirstBackwardCheck, check_in_sync
+from ddpkit.strategies.consistency import FirstBackwardCheck, check_in_sync, local_buffers
 from ddpkit.strategies.forwarding import PlainStateDict
+from ddpkit.strategies.replicas import Replicas
 
 # Every DDP model this interpreter made, released at shutdown. Not run state for core.process to reset: it is a
 # registry of torch objects in this heap, and a worker forked from a notebook kernel holds copies of the
@@ -50,8 +51,9 @@ class DDP(PlainStateDict, DistributedDataParallel):
 
     It also names, during the first backward, any parameter that got no gradient (instead of DDP's late
     "Expected to have finished reduction" error), compares parameter checksums across ranks before the first
-    training step (one all_gather of four numbers per tensor, once) and, with ``check_sync_every=K``, every K
-    training steps.
+    training step (one all_gather of four numbers per tensor, once) and then compares the replicas' fingerprints
+    every few training steps (:class:`~ddpkit.strategies.replicas.Replicas`: ``check_sync_every='auto'``, K or
+    0; ``heal=True`` copies the majority's weights to a rank that left it).
 
     A training step is a forward in training mode with gradients enabled, outside a join (:meth:`join`,
     :func:`ddpkit.join` or torch's own ``Join([model])``): evaluation forwards (``model.eval()`` or
@@ -62,13 +64,17 @@ class DDP(PlainStateDict, DistributedDataParallel):
 
     refuses_layer_writes = True  # ForwardsAttributes: the reducer knows the layers of prepare time only
 
-    def __init__(self, module: nn.Module, *args: Any, check_sync_every: int = 0, **kwargs: Any):
+    def __init__(self, module: nn.Module, *args: Any, check_sync_every: int | str = "auto",
+                 heal: bool | str = False, **kwargs: Any):
         super().__init__(module, *args, **kwargs)
         # every time, not only for the first DDP: a worker forked from a kernel that held DDP models starts with
         # fresh shutdown hooks (process.reset) but the kernel's _LIVE_DDP; on_shutdown keeps one copy
         process.on_shutdown(_release_reducers, always=True)
         _LIVE_DDP.add(self)
-        self._check_sync_every = check_sync_every
+        # buffers DDP broadcasts from rank 0 at every forward (after the check) may differ by design before it
+        self._replicas = Replicas(module, self.process_group, every=check_sync_every, heal=heal,
+                                  buffers=not self.broadcast_buffers, ignore=frozenset(self.parameters_to_ignore),
+                                  local=frozenset(local_buffers(module)))
         self._training_steps = 0  # counted alike on every rank: see the class docstring
         self._joined = False  # inside a join: from join_hook() (every Join asks for it) to its post-hook
         # static_graph: DDP itself finds, in the first iteration, the parameters that never get a gradient
@@ -98,8 +104,8 @@ class DDP(PlainStateDict, DistributedDataParallel):
         if self.training and torch.is_grad_enabled() and not joined:
             if self._training_steps == 0:  # always, once: ranks that start different never meet again
                 self._check_start()
-            elif self._check_sync_every and self._training_steps % self._check_sync_every == 0:
-                check_in_sync(self.module, self.process_group)
+            elif self._replicas.due(self._training_steps):
+                self._replicas.check(self._training_steps)
             self._training_steps += 1
         process.heartbeat()
         if (stamp := process.current().on_ddp_forward) is not None:

@@ -1,0 +1,227 @@
+"""Collective desync caught in seconds, not at the process group's timeout: ranks waiting in different collectives.
+
+A thread of each rank looks at the main thread twice a second (its Python stack and the group's collective
+sequence number: no collective, no per-step cost). Once the main thread has waited in one collective for
+:func:`patience` (a multiple of the usual step time, at least a few seconds) with the sequence number standing
+still, the rank posts what it waits in to the job's store (never a collective: those are what hang): the
+collective's kind, its tensors' dtypes and shapes, the script's file:line and the sequence number. When every
+rank has posted and they do not all wait in the same collective, the ranks are desynchronised: one line, written
+as this rank's failure for the launcher's report, and the rank exits, long before the timeout.
+
+Ranks that all wait in the same collective at the same line are merely slow (a straggler, or a hang that the
+timeout reports as before): nothing is said. A rank that is not in a collective (computing, loading) posts
+nothing, so no verdict is made without it.
+
+Example (what a rank waits in, and the verdict over every rank's)::
+
+    >>> a = {"op": "all_reduce", "tensors": ["float32[1024]"], "at": "train.py:88", "seq": 7}
+    >>> b = {"op": "broadcast", "tensors": ["float32[1024]"], "at": "train.py:93", "seq": 7}
+    >>> print(verdict([b, a, b]).replace("; ", ";\n"))
+    ranks wait in different collectives: rank 1 is in all_reduce(float32[1024]) at train.py:88 (collective #7);
+    ranks 0, 2 are in broadcast(float32[1024]) at train.py:93 (collective #7)
+    >>> verdict([a, a]) is None
+    True
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from types import FrameType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ddpkit.core import contract, process
+
+TICK_S = 0.5  # how often the main thread is looked at
+MIN_WAIT_S = 3.0  # the least wait in one collective that is looked into (the default of DDPKIT_DESYNC_AFTER)
+STEPS = 20  # x the usual step time: a wait this much longer than a step is no straggler's noise
+_PREFIX = "ddpkit/desync/"
+# torch.distributed's collectives, as their Python functions are named (the outermost one a stack holds is
+# the script's call: all_gather_object calls all_gather)
+COLLECTIVES = frozenset({
+    "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+    "barrier", "monitored_barrier", "gather", "scatter", "reduce", "all_to_all", "all_to_all_single", "send",
+    "recv", "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
+    "batch_isend_irecv"})
+_C10D = os.path.join("distributed", "distributed_c10d.py")
+_LIBRARIES = tuple(os.path.dirname(m.__file__ or "") + os.sep for m in (torch, sys.modules["ddpkit"]))
+
+
+def where(frame: FrameType | None) -> dict[str, Any]:
+    """What a thread whose innermost frame is ``frame`` is doing: ``op`` (a collective's name, ``backward``,
+    or None), its tensors (``float32[1024]``), and ``at``: the script's file:line that called it (outside a
+    collective, the script's innermost line)."""
+    op, tensors, outer, first_user = None, [], None, None
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename.endswith(_C10D) and code.co_name in COLLECTIVES:
+            op, outer = code.co_name, frame
+            tensors = _tensors([frame.f_locals.get(a) for a in code.co_varnames[:code.co_argcount]])
+        elif op is None and code.co_name == "_engine_run_backward":
+            op, outer = "backward", frame
+        elif first_user is None and not code.co_filename.startswith(_LIBRARIES):
+            first_user = frame
+        frame = frame.f_back
+    caller = _caller(outer) if outer is not None else first_user
+    at = f"{os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno}" if caller is not None else "?"
+    return {"op": op, "tensors": tensors, "at": at}
+
+
+def _caller(frame: FrameType) -> FrameType | None:
+    """The script's frame that called into torch or ddpkit, outward from ``frame``."""
+    outer = frame.f_back
+    while outer is not None and outer.f_code.co_filename.startswith(_LIBRARIES):
+        outer = outer.f_back
+    return outer
+
+
+def _tensors(arguments: list[Any]) -> list[str]:
+    """The dtypes and shapes of a collective's tensor arguments (of a list's first tensor)."""
+    found = []
+    for value in arguments:
+        first = value[0] if isinstance(value, (list, tuple)) and value else value
+        if isinstance(first, torch.Tensor):
+            found.append(f"{str(first.dtype).replace('torch.', '')}{list(first.shape)}")
+    return found[:3]
+
+
+def _said(state: dict[str, Any]) -> str:
+    op = state["op"] if state["op"] == "backward" else f"{state['op']}({', '.join(state['tensors'])})"
+    return f"{op} at {state['at']} (collective #{state['seq']})"
+
+
+def verdict(states: list[dict[str, Any]]) -> str | None:
+    """The line for ranks that wait in different collectives (``states[rank]``); None when they all wait in
+    the same one (at the same line, with the same sequence number)."""
+    groups: dict[str, list[int]] = {}
+    for rank, state in enumerate(states):
+        groups.setdefault(_said(state), []).append(rank)
+    if len(groups) < 2:
+        return None
+    ordered = sorted(groups.items(), key=lambda item: (len(item[1]), item[1][0]))
+    parts = [f"{'rank' if len(r) == 1 else 'ranks'} {', '.join(map(str, r))} {'is' if len(r) == 1 else 'are'} in "
+             f"{said}" for said, r in ordered]
+    return "ranks wait in different collectives: " + "; ".join(parts)
+
+
+def patience(step_s: float | None, floor_s: float = MIN_WAIT_S) -> float:
+    """How long a wait in one collective lasts before it is looked into.
+
+    >>> patience(None), patience(0.01), patience(1.5)
+    (3.0, 3.0, 30.0)
+    """
+    return max(floor_s, STEPS * step_s) if step_s else floor_s
+
+
+class Watch(threading.Thread):
+    """The watching thread of one rank (a daemon: it never holds the process up)."""
+
+    def __init__(self, rank: int, world_size: int, store: Any, group: Any, floor_s: float, report: Any):
+        super().__init__(name="ddpkit-desync-watch", daemon=True)
+        self.rank, self.world_size, self.store, self.group = rank, world_size, store, group
+        self.floor_s, self.report = floor_s, report
+        self.main = threading.main_thread().ident
+        self.stopped = threading.Event()
+        self.posted = False
+
+    def run(self) -> None:
+        waiting, since, beats = None, time.monotonic(), (process.current().beats, time.monotonic())
+        step_s: float | None = None
+        while not self.stopped.wait(TICK_S):
+            now, proc = time.monotonic(), process.current()
+            if proc.beats > beats[0]:  # the usual step time: between forwards / batches handed out
+                step_s = (now - beats[1]) / (proc.beats - beats[0])
+                beats = (proc.beats, now)
+            state = self._state()
+            key = None if state is None or state["op"] is None else (state["op"], state["at"], state["seq"])
+            if key != waiting:
+                waiting, since = key, now
+                self._withdraw()
+                continue
+            if state is not None and key is not None and now - since >= patience(step_s, self.floor_s):
+                self._compare(state)
+
+    def _state(self) -> dict[str, Any] | None:
+        try:
+            seq = self.group._get_sequence_number_for_group()
+        except (RuntimeError, AttributeError, ValueError):
+            return None  # the group is gone (shutdown): nothing to watch
+        frame = sys._current_frames().get(self.main) if self.main is not None else None
+        return {**where(frame), "seq": int(seq)}
+
+    def _compare(self, state: dict[str, Any]) -> None:
+        keys = [f"{_PREFIX}{r}" for r in range(self.world_size)]
+        try:
+            self.store.set(keys[self.rank], json.dumps(state))
+            self.posted = True
+            if not self.store.check(keys):
+                return
+            states = [_parse(raw) for raw in self.store.multi_get(keys)]
+        except RuntimeError:  # the store's host is gone: the job is ending
+            return
+        if any(s is None for s in states):
+            return
+        line = verdict([s for s in states if s is not None])
+        if line:
+            self.report(self.rank, line)
+
+    def _withdraw(self) -> None:
+        """This rank moved on: its last post no longer says where it is."""
+        if self.posted:
+            try:
+                self.store.delete_key(f"{_PREFIX}{self.rank}")
+            except RuntimeError:
+                pass
+            self.posted = False
+
+
+_MAX_POST = 4096  # bytes: what a rank posts is a few names and numbers
+
+
+def _parse(raw: bytes) -> dict[str, Any] | None:
+    """A peer's post, or None when it is not one a rank of this job wrote."""
+    if len(raw) > _MAX_POST:
+        return None
+    try:
+        state = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    fields = {"op": str, "at": str, "seq": int, "tensors": list}
+    if not isinstance(state, dict) or any(not isinstance(state.get(k), t) for k, t in fields.items()):
+        return None
+    return state
+
+
+def floor_from(environ: Any) -> float:
+    """``DDPKIT_DESYNC_AFTER`` in seconds (default :data:`MIN_WAIT_S`; 0: off); one line for a bad value.
+
+    >>> floor_from({}), floor_from({"DDPKIT_DESYNC_AFTER": "0"})
+    (3.0, 0.0)
+    """
+    raw = contract.DESYNC_AFTER.text(environ)
+    if raw is None:
+        return MIN_WAIT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not (value >= 0 and value < float("inf")):
+        raise contract.ContractError(f"{contract.DESYNC_AFTER.name}={raw!r} is not a number of seconds >= 0; "
+                                     f"unset it (default {MIN_WAIT_S:g}) or give one (0: no desync watch)")
+    return value
+
+
+def start(state: Any, floor_s: float, report: Any) -> Watch | None:
+    """The watch of this rank, started (None with one process, or when ``floor_s`` is 0: turned off)."""
+    if state.world_size < 2 or floor_s <= 0 or not dist.is_initialized():
+        return None
+    group = dist.distributed_c10d._get_default_group()
+    watch = Watch(state.rank, state.world_size, dist.distributed_c10d._get_default_store(), group, floor_s, report)
+    watch.start()
+    return watch

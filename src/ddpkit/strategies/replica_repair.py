@@ -1,0 +1,220 @@
+"""When the replicas' fingerprints differ (:mod:`ddpkit.strategies.replicas`): what differs, its likely cause, the
+one-line report, and the repair that copies a reference rank's weights and optimizer state to the others.
+
+Every function here is called on every rank alike (each saw the same fingerprints), so the collectives meet.
+
+Example of the report::
+
+    replicas out of sync at step 40 (equal at step 20): rank 1 differs from ranks 0, 2 in '0.weight': one bit
+    flipped (bit 30 of element 17): silent data corruption ...; pass prepare_model(model, heal=True) ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+import zlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+class ReplicaError(RuntimeError):
+    """The replicas differ: raised on every rank with the same line."""
+
+
+_DETAIL = 7  # [differing elements, elements, bits of the one differing, its bit, its index, largest, scale]
+
+
+@dataclasses.dataclass
+class Finding:
+    """What one check found: ranks grouped by fingerprint (largest group first), the majority if there is one."""
+
+    step: int
+    agreed: int  # the step of the last check that found the replicas equal
+    steps: list[int]  # optimizer steps per rank
+    classes: list[list[int]]
+    majority: list[int] | None
+    reference: int  # whose weights are the reference: the majority's lowest rank, else rank 0
+    tensors: list[str]  # the names of the tensors that differ, in the model's order
+    detail: list[list[float]] | None = None  # per rank, for the first differing tensor (see _DETAIL)
+
+    def odd(self) -> list[int]:
+        """The ranks outside the reference's group."""
+        return sorted(r for group in self.classes if self.reference not in group for r in group)
+
+    def who(self) -> str:
+        odd = self.odd()
+        verb = "differs" if len(odd) == 1 else "differ"
+        if self.majority:
+            return f"{_ranks(odd)} {verb} from {_ranks(self.majority)}"
+        mine = next(group for group in self.classes if self.reference in group)
+        return f"{_ranks(odd)} {verb} from {_ranks(mine)} (no majority: which is right cannot be told)"
+
+    def why(self) -> str:
+        if not self.detail:  # the weights agree; only the optimizer-step counts differ
+            return cause(self.steps, 0, 0, 0, 0, 0, 0.0, 0.0)
+        first = self.detail[self.odd()[0]]
+        differing, elements, bits, bit, element = (int(v) for v in first[:5])
+        return cause(self.steps, differing, elements, bits, bit, element, first[5], first[6])
+
+    def message(self, heal: Any = False) -> str:
+        what = (f"in {self.tensors[0]!r}" + (f" and {len(self.tensors) - 1} more tensor(s)" if len(self.tensors) > 1
+                                             else "")) if self.tensors else "in no tensor"
+        if self.majority:
+            fix = "pass prepare_model(model, heal=True) to copy the majority's weights to it and go on"
+        else:
+            fix = ("no majority to heal from" if heal is True else "with no majority (2 ranks, or a tie)") + \
+                  ": prepare_model(model, heal='rank0') lets rank 0's weights win"
+        return (f"replicas out of sync at step {self.step} (equal at step {self.agreed}): {self.who()} {what}: "
+                f"{self.why()}; {fix}")
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    """
+    >>> _ranks([1]), _ranks([0, 2])
+    ('rank 1', 'ranks 0, 2')
+    """
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def cause(steps: list[int], differing: int, elements: int, bits: int, bit: int, element: int, largest: float,
+          scale: float) -> str:
+    """The likely cause, from what differs on the first rank outside the majority: its optimizer-step count
+    beside the others'; how many of a tensor's ``elements`` differ; the ``bits`` that differ in a single
+    differing element; the largest difference against the tensor's largest magnitude ``scale``.
+
+    >>> cause([10, 9, 10], 40, 4096, 0, 0, 0, 0.5, 1.0)[:40]
+    'rank 1 took 9 optimizer steps, the other'
+    >>> cause([4, 4], 1, 100, 1, 3, 7, 1e-6, 1.0)[:34]
+    'one bit flipped (bit 3 of element 7'
+    >>> cause([4, 4], 100, 100, 0, 0, 0, 1e-7, 1.0)[:30]
+    'small differences in every ele'
+    """
+    if len(set(steps)) > 1:
+        common = max(set(steps), key=steps.count)
+        odd = [r for r, s in enumerate(steps) if s != common]
+        return (f"rank {odd[0]} took {steps[odd[0]]} optimizer steps, the others {common}: a step one rank "
+                "skipped (an `if` on the rank, or on a value only this rank computed, before optimizer.step())")
+    if not math.isfinite(largest):
+        return ("NaN or inf on this rank only: a value only this rank computed (its own loss or data) reached "
+                "the weights outside the all-reduce")
+    if differing == 1 and bits == 1:
+        return (f"one bit flipped (bit {bit} of element {element}): silent data corruption in this rank's memory "
+                "or device, or a write into the weights from outside training")
+    if differing <= max(1, elements // 1000):
+        return (f"{differing} of {elements} elements changed on this rank only: a write into the weights outside "
+                "training (an in-place edit under a rank condition)")
+    if largest <= 1e-4 * max(scale, 1e-30):
+        return ("small differences in every element: an update that is not the same on every rank (a "
+                "rank-dependent learning rate or scale, a non-deterministic op in the update, a gradient that "
+                "was not all-reduced)")
+    return ("the weights were set differently on this rank (an init or a load after prepare_model under a "
+            "per-rank seed, or a rank-dependent branch that changed them)")
+
+
+# element size -> the integer type its bits are read as
+BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def compare(tensor: torch.Tensor, reference: int, group: Any) -> list[list[float]]:
+    """Every rank's difference from rank ``reference``'s ``tensor`` (see ``_DETAIL``), gathered."""
+    mine = tensor.detach().contiguous()
+    theirs = mine.clone()
+    dist.broadcast(theirs, dist.get_global_rank(group, reference) if group is not None else reference, group=group)
+    kind = BITS[mine.element_size()]
+    a, b = mine.reshape(-1).view(kind), theirs.reshape(-1).view(kind)
+    where = (a != b).nonzero().reshape(-1)
+    detail = [float(len(where)), float(mine.numel()), 0.0, 0.0, 0.0, 0.0, 0.0]
+    if len(where) == 1:
+        flipped = (int(a[where[0]]) ^ int(b[where[0]])) & ((1 << (8 * mine.element_size())) - 1)
+        detail[2:5] = [float(bin(flipped).count("1")), float(flipped.bit_length() - 1), float(where[0])]
+    if len(where):
+        diff = (mine.double() - theirs.double()).abs().nan_to_num(nan=float("inf"))
+        detail[5:7] = [float(diff.max()), float(theirs.double().abs().nan_to_num(nan=0.0).max())]
+    local = torch.tensor(detail, dtype=torch.float64, device=mine.device)
+    everyone = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(everyone, local, group=group)
+    return [row.tolist() for row in torch.stack(everyone).cpu()]
+
+
+def heal(replicas: Any, found: Finding, differing: Sequence[torch.Tensor]) -> None:
+    """Copy rank ``found.reference``'s differing weights and every optimizer state of the model to every rank,
+    check that the fingerprints now agree, and say so in one line (rank 0)."""
+    group, src = replicas.group, found.reference
+    optimizers = [opt for opt, mine in replicas.optimizers.items() if mine]
+    shape = _state_shape(optimizers)
+    shapes = _gather_ints(torch.tensor([zlib.crc32(shape.encode())], dtype=torch.int64,
+                                       device=_device(replicas)), group)
+    if len(set(shapes)) > 1:
+        raise ReplicaError(f"{found.message(replicas.heal)}; cannot heal: the optimizer state has a different "
+                           "layout on some ranks (one rank stepped a parameter the others did not)")
+    device, moved = _device(replicas), 0
+    with torch.no_grad():
+        for tensor in list(differing) + list(_state_tensors(optimizers)):
+            moved += _copy_from(tensor, src, group, device)
+        numbers = _state_numbers(optimizers)
+        if numbers:
+            values = torch.tensor([float(v) for _, _, v in numbers], dtype=torch.float64, device=device)
+            dist.broadcast(values, _global(group, src), group=group)
+            for (state, key, old), new in zip(numbers, values.tolist()):
+                state[key] = type(old)(new)
+            moved += 8 * len(numbers)
+    replicas.optimizer_steps = found.steps[src]
+    if dist.get_rank(group) == 0:
+        print(f"ddpkit: healed {_ranks(found.odd())} at step {found.step} from rank {src}: {len(found.tensors)} "
+              f"tensor(s) differed (first {found.tensors[0] if found.tensors else '-'}: {found.why()}); copied "
+              f"{len(differing)} weight tensor(s) and the state of {len(optimizers)} optimizer(s), "
+              f"{moved / 1e6:.3f} MB", file=sys.stderr, flush=True)
+
+
+def _device(replicas: Any) -> torch.device:
+    return replicas.tensors[0].device
+
+
+def _global(group: Any, rank: int) -> int:
+    return dist.get_global_rank(group, rank) if group is not None else rank
+
+
+def _gather_ints(local: torch.Tensor, group: Any) -> list[int]:
+    everyone = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(everyone, local, group=group)
+    return [int(t.cpu()[0]) for t in everyone]
+
+
+def _copy_from(tensor: torch.Tensor, src: int, group: Any, device: torch.device) -> int:
+    """Rank ``src``'s ``tensor`` into everyone's, through the group's device (Adam's step count is a CPU tensor)."""
+    data = tensor.detach()
+    carrier = data if data.device == device and data.is_contiguous() else data.contiguous().to(device)
+    dist.broadcast(carrier, _global(group, src), group=group)
+    if carrier is not data:
+        data.copy_(carrier)
+    return data.numel() * data.element_size()
+
+
+def _states(optimizers: Sequence[Any]) -> Iterator[tuple[dict[str, Any], str, Any]]:
+    """(state, key, value) of every optimizer, in the same order on every rank (groups, parameters, keys)."""
+    for opt in optimizers:
+        for group in opt.param_groups:
+            for param in group["params"]:
+                state = opt.state.get(param, {})
+                for key in sorted(state, key=str):
+                    yield state, key, state[key]
+
+
+def _state_shape(optimizers: Sequence[Any]) -> str:
+    return json.dumps([[str(key), list(v.shape) if torch.is_tensor(v) else type(v).__name__]
+                       for _, key, v in _states(optimizers)])
+
+
+def _state_tensors(optimizers: Sequence[Any]) -> Iterator[torch.Tensor]:
+    return (v for _, _, v in _states(optimizers) if torch.is_tensor(v))
+
+
+def _state_numbers(optimizers: Sequence[Any]) -> list[tuple[dict[str, Any], str, Any]]:
+    return [(s, k, v) for s, k, v in _states(optimizers)
+            if isinstance(v, (int, float)) and not isinstance(v, bool)]

@@ -1,0 +1,103 @@
+"""Issue 47: silent divergence caught in seconds, on real gloo processes. A flipped bit and a skipped optimizer
+step are named with the rank, the step, the tensor and the cause; a corrupted replica is healed to bitwise-equal
+weights; ranks waiting in different collectives are named with both lines long before the group's timeout, and
+a slow rank is no desync."""
+import re
+import time
+
+import pytest
+import torch
+
+from conftest import WORKERS, launch, ok
+from ddpkit.runtime import desync
+from ddpkit.strategies import replicas
+
+SCRIPT = WORKERS / "divergence.py"
+
+
+def _weights(out, ranks):
+    return [torch.load(out / f"rank{r}.pt") for r in range(ranks)]
+
+
+def _bitwise_equal(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k].view(torch.int32), b[k].view(torch.int32)) for k in a)
+
+
+def test_a_flipped_bit_is_named_at_its_step(tmp_path):
+    r = launch(SCRIPT, "flip", tmp_path, "1", nproc=3, timeout=120)
+    assert r.returncode != 0, r.stderr[-2000:]
+    assert ("replicas out of sync at step 13 (equal at step 12): rank 1 differs from ranks 0, 2 in '0.weight': "
+            "one bit flipped (bit 5 of element 17)") in r.stderr, r.stderr[-3000:]
+    assert "heal=True" in r.stderr  # the way on, in the same line
+
+
+def test_a_flipped_bit_is_healed_to_the_replicas_of_a_run_without_it(tmp_path):
+    (tmp_path / "clean").mkdir()
+    (tmp_path / "healed").mkdir()
+    ok(launch(SCRIPT, "clean", tmp_path / "clean", nproc=3, timeout=120))  # checks on by default: no false alarm
+    r = ok(launch(SCRIPT, "flip", tmp_path / "healed", "1", "yes", nproc=3, timeout=120))
+    assert re.search(r"healed rank 1 at step 13 from rank 0: 1 tensor\(s\) differed \(first 0\.weight: one bit "
+                     r"flipped .*copied 1 weight tensor\(s\) and the state of 1 optimizer\(s\), [0-9.]+ MB",
+                     r.stderr), r.stderr[-3000:]
+    clean, healed = _weights(tmp_path / "clean", 3), _weights(tmp_path / "healed", 3)
+    assert all(_bitwise_equal(w, clean[0]) for w in clean + healed)
+
+
+def test_with_two_ranks_rank0_wins_when_asked(tmp_path):
+    r = ok(launch(SCRIPT, "flip", tmp_path, "1", "rank0", nproc=2, timeout=120))
+    assert "healed rank 1 at step 13 from rank 0" in r.stderr, r.stderr[-3000:]
+    a, b = _weights(tmp_path, 2)
+    assert _bitwise_equal(a, b)
+
+
+def test_a_skipped_optimizer_step_is_named_by_default(tmp_path):
+    """Default checks ('auto'): caught at a check or, at the latest, as the job ends; never a silent exit 0."""
+    r = launch(SCRIPT, "skip", tmp_path, nproc=3, timeout=120)
+    assert r.returncode != 0, r.stderr[-2000:]
+    found = re.search(r"rank 1 differs from ranks 0, 2 in '0\.weight' and 3 more tensor\(s\): rank 1 took (\d+) "
+                      r"optimizer steps, the others (\d+): a step one rank skipped", r.stderr)
+    assert found and int(found[2]) - int(found[1]) == 1, r.stderr[-3000:]
+
+
+def test_a_flipped_bit_does_not_end_a_run_unsaid_at_two_ranks(tmp_path):
+    r = launch(SCRIPT, "flip", tmp_path, nproc=2, timeout=120)
+    assert r.returncode != 0 and "rank 1 differs from rank 0 (no majority" in r.stderr, r.stderr[-3000:]
+    assert "heal='rank0'" in r.stderr
+
+
+def test_ranks_in_different_collectives_are_named_in_seconds(tmp_path):
+    """Group timeout 900 s; the default watch names both lines within 10 s of the desync."""
+    r = launch(SCRIPT, "desync", tmp_path, nproc=3, timeout=120)
+    ended = time.time()
+    assert r.returncode != 0, r.stderr[-2000:]
+    started = float(re.search(r"DESYNC-AT ([0-9.]+)", r.stdout)[1])
+    lines = {n: i + 1 for i, text in enumerate(SCRIPT.read_text().splitlines())
+             for n in ("all_reduce(torch.ones(1024))", "broadcast(torch.ones(1024), 0)") if n in text}
+    said = re.search(r"CollectiveDesync: ranks wait in different collectives: (.*)", r.stderr)
+    assert said, r.stderr[-3000:]
+    assert (f"rank 1 is in all_reduce(float32[1024]) at divergence.py:{lines['all_reduce(torch.ones(1024))']}"
+            in said[1]), said[1]
+    assert f"broadcast(float32[1024]) at divergence.py:{lines['broadcast(torch.ones(1024), 0)']}" in said[1]
+    assert ended - started < 10, ended - started
+
+
+def test_a_slow_rank_is_no_desync(tmp_path):
+    """Rank 1 computes for 3 s while the others wait in the collective: 3x the (lowered) patience, no report."""
+    r = ok(launch(SCRIPT, "straggle", tmp_path, nproc=3, timeout=120, env={"DDPKIT_DESYNC_AFTER": "1"}))
+    assert "Desync" not in r.stderr and "FINAL" in r.stdout
+
+
+@pytest.mark.parametrize("raw", [b"[" * 100000, b"x" * 5000, b'{"op": 1, "at": "a", "seq": 0, "tensors": []}',
+                                 b'{"op": "all_reduce", "at": "a", "seq": "7", "tensors": []}', b"\xff\xfe", b"[]"])
+def test_a_crafted_post_in_the_store_is_no_rank_state(raw):
+    assert desync._parse(raw) is None
+
+
+def test_a_crafted_list_of_models_at_exit_checks_none():
+    assert replicas.parse_live(b"[" * 100000) == set() and replicas.parse_live(b"[1e400, true, 3]") == {3}
+
+
+def test_check_options_are_one_line_errors():
+    for every, heal in (("often", False), (-1, False), (True, False), ("auto", "yes"), ("auto", 1)):
+        with pytest.raises(ValueError, match=r"^(check_sync_every|heal)="):
+            replicas.validate(every, heal)

@@ -1,0 +1,47 @@
+"""Replicas that leave each other, and ranks that wait in different collectives (issue 47):
+``ddpkit launch --nproc-per-node N divergence.py CASE OUT [CHECK] [HEAL]``.
+
+CASE: clean, flip (rank 1 flips bit 5 of one weight after step 12's optimizer step), skip (rank 1 skips step
+12's optimizer.step()), desync (rank 1 all_reduces where the others broadcast, at step 5), straggle (rank 1
+sleeps 3 s before a collective every rank calls, at step 5). CHECK: check_sync_every ('auto' or K); HEAL:
+'no', 'yes' or 'rank0'. Each rank saves its final weights to OUT/rank<R>.pt.
+"""
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import ddpkit
+
+case, out = sys.argv[1], sys.argv[2]
+check = sys.argv[3] if len(sys.argv) > 3 else "auto"
+heal = {"no": False, "yes": True, "rank0": "rank0"}[sys.argv[4] if len(sys.argv) > 4 else "no"]
+state = ddpkit.init(seed=0, timeout_s=900)
+rank = state.rank
+model = ddpkit.prepare_model(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)),
+                             check_sync_every=check if check == "auto" else int(check), heal=heal)
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+data = torch.Generator().manual_seed(1)  # the same batches on every rank: the fault is the only difference
+for step in range(40):
+    loss = model(torch.randn(8, 16, generator=data)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    if not (case == "skip" and rank == 1 and step == 12):
+        opt.step()
+    if case == "flip" and rank == 1 and step == 12:
+        with torch.no_grad():  # what a cosmic ray does: one bit of one element
+            ddpkit.unwrap(model)[0].weight.view(-1).view(torch.int32)[17] ^= 1 << 5
+    if case == "desync" and step == 5:
+        print(f"DESYNC-AT {time.time()}", flush=True)
+        if rank == 1:
+            dist.all_reduce(torch.ones(1024))
+        else:
+            dist.broadcast(torch.ones(1024), 0)
+    if case == "straggle" and step == 5:
+        if rank == 1:
+            time.sleep(3)
+        dist.all_reduce(torch.ones(4))
+torch.save({k: v.clone() for k, v in ddpkit.unwrap(model).state_dict().items()}, f"{out}/rank{rank}.pt")
+print("FINAL", flush=True)
