@@ -145,8 +145,19 @@ def phase_report(reps):
             "phase_report_pairs": len(found["wall_ratios"]), "phase_report_off_steps_per_s": found["steps_per_s"]}
 
 
+def guards(reps):
+    """The divergence guards' cost (issue 47): replica fingerprints and the desync watch on against off, in blocks
+    of 50 steps of one 2-rank job (benchmarks/guard_ab.py), ``60 * reps`` pairs, as :func:`phase_report` does."""
+    found = run([sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", "2", "--log-dir",
+                 str(RESULTS / "logs"), str(ROOT / "benchmarks" / "guard_ab.py"), "--pairs", str(60 * reps),
+                 "--block", "50"], timeout=3600)
+    return {**interval("guards_step_ratio", found["wall_ratios"]), **interval("guards_cpu_ratio", found["cpu_ratios"]),
+            "guards_pairs": len(found["wall_ratios"]), "guards_check_every": found["check_every"]}
+
+
 def main():
-    parts = {"step": step_and_memory, "phases": phase_report, "import": imports, "first_step": launch_to_first_step,
+    parts = {"step": step_and_memory, "phases": phase_report, "guards": guards, "import": imports,
+             "first_step": launch_to_first_step,
              "scaling": lambda reps: scaling(reps), "comm": lambda reps: comm_options(reps),
              "peers": lambda reps: peers(reps), "sharded": sharded, "compile": compiled,
              "stream": streaming, "accum": accumulation, "async_ckpt": background_checkpoints,

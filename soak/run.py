@@ -5,8 +5,12 @@
 - clean exit: a minimal ddpkit DDP script must exit 0 within 15 s of its last step (clean_exits).
 - exception: one rank raises; worst time until the launcher has exited (exception_stop_s).
 - hang: rank 0 calls an all_reduce that rank 1 skips; worst time from the hang to the report (hang_report_s).
+- stragglers: the suite's straggler worker (tests/workers/phases_train.py) with one rank slow in data, compute or
+  the optimizer, every step logged through an all-reduce and a SyncBatchNorm, at 3 ranks, the desync watch at
+  0.2 s (15x more eager than its default); a desync reported there is a false alarm (desync_false_alarms).
 
 Usage: python soak/run.py [--kills 20] [--exits 50] [--exceptions 5] [--hangs 3] [--hang-timeout 10]
+       [--stragglers 30]
 Bounded: about 12 minutes with the defaults on 2 cores. Results also go to soak/results/latest.json.
 """
 import argparse
@@ -98,6 +102,20 @@ def hang_run(timeout_s):
     return code == 3 and "HANG" in err, (end - float(start.group(1))) if start else float("inf")
 
 
+def straggler_run(index):
+    """One slow rank (in turn: data, compute, optimizer), 0.1-0.4 s a step: no desync may be reported."""
+    kind = ("data", "compute", "optimizer")[index % 3]
+    env = {**ENV, "PHASES_SLOW": f"{kind}:{index % 3}", "PHASES_SLEEP": str(0.025 * (1 + index % 4)),
+           "PHASES_STEPS": "8", "PHASES_LOG": "1", "PHASES_BN": "1", "DDPKIT_DESYNC_AFTER": "0.2"}
+    cmd = [sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", "3", str(WORKERS / "phases_train.py")]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    code, _, err, _ = finish(proc, timeout=120)
+    if code != 0 or "Desync" in err:
+        print(f"soak: straggler run {index} ({kind}): code {code}\n{err[-2000:]}", file=sys.stderr)
+    return code == 0, "Desync" in err
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--kills", type=int, default=20)
@@ -105,6 +123,7 @@ def main():
     p.add_argument("--exceptions", type=int, default=5)
     p.add_argument("--hangs", type=int, default=3)
     p.add_argument("--hang-timeout", type=float, default=10.0)
+    p.add_argument("--stragglers", type=int, default=30)
     args = p.parse_args()
     random.seed(os.getpid())
     train_args = ["--epochs", "4", "--step-sleep", "0.08", "--save-every", "3"]
@@ -130,6 +149,9 @@ def main():
     hangs = [hang_run(args.hang_timeout) for _ in range(args.hangs)]
     result.update(hang_runs=len(hangs), hang_reported=sum(ok for ok, _ in hangs), hang_timeout_s=args.hang_timeout,
                   hang_report_s=round(max((s for _, s in hangs), default=0.0), 2))
+    stragglers = [straggler_run(i) for i in range(args.stragglers)]
+    result.update(straggler_runs=len(stragglers), straggler_clean=sum(ok for ok, _ in stragglers),
+                  desync_false_alarms=sum(alarm for _, alarm in stragglers))
     (ROOT / "soak" / "results").mkdir(exist_ok=True)
     (ROOT / "soak" / "results" / "latest.json").write_text(json.dumps(result) + "\n")
     print(json.dumps(result))

@@ -69,6 +69,7 @@ with Join([model]):
     results["torch_join_steps"] = train(model, uneven)
 results["after_join_steps"] = train(model, ddpkit.data_loader(data, 2))
 results["weights"] = [float(p.detach().double().sum()) for p in model.parameters()]
+kept = next(model.parameters()).detach().clone()
 if state.rank == 1:  # a real desync: the next training step's check must still see it
     with torch.no_grad():
         next(model.parameters()).add_(1.0)
@@ -77,5 +78,7 @@ try:
     results["desync"] = None
 except RuntimeError as exc:
     results["desync"] = str(exc)
+with torch.no_grad():  # caught before any step trained on it: put back, or the check at the job's end says it
+    next(model.parameters()).copy_(kept)
 with open(os.path.join(sys.argv[1], f"rank{state.rank}.json"), "w") as f:
     json.dump(results, f)

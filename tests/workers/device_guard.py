@@ -192,6 +192,17 @@ def main():
         for step in steps:
             for x in step.micro_batches(model):
                 step.backward(model(x.float().unsqueeze(1).expand(-1, 4)).sum())
+        if state.mode == "ddp":  # the replicas' checks, a difference found and healed (issue 47)
+            torch.manual_seed(0)
+            twin = ddpkit.prepare_model(nn.Linear(4, 1), check_sync_every=1, heal="rank0")
+            twin_opt = torch.optim.Adam(twin.parameters())  # its step count is a CPU tensor: healed through the device
+            for i in range(3):
+                twin(torch.ones(2, 4)).sum().backward()
+                twin_opt.step()
+                twin_opt.zero_grad()
+                if i == 1 and rank == 1:
+                    with torch.no_grad():
+                        ddpkit.unwrap(twin).weight.add_(1.0)
     everyone = ddpkit.gather_object({"violations": guard.violations, "callers": sorted(guard.callers)})
     if state.is_main:
         with open(os.path.join(out, f"guard-{state.mode}.json"), "w") as f:

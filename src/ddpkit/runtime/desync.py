@@ -1,4 +1,4 @@
-"""Collective desync caught in seconds, not at the process group's timeout: ranks waiting in different collectives.
+r"""Collective desync caught in seconds, not at the process group's timeout: ranks waiting in different collectives.
 
 A thread of each rank looks at the main thread twice a second (its Python stack and the group's collective
 sequence number: no collective, no per-step cost). Once the main thread has waited in one collective for
@@ -20,6 +20,8 @@ Example (what a rank waits in, and the verdict over every rank's)::
     ranks wait in different collectives: rank 1 is in all_reduce(float32[1024]) at train.py:88 (collective #7);
     ranks 0, 2 are in broadcast(float32[1024]) at train.py:93 (collective #7)
     >>> verdict([a, a]) is None
+    True
+    >>> verdict([dict(a, op="backward", seq=9), dict(a, op="backward", seq=7)]) is None  # one still computing
     True
 """
 
@@ -92,8 +94,15 @@ def _tensors(arguments: list[Any]) -> list[str]:
 
 
 def _said(state: dict[str, Any]) -> str:
-    op = state["op"] if state["op"] == "backward" else f"{state['op']}({', '.join(state['tensors'])})"
-    return f"{op} at {state['at']} (collective #{state['seq']})"
+    """How a rank's wait reads, and what ranks are grouped by. In backward, the sequence number is left out: a rank
+    still computing its backward has issued fewer of DDP's bucket all-reduces than one that waits for them.
+
+    >>> _said({"op": "backward", "tensors": [], "at": "t.py:9", "seq": 4})
+    'backward at t.py:9'
+    """
+    if state["op"] == "backward":
+        return f"backward at {state['at']}"
+    return f"{state['op']}({', '.join(state['tensors'])}) at {state['at']} (collective #{state['seq']})"
 
 
 def verdict(states: list[dict[str, Any]]) -> str | None:

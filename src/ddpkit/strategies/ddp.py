@@ -80,7 +80,9 @@ class DDPStrategy(Strategy):
             ddp_kwargs = {**comm.ddp_kwargs(), **ddp_kwargs}
         wrapped = DDP(model, device_ids=device_ids, check_sync_every=options.check_sync_every,
                       heal=options.heal, **ddp_kwargs)
-        if not (tools and tools.on_ddp(wrapped)) and comm is not None:
+        if tools and tools.on_ddp(wrapped):
+            wrapped._replicas.every = 0  # the tool's own hook may sync nothing (bench's compute-only timing run)
+        elif comm is not None:
             comm_options.register(wrapped, comm, state.backend or "gloo")
         return wrapped
 

@@ -89,10 +89,13 @@ class DDP(PlainStateDict, DistributedDataParallel):
         # (logger, reducer), which would otherwise land in the user's module when it has such a name
         state = dict(super().__getstate__())
         state.pop("_forwarding", None)
+        state.pop("_replicas", None)  # it holds the process group, which torch's DDP leaves out too
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
+        # a copy (an EMA model, copy.deepcopy) is no replica the ranks train in step: not checked
+        self.__dict__["_replicas"] = Replicas(self.module, self.process_group, every=0)
         self.__dict__["_forwarding"] = True
 
     # Not traced by torch.compile (only this frame: the module inside is compiled as usual, with DDP's bucket
@@ -104,8 +107,11 @@ class DDP(PlainStateDict, DistributedDataParallel):
         if self.training and torch.is_grad_enabled() and not joined:
             if self._training_steps == 0:  # always, once: ranks that start different never meet again
                 self._check_start()
-            elif self._replicas.due(self._training_steps):
-                self._replicas.check(self._training_steps)
+            else:  # inline, not a call: dynamo would trace a callee of this frame (see Replicas.check)
+                replicas = self._replicas
+                replicas.seen = self._training_steps
+                if replicas.every and self._training_steps >= replicas.next and replicas.tensors:
+                    replicas.check(self._training_steps)
             self._training_steps += 1
         process.heartbeat()
         if (stamp := process.current().on_ddp_forward) is not None:

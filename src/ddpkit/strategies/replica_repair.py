@@ -36,7 +36,7 @@ class Finding:
 
     step: int
     agreed: int  # the step of the last check that found the replicas equal
-    steps: list[int]  # optimizer steps per rank
+    steps: list[int]  # optimizer steps per rank since the last check that found the replicas equal
     classes: list[list[int]]
     majority: list[int] | None
     reference: int  # whose weights are the reference: the majority's lowest rank, else rank 0
@@ -56,7 +56,7 @@ class Finding:
         return f"{_ranks(odd)} {verb} from {_ranks(mine)} (no majority: which is right cannot be told)"
 
     def why(self) -> str:
-        if not self.detail:  # the weights agree; only the optimizer-step counts differ
+        if not self.detail:  # no tensor differs: the mixed fingerprints collided (one in 2**64)
             return cause(self.steps, 0, 0, 0, 0, 0, 0.0, 0.0)
         first = self.detail[self.odd()[0]]
         differing, elements, bits, bit, element = (int(v) for v in first[:5])
@@ -90,7 +90,7 @@ def cause(steps: list[int], differing: int, elements: int, bits: int, bit: int, 
 
     >>> cause([10, 9, 10], 40, 4096, 0, 0, 0, 0.5, 1.0)[:40]
     'rank 1 took 9 optimizer steps, the other'
-    >>> cause([4, 4], 1, 100, 1, 3, 7, 1e-6, 1.0)[:34]
+    >>> cause([4, 4], 1, 100, 1, 3, 7, 1e-6, 1.0)[:35]
     'one bit flipped (bit 3 of element 7'
     >>> cause([4, 4], 100, 100, 0, 0, 0, 1e-7, 1.0)[:30]
     'small differences in every ele'
@@ -164,7 +164,6 @@ def heal(replicas: Any, found: Finding, differing: Sequence[torch.Tensor]) -> No
             for (state, key, old), new in zip(numbers, values.tolist()):
                 state[key] = type(old)(new)
             moved += 8 * len(numbers)
-    replicas.optimizer_steps = found.steps[src]
     if dist.get_rank(group) == 0:
         print(f"ddpkit: healed {_ranks(found.odd())} at step {found.step} from rank {src}: {len(found.tensors)} "
               f"tensor(s) differed (first {found.tensors[0] if found.tensors else '-'}: {found.why()}); copied "
@@ -189,9 +188,9 @@ def _gather_ints(local: torch.Tensor, group: Any) -> list[int]:
 def _copy_from(tensor: torch.Tensor, src: int, group: Any, device: torch.device) -> int:
     """Rank ``src``'s ``tensor`` into everyone's, through the group's device (Adam's step count is a CPU tensor)."""
     data = tensor.detach()
-    carrier = data if data.device == device and data.is_contiguous() else data.contiguous().to(device)
+    carrier = data.contiguous().to(device)  # itself when it is there already
     dist.broadcast(carrier, _global(group, src), group=group)
-    if carrier is not data:
+    if carrier.data_ptr() != data.data_ptr():
         data.copy_(carrier)
     return data.numel() * data.element_size()
 

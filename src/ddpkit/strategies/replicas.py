@@ -81,7 +81,7 @@ def odd_weights(count: int, device: torch.device) -> torch.Tensor:
 
 
 class Replicas:
-    """The fingerprint checks of one DDP model: :meth:`due` and :meth:`check`, called by its forward."""
+    """The fingerprint checks of one DDP model: its forward calls :meth:`check` once ``next`` steps are done."""
 
     def __init__(self, module: nn.Module, group: Any, *, every: int | str = "auto", heal: bool | str = False,
                  buffers: bool = True, ignore: frozenset[str] = frozenset(), local: frozenset[str] = frozenset()):
@@ -101,18 +101,12 @@ class Replicas:
         self.check_s = 0.0  # what the last check took
         self.since = (time.perf_counter(), 0)  # when the last check ended, and at which step
         self.agreed = 0  # the step of the last check that found the replicas equal
+        self.baseline: list[int] = []  # each rank's optimizer steps then (a joined rank steps less: a new baseline)
         self.seen = 0  # training steps so far
         self.serial, self.pid = next(_SERIAL), os.getpid()  # a worker forked from a kernel holds its models too
         _LIVE.add(self)
         if not _HOOKED:  # torch's global hook: counts each optimizer's steps, nothing of the optimizer changes
             _HOOKED.append(register_optimizer_step_post_hook(_count_step))
-
-    # Called from DDP's untraced forward, whose callees dynamo would trace: the step number changes every call and
-    # would recompile them each step (torch.compile of a prepared model must meet nothing of ddpkit's)
-    @torch.compiler.disable
-    def due(self, step: int) -> bool:
-        self.seen = step
-        return self.every > 0 and bool(self.tensors) and step >= self.next
 
     def owns(self, optimizer: Any) -> bool:
         """Whether ``optimizer`` steps this model's parameters (asked once per optimizer)."""
@@ -121,6 +115,8 @@ class Replicas:
                                              for p in g["params"])
         return self.optimizers[optimizer]
 
+    # Called from DDP's untraced forward, whose callees dynamo would trace: the step number changes every call and
+    # would recompile it each step (torch.compile of a prepared model must meet nothing of ddpkit's)
     @torch.compiler.disable
     def check(self, step: int) -> None:
         """Compare the replicas; raise (every rank, one line) or heal when they differ."""
@@ -131,13 +127,13 @@ class Replicas:
         mixed = (sums * odd_weights(len(sums), sums.device)).sum()
         mine = torch.stack([mixed, sums.new_tensor(self.optimizer_steps), sums.new_tensor(proposal)])
         rows = self._gather(mine)
-        if len({(int(r[0]), int(r[1])) for r in rows}) > 1:
+        if len({int(r[0]) for r in rows}) > 1:  # the weights; step counts differ by design after a join
             self._differ(step, sums, rows)
         if not self.auto:  # asked for by the script: NaN / inf on every rank (a divergence, the ranks agree) too
             finite = torch.stack([torch.isfinite(t).all() for t in self.tensors])
             if not bool(finite.all()):
                 raise ReplicaError(diverged_line(self.names[int((~finite).nonzero()[0])]))
-        self.agreed = step
+        self.agreed, self.baseline = step, [int(r[1]) for r in rows]
         self.every = max(int(r[2]) for r in rows)
         self.next = step + self.every
         self.since = (time.perf_counter(), step)
@@ -151,14 +147,15 @@ class Replicas:
     def _differ(self, step: int, sums: torch.Tensor, rows: torch.Tensor) -> None:
         """Every rank is here (each saw the same rows): name what differs, then heal or raise."""
         per_tensor = self._gather(sums)  # (ranks, tensors)
-        classes: dict[tuple[int, int], list[int]] = {}
+        classes: dict[int, list[int]] = {}
         for rank, row in enumerate(rows.tolist()):
-            classes.setdefault((row[0], row[1]), []).append(rank)
+            classes.setdefault(row[0], []).append(rank)
         ordered = sorted(classes.values(), key=lambda ranks: (-len(ranks), ranks[0]))
         majority = ordered[0] if len(ordered[0]) * 2 > len(rows) else None
         reference = majority[0] if majority else 0
         differing = [i for i in range(per_tensor.shape[1]) if bool((per_tensor[:, i] != per_tensor[0, i]).any())]
-        found = replica_repair.Finding(step, self.agreed, [int(s) for s in rows[:, 1]], ordered, majority,
+        since = [int(r[1]) - (self.baseline[i] if self.baseline else 0) for i, r in enumerate(rows)]
+        found = replica_repair.Finding(step, self.agreed, since, ordered, majority,
                                        reference, [self.names[i] for i in differing])
         if differing:
             found.detail = replica_repair.compare(self.tensors[differing[0]], reference, self.group)

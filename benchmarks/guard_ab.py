@@ -1,0 +1,76 @@
+"""The divergence guards' cost (issue 47), in one job: blocks of training steps with the guards on and off in turn.
+
+``ddpkit launch --nproc-per-node 2 guard_ab.py --pairs 40 --block 200``: two DDP models of the same weights, one
+with the replica fingerprints on (``check_sync_every='auto'``, the default) and one with them off (``0``); "on"
+blocks train the first with this rank's desync watch running, "off" blocks the second with the watch stopped. The
+order within a pair alternates and both ranks switch together. Rank 0 prints one ``BENCH`` line: per pair, the
+on/off ratio of the block's wall time (the slower rank's) and of rank 0's process CPU time.
+"""
+import argparse
+import json
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import ddpkit
+from ddpkit.core import process
+from ddpkit.runtime import desync
+
+p = argparse.ArgumentParser()
+p.add_argument("--pairs", type=int, default=40)
+p.add_argument("--block", type=int, default=200)
+p.add_argument("--width", type=int, default=512)
+p.add_argument("--batch", type=int, default=64)
+args = p.parse_args()
+torch.set_num_threads(1)
+state = ddpkit.init(seed=0)
+
+
+def net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(args.width, args.width), nn.ReLU(), nn.Linear(args.width, args.width), nn.ReLU(),
+                         nn.Linear(args.width, 10))
+
+
+models = {True: ddpkit.prepare_model(net()), False: ddpkit.prepare_model(net(), check_sync_every=0)}
+optimizers = {on: torch.optim.SGD(m.parameters(), lr=0.01) for on, m in models.items()}
+data = TensorDataset(torch.randn(args.batch * state.world_size * args.block, args.width),
+                     torch.randint(0, 10, (args.batch * state.world_size * args.block,)))
+loader = ddpkit.data_loader(data, batch_size=args.batch)
+watch = process.current().desync
+
+
+def block(on):
+    global watch
+    if on and watch is None:
+        watch = desync.start(state, desync.MIN_WAIT_S, lambda rank, line: print(line, flush=True))
+    if not on and watch is not None:
+        watch.stopped.set()
+        watch = None
+    model, opt = models[on], optimizers[on]
+    wall, cpu = time.perf_counter(), time.process_time()
+    for x, y in loader:
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    slowest = torch.tensor([wall], dtype=torch.float64)
+    if state.world_size > 1:
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return slowest.item(), cpu
+
+
+block(False), block(True)  # warm-up: caches, the allocator, the first checks that set the cadence
+wall_ratios, cpu_ratios = [], []
+for pair in range(args.pairs):
+    order = (True, False) if pair % 2 else (False, True)
+    got = {on: block(on) for on in order}
+    wall_ratios.append(got[True][0] / got[False][0])
+    cpu_ratios.append(got[True][1] / got[False][1])
+if state.rank == 0:
+    print("BENCH " + json.dumps({"impl": "guard_ab", "wall_ratios": wall_ratios, "cpu_ratios": cpu_ratios,
+                                 "block_steps": args.block, "steps_per_s": args.block / got[False][0],
+                                 "check_every": models[True]._replicas.every}), flush=True)
