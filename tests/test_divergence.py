@@ -50,6 +50,21 @@ def test_with_two_ranks_rank0_wins_when_asked(tmp_path):
     assert _bitwise_equal(a, b)
 
 
+def test_hsdp_replicas_are_compared_shard_by_shard_named_by_job_rank_and_healed(tmp_path):
+    """hsdp, 2 replicas of 2 shards: rank 3 holds the same shard as rank 1; its flipped bit is named with the job's
+    ranks, and healed to the weights of a run without it."""
+    hsdp = ["--mode", "hsdp"]
+    for name in ("clean", "named", "healed"):
+        (tmp_path / name).mkdir()
+    ok(launch(SCRIPT, "clean", tmp_path / "clean", nproc=4, launcher_args=hsdp, timeout=150))
+    r = launch(SCRIPT, "flip", tmp_path / "named", "1", nproc=4, launcher_args=hsdp, timeout=150)
+    assert r.returncode != 0 and "replicas out of sync at step 13 (equal at step 12): rank 3 differs from rank 1 " \
+        "(no majority" in r.stderr and "one bit flipped (bit 5 of element 17)" in r.stderr, r.stderr[-3000:]
+    ok(launch(SCRIPT, "flip", tmp_path / "healed", "1", "rank0", nproc=4, launcher_args=hsdp, timeout=150))
+    clean, healed = _weights(tmp_path / "clean", 1), _weights(tmp_path / "healed", 1)
+    assert _bitwise_equal(clean[0], healed[0])
+
+
 def test_a_skipped_optimizer_step_is_named_by_default(tmp_path):
     """Default checks ('auto'): caught at a check or, at the latest, as the job ends; never a silent exit 0."""
     r = launch(SCRIPT, "skip", tmp_path, nproc=3, timeout=120)

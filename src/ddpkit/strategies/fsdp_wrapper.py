@@ -88,6 +88,27 @@ def shard_blocks(model: nn.Module, state: Any, shard: Shard, fsdp_kwargs: Mappin
                 module.set_force_sum_reduction_for_comms(True)
 
 
+def check_replicas(wrapped: nn.Module, every: int | str, heal: bool | str) -> None:
+    """hsdp: compare each rank's shards with the same shards of the other replicas (the mesh's replica
+    dimension), as ddp compares whole replicas. Nothing when there is one replica."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from ddpkit.strategies.consistency import local_buffers
+    from ddpkit.strategies.replicas import Replicas
+
+    root = wrapped.module
+    assert isinstance(root, nn.Module)
+    sharded = [p for p in root.parameters() if isinstance(p, DTensor)]
+    names = sharded[0].device_mesh.mesh_dim_names if sharded else None
+    if not names or "replicate" not in names:
+        return
+    group = sharded[0].device_mesh.get_group("replicate")
+    if dist.get_world_size(group) > 1:
+        local = frozenset(local_buffers(root))
+        wrapped.__dict__["_replicas"] = Replicas(root, group, every=every, heal=heal, local=local)
+
+
 def broadcast_from_rank0(model: nn.Module, state: Any) -> None:
     """Every rank takes rank 0's parameters and buffers (what DDP does at wrap time), so the sharded model is
     the one a single process with rank 0's seed builds. Tensors are on ``state.device`` (NCCL needs them there)."""
@@ -152,6 +173,8 @@ class FSDP(ForwardsAttributes, nn.Module):
         super().__init__()
         self.module = module
         self._forward_methods: dict[str, Any] = {}
+        self._replicas: Any = None  # hsdp: the replicas' checks (check_replicas)
+        self._training_steps = 0
         self.start_forwarding()
 
     def _forwarded(self, inner: nn.Module, name: str, value: Any) -> Any:
@@ -159,6 +182,12 @@ class FSDP(ForwardsAttributes, nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any):
         process.heartbeat()
+        replicas = self._replicas
+        if replicas is not None and self.training and torch.is_grad_enabled():
+            replicas.seen = self._training_steps
+            if replicas.every and self._training_steps >= replicas.next:
+                replicas.check(self._training_steps)
+            self._training_steps += 1
         out = self.module(*args, **kwargs)
         if not torch.is_grad_enabled():
             # FSDP2 keeps the root gathered after a forward, for the backward; with none coming (evaluation, a

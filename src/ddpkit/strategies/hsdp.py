@@ -7,8 +7,8 @@ sharded checkpoints (DCP reshards: a checkpoint of 2 x 2 resumes as 1 x 4, in fs
 
 Example::
 
-    >>> HSDPStrategy().options({"shard_size": 2, "shard": 4096, "check_sync_every": 50})
-    HSDPOptions(init_fn=None, sync_batchnorm=True, shard=4096, fsdp_kwargs={}, shard_size=2)
+    >>> HSDPStrategy().options({"shard_size": 2, "shard": 4096, "check_sync_every": 50})  # doctest: +ELLIPSIS
+    HSDPOptions(init_fn=None, sync_batchnorm=True, shard=4096, fsdp_kwargs={}, shard_size=2, check_sync_every=50, ...)
     >>> mesh_shape(world_size=8, local_world_size=4, shard_size=None)   # 2 nodes of 4: (replicas, shard)
     (2, 4)
 
@@ -27,9 +27,12 @@ from ddpkit.strategies.fsdp import FSDPOptions, FSDPStrategy
 @dataclasses.dataclass(frozen=True)
 class HSDPOptions(FSDPOptions):
     """fsdp's options, and ``shard_size``: how many processes share one copy of the model (default: the
-    processes of one node, ``local_world_size``); the world size must be a multiple of it."""
+    processes of one node, ``local_world_size``); the world size must be a multiple of it. ``check_sync_every``
+    and ``heal`` as in ddp: each rank's shards are compared with the same shards of the other replicas."""
 
     shard_size: int | None = None
+    check_sync_every: int | str = "auto"
+    heal: bool | str = False
 
 
 def mesh_shape(world_size: int, local_world_size: int, shard_size: Any) -> tuple[int, int]:
@@ -59,6 +62,16 @@ class HSDPStrategy(FSDPStrategy):
     name = "hsdp"
     title = "hybrid sharding (FSDP2, 2-D mesh)"
     options_type = HSDPOptions
+
+    def wrap(self, model: Any, state: Any, **given: Any) -> Any:
+        """fsdp's wrap, then the replicas' checks across the groups: each rank's shards against the same shards
+        of the other replicas (:class:`~ddpkit.strategies.replicas.Replicas` over the mesh's replica dimension)."""
+        from ddpkit.strategies import fsdp_wrapper
+
+        wrapped = super().wrap(model, state, **given)
+        options = self.options(given)
+        fsdp_wrapper.check_replicas(wrapped, options.check_sync_every, options.heal)
+        return wrapped
 
     def mesh(self, state: Any, options: Any) -> tuple[int, ...]:
         """The agreed shape, said once. Collective: the default (one node's processes) is the same on every rank

@@ -41,7 +41,11 @@ class Finding:
     majority: list[int] | None
     reference: int  # whose weights are the reference: the majority's lowest rank, else rank 0
     tensors: list[str]  # the names of the tensors that differ, in the model's order
+    ranks: list[int] | None = None  # a rank of the group -> its rank in the job (None: the same)
     detail: list[list[float]] | None = None  # per rank, for the first differing tensor (see _DETAIL)
+
+    def job(self, ranks: Sequence[int]) -> list[int]:
+        return [self.ranks[r] for r in ranks] if self.ranks else list(ranks)
 
     def odd(self) -> list[int]:
         """The ranks outside the reference's group."""
@@ -51,16 +55,18 @@ class Finding:
         odd = self.odd()
         verb = "differs" if len(odd) == 1 else "differ"
         if self.majority:
-            return f"{_ranks(odd)} {verb} from {_ranks(self.majority)}"
+            return f"{_ranks(self.job(odd))} {verb} from {_ranks(self.job(self.majority))}"
         mine = next(group for group in self.classes if self.reference in group)
-        return f"{_ranks(odd)} {verb} from {_ranks(mine)} (no majority: which is right cannot be told)"
+        return f"{_ranks(self.job(odd))} {verb} from {_ranks(self.job(mine))} (no majority: which is right cannot " \
+               "be told)"
 
     def why(self) -> str:
         if not self.detail:  # no tensor differs: the mixed fingerprints collided (one in 2**64)
-            return cause(self.steps, 0, 0, 0, 0, 0, 0.0, 0.0)
+            return cause(self.steps, 0, 0, 0, 0, 0, 0.0, 0.0, self.job(range(len(self.steps))))
         first = self.detail[self.odd()[0]]
         differing, elements, bits, bit, element = (int(v) for v in first[:5])
-        return cause(self.steps, differing, elements, bits, bit, element, first[5], first[6])
+        return cause(self.steps, differing, elements, bits, bit, element, first[5], first[6],
+                     self.job(range(len(self.steps))))
 
     def message(self, heal: Any = False) -> str:
         what = (f"in {self.tensors[0]!r}" + (f" and {len(self.tensors) - 1} more tensor(s)" if len(self.tensors) > 1
@@ -83,10 +89,11 @@ def _ranks(ranks: Sequence[int]) -> str:
 
 
 def cause(steps: list[int], differing: int, elements: int, bits: int, bit: int, element: int, largest: float,
-          scale: float) -> str:
+          scale: float, ranks: Sequence[int] | None = None) -> str:
     """The likely cause, from what differs on the first rank outside the majority: its optimizer-step count
     beside the others'; how many of a tensor's ``elements`` differ; the ``bits`` that differ in a single
-    differing element; the largest difference against the tensor's largest magnitude ``scale``.
+    differing element; the largest difference against the tensor's largest magnitude ``scale``; ``ranks``: the
+    job's rank of each (default: the same numbers).
 
     >>> cause([10, 9, 10], 40, 4096, 0, 0, 0, 0.5, 1.0)[:40]
     'rank 1 took 9 optimizer steps, the other'
@@ -98,7 +105,8 @@ def cause(steps: list[int], differing: int, elements: int, bits: int, bit: int, 
     if len(set(steps)) > 1:
         common = max(set(steps), key=steps.count)
         odd = [r for r, s in enumerate(steps) if s != common]
-        return (f"rank {odd[0]} took {steps[odd[0]]} optimizer steps, the others {common}: a step one rank "
+        who = (ranks or range(len(steps)))[odd[0]]
+        return (f"rank {who} took {steps[odd[0]]} optimizer steps, the others {common}: a step one rank "
                 "skipped (an `if` on the rank, or on a value only this rank computed, before optimizer.step())")
     if not math.isfinite(largest):
         return ("NaN or inf on this rank only: a value only this rank computed (its own loss or data) reached "
@@ -165,10 +173,20 @@ def heal(replicas: Any, found: Finding, differing: Sequence[torch.Tensor]) -> No
                 state[key] = type(old)(new)
             moved += 8 * len(numbers)
     if dist.get_rank(group) == 0:
-        print(f"ddpkit: healed {_ranks(found.odd())} at step {found.step} from rank {src}: {len(found.tensors)} "
+        print(f"ddpkit: healed {_ranks(found.job(found.odd()))} at step {found.step} from rank "
+              f"{found.job([src])[0]}: {len(found.tensors)} "
               f"tensor(s) differed (first {found.tensors[0] if found.tensors else '-'}: {found.why()}); copied "
               f"{len(differing)} weight tensor(s) and the state of {len(optimizers)} optimizer(s), "
               f"{moved / 1e6:.3f} MB", file=sys.stderr, flush=True)
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor: a DTensor's local shard (hsdp), else the tensor itself."""
+    if not callable(getattr(tensor, "to_local", None)):
+        return tensor
+    # detached first: the local view of a parameter that needs grad is an autograd view, which a heal may not
+    # write into (the next backward would refuse it)
+    return tensor.detach().to_local()
 
 
 def _device(replicas: Any) -> torch.device:
@@ -187,7 +205,7 @@ def _gather_ints(local: torch.Tensor, group: Any) -> list[int]:
 
 def _copy_from(tensor: torch.Tensor, src: int, group: Any, device: torch.device) -> int:
     """Rank ``src``'s ``tensor`` into everyone's, through the group's device (Adam's step count is a CPU tensor)."""
-    data = tensor.detach()
+    data = local(tensor.detach())
     carrier = data.contiguous().to(device)  # itself when it is there already
     dist.broadcast(carrier, _global(group, src), group=group)
     if carrier.data_ptr() != data.data_ptr():
@@ -206,7 +224,7 @@ def _states(optimizers: Sequence[Any]) -> Iterator[tuple[dict[str, Any], str, An
 
 
 def _state_shape(optimizers: Sequence[Any]) -> str:
-    return json.dumps([[str(key), list(v.shape) if torch.is_tensor(v) else type(v).__name__]
+    return json.dumps([[str(key), list(local(v).shape) if torch.is_tensor(v) else type(v).__name__]
                        for _, key, v in _states(optimizers)])
 
 

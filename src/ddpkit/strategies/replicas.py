@@ -92,10 +92,14 @@ class Replicas:
         self.next = self.every
         skip = set(ignore) | set(local)
         named = list(module.named_parameters()) + (list(module.named_buffers()) if buffers else [])
-        kept = [(n, t) for n, t in named if n not in skip and t.is_floating_point() and t.numel()]
+        kept = [(n, replica_repair.local(t)) for n, t in named if n not in skip and t.is_floating_point()]
+        kept = [(n, t) for n, t in kept if t.numel()]  # a shard may be empty (more ranks than rows)
         self.names = [n for n, _ in kept]
         self.tensors = [t for _, t in kept]
         self.params = {id(p) for p in module.parameters()}
+        # a rank of the group -> its rank in the job (hsdp's replica groups are not the whole job)
+        self.ranks = [dist.get_global_rank(group, r) for r in range(dist.get_world_size(group))] if group \
+            is not None else list(range(dist.get_world_size()))
         self.optimizers: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         self.optimizer_steps = 0
         self.check_s = 0.0  # what the last check took
@@ -156,7 +160,7 @@ class Replicas:
         differing = [i for i in range(per_tensor.shape[1]) if bool((per_tensor[:, i] != per_tensor[0, i]).any())]
         since = [int(r[1]) - (self.baseline[i] if self.baseline else 0) for i, r in enumerate(rows)]
         found = replica_repair.Finding(step, self.agreed, since, ordered, majority,
-                                       reference, [self.names[i] for i in differing])
+                                       reference, [self.names[i] for i in differing], self.ranks)
         if differing:
             found.detail = replica_repair.compare(self.tensors[differing[0]], reference, self.group)
         if not (self.heal is True and majority or self.heal == "rank0"):
