@@ -115,7 +115,7 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
         first = len(range(0, sampler.size, state.world_size))  # rank 0 has the most samples, so the most batches
         equal = first // batch_size if loader_kwargs.get("drop_last") else -(-first // batch_size)
     loader = ShardedDataLoader(dataset, batch_size=batch_size, sampler=sampler, join=train and uneven == "join",
-                               equal_steps=equal, **loader_kwargs)
+                               equal_steps=equal, train=train, **loader_kwargs)
     if train:
         mode = state.strategy
         _announce(loader, state, tools, batch_size * mode.batch_share(state),

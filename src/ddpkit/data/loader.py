@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader
 
 from ddpkit.core import process
 from ddpkit.data.samplers import EpochSampler
+from ddpkit.strategies import replicas
 
 __all__ = ["Observed", "ShardedDataLoader", "empty_batch"]
 
@@ -85,10 +86,11 @@ class ShardedDataLoader(Observed, DataLoader):
                     break                      # the next pass is epoch + 1's order
     """
 
-    def __init__(self, *args: Any, join: bool = False, equal_steps: int | None = None, **kwargs: Any):
+    def __init__(self, *args: Any, join: bool = False, equal_steps: int | None = None, train: bool = False,
+                 **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.epoch = 0
-        self.join = join
+        self.join, self.train = join, train
         self.equal_steps = equal_steps  # pass length of every rank: shorter ranks end with empty batches
         self._observers = []
         self.steps_taken = 0  # batches handed out, all passes together
@@ -193,6 +195,10 @@ class ShardedDataLoader(Observed, DataLoader):
                 process.heartbeat()
                 yield batch
             finished = True
+            if self.train and not self.join and not process.current().joining:
+                # every rank ends the pass at the same step: the replicas are compared there too, so a script that
+                # ends with dist.destroy_process_group() (no check at the job's end) has its last epoch checked
+                replicas.check_all()
         finally:  # at the end, and at a `break` (CPython closes the iterator as the loop is left)
             if number == self._passes:
                 self._close_pass(finished)

@@ -6,7 +6,9 @@ sequence number: no collective, no per-step cost). Once the main thread has wait
 still, the rank posts what it waits in to the job's store (never a collective: those are what hang): the
 collective's kind, its tensors' dtypes and shapes, the script's file:line and the sequence number. When every
 rank has posted and they do not all wait in the same collective, the ranks are desynchronised: one line, written
-as this rank's failure for the launcher's report, and the rank exits, long before the timeout.
+as this rank's failure for the launcher's report, and the rank exits, long before the timeout. DDP's gradient
+all-reduces run in C++ inside the backward, where a rank may as well be computing: ranks there are listed, but
+only two different collectives of the script's make a desync.
 
 Ranks that all wait in the same collective at the same line are merely slow (a straggler, or a hang that the
 timeout reports as before): nothing is said. A rank that is not in a collective (computing, loading) posts
@@ -21,7 +23,7 @@ Example (what a rank waits in, and the verdict over every rank's)::
     ranks 0, 2 are in broadcast(float32[1024]) at train.py:93 (collective #7)
     >>> verdict([a, a]) is None
     True
-    >>> verdict([dict(a, op="backward", seq=9), dict(a, op="backward", seq=7)]) is None  # one still computing
+    >>> verdict([a, dict(a, op="backward")]) is None  # the other rank may still be computing its backward
     True
 """
 
@@ -56,9 +58,11 @@ _LIBRARIES = tuple(os.path.dirname(m.__file__ or "") + os.sep for m in (torch, s
 
 
 def where(frame: FrameType | None) -> dict[str, Any]:
-    """What a thread whose innermost frame is ``frame`` is doing: ``op`` (a collective's name, ``backward``,
-    or None), its tensors (``float32[1024]``), and ``at``: the script's file:line that called it (outside a
-    collective, the script's innermost line)."""
+    """What a thread whose innermost frame is ``frame`` is doing: ``op`` (a collective's name, or None), its
+    tensors (``float32[1024]``), and ``at``: the script's file:line that called it (outside a collective, the
+    script's innermost line). ``backward``: inside a backward, where DDP's all-reduces run in C++ and a rank may
+    as well be computing (a straggler) as waiting; a collective a backward calls from Python (SyncBatchNorm's) is
+    named as itself."""
     op, tensors, outer, first_user = None, [], None, None
     while frame is not None:
         code = frame.f_code
@@ -94,24 +98,20 @@ def _tensors(arguments: list[Any]) -> list[str]:
 
 
 def _said(state: dict[str, Any]) -> str:
-    """How a rank's wait reads, and what ranks are grouped by. In backward, the sequence number is left out: a rank
-    still computing its backward has issued fewer of DDP's bucket all-reduces than one that waits for them.
-
-    >>> _said({"op": "backward", "tensors": [], "at": "t.py:9", "seq": 4})
-    'backward at t.py:9'
-    """
+    """How a rank's wait reads, and what ranks are grouped by."""
     if state["op"] == "backward":
         return f"backward at {state['at']}"
     return f"{state['op']}({', '.join(state['tensors'])}) at {state['at']} (collective #{state['seq']})"
 
 
 def verdict(states: list[dict[str, Any]]) -> str | None:
-    """The line for ranks that wait in different collectives (``states[rank]``); None when they all wait in
-    the same one (at the same line, with the same sequence number)."""
+    """The line for ranks that wait in different collectives (``states[rank]``); None when the ranks that wait
+    in a collective of the script's (not a backward: a rank there may be computing) all wait in the same one, at
+    the same line, with the same sequence number."""
     groups: dict[str, list[int]] = {}
     for rank, state in enumerate(states):
         groups.setdefault(_said(state), []).append(rank)
-    if len(groups) < 2:
+    if len({said for said, ranks in groups.items() if states[ranks[0]]["op"] != "backward"}) < 2:
         return None
     ordered = sorted(groups.items(), key=lambda item: (len(item[1]), item[1][0]))
     parts = [f"{'rank' if len(r) == 1 else 'ranks'} {', '.join(map(str, r))} {'is' if len(r) == 1 else 'are'} in "

@@ -22,7 +22,7 @@ from torch.distributed.algorithms.join import JoinHook
 from torch.nn.parallel import DistributedDataParallel
 
 from ddpkit.core import process
-from ddpkit.strategies.consistency import FirstBackwardCheck, check_in_sync, local_buffers
+from ddpkit.strategies.consistency import FirstBackwardCheck, check_in_sync
 from ddpkit.strategies.forwarding import PlainStateDict
 from ddpkit.strategies.replicas import Replicas
 
@@ -71,10 +71,10 @@ class DDP(PlainStateDict, DistributedDataParallel):
         # fresh shutdown hooks (process.reset) but the kernel's _LIVE_DDP; on_shutdown keeps one copy
         process.on_shutdown(_release_reducers, always=True)
         _LIVE_DDP.add(self)
-        # buffers DDP broadcasts from rank 0 at every forward (after the check) may differ by design before it
+        # the parameters: buffers are rank 0's at every forward (broadcast_buffers) or per rank on purpose (without
+        # it: running statistics of any norm layer, a script's own counters), never a sign of a desync
         self._replicas = Replicas(module, self.process_group, every=check_sync_every, heal=heal,
-                                  buffers=not self.broadcast_buffers, ignore=frozenset(self.parameters_to_ignore),
-                                  local=frozenset(local_buffers(module)))
+                                  ignore=frozenset(self.parameters_to_ignore))
         self._training_steps = 0  # counted alike on every rank: see the class docstring
         self._joined = False  # inside a join: from join_hook() (every Join asks for it) to its post-hook
         # static_graph: DDP itself finds, in the first iteration, the parameters that never get a gradient

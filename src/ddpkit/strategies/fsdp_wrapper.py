@@ -94,7 +94,6 @@ def check_replicas(wrapped: nn.Module, every: int | str, heal: bool | str) -> No
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    from ddpkit.strategies.consistency import local_buffers
     from ddpkit.strategies.replicas import Replicas
 
     root = wrapped.module
@@ -105,8 +104,7 @@ def check_replicas(wrapped: nn.Module, every: int | str, heal: bool | str) -> No
         return
     group = sharded[0].device_mesh.get_group("replicate")
     if dist.get_world_size(group) > 1:
-        local = frozenset(local_buffers(root))
-        wrapped.__dict__["_replicas"] = Replicas(root, group, every=every, heal=heal, local=local)
+        wrapped.__dict__["_replicas"] = Replicas(root, group, every=every, heal=heal)
 
 
 def broadcast_from_rank0(model: nn.Module, state: Any) -> None:

@@ -27,7 +27,8 @@ class ReplicaError(RuntimeError):
     """The replicas differ: raised on every rank with the same line."""
 
 
-_DETAIL = 7  # [differing elements, elements, bits of the one differing, its bit, its index, largest, scale]
+# [differing elements, elements, bits of the one differing, its bit, its index, largest, scale, hyperparameters]
+_DETAIL = 8
 
 
 @dataclasses.dataclass
@@ -61,17 +62,21 @@ class Finding:
                "be told)"
 
     def why(self) -> str:
+        ranks = self.job(range(len(self.steps)))
         if not self.detail:  # no tensor differs: the mixed fingerprints collided (one in 2**64)
-            return cause(self.steps, 0, 0, 0, 0, 0, 0.0, 0.0, self.job(range(len(self.steps))))
+            return cause(self.steps, 0, 0, 0, 0, 0, 0.0, 0.0, ranks)
         first = self.detail[self.odd()[0]]
         differing, elements, bits, bit, element = (int(v) for v in first[:5])
-        return cause(self.steps, differing, elements, bits, bit, element, first[5], first[6],
-                     self.job(range(len(self.steps))))
+        return cause(self.steps, differing, elements, bits, bit, element, first[5], first[6], ranks,
+                     [int(row[7]) for row in self.detail])
 
-    def message(self, heal: Any = False) -> str:
+    def message(self, heal: Any = False, at_exit: bool = False) -> str:
         what = (f"in {self.tensors[0]!r}" + (f" and {len(self.tensors) - 1} more tensor(s)" if len(self.tensors) > 1
                                              else "")) if self.tensors else "in no tensor"
-        if self.majority:
+        if at_exit:
+            fix = ("nothing is healed at the end (what the run saved is written): weights rank 0 saved may be its "
+                   "own diverged copy")
+        elif self.majority:
             fix = "pass prepare_model(model, heal=True) to copy the majority's weights to it and go on"
         else:
             fix = ("no majority to heal from" if heal is True else "with no majority (2 ranks, or a tie)") + \
@@ -89,11 +94,12 @@ def _ranks(ranks: Sequence[int]) -> str:
 
 
 def cause(steps: list[int], differing: int, elements: int, bits: int, bit: int, element: int, largest: float,
-          scale: float, ranks: Sequence[int] | None = None) -> str:
+          scale: float, ranks: Sequence[int] | None = None, hypers: Sequence[int] | None = None) -> str:
     """The likely cause, from what differs on the first rank outside the majority: its optimizer-step count
     beside the others'; how many of a tensor's ``elements`` differ; the ``bits`` that differ in a single
     differing element; the largest difference against the tensor's largest magnitude ``scale``; ``ranks``: the
-    job's rank of each (default: the same numbers).
+    job's rank of each (default: the same numbers); ``hypers``: per rank, a digest of its optimizers'
+    hyperparameters (``param_groups``: lr, momentum, ...).
 
     >>> cause([10, 9, 10], 40, 4096, 0, 0, 0, 0.5, 1.0)[:40]
     'rank 1 took 9 optimizer steps, the other'
@@ -108,6 +114,11 @@ def cause(steps: list[int], differing: int, elements: int, bits: int, bit: int, 
         who = (ranks or range(len(steps)))[odd[0]]
         return (f"rank {who} took {steps[odd[0]]} optimizer steps, the others {common}: a step one rank "
                 "skipped (an `if` on the rank, or on a value only this rank computed, before optimizer.step())")
+    if hypers and len(set(hypers)) > 1:
+        common = max(set(hypers), key=list(hypers).count)
+        odd = [r for r, h in enumerate(hypers) if h != common]
+        return (f"rank {(ranks or range(len(hypers)))[odd[0]]}'s optimizer has other hyperparameters than the "
+                "others' (its param_groups: a rank-dependent learning rate, schedule or weight decay)")
     if not math.isfinite(largest):
         return ("NaN or inf on this rank only: a value only this rank computed (its own loss or data) reached "
                 "the weights outside the all-reduce")
@@ -129,15 +140,17 @@ def cause(steps: list[int], differing: int, elements: int, bits: int, bit: int, 
 BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def compare(tensor: torch.Tensor, reference: int, group: Any) -> list[list[float]]:
-    """Every rank's difference from rank ``reference``'s ``tensor`` (see ``_DETAIL``), gathered."""
+def compare(tensor: torch.Tensor, reference: int, group: Any, optimizers: Sequence[Any]) -> list[list[float]]:
+    """Every rank's difference from rank ``reference``'s ``tensor``, and a digest of its ``optimizers``'
+    hyperparameters (see ``_DETAIL``), gathered."""
     mine = tensor.detach().contiguous()
     theirs = mine.clone()
     dist.broadcast(theirs, dist.get_global_rank(group, reference) if group is not None else reference, group=group)
     kind = BITS[mine.element_size()]
     a, b = mine.reshape(-1).view(kind), theirs.reshape(-1).view(kind)
     where = (a != b).nonzero().reshape(-1)
-    detail = [float(len(where)), float(mine.numel()), 0.0, 0.0, 0.0, 0.0, 0.0]
+    hypers = json.dumps([[key, value] for _, key, value in _group_numbers(optimizers)])
+    detail = [float(len(where)), float(mine.numel()), 0.0, 0.0, 0.0, 0.0, 0.0, float(zlib.crc32(hypers.encode()))]
     if len(where) == 1:
         flipped = (int(a[where[0]]) ^ int(b[where[0]])) & ((1 << (8 * mine.element_size())) - 1)
         detail[2:5] = [float(bin(flipped).count("1")), float(flipped.bit_length() - 1), float(where[0])]
@@ -165,13 +178,8 @@ def heal(replicas: Any, found: Finding, differing: Sequence[torch.Tensor]) -> No
     with torch.no_grad():
         for tensor in list(differing) + list(_state_tensors(optimizers)):
             moved += _copy_from(tensor, src, group, device)
-        numbers = _state_numbers(optimizers)
-        if numbers:
-            values = torch.tensor([float(v) for _, _, v in numbers], dtype=torch.float64, device=device)
-            dist.broadcast(values, _global(group, src), group=group)
-            for (state, key, old), new in zip(numbers, values.tolist()):
-                state[key] = type(old)(new)
-            moved += 8 * len(numbers)
+        # the hyperparameters too (lr): a rank-dependent one would make it drift again at once
+        moved += _copy_numbers(_state_numbers(optimizers) + _group_numbers(optimizers), src, group, device)
     if dist.get_rank(group) == 0:
         print(f"ddpkit: healed {_ranks(found.job(found.odd()))} at step {found.step} from rank "
               f"{found.job([src])[0]}: {len(found.tensors)} "
@@ -186,7 +194,7 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
         return tensor
     # detached first: the local view of a parameter that needs grad is an autograd view, which a heal may not
     # write into (the next backward would refuse it)
-    return tensor.detach().to_local()
+    return tensor.detach().to_local()  # type: ignore[attr-defined]  # a DTensor
 
 
 def _device(replicas: Any) -> torch.device:
@@ -224,12 +232,45 @@ def _states(optimizers: Sequence[Any]) -> Iterator[tuple[dict[str, Any], str, An
 
 
 def _state_shape(optimizers: Sequence[Any]) -> str:
+    """The layout of the optimizers' state and hyperparameters: what the heal copies, equal on every rank first."""
     return json.dumps([[str(key), list(local(v).shape) if torch.is_tensor(v) else type(v).__name__]
-                       for _, key, v in _states(optimizers)])
+                       for _, key, v in _states(optimizers)] +
+                      [[key, len(v) if isinstance(v, tuple) else 0] for _, key, v in _group_numbers(optimizers)])
 
 
 def _state_tensors(optimizers: Sequence[Any]) -> Iterator[torch.Tensor]:
     return (v for _, _, v in _states(optimizers) if torch.is_tensor(v))
+
+
+def _group_numbers(optimizers: Sequence[Any]) -> list[tuple[dict[str, Any], str, Any]]:
+    """(group, key, value) of every number (or tuple of numbers: Adam's ``betas``) of the optimizers'
+    ``param_groups``, in the same order on every rank."""
+    found = []
+    for opt in optimizers:
+        for group in opt.param_groups:
+            for key in sorted(k for k in group if k != "params"):
+                value = group[key]
+                items = value if isinstance(value, tuple) else (value,)
+                if items and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in items):
+                    found.append((group, key, value))
+    return found
+
+
+def _copy_numbers(numbers: list[tuple[dict[str, Any], str, Any]], src: int, group: Any,
+                  device: torch.device) -> int:
+    """Rank ``src``'s numbers (an optimizer's state or hyperparameters) into everyone's, each keeping its type."""
+    flat = [float(v) for _, _, value in numbers for v in (value if isinstance(value, tuple) else (value,))]
+    if not flat:
+        return 0
+    values = torch.tensor(flat, dtype=torch.float64, device=device)
+    dist.broadcast(values, _global(group, src), group=group)
+    received = iter(values.tolist())
+    for holder, key, old in numbers:
+        if isinstance(old, tuple):
+            holder[key] = tuple(type(o)(next(received)) for o in old)
+        else:
+            holder[key] = type(old)(next(received))
+    return 8 * len(flat)
 
 
 def _state_numbers(optimizers: Sequence[Any]) -> list[tuple[dict[str, Any], str, Any]]:

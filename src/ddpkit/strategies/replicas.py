@@ -36,6 +36,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from ddpkit.core import process
 from ddpkit.strategies import replica_repair
 from ddpkit.strategies.consistency import diverged_line
 
@@ -84,7 +85,7 @@ class Replicas:
     """The fingerprint checks of one DDP model: its forward calls :meth:`check` once ``next`` steps are done."""
 
     def __init__(self, module: nn.Module, group: Any, *, every: int | str = "auto", heal: bool | str = False,
-                 buffers: bool = True, ignore: frozenset[str] = frozenset(), local: frozenset[str] = frozenset()):
+                 buffers: bool = False, ignore: frozenset[str] = frozenset(), local: frozenset[str] = frozenset()):
         validate(every, heal)
         self.module, self.group, self.heal = module, group, heal
         self.auto = every == "auto"
@@ -107,8 +108,12 @@ class Replicas:
         self.agreed = 0  # the step of the last check that found the replicas equal
         self.baseline: list[int] = []  # each rank's optimizer steps then (a joined rank steps less: a new baseline)
         self.seen = 0  # training steps so far
-        self.serial, self.pid = next(_SERIAL), os.getpid()  # a worker forked from a kernel holds its models too
-        _LIVE.add(self)
+        self.ending = False  # the check at the job's end: nothing is healed there
+        # a model the script prepared, on every rank alike, in the same order; a copy (deepcopy on one rank only:
+        # an EMA) or a model never checked takes no number, so the others keep theirs on every rank
+        self.serial, self.pid = (next(_SERIAL) if self.every else -1), os.getpid()  # forked workers hold kernels'
+        if self.every:
+            _LIVE.add(self)
         if not _HOOKED:  # torch's global hook: counts each optimizer's steps, nothing of the optimizer changes
             _HOOKED.append(register_optimizer_step_post_hook(_count_step))
 
@@ -162,9 +167,10 @@ class Replicas:
         found = replica_repair.Finding(step, self.agreed, since, ordered, majority,
                                        reference, [self.names[i] for i in differing], self.ranks)
         if differing:
-            found.detail = replica_repair.compare(self.tensors[differing[0]], reference, self.group)
+            mine = [opt for opt, owned in self.optimizers.items() if owned]
+            found.detail = replica_repair.compare(self.tensors[differing[0]], reference, self.group, mine)
         if not (self.heal is True and majority or self.heal == "rank0"):
-            raise ReplicaError(found.message(self.heal))
+            raise ReplicaError(found.message(self.heal, self.ending))
         replica_repair.heal(self, found, [self.tensors[i] for i in differing])
         healed = _fingerprint(self.tensors)
         again = self._gather(torch.stack([(healed * odd_weights(len(healed), healed.device)).sum()]))
@@ -191,6 +197,32 @@ def parse_live(raw: bytes) -> set[int]:
     return {v for v in value if type(v) is int} if isinstance(value, list) else set()
 
 
+_MAX_MODELS = 64  # models a process checks at a pass's end (their numbers go in one small all_gather)
+
+
+def check_all() -> None:
+    """Compare now every model that trained since its last check: every rank calls it at the same point (the end
+    of a pass over the training data, a checkpoint's save). The models every rank holds are agreed first (one
+    all_gather of their numbers: a model dropped by the script may be collected on one rank only)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return
+    state = process.current().state
+    device = state.device if state is not None else torch.device("cpu")
+    mine = live()[:_MAX_MODELS]
+    row = torch.full((_MAX_MODELS + 1,), -1, dtype=torch.int64, device=device)
+    row[0] = len(mine)
+    if mine:
+        row[1:1 + len(mine)] = torch.tensor(mine, dtype=torch.int64, device=device)
+    everyone = [torch.empty_like(row) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, row)
+    held = [set(r[1:1 + int(r[0])].tolist()) for r in (t.cpu() for t in everyone)]
+    common = set.intersection(*held)
+    for replicas in sorted((r for r in list(_LIVE) if r.serial in common and r.pid == os.getpid()),
+                           key=lambda r: r.serial):
+        if replicas.seen > replicas.agreed:  # counted alike on every rank (a join's steps are not counted)
+            replicas.check(replicas.seen + 1)
+
+
 def check_at_exit(serials: set[int]) -> str | None:
     """The last check of the models ``serials`` (those every rank still holds), as the job ends (every rank at
     its exit, none gone): what trained since the last check is compared too, so no run ends with replicas that
@@ -198,7 +230,7 @@ def check_at_exit(serials: set[int]) -> str | None:
     ranks that joined uneven inputs counted different steps."""
     for replicas in sorted((r for r in list(_LIVE) if r.serial in serials and r.pid == os.getpid()),
                            key=lambda r: r.serial):
-        replicas.heal = False  # at the end the run's outputs are written: say it, copy nothing
+        replicas.heal, replicas.ending = False, True  # at the end the run's outputs are written: say it, copy none
         try:
             replicas.check(replicas.seen + 1)  # the steps done
         except ReplicaError as exc:
