@@ -203,3 +203,29 @@ def test_a_batch_size_the_training_loop_sizes_tensors_from_stays_per_process_and
     assert len(left) == 1 and "reads batch_size at line 10" in left[0].what and "x.size(0)" in left[0].fix
     starred = convert("net = Net()\n", LOOP.replace("batch_size=8, shuffle=True", "**kw"))
     assert any("** arguments stays per process" in k.what for k in starred.kept) and not starred.left
+
+
+HOLDER = """
+class Data:
+    def __init__(self, bs):
+        self.train_loader = DataLoader(ds, batch_size=bs, shuffle=True)
+        self.test_loader = DataLoader(ds, batch_size=bs)
+data = Data(8)
+net = Net()
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+for x, y in data.train_loader:
+    nn.functional.cross_entropy(net(x), y).backward()
+with torch.no_grad():
+    for x, y in data.test_loader:
+        print(net(x))
+"""
+
+
+def test_a_loader_kept_as_an_attribute_is_followed_through_its_reads_on_another_object():
+    result = convert(HOLDER, "")
+    text = lines(result)
+    assert "self.train_loader = ddpkit.data_loader(ds, global_batch_size=bs, shuffle=True)" in text
+    assert "self.test_loader = ddpkit.data_loader(ds, batch_size=bs, train=False)" in text
+    assert not result.refused and not result.kept
+    unread = convert(HOLDER.replace("data.test_loader", "data.train_loader").replace("print(net(x))", "pass"), "")
+    assert [k.line for k in unread.kept] == [8]  # no read of test_loader at all: kept

@@ -49,14 +49,17 @@ def loaders(work: _Work) -> None:
                    "convert again; or split them by state.rank yourself (docs/guide.md)", blocks=True)
 
 def _unused(work: _Work, call: Call) -> bool:
-    """``test_loader = DataLoader(...)`` whose name nothing reads: no rank takes a batch from it, so it stays as it
-    is, said as kept (a loader of unknown role would otherwise be refused, one named for evaluation left to you)."""
+    """``test_loader = DataLoader(...)`` whose name nothing reads, as a variable or as an attribute of anything
+    (``data.test_loader``): no rank takes a batch from it, so it stays as it is, said as kept (a loader of unknown
+    role would otherwise be refused, one named for evaluation left to you)."""
     binding = next((b for b in work.facts.bindings if b.value is call.node), None)
     if binding is None:
         return False
     name, scope = binding.target, binding.scope
+    attribute = f".{name.rsplit('.', 1)[-1]}"  # ``self.train_loader`` read as ``data.train_loader``
     if any((read == name or read.startswith(f"{name}.")) and flow.visible(work.facts, name, scope, where) and
-           (where is not scope or line >= binding.line) for read, where, line, _node in work.facts.reads):
+           (where is not scope or line >= binding.line) for read, where, line, _node in work.facts.reads) or \
+            any(read.endswith(attribute) and read != name for read, _where, _line, _node in work.facts.reads):
         return False
     work.keep(call.line, f"{name} = DataLoader(...) left as it is", f"nothing reads {name}: no rank takes a "
               "batch from it")
