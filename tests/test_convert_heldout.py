@@ -229,3 +229,21 @@ def test_a_loader_kept_as_an_attribute_is_followed_through_its_reads_on_another_
     assert not result.refused and not result.kept
     unread = convert(HOLDER.replace("data.test_loader", "data.train_loader").replace("print(net(x))", "pass"), "")
     assert [k.line for k in unread.kept] == [8]  # no read of test_loader at all: kept
+
+
+def test_a_batch_size_that_reaches_the_loop_through_a_variable_or_a_parameter_stays_per_process():
+    body = "def get_loader(bs):\n    loader = DataLoader(ds, batch_size=bs, shuffle=True)\n    return loader\n" \
+           "net = Net()\nopt = torch.optim.SGD(net.parameters(), lr=0.1)\nloader = get_loader(args.batch_size)\n" \
+           "bsz = args.batch_size\nfor x, y in loader:\n    h = net.init_hidden(bsz)\n    net(x, h).sum().backward()\n"
+    result = convert(body, "")
+    assert "loader = ddpkit.data_loader(ds, batch_size=bs, shuffle=True)" in lines(result)
+    left = [x for x in result.left if "kept per process" in x.what]
+    assert len(left) == 1 and left[0].line == 5 and "reads bsz at line 12" in left[0].what
+
+
+def test_a_literal_batch_size_of_1_stays_per_process_and_the_global_batch_note_is_plain():
+    result = convert("net = Net()\n", LOOP.replace("batch_size=8", "batch_size=1"))
+    assert "loader = ddpkit.data_loader(ds, batch_size=1, shuffle=True)" in lines(result)
+    assert any("batch_size=1 kept per process" in k.what and "cannot be shared" in k.why for k in result.kept)
+    note = next(e.why for e in convert("net = Net()\n").edits if e.what.startswith("batch_size=8 ->"))
+    assert "each taking 8 / N (N, the number of processes, must divide 8)" in note
