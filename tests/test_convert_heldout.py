@@ -247,3 +247,23 @@ def test_a_literal_batch_size_of_1_stays_per_process_and_the_global_batch_note_i
     assert any("batch_size=1 kept per process" in k.what and "cannot be shared" in k.why for k in result.kept)
     note = next(e.why for e in convert("net = Net()\n").edits if e.what.startswith("batch_size=8 ->"))
     assert "each taking 8 / N (N, the number of processes, must divide 8)" in note
+
+
+@pytest.mark.parametrize("body, last_init", [
+    ("def init_params(m):\n    for x in m.modules():\n        nn.init.normal_(x.weight)\n"
+     "net = Net()\nnet = net.to(device)\ninit_params(net)\nnet.reset_parameters()\n", "net.reset_parameters()"),
+    ("net = Net().to(device); net.apply(init)\n", "net = Net(); net.apply(init)"),
+    ("net = Net()\nnn.init.normal_(net[3].weight, std=0.01)\nwith torch.no_grad():\n    net[3].bias.fill_(0.5)\n",
+     "net[3].bias.fill_(0.5)"),
+], ids=["helper-and-method", "one-line", "subscript"])
+def test_inits_through_a_helper_a_method_a_semicolon_or_a_subscript_keep_the_wrap_below_them(body, last_init):
+    result = convert(body)
+    assert result.text.count("prepare_model") == 1 and "net = ddpkit.prepare_model(net)" in lines(result)
+    assert below(result.text, last_init, "prepare_model") and not result.left, result.text
+
+
+def test_an_init_loop_or_a_subscripted_draw_after_the_optimizer_is_listed_with_its_line():
+    result = convert("net = Net()\n", LOOP.split("\n", 2)[1] + "\nfor m in net.modules():\n"
+                     "    nn.init.xavier_normal_(m.weight)\nnet[0].weight.data.normal_(0, 0.1)\n" +
+                     LOOP.split("\n", 2)[2])
+    assert [x.line for x in result.left if "initialised here, after prepare_model" in x.what] == [6, 8]
