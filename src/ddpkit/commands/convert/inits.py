@@ -89,7 +89,7 @@ def place(work: _Work, binding: Binding, moves: list[Call]) -> bool:
     return True
 
 
-def _statement(work: _Work, target: str, stmt: cst.BaseStatement, allowed: set[int]) -> str | None:
+def _statement(work: _Work, target: str, stmt: cst.CSTNode, allowed: set[int]) -> str | None:
     """"init": the statement initialises ``target`` and reads it no other way; "use": it reads it otherwise (or
     binds the name again); None: it does not read it."""
     inside = node_ids(stmt)
