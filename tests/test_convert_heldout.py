@@ -162,9 +162,10 @@ def test_unseeded_splits_get_a_fixed_seed_and_each_rewrite_is_said():
 @pytest.mark.parametrize("seed, rewritten", [
     ("np.random.seed(42)\ntorch.manual_seed(0)\nrandom.seed(1)\n", False),
     ("SEED = 7\nif __name__ == '__main__':\n    np.random.seed(SEED)\n", True),  # an if the split is not under
-    ("np.random.seed(args.seed)\n", True),  # a seed that may differ per process (DCGAN draws one at random)
-], ids=["constant", "in-an-if", "variable"])
-def test_a_constant_seed_above_keeps_the_split_and_any_other_does_not(seed, rewritten):
+    ("np.random.seed(args.seed)\ntorch.manual_seed(args.seed)\nrandom.seed(args.seed)\n", False),  # a setting
+    ("args.seed = random.randint(1, 10000)\nnp.random.seed(args.seed)\n", True),  # DCGAN: one per process
+], ids=["constant", "in-an-if", "variable", "drawn"])
+def test_a_seed_the_same_on_every_rank_keeps_the_split_and_any_other_does_not(seed, rewritten):
     body = SPLITS.replace("X_train,", seed + "X_train,")
     text = convert(body).text
     assert ("random_state=0" in text) is rewritten and ("RandomState(0)" in text) is rewritten
@@ -267,3 +268,25 @@ def test_an_init_loop_or_a_subscripted_draw_after_the_optimizer_is_listed_with_i
                      "    nn.init.xavier_normal_(m.weight)\nnet[0].weight.data.normal_(0, 0.1)\n" +
                      LOOP.split("\n", 2)[2])
     assert [x.line for x in result.left if "initialised here, after prepare_model" in x.what] == [6, 8]
+
+
+def test_an_aliased_split_is_seeded_a_seeded_one_is_said_and_a_device_draw_gets_a_generator_there():
+    result = convert("from sklearn.model_selection import train_test_split as tts\n"
+                     "from torch.utils.data import random_split as rs\na, b = tts(X, y, test_size=0.2)\n"
+                     "torch.manual_seed(args.seed)\nc, d = rs(full, [8, 2])\n"
+                     "perm = torch.randperm(8, device=device)\nnet = Net()\n")
+    text = lines(result)
+    assert "a, b = tts(X, y, test_size=0.2, random_state=0)" in text and "c, d = rs(full, [8, 2])" in text
+    assert [k.what for k in result.kept] == [f"{f}(...) left as is: seeded by torch.manual_seed(args.seed) at line 7"
+                                             for f in ("rs", "randperm")]
+    unseeded = convert("perm = torch.randperm(8, device=device)\nnet = Net()\n")
+    assert "generator=torch.Generator(device=device).manual_seed(0)" in unseeded.text
+
+
+def test_a_seed_set_in_the_caller_of_the_function_that_splits_keeps_the_split():
+    body = "import numpy as np\nfrom sklearn.model_selection import train_test_split\ndef set_seed(s):\n" \
+           "    np.random.seed(s)\ndef load():\n    return train_test_split(X, y)\ndef main():\n" \
+           "    set_seed(SEED)\n    return load()\nnet = Net()\nmain()\n"
+    result = convert(body)
+    assert "random_state" not in result.text
+    assert [k.what for k in result.kept] == ["train_test_split(...) left as is: seeded by set_seed(SEED) at line 11"]
