@@ -290,3 +290,15 @@ def test_a_seed_set_in_the_caller_of_the_function_that_splits_keeps_the_split():
     result = convert(body)
     assert "random_state" not in result.text
     assert [k.what for k in result.kept] == ["train_test_split(...) left as is: seeded by set_seed(SEED) at line 11"]
+
+
+def test_a_returned_loader_is_followed_to_where_its_caller_binds_it_and_said_as_returned_when_it_cannot_be():
+    body = "def get_loader(ds):\n    return DataLoader(ds, batch_size=8, shuffle=True)\nnet = Net()\n" \
+           "opt = torch.optim.SGD(net.parameters(), lr=0.1)\ntrain_loader = get_loader(ds)\n" \
+           "for x, y in train_loader:\n    net(x).sum().backward()\n"
+    result = convert(body, "")
+    assert "return ddpkit.data_loader(ds, global_batch_size=8, shuffle=True)" in lines(result) and not result.left
+    lost = convert(body.replace("train_loader = get_loader(ds)\n", "").replace("in train_loader", "in get_loader(ds)"),
+                   "")
+    assert lost.refused and [x.what for x in lost.left] == [
+        "a DataLoader returned by a function: no loop over what its callers bind was found"]
