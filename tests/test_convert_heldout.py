@@ -162,9 +162,10 @@ def test_unseeded_splits_get_a_fixed_seed_and_each_rewrite_is_said():
 @pytest.mark.parametrize("seed, rewritten", [
     ("np.random.seed(42)\ntorch.manual_seed(0)\nrandom.seed(1)\n", False),
     ("SEED = 7\nif __name__ == '__main__':\n    np.random.seed(SEED)\n", True),  # an if the split is not under
-    ("np.random.seed(args.seed)\n", True),  # a seed that may differ per process (DCGAN draws one at random)
-], ids=["constant", "in-an-if", "variable"])
-def test_a_constant_seed_above_keeps_the_split_and_any_other_does_not(seed, rewritten):
+    ("np.random.seed(args.seed)\ntorch.manual_seed(args.seed)\nrandom.seed(args.seed)\n", False),  # a setting
+    ("args.seed = random.randint(1, 10000)\nnp.random.seed(args.seed)\n", True),  # DCGAN: one per process
+], ids=["constant", "in-an-if", "variable", "drawn"])
+def test_a_seed_the_same_on_every_rank_keeps_the_split_and_any_other_does_not(seed, rewritten):
     body = SPLITS.replace("X_train,", seed + "X_train,")
     text = convert(body).text
     assert ("random_state=0" in text) is rewritten and ("RandomState(0)" in text) is rewritten
@@ -203,3 +204,101 @@ def test_a_batch_size_the_training_loop_sizes_tensors_from_stays_per_process_and
     assert len(left) == 1 and "reads batch_size at line 10" in left[0].what and "x.size(0)" in left[0].fix
     starred = convert("net = Net()\n", LOOP.replace("batch_size=8, shuffle=True", "**kw"))
     assert any("** arguments stays per process" in k.what for k in starred.kept) and not starred.left
+
+
+HOLDER = """
+class Data:
+    def __init__(self, bs):
+        self.train_loader = DataLoader(ds, batch_size=bs, shuffle=True)
+        self.test_loader = DataLoader(ds, batch_size=bs)
+data = Data(8)
+net = Net()
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+for x, y in data.train_loader:
+    nn.functional.cross_entropy(net(x), y).backward()
+with torch.no_grad():
+    for x, y in data.test_loader:
+        print(net(x))
+"""
+
+
+def test_a_loader_kept_as_an_attribute_is_followed_through_its_reads_on_another_object():
+    result = convert(HOLDER, "")
+    text = lines(result)
+    assert "self.train_loader = ddpkit.data_loader(ds, global_batch_size=bs, shuffle=True)" in text
+    assert "self.test_loader = ddpkit.data_loader(ds, batch_size=bs, train=False)" in text
+    assert not result.refused and not result.kept
+    unread = convert(HOLDER.replace("data.test_loader", "data.train_loader").replace("print(net(x))", "pass"), "")
+    assert [k.line for k in unread.kept] == [8]  # no read of test_loader at all: kept
+
+
+def test_a_batch_size_that_reaches_the_loop_through_a_variable_or_a_parameter_stays_per_process():
+    body = "def get_loader(bs):\n    loader = DataLoader(ds, batch_size=bs, shuffle=True)\n    return loader\n" \
+           "net = Net()\nopt = torch.optim.SGD(net.parameters(), lr=0.1)\nloader = get_loader(args.batch_size)\n" \
+           "bsz = args.batch_size\nfor x, y in loader:\n    h = net.init_hidden(bsz)\n    net(x, h).sum().backward()\n"
+    result = convert(body, "")
+    assert "loader = ddpkit.data_loader(ds, batch_size=bs, shuffle=True)" in lines(result)
+    left = [x for x in result.left if "kept per process" in x.what]
+    assert len(left) == 1 and left[0].line == 5 and "reads bsz at line 12" in left[0].what
+
+
+def test_a_literal_batch_size_of_1_stays_per_process_and_the_global_batch_note_is_plain():
+    result = convert("net = Net()\n", LOOP.replace("batch_size=8", "batch_size=1"))
+    assert "loader = ddpkit.data_loader(ds, batch_size=1, shuffle=True)" in lines(result)
+    assert any("batch_size=1 kept per process" in k.what and "cannot be shared" in k.why for k in result.kept)
+    note = next(e.why for e in convert("net = Net()\n").edits if e.what.startswith("batch_size=8 ->"))
+    assert "each taking 8 / N (N, the number of processes, must divide 8)" in note
+
+
+@pytest.mark.parametrize("body, last_init", [
+    ("def init_params(m):\n    for x in m.modules():\n        nn.init.normal_(x.weight)\n"
+     "net = Net()\nnet = net.to(device)\ninit_params(net)\nnet.reset_parameters()\n", "net.reset_parameters()"),
+    ("net = Net().to(device); net.apply(init)\n", "net = Net(); net.apply(init)"),
+    ("net = Net()\nnn.init.normal_(net[3].weight, std=0.01)\nwith torch.no_grad():\n    net[3].bias.fill_(0.5)\n",
+     "net[3].bias.fill_(0.5)"),
+], ids=["helper-and-method", "one-line", "subscript"])
+def test_inits_through_a_helper_a_method_a_semicolon_or_a_subscript_keep_the_wrap_below_them(body, last_init):
+    result = convert(body)
+    assert result.text.count("prepare_model") == 1 and "net = ddpkit.prepare_model(net)" in lines(result)
+    assert below(result.text, last_init, "prepare_model") and not result.left, result.text
+
+
+def test_an_init_loop_or_a_subscripted_draw_after_the_optimizer_is_listed_with_its_line():
+    result = convert("net = Net()\n", LOOP.split("\n", 2)[1] + "\nfor m in net.modules():\n"
+                     "    nn.init.xavier_normal_(m.weight)\nnet[0].weight.data.normal_(0, 0.1)\n" +
+                     LOOP.split("\n", 2)[2])
+    assert [x.line for x in result.left if "initialised here, after prepare_model" in x.what] == [6, 8]
+
+
+def test_an_aliased_split_is_seeded_a_seeded_one_is_said_and_a_device_draw_gets_a_generator_there():
+    result = convert("from sklearn.model_selection import train_test_split as tts\n"
+                     "from torch.utils.data import random_split as rs\na, b = tts(X, y, test_size=0.2)\n"
+                     "torch.manual_seed(args.seed)\nc, d = rs(full, [8, 2])\n"
+                     "perm = torch.randperm(8, device=device)\nnet = Net()\n")
+    text = lines(result)
+    assert "a, b = tts(X, y, test_size=0.2, random_state=0)" in text and "c, d = rs(full, [8, 2])" in text
+    assert [k.what for k in result.kept] == [f"{f}(...) left as is: seeded by torch.manual_seed(args.seed) at line 7"
+                                             for f in ("rs", "randperm")]
+    unseeded = convert("perm = torch.randperm(8, device=device)\nnet = Net()\n")
+    assert "generator=torch.Generator(device=device).manual_seed(0)" in unseeded.text
+
+
+def test_a_seed_set_in_the_caller_of_the_function_that_splits_keeps_the_split():
+    body = "import numpy as np\nfrom sklearn.model_selection import train_test_split\ndef set_seed(s):\n" \
+           "    np.random.seed(s)\ndef load():\n    return train_test_split(X, y)\ndef main():\n" \
+           "    set_seed(SEED)\n    return load()\nnet = Net()\nmain()\n"
+    result = convert(body)
+    assert "random_state" not in result.text
+    assert [k.what for k in result.kept] == ["train_test_split(...) left as is: seeded by set_seed(SEED) at line 11"]
+
+
+def test_a_returned_loader_is_followed_to_where_its_caller_binds_it_and_said_as_returned_when_it_cannot_be():
+    body = "def get_loader(ds):\n    return DataLoader(ds, batch_size=8, shuffle=True)\nnet = Net()\n" \
+           "opt = torch.optim.SGD(net.parameters(), lr=0.1)\ntrain_loader = get_loader(ds)\n" \
+           "for x, y in train_loader:\n    net(x).sum().backward()\n"
+    result = convert(body, "")
+    assert "return ddpkit.data_loader(ds, global_batch_size=8, shuffle=True)" in lines(result) and not result.left
+    lost = convert(body.replace("train_loader = get_loader(ds)\n", "").replace("in train_loader", "in get_loader(ds)"),
+                   "")
+    assert lost.refused and [x.what for x in lost.left] == [
+        "a DataLoader returned by a function: no loop over what its callers bind was found"]

@@ -1,11 +1,13 @@
 """The batch size of a converted training loader: ``DataLoader(ds, batch_size=B)`` becomes
 ``ddpkit.data_loader(ds, global_batch_size=B)``, so the script at N processes trains what it trained at one (each
-process takes B/N; B must divide by N, which ``data_loader`` says in one line when it does not). Kept per process
+process takes B/N; N must divide B, which ``data_loader`` says in one line when it does not). Kept per process
 (``batch_size=B``, a global batch of B x N) with ``ddpkit convert --per-process-batch``, and said either way.
 
 Where the script reads the batch size inside its training loop (``model.init_hidden(batch_size)``, ``x.view(
 args.batch_size, -1)``), a share of B/N would not fit what it sizes: the batch stays per process there and the
-line is listed. A batch size hidden in ``**kwargs`` cannot be rewritten: the global batch it gives is said.
+line is listed, also when it gets there under another name (``bsz = args.batch_size``, a function's parameter).
+A literal batch size of 1 stays per process too (a global batch of 1 cannot be shared), said as kept. A batch
+size hidden in ``**kwargs`` cannot be rewritten: the global batch it gives is said.
 
 Example (the rewrite of a converted call's batch size)::
 
@@ -21,8 +23,9 @@ from typing import Any
 
 import libcst as cst
 
+from ddpkit.commands.convert.flow import DEPTH, argument_for, callee
 from ddpkit.commands.convert.inits import node_ids
-from ddpkit.commands.convert.scan import Call, Loop, names_in
+from ddpkit.commands.convert.scan import Call, Loop, dotted, names_in
 
 # the plan in the making (plan._Work): facts, edits, note, leave, keep, per_process_batch
 _Work = Any
@@ -49,7 +52,11 @@ def global_batch(work: _Work, call: Call, loops: list[Loop]) -> Callable[[cst.Ca
         work.note(f"batch_size={size} kept per process (--per-process-batch)", f"the global batch is {size} x "
                   "the number of processes", call.line)
         return None
-    read = _read_in_training(work, given.value, loops)
+    if isinstance(given.value, cst.Integer) and int(given.value.evaluated_value) < 2:
+        work.keep(call.line, f"batch_size={size} kept per process", f"a global batch of {size} cannot be shared by "
+                  f"2 or more processes: the global batch is {size} x the number of processes")
+        return None
+    read = _read_in_training(work, _names(work, call, given.value), loops)
     if read is not None:
         work.leave(call.line, f"batch_size={size} kept per process (a global batch of {size} x N): the training "
                    f"loop reads {read[0]} at line {read[1]}, sized for a batch of {size}, and each process would "
@@ -57,8 +64,8 @@ def global_batch(work: _Work, call: Call, loops: list[Loop]) -> Callable[[cst.Ca
                    "--per-process-batch to keep the per-process batch (and scale the learning rate yourself)")
         return None
     work.note(f"batch_size={size} -> global_batch_size={size}", f"the global batch stays {size} at any number of "
-              f"processes, each taking its share ({size} must divide by it); --per-process-batch keeps {size} per "
-              "process", call.line)
+              f"processes, each taking {size} / N (N, the number of processes, must divide {size}); "
+              f"--per-process-batch keeps {size} per process", call.line)
     return _rename
 
 
@@ -76,10 +83,38 @@ def _rename(node: cst.Call) -> cst.Call:
     return node.with_changes(args=args)
 
 
-def _read_in_training(work: _Work, size: cst.BaseExpression, loops: list[Loop]) -> tuple[str, int] | None:
-    """A read of the batch size's name (``batch_size``, ``args.batch_size``) in a training loop's body or the loops
-    around it, outside a print: what the loop sizes from it."""
+def _names(work: _Work, call: Call, size: cst.BaseExpression) -> set[str]:
+    """The names the batch size goes by: its own (``batch_size``, ``args.batch_size``), what a parameter is passed
+    (``get_loader(args.batch_size)``), and what is bound from any of them or they from (``bsz = args.batch_size``).
+
+    >>> from ddpkit.commands.convert.scan import parse, scan
+    >>> facts = scan(parse("def get(bs):\\n    return DataLoader(d, batch_size=bs)\\nl = get(a.n)\\nk = a.n\\n"))
+    >>> loader = next(c for c in facts.calls if c.last == "DataLoader")
+    >>> sorted(_names(type("W", (), {"facts": facts})(), loader, loader.node.args[1].value))
+    ['a.n', 'bs', 'k']
+    """
     names = {n for n in names_in(size) if "." in n or n == (size.value if isinstance(size, cst.Name) else "")}
+    facts = work.facts
+    for _round in range(DEPTH):
+        more = set(names)
+        for site in facts.calls:  # a parameter: what the calls of its function pass
+            target = callee(facts, site)
+            if target is not None and target[0] is call.scope:
+                passed = [argument_for(site, n, call.scope, target[1]) for n in names if n in call.scope.params]
+                more |= {name for arg in passed if (name := dotted(arg)) is not None}
+        for b in facts.bindings:  # ``bsz = args.batch_size`` (either way round)
+            value = dotted(b.value) if b.value is not None else None
+            if value in names or b.target in names and value is not None:
+                more |= {b.target, value} if value else {b.target}
+        if more == names:
+            break
+        names = more
+    return names
+
+
+def _read_in_training(work: _Work, names: set[str], loops: list[Loop]) -> tuple[str, int] | None:
+    """A read of the batch size's names (``batch_size``, ``args.batch_size``, ``bsz``) in a training loop's body or
+    the loops around it, outside a print: what the loop sizes from it."""
     if not names:
         return None
     inside: set[int] = set()

@@ -93,10 +93,13 @@ def binding_of(facts: Facts, name: str, scope: Scope, line: int, depth: int = 0)
 def loops_reading(facts: Facts, name: str, scope: Scope, depth: int = 0) -> list[Loop]:
     """Every loop that takes its items from ``name`` (bound in ``scope``): ``for b in name``, ``for i, b in
     enumerate(tqdm(name))``, ``it = iter(name)`` then ``next(it)`` in a loop, through assignments
-    (``self.loader = name``) and calls of the script's functions that pass it on."""
+    (``self.loader = name``), calls of the script's functions that pass it on, and for an attribute
+    (``self.train_loader``) every read of that attribute on another object (``data.train_loader``)."""
     if depth >= DEPTH:
         return []
     found = [loop for loop in facts.loops if name in loop.iter_names and visible(facts, name, scope, loop.scope)]
+    for other, where in attribute_reads(facts, name, scope) if depth == 0 else ():
+        found += loops_reading(facts, other, where, depth + 1)
     for call in facts.calls:
         if not visible(facts, name, scope, call.scope):
             continue
@@ -118,6 +121,27 @@ def loops_reading(facts: Facts, name: str, scope: Scope, depth: int = 0) -> list
             found += loops_reading(facts, b.target, b.scope, depth + 1)
     unique: dict[int, Loop] = {id(loop): loop for loop in found}
     return list(unique.values())
+
+
+def attribute_reads(facts: Facts, name: str, scope: Scope) -> list[tuple[str, Scope]]:
+    """For an attribute ``name`` (``self.train_loader``): the other names that read it through another object
+    (``data.train_loader`` where ``data = Data()``), each once with the function it is read in; [] for a plain
+    name.
+
+    >>> from ddpkit.commands.convert.scan import parse, scan
+    >>> facts = scan(parse("class D:\\n    def __init__(self):\\n        self.ld = f()\\nd = D()\\nfor b in d.ld:\\n"
+    ...                    "    pass\\n"))
+    >>> [n for n, _ in attribute_reads(facts, "self.ld", facts.scopes["D.__init__"])]
+    ['d.ld']
+    """
+    if "." not in name:
+        return []
+    attribute = name.rsplit(".", 1)[1]
+    found: dict[tuple[str, int], tuple[str, Scope]] = {}
+    for read, where, _line, _node in facts.reads:
+        if read.endswith(f".{attribute}") and not (read == name and visible(facts, name, scope, where)):
+            found.setdefault((read, id(where)), (read, where))
+    return list(found.values())
 
 
 def _returned(facts: Facts, name: str, scope: Scope, value: cst.BaseExpression, depth: int) -> list[Loop]:

@@ -1,6 +1,8 @@
 """Where ``prepare_model`` goes when the script initialises its model after building it (DCGAN's ``netG =
-Generator(); netG.apply(weights_init)``, ``nn.init.xavier_uniform_(model.fc.weight)``, a ``for m in
-model.modules():`` init loop, ``model.load_state_dict(...)``): below the last of those lines, not at the build.
+Generator(); netG.apply(weights_init)``, ``nn.init.xavier_uniform_(model.fc.weight)``, ``model[3].bias.fill_(0)``,
+a ``for m in model.modules():`` init loop, ``init_params(model)`` / ``model.reset_parameters()``,
+``model.load_state_dict(...)``, also after a ``;`` on the build's own line): below the last of those lines, not at
+the build.
 
 DDP copies rank 0's weights to every rank when it wraps; an initialisation after the wrap runs on each rank with
 its own random numbers (a script that seeds per process, or not at all, trains a different model on each rank).
@@ -26,6 +28,7 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.commands.convert import parallel
+from ddpkit.commands.convert.flow import argument_for, callee
 from ddpkit.commands.convert.rules import without_moves
 from ddpkit.commands.convert.scan import Binding, Call, dotted
 
@@ -35,6 +38,8 @@ _Work = Any
 WALKS = ("modules", "named_modules", "children", "named_children", "parameters", "named_parameters")
 RANDOM = ("normal_", "uniform_", "bernoulli_", "random_", "exponential_", "geometric_", "log_normal_", "cauchy_")
 HARMLESS = ("print", "ddpkit.print")  # a read that cannot tell a wrapped model from a plain one
+INIT_METHODS = ("reset_parameters", "init_weights", "_init_weights", "initialize_weights", "_initialize_weights",
+                "reset_weights", "init_params")  # a model's own (re-)initialisation
 
 
 def place(work: _Work, binding: Binding, moves: list[Call]) -> bool:
@@ -46,7 +51,15 @@ def place(work: _Work, binding: Binding, moves: list[Call]) -> bool:
     start = next(i for i, s in enumerate(block) if s is binding.stmt) + 1
     target, last, stop = binding.target, None, len(block)
     allowed = _removed(work) | {i for c in moves for i in node_ids(c.node)}
-    for index in range(start, len(block)):
+    assert binding.stmt is not None
+    after = _after_assignment(binding.stmt, binding.value)  # ``model = Net(); model.apply(init)``: one line
+    states = [_statement(work, target, small, allowed) for small in after]
+    if "use" in states:  # the wrap stays at the build: an init on its line is listed
+        _late(work, target, after, binding.line)
+        stop = start
+    elif "init" in states:
+        last = start - 1
+    for index in range(start, stop):
         state = _statement(work, target, block[index], allowed)
         if state == "init":
             last = index
@@ -68,13 +81,15 @@ def place(work: _Work, binding: Binding, moves: list[Call]) -> bool:
     work.edits.after.setdefault(id(block[last]), []).append(f"{target} = ddpkit.prepare_model({target})")
     line = _line(work, block[last])
     _late(work, target, block[stop:], line)
-    work.note(f"{target} = ddpkit.prepare_model({target}) below line {line}, not at its build (line "
-              f"{binding.line})", f"{target} is initialised at line {line}: DDP copies rank 0's weights when it "
-              "wraps, so an init after the wrap would give each rank its own", line)
+    build = "in its build, before the ; of that line" if line == binding.line else \
+        f"at its build (line {binding.line})"
+    work.note(f"{target} = ddpkit.prepare_model({target}) below line {line}, not {build}", f"{target} is "
+              f"initialised at line {line}: DDP copies rank 0's weights when it wraps, so an init after the wrap "
+              "would give each rank its own", line)
     return True
 
 
-def _statement(work: _Work, target: str, stmt: cst.BaseStatement, allowed: set[int]) -> str | None:
+def _statement(work: _Work, target: str, stmt: cst.CSTNode, allowed: set[int]) -> str | None:
     """"init": the statement initialises ``target`` and reads it no other way; "use": it reads it otherwise (or
     binds the name again); None: it does not read it."""
     inside = node_ids(stmt)
@@ -84,7 +99,7 @@ def _statement(work: _Work, target: str, stmt: cst.BaseStatement, allowed: set[i
     if any(b.target == target and id(b.stmt) in inside and id(b.stmt) not in allowed for b in work.facts.bindings):
         return "use"  # a new model under the old name
     calls = [c for c in work.facts.calls if id(c.node) in inside]
-    inits = [c for c in calls if _init(c, target, loading=True)] + _walks(stmt, target)
+    inits = [c for c in calls if _init(c, target, loading=True, facts=work.facts)] + _walks(work, stmt, target)
     fine = allowed | {i for c in inits for i in node_ids(c.node)} | \
         {i for c in calls if c.name in HARMLESS for i in node_ids(c.node)}
     if any(id(r[3]) not in fine for r in reads):
@@ -92,37 +107,61 @@ def _statement(work: _Work, target: str, stmt: cst.BaseStatement, allowed: set[i
     return "init" if inits else None
 
 
-def _late(work: _Work, target: str, rest: Sequence[cst.BaseStatement], wrapped_at: int) -> None:
-    """An ``apply`` / ``nn.init`` of ``target`` below its first other use: listed, the wrap cannot pass that use."""
-    loop = next((i for i, s in enumerate(rest) if isinstance(s, (cst.For, cst.While))), len(rest))
+def _late(work: _Work, target: str, rest: Sequence[cst.CSTNode], wrapped_at: int) -> None:
+    """An ``apply`` / ``nn.init`` / init loop / init helper of ``target`` below its first other use: listed, the
+    wrap cannot pass that use (an optimizer built over the plain model's parameters would miss SyncBatchNorm's)."""
+    loop = next((i for i, s in enumerate(rest) if isinstance(s, (cst.For, cst.While)) and
+                 not _walks(work, s, target, drawing=True)), len(rest))
     inside = {i for s in rest[:loop] for i in node_ids(s)}  # (once training starts, an apply is no init)
-    for call in work.facts.calls:
-        if id(call.node) in inside and _init(call, target, loading=False):
-            work.leave(call.line, f"{target} is initialised here, after prepare_model (line {wrapped_at}"
-                       f"): unless every rank draws the same random numbers, each trains its own model", "move "
-                       f"the initialisation up to where {target} is built (above the optimizer and any other use of "
-                       "it), then convert again")
+    lines = [c.line for c in work.facts.calls if id(c.node) in inside and _init(c, target, False, work.facts)]
+    lines += [lp.line for lp in work.facts.loops if id(lp.node) in inside and _walks(work, lp.node, target, True)]
+    for line in sorted(set(lines)):
+        work.leave(line, f"{target} is initialised here, after prepare_model (line {wrapped_at}"
+                   f"): unless every rank draws the same random numbers, each trains its own model", "move "
+                   f"the initialisation up to where {target} is built (above the optimizer and any other use of "
+                   "it), then convert again")
 
 
-def _init(call: Call, target: str, loading: bool) -> bool:
-    """``target.apply(f)``, ``target.x.weight.data.normal_()`` (an in-place method), ``nn.init.*(target.x...)``,
-    and with ``loading`` ``target.load_state_dict(...)`` and any in-place method; without, the random draws only
-    (below other uses, a load every rank makes or a ``requires_grad_`` is no per-rank init)."""
+def _init(call: Call, target: str, loading: bool, facts: Any = None, depth: int = 0) -> bool:
+    """``target.apply(f)``, ``target.x.weight.data.normal_()`` / ``target[3].bias.fill_(0)`` (an in-place method),
+    ``nn.init.*(target.x...)``, ``target.reset_parameters()``, a helper of the script's that initialises what it is
+    passed (``init_params(target)``), and with ``loading`` ``target.load_state_dict(...)`` and any in-place
+    method; without, the random draws only (below other uses, a load every rank makes or a ``requires_grad_`` is
+    no per-rank init)."""
     func = call.node.func
-    base = dotted(func.value) if isinstance(func, cst.Attribute) else None
-    if call.last in ("apply", "load_state_dict") and base is not None and _of(base, target):
+    base = func.value if isinstance(func, cst.Attribute) else None
+    if call.last in ("apply", "load_state_dict") and _refers(base, target):
         return call.last == "apply" or loading
-    if call.last.endswith("_") and not call.last.startswith("_") and base is not None and _of(base, target):
+    if call.last.endswith("_") and not call.last.startswith("_") and _refers(base, target):
         return loading or call.last in RANDOM
+    if call.last in INIT_METHODS and _refers(base, target):
+        return True
     first = call.node.args[0].value if call.node.args else None
     fixed = call.last in ("zeros_", "ones_", "constant_", "eye_", "dirac_")  # the same on every rank
-    return (call.name or "").startswith("torch.nn.init.") and (dotted(first) or "").startswith(f"{target}.") and \
-        (loading or not fixed)
+    if (call.name or "").startswith("torch.nn.init."):
+        return _refers(first, target) and dotted(first) != target and (loading or not fixed)
+    return facts is not None and depth < 2 and _helper(call, target, loading, facts, depth)
 
 
-def _walks(stmt: cst.BaseStatement, target: str) -> list[Any]:
+def _helper(call: Call, target: str, loading: bool, facts: Any, depth: int) -> bool:
+    """``init_params(net)`` / ``net.init_weights()``: a function or method of the script's that initialises the
+    parameter it is passed ``target`` as (``self`` for a method called on it)."""
+    own = callee(facts, call)
+    if own is None:
+        return False
+    scope, skip = own
+    func = call.node.func
+    params = [p for p in scope.params if dotted(argument_for(call, p, scope, skip)) == target]
+    if skip and isinstance(func, cst.Attribute) and dotted(func.value) == target and scope.params:
+        params.append(scope.params[0])  # ``net.reset_weights()``: its ``self``
+    return any(c.scope is scope and _init(c, p, loading, facts, depth + 1) for c in facts.calls for p in params) or \
+        any(loop.scope is scope and _walks(None, loop.node, p, drawing=not loading, facts=facts)
+            for loop in facts.loops for p in params)
+
+
+def _walks(work: _Work, stmt: cst.CSTNode, target: str, drawing: bool = False, facts: Any = None) -> list[Any]:
     """``for m in target.modules(): ... nn.init.kaiming_normal_(m.weight)``: the loop's iterable, as an init
-    call (its reads of ``target`` are the init's)."""
+    call (its reads of ``target`` are the init's); ``drawing``: only a loop that draws random numbers."""
     if not isinstance(stmt, cst.For) or not isinstance(stmt.iter, cst.Call):
         return []
     func = stmt.iter.func
@@ -130,6 +169,12 @@ def _walks(stmt: cst.BaseStatement, target: str) -> list[Any]:
         return []
     in_place = [n for n in _nodes(stmt.body) if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)
                 and n.func.attr.value.endswith("_") and not n.func.attr.value.startswith("_")]
+    if drawing:
+        inside = node_ids(stmt.body)
+        calls = (facts or work.facts).calls
+        in_place = [n for n in in_place if n.func.attr.value in RANDOM]  # type: ignore[attr-defined]
+        in_place += [c.node for c in calls if id(c.node) in inside and (c.name or "").startswith("torch.nn.init.")
+                     and c.last not in ("zeros_", "ones_", "constant_", "eye_", "dirac_")]
     return [_Node(stmt.iter)] if in_place else []
 
 
@@ -140,6 +185,21 @@ class _Node:
 
 def _of(name: str, target: str) -> bool:
     return name == target or name.startswith(f"{target}.")
+
+
+def _refers(node: cst.CSTNode | None, target: str) -> bool:
+    """``node`` is ``target`` or a part of it: ``target.fc.weight``, ``target[3].bias``, ``target.layers[0].w``."""
+    while isinstance(node, (cst.Attribute, cst.Subscript)):
+        if dotted(node) == target:
+            return True
+        node = node.value
+    return node is not None and dotted(node) == target
+
+
+def _after_assignment(stmt: cst.SimpleStatementLine, value: cst.BaseExpression | None) -> list[cst.CSTNode]:
+    """The small statements after the assignment of ``value`` on its own line (``m = Net(); m.apply(init)``)."""
+    index = next((i for i, small in enumerate(stmt.body) if getattr(small, "value", None) is value), len(stmt.body))
+    return list(stmt.body[index + 1:])
 
 
 def _removed(work: _Work) -> set[int]:

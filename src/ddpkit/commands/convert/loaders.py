@@ -19,8 +19,8 @@ import libcst as cst
 
 from ddpkit.commands.convert import batch, flow
 from ddpkit.commands.convert.apply import LOADER_PARAMETERS, loader_call
-from ddpkit.commands.convert.flow import loops_reading, peek, roles_said
-from ddpkit.commands.convert.scan import Call, Facts, Loop, dotted
+from ddpkit.commands.convert.flow import callee, loops_reading, peek, roles_said
+from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, dotted
 from ddpkit.commands.convert.sums import sums_after
 
 # the plan in the making (plan._Work): facts, edits, note, leave
@@ -49,14 +49,17 @@ def loaders(work: _Work) -> None:
                    "convert again; or split them by state.rank yourself (docs/guide.md)", blocks=True)
 
 def _unused(work: _Work, call: Call) -> bool:
-    """``test_loader = DataLoader(...)`` whose name nothing reads: no rank takes a batch from it, so it stays as it
-    is, said as kept (a loader of unknown role would otherwise be refused, one named for evaluation left to you)."""
+    """``test_loader = DataLoader(...)`` whose name nothing reads, as a variable or as an attribute of anything
+    (``data.test_loader``): no rank takes a batch from it, so it stays as it is, said as kept (a loader of unknown
+    role would otherwise be refused, one named for evaluation left to you)."""
     binding = next((b for b in work.facts.bindings if b.value is call.node), None)
     if binding is None:
         return False
     name, scope = binding.target, binding.scope
+    attribute = f".{name.rsplit('.', 1)[-1]}"  # ``self.train_loader`` read as ``data.train_loader``
     if any((read == name or read.startswith(f"{name}.")) and flow.visible(work.facts, name, scope, where) and
-           (where is not scope or line >= binding.line) for read, where, line, _node in work.facts.reads):
+           (where is not scope or line >= binding.line) for read, where, line, _node in work.facts.reads) or \
+            any(read.endswith(attribute) and read != name for read, _where, _line, _node in work.facts.reads):
         return False
     work.keep(call.line, f"{name} = DataLoader(...) left as it is", f"nothing reads {name}: no rank takes a "
               "batch from it")
@@ -80,6 +83,15 @@ def _loader(work: _Work, call: Call) -> bool:
     binding = next((b for b in work.facts.bindings if b.value is call.node), None)
     loops = loops_reading(work.facts, binding.target, binding.scope) if binding else \
         [loop for loop in work.facts.loops if isinstance(loop.node, cst.For) and call.line == loop.line]
+    returned = _returned(work.facts, call) if binding is None and not loops else None
+    if returned:  # ``return DataLoader(...)``: the loops over what its callers bind
+        loops = list({id(lp): lp for b in returned for lp in loops_reading(work.facts, b.target, b.scope)}.values())
+        binding = returned[0] if len(returned) == 1 else None
+    if returned is not None and not loops:
+        work.leave(call.line, "a DataLoader returned by a function: no loop over what its callers bind was found",
+                   "bind it where the function is called (train_loader = get_loader(...)) and loop over that "
+                   "name, or build the loader there, then convert again", blocks=True)
+        return False
     if binding is None and not loops:  # in a comprehension or an argument: one call, maybe several roles
         work.leave(call.line, "a DataLoader built inside an expression (a comprehension, a call's argument): "
                    "its loaders' roles cannot be followed", "bind each loader to a name (train_loader = "
@@ -119,6 +131,18 @@ def _loader(work: _Work, call: Call) -> bool:
     work.note(f"DataLoader -> ddpkit.data_loader ({'training' if role == 'train' else 'train=False'})",
               how, call.line)
     return role == "train"
+
+def _returned(facts: Facts, call: Call) -> list[Binding] | None:
+    """``return DataLoader(...)`` (or one of a returned tuple): what the function's callers bind it to
+    (``train_loader = get_loader(args)``); None when the call is not returned."""
+    for scope, value in facts.returns:
+        elements = [e.value for e in value.elements] if isinstance(value, (cst.Tuple, cst.List)) else [value]
+        if any(e is call.node for e in elements):
+            index = next(i for i, e in enumerate(elements) if e is call.node) if len(elements) > 1 else -1
+            sites = [id(c.node) for c in facts.calls if (callee(facts, c) or (None,))[0] is scope]
+            return [b for b in facts.bindings if id(b.whole) in sites and b.index == index]
+    return None
+
 
 def _same(node: cst.Call) -> cst.Call:
     return node

@@ -6,11 +6,12 @@ samples, and the shards ddpkit deals by index are shards of different orders (sa
 Nothing fails and the numbers look fine, so the split gets a fixed seed (``random_state=0``,
 ``generator=torch.Generator().manual_seed(0)``, ``np.random.RandomState(0).permutation``) and the line says so.
 
-A split stays as it is when its library was seeded above it with a constant (``np.random.seed(42)``,
-``torch.manual_seed(0)``, ``seed_everything(42)``), under no ``if`` the split is not under too: every rank then
-draws the same numbers.
-A seed from a variable may differ per process (DCGAN seeds with ``random.randint`` when no seed is given), so
-it does not count.
+A split stays as it is, said as kept (``left as is: seeded by ... at line N``), when its library was seeded above
+it (``np.random.seed(42)``, ``torch.manual_seed(args.seed)``, ``seed_everything(SEED)``, a ``set_seed(SEED)`` in
+the function that calls the split's), under no ``if`` the split is not under too: every rank then draws the same
+numbers. A seed drawn at random (DCGAN's ``opt.manualSeed = random.randint(1, 10000)``), from the time or from the
+rank differs per process, so it does not count. An unseeded ``torch.randperm(n, device=d)`` gets a generator on
+``d``.
 
 Example::
 
@@ -28,8 +29,9 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.commands.convert.apply import add_keyword
-from ddpkit.commands.convert.flow import callee
-from ddpkit.commands.convert.scan import Call, dotted
+from ddpkit.commands.convert.flow import DEPTH, callee
+from ddpkit.commands.convert.inits import node_ids
+from ddpkit.commands.convert.scan import Call, Scope, dotted, names_in
 
 # the plan in the making (plan._Work): facts, edits, note, leave
 _Work = Any
@@ -41,6 +43,8 @@ DRAWS = {"numpy.random.permutation": "numpy", "numpy.random.shuffle": "numpy", "
          "random.shuffle": "random", "random.sample": "random", "torch.randperm": "torch"}
 # where a draw is per sample (augmentation, dropout-like noise), not a split of the data
 PER_SAMPLE = ("__getitem__", "__iter__", "__call__", "forward")
+# what gives a seed that differs per process
+VARYING = ("random.", "numpy.random.", "torch.rand", "time.", "os.getpid", "secrets.", "uuid.", "datetime.")
 WHY = "every rank would draw its own split (samples of one rank's test set in another's training)"
 
 
@@ -48,7 +52,8 @@ def splits(work: _Work, loaders: bool) -> None:
     """Seed every unseeded split; ``loaders``: the script builds a DataLoader (a shuffle is data only then)."""
     for call in work.facts.calls:
         name = call.name or ""
-        if name.endswith("train_test_split") and call.last == "train_test_split":
+        if name.rsplit(".", 1)[-1] == "train_test_split" and (call.last == "train_test_split" or
+                                                               name.startswith("sklearn.")):  # (``as tts``)
             _keyword(work, call, "random_state", "0", "numpy")
         elif name == "torch.utils.data.random_split" or name.endswith(".random_split") and "torch" in name:
             _keyword(work, call, "generator", f"{_torch(work)}.Generator().manual_seed(0)", "torch")
@@ -61,7 +66,7 @@ def _keyword(work: _Work, call: Call, keyword: str, value: str, library: str) ->
     said, shuffle = given.get(keyword), given.get("shuffle")
     if said is not None and not (isinstance(said, cst.Name) and said.value == "None") or \
             isinstance(shuffle, cst.Name) and shuffle.value == "False" or \
-            any(a.star for a in call.node.args) or _seeded(work, call, library):
+            any(a.star for a in call.node.args) or _kept(work, call, library):
         return
     if library == "torch" and not _torch(work):
         work.leave(call.line, f"{call.last} without {keyword}=: {WHY}", f"pass {keyword}=torch.Generator()."
@@ -82,11 +87,14 @@ def _keyword(work: _Work, call: Call, keyword: str, value: str, library: str) ->
 def _draw(work: _Work, call: Call, library: str) -> None:
     """``np.random.permutation(n)`` -> ``np.random.RandomState(0).permutation(n)``, ``random.shuffle(x)`` ->
     ``random.Random(0).shuffle(x)``, ``torch.randperm(n)`` -> ``torch.randperm(n, generator=...)``."""
-    if _seeded(work, call, library):
+    if _kept(work, call, library):
         return
     if library == "torch":
+        device = next((a.value for a in call.node.args if a.keyword is not None and a.keyword.value == "device"),
+                      None)  # ``torch.randperm(n, device=device)``: a generator on that device
+        on = f"device={work.facts.code(device)}" if device is not None else ""
         if not any(a.keyword is not None and a.keyword.value == "generator" for a in call.node.args):
-            _keyword(work, call, "generator", f"{_torch(work)}.Generator().manual_seed(0)", "torch")
+            _keyword(work, call, "generator", f"{_torch(work)}.Generator({on}).manual_seed(0)", "torch")
         return
     func = call.node.func
     base = dotted(func.value) if isinstance(func, cst.Attribute) else None
@@ -100,31 +108,69 @@ def _draw(work: _Work, call: Call, library: str) -> None:
               f"{WHY}: one fixed order on every rank", call.line)
 
 
-def _seeded(work: _Work, call: Call, library: str) -> bool:
-    """A constant seed of ``library`` above ``call``, unconditional, at the module level or in its function, or
-    a seeding helper of the script's (``def seed_all(s): np.random.seed(s)``) called so."""
+def _kept(work: _Work, call: Call, library: str) -> bool:
+    """Seeded above (:func:`seeded`): left as it is, and said."""
+    seed = seeded(work, call.scope, call.line, call.tests, library)
+    if seed is not None:
+        work.keep(call.line, f"{call.last}(...) left as is: seeded by {work.facts.code(seed.node)} at line "
+                  f"{seed.line}", "every rank draws the same numbers from that seed")
+    return seed is not None
+
+
+def seeded(work: _Work, scope: Scope, line: int, tests: list[str], library: str, depth: int = 0) -> Call | None:
+    """The seed of ``library`` above ``line`` of ``scope`` (unconditional, in that function or at the module level,
+    or above every call of that function in its callers) with the same value on every rank; None if none.
+
+    >>> from ddpkit.commands.convert.plan import plan
+    >>> [k.what for k in plan("import numpy as np\\nfrom sklearn.model_selection import train_test_split\\n"
+    ...                       "def load():\\n    return train_test_split(X)\\nnp.random.seed(args.seed)\\n"
+    ...                       "load()\\n").kept]
+    ['train_test_split(...) left as is: seeded by np.random.seed(args.seed) at line 5']
+    """
+    module = work.facts.scopes[""]
     for seed in work.facts.calls:
-        inside = seed.tests == call.tests[:len(seed.tests)]  # (under the split's own ``if __name__ == ...``)
-        if seed.line >= call.line or not inside or seed.loops or seed.scope not in (call.scope,
-                                                                                   work.facts.scopes[""]):
-            continue
-        own = callee(work.facts, seed)
-        helper = seed.last in HELPERS or own is not None and any(
-            c.scope is own[0] and c.name in SEEDS[library] for c in work.facts.calls)
-        if (seed.name in SEEDS[library] or helper) and _constant(work, seed):
-            return True
-    return False
+        inside = seed.tests == tests[:len(seed.tests)]  # (under the split's own ``if __name__ == ...``)
+        if seed.line < line and inside and not seed.loops and seed.scope in (scope, module) and \
+                _seeds(work, seed, library) and _same_everywhere(work, seed):
+            return seed
+    sites = [c for c in work.facts.calls if (callee(work.facts, c) or (None,))[0] is scope]
+    if scope is module or depth >= DEPTH or not sites:
+        return None
+    found = [seeded(work, site.scope, site.line, site.tests, library, depth + 1) for site in sites]
+    return found[0] if all(found) else None
 
 
-def _constant(work: _Work, seed: Call) -> bool:
-    """The seed is an integer literal, or a module name bound once, to one (``SEED = 42``)."""
+def _seeds(work: _Work, seed: Call, library: str, depth: int = 0) -> bool:
+    """A seed of ``library``'s global generator: its own seed call, a script's function that makes one, or any
+    other function named for a seed (``seed_everything``, ``utils.set_seed``); not another library's, a GPU's
+    or a generator object's (``g.manual_seed``)."""
+    name = seed.name or ""
+    if name in SEEDS[library]:
+        return True
+    if any(name in names for names in SEEDS.values()) or name.startswith("torch.cuda.") or \
+            seed.last == "manual_seed" or depth >= DEPTH:
+        return False
+    own = callee(work.facts, seed)
+    if own is not None:  # the script's own helper: by what it calls
+        return any(c.scope is own[0] and _seeds(work, c, library, depth + 1) for c in work.facts.calls)
+    return seed.last in HELPERS or "seed" in seed.last.lower()
+
+
+def _same_everywhere(work: _Work, seed: Call) -> bool:
+    """The seed's value is the same on every rank: a literal, a setting (``args.seed``, ``SEED``), not a draw
+    (DCGAN's ``opt.manualSeed = random.randint(1, 10000)``), a time, a process id or a rank."""
     if not seed.node.args:
         return False
     value = seed.node.args[0].value
-    if isinstance(value, cst.Name):
-        bound = [b.value for b in work.facts.bindings if b.target == value.value]
-        value = bound[0] if len(bound) == 1 and bound[0] is not None else value
-    return isinstance(value, cst.Integer)
+    if "rank" in work.facts.code(value).lower():
+        return False
+    names = names_in(value)
+    for binding in work.facts.bindings:
+        if binding.target in names and binding.value is not None:
+            inside = node_ids(binding.value)
+            if any(id(c.node) in inside and (c.name or "").startswith(VARYING) for c in work.facts.calls):
+                return False
+    return True
 
 
 def _torch(work: _Work) -> str:
