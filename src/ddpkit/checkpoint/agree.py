@@ -26,7 +26,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ddpkit.checkpoint import bounds
-from ddpkit.checkpoint.lock import DirectoryInUse
+from ddpkit.checkpoint.lock import DirectoryInUse, verdict
 from ddpkit.runtime.control import broadcast, gather_object
 
 SHARED = "it must be one shared directory on every node (a network file system mounted at the same path everywhere)"
@@ -73,7 +73,7 @@ def steps_agreed(step: Any, directory: str, lock: Any = None, then: Callable[[],
     except ValueError as exc:
         number, problem = None, str(exc)
     fresh = lock is not None and lock.token is None
-    lock_problem = lock.acquire() if lock is not None else None
+    lock_problem = verdict(lock)  # rank 0's, a line whatever the lock file holds: every rank learns it below
     try:
         number = _same_steps(gather_object([number, problem, lock_problem]), directory)
         then()

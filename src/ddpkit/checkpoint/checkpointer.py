@@ -100,7 +100,7 @@ class Checkpointer:
         self._lock = locks.DirectoryLock(directory)  # rank 0's, taken at its first save: one job per directory
         weakref.finalize(self, self._lock.release)
         if self.state.is_main:  # another live job's leftovers may be its saves in flight: not ours to remove
-            disk.prepare(self.directory, IN_FLIGHT, clean=locks.other_job(directory) is None)
+            disk.prepare(self.directory, IN_FLIGHT, clean=locks.blocking(directory) is None)
 
     def _settle(self, restored: bool) -> None:
         """Once, at the first restore or save, on every rank: refuse to write beside another run's checkpoints
