@@ -201,17 +201,25 @@ def loads(path: str | None) -> dict[str, Any]:
 
 
 def path_agreed(directory: str, path: str, reason: str | None) -> str | None:
-    """``restore(path)``: every rank names the same checkpoint, and ``reason`` (why this rank cannot load it;
-    None: it can) on every rank the first failing rank's. A rank alone raising would leave the others waiting."""
-    everyone = gather_object([os.path.basename(os.path.normpath(path)), reason])
+    """``restore(path)``: every rank loads the same checkpoint, and ``reason`` (why this rank cannot load it;
+    None: it can) on every rank the first failing rank's. A rank alone raising would leave the others waiting.
+    What is compared is the manifest (its digest, as :func:`latest_agreed` does), not the name: runs/A/ckpt-5 on
+    rank 0 and runs/B/ckpt-5 on rank 1 are two checkpoints, and a per-node copy of one is the same one.
+
+    >>> path_agreed("runs/exp", "runs/exp/ckpt-0000000005", None)     # one process: nothing to compare
+    """
+    mine = loads(path) if reason is None else {"loads": os.path.basename(os.path.normpath(path)), "manifest": None}
+    everyone = gather_object([mine["loads"], mine["manifest"], reason])
     if len(everyone) == 1:
         return reason
-    if any(name != everyone[0][0] for name, _ in everyone):
-        raise SplitDirectory(f"ranks disagree on the checkpoint to restore from {directory}: "
-                             f"{_grouped([n for n, _ in everyone], lambda n: f'passed {n}')}; pass the same "
-                             "checkpoint on every rank; nothing was loaded")
-    failed = next(((r, why) for r, (_, why) in enumerate(everyone) if why), None)
-    return None if failed is None else f"{failed[1]} (on {ranks([failed[0]])})"
+    failed = next(((r, why) for r, (_, _, why) in enumerate(everyone) if why), None)
+    if failed is not None:
+        return f"{failed[1]} (on {ranks([failed[0]])})"
+    if any(seen[:2] != everyone[0][:2] for seen in everyone):
+        said = _grouped(everyone, lambda v: f"passed {v[0]} (manifest {v[1] or '-'})")
+        raise SplitDirectory(f"ranks disagree on the checkpoint to restore from {directory}: {said}; pass the same "
+                             "checkpoint on every rank (one shared path, or identical copies); nothing was loaded")
+    return None
 
 
 def latest_agreed(ckpt: Any) -> str | None:
