@@ -84,6 +84,18 @@ def steps_agreed(step: Any, directory: str, lock: Any = None, then: Callable[[],
         raise
 
 
+def lock_agreed(lock: Any) -> None:
+    """A job's start (its first restore): rank 0 takes the directory's lock (``lock``, None on the other ranks)
+    and every rank raises the same :class:`DirectoryInUse` when another live job holds it, before anything is
+    loaded. Collective: rank 0's verdict is broadcast as JSON. Example::
+
+        lock_agreed(DirectoryLock("runs/exp") if state.is_main else None)   # or DirectoryInUse on every rank
+    """
+    problem = broadcast(verdict(lock))
+    if problem:
+        raise DirectoryInUse(problem)
+
+
 def _same_steps(everyone: list[Any], directory: str) -> int:
     bad = next(((r, p) for r, (_, p, _) in enumerate(everyone) if p), None)
     if bad is not None:  # the rank named where the others passed another step

@@ -1,7 +1,7 @@
 """One job per checkpoint directory: a lock file that names the process holding it and outlives a crash.
 
 Two jobs saving into one directory delete each other's checkpoints (``keep=``, and the leftovers of saves killed
-midway). So rank 0 takes ``<directory>/.ddpkit-lock`` at its first save; the file holds who took it::
+midway). So rank 0 takes ``<directory>/.ddpkit-lock`` at its first restore or save; the file holds who took it::
 
     {"host": "node-a", "pid": 4242, "start": "81234", "job": "ddpkit-1712", "since": 1712000000.0,
      "token": "5d1e..."}
@@ -229,23 +229,29 @@ class DirectoryLock:
                 held, bad = read(self.directory)
                 if bad:
                     return not_ours(self.directory, bad)
-                if held is not None and not _mine(held):
-                    if live_holder(self.directory, held):
-                        return refusal(self.directory, held)
-                if held is not None:
-                    self._evict(held, mine["token"])
+                if held is None:
+                    continue  # given back this moment
+                if _mine(held) and any(other.token == held["token"] for other in list(_HELD)):
+                    return self._hold(held["token"])  # another Checkpointer of this process holds it: shared
+                if not _mine(held) and live_holder(self.directory, held):
+                    return refusal(self.directory, held)
+                self._evict(held, mine["token"])
                 continue
             now, _ = read(self.directory)
             if now is None or now["token"] != mine["token"]:  # another job's lock, put back or linked meanwhile
                 return refusal(self.directory, now) if now else not_ours(self.directory, "it changed as it was made")
-            self.token, self.lost = mine["token"], None
-            self._stop.clear()
-            threading.Thread(target=self._beat, name="ddpkit-checkpoint-lock", daemon=True).start()
-            process.on_shutdown(_release_all, always=True)  # an exit, even after an uncaught exception, gives it back
-            _HELD.add(self)
-            return None
+            return self._hold(mine["token"])
         return (f"checkpoint directory {self.directory}: its lock {self.path} kept changing while this job took it "
                 "over (other jobs are starting there too); start one job per directory")
+
+    def _hold(self, token: str) -> str | None:
+        """Hold the lock that holds ``token``: None, what :meth:`acquire` says for a lock held."""
+        self.token, self.lost = token, None
+        self._stop.clear()
+        threading.Thread(target=self._beat, name="ddpkit-checkpoint-lock", daemon=True).start()
+        process.on_shutdown(_release_all, always=True)  # an exit, even after an uncaught exception, gives it back
+        _HELD.add(self)
+        return None
 
     def _evict(self, stale: dict[str, Any], token: str) -> None:
         """Move the lock judged ``stale`` out of the way. The rename is atomic and only one renamer gets the file;
@@ -292,6 +298,8 @@ class DirectoryLock:
         token, self.token = self.token, None
         self._stop.set()
         _HELD.discard(self)
+        if token is not None and any(other.token == token for other in list(_HELD)):
+            return  # another Checkpointer of this process still holds it, and gives it back in its turn
         held, _ = read(self.directory)
         if token is not None and held is not None and held["token"] == token:
             with contextlib.suppress(OSError):  # a lock left behind is a stale one: the next job takes it over
