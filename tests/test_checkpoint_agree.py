@@ -54,6 +54,11 @@ def test_ddp_node_local_directories_stop_the_resume_on_every_rank(tmp_path):
     # a per-node copy of the same checkpoints is not refused: both ranks resume step 6
     assert ranks[0]["copied restore"] == ranks[1]["copied restore"] == "ok 6", ranks
     _steps_and_lock(ranks, tmp_path)
+    # restore(path=...) of two checkpoints that share a name (A/ckpt-5, B/ckpt-5): the manifests differ, refused
+    assert ranks[0]["path split"] == ranks[1]["path split"], ranks
+    kind, line = ranks[0]["path split"]
+    assert kind == "SplitDirectory" and line.startswith("ranks disagree on the checkpoint to restore from "), line
+    assert "rank 0 passed ckpt-0000000005 (manifest " in line and ", rank 1 passed ckpt-0000000005 (manifest " in line
 
 
 def test_fsdp_node_local_directories_stop_the_save_before_it_commits(tmp_path):

@@ -13,6 +13,8 @@ Each step catches what every rank raises and writes it to OUT/rank<R>.json ({"na
   OUT/shared must still hold ckpt-2 alone, valid.
 - "held": OUT/held holds a lock naming a live process of another job (the test's pytest process, written by the
   test): the first save is refused on every rank.
+- "path split" (ddp): ``restore(path=...)`` of OUT/A/ckpt-5 on rank 0 and OUT/B/ckpt-5 (other weights) on rank 1:
+  the same name, two checkpoints: refused on every rank, nothing loaded.
 The collective timeout is 30 s: a hang fails fast.
 """
 import json
@@ -77,5 +79,19 @@ steps.save(2, model=model, optimizer=opt)
 caught("steps", lambda: steps.save(4 + state.rank, model=model, optimizer=opt))
 seen["after steps"] = [listing(shared), steps.latest() and os.path.basename(steps.latest())]
 caught("held", lambda: ddpkit.Checkpointer(os.path.join(out, "held")).save(1, model=model, optimizer=opt))
+
+
+def path_split():
+    ddpkit.Checkpointer(os.path.join(out, "A")).save(5, model=model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(100.0)
+    ddpkit.Checkpointer(os.path.join(out, "B")).save(5, model=model)
+    mine = os.path.join(out, "A" if state.rank == 0 else "B", "ckpt-0000000005")
+    return ddpkit.Checkpointer(os.path.join(out, "finetune")).restore(path=mine, model=model)
+
+
+if state.mode == "ddp":
+    caught("path split", path_split)
 with open(os.path.join(out, f"rank{state.rank}.json"), "w") as f:
     json.dump(seen, f)

@@ -26,7 +26,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ddpkit.checkpoint import bounds
-from ddpkit.checkpoint.lock import DirectoryInUse
+from ddpkit.checkpoint.lock import DirectoryInUse, verdict
 from ddpkit.runtime.control import broadcast, gather_object
 
 SHARED = "it must be one shared directory on every node (a network file system mounted at the same path everywhere)"
@@ -73,7 +73,7 @@ def steps_agreed(step: Any, directory: str, lock: Any = None, then: Callable[[],
     except ValueError as exc:
         number, problem = None, str(exc)
     fresh = lock is not None and lock.token is None
-    lock_problem = lock.acquire() if lock is not None else None
+    lock_problem = verdict(lock)  # rank 0's, a line whatever the lock file holds: every rank learns it below
     try:
         number = _same_steps(gather_object([number, problem, lock_problem]), directory)
         then()
@@ -82,6 +82,18 @@ def steps_agreed(step: Any, directory: str, lock: Any = None, then: Callable[[],
         if fresh:
             lock.release()  # a refused first save leaves nothing, not even the lock it took
         raise
+
+
+def lock_agreed(lock: Any) -> None:
+    """A job's start (its first restore): rank 0 takes the directory's lock (``lock``, None on the other ranks)
+    and every rank raises the same :class:`DirectoryInUse` when another live job holds it, before anything is
+    loaded. Collective: rank 0's verdict is broadcast as JSON. Example::
+
+        lock_agreed(DirectoryLock("runs/exp") if state.is_main else None)   # or DirectoryInUse on every rank
+    """
+    problem = broadcast(verdict(lock))
+    if problem:
+        raise DirectoryInUse(problem)
 
 
 def _same_steps(everyone: list[Any], directory: str) -> int:
@@ -201,17 +213,25 @@ def loads(path: str | None) -> dict[str, Any]:
 
 
 def path_agreed(directory: str, path: str, reason: str | None) -> str | None:
-    """``restore(path)``: every rank names the same checkpoint, and ``reason`` (why this rank cannot load it;
-    None: it can) on every rank the first failing rank's. A rank alone raising would leave the others waiting."""
-    everyone = gather_object([os.path.basename(os.path.normpath(path)), reason])
+    """``restore(path)``: every rank loads the same checkpoint, and ``reason`` (why this rank cannot load it;
+    None: it can) on every rank the first failing rank's. A rank alone raising would leave the others waiting.
+    What is compared is the manifest (its digest, as :func:`latest_agreed` does), not the name: runs/A/ckpt-5 on
+    rank 0 and runs/B/ckpt-5 on rank 1 are two checkpoints, and a per-node copy of one is the same one.
+
+    >>> path_agreed("runs/exp", "runs/exp/ckpt-0000000005", None)     # one process: nothing to compare
+    """
+    mine = loads(path) if reason is None else {"loads": os.path.basename(os.path.normpath(path)), "manifest": None}
+    everyone = gather_object([mine["loads"], mine["manifest"], reason])
     if len(everyone) == 1:
         return reason
-    if any(name != everyone[0][0] for name, _ in everyone):
-        raise SplitDirectory(f"ranks disagree on the checkpoint to restore from {directory}: "
-                             f"{_grouped([n for n, _ in everyone], lambda n: f'passed {n}')}; pass the same "
-                             "checkpoint on every rank; nothing was loaded")
-    failed = next(((r, why) for r, (_, why) in enumerate(everyone) if why), None)
-    return None if failed is None else f"{failed[1]} (on {ranks([failed[0]])})"
+    failed = next(((r, why) for r, (_, _, why) in enumerate(everyone) if why), None)
+    if failed is not None:
+        return f"{failed[1]} (on {ranks([failed[0]])})"
+    if any(seen[:2] != everyone[0][:2] for seen in everyone):
+        said = _grouped(everyone, lambda v: f"passed {v[0]} (manifest {v[1] or '-'})")
+        raise SplitDirectory(f"ranks disagree on the checkpoint to restore from {directory}: {said}; pass the same "
+                             "checkpoint on every rank (one shared path, or identical copies); nothing was loaded")
+    return None
 
 
 def latest_agreed(ckpt: Any) -> str | None:

@@ -97,10 +97,11 @@ class Checkpointer:
         self._pending: BackgroundWrite | None = None
         self._writer_group: Any = None  # sharded writes in the background talk on a group of their own
         self._staged: Any = None  # the last save's staged state (async_save, unsharded)
-        self._lock = locks.DirectoryLock(directory)  # rank 0's, taken at its first save: one job per directory
+        self._lock = locks.DirectoryLock(directory)  # rank 0's, from the first restore or save: one job per directory
+        self._started = False  # the lock checked on every rank (at the first restore)
         weakref.finalize(self, self._lock.release)
         if self.state.is_main:  # another live job's leftovers may be its saves in flight: not ours to remove
-            disk.prepare(self.directory, IN_FLIGHT, clean=locks.other_job(directory) is None)
+            disk.prepare(self.directory, IN_FLIGHT, clean=locks.blocking(directory) is None)
 
     def _settle(self, restored: bool) -> None:
         """Once, at the first restore or save, on every rank: refuse to write beside another run's checkpoints
@@ -356,6 +357,9 @@ class Checkpointer:
         Without ``path`` nothing is loaded unless ``resume`` is on. A given ``path`` must exist and be valid.
         """
         self.wait()  # a save still being written in the background is the newest checkpoint
+        if not self._started:  # a second job on this directory stops at its start, before it loads anything
+            agree.lock_agreed(self._lock if self.state.is_main else None)
+            self._started = True
         if path is not None:
             if os.path.dirname(os.path.abspath(path)) != os.path.abspath(self.directory):
                 self._settle(restored=False)  # fine-tuning from another directory's checkpoint claims none here
