@@ -117,7 +117,9 @@ class Checkpointer:
             f"{self.directory} holds checkpoints of an earlier run (newest {os.path.basename(old[0])}) and this run "
             "resumed none of them; saving would mix the runs and delete those: resume it (ddpkit launch --resume or "
             "Checkpointer(..., resume=True)), pick another directory, or pass resume=False to start over there"))
-        if problem:
+        if problem:  # refused: the lock this run took at its start goes back, and the directory is as it was
+            self._lock.release()
+            self._started = False
             raise FileExistsError(problem)
 
     def checkpoints(self) -> list[str]:
