@@ -159,7 +159,7 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
     ``find_unused_parameters=True``, or ``comm=CommConfig(static_graph=True)``, if that is intended), the
     first training step checks that all ranks hold the same weights (an init applied after ``prepare_model``
     under a per-rank seed would train a different model on each rank), and then the replicas' fingerprints are
-    compared every few training steps (``check_sync_every='auto'``: as often as 0.25 % of the run's time allows;
+    compared every few training steps (``check_sync_every='auto'``: as often as 0.1 % of the run's time allows;
     K: every K steps; 0: never); a rank that left the others is named with the step, the tensor and the likely
     cause, and ``heal=True`` copies the majority's weights and optimizer state to it instead (3 or more ranks;
     ``heal='rank0'``: rank 0's win a tie). Evaluation forwards, in ``model.eval()`` or ``torch.no_grad()``, and

@@ -1,6 +1,6 @@
 r"""Collective desync caught in seconds, not at the process group's timeout: ranks waiting in different collectives.
 
-A thread of each rank looks at the main thread twice a second (its Python stack and the group's collective
+A thread of each rank looks at the main thread once a second (its Python stack and the group's collective
 sequence number: no collective, no per-step cost). Once the main thread has waited in one collective for
 :func:`patience` (a multiple of the usual step time, at least a few seconds) with the sequence number standing
 still, the rank posts what it waits in to the job's store (never a collective: those are what hang): the
@@ -42,7 +42,7 @@ import torch.distributed as dist
 
 from ddpkit.core import contract, process
 
-TICK_S = 0.5  # how often the main thread is looked at
+TICK_S = 1.0  # how often the main thread is looked at (each look wakes a thread that takes the GIL)
 MIN_WAIT_S = 3.0  # the least wait in one collective that is looked into (the default of DDPKIT_DESYNC_AFTER)
 STEPS = 20  # x the usual step time: a wait this much longer than a step is no straggler's noise
 _PREFIX = "ddpkit/desync/"

@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
 @dataclasses.dataclass(frozen=True)
 class DDPOptions(Options):
     """``sync_batchnorm``: BatchNorm -> SyncBatchNorm first; ``check_sync_every``: compare the replicas'
-    fingerprints every K training steps ('auto': as often as 0.25 % of the time allows; 0: never); ``heal``: copy
+    fingerprints every K training steps ('auto': as often as 0.1 % of the time allows; 0: never); ``heal``: copy
     the majority's weights to a rank that left it (True) or rank 0's on a tie ('rank0'); ``comm``: a
     :class:`ddpkit.CommConfig`; ``ddp_kwargs``: DistributedDataParallel's own
     (``find_unused_parameters=True``)."""
