@@ -2,7 +2,7 @@
 
 ``ddpkit launch --nproc-per-node 2 guard_ab.py --pairs 40 --block 200``: two DDP models of the same weights, one
 with the replica fingerprints on (``check_sync_every='auto'``, the default) and one with them off (``0``); "on"
-blocks train the first with this rank's desync watch running, "off" blocks the second with the watch stopped. The
+blocks train the first with this rank's desync watch looking, "off" blocks the second with the watch paused. The
 order within a pair alternates and both ranks switch together. Rank 0 prints one ``BENCH`` line: per pair, the
 on/off ratio of the block's wall time (the slower rank's) and of rank 0's process CPU time.
 """
@@ -17,13 +17,13 @@ from torch.utils.data import TensorDataset
 
 import ddpkit
 from ddpkit.core import process
-from ddpkit.runtime import desync
 
 p = argparse.ArgumentParser()
 p.add_argument("--pairs", type=int, default=40)
 p.add_argument("--block", type=int, default=200)
 p.add_argument("--width", type=int, default=512)
 p.add_argument("--batch", type=int, default=64)
+p.add_argument("--no-watch", action="store_true", help="the desync watch off in both arms: the fingerprints alone")
 args = p.parse_args()
 torch.set_num_threads(1)
 state = ddpkit.init(seed=0)
@@ -44,12 +44,8 @@ watch = process.current().desync
 
 
 def block(on):
-    global watch
-    if on and watch is None:
-        watch = desync.start(state, desync.MIN_WAIT_S, lambda rank, line: print(line, flush=True))
-    if not on and watch is not None:
-        watch.stopped.set()
-        watch = None
+    if watch is not None:  # one thread, as a run has; asleep in the "off" blocks (and in both with --no-watch)
+        watch.paused = not on or args.no_watch
     model, opt = models[on], optimizers[on]
     wall, cpu = time.perf_counter(), time.process_time()
     for x, y in loader:

@@ -137,6 +137,7 @@ class Watch(threading.Thread):
         self.floor_s, self.report = floor_s, report
         self.main = threading.main_thread().ident
         self.stopped = threading.Event()
+        self.paused = False  # looks at nothing while set (the bench's "off" blocks: the same thread, asleep)
         self.posted = False
 
     def run(self) -> None:
@@ -147,6 +148,8 @@ class Watch(threading.Thread):
             if proc.beats > beats[0]:  # the usual step time: between forwards / batches handed out
                 step_s = (now - beats[1]) / (proc.beats - beats[0])
                 beats = (proc.beats, now)
+            if self.paused:
+                continue
             state = self._state()
             key = None if state is None or state["op"] is None else (state["op"], state["at"], state["seq"])
             if key != waiting:

@@ -120,13 +120,20 @@ def _write_record(report_dir: str, rank: int, local_rank: int, kind: str, messag
               file=sys.stderr, flush=True)
 
 
-def fail_now(rank: int, local_rank: int, kind: str, line: str) -> None:
-    """End this process for a failure found outside the main thread, which is stuck in a collective and cannot
-    raise (a desync): the launcher's report names it as this rank's failure, then the process exits 1."""
+def record(rank: int, local_rank: int, kind: str, line: str) -> bool:
+    """This rank's failure ``kind: line``, with no traceback, for the launcher's report (a desync, replicas that
+    differ at the job's end); False when no launcher reads reports (the caller says it itself)."""
     report_dir = process.current().report_dir
     if report_dir is not None:
         _write_record(report_dir, rank, local_rank, kind, line, "", False)
-    print(f"ddpkit: rank {rank}: {kind}: {line}", file=sys.stderr, flush=True)
+    return report_dir is not None
+
+
+def fail_now(rank: int, local_rank: int, kind: str, line: str) -> None:
+    """End this process for a failure found outside the main thread, which is stuck in a collective and cannot
+    raise (a desync): the launcher's report names it as this rank's failure, then the process exits 1."""
+    if not record(rank, local_rank, kind, line):  # else the launcher's report says it, once
+        print(f"ddpkit: rank {rank}: {kind}: {line}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(1)  # the main thread waits in C++: no exception reaches it, and at-exit hooks would wait for peers
 

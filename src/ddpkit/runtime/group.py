@@ -318,7 +318,9 @@ def _final_barrier(wait_s: float = EXIT_WAIT_S) -> bool:
         held = [replicas.parse_live(raw) for raw in store.multi_get([_exit_key(_AT_EXIT, p) for p in range(world)])]
         problem = replicas.check_at_exit(set.intersection(*held))  # every rank is here: the last steps' weights
         if problem:
-            print(f"ddpkit: error: {problem}", file=sys.stderr, flush=True)
+            state = process.current().state
+            if not faults.record(rank, state.local_rank if state else rank, "ReplicaError", problem):
+                print(f"ddpkit: error: {problem}", file=sys.stderr, flush=True)
             process.current().exit_failure = problem
         dist.barrier()
         return True
