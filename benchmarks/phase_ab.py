@@ -16,6 +16,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from ab_pairs import pairs
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -62,14 +63,8 @@ def block(on):
     return slowest.item(), cpu
 
 
-block(False), block(True)  # warm-up: caches, the allocator, the clock's first backward
-wall_ratios, cpu_ratios = [], []
-for pair in range(args.pairs):
-    order = (True, False) if pair % 2 else (False, True)
-    got = {on: block(on) for on in order}
-    wall_ratios.append(got[True][0] / got[False][0])
-    cpu_ratios.append(got[True][1] / got[False][1])
+wall_ratios, cpu_ratios, last_off = pairs(block, args.pairs)
 if state.rank == 0:
     print("BENCH " + json.dumps({"impl": "phase_ab", "wall_ratios": wall_ratios, "cpu_ratios": cpu_ratios,
-                                 "block_steps": args.block, "steps_per_s": args.block / got[False][0],
+                                 "block_steps": args.block, "steps_per_s": args.block / last_off[0],
                                  "pid": os.getpid()}), flush=True)
