@@ -5,6 +5,16 @@ within a pair alternates, so a slow phase of the machine hits both sides alike. 
 
     wall, cpu, last_off = pairs(block, 40)   # per pair: on / off ratios; the last "off" block's (wall, cpu)
 """
+import torch
+import torch.distributed as dist
+
+
+def slowest(seconds):
+    """The largest of every rank's ``seconds`` (a block lasts as long as its slowest rank)."""
+    value = torch.tensor([seconds], dtype=torch.float64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return value.item()
 
 
 def pairs(block, count):

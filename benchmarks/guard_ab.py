@@ -11,8 +11,7 @@ import json
 import time
 
 import torch
-import torch.distributed as dist
-from ab_pairs import pairs
+from ab_pairs import pairs, slowest
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -54,10 +53,7 @@ def block(on):
         opt.step()
         opt.zero_grad()
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    slowest = torch.tensor([wall], dtype=torch.float64)
-    if state.world_size > 1:
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return slowest.item(), cpu
+    return slowest(wall), cpu
 
 
 wall_ratios, cpu_ratios, last_off = pairs(block, args.pairs)

@@ -16,7 +16,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from ab_pairs import pairs
+from ab_pairs import pairs, slowest
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -57,10 +57,7 @@ def block(on):
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     if on:
         clock.stop()
-    slowest = torch.tensor([wall], dtype=torch.float64)
-    if store is not None:
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return slowest.item(), cpu
+    return slowest(wall), cpu
 
 
 wall_ratios, cpu_ratios, last_off = pairs(block, args.pairs)

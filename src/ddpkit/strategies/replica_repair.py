@@ -157,10 +157,7 @@ def compare(tensor: torch.Tensor, reference: int, group: Any, optimizers: Sequen
     if len(where):
         diff = (mine.double() - theirs.double()).abs().nan_to_num(nan=float("inf"))
         detail[5:7] = [float(diff.max()), float(theirs.double().abs().nan_to_num(nan=0.0).max())]
-    local = torch.tensor(detail, dtype=torch.float64, device=mine.device)
-    everyone = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(everyone, local, group=group)
-    return [row.tolist() for row in torch.stack(everyone).cpu()]
+    return gather_rows(torch.tensor(detail, dtype=torch.float64, device=mine.device), group).tolist()
 
 
 def heal(replicas: Any, found: Finding, differing: Sequence[torch.Tensor]) -> None:
@@ -169,9 +166,9 @@ def heal(replicas: Any, found: Finding, differing: Sequence[torch.Tensor]) -> No
     group, src = replicas.group, found.reference
     optimizers = [opt for opt, mine in replicas.optimizers.items() if mine]
     shape = _state_shape(optimizers)
-    shapes = _gather_ints(torch.tensor([zlib.crc32(shape.encode())], dtype=torch.int64,
-                                       device=_device(replicas)), group)
-    if len(set(shapes)) > 1:
+    shapes = gather_rows(torch.tensor([zlib.crc32(shape.encode())], dtype=torch.int64, device=_device(replicas)),
+                         group)
+    if len(set(shapes[:, 0].tolist())) > 1:
         raise ReplicaError(f"{found.message(replicas.heal)}; cannot heal: the optimizer state has a different "
                            "layout on some ranks (one rank stepped a parameter the others did not)")
     device, moved = _device(replicas), 0
@@ -205,10 +202,11 @@ def _global(group: Any, rank: int) -> int:
     return dist.get_global_rank(group, rank) if group is not None else rank
 
 
-def _gather_ints(local: torch.Tensor, group: Any) -> list[int]:
-    everyone = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(everyone, local, group=group)
-    return [int(t.cpu()[0]) for t in everyone]
+def gather_rows(mine: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """Every rank's ``mine`` (on the group's device), stacked by rank, on the CPU."""
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(everyone, mine, group=group)
+    return torch.stack(everyone).cpu()
 
 
 def _copy_from(tensor: torch.Tensor, src: int, group: Any, device: torch.device) -> int:

@@ -149,9 +149,7 @@ class Replicas:
         self.check_s = self.since[0] - start
 
     def _gather(self, mine: torch.Tensor) -> torch.Tensor:
-        everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(self.group))]
-        dist.all_gather(everyone, mine, group=self.group)
-        return torch.stack(everyone).cpu()
+        return replica_repair.gather_rows(mine, self.group)
 
     def _differ(self, step: int, sums: torch.Tensor, rows: torch.Tensor) -> None:
         """Every rank is here (each saw the same rows): name what differs, then heal or raise."""
@@ -213,9 +211,7 @@ def check_all() -> None:
     row[0] = len(mine)
     if mine:
         row[1:1 + len(mine)] = torch.tensor(mine, dtype=torch.int64, device=device)
-    everyone = [torch.empty_like(row) for _ in range(dist.get_world_size())]
-    dist.all_gather(everyone, row)
-    held = [set(r[1:1 + int(r[0])].tolist()) for r in (t.cpu() for t in everyone)]
+    held = [set(r[1:1 + int(r[0])].tolist()) for r in replica_repair.gather_rows(row)]
     common = set.intersection(*held)
     for replicas in sorted((r for r in list(_LIVE) if r.serial in common and r.pid == os.getpid()),
                            key=lambda r: r.serial):
