@@ -141,6 +141,22 @@ def bench(results):
     return check
 
 
+def replica_checks(results):
+    def check(gpus):
+        """gpu/replicas_check.py: the fingerprints, their repair and the desync watch over NCCL; their cost."""
+        proc, _ = run([sys.executable, str(ROOT / "gpu" / "replicas_check.py")])
+        try:
+            found = json.loads(proc.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return outcome(proc)
+        results["replica_costs"] = found
+        if found["failed"]:
+            return "failed", "; ".join(found["failed"])
+        return outcome(proc, f"{found['parameters_m']}M parameters: a check {found['check_ms']} ms, a step "
+                             f"{found['step_ms']} ms, every {found['check_every_at_budget']} steps")
+    return check
+
+
 def verify(gpus):
     if gpus < 2:
         return "needs >= 2 GPUs", "verify compares 1 process with 2, one GPU each (NCCL allows no shared GPU)"
@@ -149,9 +165,10 @@ def verify(gpus):
 
 
 def main():
-    results = {}
+    results: dict = {}
     checks = {"gpu_tests": gpu_tests, "demo": demo, "bf16": precision("bf16"), "fp16": precision("fp16"),
-              "checkpoint": checkpoint, "doctor": doctor, "bench": bench(results), "verify": verify,
+              "checkpoint": checkpoint, "doctor": doctor, "bench": bench(results), "replicas": replica_checks(results),
+              "verify": verify,
               "nccl_between_ranks": None, "dataparallel": None}
     try:
         from ddpkit.core.environment import visible_gpus
@@ -172,8 +189,8 @@ def main():
                 status, detail = "failed", f"timed out after {exc.timeout} s"
             results[name] = {"status": status, "detail": detail}
         print(f"{name:20} {results[name]['status']:16} {results[name]['detail']}", file=sys.stderr, flush=True)
-    summary = {"gpus": gpus, "checks": {k: v for k, v in results.items() if isinstance(v, dict)},
-               **{k: v for k, v in results.items() if not isinstance(v, dict)}}
+    checks = {k: v for k, v in results.items() if isinstance(v, dict) and "status" in v}
+    summary = {"gpus": gpus, "checks": checks, **{k: v for k, v in results.items() if k not in checks}}
     if "gpu_step_ms" in summary:
         summary["gpu_speedup_vs_cpu"] = round(summary["cpu_step_ms"] / summary["gpu_step_ms"], 2)
     if "--json-out" in sys.argv:
