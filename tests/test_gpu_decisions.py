@@ -215,31 +215,36 @@ def test_gpus_are_counted_without_initialising_cuda_before_a_fork():
     assert count_gpus(**dict(gpu_host, initialized=True, runtime=lambda: 3)) == 3  # already up: nothing to spare
 
 
-def test_cuda_driver_loaded_reads_the_process_maps():
-    from ddpkit.core.environment import cuda_driver_loaded
+def test_cuda_driver_started_asks_the_mapped_driver_library():
+    from ddpkit.core.environment import cuda_driver_started
 
     maps = "7f00-7f10 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05\n"
-    assert cuda_driver_loaded(maps) and not cuda_driver_loaded("7f00-7f10 r-xp 0 08:01 1 /usr/lib/libnvidia-ml.so.1\n")
+    asked = []
+    assert cuda_driver_started(maps, ask=lambda path: asked.append(path) or 0)
+    assert asked == ["/usr/lib/x86_64-linux-gnu/libcuda.so.535.104.05"]
+    assert not cuda_driver_started(maps, ask=lambda path: 3)  # mapped (torch 2.11 maps it at import), not started
+    assert not cuda_driver_started("7f00-7f10 r-xp 0 08:01 1 /usr/lib/libnvidia-ml.so.1\n", ask=lambda path: 0)
+    assert cuda_driver_started(maps, ask=lambda path: (_ for _ in ()).throw(OSError("no symbol")))
 
 
 FORK_SAFE = """
 import json, os, torch, ddpkit
 from ddpkit.core import environment
-seen = [environment.cuda_driver_loaded()]
+seen = [environment.cuda_driver_started()]
 environment.visible_gpus()  # what ddpkit.spawn counts with before it forks
-seen += [environment.cuda_driver_loaded(), torch.cuda.is_initialized()]
+seen += [environment.cuda_driver_started(), torch.cuda.is_initialized()]
 # a CUDA build on an NVIDIA host; is_available() calls cudaGetDeviceCount: cuInit, fork is unsafe now
 if torch.cuda._is_compiled() and os.path.exists("/dev/nvidiactl") and torch.cuda.is_available():
-    seen += [environment.cuda_driver_loaded(), torch.cuda.is_initialized()]
+    seen += [environment.cuda_driver_started(), torch.cuda.is_initialized()]
 print("SEEN", json.dumps(seen))
 """
 
 
 def test_importing_torch_and_counting_gpus_leave_a_notebook_fork_safe():
-    """The fork refusal reads libcuda in the process maps: `import torch` must not map it (CUDA wheels import
-    on hosts without the driver: libcuda is opened at the first CUDA call), nor may ddpkit's GPU count. On an
-    NVIDIA host the check also sees what torch does not: is_available() started the driver."""
+    """The fork refusal asks the driver whether it was started: `import torch` must not start it (torch 2.11's
+    CUDA build maps libcuda at import, unstarted), nor may ddpkit's GPU count. On an NVIDIA host the check also
+    sees what torch does not: is_available() started the driver."""
     r = ok(run_cmd([sys.executable, "-c", FORK_SAFE], timeout=120))
     seen = json.loads(r.stdout.split("SEEN ", 1)[1])
     assert seen[:3] == [False, False, False], seen
-    assert seen[3:] in ([], [True, False]), seen  # loaded, yet torch.cuda.is_initialized() is False
+    assert seen[3:] in ([], [True, False]), seen  # started, yet torch.cuda.is_initialized() is False

@@ -74,5 +74,7 @@ for x, y in loader:
 if writer is not None:
     writer.close()
 if RANK == 0:
-    print(f"collectives={dist.distributed_c10d._get_default_group()._get_sequence_number_for_group()}", flush=True)
+    # one process (a GPU machine's check, nproc 1) has no group: no collective
+    seq = dist.distributed_c10d._get_default_group()._get_sequence_number_for_group() if dist.is_initialized() else 0
+    print(f"collectives={seq}", flush=True)
 ddpkit.shutdown()

@@ -107,7 +107,7 @@ except ValueError as exc:
 early = mlp()
 early_opt = torch.optim.SGD(early.parameters(), lr=0.1)
 model = ddpkit.prepare_model(early, shard=[nn.Linear])
-model(torch.randn(4, 5)).sum().backward()
+model(torch.randn(4, 5).to(state.device)).sum().backward()
 try:
     early_opt.step()
     results["early_optimizer"] = None

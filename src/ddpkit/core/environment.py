@@ -345,17 +345,23 @@ def _count_in_child() -> int:
         return 0  # the runtime could not even count: no GPU torch can use
 
 
-def cuda_driver_loaded(maps: str | None = None) -> bool:
-    """True when NVIDIA's driver library is loaded in this process (``/proc/self/maps`` lists ``libcuda.so``):
-    something called into CUDA (``torch.cuda.is_available()`` does) even if torch's lazy init did not run, and a
-    forked child can no longer use CUDA. False where the maps cannot be read (not Linux).
+_NOT_INITIALIZED = 3  # CUDA_ERROR_NOT_INITIALIZED: what every driver call but cuInit answers before cuInit
 
-    ``import torch`` does not load it: CUDA wheels import on hosts without the driver, so no library torch
-    loads at import links ``libcuda.so.1``; torch opens it at the first CUDA call, and NVML (ddpkit's GPU count)
-    is another library (tests/test_gpu_decisions.py holds both on whatever host runs it).
 
-    >>> cuda_driver_loaded("7f00-7f10 r-xp 0 08:01 1 /usr/lib/libcuda.so.1")
+def cuda_driver_started(maps: str | None = None, ask: Callable[[str], int] | None = None) -> bool:
+    """True when CUDA's driver was started in this process (``cuInit``): something called into CUDA
+    (``torch.cuda.is_available()`` does) even if torch's lazy init did not run, and a forked child can no longer
+    use CUDA. False where the maps cannot be read (not Linux).
+
+    A loaded ``libcuda.so`` is not enough: torch 2.11's CUDA build maps it at ``import torch`` (earlier builds
+    opened it at the first CUDA call), and a forked child of such a process uses CUDA fine (seen on an H200,
+    docs/gpu-check.json). So the library the maps list is asked ``cuDeviceGetCount``, which answers
+    CUDA_ERROR_NOT_INITIALIZED, starting nothing, until ``cuInit`` ran (``ask``: that call, given the path).
+
+    >>> cuda_driver_started("7f00-7f10 r-xp 0 08:01 1 /usr/lib/libcuda.so.1", ask=lambda path: 0)
     True
+    >>> cuda_driver_started("7f00-7f10 r-xp 0 08:01 1 /usr/lib/libcuda.so.1", ask=lambda path: 3)
+    False
     """
     if maps is None:
         try:
@@ -363,7 +369,22 @@ def cuda_driver_loaded(maps: str | None = None) -> bool:
                 maps = f.read()
         except OSError:
             return False
-    return re.search(r"/libcuda\.so(\.|$)", maps, re.MULTILINE) is not None
+    found = re.search(r"(/\S*/libcuda\.so(\.\S*)?)$", maps, re.MULTILINE)
+    if found is None:
+        return False
+    try:
+        return (ask or _device_count_status)(found[1]) != _NOT_INITIALIZED
+    except OSError:
+        return True  # the library could not be asked: as before, loaded counts as started
+
+
+def _device_count_status(path: str) -> int:
+    """``cuDeviceGetCount``'s status from the already loaded driver library at ``path``."""
+    import ctypes
+
+    lib = ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 0) | ctypes.RTLD_LOCAL)  # loads nothing new
+    count = ctypes.c_int(0)
+    return int(lib.cuDeviceGetCount(ctypes.byref(count)))
 
 
 def usable_cores(mask: Collection[int] | None = None, cpu_count: int | None = None) -> int:

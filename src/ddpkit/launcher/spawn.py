@@ -150,7 +150,7 @@ def spawn(fn: Callable[..., Any], *args: Any, nproc_per_node: int | None = None,
     if not cfg.strategy.multi_process:
         raise ValueError(f"mode={mode!r} runs one process; ddpkit.spawn starts a multi-process mode (ddp, fsdp)")
     method = choose_start_method(start_method, _interactive(fn, args, kwargs),
-                                 torch.cuda.is_initialized() or environment.cuda_driver_loaded())
+                                 torch.cuda.is_initialized() or environment.cuda_driver_started())
     run_dir = logs.new_run_dir(log_dir, keep=launch.DEFAULT_KEEP_LOGS)  # the newest folders stay, as under launch
     saved_signals = {s: signal.getsignal(s) for s in _SIGNALS}
     try:
@@ -190,12 +190,14 @@ def _launch(cfg: launch.LaunchConfig, fn: Callable[..., Any], args: tuple, kwarg
     # torch's LaunchConfig without NUMA options asks torch.cuda.is_available(), which initialises the CUDA driver
     # here and breaks every forked worker, only to pick default NUMA options, which are None outside Meta: skip
     # the question (any options given) and keep that answer
-    asks_numa = "numa_options" in {f.name for f in fields(LaunchConfig)}  # torch >= 2.8
-    numa: dict[str, Any] = {"numa_options": _NO_NUMA_QUESTION} if asks_numa else {}
+    known = {f.name for f in fields(LaunchConfig)}
+    numa: dict[str, Any] = {"numa_options": _NO_NUMA_QUESTION} if "numa_options" in known else {}  # torch >= 2.8
+    # a worker's grace after SIGTERM; torch 2.11's LaunchConfig has no such field (its default, 30 s, applies)
+    grace = {"shutdown_timeout": 3} if "shutdown_timeout" in known else {}
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=cfg.nproc_per_node, run_id=os.path.basename(run_dir),
                           rdzv_backend=rendezvous.BACKEND, rdzv_endpoint="127.0.0.1:0", max_restarts=0,
-                          start_method=method, monitor_interval=0.1, shutdown_timeout=3,
-                          logs_specs=DefaultLogsSpecs(log_dir=run_dir, redirects=redirects), **numa)
+                          start_method=method, monitor_interval=0.1,
+                          logs_specs=DefaultLogsSpecs(log_dir=run_dir, redirects=redirects), **numa, **grace)
     if numa:
         config.numa_options = None
     tail = ConsoleTail(run_dir, {0}, 0, cfg.nproc_per_node, block_tag=reports.block_tag(report_dir))
