@@ -98,6 +98,7 @@ class ShardedDataLoader(Observed, DataLoader):
         self._batches: int | None = None  # batches handed out in the open pass; None between passes
         self._requested: int | None = None  # set_epoch during a pass: the next pass's epoch
         self._passes = 0  # numbers the passes: an old pass closed late must leave the current one alone
+        self._unchecked = 0  # training batches since the replicas were last compared at a pass's end
         self._generator_state: torch.Tensor | None = None  # generator state at the start of the current pass
         self._shard_sampler().on_set_epoch = weakref.WeakMethod(self._take_epoch)
 
@@ -185,19 +186,24 @@ class ShardedDataLoader(Observed, DataLoader):
     def _counted(self, batches: Any, number: int) -> Iterator[Any]:
         if self.equal_steps is not None:
             batches = _padded_with_empty(batches, self.equal_steps)
-        finished = False
+        finished, handed = False, 0
         try:
             for batch in self._timed(batches):
                 if not self._admit():
                     return
                 if number == self._passes:  # counted when handed out (a checkpoint in the loop body includes
                     self._batches = (self._batches or 0) + 1  # it), by the current pass only: not an older one
+                handed += 1
                 process.heartbeat()
                 yield batch
             finished = True
-            if self.train and not self.join and not process.current().joining:
+            self._unchecked += handed
+            if self.train and not self.join and not process.current().joining and \
+                    self._unchecked >= replicas.PASS_STEPS:
                 # every rank ends the pass at the same step: the replicas are compared there too, so a script that
-                # ends with dist.destroy_process_group() (no check at the job's end) has its last epoch checked
+                # ends with dist.destroy_process_group() (no check at the job's end) has its last epochs checked;
+                # not after every short pass (14 steps of the demo): each look is a collective
+                self._unchecked = 0
                 replicas.check_all()
         finally:  # at the end, and at a `break` (CPython closes the iterator as the loop is left)
             if number == self._passes:

@@ -43,6 +43,7 @@ from ddpkit.strategies.consistency import diverged_line
 BUDGET = 0.001  # of the step time: a fifth of the 0.5 % the checks may cost (the bench measured more than the estimate)
 FIRST = 2  # the first check after the start one: after the first optimizer step (a skipped one shows at once)
 MAX_EVERY = 1000  # steps: however cheap the step, a check at least this often
+PASS_STEPS = 100  # training steps of a loader between its pass-end checks (at the end of a pass that reaches it)
 HEALS = (False, True, "rank0")
 
 _LIVE: weakref.WeakSet[Replicas] = weakref.WeakSet()
@@ -199,8 +200,8 @@ _MAX_MODELS = 64  # models a process checks at a pass's end (their numbers go in
 
 
 def check_all() -> None:
-    """Compare now every model that trained since its last check: every rank calls it at the same point (the end
-    of a pass over the training data, a checkpoint's save). The models every rank holds are agreed first (one
+    """Compare now every model that trained half its cadence or more since its last check: every rank calls it at
+    the same point (the end of a pass over the training data). The models every rank holds are agreed first (one
     all_gather of their numbers: a model dropped by the script may be collected on one rank only)."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return
@@ -215,7 +216,9 @@ def check_all() -> None:
     common = set.intersection(*held)
     for replicas in sorted((r for r in list(_LIVE) if r.serial in common and r.pid == os.getpid()),
                            key=lambda r: r.serial):
-        if replicas.seen > replicas.agreed:  # counted alike on every rank (a join's steps are not counted)
+        # counted alike on every rank (a join's steps are not counted); half a cadence since the last check at
+        # least, so that these checks cost no more than the budget again
+        if replicas.seen - replicas.agreed >= max(1, replicas.every // 2):
             replicas.check(replicas.seen + 1)
 
 
