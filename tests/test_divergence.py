@@ -96,6 +96,16 @@ def test_ranks_in_different_collectives_are_named_in_seconds(tmp_path):
     assert ended - started < 10, ended - started
 
 
+def test_a_rank_outside_any_collective_is_named_with_its_line(tmp_path):
+    """Rank 2 waits in a loop of its own while ranks 0 and 1 wait in different collectives: the verdict is made
+    with rank 2's line, not held back until the group's timeout."""
+    r = launch(SCRIPT, "desync_outside", tmp_path, nproc=3, timeout=120)
+    assert r.returncode != 0, r.stderr[-2000:]
+    line = next(i + 1 for i, text in enumerate(SCRIPT.read_text().splitlines()) if "time.sleep(0.05)" in text)
+    said = re.search(r"CollectiveDesync: ranks wait in different collectives: (.*)", r.stderr)
+    assert said and f"rank 2 is outside any collective at divergence.py:{line}" in said[1], r.stderr[-3000:]
+
+
 def test_a_slow_rank_is_no_desync(tmp_path):
     """Rank 1 computes for 3 s while the others wait in the collective: 3x the (lowered) patience, no report."""
     r = ok(launch(SCRIPT, "straggle", tmp_path, nproc=3, timeout=120, env={"DDPKIT_DESYNC_AFTER": "1"}))

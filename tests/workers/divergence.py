@@ -3,8 +3,9 @@
 
 CASE: clean, flip (rank 1, in hsdp rank 3, flips bit 5 of one weight after step 12's optimizer step), skip
 (rank 1 skips step 12's optimizer.step()), desync (rank 1 all_reduces where the others broadcast, at step 5),
-straggle (rank 1 sleeps 3 s before a collective every rank calls, at step 5). CHECK: check_sync_every ('auto' or
-K); HEAL: 'no', 'yes' or 'rank0'. Each rank saves its final weights to OUT/rank<R>.pt (hsdp: gathered).
+desync_outside (the same, but rank 2 waits in a loop of its own), straggle (rank 1 sleeps 3 s before a
+collective every rank calls, at step 5). CHECK: check_sync_every ('auto' or K); HEAL: 'no', 'yes' or 'rank0'.
+Each rank saves its final weights to OUT/rank<R>.pt (hsdp: gathered).
 """
 import sys
 import time
@@ -37,10 +38,13 @@ for step in range(40):
             weight = ddpkit.unwrap(model)[0].weight
             weight = weight.to_local() if hsdp else weight
             weight.view(-1).view(torch.int32)[17] ^= 1 << 5
-    if case == "desync" and step == 5:
+    if case in ("desync", "desync_outside") and step == 5:
         print(f"DESYNC-AT {time.time()}", flush=True)
         if rank == 1:
             dist.all_reduce(torch.ones(1024))
+        elif case == "desync_outside" and rank == 2:
+            while True:  # stuck in the script's own wait, in no collective
+                time.sleep(0.05)
         else:
             dist.broadcast(torch.ones(1024), 0)
     if case == "straggle" and step == 5:

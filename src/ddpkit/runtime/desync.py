@@ -11,8 +11,10 @@ all-reduces run in C++ inside the backward, where a rank may as well be computin
 only two different collectives of the script's make a desync.
 
 Ranks that all wait in the same collective at the same line are merely slow (a straggler, or a hang that the
-timeout reports as before): nothing is said. A rank that is not in a collective (computing, loading) posts
-nothing, so no verdict is made without it.
+timeout reports as before): nothing is said. A rank that is not in a collective (computing, loading, stuck in
+the script's own wait) posts where its main thread is, the script's innermost line, while any rank has posted
+a wait (a counter in the store, read once a second): it completes the verdict and is named in it ("rank 2 is
+outside any collective at train.py:120"), but is never a collective of its own.
 
 Example (what a rank waits in, and the verdict over every rank's)::
 
@@ -24,6 +26,8 @@ Example (what a rank waits in, and the verdict over every rank's)::
     >>> verdict([a, a]) is None
     True
     >>> verdict([a, dict(a, op="backward")]) is None  # the other rank may still be computing its backward
+    True
+    >>> verdict([a, dict(a, op=None, at="train.py:120")]) is None  # a straggler: one collective waits for it
     True
 """
 
@@ -46,6 +50,7 @@ TICK_S = 1.0  # how often the main thread is looked at (each look wakes a thread
 MIN_WAIT_S = 3.0  # the least wait in one collective that is looked into (the default of DDPKIT_DESYNC_AFTER)
 STEPS = 20  # x the usual step time: a wait this much longer than a step is no straggler's noise
 _PREFIX = "ddpkit/desync/"
+_WAITERS = _PREFIX + "waiters"  # how many ranks have a wait posted: the others then post where they are
 # torch.distributed's collectives, as their Python functions are named (the outermost one a stack holds is
 # the script's call: all_gather_object calls all_gather)
 COLLECTIVES = frozenset({
@@ -99,6 +104,8 @@ def _tensors(arguments: list[Any]) -> list[str]:
 
 def _said(state: dict[str, Any]) -> str:
     """How a rank's wait reads, and what ranks are grouped by."""
+    if state["op"] is None:
+        return f"outside any collective at {state['at']}"
     if state["op"] == "backward":
         return f"backward at {state['at']}"
     return f"{state['op']}({', '.join(state['tensors'])}) at {state['at']} (collective #{state['seq']})"
@@ -111,11 +118,11 @@ def verdict(states: list[dict[str, Any]]) -> str | None:
     groups: dict[str, list[int]] = {}
     for rank, state in enumerate(states):
         groups.setdefault(_said(state), []).append(rank)
-    if len({said for said, ranks in groups.items() if states[ranks[0]]["op"] != "backward"}) < 2:
+    if len({said for said, ranks in groups.items() if states[ranks[0]]["op"] not in ("backward", None)}) < 2:
         return None
     ordered = sorted(groups.items(), key=lambda item: (len(item[1]), item[1][0]))
-    parts = [f"{'rank' if len(r) == 1 else 'ranks'} {', '.join(map(str, r))} {'is' if len(r) == 1 else 'are'} in "
-             f"{said}" for said, r in ordered]
+    parts = [f"{'rank' if len(r) == 1 else 'ranks'} {', '.join(map(str, r))} {'is' if len(r) == 1 else 'are'} "
+             f"{'' if said.startswith('outside') else 'in '}{said}" for said, r in ordered]
     return "ranks wait in different collectives: " + "; ".join(parts)
 
 
@@ -138,7 +145,7 @@ class Watch(threading.Thread):
         self.main = threading.main_thread().ident
         self.stopped = threading.Event()
         self.paused = False  # looks at nothing while set (the bench's "off" blocks: the same thread, asleep)
-        self.posted = False
+        self.posted: bool | str = False  # True: a wait posted (counted in _WAITERS); "outside": where it is
 
     def run(self) -> None:
         waiting, since, beats = None, time.monotonic(), (process.current().beats, time.monotonic())
@@ -156,7 +163,9 @@ class Watch(threading.Thread):
                 waiting, since = key, now
                 self._withdraw()
                 continue
-            if state is not None and key is not None and now - since >= patience(step_s, self.floor_s):
+            if state is not None and key is None:
+                self._outside(state)
+            elif state is not None and now - since >= patience(step_s, self.floor_s):
                 self._compare(state)
 
     def _state(self) -> dict[str, Any] | None:
@@ -167,10 +176,24 @@ class Watch(threading.Thread):
         frame = sys._current_frames().get(self.main) if self.main is not None else None
         return {**where(frame), "seq": int(seq)}
 
+    def _outside(self, state: dict[str, Any]) -> None:
+        """Not in a collective: where this rank is, posted while a peer has a wait posted (it may be this rank
+        that the peer waits for), else nothing."""
+        try:
+            if self.store.add(_WAITERS, 0) > 0:
+                self.store.set(f"{_PREFIX}{self.rank}", json.dumps(state))
+                self.posted = "outside"
+            elif self.posted:
+                self._withdraw()
+        except RuntimeError:  # the store's host is gone: the job is ending
+            return
+
     def _compare(self, state: dict[str, Any]) -> None:
         keys = [f"{_PREFIX}{r}" for r in range(self.world_size)]
         try:
             self.store.set(keys[self.rank], json.dumps(state))
+            if self.posted is not True:  # counted once per wait
+                self.store.add(_WAITERS, 1)
             self.posted = True
             if not self.store.check(keys):
                 return
@@ -188,6 +211,8 @@ class Watch(threading.Thread):
         if self.posted:
             try:
                 self.store.delete_key(f"{_PREFIX}{self.rank}")
+                if self.posted is True:
+                    self.store.add(_WAITERS, -1)
             except RuntimeError:
                 pass
             self.posted = False
@@ -204,8 +229,9 @@ def _parse(raw: bytes) -> dict[str, Any] | None:
         state = json.loads(raw)
     except (ValueError, RecursionError):
         return None
-    fields = {"op": str, "at": str, "seq": int, "tensors": list}
-    if not isinstance(state, dict) or any(not isinstance(state.get(k), t) for k, t in fields.items()):
+    fields = {"at": str, "seq": int, "tensors": list}
+    if not isinstance(state, dict) or any(not isinstance(state.get(k), t) for k, t in fields.items()) or \
+            not isinstance(state.get("op", 0), (str, type(None))):  # None: outside any collective
         return None
     return state
 
