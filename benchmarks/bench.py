@@ -274,7 +274,8 @@ TARGETS = {"step_ratio_vs_raw_ddp": ("<=", 1.01), "import_ratio_vs_torch": ("<="
            "fsdp_state_bytes_ratio_vs_ddp_3p": ("<=", 0.45), "fsdp_step_ratio_vs_raw_fsdp2": ("<=", 1.02),
            "stream_throughput_ratio_vs_map": (">=", 0.95), "aa_false_rate": ("<=", 0.05),
            "advice_found_rate": (">=", 0.8), "phase_report_step_ratio": ("<=", 1.005),
-           "phase_report_cpu_ratio": ("<=", 1.005), "accum_step_ratio_vs_hand_no_sync": ("<=", 1.01),
+           "phase_report_cpu_ratio": ("<=", 1.005), "guards_step_ratio": ("<=", 1.005),
+           "guards_cpu_ratio": ("<=", 1.005), "accum_step_ratio_vs_hand_no_sync": ("<=", 1.01),
            "hsdp_step_ratio_vs_raw_hsdp_4p": ("<=", 1.02), "hsdp_state_bytes_ratio_vs_ddp_4p": ("<=", 0.55),
            "async_ckpt_block_ratio_vs_sync": ("<=", 0.10), "async_ckpt_step_ratio_during_write": ("<=", 1.10)}
 
