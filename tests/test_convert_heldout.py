@@ -302,3 +302,36 @@ def test_a_returned_loader_is_followed_to_where_its_caller_binds_it_and_said_as_
                    "")
     assert lost.refused and [x.what for x in lost.left] == [
         "a DataLoader returned by a function: no loop over what its callers bind was found"]
+
+
+PASSED_ON = """
+net = Net()
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+
+def train(model, train_loader, validation_loader, optimizer, epochs=1):
+    for epoch in range(epochs):
+        for x, y in train_loader:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+
+
+train_loader = DataLoader(train_set, batch_size=8, shuffle=True)
+validation_loader = DataLoader(val_set, batch_size=8)
+train(net, train_loader, validation_loader, opt)
+"""
+
+
+def test_a_loader_passed_to_a_function_of_the_script_that_never_reads_it_is_kept(tmp_path, capsys):
+    """The VAE of the held-out re-run: its validation loader goes to ``train``, which never reads it."""
+    script = tmp_path / "train.py"
+    script.write_text(HEAD + textwrap.dedent(PASSED_ON))
+    assert main([str(script)]) == 0
+    err = capsys.readouterr().err
+    assert f"{script}:18: kept: validation_loader = DataLoader(...) left as it is: nothing reads " in err, err
+    assert "left to you" not in err
+    # read there after all (by another of the script's functions it passes it to, unknown): still left to you
+    passed_on = PASSED_ON.replace("    for epoch in range(epochs):", "    log(validation_loader)\n"
+                                  "    for epoch in range(epochs):")
+    assert [x.line for x in plan(HEAD + textwrap.dedent(passed_on)).left] == [19]

@@ -53,17 +53,44 @@ def _unused(work: _Work, call: Call) -> bool:
     (``data.test_loader``): no rank takes a batch from it, so it stays as it is, said as kept (a loader of unknown
     role would otherwise be refused, one named for evaluation left to you)."""
     binding = next((b for b in work.facts.bindings if b.value is call.node), None)
-    if binding is None:
+    if binding is None or _read(work.facts, binding.target, binding.scope, binding.line):
         return False
-    name, scope = binding.target, binding.scope
-    attribute = f".{name.rsplit('.', 1)[-1]}"  # ``self.train_loader`` read as ``data.train_loader``
-    if any((read == name or read.startswith(f"{name}.")) and flow.visible(work.facts, name, scope, where) and
-           (where is not scope or line >= binding.line) for read, where, line, _node in work.facts.reads) or \
-            any(read.endswith(attribute) and read != name for read, _where, _line, _node in work.facts.reads):
-        return False
+    name = binding.target
     work.keep(call.line, f"{name} = DataLoader(...) left as it is", f"nothing reads {name}: no rank takes a "
               "batch from it")
     return True
+
+
+def _read(facts: Facts, name: str, scope: Any, since: int, depth: int = 0) -> bool:
+    """Whether anything reads ``name`` (bound in ``scope`` at line ``since``), as a variable or as an attribute
+    of anything; handing it to a function of the script whose parameter is read nowhere there is no read
+    (``train(model, train_loader, validation_loader)`` where ``train`` never uses ``validation_loader``)."""
+    attribute = f".{name.rsplit('.', 1)[-1]}"  # ``self.train_loader`` read as ``data.train_loader``
+    if any(read.endswith(attribute) and read != name for read, _where, _line, _node in facts.reads):
+        return True
+    own = _param_names(scope.node)  # the def's own names are no read
+    return any((read == name or read.startswith(f"{name}.")) and flow.visible(facts, name, scope, where) and
+               (where is not scope or line >= since) and id(node) not in own and
+               not _handed_to_unread(facts, node, depth) for read, where, line, node in facts.reads)
+
+
+def _param_names(node: Any) -> set[int]:
+    if not isinstance(node, cst.FunctionDef):
+        return set()
+    params = node.params
+    return {id(p.name) for p in (*params.posonly_params, *params.params, *params.kwonly_params)}
+
+
+def _handed_to_unread(facts: Facts, node: Any, depth: int) -> bool:
+    """``node`` is a whole argument of a call of the script's own function, landing in a parameter that the
+    function reads nowhere (followed :data:`flow.DEPTH` calls deep)."""
+    call = next((c for c in facts.calls if any(a.value is node for a in c.node.args)), None)
+    target = callee(facts, call) if call is not None and depth < flow.DEPTH else None
+    if target is None:
+        return False
+    scope, skip = target
+    param = next((p for p in scope.params if flow.argument_for(call, p, scope, skip) is node), None)
+    return param is not None and not _read(facts, param, scope, 0, depth + 1)
 
 
 def _loader(work: _Work, call: Call) -> bool:
