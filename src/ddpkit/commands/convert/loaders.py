@@ -86,7 +86,7 @@ def _handed_to_unread(facts: Facts, node: Any, depth: int) -> bool:
     function reads nowhere (followed :data:`flow.DEPTH` calls deep)."""
     call = next((c for c in facts.calls if any(a.value is node for a in c.node.args)), None)
     target = callee(facts, call) if call is not None and depth < flow.DEPTH else None
-    if target is None:
+    if call is None or target is None:
         return False
     scope, skip = target
     param = next((p for p in scope.params if flow.argument_for(call, p, scope, skip) is node), None)
