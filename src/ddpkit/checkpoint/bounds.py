@@ -147,7 +147,41 @@ def state_problem(payload: Any) -> str | None:
     if not isinstance(rng, dict) or not all(isinstance(v, torch.Tensor) and v.dim() >= 1 and len(v) == world
                                             for v in rng.values()):
         return f"its RNG states are no tensors of one row per rank ({world}), expected what ddpkit's save gathers"
-    return None
+    return next((f"its RNG state {name!r:.40} is {problem}" for name, value in rng.items()
+                 if (problem := _rng_problem(str(name), value))), None)
+
+
+_TORCH_RNG = torch.get_rng_state().numel()  # bytes of a CPU generator's state (a loader's too)
+_WORD = 1 << 32  # Mersenne Twister words are 32-bit
+
+
+def _rng_problem(name: str, rows: torch.Tensor) -> str | None:
+    """What in one gathered RNG state (one row per rank) python, numpy or torch would refuse, or take and break
+    on (a negative word raised OverflowError mid-restore), before any of it is set."""
+    def words(count: int, last_max: int | None = None) -> str | None:
+        if rows.dtype != torch.int64 or tuple(rows.shape[1:]) != (count,):
+            return f"{rows.dtype} {list(rows.shape[1:])}, expected int64 [{count}] per rank"
+        past = last_max is not None and bool((rows[:, -1] > last_max).any())  # python's position in its words
+        if bool(((rows < 0) | (rows >= _WORD)).any()) or past:
+            return "out of the generator's range"
+        return None
+
+    if name == "python_mt":
+        return words(625, last_max=624)
+    if name == "numpy_keys":
+        return words(624)
+    if name in ("python_gauss", "numpy_rest"):
+        ok = rows.dtype == torch.float64 and tuple(rows.shape[1:]) == (3,) and bool(rows.isfinite().all()) and \
+            bool(((rows[:, 1] == 0) | (rows[:, 1] == 1)).all())
+        bound = 3 if name == "python_gauss" else 624  # random's state version; numpy's position
+        return None if ok and bool(((rows[:, 0] >= 0) & (rows[:, 0] <= bound)).all()) else \
+            f"{rows.dtype} {list(rows.shape[1:])} with values out of range, expected float64 [3] per rank"
+    if name == "torch" or name.startswith("loader."):
+        return None if rows.dtype == torch.uint8 and tuple(rows.shape[1:]) == (_TORCH_RNG,) else \
+            f"{rows.dtype} {list(rows.shape[1:])}, expected uint8 [{_TORCH_RNG}] per rank"
+    if name == "cuda":
+        return None if rows.dtype == torch.uint8 and rows.dim() in (2, 3) else f"{rows.dtype}, expected uint8 rows"
+    return None  # a state ddpkit does not restore
 
 
 def optimizer_problem(saved: Any, optimizer: torch.optim.Optimizer) -> str | None:

@@ -127,20 +127,29 @@ def load(objects: Mapping[str, Any], directory: str, rest: Mapping[str, Any]) ->
     checked = safeload.read_metadata(directory)  # refused here, on every rank, before DCP plans anything
     try:
         dcp.load(targets, storage_reader=safeload.reader(directory, checked), planner=safeload.planner())
+    except (KeyboardInterrupt, SystemExit):
+        raise
     except BaseException as exc:  # DCP's CheckpointException (a BaseException) carries every rank's traceback
-        cause = _cause(exc)
-        if isinstance(cause, safeload.UnsafeCheckpoint):
-            raise safeload.UnsafeCheckpoint(f"checkpoint {os.path.dirname(directory)}: {cause}") from None
-        if not isinstance(exc, Exception):
-            raise
-        first = next((line for line in str(exc).splitlines() if "Missing key" in line or "Error" in line), str(exc))
-        raise ValueError(f"checkpoint {os.path.dirname(directory)} does not fit these objects: {first.strip()[:300]} "
-                         "(was it saved from another model or configuration?)") from None
+        raise _read_error(exc, os.path.dirname(directory), "does not fit these objects") from None
     for name, model in models.items():
         set_model_state_dict(unwrap(model), targets[name])
     for name, optimizer in optimizers.items():
         state = {"state": targets[name], "param_groups": rest[name]["param_groups"]}
         set_optimizer_state_dict(owners[name], optimizer, state)
+
+
+def _read_error(exc: BaseException, checkpoint: str, verdict: str) -> Exception:
+    """One line of a documented class for a failed read of shards: a refusal as it is, an OSError (the disk) as
+    one, anything else (a damaged shard file, another model's checkpoint) a ValueError."""
+    cause = _cause(exc)
+    if isinstance(cause, safeload.UnsafeCheckpoint):
+        return safeload.UnsafeCheckpoint(f"checkpoint {checkpoint}: {cause}")
+    lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
+    said = next((line for line in lines if "Missing key" in line or "Error" in line), lines[0] if lines else "")
+    if isinstance(cause, OSError):
+        return OSError(cause.errno, f"checkpoint {checkpoint}: its shards cannot be read: {said[:300]}")
+    return ValueError(f"checkpoint {checkpoint} {verdict}: {type(cause).__name__}: {said[:300]} (a damaged shard "
+                      "file, or a checkpoint saved from another model or configuration?)")
 
 
 def _cause(exc: BaseException) -> BaseException:
@@ -167,9 +176,10 @@ def full_model_state(checkpoint: str, name: str = "model") -> dict[str, torch.Te
     try:
         _load_state_dict(everything, storage_reader=safeload.reader(shards, checked),
                          planner=safeload.planner(empty=True), no_dist=True)
+    except (KeyboardInterrupt, SystemExit):
+        raise
     except BaseException as exc:
-        cause = _cause(exc)
-        raise cause if isinstance(cause, safeload.UnsafeCheckpoint) else exc from None
+        raise _read_error(exc, checkpoint, "cannot be read") from None
     if name not in everything:
         raise UsageError(f"{checkpoint} has no {name!r} (it has {sorted(everything)}); pass --name")
     return _model_state(checkpoint, name, everything[name], everything)
