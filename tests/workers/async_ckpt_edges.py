@@ -6,8 +6,8 @@ ends or fails that a synchronous save survives.
   ``dist.destroy_process_group()``; rank 0 writes OUT/destroyed.json (whether the group is down).
 - ``skip``: step 2's write fails on one rank; each rank writes OUT/skip<R>.json: what ``save(3)`` raised and the
   checkpoints there after it.
-- ``die``: rank 1 is killed (SIGKILL) while step 2's sharded write runs; rank 0 writes OUT/died.json: what its
-  next ``wait()`` raised.
+- ``die`` (run without the launcher, which would stop rank 0 at once): rank 1 is killed (SIGKILL) while step 2's
+  sharded write runs; rank 0 writes OUT/died.json: what its next ``wait()`` raised.
 """
 import json
 import os
@@ -76,10 +76,10 @@ elif action == "skip":
     write(f"skip{state.rank}.json", {"error": error, "returned": returned and os.path.basename(returned),
                                      "waited": waited and os.path.basename(waited), "listing": listing()})
 elif action == "die":
-    ckpt.save(2, model=model, optimizer=opt, slow=SlowState(3.0))
+    ckpt.save(2, model=model, optimizer=opt)
     if state.rank == 1:
-        time.sleep(0.5)  # inside the write: DCP's shards, then rank 0's slow commit
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)  # save() returned: its writer is in DCP's collectives of the write
+    time.sleep(1)
     try:
         ckpt.wait()
         error = None

@@ -92,7 +92,8 @@ class Channel:
         silent = [p for p in range(self.world) if p != self.rank and not self.store.check([f"{self.prefix}/here/{p}"])]
         if not silent:
             return mine
-        return [silent[0], f"its process ended during the write (rank {rank} saw: {mine[1][:120]})", False]
+        seen = mine[1].split("] ", 1)[-1].split(". ")[0][:100]  # gloo's "[file:line] Connection closed ..."
+        return [silent[0], f"its process ended during the write; rank {rank} saw: {seen}", False]
 
     def _record(self, said: list[Any]) -> None:
         try:
