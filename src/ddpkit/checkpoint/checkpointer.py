@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from ddpkit.checkpoint import agree, bounds, disk
+from ddpkit.checkpoint import agree, disk
 from ddpkit.checkpoint import dcp as shards
 from ddpkit.checkpoint import lock as locks
 from ddpkit.checkpoint import rng as rngstate
@@ -50,14 +50,14 @@ from ddpkit.checkpoint.background import IN_FLIGHT, BackgroundWrite, say, stage
 from ddpkit.checkpoint.disk import by_commit as by_commit  # the order and checks tools use, kept here too
 from ddpkit.checkpoint.disk import newest_valid as newest_valid
 from ddpkit.checkpoint.disk import run_id, validate
+from ddpkit.checkpoint.load import load_into
 from ddpkit.checkpoint.outcome import Channel
-from ddpkit.checkpoint.reasons import PeerWriteError, check_fits, check_optimizer, failure
+from ddpkit.checkpoint.reasons import PeerWriteError, failure
 from ddpkit.core import contract, process
 from ddpkit.data.loader import ShardedDataLoader
 from ddpkit.data.streams import StreamLoader
 from ddpkit.runtime import group as runtime
 from ddpkit.runtime.control import broadcast, gather_object
-from ddpkit.strategies.forwarding import unwrap
 
 T = TypeVar("T")
 
@@ -398,33 +398,7 @@ class Checkpointer:
         elif not self.resume or (path := agree.latest_agreed(self)) is None:
             self._settle(restored=False)
             return 0
-        payload = bounds.load_state(path)  # confined, bounded and of ddpkit's frame before anything uses it
-        sharded = set(payload.get("sharded", ()))
-        saved = sorted(sharded | set(payload["objects"]))
-        for name in objects:
-            if name not in sharded and name not in payload["objects"]:
-                raise KeyError(f"checkpoint {path} has no {name!r} (it has {saved})")
-        if sharded:  # any mode, any world size: DCP reshards
-            shards.load({k: v for k, v in objects.items() if k in sharded}, os.path.join(path, shards.SHARDS),
-                        payload["objects"])
-        elif self.state.strategy.shards and any(isinstance(o, torch.optim.Optimizer)
-                                                          for o in objects.values()):
-            raise ValueError(f"checkpoint {path} was saved unsharded (mode ddp / dp / single): its optimizer state "
-                             "cannot be split into fsdp's shards; resume in the mode it was saved in, or restore "
-                             "the model alone and start a new optimizer")
-        for name, obj in objects.items():
-            if name in sharded:
-                continue
-            if isinstance(obj, torch.nn.Module):
-                check_fits(unwrap(obj), payload["objects"][name], path)
-            elif isinstance(obj, torch.optim.Optimizer):  # its load_state_dict copies the state as a tree
-                check_optimizer(obj, payload["objects"][name], f"{path} {name!r}")
-            obj.load_state_dict(payload["objects"][name])
-        if payload["world_size"] == self.state.world_size:  # another world size: streams cannot match anyway
-            loaders = {k: v for k, v in objects.items() if isinstance(v, ShardedDataLoader)}
-            # clone: set_rng_state reads the storage from its start, so a row view of rank r > 0 would crash
-            rngstate.restore({k: v[self.state.rank].clone() for k, v in payload["rng"].items()}, loaders,
-                           self.state.strategy)
+        payload = load_into(path, objects, self.state)
         if self.state.is_main:
             print(f"ddpkit: resumed from {path} (step {payload['step']})", file=sys.stderr, flush=True)
         self._settle(restored=True)
