@@ -103,24 +103,6 @@ class BackgroundWrite:
         return self._value
 
 
-def tell(outcome: list[Any] | None, group: Any) -> list[Any] | None:
-    """Rank 0's ``outcome`` (None: its commit went through; else [rank, reason, io]) on every rank of ``group``,
-    as JSON bytes (never pickle); ``group`` None: one process, nothing to tell."""
-    if group is None:
-        return outcome
-    import json
-
-    import torch.distributed as dist
-
-    data = torch.zeros(1024, dtype=torch.uint8)
-    if dist.get_rank(group) == 0:
-        text = json.dumps(outcome).encode()[:1024]
-        data[: len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
-    dist.broadcast(data, group_src=0, group=group)
-    told = json.loads(bytes(data.tolist()).rstrip(b"\0") or b"null")
-    return told if isinstance(told, list) and len(told) == 3 else None
-
-
 def _yield_to_training() -> None:
     """The calling thread at the lowest CPU priority: on Linux a nice value is a thread's own, so on a busy
     machine the training thread (and its data loading) goes first and the write takes the cycles left over.

@@ -42,21 +42,22 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from ddpkit.checkpoint import agree, bounds, disk
+from ddpkit.checkpoint import agree, disk
 from ddpkit.checkpoint import dcp as shards
 from ddpkit.checkpoint import lock as locks
 from ddpkit.checkpoint import rng as rngstate
-from ddpkit.checkpoint.background import IN_FLIGHT, BackgroundWrite, say, stage, tell
+from ddpkit.checkpoint.background import IN_FLIGHT, BackgroundWrite, say, stage
 from ddpkit.checkpoint.disk import by_commit as by_commit  # the order and checks tools use, kept here too
 from ddpkit.checkpoint.disk import newest_valid as newest_valid
 from ddpkit.checkpoint.disk import run_id, validate
-from ddpkit.checkpoint.reasons import PeerWriteError, check_fits, check_optimizer, failure
+from ddpkit.checkpoint.load import load_into
+from ddpkit.checkpoint.outcome import Channel
+from ddpkit.checkpoint.reasons import PeerWriteError, failure
 from ddpkit.core import contract, process
 from ddpkit.data.loader import ShardedDataLoader
 from ddpkit.data.streams import StreamLoader
 from ddpkit.runtime import group as runtime
 from ddpkit.runtime.control import broadcast, gather_object
-from ddpkit.strategies.forwarding import unwrap
 
 T = TypeVar("T")
 
@@ -96,6 +97,7 @@ class Checkpointer:
         self.async_save = bool(async_save)
         self._pending: BackgroundWrite | None = None
         self._writer_group: Any = None  # sharded writes in the background talk on a group of their own
+        self._saves = 0  # the background saves so far: each one's keys in the job's store (outcome.Channel)
         self._staged: Any = None  # the last save's staged state (async_save, unsharded)
         self._lock = locks.DirectoryLock(directory)  # rank 0's, from the first restore or save: one job per directory
         self._started = False  # the lock checked on every rank (at the first restore)
@@ -149,7 +151,7 @@ class Checkpointer:
         # directory no other live job saves into (rank 0 takes its lock)
         step = agree.steps_agreed(step, self.directory, self._lock if self.state.is_main else None,
                                   then=lambda: self._settle(restored=False))
-        self.wait()  # one write at a time: the previous one is finished, and its failure raised, first
+        self._wait(skipped=step)  # one write at a time: the previous one is finished, and its failure raised, first
         if self.async_save:  # as it is now: written later, a dict the script keeps updating would say later values
             extra = self._together(step, "collecting the state", lambda: json.loads(json.dumps(extra or {})))
         loaders = {k: v for k, v in objects.items() if isinstance(v, ShardedDataLoader)}
@@ -171,21 +173,36 @@ class Checkpointer:
             staged = self._together(step, "staging", lambda: stage(payload, self._staged) if self.state.is_main
                                     else None)
             self._staged = staged  # its buffers are written into again at the next save, once this write ended
-            group = self._writers(step)
-            return self._in_background(step, tmp, lambda: self._commit_and_tell(step, staged, extra or {}, tmp, group))
+            channel = self._channel()
+            return self._in_background(step, tmp, lambda: self._commit_and_tell(step, staged, extra or {}, tmp,
+                                                                                channel), channel)
         # every rank returns once the checkpoint exists, or raises with rank 0
         return self._together(step, "writing", lambda: self._commit(step, payload, extra or {}, tmp)
                               if self.state.is_main else None, tmp)
 
-    def _in_background(self, step: int, tmp: str, write: Callable[[], Any]) -> str | None:
+    def _channel(self) -> Channel | None:
+        self._saves += 1
+        return Channel.of_job(self.directory, self._saves)
+
+    def _in_background(self, step: int, tmp: str, write: Callable[[], Any], channel: Channel | None) -> str | None:
         process.on_shutdown(self._at_exit)  # at each save: a shutdown() in between (a notebook) ran the last one
+
+        def blamed() -> Any:  # a broken collective names the rank that broke it (a peer that died), not this one
+            try:
+                return write()
+            except PeerWriteError:
+                raise
+            except BaseException as exc:
+                if channel is None:
+                    raise
+                raise PeerWriteError(*channel.blame(exc, self.state.rank)) from exc
 
         def announce(exc: BaseException) -> None:  # at once, on the rank it failed on; every rank raises it later
             rank, reason, _ = failure(exc, self.state.rank)
             say(f"ddpkit: checkpoint step {step}: its background write failed on rank {rank} ({reason}); every "
                 "rank raises it at the next save, wait() or restore")
 
-        self._pending = BackgroundWrite(step, tmp, write, announce=announce)
+        self._pending = BackgroundWrite(step, tmp, blamed, announce=announce)
         return os.path.join(self.directory, f"ckpt-{step:010d}") if self.state.is_main else None
 
     def wait(self) -> str | None:
@@ -193,10 +210,14 @@ class Checkpointer:
         rank 0 (None when none was pending). A write that failed on any rank is raised on every rank as a
         synchronous save's failure is (nothing of it left, the newest checkpoint named). ``save`` and
         ``restore`` call it; at exit the write is joined on each rank alone (``_at_exit``)."""
+        return self._wait()
+
+    def _wait(self, skipped: int | None = None) -> str | None:
+        """``skipped``: the step of the save that waits, which does not go on when this raises (said so)."""
         pending, self._pending = self._pending, None
         if pending is None:  # the same on every rank: saves are collective
             return None
-        return self._together(pending.step, "writing in the background", pending.result, pending.tmp)
+        return self._together(pending.step, "writing in the background", pending.result, pending.tmp, skipped)
 
     def _at_exit(self) -> None:
         """At ``ddpkit.shutdown()`` (at exit): the last write finishes on this rank. No peer is asked (one may have
@@ -216,7 +237,8 @@ class Checkpointer:
         say(f"ddpkit: {line}")
         process.current().exit_failure = line
 
-    def _together(self, step: int, stage: str, action: Callable[[], T], tmp: str | None = None) -> T:
+    def _together(self, step: int, stage: str, action: Callable[[], T], tmp: str | None = None,
+                  skipped: int | None = None) -> T:
         """``action()`` on this rank, then every rank learns whether it failed on any: all return, or all raise
         the first failing rank's error, once rank 0 removed ``tmp``. A rank raising alone would leave the
         others waiting in the next collective, and a script catching it would mismatch every one after.
@@ -239,6 +261,8 @@ class Checkpointer:
         previous = f"the newest checkpoint is still {kept}" if kept else "there is no earlier checkpoint"
         said = (f"checkpoint step {step} was not saved: {stage} failed on rank {failed[0]} ({failed[1]}); every "
                 f"rank raised this, nothing of it was left and {previous}")
+        if skipped is not None:  # a sync save raising means its own step was not saved: so does this one
+            said += f"; step {skipped} was not saved either (its save() raised this before collecting anything)"
         if not failed[2]:  # a programming error is no disk problem: `except OSError` must not swallow it
             raise RuntimeError(f"{said}; fix the error on rank {failed[0]}, then save again (every rank) or stop") \
                 from cause
@@ -289,16 +313,16 @@ class Checkpointer:
         """DCP's async save stages this rank's shards to CPU memory and writes them on a thread, over a gloo
         group of its own (the training thread's collectives go on meanwhile); rank 0 commits once DCP's write
         ends, which is once every rank's shard is written, hashing every file itself."""
-        group = self._writers(step)
+        group, channel = self._writers(step), self._channel()
         future = self._together(step, "staging", lambda: shards.save_async(
             tensors, os.path.join(tmp, shards.SHARDS), group))
         staged = stage(payload) if self.state.is_main else None
 
         def write() -> str | None:
             shards.finish(future)  # a shard that failed raises here on every rank
-            return self._commit_and_tell(step, staged, extra, tmp, group)
+            return self._commit_and_tell(step, staged, extra, tmp, channel)
 
-        return self._in_background(step, tmp, write)
+        return self._in_background(step, tmp, write, channel)
 
     def _writers(self, step: int) -> Any:
         """The background writers' gloo group (made at the first save, on every rank); None in one process."""
@@ -307,16 +331,18 @@ class Checkpointer:
                                                 lambda: dist.new_group(backend="gloo"))
         return self._writer_group
 
-    def _commit_and_tell(self, step: int, staged: Any, extra: dict[str, Any], tmp: str, group: Any) -> str | None:
-        """Rank 0 commits; then every rank's writer learns how it went, so each rank's write ends only once the
-        checkpoint is in place (its latest() names it) and knows when it is not."""
+    def _commit_and_tell(self, step: int, staged: Any, extra: dict[str, Any], tmp: str,
+                         channel: Channel | None) -> str | None:
+        """Rank 0 commits; then every rank's writer learns how it went (over the store: a script's
+        destroy_process_group() may have ended every group), so each rank's write ends only once the checkpoint is
+        in place (its latest() names it) and knows when it is not."""
         error, path = None, None
         if self.state.is_main:
             try:
                 path = self._commit(step, staged, extra, tmp)
             except Exception as exc:
                 error = exc
-        told = tell(None if error is None else failure(error, self.state.rank), group)
+        told = channel.tell(None if error is None else failure(error, self.state.rank)) if channel else None
         if error is not None:
             raise error
         if told is not None:
@@ -372,33 +398,7 @@ class Checkpointer:
         elif not self.resume or (path := agree.latest_agreed(self)) is None:
             self._settle(restored=False)
             return 0
-        payload = bounds.load_state(path)  # confined, bounded and of ddpkit's frame before anything uses it
-        sharded = set(payload.get("sharded", ()))
-        saved = sorted(sharded | set(payload["objects"]))
-        for name in objects:
-            if name not in sharded and name not in payload["objects"]:
-                raise KeyError(f"checkpoint {path} has no {name!r} (it has {saved})")
-        if sharded:  # any mode, any world size: DCP reshards
-            shards.load({k: v for k, v in objects.items() if k in sharded}, os.path.join(path, shards.SHARDS),
-                        payload["objects"])
-        elif self.state.strategy.shards and any(isinstance(o, torch.optim.Optimizer)
-                                                          for o in objects.values()):
-            raise ValueError(f"checkpoint {path} was saved unsharded (mode ddp / dp / single): its optimizer state "
-                             "cannot be split into fsdp's shards; resume in the mode it was saved in, or restore "
-                             "the model alone and start a new optimizer")
-        for name, obj in objects.items():
-            if name in sharded:
-                continue
-            if isinstance(obj, torch.nn.Module):
-                check_fits(unwrap(obj), payload["objects"][name], path)
-            elif isinstance(obj, torch.optim.Optimizer):  # its load_state_dict copies the state as a tree
-                check_optimizer(obj, payload["objects"][name], f"{path} {name!r}")
-            obj.load_state_dict(payload["objects"][name])
-        if payload["world_size"] == self.state.world_size:  # another world size: streams cannot match anyway
-            loaders = {k: v for k, v in objects.items() if isinstance(v, ShardedDataLoader)}
-            # clone: set_rng_state reads the storage from its start, so a row view of rank r > 0 would crash
-            rngstate.restore({k: v[self.state.rank].clone() for k, v in payload["rng"].items()}, loaders,
-                           self.state.strategy)
+        payload = load_into(path, objects, self.state)
         if self.state.is_main:
             print(f"ddpkit: resumed from {path} (step {payload['step']})", file=sys.stderr, flush=True)
         self._settle(restored=True)
