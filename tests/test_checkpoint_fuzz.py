@@ -161,3 +161,32 @@ def test_mutated_checkpoints_load_or_are_refused_in_one_line(sources, tmp_path, 
     assert seen["refused"] > 0 and seen["loaded"] > 0, seen  # the mutations reached past the digests
     print(f"FUZZ {layout}: {CASES} cases, {seen}")
 
+
+
+def _rewrite_state(ckpt, change):
+    """``state.pt`` of ``ckpt`` loaded, changed by ``change(payload)``, saved again, the manifest matched."""
+    payload = torch.load(ckpt / "state.pt", weights_only=True)
+    change(payload)
+    torch.save(payload, ckpt / "state.pt")
+    _manifest(ckpt)
+
+
+@pytest.mark.parametrize("case", ["zip version", "mt19937 state"])
+def test_what_the_long_fuzz_run_found_is_one_line(sources, tmp_path, case):
+    """FUZZ_CASES=3000 found these two (cases 673 and 754 of the ddp layout): zipfile's NotImplementedError for a
+    crafted zip version, and torch's RuntimeError for a Mersenne state of the right shape and wrong content."""
+    shutil.copytree(sources["ddp"], tmp_path / "run")
+    ckpt = next((tmp_path / "run").glob("ckpt-*"))
+    if case == "zip version":
+        data = bytearray((ckpt / "state.pt").read_bytes())
+        data[data.index(b"PK\x01\x02") + 6] = 255  # the first member's "version needed to extract"
+        (ckpt / "state.pt").write_bytes(bytes(data))
+        _manifest(ckpt)
+    else:
+        _rewrite_state(ckpt, lambda payload: payload["rng"]["torch"].zero_())
+    model = ddpkit.prepare_model(_net())
+    before = torch.get_rng_state()
+    with pytest.raises(ValueError) as info:
+        ddpkit.Checkpointer(str(tmp_path / "run"), resume=True).restore(model=model)
+    assert "\n" not in str(info.value) and ("refused" in str(info.value)), str(info.value)
+    assert torch.equal(torch.get_rng_state(), before)  # every generator as it was

@@ -97,7 +97,6 @@ class Checkpointer:
         self.async_save = bool(async_save)
         self._pending: BackgroundWrite | None = None
         self._writer_group: Any = None  # sharded writes in the background talk on a group of their own
-        self._saves = 0  # the background saves so far: each one's keys in the job's store (outcome.Channel)
         self._staged: Any = None  # the last save's staged state (async_save, unsharded)
         self._lock = locks.DirectoryLock(directory)  # rank 0's, from the first restore or save: one job per directory
         self._started = False  # the lock checked on every rank (at the first restore)
@@ -181,8 +180,7 @@ class Checkpointer:
                               if self.state.is_main else None, tmp)
 
     def _channel(self) -> Channel | None:
-        self._saves += 1
-        return Channel.of_job(self.directory, self._saves)
+        return Channel.of_job()
 
     def _in_background(self, step: int, tmp: str, write: Callable[[], Any], channel: Channel | None) -> str | None:
         process.on_shutdown(self._at_exit)  # at each save: a shutdown() in between (a notebook) ran the last one

@@ -8,7 +8,7 @@ failure, else the rank that never said it was still there (its process died).
 
 Example::
 
-    channel = Channel.of_job("runs/exp", 7)     # at save(), on every rank; None in one process
+    channel = Channel.of_job()                  # at save(), on every rank; None in one process
     outcome = channel.tell(None)               # rank 0's commit outcome, on every rank (None: committed)
     failed = channel.blame(exc, rank)          # [rank, reason, io] naming the rank that failed, not this one
 """
@@ -16,7 +16,7 @@ Example::
 from __future__ import annotations
 
 import datetime
-import hashlib
+import itertools
 import json
 import os
 import time
@@ -27,6 +27,7 @@ import torch.distributed as dist
 from ddpkit.checkpoint.reasons import failure
 from ddpkit.core import contract
 
+_SAVES = itertools.count()  # this process's background saves, every Checkpointer's
 PEER_WAIT_S = 5.0  # how long a writer whose collective broke waits for its peers to say why (or that they are there)
 DESTROYED = ("dist.destroy_process_group() ran while the write still needed the group; call ckpt.wait() before "
              "destroy_process_group()")
@@ -43,15 +44,15 @@ class Channel:
         self.store, self.rank, self.world, self.prefix, self.timeout_s = store, rank, world, prefix, timeout_s
 
     @classmethod
-    def of_job(cls, directory: str, serial: int) -> Channel | None:
-        """The channel of this Checkpointer's ``serial``-th save (the same on every rank: saves are collective);
-        None in one process. Keys of this attempt only: a restarted group meets the same store."""
+    def of_job(cls) -> Channel | None:
+        """The channel of this process's next background save (the n-th on every rank: saves are collective,
+        in the same order everywhere; not the directory's name, which the ranks of a node-local layout see
+        differently); None in one process. Keys of this attempt only: a restarted group meets the same store."""
         if not dist.is_initialized() or dist.get_world_size() == 1:
             return None
-        where = hashlib.sha256(os.path.abspath(directory).encode()).hexdigest()[:12]
         attempt = contract.RESTART_COUNT.number(os.environ) or 0
         store = dist.distributed_c10d._get_default_store()  # a reference: it lives on after the group is destroyed
-        return cls(store, dist.get_rank(), dist.get_world_size(), f"ddpkit/ckpt/{attempt}/{where}/{serial}",
+        return cls(store, dist.get_rank(), dist.get_world_size(), f"ddpkit/ckpt/{attempt}/{next(_SAVES)}",
                    getattr(store, "timeout", datetime.timedelta(minutes=30)).total_seconds())  # init()'s timeout_s
 
     def tell(self, outcome: list[Any] | None) -> list[Any] | None:

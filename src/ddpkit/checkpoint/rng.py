@@ -36,6 +36,20 @@ def local(loaders: dict[str, ShardedDataLoader], mode: Strategy) -> dict[str, to
 
 
 def restore(state: dict[str, torch.Tensor], loaders: dict[str, ShardedDataLoader], mode: Strategy) -> None:
+    """Set this rank's saved random states; a state the generators refuse (its shape checked already, its
+    content not: a crafted Mersenne state) is one line, with every generator as it was."""
+    before = local(loaders, mode)
+    try:
+        _restore(state, loaders, mode)
+    except (RuntimeError, ValueError, OverflowError, TypeError) as exc:
+        _restore(before, loaders, mode)
+        said = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
+        raise ValueError(f"the checkpoint's random state was refused by its generator ({type(exc).__name__}: "
+                         f"{said}); expected the states ddpkit's save gathers: the checkpoint is damaged or was not "
+                         "written by ddpkit") from None
+
+
+def _restore(state: dict[str, torch.Tensor], loaders: dict[str, ShardedDataLoader], mode: Strategy) -> None:
     set_host(state)
     if "cuda" in state and torch.cuda.is_available():
         rows = state["cuda"] if state["cuda"].dim() == 2 else state["cuda"].unsqueeze(0)  # older: one device
