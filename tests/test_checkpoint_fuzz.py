@@ -2,7 +2,8 @@
 state) and a sharded one (DCP ``shards/``, as fsdp writes it), each file mutated as an attacker would (bytes
 flipped, spans overwritten, truncated, repeated, huge numbers written in) with the manifest then re-written to
 match, so every reader gets past the digests. ``Checkpointer.restore`` and the safetensors export must either
-load or refuse with one line of a documented class; no hang (2 s a case), no other exception, no memory blow-up.
+load or refuse with one line of a documented class; none slower than 2 s, no other exception, no memory
+blow-up.
 
 ``FUZZ_CASES=5000 pytest tests/test_checkpoint_fuzz.py`` for a long run (the suite runs a few hundred)."""
 import hashlib
@@ -11,7 +12,7 @@ import os
 import random
 import resource
 import shutil
-import signal
+import time
 
 import pytest
 import torch
@@ -103,33 +104,23 @@ def _case(source, where, rng):
     return ckpt
 
 
-class _Hang(Exception):
-    pass
-
-
-def _alarm(signum, frame):
-    raise _Hang()
-
-
 def _outcome(call):
-    """'loaded', 'refused', or what went wrong (a hang, another exception, a message of several lines)."""
-    signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(LIMIT_S)
+    """'loaded', 'refused', or what went wrong (slower than LIMIT_S, another exception, a message of several
+    lines). Timed, not interrupted: pytest-timeout holds SIGALRM, and a read that never ends fails the test there."""
+    start = time.monotonic()
     try:
         call()
-        return "loaded"
-    except _Hang:
-        return "hang"
+        got = "loaded"
     except ALLOWED as exc:
         message = str(exc)
-        return "refused" if message and "\n" not in message.strip() else f"{type(exc).__name__} of several lines: " \
-            f"{message[:300]!r}"
+        got = "refused" if message and "\n" not in message.strip() else \
+            f"{type(exc).__name__} of several lines: {message[:300]!r}"
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # noqa: BLE001 - any other class is what the fuzz looks for (DCP's is a BaseException)
-        return f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ''}"
-    finally:
-        signal.alarm(0)
+        got = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ''}"
+    took = time.monotonic() - start
+    return got if took <= LIMIT_S else f"{got} after {took:.1f} s (over {LIMIT_S} s)"
 
 
 @pytest.mark.parametrize("layout", ["ddp", "sharded"])
