@@ -193,7 +193,7 @@ def _launch(cfg: launch.LaunchConfig, fn: Callable[..., Any], args: tuple, kwarg
     known = {f.name for f in fields(LaunchConfig)}
     numa: dict[str, Any] = {"numa_options": _NO_NUMA_QUESTION} if "numa_options" in known else {}  # torch >= 2.8
     # a worker's grace after SIGTERM; torch 2.11's LaunchConfig has no such field (its default, 30 s, applies)
-    grace = {"shutdown_timeout": 3} if "shutdown_timeout" in known else {}
+    grace: dict[str, Any] = {"shutdown_timeout": 3} if "shutdown_timeout" in known else {}
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=cfg.nproc_per_node, run_id=os.path.basename(run_dir),
                           rdzv_backend=rendezvous.BACKEND, rdzv_endpoint="127.0.0.1:0", max_restarts=0,
                           start_method=method, monitor_interval=0.1,
