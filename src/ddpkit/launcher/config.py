@@ -19,6 +19,7 @@ is spawned.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import socket
 from collections.abc import Mapping
@@ -31,6 +32,7 @@ from ddpkit.strategies import table as strategy
 from ddpkit.strategies.base import Strategy
 
 LOOPBACK_BACKEND = "ddpkit-loopback"  # ddpkit.launcher.rendezvous.BACKEND, named here so argv stays torch-free
+LOOPBACK_STATIC_BACKEND = "ddpkit-loopback-static"  # ddpkit.launcher.rendezvous.STATIC_BACKEND
 
 PROG = "ddpkit launch"
 DEFAULT_MASTER_PORT = 29500  # torchrun's: node 0's port when a multi-node launch names none
@@ -170,6 +172,12 @@ class LaunchConfig:
         return self.max_nodes == 1 and not self.elastic
 
     @property
+    def loopback_nodes(self) -> bool:
+        """Several nodes with fixed ranks on this machine (a loopback ``--master-addr``): node 0's stores bind that
+        address, and the workers' sockets loopback, as one node's do."""
+        return self.max_nodes > 1 and not self.elastic and is_loopback(self.master_addr)
+
+    @property
     def elastic(self) -> bool:
         """torch's c10d rendezvous: nodes get their rank on joining, and MIN..MAX of them may take part."""
         return self.rdzv_endpoint is not None
@@ -187,6 +195,20 @@ class LaunchConfig:
     def node0_port(self) -> int:
         """Node 0's port in a fixed-rank multi-node launch: ``--master-port``, else torchrun's 29500."""
         return self.master_port or DEFAULT_MASTER_PORT
+
+
+def is_loopback(host: str | None) -> bool:
+    """``host`` names this machine's loopback only (127.0.0.0/8, ::1, ``localhost``): nothing beyond it need listen.
+
+    >>> is_loopback("127.0.0.1"), is_loopback("localhost"), is_loopback("::1"), is_loopback("10.0.0.1")
+    (True, True, True, False)
+    """
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host or "").is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface, and other machines may use it
 
 
 def parse_seconds(value: str, name: str) -> float:
@@ -218,12 +240,20 @@ def torchrun_argv(cfg: LaunchConfig, log_dir: str | None = None) -> list[str]:
     elif cfg.loopback:
         argv += ["--rdzv-backend", LOOPBACK_BACKEND, "--rdzv-endpoint", f"127.0.0.1:{cfg.master_port or 0}",
                  "--rdzv-id", f"ddpkit-{os.getpid()}"]
+    elif cfg.loopback_nodes:  # torch's static rendezvous, its store bound to the loopback address (rank: its conf)
+        argv += ["--nnodes", str(cfg.max_nodes), "--rdzv-backend", LOOPBACK_STATIC_BACKEND,
+                 "--rdzv-endpoint", f"{_host(cfg.master_addr)}:{cfg.node0_port}",
+                 "--rdzv-conf", f"rank={cfg.node_rank}", "--rdzv-id", cfg.rdzv_id]
     else:
         argv += ["--nnodes", str(cfg.max_nodes), "--node-rank", str(cfg.node_rank),
                  "--master-addr", cfg.master_addr or "127.0.0.1", "--master-port", str(cfg.node0_port)]
     if cfg.module:
         argv += ["--module"]
     return argv + [cfg.script, *cfg.script_args]
+
+
+def _host(addr: str | None) -> str:
+    return f"[{addr}]" if addr and ":" in addr else addr or "127.0.0.1"  # an IPv6 address in HOST:PORT
 
 
 def _loopback_ifname() -> str | None:
@@ -246,8 +276,8 @@ def worker_env(cfg: LaunchConfig, environ: Mapping[str, str], cores: int) -> tup
     DDPKIT_RESUME=1 (``--resume``): ``ddpkit.Checkpointer`` restores the newest valid checkpoint.
     DDPKIT_PHASE_WINDOW (``--phase-window N``): steps per window of the per-rank phase report; 0 turns it off.
     PYTHONUNBUFFERED=1 (DDP, when unset): worker output goes through log files and must not sit in buffers.
-    GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME=lo (single node, when unset): the workers' own listening
-    sockets bind loopback too, whatever the host name resolves to.
+    GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME=lo (single node or a loopback --master-addr, when unset): the
+    workers' own listening sockets bind loopback too, whatever the host name resolves to.
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (multi-node restarts): with the agent's store shared, restarted
     groups failed to form in 5 of 11 tries here (gloo "Connection refused", pytorch#135712); unshared, 9 of
     9 succeeded. (Single node needs no such switch: the loopback rendezvous makes a new store each round.)
@@ -266,7 +296,7 @@ def worker_env(cfg: LaunchConfig, environ: Mapping[str, str], cores: int) -> tup
         env[contract.RESUME.name] = "1"
     if cfg.phase_window is not None:
         env[contract.PHASE_WINDOW.name] = str(cfg.phase_window)
-    if cfg.loopback and multi and LOOPBACK_IFNAME:
+    if (cfg.loopback or cfg.loopback_nodes) and multi and LOOPBACK_IFNAME:
         for name in (contract.GLOO_IFNAME.name, contract.NCCL_IFNAME.name):
             if name not in environ:
                 env[name] = LOOPBACK_IFNAME

@@ -2,8 +2,9 @@
 
 Rank 0 leaves ``phases.json`` in the launch's report folder at its shutdown (:mod:`ddpkit.runtime.phases`); the
 launcher on rank 0's node reads it once the workers are done, prints one row per rank and the verdict, and keeps
-the report in the run's log folder. The file is read as data (JSON, checked field by field, its verdict
-recomputed): whatever it holds, the launcher prints a table or one warning line.
+the report in the run's log folder. The file is read as data (:mod:`ddpkit.runtime.phase_json`: bounded in size,
+values, numbers and depth, then checked field by field, its verdict recomputed): whatever it holds, the
+launcher prints a table or one warning line.
 
 Example::
 
@@ -16,9 +17,10 @@ from __future__ import annotations
 import os
 
 from ddpkit.core import atomic, straggler
+from ddpkit.runtime import phase_json
 
 NAME = "phases.json"
-MAX_BYTES = 64 << 20  # a job's report is ~200 bytes a rank: anything this large is not one
+MAX_BYTES = phase_json.MAX_REPORT_BYTES  # read no more: a larger file is refused unread
 
 
 def summary(report_dir: str, log_dir: str) -> str | None:
@@ -30,9 +32,9 @@ def summary(report_dir: str, log_dir: str) -> str | None:
     except OSError:
         return None  # not rank 0's node, --phase-window 0, or rank 0 never reached its shutdown
     try:
-        if len(raw) > MAX_BYTES:
+        if len(raw) > MAX_BYTES:  # read no further than this: its true size is unknown
             raise straggler.ReportError(f"larger than {MAX_BYTES >> 20} MB")
-        report = straggler.parse_report(raw)
+        report = phase_json.report(raw)
     except straggler.ReportError as exc:
         return f"ddpkit: warning: the phase report {path} is unreadable ({exc}); no per-rank table"
     kept = os.path.join(log_dir, NAME)

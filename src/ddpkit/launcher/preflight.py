@@ -61,9 +61,14 @@ def check_nodes(cfg, join_timeout_s: float) -> str | None:
     timeout = datetime.timedelta(seconds=join_timeout_s)
     host = cfg.node_rank == 0
     try:
-        store = dist.TCPStore(cfg.master_addr, cfg.node0_port, is_master=host, wait_for_workers=False,
-                              timeout=timeout)
-    except (RuntimeError, TimeoutError) as exc:
+        if host and cfg.loopback_nodes:  # torch's server would listen on every interface: bind the address itself
+            from ddpkit.launcher import rendezvous
+
+            store = rendezvous.loopback_store(cfg.node0_port, cfg.master_addr, timeout=timeout)
+        else:
+            store = dist.TCPStore(cfg.master_addr, cfg.node0_port, is_master=host, wait_for_workers=False,
+                                  timeout=timeout)
+    except (RuntimeError, TimeoutError, OSError) as exc:
         if host:
             return (f"node 0 cannot listen on port {cfg.node0_port} ({str(exc).splitlines()[0][:120]}); "
                     "pick a free --master-port")

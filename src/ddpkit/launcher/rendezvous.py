@@ -1,4 +1,4 @@
-"""A single-node rendezvous for torch's elastic agent whose store listens on loopback only.
+"""Rendezvous for torch's elastic agent whose stores listen on loopback only, where the job never leaves the machine.
 
 torchrun's stores (``--standalone`` or static) listen on every interface, and c10d stores accept
 unauthenticated connections (PyTorch's SECURITY.md), so a one-machine job would otherwise expose a port to
@@ -10,6 +10,10 @@ Every rendezvous round (the first start and each ``--max-restarts`` restart) get
 port. The workers connect to the agent's store (``TORCHELASTIC_USE_AGENT_STORE``) without a per-attempt
 prefix, so a store kept across restarts hands the restarted group the previous attempt's keys: that is
 the "Connection refused" / hang family of pytorch#135712, which a fresh store avoids.
+
+Several launchers on one machine as nodes (``--nnodes N --master-addr 127.0.0.1``) use :data:`STATIC_BACKEND`:
+torch's static rendezvous (one store for the whole run, node ranks fixed), except that node 0's store is bound
+to the loopback master address itself; the other nodes are the store's clients and listen on nothing.
 
 Example (what ``ddpkit launch`` does for a single-node run)::
 
@@ -31,30 +35,37 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousStoreInfo,
     rendezvous_handler_registry,
 )
+from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
-BACKEND = "ddpkit-loopback"
+from ddpkit.launcher.config import LOOPBACK_BACKEND, LOOPBACK_STATIC_BACKEND, is_loopback
+
+BACKEND = LOOPBACK_BACKEND
+STATIC_BACKEND = LOOPBACK_STATIC_BACKEND
 LOOPBACK = "127.0.0.1"
 STORE_TIMEOUT = datetime.timedelta(seconds=600)
 
 
-def loopback_store(port: int = 0) -> TCPStore:
-    """A server ``TCPStore`` that listens on 127.0.0.1 only, on ``port`` (0: a free port the kernel picks).
+def loopback_store(port: int = 0, host: str = LOOPBACK, world_size: int | None = None,
+                   timeout: datetime.timedelta = STORE_TIMEOUT) -> TCPStore:
+    """A server ``TCPStore`` that listens on the loopback address ``host`` only, on ``port`` (0: a free port the
+    kernel picks); with ``world_size``, it waits for that many members (torch's static rendezvous does).
 
     >>> store = loopback_store(); store.set("k", "v"); store.get("k")
     b'v'
     """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    bind = LOOPBACK if host == "localhost" else host
+    sock = socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET, socket.SOCK_STREAM)
     try:
         # a fixed port is bound again by a later round; the last round's connections linger in TIME_WAIT
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((LOOPBACK, port))
+        sock.bind((bind, port))
         sock.listen(128)
     except OSError:
         sock.close()
         raise
     # The store owns the descriptor from here on (it closes it), so the Python object lets go of it.
-    return TCPStore(LOOPBACK, sock.getsockname()[1], None, True, STORE_TIMEOUT, wait_for_workers=False,
+    return TCPStore(bind, sock.getsockname()[1], world_size, True, timeout, wait_for_workers=world_size is not None,
                     multi_tenant=True, master_listen_fd=sock.detach())
 
 
@@ -113,6 +124,30 @@ def create_handler(params: RendezvousParameters) -> LoopbackRendezvous:
     return LoopbackRendezvous(params.run_id, port)
 
 
+class StaticLoopbackRendezvous(StaticTCPRendezvous):
+    """torch's static rendezvous whose node 0 binds its store to the loopback master address itself (torch's own
+    TCPStore server listens on every interface, whatever address it is given)."""
+
+    def get_backend(self) -> str:
+        return STATIC_BACKEND  # torch's registry checks the handler answers to the name it was created for
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        if self._store is None and self.rank == 0:
+            self._store = loopback_store(self.master_port, self.master_addr, self.world_size, self.timeout)
+        return super().next_rendezvous()  # node 0 keeps that store; the others connect to it as clients
+
+
+def create_static_handler(params: RendezvousParameters) -> StaticLoopbackRendezvous:
+    host, port = parse_rendezvous_endpoint(params.endpoint, default_port=-1)
+    rank = params.get_as_int("rank")
+    if not is_loopback(host) or port <= 0 or rank is None:
+        raise ValueError(f"the {STATIC_BACKEND} rendezvous needs a loopback HOST:PORT and rank=N in --rdzv-conf, "
+                         f"got {params.endpoint!r} and rank {rank}; use --master-addr 127.0.0.1 and --node-rank")
+    timeout = params.get_as_int("timeout", int(STORE_TIMEOUT.total_seconds()))
+    return StaticLoopbackRendezvous(host, port, rank, params.max_nodes, params.run_id, int(timeout or 0))
+
+
 def register() -> None:
-    """Make :data:`BACKEND` known to torch's launcher in this process (idempotent)."""
+    """Make :data:`BACKEND` and :data:`STATIC_BACKEND` known to torch's launcher in this process (idempotent)."""
     rendezvous_handler_registry.register(BACKEND, create_handler)
+    rendezvous_handler_registry.register(STATIC_BACKEND, create_static_handler)

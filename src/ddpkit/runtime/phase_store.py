@@ -5,6 +5,8 @@ Each rank writes its window ``i`` under one of two keys of its own (``i % 2``): 
 it, so nothing is ever deleted and the store holds at most two windows a rank. Rank 0 reads window ``i - 1`` of
 every rank with one existence check and one multi-get (two requests a window); a slot that still holds an older
 window means that rank is not there yet. At shutdown every rank writes its totals, which rank 0 waits for.
+What a peer wrote is read through :mod:`ddpkit.runtime.phase_json` (bounded, then checked field by field): a
+crafted window is skipped with one line, crafted totals count their rank as missing.
 
 Example (a store of one process)::
 
@@ -22,6 +24,7 @@ import sys
 from typing import Any
 
 from ddpkit.core import straggler
+from ddpkit.runtime import phase_json
 
 
 def key(prefix: str, index: int, rank: int) -> str:
@@ -44,7 +47,7 @@ def gather(store: Any, prefix: str, index: int, world_size: int) -> list[dict[st
     try:
         if not store.check(keys):
             return []
-        found = [straggler.parse_window(raw) for raw in store.multi_get(keys)]
+        found = [phase_json.window(raw) for raw in store.multi_get(keys)]
     except (RuntimeError, straggler.ReportError) as exc:
         print(f"ddpkit: warning: phase report: window {index} unreadable ({exc}); skipped", file=sys.stderr,
               flush=True)
@@ -64,7 +67,7 @@ def final_totals(store: Any, prefix: str, mine: dict[str, Any], world_size: int,
     for rank, where in keys.items():
         try:
             if store.check([where]):
-                windows.append(straggler.parse_window(store.get(where)))
+                windows.append(phase_json.window(store.get(where)))
                 continue
         except (RuntimeError, straggler.ReportError):
             pass
