@@ -225,6 +225,11 @@ def test_cuda_driver_started_asks_the_mapped_driver_library():
     assert not cuda_driver_started(maps, ask=lambda path: 3)  # mapped (torch 2.11 maps it at import), not started
     assert not cuda_driver_started("7f00-7f10 r-xp 0 08:01 1 /usr/lib/libnvidia-ml.so.1\n", ask=lambda path: 0)
     assert cuda_driver_started(maps, ask=lambda path: (_ for _ in ()).throw(OSError("no symbol")))
+    # replaced under the process (a driver upgrade): not asked, started; a path with a space asked whole
+    assert cuda_driver_started(maps.replace("\n", " (deleted)\n"), ask=lambda path: 3)
+    spaced = "7f00-7f10 r-xp 0 08:01 1 /opt/nv drivers/lib/libcuda.so.1\n"
+    assert not cuda_driver_started(spaced, ask=lambda path: asked.append(path) or 3)
+    assert asked[-1] == "/opt/nv drivers/lib/libcuda.so.1"
 
 
 FORK_SAFE = """

@@ -369,11 +369,15 @@ def cuda_driver_started(maps: str | None = None, ask: Callable[[str], int] | Non
                 maps = f.read()
         except OSError:
             return False
-    found = re.search(r"(/\S*/libcuda\.so(\.\S*)?)$", maps, re.MULTILINE)
+    # a maps line: address, perms, offset, device, inode, then the path (which may hold spaces)
+    paths = [fields[5] for line in maps.splitlines() if len(fields := line.split(None, 5)) == 6]
+    found = next((p for p in paths if re.search(r"/libcuda\.so(\.[^/]*)?$", p)), None)
     if found is None:
         return False
+    if found.endswith(" (deleted)"):  # replaced under this process (a driver upgrade): it cannot be asked
+        return True
     try:
-        return (ask or _device_count_status)(found[1]) != _NOT_INITIALIZED
+        return (ask or _device_count_status)(found) != _NOT_INITIALIZED
     except OSError:
         return True  # the library could not be asked: as before, loaded counts as started
 

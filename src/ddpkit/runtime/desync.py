@@ -29,6 +29,8 @@ Example (what a rank waits in, and the verdict over every rank's)::
     True
     >>> verdict([a, dict(a, op=None, at="train.py:120")]) is None  # a straggler: one collective waits for it
     True
+    >>> verdict([a, dict(a, at="train.py:90")]) is None  # one barrier written on two lines is one collective
+    True
 """
 
 from __future__ import annotations
@@ -112,14 +114,20 @@ def _said(state: dict[str, Any]) -> str:
 
 
 def verdict(states: list[dict[str, Any]]) -> str | None:
-    """The line for ranks that wait in different collectives (``states[rank]``); None when the ranks that wait
-    in a collective of the script's (not a backward: a rank there may be computing) all wait in the same one, at
-    the same line, with the same sequence number."""
+    """The line for ranks that wait in different collectives (``states[rank]``); None unless two ranks wait in
+    collectives of the script's with the same sequence number (the backend matches those with each other) and
+    different kinds. Ranks at other numbers may be ahead by right (a non-root rank's gather returns once sent),
+    one collective written on two lines (``if rank == 0: ... barrier() else: barrier()``) is one collective, and
+    a rank in a backward (it may be computing) or outside any collective is listed, never compared."""
+    ops: dict[int, set[str]] = {}
+    for state in states:
+        if state["op"] not in ("backward", None):
+            ops.setdefault(state["seq"], set()).add(state["op"])
+    if not any(len(kinds) > 1 for kinds in ops.values()):
+        return None
     groups: dict[str, list[int]] = {}
     for rank, state in enumerate(states):
         groups.setdefault(_said(state), []).append(rank)
-    if len({said for said, ranks in groups.items() if states[ranks[0]]["op"] not in ("backward", None)}) < 2:
-        return None
     ordered = sorted(groups.items(), key=lambda item: (len(item[1]), item[1][0]))
     parts = [f"{'rank' if len(r) == 1 else 'ranks'} {', '.join(map(str, r))} {'is' if len(r) == 1 else 'are'} "
              f"{'' if said.startswith('outside') else 'in '}{said}" for said, r in ordered]
@@ -210,7 +218,9 @@ class Watch(threading.Thread):
         """This rank moved on: its last post no longer says where it is."""
         if self.posted:
             try:
-                self.store.delete_key(f"{_PREFIX}{self.rank}")
+                # overwritten, not deleted: a peer between its check() and its multi_get() would wait for the key
+                # for the store's whole timeout (the group's, 15 min by default), blind meanwhile
+                self.store.set(f"{_PREFIX}{self.rank}", "moved on")
                 if self.posted is True:
                     self.store.add(_WAITERS, -1)
             except RuntimeError:
