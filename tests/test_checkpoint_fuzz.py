@@ -181,3 +181,13 @@ def test_what_the_long_fuzz_run_found_is_one_line(sources, tmp_path, case):
         ddpkit.Checkpointer(str(tmp_path / "run"), resume=True).restore(model=model)
     assert "\n" not in str(info.value) and ("refused" in str(info.value)), str(info.value)
     assert torch.equal(torch.get_rng_state(), before)  # every generator as it was
+
+
+def test_a_memo_index_of_two_billion_in_the_metadata_is_refused_before_it_is_unpickled(tmp_path):
+    """The long fuzz run's sharded case 1462: one mutated BINPUT index made the C unpickler size its memo array
+    by it (~60 s and gigabytes for a 2 kB file). Here the same opcode by hand: NONE, LONG_BINPUT 2**31-1, STOP."""
+    from ddpkit.checkpoint import safeload
+
+    (tmp_path / ".metadata").write_bytes(b"\x80\x02Nr\xff\xff\xff\x7f.")
+    with pytest.raises(safeload.UnsafeCheckpoint, match="memo index 2147483647 at opcode 3 is past"):
+        safeload.read_metadata(str(tmp_path))

@@ -34,6 +34,7 @@ import io
 import math
 import os
 import pickle
+import pickletools
 import re
 from typing import Any
 
@@ -73,11 +74,13 @@ def read_metadata(directory: str) -> Any:
 
     path = os.path.join(directory, METADATA)
     with confine.open_inside(directory, METADATA) as f:  # a FIFO or /dev/zero there is refused, never read
-        try:
-            metadata = MetadataUnpickler(f).load()
-        except Exception as exc:  # anything a crafted pickle makes an allowed class raise (KeyError, ...)
-            first = str(exc).splitlines()[0][:200] if str(exc) else ""
-            raise UnsafeCheckpoint(f"{path} refused: {type(exc).__name__}: {first}") from None
+        data = f.read(LIMIT_METADATA + 1)
+    try:
+        _check_opcodes(data)
+        metadata = MetadataUnpickler(io.BytesIO(data)).load()
+    except Exception as exc:  # anything a crafted pickle makes an allowed class raise (KeyError, ...)
+        first = str(exc).splitlines()[0][:200] if str(exc) else ""
+        raise UnsafeCheckpoint(f"{path} refused: {type(exc).__name__}: {first}") from None
     if not isinstance(metadata, Metadata):
         problem: str | None = f"it holds a {type(metadata).__name__}, not torch's DCP Metadata"
     else:
@@ -85,6 +88,24 @@ def read_metadata(directory: str) -> Any:
     if problem:
         raise UnsafeCheckpoint(f"{path} refused: {problem}; ddpkit does not write that")
     return metadata
+
+
+LIMIT_METADATA = 64 << 20  # bytes: DCP's .metadata is ~200 bytes a tensor
+
+
+def _check_opcodes(data: bytes) -> None:
+    """Walk the pickle's opcodes (pickletools runs nothing) before the C unpickler sees it: its memo is an array
+    sized by the largest index a PUT names, so one crafted BINPUT of 2**31 in a 2 kB file took ~60 s and
+    gigabytes zeroing it (the fuzz test's case). An index is below the opcodes' count in a pickle pickle wrote."""
+    if len(data) > LIMIT_METADATA:
+        raise ValueError(f"it is over {LIMIT_METADATA >> 20} MB")
+    count = 0
+    for count, (opcode, arg, _) in enumerate(pickletools.genops(data), 1):
+        if opcode.name in _MEMO_OPS and (not isinstance(arg, int) or not 0 <= arg < count):
+            raise ValueError(f"its memo index {arg!r:.20} at opcode {count} is past the {count} opcodes read")
+
+
+_MEMO_OPS = frozenset({"PUT", "BINPUT", "LONG_BINPUT", "GET", "BINGET", "LONG_BINGET"})
 
 
 def _shape_problem(metadata: Any, directory: str) -> str | None:
