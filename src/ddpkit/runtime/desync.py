@@ -5,12 +5,12 @@ sequence number: no collective, no per-step cost). Once the main thread has wait
 :func:`patience` (a multiple of the usual step time, at least a few seconds) with the sequence number standing
 still, the rank posts what it waits in to the job's store (never a collective: those are what hang): the
 collective's kind, its tensors' dtypes and shapes, the script's file:line and the sequence number. When every
-rank has posted and they do not all wait in the same collective, the ranks are desynchronised: one line, written
-as this rank's failure for the launcher's report, and the rank exits, long before the timeout. DDP's gradient
-all-reduces run in C++ inside the backward, where a rank may as well be computing: ranks there are listed, but
-only two different collectives of the script's make a desync.
+rank has posted and two ranks wait in collectives of the same sequence number but of different kinds (see
+:func:`verdict`), the ranks are desynchronised: one line, written as this rank's failure for the launcher's
+report, and the rank exits, long before the timeout. DDP's gradient all-reduces run in C++ inside the backward,
+where a rank may as well be computing: ranks there are listed, but only collectives of the script's are compared.
 
-Ranks that all wait in the same collective at the same line are merely slow (a straggler, or a hang that the
+Ranks that all wait in the same collective are merely slow (a straggler, or a hang that the
 timeout reports as before): nothing is said. A rank that is not in a collective (computing, loading, stuck in
 the script's own wait) posts where its main thread is, the script's innermost line, while any rank has posted
 a wait (a counter in the store, read once a second): it completes the verdict and is named in it ("rank 2 is
