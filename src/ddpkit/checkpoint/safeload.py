@@ -99,7 +99,6 @@ def _check_opcodes(data: bytes) -> None:
     gigabytes zeroing it (the fuzz test's case). An index is below the opcodes' count in a pickle pickle wrote."""
     if len(data) > LIMIT_METADATA:
         raise ValueError(f"it is over {LIMIT_METADATA >> 20} MB")
-    count = 0
     for count, (opcode, arg, _) in enumerate(pickletools.genops(data), 1):
         if opcode.name in _MEMO_OPS and (not isinstance(arg, int) or not 0 <= arg < count):
             raise ValueError(f"its memo index {arg!r:.20} at opcode {count} is past the {count} opcodes read")
