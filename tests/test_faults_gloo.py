@@ -122,6 +122,10 @@ def test_an_abort_in_teardown_after_the_final_barrier_is_not_a_failure(tmp_path)
     r = launch(WORKERS / "misc.py", "slow_final_save_then_abort", tmp_path, launcher_args=["--console-ranks", "all"])
     assert r.returncode == 0 and "rank 0 saved" in r.stdout, r.stderr[-2000:]
     assert "rank 0 killed by SIGABRT" in r.stderr and "without the final barrier" not in r.stderr, r.stderr[-2000:]
+    # rank 1 is at its exit first while rank 0 still computes: no collective of rank 0's is past rank 1's, so rank 1
+    # waits for it, and both pass the barrier
+    r = launch(WORKERS / "misc.py", "late_end_then_abort", tmp_path)
+    assert r.returncode == 0 and "after every rank had passed the final barrier" in r.stderr, r.stderr[-2000:]
     r = launch(WORKERS / "misc.py", "abort_before_shutdown", tmp_path)
     assert r.returncode == 1 and "rank 1 failed first: killed by SIGABRT" in r.stderr, r.stderr[-2000:]
 

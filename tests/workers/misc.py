@@ -14,7 +14,7 @@ import ddpkit
 from ddpkit.strategies.syncbn import convert_sync_batchnorm
 
 case, out_dir = sys.argv[1], sys.argv[2]
-if case == "abort_after_shutdown":  # registered before init: atexit runs it after ddpkit's shutdown
+if case in ("abort_after_shutdown", "late_end_then_abort"):  # before init: atexit runs it after ddpkit's shutdown
     import atexit
     import os
 
@@ -179,14 +179,20 @@ elif case == "compile_option":  # prepare_model(compile=...) and a model compile
             "wrapper": type(before).__name__, "breaks": list(counters["graph_break"])}))
 elif case == "abort_after_shutdown":  # rank 1 aborts in teardown, as gloo's destructor now and then does
     torch.distributed.all_reduce(torch.ones(1))
+elif case == "late_end_then_abort":  # rank 1 is at its exit 1.5 s before rank 0, which computes, in no collective
+    import time
+
+    torch.distributed.all_reduce(torch.ones(1))
+    if rank == 0:
+        time.sleep(1.5)
 elif case == "slow_final_save_then_abort":  # rank 0 alone writes a last checkpoint, longer than the exit wait
     import time
 
     from ddpkit.core import process
-    from ddpkit.runtime import group as runtime
+    from ddpkit.runtime import leaving
     torch.distributed.all_reduce(torch.ones(1))
     if rank == 0:
-        process.on_shutdown(lambda: (time.sleep(runtime.EXIT_WAIT_S + 1), print("rank 0 saved", flush=True)))
+        process.on_shutdown(lambda: (time.sleep(leaving.EXIT_WAIT_S + 1), print("rank 0 saved", flush=True)))
 elif case == "abort_before_shutdown":  # rank 1 aborts before the final barrier: a real failure
     torch.distributed.all_reduce(torch.ones(1))
     if rank == 1:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import datetime
 import functools
+import gc
 import json
 import os
 import random
@@ -31,7 +32,7 @@ from ddpkit.core.environment import LaunchEnvError, ProcessEnv, detect, visible_
 from ddpkit.core.errors import SCRIPT_FAILED, USAGE_ERROR, ShutdownError
 from ddpkit.core.options import Device, check
 from ddpkit.core.process import State
-from ddpkit.runtime import desync, faults, forksafe, instrument, phases
+from ddpkit.runtime import desync, faults, forksafe, instrument, leaving, phases
 from ddpkit.strategies import replicas
 from ddpkit.strategies import table as strategy
 
@@ -160,10 +161,12 @@ def init(mode: str | None = None, *, backend: str | None = None, timeout_s: floa
         backend = (backend or entry.backend(device)) if entry.multi_process else None
         if backend is not None:
             _start_group(env, backend, device, timeout_s)
+            proc.groups += 1
         proc.state = state = State(env.rank, env.local_rank, env.world_size, env.local_world_size, env.node_rank,
                                    device, backend, chosen, reason, entry)
         if backend is not None:  # ranks waiting in different collectives: said in seconds, not at the timeout
             proc.desync = desync.start(state, desync_after, functools.partial(_desynced, state.local_rank))
+            proc.listener = leaving.listen(state.world_size)  # a peer at exit while this rank waits for it
         report = contract.REPORT_DIR.text(os.environ) or contract.PHASE_DIR.text(os.environ)
         proc.phases = phases.start(state, report, window)
         atexit.register(_shutdown_at_exit)
@@ -240,28 +243,38 @@ def shutdown() -> None:
     Raises :class:`ShutdownError` once the group is down when a shutdown hook failed (the last background
     checkpoint write: it was not saved).
     """
+    _stop()
+
+
+def _stop() -> bool:
+    """:func:`shutdown`; True when this rank leaves failing: an uncaught exception, or a peer waits for it in a
+    collective (the job is stopped once this process is gone)."""
     proc = process.current()
     with proc.lock:
         if proc.state is None:
-            return
+            return False
         failed = getattr(sys, "last_value", None) is not None
-        if proc.desync is not None:  # the group goes down from here: nothing left to watch
-            proc.desync.stopped.set()
-            proc.desync = None
+        for thread in (proc.desync, proc.listener):  # the group goes down from here: nothing left to watch
+            if thread is not None:
+                thread.stopped.set()
+        proc.desync = proc.listener = None
         while proc.shutdown_hooks and not failed:
             proc.shutdown_hooks.pop(0)()
         while proc.release_hooks:
             proc.release_hooks.pop(0)()
         proc.state = None
         if dist.is_available() and dist.is_initialized():
-            if not failed and _final_barrier():
+            orderly = not failed and _final_barrier()
+            if orderly:
                 # this rank's script ended and its hooks ran: what kills it from now on comes after its work.
                 # The launcher forgives a teardown abort only when every rank it lists as failed is marked so
                 faults.mark_finished(dist.get_rank())
+            failed = not orderly
             dist.destroy_process_group()
         failure, proc.exit_failure = proc.exit_failure, None
     if failure:  # said already, by the hook; raised once the group is down (a later init() starts clean)
         raise ShutdownError(failure)
+    return failed
 
 
 def _shutdown_at_exit() -> None:
@@ -269,7 +282,7 @@ def _shutdown_at_exit() -> None:
     background write) makes it exit 1: nothing at atexit can change the exit code but ``os._exit``, so logging
     and the standard streams are flushed first (atexit handlers registered before ``ddpkit.init()`` do not run)."""
     try:
-        shutdown()
+        failing = _stop()
     except ShutdownError:
         import logging
 
@@ -277,45 +290,30 @@ def _shutdown_at_exit() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(SCRIPT_FAILED)
+    if failing:
+        # torch's agent stops the job once this process is gone, and the interpreter's teardown (its garbage
+        # collections over torch's objects) was most of that time here: a failing rank's objects are left to the
+        # process's end (sys.std* and logging are still flushed at exit; a file in an unreachable cycle is not)
+        gc.freeze()
 
 
-# How long a rank at exit waits for every other rank to reach its exit. A rank cannot tell a peer that is still
-# working (rank 0 writing a last checkpoint) from one blocked in a collective this rank will never join: a
-# `sys.exit(3)` in the loop raises SystemExit, which reaches no excepthook and leaves no sys.last_value, and
-# nothing at atexit says with which code the interpreter is leaving. So the wait is bounded: after it this rank
-# leaves without the barrier, quietly (a slow final save on rank 0 is the common case), its own exit code tells the
-# launcher the rest, and a peer blocked on it fails at once (its connection closed) instead of at the collective
-# timeout; the launcher's report names the rank that left while its peers waited.
-EXIT_WAIT_S = 5.0
-_AT_EXIT, _LEFT = "ddpkit/at-exit/", "ddpkit/left-early/"
+def _final_barrier() -> bool:
+    """Meet every rank at exit (:mod:`ddpkit.runtime.leaving` says when the ranks at exit leave without the
+    barrier); True when this rank's exit is orderly: all arrived and passed the barrier, or a peer was still at
+    work after the exit wait. False when a peer is inside a collective no rank at exit joins, or a peer (or the
+    store's host) was found gone.
 
-
-def _exit_key(kind: str, rank: int) -> str:
-    """A store key of this attempt: a restarted group may meet the same store, where the keys of the attempt
-    before (a rank that left early) must not count."""
-    return f"{kind}{contract.RESTART_COUNT.number(os.environ) or 0}/{rank}"
-
-
-def _final_barrier(wait_s: float = EXIT_WAIT_S) -> bool:
-    """Wait for every rank at exit; True when this rank's exit is orderly: all arrived and passed the barrier,
-    or some were still at work after ``wait_s`` (or had left so) and this rank leaves without them. False when a
-    peer (or the store's host) was found gone.
-
-    Arrivals go to the group's store first, where they outlive the rank, so a peer that arrives after this rank
-    left finds it there; the collective barrier runs only once everyone is known to be there. A peer that already
-    died is said in one line, not a C++ wall of text (the launcher's summary names the rank that failed first)."""
+    A peer that already died is said in one line, not a C++ wall of text (the launcher's summary names the rank
+    that failed first)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
         store = dist.distributed_c10d._get_default_store()
         # what arrives is the models this rank still holds: the last replica check covers those every rank holds
         # (a model dropped by the script may be collected on one rank and not yet on another)
-        store.set(_exit_key(_AT_EXIT, rank), json.dumps(replicas.live()))
-        if _late_ranks(store, world, wait_s):
-            store.set(_exit_key(_LEFT, rank), "1")
-            return True
-        if any(store.check([_exit_key(_LEFT, peer)]) for peer in range(world)):
-            return True  # a peer gave up waiting for this rank and is gone: a barrier would wait for it
-        held = [replicas.parse_live(raw) for raw in store.multi_get([_exit_key(_AT_EXIT, p) for p in range(world)])]
+        decision = leaving.arrive(store, rank, world, json.dumps(replicas.live()))
+        if decision != "barrier":
+            return decision == "late"
+        held = [replicas.parse_live(raw) for raw in leaving.posted(store, world)]
         problem = replicas.check_at_exit(set.intersection(*held))  # every rank is here: the last steps' weights
         if problem:
             state = process.current().state
@@ -329,13 +327,3 @@ def _final_barrier(wait_s: float = EXIT_WAIT_S) -> bool:
         print(f"ddpkit: rank {rank} finished, but a peer had exited: "
               f"{first.split('. ')[0].split('] ')[-1][:160]}", file=sys.stderr, flush=True)
         return False
-
-
-def _late_ranks(store: dist.Store, world: int, wait_s: float) -> list[int]:
-    """The ranks that have not reached their exit after ``wait_s`` (none: every rank is there)."""
-    keys = [_exit_key(_AT_EXIT, peer) for peer in range(world)]
-    try:
-        store.wait(keys, datetime.timedelta(seconds=wait_s))
-        return []
-    except dist.DistStoreError:  # the wait timed out; an unreachable store is a DistNetworkError, raised on
-        return [peer for peer, key in enumerate(keys) if not store.check([key])]

@@ -1,0 +1,51 @@
+"""One rank's exit while its peer trains stops the job at once: the rank at exit learns that its peer is inside a
+collective it never joins and waits in no final barrier, and torch's agent stops the peer as soon as its exit code is
+in (real 2-rank jobs, gloo, CPU).
+
+The bounds are generous (a loaded 2-core CI machine); the measured times are in docs/when-things-go-wrong.md.
+"""
+import re
+import time
+
+import pytest
+
+from conftest import WORKERS, launch
+
+LEAVE = WORKERS / "leave_fast.py"
+
+
+def _stamp(name, text):
+    found = re.search(rf"{name} ([\d.]+)", text)
+    assert found, text[-3000:]
+    return float(found.group(1))
+
+
+@pytest.mark.parametrize("how, named", [("sys_exit", "rank 1 exited with code 3"),
+                                        ("raise", "failed first: ValueError: bad batch on rank 1"),
+                                        ("clean", "rank 1 exited with code 0 while rank 0 was still training")])
+def test_a_rank_that_leaves_its_loop_waits_for_no_peer_and_the_job_stops(tmp_path, how, named):
+    """Rank 0 trains forever; rank 1 leaves at step 20 (``sys.exit(3)``, an exception, a ``break`` to a normal
+    end). Its at-exit shutdown took the 5 s exit wait before (its peer sat in DDP's all-reduce, never at its exit:
+    nothing at exit tells a ``sys.exit(3)`` or a return from a rank that finished); now it sees the peer in a
+    collective past its own and leaves (~0.15 s here)."""
+    r = launch(LEAVE, how, timeout=120, launcher_args=["--console-ranks", "all", "--log-dir", tmp_path / "logs"])
+    ended = time.time()
+    assert r.returncode == 1 and named in r.stderr, r.stderr[-3000:]
+    left = _stamp("LEAVING-AT", r.stderr)
+    assert _stamp("SHUTDOWN-DONE-AT", r.stderr) - left < 3.0  # the exit wait alone was 5 s
+    assert ended - left < 20  # the peer would train until the collective timeout (60 s); ~1 s here
+
+
+def test_the_second_group_of_a_process_leaves_as_fast(tmp_path):
+    """The first group's exit decided "everyone is here" in the store; the second group's exit must not read it."""
+    r = launch(LEAVE, "sys_exit", "again", timeout=120,
+               launcher_args=["--console-ranks", "all", "--log-dir", tmp_path / "logs"])
+    assert r.returncode == 1 and "rank 1 exited with code 3" in r.stderr, r.stderr[-3000:]
+    assert _stamp("SHUTDOWN-DONE-AT", r.stderr) - _stamp("LEAVING-AT", r.stderr) < 3.0
+
+
+def test_sigkill_of_one_rank_stops_the_job(tmp_path):
+    r = launch(LEAVE, "sigkill", timeout=120, launcher_args=["--console-ranks", "all", "--log-dir", tmp_path / "logs"])
+    ended = time.time()
+    assert r.returncode == 1 and "failed first: killed by SIGKILL" in r.stderr, r.stderr[-3000:]
+    assert ended - _stamp("LEAVING-AT", r.stderr) < 20
