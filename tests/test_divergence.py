@@ -80,6 +80,33 @@ def test_a_flipped_bit_does_not_end_a_run_unsaid_at_two_ranks(tmp_path):
     assert "at the end of training" in r.stderr and "nothing is healed at the end" in r.stderr
 
 
+@pytest.mark.parametrize("end", ["destroy", "apart"])
+def test_a_flipped_bit_is_said_when_the_ranks_end_apart_or_without_their_group(tmp_path, end):
+    """No collective at the end: the script destroyed its group, or rank 0 ends 7 s after rank 1 (the exit wait is
+    5 s). The fingerprints go through the store; the last rank to post compares and fails."""
+    r = launch(SCRIPT, "flip", tmp_path, "auto", "no", end, nproc=2, timeout=120)
+    assert r.returncode != 0 and "at the end of training: replicas out of sync" in r.stderr, r.stderr[-3000:]
+    assert "rank 1 differs from rank 0 (no majority" in r.stderr and "in '0.weight'" in r.stderr, r.stderr[-3000:]
+    r = launch(SCRIPT, "clean", tmp_path, "auto", "no", end, nproc=2, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_a_peers_fingerprint_post_is_read_bounded():
+    """What a peer posts to the store at the end is read as data of known shape, or not at all."""
+    import json
+
+    from ddpkit.strategies import replica_exit
+
+    good = {"0": {"agreed": 1, "seen": 2, "steps": 1, "sums": [1, -2]}}
+    assert replica_exit.parse(json.dumps(good).encode()) == good
+    for bad in (b"[" * 100_000, b"1" * (2 << 20), b"9" * 5000, b'{"0": 3}', b'"a"', None, b"\xff",
+                b'{"0": {"agreed": 1, "seen": 2, "steps": 1, "sums": [1.5]}}',
+                b'{"0": {"agreed": true, "seen": 2, "steps": 1, "sums": []}}',
+                b'{"0": {"agreed": 1, "seen": 2, "steps": 1, "sums": [' + b"9" * 5000 + b']}}'):
+        assert replica_exit.parse(bad) is None, bad[:60]
+    assert replica_exit.compare([json.dumps(good).encode(), None]) is None  # a peer yet to post: no verdict
+
+
 def test_ranks_in_different_collectives_are_named_in_seconds(tmp_path):
     """Group timeout 900 s; the default watch names both lines within 10 s of the desync."""
     r = launch(SCRIPT, "desync", tmp_path, nproc=3, timeout=120)

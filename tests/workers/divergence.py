@@ -4,7 +4,9 @@
 CASE: clean, flip (rank 1, in hsdp rank 3, flips bit 5 of one weight after step 12's optimizer step), skip
 (rank 1 skips step 12's optimizer.step()), desync (rank 1 all_reduces where the others broadcast, at step 5),
 desync_outside (the same, but rank 2 waits in a loop of its own), straggle (rank 1 sleeps 3 s before a
-collective every rank calls, at step 5). CHECK: check_sync_every ('auto' or K); HEAL: 'no', 'yes' or 'rank0'.
+collective every rank calls, at step 5). CHECK: check_sync_every ('auto' or K); HEAL: 'no', 'yes' or 'rank0';
+END: 'exit' (the script just ends), 'destroy' (it ends with dist.destroy_process_group()) or 'apart' (rank 0 ends
+7 s after the others, longer than the exit wait).
 Each rank saves its final weights to OUT/rank<R>.pt (hsdp: gathered).
 """
 import sys
@@ -19,6 +21,7 @@ import ddpkit
 case, out = sys.argv[1], sys.argv[2]
 check = sys.argv[3] if len(sys.argv) > 3 else "auto"
 heal = {"no": False, "yes": True, "rank0": "rank0"}[sys.argv[4] if len(sys.argv) > 4 else "no"]
+end = sys.argv[5] if len(sys.argv) > 5 else "exit"
 state = ddpkit.init(seed=0, timeout_s=900)
 rank = state.rank
 hsdp = {"shard_size": 2} if state.mode == "hsdp" else {}  # 2 replicas of 2 shards: rank 3 holds rank 1's shard
@@ -53,3 +56,7 @@ for step in range(40):
         dist.all_reduce(torch.ones(4))
 torch.save({k: v.clone() for k, v in model.state_dict().items()}, f"{out}/rank{rank}.pt")  # hsdp: gathered
 print("FINAL", flush=True)
+if end == "destroy":
+    dist.destroy_process_group()
+elif end == "apart" and rank == 0:
+    time.sleep(7)

@@ -1,8 +1,7 @@
 """One rank leaves while its peer trains forever: ``ddpkit launch --nproc-per-node 2 leave_fast.py HOW``.
 
 HOW: ``sys_exit`` (rank 1 calls ``sys.exit(3)``), ``raise`` (an uncaught ValueError), ``sigkill`` (rank 1 SIGKILLs
-itself), ``clean`` (rank 1 returns, exit 0); ``again`` as a second word: the job first runs a group to its end and
-starts a second one (the first one's exit keys are in the same store). Rank 0 trains a DDP step after step and never
+itself), ``clean`` (rank 1 returns, exit 0). Rank 0 trains a DDP step after step and never
 stops on its own, so the job's end is the launcher's doing. Rank 1 prints ``LEAVING-AT <wall time>`` just before it
 goes, and ``SHUTDOWN-DONE-AT <wall time>`` once ddpkit's at-exit shutdown returned (atexit runs handlers last in,
 first out: this one, registered before ``ddpkit.init()``, runs after ddpkit's).

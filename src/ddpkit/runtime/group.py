@@ -33,7 +33,7 @@ from ddpkit.core.errors import SCRIPT_FAILED, USAGE_ERROR, ShutdownError
 from ddpkit.core.options import Device, check
 from ddpkit.core.process import State
 from ddpkit.runtime import desync, faults, forksafe, instrument, leaving, phases
-from ddpkit.strategies import replicas
+from ddpkit.strategies import replica_exit, replicas
 from ddpkit.strategies import table as strategy
 
 # Collectives that wait longer than this fail (and `ddpkit launch` prints a hang report). torch's defaults
@@ -162,6 +162,7 @@ def init(mode: str | None = None, *, backend: str | None = None, timeout_s: floa
         if backend is not None:
             _start_group(env, backend, device, timeout_s)
             proc.groups += 1
+            proc.store = dist.distributed_c10d._get_default_store()  # held: the script may destroy the group
         proc.state = state = State(env.rank, env.local_rank, env.world_size, env.local_world_size, env.node_rank,
                                    device, backend, chosen, reason, entry)
         if backend is not None:  # ranks waiting in different collectives: said in seconds, not at the timeout
@@ -262,15 +263,17 @@ def _stop() -> bool:
             proc.shutdown_hooks.pop(0)()
         while proc.release_hooks:
             proc.release_hooks.pop(0)()
-        proc.state = None
+        state, proc.state, store, proc.store = proc.state, None, proc.store, None
         if dist.is_available() and dist.is_initialized():
-            orderly = not failed and _final_barrier()
+            orderly = not failed and _final_barrier(state)
             if orderly:
                 # this rank's script ended and its hooks ran: what kills it from now on comes after its work.
                 # The launcher forgives a teardown abort only when every rank it lists as failed is marked so
                 faults.mark_finished(dist.get_rank())
             failed = not orderly
             dist.destroy_process_group()
+        elif store is not None and not failed:  # the script destroyed the group: the replicas checked all the same
+            _check_without_group(store, state)
         failure, proc.exit_failure = proc.exit_failure, None
     if failure:  # said already, by the hook; raised once the group is down (a later init() starts clean)
         raise ShutdownError(failure)
@@ -297,7 +300,7 @@ def _shutdown_at_exit() -> None:
         gc.freeze()
 
 
-def _final_barrier() -> bool:
+def _final_barrier(state: State) -> bool:
     """Meet every rank at exit (:mod:`ddpkit.runtime.leaving` says when the ranks at exit leave without the
     barrier); True when this rank's exit is orderly: all arrived and passed the barrier, or a peer was still at
     work after the exit wait. False when a peer is inside a collective no rank at exit joins, or a peer (or the
@@ -305,21 +308,21 @@ def _final_barrier() -> bool:
 
     A peer that already died is said in one line, not a C++ wall of text (the launcher's summary names the rank
     that failed first)."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = state.rank, state.world_size
     try:
         store = dist.distributed_c10d._get_default_store()
         # what arrives is the models this rank still holds: the last replica check covers those every rank holds
         # (a model dropped by the script may be collected on one rank and not yet on another)
-        decision = leaving.arrive(store, rank, world, json.dumps(replicas.live()))
+        count = leaving.collectives(dist.distributed_c10d._get_default_group())
+        decision = leaving.arrive(store, rank, world, json.dumps(replicas.live()), count,
+                                  functools.partial(replica_exit.post, rank))
+        if decision == "late":  # a peer still at work, or gone: the last to post compares the posts
+            _replicas_differ(state, replica_exit.compare(leaving.prints_of(store, world)))
         if decision != "barrier":
             return decision == "late"
         held = [replicas.parse_live(raw) for raw in leaving.posted(store, world)]
-        problem = replicas.check_at_exit(set.intersection(*held))  # every rank is here: the last steps' weights
-        if problem:
-            state = process.current().state
-            if not faults.record(rank, state.local_rank if state else rank, "ReplicaError", problem):
-                print(f"ddpkit: error: {problem}", file=sys.stderr, flush=True)
-            process.current().exit_failure = problem
+        # every rank is here: the last steps' weights
+        _replicas_differ(state, replicas.check_at_exit(set.intersection(*held)))
         dist.barrier()
         return True
     except RuntimeError as exc:  # DistBackendError / DistNetworkError: a peer (or the store's host) is gone
@@ -327,3 +330,24 @@ def _final_barrier() -> bool:
         print(f"ddpkit: rank {rank} finished, but a peer had exited: "
               f"{first.split('. ')[0].split('] ')[-1][:160]}", file=sys.stderr, flush=True)
         return False
+
+
+def _check_without_group(store: Any, state: State) -> None:
+    """The replicas' last check when the script destroyed its group itself (``dist.destroy_process_group()`` at
+    its end): the ranks meet in the store, which outlives the group, and compare their posted fingerprints."""
+    try:
+        decision = leaving.arrive(store, state.rank, state.world_size, "[]", None,
+                                  functools.partial(replica_exit.post, state.rank), post=True)
+        if decision != "ahead":
+            posts = leaving.prints_of(store, state.world_size)
+            _replicas_differ(state, replica_exit.compare(posts, replica_exit.DESTROYED))
+    except RuntimeError:  # the store's host is gone (the job is ending): nothing left to compare with
+        pass
+
+
+def _replicas_differ(state: State, problem: str | None) -> None:
+    """Said by this rank (the launcher's report, or its stderr), and this process exits 1."""
+    if problem:
+        if not faults.record(state.rank, state.local_rank, "ReplicaError", problem):
+            print(f"ddpkit: error: {problem}", file=sys.stderr, flush=True)
+        process.current().exit_failure = problem

@@ -30,6 +30,7 @@ import datetime
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
@@ -102,19 +103,23 @@ def listen(world_size: int) -> Listener | None:
     """This rank's listener, started (None with one process: no peer to wait for)."""
     if world_size < 2 or not dist.is_initialized():
         return None
-    listener = Listener(dist.distributed_c10d._get_default_store(), dist.distributed_c10d._get_default_group())
+    listener = Listener(process.current().store, dist.distributed_c10d._get_default_group())
     listener.start()
     return listener
 
 
-def arrive(store: Any, rank: int, world: int, live: str, wait_s: float = EXIT_WAIT_S) -> str:
+def arrive(store: Any, rank: int, world: int, live: str, count: int | None, prints: Callable[[], str], *,
+           post: bool = False, wait_s: float = EXIT_WAIT_S) -> str:
     """This rank is at its exit: what the ranks at exit do (:func:`decided`): ``barrier`` once every rank is
     there; without it, ``ahead`` (a peer is in a collective none of them joins) or ``late`` (a peer still at work
     after ``wait_s``).
 
-    ``live`` (what this rank still holds) is kept under the rank's key for :func:`posted`."""
-    count = collectives(dist.distributed_c10d._get_default_group())
+    ``live`` (what this rank still holds) is kept under the rank's key for :func:`posted`; ``count``: this rank's
+    collectives (None: not counted). ``prints()`` (the replicas' fingerprints) is posted for :func:`prints_of`
+    before a ``late`` is written or read, or at once with ``post=True`` (no group left to compare them in): each
+    rank posts before it reads the others', so the last to post finds every post."""
     store.set(key(f"at/{rank}"), live)
+    posted = post and _post(store, rank, prints)
     if count is not None:
         store.compare_set(key("first"), "", str(count))  # the first rank's count; the listeners wake on it
     if store.add(key("arrived"), 1) >= world:
@@ -122,8 +127,23 @@ def arrive(store: Any, rank: int, world: int, live: str, wait_s: float = EXIT_WA
     try:
         store.wait([key("go")], datetime.timedelta(seconds=wait_s))
     except dist.DistStoreError:  # the wait ran out; an unreachable store is a DistNetworkError, raised on
+        posted = posted or _post(store, rank, prints)
         store.compare_set(key("go"), "", "late")
-    return decided(store.get(key("go")))
+    decision = decided(store.get(key("go")))
+    if decision == "late" and not posted:
+        _post(store, rank, prints)
+    return decision
+
+
+def _post(store: Any, rank: int, prints: Callable[[], str]) -> bool:
+    store.set(key(f"prints/{rank}"), prints())
+    return True
+
+
+def prints_of(store: Any, world: int) -> list[bytes | None]:
+    """Every rank's posted fingerprints, by rank; all None until every rank posted."""
+    keys = [key(f"prints/{peer}") for peer in range(world)]
+    return list(store.multi_get(keys)) if store.check(keys) else [None] * world
 
 
 def posted(store: Any, world: int) -> list[bytes]:
