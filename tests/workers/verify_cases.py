@@ -6,7 +6,10 @@
   part of ``in_proj_bias`` has an exactly-zero gradient whose float noise differs between 1 process and N;
   AdamW's first steps move a weight by about lr whatever its gradient's size: must PASS, saying so.
 - global: ``data_loader(global_batch_size=16)``: must PASS (the one-process run must not scale it again).
-- noise: a VAE-style sampling noise drawn in forward (torch.randn_like): must FAIL naming random draws.
+- noise: a VAE-style sampling noise drawn in forward (torch.randn_like): verify cannot compare exactly, and says
+  that a one-process re-run with other draws is as far from the first.
+- noisebug: the same noise 100x smaller, and rank 1's loss 10x (a rank-dependent scale): must FAIL, beyond what
+  the draws make.
 - handshard: batches sharded by hand (no ddpkit loader), as an LSTM LM's batchified columns: verify refuses.
 - noprepare: a ddpkit loader, but the model is not prepared: verify refuses.
 - badbytes: prints bytes that are not UTF-8, then fails: verify shows the output's tail, no UnicodeDecodeError.
@@ -33,7 +36,7 @@ import ddpkit
 parser = argparse.ArgumentParser()
 parser.add_argument("--case", required=True, choices=["seq", "attn", "global", "noise", "handshard", "noprepare",
                                                      "badbytes", "gan", "manual", "phases", "bnplain", "exit",
-                                                     "accum8"])
+                                                     "accum8", "noisebug"])
 args = parser.parse_args()
 torch.set_num_threads(1)
 state = ddpkit.init()
@@ -75,7 +78,8 @@ class Noisy(nn.Module):
 
     def forward(self, x):
         mu, logvar = self.enc(x.mean(1)).chunk(2, dim=1)
-        z = mu + torch.randn_like(mu) * (0.5 * logvar).exp()  # the reparameterisation trick's noise
+        noise = torch.randn_like(mu) * (0.01 if args.case == "noisebug" else 1.0)
+        z = mu + noise * (0.5 * logvar).exp()  # the reparameterisation trick's noise
         return self.dec(z)
 
 
@@ -84,14 +88,14 @@ if args.case in ("gan", "manual", "phases", "bnplain", "exit", "accum8"):  # sha
     import verify_shapes  # noqa: E402 (next to this file)
     verify_shapes.run(args.case, data, state)
     raise SystemExit(0)
-net = {"noise": Noisy, "attn": Attn}.get(args.case, Seq)()
+net = {"noise": Noisy, "noisebug": Noisy, "attn": Attn}.get(args.case, Seq)()
 model = net if args.case == "noprepare" else ddpkit.prepare_model(net)
 opt = (torch.optim.AdamW(model.parameters(), lr=1e-3) if args.case == "attn"
        else torch.optim.SGD(model.parameters(), lr=0.1))
 
 
 def train_step(x, y):
-    loss = nn.functional.mse_loss(model(x), y)
+    loss = nn.functional.mse_loss(model(x), y) * (1 + 9 * state.rank if args.case == "noisebug" else 1)
     opt.zero_grad()
     loss.backward()
     opt.step()

@@ -95,6 +95,9 @@ VERIFY_DROP = Var("DDPKIT_VERIFY_DROP", VERIFY, "verify's hooks",
 VERIFY_F64 = Var("DDPKIT_VERIFY_F64", VERIFY, "verify's hooks",
                  "1: the prepared model in float64 (its float inputs cast up, its outputs back): the re-run that "
                  "tells float rounding from a defect")
+VERIFY_DRAWS = Var("DDPKIT_VERIFY_DRAWS", VERIFY, "verify's hooks",
+                   "1: torch's generator reseeded at the first training forward: the one-process re-run with other "
+                   "random draws in its steps, whose distance from the first run is the draws' own")
 KEEP_DROPOUT = Var("DDPKIT_KEEP_DROPOUT", f"{VERIFY} --keep-dropout", "verify's hooks",
                    "1: verify leaves dropout on (by default it sets p=0 in both runs)")
 BENCH_OUT = Var("DDPKIT_BENCH_OUT", BENCH, "bench's hooks", "each rank writes its batch hand-out times there")
@@ -105,8 +108,8 @@ PLAN_OUT = Var("DDPKIT_PLAN_OUT", PLAN, "plan's hooks", "each rank writes its me
 PLAN_FAKE = Var("DDPKIT_PLAN_FAKE", PLAN, "plan's hooks",
                 "1: the planning run (fake tensors, one optimizer step); unset: a measured run")
 # what only a tool's hooks read: set without DDPKIT_TOOL they do nothing, and init() says so
-TOOL_VARIABLES = (MAX_STEPS, BATCH_SCALE, VERIFY_OUT, VERIFY_INIT, VERIFY_DROP, KEEP_DROPOUT, BENCH_OUT, BENCH_NO_COMM,
-                  COMM, PLAN_OUT, PLAN_FAKE)
+TOOL_VARIABLES = (MAX_STEPS, BATCH_SCALE, VERIFY_OUT, VERIFY_INIT, VERIFY_DROP, VERIFY_DRAWS, KEEP_DROPOUT,
+                  BENCH_OUT, BENCH_NO_COMM, COMM, PLAN_OUT, PLAN_FAKE)
 
 # -- torch's agent's, read (the launchers' rank variables belong to ddpkit.core.environment's detectors) ----
 RESTART_COUNT = Var("TORCHELASTIC_RESTART_COUNT", "torchrun", "init(), Checkpointer",

@@ -33,7 +33,8 @@ import torch
 
 from ddpkit.commands.cli import OneLineParser, usage_error
 from ddpkit.commands.logtail import run_logged
-from ddpkit.commands.verify import causes, noise, rounding
+from ddpkit.commands.verify import causes, draws, noise, rounding
+from ddpkit.commands.verify.lines import fail_line, pass_line, run_length
 from ddpkit.core import contract
 from ddpkit.core.environment import visible_gpus
 from ddpkit.core.errors import CANNOT_COMPARE, NOT_EQUIVALENT, SCRIPT_FAILED, ScriptFailed, UsageError
@@ -255,6 +256,17 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
             result["first_gradient_diverging"] = grads.get("first_diverging") if grads else None
             result["cause"] = causes.likely_cause(g1, gn, grads, result["random_draws"], nproc, result["autocast"],
                                                   any(f.get("masked_labels") for f in facts))
+        if draws.worth_rerun(result):  # how far the one-process run moves with other draws alone
+            other = os.path.join(tmp, "single-draws.pt")
+            try:
+                _run(script, "one-process re-run with other random draws", nproc, [sys.executable, script,
+                     *script_args], {**common, contract.MODE.name: "single", contract.BATCH_SCALE.name: str(nproc),
+                                     contract.VERIFY_OUT.name: other, contract.VERIFY_DRAWS.name: "1"},
+                     os.path.join(tmp, "single-draws.log"))
+                result["draws_floor"] = compare_weights(one, torch.load(other, weights_only=True), atol, rtol,
+                                                        skip=skip)["max_abs_diff"]
+            except (ScriptFailed, OSError):
+                result["draws_floor"] = None
     return {"nproc": nproc, "mode": mode, "steps": steps, "atol": atol, "rtol": rtol, **result}
 
 
@@ -296,49 +308,6 @@ def _grads(out: str, kind: str = "grads") -> dict[str, torch.Tensor] | None:
     """A run's step-1 gradients (``grads``) or largest |gradient| per element (``gradpeak``), if it wrote them."""
     path = f"{out}.{kind}"
     return torch.load(path, weights_only=True) if os.path.exists(path) else None
-
-
-def run_length(result: dict) -> str:
-    """How long both runs trained, from what they recorded, and what stopped them.
-
-    >>> run_length({"steps_taken": 2, "cap": None})
-    '2 steps (the script ended by itself)'
-    >>> run_length({"steps_taken": 0, "cap": "batches", "batches": 5})
-    '5 batches (no optimizer.step() seen: the training loaders were capped at 5 batches)'
-    """
-    taken = result.get("steps_taken", result.get("steps"))
-    if result.get("cap") == "batches":
-        return f"{result['batches']} batches (no optimizer.step() seen: the training loaders were capped at " \
-               f"{result['batches']} batches)"
-    plural = "" if taken == 1 else "s"
-    if result.get("cap") == "steps":
-        return f"{taken} step{plural} (stopped by the step cap)"
-    return f"{taken} step{plural} (the script ended by itself)"
-
-
-def pass_line(result: dict, nproc: int, mode: str) -> str:
-    """The PASS line: the steps actually taken and the cap that applied, the tensors and their largest diff.
-
-    >>> pass_line({"steps_taken": 5, "cap": "steps", "tensors": 9, "max_abs_diff": 1.2345e-7}, 2, "ddp")
-    'PASS: 2 processes match 1 process after 5 steps (stopped by the step cap; 9 tensors, max abs diff 1.23e-07)'
-    """
-    shown = "" if mode == "ddp" else f" ({mode})"
-    return (f"PASS: {nproc} processes{shown} match 1 process after {run_length(result)[:-1]}; "
-            f"{result['tensors']} tensors, max abs diff {result['max_abs_diff']:.3g})")
-
-
-def fail_line(result: dict, steps: int, atol: float, rtol: float) -> str:
-    """The FAIL lines of a finite difference: the first tensor, its diff (3 significant digits), the cause.
-
-    >>> fail_line({"first_diverging": "w", "first_max_abs_diff": 0.000051234, "cause": "a cause"}, 5, 1e-5, 1e-4)
-    "FAIL: 'w' differs after 5 steps (max abs diff 5.12e-05; atol 1e-05, rtol 0.0001)\\nlikely cause: a cause"
-    """
-    diff = result.get("first_max_abs_diff", result.get("max_abs_diff"))
-    shown = "n/a" if diff is None else f"{diff:.3g}"
-    taken = result.get("steps_taken", steps)
-    line = (f"FAIL: {result['first_diverging']!r} differs after {taken} step{'' if taken == 1 else 's'} "
-            f"(max abs diff {shown}; {result.get('reason', f'atol {atol:g}, rtol {rtol:g}')})")
-    return line + (f"\nlikely cause: {result['cause']}" if result.get("cause") else "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -393,6 +362,11 @@ def _verify_one(ns: argparse.Namespace, nproc: int, device: str | None, note: st
                                                      device, ns.keep_dropout, ns.mode, float64=True))
         except (CannotCompare, RuntimeError) as exc:
             result = rounding.decided(result, None, str(exc))
+    if draws.worth_rerun(result):
+        verdict, result["cause"] = draws.decided(result)
+        if verdict == "cannot compare":
+            result["cannot_compare"] = True
+            print(f"{PROG}: {result['cause']}", file=sys.stderr, flush=True)
     results.append(result)
     if ns.json:
         print(json.dumps(result), flush=True)
@@ -405,8 +379,10 @@ def _verify_one(ns: argparse.Namespace, nproc: int, device: str | None, note: st
                   f"their max abs diff {result['excused_max_diff']:.3g}")
     elif result["non_finite"]:
         print(f"FAIL after {run_length(result)}: {result['reason']}", flush=True)
+    elif result.get("cannot_compare"):  # said on stderr, as every "cannot compare" is
+        pass
     else:
         print(fail_line(result, ns.steps, ns.atol, ns.rtol), flush=True)
         if result.get("rounding_note"):
             print(f"  {result['rounding_note']}", flush=True)
-    return 0 if result["passed"] else NOT_EQUIVALENT
+    return 0 if result["passed"] else CANNOT_COMPARE if result.get("cannot_compare") else NOT_EQUIVALENT

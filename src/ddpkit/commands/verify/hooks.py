@@ -87,5 +87,6 @@ def from_env(environ: Mapping[str, str]) -> VerifyHooks:
     return VerifyHooks(batch_scale=contract.BATCH_SCALE.number(environ) or 1,
                        drop_multiple=contract.VERIFY_DROP.number(environ), init=contract.VERIFY_INIT.text(environ),
                        keep_dropout=out is None or contract.KEEP_DROPOUT.flag(environ),
-                       recorder=Recorder(out, contract.MAX_STEPS.number(environ)) if out else None,
+                       recorder=Recorder(out, contract.MAX_STEPS.number(environ),
+                                         other_draws=contract.VERIFY_DRAWS.flag(environ)) if out else None,
                        float64=contract.VERIFY_F64.flag(environ))

@@ -85,13 +85,17 @@ def _autocast_dtype(module: nn.Module) -> str | None:
     return None
 
 
+DRAWS_OFFSET = 7919  # added to the seed of the re-run with other draws (any other seed does)
+
+
 class Recorder:
     """One per verify run (see the module's docstring). Models are keyed by order of preparation: with more
     than one (a GAN's generator and discriminator) every name gets a ``model<i>.`` prefix, so each model's
     weights and step-1 gradients are compared, not only the last one's."""
 
-    def __init__(self, out: str, max_steps: int | None):
+    def __init__(self, out: str, max_steps: int | None, other_draws: bool = False):
         self.out, self.max_steps = out, max_steps
+        self.other_draws = other_draws  # reseed torch at the first training forward: the same init, other draws
         self.models: list[nn.Module] = []
         self.loaders: list[Any] = []
         # steps per optimizer; weak keys: a new optimizer in a later phase may reuse a dropped one's id()
@@ -146,6 +150,9 @@ class Recorder:
         # random draws are counted from a step's first training forward to its optimizer step: a plain
         # DataLoader draws its base seed from the global generator at iter(), which is no draw of the step
         if self._rng is None and torch.is_grad_enabled():
+            if self.other_draws:  # once: what was drawn before (the init) stays, every draw of the steps changes
+                self.other_draws = False
+                torch.manual_seed(torch.initial_seed() + DRAWS_OFFSET)
             self._rng = _rng_state()
         if self.autocast is None and torch.is_grad_enabled():
             self.autocast = _autocast_dtype(module)
