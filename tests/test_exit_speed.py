@@ -28,9 +28,12 @@ def test_a_rank_that_leaves_its_loop_waits_for_no_peer_and_the_job_stops(tmp_pat
     end). Its at-exit shutdown took the 5 s exit wait before (its peer sat in DDP's all-reduce, never at its exit:
     nothing at exit tells a ``sys.exit(3)`` or a return from a rank that finished); now it sees the peer in a
     collective past its own and leaves (~0.15 s here)."""
-    r = launch(LEAVE, how, timeout=120, launcher_args=["--console-ranks", "all", "--log-dir", tmp_path / "logs"])
+    r = launch(LEAVE, how, tmp_path, timeout=120,
+               launcher_args=["--console-ranks", "all", "--log-dir", tmp_path / "logs"])
     ended = time.time()
     assert r.returncode == 1 and named in r.stderr, r.stderr[-3000:]
+    # the failing rank's teardown is spared (gc.freeze), but not what its files buffered
+    assert (tmp_path / "rank1.log").read_text().splitlines()[-1] == "step 19", r.stderr[-3000:]
     left = _stamp("LEAVING-AT", r.stderr)
     assert _stamp("SHUTDOWN-DONE-AT", r.stderr) - left < 3.0  # the exit wait alone was 5 s
     assert ended - left < 20  # the peer would train until the collective timeout (60 s); ~1 s here
@@ -41,3 +44,12 @@ def test_sigkill_of_one_rank_stops_the_job(tmp_path):
     ended = time.time()
     assert r.returncode == 1 and "failed first: killed by SIGKILL" in r.stderr, r.stderr[-3000:]
     assert ended - _stamp("LEAVING-AT", r.stderr) < 20
+
+
+def test_a_script_that_destroys_its_group_leaves_no_listener_behind(tmp_path):
+    """Most scripts end with dist.destroy_process_group(): the exit listener, waiting on the store for a first
+    count that then never comes, is woken and ends (it held the group and the store: a store served by rank 0's
+    own process stayed listening)."""
+    r = launch(WORKERS / "misc.py", "destroy_then_threads", tmp_path, timeout=120)
+    assert r.returncode == 0 and "THREADS ['MainThread'" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert "ddpkit-exit-listener" not in r.stdout, r.stdout

@@ -126,6 +126,9 @@ def test_an_abort_in_teardown_after_the_final_barrier_is_not_a_failure(tmp_path)
     # waits for it, and both pass the barrier
     r = launch(WORKERS / "misc.py", "late_end_then_abort", tmp_path)
     assert r.returncode == 0 and "after every rank had passed the final barrier" in r.stderr, r.stderr[-2000:]
+    # 3 ranks whose gloo counts part (sends and receives count on their own ranks): still the barrier
+    r = launch(WORKERS / "misc.py", "p2p_then_abort", tmp_path, nproc=3)
+    assert r.returncode == 0 and "after every rank had passed the final barrier" in r.stderr, r.stderr[-2000:]
     r = launch(WORKERS / "misc.py", "abort_before_shutdown", tmp_path)
     assert r.returncode == 1 and "rank 1 failed first: killed by SIGABRT" in r.stderr, r.stderr[-2000:]
 

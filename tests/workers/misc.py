@@ -14,7 +14,7 @@ import ddpkit
 from ddpkit.strategies.syncbn import convert_sync_batchnorm
 
 case, out_dir = sys.argv[1], sys.argv[2]
-if case in ("abort_after_shutdown", "late_end_then_abort"):  # before init: atexit runs it after ddpkit's shutdown
+if case in ("abort_after_shutdown", "late_end_then_abort", "p2p_then_abort"):  # before init: atexit runs it later
     import atexit
     import os
 
@@ -179,6 +179,18 @@ elif case == "compile_option":  # prepare_model(compile=...) and a model compile
             "wrapper": type(before).__name__, "breaks": list(counters["graph_break"])}))
 elif case == "abort_after_shutdown":  # rank 1 aborts in teardown, as gloo's destructor now and then does
     torch.distributed.all_reduce(torch.ones(1))
+elif case == "p2p_then_abort":  # 3 ranks: gloo counts rank 0's two sends, each peer's one recv: counts apart
+    import time
+
+    t = torch.zeros(4)
+    if rank == 0:
+        for peer in range(1, W):
+            torch.distributed.send(torch.ones(4), peer)
+    else:
+        torch.distributed.recv(t, 0)
+    torch.distributed.all_reduce(t)
+    if rank == 0:
+        time.sleep(1.0)  # the others are at their exit first, with a count under rank 0's: no peer waits for them
 elif case == "late_end_then_abort":  # rank 1 is at its exit 1.5 s before rank 0, which computes, in no collective
     import time
 
@@ -193,6 +205,15 @@ elif case == "slow_final_save_then_abort":  # rank 0 alone writes a last checkpo
     torch.distributed.all_reduce(torch.ones(1))
     if rank == 0:
         process.on_shutdown(lambda: (time.sleep(leaving.EXIT_WAIT_S + 1), print("rank 0 saved", flush=True)))
+elif case == "destroy_then_threads":  # the script destroys its group, then shuts ddpkit down itself
+    import threading
+    import time
+
+    torch.distributed.all_reduce(torch.ones(1))
+    torch.distributed.destroy_process_group()
+    ddpkit.shutdown()
+    time.sleep(0.3)
+    print("THREADS", sorted(t.name for t in threading.enumerate()), flush=True)
 elif case == "abort_before_shutdown":  # rank 1 aborts before the final barrier: a real failure
     torch.distributed.all_reduce(torch.ones(1))
     if rank == 1:

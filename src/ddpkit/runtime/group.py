@@ -18,6 +18,7 @@ import atexit
 import datetime
 import functools
 import gc
+import io
 import json
 import os
 import random
@@ -274,6 +275,8 @@ def _stop() -> bool:
             dist.destroy_process_group()
         elif store is not None and not failed:  # the script destroyed the group: the replicas checked all the same
             _check_without_group(store, state)
+        if store is not None:  # a listener still waiting for a first count (this rank failed, or its group is gone)
+            leaving.release(store)
         failure, proc.exit_failure = proc.exit_failure, None
     if failure:  # said already, by the hook; raised once the group is down (a later init() starts clean)
         raise ShutdownError(failure)
@@ -294,10 +297,26 @@ def _shutdown_at_exit() -> None:
         sys.stderr.flush()
         os._exit(SCRIPT_FAILED)
     if failing:
-        # torch's agent stops the job once this process is gone, and the interpreter's teardown (its garbage
-        # collections over torch's objects) was most of that time here: a failing rank's objects are left to the
-        # process's end (sys.std* and logging are still flushed at exit; a file in an unreachable cycle is not)
-        gc.freeze()
+        _spare_teardown()
+
+
+_FILES = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom, io.FileIO)
+
+
+def _spare_teardown() -> None:
+    """A failing rank's objects are left to the process's end: torch's agent stops the job once this process is
+    gone, and the interpreter's teardown (its garbage collections over torch's objects) was most of that time
+    (1.0 s of a DDP worker's exit here; 0.37 s so). The garbage there is now is collected as the teardown would,
+    and every open file is flushed (one that only the teardown would free, held in a reference cycle, would lose
+    what it buffered); a ``__del__`` of an object in such a cycle is what does not run."""
+    gc.collect()
+    for obj in gc.get_objects():
+        if type(obj) in _FILES and not obj.closed:
+            try:
+                obj.flush()
+            except (OSError, ValueError):  # a read-only or broken file: nothing buffered to lose
+                pass
+    gc.freeze()
 
 
 def _final_barrier(state: State) -> bool:

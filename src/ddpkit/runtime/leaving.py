@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ddpkit.core import contract, process
+from ddpkit.runtime import desync
 
 # How long a rank at exit waits for every other rank to reach its exit. A peer that is still working (rank 0
 # writing a last checkpoint) looks like one stuck where this rank cannot see it (in the script's own wait), so
@@ -44,6 +46,8 @@ from ddpkit.core import contract, process
 # connection closed) instead of at the collective timeout.
 EXIT_WAIT_S = 5.0
 POLL_S = 0.02  # how often a listener compares its rank's collective count, once a rank is at its exit
+HOLD = 3  # looks in a row that find this rank waiting past the count: 0.06 s (a collective that completes moves on)
+GONE = "gone"  # the first count of a rank that leaves without one: the listeners stop
 _FOREVER = datetime.timedelta(days=365)  # a listener's wait: until a rank reaches its exit (or the store goes)
 _PREFIX = "ddpkit/exit/"
 
@@ -75,28 +79,51 @@ class Listener(threading.Thread):
     def __init__(self, store: Any, group: Any):
         super().__init__(name="ddpkit-exit-listener", daemon=True)
         self.store, self.group, self.go, self.first = store, group, key("go"), key("first")
+        self.main = threading.main_thread().ident
+        # gloo counts a send / recv on its two ranks only, so its counts part between ranks whose point-to-point
+        # traffic is uneven (monitored_barrier's too): there a count past the first one's is said only of a rank
+        # whose main thread waits in a collective; NCCL counts collectives alone
+        self.counts_p2p = dist.get_backend(group) != "nccl"
         self.stopped = threading.Event()  # this rank is at its exit: nothing left to compare
 
     def run(self) -> None:
         try:
             own = self.store.clone()  # a wait on the shared connection would hold the main thread's store calls
             own.wait([self.first], _FOREVER)
-            first = int(own.get(self.first)[:32])
-        except (RuntimeError, ValueError, AttributeError):  # the store is gone (the job ends), a count that is no
-            # number, or a store that cannot open a second connection (the ranks at exit then wait EXIT_WAIT_S)
-            return
-        deadline = time.monotonic() + 2 * EXIT_WAIT_S
+            self._compare(own, int(own.get(self.first)[:32]))
+        except (RuntimeError, ValueError, AttributeError):  # the store is gone (the job ends), no count (a rank
+            # left with its group gone: GONE), or a store that cannot open a second connection (the ranks at exit
+            # then wait EXIT_WAIT_S)
+            pass
+        finally:
+            self.store = self.group = None  # a store served by rank 0's process closes with the process's last
+
+    def _compare(self, own: Any, first: int) -> None:
+        """Every POLL_S: this rank is past the first rank's count and (where p2p counts) waits in a collective,
+        the same for HOLD looks in a row: it waits for the ranks at exit, which must not wait for it."""
+        deadline, seen, held = time.monotonic() + 2 * EXIT_WAIT_S, None, 0
         while not self.stopped.is_set() and time.monotonic() < deadline:
             count = collectives(self.group)
             if count is None:
                 return
-            if count > first:  # a collective the rank at exit never joins: it must not wait for this rank
-                try:
-                    own.compare_set(self.go, "", "ahead")
-                except RuntimeError:
-                    pass
+            frame = sys._current_frames().get(self.main) if self.main is not None else None
+            op = desync.where(frame)["op"] if self.counts_p2p else "counted"
+            now = (count, op)
+            held = held + 1 if now == seen and count > first and op is not None else 0
+            seen = now
+            if held >= HOLD:
+                own.compare_set(self.go, "", "ahead")
                 return
             self.stopped.wait(POLL_S)
+
+
+def release(store: Any) -> None:
+    """Wake every listener still waiting for a first count (this rank leaves with none to give: it failed, or
+    its group is gone): they stop, nothing is compared."""
+    try:
+        store.compare_set(key("first"), "", GONE)
+    except RuntimeError:  # the store's host is gone: so are the listeners' waits
+        pass
 
 
 def listen(world_size: int) -> Listener | None:
