@@ -91,20 +91,39 @@ def test_a_flipped_bit_is_said_when_the_ranks_end_apart_or_without_their_group(t
     assert r.returncode == 0, r.stderr[-3000:]
 
 
+def test_every_replica_group_is_compared_when_the_ranks_end_apart(tmp_path):
+    """hsdp 2 x 2: rank 3 (replica group {1, 3}) flips a bit, no periodic check (K=1000), rank 0 ends 7 s after the
+    others. The last to post is rank 0, whose own group is {0, 2}: it compared only that one (exit 0, unsaid)."""
+    r = launch(SCRIPT, "flip", tmp_path, "1000", "no", "apart", nproc=4, timeout=150,
+               launcher_args=["--mode", "hsdp"])
+    assert r.returncode != 0 and "at the end of training: replicas out of sync" in r.stderr, r.stderr[-3000:]
+    assert "rank 3 differs from rank 1" in r.stderr, r.stderr[-3000:]
+
+
 def test_a_peers_fingerprint_post_is_read_bounded():
-    """What a peer posts to the store at the end is read as data of known shape, or not at all."""
+    """What a peer posts to the store at the end is read as data of known shape, or refused in one line."""
     import json
 
     from ddpkit.strategies import replica_exit
 
-    good = {"0": {"agreed": 1, "seen": 2, "steps": 1, "sums": [1, -2]}}
-    assert replica_exit.parse(json.dumps(good).encode()) == good
-    for bad in (b"[" * 100_000, b"1" * (2 << 20), b"9" * 5000, b'{"0": 3}', b'"a"', None, b"\xff",
-                b'{"0": {"agreed": 1, "seen": 2, "steps": 1, "sums": [1.5]}}',
-                b'{"0": {"agreed": true, "seen": 2, "steps": 1, "sums": []}}',
-                b'{"0": {"agreed": 1, "seen": 2, "steps": 1, "sums": [' + b"9" * 5000 + b']}}'):
-        assert replica_exit.parse(bad) is None, bad[:60]
+    good = {"0": {"agreed": 1, "seen": 2, "steps": 1, "nonfinite": -1, "sums": [1, -2], "ranks": [0, 1],
+                  "names": ["w", "b"]}}
+    assert replica_exit.parse(json.dumps(good).encode(), 2) == good
+    entry = good["0"]
+    for bad in (b"[" * 100_000, b"1" * (replica_exit.MAX_POST + 1), b"9" * 5000, b'{"0": 3}', b'"a"', b"\xff",
+                json.dumps({"0": dict(entry, sums=[1.5, 2])}).encode(),
+                json.dumps({"0": dict(entry, agreed=True)}).encode(),
+                b'{"0": {"seen": 1' + b"9" * 30,  # cut short
+                json.dumps({"0": dict(entry, seen=1 << 63)}).encode(),  # past int64: its str() could exceed Python's
+                json.dumps({"0": dict(entry, ranks=[0, 5])}).encode(),  # a rank the job does not have
+                json.dumps({"0": dict(entry, names=["w"])}).encode()):  # names and sums of other lengths
+        with pytest.raises(ValueError):
+            replica_exit.parse(bad, 2)
     assert replica_exit.compare([json.dumps(good).encode(), None]) is None  # a peer yet to post: no verdict
+    nan = dict(entry, nonfinite=1)  # check_sync_every=K: NaN / inf on every rank is said, as in training
+    assert replica_exit.differing([nan, nan]).startswith("training diverged: 'b' holds NaN or inf on every rank")
+    with pytest.raises(ValueError, match="rank 1's fingerprints"):
+        replica_exit.compare([json.dumps(good).encode(), b"[]"])
 
 
 def test_ranks_in_different_collectives_are_named_in_seconds(tmp_path):

@@ -2,19 +2,21 @@
 wait apart (rank 0 writing a last checkpoint alone), or the script destroyed its group itself
 (``dist.destroy_process_group()``, what most DDP scripts end with).
 
-Each rank posts its fingerprints (per model, its per-tensor sums, its optimizer steps since the last check that
-agreed) to the job's store, which outlives the group; a rank that finds every rank's post compares them (the last
-to post always does). What differs is named as a check in training names it (:mod:`ddpkit.strategies.replicas`),
-but the cause only where the step counts tell it: the tensors themselves do not travel through the store.
+Each rank posts its fingerprints (per model: its replica group's ranks, its tensors' names and per-tensor sums, its
+optimizer steps since the last check that agreed) to the job's store, which outlives the group; a rank that finds
+every rank's post compares every replica group of every model (the last to post always does). What differs is
+named as a check in training names it (:mod:`ddpkit.strategies.replicas`), but the cause only where the step
+counts tell it: the tensors themselves do not travel through the store.
 
 Example (two ranks' posts of one model, rank 1's first tensor changed)::
 
-    >>> mine = {"agreed": 12, "seen": 40, "steps": 28, "sums": [5, 7]}
-    >>> line = differing([mine, dict(mine, sums=[6, 7])], ["0.weight", "0.bias"], [0, 1])
+    >>> mine = {"agreed": 12, "seen": 40, "steps": 28, "sums": [5, 7], "ranks": [0, 1],
+    ...         "names": ["0.weight", "0.bias"], "nonfinite": -1}
+    >>> line = differing([mine, dict(mine, sums=[6, 7])], APART)
     >>> line[:80]
     'replicas out of sync at step 41 (equal at step 12): rank 1 differs from rank 0 ('
     >>> line[line.index(" in '"):][:71]
-    " in '0.weight': the weights differ (the ranks ended more than 5 s apart"
+    " in '0.weight': cause not told (the ranks ended more than 5 s apart: co"
 """
 
 from __future__ import annotations
@@ -24,11 +26,14 @@ import os
 from typing import Any
 
 from ddpkit.strategies import replica_repair, replicas
+from ddpkit.strategies.consistency import diverged_line
 
-_MAX_POST = 1 << 20  # bytes of one rank's post: 64 models of a few thousand tensors
 APART = "the ranks ended more than 5 s apart"
 DESTROYED = "the script destroyed its process group itself"
-_FIELDS = {"agreed": int, "seen": int, "steps": int, "sums": list}
+# bytes of one rank's post: ~60 a tensor (its name, its sum), so about 500k tensors over all the models it holds
+MAX_POST = 32 << 20
+_INT64 = (-(1 << 63), 1 << 63)
+_FIELDS = {"agreed": int, "seen": int, "steps": int, "nonfinite": int, "sums": list, "ranks": list, "names": list}
 
 
 def _held() -> list[replicas.Replicas]:
@@ -43,52 +48,69 @@ def post(rank: int) -> str:
     for r in _held():
         own = r.ranks.index(rank) if rank in r.ranks else 0
         since = r.optimizer_steps - (r.baseline[own] if len(r.baseline) > own else 0)
-        out[str(r.serial)] = {"agreed": r.agreed, "seen": r.seen, "steps": since,
+        bad = -1
+        if not r.auto:  # asked for by the script: NaN / inf on every rank is said too, as a check in training does
+            bad = next((i for i, t in enumerate(r.tensors) if not bool(t.isfinite().all())), -1)
+        out[str(r.serial)] = {"agreed": r.agreed, "seen": r.seen, "steps": since, "nonfinite": bad,
+                              "ranks": list(r.ranks), "names": list(r.names),
                               "sums": [int(s) for s in replicas._fingerprint(r.tensors).tolist()]}
     return json.dumps(out)
 
 
-def parse(raw: bytes | None) -> dict[str, dict[str, Any]] | None:
-    """A peer's :func:`post`, or None when it is missing or not one a rank of this job wrote."""
-    if raw is None or len(raw) > _MAX_POST:
-        return None
+def parse(raw: bytes, world: int) -> dict[str, dict[str, Any]]:
+    """A peer's :func:`post`; ValueError (one line) when it is not one a rank of this job wrote."""
+    if len(raw) > MAX_POST:
+        raise ValueError(f"a post of {len(raw)} bytes, over {MAX_POST >> 20} MB")
     try:
         value = json.loads(raw)
     except (ValueError, RecursionError):
-        return None
-    if not isinstance(value, dict):
-        return None
-    for entry in value.values():
-        if not isinstance(entry, dict) or any(type(entry.get(k)) is not t for k, t in _FIELDS.items()) or \
-                any(type(s) is not int for s in entry["sums"]):
-            return None
+        raise ValueError("a post that is not JSON") from None
+    if not isinstance(value, dict) or not all(isinstance(v, dict) and _valid(v, world) for v in value.values()):
+        raise ValueError("a post whose fields are not those of a fingerprint")
     return value
 
 
+def _valid(entry: dict[str, Any], world: int) -> bool:
+    if any(type(entry.get(k)) is not t for k, t in _FIELDS.items()):
+        return False
+    numbers = [entry[k] for k in ("agreed", "seen", "steps", "nonfinite")] + entry["sums"] + entry["ranks"]
+    return all(type(n) is int and _INT64[0] <= n < _INT64[1] for n in numbers) and \
+        all(type(r) is int and 0 <= r < world for r in entry["ranks"]) and \
+        all(type(n) is str and len(n) <= 1000 for n in entry["names"]) and len(entry["names"]) == len(entry["sums"])
+
+
 def compare(raws: list[bytes | None], apart: str = APART) -> str | None:
-    """The line for replicas that differ at the end, from every rank's post (``raws[rank]``); None when they
-    agree, or when a post is missing (a rank that posts later compares). ``apart``: why there was no collective."""
-    posts = [p for p in map(parse, raws) if p is not None]
-    if len(posts) < len(raws):
+    """The line for replicas that differ at the end, from every rank's post (``raws[rank]``): every replica group
+    of every model; None when they agree, or when a post is missing (a rank that posts later compares).
+    ValueError (one line) for a post no rank of this job wrote. ``apart``: why there was no collective."""
+    if any(raw is None for raw in raws):
         return None
-    for r in _held():
-        key = str(r.serial)
-        group = [posts[rank] for rank in r.ranks if rank < len(posts)]
-        if len(group) != len(r.ranks) or any(key not in p for p in group):  # a model a peer no longer holds
-            continue
-        line = differing([p[key] for p in group], r.names, r.ranks, apart)
-        if line:
-            return f"at the end of training: {line}"
+    posts = []
+    for rank, raw in enumerate(raws):
+        try:
+            posts.append(parse(raw or b"", len(raws)))
+        except ValueError as exc:
+            raise ValueError(f"rank {rank}'s fingerprints: {exc}") from None
+    for key in sorted({k for p in posts for k in p}, key=lambda k: (len(k), k))[:replicas._MAX_MODELS]:
+        groups = {tuple(p[key]["ranks"]) for p in posts if key in p}
+        for group in sorted(groups):
+            entries = [posts[r].get(key) for r in group]
+            if any(e is None or tuple(e["ranks"]) != group for e in entries):
+                continue  # a model a peer no longer holds, or holds in another group: the start check's business
+            line = differing([e for e in entries if e is not None], apart)
+            if line:
+                return f"at the end of training: {line}"
     return None
 
 
-def differing(entries: list[dict[str, Any]], names: list[str], ranks: list[int], apart: str = APART) -> str | None:
-    """The message for one model's posts in a replica group (``entries[i]``: job rank ``ranks[i]``'s), or None."""
-    rows = [e["sums"] for e in entries]
-    if len({len(row) for row in rows}) > 1 or len(rows[0]) != len(names):
+def differing(entries: list[dict[str, Any]], apart: str = APART) -> str | None:
+    """The message for one model's posts in one replica group (``entries[i]``: job rank ``ranks[i]``'s), or None."""
+    rows, names = [e["sums"] for e in entries], entries[0]["names"]
+    if any(e["names"] != names for e in entries):
         return None  # not the same model on every rank: the start check names that
     if all(row == rows[0] for row in rows):
-        return None
+        bad = {e["nonfinite"] for e in entries}
+        return diverged_line(names[bad.pop()]) if len(bad) == 1 and min(bad) >= 0 else None
     classes: dict[tuple[int, ...], list[int]] = {}
     for i, row in enumerate(rows):
         classes.setdefault(tuple(row), []).append(i)
@@ -96,7 +118,7 @@ def differing(entries: list[dict[str, Any]], names: list[str], ranks: list[int],
     majority = ordered[0] if len(ordered[0]) * 2 > len(rows) else None
     tensors = [names[t] for t in range(len(names)) if any(row[t] != rows[0][t] for row in rows)]
     found = _Posted(max(e["seen"] for e in entries) + 1, entries[0]["agreed"], [e["steps"] for e in entries],
-                    ordered, majority, majority[0] if majority else 0, tensors, list(ranks))
+                    ordered, majority, majority[0] if majority else 0, tensors, list(entries[0]["ranks"]))
     found.apart = apart
     return found.message(at_exit=True)
 
@@ -109,5 +131,4 @@ class _Posted(replica_repair.Finding):
     def why(self) -> str:
         if len(set(self.steps)) > 1:
             return replica_repair.cause(self.steps, 0, 0, 0, 0, 0, 0.0, 0.0, self.job(range(len(self.steps))))
-        return (f"the weights differ ({self.apart}: compared through the store, which carries no tensor to name "
-                "the cause)")
+        return f"cause not told ({self.apart}: compared through the store, which carries no tensor to name it)"
