@@ -65,6 +65,8 @@ def test_elastic_form_uses_torchs_c10d_rendezvous_with_the_join_timeout():
     assert argv[argv.index("--nnodes") + 1] == "1:3" and argv[argv.index("--rdzv-backend") + 1] == "c10d"
     assert argv[argv.index("--rdzv-id") + 1] == "job7" and argv[argv.index("--rdzv-conf") + 1] == "join_timeout=60"
     assert "--node-rank" not in argv and "--master-addr" not in argv
+    loopback = torchrun_argv(parse_args(["--nnodes", "1:3", "--rdzv-endpoint", "127.0.0.1:29400", SCRIPT], gpus=0))
+    assert loopback[loopback.index("--rdzv-backend") + 1] == "ddpkit-loopback-c10d"  # every store on loopback
 
 
 @pytest.mark.parametrize("argv, message", [

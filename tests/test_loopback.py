@@ -45,10 +45,17 @@ def listening(pids):
 
 
 @pytest.mark.skipif(shutil.which("ss") is None, reason="needs `ss` (iproute2)")
-def test_single_node_run_listens_on_loopback_only(tmp_path):
+@pytest.mark.parametrize("form", ["single", "elastic"])
+def test_single_node_run_listens_on_loopback_only(tmp_path, form):
+    """The elastic form with a loopback --rdzv-endpoint too (torch's c10d rendezvous: its rendezvous store and
+    the workers' store listened on every interface)."""
+    from test_multinode import free_port
+
     script, flag = tmp_path / "wait.py", tmp_path / "ready"
     script.write_text(WAITER)
-    launcher = subprocess.Popen([sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", "2",
+    elastic = ["--nnodes", "1:2", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-conf",
+               "last_call_timeout=1"] if form == "elastic" else []
+    launcher = subprocess.Popen([sys.executable, "-m", "ddpkit", "launch", *elastic, "--nproc-per-node", "2",
                                  "--log-dir", str(tmp_path / "logs"), str(script), str(flag)],
                                 cwd=SCRATCH, env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -33,6 +33,7 @@ from ddpkit.strategies.base import Strategy
 
 LOOPBACK_BACKEND = "ddpkit-loopback"  # ddpkit.launcher.rendezvous.BACKEND, named here so argv stays torch-free
 LOOPBACK_STATIC_BACKEND = "ddpkit-loopback-static"  # ddpkit.launcher.rendezvous.STATIC_BACKEND
+LOOPBACK_ELASTIC_BACKEND = "ddpkit-loopback-c10d"  # ddpkit.launcher.rendezvous.ELASTIC_BACKEND
 
 PROG = "ddpkit launch"
 DEFAULT_MASTER_PORT = 29500  # torchrun's: node 0's port when a multi-node launch names none
@@ -178,6 +179,12 @@ class LaunchConfig:
         return self.max_nodes > 1 and not self.elastic and is_loopback(self.master_addr)
 
     @property
+    def loopback_elastic(self) -> bool:
+        """Elastic nodes on this machine (a loopback ``--rdzv-endpoint``): torch's c10d rendezvous with every store
+        bound to loopback (:mod:`ddpkit.launcher.rendezvous`)."""
+        return self.elastic and is_loopback((self.rdzv_endpoint or "").rpartition(":")[0].strip("[]"))
+
+    @property
     def elastic(self) -> bool:
         """torch's c10d rendezvous: nodes get their rank on joining, and MIN..MAX of them may take part."""
         return self.rdzv_endpoint is not None
@@ -235,7 +242,8 @@ def torchrun_argv(cfg: LaunchConfig, log_dir: str | None = None) -> list[str]:
     if cfg.elastic:
         conf = cfg.rdzv_conf if "join_timeout" in cfg.rdzv_conf else \
             ",".join(filter(None, [cfg.rdzv_conf, f"join_timeout={cfg.join_timeout_s:g}"]))
-        argv += ["--nnodes", f"{cfg.min_nodes or cfg.max_nodes}:{cfg.max_nodes}", "--rdzv-backend", "c10d",
+        backend = LOOPBACK_ELASTIC_BACKEND if cfg.loopback_elastic else "c10d"
+        argv += ["--nnodes", f"{cfg.min_nodes or cfg.max_nodes}:{cfg.max_nodes}", "--rdzv-backend", backend,
                  "--rdzv-endpoint", cfg.rdzv_endpoint or "", "--rdzv-id", cfg.rdzv_id, "--rdzv-conf", conf]
     elif cfg.loopback:
         argv += ["--rdzv-backend", LOOPBACK_BACKEND, "--rdzv-endpoint", f"127.0.0.1:{cfg.master_port or 0}",
@@ -276,11 +284,11 @@ def worker_env(cfg: LaunchConfig, environ: Mapping[str, str], cores: int) -> tup
     DDPKIT_RESUME=1 (``--resume``): ``ddpkit.Checkpointer`` restores the newest valid checkpoint.
     DDPKIT_PHASE_WINDOW (``--phase-window N``): steps per window of the per-rank phase report; 0 turns it off.
     PYTHONUNBUFFERED=1 (DDP, when unset): worker output goes through log files and must not sit in buffers.
-    GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME=lo (single node or a loopback --master-addr, when unset): the
-    workers' own listening sockets bind loopback too, whatever the host name resolves to.
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (multi-node restarts): with the agent's store shared, restarted
-    groups failed to form in 5 of 11 tries here (gloo "Connection refused", pytorch#135712); unshared, 9 of
-    9 succeeded. (Single node needs no such switch: the loopback rendezvous makes a new store each round.)
+    GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME=lo (single node, a loopback --master-addr or --rdzv-endpoint, when
+    unset): the workers' own listening sockets bind loopback too, whatever the host name resolves to.
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (multi-node restarts, not on loopback): with the agent's store shared,
+    restarted groups failed to form in 5 of 11 tries here (gloo "Connection refused", pytorch#135712); unshared, 9
+    of 9 succeeded. (Loopback needs no such switch: its rendezvous makes a new store each round.)
     """
     multi = cfg.strategy.multi_process
     local = cfg.nproc_per_node if multi else 1
@@ -296,11 +304,13 @@ def worker_env(cfg: LaunchConfig, environ: Mapping[str, str], cores: int) -> tup
         env[contract.RESUME.name] = "1"
     if cfg.phase_window is not None:
         env[contract.PHASE_WINDOW.name] = str(cfg.phase_window)
-    if (cfg.loopback or cfg.loopback_nodes) and multi and LOOPBACK_IFNAME:
+    if (cfg.loopback or cfg.loopback_nodes or cfg.loopback_elastic) and multi and LOOPBACK_IFNAME:
         for name in (contract.GLOO_IFNAME.name, contract.NCCL_IFNAME.name):
             if name not in environ:
                 env[name] = LOOPBACK_IFNAME
-    if (cfg.max_nodes > 1 or cfg.elastic) and cfg.max_restarts > 0:
+    # (a loopback rendezvous makes a new store each round itself, and its workers must use it: unshared, rank 0's
+    # worker would serve one on every interface)
+    if (cfg.max_nodes > 1 or cfg.elastic) and cfg.max_restarts > 0 and not cfg.loopback_elastic:
         env.setdefault(contract.UNSHARED_STORE.name, environ.get(contract.UNSHARED_STORE.name, "1"))
     notes = []
     if contract.OMP_THREADS.name not in environ:

@@ -35,13 +35,16 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousStoreInfo,
     rendezvous_handler_registry,
 )
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, RendezvousTimeout
 from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import StaticTCPRendezvous
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
-from ddpkit.launcher.config import LOOPBACK_BACKEND, LOOPBACK_STATIC_BACKEND, is_loopback
+from ddpkit.launcher.config import LOOPBACK_BACKEND, LOOPBACK_ELASTIC_BACKEND, LOOPBACK_STATIC_BACKEND, is_loopback
 
 BACKEND = LOOPBACK_BACKEND
 STATIC_BACKEND = LOOPBACK_STATIC_BACKEND
+ELASTIC_BACKEND = LOOPBACK_ELASTIC_BACKEND
 LOOPBACK = "127.0.0.1"
 STORE_TIMEOUT = datetime.timedelta(seconds=600)
 
@@ -147,7 +150,48 @@ def create_static_handler(params: RendezvousParameters) -> StaticLoopbackRendezv
     return StaticLoopbackRendezvous(host, port, rank, params.max_nodes, params.run_id, int(timeout or 0))
 
 
+class ElasticLoopbackRendezvous(DynamicRendezvousHandler):
+    """torch's c10d (elastic) rendezvous for nodes on one machine: the rendezvous store and the workers' store
+    bind the loopback address (torch's listen on every interface), and the workers' store is new every round (a
+    kept one hands a restarted group the keys of the round before: pytorch#135712)."""
+
+    def get_backend(self) -> str:
+        return ELASTIC_BACKEND
+
+    @property
+    def use_agent_store(self) -> bool:
+        return True  # the workers use the loopback store of rank 0's agent; none of them serves one of its own
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        self._shared_tcp_store_server = None  # rank 0 makes a new one for this round (the others read its port)
+        self._bootstrap_store_info = None
+        return super().next_rendezvous()
+
+    def _create_tcp_store_server(self, master_addr: str, master_port: int) -> TCPStore:
+        return loopback_store(master_port)
+
+
+def create_elastic_handler(params: RendezvousParameters) -> ElasticLoopbackRendezvous:
+    host, port = parse_rendezvous_endpoint(params.endpoint, default_port=29400)
+    if not is_loopback(host):
+        raise ValueError(f"the {ELASTIC_BACKEND} rendezvous needs a loopback --rdzv-endpoint, got {params.endpoint!r}")
+    read_timeout = datetime.timedelta(seconds=params.get_as_int("read_timeout", 60) or 60)
+    try:  # the first launcher on the machine serves the rendezvous store, the others are its clients
+        store: TCPStore = loopback_store(port, host, timeout=read_timeout)
+    except OSError:
+        store = TCPStore(LOOPBACK if host == "localhost" else host, port, is_master=False, timeout=read_timeout,
+                         multi_tenant=True)
+    timeouts = [params.get_as_int(f"{kind}_timeout") for kind in ("join", "last_call", "close", "heartbeat")]
+    return ElasticLoopbackRendezvous.from_backend(
+        params.run_id, store, C10dRendezvousBackend(store, params.run_id), params.min_nodes, params.max_nodes,
+        LOOPBACK, RendezvousTimeout(*(None if t is None else datetime.timedelta(seconds=t) for t in timeouts)),
+        keep_alive_interval=params.get_as_int("keep_alive_interval", 5) or 5,
+        keep_alive_max_attempt=params.get_as_int("keep_alive_max_attempt", 3) or 3)
+
+
 def register() -> None:
-    """Make :data:`BACKEND` and :data:`STATIC_BACKEND` known to torch's launcher in this process (idempotent)."""
+    """Make ddpkit's loopback rendezvous (:data:`BACKEND`, :data:`STATIC_BACKEND`, :data:`ELASTIC_BACKEND`) known to
+    torch's launcher in this process (idempotent)."""
     rendezvous_handler_registry.register(BACKEND, create_handler)
     rendezvous_handler_registry.register(STATIC_BACKEND, create_static_handler)
+    rendezvous_handler_registry.register(ELASTIC_BACKEND, create_elastic_handler)
