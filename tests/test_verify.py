@@ -144,7 +144,7 @@ def test_sampling_noise_alone_is_no_fail_and_a_defect_beside_it_is():
     r = run_cmd(VERIFY + ["--steps", "3", CASES, "--case", "noise"], timeout=240)
     assert r.returncode == CANNOT_COMPARE and not r.stdout.startswith(("PASS", "FAIL")), r.stdout + r.stderr[-3000:]
     line = r.stderr.strip().splitlines()[-1]
-    assert line.startswith("ddpkit verify: cannot compare exactly: the training steps draw random numbers") and \
+    assert line.startswith("ddpkit verify: cannot compare exactly: random draws during the training steps") and \
         "two one-process runs with other draws differ by" in line, r.stderr[-3000:]
     r = run_cmd(VERIFY + ["--steps", "3", CASES, "--case", "noisebug"], timeout=240)
     assert r.returncode == 4 and r.stdout.startswith("FAIL"), r.stdout + r.stderr[-3000:]

@@ -40,8 +40,8 @@ def decided(result: dict) -> tuple[str, str]:
                         f"reach the weights compared): {result.get('cause') or 'rank-dependent code'}")
     if diff <= FACTOR * floor:
         return "cannot compare", (
-            f"cannot compare exactly: the training steps draw random numbers (noise, sampling, masking), which "
-            f"differ between 1 process and N by design; the runs differ by {diff:.3g}, and two one-process runs "
+            f"cannot compare exactly: random draws during the training steps (noise, sampling, masking) differ "
+            f"between 1 process and N by design; the runs differ by {diff:.3g}, and two one-process runs "
             f"with other draws differ by {floor:.3g} (decided by that re-run): within what the draws make. To "
             f"compare exactly, {EXACTLY}")
     return "fail", (f"the runs differ by {diff:.3g}, {diff / floor:.3g}x what other random draws make ({floor:.3g}; "
