@@ -59,6 +59,10 @@ def test_ddp_node_local_directories_stop_the_resume_on_every_rank(tmp_path):
     kind, line = ranks[0]["path split"]
     assert kind == "SplitDirectory" and line.startswith("ranks disagree on the checkpoint to restore from "), line
     assert "rank 0 passed ckpt-0000000005 (manifest " in line and ", rank 1 passed ckpt-0000000005 (manifest " in line
+    # a saved generator state refused by rank 1's generator alone: the same line on every rank (a review)
+    assert ranks[0]["rng split"] == ranks[1]["rng split"], ranks
+    kind, line = ranks[0]["rng split"]
+    assert kind == "ValueError" and "refused by its generator" in line and line.endswith("(on rank 1)"), line
 
 
 def test_fsdp_node_local_directories_stop_the_save_before_it_commits(tmp_path):
@@ -78,6 +82,10 @@ def test_fsdp_node_local_directories_stop_the_save_before_it_commits(tmp_path):
                            f": {tmp_path / 'async0'} is no shared directory on every node)"), line
     # nothing committed on either node (rank 1's own copy of the temporary directory stays there: only rank 0 cleans)
     assert [n for r in ranks for n in r["after async split save"] if ".tmp-" not in n] == []
+    # per-node copies of two saves under one name: the shards of two checkpoints mixed, silently (a review)
+    assert ranks[0]["mixed copies"] == ranks[1]["mixed copies"], ranks
+    kind, line = ranks[0]["mixed copies"]
+    assert kind == "SplitDirectory" and "rank 0 would load ckpt-0000000007 (manifest " in line, line
     assert ranks[0]["split restore"] == "ok 0", ranks  # no node holds anything: a fresh start on both
     _steps_and_lock(ranks, tmp_path)
 

@@ -15,6 +15,10 @@ Each step catches what every rank raises and writes it to OUT/rank<R>.json ({"na
   test): the first save is refused on every rank.
 - "path split" (ddp): ``restore(path=...)`` of OUT/A/ckpt-5 on rank 0 and OUT/B/ckpt-5 (other weights) on rank 1:
   the same name, two checkpoints: refused on every rank, nothing loaded.
+- "rng split" (ddp): a checkpoint whose saved generator state only rank 1's generator refuses: refused on every
+  rank, the same line.
+- "mixed copies" (fsdp): OUT/mixed<R> holds, on rank 0, a copy of one save and, on rank 1, of another, both
+  ckpt-7: a resume there is refused on every rank (their shards would mix).
 The collective timeout is 30 s: a hang fails fast.
 """
 import json
@@ -91,7 +95,50 @@ def path_split():
     return ddpkit.Checkpointer(os.path.join(out, "finetune")).restore(path=mine, model=model)
 
 
+def mixed_copies():
+    """fsdp: each node holds a copy of another save under the same name (ckpt-7): the shards must not mix."""
+    for name in ("C", "D"):
+        ddpkit.Checkpointer(os.path.join(out, name)).save(7, model=model)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(100.0)
+    ddpkit.barrier()
+    mine = os.path.join(out, f"mixed{state.rank}")
+    shutil.copytree(os.path.join(out, "C" if state.rank == 0 else "D"), mine)
+    ddpkit.barrier()
+    return ddpkit.Checkpointer(mine, resume=True).restore(model=model)
+
+
+def rng_split():
+    """ddp: rank 1's row of the saved torch generator zeroed (a shape the checks pass, a state the generator
+    refuses), the manifest rewritten to match: refused on rank 1 alone, the others went on into their next
+    collective."""
+    import hashlib
+
+    directory = os.path.join(out, "rng")
+    ddpkit.Checkpointer(directory).save(8, model=model, optimizer=opt)
+    ddpkit.barrier()
+    if state.rank == 0:
+        ckpt = os.path.join(directory, "ckpt-0000000008")
+        path = os.path.join(ckpt, "state.pt")
+        payload = torch.load(path, weights_only=True)
+        payload["rng"]["torch"][1].zero_()
+        torch.save(payload, path)
+        with open(os.path.join(ckpt, "manifest.json")) as f:
+            manifest = json.load(f)
+        with open(path, "rb") as f:
+            manifest["files"]["state.pt"] = {"sha256": hashlib.sha256(f.read()).hexdigest(),
+                                             "bytes": os.path.getsize(path)}
+        with open(os.path.join(ckpt, "manifest.json"), "w") as f:
+            json.dump(manifest, f)
+    ddpkit.barrier()
+    return ddpkit.Checkpointer(directory, resume=True).restore(model=model, optimizer=opt)
+
+
 if state.mode == "ddp":
     caught("path split", path_split)
+    caught("rng split", rng_split)
+else:
+    caught("mixed copies", mixed_copies)
 with open(os.path.join(out, f"rank{state.rank}.json"), "w") as f:
     json.dump(seen, f)

@@ -212,6 +212,20 @@ def loads(path: str | None) -> dict[str, Any]:
     return {"loads": os.path.basename(path), "manifest": digest}
 
 
+def first_reason(reason: str | None) -> str | None:
+    """Every rank's ``reason`` (why this rank refused something; None: it did not), and on every rank the first
+    refusing rank's, naming it: one rank raising alone would leave the others in their next collective.
+
+    >>> first_reason(None), first_reason("bad")     # one process: its own
+    (None, 'bad')
+    """
+    everyone = gather_object(reason)
+    if len(everyone) == 1:
+        return reason
+    failed = next(((r, why) for r, why in enumerate(everyone) if why), None)
+    return None if failed is None else f"{failed[1]} (on {ranks([failed[0]])})"
+
+
 def path_agreed(directory: str, path: str, reason: str | None) -> str | None:
     """``restore(path)``: every rank loads the same checkpoint, and ``reason`` (why this rank cannot load it;
     None: it can) on every rank the first failing rank's. A rank alone raising would leave the others waiting.
@@ -244,7 +258,10 @@ def latest_agreed(ckpt: Any) -> str | None:
     view = listing_view(ckpt.checkpoints())
     if state.strategy.shards:  # latest() validates path by path, collectively: the same paths on every rank first
         view_agreed(ckpt.directory, view)
-        return ckpt.latest()
+        chosen = ckpt.latest()
+        # then the same manifest: per-node copies of two saves under one name would mix their shards, silently
+        view_agreed(ckpt.directory, {**view, **loads(chosen)})
+        return chosen
     path: str | None = ckpt.latest()
     view_agreed(ckpt.directory, {**view, **loads(path)})
     return path

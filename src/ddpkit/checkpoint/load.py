@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ddpkit.checkpoint import bounds
+from ddpkit.checkpoint import agree, bounds
 from ddpkit.checkpoint import dcp as shards
 from ddpkit.checkpoint import rng as rngstate
 from ddpkit.checkpoint.reasons import check_fits, check_optimizer
@@ -51,6 +51,14 @@ def load_into(path: str, objects: dict[str, Any], state: Any) -> dict[str, Any]:
     if payload["world_size"] == state.world_size:  # another world size: streams cannot match anyway
         loaders = {k: v for k, v in objects.items() if isinstance(v, ShardedDataLoader)}
         # clone: set_rng_state reads the storage from its start, so a row view of rank r > 0 would crash
-        rngstate.restore({k: v[state.rank].clone() for k, v in payload["rng"].items()}, loaders,
-                       state.strategy)
+        before, reason = rngstate.local(loaders, state.strategy), None
+        try:
+            rngstate.restore({k: v[state.rank].clone() for k, v in payload["rng"].items()}, loaders,
+                             state.strategy)
+        except ValueError as exc:
+            reason = str(exc)
+        reason = agree.first_reason(reason)  # a row refused on one rank: every rank says it, as it was before
+        if reason:
+            rngstate.restore(before, loaders, state.strategy)
+            raise ValueError(reason)
     return payload
