@@ -86,8 +86,21 @@ def _a_fifo(tmp_path, ckpt):
     return "pipe.pt", "FIFO"
 
 
+def _linked_folder(tmp_path, ckpt):
+    """A folder of the checkpoint linked out of it: only the name's last part was looked at (a review)."""
+    _outside(tmp_path)
+    os.symlink(tmp_path, ckpt / "ext")
+    return "ext/secret.pt", "symlink"
+
+
+def _dotted(tmp_path, ckpt):
+    """One file under another name (./state.pt): a manifest listing it thousands of times hashed it each time."""
+    return "./state.pt", "plain relative path"
+
+
 PLANTED = {"absolute": _absolute, "dotdot": _dotdot, "symlink out": _symlink_out, "/dev/zero": _dev_zero,
-           "symlink to /dev/zero": _link_to_dev_zero, "FIFO": _a_fifo}
+           "symlink to /dev/zero": _link_to_dev_zero, "FIFO": _a_fifo, "linked folder": _linked_folder,
+           "not canonical": _dotted}
 
 
 def _plant(tmp_path, kind):
@@ -207,3 +220,15 @@ def test_manifest_files_not_an_object_is_one_line(tmp_path):
 def test_an_honest_checkpoint_still_validates(tmp_path):
     assert disk.validate(str(_checkpoint(tmp_path / "run"))) is None
     assert disk.validate(str(_checkpoint(tmp_path / "sharded", sharded=True))) is None
+
+
+def test_a_commit_number_past_any_count_stops_no_later_save(tmp_path):
+    """A manifest's commit of 4300 digits restored fine, then every save raised: the next number was past what str()
+    writes (a review). Such a number is no commit number: that checkpoint reads as unreadable, the saves go on."""
+    ckpt = _checkpoint(tmp_path / "run")
+    record = json.loads((ckpt / "manifest.json").read_text())
+    (ckpt / "manifest.json").write_text(json.dumps({**record, "commit": 10**4300 - 1}))  # 4300 nines
+    saver = ddpkit.Checkpointer(str(tmp_path / "run"), resume=False)  # start over there: the older one stays
+    saver.save(2, model=nn.Linear(3, 2))
+    saver.save(3, model=nn.Linear(3, 2))
+    assert os.path.basename(saver.latest()) == "ckpt-0000000003"

@@ -20,7 +20,9 @@ import os
 import stat
 from typing import Any, BinaryIO
 
-LIMIT_JSON = 64 << 20  # a manifest lists each file in ~150 bytes: 64 MiB is 400,000 files, and bounds json.load
+# a manifest lists each file in ~150 bytes: 8 MiB is 50,000 files (an fsdp save writes one a rank), and bounds
+# json.load (a manifest padded to 60 MB was read in 9.7 s, 1.6 GB)
+LIMIT_JSON = 8 << 20
 ADVICE = "it was not written by ddpkit: remove it, or restore another checkpoint"
 
 
@@ -51,10 +53,12 @@ def inside(root: str, name: str) -> str:
     path = os.path.join(root, name)
     try:
         mode = os.lstat(path).st_mode
+        # every component, not the last one alone: a folder of the checkpoint linked elsewhere (shards -> another
+        # run's shards, ext -> /etc) leads out of it as surely as a linked file
+        real = os.path.realpath(path)
+        if os.path.commonpath([real, os.path.realpath(root)]) != os.path.realpath(root):
+            raise _refuse(root, name, f"a path through a symlink to {real}, outside the checkpoint")
         if stat.S_ISLNK(mode):
-            real = os.path.realpath(path)
-            if os.path.commonpath([real, os.path.realpath(root)]) != os.path.realpath(root):
-                raise _refuse(root, name, f"a symlink to {real}, outside the checkpoint")
             mode = os.stat(path).st_mode
             if not stat.S_ISREG(mode):
                 raise _refuse(root, name, f"a symlink to {_kind(mode)} ({real})")

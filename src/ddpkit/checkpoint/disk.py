@@ -19,6 +19,7 @@ import hashlib
 import json
 import math
 import os
+import posixpath
 import re
 import shutil
 import uuid
@@ -108,6 +109,14 @@ def _listing_problem(listed: Any) -> str | None:
             f"absent: the manifest is a {type(listed).__name__}, not an object"
         return (f'its manifest\'s "files" is {found}, expected an object of name -> {{"sha256", "bytes"}}; '
                 f"{confine.ADVICE}")
+    commit = listed.get("commit", 0)
+    if type(commit) is not int or not 0 <= commit < MAX_COMMIT:
+        return f"its manifest's commit is {str(commit)[:40]!r}, expected a whole number from 0 to {MAX_COMMIT - 1}; " \
+            f"{confine.ADVICE}"
+    odd = next((n for n in files if posixpath.normpath(n) != n), None)
+    if odd is not None:  # ./blob beside blob: one file listed (and hashed) under many names
+        return f"its manifest names {odd!r:.80}, expected a plain relative path as ddpkit writes it; " \
+            f"{confine.ADVICE}"
     bad = next((n for n, m in files.items() if not isinstance(m, dict) or type(m.get("bytes")) is not int
                 or not isinstance(m.get("sha256"), str)), None)
     if bad is not None:
@@ -137,6 +146,7 @@ def run_of(path: str) -> str | None:
 # checkpoint's directory takes its name, manifest written, by a rename (install), and a step saved again is a new
 # directory: a name with the inode seen before holds the manifest read before
 _NUMBERS: dict[str, tuple[int, int | None]] = {}
+MAX_COMMIT = 1 << 62  # commits counted one a save: never reached
 
 
 def commit_number(path: str, inode: int | None = None) -> int | None:
@@ -152,7 +162,9 @@ def commit_number(path: str, inode: int | None = None) -> int | None:
         return hit[1]
     found = manifest(path)
     number = None if found is None else found.get("commit", 0)
-    number = number if type(number) is int else None  # a forged 1.5 or true is no commit number
+    # a forged 1.5, true, or a count of 4300 digits (every later save's number would exceed what str() writes) is
+    # no commit number: that checkpoint reads as unreadable
+    number = number if type(number) is int and 0 <= number < MAX_COMMIT else None
     if len(_NUMBERS) > 100_000:  # many directories in one long process: start again
         _NUMBERS.clear()
     _NUMBERS[path] = (inode, number)
