@@ -8,6 +8,7 @@
 - global: ``data_loader(global_batch_size=16)``: must PASS (the one-process run must not scale it again).
 - noise: a VAE-style sampling noise drawn in forward (torch.randn_like): verify cannot compare exactly, and says
   that a one-process re-run with other draws is as far from the first.
+- noisefirst: noise drawn before the step's first forward, as a GAN draws z: cannot compare exactly either.
 - noisebug: the same noise 100x smaller, and rank 1's loss 10x (a rank-dependent scale): must FAIL, beyond what
   the draws make.
 - handshard: batches sharded by hand (no ddpkit loader), as an LSTM LM's batchified columns: verify refuses.
@@ -36,7 +37,7 @@ import ddpkit
 parser = argparse.ArgumentParser()
 parser.add_argument("--case", required=True, choices=["seq", "attn", "global", "noise", "handshard", "noprepare",
                                                      "badbytes", "gan", "manual", "phases", "bnplain", "exit",
-                                                     "accum8", "noisebug"])
+                                                     "accum8", "noisebug", "noisefirst"])
 args = parser.parse_args()
 torch.set_num_threads(1)
 state = ddpkit.init()
@@ -95,6 +96,8 @@ opt = (torch.optim.AdamW(model.parameters(), lr=1e-3) if args.case == "attn"
 
 
 def train_step(x, y):
+    if args.case == "noisefirst":  # drawn before the step's first forward, as a GAN draws z
+        x = x + torch.randn_like(x)
     loss = nn.functional.mse_loss(model(x), y) * (1 + 9 * state.rank if args.case == "noisebug" else 1)
     opt.zero_grad()
     loss.backward()

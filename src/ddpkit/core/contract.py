@@ -96,8 +96,8 @@ VERIFY_F64 = Var("DDPKIT_VERIFY_F64", VERIFY, "verify's hooks",
                  "1: the prepared model in float64 (its float inputs cast up, its outputs back): the re-run that "
                  "tells float rounding from a defect")
 VERIFY_DRAWS = Var("DDPKIT_VERIFY_DRAWS", VERIFY, "verify's hooks",
-                   "1: torch's generator reseeded at the first training forward: the one-process re-run with other "
-                   "random draws in its steps, whose distance from the first run is the draws' own")
+                   "K: torch's generator reseeded (seed + K x 7919) at the first training forward: the one-process "
+                   "re-runs with other random draws in their steps, whose distance from the first is the draws' own")
 KEEP_DROPOUT = Var("DDPKIT_KEEP_DROPOUT", f"{VERIFY} --keep-dropout", "verify's hooks",
                    "1: verify leaves dropout on (by default it sets p=0 in both runs)")
 BENCH_OUT = Var("DDPKIT_BENCH_OUT", BENCH, "bench's hooks", "each rank writes its batch hand-out times there")

@@ -250,24 +250,34 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
         result["optimizers"] = sorted({o for f in facts for o in f.get("optimizers") or ()})
         result["random_draws"] = any(f.get("random_draws") for f in facts)
         result["autocast"] = next((f["autocast"] for f in facts if f.get("autocast")), None)
+        if draws.worth_rerun(result):  # how far the one-process run moves with other draws alone, per tensor
+            result["draws"] = _other_draws(script, script_args, nproc, tmp, common, one, many, skip, atol, rtol)
+            if result["draws"] is not None and not result["draws"]["reached"]:
+                result["random_draws"] = False  # draws that move no weight are no cause of the difference
         if not result["passed"] and not result["non_finite"]:
             g1, gn = (_grads(path) for path in (ref, dist_out))
             grads = compare_weights(g1, gn, atol, rtol) if g1 and gn else None
             result["first_gradient_diverging"] = grads.get("first_diverging") if grads else None
             result["cause"] = causes.likely_cause(g1, gn, grads, result["random_draws"], nproc, result["autocast"],
                                                   any(f.get("masked_labels") for f in facts))
-        if draws.worth_rerun(result):  # how far the one-process run moves with other draws alone
-            other = os.path.join(tmp, "single-draws.pt")
-            try:
-                _run(script, "one-process re-run with other random draws", nproc, [sys.executable, script,
-                     *script_args], {**common, contract.MODE.name: "single", contract.BATCH_SCALE.name: str(nproc),
-                                     contract.VERIFY_OUT.name: other, contract.VERIFY_DRAWS.name: "1"},
-                     os.path.join(tmp, "single-draws.log"))
-                result["draws_floor"] = compare_weights(one, torch.load(other, weights_only=True), atol, rtol,
-                                                        skip=skip)["max_abs_diff"]
-            except (ScriptFailed, OSError):
-                result["draws_floor"] = None
     return {"nproc": nproc, "mode": mode, "steps": steps, "atol": atol, "rtol": rtol, **result}
+
+
+def _other_draws(script: str, script_args: Sequence[str], nproc: int, tmp: str, common: dict[str, str], one: dict,
+                 many: dict, skip: dict, atol: float, rtol: float) -> dict | None:
+    """The one-process run again, :data:`draws.RERUNS` times with other draws; :func:`draws.measure` of them (None:
+    a re-run failed, and the FAIL stands as it is)."""
+    others = []
+    for k in range(1, draws.RERUNS + 1):
+        out = os.path.join(tmp, f"single-draws{k}.pt")
+        try:
+            _run(script, "one-process re-run with other random draws", nproc, [sys.executable, script, *script_args],
+                 {**common, contract.MODE.name: "single", contract.BATCH_SCALE.name: str(nproc),
+                  contract.VERIFY_OUT.name: out, contract.VERIFY_DRAWS.name: str(k)}, os.path.join(tmp, "draws.log"))
+            others.append(torch.load(out, weights_only=True))
+        except (ScriptFailed, OSError):
+            return None
+    return draws.measure(one, many, others, skip, atol, rtol)
 
 
 def _run(script: str, run: str, nproc: int, cmd: list[str], env: dict[str, str], log: str) -> None:
@@ -334,7 +344,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         same = causes.same_micro_batches(results[0].get("steps_shape"), [r["nproc"] for r in results])
         if same:
             print(f"{PROG}: note: {same}", file=sys.stderr, flush=True)
-    return next((code for code in codes if code), 0)  # the first world size that did not pass decides
+    # a FAIL at any world size decides, then the first world size that did not pass (--nproc 2,3 and 3,2 alike)
+    return NOT_EQUIVALENT if NOT_EQUIVALENT in codes else next((code for code in codes if code), 0)
 
 
 def _verify_one(ns: argparse.Namespace, nproc: int, device: str | None, note: str | None,
@@ -362,11 +373,14 @@ def _verify_one(ns: argparse.Namespace, nproc: int, device: str | None, note: st
                                                      device, ns.keep_dropout, ns.mode, float64=True))
         except (CannotCompare, RuntimeError) as exc:
             result = rounding.decided(result, None, str(exc))
-    if draws.worth_rerun(result):
-        verdict, result["cause"] = draws.decided(result)
-        if verdict == "cannot compare":
-            result["cannot_compare"] = True
-            print(f"{PROG}: {result['cause']}", file=sys.stderr, flush=True)
+    if result.get("draws"):
+        verdict, line = draws.decided(result["draws"])
+        result["cannot_compare"] = verdict == "cannot compare"
+        if result["cannot_compare"]:  # as every "cannot compare" is said: the line on stderr, error and reason
+            result["error"], result["reason"] = "cannot compare", line
+            print(f"{PROG}: {line}", file=sys.stderr, flush=True)
+        else:
+            result["cause"] = line
     results.append(result)
     if ns.json:
         print(json.dumps(result), flush=True)

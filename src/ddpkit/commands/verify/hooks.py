@@ -88,5 +88,5 @@ def from_env(environ: Mapping[str, str]) -> VerifyHooks:
                        drop_multiple=contract.VERIFY_DROP.number(environ), init=contract.VERIFY_INIT.text(environ),
                        keep_dropout=out is None or contract.KEEP_DROPOUT.flag(environ),
                        recorder=Recorder(out, contract.MAX_STEPS.number(environ),
-                                         other_draws=contract.VERIFY_DRAWS.flag(environ)) if out else None,
+                                         other_draws=contract.VERIFY_DRAWS.number(environ) or 0) if out else None,
                        float64=contract.VERIFY_F64.flag(environ))

@@ -93,9 +93,9 @@ class Recorder:
     than one (a GAN's generator and discriminator) every name gets a ``model<i>.`` prefix, so each model's
     weights and step-1 gradients are compared, not only the last one's."""
 
-    def __init__(self, out: str, max_steps: int | None, other_draws: bool = False):
+    def __init__(self, out: str, max_steps: int | None, other_draws: int = 0):
         self.out, self.max_steps = out, max_steps
-        self.other_draws = other_draws  # reseed torch at the first training forward: the same init, other draws
+        self.other_draws = other_draws  # K: reseed torch at the first training forward (the same init, other draws)
         self.models: list[nn.Module] = []
         self.loaders: list[Any] = []
         # steps per optimizer; weak keys: a new optimizer in a later phase may reuse a dropped one's id()
@@ -151,8 +151,8 @@ class Recorder:
         # DataLoader draws its base seed from the global generator at iter(), which is no draw of the step
         if self._rng is None and torch.is_grad_enabled():
             if self.other_draws:  # once: what was drawn before (the init) stays, every draw of the steps changes
-                self.other_draws = False
-                torch.manual_seed(torch.initial_seed() + DRAWS_OFFSET)
+                torch.manual_seed(torch.initial_seed() + DRAWS_OFFSET * self.other_draws)
+                self.other_draws = 0
             self._rng = _rng_state()
         if self.autocast is None and torch.is_grad_enabled():
             self.autocast = _autocast_dtype(module)
@@ -182,7 +182,8 @@ class Recorder:
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.counts[optimizer] = self.counts.get(optimizer, 0) + 1
         self.steps = max(self.steps, self.counts[optimizer])  # > 0: the loaders' batch cap is lifted
-        self._rng = None
+        # from one step to the next: a GAN draws its noise before the step's first forward (z = torch.randn(...))
+        self._rng = _rng_state()
 
     def _batches(self) -> int:
         """Training batches handed out by ddpkit loaders so far, all loaders together."""
