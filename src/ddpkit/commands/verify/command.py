@@ -373,7 +373,7 @@ def _verify_one(ns: argparse.Namespace, nproc: int, device: str | None, note: st
                                                      device, ns.keep_dropout, ns.mode, float64=True))
         except (CannotCompare, RuntimeError) as exc:
             result = rounding.decided(result, None, str(exc))
-    if result.get("draws"):
+    if result.get("draws") and result["draws"]["reached"]:  # draws that moved no weight left the cause as it was
         verdict, line = draws.decided(result["draws"])
         result["cannot_compare"] = verdict == "cannot compare"
         if result["cannot_compare"]:  # as every "cannot compare" is said: the line on stderr, error and reason
