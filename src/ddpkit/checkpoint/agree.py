@@ -220,9 +220,12 @@ def first_reason(reason: str | None) -> str | None:
     (None, 'bad')
     """
     everyone = gather_object(reason)
-    if len(everyone) == 1:
-        return reason
-    failed = next(((r, why) for r, why in enumerate(everyone) if why), None)
+    return reason if len(everyone) == 1 else _first_named(everyone)
+
+
+def _first_named(reasons: list[str | None]) -> str | None:
+    """The first rank's reason that is not None, naming the rank (None: every rank's was)."""
+    failed = next(((r, why) for r, why in enumerate(reasons) if why), None)
     return None if failed is None else f"{failed[1]} (on {ranks([failed[0]])})"
 
 
@@ -238,9 +241,9 @@ def path_agreed(directory: str, path: str, reason: str | None) -> str | None:
     everyone = gather_object([mine["loads"], mine["manifest"], reason])
     if len(everyone) == 1:
         return reason
-    failed = next(((r, why) for r, (_, _, why) in enumerate(everyone) if why), None)
+    failed = _first_named([why for _, _, why in everyone])
     if failed is not None:
-        return f"{failed[1]} (on {ranks([failed[0]])})"
+        return failed
     if any(seen[:2] != everyone[0][:2] for seen in everyone):
         said = _grouped(everyone, lambda v: f"passed {v[0]} (manifest {v[1] or '-'})")
         raise SplitDirectory(f"ranks disagree on the checkpoint to restore from {directory}: {said}; pass the same "
