@@ -86,6 +86,13 @@ def test_fsdp_node_local_directories_stop_the_save_before_it_commits(tmp_path):
     assert ranks[0]["mixed copies"] == ranks[1]["mixed copies"], ranks
     kind, line = ranks[0]["mixed copies"]
     assert kind == "SplitDirectory" and "rank 0 would load ckpt-0000000007 (manifest " in line, line
+    # a node's damaged copy of a shard file that only its own rank reads: each rank hashes what it reads (a review)
+    said = [[kind, line.replace(f"copy{r}", "copyR")] for r, (kind, line) in enumerate(x["damaged copy"]
+                                                                                        for x in ranks)]
+    assert said[0] == said[1], ranks  # the same line, each naming its own copy
+    kind, line = said[0]
+    assert kind == "UnsafeCheckpoint" and "shards/__1_0.distcp does not match its sha256" in line, line
+    assert "rank 1" in line and "\n" not in line, line
     assert ranks[0]["split restore"] == "ok 0", ranks  # no node holds anything: a fresh start on both
     _steps_and_lock(ranks, tmp_path)
 

@@ -48,3 +48,33 @@ def test_max_shard_mb_that_is_no_size_is_one_line(tmp_path, ckpts, size):
                 timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--max-shard-mb" in r.stderr, r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_safetensors_export_again_into_its_directory_leaves_only_the_new_files(tmp_path, ckpts):
+    """A re-export with another part size, or as one file, into the directory of an earlier export: the earlier
+    parts went unlisted beside the new ones (transformers loads ``model.safetensors`` before an index, so a stale
+    one shadowed the new parts). A file of the user's there is kept."""
+    pytest.importorskip("safetensors")
+    from ddpkit.checkpoint.export import INDEX, to_safetensors
+
+    ckpt, _ = ckpts
+    path = ckpt.save(1, model=ddpkit.prepare_model(nn.Sequential(*[nn.Linear(64, 64) for _ in range(4)])))
+    out = tmp_path / "export"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / "model-extra.safetensors.bak").write_text("mine too")
+
+    def names():
+        return sorted(p.name for p in out.iterdir())
+
+    to_safetensors(path, str(out))  # one file: export/model.safetensors
+    to_safetensors(path, str(out), max_shard_mb=0.02)
+    many = names()
+    assert "model.safetensors" not in many and INDEX in many, many
+    parts = [n for n in many if n.startswith("model-0")]
+    assert len(parts) > 3 and all(n.endswith(f"-of-{len(parts):05d}.safetensors") for n in parts), many
+    to_safetensors(path, str(out), max_shard_mb=0.05)  # fewer parts: the earlier ones go
+    fewer = [n for n in names() if n.startswith("model-0")]
+    assert 1 < len(fewer) < len(parts) and all(n.endswith(f"-of-{len(fewer):05d}.safetensors") for n in fewer)
+    to_safetensors(path, str(out))  # one file again: no index, no parts left to shadow or be shadowed
+    assert names() == ["model-extra.safetensors.bak", "model.safetensors", "notes.txt"], names()

@@ -19,6 +19,9 @@ Each step catches what every rank raises and writes it to OUT/rank<R>.json ({"na
   rank, the same line.
 - "mixed copies" (fsdp): OUT/mixed<R> holds, on rank 0, a copy of one save and, on rank 1, of another, both
   ckpt-7: a resume there is refused on every rank (their shards would mix).
+- "damaged copy" (fsdp): OUT/copy<R> holds each node's copy of one save (ckpt-9), rank 1's with its own shard
+  file swapped for another save's of the same size (a bad copy: the manifest still names the first): refused on
+  every rank, though the validation that the ranks split hashes that file on rank 0's (intact) copy alone.
 The collective timeout is 30 s: a hang fails fast.
 """
 import json
@@ -135,10 +138,29 @@ def rng_split():
     return ddpkit.Checkpointer(directory, resume=True).restore(model=model, optimizer=opt)
 
 
+def damaged_copy():
+    """fsdp: rank 1's node holds a copy of ckpt-9 whose shards/__1_0.distcp (rank 1's own shard) came from
+    another save: a manifest that matches on rank 0's copy, a file that does not on rank 1's."""
+    ddpkit.Checkpointer(os.path.join(out, "E")).save(9, model=model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(100.0)
+    ddpkit.Checkpointer(os.path.join(out, "F")).save(9, model=model)
+    ddpkit.barrier()
+    mine = os.path.join(out, f"copy{state.rank}")
+    shutil.copytree(os.path.join(out, "E"), mine)
+    if state.rank == 1:
+        shard = os.path.join("ckpt-0000000009", "shards", "__1_0.distcp")
+        shutil.copyfile(os.path.join(out, "F", shard), os.path.join(mine, shard))
+    ddpkit.barrier()
+    return ddpkit.Checkpointer(mine, resume=True).restore(model=model)
+
+
 if state.mode == "ddp":
     caught("path split", path_split)
     caught("rng split", rng_split)
 else:
     caught("mixed copies", mixed_copies)
+    caught("damaged copy", damaged_copy)
 with open(os.path.join(out, f"rank{state.rank}.json"), "w") as f:
     json.dump(seen, f)

@@ -18,7 +18,7 @@ Example::
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -109,8 +109,10 @@ class ShardWriteError(PeerWriteError):
     """
 
 
-def load(objects: Mapping[str, Any], directory: str, rest: Mapping[str, Any]) -> None:
-    """Load a sharded checkpoint into ``objects`` (any mode, any world size: DCP reshards)."""
+def load(objects: Mapping[str, Any], directory: str, rest: Mapping[str, Any],
+         verify: Callable[[list[str]], str | None] | None = None) -> None:
+    """Load a sharded checkpoint into ``objects`` (any mode, any world size: DCP reshards); ``verify``: checks
+    the files of ``directory`` this rank reads before it reads them (:func:`safeload.reader`)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
@@ -126,7 +128,7 @@ def load(objects: Mapping[str, Any], directory: str, rest: Mapping[str, Any]) ->
     targets.update({k: get_optimizer_state_dict(owners[k], o)["state"] for k, o in optimizers.items()})
     checked = safeload.read_metadata(directory)  # refused here, on every rank, before DCP plans anything
     try:
-        dcp.load(targets, storage_reader=safeload.reader(directory, checked), planner=safeload.planner())
+        dcp.load(targets, storage_reader=safeload.reader(directory, checked, verify), planner=safeload.planner())
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # DCP's CheckpointException (a BaseException) carries every rank's traceback

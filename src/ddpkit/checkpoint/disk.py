@@ -87,16 +87,42 @@ def validate(path: str, part: tuple[int, int] = (0, 1)) -> str | None:
         if problem:
             return problem
         for name, meta in sorted(listed["files"].items())[part[0]::part[1]]:
-            with confine.open_inside(path, name) as f:
-                size = os.fstat(f.fileno()).st_size
-                if size != meta["bytes"]:
-                    return f"{name} has {size} bytes, the manifest says {meta['bytes']} (truncated?)"
-                if _digest(f) != meta["sha256"]:
-                    return f"{name} does not match its sha256 (corrupted)"
+            problem = _mismatch(path, name, meta)
+            if problem:
+                return problem
     except OSError as exc:
         return f"unreadable file ({exc})"
     except ValueError as exc:  # confine.UnsafeCheckpoint: its one line says what, what was expected, what to do
         return str(exc)
+    return None
+
+
+def unchanged(path: str, names: list[str]) -> str | None:
+    """None when each of ``names`` (files of checkpoint ``path``) matches the manifest as this process sees it,
+    else the reason. A rank checks so the files it is about to read: :func:`validate` splits the hashing between
+    the ranks, which proves nothing of a file on a node whose copy another rank did not hash."""
+    try:
+        listed = confine.read_json(path, "manifest.json")
+        problem = _listing_problem(listed)
+        for name in names:
+            meta = listed["files"].get(name) if not problem else None
+            problem = problem or (f"{name} is not in the manifest" if meta is None else _mismatch(path, name, meta))
+            if problem:
+                return problem
+    except OSError as exc:
+        return f"unreadable file ({exc})"
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _mismatch(path: str, name: str, meta: dict[str, Any]) -> str | None:
+    with confine.open_inside(path, name) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size != meta["bytes"]:
+            return f"{name} has {size} bytes, the manifest says {meta['bytes']} (truncated?)"
+        if _digest(f) != meta["sha256"]:
+            return f"{name} does not match its sha256 (corrupted)"
     return None
 
 

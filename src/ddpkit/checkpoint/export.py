@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from typing import Any
 
 import torch
@@ -26,6 +27,18 @@ from ddpkit.core.atomic import write_atomically
 from ddpkit.core.errors import UsageError
 
 INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+_OURS = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")  # the names of an export's parts
+
+
+def _remove_stale(out: str, written: set[str]) -> None:
+    """An earlier export's files in ``out`` that this one did not write: its parts, its index, its single file
+    (transformers loads ``model.safetensors`` before an index: a stale one would shadow new parts). Removed
+    after the new files are whole; regular files of those exact names only (anything else there is the user's)."""
+    for entry in os.scandir(out):
+        ours = entry.name in (INDEX, SINGLE) or _OURS.fullmatch(entry.name)
+        if ours and entry.name not in written and entry.is_file(follow_symlinks=False):
+            os.unlink(entry.path)
 
 
 def _backend() -> Any:
@@ -81,7 +94,8 @@ def to_safetensors(checkpoint: str, out: str, name: str = "model", max_shard_mb:
     Without ``max_shard_mb``, ``out`` is one ``.safetensors`` file (an existing directory: ``model.safetensors``
     in it). With it, ``out`` is a directory that receives the parts and ``model.safetensors.index.json``, the
     layout ``transformers`` loads with ``from_pretrained(out)``. Every file is written
-    whole or not at all (a temporary file renamed into place), the index last."""
+    whole or not at all (a temporary file renamed into place), the index last; then an earlier export's parts,
+    index or single file there that this one did not write are removed (exporting again is idempotent)."""
     if max_shard_mb is not None and not 0 < max_shard_mb < math.inf:  # nan fails both; inf would overflow int()
         raise UsageError(f"--max-shard-mb {max_shard_mb} is not a size; pass a number of MB > 0, e.g. 5000")
     if max_shard_mb is not None and os.path.exists(out.rstrip(os.sep) or out) and not os.path.isdir(out):
@@ -96,8 +110,10 @@ def to_safetensors(checkpoint: str, out: str, name: str = "model", max_shard_mb:
     parts = split(state, None if max_shard_mb is None else int(max_shard_mb * 2**20))
     metadata = {"format": "pt"}  # what transformers' loader checks
     if max_shard_mb is None:
-        path = os.path.join(out, "model.safetensors") if os.path.isdir(out) else out
+        path = os.path.join(out, SINGLE) if os.path.isdir(out) else out
         write_atomically(path, lambda f: f.write(backend.save(parts[0], metadata=metadata)))
+        if os.path.isdir(out):
+            _remove_stale(out, {SINGLE})
         return [path]
     os.makedirs(out, exist_ok=True)
     names = [f"model-{i + 1:05d}-of-{len(parts):05d}.safetensors" for i in range(len(parts))]
@@ -107,4 +123,5 @@ def to_safetensors(checkpoint: str, out: str, name: str = "model", max_shard_mb:
     total = sum(t.numel() * t.element_size() for t in state.values())
     index = {"metadata": {"total_size": total}, "weight_map": {k: file for file, p in zip(names, parts) for k in p}}
     write_atomically(os.path.join(out, INDEX), lambda f: f.write(json.dumps(index, indent=2).encode()))
+    _remove_stale(out, {*names, INDEX})
     return [os.path.join(out, file) for file in names] + [os.path.join(out, INDEX)]

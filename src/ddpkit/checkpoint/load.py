@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ddpkit.checkpoint import agree, bounds
+from ddpkit.checkpoint import agree, bounds, disk
 from ddpkit.checkpoint import dcp as shards
 from ddpkit.checkpoint import rng as rngstate
 from ddpkit.checkpoint.reasons import check_fits, check_optimizer
@@ -34,7 +34,7 @@ def load_into(path: str, objects: dict[str, Any], state: Any) -> dict[str, Any]:
             raise KeyError(f"checkpoint {path} has no {name!r} (it has {saved})")
     if sharded:  # any mode, any world size: DCP reshards
         shards.load({k: v for k, v in objects.items() if k in sharded}, os.path.join(path, shards.SHARDS),
-                    payload["objects"])
+                    payload["objects"], lambda names: disk.unchanged(path, [f"{shards.SHARDS}/{n}" for n in names]))
     elif state.strategy.shards and any(isinstance(o, torch.optim.Optimizer)
                                                       for o in objects.values()):
         raise ValueError(f"checkpoint {path} was saved unsharded (mode ddp / dp / single): its optimizer state "

@@ -36,9 +36,11 @@ import os
 import pickle
 import pickletools
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ddpkit.checkpoint import bounds, confine
 from ddpkit.checkpoint.confine import UnsafeCheckpoint as UnsafeCheckpoint  # where readers have caught it
@@ -185,9 +187,11 @@ def _chunk_problem(name: str, entry: Any) -> tuple[str | None, int]:
     return None, math.prod(size) * torch.empty((), dtype=dtype).element_size()
 
 
-def reader(directory: str, checked: Any = None) -> Any:
+def reader(directory: str, checked: Any = None, verify: Callable[[list[str]], str | None] | None = None) -> Any:
     """torch's ``FileSystemReader`` for ``directory`` whose ``.metadata`` goes through :func:`read_metadata`;
-    ``checked``: the Metadata :func:`read_metadata` already returned (the file is not read twice)."""
+    ``checked``: the Metadata :func:`read_metadata` already returned (the file is not read twice). ``verify``
+    (the shard files this rank reads, by name in ``directory``: the reason they are not the manifest's, or None)
+    runs before any of them is read: a node's own copy of a file is checked by the rank that reads it."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import StorageMeta
 
@@ -198,6 +202,15 @@ def reader(directory: str, checked: Any = None) -> Any:
                 metadata.storage_meta = StorageMeta()
             metadata.storage_meta.load_id = self.load_id
             return metadata
+
+        def read_data(self, plan: Any, planner: Any) -> Any:
+            names = sorted({self.storage_data[item.storage_index].relative_path for item in plan.items})
+            problem = verify(names) if verify is not None else None
+            if problem:
+                rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+                raise UnsafeCheckpoint(f"{problem}, in the files rank {rank} reads; copy the checkpoint again "
+                                       "(or share one directory between the nodes)")
+            return super().read_data(plan, planner)
 
     return SafeReader(directory)
 
