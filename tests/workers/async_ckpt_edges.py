@@ -54,6 +54,11 @@ ckpt.save(1, model=model, optimizer=opt)
 ckpt.wait()
 train_step()
 if action == "destroy":
+    if state.mode == "fsdp":  # a slow disk: each rank's shard file takes 1.5 s, so the destroy comes mid-write
+        from torch.distributed.checkpoint import filesystem
+
+        fast = filesystem._write_files_from_queue
+        filesystem._write_files_from_queue = lambda *a, **k: (time.sleep(1.5), fast(*a, **k))[1]
     ckpt.save(2, model=model, optimizer=opt, slow=SlowState(1.0))
     train_step()
     dist.destroy_process_group()  # what most DDP scripts end with, the write still running

@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from ddpkit.checkpoint import agree, disk
+from ddpkit.checkpoint import agree, disk, planned
 from ddpkit.checkpoint import dcp as shards
 from ddpkit.checkpoint import lock as locks
 from ddpkit.checkpoint import rng as rngstate
@@ -308,16 +308,19 @@ class Checkpointer:
 
     def _sharded_in_background(self, step: int, tensors: dict[str, Any], tmp: str, payload: dict[str, Any],
                                extra: dict[str, Any]) -> str | None:
-        """DCP's async save stages this rank's shards to CPU memory and writes them on a thread, over a gloo
-        group of its own (the training thread's collectives go on meanwhile); rank 0 commits once DCP's write
-        ends, which is once every rank's shard is written, hashing every file itself."""
+        """This rank's shards are staged to CPU memory and the save planned with every rank, here (over a gloo
+        group of the writers'); a thread then writes them and no group is needed any more (a script may destroy
+        its groups meanwhile: :mod:`ddpkit.checkpoint.planned`); rank 0 commits once every rank's shard is
+        written, hashing every file itself."""
         group, channel = self._writers(step), self._channel()
-        future = self._together(step, "staging", lambda: shards.save_async(
-            tensors, os.path.join(tmp, shards.SHARDS), group))
+        job = self._together(step, "staging", lambda: planned.plan(tensors, os.path.join(tmp, shards.SHARDS), group))
         staged = stage(payload) if self.state.is_main else None
 
         def write() -> str | None:
-            shards.finish(future)  # a shard that failed raises here on every rank
+            try:
+                planned.write(job, channel)  # rank 0: once every rank's shard is written, .metadata
+            except PeerWriteError as exc:  # this rank's own failure, or (rank 0) a peer's: rank 0 tells the rest
+                return self._commit_and_tell(step, staged, extra, tmp, channel, exc)
             return self._commit_and_tell(step, staged, extra, tmp, channel)
 
         return self._in_background(step, tmp, write, channel)
@@ -330,12 +333,15 @@ class Checkpointer:
         return self._writer_group
 
     def _commit_and_tell(self, step: int, staged: Any, extra: dict[str, Any], tmp: str,
-                         channel: Channel | None) -> str | None:
+                         channel: Channel | None, failed: Exception | None = None) -> str | None:
         """Rank 0 commits; then every rank's writer learns how it went (over the store: a script's
         destroy_process_group() may have ended every group), so each rank's write ends only once the checkpoint is
-        in place (its latest() names it) and knows when it is not."""
-        error, path = None, None
-        if self.state.is_main:
+        in place (its latest() names it) and knows when it is not. ``failed``: this rank's part failed (rank 0
+        tells it; another rank raises it, recorded for rank 0 already)."""
+        error, path = failed, None
+        if error is not None and not self.state.is_main:
+            raise error
+        if self.state.is_main and error is None:
             try:
                 path = self._commit(step, staged, extra, tmp)
             except Exception as exc:

@@ -71,29 +71,11 @@ def save(tensors: dict[str, Any], directory: str) -> None:
     try:
         dcp.save(tensors, storage_writer=dcp.FileSystemWriter(directory, sync_files=True))
     except CheckpointException as exc:  # a BaseException: `except Exception` would let it through
-        raise _write_error(exc) from None
+        raise write_error(exc) from None
 
 
-def save_async(tensors: dict[str, Any], directory: str, group: Any) -> Any:
-    """:func:`save` in the background: DCP stages this rank's tensors to CPU memory, then returns a future of the
-    write, which runs on a thread and talks over ``group`` (a gloo group that nothing else uses). Collective."""
-    import torch.distributed.checkpoint as dcp
-
-    return dcp.async_save(tensors, storage_writer=dcp.FileSystemWriter(directory, sync_files=True),
-                          process_group=group)
-
-
-def finish(future: Any) -> None:
-    """Wait for a :func:`save_async` write; a failure on any rank is a :class:`ShardWriteError` naming it."""
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    try:
-        future.result()
-    except CheckpointException as exc:
-        raise _write_error(exc) from None
-
-
-def _write_error(exc: Any) -> ShardWriteError:
+def write_error(exc: Any) -> ShardWriteError:
+    """DCP's CheckpointException of a save as one line naming the first rank whose part failed."""
     rank, failure = min(exc.failures.items())
     error: Any = failure[0] if isinstance(failure, tuple) else failure  # (exception, its stack) in torch 2.x
     return ShardWriteError(rank, f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:160]}",

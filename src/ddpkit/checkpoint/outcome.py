@@ -15,22 +15,25 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import itertools
 import json
 import os
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch.distributed as dist
 
-from ddpkit.checkpoint.reasons import failure
+from ddpkit.checkpoint.reasons import PeerWriteError, failure
 from ddpkit.core import contract
 
 _SAVES = itertools.count()  # this process's background saves, every Checkpointer's
+PULSE_S = 0.5  # how often a rank writing its shards says it is still there
+SILENT_S = 10.0  # a writing rank whose pulse stood still this long is gone (a slow disk still pulses)
 PEER_WAIT_S = 5.0  # how long a writer whose collective broke waits for its peers to say why (or that they are there)
-DESTROYED = ("dist.destroy_process_group() ran while the write still needed the group; call ckpt.wait() before "
-             "destroy_process_group()")
 # what a collective raises when a peer's process is gone or the group was torn down under it
 _LOST = ("Connection closed by peer", "Connection reset by peer", "is not registered", "has not been initialized",
          "Broken pipe", "ProcessGroup shutdown", "Socket Timeout")
@@ -74,11 +77,7 @@ class Channel:
         lost a peer (a collective broke), the peer's own record, else the first rank that never said it was there."""
         mine = failure(exc, rank)
         if not lost(exc) and mine[0] == rank:
-            self._record(mine)
-            return mine
-        if not dist.is_initialized():  # the script tore the group down on this rank: this rank is the one
-            mine = [rank, DESTROYED, False]
-            self._record(mine)
+            self.record(mine)
             return mine
         self.store.set(f"{self.prefix}/here/{self.rank}", "1")
         deadline = time.monotonic() + PEER_WAIT_S
@@ -96,11 +95,66 @@ class Channel:
         seen = mine[1].split("] ", 1)[-1].split(". ")[0][:100]  # gloo's "[file:line] Connection closed ..."
         return [silent[0], f"its process ended during the write; rank {rank} saw: {seen}", False]
 
-    def _record(self, said: list[Any]) -> None:
+    def record(self, said: list[Any]) -> None:
+        """This rank's own failure ([rank, reason, io]), for the peers (rank 0 waiting for its writes)."""
         try:
             self.store.set(f"{self.prefix}/failed/{self.rank}", json.dumps(said))
         except RuntimeError:  # the store's host is gone too: the peers name this rank as silent instead
             pass
+
+    @contextlib.contextmanager
+    def pulsing(self) -> Iterator[None]:
+        """While the block runs (this rank's files being written), a count in the store goes up every PULSE_S:
+        rank 0, waiting for this rank's :meth:`post_writes`, tells a slow disk from a process that is gone."""
+        stop = threading.Event()
+
+        def beat() -> None:
+            for n in itertools.count():
+                try:
+                    self.store.set(f"{self.prefix}/pulse/{self.rank}", str(n))
+                except RuntimeError:
+                    return
+                if stop.wait(PULSE_S):
+                    return
+
+        thread = threading.Thread(target=beat, name="ddpkit-checkpoint-pulse", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    def post_writes(self, text: str) -> None:
+        """What this rank wrote (JSON), for rank 0's ``.metadata``."""
+        self.store.set(f"{self.prefix}/writes/{self.rank}", text)
+
+    def writes(self, limit: int) -> list[bytes]:
+        """Every rank's :meth:`post_writes`, by rank (rank 0, once each rank posted). A rank that recorded its
+        own failure, whose post is over ``limit`` bytes, or whose pulse stood still for SILENT_S (its process
+        gone), raises :class:`PeerWriteError` naming it."""
+        keys = [f"{self.prefix}/writes/{r}" for r in range(self.world)]
+        pulses: dict[int, tuple[bytes | None, float]] = {}
+        while not self.store.check(keys):
+            for peer in range(self.world):
+                if self.store.check([keys[peer]]):
+                    continue
+                if self.store.check([f"{self.prefix}/failed/{peer}"]):
+                    raise PeerWriteError(*json.loads(self.store.get(f"{self.prefix}/failed/{peer}")))
+                pulse = f"{self.prefix}/pulse/{peer}"
+                now, seen = time.monotonic(), self.store.get(pulse) if self.store.check([pulse]) else None
+                if pulses.get(peer, (None, 0.0))[0] != seen or peer not in pulses:
+                    pulses[peer] = (seen, now)
+                elif now - pulses[peer][1] > SILENT_S:
+                    raise PeerWriteError(peer, f"its process ended during the write (no sign of it for "
+                                               f"{SILENT_S:g} s)", False)
+            time.sleep(0.05)
+        posts = list(self.store.multi_get(keys))
+        for peer, post in enumerate(posts):
+            if len(post) > limit:
+                raise PeerWriteError(peer, f"its record of what it wrote has {len(post)} bytes, over {limit}",
+                                     False)
+        return posts
 
 
 def lost(exc: BaseException) -> bool:
