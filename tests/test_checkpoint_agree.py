@@ -1,10 +1,12 @@
-"""Every rank sees one checkpoint directory (real gloo jobs, ddp and fsdp): a per-node directory, ranks passing
+"""Every rank sees one checkpoint directory (real gloo jobs, ddp, fsdp and hsdp): a per-node directory, ranks passing
 different steps, and a directory another live job holds are one line on every rank, with nothing committed,
 deleted or loaded apart."""
 import json
 import os
 import socket
 import time
+
+import pytest
 
 from conftest import WORKERS, launch, ok
 from ddpkit.checkpoint import lock
@@ -65,8 +67,9 @@ def test_ddp_node_local_directories_stop_the_resume_on_every_rank(tmp_path):
     assert kind == "ValueError" and "refused by its generator" in line and line.endswith("(on rank 1)"), line
 
 
-def test_fsdp_node_local_directories_stop_the_save_before_it_commits(tmp_path):
-    ranks = _run(tmp_path, "fsdp")
+@pytest.mark.parametrize("mode", ["fsdp", "hsdp"])
+def test_sharded_node_local_directories_stop_the_save_before_it_commits(tmp_path, mode):
+    ranks = _run(tmp_path, mode)
     assert ranks[0]["split save"] == ranks[1]["split save"], ranks
     kind, line = ranks[0]["split save"]
     assert kind == "SplitDirectory", ranks[0]
