@@ -51,6 +51,19 @@ def test_a_save_that_raises_the_previous_failure_says_its_own_step_was_not_saved
         assert got["listing"] == ["ckpt-0000000001"]
 
 
+def test_rank_zero_failing_after_the_shards_are_written_is_said_on_every_rank_at_once(tmp_path):
+    """Rank 0's .metadata write failing (a full disk) was no outcome told: the other ranks waited for it the whole
+    collective timeout, and rank 0 raised a gloo timeout (a review)."""
+    ok(launch(WORKER, tmp_path, "metafail", launcher_args=("--mode", "fsdp"), timeout=150))
+    got = [json.loads((tmp_path / f"metafail{r}.json").read_text()) for r in (0, 1)]
+    for said in got:
+        assert said["error"] and said["error"].startswith(
+            "checkpoint step 2 was not saved: writing in the background failed on rank 0 (OSError: [Errno 28] "
+            "No space left on device)"), said
+        assert said["seconds"] < 30, said  # the worker's collective timeout is 60 s: no rank waited for it
+        assert [n for n in said["listing"] if n.startswith("ckpt-")] == ["ckpt-0000000001"], said  # none of it
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -89,15 +102,26 @@ def test_a_peer_that_dies_during_a_sharded_write_is_the_rank_named(tmp_path):
     (b'[["w", [true], 0, 10, "__1_0.distcp", 0, 10]]', "a row of another shape"),
     (b'[["w", [0], 0, 10, "__1_0.distcp", 0]]', "was refused (not enough values"),
     (b'{"w": 1}', "was refused"),
+    (b'[]', "it names 0 items, its plan 1 others"),  # a post that leaves out what the plan gave it (a review)
+    (b'[["w", [0], 0, 10, "__0_0.distcp", 0, 10]]', "a row of another shape"),  # another rank's file
+    (b'[["v", [0], 0, 10, "__1_0.distcp", 0, 10]]', "it names 1 items, its plan 1 others"),
 ])
 def test_a_peers_crafted_record_of_its_writes_is_one_line_naming_it(post, said):
     """What a rank posts of its shard writes becomes rank 0's ``.metadata``: a crafted post (a path out of the
     checkpoint, numbers no file has, another shape) is refused, naming the rank, before anything is written."""
+    import torch
+    from torch.distributed.checkpoint.filesystem import _StoragePrefix
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+    from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
+
     from ddpkit.checkpoint.planned import _results
     from ddpkit.checkpoint.reasons import PeerWriteError
 
+    plan = SavePlan([WriteItem(MetadataIndex("w", torch.Size([0]), 0), WriteItemType.SHARD)],
+                    storage_data=_StoragePrefix("__1_"))
+    assert len(_results(b'[["w", [0], 0, 10, "__1_0.distcp", 0, 10]]', 1, plan)) == 1  # what the plan gave it
     with pytest.raises(PeerWriteError) as info:
-        _results(post, 1)
+        _results(post, 1, plan)
     assert info.value.failed_rank == 1 and said in str(info.value) and "\n" not in str(info.value), info.value
 
 
@@ -118,3 +142,21 @@ def test_rank_zero_reads_each_post_bounded_and_names_a_rank_that_failed():
     Channel(store, 1, 2, "t/failed", 5.0).record([1, "OSError: [Errno 28] No space left on device", True])
     with pytest.raises(PeerWriteError, match=r"rank 1: OSError: \[Errno 28\]"):
         failed.writes(1000)
+
+
+def test_a_post_over_the_stores_8_mb_goes_in_parts_and_is_removed_once_read():
+    """The store refuses a value over 8 MB (a model of ~80k tensor shards per rank: its async save failed as a
+    "Broken pipe" on rank 0), and every save's posts stayed in the store for the job's life (a review)."""
+    import torch.distributed as dist
+
+    from ddpkit.checkpoint.outcome import Channel
+    from ddpkit.checkpoint.planned import LIMIT_POST
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=True)
+    big = json.dumps([[f"layers.{i}.weight", [0], 0, 10, "__1_0.distcp", 0, 10] for i in range(200_000)])
+    assert len(big) > 9 << 20
+    Channel(store, 1, 2, "t/parts", 5.0).post_writes(big)
+    rank0 = Channel(store, 0, 2, "t/parts", 5.0)
+    rank0.post_writes("[]")
+    assert [len(p) for p in rank0.writes(LIMIT_POST)] == [2, len(big)]
+    assert store.num_keys() <= 1, store.num_keys()  # nothing of the posts is left (the store's own key aside)

@@ -96,6 +96,9 @@ def test_sharded_node_local_directories_stop_the_save_before_it_commits(tmp_path
     kind, line = said[0]
     assert kind == "UnsafeCheckpoint" and "shards/__1_0.distcp does not match its sha256" in line, line
     assert "rank 1" in line and "\n" not in line, line
+    said = {r: x["damaged state"] for r, x in enumerate(ranks)}  # state.pt, read by every rank (a review)
+    assert said[0][0] == said[1][0] == "UnsafeCheckpoint", said
+    assert "state.pt does not match its sha256" in said[0][1] and "(on rank 0)" in said[0][1], said
     assert ranks[0]["split restore"] == "ok 0", ranks  # no node holds anything: a fresh start on both
     _steps_and_lock(ranks, tmp_path)
 

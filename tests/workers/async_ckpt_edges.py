@@ -6,6 +6,8 @@ ends or fails that a synchronous save survives.
   ``dist.destroy_process_group()``; rank 0 writes OUT/destroyed.json (whether the group is down).
 - ``skip``: step 2's write fails on one rank; each rank writes OUT/skip<R>.json: what ``save(3)`` raised and the
   checkpoints there after it.
+- ``metafail`` (fsdp): rank 0's ``.metadata`` write fails (a full disk) once every shard is written; each rank
+  writes OUT/metafail<R>.json: what its ``wait()`` raised, how long it took, the directory's listing.
 - ``die`` (run without the launcher, which would stop rank 0 at once): rank 1 is killed (SIGKILL) while step 2's
   sharded write runs; rank 0 writes OUT/died.json: what its next ``wait()`` raised.
 """
@@ -80,6 +82,23 @@ elif action == "skip":
     waited = ckpt.wait()
     write(f"skip{state.rank}.json", {"error": error, "returned": returned and os.path.basename(returned),
                                      "waited": waited and os.path.basename(waited), "listing": listing()})
+elif action == "metafail":  # rank 0's own .metadata write fails, after every shard was written
+    if state.rank == 0:
+        from torch.distributed.checkpoint import FileSystemWriter
+
+        def full(*args, **kwargs):
+            raise OSError(28, "No space left on device")
+
+        FileSystemWriter.finish = full
+    ckpt.save(2, model=model, optimizer=opt)
+    start = time.monotonic()
+    try:
+        ckpt.wait()
+        error = None
+    except OSError as exc:
+        error = str(exc)
+    write(f"metafail{state.rank}.json", {"error": error, "seconds": time.monotonic() - start,
+                                          "listing": sorted(os.listdir(directory))})
 elif action == "die":
     ckpt.save(2, model=model, optimizer=opt)
     if state.rank == 1:

@@ -22,6 +22,7 @@ Each step catches what every rank raises and writes it to OUT/rank<R>.json ({"na
 - "damaged copy" (fsdp): OUT/copy<R> holds each node's copy of one save (ckpt-9), rank 1's with its own shard
   file swapped for another save's of the same size (a bad copy: the manifest still names the first): refused on
   every rank, though the validation that the ranks split hashes that file on rank 0's (intact) copy alone.
+- "damaged state" (fsdp, hsdp): the same with rank 0's copy of state.pt (another save's, another lr): refused.
 The collective timeout is 30 s: a hang fails fast.
 """
 import json
@@ -156,11 +157,30 @@ def damaged_copy():
     return ddpkit.Checkpointer(mine, resume=True).restore(model=model)
 
 
+def damaged_state():
+    """fsdp: rank 0's node holds a copy of ckpt-11 whose state.pt (the optimizer's param_groups, read by every rank)
+    came from another save of the same size: the split validation hashes state.pt on rank 1's intact copy alone."""
+    ddpkit.Checkpointer(os.path.join(out, "G")).save(11, model=model, optimizer=opt)
+    opt.param_groups[0]["lr"] = 0.5
+    ddpkit.Checkpointer(os.path.join(out, "H")).save(11, model=model, optimizer=opt)
+    opt.param_groups[0]["lr"] = 0.1
+    ddpkit.barrier()
+    mine = os.path.join(out, f"state{state.rank}")
+    shutil.copytree(os.path.join(out, "G"), mine)
+    if state.rank == 0:
+        name = os.path.join("ckpt-0000000011", "state.pt")
+        shutil.copyfile(os.path.join(out, "H", name), os.path.join(mine, name))
+    ddpkit.barrier()
+    ddpkit.Checkpointer(mine, resume=True).restore(model=model, optimizer=opt)
+    return opt.param_groups[0]["lr"]
+
+
 if state.mode == "ddp":
     caught("path split", path_split)
     caught("rng split", rng_split)
 else:
     caught("mixed copies", mixed_copies)
     caught("damaged copy", damaged_copy)
+    caught("damaged state", damaged_state)
 with open(os.path.join(out, f"rank{state.rank}.json"), "w") as f:
     json.dump(seen, f)

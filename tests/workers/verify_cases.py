@@ -11,6 +11,9 @@
 - noisefirst: noise drawn before the step's first forward, as a GAN draws z: cannot compare exactly either.
 - noisebug: the same noise 100x smaller, and rank 1's loss 10x (a rank-dependent scale): must FAIL, beyond what
   the draws make.
+- augpy / augnp: a Dataset whose ``__getitem__`` augments each sample with Python's ``random`` (in this process) /
+  numpy's global generator (in a loader worker): a random flip and scale, as public scripts write by hand: cannot
+  compare exactly, not a FAIL.
 - handshard: batches sharded by hand (no ddpkit loader), as an LSTM LM's batchified columns: verify refuses.
 - noprepare: a ddpkit loader, but the model is not prepared: verify refuses.
 - badbytes: prints bytes that are not UTF-8, then fails: verify shows the output's tail, no UnicodeDecodeError.
@@ -37,7 +40,7 @@ import ddpkit
 parser = argparse.ArgumentParser()
 parser.add_argument("--case", required=True, choices=["seq", "attn", "global", "noise", "handshard", "noprepare",
                                                      "badbytes", "gan", "manual", "phases", "bnplain", "exit",
-                                                     "accum8", "noisebug", "noisefirst"])
+                                                     "accum8", "noisebug", "noisefirst", "augpy", "augnp"])
 args = parser.parse_args()
 torch.set_num_threads(1)
 state = ddpkit.init()
@@ -85,6 +88,32 @@ class Noisy(nn.Module):
 
 
 data = TensorDataset(torch.randn(64, 3, 4, generator=g), torch.randn(64, 1, generator=g))
+
+
+class Augmented(torch.utils.data.Dataset):
+    """Each sample flipped along its sequence half the time and scaled, drawn from Python's or numpy's generator."""
+
+    def __init__(self, base):
+        self.base = base
+
+    def __len__(self):
+        return len(self.base)
+
+    def __getitem__(self, i):
+        x, y = self.base[i]
+        if args.case == "augpy":
+            import random
+
+            flip, scale = random.random() < 0.5, random.uniform(0.8, 1.2)
+        else:
+            import numpy as np
+
+            flip, scale = np.random.rand() < 0.5, float(np.random.uniform(0.8, 1.2))
+        return (x.flip(0) if flip else x) * scale, y
+
+
+if args.case in ("augpy", "augnp"):
+    data = Augmented(data)
 if args.case in ("gan", "manual", "phases", "bnplain", "exit", "accum8"):  # shapes of a second review (issue 26.2)
     import verify_shapes  # noqa: E402 (next to this file)
     verify_shapes.run(args.case, data, state)
@@ -115,7 +144,9 @@ elif args.case == "global":
         for x, y in ddpkit.data_loader(data, global_batch_size=16):
             train_step(x, y)
 else:  # a Trainer's endless loop: it stops at its own max_iters, verify's cap must stop it earlier and cleanly
-    loader = ddpkit.data_loader(data, batch_size=8)
+    # augpy draws in this process, augnp in a loader worker (whose seeds are per rank)
+    loader = ddpkit.data_loader(data, batch_size=8, **({"num_workers": {"augpy": 0, "augnp": 1}[args.case]}
+                                                       if args.case in ("augpy", "augnp") else {}))
     it = iter(loader)
     for _ in range(1000):
         try:

@@ -18,6 +18,7 @@ import torch
 from ddpkit.checkpoint import agree, bounds, disk
 from ddpkit.checkpoint import dcp as shards
 from ddpkit.checkpoint import rng as rngstate
+from ddpkit.checkpoint.confine import UnsafeCheckpoint
 from ddpkit.checkpoint.reasons import check_fits, check_optimizer
 from ddpkit.data.loader import ShardedDataLoader
 from ddpkit.strategies.forwarding import unwrap
@@ -26,6 +27,14 @@ from ddpkit.strategies.forwarding import unwrap
 def load_into(path: str, objects: dict[str, Any], state: Any) -> dict[str, Any]:
     """Load checkpoint ``path`` into ``objects`` (every rank; ``state``: this process's
     :class:`~ddpkit.runtime.group.State`); returns its payload (``step``, ``world_size``, ...)."""
+    # every rank reads state.pt (and a sharded .metadata) from its own node's copy, which the ranks' split
+    # validation may have hashed on another node only: each rank checks what it reads, and every rank says it
+    read = ["state.pt"] + ([f"{shards.SHARDS}/.metadata"]
+                           if os.path.exists(os.path.join(path, shards.SHARDS, ".metadata")) else [])
+    reason = agree.first_reason(disk.unchanged(path, read) if state.world_size > 1 else None)
+    if reason:
+        raise UnsafeCheckpoint(f"checkpoint {path}: {reason}; copy the checkpoint again (or share one directory "
+                               "between the nodes)")
     payload = bounds.load_state(path)  # confined, bounded and of ddpkit's frame before anything uses it
     sharded = set(payload.get("sharded", ()))
     saved = sorted(sharded | set(payload["objects"]))

@@ -31,6 +31,7 @@ from ddpkit.checkpoint.reasons import PeerWriteError, failure
 from ddpkit.core import contract
 
 _SAVES = itertools.count()  # this process's background saves, every Checkpointer's
+PART = 4 << 20  # bytes of one part of a rank's post of its writes (the store refuses values over 8 MB)
 PULSE_S = 0.5  # how often a rank writing its shards says it is still there
 SILENT_S = 10.0  # a writing rank whose pulse stood still this long is gone (a slow disk still pulses)
 PEER_WAIT_S = 5.0  # how long a writer whose collective broke waits for its peers to say why (or that they are there)
@@ -126,21 +127,27 @@ class Channel:
             thread.join()
 
     def post_writes(self, text: str) -> None:
-        """What this rank wrote (JSON), for rank 0's ``.metadata``."""
-        self.store.set(f"{self.prefix}/writes/{self.rank}", text)
+        """What this rank wrote (JSON), for rank 0's ``.metadata``: in parts of at most :data:`PART` bytes (the
+        store refuses a value over 8 MB), then their count, which rank 0 waits for."""
+        data = text.encode()
+        parts = [data[i:i + PART] for i in range(0, len(data), PART)] or [b""]
+        for i, part in enumerate(parts):
+            self.store.set(f"{self.prefix}/writes/{self.rank}/{i}", part)
+        self.store.set(f"{self.prefix}/writes/{self.rank}", str(len(parts)))
 
     def writes(self, limit: int) -> list[bytes]:
-        """Every rank's :meth:`post_writes`, by rank (rank 0, once each rank posted). A rank that recorded its
-        own failure, whose post is over ``limit`` bytes, or whose pulse stood still for SILENT_S (its process
-        gone), raises :class:`PeerWriteError` naming it."""
+        """Every rank's :meth:`post_writes`, by rank (rank 0, once each rank posted), its keys then removed. A
+        rank that recorded its own failure, whose post is over ``limit`` bytes, or whose pulse stood still for
+        SILENT_S (its process gone), raises :class:`PeerWriteError` naming it."""
         keys = [f"{self.prefix}/writes/{r}" for r in range(self.world)]
         pulses: dict[int, tuple[bytes | None, float]] = {}
         while not self.store.check(keys):
             for peer in range(self.world):
                 if self.store.check([keys[peer]]):
                     continue
-                if self.store.check([f"{self.prefix}/failed/{peer}"]):
-                    raise PeerWriteError(*json.loads(self.store.get(f"{self.prefix}/failed/{peer}")))
+                failed = f"{self.prefix}/failed/{peer}"
+                if self.store.check([failed]):
+                    raise PeerWriteError(*_said(self.store.get(failed), peer))
                 pulse = f"{self.prefix}/pulse/{peer}"
                 now, seen = time.monotonic(), self.store.get(pulse) if self.store.check([pulse]) else None
                 if pulses.get(peer, (None, 0.0))[0] != seen or peer not in pulses:
@@ -149,12 +156,32 @@ class Channel:
                     raise PeerWriteError(peer, f"its process ended during the write (no sign of it for "
                                                f"{SILENT_S:g} s)", False)
             time.sleep(0.05)
-        posts = list(self.store.multi_get(keys))
-        for peer, post in enumerate(posts):
+        posts = []
+        for peer, count in enumerate(self.store.multi_get(keys)):
+            parts = int(count) if count.isdigit() and len(count) < 10 else -1
+            if not 0 < parts <= max(1, limit // PART):
+                raise PeerWriteError(peer, f"its record of what it wrote comes in {count[:20]!r} parts, expected "
+                                           f"1 to {max(1, limit // PART)}", False)
+            names = [f"{keys[peer]}/{i}" for i in range(parts)]
+            post = b"".join(self.store.get(name) for name in names)
             if len(post) > limit:
                 raise PeerWriteError(peer, f"its record of what it wrote has {len(post)} bytes, over {limit}",
                                      False)
+            posts.append(post)
+            for name in [*names, keys[peer], f"{self.prefix}/pulse/{peer}"]:  # read: the store need not hold it
+                self.store.delete_key(name)
         return posts
+
+
+def _said(raw: bytes, peer: int) -> list[Any]:
+    """A peer's recorded failure, [rank, reason, io], as it said it when that is its shape."""
+    try:
+        said = json.loads(raw)
+    except ValueError:
+        said = None
+    if isinstance(said, list) and len(said) == 3 and type(said[0]) is int and isinstance(said[1], str):
+        return [said[0], said[1][:300], bool(said[2])]
+    return [peer, "its write failed (its record of why was refused)", False]
 
 
 def lost(exc: BaseException) -> bool:

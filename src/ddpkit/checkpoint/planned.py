@@ -42,6 +42,7 @@ class Planned:
     plan: Any
     metadata: Any
     rank: int
+    plans: list[Any]  # rank 0: every rank's final plan (what each must post); another rank: its own
 
 
 def plan(tensors: dict[str, Any], directory: str, group: Any) -> Planned:
@@ -71,13 +72,15 @@ def plan(tensors: dict[str, Any], directory: str, group: Any) -> Planned:
 
     def central(plans: list[Any]) -> list[Any]:
         plans, made["metadata"] = planner.create_global_plan(plans)
-        return writer.prepare_global_plan(plans)
+        made["plans"] = writer.prepare_global_plan(plans)  # each rank's items and file prefix: its post is held to it
+        return made["plans"]
 
     try:
         mine = exchange.reduce_scatter("plan", local, central)
     except CheckpointException as exc:  # a BaseException
         raise write_error(exc) from None
-    return Planned(writer, planner, planner.finish_plan(mine), made.get("metadata"), exchange.rank)
+    return Planned(writer, planner, planner.finish_plan(mine), made.get("metadata"), exchange.rank,
+                   made.get("plans", [mine]))
 
 
 def write(job: Planned, channel: Any) -> None:
@@ -88,19 +91,22 @@ def write(job: Planned, channel: Any) -> None:
         with channel.pulsing() if channel is not None else _nothing():
             done = job.writer.write_data(job.plan, job.planner)
             done.wait()
-            mine = done.value()
-    except Exception as exc:
+            mine = [_as_json(result) for result in done.value()]
+        if channel is None:
+            job.writer.finish(metadata=job.metadata, results=[_results(json.dumps(mine).encode(), 0, job.plans[0])])
+            return
+        channel.post_writes(json.dumps(mine))
+        if job.rank == 0:  # every rank's post, in rank order (a rank that failed or died raises), checked
+            posts = channel.writes(LIMIT_POST)
+            results = [_results(post, rank, job.plans[rank]) for rank, post in enumerate(posts)]
+            job.writer.finish(metadata=job.metadata, results=results)
+    except PeerWriteError:  # a peer's failure (rank 0), said as the peer said it
+        raise
+    except Exception as exc:  # this rank's own: its write, or (rank 0) the .metadata
         said = failure(exc, job.rank)
         if channel is not None:
             channel.record(said)
         raise PeerWriteError(*said) from exc
-    if channel is None:
-        job.writer.finish(metadata=job.metadata, results=[mine])
-        return
-    channel.post_writes(json.dumps([_as_json(result) for result in mine]))
-    if job.rank == 0:
-        posts = channel.writes(LIMIT_POST)  # every rank's, in rank order; a rank that failed or died raises
-        job.writer.finish(metadata=job.metadata, results=[_results(post, rank) for rank, post in enumerate(posts)])
 
 
 class _nothing:
@@ -120,9 +126,11 @@ def _as_json(result: Any) -> list[Any]:
             int(info.length)]
 
 
-def _results(post: bytes, rank: int) -> list[Any]:
-    """Rank ``rank``'s post as DCP's WriteResults: each field of the type DCP writes, every file one of DCP's
-    shard names (``.metadata`` names the files a reader opens); one line naming the rank otherwise."""
+def _results(post: bytes, rank: int, plan: Any) -> list[Any]:
+    """Rank ``rank``'s post as DCP's WriteResults: each field of the type DCP writes, the items its ``plan`` gave
+    it, each once, in files of its own prefix (``__<rank>_``, DCP's names: ``.metadata`` names the files a reader
+    opens); one line naming the rank otherwise. (Where in its own files a peer says an item lies is taken as it
+    says: the same peer writes those bytes.)"""
     import torch
     from torch.distributed.checkpoint.filesystem import _StorageInfo
     from torch.distributed.checkpoint.metadata import MetadataIndex
@@ -131,16 +139,20 @@ def _results(post: bytes, rank: int) -> list[Any]:
     def whole(x: Any) -> bool:
         return type(x) is int and 0 <= x < 2**63
 
+    prefix = plan.storage_data.prefix
     try:
         rows = json.loads(post)
         out = []
         for fqn, offset, index, size, path, start, length in rows:
             ok = isinstance(fqn, str) and (offset is None or isinstance(offset, list) and all(map(whole, offset)))
             ok = ok and (index is None or whole(index)) and all(map(whole, (size, start, length)))
-            if not ok or not isinstance(path, str) or not _FILE.fullmatch(path):
+            if not ok or not isinstance(path, str) or not _FILE.fullmatch(path) or not path.startswith(prefix):
                 raise ValueError(f"a row of another shape: {str([fqn, offset, index, size, path])[:120]}")
             out.append(WriteResult(index=MetadataIndex(fqn, None if offset is None else torch.Size(offset), index),
                                    size_in_bytes=size, storage_data=_StorageInfo(path, start, length)))
+        planned = sorted((item.index.fqn, tuple(item.index.offset or ())) for item in plan.items)
+        if sorted((r.index.fqn, tuple(r.index.offset or ())) for r in out) != planned:
+            raise ValueError(f"it names {len(out)} items, its plan {len(planned)} others")
     except (ValueError, TypeError) as exc:
         raise PeerWriteError(rank, f"its record of what it wrote was refused ({str(exc)[:160]})", False) from None
     return out

@@ -249,11 +249,16 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
         result["steps_shape"] = facts[0].get("steps_shape")
         result["optimizers"] = sorted({o for f in facts for o in f.get("optimizers") or ()})
         result["random_draws"] = any(f.get("random_draws") for f in facts)
+        result["draw_sources"] = sorted({s for f in facts for s in f.get("draw_sources") or ()})
+        result["loader_workers"] = any(f.get("loader_workers") for f in facts)  # their draws are not seen
         result["autocast"] = next((f["autocast"] for f in facts if f.get("autocast")), None)
         if draws.worth_rerun(result):  # how far the one-process run moves with other draws alone, per tensor
             result["draws"] = _other_draws(script, script_args, nproc, tmp, common, one, many, skip, atol, rtol)
             if result["draws"] is not None and not result["draws"]["reached"]:
                 result["random_draws"] = False  # draws that move no weight are no cause of the difference
+            elif result["draws"] is not None:
+                result["random_draws"] = True  # the loader workers' draws (a Dataset's augmentation) moved them
+                result["draws"]["sources"] = draws.named(result["draw_sources"], result["loader_workers"])
         if not result["passed"] and not result["non_finite"]:
             g1, gn = (_grads(path) for path in (ref, dist_out))
             grads = compare_weights(g1, gn, atol, rtol) if g1 and gn else None

@@ -16,9 +16,10 @@
   |gradient| over all the steps (``<out>.gradpeak``: :mod:`ddpkit.commands.verify.noise` excuses elements that only
   ever got float noise) and the facts (``<out>.json``, written early with ``finished: false`` so a run that
   ends by ``os._exit`` is told apart from one that prepared nothing): models prepared, training batches
-  handed out by ddpkit loaders, optimizer steps, which cap stopped the run, whether torch's global random
-  generator was drawn from between a step's first training forward and its optimizer step (noise; not a
-  DataLoader's seed draw at ``iter()``), and the largest learning rate any optimizer stepped with.
+  handed out by ddpkit loaders, optimizer steps, which cap stopped the run, whether a global random generator
+  (torch's, Python's ``random``, numpy's) was drawn from between one optimizer step and the next (noise, a
+  Dataset's augmentation; not a DataLoader's seed draw at ``iter()``), and which, and the largest learning
+  rate any optimizer stepped with.
   ``ddpkit verify`` refuses what it cannot compare and names a FAIL's likely cause from them.
 
 Example (what verify reads back)::
@@ -30,6 +31,8 @@ Example (what verify reads back)::
 from __future__ import annotations
 
 import json
+import random
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -96,6 +99,8 @@ class Recorder:
     def __init__(self, out: str, max_steps: int | None, other_draws: int = 0):
         self.out, self.max_steps = out, max_steps
         self.other_draws = other_draws  # K: reseed torch at the first training forward (the same init, other draws)
+        self.draws_k = other_draws  # K, kept: each training loader's worker seeds move by K too
+        self.loader_workers = False  # a training loader's samples are made in worker processes (unseen draws)
         self.models: list[nn.Module] = []
         self.loaders: list[Any] = []
         # steps per optimizer; weak keys: a new optimizer in a later phase may reuse a dropped one's id()
@@ -104,7 +109,8 @@ class Recorder:
         self.capped = self.random_draws = False
         self.autocast: str | None = None  # the low-precision dtype a training forward ran under (bfloat16)
         self.main = False
-        self._rng: torch.Tensor | None = None  # the generator's state at the step's first forward
+        self._rng: tuple | None = None  # the generators' states at the step's first forward
+        self.draw_sources: set[str] = set()  # which generators the steps drew from: torch, numpy, random
         self.first: dict[int, dict[str, torch.Tensor]] = {}  # model index -> its gradients at its first step
         self.peaks: dict[str, torch.Tensor] = {}  # model<i>.name -> largest |gradient| per element so far
         self.lr = 0.0
@@ -139,6 +145,11 @@ class Recorder:
             # once an optimizer steps its cap governs (a loop may re-create iterators): the loader runs uncapped
             loader.observe(lambda: self.steps > 0 or loader.steps_taken < cap)
         self.loaders.append(loader)
+        if getattr(loader, "num_workers", 0) > 0:  # a Dataset's draws there (augmentation) are not seen here
+            self.loader_workers = True
+            generator = getattr(loader, "generator", None)
+            if self.draws_k and generator is not None:  # the workers' seeds come from it at iter(): other draws
+                generator.manual_seed(generator.initial_seed() + DRAWS_OFFSET * self.draws_k)
         self.masked = self.masked or (getattr(loader, "count", None) is None and masked_labels(loader))
         sampler = getattr(loader, "batch_sampler", None)
         if self.steps_shape is None and isinstance(sampler, GlobalBatchSampler):
@@ -151,7 +162,7 @@ class Recorder:
         # DataLoader draws its base seed from the global generator at iter(), which is no draw of the step
         if self._rng is None and torch.is_grad_enabled():
             if self.other_draws:  # once: what was drawn before (the init) stays, every draw of the steps changes
-                torch.manual_seed(torch.initial_seed() + DRAWS_OFFSET * self.other_draws)
+                _reseed(torch.initial_seed() + DRAWS_OFFSET * self.other_draws)
                 self.other_draws = 0
             self._rng = _rng_state()
         if self.autocast is None and torch.is_grad_enabled():
@@ -163,8 +174,10 @@ class Recorder:
             # a warm-up optimizer that stopped early cannot hold the cap off (it counts its own steps)
             self.capped = True
             raise StepCap(0)
-        if self._rng is not None and not torch.equal(self._rng, _rng_state()):
-            self.random_draws = True  # drawn during the step: forward, loss (noise, random masking)
+        drawn = _drawn(self._rng, _rng_state()) if self._rng is not None else []
+        if drawn:  # drawn during the step: forward, loss (noise, random masking), a Dataset's augmentation
+            self.random_draws = True
+            self.draw_sources.update(drawn)
         self.optimizers.update(c.__name__ for c in type(optimizer).__mro__[:-1])  # a subclass of Adam is Adam
         groups = getattr(optimizer, "param_groups", [])
         self.lr = max([self.lr, *(_lr(group) for group in groups)])
@@ -215,7 +228,9 @@ class Recorder:
             return
         facts = {"models": len(self.models), "batches": self._batches(),
                  "loaders": len(self.loaders), "steps": self.steps, "capped": self.capped, "cap": self.cap(),
-                 "random_draws": self.random_draws, "autocast": self.autocast, "lr": self.lr,
+                 "random_draws": self.random_draws, "draw_sources": sorted(self.draw_sources),
+                 "loader_workers": self.loader_workers,
+                 "autocast": self.autocast, "lr": self.lr,
                  "masked_labels": self.masked, "steps_shape": self.steps_shape,
                  "optimizers": sorted(self.optimizers), "finished": finished}
         with open(f"{self.out}.json", "w") as f:
@@ -287,9 +302,31 @@ def _lr(group: dict) -> float:
         return 0.0
 
 
-def _rng_state() -> torch.Tensor:
-    """torch's global generator state (CPU; CUDA's appended when initialised): equal states, no draws."""
+def _rng_state() -> tuple[torch.Tensor, int, bytes | None]:
+    """The global generators' states: torch's (CPU; CUDA's appended when initialised), Python's ``random`` (its
+    hash) and numpy's (where the script imported numpy): equal states, no draws."""
     states = [torch.random.get_rng_state()]
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         states += [s.cpu() for s in torch.cuda.get_rng_state_all()]
-    return torch.cat(states)
+    numpy = sys.modules.get("numpy")
+    drawn = None
+    if numpy is not None:
+        _, key, pos, *_ = numpy.random.get_state(legacy=True)
+        drawn = key.tobytes() + int(pos).to_bytes(4, "little")
+    return torch.cat(states), hash(random.getstate()), drawn
+
+
+def _drawn(before: tuple, after: tuple) -> list[str]:
+    """The generators drawn from between two :func:`_rng_state` looks."""
+    names = ("torch", "random", "numpy")
+    return [name for name, a, b, in zip(names, before, after)
+            if not (torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b)]
+
+
+def _reseed(seed: int) -> None:
+    """Every global generator a script's steps may draw from, reseeded (the re-runs with other draws)."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(seed % 2**32)
