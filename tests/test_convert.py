@@ -152,7 +152,7 @@ def test_write_keeps_crlf_a_bom_the_encoding_the_mode_and_writes_through_a_symli
 
 
 @pytest.mark.parametrize("argv, expected", [
-    (["ROOT"], "is a directory"),
+    (["ROOT"], "holds no .py file"),  # a folder converts its .py files: this one has none
     (["NB"], "is a notebook"),
     (["--verify", "--nproc-per-node", "1", "SCRIPT"], "--verify compares >= 2 processes"),
 ])

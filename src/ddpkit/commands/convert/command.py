@@ -33,6 +33,7 @@ import tokenize
 from collections.abc import Sequence
 
 from ddpkit.commands.cli import OneLineParser, usage_error
+from ddpkit.commands.convert import project
 from ddpkit.core.atomic import write_atomically
 from ddpkit.core.errors import SCRIPT_FAILED, UsageError
 
@@ -50,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-process-batch", action="store_true", help="keep a training loader's batch_size per "
                    "process (the global batch grows with the processes); default: it is the global batch")
     p.add_argument("--json", action="store_true", help="one JSON object: edits, left, refused, diff")
-    p.add_argument("script")
+    p.add_argument("--imports", action="store_true", help="also convert the modules of the script's folder that it "
+                   "imports (a trainer in another file); with several files, -o names a directory")
+    p.add_argument("script", help="the training script, or a folder: every .py file under it")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script (--verify)")
     return p
 
@@ -131,9 +134,15 @@ def verify_and_check(converted: str, script_args: list[str], nproc: int, steps: 
 
 
 def _arguments(ns: argparse.Namespace) -> None:
-    if os.path.isdir(ns.script) or not os.path.isfile(ns.script):
-        what = "a directory" if os.path.isdir(ns.script) else "no such file"
-        raise UsageError(f"{ns.script!r} is {what}; expected the path of a .py training script")
+    if not os.path.isfile(ns.script) and not os.path.isdir(ns.script):
+        raise UsageError(f"{ns.script!r}: no such file; expected the path of a .py training script or a folder")
+    if os.path.isdir(ns.script) and ns.verify:
+        raise UsageError(f"--verify runs one script, and {ns.script} is a folder; name the script with --imports "
+                         f"(ddpkit convert --imports {ns.script.rstrip(os.sep)}/train.py -o OUT --verify)")
+    if (os.path.isdir(ns.script) or ns.imports) and ns.output and os.path.isfile(ns.output):
+        raise UsageError(f"-o {ns.output} is a file, and several files are written; name a directory")
+    if ns.imports and ns.verify and not (ns.output or ns.write):
+        raise UsageError("--verify of several files runs them where they are written; add -o DIR or --write")
     if ns.script.endswith(".ipynb"):
         raise UsageError(f"{ns.script} is a notebook; convert its code to a script first (jupyter nbconvert "
                          "--to script), then convert that")
@@ -149,6 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
         _arguments(ns)
+        if os.path.isdir(ns.script) or ns.imports:
+            return _main_many(ns)
         result, encoding = convert_file(ns.script, ns.per_process_batch)
     except UsageError as exc:
         return usage_error(PROG, exc)
@@ -211,4 +222,49 @@ def _verify(result, ns: argparse.Namespace, written: str | None, encoding: str) 
             os.unlink(path)
     for line in lines:
         print(line, file=sys.stderr)
+    return code
+
+
+def _main_many(ns: argparse.Namespace) -> int:
+    """A folder, or a script with the modules it imports (:mod:`ddpkit.commands.convert.project`): every file
+    converted, each said; nothing written unless none is refused."""
+    root, files = project.files_of(ns.script, ns.imports)
+    shown = os.path.relpath(root) if os.path.isdir(ns.script) else os.path.dirname(ns.script)
+    done = [(rel, os.path.join(shown, rel), *convert_file(os.path.join(root, rel), ns.per_process_batch))
+            for rel in files]
+    if ns.json:
+        print(json.dumps({"files": [{"script": name, "refused": r.refused, "changed": r.text != r.source,
+                                     "edits": [vars(e) for e in r.edits], "left": [vars(x) for x in r.left],
+                                     "kept": [vars(k) for k in r.kept], "diff": _diff(r, name)}
+                                    for _, name, r, _ in done]}))
+    else:
+        sys.stdout.write("".join(_diff(r, name) for _, name, r, _ in done))
+    for _, name, r, _ in done:
+        if r.edits or r.left or r.refused:
+            for line in report(r, name):
+                print(line, file=sys.stderr)
+    refused = [name for _, name, r, _ in done if r.refused]
+    changed = sum(r.text != r.source for _, _, r, _ in done)
+    if refused:
+        print(f"{PROG}: refused: nothing written for any of the {len(done)} files ({', '.join(refused)} "
+              "cannot be converted safely: see above)", file=sys.stderr)
+        return SCRIPT_FAILED
+    print(f"{PROG}: {changed} of {len(done)} file(s) changed", file=sys.stderr)
+    try:
+        for rel, _, r, encoding in done:
+            target = os.path.join(ns.output, rel) if ns.output else os.path.realpath(os.path.join(root, rel))
+            if ns.output or (ns.write and r.text != r.source):
+                os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+                data = r.text.encode(encoding)
+                write_atomically(target, lambda f: f.write(data))  # noqa: B023 (called at once)
+    except OSError as exc:
+        return usage_error(PROG, f"cannot write {ns.output or root!r} ({exc.__class__.__name__}: "
+                                 f"{exc.strerror or exc}); expected a writable folder")
+    code = SCRIPT_FAILED if any(r.left for _, _, r, _ in done) else 0
+    if ns.verify:
+        entry = os.path.join(ns.output, files[0]) if ns.output else os.path.join(root, files[0])
+        verified, lines = verify_and_check(entry, ns.script_args, ns.nproc_per_node, ns.steps)
+        for line in lines:
+            print(line, file=sys.stderr)
+        code = max(code, verified)
     return code

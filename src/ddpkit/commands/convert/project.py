@@ -1,0 +1,108 @@
+"""Several files converted as one project: ``ddpkit convert DIR`` (every ``.py`` file under it) or
+``ddpkit convert --imports train.py`` (the script and the modules of its folder that it imports, and theirs: a
+minGPT-style project whose ``Trainer`` lives in ``mingpt/trainer.py``).
+
+Each file is converted as a script is (:func:`~ddpkit.commands.convert.command.convert_file`): ``ddpkit.init()``
+goes where that file chooses its device (a second call returns the same state), ``prepare_model`` where its
+optimizer's model is, the loaders where they are built. Nothing is written unless every file converts: one
+refused file leaves the whole project as it was. ``-o OUT`` is then a directory that receives every file of the
+project at its relative path (changed or not, so its imports resolve there); ``--write`` rewrites the changed files
+in place.
+
+Example::
+
+    $ ddpkit convert --imports chargpt.py -o converted/     # chargpt.py, mingpt/trainer.py, mingpt/model.py, ...
+    $ ddpkit launch --nproc-per-node 2 converted/chargpt.py
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from collections.abc import Iterator
+
+from ddpkit.core.errors import UsageError
+
+# folders under a project that hold no code of its own
+SKIP = {"__pycache__", "node_modules", "site-packages", "build", "dist", "venv", "env"}
+LIMIT_FILES = 500  # a directory of more .py files is no training project (a checkout of a library?)
+
+
+def files_of(target: str, imports: bool) -> tuple[str, list[str]]:
+    """(the project's root folder, its files relative to it, the entry script first when there is one).
+
+    >>> import tempfile, pathlib
+    >>> root = pathlib.Path(tempfile.mkdtemp()); (root / "pkg").mkdir()
+    >>> _ = (root / "train.py").write_text("from pkg.trainer import Trainer\\nimport helpers, os\\n")
+    >>> _ = (root / "pkg" / "__init__.py").write_text(""); _ = (root / "helpers.py").write_text("")
+    >>> _ = (root / "pkg" / "trainer.py").write_text("from .model import GPT\\n")
+    >>> _ = (root / "pkg" / "model.py").write_text("import torch\\n")
+    >>> files_of(str(root / "train.py"), imports=True)[1]
+    ['train.py', 'helpers.py', 'pkg/__init__.py', 'pkg/model.py', 'pkg/trainer.py']
+    """
+    if os.path.isdir(target):
+        root = os.path.abspath(target)
+        found = sorted(_walk(root))
+        if not found:
+            raise UsageError(f"{target} holds no .py file; expected a folder of training code or a script")
+    else:
+        root = os.path.dirname(os.path.abspath(target))
+        entry = os.path.basename(target)
+        found = [entry, *sorted(_imported(root, entry) - {entry})] if imports else [entry]
+    if len(found) > LIMIT_FILES:
+        raise UsageError(f"{target} holds {len(found)} .py files, more than {LIMIT_FILES}; convert the training "
+                         "script with --imports (it and the modules it imports), not the whole tree")
+    return root, found
+
+
+def _walk(root: str) -> Iterator[str]:
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIP)
+        for name in names:
+            if name.endswith(".py") and not os.path.islink(os.path.join(folder, name)):
+                yield os.path.relpath(os.path.join(folder, name), root).replace(os.sep, "/")
+
+
+def _imported(root: str, entry: str) -> set[str]:
+    """Every file under ``root`` that ``entry`` imports, and those import, ... (relative paths)."""
+    seen, todo = {entry}, [entry]
+    while todo and len(seen) <= LIMIT_FILES:
+        current = todo.pop()
+        for name in _imports_of(root, current):
+            if name not in seen:
+                seen.add(name)
+                todo.append(name)
+    return seen
+
+
+def _imports_of(root: str, rel: str) -> Iterator[str]:
+    """The project files one file imports (``import a.b``, ``from a import b``, ``from .m import x``)."""
+    try:
+        with open(os.path.join(root, rel), "rb") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return  # read again by the converter, which says why in one line
+    package = rel.rsplit("/", 1)[0].split("/") if "/" in rel else []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield from _module_files(root, alias.name.split("."))
+        elif isinstance(node, ast.ImportFrom):
+            base = (package[:len(package) - node.level + 1] if node.level else []) + \
+                (node.module.split(".") if node.module else [])
+            if node.level > len(package) + 1:
+                continue
+            yield from _module_files(root, base)
+            for alias in node.names:  # from pkg import module
+                yield from _module_files(root, [*base, alias.name])
+
+
+def _module_files(root: str, parts: list[str]) -> Iterator[str]:
+    """The file of module ``parts`` under ``root``, with the packages' ``__init__.py`` on the way."""
+    for i in range(1, len(parts) + 1):
+        init = "/".join(parts[:i]) + "/__init__.py"
+        if os.path.isfile(os.path.join(root, init)):
+            yield init
+    module = "/".join(parts) + ".py"
+    if parts and os.path.isfile(os.path.join(root, module)):
+        yield module

@@ -1,0 +1,1 @@
+"""A minGPT-shaped project: the trainer and the model in a package, the script beside it."""

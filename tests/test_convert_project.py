@@ -1,0 +1,42 @@
+"""Issue 44: a project whose trainer lives in another file (minGPT's shape: ``chargpt.py`` builds the data, model
+and Trainer; ``mingpt/trainer.py`` moves the model, builds the DataLoader and runs the loop). Converting the script
+alone prepared no model ("cannot compare"); ``--imports`` converts it with the modules it imports, and a folder
+converts every file; one refused file leaves every file as it was."""
+import shutil
+import sys
+
+from conftest import ROOT, run_cmd
+
+PROJECT = ROOT / "tests" / "convert_corpus" / "mingpt_project"
+CONVERT = [sys.executable, "-m", "ddpkit", "convert"]
+
+
+def test_a_script_and_the_modules_it_imports_convert_together_and_verify_passes(tmp_path):
+    out = tmp_path / "out"
+    r = run_cmd(CONVERT + ["--imports", "-o", str(out), "--verify", "--steps", "3", str(PROJECT / "chargpt.py"),
+                           "--max-iters", "3"], timeout=400)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "3 of 5 file(s) changed" in r.stderr, r.stderr
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.py")) == [
+        "chargpt.py", "mingpt/__init__.py", "mingpt/model.py", "mingpt/trainer.py", "mingpt/utils.py"]
+    trainer = (out / "mingpt" / "trainer.py").read_text()
+    assert "ddpkit.prepare_model(" in trainer and "ddpkit.data_loader(" in trainer and "ddpkit.init()" in trainer
+    assert "verify: PASS" in r.stderr, r.stderr[-3000:]
+    assert (PROJECT / "mingpt" / "trainer.py").read_text().count("ddpkit") == 0  # the originals untouched
+
+
+def test_a_folder_converts_every_file_and_one_refused_file_writes_none(tmp_path):
+    project = tmp_path / "project"
+    shutil.copytree(PROJECT, project, ignore=shutil.ignore_patterns("__pycache__"))
+    r = run_cmd(CONVERT + [str(project)], timeout=120)  # the diffs, nothing written
+    assert r.returncode == 0 and "3 of 5 file(s) changed" in r.stderr, r.stderr
+    assert r.stdout.count("+++ ") == 3 and "ddpkit.prepare_model(" in r.stdout
+    (project / "launch_by_hand.py").write_text(  # a file distributed by hand: refused, so is the project
+        "import torch.distributed as dist\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "dist.init_process_group('gloo')\n")
+    before = {p: p.read_bytes() for p in project.rglob("*.py")}
+    r = run_cmd(CONVERT + ["--write", str(project)], timeout=120)
+    assert r.returncode == 1 and "refused: nothing written for any of the 6 files" in r.stderr, r.stderr
+    assert {p: p.read_bytes() for p in project.rglob("*.py")} == before
+    r = run_cmd(CONVERT + ["--verify", str(project)], timeout=60)
+    assert r.returncode == 2 and "--verify runs one script" in r.stderr and r.stderr.count("\n") == 1, r.stderr
