@@ -26,7 +26,7 @@ from torch import nn
 
 from ddpkit.checkpoint import bounds, safeload
 from ddpkit.checkpoint.reasons import PeerWriteError
-from ddpkit.core.errors import UsageError
+from ddpkit.core.errors import UsageError, first_line
 from ddpkit.strategies.forwarding import unwrap
 
 SHARDS = "shards"  # the DCP directory inside a checkpoint
@@ -78,7 +78,7 @@ def write_error(exc: Any) -> ShardWriteError:
     """DCP's CheckpointException of a save as one line naming the first rank whose part failed."""
     rank, failure = min(exc.failures.items())
     error: Any = failure[0] if isinstance(failure, tuple) else failure  # (exception, its stack) in torch 2.x
-    return ShardWriteError(rank, f"{type(error).__name__}: {(str(error).splitlines() or [''])[0][:160]}",
+    return ShardWriteError(rank, f"{type(error).__name__}: {first_line(error, 160)}",
                            io=isinstance(error, OSError))
 
 

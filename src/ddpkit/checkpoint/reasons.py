@@ -15,6 +15,7 @@ import torch
 
 from ddpkit.checkpoint.bounds import optimizer_problem
 from ddpkit.checkpoint.confine import UnsafeCheckpoint
+from ddpkit.core.errors import first_line
 
 
 class PeerWriteError(OSError):
@@ -72,6 +73,6 @@ def failure(exc: BaseException, rank: int) -> list[Any]:
     while inner is not None and not (isinstance(inner, OSError) and inner.errno):
         inner = inner.__cause__ or inner.__context__
     shown = inner if inner is not None else exc
-    reason = getattr(exc, "failure", None) or f"{type(shown).__name__}: {(str(shown).splitlines() or [''])[0][:200]}"
+    reason = getattr(exc, "failure", None) or f"{type(shown).__name__}: {first_line(shown)}"
     io = getattr(exc, "io", isinstance(shown, OSError))  # a shard write says what its rank's error was
     return [getattr(exc, "failed_rank", rank), reason, bool(io)]

@@ -44,6 +44,7 @@ import torch.distributed as dist
 
 from ddpkit.checkpoint import bounds, confine
 from ddpkit.checkpoint.confine import UnsafeCheckpoint as UnsafeCheckpoint  # where readers have caught it
+from ddpkit.core.errors import first_line
 
 METADATA = ".metadata"
 _DCP = "torch.distributed.checkpoint.metadata"
@@ -81,7 +82,7 @@ def read_metadata(directory: str) -> Any:
         _check_opcodes(data)
         metadata = MetadataUnpickler(io.BytesIO(data)).load()
     except Exception as exc:  # anything a crafted pickle makes an allowed class raise (KeyError, ...)
-        first = str(exc).splitlines()[0][:200] if str(exc) else ""
+        first = first_line(exc)
         raise UnsafeCheckpoint(f"{path} refused: {type(exc).__name__}: {first}") from None
     if not isinstance(metadata, Metadata):
         problem: str | None = f"it holds a {type(metadata).__name__}, not torch's DCP Metadata"

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from ddpkit.commands.cli import OneLineParser, usage_error
 from ddpkit.core import contract
 from ddpkit.core.environment import visible_gpus
-from ddpkit.core.errors import SCRIPT_FAILED, UsageError
+from ddpkit.core.errors import SCRIPT_FAILED, UsageError, first_line
 
 
 @dataclasses.dataclass
@@ -64,7 +64,7 @@ def _gpus() -> list[Diagnosis]:
     try:
         props = [torch.cuda.get_device_properties(i) for i in range(count)]
     except RuntimeError as exc:  # a GPU that is listed but cannot be queried (driver trouble, a lost GPU)
-        return [Diagnosis("gpus", "fail", f"GPUs listed but not readable: {str(exc).splitlines()[0][:200]}",
+        return [Diagnosis("gpus", "fail", f"GPUs listed but not readable: {first_line(exc)}",
                         "check nvidia-smi and the driver; CUDA_VISIBLE_DEVICES may name a missing GPU")]
     listing = "; ".join(f"{i}: {p.name} {p.total_memory / 2**30:.0f} GiB" for i, p in enumerate(props))
     return [Diagnosis("gpus", "ok", f"{len(props)} visible ({listing}); CUDA_VISIBLE_DEVICES={visible}")]

@@ -31,3 +31,13 @@ class ShutdownError(RuntimeError):
 
 class ScriptFailed(RuntimeError):
     """The user's script exited non-zero under verify or bench (exit :data:`SCRIPT_FAILED`)."""
+
+
+def first_line(value: object, limit: int = 200) -> str:
+    """The first line of an error (or any value's text), at most ``limit`` characters: what a one-line message
+    quotes of a longer one (a carriage return ends a line too; nothing at all is "").
+
+    >>> first_line(OSError(28, "No space left on device")), first_line(RuntimeError("a\\r\\nb"), 1), first_line("")
+    ('[Errno 28] No space left on device', 'a', '')
+    """
+    return (str(value).replace("\r", "\n").splitlines() or [""])[0][:limit]

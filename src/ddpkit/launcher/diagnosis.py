@@ -17,6 +17,7 @@ import re
 from collections.abc import Iterable
 
 from ddpkit.core.errors import HANG, SCRIPT_FAILED
+from ddpkit.core.errors import first_line as one_line  # said() has a flag of that name
 from ddpkit.core.reports import block_marker, finished_path, peer_lost
 
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
@@ -118,7 +119,7 @@ def report(report_dir: str, crashed: dict[int, str] | None = None, stderr_tails:
         tail = f"\n(ranks {others} failed after it; each rank's traceback is in its stderr.log)" if others else ""
         return SCRIPT_FAILED, f"{head}\n{first['traceback'].rstrip()}{tail}"
     return HANG, _hang_report(report_dir, {e["rank"]: e for e in errors},
-                                   f"first timeout on rank {first['rank']}: {first['message'].splitlines()[0][:200]}")
+                                   f"first timeout on rank {first['rank']}: {one_line(first['message'])}")
 
 
 def said(error: dict, first_line: bool = False) -> str:
@@ -129,7 +130,7 @@ def said(error: dict, first_line: bool = False) -> str:
     """
     message = error["message"]
     if first_line:
-        message = (message.splitlines() or [""])[0][:200]
+        message = one_line(message)
     return f"{error['type']}: {message}" if message else error["type"]
 
 

@@ -19,6 +19,7 @@ import hashlib
 import json
 import time
 
+from ddpkit.core.errors import first_line
 from ddpkit.core.version import __version__
 
 _PREFIX = "ddpkit/preflight/"
@@ -70,7 +71,7 @@ def check_nodes(cfg, join_timeout_s: float) -> str | None:
                                   timeout=timeout)
     except (RuntimeError, TimeoutError, OSError) as exc:
         if host:
-            return (f"node 0 cannot listen on port {cfg.node0_port} ({str(exc).splitlines()[0][:120]}); "
+            return (f"node 0 cannot listen on port {cfg.node0_port} ({first_line(exc, 120)}); "
                     "pick a free --master-port")
         return (f"node 0 was not reachable at {cfg.master_addr}:{cfg.node0_port} within {join_timeout_s:.0f} s; "
                 "start node 0 first and check the address, the port and the firewall")

@@ -34,6 +34,7 @@ import traceback
 
 from ddpkit.core import process
 from ddpkit.core.atomic import write_atomically
+from ddpkit.core.errors import first_line
 from ddpkit.core.reports import block_tag, finished_path, peer_lost, traceback_block
 
 _TIMEOUT = re.compile(r"timed out|timeout|failed to pass monitoredBarrier", re.IGNORECASE)
@@ -154,7 +155,7 @@ def _said(rank: int, kind: type, value: BaseException) -> str:
 
 
 def _first_line(value: BaseException) -> str:
-    return (str(value).replace("\r", "\n").splitlines() or [""])[0][:300]
+    return first_line(value, 300)
 
 
 def _watchdog(stack_file, stale_s: float) -> None:

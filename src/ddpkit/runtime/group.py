@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from ddpkit.core import contract, process
 from ddpkit.core.environment import LaunchEnvError, ProcessEnv, detect, visible_gpus
-from ddpkit.core.errors import SCRIPT_FAILED, USAGE_ERROR, ShutdownError
+from ddpkit.core.errors import SCRIPT_FAILED, USAGE_ERROR, ShutdownError, first_line
 from ddpkit.core.options import Device, check
 from ddpkit.core.process import State
 from ddpkit.runtime import desync, faults, forksafe, instrument, leaving, phases
@@ -345,7 +345,7 @@ def _final_barrier(state: State) -> bool:
         dist.barrier()
         return True
     except RuntimeError as exc:  # DistBackendError / DistNetworkError: a peer (or the store's host) is gone
-        first = (str(exc).splitlines() or [""])[0]
+        first = first_line(exc, 10**6)
         print(f"ddpkit: rank {rank} finished, but a peer had exited: "
               f"{first.split('. ')[0].split('] ')[-1][:160]}", file=sys.stderr, flush=True)
         return False

@@ -31,7 +31,7 @@ from ddpkit.commands.cli import OK, OneLineParser, usage_error
 from ddpkit.commands.logtail import ScriptFailed, log_tail, run_logged
 from ddpkit.commands.plan import memory
 from ddpkit.core import contract
-from ddpkit.core.errors import UsageError
+from ddpkit.core.errors import UsageError, first_line
 
 MODES = ("ddp", "fsdp", "hsdp")
 COMM = {"single": "buckets", "ddp": "buckets", "fsdp": "gathered blocks", "hsdp": "gathered blocks"}
@@ -109,7 +109,7 @@ def run_once(script: str, args: Sequence[str], nproc: int, mode: str, env: dict[
         except ScriptFailed as exc:  # the ranks' own logs go with the temporary directory: read them now
             ranks = sorted(glob.glob(os.path.join(out, "logs", "**", "*.log"), recursive=True))
             output = "\n".join([*(log_tail(path, 4000) for path in ranks), log_tail(log, 8000)])
-            raise ScriptFailed(why_failed(script, output, str(exc).splitlines()[0], _progress(out))) from None
+            raise ScriptFailed(why_failed(script, output, first_line(exc, 10**6), _progress(out))) from None
         records = []
         for path in sorted(glob.glob(os.path.join(out, "rank*.json"))):
             with open(path) as f:
