@@ -212,6 +212,7 @@ elif case == "destroy_then_threads":  # the script destroys its group, then shut
     torch.distributed.all_reduce(torch.ones(1))
     torch.distributed.destroy_process_group()
     ddpkit.shutdown()
+    print("AT-ONCE", sorted(t.name for t in threading.enumerate()), flush=True)  # shutdown() waited for them
     time.sleep(0.3)
     print("THREADS", sorted(t.name for t in threading.enumerate()), flush=True)
 elif case == "abort_before_shutdown":  # rank 1 aborts before the final barrier: a real failure

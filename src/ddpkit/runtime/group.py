@@ -40,6 +40,7 @@ from ddpkit.strategies import table as strategy
 # Collectives that wait longer than this fail (and `ddpkit launch` prints a hang report). torch's defaults
 # are 30 min for gloo and 10 min for NCCL: long enough to lose an evening on a job that hangs at start-up.
 DEFAULT_TIMEOUT_S = 900.0
+JOIN_S = 2.0  # how long shutdown waits for its watching threads to end (each wakes within a poll: ~0.02-1 s)
 
 
 def choose_mode(requested: str, env: ProcessEnv, cuda_count: int, launcher: str | None = None) -> tuple[str, str]:
@@ -256,9 +257,9 @@ def _stop() -> bool:
         if proc.state is None:
             return False
         failed = getattr(sys, "last_value", None) is not None
-        for thread in (proc.desync, proc.listener):  # the group goes down from here: nothing left to watch
-            if thread is not None:
-                thread.stopped.set()
+        watchers = [thread for thread in (proc.desync, proc.listener) if thread is not None]
+        for thread in watchers:  # the group goes down from here: nothing left to watch
+            thread.stopped.set()
         proc.desync = proc.listener = None
         while proc.shutdown_hooks and not failed:
             proc.shutdown_hooks.pop(0)()
@@ -277,6 +278,10 @@ def _stop() -> bool:
             _check_without_group(store, state)
         if store is not None:  # a listener still waiting for a first count (this rank failed, or its group is gone)
             leaving.release(store)
+        for thread in watchers:  # ended, and their store connection and group references dropped, before the
+            thread.join(JOIN_S)  # interpreter finalizes: a C++ destructor running on a thread then aborted it
+            # (SIGABRT, "terminate called without an active exception": 4 exits in 10 after the script's own
+            # destroy_process_group())
         failure, proc.exit_failure = proc.exit_failure, None
     if failure:  # said already, by the hook; raised once the group is down (a later init() starts clean)
         raise ShutdownError(failure)
