@@ -20,6 +20,7 @@ from typing import Any
 
 from torch import nn
 
+from ddpkit.core import process
 from ddpkit.runtime import group as runtime
 from ddpkit.runtime import phases
 from ddpkit.strategies import comm as comm_options
@@ -181,6 +182,7 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
                    shard=shard, shard_size=shard_size, init_fn=init_fn, **ddp_kwargs)
     # move (a meta model: materialise, unless the mode shards it first), let the launching tool hook it, wrap
     wrapped = mode.prepare(model, state, options, runtime.tools())
+    process.current().prepared += 1
     if compile:
         mode.compile(wrapped, {} if compile is True else dict(compile))
     phases.watch_model(wrapped, compiled=bool(compile))  # under ddpkit launch: where each step's time goes

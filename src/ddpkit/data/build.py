@@ -29,7 +29,7 @@ from ddpkit.core import process
 from ddpkit.core.environment import usable_cores
 from ddpkit.core.options import Uneven, check
 from ddpkit.core.process import State
-from ddpkit.data import streams
+from ddpkit.data import streams, unprepared
 from ddpkit.data.global_batch import GlobalBatchSampler
 from ddpkit.data.loader import ShardedDataLoader
 from ddpkit.data.samplers import SamplerShard, ShardSampler, too_few, user_sampler
@@ -82,6 +82,8 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     process's step over the same samples at any world size (docs/global-batch.md, "Token-weighted losses").
     """
     state, tools = runtime.ensure_init(), runtime.tools()
+    if train:  # sharded training batches need a prepared model by the first optimizer step
+        unprepared.watch()
     if micro_batch_size is not None or accumulation_steps is not None or count is not None:
         if batch_size is not None:
             global_batch_size = None  # refused below: the per-process batch is ddpkit's to choose here
