@@ -335,3 +335,15 @@ def test_a_loader_passed_to_a_function_of_the_script_that_never_reads_it_is_kept
     passed_on = PASSED_ON.replace("    for epoch in range(epochs):", "    log(validation_loader)\n"
                                   "    for epoch in range(epochs):")
     assert [x.line for x in plan(HEAD + textwrap.dedent(passed_on)).left] == [19]
+
+
+@pytest.mark.parametrize("body", [
+    "net = Net()\nif use_gpu:\n    net = net.cuda()\n",
+    "net = Net()\nif use_cuda:\n    net.cuda()\n    torch.backends.cudnn.benchmark = True\n",
+])
+def test_a_model_moved_under_an_if_is_prepared_on_every_path(body):
+    """The second held-out run (2026-12-04): ``if use_gpu: model = model.cuda()`` became a prepare_model under the
+    ``if``: on a CPU launch the model was never wrapped and each rank trained its own copy."""
+    text = convert("use_gpu = use_cuda = torch.cuda.is_available()\n" + body).text
+    assert "net = ddpkit.prepare_model(Net())" in text, text
+    assert text.count("prepare_model") == 1, text

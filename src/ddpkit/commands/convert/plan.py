@@ -110,6 +110,7 @@ class _Work:
         self.models: list[Binding] = []  # the bindings wrapped (or already wrapped) in prepare_model
         self.inits: list[Scope] = []  # where the plan binds the state (``state = ddpkit.init()``)
         self.devices: list[Binding] = []  # the device set-ups converted
+        self._ifs: list[cst.If] | None = None  # every `if` of the script, outermost first (found once)
         ours = all(rules.bound_to_init(b) for b in facts.bindings if b.target == "state")
         self.state = "state" if ours else "ddp_state"  # a script's own ``state`` keeps its name
 
@@ -175,8 +176,29 @@ class _Work:
         for end in range(2 if parts[0] == "self" else 1, len(parts) + 1):  # model.fc.parameters(): model
             binding = binding_of(self.facts, ".".join(parts[:end]), call.scope, call.line)
             if binding is not None and binding.value is not None:
-                return self._source(binding)
+                return self._unconditional(self._source(binding))
         return None
+
+    def _unconditional(self, binding: Binding) -> Binding:
+        """A model bound again under an ``if`` (``if use_gpu: model = model.cuda()``) that a binding before it, outside
+        that ``if``, built: that one is wrapped (a wrap under the ``if`` leaves the model unwrapped wherever the test
+        is false: each rank then trains its own copy)."""
+        guard = self._guard(binding.stmt)
+        while guard is not None:
+            earlier = binding_of(self.facts, binding.target, binding.scope, binding.line - 1)
+            if earlier is None or earlier.value is None or _within(earlier.stmt, guard):
+                return binding
+            binding = self._source(earlier)
+            guard = self._guard(binding.stmt)
+        return binding
+
+    def _guard(self, stmt: cst.CSTNode | None) -> cst.If | None:
+        """The innermost ``if`` that holds ``stmt`` (None: none does)."""
+        if stmt is None:
+            return None
+        if self._ifs is None:
+            self._ifs = [node for node in m.findall(self.facts.module, m.If()) if isinstance(node, cst.If)]
+        return next((node for node in reversed(self._ifs) if _within(stmt, node)), None)
 
     def _source(self, binding: Binding, depth: int = 0) -> Binding:
         """Where an alias (``model, config = self.model, self.config``) got its value: the model is wrapped
@@ -198,7 +220,8 @@ class _Work:
         moves = [c for c in self.facts.calls if c.scope is binding.scope and c.last in ("to", "cuda")
                  and binding.line < c.line <= optimizer.line and c.stmt is not None
                  and isinstance(c.node.func, cst.Attribute) and dotted(c.node.func.value) == binding.target
-                 and len(c.stmt.body) == 1 and isinstance(c.stmt.body[0], cst.Expr)]
+                 and len(c.stmt.body) == 1 and isinstance(c.stmt.body[0], cst.Expr)
+                 and self._guard(c.stmt) is self._guard(binding.stmt)]  # not one under an `if` of its own
         unread = self._unread_device([value, *(m.node for m in moves)], binding)
         if unread is not None:
             self.leave(binding.line, f"the model moves to {unread.target}, set up at line {unread.line} in a form "
@@ -235,6 +258,10 @@ class _Work:
                         return found
                 node = node.func.value
         return None
+
+
+def _within(stmt: cst.CSTNode | None, node: cst.CSTNode) -> bool:
+    return stmt is not None and any(found is stmt for found in m.findall(node, m.SimpleStatementLine()))
 
 
 def _trained(call: Call) -> str | None:
