@@ -11,6 +11,16 @@ PROJECT = ROOT / "tests" / "convert_corpus" / "mingpt_project"
 CONVERT = [sys.executable, "-m", "ddpkit", "convert"]
 
 
+def test_the_script_alone_says_its_training_is_in_the_modules_it_imports():
+    """The held-out minGPT and a course's train.py (its loop in Pipeline/run.py) converted their prints, exit 0:
+    launched, every rank ran the whole training alone."""
+    r = run_cmd(CONVERT + [str(PROJECT / "chargpt.py")], timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert "left to you: no model is prepared and no DataLoader converted here, and the script imports " \
+        "mingpt/__init__.py, mingpt/model.py, mingpt/trainer.py ..." in r.stderr, r.stderr
+    assert "ddpkit convert --imports" in r.stderr
+
+
 def test_a_script_and_the_modules_it_imports_convert_together_and_verify_passes(tmp_path):
     out = tmp_path / "out"
     r = run_cmd(CONVERT + ["--imports", "-o", str(out), "--verify", "--steps", "3", str(PROJECT / "chargpt.py"),

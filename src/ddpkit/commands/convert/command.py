@@ -170,7 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "diff": _diff(result, ns.script)}))
     else:
         sys.stdout.write(_diff(result, ns.script))
-    for line in report(result, ns.script):
+    elsewhere = _trained_elsewhere(ns.script, result)
+    for line in report(result, ns.script) + elsewhere:
         print(line, file=sys.stderr)
     if result.refused:
         return SCRIPT_FAILED
@@ -180,10 +181,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = ns.output or ns.script
         return usage_error(PROG, f"cannot write {where!r} ({exc.__class__.__name__}: {exc.strerror or exc}); "
                                  "expected a writable file path (its folder must exist)")
-    code = SCRIPT_FAILED if result.left else 0
+    code = SCRIPT_FAILED if result.left or elsewhere else 0
     if ns.verify:
         code = max(code, _verify(result, ns, written, encoding))
     return code
+
+
+def _trained_elsewhere(script: str, result) -> list[str]:
+    """The line for a script that prepares no model and converts no loader, but imports modules of its folder:
+    its training loop is likely there (minGPT's Trainer), and converting the script alone distributes nothing."""
+    if result.refused or "prepare_model(" in result.text or "data_loader(" in result.text:
+        return []
+    modules = project.files_of(script, imports=True)[1][1:]
+    if not modules:
+        return []
+    return [f"  {script}: left to you: no model is prepared and no DataLoader converted here, and the script imports "
+            f"{', '.join(modules[:3])}{' ...' if len(modules) > 3 else ''} from its folder (its training loop?): "
+            f"convert them together: ddpkit convert --imports {script}"]
 
 
 def _write(result, ns: argparse.Namespace, encoding: str) -> str | None:
