@@ -347,3 +347,24 @@ def test_a_model_moved_under_an_if_is_prepared_on_every_path(body):
     text = convert("use_gpu = use_cuda = torch.cuda.is_available()\n" + body).text
     assert "net = ddpkit.prepare_model(Net())" in text, text
     assert text.count("prepare_model") == 1, text
+
+
+def test_a_draw_in_a_function_called_every_step_is_no_split_and_stays_as_it_is():
+    """The second held-out run: mixup's ``index = torch.randperm(batch_size)`` in a helper the training loop calls
+    was given ``generator=torch.Generator().manual_seed(0)``: the same pairing for every batch, at 1 process too."""
+    text = plan(HEAD + textwrap.dedent("""
+        def mixup(x, y):
+            index = torch.randperm(x.size(0))
+            return 0.5 * x + 0.5 * x[index], y
+
+        net = nn.Linear(4, 2)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        loader = DataLoader(ds, batch_size=8, shuffle=True)
+        for x, y in loader:
+            x, y = mixup(x, y)
+            opt.zero_grad()
+            nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
+        """)).text
+    assert "index = torch.randperm(x.size(0))" in text and "manual_seed(0)" not in text, text
+    assert "ddpkit.prepare_model(" in text  # the rest converted
