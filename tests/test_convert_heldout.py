@@ -368,3 +368,21 @@ def test_a_draw_in_a_function_called_every_step_is_no_split_and_stays_as_it_is()
         """)).text
     assert "index = torch.randperm(x.size(0))" in text and "manual_seed(0)" not in text, text
     assert "ddpkit.prepare_model(" in text  # the rest converted
+
+
+@pytest.mark.parametrize("optimizer", [
+    "params = list(encoder.parameters()) + list(decoder.parameters())\nopt = torch.optim.Adam(params, lr=0.1)\n",
+    "opt = torch.optim.Adam(list(encoder.parameters()) + list(decoder.parameters()), lr=0.1)\n",
+])
+def test_one_optimizer_over_two_models_prepares_both(optimizer):
+    """The second held-out run: a seq2seq's ``Adam(list(encoder.parameters()) + list(decoder.parameters()))``
+    prepared neither model (through a name) or only the first: the ranks trained copies of their own."""
+    text = plan(HEAD + "encoder = Encoder()\ndecoder = Decoder()\n" + optimizer + textwrap.dedent("""
+        loader = DataLoader(ds, batch_size=8, shuffle=True)
+        for x, y in loader:
+            opt.zero_grad()
+            nn.functional.mse_loss(decoder(encoder(x)), y).backward()
+            opt.step()
+        """)).text
+    assert "encoder = ddpkit.prepare_model(Encoder())" in text and "decoder = ddpkit.prepare_model(Decoder())" in \
+        text, text

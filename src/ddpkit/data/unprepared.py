@@ -20,7 +20,8 @@ from typing import Any
 
 from ddpkit.core import process
 
-_HANDLE: list[Any] = []  # the optimizer hook while it waits for the first step (one per process)
+_HANDLE: list[Any] = []  # the optimizer hook (one per process); it stays, a no-op once it has checked: removing a
+# global hook from inside it mutates the dict torch is iterating (another tool's hook after it then fails the step)
 SAID = ("ddpkit: the training loader shards every batch across {n} processes, but no model went through "
         "ddpkit.prepare_model() before the first optimizer.step(): each rank would train its own copy on its own "
         "part of the data; pass the model the optimizer trains through model = ddpkit.prepare_model(model) on "
@@ -36,10 +37,10 @@ def watch() -> None:
 
 
 def _first_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-    handle = _HANDLE.pop() if _HANDLE else None
-    if handle is not None:
-        handle.remove()
-    proc = process.current()
+    proc = process.current()  # its run's state: a forked worker or a new run in a notebook checks again
+    if proc.step_checked:
+        return
+    proc.step_checked = True
     state = proc.state
     if state is None or state.world_size < 2 or proc.prepared or _wrapped_by_hand(optimizer):
         return

@@ -155,21 +155,32 @@ class _Work:
     # the model: what an optimizer trains
     def _models(self) -> None:
         for call in self.facts.calls:
-            target = _trained(call)
-            if target is None:
-                continue
-            binding = self._model_binding(target, call) if target else None
-            if binding is None and not target:
-                self.leave(call.line, "the model this optimizer trains is built inside the optimizer call",
-                           "build it first: model = ddpkit.prepare_model(Net()), then the optimizer over "
-                           "model.parameters()", blocks=True)
-            elif binding is None:
-                self.leave(call.line, f"the model {target!r} this optimizer trains: where it is built was not "
-                           "found", f"wrap it yourself where it is built: {target} = ddpkit.prepare_model("
-                           f"{target})", blocks=True)
-            elif all(b is not binding for b in self.models):
-                self.models.append(binding)
-                self._wrap(binding, call)
+            for target in self._trained_all(call):
+                self._model_of(target, call)
+
+    def _trained_all(self, call: Call) -> list[str]:
+        """Every model an optimizer call trains (:func:`_trained`), also through a name its argument is bound to
+        (``params = list(enc.parameters()) + list(dec.parameters()); Adam(params)``: both)."""
+        found = _trained(call)
+        if found or not _optimizer(call) or not call.node.args:
+            return found
+        name = dotted(call.node.args[0].value)
+        bound = binding_of(self.facts, name, call.scope, call.line) if name else None
+        return [t for t in _parameters_of(bound.value) if t] if bound is not None and bound.value is not None else []
+
+    def _model_of(self, target: str, call: Call) -> None:
+        binding = self._model_binding(target, call) if target else None
+        if binding is None and not target:
+            self.leave(call.line, "the model this optimizer trains is built inside the optimizer call",
+                       "build it first: model = ddpkit.prepare_model(Net()), then the optimizer over "
+                       "model.parameters()", blocks=True)
+        elif binding is None:
+            self.leave(call.line, f"the model {target!r} this optimizer trains: where it is built was not "
+                       "found", f"wrap it yourself where it is built: {target} = ddpkit.prepare_model("
+                       f"{target})", blocks=True)
+        elif all(b is not binding for b in self.models):
+            self.models.append(binding)
+            self._wrap(binding, call)
 
     def _model_binding(self, target: str, call: Call) -> Binding | None:
         parts = target.split(".")
@@ -264,19 +275,30 @@ def _within(stmt: cst.CSTNode | None, node: cst.CSTNode) -> bool:
     return stmt is not None and any(found is stmt for found in m.findall(node, m.SimpleStatementLine()))
 
 
-def _trained(call: Call) -> str | None:
-    """The model an optimizer call trains: ``M`` of ``Adam(M.parameters())`` (``M.fc.parameters()``,
-    ``filter(..., M.parameters())``, parameter groups) or of ``M.configure_optimizers(...)``."""
+def _optimizer(call: Call) -> bool:
+    return call.last in OPTIMIZERS and (call.name or "").startswith(("torch.optim", call.last))
+
+
+def _trained(call: Call) -> list[str]:
+    """The models an optimizer call trains: ``M`` of ``Adam(M.parameters())`` (``M.fc.parameters()``,
+    ``filter(..., M.parameters())``, parameter groups, ``list(a.parameters()) + list(b.parameters())``: each) or
+    of ``M.configure_optimizers(...)``; ``[""]``: a model built in the call itself (``SGD(Net().parameters())``)."""
     if call.last == "configure_optimizers" and isinstance(call.node.func, cst.Attribute):
-        return dotted(call.node.func.value)
-    if call.last not in OPTIMIZERS or not (call.name or "").startswith(("torch.optim", call.last)):
-        return None
+        return [dotted(call.node.func.value) or ""]
+    if not _optimizer(call):
+        return []
+    found: list[str] = []
     for arg in call.node.args:
-        for node in m.findall(arg.value, m.Call()):  # in the order a visit meets them: the outermost first
-            func = node.func if isinstance(node, cst.Call) else None
-            if isinstance(func, cst.Attribute) and func.attr.value in ("parameters", "named_parameters"):
-                return dotted(func.value) or ""  # "": built in the call itself (optim.SGD(Net().parameters()))
-    return None
+        found += _parameters_of(arg.value)
+    return list(dict.fromkeys(found))
+
+
+def _parameters_of(node: cst.CSTNode) -> list[str]:
+    """``M`` of every ``M.parameters()`` / ``M.named_parameters()`` in ``node``, in the order a visit meets them
+    ("" for one built in place)."""
+    return [dotted(call.func.value) or "" for call in m.findall(node, m.Call())
+            if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
+            and call.func.attr.value in ("parameters", "named_parameters")]
 
 
 def _prepared(value: cst.BaseExpression | None, aliases: dict[str, str]) -> bool:
