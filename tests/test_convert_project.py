@@ -50,3 +50,14 @@ def test_a_folder_converts_every_file_and_one_refused_file_writes_none(tmp_path)
     assert {p: p.read_bytes() for p in project.rglob("*.py")} == before
     r = run_cmd(CONVERT + ["--verify", str(project)], timeout=60)
     assert r.returncode == 2 and "--verify runs one script" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_a_script_that_hands_its_training_to_a_module_elsewhere_says_so(tmp_path):
+    """minGPT's projects/chargpt/chargpt.py imports its Trainer from a package outside the script's folder; the
+    held-out run converted its prints, exit 0, and every rank trained alone."""
+    script = tmp_path / "chargpt.py"
+    script.write_text("import torch\nfrom mingpt.trainer import Trainer\nfrom mingpt.model import GPT\n"
+                      "model = GPT()\ntrainer = Trainer(model)\ntrainer.run()\nprint('done')\n")
+    r = run_cmd(CONVERT + [str(script)], timeout=60)
+    assert r.returncode == 1 and "left to you: no training loop here" in r.stderr, r.stderr
+    assert "ddpkit convert --imports" in r.stderr and "ddpkit convert FOLDER" in r.stderr

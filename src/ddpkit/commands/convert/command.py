@@ -38,6 +38,7 @@ from ddpkit.core.atomic import write_atomically
 from ddpkit.core.errors import SCRIPT_FAILED, UsageError
 
 PROG = "ddpkit convert"
+TRAINS = {"run", "fit", "train_model", "run_training", "train_loop", "training_loop"}  # or a train(...) of a module
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -193,11 +194,22 @@ def _trained_elsewhere(script: str, result) -> list[str]:
     if result.refused or "prepare_model(" in result.text or "data_loader(" in result.text:
         return []
     modules = project.files_of(script, imports=True)[1][1:]
-    if not modules:
+    if modules:
+        return [f"  {script}: left to you: no model is prepared and no DataLoader converted here, and the script "
+                f"imports {', '.join(modules[:3])}{' ...' if len(modules) > 3 else ''} from its folder (its training "
+                f"loop?): convert them together: ddpkit convert --imports {script}"]
+    calls = [node for node in ast.walk(ast.parse(result.source)) if isinstance(node, ast.Call)]
+    called = {node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+              for node in calls}
+    # what hands the training to another module: train(epoch), trainer.run(), Trainer(...), model.fit(...)
+    hands = any(name in TRAINS or "Trainer" in name for name in called) or any(
+        node.args and (isinstance(node.func, ast.Name) and node.func.id == "train" or
+                       isinstance(node.func, ast.Attribute) and node.func.attr == "train") for node in calls)
+    if called & {"backward", "step", "DataLoader"} or not hands:
         return []
-    return [f"  {script}: left to you: no model is prepared and no DataLoader converted here, and the script imports "
-            f"{', '.join(modules[:3])}{' ...' if len(modules) > 3 else ''} from its folder (its training loop?): "
-            f"convert them together: ddpkit convert --imports {script}"]
+    return [f"  {script}: left to you: no training loop here (no backward, optimizer step or DataLoader), so nothing "
+            "is distributed: if a module it imports trains (a Trainer's run()), convert that module with it: ddpkit "
+            f"convert --imports {script}, or ddpkit convert FOLDER for a package outside the script's folder"]
 
 
 def _write(result, ns: argparse.Namespace, encoding: str) -> str | None:
