@@ -386,3 +386,11 @@ def test_one_optimizer_over_two_models_prepares_both(optimizer):
         """)).text
     assert "encoder = ddpkit.prepare_model(Encoder())" in text and "decoder = ddpkit.prepare_model(Decoder())" in \
         text, text
+
+
+def test_a_loader_imported_from_torchs_defining_module_is_a_dataloader():
+    """minGPT's trainer imports ``from torch.utils.data.dataloader import DataLoader``: its loop was refused as
+    batches "fed by hand"."""
+    text = plan("import torch\nfrom torch import nn\nfrom torch.utils.data.dataloader import DataLoader\n"
+                + "net = nn.Linear(4, 2)\n" + LOOP).text
+    assert "ddpkit.data_loader(" in text and "ddpkit.prepare_model(" in text, text

@@ -161,13 +161,25 @@ def _import_aliases(module: cst.Module) -> tuple[dict[str, str], list[cst.Simple
     return aliases, lines
 
 
+# torch's modules that define what the package exports: a name imported from one is the package's
+# (minGPT's ``from torch.utils.data.dataloader import DataLoader`` is torch.utils.data.DataLoader)
+CANONICAL = {"torch.utils.data.dataloader.": "torch.utils.data.", "torch.utils.data.dataset.": "torch.utils.data.",
+             "torch.utils.data.sampler.": "torch.utils.data."}
+
+
 def resolve(name: str | None, aliases: dict[str, str]) -> str | None:
-    """``nn.Linear`` -> ``torch.nn.Linear`` when the script did ``from torch import nn``."""
+    """``nn.Linear`` -> ``torch.nn.Linear`` when the script did ``from torch import nn``; a name of a defining
+    module as the package's (:data:`CANONICAL`).
+
+    >>> resolve("DataLoader", {"DataLoader": "torch.utils.data.dataloader.DataLoader"})
+    'torch.utils.data.DataLoader'
+    """
     if name is None:
         return None
     head, _, rest = name.partition(".")
     full = aliases.get(head, head)
-    return f"{full}.{rest}" if rest else full
+    full = f"{full}.{rest}" if rest else full
+    return next((to + full[len(prefix):] for prefix, to in CANONICAL.items() if full.startswith(prefix)), full)
 
 
 def _targets(target: cst.BaseExpression) -> Iterator[tuple[str, int]]:
