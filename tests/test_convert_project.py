@@ -2,28 +2,53 @@
 and Trainer; ``mingpt/trainer.py`` moves the model, builds the DataLoader and runs the loop). Converting the script
 alone prepared no model ("cannot compare"); ``--imports`` converts it with the modules it imports, and a folder
 converts every file; one refused file leaves every file as it was."""
-import shutil
 import sys
+
+import pytest
 
 from conftest import ROOT, run_cmd
 
-PROJECT = ROOT / "tests" / "convert_corpus" / "mingpt_project"
+CORPUS = ROOT / "tests" / "convert_corpus" / "char_transformer.py"
 CONVERT = [sys.executable, "-m", "ddpkit", "convert"]
+# the corpus script's sections (between its "# ----" lines) as minGPT lays them out, each with the imports it needs
+LAYOUT = {"mingpt/utils.py": ([1], "import random\n\nimport torch\n"),
+          "mingpt/model.py": ([2], "import math\n\nimport torch\nimport torch.nn as nn\nfrom torch.nn import "
+                                   "functional as F\n\nfrom mingpt.utils import CN\n"),
+          "mingpt/trainer.py": ([3], "import time\nfrom collections import defaultdict\n\nimport torch\nfrom "
+                                     "torch.utils.data import DataLoader\n\nfrom mingpt.utils import CN\n"),
+          "chargpt.py": ([4, 5], "import argparse\nimport random\n\nimport torch\nfrom torch.utils.data import "
+                                 "Dataset\n\nfrom mingpt.model import GPT\nfrom mingpt.trainer import Trainer\n"
+                                 "from mingpt.utils import CN, set_seed\n"),
+          "mingpt/__init__.py": ([], "")}
 
 
-def test_the_script_alone_says_its_training_is_in_the_modules_it_imports():
+@pytest.fixture
+def project(tmp_path):
+    """tests/convert_corpus/char_transformer.py split into a minGPT-shaped project: the script beside a package
+    that holds the model, the Trainer (its device, the model's move, its DataLoader and loop) and the helpers."""
+    text = CORPUS.read_text()
+    sections = text.split("\n# " + "-" * 77 + "\n")
+    assert len(sections) == 6, len(sections)
+    root = tmp_path / "project"
+    for name, (parts, head) in LAYOUT.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(head + "\n" + "\n".join(sections[i] for i in parts))
+    return root
+
+
+def test_the_script_alone_says_its_training_is_in_the_modules_it_imports(project):
     """The held-out minGPT and a course's train.py (its loop in Pipeline/run.py) converted their prints, exit 0:
     launched, every rank ran the whole training alone."""
-    r = run_cmd(CONVERT + [str(PROJECT / "chargpt.py")], timeout=60)
+    r = run_cmd(CONVERT + [str(project / "chargpt.py")], timeout=60)
     assert r.returncode == 1, r.stderr
     assert "left to you: no model is prepared and no DataLoader converted here, and the script imports " \
         "mingpt/__init__.py, mingpt/model.py, mingpt/trainer.py ..." in r.stderr, r.stderr
     assert "ddpkit convert --imports" in r.stderr
 
 
-def test_a_script_and_the_modules_it_imports_convert_together_and_verify_passes(tmp_path):
+def test_a_script_and_the_modules_it_imports_convert_together_and_verify_passes(tmp_path, project):
     out = tmp_path / "out"
-    r = run_cmd(CONVERT + ["--imports", "-o", str(out), "--verify", "--steps", "3", str(PROJECT / "chargpt.py"),
+    r = run_cmd(CONVERT + ["--imports", "-o", str(out), "--verify", "--steps", "3", str(project / "chargpt.py"),
                            "--max-iters", "3"], timeout=400)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "3 of 5 file(s) changed" in r.stderr, r.stderr
@@ -32,12 +57,10 @@ def test_a_script_and_the_modules_it_imports_convert_together_and_verify_passes(
     trainer = (out / "mingpt" / "trainer.py").read_text()
     assert "ddpkit.prepare_model(" in trainer and "ddpkit.data_loader(" in trainer and "ddpkit.init()" in trainer
     assert "verify: PASS" in r.stderr, r.stderr[-3000:]
-    assert (PROJECT / "mingpt" / "trainer.py").read_text().count("ddpkit") == 0  # the originals untouched
+    assert (project / "mingpt" / "trainer.py").read_text().count("ddpkit") == 0  # the originals untouched
 
 
-def test_a_folder_converts_every_file_and_one_refused_file_writes_none(tmp_path):
-    project = tmp_path / "project"
-    shutil.copytree(PROJECT, project, ignore=shutil.ignore_patterns("__pycache__"))
+def test_a_folder_converts_every_file_and_one_refused_file_writes_none(project):
     r = run_cmd(CONVERT + [str(project)], timeout=120)  # the diffs, nothing written
     assert r.returncode == 0 and "3 of 5 file(s) changed" in r.stderr, r.stderr
     assert r.stdout.count("+++ ") == 3 and "ddpkit.prepare_model(" in r.stdout

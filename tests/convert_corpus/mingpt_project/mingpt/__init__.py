@@ -1,1 +1,0 @@
-"""A minGPT-shaped project: the trainer and the model in a package, the script beside it."""
