@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -88,7 +89,7 @@ def write(job: Planned, channel: Any) -> None:
     rank's post and writes ``.metadata``. Raises :class:`PeerWriteError` naming the rank whose write failed
     (this one's own failure is posted first, for rank 0)."""
     try:
-        with channel.pulsing() if channel is not None else _nothing():
+        with channel.pulsing() if channel is not None else contextlib.nullcontext():
             done = job.writer.write_data(job.plan, job.planner)
             done.wait()
             mine = [_as_json(result) for result in done.value()]
@@ -107,14 +108,6 @@ def write(job: Planned, channel: Any) -> None:
         if channel is not None:
             channel.record(said)
         raise PeerWriteError(*said) from exc
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 def _as_json(result: Any) -> list[Any]:
