@@ -295,7 +295,7 @@ def test_a_seed_set_in_the_caller_of_the_function_that_splits_keeps_the_split():
 def test_a_returned_loader_is_followed_to_where_its_caller_binds_it_and_said_as_returned_when_it_cannot_be():
     body = "def get_loader(ds):\n    return DataLoader(ds, batch_size=8, shuffle=True)\nnet = Net()\n" \
            "opt = torch.optim.SGD(net.parameters(), lr=0.1)\ntrain_loader = get_loader(ds)\n" \
-           "for x, y in train_loader:\n    net(x).sum().backward()\n"
+           "for x, y in train_loader:\n    net(x).mean().backward()\n"
     result = convert(body, "")
     assert "return ddpkit.data_loader(ds, global_batch_size=8, shuffle=True)" in lines(result) and not result.left
     lost = convert(body.replace("train_loader = get_loader(ds)\n", "").replace("in train_loader", "in get_loader(ds)"),
@@ -394,3 +394,22 @@ def test_a_loader_imported_from_torchs_defining_module_is_a_dataloader():
     text = plan("import torch\nfrom torch import nn\nfrom torch.utils.data.dataloader import DataLoader\n"
                 + "net = nn.Linear(4, 2)\n" + LOOP).text
     assert "ddpkit.data_loader(" in text and "ddpkit.prepare_model(" in text, text
+
+
+@pytest.mark.parametrize("step, optimizer, listed", [
+    ("nn.functional.cross_entropy(net(x), y, reduction='none').sum().backward()", "SGD", True),
+    ("nn.functional.cross_entropy(net(x), y, reduction='sum').backward()", "SGD", True),
+    ("nn.functional.cross_entropy(net(x), y).backward()", "SGD", False),
+    ("nn.functional.cross_entropy(net(x), y, reduction='sum').backward()", "Adam", False),  # scale-free steps
+])
+def test_a_summed_training_loss_is_listed_and_an_evaluations_is_not(step, optimizer, listed):
+    """The second held-out run: cifar10_demo's ``loss.sum().backward()`` converted without a word (each step 1/N of
+    the original's at N processes). An evaluation's ``reduction='sum'`` (pytorch/examples' test()) is no step's,
+    and Adam's step does not change with the gradient's scale (pytorch/examples' VAE sums its loss)."""
+    result = plan(HEAD + f"net = nn.Linear(4, 2)\nopt = torch.optim.{optimizer}(net.parameters(), lr=0.1)\n"
+                  "loader = DataLoader(ds, batch_size=8, shuffle=True)\nfor x, y in loader:\n    opt.zero_grad()\n"
+                  f"    {step}\n    opt.step()\n"
+                  "test_loader = DataLoader(ds, batch_size=8)\nwith torch.no_grad():\n    for x, y in test_loader:\n"
+                  "        total = nn.functional.cross_entropy(net(x), y, reduction='sum').item()\n")
+    said = [x for x in result.left if "the training loss is a sum over the batch" in x.what]
+    assert len(said) == (1 if listed else 0) and all(x.line == 9 and not x.blocks for x in said), result.left

@@ -23,6 +23,7 @@ from typing import Any
 
 import libcst as cst
 
+from ddpkit.commands.check.rules import OPTIMIZERS
 from ddpkit.commands.convert.flow import DEPTH, argument_for, callee
 from ddpkit.commands.convert.inits import node_ids
 from ddpkit.commands.convert.scan import Call, Loop, dotted, names_in
@@ -126,3 +127,37 @@ def _read_in_training(work: _Work, names: set[str], loops: list[Loop]) -> tuple[
         if name in names and id(node) in inside and id(node) not in quiet:
             return name, line
     return None
+
+
+# optimizers whose step is normalised by the gradient's own size: a sum's 1/N scale leaves it as it was (the
+# pytorch/examples VAE sums its loss and trains with Adam)
+SCALE_FREE = {"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop", "SparseAdam"}
+SUMMED = ("the training loss is a sum over the batch, not a mean: DDP averages the ranks' gradients, so each "
+          "rank's sum over B/N samples makes every step 1/N of the original's")
+
+
+def summed_loss(work: _Work) -> None:
+    """A training loss summed over the batch (``loss.sum().backward()``, ``reduction='sum'`` in a training loop or
+    a function it calls), stepped by an optimizer whose step follows the gradient's scale (SGD; not Adam's kin):
+    listed once, with the fix (converting it silently gave steps N times smaller; ``ddpkit verify`` names it)."""
+    stepping = {c.last for c in work.facts.calls if c.last in OPTIMIZERS}
+    if not work.models or stepping and stepping <= SCALE_FREE:
+        return
+    backwards = [c for c in work.facts.calls if c.last == "backward"]
+    training = {id(loop) for c in backwards for loop in c.loops}  # an evaluation's summed loss is no step's
+    # and the functions a training loop calls (the VAE's loss_function(recon, x, mu, logvar))
+    helpers = {id((callee(work.facts, c) or (None,))[0]) for c in work.facts.calls
+               if any(id(loop) in training for loop in c.loops)}
+    for call in work.facts.calls:
+        func = call.node.func
+        summed_backward = call.last == "backward" and isinstance(func, cst.Attribute) and \
+            isinstance(func.value, cst.Call) and isinstance(func.value.func, cst.Attribute) and \
+            func.value.func.attr.value == "sum"
+        summed_reduction = any(a.keyword is not None and a.keyword.value == "reduction" and
+                               isinstance(a.value, cst.SimpleString) and a.value.evaluated_value == "sum"
+                               for a in call.node.args)
+        trains = any(id(loop) in training for loop in call.loops) or id(call.scope) in helpers
+        if summed_backward or summed_reduction and trains:
+            work.leave(call.line, SUMMED, "average it (reduction='mean', loss.mean()), or keep the sum and multiply "
+                       "it by the number of processes (loss.sum() * state.world_size) where it trains")
+            return

@@ -24,7 +24,7 @@ from libcst import matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ddpkit.commands.check.rules import OPTIMIZERS
-from ddpkit.commands.convert import device, inits, loaders, parallel, rules, splits
+from ddpkit.commands.convert import batch, device, inits, loaders, parallel, rules, splits
 from ddpkit.commands.convert.apply import Edits, first_use, rewrite
 from ddpkit.commands.convert.flow import binding_of
 from ddpkit.commands.convert.scan import Binding, Call, Facts, Scope, dotted, parse, resolve, scan
@@ -136,6 +136,7 @@ class _Work:
         parallel.modules(self)
         loaders.loaders(self)
         splits.splits(self, any(c.name in (loaders.LOADER, "ddpkit.data_loader") for c in self.facts.calls))
+        batch.summed_loss(self)
         rules.outputs(self)
 
     def _convertible(self) -> bool:
