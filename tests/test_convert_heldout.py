@@ -413,3 +413,25 @@ def test_a_summed_training_loss_is_listed_and_an_evaluations_is_not(step, optimi
                   "        total = nn.functional.cross_entropy(net(x), y, reduction='sum').item()\n")
     said = [x for x in result.left if "the training loss is a sum over the batch" in x.what]
     assert len(said) == (1 if listed else 0) and all(x.line == 9 and not x.blocks for x in said), result.left
+
+
+def test_a_shuffled_loader_named_for_evaluation_is_refused_saying_why_its_name_was_not_trusted():
+    """The second held-out run: a GRU classifier's ``test_loader = DataLoader(..., shuffle=True)``, looped with no
+    eval() or no_grad, was refused without a word on its name (docs: a name such as test_loader is trusted)."""
+    source = HEAD + textwrap.dedent("""
+        net = nn.Linear(4, 2)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        train_loader = DataLoader(ds, batch_size=8, shuffle=True)
+        test_loader = DataLoader(test_set, batch_size=8, shuffle=True)
+        for x, y in train_loader:
+            opt.zero_grad()
+            nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
+        for x, y in test_loader:
+            correct = (net(x).argmax(1) == y).sum()
+        """)
+    result = plan(source)
+    said = [x.what for x in result.left if x.blocks]
+    assert result.refused and said and "its name says evaluation, but it shuffles (shuffle=True)" in said[0], said
+    assert "its name says" not in " ".join(x.what for x in plan(source.replace("test_set, batch_size=8, shuffle=True",
+                                                                              "test_set, batch_size=8")).left)

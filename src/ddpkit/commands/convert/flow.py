@@ -207,11 +207,8 @@ def role(facts: Facts, loops: list[Loop], binding: Binding | None, call: Call) -
     """``train``, ``eval`` or None, from what the loops over the loader do; a loader no loop is found for
     (built in one place, iterated through an expression this cannot follow) by its shuffle= and names."""
     loops = [loop for loop in loops if not peek(loop)]
-    shuffle = next((a.value for a in call.node.args if a.keyword is not None and a.keyword.value == "shuffle"), None)
-    shuffled = isinstance(shuffle, cst.Name) and shuffle.value == "True"
-    words = " ".join(filter(None, [binding.target if binding else None,
-                                   facts.code(call.node.args[0].value) if call.node.args else None])).lower()
-    named_eval = not shuffled and "train" not in words and any(w in words for w in ("test", "val", "eval"))
+    shuffled, words = _naming(facts, binding, call)
+    named_eval = not shuffled and _eval_named(words)
     if loops:
         kinds = {"train" if trains(facts, loop) else "eval" if evaluates(facts, loop) else None for loop in loops}
         if kinds == {None} and named_eval:  # no backward in its loops, and named for evaluation: both agree
@@ -220,6 +217,24 @@ def role(facts: Facts, loops: list[Loop], binding: Binding | None, call: Call) -
     if shuffled or "train" in words:
         return "train"
     return "eval" if named_eval else None
+
+
+def _naming(facts: Facts, binding: Binding | None, call: Call) -> tuple[bool, str]:
+    """(the loader shuffles, the words of its name and its dataset's, lower case)."""
+    shuffle = next((a.value for a in call.node.args if a.keyword is not None and a.keyword.value == "shuffle"), None)
+    words = " ".join(filter(None, [binding.target if binding else None,
+                                   facts.code(call.node.args[0].value) if call.node.args else None])).lower()
+    return isinstance(shuffle, cst.Name) and shuffle.value == "True", words
+
+
+def _eval_named(words: str) -> bool:
+    return "train" not in words and any(w in words for w in ("test", "val", "eval"))
+
+
+def shuffled_eval_name(facts: Facts, binding: Binding | None, call: Call) -> bool:
+    """Named for evaluation (``test_loader``) but shuffled: why its name alone was not trusted."""
+    shuffled, words = _naming(facts, binding, call)
+    return shuffled and _eval_named(words)
 
 
 def roles_said(facts: Facts, loops: list[Loop]) -> str:

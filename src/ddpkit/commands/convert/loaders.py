@@ -138,7 +138,9 @@ def _loader(work: _Work, call: Call) -> bool:
                    "ddpkit.data_loader(dataset, batch_size) to train, or train=False to evaluate")
         return False
     if role is None:
-        work.leave(call.line, f"a DataLoader whose role cannot be told: {roles_said(work.facts, loops)}",
+        named = "; its name says evaluation, but it shuffles (shuffle=True), and a name is trusted only for a " \
+            "loader read in order" if flow.shuffled_eval_name(work.facts, binding, call) else ""
+        work.leave(call.line, f"a DataLoader whose role cannot be told: {roles_said(work.facts, loops)}{named}",
                    "convert it yourself: ddpkit.data_loader(dataset, batch_size) to train, "
                    "ddpkit.data_loader(..., train=False) to evaluate (one loader per role)", blocks=True)
         return False
