@@ -142,6 +142,11 @@ def test_rank_zero_reads_each_post_bounded_and_names_a_rank_that_failed():
     Channel(store, 1, 2, "t/failed", 5.0).record([1, "OSError: [Errno 28] No space left on device", True])
     with pytest.raises(PeerWriteError, match=r"rank 1: OSError: \[Errno 28\]"):
         failed.writes(1000)
+    for crafted in (b"not json", b'["x", 1, true]', b"[1, " + b"[" * 100 + b"]" * 100 + b", true]"):
+        garbled = Channel(store, 0, 2, f"t/garbled{len(crafted)}", 5.0)
+        store.set(f"t/garbled{len(crafted)}/failed/1", crafted)  # a peer's record that is no [rank, reason, io]
+        with pytest.raises(PeerWriteError, match=r"^rank 1: its write failed \(its record of why was refused\)$"):
+            garbled.writes(1000)
 
 
 def test_a_post_over_the_stores_8_mb_goes_in_parts_and_is_removed_once_read():

@@ -78,40 +78,31 @@ def validate(path: str, part: tuple[int, int] = (0, 1)) -> str | None:
     """None when ``path`` is a complete checkpoint whose files all match the manifest, else the reason.
     ``part=(i, n)`` hashes only every n-th file from the i-th (the ranks of a job share the reads).
     Every name is confined to ``path`` as a regular file before it is opened (:mod:`ddpkit.checkpoint.confine`)."""
-    problem = confine.directory_problem(path)
-    if problem:
-        return problem
-    try:
-        listed = confine.read_json(path, "manifest.json")
-        problem = _listing_problem(listed)
-        if problem:
-            return problem
-        for name, meta in sorted(listed["files"].items())[part[0]::part[1]]:
-            problem = _mismatch(path, name, meta)
-            if problem:
-                return problem
-    except OSError as exc:
-        return f"unreadable file ({exc})"
-    except ValueError as exc:  # confine.UnsafeCheckpoint: its one line says what, what was expected, what to do
-        return str(exc)
-    return None
+    return confine.directory_problem(path) or _matching(path, lambda files: sorted(files)[part[0]::part[1]])
 
 
 def unchanged(path: str, names: list[str]) -> str | None:
     """None when each of ``names`` (files of checkpoint ``path``) matches the manifest as this process sees it,
     else the reason. A rank checks so the files it is about to read: :func:`validate` splits the hashing between
     the ranks, which proves nothing of a file on a node whose copy another rank did not hash."""
+    return _matching(path, lambda files: names)
+
+
+def _matching(path: str, pick: Callable[[dict[str, Any]], list[str]]) -> str | None:
+    """None when the files ``pick`` takes of the manifest's are there and match it, else the reason."""
     try:
         listed = confine.read_json(path, "manifest.json")
         problem = _listing_problem(listed)
-        for name in names:
-            meta = listed["files"].get(name) if not problem else None
-            problem = problem or (f"{name} is not in the manifest" if meta is None else _mismatch(path, name, meta))
+        if problem:
+            return problem
+        for name in pick(listed["files"]):
+            meta = listed["files"].get(name)
+            problem = f"{name} is not in the manifest" if meta is None else _mismatch(path, name, meta)
             if problem:
                 return problem
     except OSError as exc:
         return f"unreadable file ({exc})"
-    except ValueError as exc:
+    except ValueError as exc:  # confine.UnsafeCheckpoint: its one line says what, what was expected, what to do
         return str(exc)
     return None
 
