@@ -435,3 +435,36 @@ def test_a_shuffled_loader_named_for_evaluation_is_refused_saying_why_its_name_w
     assert result.refused and said and "its name says evaluation, but it shuffles (shuffle=True)" in said[0], said
     assert "its name says" not in " ".join(x.what for x in plan(source.replace("test_set, batch_size=8, shuffle=True",
                                                                               "test_set, batch_size=8")).left)
+
+
+@pytest.mark.parametrize("body", [
+    # mixup-cifar10: restored in one branch, built in the other, then a DataParallel branch convert deletes
+    "if args.resume:\n    checkpoint = torch.load(path)\n    net = checkpoint['net']\nelse:\n    net = Net()\n"
+    "if use_cuda:\n    net.cuda()\n    net = torch.nn.DataParallel(net)\n",
+    "if args.arch == 'a':\n    net = A()\nelif args.arch == 'b':\n    net = B()\nelse:\n    net = Net()\n",
+    "if args.pretrained:\n    if args.big:\n        net = Big()\n    else:\n        net = Small()\n"
+    "else:\n    net = Net()\n",
+])
+def test_a_model_bound_in_every_branch_of_an_if_is_prepared_below_it(body):
+    """The second held-out run: mixup-cifar10's model was prepared in the ``else`` (its build), so a resumed run
+    trained an unwrapped model (stopped at its first step by the runtime check; before that check, a copy per
+    rank). Every branch binds the model: it is prepared once, below the whole ``if``."""
+    text = convert(body).text
+    assert text.count("prepare_model") == 1 and "\nnet = ddpkit.prepare_model(net)\n" in text, text
+    assert below(text, "net = Net()", "net = ddpkit.prepare_model(net)"), text
+
+
+def test_a_part_of_the_model_replaced_after_its_build_comes_before_the_wrap():
+    """``model.fc = nn.Linear(...)`` on a pretrained network (a new head) landed on the DDP wrapper, below the
+    wrap, and the wrapped network kept its old head. Also after an ``if`` that builds it in every branch."""
+    for body in ("net = Net()\nnet.fc = nn.Linear(4, 2)\n",
+                 "if args.pretrained:\n    net = Net(weights='x')\nelse:\n    net = Net()\nnet.fc = nn.Linear(4, 2)\n"):
+        text = convert(body).text
+        assert text.count("prepare_model") == 1 and below(text, "net.fc = nn.Linear(4, 2)",
+                                                          "net = ddpkit.prepare_model(net)"), text
+
+
+def test_a_model_built_in_a_branch_that_also_trains_it_is_prepared_in_that_branch():
+    loop = "".join(f"    {line}\n" for line in LOOP.strip().splitlines())
+    text = plan(HEAD + "if args.train:\n    net = Net()\n" + loop + "else:\n    net = Other()\n").text
+    assert "    net = ddpkit.prepare_model(Net())" in text and text.count("prepare_model") == 1, text

@@ -366,3 +366,13 @@ def test_each_attempt_a_restart_recovered_from_is_named_with_its_log(tmp_path):
     assert lines[1] == (f"ddpkit launch: attempt 2 failed (no rank raised a Python exception; the logs: "
                         f"{logs}/run/attempt_1); restarted"), lines
     assert len(lines) == 2  # attempt 2 is the last one: its outcome is the run's
+
+
+def test_a_scripts_own_options_after_its_path_reach_it_whatever_they_abbreviate():
+    """`ddpkit launch train.py --n 3 --nproc 2` stopped with "ambiguous option: --n could match --nnodes, ..."
+    (torch's parser matched the script's options as prefixes of its own)."""
+    from ddpkit.launcher.supervise import torchrun_args
+
+    ns = torchrun_args(torchrun_argv(parse_args([SCRIPT, "--n", "3", "--nproc", "2", "--nnodes", "4"], gpus=0)))
+    assert ns.training_script == SCRIPT and ns.training_script_args == ["--n", "3", "--nproc", "2", "--nnodes", "4"]
+    assert "4" not in ns.nnodes

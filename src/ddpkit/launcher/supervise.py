@@ -173,11 +173,25 @@ def _loopback_port_problem(port: int) -> str | None:
     return None
 
 
+def torchrun_args(argv: list[str]):
+    """torch's launcher parser over ``argv``, options taken by their whole names only: with torch's prefix
+    matching, a script's own ``--n 3`` or ``--nproc 2`` after its path was read as an abbreviation of the
+    launcher's options and stopped the launch ("ambiguous option: --n could match --nnodes, ...").
+
+    >>> torchrun_args(["--nproc-per-node", "1", "train.py", "--n", "3"]).training_script_args
+    ['--n', '3']
+    """
+    from torch.distributed.run import get_args_parser
+
+    parser = get_args_parser()
+    parser.allow_abbrev = False
+    return parser.parse_args(argv)
+
+
 def _supervise(cfg: LaunchConfig, report_dir: str) -> int:
     """torch's launcher runs the workers; the console tail shows them; a failure becomes one report."""
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import get_args_parser
     from torch.distributed.run import run as torchrun
 
     from ddpkit.launcher import rendezvous
@@ -193,7 +207,7 @@ def _supervise(cfg: LaunchConfig, report_dir: str) -> int:
     restarts = RestartNotice(tail.say, None if cfg.elastic else tail.first_rank, cfg.max_restarts)
     try:
         with torch_logs(os.path.join(log_dir, "launcher.log"), cfg.verbose, restarts):
-            torchrun(get_args_parser().parse_args(torchrun_argv(cfg, log_dir)))
+            torchrun(torchrun_args(torchrun_argv(cfg, log_dir)))
     except ChildFailedError as exc:
         tail.stop()
         _say_phases(report_dir, log_dir)

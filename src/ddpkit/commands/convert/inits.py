@@ -42,17 +42,19 @@ INIT_METHODS = ("reset_parameters", "init_weights", "_init_weights", "initialize
                 "reset_weights", "init_params")  # a model's own (re-)initialisation
 
 
-def place(work: _Work, binding: Binding, moves: list[Call]) -> bool:
+def place(work: _Work, binding: Binding, moves: list[Call], anchor: cst.If | None = None) -> bool:
     """Wrap ``binding``'s model below the initialisations that follow its build; False (nothing done): there
-    are none, or a move to the device below them already becomes the wrap."""
-    block = _block(binding)
-    if block is None:
+    are none, or a move to the device below them already becomes the wrap. ``anchor``: the ``if`` whose every
+    branch builds the model (:mod:`ddpkit.commands.convert.branches`): the initialisations that follow it."""
+    stmt = anchor or binding.stmt
+    block = _block(stmt, binding.scope)
+    if block is None or stmt is None:
         return False
-    start = next(i for i, s in enumerate(block) if s is binding.stmt) + 1
+    start = next(i for i, s in enumerate(block) if s is stmt) + 1
     target, last, stop = binding.target, None, len(block)
     allowed = _removed(work) | {i for c in moves for i in node_ids(c.node)}
-    assert binding.stmt is not None
-    after = _after_assignment(binding.stmt, binding.value)  # ``model = Net(); model.apply(init)``: one line
+    # ``model = Net(); model.apply(init)``: one line
+    after = _after_assignment(stmt, binding.value) if isinstance(stmt, cst.SimpleStatementLine) else []
     states = [_statement(work, target, small, allowed) for small in after]
     if "use" in states:  # the wrap stays at the build: an init on its line is listed
         _late(work, target, after, binding.line)
@@ -70,7 +72,7 @@ def place(work: _Work, binding: Binding, moves: list[Call]) -> bool:
     if last is None or moved:  # the wrap stays at the build, or at a move below the inits
         _late(work, target, block[stop:], moves[-1].line if moves else binding.line)
         return False
-    value = binding.value
+    value = None if anchor is not None else binding.value  # (a build in a branch stays as it is)
     if value is not None and dotted(without_moves(value)) == target and binding.stmt is not None and \
             len(binding.stmt.body) == 1:  # ``net = net.to(device)``: prepare_model moves it, the line goes
         work.edits.remove.add(id(binding.stmt))
@@ -99,7 +101,8 @@ def _statement(work: _Work, target: str, stmt: cst.CSTNode, allowed: set[int]) -
     if any(b.target == target and id(b.stmt) in inside and id(b.stmt) not in allowed for b in work.facts.bindings):
         return "use"  # a new model under the old name
     calls = [c for c in work.facts.calls if id(c.node) in inside]
-    inits = [c for c in calls if _init(c, target, loading=True, facts=work.facts)] + _walks(work, stmt, target)
+    inits = [c for c in calls if _init(c, target, loading=True, facts=work.facts)] + _walks(work, stmt, target) + \
+        [_Node(t) for t in _set_parts(stmt, target)]
     fine = allowed | {i for c in inits for i in node_ids(c.node)} | \
         {i for c in calls if c.name in HARMLESS for i in node_ids(c.node)}
     if any(id(r[3]) not in fine for r in reads):
@@ -178,6 +181,21 @@ def _walks(work: _Work, stmt: cst.CSTNode, target: str, drawing: bool = False, f
     return [_Node(stmt.iter)] if in_place else []
 
 
+def _set_parts(stmt: cst.CSTNode, target: str) -> list[cst.BaseExpression]:
+    """The parts of ``target`` the statement assigns (``model.fc = nn.Linear(512, 2)``, a new head on a pretrained
+    network; ``model.classifier[6] = ...``): a change to the model, which must come before the wrap (after it, the
+    assignment lands on the wrapper, and the wrapped network keeps its old part)."""
+    if not isinstance(stmt, cst.SimpleStatementLine):
+        return []
+    found: list[cst.BaseExpression] = []
+    for small in stmt.body:
+        targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else \
+            [small.target] if isinstance(small, (cst.AnnAssign, cst.AugAssign)) else []
+        found += [t for t in targets if isinstance(t, (cst.Attribute, cst.Subscript)) and _refers(t, target)
+                  and dotted(t) != target]
+    return found
+
+
 class _Node:
     def __init__(self, node: cst.CSTNode):
         self.node = node
@@ -214,12 +232,11 @@ def _removed(work: _Work) -> set[int]:
     return found
 
 
-def _block(binding: Binding) -> Sequence[cst.BaseStatement] | None:
-    """The statements the binding's line is one of (a function's body, an ``if``'s, the module's)."""
-    stmt = binding.stmt
+def _block(stmt: cst.BaseStatement | None, scope: Any) -> Sequence[cst.BaseStatement] | None:
+    """The statements ``stmt`` is one of (a function's body, an ``if``'s, the module's)."""
     if stmt is None:
         return None
-    for node in _nodes(binding.scope.node):
+    for node in _nodes(scope.node):
         if isinstance(node, (cst.Module, cst.IndentedBlock)) and any(s is stmt for s in node.body):
             return node.body
     return None

@@ -24,7 +24,7 @@ from libcst import matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ddpkit.commands.check.rules import OPTIMIZERS
-from ddpkit.commands.convert import batch, device, inits, loaders, parallel, rules, splits
+from ddpkit.commands.convert import batch, branches, device, inits, loaders, parallel, rules, splits
 from ddpkit.commands.convert.apply import Edits, first_use, rewrite
 from ddpkit.commands.convert.flow import binding_of
 from ddpkit.commands.convert.scan import Binding, Call, Facts, Scope, dotted, parse, resolve, scan
@@ -241,6 +241,8 @@ class _Work:
                        f"go to {unread.target}", f"write {unread.target} = torch.device('cuda' if "
                        "torch.cuda.is_available() else 'cpu') (or with your own switch), then convert again",
                        blocks=True)
+            return
+        if branches.place(self, binding, optimizer):  # ``if resume: net = ckpt['net'] else: net = Net()``: below the if
             return
         if inits.place(self, binding, moves):  # ``netG.apply(weights_init)`` below the build: the wrap below it
             return

@@ -73,6 +73,23 @@ def scale_factor(one: dict[str, torch.Tensor], many: dict[str, torch.Tensor]) ->
     return c if residual < 1e-3 and abs(c - 1.0) > 1e-3 else None
 
 
+def gradient_gap(one: dict[str, torch.Tensor], many: dict[str, torch.Tensor]) -> float | None:
+    """How far apart the runs' step-1 gradients are, over the whole model: ``|one - many| / |one|`` (L2 over every
+    tensor both hold; None when they hold different tensors or none). Float rounding parts them by ~1e-7 to 1e-5
+    (a sum in another order); a defect (unsynced statistics, a skipped all-reduce, a loss scaled by the local
+    batch) by 1e-3 and far more. A tensor whose exact gradient is 0 (a bias right before BatchNorm) is noise in
+    both runs, far apart relative to itself, and weighs nothing here.
+
+    >>> gradient_gap({"w": torch.tensor([3.0, 4.0])}, {"w": torch.tensor([3.0, 4.0005])})
+    0.0001
+    """
+    if not one or set(one) != set(many):
+        return None
+    gap = sum(float((one[k].double() - many[k].double()).norm()) ** 2 for k in one)
+    size = sum(float(one[k].double().norm()) ** 2 for k in one)
+    return round((gap / size) ** 0.5, 12) if size > 0 else None
+
+
 def _model_of(name: str, one: dict[str, torch.Tensor], many: dict[str, torch.Tensor]) -> tuple[dict, dict]:
     """The gradients of the model ``name`` belongs to (its ``model<i>.`` prefix, when the runs prepared two
     models or more): a GAN's generator with a summed loss scales by N while its discriminator agrees.

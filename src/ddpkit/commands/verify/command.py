@@ -263,6 +263,7 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
             g1, gn = (_grads(path) for path in (ref, dist_out))
             grads = compare_weights(g1, gn, atol, rtol) if g1 and gn else None
             result["first_gradient_diverging"] = grads.get("first_diverging") if grads else None
+            result["gradient_gap"] = causes.gradient_gap(g1, gn) if g1 and gn else None
             result["cause"] = causes.likely_cause(g1, gn, grads, result["random_draws"], nproc, result["autocast"],
                                                   any(f.get("masked_labels") for f in facts))
     return {"nproc": nproc, "mode": mode, "steps": steps, "atol": atol, "rtol": rtol, **result}
@@ -371,7 +372,7 @@ def _verify_one(ns: argparse.Namespace, nproc: int, device: str | None, note: st
                               "error": "cannot compare" if cannot else "a run failed", "reason": str(exc)}))
         return CANNOT_COMPARE if cannot else SCRIPT_FAILED
     if rounding.worth_rerun(result):
-        print(f"{PROG}: the runs differ and an adaptive optimizer stepped: both run again in float64 "
+        print(f"{PROG}: the runs differ and {rounding.why_rerun(result)}: both run again in float64 "
               "(float rounding or a defect?)", file=sys.stderr, flush=True)
         try:
             result = rounding.decided(result, verify(ns.script, ns.script_args, nproc, ns.steps, ns.atol, ns.rtol,
