@@ -165,3 +165,41 @@ def test_a_post_over_the_stores_8_mb_goes_in_parts_and_is_removed_once_read():
     rank0.post_writes("[]")
     assert [len(p) for p in rank0.writes(LIMIT_POST)] == [2, len(big)]
     assert store.num_keys() <= 1, store.num_keys()  # nothing of the posts is left (the store's own key aside)
+
+
+def test_rank_zero_waiting_for_many_peers_calls_the_store_a_bounded_number_of_times():
+    """Rank 0 looked at every missing peer (its post, its failure, its pulse: up to 4 calls) every 50 ms: 64 ranks
+    still writing made ~4000 store calls a second, the store every rank's collectives also go through. Now two
+    calls every 50 ms, and each missing peer every 0.5 s; a failure recorded is still seen within 50 ms."""
+    import threading
+    import time
+
+    import torch.distributed as dist
+
+    from ddpkit.checkpoint.outcome import Channel
+    from ddpkit.checkpoint.reasons import PeerWriteError
+
+    class Counted:  # the real store, its calls counted
+        def __init__(self, store):
+            self.store, self.calls = store, 0
+
+        def __getattr__(self, name):
+            self.calls += 1
+            return getattr(self.store, name)
+
+    store = Counted(dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False))
+    world = 64
+    rank0 = Channel(store, 0, world, "t/many", 5.0)
+    rank0.post_writes("[]")
+
+    def late_failure():
+        time.sleep(1.5)
+        Channel(store.store, 7, world, "t/many", 5.0).record([7, "OSError: disk gone", True])
+
+    threading.Thread(target=late_failure).start()
+    start, before = time.monotonic(), store.calls
+    with pytest.raises(PeerWriteError, match=r"rank 7: OSError: disk gone"):
+        rank0.writes(1000)
+    waited = time.monotonic() - start
+    assert 1.5 <= waited < 5.0, waited  # seen from its record, not from a pulse gone still (10 s)
+    assert (store.calls - before) / waited < 600, (store.calls - before, waited)  # was ~4000 a second

@@ -34,6 +34,7 @@ _SAVES = itertools.count()  # this process's background saves, every Checkpointe
 PART = 4 << 20  # bytes of one part of a rank's post of its writes (the store refuses values over 8 MB)
 PULSE_S = 0.5  # how often a rank writing its shards says it is still there
 SILENT_S = 10.0  # a writing rank whose pulse stood still this long is gone (a slow disk still pulses)
+SCAN_S = 0.5  # how often rank 0, waiting for the posts, looks at each missing peer (pulse, own record of failure)
 PEER_WAIT_S = 5.0  # how long a writer whose collective broke waits for its peers to say why (or that they are there)
 # what a collective raises when a peer's process is gone or the group was torn down under it
 _LOST = ("Connection closed by peer", "Connection reset by peer", "is not registered", "has not been initialized",
@@ -100,6 +101,7 @@ class Channel:
         """This rank's own failure ([rank, reason, io]), for the peers (rank 0 waiting for its writes)."""
         try:
             self.store.set(f"{self.prefix}/failed/{self.rank}", json.dumps(said))
+            self.store.add(f"{self.prefix}/failures", 1)  # one key rank 0 polls, whatever the world's size
         except RuntimeError:  # the store's host is gone too: the peers name this rank as silent instead
             pass
 
@@ -141,20 +143,14 @@ class Channel:
         SILENT_S (its process gone), raises :class:`PeerWriteError` naming it."""
         keys = [f"{self.prefix}/writes/{r}" for r in range(self.world)]
         pulses: dict[int, tuple[bytes | None, float]] = {}
-        while not self.store.check(keys):
-            for peer in range(self.world):
-                if self.store.check([keys[peer]]):
-                    continue
-                failed = f"{self.prefix}/failed/{peer}"
-                if self.store.check([failed]):
-                    raise PeerWriteError(*_said(self.store.get(failed), peer))
-                pulse = f"{self.prefix}/pulse/{peer}"
-                now, seen = time.monotonic(), self.store.get(pulse) if self.store.check([pulse]) else None
-                if pulses.get(peer, (None, 0.0))[0] != seen or peer not in pulses:
-                    pulses[peer] = (seen, now)
-                elif now - pulses[peer][1] > SILENT_S:
-                    raise PeerWriteError(peer, f"its process ended during the write (no sign of it for "
-                                               f"{SILENT_S:g} s)", False)
+        missing, scanned = list(range(self.world)), 0.0
+        # every 50 ms two store calls whatever the world's size (all posted? any failure recorded?); each missing
+        # peer's pulse every SCAN_S only (thousands of ranks polled one by one would flood the store)
+        while missing and not self.store.check([keys[p] for p in missing]):
+            failing = self.store.check([f"{self.prefix}/failures"])
+            if failing or time.monotonic() - scanned > SCAN_S:
+                missing = self._scan(missing, keys, pulses)
+                scanned = time.monotonic()
             time.sleep(0.05)
         posts = []
         for peer, count in enumerate(self.store.multi_get(keys)):
@@ -171,6 +167,27 @@ class Channel:
             for name in [*names, keys[peer], f"{self.prefix}/pulse/{peer}"]:  # read: the store need not hold it
                 self.store.delete_key(name)
         return posts
+
+
+    def _scan(self, missing: list[int], keys: list[str], pulses: dict[int, tuple[bytes | None, float]]) -> list[int]:
+        """The peers of ``missing`` that have not posted yet; :class:`PeerWriteError` for one that recorded its own
+        failure or whose pulse stood still for SILENT_S."""
+        still = []
+        for peer in missing:
+            if self.store.check([keys[peer]]):
+                continue
+            failed = f"{self.prefix}/failed/{peer}"
+            if self.store.check([failed]):
+                raise PeerWriteError(*_said(self.store.get(failed), peer))
+            pulse = f"{self.prefix}/pulse/{peer}"
+            now, seen = time.monotonic(), self.store.get(pulse) if self.store.check([pulse]) else None
+            if pulses.get(peer, (None, 0.0))[0] != seen or peer not in pulses:
+                pulses[peer] = (seen, now)
+            elif now - pulses[peer][1] > SILENT_S:
+                raise PeerWriteError(peer, f"its process ended during the write (no sign of it for {SILENT_S:g} s)",
+                                     False)
+            still.append(peer)
+        return still
 
 
 def _said(raw: bytes, peer: int) -> list[Any]:
