@@ -20,7 +20,7 @@ import libcst as cst
 from ddpkit.commands.convert import batch, flow
 from ddpkit.commands.convert.apply import LOADER_PARAMETERS, loader_call
 from ddpkit.commands.convert.flow import callee, loops_reading, peek, roles_said
-from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, dotted
+from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, dotted, imported_from
 from ddpkit.commands.convert.sums import sums_after
 
 # the plan in the making (plan._Work): facts, edits, note, leave
@@ -44,9 +44,28 @@ def loaders(work: _Work) -> None:
     backward = [c for c in work.facts.calls if c.last == "backward"]
     training |= any(c.name == "ddpkit.data_loader" for c in work.facts.calls)
     if backward and not training and not built and not uses_ddpkit(work.facts):  # (ddpkit: by hand)
+        if _imported_loader(work, backward[0].line):
+            return
         work.leave(backward[0].line, "the training batches do not come from a torch DataLoader (fed by hand): "
                    "each rank would train on all of them", "build them with a Dataset and a DataLoader, then "
                    "convert again; or split them by state.rank yourself (docs/guide.md)", blocks=True)
+
+def _imported_loader(work: _Work, line: int) -> bool:
+    """The loops iterate loaders the script imports from a module of its own (``from Data.data import
+    train_loader``): said, left to you (not refused as batches fed by hand: they may well come from a DataLoader
+    there, and a loader made a ``ddpkit.data_loader`` there is right as this file reads it)."""
+    names = sorted({name for loop in work.facts.loops if (name := dotted(loop.node.iter)) is not None
+                    and imported_from(work.facts, name)})
+    if not names:
+        return False
+    where = ", ".join(f"{n!r} from {imported_from(work.facts, n)}" for n in names)
+    work.leave(line, f"the loops read loaders imported from modules of the script ({where}), and convert does "
+               "not follow a name from one module to another: as they are, every rank reads every batch",
+               "make the training loader a ddpkit.data_loader(dataset, global_batch_size=B) where it is built (an "
+               "evaluation loader may stay: each rank then evaluates every batch, which is right), and wrap the "
+               "model with ddpkit.prepare_model(...) where it is built")
+    return True
+
 
 def _unused(work: _Work, call: Call) -> bool:
     """``test_loader = DataLoader(...)`` whose name nothing reads, as a variable or as an attribute of anything

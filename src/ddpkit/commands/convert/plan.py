@@ -27,7 +27,7 @@ from ddpkit.commands.check.rules import OPTIMIZERS
 from ddpkit.commands.convert import batch, branches, device, inits, loaders, parallel, rules, splits
 from ddpkit.commands.convert.apply import Edits, first_use, rewrite
 from ddpkit.commands.convert.flow import binding_of
-from ddpkit.commands.convert.scan import Binding, Call, Facts, Scope, dotted, parse, resolve, scan
+from ddpkit.commands.convert.scan import Binding, Call, Facts, Scope, dotted, imported_from, parse, resolve, scan
 
 HAND_DISTRIBUTED = ("torch.distributed.", "torch.nn.parallel.", "torch.nn.DataParallel", "torch.multiprocessing.")
 
@@ -175,6 +175,12 @@ class _Work:
             self.leave(call.line, "the model this optimizer trains is built inside the optimizer call",
                        "build it first: model = ddpkit.prepare_model(Net()), then the optimizer over "
                        "model.parameters()", blocks=True)
+        elif binding is None and imported_from(self.facts, target):
+            # the wrap belongs in the other module; this file converts on (the model stays as that module has it)
+            self.leave(call.line, f"the model {target!r} this optimizer trains is imported from "
+                       f"{imported_from(self.facts, target)}, and convert does not follow a name from one module to "
+                       "another", f"wrap it in that module where it is built: {target.split('.')[0]} = "
+                       "ddpkit.prepare_model(...) (or build the model in this file)")
         elif binding is None:
             self.leave(call.line, f"the model {target!r} this optimizer trains: where it is built was not "
                        "found", f"wrap it yourself where it is built: {target} = ddpkit.prepare_model("

@@ -161,6 +161,27 @@ def _import_aliases(module: cst.Module) -> tuple[dict[str, str], list[cst.Simple
     return aliases, lines
 
 
+def imported_from(facts: Facts, name: str) -> str | None:
+    """The module a name (or its head: ``model`` of ``model.fc``) comes from when the script imports it from a
+    module of its own (``from Arch.model import model``) and never binds it itself; None otherwise (bound here,
+    not imported, or from a library: torch, torchvision, ...).
+
+    >>> facts = scan(parse("from Arch.model import model\\nimport torch\\n"))
+    >>> imported_from(facts, "model.fc"), imported_from(facts, "torch.nn")
+    ('Arch.model', None)
+    """
+    head = name.split(".")[0]
+    full = facts.aliases.get(head)
+    if full is None or "." not in full or any(b.target == head for b in facts.bindings):
+        return None
+    module = full.rsplit(".", 1)[0]
+    return None if module.split(".")[0] in LIBRARIES else module
+
+
+# where a name imported is no module of the script's own project
+LIBRARIES = {"torch", "torchvision", "torchaudio", "torchtext", "transformers", "datasets", "numpy", "sklearn",
+             "accelerate", "lightning", "pytorch_lightning", "timm", "ddpkit"}
+
 # torch's modules that define what the package exports: a name imported from one is the package's
 # (minGPT's ``from torch.utils.data.dataloader import DataLoader`` is torch.utils.data.DataLoader)
 CANONICAL = {"torch.utils.data.dataloader.": "torch.utils.data.", "torch.utils.data.dataset.": "torch.utils.data.",
