@@ -468,3 +468,45 @@ def test_a_model_built_in_a_branch_that_also_trains_it_is_prepared_in_that_branc
     loop = "".join(f"    {line}\n" for line in LOOP.strip().splitlines())
     text = plan(HEAD + "if args.train:\n    net = Net()\n" + loop + "else:\n    net = Other()\n").text
     assert "    net = ddpkit.prepare_model(Net())" in text and text.count("prepare_model") == 1, text
+
+
+HEAD_LOOP = LOOP.replace("net", "model")
+
+
+@pytest.mark.parametrize("body", [
+    "model = Net()\nnum_ftrs = model.fc.in_features\nmodel.fc = nn.Linear(num_ftrs, 2)\n",
+    "model = Net()\nmodel.fc = nn.Linear(model.fc.in_features, 2)\n",
+    "model = Net()\nfor param in model.parameters():\n    param.requires_grad = False\nmodel.fc = nn.Linear(512, 2)\n",
+    "model = Net()\nif num_classes != 1000:\n    model.fc = nn.Linear(512, num_classes)\n",
+    "model = Net()\nmodel.fc, model.aux = nn.Linear(512, 2), None\n",
+])
+def test_a_new_head_in_the_tutorials_forms_comes_before_the_wrap(body):
+    """Review: the fine-tuning tutorial's forms (the head sized from the old one, a freeze loop first, under an
+    ``if``, a tuple) kept the wrap at the build: the head landed on the wrapper and every rank stopped."""
+    text = convert(body, HEAD_LOOP).text
+    assert text.count("prepare_model") == 1 and "\nmodel = ddpkit.prepare_model(model)\n" in text, text
+    assert below(text, "model.fc", "model = ddpkit.prepare_model(model)"), text
+
+
+def test_a_new_head_after_another_use_of_the_model_is_listed():
+    result = convert("model = Net()\nparams = model.parameters()\nmodel.fc = nn.Linear(512, 2)\n", HEAD_LOOP)
+    assert [x.line for x in result.left] == [6], result.left
+
+
+@pytest.mark.parametrize("body, below_if", [
+    # bound before the outer if, rebound in every branch of an inner one: bound on every path
+    ("net = Net()\nif resume:\n    if ema:\n        net = A()\n    else:\n        net = B()\n", True),
+    # an architecture's last branch raises: no path below the if from there
+    ("if a == 1:\n    net = A()\nelif a == 2:\n    net = B()\nelse:\n    raise ValueError(a)\n", True),
+    ("net = Net()\nif pretrained:\n    net = load(p)\n", True),  # a new model under the if
+    ("if resume:\n    net, start = load(p)\nelse:\n    net = Net()\n", True),  # a tuple in a branch
+    # not bound when resume is false (the script would stop there): no wrap below an if that does not bind it
+    ("if resume:\n    if ema:\n        net = A()\n    else:\n        net = B()\n", False),
+])
+def test_a_model_bound_on_every_path_through_an_if_is_prepared_below_it(body, below_if):
+    """Review: a wrap below an inner if, inside an outer one that did not bind the model, said "every branch
+    binds" and left the outer if's other path unwrapped; an else that raises, a tuple and a model bound before
+    the if did not count."""
+    result = convert(body)
+    assert result.text.count("prepare_model") == 1, result.text
+    assert ("\nnet = ddpkit.prepare_model(net)\n" in result.text) == below_if, result.text

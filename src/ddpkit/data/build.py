@@ -29,7 +29,7 @@ from ddpkit.core import process
 from ddpkit.core.environment import usable_cores
 from ddpkit.core.options import Uneven, check
 from ddpkit.core.process import State
-from ddpkit.data import streams, unprepared
+from ddpkit.data import same, streams, unprepared
 from ddpkit.data.global_batch import GlobalBatchSampler
 from ddpkit.data.loader import ShardedDataLoader
 from ddpkit.data.samplers import SamplerShard, ShardSampler, too_few, user_sampler
@@ -101,6 +101,8 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     if own is not None and len(own) < state.world_size:  # type: ignore[arg-type]  # what the ranks share
         raise ValueError(too_few(own, len(own), state.world_size))  # type: ignore[arg-type]
     _check_samples(len(dataset), state.world_size)
+    if train:  # shards of different datasets train on neither: caught before the first batch
+        same.check(dataset, state.device)
     shuffle = train if shuffle is None else shuffle
     sampler_uneven = "join"  # evaluation: no sample repeated or left out
     if train:

@@ -31,38 +31,54 @@ from ddpkit.commands.convert.scan import Binding, Call
 _Work = Any
 
 
-def place(work: _Work, binding: Binding, optimizer: Call) -> bool:
+def place(work: _Work, binding: Binding, optimizer: Call | None) -> bool:
     """Wrap ``binding``'s model below the outermost ``if`` chain whose every branch binds it (and below the
     initialisations that follow it: :func:`ddpkit.commands.convert.inits.place`); False: no chain does, or the
-    optimizer is inside it."""
+    optimizer is inside it (None: an optimizer of another module)."""
     chain = _exhaustive(work, binding)
-    if chain is None or optimizer.stmt is None or id(optimizer.stmt) in node_ids(chain):
+    if chain is None or optimizer is not None and (optimizer.stmt is None or id(optimizer.stmt) in node_ids(chain)):
         return False
     if inits.place(work, binding, [], anchor=chain):
         return True
     target = binding.target
     work.edits.after.setdefault(id(chain), []).append(f"{target} = ddpkit.prepare_model({target})")
-    work.note(f"{target} = ddpkit.prepare_model({target}) below the if/else, not in one branch (line "
-              f"{binding.line})", f"every branch of the if binds {target}: prepared whichever branch runs (a "
-              "wrap in one branch leaves the model of the others a separate copy on each rank)", binding.line)
+    work.note(f"{target} = ddpkit.prepare_model({target}) below the if, not in its branch (line {binding.line})",
+              f"{target} is bound on every path through the if: prepared whichever path runs (a wrap in one "
+              "branch leaves the model of the other paths a separate copy on each rank)", binding.line)
     return True
 
 
 def _exhaustive(work: _Work, binding: Binding) -> cst.If | None:
-    """The outermost ``if`` chain that holds ``binding`` in one of its branches and binds its target in all."""
+    """The outermost ``if`` chain that holds ``binding`` in one of its branches and leaves its target bound on
+    every path: each branch binds it (or raises, or returns), or a statement before the chain in its own block
+    did. None when that chain itself sits in a branch of an ``if`` that does not (a path that never binds it)."""
     ifs = [node for node in m.findall(work.facts.module, m.If()) if isinstance(node, cst.If)]
     elifs = {id(node.orelse) for node in ifs if isinstance(node.orelse, cst.If)}
     tops = [node for node in ifs if id(node) not in elifs]
     bound = {id(b.stmt) for b in work.facts.bindings
-             if b.target == binding.target and b.scope is binding.scope and b.value is not None}
+             if b.target == binding.target and b.scope is binding.scope and (b.value is not None or b.whole)}
     found: cst.If | None = None
     node: cst.BaseStatement | None = binding.stmt
     while node is not None:
-        chain = next((top for top in tops if any(s is node for block in _branches(top) for s in block.body)), None)
-        if chain is None or not all(_binds(block, bound, tops) for block in _branches(chain)):
-            break
+        chain = _holding(tops, node)
+        if chain is None:
+            return found
+        if not (all(_binds(block, bound, tops) for block in _branches(chain)) or _before(chain, bound, binding)):
+            return None  # ``if resume: (if ema: net = A else: net = B)``: not bound when resume is false
         found = node = chain
     return found
+
+
+def _holding(tops: list[cst.If], node: cst.BaseStatement) -> cst.If | None:
+    """The ``if`` chain one of whose branches has ``node`` as a statement of its own."""
+    return next((top for top in tops if any(s is node for block in _branches(top) for s in block.body)), None)
+
+
+def _before(chain: cst.If, bound: set[int], binding: Binding) -> bool:
+    """A statement before ``chain`` in its own block binds the name (``net = Net()`` above ``if resume:``)."""
+    block = inits.block_of(chain, binding.scope) or []
+    index = next((i for i, s in enumerate(block) if s is chain), 0)
+    return any(id(s) in bound for s in block[:index])
 
 
 def _branches(top: cst.If) -> list[cst.IndentedBlock]:
@@ -79,8 +95,14 @@ def _branches(top: cst.If) -> list[cst.IndentedBlock]:
 
 
 def _binds(block: cst.IndentedBlock, bound: set[int], tops: list[cst.If]) -> bool:
-    """A statement of the block itself binds the name (not one nested in a loop or a ``try``), or an ``if`` chain
-    of the block binds it in every branch."""
-    return any(id(stmt) in bound or (isinstance(stmt, cst.If) and any(stmt is top for top in tops)
-                                     and all(_binds(b, bound, tops) for b in _branches(stmt)))
+    """A statement of the block itself binds the name (not one nested in a loop or a ``try``) or leaves (``else:
+    raise ValueError(arch)``: no path below the ``if`` from there), or an ``if`` chain of the block binds it in
+    every branch."""
+    return any(id(stmt) in bound or _leaves(stmt) or (isinstance(stmt, cst.If) and any(stmt is top for top in tops)
+                                                      and all(_binds(b, bound, tops) for b in _branches(stmt)))
                for stmt in block.body)
+
+
+def _leaves(stmt: cst.BaseStatement) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and any(isinstance(small, (cst.Raise, cst.Return))
+                                                             for small in stmt.body)

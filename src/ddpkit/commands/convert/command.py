@@ -31,9 +31,10 @@ import sys
 import tempfile
 import tokenize
 from collections.abc import Sequence
+from typing import Any
 
 from ddpkit.commands.cli import OneLineParser, usage_error
-from ddpkit.commands.convert import project
+from ddpkit.commands.convert import crossing, project
 from ddpkit.core.atomic import write_atomically
 from ddpkit.core.errors import SCRIPT_FAILED, UsageError
 
@@ -59,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def convert_file(path: str, per_process_batch: bool = False):
+def convert_file(path: str, per_process_batch: bool = False, crossing=None):
     """The :class:`~ddpkit.commands.convert.plan.Plan` for the script at ``path`` and the file's encoding
     (UsageError: not readable as Python, or libcst missing). The bytes are decoded as Python reads them
     (PEP 263, a BOM) and line endings are kept (CRLF stays CRLF)."""
@@ -87,7 +88,7 @@ def convert_file(path: str, per_process_batch: bool = False):
         raise UsageError(f"{path} is not Python 3 this tool can parse ({detail}); fix the syntax, then convert "
                          "again") from None
     try:
-        return plan(source, per_process_batch), encoding
+        return plan(source, per_process_batch, crossing), encoding
     except ParserSyntaxError as exc:
         raise UsageError(f"{path} is Python, but not Python libcst can parse (line {exc.raw_line}: "
                          f"{exc.message}); convert it by hand (docs/convert.md lists the edits)") from None
@@ -256,8 +257,14 @@ def _main_many(ns: argparse.Namespace) -> int:
     converted, each said; nothing written unless none is refused."""
     root, files = project.files_of(ns.script, ns.imports)
     shown = os.path.relpath(root) if os.path.isdir(ns.script) else os.path.dirname(ns.script)
-    done = [(rel, os.path.join(shown, rel), *convert_file(os.path.join(root, rel), ns.per_process_batch))
-            for rel in files]
+    encodings: dict[str, str] = {}
+
+    def one(rel: str, names: crossing.Crossing | None) -> Any:
+        result, encodings[rel] = convert_file(os.path.join(root, rel), ns.per_process_batch, names)
+        return result
+
+    plans = crossing.settle(files, one)  # a model or loader one file uses and another builds: converted there
+    done = [(rel, os.path.join(shown, rel), plans[rel], encodings[rel]) for rel in files]
     if ns.json:
         print(json.dumps({"files": [{"script": name, "refused": r.refused, "changed": r.text != r.source,
                                      "edits": [vars(e) for e in r.edits], "left": [vars(x) for x in r.left],
@@ -266,7 +273,7 @@ def _main_many(ns: argparse.Namespace) -> int:
     else:
         sys.stdout.write("".join(_diff(r, name) for _, name, r, _ in done))
     for _, name, r, _ in done:
-        if r.edits or r.left or r.refused:
+        if r.edits or r.left or r.refused or r.kept:
             for line in report(r, name):
                 print(line, file=sys.stderr)
     refused = [name for _, name, r, _ in done if r.refused]

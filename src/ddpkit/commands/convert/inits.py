@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import libcst as cst
+import libcst.matchers as m
 
 from ddpkit.commands.convert import parallel
 from ddpkit.commands.convert.flow import argument_for, callee
@@ -47,7 +48,7 @@ def place(work: _Work, binding: Binding, moves: list[Call], anchor: cst.If | Non
     are none, or a move to the device below them already becomes the wrap. ``anchor``: the ``if`` whose every
     branch builds the model (:mod:`ddpkit.commands.convert.branches`): the initialisations that follow it."""
     stmt = anchor or binding.stmt
-    block = _block(stmt, binding.scope)
+    block = block_of(stmt, binding.scope)
     if block is None or stmt is None:
         return False
     start = next(i for i, s in enumerate(block) if s is stmt) + 1
@@ -104,7 +105,7 @@ def _statement(work: _Work, target: str, stmt: cst.CSTNode, allowed: set[int]) -
     inits = [c for c in calls if _init(c, target, loading=True, facts=work.facts)] + _walks(work, stmt, target) + \
         [_Node(t) for t in _set_parts(stmt, target)]
     fine = allowed | {i for c in inits for i in node_ids(c.node)} | \
-        {i for c in calls if c.name in HARMLESS for i in node_ids(c.node)}
+        {i for c in calls if c.name in HARMLESS for i in node_ids(c.node)} | _peeks(reads, calls, target)
     if any(id(r[3]) not in fine for r in reads):
         return "use"
     return "init" if inits else None
@@ -118,6 +119,8 @@ def _late(work: _Work, target: str, rest: Sequence[cst.CSTNode], wrapped_at: int
     inside = {i for s in rest[:loop] for i in node_ids(s)}  # (once training starts, an apply is no init)
     lines = [c.line for c in work.facts.calls if id(c.node) in inside and _init(c, target, False, work.facts)]
     lines += [lp.line for lp in work.facts.loops if id(lp.node) in inside and _walks(work, lp.node, target, True)]
+    parts = {i for s in rest[:loop] for t in _set_parts(s, target) for i in node_ids(t)}  # a new head, too late
+    lines += [line for _s, _scope, line in work.facts.statements if id(_s) in parts or node_ids(_s) & parts]
     for line in sorted(set(lines)):
         work.leave(line, f"{target} is initialised here, after prepare_model (line {wrapped_at}"
                    f"): unless every rank draws the same random numbers, each trains its own model", "move "
@@ -170,8 +173,11 @@ def _walks(work: _Work, stmt: cst.CSTNode, target: str, drawing: bool = False, f
     func = stmt.iter.func
     if not (isinstance(func, cst.Attribute) and func.attr.value in WALKS and _of(dotted(func.value) or "", target)):
         return []
-    in_place = [n for n in _nodes(stmt.body) if isinstance(n, cst.Call) and isinstance(n.func, cst.Attribute)
-                and n.func.attr.value.endswith("_") and not n.func.attr.value.startswith("_")]
+    in_place: list[cst.CSTNode] = [n for n in _nodes(stmt.body) if isinstance(n, cst.Call) and isinstance(
+        n.func, cst.Attribute) and n.func.attr.value.endswith("_") and not n.func.attr.value.startswith("_")]
+    if not drawing:  # ``for p in model.parameters(): p.requires_grad = False``: a freeze before a new head
+        in_place += [n for n in _nodes(stmt.body) if isinstance(n, cst.Assign) and all(
+            isinstance(t.target, cst.Attribute) and t.target.attr.value == "requires_grad" for t in n.targets)]
     if drawing:
         inside = node_ids(stmt.body)
         calls = (facts or work.facts).calls
@@ -183,17 +189,30 @@ def _walks(work: _Work, stmt: cst.CSTNode, target: str, drawing: bool = False, f
 
 def _set_parts(stmt: cst.CSTNode, target: str) -> list[cst.BaseExpression]:
     """The parts of ``target`` the statement assigns (``model.fc = nn.Linear(512, 2)``, a new head on a pretrained
-    network; ``model.classifier[6] = ...``): a change to the model, which must come before the wrap (after it, the
-    assignment lands on the wrapper, and the wrapped network keeps its old part)."""
-    if not isinstance(stmt, cst.SimpleStatementLine):
-        return []
+    network; ``model.classifier[6] = ...``; also in a tuple, and under an ``if``): a change to the model, which must
+    come before the wrap (after it, the assignment lands on the wrapper, and the wrapped network keeps its old
+    part)."""
+    lines = [stmt] if isinstance(stmt, cst.SimpleStatementLine) else \
+        [n for n in m.findall(stmt, m.SimpleStatementLine()) if isinstance(n, cst.SimpleStatementLine)] \
+        if isinstance(stmt, cst.If) else []
     found: list[cst.BaseExpression] = []
-    for small in stmt.body:
-        targets = [t.target for t in small.targets] if isinstance(small, cst.Assign) else \
-            [small.target] if isinstance(small, (cst.AnnAssign, cst.AugAssign)) else []
+    for small in (s for line in lines for s in line.body):
+        targets: list[cst.BaseExpression] = [t.target for t in small.targets] if isinstance(small, cst.Assign) \
+            else [small.target] if isinstance(small, (cst.AnnAssign, cst.AugAssign)) else []
+        targets = [e.value for t in targets for e in (t.elements if isinstance(t, (cst.Tuple, cst.List)) else [])] \
+            + targets
         found += [t for t in targets if isinstance(t, (cst.Attribute, cst.Subscript)) and _refers(t, target)
                   and dotted(t) != target]
     return found
+
+
+def _peeks(reads: list[Any], calls: list[Call], target: str) -> set[int]:
+    """Reads of an attribute of the model that call nothing (``model.fc.in_features``, sizing a new head): the
+    same before the wrap and after it, so no use that keeps the wrap above them."""
+    called = {id(c.node.func) for c in calls}
+    return {i for name, _where, _line, node in reads if name.startswith(f"{target}.") and id(node) not in called
+            and not name.endswith((".parameters", ".named_parameters", ".state_dict", ".modules", ".children"))
+            for i in node_ids(node)}
 
 
 class _Node:
@@ -232,7 +251,7 @@ def _removed(work: _Work) -> set[int]:
     return found
 
 
-def _block(stmt: cst.BaseStatement | None, scope: Any) -> Sequence[cst.BaseStatement] | None:
+def block_of(stmt: cst.BaseStatement | None, scope: Any) -> Sequence[cst.BaseStatement] | None:
     """The statements ``stmt`` is one of (a function's body, an ``if``'s, the module's)."""
     if stmt is None:
         return None

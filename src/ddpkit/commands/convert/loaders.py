@@ -19,6 +19,7 @@ import libcst as cst
 
 from ddpkit.commands.convert import batch, flow
 from ddpkit.commands.convert.apply import LOADER_PARAMETERS, loader_call
+from ddpkit.commands.convert.crossing import EVAL, TRAIN, Ask
 from ddpkit.commands.convert.flow import callee, loops_reading, peek, roles_said
 from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, dotted, imported_from
 from ddpkit.commands.convert.sums import sums_after
@@ -37,6 +38,17 @@ def loaders(work: _Work) -> None:
     built = [c for c in work.facts.calls if c.name == LOADER]
     training = False
     for call in built:
+        wanted = _wanted(work, call)
+        if wanted is not None and work.crossing.wants[wanted] == TRAIN:  # another module trains on it (a project)
+            training |= _loader(work, call, "train")
+            work.done.append(wanted)
+            continue
+        if wanted is not None:  # another module's loop reads it, and does not train
+            work.keep(call.line, f"{wanted} = DataLoader(...) left as it is", "another module of the project "
+                      "loops over it without training: each rank reads all of it, which is right for an evaluation "
+                      "(ddpkit.data_loader(..., train=False) and a ddpkit.reduce of the sums there would share it)")
+            work.done.append(wanted)
+            continue
         if _unused(work, call):
             built = [c for c in built if c is not call]
             continue
@@ -51,17 +63,36 @@ def loaders(work: _Work) -> None:
                    "convert again; or split them by state.rank yourself (docs/guide.md)", blocks=True)
 
 def _imported_loader(work: _Work, line: int) -> bool:
-    """The loops iterate loaders the script imports from a module of its own (``from Data.data import
-    train_loader``): said, left to you (not refused as batches fed by hand: they may well come from a DataLoader
-    there, and a loader made a ``ddpkit.data_loader`` there is right as this file reads it)."""
-    names = sorted({name for loop in work.facts.loops if (name := dotted(loop.node.iter)) is not None
-                    and imported_from(work.facts, name)})
-    if not names:
+    r"""The loops iterate loaders the script imports from a module of its own (``from Data.data import
+    train_loader``): not batches fed by hand. The training ones are asked of their module (:mod:`.crossing`) and
+    said done when it made them ``ddpkit.data_loader``\ s; else left to you. An evaluation loader read from
+    another module stays as it is there: each rank evaluates every batch, which is right."""
+    reads: dict[str, bool] = {}  # name -> read by a loop that trains
+    for loop in work.facts.loops:
+        trains = any(c.last in ("backward", "step") for c in loop.calls)
+        for name in loop.iter_names:
+            if imported_from(work.facts, name):
+                reads[name] = reads.get(name, False) or trains
+    if not reads:
         return False
-    where = ", ".join(f"{n!r} from {imported_from(work.facts, n)}" for n in names)
+    origins = {n: imported_from(work.facts, n) for n in reads}
+    training = sorted(n for n, trains in reads.items() if trains)
+    provided = work.crossing.provided
+    for n in training:
+        module, name = origins[n] or ("", n)
+        if name in provided:
+            work.keep(line, f"the training loop over {n} left as it is", f"{n} is a ddpkit.data_loader where it "
+                      f"is built, in {provided[name]} (imported from {module})")
+    missing = [n for n in training if (origins[n] or ("", n))[1] not in provided]
+    work.asks.extend(Ask(*(origins[n] or ("", n)), EVAL, line) for n in reads if not reads[n])
+    if training and not missing:
+        return True
+    work.asks.extend(Ask(*(origins[n] or ("", n)), TRAIN, line) for n in missing)
+    where = ", ".join(f"{n!r} from {(origins[n] or ('?',))[0]}" for n in (missing or sorted(reads)))
     work.leave(line, f"the loops read loaders imported from modules of the script ({where}), and convert does "
-               "not follow a name from one module to another: as they are, every rank reads every batch",
-               "make the training loader a ddpkit.data_loader(dataset, global_batch_size=B) where it is built (an "
+               "not follow a name from one module to another outside a project: as they are, every rank reads "
+               "every batch", "convert them together (ddpkit convert --imports SCRIPT, or a folder), or make the "
+               "training loader a ddpkit.data_loader(dataset, global_batch_size=B) where it is built (an "
                "evaluation loader may stay: each rank then evaluates every batch, which is right), and wrap the "
                "model with ddpkit.prepare_model(...) where it is built")
     return True
@@ -112,7 +143,16 @@ def _handed_to_unread(facts: Facts, node: Any, depth: int) -> bool:
     return param is not None and not _read(facts, param, scope, 0, depth + 1)
 
 
-def _loader(work: _Work, call: Call) -> bool:
+def _wanted(work: _Work, call: Call) -> str | None:
+    """The module-level name ``call`` is bound to, when another module's training loop reads it
+    (:class:`~ddpkit.commands.convert.crossing.Crossing`); None otherwise."""
+    binding = next((b for b in work.facts.bindings if b.value is call.node), None)
+    if binding is None or binding.scope.name != "" or work.crossing.wants.get(binding.target) not in (TRAIN, EVAL):
+        return None
+    return binding.target
+
+
+def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
     """Rewrite one ``DataLoader(...)``; whether it is a training one."""
     positional = [a for a in call.node.args if a.keyword is None and not a.star]
     if len(positional) > len(LOADER_PARAMETERS) or any(a.star == "*" for a in call.node.args):
@@ -145,7 +185,7 @@ def _loader(work: _Work, call: Call) -> bool:
         return False
     peeks = [loop for loop in loops if peek(loop)]  # a look at the first batch: no role, nothing to sum
     loops = [loop for loop in loops if loop not in peeks]
-    role = flow.role(work.facts, loops, binding, call)
+    role = role or flow.role(work.facts, loops, binding, call)
     if role == "eval" and not loops:  # said by a name only: its loop, and what it sums, were not found
         work.leave(call.line, "an evaluation DataLoader (by its name) whose loop was not found: left as it is "
                    "(every rank evaluates the whole set, which is right)", "to share the work: "

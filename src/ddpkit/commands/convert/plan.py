@@ -26,6 +26,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 from ddpkit.commands.check.rules import OPTIMIZERS
 from ddpkit.commands.convert import batch, branches, device, inits, loaders, parallel, rules, splits
 from ddpkit.commands.convert.apply import Edits, first_use, rewrite
+from ddpkit.commands.convert.crossing import MODEL, Ask, Crossing
 from ddpkit.commands.convert.flow import binding_of
 from ddpkit.commands.convert.scan import Binding, Call, Facts, Scope, dotted, imported_from, parse, resolve, scan
 
@@ -54,18 +55,21 @@ class Plan:
     left: list[Left]
     text: str  # the converted script (the source itself when nothing changes or a Left blocks)
     kept: list[Edit] = dataclasses.field(default_factory=list)  # left as it is, rightly: said, not to do
+    asks: list[Ask] = dataclasses.field(default_factory=list)  # names another module of the project builds
+    done: list[str] = dataclasses.field(default_factory=list)  # the names asked of this one, converted
 
     @property
     def refused(self) -> bool:
         return any(left.blocks for left in self.left)
 
 
-def plan(source: str, per_process_batch: bool = False) -> Plan:
+def plan(source: str, per_process_batch: bool = False, crossing: Crossing | None = None) -> Plan:
     """Scan ``source`` (raises :class:`libcst.ParserSyntaxError` on a file that is not Python) and decide;
-    ``per_process_batch``: a training loader's ``batch_size`` stays per process (else it is the global batch)."""
+    ``per_process_batch``: a training loader's ``batch_size`` stays per process (else it is the global batch);
+    ``crossing``: in a project, what other modules need of this one and did for it (:mod:`.crossing`)."""
     wrapper = parse(source)
     facts = scan(wrapper)
-    work = _Work(facts, per_process_batch)
+    work = _Work(facts, per_process_batch, crossing)
     work.decide()
     text = source
     if work.edits and not any(left.blocks for left in work.left):
@@ -73,7 +77,7 @@ def plan(source: str, per_process_batch: bool = False) -> Plan:
         # dk`` too: the edits say ``ddpkit.``)
         text = rewrite(wrapper, work.edits, anchor)
     return Plan(source, sorted(work.log, key=lambda e: e.line), sorted(work.left, key=lambda e: e.line), text,
-                sorted(work.kept, key=lambda e: e.line))
+                sorted(work.kept, key=lambda e: e.line), work.asks, work.done)
 
 
 def _import_place(wrapper: MetadataWrapper, work: _Work) -> cst.CSTNode | None:
@@ -100,9 +104,12 @@ def _import_place(wrapper: MetadataWrapper, work: _Work) -> cst.CSTNode | None:
 class _Work:
     """One plan being made: the facts, the edits so far and the report."""
 
-    def __init__(self, facts: Facts, per_process_batch: bool = False):
+    def __init__(self, facts: Facts, per_process_batch: bool = False, crossing: Crossing | None = None):
         self.facts = facts
         self.per_process_batch = per_process_batch
+        self.crossing = crossing or Crossing()
+        self.asks: list[Ask] = []  # what another module of the project should convert for this one
+        self.done: list[str] = []  # the crossing's wants converted here
         self.edits = Edits()
         self.log: list[Edit] = []
         self.left: list[Left] = []
@@ -158,6 +165,19 @@ class _Work:
         for call in self.facts.calls:
             for target in self._trained_all(call):
                 self._model_of(target, call)
+        for name, kind in self.crossing.wants.items():
+            if kind == MODEL:
+                self._wanted_model(name)
+
+    def _wanted_model(self, name: str) -> None:
+        """A module-level model that an optimizer in another module of the project trains: wrapped here."""
+        bound = [b for b in self.facts.bindings if b.target == name and b.scope.name == "" and b.value is not None]
+        if not bound:
+            return
+        binding = self._unconditional(self._source(bound[-1]))
+        if any(b is binding for b in self.models) or self._wrap(binding, None):
+            self.models.append(binding)
+            self.done.append(name)
 
     def _trained_all(self, call: Call) -> list[str]:
         """Every model an optimizer call trains (:func:`_trained`), also through a name its argument is bound to
@@ -175,12 +195,18 @@ class _Work:
             self.leave(call.line, "the model this optimizer trains is built inside the optimizer call",
                        "build it first: model = ddpkit.prepare_model(Net()), then the optimizer over "
                        "model.parameters()", blocks=True)
-        elif binding is None and imported_from(self.facts, target):
-            # the wrap belongs in the other module; this file converts on (the model stays as that module has it)
-            self.leave(call.line, f"the model {target!r} this optimizer trains is imported from "
-                       f"{imported_from(self.facts, target)}, and convert does not follow a name from one module to "
-                       "another", f"wrap it in that module where it is built: {target.split('.')[0]} = "
-                       "ddpkit.prepare_model(...) (or build the model in this file)")
+        elif binding is None and (origin := imported_from(self.facts, target)):
+            # the wrap belongs in the other module; asked of it when the project is converted together
+            (module, name), head = origin, target.split(".")[0]
+            if name in self.crossing.provided:
+                self.keep(call.line, f"the optimizer over {head} left as it is", f"{head} is prepared where it is "
+                          f"built, in {self.crossing.provided[name]} (imported from {module})")
+                return
+            self.asks.append(Ask(module, name, MODEL, call.line))
+            self.leave(call.line, f"the model {target!r} this optimizer trains is imported from {module}, and "
+                       "convert does not follow a name from one module to another outside a project", "convert "
+                       f"them together (ddpkit convert --imports SCRIPT, or a folder), or wrap it in {module} "
+                       f"where it is built: {head} = ddpkit.prepare_model(...)")
         elif binding is None:
             self.leave(call.line, f"the model {target!r} this optimizer trains: where it is built was not "
                        "found", f"wrap it yourself where it is built: {target} = ddpkit.prepare_model("
@@ -198,14 +224,18 @@ class _Work:
         return None
 
     def _unconditional(self, binding: Binding) -> Binding:
-        """A model bound again under an ``if`` (``if use_gpu: model = model.cuda()``) that a binding before it, outside
+        """A model moved again under an ``if`` (``if use_gpu: model = model.cuda()``) that a binding before it, outside
         that ``if``, built: that one is wrapped (a wrap under the ``if`` leaves the model unwrapped wherever the test
-        is false: each rank then trains its own copy)."""
+        is false: each rank then trains its own copy). A new model bound under the ``if`` stays: :mod:`.branches`
+        prepares it below the ``if``."""
         guard = self._guard(binding.stmt)
         while guard is not None:
             earlier = binding_of(self.facts, binding.target, binding.scope, binding.line - 1)
             if earlier is None or earlier.value is None or _within(earlier.stmt, guard):
                 return binding
+            bare = parallel.inner(binding.value, self.facts.aliases)
+            if bare is None or dotted(rules.without_moves(bare)) != binding.target:
+                return binding  # ``if args.pretrained: net = load(p)``: another model, prepared below the if
             binding = self._source(earlier)
             guard = self._guard(binding.stmt)
         return binding
@@ -228,15 +258,18 @@ class _Work:
         found = binding_of(self.facts, alias, binding.scope, binding.line - 1)
         return self._source(found, depth + 1) if found is not None and found.value is not None else binding
 
-    def _wrap(self, binding: Binding, optimizer: Call) -> None:
+    def _wrap(self, binding: Binding, optimizer: Call | None) -> bool:
+        """Wrap the model ``optimizer`` trains (None: an optimizer of another module) where ``binding`` builds it;
+        False where it is left to the user instead."""
         value = binding.value
         assert value is not None
         aliases = self.facts.aliases
         if _prepared(value, aliases) or any(_prepared(b.value, aliases) for b in self.facts.bindings
                                             if b.target == binding.target and b.value is not None):
-            return  # converted already
+            return True  # converted already
+        until = optimizer.line if optimizer is not None else max((c.line for c in self.facts.calls), default=0)
         moves = [c for c in self.facts.calls if c.scope is binding.scope and c.last in ("to", "cuda")
-                 and binding.line < c.line <= optimizer.line and c.stmt is not None
+                 and binding.line < c.line <= until and c.stmt is not None
                  and isinstance(c.node.func, cst.Attribute) and dotted(c.node.func.value) == binding.target
                  and len(c.stmt.body) == 1 and isinstance(c.stmt.body[0], cst.Expr)
                  and self._guard(c.stmt) is self._guard(binding.stmt)]  # not one under an `if` of its own
@@ -247,23 +280,25 @@ class _Work:
                        f"go to {unread.target}", f"write {unread.target} = torch.device('cuda' if "
                        "torch.cuda.is_available() else 'cpu') (or with your own switch), then convert again",
                        blocks=True)
-            return
+            return False
         if branches.place(self, binding, optimizer):  # ``if resume: net = ckpt['net'] else: net = Net()``: below the if
-            return
+            return True
         if inits.place(self, binding, moves):  # ``netG.apply(weights_init)`` below the build: the wrap below it
-            return
+            return True
         if moves:  # ``model.to(device)`` on its own line: that line becomes the wrap
             move = moves[-1]
             self.edits.replace[id(move.stmt)] = [f"{binding.target} = ddpkit.prepare_model({binding.target})"]
             self.note(f"{binding.target}.{move.last}(...) -> {binding.target} = ddpkit.prepare_model("
                       f"{binding.target})", "prepare_model moves it to this rank's device, converts BatchNorm to "
                       "SyncBatchNorm and wraps it in DDP", move.line)
-            return
+            return True
         self.edits.expr[id(value)] = lambda node: cst.parse_expression(
             f"ddpkit.prepare_model({self.facts.module.code_for_node(rules.without_moves(node))})")
-        self.note(f"{binding.target} = ddpkit.prepare_model(...)", "the model the optimizer at line "
-                  f"{optimizer.line} trains: prepare_model moves it to this rank's device, converts BatchNorm "
-                  "and wraps it in DDP", binding.line)
+        trains = f"the optimizer at line {optimizer.line}" if optimizer is not None else "an optimizer in " \
+            "another module of the project"
+        self.note(f"{binding.target} = ddpkit.prepare_model(...)", f"the model {trains} trains: prepare_model moves "
+                  "it to this rank's device, converts BatchNorm and wraps it in DDP", binding.line)
+        return True
 
     def _unread_device(self, nodes: list[cst.CSTNode], model: Binding) -> Binding | None:
         """The binding of a device the model is moved to (``.to(device)``) that the device rules did not

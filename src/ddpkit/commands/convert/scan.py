@@ -161,21 +161,21 @@ def _import_aliases(module: cst.Module) -> tuple[dict[str, str], list[cst.Simple
     return aliases, lines
 
 
-def imported_from(facts: Facts, name: str) -> str | None:
-    """The module a name (or its head: ``model`` of ``model.fc``) comes from when the script imports it from a
-    module of its own (``from Arch.model import model``) and never binds it itself; None otherwise (bound here,
-    not imported, or from a library: torch, torchvision, ...).
+def imported_from(facts: Facts, name: str) -> tuple[str, str] | None:
+    """(the module, the name there) a name (or its head: ``model`` of ``model.fc``) comes from, when the script
+    imports it from a module of its own (``from Arch.model import model as net``) and never binds it itself; None
+    otherwise (bound here, not imported, or from a library: torch, torchvision, ...).
 
-    >>> facts = scan(parse("from Arch.model import model\\nimport torch\\n"))
-    >>> imported_from(facts, "model.fc"), imported_from(facts, "torch.nn")
-    ('Arch.model', None)
+    >>> facts = scan(parse("from Arch.model import model as net\\nimport torch\\n"))
+    >>> imported_from(facts, "net.fc"), imported_from(facts, "torch.nn")
+    (('Arch.model', 'model'), None)
     """
     head = name.split(".")[0]
     full = facts.aliases.get(head)
     if full is None or "." not in full or any(b.target == head for b in facts.bindings):
         return None
-    module = full.rsplit(".", 1)[0]
-    return None if module.split(".")[0] in LIBRARIES else module
+    module, remote = full.rsplit(".", 1)
+    return None if module.split(".")[0] in LIBRARIES else (module, remote)
 
 
 # where a name imported is no module of the script's own project

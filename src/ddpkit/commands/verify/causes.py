@@ -80,7 +80,8 @@ def gradient_gap(one: dict[str, torch.Tensor], many: dict[str, torch.Tensor]) ->
     batch) by 1e-3 and far more. A tensor whose exact gradient is 0 (a bias right before BatchNorm) is noise in
     both runs, far apart relative to itself, and weighs nothing here.
 
-    >>> gradient_gap({"w": torch.tensor([3.0, 4.0])}, {"w": torch.tensor([3.0, 4.0005])})
+    >>> gradient_gap({"w": torch.tensor([3.0, 4.0], dtype=torch.float64)},
+    ...              {"w": torch.tensor([3.0, 4.0005], dtype=torch.float64)})
     0.0001
     """
     if not one or set(one) != set(many):
@@ -104,15 +105,44 @@ def _model_of(name: str, one: dict[str, torch.Tensor], many: dict[str, torch.Ten
     return {k: one[k] for k in keys}, {k: many[k] for k in keys if k in many}
 
 
+def gradient_factor(one: dict[str, torch.Tensor] | None, many: dict[str, torch.Tensor] | None,
+                    grads: dict | None) -> float | None:
+    """:func:`scale_factor` of the step-1 gradients of the model where they first differ, or None."""
+    if not one or not many or grads is None or grads["passed"] or set(one) != set(many):
+        return None
+    return scale_factor(*_model_of(grads["first_diverging"], one, many))
+
+
+def lr_differs(lrs: list[float], nproc: int = 2) -> str | None:
+    """The cause when the runs stepped with different learning rates (a script that scales its lr by the world
+    size): verify compares the training of one process with the N processes', and that changed it.
+
+    >>> lr_differs([0.1, 0.2])[:62]
+    'the learning rate differs: 0.1 at 1 process, 0.2 at 2 processe'
+    >>> lr_differs([0.1, 0.1]) is None
+    True
+    """
+    if len(lrs) < 2 or not all(lrs) or abs(lrs[1] - lrs[0]) <= 1e-9 * abs(lrs[0]):
+        return None
+    return (f"the learning rate differs: {lrs[0]:g} at 1 process, {lrs[1]:g} at {nproc} processes (a learning rate "
+            "scaled by the world size, or by the per-process batch?); the global batch is the same at any N, so "
+            "the learning rate should be too: compute it from the global batch, not from the number of processes")
+
+
 def likely_cause(one: dict[str, torch.Tensor] | None, many: dict[str, torch.Tensor] | None, grads: dict | None,
-                 random_draws: bool, nproc: int = 2, autocast: str | None = None, masked: bool = False) -> str:
+                 random_draws: bool, nproc: int = 2, autocast: str | None = None, masked: bool = False,
+                 lrs: list[float] | None = None) -> str:
     """One sentence: where the runs part (step-1 gradients or later) and why that likely is. ``one`` / ``many``:
     the runs' step-1 gradients; ``grads``: :func:`ddpkit.commands.verify.command.compare_weights` of them (None
-    without); ``masked``: a training loader without ``count=`` hands out labels of -100."""
+    without); ``masked``: a training loader without ``count=`` hands out labels of -100; ``lrs``: the largest
+    learning rate each run stepped with."""
     where = "the runs part"
+    said = lr_differs(lrs or [], nproc)
+    if said:
+        return said
     if one and many and grads is not None:
         if not grads["passed"]:
-            factor = scale_factor(*_model_of(grads["first_diverging"], one, many)) if set(one) == set(many) else None
+            factor = gradient_factor(one, many, grads)
             if factor is not None:
                 return (f"the step-1 gradients differ by a factor of {factor:.3g} (1 process / {nproc} processes) "
                         f"from {grads['first_diverging']!r} on: a loss reduction (reduction='sum'?) or a "

@@ -264,8 +264,10 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
             grads = compare_weights(g1, gn, atol, rtol) if g1 and gn else None
             result["first_gradient_diverging"] = grads.get("first_diverging") if grads else None
             result["gradient_gap"] = causes.gradient_gap(g1, gn) if g1 and gn else None
+            result["gradient_factor"] = causes.gradient_factor(g1, gn, grads)
+            result["lrs"] = [float(f.get("lr") or 0.0) for f in facts]
             result["cause"] = causes.likely_cause(g1, gn, grads, result["random_draws"], nproc, result["autocast"],
-                                                  any(f.get("masked_labels") for f in facts))
+                                                  any(f.get("masked_labels") for f in facts), result["lrs"])
     return {"nproc": nproc, "mode": mode, "steps": steps, "atol": atol, "rtol": rtol, **result}
 
 

@@ -1,0 +1,83 @@
+"""Names that cross the modules of a project: the model and the training loader that one file trains with and
+another builds, at module level (a course's ``Arch/model.py``: ``model = Net()``; ``Data/data.py``: ``train_loader
+= DataLoader(...)``; ``train.py``: ``from Arch.model import model`` and the loop).
+
+A file's plan asks for what it cannot convert itself (:class:`Ask`: ``model`` of ``Arch.model`` is a model,
+``train_loader`` of ``Data.data`` a training loader); :func:`settle` hands each ask to the file of that module,
+whose plan then converts the name where it is built (:class:`Crossing` ``wants``), and tells the asking file what
+was done there (``provided``), so that it says so instead of leaving it to the user. Only module-level names of
+the project's own files: a name built in a function, or imported from a library, stays left to you.
+
+Example::
+
+    >>> from ddpkit.commands.convert.plan import plan
+    >>> files = {"model.py": "import torch\\nnet = torch.nn.Linear(2, 2)\\n",
+    ...          "train.py": "import torch\\nfrom model import net\\nopt = torch.optim.SGD(net.parameters(), lr=1)\\n"}
+    >>> done = settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
+    >>> done["model.py"].text.splitlines()[-1], done["train.py"].left
+    ('net = ddpkit.prepare_model(torch.nn.Linear(2, 2))', [])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+MODEL, TRAIN, EVAL = "model", "training loader", "evaluation loader"
+
+
+@dataclasses.dataclass(frozen=True)
+class Ask:
+    """The asking file's line ``line`` needs ``name`` of module ``module`` (dotted, as imported) converted as a
+    ``kind`` (:data:`MODEL`, :data:`TRAIN`; :data:`EVAL`: read by a loop that does not train, to stay as it
+    is, said so there) where it is built."""
+    module: str
+    name: str
+    kind: str
+    line: int
+
+
+@dataclasses.dataclass
+class Crossing:
+    """For one file's plan: ``wants``, its module-level names other files need converted (name -> kind);
+    ``provided``, the imported names converted in their own module (name -> that file)."""
+    wants: dict[str, str] = dataclasses.field(default_factory=dict)
+    provided: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def settle(files: list[str], convert: Callable[[str, Crossing | None], Any]) -> dict[str, Any]:
+    """Every file's plan (``convert(rel, crossing)``), with the asks between them settled: each file of a module
+    asked for converts the names asked, then the asking files are told which were. ``files``: paths relative to
+    the project's root, ``/``-separated."""
+    plans = {rel: convert(rel, None) for rel in files}
+    wants: dict[str, dict[str, str]] = {}
+    asked: dict[str, list[tuple[str, Ask]]] = {}  # the file of the module -> (asking file, its ask)
+    for rel, result in plans.items():
+        for ask in getattr(result, "asks", ()):
+            target = module_file(files, ask.module)
+            if target is not None and target != rel:
+                wants.setdefault(target, {})[ask.name] = ask.kind
+                asked.setdefault(target, []).append((rel, ask))
+    if not wants:
+        return plans
+    for target, names in wants.items():
+        plans[target] = convert(target, Crossing(wants=names))
+    provided: dict[str, dict[str, str]] = {}
+    for target, pairs in asked.items():
+        for rel, ask in pairs:
+            if ask.name in plans[target].done:
+                provided.setdefault(rel, {})[ask.name] = target
+    for rel in sorted(provided):
+        plans[rel] = convert(rel, Crossing(wants=wants.get(rel, {}), provided=provided[rel]))
+    return plans
+
+
+def module_file(files: list[str], module: str) -> str | None:
+    """The project file of a dotted module name (``Arch.model`` -> ``Arch/model.py``), or None.
+
+    >>> module_file(["train.py", "Arch/model.py"], "Arch.model"), module_file(["train.py"], "torch.nn")
+    ('Arch/model.py', None)
+    """
+    path = module.replace(".", "/") + ".py"
+    return path if path in files else None

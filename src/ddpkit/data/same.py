@@ -1,0 +1,94 @@
+"""Every rank shards the same training dataset: checked once, where the training loader is built.
+
+A sampler gives each rank its part of one dataset; when the ranks hold different datasets, their parts are parts
+of different data and the job trains on neither, with no error ever. Scripts do this without a word: a dataset
+drawn from random numbers with no seed, a ``random_split`` unseeded (or seeded after ``ddpkit.init(seed=...)``,
+whose streams differ per rank), per-rank files. So each rank computes a fingerprint of its dataset (its length;
+for tensors it holds, a weighted sum over up to :data:`ROWS` rows; a ``Subset``'s indices) and the ranks compare
+them in one all-gather. What a fingerprint cannot see (a Dataset that reads files in ``__getitem__``) only its
+length is compared: a sample is never drawn here (random augmentation would differ by design).
+
+Example::
+
+    >>> from torch.utils.data import TensorDataset, Subset
+    >>> a = fingerprint(Subset(TensorDataset(torch.arange(10.0)), [3, 1]))
+    >>> a.tolist()[:2], bool((a == fingerprint(Subset(TensorDataset(torch.arange(10.0)), [1, 3]))).all())
+    ([2.0, 375.0], False)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import ConcatDataset, Subset, TensorDataset
+
+ROWS = 64  # rows of a tensor that enter its sum: spread over the whole tensor, first and last included
+DEPTH = 4  # Subsets of Subsets, ConcatDatasets: how deep the fingerprint looks
+
+
+def fingerprint(dataset: Any) -> torch.Tensor:
+    """``[len, sums...]`` in float64 (CPU): the same on every rank that holds the same data, in a fixed length."""
+    return torch.tensor([float(len(dataset)), *_sums(dataset, DEPTH)], dtype=torch.float64)
+
+
+def _sums(dataset: Any, depth: int) -> list[float]:
+    """Three numbers: the weighted sums of the tensors the dataset holds, of its subset indices, and of its
+    parts' lengths; 0 where it holds none."""
+    tensors, indices, parts = 0.0, 0.0, 0.0
+    if depth > 0 and isinstance(dataset, TensorDataset):
+        tensors = sum(_rows(t) for t in dataset.tensors)
+    elif depth > 0 and isinstance(dataset, Subset):
+        indices = _weighted(torch.as_tensor(list(dataset.indices), dtype=torch.float64))
+        inner = _sums(dataset.dataset, depth - 1)
+        tensors, parts = inner[0] + inner[1], inner[2]
+    elif depth > 0 and isinstance(dataset, ConcatDataset):
+        parts = _weighted(torch.tensor(dataset.cumulative_sizes, dtype=torch.float64))
+        for part in dataset.datasets:
+            inner = _sums(part, depth - 1)
+            tensors, indices = tensors + inner[0], indices + inner[1]
+    elif depth > 0:  # torchvision's datasets hold their samples as .data / .targets (tensors or arrays)
+        tensors = sum(_rows(value) for value in (getattr(dataset, "data", None), getattr(dataset, "targets", None))
+                      if isinstance(value, torch.Tensor) or type(value).__name__ == "ndarray")
+    return [tensors, indices, parts]
+
+
+def _rows(value: Any) -> float:
+    """A weighted sum over up to :data:`ROWS` rows of a tensor (or a numpy array) spread along its first dim."""
+    tensor = torch.as_tensor(value)
+    if tensor.dim() == 0 or tensor.shape[0] == 0:
+        return float(tensor.double().sum()) if tensor.numel() else 0.0
+    picks = torch.linspace(0, tensor.shape[0] - 1, min(ROWS, tensor.shape[0])).round().long()
+    rows = tensor[picks.to(tensor.device)].detach().cpu()
+    if rows.is_complex():
+        rows = torch.view_as_real(rows)
+    return _weighted(torch.nan_to_num(rows.double().reshape(-1), nan=0.5, posinf=2.0, neginf=-2.0))
+
+
+def _weighted(values: torch.Tensor) -> float:
+    """An order-sensitive sum: a permutation of the same values sums to another number."""
+    weights = torch.arange(1, values.numel() + 1, dtype=torch.float64).remainder(97).add(1)
+    return float((values * weights).sum())
+
+
+def check(dataset: Any, device: torch.device) -> None:
+    """Raise ValueError on every rank when the ranks' training datasets differ (one line, the same everywhere);
+    a no-op without a process group of two or more."""
+    if not dist.is_initialized() or dist.get_world_size() < 2:
+        return
+    mine = fingerprint(dataset).to(device)
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    other = next((r for r, theirs in enumerate(every) if not torch.equal(theirs, every[0])), None)
+    if other is None:
+        return
+    first, then = every[0].tolist(), every[other].tolist()
+    what = f"{int(first[0])} samples vs {int(then[0])}" if first[0] != then[0] else \
+        "its split's indices" if first[2] != then[2] else "the samples it holds"
+    raise ValueError(f"ddpkit.data_loader: the training dataset differs between ranks (rank {other}'s from rank "
+                     f"0's: {what}), so the ranks would train on parts of different data; it was likely drawn from "
+                     "random numbers or split at random with no seed, or with ddpkit.init(seed=...)'s streams, "
+                     "which differ per rank, or read from per-rank files: build it the same on every rank (seed "
+                     "it first with torch.manual_seed(0), or pass random_split a generator="
+                     "torch.Generator().manual_seed(0))")
