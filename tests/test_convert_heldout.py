@@ -510,3 +510,40 @@ def test_a_model_bound_on_every_path_through_an_if_is_prepared_below_it(body, be
     result = convert(body)
     assert result.text.count("prepare_model") == 1, result.text
     assert ("\nnet = ddpkit.prepare_model(net)\n" in result.text) == below_if, result.text
+
+
+def test_a_model_unpacked_from_a_call_in_a_resume_branch_is_prepared_and_what_is_said_is_written():
+    """The third held-out run (wide-resnet): ``net, file_name = getNetwork(args)`` in the ``else`` of ``if
+    args.resume:``, then ``if use_cuda: net.cuda(); net = DataParallel(net)``. Convert said ``net =
+    ddpkit.prepare_model(...)`` at the deleted DataParallel line and wrote none (the runtime check stopped it)."""
+    text = convert("if resume:\n    net = torch.load(p)['net']\nelse:\n    net, file_name = get_network(args)\n"
+                   "    net.apply(conv_init)\nif use_cuda:\n    net.cuda()\n"
+                   "    net = torch.nn.DataParallel(net, device_ids=range(torch.cuda.device_count()))\n").text
+    assert text.count("prepare_model") == 1 and "\nnet = ddpkit.prepare_model(net)\n" in text, text
+    assert below(text, "net.apply(conv_init)", "net = ddpkit.prepare_model(net)"), text
+    # unpacked outside any if: the wrap on the next line
+    text = convert("net, name = get_network(args)\n").text
+    assert "net, name = get_network(args)\nnet = ddpkit.prepare_model(net)\n" in text, text
+
+
+def test_an_init_below_a_move_under_if_cuda_still_comes_before_the_wrap():
+    """PyTorch-GAN's DCGAN: ``if cuda: generator.cuda()`` between the build and ``generator.apply(init)`` kept the
+    wrap at the build, and the init was left to the user."""
+    result = convert("net = Net()\nif cuda:\n    net.cuda()\nnet.apply(weights_init)\n")
+    assert not result.left and below(result.text, "net.apply(weights_init)", "net = ddpkit.prepare_model(net)")
+
+
+@pytest.mark.parametrize("read", [
+    "    save_image(x[:25], 'grid.png', nrow=int(math.sqrt(args.batch_size)))\n",
+    "    log.info(f'{step}/{args.batch_size}')\n",
+    "    nrow = int(math.sqrt(args.batch_size))\n",  # in the epoch loop, after the training loop
+])
+def test_a_batch_size_read_only_to_show_something_keeps_the_global_batch(read):
+    """PyTorch-GAN reads ``opt.batch_size`` for an image grid's rows: the batch was kept per process (the global
+    batch N x B at the same learning rate), and exit 1 for a false alarm."""
+    loop = ("opt = torch.optim.SGD(net.parameters(), lr=0.1)\n"
+            "loader = DataLoader(ds, batch_size=args.batch_size, shuffle=True)\nfor epoch in range(2):\n"
+            "    for x, y in loader:\n        opt.zero_grad()\n        nn.functional.cross_entropy(net(x), y)"
+            ".backward()\n        opt.step()\n" + read)
+    result = convert("net = Net()\n", loop)
+    assert "global_batch_size=args.batch_size" in result.text and not result.left, result.left

@@ -18,3 +18,12 @@ def test_a_model_the_script_wrapped_in_ddp_itself_trains(tmp_path):
     r = launch(WORKER, "handddp", tmp_path, timeout=120)
     ok(r)
     assert "trained 0" in r.stdout and "FutureWarning" not in r.stderr, r.stderr[-3000:]
+
+
+def test_a_prepared_model_fed_by_a_plain_loader_is_said_once_and_trains():
+    """The third held-out run: a script whose loaders live in a package it imports from elsewhere converted with
+    exit 0 and no word, launched as "DistributedDataParallel on 2 processes", and every rank read every batch."""
+    r = ok(launch(WORKERS / "unsharded.py", "plain", timeout=120))
+    assert r.stderr.count("no training loader of ddpkit.data_loader was built before the first") == 1, r.stderr
+    r = ok(launch(WORKERS / "unsharded.py", "own", timeout=120))
+    assert "no training loader of ddpkit.data_loader" not in r.stderr, r.stderr

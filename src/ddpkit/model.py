@@ -21,6 +21,7 @@ from typing import Any
 from torch import nn
 
 from ddpkit.core import process
+from ddpkit.data import unprepared
 from ddpkit.runtime import group as runtime
 from ddpkit.runtime import phases
 from ddpkit.strategies import comm as comm_options
@@ -183,6 +184,7 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
     # move (a meta model: materialise, unless the mode shards it first), let the launching tool hook it, wrap
     wrapped = mode.prepare(model, state, options, runtime.tools())
     process.current().prepared += 1
+    unprepared.watch(sharding=False)  # the first step says so when no ddpkit training loader fed it
     if compile:
         mode.compile(wrapped, {} if compile is True else dict(compile))
     phases.watch_model(wrapped, compiled=bool(compile))  # under ddpkit launch: where each step's time goes

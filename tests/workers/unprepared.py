@@ -17,7 +17,9 @@ if use_gpu:
 if sys.argv[1] == "handddp":
     model = torch.nn.parallel.DistributedDataParallel(model)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-loader = ddpkit.data_loader(torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8)
+g = torch.Generator().manual_seed(0)  # the same data on every rank (init(seed=0) seeds each rank apart)
+data = torch.utils.data.TensorDataset(torch.randn(32, 4, generator=g), torch.randn(32, 1, generator=g))
+loader = ddpkit.data_loader(data, batch_size=8)
 for x, y in loader:
     loss = nn.functional.mse_loss(model(x), y)
     opt.zero_grad()

@@ -8,14 +8,20 @@ prepare_model(model)``) or when an optimizer trains models the converter did not
 step of a process whose training loader has handed out batches, with more than one process, the model must be
 there: otherwise every rank raises the same one line (the same facts on every rank: no collective is needed).
 
+The reverse is said too, not raised: a model prepared for N processes whose batches came from no ddpkit training
+loader by the first step (a loader built in a package the script imports from elsewhere, left plain): each rank
+then trains on every batch, the same work N times over. Rank 0 says so once, unless the script shards its own
+loader with a ``DistributedSampler``.
+
 Example::
 
-    watch()          # by ddpkit.data_loader(train=True) at N > 1; the first optimizer.step() checks, once
+    watch()          # by ddpkit.data_loader(train=True) and prepare_model; the first optimizer.step() checks, once
 """
 
 from __future__ import annotations
 
 import gc
+import sys
 from typing import Any
 
 from ddpkit.core import process
@@ -28,9 +34,19 @@ SAID = ("ddpkit: the training loader shards every batch across {n} processes, bu
         "every path (not only under `if use_cuda:`), each model of an optimizer over several")
 
 
-def watch() -> None:
-    """Check at this process's next optimizer step (once) that a model was prepared."""
+UNSHARDED = ("ddpkit: the model is prepared for {n} processes, but no training loader of ddpkit.data_loader was "
+             "built before the first optimizer.step(): if the batches come from a plain DataLoader, every rank "
+             "trains on all of them (the same work {n} times over, no speed-up); build it with "
+             "ddpkit.data_loader(dataset, batch_size=...) (ddpkit convert does, in the files it converts)")
+
+
+def watch(sharding: bool = True) -> None:
+    """Check at this process's next optimizer step (once) that a model was prepared (``sharding``: called by a
+    training loader; else by prepare_model)."""
     from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    if sharding:
+        process.current().sharding = True
 
     if not _HANDLE:
         _HANDLE.append(register_optimizer_step_pre_hook(_first_step))
@@ -42,9 +58,23 @@ def _first_step(optimizer: Any, args: Any, kwargs: Any) -> None:
         return
     proc.step_checked = True
     state = proc.state
-    if state is None or state.world_size < 2 or proc.prepared or _wrapped_by_hand(optimizer):
+    if state is None or state.world_size < 2:
+        return
+    if proc.prepared and not proc.sharding:
+        if state.is_main and not _sampled_by_hand():
+            print(UNSHARDED.format(n=state.world_size), file=sys.stderr, flush=True)
+        return
+    if proc.prepared or _wrapped_by_hand(optimizer):
         return
     raise RuntimeError(SAID.format(n=state.world_size))
+
+
+def _sampled_by_hand() -> bool:
+    """A DistributedSampler of torch's alive in the process: the script shards a loader of its own by hand (looked
+    for once, on rank 0, where the note would be said)."""
+    from torch.utils.data import DistributedSampler
+
+    return any(issubclass(type(obj), DistributedSampler) for obj in gc.get_objects())
 
 
 def _wrapped_by_hand(optimizer: Any) -> bool:

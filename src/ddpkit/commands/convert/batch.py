@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import libcst as cst
+import libcst.matchers as m
 
 from ddpkit.commands.check.rules import OPTIMIZERS
 from ddpkit.commands.convert.flow import DEPTH, argument_for, callee
@@ -32,6 +33,10 @@ from ddpkit.commands.convert.scan import Call, Loop, dotted, names_in
 _Work = Any
 _NO_SPACE = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
 QUIET = ("print", "ddpkit.print")  # a read of the batch size that sizes nothing
+# what only shows or logs a value: a batch size read there sizes nothing (``save_image(..., nrow=int(math.sqrt(
+# opt.batch_size)))`` in PyTorch-GAN, a progress line's "%d/%d")
+SHOWS = {"save_image", "make_grid", "info", "debug", "warning", "log", "write", "add_scalar", "add_scalars",
+         "add_image", "add_images", "set_description", "set_postfix", "format", "savefig", "imshow"}
 
 
 def global_batch(work: _Work, call: Call, loops: list[Loop]) -> Callable[[cst.Call], cst.Call] | None:
@@ -120,13 +125,24 @@ def _read_in_training(work: _Work, names: set[str], loops: list[Loop]) -> tuple[
         return None
     inside: set[int] = set()
     for loop in loops:
-        for around in (loop, *loop.outer):
-            inside |= node_ids(around.node.body)
-    quiet = {i for c in work.facts.calls if c.name in QUIET for i in node_ids(c.node)}
+        inside |= node_ids(loop.node.body)
+        for around in loop.outer:  # the loops around it, above the training loop (an epoch's init_hidden(B)):
+            # what follows the training loop there shows or evaluates (an image grid of sqrt(B) rows)
+            inside |= {i for stmt in around.node.body.body if _starts(work, stmt) <= loop.line
+                       for i in node_ids(stmt)}
+    quiet = {i for c in work.facts.calls if c.name in QUIET or c.last in SHOWS for i in node_ids(c.node)}
+    quiet |= {i for loop in loops for n in m.findall(loop.node, m.FormattedString() | m.BinaryOperation(
+        operator=m.Modulo(), left=m.SimpleString())) for i in node_ids(n)}  # an f-string, "%d" % ...
     for name, _scope, line, node in work.facts.reads:
         if name in names and id(node) in inside and id(node) not in quiet:
             return name, line
     return None
+
+
+def _starts(work: _Work, stmt: cst.CSTNode) -> int:
+    """The first line of a statement the scan recorded (0: none)."""
+    inside = node_ids(stmt)
+    return min((line for s, _scope, line in work.facts.statements if id(s) in inside), default=0)
 
 
 # optimizers whose step is normalised by the gradient's own size: a sum's 1/N scale leaves it as it was (the

@@ -53,7 +53,7 @@ def place(work: _Work, binding: Binding, moves: list[Call], anchor: cst.If | Non
         return False
     start = next(i for i, s in enumerate(block) if s is stmt) + 1
     target, last, stop = binding.target, None, len(block)
-    allowed = _removed(work) | {i for c in moves for i in node_ids(c.node)}
+    allowed = _removed(work) | {i for c in moves for i in node_ids(c.node)} | _guarded_moves(work, binding)
     # ``model = Net(); model.apply(init)``: one line
     after = _after_assignment(stmt, binding.value) if isinstance(stmt, cst.SimpleStatementLine) else []
     states = [_statement(work, target, small, allowed) for small in after]
@@ -90,6 +90,15 @@ def place(work: _Work, binding: Binding, moves: list[Call], anchor: cst.If | Non
               f"initialised at line {line}: DDP copies rank 0's weights when it wraps, so an init after the wrap "
               "would give each rank its own", line)
     return True
+
+
+def _guarded_moves(work: _Work, binding: Binding) -> set[int]:
+    """``if cuda: generator.cuda()`` on a line of its own: a move the wrap may pass (prepare_model moves the model
+    to this rank's device anyway), also under its own ``if`` (PyTorch-GAN's: the init below it comes first)."""
+    return {i for c in work.facts.calls if c.scope is binding.scope and c.last in ("to", "cuda") and c.stmt is not None
+            and isinstance(c.node.func, cst.Attribute) and dotted(c.node.func.value) == binding.target
+            and len(c.stmt.body) == 1 and isinstance(c.stmt.body[0], cst.Expr) and c.stmt.body[0].value is c.node
+            for i in node_ids(c.node)}
 
 
 def _statement(work: _Work, target: str, stmt: cst.CSTNode, allowed: set[int]) -> str | None:

@@ -76,6 +76,12 @@ def plan(source: str, per_process_batch: bool = False, crossing: Crossing | None
         anchor = _import_place(wrapper, work) if "ddpkit" not in facts.aliases else None  # (``import ddpkit as
         # dk`` too: the edits say ``ddpkit.``)
         text = rewrite(wrapper, work.edits, anchor)
+    said = [e for e in work.log if "prepare_model(" in e.what]
+    if said and "prepare_model(" not in text and text != source:  # an edit said and lost (another one removed it)
+        work.leave(said[0].line, "convert said it prepares the model here, but its edits lost the wrap (a case it "
+                   "does not handle)", "wrap the model yourself where it is built: model = ddpkit.prepare_model("
+                   "model), then convert again", blocks=True)
+        text = source
     return Plan(source, sorted(work.log, key=lambda e: e.line), sorted(work.left, key=lambda e: e.line), text,
                 sorted(work.kept, key=lambda e: e.line), work.asks, work.done)
 
@@ -219,7 +225,7 @@ class _Work:
         parts = target.split(".")
         for end in range(2 if parts[0] == "self" else 1, len(parts) + 1):  # model.fc.parameters(): model
             binding = binding_of(self.facts, ".".join(parts[:end]), call.scope, call.line)
-            if binding is not None and binding.value is not None:
+            if binding is not None and _built(binding):
                 return self._unconditional(self._source(binding))
         return None
 
@@ -231,7 +237,7 @@ class _Work:
         guard = self._guard(binding.stmt)
         while guard is not None:
             earlier = binding_of(self.facts, binding.target, binding.scope, binding.line - 1)
-            if earlier is None or earlier.value is None or _within(earlier.stmt, guard):
+            if earlier is None or not _built(earlier) or _within(earlier.stmt, guard):
                 return binding
             bare = parallel.inner(binding.value, self.facts.aliases)
             if bare is None or dotted(rules.without_moves(bare)) != binding.target:
@@ -256,13 +262,12 @@ class _Work:
         if alias is None or alias == binding.target and bare is binding.value or depth >= 4:
             return binding
         found = binding_of(self.facts, alias, binding.scope, binding.line - 1)
-        return self._source(found, depth + 1) if found is not None and found.value is not None else binding
+        return self._source(found, depth + 1) if found is not None and _built(found) else binding
 
     def _wrap(self, binding: Binding, optimizer: Call | None) -> bool:
         """Wrap the model ``optimizer`` trains (None: an optimizer of another module) where ``binding`` builds it;
         False where it is left to the user instead."""
-        value = binding.value
-        assert value is not None
+        value = binding.value  # None: one of several names a call's result is unpacked to (net, name = f())
         aliases = self.facts.aliases
         if _prepared(value, aliases) or any(_prepared(b.value, aliases) for b in self.facts.bindings
                                             if b.target == binding.target and b.value is not None):
@@ -273,7 +278,7 @@ class _Work:
                  and isinstance(c.node.func, cst.Attribute) and dotted(c.node.func.value) == binding.target
                  and len(c.stmt.body) == 1 and isinstance(c.stmt.body[0], cst.Expr)
                  and self._guard(c.stmt) is self._guard(binding.stmt)]  # not one under an `if` of its own
-        unread = self._unread_device([value, *(m.node for m in moves)], binding)
+        unread = self._unread_device([n for n in (value, *(c.node for c in moves)) if n is not None], binding)
         if unread is not None:
             self.leave(binding.line, f"the model moves to {unread.target}, set up at line {unread.line} in a form "
                        "convert does not read: prepare_model would put it on ddpkit's device and the data would "
@@ -292,8 +297,13 @@ class _Work:
                       f"{binding.target})", "prepare_model moves it to this rank's device, converts BatchNorm to "
                       "SyncBatchNorm and wraps it in DDP", move.line)
             return True
-        self.edits.expr[id(value)] = lambda node: cst.parse_expression(
-            f"ddpkit.prepare_model({self.facts.module.code_for_node(rules.without_moves(node))})")
+        if value is None:  # ``net, name = get_network()``: the wrap on the line below
+            assert binding.stmt is not None
+            self.edits.after.setdefault(id(binding.stmt), []).append(
+                f"{binding.target} = ddpkit.prepare_model({binding.target})")
+        else:
+            self.edits.expr[id(value)] = lambda node: cst.parse_expression(
+                f"ddpkit.prepare_model({self.facts.module.code_for_node(rules.without_moves(node))})")
         trains = f"the optimizer at line {optimizer.line}" if optimizer is not None else "an optimizer in " \
             "another module of the project"
         self.note(f"{binding.target} = ddpkit.prepare_model(...)", f"the model {trains} trains: prepare_model moves "
@@ -313,6 +323,12 @@ class _Work:
                         return found
                 node = node.func.value
         return None
+
+
+def _built(binding: Binding) -> bool:
+    """The binding gives the name a value of the script's (``net = Net()``; ``net, name = get_network()``), not a
+    parameter's or a loop variable's."""
+    return binding.value is not None or binding.whole is not None
 
 
 def _within(stmt: cst.CSTNode | None, node: cst.CSTNode) -> bool:
