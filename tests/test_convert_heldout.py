@@ -547,3 +547,19 @@ def test_a_batch_size_read_only_to_show_something_keeps_the_global_batch(read):
             ".backward()\n        opt.step()\n" + read)
     result = convert("net = Net()\n", loop)
     assert "global_batch_size=args.batch_size" in result.text and not result.left, result.left
+
+
+def test_a_copy_of_a_saved_checkpoint_is_made_by_rank_zero_too():
+    """bearpaw's ``save_checkpoint``: ``torch.save`` guarded, the ``shutil.copyfile`` of the best model beside it
+    not: rank 1 copied a file rank 0 had not written yet (FileNotFoundError, 2 launches of 3)."""
+    source = HEAD + textwrap.dedent("""
+        import shutil
+        def save_checkpoint(state, is_best, path='ckpt.pth'):
+            torch.save(state, path)
+            if is_best:
+                shutil.copyfile(path, 'best.pth')
+        shutil.copy('config.yaml', 'run/')
+        """)
+    text = plan(source).text
+    assert "        if ddpkit.init().is_main:\n            shutil.copyfile(path, 'best.pth')" in text, text
+    assert "\nshutil.copy('config.yaml', 'run/')" in text  # not beside a save: every rank's own, as it was

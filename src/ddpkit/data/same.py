@@ -90,5 +90,5 @@ def check(dataset: Any, device: torch.device) -> None:
                      f"0's: {what}), so the ranks would train on parts of different data; it was likely drawn from "
                      "random numbers or split at random with no seed, or with ddpkit.init(seed=...)'s streams, "
                      "which differ per rank, or read from per-rank files: build it the same on every rank (seed "
-                     "it first with torch.manual_seed(0), or pass random_split a generator="
+                     "it first: torch.manual_seed(0), numpy.random.seed(0); or pass random_split a generator="
                      "torch.Generator().manual_seed(0))")

@@ -26,6 +26,8 @@ _Work = Any
 
 LOG_CALLS = ("debug", "info", "warning", "warn", "error", "critical", "exception", "log")
 BARRIER_FIX = "put ddpkit.barrier() after the save where every rank passes (outside rank- or data-dependent branches)"
+# what copies or moves a file: beside a guarded torch.save (bearpaw's copy of the best checkpoint), rank 0's too
+FILE_OPS = ("shutil.copyfile", "shutil.copy", "shutil.copy2", "shutil.move", "os.rename", "os.replace")
 PRETRAINED = ("save_pretrained", "push_to_hub")  # Hugging Face's saves (a model's, a tokenizer's)
 UNWRAP = ("isinstance", "type", "copy.deepcopy", "torch.jit.script", "torch.jit.trace", "torch.onnx.export")
 
@@ -106,6 +108,12 @@ def outputs(work: _Work) -> None:
             _unwrap(work, call)
         elif call.name in ("os.mkdir", "os.makedirs") or call.last == "mkdir" and _a_path(work, call):
             _mkdir(work, call)
+        elif call.name in FILE_OPS and not ranked and call.stmt is not None and len(call.stmt.body) == 1 and any(
+                c.name == "torch.save" and c.scope is call.scope for c in facts.calls):
+            work.edits.guard[id(call.stmt)] = _main(work, call.scope)
+            work.note(f"{call.name} guarded: rank 0 does it", "beside a torch.save that rank 0 alone makes: on "
+                      "another rank the file may not be written yet (FileNotFoundError), and N copies race",
+                      call.line)
 
 
 def _progress(work: _Work, call: Any) -> None:
