@@ -95,7 +95,8 @@ COURSE = {
     "Arch/optim.py": "import torch.optim as optim\nfrom Pipe.option import args\nfrom Arch.model import model\n"
                      "optimizer = optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)\n",
     "Data/data.py": "import torch\nfrom torch.utils.data import TensorDataset, DataLoader\n"
-                    "ds = TensorDataset(torch.randn(64, 20), torch.randint(0, 4, (64,)))\n"
+                    "g = torch.Generator().manual_seed(0)\n"
+                    "ds = TensorDataset(torch.randn(64, 20, generator=g), torch.randint(0, 4, (64,), generator=g))\n"
                     "train_loader = DataLoader(ds, batch_size=16, shuffle=True)\n"
                     "test_loader = DataLoader(ds, batch_size=64)\n",
     "train.py": "import torch.nn.functional as F\nfrom Arch.model import model\nfrom Arch.optim import optimizer\n"

@@ -25,7 +25,8 @@ if sys.argv[1] == "accumulate":
         p.requires_grad_(False)
     model = ddpkit.prepare_model(model, shard=[nn.Linear])
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    data = torch.utils.data.TensorDataset(torch.randn(4096, W), torch.randint(0, 8, (4096,)))
+    g = torch.Generator().manual_seed(1)  # the same data on every rank (init(seed=0) seeds each rank apart)
+    data = torch.utils.data.TensorDataset(torch.randn(4096, W, generator=g), torch.randint(0, 8, (4096,), generator=g))
     loader = ddpkit.data_loader(data, global_batch_size=384, seed=0)
     for i, (x, y) in enumerate(loader):
         for k, (xs, ys) in enumerate(zip(x.chunk(4), y.chunk(4))):
