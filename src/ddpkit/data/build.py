@@ -103,6 +103,7 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     _check_samples(len(dataset), state.world_size)
     if train:  # shards of different datasets train on neither: caught before the first batch
         same.check(dataset, state.device)
+        dataset = tools.dataset(dataset)
     shuffle = train if shuffle is None else shuffle
     sampler_uneven = "join"  # evaluation: no sample repeated or left out
     if train:

@@ -72,6 +72,10 @@ class Hooks:
         """A map-style training loader keeps a multiple of this many samples (None: all of them)."""
         return None
 
+    def dataset(self, dataset: Any) -> Any:
+        """The dataset a map-style training loader reads (the tool may wrap it)."""
+        return dataset
+
     def on_loader(self, loader: Any, rank: int, describe: Callable[[], dict[str, Any]],
                   on_shutdown: OnShutdown) -> None:
         """A training loader, just built; ``loader.observe(fn)`` sees (and may end) each pass's batches.

@@ -32,7 +32,8 @@ import torch
 from torch import nn
 
 from ddpkit.commands.verify import rounding
-from ddpkit.commands.verify.recorder import Recorder, cpu_state, dropout_off
+from ddpkit.commands.verify.recorder import DRAWS_OFFSET, Recorder, cpu_state, dropout_off
+from ddpkit.commands.verify.samples import SampleSeeded
 from ddpkit.core import contract
 from ddpkit.runtime.instrument import Hooks, OnShutdown
 
@@ -72,6 +73,13 @@ class VerifyHooks(Hooks):
 
     def multiple(self) -> int | None:
         return self.drop_multiple
+
+    def dataset(self, dataset: Any) -> Any:
+        """Each sample's own random draws (augmentation) seeded from its index, the same in both runs
+        (:mod:`ddpkit.commands.verify.samples`); moved by the run's offset in the re-runs with other draws."""
+        if self.recorder is None:
+            return dataset
+        return SampleSeeded(dataset, DRAWS_OFFSET * self.recorder.draws_k)
 
     def on_loader(self, loader: Any, rank: int, describe: Callable[[], dict[str, Any]],
                   on_shutdown: OnShutdown) -> None:
