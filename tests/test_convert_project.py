@@ -132,3 +132,36 @@ def test_names_imported_across_a_projects_modules_convert_where_they_are_built_a
     assert alone.returncode == 1 and "refused" not in alone.stderr, alone.stderr
     assert "the loops read loaders imported from modules of the script ('train_loader' from Data.data)" in \
         alone.stderr and "ddpkit convert --imports" in alone.stderr, alone.stderr
+
+
+def _settled(files):
+    from ddpkit.commands.convert.crossing import settle
+    from ddpkit.commands.convert.plan import plan
+
+    return settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
+
+
+def test_a_projects_crossing_names_are_asked_of_the_right_module_once():
+    """Review: one file training on a loader and another evaluating on it left it plain while the trainer was told
+    it was converted; two modules' ``model`` (a GAN's ``gen`` and ``disc``) were told apart by name only; a module
+    with an optimizer of its own prepared its model twice; ``model = None`` became prepare_model(None)."""
+    loop = "for x, y in {0}:\n    opt.zero_grad()\n    (model(x) - y).pow(2).mean().backward()\n    opt.step()\n"
+    head = "import torch\nfrom data import loader\nmodel = torch.nn.Linear(2, 1)\n" \
+           "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+    done = _settled({"data.py": "import torch\nfrom torch.utils.data import DataLoader\n"
+                                "loader = DataLoader(ds, batch_size=8, shuffle=True)\n",
+                     "a_train.py": head + loop.format("loader"),
+                     "b_eval.py": "import torch\nfrom data import loader\nfor x, y in loader:\n    print(x)\n"})
+    assert "loader = ddpkit.data_loader(ds, global_batch_size=8, shuffle=True)" in done["data.py"].text
+    gan = _settled({"gen.py": "import torch\nmodel = torch.nn.Linear(2, 2)\n",
+                    "disc.py": "import torch\nmodel = None\n",
+                    "train.py": "import torch\nfrom gen import model as G\nfrom disc import model as D\n"
+                                "og = torch.optim.SGD(G.parameters(), lr=0.1)\nod = torch.optim.SGD(D.parameters(), "
+                                "lr=0.1)\n"})
+    assert "prepare_model" not in gan["disc.py"].text, gan["disc.py"].text
+    assert [x.line for x in gan["train.py"].left] == [5], gan["train.py"].left  # D: not prepared anywhere
+    twice = _settled({"m.py": "import torch\nmodel = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(model.parameters()"
+                              ", lr=0.1)\nmodel = torch.compile(model)\n",
+                      "train.py": "import torch\nfrom m import model\nopt2 = torch.optim.SGD(model.parameters(), "
+                                  "lr=0.1)\n"})
+    assert twice["m.py"].text.count("prepare_model") == 1, twice["m.py"].text

@@ -21,3 +21,26 @@ def test_ranks_holding_different_training_data_stop_where_the_loader_is_built(ca
 @pytest.mark.parametrize("case", ["seeded", "seeded_split", "concat"])
 def test_the_same_data_on_every_rank_trains(case):
     ok(launch(WORKER, case, timeout=120))
+
+
+def test_a_fingerprint_of_arrays_it_cannot_sum_compares_their_length_and_does_not_raise():
+    """Review: a dataset whose ``.data`` is an array of file paths (or objects, or big-endian numbers) made the
+    fingerprint raise, so ddpkit.data_loader(train=True) failed at 2 processes. Tensor indices of a Subset are read
+    as a tensor (2M of them as a list took 5 s)."""
+    import numpy as np
+    import torch
+    from torch.utils.data import Dataset, Subset, TensorDataset
+
+    from ddpkit.data.same import fingerprint
+
+    class Files(Dataset):
+        def __init__(self, data):
+            self.data, self.targets = data, np.array([0, 1])
+
+        def __len__(self):
+            return 2
+
+    for data in (np.array(["a.png", "b.png"]), np.array([object(), object()]), np.array([1.0, 2.0], dtype=">f8")):
+        assert fingerprint(Files(data)).tolist()[0] == 2.0
+    listed = fingerprint(Subset(TensorDataset(torch.zeros(10)), list(range(10))))
+    assert fingerprint(Subset(TensorDataset(torch.zeros(10)), torch.arange(10))).tolist() == listed.tolist()

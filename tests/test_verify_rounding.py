@@ -116,3 +116,42 @@ def test_a_badly_conditioned_correct_batchnorm_passes_and_an_lr_scaled_by_the_wo
     assert r.returncode != 0 and r.stdout.startswith("FAIL"), r.stdout + r.stderr[-2000:]
     assert "likely cause: the learning rate differs: 0.05 at 1 process, 0.1 at 2 processes" in r.stdout, r.stdout
     assert "float64" not in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_a_module_is_verified_as_launch_runs_it(tmp_path):
+    """The third held-out run: a Hugging Face project started as ``python -m src.main`` ran under ``ddpkit launch
+    -m`` but ``ddpkit verify -m`` was refused (unrecognized arguments)."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "train.py").write_text(
+        "import sys\nimport torch\nimport ddpkit\nassert sys.argv[1:] == ['--lr', '0.1'], sys.argv\n"
+        "g = torch.Generator().manual_seed(0)\n"
+        "data = torch.utils.data.TensorDataset(torch.randn(64, 6, generator=g), torch.randint(0, 3, (64,), "
+        "generator=g))\nmodel = ddpkit.prepare_model(torch.nn.Linear(6, 3))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor x, y in ddpkit.data_loader(data, batch_size=8):\n"
+        "    opt.zero_grad()\n    torch.nn.functional.cross_entropy(model(x), y).backward()\n    opt.step()\n")
+    r = ok(run_cmd([sys.executable, "-m", "ddpkit", "verify", "--nproc", "2", "--steps", "3", "-m", "pkg.train",
+                    "--lr", "0.1"], timeout=300, cwd=str(tmp_path)))
+    assert r.stdout.startswith("PASS: 2 processes match 1 process"), r.stdout + r.stderr[-2000:]
+
+
+def test_each_samples_draws_are_seeded_from_its_index_and_the_scripts_own_streams_stay():
+    """verify/samples.py, a review: fetching a sample reseeded the GPUs' generators too (torch.manual_seed), which
+    the step's own draws come from; a 0-d tensor index was seeded by its id."""
+    import random
+
+    from torch.utils.data import Dataset
+
+    from ddpkit.commands.verify.samples import SampleSeeded
+
+    class Jitter(Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return float(torch.rand(())) + random.random()
+
+    seeded = SampleSeeded(Jitter(), 0)
+    before = torch.random.default_generator.get_state()
+    assert seeded[2] == SampleSeeded(Jitter(), 0)[torch.tensor(2)] != seeded[3]
+    assert torch.equal(before, torch.random.default_generator.get_state())  # the script's stream, untouched

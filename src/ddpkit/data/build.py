@@ -84,6 +84,9 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     state, tools = runtime.ensure_init(), runtime.tools()
     if train:  # sharded training batches need a prepared model by the first optimizer step
         unprepared.watch()
+    if train and not isinstance(dataset, IterableDataset):  # shards of different datasets train on neither
+        same.check(dataset, state.device)
+        dataset = tools.dataset(dataset)  # (verify: each sample's augmentation alike in both runs)
     if micro_batch_size is not None or accumulation_steps is not None or count is not None:
         if batch_size is not None:
             global_batch_size = None  # refused below: the per-process batch is ddpkit's to choose here
@@ -101,9 +104,6 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     if own is not None and len(own) < state.world_size:  # type: ignore[arg-type]  # what the ranks share
         raise ValueError(too_few(own, len(own), state.world_size))  # type: ignore[arg-type]
     _check_samples(len(dataset), state.world_size)
-    if train:  # shards of different datasets train on neither: caught before the first batch
-        same.check(dataset, state.device)
-        dataset = tools.dataset(dataset)
     shuffle = train if shuffle is None else shuffle
     sampler_uneven = "join"  # evaluation: no sample repeated or left out
     if train:

@@ -40,7 +40,9 @@ def _sums(dataset: Any, depth: int) -> list[float]:
     if depth > 0 and isinstance(dataset, TensorDataset):
         tensors = sum(_rows(t) for t in dataset.tensors)
     elif depth > 0 and isinstance(dataset, Subset):
-        indices = _weighted(torch.as_tensor(list(dataset.indices), dtype=torch.float64))
+        given = dataset.indices
+        indices = _weighted(given.detach().to(torch.float64).reshape(-1) if isinstance(given, torch.Tensor)
+                            else torch.as_tensor(list(given), dtype=torch.float64))
         inner = _sums(dataset.dataset, depth - 1)
         tensors, parts = inner[0] + inner[1], inner[2]
     elif depth > 0 and isinstance(dataset, ConcatDataset):
@@ -55,8 +57,14 @@ def _sums(dataset: Any, depth: int) -> list[float]:
 
 
 def _rows(value: Any) -> float:
-    """A weighted sum over up to :data:`ROWS` rows of a tensor (or a numpy array) spread along its first dim."""
-    tensor = torch.as_tensor(value)
+    """A weighted sum over up to :data:`ROWS` rows of a tensor (or a numeric numpy array) spread along its first
+    dim; 0 for what has no numbers to sum (an array of file paths, of objects: its length is still compared)."""
+    if not isinstance(value, torch.Tensor) and getattr(getattr(value, "dtype", None), "kind", "") not in "biufc":
+        return 0.0
+    try:
+        tensor = torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):  # a big-endian or strided array torch does not take
+        return 0.0
     if tensor.dim() == 0 or tensor.shape[0] == 0:
         return float(tensor.double().sum()) if tensor.numel() else 0.0
     picks = torch.linspace(0, tensor.shape[0] - 1, min(ROWS, tensor.shape[0])).round().long()

@@ -49,7 +49,9 @@ def pinnable(dataset: Dataset, workers: int) -> bool:
 
 
 def _tensors(dataset: Dataset) -> TensorDataset | None:
-    """The TensorDataset under ``dataset`` and its Subsets (a Subset's samples are its dataset's), or None."""
+    """The TensorDataset under ``dataset`` and its Subsets (a Subset's samples are its dataset's; a tool's wrapper
+    says what it wraps as ``__wrapped__``), or None."""
+    dataset = getattr(dataset, "__wrapped__", dataset)
     while isinstance(dataset, Subset):
         dataset = dataset.dataset
     return dataset if isinstance(dataset, TensorDataset) else None

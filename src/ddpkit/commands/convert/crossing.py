@@ -41,7 +41,7 @@ class Ask:
 @dataclasses.dataclass
 class Crossing:
     """For one file's plan: ``wants``, its module-level names other files need converted (name -> kind);
-    ``provided``, the imported names converted in their own module (name -> that file)."""
+    ``provided``, the imported names converted in their own module (:func:`key` -> that file)."""
     wants: dict[str, str] = dataclasses.field(default_factory=dict)
     provided: dict[str, str] = dataclasses.field(default_factory=dict)
 
@@ -57,7 +57,9 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any]) -> 
         for ask in getattr(result, "asks", ()):
             target = module_file(files, ask.module)
             if target is not None and target != rel:
-                wants.setdefault(target, {})[ask.name] = ask.kind
+                names = wants.setdefault(target, {})
+                if names.get(ask.name) != TRAIN:  # one file trains on it, another evaluates: a training loader
+                    names[ask.name] = ask.kind
                 asked.setdefault(target, []).append((rel, ask))
     if not wants:
         return plans
@@ -67,10 +69,15 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any]) -> 
     for target, pairs in asked.items():
         for rel, ask in pairs:
             if ask.name in plans[target].done:
-                provided.setdefault(rel, {})[ask.name] = target
+                provided.setdefault(rel, {})[key(ask.module, ask.name)] = target
     for rel in sorted(provided):
         plans[rel] = convert(rel, Crossing(wants=wants.get(rel, {}), provided=provided[rel]))
     return plans
+
+
+def key(module: str, name: str) -> str:
+    """How ``provided`` names a module's name: ``Arch.model:model`` (two modules may both build a ``model``)."""
+    return f"{module}:{name}"
 
 
 def module_file(files: list[str], module: str) -> str | None:

@@ -19,7 +19,7 @@ import libcst as cst
 
 from ddpkit.commands.convert import batch, flow
 from ddpkit.commands.convert.apply import LOADER_PARAMETERS, loader_call
-from ddpkit.commands.convert.crossing import EVAL, TRAIN, Ask
+from ddpkit.commands.convert.crossing import EVAL, TRAIN, Ask, key
 from ddpkit.commands.convert.flow import callee, loops_reading, peek, roles_said
 from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, dotted, imported_from
 from ddpkit.commands.convert.sums import sums_after
@@ -47,7 +47,6 @@ def loaders(work: _Work) -> None:
             work.keep(call.line, f"{wanted} = DataLoader(...) left as it is", "another module of the project "
                       "loops over it without training: each rank reads all of it, which is right for an evaluation "
                       "(ddpkit.data_loader(..., train=False) and a ddpkit.reduce of the sums there would share it)")
-            work.done.append(wanted)
             continue
         if _unused(work, call):
             built = [c for c in built if c is not call]
@@ -69,7 +68,7 @@ def _imported_loader(work: _Work, line: int) -> bool:
     another module stays as it is there: each rank evaluates every batch, which is right."""
     reads: dict[str, bool] = {}  # name -> read by a loop that trains
     for loop in work.facts.loops:
-        trains = any(c.last in ("backward", "step") for c in loop.calls)
+        trains = any(c.last in ("backward", "step") or _steps_in(work, c) for c in loop.calls)
         for name in loop.iter_names:
             if imported_from(work.facts, name):
                 reads[name] = reads.get(name, False) or trains
@@ -78,12 +77,12 @@ def _imported_loader(work: _Work, line: int) -> bool:
     origins = {n: imported_from(work.facts, n) for n in reads}
     training = sorted(n for n, trains in reads.items() if trains)
     provided = work.crossing.provided
+    done = {n: provided.get(key(*(origins[n] or ("", n)))) for n in training}
     for n in training:
-        module, name = origins[n] or ("", n)
-        if name in provided:
+        if done[n]:
             work.keep(line, f"the training loop over {n} left as it is", f"{n} is a ddpkit.data_loader where it "
-                      f"is built, in {provided[name]} (imported from {module})")
-    missing = [n for n in training if (origins[n] or ("", n))[1] not in provided]
+                      f"is built, in {done[n]} (imported from {(origins[n] or ('?',))[0]})")
+    missing = [n for n in training if not done[n]]
     work.asks.extend(Ask(*(origins[n] or ("", n)), EVAL, line) for n in reads if not reads[n])
     if training and not missing:
         return True
@@ -141,6 +140,12 @@ def _handed_to_unread(facts: Facts, node: Any, depth: int) -> bool:
     scope, skip = target
     param = next((p for p in scope.params if flow.argument_for(call, p, scope, skip) is node), None)
     return param is not None and not _read(facts, param, scope, 0, depth + 1)
+
+
+def _steps_in(work: _Work, call: Call) -> bool:
+    """``train_step(x, y)``: a function of the script's that a loop calls runs a backward or an optimizer step."""
+    own = callee(work.facts, call)
+    return own is not None and any(c.scope is own[0] and c.last in ("backward", "step") for c in work.facts.calls)
 
 
 def _wanted(work: _Work, call: Call) -> str | None:

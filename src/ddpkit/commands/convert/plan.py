@@ -24,7 +24,7 @@ from libcst import matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ddpkit.commands.check.rules import OPTIMIZERS
-from ddpkit.commands.convert import batch, branches, device, inits, loaders, parallel, rules, splits
+from ddpkit.commands.convert import batch, branches, crossing, device, inits, loaders, parallel, rules, splits
 from ddpkit.commands.convert.apply import Edits, first_use, rewrite
 from ddpkit.commands.convert.crossing import MODEL, Ask, Crossing
 from ddpkit.commands.convert.flow import binding_of
@@ -77,7 +77,7 @@ def plan(source: str, per_process_batch: bool = False, crossing: Crossing | None
         # dk`` too: the edits say ``ddpkit.``)
         text = rewrite(wrapper, work.edits, anchor)
     said = [e for e in work.log if "prepare_model(" in e.what]
-    if said and "prepare_model(" not in text and text != source:  # an edit said and lost (another one removed it)
+    if said and text.count("prepare_model(") < len(said) and text != source:  # said, and lost to another edit
         work.leave(said[0].line, "convert said it prepares the model here, but its edits lost the wrap (a case it "
                    "does not handle)", "wrap the model yourself where it is built: model = ddpkit.prepare_model("
                    "model), then convert again", blocks=True)
@@ -177,7 +177,11 @@ class _Work:
 
     def _wanted_model(self, name: str) -> None:
         """A module-level model that an optimizer in another module of the project trains: wrapped here."""
-        bound = [b for b in self.facts.bindings if b.target == name and b.scope.name == "" and b.value is not None]
+        if any(b.target == name for b in self.models):  # prepared here already, for an optimizer of this module
+            self.done.append(name)
+            return
+        bound = [b for b in self.facts.bindings if b.target == name and b.scope.name == "" and b.value is not None
+                 and not (isinstance(b.value, cst.Name) and b.value.value == "None")]  # (``model = None``: not built)
         if not bound:
             return
         binding = self._unconditional(self._source(bound[-1]))
@@ -204,9 +208,9 @@ class _Work:
         elif binding is None and (origin := imported_from(self.facts, target)):
             # the wrap belongs in the other module; asked of it when the project is converted together
             (module, name), head = origin, target.split(".")[0]
-            if name in self.crossing.provided:
+            if crossing.key(module, name) in self.crossing.provided:
                 self.keep(call.line, f"the optimizer over {head} left as it is", f"{head} is prepared where it is "
-                          f"built, in {self.crossing.provided[name]} (imported from {module})")
+                          f"built, in {self.crossing.provided[crossing.key(module, name)]} (imported from {module})")
                 return
             self.asks.append(Ask(module, name, MODEL, call.line))
             self.leave(call.line, f"the model {target!r} this optimizer trains is imported from {module}, and "

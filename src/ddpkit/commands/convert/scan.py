@@ -153,7 +153,7 @@ def _import_aliases(module: cst.Module) -> tuple[dict[str, str], list[cst.Simple
                     aliases[local] = full if alias.asname else local
             elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
                 lines.append(stmt)
-                base = dotted(small.module) or ""
+                base = "." * len(small.relative) + (dotted(small.module) or "")  # ``from .model import``: kept
                 for alias in small.names:
                     name = dotted(alias.name) or ""
                     local = dotted(alias.asname.name) if alias.asname else name
@@ -175,7 +175,8 @@ def imported_from(facts: Facts, name: str) -> tuple[str, str] | None:
     if full is None or "." not in full or any(b.target == head for b in facts.bindings):
         return None
     module, remote = full.rsplit(".", 1)
-    return None if module.split(".")[0] in LIBRARIES else (module, remote)
+    # a relative import (``from .model import net``) is not followed: its module is its package's
+    return None if not module or module.startswith(".") or module.split(".")[0] in LIBRARIES else (module, remote)
 
 
 # where a name imported is no module of the script's own project

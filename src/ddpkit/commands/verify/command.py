@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance (default 1e-5)")
     p.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance (default 1e-4)")
     p.add_argument("--json", action="store_true", help="print one JSON object (one line per world size)")
+    p.add_argument("-m", "--module", action="store_true", help="run SCRIPT as a module, like python -m (as launch)")
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     return p
@@ -341,9 +342,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(f"--mode {ns.mode} runs one process; verify compares a multi-process mode "
                              f"({', '.join(n for n, s in sorted(strategy.STRATEGIES.items()) if s.multi_process)})")
         fewest = min(count for count, _, _ in plans)
-        if fewest < 2 or ns.steps < 1 or not os.path.isfile(ns.script):
+        if fewest < 2 or ns.steps < 1 or not (ns.module or os.path.isfile(ns.script)):
             raise UsageError(f"need processes >= 2, --steps >= 1 and an existing script; got "
                               f"{fewest}, {ns.steps}, {ns.script!r}")
+        if ns.module:  # both runs as `python -m MODULE` / `ddpkit launch -m MODULE`: "-m" leads the arguments
+            ns.script, ns.script_args = "-m", [ns.script, *ns.script_args]
     except UsageError as exc:
         return usage_error(PROG, exc)
     results: list[dict] = []

@@ -31,31 +31,48 @@ from torch.utils.data import Dataset
 
 
 class SampleSeeded(Dataset):
-    """``dataset`` whose sample ``i`` is fetched with the generators seeded from ``base`` and ``i``."""
+    """``dataset`` whose sample ``i`` is fetched with the generators seeded from ``base`` and ``i``. Its own
+    attributes have names no script's dataset uses: ``loader.dataset.dataset`` (a Subset's) and ``loader.dataset.
+    transform = ...`` reach the script's dataset."""
 
     def __init__(self, dataset: Any, base: int):
-        self.dataset, self.base = dataset, base
+        self.__dict__["_ddpkit_dataset"], self.__dict__["_ddpkit_base"] = dataset, base
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return len(self.__dict__["_ddpkit_dataset"])
+
+    @property
+    def __wrapped__(self) -> Any:  # what the loader's defaults look at (tensors in memory: no worker processes)
+        return self.__dict__["_ddpkit_dataset"]
 
     def __getattr__(self, name: str) -> Any:  # ``loader.dataset.classes``: the script's own dataset's
-        if name.startswith("__") or name in ("dataset", "base"):  # (unpickling in a worker: not set yet)
+        inner = self.__dict__.get("_ddpkit_dataset")
+        if name.startswith("__") or inner is None:  # (unpickling in a worker: not set yet)
             raise AttributeError(name)
-        return getattr(self.__dict__["dataset"], name)
+        return getattr(inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.__dict__["_ddpkit_dataset"], name, value)
 
     def __getitem__(self, index: Any) -> Any:
-        numpy = sys.modules.get("numpy")
-        saved = (torch.get_rng_state(), random.getstate(), numpy.random.get_state() if numpy else None)
-        seed = (self.base * 1_000_003 + hash(index)) % 2**62
+        dataset = self.__dict__["_ddpkit_dataset"]
         try:
-            torch.manual_seed(seed)
+            key = int(index)  # a sampler's int, or a 0-d tensor's value (not its hash: that is its id)
+        except (TypeError, ValueError):
+            return dataset[index]  # a key of another kind: fetched as it is
+        numpy = sys.modules.get("numpy")
+        saved = (torch.random.default_generator.get_state(), random.getstate(),
+                 numpy.random.get_state() if numpy else None)
+        seed = (self.__dict__["_ddpkit_base"] * 1_000_003 + key) % 2**62
+        try:
+            # the CPU generator only: torch.manual_seed would reseed the GPUs' too, which the step draws from
+            torch.random.default_generator.manual_seed(seed)
             random.seed(seed)
             if numpy is not None:
                 numpy.random.seed(seed % 2**32)
-            return self.dataset[index]
+            return dataset[index]
         finally:
-            torch.set_rng_state(saved[0])
+            torch.random.default_generator.set_state(saved[0])
             random.setstate(saved[1])
             if numpy is not None and saved[2] is not None:
                 numpy.random.set_state(saved[2])
