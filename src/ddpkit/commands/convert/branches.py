@@ -36,7 +36,10 @@ def place(work: _Work, binding: Binding, optimizer: Call | None) -> bool:
     initialisations that follow it: :func:`ddpkit.commands.convert.inits.place`); False: no chain does, or the
     optimizer is inside it (None: an optimizer of another module)."""
     chain = _exhaustive(work, binding)
-    if chain is None or optimizer is not None and (optimizer.stmt is None or id(optimizer.stmt) in node_ids(chain)):
+    if chain is None:
+        _one_path(work, binding, optimizer)
+        return False
+    if optimizer is not None and (optimizer.stmt is None or id(optimizer.stmt) in node_ids(chain)):
         return False
     if inits.place(work, binding, [], anchor=chain):
         return True
@@ -46,6 +49,22 @@ def place(work: _Work, binding: Binding, optimizer: Call | None) -> bool:
               f"{target} is bound on every path through the if: prepared whichever path runs (a wrap in one "
               "branch leaves the model of the other paths a separate copy on each rank)", binding.line)
     return True
+
+
+def _one_path(work: _Work, binding: Binding, optimizer: Call | None) -> None:
+    """A model built in a branch of an ``if`` that does not bind it on every path (an ``elif`` with no ``else``),
+    trained below that ``if``: wrapped in its branch, and listed (the other paths' model would be a copy per rank;
+    the first optimizer step stops them, ddpkit.data.unprepared)."""
+    ifs = [node for node in m.findall(work.facts.module, m.If()) if isinstance(node, cst.If)]
+    elifs = {id(node.orelse) for node in ifs if isinstance(node.orelse, cst.If)}
+    holder = _holding([node for node in ifs if id(node) not in elifs], binding.stmt) \
+        if binding.stmt is not None else None
+    if holder is None or optimizer is None or optimizer.stmt is None or id(optimizer.stmt) in node_ids(holder):
+        return
+    work.leave(binding.line, f"{binding.target} is built in one branch of an if that does not bind it on every "
+               f"path, and prepared there: on the other paths it is not (each rank would train its own copy; the "
+               "first optimizer step stops it)", f"bind {binding.target} on every path (an else), or wrap it "
+               f"below the if yourself: {binding.target} = ddpkit.prepare_model({binding.target})")
 
 
 def _exhaustive(work: _Work, binding: Binding) -> cst.If | None:
