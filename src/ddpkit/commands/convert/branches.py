@@ -55,10 +55,7 @@ def _one_path(work: _Work, binding: Binding, optimizer: Call | None) -> None:
     """A model built in a branch of an ``if`` that does not bind it on every path (an ``elif`` with no ``else``),
     trained below that ``if``: wrapped in its branch, and listed (the other paths' model would be a copy per rank;
     the first optimizer step stops them, ddpkit.data.unprepared)."""
-    ifs = [node for node in m.findall(work.facts.module, m.If()) if isinstance(node, cst.If)]
-    elifs = {id(node.orelse) for node in ifs if isinstance(node.orelse, cst.If)}
-    holder = _holding([node for node in ifs if id(node) not in elifs], binding.stmt) \
-        if binding.stmt is not None else None
+    holder = _holding(_tops(work), binding.stmt) if binding.stmt is not None else None
     if holder is None or optimizer is None or optimizer.stmt is None or id(optimizer.stmt) in node_ids(holder):
         return
     work.leave(binding.line, f"{binding.target} is built in one branch of an if that does not bind it on every "
@@ -71,9 +68,7 @@ def _exhaustive(work: _Work, binding: Binding) -> cst.If | None:
     """The outermost ``if`` chain that holds ``binding`` in one of its branches and leaves its target bound on
     every path: each branch binds it (or raises, or returns), or a statement before the chain in its own block
     did. None when that chain itself sits in a branch of an ``if`` that does not (a path that never binds it)."""
-    ifs = [node for node in m.findall(work.facts.module, m.If()) if isinstance(node, cst.If)]
-    elifs = {id(node.orelse) for node in ifs if isinstance(node.orelse, cst.If)}
-    tops = [node for node in ifs if id(node) not in elifs]
+    tops = _tops(work)
     bound = {id(b.stmt) for b in work.facts.bindings
              if b.target == binding.target and b.scope is binding.scope and (b.value is not None or b.whole)}
     found: cst.If | None = None
@@ -86,6 +81,13 @@ def _exhaustive(work: _Work, binding: Binding) -> cst.If | None:
             return None  # ``if resume: (if ema: net = A else: net = B)``: not bound when resume is false
         found = node = chain
     return found
+
+
+def _tops(work: _Work) -> list[cst.If]:
+    """Every ``if`` of the script that is no ``elif`` of another: the heads of its chains."""
+    ifs = [node for node in m.findall(work.facts.module, m.If()) if isinstance(node, cst.If)]
+    elifs = {id(node.orelse) for node in ifs if isinstance(node.orelse, cst.If)}
+    return [node for node in ifs if id(node) not in elifs]
 
 
 def _holding(tops: list[cst.If], node: cst.BaseStatement) -> cst.If | None:

@@ -66,28 +66,28 @@ def _imported_loader(work: _Work, line: int) -> bool:
     train_loader``): not batches fed by hand. The training ones are asked of their module (:mod:`.crossing`) and
     said done when it made them ``ddpkit.data_loader``\ s; else left to you. An evaluation loader read from
     another module stays as it is there: each rank evaluates every batch, which is right."""
-    reads: dict[str, bool] = {}  # name -> read by a loop that trains
+    reads: dict[str, bool] = {}  # name -> read by a loop that trains (as a loader's role is told: flow.trains)
+    origins: dict[str, tuple[str, str]] = {}  # name -> (its module, its name there)
     for loop in work.facts.loops:
-        trains = any(c.last in ("backward", "step") or _steps_in(work, c) for c in loop.calls)
         for name in loop.iter_names:
-            if imported_from(work.facts, name):
-                reads[name] = reads.get(name, False) or trains
+            origin = imported_from(work.facts, name)
+            if origin:
+                origins[name] = origin
+                reads[name] = reads.get(name, False) or flow.trains(work.facts, loop)
     if not reads:
         return False
-    origins = {n: imported_from(work.facts, n) for n in reads}
     training = sorted(n for n, trains in reads.items() if trains)
-    provided = work.crossing.provided
-    done = {n: provided.get(key(*(origins[n] or ("", n)))) for n in training}
+    done = {n: work.crossing.provided.get(key(*origins[n])) for n in training}
     for n in training:
         if done[n]:
             work.keep(line, f"the training loop over {n} left as it is", f"{n} is a ddpkit.data_loader where it "
-                      f"is built, in {done[n]} (imported from {(origins[n] or ('?',))[0]})")
+                      f"is built, in {done[n]} (imported from {origins[n][0]})")
     missing = [n for n in training if not done[n]]
-    work.asks.extend(Ask(*(origins[n] or ("", n)), EVAL, line) for n in reads if not reads[n])
+    work.asks.extend(Ask(*origins[n], EVAL, line) for n in reads if not reads[n])
     if training and not missing:
         return True
-    work.asks.extend(Ask(*(origins[n] or ("", n)), TRAIN, line) for n in missing)
-    where = ", ".join(f"{n!r} from {(origins[n] or ('?',))[0]}" for n in (missing or sorted(reads)))
+    work.asks.extend(Ask(*origins[n], TRAIN, line) for n in missing)
+    where = ", ".join(f"{n!r} from {origins[n][0]}" for n in (missing or sorted(reads)))
     work.leave(line, f"the loops read loaders imported from modules of the script ({where}), and convert does "
                "not follow a name from one module to another outside a project: as they are, every rank reads "
                "every batch", "convert them together (ddpkit convert --imports SCRIPT, or a folder), or make the "
@@ -140,12 +140,6 @@ def _handed_to_unread(facts: Facts, node: Any, depth: int) -> bool:
     scope, skip = target
     param = next((p for p in scope.params if flow.argument_for(call, p, scope, skip) is node), None)
     return param is not None and not _read(facts, param, scope, 0, depth + 1)
-
-
-def _steps_in(work: _Work, call: Call) -> bool:
-    """``train_step(x, y)``: a function of the script's that a loop calls runs a backward or an optimizer step."""
-    own = callee(work.facts, call)
-    return own is not None and any(c.scope is own[0] and c.last in ("backward", "step") for c in work.facts.calls)
 
 
 def _wanted(work: _Work, call: Call) -> str | None:

@@ -75,10 +75,9 @@ def scale_factor(one: dict[str, torch.Tensor], many: dict[str, torch.Tensor]) ->
 
 def gradient_gap(one: dict[str, torch.Tensor], many: dict[str, torch.Tensor]) -> float | None:
     """How far apart the runs' step-1 gradients are, over the whole model: ``|one - many| / |one|`` (L2 over every
-    tensor both hold; None when they hold different tensors or none). Float rounding parts them by ~1e-7 to 1e-5
-    (a sum in another order); a defect (unsynced statistics, a skipped all-reduce, a loss scaled by the local
-    batch) by 1e-3 and far more. A tensor whose exact gradient is 0 (a bias right before BatchNorm) is noise in
-    both runs, far apart relative to itself, and weighs nothing here.
+    tensor both hold; None when they hold different tensors or none). Said, not decided on: float rounding parted
+    them by 1e-6 to 7.5e-4 in correct BatchNorm networks and by 0.13 in one over inputs near 3000, more than
+    per-rank statistics (a defect) in a ResNet (0.064); the float64 re-run decides (:mod:`.rounding`).
 
     >>> gradient_gap({"w": torch.tensor([3.0, 4.0], dtype=torch.float64)},
     ...              {"w": torch.tensor([3.0, 4.0005], dtype=torch.float64)})
