@@ -6,9 +6,11 @@
   part of ``in_proj_bias`` has an exactly-zero gradient whose float noise differs between 1 process and N;
   AdamW's first steps move a weight by about lr whatever its gradient's size: must PASS, saying so.
 - global: ``data_loader(global_batch_size=16)``: must PASS (the one-process run must not scale it again).
-- noise: a VAE-style sampling noise drawn in forward (torch.randn_like): verify cannot compare exactly, and says
-  that a one-process re-run with other draws is as far from the first.
-- noisefirst: noise drawn before the step's first forward, as a GAN draws z: cannot compare exactly either.
+- noise: a VAE-style sampling noise drawn in forward (torch.randn_like): must PASS, by the re-run with the draws
+  matched (verify/matched.py).
+- noisefirst: noise drawn before the step's first forward, as a GAN draws z: must PASS the same way.
+- noisenp: the VAE's noise drawn from numpy, which verify cannot match: cannot compare exactly, saying that a
+  one-process re-run with other draws is as far from the first.
 - noisebug: the same noise 100x smaller, and rank 1's loss 10x (a rank-dependent scale): must FAIL, beyond what
   the draws make.
 - augpy / augnp: a Dataset whose ``__getitem__`` augments each sample with Python's ``random`` (in this process) /
@@ -40,7 +42,8 @@ import ddpkit
 parser = argparse.ArgumentParser()
 parser.add_argument("--case", required=True, choices=["seq", "attn", "global", "noise", "handshard", "noprepare",
                                                      "badbytes", "gan", "manual", "phases", "bnplain", "exit",
-                                                     "accum8", "noisebug", "noisefirst", "augpy", "augnp"])
+                                                     "accum8", "noisebug", "noisefirst", "noisenp", "augpy",
+                                                     "augnp"])
 args = parser.parse_args()
 torch.set_num_threads(1)
 state = ddpkit.init()
@@ -83,6 +86,10 @@ class Noisy(nn.Module):
     def forward(self, x):
         mu, logvar = self.enc(x.mean(1)).chunk(2, dim=1)
         noise = torch.randn_like(mu) * (0.01 if args.case == "noisebug" else 1.0)
+        if args.case == "noisenp":
+            import numpy as np
+
+            noise = torch.from_numpy(np.random.standard_normal(tuple(mu.shape))).float()
         z = mu + noise * (0.5 * logvar).exp()  # the reparameterisation trick's noise
         return self.dec(z)
 
@@ -118,7 +125,7 @@ if args.case in ("gan", "manual", "phases", "bnplain", "exit", "accum8"):  # sha
     import verify_shapes  # noqa: E402 (next to this file)
     verify_shapes.run(args.case, data, state)
     raise SystemExit(0)
-net = {"noise": Noisy, "noisebug": Noisy, "attn": Attn}.get(args.case, Seq)()
+net = {"noise": Noisy, "noisebug": Noisy, "noisenp": Noisy, "attn": Attn}.get(args.case, Seq)()
 model = net if args.case == "noprepare" else ddpkit.prepare_model(net)
 opt = (torch.optim.AdamW(model.parameters(), lr=1e-3) if args.case == "attn"
        else torch.optim.SGD(model.parameters(), lr=0.1))

@@ -124,7 +124,9 @@ def verify_and_check(converted: str, script_args: list[str], nproc: int, steps: 
     cmd = [sys.executable, "-m", "ddpkit", "verify", "--nproc-per-node", str(nproc), "--steps", str(steps),
            converted, *script_args]
     done = subprocess.run(cmd, capture_output=True, text=True)
-    said = [line for line in done.stdout.splitlines() if line.startswith(("PASS", "FAIL", "likely cause"))]
+    # the verdict, its cause, and which test decided it (a float64 or a matched-draws re-run)
+    said = [line.strip() for line in done.stdout.splitlines()
+            if line.startswith(("PASS", "FAIL", "likely cause", "  decided by", "  the float64 re-run"))]
     last = ([line for line in done.stderr.splitlines() if line.strip()] or ["(no output)"])[-1]
     lines = [f"{PROG}: verify: {line}" for line in said] or [f"{PROG}: verify: exit {done.returncode}: {last}"]
     with open(converted, encoding="utf-8") as f:

@@ -21,7 +21,7 @@ from ddpkit.commands.convert import batch, flow
 from ddpkit.commands.convert.apply import LOADER_PARAMETERS, loader_call
 from ddpkit.commands.convert.crossing import EVAL, TRAIN, Ask, key
 from ddpkit.commands.convert.flow import callee, loops_reading, peek, roles_said
-from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, dotted, imported_from
+from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, dotted, imported_from, resolve
 from ddpkit.commands.convert.sums import sums_after
 
 # the plan in the making (plan._Work): facts, edits, note, leave
@@ -55,7 +55,7 @@ def loaders(work: _Work) -> None:
     backward = [c for c in work.facts.calls if c.last == "backward"]
     training |= any(c.name == "ddpkit.data_loader" for c in work.facts.calls)
     if backward and not training and not built and not uses_ddpkit(work.facts):  # (ddpkit: by hand)
-        if _imported_loader(work, backward[0].line):
+        if _imported_loader(work, backward[0].line) or _subclassed(work, backward[0].line):
             return
         work.leave(backward[0].line, "the training batches do not come from a torch DataLoader (fed by hand): "
                    "each rank would train on all of them", "build them with a Dataset and a DataLoader, then "
@@ -95,6 +95,47 @@ def _imported_loader(work: _Work, line: int) -> bool:
                "evaluation loader may stay: each rank then evaluates every batch, which is right), and wrap the "
                "model with ddpkit.prepare_model(...) where it is built")
     return True
+
+
+def _subclassed(work: _Work, line: int) -> bool:
+    """The training loop reads a loader of the script's own DataLoader subclass (pytorch-template's
+    ``BaseDataLoader``): not batches fed by hand, but a class convert does not rewrite (its ``__init__`` may
+    split, sample or batch the data itself). Refused, saying so, with the fix."""
+    classes = loader_classes(work.facts.module, work.facts.aliases)
+    built = {b.target: b for b in work.facts.bindings if isinstance(b.value, cst.Call) and
+             dotted(b.value.func) in classes}
+    for loop in work.facts.loops:
+        found = sorted(loop.iter_names & set(built))
+        if found and flow.trains(work.facts, loop):
+            name, cls = found[0], dotted(built[found[0]].value.func)
+            work.leave(built[name].line, f"the training batches come from {name} = {cls}(...), a subclass of "
+                       "DataLoader of the script's own: convert does not rewrite a subclass (its __init__ may split, "
+                       "sample or batch the data itself), and as it is every rank reads every batch", "build the "
+                       f"training loader with ddpkit.data_loader(dataset, global_batch_size=B, ...) where {cls}(...) "
+                       "is called (what the subclass adds goes in the Dataset or a collate_fn), then convert again",
+                       blocks=True)
+            return True
+    return False
+
+
+def loader_classes(module: cst.Module, aliases: dict[str, str]) -> set[str]:
+    """The script's classes that derive from torch's DataLoader, directly or through each other.
+
+    >>> from ddpkit.commands.convert.scan import parse, scan
+    >>> facts = scan(parse("from torch.utils.data import DataLoader\\nclass A(DataLoader): pass\\nclass B(A): pass\\n"))
+    >>> sorted(loader_classes(facts.module, facts.aliases))
+    ['A', 'B']
+    """
+    bases: dict[str, set[str]] = {}
+    for stmt in module.body:
+        if isinstance(stmt, cst.ClassDef):
+            bases[stmt.name.value] = {resolve(dotted(b.value), aliases) or "" for b in stmt.bases}
+    found: set[str] = set()
+    while True:
+        more = {c for c, b in bases.items() if c not in found and (LOADER in b or b & found)}
+        if not more:
+            return found
+        found |= more
 
 
 def _unused(work: _Work, call: Call) -> bool:

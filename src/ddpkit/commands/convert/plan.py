@@ -24,7 +24,7 @@ from libcst import matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ddpkit.commands.check.rules import OPTIMIZERS
-from ddpkit.commands.convert import batch, branches, crossing, device, inits, loaders, parallel, rules, splits
+from ddpkit.commands.convert import batch, branches, crossing, device, inits, loaders, parallel, rules, splits, writes
 from ddpkit.commands.convert.apply import Edits, first_use, rewrite
 from ddpkit.commands.convert.crossing import MODEL, Ask, Crossing
 from ddpkit.commands.convert.flow import binding_of
@@ -151,6 +151,7 @@ class _Work:
         splits.splits(self, any(c.name in (loaders.LOADER, "ddpkit.data_loader") for c in self.facts.calls))
         batch.summed_loss(self)
         rules.outputs(self)
+        writes.writes(self)
 
     def _convertible(self) -> bool:
         for call in self.facts.calls:

@@ -51,7 +51,7 @@ def _device_only(call: cst.Call) -> bool:
         or arg.keyword is not None and arg.keyword.value == "device"
 
 
-def _main(work: _Work, scope: Scope) -> str:
+def main_test(work: _Work, scope: Scope) -> str:
     """An expression for "this is rank 0" in ``scope``: ``state.is_main`` where the init's state is seen."""
     if any(visible(work.facts, work.state, s, scope) for s in work.inits) or \
             any(b.target == work.state and visible(work.facts, work.state, b.scope, scope)
@@ -100,7 +100,7 @@ def outputs(work: _Work) -> None:
             _unwaited(work, call, _read_back(call, loads)[0].line)
         elif call.name == "torch.load" and not any(a.keyword and a.keyword.value == "map_location"
                                                    for a in call.node.args):
-            where = f"{work.state}.device" if _main(work, call.scope).startswith(work.state) else '"cpu"'
+            where = f"{work.state}.device" if main_test(work, call.scope).startswith(work.state) else '"cpu"'
             work.edits.expr[id(call.node)] = lambda node, w=where: add_keyword(node, "map_location", w)
             work.note(f"torch.load(..., map_location={where})", "tensors load where this rank "
                       "works, not on the GPU they were saved from", call.line)
@@ -110,7 +110,7 @@ def outputs(work: _Work) -> None:
             _mkdir(work, call)
         elif call.name in FILE_OPS and not ranked and call.stmt is not None and len(call.stmt.body) == 1 and any(
                 c.name == "torch.save" and c.scope is call.scope for c in facts.calls):
-            work.edits.guard[id(call.stmt)] = _main(work, call.scope)
+            work.edits.guard[id(call.stmt)] = main_test(work, call.scope)
             work.note(f"{call.name} guarded: rank 0 does it", "beside a torch.save that rank 0 alone makes: on "
                       "another rank the file may not be written yet (FileNotFoundError), and N copies race",
                       call.line)
@@ -127,7 +127,7 @@ def _progress(work: _Work, call: Any) -> None:
     elif positional or any(a.keyword and a.keyword.value == "iterable" for a in node.args):
         work.edits.expr[id(node.func)] = lambda n: cst.parse_expression("ddpkit.progress")
     else:  # tqdm(total=...) updated by hand: no iterable to hand over; the bar shows on rank 0 only
-        flag = f"not {_main(work, call.scope)}"
+        flag = f"not {main_test(work, call.scope)}"
         work.edits.expr[id(node)] = lambda n: add_keyword(n, "disable", flag)
     work.note(f"{call.last} -> ddpkit.progress", "one bar, on rank 0", call.line)
 
@@ -142,7 +142,7 @@ def _save(work: _Work, call: Any, loads: list[Any]) -> None:
         return
     if _per_rank(work, call):
         return
-    work.edits.guard[id(call.stmt)] = _main(work, call.scope)
+    work.edits.guard[id(call.stmt)] = main_test(work, call.scope)
     read_back = _read_back(call, loads)
     if read_back and (call.tests or call.loops or _called_in_branch(work, call.scope)):  # (one rank may skip it)
         work.leave(call.line, f"a file is read at line {read_back[0].line} (maybe the one saved here), and the "
@@ -177,7 +177,7 @@ def _pretrained(work: _Work, call: Any, ranked: bool) -> None:
         work.leave(call.line, f"{call.last} {where}: every rank writes it", "put it on a line of its own, then "
                    "convert again")
         return
-    work.edits.guard[id(call.stmt)] = _main(work, call.scope)
+    work.edits.guard[id(call.stmt)] = main_test(work, call.scope)
     loads = [c for c in work.facts.calls if c.last == "from_pretrained"] if call.last == "save_pretrained" else []
     read_back = _read_back(call, loads)
     if read_back and any(c.last == "save_pretrained" and c.scope is call.scope and call.line < c.line <

@@ -151,6 +151,11 @@ def _import_aliases(module: cst.Module) -> tuple[dict[str, str], list[cst.Simple
                     full = dotted(alias.name) or ""
                     local = alias.asname.name.value if alias.asname else full.split(".")[0]  # type: ignore[union-attr]
                     aliases[local] = full if alias.asname else local
+            elif isinstance(small, cst.ImportFrom) and isinstance(small.names, cst.ImportStar):
+                lines.append(stmt)  # ``from torch.utils.data import *``: the names convert looks for
+                module_name = dotted(small.module) or ""
+                for name in STARRED.get(module_name, ()):
+                    aliases.setdefault(name, f"{module_name}.{name}")
             elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
                 lines.append(stmt)
                 base = "." * len(small.relative) + (dotted(small.module) or "")  # ``from .model import``: kept
@@ -178,6 +183,14 @@ def imported_from(facts: Facts, name: str) -> tuple[str, str] | None:
     # a relative import (``from .model import net``) is not followed: its module is its package's
     return None if not module or module.startswith(".") or module.split(".")[0] in LIBRARIES else (module, remote)
 
+
+# what ``from <module> import *`` binds among the names convert reads (torch's modules define ``__all__``)
+STARRED = {"torch.utils.data": ("DataLoader", "Dataset", "TensorDataset", "Subset", "ConcatDataset", "random_split",
+                                "DistributedSampler", "RandomSampler", "SequentialSampler", "IterableDataset"),
+           "torch.optim": ("SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "RMSprop", "NAdam", "RAdam",
+                           "LBFGS", "SparseAdam", "Rprop", "ASGD", "Adafactor", "Muon"),
+           "torch.nn": ("DataParallel", "Module", "Linear", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d"),
+           "torch.nn.parallel": ("DataParallel", "DistributedDataParallel", "data_parallel")}
 
 # where a name imported is no module of the script's own project
 LIBRARIES = {"torch", "torchvision", "torchaudio", "torchtext", "transformers", "datasets", "numpy", "sklearn",

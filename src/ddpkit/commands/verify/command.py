@@ -33,7 +33,7 @@ import torch
 
 from ddpkit.commands.cli import OneLineParser, usage_error
 from ddpkit.commands.logtail import run_logged
-from ddpkit.commands.verify import causes, draws, noise, rounding
+from ddpkit.commands.verify import causes, draws, matched, noise, rounding
 from ddpkit.commands.verify.lines import fail_line, pass_line, run_length
 from ddpkit.core import contract
 from ddpkit.core.environment import visible_gpus
@@ -211,14 +211,18 @@ def run_env(tmp: str, nproc: int, steps: int, device: str | None, keep_dropout: 
 
 
 def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol: float, rtol: float,
-           device: str | None = None, keep_dropout: bool = False, mode: str = "ddp", float64: bool = False) -> dict:
+           device: str | None = None, keep_dropout: bool = False, mode: str = "ddp", float64: bool = False,
+           match: bool = False) -> dict:
     """Run both trainings in a temporary directory and compare them; :class:`CannotCompare` when the
-    one-process run shows there is nothing comparable (checked before the N-process run starts)."""
+    one-process run shows there is nothing comparable (checked before the N-process run starts). ``float64``,
+    ``match``: the re-runs of :mod:`~ddpkit.commands.verify.rounding` and :mod:`~ddpkit.commands.verify.matched`."""
     with tempfile.TemporaryDirectory(prefix="ddpkit-verify-") as tmp:
         ref, dist_out = os.path.join(tmp, "single.pt"), os.path.join(tmp, "ddp.pt")
         common = run_env(tmp, nproc, steps, device, keep_dropout)
         if float64:
             common[contract.VERIFY_F64.name] = "1"
+        if match:
+            common[contract.VERIFY_MATCHED.name] = "1"
         _run(script, "one-process run", nproc, [sys.executable, script, *script_args],
              {**common, contract.MODE.name: "single", contract.BATCH_SCALE.name: str(nproc),
               contract.VERIFY_OUT.name: ref}, os.path.join(tmp, "single.log"))
@@ -253,7 +257,11 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
         result["draw_sources"] = sorted({s for f in facts for s in f.get("draw_sources") or ()})
         result["loader_workers"] = any(f.get("loader_workers") for f in facts)  # their draws are not seen
         result["autocast"] = next((f["autocast"] for f in facts if f.get("autocast")), None)
-        if draws.worth_rerun(result):  # how far the one-process run moves with other draws alone, per tensor
+        if not match and matched.worth_rerun(result):  # the draws matched: a correct script then compares exactly
+            again = _matched(script, script_args, nproc, steps, atol, rtol, device, keep_dropout, mode, float64)
+            if again is not None and again["passed"]:
+                return matched.decided({**result, "nproc": nproc}, again)
+        if draws.worth_rerun(result) and not match:  # how far the one-process run moves with other draws alone
             result["draws"] = _other_draws(script, script_args, nproc, tmp, common, one, many, skip, atol, rtol)
             if result["draws"] is not None and not result["draws"]["reached"]:
                 result["random_draws"] = False  # draws that move no weight are no cause of the difference
@@ -270,6 +278,27 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
             result["cause"] = causes.likely_cause(g1, gn, grads, result["random_draws"], nproc, result["autocast"],
                                                   any(f.get("masked_labels") for f in facts), result["lrs"])
     return {"nproc": nproc, "mode": mode, "steps": steps, "atol": atol, "rtol": rtol, **result}
+
+
+def _matched(script: str, script_args: Sequence[str], nproc: int, steps: int, atol: float, rtol: float,
+             device: str | None, keep_dropout: bool, mode: str, float64: bool) -> dict | None:
+    """Both runs again with their steps' draws matched, and in float64 too when that differs by what rounding
+    makes (a GAN's BatchNorm under Adam); None when a re-run could not run (the first result stands)."""
+    print(f"{PROG}: the runs differ and their steps drew from torch's generator: both run again with the draws "
+          "matched (each draw of the batch's size made once for the global batch, each process taking its rows)",
+          file=sys.stderr, flush=True)
+    try:
+        again = verify(script, script_args, nproc, steps, atol, rtol, device, keep_dropout, mode, float64, True)
+        # rounding parts the step-1 gradients by a fraction of their size (0.13 at worst in a badly conditioned
+        # BatchNorm); a gap beyond their size is a defect, not worth a third pair of runs
+        if not float64 and rounding.worth_rerun(again) and (again.get("gradient_gap") or 0.0) < 1.0:
+            print(f"{PROG}: the matched runs differ and {rounding.why_rerun(again)}: both run again in float64",
+                  file=sys.stderr, flush=True)
+            again = rounding.decided(again, verify(script, script_args, nproc, steps, atol, rtol, device,
+                                                   keep_dropout, mode, True, True))
+    except (CannotCompare, RuntimeError):
+        return None
+    return again
 
 
 def _other_draws(script: str, script_args: Sequence[str], nproc: int, tmp: str, common: dict[str, str], one: dict,

@@ -12,6 +12,7 @@ changes, and why:
   so a script need not seed;
 - dropout is set to 0 (unless ``--keep-dropout``);
 - in the float64 re-run of a FAIL, the model is float64 (:mod:`ddpkit.commands.verify.rounding`);
+- in the re-run of a FAIL whose steps drew noise, the draws are matched (:mod:`ddpkit.commands.verify.matched`);
 - the :class:`~ddpkit.commands.verify.recorder.Recorder` stops both runs after K optimizer steps, saves the final
   weights and the step-1 gradients.
 
@@ -86,7 +87,7 @@ class VerifyHooks(Hooks):
         """The recorder counts the loader's batches and caps it until an optimizer steps (see
         :meth:`~ddpkit.commands.verify.recorder.Recorder.on_loader`)."""
         if self.recorder is not None:
-            self.recorder.on_loader(loader, rank == 0, on_shutdown)
+            self.recorder.on_loader(loader, rank == 0, on_shutdown, rank)
 
 
 def from_env(environ: Mapping[str, str]) -> VerifyHooks:
@@ -96,5 +97,6 @@ def from_env(environ: Mapping[str, str]) -> VerifyHooks:
                        drop_multiple=contract.VERIFY_DROP.number(environ), init=contract.VERIFY_INIT.text(environ),
                        keep_dropout=out is None or contract.KEEP_DROPOUT.flag(environ),
                        recorder=Recorder(out, contract.MAX_STEPS.number(environ),
-                                         other_draws=contract.VERIFY_DRAWS.number(environ) or 0) if out else None,
+                                         other_draws=contract.VERIFY_DRAWS.number(environ) or 0,
+                                         matched=contract.VERIFY_MATCHED.flag(environ)) if out else None,
                        float64=contract.VERIFY_F64.flag(environ))

@@ -38,9 +38,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from ddpkit.commands.verify.matched import MatchedDraws
 from ddpkit.data.global_batch import GlobalBatchSampler
 
 OnShutdown = Callable[[Callable[[], None]], None]
@@ -96,8 +98,10 @@ class Recorder:
     than one (a GAN's generator and discriminator) every name gets a ``model<i>.`` prefix, so each model's
     weights and step-1 gradients are compared, not only the last one's."""
 
-    def __init__(self, out: str, max_steps: int | None, other_draws: int = 0):
+    def __init__(self, out: str, max_steps: int | None, other_draws: int = 0, matched: bool = False):
         self.out, self.max_steps = out, max_steps
+        self.match = matched  # the steps' torch draws matched from the first training batch on (matched.py)
+        self.matching: MatchedDraws | None = None
         self.other_draws = other_draws  # K: reseed torch at the first training forward (the same init, other draws)
         self.draws_k = other_draws  # K, kept: each training loader's worker seeds move by K too
         self.loader_workers = False  # a training loader's samples are made in worker processes (unseen draws)
@@ -118,6 +122,7 @@ class Recorder:
         self.optimizers: set[str] = set()  # the classes of the optimizers that stepped
         self.steps_shape: dict[str, int | None] | None = None  # the first step loader's global batch and limits
         self._hooked = False
+        self._matching_on = False
 
     def _hook(self, is_main: bool, on_shutdown: OnShutdown) -> None:
         self.main = self.main or is_main
@@ -137,9 +142,13 @@ class Recorder:
         model.register_forward_pre_hook(_on_forward)
         self._hook(is_main, on_shutdown)
 
-    def on_loader(self, loader: Any, is_main: bool, on_shutdown: OnShutdown) -> None:
+    def on_loader(self, loader: Any, is_main: bool, on_shutdown: OnShutdown, rank: int = 0) -> None:
         """A training loader. Until an optimizer steps, it is capped at K batches: a hand-written update
         (``q -= lr * q.grad``, no torch.optim) fires no step hook, so the batch cap is its only cap."""
+        if self.match and self.matching is None and isinstance(getattr(loader, "batch_size", None), int):
+            world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+            self.matching = MatchedDraws(loader.batch_size, rank, world)
+            loader.observe(self._start_matching)
         if not self.steps and self.max_steps is not None:  # K batches in all: a script may build one per epoch
             cap = max(0, self.max_steps - self._batches())
             # once an optimizer steps its cap governs (a loop may re-create iterators): the loader runs uncapped
@@ -156,6 +165,12 @@ class Recorder:
             self.steps_shape = {"global_batch": sampler.global_batch, "micro_batch_size": sampler.micro_batch_size,
                                 "accumulation_steps": sampler.accumulation_steps}
         self._hook(is_main, on_shutdown)
+
+    def _start_matching(self) -> None:
+        """At the first training batch: what was drawn before (the init, a fixed noise) is the script's own."""
+        if self.matching is not None and not self._matching_on:
+            self._matching_on = True
+            self.matching.__enter__()  # for the rest of the run: the step cap or the script's end closes it
 
     def _on_forward(self, module: nn.Module, args: Any) -> None:
         # random draws are counted from a step's first training forward to its optimizer step: a plain
@@ -194,6 +209,8 @@ class Recorder:
 
     def _after_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.counts[optimizer] = self.counts.get(optimizer, 0) + 1
+        if self.matching is not None:
+            self.matching.next_step()
         self.steps = max(self.steps, self.counts[optimizer])  # > 0: the loaders' batch cap is lifted
         # from one step to the next: a GAN draws its noise before the step's first forward (z = torch.randn(...))
         self._rng = _rng_state()
@@ -232,7 +249,8 @@ class Recorder:
                  "loader_workers": self.loader_workers,
                  "autocast": self.autocast, "lr": self.lr,
                  "masked_labels": self.masked, "steps_shape": self.steps_shape,
-                 "optimizers": sorted(self.optimizers), "finished": finished}
+                 "optimizers": sorted(self.optimizers), "finished": finished,
+                 "matched_draws": self.matching.matched if self.matching is not None else None}
         with open(f"{self.out}.json", "w") as f:
             json.dump(facts, f)
         if not finished:

@@ -1,0 +1,192 @@
+"""The step's random draws matched between one process and N: ``ddpkit verify``'s re-run for a script that draws
+noise in its training steps (a GAN's ``z``, a VAE's ``randn_like``, functional dropout).
+
+One process draws ``torch.randn(B, 100)`` for its batch of B; each of N processes draws ``randn(B / N, 100)`` for
+its share, from its own generator: the numbers differ by design, so the weights cannot match exactly. In this
+re-run (both sides), from the first training batch on, each such draw is made from a generator of its own, seeded
+by the optimizer step and the draw's place in that step, the same in both runs: a draw whose first dimension is
+the process's batch is made for the global batch (B rows) and the process keeps its rows, the ones ddpkit's
+sampler gives it (``r, r + N, ...``: row i of one process's batch is rank ``i % N``'s row ``i // N``); any other
+draw (a fixed-size noise, a scalar) is the same in every process. A correct script then computes, at N
+processes, what one process computes; a defect still differs. Draws from Python's ``random`` or numpy, and
+``randperm`` (a permutation of the batch cannot be shared), are left as they are.
+
+Example (one process with the global batch of 4, and rank 1 of 2 with its share of 2)::
+
+    >>> one, two = MatchedDraws(batch=4, rank=0, world=1), MatchedDraws(batch=2, rank=1, world=2)
+    >>> with one:
+    ...     a = torch.randn(4, 3)
+    >>> with two:
+    ...     b = torch.randn(2, 3)
+    >>> torch.equal(a[1::2], b)
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.nn import functional
+from torch.overrides import TorchFunctionMode
+
+SEED = 0x5EED  # any constant: the same in both runs, whatever the script's seed (init(seed=) adds the rank)
+
+
+class MatchedDraws(TorchFunctionMode):
+    """Torch's draws made per step and place (see the module's docstring). ``batch``: this process's batch;
+    ``rank`` / ``world``: this process among the N (0 / 1 for the one-process run)."""
+
+    def __init__(self, batch: int, rank: int, world: int):
+        super().__init__()
+        self.batch, self.rank, self.world = batch, rank, world
+        self.step, self.count = 0, 0
+        self.matched = 0  # draws made so far: the re-run's line says whether any was
+
+    def next_step(self) -> None:
+        """An optimizer stepped: the next draws are the next step's."""
+        self.step, self.count = self.step + 1, 0
+
+    def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None) -> Any:
+        kwargs = dict(kwargs or {})
+        handler = _HANDLERS.get(func)
+        if handler is None or kwargs.get("generator") is not None:  # a script's own generator: its choice
+            return func(*args, **kwargs)
+        return handler(self, func, list(args), kwargs)
+
+    def draw(self, shape: Sequence[int], make: Callable[[tuple[int, ...], torch.Generator], torch.Tensor],
+             device: Any) -> torch.Tensor:
+        """``make(shape, generator)`` for this step's next draw: the global batch's rows and this process's of
+        them when ``shape[0]`` is the process's batch, the same tensor in every process otherwise."""
+        shape = tuple(int(s) for s in shape)
+        generator = torch.Generator(device=torch.device(device) if device is not None else "cpu")
+        generator.manual_seed(SEED + 1_000_003 * self.step + self.count)
+        self.count, self.matched = self.count + 1, self.matched + 1
+        if not shape or shape[0] != self.batch or self.world == 1:
+            return make(shape, generator)
+        full = make((self.batch * self.world, *shape[1:]), generator)
+        return full[self.rank::self.world].contiguous()
+
+
+def _size(args: list[Any], kwargs: dict[str, Any], skip: int = 0) -> tuple[int, ...] | None:
+    """The size a creator was given: ``randn(2, 3)``, ``randn((2, 3))``, ``randn(size=(2, 3))``; None when it cannot
+    be read (then the call runs as the script wrote it)."""
+    if "size" in kwargs:
+        size = kwargs.pop("size")
+    else:
+        rest = args[skip:]
+        size = rest[0] if len(rest) == 1 and isinstance(rest[0], (tuple, list, torch.Size)) else rest
+        del args[skip:]
+    try:
+        return tuple(int(s) for s in size)
+    except (TypeError, ValueError):
+        return None
+
+
+def _creator(mode: MatchedDraws, func: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """``torch.randn`` / ``rand`` / ``randint``: made with the step's generator."""
+    original = (list(args), dict(kwargs))
+    bounds = 0
+    if func is torch.randint:  # randint(high, size) or randint(low, high, size): the size comes last
+        bounds = sum(1 for a in args if not isinstance(a, (tuple, list, torch.Size)))
+        bounds = min(bounds, 2) if "size" not in kwargs else len(args)
+    size = _size(args, kwargs, bounds)
+    if size is None or kwargs.get("out") is not None:
+        return func(*original[0], **original[1])
+    return mode.draw(size, lambda shape, g: func(*args[:bounds], shape, generator=g, **kwargs), kwargs.get("device"))
+
+
+def _like(mode: MatchedDraws, func: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """``randn_like(x)`` / ``rand_like`` / ``randint_like``: the creator's draw at ``x``'s shape, dtype and device."""
+    source = args[0] if args else kwargs.pop("input")
+    creators: dict[Any, Any] = {torch.randn_like: torch.randn, torch.rand_like: torch.rand,
+                                torch.randint_like: torch.randint}
+    creator = creators[func]
+    bounds = args[1:]
+    kwargs.pop("memory_format", None)
+    kwargs.setdefault("dtype", source.dtype)
+    kwargs.setdefault("device", source.device)
+    if creator is torch.randint and "high" in kwargs:  # randint_like(x, high=...) / (x, low=, high=)
+        bounds = [kwargs.pop("low", 0), kwargs.pop("high")]
+    return mode.draw(source.shape, lambda shape, g: creator(*bounds, shape, generator=g, **kwargs), kwargs["device"])
+
+
+def _normal(mode: MatchedDraws, func: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """``torch.normal(mean, std[, size])``: mean + std x a matched standard normal draw."""
+    mean = args[0] if args else kwargs.pop("mean", 0.0)
+    std = args[1] if len(args) > 1 else kwargs.pop("std", 1.0)
+    size = args[2] if len(args) > 2 else kwargs.pop("size", None)
+    tensors = [t for t in (mean, std) if isinstance(t, torch.Tensor)]
+    if kwargs.get("out") is not None or (size is None and not tensors):
+        return func(*args, **kwargs)
+    shape = tuple(size) if size is not None else torch.broadcast_shapes(*(t.shape for t in tensors))
+    dtype = kwargs.get("dtype") or (tensors[0].dtype if tensors else torch.get_default_dtype())
+    device = kwargs.get("device") or (tensors[0].device if tensors else None)
+    eps = mode.draw(shape, lambda s, g: torch.randn(s, generator=g, dtype=dtype, device=device), device)
+    return mean + std * eps
+
+
+def _bernoulli(mode: MatchedDraws, func: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """``torch.bernoulli(p)``: 1 where a matched uniform draw falls below ``p``."""
+    p = args[0] if args else kwargs.get("input")
+    if len(args) > 1 or set(kwargs) - {"input"} or not isinstance(p, torch.Tensor):
+        return func(*args, **kwargs)
+    u = mode.draw(p.shape, lambda s, g: torch.rand(s, generator=g, dtype=p.dtype, device=p.device), p.device)
+    return (u < p).to(p.dtype)
+
+
+def _in_place(mode: MatchedDraws, func: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """``t.normal_(mean, std)`` / ``t.uniform_(a, b)`` / ``t.bernoulli_(p)``: ``t`` filled from a matched draw."""
+    target = args[0]
+    if not isinstance(target, torch.Tensor):
+        return func(*args, **kwargs)
+    method = getattr(torch.Tensor, func.__name__)
+
+    def make(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+        return method(torch.empty(shape, dtype=target.dtype, device=target.device), *args[1:], generator=g, **kwargs)
+
+    return target.copy_(mode.draw(target.shape, make, target.device))
+
+
+def _dropout(mode: MatchedDraws, func: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """``F.dropout(x, p, training)``: a matched keep-mask, scaled as dropout scales."""
+    x = args[0] if args else kwargs["input"]
+    p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+    training = args[2] if len(args) > 2 else kwargs.get("training", True)
+    inplace = args[3] if len(args) > 3 else kwargs.get("inplace", False)
+    if not training or p == 0 or p == 1 or not isinstance(x, torch.Tensor):
+        return func(*args, **kwargs)
+    keep = mode.draw(x.shape, lambda s, g: torch.rand(s, generator=g, dtype=x.dtype, device=x.device), x.device) >= p
+    scaled = keep.to(x.dtype) / (1 - p)
+    return x.mul_(scaled) if inplace else x * scaled
+
+
+_HANDLERS: dict[Any, Callable[[MatchedDraws, Any, list[Any], dict[str, Any]], Any]] = {
+    torch.randn: _creator, torch.rand: _creator, torch.randint: _creator,
+    torch.randn_like: _like, torch.rand_like: _like, torch.randint_like: _like,
+    torch.normal: _normal, torch.bernoulli: _bernoulli, functional.dropout: _dropout,
+    torch.Tensor.normal_: _in_place, torch.Tensor.uniform_: _in_place, torch.Tensor.bernoulli_: _in_place,
+}
+
+
+def worth_rerun(result: dict) -> bool:
+    """A finite FAIL whose steps drew from torch's generator (the draws this re-run can match).
+
+    >>> worth_rerun({"passed": False, "non_finite": False, "random_draws": True, "draw_sources": ["torch"]})
+    True
+    >>> worth_rerun({"passed": False, "non_finite": False, "random_draws": True, "draw_sources": ["numpy"]})
+    False
+    """
+    return not result.get("passed") and not result.get("non_finite") and bool(result.get("random_draws")) and \
+        "torch" in (result.get("draw_sources") or ())
+
+
+def decided(first: dict, again: dict) -> dict:
+    """The matched re-run's PASS, said as decided by it (its FAIL leaves the first result to the other tests)."""
+    note = ("decided by a re-run with the steps' random draws matched (each draw of the batch's size made once for "
+            "the global batch, each process taking its rows; other draws the same in every process); with draws of "
+            f"their own the runs ended {first.get('first_diverging')!r} "
+            f"{first.get('first_max_abs_diff', first.get('max_abs_diff')):.3g} apart, by design")
+    return {**again, "decided_by": "matched draws", "rounding_note": " ".join(
+        filter(None, [note, again.get("rounding_note")]))}

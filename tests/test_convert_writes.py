@@ -1,0 +1,85 @@
+"""Files every rank wrote after ``ddpkit convert`` (issue 44: the held-out scripts' loss plots, image grids, CSV logs
+and prediction files): figures, images, arrays, tables and files opened for writing are rank 0's now; a path of
+the rank's own stays, and a block that does more than write is listed. In process, on small scripts."""
+import textwrap
+
+import pytest
+
+pytest.importorskip("libcst")
+
+from test_convert_public import HEAD, LOOP, lines  # noqa: E402
+
+from ddpkit.commands.convert.command import main  # noqa: E402
+from ddpkit.commands.convert.plan import plan  # noqa: E402
+
+START = "device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\nnet = Net().to(device)\nds = data()\n"
+
+
+def convert(tail):
+    return plan(HEAD + START + LOOP + textwrap.dedent(tail))
+
+
+def guarded(result, line):
+    """``line`` sits right under an ``if state.is_main:``."""
+    got = lines(result)
+    at = got.index(line)
+    return got[at - 1] == "if state.is_main:"
+
+
+@pytest.mark.parametrize("tail, line", [
+    ("import matplotlib.pyplot as plt\nplt.plot([1])\nplt.savefig('loss.png')\n", "plt.savefig('loss.png')"),
+    ("import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nfig.savefig('loss.png')\n", "fig.savefig('loss.png')"),
+    ("import torchvision.utils as vutils\nvutils.save_image(x, 'fake.png', normalize=True)\n",
+     "vutils.save_image(x, 'fake.png', normalize=True)"),
+    ("from torchvision.utils import save_image\nsave_image(x, 'fake.png')\n", "save_image(x, 'fake.png')"),
+    ("import numpy as np\nnp.save('w.npy', np.zeros(3))\n", "np.save('w.npy', np.zeros(3))"),
+    ("import pandas as pd\npd.DataFrame({'a': [1]}).to_csv('log.csv')\n", "pd.DataFrame({'a': [1]}).to_csv('log.csv')"),
+    ("with open('log.csv', 'a') as f:\n    f.write('1,2\\n')\n", "with open('log.csv', 'a') as f:"),
+    ("with open('out.txt', mode='w') as f:\n    print('loss', 0.1, file=f)\n", "with open('out.txt', mode='w') as f:"),
+    ("with open('all.txt', 'w') as f:\n    for v in [1, 2]:\n        f.write(str(v))\n",
+     "with open('all.txt', 'w') as f:"),
+], ids=["plt", "fig", "vutils", "save_image", "numpy", "pandas", "append", "print-file", "loop-over-results"])
+def test_a_file_every_rank_would_write_is_written_by_rank_0(tail, line):
+    result = convert(tail)
+    assert guarded(result, line), result.text
+    assert any("guarded: rank 0 writes" in e.what for e in result.edits), result.edits
+    assert not result.left, result.left
+
+
+@pytest.mark.parametrize("tail, line", [
+    ("import numpy as np\nnp.save(f'w{state.rank}.npy', np.zeros(3))\n", "np.save(f'w{state.rank}.npy', np.zeros(3))"),
+    ("import tempfile, numpy as np\ntmp = tempfile.mkdtemp()\nnp.save(tmp + '/w.npy', np.zeros(3))\n",
+     "np.save(tmp + '/w.npy', np.zeros(3))"),
+    ("with open('labels.txt') as f:\n    names = f.read().split()\n", "with open('labels.txt') as f:"),
+    ("with open('labels.txt', 'rb') as f:\n    names = f.read().split()\n", "with open('labels.txt', 'rb') as f:"),
+    ("import matplotlib.pyplot as plt\nif state.rank == 0:\n    plt.savefig('loss.png')\n", "plt.savefig('loss.png')"),
+], ids=["rank-path", "tempdir", "read", "read-binary", "under-a-rank-test"])
+def test_a_rank_s_own_file_a_read_or_a_write_under_a_rank_test_stays(tail, line):
+    result = convert(tail.replace("state.", "ddpkit.init().") if "rank ==" not in tail else tail)
+    got = lines(result)
+    line = line.replace("state.", "ddpkit.init().") if "rank ==" not in tail else line
+    assert got[got.index(line) - 1] != "if state.is_main:", result.text
+    assert not any("rank 0 writes" in e.what for e in result.edits), result.edits
+
+
+def test_a_file_written_by_an_evaluation_loop_is_listed_not_guarded():
+    """Guarded, rank 0 would write only its shard of a sharded loader; left, every rank empties the others' file."""
+    tail = ("test = DataLoader(ds, batch_size=8)\nnet.eval()\nwith torch.no_grad():\n"
+            "    with open('preds.csv', 'w') as f:\n        for x, y in test:\n"
+            "            f.write(str(net(x).argmax(1).tolist()))\n")
+    result = convert(tail)
+    assert not guarded(result, "with open('preds.csv', 'w') as f:"), result.text
+    assert any("a file opened for writing in a block that does more than write" in e.what for e in result.left), \
+        result.left
+
+
+def test_a_second_conversion_of_guarded_writes_changes_nothing(tmp_path, capsys):
+    script = tmp_path / "train.py"
+    script.write_text(HEAD + START + LOOP + "import matplotlib.pyplot as plt\nplt.savefig('loss.png')\n"
+                      "with open('log.txt', 'a') as f:\n    f.write('done')\n")
+    assert main(["--write", str(script)]) == 0, capsys.readouterr().err
+    first = script.read_text()
+    assert first.count("if state.is_main:") == 2, first
+    capsys.readouterr()
+    assert main(["--write", str(script)]) == 0, capsys.readouterr().err
+    assert script.read_text() == first
