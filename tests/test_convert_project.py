@@ -165,3 +165,54 @@ def test_a_projects_crossing_names_are_asked_of_the_right_module_once():
                       "train.py": "import torch\nfrom m import model\nopt2 = torch.optim.SGD(model.parameters(), "
                                   "lr=0.1)\n"})
     assert twice["m.py"].text.count("prepare_model") == 1, twice["m.py"].text
+
+
+GETTER = {
+    "data.py": "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\n"
+               "def get_loaders(batch_size):\n    g = torch.Generator().manual_seed(0)\n"
+               "    ds = TensorDataset(torch.randn(64, 20, generator=g), torch.randint(0, 4, (64,), generator=g))\n"
+               "    train_loader = DataLoader(ds, batch_size=batch_size, shuffle=True)\n"
+               "    test_loader = DataLoader(ds, batch_size=64)\n    return train_loader, test_loader\n",
+    "train.py": "import torch\nimport torch.nn.functional as F\nfrom data import get_loaders\n\n"
+                "train_loader, test_loader = get_loaders(16)\nmodel = torch.nn.Linear(20, 4)\n"
+                "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                "for data, target in train_loader:\n    optimizer.zero_grad()\n"
+                "    F.cross_entropy(model(data), target).backward()\n    optimizer.step()\n"
+                "model.eval()\nwith torch.no_grad():\n    for x, y in test_loader:\n"
+                "        print((model(x).argmax(1) == y).float().mean().item())\n",
+}
+
+
+def test_loaders_a_function_of_another_module_returns_convert_there_and_verify_passes(tmp_path):
+    """A project's ``get_loaders()`` in its data module (the fourth held-out shape): the training loop's file was
+    refused as "batches fed by hand". The function's training loader converts where it is built; its
+    evaluation loader stays (each rank evaluates all of it); the loop's file prepares its model."""
+    for name, text in GETTER.items():
+        (tmp_path / name).write_text(text)
+    r = run_cmd(CONVERT + ["--imports", "-o", str(tmp_path / "out"), str(tmp_path / "train.py")], timeout=60)
+    assert r.returncode == 0 and "left to you" not in r.stderr, r.stderr
+    out = tmp_path / "out"
+    data = (out / "data.py").read_text()
+    assert "train_loader = ddpkit.data_loader(ds, global_batch_size=batch_size, shuffle=True)" in data, data
+    assert "test_loader = DataLoader(ds, batch_size=64)" in data, data
+    assert "model = ddpkit.prepare_model(torch.nn.Linear(20, 4))" in (out / "train.py").read_text()
+    assert "kept: the training loop over train_loader left as it is" in r.stderr, r.stderr
+    v = run_cmd([sys.executable, "-m", "ddpkit", "verify", "--nproc", "2", "--steps", "3", str(out / "train.py")],
+                timeout=300, cwd=str(out))
+    assert v.returncode == 0 and v.stdout.startswith("PASS"), v.stdout + v.stderr[-1500:]
+
+
+def test_a_module_imported_whole_is_followed_to_its_names():
+    """``import data.sets as ds`` then ``ds.train_loader``, ``import models.net`` then ``models.net.model``: the
+    names of those modules, asked of them (they were read as ``data``'s ``sets``, or not at all)."""
+    loop = "for x, y in {0}:\n    opt.zero_grad()\n    (model(x) - y).pow(2).mean().backward()\n    opt.step()\n"
+    done = _settled({"data/sets.py": "import torch\nfrom torch.utils.data import DataLoader\n"
+                                     "train_loader = DataLoader(ds, batch_size=8, shuffle=True)\n",
+                     "models/net.py": "import torch\nmodel = torch.nn.Linear(2, 1)\n",
+                     "train.py": "import torch\nimport data.sets as ds\nimport models.net\nmodel = models.net.model\n"
+                                 "opt = torch.optim.SGD(models.net.model.parameters(), lr=0.1)\n" +
+                                 loop.format("ds.train_loader")})
+    assert "train_loader = ddpkit.data_loader(ds, global_batch_size=8, shuffle=True)" in done["data/sets.py"].text
+    assert "model = ddpkit.prepare_model(torch.nn.Linear(2, 1))" in done["models/net.py"].text, \
+        done["models/net.py"].text
+    assert not done["train.py"].left, done["train.py"].left

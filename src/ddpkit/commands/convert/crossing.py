@@ -6,7 +6,8 @@ A file's plan asks for what it cannot convert itself (:class:`Ask`: ``model`` of
 ``train_loader`` of ``Data.data`` a training loader); :func:`settle` hands each ask to the file of that module,
 whose plan then converts the name where it is built (:class:`Crossing` ``wants``), and tells the asking file what
 was done there (``provided``), so that it says so instead of leaving it to the user. Only module-level names of
-the project's own files: a name built in a function, or imported from a library, stays left to you.
+the project's own files; a loader a function of such a module returns (``train_loader, test_loader = get_loaders(64)``)
+is asked as that function's return value (:func:`returned`). A name imported from a library stays left to you.
 
 Example::
 
@@ -78,6 +79,15 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any]) -> 
 def key(module: str, name: str) -> str:
     """How ``provided`` names a module's name: ``Arch.model:model`` (two modules may both build a ``model``)."""
     return f"{module}:{name}"
+
+
+def returned(function: str, index: int) -> str:
+    """How an ask names what a function returns: ``get_loaders()[0]`` (element 0 of a returned tuple), ``get()``.
+
+    >>> returned("get_loaders", 0), returned("get", -1)
+    ('get_loaders()[0]', 'get()')
+    """
+    return f"{function}()" + (f"[{index}]" if index >= 0 else "")
 
 
 def module_file(files: list[str], module: str) -> str | None:

@@ -19,7 +19,7 @@ import libcst as cst
 
 from ddpkit.commands.convert import batch, flow
 from ddpkit.commands.convert.apply import LOADER_PARAMETERS, loader_call
-from ddpkit.commands.convert.crossing import EVAL, TRAIN, Ask, key
+from ddpkit.commands.convert.crossing import EVAL, TRAIN, Ask, key, returned
 from ddpkit.commands.convert.flow import callee, loops_reading, peek, roles_said
 from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, dotted, imported_from, resolve
 from ddpkit.commands.convert.sums import sums_after
@@ -44,7 +44,8 @@ def loaders(work: _Work) -> None:
             work.done.append(wanted)
             continue
         if wanted is not None:  # another module's loop reads it, and does not train
-            work.keep(call.line, f"{wanted} = DataLoader(...) left as it is", "another module of the project "
+            shown = f"{wanted} = DataLoader(...)" if "(" not in wanted else f"the DataLoader {wanted} returns"
+            work.keep(call.line, f"{shown} left as it is", "another module of the project "
                       "loops over it without training: each rank reads all of it, which is right for an evaluation "
                       "(ddpkit.data_loader(..., train=False) and a ddpkit.reduce of the sums there would share it)")
             continue
@@ -63,14 +64,15 @@ def loaders(work: _Work) -> None:
 
 def _imported_loader(work: _Work, line: int) -> bool:
     r"""The loops iterate loaders the script imports from a module of its own (``from Data.data import
-    train_loader``): not batches fed by hand. The training ones are asked of their module (:mod:`.crossing`) and
+    train_loader``), or that a function imported from one returns (``train_loader, _ = get_loaders(64)``): not
+    batches fed by hand. The training ones are asked of their module (:mod:`.crossing`) and
     said done when it made them ``ddpkit.data_loader``\ s; else left to you. An evaluation loader read from
     another module stays as it is there: each rank evaluates every batch, which is right."""
     reads: dict[str, bool] = {}  # name -> read by a loop that trains (as a loader's role is told: flow.trains)
     origins: dict[str, tuple[str, str]] = {}  # name -> (its module, its name there)
     for loop in work.facts.loops:
         for name in loop.iter_names:
-            origin = imported_from(work.facts, name)
+            origin = imported_from(work.facts, name) or _returned_by_import(work.facts, name, loop)
             if origin:
                 origins[name] = origin
                 reads[name] = reads.get(name, False) or flow.trains(work.facts, loop)
@@ -95,6 +97,24 @@ def _imported_loader(work: _Work, line: int) -> bool:
                "evaluation loader may stay: each rank then evaluates every batch, which is right), and wrap the "
                "model with ddpkit.prepare_model(...) where it is built")
     return True
+
+
+def _returned_by_import(facts: Facts, name: str, loop: Loop) -> tuple[str, str] | None:
+    """(the module, ``get_loaders()[0]``) when ``name`` is bound from a call of a function imported from a module
+    of the script's own (:func:`~ddpkit.commands.convert.crossing.returned` names its value there); None otherwise.
+
+    >>> from ddpkit.commands.convert.scan import parse, scan
+    >>> facts = scan(parse("from data import get\\ntr, te = get(8)\\nfor x in tr:\\n    pass\\n"))
+    >>> _returned_by_import(facts, "tr", facts.loops[0])
+    ('data', 'get()[0]')
+    """
+    binding = flow.binding_of(facts, name, loop.scope, loop.line)
+    call = binding.whole if binding is not None else None
+    func = dotted(call.func) if isinstance(call, cst.Call) else None
+    origin = imported_from(facts, func) if func else None
+    if binding is None or origin is None:
+        return None
+    return origin[0], returned(origin[1], binding.index)
 
 
 def _subclassed(work: _Work, line: int) -> bool:
@@ -184,12 +204,18 @@ def _handed_to_unread(facts: Facts, node: Any, depth: int) -> bool:
 
 
 def _wanted(work: _Work, call: Call) -> str | None:
-    """The module-level name ``call`` is bound to, when another module's training loop reads it
-    (:class:`~ddpkit.commands.convert.crossing.Crossing`); None otherwise."""
+    """The name another module's loop reads ``call``'s loader by (:class:`~ddpkit.commands.convert.crossing.Crossing`):
+    the module-level name it is bound to, or what a function returns it as (``get_loaders()[0]``); None when no
+    other module asks for it."""
     binding = next((b for b in work.facts.bindings if b.value is call.node), None)
-    if binding is None or binding.scope.name != "" or work.crossing.wants.get(binding.target) not in (TRAIN, EVAL):
-        return None
-    return binding.target
+    names = [binding.target] if binding is not None and binding.scope.name == "" else []
+    for scope, value in work.facts.returns:
+        elements = [e.value for e in value.elements] if isinstance(value, (cst.Tuple, cst.List)) else [value]
+        for i, element in enumerate(elements):
+            if element is call.node or binding is not None and binding.scope is scope and \
+                    dotted(element) == binding.target:
+                names.append(returned(scope.name, i if len(elements) > 1 else -1))
+    return next((n for n in names if work.crossing.wants.get(n) in (TRAIN, EVAL)), None)
 
 
 def _loader(work: _Work, call: Call, role: str | None = None) -> bool:

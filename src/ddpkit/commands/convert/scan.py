@@ -99,6 +99,7 @@ class Facts:
     returns: list[tuple[Scope, cst.BaseExpression]] = dataclasses.field(default_factory=list)
     statements: list[tuple[cst.SimpleStatementLine, Scope, int]] = dataclasses.field(default_factory=list)
     import_lines: list[int] = dataclasses.field(default_factory=list)
+    modules: dict[str, str] = dataclasses.field(default_factory=dict)  # ``import a.b as m``: m -> a.b
 
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)
@@ -138,8 +139,11 @@ def names_in(node: cst.CSTNode) -> set[str]:
     return found
 
 
-def _import_aliases(module: cst.Module) -> tuple[dict[str, str], list[cst.SimpleStatementLine]]:
+def _import_aliases(module: cst.Module) -> tuple[dict[str, str], list[cst.SimpleStatementLine], dict[str, str]]:
+    """(local name -> dotted full name, the import lines, modules bound by ``import`` statements: as the script
+    spells them -> their full names: ``import pkg.data`` gives ``pkg.data``, ``import pkg.data as d`` ``d``)."""
     aliases: dict[str, str] = {}
+    modules: dict[str, str] = {}
     lines = []
     for stmt in module.body:
         if not isinstance(stmt, cst.SimpleStatementLine):
@@ -151,6 +155,7 @@ def _import_aliases(module: cst.Module) -> tuple[dict[str, str], list[cst.Simple
                     full = dotted(alias.name) or ""
                     local = alias.asname.name.value if alias.asname else full.split(".")[0]  # type: ignore[union-attr]
                     aliases[local] = full if alias.asname else local
+                    modules[local if alias.asname else full] = full
             elif isinstance(small, cst.ImportFrom) and isinstance(small.names, cst.ImportStar):
                 lines.append(stmt)  # ``from torch.utils.data import *``: the names convert looks for
                 module_name = dotted(small.module) or ""
@@ -163,21 +168,28 @@ def _import_aliases(module: cst.Module) -> tuple[dict[str, str], list[cst.Simple
                     name = dotted(alias.name) or ""
                     local = dotted(alias.asname.name) if alias.asname else name
                     aliases[local or name] = f"{base}.{name}"
-    return aliases, lines
+    return aliases, lines, modules
 
 
 def imported_from(facts: Facts, name: str) -> tuple[str, str] | None:
     """(the module, the name there) a name (or its head: ``model`` of ``model.fc``) comes from, when the script
-    imports it from a module of its own (``from Arch.model import model as net``) and never binds it itself; None
-    otherwise (bound here, not imported, or from a library: torch, torchvision, ...).
+    imports it from a module of its own (``from Arch.model import model as net``; ``import Arch.model as am`` then
+    ``am.model``) and never binds it itself; None otherwise (bound here, not imported, or from a library: torch,
+    torchvision, ...).
 
-    >>> facts = scan(parse("from Arch.model import model as net\\nimport torch\\n"))
-    >>> imported_from(facts, "net.fc"), imported_from(facts, "torch.nn")
-    (('Arch.model', 'model'), None)
+    >>> facts = scan(parse("from Arch.model import model as net\\nimport torch, data.sets as ds\\n"))
+    >>> imported_from(facts, "net.fc"), imported_from(facts, "torch.nn"), imported_from(facts, "ds.train_loader")
+    (('Arch.model', 'model'), None, ('data.sets', 'train_loader'))
     """
-    head = name.split(".")[0]
-    full = facts.aliases.get(head)
-    if full is None or "." not in full or any(b.target == head for b in facts.bindings):
+    parts = name.split(".")
+    if any(b.target == parts[0] for b in facts.bindings):
+        return None
+    for k in range(len(parts) - 1, 0, -1):  # ``import pkg.data``: ``pkg.data.train_loader`` is data's
+        module = facts.modules.get(".".join(parts[:k]))
+        if module is not None:
+            return None if module.split(".")[0] in LIBRARIES else (module, parts[k])
+    full = facts.aliases.get(parts[0])
+    if full is None or "." not in full or parts[0] in facts.modules:
         return None
     module, remote = full.rsplit(".", 1)
     # a relative import (``from .model import net``) is not followed: its module is its package's
@@ -426,7 +438,7 @@ class _Scanner(cst.CSTVisitor):
 
 def scan(wrapper: MetadataWrapper) -> Facts:
     module = wrapper.module
-    aliases, imports = _import_aliases(module)
-    facts = Facts(module, aliases, {"": Scope("", module)}, [], [], [], [], imports)
+    aliases, imports, modules = _import_aliases(module)
+    facts = Facts(module, aliases, {"": Scope("", module)}, [], [], [], [], imports, modules=modules)
     wrapper.visit(_Scanner(facts))
     return facts
