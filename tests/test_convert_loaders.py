@@ -60,3 +60,86 @@ def test_torch_names_through_a_star_import_convert(imports):
     assert not result.refused and not result.left, result.left
     assert "loader = ddpkit.data_loader(ds, global_batch_size=8, shuffle=True)" in result.text, result.text
     assert "model = ddpkit.prepare_model(nn.Linear(4, 1))" in result.text, result.text
+
+
+CHECK = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+train_loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randint(0, 3, (64,))), batch_size=8, shuffle=True)
+test_loader = DataLoader(TensorDataset(torch.randn(40, 4), torch.randint(0, 3, (40,))), batch_size=8)
+model = nn.Linear(4, 3).to(device)
+opt = torch.optim.Adam(model.parameters())
+for x, y in train_loader:
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+
+
+def check_accuracy(loader, model):
+    num_correct = 0
+    num_samples = 0
+    model.eval()
+    with torch.no_grad():
+        for x, y in loader:
+            num_correct += (model(x).argmax(1) == y).sum()
+            num_samples += x.size(0)
+    print(float(num_correct) / float(num_samples))
+
+
+check_accuracy(train_loader, model)
+check_accuracy(test_loader, model)
+"""
+
+
+def test_a_training_loader_also_evaluated_trains_and_a_shared_evaluation_is_reduced_once():
+    """The fourth held-out set's tutorial shape: ``check_accuracy(train_loader)`` and ``check_accuracy(test_loader)``
+    after training was refused ("a DataLoader whose role cannot be told"); and an evaluation loop reached through
+    two loaders (this function, or a test loader bound in both branches of an ``if``) got its ``ddpkit.reduce``
+    once per loader: the reported sums N times too large at N processes, with no word."""
+    result = plan(textwrap.dedent(CHECK))
+    assert not result.refused and not result.left, result.left
+    assert "train_loader = ddpkit.data_loader(TensorDataset(" in result.text, result.text
+    assert result.text.count("num_correct = ddpkit.reduce(num_correct)") == 1, result.text
+    assert result.text.count("num_samples = ddpkit.reduce(num_samples)") == 1, result.text
+    branches = textwrap.dedent(CHECK).replace(
+        "test_loader = DataLoader(", "if len(sys.argv) > 1:\n    test_loader = DataLoader(TensorDataset(torch.randn("
+        "40, 4), torch.randint(0, 3, (40,))), batch_size=20)\nelse:\n    test_loader = DataLoader(", 1).replace(
+        "import torch\n", "import sys\nimport torch\n", 1)
+    result = plan(branches)
+    assert result.text.count("num_correct = ddpkit.reduce(num_correct)") == 1, result.text
+
+
+def test_a_training_loader_whose_evaluation_keeps_a_list_is_refused_with_the_fix():
+    """Sharded to train, its evaluation would hold rank 0's shard only: refused, not converted silently wrong."""
+    source = textwrap.dedent(CHECK).replace("            num_samples += x.size(0)\n",
+                                            "            num_samples += x.size(0)\n            preds.append(x)\n")
+    result = plan(source.replace("    num_samples = 0\n", "    num_samples = 0\n    preds = []\n"))
+    assert result.refused, result.text
+    said = [x for x in result.left if x.blocks]
+    assert said and "the evaluation loop over the training DataLoader at line 7 keeps per-batch results" in \
+        said[0].what and "train=False" in said[0].fix, said
+
+
+@pytest.mark.parametrize("setup", [
+    "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n",
+    "if torch.cuda.is_available():\n    device = 'cuda'\nelse:\n    device = 'cpu'\n",
+])
+def test_a_device_given_as_a_string_stays_a_string_that_runs_its_tests(setup):
+    """kentaroy47's ``if 'cuda' in device:`` (and makemore's ``device.startswith('cuda')``) raised TypeError on
+    every rank once ``device`` became a torch.device; it is ``state.device.type`` now, a string as before."""
+    source = ("import torch\nfrom torch import nn\nfrom torch.utils.data import DataLoader, TensorDataset\n" + setup +
+              "loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)\n"
+              "model = nn.Linear(4, 1).to(device)\nif 'cuda' in device and device.startswith('cuda'):\n"
+              "    print('on', device)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor x, y in loader:\n"
+              "    opt.zero_grad()\n    nn.functional.mse_loss(model(x.to(device)), y.to(device)).backward()\n"
+              "    opt.step()\n")
+    result = plan(source)
+    assert "device = state.device.type" in result.text and not result.left, result.text
+    namespace = {}
+    exec(result.text.replace("import ddpkit\n", "").split("loader =")[0].replace(
+        "state = ddpkit.init()", "import types\nstate = types.SimpleNamespace(device=torch.device('cpu'))"),
+         namespace)
+    assert namespace["device"] == "cpu" and "cuda" not in namespace["device"]

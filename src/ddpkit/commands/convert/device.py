@@ -50,6 +50,21 @@ def _branches(value: cst.BaseExpression) -> list[str]:
     return [*found, text_of(value) or ""]
 
 
+def as_string(value: cst.BaseExpression | None) -> bool:
+    """A device given as a string (``"cuda" if ... else "cpu"``, ``"cuda"``), not a ``torch.device``: the script may
+    test it as one (``'cuda' in device``, ``device.startswith('cuda')``), so its converted value is
+    ``state.device.type``, a string too (``"cuda"``: the rank's own GPU, which ``init()`` made the current one).
+
+    >>> as_string(cst.parse_expression('"cuda" if ok else "cpu"')), as_string(cst.parse_expression('torch.device("cpu")'))
+    (True, False)
+    """
+    while isinstance(value, cst.IfExp):
+        if not as_string(value.body):
+            return False
+        value = value.orelse
+    return isinstance(value, cst.SimpleString)
+
+
 def _kind(text: str) -> str:
     return "cpu" if text.startswith("cpu") else "accelerator" if text.startswith(ACCELERATORS) else ""
 
@@ -133,15 +148,17 @@ def devices(work: _Work) -> None:
             continue
         work.devices.append(b)
         init = f"{work.state} = ddpkit.init({args})"
+        read = f"{b.target} = {work.state}.device" + (".type" if as_string(b.value) else "")
         early = _first_ddpkit_use(work, b.scope, b.line, names_in(b.value))
         if early is None:
-            work.edits.replace[id(b.stmt)] = [init, f"{b.target} = {work.state}.device"]
+            work.edits.replace[id(b.stmt)] = [init, read]
         else:  # a loader or a print above would start ddpkit with the defaults first: start it there, as asked
             work.edits.before.setdefault(id(early.stmt), []).append(init)
-            work.edits.replace[id(b.stmt)] = [f"{b.target} = {work.state}.device"]
+            work.edits.replace[id(b.stmt)] = [read]
         work.inits.append(b.scope)
-        work.note(f"{b.target} = ... -> {work.state} = ddpkit.init({args}); {b.target} = "
-                  f"{work.state}.device", "init() starts the process group and gives each rank its own device", b.line)
+        work.note(f"{b.target} = ... -> {init}; {read}", "init() starts the process group and gives each rank its "
+                  "own device" + (" (.type: the script's device is a string, and it may be tested as one)"
+                                  if as_string(b.value) else ""), b.line)
 
 
 STARTS_DDPKIT = ("print", "torch.utils.data.DataLoader", "torch.utils.tensorboard.SummaryWriter", *PROGRESS)
@@ -217,7 +234,8 @@ def _chosen(work: _Work, node: cst.If, tests: list[cst.BaseExpression], picks: l
             " or ".join(code(t) if isinstance(t, (cst.Name, cst.Attribute, cst.Call)) else f"({code(t)})"
                         for t in tests)), negate=True)
     target, scope, line = picks[0].target, picks[0].scope, picks[0].line - 1
-    init, read = f"{work.state} = ddpkit.init({args})", f"{target} = {work.state}.device"
+    strings = all(as_string(b.value) for b in picks)  # ``device = "cuda"`` / ``"cpu"``: kept a string
+    init, read = f"{work.state} = ddpkit.init({args})", f"{target} = {work.state}.device" + (".type" if strings else "")
     early = _first_ddpkit_use(work, scope, line, set().union(*(names_in(t) for t in tests)))
     only = all(len(block.body) == 1 for block in _chain(node)[1])
     if early is not None:  # a loader or a print above would start ddpkit with the defaults first

@@ -204,8 +204,9 @@ def evaluates(facts: Facts, loop: Loop) -> bool:
 
 
 def role(facts: Facts, loops: list[Loop], binding: Binding | None, call: Call) -> str | None:
-    """``train``, ``eval`` or None, from what the loops over the loader do; a loader no loop is found for
-    (built in one place, iterated through an expression this cannot follow) by its shuffle= and names."""
+    """``train``, ``eval`` or None, from what the loops over the loader do (a training loader that is also
+    evaluated trains); a loader no loop is found for (built in one place, iterated through an expression this
+    cannot follow) by its shuffle= and names."""
     loops = [loop for loop in loops if not peek(loop)]
     shuffled, words = _naming(facts, binding, call)
     named_eval = not shuffled and _eval_named(words)
@@ -213,6 +214,8 @@ def role(facts: Facts, loops: list[Loop], binding: Binding | None, call: Call) -
         kinds = {"train" if trains(facts, loop) else "eval" if evaluates(facts, loop) else None for loop in loops}
         if kinds == {None} and named_eval:  # no backward in its loops, and named for evaluation: both agree
             return "eval"
+        if kinds == {"train", "eval"}:  # ``check_accuracy(train_loader, model)`` after training: its shard is
+            return "train"              # evaluated on each rank, and its evaluation's sums reduced (loaders)
         return kinds.pop() if len(kinds) == 1 else None
     if shuffled or "train" in words:
         return "train"

@@ -311,33 +311,45 @@ def _reductions(work: _Work, loops: list[Loop], call: Call, training: bool) -> b
     fors = [loop for loop in loops if isinstance(loop.node, cst.For)]
     datasets = frozenset(filter(None, [dotted(call.node.args[0].value)])) if call.node.args else frozenset()
     plans = []
+    evaluations = [loop for loop in fors if not (training and flow.trains(work.facts, loop))]
     for loop in fors:
-        stored = loop.stored[0] if loop.stored and not training else None
+        summed_as_training = loop not in evaluations  # a training loader's evaluation (check_accuracy) sums
+        stored = loop.stored[0] if loop.stored and not summed_as_training else None
         needs = next((c.last for c in loop.calls if c.last in NEEDS_GRAD), None)
-        if not training and not loop.no_grad and stored is None and needs:
+        if not summed_as_training and not loop.no_grad and stored is None and needs:
             stored = (f"{needs}() results (it needs gradients, so it cannot run under no_grad)", loop.line)
-        plan = sums_after(work.facts, loop, training, datasets) if stored is None else None
-        if plan is None and not training:
+        plan = sums_after(work.facts, loop, summed_as_training, datasets) if stored is None else None
+        if plan is None and not summed_as_training:
             line = stored[1] if stored else loop.line
             why = f"keeps per-batch results in {stored[0]}" if stored else "may stop before its shard ends " \
                 "(a break)" if loop.breaks else "divides by a count of its own batches (its loop variable)"
+            if training:  # the loader must be sharded to train: its evaluation would then be rank 0's shard only
+                work.leave(line, f"the evaluation loop over the training DataLoader at line {call.line} {why}: "
+                           "sharded for training, each rank would evaluate only its shard", "evaluate on a "
+                           "loader of its own (ddpkit.data_loader(dataset, batch_size, train=False)), or "
+                           "ddpkit.gather(...) the results there, then convert again", blocks=True)
+                return False
             work.leave(line, f"the evaluation loop {why}: the result would be this rank's only, so the "
                        f"DataLoader at line {call.line} is left as it is (each rank evaluates the whole set)",
                        "to share the work: ddpkit.data_loader(..., "
                        "train=False), then ddpkit.gather(...) the results or ddpkit.reduce(...) the sums "
                        "and counts (docs/convert.md)")
             return False
-        plans += plan or []
-    for anchor, names, lens in plans:
-        work.edits.after.setdefault(id(anchor.node), []).extend(f"{n} = ddpkit.reduce({n})" for n in names)
-        work.note(f"after the {'training' if training else 'evaluation'} loop: {', '.join(names)} "
+        plans += [(summed_as_training, p) for p in plan or []]
+    for summed_as_training, (anchor, names, lens) in plans:
+        after = work.edits.after.setdefault(id(anchor.node), [])
+        new = [f"{n} = ddpkit.reduce({n})" for n in names if f"{n} = ddpkit.reduce({n})" not in after]
+        if not new:  # one evaluation function called with two loaders (check_accuracy): reduced once
+            continue
+        after.extend(new)
+        work.note(f"after the {'training' if summed_as_training else 'evaluation'} loop: {', '.join(names)} "
                   "summed across ranks (ddpkit.reduce)", "each rank accumulated only its own shard", anchor.end)
         for node in lens:  # ``total / len(loader)``: every rank's batches, as the sum is every rank's
             work.edits.expr[id(node)] = lambda n: cst.parse_expression(
                 f"ddpkit.reduce({work.facts.module.code_for_node(n)})")
             work.note("len(loader) -> ddpkit.reduce(len(loader))", "every rank's batches, as the sum "
                       "divided by it is every rank's", anchor.end)
-    for loop in fors if not training else ():
+    for loop in evaluations:
         if not loop.no_grad and id(loop.node) not in work.edits.no_grad:
             work.edits.no_grad.add(id(loop.node))
             work.note("the evaluation loop runs under torch.no_grad()", "a DDP forward with "
