@@ -55,7 +55,8 @@ def as_string(value: cst.BaseExpression | None) -> bool:
     test it as one (``'cuda' in device``, ``device.startswith('cuda')``), so its converted value is
     ``state.device.type``, a string too (``"cuda"``: the rank's own GPU, which ``init()`` made the current one).
 
-    >>> as_string(cst.parse_expression('"cuda" if ok else "cpu"')), as_string(cst.parse_expression('torch.device("cpu")'))
+    >>> expr = cst.parse_expression
+    >>> as_string(expr('"cuda" if ok else "cpu"')), as_string(expr('torch.device("cpu")'))
     (True, False)
     """
     while isinstance(value, cst.IfExp):
