@@ -83,3 +83,11 @@ def test_a_second_conversion_of_guarded_writes_changes_nothing(tmp_path, capsys)
     capsys.readouterr()
     assert main(["--write", str(script)]) == 0, capsys.readouterr().err
     assert script.read_text() == first
+
+
+def test_a_tensorboard_graph_of_the_prepared_model_traces_the_module_inside():
+    """pytorch-cifar100's ``writer.add_graph(net, x)``: traced through DDP it met the process group (RuntimeError on
+    rank 0, the fourth held-out set)."""
+    result = convert("from torch.utils.tensorboard import SummaryWriter\nwriter = SummaryWriter()\n"
+                     "writer.add_graph(net, torch.randn(1, 4))\n")
+    assert "writer.add_graph(ddpkit.unwrap(net), torch.randn(1, 4))" in result.text, result.text

@@ -12,9 +12,13 @@ Example::
 from __future__ import annotations
 
 import builtins
+import datetime
+import itertools
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
+
+import torch.distributed as dist
 
 from ddpkit.core import straggler
 from ddpkit.runtime import group as runtime
@@ -59,7 +63,18 @@ def get_logger(name: str, all_ranks: bool = False) -> RankZeroAdapter:
 
 
 class _NullWriter:
-    """Stands in for a SummaryWriter on ranks other than 0: every method accepts anything and does nothing."""
+    """Stands in for a SummaryWriter on ranks other than 0: every method accepts anything and does nothing, and
+    ``log_dir`` / ``get_logdir()`` answer rank 0's folder (SimCLR keeps its log file and checkpoints there)."""
+
+    def __init__(self, log_dir: Callable[[], str]):
+        self._log_dir = log_dir
+
+    @property
+    def log_dir(self) -> str:
+        return self._log_dir()
+
+    def get_logdir(self) -> str:
+        return self._log_dir()
 
     def __getattr__(self, name: str):
         return lambda *args, **kwargs: None
@@ -71,23 +86,59 @@ class _NullWriter:
         return None
 
 
+_WRITERS = itertools.count()  # the k-th summary_writer() of every rank is the same writer
+WAIT_S = 60.0  # a rank reading log_dir waits this long for rank 0's writer of the same order
+
+
 def summary_writer(log_dir: str | None = None, **kwargs: Any):
     """A ``torch.utils.tensorboard.SummaryWriter`` on rank 0, a no-op object with the same methods elsewhere.
 
     Needs the ``tensorboard`` extra (``pip install ddpkit[tensorboard]``) on rank 0. Under ``ddpkit launch``
     it also gets the phase report's scalars after each window: ``ddpkit/phases/<phase>/rank<r>`` (ms per step)
     and ``ddpkit/straggler_score`` (the largest excess of one rank's phase over the others', as a share of
-    the step: 0 when every rank is alike).
+    the step: 0 when every rank is alike). Its ``log_dir`` is the same on every rank: without one given, rank
+    0's default folder (``runs/<date>_<host>``), which the others read from the process group's store when they
+    ask for it (nothing is exchanged unless they do).
+
+    Example::
+
+        writer = ddpkit.summary_writer()
+        log_file = os.path.join(writer.log_dir, "training.log")   # rank 0's folder, on every rank
     """
-    if not runtime.ensure_init().is_main:
-        return _NullWriter()
+    state = runtime.ensure_init()
+    key = f"ddpkit/summary_writer/{next(_WRITERS)}"
+    if not state.is_main:
+        return _NullWriter(lambda: log_dir if log_dir is not None else _rank0_log_dir(key, state.rank))
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as exc:
         raise ImportError("summary_writer needs tensorboard: pip install 'ddpkit[tensorboard]'") from exc
     writer = SummaryWriter(log_dir=log_dir, **kwargs)
+    store = _store()
+    if log_dir is None and store is not None:
+        store.set(key, writer.log_dir)
     phases.add_listener(lambda step, windows, found: _phase_scalars(writer, step, windows))
     return writer
+
+
+def _store() -> Any:
+    """The process group's key-value store, or None in one process."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    return dist.distributed_c10d._get_default_store()
+
+
+def _rank0_log_dir(key: str, rank: int) -> str:
+    store = _store()
+    try:
+        if store is None:
+            raise RuntimeError("no process group")
+        store.wait([key], datetime.timedelta(seconds=WAIT_S))
+        return store.get(key).decode()
+    except RuntimeError as exc:
+        raise RuntimeError(f"ddpkit: writer.log_dir read on rank {rank}, but rank 0 made no ddpkit.summary_writer() "
+                           f"of the same order within {WAIT_S:g} s ({exc}); call it on every rank, or give it a "
+                           "log_dir") from None
 
 
 def _phase_scalars(writer: Any, step: int, windows: list[dict[str, Any]]) -> None:

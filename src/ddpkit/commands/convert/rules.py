@@ -30,6 +30,8 @@ BARRIER_FIX = "put ddpkit.barrier() after the save where every rank passes (outs
 FILE_OPS = ("shutil.copyfile", "shutil.copy", "shutil.copy2", "shutil.move", "os.rename", "os.replace")
 PRETRAINED = ("save_pretrained", "push_to_hub")  # Hugging Face's saves (a model's, a tokenizer's)
 UNWRAP = ("isinstance", "type", "copy.deepcopy", "torch.jit.script", "torch.jit.trace", "torch.onnx.export")
+# a TensorBoard writer's graph traces the model: through DDP it meets the process group (a RuntimeError on rank 0)
+UNWRAP_METHODS = ("add_graph",)
 
 
 def without_moves(node: cst.BaseExpression) -> cst.BaseExpression:
@@ -104,7 +106,7 @@ def outputs(work: _Work) -> None:
             work.edits.expr[id(call.node)] = lambda node, w=where: add_keyword(node, "map_location", w)
             work.note(f"torch.load(..., map_location={where})", "tensors load where this rank "
                       "works, not on the GPU they were saved from", call.line)
-        elif call.name in UNWRAP:
+        elif call.name in UNWRAP or call.last in UNWRAP_METHODS and isinstance(func, cst.Attribute):
             _unwrap(work, call)
         elif call.name in ("os.mkdir", "os.makedirs") or call.last == "mkdir" and _a_path(work, call):
             _mkdir(work, call)

@@ -1,0 +1,17 @@
+"""``ddpkit.summary_writer()`` on the ranks other than 0 answers ``log_dir`` / ``get_logdir()`` with rank 0's folder
+(the fourth held-out set: SimCLR's ``os.path.join(writer.log_dir, "training.log")`` raised TypeError on rank 1,
+its ``log_dir`` a function of the stand-in writer). Real processes over gloo."""
+import pytest
+
+from conftest import WORKERS, launch, ok
+
+pytest.importorskip("tensorboard")
+
+
+def test_every_rank_reads_rank_0s_log_dir(tmp_path):
+    ok(launch(WORKERS / "writer_dir.py", tmp_path, timeout=120))
+    runs = list((tmp_path / "runs").iterdir())
+    assert len(runs) == 1 and runs[0].name.endswith("_exp"), runs  # one folder: rank 0's
+    written = {p.name: p.read_text() for p in runs[0].glob("rank*.txt")}
+    assert set(written) == {"rank0.txt", "rank1.txt"} and len(set(written.values())) == 1, written
+    assert written["rank1.txt"].endswith("_exp given"), written  # a log_dir given is its own on every rank

@@ -1,0 +1,18 @@
+"""Every rank asks ``ddpkit.summary_writer()`` (no log_dir given) where it writes, then writes there, as SimCLR
+keeps its log file in ``writer.log_dir``: rank 0's folder on every rank (it was a function on the others).
+
+    ddpkit launch --nproc-per-node 2 tests/workers/writer_dir.py OUT
+"""
+import os
+import sys
+
+import ddpkit
+
+state = ddpkit.init()
+os.chdir(sys.argv[1])  # SummaryWriter's default folder is runs/<date>_<host> under the working directory
+writer = ddpkit.summary_writer(comment="_exp")
+second = ddpkit.summary_writer("given")
+ddpkit.barrier()
+with open(os.path.join(writer.log_dir, f"rank{state.rank}.txt"), "w") as f:
+    f.write(f"{writer.get_logdir()} {second.log_dir}")
+writer.close()
