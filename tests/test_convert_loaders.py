@@ -143,3 +143,36 @@ def test_a_device_given_as_a_string_stays_a_string_that_runs_its_tests(setup):
         "state = ddpkit.init()", "import types\nstate = types.SimpleNamespace(device=torch.device('cpu'))"),
          namespace)
     assert namespace["device"] == "cpu" and "cuda" not in namespace["device"]
+
+
+def test_a_model_chosen_in_a_chain_whose_else_raises_under_main_is_prepared_below_it():
+    """makemore: ``if __name__ == "__main__":`` around everything, the model chosen by ``--type`` in an if / elif
+    chain whose ``else`` raises: only the last branch was wrapped, and the line said the model was not bound on
+    every path (the default type trained unprepared until the runtime stopped it)."""
+    source = ("import torch\nfrom torch import nn\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+              "if __name__ == '__main__':\n"
+              "    loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, "
+              "shuffle=True)\n"
+              "    if kind == 'mlp':\n        model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 1))\n"
+              "    elif kind == 'linear':\n        model = nn.Linear(4, 1)\n"
+              "    else:\n        raise ValueError(kind)\n"
+              "    opt = torch.optim.AdamW(model.parameters())\n    for x, y in loader:\n        opt.zero_grad()\n"
+              "        nn.functional.mse_loss(model(x), y).backward()\n        opt.step()\n")
+    result = plan(source)
+    assert not result.left and result.text.count("prepare_model") == 1, result.left
+    assert "        raise ValueError(kind)\n    model = ddpkit.prepare_model(model)\n" in result.text, result.text
+
+
+def test_a_progress_bar_or_a_setting_imported_from_elsewhere_is_no_loader():
+    """going_modular's ``for epoch in tqdm(range(epochs))`` (``from tqdm.auto import tqdm``) and pytorch-cifar100's
+    ``range(1, settings.EPOCH + 1)`` (``from conf import settings``) were listed as "loaders imported from modules
+    of the script" (exit 1, for nothing to do)."""
+    source = ("import torch\nfrom torch import nn\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+              "from tqdm.auto import tqdm\nfrom conf import settings\n"
+              "loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)\n"
+              "model = nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+              "for epoch in tqdm(range(1, settings.EPOCH + 1)):\n    for x, y in loader:\n        opt.zero_grad()\n"
+              "        nn.functional.mse_loss(model(x), y).backward()\n        opt.step()\n")
+    result = plan(source)
+    assert not result.left and not result.asks, (result.left, result.asks)
+    assert "loader = ddpkit.data_loader(" in result.text

@@ -216,3 +216,27 @@ def test_a_module_imported_whole_is_followed_to_its_names():
     assert "model = ddpkit.prepare_model(torch.nn.Linear(2, 1))" in done["models/net.py"].text, \
         done["models/net.py"].text
     assert not done["train.py"].left, done["train.py"].left
+
+
+def test_a_loop_over_a_loader_handed_in_by_another_module_is_fed_by_its_converted_loader():
+    """going_modular: ``engine.train_step(model, dataloader, ...)`` loops over its parameter, handed in by
+    ``train.py`` from ``data_setup.create_dataloaders()``. It passed only because a ``tqdm`` in the same file was
+    taken for an imported loader; read right, it was refused as batches fed by hand. In a project whose training
+    loader converts, the loop is said fed by it; converted alone, it is left to you with the fix."""
+    files = {"data_setup.py": GETTER["data.py"],
+             "engine.py": "import torch\nimport torch.nn.functional as F\n\n\ndef train_step(model, dataloader, opt):\n"
+                          "    for x, y in dataloader:\n        opt.zero_grad()\n"
+                          "        F.cross_entropy(model(x), y).backward()\n        opt.step()\n",
+             "train.py": "import torch\nimport data_setup, engine\n\ntrain_loader, test_loader = "
+                         "data_setup.get_loaders(16)\nmodel = torch.nn.Linear(20, 4)\n"
+                         "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nengine.train_step(model, train_loader, opt)\n"}
+    done = _settled(files)
+    assert not any(p.refused or p.left for p in done.values()), {k: p.left for k, p in done.items()}
+    assert "ddpkit.data_loader(ds, global_batch_size=batch_size" in done["data_setup.py"].text
+    assert any("the training loop over dataloader (a parameter of train_step) left as it is" in k.what and
+               "in data_setup.py" in k.why for k in done["engine.py"].kept), done["engine.py"].kept
+    from ddpkit.commands.convert.plan import plan
+
+    alone = plan(files["engine.py"])
+    assert not alone.refused and any("a parameter of train_step that no call in this file passes" in x.what
+                                     for x in alone.left), alone.left

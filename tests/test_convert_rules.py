@@ -308,10 +308,15 @@ def test_an_aliased_ddpkit_script_is_not_wrapped_twice_and_a_guarded_save_read_b
     assert any("no barrier" in x.what for x in result.left)
 
 
-def test_the_refusal_names_the_loops_that_disagree():
+def test_a_training_loader_also_evaluated_trains_and_a_loop_that_does_neither_is_refused_by_line():
+    """The training loader evaluated too (``evaluate(train_loader)``) trains, its evaluation's sums reduced once
+    (the fourth held-out set: refused before); a loop that neither trains nor evaluates still refuses, naming it."""
     source = TRAIN_EVAL.replace("    evaluate(val_loader)", "    evaluate(val_loader)\n    evaluate(train_loader)")
     result = convert(source)
-    assert result.refused and any("trains" in x.what and "evaluates" in x.what for x in result.left)
+    assert not result.refused and "train_loader = ddpkit.data_loader(train_set, global_batch_size=8" in result.text
+    assert result.text.count("correct = ddpkit.reduce(correct)") == 1, result.text
+    result = convert(source + "for x, y in train_loader:\n    print(x.mean())\n")
+    assert result.refused and any("trains" in x.what and "neither" in x.what for x in result.left), result.left
 
 
 def test_print_under_another_name_is_reported():

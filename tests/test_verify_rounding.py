@@ -20,6 +20,15 @@ def test_a_correct_batchnorm_adam_cnn_passes_by_the_float64_rerun():
     assert "decided by a float64 re-run: in float32 the runs ended '0.bias'" in r.stdout, r.stdout
 
 
+def test_samples_fetched_in_loader_workers_do_not_stop_the_float64_rerun():
+    """The fourth held-out set: a BatchNorm + Adam CNN whose Dataset is the script's own class (ddpkit's loader
+    fetches it in worker processes) was "cannot compare exactly", blamed on the workers' draws, with no draw at
+    all: each sample's draws are its own in verify's runs (samples.py), so only a collate_fn's could differ."""
+    r = ok(run_cmd(VERIFY + ["--own-dataset"], timeout=400))
+    assert r.stdout.startswith("PASS: 2 processes match 1 process"), r.stdout + r.stderr[-2000:]
+    assert "decided by a float64 re-run" in r.stdout, r.stdout
+
+
 def test_per_rank_batchnorm_statistics_still_fail_in_float64():
     r = run_cmd(VERIFY + ["--local-bn"], timeout=400)
     assert r.returncode != 0 and r.stdout.startswith("FAIL"), r.stdout + r.stderr[-2000:]

@@ -1,9 +1,11 @@
 """A BatchNorm CNN trained with Adam, as public CIFAR scripts write it: each conv keeps its bias right before its
 BatchNorm (a weight whose exact gradient is 0: float noise that Adam turns into lr-sized steps).
 
-``verify_bn_adam.py [--local-bn] [--own-adam]``: ``--local-bn`` keeps each rank's own BatchNorm statistics
-(``sync_batchnorm=False``), a real difference from one process that verify must still FAIL; ``--own-adam`` steps a
-subclass of Adam and saves the whole model first (verify's float64 hooks must pickle).
+``verify_bn_adam.py [--local-bn] [--own-adam] [--own-dataset]``: ``--local-bn`` keeps each rank's own BatchNorm
+statistics (``sync_batchnorm=False``), a real difference from one process that verify must still FAIL;
+``--own-adam`` steps a subclass of Adam and saves the whole model first (verify's float64 hooks must pickle);
+``--own-dataset`` serves the samples, randomly flipped, from a Dataset class of the script's (ddpkit's loader then
+fetches them in worker processes, as network-slimming's loader did).
 """
 import os
 import sys
@@ -19,6 +21,18 @@ torch.set_num_threads(1)
 ddpkit.init(seed=0)
 g = torch.Generator().manual_seed(0)
 data = TensorDataset(torch.randn(128, 3, 8, 8, generator=g), torch.randint(0, 10, (128,), generator=g))
+if "--own-dataset" in sys.argv:
+    class Images(torch.utils.data.Dataset):
+        def __init__(self, tensors):
+            self.x, self.y = tensors
+
+        def __len__(self):
+            return len(self.y)
+
+        def __getitem__(self, i):  # a random flip, as a CIFAR script's transform makes it
+            return (self.x[i].flip(-1) if torch.rand(()) < 0.5 else self.x[i]), self.y[i]
+
+    data = Images(data.tensors)
 net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
                     nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
                     nn.Flatten(), nn.Linear(16, 10))

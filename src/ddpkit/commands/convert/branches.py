@@ -35,7 +35,7 @@ def place(work: _Work, binding: Binding, optimizer: Call | None) -> bool:
     """Wrap ``binding``'s model below the outermost ``if`` chain whose every branch binds it (and below the
     initialisations that follow it: :func:`ddpkit.commands.convert.inits.place`); False: no chain does, or the
     optimizer is inside it (None: an optimizer of another module)."""
-    chain = _exhaustive(work, binding)
+    chain = _exhaustive(work, binding, optimizer)
     if chain is None:
         _one_path(work, binding, optimizer)
         return False
@@ -64,10 +64,12 @@ def _one_path(work: _Work, binding: Binding, optimizer: Call | None) -> None:
                f"below the if yourself: {binding.target} = ddpkit.prepare_model({binding.target})")
 
 
-def _exhaustive(work: _Work, binding: Binding) -> cst.If | None:
+def _exhaustive(work: _Work, binding: Binding, optimizer: Call | None = None) -> cst.If | None:
     """The outermost ``if`` chain that holds ``binding`` in one of its branches and leaves its target bound on
     every path: each branch binds it (or raises, or returns), or a statement before the chain in its own block
-    did. None when that chain itself sits in a branch of an ``if`` that does not (a path that never binds it)."""
+    did. None when that chain itself sits in a branch of an ``if`` that does not (a path that never binds it),
+    unless the optimizer is in that branch too (makemore's ``if __name__ == "__main__":`` around it all: the
+    paths that skip the branch train nothing)."""
     tops = _tops(work)
     bound = {id(b.stmt) for b in work.facts.bindings
              if b.target == binding.target and b.scope is binding.scope and (b.value is not None or b.whole)}
@@ -76,6 +78,9 @@ def _exhaustive(work: _Work, binding: Binding) -> cst.If | None:
     while node is not None:
         chain = _holding(tops, node)
         if chain is None:
+            return found
+        if found is not None and optimizer is not None and optimizer.stmt is not None and \
+                id(optimizer.stmt) in node_ids(chain):
             return found
         if not (all(_binds(block, bound, tops) for block in _branches(chain)) or _before(chain, bound, binding)):
             return None  # ``if resume: (if ema: net = A else: net = B)``: not bound when resume is false

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 MODEL, TRAIN, EVAL = "model", "training loader", "evaluation loader"
+HANDED = "a loader handed in"  # an Ask's name: a training loop over a parameter fed from another module
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,17 +57,23 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any]) -> 
     asked: dict[str, list[tuple[str, Ask]]] = {}  # the file of the module -> (asking file, its ask)
     for rel, result in plans.items():
         for ask in getattr(result, "asks", ()):
-            target = module_file(files, ask.module)
+            target = module_file(files, ask.module) if ask.name != HANDED else None
             if target is not None and target != rel:
                 names = wants.setdefault(target, {})
                 if names.get(ask.name) != TRAIN:  # one file trains on it, another evaluates: a training loader
                     names[ask.name] = ask.kind
                 asked.setdefault(target, []).append((rel, ask))
-    if not wants:
+    handed = [rel for rel, result in plans.items() if any(a.name == HANDED for a in getattr(result, "asks", ()))]
+    if not wants and not handed:
         return plans
     for target, names in wants.items():
         plans[target] = convert(target, Crossing(wants=names))
     provided: dict[str, dict[str, str]] = {}
+    for rel, result in plans.items():  # a loop over a loader handed in: fed by another file's training loader
+        if any(ask.name == HANDED for ask in getattr(result, "asks", ())):
+            feeding = sorted(other for other, p in plans.items() if other != rel and getattr(p, "trains", False))
+            if feeding:
+                provided.setdefault(rel, {})[key("", HANDED)] = feeding[0]
     for target, pairs in asked.items():
         for rel, ask in pairs:
             if ask.name in plans[target].done:

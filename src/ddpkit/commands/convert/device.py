@@ -63,7 +63,7 @@ def as_string(value: cst.BaseExpression | None) -> bool:
         if not as_string(value.body):
             return False
         value = value.orelse
-    return isinstance(value, cst.SimpleString)
+    return isinstance(value, cst.SimpleString) or isinstance(value, cst.Attribute) and value.attr.value == "type"
 
 
 def _kind(text: str) -> str:

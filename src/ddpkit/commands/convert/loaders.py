@@ -19,7 +19,7 @@ import libcst as cst
 
 from ddpkit.commands.convert import batch, flow
 from ddpkit.commands.convert.apply import LOADER_PARAMETERS, loader_call
-from ddpkit.commands.convert.crossing import EVAL, TRAIN, Ask, key, returned
+from ddpkit.commands.convert.crossing import EVAL, HANDED, TRAIN, Ask, key, returned
 from ddpkit.commands.convert.flow import callee, loops_reading, peek, roles_said
 from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, dotted, imported_from, resolve
 from ddpkit.commands.convert.sums import sums_after
@@ -53,10 +53,12 @@ def loaders(work: _Work) -> None:
             built = [c for c in built if c is not call]
             continue
         training |= _loader(work, call)
+    work.trains = training
     backward = [c for c in work.facts.calls if c.last == "backward"]
     training |= any(c.name == "ddpkit.data_loader" for c in work.facts.calls)
     if backward and not training and not built and not uses_ddpkit(work.facts):  # (ddpkit: by hand)
-        if _imported_loader(work, backward[0].line) or _subclassed(work, backward[0].line):
+        if _imported_loader(work, backward[0].line) or _subclassed(work, backward[0].line) or \
+                _handed_in(work, backward[0].line):
             return
         work.leave(backward[0].line, "the training batches do not come from a torch DataLoader (fed by hand): "
                    "each rank would train on all of them", "build them with a Dataset and a DataLoader, then "
@@ -71,7 +73,7 @@ def _imported_loader(work: _Work, line: int) -> bool:
     reads: dict[str, bool] = {}  # name -> read by a loop that trains (as a loader's role is told: flow.trains)
     origins: dict[str, tuple[str, str]] = {}  # name -> (its module, its name there)
     for loop in work.facts.loops:
-        for name in loop.iter_names:
+        for name in iterated(loop.node.iter) if isinstance(loop.node, cst.For) else ():
             origin = imported_from(work.facts, name) or _returned_by_import(work.facts, name, loop)
             if origin:
                 origins[name] = origin
@@ -97,6 +99,50 @@ def _imported_loader(work: _Work, line: int) -> bool:
                "evaluation loader may stay: each rank then evaluates every batch, which is right), and wrap the "
                "model with ddpkit.prepare_model(...) where it is built")
     return True
+
+
+def _handed_in(work: _Work, line: int) -> bool:
+    """The training loop reads a parameter of its function that no call in this file passes (going_modular's
+    ``engine.train_step(model, dataloader, ...)``, called from ``train.py``): its loader is built by a caller in
+    another module. In a project where another file's training DataLoader became a ``ddpkit.data_loader``, that
+    is said (kept); else left to you (the runtime says it too at the first step: a prepared model fed by no
+    ddpkit training loader)."""
+    for loop in work.facts.loops:
+        names = iterated(loop.node.iter) if isinstance(loop.node, cst.For) else set()
+        handed = sorted(n for n in names if n in loop.scope.params and
+                        (b := flow.binding_of(work.facts, n, loop.scope, loop.line)) is not None and b.value is None)
+        if not handed or not flow.trains(work.facts, loop):
+            continue
+        name, where = handed[0], loop.scope.name
+        built = work.crossing.provided.get(key("", HANDED))
+        if built:
+            work.keep(loop.line, f"the training loop over {name} (a parameter of {where}) left as it is",
+                      f"the training loader is a ddpkit.data_loader where it is built, in {built}")
+            return True
+        work.asks.append(Ask("", HANDED, TRAIN, loop.line))
+        work.leave(loop.line, f"the training loop reads {name}, a parameter of {where} that no call in this file "
+                   "passes: its loader is built by a caller in another module", "convert them together (ddpkit "
+                   "convert --imports SCRIPT, or a folder), or make the loader passed in a ddpkit.data_loader("
+                   "dataset, global_batch_size=B) where it is built")
+        return True
+    return False
+
+
+def iterated(node: cst.BaseExpression) -> set[str]:
+    """The names a ``for`` loop may take its items from: the iterable, or what ``enumerate`` / ``tqdm`` / ``zip``
+    are handed; not the function that wraps it (``tqdm``), nor what ``range`` counts to (``settings.EPOCH``).
+
+    >>> sorted(iterated(cst.parse_expression("enumerate(tqdm(train_loader, total=n))")))
+    ['train_loader']
+    >>> iterated(cst.parse_expression("range(1, settings.EPOCH + 1)"))
+    set()
+    """
+    name = dotted(node)
+    if name is not None:
+        return {name}
+    if isinstance(node, cst.Call) and dotted(node.func) not in ("range", "len"):
+        return set().union(*(iterated(a.value) for a in node.args if a.keyword is None and not a.star))
+    return set()
 
 
 def _returned_by_import(facts: Facts, name: str, loop: Loop) -> tuple[str, str] | None:
@@ -253,9 +299,9 @@ def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
     loops = [loop for loop in loops if loop not in peeks]
     role = role or flow.role(work.facts, loops, binding, call)
     if role == "eval" and not loops:  # said by a name only: its loop, and what it sums, were not found
-        work.leave(call.line, "an evaluation DataLoader (by its name) whose loop was not found: left as it is "
-                   "(every rank evaluates the whole set, which is right)", "to share the work: "
-                   "ddpkit.data_loader(..., train=False) and ddpkit.reduce the sums after its loop")
+        work.keep(call.line, "an evaluation DataLoader (by its name) whose loop is not in this file, left as it "
+                  "is", "every rank evaluates the whole set, which is right (to share the work: ddpkit.data_loader("
+                  "..., train=False), and ddpkit.reduce the sums after its loop)")
         return False
     if role is None and uses_ddpkit(work.facts):  # a ddpkit script's own plain loader: its choice
         work.leave(call.line, "a plain DataLoader in a ddpkit script, whose loops neither train nor evaluate "

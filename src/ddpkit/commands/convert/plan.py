@@ -57,6 +57,7 @@ class Plan:
     kept: list[Edit] = dataclasses.field(default_factory=list)  # left as it is, rightly: said, not to do
     asks: list[Ask] = dataclasses.field(default_factory=list)  # names another module of the project builds
     done: list[str] = dataclasses.field(default_factory=list)  # the names asked of this one, converted
+    trains: bool = False  # a training DataLoader of this file became a ddpkit.data_loader
 
     @property
     def refused(self) -> bool:
@@ -83,7 +84,7 @@ def plan(source: str, per_process_batch: bool = False, crossing: Crossing | None
                    "model), then convert again", blocks=True)
         text = source
     return Plan(source, sorted(work.log, key=lambda e: e.line), sorted(work.left, key=lambda e: e.line), text,
-                sorted(work.kept, key=lambda e: e.line), work.asks, work.done)
+                sorted(work.kept, key=lambda e: e.line), work.asks, work.done, work.trains)
 
 
 def _import_place(wrapper: MetadataWrapper, work: _Work) -> cst.CSTNode | None:
@@ -116,6 +117,7 @@ class _Work:
         self.crossing = crossing or Crossing()
         self.asks: list[Ask] = []  # what another module of the project should convert for this one
         self.done: list[str] = []  # the crossing's wants converted here
+        self.trains = False  # a training DataLoader converted here (a project's loop elsewhere may be fed by it)
         self.edits = Edits()
         self.log: list[Edit] = []
         self.left: list[Left] = []

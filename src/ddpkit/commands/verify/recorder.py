@@ -41,8 +41,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+from torch.utils.data import default_collate, default_convert
 
 from ddpkit.commands.verify.matched import MatchedDraws
+from ddpkit.commands.verify.samples import SampleSeeded
 from ddpkit.data.global_batch import GlobalBatchSampler
 
 OnShutdown = Callable[[Callable[[], None]], None]
@@ -154,8 +156,12 @@ class Recorder:
             # once an optimizer steps its cap governs (a loop may re-create iterators): the loader runs uncapped
             loader.observe(lambda: self.steps > 0 or loader.steps_taken < cap)
         self.loaders.append(loader)
-        if getattr(loader, "num_workers", 0) > 0:  # a Dataset's draws there (augmentation) are not seen here
-            self.loader_workers = True
+        if getattr(loader, "num_workers", 0) > 0:
+            # draws there are not seen here; a Dataset's (augmentation) are each sample's own in verify's runs
+            # (samples.py): only a collate_fn's, or an unindexed dataset's, may still differ between the runs
+            seeded = isinstance(getattr(loader, "dataset", None), SampleSeeded)
+            custom = getattr(loader, "collate_fn", default_collate) not in (default_collate, default_convert)
+            self.loader_workers = self.loader_workers or custom or not seeded
             generator = getattr(loader, "generator", None)
             if self.draws_k and generator is not None:  # the workers' seeds come from it at iter(): other draws
                 generator.manual_seed(generator.initial_seed() + DRAWS_OFFSET * self.draws_k)
