@@ -229,7 +229,8 @@ def test_a_loop_over_a_loader_handed_in_by_another_module_is_fed_by_its_converte
                           "        F.cross_entropy(model(x), y).backward()\n        opt.step()\n",
              "train.py": "import torch\nimport data_setup, engine\n\ntrain_loader, test_loader = "
                          "data_setup.get_loaders(16)\nmodel = torch.nn.Linear(20, 4)\n"
-                         "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nengine.train_step(model, train_loader, opt)\n"}
+                         "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                         "engine.train_step(model, train_loader, opt)\n"}
     done = _settled(files)
     assert not any(p.refused or p.left for p in done.values()), {k: p.left for k, p in done.items()}
     assert "ddpkit.data_loader(ds, global_batch_size=batch_size" in done["data_setup.py"].text
