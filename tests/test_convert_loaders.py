@@ -176,3 +176,17 @@ def test_a_progress_bar_or_a_setting_imported_from_elsewhere_is_no_loader():
     result = plan(source)
     assert not result.left and not result.asks, (result.left, result.asks)
     assert "loader = ddpkit.data_loader(" in result.text
+
+
+def test_a_model_bound_in_a_try_and_its_handler_is_prepared_below_the_try():
+    """``try: model = torch.load(p)`` / ``except FileNotFoundError: model = Net()``: the wrap went into the handler,
+    leaving a loaded model unprepared (each rank its own copy, until the runtime stopped it at the first step)."""
+    source = ("import torch\nfrom torch import nn\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+              "loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)\n"
+              "try:\n    model = torch.load('model.pt', weights_only=False)\nexcept FileNotFoundError:\n"
+              "    model = nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor x, y in loader:\n"
+              "    opt.zero_grad()\n    nn.functional.mse_loss(model(x), y).backward()\n    opt.step()\n")
+    result = plan(source)
+    assert not result.left and result.text.count("prepare_model") == 1, result.left
+    assert "    model = nn.Linear(4, 1)\nmodel = ddpkit.prepare_model(model)\n" in result.text, result.text
+    assert any("below the try" in e.what for e in result.edits), result.edits

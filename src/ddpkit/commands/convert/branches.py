@@ -45,8 +45,9 @@ def place(work: _Work, binding: Binding, optimizer: Call | None) -> bool:
         return True
     target = binding.target
     work.edits.after.setdefault(id(chain), []).append(f"{target} = ddpkit.prepare_model({target})")
-    work.note(f"{target} = ddpkit.prepare_model({target}) below the if, not in its branch (line {binding.line})",
-              f"{target} is bound on every path through the if: prepared whichever path runs (a wrap in one "
+    word = "try" if isinstance(chain, cst.Try) else "if"
+    work.note(f"{target} = ddpkit.prepare_model({target}) below the {word}, not in its branch (line {binding.line})",
+              f"{target} is bound on every path through the {word}: prepared whichever path runs (a wrap in one "
               "branch leaves the model of the other paths a separate copy on each rank)", binding.line)
     return True
 
@@ -64,7 +65,7 @@ def _one_path(work: _Work, binding: Binding, optimizer: Call | None) -> None:
                f"below the if yourself: {binding.target} = ddpkit.prepare_model({binding.target})")
 
 
-def _exhaustive(work: _Work, binding: Binding, optimizer: Call | None = None) -> cst.If | None:
+def _exhaustive(work: _Work, binding: Binding, optimizer: Call | None = None) -> Any:
     """The outermost ``if`` chain that holds ``binding`` in one of its branches and leaves its target bound on
     every path: each branch binds it (or raises, or returns), or a statement before the chain in its own block
     did. None when that chain itself sits in a branch of an ``if`` that does not (a path that never binds it),
@@ -73,7 +74,7 @@ def _exhaustive(work: _Work, binding: Binding, optimizer: Call | None = None) ->
     tops = _tops(work)
     bound = {id(b.stmt) for b in work.facts.bindings
              if b.target == binding.target and b.scope is binding.scope and (b.value is not None or b.whole)}
-    found: cst.If | None = None
+    found: Any = None
     node: cst.BaseStatement | None = binding.stmt
     while node is not None:
         chain = _holding(tops, node)
@@ -82,25 +83,43 @@ def _exhaustive(work: _Work, binding: Binding, optimizer: Call | None = None) ->
         if found is not None and optimizer is not None and optimizer.stmt is not None and \
                 id(optimizer.stmt) in node_ids(chain):
             return found
-        if not (all(_binds(block, bound, tops) for block in _branches(chain)) or _before(chain, bound, binding)):
+        if not (all(_binds(block, bound, tops) for block in _paths(chain)) or _before(chain, bound, binding)):
             return None  # ``if resume: (if ema: net = A else: net = B)``: not bound when resume is false
         found = node = chain
     return found
 
 
-def _tops(work: _Work) -> list[cst.If]:
-    """Every ``if`` of the script that is no ``elif`` of another: the heads of its chains."""
+def _tops(work: _Work) -> list[Any]:
+    """Every ``if`` of the script that is no ``elif`` of another (the heads of its chains), and every ``try``
+    (``try: model = torch.load(p)`` / ``except FileNotFoundError: model = Net()`` binds it on every path too)."""
     ifs = [node for node in m.findall(work.facts.module, m.If()) if isinstance(node, cst.If)]
     elifs = {id(node.orelse) for node in ifs if isinstance(node.orelse, cst.If)}
-    return [node for node in ifs if id(node) not in elifs]
+    tries = [node for node in m.findall(work.facts.module, m.Try()) if isinstance(node, cst.Try)]
+    return [node for node in ifs if id(node) not in elifs] + tries
 
 
-def _holding(tops: list[cst.If], node: cst.BaseStatement) -> cst.If | None:
-    """The ``if`` chain one of whose branches has ``node`` as a statement of its own."""
-    return next((top for top in tops if any(s is node for block in _branches(top) for s in block.body)), None)
+def _holding(tops: list[Any], node: cst.BaseStatement) -> Any:
+    """The ``if`` chain (or ``try``) one of whose blocks has ``node`` as a statement of its own."""
+    return next((top for top in tops if any(s is node for block in _blocks(top) for s in block.body)), None)
 
 
-def _before(chain: cst.If, bound: set[int], binding: Binding) -> bool:
+def _blocks(top: Any) -> list[cst.IndentedBlock]:
+    """Every block of an ``if`` chain or a ``try`` (its handlers', its ``else``'s and ``finally``'s too)."""
+    if isinstance(top, cst.If):
+        return _branches(top)
+    found = [top.body, *(h.body for h in top.handlers), *(b.body for b in (top.orelse, top.finalbody) if b)]
+    return [b for b in found if isinstance(b, cst.IndentedBlock)]
+
+
+def _paths(top: Any) -> list[cst.IndentedBlock]:
+    """The blocks one of which every path runs to its end: an ``if``'s branches; a ``try``'s body, or one of its
+    handlers (a handler that raises is no path on)."""
+    if isinstance(top, cst.If):
+        return _branches(top)
+    return [b for b in (top.body, *(h.body for h in top.handlers)) if isinstance(b, cst.IndentedBlock)]
+
+
+def _before(chain: Any, bound: set[int], binding: Binding) -> bool:
     """A statement before ``chain`` in its own block binds the name (``net = Net()`` above ``if resume:``)."""
     block = inits.block_of(chain, binding.scope) or []
     index = next((i for i, s in enumerate(block) if s is chain), 0)
@@ -124,8 +143,9 @@ def _binds(block: cst.IndentedBlock, bound: set[int], tops: list[cst.If]) -> boo
     """A statement of the block itself binds the name (not one nested in a loop or a ``try``) or leaves (``else:
     raise ValueError(arch)``: no path below the ``if`` from there), or an ``if`` chain of the block binds it in
     every branch."""
-    return any(id(stmt) in bound or _leaves(stmt) or (isinstance(stmt, cst.If) and any(stmt is top for top in tops)
-                                                      and all(_binds(b, bound, tops) for b in _branches(stmt)))
+    return any(id(stmt) in bound or _leaves(stmt) or (isinstance(stmt, (cst.If, cst.Try)) and
+                                                      any(stmt is top for top in tops) and
+                                                      all(_binds(b, bound, tops) for b in _paths(stmt)))
                for stmt in block.body)
 
 
