@@ -56,7 +56,7 @@ def test_gradients_equal_on_all_ranks_after_a_ddp_step(run):
 
 def test_state_dict_has_no_module_prefix_and_batchnorm_is_synced(run):
     assert all(not k.startswith("module.") for k in run["ranks"][0]["weights"])
-    assert run["ranks"][0]["bn_type"] == "SyncBatchNorm"
+    assert run["ranks"][0]["bn_type"] == "SyncBatchNorm1d"  # synchronised, and still a BatchNorm1d to isinstance
 
 
 def test_output_appears_once(run):

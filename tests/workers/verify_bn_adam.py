@@ -4,7 +4,8 @@ BatchNorm (a weight whose exact gradient is 0: float noise that Adam turns into 
 ``verify_bn_adam.py [--local-bn] [--own-adam] [--own-dataset]``: ``--local-bn`` keeps each rank's own BatchNorm
 statistics (``sync_batchnorm=False``), a real difference from one process that verify must still FAIL;
 ``--own-adam`` steps a subclass of Adam and saves the whole model first (verify's float64 hooks must pickle);
-``--own-dataset`` serves the samples, randomly flipped, from a Dataset class of the script's (ddpkit's loader then
+``--l1-bn`` adds network-slimming's L1 subgradient to every ``nn.BatchNorm2d`` weight's gradient after backward
+(found by ``isinstance`` on the prepared model); ``--own-dataset`` serves the samples, randomly flipped, from a Dataset class of the script's (ddpkit's loader then
 fetches them in worker processes, as network-slimming's loader did).
 """
 import os
@@ -49,4 +50,8 @@ for x, y in ddpkit.data_loader(data, batch_size=16):
     loss = nn.functional.cross_entropy(model(x), y)
     opt.zero_grad()
     loss.backward()
+    if "--l1-bn" in sys.argv:
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.weight.grad.data.add_(1e-2 * torch.sign(m.weight.data))
     opt.step()

@@ -126,14 +126,56 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         return 0.0 if self.momentum is None else self.momentum
 
 
+class SyncBatchNorm1d(SyncBatchNorm, nn.BatchNorm1d):
+    """:class:`SyncBatchNorm` in place of an ``nn.BatchNorm1d``, still one to ``isinstance`` (see :data:`KINDS`)."""
+
+
+class SyncBatchNorm2d(SyncBatchNorm, nn.BatchNorm2d):
+    """:class:`SyncBatchNorm` in place of an ``nn.BatchNorm2d``, still one to ``isinstance``."""
+
+
+class SyncBatchNorm3d(SyncBatchNorm, nn.BatchNorm3d):
+    """:class:`SyncBatchNorm` in place of an ``nn.BatchNorm3d``, still one to ``isinstance``."""
+
+
+class TorchSyncBatchNorm1d(nn.SyncBatchNorm, nn.BatchNorm1d):
+    """torch's ``nn.SyncBatchNorm`` (CUDA) in place of an ``nn.BatchNorm1d``, still one to ``isinstance``."""
+
+
+class TorchSyncBatchNorm2d(nn.SyncBatchNorm, nn.BatchNorm2d):
+    """torch's ``nn.SyncBatchNorm`` (CUDA) in place of an ``nn.BatchNorm2d``, still one to ``isinstance``."""
+
+
+class TorchSyncBatchNorm3d(nn.SyncBatchNorm, nn.BatchNorm3d):
+    """torch's ``nn.SyncBatchNorm`` (CUDA) in place of an ``nn.BatchNorm3d``, still one to ``isinstance``."""
+
+
+# a script's own code after the wrap asks ``isinstance(m, nn.BatchNorm2d)`` (network-slimming's L1 subgradient on the
+# BatchNorm weights, a fine-tuning's "freeze BatchNorm"): a plain SyncBatchNorm answered False and the code silently
+# skipped every layer. The synchronised layer keeps the kind it replaced: (ddpkit's CPU class, torch's CUDA class).
+KINDS = {nn.BatchNorm1d: (SyncBatchNorm1d, TorchSyncBatchNorm1d), nn.BatchNorm2d: (SyncBatchNorm2d, TorchSyncBatchNorm2d),
+         nn.BatchNorm3d: (SyncBatchNorm3d, TorchSyncBatchNorm3d)}
+
+
 def convert_sync_batchnorm(module: nn.Module, device: torch.device, process_group=None) -> nn.Module:
-    """Replace every ``BatchNorm*d`` by a synchronised one sharing its parameters and buffers.
+    """Replace every ``BatchNorm*d`` by a synchronised one sharing its parameters and buffers, of a class that is
+    still a ``BatchNorm*d`` of its dimension (:data:`KINDS`).
 
     torch's ``nn.SyncBatchNorm`` for CUDA modules, :class:`SyncBatchNorm` (this module's) elsewhere.
+
+    >>> net = convert_sync_batchnorm(nn.Sequential(nn.Conv2d(1, 2, 1), nn.BatchNorm2d(2)), torch.device("cpu"))
+    >>> type(net[1]).__name__, isinstance(net[1], nn.BatchNorm2d), isinstance(net[1], SyncBatchNorm)
+    ('SyncBatchNorm2d', True, True)
     """
+    kinds = {name: type(m) for name, m in module.named_modules() if type(m) in KINDS}
     if device.type == "cuda":
-        return nn.SyncBatchNorm.convert_sync_batchnorm(module, process_group)
-    return _convert_cpu(module, process_group)
+        out = nn.SyncBatchNorm.convert_sync_batchnorm(module, process_group)
+    else:
+        out = _convert_cpu(module, process_group)
+    for name, m in out.named_modules():
+        if name in kinds and type(m) in (SyncBatchNorm, nn.SyncBatchNorm):
+            m.__class__ = KINDS[kinds[name]][type(m) is nn.SyncBatchNorm]  # ddpkit's own instance, made above
+    return out
 
 
 def _convert_cpu(module: nn.Module, process_group) -> nn.Module:
