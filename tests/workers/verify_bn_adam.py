@@ -5,8 +5,8 @@ BatchNorm (a weight whose exact gradient is 0: float noise that Adam turns into 
 statistics (``sync_batchnorm=False``), a real difference from one process that verify must still FAIL;
 ``--own-adam`` steps a subclass of Adam and saves the whole model first (verify's float64 hooks must pickle);
 ``--l1-bn`` adds network-slimming's L1 subgradient to every ``nn.BatchNorm2d`` weight's gradient after backward
-(found by ``isinstance`` on the prepared model); ``--own-dataset`` serves the samples, randomly flipped, from a Dataset class of the script's (ddpkit's loader then
-fetches them in worker processes, as network-slimming's loader did).
+(found by ``isinstance`` on the prepared model); ``--own-dataset`` serves the samples, randomly flipped, from a
+Dataset class of the script's (ddpkit's loader then fetches them in worker processes, as network-slimming's did).
 """
 import os
 import sys

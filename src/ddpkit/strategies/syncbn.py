@@ -153,7 +153,8 @@ class TorchSyncBatchNorm3d(nn.SyncBatchNorm, nn.BatchNorm3d):
 # a script's own code after the wrap asks ``isinstance(m, nn.BatchNorm2d)`` (network-slimming's L1 subgradient on the
 # BatchNorm weights, a fine-tuning's "freeze BatchNorm"): a plain SyncBatchNorm answered False and the code silently
 # skipped every layer. The synchronised layer keeps the kind it replaced: (ddpkit's CPU class, torch's CUDA class).
-KINDS = {nn.BatchNorm1d: (SyncBatchNorm1d, TorchSyncBatchNorm1d), nn.BatchNorm2d: (SyncBatchNorm2d, TorchSyncBatchNorm2d),
+KINDS = {nn.BatchNorm1d: (SyncBatchNorm1d, TorchSyncBatchNorm1d),
+         nn.BatchNorm2d: (SyncBatchNorm2d, TorchSyncBatchNorm2d),
          nn.BatchNorm3d: (SyncBatchNorm3d, TorchSyncBatchNorm3d)}
 
 
