@@ -241,3 +241,29 @@ def test_a_loop_over_a_loader_handed_in_by_another_module_is_fed_by_its_converte
     alone = plan(files["engine.py"])
     assert not alone.refused and any("a parameter of train_step that no call in this file passes" in x.what
                                      for x in alone.left), alone.left
+
+
+def test_an_evaluation_a_sharded_and_an_unsharded_loader_share_or_a_provided_training_loader_is_refused():
+    """The review of the fourth held-out fixes: one ``check_accuracy(loader)`` run over this file's training loader
+    and a ``val_loader`` imported plain from another module got one ``ddpkit.reduce`` (the plain one's accuracy
+    N times too large); a training loader another module shards, evaluated here, got none (rank 0's shard over
+    the whole length). Both were silent; both are refused now, with the fix."""
+    check = ("def check_accuracy(loader, model):\n    correct = 0\n    with torch.no_grad():\n"
+             "        for x, y in loader:\n            correct += (model(x).argmax(1) == y).sum().item()\n"
+             "    return correct / len(loader.dataset)\n")
+    loop = ("for x, y in train_loader:\n    opt.zero_grad()\n    F.cross_entropy(model(x), y).backward()\n"
+            "    opt.step()\n")
+    head = "import torch\nimport torch.nn.functional as F\nfrom torch.utils.data import DataLoader\n"
+    model = "model = torch.nn.Linear(4, 2)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+    done = _settled({"data.py": "from torch.utils.data import DataLoader\nval_loader = DataLoader(val, batch_size=8)\n",
+                     "train.py": head + "from data import val_loader\ntrain_loader = DataLoader(ds, batch_size=8, "
+                     "shuffle=True)\n" + model + check + loop + "print(check_accuracy(train_loader, model))\n"
+                     "print(check_accuracy(val_loader, model))\n"})
+    said = [x for x in done["train.py"].left if x.blocks]
+    assert said and "also runs over val_loader" in said[0].what, done["train.py"].left
+    done = _settled({"data.py": GETTER["data.py"],
+                     "train.py": head + "from data import get_loaders\ntrain_loader, test_loader = get_loaders(8)\n" +
+                     model + check + loop + "print(check_accuracy(train_loader, model))\n"})
+    said = [x for x in done["train.py"].left if x.blocks]
+    assert said and "train_loader, a ddpkit.data_loader for training in data.py, is also evaluated here" in \
+        said[0].what, done["train.py"].left

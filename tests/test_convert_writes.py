@@ -91,3 +91,29 @@ def test_a_tensorboard_graph_of_the_prepared_model_traces_the_module_inside():
     result = convert("from torch.utils.tensorboard import SummaryWriter\nwriter = SummaryWriter()\n"
                      "writer.add_graph(net, torch.randn(1, 4))\n")
     assert "writer.add_graph(ddpkit.unwrap(net), torch.randn(1, 4))" in result.text, result.text
+
+
+@pytest.mark.parametrize("tail, why", [
+    ("def write_predictions(model, loader, path):\n    with open(path, 'w') as f:\n        for x, _ in loader:\n"
+     "            f.write(str(model(x).tolist()))\n\nwrite_predictions(net, loader, 'preds.txt')\n",
+     "a loop over a parameter (a sharded loader: rank 0 would write only its shard)"),
+    ("with open('log.txt', 'w') as f:\n    f.write('done')\n    summary = {'final': 1}\nprint(summary['final'])\n",
+     "a name bound inside and read below (NameError on the other ranks)"),
+], ids=["loop-over-a-parameter", "name-read-below"])
+def test_a_write_block_that_does_more_than_write_is_listed(tail, why):
+    """The review of the fourth held-out fixes: guarded, these wrote rank 0's shard only, or left a name unbound."""
+    result = convert(tail)
+    assert not any("open(..., 'w') guarded" in e.what for e in result.edits), (why, result.text)
+    assert any("does more than write" in x.what for x in result.left), (why, result.left)
+
+
+def test_a_write_whose_value_is_used_or_that_goes_to_memory_stays_and_a_read_back_waits():
+    result = convert("import io\nimport pandas as pd\nimport matplotlib.pyplot as plt\n"
+                     "report = pd.DataFrame({'a': [1]}).to_json()\nbuf = io.BytesIO()\nplt.savefig(buf)\n"
+                     "print(report, buf.getvalue())\n")
+    assert "if state.is_main" not in result.text, result.text  # a NameError / an empty buffer on the other ranks
+    result = convert("import json\nwith open('cfg.json', 'w') as f:\n    json.dump({'lr': 1}, f)\n"
+                     "cfg = json.load(open('cfg.json'))\n")
+    got = lines(result)
+    at = got.index("json.dump({'lr': 1}, f)")
+    assert got[at - 2] == "if state.is_main:" and got[at + 1] == "ddpkit.barrier()", result.text

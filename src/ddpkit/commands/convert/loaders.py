@@ -83,6 +83,15 @@ def _imported_loader(work: _Work, line: int) -> bool:
     training = sorted(n for n, trains in reads.items() if trains)
     done = {n: work.crossing.provided.get(key(*origins[n])) for n in training}
     for n in training:
+        home = flow.binding_of(work.facts, n, work.facts.scopes[""], line)
+        scope = home.scope if home is not None else work.facts.scopes[""]
+        evaluated = [lp for lp in flow.loops_reading(work.facts, n, scope) if not flow.trains(work.facts, lp)]
+        if done[n] and evaluated:  # sharded there for training: here each rank would evaluate only its shard
+            work.leave(evaluated[0].line, f"{n}, a ddpkit.data_loader for training in {done[n]}, is also "
+                       "evaluated here: each rank would evaluate only its shard, and nothing here sums the "
+                       "ranks' results", "evaluate on a loader of its own, or ddpkit.reduce(...) the sums after "
+                       "that loop, then convert again", blocks=True)
+            return True
         if done[n]:
             work.keep(line, f"the training loop over {n} left as it is", f"{n} is a ddpkit.data_loader where it "
                       f"is built, in {done[n]} (imported from {origins[n][0]})")
@@ -332,6 +341,26 @@ def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
               how, call.line)
     return role == "train"
 
+def _unsharded_feed(work: _Work, loop: Loop) -> tuple[str, int] | None:
+    """(the argument, its line) of a call that hands the loop's function, as the parameter it loops over,
+    something other than a DataLoader built in this file (one imported from another module, say): a loader
+    this plan does not shard."""
+    scope = loop.scope
+    params = iterated(loop.node.iter) & set(scope.params) if isinstance(loop.node, cst.For) else set()
+    for call in work.facts.calls:
+        target = flow.callee(work.facts, call)
+        if not params or target is None or target[0] is not scope:
+            continue
+        for param in params:
+            arg = flow.argument_for(call, param, scope, target[1])
+            name = dotted(arg) if arg is not None else None
+            bound = flow.binding_of(work.facts, name, call.scope, call.line) if name else None
+            value = bound.value if bound is not None else None
+            if not (isinstance(value, cst.Call) and value in {c.node for c in work.facts.calls if c.name == LOADER}):
+                return (name or "an expression", call.line)
+    return None
+
+
 def _returned(facts: Facts, call: Call) -> list[Binding] | None:
     """``return DataLoader(...)`` (or one of a returned tuple): what the function's callers bind it to
     (``train_loader = get_loader(args)``); None when the call is not returned."""
@@ -358,6 +387,14 @@ def _reductions(work: _Work, loops: list[Loop], call: Call, training: bool) -> b
     datasets = frozenset(filter(None, [dotted(call.node.args[0].value)])) if call.node.args else frozenset()
     plans = []
     evaluations = [loop for loop in fors if not (training and flow.trains(work.facts, loop))]
+    for loop in evaluations:
+        plain = _unsharded_feed(work, loop)
+        if plain is not None:  # its sums reduced, that loader's would count N times
+            work.leave(loop.line, f"the evaluation loop here also runs over {plain[0]} (line {plain[1]}), a loader "
+                       "convert does not shard here: with its sums reduced across ranks, that one's would count N "
+                       "times", "make that loader a ddpkit.data_loader(..., train=False) where it is built, or "
+                       "evaluate it in a function of its own, then convert again", blocks=True)
+            return False
     for loop in fors:
         summed_as_training = loop not in evaluations  # a training loader's evaluation (check_accuracy) sums
         stored = loop.stored[0] if loop.stored and not summed_as_training else None

@@ -23,6 +23,8 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.commands.check.rules import RANK_WORDS
+from ddpkit.commands.convert.flow import binding_of
+from ddpkit.commands.convert.loaders import iterated
 from ddpkit.commands.convert.rules import main_test
 from ddpkit.commands.convert.scan import Call, dotted, names_in, resolve
 
@@ -43,7 +45,7 @@ def writes(work: _Work) -> None:
     for call in work.facts.calls:
         what = WRITERS.get(call.name or "") or (METHODS.get(call.last) if isinstance(call.node.func, cst.Attribute)
                                                  and not (call.name or "").startswith(("torch.", "ddpkit.")) else None)
-        if what is None or _ranked(call) or _per_rank(work, call.node):
+        if what is None or _ranked(call) or _per_rank(work, call.node) or not _to_a_path(work, call):
             continue
         if call.stmt is None or len(call.stmt.body) != 1:
             work.leave(call.line, f"{call.last}(...) inside a larger statement: every rank writes {what}",
@@ -52,17 +54,60 @@ def writes(work: _Work) -> None:
         if id(call.stmt) not in work.edits.guard:
             work.edits.guard[id(call.stmt)] = main_test(work, call.scope)
             work.note(f"{call.last} guarded: rank 0 writes {what}", WHY, call.line)
+            _read_back(work, call, call.stmt)
     for block in _with_blocks(work.facts.module):
         calls = [opened[id(i.item)] for i in block.items if id(i.item) in opened]
         if not calls or any(_ranked(c) or _per_rank(work, c.node) for c in calls):
             continue
         call = calls[0]
-        if not _only_writes(work, block):
+        if not _only_writes(work, block, call.line):
             work.leave(call.line, "a file opened for writing in a block that does more than write: every rank "
                        "writes it", "move the writing into a block of its own under `if state.is_main:`")
             continue
         work.edits.guard[id(block)] = main_test(work, call.scope)
         work.note("open(..., 'w') guarded: rank 0 writes the file", WHY, call.line)
+        _read_back(work, call, block)
+
+
+def _to_a_path(work: _Work, call: Call) -> bool:
+    """The write is a statement of its own (``report = df.to_json()`` returns the text: guarded, the other ranks
+    would lack ``report``) and goes to a file: a path is given, and it is no in-memory buffer (``io.BytesIO``)."""
+    stmt = call.stmt
+    if stmt is None or len(stmt.body) != 1 or not isinstance(stmt.body[0], cst.Expr) or \
+            stmt.body[0].value is not call.node:
+        return False
+    target = next((a.value for a in call.node.args if a.keyword is None or a.keyword.value in
+                   ("fname", "fp", "file", "path", "path_or_buf")), None)
+    if target is None:
+        return False
+    if call.name in ("torchvision.utils.save_image",):  # save_image(tensor, fp): the path comes second
+        positional = [a.value for a in call.node.args if a.keyword is None]
+        target = positional[1] if len(positional) > 1 else next(
+            (a.value for a in call.node.args if a.keyword is not None and a.keyword.value == "fp"), None)
+    bound = [b.value for b in work.facts.bindings if b.target == dotted(target)] if dotted(target) else []
+    memory = ("BytesIO", "StringIO")
+    return target is not None and not any(
+        isinstance(v, cst.Call) and (resolve(dotted(v.func), work.facts.aliases) or "").endswith(memory) for v in bound)
+
+
+READS = ("load", "read_csv", "read_json", "loadtxt", "imread", "read_parquet", "read_excel")
+
+
+def _read_back(work: _Work, call: Call, stmt: Any) -> None:
+    """A file read below the write (``json.load(open(p))``, ``np.load``, ``pd.read_csv``), maybe the one written:
+    the other ranks wait for rank 0 (a barrier after the guarded write), as after a guarded ``torch.save``; in an
+    ``if`` or a loop, where one rank may not pass, left to you."""
+    reads = [c for c in work.facts.calls if c.line > call.line and c.name != "torch.load" and
+             ((c.name in OPENERS and not _writing(c.node)) or c.last in READS and c.name not in (None, "torch.load"))]
+    if not reads:
+        return
+    if call.tests or call.loops:
+        work.leave(call.line, f"a file is read at line {reads[0].line} (maybe the one written here), and the write "
+                   "is inside an if or a loop: the other ranks may read it before rank 0 has written it",
+                   "put ddpkit.barrier() after the write where every rank passes")
+        return
+    work.edits.after.setdefault(id(stmt), []).append("ddpkit.barrier()")
+    work.note("then every rank waits for it (barrier)", f"a file is read at line {reads[0].line}", call.line)
 
 
 def _writing(node: cst.Call) -> bool:
@@ -105,10 +150,11 @@ def _with_blocks(module: cst.Module) -> list[cst.With]:
     return found
 
 
-def _only_writes(work: _Work, block: cst.With) -> bool:
-    """No collective, save, backward or optimizer step inside, and no loop over a DataLoader (an evaluation
-    that writes its predictions: on a sharded loader rank 0 alone would write only its part). A loop over the
-    results, or ``print(..., file=f)``, is writing: on the other ranks the open alone empties what rank 0 wrote."""
+def _only_writes(work: _Work, block: cst.With, start: int) -> bool:
+    """No collective, save, backward or optimizer step inside; no loop over anything but results the script holds
+    (a list it built, a range: not a loader, nor a function's parameter, which may be a sharded one: rank 0 would
+    write only its shard); no name bound inside that is read below the block (on the other ranks it would not
+    exist). ``print(..., file=f)`` is writing: on the other ranks the open alone empties what rank 0 wrote."""
     inside: set[int] = set()
 
     class Nodes(cst.CSTVisitor):
@@ -121,6 +167,23 @@ def _only_writes(work: _Work, block: cst.With) -> bool:
     if any((c.name or "").startswith(("ddpkit.", "torch.distributed", "torch.save")) or c.last in
            ("barrier", "all_reduce", "reduce", "all_gather", "broadcast", "backward", "step") for c in calls):
         return False
-    loaders = {b.target for b in work.facts.bindings if isinstance(b.value, cst.Call) and
-               (resolve(dotted(b.value.func), work.facts.aliases) or "").endswith(("DataLoader", "data_loader"))}
-    return not any(id(loop.node) in inside and loop.iter_names & loaders for loop in work.facts.loops)
+    for loop in work.facts.loops:
+        if id(loop.node) in inside and not all(_held(work, name, loop) for name in _iterated(loop)):
+            return False
+    bound = {b.target for b in work.facts.bindings if b.stmt is not None and id(b.stmt) in inside}
+    return not any(name in bound and id(node) not in inside and line > start
+                   for name, _, line, node in work.facts.reads)
+
+
+def _iterated(loop: Any) -> set[str]:
+    return iterated(loop.node.iter) if isinstance(loop.node, cst.For) else {"<while>"}
+
+
+def _held(work: _Work, name: str, loop: Any) -> bool:
+    """A name the loop reads results from that the script built itself: a list, a tuple, a dict, a range, a
+    comprehension (a parameter, a loader, or a call's result may be a sharded loader)."""
+    if name == "<while>":
+        return True
+    binding = binding_of(work.facts, name, loop.scope, loop.line)
+    return binding is not None and isinstance(binding.value, (cst.List, cst.Tuple, cst.Dict, cst.ListComp,
+                                                              cst.DictComp, cst.Set, cst.SimpleString))
