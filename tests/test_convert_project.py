@@ -267,3 +267,19 @@ def test_an_evaluation_a_sharded_and_an_unsharded_loader_share_or_a_provided_tra
     said = [x for x in done["train.py"].left if x.blocks]
     assert said and "train_loader, a ddpkit.data_loader for training in data.py, is also evaluated here" in \
         said[0].what, done["train.py"].left
+
+
+def test_a_loop_over_a_loader_handed_in_is_not_said_fed_by_an_unrelated_files_loader():
+    """Review: ``engine.train_epoch(model, dataloader)`` fed by ``finetune.py`` with a list of batches was said "kept"
+    because ``pretrain.py``, which never calls it, had a training loader. Only a file that reaches it counts."""
+    loop = ("    for x, y in {0}:\n        opt.zero_grad()\n        (model(x) - y).pow(2).mean().backward()\n"
+            "        opt.step()\n")
+    done = _settled({"engine.py": "def train_epoch(model, dataloader, opt):\n" + loop.format("dataloader"),
+                     "pretrain.py": "import torch\nfrom torch.utils.data import DataLoader\n"
+                                    "model = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                                    "loader = DataLoader(ds, batch_size=8, shuffle=True)\n"
+                                    "def run():\n" + loop.format("loader"),
+                     "finetune.py": "import torch\nimport engine\nmodel = torch.nn.Linear(2, 1)\n"
+                                    "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                                    "engine.train_epoch(model, batches, opt)\n"})
+    assert not done["engine.py"].kept and any("a parameter of train_epoch" in x.what for x in done["engine.py"].left)

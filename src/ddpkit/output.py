@@ -67,14 +67,17 @@ class _NullWriter:
     ``log_dir`` / ``get_logdir()`` answer rank 0's folder (SimCLR keeps its log file and checkpoints there)."""
 
     def __init__(self, log_dir: Callable[[], str]):
-        self._log_dir = log_dir
+        self._log_dir: Callable[[], str] = log_dir
+        self._known: str | None = None
 
     @property
     def log_dir(self) -> str:
-        return self._log_dir()
+        known = self._known if self._known is not None else self._log_dir()
+        self._known = known  # read once: later reads (after destroy_process_group) need no store
+        return known
 
     def get_logdir(self) -> str:
-        return self._log_dir()
+        return self.log_dir
 
     def __getattr__(self, name: str):
         return lambda *args, **kwargs: None
@@ -86,7 +89,9 @@ class _NullWriter:
         return None
 
 
-_WRITERS = itertools.count()  # the k-th summary_writer() of every rank is the same writer
+# the k-th summary_writer(comment=c) of every rank is the same writer (by comment: a writer rank 0 alone makes,
+# under ``if is_main:``, has a comment of its own more often than not, and then shifts no other's count)
+_WRITERS: dict[str, itertools.count] = {}
 WAIT_S = 60.0  # a rank reading log_dir waits this long for rank 0's writer of the same order
 
 
@@ -106,7 +111,8 @@ def summary_writer(log_dir: str | None = None, **kwargs: Any):
         log_file = os.path.join(writer.log_dir, "training.log")   # rank 0's folder, on every rank
     """
     state = runtime.ensure_init()
-    key = f"ddpkit/summary_writer/{next(_WRITERS)}"
+    comment = str(kwargs.get("comment", ""))
+    key = f"ddpkit/summary_writer/{comment}/{next(_WRITERS.setdefault(comment, itertools.count()))}"
     if not state.is_main:
         return _NullWriter(lambda: log_dir if log_dir is not None else _rank0_log_dir(key, state.rank))
     try:
@@ -132,13 +138,13 @@ def _rank0_log_dir(key: str, rank: int) -> str:
     store = _store()
     try:
         if store is None:
-            raise RuntimeError("no process group")
+            raise RuntimeError("the process group is gone: read writer.log_dir before destroy_process_group()")
         store.wait([key], datetime.timedelta(seconds=WAIT_S))
         return store.get(key).decode()
     except RuntimeError as exc:
-        raise RuntimeError(f"ddpkit: writer.log_dir read on rank {rank}, but rank 0 made no ddpkit.summary_writer() "
-                           f"of the same order within {WAIT_S:g} s ({exc}); call it on every rank, or give it a "
-                           "log_dir") from None
+        raise RuntimeError(f"ddpkit: writer.log_dir read on rank {rank}, but rank 0's folder for the same "
+                           f"ddpkit.summary_writer() call could not be read within {WAIT_S:g} s ({exc}); call it on "
+                           "every rank in the same order, or give it a log_dir") from None
 
 
 def _phase_scalars(writer: Any, step: int, windows: list[dict[str, Any]]) -> None:

@@ -10,9 +10,16 @@ import ddpkit
 
 state = ddpkit.init()
 os.chdir(sys.argv[1])  # SummaryWriter's default folder is runs/<date>_<host> under the working directory
+if state.is_main:  # rank 0 alone makes one more writer first: the others' are still matched to rank 0's
+    ddpkit.summary_writer(comment="_debug").close()
 writer = ddpkit.summary_writer(comment="_exp")
 second = ddpkit.summary_writer("given")
 ddpkit.barrier()
 with open(os.path.join(writer.log_dir, f"rank{state.rank}.txt"), "w") as f:
     f.write(f"{writer.get_logdir()} {second.log_dir}")
+ddpkit.barrier()
+import torch.distributed as dist  # noqa: E402
+
+dist.destroy_process_group()
+assert writer.log_dir.endswith("_exp")  # read once: still there once the group is gone
 writer.close()

@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -69,11 +70,10 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any]) -> 
     for target, names in wants.items():
         plans[target] = convert(target, Crossing(wants=names))
     provided: dict[str, dict[str, str]] = {}
-    for rel, result in plans.items():  # a loop over a loader handed in: fed by another file's training loader
-        if any(ask.name == HANDED for ask in getattr(result, "asks", ())):
-            feeding = sorted(other for other, p in plans.items() if other != rel and getattr(p, "trains", False))
-            if feeding:
-                provided.setdefault(rel, {})[key("", HANDED)] = feeding[0]
+    for rel in handed:  # a loop over a loader handed in: fed by the training loader of a file that calls it
+        feeding = _feeding(rel, plans)
+        if feeding:
+            provided.setdefault(rel, {})[key("", HANDED)] = feeding
     for target, pairs in asked.items():
         for rel, ask in pairs:
             if ask.name in plans[target].done:
@@ -86,6 +86,36 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any]) -> 
 def key(module: str, name: str) -> str:
     """How ``provided`` names a module's name: ``Arch.model:model`` (two modules may both build a ``model``)."""
     return f"{module}:{name}"
+
+
+def _feeding(rel: str, plans: dict[str, Any]) -> str | None:
+    """The file whose converted training loader reaches ``rel``'s loop over a parameter: one that trains and
+    imports ``rel``'s module (it calls it), or that such a caller imports (going_modular's ``train.py`` imports
+    ``data_setup`` and ``engine``); None: no file that trains is seen to reach it (an unrelated file's does not)."""
+    mine = rel[:-3].replace("/", ".")
+    imports = {other: _imported(getattr(p, "source", "")) for other, p in plans.items()}
+    callers = [other for other, names in imports.items() if other != rel and mine in names]
+    for other, p in sorted(plans.items()):
+        module = other[:-3].replace("/", ".")
+        if other != rel and getattr(p, "trains", False) and any(c == other or module in imports[c] for c in callers):
+            return other
+    return None
+
+
+def _imported(source: str) -> set[str]:
+    """Every module a file imports by name (``import a.b``, ``from a import b``: ``a``, ``a.b``)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return set()
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
 
 
 def returned(function: str, index: int) -> str:

@@ -256,6 +256,7 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
         result["random_draws"] = any(f.get("random_draws") for f in facts)
         result["draw_sources"] = sorted({s for f in facts for s in f.get("draw_sources") or ()})
         result["loader_workers"] = any(f.get("loader_workers") for f in facts)  # their draws are not seen
+        result["matchable"] = all(f.get("matchable", True) for f in facts)
         result["autocast"] = next((f["autocast"] for f in facts if f.get("autocast")), None)
         if not match and matched.worth_rerun(result):  # the draws matched: a correct script then compares exactly
             again = _matched(script, script_args, nproc, steps, atol, rtol, device, keep_dropout, mode, float64)
@@ -296,7 +297,9 @@ def _matched(script: str, script_args: Sequence[str], nproc: int, steps: int, at
                   file=sys.stderr, flush=True)
             again = rounding.decided(again, verify(script, script_args, nproc, steps, atol, rtol, device,
                                                    keep_dropout, mode, True, True))
-    except (CannotCompare, RuntimeError):
+    except (CannotCompare, RuntimeError) as exc:  # said: the other tests decide, and the line says why
+        print(f"{PROG}: the re-run with the draws matched could not run ({str(exc)[:300]}); the other tests decide",
+              file=sys.stderr, flush=True)
         return None
     return again
 

@@ -43,6 +43,7 @@ class MatchedDraws(TorchFunctionMode):
         self.batch, self.rank, self.world = batch, rank, world
         self.step, self.count = 0, 0
         self.matched = 0  # draws made so far: the re-run's line says whether any was
+        self.unmatched = 0  # draws in a form the handlers could not match: made as the script wrote them
 
     def next_step(self) -> None:
         """An optimizer stepped: the next draws are the next step's."""
@@ -53,7 +54,11 @@ class MatchedDraws(TorchFunctionMode):
         handler = _HANDLERS.get(func)
         if handler is None or kwargs.get("generator") is not None:  # a script's own generator: its choice
             return func(*args, **kwargs)
-        return handler(self, func, list(args), kwargs)
+        try:
+            return handler(self, func, list(args), dict(kwargs))
+        except (TypeError, ValueError, RuntimeError, IndexError):  # a form not matched (``bernoulli_(p_tensor)``):
+            self.unmatched += 1  # drawn as the script wrote it; the runs may then differ, and the other tests decide
+            return func(*args, **kwargs)
 
     def draw(self, shape: Sequence[int], make: Callable[[tuple[int, ...], torch.Generator], torch.Tensor],
              device: Any) -> torch.Tensor:
@@ -66,35 +71,24 @@ class MatchedDraws(TorchFunctionMode):
         if not shape or shape[0] != self.batch or self.world == 1:
             return make(shape, generator)
         full = make((self.batch * self.world, *shape[1:]), generator)
-        return full[self.rank::self.world].contiguous()
-
-
-def _size(args: list[Any], kwargs: dict[str, Any], skip: int = 0) -> tuple[int, ...] | None:
-    """The size a creator was given: ``randn(2, 3)``, ``randn((2, 3))``, ``randn(size=(2, 3))``; None when it cannot
-    be read (then the call runs as the script wrote it)."""
-    if "size" in kwargs:
-        size = kwargs.pop("size")
-    else:
-        rest = args[skip:]
-        size = rest[0] if len(rest) == 1 and isinstance(rest[0], (tuple, list, torch.Size)) else rest
-        del args[skip:]
-    try:
-        return tuple(int(s) for s in size)
-    except (TypeError, ValueError):
-        return None
+        mine = full[self.rank::self.world].detach().contiguous()  # a leaf, as the draw it stands for
+        return mine.requires_grad_(full.requires_grad)
 
 
 def _creator(mode: MatchedDraws, func: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
-    """``torch.randn`` / ``rand`` / ``randint``: made with the step's generator."""
-    original = (list(args), dict(kwargs))
-    bounds = 0
-    if func is torch.randint:  # randint(high, size) or randint(low, high, size): the size comes last
-        bounds = sum(1 for a in args if not isinstance(a, (tuple, list, torch.Size)))
-        bounds = min(bounds, 2) if "size" not in kwargs else len(args)
-    size = _size(args, kwargs, bounds)
-    if size is None or kwargs.get("out") is not None:
-        return func(*original[0], **original[1])
-    return mode.draw(size, lambda shape, g: func(*args[:bounds], shape, generator=g, **kwargs), kwargs.get("device"))
+    """``torch.randn`` / ``rand`` / ``randint``: made with the step's generator (the size passed by keyword, the
+    bounds of ``randint`` as the script gave them)."""
+    if kwargs.get("out") is not None:
+        return func(*args, **kwargs)
+    if "size" in kwargs:
+        size = kwargs.pop("size")
+    elif func is torch.randint:  # randint(high, size) / randint(low, high, size): the size is the sequence
+        size = args.pop()
+    else:  # randn(2, 3) or randn((2, 3))
+        size = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)) else list(args)
+        args = []
+    shape = tuple(int(s) for s in size)
+    return mode.draw(shape, lambda s, g: func(*args, size=s, generator=g, **kwargs), kwargs.get("device"))
 
 
 def _like(mode: MatchedDraws, func: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -104,12 +98,17 @@ def _like(mode: MatchedDraws, func: Any, args: list[Any], kwargs: dict[str, Any]
                                 torch.randint_like: torch.randint}
     creator = creators[func]
     bounds = args[1:]
-    kwargs.pop("memory_format", None)
+    layout = kwargs.pop("memory_format", torch.preserve_format)
     kwargs.setdefault("dtype", source.dtype)
     kwargs.setdefault("device", source.device)
     if creator is torch.randint and "high" in kwargs:  # randint_like(x, high=...) / (x, low=, high=)
         bounds = [kwargs.pop("low", 0), kwargs.pop("high")]
-    return mode.draw(source.shape, lambda shape, g: creator(*bounds, shape, generator=g, **kwargs), kwargs["device"])
+    out = mode.draw(source.shape, lambda shape, g: creator(*bounds, size=shape, generator=g, **kwargs),
+                    kwargs["device"])
+    last = source.dim() == 4 and not source.is_contiguous() and source.is_contiguous(memory_format=torch.channels_last)
+    if layout == torch.channels_last or layout == torch.preserve_format and last:  # the source's layout kept
+        out = out.contiguous(memory_format=torch.channels_last)
+    return out
 
 
 def _normal(mode: MatchedDraws, func: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -124,7 +123,8 @@ def _normal(mode: MatchedDraws, func: Any, args: list[Any], kwargs: dict[str, An
     dtype = kwargs.get("dtype") or (tensors[0].dtype if tensors else torch.get_default_dtype())
     device = kwargs.get("device") or (tensors[0].device if tensors else None)
     eps = mode.draw(shape, lambda s, g: torch.randn(s, generator=g, dtype=dtype, device=device), device)
-    return mean + std * eps
+    with torch.no_grad():  # torch.normal passes no gradient to its mean and std
+        return mean + std * eps
 
 
 def _bernoulli(mode: MatchedDraws, func: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -141,6 +141,10 @@ def _in_place(mode: MatchedDraws, func: Any, args: list[Any], kwargs: dict[str, 
     target = args[0]
     if not isinstance(target, torch.Tensor):
         return func(*args, **kwargs)
+    if func.__name__ == "bernoulli_":  # ``t.bernoulli_(p)``, p a number or a tensor of t's shape: u < p
+        p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+        u = mode.draw(target.shape, lambda s, g: torch.rand(s, generator=g, device=target.device), target.device)
+        return target.copy_((u < p).to(target.dtype))
     method = getattr(torch.Tensor, func.__name__)
 
     def make(shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
@@ -177,9 +181,11 @@ def worth_rerun(result: dict) -> bool:
     True
     >>> worth_rerun({"passed": False, "non_finite": False, "random_draws": True, "draw_sources": ["numpy"]})
     False
+
+    A step loader (``micro_batch_size=``) has no batch of the script's to match by: no re-run (``matchable``).
     """
     return not result.get("passed") and not result.get("non_finite") and bool(result.get("random_draws")) and \
-        "torch" in (result.get("draw_sources") or ())
+        "torch" in (result.get("draw_sources") or ()) and result.get("matchable", True)
 
 
 def decided(first: dict, again: dict) -> dict:

@@ -104,6 +104,7 @@ class Recorder:
         self.out, self.max_steps = out, max_steps
         self.match = matched  # the steps' torch draws matched from the first training batch on (matched.py)
         self.matching: MatchedDraws | None = None
+        self.matchable = True  # every training loader has a batch size of its own (a step loader's is ddpkit's)
         self.other_draws = other_draws  # K: reseed torch at the first training forward (the same init, other draws)
         self.draws_k = other_draws  # K, kept: each training loader's worker seeds move by K too
         self.loader_workers = False  # a training loader's samples are made in worker processes (unseen draws)
@@ -147,7 +148,8 @@ class Recorder:
     def on_loader(self, loader: Any, is_main: bool, on_shutdown: OnShutdown, rank: int = 0) -> None:
         """A training loader. Until an optimizer steps, it is capped at K batches: a hand-written update
         (``q -= lr * q.grad``, no torch.optim) fires no step hook, so the batch cap is its only cap."""
-        if self.match and self.matching is None and isinstance(getattr(loader, "batch_size", None), int):
+        self.matchable = self.matchable and isinstance(getattr(loader, "batch_size", None), int)
+        if self.match and self.matching is None and self.matchable:
             world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
             self.matching = MatchedDraws(loader.batch_size, rank, world)
             loader.observe(self._start_matching)
@@ -256,7 +258,9 @@ class Recorder:
                  "autocast": self.autocast, "lr": self.lr,
                  "masked_labels": self.masked, "steps_shape": self.steps_shape,
                  "optimizers": sorted(self.optimizers), "finished": finished,
-                 "matched_draws": self.matching.matched if self.matching is not None else None}
+                 "matched_draws": self.matching.matched if self.matching is not None else None,
+                 "unmatched_draws": self.matching.unmatched if self.matching is not None else None,
+                 "matchable": self.matchable}
         with open(f"{self.out}.json", "w") as f:
             json.dump(facts, f)
         if not finished:
