@@ -190,3 +190,17 @@ def test_a_model_bound_in_a_try_and_its_handler_is_prepared_below_the_try():
     assert not result.left and result.text.count("prepare_model") == 1, result.left
     assert "    model = nn.Linear(4, 1)\nmodel = ddpkit.prepare_model(model)\n" in result.text, result.text
     assert any("below the try" in e.what for e in result.edits), result.edits
+
+
+def test_a_loop_through_a_progress_bar_over_a_loader_a_function_returns_is_followed():
+    """aladdin's U-Net: ``train_fn(loader, ...)`` loops over ``loop = tqdm(loader)``, its loader from
+    ``get_loaders()`` of ``utils``: read as a loader imported from ``tqdm`` ("left to you"), or as one handed in
+    by another module. It is the training loader ``utils`` builds: asked of it."""
+    source = ("import torch\nfrom tqdm import tqdm\nfrom utils import get_loaders\n\n\n"
+              "def train_fn(loader, model, opt):\n    loop = tqdm(loader)\n    for x, y in loop:\n"
+              "        opt.zero_grad()\n        (model(x) - y).pow(2).mean().backward()\n        opt.step()\n\n\n"
+              "def main():\n    model = torch.nn.Linear(2, 1)\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+              "    train_loader, val_loader = get_loaders(8)\n    train_fn(train_loader, model, opt)\n")
+    result = plan(source)
+    assert [(a.module, a.name) for a in result.asks] == [("utils", "get_loaders()[0]")], result.asks
+    assert not any("tqdm" in x.what for x in result.left), result.left

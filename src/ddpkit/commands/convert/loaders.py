@@ -73,7 +73,7 @@ def _imported_loader(work: _Work, line: int) -> bool:
     reads: dict[str, bool] = {}  # name -> read by a loop that trains (as a loader's role is told: flow.trains)
     origins: dict[str, tuple[str, str]] = {}  # name -> (its module, its name there)
     for loop in work.facts.loops:
-        for name in iterated(loop.node.iter) if isinstance(loop.node, cst.For) else ():
+        for name in _wrapped(work, iterated(loop.node.iter), loop) if isinstance(loop.node, cst.For) else ():
             origin = imported_from(work.facts, name) or _returned_by_import(work.facts, name, loop)
             if origin:
                 origins[name] = origin
@@ -117,9 +117,10 @@ def _handed_in(work: _Work, line: int) -> bool:
     is said (kept); else left to you (the runtime says it too at the first step: a prepared model fed by no
     ddpkit training loader)."""
     for loop in work.facts.loops:
-        names = iterated(loop.node.iter) if isinstance(loop.node, cst.For) else set()
-        handed = sorted(n for n in names if n in loop.scope.params and
-                        (b := flow.binding_of(work.facts, n, loop.scope, loop.line)) is not None and b.value is None)
+        names = _wrapped(work, iterated(loop.node.iter), loop) if isinstance(loop.node, cst.For) else set()
+        handed = sorted(n for n in names if n in loop.scope.params and  # not followed to a call site here
+                        (b := flow.binding_of(work.facts, n, loop.scope, loop.line)) is not None and
+                        b.scope is loop.scope and b.value is None and b.stmt is None)
         if not handed or not flow.trains(work.facts, loop):
             continue
         name, where = handed[0], loop.scope.name
@@ -135,6 +136,17 @@ def _handed_in(work: _Work, line: int) -> bool:
                    "dataset, global_batch_size=B) where it is built")
         return True
     return False
+
+
+def _wrapped(work: _Work, names: set[str], loop: Loop) -> set[str]:
+    """``names`` and what the ones bound to a wrapper's call wrap: ``loop = tqdm(loader)`` then ``for b in loop``
+    reads ``loader`` too (aladdin's U-Net)."""
+    found = set(names)
+    for name in names:
+        bound = flow.binding_of(work.facts, name, loop.scope, loop.line)
+        if bound is not None and isinstance(bound.value, cst.Call):
+            found |= iterated(bound.value)
+    return found
 
 
 def iterated(node: cst.BaseExpression) -> set[str]:

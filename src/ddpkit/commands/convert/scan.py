@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -206,7 +207,9 @@ STARRED = {"torch.utils.data": ("DataLoader", "Dataset", "TensorDataset", "Subse
 
 # where a name imported is no module of the script's own project
 LIBRARIES = {"torch", "torchvision", "torchaudio", "torchtext", "transformers", "datasets", "numpy", "sklearn",
-             "accelerate", "lightning", "pytorch_lightning", "timm", "ddpkit"}
+             "accelerate", "lightning", "pytorch_lightning", "timm", "ddpkit", "tqdm", "matplotlib", "pandas", "PIL",
+             "cv2", "albumentations", "scipy", "tensorboardX", "wandb", "yaml", "omegaconf", "hydra",
+             *sys.stdlib_module_names}
 
 # torch's modules that define what the package exports: a name imported from one is the package's
 # (minGPT's ``from torch.utils.data.dataloader import DataLoader`` is torch.utils.data.DataLoader)

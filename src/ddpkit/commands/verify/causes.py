@@ -129,7 +129,7 @@ def lr_differs(lrs: list[float], nproc: int = 2) -> str | None:
 
 
 def likely_cause(one: dict[str, torch.Tensor] | None, many: dict[str, torch.Tensor] | None, grads: dict | None,
-                 random_draws: bool, nproc: int = 2, autocast: str | None = None, masked: bool = False,
+                 random_draws: bool, nproc: int = 2, autocast: str | None = None, masked: bool | int | None = False,
                  lrs: list[float] | None = None) -> str:
     """One sentence: where the runs part (step-1 gradients or later) and why that likely is. ``one`` / ``many``:
     the runs' step-1 gradients; ``grads``: :func:`ddpkit.commands.verify.command.compare_weights` of them (None
@@ -151,9 +151,11 @@ def likely_cause(one: dict[str, torch.Tensor] | None, many: dict[str, torch.Tens
         else:
             where = "the step-1 gradients agree, the weights part later"
     if masked:
-        return (f"{where}: the training data holds labels of -100 (ignored tokens) and the loader has no count=: a "
-                "loss that is a mean over tokens, weighted by samples, changes with the world size; build the loader "
-                "with global_batch_size=G and count=lambda batch: (labels != -100).sum() (docs/global-batch.md)")
+        label = -100 if masked is True else int(masked)
+        return (f"{where}: the training data holds labels of {label} (ignored tokens) and the loader has no count=: "
+                "a loss that is a mean over tokens, weighted by samples, changes with the world size; build the "
+                f"loader with global_batch_size=G and count=lambda batch: (labels != {label}).sum() "
+                "(docs/global-batch.md)")
     if random_draws:
         return (f"{where}: random draws during a training step, outside dropout (e.g. a VAE's sampling noise, "
                 "random masking) differ between 1 process and N by design: the difference may be only that; to "

@@ -277,7 +277,8 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
             result["gradient_factor"] = causes.gradient_factor(g1, gn, grads)
             result["lrs"] = [float(f.get("lr") or 0.0) for f in facts]
             result["cause"] = causes.likely_cause(g1, gn, grads, result["random_draws"], nproc, result["autocast"],
-                                                  any(f.get("masked_labels") for f in facts), result["lrs"])
+                                                  next((f["masked_labels"] for f in facts if f.get("masked_labels")),
+                                                       None), result["lrs"])
     return {"nproc": nproc, "mode": mode, "steps": steps, "atol": atol, "rtol": rtol, **result}
 
 

@@ -121,7 +121,7 @@ class Recorder:
         self.first: dict[int, dict[str, torch.Tensor]] = {}  # model index -> its gradients at its first step
         self.peaks: dict[str, torch.Tensor] = {}  # model<i>.name -> largest |gradient| per element so far
         self.lr = 0.0
-        self.masked = False  # a training loader without count= whose samples hold labels of -100
+        self.masked: int | None = None  # a training loader without count= whose samples hold labels of -100 (-1)
         self.optimizers: set[str] = set()  # the classes of the optimizers that stepped
         self.steps_shape: dict[str, int | None] | None = None  # the first step loader's global batch and limits
         self._hooked = False
@@ -152,7 +152,7 @@ class Recorder:
         if self.match and self.matching is None and self.matchable:
             world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
             self.matching = MatchedDraws(loader.batch_size, rank, world)
-            loader.observe(self._start_matching)
+        loader.observe(self._on_batch)
         if not self.steps and self.max_steps is not None:  # K batches in all: a script may build one per epoch
             cap = max(0, self.max_steps - self._batches())
             # once an optimizer steps its cap governs (a loop may re-create iterators): the loader runs uncapped
@@ -167,27 +167,38 @@ class Recorder:
             generator = getattr(loader, "generator", None)
             if self.draws_k and generator is not None:  # the workers' seeds come from it at iter(): other draws
                 generator.manual_seed(generator.initial_seed() + DRAWS_OFFSET * self.draws_k)
-        self.masked = self.masked or (getattr(loader, "count", None) is None and masked_labels(loader))
+        if self.masked is None and getattr(loader, "count", None) is None:
+            self.masked = masked_labels(loader)
         sampler = getattr(loader, "batch_sampler", None)
         if self.steps_shape is None and isinstance(sampler, GlobalBatchSampler):
             self.steps_shape = {"global_batch": sampler.global_batch, "micro_batch_size": sampler.micro_batch_size,
                                 "accumulation_steps": sampler.accumulation_steps}
         self._hook(is_main, on_shutdown)
 
-    def _start_matching(self) -> None:
-        """At the first training batch: what was drawn before (the init, a fixed noise) is the script's own."""
+    def _on_batch(self) -> None:
+        """At each training batch handed out (its fetch done: a loader's seed draw at ``iter()`` is behind): the
+        draws of the first step count from here, not from its first forward (a GAN draws ``z`` before ``G(z)``: a
+        one-step run saw no draw); and in the matched re-run, its draws are matched from here on (what was drawn
+        before, the init or a fixed noise, is the script's own)."""
+        self._steps_begin()
         if self.matching is not None and not self._matching_on:
             self._matching_on = True
             self.matching.__enter__()  # for the rest of the run: the step cap or the script's end closes it
 
-    def _on_forward(self, module: nn.Module, args: Any) -> None:
-        # random draws are counted from a step's first training forward to its optimizer step: a plain
-        # DataLoader draws its base seed from the global generator at iter(), which is no draw of the step
-        if self._rng is None and torch.is_grad_enabled():
-            if self.other_draws:  # once: what was drawn before (the init) stays, every draw of the steps changes
+    def _steps_begin(self) -> None:
+        """The steps' draws count from here (the first training batch, or the first training forward of a loop
+        that takes no ddpkit batch); the re-runs with other draws reseed here, once: what was drawn before (the
+        init) stays, every draw of the steps changes."""
+        if self._rng is None:
+            if self.other_draws:
                 _reseed(torch.initial_seed() + DRAWS_OFFSET * self.other_draws)
                 self.other_draws = 0
             self._rng = _rng_state()
+
+    def _on_forward(self, module: nn.Module, args: Any) -> None:
+        # a plain DataLoader draws its base seed from the global generator at iter(), which is no draw of the step
+        if torch.is_grad_enabled():
+            self._steps_begin()
         if self.autocast is None and torch.is_grad_enabled():
             self.autocast = _autocast_dtype(module)
 
@@ -280,33 +291,39 @@ def _on_forward(module: nn.Module, args: Any) -> None:
         _ACTIVE._on_forward(module, args)
 
 
-def masked_labels(loader: Any, probes: int = 8) -> bool:
-    """Whether the batches of a map-style loader hold labels of -100 (torch's ``ignore_index``) in a number that
-    varies from sample to sample: then a token-mean loss averages a count that differs between micro-batches, and
-    weighting it by samples changes with the world size. The first ``probes`` samples go through the loader's own
-    ``collate_fn`` (a collator that pads labels with -100 counts). The same count in every sample (a fixed
-    prompt length, no padding) is no such cause.
+def masked_labels(loader: Any, probes: int = 8) -> int | None:
+    """The ignored-label value (-100, torch's ``ignore_index``; or -1 in sequences of labels, makemore's) when the
+    batches of a map-style loader hold it in a number that varies from sample to sample: then a token-mean loss
+    averages a count that differs between micro-batches, and weighting it by samples changes with the world size.
+    The first ``probes`` samples go through the loader's own ``collate_fn`` (a collator that pads labels with -100
+    counts). The same count in every sample (a fixed prompt length, no padding) is no such cause; None then.
+    A -1 counts in 2-d labels only (a 1-d label of -1 / +1 is a class).
 
     >>> from torch.utils.data import DataLoader
     >>> varied = [(torch.tensor([3, -100]),), (torch.tensor([-100, -100]),)]
     >>> masked_labels(DataLoader(varied, batch_size=2)), masked_labels(DataLoader(varied[:1] * 2, batch_size=2))
-    (True, False)
+    (-100, None)
+    >>> masked_labels(DataLoader([torch.tensor([5, -1]), torch.tensor([5, 6])], batch_size=2))
+    -1
     """
     dataset = getattr(loader, "dataset", None)
     try:
         samples = [dataset[i] for i in range(min(probes, len(dataset)))]  # type: ignore[index, arg-type]
         batch = getattr(loader, "collate_fn", None)(samples)  # type: ignore[misc]
     except Exception:  # noqa: BLE001 - a stream, or a dataset or collator that cannot be probed: nothing said
-        return False
-    return any(len(set(counts)) > 1 for counts in _kept_per_row(batch, depth=0))
+        return None
+    return next((value for value, counts in _kept_per_row(batch, depth=0) if len(set(counts)) > 1), None)
 
 
-def _kept_per_row(value: Any, depth: int) -> Iterator[list[int]]:
-    """For each integer tensor of a batch that holds -100: how many of each row's entries are not -100."""
+def _kept_per_row(value: Any, depth: int) -> Iterator[tuple[int, list[int]]]:
+    """For each integer tensor of a batch that holds -100 (or -1, in rows of several labels): that value, and how
+    many of each row's entries are not it."""
     if isinstance(value, torch.Tensor):
         integer = not value.is_floating_point() and not value.is_complex()
-        if integer and value.dim() >= 1 and bool((value == -100).any()):
-            yield (value != -100).reshape(value.shape[0], -1).sum(1).tolist()
+        for ignored in (-100, -1):
+            rows = value.dim() >= (1 if ignored == -100 else 2)
+            if integer and rows and bool((value == ignored).any()):
+                yield ignored, (value != ignored).reshape(value.shape[0], -1).sum(1).tolist()
     elif depth < 3 and isinstance(value, (list, tuple)):
         for item in value:
             yield from _kept_per_row(item, depth + 1)
