@@ -204,3 +204,33 @@ def test_a_loop_through_a_progress_bar_over_a_loader_a_function_returns_is_follo
     result = plan(source)
     assert [(a.module, a.name) for a in result.asks] == [("utils", "get_loaders()[0]")], result.asks
     assert not any("tqdm" in x.what for x in result.left), result.left
+
+
+def test_a_dataparallel_around_a_submodule_goes_and_the_wrap_below_it_stays():
+    """pytorch-vgg-cifar10's ``model.features = torch.nn.DataParallel(model.features)`` before ``if args.cpu:
+    model.cpu() else: model.cuda()``: the wrap placed below the deleted line was deleted with it (refused: "said
+    and lost")."""
+    source = ("import torch\nfrom torch import nn\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+              "loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)\n"
+              "model = Net()\nmodel.features = torch.nn.DataParallel(model.features)\nif cpu:\n    model.cpu()\n"
+              "else:\n    model.cuda()\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor x, y in loader:\n"
+              "    opt.zero_grad()\n    nn.functional.mse_loss(model(x), y).backward()\n    opt.step()\n")
+    result = plan(source)
+    assert not result.refused and "DataParallel" not in result.text, result.left
+    assert "model = Net()\nmodel = ddpkit.prepare_model(model)\nif cpu:" in result.text, result.text
+
+
+def test_a_loader_helper_no_line_calls_is_kept_and_a_loop_over_a_constructor_parameter_is_listed():
+    """Image_Segmentation's ``Solver(config, train_loader)`` looping over ``self.train_loader`` was refused as
+    batches fed by hand; a ``utils.py`` helper that returns a DataLoader and that no line calls refused a whole
+    project ("role cannot be told")."""
+    helper = plan("from torch.utils.data import DataLoader\n\n\ndef get_loader(ds, bs):\n"
+                  "    return DataLoader(ds, batch_size=bs, shuffle=True)\n")
+    assert not helper.refused and not helper.left and helper.kept, helper.left
+    solver = plan("import torch\n\n\nclass Solver:\n    def __init__(self, config, train_loader):\n"
+                  "        self.train_loader = train_loader\n        self.model = torch.nn.Linear(2, 1)\n"
+                  "        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)\n\n    def train(self):\n"
+                  "        for x, y in self.train_loader:\n            self.opt.zero_grad()\n"
+                  "            (self.model(x) - y).pow(2).mean().backward()\n            self.opt.step()\n")
+    assert not solver.refused, solver.left
+    assert any("a parameter of Solver.__init__" in x.what for x in solver.left), solver.left

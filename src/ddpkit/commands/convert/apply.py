@@ -108,7 +108,13 @@ class _Rewrite(cst.CSTTransformer):
         key = id(original_node)
         edits = self.edits
         if key in edits.remove or _emptied(original_node, updated_node, self.elifs):
-            return cst.RemoveFromParent()
+            # what goes before or after a deleted line stays (``model.features = DataParallel(model.features)``
+            # deleted, the wrap placed below it: the wrap was lost with it)
+            kept = [statement(code) for code in (*edits.before.get(key, ()), *edits.after.get(key, ()))]
+            if not kept:
+                return cst.RemoveFromParent()
+            kept[0] = kept[0].with_changes(leading_lines=getattr(updated_node, "leading_lines", ()))
+            return kept[0] if len(kept) == 1 else cst.FlattenSentinel(kept)
         if key in edits.expr:
             updated_node = edits.expr[key](updated_node)
         if not isinstance(original_node, cst.BaseStatement):

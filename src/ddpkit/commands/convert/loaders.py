@@ -118,12 +118,10 @@ def _handed_in(work: _Work, line: int) -> bool:
     ddpkit training loader)."""
     for loop in work.facts.loops:
         names = _wrapped(work, iterated(loop.node.iter), loop) if isinstance(loop.node, cst.For) else set()
-        handed = sorted(n for n in names if n in loop.scope.params and  # not followed to a call site here
-                        (b := flow.binding_of(work.facts, n, loop.scope, loop.line)) is not None and
-                        b.scope is loop.scope and b.value is None and b.stmt is None)
+        handed = sorted(filter(None, (_parameter(work, n, loop.scope, loop.line) for n in names)))
         if not handed or not flow.trains(work.facts, loop):
             continue
-        name, where = handed[0], loop.scope.name
+        name, where = handed[0]
         built = work.crossing.provided.get(key("", HANDED))
         if built:
             work.keep(loop.line, f"the training loop over {name} (a parameter of {where}) left as it is",
@@ -136,6 +134,19 @@ def _handed_in(work: _Work, line: int) -> bool:
                    "dataset, global_batch_size=B) where it is built")
         return True
     return False
+
+
+def _parameter(work: _Work, name: str, scope: Any, line: int, depth: int = 0) -> tuple[str, str] | None:
+    """(the parameter, its function) ``name`` holds when it is a parameter that no call in this file passes:
+    ``dataloader`` of ``train_step(model, dataloader)``, or ``self.train_loader`` set from ``__init__``'s
+    ``train_loader`` (a Solver a caller builds: ``Solver(config, train_loader)``); None otherwise."""
+    bound = flow.binding_of(work.facts, name, scope, line)
+    if bound is None or depth > 2:
+        return None
+    if bound.value is None and bound.stmt is None and name in bound.scope.params and bound.scope is scope:
+        return name, bound.scope.name
+    source = dotted(bound.value) if bound.value is not None else None
+    return _parameter(work, source, bound.scope, bound.line, depth + 1) if source else None
 
 
 def _wrapped(work: _Work, names: set[str], loop: Loop) -> set[str]:
@@ -306,6 +317,11 @@ def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
     if returned:  # ``return DataLoader(...)``: the loops over what its callers bind
         loops = list({id(lp): lp for b in returned for lp in loops_reading(work.facts, b.target, b.scope)}.values())
         binding = returned[0] if len(returned) == 1 else None
+    if returned is not None and not loops and not _called(work.facts, call):
+        work.keep(call.line, "a DataLoader a function returns, called from no line of this file, left as it is",
+                  "its callers are elsewhere (or nowhere): a file of the project that trains on it asks for it, "
+                  "and it is converted then (ddpkit convert --imports SCRIPT, or a folder)")
+        return False
     if returned is not None and not loops:
         work.leave(call.line, "a DataLoader returned by a function: no loop over what its callers bind was found",
                    "bind it where the function is called (train_loader = get_loader(...)) and loop over that "
@@ -371,6 +387,12 @@ def _unsharded_feed(work: _Work, loop: Loop) -> tuple[str, int] | None:
             if not (isinstance(value, cst.Call) and value in {c.node for c in work.facts.calls if c.name == LOADER}):
                 return (name or "an expression", call.line)
     return None
+
+
+def _called(facts: Facts, call: Call) -> bool:
+    """The function whose ``return`` holds ``call`` is called somewhere in this file."""
+    scope = call.scope
+    return any((callee(facts, c) or (None,))[0] is scope for c in facts.calls)
 
 
 def _returned(facts: Facts, call: Call) -> list[Binding] | None:
