@@ -234,3 +234,14 @@ def test_a_loader_helper_no_line_calls_is_kept_and_a_loop_over_a_constructor_par
                   "            (self.model(x) - y).pow(2).mean().backward()\n            self.opt.step()\n")
     assert not solver.refused, solver.left
     assert any("a parameter of Solver.__init__" in x.what for x in solver.left), solver.left
+
+
+def test_an_evaluation_handed_either_of_two_loaders_of_this_file_is_reduced_once():
+    """efficient_densenet's ``test_epoch(model, loader=valid_loader if valid_loader else test_loader)``: two loaders
+    built here, both sharded: one reduce, not a refusal of "an expression"."""
+    source = textwrap.dedent(CHECK).replace(
+        "check_accuracy(train_loader, model)\ncheck_accuracy(test_loader, model)\n",
+        "valid_loader = DataLoader(TensorDataset(torch.randn(40, 4), torch.randint(0, 3, (40,))), batch_size=8)\n"
+        "check_accuracy(valid_loader if valid_loader else test_loader, model)\n")
+    result = plan(source)
+    assert not result.refused and result.text.count("num_correct = ddpkit.reduce(num_correct)") == 1, result.left

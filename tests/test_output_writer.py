@@ -5,13 +5,28 @@ import pytest
 
 from conftest import WORKERS, launch, ok
 
-pytest.importorskip("tensorboard")
-
 
 def test_every_rank_reads_rank_0s_log_dir(tmp_path):
+    pytest.importorskip("tensorboard")
     ok(launch(WORKERS / "writer_dir.py", tmp_path, timeout=120))
     runs = [p for p in (tmp_path / "runs").iterdir() if p.name.endswith("_exp")]
     assert len(runs) == 1, runs  # one folder: rank 0's (beside its _debug one)
     written = {p.name: p.read_text() for p in runs[0].glob("rank*.txt")}
     assert set(written) == {"rank0.txt", "rank1.txt"} and len(set(written.values())) == 1, written
     assert written["rank1.txt"].endswith("_exp given"), written  # a log_dir given is its own on every rank
+
+
+def test_the_rank_0_logger_takes_the_loggers_own_configuration():
+    """moemen95's template configures the logger convert made ``ddpkit.get_logger(...)``: ``addHandler`` raised
+    AttributeError on the adapter (the fifth held-out set). The logger's own methods answer through it."""
+    import logging
+
+    import ddpkit
+
+    log = ddpkit.get_logger("ddpkit-test-config")
+    handler = logging.NullHandler()
+    log.addHandler(handler)
+    log.setLevel(logging.WARNING)
+    assert handler in logging.getLogger("ddpkit-test-config").handlers and log.handlers == [handler]
+    log.removeHandler(handler)
+    assert not logging.getLogger("ddpkit-test-config").handlers

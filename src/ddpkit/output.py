@@ -48,6 +48,14 @@ class RankZeroAdapter(logging.LoggerAdapter):
             kwargs.setdefault("stacklevel", 2)
             self.logger.log(level, msg, *args, **kwargs)
 
+    def __getattr__(self, name: str) -> Any:
+        """The logger's own methods and attributes (``addHandler``, ``handlers``, ``propagate``): a script
+        configures the logger it asked for (moemen95's template: ``logger.addHandler(...)`` raised AttributeError
+        on the adapter)."""
+        if name == "logger":  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.logger, name)
+
     def process(self, msg: Any, kwargs: Any):
         if self.all_ranks:
             msg = f"[rank {runtime.ensure_init().rank}] {msg}"

@@ -379,13 +379,16 @@ def _unsharded_feed(work: _Work, loop: Loop) -> tuple[str, int] | None:
         target = flow.callee(work.facts, call)
         if not params or target is None or target[0] is not scope:
             continue
+        built = {id(c.node) for c in work.facts.calls if c.name == LOADER}
         for param in params:
             arg = flow.argument_for(call, param, scope, target[1])
-            name = dotted(arg) if arg is not None else None
-            bound = flow.binding_of(work.facts, name, call.scope, call.line) if name else None
-            value = bound.value if bound is not None else None
-            if not (isinstance(value, cst.Call) and value in {c.node for c in work.facts.calls if c.name == LOADER}):
-                return (name or "an expression", call.line)
+            # ``valid_loader if valid_loader else test_loader``: each name it may pass
+            options = [arg.body, arg.orelse] if isinstance(arg, cst.IfExp) else [arg]
+            for option in options:
+                name = dotted(option) if option is not None else None
+                bound = flow.binding_of(work.facts, name, call.scope, call.line) if name else None
+                if bound is None or id(bound.value) not in built:
+                    return (name or "an expression", call.line)
     return None
 
 
