@@ -245,3 +245,29 @@ def test_an_evaluation_handed_either_of_two_loaders_of_this_file_is_reduced_once
         "check_accuracy(valid_loader if valid_loader else test_loader, model)\n")
     result = plan(source)
     assert not result.refused and result.text.count("num_correct = ddpkit.reduce(num_correct)") == 1, result.left
+
+
+def test_the_second_reviews_shapes_are_refused_or_listed_not_converted_wrong():
+    """The second review of this work: an evaluation shared with a loader left plain got one reduce (that one's
+    accuracy N times too large); a loader factory called through a dict was "kept" (every rank trained on all of
+    it); a model bound in a try whose body then breaks was prepared below the try (the break path skipped it); a
+    guarded write block that returns or breaks left the other ranks without its value (or hung them)."""
+    shared = textwrap.dedent(CHECK).replace("check_accuracy(train_loader, model)\n", "preds = []\nmodel.eval()\n"
+                                            "with torch.no_grad():\n    for x, y in test_loader:\n"
+                                            "        preds.append(model(x))\ncheck_accuracy(train_loader, model)\n")
+    result = plan(shared)
+    assert result.refused and any("a loader left unsharded" in x.what for x in result.left), result.left
+    factory = ("import torch\nfrom torch.utils.data import DataLoader\n\n\ndef make(bs):\n"
+               "    return DataLoader(ds, batch_size=bs, shuffle=True)\n\n\nFACTORIES = {'train': make}\n"
+               "loader = FACTORIES['train'](8)\nmodel = torch.nn.Linear(2, 1)\n"
+               "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor x, y in loader:\n    opt.zero_grad()\n"
+               "    (model(x) - y).pow(2).mean().backward()\n    opt.step()\n")
+    assert plan(factory).refused
+    retry = ("import torch\nfrom torch import nn\nfor attempt in range(3):\n    try:\n"
+             "        model = torch.load('m.pt', weights_only=False)\n        break\n    except FileNotFoundError:\n"
+             "        model = nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n")
+    assert not any("below the try" in e.what for e in plan(retry).edits)
+    returning = ("import json\nimport torch\nstate = None\n\n\ndef make_config(out):\n"
+                 "    with open(out, 'w') as f:\n        json.dump({'lr': 1}, f)\n        return {'lr': 1}\n")
+    result = plan(returning)
+    assert "is_main" not in result.text and any("does more than write" in x.what for x in result.left), result.text

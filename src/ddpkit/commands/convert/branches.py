@@ -139,11 +139,18 @@ def _branches(top: cst.If) -> list[cst.IndentedBlock]:
     return blocks
 
 
+def _jumps(block: cst.IndentedBlock) -> bool:
+    """A ``break`` / ``continue`` of the block itself: that path leaves the loop from there, with the model
+    bound and below it no wrap (``try: model = torch.load(p); break``)."""
+    return any(isinstance(stmt, cst.SimpleStatementLine) and any(isinstance(small, (cst.Break, cst.Continue))
+                                                                 for small in stmt.body) for stmt in block.body)
+
+
 def _binds(block: cst.IndentedBlock, bound: set[int], tops: list[cst.If]) -> bool:
     """A statement of the block itself binds the name (not one nested in a loop or a ``try``) or leaves (``else:
     raise ValueError(arch)``: no path below the ``if`` from there), or an ``if`` chain of the block binds it in
     every branch."""
-    return any(id(stmt) in bound or _leaves(stmt) or (isinstance(stmt, (cst.If, cst.Try)) and
+    return not _jumps(block) and any(id(stmt) in bound or _leaves(stmt) or (isinstance(stmt, (cst.If, cst.Try)) and
                                                       any(stmt is top for top in tops) and
                                                       all(_binds(b, bound, tops) for b in _paths(stmt)))
                for stmt in block.body)

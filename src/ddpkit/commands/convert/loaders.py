@@ -54,6 +54,14 @@ def loaders(work: _Work) -> None:
             continue
         training |= _loader(work, call)
     work.trains = training
+    for loop in work.reduced:  # a loader left plain after its evaluation's sums were reduced for another one
+        plain = _unsharded_feed(work, loop)
+        if plain is not None:
+            work.leave(loop.line, f"the evaluation loop here also runs over {plain[0]} (line {plain[1]}), a loader "
+                       "left unsharded: with its sums reduced across ranks, that one's would count N times",
+                       "evaluate the two loaders in functions of their own, or make both ddpkit.data_loader(..., "
+                       "train=False), then convert again", blocks=True)
+            break
     backward = [c for c in work.facts.calls if c.last == "backward"]
     training |= any(c.name == "ddpkit.data_loader" for c in work.facts.calls)
     if backward and not training and not built and not uses_ddpkit(work.facts):  # (ddpkit: by hand)
@@ -374,7 +382,8 @@ def _unsharded_feed(work: _Work, loop: Loop) -> tuple[str, int] | None:
     something other than a DataLoader built in this file (one imported from another module, say): a loader
     this plan does not shard."""
     scope = loop.scope
-    params = iterated(loop.node.iter) & set(scope.params) if isinstance(loop.node, cst.For) else set()
+    names = _wrapped(work, iterated(loop.node.iter), loop) if isinstance(loop.node, cst.For) else set()
+    params = names & set(scope.params)
     for call in work.facts.calls:
         target = flow.callee(work.facts, call)
         if not params or target is None or target[0] is not scope:
@@ -387,7 +396,7 @@ def _unsharded_feed(work: _Work, loop: Loop) -> tuple[str, int] | None:
             for option in options:
                 name = dotted(option) if option is not None else None
                 bound = flow.binding_of(work.facts, name, call.scope, call.line) if name else None
-                if bound is None or id(bound.value) not in built:
+                if bound is None or id(bound.value) not in built or id(bound.value) in work.plain:
                     return (name or "an expression", call.line)
     return None
 
@@ -395,7 +404,10 @@ def _unsharded_feed(work: _Work, loop: Loop) -> tuple[str, int] | None:
 def _called(facts: Facts, call: Call) -> bool:
     """The function whose ``return`` holds ``call`` is called somewhere in this file."""
     scope = call.scope
-    return any((callee(facts, c) or (None,))[0] is scope for c in facts.calls)
+    name = scope.name.rsplit(".", 1)[-1]
+    return any((callee(facts, c) or (None,))[0] is scope for c in facts.calls) or \
+        any((read == name or read.endswith(f".{name}")) and node is not getattr(scope.node, "name", None)
+            for read, _, _, node in facts.reads)  # a dict of factories, partial(f): a use that is no call
 
 
 def _returned(facts: Facts, call: Call) -> list[Binding] | None:
@@ -449,6 +461,7 @@ def _reductions(work: _Work, loops: list[Loop], call: Call, training: bool) -> b
                            "loader of its own (ddpkit.data_loader(dataset, batch_size, train=False)), or "
                            "ddpkit.gather(...) the results there, then convert again", blocks=True)
                 return False
+            work.plain.add(id(call.node))
             work.leave(line, f"the evaluation loop {why}: the result would be this rank's only, so the "
                        f"DataLoader at line {call.line} is left as it is (each rank evaluates the whole set)",
                        "to share the work: ddpkit.data_loader(..., "
@@ -462,6 +475,8 @@ def _reductions(work: _Work, loops: list[Loop], call: Call, training: bool) -> b
         if not new:  # one evaluation function called with two loaders (check_accuracy): reduced once
             continue
         after.extend(new)
+        if not summed_as_training:
+            work.reduced.extend(evaluations)
         work.note(f"after the {'training' if summed_as_training else 'evaluation'} loop: {', '.join(names)} "
                   "summed across ranks (ddpkit.reduce)", "each rank accumulated only its own shard", anchor.end)
         for node in lens:  # ``total / len(loader)``: every rank's batches, as the sum is every rank's

@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import libcst as cst
 from libcst import matchers as m
@@ -118,6 +119,8 @@ class _Work:
         self.asks: list[Ask] = []  # what another module of the project should convert for this one
         self.done: list[str] = []  # the crossing's wants converted here
         self.trains = False  # a training DataLoader converted here (a project's loop elsewhere may be fed by it)
+        self.plain: set[int] = set()  # the DataLoader calls left plain (each rank reads all of it)
+        self.reduced: list[Any] = []  # evaluation loops whose sums a ddpkit.reduce follows
         self.edits = Edits()
         self.log: list[Edit] = []
         self.left: list[Left] = []

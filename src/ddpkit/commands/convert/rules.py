@@ -146,7 +146,7 @@ def _save(work: _Work, call: Any, loads: list[Any]) -> None:
         return
     work.edits.guard[id(call.stmt)] = main_test(work, call.scope)
     read_back = _read_back(call, loads)
-    if read_back and (call.tests or call.loops or _called_in_branch(work, call.scope)):  # (one rank may skip it)
+    if read_back and (call.tests or call.loops or called_in_branch(work, call.scope)):  # (one rank may skip it)
         work.leave(call.line, f"a file is read at line {read_back[0].line} (maybe the one saved here), and the "
                    "save is inside an if or a loop: the other ranks may read it before rank 0 has written it",
                    BARRIER_FIX)
@@ -185,7 +185,7 @@ def _pretrained(work: _Work, call: Any, ranked: bool) -> None:
     if read_back and any(c.last == "save_pretrained" and c.scope is call.scope and call.line < c.line <
                          read_back[0].line for c in work.facts.calls):
         read_back = []  # (a tokenizer saved below it: one barrier, after the last save, does for both)
-    if read_back and (call.tests or call.loops or _called_in_branch(work, call.scope)):
+    if read_back and (call.tests or call.loops or called_in_branch(work, call.scope)):
         work.leave(call.line, f"{call.last} inside an if or a loop, and from_pretrained reads at line "
                    f"{read_back[0].line}: the other ranks may read before rank 0 has written", BARRIER_FIX)
     elif read_back:
@@ -242,7 +242,7 @@ def _unwaited(work: _Work, call: Any, line: int) -> None:
     """A save rank 0 makes with a load below and no barrier: said as the first conversion said it when the save
     is also inside a branch or a loop (a second conversion of its output says nothing new)."""
     others = [t for t in call.tests if not any(w in t.lower() for w in RANK_WORDS)]
-    if others or call.loops or _called_in_branch(work, call.scope):
+    if others or call.loops or called_in_branch(work, call.scope):
         work.leave(call.line, f"a file is read at line {line} (maybe the one saved here), and the save is inside an "
                    "if or a loop: the other ranks may read it before rank 0 has written it", BARRIER_FIX)
         return
@@ -257,13 +257,13 @@ def _read_back(save: Any, loads: list[Any]) -> list[Any]:
     return [c for c in loads if c.line > save.line or c.scope is not save.scope and c.scope.name]
 
 
-def _called_in_branch(work: _Work, scope: Scope, depth: int = 0) -> bool:
+def called_in_branch(work: _Work, scope: Scope, depth: int = 0) -> bool:
     """A function some call of which sits under an ``if`` (or any call of which cannot be found): a barrier in it
     would be a collective that one rank may skip."""
     if not scope.name or depth > 3:
         return False
     sites = [c for c in work.facts.calls if (callee(work.facts, c) or (None,))[0] is scope]
-    return not sites or any(c.tests or _called_in_branch(work, c.scope, depth + 1) for c in sites)
+    return not sites or any(c.tests or called_in_branch(work, c.scope, depth + 1) for c in sites)
 
 
 def _per_rank(work: _Work, call: Any) -> bool:

@@ -16,7 +16,6 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -209,7 +208,12 @@ STARRED = {"torch.utils.data": ("DataLoader", "Dataset", "TensorDataset", "Subse
 LIBRARIES = {"torch", "torchvision", "torchaudio", "torchtext", "transformers", "datasets", "numpy", "sklearn",
              "accelerate", "lightning", "pytorch_lightning", "timm", "ddpkit", "tqdm", "matplotlib", "pandas", "PIL",
              "cv2", "albumentations", "scipy", "tensorboardX", "wandb", "yaml", "omegaconf", "hydra",
-             *sys.stdlib_module_names}
+             # the standard library's modules no project names its own (``code``, ``random``, ``logging``,
+             # ``types`` may be a project's package: not listed, so its names are still followed)
+             "os", "sys", "math", "time", "re", "argparse", "collections", "itertools", "functools", "pathlib",
+             "typing", "pickle", "shutil", "datetime", "subprocess", "warnings", "abc", "dataclasses", "enum",
+             "contextlib", "io", "gc", "socket", "threading", "multiprocessing", "tempfile", "heapq", "bisect",
+             "operator", "textwrap", "traceback", "uuid", "hashlib", "zipfile", "tarfile", "builtins"}
 
 # torch's modules that define what the package exports: a name imported from one is the package's
 # (minGPT's ``from torch.utils.data.dataloader import DataLoader`` is torch.utils.data.DataLoader)

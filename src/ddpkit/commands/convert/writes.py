@@ -21,11 +21,12 @@ from __future__ import annotations
 from typing import Any
 
 import libcst as cst
+import libcst.matchers as m
 
 from ddpkit.commands.check.rules import RANK_WORDS
 from ddpkit.commands.convert.flow import binding_of
 from ddpkit.commands.convert.loaders import iterated
-from ddpkit.commands.convert.rules import main_test
+from ddpkit.commands.convert.rules import called_in_branch, main_test
 from ddpkit.commands.convert.scan import Call, dotted, names_in, resolve
 
 _Work = Any  # the plan in the making (plan._Work)
@@ -101,7 +102,7 @@ def _read_back(work: _Work, call: Call, stmt: Any) -> None:
              ((c.name in OPENERS and not _writing(c.node)) or c.last in READS and c.name not in (None, "torch.load"))]
     if not reads:
         return
-    if call.tests or call.loops:
+    if call.tests or call.loops or called_in_branch(work, call.scope):  # (a rank may not pass the barrier)
         work.leave(call.line, f"a file is read at line {reads[0].line} (maybe the one written here), and the write "
                    "is inside an if or a loop: the other ranks may read it before rank 0 has written it",
                    "put ddpkit.barrier() after the write where every rank passes")
@@ -151,7 +152,8 @@ def _with_blocks(module: cst.Module) -> list[cst.With]:
 
 
 def _only_writes(work: _Work, block: cst.With, start: int) -> bool:
-    """No collective, save, backward or optimizer step inside; no loop over anything but results the script holds
+    """No ``break`` / ``continue`` / ``return`` / ``yield`` (rank 0 alone would leave); no collective, save, backward
+    or optimizer step inside; no loop over anything but results the script holds
     (a list it built, a range: not a loader, nor a function's parameter, which may be a sharded one: rank 0 would
     write only its shard); no name bound inside that is read below the block (on the other ranks it would not
     exist). ``print(..., file=f)`` is writing: on the other ranks the open alone empties what rank 0 wrote."""
@@ -163,6 +165,8 @@ def _only_writes(work: _Work, block: cst.With, start: int) -> bool:
             return True
 
     block.body.visit(Nodes())
+    if m.findall(block.body, m.Break() | m.Continue() | m.Return() | m.Yield()):  # rank 0 alone would leave
+        return False
     calls = [c for c in work.facts.calls if id(c.node) in inside]
     if any((c.name or "").startswith(("ddpkit.", "torch.distributed", "torch.save")) or c.last in
            ("barrier", "all_reduce", "reduce", "all_gather", "broadcast", "backward", "step") for c in calls):
