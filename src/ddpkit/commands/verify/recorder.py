@@ -181,6 +181,8 @@ class Recorder:
         one-step run saw no draw); and in the matched re-run, its draws are matched from here on (what was drawn
         before, the init or a fixed noise, is the script's own)."""
         self._steps_begin()
+        if self.matching is not None and self.loaders:  # a pass's short last batch: its draws are its rows
+            self.matching.batch = _next_batch(self.loaders[0], self.matching.batch)
         if self.matching is not None and not self._matching_on:
             self._matching_on = True
             self.matching.__enter__()  # for the rest of the run: the step cap or the script's end closes it
@@ -289,6 +291,22 @@ _ACTIVE: Recorder | None = None  # the recorder of this verify run (one a proces
 def _on_forward(module: nn.Module, args: Any) -> None:
     if _ACTIVE is not None:
         _ACTIVE._on_forward(module, args)
+
+
+def _next_batch(loader: Any, otherwise: int) -> int:
+    """The size of the batch a loader is about to hand out: its batch size, or what is left of this rank's part
+    of the epoch (a short last batch, which every rank has in proportion: the one-process run's last is N times
+    it); ``otherwise`` when the loader does not say."""
+    size, sampler = getattr(loader, "batch_size", None), getattr(loader, "sampler", None)
+    try:
+        total = len(sampler)  # type: ignore[arg-type]
+    except TypeError:
+        return otherwise
+    if not isinstance(size, int) or getattr(loader, "drop_last", False):
+        return size if isinstance(size, int) else otherwise
+    handed = getattr(loader, "_batches", None) or 0
+    left = total - handed * size
+    return min(size, left) if left > 0 else size
 
 
 def masked_labels(loader: Any, probes: int = 8) -> int | None:

@@ -16,8 +16,9 @@ far apart rounding puts the step-1 gradients depends on the network's conditioni
 So when a run FAILs with no cause found yet (not a constant factor between the step-1 gradients, not learning
 rates that differ), and without autocast or random draws, verify runs both sides again with the prepared model
 in float64 (:func:`to_float64`: parameters and buffers, float inputs cast up at its forward, float outputs cast
-back, so the script's loss code sees what it always did; torch's default dtype float64 from there on, for tensors
-made inside the forward). Rounding noise falls ~1e-9 times lower, below Adam's ``eps``, and the runs then agree;
+back, so the script's loss code sees what it always did; torch's default dtype float64 during its forward, for
+tensors made there, while the script's own outside it stay float32). Rounding noise falls ~1e-9 times lower, below
+Adam's ``eps``, and the runs then agree;
 a real defect (unsynced statistics, rank-dependent code, an update outside backward) changes real gradients and
 still differs. The PASS or FAIL line says which test decided. A defect's FAIL costs the re-run's time (about
 2.5x the float32 runs on a CPU).
@@ -80,18 +81,24 @@ def to_float64(model: nn.Module) -> None:
     outputs back to float32, so a loss computed next to float32 targets runs unchanged. The hooks are functions of
     this module: a script's ``torch.save(model)`` pickles them."""
     model.double()
-    # tensors the model makes in its forward (an LSTM's h0 = torch.zeros(...)) are float64 too; a float32 loss
-    # target meeting a float64 one promotes
-    torch.set_default_dtype(torch.float64)
     model.register_forward_pre_hook(_inputs_up, with_kwargs=True)
     model.register_forward_hook(_outputs_back)
 
 
+_DEFAULTS: list[torch.dtype] = []  # the default dtypes the forwards in progress replaced (a model in a model)
+
+
 def _inputs_up(module: nn.Module, args: Any, kwargs: Any) -> Any:
+    # tensors the model makes in its forward (an LSTM's h0 = torch.zeros(...)) are float64 too; outside it the
+    # script's own (a DCGAN's labels, torch.full(...)) stay float32, as the outputs cast back are
+    _DEFAULTS.append(torch.get_default_dtype())
+    torch.set_default_dtype(torch.float64)
     return _cast(args, torch.float64), _cast(kwargs, torch.float64)
 
 
 def _outputs_back(module: nn.Module, args: Any, output: Any) -> Any:
+    if _DEFAULTS:
+        torch.set_default_dtype(_DEFAULTS.pop())
     return _cast(output, torch.float32)
 
 
