@@ -141,14 +141,7 @@ def _per_rank(work: _Work, node: cst.Call) -> bool:
 
 
 def _with_blocks(module: cst.Module) -> list[cst.With]:
-    found: list[cst.With] = []
-
-    class Blocks(cst.CSTVisitor):
-        def visit_With(self, node: cst.With) -> None:
-            found.append(node)
-
-    module.visit(Blocks())
-    return found
+    return [node for node in m.findall(module, m.With()) if isinstance(node, cst.With)]
 
 
 def _only_writes(work: _Work, block: cst.With, start: int) -> bool:
