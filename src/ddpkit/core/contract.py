@@ -96,7 +96,7 @@ VERIFY_F64 = Var("DDPKIT_VERIFY_F64", VERIFY, "verify's hooks",
                  "1: the prepared model in float64 (its float inputs cast up, its outputs back): the re-run that "
                  "tells float rounding from a defect")
 VERIFY_DRAWS = Var("DDPKIT_VERIFY_DRAWS", VERIFY, "verify's hooks",
-                   "K: torch's generator reseeded (seed + K x 7919) at the first training forward: the one-process "
+                   "K: torch's generator reseeded (seed + K x 7919) at the first training batch: the one-process "
                    "re-runs with other random draws in their steps, whose distance from the first is the draws' own")
 VERIFY_MATCHED = Var("DDPKIT_VERIFY_MATCHED", VERIFY, "verify's hooks",
                      "1: the steps' torch draws matched between 1 process and N (the re-run of a script that draws "
