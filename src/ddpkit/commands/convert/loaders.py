@@ -54,13 +54,15 @@ def loaders(work: _Work) -> None:
             continue
         training |= _loader(work, call)
     work.trains = training
-    for loop in work.reduced:  # a loader left plain after its evaluation's sums were reduced for another one
+    # once every loader is decided: an evaluation whose sums are reduced for one loader, also handed one left
+    # unsharded (imported plain, kept plain for its stored results, not a DataLoader): that one's would count N times
+    for loop in work.reduced:
         plain = _unsharded_feed(work, loop)
         if plain is not None:
             work.leave(loop.line, f"the evaluation loop here also runs over {plain[0]} (line {plain[1]}), a loader "
                        "left unsharded: with its sums reduced across ranks, that one's would count N times",
-                       "evaluate the two loaders in functions of their own, or make both ddpkit.data_loader(..., "
-                       "train=False), then convert again", blocks=True)
+                       "make that loader a ddpkit.data_loader(..., train=False) where it is built, or evaluate it "
+                       "in a function of its own, then convert again", blocks=True)
             break
     backward = [c for c in work.facts.calls if c.last == "backward"]
     training |= any(c.name == "ddpkit.data_loader" for c in work.facts.calls)
@@ -81,7 +83,7 @@ def _imported_loader(work: _Work, line: int) -> bool:
     reads: dict[str, bool] = {}  # name -> read by a loop that trains (as a loader's role is told: flow.trains)
     origins: dict[str, tuple[str, str]] = {}  # name -> (its module, its name there)
     for loop in work.facts.loops:
-        for name in _wrapped(work, iterated(loop.node.iter), loop) if isinstance(loop.node, cst.For) else ():
+        for name in _reads(work, loop):
             origin = imported_from(work.facts, name) or _returned_by_import(work.facts, name, loop)
             if origin:
                 origins[name] = origin
@@ -125,8 +127,7 @@ def _handed_in(work: _Work, line: int) -> bool:
     is said (kept); else left to you (the runtime says it too at the first step: a prepared model fed by no
     ddpkit training loader)."""
     for loop in work.facts.loops:
-        names = _wrapped(work, iterated(loop.node.iter), loop) if isinstance(loop.node, cst.For) else set()
-        handed = sorted(filter(None, (_parameter(work, n, loop.scope, loop.line) for n in names)))
+        handed = sorted(filter(None, (_parameter(work, n, loop.scope, loop.line) for n in _reads(work, loop))))
         if not handed or not flow.trains(work.facts, loop):
             continue
         name, where = handed[0]
@@ -157,9 +158,12 @@ def _parameter(work: _Work, name: str, scope: Any, line: int, depth: int = 0) ->
     return _parameter(work, source, bound.scope, bound.line, depth + 1) if source else None
 
 
-def _wrapped(work: _Work, names: set[str], loop: Loop) -> set[str]:
-    """``names`` and what the ones bound to a wrapper's call wrap: ``loop = tqdm(loader)`` then ``for b in loop``
-    reads ``loader`` too (aladdin's U-Net)."""
+def _reads(work: _Work, loop: Loop) -> set[str]:
+    """The names a ``for`` loop takes its items from (:func:`iterated`), and what the ones bound to a wrapper's
+    call wrap: ``loop = tqdm(loader)`` then ``for b in loop`` reads ``loader`` too (aladdin's U-Net)."""
+    if not isinstance(loop.node, cst.For):
+        return set()
+    names = iterated(loop.node.iter)
     found = set(names)
     for name in names:
         bound = flow.binding_of(work.facts, name, loop.scope, loop.line)
@@ -382,13 +386,12 @@ def _unsharded_feed(work: _Work, loop: Loop) -> tuple[str, int] | None:
     something other than a DataLoader built in this file (one imported from another module, say): a loader
     this plan does not shard."""
     scope = loop.scope
-    names = _wrapped(work, iterated(loop.node.iter), loop) if isinstance(loop.node, cst.For) else set()
-    params = names & set(scope.params)
-    for call in work.facts.calls:
+    params = _reads(work, loop) & set(scope.params)
+    built = {id(c.node) for c in work.facts.calls if c.name == LOADER}
+    for call in work.facts.calls if params else ():
         target = flow.callee(work.facts, call)
-        if not params or target is None or target[0] is not scope:
+        if target is None or target[0] is not scope:
             continue
-        built = {id(c.node) for c in work.facts.calls if c.name == LOADER}
         for param in params:
             arg = flow.argument_for(call, param, scope, target[1])
             # ``valid_loader if valid_loader else test_loader``: each name it may pass
@@ -436,14 +439,6 @@ def _reductions(work: _Work, loops: list[Loop], call: Call, training: bool) -> b
     datasets = frozenset(filter(None, [dotted(call.node.args[0].value)])) if call.node.args else frozenset()
     plans = []
     evaluations = [loop for loop in fors if not (training and flow.trains(work.facts, loop))]
-    for loop in evaluations:
-        plain = _unsharded_feed(work, loop)
-        if plain is not None:  # its sums reduced, that loader's would count N times
-            work.leave(loop.line, f"the evaluation loop here also runs over {plain[0]} (line {plain[1]}), a loader "
-                       "convert does not shard here: with its sums reduced across ranks, that one's would count N "
-                       "times", "make that loader a ddpkit.data_loader(..., train=False) where it is built, or "
-                       "evaluate it in a function of its own, then convert again", blocks=True)
-            return False
     for loop in fors:
         summed_as_training = loop not in evaluations  # a training loader's evaluation (check_accuracy) sums
         stored = loop.stored[0] if loop.stored and not summed_as_training else None

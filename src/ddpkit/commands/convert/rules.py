@@ -267,15 +267,18 @@ def called_in_branch(work: _Work, scope: Scope, depth: int = 0) -> bool:
 
 
 def _per_rank(work: _Work, call: Any) -> bool:
-    """A save each rank makes to its own file: a path that names the rank, or one under a temporary directory
-    (each rank creates its own; followed through the variables the path is built from). Guarding it would
-    leave the other ranks without their file."""
-    path = call.node.args[1].value if len(call.node.args) > 1 else None
-    if path is None:
-        return False
-    if "rank" in work.facts.code(path).lower():
+    """A save each rank makes to its own file (:func:`per_rank` of its path). Guarding it would leave the other
+    ranks without their file."""
+    return len(call.node.args) > 1 and per_rank(work, [call.node.args[1].value])
+
+
+def per_rank(work: _Work, paths: list[cst.BaseExpression]) -> bool:
+    """Each rank's own file: a path that names the rank, or one under a temporary directory (each rank creates
+    its own; followed through the variables the path is built from)."""
+    if any("rank" in work.facts.code(path).lower() for path in paths):
         return True
-    names, seen = names_in(path), set[str]()
+    names: set[str] = set().union(*(names_in(path) for path in paths)) if paths else set()
+    seen: set[str] = set()
     for _ in range(3):  # best = os.path.join(tmp, "best.pt"); with TemporaryDirectory() as tmp
         values = [b.value for b in work.facts.bindings if b.target in names - seen and b.value is not None]
         if any(isinstance(v, cst.Call) and (resolve(dotted(v.func), work.facts.aliases) or "").endswith(

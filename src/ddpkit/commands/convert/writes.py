@@ -26,8 +26,8 @@ import libcst.matchers as m
 from ddpkit.commands.check.rules import RANK_WORDS
 from ddpkit.commands.convert.flow import binding_of
 from ddpkit.commands.convert.loaders import iterated
-from ddpkit.commands.convert.rules import called_in_branch, main_test
-from ddpkit.commands.convert.scan import Call, dotted, names_in, resolve
+from ddpkit.commands.convert.rules import called_in_branch, main_test, per_rank
+from ddpkit.commands.convert.scan import Call, dotted, resolve
 
 _Work = Any  # the plan in the making (plan._Work)
 
@@ -46,7 +46,7 @@ def writes(work: _Work) -> None:
     for call in work.facts.calls:
         what = WRITERS.get(call.name or "") or (METHODS.get(call.last) if isinstance(call.node.func, cst.Attribute)
                                                  and not (call.name or "").startswith(("torch.", "ddpkit.")) else None)
-        if what is None or _ranked(call) or _per_rank(work, call.node) or not _to_a_path(work, call):
+        if what is None or _ranked(call) or _own(work, call) or not _to_a_path(work, call):
             continue
         if call.stmt is None or len(call.stmt.body) != 1:
             work.leave(call.line, f"{call.last}(...) inside a larger statement: every rank writes {what}",
@@ -58,7 +58,7 @@ def writes(work: _Work) -> None:
             _read_back(work, call, call.stmt)
     for block in _with_blocks(work.facts.module):
         calls = [opened[id(i.item)] for i in block.items if id(i.item) in opened]
-        if not calls or any(_ranked(c) or _per_rank(work, c.node) for c in calls):
+        if not calls or any(_ranked(c) or _own(work, c) for c in calls):
             continue
         call = calls[0]
         if not _only_writes(work, block, call.line):
@@ -123,21 +123,9 @@ def _ranked(call: Call) -> bool:
     return any(w in test.lower() for test in call.tests for w in RANK_WORDS)
 
 
-def _per_rank(work: _Work, node: cst.Call) -> bool:
-    """A path that names the rank, or one under a temporary directory (followed through the names it is built
-    from): each rank's own file."""
-    if any("rank" in work.facts.code(a.value).lower() for a in node.args):
-        return True
-    names: set[str] = set().union(*(names_in(a.value) for a in node.args)) if node.args else set()
-    seen: set[str] = set()
-    for _ in range(3):
-        values = [b.value for b in work.facts.bindings if b.target in names - seen and b.value is not None]
-        if any(isinstance(v, cst.Call) and (resolve(dotted(v.func), work.facts.aliases) or "").endswith(
-                ("TemporaryDirectory", "mkdtemp", "gettempdir")) for v in values):
-            return True
-        seen |= names
-        names = names.union(*(names_in(v) for v in values))
-    return False
+def _own(work: _Work, call: Call) -> bool:
+    """Each rank's own file (:func:`~ddpkit.commands.convert.rules.per_rank` of the call's arguments)."""
+    return per_rank(work, [a.value for a in call.node.args])
 
 
 def _with_blocks(module: cst.Module) -> list[cst.With]:
