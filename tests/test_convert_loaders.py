@@ -9,6 +9,15 @@ pytest.importorskip("libcst")
 
 from ddpkit.commands.convert.plan import plan  # noqa: E402
 
+HEAD = "import torch\nfrom torch import nn\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+LOADER = "loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)\n"
+STEPS = "for x, y in loader:\n    opt.zero_grad()\n    nn.functional.mse_loss(model(x), y).backward()\n    opt.step()\n"
+
+
+def training(build, optimizer="torch.optim.SGD(model.parameters(), lr=0.1)"):
+    """A script: the imports, a training loader, ``build`` (which binds ``model``), its optimizer, the loop."""
+    return HEAD + LOADER + build + f"opt = {optimizer}\n" + STEPS
+
 SUBCLASS = """
 import torch
 from torch import nn
@@ -149,15 +158,10 @@ def test_a_model_chosen_in_a_chain_whose_else_raises_under_main_is_prepared_belo
     """makemore: ``if __name__ == "__main__":`` around everything, the model chosen by ``--type`` in an if / elif
     chain whose ``else`` raises: only the last branch was wrapped, and the line said the model was not bound on
     every path (the default type trained unprepared until the runtime stopped it)."""
-    source = ("import torch\nfrom torch import nn\nfrom torch.utils.data import DataLoader, TensorDataset\n"
-              "if __name__ == '__main__':\n"
-              "    loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, "
-              "shuffle=True)\n"
-              "    if kind == 'mlp':\n        model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 1))\n"
-              "    elif kind == 'linear':\n        model = nn.Linear(4, 1)\n"
-              "    else:\n        raise ValueError(kind)\n"
-              "    opt = torch.optim.AdamW(model.parameters())\n    for x, y in loader:\n        opt.zero_grad()\n"
-              "        nn.functional.mse_loss(model(x), y).backward()\n        opt.step()\n")
+    chain = ("if kind == 'mlp':\n    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 1))\n"
+             "elif kind == 'linear':\n    model = nn.Linear(4, 1)\nelse:\n    raise ValueError(kind)\n")
+    source = HEAD + "if __name__ == '__main__':\n" + textwrap.indent(
+        training(chain, "torch.optim.AdamW(model.parameters())")[len(HEAD):], "    ")
     result = plan(source)
     assert not result.left and result.text.count("prepare_model") == 1, result.left
     assert "        raise ValueError(kind)\n    model = ddpkit.prepare_model(model)\n" in result.text, result.text
@@ -181,11 +185,8 @@ def test_a_progress_bar_or_a_setting_imported_from_elsewhere_is_no_loader():
 def test_a_model_bound_in_a_try_and_its_handler_is_prepared_below_the_try():
     """``try: model = torch.load(p)`` / ``except FileNotFoundError: model = Net()``: the wrap went into the handler,
     leaving a loaded model unprepared (each rank its own copy, until the runtime stopped it at the first step)."""
-    source = ("import torch\nfrom torch import nn\nfrom torch.utils.data import DataLoader, TensorDataset\n"
-              "loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)\n"
-              "try:\n    model = torch.load('model.pt', weights_only=False)\nexcept FileNotFoundError:\n"
-              "    model = nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor x, y in loader:\n"
-              "    opt.zero_grad()\n    nn.functional.mse_loss(model(x), y).backward()\n    opt.step()\n")
+    source = training("try:\n    model = torch.load('model.pt', weights_only=False)\nexcept FileNotFoundError:\n"
+                      "    model = nn.Linear(4, 1)\n")
     result = plan(source)
     assert not result.left and result.text.count("prepare_model") == 1, result.left
     assert "    model = nn.Linear(4, 1)\nmodel = ddpkit.prepare_model(model)\n" in result.text, result.text
@@ -210,11 +211,8 @@ def test_a_dataparallel_around_a_submodule_goes_and_the_wrap_below_it_stays():
     """pytorch-vgg-cifar10's ``model.features = torch.nn.DataParallel(model.features)`` before ``if args.cpu:
     model.cpu() else: model.cuda()``: the wrap placed below the deleted line was deleted with it (refused: "said
     and lost")."""
-    source = ("import torch\nfrom torch import nn\nfrom torch.utils.data import DataLoader, TensorDataset\n"
-              "loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)\n"
-              "model = Net()\nmodel.features = torch.nn.DataParallel(model.features)\nif cpu:\n    model.cpu()\n"
-              "else:\n    model.cuda()\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor x, y in loader:\n"
-              "    opt.zero_grad()\n    nn.functional.mse_loss(model(x), y).backward()\n    opt.step()\n")
+    source = training("model = Net()\nmodel.features = torch.nn.DataParallel(model.features)\nif cpu:\n"
+                      "    model.cpu()\nelse:\n    model.cuda()\n")
     result = plan(source)
     assert not result.refused and "DataParallel" not in result.text, result.left
     assert "model = Net()\nmodel = ddpkit.prepare_model(model)\nif cpu:" in result.text, result.text
