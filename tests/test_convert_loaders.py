@@ -269,3 +269,24 @@ def test_the_second_reviews_shapes_are_refused_or_listed_not_converted_wrong():
                  "    with open(out, 'w') as f:\n        json.dump({'lr': 1}, f)\n        return {'lr': 1}\n")
     result = plan(returning)
     assert "is_main" not in result.text and any("does more than write" in x.what for x in result.left), result.text
+
+
+def test_a_training_loader_rebound_unshuffled_for_predictions_is_kept_plain_there():
+    """A forecaster's shape (fifth held-out set): train, then rebind ``train_loader`` to an unshuffled loader and
+    collect its predictions with ``np.concatenate``. The first binding trains (sharded); the second only feeds
+    a loop that keeps every batch's output, so it stays a plain loader (each rank predicts the whole set)."""
+    script = training("model = nn.Linear(4, 1)\n") + (
+        "import numpy as np\n"
+        "loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=False)\n"
+        "model.eval()\n"
+        "preds = np.array([])\n"
+        "for x, y in loader:\n"
+        "    preds = np.concatenate((preds, model(x).detach().numpy().ravel()))\n")
+    result = plan(script)
+    lines = result.text.splitlines()
+    first = next(line for line in lines if "shuffle=True" in line)
+    assert first.startswith("loader = ddpkit.data_loader("), first
+    rebound = next(line for line in lines if "shuffle=False" in line)
+    assert rebound.startswith("loader = DataLoader("), rebound
+    assert any("keeps per-batch results" in x.what for x in result.left), result.left
+    assert not result.refused, result.left

@@ -47,6 +47,12 @@ def test_the_script_alone_says_its_training_is_in_the_modules_it_imports(project
 
 
 def test_a_script_and_the_modules_it_imports_convert_together_and_verify_passes(tmp_path, project):
+    """Also: the project's other files (a config, a data folder) are copied beside the converted ones, so the
+    copy runs as the original did (the held-out learn-GAN's data folder was missing there); a .py file the entry
+    does not import is not (code that trains would run unconverted), and said."""
+    (project / "configs").mkdir()
+    (project / "configs" / "run.json").write_text('{"lr": 0.1}')
+    (project / "sweep.py").write_text("print('not imported')\n")
     out = tmp_path / "out"
     r = run_cmd(CONVERT + ["--imports", "-o", str(out), "--verify", "--steps", "3", str(project / "chargpt.py"),
                            "--max-iters", "3"], timeout=400)
@@ -58,6 +64,9 @@ def test_a_script_and_the_modules_it_imports_convert_together_and_verify_passes(
     assert "ddpkit.prepare_model(" in trainer and "ddpkit.data_loader(" in trainer and "ddpkit.init()" in trainer
     assert "verify: PASS" in r.stderr, r.stderr[-3000:]
     assert (project / "mingpt" / "trainer.py").read_text().count("ddpkit") == 0  # the originals untouched
+    assert (out / "configs" / "run.json").read_text() == '{"lr": 0.1}'
+    assert "1 other file(s) of the project copied" in r.stderr and "sweep.py (a .py file the conversion did not " \
+        "read)" in r.stderr, r.stderr
 
 
 def test_a_folder_converts_every_file_and_one_refused_file_writes_none(project):

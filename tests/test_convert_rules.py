@@ -169,9 +169,16 @@ def test_the_save_is_guarded_and_waited_for_when_the_file_is_read_back():
     assert "model.load_state_dict(torch.load('m.pt', map_location=\"cpu\"))" in text
 
 
-def test_a_save_in_a_branch_read_back_gets_no_barrier_in_the_branch_but_a_note():
+def test_a_save_in_a_branch_read_back_gets_no_barrier_in_the_branch_but_one_before_the_read():
+    """The branch may be taken on one rank only: the barrier goes before the read, which every rank reaches;
+    a read in a branch of its own is listed."""
     result = convert(TRAIN_EVAL + "if acc > best:\n    torch.save(model.state_dict(), 'best.pt')\n"
                      "model.load_state_dict(torch.load('best.pt'))\n")
+    text = lines(result)
+    assert text.count("ddpkit.barrier()") == 1 and text[text.index("ddpkit.barrier()") + 1].startswith(
+        "model.load_state_dict(torch.load('best.pt'"), result.text
+    result = convert(TRAIN_EVAL + "if acc > best:\n    torch.save(model.state_dict(), 'best.pt')\n"
+                     "if acc:\n    model.load_state_dict(torch.load('best.pt'))\n")
     assert "ddpkit.barrier()" not in result.text and any("is read at line" in x.what for x in result.left)
 
 

@@ -117,3 +117,53 @@ def test_a_write_whose_value_is_used_or_that_goes_to_memory_stays_and_a_read_bac
     got = lines(result)
     at = got.index("json.dump({'lr': 1}, f)")
     assert got[at - 2] == "if state.is_main:" and got[at + 1] == "ddpkit.barrier()", result.text
+
+
+BEST = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+
+def train(net, ds, epochs):
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    loader = DataLoader(ds, batch_size=8, shuffle=True)
+    best = 1e9
+    for epoch in range(epochs):
+        for x, y in loader:
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(net(x), y)
+            loss.backward()
+            opt.step()
+        if loss.item() < best:
+            best = loss.item()
+            torch.save(net.state_dict(), 'best.pt')
+        {WRITE}
+    net.load_state_dict(torch.load('best.pt'))
+    {READ}
+    return net
+
+
+model = nn.Linear(4, 1)
+train(model, data(), 3)
+"""
+
+
+@pytest.mark.parametrize("write, read", [("pass", "pass"), ("np.save('last.npy', np.zeros(1))", "np.load('last.npy')")])
+def test_a_best_model_saved_in_a_branch_and_loaded_after_the_epochs_waits_there(write, read):
+    """The efficient-DenseNet shape (fifth held-out set): the best model saved under an ``if`` in the epoch loop,
+    loaded back after the loop. Rank 1 read it while rank 0 wrote it (a corrupted zip). Every rank reaches the
+    load, so the barrier goes right before it, once; a load that is itself in a branch is still listed. (The
+    model was wrapped after ``train(model)`` before: the reload made the training function an "init helper".)"""
+    script = "import numpy as np\n" + textwrap.dedent(BEST).replace("{WRITE}", write).replace("{READ}", read)
+    result = plan(script)
+    got = lines(result)
+    at = next(i for i, line in enumerate(got) if line.startswith("net.load_state_dict(torch.load('best.pt'"))
+    # the training function reloads its best weights at its end: it is no init helper, the wrap stays above it
+    assert got.index("model = ddpkit.prepare_model(nn.Linear(4, 1))") < got.index("train(model, data(), 3)")
+    assert got[at - 1] == "ddpkit.barrier()" and got.count("ddpkit.barrier()") == 1, result.text
+    assert not any("is read at line" in x.what for x in result.left), result.left
+    plain = "import numpy as np\n" + textwrap.dedent(BEST).replace("{WRITE}", "pass").replace("{READ}", "pass")
+    branched = plan(plain.replace("    net.load_state_dict(", "    if epochs:\n        net.load_state_dict("))
+    assert "ddpkit.barrier()" not in branched.text
+    assert any("is read at line" in x.what for x in branched.left), branched.left

@@ -254,6 +254,16 @@ def _verify(result, ns: argparse.Namespace, written: str | None, encoding: str) 
     return code
 
 
+def _companions(root: str, files: list[str], out: str) -> None:
+    """The project's other files copied beside the converted ones (:func:`project.companions`), said."""
+    copied, skipped = project.companions(root, files, out)
+    if copied or skipped:
+        print(f"{PROG}: {copied} other file(s) of the project copied to {out}"
+              + (f"; not copied: {', '.join(skipped[:5])}" + (f" and {len(skipped) - 5} more" if len(skipped) > 5
+                                                              else "") + " (link or copy what it reads)"
+                 if skipped else ""), file=sys.stderr)
+
+
 def _main_many(ns: argparse.Namespace) -> int:
     """A folder, or a script with the modules it imports (:mod:`ddpkit.commands.convert.project`): every file
     converted, each said; nothing written unless none is refused."""
@@ -292,6 +302,8 @@ def _main_many(ns: argparse.Namespace) -> int:
                 os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
                 data = r.text.encode(encoding)
                 write_atomically(target, lambda f: f.write(data))  # noqa: B023 (called at once)
+        if ns.output:
+            _companions(root, files, ns.output)
     except OSError as exc:
         return usage_error(PROG, f"cannot write {ns.output or root!r} ({exc.__class__.__name__}: "
                                  f"{exc.strerror or exc}); expected a writable folder")

@@ -90,18 +90,25 @@ def binding_of(facts: Facts, name: str, scope: Scope, line: int, depth: int = 0)
     return sites[0] if len(distinct) == 1 and sites[0] is not None else found
 
 
-def loops_reading(facts: Facts, name: str, scope: Scope, depth: int = 0) -> list[Loop]:
+def loops_reading(facts: Facts, name: str, scope: Scope, depth: int = 0, since: Binding | None = None) -> list[Loop]:
     """Every loop that takes its items from ``name`` (bound in ``scope``): ``for b in name``, ``for i, b in
     enumerate(tqdm(name))``, ``it = iter(name)`` then ``next(it)`` in a loop, through assignments
     (``self.loader = name``), calls of the script's functions that pass it on, and for an attribute
-    (``self.train_loader``) every read of that attribute on another object (``data.train_loader``)."""
+    (``self.train_loader``) every read of that attribute on another object (``data.train_loader``). With
+    ``since``, one binding of ``name``: only the reads in ``scope`` it reaches (a script that rebinds
+    ``train_loader`` to an unshuffled one to plot its predictions has two loaders of two roles)."""
     if depth >= DEPTH:
         return []
-    found = [loop for loop in facts.loops if name in loop.iter_names and visible(facts, name, scope, loop.scope)]
+    window = _reach(facts, since) if since is not None else None
+
+    def reached(where: Scope, line: int) -> bool:
+        return window is None or where is not scope or window[0] <= line < window[1]
+    found = [loop for loop in facts.loops if name in loop.iter_names and visible(facts, name, scope, loop.scope)
+             and reached(loop.scope, loop.line)]
     for other, where in attribute_reads(facts, name, scope) if depth == 0 else ():
         found += loops_reading(facts, other, where, depth + 1)
     for call in facts.calls:
-        if not visible(facts, name, scope, call.scope):
+        if not visible(facts, name, scope, call.scope) or not reached(call.scope, call.line):
             continue
         if call.name == "next" and call.node.args and dotted(call.node.args[0].value) == name and call.loops:
             found.append(call.loops[-1])
@@ -117,10 +124,23 @@ def loops_reading(facts: Facts, name: str, scope: Scope, depth: int = 0) -> list
             found += _returned(facts, name, scope, value, depth)
     for b in facts.bindings:  # ``self.loader = loader``, ``it = iter(loader)``, ``bar = tqdm(loader)``
         if b.value is not None and b.target != name and visible(facts, name, scope, b.scope) \
-                and name in names_in(b.value) and _passes_items(b.value):
+                and name in names_in(b.value) and _passes_items(b.value) and reached(b.scope, b.line):
             found += loops_reading(facts, b.target, b.scope, depth + 1)
     unique: dict[int, Loop] = {id(loop): loop for loop in found}
     return list(unique.values())
+
+
+def _reach(facts: Facts, binding: Binding) -> tuple[int, int]:
+    """The lines of its scope that ``binding`` reaches: from it to the next binding of the same name that every
+    path runs (a statement of the scope's own body, not under an ``if``) and that does not read the name
+    (``loader = tqdm(loader)`` passes the same loader on)."""
+    body = binding.scope.node.body if isinstance(binding.scope.node, cst.Module) else \
+        getattr(getattr(binding.scope.node, "body", None), "body", ())
+    top = {id(stmt) for stmt in body}
+    later = [b.line for b in facts.bindings if b.target == binding.target and b.scope is binding.scope
+             and b.line > binding.line and id(b.stmt) in top and b.value is not None
+             and binding.target not in names_in(b.value)]
+    return binding.line, min(later, default=1 << 30)
 
 
 def attribute_reads(facts: Facts, name: str, scope: Scope) -> list[tuple[str, Scope]]:
@@ -175,19 +195,20 @@ def trains(facts: Facts, loop: Loop, depth: int = 0) -> bool:
         if call.last == "backward":
             return True
         target = callee(facts, call) if depth < DEPTH else None
-        if target is not None and _scope_trains(facts, target[0], depth + 1):
+        if target is not None and scope_trains(facts, target[0], depth + 1):
             return True
     return False
 
 
-def _scope_trains(facts: Facts, scope: Scope, depth: int) -> bool:
+def scope_trains(facts: Facts, scope: Scope, depth: int = 0) -> bool:
+    """The function runs a backward pass, itself or through a function of the script it calls."""
     for call in facts.calls:
         if call.scope is not scope:
             continue
         if call.last == "backward":
             return True
         target = callee(facts, call) if depth < DEPTH else None
-        if target is not None and target[0] is not scope and _scope_trains(facts, target[0], depth + 1):
+        if target is not None and target[0] is not scope and scope_trains(facts, target[0], depth + 1):
             return True
     return False
 

@@ -29,7 +29,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert import parallel
-from ddpkit.commands.convert.flow import argument_for, callee
+from ddpkit.commands.convert.flow import argument_for, callee, scope_trains
 from ddpkit.commands.convert.rules import without_moves
 from ddpkit.commands.convert.scan import Binding, Call, dotted
 
@@ -165,6 +165,8 @@ def _helper(call: Call, target: str, loading: bool, facts: Any, depth: int) -> b
     if own is None:
         return False
     scope, skip = own
+    if scope_trains(facts, scope):  # ``train(model, ...)`` that reloads its best weights at the end: it trains
+        return False
     func = call.node.func
     params = [p for p in scope.params if dotted(argument_for(call, p, scope, skip)) == target]
     if skip and isinstance(func, cst.Attribute) and dotted(func.value) == target and scope.params:

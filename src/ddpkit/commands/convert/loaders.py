@@ -323,7 +323,7 @@ def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
                    "pass sampler= and batch_size= instead, then convert again", blocks=True)
         return True
     binding = next((b for b in work.facts.bindings if b.value is call.node), None)
-    loops = loops_reading(work.facts, binding.target, binding.scope) if binding else \
+    loops = loops_reading(work.facts, binding.target, binding.scope, since=binding) if binding else \
         [loop for loop in work.facts.loops if isinstance(loop.node, cst.For) and call.line == loop.line]
     returned = _returned(work.facts, call) if binding is None and not loops else None
     if returned:  # ``return DataLoader(...)``: the loops over what its callers bind

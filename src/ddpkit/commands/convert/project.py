@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import os
+import shutil
 from collections.abc import Iterator
 
 from ddpkit.core.errors import UsageError
@@ -26,6 +27,9 @@ from ddpkit.core.errors import UsageError
 # folders under a project that hold no code of its own
 SKIP = {"__pycache__", "node_modules", "site-packages", "build", "dist", "venv", "env"}
 LIMIT_FILES = 500  # a directory of more .py files is no training project (a checkout of a library?)
+# what ``-o OUT`` copies beside the converted files (configs, small data): a dataset is left where it is
+COPY_FILE_BYTES = 16 << 20
+COPY_TOTAL_BYTES = 256 << 20
 
 
 def files_of(target: str, imports: bool) -> tuple[str, list[str]]:
@@ -106,3 +110,42 @@ def _module_files(root: str, parts: list[str]) -> Iterator[str]:
     module = "/".join(parts) + ".py"
     if parts and os.path.isfile(os.path.join(root, module)):
         yield module
+
+
+def companions(root: str, files: list[str], out: str) -> tuple[int, list[str]]:
+    r"""Copy the project's other files (a JSON config, a vocabulary, a small data folder) from ``root`` into ``out``
+    at their relative paths, so that the converted project runs there as the original ran in ``root``: (how many
+    were copied, what was not, with why). Not copied: a file over 16 MiB or past 256 MiB in all (a dataset: link
+    or copy it yourself), a ``.py`` file the conversion did not read (code that trains would run unconverted: an
+    ImportError says more than a silent single-process run), links, hidden and build folders, ``out`` itself.
+
+    >>> import tempfile, pathlib
+    >>> root = pathlib.Path(tempfile.mkdtemp()); (root / "cfg").mkdir()
+    >>> _ = (root / "train.py").write_text("import json\n"); _ = (root / "cfg" / "a.json").write_text("{}")
+    >>> _ = (root / "other.py").write_text("")
+    >>> companions(str(root), ["train.py"], str(root / "out"))
+    (1, ['other.py (a .py file the conversion did not read)'])
+    """
+    out_real, total, copied, skipped = os.path.realpath(out), 0, 0, []
+    converted = set(files)
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIP
+                         and os.path.realpath(os.path.join(folder, d)) != out_real)
+        for name in sorted(names):
+            path = os.path.join(folder, name)
+            rel = os.path.relpath(path, root).replace(os.sep, "/")
+            if rel in converted or os.path.islink(path) or name.endswith((".pyc", ".pyo")):
+                continue
+            size = os.path.getsize(path)
+            why = "a .py file the conversion did not read" if name.endswith(".py") else \
+                f"{size >> 20} MiB" if size > COPY_FILE_BYTES else \
+                f"past {COPY_TOTAL_BYTES >> 20} MiB copied in all" if total + size > COPY_TOTAL_BYTES else None
+            if why:
+                skipped.append(f"{rel} ({why})")
+                continue
+            target = os.path.join(out, rel)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copy2(path, target)
+            total, copied = total + size, copied + 1
+    return copied, skipped
+

@@ -146,6 +146,9 @@ def _save(work: _Work, call: Any, loads: list[Any]) -> None:
         return
     work.edits.guard[id(call.stmt)] = main_test(work, call.scope)
     read_back = _read_back(call, loads)
+    if read_back and (call.tests or call.loops or called_in_branch(work, call.scope)) and \
+            wait_before(work, call, read_back):
+        return
     if read_back and (call.tests or call.loops or called_in_branch(work, call.scope)):  # (one rank may skip it)
         work.leave(call.line, f"a file is read at line {read_back[0].line} (maybe the one saved here), and the "
                    "save is inside an if or a loop: the other ranks may read it before rank 0 has written it",
@@ -255,6 +258,24 @@ def _read_back(save: Any, loads: list[Any]) -> list[Any]:
     """The loads that may read what ``save`` wrote: below it, or in a function (defined above, it may run after
     the save); a load above in the same block ran before (a resume at the start)."""
     return [c for c in loads if c.line > save.line or c.scope is not save.scope and c.scope.name]
+
+
+def wait_before(work: _Work, write: Any, reads: list[Any]) -> bool:
+    """A write rank 0 makes in an ``if`` or a loop, read back below at the top of the same function (``torch.load``
+    of the best model after the epochs): every rank reaches that read, so a barrier just before it is one all
+    ranks pass, after rank 0's last write. False, with nothing done, where the read is itself in a branch or a
+    loop, in another function, or in a function called under an ``if``."""
+    read = min(reads, key=lambda c: c.line)
+    if any(r.scope is not write.scope or r.tests or r.loops or r.stmt is None or r.line <= write.line
+           for r in reads) or called_in_branch(work, read.scope):
+        return False
+    waits = [c for c in work.facts.calls if c.scope is read.scope and write.line < c.line <= read.line
+             and c.stmt is not None and "ddpkit.barrier()" in work.edits.before.get(id(c.stmt), ())]
+    if not waits:  # (one barrier, before the first read, does for every write above it)
+        work.edits.before.setdefault(id(read.stmt), []).append("ddpkit.barrier()")
+    work.note("guarded: rank 0 writes, and every rank waits for it before the read (barrier)",
+              f"the file is read at line {read.line}, which every rank reaches", write.line)
+    return True
 
 
 def called_in_branch(work: _Work, scope: Scope, depth: int = 0) -> bool:

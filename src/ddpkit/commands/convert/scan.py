@@ -23,6 +23,8 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 # methods that keep what a loop hands them (a list, a metric object, a meter): their totals are per rank
+# ``preds = np.concatenate((preds, out))``: calls that return their arguments joined
+JOINING = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack", "column_stack", "append"})
 ACCUMULATING = ("append", "extend", "add_batch", "update", "add", "accumulate", "record", "push", "insert",
                 "update_state", "log", "add_scalar", "add_scalars")
 
@@ -236,6 +238,14 @@ def resolve(name: str | None, aliases: dict[str, str]) -> str | None:
     return next((to + full[len(prefix):] for prefix, to in CANONICAL.items() if full.startswith(prefix)), full)
 
 
+def _joins(value: cst.BaseExpression, name: str) -> bool:
+    """``value`` joins ``name`` with more (``torch.cat([name, out])``, ``np.append(name, out)``)."""
+    if not isinstance(value, cst.Call) or not isinstance(value.func, (cst.Attribute, cst.Name)):
+        return False
+    last = value.func.attr.value if isinstance(value.func, cst.Attribute) else value.func.value
+    return last in JOINING and any(name in names_in(a.value) for a in value.args)
+
+
 def _targets(target: cst.BaseExpression) -> Iterator[tuple[str, int]]:
     """Each dotted target of an assignment with its position in a tuple (-1: the whole value)."""
     if isinstance(target, (cst.Tuple, cst.List)):
@@ -382,6 +392,9 @@ class _Scanner(cst.CSTVisitor):
                     loop.augmented.append((name, self.line(node)))
                 else:
                     loop.stored.append((name, self.line(node)))
+        if name and _joins(value, name):  # ``preds = np.concatenate((preds, out))``: every batch's results kept
+            for loop in self.loops:
+                loop.stored.append((name, self.line(node)))
         for target in node.targets:
             self._written(target.target)
             for name, index in _targets(target.target):

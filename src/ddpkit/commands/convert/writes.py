@@ -26,7 +26,7 @@ import libcst.matchers as m
 from ddpkit.commands.check.rules import RANK_WORDS
 from ddpkit.commands.convert.flow import binding_of
 from ddpkit.commands.convert.loaders import iterated
-from ddpkit.commands.convert.rules import called_in_branch, main_test, per_rank
+from ddpkit.commands.convert.rules import called_in_branch, main_test, per_rank, wait_before
 from ddpkit.commands.convert.scan import Call, dotted, resolve
 
 _Work = Any  # the plan in the making (plan._Work)
@@ -101,6 +101,8 @@ def _read_back(work: _Work, call: Call, stmt: Any) -> None:
     reads = [c for c in work.facts.calls if c.line > call.line and c.name != "torch.load" and
              ((c.name in OPENERS and not _writing(c.node)) or c.last in READS and c.name not in (None, "torch.load"))]
     if not reads:
+        return
+    if (call.tests or call.loops or called_in_branch(work, call.scope)) and wait_before(work, call, reads):
         return
     if call.tests or call.loops or called_in_branch(work, call.scope):  # (a rank may not pass the barrier)
         work.leave(call.line, f"a file is read at line {reads[0].line} (maybe the one written here), and the write "
