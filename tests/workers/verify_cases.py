@@ -16,6 +16,9 @@
 - augpy / augnp: a Dataset whose ``__getitem__`` augments each sample with Python's ``random`` (in this process) /
   numpy's global generator (in a loader worker): a random flip and scale, as public scripts write by hand: cannot
   compare exactly, not a FAIL.
+- augown: the same augmentation drawn from a generator of the dataset's own, seeded by the OS
+  (``np.random.default_rng()``, as albumentations' ``Compose`` without ``seed=``): sample i differs even when
+  fetched twice alike, so no run matches another: cannot compare exactly, naming that dataset, not a FAIL.
 - handshard: batches sharded by hand (no ddpkit loader), as an LSTM LM's batchified columns: verify refuses.
 - noprepare: a ddpkit loader, but the model is not prepared: verify refuses.
 - badbytes: prints bytes that are not UTF-8, then fails: verify shows the output's tail, no UnicodeDecodeError.
@@ -43,7 +46,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--case", required=True, choices=["seq", "attn", "global", "noise", "handshard", "noprepare",
                                                      "badbytes", "gan", "manual", "phases", "bnplain", "exit",
                                                      "accum8", "noisebug", "noisefirst", "noisenp", "augpy",
-                                                     "augnp"])
+                                                     "augnp", "augown"])
 args = parser.parse_args()
 torch.set_num_threads(1)
 state = ddpkit.init()
@@ -102,6 +105,10 @@ class Augmented(torch.utils.data.Dataset):
 
     def __init__(self, base):
         self.base = base
+        if args.case == "augown":
+            import numpy as np
+
+            self.rng = np.random.default_rng()  # seeded by the OS, in each process
 
     def __len__(self):
         return len(self.base)
@@ -112,6 +119,8 @@ class Augmented(torch.utils.data.Dataset):
             import random
 
             flip, scale = random.random() < 0.5, random.uniform(0.8, 1.2)
+        elif args.case == "augown":
+            flip, scale = self.rng.random() < 0.5, float(self.rng.uniform(0.8, 1.2))
         else:
             import numpy as np
 
@@ -119,7 +128,7 @@ class Augmented(torch.utils.data.Dataset):
         return (x.flip(0) if flip else x) * scale, y
 
 
-if args.case in ("augpy", "augnp"):
+if args.case in ("augpy", "augnp", "augown"):
     data = Augmented(data)
 if args.case in ("gan", "manual", "phases", "bnplain", "exit", "accum8"):  # shapes of a second review (issue 26.2)
     import verify_shapes  # noqa: E402 (next to this file)

@@ -256,6 +256,7 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
         result["random_draws"] = any(f.get("random_draws") for f in facts)
         result["draw_sources"] = sorted({s for f in facts for s in f.get("draw_sources") or ()})
         result["loader_workers"] = any(f.get("loader_workers") for f in facts)  # their draws are not seen
+        result["unrepeatable"] = any(f.get("unrepeatable") for f in facts)  # a sample's own generator: not seen
         result["matchable"] = all(f.get("matchable", True) for f in facts)
         result["autocast"] = next((f["autocast"] for f in facts if f.get("autocast")), None)
         if not match and matched.worth_rerun(result):  # the draws matched: a correct script then compares exactly
@@ -268,7 +269,8 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
                 result["random_draws"] = False  # draws that move no weight are no cause of the difference
             elif result["draws"] is not None:
                 result["random_draws"] = True  # the loader workers' draws (a Dataset's augmentation) moved them
-                result["draws"]["sources"] = draws.named(result["draw_sources"], result["loader_workers"])
+                result["draws"]["sources"] = draws.named(result["draw_sources"], result["loader_workers"],
+                                                          result["unrepeatable"])
         if not result["passed"] and not result["non_finite"]:
             g1, gn = (_grads(path) for path in (ref, dist_out))
             grads = compare_weights(g1, gn, atol, rtol) if g1 and gn else None

@@ -46,11 +46,12 @@ def factor(n: int) -> float:
 def worth_rerun(result: dict) -> bool:
     """A FAIL of finite weights where the steps drew random numbers, or may have where verify cannot see it (a
     training loader's worker processes: a Dataset's augmentation draws there, seeded per rank)."""
-    return not result["passed"] and not result["non_finite"] and \
-        bool(result.get("random_draws") or result.get("loader_workers")) and result.get("max_abs_diff") is not None
+    return not result["passed"] and not result["non_finite"] and bool(
+        result.get("random_draws") or result.get("loader_workers") or result.get("unrepeatable")) and \
+        result.get("max_abs_diff") is not None
 
 
-def named(sources: list[str], workers: bool) -> str:
+def named(sources: list[str], workers: bool, unrepeatable: bool = False) -> str:
     """Where the draws came from, as the line says it.
 
     >>> named(["random", "torch"], True)
@@ -60,6 +61,9 @@ def named(sources: list[str], workers: bool) -> str:
     said = [names[s] for s in ("torch", "random", "numpy") if s in sources]
     if workers:
         said.append("the loader's worker processes (a Dataset's augmentation)")
+    if unrepeatable:
+        said.append("a Dataset whose sample differs when fetched twice with every generator seeded (an augmentation "
+                    "drawing from a generator of its own, such as albumentations' Compose without seed=)")
     return ", ".join(said[:-1]) + (", and " if len(said) > 2 else " and ") + said[-1] if len(said) > 1 else \
         (said[0] if said else "")
 

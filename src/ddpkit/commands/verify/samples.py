@@ -7,7 +7,10 @@ exactly ("cannot compare exactly"). In verify's runs each training loader's data
 sample ``i`` seeds torch's, Python's and numpy's generators from ``i`` alone (and the run's draws offset) and puts
 their states back after: sample ``i`` is augmented the same way in both runs, in the main process or a worker, and
 the script's own draws elsewhere are not moved. What is drawn inside a training step (noise, sampling) is not a
-sample's: the re-runs with other draws (:mod:`ddpkit.commands.verify.draws`) still judge those.
+sample's: the re-runs with other draws (:mod:`ddpkit.commands.verify.draws`) still judge those. A dataset whose
+sample comes out different when fetched twice so (:func:`repeatable`: a library that augments from a generator of
+its own, seeded from the OS, as albumentations' ``Compose`` without ``seed=``) cannot be matched: the re-runs judge
+it too.
 
 Example::
 
@@ -76,3 +79,52 @@ class SampleSeeded(Dataset):
             random.setstate(saved[1])
             if numpy is not None and saved[2] is not None:
                 numpy.random.set_state(saved[2])
+
+
+def repeatable(dataset: SampleSeeded, index: int = 0) -> bool:
+    """Whether sample ``index`` comes out the same when fetched twice, every generator seeded alike. False for
+    augmentation drawn from a generator verify does not seed (``np.random.default_rng()`` of the dataset's
+    own); True too where the sample cannot be fetched or compared here (the run itself will say).
+
+    >>> class Own(torch.utils.data.Dataset):
+    ...     rng = __import__("numpy").random.default_rng()
+    ...     def __len__(self): return 4
+    ...     def __getitem__(self, i): return torch.tensor(self.rng.random())
+    >>> repeatable(SampleSeeded(Own(), 0)), repeatable(SampleSeeded(torch.utils.data.TensorDataset(torch.ones(4)), 0))
+    (False, True)
+    """
+    try:
+        if len(dataset) <= index:
+            return True
+        first, second = dataset[index], dataset[index]
+        return _same(first, second, 0)
+    except Exception:  # noqa: BLE001 (a probe: the training run fetches it again, and fails there if it must)
+        return True
+
+
+def _same(a: Any, b: Any, depth: int) -> bool:
+    """Equal, for what a sample holds: tensors and arrays element by element (NaN equal to NaN), images by their
+    bytes, containers item by item; what cannot be compared counts as equal."""
+    if depth > 8:
+        return True
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        return bool(torch.equal(a, b) or a.is_floating_point() and torch.equal(a.isnan(), b.isnan())
+                    and torch.equal(a.nan_to_num(), b.nan_to_num()))
+    if hasattr(a, "__array__") and hasattr(b, "__array__") and not isinstance(a, (str, bytes)):
+        try:
+            return _same(torch.as_tensor(a.__array__()), torch.as_tensor(b.__array__()), depth + 1)
+        except (TypeError, ValueError, RuntimeError):
+            return True
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k], depth + 1) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y, depth + 1) for x, y in zip(a, b))
+    if hasattr(a, "tobytes") and hasattr(b, "tobytes"):  # a PIL image
+        return bool(a.tobytes() == b.tobytes())
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 (an object whose == raises or is not a bool)
+        return True
+
