@@ -163,3 +163,35 @@ def test_a_second_conversion_of_its_output_says_nothing_new(body):
     assert again.edits == [] and again.text == first.text
     assert [x.fix for x in again.left] == [x.fix for x in first.left], (first.left, again.left)
     assert [x.what.split(" at line")[0] for x in again.left] == [x.what.split(" at line")[0] for x in first.left]
+
+
+ENSEMBLE_STEPS = """
+loader = DataLoader(ds, batch_size=8, shuffle=True)
+for x, y in loader:
+    for i, model in enumerate(models):
+        opts[i].zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opts[i].step()
+"""
+
+
+@pytest.mark.parametrize("build, optimizers, wrapped", [
+    ("models = [nn.Linear(4, 1) for _ in range(3)]\n",
+     "opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]\n",
+     "models = [ddpkit.prepare_model(nn.Linear(4, 1)) for _ in range(3)]"),
+    ("models = []\nfor k in range(3):\n    models.append(nn.Linear(4, 1).to(device))\n",
+     "opts = []\nfor m in models:\n    opts.append(torch.optim.Adam(m.parameters()))\n",
+     "models.append(ddpkit.prepare_model(nn.Linear(4, 1)))"),
+    ("models = [nn.Linear(4, 1) for _ in range(3)]\n",
+     "opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m, _ in zip(models, range(3))]\n",
+     "models = [ddpkit.prepare_model(nn.Linear(4, 1)) for _ in range(3)]"),
+])
+def test_models_kept_in_a_list_are_each_wrapped_where_they_are_made(build, optimizers, wrapped):
+    """An ensemble trained through a loop's variable (``for m in models``) was refused with a fix that did not
+    work (``m = ddpkit.prepare_model(m)``): each model is wrapped where it is made now, and a second convert of
+    the output has nothing to change."""
+    result = convert("device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\nds = data()\n" +
+                     build + optimizers, loop=ENSEMBLE_STEPS)
+    assert not result.refused and wrapped in lines(result), result.left
+    again = plan(result.text)
+    assert again.text == result.text and not again.left and not again.refused, again.left

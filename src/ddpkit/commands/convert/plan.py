@@ -25,7 +25,19 @@ from libcst import matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ddpkit.commands.check.rules import OPTIMIZERS
-from ddpkit.commands.convert import batch, branches, crossing, device, inits, loaders, parallel, rules, splits, writes
+from ddpkit.commands.convert import (
+    batch,
+    branches,
+    crossing,
+    device,
+    inits,
+    listed,
+    loaders,
+    parallel,
+    rules,
+    splits,
+    writes,
+)
 from ddpkit.commands.convert.apply import Edits, first_use, rewrite
 from ddpkit.commands.convert.crossing import MODEL, Ask, Crossing
 from ddpkit.commands.convert.flow import binding_of
@@ -223,6 +235,8 @@ class _Work:
                        "convert does not follow a name from one module to another outside a project", "convert "
                        f"them together (ddpkit convert --imports SCRIPT, or a folder), or wrap it in {module} "
                        f"where it is built: {head} = ddpkit.prepare_model(...)")
+        elif binding is None and listed.listed(self, target, call):  # ``for m in models``: each where it is made
+            pass
         elif binding is None:
             self.leave(call.line, f"the model {target!r} this optimizer trains: where it is built was not "
                        "found", f"wrap it yourself where it is built: {target} = ddpkit.prepare_model("
