@@ -290,3 +290,46 @@ def test_a_training_loader_rebound_unshuffled_for_predictions_is_kept_plain_ther
     assert rebound.startswith("loader = DataLoader("), rebound
     assert any("keeps per-batch results" in x.what for x in result.left), result.left
     assert not result.refused, result.left
+
+
+EVAL_TAIL = ("model.eval()\ntotal = 0.0\nwith torch.no_grad():\n    for x, y in test_loader:\n"
+             "        x = torch.cat([x, x.flip(1)])\n"
+             "        total += nn.functional.mse_loss(model(x).view(2, -1, 1).mean(0), y).item() * len(y)\n"
+             "print(total / len(test_loader.dataset))\n")
+
+
+def test_a_batch_joined_with_its_own_mirror_is_no_kept_result():
+    """Review: test-time augmentation (``x = torch.cat([x, x.flip(1)])``, the loop's own batch) read as "keeps
+    per-batch results", which left the evaluation unsharded. Only a name bound before the loop keeps results."""
+    script = training("model = nn.Linear(4, 1)\n") + \
+        "test_loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8)\n" + EVAL_TAIL
+    result = plan(script)
+    assert "test_loader = ddpkit.data_loader(" in result.text and "total = ddpkit.reduce(total)" in result.text
+    assert not result.left, result.left
+
+
+@pytest.mark.parametrize("rebind", [
+    "loader = DataLoader(loader.dataset, batch_size=8, shuffle=False)\n",
+    "loader = torch.utils.data.DataLoader(loader.dataset, batch_size=8)\n",
+])
+def test_a_loader_rebuilt_over_its_own_dataset_is_a_new_loader(rebind):
+    """Review: ``DataLoader(train_loader.dataset, shuffle=False)`` reads the name it rebinds, so it was taken for
+    the same loader (``loader = tqdm(loader)``), and the training loader refused for the predictions' loop."""
+    script = training("model = nn.Linear(4, 1)\n") + rebind + (
+        "import numpy as np\nmodel.eval()\npreds = np.array([])\nfor x, y in loader:\n"
+        "    preds = np.concatenate((preds, model(x).detach().numpy().ravel()))\n")
+    result = plan(script)
+    assert not result.refused, result.left
+    assert "loader = ddpkit.data_loader(TensorDataset(" in result.text and rebind.strip() in result.text
+
+
+def test_a_loader_rebound_inside_the_epoch_loop_is_read_by_the_loop_above_it():
+    """Review: a progressive batch size (``loader = DataLoader(ds, batch_size=16 * (stage + 1))`` at the end of
+    each stage) was "kept: nothing reads loader" (read above its line, on the loop's next pass): from the
+    second stage on, every rank trained on the whole set."""
+    script = HEAD + "model = nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n" + LOADER + \
+        "for stage in range(3):\n" + "".join("    " + line + "\n" for line in STEPS.splitlines()) + \
+        "    loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=16 * (stage + 1))\n"
+    result = plan(script)
+    assert "    loader = ddpkit.data_loader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), " \
+        "global_batch_size=16 * (stage + 1), shuffle=False)" in result.text, result.text

@@ -292,3 +292,21 @@ def test_a_loop_over_a_loader_handed_in_is_not_said_fed_by_an_unrelated_files_lo
                                     "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
                                     "engine.train_epoch(model, batches, opt)\n"})
     assert not done["engine.py"].kept and any("a parameter of train_epoch" in x.what for x in done["engine.py"].left)
+
+
+def test_the_projects_other_files_copied_beside_skip_pipes_and_a_folder_written_in_place(tmp_path):
+    """Review: ``-o .`` (the project's own folder) copied each file onto itself (SameFileError, exit 2 after the
+    converted files were written), and a named pipe aborted the copy the same way."""
+    import os
+
+    from ddpkit.commands.convert.project import companions
+
+    root = tmp_path / "p"
+    (root / "cfg").mkdir(parents=True)
+    (root / "train.py").write_text("print(1)\n")
+    (root / "cfg" / "a.json").write_text("{}")
+    os.mkfifo(root / "events.pipe")
+    assert companions(str(root), ["train.py"], str(root)) == (0, [])
+    copied, skipped = companions(str(root), ["train.py"], str(tmp_path / "out"))
+    assert copied == 1 and skipped == ["events.pipe (not a regular file)"], skipped
+    assert (tmp_path / "out" / "cfg" / "a.json").read_text() == "{}"

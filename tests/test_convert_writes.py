@@ -167,3 +167,32 @@ def test_a_best_model_saved_in_a_branch_and_loaded_after_the_epochs_waits_there(
     branched = plan(plain.replace("    net.load_state_dict(", "    if epochs:\n        net.load_state_dict("))
     assert "ddpkit.barrier()" not in branched.text
     assert any("is read at line" in x.what for x in branched.left), branched.left
+
+
+@pytest.mark.parametrize("read", [
+    "with open('best.pt', 'rb') as f:\n        net.load_state_dict(torch.load(f))",
+    "with open('result.json', 'w') as f:\n        print(torch.load('best.pt')['weight'].tolist(), file=f)",
+])
+def test_a_read_back_inside_a_with_block_is_listed_not_given_a_barrier_inside_it(read):
+    """Review: the barrier went inside the ``with`` (after ``open`` had run on rank 1: FileNotFoundError), or into a
+    block guarded for rank 0 (rank 0 waited alone for ever). A read that is not a statement of the function's
+    own body gets no barrier: it is listed, as before."""
+    script = "import numpy as np\n" + textwrap.dedent(BEST).replace("{WRITE}", "pass").replace("{READ}", "pass")
+    result = plan(script.replace("net.load_state_dict(torch.load('best.pt'))", read))
+    assert "ddpkit.barrier()" not in result.text, result.text
+    assert any("is read at line" in x.what for x in result.left), result.left
+
+
+def test_a_training_function_whose_backward_is_in_an_lbfgs_closure_is_no_init_helper():
+    """Review: ``loss.backward()`` inside ``def closure():`` (``opt.step(closure)``, LBFGS) was not seen as
+    training, so ``train(model)``, which reloads its best weights, was an init helper and the wrap went below
+    it: the whole training ran unwrapped."""
+    steps = ("            opt.zero_grad()\n            loss = nn.functional.mse_loss(net(x), y)\n"
+             "            loss.backward()\n            opt.step()\n")
+    closure = ("            def closure():\n                opt.zero_grad()\n"
+               "                out = nn.functional.mse_loss(net(x), y)\n                out.backward()\n"
+               "                return out\n            loss = opt.step(closure)\n")
+    script = textwrap.dedent(BEST).replace("{WRITE}", "pass").replace("{READ}", "pass")
+    assert steps in script
+    got = lines(plan(script.replace(steps, closure).replace("torch.optim.SGD", "torch.optim.LBFGS")))
+    assert got.index("model = ddpkit.prepare_model(nn.Linear(4, 1))") < got.index("train(model, data(), 3)")

@@ -16,9 +16,10 @@
 - augpy / augnp: a Dataset whose ``__getitem__`` augments each sample with Python's ``random`` (in this process) /
   numpy's global generator (in a loader worker): a random flip and scale, as public scripts write by hand: cannot
   compare exactly, not a FAIL.
-- augown: the same augmentation drawn from a generator of the dataset's own, seeded by the OS
-  (``np.random.default_rng()``, as albumentations' ``Compose`` without ``seed=``): sample i differs even when
-  fetched twice alike, so no run matches another: cannot compare exactly, naming that dataset, not a FAIL.
+- augown / augseeded: the same augmentation drawn from a generator of the dataset's own, seeded by the OS in a
+  loader worker (``np.random.default_rng()``, as albumentations' ``Compose`` without ``seed=``) / with a fixed seed
+  in this process (``default_rng(0)``: its draws follow the order of the fetches): sample i differs when fetched
+  twice alike, so no run matches another: cannot compare exactly, naming that dataset, not a FAIL.
 - handshard: batches sharded by hand (no ddpkit loader), as an LSTM LM's batchified columns: verify refuses.
 - noprepare: a ddpkit loader, but the model is not prepared: verify refuses.
 - badbytes: prints bytes that are not UTF-8, then fails: verify shows the output's tail, no UnicodeDecodeError.
@@ -46,7 +47,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--case", required=True, choices=["seq", "attn", "global", "noise", "handshard", "noprepare",
                                                      "badbytes", "gan", "manual", "phases", "bnplain", "exit",
                                                      "accum8", "noisebug", "noisefirst", "noisenp", "augpy",
-                                                     "augnp", "augown"])
+                                                     "augnp", "augown", "augseeded"])
 args = parser.parse_args()
 torch.set_num_threads(1)
 state = ddpkit.init()
@@ -105,10 +106,10 @@ class Augmented(torch.utils.data.Dataset):
 
     def __init__(self, base):
         self.base = base
-        if args.case == "augown":
+        if args.case in ("augown", "augseeded"):
             import numpy as np
 
-            self.rng = np.random.default_rng()  # seeded by the OS, in each process
+            self.rng = np.random.default_rng(0 if args.case == "augseeded" else None)  # None: the OS seeds it
 
     def __len__(self):
         return len(self.base)
@@ -119,7 +120,7 @@ class Augmented(torch.utils.data.Dataset):
             import random
 
             flip, scale = random.random() < 0.5, random.uniform(0.8, 1.2)
-        elif args.case == "augown":
+        elif args.case in ("augown", "augseeded"):
             flip, scale = self.rng.random() < 0.5, float(self.rng.uniform(0.8, 1.2))
         else:
             import numpy as np
@@ -128,7 +129,7 @@ class Augmented(torch.utils.data.Dataset):
         return (x.flip(0) if flip else x) * scale, y
 
 
-if args.case in ("augpy", "augnp", "augown"):
+if args.case in ("augpy", "augnp", "augown", "augseeded"):
     data = Augmented(data)
 if args.case in ("gan", "manual", "phases", "bnplain", "exit", "accum8"):  # shapes of a second review (issue 26.2)
     import verify_shapes  # noqa: E402 (next to this file)
@@ -161,8 +162,9 @@ elif args.case == "global":
             train_step(x, y)
 else:  # a Trainer's endless loop: it stops at its own max_iters, verify's cap must stop it earlier and cleanly
     # augpy draws in this process, augnp in a loader worker (whose seeds are per rank)
-    loader = ddpkit.data_loader(data, batch_size=8, **({"num_workers": {"augpy": 0, "augnp": 1}[args.case]}
-                                                       if args.case in ("augpy", "augnp") else {}))
+    workers = {"augpy": 0, "augnp": 1, "augown": 1}
+    loader = ddpkit.data_loader(data, batch_size=8, **({"num_workers": workers[args.case]}
+                                                       if args.case in workers else {}))
     it = iter(loader)
     for _ in range(1000):
         try:

@@ -18,8 +18,9 @@ Example::
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
-from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, Scope, dotted, names_in
+from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, Scope, dotted, names_in, resolve
 
 DEPTH = 4  # calls followed from one binding: deeper than any public training script nests its loops
 
@@ -132,15 +133,27 @@ def loops_reading(facts: Facts, name: str, scope: Scope, depth: int = 0, since: 
 
 def _reach(facts: Facts, binding: Binding) -> tuple[int, int]:
     """The lines of its scope that ``binding`` reaches: from it to the next binding of the same name that every
-    path runs (a statement of the scope's own body, not under an ``if``) and that does not read the name
-    (``loader = tqdm(loader)`` passes the same loader on)."""
-    body = binding.scope.node.body if isinstance(binding.scope.node, cst.Module) else \
-        getattr(getattr(binding.scope.node, "body", None), "body", ())
-    top = {id(stmt) for stmt in body}
+    path runs (a statement of the scope's own body, not under an ``if``) and that makes a new loader or does not
+    read the name (``loader = tqdm(loader)`` passes the same loader on; ``DataLoader(loader.dataset, ...)`` is a
+    new one). A binding inside a loop reaches the whole scope: the loop's next pass reads it above its line."""
+    if not top_level(binding):
+        return 0, 1 << 30
     later = [b.line for b in facts.bindings if b.target == binding.target and b.scope is binding.scope
-             and b.line > binding.line and id(b.stmt) in top and b.value is not None
-             and binding.target not in names_in(b.value)]
+             and b.line > binding.line and top_level(b) and b.value is not None
+             and (binding.target not in names_in(b.value) or _new_loader(facts, b.value))]
     return binding.line, min(later, default=1 << 30)
+
+
+def top_level(binding: Binding) -> bool:
+    """The binding is a statement of its scope's own body (every path through the scope runs it, once)."""
+    node = binding.scope.node
+    body = node.body if isinstance(node, cst.Module) else getattr(getattr(node, "body", None), "body", ())
+    return any(stmt is binding.stmt for stmt in body)
+
+
+def _new_loader(facts: Facts, value: cst.BaseExpression) -> bool:
+    return isinstance(value, cst.Call) and resolve(dotted(value.func), facts.aliases) in (
+        "torch.utils.data.DataLoader", "ddpkit.data_loader")
 
 
 def attribute_reads(facts: Facts, name: str, scope: Scope) -> list[tuple[str, Scope]]:
@@ -201,9 +214,11 @@ def trains(facts: Facts, loop: Loop, depth: int = 0) -> bool:
 
 
 def scope_trains(facts: Facts, scope: Scope, depth: int = 0) -> bool:
-    """The function runs a backward pass, itself or through a function of the script it calls."""
+    """The function runs a backward pass, itself, in a function defined inside it (an LBFGS ``closure``) or
+    through a function of the script it calls."""
+    inner = {id(n) for n in m.findall(scope.node, m.FunctionDef())} if scope.name else set()
     for call in facts.calls:
-        if call.scope is not scope:
+        if call.scope is not scope and id(call.scope.node) not in inner:
             continue
         if call.last == "backward":
             return True

@@ -253,7 +253,9 @@ def _unused(work: _Work, call: Call) -> bool:
     (``data.test_loader``): no rank takes a batch from it, so it stays as it is, said as kept (a loader of unknown
     role would otherwise be refused, one named for evaluation left to you)."""
     binding = next((b for b in work.facts.bindings if b.value is call.node), None)
-    if binding is None or _read(work.facts, binding.target, binding.scope, binding.line):
+    # (a binding in a loop: the loop's next pass reads it above its line)
+    if binding is None or _read(work.facts, binding.target, binding.scope,
+                                binding.line if flow.top_level(binding) else 0):
         return False
     name = binding.target
     work.keep(call.line, f"{name} = DataLoader(...) left as it is", f"nothing reads {name}: no rank takes a "

@@ -127,6 +127,8 @@ def companions(root: str, files: list[str], out: str) -> tuple[int, list[str]]:
     (1, ['other.py (a .py file the conversion did not read)'])
     """
     out_real, total, copied, skipped = os.path.realpath(out), 0, 0, []
+    if out_real == os.path.realpath(root):  # written in place: its other files are there already
+        return 0, []
     converted = set(files)
     for folder, dirs, names in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIP
@@ -136,6 +138,9 @@ def companions(root: str, files: list[str], out: str) -> tuple[int, list[str]]:
             rel = os.path.relpath(path, root).replace(os.sep, "/")
             if rel in converted or os.path.islink(path) or name.endswith((".pyc", ".pyo")):
                 continue
+            if not os.path.isfile(path):  # a named pipe, a socket: reading it could block, or mean nothing here
+                skipped.append(f"{rel} (not a regular file)")
+                continue
             size = os.path.getsize(path)
             why = "a .py file the conversion did not read" if name.endswith(".py") else \
                 f"{size >> 20} MiB" if size > COPY_FILE_BYTES else \
@@ -144,8 +149,14 @@ def companions(root: str, files: list[str], out: str) -> tuple[int, list[str]]:
                 skipped.append(f"{rel} ({why})")
                 continue
             target = os.path.join(out, rel)
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            shutil.copy2(path, target)
+            if os.path.exists(target) and os.path.samefile(path, target):
+                continue
+            try:  # one file that cannot be copied is said, not an error: the converted files are written
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                shutil.copy2(path, target)
+            except OSError as exc:
+                skipped.append(f"{rel} ({exc.strerror or exc.__class__.__name__})")
+                continue
             total, copied = total + size, copied + 1
     return copied, skipped
 

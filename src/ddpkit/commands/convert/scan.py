@@ -393,8 +393,12 @@ class _Scanner(cst.CSTVisitor):
                 else:
                     loop.stored.append((name, self.line(node)))
         if name and _joins(value, name):  # ``preds = np.concatenate((preds, out))``: every batch's results kept
-            for loop in self.loops:
-                loop.stored.append((name, self.line(node)))
+            here = self.line(node)
+            last = max((b.line for b in self.facts.bindings if b.target == name and b.scope is self.scopes[-1]
+                        and b.line < here), default=None)
+            for loop in self.loops:  # into a name bound before the loop (``x = torch.cat([x, x.flip(1)])``: a batch)
+                if last is not None and last < loop.line and name not in loop.targets:
+                    loop.stored.append((name, here))
         for target in node.targets:
             self._written(target.target)
             for name, index in _targets(target.target):

@@ -271,6 +271,8 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
                 result["random_draws"] = True  # the loader workers' draws (a Dataset's augmentation) moved them
                 result["draws"]["sources"] = draws.named(result["draw_sources"], result["loader_workers"],
                                                           result["unrepeatable"])
+        if not result["passed"] and result["unrepeatable"] and not (result.get("draws") or {}).get("reached"):
+            raise CannotCompare(UNREPEATABLE)  # other draws do not move such a generator: no spread to judge by
         if not result["passed"] and not result["non_finite"]:
             g1, gn = (_grads(path) for path in (ref, dist_out))
             grads = compare_weights(g1, gn, atol, rtol) if g1 and gn else None
@@ -282,6 +284,13 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
                                                   next((f["masked_labels"] for f in facts if f.get("masked_labels")),
                                                        None), result["lrs"])
     return {"nproc": nproc, "mode": mode, "steps": steps, "atol": atol, "rtol": rtol, **result}
+
+
+UNREPEATABLE = ("the training samples differ between the runs: a process's first sample came out different when "
+                "fetched twice with every generator seeded (augmentation from a generator of the dataset's own, such "
+                "as albumentations' Compose without seed= or a np.random.default_rng() it keeps, whose draws follow "
+                "the order of the fetches); to compare exactly, draw it from torch, numpy or random in __getitem__, "
+                "or turn the augmentation off for verify")
 
 
 def _matched(script: str, script_args: Sequence[str], nproc: int, steps: int, atol: float, rtol: float,

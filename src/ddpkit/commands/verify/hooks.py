@@ -80,7 +80,7 @@ class VerifyHooks(Hooks):
         (:mod:`ddpkit.commands.verify.samples`); moved by the run's offset in the re-runs with other draws."""
         if self.recorder is None:
             return dataset
-        return SampleSeeded(dataset, DRAWS_OFFSET * self.recorder.draws_k)
+        return SampleSeeded(dataset, DRAWS_OFFSET * self.recorder.draws_k, self.recorder.probe)
 
     def on_loader(self, loader: Any, rank: int, describe: Callable[[], dict[str, Any]],
                   on_shutdown: OnShutdown) -> None:

@@ -31,6 +31,7 @@ Example (what verify reads back)::
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import weakref
@@ -44,7 +45,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils.data import default_collate, default_convert
 
 from ddpkit.commands.verify.matched import MatchedDraws
-from ddpkit.commands.verify.samples import SampleSeeded, repeatable
+from ddpkit.commands.verify.samples import SampleSeeded
 from ddpkit.data.global_batch import GlobalBatchSampler
 
 OnShutdown = Callable[[Callable[[], None]], None]
@@ -102,13 +103,13 @@ class Recorder:
 
     def __init__(self, out: str, max_steps: int | None, other_draws: int = 0, matched: bool = False):
         self.out, self.max_steps = out, max_steps
+        self.probe = f"{out}.unrepeatable"  # made by SampleSeeded, in this process or a loader worker
         self.match = matched  # the steps' torch draws matched from the first training batch on (matched.py)
         self.matching: MatchedDraws | None = None
         self.matchable = True  # every training loader has a batch size of its own (a step loader's is ddpkit's)
         self.other_draws = other_draws  # K: reseed torch at the first training forward (the same init, other draws)
         self.draws_k = other_draws  # K, kept: each training loader's worker seeds move by K too
         self.loader_workers = False  # a training loader's samples are made in worker processes (unseen draws)
-        self.unrepeatable = False  # a training sample differs when fetched twice alike (a generator of its own)
         self.models: list[nn.Module] = []
         self.loaders: list[Any] = []
         # steps per optimizer; weak keys: a new optimizer in a later phase may reuse a dropped one's id()
@@ -168,10 +169,6 @@ class Recorder:
             generator = getattr(loader, "generator", None)
             if self.draws_k and generator is not None:  # the workers' seeds come from it at iter(): other draws
                 generator.manual_seed(generator.initial_seed() + DRAWS_OFFSET * self.draws_k)
-        dataset = getattr(loader, "dataset", None)
-        # in this process only: a fetch here, before the workers fork, could open what a worker must open itself
-        if isinstance(dataset, SampleSeeded) and not self.unrepeatable and not getattr(loader, "num_workers", 0):
-            self.unrepeatable = not repeatable(dataset)
         if self.masked is None and getattr(loader, "count", None) is None:
             self.masked = masked_labels(loader)
         sampler = getattr(loader, "batch_sampler", None)
@@ -272,7 +269,9 @@ class Recorder:
         facts = {"models": len(self.models), "batches": self._batches(),
                  "loaders": len(self.loaders), "steps": self.steps, "capped": self.capped, "cap": self.cap(),
                  "random_draws": self.random_draws, "draw_sources": sorted(self.draw_sources),
-                 "loader_workers": self.loader_workers, "unrepeatable": self.unrepeatable,
+                 "loader_workers": self.loader_workers,
+                 # a process's first training sample differed fetched twice alike (samples.py: a generator of its own)
+                 "unrepeatable": os.path.exists(self.probe),
                  "autocast": self.autocast, "lr": self.lr,
                  "masked_labels": self.masked, "steps_shape": self.steps_shape,
                  "optimizers": sorted(self.optimizers), "finished": finished,

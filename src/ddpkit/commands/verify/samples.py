@@ -8,9 +8,9 @@ sample ``i`` seeds torch's, Python's and numpy's generators from ``i`` alone (an
 their states back after: sample ``i`` is augmented the same way in both runs, in the main process or a worker, and
 the script's own draws elsewhere are not moved. What is drawn inside a training step (noise, sampling) is not a
 sample's: the re-runs with other draws (:mod:`ddpkit.commands.verify.draws`) still judge those. A dataset whose
-sample comes out different when fetched twice so (:func:`repeatable`: a library that augments from a generator of
-its own, seeded from the OS, as albumentations' ``Compose`` without ``seed=``) cannot be matched: the re-runs judge
-it too.
+sample comes out different when fetched twice so (the first sample each process fetches is fetched twice: a library
+that augments from a generator of its own, seeded from the OS, as albumentations' ``Compose`` without ``seed=``)
+cannot be matched: the probe file says so, and the re-runs judge it too.
 
 Example::
 
@@ -21,10 +21,19 @@ Example::
     >>> a, b = SampleSeeded(Jitter(), 0), SampleSeeded(Jitter(), 0)
     >>> a[2] == b[2], len(a)
     (True, 4)
+    >>> import numpy, tempfile, os
+    >>> class Own(torch.utils.data.Dataset):
+    ...     rng = numpy.random.default_rng()
+    ...     def __len__(self): return 4
+    ...     def __getitem__(self, i): return torch.tensor(self.rng.random())
+    >>> probe = os.path.join(tempfile.mkdtemp(), "probe")
+    >>> _ = SampleSeeded(Own(), 0, probe)[0]; os.path.exists(probe)
+    True
 """
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 from typing import Any
@@ -38,8 +47,10 @@ class SampleSeeded(Dataset):
     attributes have names no script's dataset uses: ``loader.dataset.dataset`` (a Subset's) and ``loader.dataset.
     transform = ...`` reach the script's dataset."""
 
-    def __init__(self, dataset: Any, base: int):
+    def __init__(self, dataset: Any, base: int, probe: str | None = None):
         self.__dict__["_ddpkit_dataset"], self.__dict__["_ddpkit_base"] = dataset, base
+        # a file made when a process's first sample differs fetched twice alike (see :func:`repeatable`)
+        self.__dict__["_ddpkit_probe"], self.__dict__["_ddpkit_probed"] = probe, None
 
     def __len__(self) -> int:
         return len(self.__dict__["_ddpkit_dataset"])
@@ -63,6 +74,16 @@ class SampleSeeded(Dataset):
             key = int(index)  # a sampler's int, or a 0-d tensor's value (not its hash: that is its id)
         except (TypeError, ValueError):
             return dataset[index]  # a key of another kind: fetched as it is
+        probe = self.__dict__["_ddpkit_probe"]
+        if probe is not None and self.__dict__["_ddpkit_probed"] != os.getpid():  # once in each process (worker)
+            self.__dict__["_ddpkit_probed"] = os.getpid()
+            first = self._seeded(dataset, index, key)
+            if not _same(first, self._seeded(dataset, index, key), 0):
+                open(probe, "a").close()
+            return first
+        return self._seeded(dataset, index, key)
+
+    def _seeded(self, dataset: Any, index: Any, key: int) -> Any:
         numpy = sys.modules.get("numpy")
         saved = (torch.random.default_generator.get_state(), random.getstate(),
                  numpy.random.get_state() if numpy else None)
@@ -79,27 +100,6 @@ class SampleSeeded(Dataset):
             random.setstate(saved[1])
             if numpy is not None and saved[2] is not None:
                 numpy.random.set_state(saved[2])
-
-
-def repeatable(dataset: SampleSeeded, index: int = 0) -> bool:
-    """Whether sample ``index`` comes out the same when fetched twice, every generator seeded alike. False for
-    augmentation drawn from a generator verify does not seed (``np.random.default_rng()`` of the dataset's
-    own); True too where the sample cannot be fetched or compared here (the run itself will say).
-
-    >>> class Own(torch.utils.data.Dataset):
-    ...     rng = __import__("numpy").random.default_rng()
-    ...     def __len__(self): return 4
-    ...     def __getitem__(self, i): return torch.tensor(self.rng.random())
-    >>> repeatable(SampleSeeded(Own(), 0)), repeatable(SampleSeeded(torch.utils.data.TensorDataset(torch.ones(4)), 0))
-    (False, True)
-    """
-    try:
-        if len(dataset) <= index:
-            return True
-        first, second = dataset[index], dataset[index]
-        return _same(first, second, 0)
-    except Exception:  # noqa: BLE001 (a probe: the training run fetches it again, and fails there if it must)
-        return True
 
 
 def _same(a: Any, b: Any, depth: int) -> bool:
