@@ -195,3 +195,49 @@ def test_models_kept_in_a_list_are_each_wrapped_where_they_are_made(build, optim
     assert not result.refused and wrapped in lines(result), result.left
     again = plan(result.text)
     assert again.text == result.text and not again.left and not again.refused, again.left
+
+
+APPENDED = "models = []\nfor _ in range(3):\n    models.append(nn.Linear(4, 1))\n"
+
+
+def test_an_ensemble_initialised_after_it_is_made_is_refused_with_a_fix_that_converts():
+    """Review: each model wrapped where it was made, then ``for m in models: m.apply(init)`` ran on each rank
+    with its own draws (the ranks started different). Refused now, and the fix it gives converts."""
+    init = "for m in models:\n    m.apply(weights_init)\n"
+    optimizers = "opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]\n"
+    body = "ds = data()\n" + APPENDED + init
+    result = convert(body + optimizers, loop=ENSEMBLE_STEPS)
+    assert result.refused and "initialised after it is made" in result.left[0].what, result.left
+    fix = "models = [ddpkit.prepare_model(m) for m in models]"
+    assert fix in result.left[0].fix
+    fixed = convert("import ddpkit\n" + body + fix + "\n" + optimizers, loop=ENSEMBLE_STEPS)
+    assert not fixed.refused and not fixed.left and "models.append(nn.Linear(4, 1))" in fixed.text, fixed.left
+
+
+def test_an_ensembles_saved_member_is_unwrapped_and_a_model_picked_by_the_batch_is_refused():
+    """Review: ``torch.save(models[0], f)`` pickled the wrapper; ``models[k](x)`` with ``k`` from the batch
+    trained another model on each rank in one step, and the launch hung."""
+    optimizers = "opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]\n"
+    saved = convert("ds = data()\n" + APPENDED + optimizers, loop=ENSEMBLE_STEPS + "torch.save(models[0], 'm.pt')\n")
+    assert "torch.save(ddpkit.unwrap(models[0]), 'm.pt')" in lines(saved), saved.text
+    routed = ENSEMBLE_STEPS.replace("    for i, model in enumerate(models):\n", "    for i in [int(y[0] > 0)]:\n"
+                                    "        model = models[i]\n")
+    result = convert("ds = data()\n" + APPENDED + optimizers, loop=routed)
+    assert result.refused and "picked by a value (models[i])" in result.left[0].what, result.left
+
+
+def test_a_part_of_a_model_trained_alone_wraps_the_whole_model():
+    """Review: ``head = model[-1]`` then ``SGD(head.parameters())`` wrapped the head alone (the forward of
+    ``model`` never went through it: the replicas drifted); blocks kept in a list and built into one model, an
+    optimizer each, wrapped each block inside the model. The model is wrapped, its items read inside it."""
+    body = ("ds = data()\nblocks = [nn.Linear(4, 4) for _ in range(2)]\nnet = nn.Sequential(*blocks, nn.Linear(4, 1))\n"
+            "head = net[-1]\n")
+    loop = ("opts = [torch.optim.SGD(b.parameters(), lr=0.1) for b in blocks] + [torch.optim.SGD(head.parameters(), "
+            "lr=0.1)]\nloader = DataLoader(ds, batch_size=8, shuffle=True)\nfor x, y in loader:\n"
+            "    nn.functional.mse_loss(net(x), y).backward()\n    for o in opts:\n        o.step()\n")
+    result = convert(body, loop=loop)
+    got = lines(result)
+    assert "net = ddpkit.prepare_model(nn.Sequential(*blocks, nn.Linear(4, 1)))" in got, result.text
+    assert "head = net[-1]" in got and "blocks = [nn.Linear(4, 4) for _ in range(2)]" in got  # (the wrapper's item)
+    again = plan(result.text)
+    assert again.text == result.text and not again.left, again.left

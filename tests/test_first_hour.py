@@ -32,6 +32,7 @@ def test_a_prepared_model_keeps_the_users_methods_and_attributes(tmp_path, mode)
         assert facts["note"] == ["mine", False], "a new name stays on the wrapper"
         assert facts["own"]["keys"] == ["decoder.bias", "decoder.weight"]
         assert facts["unwrap_optimizer"]
+        assert facts["item"], "model[-1] of a prepared nn.Sequential is the module's item (review: a TypeError)"
         if mode == "single":
             continue
         assert facts["own"]["module"] and facts["own"]["no_sync"] == (mode == "ddp")

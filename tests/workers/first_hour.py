@@ -85,6 +85,9 @@ def methods():
     except AttributeError as exc:
         facts["missing"] = str(exc)
     facts["guards"] = guards()
+    # ``head = model[-1]`` of a prepared nn.Sequential (fine-tune the head): the module's item, in every mode
+    seq = ddpkit.prepare_model(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1)))
+    facts["item"] = seq[-1] is ddpkit.unwrap(seq)[-1] and isinstance(seq[0], nn.Linear)
     with open(os.path.join(out_dir, f"methods-rank{state.rank}.json"), "w") as f:
         json.dump(facts, f)
 

@@ -47,6 +47,12 @@ class ForwardsAttributes:
     :meth:`start_forwarding`.
     """
 
+    def __getitem__(self, index: Any) -> Any:
+        """``model[-1]`` of a prepared ``nn.Sequential`` (a head to fine-tune, ``head = model[-1]``): the module's
+        item. The wrapper has no items of its own; writes (``model[0] = layer``) stay refused, as torch's."""
+        inner: Any = nn.Module.__getattr__(self, "module")  # type: ignore[arg-type]
+        return inner[index]
+
     def __getattr__(self, name: str) -> Any:
         try:
             return nn.Module.__getattr__(self, name)  # type: ignore[arg-type]  # parameters, buffers, submodules

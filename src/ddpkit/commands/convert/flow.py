@@ -144,6 +144,19 @@ def _reach(facts: Facts, binding: Binding) -> tuple[int, int]:
     return binding.line, min(later, default=1 << 30)
 
 
+def part_of(node: cst.BaseExpression | None) -> str | None:
+    """The dotted name a value reads a model by: ``model`` of ``model[-1]`` and of ``ddpkit.unwrap(model)[-1]``
+    (converted already), ``model.fc`` of ``model.fc``.
+
+    >>> part_of(cst.parse_expression("ddpkit.unwrap(net)[-1]")), part_of(cst.parse_expression("net.fc"))
+    ('net', 'net.fc')
+    """
+    inner = node.value if isinstance(node, cst.Subscript) else node
+    if isinstance(inner, cst.Call) and inner.args and dotted(inner.func) == "ddpkit.unwrap":
+        inner = inner.args[0].value
+    return dotted(inner)
+
+
 def top_level(binding: Binding) -> bool:
     """The binding is a statement of its scope's own body (every path through the scope runs it, once)."""
     node = binding.scope.node

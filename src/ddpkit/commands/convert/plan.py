@@ -40,7 +40,7 @@ from ddpkit.commands.convert import (
 )
 from ddpkit.commands.convert.apply import Edits, first_use, rewrite
 from ddpkit.commands.convert.crossing import MODEL, Ask, Crossing
-from ddpkit.commands.convert.flow import binding_of
+from ddpkit.commands.convert.flow import binding_of, part_of
 from ddpkit.commands.convert.scan import Binding, Call, Facts, Scope, dotted, imported_from, parse, resolve, scan
 
 HAND_DISTRIBUTED = ("torch.distributed.", "torch.nn.parallel.", "torch.nn.DataParallel", "torch.multiprocessing.")
@@ -138,6 +138,7 @@ class _Work:
         self.left: list[Left] = []
         self.kept: list[Edit] = []
         self.models: list[Binding] = []  # the bindings wrapped (or already wrapped) in prepare_model
+        self.lists: set[str] = set()  # lists whose every model is wrapped where it is made (listed.py)
         self.inits: list[Scope] = []  # where the plan binds the state (``state = ddpkit.init()``)
         self.devices: list[Binding] = []  # the device set-ups converted
         self._ifs: list[cst.If] | None = None  # every `if` of the script, outermost first (found once)
@@ -235,8 +236,10 @@ class _Work:
                        "convert does not follow a name from one module to another outside a project", "convert "
                        f"them together (ddpkit convert --imports SCRIPT, or a folder), or wrap it in {module} "
                        f"where it is built: {head} = ddpkit.prepare_model(...)")
-        elif binding is None and listed.listed(self, target, call):  # ``for m in models``: each where it is made
-            pass
+        elif binding is None and (held := listed.listed(self, target, call)):  # ``for m in models``: each
+            if isinstance(held, Binding) and all(b is not held for b in self.models):  # blocks of a model: it
+                self.models.append(held)
+                self._wrap(held, call)
         elif binding is None:
             self.leave(call.line, f"the model {target!r} this optimizer trains: where it is built was not "
                        "found", f"wrap it yourself where it is built: {target} = ddpkit.prepare_model("
@@ -282,11 +285,15 @@ class _Work:
         """Where an alias (``model, config = self.model, self.config``) got its value: the model is wrapped
         where it is built or moved, once, not in every method that reads it."""
         bare = parallel.inner(binding.value, self.facts.aliases)  # model = DataParallel(model): the one before
-        alias = dotted(bare)
+        alias = part_of(bare)  # ``head = model[-1]``, ``head = model.fc``: a part of the model, which is wrapped
         if alias is None or alias == binding.target and bare is binding.value or depth >= 4:
             return binding
-        found = binding_of(self.facts, alias, binding.scope, binding.line - 1)
-        return self._source(found, depth + 1) if found is not None and _built(found) else binding
+        parts = alias.split(".")
+        for end in range(len(parts), 1 if parts[0] == "self" else 0, -1):
+            found = binding_of(self.facts, ".".join(parts[:end]), binding.scope, binding.line - 1)
+            if found is not None and _built(found):
+                return self._source(found, depth + 1)
+        return binding
 
     def _wrap(self, binding: Binding, optimizer: Call | None) -> bool:
         """Wrap the model ``optimizer`` trains (None: an optimizer of another module) where ``binding`` builds it;

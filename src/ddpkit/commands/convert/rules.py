@@ -319,6 +319,11 @@ def _whole_model(work: _Work, call: Any) -> None:
     """``torch.save(model, f)`` of the prepared model -> ``torch.save(ddpkit.unwrap(model), f)``: a pickled DDP
     wrapper loads only where a process group runs, so the script's own inference code could not read it."""
     arg = call.node.args[0].value if call.node.args else None
+    if isinstance(arg, cst.Subscript) and dotted(arg.value) in work.lists:  # ``torch.save(models[0], f)``
+        work.edits.expr[id(arg)] = lambda node: cst.parse_expression(f"ddpkit.unwrap({work.facts.code(node)})")
+        work.note(f"torch.save({work.facts.code(arg)}, ...) -> torch.save(ddpkit.unwrap(...), ...)", "the plain "
+                  "module is saved: a pickled wrapper loads only where a process group runs", call.line)
+        return
     name = dotted(arg)
     found = binding_of(work.facts, name, call.scope, call.line) if name else None
     if found is None or not any(found is b or found.target == b.target and visible(work.facts, b.target, b.scope,

@@ -104,7 +104,14 @@ class SampleSeeded(Dataset):
 
 def _same(a: Any, b: Any, depth: int) -> bool:
     """Equal, for what a sample holds: tensors and arrays element by element (NaN equal to NaN), images by their
-    bytes, containers item by item; what cannot be compared counts as equal."""
+    bytes, containers item by item, an object without an ``==`` of its own by its attributes; what cannot be
+    compared counts as equal.
+
+    >>> class Record:
+    ...     def __init__(self, x): self.x = x
+    >>> _same(Record(torch.ones(2)), Record(torch.ones(2)), 0), _same(Record(1), Record(2), 0)
+    (True, False)
+    """
     if depth > 8:
         return True
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
@@ -123,6 +130,8 @@ def _same(a: Any, b: Any, depth: int) -> bool:
         return len(a) == len(b) and all(_same(x, y, depth + 1) for x, y in zip(a, b))
     if hasattr(a, "tobytes") and hasattr(b, "tobytes"):  # a PIL image
         return bool(a.tobytes() == b.tobytes())
+    if type(a) is type(b) and type(a).__eq__ is object.__eq__:  # no equality of its own: an identity test
+        return _same(vars(a), vars(b), depth + 1) if hasattr(a, "__dict__") and hasattr(b, "__dict__") else True
     try:
         return bool(a == b)
     except Exception:  # noqa: BLE001 (an object whose == raises or is not a bool)
