@@ -310,3 +310,61 @@ def test_the_projects_other_files_copied_beside_skip_pipes_and_a_folder_written_
     copied, skipped = companions(str(root), ["train.py"], str(tmp_path / "out"))
     assert copied == 1 and skipped == ["events.pipe (not a regular file)"], skipped
     assert (tmp_path / "out" / "cfg" / "a.json").read_text() == "{}"
+
+
+RUNNER = """import torch
+from torch import nn
+
+from data import make_loader
+
+
+class Runner:
+    def __init__(self, model, optimizer):
+        self.model, self.optimizer = model, optimizer
+
+    def train(self, loader, epochs):
+        for epoch in range(epochs):
+            print(epoch, self.one_epoch(loader))
+
+    def one_epoch(self, loader):
+        self.model.train()
+        total = 0.0
+        for x, y in loader:
+            self.optimizer.zero_grad()
+            loss = nn.functional.mse_loss(self.model(x), y)
+            loss.backward()
+            self.optimizer.step()
+            total += loss.item() * len(x)
+        return total / len(loader.dataset)
+
+
+def main():
+    loader = make_loader(32)
+    model = nn.Linear(4, 1)
+    Runner(model, torch.optim.SGD(model.parameters(), lr=0.05)).train(loader, 2)
+
+
+main()
+"""
+DATA = """import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def make_loader(batch_size):
+    x = torch.randn(128, 4, generator=torch.Generator().manual_seed(0))
+    return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=batch_size, shuffle=True)
+"""
+
+
+def test_a_runner_whose_train_method_calls_model_train_and_a_loader_another_module_returns(tmp_path):
+    """Sixth held-out set: ``self.model.train()`` was taken for the script's own ``Runner.train`` (a false "fed
+    by hand"); the loader ``make_loader()`` returns in data.py was said converted there but kept plain (every rank
+    trained on every batch); and the training sum over it, divided by ``len(loader.dataset)``, was not reduced."""
+    (tmp_path / "train.py").write_text(RUNNER)
+    (tmp_path / "data.py").write_text(DATA)
+    r = run_cmd(CONVERT + ["--imports", "-o", str(tmp_path / "out"), str(tmp_path / "train.py")], timeout=120)
+    assert r.returncode == 0, r.stderr
+    data = (tmp_path / "out" / "data.py").read_text()
+    assert "return ddpkit.data_loader(TensorDataset(x, x.sum(1, keepdim=True)), global_batch_size=batch_size" in data
+    train = (tmp_path / "out" / "train.py").read_text()
+    assert "total = ddpkit.reduce(total)" in train and "ddpkit.prepare_model(nn.Linear(4, 1))" in train

@@ -22,6 +22,11 @@ import libcst.matchers as m
 
 from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, Scope, dotted, names_in, resolve
 
+# methods of torch's modules, optimizers and schedulers: called on anything but ``self``, not the script's own
+# method of the same name (a Runner.train(), a Trainer.step())
+TORCH_METHODS = frozenset({"train", "eval", "to", "cuda", "cpu", "forward", "parameters", "named_parameters",
+                           "modules", "children", "apply", "zero_grad", "step", "state_dict", "load_state_dict",
+                           "half", "float", "double", "requires_grad_", "backward"})
 DEPTH = 4  # calls followed from one binding: deeper than any public training script nests its loops
 
 
@@ -42,11 +47,25 @@ def callee(facts: Facts, call: Call) -> tuple[Scope, int] | None:
         return facts.scopes[call.name], 0
     if isinstance(call.node.func, cst.Attribute):
         methods = [s for s in facts.scopes.values() if s.cls and s.name.endswith(f".{call.last}")]
-        if call.name and call.name.startswith("self.") and call.scope.cls:
+        owner, cls = dotted(call.node.func.value), _class_of(facts, call.node.func.value)
+        if owner == "self" and call.scope.cls:
             methods = [s for s in methods if s.cls == call.scope.cls]
+        elif cls is not None:  # ``Runner(...).train()``, ``runner.train()`` with ``runner = Runner(...)``
+            methods = [s for s in methods if s.cls == cls]
+        elif call.last in TORCH_METHODS:  # ``self.model.train()``: the module's, not a ``Runner.train`` of the script
+            return None
         if len(methods) == 1:
             return methods[0], 1
     return None
+
+
+def _class_of(facts: Facts, node: cst.BaseExpression) -> str | None:
+    """The script's class an object is made from: ``Runner(...)``, or a name bound to it."""
+    if isinstance(node, (cst.Name, cst.Attribute)):
+        bound = [b.value for b in facts.bindings if b.target == dotted(node) and b.value is not None]
+        node = bound[-1] if len(bound) == 1 else node
+    name = dotted(node.func) if isinstance(node, cst.Call) else None
+    return name if name and any(s.cls == name for s in facts.scopes.values()) else None
 
 
 def argument_for(call: Call, param: str, scope: Scope, skip: int) -> cst.BaseExpression | None:

@@ -82,12 +82,14 @@ def _imported_loader(work: _Work, line: int) -> bool:
     another module stays as it is there: each rank evaluates every batch, which is right."""
     reads: dict[str, bool] = {}  # name -> read by a loop that trains (as a loader's role is told: flow.trains)
     origins: dict[str, tuple[str, str]] = {}  # name -> (its module, its name there)
+    trained: dict[str, list[Loop]] = {}  # name -> the training loops over it
     for loop in work.facts.loops:
         for name in _reads(work, loop):
             origin = imported_from(work.facts, name) or _returned_by_import(work.facts, name, loop)
             if origin:
                 origins[name] = origin
                 reads[name] = reads.get(name, False) or flow.trains(work.facts, loop)
+                trained.setdefault(name, []).extend([loop] if flow.trains(work.facts, loop) else [])
     if not reads:
         return False
     training = sorted(n for n, trains in reads.items() if trains)
@@ -102,9 +104,10 @@ def _imported_loader(work: _Work, line: int) -> bool:
                        "ranks' results", "evaluate on a loader of its own, or ddpkit.reduce(...) the sums after "
                        "that loop, then convert again", blocks=True)
             return True
-        if done[n]:
+        if done[n]:  # sharded there: the sums its training loops keep here are this rank's shard's
             work.keep(line, f"the training loop over {n} left as it is", f"{n} is a ddpkit.data_loader where it "
                       f"is built, in {done[n]} (imported from {origins[n][0]})")
+            _reductions(work, trained[n], None, True)
     missing = [n for n in training if not done[n]]
     work.asks.extend(Ask(*origins[n], EVAL, line) for n in reads if not reads[n])
     if training and not missing:
@@ -331,17 +334,19 @@ def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
     if returned:  # ``return DataLoader(...)``: the loops over what its callers bind
         loops = list({id(lp): lp for b in returned for lp in loops_reading(work.facts, b.target, b.scope)}.values())
         binding = returned[0] if len(returned) == 1 else None
-    if returned is not None and not loops and not _called(work.facts, call):
+    if role is not None:  # another module of the project trains on it (crossing): its loops are there
+        pass
+    elif returned is not None and not loops and not _called(work.facts, call):
         work.keep(call.line, "a DataLoader a function returns, called from no line of this file, left as it is",
                   "its callers are elsewhere (or nowhere): a file of the project that trains on it asks for it, "
                   "and it is converted then (ddpkit convert --imports SCRIPT, or a folder)")
         return False
-    if returned is not None and not loops:
+    elif returned is not None and not loops:
         work.leave(call.line, "a DataLoader returned by a function: no loop over what its callers bind was found",
                    "bind it where the function is called (train_loader = get_loader(...)) and loop over that "
                    "name, or build the loader there, then convert again", blocks=True)
         return False
-    if binding is None and not loops:  # in a comprehension or an argument: one call, maybe several roles
+    elif binding is None and not loops:  # in a comprehension or an argument: one call, maybe several roles
         work.leave(call.line, "a DataLoader built inside an expression (a comprehension, a call's argument): "
                    "its loaders' roles cannot be followed", "bind each loader to a name (train_loader = "
                    "DataLoader(...)), then convert again", blocks=True)
@@ -431,14 +436,15 @@ def _same(node: cst.Call) -> cst.Call:
     return node
 
 
-def _reductions(work: _Work, loops: list[Loop], call: Call, training: bool) -> bool:
+def _reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool) -> bool:
     """Sum across ranks what the loops over a loader accumulate and the code below reads
     (:mod:`ddpkit.commands.convert.sums`); an evaluation loop also runs under ``torch.no_grad()`` (a DDP
     forward with gradients on is collective, and the ranks' shards differ in length: the longer one would
     wait forever). False, before any edit: an evaluation loader is then left as it is (every rank evaluates
     the whole set, which is right, only slower), when a loop keeps results this cannot sum."""
     fors = [loop for loop in loops if isinstance(loop.node, cst.For)]
-    datasets = frozenset(filter(None, [dotted(call.node.args[0].value)])) if call.node.args else frozenset()
+    # (None: a loader built in another module of the project, whose training loops here keep sums)
+    datasets = frozenset(filter(None, [dotted(call.node.args[0].value)])) if call and call.node.args else frozenset()
     plans = []
     evaluations = [loop for loop in fors if not (training and flow.trains(work.facts, loop))]
     for loop in fors:
