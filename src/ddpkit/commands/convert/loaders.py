@@ -455,6 +455,7 @@ def _reductions(work: _Work, loops: list[Loop], call: Call | None, training: boo
             stored = (f"{needs}() results (it needs gradients, so it cannot run under no_grad)", loop.line)
         plan = sums_after(work.facts, loop, summed_as_training, datasets) if stored is None else None
         if plan is None and not summed_as_training:
+            assert call is not None  # (without a call, only training loops are handed in)
             line = stored[1] if stored else loop.line
             why = f"keeps per-batch results in {stored[0]}" if stored else "may stop before its shard ends " \
                 "(a break)" if loop.breaks else "divides by a count of its own batches (its loop variable)"
