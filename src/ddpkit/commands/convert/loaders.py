@@ -450,7 +450,7 @@ def _reductions(work: _Work, loops: list[Loop], call: Call | None, training: boo
     for loop in fors:
         summed_as_training = loop not in evaluations  # a training loader's evaluation (check_accuracy) sums
         stored = loop.stored[0] if loop.stored and not summed_as_training else None
-        needs = next((c.last for c in loop.calls if c.last in NEEDS_GRAD), None)
+        needs = next((c.last for c in loop.calls if c.last in NEEDS_GRAD and not _grad_off(c)), None)
         if not summed_as_training and not loop.no_grad and stored is None and needs:
             stored = (f"{needs}() results (it needs gradients, so it cannot run under no_grad)", loop.line)
         plan = sums_after(work.facts, loop, summed_as_training, datasets) if stored is None else None
@@ -495,6 +495,12 @@ def _reductions(work: _Work, loops: list[Loop], call: Call | None, training: boo
                       "gradients on is collective, and the ranks' evaluation shards differ in length",
                       loop.line)
     return True
+
+
+def _grad_off(call: Call) -> bool:
+    """``torch.set_grad_enabled(False)``: gradients off, as under ``no_grad``."""
+    first = call.node.args[0].value if call.node.args else None
+    return call.last == "set_grad_enabled" and isinstance(first, cst.Name) and first.value == "False"
 
 
 def uses_ddpkit(facts: Facts) -> bool:

@@ -24,7 +24,6 @@ import libcst as cst
 from libcst import matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from ddpkit.commands.check.rules import OPTIMIZERS
 from ddpkit.commands.convert import (
     batch,
     branches,
@@ -36,6 +35,7 @@ from ddpkit.commands.convert import (
     parallel,
     rules,
     splits,
+    trained,
     writes,
 )
 from ddpkit.commands.convert.apply import Edits, first_use, rewrite
@@ -44,6 +44,9 @@ from ddpkit.commands.convert.flow import binding_of, part_of
 from ddpkit.commands.convert.scan import Binding, Call, Facts, Scope, dotted, imported_from, parse, resolve, scan
 
 HAND_DISTRIBUTED = ("torch.distributed.", "torch.nn.parallel.", "torch.nn.DataParallel", "torch.multiprocessing.")
+# of those, what only says how loader workers start or share tensors: no process of training is started by it
+WORKER_SETUP = ("torch.multiprocessing.set_start_method", "torch.multiprocessing.set_sharing_strategy",
+                "torch.multiprocessing.get_start_method", "torch.multiprocessing.freeze_support")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,7 +176,8 @@ class _Work:
 
     def _convertible(self) -> bool:
         for call in self.facts.calls:
-            if call.name and call.name.startswith(HAND_DISTRIBUTED) and not parallel.single_process(call.name):
+            if call.name and call.name.startswith(HAND_DISTRIBUTED) and not parallel.single_process(call.name) \
+                    and call.name not in WORKER_SETUP:
                 self.leave(call.line, f"{call.name}: the script is already distributed by hand",
                            "convert the single-device version, or replace the hand-written set-up with "
                            "ddpkit.init() / ddpkit.prepare_model() yourself (docs/guide.md)", blocks=True)
@@ -188,7 +192,7 @@ class _Work:
     # the model: what an optimizer trains
     def _models(self) -> None:
         for call in self.facts.calls:
-            for target in self._trained_all(call):
+            for target in trained.trained_all(self.facts, call):
                 self._model_of(target, call)
         for name, kind in self.crossing.wants.items():
             if kind == MODEL:
@@ -207,16 +211,6 @@ class _Work:
         if any(b is binding for b in self.models) or self._wrap(binding, None):
             self.models.append(binding)
             self.done.append(name)
-
-    def _trained_all(self, call: Call) -> list[str]:
-        """Every model an optimizer call trains (:func:`_trained`), also through a name its argument is bound to
-        (``params = list(enc.parameters()) + list(dec.parameters()); Adam(params)``: both)."""
-        found = _trained(call)
-        if found or not _optimizer(call) or not call.node.args:
-            return found
-        name = dotted(call.node.args[0].value)
-        bound = binding_of(self.facts, name, call.scope, call.line) if name else None
-        return [t for t in _parameters_of(bound.value) if t] if bound is not None and bound.value is not None else []
 
     def _model_of(self, target: str, call: Call) -> None:
         binding = self._model_binding(target, call) if target else None
@@ -240,6 +234,13 @@ class _Work:
             if isinstance(held, Binding) and all(b is not held for b in self.models):  # blocks of a model: it
                 self.models.append(held)
                 self._wrap(held, call)
+        elif binding is None and target.split(".")[0] == "self":  # a module that owns its optimizer
+            self.leave(call.line, "the model this optimizer trains is the class itself (an optimizer over "
+                       "self.parameters(), made in its own method)", "build the optimizer outside the class, over "
+                       "the prepared model: model = ddpkit.prepare_model(Net()); opt = torch.optim.Adam(model."
+                       "parameters()); and take the step where model(x) is called, through the wrapper (a "
+                       "backward inside the class's own methods is not synchronised), then convert again",
+                       blocks=True)
         elif binding is None:
             self.leave(call.line, f"the model {target!r} this optimizer trains: where it is built was not "
                        "found", f"wrap it yourself where it is built: {target} = ddpkit.prepare_model("
@@ -364,32 +365,6 @@ def _built(binding: Binding) -> bool:
 
 def _within(stmt: cst.CSTNode | None, node: cst.CSTNode) -> bool:
     return stmt is not None and any(found is stmt for found in m.findall(node, m.SimpleStatementLine()))
-
-
-def _optimizer(call: Call) -> bool:
-    return call.last in OPTIMIZERS and (call.name or "").startswith(("torch.optim", call.last))
-
-
-def _trained(call: Call) -> list[str]:
-    """The models an optimizer call trains: ``M`` of ``Adam(M.parameters())`` (``M.fc.parameters()``,
-    ``filter(..., M.parameters())``, parameter groups, ``list(a.parameters()) + list(b.parameters())``: each) or
-    of ``M.configure_optimizers(...)``; ``[""]``: a model built in the call itself (``SGD(Net().parameters())``)."""
-    if call.last == "configure_optimizers" and isinstance(call.node.func, cst.Attribute):
-        return [dotted(call.node.func.value) or ""]
-    if not _optimizer(call):
-        return []
-    found: list[str] = []
-    for arg in call.node.args:
-        found += _parameters_of(arg.value)
-    return list(dict.fromkeys(found))
-
-
-def _parameters_of(node: cst.CSTNode) -> list[str]:
-    """``M`` of every ``M.parameters()`` / ``M.named_parameters()`` in ``node``, in the order a visit meets them
-    ("" for one built in place)."""
-    return [dotted(call.func.value) or "" for call in m.findall(node, m.Call())
-            if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
-            and call.func.attr.value in ("parameters", "named_parameters")]
 
 
 def _prepared(value: cst.BaseExpression | None, aliases: dict[str, str]) -> bool:

@@ -29,7 +29,9 @@ BARRIER_FIX = "put ddpkit.barrier() after the save where every rank passes (outs
 # what copies or moves a file: beside a guarded torch.save (bearpaw's copy of the best checkpoint), rank 0's too
 FILE_OPS = ("shutil.copyfile", "shutil.copy", "shutil.copy2", "shutil.move", "os.rename", "os.replace")
 PRETRAINED = ("save_pretrained", "push_to_hub")  # Hugging Face's saves (a model's, a tokenizer's)
-UNWRAP = ("isinstance", "type", "copy.deepcopy", "torch.jit.script", "torch.jit.trace", "torch.onnx.export")
+# thop / torchinfo / torchsummary walk the module's layers and hook them: through the wrapper they meet DDP's
+UNWRAP = ("isinstance", "type", "copy.deepcopy", "torch.jit.script", "torch.jit.trace", "torch.onnx.export",
+          "thop.profile", "torchinfo.summary", "torchsummary.summary")
 # a TensorBoard writer's graph traces the model: through DDP it meets the process group (a RuntimeError on rank 0)
 UNWRAP_METHODS = ("add_graph",)
 

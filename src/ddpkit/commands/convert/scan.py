@@ -324,7 +324,10 @@ class _Scanner(cst.CSTVisitor):
     def _no_grad_with(self, node: cst.With) -> bool:
         inside = [(resolve(dotted(i.item.func), self.facts.aliases) or "") if isinstance(i.item, cst.Call) else ""
                   for i in node.items]
-        return any(n.endswith(("no_grad", "inference_mode")) for n in inside)
+        off = any(name.endswith("set_grad_enabled") and isinstance(i.item, cst.Call) and i.item.args and  # (False)
+                  isinstance(i.item.args[0].value, cst.Name) and i.item.args[0].value.value == "False"
+                  for name, i in zip(inside, node.items))
+        return off or any(n.endswith(("no_grad", "inference_mode")) for n in inside)
 
     def visit_With(self, node: cst.With) -> None:
         self.no_grad += self._no_grad_with(node)

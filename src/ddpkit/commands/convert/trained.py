@@ -1,0 +1,73 @@
+"""Which models an optimizer trains, for ``ddpkit convert``: ``M`` of ``Adam(M.parameters())``, of parameter
+groups, of a name its argument is bound to (a Hugging Face fine-tuning script's weight-decay groups built from
+``list(model.named_parameters())``), of ``M.configure_optimizers()``. The plan wraps each where it is built.
+
+Example::
+
+    >>> from ddpkit.commands.convert.scan import parse, scan
+    >>> facts = scan(parse("import torch\\nnet = Net()\\nnamed = list(net.named_parameters())\\n"
+    ...                    "groups = [{'params': [p for n, p in named if 'bias' not in n]}]\\n"
+    ...                    "opt = torch.optim.AdamW(groups)\\n"))
+    >>> trained_all(facts, next(c for c in facts.calls if c.last == "AdamW"))
+    ['net']
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+from libcst import matchers as m
+
+from ddpkit.commands.check.rules import OPTIMIZERS
+from ddpkit.commands.convert.flow import binding_of
+from ddpkit.commands.convert.scan import Call, Facts, dotted, names_in
+
+
+def trained_all(facts: Facts, call: Call) -> list[str]:
+    """Every model an optimizer call trains (:func:`trained`), also through a name its argument is bound to
+    (``params = list(enc.parameters()) + list(dec.parameters()); Adam(params)``: both), two names deep
+    (``groups = [{"params": [p for n, p in named ...]}]``, ``named = list(model.named_parameters())``)."""
+    found = trained(call)
+    if found or not optimizer(call) or not call.node.args:
+        return found
+    name = dotted(call.node.args[0].value)
+    bound = binding_of(facts, name, call.scope, call.line) if name else None
+    for _ in range(2):
+        if bound is None or bound.value is None or (found := _models(facts, parameters_of(bound.value))):
+            break
+        ahead = [binding_of(facts, n, call.scope, bound.line) for n in sorted(names_in(bound.value))]
+        bound = next((b for b in ahead if b is not None and b.value is not None and
+                      _models(facts, parameters_of(b.value))), None)
+    return found
+
+
+def _models(facts: Facts, names: list[str]) -> list[str]:
+    """The names a value of the script is bound to: not ``self`` (minGPT's configure_optimizers groups its own
+    parameters for a caller), not a comprehension's variable (``for mn, m in self.named_modules()``)."""
+    return [t for t in names if t and t.split(".")[0] != "self" and
+            any(b.target == t.split(".")[0] and b.value is not None for b in facts.bindings)]
+
+
+def optimizer(call: Call) -> bool:
+    return call.last in OPTIMIZERS and (call.name or "").startswith(("torch.optim", call.last))
+
+
+def trained(call: Call) -> list[str]:
+    """The models an optimizer call trains: ``M`` of ``Adam(M.parameters())`` (``M.fc.parameters()``,
+    ``filter(..., M.parameters())``, parameter groups, ``list(a.parameters()) + list(b.parameters())``: each) or
+    of ``M.configure_optimizers(...)``; ``[""]``: a model built in the call itself (``SGD(Net().parameters())``)."""
+    if call.last == "configure_optimizers" and isinstance(call.node.func, cst.Attribute):
+        return [dotted(call.node.func.value) or ""]
+    if not optimizer(call):
+        return []
+    found: list[str] = []
+    for arg in call.node.args:
+        found += parameters_of(arg.value)
+    return list(dict.fromkeys(found))
+
+
+def parameters_of(node: cst.CSTNode) -> list[str]:
+    """``M`` of every ``M.parameters()`` / ``M.named_parameters()`` in ``node``, in the order a visit meets them
+    ("" for one built in place)."""
+    return [dotted(call.func.value) or "" for call in m.findall(node, m.Call())
+            if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
+            and call.func.attr.value in ("parameters", "named_parameters")]
