@@ -189,10 +189,15 @@ def test_a_save_under_each_ranks_temporary_directory_is_not_guarded():
     assert "is_main" not in result.text and "ddpkit.barrier()" not in result.text
 
 
-def test_the_device_setup_becomes_init_before_the_first_print_that_would_start_ddpkit():
-    result = convert("import argparse\nargs = argparse.ArgumentParser().parse_args()\nprint(args)\n"
-                     "device = torch.device('cuda' if args.cuda else 'cpu')\n" + TRAIN_EVAL)
-    text = lines(result)
+@pytest.mark.parametrize("main", [False, True])
+def test_the_device_setup_becomes_init_before_the_first_print_that_would_start_ddpkit(main):
+    """Also under ``if __name__ == "__main__":`` (sixth held-out set: DCGAN's ``print(opt)`` started ddpkit with
+    its defaults there, and ``init(cpu=not opt.cuda)`` came too late to keep the CPU)."""
+    body = "import argparse\nargs = argparse.ArgumentParser().parse_args()\nprint(args)\n" \
+        "device = torch.device('cuda' if args.cuda else 'cpu')\n" + TRAIN_EVAL
+    if main:
+        body = "if __name__ == '__main__':\n" + "".join(f"    {line}\n" for line in body.splitlines())
+    text = lines(convert(body))
     assert text.index("state = ddpkit.init(cpu=not args.cuda)") < text.index("ddpkit.print(args)")
     assert "device = state.device" in text
 

@@ -1,12 +1,12 @@
 """A BatchNorm CNN trained with Adam, as public CIFAR scripts write it: each conv keeps its bias right before its
 BatchNorm (a weight whose exact gradient is 0: float noise that Adam turns into lr-sized steps).
 
-``verify_bn_adam.py [--local-bn] [--own-adam] [--own-dataset]``: ``--local-bn`` keeps each rank's own BatchNorm
-statistics (``sync_batchnorm=False``), a real difference from one process that verify must still FAIL;
+``verify_bn_adam.py [--local-bn] [--own-adam] [--own-dataset] [--forward-call]``: ``--local-bn`` keeps each
+rank's own BatchNorm statistics (``sync_batchnorm=False``), a real difference from one process that verify must still FAIL;
 ``--own-adam`` steps a subclass of Adam and saves the whole model first (verify's float64 hooks must pickle);
 ``--l1-bn`` adds network-slimming's L1 subgradient to every ``nn.BatchNorm2d`` weight's gradient after backward
-(found by ``isinstance`` on the prepared model); ``--own-dataset`` serves the samples, randomly flipped, from a
-Dataset class of the script's (ddpkit's loader then fetches them in worker processes, as network-slimming's did).
+(found by ``isinstance`` on the prepared model); ``--forward-call`` calls ``model.forward(x)``; ``--own-dataset``
+serves the samples, randomly flipped, from a Dataset class of the script's (ddpkit's loader then fetches them in worker processes, as network-slimming's did).
 """
 import os
 import sys
@@ -47,7 +47,8 @@ if "--own-adam" in sys.argv:
 else:
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 for x, y in ddpkit.data_loader(data, batch_size=16):
-    loss = nn.functional.cross_entropy(model(x), y)
+    # --forward-call: ``model.forward(x)``, as old scripts write it (the model's own hooks do not run)
+    loss = nn.functional.cross_entropy(model.forward(x) if "--forward-call" in sys.argv else model(x), y)
     opt.zero_grad()
     loss.backward()
     if "--l1-bn" in sys.argv:

@@ -170,8 +170,10 @@ def _first_ddpkit_use(work: _Work, scope: Scope, line: int, args: set[str]) -> A
     (with the defaults: ``cpu=`` would come too late), when the init's arguments (``args``) are bound by then;
     else None."""
     for call in work.facts.calls:
+        # (under ``if __name__ == "__main__":`` as the device set-up: the same block, every path)
+        tests = [t for t in call.tests if "__main__" not in t]
         if call.scope is not scope or call.line >= line or call.name not in STARTS_DDPKIT \
-                or call.stmt is None or call.loops or call.tests:
+                or call.stmt is None or call.loops or tests:
             continue
         bound = {b.target for b in work.facts.bindings if b.line < call.line}
         if all(a in bound or a in work.facts.aliases for a in args if "." not in a):

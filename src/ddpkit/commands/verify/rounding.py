@@ -83,6 +83,8 @@ def to_float64(model: nn.Module) -> None:
     model.double()
     model.register_forward_pre_hook(_inputs_up, with_kwargs=True)
     model.register_forward_hook(_outputs_back)
+    for inner in list(model.modules())[1:]:  # ``model.forward(x)`` skips the model's hooks: its layers' cast too
+        inner.register_forward_pre_hook(_layer_inputs_up, with_kwargs=True)
 
 
 _DEFAULTS: list[torch.dtype] = []  # the default dtypes the forwards in progress replaced (a model in a model)
@@ -93,6 +95,10 @@ def _inputs_up(module: nn.Module, args: Any, kwargs: Any) -> Any:
     # script's own (a DCGAN's labels, torch.full(...)) stay float32, as the outputs cast back are
     _DEFAULTS.append(torch.get_default_dtype())
     torch.set_default_dtype(torch.float64)
+    return _cast(args, torch.float64), _cast(kwargs, torch.float64)
+
+
+def _layer_inputs_up(module: nn.Module, args: Any, kwargs: Any) -> Any:
     return _cast(args, torch.float64), _cast(kwargs, torch.float64)
 
 
