@@ -2,11 +2,12 @@
 BatchNorm (a weight whose exact gradient is 0: float noise that Adam turns into lr-sized steps).
 
 ``verify_bn_adam.py [--local-bn] [--own-adam] [--own-dataset] [--forward-call]``: ``--local-bn`` keeps each
-rank's own BatchNorm statistics (``sync_batchnorm=False``), a real difference from one process that verify must still FAIL;
-``--own-adam`` steps a subclass of Adam and saves the whole model first (verify's float64 hooks must pickle);
-``--l1-bn`` adds network-slimming's L1 subgradient to every ``nn.BatchNorm2d`` weight's gradient after backward
-(found by ``isinstance`` on the prepared model); ``--forward-call`` calls ``model.forward(x)``; ``--own-dataset``
-serves the samples, randomly flipped, from a Dataset class of the script's (ddpkit's loader then fetches them in worker processes, as network-slimming's did).
+rank's own BatchNorm statistics (``sync_batchnorm=False``), a real difference from one process that verify must
+still FAIL; ``--own-adam`` steps a subclass of Adam and saves the whole model first (verify's float64 hooks must
+pickle); ``--l1-bn`` adds network-slimming's L1 subgradient to every ``nn.BatchNorm2d`` weight's gradient after
+backward (found by ``isinstance`` on the prepared model); ``--forward-call`` calls ``model.forward(x)``;
+``--own-dataset`` serves the samples, randomly flipped, from a Dataset class of the script's (ddpkit's loader then
+fetches them in worker processes, as network-slimming's did).
 """
 import os
 import sys
