@@ -368,3 +368,20 @@ def test_a_runner_whose_train_method_calls_model_train_and_a_loader_another_modu
     assert "return ddpkit.data_loader(TensorDataset(x, x.sum(1, keepdim=True)), global_batch_size=batch_size" in data
     train = (tmp_path / "out" / "train.py").read_text()
     assert "total = ddpkit.reduce(total)" in train and "ddpkit.prepare_model(nn.Linear(4, 1))" in train
+
+
+def test_a_loader_and_a_device_read_through_a_star_import_of_a_project_module(tmp_path):
+    """Sixth held-out set (a DCGAN's params.py, read with ``from params import *``): the loop over ``dataloader``
+    was refused as "fed by hand", and params.py's loader kept as "nothing reads dataloader"."""
+    (tmp_path / "params.py").write_text(
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\nlr = 0.1\n"
+        "device = 'cuda' if torch.cuda.is_available() else 'cpu'\n"
+        "dataloader = DataLoader(TensorDataset(torch.randn(64, 8), torch.randn(64, 1)), batch_size=16, shuffle=True)\n")
+    (tmp_path / "main.py").write_text(
+        "import torch\nfrom torch import nn\nfrom params import *\n\nmodel = nn.Linear(8, 1).to(device)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=lr)\nfor x, y in dataloader:\n    opt.zero_grad()\n"
+        "    nn.functional.mse_loss(model(x.to(device)), y.to(device)).backward()\n    opt.step()\n")
+    r = run_cmd(CONVERT + ["--imports", "-o", str(tmp_path / "out"), str(tmp_path / "main.py")], timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "dataloader = ddpkit.data_loader(" in (tmp_path / "out" / "params.py").read_text()
+    assert "model = ddpkit.prepare_model(nn.Linear(8, 1))" in (tmp_path / "out" / "main.py").read_text()

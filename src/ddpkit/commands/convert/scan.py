@@ -163,6 +163,8 @@ def _import_aliases(module: cst.Module) -> tuple[dict[str, str], list[cst.Simple
                 module_name = dotted(small.module) or ""
                 for name in STARRED.get(module_name, ()):
                     aliases.setdefault(name, f"{module_name}.{name}")
+                if not small.relative and module_name.split(".")[0] not in LIBRARIES:  # a module of the project's
+                    modules[f"* {module_name}"] = module_name  # (a key no name has: imported_from reads it)
             elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
                 lines.append(stmt)
                 base = "." * len(small.relative) + (dotted(small.module) or "")  # ``from .model import``: kept
@@ -191,6 +193,9 @@ def imported_from(facts: Facts, name: str) -> tuple[str, str] | None:
         if module is not None:
             return None if module.split(".")[0] in LIBRARIES else (module, parts[k])
     full = facts.aliases.get(parts[0])
+    starred = [m for k, m in facts.modules.items() if k.startswith("* ")]
+    if full is None and len(starred) == 1:  # ``from params import *``: a name read and never bound here is its
+        return starred[0], parts[0]
     if full is None or "." not in full or parts[0] in facts.modules:
         return None
     module, remote = full.rsplit(".", 1)
