@@ -385,3 +385,24 @@ def test_a_loader_and_a_device_read_through_a_star_import_of_a_project_module(tm
     assert r.returncode == 0, r.stderr
     assert "dataloader = ddpkit.data_loader(" in (tmp_path / "out" / "params.py").read_text()
     assert "model = ddpkit.prepare_model(nn.Linear(8, 1))" in (tmp_path / "out" / "main.py").read_text()
+
+
+def test_a_model_built_in_the_entry_and_handed_to_another_modules_training_function(tmp_path):
+    """Sixth held-out set: ``train_model(model, loader, device)`` of trainer.py, called from main.py, where the
+    model is built: "where it is built was not found", even with --imports. main.py wraps what it passes now; the
+    trainer converted alone still says it, with its line."""
+    (tmp_path / "trainer.py").write_text(
+        "import torch\nfrom torch import nn\n\n\ndef train_model(model, loader, device):\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n    for x, y in loader:\n        opt.zero_grad()\n"
+        "        nn.functional.mse_loss(model(x.to(device)), y.to(device)).backward()\n        opt.step()\n")
+    (tmp_path / "main.py").write_text(
+        "import torch\nfrom torch import nn\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+        "from trainer import train_model\n\ndevice = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\n"
+        "loader = DataLoader(TensorDataset(torch.randn(64, 8), torch.randn(64, 1)), batch_size=16, shuffle=True)\n"
+        "model = nn.Linear(8, 1).to(device)\ntrain_model(model, loader, device)\n")
+    r = run_cmd(CONVERT + ["--imports", "-o", str(tmp_path / "out"), str(tmp_path / "main.py")], timeout=120)
+    assert r.returncode == 0, r.stderr
+    main = (tmp_path / "out" / "main.py").read_text()
+    assert "model = ddpkit.prepare_model(nn.Linear(8, 1))" in main and "ddpkit.data_loader(" in main, main
+    alone = run_cmd(CONVERT + [str(tmp_path / "trainer.py")], timeout=60)
+    assert alone.returncode == 1 and "is a parameter of train_model()" in alone.stderr, alone.stderr

@@ -28,6 +28,9 @@ from typing import Any
 
 MODEL, TRAIN, EVAL = "model", "training loader", "evaluation loader"
 HANDED = "a loader handed in"  # an Ask's name: a training loop over a parameter fed from another module
+# an Ask's name's head: an optimizer over a parameter of ``function`` (``a model handed in:train_model:0``), which
+# the files that import this one and call it pass; their wants name it ``module.function:index``
+HANDED_MODEL = "a model handed in"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +68,16 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any]) -> 
                     names[ask.name] = ask.kind
                 asked.setdefault(target, []).append((rel, ask))
     handed = [rel for rel, result in plans.items() if any(a.name == HANDED for a in getattr(result, "asks", ()))]
-    if not wants and not handed:
+    if not wants and not handed and not any(a.name.startswith(f"{HANDED_MODEL}:") for r in plans.values()
+                                            for a in getattr(r, "asks", ())):
         return plans
+    for rel, result in plans.items():  # a model handed in: asked of every file that imports this one
+        for ask in getattr(result, "asks", ()):
+            want = _handed_want(rel, ask)
+            for other, p in plans.items() if want else ():
+                if other != rel and rel[:-3].replace("/", ".") in _imported(getattr(p, "source", "")):
+                    wants.setdefault(other, {})[want] = MODEL  # type: ignore[index]
+                    asked.setdefault(other, []).append((rel, ask))
     for target, names in wants.items():
         plans[target] = convert(target, Crossing(wants=names))
     provided: dict[str, dict[str, str]] = {}
@@ -76,11 +87,20 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any]) -> 
             provided.setdefault(rel, {})[key("", HANDED)] = feeding
     for target, pairs in asked.items():
         for rel, ask in pairs:
-            if ask.name in plans[target].done:
+            if ask.name in plans[target].done or _handed_want(rel, ask) in plans[target].done:
                 provided.setdefault(rel, {})[key(ask.module, ask.name)] = target
     for rel in sorted(provided):
         plans[rel] = convert(rel, Crossing(wants=wants.get(rel, {}), provided=provided[rel]))
     return plans
+
+
+def _handed_want(rel: str, ask: Ask) -> str | None:
+    """What a caller of ``rel``'s function is asked for a model handed in (``trainer.train_model:0``: the model it
+    passes as argument 0), or None for another ask."""
+    if not ask.name.startswith(f"{HANDED_MODEL}:"):
+        return None
+    function, index = ask.name.split(":")[1:]
+    return f"{rel[:-3].replace('/', '.')}.{function}:{index}"
 
 
 def key(module: str, name: str) -> str:

@@ -29,6 +29,7 @@ from ddpkit.commands.convert import (
     branches,
     crossing,
     device,
+    handed,
     inits,
     listed,
     loaders,
@@ -195,7 +196,9 @@ class _Work:
             for target in trained.trained_all(self.facts, call):
                 self._model_of(target, call)
         for name, kind in self.crossing.wants.items():
-            if kind == MODEL:
+            if kind == MODEL and ":" in name:  # a model this file hands to a function of another (handed.py)
+                handed.wrap_passed(self, name)
+            elif kind == MODEL:
                 self._wanted_model(name)
 
     def _wanted_model(self, name: str) -> None:
@@ -234,6 +237,8 @@ class _Work:
             if isinstance(held, Binding) and all(b is not held for b in self.models):  # blocks of a model: it
                 self.models.append(held)
                 self._wrap(held, call)
+        elif binding is None and handed.ask(self, target, call):  # a parameter: the files that call it wrap it
+            pass
         elif binding is None and target.split(".")[0] == "self":  # a module that owns its optimizer
             self.leave(call.line, "the model this optimizer trains is the class itself (an optimizer over "
                        "self.parameters(), made in its own method)", "build the optimizer outside the class, over "

@@ -1,0 +1,69 @@
+"""A model handed to another module of the project: ``main.py`` builds ``model`` and calls ``train_model(model,
+loader, device)`` of ``trainer.py``, whose optimizer trains its parameter. ``trainer.py`` cannot wrap a parameter;
+it asks (:data:`~ddpkit.commands.convert.crossing.HANDED_MODEL`) every file that imports it, and each that calls
+``train_model`` wraps what it passes, where that is built (:func:`wrap_passed`). Converted alone, the trainer's
+line is left to you, as before.
+
+Example::
+
+    >>> from ddpkit.commands.convert.crossing import settle
+    >>> from ddpkit.commands.convert.plan import plan
+    >>> files = {"trainer.py": "import torch\\ndef fit(net):\\n    opt = torch.optim.SGD(net.parameters(), lr=1)\\n",
+    ...          "main.py": "import torch\\nfrom trainer import fit\\nmodel = torch.nn.Linear(2, 2)\\nfit(model)\\n"}
+    >>> done = settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
+    >>> done["main.py"].text.splitlines()[-2], done["trainer.py"].left
+    ('model = ddpkit.prepare_model(torch.nn.Linear(2, 2))', [])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddpkit.commands.convert.crossing import HANDED_MODEL, Ask, key
+from ddpkit.commands.convert.flow import binding_of, callee
+from ddpkit.commands.convert.scan import Call, dotted, resolve
+
+_Work = Any  # the plan in the making (plan._Work)
+
+
+def ask(work: _Work, target: str, call: Call) -> bool:
+    """The optimizer ``call`` trains ``target``, a parameter of a plain function that no line of this file calls:
+    said done where a file that calls it wrapped what it passes; else asked of the project and left to you. False
+    for any other target."""
+    head, scope = target.split(".")[0], call.scope
+    if head not in scope.params or not scope.name or scope.cls or \
+            any((callee(work.facts, c) or (None,))[0] is scope for c in work.facts.calls):
+        return False
+    name = f"{HANDED_MODEL}:{scope.name}:{scope.params.index(head)}"
+    where = work.crossing.provided.get(key("", name))
+    if where is not None:
+        work.keep(call.line, f"the optimizer over {head} left as it is", f"{head} is handed in by {where}, "
+                  "which prepares the model it passes where it is built")
+        return True
+    work.asks.append(Ask("", name, "model", call.line))
+    work.leave(call.line, f"the model {target!r} this optimizer trains is a parameter of {scope.name}(), which no "
+               "line of this file calls", "convert it with the file that calls it (ddpkit convert --imports "
+               "SCRIPT, or a folder), or wrap the model there where it is built: model = ddpkit.prepare_model("
+               "...)", blocks=True)
+    return True
+
+
+def wrap_passed(work: _Work, want: str) -> None:
+    """``module.function:index`` (a want of this file): wrap what this file's calls of that imported function pass
+    as argument ``index``, where it is built; said done when every such call's argument was."""
+    function, index = want.rsplit(":", 1)
+    calls = [c for c in work.facts.calls if resolve(dotted(c.node.func), work.facts.aliases) == function]
+    bindings = []
+    for c in calls:
+        positional = [a for a in c.node.args if a.keyword is None and not a.star]
+        name = dotted(positional[int(index)].value) if int(index) < len(positional) else None
+        bound = binding_of(work.facts, name, c.scope, c.line) if name else None
+        if bound is None or bound.value is None:
+            return
+        bindings.append(work._unconditional(work._source(bound)))
+    for binding in bindings:
+        if any(b is binding for b in work.models) or work._wrap(binding, None):
+            work.models.append(binding)
+    if bindings and all(any(b is binding for b in work.models) for binding in bindings):
+        work.done.append(want)
+
