@@ -406,3 +406,18 @@ def test_a_model_built_in_the_entry_and_handed_to_another_modules_training_funct
     assert "model = ddpkit.prepare_model(nn.Linear(8, 1))" in main and "ddpkit.data_loader(" in main, main
     alone = run_cmd(CONVERT + [str(tmp_path / "trainer.py")], timeout=60)
     assert alone.returncode == 1 and "is a parameter of train_model()" in alone.stderr, alone.stderr
+
+
+def test_a_loader_sharded_for_one_files_training_and_evaluated_in_another_gets_its_sums_reduced(tmp_path):
+    """Review: data.py's ``make_loader`` trained on in train.py and evaluated in evaluate.py became a training
+    loader; evaluate.py's count was rank 0's shard (0.36 where the original printed 0.75), with nothing said."""
+    (tmp_path / "data.py").write_text(DATA)
+    (tmp_path / "evaluate.py").write_text(
+        "import torch\n\nfrom data import make_loader\n\n\ndef evaluate(model):\n    loader = make_loader(16)\n"
+        "    total = 0.0\n    with torch.no_grad():\n        for x, y in loader:\n"
+        "            total += (model(x) - y).abs().sum().item()\n    return total / len(loader.dataset)\n")
+    (tmp_path / "train.py").write_text(RUNNER.replace("from data import make_loader\n",
+                                                      "from data import make_loader\nfrom evaluate import evaluate\n"))
+    r = run_cmd(CONVERT + ["--imports", "-o", str(tmp_path / "out"), str(tmp_path / "train.py")], timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "total = ddpkit.reduce(total)" in (tmp_path / "out" / "evaluate.py").read_text(), r.stderr

@@ -289,3 +289,67 @@ def test_a_class_that_owns_its_optimizer_gets_a_fix_that_can_be_written():
                      "net = Auto().to(device)\nopt = net.opt\n")
     said = next(x for x in result.left if "the class itself" in x.what)
     assert said.blocks and "self = " not in said.fix and "model = ddpkit.prepare_model(Net())" in said.fix
+
+
+RUNNER_BY_PARAMETER = """
+class Runner:
+    def __init__(self, model, optimizer):
+        self.model, self.optimizer = model, optimizer
+
+    def train(self, loader, epochs):
+        for epoch in range(epochs):
+            self.model.train()
+            total = 0.0
+            for x, y in loader:
+                self.optimizer.zero_grad()
+                nn.functional.mse_loss(self.model(x), y).backward()
+                self.optimizer.step()
+                total += 1.0
+            print(epoch, total / len(loader.dataset))
+
+
+def fit(runner, loader):
+    runner.train(loader, 2)
+
+
+ds = data()
+loader = DataLoader(ds, batch_size=8, shuffle=True)
+model = nn.Linear(4, 1)
+fit(Runner(model, torch.optim.SGD(model.parameters(), lr=0.05)), loader)
+"""
+
+
+def test_third_review_a_runner_handed_in_keeps_its_train_method_and_a_self_model_keeps_its_fix():
+    """Review: ``runner.train(...)`` on a Runner handed in as a parameter was taken for torch's ``train`` (its
+    training sum no longer reduced); ``Adam(self.model.parameters())`` got the text for a class that owns its
+    optimizer."""
+    result = convert(RUNNER_BY_PARAMETER, loop="")
+    assert "total = ddpkit.reduce(total)" in lines(result), result.text
+    owned = convert("class T:\n    def setup(self):\n        self.opt = torch.optim.Adam(self.model.parameters())\n",
+                    loop="")
+    said = next(x for x in owned.left if x.blocks)
+    assert "self.model" in said.what and "the class itself" not in said.what, said
+
+
+def test_third_review_the_init_stays_below_the_switch_it_reads_in_the_main_block():
+    """Review: under ``if __name__ == "__main__":`` the init went above ``args = get_args()`` (a NameError), as
+    a binding of ``args`` inside ``get_args`` counted."""
+    body = ("import argparse\n\n\ndef get_args():\n    parser = argparse.ArgumentParser()\n"
+            "    args = parser.parse_args()\n    return args\n\n\nif __name__ == '__main__':\n    print('starting')\n"
+            "    args = get_args()\n    device = torch.device('cuda' if args.cuda else 'cpu')\n    ds = data()\n"
+            "    net = Net().to(device)\n" + "".join(f"    {line}\n" for line in LOOP.strip().splitlines()))
+    got = lines(convert(body, loop=""))
+    assert got.index("args = get_args()") < got.index("state = ddpkit.init(cpu=not args.cuda)"), got
+
+
+def test_third_review_the_float64_rerun_skips_a_scripted_layer():
+    """Review: ``register_forward_pre_hook`` is refused by a ``torch.jit.script`` layer: the float64 re-run
+    could not run, and a correct script ended as a FAIL."""
+    import torch
+    from torch import nn
+
+    from ddpkit.commands.verify.rounding import to_float64
+
+    model = nn.Sequential(nn.Linear(4, 4), torch.jit.script(nn.ReLU()), nn.Linear(4, 1))
+    to_float64(model)
+    assert model.forward(torch.randn(2, 4)).dtype == torch.float64

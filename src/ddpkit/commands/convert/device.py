@@ -175,9 +175,12 @@ def _first_ddpkit_use(work: _Work, scope: Scope, line: int, args: set[str]) -> A
         if call.scope is not scope or call.line >= line or call.name not in STARTS_DDPKIT \
                 or call.stmt is None or call.loops or tests:
             continue
-        bound = {b.target for b in work.facts.bindings if b.line < call.line}
+        bound = {b.target for b in work.facts.bindings if b.line < call.line and (b.scope is scope or
+                                                                                   not b.scope.name)}
         if all(a in bound or a in work.facts.aliases for a in args if "." not in a):
             return call
+        if call.tests:  # in the ``__main__`` block, before its switch is read: the init stays at the set-up
+            return None
         if args - {"torch"}:  # the switch is read later than that: cpu= would come too late, and say nothing
             work.leave(call.line, f"this line starts ddpkit (with the defaults) before the device set-up at line "
                        f"{line} can say cpu=", f"move the device set-up (and what it reads) above line "

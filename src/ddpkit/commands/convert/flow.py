@@ -52,8 +52,9 @@ def callee(facts: Facts, call: Call) -> tuple[Scope, int] | None:
             methods = [s for s in methods if s.cls == call.scope.cls]
         elif cls is not None:  # ``Runner(...).train()``, ``runner.train()`` with ``runner = Runner(...)``
             methods = [s for s in methods if s.cls == cls]
-        elif call.last in TORCH_METHODS:  # ``self.model.train()``: the module's, not a ``Runner.train`` of the script
-            return None
+        elif owner and owner.startswith("self.") and call.scope.cls and call.last in TORCH_METHODS:
+            # ``self.model.train()`` in Runner: the model's, not Runner.train (an attribute is not its own class)
+            methods = [s for s in methods if s.cls != call.scope.cls]
         if len(methods) == 1:
             return methods[0], 1
     return None

@@ -66,6 +66,9 @@ def loaders(work: _Work) -> None:
             break
     backward = [c for c in work.facts.calls if c.last == "backward"]
     training |= any(c.name == "ddpkit.data_loader" for c in work.facts.calls)
+    fors = [lp for lp in work.facts.loops if isinstance(lp.node, cst.For)]
+    if not backward and not built and fors and not uses_ddpkit(work.facts):  # an evaluation of another's loader
+        _imported_loader(work, fors[0].line)
     if backward and not training and not built and not uses_ddpkit(work.facts):  # (ddpkit: by hand)
         if _imported_loader(work, backward[0].line) or _subclassed(work, backward[0].line) or \
                 _handed_in(work, backward[0].line):
@@ -83,6 +86,7 @@ def _imported_loader(work: _Work, line: int) -> bool:
     reads: dict[str, bool] = {}  # name -> read by a loop that trains (as a loader's role is told: flow.trains)
     origins: dict[str, tuple[str, str]] = {}  # name -> (its module, its name there)
     trained: dict[str, list[Loop]] = {}  # name -> the training loops over it
+    looped: dict[str, list[Loop]] = {}  # name -> every loop over it
     for loop in work.facts.loops:
         for name in _reads(work, loop):
             origin = imported_from(work.facts, name) or _returned_by_import(work.facts, name, loop)
@@ -90,6 +94,7 @@ def _imported_loader(work: _Work, line: int) -> bool:
                 origins[name] = origin
                 reads[name] = reads.get(name, False) or flow.trains(work.facts, loop)
                 trained.setdefault(name, []).extend([loop] if flow.trains(work.facts, loop) else [])
+                looped.setdefault(name, []).append(loop)
     if not reads:
         return False
     training = sorted(n for n, trains in reads.items() if trains)
@@ -108,9 +113,19 @@ def _imported_loader(work: _Work, line: int) -> bool:
             work.keep(line, f"the training loop over {n} left as it is", f"{n} is a ddpkit.data_loader where it "
                       f"is built, in {done[n]} (imported from {origins[n][0]})")
             _reductions(work, trained[n], None, True)
+    for n in [n for n in reads if not reads[n] and work.crossing.provided.get(key(*origins[n]))]:
+        # evaluated only here, sharded for another file's training there: its sums reduced, or refused
+        fors = [lp for lp in looped[n] if isinstance(lp.node, cst.For)]
+        if any(lp.stored or lp.breaks or sums_after(work.facts, lp, False, frozenset()) is None for lp in fors):
+            work.leave(fors[0].line if fors else line, f"{n} is sharded for training where it is built, in "
+                       f"{work.crossing.provided[key(*origins[n])]}, and this evaluation keeps what it cannot sum "
+                       "across ranks: each rank would report its shard only", "evaluate on a loader of its own "
+                       "(ddpkit.data_loader(dataset, batch_size, train=False)), then convert again", blocks=True)
+            return True
+        _reductions(work, fors, None, False)
     missing = [n for n in training if not done[n]]
     work.asks.extend(Ask(*origins[n], EVAL, line) for n in reads if not reads[n])
-    if training and not missing:
+    if not training or not missing:  # (evaluations only: asked, so as to learn whether they are sharded there)
         return True
     work.asks.extend(Ask(*origins[n], TRAIN, line) for n in missing)
     where = ", ".join(f"{n!r} from {origins[n][0]}" for n in (missing or sorted(reads)))

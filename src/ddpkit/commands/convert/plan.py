@@ -239,7 +239,7 @@ class _Work:
                 self._wrap(held, call)
         elif binding is None and handed.ask(self, target, call):  # a parameter: the files that call it wrap it
             pass
-        elif binding is None and target.split(".")[0] == "self":  # a module that owns its optimizer
+        elif binding is None and target == "self":  # a module that owns its optimizer
             self.leave(call.line, "the model this optimizer trains is the class itself (an optimizer over "
                        "self.parameters(), made in its own method)", "build the optimizer outside the class, over "
                        "the prepared model: model = ddpkit.prepare_model(Net()); opt = torch.optim.Adam(model."

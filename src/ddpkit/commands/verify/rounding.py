@@ -84,7 +84,8 @@ def to_float64(model: nn.Module) -> None:
     model.register_forward_pre_hook(_inputs_up, with_kwargs=True)
     model.register_forward_hook(_outputs_back)
     for inner in list(model.modules())[1:]:  # ``model.forward(x)`` skips the model's hooks: its layers' cast too
-        inner.register_forward_pre_hook(_layer_inputs_up, with_kwargs=True)
+        if not isinstance(inner, torch.jit.ScriptModule):  # (which take no hooks)
+            inner.register_forward_pre_hook(_layer_inputs_up, with_kwargs=True)
 
 
 _DEFAULTS: list[torch.dtype] = []  # the default dtypes the forwards in progress replaced (a model in a model)
