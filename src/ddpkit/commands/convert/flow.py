@@ -179,9 +179,14 @@ def part_of(node: cst.BaseExpression | None) -> str | None:
 
 def top_level(binding: Binding) -> bool:
     """The binding is a statement of its scope's own body (every path through the scope runs it, once)."""
-    node = binding.scope.node
+    return in_body(binding.stmt, binding.scope)
+
+
+def in_body(stmt: cst.CSTNode | None, scope: Scope) -> bool:
+    """``stmt`` is a statement of the scope's own body: not inside an ``if``, a loop or a ``with`` of it."""
+    node = scope.node
     body = node.body if isinstance(node, cst.Module) else getattr(getattr(node, "body", None), "body", ())
-    return any(stmt is binding.stmt for stmt in body)
+    return stmt is not None and any(found is stmt for found in body)
 
 
 def _new_loader(facts: Facts, value: cst.BaseExpression) -> bool:

@@ -18,7 +18,7 @@ import libcst as cst
 from ddpkit.commands.check.rules import RANK_WORDS
 from ddpkit.commands.convert.apply import add_keyword
 from ddpkit.commands.convert.device import ACCELERATORS, PROGRESS, text_of
-from ddpkit.commands.convert.flow import binding_of, callee, visible
+from ddpkit.commands.convert.flow import binding_of, callee, in_body, visible
 from ddpkit.commands.convert.scan import Binding, Scope, dotted, names_in, resolve
 
 # the plan in the making (plan._Work, which imports this module): facts, edits, log, left, models, state
@@ -268,13 +268,11 @@ def wait_before(work: _Work, write: Any, reads: list[Any]) -> bool:
     ranks pass, after rank 0's last write. False, with nothing done, where the read is itself in a branch or a
     loop, in another function, or in a function called under an ``if``."""
     read = min(reads, key=lambda c: c.line)
-    node = read.scope.node
-    body = node.body if isinstance(node, cst.Module) else getattr(getattr(node, "body", None), "body", ())
     # the read's own line a statement of the function's body: not under a ``with`` (open's header runs first),
     # not in a block of rank 0's own (guarded: the others would never meet the barrier)
     if any(r.scope is not write.scope or r.tests or r.loops or r.stmt is None or r.line <= write.line
            for r in reads) or called_in_branch(work, read.scope) or \
-            not any(stmt is read.stmt for stmt in body) or id(read.stmt) in work.edits.guard:
+            not in_body(read.stmt, read.scope) or id(read.stmt) in work.edits.guard:
         return False
     waits = [c for c in work.facts.calls if c.scope is read.scope and write.line < c.line <= read.line
              and c.stmt is not None and "ddpkit.barrier()" in work.edits.before.get(id(c.stmt), ())]
