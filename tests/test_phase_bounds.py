@@ -2,6 +2,7 @@
 integers, NaN, deep nesting, millions of values) is one warning line or a skipped window, never a traceback, and
 costs no more than a real report would; a real launch where a rank posts crafted windows still exits 0."""
 import json
+import re
 import resource
 
 import pytest
@@ -124,5 +125,6 @@ def test_a_launch_where_a_rank_posts_crafted_windows_ends_cleanly(tmp_path):
     crafted = with_field(WINDOW, "data", "1" + "0" * 399)
     res = ok(launch(script, crafted, launcher_args=["--phase-window", "2", "--log-dir", tmp_path / "logs"]))
     assert "Traceback" not in res.stderr and "OverflowError" not in res.stderr, res.stderr
-    assert "phase report: window 0 unreadable (it holds an integer of 400 digits" in res.stderr, res.stderr
+    # which window rank 0 reads first depends on when rank 1 posts: any one of them is the crafted one
+    assert re.search(r"phase report: window \d+ unreadable \(it holds an integer of 400 digits", res.stderr), res.stderr
     assert "no figures from rank(s) 1" in res.stderr, res.stderr
