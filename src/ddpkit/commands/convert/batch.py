@@ -62,7 +62,8 @@ def global_batch(work: _Work, call: Call, loops: list[Loop]) -> Callable[[cst.Ca
         work.keep(call.line, f"batch_size={size} kept per process", f"a global batch of {size} cannot be shared by "
                   f"2 or more processes: the global batch is {size} x the number of processes")
         return None
-    read = _read_in_training(work, _names(work, call, given.value), loops)
+    attributes = {f"{n}.batch_size" for loop in loops for n in loop.iter_names}  # (``x.view(loader.batch_size, -1)``)
+    read = _read_in_training(work, _names(work, call, given.value) | attributes, loops)
     if read is not None:
         work.leave(call.line, f"batch_size={size} kept per process (a global batch of {size} x N): the training "
                    f"loop reads {read[0]} at line {read[1]}, sized for a batch of {size}, and each process would "
@@ -72,7 +73,32 @@ def global_batch(work: _Work, call: Call, loops: list[Loop]) -> Callable[[cst.Ca
     work.note(f"batch_size={size} -> global_batch_size={size}", f"the global batch stays {size} at any number of "
               f"processes, each taking {size} / N (N, the number of processes, must divide {size}); "
               f"--per-process-batch keeps {size} per process", call.line)
+    _attribute_reads(work, call, given.value, loops)
     return _rename
+
+
+def _attribute_reads(work: _Work, call: Call, size: cst.BaseExpression, loops: list[Loop]) -> None:
+    """``loader.batch_size`` read where the loader is looped over (a progress line's ``(len(loader.dataset) - 1)
+    // loader.batch_size + 1`` steps): after ``global_batch_size=`` that attribute is the per-process share, so the
+    count would be N times too large. The read becomes the global batch's own expression where it can be read
+    there (the loader's scope, or names of the module's); else it is listed."""
+    facts, code = work.facts, work.facts.code
+    wanted = {(f"{n}.batch_size", id(loop.scope)) for loop in loops for n in loop.iter_names}
+    roots = {n.split(".")[0] for n in names_in(size)}
+    module_names = {b.target.split(".")[0] for b in facts.bindings if b.scope is facts.scopes[""]}
+    for name, scope, line, node in facts.reads:
+        if (name, id(scope)) not in wanted or id(node) in work.edits.expr:
+            continue
+        if scope is call.scope or roots <= module_names:
+            text = code(size) if isinstance(size, (cst.Name, cst.Attribute, cst.Integer)) else f"({code(size)})"
+            work.edits.expr[id(node)] = lambda _node, text=text: cst.parse_expression(text)
+            work.note(f"{name} -> {code(size)}", "the global batch: after global_batch_size= the loader's "
+                      "batch_size is each process's share, and what the script counts from it would be N times "
+                      "off", line)
+        else:
+            work.leave(line, f"{name} is each process's share of the batch (global_batch_size={code(size)}): "
+                       "what is counted from it is N times off", f"read the global batch ({code(size)}) there, "
+                       "then convert again")
 
 
 def _rename(node: cst.Call) -> cst.Call:

@@ -386,7 +386,9 @@ def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
                    "convert it yourself: ddpkit.data_loader(dataset, batch_size) to train, "
                    "ddpkit.data_loader(..., train=False) to evaluate (one loader per role)", blocks=True)
         return False
-    if not _reductions(work, loops, call, role == "train"):
+    # the batch first: a training sum over ``len(loader) * batch_size`` is every sample's only with the global batch
+    rename = batch.global_batch(work, call, loops) if role == "train" else None
+    if not _reductions(work, loops, call, role == "train", rename is not None):
         return False
     how = "training: each rank takes its own shard, reshuffled every epoch" if role == "train" else \
         "evaluation (train=False): each rank its part, no sample twice"
@@ -397,7 +399,6 @@ def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
         how = "training: each rank takes its own shard, in order (shuffle=False: torch's default, kept)"
     elif role == "train" and starred and not {"shuffle", "sampler"} & set(kwargs):
         how += " (unless the ** arguments say shuffle=False; a torch DataLoader did not shuffle by default)"
-    rename = batch.global_batch(work, call, loops) if role == "train" else None
     work.edits.expr[id(call.node)] = lambda node: (rename or _same)(loader_call(node, keywords))
     work.note(f"DataLoader -> ddpkit.data_loader ({'training' if role == 'train' else 'train=False'})",
               how, call.line)
@@ -451,7 +452,8 @@ def _same(node: cst.Call) -> cst.Call:
     return node
 
 
-def _reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool) -> bool:
+def _reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool, global_batch: bool = False
+                ) -> bool:
     """Sum across ranks what the loops over a loader accumulate and the code below reads
     (:mod:`ddpkit.commands.convert.sums`); an evaluation loop also runs under ``torch.no_grad()`` (a DDP
     forward with gradients on is collective, and the ranks' shards differ in length: the longer one would
@@ -468,7 +470,7 @@ def _reductions(work: _Work, loops: list[Loop], call: Call | None, training: boo
         needs = next((c.last for c in loop.calls if c.last in NEEDS_GRAD and not _grad_off(c)), None)
         if not summed_as_training and not loop.no_grad and stored is None and needs:
             stored = (f"{needs}() results (it needs gradients, so it cannot run under no_grad)", loop.line)
-        plan = sums_after(work.facts, loop, summed_as_training, datasets) if stored is None else None
+        plan = sums_after(work.facts, loop, summed_as_training, datasets, global_batch) if stored is None else None
         if plan is None and not summed_as_training:
             assert call is not None  # (without a call, only training loops are handed in)
             line = stored[1] if stored else loop.line

@@ -21,23 +21,30 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import libcst as cst
+import libcst.matchers as m
 
 from ddpkit.commands.convert.scan import Facts, Loop, dotted, names_in
 
 
-def _dataset_size(facts: Facts, stmt: Any, scope: Any, datasets: set[str]) -> bool:
+def _dataset_size(facts: Facts, stmt: Any, scope: Any, datasets: set[str], loaders: set[str]) -> bool:
     """The statement divides by the whole dataset: ``len(X.dataset)``, ``len(train_ds)`` (the loader's own
-    dataset), or a name bound to one."""
-    def is_size(node: cst.CSTNode) -> bool:
+    dataset), ``len(loader) * batch_size`` (``loaders``: those whose batch is the global one, so this rank's
+    batches times it is every sample), or a name bound to one."""
+    def is_len(node: cst.CSTNode, of: Callable[[str], bool]) -> bool:
         arg = dotted(node.args[0].value) if isinstance(node, cst.Call) and node.args else None
-        return isinstance(node, cst.Call) and dotted(node.func) == "len" and arg is not None and \
-            (arg.endswith(".dataset") or arg in datasets)
+        return isinstance(node, cst.Call) and dotted(node.func) == "len" and arg is not None and of(arg)
+
+    def is_size(node: cst.CSTNode) -> bool:
+        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
+            return any(is_len(side, loaders.__contains__) for side in (node.left, node.right))
+        return is_len(node, lambda arg: arg.endswith(".dataset") or arg in datasets)
 
     sizes = {b.target for b in facts.bindings if b.scope is scope and b.value is not None and is_size(b.value)}
-    return any(c.stmt is stmt and c.name == "len" and is_size(c.node) for c in facts.calls) or \
+    return any(is_size(node) for node in m.findall(stmt, m.Call() | m.BinaryOperation())) or \
         bool(names_in(stmt) & sizes)
 
 
@@ -67,9 +74,10 @@ def _local(facts: Facts, loop: Loop) -> set[str]:
     return local
 
 
-def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str] = frozenset()
-               ) -> list[tuple[Loop, list[str], list[Any]]] | None:
-    """``[(anchor, names, len_calls)]``: reduce ``names`` after ``anchor``, and wrap each ``len(loader)`` call in
+def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str] = frozenset(),
+               global_batch: bool = False) -> list[tuple[Loop, list[str], list[Any]]] | None:
+    """``global_batch``: the loader's batch is the global one (``len(loader) * batch_size`` is then every sample).
+    ``[(anchor, names, len_calls)]``: reduce ``names`` after ``anchor``, and wrap each ``len(loader)`` call in
     ``len_calls`` in ``ddpkit.reduce``; None: what follows the loop reads a local count this cannot reduce, or
     (evaluating) the loop may stop before its shard ends (``if i >= eval_iters: break``)."""
     if loop.breaks and not training:
@@ -91,7 +99,8 @@ def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str
             return None  # read below the loop, but not below where it is complete
         if not readers or _reduced(facts, loop, anchor, name):
             continue
-        if training and not any(s is not None and _dataset_size(facts, s, loop.scope, set(datasets))
+        loaders = set(loop.iter_names) if global_batch else set()
+        if training and not any(s is not None and _dataset_size(facts, s, loop.scope, set(datasets), loaders)
                                 for s in readers):
             continue  # a mean over this rank's own batches: rank 0's, as printed
         local = _local(facts, loop) | ({n for n in loop.counted} if training else set())
@@ -101,7 +110,10 @@ def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str
             return None  # ``total / (i + 1)``: i counts this rank's batches only
         entry = plans.setdefault(id(anchor), (anchor, [], []))
         entry[1].append(name)
-        entry[2].extend(c.node for c in facts.calls if c.name == "len" and c.stmt in readers and c.node.args
+        # (training: a sum is reduced only over the whole dataset's size, and ``len(loader) * batch_size`` with the
+        # global batch is that already)
+        entry[2].extend(c.node for c in facts.calls if not training and c.name == "len" and c.stmt in readers
+                        and c.node.args
                         and dotted(c.node.args[0].value) in loop.iter_names and c.node not in entry[2])
     return list(plans.values())
 

@@ -1,0 +1,101 @@
+"""What the sixth held-out set (docs/convert.md) left silently wrong in a converted script's own numbers, each a
+case that printed N times off at 2 processes before its fix: a step count from ``loader.batch_size`` after the
+rewrite to ``global_batch_size=``, and a training accuracy over ``len(loader) * batch_size``. In process, on small
+scripts in the shapes those scripts have; one real 2-process launch prints what a user reads."""
+import textwrap
+
+import pytest
+
+pytest.importorskip("libcst")
+
+from conftest import launch, ok  # noqa: E402
+from ddpkit.commands.convert.plan import plan  # noqa: E402
+
+HEAD = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+dataset = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+"""
+
+STEPS = HEAD + """
+loader = DataLoader(dataset, batch_size=16, shuffle=True)
+model = nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+step = 0
+for x, y in loader:
+    step += 1
+    loss = nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    print("%d/%d" % (step, (len(loader.dataset) - 1) // loader.batch_size + 1))
+"""
+
+
+def test_a_step_count_from_the_loaders_batch_size_reads_the_global_batch_at_two_processes(tmp_path):
+    result = plan(STEPS)
+    assert "(len(loader.dataset) - 1) // 16 + 1" in result.text, result.text
+    assert any(e.what == "loader.batch_size -> 16" for e in result.edits)
+    script = tmp_path / "steps.py"
+    script.write_text(result.text)
+    out = ok(launch(script)).stdout
+    # as one process: 4 steps of the global 16 (each rank 8 of its 32); loader.batch_size (8) made it x/8
+    assert out.split() == ["1/4", "2/4", "3/4", "4/4"], out
+
+
+def test_a_loaders_batch_size_that_sizes_a_tensor_in_training_keeps_the_batch_per_process():
+    result = plan(STEPS.replace("model(x)", "model(x) + torch.zeros(loader.batch_size, 2)"))
+    assert "ddpkit.data_loader(dataset, batch_size=16, shuffle=True)" in result.text, result.text
+    assert any("reads loader.batch_size at line" in left.what for left in result.left), result.left
+
+
+def test_a_loaders_batch_size_read_where_the_global_batch_cannot_be_named_is_listed():
+    source = HEAD + textwrap.dedent("""
+    def fit(model, opt, loader):
+        for step, (x, y) in enumerate(loader):
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            print(step, len(loader.dataset) // loader.batch_size)
+
+
+    def main(bs):
+        model = nn.Linear(8, 2)
+        fit(model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(dataset, batch_size=bs, shuffle=True))
+    """)
+    source = source.replace("fit(model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(",
+                            "loader = DataLoader(").replace("shuffle=True))", "shuffle=True)\n    fit(model, "
+                                                            "torch.optim.SGD(model.parameters(), lr=0.1), loader)")
+    result = plan(source + "\nmain(16)\n")
+    assert "global_batch_size=bs" in result.text, result.text
+    said = [left for left in result.left if "loader.batch_size is each process's share" in left.what]
+    assert said and "read the global batch (bs) there" in said[0].fix, result.left
+
+
+ACCURACY = HEAD + """
+batch_size = 16
+loader = DataLoader(dataset, batch_size=batch_size, shuffle=True)
+model = nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+correct = 0
+for x, y in loader:
+    out = model(x)
+    loss = nn.functional.cross_entropy(out, y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    correct += (out.argmax(1) == y).sum().item()
+print(correct / (len(loader) * batch_size))
+"""
+
+
+def test_a_training_accuracy_over_len_loader_times_the_batch_is_reduced_with_the_global_batch_only():
+    result = plan(ACCURACY)
+    assert "correct = ddpkit.reduce(correct)" in result.text, result.text
+    assert "(len(loader) * batch_size)" in result.text  # this rank's batches x the global batch: every sample
+    kept = plan(ACCURACY, per_process_batch=True)  # this rank's batches x its own batch: its samples, its accuracy
+    assert "ddpkit.reduce(correct)" not in kept.text, kept.text
