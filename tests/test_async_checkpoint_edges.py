@@ -3,11 +3,11 @@ unusually, real 2-process gloo jobs: the usual ``dist.destroy_process_group()`` 
 previous write failed, a peer that dies during a sharded write."""
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
+from test_multinode import free_port
 
 from conftest import SCRATCH, WORKERS, launch, ok
 from ddpkit.checkpoint.disk import validate
@@ -64,18 +64,12 @@ def test_rank_zero_failing_after_the_shards_are_written_is_said_on_every_rank_at
         assert [n for n in said["listing"] if n.startswith("ckpt-")] == ["ckpt-0000000001"], said  # none of it
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_peer_that_dies_during_a_sharded_write_is_the_rank_named(tmp_path):
     """Rank 0's writer saw its DCP collective break and said the write "failed on rank 0"; now no collective is left
     in the write: rank 1's pulse in the store stands still, and rank 0 names it. Without the launcher:
     it would stop rank 0 as soon as rank 1 died."""
     env = {**os.environ, "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(_free_port()), "DDPKIT_MODE": "fsdp", "OMP_NUM_THREADS": "1"}
+           "MASTER_PORT": str(free_port()), "DDPKIT_MODE": "fsdp", "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, str(WORKER), str(tmp_path), "die"], cwd=SCRATCH, text=True,
                               env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, start_new_session=True) for r in (0, 1)]

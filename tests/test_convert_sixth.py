@@ -99,3 +99,75 @@ def test_a_training_accuracy_over_len_loader_times_the_batch_is_reduced_with_the
     assert "(len(loader) * batch_size)" in result.text  # this rank's batches x the global batch: every sample
     kept = plan(ACCURACY, per_process_batch=True)  # this rank's batches x its own batch: its samples, its accuracy
     assert "ddpkit.reduce(correct)" not in kept.text, kept.text
+
+
+GROUPS = HEAD + """
+loader = DataLoader(dataset, batch_size=16, shuffle=True)
+model = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 2))
+head = nn.Linear(2, 2)
+{groups}
+for x, y in loader:
+    loss = nn.functional.cross_entropy(head(model(x)), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+@pytest.mark.parametrize("groups", [
+    # weight-decay groups filled by a loop (either list picked per parameter), beside another model's parameters
+    "decay, no_decay = [], []\nfor n, p in model.named_parameters():\n"
+    "    (no_decay if n.endswith('bias') else decay).append(p)\n"
+    "opt = torch.optim.AdamW([{'params': decay, 'weight_decay': 0.01}, {'params': no_decay, 'weight_decay': 0.0},"
+    " {'params': head.parameters()}])",
+    # one group per parameter, appended to a list the optimizer takes
+    "groups = [{'params': head.parameters()}]\nfor n, p in model.named_parameters():\n"
+    "    groups.append({'params': [p], 'weight_decay': 0.0 if 'bias' in n else 0.01})\n"
+    "opt = torch.optim.AdamW(groups)",
+])
+def test_parameter_groups_filled_by_a_loop_prepare_every_model_they_train(groups):
+    result = plan(GROUPS.format(groups=groups))
+    assert "model = ddpkit.prepare_model(nn.Sequential(" in result.text, result.text
+    assert "head = ddpkit.prepare_model(nn.Linear(2, 2))" in result.text, result.text
+
+
+TARGET = HEAD + """
+def make_net():
+    return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2))
+
+
+loader = DataLoader(dataset, batch_size=16, shuffle=True)
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+online = make_net().to(device)
+{target}
+opt = torch.optim.SGD(online.parameters(), lr=0.1)
+for x, _ in loader:
+    with torch.no_grad():
+        t = target(x + 0.1)
+    loss = ((online(x - 0.1) - t) ** 2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    with torch.no_grad():
+        for po, pt in zip(online.parameters(), target.parameters()):
+            pt.mul_(0.99).add_(po, alpha=0.01)
+"""
+
+
+@pytest.mark.parametrize("target", [
+    "target = make_net().to(device)\nfor po, pt in zip(online.parameters(), target.parameters()):\n"
+    "    pt.data.copy_(po.data)\n    pt.requires_grad = False",
+    "target = make_net().to(device)\ntarget.load_state_dict(online.state_dict())",
+])
+def test_a_moving_average_target_built_on_its_own_is_prepared_frozen(target):
+    result = plan(TARGET.format(target=target))
+    assert "target = ddpkit.prepare_model(make_net().requires_grad_(False))" in result.text, result.text
+    assert "online = ddpkit.prepare_model(make_net())" in result.text, result.text
+
+
+def test_a_target_copied_from_the_online_model_or_trained_by_an_optimizer_is_not_frozen():
+    copied = plan(TARGET.format(target="import copy\ntarget = copy.deepcopy(online)"))
+    assert "requires_grad_(False)" not in copied.text, copied.text
+    trained = plan(TARGET.format(target="target = make_net().to(device)").replace(
+        "SGD(online.parameters()", "SGD(list(online.parameters()) + list(target.parameters())"))
+    assert "requires_grad_(False)" not in trained.text and "target = ddpkit.prepare_model(make_net())" in trained.text

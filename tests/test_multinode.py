@@ -1,6 +1,7 @@
 """Several nodes on one machine: two launchers as two nodes over loopback (and over a veth pair between two
 network namespaces where root can make them); mismatched settings and missing nodes fail fast and clearly."""
 import os
+import random
 import re
 import shutil
 import socket
@@ -17,9 +18,18 @@ DIGITS = ROOT / "examples" / "digits.py"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range (32768 and up here): a port bind(0) handed out and freed
+    returns to that range, where the next outgoing connection of any process may take it before the launcher binds
+    it (a launcher that cannot bind the rendezvous port becomes a client of whatever holds it, and times out)."""
+    for _ in range(200):
+        port = random.randint(15000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 15000-32000 after 200 tries")
 
 
 def start(node_rank, port, *extra, nproc=1, addr="127.0.0.1", prefix=(), env=None, args=()):

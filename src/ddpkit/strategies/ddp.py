@@ -69,8 +69,11 @@ class DDPStrategy(Strategy):
         options, tools = self.options(given), given.get("tools")
         from ddpkit.strategies import comm as comm_options
         from ddpkit.strategies.ddp_wrapper import DDP
+        from ddpkit.strategies.frozen import frozen, prepare_frozen
         from ddpkit.strategies.syncbn import sync_batchnorms
 
+        if frozen(model):  # a target or teacher network: no gradient to average, and torch's DDP refuses it
+            return prepare_frozen(model, state, options.sync_batchnorm)
         if options.sync_batchnorm:
             model = sync_batchnorms(model, state)
         device_ids = [state.device.index] if state.device.type == "cuda" else None

@@ -34,6 +34,7 @@ from ddpkit.commands.convert import (
     listed,
     loaders,
     parallel,
+    partners,
     rules,
     splits,
     trained,
@@ -168,6 +169,7 @@ class _Work:
         device.devices(self)
         parallel.undo(self)
         self._models()
+        partners.partners(self)
         parallel.modules(self)
         loaders.loaders(self)
         splits.splits(self, any(c.name in (loaders.LOADER, "ddpkit.data_loader") for c in self.facts.calls))

@@ -27,16 +27,35 @@ def trained_all(facts: Facts, call: Call) -> list[str]:
     (``params = list(enc.parameters()) + list(dec.parameters()); Adam(params)``: both), two names deep
     (``groups = [{"params": [p for n, p in named ...]}]``, ``named = list(model.named_parameters())``)."""
     found = trained(call)
-    if found or not optimizer(call) or not call.node.args:
+    if not optimizer(call) or not call.node.args:
         return found
+    reads = names_in(call.node.args[0].value)
     name = dotted(call.node.args[0].value)
-    bound = binding_of(facts, name, call.scope, call.line) if name else None
+    bound = binding_of(facts, name, call.scope, call.line) if name and not found else None
     for _ in range(2):
         if bound is None or bound.value is None or (found := _models(facts, parameters_of(bound.value))):
             break
+        reads |= names_in(bound.value)
         ahead = [binding_of(facts, n, call.scope, bound.line) for n in sorted(names_in(bound.value))]
         bound = next((b for b in ahead if b is not None and b.value is not None and
                       _models(facts, parameters_of(b.value))), None)
+    return list(dict.fromkeys(found + _filled(facts, reads)))
+
+
+def _filled(facts: Facts, names: set[str]) -> list[str]:
+    """The models whose parameters a loop appends to one of ``names`` (``for n, p in model.named_parameters():
+    (no_decay if "bias" in n else decay).append(p)``, then ``AdamW([{"params": decay}, ...])``)."""
+    found: list[str] = []
+    fills = m.Call(func=m.Attribute(attr=m.Name("append") | m.Name("extend")))
+    for loop in m.findall(facts.module, m.For()):
+        assert isinstance(loop, cst.For)
+        filled: set[str | None] = set()
+        for call in m.findall(loop.body, fills):
+            assert isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
+            target = call.func.value  # ``decay.append(p)``, or ``(no_decay if ... else decay).append(p)``
+            filled |= names_in(target) if isinstance(target, cst.IfExp) else {dotted(target)}
+        if filled & names:
+            found += _models(facts, parameters_of(loop.iter))
     return found
 
 

@@ -1,0 +1,36 @@
+"""A model none of whose parameters trains (a BYOL target network, a frozen teacher), prepared in ddp: torch's DDP
+refuses it, so ddpkit leaves it unwrapped, with rank 0's weights on every rank and its BatchNorm over the global
+batch. Real 2-process launches: the targets a train-mode forward gives equal one process's on the whole batch."""
+from conftest import launch, ok
+
+FROZEN = """
+import copy, torch, torch.distributed as dist, ddpkit
+from torch import nn
+state = ddpkit.init()
+torch.manual_seed(state.rank)  # a per-rank draw: each rank builds other weights until prepare_model
+net = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3)).requires_grad_(False)
+truth = copy.deepcopy(net)  # rank 0's is what every rank must hold
+net = ddpkit.prepare_model(net)
+assert not isinstance(net, nn.parallel.DistributedDataParallel)
+torch.manual_seed(100)
+x = torch.randn(8, 4)
+with torch.no_grad():  # a target's forward: train mode (batch statistics), no gradients
+    out = net(x[state.rank * 4:(state.rank + 1) * 4].to(state.device))
+outs = [torch.empty_like(out) for _ in range(2)]
+dist.all_gather(outs, out)
+if state.rank == 0:
+    with torch.no_grad():
+        want = truth(x)
+    print("outputs", (torch.cat(outs) - want).abs().max().item())
+    print("running", (net[1].running_mean - truth[1].running_mean).abs().max().item())
+ddpkit.shutdown()
+"""
+
+
+def test_a_frozen_batchnorm_model_runs_as_one_process_on_the_whole_batch(tmp_path):
+    script = tmp_path / "frozen.py"
+    script.write_text(FROZEN)
+    res = ok(launch(script))
+    found = dict(line.split() for line in res.stdout.splitlines() if line.startswith(("outputs", "running")))
+    assert float(found["outputs"]) < 1e-5 and float(found["running"]) < 1e-6, res.stdout
+    assert "Sequential trains no parameter (none requires grad): not wrapped in DDP" in res.stderr, res.stderr
