@@ -171,3 +171,83 @@ def test_a_target_copied_from_the_online_model_or_trained_by_an_optimizer_is_not
     trained = plan(TARGET.format(target="target = make_net().to(device)").replace(
         "SGD(online.parameters()", "SGD(list(online.parameters()) + list(target.parameters())"))
     assert "requires_grad_(False)" not in trained.text and "target = ddpkit.prepare_model(make_net())" in trained.text
+
+
+LAYER = """
+import torch
+from torch import nn
+
+
+class Layer(nn.Module):  # a layer that trains itself in forward (a stacked autoencoder's)
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.opt = torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+def fit_epoch(model, loader, opt):  # a helper over the script's own optimizer
+    for x, y in loader:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+"""
+
+PROBE = HEAD + """
+from layers import {name}
+loader = DataLoader(dataset, batch_size=16, shuffle=True)
+probe = nn.Linear(8, 2)
+opt = torch.optim.SGD(probe.parameters(), lr=0.1)
+{loop}
+"""
+
+
+def test_a_script_converted_alone_while_a_module_beside_it_builds_its_own_optimizer_is_listed(tmp_path, capsys):
+    from ddpkit.commands.convert.command import main
+
+    (tmp_path / "layers.py").write_text(LAYER)
+    script = tmp_path / "run.py"
+    script.write_text(PROBE.format(name="Layer", loop="ae = Layer()\nfor x, y in loader:\n    opt.zero_grad()\n"
+                                   "    nn.functional.cross_entropy(probe(ae(x)), y).backward()\n    opt.step()"))
+    assert main(["-o", str(tmp_path / "out.py"), str(script)]) == 1
+    err = capsys.readouterr().err
+    assert "left to you: layers.py:10 (imported from the script's folder) builds an optimizer of its own (SGD)" in err
+    assert f"ddpkit convert --imports {script}" in err, err
+    (tmp_path / "layers.py").write_text(LAYER.replace("        self.opt = torch.optim.SGD(self.parameters(), "
+                                                      "lr=0.1)\n", ""))
+    script.write_text(PROBE.format(name="fit_epoch", loop="fit_epoch(probe, loader, opt)"))
+    assert main(["-o", str(tmp_path / "out.py"), str(script)]) == 0, capsys.readouterr().err
+
+
+TRIALS = HEAD + """
+import numpy as np
+loader = DataLoader(dataset, batch_size=16, shuffle=True)
+test_loader = DataLoader(dataset, batch_size=4, shuffle=False)  # one batch: one 4-way trial
+model = nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+right = 0
+with torch.no_grad():
+    for x, y in test_loader:
+        out = model(x)[:, 1].numpy()
+        right += int({pick} == 0)
+print(right / len(test_loader))
+"""
+
+
+@pytest.mark.parametrize("pick", ["np.argmax(out)", "torch.from_numpy(out).argmax()", "np.argmax(out, axis=0)"])
+def test_an_evaluation_whose_batch_is_one_trial_keeps_its_loader_whole(pick):
+    result = plan(TRIALS.format(pick=pick))
+    assert "test_loader = DataLoader(dataset, batch_size=4, shuffle=False)" in result.text, result.text
+    assert any("over each whole batch (a batch is one unit" in left.what for left in result.left), result.left
+
+
+def test_an_argmax_per_sample_still_shards_the_evaluation():
+    result = plan(TRIALS.format(pick="model(x).argmax(1)[0]"))
+    assert "test_loader = ddpkit.data_loader(dataset, batch_size=4, shuffle=False, train=False)" in result.text, \
+        result.text

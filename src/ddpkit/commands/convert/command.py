@@ -39,6 +39,7 @@ from ddpkit.core.atomic import write_atomically
 from ddpkit.core.errors import SCRIPT_FAILED, UsageError
 
 PROG = "ddpkit convert"
+MODULE_BYTES = 4 << 20  # a module of the folder read for its optimizers: larger is no training code of the script's
 TRAINS = {"run", "fit", "train_model", "run_training", "train_loop", "training_loop"}  # or a train(...) of a module
 
 
@@ -194,9 +195,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _trained_elsewhere(script: str, result) -> list[str]:
     """The line for a script that prepares no model and converts no loader, but imports modules of its folder:
     its training loop is likely there (minGPT's Trainer), and converting the script alone distributes nothing."""
-    if result.refused or "prepare_model(" in result.text or "data_loader(" in result.text:
+    if result.refused:
         return []
     modules = project.files_of(script, imports=True)[1][1:]
+    if "prepare_model(" in result.text or "data_loader(" in result.text:
+        return _optimizers_elsewhere(script, modules)
     if modules:
         return [f"  {script}: left to you: no model is prepared and no DataLoader converted here, and the script "
                 f"imports {', '.join(modules[:3])}{' ...' if len(modules) > 3 else ''} from its folder (its training "
@@ -213,6 +216,33 @@ def _trained_elsewhere(script: str, result) -> list[str]:
     return [f"  {script}: left to you: no training loop here (no backward, optimizer step or DataLoader), so nothing "
             "is distributed: if a module it imports trains (a Trainer's run()), convert that module with it: ddpkit "
             f"convert --imports {script}, or ddpkit convert FOLDER for a package outside the script's folder"]
+
+
+def _optimizers_elsewhere(script: str, modules: list[str]) -> list[str]:
+    """The line for a script converted alone while a module of its folder builds an optimizer of its own (a layer
+    that trains itself inside ``forward``, a Trainer that makes its optimizer): the model that one trains is out of
+    this file's reach, and each rank would train its own copy."""
+    from ddpkit.commands.check.rules import OPTIMIZERS
+
+    root = os.path.dirname(os.path.abspath(script))
+    for rel in modules:
+        path = os.path.join(root, rel)
+        try:
+            if os.path.getsize(path) > MODULE_BYTES:
+                continue
+            with open(path, "rb") as f:
+                tree = ast.parse(f.read())
+        except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+            continue  # (converting it together says what is wrong with it)
+        for node in ast.walk(tree):
+            func = node.func if isinstance(node, ast.Call) else None
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if isinstance(node, ast.Call) and name in OPTIMIZERS:
+                return [f"  {script}: left to you: {rel}:{node.lineno} (imported from the script's folder) builds "
+                        f"an optimizer of its own ({name}): converted alone, this file cannot prepare the model it "
+                        f"trains, and each rank would train its own copy; convert them together: ddpkit convert "
+                        f"--imports {script}"]
+    return []
 
 
 def _write(result, ns: argparse.Namespace, encoding: str) -> str | None:

@@ -22,7 +22,7 @@ from ddpkit.commands.convert.apply import LOADER_PARAMETERS, loader_call
 from ddpkit.commands.convert.crossing import EVAL, HANDED, TRAIN, Ask, key, returned
 from ddpkit.commands.convert.flow import callee, loops_reading, peek, roles_said
 from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, dotted, imported_from, resolve
-from ddpkit.commands.convert.sums import sums_after
+from ddpkit.commands.convert.sums import batch_wide, sums_after
 
 # the plan in the making (plan._Work): facts, edits, note, leave
 _Work = Any
@@ -470,12 +470,16 @@ def _reductions(work: _Work, loops: list[Loop], call: Call | None, training: boo
         needs = next((c.last for c in loop.calls if c.last in NEEDS_GRAD and not _grad_off(c)), None)
         if not summed_as_training and not loop.no_grad and stored is None and needs:
             stored = (f"{needs}() results (it needs gradients, so it cannot run under no_grad)", loop.line)
-        plan = sums_after(work.facts, loop, summed_as_training, datasets, global_batch) if stored is None else None
+        wide = None if summed_as_training else batch_wide(work.facts, loop)  # a batch is one unit (a trial)
+        plan = sums_after(work.facts, loop, summed_as_training, datasets, global_batch) \
+            if stored is None and wide is None else None
         if plan is None and not summed_as_training:
             assert call is not None  # (without a call, only training loops are handed in)
-            line = stored[1] if stored else loop.line
-            why = f"keeps per-batch results in {stored[0]}" if stored else "may stop before its shard ends " \
-                "(a break)" if loop.breaks else "divides by a count of its own batches (its loop variable)"
+            line = stored[1] if stored else wide[1] if wide else loop.line
+            why = f"keeps per-batch results in {stored[0]}" if stored else f"takes {wide[0]} over each whole " \
+                "batch (a batch is one unit, such as an N-way trial; sharded sample by sample, a rank's batch " \
+                "would mix units)" if wide else "may stop before its shard ends (a break)" if loop.breaks else \
+                "divides by a count of its own batches (its loop variable)"
             if training:  # the loader must be sharded to train: its evaluation would then be rank 0's shard only
                 work.leave(line, f"the evaluation loop over the training DataLoader at line {call.line} {why}: "
                            "sharded for training, each rank would evaluate only its shard", "evaluate on a "

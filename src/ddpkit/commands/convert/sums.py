@@ -122,3 +122,21 @@ def _reduced(facts: Facts, loop: Loop, anchor: Loop, name: str) -> bool:
     """Converted already: a ``ddpkit.reduce`` / ``gather`` of ``name`` below the loop."""
     return any(c.scope is loop.scope and c.line > anchor.end and c.name in ("ddpkit.reduce", "ddpkit.gather")
                and name in names_in(c.node) for c in facts.calls)
+
+
+def batch_wide(facts: Facts, loop: Loop) -> tuple[str, int] | None:
+    """``(what, line)`` of an ``argmax`` / ``argmin`` over a whole batch in the loop's body (``np.argmax(output)``,
+    ``out.argmax()``, ``torch.argmax(out, dim=0)``): a result each batch gives as one unit (an N-way trial that
+    wins when its first pair scores highest), which a loader sharded sample by sample would mix across units."""
+    for call in m.findall(loop.node.body, m.Call(func=m.Attribute(attr=m.Name("argmax") | m.Name("argmin")) |
+                                                 m.Name("argmax") | m.Name("argmin"))):
+        assert isinstance(call, cst.Call)
+        name = dotted(call.func) or ""
+        method = isinstance(call.func, cst.Attribute) and name.split(".")[0] not in ("np", "numpy", "torch")
+        positional = [a.value for a in call.args if a.keyword is None]
+        axis = next((a.value for a in call.args if a.keyword is not None and a.keyword.value in ("axis", "dim")),
+                    positional[0 if method else 1] if len(positional) > (0 if method else 1) else None)
+        if axis is None or isinstance(axis, cst.Integer) and axis.value == "0":
+            return f"{name}(...)", next((c.line for c in facts.calls if c.node is call), loop.line)
+    return None
+
