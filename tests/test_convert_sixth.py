@@ -251,3 +251,12 @@ def test_an_argmax_per_sample_still_shards_the_evaluation():
     result = plan(TRIALS.format(pick="model(x).argmax(1)[0]"))
     assert "test_loader = ddpkit.data_loader(dataset, batch_size=4, shuffle=False, train=False)" in result.text, \
         result.text
+
+
+def test_hugging_faces_own_adamw_over_weight_decay_groups_prepares_the_model():
+    groups = ("from transformers import AdamW\nnamed = list(model.named_parameters())\n"
+              "opt = AdamW([{'params': [p for n, p in named if 'bias' not in n], 'weight_decay': 0.01},\n"
+              "             {'params': [p for n, p in named if 'bias' in n], 'weight_decay': 0.0}], lr=3e-5)")
+    result = plan(GROUPS.replace("head = nn.Linear(2, 2)\n", "").replace("head(model(x))", "model(x)")
+                  .format(groups=groups))
+    assert "model = ddpkit.prepare_model(nn.Sequential(" in result.text, result.text

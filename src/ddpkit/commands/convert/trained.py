@@ -29,16 +29,17 @@ def trained_all(facts: Facts, call: Call) -> list[str]:
     found = trained(call)
     if not optimizer(call) or not call.node.args:
         return found
-    reads = names_in(call.node.args[0].value)
-    name = dotted(call.node.args[0].value)
-    bound = binding_of(facts, name, call.scope, call.line) if name and not found else None
-    for _ in range(2):
-        if bound is None or bound.value is None or (found := _models(facts, parameters_of(bound.value))):
+    frontier = [call.node.args[0].value]
+    reads = names_in(frontier[0])  # (a list filled by a loop, beside another model's parameters: both)
+    for _ in range(3):  # the argument, what its names are bound to, what theirs are
+        if found := found or [t for value in frontier for t in _models(facts, parameters_of(value))]:
             break
-        reads |= names_in(bound.value)
-        ahead = [binding_of(facts, n, call.scope, bound.line) for n in sorted(names_in(bound.value))]
-        bound = next((b for b in ahead if b is not None and b.value is not None and
-                      _models(facts, parameters_of(b.value))), None)
+        ahead = []
+        for value in frontier:
+            reads |= names_in(value)
+            bound = [binding_of(facts, n, call.scope, call.line) for n in sorted(names_in(value))]
+            ahead += [b.value for b in bound if b is not None and b.value is not None]
+        frontier = ahead[:32]
     return list(dict.fromkeys(found + _filled(facts, reads)))
 
 
@@ -66,8 +67,13 @@ def _models(facts: Facts, names: list[str]) -> list[str]:
             any(b.target == t.split(".")[0] and b.value is not None for b in facts.bindings)]
 
 
+# where an optimizer of torch's names comes from besides torch: Hugging Face's AdamW (``from transformers import
+# AdamW``, in fine-tuning scripts before transformers 4.46), and the packages of optimizers in torch's names
+OPTIMIZER_PACKAGES = ("torch.optim", "transformers", "torch_optimizer", "timm.optim", "bitsandbytes.optim")
+
+
 def optimizer(call: Call) -> bool:
-    return call.last in OPTIMIZERS and (call.name or "").startswith(("torch.optim", call.last))
+    return call.last in OPTIMIZERS and (call.name or "").startswith((*OPTIMIZER_PACKAGES, call.last))
 
 
 def trained(call: Call) -> list[str]:
