@@ -34,3 +34,36 @@ def test_a_frozen_batchnorm_model_runs_as_one_process_on_the_whole_batch(tmp_pat
     found = dict(line.split() for line in res.stdout.splitlines() if line.startswith(("outputs", "running")))
     assert float(found["outputs"]) < 1e-5 and float(found["running"]) < 1e-6, res.stdout
     assert "Sequential trains no parameter (none requires grad): not wrapped in DDP" in res.stderr, res.stderr
+
+
+TARGET = """
+import sys, torch, ddpkit
+from torch import nn
+state = ddpkit.init()
+torch.manual_seed(0)
+def net():
+    return nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+online = ddpkit.prepare_model(net())
+target = net()
+if sys.argv[1] == "prepared":
+    target = ddpkit.prepare_model(target.requires_grad_(False))
+opt = torch.optim.SGD(online.parameters(), lr=0.1)
+for step in range(2):
+    x = torch.randn(8, 4)
+    with torch.no_grad():
+        t = target(x)  # train mode: batch statistics
+    loss = (online(x) - t).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+ddpkit.shutdown()
+"""
+
+
+def test_a_target_networks_batchnorm_left_outside_any_prepared_model_is_said_at_the_first_step(tmp_path):
+    script = tmp_path / "target.py"
+    script.write_text(TARGET)
+    said = "ddpkit: 1 BatchNorm layer(s) outside any prepared model ran in train mode before the first optimizer"
+    plain = ok(launch(script, "plain")).stderr
+    assert plain.count(said) == 1 and "target = ddpkit.prepare_model(target.requires_grad_(False))" in plain, plain
+    assert said not in ok(launch(script, "prepared")).stderr

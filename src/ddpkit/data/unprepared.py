@@ -60,6 +60,8 @@ def _first_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     state = proc.state
     if state is None or state.world_size < 2:
         return
+    if state.is_main:
+        _batchnorm_alone(state.world_size)
     if proc.prepared and not proc.sharding:
         if state.is_main and not _sampled_by_hand():
             print(UNSHARDED.format(n=state.world_size), file=sys.stderr, flush=True)
@@ -67,6 +69,35 @@ def _first_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     if proc.prepared or _wrapped_by_hand(optimizer):
         return
     raise RuntimeError(SAID.format(n=state.world_size))
+
+
+ALONE = ("ddpkit: {n} BatchNorm layer(s) outside any prepared model ran in train mode before the first "
+         "optimizer.step() ({kinds}): each rank normalises its own part of the batch, so what they compute differs "
+         "from one process's (a moving-average target network?); prepare that model: target = "
+         "ddpkit.prepare_model(target.requires_grad_(False)) gives it BatchNorm over the global batch (no DDP: "
+         "nothing of it trains), or call it in eval mode")
+
+
+def _batchnorm_alone(world_size: int) -> None:
+    """Say (rank 0, once) that BatchNorm layers of no prepared model normalised batches in train mode: each rank's
+    statistics are its own share's. A BYOL target network built on its own was silently that."""
+    from torch import nn
+    from torch.distributed.fsdp import FSDPModule
+    from torch.nn.parallel import DistributedDataParallel
+
+    from ddpkit.strategies.syncbn import SyncBatchNorm
+
+    objects = gc.get_objects()
+    # type(), not isinstance(): an object's own __class__ may warn (torch.distributed.reduce_op does)
+    inside = {id(m) for obj in objects if issubclass(type(obj), (DistributedDataParallel, FSDPModule))
+              for m in obj.modules()}
+    synced = (nn.SyncBatchNorm, SyncBatchNorm)
+    alone = [obj for obj in objects if issubclass(type(obj), nn.modules.batchnorm._BatchNorm)
+             and not issubclass(type(obj), synced) and id(obj) not in inside and obj.training
+             and obj.track_running_stats and obj.num_batches_tracked is not None and int(obj.num_batches_tracked) > 0]
+    if alone:
+        kinds = ", ".join(sorted({type(m).__name__ for m in alone}))
+        print(ALONE.format(n=len(alone), kinds=kinds), file=sys.stderr, flush=True)
 
 
 def _sampled_by_hand() -> bool:
