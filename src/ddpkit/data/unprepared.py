@@ -11,7 +11,8 @@ there: otherwise every rank raises the same one line (the same facts on every ra
 The reverse is said too, not raised: a model prepared for N processes whose batches came from no ddpkit training
 loader by the first step (a loader built in a package the script imports from elsewhere, left plain): each rank
 then trains on every batch, the same work N times over. Rank 0 says so once, unless the script shards its own
-loader with a ``DistributedSampler``.
+loader with a ``DistributedSampler``. And BatchNorm layers of no prepared model that ran in train mode by the
+first step (a BYOL target network built on its own) are said by rank 0: each rank normalised its own share.
 
 Example::
 
