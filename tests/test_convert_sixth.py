@@ -46,10 +46,12 @@ def test_a_step_count_from_the_loaders_batch_size_reads_the_global_batch_at_two_
     assert out.split() == ["1/4", "2/4", "3/4", "4/4"], out
 
 
-def test_a_loaders_batch_size_that_sizes_a_tensor_in_training_keeps_the_batch_per_process():
-    result = plan(STEPS.replace("model(x)", "model(x) + torch.zeros(loader.batch_size, 2)"))
-    assert "ddpkit.data_loader(dataset, batch_size=16, shuffle=True)" in result.text, result.text
-    assert any("reads loader.batch_size at line" in left.what for left in result.left), result.left
+@pytest.mark.parametrize("use", ["model(x) + torch.zeros(loader.batch_size, 2)",
+                                 "model(x) if x.size(0) == loader.batch_size else model(x)"])
+def test_a_loaders_batch_size_in_the_training_step_stays_this_ranks_as_the_batch_is(use):
+    result = plan(STEPS.replace("model(x)", use))
+    assert "ddpkit.data_loader(dataset, global_batch_size=16, shuffle=True)" in result.text, result.text
+    assert use in result.text and not result.left, result.left  # the attribute and the batch: both this rank's
 
 
 def test_a_loaders_batch_size_read_where_the_global_batch_cannot_be_named_is_listed():
@@ -73,7 +75,7 @@ def test_a_loaders_batch_size_read_where_the_global_batch_cannot_be_named_is_lis
     result = plan(source + "\nmain(16)\n")
     assert "global_batch_size=bs" in result.text, result.text
     said = [left for left in result.left if "loader.batch_size is each process's share" in left.what]
-    assert said and "read the global batch (bs) there" in said[0].fix, result.left
+    assert said and "read the global batch there (bs as it was at line" in said[0].fix, result.left
 
 
 ACCURACY = HEAD + """
@@ -213,7 +215,8 @@ def test_a_script_converted_alone_while_a_module_beside_it_builds_its_own_optimi
                                    "    nn.functional.cross_entropy(probe(ae(x)), y).backward()\n    opt.step()"))
     assert main(["-o", str(tmp_path / "out.py"), str(script)]) == 1
     err = capsys.readouterr().err
-    assert "left to you: layers.py:10 (imported from the script's folder) builds an optimizer of its own (SGD)" in err
+    assert "left to you: layers.py:10 (imported from the script's folder) builds and steps an optimizer of its " \
+        "own (SGD)" in err
     assert f"ddpkit convert --imports {script}" in err, err
     (tmp_path / "layers.py").write_text(LAYER.replace("        self.opt = torch.optim.SGD(self.parameters(), "
                                                       "lr=0.1)\n", ""))
@@ -260,3 +263,100 @@ def test_hugging_faces_own_adamw_over_weight_decay_groups_prepares_the_model():
     result = plan(GROUPS.replace("head = nn.Linear(2, 2)\n", "").replace("head(model(x))", "model(x)")
                   .format(groups=groups))
     assert "model = ddpkit.prepare_model(nn.Sequential(" in result.text, result.text
+
+
+def test_a_peer_trained_through_add_param_group_is_prepared_not_frozen():
+    result = plan(TARGET.format(target="target = make_net().to(device)\ntarget.load_state_dict(online.state_dict())")
+                  .replace("for x, _ in loader:", "opt.add_param_group({'params': target.parameters()})\n"
+                                                  "for x, _ in loader:"))
+    assert "requires_grad_(False)" not in result.text and "target = ddpkit.prepare_model(target)" in result.text, \
+        result.text
+
+
+def test_a_copy_loaded_for_an_export_after_training_is_left_as_it_is():
+    export = "\nexport = make_net()\nexport.load_state_dict(online.state_dict())\nexport.eval()\n"
+    result = plan(TARGET.format(target="target = copy.deepcopy(online)").replace("import torch\n", "import copy\n"
+                                                                                "import torch\n", 1) + export)
+    assert "export = make_net()" in result.text, result.text
+
+
+# the review of the change above: each a case it converted wrong (a crash, a number N times off) or listed for nothing
+LOOP8 = HEAD + """
+train_loader = DataLoader(dataset, batch_size=8, shuffle=True)
+model = nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+total, correct = 0.0, 0
+for i, (x, y) in enumerate(train_loader):
+    out = model(x)
+    loss = nn.functional.cross_entropy(out, y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    total += loss.item()
+    correct += (out.argmax(1) == y).sum().item()
+"""
+
+
+def test_review_a_global_batch_in_an_f_string_takes_the_other_quotes_and_the_script_compiles():
+    source = LOOP8.replace("batch_size=8", 'batch_size=config["batch_size"]').replace(
+        "train_loader = DataLoader", 'config = {"batch_size": 8}\ntrain_loader = DataLoader') + \
+        '    print(f"[{(i + 1) * train_loader.batch_size}/{len(train_loader.dataset)}]")\n'
+    result = plan(source)
+    assert "(i + 1) * config['batch_size']" in result.text, result.text
+    compile(result.text, "converted.py", "exec")  # (before Python 3.12 a " inside f"..." ends it)
+
+
+@pytest.mark.parametrize("after, kept", [
+    # a loader rebound to another (predictions in order): its batch_size is its own
+    ("train_loader = DataLoader(dataset, batch_size=16)\nprint(len(dataset) // train_loader.batch_size)\n", None),
+    # the name of the global batch means another value there: listed, not pasted
+    ("batch_size = 3\nprint(len(dataset) // train_loader.batch_size)\n", "as it was at line"),
+])
+def test_review_a_loaders_batch_size_is_the_global_batch_only_where_it_still_means_it(after, kept):
+    result = plan(LOOP8.replace("batch_size=8", "batch_size=batch_size").replace(
+        "train_loader = DataLoader", "batch_size = 8\ntrain_loader = DataLoader") + after)
+    assert "print(len(dataset) // train_loader.batch_size)" in result.text, result.text
+    assert (kept is None) == (not result.left) and all(kept in left.fix for left in result.left), result.left
+
+
+@pytest.mark.parametrize("line, reduced", [
+    # a mean over every rank's batches beside a dataset-size read: both sum and count reduced
+    ("print(total / len(train_loader), correct / len(train_loader.dataset))", "ddpkit.reduce(len(train_loader))"),
+    # this rank's batches x the loader's own (per-rank) batch: this rank's samples, its ratio
+    ("print(correct / (len(train_loader) * train_loader.batch_size))", None),
+    # the dataset divided by the batch: a count of batches (the global batch's: one process's count)
+    ("print(total / (len(train_loader.dataset) / train_loader.batch_size))", None),
+    # len(loader) times something other than the batch: no size
+    ("print(total / (len(train_loader) * 2))", None),
+])
+def test_review_training_sums_are_reduced_only_over_every_samples_count(line, reduced):
+    result = plan(LOOP8 + line + "\n")
+    assert ("ddpkit.reduce(total)" in result.text or "ddpkit.reduce(correct)" in result.text) == bool(reduced), \
+        result.text
+    assert reduced is None or reduced in result.text, result.text
+
+
+def test_review_an_evaluation_over_the_training_loader_keeps_its_batch_size_per_rank():
+    result = plan(LOOP8 + "hits = 0\nwith torch.no_grad():\n    for x, y in train_loader:\n"
+                  "        hits += (model(x).argmax(1) == y).sum().item()\n"
+                  "print(hits / (len(train_loader) * train_loader.batch_size))\n")
+    assert "hits / (ddpkit.reduce(len(train_loader)) * train_loader.batch_size)" in result.text, result.text
+
+
+@pytest.mark.parametrize("pick, test_batch", [("out[0].argmax()", "4"), ("np.argmax(out)", "1")])
+def test_review_an_argmax_of_one_sample_shards_the_evaluation(pick, test_batch):
+    result = plan(TRIALS.replace("batch_size=4", f"batch_size={test_batch}").format(pick=pick))
+    assert "test_loader = ddpkit.data_loader(" in result.text and not result.left, result.left
+
+
+def test_review_a_module_that_only_builds_the_scripts_optimizer_is_no_training_elsewhere(tmp_path, capsys):
+    from ddpkit.commands.convert.command import main
+
+    (tmp_path / "layers.py").write_text("import torch\nfrom torch import nn\n\n\nclass Net(nn.Linear):\n"
+                                        "    def configure_optimizers(self):\n"
+                                        "        return torch.optim.AdamW(self.parameters())\n")
+    script = tmp_path / "run.py"
+    script.write_text(HEAD + "from layers import Net\nloader = DataLoader(dataset, batch_size=16, shuffle=True)\n"
+                      "model = Net(8, 2)\nopt = model.configure_optimizers()\nfor x, y in loader:\n"
+                      "    opt.zero_grad()\n    nn.functional.cross_entropy(model(x), y).backward()\n    opt.step()\n")
+    assert main(["-o", str(tmp_path / "out.py"), str(script)]) == 0, capsys.readouterr().err

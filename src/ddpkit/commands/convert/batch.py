@@ -25,6 +25,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.check.rules import OPTIMIZERS
+from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.flow import DEPTH, argument_for, callee
 from ddpkit.commands.convert.inits import node_ids
 from ddpkit.commands.convert.scan import Call, Loop, dotted, names_in
@@ -39,9 +40,11 @@ SHOWS = {"save_image", "make_grid", "info", "debug", "warning", "log", "write", 
          "add_image", "add_images", "set_description", "set_postfix", "format", "savefig", "imshow"}
 
 
-def global_batch(work: _Work, call: Call, loops: list[Loop]) -> Callable[[cst.Call], cst.Call] | None:
+def global_batch(work: _Work, call: Call, loops: list[Loop]
+                 ) -> tuple[Callable[[cst.Call], cst.Call] | None, frozenset[str]]:
     """For the training loader ``call`` (read by ``loops``): the rewrite of its batch size to ``global_batch_size=``
-    (applied to the converted call), or None where it stays per process (said or listed)."""
+    (applied to the converted call) and the names the global batch goes by (``len(loader) * batch_size`` is then
+    every sample); ``(None, ∅)`` where it stays per process (said or listed)."""
     args = call.node.args
     positional = [a for a in args if a.keyword is None and not a.star]
     given = next((a for a in args if a.keyword is not None and a.keyword.value == "batch_size"), None) or \
@@ -52,53 +55,86 @@ def global_batch(work: _Work, call: Call, loops: list[Loop]) -> Callable[[cst.Ca
             work.keep(call.line, "the batch size in the ** arguments stays per process", "convert cannot "
                       "rewrite it there: the global batch is that size x the number of processes (write "
                       "global_batch_size= to keep it at any number)")
-        return None
+        return None, frozenset()
     size = code(given.value)
     if work.per_process_batch:
         work.note(f"batch_size={size} kept per process (--per-process-batch)", f"the global batch is {size} x "
                   "the number of processes", call.line)
-        return None
+        return None, frozenset()
     if isinstance(given.value, cst.Integer) and int(given.value.evaluated_value) < 2:
         work.keep(call.line, f"batch_size={size} kept per process", f"a global batch of {size} cannot be shared by "
                   f"2 or more processes: the global batch is {size} x the number of processes")
-        return None
-    attributes = {f"{n}.batch_size" for loop in loops for n in loop.iter_names}  # (``x.view(loader.batch_size, -1)``)
-    read = _read_in_training(work, _names(work, call, given.value) | attributes, loops)
+        return None, frozenset()
+    names = _names(work, call, given.value)
+    read = _read_in_training(work, names, loops)
     if read is not None:
         work.leave(call.line, f"batch_size={size} kept per process (a global batch of {size} x N): the training "
                    f"loop reads {read[0]} at line {read[1]}, sized for a batch of {size}, and each process would "
                    f"take {size}/N", "size it from the batch itself (x.size(0)), then convert again; or pass "
                    "--per-process-batch to keep the per-process batch (and scale the learning rate yourself)")
-        return None
+        return None, frozenset()
     work.note(f"batch_size={size} -> global_batch_size={size}", f"the global batch stays {size} at any number of "
               f"processes, each taking {size} / N (N, the number of processes, must divide {size}); "
               f"--per-process-batch keeps {size} per process", call.line)
     _attribute_reads(work, call, given.value, loops)
-    return _rename
+    return _rename, frozenset(names)
 
 
 def _attribute_reads(work: _Work, call: Call, size: cst.BaseExpression, loops: list[Loop]) -> None:
-    """``loader.batch_size`` read where the loader is looped over (a progress line's ``(len(loader.dataset) - 1)
-    // loader.batch_size + 1`` steps): after ``global_batch_size=`` that attribute is the per-process share, so the
-    count would be N times too large. The read becomes the global batch's own expression where it can be read
-    there (the loader's scope, or names of the module's); else it is listed."""
-    facts, code = work.facts, work.facts.code
-    wanted = {(f"{n}.batch_size", id(loop.scope)) for loop in loops for n in loop.iter_names}
-    roots = {n.split(".")[0] for n in names_in(size)}
-    module_names = {b.target.split(".")[0] for b in facts.bindings if b.scope is facts.scopes[""]}
+    """``loader.batch_size`` read where the loader is looped over, outside the training loop's own work (a progress
+    line's ``(len(loader.dataset) - 1) // loader.batch_size + 1`` steps, a scheduler's steps per epoch): after
+    ``global_batch_size=`` that attribute is each process's share, so what is counted from it would be N times off.
+    It becomes the global batch's own expression. Left as it is: inside the training loop outside a print (``if
+    x.size(0) != loader.batch_size``: this rank's batch, as the attribute), as a factor of ``len(loader)`` (this
+    rank's batches times its share: its samples), a loader rebound to another, a training loader also looped by an
+    evaluation. Listed where the expression means something else there (a local of that name)."""
+    facts = work.facts
+    if any(not flow.trains(facts, loop) for loop in loops):  # (its evaluation's sums and counts are every rank's)
+        return
+    inside = {i for loop in loops for i in node_ids(loop.node.body)}
+    quiet = _quiet(work, loops)
+    products = [p for p in m.findall(facts.module, m.BinaryOperation(operator=m.Multiply()))
+                if isinstance(p, cst.BinaryOperation)]
+    per_rank = {id(side) for p in products for side, other in ((p.left, p.right), (p.right, p.left))
+                if _is_len(other)}
     for name, scope, line, node in facts.reads:
-        if (name, id(scope)) not in wanted or id(node) in work.edits.expr:
+        loader = name[:-len(".batch_size")] if name.endswith(".batch_size") else None
+        if loader is None or id(node) in work.edits.expr or id(node) in per_rank or \
+                id(node) in inside and id(node) not in quiet or \
+                not any(loader in loop.iter_names and loop.scope is scope for loop in loops):
             continue
-        if scope is call.scope or roots <= module_names:
-            text = code(size) if isinstance(size, (cst.Name, cst.Attribute, cst.Integer)) else f"({code(size)})"
-            work.edits.expr[id(node)] = lambda _node, text=text: cst.parse_expression(text)
-            work.note(f"{name} -> {code(size)}", "the global batch: after global_batch_size= the loader's "
-                      "batch_size is each process's share, and what the script counts from it would be N times "
-                      "off", line)
-        else:
-            work.leave(line, f"{name} is each process's share of the batch (global_batch_size={code(size)}): "
-                       "what is counted from it is N times off", f"read the global batch ({code(size)}) there, "
-                       "then convert again")
+        bound = flow.binding_of(facts, loader, scope, line)
+        if bound is not None and bound.value is not None and bound.value is not call.node:
+            continue  # rebound to another loader (``train_loader = DataLoader(ds, 16)`` for predictions)
+        _global_read(work, call, size, name, scope, line, node)
+
+
+def _global_read(work: _Work, call: Call, size: cst.BaseExpression, name: str, scope: Any, line: int,
+                 node: cst.CSTNode) -> None:
+    """Rewrite one read of ``loader.batch_size`` to the global batch's expression ``size``, or list it where a name
+    of ``size`` means something else there, or where an f-string's quotes would close around it."""
+    facts, text = work.facts, work.facts.code(size)
+    same = all(flow.binding_of(facts, root, scope, line) is flow.binding_of(facts, root, call.scope, call.line)
+               for root in {n.split(".")[0] for n in names_in(size)})
+    quotes = [f for f in m.findall(facts.module, m.FormattedString())
+              if isinstance(f, cst.FormattedString) and id(node) in node_ids(f)]
+    if quotes and any(q in text for q in ("'", '"')):
+        quote = quotes[0].start[-1]  # ``f"``: a ``"`` of the expression would close it before Python 3.12
+        text = text.replace(quote, "'" if quote == '"' else '"') if ("'" if quote == '"' else '"') not in text \
+            else ""
+    if not same or not text:
+        work.leave(line, f"{name} is each process's share of the batch (global_batch_size={facts.code(size)}): "
+                   "what is counted from it is N times off", f"read the global batch there ({facts.code(size)} as "
+                   f"it was at line {call.line}), then convert again")
+        return
+    text = text if isinstance(size, (cst.Name, cst.Attribute, cst.Integer, cst.Subscript)) else f"({text})"
+    work.edits.expr[id(node)] = lambda _node, text=text: cst.parse_expression(text)
+    work.note(f"{name} -> {text}", "the global batch: after global_batch_size= the loader's batch_size is each "
+              "process's share, and what the script counts from it would be N times off", line)
+
+
+def _is_len(node: cst.BaseExpression) -> bool:
+    return isinstance(node, cst.Call) and dotted(node.func) == "len"
 
 
 def _rename(node: cst.Call) -> cst.Call:
@@ -156,13 +192,18 @@ def _read_in_training(work: _Work, names: set[str], loops: list[Loop]) -> tuple[
             # what follows the training loop there shows or evaluates (an image grid of sqrt(B) rows)
             inside |= {i for stmt in around.node.body.body if _starts(work, stmt) <= loop.line
                        for i in node_ids(stmt)}
-    quiet = {i for c in work.facts.calls if c.name in QUIET or c.last in SHOWS for i in node_ids(c.node)}
-    quiet |= {i for loop in loops for n in m.findall(loop.node, m.FormattedString() | m.BinaryOperation(
-        operator=m.Modulo(), left=m.SimpleString())) for i in node_ids(n)}  # an f-string, "%d" % ...
+    quiet = _quiet(work, loops)
     for name, _scope, line, node in work.facts.reads:
         if name in names and id(node) in inside and id(node) not in quiet:
             return name, line
     return None
+
+
+def _quiet(work: _Work, loops: list[Loop]) -> set[int]:
+    """The nodes that only show a value: a print's or a logger's arguments, an f-string, ``"%d" % ...``."""
+    quiet = {i for c in work.facts.calls if c.name in QUIET or c.last in SHOWS for i in node_ids(c.node)}
+    return quiet | {i for loop in loops for n in m.findall(loop.node, m.FormattedString() | m.BinaryOperation(
+        operator=m.Modulo(), left=m.SimpleString())) for i in node_ids(n)}
 
 
 def _starts(work: _Work, stmt: cst.CSTNode) -> int:

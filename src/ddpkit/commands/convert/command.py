@@ -219,9 +219,10 @@ def _trained_elsewhere(script: str, result) -> list[str]:
 
 
 def _optimizers_elsewhere(script: str, modules: list[str]) -> list[str]:
-    """The line for a script converted alone while a module of its folder builds an optimizer of its own (a layer
-    that trains itself inside ``forward``, a Trainer that makes its optimizer): the model that one trains is out of
-    this file's reach, and each rank would train its own copy."""
+    """The line for a script converted alone while a module of its folder builds an optimizer of its own and takes a
+    backward (a layer that trains itself inside ``forward``, a Trainer that makes its optimizer): the model that one
+    trains is out of this file's reach, and each rank would train its own copy. (A module that only builds the
+    script's optimizer, nanoGPT's ``configure_optimizers``, trains nothing itself.)"""
     from ddpkit.commands.check.rules import OPTIMIZERS
 
     root = os.path.dirname(os.path.abspath(script))
@@ -234,14 +235,17 @@ def _optimizers_elsewhere(script: str, modules: list[str]) -> list[str]:
                 tree = ast.parse(f.read())
         except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
             continue  # (converting it together says what is wrong with it)
-        for node in ast.walk(tree):
-            func = node.func if isinstance(node, ast.Call) else None
-            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-            if isinstance(node, ast.Call) and name in OPTIMIZERS:
+        calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
+        names = [(node, node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", ""))
+                 for node in calls]
+        if not any(name == "backward" for _, name in names):
+            continue  # it builds an optimizer for the script (nanoGPT's configure_optimizers), trains nothing itself
+        for node, name in names:
+            if name in OPTIMIZERS:
                 return [f"  {script}: left to you: {rel}:{node.lineno} (imported from the script's folder) builds "
-                        f"an optimizer of its own ({name}): converted alone, this file cannot prepare the model it "
-                        f"trains, and each rank would train its own copy; convert them together: ddpkit convert "
-                        f"--imports {script}"]
+                        f"and steps an optimizer of its own ({name}): converted alone, this file cannot prepare the "
+                        "model it trains, and each rank would train its own copy; convert them together: ddpkit "
+                        f"convert --imports {script}"]
     return []
 
 

@@ -387,8 +387,8 @@ def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
                    "ddpkit.data_loader(..., train=False) to evaluate (one loader per role)", blocks=True)
         return False
     # the batch first: a training sum over ``len(loader) * batch_size`` is every sample's only with the global batch
-    rename = batch.global_batch(work, call, loops) if role == "train" else None
-    if not _reductions(work, loops, call, role == "train", rename is not None):
+    rename, batches = batch.global_batch(work, call, loops) if role == "train" else (None, frozenset[str]())
+    if not _reductions(work, loops, call, role == "train", batches):
         return False
     how = "training: each rank takes its own shard, reshuffled every epoch" if role == "train" else \
         "evaluation (train=False): each rank its part, no sample twice"
@@ -452,8 +452,8 @@ def _same(node: cst.Call) -> cst.Call:
     return node
 
 
-def _reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool, global_batch: bool = False
-                ) -> bool:
+def _reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool,
+                batches: frozenset[str] = frozenset()) -> bool:
     """Sum across ranks what the loops over a loader accumulate and the code below reads
     (:mod:`ddpkit.commands.convert.sums`); an evaluation loop also runs under ``torch.no_grad()`` (a DDP
     forward with gradients on is collective, and the ranks' shards differ in length: the longer one would
@@ -470,8 +470,9 @@ def _reductions(work: _Work, loops: list[Loop], call: Call | None, training: boo
         needs = next((c.last for c in loop.calls if c.last in NEEDS_GRAD and not _grad_off(c)), None)
         if not summed_as_training and not loop.no_grad and stored is None and needs:
             stored = (f"{needs}() results (it needs gradients, so it cannot run under no_grad)", loop.line)
-        wide = None if summed_as_training else batch_wide(work.facts, loop)  # a batch is one unit (a trial)
-        plan = sums_after(work.facts, loop, summed_as_training, datasets, global_batch) \
+        # a batch that is one unit (a trial); a batch of one sample is a unit whichever rank takes it
+        wide = None if summed_as_training or call is None or _one_sample(call) else batch_wide(work.facts, loop)
+        plan = sums_after(work.facts, loop, summed_as_training, datasets, batches) \
             if stored is None and wide is None else None
         if plan is None and not summed_as_training:
             assert call is not None  # (without a call, only training loops are handed in)
@@ -516,6 +517,15 @@ def _reductions(work: _Work, loops: list[Loop], call: Call | None, training: boo
                       "gradients on is collective, and the ranks' evaluation shards differ in length",
                       loop.line)
     return True
+
+
+def _one_sample(call: Call) -> bool:
+    """``DataLoader(ds)`` / ``DataLoader(ds, batch_size=1)``: batches of one sample."""
+    positional = [a for a in call.node.args if a.keyword is None and not a.star]
+    size = next((a.value for a in call.node.args if a.keyword is not None and a.keyword.value == "batch_size"),
+                positional[1].value if len(positional) > 1 else None)
+    return size is None and not any(a.star == "**" for a in call.node.args) or \
+        isinstance(size, cst.Integer) and size.value == "1"
 
 
 def _grad_off(call: Call) -> bool:

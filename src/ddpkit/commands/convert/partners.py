@@ -11,8 +11,11 @@ Example::
     >>> from ddpkit.commands.convert.plan import plan
     >>> source = ("import torch\\nfrom torch import nn\\nonline = nn.BatchNorm1d(4)\\ntarget = nn.BatchNorm1d(4)\\n"
     ...           "opt = torch.optim.SGD(online.parameters(), lr=1)\\n"
-    ...           "for po, pt in zip(online.parameters(), target.parameters()):\\n    pt.data.copy_(po.data)\\n")
-    >>> plan(source).text.splitlines()[4]
+    ...           "loader = torch.utils.data.DataLoader(ds, batch_size=4)\\nfor x in loader:\\n"
+    ...           "    (online(x) - target(x)).pow(2).mean().backward()\\n"
+    ...           "    for po, pt in zip(online.parameters(), target.parameters()):\\n"
+    ...           "        pt.data.copy_(po.data)\\n")
+    >>> [line for line in plan(source).text.splitlines() if line.startswith("target")][0]
     'target = ddpkit.prepare_model(nn.BatchNorm1d(4).requires_grad_(False))'
 """
 
@@ -22,8 +25,10 @@ from typing import Any
 
 import libcst as cst
 
+from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.rules import without_moves
 from ddpkit.commands.convert.scan import Call, dotted, names_in
+from ddpkit.commands.convert.trained import parameters_of
 
 _Work = Any  # the plan in the making (plan._Work)
 OWNS = ("parameters", "named_parameters", "state_dict", "buffers")
@@ -64,10 +69,18 @@ def _owner(node: cst.BaseExpression) -> str | None:
 
 
 def _frozen(work: _Work, binding: Any, partner: str) -> bool:
-    """Wrap ``binding``'s build frozen (an unconditional build of its own, not a copy of the partner)."""
+    """Wrap ``binding``'s build frozen: an unconditional build of its own (not a copy of the partner), run in a
+    training loop (a copy made for an export after training is no target), whose parameters nothing else takes
+    (an ``add_param_group``, a hand-written update)."""
     value = binding.value
     if not isinstance(value, cst.Call) or partner in names_in(value) or work._guard(binding.stmt) is not None \
             or id(value) in work.edits.expr or any(binding is b for b in work.models):
+        return False
+    facts, name = work.facts, binding.target
+    if not any(dotted(c.node.func) == name and any(flow.trains(facts, loop) for loop in c.loops)
+               for c in facts.calls):
+        return False
+    if any(name in parameters_of(c.node) for c in facts.calls if c.name != "zip" and c.last not in OWNS):
         return False
     code = work.facts.module.code_for_node
     work.edits.expr[id(value)] = lambda node: cst.parse_expression(

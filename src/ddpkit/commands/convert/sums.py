@@ -21,7 +21,6 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import libcst as cst
@@ -30,22 +29,36 @@ import libcst.matchers as m
 from ddpkit.commands.convert.scan import Facts, Loop, dotted, names_in
 
 
-def _dataset_size(facts: Facts, stmt: Any, scope: Any, datasets: set[str], loaders: set[str]) -> bool:
+def _global_products(stmt: Any, loaders: set[str], batches: frozenset[str]) -> list[cst.BinaryOperation]:
+    """``len(loader) * batch_size`` in ``stmt``, the batch being the global one (``batches``: its names): this
+    rank's batches times the global batch, every sample."""
+    def is_len(node: cst.CSTNode) -> bool:
+        return isinstance(node, cst.Call) and dotted(node.func) == "len" and bool(node.args) and \
+            dotted(node.args[0].value) in loaders
+
+    return [node for node in m.findall(stmt, m.BinaryOperation(operator=m.Multiply()))
+            if isinstance(node, cst.BinaryOperation) and batches and
+            (is_len(node.left) and dotted(node.right) in batches or
+             is_len(node.right) and dotted(node.left) in batches)]
+
+
+def _dataset_size(facts: Facts, stmt: Any, scope: Any, datasets: set[str], loaders: set[str],
+                  batches: frozenset[str]) -> bool:
     """The statement divides by the whole dataset: ``len(X.dataset)``, ``len(train_ds)`` (the loader's own
-    dataset), ``len(loader) * batch_size`` (``loaders``: those whose batch is the global one, so this rank's
-    batches times it is every sample), or a name bound to one."""
-    def is_len(node: cst.CSTNode, of: Callable[[str], bool]) -> bool:
-        arg = dotted(node.args[0].value) if isinstance(node, cst.Call) and node.args else None
-        return isinstance(node, cst.Call) and dotted(node.func) == "len" and arg is not None and of(arg)
-
+    dataset), ``len(loader) * batch_size`` with the global batch, or a name bound to one. Not a size divided by
+    something (``len(ds) / loader.batch_size``: a count of batches)."""
     def is_size(node: cst.CSTNode) -> bool:
-        if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply):
-            return any(is_len(side, loaders.__contains__) for side in (node.left, node.right))
-        return is_len(node, lambda arg: arg.endswith(".dataset") or arg in datasets)
+        arg = dotted(node.args[0].value) if isinstance(node, cst.Call) and node.args else None
+        return isinstance(node, cst.Call) and dotted(node.func) == "len" and arg is not None and \
+            (arg.endswith(".dataset") or arg in datasets) or bool(_global_products(node, loaders, batches))
 
-    sizes = {b.target for b in facts.bindings if b.scope is scope and b.value is not None and is_size(b.value)}
-    return any(is_size(node) for node in m.findall(stmt, m.Call() | m.BinaryOperation())) or \
-        bool(names_in(stmt) & sizes)
+    def sizes_in(node: cst.CSTNode) -> bool:
+        divided = {id(d.left) for d in m.findall(node, m.BinaryOperation(operator=m.Divide() | m.FloorDivide()))
+                   if isinstance(d, cst.BinaryOperation)}
+        return any(is_size(n) and id(n) not in divided for n in m.findall(node, m.Call() | m.BinaryOperation()))
+
+    sizes = {b.target for b in facts.bindings if b.scope is scope and b.value is not None and sizes_in(b.value)}
+    return sizes_in(stmt) or bool(names_in(stmt) & sizes)
 
 
 def _anchor(facts: Facts, loop: Loop, name: str) -> Loop:
@@ -75,8 +88,9 @@ def _local(facts: Facts, loop: Loop) -> set[str]:
 
 
 def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str] = frozenset(),
-               global_batch: bool = False) -> list[tuple[Loop, list[str], list[Any]]] | None:
-    """``global_batch``: the loader's batch is the global one (``len(loader) * batch_size`` is then every sample).
+               batches: frozenset[str] = frozenset()) -> list[tuple[Loop, list[str], list[Any]]] | None:
+    """``batches``: the names of the loader's batch size when it is the global batch (``len(loader) * batch_size``
+    is then every sample).
     ``[(anchor, names, len_calls)]``: reduce ``names`` after ``anchor``, and wrap each ``len(loader)`` call in
     ``len_calls`` in ``ddpkit.reduce``; None: what follows the loop reads a local count this cannot reduce, or
     (evaluating) the loop may stop before its shard ends (``if i >= eval_iters: break``)."""
@@ -99,8 +113,8 @@ def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str
             return None  # read below the loop, but not below where it is complete
         if not readers or _reduced(facts, loop, anchor, name):
             continue
-        loaders = set(loop.iter_names) if global_batch else set()
-        if training and not any(s is not None and _dataset_size(facts, s, loop.scope, set(datasets), loaders)
+        loaders = set(loop.iter_names)
+        if training and not any(s is not None and _dataset_size(facts, s, loop.scope, set(datasets), loaders, batches)
                                 for s in readers):
             continue  # a mean over this rank's own batches: rank 0's, as printed
         local = _local(facts, loop) | ({n for n in loop.counted} if training else set())
@@ -110,10 +124,11 @@ def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str
             return None  # ``total / (i + 1)``: i counts this rank's batches only
         entry = plans.setdefault(id(anchor), (anchor, [], []))
         entry[1].append(name)
-        # (training: a sum is reduced only over the whole dataset's size, and ``len(loader) * batch_size`` with the
-        # global batch is that already)
-        entry[2].extend(c.node for c in facts.calls if not training and c.name == "len" and c.stmt in readers
-                        and c.node.args
+        # (``len(loader) * batch_size`` with the global batch is every sample already)
+        counted = {id(n) for s in readers if s is not None for p in _global_products(s, loaders, batches)
+                   for n in (p.left, p.right)}
+        entry[2].extend(c.node for c in facts.calls if id(c.node) not in counted and c.name == "len"
+                        and c.stmt in readers and c.node.args
                         and dotted(c.node.args[0].value) in loop.iter_names and c.node not in entry[2])
     return list(plans.values())
 
@@ -131,9 +146,13 @@ def batch_wide(facts: Facts, loop: Loop) -> tuple[str, int] | None:
     for call in m.findall(loop.node.body, m.Call(func=m.Attribute(attr=m.Name("argmax") | m.Name("argmin")) |
                                                  m.Name("argmax") | m.Name("argmin"))):
         assert isinstance(call, cst.Call)
-        name = dotted(call.func) or ""
-        method = isinstance(call.func, cst.Attribute) and name.split(".")[0] not in ("np", "numpy", "torch")
+        func = call.func
+        name = dotted(func) or (func.attr.value if isinstance(func, cst.Attribute) else "argmax")
+        method = isinstance(func, cst.Attribute) and name.split(".")[0] not in ("np", "numpy", "torch")
         positional = [a.value for a in call.args if a.keyword is None]
+        of = func.value if method and isinstance(func, cst.Attribute) else positional[0] if positional else None
+        if isinstance(of, cst.Subscript):  # ``out[i].argmax()``: one sample's
+            continue
         axis = next((a.value for a in call.args if a.keyword is not None and a.keyword.value in ("axis", "dim")),
                     positional[0 if method else 1] if len(positional) > (0 if method else 1) else None)
         if axis is None or isinstance(axis, cst.Integer) and axis.value == "0":

@@ -82,8 +82,8 @@ def trained(call: Call) -> list[str]:
     of ``M.configure_optimizers(...)``; ``[""]``: a model built in the call itself (``SGD(Net().parameters())``)."""
     if call.last == "configure_optimizers" and isinstance(call.node.func, cst.Attribute):
         return [dotted(call.node.func.value) or ""]
-    if not optimizer(call):
-        return []
+    if not optimizer(call) and call.last != "add_param_group":  # (``opt.add_param_group({"params": peer.
+        return []  # parameters()})``: the peer is trained too)
     found: list[str] = []
     for arg in call.node.args:
         found += parameters_of(arg.value)
