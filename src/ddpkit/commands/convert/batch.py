@@ -161,7 +161,9 @@ def _names(work: _Work, call: Call, size: cst.BaseExpression) -> set[str]:
     >>> sorted(_names(type("W", (), {"facts": facts})(), loader, loader.node.args[1].value))
     ['a.n', 'bs', 'k']
     """
-    names = {n for n in names_in(size) if "." in n or n == (size.value if isinstance(size, cst.Name) else "")}
+    read = names_in(size)  # (with its prefixes: ``self.args`` of self.args.batch_size is no name of the batch)
+    names = {n for n in read if ("." in n or n == (size.value if isinstance(size, cst.Name) else "")) and
+             not any(other.startswith(n + ".") for other in read)}
     facts = work.facts
     for _round in range(DEPTH):
         more = set(names)

@@ -58,7 +58,7 @@ def wrap_passed(work: _Work, want: str) -> None:
         positional = [a for a in c.node.args if a.keyword is None and not a.star]
         name = dotted(positional[int(index)].value) if int(index) < len(positional) else None
         bound = binding_of(work.facts, name, c.scope, c.line) if name else None
-        if bound is None or bound.value is None:
+        if bound is None or bound.value is None and bound.whole is None:  # (``model, crit = set_model()``: built)
             return
         bindings.append(work._unconditional(work._source(bound)))
     for binding in bindings:

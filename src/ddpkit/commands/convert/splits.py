@@ -52,8 +52,11 @@ def splits(work: _Work, loaders: bool) -> None:
     """Seed every unseeded split; ``loaders``: the script builds a DataLoader (a shuffle is data only then)."""
     for call in work.facts.calls:
         name = call.name or ""
-        if name.rsplit(".", 1)[-1] == "train_test_split" and (call.last == "train_test_split" or
-                                                               name.startswith("sklearn.")):  # (``as tts``)
+        # scikit-learn's (also ``as tts``), or a bare name from a star import; not a module's own of that name
+        # (``series.train_test_split(t, y, split=0.8)``: no random_state= to take), nor the script's
+        if name.startswith("sklearn.") and name.endswith(".train_test_split") or \
+                name == "train_test_split" and not any(scope.name.split(".")[-1] == name
+                                                       for scope in work.facts.scopes.values()):
             _keyword(work, call, "random_state", "0", "numpy")
         elif name == "torch.utils.data.random_split" or name.endswith(".random_split") and "torch" in name:
             _keyword(work, call, "generator", f"{_torch(work)}.Generator().manual_seed(0)", "torch")

@@ -63,13 +63,19 @@ def _filled(facts: Facts, names: set[str]) -> list[str]:
 def _models(facts: Facts, names: list[str]) -> list[str]:
     """The names a value of the script is bound to: not ``self`` (minGPT's configure_optimizers groups its own
     parameters for a caller), not a comprehension's variable (``for mn, m in self.named_modules()``)."""
-    return [t for t in names if t and t.split(".")[0] != "self" and
-            any(b.target == t.split(".")[0] and b.value is not None for b in facts.bindings)]
+    def head(t: str) -> str:  # what is bound: ``model`` of model.fc, ``self.model`` of self.model.fc
+        parts = t.split(".")
+        return ".".join(parts[:2]) if parts[0] == "self" else parts[0]
+
+    return [t for t in names if t and t != "self" and
+            any(b.target == head(t) and b.value is not None for b in facts.bindings)]
 
 
 # where an optimizer of torch's names comes from besides torch: Hugging Face's AdamW (``from transformers import
 # AdamW``, in fine-tuning scripts before transformers 4.46), and the packages of optimizers in torch's names
-OPTIMIZER_PACKAGES = ("torch.optim", "transformers", "torch_optimizer", "timm.optim", "bitsandbytes.optim")
+OPTIMIZER_PACKAGES = ("torch.optim", "transformers", "torch_optimizer", "timm.optim", "bitsandbytes.optim",
+                      "optim.")  # (``optim.Adam`` of an ``import torch.optim as optim`` convert does not see: a star
+# import of a project module that imports it)
 
 
 def optimizer(call: Call) -> bool:
