@@ -83,3 +83,107 @@ def test_a_project_modules_own_train_test_split_is_not_given_random_state():
                   "a, b = series.train_test_split(x, y, split=0.8)\nc, d = tts(x, y)\n")
     assert "series.train_test_split(x, y, split=0.8)\n" in result.text, result.text
     assert "tts(x, y, random_state=0)" in result.text, result.text
+
+
+# the second review of the sixth set's fixes: each converted wrong (a crash, a number N times off) or said falsely
+RNN = HEAD + """
+train_loader = DataLoader(dataset, batch_size=8, shuffle=True)
+model = nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(2):
+    {above}
+    total = 0.0
+    for i, (x, y) in enumerate(train_loader):
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        total += loss.item()
+    {below}
+"""
+
+
+@pytest.mark.parametrize("above, below, kept", [
+    # sized for this rank's batch above the batch loop (an RNN's hidden state, a GAN's labels): this rank's share
+    ("hidden = torch.zeros(train_loader.batch_size, 8)", "print(total)", "torch.zeros(train_loader.batch_size, 8)"),
+    # a count of batches, rounded up: no dataset size, the sum stays this rank's mean
+    ("pass", "print(total / ((len(train_loader.dataset) + 7) // 8))", "print(total / ((len(train_loader.dataset)"),
+    # another loader's dataset beside a training mean: not this sum's size
+    ("pass", "print(total / len(train_loader), len(val_loader.dataset))", "print(total / len(train_loader), len("),
+    # both counts of this rank's in one line: kept alike
+    ("pass", "print(f'[{(i + 1) * train_loader.batch_size}/{len(train_loader) * train_loader.batch_size}]')",
+     "{(i + 1) * train_loader.batch_size}"),
+])
+def test_review_what_is_this_ranks_stays_this_ranks(above, below, kept):
+    result = plan(RNN.format(above=above, below=below))
+    assert kept in result.text and "ddpkit.reduce(total)" not in result.text, result.text
+
+
+def test_review_a_global_batch_read_in_an_f_string_whose_quotes_differ_is_rewritten_and_a_helpers_loader_too():
+    source = RNN.format(above="pass", below="print(f\"{i * train_loader.batch_size}\")").replace(
+        "train_loader = DataLoader(dataset, batch_size=8, shuffle=True)",
+        "config = {'bs': 8}\n\n\ndef make_loader():\n    return DataLoader(dataset, batch_size=config['bs'], "
+        "shuffle=True)\n\n\ntrain_loader = make_loader()")
+    result = plan(source)
+    assert "print(f\"{i * config['bs']}\")" in result.text and not result.left, (result.left, result.text)
+
+
+def test_review_a_teacher_run_in_a_loss_helper_is_prepared_frozen_and_a_parameter_count_does_not_stop_it():
+    source = HEAD + """
+def make():
+    return nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8))
+
+
+def distill(student, teacher, x):
+    with torch.no_grad():
+        t = teacher(x)
+    return ((student(x) - t) ** 2).mean()
+
+
+loader = DataLoader(dataset, batch_size=16, shuffle=True)
+student, teacher = make(), make()
+teacher.load_state_dict(student.state_dict())
+print(sum(p.numel() for p in teacher.parameters()))
+opt = torch.optim.SGD(student.parameters(), lr=0.1)
+for x, _ in loader:
+    loss = distill(student, teacher, x)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+    result = plan(source.replace("student, teacher = make(), make()", "student = make()\nteacher = make()"))
+    assert "teacher = ddpkit.prepare_model(make().requires_grad_(False))" in result.text, result.text
+
+
+def test_review_an_argmax_over_a_column_of_the_batch_is_the_whole_batchs():
+    source = HEAD + "import numpy as np\nloader = DataLoader(dataset, batch_size=16, shuffle=True)\n" \
+        "test_loader = DataLoader(dataset, batch_size=4)\nmodel = nn.Linear(8, 2)\n" \
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor x, y in loader:\n    opt.zero_grad()\n" \
+        "    nn.functional.cross_entropy(model(x), y).backward()\n    opt.step()\nright = 0\n" \
+        "with torch.no_grad():\n    for x, y in test_loader:\n        right += int(model(x)[:, 1].argmax() == 0)\n" \
+        "print(right)\n"
+    assert "test_loader = DataLoader(dataset, batch_size=4)" in plan(source).text
+
+
+@pytest.mark.parametrize("build", [
+    "import bitsandbytes as bnb\nopt = bnb.optim.AdamW8bit(model.parameters(), lr=1e-3)",
+    "from timm.optim import create_optimizer_v2\nopt = create_optimizer_v2(model, 'adamw', lr=1e-3)",
+    "import torch.optim as optim\nopt = getattr(optim, 'Adam')(model.parameters(), lr=1e-3)",
+])
+def test_optimizers_of_other_packages_or_picked_by_name_prepare_their_model(build):
+    source = HEAD + f"loader = DataLoader(dataset, batch_size=16, shuffle=True)\nmodel = nn.Linear(8, 2)\n{build}\n" \
+        "for x, y in loader:\n    opt.zero_grad()\n    nn.functional.cross_entropy(model(x), y).backward()\n" \
+        "    opt.step()\n"
+    assert "model = ddpkit.prepare_model(nn.Linear(8, 2))" in plan(source).text
+
+
+def test_a_loss_over_the_whole_batch_is_listed_and_a_logged_dice_score_is_not():
+    source = HEAD + "def dice_bce(p, t):\n    p, t = p.sigmoid().view(-1), t.view(-1).float()\n" \
+        "    return 1 - 2 * (p * t).sum() / (p.sum() + t.sum())\n\n\n" \
+        "def dice_score(p, t):\n    return dice_bce(p, t)\n\n\n" \
+        "loader = DataLoader(dataset, batch_size=16, shuffle=True)\nmodel = nn.Linear(8, 1)\n" \
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor x, y in loader:\n" \
+        "    loss = {loss}(model(x).squeeze(1), y)\n    opt.zero_grad()\n    loss.backward()\n    opt.step()\n"
+    said = plan(source.format(loss="dice_bce")).left
+    assert any("a loss over the whole batch at once" in left.what for left in said), said
+    assert not plan(source.format(loss="nn.functional.mse_loss") + "    print(dice_score(model(x), y))\n").left

@@ -44,9 +44,11 @@ torch.manual_seed(0)
 def net():
     return nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
 online = ddpkit.prepare_model(net())
+with torch.device("meta"):
+    spare = net()  # a BatchNorm model on the meta device, kept alive (built to count parameters): never ran
 target = net()
-if sys.argv[1] == "prepared":
-    target = ddpkit.prepare_model(target.requires_grad_(False))
+if sys.argv[1] == "prepared":  # (its BatchNorm left plain on purpose: prepared all the same)
+    target = ddpkit.prepare_model(target.requires_grad_(False), sync_batchnorm=False)
 opt = torch.optim.SGD(online.parameters(), lr=0.1)
 for step in range(2):
     x = torch.randn(8, 4)

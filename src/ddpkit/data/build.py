@@ -35,6 +35,7 @@ from ddpkit.data.loader import ShardedDataLoader
 from ddpkit.data.samplers import SamplerShard, ShardSampler, too_few, user_sampler
 from ddpkit.data.settings import cores_per_process, loader_defaults
 from ddpkit.data.steps import GlobalBatchLoader
+from ddpkit.data.workerseed import RankedWorkerInit
 from ddpkit.runtime import group as runtime
 from ddpkit.runtime import phases
 
@@ -182,6 +183,12 @@ def _with_defaults(dataset: Any, state: State, seed: int, loader_kwargs: dict[st
     kwargs = {**loader_defaults(dataset, state.device.type, cores, loader_kwargs.get("num_workers")), **loader_kwargs}
     # Worker seeds derive from this generator: distinct per rank, identical across reruns.
     kwargs.setdefault("generator", torch.Generator().manual_seed(seed * 1_000_003 + state.rank))
+    if kwargs.get("worker_init_fn") is not None and state.world_size > 1:  # the script's seeds: alike on every rank
+        kwargs["worker_init_fn"] = RankedWorkerInit(kwargs["worker_init_fn"], state.rank)
+        if state.is_main:
+            print("ddpkit: worker_init_fn seeds the workers alike on every rank: ranks other than 0 reseed them by "
+                  "rank after it (random, numpy, torch), so that no two ranks draw the same", file=sys.stderr,
+                  flush=True)
     return kwargs
 
 

@@ -86,16 +86,18 @@ def _batchnorm_alone(world_size: int) -> None:
     from torch.distributed.fsdp import FSDPModule
     from torch.nn.parallel import DistributedDataParallel
 
+    from ddpkit.strategies.frozen import PREPARED
     from ddpkit.strategies.syncbn import SyncBatchNorm
 
     objects = gc.get_objects()
     # type(), not isinstance(): an object's own __class__ may warn (torch.distributed.reduce_op does)
-    inside = {id(m) for obj in objects if issubclass(type(obj), (DistributedDataParallel, FSDPModule))
-              for m in obj.modules()}
+    prepared = [obj for obj in objects if issubclass(type(obj), (DistributedDataParallel, FSDPModule))]
+    inside = {id(m) for obj in [*prepared, *PREPARED] for m in obj.modules()}
     synced = (nn.SyncBatchNorm, SyncBatchNorm)
     alone = [obj for obj in objects if issubclass(type(obj), nn.modules.batchnorm._BatchNorm)
              and not issubclass(type(obj), synced) and id(obj) not in inside and obj.training
-             and obj.track_running_stats and obj.num_batches_tracked is not None and int(obj.num_batches_tracked) > 0]
+             and obj.track_running_stats and obj.num_batches_tracked is not None
+             and not obj.num_batches_tracked.is_meta and int(obj.num_batches_tracked) > 0]  # (meta: never ran)
     if alone:
         kinds = ", ".join(sorted({type(m).__name__ for m in alone}))
         print(ALONE.format(n=len(alone), kinds=kinds), file=sys.stderr, flush=True)

@@ -13,11 +13,15 @@ Example::
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+# the modules prepared here, still alive: the first step's check of BatchNorm outside prepared models counts them in
+PREPARED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
 def frozen(model: nn.Module) -> bool:
@@ -38,6 +42,7 @@ def prepare_frozen(model: nn.Module, state: Any, sync_batchnorm: bool) -> nn.Mod
             for tensor in [*model.parameters(), *model.buffers()]:
                 if type(tensor) in (torch.Tensor, nn.Parameter) and tensor.device == state.device:
                     dist.broadcast(tensor.data, src=0)  # (a planning run's fake tensors are not broadcast)
+    PREPARED.add(model)
     if state.is_main:
         print(f"ddpkit: {type(model).__name__} trains no parameter (none requires grad): not wrapped in DDP; its "
               "weights are rank 0's on every rank" + (", its BatchNorm over the global batch" if sync_batchnorm

@@ -81,30 +81,32 @@ def global_batch(work: _Work, call: Call, loops: list[Loop]
 
 
 def _attribute_reads(work: _Work, call: Call, size: cst.BaseExpression, loops: list[Loop]) -> None:
-    """``loader.batch_size`` read where the loader is looped over, outside the training loop's own work (a progress
-    line's ``(len(loader.dataset) - 1) // loader.batch_size + 1`` steps, a scheduler's steps per epoch): after
-    ``global_batch_size=`` that attribute is each process's share, so what is counted from it would be N times off.
-    It becomes the global batch's own expression. Left as it is: inside the training loop outside a print (``if
-    x.size(0) != loader.batch_size``: this rank's batch, as the attribute), as a factor of ``len(loader)`` (this
-    rank's batches times its share: its samples), a loader rebound to another, a training loader also looped by an
-    evaluation. Listed where the expression means something else there (a local of that name)."""
+    """``loader.batch_size`` shown where the loader is looped over (a progress line's ``(len(loader.dataset) - 1)
+    // loader.batch_size + 1`` steps, ``[(i + 1) * loader.batch_size / N]``): after ``global_batch_size=`` that
+    attribute is each process's share, so the count shown would be N times off. In a print, a log call or a
+    formatted string it becomes the global batch's own expression. Anywhere else it stays this rank's share, as the
+    batch is (``model.init_hidden(loader.batch_size)``, ``torch.ones(loader.batch_size, 1)`` labels, ``if x.size(0)
+    != loader.batch_size``); so does a statement that counts ``len(loader) * loader.batch_size`` (this rank's samples,
+    beside which a global count would not add up), a loader rebound to another DataLoader, and a training loader an
+    evaluation also loops over (its sums and counts are every rank's). Listed where the expression means something
+    else there (a local of that name)."""
     facts = work.facts
-    if any(not flow.trains(facts, loop) for loop in loops):  # (its evaluation's sums and counts are every rank's)
+    if any(not flow.trains(facts, loop) for loop in loops):
         return
-    inside = {i for loop in loops for i in node_ids(loop.node.body)}
     quiet = _quiet(work, loops)
     products = [p for p in m.findall(facts.module, m.BinaryOperation(operator=m.Multiply()))
-                if isinstance(p, cst.BinaryOperation)]
-    per_rank = {id(side) for p in products for side, other in ((p.left, p.right), (p.right, p.left))
-                if _is_len(other)}
+                if isinstance(p, cst.BinaryOperation) and (_is_len(p.left) or _is_len(p.right))]
     for name, scope, line, node in facts.reads:
         loader = name[:-len(".batch_size")] if name.endswith(".batch_size") else None
-        if loader is None or id(node) in work.edits.expr or id(node) in per_rank or \
-                id(node) in inside and id(node) not in quiet or \
+        if loader is None or id(node) in work.edits.expr or id(node) not in quiet or \
                 not any(loader in loop.iter_names and loop.scope is scope for loop in loops):
             continue
+        stmt = next((st for st, _scope, _line in facts.statements if id(node) in node_ids(st)), None)
+        if stmt is not None and any(id(p) in node_ids(stmt) for p in products):
+            continue  # ``len(loader) * loader.batch_size`` beside it: this rank's count, kept alike
         bound = flow.binding_of(facts, loader, scope, line)
-        if bound is not None and bound.value is not None and bound.value is not call.node:
+        if bound is not None and isinstance(bound.value, cst.Call) and bound.value is not call.node and \
+                (dotted(bound.value.func) or "").rsplit(".", 1)[-1] in ("DataLoader", "data_loader"):
             continue  # rebound to another loader (``train_loader = DataLoader(ds, 16)`` for predictions)
         _global_read(work, call, size, name, scope, line, node)
 
@@ -118,10 +120,10 @@ def _global_read(work: _Work, call: Call, size: cst.BaseExpression, name: str, s
                for root in {n.split(".")[0] for n in names_in(size)})
     quotes = [f for f in m.findall(facts.module, m.FormattedString())
               if isinstance(f, cst.FormattedString) and id(node) in node_ids(f)]
-    if quotes and any(q in text for q in ("'", '"')):
-        quote = quotes[0].start[-1]  # ``f"``: a ``"`` of the expression would close it before Python 3.12
-        text = text.replace(quote, "'" if quote == '"' else '"') if ("'" if quote == '"' else '"') not in text \
-            else ""
+    if quotes:  # ``f"...{config["bs"]}"``: before Python 3.12 the expression's ``"`` would close the string
+        quote = quotes[0].start[-1]
+        other = "'" if quote == '"' else '"'
+        text = text if quote not in text else text.replace(quote, other) if other not in text else ""
     if not same or not text:
         work.leave(line, f"{name} is each process's share of the batch (global_batch_size={facts.code(size)}): "
                    "what is counted from it is N times off", f"read the global batch there ({facts.code(size)} as "
@@ -246,3 +248,31 @@ def summed_loss(work: _Work) -> None:
             work.leave(call.line, SUMMED, "average it (reduction='mean', loss.mean()), or keep the sum and multiply "
                        "it by the number of processes (loss.sum() * state.world_size) where it trains")
             return
+
+
+# losses of the whole batch at once (an overlap ratio): not a mean of per-sample terms
+WHOLE = ("dice", "iou", "jaccard", "tversky", "lovasz")
+METRICS = ("metric", "score", "coef", "acc", "eval")  # a measure logged beside the loss, not what trains
+
+
+def whole_batch_loss(work: _Work) -> None:
+    """A training loss over the whole batch at once (``DiceLoss()``, ``dice_loss(pred, y)``, a Tversky or Lovasz
+    loss): at N processes each rank's is over its share, and DDP averages the ranks' gradients, which is not the
+    one-process loss of the global batch. Listed once (``ddpkit verify`` FAILs it; converting it said nothing)."""
+    if not work.models:
+        return
+    facts = work.facts
+    called = {dotted(c.node.func) for c in facts.calls if any(flow.trains(facts, loop) for loop in c.loops)}
+    for c in facts.calls:
+        word = c.last.lower()
+        if not any(w in word for w in WHOLE) or any(w in word for w in METRICS):
+            continue
+        bound = [b.target for b in facts.bindings if b.value is c.node]
+        if dotted(c.node.func) in called or any(name in called for name in bound):
+            work.leave(c.line, f"{c.last}: a loss over the whole batch at once, not a mean over its samples: at N "
+                       "processes each rank's is over its share of the batch, and DDP averages the ranks' "
+                       "gradients, which is not the one-process loss of the global batch (ddpkit verify FAILs it)",
+                       "keep it if that is acceptable (the usual DDP behaviour of such losses), or compute it on "
+                       "every rank's predictions and targets gathered with ddpkit.gather(...)")
+            return
+

@@ -28,7 +28,7 @@ import libcst as cst
 from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.rules import without_moves
 from ddpkit.commands.convert.scan import Call, dotted, names_in
-from ddpkit.commands.convert.trained import parameters_of
+from ddpkit.commands.convert.trained import trained
 
 _Work = Any  # the plan in the making (plan._Work)
 OWNS = ("parameters", "named_parameters", "state_dict", "buffers")
@@ -59,6 +59,16 @@ def _pairs(call: Call) -> list[tuple[str, str]]:
     return []
 
 
+def _called_in_training(work: _Work, scope: Any, depth: int = 0) -> bool:
+    """``scope`` is a function a training loop calls (a loss helper that runs the teacher), or one such calls."""
+    facts = work.facts
+    if scope is facts.scopes[""] or depth >= flow.DEPTH:
+        return False
+    sites = [c for c in facts.calls if (flow.callee(facts, c) or (None,))[0] is scope]
+    return any(any(flow.trains(facts, loop) for loop in site.loops) or
+               _called_in_training(work, site.scope, depth + 1) for site in sites)
+
+
 def _owner(node: cst.BaseExpression) -> str | None:
     """``m`` of ``m.parameters()``, ``m.state_dict()``, ``m.state_dict().values()``."""
     while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
@@ -77,10 +87,10 @@ def _frozen(work: _Work, binding: Any, partner: str) -> bool:
             or id(value) in work.edits.expr or any(binding is b for b in work.models):
         return False
     facts, name = work.facts, binding.target
-    if not any(dotted(c.node.func) == name and any(flow.trains(facts, loop) for loop in c.loops)
-               for c in facts.calls):
+    if not any(dotted(c.node.func) == name and (any(flow.trains(facts, loop) for loop in c.loops) or
+                                               _called_in_training(work, c.scope)) for c in facts.calls):
         return False
-    if any(name in parameters_of(c.node) for c in facts.calls if c.name != "zip" and c.last not in OWNS):
+    if any(name in trained(c) for c in facts.calls):  # (an ``add_param_group``: trained after all)
         return False
     code = work.facts.module.code_for_node
     work.edits.expr[id(value)] = lambda node: cst.parse_expression(

@@ -174,6 +174,7 @@ class _Work:
         loaders.loaders(self)
         splits.splits(self, any(c.name in (loaders.LOADER, "ddpkit.data_loader") for c in self.facts.calls))
         batch.summed_loss(self)
+        batch.whole_batch_loss(self)
         rules.outputs(self)
         writes.writes(self)
 

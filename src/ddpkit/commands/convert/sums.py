@@ -26,6 +26,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
+from ddpkit.commands.convert.inits import node_ids
 from ddpkit.commands.convert.scan import Facts, Loop, dotted, names_in
 
 
@@ -50,11 +51,12 @@ def _dataset_size(facts: Facts, stmt: Any, scope: Any, datasets: set[str], loade
     def is_size(node: cst.CSTNode) -> bool:
         arg = dotted(node.args[0].value) if isinstance(node, cst.Call) and node.args else None
         return isinstance(node, cst.Call) and dotted(node.func) == "len" and arg is not None and \
-            (arg.endswith(".dataset") or arg in datasets) or bool(_global_products(node, loaders, batches))
+            (arg.endswith(".dataset") and arg[:-len(".dataset")] in loaders or arg in datasets) or \
+            bool(_global_products(node, loaders, batches))  # (another loader's dataset: not this sum's size)
 
     def sizes_in(node: cst.CSTNode) -> bool:
-        divided = {id(d.left) for d in m.findall(node, m.BinaryOperation(operator=m.Divide() | m.FloorDivide()))
-                   if isinstance(d, cst.BinaryOperation)}
+        divided = {i for d in m.findall(node, m.BinaryOperation(operator=m.Divide() | m.FloorDivide()))
+                   if isinstance(d, cst.BinaryOperation) for i in node_ids(d.left)}  # ((len(ds) + b - 1) // b)
         return any(is_size(n) and id(n) not in divided for n in m.findall(node, m.Call() | m.BinaryOperation()))
 
     sizes = {b.target for b in facts.bindings if b.scope is scope and b.value is not None and sizes_in(b.value)}
@@ -151,8 +153,8 @@ def batch_wide(facts: Facts, loop: Loop) -> tuple[str, int] | None:
         method = isinstance(func, cst.Attribute) and name.split(".")[0] not in ("np", "numpy", "torch")
         positional = [a.value for a in call.args if a.keyword is None]
         of = func.value if method and isinstance(func, cst.Attribute) else positional[0] if positional else None
-        if isinstance(of, cst.Subscript):  # ``out[i].argmax()``: one sample's
-            continue
+        if isinstance(of, cst.Subscript) and len(of.slice) == 1 and isinstance(of.slice[0].slice, cst.Index):
+            continue  # ``out[i].argmax()``: one sample's (``out[:, 1]`` is still the whole batch)
         axis = next((a.value for a in call.args if a.keyword is not None and a.keyword.value in ("axis", "dim")),
                     positional[0 if method else 1] if len(positional) > (0 if method else 1) else None)
         if axis is None or isinstance(axis, cst.Integer) and axis.value == "0":

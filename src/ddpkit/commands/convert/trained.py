@@ -78,8 +78,22 @@ OPTIMIZER_PACKAGES = ("torch.optim", "transformers", "torch_optimizer", "timm.op
 # import of a project module that imports it)
 
 
+# packages whose every class is an optimizer (``bnb.optim.AdamW8bit``, ``timm.optim.Lamb``)
+OPTIMIZER_MODULES = ("bitsandbytes.optim.", "timm.optim.", "torch_optimizer.", "apex.optimizers.")
+FACTORIES = ("timm.optim.create_optimizer_v2", "timm.optim.create_optimizer")  # (model, ...): its parameters
+
+
 def optimizer(call: Call) -> bool:
-    return call.last in OPTIMIZERS and (call.name or "").startswith((*OPTIMIZER_PACKAGES, call.last))
+    name = call.name or ""
+    return call.last in OPTIMIZERS and name.startswith((*OPTIMIZER_PACKAGES, call.last)) or \
+        name.startswith(OPTIMIZER_MODULES) and call.last[:1].isupper() or _by_name(call.node)
+
+
+def _by_name(node: cst.Call) -> bool:
+    """``getattr(torch.optim, args.optimizer)(model.parameters(), ...)``: an optimizer picked by name."""
+    func = node.func
+    return isinstance(func, cst.Call) and dotted(func.func) == "getattr" and bool(func.args) and \
+        (dotted(func.args[0].value) or "") in ("optim", "torch.optim")
 
 
 def trained(call: Call) -> list[str]:
@@ -88,6 +102,8 @@ def trained(call: Call) -> list[str]:
     of ``M.configure_optimizers(...)``; ``[""]``: a model built in the call itself (``SGD(Net().parameters())``)."""
     if call.last == "configure_optimizers" and isinstance(call.node.func, cst.Attribute):
         return [dotted(call.node.func.value) or ""]
+    if (call.name or "") in FACTORIES and call.node.args:  # timm's create_optimizer_v2(model, "adamw", ...)
+        return [dotted(call.node.args[0].value) or ""]
     if not optimizer(call) and call.last != "add_param_group":  # (``opt.add_param_group({"params": peer.
         return []  # parameters()})``: the peer is trained too)
     found: list[str] = []
