@@ -56,7 +56,15 @@ def writes(work: _Work) -> None:
             work.edits.guard[id(call.stmt)] = main_test(work, call.scope)
             work.note(f"{call.last} guarded: rank 0 writes {what}", WHY, call.line)
             _read_back(work, call, call.stmt)
-    for block in _with_blocks(work.facts.module):
+    blocks = _with_blocks(work.facts.module)
+    within = {id(i.item) for block in blocks for i in block.items}  # (``with open(...) as f``: guarded below)
+    kept = {id(b.value) for b in work.facts.bindings if b.value is not None} - within
+    for call in opened.values():  # ``log = open("log.txt", "w")``, then ``log.write(...)`` every epoch
+        if id(call.node) in kept and not _ranked(call) and not _own(work, call):
+            work.leave(call.line, "a file opened for writing and kept open (written later through its name): every "
+                       "rank writes it", "open it on rank 0 only (`if state.is_main:`, and guard its writes), or "
+                       "give the other ranks open(os.devnull, 'w')")
+    for block in blocks:
         calls = [opened[id(i.item)] for i in block.items if id(i.item) in opened]
         if not calls or any(_ranked(c) or _own(work, c) for c in calls):
             continue
