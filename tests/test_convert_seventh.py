@@ -197,3 +197,17 @@ def test_a_log_file_opened_once_and_written_every_epoch_is_listed_and_a_with_blo
     result = plan(source)
     assert [left.line for left in result.left if "kept open (written later through its name)" in left.what] == [7]
     assert "is_main:\n    with open('done.txt', 'w') as f:" in result.text, result.text
+
+
+def test_a_script_alone_whose_optimizer_comes_from_a_module_beside_it_is_listed(tmp_path, capsys):
+    from ddpkit.commands.convert.command import main
+
+    (tmp_path / "util.py").write_text("import torch.optim as optim\n\n\ndef set_optimizer(model):\n"
+                                      "    return optim.SGD(model.parameters(), lr=0.1)\n")
+    script = tmp_path / "main.py"
+    script.write_text(HEAD + "from util import set_optimizer\nloader = DataLoader(dataset, batch_size=16, "
+                      "shuffle=True)\nmodel = nn.Linear(8, 2)\noptimizer = set_optimizer(model)\nfor x, y in loader:\n"
+                      "    optimizer.zero_grad()\n    nn.functional.cross_entropy(model(x), y).backward()\n"
+                      "    optimizer.step()\n")
+    assert main(["-o", str(tmp_path / "out.py"), str(script)]) == 1
+    assert "util.py:5 (imported from the script's folder) builds an optimizer (SGD)" in capsys.readouterr().err

@@ -199,7 +199,7 @@ def _trained_elsewhere(script: str, result) -> list[str]:
         return []
     modules = project.files_of(script, imports=True)[1][1:]
     if "prepare_model(" in result.text or "data_loader(" in result.text:
-        return _optimizers_elsewhere(script, modules)
+        return _optimizers_elsewhere(script, modules, trains="prepare_model(" in result.text)
     if modules:
         return [f"  {script}: left to you: no model is prepared and no DataLoader converted here, and the script "
                 f"imports {', '.join(modules[:3])}{' ...' if len(modules) > 3 else ''} from its folder (its training "
@@ -218,11 +218,12 @@ def _trained_elsewhere(script: str, result) -> list[str]:
             f"convert --imports {script}, or ddpkit convert FOLDER for a package outside the script's folder"]
 
 
-def _optimizers_elsewhere(script: str, modules: list[str]) -> list[str]:
+def _optimizers_elsewhere(script: str, modules: list[str], trains: bool) -> list[str]:
     """The line for a script converted alone while a module of its folder builds an optimizer of its own and takes a
     backward (a layer that trains itself inside ``forward``, a Trainer that makes its optimizer): the model that one
-    trains is out of this file's reach, and each rank would train its own copy. (A module that only builds the
-    script's optimizer, nanoGPT's ``configure_optimizers``, trains nothing itself.)"""
+    trains is out of this file's reach, and each rank would train its own copy. Where the script prepares no model,
+    also a module that only builds its optimizer (``optimizer = set_optimizer(opt, model)``); where it prepares one,
+    such a module trains nothing itself (nanoGPT's ``configure_optimizers``)."""
     from ddpkit.commands.check.rules import OPTIMIZERS
 
     root = os.path.dirname(os.path.abspath(script))
@@ -238,12 +239,12 @@ def _optimizers_elsewhere(script: str, modules: list[str]) -> list[str]:
         calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
         names = [(node, node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", ""))
                  for node in calls]
-        if not any(name == "backward" for _, name in names):
-            continue  # it builds an optimizer for the script (nanoGPT's configure_optimizers), trains nothing itself
+        if trains and not any(name == "backward" for _, name in names):
+            continue  # it builds the script's optimizer (nanoGPT's configure_optimizers), whose model is prepared
         for node, name in names:
             if name in OPTIMIZERS:
                 return [f"  {script}: left to you: {rel}:{node.lineno} (imported from the script's folder) builds "
-                        f"and steps an optimizer of its own ({name}): converted alone, this file cannot prepare the "
+                        f"an optimizer ({name}): converted alone, this file cannot prepare the "
                         "model it trains, and each rank would train its own copy; convert them together: ddpkit "
                         f"convert --imports {script}"]
     return []
