@@ -17,6 +17,8 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import libcst as cst
 import libcst.matchers as m
 
@@ -249,6 +251,17 @@ def trains(facts: Facts, loop: Loop, depth: int = 0) -> bool:
         if target is not None and scope_trains(facts, target[0], depth + 1):
             return True
     return False
+
+
+def called_from_loop(facts: Facts, scope: Scope, accept: Callable[[Loop], bool] = lambda loop: True,
+                     depth: int = 0) -> bool:
+    """``scope`` is a function called from a loop ``accept`` takes (any loop: a draw made every step; a training
+    loop: a loss helper that runs a teacher), or from a function so called."""
+    if scope is facts.scopes[""] or depth >= DEPTH:
+        return False
+    sites = [c for c in facts.calls if (callee(facts, c) or (None,))[0] is scope]
+    return any(any(accept(loop) for loop in site.loops) or called_from_loop(facts, site.scope, accept, depth + 1)
+               for site in sites)
 
 
 def scope_trains(facts: Facts, scope: Scope, depth: int = 0) -> bool:

@@ -59,16 +59,6 @@ def _pairs(call: Call) -> list[tuple[str, str]]:
     return []
 
 
-def _called_in_training(work: _Work, scope: Any, depth: int = 0) -> bool:
-    """``scope`` is a function a training loop calls (a loss helper that runs the teacher), or one such calls."""
-    facts = work.facts
-    if scope is facts.scopes[""] or depth >= flow.DEPTH:
-        return False
-    sites = [c for c in facts.calls if (flow.callee(facts, c) or (None,))[0] is scope]
-    return any(any(flow.trains(facts, loop) for loop in site.loops) or
-               _called_in_training(work, site.scope, depth + 1) for site in sites)
-
-
 def _owner(node: cst.BaseExpression) -> str | None:
     """``m`` of ``m.parameters()``, ``m.state_dict()``, ``m.state_dict().values()``."""
     while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
@@ -87,8 +77,12 @@ def _frozen(work: _Work, binding: Any, partner: str) -> bool:
             or id(value) in work.edits.expr or any(binding is b for b in work.models):
         return False
     facts, name = work.facts, binding.target
-    if not any(dotted(c.node.func) == name and (any(flow.trains(facts, loop) for loop in c.loops) or
-                                               _called_in_training(work, c.scope)) for c in facts.calls):
+    def training(loop: Any) -> bool:
+        return flow.trains(facts, loop)
+
+    # run where the model trains: in a training loop, or in a function one calls (a loss helper)
+    if not any(dotted(c.node.func) == name and (any(map(training, c.loops)) or
+                                               flow.called_from_loop(facts, c.scope, training)) for c in facts.calls):
         return False
     if any(name in trained(c) for c in facts.calls):  # (an ``add_param_group``: trained after all)
         return False

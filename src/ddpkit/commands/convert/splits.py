@@ -29,7 +29,7 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.commands.convert.apply import add_keyword
-from ddpkit.commands.convert.flow import DEPTH, callee
+from ddpkit.commands.convert.flow import DEPTH, called_from_loop, callee
 from ddpkit.commands.convert.inits import node_ids
 from ddpkit.commands.convert.scan import Call, Scope, dotted, names_in
 
@@ -61,18 +61,8 @@ def splits(work: _Work, loaders: bool) -> None:
         elif name == "torch.utils.data.random_split" or name.endswith(".random_split") and "torch" in name:
             _keyword(work, call, "generator", f"{_torch(work)}.Generator().manual_seed(0)", "torch")
         elif name in DRAWS and loaders and not call.loops and not call.scope.name.endswith(PER_SAMPLE) and \
-                not _per_step(work, call.scope):
+                not called_from_loop(work.facts, call.scope):  # (a draw every step: mixup's randperm)
             _draw(work, call, DRAWS[name])
-
-
-def _per_step(work: _Work, scope: Scope, depth: int = 0) -> bool:
-    """``scope`` is a function called from a loop (or from one such function): a draw there is made every step
-    (mixup's ``torch.randperm(batch_size)`` pairing the samples of each batch), no split of the data; a fixed seed
-    would make it the same permutation every time."""
-    if scope is work.facts.scopes[""] or depth >= DEPTH:
-        return False
-    sites = [c for c in work.facts.calls if (callee(work.facts, c) or (None,))[0] is scope]
-    return any(site.loops or _per_step(work, site.scope, depth + 1) for site in sites)
 
 
 def _keyword(work: _Work, call: Call, keyword: str, value: str, library: str) -> None:
