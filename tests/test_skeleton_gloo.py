@@ -64,7 +64,9 @@ def test_output_appears_once(run):
     assert stdout.count("MARKER-print") == 1
     assert stdout.count("MARKER-log") == 1
     assert stdout.count("MARKER-every-rank") == 1 and "[rank 1] MARKER-every-rank" not in stdout  # console: rank 0
-    assert stdout.count("MARKER-same-on-every-rank") == 1 and "MARKER-same-on-every-rank [x2 ranks]" in stdout
+    assert stdout.count("MARKER-same-on-every-rank") == 1
+    # shown once; marked [x2 ranks] only when rank 1's copy came within the hold, which a loaded CI machine does
+    # not promise (rank 1 off the cores for longer): the marking is tested on crafted files in test_console.py
     assert stderr.count("MARKER-bar") >= 1 and stderr.count("global batch 8 = 4 per process x 2") == 1
     event_files = list((run["out"] / "tb").glob("events.out.tfevents.*"))
     assert len(event_files) == 1

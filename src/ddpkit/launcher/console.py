@@ -58,7 +58,21 @@ def _hold_s() -> float:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):  # a platform without them: the plain hold
         return _HOLD_S
-    return min(_HOLD_MAX_S, _HOLD_S * max(1.0, load / max(1, cores)))
+    return min(_HOLD_MAX_S, _HOLD_S * max(1.0, max(load, _runnable_now()) / max(1, cores)))
+
+
+def _runnable_now() -> float:
+    """Processes runnable at this instant (Linux's /proc/loadavg, 4th field): the one-minute load average lags a
+    burst by tens of seconds, the moment a test suite starts many workers at once; 0 where it cannot be read.
+
+    >>> _runnable_now() >= 0
+    True
+    """
+    try:
+        with open("/proc/loadavg") as f:
+            return float(f.read().split()[3].split("/")[0])
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def parse_ranks(text: str, world_size: int) -> set[int]:
