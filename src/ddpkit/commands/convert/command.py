@@ -310,7 +310,8 @@ def _main_many(ns: argparse.Namespace) -> int:
         result, encodings[rel] = convert_file(os.path.join(root, rel), ns.per_process_batch, names)
         return result
 
-    plans = crossing.settle(files, one)  # a model or loader one file uses and another builds: converted there
+    # a model or loader one file uses and another builds: converted there
+    plans = crossing.settle(files, one, project.outer(root))
     done = [(rel, os.path.join(shown, rel), plans[rel], encodings[rel]) for rel in files]
     if ns.json:
         print(json.dumps({"files": [{"script": name, "refused": r.refused, "changed": r.text != r.source,

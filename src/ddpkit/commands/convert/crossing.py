@@ -26,6 +26,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from ddpkit.commands.convert.project import local
+
 MODEL, TRAIN, EVAL = "model", "training loader", "evaluation loader"
 HANDED = "a loader handed in"  # an Ask's name: a training loop over a parameter fed from another module
 # an Ask's name's head: an optimizer over a parameter of ``function`` (``a model handed in:train_model:0``), which
@@ -52,16 +54,25 @@ class Crossing:
     provided: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-def settle(files: list[str], convert: Callable[[str, Crossing | None], Any]) -> dict[str, Any]:
+def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
+           root_outer: tuple[str, ...] = ()) -> dict[str, Any]:
     """Every file's plan (``convert(rel, crossing)``), with the asks between them settled: each file of a module
     asked for converts the names asked, then the asking files are told which were. ``files``: paths relative to
-    the project's root, ``/``-separated."""
+    the project's root, ``/``-separated; ``root_outer``: the package paths of the root (:func:`.project.outer`),
+    under which a file may import its neighbours."""
     plans = {rel: convert(rel, None) for rel in files}
+
+    def module_file_of(module: str) -> str | None:
+        return module_file(files, local(module, root_outer, lambda m: module_file(files, m) is not None))
+
+    def imported(source: str) -> set[str]:
+        return {local(m, root_outer, lambda m: module_file(files, m) is not None) for m in _imported(source)}
+
     wants: dict[str, dict[str, str]] = {}
     asked: dict[str, list[tuple[str, Ask]]] = {}  # the file of the module -> (asking file, its ask)
     for rel, result in plans.items():
         for ask in getattr(result, "asks", ()):
-            target = module_file(files, ask.module) if ask.name != HANDED else None
+            target = module_file_of(ask.module) if ask.name != HANDED else None
             if target is not None and target != rel:
                 names = wants.setdefault(target, {})
                 if names.get(ask.name) != TRAIN:  # one file trains on it, another evaluates: a training loader
@@ -75,14 +86,14 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any]) -> 
         for ask in getattr(result, "asks", ()):
             want = _handed_want(rel, ask)
             for other, p in plans.items() if want else ():
-                if other != rel and rel[:-3].replace("/", ".") in _imported(getattr(p, "source", "")):
+                if other != rel and rel[:-3].replace("/", ".") in imported(getattr(p, "source", "")):
                     wants.setdefault(other, {})[want] = MODEL  # type: ignore[index]
                     asked.setdefault(other, []).append((rel, ask))
     for target, names in wants.items():
         plans[target] = convert(target, Crossing(wants=names))
     provided: dict[str, dict[str, str]] = {}
     for rel in handed:  # a loop over a loader handed in: fed by the training loader of a file that calls it
-        feeding = _feeding(rel, plans)
+        feeding = _feeding(rel, plans, imported)
         if feeding:
             provided.setdefault(rel, {})[key("", HANDED)] = feeding
     for target, pairs in asked.items():
@@ -108,12 +119,12 @@ def key(module: str, name: str) -> str:
     return f"{module}:{name}"
 
 
-def _feeding(rel: str, plans: dict[str, Any]) -> str | None:
+def _feeding(rel: str, plans: dict[str, Any], imported: Callable[[str], set[str]]) -> str | None:
     """The file whose converted training loader reaches ``rel``'s loop over a parameter: one that trains and
     imports ``rel``'s module (it calls it), or that such a caller imports (going_modular's ``train.py`` imports
     ``data_setup`` and ``engine``); None: no file that trains is seen to reach it (an unrelated file's does not)."""
     mine = rel[:-3].replace("/", ".")
-    imports = {other: _imported(getattr(p, "source", "")) for other, p in plans.items()}
+    imports = {other: imported(getattr(p, "source", "")) for other, p in plans.items()}
     callers = [other for other, names in imports.items() if other != rel and mine in names]
     for other, p in sorted(plans.items()):
         module = other[:-3].replace("/", ".")

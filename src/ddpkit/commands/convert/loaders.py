@@ -43,6 +43,22 @@ def loaders(work: _Work) -> None:
             training |= _loader(work, call, "train")
             work.done.append(wanted)
             continue
+        keyed = _keyed(work, call, built) if wanted is None else None
+        if keyed is not None and keyed[1] == TRAIN:  # the one that shuffles, of a dict of loaders asked for
+            training |= _loader(work, call, "train")
+            work.done.append(keyed[0])
+            continue
+        if keyed is not None and not keyed[1]:
+            work.leave(call.line, f"another module of the project trains on {keyed[0]}, and which of the "
+                       f"DataLoaders of {call.scope.name}() that key holds is not followed (told by shuffle=True "
+                       "when exactly one shuffles, written out)", "make the training loader the only one built with "
+                       "shuffle=True, or build it in a function of its own, then convert again", blocks=True)
+            continue
+        if keyed is not None:
+            work.keep(call.line, f"a DataLoader of {call.scope.name}() that does not shuffle left as it is",
+                      f"another module of the project trains on {keyed[0]}, the one of its DataLoaders that shuffles: "
+                      "each rank reads all of this one, which is right for an evaluation")
+            continue
         if wanted is not None:  # another module's loop reads it, and does not train
             shown = f"{wanted} = DataLoader(...)" if "(" not in wanted else f"the DataLoader {wanted} returns"
             work.keep(call.line, f"{shown} left as it is", "another module of the project "
@@ -85,20 +101,25 @@ def _imported_loader(work: _Work, line: int) -> bool:
     another module stays as it is there: each rank evaluates every batch, which is right."""
     reads: dict[str, bool] = {}  # name -> read by a loop that trains (as a loader's role is told: flow.trains)
     origins: dict[str, tuple[str, str]] = {}  # name -> (its module, its name there)
+    every: dict[str, list[tuple[str, str]]] = {}  # name -> each origin (functions picked in an if/elif)
     trained: dict[str, list[Loop]] = {}  # name -> the training loops over it
     looped: dict[str, list[Loop]] = {}  # name -> every loop over it
     for loop in work.facts.loops:
         for name in _reads(work, loop):
-            origin = imported_from(work.facts, name) or _returned_by_import(work.facts, name, loop)
-            if origin:
-                origins[name] = origin
+            imported = imported_from(work.facts, name)
+            found = [imported] if imported else _returned_by_import(work.facts, name, loop)
+            if found:
+                origins[name] = found[0]
+                every.setdefault(name, []).extend(o for o in found if o not in every.get(name, []))
                 reads[name] = reads.get(name, False) or flow.trains(work.facts, loop)
                 trained.setdefault(name, []).extend([loop] if flow.trains(work.facts, loop) else [])
                 looped.setdefault(name, []).append(loop)
     if not reads:
         return False
     training = sorted(n for n, trains in reads.items() if trains)
-    done = {n: work.crossing.provided.get(key(*origins[n])) for n in training}
+    done = {n: work.crossing.provided.get(key(*origins[n])) if all(key(*o) in work.crossing.provided
+                                                                   for o in every[n]) else None
+            for n in training}
     for n in training:
         home = flow.binding_of(work.facts, n, work.facts.scopes[""], line)
         scope = home.scope if home is not None else work.facts.scopes[""]
@@ -124,10 +145,10 @@ def _imported_loader(work: _Work, line: int) -> bool:
             return True
         _reductions(work, fors, None, False)
     missing = [n for n in training if not done[n]]
-    work.asks.extend(Ask(*origins[n], EVAL, line) for n in reads if not reads[n])
+    work.asks.extend(Ask(*o, EVAL, line) for n in reads if not reads[n] for o in every[n])
     if not training or not missing:  # (evaluations only: asked, so as to learn whether they are sharded there)
         return True
-    work.asks.extend(Ask(*origins[n], TRAIN, line) for n in missing)
+    work.asks.extend(Ask(*o, TRAIN, line) for n in missing for o in every[n])
     where = ", ".join(f"{n!r} from {origins[n][0]}" for n in (missing or sorted(reads)))
     work.leave(line, f"the loops read loaders imported from modules of the script ({where}), and convert does "
                "not follow a name from one module to another outside a project: as they are, every rank reads "
@@ -207,22 +228,53 @@ def iterated(node: cst.BaseExpression) -> set[str]:
     return set()
 
 
-def _returned_by_import(facts: Facts, name: str, loop: Loop) -> tuple[str, str] | None:
-    """(the module, ``get_loaders()[0]``) when ``name`` is bound from a call of a function imported from a module
-    of the script's own (:func:`~ddpkit.commands.convert.crossing.returned` names its value there); None otherwise.
+def _returned_by_import(facts: Facts, name: str, loop: Loop) -> list[tuple[str, str]]:
+    """[(the module, ``get_loaders()[0]``)] when ``name`` is bound from a call of a function imported from a module
+    of the script's own (:func:`~ddpkit.commands.convert.crossing.returned` names its value there): one per such
+    binding of its scope, so that functions picked in an ``if``/``elif`` (LynnHo's ``data.make_*_dataset``) are
+    all asked; [] otherwise.
 
     >>> from ddpkit.commands.convert.scan import parse, scan
     >>> facts = scan(parse("from data import get\\ntr, te = get(8)\\nfor x in tr:\\n    pass\\n"))
     >>> _returned_by_import(facts, "tr", facts.loops[0])
-    ('data', 'get()[0]')
+    [('data', 'get()[0]')]
+    >>> facts = scan(parse("import data\\nif a:\\n    tr, s = data.one(8)\\nelse:\\n    tr, s = data.two(8)\\n"
+    ...                    "for x in tr:\\n    pass\\n"))
+    >>> _returned_by_import(facts, "tr", facts.loops[0])
+    [('data', 'one()[0]'), ('data', 'two()[0]')]
     """
     binding = flow.binding_of(facts, name, loop.scope, loop.line)
-    call = binding.whole if binding is not None else None
+    if binding is None or _origin(facts, binding) is None:  # what the loop reads is no such call
+        return []
+    same = [b for b in facts.bindings if b.target == binding.target and b.scope is binding.scope]
+    return [origin for origin in map(lambda b: _origin(facts, b), same) if origin is not None]
+
+
+def _origin(facts: Facts, binding: Binding, depth: int = 0) -> tuple[str, str] | None:
+    """(the module, ``get_loaders()[0]``) of a binding from a call of an imported function, or of one entry of the
+    dict such a call returns (cs230's ``train_dl = dataloaders['train']``: ``fetch_dataloader()['train']``)."""
+    call = binding.whole
     func = dotted(call.func) if isinstance(call, cst.Call) else None
     origin = imported_from(facts, func) if func else None
-    if binding is None or origin is None:
+    if origin is not None:
+        return origin[0], returned(origin[1], binding.index)
+    key_ = _string_key(binding.value)
+    holder = dotted(binding.value.value) if key_ is not None and isinstance(binding.value, cst.Subscript) else None
+    held = flow.binding_of(facts, holder, binding.scope, binding.line) if holder and depth < 2 else None
+    origin = _origin(facts, held, depth + 1) if held is not None and held.value is not None else None
+    if origin is None or not origin[1].endswith("()"):
         return None
-    return origin[0], returned(origin[1], binding.index)
+    return origin[0], f"{origin[1]}[{key_!r}]"
+
+
+def _string_key(node: cst.BaseExpression | None) -> str | None:
+    """``'train'`` of ``loaders['train']``; None for any other expression."""
+    if not isinstance(node, cst.Subscript) or len(node.slice) != 1:
+        return None
+    index = node.slice[0].slice
+    value = index.value if isinstance(index, cst.Index) else None
+    return value.evaluated_value if isinstance(value, cst.SimpleString) and \
+        isinstance(value.evaluated_value, str) else None
 
 
 def _subclassed(work: _Work, line: int) -> bool:
@@ -326,6 +378,42 @@ def _wanted(work: _Work, call: Call) -> str | None:
                     dotted(element) == binding.target:
                 names.append(returned(scope.name, i if len(elements) > 1 else -1))
     return next((n for n in names if work.crossing.wants.get(n) in (TRAIN, EVAL)), None)
+
+
+def _keyed(work: _Work, call: Call, built: list[Call]) -> tuple[str, str] | None:
+    """(what is asked, its kind; "": cannot be told) for a DataLoader of a function whose returned dict another
+    module reads by key (cs230's ``fetch_dataloader(...)['train']``): which key a loader is stored under is not
+    followed, so its ``shuffle`` tells, when the function builds exactly one that shuffles, written out: that one
+    for the key asked for training, the others for the evaluation keys; None when nothing asks by key.
+
+    >>> from ddpkit.commands.convert.plan import plan
+    >>> from ddpkit.commands.convert.crossing import Crossing
+    >>> text = ("from torch.utils.data import DataLoader\\ndef get(b):\\n    tr = DataLoader(a, batch_size=b, "
+    ...         "shuffle=True)\\n    te = DataLoader(c, batch_size=b)\\n    return {'tr': tr, 'te': te}\\n")
+    >>> print(plan(text, crossing=Crossing(wants={"get()['tr']": "training loader"})).text.splitlines()[3])
+        tr = ddpkit.data_loader(a, global_batch_size=b, shuffle=True)
+    """
+    function = call.scope.name
+    asked = {n: kind for n, kind in work.crossing.wants.items() if n.startswith(f"{function}()[") and
+             n.endswith("]") and n[len(function) + 3] in "'\"" and function}
+    train = [n for n, kind in asked.items() if kind == TRAIN]
+    if len(train) != 1:
+        return None
+    mine = [c for c in built if c.scope is call.scope]
+    shuffles = {id(c): _shuffle(c) for c in mine}
+    if None in shuffles.values() or sum(shuffles.values()) != 1:  # type: ignore[arg-type]
+        return train[0], ""  # asked by key, and which loader that is cannot be told
+    if shuffles[id(call)]:
+        return train[0], TRAIN
+    return next((n for n, kind in asked.items() if kind != TRAIN), train[0]), EVAL
+
+
+def _shuffle(call: Call) -> bool | None:
+    """A DataLoader's ``shuffle`` when it is written out as True or False or left out (False); None otherwise."""
+    given = next((a.value for a in call.node.args if a.keyword is not None and a.keyword.value == "shuffle"), None)
+    if given is None:
+        return False if not any(a.star for a in call.node.args) else None
+    return {"True": True, "False": False}.get(given.value) if isinstance(given, cst.Name) else None
 
 
 def _loader(work: _Work, call: Call, role: str | None = None) -> bool:

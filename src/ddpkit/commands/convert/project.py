@@ -20,7 +20,7 @@ from __future__ import annotations
 import ast
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ddpkit.core.errors import UsageError
 
@@ -101,15 +101,52 @@ def _imports_of(root: str, rel: str) -> Iterator[str]:
                 yield from _module_files(root, [*base, alias.name])
 
 
+def outer(root: str) -> tuple[str, ...]:
+    """The dotted names under which a script may import its own folder's modules by package path, longest first:
+    TCN's ``mnist_pixel/pmnist_test.py`` puts the repository's root on ``sys.path`` and writes ``from
+    TCN.mnist_pixel.utils import data_generator`` for its neighbour ``utils.py``.
+
+    >>> outer("/src/TCN/mnist_pixel")
+    ('src.TCN.mnist_pixel', 'TCN.mnist_pixel', 'mnist_pixel')
+    """
+    folders = [part for part in os.path.abspath(root).split(os.sep) if part.isidentifier()][-3:]
+    return tuple(".".join(folders[i:]) for i in range(len(folders)))
+
+
+def local(module: str, root_outer: tuple[str, ...], exists: Callable[[str], bool]) -> str:
+    """``module`` as the project names it: without the package path of the script's own folder (:func:`outer`)
+    when what is left is a file of the project (``exists``: its dotted name -> whether it is one); else as it is
+    (``torch.utils.data`` stays a library module even beside a ``data.py``).
+
+    >>> local("TCN.mnist_pixel.utils", ("TCN.mnist_pixel", "mnist_pixel"), lambda m: m == "utils")
+    'utils'
+    >>> local("torch.utils", ("torch",), lambda m: False)
+    'torch.utils'
+    """
+    for prefix in root_outer:
+        rest = module[len(prefix) + 1:]
+        if module.startswith(prefix + ".") and rest and exists(rest):
+            return rest
+    return module
+
+
 def _module_files(root: str, parts: list[str]) -> Iterator[str]:
-    """The file of module ``parts`` under ``root``, with the packages' ``__init__.py`` on the way."""
+    """The file of module ``parts`` under ``root``, with the packages' ``__init__.py`` on the way; a module of
+    ``root`` imported by its package path (:func:`outer`) too."""
+    name = local(".".join(parts), outer(root), lambda m: _module_file(root, m.split(".")) is not None)
+    parts = name.split(".") if name != ".".join(parts) else parts
     for i in range(1, len(parts) + 1):
         init = "/".join(parts[:i]) + "/__init__.py"
         if os.path.isfile(os.path.join(root, init)):
             yield init
-    module = "/".join(parts) + ".py"
-    if parts and os.path.isfile(os.path.join(root, module)):
+    module = _module_file(root, parts)
+    if module is not None:
         yield module
+
+
+def _module_file(root: str, parts: list[str]) -> str | None:
+    module = "/".join(parts) + ".py"
+    return module if parts and os.path.isfile(os.path.join(root, module)) else None
 
 
 def companions(root: str, files: list[str], out: str) -> tuple[int, list[str]]:
