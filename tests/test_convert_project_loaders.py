@@ -100,3 +100,65 @@ def test_a_dict_whose_loaders_all_shuffle_or_do_not_say_is_still_refused():
         files = dict(DICT, **{"model/data_loader.py": DICT["model/data_loader.py"].replace("shuffle=False", second)})
         done = _settled(files)
         assert done["model/data_loader.py"].refused, done["model/data_loader.py"].text
+
+
+SOLVER = {
+    "data_loader.py": DATA + "\n\ndef get_loader(batch_size):\n    return DataLoader(ds, batch_size=batch_size, "
+                      "shuffle=True)\n",
+    "solver.py": "import torch\nimport torch.nn.functional as F\n\n\nclass Solver:\n"
+                 "    def __init__(self, loader, iters):\n        self.loader, self.iters = loader, iters\n"
+                 "        self.model = torch.nn.Linear(8, 2)\n"
+                 "        self.opt = torch.optim.Adam(self.model.parameters(), lr=0.01)\n\n"
+                 "    def train(self):\n        data_iter = iter(self.loader)\n        for i in range(self.iters):\n"
+                 "            try:\n                x, y = next(data_iter)\n            except StopIteration:\n"
+                 "                data_iter = iter(self.loader)\n                x, y = next(data_iter)\n"
+                 "            loss = F.cross_entropy(self.model(x), y)\n            self.opt.zero_grad()\n"
+                 "            loss.backward()\n            self.opt.step()\n        print(loss.item())\n",
+    "main.py": "import torch\nfrom data_loader import get_loader\nfrom solver import Solver\n\n"
+               "torch.manual_seed(0)\nloader = get_loader(16)\nsolver = Solver(loader, 6)\nsolver.train()\n",
+}
+
+
+def test_a_loader_handed_to_a_solver_that_draws_with_next_is_converted_where_the_entry_gets_it(tmp_path):
+    """StarGAN's shape: the entry gets the loader from the data module and hands it to ``Solver(...)``, whose loop
+    draws ``next(data_iter)``: the solver's file was refused ("fed by hand"), the data module's loader kept plain."""
+    for rel, text in SOLVER.items():
+        (tmp_path / rel).write_text(text)
+    out = tmp_path / "out"
+    r = run_cmd(CONVERT + ["--imports", "-o", str(out), str(tmp_path / "main.py")], timeout=60)
+    assert r.returncode == 0 and "left to you" not in r.stderr, r.stderr
+    assert "ddpkit.data_loader(ds, global_batch_size=batch_size, shuffle=True)" in (out / "data_loader.py").read_text()
+    assert "self.model = ddpkit.prepare_model(torch.nn.Linear(8, 2))" in (out / "solver.py").read_text()
+    assert "kept: the training loop over loader (a parameter of Solver.__init__) left as it is" in r.stderr, r.stderr
+    launched = run_cmd([sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", "2", "main.py"],
+                       timeout=240, cwd=str(out))
+    assert launched.returncode == 0 and "global batch 16 = 8 per process x 2" in launched.stderr, \
+        launched.stdout + launched.stderr[-1500:]
+
+
+CALLABLE = {
+    "datasets.py": DATA + "\n\ndef get_dataloaders(batch_size=16, shuffle=True):\n"
+                   "    return DataLoader(ds, batch_size=batch_size, shuffle=shuffle)\n",
+    "training.py": "import torch.nn.functional as F\n\n\nclass Trainer:\n    def __init__(self, model, optimizer):\n"
+                   "        self.model, self.optimizer = model, optimizer\n\n"
+                   "    def __call__(self, data_loader, epochs=2):\n        for epoch in range(epochs):\n"
+                   "            self._epoch(data_loader)\n\n    def _epoch(self, data_loader):\n"
+                   "        for x, y in data_loader:\n            self._step(x, y)\n\n    def _step(self, x, y):\n"
+                   "        loss = F.cross_entropy(self.model(x), y)\n        self.optimizer.zero_grad()\n"
+                   "        loss.backward()\n        self.optimizer.step()\n",
+    "main.py": "import torch\nfrom datasets import get_dataloaders\nfrom training import Trainer\n\n"
+               "train_loader = get_dataloaders(batch_size=16)\nmodel = torch.nn.Linear(8, 2)\n"
+               "trainer = Trainer(model, torch.optim.Adam(model.parameters(), lr=0.01))\n"
+               "trainer(train_loader, epochs=2)\n",
+}
+
+
+def test_a_callable_trainer_handed_a_loader_from_the_projects_own_datasets_module():
+    """disentangling-vae's shape: ``trainer(train_loader)`` calls ``Trainer.__call__``; the loader comes from the
+    project's ``datasets.py``, which shadows the Hugging Face library of that name for the script."""
+    done = settle(list(CALLABLE), lambda rel, crossing: plan(CALLABLE[rel], crossing=crossing))
+    assert "ddpkit.data_loader(ds, global_batch_size=batch_size, shuffle=shuffle)" in done["datasets.py"].text
+    assert not done["training.py"].left and any("a parameter of Trainer.__call__" in k.what
+                                                for k in done["training.py"].kept), done["training.py"].left
+    alone = plan(CALLABLE["training.py"])
+    assert any("a parameter of Trainer.__call__ that no call in this file passes" in x.what for x in alone.left)

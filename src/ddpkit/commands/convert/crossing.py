@@ -52,15 +52,19 @@ class Crossing:
     ``provided``, the imported names converted in their own module (:func:`key` -> that file)."""
     wants: dict[str, str] = dataclasses.field(default_factory=dict)
     provided: dict[str, str] = dataclasses.field(default_factory=dict)
+    own: frozenset[str] = frozenset()  # the project's top-level module names (its ``datasets.py`` is its own)
 
 
 def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
            root_outer: tuple[str, ...] = ()) -> dict[str, Any]:
     """Every file's plan (``convert(rel, crossing)``), with the asks between them settled: each file of a module
-    asked for converts the names asked, then the asking files are told which were. ``files``: paths relative to
-    the project's root, ``/``-separated; ``root_outer``: the package paths of the root (:func:`.project.outer`),
-    under which a file may import its neighbours."""
-    plans = {rel: convert(rel, None) for rel in files}
+    asked for converts the names asked, then the asking files are told which were, until nothing changes (a
+    solver's loader handed in is asked of the entry that builds the solver, which asks the data module that
+    builds the loader: each answer is a round). ``files``: paths relative to the project's root, ``/``-separated;
+    ``root_outer``: the package paths of the root (:func:`.project.outer`), under which a file may import its
+    neighbours."""
+    own = frozenset(rel.split("/")[0].removesuffix(".py") for rel in files)
+    plans = {rel: convert(rel, Crossing(own=own)) for rel in files}
 
     def module_file_of(module: str) -> str | None:
         return module_file(files, local(module, root_outer, lambda m: module_file(files, m) is not None))
@@ -68,50 +72,71 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
     def imported(source: str) -> set[str]:
         return {local(m, root_outer, lambda m: module_file(files, m) is not None) for m in _imported(source)}
 
+    given: dict[str, Crossing] = {}
+    for _ in range(ROUNDS):
+        crossings = _crossings(plans, module_file_of, imported, own)
+        changed = [rel for rel in files if crossings.get(rel, Crossing(own=own)) != given.get(rel, Crossing(own=own))]
+        if not changed:
+            break
+        for rel in changed:
+            given[rel] = crossings.get(rel, Crossing(own=own))
+            plans[rel] = convert(rel, given[rel])
+    return plans
+
+
+ROUNDS = 8  # asks answered in turn: a loader handed to a solver, built by the entry from a data module, takes five
+
+
+def _crossings(plans: dict[str, Any], module_file_of: Callable[[str], str | None],
+               imported: Callable[[str], set[str]], own: frozenset[str]) -> dict[str, Crossing]:
+    """What each file is asked for and told, from the plans as they are now."""
     wants: dict[str, dict[str, str]] = {}
-    asked: dict[str, list[tuple[str, Ask]]] = {}  # the file of the module -> (asking file, its ask)
+    asked: dict[str, list[tuple[str, Ask, str]]] = {}  # the file asked -> (asking file, its ask, the want)
     for rel, result in plans.items():
         for ask in getattr(result, "asks", ()):
+            want = _handed_want(rel, ask)
+            if want is not None:  # a model or a loader handed in: asked of every file that imports this one
+                for other, p in plans.items():
+                    if other != rel and rel[:-3].replace("/", ".") in imported(getattr(p, "source", "")):
+                        wants.setdefault(other, {})[want] = MODEL if ask.name.startswith(HANDED_MODEL) else TRAIN
+                        asked.setdefault(other, []).append((rel, ask, want))
+                continue
             target = module_file_of(ask.module) if ask.name != HANDED else None
             if target is not None and target != rel:
                 names = wants.setdefault(target, {})
                 if names.get(ask.name) != TRAIN:  # one file trains on it, another evaluates: a training loader
                     names[ask.name] = ask.kind
-                asked.setdefault(target, []).append((rel, ask))
-    handed = [rel for rel, result in plans.items() if any(a.name == HANDED for a in getattr(result, "asks", ()))]
-    if not wants and not handed and not any(a.name.startswith(f"{HANDED_MODEL}:") for r in plans.values()
-                                            for a in getattr(r, "asks", ())):
-        return plans
-    for rel, result in plans.items():  # a model handed in: asked of every file that imports this one
-        for ask in getattr(result, "asks", ()):
-            want = _handed_want(rel, ask)
-            for other, p in plans.items() if want else ():
-                if other != rel and rel[:-3].replace("/", ".") in imported(getattr(p, "source", "")):
-                    wants.setdefault(other, {})[want] = MODEL  # type: ignore[index]
-                    asked.setdefault(other, []).append((rel, ask))
-    for target, names in wants.items():
-        plans[target] = convert(target, Crossing(wants=names))
+                asked.setdefault(target, []).append((rel, ask, ask.name))
     provided: dict[str, dict[str, str]] = {}
-    for rel in handed:  # a loop over a loader handed in: fed by the training loader of a file that calls it
-        feeding = _feeding(rel, plans, imported)
+    for rel, result in plans.items():  # a loop over a loader handed in: fed by the training loader of a caller
+        feeding = _feeding(rel, plans, imported) if any(a.name == HANDED for a in getattr(result, "asks", ())) \
+            else None
         if feeding:
             provided.setdefault(rel, {})[key("", HANDED)] = feeding
-    for target, pairs in asked.items():
-        for rel, ask in pairs:
-            if ask.name in plans[target].done or _handed_want(rel, ask) in plans[target].done:
-                provided.setdefault(rel, {})[key(ask.module, ask.name)] = target
-    for rel in sorted(provided):
-        plans[rel] = convert(rel, Crossing(wants=wants.get(rel, {}), provided=provided[rel]))
-    return plans
+    for target, triples in asked.items():
+        for rel, ask, want in triples:
+            if want in plans[target].done:
+                told = key("", HANDED) if ask.name.startswith(f"{HANDED}:") else key(ask.module, ask.name)
+                provided.setdefault(rel, {}).setdefault(told, target)  # (a feeding file found above first)
+    return {rel: Crossing(wants=wants.get(rel, {}), provided=provided.get(rel, {}), own=own)
+            for rel in set(wants) | set(provided)}
 
 
 def _handed_want(rel: str, ask: Ask) -> str | None:
     """What a caller of ``rel``'s function is asked for a model handed in (``trainer.train_model:0``: the model it
-    passes as argument 0), or None for another ask."""
+    passes as argument 0), or for a training loader handed in (``solver:Solver.__init__:0:loader``: what it
+    passes to ``Solver(...)`` as argument 0 or ``loader=``); None for another ask.
+
+    >>> _handed_want("solver.py", Ask("", f"{HANDED}:Solver.__init__:0:loader", TRAIN, 9))
+    'solver:Solver.__init__:0:loader'
+    """
+    module = rel[:-3].replace("/", ".")
+    if ask.name.startswith(f"{HANDED}:"):
+        return f"{module}:{ask.name.split(':', 1)[1]}"
     if not ask.name.startswith(f"{HANDED_MODEL}:"):
         return None
     function, index = ask.name.split(":")[1:]
-    return f"{rel[:-3].replace('/', '.')}.{function}:{index}"
+    return f"{module}.{function}:{index}"
 
 
 def key(module: str, name: str) -> str:

@@ -36,11 +36,11 @@ def ask(work: _Work, target: str, call: Call) -> bool:
         return False
     name = f"{HANDED_MODEL}:{scope.name}:{scope.params.index(head)}"
     where = work.crossing.provided.get(key("", name))
+    work.asks.append(Ask("", name, "model", call.line))  # whatever the answer: settle asks in rounds
     if where is not None:
         work.keep(call.line, f"the optimizer over {head} left as it is", f"{head} is handed in by {where}, "
                   "which prepares the model it passes where it is built")
         return True
-    work.asks.append(Ask("", name, "model", call.line))
     work.leave(call.line, f"the model {target!r} this optimizer trains is a parameter of {scope.name}(), which no "
                "line of this file calls", "convert it with the file that calls it (ddpkit convert --imports "
                "SCRIPT, or a folder), or wrap the model there where it is built: model = ddpkit.prepare_model("

@@ -17,9 +17,9 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.commands.convert import batch, flow
+from ddpkit.commands.convert import batch, flow, handedin
 from ddpkit.commands.convert.apply import LOADER_PARAMETERS, loader_call
-from ddpkit.commands.convert.crossing import EVAL, HANDED, TRAIN, Ask, key, returned
+from ddpkit.commands.convert.crossing import EVAL, TRAIN, Ask, key, returned
 from ddpkit.commands.convert.flow import callee, loops_reading, peek, roles_said
 from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, dotted, imported_from, resolve
 from ddpkit.commands.convert.sums import batch_wide, sums_after
@@ -37,6 +37,12 @@ def loaders(work: _Work) -> None:
     by hand."""
     built = [c for c in work.facts.calls if c.name == LOADER]
     training = False
+    handed = handedin.passed(work, lambda binding: _origin(work.facts, binding))
+    for _, made, _ in handed:  # what this file hands to another module's training loop: trained on there
+        for call in made:
+            training |= _loader(work, call, "train")
+        built = [c for c in built if all(c is not m for m in made)]
+    work.done.extend(want for want, _, every in handed if every)
     for call in built:
         wanted = _wanted(work, call)
         if wanted is not None and work.crossing.wants[wanted] == TRAIN:  # another module trains on it (a project)
@@ -87,7 +93,7 @@ def loaders(work: _Work) -> None:
         _imported_loader(work, fors[0].line)
     if backward and not training and not built and not uses_ddpkit(work.facts):  # (ddpkit: by hand)
         if _imported_loader(work, backward[0].line) or _subclassed(work, backward[0].line) or \
-                _handed_in(work, backward[0].line):
+                handedin.handed_in(work, backward[0].line):
             return
         work.leave(backward[0].line, "the training batches do not come from a torch DataLoader (fed by hand): "
                    "each rank would train on all of them", "build them with a Dataset and a DataLoader, then "
@@ -105,7 +111,7 @@ def _imported_loader(work: _Work, line: int) -> bool:
     trained: dict[str, list[Loop]] = {}  # name -> the training loops over it
     looped: dict[str, list[Loop]] = {}  # name -> every loop over it
     for loop in work.facts.loops:
-        for name in _reads(work, loop):
+        for name in handedin.reads(work, loop):
             imported = imported_from(work.facts, name)
             found = [imported] if imported else _returned_by_import(work.facts, name, loop)
             if found:
@@ -117,6 +123,9 @@ def _imported_loader(work: _Work, line: int) -> bool:
     if not reads:
         return False
     training = sorted(n for n, trains in reads.items() if trains)
+    # asked whatever the answer so far: a project settles its asks in rounds (crossing.settle), and an ask
+    # dropped once answered would take the answer back in the next round
+    work.asks.extend(Ask(*o, TRAIN if reads[n] else EVAL, line) for n in sorted(reads) for o in every[n])
     done = {n: work.crossing.provided.get(key(*origins[n])) if all(key(*o) in work.crossing.provided
                                                                    for o in every[n]) else None
             for n in training}
@@ -145,10 +154,8 @@ def _imported_loader(work: _Work, line: int) -> bool:
             return True
         _reductions(work, fors, None, False)
     missing = [n for n in training if not done[n]]
-    work.asks.extend(Ask(*o, EVAL, line) for n in reads if not reads[n] for o in every[n])
     if not training or not missing:  # (evaluations only: asked, so as to learn whether they are sharded there)
         return True
-    work.asks.extend(Ask(*o, TRAIN, line) for n in missing for o in every[n])
     where = ", ".join(f"{n!r} from {origins[n][0]}" for n in (missing or sorted(reads)))
     work.leave(line, f"the loops read loaders imported from modules of the script ({where}), and convert does "
                "not follow a name from one module to another outside a project: as they are, every rank reads "
@@ -157,75 +164,6 @@ def _imported_loader(work: _Work, line: int) -> bool:
                "evaluation loader may stay: each rank then evaluates every batch, which is right), and wrap the "
                "model with ddpkit.prepare_model(...) where it is built")
     return True
-
-
-def _handed_in(work: _Work, line: int) -> bool:
-    """The training loop reads a parameter of its function that no call in this file passes (going_modular's
-    ``engine.train_step(model, dataloader, ...)``, called from ``train.py``): its loader is built by a caller in
-    another module. In a project where another file's training DataLoader became a ``ddpkit.data_loader``, that
-    is said (kept); else left to you (the runtime says it too at the first step: a prepared model fed by no
-    ddpkit training loader)."""
-    for loop in work.facts.loops:
-        handed = sorted(filter(None, (_parameter(work, n, loop.scope, loop.line) for n in _reads(work, loop))))
-        if not handed or not flow.trains(work.facts, loop):
-            continue
-        name, where = handed[0]
-        built = work.crossing.provided.get(key("", HANDED))
-        if built:
-            work.keep(loop.line, f"the training loop over {name} (a parameter of {where}) left as it is",
-                      f"the training loader is a ddpkit.data_loader where it is built, in {built}")
-            return True
-        work.asks.append(Ask("", HANDED, TRAIN, loop.line))
-        work.leave(loop.line, f"the training loop reads {name}, a parameter of {where} that no call in this file "
-                   "passes: its loader is built by a caller in another module", "convert them together (ddpkit "
-                   "convert --imports SCRIPT, or a folder), or make the loader passed in a ddpkit.data_loader("
-                   "dataset, global_batch_size=B) where it is built")
-        return True
-    return False
-
-
-def _parameter(work: _Work, name: str, scope: Any, line: int, depth: int = 0) -> tuple[str, str] | None:
-    """(the parameter, its function) ``name`` holds when it is a parameter that no call in this file passes:
-    ``dataloader`` of ``train_step(model, dataloader)``, or ``self.train_loader`` set from ``__init__``'s
-    ``train_loader`` (a Solver a caller builds: ``Solver(config, train_loader)``); None otherwise."""
-    bound = flow.binding_of(work.facts, name, scope, line)
-    if bound is None or depth > 2:
-        return None
-    if bound.value is None and bound.stmt is None and name in bound.scope.params and bound.scope is scope:
-        return name, bound.scope.name
-    source = dotted(bound.value) if bound.value is not None else None
-    return _parameter(work, source, bound.scope, bound.line, depth + 1) if source else None
-
-
-def _reads(work: _Work, loop: Loop) -> set[str]:
-    """The names a ``for`` loop takes its items from (:func:`iterated`), and what the ones bound to a wrapper's
-    call wrap: ``loop = tqdm(loader)`` then ``for b in loop`` reads ``loader`` too (aladdin's U-Net)."""
-    if not isinstance(loop.node, cst.For):
-        return set()
-    names = iterated(loop.node.iter)
-    found = set(names)
-    for name in names:
-        bound = flow.binding_of(work.facts, name, loop.scope, loop.line)
-        if bound is not None and isinstance(bound.value, cst.Call):
-            found |= iterated(bound.value)
-    return found
-
-
-def iterated(node: cst.BaseExpression) -> set[str]:
-    """The names a ``for`` loop may take its items from: the iterable, or what ``enumerate`` / ``tqdm`` / ``zip``
-    are handed; not the function that wraps it (``tqdm``), nor what ``range`` counts to (``settings.EPOCH``).
-
-    >>> sorted(iterated(cst.parse_expression("enumerate(tqdm(train_loader, total=n))")))
-    ['train_loader']
-    >>> iterated(cst.parse_expression("range(1, settings.EPOCH + 1)"))
-    set()
-    """
-    name = dotted(node)
-    if name is not None:
-        return {name}
-    if isinstance(node, cst.Call) and dotted(node.func) not in ("range", "len"):
-        return set().union(*(iterated(a.value) for a in node.args if a.keyword is None and not a.star))
-    return set()
 
 
 def _returned_by_import(facts: Facts, name: str, loop: Loop) -> list[tuple[str, str]]:
@@ -497,7 +435,7 @@ def _unsharded_feed(work: _Work, loop: Loop) -> tuple[str, int] | None:
     something other than a DataLoader built in this file (one imported from another module, say): a loader
     this plan does not shard."""
     scope = loop.scope
-    params = _reads(work, loop) & set(scope.params)
+    params = handedin.reads(work, loop) & set(scope.params)
     built = {id(c.node) for c in work.facts.calls if c.name == LOADER}
     for call in work.facts.calls if params else ():
         target = flow.callee(work.facts, call)

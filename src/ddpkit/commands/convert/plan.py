@@ -88,6 +88,7 @@ def plan(source: str, per_process_batch: bool = False, crossing: Crossing | None
     ``crossing``: in a project, what other modules need of this one and did for it (:mod:`.crossing`)."""
     wrapper = parse(source)
     facts = scan(wrapper)
+    facts.own = crossing.own if crossing is not None else frozenset()
     work = _Work(facts, per_process_batch, crossing)
     work.decide()
     text = source
@@ -227,11 +228,11 @@ class _Work:
         elif binding is None and (origin := imported_from(self.facts, target)):
             # the wrap belongs in the other module; asked of it when the project is converted together
             (module, name), head = origin, target.split(".")[0]
+            self.asks.append(Ask(module, name, MODEL, call.line))  # whatever the answer: settle asks in rounds
             if crossing.key(module, name) in self.crossing.provided:
                 self.keep(call.line, f"the optimizer over {head} left as it is", f"{head} is prepared where it is "
                           f"built, in {self.crossing.provided[crossing.key(module, name)]} (imported from {module})")
                 return
-            self.asks.append(Ask(module, name, MODEL, call.line))
             self.leave(call.line, f"the model {target!r} this optimizer trains is imported from {module}, and "
                        "convert does not follow a name from one module to another outside a project", "convert "
                        f"them together (ddpkit convert --imports SCRIPT, or a folder), or wrap it in {module} "

@@ -102,6 +102,8 @@ class Facts:
     statements: list[tuple[cst.SimpleStatementLine, Scope, int]] = dataclasses.field(default_factory=list)
     import_lines: list[int] = dataclasses.field(default_factory=list)
     modules: dict[str, str] = dataclasses.field(default_factory=dict)  # ``import a.b as m``: m -> a.b
+    # a project's own top-level modules named like a library (its ``datasets.py``): they shadow it, so followed
+    own: frozenset[str] = frozenset()
 
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)
@@ -191,7 +193,7 @@ def imported_from(facts: Facts, name: str) -> tuple[str, str] | None:
     for k in range(len(parts) - 1, 0, -1):  # ``import pkg.data``: ``pkg.data.train_loader`` is data's
         module = facts.modules.get(".".join(parts[:k]))
         if module is not None:
-            return None if module.split(".")[0] in LIBRARIES else (module, parts[k])
+            return None if _library(facts, module) else (module, parts[k])
     full = facts.aliases.get(parts[0])
     starred = [m for k, m in facts.modules.items() if k.startswith("* ")]
     if full is None and len(starred) == 1:  # ``from params import *``: a name read and never bound here is its
@@ -200,7 +202,12 @@ def imported_from(facts: Facts, name: str) -> tuple[str, str] | None:
         return None
     module, remote = full.rsplit(".", 1)
     # a relative import (``from .model import net``) is not followed: its module is its package's
-    return None if not module or module.startswith(".") or module.split(".")[0] in LIBRARIES else (module, remote)
+    return None if not module or module.startswith(".") or _library(facts, module) else (module, remote)
+
+
+def _library(facts: Facts, module: str) -> bool:
+    """A library's module, not the project's: a project's ``datasets.py`` beside the script shadows HF datasets."""
+    return module.split(".")[0] in LIBRARIES and module.split(".")[0] not in facts.own
 
 
 # what ``from <module> import *`` binds among the names convert reads (torch's modules define ``__all__``)

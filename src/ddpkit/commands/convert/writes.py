@@ -25,7 +25,7 @@ import libcst.matchers as m
 
 from ddpkit.commands.check.rules import RANK_WORDS
 from ddpkit.commands.convert.flow import binding_of
-from ddpkit.commands.convert.loaders import iterated
+from ddpkit.commands.convert.handedin import iterated
 from ddpkit.commands.convert.rules import called_in_branch, main_test, per_rank, wait_before
 from ddpkit.commands.convert.scan import Call, dotted, resolve
 

@@ -1,0 +1,187 @@
+"""A training loader handed in: the loop that trains reads a parameter (``engine.train_step(model, dataloader)``,
+StarGAN's ``Solver(celeba_loader, ...)`` that keeps it as ``self.celeba_loader`` and draws ``next(data_iter)``,
+a callable trainer's ``trainer(train_loader)``) that no line of its own file passes: a caller in another module
+builds the loader.
+
+The trainer's file asks (:data:`~ddpkit.commands.convert.crossing.HANDED`, with the function and the argument) every
+file that imports it; each that calls the function (builds the solver, calls the trainer) makes what it passes a
+training loader where it is built: here (a ``DataLoader(...)`` of its own) or in the data module a function of which
+returns it (asked in turn). When every such argument is, the trainer's loop is said fed by it (kept); converted
+alone, it is left to you.
+
+Example::
+
+    >>> from ddpkit.commands.convert.crossing import settle
+    >>> from ddpkit.commands.convert.plan import plan
+    >>> files = {"solver.py": "class Solver:\\n    def __init__(self, loader):\\n        self.loader = loader\\n"
+    ...                       "    def train(self, model, opt):\\n        it = iter(self.loader)\\n"
+    ...                       "        for i in range(9):\\n            x = next(it)\\n"
+    ...                       "            model(x).sum().backward()\\n            opt.step()\\n",
+    ...          "main.py": "from torch.utils.data import DataLoader\\nfrom solver import Solver\\n"
+    ...                     "loader = DataLoader(ds, batch_size=8)\\nSolver(loader).train(m, o)\\n"}
+    >>> done = settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
+    >>> done["main.py"].text.splitlines()[3], done["solver.py"].left
+    ('loader = ddpkit.data_loader(ds, global_batch_size=8, shuffle=False)', [])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libcst as cst
+
+from ddpkit.commands.convert import flow
+from ddpkit.commands.convert.crossing import HANDED, TRAIN, Ask, key
+from ddpkit.commands.convert.scan import Binding, Call, Loop, dotted, resolve
+
+_Work = Any  # the plan in the making (plan._Work)
+LOADERS = ("torch.utils.data.DataLoader", "ddpkit.data_loader")
+
+
+def handed_in(work: _Work, line: int) -> bool:
+    """The training loop reads a parameter of its function that no call in this file passes: said fed (kept) in a
+    project where the callers' loader became a ``ddpkit.data_loader`` for training; else left to you (the runtime
+    says it too at the first step: a prepared model fed by no ddpkit training loader). False: no such loop."""
+    for loop in work.facts.loops:
+        handed = sorted(filter(None, (parameter(work, n, loop.scope, loop.line) for n in reads(work, loop))))
+        if not handed or not flow.trains(work.facts, loop):
+            continue
+        name, where, index = handed[0]
+        # asked whatever the answer: a project settles its asks in rounds (crossing.settle), and an ask dropped once
+        # answered would take the answer back in the next round
+        work.asks.append(Ask("", HANDED, TRAIN, loop.line))
+        work.asks.append(Ask("", f"{HANDED}:{where}:{index}:{name}", TRAIN, loop.line))
+        built = work.crossing.provided.get(key("", HANDED))
+        if built:
+            work.keep(loop.line, f"the training loop over {name} (a parameter of {where}) left as it is",
+                      f"the loader its callers pass is a ddpkit.data_loader for training, converted in {built}")
+            return True
+        work.leave(loop.line, f"the training loop reads {name}, a parameter of {where} that no call in this file "
+                   "passes: its loader is built by a caller in another module", "convert them together (ddpkit "
+                   "convert --imports SCRIPT, or a folder), or make the loader passed in a ddpkit.data_loader("
+                   "dataset, global_batch_size=B) where it is built")
+        return True
+    return False
+
+
+def parameter(work: _Work, name: str, scope: Any, line: int, depth: int = 0) -> tuple[str, str, int] | None:
+    """(the parameter, its function, its place among the arguments a caller writes) ``name`` holds when it is a
+    parameter that no call in this file passes: ``dataloader`` of ``train_step(model, dataloader)`` (1), or
+    ``self.train_loader`` set from ``__init__``'s ``train_loader`` (a Solver a caller builds: ``Solver(config,
+    train_loader)``, 1: ``self`` is not written); None otherwise."""
+    bound = flow.binding_of(work.facts, name, scope, line)
+    if bound is None or depth > 2:
+        return None
+    if bound.value is None and bound.stmt is None and bound.target in bound.scope.params:
+        own = 1 if bound.scope.cls and bound.scope.params[:1] in (["self"], ["cls"]) else 0
+        return bound.target, bound.scope.name, bound.scope.params.index(bound.target) - own
+    source = dotted(bound.value) if bound.value is not None else None
+    return parameter(work, source, bound.scope, bound.line, depth + 1) if source else None
+
+
+def reads(work: _Work, loop: Loop) -> set[str]:
+    """The names a loop takes its batches from: a ``for`` loop's iterable (:func:`iterated`) and what the ones
+    bound to a wrapper's call wrap (``loop = tqdm(loader)`` then ``for b in loop``: ``loader`` too), and what
+    ``next(...)`` in its body draws from (``it = iter(self.loader)`` then ``x = next(it)``: ``self.loader``)."""
+    found: set[str] = set()
+    names = iterated(loop.node.iter) if isinstance(loop.node, cst.For) else set()
+    found |= names
+    for name in names:
+        bound = flow.binding_of(work.facts, name, loop.scope, loop.line)
+        if bound is not None and isinstance(bound.value, cst.Call):
+            found |= iterated(bound.value)
+    for call in loop.calls:
+        if call.name == "next" and call.node.args:
+            found |= _drawn(work, call.node.args[0].value, call)
+    return found
+
+
+def _drawn(work: _Work, node: cst.BaseExpression, call: Call) -> set[str]:
+    """What ``next(node)`` draws from: ``iter(x)`` -> x, a name bound to ``iter(x)`` (its last binding before the
+    call, or the loop's own re-binding after StopIteration) -> x."""
+    if isinstance(node, cst.Call) and dotted(node.func) == "iter" and node.args:
+        name = dotted(node.args[0].value)
+        return {name} if name else set()
+    name = dotted(node)
+    bound = [b for b in work.facts.bindings if b.target == name and b.scope is call.scope] if name else []
+    return set().union(*(_drawn(work, b.value, call) for b in bound if isinstance(b.value, cst.Call)))
+
+
+def iterated(node: cst.BaseExpression) -> set[str]:
+    """The names a ``for`` loop may take its items from: the iterable, or what ``enumerate`` / ``tqdm`` / ``zip``
+    are handed; not the function that wraps it (``tqdm``), nor what ``range`` counts to (``settings.EPOCH``).
+
+    >>> sorted(iterated(cst.parse_expression("enumerate(tqdm(train_loader, total=n))")))
+    ['train_loader']
+    >>> iterated(cst.parse_expression("range(1, settings.EPOCH + 1)"))
+    set()
+    """
+    name = dotted(node)
+    if name is not None:
+        return {name}
+    if isinstance(node, cst.Call) and dotted(node.func) not in ("range", "len"):
+        return set().union(*(iterated(a.value) for a in node.args if a.keyword is None and not a.star))
+    return set()
+
+
+def passed(work: _Work, origin_of: Any) -> list[tuple[str, list[Call], bool]]:
+    """For each want ``module:Callable:index:param`` (a trainer of that module asks what its callers hand in): (the
+    want, the DataLoaders of this file that its calls pass, to become training ones, whether every argument is
+    one of those or a training loader already: a ``ddpkit.data_loader``, or a data module's, asked of it here
+    and said provided). ``origin_of(binding)``: (module, name) of a value an imported function returns."""
+    found = []
+    for want, kind in work.crossing.wants.items():
+        if kind != TRAIN or want.count(":") != 3:
+            continue
+        module, function, index, name = want.split(":")
+        loaders: list[Call] = []
+        every = True
+        sites = [c for c in work.facts.calls if _calls(work, c, module, function)]
+        for site in sites:
+            bound = _argument(work, site, int(index), name)
+            value = bound.value if bound is not None else None
+            made = next((c.name for c in work.facts.calls if value is not None and c.node is value), None)
+            origin = origin_of(bound) if bound is not None and made not in LOADERS else None
+            if made == LOADERS[0]:
+                loaders.extend(c for c in work.facts.calls if c.node is value)
+            elif origin is not None:
+                work.asks.append(Ask(origin[0], origin[1], TRAIN, site.line))
+                every &= key(*origin) in work.crossing.provided
+            else:
+                every &= made == LOADERS[1]
+        found.append((want, loaders, bool(sites) and every))
+    return found
+
+
+def _calls(work: _Work, call: Call, module: str, function: str) -> bool:
+    """``call`` calls ``function`` of ``module``: ``train_step(...)``, ``Solver(...)`` for ``Solver.__init__``,
+    ``solver.train(...)`` or ``Solver(...).train(...)`` for ``Solver.train``, ``trainer(...)`` for
+    ``Trainer.__call__`` (``solver``, ``trainer``: bound to that class's call)."""
+    cls, _, method = function.rpartition(".")
+    func = call.node.func
+    if not cls or method == "__init__":
+        return _names(work, dotted(func), f"{module}.{cls or method}")
+    if method == "__call__":
+        held: cst.BaseExpression | None = func
+    elif isinstance(func, cst.Attribute) and func.attr.value == method:
+        held = func.value
+    else:
+        return False
+    if isinstance(held, cst.Name):
+        bound = flow.binding_of(work.facts, held.value, call.scope, call.line)
+        held = bound.value if bound is not None else None
+    return isinstance(held, cst.Call) and _names(work, dotted(held.func), f"{module}.{cls}")
+
+
+def _names(work: _Work, written: str | None, wanted: str) -> bool:
+    full = resolve(written, work.facts.aliases)
+    return full is not None and (full == wanted or full.endswith("." + wanted))
+
+
+def _argument(work: _Work, call: Call, index: int, name: str) -> Binding | None:
+    """The binding of what ``call`` passes as argument ``index`` or ``name=``; None when it passes no name."""
+    positional = [a for a in call.node.args if a.keyword is None and not a.star]
+    given = positional[index].value if index < len(positional) else \
+        next((a.value for a in call.node.args if a.keyword is not None and a.keyword.value == name), None)
+    written = dotted(given) if given is not None else None
+    return flow.binding_of(work.facts, written, call.scope, call.line) if written else None
