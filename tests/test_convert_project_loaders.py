@@ -162,3 +162,31 @@ def test_a_callable_trainer_handed_a_loader_from_the_projects_own_datasets_modul
                                                 for k in done["training.py"].kept), done["training.py"].left
     alone = plan(CALLABLE["training.py"])
     assert any("a parameter of Trainer.__call__ that no call in this file passes" in x.what for x in alone.left)
+
+
+def test_two_loaders_handed_to_a_solver_that_picks_one_and_a_loader_a_method_of_an_imported_class_returns():
+    """StarGAN builds ``celeba_loader`` and ``rafd_loader`` (each None unless its dataset is chosen), and the solver
+    draws from ``data_loader = self.celeba_loader`` or ``self.rafd_loader``: both are trained on. NCF gets its
+    loader from ``sample_generator.instance_a_train_loader(...)``, a method of a class of its data module."""
+    solver = SOLVER["solver.py"].replace("def __init__(self, loader, iters):\n        self.loader, self.iters = "
+                                         "loader, iters", "def __init__(self, a, b, iters, pick):\n        self.a, "
+                                         "self.b, self.iters, self.pick = a, b, iters, pick")
+    solver = solver.replace("data_iter = iter(self.loader)", "data_loader = self.a\n        if self.pick == 'b':\n"
+                            "            data_loader = self.b\n        data_iter = iter(data_loader)", 1)
+    solver = solver.replace("data_iter = iter(self.loader)", "data_iter = iter(data_loader)")
+    files = {"data_loader.py": SOLVER["data_loader.py"] + "\n\ndef get_other(batch_size):\n    return DataLoader("
+                                                          "ds, batch_size=batch_size, shuffle=True)\n",
+             "solver.py": solver,
+             "main.py": "from data_loader import get_loader, get_other\nfrom solver import Solver\n\na = b = None\n"
+                        "if pick_a:\n    a = get_loader(16)\nelse:\n    b = get_other(16)\n"
+                        "Solver(a, b, 6, 'b').train()\n"}
+    done = _settled(files)
+    assert done["data_loader.py"].text.count("ddpkit.data_loader(ds, global_batch_size=batch_size") == 2, \
+        done["data_loader.py"].text
+    assert not done["solver.py"].left, done["solver.py"].left
+    ncf = _settled({"data.py": DATA + "\n\nclass Gen:\n    def loader(self, batch_size):\n        return DataLoader("
+                               "ds, batch_size=batch_size, shuffle=True)\n",
+                    "train.py": ENTRY.format(imports="from data import Gen", loaders="gen = Gen()\n"
+                                             "train_loader = gen.loader(16)", over="train_loader")})
+    assert "ddpkit.data_loader(ds, global_batch_size=batch_size, shuffle=True)" in ncf["data.py"].text
+    assert not ncf["train.py"].left, ncf["train.py"].left

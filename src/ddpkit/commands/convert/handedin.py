@@ -43,14 +43,14 @@ def handed_in(work: _Work, line: int) -> bool:
     project where the callers' loader became a ``ddpkit.data_loader`` for training; else left to you (the runtime
     says it too at the first step: a prepared model fed by no ddpkit training loader). False: no such loop."""
     for loop in work.facts.loops:
-        handed = sorted(filter(None, (parameter(work, n, loop.scope, loop.line) for n in reads(work, loop))))
+        handed = sorted({p for n in reads(work, loop) for p in _parameters(work, n, loop.scope, loop.line)})
         if not handed or not flow.trains(work.facts, loop):
             continue
         name, where, index = handed[0]
         # asked whatever the answer: a project settles its asks in rounds (crossing.settle), and an ask dropped once
         # answered would take the answer back in the next round
         work.asks.append(Ask("", HANDED, TRAIN, loop.line))
-        work.asks.append(Ask("", f"{HANDED}:{where}:{index}:{name}", TRAIN, loop.line))
+        work.asks.extend(Ask("", f"{HANDED}:{w}:{i}:{n}", TRAIN, loop.line) for n, w, i in handed)
         built = work.crossing.provided.get(key("", HANDED))
         if built:
             work.keep(loop.line, f"the training loop over {name} (a parameter of {where}) left as it is",
@@ -62,6 +62,16 @@ def handed_in(work: _Work, line: int) -> bool:
                    "dataset, global_batch_size=B) where it is built")
         return True
     return False
+
+
+def _parameters(work: _Work, name: str, scope: Any, line: int) -> set[tuple[str, str, int]]:
+    """:func:`parameter` of ``name`` and of each name its function binds it to (StarGAN's ``data_loader =
+    self.celeba_loader`` or ``self.rafd_loader`` in an ``if`` / ``elif``: both handed in)."""
+    found = {parameter(work, name, scope, line)}
+    for bound in [b for b in work.facts.bindings if b.target == name and b.scope is scope and b.value is not None]:
+        source = dotted(bound.value)
+        found.add(parameter(work, source, scope, bound.line) if source else None)
+    return {p for p in found if p is not None}
 
 
 def parameter(work: _Work, name: str, scope: Any, line: int, depth: int = 0) -> tuple[str, str, int] | None:

@@ -196,6 +196,9 @@ def _origin(facts: Facts, binding: Binding, depth: int = 0) -> tuple[str, str] |
     origin = imported_from(facts, func) if func else None
     if origin is not None:
         return origin[0], returned(origin[1], binding.index)
+    made = _instance_method(facts, call, binding) if isinstance(call, cst.Call) else None
+    if made is not None:  # NCF's ``sample_generator.instance_a_train_loader(...)``: the class's method returns it
+        return made[0], returned(made[1], binding.index)
     key_ = _string_key(binding.value)
     holder = dotted(binding.value.value) if key_ is not None and isinstance(binding.value, cst.Subscript) else None
     held = flow.binding_of(facts, holder, binding.scope, binding.line) if holder and depth < 2 else None
@@ -203,6 +206,17 @@ def _origin(facts: Facts, binding: Binding, depth: int = 0) -> tuple[str, str] |
     if origin is None or not origin[1].endswith("()"):
         return None
     return origin[0], f"{origin[1]}[{key_!r}]"
+
+
+def _instance_method(facts: Facts, call: cst.Call, binding: Binding) -> tuple[str, str] | None:
+    """(the module, ``Class.method``) of ``obj.method(...)`` where ``obj`` is bound to ``Class(...)``, a class
+    imported from a module of the project; None otherwise."""
+    if not isinstance(call.func, cst.Attribute) or not isinstance(call.func.value, cst.Name):
+        return None
+    held = flow.binding_of(facts, call.func.value.value, binding.scope, binding.line)
+    made = held.value if held is not None else None
+    origin = imported_from(facts, dotted(made.func) or "") if isinstance(made, cst.Call) else None
+    return (origin[0], f"{origin[1]}.{call.func.attr.value}") if origin is not None else None
 
 
 def _string_key(node: cst.BaseExpression | None) -> str | None:
