@@ -190,3 +190,17 @@ def test_two_loaders_handed_to_a_solver_that_picks_one_and_a_loader_a_method_of_
                                              "train_loader = gen.loader(16)", over="train_loader")})
     assert "ddpkit.data_loader(ds, global_batch_size=batch_size, shuffle=True)" in ncf["data.py"].text
     assert not ncf["train.py"].left, ncf["train.py"].left
+
+
+def test_one_builder_of_the_training_and_the_evaluation_loader_is_refused_with_that_cause():
+    """char-cnn's ``make_data_loader()`` builds both: the refusal named "a loader left unsharded" and a fix that
+    cannot be applied where it is built (the training loader's line)."""
+    source = DATA + "\n\ndef make(seed, b):\n    return ds, DataLoader(ds, batch_size=b, shuffle=True)\n\n\n" \
+        "def evaluate(loader, model):\n    n = 0\n    with torch.no_grad():\n        for x, y in loader:\n" \
+        "            n += (model(x).argmax(1) == y).sum().item()\n    print(n)\n\n\n" \
+        "import torch.nn.functional as F\n_, train_loader = make(0, 16)\n_, dev_loader = make(1, 16)\n" \
+        "model = torch.nn.Linear(8, 2)\noptimizer = torch.optim.Adam(model.parameters(), lr=0.01)\n" + \
+        LOOP.format(over="train_loader") + "evaluate(dev_loader, model)\n"
+    result = plan(source)
+    assert result.refused and any("which make() builds with the same DataLoader line as the training loader" in x.what
+                                  for x in result.left), result.left

@@ -80,6 +80,13 @@ def loaders(work: _Work) -> None:
     # unsharded (imported plain, kept plain for its stored results, not a DataLoader): that one's would count N times
     for loop in work.reduced:
         plain = _unsharded_feed(work, loop)
+        if plain is not None and plain[2]:
+            work.leave(loop.line, f"the evaluation loop here runs over {plain[0]} (line {plain[1]}), which "
+                       f"{plain[2]}() builds with the same DataLoader line as the training loader: one line cannot "
+                       "be both a sharded training loader and a whole evaluation one", f"build the evaluation loader "
+                       f"with a DataLoader line of its own, in a function other than {plain[2]}(), then "
+                       "convert again", blocks=True)
+            break
         if plain is not None:
             work.leave(loop.line, f"the evaluation loop here also runs over {plain[0]} (line {plain[1]}), a loader "
                        "left unsharded: with its sums reduced across ranks, that one's would count N times",
@@ -444,10 +451,10 @@ def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
               how, call.line)
     return role == "train"
 
-def _unsharded_feed(work: _Work, loop: Loop) -> tuple[str, int] | None:
-    """(the argument, its line) of a call that hands the loop's function, as the parameter it loops over,
-    something other than a DataLoader built in this file (one imported from another module, say): a loader
-    this plan does not shard."""
+def _unsharded_feed(work: _Work, loop: Loop) -> tuple[str, int, str | None] | None:
+    """(the argument, its line, the function of this file that built it with the training loader's line) of a call
+    that hands the loop's function, as the parameter it loops over, something other than a DataLoader built in this
+    file (one imported from another module, say): a loader this plan does not shard."""
     scope = loop.scope
     params = handedin.reads(work, loop) & set(scope.params)
     built = {id(c.node) for c in work.facts.calls if c.name == LOADER}
@@ -463,8 +470,19 @@ def _unsharded_feed(work: _Work, loop: Loop) -> tuple[str, int] | None:
                 name = dotted(option) if option is not None else None
                 bound = flow.binding_of(work.facts, name, call.scope, call.line) if name else None
                 if bound is None or id(bound.value) not in built or id(bound.value) in work.plain:
-                    return (name or "an expression", call.line)
+                    return (name or "an expression", call.line, _builder(work, bound))
     return None
+
+
+def _builder(work: _Work, bound: Binding | None) -> str | None:
+    """The function of this file that returned ``bound`` when it builds a training DataLoader too (char-cnn's
+    ``make_data_loader()`` for both the training and the validation loader): one DataLoader line, two roles."""
+    made = next((c for c in work.facts.calls if bound is not None and c.node is bound.whole), None)
+    target = flow.callee(work.facts, made) if made is not None else None
+    if target is None or not any(c.name == LOADER and c.scope is target[0] and id(c.node) not in work.plain
+                                 for c in work.facts.calls):
+        return None
+    return target[0].name
 
 
 def _called(facts: Facts, call: Call) -> bool:
