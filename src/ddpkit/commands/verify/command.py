@@ -33,7 +33,7 @@ import torch
 
 from ddpkit.commands.cli import OneLineParser, usage_error
 from ddpkit.commands.logtail import run_logged
-from ddpkit.commands.verify import causes, draws, matched, noise, rounding
+from ddpkit.commands.verify import causes, draws, isolate, matched, noise, rounding
 from ddpkit.commands.verify.lines import fail_line, pass_line, run_length
 from ddpkit.core import contract
 from ddpkit.core.environment import visible_gpus
@@ -230,8 +230,10 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
         if why:
             raise CannotCompare(why)
         # the mode in the environment too: launch refuses a --mode that contradicts an exported DDPKIT_MODE
-        _run(script, f"{nproc}-process run", nproc, [sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node",
-                                                      str(nproc), "--mode", mode, script, *script_args],
+        # its workers' logs in the temporary folder: not a runs/logs/ left in the user's folder by each verify
+        launch = [sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", str(nproc), "--mode", mode,
+                  "--log-dir", os.path.join(tmp, "logs")]
+        _run(script, f"{nproc}-process run", nproc, [*launch, script, *script_args],
              {**common, contract.MODE.name: mode, contract.VERIFY_OUT.name: dist_out}, os.path.join(tmp, "ddp.log"))
         facts = [_facts(ref) or {}, _facts(dist_out) or {}]
         if not os.path.exists(ref) or not os.path.exists(dist_out):
@@ -337,12 +339,26 @@ def _other_draws(script: str, script_args: Sequence[str], nproc: int, tmp: str, 
 
 
 def _run(script: str, run: str, nproc: int, cmd: list[str], env: dict[str, str], log: str) -> None:
-    """One of verify's runs; its failure is one line naming the script's line (the temporary log goes away)."""
+    """One of verify's runs; its failure is one line naming the script's line (the temporary log goes away). What
+    it writes under the working directory and the script's folder is removed after it (:mod:`.isolate`): the next
+    run does not resume from its checkpoint."""
+    before = isolate.listing([os.getcwd(), os.path.dirname(os.path.abspath(script))])
     try:
         run_logged(cmd, env, log)
     except ScriptFailed:
         with open(log, errors="replace") as f:
             raise ScriptFailed(causes.crash_line(run, script, f.read()[-20000:], nproc)) from None
+    finally:
+        changed = [p for p in isolate.undo(before) if p not in _SAID]
+        _SAID.update(changed)
+        if changed:
+            print(f"{PROG}: the {run} saved over {', '.join(map(os.path.relpath, changed[:3]))}"
+                  f"{' and more' if len(changed) > 3 else ''}, a checkpoint there before verify started, which the "
+                  "next run reads as saved: if the script resumes from it, move it away and verify again",
+                  file=sys.stderr)
+
+
+_SAID: set[str] = set()  # files said changed once, not once per run
 
 
 def _facts(out: str) -> dict | None:

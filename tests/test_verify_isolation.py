@@ -1,0 +1,59 @@
+"""verify's runs do not resume from each other's checkpoints (Beta-VAE in the seventh held-out set): a script that
+loads ``ckpt/last.pt`` when it is there made the N-process run start where the one-process run had stopped, and
+the user's next real run would have resumed from verify's few steps."""
+import sys
+
+from conftest import run_cmd
+
+SCRIPT = """
+import os
+import torch
+from torch.utils.data import TensorDataset
+import ddpkit
+
+state = ddpkit.init()
+torch.manual_seed(0)
+model = ddpkit.prepare_model(torch.nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+start, ckpt = 0, os.path.join("ckpt", "last.pt")
+if os.path.exists(ckpt):  # resume
+    saved = torch.load(ckpt)
+    ddpkit.unwrap(model).load_state_dict(saved["model"])
+    opt.load_state_dict(saved["opt"])
+    start = saved["epoch"] + 1
+g = torch.Generator().manual_seed(1)
+loader = ddpkit.data_loader(TensorDataset(torch.randn(64, 4, generator=g), torch.randn(64, 1, generator=g)),
+                            global_batch_size=16)
+for epoch in range(start, 3):
+    loader.set_epoch(epoch)
+    for x, y in loader:
+        loss = (model(x) - y).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    if state.is_main:
+        os.makedirs("ckpt", exist_ok=True)
+        torch.save({"model": ddpkit.unwrap(model).state_dict(), "opt": opt.state_dict(), "epoch": epoch}, ckpt)
+"""
+
+
+def test_a_script_that_resumes_from_its_checkpoint_verifies_and_leaves_no_checkpoint(tmp_path):
+    (tmp_path / "train.py").write_text(SCRIPT)
+    (tmp_path / "notes.txt").write_text("mine")
+    r = run_cmd([sys.executable, "-m", "ddpkit", "verify", "--nproc", "2", "--steps", "6", "train.py"],
+                timeout=300, cwd=str(tmp_path))
+    # before: the runs resumed from each other's checkpoints, differed, and a float64 re-run "matched" after 4 steps
+    assert r.returncode == 0 and r.stdout.startswith("PASS") and "after 6 steps" in r.stdout, r.stdout + r.stderr
+    assert "float64" not in r.stdout + r.stderr, r.stdout + r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "train.py"]  # ckpt/ and its file: gone
+
+
+def test_a_checkpoint_there_before_verify_that_a_run_saves_over_is_named_once(tmp_path):
+    (tmp_path / "train.py").write_text(SCRIPT.replace("range(start, 3)", "range(start, 1 if start == 0 else 3)"))
+    first = run_cmd([sys.executable, "train.py"], timeout=120, cwd=str(tmp_path))  # the user's own run: epoch 0
+    assert first.returncode == 0 and (tmp_path / "ckpt" / "last.pt").exists(), first.stderr[-1500:]
+    r = run_cmd([sys.executable, "-m", "ddpkit", "verify", "--nproc", "2", "--steps", "5", "train.py"],
+                timeout=300, cwd=str(tmp_path))
+    said = [line for line in r.stderr.splitlines() if "saved over" in line]
+    assert len(said) == 1 and "ckpt/last.pt" in said[0] and "move it away" in said[0], r.stderr[-2000:]
+    assert (tmp_path / "ckpt" / "last.pt").exists()  # the user's file is not verify's to remove
