@@ -17,19 +17,17 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.commands.convert import batch, flow, handedin
+from ddpkit.commands.convert import batch, flow, handedin, imported
 from ddpkit.commands.convert.apply import LOADER_PARAMETERS, loader_call
-from ddpkit.commands.convert.crossing import EVAL, TRAIN, Ask, key, returned
+from ddpkit.commands.convert.crossing import EVAL, TRAIN, returned
 from ddpkit.commands.convert.flow import callee, loops_reading, peek, roles_said
-from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, dotted, imported_from, resolve
-from ddpkit.commands.convert.sums import batch_wide, sums_after
+from ddpkit.commands.convert.reductions import reductions
+from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, dotted, resolve
 
 # the plan in the making (plan._Work): facts, edits, note, leave
 _Work = Any
 
 LOADER = "torch.utils.data.DataLoader"
-# an evaluation loop calling these needs gradients: it cannot run under no_grad, so it is not sharded
-NEEDS_GRAD = ("grad", "requires_grad_", "enable_grad", "set_grad_enabled", "backward", "vjp", "jacobian")
 
 
 def loaders(work: _Work) -> None:
@@ -37,7 +35,7 @@ def loaders(work: _Work) -> None:
     by hand."""
     built = [c for c in work.facts.calls if c.name == LOADER]
     training = False
-    handed = handedin.passed(work, lambda binding: _origin(work.facts, binding))
+    handed = handedin.passed(work, lambda binding: imported.origin_of(work.facts, binding))
     for _, made, _ in handed:  # what this file hands to another module's training loop: trained on there
         for call in made:
             training |= _loader(work, call, "train")
@@ -49,7 +47,7 @@ def loaders(work: _Work) -> None:
             training |= _loader(work, call, "train")
             work.done.append(wanted)
             continue
-        keyed = _keyed(work, call, built) if wanted is None else None
+        keyed = imported.keyed(work, call, built) if wanted is None else None
         if keyed is not None and keyed[1] == TRAIN:  # the one that shuffles, of a dict of loaders asked for
             training |= _loader(work, call, "train")
             work.done.append(keyed[0])
@@ -97,144 +95,14 @@ def loaders(work: _Work) -> None:
     training |= any(c.name == "ddpkit.data_loader" for c in work.facts.calls)
     fors = [lp for lp in work.facts.loops if isinstance(lp.node, cst.For)]
     if not backward and not built and fors and not uses_ddpkit(work.facts):  # an evaluation of another's loader
-        _imported_loader(work, fors[0].line)
+        imported.imported_loader(work, fors[0].line)
     if backward and not training and not built and not uses_ddpkit(work.facts):  # (ddpkit: by hand)
-        if _imported_loader(work, backward[0].line) or _subclassed(work, backward[0].line) or \
+        if imported.imported_loader(work, backward[0].line) or _subclassed(work, backward[0].line) or \
                 handedin.handed_in(work, backward[0].line):
             return
         work.leave(backward[0].line, "the training batches do not come from a torch DataLoader (fed by hand): "
                    "each rank would train on all of them", "build them with a Dataset and a DataLoader, then "
                    "convert again; or split them by state.rank yourself (docs/guide.md)", blocks=True)
-
-def _imported_loader(work: _Work, line: int) -> bool:
-    r"""The loops iterate loaders the script imports from a module of its own (``from Data.data import
-    train_loader``), or that a function imported from one returns (``train_loader, _ = get_loaders(64)``): not
-    batches fed by hand. The training ones are asked of their module (:mod:`.crossing`) and
-    said done when it made them ``ddpkit.data_loader``\ s; else left to you. An evaluation loader read from
-    another module stays as it is there: each rank evaluates every batch, which is right."""
-    reads: dict[str, bool] = {}  # name -> read by a loop that trains (as a loader's role is told: flow.trains)
-    origins: dict[str, tuple[str, str]] = {}  # name -> (its module, its name there)
-    every: dict[str, list[tuple[str, str]]] = {}  # name -> each origin (functions picked in an if/elif)
-    trained: dict[str, list[Loop]] = {}  # name -> the training loops over it
-    looped: dict[str, list[Loop]] = {}  # name -> every loop over it
-    for loop in work.facts.loops:
-        for name in handedin.reads(work, loop):
-            imported = imported_from(work.facts, name)
-            found = [imported] if imported else _returned_by_import(work.facts, name, loop)
-            if found:
-                origins[name] = found[0]
-                every.setdefault(name, []).extend(o for o in found if o not in every.get(name, []))
-                reads[name] = reads.get(name, False) or flow.trains(work.facts, loop)
-                trained.setdefault(name, []).extend([loop] if flow.trains(work.facts, loop) else [])
-                looped.setdefault(name, []).append(loop)
-    if not reads:
-        return False
-    training = sorted(n for n, trains in reads.items() if trains)
-    # asked whatever the answer so far: a project settles its asks in rounds (crossing.settle), and an ask
-    # dropped once answered would take the answer back in the next round
-    work.asks.extend(Ask(*o, TRAIN if reads[n] else EVAL, line) for n in sorted(reads) for o in every[n])
-    done = {n: work.crossing.provided.get(key(*origins[n])) if all(key(*o) in work.crossing.provided
-                                                                   for o in every[n]) else None
-            for n in training}
-    for n in training:
-        home = flow.binding_of(work.facts, n, work.facts.scopes[""], line)
-        scope = home.scope if home is not None else work.facts.scopes[""]
-        evaluated = [lp for lp in flow.loops_reading(work.facts, n, scope) if not flow.trains(work.facts, lp)]
-        if done[n] and evaluated:  # sharded there for training: here each rank would evaluate only its shard
-            work.leave(evaluated[0].line, f"{n}, a ddpkit.data_loader for training in {done[n]}, is also "
-                       "evaluated here: each rank would evaluate only its shard, and nothing here sums the "
-                       "ranks' results", "evaluate on a loader of its own, or ddpkit.reduce(...) the sums after "
-                       "that loop, then convert again", blocks=True)
-            return True
-        if done[n]:  # sharded there: the sums its training loops keep here are this rank's shard's
-            work.keep(line, f"the training loop over {n} left as it is", f"{n} is a ddpkit.data_loader where it "
-                      f"is built, in {done[n]} (imported from {origins[n][0]})")
-            _reductions(work, trained[n], None, True)
-    for n in [n for n in reads if not reads[n] and work.crossing.provided.get(key(*origins[n]))]:
-        # evaluated only here, sharded for another file's training there: its sums reduced, or refused
-        fors = [lp for lp in looped[n] if isinstance(lp.node, cst.For)]
-        if any(lp.stored or lp.breaks or sums_after(work.facts, lp, False, frozenset()) is None for lp in fors):
-            work.leave(fors[0].line if fors else line, f"{n} is sharded for training where it is built, in "
-                       f"{work.crossing.provided[key(*origins[n])]}, and this evaluation keeps what it cannot sum "
-                       "across ranks: each rank would report its shard only", "evaluate on a loader of its own "
-                       "(ddpkit.data_loader(dataset, batch_size, train=False)), then convert again", blocks=True)
-            return True
-        _reductions(work, fors, None, False)
-    missing = [n for n in training if not done[n]]
-    if not training or not missing:  # (evaluations only: asked, so as to learn whether they are sharded there)
-        return True
-    where = ", ".join(f"{n!r} from {origins[n][0]}" for n in (missing or sorted(reads)))
-    work.leave(line, f"the loops read loaders imported from modules of the script ({where}), and convert does "
-               "not follow a name from one module to another outside a project: as they are, every rank reads "
-               "every batch", "convert them together (ddpkit convert --imports SCRIPT, or a folder), or make the "
-               "training loader a ddpkit.data_loader(dataset, global_batch_size=B) where it is built (an "
-               "evaluation loader may stay: each rank then evaluates every batch, which is right), and wrap the "
-               "model with ddpkit.prepare_model(...) where it is built")
-    return True
-
-
-def _returned_by_import(facts: Facts, name: str, loop: Loop) -> list[tuple[str, str]]:
-    """[(the module, ``get_loaders()[0]``)] when ``name`` is bound from a call of a function imported from a module
-    of the script's own (:func:`~ddpkit.commands.convert.crossing.returned` names its value there): one per such
-    binding of its scope, so that functions picked in an ``if``/``elif`` (LynnHo's ``data.make_*_dataset``) are
-    all asked; [] otherwise.
-
-    >>> from ddpkit.commands.convert.scan import parse, scan
-    >>> facts = scan(parse("from data import get\\ntr, te = get(8)\\nfor x in tr:\\n    pass\\n"))
-    >>> _returned_by_import(facts, "tr", facts.loops[0])
-    [('data', 'get()[0]')]
-    >>> facts = scan(parse("import data\\nif a:\\n    tr, s = data.one(8)\\nelse:\\n    tr, s = data.two(8)\\n"
-    ...                    "for x in tr:\\n    pass\\n"))
-    >>> _returned_by_import(facts, "tr", facts.loops[0])
-    [('data', 'one()[0]'), ('data', 'two()[0]')]
-    """
-    binding = flow.binding_of(facts, name, loop.scope, loop.line)
-    if binding is None or _origin(facts, binding) is None:  # what the loop reads is no such call
-        return []
-    same = [b for b in facts.bindings if b.target == binding.target and b.scope is binding.scope]
-    return [origin for origin in map(lambda b: _origin(facts, b), same) if origin is not None]
-
-
-def _origin(facts: Facts, binding: Binding, depth: int = 0) -> tuple[str, str] | None:
-    """(the module, ``get_loaders()[0]``) of a binding from a call of an imported function, or of one entry of the
-    dict such a call returns (cs230's ``train_dl = dataloaders['train']``: ``fetch_dataloader()['train']``)."""
-    call = binding.whole
-    func = dotted(call.func) if isinstance(call, cst.Call) else None
-    origin = imported_from(facts, func) if func else None
-    if origin is not None:
-        return origin[0], returned(origin[1], binding.index)
-    made = _instance_method(facts, call, binding) if isinstance(call, cst.Call) else None
-    if made is not None:  # NCF's ``sample_generator.instance_a_train_loader(...)``: the class's method returns it
-        return made[0], returned(made[1], binding.index)
-    key_ = _string_key(binding.value)
-    holder = dotted(binding.value.value) if key_ is not None and isinstance(binding.value, cst.Subscript) else None
-    held = flow.binding_of(facts, holder, binding.scope, binding.line) if holder and depth < 2 else None
-    origin = _origin(facts, held, depth + 1) if held is not None and held.value is not None else None
-    if origin is None or not origin[1].endswith("()"):
-        return None
-    return origin[0], f"{origin[1]}[{key_!r}]"
-
-
-def _instance_method(facts: Facts, call: cst.Call, binding: Binding) -> tuple[str, str] | None:
-    """(the module, ``Class.method``) of ``obj.method(...)`` where ``obj`` is bound to ``Class(...)``, a class
-    imported from a module of the project; None otherwise."""
-    if not isinstance(call.func, cst.Attribute) or not isinstance(call.func.value, cst.Name):
-        return None
-    held = flow.binding_of(facts, call.func.value.value, binding.scope, binding.line)
-    made = held.value if held is not None else None
-    origin = imported_from(facts, dotted(made.func) or "") if isinstance(made, cst.Call) else None
-    return (origin[0], f"{origin[1]}.{call.func.attr.value}") if origin is not None else None
-
-
-def _string_key(node: cst.BaseExpression | None) -> str | None:
-    """``'train'`` of ``loaders['train']``; None for any other expression."""
-    if not isinstance(node, cst.Subscript) or len(node.slice) != 1:
-        return None
-    index = node.slice[0].slice
-    value = index.value if isinstance(index, cst.Index) else None
-    return value.evaluated_value if isinstance(value, cst.SimpleString) and \
-        isinstance(value.evaluated_value, str) else None
-
 
 def _subclassed(work: _Work, line: int) -> bool:
     """The training loop reads a loader of the script's own DataLoader subclass (pytorch-template's
@@ -339,42 +207,6 @@ def _wanted(work: _Work, call: Call) -> str | None:
     return next((n for n in names if work.crossing.wants.get(n) in (TRAIN, EVAL)), None)
 
 
-def _keyed(work: _Work, call: Call, built: list[Call]) -> tuple[str, str] | None:
-    """(what is asked, its kind; "": cannot be told) for a DataLoader of a function whose returned dict another
-    module reads by key (cs230's ``fetch_dataloader(...)['train']``): which key a loader is stored under is not
-    followed, so its ``shuffle`` tells, when the function builds exactly one that shuffles, written out: that one
-    for the key asked for training, the others for the evaluation keys; None when nothing asks by key.
-
-    >>> from ddpkit.commands.convert.plan import plan
-    >>> from ddpkit.commands.convert.crossing import Crossing
-    >>> text = ("from torch.utils.data import DataLoader\\ndef get(b):\\n    tr = DataLoader(a, batch_size=b, "
-    ...         "shuffle=True)\\n    te = DataLoader(c, batch_size=b)\\n    return {'tr': tr, 'te': te}\\n")
-    >>> print(plan(text, crossing=Crossing(wants={"get()['tr']": "training loader"})).text.splitlines()[3])
-        tr = ddpkit.data_loader(a, global_batch_size=b, shuffle=True)
-    """
-    function = call.scope.name
-    asked = {n: kind for n, kind in work.crossing.wants.items() if n.startswith(f"{function}()[") and
-             n.endswith("]") and n[len(function) + 3] in "'\"" and function}
-    train = [n for n, kind in asked.items() if kind == TRAIN]
-    if len(train) != 1:
-        return None
-    mine = [c for c in built if c.scope is call.scope]
-    shuffles = {id(c): _shuffle(c) for c in mine}
-    if None in shuffles.values() or sum(shuffles.values()) != 1:  # type: ignore[arg-type]
-        return train[0], ""  # asked by key, and which loader that is cannot be told
-    if shuffles[id(call)]:
-        return train[0], TRAIN
-    return next((n for n, kind in asked.items() if kind != TRAIN), train[0]), EVAL
-
-
-def _shuffle(call: Call) -> bool | None:
-    """A DataLoader's ``shuffle`` when it is written out as True or False or left out (False); None otherwise."""
-    given = next((a.value for a in call.node.args if a.keyword is not None and a.keyword.value == "shuffle"), None)
-    if given is None:
-        return False if not any(a.star for a in call.node.args) else None
-    return {"True": True, "False": False}.get(given.value) if isinstance(given, cst.Name) else None
-
-
 def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
     """Rewrite one ``DataLoader(...)``; whether it is a training one."""
     positional = [a for a in call.node.args if a.keyword is None and not a.star]
@@ -435,7 +267,7 @@ def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
         return False
     # the batch first: a training sum over ``len(loader) * batch_size`` is every sample's only with the global batch
     rename, batches = batch.global_batch(work, call, loops) if role == "train" else (None, frozenset[str]())
-    if not _reductions(work, loops, call, role == "train", batches):
+    if not reductions(work, loops, call, role == "train", batches):
         return False
     how = "training: each rank takes its own shard, reshuffled every epoch" if role == "train" else \
         "evaluation (train=False): each rank its part, no sample twice"
@@ -508,88 +340,6 @@ def _returned(facts: Facts, call: Call) -> list[Binding] | None:
 
 def _same(node: cst.Call) -> cst.Call:
     return node
-
-
-def _reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool,
-                batches: frozenset[str] = frozenset()) -> bool:
-    """Sum across ranks what the loops over a loader accumulate and the code below reads
-    (:mod:`ddpkit.commands.convert.sums`); an evaluation loop also runs under ``torch.no_grad()`` (a DDP
-    forward with gradients on is collective, and the ranks' shards differ in length: the longer one would
-    wait forever). False, before any edit: an evaluation loader is then left as it is (every rank evaluates
-    the whole set, which is right, only slower), when a loop keeps results this cannot sum."""
-    fors = [loop for loop in loops if isinstance(loop.node, cst.For)]
-    # (None: a loader built in another module of the project, whose training loops here keep sums)
-    datasets = frozenset(filter(None, [dotted(call.node.args[0].value)])) if call and call.node.args else frozenset()
-    plans = []
-    evaluations = [loop for loop in fors if not (training and flow.trains(work.facts, loop))]
-    for loop in fors:
-        summed_as_training = loop not in evaluations  # a training loader's evaluation (check_accuracy) sums
-        stored = loop.stored[0] if loop.stored and not summed_as_training else None
-        needs = next((c.last for c in loop.calls if c.last in NEEDS_GRAD and not _grad_off(c)), None)
-        if not summed_as_training and not loop.no_grad and stored is None and needs:
-            stored = (f"{needs}() results (it needs gradients, so it cannot run under no_grad)", loop.line)
-        # a batch that is one unit (a trial); a batch of one sample is a unit whichever rank takes it
-        wide = None if summed_as_training or call is None or _one_sample(call) else batch_wide(work.facts, loop)
-        plan = sums_after(work.facts, loop, summed_as_training, datasets, batches) \
-            if stored is None and wide is None else None
-        if plan is None and not summed_as_training:
-            assert call is not None  # (without a call, only training loops are handed in)
-            line = stored[1] if stored else wide[1] if wide else loop.line
-            why = f"keeps per-batch results in {stored[0]}" if stored else f"takes {wide[0]} over each whole " \
-                "batch (a batch is one unit, such as an N-way trial; sharded sample by sample, a rank's batch " \
-                "would mix units)" if wide else "may stop before its shard ends (a break)" if loop.breaks else \
-                "divides by a count of its own batches (its loop variable)"
-            if training:  # the loader must be sharded to train: its evaluation would then be rank 0's shard only
-                work.leave(line, f"the evaluation loop over the training DataLoader at line {call.line} {why}: "
-                           "sharded for training, each rank would evaluate only its shard", "evaluate on a "
-                           "loader of its own (ddpkit.data_loader(dataset, batch_size, train=False)), or "
-                           "ddpkit.gather(...) the results there, then convert again", blocks=True)
-                return False
-            work.plain.add(id(call.node))
-            work.leave(line, f"the evaluation loop {why}: the result would be this rank's only, so the "
-                       f"DataLoader at line {call.line} is left as it is (each rank evaluates the whole set)",
-                       "to share the work: ddpkit.data_loader(..., "
-                       "train=False), then ddpkit.gather(...) the results or ddpkit.reduce(...) the sums "
-                       "and counts (docs/convert.md)")
-            return False
-        plans += [(summed_as_training, p) for p in plan or []]
-    for summed_as_training, (anchor, names, lens) in plans:
-        after = work.edits.after.setdefault(id(anchor.node), [])
-        new = [f"{n} = ddpkit.reduce({n})" for n in names if f"{n} = ddpkit.reduce({n})" not in after]
-        if not new:  # one evaluation function called with two loaders (check_accuracy): reduced once
-            continue
-        after.extend(new)
-        if not summed_as_training:
-            work.reduced.extend(evaluations)
-        work.note(f"after the {'training' if summed_as_training else 'evaluation'} loop: {', '.join(names)} "
-                  "summed across ranks (ddpkit.reduce)", "each rank accumulated only its own shard", anchor.end)
-        for node in lens:  # ``total / len(loader)``: every rank's batches, as the sum is every rank's
-            work.edits.expr[id(node)] = lambda n: cst.parse_expression(
-                f"ddpkit.reduce({work.facts.module.code_for_node(n)})")
-            work.note("len(loader) -> ddpkit.reduce(len(loader))", "every rank's batches, as the sum "
-                      "divided by it is every rank's", anchor.end)
-    for loop in evaluations:
-        if not loop.no_grad and id(loop.node) not in work.edits.no_grad:
-            work.edits.no_grad.add(id(loop.node))
-            work.note("the evaluation loop runs under torch.no_grad()", "a DDP forward with "
-                      "gradients on is collective, and the ranks' evaluation shards differ in length",
-                      loop.line)
-    return True
-
-
-def _one_sample(call: Call) -> bool:
-    """``DataLoader(ds)`` / ``DataLoader(ds, batch_size=1)``: batches of one sample."""
-    positional = [a for a in call.node.args if a.keyword is None and not a.star]
-    size = next((a.value for a in call.node.args if a.keyword is not None and a.keyword.value == "batch_size"),
-                positional[1].value if len(positional) > 1 else None)
-    return size is None and not any(a.star == "**" for a in call.node.args) or \
-        isinstance(size, cst.Integer) and size.value == "1"
-
-
-def _grad_off(call: Call) -> bool:
-    """``torch.set_grad_enabled(False)``: gradients off, as under ``no_grad``."""
-    first = call.node.args[0].value if call.node.args else None
-    return call.last == "set_grad_enabled" and isinstance(first, cst.Name) and first.value == "False"
 
 
 def uses_ddpkit(facts: Facts) -> bool:

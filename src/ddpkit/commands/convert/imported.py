@@ -1,0 +1,204 @@
+"""Loaders built in another module of a project: a training loop here reads a name imported from it (``from
+Data.data import train_loader``), the value a function of it returns (``train_loader, _ = get_loaders(64)``; each
+of functions picked in an ``if`` / ``elif``), an entry of the dict it returns (``fetch_dataloader(...)['train']``)
+or what a method of its class returns (``gen.instance_a_train_loader(...)``). The training ones are asked of that
+module (:mod:`.crossing`), which converts them where they are built (:func:`keyed` for a dict's); the loop's file
+says so (kept), or leaves it to you when converted alone.
+
+Example::
+
+    >>> from ddpkit.commands.convert.crossing import settle
+    >>> from ddpkit.commands.convert.plan import plan
+    >>> files = {"data.py": "from torch.utils.data import DataLoader\\ndef get(b):\\n"
+    ...                     "    return {'tr': DataLoader(a, batch_size=b, shuffle=True), 'te': DataLoader(c)}\\n",
+    ...          "train.py": "import torch\\nimport data\\nld = data.get(8)['tr']\\nm = torch.nn.Linear(2, 2)\\n"
+    ...                      "opt = torch.optim.SGD(m.parameters(), lr=1)\\nfor x in ld:\\n"
+    ...                      "    m(x).sum().backward()\\n    opt.step()\\n"}
+    >>> done = settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
+    >>> [k.what for k in done["train.py"].kept], done["data.py"].text.splitlines()[-1].strip()[:40]
+    (['the training loop over ld left as it is'], "return {'tr': ddpkit.data_loader(a, glob")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import libcst as cst
+
+from ddpkit.commands.convert import flow, handedin
+from ddpkit.commands.convert.crossing import EVAL, TRAIN, Ask, key, returned
+from ddpkit.commands.convert.reductions import reductions
+from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, dotted, imported_from
+from ddpkit.commands.convert.sums import sums_after
+
+_Work = Any  # the plan in the making (plan._Work)
+
+
+def imported_loader(work: _Work, line: int) -> bool:
+    r"""The loops iterate loaders the script imports from a module of its own (``from Data.data import
+    train_loader``), or that a function imported from one returns (``train_loader, _ = get_loaders(64)``): not
+    batches fed by hand. The training ones are asked of their module (:mod:`.crossing`) and
+    said done when it made them ``ddpkit.data_loader``\ s; else left to you. An evaluation loader read from
+    another module stays as it is there: each rank evaluates every batch, which is right."""
+    reads: dict[str, bool] = {}  # name -> read by a loop that trains (as a loader's role is told: flow.trains)
+    origins: dict[str, tuple[str, str]] = {}  # name -> (its module, its name there)
+    every: dict[str, list[tuple[str, str]]] = {}  # name -> each origin (functions picked in an if/elif)
+    trained: dict[str, list[Loop]] = {}  # name -> the training loops over it
+    looped: dict[str, list[Loop]] = {}  # name -> every loop over it
+    for loop in work.facts.loops:
+        for name in handedin.reads(work, loop):
+            imported = imported_from(work.facts, name)
+            found = [imported] if imported else _returned_by_import(work.facts, name, loop)
+            if found:
+                origins[name] = found[0]
+                every.setdefault(name, []).extend(o for o in found if o not in every.get(name, []))
+                reads[name] = reads.get(name, False) or flow.trains(work.facts, loop)
+                trained.setdefault(name, []).extend([loop] if flow.trains(work.facts, loop) else [])
+                looped.setdefault(name, []).append(loop)
+    if not reads:
+        return False
+    training = sorted(n for n, trains in reads.items() if trains)
+    # asked whatever the answer so far: a project settles its asks in rounds (crossing.settle), and an ask
+    # dropped once answered would take the answer back in the next round
+    work.asks.extend(Ask(*o, TRAIN if reads[n] else EVAL, line) for n in sorted(reads) for o in every[n])
+    done = {n: work.crossing.provided.get(key(*origins[n])) if all(key(*o) in work.crossing.provided
+                                                                   for o in every[n]) else None
+            for n in training}
+    for n in training:
+        home = flow.binding_of(work.facts, n, work.facts.scopes[""], line)
+        scope = home.scope if home is not None else work.facts.scopes[""]
+        evaluated = [lp for lp in flow.loops_reading(work.facts, n, scope) if not flow.trains(work.facts, lp)]
+        if done[n] and evaluated:  # sharded there for training: here each rank would evaluate only its shard
+            work.leave(evaluated[0].line, f"{n}, a ddpkit.data_loader for training in {done[n]}, is also "
+                       "evaluated here: each rank would evaluate only its shard, and nothing here sums the "
+                       "ranks' results", "evaluate on a loader of its own, or ddpkit.reduce(...) the sums after "
+                       "that loop, then convert again", blocks=True)
+            return True
+        if done[n]:  # sharded there: the sums its training loops keep here are this rank's shard's
+            work.keep(line, f"the training loop over {n} left as it is", f"{n} is a ddpkit.data_loader where it "
+                      f"is built, in {done[n]} (imported from {origins[n][0]})")
+            reductions(work, trained[n], None, True)
+    for n in [n for n in reads if not reads[n] and work.crossing.provided.get(key(*origins[n]))]:
+        # evaluated only here, sharded for another file's training there: its sums reduced, or refused
+        fors = [lp for lp in looped[n] if isinstance(lp.node, cst.For)]
+        if any(lp.stored or lp.breaks or sums_after(work.facts, lp, False, frozenset()) is None for lp in fors):
+            work.leave(fors[0].line if fors else line, f"{n} is sharded for training where it is built, in "
+                       f"{work.crossing.provided[key(*origins[n])]}, and this evaluation keeps what it cannot sum "
+                       "across ranks: each rank would report its shard only", "evaluate on a loader of its own "
+                       "(ddpkit.data_loader(dataset, batch_size, train=False)), then convert again", blocks=True)
+            return True
+        reductions(work, fors, None, False)
+    missing = [n for n in training if not done[n]]
+    if not training or not missing:  # (evaluations only: asked, so as to learn whether they are sharded there)
+        return True
+    where = ", ".join(f"{n!r} from {origins[n][0]}" for n in (missing or sorted(reads)))
+    work.leave(line, f"the loops read loaders imported from modules of the script ({where}), and convert does "
+               "not follow a name from one module to another outside a project: as they are, every rank reads "
+               "every batch", "convert them together (ddpkit convert --imports SCRIPT, or a folder), or make the "
+               "training loader a ddpkit.data_loader(dataset, global_batch_size=B) where it is built (an "
+               "evaluation loader may stay: each rank then evaluates every batch, which is right), and wrap the "
+               "model with ddpkit.prepare_model(...) where it is built")
+    return True
+
+
+def _returned_by_import(facts: Facts, name: str, loop: Loop) -> list[tuple[str, str]]:
+    """[(the module, ``get_loaders()[0]``)] when ``name`` is bound from a call of a function imported from a module
+    of the script's own (:func:`~ddpkit.commands.convert.crossing.returned` names its value there): one per such
+    binding of its scope, so that functions picked in an ``if``/``elif`` (LynnHo's ``data.make_*_dataset``) are
+    all asked; [] otherwise.
+
+    >>> from ddpkit.commands.convert.scan import parse, scan
+    >>> facts = scan(parse("from data import get\\ntr, te = get(8)\\nfor x in tr:\\n    pass\\n"))
+    >>> _returned_by_import(facts, "tr", facts.loops[0])
+    [('data', 'get()[0]')]
+    >>> facts = scan(parse("import data\\nif a:\\n    tr, s = data.one(8)\\nelse:\\n    tr, s = data.two(8)\\n"
+    ...                    "for x in tr:\\n    pass\\n"))
+    >>> _returned_by_import(facts, "tr", facts.loops[0])
+    [('data', 'one()[0]'), ('data', 'two()[0]')]
+    """
+    binding = flow.binding_of(facts, name, loop.scope, loop.line)
+    if binding is None or origin_of(facts, binding) is None:  # what the loop reads is no such call
+        return []
+    same = [b for b in facts.bindings if b.target == binding.target and b.scope is binding.scope]
+    return [origin for origin in map(lambda b: origin_of(facts, b), same) if origin is not None]
+
+
+def origin_of(facts: Facts, binding: Binding, depth: int = 0) -> tuple[str, str] | None:
+    """(the module, ``get_loaders()[0]``) of a binding from a call of an imported function, or of one entry of the
+    dict such a call returns (cs230's ``train_dl = dataloaders['train']``, or ``data.get(8)['train']``:
+    ``fetch_dataloader()['train']``)."""
+    call = binding.whole
+    func = dotted(call.func) if isinstance(call, cst.Call) else None
+    origin = imported_from(facts, func) if func else None
+    if origin is not None:
+        return origin[0], returned(origin[1], binding.index)
+    made = _instance_method(facts, call, binding) if isinstance(call, cst.Call) else None
+    if made is not None:  # NCF's ``sample_generator.instance_a_train_loader(...)``: the class's method returns it
+        return made[0], returned(made[1], binding.index)
+    key_ = _string_key(binding.value)
+    inner = binding.value.value if key_ is not None and isinstance(binding.value, cst.Subscript) else None
+    holder = dotted(inner) if inner is not None else None
+    held = flow.binding_of(facts, holder, binding.scope, binding.line) if holder and depth < 2 else \
+        dataclasses.replace(binding, value=inner, whole=inner, index=-1) if isinstance(inner, cst.Call) else None
+    origin = origin_of(facts, held, depth + 1) if held is not None and held.value is not None else None
+    if origin is None or not origin[1].endswith("()"):
+        return None
+    return origin[0], f"{origin[1]}[{key_!r}]"
+
+
+def _instance_method(facts: Facts, call: cst.Call, binding: Binding) -> tuple[str, str] | None:
+    """(the module, ``Class.method``) of ``obj.method(...)`` where ``obj`` is bound to ``Class(...)``, a class
+    imported from a module of the project; None otherwise."""
+    if not isinstance(call.func, cst.Attribute) or not isinstance(call.func.value, cst.Name):
+        return None
+    held = flow.binding_of(facts, call.func.value.value, binding.scope, binding.line)
+    made = held.value if held is not None else None
+    origin = imported_from(facts, dotted(made.func) or "") if isinstance(made, cst.Call) else None
+    return (origin[0], f"{origin[1]}.{call.func.attr.value}") if origin is not None else None
+
+
+def _string_key(node: cst.BaseExpression | None) -> str | None:
+    """``'train'`` of ``loaders['train']``; None for any other expression."""
+    if not isinstance(node, cst.Subscript) or len(node.slice) != 1:
+        return None
+    index = node.slice[0].slice
+    value = index.value if isinstance(index, cst.Index) else None
+    return value.evaluated_value if isinstance(value, cst.SimpleString) and \
+        isinstance(value.evaluated_value, str) else None
+
+
+def keyed(work: _Work, call: Call, built: list[Call]) -> tuple[str, str] | None:
+    """(what is asked, its kind; "": cannot be told) for a DataLoader of a function whose returned dict another
+    module reads by key (cs230's ``fetch_dataloader(...)['train']``): which key a loader is stored under is not
+    followed, so its ``shuffle`` tells, when the function builds exactly one that shuffles, written out: that one
+    for the key asked for training, the others for the evaluation keys; None when nothing asks by key.
+
+    >>> from ddpkit.commands.convert.plan import plan
+    >>> from ddpkit.commands.convert.crossing import Crossing
+    >>> text = ("from torch.utils.data import DataLoader\\ndef get(b):\\n    tr = DataLoader(a, batch_size=b, "
+    ...         "shuffle=True)\\n    te = DataLoader(c, batch_size=b)\\n    return {'tr': tr, 'te': te}\\n")
+    >>> print(plan(text, crossing=Crossing(wants={"get()['tr']": "training loader"})).text.splitlines()[3])
+        tr = ddpkit.data_loader(a, global_batch_size=b, shuffle=True)
+    """
+    function = call.scope.name
+    asked = {n: kind for n, kind in work.crossing.wants.items() if n.startswith(f"{function}()[") and
+             n.endswith("]") and n[len(function) + 3] in "'\"" and function}
+    train = [n for n, kind in asked.items() if kind == TRAIN]
+    if len(train) != 1:
+        return None
+    mine = [c for c in built if c.scope is call.scope]
+    shuffles = {id(c): _shuffle(c) for c in mine}
+    if None in shuffles.values() or sum(shuffles.values()) != 1:  # type: ignore[arg-type]
+        return train[0], ""  # asked by key, and which loader that is cannot be told
+    if shuffles[id(call)]:
+        return train[0], TRAIN
+    return next((n for n, kind in asked.items() if kind != TRAIN), train[0]), EVAL
+
+
+def _shuffle(call: Call) -> bool | None:
+    """A DataLoader's ``shuffle`` when it is written out as True or False or left out (False); None otherwise."""
+    given = next((a.value for a in call.node.args if a.keyword is not None and a.keyword.value == "shuffle"), None)
+    if given is None:
+        return False if not any(a.star for a in call.node.args) else None
+    return {"True": True, "False": False}.get(given.value) if isinstance(given, cst.Name) else None

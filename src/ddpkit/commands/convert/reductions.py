@@ -1,0 +1,111 @@
+"""The sums a loader's loops keep, reduced across ranks: what an evaluation (or a training loop that reports)
+accumulates over its shard and the code below reads becomes every rank's with ``ddpkit.reduce`` after the loop
+(:mod:`ddpkit.commands.convert.sums` finds them); an evaluation loop runs under ``torch.no_grad()``; a loop that
+keeps what cannot be summed leaves its loader whole, said.
+
+Example::
+
+    >>> from ddpkit.commands.convert.plan import plan
+    >>> p = plan("import torch\\nfrom torch.utils.data import DataLoader\\n"
+    ...          "test_loader = DataLoader(ds, batch_size=8)\\nright = 0\\nwith torch.no_grad():\\n"
+    ...          "    for x, y in test_loader:\\n        right += (m(x).argmax(1) == y).sum().item()\\nprint(right)\\n")
+    >>> [e.what for e in p.edits if "reduce" in e.what]
+    ['after the evaluation loop: right summed across ranks (ddpkit.reduce)']
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libcst as cst
+
+from ddpkit.commands.convert import flow
+from ddpkit.commands.convert.scan import Call, Loop, dotted
+from ddpkit.commands.convert.sums import batch_wide, sums_after
+
+_Work = Any  # the plan in the making (plan._Work)
+
+# an evaluation loop calling these needs gradients: it cannot run under no_grad, so it is not sharded
+NEEDS_GRAD = ("grad", "requires_grad_", "enable_grad", "set_grad_enabled", "backward", "vjp", "jacobian")
+
+
+def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool,
+                batches: frozenset[str] = frozenset()) -> bool:
+    """Sum across ranks what the loops over a loader accumulate and the code below reads
+    (:mod:`ddpkit.commands.convert.sums`); an evaluation loop also runs under ``torch.no_grad()`` (a DDP
+    forward with gradients on is collective, and the ranks' shards differ in length: the longer one would
+    wait forever). False, before any edit: an evaluation loader is then left as it is (every rank evaluates
+    the whole set, which is right, only slower), when a loop keeps results this cannot sum."""
+    fors = [loop for loop in loops if isinstance(loop.node, cst.For)]
+    # (None: a loader built in another module of the project, whose training loops here keep sums)
+    datasets = frozenset(filter(None, [dotted(call.node.args[0].value)])) if call and call.node.args else frozenset()
+    plans = []
+    evaluations = [loop for loop in fors if not (training and flow.trains(work.facts, loop))]
+    for loop in fors:
+        summed_as_training = loop not in evaluations  # a training loader's evaluation (check_accuracy) sums
+        stored = loop.stored[0] if loop.stored and not summed_as_training else None
+        needs = next((c.last for c in loop.calls if c.last in NEEDS_GRAD and not _grad_off(c)), None)
+        if not summed_as_training and not loop.no_grad and stored is None and needs:
+            stored = (f"{needs}() results (it needs gradients, so it cannot run under no_grad)", loop.line)
+        # a batch that is one unit (a trial); a batch of one sample is a unit whichever rank takes it
+        wide = None if summed_as_training or call is None or _one_sample(call) else batch_wide(work.facts, loop)
+        plan = sums_after(work.facts, loop, summed_as_training, datasets, batches) \
+            if stored is None and wide is None else None
+        if plan is None and not summed_as_training:
+            assert call is not None  # (without a call, only training loops are handed in)
+            line = stored[1] if stored else wide[1] if wide else loop.line
+            why = f"keeps per-batch results in {stored[0]}" if stored else f"takes {wide[0]} over each whole " \
+                "batch (a batch is one unit, such as an N-way trial; sharded sample by sample, a rank's batch " \
+                "would mix units)" if wide else "may stop before its shard ends (a break)" if loop.breaks else \
+                "divides by a count of its own batches (its loop variable)"
+            if training:  # the loader must be sharded to train: its evaluation would then be rank 0's shard only
+                work.leave(line, f"the evaluation loop over the training DataLoader at line {call.line} {why}: "
+                           "sharded for training, each rank would evaluate only its shard", "evaluate on a "
+                           "loader of its own (ddpkit.data_loader(dataset, batch_size, train=False)), or "
+                           "ddpkit.gather(...) the results there, then convert again", blocks=True)
+                return False
+            work.plain.add(id(call.node))
+            work.leave(line, f"the evaluation loop {why}: the result would be this rank's only, so the "
+                       f"DataLoader at line {call.line} is left as it is (each rank evaluates the whole set)",
+                       "to share the work: ddpkit.data_loader(..., "
+                       "train=False), then ddpkit.gather(...) the results or ddpkit.reduce(...) the sums "
+                       "and counts (docs/convert.md)")
+            return False
+        plans += [(summed_as_training, p) for p in plan or []]
+    for summed_as_training, (anchor, names, lens) in plans:
+        after = work.edits.after.setdefault(id(anchor.node), [])
+        new = [f"{n} = ddpkit.reduce({n})" for n in names if f"{n} = ddpkit.reduce({n})" not in after]
+        if not new:  # one evaluation function called with two loaders (check_accuracy): reduced once
+            continue
+        after.extend(new)
+        if not summed_as_training:
+            work.reduced.extend(evaluations)
+        work.note(f"after the {'training' if summed_as_training else 'evaluation'} loop: {', '.join(names)} "
+                  "summed across ranks (ddpkit.reduce)", "each rank accumulated only its own shard", anchor.end)
+        for node in lens:  # ``total / len(loader)``: every rank's batches, as the sum is every rank's
+            work.edits.expr[id(node)] = lambda n: cst.parse_expression(
+                f"ddpkit.reduce({work.facts.module.code_for_node(n)})")
+            work.note("len(loader) -> ddpkit.reduce(len(loader))", "every rank's batches, as the sum "
+                      "divided by it is every rank's", anchor.end)
+    for loop in evaluations:
+        if not loop.no_grad and id(loop.node) not in work.edits.no_grad:
+            work.edits.no_grad.add(id(loop.node))
+            work.note("the evaluation loop runs under torch.no_grad()", "a DDP forward with "
+                      "gradients on is collective, and the ranks' evaluation shards differ in length",
+                      loop.line)
+    return True
+
+
+def _one_sample(call: Call) -> bool:
+    """``DataLoader(ds)`` / ``DataLoader(ds, batch_size=1)``: batches of one sample."""
+    positional = [a for a in call.node.args if a.keyword is None and not a.star]
+    size = next((a.value for a in call.node.args if a.keyword is not None and a.keyword.value == "batch_size"),
+                positional[1].value if len(positional) > 1 else None)
+    return size is None and not any(a.star == "**" for a in call.node.args) or \
+        isinstance(size, cst.Integer) and size.value == "1"
+
+
+def _grad_off(call: Call) -> bool:
+    """``torch.set_grad_enabled(False)``: gradients off, as under ``no_grad``."""
+    first = call.node.args[0].value if call.node.args else None
+    return call.last == "set_grad_enabled" and isinstance(first, cst.Name) and first.value == "False"
