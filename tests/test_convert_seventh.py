@@ -211,3 +211,22 @@ def test_a_script_alone_whose_optimizer_comes_from_a_module_beside_it_is_listed(
                       "    optimizer.step()\n")
     assert main(["-o", str(tmp_path / "out.py"), str(script)]) == 1
     assert "util.py:5 (imported from the script's folder) builds an optimizer (SGD)" in capsys.readouterr().err
+
+
+def test_an_optimizer_of_a_package_convert_does_not_know_is_told_by_its_steps():
+    """``Lion(model.parameters())`` (lion_pytorch) and davda54's ``SAM(model.parameters(), SGD, ...)`` stepped
+    through ``first_step`` / ``second_step``: no model was prepared (the runtime stopped at step 1). A call that
+    is not stepped (an EMA over the parameters) prepares nothing."""
+    loop = "for x, y in loader:\n    loss = nn.functional.cross_entropy(model(x), y)\n{}"
+    lion = HEAD + "from lion_pytorch import Lion\nloader = DataLoader(dataset, batch_size=8, shuffle=True)\n" \
+        "model = nn.Linear(8, 2)\nopt = Lion(model.parameters(), lr=1e-4)\n" + \
+        loop.format("    opt.zero_grad()\n    loss.backward()\n    opt.step()\n")
+    sam = HEAD + "from sam import SAM\nloader = DataLoader(dataset, batch_size=8, shuffle=True)\n" \
+        "model = nn.Linear(8, 2)\nopt = SAM(model.parameters(), torch.optim.SGD, lr=0.1)\n" + \
+        loop.format("    loss.backward()\n    opt.first_step(zero_grad=True)\n"
+                    "    nn.functional.cross_entropy(model(x), y).backward()\n    opt.second_step(zero_grad=True)\n")
+    for source in (lion, sam):
+        result = plan(source)
+        assert "model = ddpkit.prepare_model(nn.Linear(8, 2))" in result.text, result.text
+    ema = HEAD + "from ema import EMA\nmodel = nn.Linear(8, 2)\nema = EMA(model.parameters(), 0.99)\nema.update()\n"
+    assert "prepare_model" not in plan(ema).text

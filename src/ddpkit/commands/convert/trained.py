@@ -26,8 +26,8 @@ def trained_all(facts: Facts, call: Call) -> list[str]:
     """Every model an optimizer call trains (:func:`trained`), also through a name its argument is bound to
     (``params = list(enc.parameters()) + list(dec.parameters()); Adam(params)``: both), two names deep
     (``groups = [{"params": [p for n, p in named ...]}]``, ``named = list(model.named_parameters())``)."""
-    found = trained(call)
-    if not optimizer(call) or not call.node.args:
+    found = trained(call) or _stepped(facts, call)
+    if not (optimizer(call) or found) or not call.node.args:
         return found
     frontier = [call.node.args[0].value]
     reads = names_in(frontier[0])  # (a list filled by a loop, beside another model's parameters: both)
@@ -41,6 +41,31 @@ def trained_all(facts: Facts, call: Call) -> list[str]:
             ahead += [b.value for b in bound if b is not None and b.value is not None]
         frontier = ahead[:32]
     return list(dict.fromkeys(found + _filled(facts, reads)))
+
+
+# what only an optimizer is called: a class of a package convert does not know (``Lion(model.parameters())``,
+# SAM's ``first_step`` / ``second_step``) is taken for one by what the script calls on it
+def _stepped(facts: Facts, call: Call) -> list[str]:
+    """The models of ``call``'s first argument (``Lion(model.parameters(), lr=...)``) when its result is bound to a
+    name that the script steps (``opt.step()``) and zeroes (``opt.zero_grad()``), or takes SAM's two steps
+    through (``first_step``, ``second_step``): an optimizer of any name.
+
+    >>> from ddpkit.commands.convert.scan import parse, scan
+    >>> facts = scan(parse("from lion_pytorch import Lion\\nnet = Net()\\nopt = Lion(net.parameters(), lr=1e-4)\\n"
+    ...                    "opt.zero_grad()\\nloss.backward()\\nopt.step()\\n"))
+    >>> _stepped(facts, next(c for c in facts.calls if c.last == "Lion"))
+    ['net']
+    """
+    if not call.node.args or optimizer(call) or call.last in ("clip_grad_norm_", "clip_grad_value_"):
+        return []
+    bound = next((b for b in facts.bindings if b.value is call.node), None)
+    if bound is None:
+        return []
+    called = {c.last for c in facts.calls if isinstance(c.node.func, cst.Attribute)
+              and dotted(c.node.func.value) == bound.target}
+    if not ({"step", "zero_grad"} <= called or {"first_step", "second_step"} <= called):
+        return []
+    return _models(facts, parameters_of(call.node.args[0].value))
 
 
 def _filled(facts: Facts, names: set[str]) -> list[str]:
