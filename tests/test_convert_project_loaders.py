@@ -204,3 +204,21 @@ def test_one_builder_of_the_training_and_the_evaluation_loader_is_refused_with_t
     result = plan(source)
     assert result.refused and any("which make() builds with the same DataLoader line as the training loader" in x.what
                                   for x in result.left), result.left
+
+
+def test_loaders_kept_as_attributes_of_a_data_class_of_another_module():
+    """davda54/sam's ``dataset = Cifar(batch_size, threads)`` keeps ``self.train`` and ``self.test``; the entry
+    trains on ``dataset.train`` and evaluates ``dataset.test``: the first is sharded, the second stays whole."""
+    files = {"data/__init__.py": "",
+             "data/cifar.py": DATA + "\n\nclass Cifar:\n    def __init__(self, batch_size):\n"
+                              "        self.train = DataLoader(ds, batch_size=batch_size, shuffle=True)\n"
+                              "        self.test = DataLoader(ds, batch_size=batch_size, shuffle=False)\n",
+             "train.py": ENTRY.format(imports="from data.cifar import Cifar", loaders="dataset = Cifar(16)",
+                                      over="dataset.train") +
+             "with torch.no_grad():\n    right = 0\n    for x, y in dataset.test:\n"
+             "        right += (model(x).argmax(1) == y).sum().item()\nprint(right)\n"}
+    done = _settled(files)
+    data = done["data/cifar.py"].text
+    assert "self.train = ddpkit.data_loader(ds, global_batch_size=batch_size, shuffle=True)" in data, data
+    assert "self.test = DataLoader(ds, batch_size=batch_size, shuffle=False)" in data, data
+    assert not done["train.py"].left and "ddpkit.reduce" not in done["train.py"].text, done["train.py"].left

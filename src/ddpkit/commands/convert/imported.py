@@ -49,7 +49,8 @@ def imported_loader(work: _Work, line: int) -> bool:
     for loop in work.facts.loops:
         for name in handedin.reads(work, loop):
             imported = imported_from(work.facts, name)
-            found = [imported] if imported else _returned_by_import(work.facts, name, loop)
+            found = [imported] if imported else _returned_by_import(work.facts, name, loop) or \
+                _attribute(work.facts, name, loop)
             if found:
                 origins[name] = found[0]
                 every.setdefault(name, []).extend(o for o in found if o not in every.get(name, []))
@@ -122,6 +123,24 @@ def _returned_by_import(facts: Facts, name: str, loop: Loop) -> list[tuple[str, 
         return []
     same = [b for b in facts.bindings if b.target == binding.target and b.scope is binding.scope]
     return [origin for origin in map(lambda b: origin_of(facts, b), same) if origin is not None]
+
+
+def _attribute(facts: Facts, name: str, loop: Loop) -> list[tuple[str, str]]:
+    """[(the module, ``Cifar().train``)] for ``dataset.train`` where ``dataset = Cifar(...)``, a class imported from
+    a module of the project that keeps its loaders as attributes (davda54/sam's ``data/cifar.py``); [] otherwise.
+
+    >>> from ddpkit.commands.convert.scan import parse, scan
+    >>> facts = scan(parse("from data import Cifar\\nds = Cifar(8)\\nfor x in ds.train:\\n    pass\\n"))
+    >>> _attribute(facts, "ds.train", facts.loops[0])
+    [('data', 'Cifar().train')]
+    """
+    head, _, attr = name.partition(".")
+    if not attr or "." in attr or head == "self":
+        return []
+    held = flow.binding_of(facts, head, loop.scope, loop.line)
+    made = held.value if held is not None else None
+    origin = imported_from(facts, dotted(made.func) or "") if isinstance(made, cst.Call) else None
+    return [(origin[0], f"{origin[1]}().{attr}")] if origin is not None and origin[1][:1].isupper() else []
 
 
 def origin_of(facts: Facts, binding: Binding, depth: int = 0) -> tuple[str, str] | None:

@@ -64,7 +64,8 @@ def loaders(work: _Work) -> None:
                       "each rank reads all of this one, which is right for an evaluation")
             continue
         if wanted is not None:  # another module's loop reads it, and does not train
-            shown = f"{wanted} = DataLoader(...)" if "(" not in wanted else f"the DataLoader {wanted} returns"
+            shown = f"{wanted} = DataLoader(...)" if "(" not in wanted or "()." in wanted else \
+                f"the DataLoader {wanted} returns"
             work.keep(call.line, f"{shown} left as it is", "another module of the project "
                       "loops over it without training: each rank reads all of it, which is right for an evaluation "
                       "(ddpkit.data_loader(..., train=False) and a ddpkit.reduce of the sums there would share it)")
@@ -194,10 +195,13 @@ def _handed_to_unread(facts: Facts, node: Any, depth: int) -> bool:
 
 def _wanted(work: _Work, call: Call) -> str | None:
     """The name another module's loop reads ``call``'s loader by (:class:`~ddpkit.commands.convert.crossing.Crossing`):
-    the module-level name it is bound to, or what a function returns it as (``get_loaders()[0]``); None when no
-    other module asks for it."""
+    the module-level name it is bound to, what a function returns it as (``get_loaders()[0]``), or the attribute
+    of its class's instance (``Cifar().train``: ``self.train = DataLoader(...)``); None when no other module asks
+    for it."""
     binding = next((b for b in work.facts.bindings if b.value is call.node), None)
     names = [binding.target] if binding is not None and binding.scope.name == "" else []
+    if binding is not None and binding.scope.cls and binding.target.startswith("self."):  # ``Cifar().train``
+        names.append(f"{binding.scope.cls}().{binding.target[5:]}")
     for scope, value in work.facts.returns:
         elements = [e.value for e in value.elements] if isinstance(value, (cst.Tuple, cst.List)) else [value]
         for i, element in enumerate(elements):
