@@ -6,6 +6,7 @@ rank's own BatchNorm statistics (``sync_batchnorm=False``), a real difference fr
 still FAIL; ``--own-adam`` steps a subclass of Adam and saves the whole model first (verify's float64 hooks must
 pickle); ``--l1-bn`` adds network-slimming's L1 subgradient to every ``nn.BatchNorm2d`` weight's gradient after
 backward (found by ``isinstance`` on the prepared model); ``--forward-call`` calls ``model.forward(x)``;
+``--mask-float`` makes a float32 tensor in the model's forward that meets its output in a ``bmm``;
 ``--own-dataset`` serves the samples, randomly flipped, from a Dataset class of the script's (ddpkit's loader then
 fetches them in worker processes, as network-slimming's did).
 """
@@ -38,6 +39,18 @@ if "--own-dataset" in sys.argv:
 net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
                     nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
                     nn.Flatten(), nn.Linear(16, 10))
+if "--mask-float" in sys.argv:
+    class Centred(nn.Module):  # a float32 tensor made in forward meets the model's own in a bmm (R-BERT's masks)
+        def __init__(self, body):
+            super().__init__()
+            self.body = body
+
+        def forward(self, x):
+            out = self.body(x)
+            weights = torch.ones(out.shape[0], 1, out.shape[1]).float() / out.shape[1]
+            return out - torch.bmm(weights, out.unsqueeze(2)).squeeze(2)
+
+    net = Centred(net)
 model = ddpkit.prepare_model(net, sync_batchnorm="--local-bn" not in sys.argv)
 if "--own-adam" in sys.argv:
     class OwnAdam(torch.optim.Adam):

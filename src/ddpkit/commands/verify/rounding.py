@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from ddpkit.commands.verify.causes import lr_differs
 
@@ -81,6 +82,9 @@ def to_float64(model: nn.Module) -> None:
     outputs back to float32, so a loss computed next to float32 targets runs unchanged. The hooks are functions of
     this module: a script's ``torch.save(model)`` pickles them."""
     model.double()
+    if not _PROMOTING:  # for the rest of this run (a re-run of verify's): ``model.forward(x)`` runs no model hook
+        _PROMOTING.append(_Promote())
+        _PROMOTING[0].__enter__()
     model.register_forward_pre_hook(_inputs_up, with_kwargs=True)
     model.register_forward_hook(_outputs_back)
     for inner in list(model.modules())[1:]:  # ``model.forward(x)`` skips the model's hooks: its layers' cast too
@@ -97,6 +101,43 @@ def _inputs_up(module: nn.Module, args: Any, kwargs: Any) -> Any:
     _DEFAULTS.append(torch.get_default_dtype())
     torch.set_default_dtype(torch.float64)
     return _cast(args, torch.float64), _cast(kwargs, torch.float64)
+
+
+_PROMOTING: list[TorchFunctionMode] = []  # the one mode of this process, once a model went float64
+
+
+class _Promote(TorchFunctionMode):
+    """In a float64 re-run, an op that mixes float32 and float64 tensors gets them all in float64: R-BERT's
+    ``torch.bmm(e1_mask.float(), hidden)`` made a float32 mask meet the float64 hidden states (``expected scalar type
+    Double but found Float``). An in-place op keeps its tensor's dtype: the others are cast to it instead.
+
+    >>> with _Promote():
+    ...     torch.bmm(torch.ones(1, 1, 2), torch.ones(1, 2, 1, dtype=torch.float64)).dtype
+    torch.float64
+    """
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        floats = {t.dtype for t in _tensors((args, kwargs)) if t.dtype in (torch.float32, torch.float64)}
+        if len(floats) < 2:
+            return func(*args, **kwargs)
+        name = getattr(func, "__name__", "")
+        in_place = name.endswith("_") and not name.endswith("__") or name == "__setitem__" or \
+            name.startswith("__i") and name[3:-2] in ("add", "sub", "mul", "truediv", "floordiv", "pow")
+        if in_place and args and isinstance(args[0], torch.Tensor):  # (``out[:, i] = h``: written into out)
+            return func(args[0], *_cast(tuple(args[1:]), args[0].dtype), **_cast(kwargs, args[0].dtype))
+        return func(*_cast(tuple(args), torch.float64), **_cast(kwargs, torch.float64))
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
 
 
 def _layer_inputs_up(module: nn.Module, args: Any, kwargs: Any) -> Any:
