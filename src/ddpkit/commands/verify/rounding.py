@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
 
 from ddpkit.commands.verify.causes import lr_differs
 
@@ -118,7 +119,8 @@ class _Promote(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        floats = {t.dtype for t in _tensors((args, kwargs)) if t.dtype in (torch.float32, torch.float64)}
+        floats = {t.dtype for t in tree_leaves((args, kwargs))
+                  if isinstance(t, torch.Tensor) and t.dtype in (torch.float32, torch.float64)}
         if len(floats) < 2:
             return func(*args, **kwargs)
         name = getattr(func, "__name__", "")
@@ -127,16 +129,6 @@ class _Promote(TorchFunctionMode):
         if in_place and args and isinstance(args[0], torch.Tensor):  # (``out[:, i] = h``: written into out)
             return func(args[0], *_cast(tuple(args[1:]), args[0].dtype), **_cast(kwargs, args[0].dtype))
         return func(*_cast(tuple(args), torch.float64), **_cast(kwargs, torch.float64))
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
 
 
 
