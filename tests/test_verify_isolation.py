@@ -46,6 +46,7 @@ def test_a_script_that_resumes_from_its_checkpoint_verifies_and_leaves_no_checkp
     assert r.returncode == 0 and r.stdout.startswith("PASS") and "after 6 steps" in r.stdout, r.stdout + r.stderr
     assert "float64" not in r.stdout + r.stderr, r.stdout + r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "train.py"]  # ckpt/ and its file: gone
+    assert "removed the checkpoints the one-process run saved: ckpt/last.pt" in r.stderr, r.stderr[-2000:]
 
 
 def test_a_checkpoint_there_before_verify_that_a_run_saves_over_is_named_once(tmp_path):
@@ -57,3 +58,30 @@ def test_a_checkpoint_there_before_verify_that_a_run_saves_over_is_named_once(tm
     said = [line for line in r.stderr.splitlines() if "saved over" in line]
     assert len(said) == 1 and "ckpt/last.pt" in said[0] and "move it away" in said[0], r.stderr[-2000:]
     assert (tmp_path / "ckpt" / "last.pt").exists()  # the user's file is not verify's to remove
+
+
+def test_a_named_pipe_a_run_leaves_is_not_opened_and_a_tree_too_big_to_list_is_said(tmp_path):
+    """Review: ``undo`` opened every new file to see whether it was a torch.save archive, and a FIFO the script
+    made blocked verify forever; past 20000 files nothing was removed, and nothing said so."""
+    import os
+    import threading
+
+    from ddpkit.commands.verify import isolate
+
+    before = isolate.listing([str(tmp_path)])
+    os.mkfifo(tmp_path / "pipe")
+    done = []
+    worker = threading.Thread(target=lambda: done.append(isolate.undo(before)), daemon=True)
+    worker.start()
+    worker.join(20)
+    assert done == [([], [])] and (tmp_path / "pipe").exists()
+    (tmp_path / "pipe").unlink()
+    (tmp_path / "train.py").write_text(SCRIPT)
+    many = tmp_path / "dataset"
+    many.mkdir()
+    for i in range(isolate.LIMIT + 2):
+        (many / f"{i}.txt").touch()
+    r = run_cmd([sys.executable, "-m", "ddpkit", "verify", "--nproc", "2", "--steps", "6", "train.py"],
+                timeout=300, cwd=str(tmp_path))
+    assert f"more than {isolate.LIMIT} files under" in r.stderr and "folder of the script's code alone" in r.stderr, \
+        r.stderr[-2000:]

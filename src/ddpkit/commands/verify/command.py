@@ -349,13 +349,27 @@ def _run(script: str, run: str, nproc: int, cmd: list[str], env: dict[str, str],
         with open(log, errors="replace") as f:
             raise ScriptFailed(causes.crash_line(run, script, f.read()[-20000:], nproc)) from None
     finally:
-        changed = [p for p in isolate.undo(before) if p not in _SAID]
-        _SAID.update(changed)
-        if changed:
-            print(f"{PROG}: the {run} saved over {', '.join(map(os.path.relpath, changed[:3]))}"
-                  f"{' and more' if len(changed) > 3 else ''}, a checkpoint there before verify started, which the "
-                  "next run reads as saved: if the script resumes from it, move it away and verify again",
-                  file=sys.stderr)
+        _undo(run, before)
+
+
+def _undo(run: str, before: isolate.Listing) -> None:
+    """The checkpoints the run saved removed (:mod:`.isolate`), each said once; one it saved over, named once."""
+    if not before.complete and "listing" not in _SAID:
+        _SAID.add("listing")
+        print(f"{PROG}: more than {isolate.LIMIT} files under {', '.join(before.roots)}: the checkpoints each run "
+              "saves are not removed after it, and a run that resumes from one starts where the one before stopped; "
+              "run verify from a folder of the script's code alone", file=sys.stderr)
+    removed, changed = isolate.undo(before)
+    if removed:
+        print(f"{PROG}: removed the checkpoints the {run} saved: {', '.join(map(os.path.relpath, removed[:5]))}"
+              f"{' and more' if len(removed) > 5 else ''} (the next run starts without them)", file=sys.stderr)
+    changed = [p for p in changed if p not in _SAID]
+    _SAID.update(changed)
+    if changed:
+        print(f"{PROG}: the {run} saved over {', '.join(map(os.path.relpath, changed[:3]))}"
+              f"{' and more' if len(changed) > 3 else ''}, a checkpoint there before verify started, which the "
+              "next run reads as saved: if the script resumes from it, move it away and verify again",
+              file=sys.stderr)
 
 
 _SAID: set[str] = set()  # files said changed once, not once per run

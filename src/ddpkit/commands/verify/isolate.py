@@ -7,7 +7,9 @@ checkpoint, and compare a run of K steps with one of none; and a user's next rea
 and the new ``torch.save`` archives it leaves (a zip with a ``data.pkl``: what ``torch.save`` writes) are removed
 after it, with the folders it made that are then empty. Anything else stays: a dataset the run downloaded is read
 again by the next run, not fetched again. A checkpoint that was there before and that a run changed cannot be put
-back: it is named, once.
+back: it is named, once. What is removed is said, by path: another process of the user that saves a checkpoint in
+the same folder while verify runs would lose it (its file looks like the run's), and would read why. A tree of more
+than 20000 files is not listed (a dataset beside the script): said, and nothing is removed.
 
 Example::
 
@@ -16,14 +18,15 @@ Example::
     >>> before = listing([root])
     >>> os.makedirs(os.path.join(root, "ckpt")); torch.save({"step": 5}, os.path.join(root, "ckpt", "last"))
     >>> _ = open(os.path.join(root, "downloaded.bin"), "w").write("y")
-    >>> undo(before), sorted(os.listdir(root))
-    ([], ['data.txt', 'downloaded.bin'])
+    >>> [os.path.basename(p) for p in undo(before)[0]], sorted(os.listdir(root))
+    (['last'], ['data.txt', 'downloaded.bin'])
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import stat as stat_module
 import time
 import zipfile
 
@@ -60,27 +63,30 @@ def listing(roots: list[str]) -> Listing:
     return Listing(unique, files, folders, started, True)
 
 
-def undo(before: Listing) -> list[str]:
-    """Remove what the run made (files, then the folders it made, deepest first); the files it changed that were
-    there before, which cannot be put back."""
+def undo(before: Listing) -> tuple[list[str], list[str]]:
+    """Remove the checkpoints the run saved (then the folders it made, once empty, deepest first): (those removed,
+    the checkpoints it saved over that were there before, which cannot be put back)."""
     if not before.complete:
-        return []
-    changed, made = [], []
+        return [], []
+    changed, made, removed = [], [], []
     for path, is_dir, stat in _walk(before.roots):
         if is_dir:
             if path not in before.folders:
                 made.append(path)
+        elif stat is None or not stat_module.S_ISREG(stat.st_mode):  # a pipe, a socket: opening it could block
+            continue
         elif path not in before.files:
-            if stat is not None and stat.st_mtime_ns >= before.started and _saved(path):
+            if stat.st_mtime_ns >= before.started and _saved(path):
                 _remove(path)
-        elif stat is not None and (stat.st_size, stat.st_mtime_ns) != before.files[path] and _saved(path):
+                removed.append(path)
+        elif (stat.st_size, stat.st_mtime_ns) != before.files[path] and _saved(path):
             changed.append(path)
     for folder in sorted(made, key=len, reverse=True):
         try:
             os.rmdir(folder)  # only once empty: a file someone else put there stays, and its folder with it
         except OSError:
             pass
-    return changed
+    return removed, changed
 
 
 def _walk(roots: list[str]):
