@@ -40,6 +40,13 @@ def test_a_neighbour_imported_by_its_package_path_is_part_of_the_project(tmp_pat
     done = _settled({rel: (sub / rel).read_text() for rel in files}, project.outer(root))
     assert "ddpkit.data_loader(ds, global_batch_size=b, shuffle=True)" in done["utils.py"].text
     assert not done["train.py"].left and not done["train.py"].refused, done["train.py"].left
+    # review: written to -o OUT, the copy still imported TCN.mnist_pixel.utils (no such package there, or the
+    # unconverted original inside the repository): the import is the folder's own now
+    out = tmp_path / "out"
+    r = run_cmd(CONVERT + ["--imports", "-o", str(out), "train.py"], timeout=60, cwd=str(sub))
+    assert r.returncode == 0 and "from utils import loaders" in (out / "train.py").read_text(), r.stderr
+    ran = run_cmd([sys.executable, "train.py"], timeout=120, cwd=str(out))
+    assert ran.returncode == 0, ran.stderr[-1500:]
     # a library's module is never taken for a neighbour: torch.utils stays torch's beside a utils.py
     assert project.local("torch.utils", project.outer(str(tmp_path / "torch")), lambda m: m == "utils") == "utils"
     assert project.local("torch.utils", ("TCN.mnist_pixel",), lambda m: m == "utils") == "torch.utils"
@@ -222,3 +229,56 @@ def test_loaders_kept_as_attributes_of_a_data_class_of_another_module():
     assert "self.train = ddpkit.data_loader(ds, global_batch_size=batch_size, shuffle=True)" in data, data
     assert "self.test = DataLoader(ds, batch_size=batch_size, shuffle=False)" in data, data
     assert not done["train.py"].left and "ddpkit.reduce" not in done["train.py"].text, done["train.py"].left
+
+
+SOLVER_EVAL = "import torch\nimport torch.nn.functional as F\n\n\nclass Solver:\n" \
+    "    def __init__(self, train_loader, val_loader):\n        self.train_loader, self.val_loader = train_loader, " \
+    "val_loader\n\n    def run(self, model, opt):\n        data = self.train_loader\n        for x, y in data:\n" \
+    "            loss = F.cross_entropy(model(x), y)\n            opt.zero_grad()\n            loss.backward()\n" \
+    "            opt.step()\n        data = {evaluated}\n        right, total = 0, 0\n        with torch.no_grad():\n" \
+    "            for x, y in data:\n                right += (model(x).argmax(1) == y).sum().item()\n" \
+    "                total += y.numel()\n        print(right / total, total)\n"
+SOLVER_MAIN = DATA + "import torch.nn.functional as F\nfrom solver import Solver\n\n" \
+    "train_loader = DataLoader(ds, batch_size=8, shuffle=True)\nval_loader = DataLoader(ds, batch_size=8)\n" \
+    "model = torch.nn.Linear(8, 2)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n" \
+    "Solver({passed}, val_loader).run(model, opt)\n"
+
+
+def test_review_an_evaluation_over_what_the_callers_hand_in_is_reduced_and_a_later_binding_is_not_trained_on():
+    """Review: a solver's evaluation over the handed-in training loader kept its shard's sums unreduced; a name
+    bound to the validation loader after the training loop made the validation loader a training one."""
+    over_train = _settled({"solver.py": SOLVER_EVAL.format(evaluated="self.train_loader"),
+                           "main.py": SOLVER_MAIN.format(passed="train_loader")})
+    assert "right = ddpkit.reduce(right)" in over_train["solver.py"].text, over_train["solver.py"].text
+    rebound = _settled({"solver.py": SOLVER_EVAL.format(evaluated="self.val_loader"),
+                        "main.py": SOLVER_MAIN.format(passed="train_loader")})
+    assert "val_loader = DataLoader(ds, batch_size=8)" in rebound["main.py"].text, rebound["main.py"].text
+    assert "ddpkit.reduce" not in rebound["solver.py"].text
+
+
+def test_review_a_list_of_batches_handed_to_the_solver_is_not_said_fed_by_a_loader():
+    """Review: any file of the project that trained on a converted loader made the solver's loop "kept", though
+    its caller handed it a list of batches: each rank trained on all of them, with no word."""
+    main = SOLVER_MAIN.format(passed="batches").replace("Solver(", "batches = [ds[i:i + 8] for i in range(0, 64, 8)]\n"
+                                                        "for x, y in train_loader:\n    F.cross_entropy(model(x), y)"
+                                                        ".backward()\n    opt.step()\nSolver(")
+    done = _settled({"solver.py": SOLVER_EVAL.format(evaluated="self.val_loader"), "main.py": main})
+    assert any("a parameter of Solver.__init__ that no call in this file passes" in x.what
+               for x in done["solver.py"].left), (done["solver.py"].left, done["solver.py"].kept)
+
+
+def test_review_a_dict_whose_keys_are_written_out_shards_the_loader_of_the_training_key():
+    """Review: the validation loader shuffled and the training one did not: the validation loader was sharded for
+    training, the training one kept whole. With the keys written out, the key tells."""
+    files = {"data.py": DATA + "\n\ndef fetch(b):\n    train = DataLoader(ds, batch_size=b, shuffle=False)\n"
+                               "    val = DataLoader(ds, batch_size=b, shuffle=True)\n"
+                               "    return {'train': train, 'val': val}\n",
+             "train.py": ENTRY.format(imports="import data", loaders="loaders = data.fetch(16)\n"
+                                      "train_dl = loaders['train']", over="train_dl")}
+    data = _settled(files)["data.py"].text
+    assert "train = ddpkit.data_loader(ds, global_batch_size=b, shuffle=False)" in data, data
+    assert "val = DataLoader(ds, batch_size=b, shuffle=True)" in data, data
+    swapped = dict(DICT, **{"model/data_loader.py": DICT["model/data_loader.py"].replace(
+        "shuffle=True", "shuffle=X").replace("shuffle=False", "shuffle=True").replace("shuffle=X", "shuffle=False")})
+    assert _settled(swapped)["model/data_loader.py"].refused  # keys not written out: the one that shuffles is not
+    # in the body of ``if split == 'train':``, so which is which cannot be told

@@ -299,6 +299,22 @@ def _companions(root: str, files: list[str], out: str) -> None:
                  if skipped else ""), file=sys.stderr)
 
 
+def _localized(plans: dict[str, Any], files: list[str], root_outer: tuple[str, ...]) -> None:
+    """A copy written elsewhere (``-o OUT``) imports its own modules as the folder's (:func:`.project.localize`):
+    the package path the original reached them by (TCN's ``from TCN.mnist_pixel.utils import``) leads nowhere
+    there, or back to the unconverted originals."""
+    from ddpkit.commands.convert.plan import Edit  # (libcst, optional: imported where convert_file did)
+
+    for rel in files:
+        result = plans[rel]
+        text, lines = project.localize(result.text, root_outer, files)
+        if lines and not result.refused:
+            result.text = text
+            result.edits.extend(Edit(n, "an import of the project's own module through its package path -> the "
+                                     "folder's module", "the copy in OUT has no package around it: the folder's "
+                                     "name finds the converted module beside it") for n in lines)
+
+
 def _main_many(ns: argparse.Namespace) -> int:
     """A folder, or a script with the modules it imports (:mod:`ddpkit.commands.convert.project`): every file
     converted, each said; nothing written unless none is refused."""
@@ -312,6 +328,8 @@ def _main_many(ns: argparse.Namespace) -> int:
 
     # a model or loader one file uses and another builds: converted there
     plans = crossing.settle(files, one, project.outer(root))
+    if ns.output:
+        _localized(plans, files, project.outer(root))
     done = [(rel, os.path.join(shown, rel), plans[rel], encodings[rel]) for rel in files]
     if ns.json:
         print(json.dumps({"files": [{"script": name, "refused": r.refused, "changed": r.text != r.source,

@@ -29,6 +29,7 @@ from typing import Any
 from ddpkit.commands.convert.project import local
 
 MODEL, TRAIN, EVAL = "model", "training loader", "evaluation loader"
+NOT_PASSED = "not converted"  # ``done`` of a file that calls a trainer asking for its loader, and did not convert it
 HANDED = "a loader handed in"  # an Ask's name: a training loop over a parameter fed from another module
 # an Ask's name's head: an optimizer over a parameter of ``function`` (``a model handed in:train_model:0``), which
 # the files that import this one and call it pass; their wants name it ``module.function:index``
@@ -108,16 +109,20 @@ def _crossings(plans: dict[str, Any], module_file_of: Callable[[str], str | None
                     names[ask.name] = ask.kind
                 asked.setdefault(target, []).append((rel, ask, ask.name))
     provided: dict[str, dict[str, str]] = {}
-    for rel, result in plans.items():  # a loop over a loader handed in: fed by the training loader of a caller
-        feeding = _feeding(rel, plans, imported) if any(a.name == HANDED for a in getattr(result, "asks", ())) \
-            else None
-        if feeding:
-            provided.setdefault(rel, {})[key("", HANDED)] = feeding
+    handed: dict[str, list[bool]] = {}  # a file whose loop reads a loader handed in: each caller's answer
     for target, triples in asked.items():
         for rel, ask, want in triples:
-            if want in plans[target].done:
-                told = key("", HANDED) if ask.name.startswith(f"{HANDED}:") else key(ask.module, ask.name)
-                provided.setdefault(rel, {}).setdefault(told, target)  # (a feeding file found above first)
+            done = want in plans[target].done
+            if ask.name.startswith(f"{HANDED}:"):  # said fed only when every caller converted what it passes
+                if done or f"{want} {NOT_PASSED}" in plans[target].done:  # (a file that only imports it: no say)
+                    handed.setdefault(rel, []).append(done)
+                if done:
+                    provided.setdefault(rel, {}).setdefault(key("", HANDED), target)
+            elif done:
+                provided.setdefault(rel, {})[key(ask.module, ask.name)] = target
+    for rel, answers in handed.items():
+        if not all(answers):  # a caller that hands in a list of batches, or what it does not convert
+            provided.get(rel, {}).pop(key("", HANDED), None)
     return {rel: Crossing(wants=wants.get(rel, {}), provided=provided.get(rel, {}), own=own)
             for rel in set(wants) | set(provided)}
 
@@ -142,20 +147,6 @@ def _handed_want(rel: str, ask: Ask) -> str | None:
 def key(module: str, name: str) -> str:
     """How ``provided`` names a module's name: ``Arch.model:model`` (two modules may both build a ``model``)."""
     return f"{module}:{name}"
-
-
-def _feeding(rel: str, plans: dict[str, Any], imported: Callable[[str], set[str]]) -> str | None:
-    """The file whose converted training loader reaches ``rel``'s loop over a parameter: one that trains and
-    imports ``rel``'s module (it calls it), or that such a caller imports (going_modular's ``train.py`` imports
-    ``data_setup`` and ``engine``); None: no file that trains is seen to reach it (an unrelated file's does not)."""
-    mine = rel[:-3].replace("/", ".")
-    imports = {other: imported(getattr(p, "source", "")) for other, p in plans.items()}
-    callers = [other for other, names in imports.items() if other != rel and mine in names]
-    for other, p in sorted(plans.items()):
-        module = other[:-3].replace("/", ".")
-        if other != rel and getattr(p, "trains", False) and any(c == other or module in imports[c] for c in callers):
-            return other
-    return None
 
 
 def _imported(source: str) -> set[str]:

@@ -32,7 +32,9 @@ import libcst as cst
 
 from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.crossing import HANDED, TRAIN, Ask, key
+from ddpkit.commands.convert.reductions import reductions
 from ddpkit.commands.convert.scan import Binding, Call, Loop, dotted, resolve
+from ddpkit.commands.convert.sums import sums_after
 
 _Work = Any  # the plan in the making (plan._Work)
 LOADERS = ("torch.utils.data.DataLoader", "ddpkit.data_loader")
@@ -54,7 +56,8 @@ def handed_in(work: _Work, line: int) -> bool:
         built = work.crossing.provided.get(key("", HANDED))
         if built:
             work.keep(loop.line, f"the training loop over {name} (a parameter of {where}) left as it is",
-                      f"the loader its callers pass is a ddpkit.data_loader for training, converted in {built}")
+                      f"what its callers in {built} pass is a ddpkit.data_loader for training")
+            _evaluated(work, set(handed), built)
             return True
         work.leave(loop.line, f"the training loop reads {name}, a parameter of {where} that no call in this file "
                    "passes: its loader is built by a caller in another module", "convert them together (ddpkit "
@@ -64,11 +67,32 @@ def handed_in(work: _Work, line: int) -> bool:
     return False
 
 
+def _evaluated(work: _Work, handed: set[tuple[str, str, int]], built: str) -> None:
+    """The loops that evaluate what the training loop's callers hand in (a Solver's ``accuracy()`` over the same
+    ``self.loader``): sharded now, so their sums are reduced across ranks, or refused when they keep what cannot be
+    summed (each rank would report its shard only)."""
+    for loop in work.facts.loops:
+        if flow.trains(work.facts, loop) or not isinstance(loop.node, cst.For):
+            continue
+        # (the binding that reaches this loop only: ``data = self.val_loader`` after training is another loader)
+        if not {parameter(work, n, loop.scope, loop.line) for n in reads(work, loop)} & handed:
+            continue
+        if loop.stored or loop.breaks or sums_after(work.facts, loop, False, frozenset()) is None:
+            work.leave(loop.line, f"this evaluation loops over the loader its callers in {built} pass, sharded "
+                       "for training, and keeps what it cannot sum across ranks: each rank would report its shard "
+                       "only", "evaluate on a loader of its own (ddpkit.data_loader(dataset, batch_size, "
+                       "train=False)), then convert again", blocks=True)
+            return
+        reductions(work, [loop], None, False)
+
+
 def _parameters(work: _Work, name: str, scope: Any, line: int) -> set[tuple[str, str, int]]:
     """:func:`parameter` of ``name`` and of each name its function binds it to (StarGAN's ``data_loader =
     self.celeba_loader`` or ``self.rafd_loader`` in an ``if`` / ``elif``: both handed in)."""
     found = {parameter(work, name, scope, line)}
-    for bound in [b for b in work.facts.bindings if b.target == name and b.scope is scope and b.value is not None]:
+    # (only those before the loop: ``data = self.val_loader`` after the training loop is another loop's)
+    for bound in [b for b in work.facts.bindings if b.target == name and b.scope is scope and b.value is not None
+                  and b.line <= line]:
         source = dotted(bound.value)
         found.add(parameter(work, source, scope, bound.line) if source else None)
     return {p for p in found if p is not None}
@@ -134,11 +158,12 @@ def iterated(node: cst.BaseExpression) -> set[str]:
     return set()
 
 
-def passed(work: _Work, origin_of: Any) -> list[tuple[str, list[Call], bool]]:
+def passed(work: _Work, origin_of: Any) -> list[tuple[str, list[Call], bool | None]]:
     """For each want ``module:Callable:index:param`` (a trainer of that module asks what its callers hand in): (the
     want, the DataLoaders of this file that its calls pass, to become training ones, whether every argument is
     one of those or a training loader already: a ``ddpkit.data_loader``, or a data module's, asked of it here
-    and said provided). ``origin_of(binding)``: (module, name) of a value an imported function returns."""
+    and said provided; None: this file makes no such call). ``origin_of(binding)``: (module, name) of a value an
+    imported function returns."""
     found = []
     for want, kind in work.crossing.wants.items():
         if kind != TRAIN or want.count(":") != 3:
@@ -159,7 +184,7 @@ def passed(work: _Work, origin_of: Any) -> list[tuple[str, list[Call], bool]]:
                 every &= key(*origin) in work.crossing.provided
             else:
                 every &= made == LOADERS[1]
-        found.append((want, loaders, bool(sites) and every))
+        found.append((want, loaders, every if sites else None))
     return found
 
 

@@ -21,10 +21,12 @@ Example::
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 from typing import Any
 
 import libcst as cst
+from libcst import matchers as m
 
 from ddpkit.commands.convert import flow, handedin
 from ddpkit.commands.convert.crossing import EVAL, TRAIN, Ask, key, returned
@@ -189,9 +191,10 @@ def _string_key(node: cst.BaseExpression | None) -> str | None:
 
 def keyed(work: _Work, call: Call, built: list[Call]) -> tuple[str, str] | None:
     """(what is asked, its kind; "": cannot be told) for a DataLoader of a function whose returned dict another
-    module reads by key (cs230's ``fetch_dataloader(...)['train']``): which key a loader is stored under is not
-    followed, so its ``shuffle`` tells, when the function builds exactly one that shuffles, written out: that one
-    for the key asked for training, the others for the evaluation keys; None when nothing asks by key.
+    module reads by key (cs230's ``fetch_dataloader(...)['train']``): the string key it is stored under, where
+    the function writes one out; else (``dataloaders[split] = dl``) the one DataLoader written with shuffle=True,
+    when it is built in the body of an ``if`` whose test names the training key (``if split == 'train':``), for
+    that key, the others for the evaluation keys; None when nothing asks by key.
 
     >>> from ddpkit.commands.convert.plan import plan
     >>> from ddpkit.commands.convert.crossing import Crossing
@@ -206,13 +209,49 @@ def keyed(work: _Work, call: Call, built: list[Call]) -> tuple[str, str] | None:
     train = [n for n, kind in asked.items() if kind == TRAIN]
     if len(train) != 1:
         return None
+    keys = [f"{function}()[{k!r}]" for k in _stored_keys(work, call)]
+    if keys:  # written out (``{"train": train, "val": val}``, ``loaders["val"] = dl``): the key tells
+        return (train[0], TRAIN) if train[0] in keys else (keys[0], EVAL)
     mine = [c for c in built if c.scope is call.scope]
     shuffles = {id(c): _shuffle(c) for c in mine}
-    if None in shuffles.values() or sum(shuffles.values()) != 1:  # type: ignore[arg-type]
+    shuffling = [c for c in mine if shuffles[id(c)]]
+    if None in shuffles.values() or len(shuffling) != 1 or \
+            not _tested_for(work, shuffling[0], ast.literal_eval(train[0][len(function) + 2:][1:-1])):
         return train[0], ""  # asked by key, and which loader that is cannot be told
     if shuffles[id(call)]:
         return train[0], TRAIN
-    return next((n for n, kind in asked.items() if kind != TRAIN), train[0]), EVAL
+    return f"{function}()[...]", EVAL
+
+
+def _stored_keys(work: _Work, call: Call) -> list[str]:
+    """The string keys its function stores ``call``'s loader under: ``{"train": DataLoader(...)}``, ``{"val":
+    val}`` or ``loaders["val"] = val`` with ``val = DataLoader(...)``."""
+    names = {b.target for b in work.facts.bindings if b.value is call.node and b.scope is call.scope}
+    found = []
+    pairs: list[tuple[cst.BaseExpression, cst.BaseExpression]] = []
+    for node in m.findall(call.scope.node, m.Dict() | m.Assign()):
+        if isinstance(node, cst.Dict):
+            pairs += [(e.key, e.value) for e in node.elements if isinstance(e, cst.DictElement)]
+        elif isinstance(node, cst.Assign):
+            pairs += [(t.target.slice[0].slice.value, node.value) for t in node.targets
+                      if isinstance(t.target, cst.Subscript) and len(t.target.slice) == 1
+                      and isinstance(t.target.slice[0].slice, cst.Index)]
+    for key_node, value in pairs:
+        if (value is call.node or dotted(value) in names) and isinstance(key_node, cst.SimpleString):
+            found.append(str(key_node.evaluated_value))
+    return found
+
+
+def _tested_for(work: _Work, call: Call, key_: str) -> bool:
+    """``call`` is in the body (not the ``else``) of an ``if`` of its function whose test names ``key_`` (cs230's
+    ``if split == 'train':``): the loader built for that key."""
+    for node in m.findall(call.scope.node, m.If()):
+        assert isinstance(node, cst.If)
+        inside = any(c is call.node for c in m.findall(node.body, m.Call()))
+        if inside and any(isinstance(s, cst.SimpleString) and s.evaluated_value == key_
+                          for s in m.findall(node.test, m.SimpleString())):
+            return True
+    return False
 
 
 def _shuffle(call: Call) -> bool | None:

@@ -19,7 +19,7 @@ import libcst as cst
 
 from ddpkit.commands.convert import batch, flow, handedin, imported
 from ddpkit.commands.convert.apply import LOADER_PARAMETERS, loader_call
-from ddpkit.commands.convert.crossing import EVAL, TRAIN, returned
+from ddpkit.commands.convert.crossing import EVAL, NOT_PASSED, TRAIN, returned
 from ddpkit.commands.convert.flow import callee, loops_reading, peek, roles_said
 from ddpkit.commands.convert.reductions import reductions
 from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, dotted, resolve
@@ -40,7 +40,8 @@ def loaders(work: _Work) -> None:
         for call in made:
             training |= _loader(work, call, "train")
         built = [c for c in built if all(c is not m for m in made)]
-    work.done.extend(want for want, _, every in handed if every)
+    work.done.extend(want if every else f"{want} {NOT_PASSED}"  # (a trainer's file is said fed by every caller's)
+                     for want, _, every in handed if every is not None)
     for call in built:
         wanted = _wanted(work, call)
         if wanted is not None and work.crossing.wants[wanted] == TRAIN:  # another module trains on it (a project)
@@ -59,9 +60,9 @@ def loaders(work: _Work) -> None:
                        "shuffle=True, or build it in a function of its own, then convert again", blocks=True)
             continue
         if keyed is not None:
-            work.keep(call.line, f"a DataLoader of {call.scope.name}() that does not shuffle left as it is",
-                      f"another module of the project trains on {keyed[0]}, the one of its DataLoaders that shuffles: "
-                      "each rank reads all of this one, which is right for an evaluation")
+            work.keep(call.line, f"the DataLoader {keyed[0]} holds left as it is", "another module of the project "
+                      f"trains on the one {call.scope.name}() returns under the training key: each rank reads all of "
+                      "this one, which is right for an evaluation")
             continue
         if wanted is not None:  # another module's loop reads it, and does not train
             shown = f"{wanted} = DataLoader(...)" if "(" not in wanted or "()." in wanted else \

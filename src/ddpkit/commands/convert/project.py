@@ -130,6 +130,44 @@ def local(module: str, root_outer: tuple[str, ...], exists: Callable[[str], bool
     return module
 
 
+def localize(text: str, root_outer: tuple[str, ...], files: list[str]) -> tuple[str, list[int]]:
+    """``text`` with its imports of the project's own modules through the package path of the script's folder
+    written as the folder's own (``from TCN.mnist_pixel.utils import x`` -> ``from utils import x``; ``from
+    TCN.mnist_pixel import utils`` -> ``import utils``): a copy written elsewhere (``-o OUT``) has no ``TCN``
+    package around it, and inside the repository it would import the original, unconverted module; (the text,
+    the lines changed).
+
+    >>> localize("import os\\nfrom TCN.pix.utils import get\\nfrom TCN.pix import model as m\\n",
+    ...          ("TCN.pix", "pix"), ["train.py", "utils.py", "model.py"])
+    ('import os\\nfrom utils import get\\nimport model as m\\n', [2, 3])
+    """
+    lines = text.splitlines(keepends=True)
+    changed = []
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return text, []
+    for node in tree.body if len(lines) else ():
+        if not isinstance(node, ast.ImportFrom) or node.level or not node.module or node.lineno != node.end_lineno:
+            continue
+        mine = local(node.module, root_outer, lambda m: _in(files, m))
+        names = ", ".join(a.name + (f" as {a.asname}" if a.asname else "") for a in node.names)
+        if mine != node.module:
+            new = f"from {mine} import {names}"
+        elif node.module in root_outer and all(_in(files, a.name) for a in node.names):
+            new = f"import {names}"
+        else:
+            continue
+        line = lines[node.lineno - 1]
+        lines[node.lineno - 1] = line[:node.col_offset] + new + line[node.end_col_offset:]
+        changed.append(node.lineno)
+    return "".join(lines), changed
+
+
+def _in(files: list[str], module: str) -> bool:
+    return module.replace(".", "/") + ".py" in files or module.replace(".", "/") + "/__init__.py" in files
+
+
 def _module_files(root: str, parts: list[str]) -> Iterator[str]:
     """The file of module ``parts`` under ``root``, with the packages' ``__init__.py`` on the way; a module of
     ``root`` imported by its package path (:func:`outer`) too."""
