@@ -282,3 +282,24 @@ def test_review_a_dict_whose_keys_are_written_out_shards_the_loader_of_the_train
         "shuffle=True", "shuffle=X").replace("shuffle=False", "shuffle=True").replace("shuffle=X", "shuffle=False")})
     assert _settled(swapped)["model/data_loader.py"].refused  # keys not written out: the one that shuffles is not
     # in the body of ``if split == 'train':``, so which is which cannot be told
+
+
+def test_a_shuffled_validation_loader_handed_to_another_modules_evaluation_stays_whole():
+    """Eighth held-out set (clovaai's deep-text-recognition-benchmark): ``validation(model, valid_loader)`` of
+    ``evaluate.py``, called in the training loop, with ``valid_loader`` shuffled: taken for a training loader by its
+    shuffle=True, each rank validated its half and rank 0 reported and kept the best by its half, silently."""
+    files = {"evaluate.py": "import torch\n\n\ndef validation(model, loader):\n    right, n = 0, 0\n"
+                            "    for x, y in loader:\n        right += (model(x).argmax(1) == y).sum().item()\n"
+                            "        n += len(y)\n    return right / n\n",
+             "train.py": DATA + "import torch.nn.functional as F\nfrom evaluate import validation\n"
+                         "train_loader = DataLoader(ds, batch_size=8, shuffle=True)\n"
+                         "valid_loader = DataLoader(ds, batch_size=8, shuffle=True)\nmodel = torch.nn.Linear(8, 2)\n"
+                         "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n" +
+                         LOOP.format(over="train_loader").replace("    print(loss.item())",
+                                                                 "    with torch.no_grad():\n"
+                                                                 "        print(validation(model, valid_loader))")}
+    done = _settled(files)
+    assert "valid_loader = DataLoader(ds, batch_size=8, shuffle=True)" in done["train.py"].text, done["train.py"].text
+    assert "train_loader = ddpkit.data_loader(" in done["train.py"].text and not done["train.py"].left
+    alone = plan(files["train.py"])  # converted alone: its role is not guessed, and that is said
+    assert "valid_loader = DataLoader(" in alone.text and any("handed to validation" in x.what for x in alone.left)

@@ -99,7 +99,9 @@ def _crossings(plans: dict[str, Any], module_file_of: Callable[[str], str | None
             if want is not None:  # a model or a loader handed in: asked of every file that imports this one
                 for other, p in plans.items():
                     if other != rel and rel[:-3].replace("/", ".") in imported(getattr(p, "source", "")):
-                        wants.setdefault(other, {})[want] = MODEL if ask.name.startswith(HANDED_MODEL) else TRAIN
+                        kind = MODEL if ask.name.startswith(HANDED_MODEL) else ask.kind
+                        if wants.setdefault(other, {}).get(want) != TRAIN:  # trained on there and evaluated: TRAIN
+                            wants[other][want] = kind
                         asked.setdefault(other, []).append((rel, ask, want))
                 continue
             target = module_file_of(ask.module) if ask.name != HANDED else None
@@ -113,7 +115,7 @@ def _crossings(plans: dict[str, Any], module_file_of: Callable[[str], str | None
     for target, triples in asked.items():
         for rel, ask, want in triples:
             done = want in plans[target].done
-            if ask.name.startswith(f"{HANDED}:"):  # said fed only when every caller converted what it passes
+            if ask.name.startswith(f"{HANDED}:") and ask.kind == TRAIN:  # said fed when every caller converted it
                 if done or f"{want} {NOT_PASSED}" in plans[target].done:  # (a file that only imports it: no say)
                     handed.setdefault(rel, []).append(done)
                 if done:

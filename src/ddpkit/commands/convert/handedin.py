@@ -31,7 +31,7 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.commands.convert import flow
-from ddpkit.commands.convert.crossing import HANDED, TRAIN, Ask, key
+from ddpkit.commands.convert.crossing import EVAL, HANDED, TRAIN, Ask, key
 from ddpkit.commands.convert.reductions import reductions
 from ddpkit.commands.convert.scan import Binding, Call, Loop, dotted, resolve
 from ddpkit.commands.convert.sums import sums_after
@@ -65,6 +65,34 @@ def handed_in(work: _Work, line: int) -> bool:
                    "dataset, global_batch_size=B) where it is built")
         return True
     return False
+
+
+def ask_evaluations(work: _Work) -> None:
+    """A loop that evaluates a parameter of its function that no call in this file passes (clovaai's
+    ``validation(model, valid_loader)``, called in the training loop of ``train.py``): its callers are asked to
+    keep what they pass whole (:data:`EVAL`), not to guess its role by its ``shuffle=True``."""
+    for loop in work.facts.loops:
+        if not isinstance(loop.node, cst.For) or flow.trains(work.facts, loop):
+            continue
+        for found in {parameter(work, n, loop.scope, loop.line) for n in reads(work, loop)} - {None}:
+            assert found is not None
+            name, where, index = found
+            work.asks.append(Ask("", f"{HANDED}:{where}:{index}:{name}", EVAL, loop.line))
+
+
+def passed_to_evaluate(work: _Work) -> list[Call]:
+    """The DataLoaders of this file that its calls hand to another module's evaluation (:func:`ask_evaluations`
+    asked of this file: ``module:function:index:param`` wanted as :data:`EVAL`)."""
+    found: list[Call] = []
+    for want, kind in work.crossing.wants.items():
+        if kind != EVAL or want.count(":") != 3:
+            continue
+        module, function, index, name = want.split(":")
+        for site in [c for c in work.facts.calls if _calls(work, c, module, function)]:
+            bound = _argument(work, site, int(index), name)
+            found += [c for c in work.facts.calls if bound is not None and bound.value is not None
+                      and c.node is bound.value and c.name == LOADERS[0]]
+    return found
 
 
 def _evaluated(work: _Work, handed: set[tuple[str, str, int]], built: str) -> None:

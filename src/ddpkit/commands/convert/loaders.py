@@ -17,12 +17,12 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.commands.convert import batch, flow, handedin, imported
+from ddpkit.commands.convert import batch, flow, handedin, imported, trained
 from ddpkit.commands.convert.apply import LOADER_PARAMETERS, loader_call
 from ddpkit.commands.convert.crossing import EVAL, NOT_PASSED, TRAIN, returned
 from ddpkit.commands.convert.flow import callee, loops_reading, peek, roles_said
 from ddpkit.commands.convert.reductions import reductions
-from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, dotted, resolve
+from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, dotted, imported_from, resolve
 
 # the plan in the making (plan._Work): facts, edits, note, leave
 _Work = Any
@@ -42,6 +42,14 @@ def loaders(work: _Work) -> None:
         built = [c for c in built if all(c is not m for m in made)]
     work.done.extend(want if every else f"{want} {NOT_PASSED}"  # (a trainer's file is said fed by every caller's)
                      for want, _, every in handed if every is not None)
+    handedin.ask_evaluations(work)
+    for call in handedin.passed_to_evaluate(work):  # another module's evaluation loops over it: kept whole
+        binding = next((b for b in work.facts.bindings if b.value is call.node), None)
+        if binding is not None and not loops_reading(work.facts, binding.target, binding.scope, since=binding) and \
+                any(c is call for c in built):
+            built = [c for c in built if c is not call]
+            work.keep(call.line, f"{binding.target} = DataLoader(...) left as it is", "another module of the "
+                      "project evaluates what this file hands it: each rank reads all of it, which is right")
     for call in built:
         wanted = _wanted(work, call)
         if wanted is not None and work.crossing.wants[wanted] == TRAIN:  # another module trains on it (a project)
@@ -252,6 +260,13 @@ def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
         return False
     peeks = [loop for loop in loops if peek(loop)]  # a look at the first batch: no role, nothing to sum
     loops = [loop for loop in loops if loop not in peeks]
+    away = _handed_away(work, binding) if role is None and not loops and binding is not None else None
+    if away is not None and binding is not None:  # its loop is in another module: its shuffle=True says nothing
+        work.leave(call.line, f"{binding.target} is handed to {away}, a function of another module whose loop over "
+                   "it decides its role: left as it is (each rank reads all of it)", "convert them together "
+                   "(ddpkit convert --imports SCRIPT, or a folder), or make it ddpkit.data_loader(dataset, "
+                   "global_batch_size=B) yourself if that loop trains")
+        return False
     role = role or flow.role(work.facts, loops, binding, call)
     if role == "eval" and not loops:  # said by a name only: its loop, and what it sums, were not found
         work.keep(call.line, "an evaluation DataLoader (by its name) whose loop is not in this file, left as it "
@@ -320,6 +335,26 @@ def _builder(work: _Work, bound: Binding | None) -> str | None:
                                  for c in work.facts.calls):
         return None
     return target[0].name
+
+
+def _handed_away(work: _Work, binding: Binding) -> str | None:
+    """The function of another module of the project that a call of this file hands ``binding``'s loader to
+    (clovaai's ``validation(model, valid_loader)``, imported from ``evaluate``), or None; not a call that hands it
+    an optimizer too (``fit_epoch(model, loader, opt)`` trains: the loader's shuffle=True is believed)."""
+    stepped = {dotted(c.node.func.value) for c in work.facts.calls
+               if c.last in ("step", "zero_grad") and isinstance(c.node.func, cst.Attribute)}
+    made = {id(c.node) for c in work.facts.calls if trained.optimizer(c)}
+    stepped |= {b.target for b in work.facts.bindings if id(b.value) in made}  # (``opt = SGD(...)``)
+    for call in work.facts.calls:
+        func = dotted(call.node.func)
+        if func is None or imported_from(work.facts, func) is None or \
+                any(dotted(a.value) in stepped for a in call.node.args):
+            continue
+        for arg in call.node.args:
+            name = dotted(arg.value)
+            if name == binding.target and flow.binding_of(work.facts, name, call.scope, call.line) is binding:
+                return func
+    return None
 
 
 def _called(facts: Facts, call: Call) -> bool:
