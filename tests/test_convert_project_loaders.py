@@ -303,3 +303,19 @@ def test_a_shuffled_validation_loader_handed_to_another_modules_evaluation_stays
     assert "train_loader = ddpkit.data_loader(" in done["train.py"].text and not done["train.py"].left
     alone = plan(files["train.py"])  # converted alone: its role is not guessed, and that is said
     assert "valid_loader = DataLoader(" in alone.text and any("handed to validation" in x.what for x in alone.left)
+
+
+def test_a_demo_loop_under_main_of_an_imported_module_does_not_refuse_the_project():
+    """Eighth held-out set (deeplab-xception, pytorch-semseg): a dataset module's ``if __name__ == "__main__":``
+    demo loops over a DataLoader of its own: "role cannot be told" refused the whole project. Imported, the block
+    never runs; the same block in the entry script is still converted as ever."""
+    toy = DATA + "\n\nif __name__ == '__main__':\n    demo = DataLoader(ds, batch_size=2, shuffle=True)\n" \
+                 "    for x, y in demo:\n        print(x.shape)\n"
+    files = {"toy.py": toy, "train.py": ENTRY.format(imports="from torch.utils.data import DataLoader\n"
+                                                             "from toy import ds", loaders="train_loader = "
+                                                             "DataLoader(ds, batch_size=16, shuffle=True)",
+                                                     over="train_loader")}
+    done = _settled(files)
+    assert not any(p.refused for p in done.values()), {k: p.left for k, p in done.items()}
+    assert "demo = DataLoader(ds, batch_size=2, shuffle=True)" in done["toy.py"].text
+    assert plan(toy).refused  # converted as a script of its own, its loop's role still cannot be told

@@ -54,6 +54,7 @@ class Crossing:
     wants: dict[str, str] = dataclasses.field(default_factory=dict)
     provided: dict[str, str] = dataclasses.field(default_factory=dict)
     own: frozenset[str] = frozenset()  # the project's top-level module names (its ``datasets.py`` is its own)
+    imported: bool = False  # another file of the project imports this one: its ``__main__`` block is a demo
 
 
 def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
@@ -65,7 +66,6 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
     ``root_outer``: the package paths of the root (:func:`.project.outer`), under which a file may import its
     neighbours."""
     own = frozenset(rel.split("/")[0].removesuffix(".py") for rel in files)
-    plans = {rel: convert(rel, Crossing(own=own)) for rel in files}
 
     def module_file_of(module: str) -> str | None:
         return module_file(files, local(module, root_outer, lambda m: module_file(files, m) is not None))
@@ -73,14 +73,21 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
     def imported(source: str) -> set[str]:
         return {local(m, root_outer, lambda m: module_file(files, m) is not None) for m in _imported(source)}
 
-    given: dict[str, Crossing] = {}
+    base = {rel: Crossing(own=own) for rel in files}
+    plans = {rel: convert(rel, base[rel]) for rel in files}
+    for rel, result in plans.items():  # a module another file imports: its ``if __name__ == "__main__"`` is a demo
+        for target in filter(None, map(module_file_of, imported(getattr(result, "source", "")))):
+            if target != rel and not base[target].imported:
+                base[target] = dataclasses.replace(base[target], imported=True)
+                plans[target] = convert(target, base[target])
+    given = dict(base)
     for _ in range(ROUNDS):
-        crossings = _crossings(plans, module_file_of, imported, own)
-        changed = [rel for rel in files if crossings.get(rel, Crossing(own=own)) != given.get(rel, Crossing(own=own))]
+        crossings = _crossings(plans, module_file_of, imported, base)
+        changed = [rel for rel in files if crossings.get(rel, base[rel]) != given[rel]]
         if not changed:
             break
         for rel in changed:
-            given[rel] = crossings.get(rel, Crossing(own=own))
+            given[rel] = crossings.get(rel, base[rel])
             plans[rel] = convert(rel, given[rel])
     return plans
 
@@ -89,7 +96,7 @@ ROUNDS = 8  # asks answered in turn: a loader handed to a solver, built by the e
 
 
 def _crossings(plans: dict[str, Any], module_file_of: Callable[[str], str | None],
-               imported: Callable[[str], set[str]], own: frozenset[str]) -> dict[str, Crossing]:
+               imported: Callable[[str], set[str]], base: dict[str, Crossing]) -> dict[str, Crossing]:
     """What each file is asked for and told, from the plans as they are now."""
     wants: dict[str, dict[str, str]] = {}
     asked: dict[str, list[tuple[str, Ask, str]]] = {}  # the file asked -> (asking file, its ask, the want)
@@ -125,7 +132,7 @@ def _crossings(plans: dict[str, Any], module_file_of: Callable[[str], str | None
     for rel, answers in handed.items():
         if not all(answers):  # a caller that hands in a list of batches, or what it does not convert
             provided.get(rel, {}).pop(key("", HANDED), None)
-    return {rel: Crossing(wants=wants.get(rel, {}), provided=provided.get(rel, {}), own=own)
+    return {rel: dataclasses.replace(base[rel], wants=wants.get(rel, {}), provided=provided.get(rel, {}))
             for rel in set(wants) | set(provided)}
 
 

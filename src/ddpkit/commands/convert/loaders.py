@@ -34,6 +34,12 @@ def loaders(work: _Work) -> None:
     """Every DataLoader: a training or an evaluation one, by what its loops do; refused where batches are fed
     by hand."""
     built = [c for c in work.facts.calls if c.name == LOADER]
+    if work.crossing.imported:  # a module's demo (``if __name__ == "__main__":``) never runs when it is imported
+        demos = [c for c in built if any("__name__" in t and "__main__" in t for t in c.tests)]
+        for call in demos:
+            work.keep(call.line, "a DataLoader under if __name__ == '__main__' left as it is", "another file of the "
+                      "project imports this module: the block is its demo, which never runs then")
+        built = [c for c in built if c not in demos]
     training = False
     handed = handedin.passed(work, lambda binding: imported.origin_of(work.facts, binding))
     for _, made, _ in handed:  # what this file hands to another module's training loop: trained on there
