@@ -224,9 +224,10 @@ SUMMED = ("the training loss is a sum over the batch, not a mean: DDP averages t
 
 
 def summed_loss(work: _Work) -> None:
-    """A training loss summed over the batch (``loss.sum().backward()``, ``reduction='sum'`` in a training loop or
-    a function it calls), stepped by an optimizer whose step follows the gradient's scale (SGD; not Adam's kin):
-    listed once, with the fix (converting it silently gave steps N times smaller; ``ddpkit verify`` names it)."""
+    """A training loss summed over the batch (``loss.sum().backward()``, ``reduction='sum'`` or the old
+    ``size_average=False`` in a training loop, a function it calls, or a criterion it calls), stepped by an
+    optimizer whose step follows the gradient's scale (SGD; not Adam's kin): listed once, with the fix (converting
+    it silently gave steps N times smaller; ``ddpkit verify`` names it)."""
     stepping = {c.last for c in work.facts.calls if c.last in OPTIMIZERS}
     if not work.models or stepping and stepping <= SCALE_FREE:
         return
@@ -240,13 +241,46 @@ def summed_loss(work: _Work) -> None:
         summed_backward = call.last == "backward" and isinstance(func, cst.Attribute) and \
             isinstance(func.value, cst.Call) and isinstance(func.value.func, cst.Attribute) and \
             func.value.func.attr.value == "sum"
-        summed_reduction = any(a.keyword is not None and a.keyword.value == "reduction" and
-                               isinstance(a.value, cst.SimpleString) and a.value.evaluated_value == "sum"
-                               for a in call.node.args)
-        trains = any(id(loop) in training for loop in call.loops) or id(call.scope) in helpers
+        summed_reduction = any(a.keyword is not None and (
+            a.keyword.value == "reduction" and isinstance(a.value, cst.SimpleString) and
+            a.value.evaluated_value == "sum" or a.keyword.value == "size_average" and
+            isinstance(a.value, cst.Name) and a.value.value == "False") for a in call.node.args)
+        # (a criterion built before the loop, ``nn.MSELoss(size_average=False)``, called in it: vdsr)
+        bound = {b.target for b in work.facts.bindings if b.value is call.node}
+        trains = any(id(loop) in training for loop in call.loops) or id(call.scope) in helpers or \
+            any(dotted(c.node.func) in bound and any(id(loop) in training for loop in c.loops)
+                for c in work.facts.calls)
         if summed_backward or summed_reduction and trains:
             work.leave(call.line, SUMMED, "average it (reduction='mean', loss.mean()), or keep the sum and multiply "
                        "it by the number of processes (loss.sum() * state.world_size) where it trains")
+            return
+
+
+TOKEN_LOSSES = ("cross_entropy", "CrossEntropyLoss", "nll_loss", "NLLLoss")
+
+
+def token_mean_loss(work: _Work) -> None:
+    """A loss that is a mean over the tokens it does not ignore (``CrossEntropyLoss(ignore_index=...)``, labels
+    padded with ``-100``, a Hugging Face model called with ``labels=``): at N processes each rank's mean is over
+    its own tokens and DDP weighs the ranks alike, which is another loss than one process's mean over the step's
+    tokens (JointBERT's slot loss, GPT2-chitchat). Listed once, with ddpkit's ``count=`` (docs/global-batch.md)."""
+    if any(a.keyword is not None and a.keyword.value == "count" for c in work.facts.calls
+           if c.name == "ddpkit.data_loader" for a in c.node.args):
+        return
+    padded = "-100" in work.facts.module.code
+    for call in work.facts.calls:
+        keywords = {a.keyword.value: a.value for a in call.node.args if a.keyword is not None}
+        # an ignore_index read from a setting (a pad id) pads; a literal one (minGPT's -1) may mark nothing
+        named = not isinstance(keywords.get("ignore_index", cst.Integer("0")), (cst.Integer, cst.UnaryOperation))
+        token = call.last in TOKEN_LOSSES and (named or padded) or \
+            "labels" in keywords and padded and any(flow.trains(work.facts, loop) for loop in call.loops)
+        if token:
+            work.leave(call.line, f"{call.last}: a mean over the tokens it does not ignore (ignore_index, labels "
+                       "of -100): at N processes each rank's mean is over its own tokens and DDP weighs the ranks "
+                       "alike, another loss than one process's mean over the step's tokens (ddpkit verify FAILs it)",
+                       "tell the training loader what the loss averages over: ddpkit.data_loader(..., "
+                       "global_batch_size=B, count=lambda batch: (labels != -100).sum()) and step.backward(loss) "
+                       "(docs/global-batch.md, token-weighted losses); or keep it if the difference is acceptable")
             return
 
 

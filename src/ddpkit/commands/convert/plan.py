@@ -176,6 +176,7 @@ class _Work:
         splits.splits(self, any(c.name in (loaders.LOADER, "ddpkit.data_loader") for c in self.facts.calls))
         batch.summed_loss(self)
         batch.whole_batch_loss(self)
+        batch.token_mean_loss(self)
         rules.outputs(self)
         writes.writes(self)
 

@@ -1,0 +1,47 @@
+"""What the eighth held-out set (docs/convert.md) found ``ddpkit convert`` owes public scripts' losses, each a case
+that converted with nothing said before its fix: a mean over tokens (JointBERT's slot loss with an ``ignore_index``
+read from its settings, GPT2-chitchat's labels padded with -100 handed to a Hugging Face model), and a summed loss
+built as a criterion before the loop (vdsr's ``nn.MSELoss(size_average=False)`` under SGD)."""
+import pytest
+
+pytest.importorskip("libcst")
+
+from ddpkit.commands.convert.plan import plan  # noqa: E402
+
+HEAD = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+dataset = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+loader = DataLoader(dataset, batch_size=8, shuffle=True)
+model = nn.Linear(8, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+"""
+
+
+def _listed(source: str, words: str) -> bool:
+    return any(words in x.what for x in plan(source).left)
+
+
+def test_a_mean_over_tokens_is_listed_with_count_and_a_literal_ignore_index_alone_is_not():
+    slot = HEAD + "class Slots(nn.Module):\n    def __init__(self, args):\n        super().__init__()\n" \
+        "        self.loss = nn.CrossEntropyLoss(ignore_index=args.ignore_index)\n" \
+        "for x, y in loader:\n    loss = nn.functional.cross_entropy(model(x), y, ignore_index=args.pad_id)\n" \
+        "    opt.zero_grad()\n    loss.backward()\n    opt.step()\n"
+    assert _listed(slot, "a mean over the tokens it does not ignore")
+    padded = HEAD + "labels = torch.full((8, 4), -100)\nfor x, y in loader:\n    out = model(x, labels=y)\n" \
+        "    opt.zero_grad()\n    out.loss.backward()\n    opt.step()\n"
+    assert _listed(padded, "a mean over the tokens it does not ignore")
+    mingpt = HEAD + "for x, y in loader:\n    loss = nn.functional.cross_entropy(model(x), y, ignore_index=-1)\n" \
+        "    opt.zero_grad()\n    loss.backward()\n    opt.step()\n"  # (no label is ever -1 in chargpt)
+    assert not _listed(mingpt, "a mean over the tokens")
+
+
+def test_a_summed_criterion_built_before_the_loop_is_listed_under_sgd():
+    vdsr = HEAD + "criterion = nn.MSELoss(size_average=False)\nfor x, y in loader:\n" \
+        "    loss = criterion(model(x), nn.functional.one_hot(y, 2).float())\n" \
+        "    opt.zero_grad()\n    loss.backward()\n    opt.step()\n"
+    assert _listed(vdsr, "the training loss is a sum over the batch")
+    assert _listed(vdsr.replace("size_average=False", "reduction='sum'"), "the training loss is a sum over the batch")
+    assert not _listed(vdsr.replace("size_average=False", ""), "the training loss is a sum")
