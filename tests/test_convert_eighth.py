@@ -45,3 +45,18 @@ def test_a_summed_criterion_built_before_the_loop_is_listed_under_sgd():
     assert _listed(vdsr, "the training loss is a sum over the batch")
     assert _listed(vdsr.replace("size_average=False", "reduction='sum'"), "the training loss is a sum over the batch")
     assert not _listed(vdsr.replace("size_average=False", ""), "the training loss is a sum")
+
+
+def test_a_contrastive_loss_gathers_its_negatives_with_lightly_and_is_listed_otherwise():
+    """lightly's SimCLR example: NT-Xent over each rank's share trained another objective (a loss on another scale),
+    with nothing said. lightly's losses gather the batch when told; another contrastive loss is listed; a model
+    head named after the method (SimCLRProjectionHead, SimCLR) is no loss."""
+    simclr = HEAD + "from lightly.loss import NTXentLoss\nfrom lightly.models.modules import SimCLRProjectionHead\n" \
+        "head = SimCLRProjectionHead(8, 8, 4)\ncriterion = NTXentLoss(temperature=0.5)\nfor x, y in loader:\n" \
+        "    loss = criterion(model(x), model(x + 0.1))\n    opt.zero_grad()\n    loss.backward()\n    opt.step()\n"
+    result = plan(simclr)
+    assert "criterion = NTXentLoss(temperature=0.5, gather_distributed=True)" in result.text, result.text
+    assert not result.left, result.left
+    own = simclr.replace("from lightly.loss import NTXentLoss", "from losses import SupConLoss").replace(
+        "NTXentLoss(temperature=0.5)", "SupConLoss(temperature=0.5)")
+    assert _listed(own, "SupConLoss: a contrastive loss over the batch")

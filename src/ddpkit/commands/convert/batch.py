@@ -284,6 +284,37 @@ def token_mean_loss(work: _Work) -> None:
             return
 
 
+# lightly's losses that take their negatives (or statistics) from the batch, and gather them across ranks when told
+GATHERING = ("NTXentLoss", "DCLLoss", "DCLWLoss", "BarlowTwinsLoss", "VICRegLoss", "TiCoLoss")
+CONTRASTIVE = ("ntxent", "nt_xent", "infonce", "info_nce", "contrastive", "supcon", "simclr", "barlow", "vicreg")
+
+
+def contrastive_loss(work: _Work) -> None:
+    """A loss whose negatives are the other samples of the batch (SimCLR's NT-Xent): at N processes each rank
+    contrasts its share only, another objective. lightly's losses gather the batch across ranks when told
+    (``gather_distributed=True``, added); another such loss is listed (lightly's SimCLR example ran on, silently)."""
+    if not work.models:
+        return
+    for call in work.facts.calls:
+        keywords = {a.keyword.value for a in call.node.args if a.keyword is not None}
+        if (call.name or "").startswith("lightly.loss") and call.last in GATHERING:
+            if "gather_distributed" not in keywords and not any(a.star for a in call.node.args):
+                work.edits.expr[id(call.node)] = lambda node: node.with_changes(args=[
+                    *node.args, cst.Arg(keyword=cst.Name("gather_distributed"), value=cst.Name("True"),
+                                        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                                              whitespace_after=cst.SimpleWhitespace("")))])
+                work.note(f"{call.last}(...) -> {call.last}(..., gather_distributed=True)", "its negatives are "
+                          "the whole global batch, as one process's were, not this rank's share", call.line)
+            continue
+        word = call.last.lower()  # a loss by its name (SupConLoss, info_nce_loss), not SimCLRProjectionHead
+        if any(w in word for w in CONTRASTIVE) and "loss" in word or word in ("ntxent", "nt_xent", "infonce"):
+            work.leave(call.line, f"{call.last}: a contrastive loss over the batch: at N processes each rank's "
+                       "negatives are its share of the batch only, another objective than one process's",
+                       "gather the embeddings across ranks before the loss (ddpkit.gather keeps no gradient: use "
+                       "torch.distributed.nn.functional.all_gather), or keep it if that is acceptable")
+            return
+
+
 # losses of the whole batch at once (an overlap ratio): not a mean of per-sample terms
 WHOLE = ("dice", "iou", "jaccard", "tversky", "lovasz")
 METRICS = ("metric", "score", "coef", "acc", "eval")  # a measure logged beside the loss, not what trains

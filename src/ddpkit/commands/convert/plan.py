@@ -177,6 +177,7 @@ class _Work:
         batch.summed_loss(self)
         batch.whole_batch_loss(self)
         batch.token_mean_loss(self)
+        batch.contrastive_loss(self)
         rules.outputs(self)
         writes.writes(self)
 
