@@ -319,3 +319,31 @@ def test_a_demo_loop_under_main_of_an_imported_module_does_not_refuse_the_projec
     assert not any(p.refused for p in done.values()), {k: p.left for k, p in done.items()}
     assert "demo = DataLoader(ds, batch_size=2, shuffle=True)" in done["toy.py"].text
     assert plan(toy).refused  # converted as a script of its own, its loop's role still cannot be told
+
+
+def test_a_loader_read_through_a_generator_or_a_helper_that_draws_next_of_it():
+    """Eighth held-out set: altosaar's VAE reads ``enumerate(cycle(loader))`` (its ``cycle`` yields each batch:
+    "role cannot be told"); shayneobrien's GAN trainer draws ``next(iter(iterator))`` in ``process_batch(
+    self.train_iter)`` ("fed by hand"), and its data module's unread ``val_iter`` was made a training loader."""
+    cycled = DATA + "import torch.nn.functional as F\n\n\ndef cycle(it):\n    while True:\n        for x in it:\n" \
+        "            yield x\n\n\nloader = DataLoader(ds, batch_size=8, shuffle=True)\n" \
+        "model = torch.nn.Linear(8, 2)\n" \
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\nfor step, (x, y) in enumerate(cycle(loader)):\n" \
+        "    loss = F.cross_entropy(model(x), y)\n    optimizer.zero_grad()\n    loss.backward()\n" \
+        "    optimizer.step()\n    if step == 11:\n        break\n"
+    result = plan(cycled)
+    assert not result.refused and "ddpkit.data_loader(ds, global_batch_size=8, shuffle=True)" in result.text
+    trainer = "import torch\nfrom utils import *\n\n\nclass Trainer:\n    def __init__(self, model, train_iter, " \
+        "val_iter):\n        self.model, self.train_iter, self.val_iter = model, train_iter, val_iter\n\n" \
+        "    def batch(self, iterator):\n        return next(iter(iterator))\n\n    def train(self, steps):\n" \
+        "        opt = torch.optim.Adam(self.model.parameters())\n        for _ in range(steps):\n" \
+        "            x, y = self.batch(self.train_iter)\n            loss = (self.model(x) - y).pow(2).mean()\n" \
+        "            opt.zero_grad()\n            loss.backward()\n            opt.step()\n\n\n" \
+        "if __name__ == '__main__':\n    train_iter, val_iter = get_data()\n" \
+        "    Trainer(torch.nn.Linear(8, 2), train_iter, val_iter).train(8)\n"
+    data = DATA + "\n\ndef get_data(b=8):\n    train_iter = DataLoader(ds, batch_size=b, shuffle=True)\n" \
+        "    val_iter = DataLoader(ds, batch_size=b, shuffle=True)\n    return train_iter, val_iter\n"
+    done = _settled({"utils.py": data, "train.py": trainer})
+    assert not done["train.py"].left and not done["train.py"].refused, done["train.py"].left
+    assert "train_iter = ddpkit.data_loader(" in done["utils.py"].text
+    assert "val_iter = DataLoader(ds, batch_size=b, shuffle=True)" in done["utils.py"].text, done["utils.py"].text

@@ -44,9 +44,12 @@ def visible(facts: Facts, name: str, bound: Scope, used: Scope) -> bool:
 
 def callee(facts: Facts, call: Call) -> tuple[Scope, int] | None:
     """The script's own function a call runs, and how many leading parameters the call does not pass
-    (``self``): ``train(...)``, ``self.run()``, ``trainer.run()`` (one class has a ``run``)."""
+    (``self``): ``train(...)``, ``self.run()``, ``trainer.run()`` (one class has a ``run``), ``Trainer(...)`` (its
+    ``__init__``)."""
     if call.name in facts.scopes and "." not in call.name:
         return facts.scopes[call.name], 0
+    if call.name and "." not in call.name and f"{call.name}.__init__" in facts.scopes:  # ``Trainer(model, loader)``
+        return facts.scopes[f"{call.name}.__init__"], 1
     if isinstance(call.node.func, cst.Attribute):
         methods = [s for s in facts.scopes.values() if s.cls and s.name.endswith(f".{call.last}")]
         owner, cls = dotted(call.node.func.value), _class_of(facts, call.node.func.value)
@@ -294,7 +297,9 @@ def role(facts: Facts, loops: list[Loop], binding: Binding | None, call: Call) -
     """``train``, ``eval`` or None, from what the loops over the loader do (a training loader that is also
     evaluated trains); a loader no loop is found for (built in one place, iterated through an expression this
     cannot follow) by its shuffle= and names."""
-    loops = [loop for loop in loops if not peek(loop)]
+    # (a generator's loop that yields each batch, ``def cycle(it): while True: for x in it: yield x``: its
+    # caller's loop over ``cycle(loader)`` tells the role)
+    loops = [loop for loop in loops if not peek(loop) and not _passes_on(loop)]
     shuffled, words = _naming(facts, binding, call)
     named_eval = not shuffled and _eval_named(words)
     if loops:
@@ -307,6 +312,11 @@ def role(facts: Facts, loops: list[Loop], binding: Binding | None, call: Call) -
     if shuffled or "train" in words:
         return "train"
     return "eval" if named_eval else None
+
+
+def _passes_on(loop: Loop) -> bool:
+    """A loop whose body yields (a generator handing each batch on) and neither trains nor evaluates itself."""
+    return bool(m.findall(loop.node.body, m.Yield())) and not trains_anything(loop)
 
 
 def _naming(facts: Facts, binding: Binding | None, call: Call) -> tuple[bool, str]:

@@ -155,6 +155,24 @@ def reads(work: _Work, loop: Loop) -> set[str]:
     for call in loop.calls:
         if call.name == "next" and call.node.args:
             found |= _drawn(work, call.node.args[0].value, call)
+        found |= _drawn_by_helper(work, call)
+    return found
+
+
+def _drawn_by_helper(work: _Work, call: Call) -> set[str]:
+    """What a function of this file that ``call`` runs draws with ``next(...)`` from a parameter, as the argument
+    ``call`` passes (shayneobrien's ``x, y = self.process_batch(self.train_iter)``, whose body takes
+    ``next(iter(iterator))``): ``self.train_iter``."""
+    target = flow.callee(work.facts, call)
+    if target is None:
+        return set()
+    scope, skip = target
+    found: set[str] = set()
+    for inner in [c for c in work.facts.calls if c.scope is scope and c.name == "next" and c.node.args]:
+        for param in _drawn(work, inner.node.args[0].value, inner) & set(scope.params):
+            given = flow.argument_for(call, param, scope, skip)
+            name = dotted(given) if given is not None else None
+            found |= {name} if name else set()
     return found
 
 

@@ -121,6 +121,11 @@ def _returned_by_import(facts: Facts, name: str, loop: Loop) -> list[tuple[str, 
     [('data', 'one()[0]'), ('data', 'two()[0]')]
     """
     binding = flow.binding_of(facts, name, loop.scope, loop.line)
+    for _ in range(3):  # through plain names: ``self.train_iter = train_iter``, set from ``Trainer(m, train_iter)``
+        source = dotted(binding.value) if binding is not None and binding.value is not None else None
+        if source is None or binding is None:
+            break
+        binding = flow.binding_of(facts, source, binding.scope, binding.line)
     if binding is None or origin_of(facts, binding) is None:  # what the loop reads is no such call
         return []
     same = [b for b in facts.bindings if b.target == binding.target and b.scope is binding.scope]

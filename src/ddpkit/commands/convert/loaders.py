@@ -78,6 +78,10 @@ def loaders(work: _Work) -> None:
                       f"trains on the one {call.scope.name}() returns under the training key: each rank reads all of "
                       "this one, which is right for an evaluation")
             continue
+        if wanted is None and _beside_asked(work, call):  # returned beside an asked loader, and read by no one
+            work.keep(call.line, "a DataLoader a function returns beside the one asked for, left as it is",
+                      "no module of the project loops over it")
+            continue
         if wanted is not None:  # another module's loop reads it, and does not train
             shown = f"{wanted} = DataLoader(...)" if "(" not in wanted or "()." in wanted else \
                 f"the DataLoader {wanted} returns"
@@ -341,6 +345,19 @@ def _builder(work: _Work, bound: Binding | None) -> str | None:
                                  for c in work.facts.calls):
         return None
     return target[0].name
+
+
+def _beside_asked(work: _Work, call: Call) -> bool:
+    """``call``'s loader is returned by a function another module asks one of its other values of (``get_data()[0]``
+    asked, this one ``get_data()[1]``, an unread ``val_iter``): its role is not guessed from its shuffle."""
+    binding = next((b for b in work.facts.bindings if b.value is call.node), None)
+    for scope, value in work.facts.returns:
+        elements = [e.value for e in value.elements] if isinstance(value, (cst.Tuple, cst.List)) else [value]
+        mine = any(e is call.node or binding is not None and binding.scope is scope and dotted(e) == binding.target
+                   for e in elements)
+        if mine and any(w.startswith(f"{scope.name}()") for w in work.crossing.wants):
+            return True
+    return False
 
 
 def _handed_away(work: _Work, binding: Binding) -> str | None:
