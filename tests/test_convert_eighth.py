@@ -60,3 +60,20 @@ def test_a_contrastive_loss_gathers_its_negatives_with_lightly_and_is_listed_oth
     own = simclr.replace("from lightly.loss import NTXentLoss", "from losses import SupConLoss").replace(
         "NTXentLoss(temperature=0.5)", "SupConLoss(temperature=0.5)")
     assert _listed(own, "SupConLoss: a contrastive loss over the batch")
+
+
+def test_two_loaders_a_builder_returns_as_a_tuple_are_each_their_own_line():
+    """Eighth held-out set (UNET-ZOO): ``train_dl, val_dl = get_loaders(args)``, two DataLoader lines of the
+    builder, and a validation function over ``val_dl``: refused as "the same DataLoader line as the training
+    loader" (the tuple's element was not followed to its own line)."""
+    source = HEAD.replace("loader = DataLoader(dataset, batch_size=8, shuffle=True)\n", "") + \
+        "def get_loaders():\n    train_dl = DataLoader(dataset, batch_size=8)\n" \
+        "    val_dl = DataLoader(dataset, batch_size=4)\n    return train_dl, val_dl\n\n\n" \
+        "def validate(val_dl):\n    total = 0.0\n    with torch.no_grad():\n        for x, y in val_dl:\n" \
+        "            total += (model(x).argmax(1) == y).float().sum().item()\n    return total / len(val_dl)\n\n\n" \
+        "train_dl, val_dl = get_loaders()\nfor x, y in train_dl:\n" \
+        "    loss = nn.functional.cross_entropy(model(x), y)\n    opt.zero_grad()\n    loss.backward()\n" \
+        "    opt.step()\nprint(validate(val_dl))\n"
+    result = plan(source)
+    assert not result.refused, result.left
+    assert "val_dl = ddpkit.data_loader(dataset, batch_size=4, train=False)" in result.text, result.text

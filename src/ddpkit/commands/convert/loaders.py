@@ -331,8 +331,28 @@ def _unsharded_feed(work: _Work, loop: Loop) -> tuple[str, int, str | None] | No
             for option in options:
                 name = dotted(option) if option is not None else None
                 bound = flow.binding_of(work.facts, name, call.scope, call.line) if name else None
-                if bound is None or id(bound.value) not in built or id(bound.value) in work.plain:
+                made = _made(work, bound)
+                if bound is None or id(made) not in built or id(made) in work.plain:
                     return (name or "an expression", call.line, _builder(work, bound))
+    return None
+
+
+def _made(work: _Work, bound: Binding | None) -> cst.BaseExpression | None:
+    """The DataLoader call ``bound`` holds: its value, or the element a function of this file returns for it
+    (``train_dl, val_dl = get_loaders(args)``: ``val_dl = DataLoader(...)`` in ``get_loaders``, returned second)."""
+    if bound is None or bound.value is not None or not isinstance(bound.whole, cst.Call):
+        return bound.value if bound is not None else None
+    made = next((c for c in work.facts.calls if c.node is bound.whole), None)
+    target = flow.callee(work.facts, made) if made is not None else None
+    if target is None:
+        return None
+    for scope, value in work.facts.returns:
+        if scope is not target[0] or not isinstance(value, cst.Tuple) or bound.index >= len(value.elements):
+            continue
+        element = value.elements[bound.index].value
+        held = flow.binding_of(work.facts, dotted(element) or "", scope, 1 << 30) \
+            if dotted(element) else None
+        return held.value if held is not None else element
     return None
 
 
