@@ -309,6 +309,8 @@ def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
     elif role == "train" and starred and not {"shuffle", "sampler"} & set(kwargs):
         how += " (unless the ** arguments say shuffle=False; a torch DataLoader did not shuffle by default)"
     work.edits.expr[id(call.node)] = lambda node: (rename or _same)(loader_call(node, keywords))
+    if role == "train":
+        work.sharded.add(id(call.node))
     work.note(f"DataLoader -> ddpkit.data_loader ({'training' if role == 'train' else 'train=False'})",
               how, call.line)
     return role == "train"
@@ -332,7 +334,8 @@ def _unsharded_feed(work: _Work, loop: Loop) -> tuple[str, int, str | None] | No
                 name = dotted(option) if option is not None else None
                 bound = flow.binding_of(work.facts, name, call.scope, call.line) if name else None
                 made = _made(work, bound)
-                if bound is None or id(made) not in built or id(made) in work.plain:
+                if bound is None or id(made) not in built or id(made) in work.plain or \
+                        id(made) in work.sharded and bound.value is None:  # (the builder's training line: char-cnn)
                     return (name or "an expression", call.line, _builder(work, bound))
     return None
 

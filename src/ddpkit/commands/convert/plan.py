@@ -138,6 +138,7 @@ class _Work:
         self.done: list[str] = []  # the crossing's wants converted here
         self.trains = False  # a training DataLoader converted here (a project's loop elsewhere may be fed by it)
         self.plain: set[int] = set()  # the DataLoader calls left plain (each rank reads all of it)
+        self.sharded: set[int] = set()  # the DataLoader calls made training ddpkit.data_loaders
         self.reduced: list[Any] = []  # evaluation loops whose sums a ddpkit.reduce follows
         self.edits = Edits()
         self.log: list[Edit] = []
