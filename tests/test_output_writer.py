@@ -14,6 +14,7 @@ def test_every_rank_reads_rank_0s_log_dir(tmp_path):
     written = {p.name: p.read_text() for p in runs[0].glob("rank*.txt")}
     assert set(written) == {"rank0.txt", "rank1.txt"} and len(set(written.values())) == 1, written
     assert written["rank1.txt"].endswith("_exp given"), written  # a log_dir given is its own on every rank
+    assert (tmp_path / "rank1_given" / "config.yml").exists()  # made on rank 1 too (eighth held-out set)
 
 
 def test_the_rank_0_logger_takes_the_loggers_own_configuration():

@@ -15,6 +15,7 @@ import builtins
 import datetime
 import itertools
 import logging
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -122,6 +123,8 @@ def summary_writer(log_dir: str | None = None, **kwargs: Any):
     comment = str(kwargs.get("comment", ""))
     key = f"ddpkit/summary_writer/{comment}/{next(_WRITERS.setdefault(comment, itertools.count()))}"
     if not state.is_main:
+        if log_dir is not None:  # the folder exists on every rank, as the writer makes it on rank 0: a script that
+            os.makedirs(log_dir, exist_ok=True)  # copies its config into it runs there too (pytorch-semseg)
         return _NullWriter(lambda: log_dir if log_dir is not None else _rank0_log_dir(key, state.rank))
     try:
         from torch.utils.tensorboard import SummaryWriter
