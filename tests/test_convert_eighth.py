@@ -77,3 +77,31 @@ def test_two_loaders_a_builder_returns_as_a_tuple_are_each_their_own_line():
     result = plan(source)
     assert not result.refused, result.left
     assert "val_dl = ddpkit.data_loader(dataset, batch_size=4, train=False)" in result.text, result.text
+
+
+def test_device_chains_of_the_eighth_set_convert():
+    """pyg's ``if cuda: ... elif mps: torch.device('cpu') else: torch.device('cpu')`` and an experiment class's
+    ``_acquire_device()`` (``torch.device("cuda:{}".format(args.gpu))`` / ``"cpu"``, returned into
+    ``self.device``) were refused as "chosen over several lines"; its ``CUDA_VISIBLE_DEVICES`` is listed."""
+    body = "loader = DataLoader(TensorDataset(torch.randn(64, 8), torch.randn(64, 1)), batch_size=8, shuffle=True)\n"
+    chain = "import torch\nfrom torch import nn\nfrom torch.utils.data import DataLoader, TensorDataset\n" \
+        "if torch.cuda.is_available():\n    device = torch.device('cuda')\nelif torch.backends.mps.is_available():\n" \
+        "    device = torch.device('cpu')\nelse:\n    device = torch.device('cpu')\n" + body + \
+        "model = nn.Linear(8, 1).to(device)\nopt = torch.optim.Adam(model.parameters())\nfor x, y in loader:\n" \
+        "    loss = (model(x.to(device)) - y.to(device)).pow(2).mean()\n    opt.zero_grad()\n    loss.backward()\n" \
+        "    opt.step()\n"
+    result = plan(chain)
+    assert not result.refused and "state = ddpkit.init()\ndevice = state.device" in result.text, result.left
+    exp = "import os\nimport torch\nfrom torch import nn\n" \
+        "from torch.utils.data import DataLoader, TensorDataset\n\n\n" \
+        "class Exp:\n    def __init__(self, args):\n        self.args = args\n" \
+        "        self.device = self._acquire_device()\n\n    def _acquire_device(self):\n" \
+        "        if self.args.use_gpu:\n            os.environ['CUDA_VISIBLE_DEVICES'] = str(self.args.gpu)\n" \
+        "            device = torch.device('cuda:{}'.format(self.args.gpu))\n        else:\n" \
+        "            device = torch.device('cpu')\n        return device\n\n    def train(self):\n        " + body + \
+        "        model = nn.Linear(8, 1).to(self.device)\n        opt = torch.optim.Adam(model.parameters())\n" \
+        "        for x, y in loader:\n            loss = (model(x) - y).pow(2).mean()\n            opt.zero_grad()\n" \
+        "            loss.backward()\n            opt.step()\n"
+    result = plan(exp)
+    assert not result.refused and "state = ddpkit.init(cpu=not self.args.use_gpu)" in result.text, result.left
+    assert [x.line for x in result.left if "CUDA_VISIBLE_DEVICES" in x.what] == [14], result.left

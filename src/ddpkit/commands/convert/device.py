@@ -38,6 +38,11 @@ def text_of(node: cst.BaseExpression) -> str | None:
         return "accelerator"
     if isinstance(node, cst.Call) and dotted(node.func) in ("torch.device", "device") and len(node.args) == 1:
         node = node.args[0].value
+    # ``"cuda:{}".format(args.gpu)`` (Informer's experiment classes), ``f"cuda:{args.gpu}"``: the device's kind
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "format":
+        node = node.func.value
+    if isinstance(node, cst.FormattedString) and node.parts and isinstance(node.parts[0], cst.FormattedStringText):
+        return node.parts[0].value
     return node.evaluated_value if isinstance(node, cst.SimpleString) else None  # type: ignore[return-value]
 
 
@@ -123,6 +128,7 @@ def devices(work: _Work) -> None:
     """``device = torch.device(...)`` -> ``state = ddpkit.init(...)`` and ``device = state.device``; a device
     chosen in an ``if`` / ``else``: one init above it (:func:`_chosen`)."""
     facts = work.facts
+    _visible_devices(work)
     chosen = [b for choice in _choices(work) for b in _chosen(work, *choice)]
     found = [b for b in facts.bindings if b.stmt is not None and is_device(b.value, b.target, facts.aliases)
              and b not in chosen]
@@ -160,6 +166,24 @@ def devices(work: _Work) -> None:
         work.note(f"{b.target} = ... -> {init}; {read}", "init() starts the process group and gives each rank its "
                   "own device" + (" (.type: the script's device is a string, and it may be tested as one)"
                                   if as_string(b.value) else ""), b.line)
+
+
+def _visible_devices(work: _Work) -> None:
+    """``os.environ["CUDA_VISIBLE_DEVICES"] = str(args.gpu)`` in the script: every rank would see only that GPU,
+    and all share it. Listed once: the launch chooses the GPUs, each rank its own."""
+    for node in m.findall(work.facts.module, m.Assign(targets=[m.AssignTarget(target=m.Subscript())])):
+        assert isinstance(node, cst.Assign)
+        target = node.targets[0].target
+        assert isinstance(target, cst.Subscript)
+        index = target.slice[0].slice if target.slice else None
+        key = index.value if isinstance(index, cst.Index) else None
+        if dotted(target.value) in ("os.environ", "environ") and isinstance(key, cst.SimpleString) and \
+                key.evaluated_value == "CUDA_VISIBLE_DEVICES":
+            line = next((n for stmt, _, n in work.facts.statements if any(b is node for b in stmt.body)), 1)
+            work.leave(line, "the script sets CUDA_VISIBLE_DEVICES: every rank would see only the GPUs it names, "
+                       "and ranks would share one", "remove it and choose the GPUs for the launch instead: "
+                       "CUDA_VISIBLE_DEVICES=0,1 ddpkit launch --nproc-per-node 2 ...; each rank then takes its own")
+            return
 
 
 STARTS_DDPKIT = ("print", "torch.utils.data.DataLoader", "torch.utils.tensorboard.SummaryWriter", *PROGRESS)
@@ -228,17 +252,20 @@ def _chosen(work: _Work, node: cst.If, tests: list[cst.BaseExpression], picks: l
     bound it), and ``device = state.device`` in each branch; the chain itself goes when it did nothing else.
     The bindings converted, or none (a CPU branch between two accelerator ones: the switch is not one test)."""
     kinds = [_kind(text_of(b.value) or "") for b in picks]  # type: ignore[arg-type]
-    if kinds.count("cpu") > 1 or "cpu" in kinds[1:-1]:
+    first = kinds.index("cpu") if "cpu" in kinds else len(kinds)
+    cpu_tail = first > 0 and all(k == "cpu" for k in kinds[first:])  # (pyg's cuda / elif mps: cpu / else cpu)
+    if not cpu_tail and (kinds.count("cpu") > 1 or "cpu" in kinds[1:-1]):
         return []
     code = cst.Module(body=[]).code_for_node
-    if "cpu" not in kinds or kinds[-1] == "cpu" and all(_available(t) for t in tests):
+    if "cpu" not in kinds or cpu_tail and all(_available(t) for t in tests[:first]):
         args = ""  # an accelerator whenever there is one: ddpkit's own choice
     elif kinds[0] == "cpu":
         args = _cpu_when(tests[0], negate=False)
-    else:  # the CPU when no test before the else holds
-        args = _cpu_when(tests[0] if len(tests) == 1 else cst.parse_expression(
+    else:  # the CPU when no test before the first CPU branch holds
+        before = tests[:first]
+        args = _cpu_when(before[0] if len(before) == 1 else cst.parse_expression(
             " or ".join(code(t) if isinstance(t, (cst.Name, cst.Attribute, cst.Call)) else f"({code(t)})"
-                        for t in tests)), negate=True)
+                        for t in before)), negate=True)
     target, scope, line = picks[0].target, picks[0].scope, picks[0].line - 1
     strings = all(as_string(b.value) for b in picks)  # ``device = "cuda"`` / ``"cpu"``: kept a string
     init, read = f"{work.state} = ddpkit.init({args})", f"{target} = {work.state}.device" + (".type" if strings else "")

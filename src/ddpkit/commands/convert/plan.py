@@ -42,7 +42,7 @@ from ddpkit.commands.convert import (
 )
 from ddpkit.commands.convert.apply import Edits, first_use, rewrite
 from ddpkit.commands.convert.crossing import MODEL, Ask, Crossing
-from ddpkit.commands.convert.flow import binding_of, part_of
+from ddpkit.commands.convert.flow import binding_of, callee, part_of
 from ddpkit.commands.convert.scan import Binding, Call, Facts, Scope, dotted, imported_from, parse, resolve, scan
 
 HAND_DISTRIBUTED = ("torch.distributed.", "torch.nn.parallel.", "torch.nn.DataParallel", "torch.multiprocessing.")
@@ -354,6 +354,15 @@ class _Work:
                   "it to this rank's device, converts BatchNorm and wraps it in DDP", binding.line)
         return True
 
+    def _returns_device(self, binding: Binding) -> bool:
+        """``self.device = self._acquire_device()``: a function of the script whose returned name is a device
+        set-up converted here (Informer's experiment classes)."""
+        made = next((c for c in self.facts.calls if c.node is binding.value), None)
+        target = callee(self.facts, made) if made is not None else None
+        returned = [dotted(v) for s, v in self.facts.returns if target is not None and s is target[0]]
+        return bool(returned) and all(any(d.target == r and d.scope is target[0] for d in self.devices)
+                                      for r in returned if target is not None)
+
     def _unread_device(self, nodes: list[cst.CSTNode], model: Binding) -> Binding | None:
         """The binding of a device the model is moved to (``.to(device)``) that the device rules did not
         convert: the data would still go there while prepare_model picks ddpkit's."""
@@ -363,7 +372,7 @@ class _Work:
                     name = dotted(node.args[0].value)
                     found = binding_of(self.facts, name, model.scope, model.line) if name else None
                     if found is not None and found.value is not None and found not in self.devices and \
-                            not (dotted(found.value) or "").endswith(".device"):
+                            not (dotted(found.value) or "").endswith(".device") and not self._returns_device(found):
                         return found
                 node = node.func.value
         return None
