@@ -105,3 +105,18 @@ def test_device_chains_of_the_eighth_set_convert():
     result = plan(exp)
     assert not result.refused and "state = ddpkit.init(cpu=not self.args.use_gpu)" in result.text, result.left
     assert [x.line for x in result.left if "CUDA_VISIBLE_DEVICES" in x.what] == [14], result.left
+
+
+def test_a_model_saved_inside_a_dict_is_unwrapped_and_parameter_groups_from_its_methods_prepare_it():
+    """vdsr saves ``{"epoch": e, "model": model}``: the pickled wrapper loaded only where a process group runs.
+    deeplab's ``SGD([{"params": model.get_1x_lr_params()}, {"params": model.get_10x_lr_params(), ...}])``
+    prepared no model, with nothing said (the launch stopped at the first step)."""
+    saved = HEAD + "for x, y in loader:\n    loss = nn.functional.cross_entropy(model(x), y)\n    opt.zero_grad()\n" \
+        "    loss.backward()\n    opt.step()\nstate = {'epoch': 1, 'model': model}\ntorch.save(state, 'ckpt.pth')\n"
+    assert "state = {'epoch': 1, 'model': ddpkit.unwrap(model)}" in plan(saved).text
+    groups = HEAD.replace("opt = torch.optim.SGD(model.parameters(), lr=0.1)",
+                          "opt = torch.optim.SGD([{'params': model.get_1x_lr_params()}, "
+                          "{'params': model.get_10x_lr_params(), 'lr': 1.0}], lr=0.1)") + \
+        "for x, y in loader:\n    loss = nn.functional.cross_entropy(model(x), y)\n    opt.zero_grad()\n" \
+        "    loss.backward()\n    opt.step()\n"
+    assert "model = ddpkit.prepare_model(nn.Linear(8, 2))" in plan(groups).text

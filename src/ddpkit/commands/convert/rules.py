@@ -326,12 +326,28 @@ def _whole_model(work: _Work, call: Any) -> None:
         return
     name = dotted(arg)
     found = binding_of(work.facts, name, call.scope, call.line) if name else None
-    if found is None or not any(found is b or found.target == b.target and visible(work.facts, b.target, b.scope,
-                                                                                     call.scope) for b in work.models):
+    held = arg if isinstance(arg, cst.Dict) else found.value if found is not None else None
+    if isinstance(held, cst.Dict):  # ``{"epoch": e, "model": model}``: the model inside, unwrapped (vdsr)
+        for element in held.elements:
+            if isinstance(element, cst.DictElement) and _prepared(work, element.value, call):
+                inner = dotted(element.value)
+                work.edits.expr[id(element.value)] = lambda node, n=inner: cst.parse_expression(f"ddpkit.unwrap({n})")
+                work.note(f"{{..., {inner}}} -> {{..., ddpkit.unwrap({inner})}}", "the plain module is saved in the "
+                          "dict: a pickled wrapper loads only where a process group runs", call.line)
+        return
+    if found is None or not _prepared(work, arg, call):
         return
     work.edits.expr[id(arg)] = lambda node: cst.parse_expression(f"ddpkit.unwrap({name})")
     work.note(f"torch.save({name}, ...) -> torch.save(ddpkit.unwrap({name}), ...)", "the plain module is saved: "
               "a pickled wrapper loads only where a process group runs", call.line)
+
+
+def _prepared(work: _Work, value: Any, call: Any) -> bool:
+    """``value`` is a name bound to a model this plan prepares, as ``call`` reads it."""
+    name = dotted(value)
+    found = binding_of(work.facts, name, call.scope, call.line) if name else None
+    return found is not None and any(found is b or found.target == b.target and visible(
+        work.facts, b.target, b.scope, call.scope) for b in work.models)
 
 
 def _unwrap(work: _Work, call: Any) -> None:

@@ -142,4 +142,15 @@ def parameters_of(node: cst.CSTNode) -> list[str]:
     ("" for one built in place)."""
     return [dotted(call.func.value) or "" for call in m.findall(node, m.Call())
             if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
-            and call.func.attr.value in ("parameters", "named_parameters")]
+            and (call.func.attr.value in ("parameters", "named_parameters") or _params_method(call.func.attr.value))]
+
+
+def _params_method(name: str) -> bool:
+    """A model's own method that yields some of its parameters (deeplab's ``get_1x_lr_params()``,
+    ``get_10x_lr_params()``, a ``trainable_parameters()``), handed to an optimizer as a parameter group.
+
+    >>> _params_method("get_1x_lr_params"), _params_method("trainable_parameters"), _params_method("num_params")
+    (True, True, False)
+    """
+    return name.endswith(("_params", "_parameters")) and name.startswith(("get_", "trainable", "backbone", "head",
+                                                                           "decoder", "encoder", "optim"))
