@@ -120,3 +120,18 @@ def test_a_model_saved_inside_a_dict_is_unwrapped_and_parameter_groups_from_its_
         "for x, y in loader:\n    loss = nn.functional.cross_entropy(model(x), y)\n    opt.zero_grad()\n" \
         "    loss.backward()\n    opt.step()\n"
     assert "model = ddpkit.prepare_model(nn.Linear(8, 2))" in plan(groups).text
+
+
+def test_a_sync_batchnorm_vendored_for_data_parallel_is_not_distribution_by_hand():
+    """deeplab-xception ships a BatchNorm synchronised over nn.DataParallel's replicas (torch.nn.parallel's
+    ``_functions.ReduceAddCoalesced``): refused as "already distributed by hand". One process runs them."""
+    source = HEAD + "from torch.nn.parallel._functions import ReduceAddCoalesced, Broadcast\n\n\n" \
+        "class DPSyncBN(nn.BatchNorm1d):\n    def _sum(self, tensors, devices):\n" \
+        "        return Broadcast.apply(devices, *ReduceAddCoalesced.apply(devices[0], 2, *tensors))\n\n\n" \
+        "for x, y in loader:\n    loss = nn.functional.cross_entropy(model(x), y)\n    opt.zero_grad()\n" \
+        "    loss.backward()\n    opt.step()\n"
+    result = plan(source)
+    assert not result.refused and "model = ddpkit.prepare_model(nn.Linear(8, 2))" in result.text, result.left
+    assert plan(source.replace("_functions import ReduceAddCoalesced, Broadcast",
+                               "_functions import ReduceAddCoalesced, Broadcast\nimport torch.distributed as dist\n"
+                               "dist.init_process_group('gloo')")).refused  # by hand, still

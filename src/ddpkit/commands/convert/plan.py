@@ -49,6 +49,10 @@ HAND_DISTRIBUTED = ("torch.distributed.", "torch.nn.parallel.", "torch.nn.DataPa
 # of those, what only says how loader workers start or share tensors: no process of training is started by it
 WORKER_SETUP = ("torch.multiprocessing.set_start_method", "torch.multiprocessing.set_sharing_strategy",
                 "torch.multiprocessing.get_start_method", "torch.multiprocessing.freeze_support")
+# DataParallel's own pieces, in one process over its GPUs (a vendored sync-BN for nn.DataParallel, deeplab's): no
+# process of training is started by them, and prepare_model turns that BatchNorm into SyncBatchNorm
+DATA_PARALLEL_PIECES = ("torch.nn.parallel._functions.", "torch.nn.parallel.comm.", "torch.nn.parallel.scatter_gather.",
+                        "torch.nn.parallel.replicate", "torch.nn.parallel.parallel_apply")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +189,7 @@ class _Work:
     def _convertible(self) -> bool:
         for call in self.facts.calls:
             if call.name and call.name.startswith(HAND_DISTRIBUTED) and not parallel.single_process(call.name) \
-                    and call.name not in WORKER_SETUP:
+                    and call.name not in WORKER_SETUP and not call.name.startswith(DATA_PARALLEL_PIECES):
                 self.leave(call.line, f"{call.name}: the script is already distributed by hand",
                            "convert the single-device version, or replace the hand-written set-up with "
                            "ddpkit.init() / ddpkit.prepare_model() yourself (docs/guide.md)", blocks=True)
