@@ -135,3 +135,17 @@ def test_a_sync_batchnorm_vendored_for_data_parallel_is_not_distribution_by_hand
     assert plan(source.replace("_functions import ReduceAddCoalesced, Broadcast",
                                "_functions import ReduceAddCoalesced, Broadcast\nimport torch.distributed as dist\n"
                                "dist.init_process_group('gloo')")).refused  # by hand, still
+
+
+def test_an_evaluations_summed_loss_and_a_statistics_loader_are_not_a_training_matter():
+    """davda54/sam (eighth set): ``mse_loss(..., reduction="sum")`` in the evaluation loop under no_grad, inside
+    the epoch loop, was listed as a summed training loss; the data class's mean over ``[d[0] for d in
+    DataLoader(raw)]`` was refused as "a DataLoader built inside an expression"."""
+    source = HEAD + "mean = torch.cat([d[0] for d in DataLoader(dataset)]).mean(0)\nfor epoch in range(2):\n" \
+        "    for x, y in loader:\n        loss = nn.functional.cross_entropy(model(x - mean), y)\n" \
+        "        opt.zero_grad()\n        loss.backward()\n        opt.step()\n    total = 0.0\n" \
+        "    with torch.no_grad():\n        for x, y in loader:\n" \
+        "            total += nn.functional.cross_entropy(model(x), y, reduction='sum').item()\n    print(total)\n"
+    result = plan(source)
+    assert not result.refused and not any("a sum over the batch" in x.what for x in result.left), result.left
+    assert "mean = torch.cat([d[0] for d in DataLoader(dataset)]).mean(0)" in result.text

@@ -232,7 +232,7 @@ def summed_loss(work: _Work) -> None:
     if not work.models or stepping and stepping <= SCALE_FREE:
         return
     backwards = [c for c in work.facts.calls if c.last == "backward"]
-    training = {id(loop) for c in backwards for loop in c.loops}  # an evaluation's summed loss is no step's
+    training = {id(c.loops[-1]) for c in backwards if c.loops}  # an evaluation's summed loss is no step's
     # and the functions a training loop calls (the VAE's loss_function(recon, x, mu, logvar))
     helpers = {id((callee(work.facts, c) or (None,))[0]) for c in work.facts.calls
                if any(id(loop) in training for loop in c.loops)}
@@ -247,9 +247,10 @@ def summed_loss(work: _Work) -> None:
             isinstance(a.value, cst.Name) and a.value.value == "False") for a in call.node.args)
         # (a criterion built before the loop, ``nn.MSELoss(size_average=False)``, called in it: vdsr)
         bound = {b.target for b in work.facts.bindings if b.value is call.node}
-        trains = any(id(loop) in training for loop in call.loops) or id(call.scope) in helpers or \
-            any(dotted(c.node.func) in bound and any(id(loop) in training for loop in c.loops)
-                for c in work.facts.calls)
+        # (its innermost loop trains: an evaluation loop inside the epoch loop, under no_grad, does not)
+        trains = not call.no_grad and (call.loops and id(call.loops[-1]) in training or id(call.scope) in helpers
+                                       or any(dotted(c.node.func) in bound and c.loops and id(c.loops[-1])
+                                              in training and not c.no_grad for c in work.facts.calls))
         if summed_backward or summed_reduction and trains:
             work.leave(call.line, SUMMED, "average it (reduction='mean', loss.mean()), or keep the sum and multiply "
                        "it by the number of processes (loss.sum() * state.world_size) where it trains")

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import libcst as cst
+from libcst import matchers as m
 
 from ddpkit.commands.convert import batch, flow, handedin, imported, trained
 from ddpkit.commands.convert.apply import LOADER_PARAMETERS, loader_call
@@ -263,6 +264,10 @@ def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
                    "bind it where the function is called (train_loader = get_loader(...)) and loop over that "
                    "name, or build the loader there, then convert again", blocks=True)
         return False
+    elif binding is None and not loops and _comprehended(work, call):  # sam's mean/std over ``DataLoader(raw)``
+        work.keep(call.line, "a DataLoader read by a comprehension left as it is", "no training step reads it "
+                  "there (statistics of the data): each rank reads all of it, which is right")
+        return False
     elif binding is None and not loops:  # in a comprehension or an argument: one call, maybe several roles
         work.leave(call.line, "a DataLoader built inside an expression (a comprehension, a call's argument): "
                    "its loaders' roles cannot be followed", "bind each loader to a name (train_loader = "
@@ -368,6 +373,17 @@ def _builder(work: _Work, bound: Binding | None) -> str | None:
                                  for c in work.facts.calls):
         return None
     return target[0].name
+
+
+def _comprehended(work: _Work, call: Call) -> bool:
+    """``call`` is what a list / generator / set comprehension iterates (``[d[0] for d in DataLoader(raw)]``)."""
+    for node in m.findall(call.scope.node, m.ListComp() | m.GeneratorExp() | m.SetComp()):
+        comp: Any = node.for_in  # type: ignore[attr-defined]
+        while comp is not None:
+            if comp.iter is call.node:
+                return True
+            comp = comp.inner_for_in
+    return False
 
 
 def _beside_asked(work: _Work, call: Call) -> bool:
