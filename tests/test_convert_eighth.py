@@ -149,3 +149,14 @@ def test_an_evaluations_summed_loss_and_a_statistics_loader_are_not_a_training_m
     result = plan(source)
     assert not result.refused and not any("a sum over the batch" in x.what for x in result.left), result.left
     assert "mean = torch.cat([d[0] for d in DataLoader(dataset)]).mean(0)" in result.text
+
+
+def test_second_review_no_token_or_contrastive_listing_for_a_slice_or_a_margin_loss():
+    """A ``losses[-100:]`` in a log line made a 2-class classifier's loss "a mean over tokens"; a Siamese network's
+    ``ContrastiveLoss`` (a margin over given pairs) was listed as one that needs the batch gathered."""
+    base = HEAD + "losses = []\nfor x, y in loader:\n    loss = criterion(model(x), y)\n    opt.zero_grad()\n" \
+        "    loss.backward()\n    opt.step()\n    losses.append(loss.item())\nprint(sum(losses[-100:]))\n"
+    assert not plan(base.replace("losses = []", "criterion = nn.CrossEntropyLoss()\nlosses = []")).left
+    margin = base.replace("losses = []", "from siamese import ContrastiveLoss\ncriterion = ContrastiveLoss(2.0)\n"
+                                         "losses = []")
+    assert not any("contrastive" in x.what for x in plan(margin).left), plan(margin).left

@@ -347,3 +347,39 @@ def test_a_loader_read_through_a_generator_or_a_helper_that_draws_next_of_it():
     assert not done["train.py"].left and not done["train.py"].refused, done["train.py"].left
     assert "train_iter = ddpkit.data_loader(" in done["utils.py"].text
     assert "val_iter = DataLoader(ds, batch_size=b, shuffle=True)" in done["utils.py"].text, done["utils.py"].text
+
+
+def test_second_review_a_reused_name_a_training_loader_evaluated_elsewhere_and_an_entry_imported_by_a_sibling():
+    """Second review: (1) ``dl`` reused for both loaders stored by key made the validation loader a sharded training
+    one, silently; (2) the training loader also handed to another module's evaluation gave rank 0's shard's
+    accuracy; (3) an entry whose main block trains, imported by a sibling for its model, was refused as a demo."""
+    reused = dict(DICT, **{"model/data_loader.py": DATA + "\n\ndef fetch_dataloader(types, batch_size):\n"
+                           "    loaders = {}\n    dl = DataLoader(ds, batch_size=batch_size, shuffle=True)\n"
+                           "    loaders['train'] = dl\n    dl = DataLoader(ds, batch_size=batch_size)\n"
+                           "    loaders['val'] = dl\n    return loaders\n"})
+    data = _settled(reused)["model/data_loader.py"].text
+    assert data.count("ddpkit.data_loader(") == 1 and "dl = DataLoader(ds, batch_size=batch_size)" in data, data
+    utils = "import torch\n\n\ndef evaluate(model, loader):\n    right = 0\n    with torch.no_grad():\n" \
+        "        for x, y in loader:\n            right += (model(x).argmax(1) == y).sum().item()\n    return right\n"
+    main = DATA + "import torch.nn.functional as F\nfrom utils import evaluate\n" \
+        "train_loader = DataLoader(ds, batch_size=8, shuffle=True)\nmodel = torch.nn.Linear(8, 2)\n" \
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n" + LOOP.format(over="train_loader") + \
+        "print(evaluate(model, train_loader))\n"
+    done = _settled({"utils.py": utils, "main.py": main})
+    assert done["main.py"].refused and any("also handed to another module's evaluation" in x.what
+                                           for x in done["main.py"].left), done["main.py"].left
+    entry = DATA + "import torch.nn.functional as F\n\n\ndef build_model():\n    return torch.nn.Linear(8, 2)\n\n\n" \
+        "if __name__ == '__main__':\n    train_loader = DataLoader(ds, batch_size=8, shuffle=True)\n" \
+        "    model = build_model()\n    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n" \
+        "    for x, y in train_loader:\n        loss = F.cross_entropy(model(x), y)\n" \
+        "        optimizer.zero_grad()\n        loss.backward()\n        optimizer.step()\n"
+    done = _settled({"train.py": entry, "test.py": "from train import build_model\nmodel = build_model()\n"})
+    assert "train_loader = ddpkit.data_loader(" in done["train.py"].text, done["train.py"].left
+
+
+def test_second_review_imports_through_the_package_path_over_several_lines_or_as_a_module_are_localized():
+    text = "from TCN.pix.utils import (\n    get,\n    put,\n)\nimport TCN.pix.model as m\n\n\ndef f():\n" \
+           "    from TCN.pix.utils import get\n"
+    done, lines = project.localize(text, ("TCN.pix", "pix"), ["utils.py", "model.py"])
+    assert done == "from utils import get, put\nimport model as m\n\n\ndef f():\n    from utils import get\n", done
+    assert lines == [1, 5, 9]

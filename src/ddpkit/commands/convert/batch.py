@@ -18,6 +18,7 @@ Example (the rewrite of a converted call's batch size)::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -268,7 +269,7 @@ def token_mean_loss(work: _Work) -> None:
     if any(a.keyword is not None and a.keyword.value == "count" for c in work.facts.calls
            if c.name == "ddpkit.data_loader" for a in c.node.args):
         return
-    padded = "-100" in work.facts.module.code
+    padded = re.search(r"-100\b(?!\s*:)", work.facts.module.code) is not None  # (not ``losses[-100:]``)
     for call in work.facts.calls:
         keywords = {a.keyword.value: a.value for a in call.node.args if a.keyword is not None}
         # an ignore_index read from a setting (a pad id) pads; a literal one (minGPT's -1) may mark nothing
@@ -287,7 +288,8 @@ def token_mean_loss(work: _Work) -> None:
 
 # lightly's losses that take their negatives (or statistics) from the batch, and gather them across ranks when told
 GATHERING = ("NTXentLoss", "DCLLoss", "DCLWLoss", "BarlowTwinsLoss", "VICRegLoss", "TiCoLoss")
-CONTRASTIVE = ("ntxent", "nt_xent", "infonce", "info_nce", "contrastive", "supcon", "simclr", "barlow", "vicreg")
+# (not a Siamese network's ``ContrastiveLoss``: a margin loss over given pairs, no negatives from the batch)
+CONTRASTIVE = ("ntxent", "nt_xent", "infonce", "info_nce", "supcon", "simclr", "barlow", "vicreg")
 
 
 def contrastive_loss(work: _Work) -> None:
@@ -299,7 +301,12 @@ def contrastive_loss(work: _Work) -> None:
     for call in work.facts.calls:
         keywords = {a.keyword.value for a in call.node.args if a.keyword is not None}
         if (call.name or "").startswith("lightly.loss") and call.last in GATHERING:
-            if "gather_distributed" not in keywords and not any(a.star for a in call.node.args):
+            positional = any(a.keyword is None for a in call.node.args)  # (its place differs by class: named)
+            if positional and "gather_distributed" not in keywords:
+                work.leave(call.line, f"{call.last}: its negatives are this rank's share of the batch at N "
+                           "processes", f"pass gather_distributed=True to {call.last}(...) (its arguments by name), "
+                           "then convert again")
+            elif "gather_distributed" not in keywords:
                 work.edits.expr[id(call.node)] = lambda node: node.with_changes(args=[
                     *node.args, cst.Arg(keyword=cst.Name("gather_distributed"), value=cst.Name("True"),
                                         equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),

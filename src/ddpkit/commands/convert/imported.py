@@ -231,18 +231,22 @@ def keyed(work: _Work, call: Call, built: list[Call]) -> tuple[str, str] | None:
 def _stored_keys(work: _Work, call: Call) -> list[str]:
     """The string keys its function stores ``call``'s loader under: ``{"train": DataLoader(...)}``, ``{"val":
     val}`` or ``loaders["val"] = val`` with ``val = DataLoader(...)``."""
-    names = {b.target for b in work.facts.bindings if b.value is call.node and b.scope is call.scope}
     found = []
-    pairs: list[tuple[cst.BaseExpression, cst.BaseExpression]] = []
+    pairs: list[tuple[cst.BaseExpression, cst.BaseExpression, int]] = []
+    lines = {id(b): n for stmt, _, n in work.facts.statements for b in stmt.body}
     for node in m.findall(call.scope.node, m.Dict() | m.Assign()):
         if isinstance(node, cst.Dict):
-            pairs += [(e.key, e.value) for e in node.elements if isinstance(e, cst.DictElement)]
+            pairs += [(e.key, e.value, 1 << 30) for e in node.elements if isinstance(e, cst.DictElement)]
         elif isinstance(node, cst.Assign):
-            pairs += [(t.target.slice[0].slice.value, node.value) for t in node.targets
+            pairs += [(t.target.slice[0].slice.value, node.value, lines.get(id(node), 0)) for t in node.targets
                       if isinstance(t.target, cst.Subscript) and len(t.target.slice) == 1
                       and isinstance(t.target.slice[0].slice, cst.Index)]
-    for key_node, value in pairs:
-        if (value is call.node or dotted(value) in names) and isinstance(key_node, cst.SimpleString):
+    for key_node, value, line in pairs:
+        # the binding the name has where it is stored (``dl = DataLoader(val)`` reused after ``loaders["train"] =
+        # dl``: the later key is the other loader's); in a dict display, the name's last binding
+        held = flow.binding_of(work.facts, dotted(value) or "", call.scope, line) if dotted(value) else None
+        if (value is call.node or held is not None and held.value is call.node) and \
+                isinstance(key_node, cst.SimpleString):
             found.append(str(key_node.evaluated_value))
     return found
 

@@ -35,8 +35,11 @@ def loaders(work: _Work) -> None:
     """Every DataLoader: a training or an evaluation one, by what its loops do; refused where batches are fed
     by hand."""
     built = [c for c in work.facts.calls if c.name == LOADER]
-    if work.crossing.imported:  # a module's demo (``if __name__ == "__main__":``) never runs when it is imported
-        demos = [c for c in built if any("__name__" in t and "__main__" in t for t in c.tests)]
+    main = [c for c in work.facts.calls if any("__name__" in t and "__main__" in t for t in c.tests)]
+    # a module's demo (``if __name__ == "__main__":``) never runs when it is imported; a block that trains is the
+    # script's own training (an entry that a sibling imports for its model), not a demo
+    if work.crossing.imported and not any(c.last == "backward" for c in main):
+        demos = [c for c in built if any(c is d for d in main)]
         for call in demos:
             work.keep(call.line, "a DataLoader under if __name__ == '__main__' left as it is", "another file of the "
                       "project imports this module: the block is its demo, which never runs then")
@@ -95,6 +98,13 @@ def loaders(work: _Work) -> None:
             continue
         training |= _loader(work, call)
     work.trains = training
+    for call in handedin.passed_to_evaluate(work):  # a training loader another module evaluates: its shard only
+        if id(call.node) in work.sharded:
+            work.leave(call.line, "this training loader is also handed to another module's evaluation, which would "
+                       "evaluate only this rank's shard, with nothing summing the ranks' results", "evaluate on a "
+                       "loader of its own (ddpkit.data_loader(dataset, batch_size, train=False)), or ddpkit.reduce("
+                       "...) the sums there, then convert again", blocks=True)
+            break
     # once every loader is decided: an evaluation whose sums are reduced for one loader, also handed one left
     # unsharded (imported plain, kept plain for its stored results, not a DataLoader): that one's would count N times
     for loop in work.reduced:

@@ -141,27 +141,37 @@ def localize(text: str, root_outer: tuple[str, ...], files: list[str]) -> tuple[
     ...          ("TCN.pix", "pix"), ["train.py", "utils.py", "model.py"])
     ('import os\\nfrom utils import get\\nimport model as m\\n', [2, 3])
     """
-    lines = text.splitlines(keepends=True)
-    changed = []
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return text, []
-    for node in tree.body if len(lines) else ():
-        if not isinstance(node, ast.ImportFrom) or node.level or not node.module or node.lineno != node.end_lineno:
-            continue
-        mine = local(node.module, root_outer, lambda m: _in(files, m))
+    edits = []
+    for node in ast.walk(tree):  # (an import inside a function too; over several lines: the whole statement)
+        new = _local_import(node, root_outer, files) if isinstance(node, (ast.Import, ast.ImportFrom)) else None
+        if new is not None and isinstance(node, (ast.Import, ast.ImportFrom)):
+            edits.append((node.lineno, node.col_offset, node.end_lineno or node.lineno, node.end_col_offset or 0, new))
+    lines = text.splitlines(keepends=True)
+    for start, col, end, end_col, new in sorted(edits, reverse=True):
+        head, tail = lines[start - 1][:col], lines[end - 1][end_col:]
+        lines[start - 1:end] = [head + new + tail]
+    return "".join(lines), sorted(e[0] for e in edits)
+
+
+def _local_import(node: ast.AST, root_outer: tuple[str, ...], files: list[str]) -> str | None:
+    """The import statement ``node`` written with the folder's own module names, or None when it needs none."""
+    def mine(module: str) -> str:
+        return local(module, root_outer, lambda m: _in(files, m))
+
+    if isinstance(node, ast.ImportFrom) and not node.level and node.module:
         names = ", ".join(a.name + (f" as {a.asname}" if a.asname else "") for a in node.names)
-        if mine != node.module:
-            new = f"from {mine} import {names}"
-        elif node.module in root_outer and all(_in(files, a.name) for a in node.names):
-            new = f"import {names}"
-        else:
-            continue
-        line = lines[node.lineno - 1]
-        lines[node.lineno - 1] = line[:node.col_offset] + new + line[node.end_col_offset:]
-        changed.append(node.lineno)
-    return "".join(lines), changed
+        if mine(node.module) != node.module:
+            return f"from {mine(node.module)} import {names}"
+        if node.module in root_outer and all(_in(files, a.name) for a in node.names):
+            return f"import {names}"
+    if isinstance(node, ast.Import) and all(a.asname for a in node.names if mine(a.name) != a.name) and \
+            any(mine(a.name) != a.name for a in node.names):  # ``import TCN.pix.utils as u``
+        return "import " + ", ".join(mine(a.name) + (f" as {a.asname}" if a.asname else "") for a in node.names)
+    return None
 
 
 def _in(files: list[str], module: str) -> bool:
