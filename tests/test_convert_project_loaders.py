@@ -333,6 +333,7 @@ def test_a_loader_read_through_a_generator_or_a_helper_that_draws_next_of_it():
         "    optimizer.step()\n    if step == 11:\n        break\n"
     result = plan(cycled)
     assert not result.refused and "ddpkit.data_loader(ds, global_batch_size=8, shuffle=True)" in result.text
+    assert "no_grad" not in result.text, result.text  # (the after-fix re-run: the generator's loop went under it)
     trainer = "import torch\nfrom utils import *\n\n\nclass Trainer:\n    def __init__(self, model, train_iter, " \
         "val_iter):\n        self.model, self.train_iter, self.val_iter = model, train_iter, val_iter\n\n" \
         "    def batch(self, iterator):\n        return next(iter(iterator))\n\n    def train(self, steps):\n" \

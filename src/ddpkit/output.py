@@ -88,6 +88,14 @@ class _NullWriter:
     def get_logdir(self) -> str:
         return self.log_dir
 
+    @property
+    def file_writer(self) -> _NullWriter:
+        """SummaryWriter's own ``file_writer`` (pytorch-semseg reads ``writer.file_writer.get_logdir()``): this."""
+        return self
+
+    def _get_file_writer(self) -> _NullWriter:
+        return self
+
     def __getattr__(self, name: str):
         return lambda *args, **kwargs: None
 

@@ -15,7 +15,7 @@ if state.is_main:  # rank 0 alone makes one more writer first: the others' are s
 writer = ddpkit.summary_writer(comment="_exp")
 second = ddpkit.summary_writer("given")
 if state.rank == 1:  # pytorch-semseg copies its config into the log_dir it gave: the folder is there on every rank
-    with open(os.path.join(ddpkit.summary_writer("rank1_given").log_dir, "config.yml"), "w") as f:
+    with open(os.path.join(ddpkit.summary_writer("rank1_given").file_writer.get_logdir(), "config.yml"), "w") as f:
         f.write("x: 1\n")
 ddpkit.barrier()
 with open(os.path.join(writer.log_dir, f"rank{state.rank}.txt"), "w") as f:

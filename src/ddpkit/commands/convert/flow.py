@@ -299,7 +299,7 @@ def role(facts: Facts, loops: list[Loop], binding: Binding | None, call: Call) -
     cannot follow) by its shuffle= and names."""
     # (a generator's loop that yields each batch, ``def cycle(it): while True: for x in it: yield x``: its
     # caller's loop over ``cycle(loader)`` tells the role)
-    loops = [loop for loop in loops if not peek(loop) and not _passes_on(loop)]
+    loops = [loop for loop in loops if not peek(loop) and not passes_on(loop)]
     shuffled, words = _naming(facts, binding, call)
     named_eval = not shuffled and _eval_named(words)
     if loops:
@@ -314,7 +314,7 @@ def role(facts: Facts, loops: list[Loop], binding: Binding | None, call: Call) -
     return "eval" if named_eval else None
 
 
-def _passes_on(loop: Loop) -> bool:
+def passes_on(loop: Loop) -> bool:
     """A loop whose body yields (a generator handing each batch on) and neither trains nor evaluates itself."""
     return bool(m.findall(loop.node.body, m.Yield())) and not trains_anything(loop)
 

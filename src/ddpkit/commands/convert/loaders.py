@@ -284,7 +284,8 @@ def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
                    "DataLoader(...)), then convert again", blocks=True)
         return False
     peeks = [loop for loop in loops if peek(loop)]  # a look at the first batch: no role, nothing to sum
-    loops = [loop for loop in loops if loop not in peeks]
+    # (nor a generator's loop that yields each batch on: no_grad there would hold in its caller's training loop)
+    loops = [loop for loop in loops if loop not in peeks and not flow.passes_on(loop)]
     away = _handed_away(work, binding) if role is None and not loops and binding is not None else None
     if away is not None and binding is not None:  # its loop is in another module: its shuffle=True says nothing
         work.leave(call.line, f"{binding.target} is handed to {away}, a function of another module whose loop over "
