@@ -83,9 +83,6 @@ def to_float64(model: nn.Module) -> None:
     outputs back to float32, so a loss computed next to float32 targets runs unchanged. The hooks are functions of
     this module: a script's ``torch.save(model)`` pickles them."""
     model.double()
-    if not _PROMOTING:  # for the rest of this run (a re-run of verify's): ``model.forward(x)`` runs no model hook
-        _PROMOTING.append(_Promote())
-        _PROMOTING[0].__enter__()
     model.register_forward_pre_hook(_inputs_up, with_kwargs=True)
     model.register_forward_hook(_outputs_back)
     for inner in list(model.modules())[1:]:  # ``model.forward(x)`` skips the model's hooks: its layers' cast too
@@ -101,14 +98,16 @@ def _inputs_up(module: nn.Module, args: Any, kwargs: Any) -> Any:
     # script's own (a DCGAN's labels, torch.full(...)) stay float32, as the outputs cast back are
     _DEFAULTS.append(torch.get_default_dtype())
     torch.set_default_dtype(torch.float64)
+    _PROMOTING.append(_Promote())  # during this forward only: outside it the script's float32 stays as it is
+    _PROMOTING[-1].__enter__()
     return _cast(args, torch.float64), _cast(kwargs, torch.float64)
 
 
-_PROMOTING: list[TorchFunctionMode] = []  # the one mode of this process, once a model went float64
+_PROMOTING: list[TorchFunctionMode] = []  # the modes of the float64 forwards in progress (a model in a model)
 
 
 class _Promote(TorchFunctionMode):
-    """In a float64 re-run, an op that mixes float32 and float64 tensors gets them all in float64: R-BERT's
+    """In a float64 model's forward, an op that mixes float32 and float64 tensors gets them all in float64: R-BERT's
     ``torch.bmm(e1_mask.float(), hidden)`` made a float32 mask meet the float64 hidden states (``expected scalar type
     Double but found Float``). An in-place op keeps its tensor's dtype: the others are cast to it instead.
 
@@ -139,6 +138,8 @@ def _layer_inputs_up(module: nn.Module, args: Any, kwargs: Any) -> Any:
 def _outputs_back(module: nn.Module, args: Any, output: Any) -> Any:
     if _DEFAULTS:
         torch.set_default_dtype(_DEFAULTS.pop())
+    if _PROMOTING:
+        _PROMOTING.pop().__exit__(None, None, None)
     return _cast(output, torch.float32)
 
 
