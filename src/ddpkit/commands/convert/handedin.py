@@ -84,14 +84,23 @@ def passed_to_evaluate(work: _Work) -> list[Call]:
     """The DataLoaders of this file that its calls hand to another module's evaluation (:func:`ask_evaluations`
     asked of this file: ``module:function:index:param`` wanted as :data:`EVAL`)."""
     found: list[Call] = []
-    for want, kind in work.crossing.wants.items():
-        if kind != EVAL or want.count(":") != 3:
-            continue
-        module, function, index, name = want.split(":")
-        for site in [c for c in work.facts.calls if _calls(work, c, module, function)]:
-            bound = _argument(work, site, int(index), name)
+    for _, sites in _handed(work, EVAL):
+        for _, bound in sites:
             found += [c for c in work.facts.calls if bound is not None and bound.value is not None
                       and c.node is bound.value and c.name == LOADERS[0]]
+    return found
+
+
+def _handed(work: _Work, kind: str) -> list[tuple[str, list[tuple[Call, Binding | None]]]]:
+    """Each want ``module:Callable:index:param`` of ``kind`` asked of this file, with this file's calls of that
+    callable and the binding of what each passes there."""
+    found = []
+    for want, wanted in work.crossing.wants.items():
+        if wanted != kind or want.count(":") != 3:
+            continue
+        module, function, index, name = want.split(":")
+        found.append((want, [(site, _argument(work, site, int(index), name)) for site in work.facts.calls
+                             if _calls(work, site, module, function)]))
     return found
 
 
@@ -211,15 +220,10 @@ def passed(work: _Work, origin_of: Any) -> list[tuple[str, list[Call], bool | No
     and said provided; None: this file makes no such call). ``origin_of(binding)``: (module, name) of a value an
     imported function returns."""
     found = []
-    for want, kind in work.crossing.wants.items():
-        if kind != TRAIN or want.count(":") != 3:
-            continue
-        module, function, index, name = want.split(":")
+    for want, sites in _handed(work, TRAIN):
         loaders: list[Call] = []
         every = True
-        sites = [c for c in work.facts.calls if _calls(work, c, module, function)]
-        for site in sites:
-            bound = _argument(work, site, int(index), name)
+        for site, bound in sites:
             value = bound.value if bound is not None else None
             made = next((c.name for c in work.facts.calls if value is not None and c.node is value), None)
             origin = origin_of(bound) if bound is not None and made not in LOADERS else None
