@@ -15,3 +15,41 @@ def test_static_graph_unused_parameter_and_sync_checks_on_training_steps_only(tm
     for r in ranks:  # the check still runs on training steps: rank 1's changed weight is named on both ranks
         assert r["desync"] and r["desync"].startswith("replicas out of sync at step ")
         assert "rank 1 differs from rank 0" in r["desync"] and "in '0.weight'" in r["desync"], r["desync"]
+
+
+CONTAINER = '''
+import sys
+import torch
+from torch import nn
+import ddpkit
+
+class Pair(nn.Module):  # a GAN held in one container; the loop calls its parts
+    def __init__(self):
+        super().__init__()
+        self.G = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 4))
+        self.D = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+
+    def forward(self, z):
+        return self.D(self.G(z))
+
+state = ddpkit.init()
+model = ddpkit.prepare_model(Pair())
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+for step in range(3):
+    z = torch.randn(8, 2)  # (a per-rank draw: only an all-reduce makes the steps agree)
+    out = model.D(model.G(z)) if sys.argv[1] == "parts" else model(z)
+    opt.zero_grad()
+    out.mean().backward()
+    opt.step()
+ddpkit.print("done", step)
+'''
+
+
+def test_a_part_of_the_prepared_model_called_directly_stops_the_first_step_with_its_cause(tmp_path):
+    script = tmp_path / "container.py"
+    script.write_text(CONTAINER)
+    r = launch(script, "parts", timeout=120)
+    assert r.returncode != 0
+    assert "the first optimizer step has gradients in 'G.0.weight'" in r.stderr, r.stderr[-3000:]
+    assert "prepare each part the loop calls" in r.stderr and "out of sync" not in r.stderr
+    assert "done" in ok(launch(script, "whole", timeout=120)).stdout  # through the wrapper: no false alarm

@@ -76,6 +76,8 @@ class DDP(PlainStateDict, DistributedDataParallel):
         self._replicas = Replicas(module, self.process_group, every=check_sync_every, heal=heal,
                                   ignore=frozenset(self.parameters_to_ignore))
         self._training_steps = 0  # counted alike on every rank: see the class docstring
+        owner = weakref.ref(self)  # (a weak one: the replicas outlive no wrapper through it)
+        self._replicas.forwards = lambda: getattr(owner(), "_training_steps", 1)
         self._joined = False  # inside a join: from join_hook() (every Join asks for it) to its post-hook
         # static_graph: DDP itself finds, in the first iteration, the parameters that never get a gradient
         if not (kwargs.get("find_unused_parameters", False) or kwargs.get("static_graph", False)):

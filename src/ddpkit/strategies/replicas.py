@@ -28,7 +28,7 @@ import math
 import os
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -104,6 +104,9 @@ class Replicas:
             is not None else list(range(dist.get_world_size()))
         self.optimizers: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         self.optimizer_steps = 0
+        # the training forwards through the wrapper so far, told by the wrapper that counts them (DDP's); None: not
+        # counted, nothing is concluded from it
+        self.forwards: Callable[[], int] | None = None
         self.check_s = 0.0  # what the last check took
         self.since = (time.perf_counter(), 0)  # when the last check ended, and at which step
         self.agreed = 0  # the step of the last check that found the replicas equal
@@ -241,5 +244,29 @@ def _count_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     """torch calls it after every ``optimizer.step()`` of this process."""
     for replicas in list(_LIVE):
         if replicas.owns(optimizer):
+            if not replicas.optimizer_steps and (line := bypassed(replicas, optimizer)):
+                raise ReplicaError(line)
             replicas.optimizer_steps += 1
+
+
+def bypassed(replicas: Replicas, optimizer: Any) -> str | None:
+    """The line for a first step whose gradients no forward through the prepared model made: a part called
+    directly (``model.G(z)``, ``model.module(x)``, a method that runs the layers) runs outside DDP's forward, so
+    DDP averages none of them and each rank steps with its own. Every rank runs the same code and meets it at
+    the same step. None when the wrapper's forward ran, or no parameter of the model has a gradient.
+
+    Checked at the first step only: later, a gradient left from an earlier step (``zero_grad(set_to_none=False)``)
+    cannot be told from a new one."""
+    if replicas.forwards is None or replicas.forwards():
+        return None
+    names = {id(p): n for n, p in replicas.module.named_parameters()}
+    graded = [names[id(p)] for g in optimizer.param_groups for p in g["params"]
+              if id(p) in names and p.grad is not None]
+    if not graded:
+        return None
+    return (f"the first optimizer step has gradients in '{graded[0]}' ({len(graded)} tensor(s)) but the prepared "
+            "model's forward never ran: a part called directly (model.G(z), model.module(x), a method that runs "
+            "the layers) runs outside DDP, which then averages no gradient, and each rank would train its own "
+            "model; prepare each part the loop calls (G = ddpkit.prepare_model(G)), or call the prepared model "
+            "itself (its forward may run the parts)")
 
