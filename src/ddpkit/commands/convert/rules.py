@@ -99,9 +99,9 @@ def outputs(work: _Work) -> None:
             _save(work, call, loads)
         elif call.last in PRETRAINED and isinstance(func, cst.Attribute):
             _pretrained(work, call, ranked)
-        elif call.name == "torch.save" and _read_back(call, loads) and not any(
+        elif call.name == "torch.save" and _read_back(work, call, loads) and not any(
                 c.name == "ddpkit.barrier" or c.last == "barrier" for c in facts.calls):
-            _unwaited(work, call, _read_back(call, loads)[0].line)
+            _unwaited(work, call, _read_back(work, call, loads)[0].line)
         elif call.name == "torch.load" and not any(a.keyword and a.keyword.value == "map_location"
                                                    for a in call.node.args):
             where = f"{work.state}.device" if main_test(work, call.scope).startswith(work.state) else '"cpu"'
@@ -147,7 +147,7 @@ def _save(work: _Work, call: Any, loads: list[Any]) -> None:
     if _per_rank(work, call):
         return
     work.edits.guard[id(call.stmt)] = main_test(work, call.scope)
-    read_back = _read_back(call, loads)
+    read_back = _read_back(work, call, loads)
     if read_back and (call.tests or call.loops or called_in_branch(work, call.scope)) and \
             wait_before(work, call, read_back):
         return
@@ -186,7 +186,7 @@ def _pretrained(work: _Work, call: Any, ranked: bool) -> None:
         return
     work.edits.guard[id(call.stmt)] = main_test(work, call.scope)
     loads = [c for c in work.facts.calls if c.last == "from_pretrained"] if call.last == "save_pretrained" else []
-    read_back = _read_back(call, loads)
+    read_back = _read_back(work, call, loads)
     if read_back and any(c.last == "save_pretrained" and c.scope is call.scope and call.line < c.line <
                          read_back[0].line for c in work.facts.calls):
         read_back = []  # (a tokenizer saved below it: one barrier, after the last save, does for both)
@@ -256,10 +256,37 @@ def _unwaited(work: _Work, call: Any, line: int) -> None:
                "rank passes")
 
 
-def _read_back(save: Any, loads: list[Any]) -> list[Any]:
+def _read_back(work: _Work, save: Any, loads: list[Any]) -> list[Any]:
     """The loads that may read what ``save`` wrote: below it, or in a function (defined above, it may run after
-    the save); a load above in the same block ran before (a resume at the start)."""
-    return [c for c in loads if c.line > save.line or c.scope is not save.scope and c.scope.name]
+    the save); a load above in the same block ran before (a resume at the start), and so did one in a function
+    that runs once and reaches the save only through a call below the load (``main()`` loads ``--resume``, then
+    calls ``train()``, which saves). The loads below the save come first (the line said is the likeliest)."""
+    found = [c for c in loads if c.line > save.line or c.scope is not save.scope and c.scope.name and
+             not _runs_before(work, c, save.scope)]
+    return sorted(found, key=lambda c: (c.line < save.line, c.line))
+
+
+def _runs_before(work: _Work, load: Any, target: Scope) -> bool:
+    """``load``, in no loop of a function called in no loop, is above every call of that function that leads
+    to ``target`` (the saving function), and there is one such call."""
+    facts, scope = work.facts, load.scope
+    if load.loops or any(c.loops for c in facts.calls if (callee(facts, c) or (None,))[0] is scope):
+        return False
+    leading = [c.line for c in facts.calls if c.scope is scope and _reaches(work, c, target)]
+    return bool(leading) and min(leading) > load.line
+
+
+def _reaches(work: _Work, call: Any, target: Scope) -> bool:
+    """The call runs ``target``, itself or through the script's functions it calls (four deep at most)."""
+    found = callee(work.facts, call)
+    seen, todo = set(), [found[0]] if found else []
+    for _ in range(5):
+        if any(s is target for s in todo):
+            return True
+        seen |= {id(s) for s in todo}
+        todo = [f[0] for s in todo for c in work.facts.calls if c.scope is s
+                if (f := callee(work.facts, c)) is not None and id(f[0]) not in seen]
+    return False
 
 
 def wait_before(work: _Work, write: Any, reads: list[Any]) -> bool:
@@ -343,11 +370,12 @@ def _whole_model(work: _Work, call: Any) -> None:
 
 
 def _prepared(work: _Work, value: Any, call: Any) -> bool:
-    """``value`` is a name bound to a model this plan prepares, as ``call`` reads it."""
+    """``value`` is a name bound to a model this plan prepares, as ``call`` reads it (a parameter: as the one
+    call site that passes it binds it, ``save_checkpoint(model, epoch)``)."""
     name = dotted(value)
     found = binding_of(work.facts, name, call.scope, call.line) if name else None
-    return found is not None and any(found is b or found.target == b.target and visible(
-        work.facts, b.target, b.scope, call.scope) for b in work.models)
+    return found is not None and any(found is b or found.target == b.target and any(visible(
+        work.facts, b.target, b.scope, s) for s in (call.scope, found.scope)) for b in work.models)
 
 
 def _unwrap(work: _Work, call: Any) -> None:
