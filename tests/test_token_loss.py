@@ -184,3 +184,35 @@ def test_numpy_counts_are_numbers_and_a_stream_with_count_is_refused_with_a_work
     with pytest.raises(ValueError, match=r"^count=\.\.\. on a stream \(IterableDataset\): .*loss_sum / "
                                          r"ddpkit.reduce\(count\) \* world_size"):
         ddpkit.data_loader(Stream(), global_batch_size=4, count=len)
+
+
+@pytest.fixture(scope="module")
+def plain_loop(tmp_path_factory):
+    out = tmp_path_factory.mktemp("batch_count")
+    ok(run_cmd([sys.executable, str(WORKERS / "batch_count.py"), str(out), "counted"]))
+    for world, case in ((2, "counted"), (3, "counted"), (2, "plain")):
+        ok(launch(WORKERS / "batch_count.py", out, case, nproc=world))
+    return {name.stem: torch.load(name) for name in out.glob("w*.pt")}
+
+
+def test_batch_count_weighs_a_plain_loops_gradients_as_one_process_takes_the_token_mean(plain_loop):
+    """``batch_count=``: a plain loop (``loss.backward()``, no steps) over a token mean, at 2 and 3 processes,
+    ends within float rounding of one process taking the mean over each whole global batch; without it, 2e-2
+    away (each rank's mean weighed alike by DDP)."""
+    one = plain_loop["w1_counted"]
+    assert _largest_difference(one, plain_loop["w2_counted"]) <= 1e-6
+    assert _largest_difference(one, plain_loop["w3_counted"]) <= 1e-6
+    assert _largest_difference(one, plain_loop["w2_plain"]) > 1e-2  # the loss the line above corrects
+
+
+@pytest.mark.parametrize("kwargs, said", [
+    ({"batch_count": 3}, "batch_count=3: expected a function of a batch"),
+    ({"batch_count": len, "micro_batch_size": 2}, "batch_count= weighs a plain loop's batches; for a loop of steps"),
+    ({"batch_count": len, "train": False}, "with train=False: expected a training loader"),
+    ({"batch_count": len, "uneven": "join"}, "with uneven=join: expected a training loader"),
+])
+def test_batch_count_that_cannot_weigh_is_one_line(kwargs, said):
+    ddpkit.init()
+    with pytest.raises(ValueError) as error:
+        ddpkit.data_loader(list(range(8)), global_batch_size=4, **kwargs)
+    assert said in str(error.value) and "\n" not in str(error.value)

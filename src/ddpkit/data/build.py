@@ -35,6 +35,7 @@ from ddpkit.data.loader import ShardedDataLoader
 from ddpkit.data.samplers import SamplerShard, ShardSampler, too_few, user_sampler
 from ddpkit.data.settings import cores_per_process, loader_defaults
 from ddpkit.data.steps import GlobalBatchLoader
+from ddpkit.data.weighted import BatchWeights
 from ddpkit.data.workerseed import RankedWorkerInit
 from ddpkit.runtime import group as runtime
 from ddpkit.runtime import phases
@@ -46,7 +47,7 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
                 micro_batch_size: int | None = None, accumulation_steps: int | None = None,
                 train: bool = True, shuffle: bool | None = None, uneven: Uneven | None = None, seed: int = 0,
                 shuffle_buffer: int = 1000, count: Callable[[Any], Any] | None = None,
-                **loader_kwargs: Any) -> Any:
+                batch_count: Callable[[Any], Any] | None = None, **loader_kwargs: Any) -> Any:
     """Build a loader over this rank's shard of ``dataset``.
 
     ``batch_size`` is **per process** in DDP (global batch = batch_size x world size) and **global** in
@@ -81,6 +82,8 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     to sample (tokens whose label is not ``-100``, valid pixels): ``fn(micro_batch)`` counts them, and each
     step weighs its micro-batches by their share of the step's count over all ranks, so a step equals one
     process's step over the same samples at any world size (docs/global-batch.md, "Token-weighted losses").
+    ``batch_count=fn``: the same for a plain loop (``for batch in loader: loss.backward()``), in ddp: each rank's
+    gradient is weighed by its share of the batch's count over all ranks (:mod:`ddpkit.data.weighted`).
     """
     state, tools = runtime.ensure_init(), runtime.tools()
     if train:  # sharded training batches need a prepared model by the first optimizer step
@@ -88,6 +91,8 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     if train and not isinstance(dataset, IterableDataset):  # shards of different datasets train on neither
         same.check(dataset, state.device)
         dataset = tools.dataset(dataset)  # (verify: each sample's augmentation alike in both runs)
+    weights = None if batch_count is None else _weights(batch_count, state, train, uneven, dataset, count,
+                                                        micro_batch_size, accumulation_steps)
     if micro_batch_size is not None or accumulation_steps is not None or count is not None:
         if batch_size is not None:
             global_batch_size = None  # refused below: the per-process batch is ddpkit's to choose here
@@ -121,7 +126,7 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
         first = len(range(0, sampler.size, state.world_size))  # rank 0 has the most samples, so the most batches
         equal = first // batch_size if loader_kwargs.get("drop_last") else -(-first // batch_size)
     loader = ShardedDataLoader(dataset, batch_size=batch_size, sampler=sampler, join=train and uneven == "join",
-                               equal_steps=equal, train=train, **loader_kwargs)
+                               equal_steps=equal, train=train, weights=weights, **loader_kwargs)
     if train:
         mode = state.strategy
         _announce(loader, state, tools, batch_size * mode.batch_share(state),
@@ -168,6 +173,27 @@ def _step_loader(dataset: Any, global_batch: int | None, micro: int | None, accu
               f"{loader.micro_steps} micro-step{'s' if loader.micro_steps != 1 else ''} of <= {largest} per "
               f"process (gradients synced once per step), {len(loader)} steps/epoch")
     return loader
+
+
+def _weights(fn: Any, state: State, train: bool, uneven: str | None, dataset: Any, *steps: Any) -> BatchWeights:
+    """``batch_count=fn``'s weights, or a one-line error for what it cannot weigh."""
+    said = f"batch_count={fn!r}"[:80]
+    if not callable(fn):
+        raise ValueError(f"{said}: expected a function of a batch that returns how many items its mean loss "
+                         "averages, e.g. batch_count=lambda batch: (batch['labels'] != -100).sum()")
+    if any(given is not None for given in steps):
+        raise ValueError(f"{said} with count=, micro_batch_size= or accumulation_steps=: batch_count= weighs a plain "
+                         "loop's batches; for a loop of steps (step.backward) pass count= alone")
+    if isinstance(dataset, IterableDataset):
+        raise ValueError(f"{said} on a stream (IterableDataset): its ranks may end a pass apart; use a map-style "
+                         "dataset, or count= with global_batch_size=G and step.backward(loss)")
+    if not train or uneven == "join":
+        raise ValueError(f"{said} with {'train=False' if not train else 'uneven=join'}: expected a training loader "
+                         "whose ranks hand out their batches together (uneven='pad' or 'drop'); drop batch_count=")
+    if state.world_size > 1 and state.strategy.name != "ddp":
+        raise ValueError(f"{said} in mode {state.strategy.name}: it weighs DDP's gradients; in a mode that shards "
+                         "use global_batch_size=G, count=fn and step.backward(loss) (docs/global-batch.md)")
+    return BatchWeights(fn, state.world_size, state.device)
 
 
 def _check_samples(samples: int, processes: int) -> None:

@@ -86,9 +86,15 @@ class ShardedDataLoader(Observed, DataLoader):
                     break                      # the next pass is epoch + 1's order
     """
 
+    count: Callable[[Any], Any] | None = None
+
     def __init__(self, *args: Any, join: bool = False, equal_steps: int | None = None, train: bool = False,
-                 **kwargs: Any):
+                 weights: Any = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        # batch_count=: each batch counted as it is handed out (:class:`~ddpkit.data.weighted.BatchWeights`)
+        self.weights = weights
+        if weights is not None:  # (what a loader of steps calls its count= too: tools read it)
+            self.count = weights.fn
         self.epoch = 0
         self.join, self.train = join, train
         self.equal_steps = equal_steps  # pass length of every rank: shorter ranks end with empty batches
@@ -195,6 +201,8 @@ class ShardedDataLoader(Observed, DataLoader):
                     self._batches = (self._batches or 0) + 1  # it), by the current pass only: not an older one
                 handed += 1
                 process.heartbeat()
+                if self.weights is not None:
+                    self.weights.weigh(batch)
                 yield batch
             finished = True
             self._unchecked += handed
@@ -208,6 +216,8 @@ class ShardedDataLoader(Observed, DataLoader):
         finally:  # at the end, and at a `break` (CPython closes the iterator as the loop is left)
             if number == self._passes:
                 self._close_pass(finished)
+            if self.weights is not None:
+                self.weights.close()
 
 
 def _count(value: Any) -> bool:

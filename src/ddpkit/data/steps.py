@@ -111,7 +111,7 @@ class Step:
                 self._ran_out(j)
                 return [], []
         assert self._count is not None
-        counts = [_checked(self._count(batch)) if weight > 0 else 0.0
+        counts = [checked_count(self._count(batch)) if weight > 0 else 0.0
                   for batch, weight in zip(batches, self._weights)]
         self.count = total = sum(counts)
         if self._world > 1:
@@ -171,7 +171,7 @@ def _leaves(loss: torch.Tensor, limit: int = 10_000) -> Iterator[torch.Tensor]:
         stack.extend(child for child, _ in node.next_functions)
 
 
-def _checked(value: Any) -> float:
+def checked_count(value: Any) -> float:
     """A micro-batch's count as a float: a number or one-element tensor, finite and >= 0."""
     number = value
     if isinstance(value, torch.Tensor):

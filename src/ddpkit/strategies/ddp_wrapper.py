@@ -46,6 +46,12 @@ def _release_reducers() -> None:
     gc.collect()
 
 
+def live_models() -> list[DDP]:
+    """The DDP models this process made and still holds (``ddpkit.data_loader(..., batch_count=)`` weighs their
+    gradients)."""
+    return list(_LIVE_DDP)
+
+
 class DDP(PlainStateDict, DistributedDataParallel):
     """torch's DistributedDataParallel whose state dict is the plain module's.
 

@@ -1,0 +1,95 @@
+"""A plain training loop whose loss is a mean over a number of items that varies from batch to batch (the tokens
+not labelled ``-100``): ``ddpkit.data_loader(..., batch_count=fn)`` weighs each rank's gradient by its share of
+the batch's items over all ranks, so the loop stays as the script wrote it.
+
+At N processes each rank's loss is the mean over its own tokens, and DDP averages the ranks' gradients alike:
+a rank with few tokens weighs as much as one with many, another loss than one process's mean over the global
+batch. Before a batch is handed out, ``fn(batch)`` counts this rank's items n and one all-reduce of one number
+gives the batch's count T over all ranks; each gradient of the prepared model's parameters is multiplied by
+``n * N / T`` in the backward that follows (a tensor hook, before DDP's all-reduce), so DDP's mean of the ranks'
+gradients is the gradient of the mean over all T items. A batch with nothing counted (every label -100, whose
+mean is torch's 0/0 NaN) adds a zero gradient.
+
+Example::
+
+    loader = ddpkit.data_loader(train_set, global_batch_size=16, shuffle=True,
+                                batch_count=lambda batch: (batch["labels"] != -100).sum())
+    for batch in loader:
+        loss = model(**batch).loss          # a Hugging Face model: the mean over this rank's labelled tokens
+        loss.backward()                     # weighed by this rank's share of the batch's tokens
+        optimizer.step()
+        optimizer.zero_grad()
+
+In ddp only (fsdp reduces shards, out of a tensor hook's reach: use ``count=`` with ``step.backward``); one
+process weighs nothing. The scale holds from the batch's hand-out to the next one, or the pass's end: a
+backward of another loader's batch in between is weighed too.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ddpkit.data.steps import checked_count
+from ddpkit.strategies import ddp_wrapper
+
+__all__ = ["BatchWeights"]
+
+# the scale of the batch handed out last (None: no counted batch is open); one per process, as the backward
+# that reads it is
+_SCALE: list[float | None] = [None]
+_HOOKED: weakref.WeakSet[Any] = weakref.WeakSet()  # the DDP models whose parameters carry the hook
+
+
+class BatchWeights:
+    """What a training loader with ``batch_count=`` does with each batch it hands out.
+
+    >>> weights = BatchWeights(lambda batch: len(batch), world_size=1, device=torch.device("cpu"))
+    >>> weights.weigh([1, 2, 3]), weights.count, weights.global_count
+    (1.0, 3.0, 3.0)
+    """
+
+    def __init__(self, count: Callable[[Any], Any], world_size: int, device: torch.device):
+        self.fn, self.world_size, self.device = count, world_size, device
+        self.count = self.global_count = 0.0  # the last batch's items: this rank's, all ranks'
+
+    def weigh(self, batch: Any) -> float:
+        """Count ``batch``, agree the total with the other ranks (every rank hands out a batch here: a training
+        loader pads its ranks to equal steps) and set the scale of the backward that follows."""
+        self.count = total = checked_count(self.fn(batch))
+        if self.world_size > 1:
+            summed = torch.tensor([total], dtype=torch.float64, device=self.device)
+            dist.all_reduce(summed)
+            total = summed.item()
+            _hook_models()
+        self.global_count = total
+        scale = self.count * self.world_size / total if total else 0.0
+        _SCALE[0] = scale if self.world_size > 1 else None
+        return scale
+
+    @staticmethod
+    def close() -> None:
+        """The pass ended: no batch of it is open any more."""
+        _SCALE[0] = None
+
+
+def _hook_models() -> None:
+    """Each prepared DDP model's trainable parameters get the hook once."""
+    for model in list(ddp_wrapper.live_models()):
+        if model in _HOOKED:
+            continue
+        _HOOKED.add(model)
+        for param in model.module.parameters():
+            if param.requires_grad:
+                param.register_hook(_scaled)
+
+
+def _scaled(grad: torch.Tensor) -> torch.Tensor | None:
+    scale = _SCALE[0]
+    if scale is None:  # a backward outside a counted batch: as the script wrote it
+        return None
+    return torch.zeros_like(grad) if scale == 0 else grad * scale
