@@ -32,7 +32,7 @@ def test_a_mean_over_tokens_is_listed_with_count_and_a_literal_ignore_index_alon
     assert _listed(slot, "a mean over the tokens it does not ignore")
     padded = HEAD + "labels = torch.full((8, 4), -100)\nfor x, y in loader:\n    out = model(x, labels=y)\n" \
         "    opt.zero_grad()\n    out.loss.backward()\n    opt.step()\n"
-    assert _listed(padded, "a mean over the tokens it does not ignore")
+    assert "batch_count=lambda batch: (batch[1] != -100).sum()" in plan(padded).text  # (told since: below)
     mingpt = HEAD + "for x, y in loader:\n    loss = nn.functional.cross_entropy(model(x), y, ignore_index=-1)\n" \
         "    opt.zero_grad()\n    loss.backward()\n    opt.step()\n"  # (no label is ever -1 in chargpt)
     assert not _listed(mingpt, "a mean over the tokens")
@@ -235,3 +235,28 @@ def test_a_pretrained_read_at_start_up_is_no_race_and_a_read_below_is_named():
         "        self.model = BertModel.from_pretrained('out')\nt = Trainer()\nt.train()\nt.load_model()\n"
     said = [x.what for x in plan(joint).left if "from_pretrained reads" in x.what]
     assert said and "reads at line 24" in said[0], said
+
+
+def test_a_token_mean_over_labels_the_loop_names_tells_the_loader_what_to_count():
+    """GPT2-chitchat's ``for i, (input_ids, labels) in enumerate(loader)`` with ``model(input_ids, labels=labels)``,
+    a Hugging Face loop's ``model(**batch)``, a label moved to the device in the loop, and ``cross_entropy`` with
+    ``ignore_index=-100``: the training loader gets ``batch_count=`` and nothing is listed; the loss inside the
+    model's module with an ``ignore_index`` from a setting stays listed, with the batch_count fix."""
+    loop = "for i, (ids, labels) in enumerate(loader):\n    out = model.forward(ids, labels=labels)\n" \
+        "    opt.zero_grad()\n    out.loss.backward()\n    opt.step()\nlabels[labels == 0] = -100\n"
+    chitchat = plan(HEAD + loop)
+    assert "shuffle=True, batch_count=lambda batch: (batch[1] != -100).sum())" in chitchat.text, chitchat.text
+    assert not [x for x in chitchat.left if "tokens" in x.what]
+    hf = HEAD.replace("TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))", "[{'labels': -100}] * 8") + \
+        "for batch in loader:\n    batch = {k: v.to('cpu') for k, v in batch.items()}\n    out = model(**batch)\n" \
+        "    out.loss.backward()\n    opt.step()\n"
+    assert 'batch_count=lambda batch: (batch["labels"] != -100).sum()' in plan(hf).text
+    moved = HEAD + "for batch in loader:\n    y = batch[1].to('cpu')\n    logits = model(batch[0])\n" \
+        "    loss = nn.functional.cross_entropy(logits.view(-1, 2), y.view(-1), ignore_index=-100)\n" \
+        "    opt.zero_grad()\n    loss.backward()\n    opt.step()\n"
+    assert "batch_count=lambda batch: (batch[1] != -100).sum()" in plan(moved).text
+    inside = HEAD + "class Slots(nn.Module):\n    def __init__(self, args):\n        super().__init__()\n" \
+        "        self.loss = nn.CrossEntropyLoss(ignore_index=args.ignore_index)\n" \
+        "for x, y in loader:\n    loss = model(x, y)\n    opt.zero_grad()\n    loss.backward()\n    opt.step()\n"
+    said = [x.fix for x in plan(inside).left if "a mean over the tokens" in x.what]
+    assert said and "batch_count=lambda batch:" in said[0] and "batch_count" not in plan(inside).text

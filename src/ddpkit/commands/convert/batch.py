@@ -18,7 +18,6 @@ Example (the rewrite of a converted call's batch size)::
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -255,34 +254,6 @@ def summed_loss(work: _Work) -> None:
         if summed_backward or summed_reduction and trains:
             work.leave(call.line, SUMMED, "average it (reduction='mean', loss.mean()), or keep the sum and multiply "
                        "it by the number of processes (loss.sum() * state.world_size) where it trains")
-            return
-
-
-TOKEN_LOSSES = ("cross_entropy", "CrossEntropyLoss", "nll_loss", "NLLLoss")
-
-
-def token_mean_loss(work: _Work) -> None:
-    """A loss that is a mean over the tokens it does not ignore (``CrossEntropyLoss(ignore_index=...)``, labels
-    padded with ``-100``, a Hugging Face model called with ``labels=``): at N processes each rank's mean is over
-    its own tokens and DDP weighs the ranks alike, which is another loss than one process's mean over the step's
-    tokens (JointBERT's slot loss, GPT2-chitchat). Listed once, with ddpkit's ``count=`` (docs/global-batch.md)."""
-    if any(a.keyword is not None and a.keyword.value == "count" for c in work.facts.calls
-           if c.name == "ddpkit.data_loader" for a in c.node.args):
-        return
-    padded = re.search(r"-100\b(?!\s*:)", work.facts.module.code) is not None  # (not ``losses[-100:]``)
-    for call in work.facts.calls:
-        keywords = {a.keyword.value: a.value for a in call.node.args if a.keyword is not None}
-        # an ignore_index read from a setting (a pad id) pads; a literal one (minGPT's -1) may mark nothing
-        named = not isinstance(keywords.get("ignore_index", cst.Integer("0")), (cst.Integer, cst.UnaryOperation))
-        token = call.last in TOKEN_LOSSES and (named or padded) or \
-            "labels" in keywords and padded and any(flow.trains(work.facts, loop) for loop in call.loops)
-        if token:
-            work.leave(call.line, f"{call.last}: a mean over the tokens it does not ignore (ignore_index, labels "
-                       "of -100): at N processes each rank's mean is over its own tokens and DDP weighs the ranks "
-                       "alike, another loss than one process's mean over the step's tokens (ddpkit verify FAILs it)",
-                       "tell the training loader what the loss averages over: ddpkit.data_loader(..., "
-                       "global_batch_size=B, count=lambda batch: (labels != -100).sum()) and step.backward(loss) "
-                       "(docs/global-batch.md, token-weighted losses); or keep it if the difference is acceptable")
             return
 
 

@@ -37,6 +37,7 @@ from ddpkit.commands.convert import (
     partners,
     rules,
     splits,
+    tokens,
     trained,
     writes,
 )
@@ -181,7 +182,7 @@ class _Work:
         splits.splits(self, any(c.name in (loaders.LOADER, "ddpkit.data_loader") for c in self.facts.calls))
         batch.summed_loss(self)
         batch.whole_batch_loss(self)
-        batch.token_mean_loss(self)
+        tokens.token_mean_loss(self)
         batch.contrastive_loss(self)
         rules.outputs(self)
         writes.writes(self)
