@@ -384,3 +384,14 @@ def test_second_review_imports_through_the_package_path_over_several_lines_or_as
     done, lines = project.localize(text, ("TCN.pix", "pix"), ["utils.py", "model.py"])
     assert done == "from utils import get, put\nimport model as m\n\n\ndef f():\n    from utils import get\n", done
     assert lines == [1, 5, 9]
+
+
+def test_a_project_whose_loader_was_not_converted_where_it_is_built_is_not_told_to_convert_together():
+    """deeplab, converted with --imports, was told "convert them together (--imports)": the project's own
+    module said why its loader stayed plain; the entry now points there."""
+    files = dict(DICT, **{"model/data_loader.py": DICT["model/data_loader.py"].replace("shuffle=False",
+                                                                                        "shuffle=True")})
+    said = [x for rel, done in _settled(files).items() for x in done.left if "loaders" in x.what and
+            "modules" in x.what]
+    assert said and all("--imports" not in x.fix and "other modules of the project" in x.what for x in said), \
+        [(x.what, x.fix) for x in said]

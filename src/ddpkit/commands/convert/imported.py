@@ -96,12 +96,17 @@ def imported_loader(work: _Work, line: int) -> bool:
     if not training or not missing:  # (evaluations only: asked, so as to learn whether they are sharded there)
         return True
     where = ", ".join(f"{n!r} from {origins[n][0]}" for n in (missing or sorted(reads)))
+    fix = "make the training loader a ddpkit.data_loader(dataset, global_batch_size=B) where it is built (an " \
+        "evaluation loader may stay: each rank then evaluates every batch, which is right)"
+    if work.crossing.own:  # converted together already: what stopped it is said where the loader is built
+        work.leave(line, f"the loops read loaders built in other modules of the project ({where}), whose "
+                   "training loader was not converted there (see that module's lines): as they are, every rank "
+                   "reads every batch", f"{fix}, then convert again")
+        return True
     work.leave(line, f"the loops read loaders imported from modules of the script ({where}), and convert does "
                "not follow a name from one module to another outside a project: as they are, every rank reads "
-               "every batch", "convert them together (ddpkit convert --imports SCRIPT, or a folder), or make the "
-               "training loader a ddpkit.data_loader(dataset, global_batch_size=B) where it is built (an "
-               "evaluation loader may stay: each rank then evaluates every batch, which is right), and wrap the "
-               "model with ddpkit.prepare_model(...) where it is built")
+               "every batch", f"convert them together (ddpkit convert --imports SCRIPT, or a folder), or {fix}, "
+               "and wrap the model with ddpkit.prepare_model(...) where it is built")
     return True
 
 
