@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import libcst as cst
@@ -30,6 +31,7 @@ from ddpkit.commands.convert import (
     crossing,
     device,
     handed,
+    handmade,
     inits,
     listed,
     loaders,
@@ -91,12 +93,14 @@ def plan(source: str, per_process_batch: bool = False, crossing: Crossing | None
     """Scan ``source`` (raises :class:`libcst.ParserSyntaxError` on a file that is not Python) and decide;
     ``per_process_batch``: a training loader's ``batch_size`` stays per process (else it is the global batch);
     ``crossing``: in a project, what other modules need of this one and did for it (:mod:`.crossing`)."""
-    wrapper = parse(source)
+    single = handmade.single_device(source)  # a --local_rank script: its single-device path, converted
+    scanned = single if single is not None else source
+    wrapper = parse(scanned)
     facts = scan(wrapper)
     facts.own = crossing.own if crossing is not None else frozenset()
     work = _Work(facts, per_process_batch, crossing)
     work.decide()
-    text = source
+    text = scanned
     if work.edits and not any(left.blocks for left in work.left):
         anchor = _import_place(wrapper, work) if "ddpkit" not in facts.aliases else None  # (``import ddpkit as
         # dk`` too: the edits say ``ddpkit.``)
@@ -107,8 +111,29 @@ def plan(source: str, per_process_batch: bool = False, crossing: Crossing | None
                    "does not handle)", "wrap the model yourself where it is built: model = ddpkit.prepare_model("
                    "model), then convert again", blocks=True)
         text = source
+    if single is not None:
+        _undone(work, source, single)
+        text = source if any(left.blocks for left in work.left) else text
     return Plan(source, sorted(work.log, key=lambda e: e.line), sorted(work.left, key=lambda e: e.line), text,
                 sorted(work.kept, key=lambda e: e.line), work.asks, work.done, work.trains)
+
+
+def _undone(work: _Work, source: str, single: str) -> None:
+    """The lines said of the single-device version, said of the script's own lines; and that version said."""
+    lines = handmade.line_map(source, single)
+
+    def moved(line: int) -> int:
+        return lines[line] if 0 < line < len(lines) else line
+
+    work.log = [dataclasses.replace(e, line=moved(e.line)) for e in work.log]
+    work.left = [dataclasses.replace(x, line=moved(x.line)) for x in work.left]
+    work.kept = [dataclasses.replace(e, line=moved(e.line)) for e in work.kept]
+    first = next((n for n, text in enumerate(source.splitlines(), 1) if "local_rank" in text and
+                  re.search(r"\b(if|elif|else)\b", text)), 1)
+    work.note("the hand-written distribution taken out: each test of local_rank decided for -1",
+              "run without a launcher (local_rank -1) the script is a single-device one: that path is kept and "
+              "converted (DistributedSampler, DistributedDataParallel and init_process_group went with the other "
+              "branches); ddpkit launch passes no --local_rank", first)
 
 
 def _import_place(wrapper: MetadataWrapper, work: _Work) -> cst.CSTNode | None:
