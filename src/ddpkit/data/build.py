@@ -17,13 +17,14 @@ sees the same global batches as N processes with batch ``B`` each.
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils.data import IterableDataset
+from torch.utils.data import DataLoader, IterableDataset
 
 from ddpkit.core import process
 from ddpkit.core.environment import usable_cores
@@ -47,7 +48,8 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
                 micro_batch_size: int | None = None, accumulation_steps: int | None = None,
                 train: bool = True, shuffle: bool | None = None, uneven: Uneven | None = None, seed: int = 0,
                 shuffle_buffer: int = 1000, count: Callable[[Any], Any] | None = None,
-                batch_count: Callable[[Any], Any] | None = None, **loader_kwargs: Any) -> Any:
+                batch_count: Callable[[Any], Any] | None = None, loader_class: type | None = None,
+                **loader_kwargs: Any) -> Any:
     """Build a loader over this rank's shard of ``dataset``.
 
     ``batch_size`` is **per process** in DDP (global batch = batch_size x world size) and **global** in
@@ -84,6 +86,10 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     process's step over the same samples at any world size (docs/global-batch.md, "Token-weighted losses").
     ``batch_count=fn``: the same for a plain loop (``for batch in loader: loss.backward()``), in ddp: each rank's
     gradient is weighed by its share of the batch's count over all ranks (:mod:`ddpkit.data.weighted`).
+
+    ``loader_class=cls``: a DataLoader subclass that brings only its own collate (PyG's
+    ``torch_geometric.loader.DataLoader``): ``cls(dataset, **kwargs)`` is made once and its ``collate_fn`` batches
+    this loader's samples; the arguments only ``cls`` takes (``follow_batch=``) go to it alone.
     """
     state, tools = runtime.ensure_init(), runtime.tools()
     if train:  # sharded training batches need a prepared model by the first optimizer step
@@ -91,6 +97,8 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     if train and not isinstance(dataset, IterableDataset):  # shards of different datasets train on neither
         same.check(dataset, state.device)
         dataset = tools.dataset(dataset)  # (verify: each sample's augmentation alike in both runs)
+    if loader_class is not None:
+        loader_kwargs = _adopted(loader_class, dataset, loader_kwargs)
     weights = None if batch_count is None else _weights(batch_count, state, train, uneven, dataset, count,
                                                         micro_batch_size, accumulation_steps)
     if micro_batch_size is not None or accumulation_steps is not None or count is not None:
@@ -173,6 +181,20 @@ def _step_loader(dataset: Any, global_batch: int | None, micro: int | None, accu
               f"{loader.micro_steps} micro-step{'s' if loader.micro_steps != 1 else ''} of <= {largest} per "
               f"process (gradients synced once per step), {len(loader)} steps/epoch")
     return loader
+
+
+def _adopted(cls: Any, dataset: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The DataLoader arguments with ``cls``'s collate: one ``cls`` made over ``dataset`` with the script's
+    arguments gives it. A class with an iteration of its own would order the batches itself: refused."""
+    if not (isinstance(cls, type) and issubclass(cls, DataLoader)):
+        raise ValueError(f"loader_class={cls!r}: expected a subclass of torch.utils.data.DataLoader "
+                         "(torch_geometric.loader.DataLoader); pass the class itself, not a loader")
+    if cls.__iter__ is not DataLoader.__iter__ or cls.__len__ is not DataLoader.__len__:
+        raise ValueError(f"loader_class={cls.__name__}: it iterates in its own way, which ddpkit cannot shard; "
+                         "build a ddpkit.data_loader(dataset, ..., collate_fn=...) with its collate instead")
+    accepted = inspect.signature(DataLoader.__init__).parameters
+    made = cls(dataset, **kwargs)
+    return {**{k: v for k, v in kwargs.items() if k in accepted}, "collate_fn": made.collate_fn}
 
 
 def _weights(fn: Any, state: State, train: bool, uneven: str | None, dataset: Any, *steps: Any) -> BatchWeights:

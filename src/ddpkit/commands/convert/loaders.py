@@ -324,6 +324,8 @@ def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
         how = "training: each rank takes its own shard, in order (shuffle=False: torch's default, kept)"
     elif role == "train" and starred and not {"shuffle", "sampler"} & set(kwargs):
         how += " (unless the ** arguments say shuffle=False; a torch DataLoader did not shuffle by default)"
+    if call.loader_class is not None:  # PyG's: its collate kept
+        keywords["loader_class"] = call.loader_class
     work.edits.expr[id(call.node)] = lambda node: (rename or _same)(loader_call(node, keywords))
     if role == "train":
         work.sharded.add(id(call.node))

@@ -73,6 +73,13 @@ class Call:
     loops: list[Loop]
     tests: list[str]  # the code of every enclosing ``if`` test, outermost first
     no_grad: bool
+    loader_class: str | None = None  # a library's DataLoader subclass (PyG's): its name in the script
+
+
+# DataLoader subclasses of libraries that only bring their own collate: a DataLoader, built with that class's
+# collate (``ddpkit.data_loader(..., loader_class=DataLoader)``)
+LIBRARY_LOADERS = ("torch_geometric.loader.DataLoader", "torch_geometric.data.DataLoader",
+                   "torch_geometric.loader.dataloader.DataLoader")
 
 
 @dataclasses.dataclass(eq=False)
@@ -455,8 +462,10 @@ class _Scanner(cst.CSTVisitor):
         func = node.func
         last = func.attr.value if isinstance(func, cst.Attribute) else func.value if isinstance(func, cst.Name) \
             else ""
-        call = Call(node, resolve(dotted(func), self.facts.aliases), last, self.scopes[-1], self.line(node),
-                    self.stmt, list(self.loops), list(self.tests), self.no_grad > 0)
+        name = resolve(dotted(func), self.facts.aliases)
+        library = self.facts.code(func) if name in LIBRARY_LOADERS else None
+        call = Call(node, "torch.utils.data.DataLoader" if library else name, last, self.scopes[-1], self.line(node),
+                    self.stmt, list(self.loops), list(self.tests), self.no_grad > 0, library)
         self.facts.calls.append(call)
         for loop in self.loops:
             loop.calls.append(call)
