@@ -78,6 +78,10 @@ def test_a_local_rank_script_converts_from_its_single_device_path_with_its_own_l
     "import torch\nif args.local_rank == -1:\n    x = 1\ntorch.distributed.barrier()\n",  # live: not the idiom
     "import torch.distributed as dist\nif args.local_rank in 0:\n    dist.barrier()\n",  # not a test it can decide
     "import torch\nif args.rank == -1:\n    torch.distributed.barrier()\n",  # no local_rank
+    "import torch\np.add_argument('--local_rank', type=int, default=0)\nif args.local_rank != -1:\n"
+    "    torch.distributed.barrier()\n",  # its own run is distributed: no single-device path to take
+    "import torch\np.add_argument('--local-rank', type=int)\nif args.local_rank != -1:\n"
+    "    torch.distributed.barrier()\n",
 ])
 def test_a_script_whose_distribution_is_not_all_under_local_rank_is_left_to_the_refusal(source):
     assert single_device(source) is None

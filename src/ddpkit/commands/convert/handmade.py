@@ -48,11 +48,36 @@ def single_device(source: str) -> str | None:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError:
         return None
+    if not _minus_one_by_default(module):
+        return None
     folder = _Fold()
     text = module.visit(folder).code
     if not folder.decided or _DISTRIBUTED.search(_code_only(text)):
         return None
     return text
+
+
+def _minus_one_by_default(module: cst.Module) -> bool:
+    """Every ``add_argument("--local_rank", ...)`` of the script defaults to -1 (another default, or none, and the
+    script's own run without a launcher is not the single-device path)."""
+    found = _Arguments()
+    module.visit(found)
+    return all(value == -1 for value in found.defaults)
+
+
+class _Arguments(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.defaults: list[Any] = []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if not (isinstance(node.func, cst.Attribute) and node.func.attr.value == "add_argument"):
+            return
+        names = [a.value.value for a in node.args if a.keyword is None and isinstance(a.value, cst.SimpleString)]
+        if any(n.strip("'\"").lstrip("-").replace("-", "_") == "local_rank" for n in names):
+            default = next((a.value for a in node.args if a.keyword is not None and a.keyword.value == "default"),
+                           None)
+            self.defaults.append(_number(default) if default is not None else None)
 
 
 def line_map(source: str, single: str) -> list[int]:
