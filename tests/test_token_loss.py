@@ -190,7 +190,7 @@ def test_numpy_counts_are_numbers_and_a_stream_with_count_is_refused_with_a_work
 def plain_loop(tmp_path_factory):
     out = tmp_path_factory.mktemp("batch_count")
     ok(run_cmd([sys.executable, str(WORKERS / "batch_count.py"), str(out), "counted"]))
-    for world, case in ((2, "counted"), (3, "counted"), (2, "plain")):
+    for world, case in ((2, "counted"), (3, "counted"), (2, "plain"), (2, "rewrap")):
         ok(launch(WORKERS / "batch_count.py", out, case, nproc=world))
     return {name.stem: torch.load(name) for name in out.glob("w*.pt")}
 
@@ -203,6 +203,7 @@ def test_batch_count_weighs_a_plain_loops_gradients_as_one_process_takes_the_tok
     assert _largest_difference(one, plain_loop["w2_counted"]) <= 1e-6
     assert _largest_difference(one, plain_loop["w3_counted"]) <= 1e-6
     assert _largest_difference(one, plain_loop["w2_plain"]) > 1e-2  # the loss the line above corrects
+    assert _largest_difference(one, plain_loop["w2_rewrap"]) <= 1e-6  # review: prepared twice, weighed twice
 
 
 @pytest.mark.parametrize("kwargs, said", [

@@ -1,5 +1,5 @@
 """A plain loop over a token-mean loss (labels -100 on prompts and on a tail whose length differs by sample),
-``batch_count=`` or not: ``batch_count.py OUT counted|plain`` saves the weights as ``OUT/w{world}_{case}.pt``.
+``batch_count=`` or not: ``batch_count.py OUT counted|plain|rewrap`` saves the weights as ``OUT/w{world}_{case}.pt``.
 The model is built the way a script builds it: seeded once before ``init()``, nothing reseeded after."""
 import sys
 
@@ -21,8 +21,10 @@ model = ddpkit.prepare_model(nn.Sequential(nn.Embedding(50, 16), nn.Linear(16, 5
 opt = torch.optim.SGD(model.parameters(), lr=0.5)
 case = sys.argv[2]
 loader = ddpkit.data_loader(data, global_batch_size=12, shuffle=True,
-                            batch_count=(lambda b: (b["labels"] != -100).sum()) if case == "counted" else None)
-for _epoch in range(2):
+                            batch_count=(lambda b: (b["labels"] != -100).sum()) if case != "plain" else None)
+for epoch in range(2):
+    if case == "rewrap" and epoch == 1:  # prepared again (a second stage): its parameters weighed once, not twice
+        model = ddpkit.prepare_model(ddpkit.unwrap(model))
     for batch in loader:
         logits = model(batch["input_ids"])
         loss = nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)

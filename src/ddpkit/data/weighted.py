@@ -42,7 +42,9 @@ __all__ = ["BatchWeights"]
 # the scale of the batch handed out last (None: no counted batch is open); one per process, as the backward
 # that reads it is
 _SCALE: list[float | None] = [None]
-_HOOKED: weakref.WeakSet[Any] = weakref.WeakSet()  # the DDP models whose parameters carry the hook
+# the parameters that carry the hook, by id (a tensor compares by value: no set of them), each once however many
+# wrappers a module was prepared in
+_HOOKED: dict[int, weakref.ref[torch.Tensor]] = {}
 
 
 class BatchWeights:
@@ -78,14 +80,17 @@ class BatchWeights:
 
 
 def _hook_models() -> None:
-    """Each prepared DDP model's trainable parameters get the hook once."""
-    for model in list(ddp_wrapper.live_models()):
-        if model in _HOOKED:
-            continue
-        _HOOKED.add(model)
+    """Each trainable parameter of the prepared DDP models gets the hook once; looked over at every batch, so that
+    a model prepared later and a layer unfrozen later (gradual unfreezing) get it too."""
+    for model in ddp_wrapper.live_models():
         for param in model.module.parameters():
-            if param.requires_grad:
-                param.register_hook(_scaled)
+            if not param.requires_grad:
+                continue
+            held = _HOOKED.get(id(param))
+            if held is not None and held() is param:
+                continue
+            _HOOKED[id(param)] = weakref.ref(param)
+            param.register_hook(_scaled)
 
 
 def _scaled(grad: torch.Tensor) -> torch.Tensor | None:

@@ -260,8 +260,10 @@ def bypassed(replicas: Replicas, optimizer: Any) -> str | None:
     if replicas.forwards is None or replicas.forwards():
         return None
     names = {id(p): n for n, p in replicas.module.named_parameters()}
+    # zeros are no gradient: torch.distributed.checkpoint steps a fresh optimizer over zero gradients to make its
+    # state before a load (a resume); a read of each, once, at the first step only
     graded = [names[id(p)] for g in optimizer.param_groups for p in g["params"]
-              if id(p) in names and p.grad is not None]
+              if id(p) in names and p.grad is not None and bool(p.grad.any())]
     if not graded:
         return None
     return (f"the first optimizer step has gradients in '{graded[0]}' ({len(graded)} tensor(s)) but the prepared "
