@@ -32,7 +32,7 @@ def test_a_mean_over_tokens_is_listed_with_count_and_a_literal_ignore_index_alon
     assert _listed(slot, "a mean over the tokens it does not ignore")
     padded = HEAD + "labels = torch.full((8, 4), -100)\nfor x, y in loader:\n    out = model(x, labels=y)\n" \
         "    opt.zero_grad()\n    out.loss.backward()\n    opt.step()\n"
-    assert "batch_count=lambda batch: (batch[1] != -100).sum()" in plan(padded).text  # (told since: below)
+    assert _listed(padded, "a mean over the tokens it does not ignore")  # (no head named: what it counts unknown)
     mingpt = HEAD + "for x, y in loader:\n    loss = nn.functional.cross_entropy(model(x), y, ignore_index=-1)\n" \
         "    opt.zero_grad()\n    loss.backward()\n    opt.step()\n"  # (no label is ever -1 in chargpt)
     assert not _listed(mingpt, "a mean over the tokens")
@@ -244,10 +244,12 @@ def test_a_token_mean_over_labels_the_loop_names_tells_the_loader_what_to_count(
     model's module with an ``ignore_index`` from a setting stays listed, with the batch_count fix."""
     loop = "for i, (ids, labels) in enumerate(loader):\n    out = model.forward(ids, labels=labels)\n" \
         "    opt.zero_grad()\n    out.loss.backward()\n    opt.step()\nlabels[labels == 0] = -100\n"
-    chitchat = plan(HEAD + loop)
-    assert "shuffle=True, batch_count=lambda batch: (batch[1] != -100).sum())" in chitchat.text, chitchat.text
+    chitchat = plan(HEAD + "from transformers import GPT2LMHeadModel\n" + loop)  # (a causal LM drops 1 a sample)
+    assert "shuffle=True, batch_count=lambda batch: (batch[1][..., 1:] != -100).sum())" in chitchat.text, \
+        chitchat.text
     assert not [x for x in chitchat.left if "tokens" in x.what]
     hf = HEAD.replace("TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))", "[{'labels': -100}] * 8") + \
+        "head = AutoModelForTokenClassification\n" + \
         "for batch in loader:\n    batch = {k: v.to('cpu') for k, v in batch.items()}\n    out = model(**batch)\n" \
         "    out.loss.backward()\n    opt.step()\n"
     assert 'batch_count=lambda batch: (batch["labels"] != -100).sum()' in plan(hf).text
@@ -260,3 +262,31 @@ def test_a_token_mean_over_labels_the_loop_names_tells_the_loader_what_to_count(
         "for x, y in loader:\n    loss = model(x, y)\n    opt.zero_grad()\n    loss.backward()\n    opt.step()\n"
     said = [x.fix for x in plan(inside).left if "a mean over the tokens" in x.what]
     assert said and "batch_count=lambda batch:" in said[0] and "batch_count" not in plan(inside).text
+
+
+def test_review_token_counts_that_would_be_wrong_are_listed_not_written():
+    """Review: labels masked in the loop were counted raw; a sample-mean loss added to the token mean was weighed
+    by tokens; a batch rebound to a dict of another shape crashed the count; a second training loop was passed
+    over; an evaluation's loss above the training loop was listed in its place."""
+    def loop(body, head=HEAD):
+        return head + "for ids, labels in loader:\n" + body + "    opt.zero_grad()\n    loss.backward()\n" \
+            "    opt.step()\n"
+
+    ce = "    loss = nn.functional.cross_entropy(model(ids), labels, ignore_index=-100)\n"
+    masked = plan(loop("    labels = labels.clone()\n    labels[labels == 0] = -100\n" + ce))
+    assert "batch_count" not in masked.text and [x for x in masked.left if "tokens" in x.what]
+    mixed = plan(loop(ce.replace("loss =", "slot =") + "    loss = slot + nn.functional.mse_loss(model(ids), ids)\n"))
+    assert "batch_count" not in mixed.text and [x for x in mixed.left if "tokens" in x.what]
+    rebound = plan(HEAD + "head = AutoModelForCausalLM\nfor batch in loader:\n"
+                   "    batch = dict(zip(['input_ids', 'labels'], batch))\n    loss = model(**batch).loss\n"
+                   "    loss.backward()\n    opt.step()\nx = -100\n")
+    assert "batch_count" not in rebound.text and [x for x in rebound.left if "tokens" in x.what]
+    two = plan(loop(ce) + "loader2 = DataLoader(dataset, batch_size=8, shuffle=True)\nfor a, b in loader2:\n"
+               "    loss = nn.functional.cross_entropy(model(a), b, ignore_index=-100)\n    loss.backward()\n"
+               "    opt.step()\n")
+    assert two.text.count("batch_count=lambda batch: (batch[1] != -100).sum()") == 2, two.text
+    evaluated = HEAD + "def evaluate():\n    with torch.no_grad():\n        for a, b in loader:\n" \
+        "            e = nn.functional.cross_entropy(model(a), b, ignore_index=-100)\n" + \
+        loop(ce, head="").replace("for ids", "for ids", 1)
+    done = plan(evaluated)
+    assert "batch_count=lambda batch: (batch[1] != -100).sum()" in done.text and not done.left, done.left

@@ -35,39 +35,98 @@ _WRAPS = ("enumerate", "tqdm", "progress", "ddpkit.progress")
 
 
 def token_mean_loss(work: _Work) -> None:
-    """The first token-mean loss of a training loop: its loader told what to count, or the line listed."""
+    """Each token-mean loss of a training loop: its loader told what to count, or the line listed (once a loop).
+    An evaluation's loss is not what trains: passed over; one outside any loop (a criterion built in a model's
+    ``__init__``) is listed."""
     if any(a.keyword is not None and a.keyword.value in ("count", "batch_count") for c in work.facts.calls
            if c.name == "ddpkit.data_loader" for a in c.node.args):
         return
-    padded = re.search(r"-100\b(?!\s*:)", work.facts.module.code) is not None  # (not ``losses[-100:]``)
-    for call in work.facts.calls:
+    code = work.facts.module.code
+    padded = re.search(r"-100\b(?!\s*:)", code) is not None  # (not ``losses[-100:]``)
+    said: set[int] = set()  # the loops (0: none) already counted or listed
+    for call in sorted(work.facts.calls, key=lambda c: not _trained(work, c)):  # training loops first
         keywords = {a.keyword.value: a.value for a in call.node.args if a.keyword is not None}
         ignored = keywords.get("ignore_index")
         # an ignore_index read from a setting (a pad id) pads; a literal one (minGPT's -1) may mark nothing
         named = ignored is not None and not isinstance(ignored, (cst.Integer, cst.UnaryOperation))
-        trained = any(flow.trains(work.facts, loop) for loop in call.loops)
+        trained = _trained(work, call)
+        if call.loops and not trained:  # an evaluation's loss
+            continue
+        labels: Any = None
         if call.last in TOKEN_LOSSES and (named or padded):
             labels = _target(call) if trained and not named else None
             value = work.facts.code(ignored) if ignored is not None else "-100"
         elif "labels" in keywords and padded and trained:
             labels, value = keywords["labels"], "-100"
-        elif _whole_batch(call) and padded and trained and '"labels"' in work.facts.module.code.replace("'", '"'):
-            # ``model(**batch)`` of a Hugging Face loop: the batch's "labels"
-            labels, value = cst.parse_expression(f'{_whole_batch(call)}["labels"]'), "-100"
+        elif _starred_batch(call) and padded and trained and '"labels"' in code.replace("'", '"'):
+            # ``model(**batch)`` of a Hugging Face loop: the batch's "labels" (listed where it was rebound)
+            whole = _whole_batch(work, call)
+            labels, value = cst.parse_expression(f'{whole}["labels"]') if whole else None, "-100"
         else:
             continue
-        if not (labels is not None and _counted(work, call, labels, value)):
+        loop = id(call.loops[-1]) if call.loops else 0
+        if loop in said:
+            continue
+        said.add(loop)
+        shift = _shift(code) if call.last not in TOKEN_LOSSES else ""
+        if labels is None or shift is None or not _counted(work, call, labels, value, shift):
             _listed(work, call)
-        return
 
 
-def _whole_batch(call: Call) -> str | None:
-    """The name handed as ``**name`` where that is the loop's whole batch (``for batch in loader``)."""
+def _trained(work: _Work, call: Call) -> bool:
+    return any(flow.trains(work.facts, loop) for loop in call.loops)
+
+
+# Hugging Face heads whose loss compares each label with the prediction one place before it (``labels[..., 1:]``)
+_SHIFTED = ("CausalLM", "LMHeadModel")
+_IN_PLACE = ("ForTokenClassification", "ForMaskedLM", "ForConditionalGeneration", "ForSeq2SeqLM", "ForQuestion")
+
+
+def _shift(code: str) -> str | None:
+    """What a Hugging Face model's ``labels=`` loss counts of its labels: ``[..., 1:]`` for a causal language model
+    (it drops the first of each sample), all of them for a token-level head; None where the script names
+    neither, or both (listed: a count off by one a sample weighs ranks wrongly)."""
+    shifted, kept = any(w in code for w in _SHIFTED), any(w in code for w in _IN_PLACE)
+    return None if shifted == kept else "[..., 1:]" if shifted else ""
+
+
+def _starred_batch(call: Call) -> str | None:
+    """The name handed as ``**name`` where that is the name of the loop's whole batch (``for batch in loader``)."""
     starred = [dotted(a.value) for a in call.node.args if a.star == "**"]
     if len(starred) != 1 or not call.loops or not isinstance(call.loops[-1].node, cst.For):
         return None
     target = _unwrapped(call.loops[-1].node)
     return starred[0] if isinstance(target, cst.Name) and target.value == starred[0] else None
+
+
+def _whole_batch(work: _Work, call: Call) -> str | None:
+    """:func:`_starred_batch`, still the batch there, or a dict made from its items (``{k: v.to(device) for k, v
+    in batch.items()}``)."""
+    name = _starred_batch(call)
+    return None if name is None or _rebound(work, call, name) else name
+
+
+def _rebound(work: _Work, call: Call, name: str) -> bool:
+    """``name`` is bound again in the loop, above ``call``, to something else than its own items."""
+    loop = call.loops[-1]
+    for b in work.facts.bindings:
+        if b.target != name or b.scope is not call.scope or not loop.line < b.line <= call.line:
+            continue
+        value = b.value
+        own = isinstance(value, cst.DictComp) and any(
+            isinstance(f.iter, cst.Call) and dotted(f.iter.func) == f"{name}.items" for f in _fors(value))
+        if not own:
+            return True
+    return False
+
+
+def _fors(comp: cst.DictComp) -> list[cst.CompFor]:
+    found: list[cst.CompFor] = []
+    node: cst.CompFor | None = comp.for_in
+    while node is not None:
+        found.append(node)
+        node = node.inner_for_in
+    return found
 
 
 def _target(call: Call) -> cst.BaseExpression | None:
@@ -76,14 +135,17 @@ def _target(call: Call) -> cst.BaseExpression | None:
     return named.get("target", positional[1] if len(positional) > 1 else None)
 
 
-def _counted(work: _Work, call: Call, labels: cst.BaseExpression, value: str) -> bool:
-    """Tell the one training loader the call's loop reads what to count; False where that cannot be said."""
+def _counted(work: _Work, call: Call, labels: cst.BaseExpression, value: str, shift: str) -> bool:
+    """Tell the one training loader the call's loop reads what to count; False where that cannot be said: another
+    loss beside it (a sample mean weighed by tokens would be wrong), labels masked in the loop, no one loader."""
     loop = call.loops[-1]
+    if sum(_a_loss(c) for c in loop.calls) > 1:
+        return False
     loaders = [c for c in work.facts.calls if id(c.node) in work.sharded and _reads(work, loop, c)]
     part = _labels_part(work, call, loop, labels)
     if len(loaders) != 1 or part is None or not isinstance(loop.node, cst.For):
         return False
-    count = f"lambda batch: ({part} != {value}).sum()"
+    count = f"lambda batch: ({part}{shift} != {value}).sum()"
     loader = loaders[0]
     rewrite = work.edits.expr[id(loader.node)]
     work.edits.expr[id(loader.node)] = lambda node: add_keyword(rewrite(node), "batch_count", count)
@@ -91,6 +153,14 @@ def _counted(work: _Work, call: Call, labels: cst.BaseExpression, value: str) ->
               f"{value}: each rank's gradient is weighed by its share of the batch's tokens over all ranks, as one "
               "process's mean over the global batch", loader.line)
     return True
+
+
+def _a_loss(call: Call) -> bool:
+    """A call that makes a loss: torch's (``cross_entropy``, ``nn.MSELoss()(...)``), a criterion, a model called
+    with ``labels=``."""
+    last = call.last.lower()
+    return call.last in TOKEN_LOSSES or last.endswith("loss") or last == "criterion" or \
+        any(a.keyword is not None and a.keyword.value == "labels" for a in call.node.args)
 
 
 def _reads(work: _Work, loop: Loop, loader: Call) -> bool:
@@ -101,23 +171,25 @@ def _reads(work: _Work, loop: Loop, loader: Call) -> bool:
 
 def _labels_part(work: _Work, call: Call, loop: Loop, labels: cst.BaseExpression) -> str | None:
     """``batch[k]`` / ``batch["labels"]``: the part of the loader's batch that ``labels`` is, through the methods
-    that keep its tokens (``.view(-1)``, ``.to(device)``) and one binding in the loop (``y = batch[1].cuda()``)."""
-    for _ in range(3):
+    that keep its tokens (``.view(-1)``, ``.to(device)``) and the bindings in the loop (``y = batch[1].cuda()``);
+    None for labels changed in place in the loop (``labels[labels == pad] = -100``: the batch's are not those)."""
+    body = work.facts.code(loop.node)
+    for _ in range(4):
         while isinstance(labels, cst.Call) and isinstance(labels.func, cst.Attribute) and \
                 labels.func.attr.value in _KEEPS:
             labels = labels.func.value
-        name = dotted(labels)
         if isinstance(labels, cst.Subscript):
-            return _subscript(labels, loop)
-        if name is None:
+            name = dotted(labels.value)
+            return None if name is None or _rebound(work, call, name) else _subscript(labels, loop)
+        name = dotted(labels)
+        if name is None or re.search(rf"\b{re.escape(name)}\s*\[[^\]]*\]\s*=(?!=)|\b{re.escape(name)}\."
+                                     r"(masked_fill_|fill_|copy_|index_fill_|scatter_)\(", body):
             return None
-        found = _part(loop.node, name) if isinstance(loop.node, cst.For) else None
-        if found is not None:
-            return found
         bound = flow.binding_of(work.facts, name, call.scope, call.line)
-        if bound is None or bound.value is None or bound.line < loop.line:
-            return None
-        labels = bound.value
+        if bound is not None and bound.value is not None and bound.line > loop.line:
+            labels = bound.value  # bound in the loop, after the batch: followed
+            continue
+        return _part(loop.node, name) if isinstance(loop.node, cst.For) else None
     return None
 
 
