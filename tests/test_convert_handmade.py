@@ -101,3 +101,24 @@ def test_the_converted_local_rank_script_verifies(tmp_path):
     verify = run_cmd([sys.executable, "-m", "ddpkit", "verify", "--nproc", "2", "--steps", "4", str(script)],
                      timeout=300, cwd=tmp_path)
     assert verify.returncode == 0 and "PASS: 2 processes" in verify.stdout, verify.stdout + verify.stderr[-2000:]
+
+
+def test_review_lines_in_the_texts_and_a_decided_expression_are_the_scripts_own_and_a_dist_variable_is_no_call():
+    """Review: the loader line, rewritten by a decided conditional expression, was said one line above; "the
+    optimizer at line N" kept the single-device version's N; a variable named ``dist`` refused the script."""
+    source = GLUE.replace("model.to(device)\n", "").replace("loader = DataLoader(ds, sampler=train_sampler, "
+                                                            "batch_size=args.train_batch_size)\n", "")
+    source = source.replace("train_sampler = RandomSampler(ds) if args.local_rank == -1 else DistributedSampler(ds)",
+                            "loader = DataLoader(ds, batch_size=8, sampler=RandomSampler(ds) if args.local_rank == -1 "
+                            "else DistributedSampler(ds))")
+    lines = source.splitlines()
+    loader = next(n for n, line in enumerate(lines, 1) if line.startswith("loader = "))
+    optimizer = next(n for n, line in enumerate(lines, 1) if line.startswith("opt = "))
+    done = plan(source)
+    assert any(e.line == loader and e.what.startswith("DataLoader -> ddpkit.data_loader") for e in done.edits), \
+        [(e.line, e.what) for e in done.edits]
+    prepared = next(e for e in done.edits if "prepare_model" in e.what)
+    assert f"the optimizer at line {optimizer} trains" in prepared.why, (optimizer, prepared.why)
+    cdist = GLUE.replace("model.zero_grad()\n", "model.zero_grad()\n        dist = torch.cdist(batch[0], batch[0])\n"
+                         "        dist.mean()\n")
+    assert not plan(cdist).refused

@@ -31,8 +31,9 @@ from ddpkit.commands.convert.scan import dotted
 __all__ = ["single_device", "line_map"]
 
 # what only a hand-distributed script calls: left in the live code, the script is not this idiom (refused as ever)
-_DISTRIBUTED = re.compile(r"init_process_group|DistributedDataParallel|DistributedSampler|torch\.distributed\.|"
-                          r"\bdist\.")
+_DISTRIBUTED = re.compile(r"init_process_group|DistributedDataParallel|DistributedSampler|torch\.distributed\.")
+# ``dist.`` is torch.distributed only where the script imports it so (a ``dist = torch.cdist(...)`` is no call)
+_ALIASED = re.compile(r"import\s+torch\.distributed\s+as\s+dist\b|from\s+torch\s+import\s+distributed\s+as\s+dist\b")
 _OPS: dict[type, Callable[[Any, Any], bool]] = {
     cst.Equal: operator.eq, cst.NotEqual: operator.ne, cst.LessThan: operator.lt, cst.GreaterThan: operator.gt,
     cst.LessThanEqual: operator.le, cst.GreaterThanEqual: operator.ge, cst.In: lambda a, b: a in b,
@@ -52,7 +53,8 @@ def single_device(source: str) -> str | None:
         return None
     folder = _Fold()
     text = module.visit(folder).code
-    if not folder.decided or _DISTRIBUTED.search(_code_only(text)):
+    live = _code_only(text)
+    if not folder.decided or _DISTRIBUTED.search(live) or _ALIASED.search(source) and re.search(r"\bdist\.", live):
         return None
     return text
 
@@ -86,9 +88,10 @@ def line_map(source: str, single: str) -> list[int]:
     old = [line.strip() for line in source.splitlines()]
     new = [line.strip() for line in single.splitlines()]
     mapped = [0] * (len(new) + 1)
-    for block in difflib.SequenceMatcher(None, old, new, autojunk=False).get_matching_blocks():
-        for k in range(block.size):
-            mapped[block.b + k + 1] = block.a + k + 1
+    for tag, a1, a2, b1, b2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+        if tag in ("equal", "replace"):  # a line rewritten in place (a conditional expression decided) is its own
+            for k in range(min(a2 - a1, b2 - b1)):
+                mapped[b1 + k + 1] = a1 + k + 1
     for j in range(1, len(mapped)):
         mapped[j] = mapped[j] or mapped[j - 1] or 1
     return mapped

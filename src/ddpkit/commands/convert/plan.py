@@ -125,9 +125,12 @@ def _undone(work: _Work, source: str, single: str) -> None:
     def moved(line: int) -> int:
         return lines[line] if 0 < line < len(lines) else line
 
-    work.log = [dataclasses.replace(e, line=moved(e.line)) for e in work.log]
-    work.left = [dataclasses.replace(x, line=moved(x.line)) for x in work.left]
-    work.kept = [dataclasses.replace(e, line=moved(e.line)) for e in work.kept]
+    def said(text: str) -> str:  # "the optimizer at line 15": the script's own line
+        return re.sub(r"\bline (\d+)", lambda found: f"line {moved(int(found.group(1)))}", text)
+
+    work.log = [dataclasses.replace(e, line=moved(e.line), what=said(e.what), why=said(e.why)) for e in work.log]
+    work.left = [dataclasses.replace(x, line=moved(x.line), what=said(x.what), fix=said(x.fix)) for x in work.left]
+    work.kept = [dataclasses.replace(e, line=moved(e.line), what=said(e.what), why=said(e.why)) for e in work.kept]
     first = next((n for n, text in enumerate(source.splitlines(), 1) if "local_rank" in text and
                   re.search(r"\b(if|elif|else)\b", text)), 1)
     work.note("the hand-written distribution taken out: each test of local_rank decided for -1",
