@@ -74,6 +74,8 @@ def writes(work: _Work) -> None:
                        "writes it", "move the writing into a block of its own under `if state.is_main:`")
             continue
         work.edits.guard[id(block)] = main_test(work, call.scope)
+        for save in [c for c in work.facts.calls if c.stmt is not None and _saved_into(c, block)]:
+            work.edits.guard.pop(id(save.stmt), None)  # (guarded with its block: one test, not two)
         work.note("open(..., 'w') guarded: rank 0 writes the file", WHY, call.line)
         _read_back(work, call, block)
 
@@ -158,7 +160,7 @@ def _only_writes(work: _Work, block: cst.With, start: int) -> bool:
     block.body.visit(Nodes())
     if m.findall(block.body, m.Break() | m.Continue() | m.Return() | m.Yield()):  # rank 0 alone would leave
         return False
-    calls = [c for c in work.facts.calls if id(c.node) in inside]
+    calls = [c for c in work.facts.calls if id(c.node) in inside and not _saved_into(c, block)]
     if any((c.name or "").startswith(("ddpkit.", "torch.distributed", "torch.save")) or c.last in
            ("barrier", "all_reduce", "reduce", "all_gather", "broadcast", "backward", "step") for c in calls):
         return False
@@ -168,6 +170,13 @@ def _only_writes(work: _Work, block: cst.With, start: int) -> bool:
     bound = {b.target for b in work.facts.bindings if b.stmt is not None and id(b.stmt) in inside}
     return not any(name in bound and id(node) not in inside and line > start
                    for name, _, line, node in work.facts.reads)
+
+
+def _saved_into(call: Call, block: cst.With) -> bool:
+    """``torch.save(obj, f)`` into the file the ``with`` opened (``with open(p, 'wb') as f:``): writing it."""
+    names = {dotted(i.asname.name) for i in block.items if i.asname is not None}
+    args = [a for a in call.node.args if a.keyword is None or a.keyword.value == "f"]
+    return call.name == "torch.save" and len(args) > 1 and dotted(args[1].value) in names
 
 
 def _iterated(loop: Any) -> set[str]:
