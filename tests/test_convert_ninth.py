@@ -28,3 +28,15 @@ def test_a_checkpoint_saved_into_a_file_the_with_opened_guards_the_whole_block()
     assert "    if ddpkit.init().is_main:\n        with open('model_{}.pt'.format(epoch), 'wb') as f:\n" \
            "            torch.save(model.state_dict(), f)\n" in done.text, done.text
     assert not done.left
+
+
+def test_a_loader_drawn_from_once_before_the_loops_stays_plain():
+    """pytorch-vqvae: ``fixed_images, _ = next(iter(test_loader))`` (a shuffled loader, the images shown every
+    epoch) became a sharded training loader, its batch halved, with nothing said."""
+    source = TRAIN.replace("model = torch.nn.Linear", "shown = DataLoader(TensorDataset(torch.randn(16, 4)), "
+                           "batch_size=16, shuffle=True)\nfixed, = next(iter(shown))\nmodel = torch.nn.Linear")
+    done = plan(source)
+    assert "shown = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=16, shuffle=True)" in done.text
+    assert any("drawn from once" in k.what for k in done.kept)
+    fed = TRAIN.replace("for (x,) in loader:", "for (x,) in [next(iter(loader))] * 4:")  # (read in a loop: a feed)
+    assert "drawn from once" not in str(plan(fed).kept)

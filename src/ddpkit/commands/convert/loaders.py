@@ -293,6 +293,10 @@ def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
                    "(ddpkit convert --imports SCRIPT, or a folder), or make it ddpkit.data_loader(dataset, "
                    "global_batch_size=B) yourself if that loop trains")
         return False
+    if role is None and not loops and binding is not None and _drawn_once(work, binding):
+        work.keep(call.line, f"a DataLoader drawn from once (next(iter({binding.target})) outside any loop) left as "
+                  "it is", "one batch taken before the loops (a fixed sample to show): no training step reads it")
+        return False
     role = role or flow.role(work.facts, loops, binding, call)
     if role == "eval" and not loops:  # said by a name only: its loop, and what it sums, were not found
         work.keep(call.line, "an evaluation DataLoader (by its name) whose loop is not in this file, left as it "
@@ -332,6 +336,17 @@ def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
     work.note(f"DataLoader -> ddpkit.data_loader ({'training' if role == 'train' else 'train=False'})",
               how, call.line)
     return role == "train"
+
+def _drawn_once(work: _Work, binding: Any) -> bool:
+    """Every read of the loader's name is ``next(iter(name))`` outside any loop (vqvae's fixed images)."""
+    draws = {id(c.node.args[0].value) for c in work.facts.calls if c.last == "iter" and not c.loops and
+             len(c.node.args) == 1 and dotted(c.node.args[0].value) == binding.target and c.scope is binding.scope}
+    nexts = {id(a.value) for c in work.facts.calls if c.last == "next" for a in c.node.args}
+    iters = {id(c.node) for c in work.facts.calls if c.last == "iter" and id(c.node.args[0].value) in draws}
+    reads = [node for name, scope, line, node in work.facts.reads
+             if name == binding.target and scope is binding.scope and line >= binding.line]
+    return bool(reads) and all(id(node) in draws for node in reads) and iters <= nexts
+
 
 def _unsharded_feed(work: _Work, loop: Loop) -> tuple[str, int, str | None] | None:
     """(the argument, its line, the function of this file that built it with the training loader's line) of a call
