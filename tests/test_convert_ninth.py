@@ -40,3 +40,32 @@ def test_a_loader_drawn_from_once_before_the_loops_stays_plain():
     assert any("drawn from once" in k.what for k in done.kept)
     fed = TRAIN.replace("for (x,) in loader:", "for (x,) in [next(iter(loader))] * 4:")  # (read in a loop: a feed)
     assert "drawn from once" not in str(plan(fed).kept)
+
+
+@pytest.mark.parametrize("unpack", ["        self.train_loader = loaders[0]\n        self.valid_loader = loaders[1]\n",
+                                    "        self.train_loader, self.valid_loader = loaders\n"])
+def test_a_tuple_of_loaders_handed_to_a_trainer_class_converts_where_it_is_built(unpack):
+    """recurrent-visual-attention: ``get_train_valid_loader`` returns (train, valid), main.py hands the tuple to
+    ``Trainer(config, data_loader)``, which keeps ``data_loader[0]``: refused as batches fed by hand."""
+    from ddpkit.commands.convert.crossing import settle
+
+    files = {
+        "loaders.py": "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\ndef get_loaders(bs):\n"
+                      "    ds = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))\n"
+                      "    train = DataLoader(ds, batch_size=bs, shuffle=True)\n"
+                      "    valid = DataLoader(ds, batch_size=bs)\n    return (train, valid)\n",
+        "trainer.py": "import torch\nfrom torch import nn\n\n\nclass Trainer:\n"
+                      "    def __init__(self, loaders):\n" + unpack +
+                      "        self.model = nn.Linear(8, 2)\n"
+                      "        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)\n\n    def train(self):\n"
+                      "        for x, y in self.train_loader:\n"
+                      "            loss = nn.functional.cross_entropy(self.model(x), y)\n"
+                      "            self.opt.zero_grad()\n            loss.backward()\n            self.opt.step()\n",
+        "main.py": "from loaders import get_loaders\nfrom trainer import Trainer\n\nloaders = get_loaders(16)\n"
+                   "Trainer(loaders).train()\n",
+    }
+    done = settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
+    assert not any(d.refused for d in done.values()), {r: [x.what for x in d.left] for r, d in done.items()}
+    assert "train = ddpkit.data_loader(ds, global_batch_size=bs, shuffle=True)" in done["loaders.py"].text
+    assert "valid = DataLoader(ds, batch_size=bs)" in done["loaders.py"].text
+    assert any("the training loop over loaders[0]" in k.what for k in done["trainer.py"].kept)

@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import libcst as cst
@@ -99,9 +100,25 @@ def _handed(work: _Work, kind: str) -> list[tuple[str, list[tuple[Call, Binding 
         if wanted != kind or want.count(":") != 3:
             continue
         module, function, index, name = want.split(":")
-        found.append((want, [(site, _argument(work, site, int(index), name)) for site in work.facts.calls
-                             if _calls(work, site, module, function)]))
+        name, _, element = name.partition("[")  # ``loaders[0]``: element 0 of what is passed as ``loaders``
+        found.append((want, [(site, _part(work, site, _argument(work, site, int(index), name), element))
+                             for site in work.facts.calls if _calls(work, site, module, function)]))
     return found
+
+
+def _part(work: _Work, site: Call, bound: Binding | None, element: str) -> Binding | None:
+    """Element k of what ``bound`` holds (``element``: ``"k]"``; empty: the whole): a tuple's item followed to
+    its own binding, or element k of a call's result (``get_loaders(16)``: asked of its module as
+    ``get_loaders()[k]``)."""
+    if not element or bound is None or bound.value is None:
+        return bound if not element else None
+    k = int(element.rstrip("]"))
+    value = bound.value
+    if isinstance(value, (cst.Tuple, cst.List)):
+        item = value.elements[k].value if k < len(value.elements) else None
+        name = dotted(item) if item is not None else None
+        return flow.binding_of(work.facts, name, site.scope, site.line) if name else None
+    return dataclasses.replace(bound, value=None, whole=value, index=k) if isinstance(value, cst.Call) else None
 
 
 def _evaluated(work: _Work, handed: set[tuple[str, str, int]], built: str) -> None:
@@ -146,8 +163,24 @@ def parameter(work: _Work, name: str, scope: Any, line: int, depth: int = 0) -> 
     if bound.value is None and bound.stmt is None and bound.target in bound.scope.params:
         own = 1 if bound.scope.cls and bound.scope.params[:1] in (["self"], ["cls"]) else 0
         return bound.target, bound.scope.name, bound.scope.params.index(bound.target) - own
+    element = _element_of(bound)
+    if element is not None:  # ``self.train_loader = loaders[0]``, ``train, valid = loaders``: a handed-in tuple's
+        inner = parameter(work, element[0], bound.scope, bound.line, depth + 1)
+        return (f"{inner[0]}[{element[1]}]", inner[1], inner[2]) if inner is not None and "[" not in inner[0] \
+            else None
     source = dotted(bound.value) if bound.value is not None else None
     return parameter(work, source, bound.scope, bound.line, depth + 1) if source else None
+
+
+def _element_of(bound: Binding) -> tuple[str, int] | None:
+    """(the name, k) where ``bound`` is element k of a name: ``x = held[0]``, or ``a, b = held``."""
+    value = bound.value
+    if isinstance(value, cst.Subscript) and len(value.slice) == 1 and isinstance(value.slice[0].slice, cst.Index) \
+            and isinstance(value.slice[0].slice.value, cst.Integer) and dotted(value.value):
+        return str(dotted(value.value)), int(value.slice[0].slice.value.value)
+    if value is None and bound.index >= 0 and bound.whole is not None and dotted(bound.whole):
+        return str(dotted(bound.whole)), bound.index
+    return None
 
 
 def reads(work: _Work, loop: Loop) -> set[str]:
