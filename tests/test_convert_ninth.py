@@ -69,3 +69,20 @@ def test_a_tuple_of_loaders_handed_to_a_trainer_class_converts_where_it_is_built
     assert "train = ddpkit.data_loader(ds, global_batch_size=bs, shuffle=True)" in done["loaders.py"].text
     assert "valid = DataLoader(ds, batch_size=bs)" in done["loaders.py"].text
     assert any("the training loop over loaders[0]" in k.what for k in done["trainer.py"].kept)
+
+
+def test_a_read_in_the_constructor_or_of_another_file_is_no_race_with_a_later_write():
+    """ViT-from-scratch's Solver loads ``--load_model`` in ``__init__`` and saves in ``train()``; GoEmotions reads its
+    config JSON at the top of ``main()`` and writes evaluation text files in a loop: both were said to race."""
+    solver = TRAIN.replace("loader = DataLoader", "class Solver:\n    def __init__(self, path):\n"
+                           "        if path:\n            torch.load(path)\n\n    def train(self):\n"
+                           "        for epoch in range(2):\n            torch.save({}, 'ckpt.pt')\n\n\n"
+                           "solver = Solver('')\nloader = DataLoader") + "solver.train()\n"
+    assert not [x.what for x in plan(solver).left if "is read at line" in x.what]
+    other = TRAIN + "def evaluate(step):\n    with open(f'eval-{step}.txt', 'w') as f:\n        f.write('x')\n\n\n" \
+        "def main():\n    cfg = json.load(open('config.json'))\n    for step in range(2):\n" \
+        "        evaluate(step)\n\n\nmain()\n"
+    assert not [x.what for x in plan("import json\n" + other).left if "is read at line" in x.what]
+    same = other.replace("        evaluate(step)\n", "        evaluate(step)\n    print(open('eval-1.txt').read())\n")
+    assert any("barrier" in e.what for e in plan("import json\n" + same).edits)  # read after: waited for
+    assert not any("barrier" in e.what for e in plan("import json\n" + other).edits)

@@ -16,6 +16,7 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.commands.check.rules import RANK_WORDS
+from ddpkit.commands.convert import order
 from ddpkit.commands.convert.apply import add_keyword
 from ddpkit.commands.convert.device import ACCELERATORS, PROGRESS, text_of
 from ddpkit.commands.convert.flow import binding_of, callee, in_body, visible
@@ -261,32 +262,9 @@ def _read_back(work: _Work, save: Any, loads: list[Any]) -> list[Any]:
     the save); a load above in the same block ran before (a resume at the start), and so did one in a function
     that runs once and reaches the save only through a call below the load (``main()`` loads ``--resume``, then
     calls ``train()``, which saves). The loads below the save come first (the line said is the likeliest)."""
-    found = [c for c in loads if c.line > save.line or c.scope is not save.scope and c.scope.name and
-             not _runs_before(work, c, save.scope)]
+    found = [c for c in loads if (c.line > save.line or c.scope is not save.scope and c.scope.name) and
+             not order.read_first(work.facts, c, save)]
     return sorted(found, key=lambda c: (c.line < save.line, c.line))
-
-
-def _runs_before(work: _Work, load: Any, target: Scope) -> bool:
-    """``load``, in no loop of a function called in no loop, is above every call of that function that leads
-    to ``target`` (the saving function), and there is one such call."""
-    facts, scope = work.facts, load.scope
-    if load.loops or any(c.loops for c in facts.calls if (callee(facts, c) or (None,))[0] is scope):
-        return False
-    leading = [c.line for c in facts.calls if c.scope is scope and _reaches(work, c, target)]
-    return bool(leading) and min(leading) > load.line
-
-
-def _reaches(work: _Work, call: Any, target: Scope) -> bool:
-    """The call runs ``target``, itself or through the script's functions it calls (four deep at most)."""
-    found = callee(work.facts, call)
-    seen, todo = set(), [found[0]] if found else []
-    for _ in range(5):
-        if any(s is target for s in todo):
-            return True
-        seen |= {id(s) for s in todo}
-        todo = [f[0] for s in todo for c in work.facts.calls if c.scope is s
-                if (f := callee(work.facts, c)) is not None and id(f[0]) not in seen]
-    return False
 
 
 def wait_before(work: _Work, write: Any, reads: list[Any]) -> bool:

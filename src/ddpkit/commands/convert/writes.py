@@ -24,6 +24,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.check.rules import RANK_WORDS
+from ddpkit.commands.convert import order
 from ddpkit.commands.convert.flow import binding_of
 from ddpkit.commands.convert.handedin import iterated
 from ddpkit.commands.convert.rules import called_in_branch, main_test, per_rank, wait_before
@@ -109,7 +110,8 @@ def _read_back(work: _Work, call: Call, stmt: Any) -> None:
     the other ranks wait for rank 0 (a barrier after the guarded write), as after a guarded ``torch.save``; in an
     ``if`` or a loop, where one rank may not pass, left to you."""
     reads = [c for c in work.facts.calls if c.line > call.line and c.name != "torch.load" and
-             ((c.name in OPENERS and not _writing(c.node)) or c.last in READS and c.name not in (None, "torch.load"))]
+             ((c.name in OPENERS and not _writing(c.node)) or c.last in READS and c.name not in (None, "torch.load"))
+             and not order.read_first(work.facts, c, call)]
     if not reads:
         return
     if (call.tests or call.loops or called_in_branch(work, call.scope)) and wait_before(work, call, reads):
