@@ -86,3 +86,15 @@ def test_a_read_in_the_constructor_or_of_another_file_is_no_race_with_a_later_wr
     same = other.replace("        evaluate(step)\n", "        evaluate(step)\n    print(open('eval-1.txt').read())\n")
     assert any("barrier" in e.what for e in plan("import json\n" + same).edits)  # read after: waited for
     assert not any("barrier" in e.what for e in plan("import json\n" + other).edits)
+
+
+def test_a_data_parallel_line_below_the_ifs_that_build_the_model_becomes_the_wrap():
+    """Random-Erasing: ``if arch == 'wrn': model = A() elif ...: model = B()`` then ``model =
+    torch.nn.DataParallel(model).cuda()`` under no ``if``: the wrap went into the last branch only (the README's
+    ``--arch wrn`` trained an unprepared copy per rank)."""
+    source = TRAIN.replace("model = torch.nn.Linear(4, 1)\n", "if arch == 'wrn':\n    model = torch.nn.Linear(4, 1)\n"
+                           "elif arch.endswith('resnet'):\n    model = torch.nn.Linear(4, 1, bias=False)\n"
+                           "model = torch.nn.DataParallel(model).cuda()\n")
+    done = plan(source)
+    assert "\nmodel = ddpkit.prepare_model(model)\n" in done.text and done.text.count("prepare_model") == 1, done.text
+    assert not done.left, [x.what for x in done.left]

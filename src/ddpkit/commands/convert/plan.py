@@ -363,6 +363,8 @@ class _Work:
                        "torch.cuda.is_available() else 'cpu') (or with your own switch), then convert again",
                        blocks=True)
             return False
+        if self._at_data_parallel(binding, until):  # ``if a: m = A() elif b: m = B()``, then ``m = DataParallel(m)``
+            return True
         if branches.place(self, binding, optimizer):  # ``if resume: net = ckpt['net'] else: net = Net()``: below the if
             return True
         if inits.place(self, binding, moves):  # ``netG.apply(weights_init)`` below the build: the wrap below it
@@ -385,6 +387,24 @@ class _Work:
             "another module of the project"
         self.note(f"{binding.target} = ddpkit.prepare_model(...)", f"the model {trains} trains: prepare_model moves "
                   "it to this rank's device, converts BatchNorm and wraps it in DDP", binding.line)
+        return True
+
+    def _at_data_parallel(self, binding: Binding, until: int) -> bool:
+        """The model built under an ``if`` and wrapped in DataParallel below it, on a line under no ``if``: that line
+        reaches every path, so it becomes the wrap (random-erasing's ``if arch == 'wrn': ... elif ...:`` then
+        ``model = torch.nn.DataParallel(model).cuda()``)."""
+        wraps = [c for c in self.facts.calls if parallel.is_wrapper(c.name) and c.scope is binding.scope and
+                 binding.line < c.line <= until and c.stmt is not None and id(c.stmt) in self.edits.remove and
+                 not c.tests and self._guard(c.stmt) is None]
+        if not wraps or self._guard(binding.stmt) is None:
+            return False
+        stmt, line = wraps[-1].stmt, wraps[-1].line
+        self.edits.remove.discard(id(stmt))
+        self.edits.replace[id(stmt)] = [f"{binding.target} = ddpkit.prepare_model({binding.target})"]
+        self.log = [e for e in self.log if not (e.line == line and "DataParallel" in e.what)]
+        self.note(f"{binding.target} = DataParallel({binding.target}) -> {binding.target} = ddpkit.prepare_model("
+                  f"{binding.target})", "the model is built in the branches of an if above: this line reaches every "
+                  "path; prepare_model wraps it once, from the launch (DataParallel or DDP)", line)
         return True
 
     def _returns_device(self, binding: Binding) -> bool:
