@@ -98,3 +98,16 @@ def test_a_data_parallel_line_below_the_ifs_that_build_the_model_becomes_the_wra
     done = plan(source)
     assert "\nmodel = ddpkit.prepare_model(model)\n" in done.text and done.text.count("prepare_model") == 1, done.text
     assert not done.left, [x.what for x in done.left]
+
+
+def test_a_training_sum_divided_by_the_subset_samplers_indices_is_reduced():
+    """Nest-of-U-Nets: ``train_loss += loss.item() * x.size(0)`` over a loader with
+    ``sampler=SubsetRandomSampler(train_idx)``, printed as ``train_loss / len(train_idx)``: each rank printed its
+    shard's sum over the whole set (half the loss at 2 processes), with nothing said."""
+    source = TRAIN.replace("loader = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=4, shuffle=True)",
+                           "idx = list(range(12))\nloader = DataLoader(TensorDataset(torch.randn(16, 4)), "
+                           "batch_size=4, sampler=SubsetRandomSampler(idx))").replace(
+        "    for (x,) in loader:\n", "    total = 0.0\n    for (x,) in loader:\n") + \
+        "        total += loss.item() * x.size(0)\n    print(total / len(idx))\n"
+    done = plan("from torch.utils.data.sampler import SubsetRandomSampler\n" + source)
+    assert "    total = ddpkit.reduce(total)\n" in done.text, done.text

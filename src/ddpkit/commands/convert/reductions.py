@@ -39,6 +39,7 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
     fors = [loop for loop in loops if isinstance(loop.node, cst.For)]
     # (None: a loader built in another module of the project, whose training loops here keep sums)
     datasets = frozenset(filter(None, [dotted(call.node.args[0].value)])) if call and call.node.args else frozenset()
+    datasets |= _subset(work, call) if call is not None else frozenset()
     plans = []
     evaluations = [loop for loop in fors if not (training and flow.trains(work.facts, loop))]
     for loop in fors:
@@ -109,3 +110,18 @@ def _grad_off(call: Call) -> bool:
     """``torch.set_grad_enabled(False)``: gradients off, as under ``no_grad``."""
     first = call.node.args[0].value if call.node.args else None
     return call.last == "set_grad_enabled" and isinstance(first, cst.Name) and first.value == "False"
+
+
+def _subset(work: _Work, call: Call) -> frozenset[str]:
+    """The indices a ``SubsetRandomSampler(train_idx)`` given as the loader's ``sampler=`` draws from (directly or
+    through a name): ``len(train_idx)`` is then the loader's whole set (the U-Net zoo's ``train_loss /
+    len(train_idx)``)."""
+    given = next((a.value for a in call.node.args if a.keyword is not None and a.keyword.value == "sampler"), None)
+    name = dotted(given) if given is not None else None
+    if name is not None:
+        bound = flow.binding_of(work.facts, name, call.scope, call.line)
+        given = bound.value if bound is not None else None
+    if isinstance(given, cst.Call) and (dotted(given.func) or "").endswith("SubsetRandomSampler") and given.args:
+        indices = dotted(given.args[0].value)
+        return frozenset([indices]) if indices else frozenset()
+    return frozenset()
