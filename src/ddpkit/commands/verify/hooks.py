@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ddpkit.commands.verify import rounding
+from ddpkit.commands.verify import nodropout, rounding
 from ddpkit.commands.verify.recorder import DRAWS_OFFSET, Recorder, cpu_state, dropout_off
 from ddpkit.commands.verify.samples import SampleSeeded
 from ddpkit.core import contract
@@ -51,6 +51,7 @@ class VerifyHooks(Hooks):
         order of preparation, with two or more); the recorder saves the final weights at shutdown."""
         if not self.keep_dropout:
             dropout_off(model)  # modules and the float attributes of attention and RNN layers
+            nodropout.watch(model)  # and the probabilities its forward hands to functional dropout and sdpa
         if self.float64:  # the re-run that tells rounding from a defect (before the wrap: DDP's buckets are typed)
             rounding.to_float64(model)
         if self.recorder is not None:

@@ -62,7 +62,8 @@ def dropout_off(model: nn.Module) -> int:
     for module in model.modules():
         if isinstance(module, nn.modules.dropout._DropoutNd):
             module.p, count = 0.0, count + 1
-        for name in ("dropout", "dropout_p", "attn_dropout_p"):
+        for name in ("dropout", "dropout_p", "attn_dropout_p", "dropout_prob", "attention_dropout", "attn_dropout",
+                     "dropout_rate"):
             value = module.__dict__.get(name)  # a float attribute, never a submodule or a bool
             if isinstance(value, float) and 0.0 < value < 1.0:
                 setattr(module, name, 0.0)
