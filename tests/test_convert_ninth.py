@@ -111,3 +111,14 @@ def test_a_training_sum_divided_by_the_subset_samplers_indices_is_reduced():
         "        total += loss.item() * x.size(0)\n    print(total / len(idx))\n"
     done = plan("from torch.utils.data.sampler import SubsetRandomSampler\n" + source)
     assert "    total = ddpkit.reduce(total)\n" in done.text, done.text
+
+
+def test_a_loss_over_the_positions_a_boolean_mask_keeps_is_listed():
+    """CodeBERT's Seq2Seq: ``loss_fct(logits.view(-1, V)[active], labels.view(-1)[active])``, a mean over the
+    unpadded tokens, converted with nothing said (verify FAILed it)."""
+    source = TRAIN.replace("        loss = model(x).sum()\n", "        active = x[:, 0] > 0\n"
+                           "        loss = loss_fct(model(x)[active], x[:, :1][active])\n")
+    done = plan("loss_fct = None\n" + source)
+    assert [x for x in done.left if "boolean mask" in x.what], [x.what for x in done.left]
+    plain = TRAIN.replace("        loss = model(x).sum()\n", "        loss = loss_fct(model(x)[0], x[0])\n")
+    assert not [x for x in plan("loss_fct = None\n" + plain).left if "tokens" in x.what]  # (an index: no mask)

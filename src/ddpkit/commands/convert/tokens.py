@@ -62,6 +62,8 @@ def token_mean_loss(work: _Work) -> None:
             # ``model(**batch)`` of a Hugging Face loop: the batch's "labels" (listed where it was rebound)
             whole = _whole_batch(work, call)
             labels, value = cst.parse_expression(f'{whole}["labels"]') if whole else None, "-100"
+        elif _masked(call):  # ``loss_fct(logits[active], labels[active])``: a mean over the positions a mask keeps
+            labels, value = None, "-100"
         else:
             continue
         loop = id(call.loops[-1]) if call.loops else 0
@@ -71,6 +73,18 @@ def token_mean_loss(work: _Work) -> None:
         shift = _shift(code) if call.last not in TOKEN_LOSSES else ""
         if labels is None or shift is None or not _counted(work, call, labels, value, shift):
             _listed(work, call)
+
+
+def _masked(call: Call) -> bool:
+    """A loss over the elements a boolean mask selects (CodeBERT's ``loss_fct(shift_logits.view(-1, V)[active],
+    shift_labels.view(-1)[active])``): a mean over a number of tokens that differs from batch to batch."""
+    last = call.last.lower()
+    if not (call.last in TOKEN_LOSSES or last.endswith(("loss", "loss_fct")) or last == "criterion"):
+        return False
+    positional = [a.value for a in call.node.args if a.keyword is None and not a.star]
+    return len(positional) >= 2 and all(
+        isinstance(v, cst.Subscript) and len(v.slice) == 1 and isinstance(v.slice[0].slice, cst.Index) and
+        isinstance(v.slice[0].slice.value, (cst.Name, cst.Attribute, cst.Comparison)) for v in positional[:2])
 
 
 def _trained(work: _Work, call: Call) -> bool:
@@ -233,7 +247,8 @@ def _part(loop: cst.For, name: str) -> str | None:
 
 
 def _listed(work: _Work, call: Call) -> None:
-    work.leave(call.line, f"{call.last}: a mean over the tokens it does not ignore (ignore_index, labels of -100): "
+    work.leave(call.line, f"{call.last}: a mean over the tokens it does not ignore (ignore_index, labels of -100, a "
+               "boolean mask): "
                "at N processes each rank's mean is over its own tokens and DDP weighs the ranks alike, another "
                "loss than one process's mean over the step's tokens (ddpkit verify FAILs it)",
                "tell the training loader what the loss averages over: ddpkit.data_loader(..., batch_count=lambda "
