@@ -122,3 +122,23 @@ def test_a_loss_over_the_positions_a_boolean_mask_keeps_is_listed():
     assert [x for x in done.left if "boolean mask" in x.what], [x.what for x in done.left]
     plain = TRAIN.replace("        loss = model(x).sum()\n", "        loss = loss_fct(model(x)[0], x[0])\n")
     assert not [x for x in plan("loss_fct = None\n" + plain).left if "tokens" in x.what]  # (an index: no mask)
+
+
+def test_an_optimizer_the_models_own_method_hands_out_prepares_the_model_where_the_script_builds_it():
+    """pytorch-book's ``BasicModule.get_optimizer(lr, wd)`` returns ``Adam(self.parameters())``; main.py steps it:
+    the project was refused ("the model this optimizer trains is the class itself"). A class that also trains
+    itself (a backward in its methods) is still refused."""
+    from ddpkit.commands.convert.crossing import settle
+
+    net = "import torch\nfrom torch import nn\n\n\nclass Net(nn.Module):\n    def __init__(self):\n" \
+        "        super().__init__()\n        self.body = nn.Linear(4, 2)\n\n    def forward(self, x):\n" \
+        "        return self.body(x)\n\n    def get_optimizer(self, lr):\n" \
+        "        return torch.optim.Adam(self.parameters(), lr=lr)\n"
+    files = {"models.py": net, "train.py": TRAIN.replace("model = torch.nn.Linear(4, 1)\nopt = torch.optim.Adam("
+                                                         "model.parameters())", "from models import Net\nmodel = Net()"
+                                                         "\nopt = model.get_optimizer(0.01)")}
+    done = settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
+    assert not any(d.refused for d in done.values()), {r: [x.what for x in d.left] for r, d in done.items()}
+    assert "model = ddpkit.prepare_model(Net())" in done["train.py"].text
+    trains = dict(files, **{"models.py": net + "\n    def fit(self, x):\n        self(x).sum().backward()\n"})
+    assert settle(list(trains), lambda rel, crossing: plan(trains[rel], crossing=crossing))["models.py"].refused

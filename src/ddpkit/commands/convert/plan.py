@@ -279,6 +279,12 @@ class _Work:
                 self._wrap(held, call)
         elif binding is None and handed.ask(self, target, call):  # a parameter: the files that call it wrap it
             pass
+        elif binding is None and target == "self" and not any(
+                c.last == "backward" and c.scope.cls == call.scope.cls for c in self.facts.calls):
+            # a method that hands out the model's optimizer and no training in the class: the script steps it
+            self.keep(call.line, "an optimizer the model's own method makes over self.parameters() left as it is",
+                      "the class does not train itself: the script that calls the method prepares the model, and "
+                      "the method, called through the wrapper, makes it over the same parameters")
         elif binding is None and target == "self":  # a module that owns its optimizer
             self.leave(call.line, "the model this optimizer trains is the class itself (an optimizer over "
                        "self.parameters(), made in its own method)", "build the optimizer outside the class, over "

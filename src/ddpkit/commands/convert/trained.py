@@ -26,7 +26,7 @@ def trained_all(facts: Facts, call: Call) -> list[str]:
     """Every model an optimizer call trains (:func:`trained`), also through a name its argument is bound to
     (``params = list(enc.parameters()) + list(dec.parameters()); Adam(params)``: both), two names deep
     (``groups = [{"params": [p for n, p in named ...]}]``, ``named = list(model.named_parameters())``)."""
-    found = trained(call) or _stepped(facts, call)
+    found = trained(call) or _stepped(facts, call) or _handed_out(facts, call)
     if not (optimizer(call) or found) or not call.node.args:
         return found
     frontier = [call.node.args[0].value]
@@ -66,6 +66,22 @@ def _stepped(facts: Facts, call: Call) -> list[str]:
     if not ({"step", "zero_grad"} <= called or {"first_step", "second_step"} <= called):
         return []
     return _models(facts, parameters_of(call.node.args[0].value))
+
+
+def _handed_out(facts: Facts, call: Call) -> list[str]:
+    """The model whose own method hands out its optimizer (a tutorial's ``BasicModule.get_optimizer(lr, wd)``:
+    ``optimizer = model.get_optimizer(0.01, 0)``), told as :func:`_stepped` tells one: the script steps and zeroes
+    what it returns. The method named for it (``optim`` in its name)."""
+    func = call.node.func
+    if not isinstance(func, cst.Attribute) or "optim" not in call.last.lower() or optimizer(call):
+        return []
+    bound = next((b for b in facts.bindings if b.value is call.node), None)
+    owner = dotted(func.value)
+    if bound is None or owner is None:
+        return []
+    called = {c.last for c in facts.calls if isinstance(c.node.func, cst.Attribute)
+              and dotted(c.node.func.value) == bound.target}
+    return _models(facts, [owner]) if {"step", "zero_grad"} <= called else []
 
 
 def _filled(facts: Facts, names: set[str]) -> list[str]:
