@@ -69,6 +69,11 @@ def test_a_tuple_of_loaders_handed_to_a_trainer_class_converts_where_it_is_built
     assert "train = ddpkit.data_loader(ds, global_batch_size=bs, shuffle=True)" in done["loaders.py"].text
     assert "valid = DataLoader(ds, batch_size=bs)" in done["loaders.py"].text
     assert any("the training loop over loaders[0]" in k.what for k in done["trainer.py"].kept)
+    summed = dict(files, **{"trainer.py": files["trainer.py"].replace(
+        "        for x, y in self.train_loader:\n", "        total = 0.0\n        for x, y in self.train_loader:\n")
+        + "            total += loss.item() * len(x)\n        print(total / len(self.train_loader.dataset))\n"})
+    done = settle(list(summed), lambda rel, crossing: plan(summed[rel], crossing=crossing))
+    assert "        total = ddpkit.reduce(total)\n" in done["trainer.py"].text  # (review: printed 1/N, unsaid)
 
 
 def test_a_read_in_the_constructor_or_of_another_file_is_no_race_with_a_later_write():
@@ -142,3 +147,41 @@ def test_an_optimizer_the_models_own_method_hands_out_prepares_the_model_where_t
     assert "model = ddpkit.prepare_model(Net())" in done["train.py"].text
     trains = dict(files, **{"models.py": net + "\n    def fit(self, x):\n        self(x).sum().backward()\n"})
     assert settle(list(trains), lambda rel, crossing: plan(trains[rel], crossing=crossing))["models.py"].refused
+
+
+def test_second_review_reads_after_a_write_keep_their_barrier():
+    """Review of the run-order rules: a save to ``p + '.tmp'`` renamed to ``p`` (a path's text tells nothing), a
+    ``Trainer`` built again to load what the first one saved, a reader-and-trainer called twice: each read may
+    come after the write, and lost its barrier."""
+    atomic = TRAIN + "torch.save(model.state_dict(), P + '.tmp')\nos.replace(P + '.tmp', P)\nback = torch.load(P)\n"
+    assert "ddpkit.barrier()" in plan("import os\nP = 'w.pt'\n" + atomic).text
+    rebuilt = TRAIN + "class Trainer:\n    def __init__(self, resume):\n        if resume:\n" \
+        "            torch.load('c.pt')\n\n    def train(self):\n        torch.save(model.state_dict(), 'c.pt')\n\n\n" \
+        "Trainer(False).train()\nfinal = Trainer(True)\n"
+    done = plan(rebuilt)
+    assert "ddpkit.barrier()" in done.text or [x for x in done.left if "is read at line" in x.what]
+    twice = TRAIN + "def train():\n    torch.save(model.state_dict(), 'c.pt')\n\n\ndef stage(n):\n    if n > 1:\n" \
+        "        torch.load('c.pt')\n    train()\n\n\nstage(1)\nstage(2)\n"
+    done = plan(twice)
+    assert "ddpkit.barrier()" in done.text or [x for x in done.left if "is read at line" in x.what]
+
+
+def test_second_review_with_open_barrier_lambda_feed_dict_key_and_env_local_rank():
+    """Review: the save's barrier stayed inside rank 0's block (the other ranks never met it); a loader drawn by a
+    lambda called every step was left plain; ``outputs[t]`` with a dict key was listed as a boolean mask; a
+    ``--local_rank`` defaulting to ``int(os.environ.get("LOCAL_RANK", -1))`` was refused."""
+    opened = plan(TRAIN + "with open('w.pt', 'wb') as f:\n    torch.save(model.state_dict(), f)\n"
+                          "back = torch.load('w.pt')\n").text
+    assert "        torch.save(model.state_dict(), f)\nddpkit.barrier()\n" in opened, opened
+    assert opened.count("ddpkit.barrier()") == 1
+    fed = TRAIN.replace("    for (x,) in loader:\n", "    for step in range(4):\n        x, = draw()\n") \
+        .replace("model = torch.nn", "draw = lambda: next(iter(loader))\nmodel = torch.nn")
+    assert "loader = ddpkit.data_loader(" in plan(fed).text
+    keyed = TRAIN.replace("        loss = model(x).sum()\n", "        outputs = {'a': model(x)}\n"
+                          "        loss = sum(criterion(outputs[t], x[:, :1]) for t in outputs)\n")
+    assert not [x for x in plan("criterion = None\n" + keyed).left if "boolean mask" in x.what]
+    env = "import os\nimport torch\np.add_argument('--local_rank', type=int, " \
+        "default=int(os.environ.get('LOCAL_RANK', -1)))\nif args.local_rank != -1:\n" \
+        "    torch.distributed.init_process_group('gloo')\n"
+    from ddpkit.commands.convert.handmade import single_device
+    assert single_device(env) is not None

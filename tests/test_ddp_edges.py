@@ -37,6 +37,9 @@ model = ddpkit.prepare_model(Pair())
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 if sys.argv[1] == "eval":  # trained in eval mode (as from_pretrained returns a model): DDP averages all the same
     model.eval()
+if sys.argv[1] == "parts":  # a validation forward under no_grad first: it makes no gradient
+    with torch.no_grad():
+        model(torch.randn(8, 2))
 for step in range(3):
     z = torch.randn(8, 2)  # (a per-rank draw: only an all-reduce makes the steps agree)
     out = model.D(model.G(z)) if sys.argv[1] == "parts" else model(z)

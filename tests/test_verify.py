@@ -342,3 +342,22 @@ def test_dropout_handed_to_sdpa_and_functional_dropout_is_off_too(tmp_path):
     script.write_text(ATTENTION)
     r = ok(run_cmd(VERIFY + ["--nproc", "2", "--steps", "3", str(script)], timeout=240, cwd=tmp_path))
     assert r.stdout.startswith("PASS"), r.stdout + r.stderr[-2000:]
+
+
+def test_the_no_dropout_mode_is_left_when_a_forward_raises():
+    """Review: a forward that raised (caught by the script) left the mode entered: dropout off everywhere after."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from ddpkit.commands.verify import nodropout
+
+    class Fails(nn.Module):
+        def forward(self, x):
+            raise ValueError("no")
+
+    model = Fails()
+    nodropout.watch(model)
+    with pytest.raises(ValueError):
+        model(torch.ones(2))
+    torch.manual_seed(0)
+    assert not bool((F.dropout(torch.ones(1000), 0.5, training=True) == 1).all())

@@ -82,8 +82,9 @@ class DDP(PlainStateDict, DistributedDataParallel):
         self._replicas = Replicas(module, self.process_group, every=check_sync_every, heal=heal,
                                   ignore=frozenset(self.parameters_to_ignore))
         self._training_steps = 0  # counted alike on every rank: see the class docstring
-        # forwards through the wrapper in any mode (a model trained in eval mode, as from_pretrained returns it, is
-        # averaged by DDP all the same): none by the first optimizer step, and its gradients came from elsewhere
+        # forwards with gradients through the wrapper in any mode (a model trained in eval mode, as from_pretrained
+        # returns it, is averaged by DDP all the same): none by the first optimizer step, and its gradients came
+        # from elsewhere
         self._forwards = 0
         owner = weakref.ref(self)  # (a weak one: the replicas outlive no wrapper through it)
         self._replicas.forwards = lambda: getattr(owner(), "_forwards", 1)
@@ -115,7 +116,7 @@ class DDP(PlainStateDict, DistributedDataParallel):
     def forward(self, *args: Any, **kwargs: Any):
         # a Join(enable=False) that was left asks nothing of the ranks: checks run there
         joined = self._joined and self._join_config.enable
-        self._forwards += 1
+        self._forwards += torch.is_grad_enabled()  # (a no-grad validation forward makes no gradient)
         if self.training and torch.is_grad_enabled() and not joined:
             if self._training_steps == 0:  # always, once: ranks that start different never meet again
                 self._check_start()

@@ -58,6 +58,7 @@ def handed_in(work: _Work, line: int) -> bool:
         if built:
             work.keep(loop.line, f"the training loop over {name} (a parameter of {where}) left as it is",
                       f"what its callers in {built} pass is a ddpkit.data_loader for training")
+            reductions(work, [loop], None, True)  # its sums over the whole set: this rank's shard's, reduced
             _evaluated(work, set(handed), built)
             return True
         work.leave(loop.line, f"the training loop reads {name}, a parameter of {where} that no call in this file "

@@ -80,6 +80,16 @@ class _Arguments(cst.CSTVisitor):
             default = next((a.value for a in node.args if a.keyword is not None and a.keyword.value == "default"),
                            None)
             self.defaults.append(_number(default) if default is not None else None)
+            if default is not None and self.defaults[-1] is None and _env_minus_one(default):
+                self.defaults[-1] = -1  # ``int(os.environ.get("LOCAL_RANK", -1))``: -1 run without a launcher
+
+
+def _env_minus_one(node: Any) -> bool:
+    """``os.environ.get("LOCAL_RANK", -1)`` (inside ``int(...)`` too): -1 where no launcher set the variable."""
+    while isinstance(node, cst.Call) and dotted(node.func) == "int" and node.args:
+        node = node.args[0].value
+    return isinstance(node, cst.Call) and (dotted(node.func) or "").endswith("environ.get") and \
+        len(node.args) == 2 and _number(node.args[1].value) == -1
 
 
 def line_map(source: str, single: str) -> list[int]:

@@ -341,11 +341,18 @@ def _drawn_once(work: _Work, binding: Any) -> bool:
     """Every read of the loader's name is ``next(iter(name))`` outside any loop (vqvae's fixed images)."""
     draws = {id(c.node.args[0].value) for c in work.facts.calls if c.last == "iter" and not c.loops and
              len(c.node.args) == 1 and dotted(c.node.args[0].value) == binding.target and c.scope is binding.scope}
-    nexts = {id(a.value) for c in work.facts.calls if c.last == "next" for a in c.node.args}
+    # (``fixed, _ = next(iter(loader))`` a statement of its own: not a lambda's body, called every step)
+    nexts = {id(a.value) for c in work.facts.calls if c.last == "next" and _assigned(c) for a in c.node.args}
     iters = {id(c.node) for c in work.facts.calls if c.last == "iter" and id(c.node.args[0].value) in draws}
     reads = [node for name, scope, line, node in work.facts.reads
              if name == binding.target and scope is binding.scope and line >= binding.line]
     return bool(reads) and all(id(node) in draws for node in reads) and iters <= nexts
+
+
+def _assigned(call: Call) -> bool:
+    """``call`` is the whole value of an assignment statement."""
+    first = call.stmt.body[0] if call.stmt is not None else None
+    return isinstance(first, cst.Assign) and first.value is call.node
 
 
 def _unsharded_feed(work: _Work, loop: Loop) -> tuple[str, int, str | None] | None:

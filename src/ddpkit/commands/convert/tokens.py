@@ -62,7 +62,7 @@ def token_mean_loss(work: _Work) -> None:
             # ``model(**batch)`` of a Hugging Face loop: the batch's "labels" (listed where it was rebound)
             whole = _whole_batch(work, call)
             labels, value = cst.parse_expression(f'{whole}["labels"]') if whole else None, "-100"
-        elif _masked(call):  # ``loss_fct(logits[active], labels[active])``: a mean over the positions a mask keeps
+        elif _masked(work, call):  # ``loss_fct(logits[active], labels[active])``: a mean over what a mask keeps
             labels, value = None, "-100"
         else:
             continue
@@ -75,16 +75,40 @@ def token_mean_loss(work: _Work) -> None:
             _listed(work, call)
 
 
-def _masked(call: Call) -> bool:
+_MASKS = ("ne", "eq", "gt", "lt", "ge", "le", "bool", "logical_and", "logical_or", "isin")
+
+
+def _masked(work: _Work, call: Call) -> bool:
     """A loss over the elements a boolean mask selects (CodeBERT's ``loss_fct(shift_logits.view(-1, V)[active],
-    shift_labels.view(-1)[active])``): a mean over a number of tokens that differs from batch to batch."""
+    shift_labels.view(-1)[active])``, ``active = mask.ne(0).view(-1) == 1``): a mean over a number of tokens that
+    differs from batch to batch. A mask is a comparison (or ``.ne(0)``, ``.bool()``), or a name bound to one; a
+    dict key (``outputs[t]``) is not."""
     last = call.last.lower()
     if not (call.last in TOKEN_LOSSES or last.endswith(("loss", "loss_fct")) or last == "criterion"):
         return False
     positional = [a.value for a in call.node.args if a.keyword is None and not a.star]
-    return len(positional) >= 2 and all(
-        isinstance(v, cst.Subscript) and len(v.slice) == 1 and isinstance(v.slice[0].slice, cst.Index) and
-        isinstance(v.slice[0].slice.value, (cst.Name, cst.Attribute, cst.Comparison)) for v in positional[:2])
+    if len(positional) < 2:
+        return False
+    for value in positional[:2]:
+        index = value.slice[0].slice if isinstance(value, cst.Subscript) and len(value.slice) == 1 else None
+        mask = index.value if isinstance(index, cst.Index) else None
+        name = dotted(mask) if mask is not None else None
+        if name is not None:
+            bound = flow.binding_of(work.facts, name, call.scope, call.line)
+            mask = bound.value if bound is not None else None
+        if not _a_mask(mask):
+            return False
+    return True
+
+
+def _a_mask(node: Any) -> bool:
+    if isinstance(node, cst.Comparison):
+        return True
+    while isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
+        if node.func.attr.value in _MASKS:
+            return True
+        node = node.func.value
+    return False
 
 
 def _trained(work: _Work, call: Call) -> bool:

@@ -77,8 +77,12 @@ def writes(work: _Work) -> None:
         work.edits.guard[id(block)] = main_test(work, call.scope)
         for save in [c for c in work.facts.calls if c.stmt is not None and _saved_into(c, block)]:
             work.edits.guard.pop(id(save.stmt), None)  # (guarded with its block: one test, not two)
+            waits = work.edits.after.pop(id(save.stmt), [])  # its barrier: after the block, where every rank is
+            work.edits.after.setdefault(id(block), []).extend(w for w in waits if w not in
+                                                               work.edits.after.get(id(block), []))
         work.note("open(..., 'w') guarded: rank 0 writes the file", WHY, call.line)
-        _read_back(work, call, block)
+        if "ddpkit.barrier()" not in work.edits.after.get(id(block), []):
+            _read_back(work, call, block)
 
 
 def _to_a_path(work: _Work, call: Call) -> bool:

@@ -5,7 +5,8 @@ transformers 4.4x) or to ``F.dropout(x, p, training=self.training)``, written in
 verify compares one process with N: a random mask drawn in each forward differs between them by design, so every
 such model ended "cannot compare exactly" after verify had said dropout was off. :func:`watch` enters a
 ``TorchFunctionMode`` for the prepared model's forward (and leaves it after), in which those calls get
-``dropout_p=0`` / ``training=False``; outside the forward the script's calls are as it wrote them.
+``dropout_p=0`` / ``training=False``; outside the forward the script's calls are as it wrote them. A forward
+recomputed in the backward by ``torch.utils.checkpoint(use_reentrant=True)`` runs outside it: its dropout is on.
 
 Example::
 
@@ -51,7 +52,7 @@ class NoDropout(TorchFunctionMode):
 def watch(model: nn.Module) -> None:
     """The mode on during each forward of ``model``."""
     model.register_forward_pre_hook(_enter)
-    model.register_forward_hook(_leave)
+    model.register_forward_hook(_leave, always_call=True)  # (left also when the forward raises)
 
 
 def _enter(module: nn.Module, args: Any) -> None:
