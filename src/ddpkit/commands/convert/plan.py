@@ -139,6 +139,13 @@ def _undone(work: _Work, source: str, single: str) -> None:
               "branches); ddpkit launch passes no --local_rank", first)
 
 
+def _handed_out(call: Call) -> bool:
+    """``return torch.optim.Adam(self.parameters(), ...)``: a method that returns the optimizer it makes (one kept
+    as ``self.opt`` in ``__init__`` is the class's own)."""
+    first = call.stmt.body[0] if call.stmt is not None else None
+    return isinstance(first, cst.Return) and first.value is call.node
+
+
 def _import_place(wrapper: MetadataWrapper, work: _Work) -> cst.CSTNode | None:
     """Add ``import ddpkit`` after the script's last import above its first use of ddpkit (its last import
     overall may come below that use); with no import above it, right above the use. The import it follows."""
@@ -279,9 +286,9 @@ class _Work:
                 self._wrap(held, call)
         elif binding is None and handed.ask(self, target, call):  # a parameter: the files that call it wrap it
             pass
-        elif binding is None and target == "self" and not any(
+        elif binding is None and target == "self" and _handed_out(call) and not any(
                 c.last == "backward" and c.scope.cls == call.scope.cls for c in self.facts.calls):
-            # a method that hands out the model's optimizer and no training in the class: the script steps it
+            # a method that returns the model's optimizer and no training in the class: the script steps it
             self.keep(call.line, "an optimizer the model's own method makes over self.parameters() left as it is",
                       "the class does not train itself: the script that calls the method prepares the model, and "
                       "the method, called through the wrapper, makes it over the same parameters")
