@@ -185,3 +185,14 @@ def test_second_review_with_open_barrier_lambda_feed_dict_key_and_env_local_rank
         "    torch.distributed.init_process_group('gloo')\n"
     from ddpkit.commands.convert.handmade import single_device
     assert single_device(env) is not None
+
+
+def test_rows_an_evaluation_adds_to_a_list_are_kept_not_reduced():
+    """pytorch-book's test(): ``results += [(id, prob) ...]`` was reduced as a sum (``ddpkit.reduce(results)``:
+    a crash at 2 processes); the rows are kept, so its loader stays whole."""
+    source = TRAIN + "test = DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4)\nresults = []\n" \
+        "with torch.no_grad():\n    for (x,) in test:\n        results += [p for p in model(x).tolist()]\n" \
+        "print(len(results))\n"
+    done = plan(source)
+    assert "reduce(results)" not in done.text and "test = DataLoader(" in done.text
+    assert [x for x in done.left if "keeps per-batch results in results" in x.what]

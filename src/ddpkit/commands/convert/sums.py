@@ -105,6 +105,10 @@ def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str
             and dotted(b.value.func) == "len" and b.value.args and dotted(b.value.args[0].value) in loop.iter_names]
     plans: dict[int, tuple[Loop, list[str], list[Any]]] = {}
     for name in dict.fromkeys(candidates):
+        if collection(facts, loop, name):  # ``results += [(id, p) ...]``: rows kept, no sum
+            if training:
+                continue
+            return None
         anchor = _anchor(facts, loop, name)
         readers: list[Any] = [s for s, sc, line in facts.statements if sc is loop.scope and line > anchor.end
                               and name in names_in(s)]
@@ -133,6 +137,14 @@ def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str
                         and c.stmt in readers and c.node.args
                         and dotted(c.node.args[0].value) in loop.iter_names and c.node not in entry[2])
     return list(plans.values())
+
+
+def collection(facts: Facts, loop: Loop, name: str) -> bool:
+    """``name`` was last bound before the loop to a list, tuple, dict or set (``results = []``, ``list()``)."""
+    before = [b for b in facts.bindings if b.target == name and b.scope is loop.scope and b.line < loop.line]
+    value = before[-1].value if before else None
+    return isinstance(value, (cst.List, cst.ListComp, cst.Tuple, cst.Dict, cst.DictComp, cst.Set)) or \
+        isinstance(value, cst.Call) and dotted(value.func) in ("list", "dict", "tuple", "set")
 
 
 def _reduced(facts: Facts, loop: Loop, anchor: Loop, name: str) -> bool:
