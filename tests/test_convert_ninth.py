@@ -196,3 +196,18 @@ def test_rows_an_evaluation_adds_to_a_list_are_kept_not_reduced():
     done = plan(source)
     assert "reduce(results)" not in done.text and "test = DataLoader(" in done.text
     assert [x for x in done.left if "keeps per-batch results in results" in x.what]
+
+
+def test_a_project_whose_handed_in_loader_was_not_followed_is_not_told_to_convert_together():
+    """After the fixes: loaders chosen in an if / else and handed to a trainer, converted with ``--imports``, were
+    told "convert them together (--imports)"."""
+    from ddpkit.commands.convert.crossing import settle
+
+    files = {"trainer.py": "import torch\n\n\ndef fit(model, loader):\n    opt = torch.optim.SGD(model.parameters(), "
+                           "lr=0.1)\n    for x, y in loader:\n        model(x).sum().backward()\n        opt.step()\n",
+             "main.py": "import torch\nfrom trainer import fit\nfrom data import a, b\n\nloader = a() if flag else b()\n"
+                        "fit(torch.nn.Linear(2, 1), loader)\n",
+             "data.py": "def a():\n    return None\n\n\ndef b():\n    return None\n"}
+    done = settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
+    said = [x for x in done["trainer.py"].left if "the training loop reads loader" in x.what]
+    assert said and "--imports" not in said[0].fix, [(x.what, x.fix) for x in done["trainer.py"].left]

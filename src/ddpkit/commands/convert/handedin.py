@@ -61,10 +61,15 @@ def handed_in(work: _Work, line: int) -> bool:
             reductions(work, [loop], None, True)  # its sums over the whole set: this rank's shard's, reduced
             _evaluated(work, set(handed), built)
             return True
+        fix = "make the loader passed in a ddpkit.data_loader(dataset, global_batch_size=B) where it is built"
+        if work.crossing.own:  # converted together already: some caller's argument was not followed
+            work.leave(loop.line, f"the training loop reads {name}, a parameter of {where}: what a caller in the "
+                       "project passes was not made a training ddpkit.data_loader (a value chosen in an if / else, "
+                       "or built in a way convert does not follow)", f"{fix}, then convert again")
+            return True
         work.leave(loop.line, f"the training loop reads {name}, a parameter of {where} that no call in this file "
                    "passes: its loader is built by a caller in another module", "convert them together (ddpkit "
-                   "convert --imports SCRIPT, or a folder), or make the loader passed in a ddpkit.data_loader("
-                   "dataset, global_batch_size=B) where it is built")
+                   f"convert --imports SCRIPT, or a folder), or {fix}")
         return True
     return False
 
