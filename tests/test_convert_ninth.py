@@ -205,8 +205,8 @@ def test_a_project_whose_handed_in_loader_was_not_followed_is_not_told_to_conver
 
     files = {"trainer.py": "import torch\n\n\ndef fit(model, loader):\n    opt = torch.optim.SGD(model.parameters(), "
                            "lr=0.1)\n    for x, y in loader:\n        model(x).sum().backward()\n        opt.step()\n",
-             "main.py": "import torch\nfrom trainer import fit\nfrom data import a, b\n\nloader = a() if flag else b()\n"
-                        "fit(torch.nn.Linear(2, 1), loader)\n",
+             "main.py": "import torch\nfrom trainer import fit\nfrom data import a, b\n\n"
+                        "loader = a() if flag else b()\nfit(torch.nn.Linear(2, 1), loader)\n",
              "data.py": "def a():\n    return None\n\n\ndef b():\n    return None\n"}
     done = settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
     said = [x for x in done["trainer.py"].left if "the training loop reads loader" in x.what]
