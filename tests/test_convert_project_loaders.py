@@ -263,7 +263,7 @@ def test_review_a_list_of_batches_handed_to_the_solver_is_not_said_fed_by_a_load
                                                         "for x, y in train_loader:\n    F.cross_entropy(model(x), y)"
                                                         ".backward()\n    opt.step()\nSolver(")
     done = _settled({"solver.py": SOLVER_EVAL.format(evaluated="self.val_loader"), "main.py": main})
-    assert any("a parameter of Solver.__init__ that no call in this file passes" in x.what
+    assert any("a parameter of Solver.__init__: what a caller in the project passes was not made" in x.what
                for x in done["solver.py"].left), (done["solver.py"].left, done["solver.py"].kept)
 
 
