@@ -58,11 +58,7 @@ def _stepped(facts: Facts, call: Call) -> list[str]:
     """
     if not call.node.args or optimizer(call) or call.last in ("clip_grad_norm_", "clip_grad_value_"):
         return []
-    bound = next((b for b in facts.bindings if b.value is call.node), None)
-    if bound is None:
-        return []
-    called = {c.last for c in facts.calls if isinstance(c.node.func, cst.Attribute)
-              and dotted(c.node.func.value) == bound.target}
+    called = _called_on_result(facts, call)
     if not ({"step", "zero_grad"} <= called or {"first_step", "second_step"} <= called):
         return []
     return _models(facts, parameters_of(call.node.args[0].value))
@@ -75,13 +71,19 @@ def _handed_out(facts: Facts, call: Call) -> list[str]:
     func = call.node.func
     if not isinstance(func, cst.Attribute) or "optim" not in call.last.lower() or optimizer(call):
         return []
-    bound = next((b for b in facts.bindings if b.value is call.node), None)
     owner = dotted(func.value)
-    if bound is None or owner is None:
+    if owner is None:
         return []
-    called = {c.last for c in facts.calls if isinstance(c.node.func, cst.Attribute)
-              and dotted(c.node.func.value) == bound.target}
-    return _models(facts, [owner]) if {"step", "zero_grad"} <= called else []
+    return _models(facts, [owner]) if {"step", "zero_grad"} <= _called_on_result(facts, call) else []
+
+
+def _called_on_result(facts: Facts, call: Call) -> set[str]:
+    """The methods the script calls on the name ``call``'s result is bound to (``opt = ...; opt.step()``)."""
+    bound = next((b for b in facts.bindings if b.value is call.node), None)
+    if bound is None:
+        return set()
+    return {c.last for c in facts.calls if isinstance(c.node.func, cst.Attribute)
+            and dotted(c.node.func.value) == bound.target}
 
 
 def _filled(facts: Facts, names: set[str]) -> list[str]:
