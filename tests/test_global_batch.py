@@ -5,6 +5,7 @@ continues the same global batches and ends where the uninterrupted run does."""
 import itertools
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -255,7 +256,8 @@ def test_an_elastic_job_that_loses_a_node_continues_alone_at_the_same_global_bat
     ref.mkdir(), run.mkdir()
     worker = WORKERS / "global_batch_resume.py"
     ok(run_cmd([sys.executable, str(worker), str(ref), "-1"]))
-    common = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+    port = free_port()
+    common = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{port}",
               "--rdzv-id", "gb", "--rdzv-conf", "last_call_timeout=3", "--max-restarts", "1"]
 
     def node(logs):
@@ -265,7 +267,15 @@ def test_an_elastic_job_that_loses_a_node_continues_alone_at_the_same_global_bat
                                 start_new_session=True)
 
     first = node(tmp_path / "logs0")
-    time.sleep(1)  # the first launcher hosts the rendezvous store: it is the one that survives
+    # the first launcher hosts the rendezvous store (the one that survives): the second starts once it listens
+    # (a fixed sleep lost the race under load, and the killed node took the store with it)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and first.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.2)
     second = node(tmp_path / "logs1")
     wait_for_checkpoint(run, "ckpt-0000000004", [first, second])
     kill_launcher(second)
