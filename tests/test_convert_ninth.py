@@ -1,5 +1,7 @@
 """What the ninth held-out set (docs/convert.md) found ``ddpkit convert`` owes public scripts, each a case written
 in our own words after the pattern the set met."""
+import textwrap
+
 import pytest
 
 pytest.importorskip("libcst")
@@ -211,3 +213,71 @@ def test_a_project_whose_handed_in_loader_was_not_followed_is_not_told_to_conver
     done = settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
     said = [x for x in done["trainer.py"].left if "the training loop reads loader" in x.what]
     assert said and "--imports" not in said[0].fix, [(x.what, x.fix) for x in done["trainer.py"].left]
+
+
+CAPTION = '''import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def main(checkpoint=None, tune=False):
+    if checkpoint is None:
+        decoder = nn.Linear(8, 2)
+        dec_opt = torch.optim.Adam(decoder.parameters(), lr=1e-3)
+        encoder = nn.Linear(4, 8)
+        enc_opt = torch.optim.Adam(encoder.parameters(), lr=1e-4) if tune else None
+    else:
+        checkpoint = torch.load(checkpoint)
+        decoder = checkpoint["decoder"]
+        dec_opt = checkpoint["dec_opt"]
+        encoder = checkpoint["encoder"]
+        enc_opt = checkpoint["enc_opt"]
+        if tune and enc_opt is None:
+            enc_opt = torch.optim.Adam(encoder.parameters(), lr=1e-4)
+    decoder = decoder.to(device)
+    encoder = encoder.to(device)
+    loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,))), batch_size=4, shuffle=True)
+    for x, y in loader:
+        loss = nn.functional.cross_entropy(decoder(encoder(x.to(device))), y.to(device))
+        dec_opt.zero_grad()
+        loss.backward()
+        dec_opt.step()
+'''
+
+
+def test_models_built_or_restored_in_branches_are_prepared_at_their_move_below_the_if():
+    """a-PyTorch-Tutorial-to-Image-Captioning: models and their optimizers made in ``if checkpoint is None:``,
+    restored from the checkpoint's entries in ``else:`` (an optimizer made again under a nested ``if``), moved
+    below: the entry ``checkpoint["encoder"]`` was read as a part of the checkpoint, which convert then wrapped,
+    and the plan refused ("its edits lost the wrap"). Either path must train the prepared models."""
+    done = plan(CAPTION)
+    assert not done.refused, done.left
+    assert "    decoder = ddpkit.prepare_model(decoder)\n    encoder = ddpkit.prepare_model(encoder)\n" in done.text
+    assert done.text.count("prepare_model(") == 2, done.text
+    assert "checkpoint = ddpkit.prepare_model" not in done.text
+
+
+WIPED = "import os\nimport shutil\n" + TRAIN.split("\nloader")[0] + '\n\n\ndef main(out="./out"):\n' \
+    "    if os.path.exists(out):\n        shutil.rmtree(out)\n    os.makedirs(out)\n" + \
+    textwrap.indent("loader" + TRAIN.split("\nloader")[1], "    ") + '\n\nif __name__ == "__main__":\n    main()\n'
+
+
+def test_a_folder_wiped_at_start_up_is_wiped_by_rank_0_and_waited_for():
+    """Nest-of-U-Nets: ``if os.path.exists(d): shutil.rmtree(d)`` then ``os.mkdir(d)`` ran on every rank: one
+    rank removed the folder another had tested or made (FileNotFoundError, or its files lost), nothing said."""
+    done = plan(WIPED)
+    assert "    if ddpkit.init().is_main:\n        if os.path.exists(out):\n            shutil.rmtree(out)\n" \
+           "    ddpkit.barrier()\n    os.makedirs(out, exist_ok=True)\n" in done.text, done.text
+    assert not done.left, done.left
+
+
+def test_a_folder_removed_in_a_loop_is_removed_by_rank_0_and_the_wait_listed():
+    """A removal every epoch (an old checkpoint's folder) under another test: guarded, and no barrier where a
+    rank might skip it: the wait is listed."""
+    done = plan(WIPED.replace("            opt.step()\n", "            opt.step()\n        if epoch > 0:\n"
+                              "            shutil.rmtree(f'{out}/{epoch - 1}')\n"))
+    assert "        if ddpkit.init().is_main:\n            if epoch > 0:\n" \
+        "                shutil.rmtree(f'{out}/{epoch - 1}')\n" in done.text, done.text
+    assert "barrier" not in done.text.split("for epoch")[1]
+    assert [left.line for left in done.left if "shutil.rmtree guarded" in left.what] == [21], done.left

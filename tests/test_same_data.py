@@ -10,7 +10,7 @@ WORKER = WORKERS / "same_data.py"
 
 
 @pytest.mark.parametrize("case, what", [("unseeded", "the samples it holds"), ("split", "its split's indices"),
-                                        ("init_seed", "the samples it holds")])
+                                        ("init_seed", "the samples it holds"), ("texts", "the samples it holds")])
 def test_ranks_holding_different_training_data_stop_where_the_loader_is_built(case, what):
     r = launch(WORKER, case, timeout=120)
     assert r.returncode == 1 and "trained" not in r.stdout, r.stdout + r.stderr[-3000:]
@@ -18,7 +18,7 @@ def test_ranks_holding_different_training_data_stop_where_the_loader_is_built(ca
     assert line in r.stderr and "torch.manual_seed(0)" in r.stderr, r.stderr[-3000:]
 
 
-@pytest.mark.parametrize("case", ["seeded", "seeded_split", "concat"])
+@pytest.mark.parametrize("case", ["seeded", "seeded_split", "concat", "texts_sorted"])
 def test_the_same_data_on_every_rank_trains(case):
     ok(launch(WORKER, case, timeout=120))
 
@@ -44,3 +44,34 @@ def test_a_fingerprint_of_arrays_it_cannot_sum_compares_their_length_and_does_no
         assert fingerprint(Files(data)).tolist()[0] == 2.0
     listed = fingerprint(Subset(TensorDataset(torch.zeros(10)), list(range(10))))
     assert fingerprint(Subset(TensorDataset(torch.zeros(10)), torch.arange(10))).tolist() == listed.tolist()
+
+
+def test_a_dataset_of_its_own_is_told_by_the_lists_and_tables_it_holds():
+    """character-based-cnn: its Dataset holds lists of texts and labels, shuffled by an unseeded
+    ``DataFrame.sample(frac=1)``; the fingerprint saw only their length, and each rank trained on parts of its own
+    order (verify FAILed with no cause). A transform, a generator or a number held (a rank, an epoch) is not
+    compared."""
+    import torch
+    from torch.utils.data import Dataset
+
+    from ddpkit.data.same import fingerprint
+
+    class Held(Dataset):
+        def __init__(self, **held):
+            self.__dict__.update(held)
+
+        def __len__(self):
+            return 4
+
+    pairs = [("a.png", 0), ("b.png", 1), ("c.png", 0), ("d.png", 1)]
+    assert fingerprint(Held(samples=pairs)).tolist() != fingerprint(Held(samples=pairs[::-1])).tolist()
+    texts = ["good", "bad", "fine", "poor"]
+    assert fingerprint(Held(texts=texts)).tolist() != fingerprint(Held(texts=sorted(texts))).tolist()
+    assert fingerprint(Held(texts=texts, rank=0, rng=torch.Generator(), transform=print)).tolist() == \
+        fingerprint(Held(texts=list(texts), rank=1, rng=torch.Generator().manual_seed(3), transform=len)).tolist()
+    pd = pytest.importorskip("pandas")
+    frame = pd.DataFrame({"text": texts, "label": [0, 1, 0, 1]})
+    assert fingerprint(Held(df=frame)).tolist() != fingerprint(Held(df=frame.iloc[::-1])).tolist()
+    assert fingerprint(Held(df=frame)).tolist() == fingerprint(Held(df=frame.copy())).tolist()
+    ragged = pd.DataFrame({"tokens": [[1, 2], [3], [4], [5]]})  # cells pandas cannot hash: the length still
+    assert fingerprint(Held(df=ragged)).tolist()[0] == 4.0

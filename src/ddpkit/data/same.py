@@ -4,9 +4,11 @@ A sampler gives each rank its part of one dataset; when the ranks hold different
 of different data and the job trains on neither, with no error ever. Scripts do this without a word: a dataset
 drawn from random numbers with no seed, a ``random_split`` unseeded (or seeded after ``ddpkit.init(seed=...)``,
 whose streams differ per rank), per-rank files. So each rank computes a fingerprint of its dataset (its length;
-for tensors it holds, a weighted sum over up to :data:`ROWS` rows; a ``Subset``'s indices) and the ranks compare
-them in one all-gather. What a fingerprint cannot see (a Dataset that reads files in ``__getitem__``) only its
-length is compared: a sample is never drawn here (random augmentation would differ by design).
+for tensors it holds, a weighted sum over up to :data:`ROWS` rows; a ``Subset``'s indices; for a Dataset of its
+own, what its attributes hold: a list of texts or of (path, label) pairs shuffled with no seed, a DataFrame) and
+the ranks compare them in one all-gather. What a fingerprint cannot see (a Dataset that reads files in
+``__getitem__``) only its length is compared: a sample is never drawn here (random augmentation would differ by
+design, and a sample drawn in the main process could open a file the loader's workers would then share).
 
 Example::
 
@@ -18,11 +20,14 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
+import math
+import sys
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import ConcatDataset, Subset, TensorDataset
+from torch.utils.data import ConcatDataset, Dataset, Subset, TensorDataset
 
 ROWS = 64  # rows of a tensor that enter its sum: spread over the whole tensor, first and last included
 DEPTH = 4  # Subsets of Subsets, ConcatDatasets: how deep the fingerprint looks
@@ -50,16 +55,67 @@ def _sums(dataset: Any, depth: int) -> list[float]:
         for part in dataset.datasets:
             inner = _sums(part, depth - 1)
             tensors, indices = tensors + inner[0], indices + inner[1]
-    elif depth > 0:  # torchvision's datasets hold their samples as .data / .targets (tensors or arrays)
-        tensors = sum(_rows(value) for value in (getattr(dataset, "data", None), getattr(dataset, "targets", None))
-                      if isinstance(value, torch.Tensor) or type(value).__name__ == "ndarray")
+    elif depth > 0:  # a Dataset of its own: what its attributes hold (torchvision's .data / .targets, a list
+        # of texts, of (path, label) pairs, a DataFrame)
+        for name in sorted(getattr(dataset, "__dict__", {})):
+            value = dataset.__dict__[name]
+            inner = _sums(value, depth - 1) if isinstance(value, Dataset) else [_held(value), 0.0, 0.0]
+            tensors, indices, parts = tensors + inner[0], indices + inner[1], parts + inner[2]
     return [tensors, indices, parts]
+
+
+def _held(value: Any) -> float:
+    """A number for what an attribute of a Dataset holds: numeric tensors and arrays by :func:`_rows`, lists and
+    tuples by up to :data:`ROWS` of their items (texts and paths hashed), a pandas table by up to ROWS rows; 0
+    for anything else (a transform, a generator, a number: a rank or an epoch may differ by design)."""
+    if isinstance(value, torch.Tensor) or _numbers(value):
+        return _rows(value)
+    if type(value).__name__ in ("DataFrame", "Series") and hasattr(value, "iloc") and "pandas" in sys.modules:
+        try:
+            picked = value.iloc[_picks(len(value)).tolist()]
+            hashed = sys.modules["pandas"].util.hash_pandas_object(picked, index=True).to_numpy()
+        except (TypeError, ValueError):  # a cell pandas cannot hash (a list): its length is still compared
+            return 0.0
+        return _weighted(torch.as_tensor(hashed % (1 << 32), dtype=torch.float64))
+    if isinstance(value, (list, tuple)) or _array(value) and value.ndim > 0:
+        items = [value[i] for i in _picks(len(value)).tolist()]
+        return _weighted(torch.tensor([_item(item) for item in items], dtype=torch.float64)) if items else 0.0
+    return 0.0
+
+
+def _item(item: Any) -> float:
+    """One item of a list: a number as it is, a text (or a tuple of plain values) by a stable hash."""
+    if isinstance(item, (bool, int, float)):
+        return float(item) if math.isfinite(item) else 0.5772
+    if isinstance(item, (str, bytes)) or isinstance(item, tuple) and all(
+            isinstance(v, (str, bytes, bool, int, float)) for v in item):
+        raw = repr(item).encode("utf-8", "surrogatepass")  # repr: the same text on every rank (no addresses)
+        return float(int.from_bytes(hashlib.blake2b(raw, digest_size=4).digest(), "big"))
+    if isinstance(item, torch.Tensor) or _numbers(item):
+        return _rows(item)
+    return 0.0
+
+
+def _numbers(value: Any) -> bool:
+    """A numpy array of numbers (a memmap too; not one of texts or objects)."""
+    return _array(value) and getattr(value.dtype, "kind", "") in tuple("biufc")
+
+
+def _array(value: Any) -> bool:
+    return "numpy" in sys.modules and isinstance(value, sys.modules["numpy"].ndarray)
+
+
+def _picks(length: int) -> torch.Tensor:
+    """Up to :data:`ROWS` places spread over ``length``, the first and the last included."""
+    if length == 0:
+        return torch.zeros(0, dtype=torch.long)
+    return torch.linspace(0, length - 1, min(ROWS, length)).round().long()
 
 
 def _rows(value: Any) -> float:
     """A weighted sum over up to :data:`ROWS` rows of a tensor (or a numeric numpy array) spread along its first
     dim; 0 for what has no numbers to sum (an array of file paths, of objects: its length is still compared)."""
-    if not isinstance(value, torch.Tensor) and getattr(getattr(value, "dtype", None), "kind", "") not in "biufc":
+    if not isinstance(value, torch.Tensor) and not _numbers(value):
         return 0.0
     try:
         tensor = torch.as_tensor(value)
@@ -67,8 +123,7 @@ def _rows(value: Any) -> float:
         return 0.0
     if tensor.dim() == 0 or tensor.shape[0] == 0:
         return float(tensor.double().sum()) if tensor.numel() else 0.0
-    picks = torch.linspace(0, tensor.shape[0] - 1, min(ROWS, tensor.shape[0])).round().long()
-    rows = tensor[picks.to(tensor.device)].detach().cpu()
+    rows = tensor[_picks(tensor.shape[0]).to(tensor.device)].detach().cpu()
     if rows.is_complex():
         rows = torch.view_as_real(rows)
     values = rows.double().reshape(-1)

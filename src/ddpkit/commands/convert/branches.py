@@ -40,7 +40,7 @@ def place(work: _Work, binding: Binding, optimizer: Call | None) -> bool:
         _one_path(work, binding, optimizer)
         return False
     if optimizer is not None and (optimizer.stmt is None or id(optimizer.stmt) in node_ids(chain)):
-        return False
+        return _at_move(work, binding, chain)
     if inits.place(work, binding, [], anchor=chain):
         return True
     target = binding.target
@@ -50,6 +50,45 @@ def place(work: _Work, binding: Binding, optimizer: Call | None) -> bool:
               f"{target} is bound on every path through the {word}: prepared whichever path runs (a wrap in one "
               "branch leaves the model of the other paths a separate copy on each rank)", binding.line)
     return True
+
+
+def _at_move(work: _Work, binding: Binding, chain: Any) -> bool:
+    """The optimizer made inside the chain's branches, and the model moved below it (the image-captioning
+    tutorial: ``if checkpoint is None: decoder = Decoder(); opt = Adam(decoder...)`` / ``else: decoder =
+    checkpoint['decoder']``, then ``decoder = decoder.to(device)``): that move reaches every path and becomes
+    the wrap (DDP keeps the parameters the optimizer holds). False: no such move before another use."""
+    target = binding.target
+    block = list(inits.block_of(chain, binding.scope) or [])
+    index = next((i for i, s in enumerate(block) if s is chain), None)
+    if index is None:
+        return False
+    for stmt in block[index + 1:]:
+        if _move_of(stmt, target):
+            if id(stmt) in work.edits.replace:  # another binding of the chain (the else's) placed it here
+                return True
+            work.edits.replace[id(stmt)] = [f"{target} = ddpkit.prepare_model({target})"]
+            work.note(f"{target} = ddpkit.prepare_model({target}) at its move below the if (line "
+                      f"{inits.line_of(work, stmt)}), not in its branch (line {binding.line})", f"{target} is bound "
+                      "on every path through the if and moved here whichever ran: prepared once, for every path",
+                      binding.line)
+            return True
+        if target in {n.value for n in m.findall(stmt, m.Name()) if isinstance(n, cst.Name)}:
+            return False
+    return False
+
+
+def _move_of(stmt: cst.BaseStatement, target: str) -> bool:
+    """``net = net.to(device)`` / ``net.to(device)`` / ``net.cuda()``, alone on its line."""
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return False
+    small = stmt.body[0]
+    value = small.value if isinstance(small, (cst.Expr, cst.Assign)) else None
+    if isinstance(small, cst.Assign) and not (len(small.targets) == 1 and isinstance(small.targets[0].target,
+                                                                                      cst.Name)
+                                              and small.targets[0].target.value == target):
+        return False
+    return isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value in (
+        "to", "cuda") and isinstance(value.func.value, cst.Name) and value.func.value.value == target
 
 
 def _one_path(work: _Work, binding: Binding, optimizer: Call | None) -> None:

@@ -171,11 +171,17 @@ def _reach(facts: Facts, binding: Binding) -> tuple[int, int]:
 
 def part_of(node: cst.BaseExpression | None) -> str | None:
     """The dotted name a value reads a model by: ``model`` of ``model[-1]`` and of ``ddpkit.unwrap(model)[-1]``
-    (converted already), ``model.fc`` of ``model.fc``.
+    (converted already), ``model.fc`` of ``model.fc``; None for an entry of a dict (``checkpoint["encoder"]``:
+    the entry is a model of its own, not a part of the checkpoint).
 
     >>> part_of(cst.parse_expression("ddpkit.unwrap(net)[-1]")), part_of(cst.parse_expression("net.fc"))
     ('net', 'net.fc')
+    >>> part_of(cst.parse_expression("checkpoint['encoder']")) is None
+    True
     """
+    if isinstance(node, cst.Subscript) and any(isinstance(e.slice, cst.Index) and isinstance(
+            e.slice.value, (cst.SimpleString, cst.ConcatenatedString, cst.FormattedString)) for e in node.slice):
+        return None
     inner = node.value if isinstance(node, cst.Subscript) else node
     if isinstance(inner, cst.Call) and inner.args and dotted(inner.func) == "ddpkit.unwrap":
         inner = inner.args[0].value

@@ -82,7 +82,7 @@ def place(work: _Work, binding: Binding, moves: list[Call], anchor: cst.If | Non
     for move in moves:  # ``net.to(device)`` above the init: prepare_model moves it below
         work.edits.remove.add(id(move.stmt))
     work.edits.after.setdefault(id(block[last]), []).append(f"{target} = ddpkit.prepare_model({target})")
-    line = _line(work, block[last])
+    line = line_of(work, block[last])
     _late(work, target, block[stop:], line)
     build = "in its build, before the ; of that line" if line == binding.line else \
         f"at its build (line {binding.line})"
@@ -289,7 +289,7 @@ def node_ids(root: cst.CSTNode) -> set[int]:
     return {id(n) for n in _nodes(root)}
 
 
-def _line(work: _Work, stmt: cst.BaseStatement) -> int:
+def line_of(work: _Work, stmt: cst.BaseStatement) -> int:
     """The last line of ``stmt`` the scan recorded (a read or a simple statement in it): the wrap goes below it."""
     inside = node_ids(stmt)
     lines = [line for s, _scope, line in work.facts.statements if id(s) in inside]

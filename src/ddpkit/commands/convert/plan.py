@@ -37,6 +37,7 @@ from ddpkit.commands.convert import (
     loaders,
     parallel,
     partners,
+    removals,
     rules,
     splits,
     tokens,
@@ -220,6 +221,7 @@ class _Work:
         tokens.token_mean_loss(self)
         batch.contrastive_loss(self)
         rules.outputs(self)
+        removals.removals(self)
         writes.writes(self)
 
     def _convertible(self) -> bool:

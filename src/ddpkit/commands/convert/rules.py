@@ -294,7 +294,13 @@ def called_in_branch(work: _Work, scope: Scope, depth: int = 0) -> bool:
     if not scope.name or depth > 3:
         return False
     sites = [c for c in work.facts.calls if (callee(work.facts, c) or (None,))[0] is scope]
-    return not sites or any(c.tests or called_in_branch(work, c.scope, depth + 1) for c in sites)
+    return not sites or any([t for t in c.tests if not _main_guard(t)] or called_in_branch(work, c.scope, depth + 1)
+                            for c in sites)
+
+
+def _main_guard(test: str) -> bool:
+    """``if __name__ == "__main__":``: every rank runs the script as its main module, so passes it."""
+    return test.replace("'", '"').replace(" ", "") in ('__name__=="__main__"', '"__main__"==__name__')
 
 
 def _per_rank(work: _Work, call: Any) -> bool:
