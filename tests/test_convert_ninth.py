@@ -281,3 +281,18 @@ def test_a_folder_removed_in_a_loop_is_removed_by_rank_0_and_the_wait_listed():
         "                shutil.rmtree(f'{out}/{epoch - 1}')\n" in done.text, done.text
     assert "barrier" not in done.text.split("for epoch")[1]
     assert [left.line for left in done.left if "shutil.rmtree guarded" in left.what] == [21], done.left
+
+
+@pytest.mark.parametrize("step", ["data_iter.next()", "next(data_iter)"])
+def test_a_loader_stepped_once_through_a_named_iterator_stays_plain(step):
+    """recurrent-visual-attention: ``data_iter = iter(sample_loader)`` then ``images, labels = data_iter.next()``
+    (a sample of images to show) was refused as a loader whose role cannot be told; stepped in a loop, it stays a
+    feed that convert does not keep."""
+    shown = TRAIN.replace("model = torch.nn.Linear", "shown = DataLoader(TensorDataset(torch.randn(16, 4)), "
+                          f"batch_size=9, shuffle=True)\ndata_iter = iter(shown)\nfixed, = {step}\n"
+                          "model = torch.nn.Linear")
+    done = plan(shown)
+    assert not done.refused and "shown = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=9" in done.text
+    assert any("drawn from once" in k.what for k in done.kept), done.kept
+    looped = shown.replace(f"fixed, = {step}\n", f"for _ in range(3):\n    fixed, = {step}\n")
+    assert "drawn from once" not in str(plan(looped).kept)

@@ -18,7 +18,7 @@ from typing import Any
 import libcst as cst
 from libcst import matchers as m
 
-from ddpkit.commands.convert import batch, flow, handedin, imported, trained
+from ddpkit.commands.convert import batch, drawn, flow, handedin, imported, trained
 from ddpkit.commands.convert.apply import LOADER_PARAMETERS, loader_call
 from ddpkit.commands.convert.crossing import EVAL, NOT_PASSED, TRAIN, returned
 from ddpkit.commands.convert.flow import callee, loops_reading, peek, roles_said
@@ -293,7 +293,7 @@ def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
                    "(ddpkit convert --imports SCRIPT, or a folder), or make it ddpkit.data_loader(dataset, "
                    "global_batch_size=B) yourself if that loop trains")
         return False
-    if role is None and not loops and binding is not None and _drawn_once(work, binding):
+    if role is None and not loops and binding is not None and drawn.drawn_once(work, binding):
         work.keep(call.line, f"a DataLoader drawn from once (next(iter({binding.target})) outside any loop) left as "
                   "it is", "one batch taken before the loops (a fixed sample to show): no training step reads it")
         return False
@@ -336,24 +336,6 @@ def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
     work.note(f"DataLoader -> ddpkit.data_loader ({'training' if role == 'train' else 'train=False'})",
               how, call.line)
     return role == "train"
-
-def _drawn_once(work: _Work, binding: Any) -> bool:
-    """Every read of the loader's name is ``next(iter(name))`` outside any loop (vqvae's fixed images)."""
-    draws = {id(c.node.args[0].value) for c in work.facts.calls if c.last == "iter" and not c.loops and
-             len(c.node.args) == 1 and dotted(c.node.args[0].value) == binding.target and c.scope is binding.scope}
-    # (``fixed, _ = next(iter(loader))`` a statement of its own: not a lambda's body, called every step)
-    nexts = {id(a.value) for c in work.facts.calls if c.last == "next" and _assigned(c) for a in c.node.args}
-    iters = {id(c.node) for c in work.facts.calls if c.last == "iter" and id(c.node.args[0].value) in draws}
-    reads = [node for name, scope, line, node in work.facts.reads
-             if name == binding.target and scope is binding.scope and line >= binding.line]
-    return bool(reads) and all(id(node) in draws for node in reads) and iters <= nexts
-
-
-def _assigned(call: Call) -> bool:
-    """``call`` is the whole value of an assignment statement."""
-    first = call.stmt.body[0] if call.stmt is not None else None
-    return isinstance(first, cst.Assign) and first.value is call.node
-
 
 def _unsharded_feed(work: _Work, loop: Loop) -> tuple[str, int, str | None] | None:
     """(the argument, its line, the function of this file that built it with the training loader's line) of a call

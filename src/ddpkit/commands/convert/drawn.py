@@ -1,0 +1,64 @@
+"""A DataLoader drawn from once, before the loops (a fixed batch of images to show every epoch): no training step
+reads it, so convert leaves it as it is, not sharded.
+
+pytorch-vqvae writes ``fixed_images, _ = next(iter(test_loader))``; recurrent-visual-attention ``data_iter =
+iter(sample_loader)`` then ``images, labels = data_iter.next()``. A loader read in a loop, or whose iterator is
+stepped in one, feeds training: not this.
+
+Example::
+
+    >>> from ddpkit.commands.convert.plan import plan
+    >>> kept = plan("import torch\\nfrom torch.utils.data import DataLoader\\nshown = DataLoader(ds, batch_size=9)\\n"
+    ...             "it = iter(shown)\\nfixed = next(it)\\n").kept
+    >>> [k.what.split(" left")[0] for k in kept]
+    ['a DataLoader drawn from once (next(iter(shown)) outside any loop)']
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libcst as cst
+
+from ddpkit.commands.convert.scan import Call, dotted
+
+# the plan in the making (plan._Work): facts
+_Work = Any
+
+
+def drawn_once(work: _Work, binding: Any) -> bool:
+    """Every read of the loader's name is ``next(iter(name))`` outside any loop (vqvae's fixed images)."""
+    draws = {id(c.node.args[0].value) for c in work.facts.calls if c.last == "iter" and not c.loops and
+             len(c.node.args) == 1 and dotted(c.node.args[0].value) == binding.target and c.scope is binding.scope}
+    # (``fixed, _ = next(iter(loader))`` a statement of its own: not a lambda's body, called every step)
+    nexts = {id(a.value) for c in work.facts.calls if c.last == "next" and _assigned(c) for a in c.node.args}
+    iters = [c for c in work.facts.calls if c.last == "iter" and id(c.node.args[0].value) in draws]
+    reads = [node for name, scope, line, node in work.facts.reads
+             if name == binding.target and scope is binding.scope and line >= binding.line]
+    return bool(reads) and all(id(node) in draws for node in reads) and \
+        all(id(c.node) in nexts or _stepped_once(work, c) for c in iters)
+
+
+def _stepped_once(work: _Work, call: Call) -> bool:
+    """``it = iter(loader)`` then only ``next(it)`` / ``it.next()`` outside any loop (recurrent-visual-attention's
+    sample of images to show)."""
+    first = call.stmt.body[0] if call.stmt is not None else None
+    if not (isinstance(first, cst.Assign) and first.value is call.node and len(first.targets) == 1 and
+            isinstance(first.targets[0].target, cst.Name)):
+        return False
+    name = first.targets[0].target.value
+    steps = [c for c in work.facts.calls if c.scope is call.scope and c.line > call.line and (
+        c.last == "next" and len(c.node.args) == 1 and dotted(c.node.args[0].value) == name or
+        c.last in ("next", "__next__") and isinstance(c.node.func, cst.Attribute) and
+        dotted(c.node.func.value) == name)]
+    used = [node for read, scope, line, node in work.facts.reads
+            if scope is call.scope and line > call.line and read.split(".")[0] == name]
+    stepped = {id(c.node.args[0].value) if c.node.args else id(c.node.func) for c in steps}
+    stepped |= {id(c.node.func.value) for c in steps if isinstance(c.node.func, cst.Attribute)}
+    return bool(steps) and not any(c.loops for c in steps) and all(id(node) in stepped for node in used)
+
+
+def _assigned(call: Call) -> bool:
+    """``call`` is the whole value of an assignment statement."""
+    first = call.stmt.body[0] if call.stmt is not None else None
+    return isinstance(first, cst.Assign) and first.value is call.node
