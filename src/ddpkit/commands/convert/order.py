@@ -17,6 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import libcst as cst
+import libcst.matchers as m
+
 from ddpkit.commands.convert.flow import callee
 from ddpkit.commands.convert.scan import Facts, Scope
 
@@ -24,9 +27,54 @@ __all__ = ["read_first"]
 
 
 def read_first(facts: Facts, read: Any, write: Any) -> bool:
-    """``read`` runs before ``write`` in every run, or reads another file (a different file name ending)."""
+    """``read`` runs before ``write`` in every run, or never in the run that writes (two commands of one script)."""
     return read.scope is not write.scope and bool(read.scope.name) and \
-        (_runs_before(facts, read, write.scope) or _constructs(facts, read, write))
+        (_runs_before(facts, read, write.scope) or _constructs(facts, read, write) or _apart(facts, read, write))
+
+
+def _apart(facts: Facts, read: Any, write: Any) -> bool:
+    """The read and the write are in two commands of the script, one of which a run runs: ``if FLAGS.generate:
+    generate() else: train()`` (pytorch-gan-collections), or ``fire.Fire()`` exposing ``train`` and ``test``
+    (pytorch-book), each reached from its own function."""
+    reading, writing = _entry(facts, read.scope), _entry(facts, write.scope)
+    if reading is writing or not reading.name or not writing.name:
+        return False
+    read_sites, write_sites = _sites(facts, reading), _sites(facts, writing)
+    if not read_sites and not write_sites:  # ``fire.Fire()``: every function of the module is a command
+        return any(c.name == "fire.Fire" and not c.node.args for c in facts.calls)
+    return len(read_sites) == 1 and len(write_sites) == 1 and _exclusive(facts, read_sites[0], write_sites[0])
+
+
+def _entry(facts: Facts, scope: Scope) -> Scope:
+    """The function a run enters ``scope`` from: the callers of ``scope``, followed up while each is the one
+    function that calls it, from no ``if`` (four deep at most): a dispatching ``if`` stops the walk below it."""
+    for _ in range(4):
+        sites = _sites(facts, scope)
+        if len({id(c.scope) for c in sites}) != 1 or not sites[0].scope.name or any(c.tests for c in sites):
+            break
+        scope = sites[0].scope
+    return scope
+
+
+def _sites(facts: Facts, scope: Scope) -> list[Any]:
+    return [c for c in facts.calls if (callee(facts, c) or (None,))[0] is scope]
+
+
+def _exclusive(facts: Facts, one: Any, other: Any) -> bool:
+    """Two calls in the two sides of one ``if`` / ``else`` (or two branches of one ``if`` / ``elif`` chain)."""
+    if one.scope is not other.scope or one.stmt is None or other.stmt is None:
+        return False
+    for node in m.findall(facts.module, m.If()):
+        if not isinstance(node, cst.If) or node.orelse is None:
+            continue
+        body, rest = _holds(node.body, one.stmt), _holds(node.orelse, other.stmt)
+        if body and rest or _holds(node.body, other.stmt) and _holds(node.orelse, one.stmt):
+            return True
+    return False
+
+
+def _holds(node: cst.CSTNode, stmt: cst.CSTNode) -> bool:
+    return any(found is stmt for found in m.findall(node, m.SimpleStatementLine()))
 
 
 def _runs_before(facts: Facts, read: Any, target: Scope) -> bool:
