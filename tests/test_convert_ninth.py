@@ -345,3 +345,14 @@ def test_a_read_in_another_command_of_the_script_is_no_race():
     assert fired != gan and not plan(fired).left, plan(fired).left
     both = gan.replace("    else:\n        train()\n", "    train()\n")
     assert [left.line for left in plan(both).left if "a file is read at line 9" in left.what] == [22]
+
+
+def test_a_save_read_back_under_the_main_guard_is_waited_for():
+    """``if __name__ == "__main__":`` is passed by every rank: a save read back below it, in that block, gets its
+    barrier (it was listed as a save inside an if)."""
+    head, body = TRAIN.split("loader = ")
+    source = head + "if __name__ == '__main__':\n" + textwrap.indent("loader = " + body, "    ") + \
+        "    torch.save(model.state_dict(), 'm.pt')\n    model.load_state_dict(torch.load('m.pt'))\n"
+    done = plan(source)
+    assert not done.left, done.left
+    assert "        torch.save(model.state_dict(), 'm.pt')\n    ddpkit.barrier()\n" in done.text, done.text

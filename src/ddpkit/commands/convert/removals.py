@@ -22,7 +22,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.check.rules import RANK_WORDS
-from ddpkit.commands.convert.rules import called_in_branch, main_test
+from ddpkit.commands.convert.rules import called_in_branch, main_guard, main_test
 from ddpkit.commands.convert.scan import Call
 
 # the plan in the making (plan._Work): facts, edits, note, leave
@@ -52,7 +52,7 @@ def remove(work: _Work, call: Call) -> None:
         holder = outer
         tests.remove(work.facts.code(outer.test))
     work.edits.guard[id(holder)] = main_test(work, call.scope)
-    if tests or call.loops or called_in_branch(work, call.scope):
+    if any(not main_guard(t) for t in tests) or call.loops or called_in_branch(work, call.scope):
         work.leave(call.line, f"{call.name} guarded (rank 0 removes), but under an if or in a loop: no barrier "
                    "was put after it, and another rank may go on before the folder is gone", "put ddpkit."
                    "barrier() after it where every rank passes")

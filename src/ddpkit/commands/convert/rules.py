@@ -149,10 +149,10 @@ def _save(work: _Work, call: Any, loads: list[Any]) -> None:
         return
     work.edits.guard[id(call.stmt)] = main_test(work, call.scope)
     read_back = _read_back(work, call, loads)
-    if read_back and (call.tests or call.loops or called_in_branch(work, call.scope)) and \
+    if read_back and branched(work, call) and \
             wait_before(work, call, read_back):
         return
-    if read_back and (call.tests or call.loops or called_in_branch(work, call.scope)):  # (one rank may skip it)
+    if read_back and branched(work, call):  # (one rank may skip it)
         work.leave(call.line, f"a file is read at line {read_back[0].line} (maybe the one saved here), and the "
                    "save is inside an if or a loop: the other ranks may read it before rank 0 has written it",
                    BARRIER_FIX)
@@ -191,7 +191,7 @@ def _pretrained(work: _Work, call: Any, ranked: bool) -> None:
     if read_back and any(c.last == "save_pretrained" and c.scope is call.scope and call.line < c.line <
                          read_back[0].line for c in work.facts.calls):
         read_back = []  # (a tokenizer saved below it: one barrier, after the last save, does for both)
-    if read_back and (call.tests or call.loops or called_in_branch(work, call.scope)):
+    if read_back and branched(work, call):
         work.leave(call.line, f"{call.last} inside an if or a loop, and from_pretrained reads at line "
                    f"{read_back[0].line}: the other ranks may read before rank 0 has written", BARRIER_FIX)
     elif read_back:
@@ -294,11 +294,17 @@ def called_in_branch(work: _Work, scope: Scope, depth: int = 0) -> bool:
     if not scope.name or depth > 3:
         return False
     sites = [c for c in work.facts.calls if (callee(work.facts, c) or (None,))[0] is scope]
-    return not sites or any([t for t in c.tests if not _main_guard(t)] or called_in_branch(work, c.scope, depth + 1)
+    return not sites or any([t for t in c.tests if not main_guard(t)] or called_in_branch(work, c.scope, depth + 1)
                             for c in sites)
 
 
-def _main_guard(test: str) -> bool:
+def branched(work: _Work, call: Any) -> bool:
+    """The call is under an ``if`` (not ``if __name__ == "__main__":``), in a loop, or in a function called under
+    one: a barrier beside it is a collective that one rank may skip."""
+    return any(not main_guard(t) for t in call.tests) or bool(call.loops) or called_in_branch(work, call.scope)
+
+
+def main_guard(test: str) -> bool:
     """``if __name__ == "__main__":``: every rank runs the script as its main module, so passes it."""
     return test.replace("'", '"').replace(" ", "") in ('__name__=="__main__"', '"__main__"==__name__')
 

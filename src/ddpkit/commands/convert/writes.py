@@ -27,7 +27,7 @@ from ddpkit.commands.check.rules import RANK_WORDS
 from ddpkit.commands.convert import order
 from ddpkit.commands.convert.flow import binding_of
 from ddpkit.commands.convert.handedin import iterated
-from ddpkit.commands.convert.rules import called_in_branch, main_test, per_rank, wait_before
+from ddpkit.commands.convert.rules import branched, main_test, per_rank, wait_before
 from ddpkit.commands.convert.scan import Call, dotted, resolve
 
 _Work = Any  # the plan in the making (plan._Work)
@@ -118,9 +118,9 @@ def _read_back(work: _Work, call: Call, stmt: Any) -> None:
              and not order.read_first(work.facts, c, call)]
     if not reads:
         return
-    if (call.tests or call.loops or called_in_branch(work, call.scope)) and wait_before(work, call, reads):
+    if branched(work, call) and wait_before(work, call, reads):
         return
-    if call.tests or call.loops or called_in_branch(work, call.scope):  # (a rank may not pass the barrier)
+    if branched(work, call):  # (a rank may not pass the barrier)
         work.leave(call.line, f"a file is read at line {reads[0].line} (maybe the one written here), and the write "
                    "is inside an if or a loop: the other ranks may read it before rank 0 has written it",
                    "put ddpkit.barrier() after the write where every rank passes")
