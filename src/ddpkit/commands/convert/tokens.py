@@ -21,6 +21,7 @@ import re
 from typing import Any
 
 import libcst as cst
+import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.apply import add_keyword
@@ -42,7 +43,7 @@ def token_mean_loss(work: _Work) -> None:
            if c.name == "ddpkit.data_loader" for a in c.node.args):
         return
     code = work.facts.module.code
-    padded = re.search(r"-100\b(?!\s*:)", code) is not None  # (not ``losses[-100:]``)
+    padded = _padded(work.facts.module)
     said: set[int] = set()  # the loops (0: none) already counted or listed
     for call in sorted(work.facts.calls, key=lambda c: not _trained(work, c)):  # training loops first
         keywords = {a.keyword.value: a.value for a in call.node.args if a.keyword is not None}
@@ -73,6 +74,14 @@ def token_mean_loss(work: _Work) -> None:
         shift = _shift(code) if call.last not in TOKEN_LOSSES else ""
         if labels is None or shift is None or not _counted(work, call, labels, value, shift):
             _listed(work, call)
+
+
+def _padded(module: cst.Module) -> bool:
+    """The script writes the number -100 (labels padded with it), not in a slice (``losses[-100:]``) nor in a
+    text (augmix's help: "CIFAR-10, CIFAR-100")."""
+    slices = {id(node) for found in m.findall(module, m.Slice()) for node in m.findall(found, m.UnaryOperation())}
+    return any(id(node) not in slices for node in m.findall(module, m.UnaryOperation(
+        operator=m.Minus(), expression=m.Integer(value="100"))))
 
 
 _MASKS = ("ne", "eq", "gt", "lt", "ge", "le", "bool", "logical_and", "logical_or", "isin")

@@ -26,9 +26,11 @@ def trained_all(facts: Facts, call: Call) -> list[str]:
     """Every model an optimizer call trains (:func:`trained`), also through a name its argument is bound to
     (``params = list(enc.parameters()) + list(dec.parameters()); Adam(params)``: both), two names deep
     (``groups = [{"params": [p for n, p in named ...]}]``, ``named = list(model.named_parameters())``)."""
-    found = trained(call) or _stepped(facts, call) or _handed_out(facts, call)
-    if not (optimizer(call) or found) or not call.node.args:
-        return found
+    found = trained(call) or _stepped(facts, call)
+    # (a class of the script's own over a name: ``self.opt.optimizer(_params, lr=...)``, ``_params = filter(...,
+    # self.model.parameters())``: followed as an optimizer's argument is, before it is read as handed out)
+    if not (optimizer(call) or found or _steps(facts, call)) or not call.node.args:
+        return found or _handed_out(facts, call)
     frontier = [call.node.args[0].value]
     reads = names_in(frontier[0])  # (a list filled by a loop, beside another model's parameters: both)
     for _ in range(3):  # the argument, what its names are bound to, what theirs are
@@ -40,7 +42,7 @@ def trained_all(facts: Facts, call: Call) -> list[str]:
             bound = [binding_of(facts, n, call.scope, call.line) for n in sorted(names_in(value))]
             ahead += [b.value for b in bound if b is not None and b.value is not None]
         frontier = ahead[:32]
-    return list(dict.fromkeys(found + _filled(facts, reads)))
+    return list(dict.fromkeys(found + _filled(facts, reads))) or _handed_out(facts, call)
 
 
 # what only an optimizer is called: a class of a package convert does not know (``Lion(model.parameters())``,
@@ -56,12 +58,18 @@ def _stepped(facts: Facts, call: Call) -> list[str]:
     >>> _stepped(facts, next(c for c in facts.calls if c.last == "Lion"))
     ['net']
     """
-    if not call.node.args or optimizer(call) or call.last in ("clip_grad_norm_", "clip_grad_value_"):
-        return []
-    called = _called_on_result(facts, call)
-    if not ({"step", "zero_grad"} <= called or {"first_step", "second_step"} <= called):
+    if not call.node.args or not _steps(facts, call):
         return []
     return _models(facts, parameters_of(call.node.args[0].value))
+
+
+def _steps(facts: Facts, call: Call) -> bool:
+    """What ``call`` returns is stepped and zeroed (or taken SAM's two steps through) by the script, and ``call``
+    is none of torch's optimizers (nor a gradient clip): an optimizer of another name."""
+    if optimizer(call) or call.last in ("clip_grad_norm_", "clip_grad_value_"):
+        return False
+    called = _called_on_result(facts, call)
+    return {"step", "zero_grad"} <= called or {"first_step", "second_step"} <= called
 
 
 def _handed_out(facts: Facts, call: Call) -> list[str]:

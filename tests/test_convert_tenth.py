@@ -1,0 +1,80 @@
+"""What the tenth held-out set (docs/convert.md) found ``ddpkit convert`` owes public scripts, each a case written
+in our own words after the pattern the set met."""
+import pytest
+
+pytest.importorskip("libcst")
+
+from ddpkit.commands.convert.plan import plan  # noqa: E402
+
+ABSA = '''import argparse
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Instructor:
+    def __init__(self, opt):
+        self.opt = opt
+        self.model = nn.Linear(4, 2).to(opt.device)
+        self.trainset = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
+
+    def run(self):
+        _params = filter(lambda p: p.requires_grad, self.model.parameters())
+        optimizer = self.opt.optimizer(_params, lr=self.opt.lr)
+        for x, y in DataLoader(dataset=self.trainset, batch_size=8, shuffle=True):
+            loss = nn.functional.cross_entropy(self.model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--optimizer", default="adam")
+    parser.add_argument("--lr", default=1e-3, type=float)
+    opt = parser.parse_args()
+    opt.optimizer = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}[opt.optimizer]
+    opt.device = torch.device("cpu")
+    Instructor(opt).run()
+
+
+main()
+'''
+
+
+def test_an_optimizer_class_kept_in_the_settings_trains_the_model_of_its_parameters():
+    """ABSA-PyTorch: ``optimizer = self.opt.optimizer(_params, lr=...)`` (a torch optimizer class kept in the
+    argparse Namespace, ``_params = filter(..., self.model.parameters())``) was read as the settings' own method
+    handing out an optimizer: ``opt = ddpkit.prepare_model(opt)`` (AttributeError: 'Namespace' object has no
+    attribute 'parameters'), and the model left unwrapped."""
+    done = plan(ABSA)
+    assert "self.model = ddpkit.prepare_model(nn.Linear(4, 2))" in done.text, done.text
+    assert "prepare_model(opt)" not in done.text and not done.left, done.left
+    handed = ABSA.replace("self.opt.optimizer(_params, lr=self.opt.lr)", "self.model.get_optimizer(self.opt.lr)")
+    assert "self.model = ddpkit.prepare_model(nn.Linear(4, 2))" in plan(handed).text  # a model's own method: as before
+
+
+CIFAR = '''"""Trains on CIFAR-10 or CIFAR-100."""
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,))), batch_size=4, shuffle=True)
+net = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+for images, targets in loader:
+    opt.zero_grad()
+    loss = F.cross_entropy(net(images), targets)
+    loss.backward()
+    opt.step()
+    print("last 100 losses", [loss.item()][-100:])
+'''
+
+
+def test_a_dataset_named_in_a_text_is_no_label_padding():
+    """augmix: its help says "CIFAR-10, CIFAR-100": the ``-100`` in that text was read as labels padded with
+    -100, and its plain ``cross_entropy(logits, targets)`` listed as a token mean (or counted by batch_count=)."""
+    done = plan(CIFAR)
+    assert not done.left and "batch_count" not in done.text, (done.left, done.text)
+    padded = CIFAR.replace("for images, targets in loader:\n", "for images, targets in loader:\n"
+                           "    targets[targets == 0] = -100\n")
+    assert [left.line for left in plan(padded).left if "a mean over the tokens" in left.what] == [11]
