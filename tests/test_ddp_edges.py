@@ -89,3 +89,51 @@ def test_an_optimizer_state_made_before_a_resume_is_no_bypassed_forward(tmp_path
     script = tmp_path / "resumed.py"
     script.write_text(RESUMED)
     assert "done" in ok(launch(script, tmp_path / "ckpt", timeout=120)).stdout
+
+
+FLOW = '''
+import json, sys
+import torch
+from torch import nn
+import ddpkit
+
+class Flow(nn.Module):  # pytorch-flows: the loss comes from a method, not from forward
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 4))
+
+    def forward(self, x):
+        return self.net(x)
+
+    def log_probs(self, x):
+        return -(self(x) ** 2).sum(-1)  # (its own forward inside: the real one)
+
+    def zeros(self, n):
+        return torch.zeros(n, 4)
+
+state = ddpkit.init()
+model = ddpkit.prepare_model(Flow())
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    start = model.zeros(2)  # set-up through a method, every step: a DDP forward with nothing to reduce
+    with torch.no_grad():
+        model.log_probs(torch.randn(2, 4))  # a look under no_grad: the plain method
+    x = torch.randn(8, 4)  # (a per-rank draw: only an all-reduce makes the steps agree)
+    loss = -model.log_probs(x).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+weights = [round(float(p.sum()), 6) for p in model.parameters()]
+open(sys.argv[1] + f"/rank{state.rank}.json", "w").write(json.dumps(weights))
+'''
+
+
+def test_a_loss_from_a_method_of_the_prepared_model_is_averaged_by_ddp(tmp_path):
+    """pytorch-flows (tenth held-out set): ``loss = -model.log_probs(x).mean()``, a method of the user's class
+    called through the wrapper, ran outside DDP's forward: no gradient was averaged and the first-step check
+    stopped the run. It now runs as DDP's forward: both ranks step alike."""
+    script = tmp_path / "flow.py"
+    script.write_text(FLOW)
+    ok(launch(script, str(tmp_path), timeout=120))
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0] == ranks[1], ranks

@@ -23,7 +23,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddpkit.core import process
 from ddpkit.strategies.consistency import FirstBackwardCheck, check_in_sync
-from ddpkit.strategies.forwarding import PlainStateDict
+from ddpkit.strategies.forwarding import PlainStateDict, user_method
+from ddpkit.strategies.redirect import through_forward
 from ddpkit.strategies.replicas import Replicas
 
 # Every DDP model this interpreter made, released at shutdown. Not run state for core.process to reset: it is a
@@ -92,9 +93,12 @@ class DDP(PlainStateDict, DistributedDataParallel):
         # static_graph: DDP itself finds, in the first iteration, the parameters that never get a gradient
         if not (kwargs.get("find_unused_parameters", False) or kwargs.get("static_graph", False)):
             self._first_backward = FirstBackwardCheck(module)
-        # a method called this way (model.init_hidden) runs on the local module, outside DDP's forward: right for
-        # set-up and inference; a loss from it is all-reduced only when a forward through DDP ran this step
+        # a method of the user's class called this way runs as DDP's forward in a training step (redirect.py), on
+        # the local module otherwise (set-up, inference)
         self.start_forwarding()
+
+    def _forwarded(self, inner: nn.Module, name: str, value: Any) -> Any:
+        return through_forward(self, inner, value) if user_method(inner, name, value) else value
 
     def __getstate__(self) -> dict[str, Any]:
         # copy / pickle: forwarding starts again only after DDP's __setstate__ has set its own attributes
