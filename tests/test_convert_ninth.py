@@ -356,3 +356,44 @@ def test_a_save_read_back_under_the_main_guard_is_waited_for():
     done = plan(source)
     assert not done.left, done.left
     assert "        torch.save(model.state_dict(), 'm.pt')\n    ddpkit.barrier()\n" in done.text, done.text
+
+
+@pytest.mark.parametrize("wipe", ["try:\n    shutil.rmtree(out)\nexcept FileNotFoundError:\n    pass\n",
+                                  "with contextlib.suppress(FileNotFoundError):\n    shutil.rmtree(out)\n"])
+def test_a_wipe_that_may_raise_is_guarded_whole_and_waited_for_outside_it(wipe):
+    """Review: in ``try: shutil.rmtree(out)`` / ``except FileNotFoundError: pass`` the barrier went inside the
+    try: on a fresh run rank 0 raised, skipped it, and rank 1 waited forever."""
+    done = plan("import contextlib, os, shutil\nout = 'runs'\n" + wipe + "os.makedirs(out, exist_ok=True)\n")
+    guarded = "if ddpkit.init().is_main:\n" + textwrap.indent(wipe, "    ") + "ddpkit.barrier()\n"
+    assert guarded in done.text, done.text
+
+
+def test_a_wipe_in_an_expression_or_of_a_folder_of_each_rank_is_not_guarded():
+    """Review: ``wipe = lambda d: shutil.rmtree(d)`` had its assignment guarded (NameError on rank 1); a
+    ``tempfile.mkdtemp()`` folder, each rank's own, was removed by rank 0 only (the others' left on disk)."""
+    done = plan("import shutil\nwipe = lambda d: shutil.rmtree(d)\nwipe('runs')\n")
+    assert "is_main" not in done.text and [left.line for left in done.left] == [2], done.left
+    scratch = plan("import shutil, tempfile\nwork = tempfile.mkdtemp()\nshutil.rmtree(work)\n")
+    assert "is_main" not in scratch.text and not scratch.left
+
+
+@pytest.mark.parametrize("stepped", ["def get_batch():\n    return next(data_iter)\n",
+                                     "batches = [next(data_iter) for _ in range(3)]\n"])
+def test_an_iterator_stepped_by_a_helper_or_a_comprehension_is_no_sample_to_show(stepped):
+    """Review: ``data_iter = iter(train_loader)`` also stepped in a helper function or a comprehension (many
+    times) was kept plain as a sample to show: every rank trained on all the data."""
+    head = TRAIN.split("for epoch")[0] + "data_iter = iter(loader)\nfixed = next(data_iter)\n" + stepped
+    loop = "for step in range(3):\n    (x,) = get_batch()\n" if "def" in stepped else "for (x,) in batches:\n"
+    done = plan(head + loop + "    opt.zero_grad()\n    model(x).sum().backward()\n    opt.step()\n")
+    assert "ddpkit.data_loader(" in done.text and "drawn from once" not in str(done.kept), done.text
+
+
+def test_a_save_and_a_read_in_the_two_sides_of_an_if_in_a_loop_still_race():
+    """Review: ``for epoch ...: if epoch < 2: pretrain() else: finetune()`` runs both sides in one run; read as
+    two commands of the script, the race was no longer said."""
+    looped = GAN.replace("def main():\n    if flags_generate:", "def main():\n  for epoch in range(3):\n"
+                         "    if flags_generate:")
+    assert looped != GAN
+    assert [left.line for left in plan(looped).left if "a file is read at line 9" in left.what] == [22]
+    absl = GAN.replace('if __name__ == "__main__":\n    main()\n', "from absl import app\napp.run(main)\n")
+    assert absl != GAN and not plan(absl).left, plan(absl).left  # absl's app.run(main): main runs once

@@ -75,3 +75,39 @@ def test_a_dataset_of_its_own_is_told_by_the_lists_and_tables_it_holds():
     assert fingerprint(Held(df=frame)).tolist() == fingerprint(Held(df=frame.copy())).tolist()
     ragged = pd.DataFrame({"tokens": [[1, 2], [3], [4], [5]]})  # cells pandas cannot hash: the length still
     assert fingerprint(Held(df=ragged)).tolist()[0] == 4.0
+
+
+def test_what_may_differ_between_processes_holding_the_same_data_is_not_compared():
+    """Review: a cache each rank fills with what it reads (``[None] * n``, then tensors), the same files under
+    each process's own scratch folder, a buffer from ``torch.empty``, a stored generator state, a DataFrame
+    column of objects (hashed through their addresses) gave a false "differs between ranks"; a sparse tensor
+    and an int beyond float64 made the fingerprint raise."""
+    import torch
+    from torch.utils.data import Dataset
+
+    from ddpkit.data.same import fingerprint
+
+    class Held(Dataset):
+        def __init__(self, **held):
+            self.__dict__.update(held)
+
+        def __len__(self):
+            return 4
+
+    def same(a, b):
+        return fingerprint(Held(**a)).tolist() == fingerprint(Held(**b)).tolist()
+
+    assert same({"cache": [None] * 4}, {"cache": [torch.ones(2), None, None, torch.zeros(3)]})
+    assert same({"samples": [("/tmp/a1/x.npy", 0), ("/tmp/a1/y.npy", 1)]},
+                {"samples": [("/tmp/b2/x.npy", 0), ("/tmp/b2/y.npy", 1)]})
+    assert not same({"samples": [("/tmp/a1/x.npy", 0), ("/tmp/a1/y.npy", 1)]},
+                    {"samples": [("/tmp/a1/y.npy", 1), ("/tmp/a1/x.npy", 0)]})
+    assert same({"buffer": torch.zeros(3), "state": torch.get_rng_state()},
+                {"buffer": torch.ones(3), "state": torch.Generator().manual_seed(5).get_state()})
+    for odd in ({"data": torch.eye(3).to_sparse()}, {"ids": [2 ** 2000, 1]}, {"data": torch.empty(3, device="meta")}):
+        fingerprint(Held(**odd))  # no raise
+    pd = pytest.importorskip("pandas")
+    objects = pd.DataFrame({"text": ["a", "b"], "obj": [object(), object()]})
+    again = pd.DataFrame({"text": ["a", "b"], "obj": [object(), object()]})
+    assert same({"df": objects}, {"df": again})
+    assert not same({"df": objects}, {"df": objects.iloc[::-1]})

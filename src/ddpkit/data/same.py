@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import sys
 from typing import Any
 
@@ -59,41 +60,76 @@ def _sums(dataset: Any, depth: int) -> list[float]:
         # of texts, of (path, label) pairs, a DataFrame)
         for name in sorted(getattr(dataset, "__dict__", {})):
             value = dataset.__dict__[name]
-            inner = _sums(value, depth - 1) if isinstance(value, Dataset) else [_held(value), 0.0, 0.0]
-            tensors, indices, parts = tensors + inner[0], indices + inner[1], parts + inner[2]
+            if isinstance(value, Dataset):
+                inner = _sums(value, depth - 1)
+                tensors, indices, parts = tensors + inner[0], indices + inner[1], parts + inner[2]
+            else:
+                tensors += _held(name, value)
     return [tensors, indices, parts]
 
 
-def _held(value: Any) -> float:
-    """A number for what an attribute of a Dataset holds: numeric tensors and arrays by :func:`_rows`, lists and
-    tuples by up to :data:`ROWS` of their items (texts and paths hashed), a pandas table by up to ROWS rows; 0
-    for anything else (a transform, a generator, a number: a rank or an epoch may differ by design)."""
-    if isinstance(value, torch.Tensor) or _numbers(value):
-        return _rows(value)
-    if type(value).__name__ in ("DataFrame", "Series") and hasattr(value, "iloc") and "pandas" in sys.modules:
+# the attributes whose tensors and numeric arrays are the samples (torchvision's): a tensor under another name
+# may be a buffer, a stored generator state or a random jitter each process draws on purpose
+SAMPLES = ("data", "targets")
+
+
+def _held(name: str, value: Any) -> float:
+    """A number for what the attribute ``name`` of a Dataset holds: the tensors and numeric arrays of
+    :data:`SAMPLES` by :func:`_rows`; a list, tuple or array of plain values (texts, numbers, (path, label)
+    pairs) by up to :data:`ROWS` of them; a pandas table by its columns of plain values; 0 for anything else (a
+    transform, a generator, a number such as a rank or an epoch, a cache filled as samples are read). Never
+    raises: what it cannot read counts as nothing."""
+    try:
+        if isinstance(value, torch.Tensor) or _numbers(value):
+            return _rows(value) if name in SAMPLES else 0.0
+        if type(value).__name__ in ("DataFrame", "Series") and hasattr(value, "iloc"):
+            return _table(value)
+        if isinstance(value, (list, tuple)) or _array(value) and value.ndim == 1:
+            return _plain([value[i] for i in _picks(len(value)).tolist()])
+    except Exception:  # noqa: BLE001  (a sparse, meta or quantized tensor, an odd array: not compared)
+        return 0.0
+    return 0.0
+
+
+def _table(frame: Any) -> float:
+    """A pandas DataFrame (or Series) by up to :data:`ROWS` rows of each column of plain values."""
+    picked = frame.iloc[_picks(len(frame)).tolist()]
+    columns = [picked[c] for c in picked.columns] if hasattr(picked, "columns") else [picked]
+    return sum((k + 1) * _plain(list(column)) for k, column in enumerate(columns))
+
+
+def _plain(items: list[Any]) -> float:
+    """An order-sensitive number for a list of plain values; 0 unless every one is plain (a list of tensors, of
+    None: a cache each rank fills with what it reads)."""
+    found = [_item(item) for item in items]
+    if not found or any(f is None for f in found):
+        return 0.0
+    return _weighted(torch.tensor(found, dtype=torch.float64))
+
+
+def _item(item: Any) -> float | None:
+    """A number as it is (a numpy one too), a text (or a tuple of plain values) by a stable hash of its text,
+    a path by its file name (the same files under each process's own folder); None for anything else."""
+    if isinstance(item, (bool, int, float)) or type(item).__module__ == "numpy" and hasattr(item, "dtype") and \
+            getattr(item.dtype, "kind", "") in tuple("biuf"):
         try:
-            picked = value.iloc[_picks(len(value)).tolist()]
-            hashed = sys.modules["pandas"].util.hash_pandas_object(picked, index=True).to_numpy()
-        except (TypeError, ValueError):  # a cell pandas cannot hash (a list): its length is still compared
-            return 0.0
-        return _weighted(torch.as_tensor(hashed % (1 << 32), dtype=torch.float64))
-    if isinstance(value, (list, tuple)) or _array(value) and value.ndim > 0:
-        items = [value[i] for i in _picks(len(value)).tolist()]
-        return _weighted(torch.tensor([_item(item) for item in items], dtype=torch.float64)) if items else 0.0
-    return 0.0
+            number = float(item)
+        except OverflowError:  # an int beyond float64: by its text
+            return _text(repr(int(item)))
+        return number if math.isfinite(number) else 0.5772
+    if isinstance(item, (str, bytes)):
+        return _text(item)
+    if isinstance(item, tuple) and item and all(isinstance(v, (str, bytes, bool, int, float)) for v in item):
+        return _text("\x1f".join(repr(_text(v) if isinstance(v, (str, bytes)) else v) for v in item))
+    return None
 
 
-def _item(item: Any) -> float:
-    """One item of a list: a number as it is, a text (or a tuple of plain values) by a stable hash."""
-    if isinstance(item, (bool, int, float)):
-        return float(item) if math.isfinite(item) else 0.5772
-    if isinstance(item, (str, bytes)) or isinstance(item, tuple) and all(
-            isinstance(v, (str, bytes, bool, int, float)) for v in item):
-        raw = repr(item).encode("utf-8", "surrogatepass")  # repr: the same text on every rank (no addresses)
-        return float(int.from_bytes(hashlib.blake2b(raw, digest_size=4).digest(), "big"))
-    if isinstance(item, torch.Tensor) or _numbers(item):
-        return _rows(item)
-    return 0.0
+def _text(value: str | bytes) -> float:
+    """A stable hash of a text (a path: of its file name, so that a copy under another folder is the same)."""
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+    if "/" in text or os.sep in text:
+        text = text.replace(os.sep, "/").rstrip("/").rsplit("/", 1)[-1]
+    return float(int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=4).digest(), "big"))
 
 
 def _numbers(value: Any) -> bool:

@@ -47,12 +47,15 @@ def _stepped_once(work: _Work, call: Call) -> bool:
             isinstance(first.targets[0].target, cst.Name)):
         return False
     name = first.targets[0].target.value
-    steps = [c for c in work.facts.calls if c.scope is call.scope and c.line > call.line and (
+    # each step a statement of its own (``x, y = next(it)``: not a comprehension's, a lambda's or a return's, which
+    # may run many times), in the same function
+    steps = [c for c in work.facts.calls if c.scope is call.scope and c.line > call.line and _assigned(c) and (
         c.last == "next" and len(c.node.args) == 1 and dotted(c.node.args[0].value) == name or
         c.last in ("next", "__next__") and isinstance(c.node.func, cst.Attribute) and
         dotted(c.node.func.value) == name)]
+    # every read of the name, in any function (a helper stepping the same iterator: ``return next(it)``)
     used = [node for read, scope, line, node in work.facts.reads
-            if scope is call.scope and line > call.line and read.split(".")[0] == name]
+            if (scope is not call.scope or line > call.line) and read.split(".")[0] == name]
     stepped = {id(c.node.args[0].value) if c.node.args else id(c.node.func) for c in steps}
     stepped |= {id(c.node.func.value) for c in steps if isinstance(c.node.func, cst.Attribute)}
     return bool(steps) and not any(c.loops for c in steps) and all(id(node) in stepped for node in used)

@@ -21,7 +21,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert.flow import callee
-from ddpkit.commands.convert.scan import Facts, Scope
+from ddpkit.commands.convert.scan import Facts, Scope, dotted
 
 __all__ = ["read_first"]
 
@@ -42,7 +42,20 @@ def _apart(facts: Facts, read: Any, write: Any) -> bool:
     read_sites, write_sites = _sites(facts, reading), _sites(facts, writing)
     if not read_sites and not write_sites:  # ``fire.Fire()``: every function of the module is a command
         return any(c.name == "fire.Fire" and not c.node.args for c in facts.calls)
-    return len(read_sites) == 1 and len(write_sites) == 1 and _exclusive(facts, read_sites[0], write_sites[0])
+    # (each dispatched once: an if / else in a loop runs both sides in one run, one after the other)
+    return len(read_sites) == 1 and len(write_sites) == 1 and not read_sites[0].loops and \
+        not write_sites[0].loops and _called_once_or_top(facts, read_sites[0].scope) and \
+        _exclusive(facts, read_sites[0], write_sites[0])
+
+
+def _called_once_or_top(facts: Facts, scope: Scope) -> bool:
+    """The dispatching function runs once a run: the module itself, a function called once in no loop, or one
+    handed to a runner at the module's level (absl's ``app.run(main)``, ``fire.Fire(main)``)."""
+    if not scope.name or _called_once(facts, scope):
+        return True
+    return not _sites(facts, scope) and any(
+        not c.scope.name and not c.loops and any(dotted(a.value) == scope.name for a in c.node.args)
+        for c in facts.calls)
 
 
 def _entry(facts: Facts, scope: Scope) -> Scope:

@@ -22,7 +22,8 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.check.rules import RANK_WORDS
-from ddpkit.commands.convert.rules import called_in_branch, main_guard, main_test
+from ddpkit.commands.convert.flow import in_body
+from ddpkit.commands.convert.rules import called_in_branch, main_guard, main_test, per_rank
 from ddpkit.commands.convert.scan import Call
 
 # the plan in the making (plan._Work): facts, edits, note, leave
@@ -39,22 +40,24 @@ def removals(work: _Work) -> None:
 
 
 def remove(work: _Work, call: Call) -> None:
-    """Guard the removal (with the ``if`` that holds only it) on rank 0, then a barrier; where a barrier could be
-    skipped by one rank (under another ``if``, in a loop), the guard alone, and the wait listed."""
-    if call.stmt is None or len(call.stmt.body) != 1:
-        work.leave(call.line, f"{call.name} on a line with other statements: every rank removes it", "put it on a "
-                   "line of its own, then convert again")
+    """Guard the removal (with the ``if`` / ``try`` / ``with`` that holds only it) on rank 0, then a barrier; where
+    a barrier could be skipped by one rank (under another ``if``, in a loop), the guard alone, and the wait
+    listed. A folder of each rank's own (a temporary directory) is each rank's to remove: left as it is."""
+    small = call.stmt.body[0] if call.stmt is not None and len(call.stmt.body) == 1 else None
+    if not (isinstance(small, cst.Expr) and small.value is call.node) or call.stmt is None:
+        work.leave(call.line, f"{call.name} inside an expression or on a line with other statements (a lambda, a "
+                   "return): every rank removes it", "put it on a line of its own, then convert again")
+        return
+    if call.node.args and per_rank(work, [call.node.args[0].value]):
         return
     holder: cst.BaseStatement = call.stmt
-    tests = list(call.tests)
-    outer = _sole_if(work.facts.module, call.stmt)
-    if outer is not None:
+    while (outer := _sole_holder(work.facts.module, holder)) is not None:  # ``try: rmtree(d) except ...: pass``
         holder = outer
-        tests.remove(work.facts.code(outer.test))
     work.edits.guard[id(holder)] = main_test(work, call.scope)
-    if any(not main_guard(t) for t in tests) or call.loops or called_in_branch(work, call.scope):
-        work.leave(call.line, f"{call.name} guarded (rank 0 removes), but under an if or in a loop: no barrier "
-                   "was put after it, and another rank may go on before the folder is gone", "put ddpkit."
+    if not (in_body(holder, call.scope) or _in_main_block(work.facts.module, holder)) or \
+            called_in_branch(work, call.scope):
+        work.leave(call.line, f"{call.name} guarded (rank 0 removes), but under an if, in a loop or in a try: no "
+                   "barrier was put after it, and another rank may go on before the folder is gone", "put ddpkit."
                    "barrier() after it where every rank passes")
         return
     work.edits.after.setdefault(id(holder), []).append("ddpkit.barrier()")
@@ -63,8 +66,20 @@ def remove(work: _Work, call: Call) -> None:
               call.line)
 
 
-def _sole_if(module: cst.Module, stmt: cst.BaseStatement) -> cst.If | None:
-    """The ``if`` (no ``elif`` / ``else``) whose body is ``stmt`` alone: ``if os.path.exists(d): shutil.rmtree(d)``."""
-    return next((node for node in m.findall(module, m.If()) if isinstance(node, cst.If) and node.orelse is None
-                 and isinstance(node.body, cst.IndentedBlock) and len(node.body.body) == 1
-                 and node.body.body[0] is stmt), None)
+def _sole_holder(module: cst.Module, stmt: cst.BaseStatement) -> cst.BaseStatement | None:
+    """The ``if`` (no ``elif`` / ``else``), ``try`` or ``with`` whose body is ``stmt`` alone: ``if
+    os.path.exists(d): shutil.rmtree(d)``, ``try: shutil.rmtree(d)`` / ``except FileNotFoundError: pass``."""
+    for node in m.findall(module, m.If() | m.Try() | m.With()):
+        if isinstance(node, cst.If) and node.orelse is not None:
+            continue
+        body = getattr(node, "body", None)
+        if isinstance(body, cst.IndentedBlock) and len(body.body) == 1 and body.body[0] is stmt:
+            return node  # type: ignore[return-value]
+    return None
+
+
+def _in_main_block(module: cst.Module, stmt: cst.BaseStatement) -> bool:
+    """``stmt`` is a statement of the module's own ``if __name__ == "__main__":`` block (every rank runs it)."""
+    return any(isinstance(top, cst.If) and top.orelse is None and main_guard(module.code_for_node(top.test)) and
+               isinstance(top.body, cst.IndentedBlock) and any(s is stmt for s in top.body.body)
+               for top in module.body)
