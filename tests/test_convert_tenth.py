@@ -78,3 +78,15 @@ def test_a_dataset_named_in_a_text_is_no_label_padding():
     padded = CIFAR.replace("for images, targets in loader:\n", "for images, targets in loader:\n"
                            "    targets[targets == 0] = -100\n")
     assert [left.line for left in plan(padded).left if "a mean over the tokens" in left.what] == [11]
+
+
+def test_a_setting_written_on_the_model_after_its_move_is_no_initialisation():
+    """resnet1d: ``model.to(device)``, then ``model.verbose = False`` (a flag its forward reads), then the
+    optimizer: the flag was listed as an initialisation after prepare_model. Through the wrapper the write reaches
+    the module (forwarding.py); a new part (``model.fc = nn.Linear(...)``) there still takes the wrap below it."""
+    source = CIFAR.replace("net = torch.nn.Linear(4, 2)\n", "net = torch.nn.Linear(4, 2)\nnet.to('cpu')\n"
+                           "net.verbose = False\n")
+    done = plan(source)
+    assert not done.left and "net = ddpkit.prepare_model(net)\nnet.verbose = False\n" in done.text, done.text
+    head = plan(source.replace("net.verbose = False", "net.fc = torch.nn.Linear(2, 2)"))
+    assert "net.fc = torch.nn.Linear(2, 2)\nnet = ddpkit.prepare_model(net)\n" in head.text, head.text

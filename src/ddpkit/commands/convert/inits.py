@@ -208,6 +208,8 @@ def _set_parts(stmt: cst.CSTNode, target: str) -> list[cst.BaseExpression]:
         if isinstance(stmt, cst.If) else []
     found: list[cst.BaseExpression] = []
     for small in (s for line in lines for s in line.body):
+        if _setting(getattr(small, "value", None)):  # ``model.verbose = False``: a setting, no part (resnet1d)
+            continue
         targets: list[cst.BaseExpression] = [t.target for t in small.targets] if isinstance(small, cst.Assign) \
             else [small.target] if isinstance(small, (cst.AnnAssign, cst.AugAssign)) else []
         targets = [e.value for t in targets for e in (t.elements if isinstance(t, (cst.Tuple, cst.List)) else [])] \
@@ -215,6 +217,14 @@ def _set_parts(stmt: cst.CSTNode, target: str) -> list[cst.BaseExpression]:
         found += [t for t in targets if isinstance(t, (cst.Attribute, cst.Subscript)) and _refers(t, target)
                   and dotted(t) != target]
     return found
+
+
+def _setting(value: cst.BaseExpression | None) -> bool:
+    """A literal: a number, a text, ``True`` / ``False`` / ``None``."""
+    if isinstance(value, cst.UnaryOperation):
+        value = value.expression
+    return isinstance(value, (cst.Integer, cst.Float, cst.SimpleString, cst.ConcatenatedString)) or \
+        isinstance(value, cst.Name) and value.value in ("True", "False", "None")
 
 
 def _peeks(reads: list[Any], calls: list[Call], target: str) -> set[int]:
