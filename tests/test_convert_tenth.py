@@ -90,3 +90,55 @@ def test_a_setting_written_on_the_model_after_its_move_is_no_initialisation():
     assert not done.left and "net = ddpkit.prepare_model(net)\nnet.verbose = False\n" in done.text, done.text
     head = plan(source.replace("net.verbose = False", "net.fc = torch.nn.Linear(2, 2)"))
     assert "net.fc = torch.nn.Linear(2, 2)\nnet = ddpkit.prepare_model(net)\n" in head.text, head.text
+
+
+CAPS = '''import argparse
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def train(model, loader):
+    opt = torch.optim.Adam(model.parameters())
+    for epoch in range(2):
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        torch.save(model.state_dict(), "epoch%d.pkl" % epoch)
+    torch.save(model.state_dict(), "trained_model.pkl")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--weights", default=None)
+    args = parser.parse_args()
+    loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,))), batch_size=4, shuffle=True)
+    model = torch.nn.Linear(4, 2)
+    if args.weights is not None:
+        model.load_state_dict(torch.load(args.weights))
+    train(model, loader)
+'''
+
+
+def test_a_read_in_the_main_block_before_the_training_call_is_no_race():
+    """CapsNet-Pytorch: its ``__main__`` block loads ``--weights``, then calls ``train()``, which saves every
+    epoch: the load was said to race the saves. A read below the call still races: said."""
+    assert not [left for left in plan(CAPS).left if "is read at line" in left.what], plan(CAPS).left
+    below = CAPS + "    model.load_state_dict(torch.load('trained_model.pkl'))\n"
+    assert [left for left in plan(below).left if "is read at line 26" in left.what], plan(below).left
+
+
+def test_a_rate_shown_over_the_batch_size_is_listed():
+    """pointnet.pytorch: ``print(... % (correct.item() / float(opt.batchSize)))`` in the training loop: with the
+    batch global, each process's batch is B/N and the accuracy shown was 1/N of the one-process one, nothing said.
+    A count of steps shown (``len(dataset) // B``) is right as it is."""
+    rate = CIFAR.replace(
+        '    print("last 100 losses", [loss.item()][-100:])\n',
+        '    correct = (net(images).argmax(1) == targets).sum()\n    print("acc %f" % (correct.item() / float(4)))\n')
+    assert rate != CIFAR
+    named = rate.replace("batch_size=4", "batch_size=bs").replace("float(4)", "float(bs)").replace(
+        "import torch\n", "import torch\nbs = 4\n", 1)
+    done = plan(named)
+    assert [left.line for left in done.left if "a rate shown over bs" in left.what] == [15], done.left
+    steps = named.replace("correct.item() / float(bs)", "len(loader.dataset) // bs")
+    assert not plan(steps).left, plan(steps).left

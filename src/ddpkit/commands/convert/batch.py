@@ -77,7 +77,28 @@ def global_batch(work: _Work, call: Call, loops: list[Loop]
               f"processes, each taking {size} / N (N, the number of processes, must divide {size}); "
               f"--per-process-batch keeps {size} per process", call.line)
     _attribute_reads(work, call, given.value, loops)
+    _shown_rates(work, names, loops)
     return _rename, frozenset(names)
+
+
+def _shown_rates(work: _Work, names: set[str], loops: list[Loop]) -> None:
+    """A rate the training loop shows over the batch size's name (pointnet's ``correct.item() /
+    float(opt.batchSize)`` accuracy, printed every step): each process's batch is now B/N, so the rate shown is 1/N
+    of the one-process value. Listed, with the fix (the batch's own size)."""
+    quiet = _quiet(work, loops)
+    for loop in loops:
+        if not flow.trains(work.facts, loop):
+            continue
+        for div in m.findall(loop.node.body, m.BinaryOperation(operator=m.Divide() | m.FloorDivide())):
+            inside = node_ids(div.right) if isinstance(div, cst.BinaryOperation) else set()
+            read = next(((name, line) for name, _scope, line, node in work.facts.reads
+                         if name in names and id(node) in inside), None)
+            counts = m.findall(div.left, m.Call(func=m.Name("len"))) if isinstance(div, cst.BinaryOperation) else []
+            if id(div) in quiet and read is not None and not counts:  # (``len(dataset) // B``: steps, right)
+                work.leave(read[1], f"a rate shown over {read[0]}, the global batch now: each process's batch is "
+                           f"{read[0]}/N, so what is shown is 1/N of the one-process value", "divide by the "
+                           "batch's own size (target.size(0)) instead")
+                return
 
 
 def _attribute_reads(work: _Work, call: Call, size: cst.BaseExpression, loops: list[Loop]) -> None:

@@ -28,7 +28,7 @@ __all__ = ["read_first"]
 
 def read_first(facts: Facts, read: Any, write: Any) -> bool:
     """``read`` runs before ``write`` in every run, or never in the run that writes (two commands of one script)."""
-    return read.scope is not write.scope and bool(read.scope.name) and \
+    return read.scope is not write.scope and \
         (_runs_before(facts, read, write.scope) or _constructs(facts, read, write) or _apart(facts, read, write))
 
 
@@ -91,10 +91,11 @@ def _holds(node: cst.CSTNode, stmt: cst.CSTNode) -> bool:
 
 
 def _runs_before(facts: Facts, read: Any, target: Scope) -> bool:
-    """``read``, in no loop of a function called in no loop, is above every call of that function that leads
-    to ``target`` (the writing function), and there is one such call."""
-    scope = read.scope
-    if read.loops or not _called_once(facts, scope):
+    """``read``, in no loop of a function called in no loop (or of the module), is above every call of that
+    function that leads to ``target`` (the writing function), and there is one such call."""
+    scope = read.scope  # (the module's own code runs once: capsnet's ``if args.weights: model.load_state_dict(
+    # torch.load(args.weights))`` in its ``__main__`` block, then ``train(...)``, which saves)
+    if read.loops or scope.name and not _called_once(facts, scope):
         return False
     leading = [c.line for c in facts.calls if c.scope is scope and _reaches(facts, c, target)]
     return bool(leading) and min(leading) > read.line
