@@ -142,3 +142,14 @@ def test_a_rate_shown_over_the_batch_size_is_listed():
     assert [left.line for left in done.left if "a rate shown over bs" in left.what] == [15], done.left
     steps = named.replace("correct.item() / float(bs)", "len(loader.dataset) // bs")
     assert not plan(steps).left, plan(steps).left
+
+
+def test_a_training_loader_handed_to_another_modules_function_is_listed_in_file_mode():
+    """PyTorch_Tutorial (TingsongYu): after training, ``validate(net, train_loader, 'train')``, imported from the
+    project's utils: converted alone, the loader became a training shard and the accuracy it printed covered each
+    rank's half, nothing said. A call that also hands the optimizer trains: not listed."""
+    source = "from helpers import validate\n" + CIFAR + "validate(net, loader, 'train')\n"
+    done = plan(source)
+    assert [left.line for left in done.left if "is also handed to validate" in left.what] == [6], done.left
+    trains = "from helpers import fit\n" + CIFAR + "fit(net, loader, opt)\n"
+    assert not [left for left in plan(trains).left if "is also handed" in left.what]

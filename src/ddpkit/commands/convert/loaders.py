@@ -333,6 +333,14 @@ def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
     work.edits.expr[id(call.node)] = lambda node: (rename or _same)(loader_call(node, keywords))
     if role == "train":
         work.sharded.add(id(call.node))
+        away = _handed_away(work, binding) if binding is not None else None
+        origin = imported_from(work.facts, away) if away is not None else None
+        if binding is not None and away is not None and (origin is None or origin[0] not in work.facts.own):
+            # (a module of the project converted together: it says what its loop does with the loader)
+            work.leave(call.line, f"{binding.target}, a training loader now (each rank its shard), is also handed "
+                       f"to {away}, a function of another module whose loop convert does not see here: what it "
+                       "counts or evaluates over it is this rank's shard only", "convert them together (ddpkit "
+                       "convert --imports SCRIPT, or a folder), or hand it a plain DataLoader over the same dataset")
     work.note(f"DataLoader -> ddpkit.data_loader ({'training' if role == 'train' else 'train=False'})",
               how, call.line)
     return role == "train"
