@@ -25,6 +25,7 @@ import libcst.matchers as m
 
 from ddpkit.commands.convert import inits
 from ddpkit.commands.convert.inits import node_ids
+from ddpkit.commands.convert.rules import main_guard
 from ddpkit.commands.convert.scan import Binding, Call
 
 # the plan in the making (plan._Work): facts, edits, note
@@ -98,6 +99,8 @@ def _one_path(work: _Work, binding: Binding, optimizer: Call | None) -> None:
     holder = _holding(_tops(work), binding.stmt) if binding.stmt is not None else None
     if holder is None or optimizer is None or optimizer.stmt is None or id(optimizer.stmt) in node_ids(holder):
         return
+    if isinstance(holder, cst.If) and main_guard(work.facts.code(holder.test)):
+        return  # ``if __name__ == "__main__":``: every rank runs the script as its main module
     work.leave(binding.line, f"{binding.target} is built in one branch of an if that does not bind it on every "
                f"path, and prepared there: on the other paths it is not (each rank would train its own copy; the "
                "first optimizer step stops it)", f"bind {binding.target} on every path (an else), or wrap it "
