@@ -154,3 +154,32 @@ def test_a_training_loader_handed_to_another_modules_function_is_listed_in_file_
     assert [left.line for left in done.left if "is also handed to validate" in left.what] == [6], done.left
     trains = "from helpers import fit\n" + CIFAR + "fit(net, loader, opt)\n"
     assert not [left for left in plan(trains).left if "is also handed" in left.what]
+
+
+FETCH = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def fetch_dataloader(types, batch_size):
+    trainset = TensorDataset(torch.randn(32, 8), torch.randint(0, 3, (32,)))
+    devset = TensorDataset(torch.randn(8, 8), torch.randint(0, 3, (8,)))
+    trainloader = DataLoader(trainset, batch_size=batch_size, shuffle=True)
+    devloader = DataLoader(devset, batch_size=batch_size, shuffle=False)
+    if types == "train":
+        dl = trainloader
+    else:
+        dl = devloader
+    return dl
+'''
+
+
+def test_a_dev_set_loader_is_named_for_evaluation():
+    """knowledge-distillation-pytorch (Stanford CS230's template): ``fetch_dataloader(types, params)`` builds
+    ``trainloader`` and ``devloader`` and returns the one ``types`` names: the dev set's loader was refused as one
+    whose role cannot be told. A loader over a dataset made on a device is no dev set."""
+    done = plan(FETCH)
+    assert not done.refused, done.left
+    assert "trainloader = ddpkit.data_loader(trainset, global_batch_size=batch_size, shuffle=True)" in done.text
+    assert [k.line for k in done.kept if "an evaluation DataLoader (by its name)" in k.what] == [9], done.kept
+    device = FETCH.replace("devset", "data_on_device").replace("devloader", "loader_b")
+    assert plan(device).refused

@@ -17,6 +17,8 @@ Example::
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Callable
 
 import libcst as cst
@@ -334,7 +336,10 @@ def _naming(facts: Facts, binding: Binding | None, call: Call) -> tuple[bool, st
 
 
 def _eval_named(words: str) -> bool:
-    return "train" not in words and any(w in words for w in ("test", "val", "eval"))
+    """Named for evaluation: test, val, eval, dev (a dev set: knowledge-distillation's ``devloader``; not a
+    device)."""
+    return "train" not in words and (any(w in words for w in ("test", "val", "eval")) or
+                                     re.search(r"dev(?!ice)", words) is not None)
 
 
 def shuffled_eval_name(facts: Facts, binding: Binding | None, call: Call) -> bool:
