@@ -18,7 +18,6 @@ Example::
 from __future__ import annotations
 
 import re
-
 from collections.abc import Callable
 
 import libcst as cst
