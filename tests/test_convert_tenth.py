@@ -183,3 +183,16 @@ def test_a_dev_set_loader_is_named_for_evaluation():
     assert [k.line for k in done.kept if "an evaluation DataLoader (by its name)" in k.what] == [9], done.kept
     device = FETCH.replace("devset", "data_on_device").replace("devloader", "loader_b")
     assert plan(device).refused
+
+
+def test_a_loader_built_in_the_branch_of_a_split_takes_that_splits_role():
+    """A data provider's ``if flag == 'train': DataLoader(..., shuffle=True)`` / ``else: DataLoader(...,
+    shuffle=False)`` (the tenth set's Time-Series-Library, in our words): the else's loader was refused as one
+    whose role cannot be told; it evaluates."""
+    source = ("import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\ndef provider(flag, bs):\n"
+              "    data = TensorDataset(torch.randn(16, 2))\n    if flag == 'train':\n"
+              "        loader = DataLoader(data, batch_size=bs, shuffle=True)\n    else:\n"
+              "        loader = DataLoader(data, batch_size=bs, shuffle=False)\n    return data, loader\n")
+    done = plan(source)
+    assert not done.refused and "ddpkit.data_loader(data, global_batch_size=bs, shuffle=True)" in done.text
+    assert [k.line for k in done.kept if "an evaluation DataLoader" in k.what] == [10], done.kept

@@ -318,7 +318,27 @@ def role(facts: Facts, loops: list[Loop], binding: Binding | None, call: Call) -
         return kinds.pop() if len(kinds) == 1 else None
     if shuffled or "train" in words:
         return "train"
-    return "eval" if named_eval else None
+    return "eval" if named_eval else _branch_role(facts, call)
+
+
+def _branch_role(facts: Facts, call: Call) -> str | None:
+    """The role a split's name says in the ``if`` around the loader (a data provider's ``if flag == 'train':
+    DataLoader(...)`` / ``else: DataLoader(...)``): ``train`` in the branch of ``== 'train'``, ``eval`` in its
+    ``else`` or in the branch of ``== 'val'`` / ``'test'``; None where no such test holds it."""
+    for node in m.findall(facts.module, m.If()):
+        if not isinstance(node, cst.If) or call.stmt is None or not isinstance(node.test, cst.Comparison):
+            continue
+        split = next((c.comparator for c in node.test.comparisons if isinstance(c.operator, cst.Equal)), None)
+        word = split.evaluated_value if isinstance(split, cst.SimpleString) else None
+        if not isinstance(word, str):
+            continue
+        inside = any(s is call.stmt for s in m.findall(node.body, m.SimpleStatementLine()))
+        other = node.orelse is not None and any(s is call.stmt for s in m.findall(node.orelse, m.SimpleStatementLine()))
+        if inside and word.lower() == "train":
+            return "train"
+        if inside and _eval_named(word.lower()) or other and word.lower() == "train":
+            return "eval"
+    return None
 
 
 def passes_on(loop: Loop) -> bool:
