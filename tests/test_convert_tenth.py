@@ -196,3 +196,14 @@ def test_a_loader_built_in_the_branch_of_a_split_takes_that_splits_role():
     done = plan(source)
     assert not done.refused and "ddpkit.data_loader(data, global_batch_size=bs, shuffle=True)" in done.text
     assert [k.line for k in done.kept if "an evaluation DataLoader" in k.what] == [10], done.kept
+
+
+def test_a_pil_image_or_an_animation_saved_is_rank_0s():
+    """Diffusion-Models-pytorch's ``Image.fromarray(ndarr).save(path)`` in its save_images helper, InfoGAN's
+    ``anim.save('gan.gif')``: every rank wrote the same file, nothing said."""
+    source = CIFAR + ("from PIL import Image\nimport matplotlib.animation as animation\n\n\ndef show(a, path):\n"
+                      "    im = Image.fromarray(a)\n    im.save(path)\n\n\nImage.fromarray(a).save('x.png')\n"
+                      "anim = animation.ArtistAnimation(fig, [])\nanim.save('gan.gif')\n")
+    done = plan(source)
+    assert done.text.count("ddpkit.init().is_main:") == 3, done.text
+    assert [e.line for e in done.edits if e.what.startswith("save guarded")] == [20, 23, 25], done.edits

@@ -47,6 +47,7 @@ def writes(work: _Work) -> None:
     for call in work.facts.calls:
         what = WRITERS.get(call.name or "") or (METHODS.get(call.last) if isinstance(call.node.func, cst.Attribute)
                                                  and not (call.name or "").startswith(("torch.", "ddpkit.")) else None)
+        what = what or _saved_object(work, call)
         if what is None or _ranked(call) or _own(work, call) or not _to_a_path(work, call):
             continue
         if call.stmt is None or len(call.stmt.body) != 1:
@@ -144,6 +145,27 @@ def _ranked(call: Call) -> bool:
 def _own(work: _Work, call: Call) -> bool:
     """Each rank's own file (:func:`~ddpkit.commands.convert.rules.per_rank` of the call's arguments)."""
     return per_rank(work, [a.value for a in call.node.args])
+
+
+# what makes an object whose ``.save(path)`` writes a file: a PIL image (Diffusion-Models-pytorch's
+# ``Image.fromarray(ndarr).save(path)``), a matplotlib animation (InfoGAN's ``anim.save('gan.gif')``)
+SAVED = {"PIL.Image.fromarray": "the image", "PIL.Image.open": "the image", "PIL.Image.new": "the image",
+         "matplotlib.animation.": "the animation"}
+
+
+def _saved_object(work: _Work, call: Call) -> str | None:
+    """``X.save(path)`` of an object made by one of :data:`SAVED`, in the call itself or bound to X's name."""
+    func = call.node.func
+    if call.last != "save" or not isinstance(func, cst.Attribute):
+        return None
+    made: cst.BaseExpression | None = func.value
+    if not isinstance(made, cst.Call) and made is not None:
+        name = dotted(made)
+        bound = binding_of(work.facts, name, call.scope, call.line) if name else None
+        made = bound.value if bound is not None else None
+    maker = resolve(dotted(made.func), work.facts.aliases) if isinstance(made, cst.Call) else None
+    return next((what for key, what in SAVED.items() if maker and (maker == key or key.endswith(".") and
+                                                                   maker.startswith(key))), None)
 
 
 def _with_blocks(module: cst.Module) -> list[cst.With]:
