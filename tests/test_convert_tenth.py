@@ -207,3 +207,16 @@ def test_a_pil_image_or_an_animation_saved_is_rank_0s():
     done = plan(source)
     assert done.text.count("ddpkit.init().is_main:") == 3, done.text
     assert [e.line for e in done.edits if e.what.startswith("save guarded")] == [20, 23, 25], done.edits
+
+
+def test_a_dataparallel_line_below_the_optimizer_becomes_the_wrap_on_every_path():
+    """augmix: ``if args.model == 'densenet': net = ... elif ...: net = ...`` (no else), the SGD optimizer over
+    ``net.parameters()``, then ``net = torch.nn.DataParallel(net).cuda()``: the wrap went into the last branch
+    only, and the default model was never prepared (the first step stopped it)."""
+    source = CIFAR.replace("net = torch.nn.Linear(4, 2)\nopt = torch.optim.SGD(net.parameters(), lr=0.1)\n",
+                           "arch = 'small'\nif arch == 'small':\n    net = torch.nn.Linear(4, 2)\n"
+                           "elif arch == 'big':\n    net = torch.nn.Sequential(torch.nn.Linear(4, 2))\n"
+                           "opt = torch.optim.SGD(net.parameters(), lr=0.1)\nnet = torch.nn.DataParallel(net).cuda()\n")
+    done = plan(source)
+    assert "opt = torch.optim.SGD(net.parameters(), lr=0.1)\nnet = ddpkit.prepare_model(net)\n" in done.text, done.text
+    assert done.text.count("prepare_model") == 1 and not done.left, done.left

@@ -407,10 +407,13 @@ class _Work:
     def _at_data_parallel(self, binding: Binding, until: int) -> bool:
         """The model built under an ``if`` and wrapped in DataParallel below it, on a line under no ``if``: that line
         reaches every path, so it becomes the wrap (random-erasing's ``if arch == 'wrn': ... elif ...:`` then
-        ``model = torch.nn.DataParallel(model).cuda()``)."""
+        ``model = torch.nn.DataParallel(model).cuda()``). Also below the optimizer (augmix builds SGD over the
+        model, then wraps it): DDP keeps the parameters the optimizer holds; not in a loop."""
         wraps = [c for c in self.facts.calls if parallel.is_wrapper(c.name) and c.scope is binding.scope and
-                 binding.line < c.line <= until and c.stmt is not None and id(c.stmt) in self.edits.remove and
-                 not c.tests and self._guard(c.stmt) is None]
+                 binding.line < c.line and (c.line <= until or not c.loops and c.node.args and
+                                            dotted(c.node.args[0].value) == binding.target) and
+                 c.stmt is not None and id(c.stmt) in self.edits.remove and not c.tests and
+                 self._guard(c.stmt) is None]
         if not wraps or self._guard(binding.stmt) is None:
             return False
         stmt, line = wraps[-1].stmt, wraps[-1].line
