@@ -220,3 +220,30 @@ def test_a_dataparallel_line_below_the_optimizer_becomes_the_wrap_on_every_path(
     done = plan(source)
     assert "opt = torch.optim.SGD(net.parameters(), lr=0.1)\nnet = ddpkit.prepare_model(net)\n" in done.text, done.text
     assert done.text.count("prepare_model") == 1 and not done.left, done.left
+
+
+def test_a_validation_loader_from_the_training_loaders_helper_is_listed():
+    """LLMs-from-scratch ch05: ``create_dataloader_v1(..., shuffle=True)`` for training and ``(..., shuffle=False)``
+    for validation, one helper of another module: the helper's loader became a training shard, and the validation
+    loss its evaluation printed was rank 0's shard, nothing said. A second call that also trains is not listed."""
+    from ddpkit.commands.convert.crossing import settle
+
+    files = {
+        "helpers.py": HELPER,
+        "main.py": "import torch\nfrom helpers import make\n\ntrain = make(torch.randn(32, 4), True)\n"
+                   "val = make(torch.randn(8, 4), False)\nmodel = torch.nn.Linear(4, 4)\n"
+                   "opt = torch.optim.AdamW(model.parameters())\nfor (x,) in train:\n    opt.zero_grad()\n"
+                   "    model(x).sum().backward()\n    opt.step()\nwith torch.no_grad():\n"
+                   "    print(sum(model(x).sum().item() for (x,) in val))\n",
+    }
+    done = settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
+    assert "ddpkit.data_loader(" in done["helpers.py"].text
+    assert [left.line for left in done["main.py"].left if "val comes from make() of helpers" in left.what] == [5]
+    both = dict(files, **{"main.py": files["main.py"].split("with torch.no_grad()")[0] +
+                          "for (x,) in val:\n    opt.zero_grad()\n    model(x).sum().backward()\n    opt.step()\n"})
+    done = settle(list(both), lambda rel, crossing: plan(both[rel], crossing=crossing))
+    assert not [left for left in done["main.py"].left if "comes from make()" in left.what], done["main.py"].left
+
+
+HELPER = ("import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\ndef make(data, shuffle):\n"
+          "    return DataLoader(TensorDataset(data), batch_size=4, shuffle=shuffle)\n")

@@ -82,6 +82,7 @@ def imported_loader(work: _Work, line: int) -> bool:
             work.keep(line, f"the training loop over {n} left as it is", f"{n} is a ddpkit.data_loader where it "
                       f"is built, in {done[n]} (imported from {origins[n][0]})")
             reductions(work, trained[n], None, True)
+    _siblings(work, {origins[n] for n in training if done[n]}, set(training))
     for n in [n for n in reads if not reads[n] and work.crossing.provided.get(key(*origins[n]))]:
         # evaluated only here, sharded for another file's training there: its sums reduced, or refused
         fors = [lp for lp in looped[n] if isinstance(lp.node, cst.For)]
@@ -108,6 +109,21 @@ def imported_loader(work: _Work, line: int) -> bool:
                "every batch", f"convert them together (ddpkit convert --imports SCRIPT, or a folder), or {fix}, "
                "and wrap the model with ddpkit.prepare_model(...) where it is built")
     return True
+
+
+def _siblings(work: _Work, made: set[tuple[str, str]], training: set[str]) -> None:
+    """Another loader from the call that made a training one (LLMs-from-scratch's ``create_dataloader_v1(...,
+    shuffle=False)`` for validation, beside the training call): the helper now makes a training shard, so what is
+    evaluated over it is this rank's only. Listed where it is bound."""
+    for binding in work.facts.bindings:
+        origin = origin_of(work.facts, binding) if binding.whole is not None else None
+        if origin is None or origin not in made or binding.target in training:
+            continue
+        if any(name == binding.target for name, _scope, line, _node in work.facts.reads if line > binding.line):
+            work.leave(binding.line, f"{binding.target} comes from {origin[1]} of {origin[0]}, which makes the "
+                       "training loader a ddpkit.data_loader there (each rank its shard): what is done with "
+                       f"{binding.target} sees this rank's shard only", "build it with a DataLoader of its own "
+                       "(each rank then reads all of it), or ddpkit.reduce(...) what is computed over it")
 
 
 def _returned_by_import(facts: Facts, name: str, loop: Loop) -> list[tuple[str, str]]:
