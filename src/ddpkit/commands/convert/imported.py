@@ -82,7 +82,8 @@ def imported_loader(work: _Work, line: int) -> bool:
             work.keep(line, f"the training loop over {n} left as it is", f"{n} is a ddpkit.data_loader where it "
                       f"is built, in {done[n]} (imported from {origins[n][0]})")
             reductions(work, trained[n], None, True)
-    _siblings(work, {origins[n] for n in training if done[n]}, set(training))
+    fed = {b.target for n in training for lp in trained[n] if (b := _source(work.facts, n, lp)) is not None}
+    _siblings(work, {origins[n] for n in training if done[n]}, fed | set(training))
     for n in [n for n in reads if not reads[n] and work.crossing.provided.get(key(*origins[n]))]:
         # evaluated only here, sharded for another file's training there: its sums reduced, or refused
         fors = [lp for lp in looped[n] if isinstance(lp.node, cst.For)]
@@ -111,19 +112,25 @@ def imported_loader(work: _Work, line: int) -> bool:
     return True
 
 
-def _siblings(work: _Work, made: set[tuple[str, str]], training: set[str]) -> None:
-    """Another loader from the call that made a training one (LLMs-from-scratch's ``create_dataloader_v1(...,
-    shuffle=False)`` for validation, beside the training call): the helper now makes a training shard, so what is
-    evaluated over it is this rank's only. Listed where it is bound."""
+def _siblings(work: _Work, made: set[tuple[str, str]], fed: set[str]) -> None:
+    """Another name bound from the same call that made a training loader (LLMs-from-scratch's
+    ``create_dataloader_v1(..., shuffle=False)`` for validation, beside the training call): the helper now makes a
+    training shard, so what is done with it sees this rank's only. Listed where it is bound; ``fed``: the names the
+    training loops read (a name bound from that call alone is the training loader itself)."""
+    by_origin: dict[tuple[str, str], list[Binding]] = {}
     for binding in work.facts.bindings:
         origin = origin_of(work.facts, binding) if binding.whole is not None else None
-        if origin is None or origin not in made or binding.target in training:
+        if origin is not None and origin in made:
+            by_origin.setdefault(origin, []).append(binding)
+    for origin, bound in by_origin.items():
+        if len({b.target for b in bound}) < 2:
             continue
-        if any(name == binding.target for name, _scope, line, _node in work.facts.reads if line > binding.line):
-            work.leave(binding.line, f"{binding.target} comes from {origin[1]} of {origin[0]}, which makes the "
-                       "training loader a ddpkit.data_loader there (each rank its shard): what is done with "
-                       f"{binding.target} sees this rank's shard only", "build it with a DataLoader of its own "
-                       "(each rank then reads all of it), or ddpkit.reduce(...) what is computed over it")
+        for binding in (b for b in bound if b.target not in fed):
+            if any(name == binding.target for name, _scope, line, _node in work.facts.reads if line > binding.line):
+                work.leave(binding.line, f"{binding.target} comes from {origin[1]} of {origin[0]}, which makes the "
+                           "training loader a ddpkit.data_loader there (each rank its shard): what is done with "
+                           f"{binding.target} sees this rank's shard only", "build it with a DataLoader of its own "
+                           "(each rank then reads all of it), or ddpkit.reduce(...) what is computed over it")
 
 
 def _returned_by_import(facts: Facts, name: str, loop: Loop) -> list[tuple[str, str]]:
@@ -141,16 +148,23 @@ def _returned_by_import(facts: Facts, name: str, loop: Loop) -> list[tuple[str, 
     >>> _returned_by_import(facts, "tr", facts.loops[0])
     [('data', 'one()[0]'), ('data', 'two()[0]')]
     """
-    binding = flow.binding_of(facts, name, loop.scope, loop.line)
-    for _ in range(3):  # through plain names: ``self.train_iter = train_iter``, set from ``Trainer(m, train_iter)``
-        source = dotted(binding.value) if binding is not None and binding.value is not None else None
-        if source is None or binding is None:
-            break
-        binding = flow.binding_of(facts, source, binding.scope, binding.line)
+    binding = _source(facts, name, loop)
     if binding is None or origin_of(facts, binding) is None:  # what the loop reads is no such call
         return []
     same = [b for b in facts.bindings if b.target == binding.target and b.scope is binding.scope]
     return [origin for origin in map(lambda b: origin_of(facts, b), same) if origin is not None]
+
+
+def _source(facts: Facts, name: str, loop: Loop) -> Binding | None:
+    """The binding a loop's loader name comes from, through plain names (``self.train_iter = train_iter``, set from
+    ``Trainer(m, train_iter)``)."""
+    binding = flow.binding_of(facts, name, loop.scope, loop.line)
+    for _ in range(3):
+        source = dotted(binding.value) if binding is not None and binding.value is not None else None
+        if source is None or binding is None:
+            break
+        binding = flow.binding_of(facts, source, binding.scope, binding.line)
+    return binding
 
 
 def _attribute(facts: Facts, name: str, loop: Loop) -> list[tuple[str, str]]:
