@@ -112,10 +112,12 @@ class Flow(nn.Module):  # pytorch-flows: the loss comes from a method, not from 
         return torch.zeros(n, 4)
 
 state = ddpkit.init()
-model = ddpkit.prepare_model(Flow())
+model = ddpkit.prepare_model(Flow(), forward_methods=() if sys.argv[2] == "unnamed" else ("log_probs",))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for step in range(3):
-    start = model.zeros(2)  # set-up through a method, every step: a DDP forward with nothing to reduce
+    start = model.zeros(2)  # set-up through a method not named: the plain method
+    if state.rank == 0:
+        model.zeros(1)  # on one rank only (a review: as a DDP forward, rank 0 waited for a peer that never came)
     with torch.no_grad():
         model.log_probs(torch.randn(2, 4))  # a look under no_grad: the plain method
     x = torch.randn(8, 4)  # (a per-rank draw: only an all-reduce makes the steps agree)
@@ -128,12 +130,27 @@ open(sys.argv[1] + f"/rank{state.rank}.json", "w").write(json.dumps(weights))
 '''
 
 
-def test_a_loss_from_a_method_of_the_prepared_model_is_averaged_by_ddp(tmp_path):
+def test_a_loss_from_a_method_named_in_forward_methods_is_averaged_by_ddp(tmp_path):
     """pytorch-flows (tenth held-out set): ``loss = -model.log_probs(x).mean()``, a method of the user's class
     called through the wrapper, ran outside DDP's forward: no gradient was averaged and the first-step check
-    stopped the run. It now runs as DDP's forward: both ranks step alike."""
+    stopped the run. Named in ``forward_methods`` it runs as DDP's forward: both ranks step alike; a method not
+    named (set-up, one called on rank 0 only) stays the plain method. Unnamed, the stop names the fix."""
     script = tmp_path / "flow.py"
     script.write_text(FLOW)
-    ok(launch(script, str(tmp_path), timeout=120))
+    ok(launch(script, str(tmp_path), "named", timeout=120))
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0] == ranks[1], ranks
+    r = launch(script, str(tmp_path), "unnamed", timeout=120)
+    assert r.returncode != 0 and "forward_methods=('log_probs',)" in r.stderr, r.stderr[-2000:]
+
+
+def test_forward_methods_must_name_methods_of_the_models_class():
+    import pytest
+    import torch
+
+    from ddpkit.strategies.redirect import validate
+
+    assert validate(torch.nn.Linear(2, 2), ()) == frozenset()
+    for bad in ("log_prob", "parameters", "forward"):
+        with pytest.raises(ValueError, match=f"forward_methods=...\\): '{bad}' is not a method of your Linear"):
+            validate(torch.nn.Linear(2, 2), (bad,))

@@ -15,7 +15,7 @@ under :mod:`ddpkit.strategies`, its wrapper class beside it (``ddp.py``, ``ddp_w
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from torch import nn
@@ -25,7 +25,7 @@ from ddpkit.data import unprepared
 from ddpkit.runtime import group as runtime
 from ddpkit.runtime import phases
 from ddpkit.strategies import comm as comm_options
-from ddpkit.strategies import meta, replicas
+from ddpkit.strategies import meta, redirect, replicas
 from ddpkit.strategies.forwarding import uncompiled, unwrap
 from ddpkit.strategies.fsdp_wrapper import Shard
 
@@ -138,7 +138,8 @@ def accumulate(model: nn.Module, step: int, steps: int, total: int | None = None
 def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_every: int | str = "auto",
                   heal: bool | str = False, comm: comm_options.CommConfig | None = None, shard: Shard = None,
                   shard_size: int | None = None, init_fn: meta.InitFn | None = None,
-                  compile: bool | dict[str, Any] = False, **ddp_kwargs: Any) -> nn.Module:
+                  compile: bool | dict[str, Any] = False, forward_methods: Sequence[str] = (),
+                  **ddp_kwargs: Any) -> nn.Module:
     """Move ``model`` to this process's device and wrap it for the mode :func:`ddpkit.init` chose.
 
     - ``ddp``: BatchNorm layers become SyncBatchNorm (``sync_batchnorm=False`` opts out; ddpkit's works on
@@ -152,6 +153,11 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
     - ``hsdp``: as fsdp, sharded inside each group of ``shard_size`` consecutive ranks (default: one node's
       processes) and replicated across the groups (a 2-D mesh; ignored in the other modes).
     - ``single``: just the move.
+
+    ``forward_methods``: methods of your class that run the layers in a training step, the loss taken from them
+    (a normalising flow's ``loss = -model.log_probs(x).mean()``): in ddp each call runs as DDP's forward, so its
+    gradients are averaged, as Lightning Fabric's ``mark_forward_method`` does. Call them on every rank, like
+    ``model(x)``. In fsdp every method of your class runs as an FSDP forward already; ignored in dp and single.
 
     A model built inside :func:`ddpkit.init_empty` (meta device) is materialised here, in fsdp mode one shard
     per rank, by each module's ``reset_parameters`` or ``init_fn(module)``.
@@ -179,10 +185,13 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
     mode = state.strategy
     # each mode keeps the options it uses and ignores the others on purpose: the same script runs in every mode
     replicas.validate(check_sync_every, heal)  # before anything moves: a typo costs no wrap
+    methods = redirect.validate(model, forward_methods)
     options = dict(sync_batchnorm=sync_batchnorm, check_sync_every=check_sync_every, heal=heal, comm=comm,
                    shard=shard, shard_size=shard_size, init_fn=init_fn, **ddp_kwargs)
     # move (a meta model: materialise, unless the mode shards it first), let the launching tool hook it, wrap
     wrapped = mode.prepare(model, state, options, runtime.tools())
+    if methods and hasattr(wrapped, "forward_methods"):  # (ddp's wrapper: the calls it runs as its forward)
+        wrapped.forward_methods = methods
     process.current().prepared += 1
     unprepared.watch(sharding=False)  # the first step says so when no ddpkit training loader fed it
     if compile:

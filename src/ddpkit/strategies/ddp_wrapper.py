@@ -93,12 +93,14 @@ class DDP(PlainStateDict, DistributedDataParallel):
         # static_graph: DDP itself finds, in the first iteration, the parameters that never get a gradient
         if not (kwargs.get("find_unused_parameters", False) or kwargs.get("static_graph", False)):
             self._first_backward = FirstBackwardCheck(module)
-        # a method of the user's class called this way runs as DDP's forward in a training step (redirect.py), on
-        # the local module otherwise (set-up, inference)
+        # a method of the user's class called this way runs on the local module (set-up, inference); those named
+        # in prepare_model(forward_methods=...) run as DDP's forward in a training step (redirect.py)
+        self.forward_methods: frozenset[str] = frozenset()
         self.start_forwarding()
 
     def _forwarded(self, inner: nn.Module, name: str, value: Any) -> Any:
-        return through_forward(self, inner, value) if user_method(inner, name, value) else value
+        named = name in self.__dict__.get("forward_methods", ())
+        return through_forward(self, inner, value) if named and user_method(inner, name, value) else value
 
     def __getstate__(self) -> dict[str, Any]:
         # copy / pickle: forwarding starts again only after DDP's __setstate__ has set its own attributes

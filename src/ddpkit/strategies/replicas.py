@@ -269,6 +269,7 @@ def bypassed(replicas: Replicas, optimizer: Any) -> str | None:
     return (f"the first optimizer step has gradients in '{graded[0]}' ({len(graded)} tensor(s)) but the prepared "
             "model's forward never ran: a part called directly (model.G(z), model.module(x), a method that runs "
             "the layers) runs outside DDP, which then averages no gradient, and each rank would train its own "
-            "model; prepare each part the loop calls (G = ddpkit.prepare_model(G)), or call the prepared model "
-            "itself (its forward may run the parts)")
+            "model; prepare each part the loop calls (G = ddpkit.prepare_model(G)), call the prepared model "
+            "itself (its forward may run the parts), or name the method the loss comes from: "
+            "ddpkit.prepare_model(model, forward_methods=('log_probs',))")
 
