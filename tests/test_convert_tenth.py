@@ -247,3 +247,18 @@ def test_a_validation_loader_from_the_training_loaders_helper_is_listed():
 
 HELPER = ("import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\ndef make(data, shuffle):\n"
           "    return DataLoader(TensorDataset(data), batch_size=4, shuffle=shuffle)\n")
+
+
+def test_a_loss_from_a_method_of_the_model_names_it_in_forward_methods():
+    """pytorch-flows: ``loss = -model.log_probs(inputs).mean()``: the loss came from a method, outside DDP's
+    forward, and the converted run stopped at its first step. The method the loss is made from, also through the
+    loop's names (``out = net.decode(x)``), is named in ``forward_methods``; a set-up call is not."""
+    flows = CIFAR.replace("    loss = F.cross_entropy(net(images), targets)\n",
+                          "    h = net.init_hidden(4)\n    loss = -net.log_probs(images, h).mean()\n")
+    done = plan(flows)
+    assert "net = ddpkit.prepare_model(torch.nn.Linear(4, 2), forward_methods=('log_probs',))" in done.text, done.text
+    assert not done.left, done.left
+    decoded = CIFAR.replace("    loss = F.cross_entropy(net(images), targets)\n",
+                            "    out = net.decode(images)\n    loss = F.cross_entropy(out, targets)\n")
+    assert "forward_methods=('decode',)" in plan(decoded).text
+    assert "forward_methods" not in plan(CIFAR).text

@@ -1,0 +1,103 @@
+"""A training loss taken from a method of the prepared model (pytorch-flows' ``loss = -model.log_probs(x).mean()``):
+the method is named in ``prepare_model(..., forward_methods=(...))``, so that it runs as DDP's forward.
+
+Outside DDP's forward its graph has no reduction prepared: each rank would train its own model (ddpkit's first step
+stops it). Only a method whose result the loss that the training loop backwards is made from, followed through the
+loop's own assignments (``out = model.decode(x)``, ``loss = crit(out, y)``) and fed with the batch: a set-up call
+(``init_hidden(bsz)``) stays the plain method.
+
+Example::
+
+    >>> from ddpkit.commands.convert.plan import plan
+    >>> text = plan("import torch\\nfrom torch.utils.data import DataLoader\\nnet = Flow()\\n"
+    ...             "opt = torch.optim.Adam(net.parameters())\\nfor (x,) in DataLoader(ds, batch_size=8):\\n"
+    ...             "    loss = -net.log_probs(x).mean()\\n    opt.zero_grad()\\n    loss.backward()\\n"
+    ...             "    opt.step()\\n").text
+    >>> text.splitlines()[3]
+    "net = ddpkit.prepare_model(Flow(), forward_methods=('log_probs',))"
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+
+from ddpkit.commands.convert import flow
+from ddpkit.commands.convert.apply import add_keyword
+from ddpkit.commands.convert.scan import dotted, names_in
+
+# the plan in the making (plan._Work): facts, models, note
+_Work = Any
+
+
+def loss_methods(work: _Work) -> dict[str, list[str]]:
+    """{a prepared model's name: the methods of it the training losses are made from}, each said once."""
+    models = {b.target for b in work.models}
+    found: dict[str, list[str]] = {}
+    for loop in work.facts.loops:
+        if not flow.trains(work.facts, loop):
+            continue
+        for call in (c for c in work.facts.calls if c.last == "backward" and c.loops and c.loops[-1] is loop
+                     and isinstance(c.node.func, cst.Attribute)):
+            for owner, method, line in _made_from(work, loop, call):
+                if owner in models and method not in found.setdefault(owner, []):
+                    found[owner].append(method)
+                    work.note(f"{owner}.{method}(...) makes the loss: forward_methods=({method!r},) given to "
+                              f"the wrap of {owner}", "it then runs as DDP's forward and its gradients are averaged "
+                              "(a method called on the module alone runs outside DDP)", line)
+    return {owner: methods for owner, methods in found.items() if methods}
+
+
+def _made_from(work: _Work, loop: Any, backward: Any) -> list[tuple[str, str, int]]:
+    """(model, method, line) of each ``model.method(...)`` in the loss ``backward`` is called on, followed through
+    the assignments of the loop (three deep)."""
+    facts = work.facts
+    frontier = names_in(backward.node.func.value)
+    seen: set[str] = set()
+    found: list[tuple[str, str, int]] = []
+    inside = {id(n) for n in m.findall(loop.node, m.SimpleStatementLine())}
+    batch = _batch_names(work, loop, inside)
+    for _ in range(3):
+        values = [b for b in facts.bindings if b.target in frontier - seen and id(b.stmt) in inside and
+                  b.value is not None and b.line <= backward.line]
+        seen |= frontier
+        frontier = set()
+        for binding in values:
+            for call in m.findall(binding.value, m.Call(func=m.Attribute())):
+                assert isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
+                owner, method = dotted(call.func.value), call.func.attr.value
+                fed = set().union(*(names_in(a.value) for a in call.args)) if call.args else set()
+                if owner and method not in flow.TORCH_METHODS and not method.startswith("_") and fed & batch:
+                    found.append((owner, method, binding.line))
+            frontier |= names_in(binding.value)
+    return found
+
+
+def _batch_names(work: _Work, loop: Any, inside: set[int]) -> set[str]:
+    """What the loop's batch is bound to (``for x, y in loader``), and the names the loop binds from those
+    (``x = x.to(device)``): a method fed with the batch runs the layers on it (``init_hidden(bsz)`` is not fed)."""
+    names = set(loop.targets)
+    for _ in range(2):
+        names |= {b.target for b in work.facts.bindings if id(b.stmt) in inside and b.value is not None
+                  and names_in(b.value) & names}
+    return names
+
+
+def name_methods(text: str, methods: dict[str, list[str]]) -> str:
+    """``model = ddpkit.prepare_model(...)`` in the converted ``text`` gets ``forward_methods=(...)``."""
+    if not methods:
+        return text
+
+    class Named(cst.CSTTransformer):
+        def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
+            target = dotted(updated.targets[0].target) if len(updated.targets) == 1 else None
+            value = updated.value
+            if target in methods and isinstance(value, cst.Call) and dotted(value.func) == "ddpkit.prepare_model" \
+                    and not any(a.keyword is not None and a.keyword.value == "forward_methods" for a in value.args):
+                names = ", ".join(repr(name) for name in methods[target]) + ","
+                return updated.with_changes(value=add_keyword(value, "forward_methods", f"({names})"))
+            return updated
+
+    return cst.parse_module(text).visit(Named()).code
