@@ -262,3 +262,26 @@ def test_a_loss_from_a_method_of_the_model_names_it_in_forward_methods():
                             "    out = net.decode(images)\n    loss = F.cross_entropy(out, targets)\n")
     assert "forward_methods=('decode',)" in plan(decoded).text
     assert "forward_methods" not in plan(CIFAR).text
+
+
+def test_second_review_a_freeze_a_late_wrap_a_preparation_loop_and_a_count_of_steps():
+    """Second review: (1) ``model.head.weight.requires_grad = False`` after the move was taken for a setting and
+    the wrap put above the freeze (DDP then waited for a gradient that never came); (2) a DataParallel line after
+    the training loop became the wrap (training ran unwrapped); (3) a PIL save in a preparation loop became rank
+    0's, and the other ranks read the folder before it was written; (4) a count of steps shown (``n // B``) was
+    listed as a rate."""
+    frozen = CIFAR.replace("net = torch.nn.Linear(4, 2)\n", "net = torch.nn.Linear(4, 2)\nnet.to('cpu')\n"
+                           "net.weight.requires_grad = False\n")
+    assert "net.weight.requires_grad = False\nnet = ddpkit.prepare_model(net)\n" in plan(frozen).text
+    late = CIFAR.replace("net = torch.nn.Linear(4, 2)\n", "if len('ab') == 2:\n    net = torch.nn.Linear(4, 2)\n"
+                         "elif len('a') == 3:\n    net = torch.nn.Linear(4, 2)\n")
+    late += "net = torch.nn.DataParallel(net)\n"
+    done = plan(late)
+    assert "ddpkit.prepare_model(net)\n" not in done.text.split("for images")[1], done.text
+    assert [left.line for left in done.left if "one branch of an if" in left.what], done.left
+    prepared = "from PIL import Image\nfor p in ['a.jpg', 'b.jpg']:\n    Image.open(p).save(p + '.png')\n" + CIFAR
+    assert "is_main" not in plan(prepared).text.split("TensorDataset")[0]
+    steps = CIFAR.replace('    print("last 100 losses", [loss.item()][-100:])\n',
+                          '    print("steps", 16 // bs, "acc", float(loss) / 2)\n').replace(
+        "batch_size=4", "batch_size=bs").replace("import torch\n", "import torch\nbs = 4\n", 1)
+    assert not plan(steps).left, plan(steps).left

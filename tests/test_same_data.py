@@ -111,3 +111,23 @@ def test_what_may_differ_between_processes_holding_the_same_data_is_not_compared
     again = pd.DataFrame({"text": ["a", "b"], "obj": [object(), object()]})
     assert same({"df": objects}, {"df": again})
     assert not same({"df": objects}, {"df": objects.iloc[::-1]})
+
+
+def test_a_tensor_of_one_row_per_sample_under_any_name_is_compared():
+    """Second review: a Dataset holding ``self.x = torch.randn(n, 6)`` drawn with no seed was compared no more
+    (tensors only of .data / .targets): each rank trained on other data. A tensor of one row per sample is the
+    samples, whatever its name; a buffer of another size is not."""
+    import torch
+    from torch.utils.data import Dataset
+
+    from ddpkit.data.same import fingerprint
+
+    class Held(Dataset):
+        def __init__(self, **held):
+            self.__dict__.update(held)
+
+        def __len__(self):
+            return 4
+
+    assert fingerprint(Held(x=torch.zeros(4, 6))).tolist() != fingerprint(Held(x=torch.ones(4, 6))).tolist()
+    assert fingerprint(Held(buf=torch.zeros(3))).tolist() == fingerprint(Held(buf=torch.ones(3))).tolist()

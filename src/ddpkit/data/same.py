@@ -64,7 +64,7 @@ def _sums(dataset: Any, depth: int) -> list[float]:
                 inner = _sums(value, depth - 1)
                 tensors, indices, parts = tensors + inner[0], indices + inner[1], parts + inner[2]
             else:
-                tensors += _held(name, value)
+                tensors += _held(name, value, len(dataset))
     return [tensors, indices, parts]
 
 
@@ -73,15 +73,17 @@ def _sums(dataset: Any, depth: int) -> list[float]:
 SAMPLES = ("data", "targets")
 
 
-def _held(name: str, value: Any) -> float:
-    """A number for what the attribute ``name`` of a Dataset holds: the tensors and numeric arrays of
-    :data:`SAMPLES` by :func:`_rows`; a list, tuple or array of plain values (texts, numbers, (path, label)
-    pairs) by up to :data:`ROWS` of them; a pandas table by its columns of plain values; 0 for anything else (a
-    transform, a generator, a number such as a rank or an epoch, a cache filled as samples are read). Never
-    raises: what it cannot read counts as nothing."""
+def _held(name: str, value: Any, length: int = -1) -> float:
+    """A number for what the attribute ``name`` of a Dataset (of ``length`` samples) holds: the tensors and numeric
+    arrays of :data:`SAMPLES`, or of one row per sample (``self.x = torch.randn(n, 6)``), by :func:`_rows`; a
+    list, tuple or array of plain values (texts, numbers, (path, label) pairs) by up to :data:`ROWS` of them; a
+    pandas table by its columns of plain values; 0 for anything else (a transform, a generator, a number such as
+    a rank or an epoch, a cache filled as samples are read). Never raises: what it cannot read counts as
+    nothing."""
     try:
-        if isinstance(value, torch.Tensor) or _numbers(value):
-            return _rows(value) if name in SAMPLES else 0.0
+        if isinstance(value, torch.Tensor) or _numbers(value):  # (a tensor of one row per sample: samples too)
+            rows = value.shape[0] if getattr(value, "ndim", 0) > 0 else None
+            return _rows(value) if name in SAMPLES or rows == length else 0.0
         if type(value).__name__ in ("DataFrame", "Series") and hasattr(value, "iloc"):
             return _table(value)
         if isinstance(value, (list, tuple)) or _array(value) and value.ndim == 1:

@@ -89,12 +89,14 @@ def _shown_rates(work: _Work, names: set[str], loops: list[Loop]) -> None:
     for loop in loops:
         if not flow.trains(work.facts, loop):
             continue
-        for div in m.findall(loop.node.body, m.BinaryOperation(operator=m.Divide() | m.FloorDivide())):
+        # a per-batch quantity the loop computes (``correct``), over B: not a count of steps (``n_train // B``)
+        computed = {b.target for b in work.facts.bindings if id(b.stmt) in node_ids(loop.node.body)}
+        for div in m.findall(loop.node.body, m.BinaryOperation(operator=m.Divide())):
             inside = node_ids(div.right) if isinstance(div, cst.BinaryOperation) else set()
             read = next(((name, line) for name, _scope, line, node in work.facts.reads
                          if name in names and id(node) in inside), None)
-            counts = m.findall(div.left, m.Call(func=m.Name("len"))) if isinstance(div, cst.BinaryOperation) else []
-            if id(div) in quiet and read is not None and not counts:  # (``len(dataset) // B``: steps, right)
+            per_batch = isinstance(div, cst.BinaryOperation) and bool(names_in(div.left) & computed)
+            if id(div) in quiet and read is not None and per_batch:
                 work.leave(read[1], f"a rate shown over {read[0]}, the global batch now: each process's batch is "
                            f"{read[0]}/N, so what is shown is 1/N of the one-process value", "divide by the "
                            "batch's own size (target.size(0)) instead")

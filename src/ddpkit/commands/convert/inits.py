@@ -208,14 +208,15 @@ def _set_parts(stmt: cst.CSTNode, target: str) -> list[cst.BaseExpression]:
         if isinstance(stmt, cst.If) else []
     found: list[cst.BaseExpression] = []
     for small in (s for line in lines for s in line.body):
-        if _setting(getattr(small, "value", None)):  # ``model.verbose = False``: a setting, no part (resnet1d)
-            continue
         targets: list[cst.BaseExpression] = [t.target for t in small.targets] if isinstance(small, cst.Assign) \
             else [small.target] if isinstance(small, (cst.AnnAssign, cst.AugAssign)) else []
         targets = [e.value for t in targets for e in (t.elements if isinstance(t, (cst.Tuple, cst.List)) else [])] \
             + targets
+        setting = _setting(getattr(small, "value", None))  # ``model.verbose = False``: a flag, no part (resnet1d);
+        # not a freeze (``model.features.weight.requires_grad = False``), nor a literal set deeper in the model
         found += [t for t in targets if isinstance(t, (cst.Attribute, cst.Subscript)) and _refers(t, target)
-                  and dotted(t) != target]
+                  and dotted(t) != target and not (setting and isinstance(t, cst.Attribute) and
+                                                   dotted(t.value) == target and t.attr.value != "requires_grad")]
     return found
 
 

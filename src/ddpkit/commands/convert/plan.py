@@ -410,9 +410,12 @@ class _Work:
         reaches every path, so it becomes the wrap (random-erasing's ``if arch == 'wrn': ... elif ...:`` then
         ``model = torch.nn.DataParallel(model).cuda()``). Also below the optimizer (augmix builds SGD over the
         model, then wraps it): DDP keeps the parameters the optimizer holds; not in a loop."""
+        first_loop = min((lp.line for lp in self.facts.loops if lp.scope is binding.scope and lp.line > binding.line),
+                         default=None)  # (a wrap line below a loop came after training: not the wrap)
         wraps = [c for c in self.facts.calls if parallel.is_wrapper(c.name) and c.scope is binding.scope and
                  binding.line < c.line and (c.line <= until or not c.loops and c.node.args and
-                                            dotted(c.node.args[0].value) == binding.target) and
+                                            dotted(c.node.args[0].value) == binding.target and
+                                            (first_loop is None or c.line < first_loop)) and
                  c.stmt is not None and id(c.stmt) in self.edits.remove and not c.tests and
                  self._guard(c.stmt) is None]
         if not wraps or self._guard(binding.stmt) is None:

@@ -156,8 +156,8 @@ SAVED = {"PIL.Image.fromarray": "the image", "PIL.Image.open": "the image", "PIL
 def _saved_object(work: _Work, call: Call) -> str | None:
     """``X.save(path)`` of an object made by one of :data:`SAVED`, in the call itself or bound to X's name."""
     func = call.node.func
-    if call.last != "save" or not isinstance(func, cst.Attribute):
-        return None
+    if call.last != "save" or not isinstance(func, cst.Attribute) or call.loops:
+        return None  # (in a loop: a preparation writing a folder the ranks then read, each its own copy)
     made: cst.BaseExpression | None = func.value
     if not isinstance(made, cst.Call) and made is not None:
         name = dotted(made)
