@@ -285,3 +285,19 @@ def test_second_review_a_freeze_a_late_wrap_a_preparation_loop_and_a_count_of_st
                           '    print("steps", 16 // bs, "acc", float(loss) / 2)\n').replace(
         "batch_size=4", "batch_size=bs").replace("import torch\n", "import torch\nbs = 4\n", 1)
     assert not plan(steps).left, plan(steps).left
+
+
+def test_after_the_fixes_a_walk_over_the_models_children_and_a_bar_whose_count_is_read():
+    """The re-run after the fixes: ABSA's ``_reset_params`` walks ``self.model.children()`` and re-initialises
+    every child that is not the BERT: on the prepared model the one child is the whole wrapped module (its
+    pretrained BERT re-initialised at 2 processes). pytorch-flows divides by ``pbar.n``: the bar disabled on the
+    other ranks counted nothing (ZeroDivisionError on rank 1)."""
+    walked = CIFAR.replace("opt = torch.optim", "for child in net.children():\n    torch.nn.init.zeros_(child.weight)\n"
+                           "opt = torch.optim")
+    assert "for child in ddpkit.unwrap(net).children():" in plan(walked).text, plan(walked).text
+    counted = CIFAR + "bar = tqdm(total=4)\nfor i in range(4):\n    bar.update(1)\nprint(1 / bar.n)\n"
+    counted = "from tqdm import tqdm\n" + counted
+    done = plan(counted)
+    assert "bar = tqdm(total=4)\n" in done.text and any("left on every rank" in k.what for k in done.kept)
+    shown = counted.replace("print(1 / bar.n)\n", "")
+    assert "tqdm(total=4, disable=" in plan(shown).text

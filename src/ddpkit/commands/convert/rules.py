@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import libcst as cst
+import libcst.matchers as m
 
 from ddpkit.commands.check.rules import RANK_WORDS
 from ddpkit.commands.convert import order
@@ -35,6 +36,9 @@ UNWRAP = ("isinstance", "type", "copy.deepcopy", "torch.jit.script", "torch.jit.
           "thop.profile", "torchinfo.summary", "torchsummary.summary")
 # a TensorBoard writer's graph traces the model: through DDP it meets the process group (a RuntimeError on rank 0)
 UNWRAP_METHODS = ("add_graph",)
+# a walk over the layers (ABSA's ``for child in self.model.children(): if type(child) != BertModel: init``): the
+# wrapper's one child is the whole module, and its names carry a ``module.`` prefix
+WALKS = ("children", "named_children", "named_modules")
 
 
 def without_moves(node: cst.BaseExpression) -> cst.BaseExpression:
@@ -111,6 +115,12 @@ def outputs(work: _Work) -> None:
                       "works, not on the GPU they were saved from", call.line)
         elif call.name in UNWRAP or call.last in UNWRAP_METHODS and isinstance(func, cst.Attribute):
             _unwrap(work, call)
+        elif call.last in WALKS and isinstance(func, cst.Attribute) and \
+                dotted(func.value) in {b.target for b in work.models}:
+            work.edits.expr[id(func.value)] = lambda node: cst.parse_expression(
+                f"ddpkit.unwrap({cst.Module(body=[]).code_for_node(node)})")
+            work.note(f"{dotted(func.value)}.{call.last}() -> ddpkit.unwrap(...).{call.last}()", "the prepared "
+                      "model's only child is the wrapped module: a walk over its layers needs the module", call.line)
         elif call.name in ("os.mkdir", "os.makedirs") or call.last == "mkdir" and _a_path(work, call):
             _mkdir(work, call)
         elif call.name in FILE_OPS and not ranked and call.stmt is not None and len(call.stmt.body) == 1 and any(
@@ -131,10 +141,23 @@ def _progress(work: _Work, call: Any) -> None:
             [a for a in n.args if a.keyword is not None])
     elif positional or any(a.keyword and a.keyword.value == "iterable" for a in node.args):
         work.edits.expr[id(node.func)] = lambda n: cst.parse_expression("ddpkit.progress")
+    elif _counted_bar(work, call):  # the script reads its count (``-loss / pbar.n``): a disabled bar counts nothing
+        work.keep(call.line, f"{call.last} left on every rank", "the script reads the bar's count (.n), which a bar "
+                  "disabled on the other ranks would leave at 0")
+        return
     else:  # tqdm(total=...) updated by hand: no iterable to hand over; the bar shows on rank 0 only
         flag = f"not {main_test(work, call.scope)}"
         work.edits.expr[id(node)] = lambda n: add_keyword(n, "disable", flag)
     work.note(f"{call.last} -> ddpkit.progress", "one bar, on rank 0", call.line)
+
+
+def _counted_bar(work: _Work, call: Any) -> bool:
+    """The bar made by ``call`` (``pbar = tqdm(total=n)``, ``with tqdm(total=n) as pbar:``) has its ``.n`` read
+    (pytorch-flows' ``-val_loss / pbar.n``)."""
+    names = {b.target for b in work.facts.bindings if b.value is call.node}
+    for node in m.findall(work.facts.module, m.With()):
+        names |= {dotted(i.asname.name) for i in getattr(node, "items", ()) if i.item is call.node and i.asname}
+    return any(name in {f"{n}.n" for n in names if n} for name, _scope, _line, _node in work.facts.reads)
 
 
 def _save(work: _Work, call: Any, loads: list[Any]) -> None:
