@@ -117,8 +117,7 @@ def outputs(work: _Work) -> None:
             _unwrap(work, call)
         elif call.last in WALKS and isinstance(func, cst.Attribute) and \
                 dotted(func.value) in {b.target for b in work.models}:
-            work.edits.expr[id(func.value)] = lambda node: cst.parse_expression(
-                f"ddpkit.unwrap({cst.Module(body=[]).code_for_node(node)})")
+            work.edits.expr[id(func.value)] = _unwrapped
             work.note(f"{dotted(func.value)}.{call.last}() -> ddpkit.unwrap(...).{call.last}()", "the prepared "
                       "model's only child is the wrapped module: a walk over its layers needs the module", call.line)
         elif call.name in ("os.mkdir", "os.makedirs") or call.last == "mkdir" and _a_path(work, call):
@@ -396,10 +395,14 @@ def _unwrap(work: _Work, call: Any) -> None:
     args = call.node.args
     if not args or dotted(args[0].value) not in wrapped:
         return
-    work.edits.expr[id(args[0].value)] = lambda node: cst.parse_expression(
-        f"ddpkit.unwrap({cst.Module(body=[]).code_for_node(node)})")
+    work.edits.expr[id(args[0].value)] = _unwrapped
     work.note(f"{call.last}({dotted(args[0].value)}) -> {call.last}(ddpkit.unwrap(...))",
               "the prepared model is a wrapper; this call needs the module inside it", call.line)
+
+
+def _unwrapped(node: cst.BaseExpression) -> cst.BaseExpression:
+    """``model`` -> ``ddpkit.unwrap(model)``."""
+    return cst.parse_expression(f"ddpkit.unwrap({cst.Module(body=[]).code_for_node(node)})")
 
 
 def bound_to_init(b: Binding) -> bool:
