@@ -73,7 +73,7 @@ def _sums(dataset: Any, depth: int) -> list[float]:
 SAMPLES = ("data", "targets")
 
 
-def _held(name: str, value: Any, length: int = -1) -> float:
+def _held(name: str, value: Any, length: int) -> float:
     """A number for what the attribute ``name`` of a Dataset (of ``length`` samples) holds: the tensors and numeric
     arrays of :data:`SAMPLES`, or of one row per sample (``self.x = torch.randn(n, 6)``), by :func:`_rows`; a
     list, tuple or array of plain values (texts, numbers, (path, label) pairs) by up to :data:`ROWS` of them; a

@@ -47,7 +47,7 @@ def loss_methods(work: _Work) -> dict[str, list[str]]:
                     work.note(f"{owner}.{method}(...) makes the loss: forward_methods=({method!r},) given to "
                               f"the wrap of {owner}", "it then runs as DDP's forward and its gradients are averaged "
                               "(a method called on the module alone runs outside DDP)", line)
-    return {owner: methods for owner, methods in found.items() if methods}
+    return found
 
 
 def _made_from(work: _Work, loop: Any, backward: Any) -> list[tuple[str, str, int]]:
