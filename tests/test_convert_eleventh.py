@@ -1,10 +1,13 @@
 """What the experiment classes of the time-series forecasting repositories, and the eleventh held-out set
 (docs/convert.md), showed ``ddpkit convert`` owes public scripts: each a case written in our own words after the
 pattern met."""
+import sys
+
 import pytest
 
 pytest.importorskip("libcst")
 
+from conftest import run_cmd  # noqa: E402
 from ddpkit.commands.convert.crossing import settle  # noqa: E402
 from ddpkit.commands.convert.plan import plan  # noqa: E402
 
@@ -60,3 +63,128 @@ def test_a_model_a_base_class_of_the_same_file_builds_is_wrapped_in_it():
     done = plan(one)
     assert done.text.count("ddpkit.prepare_model(") == 1, done.text
     assert "self.model = ddpkit.prepare_model(self._build_model())" in done.text and not done.left, done.left
+
+
+FACTORY = '''import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Series(Dataset):
+    def __init__(self, flag):
+        g = torch.Generator().manual_seed({"train": 0, "val": 1, "test": 2}[flag])
+        self.x = torch.randn(36, 8, generator=g)
+        self.y = self.x.sum(1, keepdim=True)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+def data_provider(args, flag):
+    if flag == "test":
+        shuffle_flag = False
+        batch_size = 1
+    else:
+        shuffle_flag = True
+        batch_size = args.batch_size
+    data_set = Series(flag)
+    data_loader = DataLoader(data_set, batch_size=batch_size, shuffle=shuffle_flag, drop_last=True)
+    return data_set, data_loader
+'''
+
+EXPERIMENT = '''import os
+import torch
+from torch import nn
+from data_provider.data_factory import data_provider
+from exp.exp_basic import Exp_Basic
+
+
+class Exp_Main(Exp_Basic):
+    def _build_model(self):
+        model = nn.Linear(8, 1)
+        if self.args.use_multi_gpu:
+            model = nn.DataParallel(model, device_ids=self.args.device_ids)
+        return model
+
+    def _get_data(self, flag):
+        data_set, data_loader = data_provider(self.args, flag)
+        return data_set, data_loader
+
+    def vali(self, vali_loader):
+        total = []
+        self.model.eval()
+        with torch.no_grad():
+            for x, y in vali_loader:
+                total.append(nn.functional.mse_loss(self.model(x.to(self.device)), y.to(self.device)).item())
+        self.model.train()
+        return sum(total) / len(total)
+
+    def train(self, setting):
+        _, train_loader = self._get_data(flag="train")
+        _, vali_loader = self._get_data(flag="val")
+        path = os.path.join(self.args.checkpoints, setting)
+        if not os.path.exists(path):
+            os.makedirs(path)
+        opt = torch.optim.Adam(self.model.parameters(), lr=1e-2)
+        for epoch in range(self.args.train_epochs):
+            for x, y in train_loader:
+                opt.zero_grad()
+                loss = nn.functional.mse_loss(self.model(x.to(self.device)), y.to(self.device))
+                loss.backward()
+                opt.step()
+            print("epoch", epoch, "vali", self.vali(vali_loader))
+            torch.save(self.model.state_dict(), path + "/checkpoint.pth")
+'''
+
+RUN = '''import argparse
+import torch
+from exp.exp_main import Exp_Main
+
+if __name__ == "__main__":
+    torch.manual_seed(2021)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batch_size", type=int, default=6)
+    parser.add_argument("--train_epochs", type=int, default=1)
+    parser.add_argument("--checkpoints", default="./checkpoints/")
+    parser.add_argument("--use_multi_gpu", action="store_true")
+    args = parser.parse_args()
+    Exp_Main(args).train("s1")
+'''
+
+FORECAST = {"data_provider/__init__.py": "", "data_provider/data_factory.py": FACTORY, "exp/__init__.py": "",
+            "exp/exp_basic.py": BASIC, "exp/exp_main.py": EXPERIMENT, "run.py": RUN}
+
+
+def test_one_loader_factory_for_every_split_shards_the_split_trained_on_and_verify_passes(tmp_path):
+    """Time-Series-Library's ``data_provider(args, flag)``: one ``DataLoader(...)`` line for the train, val and test
+    splits, reached through ``self._get_data(flag='train')``. Refused as "batches fed by hand" in the experiment and
+    "role cannot be told" in the factory. Now the string decides: sharded for 'train', whole for the others."""
+    for name, text in FORECAST.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    out = tmp_path / "out"
+    r = run_cmd([sys.executable, "-m", "ddpkit", "convert", "--imports", "-o", str(out), str(tmp_path / "run.py")],
+                timeout=60)
+    assert r.returncode == 0 and "left to you" not in r.stderr, r.stderr
+    factory = (out / "data_provider" / "data_factory.py").read_text()
+    assert "data_loader = ddpkit.data_loader(data_set, global_batch_size=batch_size, shuffle=shuffle_flag, " \
+        "drop_last=True) if flag == 'train' else DataLoader(data_set, batch_size=batch_size" in factory, factory
+    assert "nn.DataParallel" not in (out / "exp" / "exp_main.py").read_text()
+    v = run_cmd([sys.executable, "-m", "ddpkit", "verify", "--nproc", "2", "--steps", "3", str(out / "run.py")],
+                timeout=300, cwd=str(out))
+    assert v.returncode == 0 and v.stdout.startswith("PASS"), v.stdout + v.stderr[-1500:]
+
+
+def test_a_factory_whose_splits_no_string_tells_apart_is_sharded_and_its_evaluation_told():
+    """The same factory called for evaluation with a name, not a string (``self._get_data(flag=kind)``): which
+    split each call takes cannot be told, so the one loader is sharded for training, as before, and the file
+    that evaluates it learns so (its sums reduced or refused), not that it reads every batch."""
+    files = dict(FORECAST, **{"exp/exp_main.py": EXPERIMENT.replace('self._get_data(flag="val")',
+                                                                      "self._get_data(flag=self.args.kind)")})
+    done = settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
+    assert ") if flag == 'train' else" not in done["data_provider/data_factory.py"].text
+    assert "ddpkit.data_loader(" in done["data_provider/data_factory.py"].text
+    said = [item.what for item in done["exp/exp_main.py"].left]
+    assert any("sharded for training where it is built" in w or "also evaluated here" in w for w in said), said

@@ -28,7 +28,7 @@ from typing import Any
 import libcst as cst
 from libcst import matchers as m
 
-from ddpkit.commands.convert import flow, handedin
+from ddpkit.commands.convert import bysplit, flow, handedin
 from ddpkit.commands.convert.crossing import EVAL, TRAIN, Ask, key, returned
 from ddpkit.commands.convert.reductions import reductions
 from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, dotted, imported_from
@@ -192,11 +192,15 @@ def origin_of(facts: Facts, binding: Binding, depth: int = 0) -> tuple[str, str]
     call = binding.whole
     func = dotted(call.func) if isinstance(call, cst.Call) else None
     origin = imported_from(facts, func) if func else None
-    if origin is not None:
-        return origin[0], returned(origin[1], binding.index)
+    if origin is not None and isinstance(call, cst.Call):  # (the strings it passes: one factory, every split)
+        return origin[0], returned(origin[1], binding.index) + (bysplit.literals(call, lambda _: None) if not depth
+                                                                else "")
     made = _instance_method(facts, call, binding) if isinstance(call, cst.Call) else None
     if made is not None:  # NCF's ``sample_generator.instance_a_train_loader(...)``: the class's method returns it
         return made[0], returned(made[1], binding.index)
+    through = _through_own(facts, call, binding) if isinstance(call, cst.Call) and not depth else None
+    if through is not None:
+        return through
     key_ = _string_key(binding.value)
     inner = binding.value.value if key_ is not None and isinstance(binding.value, cst.Subscript) else None
     holder = dotted(inner) if inner is not None else None
@@ -206,6 +210,30 @@ def origin_of(facts: Facts, binding: Binding, depth: int = 0) -> tuple[str, str]
     if origin is None or not origin[1].endswith("()"):
         return None
     return origin[0], f"{origin[1]}[{key_!r}]"
+
+
+def _through_own(facts: Facts, call: cst.Call, binding: Binding) -> tuple[str, str] | None:
+    """(the module, ``data_provider()[1]@#1='train'``) of ``_, loader = self._get_data(flag='train')``, a function of
+    this file that returns what a function imported from the project returns (``data_set, data_loader =
+    data_provider(self.args, flag)``; ``return data_set, data_loader``), with the strings passed on to it."""
+    made = next((c for c in facts.calls if c.node is call), None)
+    target = flow.callee(facts, made) if made is not None else None
+    if made is None or target is None:
+        return None
+    scope, skip = target
+    for where, value in facts.returns:
+        elements = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
+        if where is not scope or binding.index >= len(elements) or binding.index < 0 and len(elements) > 1:
+            continue
+        name = dotted(elements[max(binding.index, 0)])
+        held = flow.binding_of(facts, name, scope, 1 << 30) if name else None
+        inner = held.whole if held is not None else None
+        origin = imported_from(facts, dotted(inner.func) or "") if isinstance(inner, cst.Call) else None
+        if held is not None and isinstance(inner, cst.Call) and origin is not None:
+            def passed(param: str) -> cst.BaseExpression | None:
+                return flow.argument_for(made, param, scope, skip) if param in scope.params else None
+            return origin[0], returned(origin[1], held.index) + bysplit.literals(inner, passed)
+    return None
 
 
 def _instance_method(facts: Facts, call: cst.Call, binding: Binding) -> tuple[str, str] | None:

@@ -18,9 +18,9 @@ from typing import Any
 import libcst as cst
 from libcst import matchers as m
 
-from ddpkit.commands.convert import batch, drawn, flow, handedin, imported, trained
+from ddpkit.commands.convert import batch, bysplit, drawn, flow, handedin, imported, trained
 from ddpkit.commands.convert.apply import LOADER_PARAMETERS, loader_call
-from ddpkit.commands.convert.crossing import EVAL, NOT_PASSED, TRAIN, returned
+from ddpkit.commands.convert.crossing import NOT_PASSED, TRAIN
 from ddpkit.commands.convert.flow import callee, loops_reading, peek, roles_said
 from ddpkit.commands.convert.reductions import reductions
 from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, dotted, imported_from, resolve
@@ -62,9 +62,13 @@ def loaders(work: _Work) -> None:
                       "project evaluates what this file hands it: each rank reads all of it, which is right")
     for call in built:
         wanted = _wanted(work, call)
+        split = bysplit.split(work, call) if wanted is not None else None
+        if split is not None:  # one factory, every split: the string decides (bysplit.py)
+            training |= bysplit.by_split(work, call, *split, _loader)
+            continue
         if wanted is not None and work.crossing.wants[wanted] == TRAIN:  # another module trains on it (a project)
             training |= _loader(work, call, "train")
-            work.done.append(wanted)
+            work.done.extend(bysplit.asked(work, call))  # (each split's ask: the evaluating one learns it is sharded)
             continue
         keyed = imported.keyed(work, call, built) if wanted is None else None
         if keyed is not None and keyed[1] == TRAIN:  # the one that shuffles, of a dict of loaders asked for
@@ -228,17 +232,8 @@ def _wanted(work: _Work, call: Call) -> str | None:
     the module-level name it is bound to, what a function returns it as (``get_loaders()[0]``), or the attribute
     of its class's instance (``Cifar().train``: ``self.train = DataLoader(...)``); None when no other module asks
     for it."""
-    binding = next((b for b in work.facts.bindings if b.value is call.node), None)
-    names = [binding.target] if binding is not None and binding.scope.name == "" else []
-    if binding is not None and binding.scope.cls and binding.target.startswith("self."):  # ``Cifar().train``
-        names.append(f"{binding.scope.cls}().{binding.target[5:]}")
-    for scope, value in work.facts.returns:
-        elements = [e.value for e in value.elements] if isinstance(value, (cst.Tuple, cst.List)) else [value]
-        for i, element in enumerate(elements):
-            if element is call.node or binding is not None and binding.scope is scope and \
-                    dotted(element) == binding.target:
-                names.append(returned(scope.name, i if len(elements) > 1 else -1))
-    return next((n for n in names if work.crossing.wants.get(n) in (TRAIN, EVAL)), None)
+    asked = bysplit.asked(work, call)
+    return next((n for n in asked if work.crossing.wants[n] == TRAIN), asked[0] if asked else None)
 
 
 def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
