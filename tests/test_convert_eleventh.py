@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("libcst")
 
-from conftest import run_cmd  # noqa: E402
+from conftest import launch, run_cmd  # noqa: E402
 from ddpkit.commands.convert.crossing import settle  # noqa: E402
 from ddpkit.commands.convert.plan import plan  # noqa: E402
 
@@ -188,3 +188,68 @@ def test_a_factory_whose_splits_no_string_tells_apart_is_sharded_and_its_evaluat
     assert "ddpkit.data_loader(" in done["data_provider/data_factory.py"].text
     said = [item.what for item in done["exp/exp_main.py"].left]
     assert any("sharded for training where it is built" in w or "also evaluated here" in w for w in said), said
+
+
+ONE_FILE = '''import argparse
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+
+class Series(Dataset):
+    def __init__(self, flag):
+        g = torch.Generator().manual_seed({"train": 0, "val": 1}[flag])
+        self.x = torch.randn(63, 8, generator=g)
+        self.y = self.x.sum(1, keepdim=True)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+def data_provider(args, flag):
+    shuffle_flag = flag == "train"
+    data_set = Series(flag)
+    data_loader = DataLoader(data_set, batch_size=args.batch_size, shuffle=shuffle_flag)
+    return data_set, data_loader
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch_size", type=int, default=8)
+    args = p.parse_args()
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    _, train_loader = data_provider(args, "train")
+    _, val_loader = data_provider(args, "val")
+    for x, y in train_loader:
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for x, y in val_loader:
+            total += nn.functional.mse_loss(model(x), y, reduction="sum").item()
+            n += len(x)
+    print("val samples", n)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_factory_of_the_same_file_called_per_split_evaluates_every_sample_once(tmp_path):
+    """The one-file shape of the same factory: its loader was made a training loader for both calls, so the
+    validation ran over padded training shards, and its reduced count was 64 for 63 samples (one counted twice)."""
+    done = plan(ONE_FILE)
+    assert "shuffle=shuffle_flag) if flag == 'train' else DataLoader(data_set" in done.text, done.text
+    assert "ddpkit.reduce" not in done.text and not done.left, done.left
+    script = tmp_path / "split.py"
+    script.write_text(done.text)
+    r = launch(script, nproc=2)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("val samples 63") == 1, r.stdout

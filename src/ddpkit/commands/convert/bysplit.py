@@ -24,8 +24,9 @@ from typing import Any
 
 import libcst as cst
 
+from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.crossing import EVAL, TRAIN, returned
-from ddpkit.commands.convert.scan import Call, dotted
+from ddpkit.commands.convert.scan import Call, Loop, dotted
 
 _Work = Any  # the plan in the making (plan._Work)
 
@@ -114,15 +115,55 @@ def by_split(work: _Work, call: Call, param: str, value: str, load: Callable[[_W
     """``ddpkit.data_loader(...) if flag == 'train' else DataLoader(...)``: sharded for the split another module
     trains on, whole for those it evaluates."""
     training = load(work, call, "train")
+    work.done.extend(n for n in asked(work, call) if work.crossing.wants[n] == TRAIN)
+    work.log = [e for e in work.log if not (e.line == call.line and e.what.startswith("DataLoader -> "))]
+    whole_otherwise(work, call, param, value, "another module of the project")
+    return training
+
+
+def whole_otherwise(work: _Work, call: Call, param: str, value: str, where: str) -> None:
+    """The loader's rewrite made ``ddpkit.data_loader(...) if flag == 'train' else DataLoader(...)``, and said."""
     sharded = work.edits.expr[id(call.node)]
     work.edits.expr[id(call.node)] = lambda node: cst.IfExp(test=condition(param, value), body=sharded(node),
                                                             orelse=node)
-    work.done.extend(n for n in asked(work, call) if work.crossing.wants[n] == TRAIN)
-    work.log = [e for e in work.log if not (e.line == call.line and e.what.startswith("DataLoader -> "))]
-    work.note(f"DataLoader -> ddpkit.data_loader if {param} == {value!r}", f"another module of the project trains on "
-              f"the {value!r} split and evaluates the others: those stay whole DataLoaders (each rank evaluates every "
-              "batch, which is right)", call.line)
-    return training
+    work.note(f"DataLoader -> ddpkit.data_loader if {param} == {value!r}", f"{where} trains on the {value!r} split "
+              "and evaluates the others: those stay whole DataLoaders (each rank evaluates every batch, which is "
+              "right)", call.line)
+
+
+def own(work: _Work, call: Call) -> tuple[str, str, list[Loop]] | None:
+    """(the parameter, the training string, the training loops) for a DataLoader that a function of this file
+    returns, called here once per split by a string (``_, train_loader = data_provider(args, 'train')``, ``...
+    'val')``): the calls whose loops train pass one string, the others other strings at the same place."""
+    scope = call.scope
+    index = _position(work, call)
+    if index is None or not scope.params:
+        return None
+    kinds: dict[str, str] = {}
+    loops: dict[str, list[Loop]] = {}
+    for n, site in enumerate(c for c in work.facts.calls if (t := flow.callee(work.facts, c)) and t[0] is scope):
+        bound = [b for b in work.facts.bindings if b.index == index and
+                 (b.whole is site.node if index >= 0 else b.value is site.node)]
+        read = [lp for b in bound for lp in flow.loops_reading(work.facts, b.target, b.scope, since=b)]
+        name = f"{n}(){literals(site.node, lambda _: None)}"
+        kinds[name] = TRAIN if any(flow.trains(work.facts, lp) for lp in read) else EVAL
+        loops[name] = read
+    decided = decide(list(kinds), kinds, [p for p in scope.params if p not in ("self", "cls")])
+    if decided is None:
+        return None
+    return (*decided, [lp for name, read in loops.items() if kinds[name] == TRAIN for lp in read])
+
+
+def _position(work: _Work, call: Call) -> int | None:
+    """Where its function returns ``call``'s loader: its index in a returned tuple, -1 as the whole value; None
+    when it does not return it."""
+    binding = next((b for b in work.facts.bindings if b.value is call.node), None)
+    for where, value in work.facts.returns:
+        elements = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
+        for i, element in enumerate(elements if where is call.scope else []):
+            if element is call.node or binding is not None and dotted(element) == binding.target:
+                return i if isinstance(value, cst.Tuple) else -1
+    return None
 
 
 def condition(param: str, value: str) -> cst.BaseExpression:

@@ -292,6 +292,9 @@ def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
         work.keep(call.line, f"a DataLoader drawn from once (next(iter({binding.target})) outside any loop) left as "
                   "it is", "one batch taken before the loops (a fixed sample to show): no training step reads it")
         return False
+    split = bysplit.own(work, call) if role is None and loops and call.scope.name else None
+    if split is not None:  # one function for every split, called here by a string: the string decides
+        role, loops = "train", split[2]
     role = role or flow.role(work.facts, loops, binding, call)
     if role == "eval" and not loops:  # said by a name only: its loop, and what it sums, were not found
         work.keep(call.line, "an evaluation DataLoader (by its name) whose loop is not in this file, left as it "
@@ -336,6 +339,9 @@ def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
                        f"to {away}, a function of another module whose loop convert does not see here: what it "
                        "counts or evaluates over it is this rank's shard only", "convert them together (ddpkit "
                        "convert --imports SCRIPT, or a folder), or hand it a plain DataLoader over the same dataset")
+    if split is not None:
+        bysplit.whole_otherwise(work, call, split[0], split[1], "this file")
+        return True
     work.note(f"DataLoader -> ddpkit.data_loader ({'training' if role == 'train' else 'train=False'})",
               how, call.line)
     return role == "train"
