@@ -65,14 +65,10 @@ def test_a_model_a_base_class_of_the_same_file_builds_is_wrapped_in_it():
     assert "self.model = ddpkit.prepare_model(self._build_model())" in done.text and not done.left, done.left
 
 
-FACTORY = '''import torch
-from torch.utils.data import DataLoader, Dataset
-
-
-class Series(Dataset):
+SERIES = '''class Series(Dataset):
     def __init__(self, flag):
-        g = torch.Generator().manual_seed({"train": 0, "val": 1, "test": 2}[flag])
-        self.x = torch.randn(36, 8, generator=g)
+        g = torch.Generator().manual_seed({{"train": 0, "val": 1, "test": 2}}[flag])
+        self.x = torch.randn({n}, 8, generator=g)
         self.y = self.x.sum(1, keepdim=True)
 
     def __len__(self):
@@ -82,7 +78,13 @@ class Series(Dataset):
         return self.x[i], self.y[i]
 
 
-def data_provider(args, flag):
+'''
+
+FACTORY = '''import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+''' + SERIES.format(n=36) + '''def data_provider(args, flag):
     if flag == "test":
         shuffle_flag = False
         batch_size = 1
@@ -196,20 +198,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 
-class Series(Dataset):
-    def __init__(self, flag):
-        g = torch.Generator().manual_seed({"train": 0, "val": 1}[flag])
-        self.x = torch.randn(63, 8, generator=g)
-        self.y = self.x.sum(1, keepdim=True)
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        return self.x[i], self.y[i]
-
-
-def data_provider(args, flag):
+''' + SERIES.format(n=63) + '''def data_provider(args, flag):
     shuffle_flag = flag == "train"
     data_set = Series(flag)
     data_loader = DataLoader(data_set, batch_size=args.batch_size, shuffle=shuffle_flag)
