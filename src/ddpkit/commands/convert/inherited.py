@@ -17,11 +17,15 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import libcst as cst
 from libcst import matchers as m
 
+from ddpkit.commands.convert.crossing import MODEL, Ask, key
 from ddpkit.commands.convert.scan import Binding, Call, Facts, dotted, imported_from
+
+_Work = Any  # the plan in the making (plan._Work)
 
 SEPARATOR = "."  # an ask's name for a class's attribute: ``Exp_Basic.self.model``
 
@@ -100,3 +104,24 @@ def wanted(facts: Facts, name: str) -> Binding | None:
     if not attr.startswith(f"self{SEPARATOR}") or not cls.isidentifier():
         return None
     return built_in(facts, cls, attr)
+
+
+def wrap(work: _Work, base: Binding | tuple[str, str], call: Call) -> None:
+    """Wrap the model a base class builds (:func:`inherited`): here, or asked of the base class's module."""
+    if isinstance(base, Binding):
+        binding = work._unconditional(work._source(base))
+        if all(b is not binding for b in work.models):
+            work.models.append(binding)
+            work._wrap(binding, call)
+        return
+    module, name = base
+    cls, attr = name.split(SEPARATOR, 1)
+    work.asks.append(Ask(module, name, MODEL, call.line))  # whatever the answer: settle asks in rounds
+    if key(module, name) in work.crossing.provided:
+        work.keep(call.line, "the optimizer over the model a base class builds left as it is", f"it is prepared "
+                  f"where {cls} builds it, in {work.crossing.provided[key(module, name)]}")
+        return
+    work.leave(call.line, f"the model this optimizer trains is built by {cls}, a base class imported from {module}, "
+               "and convert does not follow a name from one module to another outside a project", "convert them "
+               f"together (ddpkit convert --imports SCRIPT, or a folder), or wrap it in {module} where it is built: "
+               f"{attr} = ddpkit.prepare_model(...)")

@@ -305,7 +305,7 @@ class _Work:
                        "backward inside the class's own methods is not synchronised), then convert again",
                        blocks=True)
         elif binding is None and (base := inherited.inherited(self.facts, target, call)) is not None:
-            self._inherited(base, call)
+            inherited.wrap(self, base, call)
         elif binding is None:
             self.leave(call.line, f"the model {target!r} this optimizer trains: where it is built was not "
                        "found", f"wrap it yourself where it is built: {target} = ddpkit.prepare_model("
@@ -313,26 +313,6 @@ class _Work:
         elif all(b is not binding for b in self.models):
             self.models.append(binding)
             self._wrap(binding, call)
-
-    def _inherited(self, base: Binding | tuple[str, str], call: Call) -> None:
-        """Wrap a model a base class builds (:mod:`.inherited`): here, or asked of the base class's module."""
-        if isinstance(base, Binding):
-            binding = self._unconditional(self._source(base))
-            if all(b is not binding for b in self.models):
-                self.models.append(binding)
-                self._wrap(binding, call)
-            return
-        module, name = base
-        self.asks.append(Ask(module, name, MODEL, call.line))  # whatever the answer: settle asks in rounds
-        if crossing.key(module, name) in self.crossing.provided:
-            self.keep(call.line, "the optimizer over the model a base class builds left as it is", "it is "
-                      f"prepared where {name.split('.')[0]} builds it, in "
-                      f"{self.crossing.provided[crossing.key(module, name)]}")
-            return
-        self.leave(call.line, f"the model this optimizer trains is built by {name.split('.')[0]}, a base class "
-                   f"imported from {module}, and convert does not follow a name from one module to another outside "
-                   "a project", f"convert them together (ddpkit convert --imports SCRIPT, or a folder), or wrap it "
-                   f"in {module} where it is built: {name.split('.', 1)[1]} = ddpkit.prepare_model(...)")
 
     def _model_binding(self, target: str, call: Call) -> Binding | None:
         parts = target.split(".")
