@@ -73,8 +73,10 @@ def test_a_training_step_counter_is_never_summed_and_evaluation_counts_are():
 
 
 def test_a_training_sum_over_the_whole_dataset_is_summed_and_a_mean_over_local_batches_is_not():
+    # a sum of batch means over every sample: with the global batch kept, each rank takes as many steps as one
+    # process, so the ranks' sums are averaged (summed, it was N times one process's: the eleventh held-out set)
     text = lines(convert(TRAIN_EVAL.replace("    return step, total", "    return total / len(loader.dataset)")))
-    assert "total = ddpkit.reduce(total)" in text
+    assert "total = ddpkit.reduce(total, op='mean')" in text
     text = lines(convert(TRAIN_EVAL.replace("    return step, total", "    return total / step")))
     assert not any(t.startswith(("step = ddpkit.reduce", "total = ddpkit.reduce")) for t in text)
 

@@ -154,3 +154,35 @@ def test_forward_methods_must_name_methods_of_the_models_class():
     for bad in ("log_prob", "parameters", "forward"):
         with pytest.raises(ValueError, match=f"forward_methods=...\\): '{bad}' is not a method of your Linear"):
             validate(torch.nn.Linear(2, 2), (bad,))
+
+
+NESTED = '''import torch
+from torch import nn
+import ddpkit
+
+
+class Base:
+    def __init__(self):
+        self.model = ddpkit.prepare_model(nn.Linear(4, 4))
+
+
+class WithHead(Base):
+    def __init__(self):
+        super().__init__()
+        self.model = ddpkit.prepare_model(nn.Sequential(self.model, nn.Linear(4, 1)))
+
+
+WithHead()
+print("prepared twice")
+'''
+
+
+def test_a_model_that_holds_a_prepared_part_is_refused_with_the_part_named(tmp_path):
+    """A base class prepares ``self.model`` and a subclass prepares ``nn.Sequential(self.model, head)`` again: two
+    DDP wrappers nested, whose inner one's state dict names and all-reduces differ (a review of the base-class
+    conversion met it). It ran without a word; now one line on every rank names the part."""
+    script = tmp_path / "nested.py"
+    script.write_text(NESTED)
+    r = launch(script, timeout=120)
+    assert r.returncode != 0 and "prepared twice" not in r.stdout, r.stdout
+    assert "the model holds '0', a part that went through prepare_model already" in r.stderr, r.stderr[-2000:]

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from ddpkit.core import process
 from ddpkit.data import unprepared
@@ -26,7 +27,7 @@ from ddpkit.runtime import group as runtime
 from ddpkit.runtime import phases
 from ddpkit.strategies import comm as comm_options
 from ddpkit.strategies import meta, redirect, replicas
-from ddpkit.strategies.forwarding import uncompiled, unwrap
+from ddpkit.strategies.forwarding import ForwardsAttributes, uncompiled, unwrap
 from ddpkit.strategies.fsdp_wrapper import Shard
 
 __all__ = ["MicroStep", "accumulate", "init_empty", "no_sync", "prepare_model", "unwrap"]
@@ -181,6 +182,11 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
     """
     if hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):  # compiled before: its wrapper
         model, compile = model._orig_mod, compile or True  # would hide DDP / FSDP from dynamo and add a prefix
+    inner = prepared_inside(model)
+    if inner is not None:  # two DDP wrappers nested: the inner one all-reduces again and names its weights twice
+        raise ValueError(f"prepare_model(model): the model holds {inner!r}, a part that went through prepare_model "
+                         "already; expected a plain model; fix: prepare the whole model once, where it is finally "
+                         f"built (build it from ddpkit.unwrap(part) if a part was prepared first)")
     state = runtime.ensure_init()
     mode = state.strategy
     # each mode keeps the options it uses and ignores the others on purpose: the same script runs in every mode
@@ -198,3 +204,14 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
         mode.compile(wrapped, {} if compile is True else dict(compile))
     phases.watch_model(wrapped, compiled=bool(compile))  # under ddpkit launch: where each step's time goes
     return wrapped
+
+
+def prepared_inside(model: nn.Module) -> str | None:
+    """The name of a submodule of ``model`` that is a DDP or ddpkit wrapper already (a base class's
+    ``self.model = prepare_model(...)``, then ``nn.Sequential(self.model, head)`` prepared again); None when none is.
+
+    >>> prepared_inside(nn.Sequential(nn.Linear(2, 2))) is None
+    True
+    """
+    return next((name for name, sub in model.named_modules() if sub is not model and
+                 isinstance(sub, (DistributedDataParallel, ForwardsAttributes))), None)

@@ -1,42 +1,54 @@
-"""One DataLoader line for every split: a factory of another module that builds the loader the caller names by a
-string (``data_provider(args, 'train')``, ``self._get_data(flag='val')`` which passes its ``flag`` on: the
-experiment classes of the time-series forecasting repositories, ``get_loader(split='test')``). What one call
-trains on and another evaluates comes from the same ``DataLoader(...)``, so the split's string decides it.
+"""One DataLoader line for every split: a factory that builds the loader its caller names by a string
+(``data_provider(args, 'train')``, or ``self._get_data(flag='val')`` which passes its ``flag`` on: the experiment
+classes of the time-series forecasting repositories; ``get_loader(split='test')``). What one call trains on and
+another evaluates comes from the same ``DataLoader(...)``, so the split's string decides it.
 
-The asking side names the string with the returned value (:func:`qualified`: ``data_provider()[1]@#1='train'``,
-``#1`` the position it is passed at, or the keyword). The factory's side (:func:`decide`) reads every such ask of
-one function: when the training ones pass one string and the evaluation ones others at the same place, the
-loader becomes ``ddpkit.data_loader(...) if flag == 'train' else DataLoader(...)`` (each rank evaluates every
-batch of the others, which is right); asks that pass no telling string are one role, as before.
+An ask from another module names the strings its call passes with the returned value (:func:`literals`:
+``data_provider()[1]@[["#1", "train"]]``, ``#1`` the position, or the keyword). The factory's side (:func:`split`)
+reads every such ask of one function and every call of it in its own file: when the calls that train pass one
+string (or a few) and those that evaluate others, at the same parameter, the loader becomes
+``ddpkit.data_loader(...) if flag == 'train' else DataLoader(...)`` (each rank evaluates every batch of the others,
+which is right). Calls no string tells apart, or a parameter the factory rebinds before the loader
+(``flag = flag.lower()``), keep one role, as before.
 
 Example::
 
-    >>> decide(["get()[0]@#1='train'", "get()[0]@#1='val'"], {"get()[0]@#1='train'": "training loader",
-    ...         "get()[0]@#1='val'": "evaluation loader"}, ["args", "flag"])
-    ('flag', 'train')
+    >>> asks = {'get()[0]@[["#1", "train"]]': TRAIN, 'get()[0]@[["flag", "val"]]': EVAL}
+    >>> decide(list(asks), asks, ["args", "flag"])
+    ('flag', ('train',))
 """
 
 from __future__ import annotations
 
-import ast
+import dataclasses
+import json
 from collections.abc import Callable
 from typing import Any
 
 import libcst as cst
+from libcst import matchers as m
 
 from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.crossing import EVAL, TRAIN, returned
-from ddpkit.commands.convert.scan import Call, Loop, dotted
+from ddpkit.commands.convert.scan import Call, Facts, Loop, Scope, dotted
 
 _Work = Any  # the plan in the making (plan._Work)
 
-MARK = "@"  # between what a function returns and the strings its call passes
+MARK = "@"  # between what a function returns and the strings its call passes (JSON: any string survives)
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """The factory's ``param``, the strings of the splits trained on, and this file's loops that train on them."""
+    param: str
+    values: tuple[str, ...]
+    loops: tuple[Loop, ...] = ()
 
 
 def literals(call: cst.Call, passed: Callable[[str], cst.BaseExpression | None]) -> str:
-    """The plain strings ``call`` passes, as a qualifier (``@#1='train'``, ``@split='val'``; "" when none): written
-    there, or a parameter of the enclosing function that its caller passes one for (``passed(name)``: what the
-    caller passes as that parameter, None when not one)."""
+    """The plain strings ``call`` passes, as a qualifier (``@[["#1", "train"]]``; "" when none): written there,
+    or a parameter of the enclosing function that its caller passes one for (``passed(name)``: what the caller
+    passes as that parameter, None when not one or when the function rebinds it)."""
     found = []
     position = 0
     for arg in call.args:
@@ -48,43 +60,49 @@ def literals(call: cst.Call, passed: Callable[[str], cst.BaseExpression | None])
         if isinstance(value, cst.Name):
             value = passed(value.value) or value
         if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str):
-            found.append(f"{where}={value.evaluated_value!r}")
-    return MARK + ",".join(found) if found else ""
+            found.append([where, value.evaluated_value])
+    return MARK + json.dumps(found) if found else ""
 
 
 def base(name: str) -> str:
-    """The returned value a qualified ask names: ``get()[0]`` of ``get()[0]@#1='train'``."""
+    """The returned value a qualified ask names: ``get()[0]`` of ``get()[0]@[["#1", "train"]]``."""
     return name.split(MARK, 1)[0]
 
 
-def _strings(name: str) -> dict[str, str]:
-    """``{'#1': 'train'}`` of ``get()[0]@#1='train'``."""
+def _strings(name: str, params: list[str]) -> dict[str, str]:
+    """``{'flag': 'train'}`` of ``get()[0]@[["#1", "train"]]`` for a factory ``get(args, flag)``: each string by
+    the parameter it lands in (``self`` left out of ``params``)."""
     found = {}
-    for part in name.partition(MARK)[2].split(",") if MARK in name else ():
-        where, _, value = part.partition("=")
-        found[where] = ast.literal_eval(value)
+    for where, value in json.loads(name.split(MARK, 1)[1]) if MARK in name else ():
+        index = int(where[1:]) if where.startswith("#") else -1
+        param = params[index] if 0 <= index < len(params) else where if where in params else None
+        if param is not None:
+            found[param] = value
     return found
 
 
-def decide(names: list[str], kinds: dict[str, str], params: list[str]) -> tuple[str, str] | None:
-    """(the parameter, the training string) when the asks ``names`` of one returned value (with their ``kinds``)
-    split by one string passed at one place, the training asks all passing the same one and the evaluation asks
-    others; None when they do not (one role, or no string tells them apart). ``params``: the factory's parameters,
-    ``self`` left out."""
-    train = [_strings(n) for n in names if kinds[n] == TRAIN]
-    evaluate = [_strings(n) for n in names if kinds[n] == EVAL]
+def decide(names: list[str], kinds: dict[str, str], params: list[str]) -> tuple[str, tuple[str, ...]] | None:
+    """(the parameter, the training strings) when the asks ``names`` of one returned value (with their ``kinds``)
+    split by the string passed as one parameter: every training ask passes one, every evaluation ask one of
+    others; None when they do not (one role, or no string tells them apart)."""
+    train = [_strings(n, params) for n in names if kinds[n] == TRAIN]
+    evaluate = [_strings(n, params) for n in names if kinds[n] == EVAL]
     if not train or not evaluate:
         return None
-    for where in train[0]:
-        told = {t.get(where) for t in train}
-        if len(told) != 1 or None in told or any(e.get(where) in told | {None} for e in evaluate):
+    for param in train[0]:
+        told = {t.get(param) for t in train}
+        if None in told or any(e.get(param) in told | {None} for e in evaluate):
             continue
-        value = told.pop()
-        param = params[int(where[1:])] if where.startswith("#") and int(where[1:]) < len(params) else \
-            where if where in params else None
-        if param is not None and value is not None:
-            return param, value
+        return param, tuple(sorted(v for v in told if v is not None))
     return None
+
+
+def rebound(facts: Facts, scope: Scope, param: str, before: int = 1 << 30) -> bool:
+    """``param`` of ``scope`` is bound again in it before line ``before`` (``flag = flag.lower()``,
+    ``path = os.path.join(root, path)``): the string its caller passes is no longer what it holds. (The parameter's
+    own binding has no statement.)"""
+    return any(b.target == param and b.scope is scope and b.line < before and
+               (b.stmt is not None or b.value is not None or b.whole is not None) for b in facts.bindings)
 
 
 def asked(work: _Work, call: Call) -> list[str]:
@@ -95,6 +113,8 @@ def asked(work: _Work, call: Call) -> list[str]:
     names = [binding.target] if binding is not None and binding.scope.name == "" else []
     if binding is not None and binding.scope.cls and binding.target.startswith("self."):  # ``Cifar().train``
         names.append(f"{binding.scope.cls}().{binding.target[5:]}")
+        names += [f"{scope.name}().{binding.target[5:]}" for scope, value in work.facts.returns  # ``create()``
+                  if not scope.cls and isinstance(value, cst.Call) and dotted(value.func) == binding.scope.cls]
     for scope, value in work.facts.returns:
         elements = [e.value for e in value.elements] if isinstance(value, (cst.Tuple, cst.List)) else [value]
         for i, element in enumerate(elements):
@@ -104,54 +124,35 @@ def asked(work: _Work, call: Call) -> list[str]:
     return [n for n in work.crossing.wants if base(n) in names and work.crossing.wants[n] in (TRAIN, EVAL)]
 
 
-def split(work: _Work, call: Call) -> tuple[str, str] | None:
-    """(the parameter, the training string) when the asks of ``call``'s loader split by a string its function is
-    passed (:func:`.bysplit.decide`)."""
+def split(work: _Work, call: Call) -> Split | None:
+    """How ``call``'s loader splits (:class:`Split`), from the asks of other modules (:func:`asked`) and the calls
+    of its function in this file (:func:`_sites`); None when it does not."""
     params = [p for p in call.scope.params if p not in ("self", "cls")]
-    return decide(asked(work, call), work.crossing.wants, params)
-
-
-def by_split(work: _Work, call: Call, param: str, value: str, load: Callable[[_Work, Call, str], bool]) -> bool:
-    """``ddpkit.data_loader(...) if flag == 'train' else DataLoader(...)``: sharded for the split another module
-    trains on, whole for those it evaluates."""
-    training = load(work, call, "train")
-    work.done.extend(n for n in asked(work, call) if work.crossing.wants[n] == TRAIN)
-    work.log = [e for e in work.log if not (e.line == call.line and e.what.startswith("DataLoader -> "))]
-    whole_otherwise(work, call, param, value, "another module of the project")
-    return training
-
-
-def whole_otherwise(work: _Work, call: Call, param: str, value: str, where: str) -> None:
-    """The loader's rewrite made ``ddpkit.data_loader(...) if flag == 'train' else DataLoader(...)``, and said."""
-    sharded = work.edits.expr[id(call.node)]
-    work.edits.expr[id(call.node)] = lambda node: cst.IfExp(test=condition(param, value), body=sharded(node),
-                                                            orelse=node)
-    work.note(f"DataLoader -> ddpkit.data_loader if {param} == {value!r}", f"{where} trains on the {value!r} split "
-              "and evaluates the others: those stay whole DataLoaders (each rank evaluates every batch, which is "
-              "right)", call.line)
-
-
-def own(work: _Work, call: Call) -> tuple[str, str, list[Loop]] | None:
-    """(the parameter, the training string, the training loops) for a DataLoader that a function of this file
-    returns, called here once per split by a string (``_, train_loader = data_provider(args, 'train')``, ``...
-    'val')``): the calls whose loops train pass one string, the others other strings at the same place."""
-    scope = call.scope
-    index = _position(work, call)
-    if index is None or not scope.params:
+    kinds = {n: work.crossing.wants[n] for n in asked(work, call)}
+    sites = _sites(work, call)
+    kinds.update({n: kind for n, (kind, _) in sites.items()})
+    decided = decide(list(kinds), kinds, params) if call.scope.name else None
+    if decided is None or rebound(work.facts, call.scope, decided[0], call.line):
         return None
-    kinds: dict[str, str] = {}
-    loops: dict[str, list[Loop]] = {}
-    for n, site in enumerate(c for c in work.facts.calls if (t := flow.callee(work.facts, c)) and t[0] is scope):
+    values = decided[1]
+    mine = [lp for n, (kind, read) in sites.items() if kind == TRAIN for lp in read]
+    return Split(decided[0], values, tuple(mine))
+
+
+def _sites(work: _Work, call: Call) -> dict[str, tuple[str, list[Loop]]]:
+    """Each call of ``call``'s function in this file that binds the loader it returns: (a name with the strings it
+    passes, (its kind: whether a loop over what it binds trains, those loops))."""
+    index = _position(work, call)
+    found: dict[str, tuple[str, list[Loop]]] = {}
+    if index is None:
+        return found
+    for n, site in enumerate(c for c in work.facts.calls if (t := flow.callee(work.facts, c)) and t[0] is call.scope):
         bound = [b for b in work.facts.bindings if b.index == index and
                  (b.whole is site.node if index >= 0 else b.value is site.node)]
         read = [lp for b in bound for lp in flow.loops_reading(work.facts, b.target, b.scope, since=b)]
-        name = f"{n}(){literals(site.node, lambda _: None)}"
-        kinds[name] = TRAIN if any(flow.trains(work.facts, lp) for lp in read) else EVAL
-        loops[name] = read
-    decided = decide(list(kinds), kinds, [p for p in scope.params if p not in ("self", "cls")])
-    if decided is None:
-        return None
-    return (*decided, [lp for name, read in loops.items() if kinds[name] == TRAIN for lp in read])
+        kind = TRAIN if any(flow.trains(work.facts, lp) for lp in read) else EVAL
+        found[f"{n}(){literals(site.node, lambda _: None)}"] = (kind, read)
+    return found
 
 
 def _position(work: _Work, call: Call) -> int | None:
@@ -166,6 +167,35 @@ def _position(work: _Work, call: Call) -> int | None:
     return None
 
 
-def condition(param: str, value: str) -> cst.BaseExpression:
-    """``flag == 'train'``."""
-    return cst.parse_expression(f"{param} == {value!r}")
+def by_split(work: _Work, call: Call, split: Split, load: Callable[..., bool]) -> bool:
+    """``ddpkit.data_loader(...) if flag == 'train' else DataLoader(...)``: sharded for the splits trained on,
+    whole for those only evaluated; this file's loops over the training splits are the loader's."""
+    training = load(work, call, "train", list(split.loops))
+    work.done.extend(n for n in asked(work, call) if work.crossing.wants[n] == TRAIN)
+    work.log = [e for e in work.log if not (e.line == call.line and e.what.startswith("DataLoader -> "))]
+    sharded = work.edits.expr[id(call.node)]
+    work.edits.expr[id(call.node)] = lambda node: cst.IfExp(test=condition(split.param, split.values),
+                                                            body=sharded(node), orelse=node)
+    shown, test = " or ".join(map(repr, split.values)), cst.Module([]).code_for_node(condition(split.param,
+                                                                                                 split.values))
+    work.note(f"DataLoader -> ddpkit.data_loader if {test}",
+              f"the {shown} split is trained on, the others only evaluated: those stay whole DataLoaders (each rank "
+              "evaluates every batch, which is right)", call.line)
+    return training
+
+
+def converted(node: cst.Call, module: cst.Module) -> bool:
+    """``node`` is the whole-loader side of a split written already (``ddpkit.data_loader(...) if flag == 'train'
+    else DataLoader(...)``): a second convert leaves it."""
+    for found in m.findall(module, m.IfExp(orelse=m.Call())):
+        if isinstance(found, cst.IfExp) and found.orelse is node and isinstance(found.body, cst.Call) and \
+                (dotted(found.body.func) or "").endswith("data_loader"):
+            return True
+    return False
+
+
+def condition(param: str, values: tuple[str, ...]) -> cst.BaseExpression:
+    """``flag == 'train'``, or ``flag in ('TRAIN', 'train')``."""
+    if len(values) == 1:
+        return cst.parse_expression(f"{param} == {values[0]!r}")
+    return cst.parse_expression(f"{param} in ({', '.join(map(repr, values))})")

@@ -151,7 +151,8 @@ def loops_reading(facts: Facts, name: str, scope: Scope, depth: int = 0, since: 
             found += _returned(facts, name, scope, value, depth)
     for b in facts.bindings:  # ``self.loader = loader``, ``it = iter(loader)``, ``bar = tqdm(loader)``
         if b.value is not None and b.target != name and visible(facts, name, scope, b.scope) \
-                and name in names_in(b.value) and _passes_items(b.value) and reached(b.scope, b.line):
+                and name in names_in(b.value) and _passes_items(b.value) and reached(b.scope, b.line) \
+                and not _returns_other(facts, b.value):
             found += loops_reading(facts, b.target, b.scope, depth + 1)
     unique: dict[int, Loop] = {id(loop): loop for loop in found}
     return list(unique.values())
@@ -242,6 +243,15 @@ def _returned(facts: Facts, name: str, scope: Scope, value: cst.BaseExpression, 
             if b.whole is call.node and b.index == index:
                 found += loops_reading(facts, b.target, b.scope, depth + 1)
     return found
+
+
+def _returns_other(facts: Facts, value: cst.BaseExpression) -> bool:
+    """``value`` calls a function of the script's own that yields nothing (VQ-VAE's ``train_losses =
+    train(model, train_loader, opt)``, a dict of losses): what it returns is not the loader's items; the loops in
+    it are found through its parameter."""
+    call = next((c for c in facts.calls if c.node is value), None)
+    target = callee(facts, call) if call is not None else None
+    return target is not None and not m.findall(target[0].node, m.Yield())
 
 
 def _passes_items(value: cst.BaseExpression) -> bool:

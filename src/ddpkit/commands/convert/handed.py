@@ -20,8 +20,9 @@ from __future__ import annotations
 from typing import Any
 
 from ddpkit.commands.convert.crossing import HANDED_MODEL, Ask, key
-from ddpkit.commands.convert.flow import binding_of, callee
+from ddpkit.commands.convert.flow import argument_for, binding_of, callee
 from ddpkit.commands.convert.scan import Call, dotted, resolve
+from ddpkit.commands.convert.trained import parameters_of
 
 _Work = Any  # the plan in the making (plan._Work)
 
@@ -67,3 +68,20 @@ def wrap_passed(work: _Work, want: str) -> None:
     if bindings and all(any(b is binding for b in work.models) for binding in bindings):
         work.done.append(want)
 
+
+def passed_here(work: _Work, target: str, call: Call) -> list[tuple[Call, list[str]]]:
+    """The calls of this file that hand ``call``'s function the parameters its optimizer trains (AdaBound's
+    ``create_optimizer(args, net.parameters())``, whose ``optim.Adam(model_params, ...)`` trains ``model_params``):
+    each with the models of what it passes (``net``); [] when ``target`` is no parameter of a function this file
+    calls."""
+    scope = call.scope
+    if target not in scope.params or not scope.name:
+        return []
+    found = []
+    for site in work.facts.calls:
+        made = callee(work.facts, site)
+        if made is None or made[0] is not scope:
+            continue
+        arg = argument_for(site, target, scope, made[1])
+        found.append((site, parameters_of(arg) if arg is not None else []))
+    return found

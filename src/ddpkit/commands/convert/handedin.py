@@ -248,7 +248,9 @@ def iterated(node: cst.BaseExpression) -> set[str]:
     if name is not None:
         return {name}
     if isinstance(node, cst.Call) and dotted(node.func) not in ("range", "len"):
-        return set().union(*(iterated(a.value) for a in node.args if a.keyword is None and not a.star))
+        # (``tqdm(iterable=loader, desc=...)``: the iterable named)
+        return set().union(*(iterated(a.value) for a in node.args if not a.star and
+                             (a.keyword is None or a.keyword.value == "iterable")))
     return set()
 
 

@@ -118,19 +118,30 @@ def _siblings(work: _Work, made: set[tuple[str, str]], fed: set[str]) -> None:
     training shard, so what is done with it sees this rank's only. Listed where it is bound; ``fed``: the names the
     training loops read (a name bound from that call alone is the training loader itself)."""
     by_origin: dict[tuple[str, str], list[Binding]] = {}
+    made = {(module, bysplit.base(name)) for module, name in made}  # (each split's call of one factory alike)
+    whole = {(a.module, a.name) for a in work.asks if a.kind == EVAL and key(a.module, a.name)
+             not in work.crossing.provided}  # a split asked for evaluation, and kept whole there (bysplit.py)
     for binding in work.facts.bindings:
         origin = origin_of(work.facts, binding) if binding.whole is not None else None
-        if origin is not None and origin in made:
-            by_origin.setdefault(origin, []).append(binding)
+        if origin is not None and (origin[0], bysplit.base(origin[1])) in made and origin not in whole:
+            by_origin.setdefault((origin[0], bysplit.base(origin[1])), []).append(binding)
     for origin, bound in by_origin.items():
         if len({b.target for b in bound}) < 2:
             continue
-        for binding in (b for b in bound if b.target not in fed):
+        for binding in (b for b in bound if b.target not in fed and not _passed_on(work.facts, b)):
             if any(name == binding.target for name, _scope, line, _node in work.facts.reads if line > binding.line):
                 work.leave(binding.line, f"{binding.target} comes from {origin[1]} of {origin[0]}, which makes the "
                            "training loader a ddpkit.data_loader there (each rank its shard): what is done with "
                            f"{binding.target} sees this rank's shard only", "build it with a DataLoader of its own "
                            "(each rank then reads all of it), or ddpkit.reduce(...) what is computed over it")
+
+
+def _passed_on(facts: Facts, binding: Binding) -> bool:
+    """Its function returns ``binding``'s name (``data_set, data_loader = data_provider(self.args, flag)`` then
+    ``return data_set, data_loader``): its callers use it, and are followed (:func:`_through_own`)."""
+    return any(scope is binding.scope and binding.target in {dotted(e) for e in
+               ([x.value for x in value.elements] if isinstance(value, cst.Tuple) else [value])}
+               for scope, value in facts.returns)
 
 
 def _returned_by_import(facts: Facts, name: str, loop: Loop) -> list[tuple[str, str]]:
@@ -176,13 +187,18 @@ def _attribute(facts: Facts, name: str, loop: Loop) -> list[tuple[str, str]]:
     >>> _attribute(facts, "ds.train", facts.loops[0])
     [('data', 'Cifar().train')]
     """
+    scope, line = loop.scope, loop.line
+    bound = flow.binding_of(facts, name, scope, line) if "." not in name else None
+    if bound is not None and "." in (dotted(bound.value) or ""):  # ``trainloader = dataset.trainloader``, or
+        name, scope, line = dotted(bound.value) or "", bound.scope, bound.line  # a parameter it is passed as
     head, _, attr = name.partition(".")
     if not attr or "." in attr or head == "self":
         return []
-    held = flow.binding_of(facts, head, loop.scope, loop.line)
+    held = flow.binding_of(facts, head, scope, line)
     made = held.value if held is not None else None
     origin = imported_from(facts, dotted(made.func) or "") if isinstance(made, cst.Call) else None
-    return [(origin[0], f"{origin[1]}().{attr}")] if origin is not None and origin[1][:1].isupper() else []
+    # (a class, ``Cifar(...)``, or a function of that module that returns one: center-loss's ``datasets.create``)
+    return [(origin[0], f"{origin[1]}().{attr}")] if origin is not None else []
 
 
 def origin_of(facts: Facts, binding: Binding, depth: int = 0) -> tuple[str, str] | None:
@@ -230,8 +246,9 @@ def _through_own(facts: Facts, call: cst.Call, binding: Binding) -> tuple[str, s
         inner = held.whole if held is not None else None
         origin = imported_from(facts, dotted(inner.func) or "") if isinstance(inner, cst.Call) else None
         if held is not None and isinstance(inner, cst.Call) and origin is not None:
-            def passed(param: str) -> cst.BaseExpression | None:
-                return flow.argument_for(made, param, scope, skip) if param in scope.params else None
+            def passed(param: str) -> cst.BaseExpression | None:  # (one the function rebinds: not the string)
+                kept = param in scope.params and not bysplit.rebound(facts, scope, param)
+                return flow.argument_for(made, param, scope, skip) if kept else None
             return origin[0], returned(origin[1], held.index) + bysplit.literals(inner, passed)
     return None
 

@@ -23,7 +23,7 @@ import libcst as cst
 from libcst import matchers as m
 
 from ddpkit.commands.convert.crossing import MODEL, Ask, key
-from ddpkit.commands.convert.scan import Binding, Call, Facts, dotted, imported_from
+from ddpkit.commands.convert.scan import Binding, Call, Facts, dotted, imported_from, names_in
 
 _Work = Any  # the plan in the making (plan._Work)
 
@@ -54,74 +54,114 @@ def bases(module: cst.Module, cls: str) -> list[str]:
 
 
 def ancestors(facts: Facts, cls: str) -> Iterator[str]:
-    """Every base of ``cls``, nearest first: those of this module are followed to their own bases."""
-    seen: set[str] = {cls}
-    queue = bases(facts.module, cls)
-    while queue:
-        base = queue.pop(0)
-        if base in seen:
+    """``cls`` and every base of it, in the order Python looks up an attribute for classes that share no base
+    (depth first, left to right): those of this module are followed to their own bases."""
+    seen: set[str] = set()
+    stack = [cls]
+    while stack:
+        name = stack.pop(0)
+        if name in seen:
             continue
-        seen.add(base)
-        yield base
-        queue += bases(facts.module, base)
+        seen.add(name)
+        yield name
+        stack[:0] = bases(facts.module, name)
 
 
-def built_in(facts: Facts, cls: str, attr: str) -> Binding | None:
-    """The binding of ``attr`` (``self.model``) that class ``cls`` of this module makes with a value, ``__init__``'s
-    last one first (``self.model = None`` is no build); None when it makes none."""
-    bound = [b for b in facts.bindings if b.target == attr and b.scope.cls == cls and b.value is not None
-             and not (isinstance(b.value, cst.Name) and b.value.value == "None")]
-    init = [b for b in bound if b.scope.name.endswith(".__init__")]
-    return (init or bound)[-1] if bound else None
+def _builds(facts: Facts, cls: str, attr: str) -> list[Binding]:
+    """Every binding of ``attr`` (``self.model``) with a value in class ``cls`` of this module (``self.model =
+    None`` is no build)."""
+    return [b for b in facts.bindings if b.target == attr and b.scope.cls == cls and b.value is not None
+            and not (isinstance(b.value, cst.Name) and b.value.value == "None")]
 
 
-def inherited(facts: Facts, target: str, call: Call) -> Binding | tuple[str, str] | None:
-    """Where a base class of the optimizer's class builds ``target``: its binding when that class is in this
-    module; (the module, ``Base.self.model``, the name to ask of it) when it is imported from one; None when no
-    base class builds it."""
+def _at_init(facts: Facts, cls: str, attr: str) -> Binding | None:
+    """The binding of ``attr`` that building an instance runs: the last one in ``__init__``, else in a method
+    ``__init__`` calls (``self._setup()``); None when neither binds it."""
+    bound = _builds(facts, cls, attr)
+    init = [b for b in bound if b.scope.name == f"{cls}.__init__"]
+    if init:
+        return init[-1]
+    called = {c.last for c in facts.calls if c.scope.name == f"{cls}.__init__" and (c.name or "").startswith("self.")}
+    setup = [b for b in bound if b.scope.name.split(".")[-1] in called]
+    return setup[-1] if setup else None
+
+
+def search(facts: Facts, cls: str, attr: str) -> Binding | list[tuple[str, str]] | None:
+    """Where ``cls`` (or a base of it) builds ``attr``: the binding an instance's construction runs, in this
+    module; else what to ask of the modules its imported bases come from (``[(module, 'Exp_Basic.self.model')]``,
+    each: one of them builds it); else the one binding a method of them makes (two that do: None, not guessed)."""
+    classes = list(ancestors(facts, cls))
+    for name in classes:
+        binding = _at_init(facts, name, attr)
+        if binding is not None:
+            return binding
+    asks = [(origin[0], f"{origin[1]}{SEPARATOR}{attr}") for name in classes
+            if (origin := imported_from(facts, name)) is not None and not _builds(facts, name, attr)]
+    if asks:
+        return asks
+    bound = [b for name in classes for b in _builds(facts, name, attr)]
+    return bound[0] if len(bound) == 1 else None
+
+
+def inherited(facts: Facts, target: str, call: Call) -> Binding | list[tuple[str, str]] | None:
+    """Where a base class of the optimizer's class builds ``target`` (:func:`search`); None when no base class of
+    it is followed to a build."""
     attr = attribute(target)
     if attr is None or call.scope.cls is None:
         return None
-    for base in ancestors(facts, call.scope.cls):
-        binding = built_in(facts, base, attr)
-        if binding is not None:
-            return binding
-        origin = imported_from(facts, base)
-        if origin is not None:
-            return origin[0], f"{origin[1]}{SEPARATOR}{attr}"
-    return None
+    found = search(facts, call.scope.cls, attr)
+    return None if isinstance(found, Binding) and found.scope.cls == call.scope.cls else found
 
 
-def wanted(facts: Facts, name: str) -> Binding | None:
-    """The binding another module asks to be wrapped by the name ``Base.self.model``; None for another name.
+def wanted(facts: Facts, name: str) -> Binding | list[tuple[str, str]] | None:
+    """What another module's ask of ``Base.self.model`` finds here (:func:`search`); None for another name.
 
     >>> from ddpkit.commands.convert.scan import parse, scan
-    >>> facts = scan(parse("class B:\\n    def __init__(self):\\n        self.model = make()\\n"))
+    >>> facts = scan(parse("class B:\n    def __init__(self):\n        self.model = make()\n"))
     >>> wanted(facts, "B.self.model").line, wanted(facts, "model")
     (3, None)
     """
     cls, _, attr = name.partition(SEPARATOR)
     if not attr.startswith(f"self{SEPARATOR}") or not cls.isidentifier():
         return None
-    return built_in(facts, cls, attr)
+    return search(facts, cls, attr)
 
 
-def wrap(work: _Work, base: Binding | tuple[str, str], call: Call) -> None:
-    """Wrap the model a base class builds (:func:`inherited`): here, or asked of the base class's module."""
+def rebuilt(facts: Facts, attr: str, binding: Binding | None) -> Binding | None:
+    """Another binding of ``attr`` in this module that builds it from itself (``self.model =
+    nn.Sequential(self.model, head)`` in a subclass's ``__init__``): wrapping both would nest one prepared model in
+    another."""
+    return next((b for b in facts.bindings if b.target == attr and b is not binding and b.value is not None and
+                 b.scope.cls is not None and attr in names_in(b.value)), None)
+
+
+def wrap(work: _Work, base: Binding | list[tuple[str, str]], call: Call, attr: str) -> None:
+    """Wrap the model a base class builds (:func:`inherited`): here, or asked of the base classes' modules."""
+    again = rebuilt(work.facts, attr, base if isinstance(base, Binding) else None)
+    if again is not None:
+        work.leave(call.line, f"{attr}, which a base class builds, is built again from itself at line {again.line}: "
+                   "wrapping both would put one prepared model inside another", "wrap it once, yourself, where the "
+                   f"model that is trained is finally built: {attr} = ddpkit.prepare_model(...)", blocks=True)
+        return
     if isinstance(base, Binding):
         binding = work._unconditional(work._source(base))
         if all(b is not binding for b in work.models):
             work.models.append(binding)
             work._wrap(binding, call)
         return
-    module, name = base
-    cls, attr = name.split(SEPARATOR, 1)
-    work.asks.append(Ask(module, name, MODEL, call.line))  # whatever the answer: settle asks in rounds
-    if key(module, name) in work.crossing.provided:
-        work.keep(call.line, "the optimizer over the model a base class builds left as it is", f"it is prepared "
-                  f"where {cls} builds it, in {work.crossing.provided[key(module, name)]}")
+    asks(work, base, call.line)
+    done = [work.crossing.provided[key(m, n)] for m, n in base if key(m, n) in work.crossing.provided]
+    if done:
+        work.keep(call.line, "the optimizer over the model a base class builds left as it is", "it is prepared "
+                  f"where a base class builds it, in {done[0]}")
         return
-    work.leave(call.line, f"the model this optimizer trains is built by {cls}, a base class imported from {module}, "
-               "and convert does not follow a name from one module to another outside a project", "convert them "
-               f"together (ddpkit convert --imports SCRIPT, or a folder), or wrap it in {module} where it is built: "
+    shown = ", ".join(f"{n.split(SEPARATOR)[0]} (from {m})" for m, n in base)
+    work.leave(call.line, f"the model this optimizer trains, {attr}, is built by a base class imported from another "
+               f"module ({shown}), and no module converted with this one builds it", "convert them together (ddpkit "
+               "convert --imports SCRIPT, or a folder), or wrap it where the base class builds it: "
                f"{attr} = ddpkit.prepare_model(...)")
+
+
+def asks(work: _Work, found: list[tuple[str, str]], line: int) -> None:
+    """Ask each module a base class comes from for the model (whatever the answer: settle asks in rounds)."""
+    work.asks.extend(Ask(module, name, MODEL, line) for module, name in found)

@@ -61,10 +61,12 @@ def loaders(work: _Work) -> None:
             work.keep(call.line, f"{binding.target} = DataLoader(...) left as it is", "another module of the "
                       "project evaluates what this file hands it: each rank reads all of it, which is right")
     for call in built:
+        if bysplit.converted(call.node, work.facts.module):  # a split written already: its whole side stays
+            continue
         wanted = _wanted(work, call)
-        split = bysplit.split(work, call) if wanted is not None else None
+        split = bysplit.split(work, call)
         if split is not None:  # one factory, every split: the string decides (bysplit.py)
-            training |= bysplit.by_split(work, call, *split, _loader)
+            training |= bysplit.by_split(work, call, split, _loader)
             continue
         if wanted is not None and work.crossing.wants[wanted] == TRAIN:  # another module trains on it (a project)
             training |= _loader(work, call, "train")
@@ -91,8 +93,9 @@ def loaders(work: _Work) -> None:
                       "no module of the project loops over it")
             continue
         if wanted is not None:  # another module's loop reads it, and does not train
-            shown = f"{wanted} = DataLoader(...)" if "(" not in wanted or "()." in wanted else \
-                f"the DataLoader {wanted} returns"
+            name = bysplit.base(wanted)
+            shown = f"{name} = DataLoader(...)" if "(" not in name or "()." in name else \
+                f"the DataLoader {name} returns"
             work.keep(call.line, f"{shown} left as it is", "another module of the project "
                       "loops over it without training: each rank reads all of it, which is right for an evaluation "
                       "(ddpkit.data_loader(..., train=False) and a ddpkit.reduce of the sums there would share it)")
@@ -236,8 +239,9 @@ def _wanted(work: _Work, call: Call) -> str | None:
     return next((n for n in asked if work.crossing.wants[n] == TRAIN), asked[0] if asked else None)
 
 
-def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
-    """Rewrite one ``DataLoader(...)``; whether it is a training one."""
+def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] | None = None) -> bool:
+    """Rewrite one ``DataLoader(...)``; whether it is a training one. ``only``: its loops (a split's, bysplit.py),
+    not every loop over it."""
     positional = [a for a in call.node.args if a.keyword is None and not a.star]
     if len(positional) > len(LOADER_PARAMETERS) or any(a.star == "*" for a in call.node.args):
         work.leave(call.line, "DataLoader(*args) or more positional arguments than it takes",
@@ -257,6 +261,7 @@ def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
     if returned:  # ``return DataLoader(...)``: the loops over what its callers bind
         loops = list({id(lp): lp for b in returned for lp in loops_reading(work.facts, b.target, b.scope)}.values())
         binding = returned[0] if len(returned) == 1 else None
+    loops = loops if only is None else only
     if role is not None:  # another module of the project trains on it (crossing): its loops are there
         pass
     elif returned is not None and not loops and not _called(work.facts, call):
@@ -292,9 +297,6 @@ def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
         work.keep(call.line, f"a DataLoader drawn from once (next(iter({binding.target})) outside any loop) left as "
                   "it is", "one batch taken before the loops (a fixed sample to show): no training step reads it")
         return False
-    split = bysplit.own(work, call) if role is None and loops and call.scope.name else None
-    if split is not None:  # one function for every split, called here by a string: the string decides
-        role, loops = "train", split[2]
     role = role or flow.role(work.facts, loops, binding, call)
     if role == "eval" and not loops:  # said by a name only: its loop, and what it sums, were not found
         work.keep(call.line, "an evaluation DataLoader (by its name) whose loop is not in this file, left as it "
@@ -339,9 +341,6 @@ def _loader(work: _Work, call: Call, role: str | None = None) -> bool:
                        f"to {away}, a function of another module whose loop convert does not see here: what it "
                        "counts or evaluates over it is this rank's shard only", "convert them together (ddpkit "
                        "convert --imports SCRIPT, or a folder), or hand it a plain DataLoader over the same dataset")
-    if split is not None:
-        bysplit.whole_otherwise(work, call, split[0], split[1], "this file")
-        return True
     work.note(f"DataLoader -> ddpkit.data_loader ({'training' if role == 'train' else 'train=False'})",
               how, call.line)
     return role == "train"

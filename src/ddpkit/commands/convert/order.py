@@ -29,7 +29,52 @@ __all__ = ["read_first"]
 def read_first(facts: Facts, read: Any, write: Any) -> bool:
     """``read`` runs before ``write`` in every run, or never in the run that writes (two commands of one script)."""
     return read.scope is not write.scope and \
-        (_runs_before(facts, read, write.scope) or _constructs(facts, read, write) or _apart(facts, read, write))
+        (_runs_before(facts, read, write.scope) or _constructs(facts, read, write) or _apart(facts, read, write)) \
+        or _contradict(facts, read, write)
+
+
+def _contradict(facts: Facts, read: Any, write: Any) -> bool:
+    """The read and the write sit under tests that cannot both hold in one run: the two sides of one ``if`` /
+    ``else``, or ``if args.resume:`` against ``if args.dump and not args.resume:`` (loss-landscape's resume and
+    its dump), in one function."""
+    if read.scope is not write.scope or read.stmt is None or write.stmt is None:
+        return False
+    if _exclusive(facts, read, write):
+        return True
+    mine, theirs = _literals(facts, read.stmt), _literals(facts, write.stmt)
+    return any((code, not sign) in theirs for code, sign in mine)
+
+
+def _literals(facts: Facts, stmt: cst.CSTNode) -> set[tuple[str, bool]]:
+    """What must hold for ``stmt`` to run, as (code, true or false): each ``and`` term of the test of an ``if`` whose
+    body holds it (``not x``: (x, False)); the test of an ``if`` whose ``else`` holds it, negated, when it is one
+    term."""
+    found: set[tuple[str, bool]] = set()
+    for node in m.findall(facts.module, m.If()):
+        if not isinstance(node, cst.If):
+            continue
+        if _holds(node.body, stmt):
+            terms = _terms(node.test)
+            found |= {_signed(facts, t) for t in terms}
+        elif node.orelse is not None and _holds(node.orelse, stmt) and len(_terms(node.test)) == 1:
+            code, sign = _signed(facts, node.test)
+            found.add((code, not sign))
+    return found
+
+
+def _terms(test: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The ``and`` terms of a test (``a and not b``: ``a``, ``not b``)."""
+    if isinstance(test, cst.BooleanOperation) and isinstance(test.operator, cst.And):
+        return _terms(test.left) + _terms(test.right)
+    return [test]
+
+
+def _signed(facts: Facts, term: cst.BaseExpression) -> tuple[str, bool]:
+    """(the code of a term, whether it holds) with its ``not`` taken off: ``not args.resume``: (args.resume, False)."""
+    if isinstance(term, cst.UnaryOperation) and isinstance(term.operator, cst.Not):
+        code, sign = _signed(facts, term.expression)
+        return code, not sign
+    return facts.code(term), True
 
 
 def _apart(facts: Facts, read: Any, write: Any) -> bool:

@@ -32,6 +32,7 @@ from ddpkit.commands.convert import (
     device,
     handed,
     handmade,
+    holders,
     inherited,
     inits,
     listed,
@@ -44,6 +45,7 @@ from ddpkit.commands.convert import (
     splits,
     tokens,
     trained,
+    unwrapped,
     writes,
 )
 from ddpkit.commands.convert.apply import Edits, first_use, rewrite
@@ -217,6 +219,7 @@ class _Work:
         partners.partners(self)
         parallel.modules(self)
         loaders.loaders(self)
+        unwrapped.unwrapped(self)
         splits.splits(self, any(c.name in (loaders.LOADER, "ddpkit.data_loader") for c in self.facts.calls))
         batch.summed_loss(self)
         batch.whole_batch_loss(self)
@@ -259,7 +262,14 @@ class _Work:
             return
         bound = [b for b in self.facts.bindings if b.target == name and b.scope.name == "" and b.value is not None
                  and not (isinstance(b.value, cst.Name) and b.value.value == "None")]  # (``model = None``: not built)
-        bound += filter(None, [inherited.wanted(self.facts, name)])  # ``Exp_Basic.self.model``: a base class's
+        found = inherited.wanted(self.facts, name)  # ``Exp_Basic.self.model``: a base class's
+        if isinstance(found, list):  # built by a base class of another module: asked of it in turn
+            inherited.asks(self, found, 1)
+            if any(crossing.key(*f) in self.crossing.provided for f in found):
+                self.done.append(name)
+            return
+        bound += [found] if found is not None else []
+        bound += filter(None, [holders.wanted(self.facts, name)])  # ``Analyzer().model``: a plain object's
         if not bound:
             return
         binding = self._unconditional(self._source(bound[-1]))
@@ -268,6 +278,8 @@ class _Work:
             self.done.append(name)
 
     def _model_of(self, target: str, call: Call) -> None:
+        if holders.holder(self, target, call):  # ``analyzer.model`` of a plain object: where its class builds it
+            return
         binding = self._model_binding(target, call) if target else None
         if binding is None and not target:
             self.leave(call.line, "the model this optimizer trains is built inside the optimizer call",
@@ -291,6 +303,10 @@ class _Work:
                 self._wrap(held, call)
         elif binding is None and handed.ask(self, target, call):  # a parameter: the files that call it wrap it
             pass
+        elif binding is None and (sites := handed.passed_here(self, target, call)) and all(t for _, t in sites):
+            for site, models in sites:  # ``create_optimizer(lr, net.parameters())``: what each call passes
+                for model in models:
+                    self._model_of(model, site)
         elif binding is None and target == "self" and _handed_out(call) and not any(
                 c.last == "backward" and c.scope.cls == call.scope.cls for c in self.facts.calls):
             # a method that returns the model's optimizer and no training in the class: the script steps it
@@ -305,7 +321,7 @@ class _Work:
                        "backward inside the class's own methods is not synchronised), then convert again",
                        blocks=True)
         elif binding is None and (base := inherited.inherited(self.facts, target, call)) is not None:
-            inherited.wrap(self, base, call)
+            inherited.wrap(self, base, call, inherited.attribute(target) or target)
         elif binding is None:
             self.leave(call.line, f"the model {target!r} this optimizer trains: where it is built was not "
                        "found", f"wrap it yourself where it is built: {target} = ddpkit.prepare_model("

@@ -173,3 +173,19 @@ def batch_wide(facts: Facts, loop: Loop) -> tuple[str, int] | None:
             return f"{name}(...)", next((c.line for c in facts.calls if c.node is call), loop.line)
     return None
 
+
+def batch_mean(facts: Facts, loop: Loop, name: str) -> bool:
+    """``name`` is summed from the loss's own value in ``loop`` (``train_loss += loss.item()``, ``float(loss)``,
+    ``loss.detach()``): a mean over each batch, of the name a backward is called on, not scaled by the batch."""
+    losses = {dotted(c.node.func.value) for c in loop.calls if c.last == "backward" and
+              isinstance(c.node.func, cst.Attribute)} - {None}
+    for node in m.findall(loop.node, m.AugAssign(target=m.Name(name), operator=m.AddAssign())):
+        assert isinstance(node, cst.AugAssign)
+        value = node.value
+        while isinstance(value, cst.Call) and (isinstance(value.func, cst.Attribute) and not value.args and
+                                               value.func.attr.value in ("item", "detach", "cpu") or
+                                               dotted(value.func) == "float" and len(value.args) == 1):
+            value = value.func.value if isinstance(value.func, cst.Attribute) else value.args[0].value
+        if dotted(value) not in losses:
+            return False
+    return bool(losses)

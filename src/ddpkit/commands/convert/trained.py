@@ -18,7 +18,7 @@ import libcst as cst
 from libcst import matchers as m
 
 from ddpkit.commands.check.rules import OPTIMIZERS
-from ddpkit.commands.convert.flow import binding_of
+from ddpkit.commands.convert.flow import binding_of, callee
 from ddpkit.commands.convert.scan import Call, Facts, dotted, names_in
 
 
@@ -31,7 +31,9 @@ def trained_all(facts: Facts, call: Call) -> list[str]:
     # self.model.parameters())``: followed as an optimizer's argument is, before it is read as handed out)
     if not (optimizer(call) or found or _steps(facts, call)) or not call.node.args:
         return found or _handed_out(facts, call)
-    frontier = [call.node.args[0].value]
+    # (a helper stepped as an optimizer takes the parameters anywhere: ``get_instance(torch.optim, 'optimizer',
+    # config, params)``, pytorch-segmentation's)
+    frontier = [call.node.args[0].value] if optimizer(call) else [a.value for a in call.node.args]
     reads = names_in(frontier[0])  # (a list filled by a loop, beside another model's parameters: both)
     for _ in range(3):  # the argument, what its names are bound to, what theirs are
         if found := found or [t for value in frontier for t in _models(facts, parameters_of(value))]:
@@ -42,7 +44,12 @@ def trained_all(facts: Facts, call: Call) -> list[str]:
             bound = [binding_of(facts, n, call.scope, call.line) for n in sorted(names_in(value))]
             ahead += [b.value for b in bound if b is not None and b.value is not None]
         frontier = ahead[:32]
-    return list(dict.fromkeys(found + _filled(facts, reads))) or _handed_out(facts, call)
+    found = list(dict.fromkeys(found + _filled(facts, reads))) or _handed_out(facts, call)
+    first = call.node.args[0].value
+    if not found and optimizer(call) and isinstance(first, cst.Name) and first.value in call.scope.params and \
+            any((callee(facts, c) or (None,))[0] is call.scope for c in facts.calls):
+        return [first.value]  # ``optim.Adam(model_params, lr)`` in a helper: what its callers pass (handed.py)
+    return found
 
 
 # what only an optimizer is called: a class of a package convert does not know (``Lion(model.parameters())``,
@@ -69,7 +76,9 @@ def _steps(facts: Facts, call: Call) -> bool:
     if optimizer(call) or call.last in ("clip_grad_norm_", "clip_grad_value_"):
         return False
     called = _called_on_result(facts, call)
-    return {"step", "zero_grad"} <= called or {"first_step", "second_step"} <= called
+    # (LSTNet's ``optim = Optim(model.parameters(), ...)``, stepped, with ``model.zero_grad()`` instead)
+    handed = bool(call.node.args) and bool(parameters_of(call.node.args[0].value))
+    return {"step", "zero_grad"} <= called or {"first_step", "second_step"} <= called or "step" in called and handed
 
 
 def _handed_out(facts: Facts, call: Call) -> list[str]:

@@ -34,7 +34,10 @@ _Work = Any  # the plan in the making (plan._Work)
 
 WRITERS = {"matplotlib.pyplot.savefig": "the figure", "torchvision.utils.save_image": "the image",
            "numpy.save": "the array", "numpy.savetxt": "the array", "numpy.savez": "the arrays",
-           "numpy.savez_compressed": "the arrays"}
+           "numpy.savez_compressed": "the arrays", "imageio.mimsave": "the animation", "imageio.imwrite": "the image",
+           "imageio.imsave": "the image", "imageio.v2.mimsave": "the animation", "imageio.v2.imwrite": "the image",
+           "imageio.v3.imwrite": "the image", "scipy.io.savemat": "the arrays", "soundfile.write": "the sound",
+           "torchaudio.save": "the sound"}
 METHODS = {"savefig": "the figure", "to_csv": "the table", "to_json": "the table", "to_parquet": "the table",
            "to_excel": "the table"}  # a figure's, a pandas DataFrame's
 OPENERS = ("open", "io.open", "builtins.open")

@@ -1,0 +1,37 @@
+"""A training loader sharded, a backward and a step taken, and no model prepared: the optimizer is made in a way
+convert does not follow (a helper of the project, an object of its own), so nothing would average the gradients.
+Listed with the backward's line (left to you), where the converted script would only stop at its first step.
+
+Example::
+
+    >>> from ddpkit.commands.convert.plan import plan
+    >>> text = ("import torch\\nfrom torch.utils.data import DataLoader\\nfrom mine import make_opt\\n"
+    ...         "loader = DataLoader(ds, batch_size=8, shuffle=True)\\nnet = torch.nn.Linear(2, 2)\\n"
+    ...         "opt = make_opt(net)\\nfor x in loader:\\n    net(x).sum().backward()\\n    opt.step()\\n")
+    >>> plan(text).left[0].what[:60]
+    'the training loader is sharded (each rank its part of every '
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddpkit.commands.convert.crossing import MODEL
+from ddpkit.commands.convert.scan import resolve
+
+_Work = Any  # the plan in the making (plan._Work)
+
+
+def unwrapped(work: _Work) -> None:
+    """List a file that trains on a loader it shards with no model prepared and none asked of another file."""
+    calls = work.facts.calls
+    backward = [c for c in calls if c.last == "backward"]
+    if not work.trains or work.models or not backward or any(a.kind == MODEL for a in work.asks) or \
+            any("prepare_model" in e.what for e in work.log) or \
+            not any(c.last == "step" for c in calls) or \
+            any(resolve(c.name, work.facts.aliases) == "ddpkit.prepare_model" for c in calls):
+        return
+    work.leave(backward[0].line, "the training loader is sharded (each rank its part of every batch), but no model "
+               "that an optimizer here trains was found to prepare: nothing would average the gradients", "wrap "
+               "the model where it is built: model = ddpkit.prepare_model(model), then convert again (as it is, the "
+               "converted script stops at its first step)")
