@@ -627,3 +627,96 @@ def test_a_model_a_plain_object_holds_is_wrapped_where_its_class_builds_it(tmp_p
     assert v.returncode == 0 and v.stdout.startswith("PASS"), v.stdout + v.stderr[-1500:]
     local = HOLDER["analyzer.py"] + HOLDER["train.py"].replace("from analyzer import Analyzer\n", "")
     assert "self.model = ddpkit.prepare_model(self.model)" in plan(local).text  # one file: the same
+
+
+TAGGER = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from model import Tagger
+
+embeddings = torch.FloatTensor(10, 4)
+nn.init.uniform_(embeddings, -0.5, 0.5)
+words = torch.randint(0, 10, (64,), generator=torch.Generator().manual_seed(0))
+loader = DataLoader(TensorDataset(words, words % 3), batch_size=8, shuffle=True)
+model = Tagger()
+model.init_word_embeddings(embeddings)
+params = []
+for key, value in dict(model.named_parameters()).items():
+    if value.requires_grad:
+        params += [{"params": [value]}]
+optimizer = torch.optim.SGD(params, lr=0.1)
+for w, t in loader:
+    optimizer.zero_grad()
+    nn.functional.cross_entropy(model(w), t).backward()
+    optimizer.step()
+'''
+
+
+def test_a_models_own_init_method_and_parameter_groups_grown_with_plus_equals():
+    """The sequence-labelling tutorial's ``model.init_word_embeddings(embeddings)`` (a method of another module whose
+    unknown words' rows are random): wrapped above it, the ranks started different. The triplet network's groups,
+    ``params += [{'params': [value]}]`` over ``model.named_parameters()``: no model was found, none prepared."""
+    done = plan(TAGGER)
+    assert "model.init_word_embeddings(embeddings)\nmodel = ddpkit.prepare_model(model)\n" in done.text, done.text
+    assert not done.left, done.left
+
+
+def test_a_model_handed_to_another_modules_checkpoint_helper_is_saved_unwrapped():
+    """``save_checkpoint(epoch, model, optimizer)`` of utils.py, ``state = {'model': model, ...}; torch.save(state,
+    f)``: the model another module prepares and passes was pickled as the DDP wrapper (its inference script then
+    failed: no process group). Unwrapped there now (``ddpkit.unwrap`` hands anything else back as it is)."""
+    utils = "import torch\n\n\ndef save_checkpoint(epoch, model, optimizer):\n    state = {'epoch': epoch, " \
+        "'model': model, 'optimizer': optimizer}\n    torch.save(state, 'ckpt.pth.tar')\n"
+    assert "'model': ddpkit.unwrap(model), 'optimizer': optimizer}" in plan(utils).text
+    other = utils.replace("model", "config")
+    assert "unwrap" not in plan(other).text
+
+
+SAME_NAME = {
+    "loaders.py": '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def get_loader(batch_size):
+    train_set = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+    test_set = TensorDataset(torch.randn(10, 4), torch.arange(10) % 2)
+    train_data_loader = DataLoader(train_set, batch_size=batch_size, shuffle=True)
+    test_data_loader = DataLoader(test_set, batch_size=batch_size, shuffle=True)
+    return train_data_loader, test_data_loader
+''',
+    "train.py": '''import torch
+from loaders import get_loader
+
+
+def train(data, model, optimizer):
+    for x, y in data:
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+
+def test(data, model):
+    seen = 0
+    with torch.no_grad():
+        for x, y in data:
+            seen += x.size(0)
+    print("test samples", seen)
+
+
+model = torch.nn.Linear(4, 2)
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+train_data_loader, test_data_loader = get_loader(4)
+test(test_data_loader, model)
+train(train_data_loader, model, optimizer)
+'''}
+
+
+def test_two_loops_over_one_parameter_name_keep_each_loaders_own_role():
+    """The triplet network's ``train(data, ...)`` and ``test(data, ...)``: both loops read a parameter named
+    ``data``, so the test loader, asked under that name, was made a training loader too (its test metrics then
+    rank 0's half, padded and reshuffled)."""
+    done = settle(list(SAME_NAME), lambda rel, crossing: plan(SAME_NAME[rel], crossing=crossing))
+    text = done["loaders.py"].text
+    assert "train_data_loader = ddpkit.data_loader(train_set" in text, text
+    assert "test_data_loader = DataLoader(test_set" in text, text
+    assert not done["train.py"].left, done["train.py"].left

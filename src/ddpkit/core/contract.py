@@ -123,6 +123,8 @@ RUN_ID = Var("TORCHELASTIC_RUN_ID", "torchrun", "init()", "present: torch's agen
 OMP_THREADS = Var("OMP_NUM_THREADS", LAUNCH, "torch",
                   "usable cores (the affinity mask) / local processes, so N processes do not oversubscribe")
 UNBUFFERED = Var("PYTHONUNBUFFERED", LAUNCH, "python", "1: worker output reaches the log files as it is printed")
+HASH_SEED = Var("PYTHONHASHSEED", LAUNCH, "python", "one value for every worker (from --rdzv-id): a set's order over "
+                "strings is then the same on every rank, as in one process (a tag map numbered from a set)")
 GLOO_IFNAME = Var("GLOO_SOCKET_IFNAME", LAUNCH, "gloo", "lo on one node: worker sockets bind loopback only")
 NCCL_IFNAME = Var("NCCL_SOCKET_IFNAME", LAUNCH, "NCCL", "lo on one node: worker sockets bind loopback only")
 UNSHARED_STORE = Var("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", LAUNCH, "torch",

@@ -22,6 +22,7 @@ import dataclasses
 import ipaddress
 import os
 import socket
+import zlib
 from collections.abc import Mapping
 
 from ddpkit.core import contract
@@ -284,6 +285,9 @@ def worker_env(cfg: LaunchConfig, environ: Mapping[str, str], cores: int) -> tup
     DDPKIT_RESUME=1 (``--resume``): ``ddpkit.Checkpointer`` restores the newest valid checkpoint.
     DDPKIT_PHASE_WINDOW (``--phase-window N``): steps per window of the per-rank phase report; 0 turns it off.
     PYTHONUNBUFFERED=1 (DDP, when unset): worker output goes through log files and must not sit in buffers.
+    PYTHONHASHSEED (DDP, when unset): one value on every worker of every node, derived from ``--rdzv-id``: each
+    process would draw its own, and a set of strings iterated to number classes or tags (a sequence-labelling
+    tutorial's tag map) would then differ between ranks.
     GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME=lo (single node, a loopback --master-addr or --rdzv-endpoint, when
     unset): the workers' own listening sockets bind loopback too, whatever the host name resolves to.
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (multi-node restarts, not on loopback): with the agent's store shared,
@@ -300,6 +304,8 @@ def worker_env(cfg: LaunchConfig, environ: Mapping[str, str], cores: int) -> tup
         env[contract.CPP_LOG_LEVEL.name] = "ERROR"  # no C++ store warnings while nodes join or leave
     if multi and contract.UNBUFFERED.name not in environ:
         env[contract.UNBUFFERED.name] = "1"  # output goes to log files; without this, prints would wait for exit
+    if multi and contract.HASH_SEED.name not in environ:  # (every node derives the same from the run's id)
+        env[contract.HASH_SEED.name] = str(zlib.crc32(cfg.rdzv_id.encode()) % 4294967295 + 1)
     if cfg.resume:
         env[contract.RESUME.name] = "1"
     if cfg.phase_window is not None:

@@ -45,7 +45,10 @@ def imported_loader(work: _Work, line: int) -> bool:
     another module stays as it is there: each rank evaluates every batch, which is right."""
     reads: dict[str, bool] = {}  # name -> read by a loop that trains (as a loader's role is told: flow.trains)
     origins: dict[str, tuple[str, str]] = {}  # name -> (its module, its name there)
-    every: dict[str, list[tuple[str, str]]] = {}  # name -> each origin (functions picked in an if/elif)
+    every: dict[str, list[tuple[str, str]]] = {}  # name -> each origin (functions picked in an if/elif); for a
+    # name some loop trains on, the origins of those loops only
+    taught: dict[str, list[tuple[str, str]]] = {}  # name -> the origins of the loops that train on it
+    roles: dict[tuple[str, str], bool] = {}  # origin -> whether a loop over what it returns trains
     trained: dict[str, list[Loop]] = {}  # name -> the training loops over it
     looped: dict[str, list[Loop]] = {}  # name -> every loop over it
     for loop in work.facts.loops:
@@ -54,17 +57,25 @@ def imported_loader(work: _Work, line: int) -> bool:
             found = [imported] if imported else _returned_by_import(work.facts, name, loop) or \
                 _attribute(work.facts, name, loop)
             if found:
-                origins[name] = found[0]
-                every.setdefault(name, []).extend(o for o in found if o not in every.get(name, []))
-                reads[name] = reads.get(name, False) or flow.trains(work.facts, loop)
-                trained.setdefault(name, []).extend([loop] if flow.trains(work.facts, loop) else [])
+                trains = flow.trains(work.facts, loop)
+                # (one parameter name, ``data``, in ``train(data, ...)`` and ``test(data, ...)``: each origin's
+                # role is its own loops', not the name's; the triplet network's test loader was sharded)
+                for origin in found:
+                    roles[origin] = roles.get(origin, False) or trains
+                if trains or name not in origins:
+                    origins[name] = found[0]
+                mine = (taught if trains else every).setdefault(name, [])
+                mine.extend(o for o in found if o not in mine)
+                reads[name] = reads.get(name, False) or trains
+                trained.setdefault(name, []).extend([loop] if trains else [])
                 looped.setdefault(name, []).append(loop)
     if not reads:
         return False
+    every.update(taught)  # a name some loop trains on: the origins of those loops only
     training = sorted(n for n, trains in reads.items() if trains)
     # asked whatever the answer so far: a project settles its asks in rounds (crossing.settle), and an ask
     # dropped once answered would take the answer back in the next round
-    work.asks.extend(Ask(*o, TRAIN if reads[n] else EVAL, line) for n in sorted(reads) for o in every[n])
+    work.asks.extend(Ask(*o, TRAIN if trains else EVAL, line) for o, trains in roles.items())
     done = {n: work.crossing.provided.get(key(*origins[n])) if all(key(*o) in work.crossing.provided
                                                                    for o in every[n]) else None
             for n in training}

@@ -41,6 +41,9 @@ RANDOM = ("normal_", "uniform_", "bernoulli_", "random_", "exponential_", "geome
 HARMLESS = ("print", "ddpkit.print")  # a read that cannot tell a wrapped model from a plain one
 INIT_METHODS = ("reset_parameters", "init_weights", "_init_weights", "initialize_weights", "_initialize_weights",
                 "reset_weights", "init_params")  # a model's own (re-)initialisation
+# a model's own method of another module that sets weights (a sequence-labelling tutorial's
+# ``model.init_word_embeddings(embeddings)``, whose unknown words' rows are drawn at random on each rank)
+INIT_PREFIXES = ("init_", "_init_", "initialize_", "load_pretrained", "load_embedding", "load_weights")
 
 
 def place(work: _Work, binding: Binding, moves: list[Call], anchor: cst.If | None = None) -> bool:
@@ -149,7 +152,7 @@ def _init(call: Call, target: str, loading: bool, facts: Any = None, depth: int 
         return call.last == "apply" or loading
     if call.last.endswith("_") and not call.last.startswith("_") and _refers(base, target):
         return loading or call.last in RANDOM
-    if call.last in INIT_METHODS and _refers(base, target):
+    if (call.last in INIT_METHODS or call.last.startswith(INIT_PREFIXES)) and _refers(base, target):
         return True
     first = call.node.args[0].value if call.node.args else None
     fixed = call.last in ("zeros_", "ones_", "constant_", "eye_", "dirac_")  # the same on every rank

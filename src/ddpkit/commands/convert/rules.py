@@ -11,6 +11,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import libcst as cst
@@ -387,7 +388,17 @@ def _prepared(work: _Work, value: Any, call: Any) -> bool:
     name = dotted(value)
     found = binding_of(work.facts, name, call.scope, call.line) if name else None
     return found is not None and any(found is b or found.target == b.target and any(visible(
-        work.facts, b.target, b.scope, s) for s in (call.scope, found.scope)) for b in work.models)
+        work.facts, b.target, b.scope, s) for s in (call.scope, found.scope)) for b in work.models) or \
+        found is not None and _handed_model(work, found)
+
+
+def _handed_model(work: _Work, found: Binding) -> bool:
+    """A parameter named for a model (``model``, ``net``, ``encoder_model``) of a function no line of this file
+    calls: another module passes it (a tutorial's ``utils.save_checkpoint(epoch, model, ...)``), and the model it
+    prepares is a wrapper. (``ddpkit.unwrap`` hands back anything else as it is.)"""
+    return found.value is None and found.whole is None and found.stmt is None and found.target in \
+        found.scope.params and bool(re.fullmatch(r"(\w+_)?(model|net|network)", found.target)) and \
+        not any((callee(work.facts, c) or (None,))[0] is found.scope for c in work.facts.calls)
 
 
 def _unwrap(work: _Work, call: Any) -> None:

@@ -115,6 +115,9 @@ def _filled(facts: Facts, names: set[str]) -> list[str]:
             assert isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
             target = call.func.value  # ``decay.append(p)``, or ``(no_decay if ... else decay).append(p)``
             filled |= names_in(target) if isinstance(target, cst.IfExp) else {dotted(target)}
+        for grown in m.findall(loop.body, m.AugAssign(operator=m.AddAssign())):  # ``params += [{'params': [v]}]``
+            assert isinstance(grown, cst.AugAssign)
+            filled.add(dotted(grown.target))
         if filled & names:
             found += _models(facts, parameters_of(loop.iter))
     return found

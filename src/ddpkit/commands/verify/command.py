@@ -202,7 +202,9 @@ def run_env(tmp: str, nproc: int, steps: int, device: str | None, keep_dropout: 
     env = {contract.TOOL.name: "ddpkit.commands.verify.hooks:from_env",
            contract.MAX_STEPS.name: str(steps), contract.VERIFY_INIT.name: os.path.join(tmp, "init.pt"),
            contract.VERIFY_DROP.name: str(nproc), contract.TF32_OVERRIDE.name: "0",
-           contract.OMP_THREADS.name: os.environ.get(contract.OMP_THREADS.name, "1")}
+           contract.OMP_THREADS.name: os.environ.get(contract.OMP_THREADS.name, "1"),
+           # (both runs, every rank: one order of a set of strings, as one process has)
+           contract.HASH_SEED.name: os.environ.get(contract.HASH_SEED.name, "1")}
     if keep_dropout:
         env[contract.KEEP_DROPOUT.name] = "1"
     if device:
