@@ -177,12 +177,15 @@ print("prepared twice")
 '''
 
 
-def test_a_model_that_holds_a_prepared_part_is_refused_with_the_part_named(tmp_path):
-    """A base class prepares ``self.model`` and a subclass prepares ``nn.Sequential(self.model, head)`` again: two
-    DDP wrappers nested, whose inner one's state dict names and all-reduces differ (a review of the base-class
-    conversion met it). It ran without a word; now one line on every rank names the part."""
+def test_a_model_that_holds_a_prepared_part_is_prepared_once_as_a_whole(tmp_path):
+    """A base class prepares ``self.model`` and a subclass prepares ``nn.Sequential(self.model, head)`` again (also:
+    a backbone trained alone, then a model built around it): two DDP wrappers nested, the inner part all-reduced
+    twice and its weights named ``0.module.weight``. The inner part's plain module is put back, with a warning, and
+    the whole is prepared once: its state dict names match one process's."""
     script = tmp_path / "nested.py"
-    script.write_text(NESTED)
+    script.write_text(NESTED.replace('WithHead()\nprint("prepared twice")\n',
+                                     'm = WithHead().model\nprint(sorted(m.state_dict()))\n'))
     r = launch(script, timeout=120)
-    assert r.returncode != 0 and "prepared twice" not in r.stdout, r.stdout
-    assert "the model holds '0', a part that went through prepare_model already" in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "['0.bias', '0.weight', '1.bias', '1.weight']" in r.stdout, r.stdout
+    assert "the model holds '0', prepared already" in r.stderr, r.stderr[-2000:]

@@ -15,6 +15,7 @@ under :mod:`ddpkit.strategies`, its wrapper class beside it (``ddp.py``, ``ddp_w
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -183,10 +184,10 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
     if hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):  # compiled before: its wrapper
         model, compile = model._orig_mod, compile or True  # would hide DDP / FSDP from dynamo and add a prefix
     inner = prepared_inside(model)
-    if inner is not None:  # two DDP wrappers nested: the inner one all-reduces again and names its weights twice
-        raise ValueError(f"prepare_model(model): the model holds {inner!r}, a part that went through prepare_model "
-                         "already; expected a plain model; fix: prepare the whole model once, where it is finally "
-                         f"built (build it from ddpkit.unwrap(part) if a part was prepared first)")
+    if inner:  # two wrappers nested would all-reduce the part twice and name its weights ``0.module.weight``
+        warnings.warn(f"prepare_model(model): the model holds {', '.join(map(repr, inner))}, prepared already: "
+                      "its plain module is put back in its place, and the whole model is prepared once (a part "
+                      "trained alone first, then a model built around it)", stacklevel=2)
     state = runtime.ensure_init()
     mode = state.strategy
     # each mode keeps the options it uses and ignores the others on purpose: the same script runs in every mode
@@ -206,12 +207,21 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
     return wrapped
 
 
-def prepared_inside(model: nn.Module) -> str | None:
-    """The name of a submodule of ``model`` that is a DDP or ddpkit wrapper already (a base class's
-    ``self.model = prepare_model(...)``, then ``nn.Sequential(self.model, head)`` prepared again); None when none is.
+def prepared_inside(model: nn.Module) -> list[str]:
+    """Put back the plain module of each submodule of ``model`` that is a DDP or ddpkit wrapper already (a backbone
+    prepared and trained alone, then ``nn.Sequential(backbone, head)`` prepared; a base class's ``self.model``
+    inside a subclass's): their names, [] when there are none.
 
-    >>> prepared_inside(nn.Sequential(nn.Linear(2, 2))) is None
-    True
+    >>> prepared_inside(nn.Sequential(nn.Linear(2, 2)))
+    []
     """
-    return next((name for name, sub in model.named_modules() if sub is not model and
-                 isinstance(sub, (DistributedDataParallel, ForwardsAttributes))), None)
+    found: list[str] = []
+    for name, sub in list(model.named_modules()):
+        if sub is model or not isinstance(sub, (DistributedDataParallel, ForwardsAttributes)) or \
+                any(name.startswith(f"{done}.") for done in found):  # (inside one put back already)
+            continue
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        parent._modules[child] = unwrap(model.get_submodule(name))
+        found.append(name)
+    return found

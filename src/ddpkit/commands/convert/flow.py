@@ -251,7 +251,10 @@ def _returns_other(facts: Facts, value: cst.BaseExpression) -> bool:
     it are found through its parameter."""
     call = next((c for c in facts.calls if c.node is value), None)
     target = callee(facts, call) if call is not None else None
-    return target is not None and not m.findall(target[0].node, m.Yield())
+    if target is None or m.findall(target[0].node, m.Yield()):
+        return False
+    # (``return iter(dl)``, ``return tqdm(dl)``: what it returns is built from a parameter: the items, passed on)
+    return not any(scope is target[0] and names_in(returned) & set(scope.params) for scope, returned in facts.returns)
 
 
 def _passes_items(value: cst.BaseExpression) -> bool:

@@ -140,7 +140,9 @@ def loaders(work: _Work) -> None:
             return
         work.leave(backward[0].line, "the training batches do not come from a torch DataLoader (fed by hand): "
                    "each rank would train on all of them", "build them with a Dataset and a DataLoader, then "
-                   "convert again; or split them by state.rank yourself (docs/guide.md)", blocks=True)
+                   "convert again; or split them by state.rank yourself (docs/guide.md); a full-batch training "
+                   "(one graph, one tensor, each step over all of it) has nothing to split: run it as one process",
+                   blocks=True)
 
 def _subclassed(work: _Work, line: int) -> bool:
     """The training loop reads a loader of the script's own DataLoader subclass (pytorch-template's

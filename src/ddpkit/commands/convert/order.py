@@ -37,12 +37,26 @@ def _contradict(facts: Facts, read: Any, write: Any) -> bool:
     """The read and the write sit under tests that cannot both hold in one run: the two sides of one ``if`` /
     ``else``, or ``if args.resume:`` against ``if args.dump and not args.resume:`` (loss-landscape's resume and
     its dump), in one function."""
-    if read.scope is not write.scope or read.stmt is None or write.stmt is None:
-        return False
+    if read.scope is not write.scope or read.stmt is None or write.stmt is None or read.loops or write.loops or \
+            not _called_once_or_top(facts, read.scope):
+        return False  # (in a loop, or a function run twice, both sides run in one run, one after the other)
     if _exclusive(facts, read, write):
         return True
     mine, theirs = _literals(facts, read.stmt), _literals(facts, write.stmt)
-    return any((code, not sign) in theirs for code, sign in mine)
+    return any((code, not sign) in theirs and _fixed(facts, code) for code, sign in mine)
+
+
+def _fixed(facts: Facts, code: str) -> bool:
+    """A test term that nothing changes between two ifs: a plain name or attribute (``args.resume``), never
+    rebound with a value (its parse), not a call (``os.path.exists(p)``: the save itself may change it)."""
+    try:
+        node = cst.parse_expression(code)
+    except cst.ParserSyntaxError:
+        return False
+    if dotted(node) is None:
+        return False
+    return sum(1 for b in facts.bindings if b.target == code) <= 1 and \
+        not any(b.target == code.split(".")[0] and b.scope.name for b in facts.bindings if "." in code)
 
 
 def _literals(facts: Facts, stmt: cst.CSTNode) -> set[tuple[str, bool]]:

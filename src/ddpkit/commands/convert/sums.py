@@ -27,7 +27,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert.inits import node_ids
-from ddpkit.commands.convert.scan import Facts, Loop, dotted, names_in
+from ddpkit.commands.convert.scan import Facts, Loop, dotted, names_in, resolve
 
 
 def _global_products(stmt: Any, loaders: set[str], batches: frozenset[str]) -> list[cst.BinaryOperation]:
@@ -188,4 +188,25 @@ def batch_mean(facts: Facts, loop: Loop, name: str) -> bool:
             value = value.func.value if isinstance(value.func, cst.Attribute) else value.args[0].value
         if dotted(value) not in losses:
             return False
-    return bool(losses)
+    return bool(losses) and all(_mean_criterion(facts, loop, name) for name in losses if name)
+
+
+def _mean_criterion(facts: Facts, loop: Loop, loss: str) -> bool:
+    """``loss`` is bound in ``loop`` to one of torch's losses with its default reduction, a mean over the batch:
+    ``F.cross_entropy(...)``, or ``criterion(...)`` of ``criterion = nn.CrossEntropyLoss()``. Not with
+    ``reduction='sum'`` (a VAE's), nor a loss of the script's own or of another module (its reduction unseen)."""
+    bound = [b for b in facts.bindings if b.target == loss and b.scope is loop.scope and b.value is not None]
+    value = bound[-1].value if bound else None
+    if not isinstance(value, cst.Call):
+        return False
+    def torch_loss(call: cst.Call) -> bool:
+        return (resolve(dotted(call.func), facts.aliases) or "").startswith("torch.nn.")
+
+    made: cst.BaseExpression | None = value
+    if not torch_loss(value):  # ``criterion(...)``: what it is bound to
+        held = [b for b in facts.bindings if b.target == dotted(value.func) and isinstance(b.value, cst.Call)]
+        made = held[-1].value if held else None
+    if not isinstance(made, cst.Call) or not torch_loss(made):
+        return False
+    return not any(a.keyword is not None and a.keyword.value in ("reduction", "size_average", "reduce")
+                   for a in (*value.args, *made.args))

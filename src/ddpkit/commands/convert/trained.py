@@ -77,8 +77,17 @@ def _steps(facts: Facts, call: Call) -> bool:
         return False
     called = _called_on_result(facts, call)
     # (LSTNet's ``optim = Optim(model.parameters(), ...)``, stepped, with ``model.zero_grad()`` instead)
-    handed = bool(call.node.args) and bool(parameters_of(call.node.args[0].value))
+    handed = bool(call.node.args) and bool(parameters_of(call.node.args[0].value)) and not _fed_step(facts, call)
     return {"step", "zero_grad"} <= called or {"first_step", "second_step"} <= called or "step" in called and handed
+
+
+def _fed_step(facts: Facts, call: Call) -> bool:
+    """A ``step(...)`` on what ``call`` returns is handed parameters (an EMA's ``ema.step(student.parameters())``):
+    an average that follows a model, no optimizer."""
+    bound = next((b for b in facts.bindings if b.value is call.node), None)
+    return bound is not None and any(
+        c.last == "step" and isinstance(c.node.func, cst.Attribute) and dotted(c.node.func.value) == bound.target
+        and any(parameters_of(a.value) for a in c.node.args) for c in facts.calls)
 
 
 def _handed_out(facts: Facts, call: Call) -> list[str]:

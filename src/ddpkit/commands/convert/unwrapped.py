@@ -27,6 +27,7 @@ def unwrapped(work: _Work) -> None:
     calls = work.facts.calls
     backward = [c for c in calls if c.last == "backward"]
     if not work.trains or work.models or not backward or any(a.kind == MODEL for a in work.asks) or \
+            any(left.blocks for left in work.left) or \
             any("prepare_model" in e.what for e in work.log) or \
             not any(c.last == "step" for c in calls) or \
             any(resolve(c.name, work.facts.aliases) == "ddpkit.prepare_model" for c in calls):
