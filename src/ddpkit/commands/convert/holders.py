@@ -97,5 +97,4 @@ def rebuilt(facts: Facts, cls: str, attr: str, found: Binding) -> Binding | None
     what ``__init__`` calls): a model built anew later (``warm_start()``, a reload), which a wrap of the first would
     miss."""
     made = {found.scope.name, f"{cls}.__init__"}
-    return next((b for b in facts.bindings if b.target == attr and b.scope.cls == cls and b.value is not None and
-                 b.scope.name not in made and not (isinstance(b.value, cst.Name) and b.value.value == "None")), None)
+    return next((b for b in inherited.builds(facts, cls, attr) if b.scope.name not in made), None)

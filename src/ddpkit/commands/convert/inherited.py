@@ -67,7 +67,7 @@ def ancestors(facts: Facts, cls: str) -> Iterator[str]:
         stack[:0] = bases(facts.module, name)
 
 
-def _builds(facts: Facts, cls: str, attr: str) -> list[Binding]:
+def builds(facts: Facts, cls: str, attr: str) -> list[Binding]:
     """Every binding of ``attr`` (``self.model``) with a value in class ``cls`` of this module (``self.model =
     None`` is no build)."""
     return [b for b in facts.bindings if b.target == attr and b.scope.cls == cls and b.value is not None
@@ -77,7 +77,7 @@ def _builds(facts: Facts, cls: str, attr: str) -> list[Binding]:
 def _at_init(facts: Facts, cls: str, attr: str) -> Binding | None:
     """The binding of ``attr`` that building an instance runs: the last one in ``__init__``, else in a method
     ``__init__`` calls (``self._setup()``); None when neither binds it."""
-    bound = _builds(facts, cls, attr)
+    bound = builds(facts, cls, attr)
     init = [b for b in bound if b.scope.name == f"{cls}.__init__"]
     if init:
         return init[-1]
@@ -96,10 +96,10 @@ def search(facts: Facts, cls: str, attr: str) -> Binding | list[tuple[str, str]]
         if binding is not None:
             return binding
     asks = [(origin[0], f"{origin[1]}{SEPARATOR}{attr}") for name in classes
-            if (origin := imported_from(facts, name)) is not None and not _builds(facts, name, attr)]
+            if (origin := imported_from(facts, name)) is not None and not builds(facts, name, attr)]
     if asks:
         return asks
-    bound = [b for name in classes for b in _builds(facts, name, attr)]
+    bound = [b for name in classes for b in builds(facts, name, attr)]
     return bound[0] if len(bound) == 1 else None
 
 
@@ -117,7 +117,7 @@ def wanted(facts: Facts, name: str) -> Binding | list[tuple[str, str]] | None:
     """What another module's ask of ``Base.self.model`` finds here (:func:`search`); None for another name.
 
     >>> from ddpkit.commands.convert.scan import parse, scan
-    >>> facts = scan(parse("class B:\n    def __init__(self):\n        self.model = make()\n"))
+    >>> facts = scan(parse("class B:\\n    def __init__(self):\\n        self.model = make()\\n"))
     >>> wanted(facts, "B.self.model").line, wanted(facts, "model")
     (3, None)
     """
