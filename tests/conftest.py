@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import warm
 
+from ddpkit.launcher.config import hash_seed
+
 # scripts that tests launch, not test modules: importing them (for doctests) would run them
 collect_ignore = ["workers", "check_corpus", "convert_corpus"]  # scripts: importing one runs it
 
@@ -22,6 +24,10 @@ os.environ["DDPKIT_DEVICE"] = "cpu"
 # does) every one of the suite's ~1500 processes compiles ddpkit's sources again (0.2-0.3 s of a core each).
 sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+# ddpkit launch gives its workers one PYTHONHASHSEED (from --rdzv-id) when none is set; an interpreter reads it as it
+# starts, so a worker forked warm (tests/warm.py) from a server without it would run cold: every command starts
+# with the value the launcher would give (tests that check the unset case pass their own environment).
+os.environ.setdefault("PYTHONHASHSEED", hash_seed("ddpkit"))
 GPU_ENV = {"DDPKIT_DEVICE": "cuda"}
 # Processes start in a scratch directory, so nothing they write by default (runs/logs, runs/digits, runs/bench)
 # lands in the repository; pytest_sessionfinish checks that.

@@ -273,6 +273,16 @@ def _loopback_ifname() -> str | None:
 LOOPBACK_IFNAME = _loopback_ifname()
 
 
+def hash_seed(rdzv_id: str) -> str:
+    """The ``PYTHONHASHSEED`` every worker of a run gets when none is set: one value from the run's id, so that
+    every node's launcher gives the same.
+
+    >>> hash_seed("ddpkit") == hash_seed("ddpkit") != hash_seed("other")
+    True
+    """
+    return str(zlib.crc32(rdzv_id.encode()) % 4294967295 + 1)
+
+
 def worker_env(cfg: LaunchConfig, environ: Mapping[str, str], cores: int) -> tuple[dict[str, str], list[str]]:
     """Variables to add for the workers, and a note for each one the user did not set.
 
@@ -305,7 +315,7 @@ def worker_env(cfg: LaunchConfig, environ: Mapping[str, str], cores: int) -> tup
     if multi and contract.UNBUFFERED.name not in environ:
         env[contract.UNBUFFERED.name] = "1"  # output goes to log files; without this, prints would wait for exit
     if multi and contract.HASH_SEED.name not in environ:  # (every node derives the same from the run's id)
-        env[contract.HASH_SEED.name] = str(zlib.crc32(cfg.rdzv_id.encode()) % 4294967295 + 1)
+        env[contract.HASH_SEED.name] = hash_seed(cfg.rdzv_id)
     if cfg.resume:
         env[contract.RESUME.name] = "1"
     if cfg.phase_window is not None:
