@@ -75,13 +75,13 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
                        "and counts (docs/convert.md)")
             return False
         plans += [(summed_as_training, p) for p in plan or []]
-    for summed_as_training, (anchor, names, lens) in plans:
+    for summed_as_training, (anchor, names, lens, averaged) in plans:
         after = work.edits.after.setdefault(id(anchor.node), [])
         # a sum of the loss's batch means (``train_loss += loss.item()``), not divided by the number of batches:
         # with the global batch kept, each rank took as many steps as one process did, so the ranks' sums are
         # averaged (summed, N times one process's); a per-process batch splits the steps: summed
-        means = {n for n in names if summed_as_training and not lens and not work.per_process_batch and
-                 batch_mean(work.facts, anchor, n)}
+        means = averaged | {n for n in names if summed_as_training and not lens and not work.per_process_batch and
+                            batch_mean(work.facts, anchor, n)}
         new = [f"{n} = ddpkit.reduce({n}{', op=' + repr('mean') if n in means else ''})" for n in names
                if not any(line.startswith(f"{n} = ddpkit.reduce({n}") for line in after)]
         if not new:  # one evaluation function called with two loaders (check_accuracy): reduced once
@@ -93,10 +93,14 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
         if summed:
             work.note(f"after the {'training' if summed_as_training else 'evaluation'} loop: {', '.join(summed)} "
                       "summed across ranks (ddpkit.reduce)", "each rank accumulated only its own shard", anchor.end)
-        if means:
-            work.note(f"after the training loop: {', '.join(sorted(means))} averaged across ranks (ddpkit.reduce, "
-                      "op='mean')", "a sum of the loss's batch means: each rank took as many steps as one process, "
-                      "each over its part of the global batch", anchor.end)
+        if means - averaged:
+            work.note(f"after the training loop: {', '.join(sorted(means - averaged))} averaged across ranks "
+                      "(ddpkit.reduce, op='mean')", "a sum of the loss's batch means: each rank took as many steps as "
+                      "one process, each over its part of the global batch", anchor.end)
+        if averaged:
+            work.note(f"after the training loop: {', '.join(sorted(averaged))} averaged across ranks (ddpkit.reduce, "
+                      "op='mean')", "divided by this rank's count of batches: every rank took as many, so the mean "
+                      "of the ranks' means is the mean over every batch", anchor.end)
         for node in lens:  # ``total / len(loader)``: every rank's batches, as the sum is every rank's
             work.edits.expr[id(node)] = lambda n: cst.parse_expression(
                 f"ddpkit.reduce({work.facts.module.code_for_node(n)})")

@@ -7,27 +7,38 @@ Evaluation: every sum and count read below the loop is reduced (``n += 1``, ``nu
 ``len(loader)`` beside a sum). When what is read below cannot be made global (a loop variable: ``total / (i +
 1)``), the plan is None and the loader stays plain: every rank evaluates the whole set, right and slower.
 
-Training: the steps are the same on every rank, so a count (``step += 1``) is never reduced, and a sum only
-when it is divided by the whole dataset's size (``train_loss / len(loader.dataset)``: 1/N of the truth
-otherwise); a mean over this rank's batches (``epoch_loss / n_batches``) is rank 0's and stays as it is.
+Training: the steps are the same on every rank, so a count (``step += 1``) is never reduced. A sum is reduced
+when what divides it counts every sample: the whole dataset's size (``train_loss / len(loader.dataset)``: 1/N of
+the truth otherwise) or a sum of batch sizes (``correct / total`` of ``total += y.size(0)``: both summed). A mean
+over this rank's batches (``epoch_loss / n_batches``, ``/ (i + 1)``) is averaged over the ranks: each took as many
+batches. Any other sum (printed whole) is rank 0's, as printed.
 
 Example::
 
     >>> from ddpkit.commands.convert.scan import parse, scan
     >>> f = scan(parse("t = 0\\nfor x in ld:\\n    t += x\\nprint(t / len(ld.dataset))\\n"))
-    >>> [(names, loop.line) for loop, names, _ in sums_after(f, f.loops[0], training=False)]
+    >>> [(p.names, p.anchor.line) for p in sums_after(f, f.loops[0], training=False)]
     [(['t'], 2)]
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert.inits import node_ids
 from ddpkit.commands.convert.scan import Facts, Loop, dotted, names_in, resolve
+
+
+class Reduction(NamedTuple):
+    """Reduce ``names`` after ``anchor`` (summed, or averaged: ``averaged``), and wrap each ``len(loader)`` call of
+    ``lens`` in ``ddpkit.reduce``."""
+    anchor: Loop
+    names: list[str]
+    lens: list[Any]
+    averaged: set[str]
 
 
 def _global_products(stmt: Any, loaders: set[str], batches: frozenset[str]) -> list[cst.BinaryOperation]:
@@ -90,11 +101,10 @@ def _local(facts: Facts, loop: Loop) -> set[str]:
 
 
 def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str] = frozenset(),
-               batches: frozenset[str] = frozenset()) -> list[tuple[Loop, list[str], list[Any]]] | None:
+               batches: frozenset[str] = frozenset()) -> list[Reduction] | None:
     """``batches``: the names of the loader's batch size when it is the global batch (``len(loader) * batch_size``
     is then every sample).
-    ``[(anchor, names, len_calls)]``: reduce ``names`` after ``anchor``, and wrap each ``len(loader)`` call in
-    ``len_calls`` in ``ddpkit.reduce``; None: what follows the loop reads a local count this cannot reduce, or
+    The :class:`Reduction` s to make; None: what follows the loop reads a local count this cannot reduce, or
     (evaluating) the loop may stop before its shard ends (``if i >= eval_iters: break``)."""
     if loop.breaks and not training:
         return None
@@ -103,7 +113,8 @@ def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str
         candidates += [n for n in loop.counted if "." not in n] + [
             b.target for b in facts.bindings if b.scope is loop.scope and isinstance(b.value, cst.Call)
             and dotted(b.value.func) == "len" and b.value.args and dotted(b.value.args[0].value) in loop.iter_names]
-    plans: dict[int, tuple[Loop, list[str], list[Any]]] = {}
+    plans: dict[int, Reduction] = {}
+    samples = sample_counts(loop) if training else set()
     for name in dict.fromkeys(candidates):
         if collection(facts, loop, name):  # ``results += [(id, p) ...]``: rows kept, no sum
             if training:
@@ -120,23 +131,70 @@ def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str
         if not readers or _reduced(facts, loop, anchor, name):
             continue
         loaders = set(loop.iter_names)
-        if training and not any(s is not None and _dataset_size(facts, s, loop.scope, set(datasets), loaders, batches)
-                                for s in readers):
-            continue  # a mean over this rank's own batches: rank 0's, as printed
         local = _local(facts, loop) | ({n for n in loop.counted} if training else set())
-        if any(s is not None and names_in(s) & local for s in readers):
-            if training:
-                continue
+        if training:  # reduced where what divides it counts every sample: the dataset, or a sum of batch sizes
+            divisors = [d for s in readers if s is not None for d in _divisors(s, name)]
+            whole = [d for d in divisors if _dataset_size(facts, d, loop.scope, set(datasets), loaders, batches)
+                     or names_in(d) & samples]
+            batch_counts = [d for d in divisors if names_in(d) & local]
+            if batch_counts and len(batch_counts) == len(divisors):
+                # ``loss_sum / (i + 1)``: a mean per batch of this rank's; every rank took as many batches, so the
+                # ranks' means averaged are the mean over every batch
+                plans.setdefault(id(anchor), Reduction(anchor, [], [], set())).averaged.add(name)
+            elif name not in samples and not whole or batch_counts:
+                continue  # another mean over this rank's own batches: rank 0's, as printed
+        elif any(s is not None and names_in(s) & local for s in readers):
             return None  # ``total / (i + 1)``: i counts this rank's batches only
-        entry = plans.setdefault(id(anchor), (anchor, [], []))
-        entry[1].append(name)
+        entry = plans.setdefault(id(anchor), Reduction(anchor, [], [], set()))
+        entry.names.append(name)
+        if name in entry.averaged:
+            continue
         # (``len(loader) * batch_size`` with the global batch is every sample already)
         counted = {id(n) for s in readers if s is not None for p in _global_products(s, loaders, batches)
                    for n in (p.left, p.right)}
-        entry[2].extend(c.node for c in facts.calls if id(c.node) not in counted and c.name == "len"
-                        and c.stmt in readers and c.node.args
-                        and dotted(c.node.args[0].value) in loop.iter_names and c.node not in entry[2])
+        entry.lens.extend(c.node for c in facts.calls if id(c.node) not in counted and c.name == "len"
+                          and c.stmt in readers and c.node.args
+                          and dotted(c.node.args[0].value) in loop.iter_names and c.node not in entry.lens)
     return list(plans.values())
+
+
+def _divisors(stmt: Any, name: str) -> list[Any]:
+    """What divides ``name`` in ``stmt``: the right side of each division whose left side reads it
+    (``100. * correct / total``: ``total``), or of ``name /= ...``."""
+    if isinstance(stmt, cst.AugAssign) and dotted(stmt.target) == name and \
+            isinstance(stmt.operator, (cst.DivideAssign, cst.FloorDivideAssign)):
+        return [stmt.value]
+    return [d.right for d in m.findall(stmt, m.BinaryOperation(operator=m.Divide() | m.FloorDivide()))
+            if isinstance(d, cst.BinaryOperation) and name in names_in(d.left)]
+
+
+def sample_counts(loop: Loop) -> set[str]:
+    """The names ``loop`` adds its batch's size to (``total += targets.size(0)``, ``len(x)``, ``x.shape[0]``,
+    ``n += bs`` of ``bs = x.size(0)`` in the loop): this rank's samples. A training loop's sum read beside one
+    (``correct / total``) is then reduced with it: both whole, the ratio is the one process's.
+
+    >>> from ddpkit.commands.convert.scan import parse, scan
+    >>> f = scan(parse("for x, y in ld:\\n    b = x.size(0)\\n    n += b\\n    m += len(y)\\n    k += 1\\n"))
+    >>> sorted(sample_counts(f.loops[0]))
+    ['m', 'n']
+    """
+    def size(node: cst.BaseExpression) -> bool:
+        if isinstance(node, cst.Subscript) and len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index) \
+                and isinstance(node.slice[0].slice.value, cst.Integer) and node.slice[0].slice.value.value == "0":
+            inner = node.value  # ``x.shape[0]``, ``x.size()[0]``
+            return isinstance(inner, cst.Attribute) and inner.attr.value == "shape" or \
+                isinstance(inner, cst.Call) and isinstance(inner.func, cst.Attribute) and \
+                inner.func.attr.value == "size" and not inner.args
+        return isinstance(node, cst.Call) and (
+            dotted(node.func) == "len" and len(node.args) == 1 or
+            isinstance(node.func, cst.Attribute) and node.func.attr.value == "size" and len(node.args) == 1 and
+            isinstance(node.args[0].value, cst.Integer) and node.args[0].value.value == "0")
+
+    sized = {dotted(a.targets[0].target) for a in m.findall(loop.node.body, m.Assign())
+             if isinstance(a, cst.Assign) and len(a.targets) == 1 and size(a.value)} - {None}
+    return {dotted(a.target) or "" for a in m.findall(loop.node.body, m.AugAssign(operator=m.AddAssign()))
+            if isinstance(a, cst.AugAssign) and isinstance(a.target, cst.Name) and
+            (size(a.value) or dotted(a.value) in sized)}
 
 
 def collection(facts: Facts, loop: Loop, name: str) -> bool:

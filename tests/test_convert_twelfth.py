@@ -1,0 +1,66 @@
+"""What the eleventh held-out set's leftovers and the twelfth set (docs/convert.md) showed ``ddpkit convert`` owes
+public scripts: each a case written in our own words after the pattern met."""
+import sys
+
+import pytest
+
+pytest.importorskip("libcst")
+
+from conftest import launch, run_cmd  # noqa: E402
+from ddpkit.commands.convert.plan import plan  # noqa: E402
+
+TRAIN_METRICS = '''import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def train(trainloader, net, criterion, optimizer):
+    net.train()
+    train_loss = 0
+    correct = 0
+    total = 0
+    for batch_idx, (inputs, targets) in enumerate(trainloader):
+        batch_size = inputs.size(0)
+        total += batch_size
+        optimizer.zero_grad()
+        outputs = net(inputs)
+        loss = criterion(outputs, targets)
+        loss.backward()
+        optimizer.step()
+        train_loss += loss.item() * batch_size
+        _, predicted = torch.max(outputs.data, 1)
+        correct += predicted.eq(targets.data).sum().item()
+    return train_loss / total, 100. * correct / total
+
+
+torch.manual_seed(0)
+net = nn.Linear(6, 3)
+g = torch.Generator().manual_seed(1)
+data = TensorDataset(torch.randn(64, 6, generator=g), torch.randint(0, 3, (64,), generator=g))
+trainloader = DataLoader(data, batch_size=16, shuffle=True)
+optimizer = torch.optim.SGD(net.parameters(), lr=0.0)
+for epoch in range(2):
+    loss, acc = train(trainloader, net, nn.CrossEntropyLoss(), optimizer)
+    print(f"{epoch} {loss:.5f} {acc:.3f}")
+'''
+
+BATCH_MEAN = TRAIN_METRICS.replace("return train_loss / total,", "return train_loss / (batch_idx + 1),").replace(
+    "loss.item() * batch_size", "loss.item()")
+
+
+@pytest.mark.parametrize("source", [TRAIN_METRICS, BATCH_MEAN], ids=["over-samples", "over-batches"])
+def test_training_metrics_a_function_returns_from_its_own_sums_are_every_ranks(tmp_path, source):
+    """loss-landscape's ``train()``: ``return train_loss / total, 100. * correct / total`` of ``total +=
+    inputs.size(0)``. The loss and accuracy it returned were rank 0's shard's at 2 processes. The sample sums
+    are summed now, a mean over this rank's batches averaged; the weights never move (lr 0), so both runs print
+    the same numbers."""
+    done = plan(source)
+    assert "total = ddpkit.reduce(total)" in done.text and "correct = ddpkit.reduce(correct)" in done.text
+    mean = "op='mean'" if "batch_idx + 1" in source else ""
+    assert f"train_loss = ddpkit.reduce(train_loss{', ' + mean if mean else ''})" in done.text, done.text
+    one = run_cmd([sys.executable, "-c", source], timeout=60)
+    script = tmp_path / "metrics.py"
+    script.write_text(done.text)
+    two = launch(script, nproc=2, timeout=120)
+    assert two.returncode == 0, two.stderr[-2000:]
+    assert two.stdout.split() == one.stdout.split(), (one.stdout, two.stdout)
