@@ -64,3 +64,58 @@ def test_training_metrics_a_function_returns_from_its_own_sums_are_every_ranks(t
     two = launch(script, nproc=2, timeout=120)
     assert two.returncode == 0, two.stderr[-2000:]
     assert two.stdout.split() == one.stdout.split(), (one.stdout, two.stdout)
+
+
+PICKED = '''import argparse
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--model-name", default="small")
+parser.add_argument("--cuda", action="store_true")
+args = parser.parse_args()
+
+if args.model_name == "small":
+    model = nn.Linear(6, 3)
+elif args.model_name == "big":
+    model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 3))
+
+if args.cuda:
+    if torch.cuda.device_count() > 1:
+        model = nn.DataParallel(model)
+    model = model.cuda()
+
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+g = torch.Generator().manual_seed(1)
+loader = DataLoader(TensorDataset(torch.randn(64, 6, generator=g), torch.randint(0, 3, (64,), generator=g)),
+                    batch_size=16, shuffle=True)
+for epoch in range(2):
+    for x, y in loader:
+        if args.cuda:
+            x, y = x.cuda(), y.cuda()
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+    print(epoch, round(loss.item(), 3))
+'''
+
+
+def test_a_model_picked_by_an_elif_chain_and_moved_under_a_cuda_flag_is_prepared_below_the_flag(tmp_path):
+    """Stand-Alone-Self-Attention: ``if name == ...: model = A()`` / ``elif ...: model = B()`` with no ``else``,
+    then ``if args.cuda: (DataParallel); model = model.cuda()``. The wrap went into the ``if args.cuda:`` block
+    and was listed: on CPU the model was never prepared. A chain with no ``else`` whose branches all bind the
+    model (the path through none is the script's own NameError) binds it on every path; prepared below the flag."""
+    done = plan(PICKED)
+    assert not done.left, done.left
+    assert "\nmodel = ddpkit.prepare_model(model)\n\noptimizer" in done.text, done.text
+    script = tmp_path / "picked.py"
+    script.write_text(done.text)
+    for args in ((), ("--model-name", "big")):
+        two = launch(script, *args, nproc=2, timeout=120)
+        assert two.returncode == 0, two.stderr[-2000:]
+    alone = PICKED.replace("\nif args.cuda:\n    if torch.cuda.device_count() > 1:\n        model = nn.DataParallel("
+                           "model)\n    model = model.cuda()\n", "")
+    done = plan(alone)  # no flag: below the chain
+    assert not done.left and "\nmodel = ddpkit.prepare_model(model)\n\noptimizer" in done.text, done.text

@@ -125,7 +125,8 @@ def _exhaustive(work: _Work, binding: Binding, optimizer: Call | None = None) ->
         if found is not None and optimizer is not None and optimizer.stmt is not None and \
                 id(optimizer.stmt) in node_ids(chain):
             return found
-        if not (all(_binds(block, bound, tops) for block in _paths(chain)) or _before(chain, bound, binding)):
+        if not (all(_binds(block, bound, tops) for block in _paths(chain)) or _before(work, chain, bound, binding)
+                or _selects(work, chain, bound, tops, binding)):
             return None  # ``if resume: (if ema: net = A else: net = B)``: not bound when resume is false
         found = node = chain
     return found
@@ -161,11 +162,26 @@ def _paths(top: Any) -> list[cst.IndentedBlock]:
     return [b for b in (top.body, *(h.body for h in top.handlers)) if isinstance(b, cst.IndentedBlock)]
 
 
-def _before(chain: Any, bound: set[int], binding: Binding) -> bool:
-    """A statement before ``chain`` in its own block binds the name (``net = Net()`` above ``if resume:``)."""
+def _before(work: _Work, chain: Any, bound: set[int], binding: Binding) -> bool:
+    """A statement before ``chain`` in its own block binds the name (``net = Net()`` above ``if resume:``), or
+    an ``if`` chain before it binds it on every path (``if arch == 'a': model = A()`` / ``elif ...``, then ``if
+    args.cuda: model = model.cuda()``)."""
     block = inits.block_of(chain, binding.scope) or []
     index = next((i for i, s in enumerate(block) if s is chain), 0)
-    return any(id(s) in bound for s in block[:index])
+    tops: list[Any] = [s for s in block[:index] if isinstance(s, (cst.If, cst.Try))]
+    return any(id(s) in bound for s in block[:index]) or any(
+        all(_binds(b, bound, tops) for b in _paths(top)) or _selects(work, top, bound, tops, binding) for top in tops)
+
+
+def _selects(work: _Work, chain: Any, bound: set[int], tops: list[Any], binding: Binding) -> bool:
+    """An ``if`` / ``elif`` chain with no ``else`` that picks the model by name, each branch binding it, and no
+    line above it binding it: the path through no branch is the script's own NameError at the name's first
+    use, whatever ddpkit does, so the chain counts as binding it on every path."""
+    branches = _branches(chain)[:-1] if isinstance(chain, cst.If) and not isinstance(chain.orelse, cst.Else) else []
+    inside, end = node_ids(chain), inits.line_of(work, chain)
+    return len(branches) > 1 and all(_binds(b, bound, tops) for b in branches) and not any(
+        b.target == binding.target and b.scope is binding.scope and b.line <= end and id(b.stmt) not in inside
+        for b in work.facts.bindings)
 
 
 def _branches(top: cst.If) -> list[cst.IndentedBlock]:
