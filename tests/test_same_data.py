@@ -16,6 +16,7 @@ def test_ranks_holding_different_training_data_stop_where_the_loader_is_built(ca
     assert r.returncode == 1 and "trained" not in r.stdout, r.stdout + r.stderr[-3000:]
     line = f"ddpkit.data_loader: the training dataset differs between ranks (rank 1's from rank 0's: {what})"
     assert line in r.stderr and "torch.manual_seed(0)" in r.stderr, r.stderr[-3000:]
+    assert "unless PYTHONHASHSEED is one value" in r.stderr and "sorted(set(...))" in r.stderr  # a set's order
 
 
 @pytest.mark.parametrize("case", ["seeded", "seeded_split", "concat", "texts_sorted"])

@@ -201,6 +201,8 @@ def check(dataset: Any, device: torch.device) -> None:
     raise ValueError(f"ddpkit.data_loader: the training dataset differs between ranks (rank {other}'s from rank "
                      f"0's: {what}), so the ranks would train on parts of different data; it was likely drawn from "
                      "random numbers or split at random with no seed, or with ddpkit.init(seed=...)'s streams, "
-                     "which differ per rank, or read from per-rank files: build it the same on every rank (seed "
-                     "it first: torch.manual_seed(0), numpy.random.seed(0); or pass random_split a generator="
-                     "torch.Generator().manual_seed(0))")
+                     "which differ per rank, or ordered by a set or a hash of strings, whose order differs per "
+                     "process unless PYTHONHASHSEED is one value (ddpkit launch sets it; torchrun does not), or "
+                     "read from per-rank files: build it the same on every rank (seed it first: "
+                     "torch.manual_seed(0), numpy.random.seed(0); pass random_split a generator="
+                     "torch.Generator().manual_seed(0); sorted(set(...)) for a set)")
