@@ -173,9 +173,27 @@ def _cast(value: Any, dtype: torch.dtype) -> Any:
     return value
 
 
+# How much closer the float64 runs must end than the float32 ones for the difference to be rounding: float64
+# rounds 1e-9 times finer; a training that amplifies it saturates the float32 gap (Stand-Alone-Self-Attention at
+# lr 0.1: 0.903 in float32, 9.2e-05 in float64); a defect differs about as much in both (rank-dependent code, a
+# skipped all-reduce: the same ratio ~1).
+SHRINK = 1e-3
+
+
+def amplified(diff32: float | None, diff64: float | None) -> bool:
+    """The float64 runs end at least 1/:data:`SHRINK` times closer than the float32 ones: what still parts them is
+    at most 1/1000 of what float32 rounding alone does to this training.
+
+    >>> amplified(0.903, 9.2e-05), amplified(0.05, 0.04), amplified(None, 1e-9)
+    (True, False, False)
+    """
+    return diff32 is not None and diff64 is not None and diff32 > 0 and diff64 <= SHRINK * diff32
+
+
 def decided(float32: dict, float64: dict | None, error: str | None = None) -> dict:
-    """The result verify reports: the float64 runs' when they pass (rounding was all), else the float32 FAIL with
-    what the re-run found. ``error``: why the float64 runs could not run."""
+    """The result verify reports: the float64 runs' when they pass (rounding was all) or end :func:`amplified`
+    closer (rounding grown by the training), else the float32 FAIL with what the re-run found. ``error``: why the
+    float64 runs could not run."""
     diff = float32.get("first_max_abs_diff", float32.get("max_abs_diff"))
     where = f"{float32.get('first_diverging')!r} {diff:.3g} apart" if diff is not None else "apart"
     if float64 is not None and float64.get("passed"):
@@ -192,6 +210,13 @@ def decided(float32: dict, float64: dict | None, error: str | None = None) -> di
         return {**float64, "decided_by": "float64", "rounding_note": note}
     if float64 is not None:
         f64 = float64.get("first_max_abs_diff", float64.get("max_abs_diff"))
+        if amplified(diff, f64):
+            assert diff is not None and f64 is not None
+            note = (f"decided by a float64 re-run: in float32 the runs ended {where}; in float64 {f64:.3g}, "
+                    f"{diff / max(f64, 1e-300):.2g} times closer: float rounding that this training amplifies step "
+                    f"by step (a defect parts the float64 runs as far as the float32 ones); the comparison is weak "
+                    "here: verify at a lower lr, or fewer --steps, for a stronger one")
+            return {**float64, "passed": True, "decided_by": "float64", "rounding_note": note}
         note = (f"the float64 re-run differs too ({float64.get('first_diverging')!r}, max abs diff "
                 f"{f64 if f64 is None else format(f64, '.3g')}): not float rounding")
     else:
