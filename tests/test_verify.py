@@ -156,6 +156,7 @@ def test_sampling_noise_passes_with_the_draws_matched_and_a_defect_beside_it_fai
     assert r.returncode == 4 and r.stdout.startswith("FAIL"), r.stdout + r.stderr[-3000:]
     assert "what other random draws make" in r.stdout and "beyond the draws, rank-dependent code" in r.stdout, r.stdout
     assert "in float64" not in r.stderr, r.stderr  # step-1 gradients 5x apart: no rounding re-run
+    assert "with the draws matched the runs still differ (" in r.stderr, r.stderr  # how far, said
 
 
 @pytest.mark.parametrize("case", ["augpy", "augnp"])

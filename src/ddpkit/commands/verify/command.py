@@ -316,6 +316,12 @@ def _matched(script: str, script_args: Sequence[str], nproc: int, steps: int, at
                   file=sys.stderr, flush=True)
             again = rounding.decided(again, verify(script, script_args, nproc, steps, atol, rtol, device,
                                                    keep_dropout, mode, True, True))
+        if not again.get("passed"):  # how far, so that what decides next can be weighed (a GAN's lesson)
+            diff = again.get("first_max_abs_diff", again.get("max_abs_diff"))
+            print(f"{PROG}: with the draws matched the runs still differ ({again.get('first_diverging')!r}, max abs "
+                  f"diff {'n/a' if diff is None else format(diff, '.3g')}"
+                  f"{'; ' + again['rounding_note'] if again.get('rounding_note') else ''}); the other tests decide",
+                  file=sys.stderr, flush=True)
     except (CannotCompare, RuntimeError) as exc:  # said: the other tests decide, and the line says why
         print(f"{PROG}: the re-run with the draws matched could not run ({str(exc)[:300]}); the other tests decide",
               file=sys.stderr, flush=True)
