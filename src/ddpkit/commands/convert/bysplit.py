@@ -30,7 +30,7 @@ from libcst import matchers as m
 
 from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.crossing import EVAL, TRAIN, returned
-from ddpkit.commands.convert.scan import Call, Facts, Loop, Scope, dotted
+from ddpkit.commands.convert.scan import Call, Facts, Loop, Scope, dotted, unpacked
 
 _Work = Any  # the plan in the making (plan._Work)
 
@@ -116,7 +116,7 @@ def asked(work: _Work, call: Call) -> list[str]:
         names += [f"{scope.name}().{binding.target[5:]}" for scope, value in work.facts.returns  # ``create()``
                   if not scope.cls and isinstance(value, cst.Call) and dotted(value.func) == binding.scope.cls]
     for scope, value in work.facts.returns:
-        elements = [e.value for e in value.elements] if isinstance(value, (cst.Tuple, cst.List)) else [value]
+        elements = unpacked(value)
         for i, element in enumerate(elements):
             if element is call.node or binding is not None and binding.scope is scope and \
                     dotted(element) == binding.target:
@@ -160,7 +160,7 @@ def _position(work: _Work, call: Call) -> int | None:
     when it does not return it."""
     binding = next((b for b in work.facts.bindings if b.value is call.node), None)
     for where, value in work.facts.returns:
-        elements = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
+        elements = unpacked(value)
         for i, element in enumerate(elements if where is call.scope else []):
             if element is call.node or binding is not None and dotted(element) == binding.target:
                 return i if isinstance(value, cst.Tuple) else -1

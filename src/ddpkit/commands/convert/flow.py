@@ -23,7 +23,7 @@ from collections.abc import Callable
 import libcst as cst
 import libcst.matchers as m
 
-from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, Scope, dotted, names_in, resolve
+from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, Scope, dotted, names_in, resolve, unpacked
 
 # methods of torch's modules, optimizers and schedulers: called on anything but ``self``, not the script's own
 # method of the same name (a Runner.train(), a Trainer.step())
@@ -64,6 +64,17 @@ def callee(facts: Facts, call: Call) -> tuple[Scope, int] | None:
         if len(methods) == 1:
             return methods[0], 1
     return None
+
+
+def callers(facts: Facts, scope: Scope) -> list[Call]:
+    """The calls of this file that run ``scope`` (:func:`callee`); none: another module calls it, or nothing.
+
+    >>> from ddpkit.commands.convert.scan import parse, scan
+    >>> f = scan(parse("def fit(m):\\n    pass\\nfit(net)\\nfit(net)\\n"))
+    >>> [c.line for c in callers(f, f.scopes["fit"])]
+    [3, 4]
+    """
+    return [c for c in facts.calls if (callee(facts, c) or (None,))[0] is scope]
 
 
 def _class_of(facts: Facts, node: cst.BaseExpression) -> str | None:
@@ -229,7 +240,7 @@ def attribute_reads(facts: Facts, name: str, scope: Scope) -> list[tuple[str, Sc
 
 
 def _returned(facts: Facts, name: str, scope: Scope, value: cst.BaseExpression, depth: int) -> list[Loop]:
-    elements = [e.value for e in value.elements] if isinstance(value, (cst.Tuple, cst.List)) else [value]
+    elements = unpacked(value)
     indexes = [i for i, e in enumerate(elements) if dotted(e) == name]
     if not indexes:
         return []
@@ -282,7 +293,7 @@ def called_from_loop(facts: Facts, scope: Scope, accept: Callable[[Loop], bool] 
     loop: a loss helper that runs a teacher), or from a function so called."""
     if scope is facts.scopes[""] or depth >= DEPTH:
         return False
-    sites = [c for c in facts.calls if (callee(facts, c) or (None,))[0] is scope]
+    sites = callers(facts, scope)
     return any(any(accept(loop) for loop in site.loops) or called_from_loop(facts, site.scope, accept, depth + 1)
                for site in sites)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from ddpkit.commands.convert.crossing import HANDED_MODEL, Ask, key
-from ddpkit.commands.convert.flow import argument_for, binding_of, callee
+from ddpkit.commands.convert.flow import argument_for, binding_of, callee, callers
 from ddpkit.commands.convert.scan import Call, dotted, resolve
 from ddpkit.commands.convert.trained import parameters_of
 
@@ -33,7 +33,7 @@ def ask(work: _Work, target: str, call: Call) -> bool:
     for any other target."""
     head, scope = target.split(".")[0], call.scope
     if head not in scope.params or not scope.name or scope.cls or \
-            any((callee(work.facts, c) or (None,))[0] is scope for c in work.facts.calls):
+            callers(work.facts, scope):
         return False
     name = f"{HANDED_MODEL}:{scope.name}:{scope.params.index(head)}"
     where = work.crossing.provided.get(key("", name))

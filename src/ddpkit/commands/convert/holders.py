@@ -58,7 +58,7 @@ def holder(work: _Work, target: str, call: Call) -> bool:
         found = inherited.search(work.facts, cls, attr)
         if not isinstance(found, Binding):
             return False
-        again = rebuilt(work.facts, cls, attr, found)
+        again = built_anew(work.facts, cls, attr, found)
         if again is not None:  # ``warm_start()`` builds it anew: the wrapped one would not be the one trained
             work.leave(call.line, f"{parts[0]}.{parts[1]} is built as {cls} is made (line {found.line}) and again "
                        f"in {again.scope.name}() (line {again.line}): which one this optimizer trains cannot be told",
@@ -89,10 +89,10 @@ def wanted(facts: Facts, name: str) -> Binding | None:
     if not attr or not cls.isidentifier() or not attr.isidentifier() or not plain(facts, cls):
         return None
     found = inherited.search(facts, cls, f"self.{attr}")
-    return found if isinstance(found, Binding) and rebuilt(facts, cls, f"self.{attr}", found) is None else None
+    return found if isinstance(found, Binding) and built_anew(facts, cls, f"self.{attr}", found) is None else None
 
 
-def rebuilt(facts: Facts, cls: str, attr: str, found: Binding) -> Binding | None:
+def built_anew(facts: Facts, cls: str, attr: str, found: Binding) -> Binding | None:
     """A binding of ``attr`` in a method of ``cls`` other than the one that builds it as an instance is made (and
     what ``__init__`` calls): a model built anew later (``warm_start()``, a reload), which a wrap of the first would
     miss."""

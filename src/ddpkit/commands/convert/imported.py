@@ -31,7 +31,7 @@ from libcst import matchers as m
 from ddpkit.commands.convert import bysplit, flow, handedin
 from ddpkit.commands.convert.crossing import EVAL, TRAIN, Ask, key, returned
 from ddpkit.commands.convert.reductions import reductions
-from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, dotted, imported_from
+from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, dotted, imported_from, unpacked
 from ddpkit.commands.convert.sums import sums_after
 
 _Work = Any  # the plan in the making (plan._Work)
@@ -151,7 +151,7 @@ def _passed_on(facts: Facts, binding: Binding) -> bool:
     """Its function returns ``binding``'s name (``data_set, data_loader = data_provider(self.args, flag)`` then
     ``return data_set, data_loader``): its callers use it, and are followed (:func:`_through_own`)."""
     return any(scope is binding.scope and binding.target in {dotted(e) for e in
-               ([x.value for x in value.elements] if isinstance(value, cst.Tuple) else [value])}
+               unpacked(value)}
                for scope, value in facts.returns)
 
 
@@ -249,7 +249,7 @@ def _through_own(facts: Facts, call: cst.Call, binding: Binding) -> tuple[str, s
         return None
     scope, skip = target
     for where, value in facts.returns:
-        elements = [e.value for e in value.elements] if isinstance(value, cst.Tuple) else [value]
+        elements = unpacked(value)
         if where is not scope or binding.index >= len(elements) or binding.index < 0 and len(elements) > 1:
             continue
         name = dotted(elements[max(binding.index, 0)])

@@ -21,9 +21,9 @@ from libcst import matchers as m
 from ddpkit.commands.convert import batch, bysplit, drawn, flow, handedin, imported, trained
 from ddpkit.commands.convert.apply import LOADER_PARAMETERS, loader_call
 from ddpkit.commands.convert.crossing import NOT_PASSED, TRAIN
-from ddpkit.commands.convert.flow import callee, loops_reading, peek, roles_said
+from ddpkit.commands.convert.flow import callee, callers, loops_reading, peek, roles_said
 from ddpkit.commands.convert.reductions import reductions
-from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, dotted, imported_from, resolve
+from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, dotted, imported_from, resolve, unpacked
 
 # the plan in the making (plan._Work): facts, edits, note, leave
 _Work = Any
@@ -418,7 +418,7 @@ def _beside_asked(work: _Work, call: Call) -> bool:
     asked, this one ``get_data()[1]``, an unread ``val_iter``): its role is not guessed from its shuffle."""
     binding = next((b for b in work.facts.bindings if b.value is call.node), None)
     for scope, value in work.facts.returns:
-        elements = [e.value for e in value.elements] if isinstance(value, (cst.Tuple, cst.List)) else [value]
+        elements = unpacked(value)
         mine = any(e is call.node or binding is not None and binding.scope is scope and dotted(e) == binding.target
                    for e in elements)
         if mine and any(w.startswith(f"{scope.name}()") for w in work.crossing.wants):
@@ -450,7 +450,7 @@ def _called(facts: Facts, call: Call) -> bool:
     """The function whose ``return`` holds ``call`` is called somewhere in this file."""
     scope = call.scope
     name = scope.name.rsplit(".", 1)[-1]
-    return any((callee(facts, c) or (None,))[0] is scope for c in facts.calls) or \
+    return bool(callers(facts, scope)) or \
         any((read == name or read.endswith(f".{name}")) and node is not getattr(scope.node, "name", None)
             for read, _, _, node in facts.reads)  # a dict of factories, partial(f): a use that is no call
 
@@ -459,10 +459,10 @@ def _returned(facts: Facts, call: Call) -> list[Binding] | None:
     """``return DataLoader(...)`` (or one of a returned tuple): what the function's callers bind it to
     (``train_loader = get_loader(args)``); None when the call is not returned."""
     for scope, value in facts.returns:
-        elements = [e.value for e in value.elements] if isinstance(value, (cst.Tuple, cst.List)) else [value]
+        elements = unpacked(value)
         if any(e is call.node for e in elements):
             index = next(i for i, e in enumerate(elements) if e is call.node) if len(elements) > 1 else -1
-            sites = [id(c.node) for c in facts.calls if (callee(facts, c) or (None,))[0] is scope]
+            sites = [id(c.node) for c in callers(facts, scope)]
             return [b for b in facts.bindings if id(b.whole) in sites and b.index == index]
     return None
 

@@ -20,7 +20,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from ddpkit.commands.convert.flow import callee
+from ddpkit.commands.convert.flow import callee, callers
 from ddpkit.commands.convert.scan import Facts, Scope, dotted
 
 __all__ = ["read_first"]
@@ -129,7 +129,7 @@ def _entry(facts: Facts, scope: Scope) -> Scope:
 
 
 def _sites(facts: Facts, scope: Scope) -> list[Any]:
-    return [c for c in facts.calls if (callee(facts, c) or (None,))[0] is scope]
+    return callers(facts, scope)
 
 
 def _exclusive(facts: Facts, one: Any, other: Any) -> bool:
@@ -171,7 +171,7 @@ def _constructs(facts: Facts, read: Any, write: Any) -> bool:
 def _called_once(facts: Facts, scope: Scope) -> bool:
     """One call of the function (one object built), in no loop: a second (``stage(1); stage(2)``, a ``Trainer``
     built again to load what the first saved) would read after the write."""
-    sites = [c for c in facts.calls if (callee(facts, c) or (None,))[0] is scope]
+    sites = callers(facts, scope)
     return len(sites) == 1 and not sites[0].loops
 
 

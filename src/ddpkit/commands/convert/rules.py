@@ -21,7 +21,7 @@ from ddpkit.commands.check.rules import RANK_WORDS
 from ddpkit.commands.convert import order
 from ddpkit.commands.convert.apply import add_keyword
 from ddpkit.commands.convert.device import ACCELERATORS, PROGRESS, text_of
-from ddpkit.commands.convert.flow import binding_of, callee, in_body, visible
+from ddpkit.commands.convert.flow import binding_of, callers, in_body, visible
 from ddpkit.commands.convert.scan import Binding, Scope, dotted, names_in, resolve
 
 # the plan in the making (plan._Work, which imports this module): facts, edits, log, left, models, state
@@ -316,7 +316,7 @@ def called_in_branch(work: _Work, scope: Scope, depth: int = 0) -> bool:
     would be a collective that one rank may skip."""
     if not scope.name or depth > 3:
         return False
-    sites = [c for c in work.facts.calls if (callee(work.facts, c) or (None,))[0] is scope]
+    sites = callers(work.facts, scope)
     return not sites or any([t for t in c.tests if not main_guard(t)] or called_in_branch(work, c.scope, depth + 1)
                             for c in sites)
 
@@ -398,7 +398,7 @@ def _handed_model(work: _Work, found: Binding) -> bool:
     prepares is a wrapper. (``ddpkit.unwrap`` hands back anything else as it is.)"""
     return found.value is None and found.whole is None and found.stmt is None and found.target in \
         found.scope.params and bool(re.fullmatch(r"(\w+_)?(model|net|network)", found.target)) and \
-        not any((callee(work.facts, c) or (None,))[0] is found.scope for c in work.facts.calls)
+        not callers(work.facts, found.scope)
 
 
 def _unwrap(work: _Work, call: Any) -> None:

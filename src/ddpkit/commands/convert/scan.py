@@ -116,6 +116,16 @@ class Facts:
         return self.module.code_for_node(node)
 
 
+def unpacked(value: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The elements of a tuple or list (``return train_dl, test_dl``: what ``a, b = f()`` binds one by one), or the
+    value alone.
+
+    >>> [dotted(e) for e in unpacked(cst.parse_expression("a, b")) + unpacked(cst.parse_expression("c"))]
+    ['a', 'b', 'c']
+    """
+    return [e.value for e in value.elements] if isinstance(value, (cst.Tuple, cst.List)) else [value]
+
+
 def dotted(node: cst.CSTNode | None) -> str | None:
     """``torch.cuda.is_available`` for the attribute chain, None for anything else.
 

@@ -29,7 +29,7 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.commands.convert.apply import add_keyword
-from ddpkit.commands.convert.flow import DEPTH, called_from_loop, callee
+from ddpkit.commands.convert.flow import DEPTH, called_from_loop, callee, callers
 from ddpkit.commands.convert.inits import node_ids
 from ddpkit.commands.convert.scan import Call, Scope, dotted, names_in
 
@@ -137,7 +137,7 @@ def seeded(work: _Work, scope: Scope, line: int, tests: list[str], library: str,
         if seed.line < line and inside and not seed.loops and seed.scope in (scope, module) and \
                 _seeds(work, seed, library) and _same_everywhere(work, seed):
             return seed
-    sites = [c for c in work.facts.calls if (callee(work.facts, c) or (None,))[0] is scope]
+    sites = callers(work.facts, scope)
     if scope is module or depth >= DEPTH or not sites:
         return None
     found = [seeded(work, site.scope, site.line, site.tests, library, depth + 1) for site in sites]

@@ -18,7 +18,7 @@ import libcst as cst
 from libcst import matchers as m
 
 from ddpkit.commands.check.rules import OPTIMIZERS
-from ddpkit.commands.convert.flow import binding_of, callee
+from ddpkit.commands.convert.flow import binding_of, callers
 from ddpkit.commands.convert.scan import Call, Facts, dotted, names_in
 
 
@@ -47,7 +47,7 @@ def trained_all(facts: Facts, call: Call) -> list[str]:
     found = list(dict.fromkeys(found + _filled(facts, reads))) or _handed_out(facts, call)
     first = call.node.args[0].value
     if not found and optimizer(call) and isinstance(first, cst.Name) and first.value in call.scope.params and \
-            any((callee(facts, c) or (None,))[0] is call.scope for c in facts.calls):
+            callers(facts, call.scope):
         return [first.value]  # ``optim.Adam(model_params, lr)`` in a helper: what its callers pass (handed.py)
     return found
 
