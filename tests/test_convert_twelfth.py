@@ -119,3 +119,49 @@ def test_a_model_picked_by_an_elif_chain_and_moved_under_a_cuda_flag_is_prepared
                            "model)\n    model = model.cuda()\n", "")
     done = plan(alone)  # no flag: below the chain
     assert not done.left and "\nmodel = ddpkit.prepare_model(model)\n\noptimizer" in done.text, done.text
+
+
+def test_review_a_count_alone_a_running_total_a_mixed_divisor_and_two_loops_into_one_sum(tmp_path):
+    """Review of the training metrics: (1) ``return correct, total`` (the caller divides) reduced ``total`` alone
+    and halved the accuracy; (2) two passes adding to one ``correct`` / ``total`` reduced after each; (3) a
+    running total kept across calls (``global``) was reduced again at every call; (4) ``correct / ((i + 1) *
+    batch_size)`` was averaged as a mean over batches (1/N of the truth). Each now stays rank 0's or is reduced
+    once, after the last loop."""
+    counts = TRAIN_METRICS.replace("return train_loss / total, 100. * correct / total", "return correct, total")
+    running = TRAIN_METRICS.replace("    train_loss = 0\n    correct = 0\n    total = 0\n",
+                                    "    global train_loss, correct, total\n").replace(
+        "torch.manual_seed(0)\n", "train_loss, correct, total = 0, 0, 0\ntorch.manual_seed(0)\n")
+    mixed = TRAIN_METRICS.replace("return train_loss / total, 100. * correct / total",
+                                  "return 0.0, 100. * correct / ((batch_idx + 1) * batch_size)")
+    for source in (counts, running, mixed):
+        assert "ddpkit.reduce(" not in plan(source).text, plan(source).text
+    second = ("    for inputs, targets in trainloader:\n        total += inputs.size(0)\n"
+              "        optimizer.zero_grad()\n"
+              "        outputs = net(inputs)\n        loss = criterion(outputs, targets)\n        loss.backward()\n"
+              "        optimizer.step()\n        train_loss += loss.item() * inputs.size(0)\n")
+    counted = TRAIN_METRICS.replace("    return train_loss", second + "    return train_loss")
+    assert "ddpkit.reduce(" not in plan(counted).text  # correct's count grows in the second loop: rank 0's both
+    two = TRAIN_METRICS.replace("    return train_loss", second +
+                                "        correct += outputs.argmax(1).eq(targets).sum().item()\n    return train_loss")
+    done = plan(two)
+    for name in ("total", "train_loss", "correct"):
+        assert done.text.count(f"{name} = ddpkit.reduce({name})") == 1, done.text
+    assert done.text.index("correct = ddpkit.reduce") > done.text.rindex("optimizer.step()"), done.text
+    one = run_cmd([sys.executable, "-c", two], timeout=60)
+    script = tmp_path / "two.py"
+    script.write_text(done.text)
+    launched = launch(script, nproc=2, timeout=120)
+    assert launched.returncode == 0, launched.stderr[-2000:]
+    assert launched.stdout.split() == one.stdout.split(), (one.stdout, launched.stdout)
+
+
+def test_review_an_elif_chain_in_a_loop_is_no_binding_on_every_path():
+    """Review: in a loop, the path through no branch keeps the last pass's model, prepared already: a wrap
+    below the chain wrapped it again (DDP inside DDP). Listed, as before the chain rule."""
+    looped = ('import torch\nfrom torch import nn\nfor stage in ["small", "big", "again"]:\n'
+              '    if stage == "small":\n        model = nn.Linear(6, 3)\n    elif stage == "big":\n'
+              '        model = nn.Linear(6, 3)\n    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n'
+              '    opt.step()\n')
+    done = plan(looped)
+    assert "    model = ddpkit.prepare_model(model)\n" not in done.text, done.text
+    assert any("one branch of an if" in left.what for left in done.left), done.left

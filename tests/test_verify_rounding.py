@@ -186,9 +186,12 @@ def test_a_difference_the_float64_runs_shrink_a_thousandfold_is_rounding_the_tra
     f32 = {"passed": False, "first_diverging": "init.0.weight", "first_max_abs_diff": 0.903, "optimizers": ["SGD"],
            "gradient_gap": 0.013, "cause": "rank-dependent code"}
     f64 = {"passed": False, "first_diverging": "init.0.weight", "first_max_abs_diff": 9.22e-05, "tensors": 208,
-           "max_abs_diff": 9.22e-05}
+           "max_abs_diff": 9.22e-05, "gradient_gap": 4e-15}
     result = decided(f32, f64)
     assert result["passed"] and result["decided_by"] == "float64", result
-    assert "9.8e+03 times closer: float rounding that this training amplifies" in result["rounding_note"], result
-    defect = decided(f32, {**f64, "first_max_abs_diff": 0.41, "max_abs_diff": 0.41})
-    assert not defect["passed"] and "not float rounding" in defect["rounding_note"], defect
+    assert "9.8e+03 times closer, their step-1 gradients 4e-15 apart: float rounding that this training amplifies" \
+        in result["rounding_note"], result
+    # review: a later tensor far apart, step-1 gradients a defect's size apart, or no step-1 gap measured: a FAIL
+    for other in ({"max_abs_diff": 0.6}, {"gradient_gap": 1e-4}, {"gradient_gap": None}):
+        defect = decided(f32, {**f64, **other})
+        assert not defect["passed"] and "not float rounding" in defect["rounding_note"], (other, defect)

@@ -176,10 +176,12 @@ def _before(work: _Work, chain: Any, bound: set[int], binding: Binding) -> bool:
 def _selects(work: _Work, chain: Any, bound: set[int], tops: list[Any], binding: Binding) -> bool:
     """An ``if`` / ``elif`` chain with no ``else`` that picks the model by name, each branch binding it, and no
     line above it binding it: the path through no branch is the script's own NameError at the name's first
-    use, whatever ddpkit does, so the chain counts as binding it on every path."""
+    use, whatever ddpkit does, so the chain counts as binding it on every path. Not in a loop: there that path
+    keeps the last pass's model (prepared already)."""
     branches = _branches(chain)[:-1] if isinstance(chain, cst.If) and not isinstance(chain.orelse, cst.Else) else []
     inside, end = node_ids(chain), inits.line_of(work, chain)
-    return len(branches) > 1 and all(_binds(b, bound, tops) for b in branches) and not any(
+    looped = any(id(chain) in node_ids(loop) for loop in m.findall(binding.scope.node, m.For() | m.While()))
+    return len(branches) > 1 and not looped and all(_binds(b, bound, tops) for b in branches) and not any(
         b.target == binding.target and b.scope is binding.scope and b.line <= end and id(b.stmt) not in inside
         for b in work.facts.bindings)
 

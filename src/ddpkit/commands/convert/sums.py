@@ -115,6 +115,7 @@ def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str
             and dotted(b.value.func) == "len" and b.value.args and dotted(b.value.args[0].value) in loop.iter_names]
     plans: dict[int, Reduction] = {}
     samples = sample_counts(loop) if training else set()
+    loaders = set(loop.iter_names)
     for name in dict.fromkeys(candidates):
         if collection(facts, loop, name):  # ``results += [(id, p) ...]``: rows kept, no sum
             if training:
@@ -130,19 +131,14 @@ def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str
             return None  # read below the loop, but not below where it is complete
         if not readers or _reduced(facts, loop, anchor, name):
             continue
-        loaders = set(loop.iter_names)
         local = _local(facts, loop) | ({n for n in loop.counted} if training else set())
-        if training:  # reduced where what divides it counts every sample: the dataset, or a sum of batch sizes
-            divisors = [d for s in readers if s is not None for d in _divisors(s, name)]
-            whole = [d for d in divisors if _dataset_size(facts, d, loop.scope, set(datasets), loaders, batches)
-                     or names_in(d) & samples]
-            batch_counts = [d for d in divisors if names_in(d) & local]
-            if batch_counts and len(batch_counts) == len(divisors):
-                # ``loss_sum / (i + 1)``: a mean per batch of this rank's; every rank took as many batches, so the
-                # ranks' means averaged are the mean over every batch
+        if training:
+            kind = _training_sum(facts, loop, anchor, name, readers, local, samples,
+                                 lambda d: _dataset_size(facts, d, loop.scope, set(datasets), loaders, batches))
+            if kind is None:
+                continue  # rank 0's, as printed
+            if kind == "mean":
                 plans.setdefault(id(anchor), Reduction(anchor, [], [], set())).averaged.add(name)
-            elif name not in samples and not whole or batch_counts:
-                continue  # another mean over this rank's own batches: rank 0's, as printed
         elif any(s is not None and names_in(s) & local for s in readers):
             return None  # ``total / (i + 1)``: i counts this rank's batches only
         entry = plans.setdefault(id(anchor), Reduction(anchor, [], [], set()))
@@ -155,7 +151,56 @@ def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str
         entry.lens.extend(c.node for c in facts.calls if id(c.node) not in counted and c.name == "len"
                           and c.stmt in readers and c.node.args
                           and dotted(c.node.args[0].value) in loop.iter_names and c.node not in entry.lens)
-    return list(plans.values())
+    if training:
+        kept = _paired(facts, loop, {n for e in plans.values() for n in e.names}, samples)
+        for entry in plans.values():
+            entry.names[:] = [n for n in entry.names if n in kept]
+            entry.averaged.intersection_update(kept)
+    return [entry for entry in plans.values() if entry.names]
+
+
+def _paired(facts: Facts, loop: Loop, reduced: set[str], samples: set[str]) -> set[str]:
+    """``reduced`` less the training sums whose ratio would mix a global and a local part: a count of samples
+    (``total``) is kept only where every sum of this function divided by it below the loop is reduced too, and
+    a sum divided by a count that is not, goes (``return correct, total``: neither; ``correct / total`` where a
+    later loop adds to ``total`` alone: neither)."""
+    sums = {n for other in facts.loops if other.scope is loop.scope for n, _ in other.augmented}
+    over: dict[str, set[str]] = {n: set() for n in samples}  # a count -> the names divided by it
+    for stmt, scope, line in facts.statements:
+        if scope is loop.scope and line > loop.end:
+            for d in m.findall(stmt, m.BinaryOperation(operator=m.Divide() | m.FloorDivide())):
+                assert isinstance(d, cst.BinaryOperation)
+                for n in names_in(d.right) & samples:
+                    over[n] |= names_in(d.left) & sums
+    kept = set(reduced)
+    while True:
+        dropped = {n for n in kept & samples if not over[n] & kept or over[n] - kept}
+        dropped |= {name for n in (samples - kept) | dropped for name in over[n] & kept}
+        if not dropped & kept:
+            return kept
+        kept -= dropped
+
+
+def _training_sum(facts: Facts, loop: Loop, anchor: Loop, name: str, readers: list[Any], local: set[str],
+                  samples: set[str], whole: Any) -> str | None:
+    """How a training loop's sum read after it is made every rank's: "sum" where what divides it counts every
+    sample (``whole``: the dataset's size; or a sum of batch sizes, ``correct / total``), "mean" where it is
+    divided by this rank's count of batches alone (``loss / (i + 1)``, ``/ n_batches``: every rank took as many),
+    and None (rank 0's, as printed) otherwise: divided by anything else (``(i + 1) * batch_size``), started
+    outside this function (a running total kept across calls: reduced again at each), or added to again by a
+    later loop (reduced after that one)."""
+    started = any(b.target == name and b.scope is loop.scope and b.value is not None and b.line < loop.line
+                  for b in facts.bindings)
+    later = {n for other in facts.loops if other.scope is loop.scope and other.line > anchor.end
+             for n, _ in other.augmented}  # (a count a later loop adds to is not complete here either)
+    if not started or name in later:
+        return None
+    divisors = [d for s in readers if s is not None for d in _divisors(s, name)]
+    if divisors and all(names_in(d) and names_in(d) <= local for d in divisors):
+        return "mean"
+    if any(names_in(d) & local for d in divisors):
+        return None
+    return "sum" if name in samples or any(whole(d) or names_in(d) & (samples - later) for d in divisors) else None
 
 
 def _divisors(stmt: Any, name: str) -> list[Any]:
