@@ -9,6 +9,17 @@ pytest.importorskip("libcst")
 from conftest import launch, run_cmd  # noqa: E402
 from ddpkit.commands.convert.plan import plan  # noqa: E402
 
+
+def prints_as_one_process(tmp_path, source, converted):
+    """The converted script, launched at 2 processes, prints what the original printed at one."""
+    one = run_cmd([sys.executable, "-c", source], timeout=60)
+    script = tmp_path / "converted.py"
+    script.write_text(converted)
+    two = launch(script, nproc=2, timeout=120)
+    assert two.returncode == 0, two.stderr[-2000:]
+    assert two.stdout.split() == one.stdout.split(), (one.stdout, two.stdout)
+
+
 TRAIN_METRICS = '''import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -58,12 +69,7 @@ def test_training_metrics_a_function_returns_from_its_own_sums_are_every_ranks(t
     assert "total = ddpkit.reduce(total)" in done.text and "correct = ddpkit.reduce(correct)" in done.text
     mean = "op='mean'" if "batch_idx + 1" in source else ""
     assert f"train_loss = ddpkit.reduce(train_loss{', ' + mean if mean else ''})" in done.text, done.text
-    one = run_cmd([sys.executable, "-c", source], timeout=60)
-    script = tmp_path / "metrics.py"
-    script.write_text(done.text)
-    two = launch(script, nproc=2, timeout=120)
-    assert two.returncode == 0, two.stderr[-2000:]
-    assert two.stdout.split() == one.stdout.split(), (one.stdout, two.stdout)
+    prints_as_one_process(tmp_path, source, done.text)
 
 
 PICKED = '''import argparse
@@ -147,12 +153,7 @@ def test_review_a_count_alone_a_running_total_a_mixed_divisor_and_two_loops_into
     for name in ("total", "train_loss", "correct"):
         assert done.text.count(f"{name} = ddpkit.reduce({name})") == 1, done.text
     assert done.text.index("correct = ddpkit.reduce") > done.text.rindex("optimizer.step()"), done.text
-    one = run_cmd([sys.executable, "-c", two], timeout=60)
-    script = tmp_path / "two.py"
-    script.write_text(done.text)
-    launched = launch(script, nproc=2, timeout=120)
-    assert launched.returncode == 0, launched.stderr[-2000:]
-    assert launched.stdout.split() == one.stdout.split(), (one.stdout, launched.stdout)
+    prints_as_one_process(tmp_path, two, done.text)
 
 
 def test_review_an_elif_chain_in_a_loop_is_no_binding_on_every_path():
