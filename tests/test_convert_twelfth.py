@@ -166,3 +166,94 @@ def test_review_an_elif_chain_in_a_loop_is_no_binding_on_every_path():
     done = plan(looped)
     assert "    model = ddpkit.prepare_model(model)\n" not in done.text, done.text
     assert any("one branch of an if" in left.what for left in done.left), done.left
+
+
+BAR = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+from tqdm import tqdm
+
+batch_size = 4
+train_dataset = TensorDataset(torch.randn(16, 3), torch.randn(16, 1))
+model = torch.nn.Linear(3, 1)
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+train_dataloader = DataLoader(train_dataset, batch_size=batch_size, shuffle=True)
+for epoch in range(2):
+    with tqdm(total=(len(train_dataset) - len(train_dataset) % batch_size)) as t:
+        for x, y in train_dataloader:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            t.update(len(x))
+'''
+
+
+def test_a_progress_bars_total_and_a_loader_built_per_split_do_not_size_the_batch():
+    """ESPCN's ``with tqdm(total=(len(ds) - len(ds) % args.batch_size)) as t:`` around its training loop, and
+    Sentence-VAE's loader built in its loop over the splits (``DataLoader(datasets[split], batch_size=...)``):
+    each read of the batch size was taken for the loop sizing tensors by it, and the batch was kept per process
+    (the global batch doubled at 2 processes). What a bar counts to, and the loader's own argument, size nothing."""
+    assert "global_batch_size=batch_size" in plan(BAR).text, plan(BAR).left
+    split = BAR.replace("train_dataloader = DataLoader(train_dataset, batch_size=batch_size, shuffle=True)\n"
+                        "for epoch in range(2):\n", "for epoch in range(2):\n    train_dataloader = DataLoader("
+                        "train_dataset, batch_size=batch_size, shuffle=True)\n")
+    assert "global_batch_size=batch_size" in plan(split).text, plan(split).left
+    sized = BAR.replace("            t.update(len(x))\n", "            t.update(len(x))\n"
+                        "            noise = torch.randn(batch_size, 3)\n")
+    assert any("kept per process" in left.what for left in plan(sized).left)  # a tensor sized by it: as before
+
+
+def test_a_state_an_init_method_returns_is_no_initialisation_of_the_model():
+    """RNN-Time-series-Anomaly-Detection's ``hidden = model.init_hidden(bsz)`` (a zero state made from the
+    weights' type) in functions below the build was listed six times as "initialised here, after prepare_model".
+    A model's own init method counts only as a statement of its own (``model.init_weights()``)."""
+    source = ('import torch\nfrom torch import nn\nmodel = Net()\nopt = torch.optim.Adam(model.parameters())\n'
+              'def run(x):\n    hidden = model.init_hidden(x.size(0))\n    return model(x, hidden)\n')
+    assert not [left for left in plan(source).left if "initialised" in left.what], plan(source).left
+    own = source.replace("model = Net()\n", "model = Net()\nmodel.init_weights()\n")
+    assert "model.init_weights()\nmodel = ddpkit.prepare_model(model)\n" in plan(own).text, plan(own).text
+
+
+CALLED_UNDER_NO_GRAD = '''import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+
+
+def mnist(train=True):
+    n = 64 if train else 40
+    return TensorDataset(torch.randn(n, 4), torch.arange(n) % 2)
+
+
+train_loader = DataLoader(mnist(train=True), batch_size=16, shuffle=True)
+test_loader = DataLoader(mnist(train=False), batch_size=8)
+model = nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.0)
+
+
+def accuracy(model, dataset_loader):
+    total_correct = 0
+    for x, y in dataset_loader:
+        total_correct += (model(x).detach().argmax(1) == y).sum().item()
+    return total_correct / len(dataset_loader.dataset)
+
+
+for epoch in range(2):
+    for x, y in train_loader:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    with torch.no_grad():
+        acc = accuracy(model, test_loader)
+    print("test acc %.4f" % acc)
+'''
+
+
+def test_a_loop_whose_function_runs_under_no_grad_at_every_call_evaluates(tmp_path):
+    """torchdiffeq's odenet example: ``accuracy(model, loader)`` has no no_grad of its own; every call is in a
+    ``with torch.no_grad():``. Its loader was refused ("role cannot be told"); it evaluates, summed across ranks."""
+    done = plan(CALLED_UNDER_NO_GRAD)
+    assert "test_loader = ddpkit.data_loader(" in done.text and "train=False)" in done.text, done.left
+    assert "total_correct = ddpkit.reduce(total_correct)" in done.text, done.text
+    prints_as_one_process(tmp_path, CALLED_UNDER_NO_GRAD, done.text)

@@ -66,7 +66,7 @@ def global_batch(work: _Work, call: Call, loops: list[Loop]
                   f"2 or more processes: the global batch is {size} x the number of processes")
         return None, frozenset()
     names = _names(work, call, given.value)
-    read = _read_in_training(work, names, loops)
+    read = _read_in_training(work, names, loops, call)
     if read is not None:
         work.leave(call.line, f"batch_size={size} kept per process (a global batch of {size} x N): the training "
                    f"loop reads {read[0]} at line {read[1]}, sized for a batch of {size}, and each process would "
@@ -207,9 +207,10 @@ def _names(work: _Work, call: Call, size: cst.BaseExpression) -> set[str]:
     return names
 
 
-def _read_in_training(work: _Work, names: set[str], loops: list[Loop]) -> tuple[str, int] | None:
+def _read_in_training(work: _Work, names: set[str], loops: list[Loop], call: Call) -> tuple[str, int] | None:
     """A read of the batch size's names (``batch_size``, ``args.batch_size``, ``bsz``) in a training loop's body or
-    the loops around it, outside a print: what the loop sizes from it."""
+    the loops around it, outside a print, a progress bar's total and the loader's own call (``call``, built in
+    the loop over the splits): what the loop sizes from it."""
     if not names:
         return None
     inside: set[int] = set()
@@ -219,7 +220,7 @@ def _read_in_training(work: _Work, names: set[str], loops: list[Loop]) -> tuple[
             # what follows the training loop there shows or evaluates (an image grid of sqrt(B) rows)
             inside |= {i for stmt in around.node.body.body if _starts(work, stmt) <= loop.line
                        for i in node_ids(stmt)}
-    quiet = _quiet(work, loops)
+    quiet = _quiet(work, loops) | node_ids(call.node)
     for name, _scope, line, node in work.facts.reads:
         if name in names and id(node) in inside and id(node) not in quiet:
             return name, line
@@ -227,8 +228,11 @@ def _read_in_training(work: _Work, names: set[str], loops: list[Loop]) -> tuple[
 
 
 def _quiet(work: _Work, loops: list[Loop]) -> set[int]:
-    """The nodes that only show a value: a print's or a logger's arguments, an f-string, ``"%d" % ...``."""
+    """The nodes that only show a value: a print's or a logger's arguments, an f-string, ``"%d" % ...``, a progress
+    bar's ``total=`` (``tqdm(total=len(ds) - len(ds) % batch_size)``: what the bar counts to)."""
     quiet = {i for c in work.facts.calls if c.name in QUIET or c.last in SHOWS for i in node_ids(c.node)}
+    quiet |= {i for c in work.facts.calls if c.last in ("tqdm", "trange") for a in c.node.args
+              if a.keyword is not None and a.keyword.value in ("total", "desc", "postfix") for i in node_ids(a.value)}
     return quiet | {i for loop in loops for n in m.findall(loop.node, m.FormattedString() | m.BinaryOperation(
         operator=m.Modulo(), left=m.SimpleString())) for i in node_ids(n)}
 

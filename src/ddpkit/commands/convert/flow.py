@@ -315,10 +315,12 @@ def scope_trains(facts: Facts, scope: Scope, depth: int = 0) -> bool:
 
 def evaluates(facts: Facts, loop: Loop) -> bool:
     """A loop with positive signs of evaluation: no backward pass, and under ``no_grad`` / ``inference_mode``
-    or after ``model.eval()`` in the same function."""
+    (its own, or at every call of its function: torchdiffeq's ``with torch.no_grad(): acc =
+    accuracy(model, test_loader)``) or after ``model.eval()`` in the same function."""
     if trains(facts, loop):
         return False
-    if loop.no_grad:
+    sites = callers(facts, loop.scope) if loop.scope.name else []
+    if loop.no_grad or sites and all(c.no_grad for c in sites):
         return True
     return any(c.scope is loop.scope and c.last == "eval" and not c.node.args and c.line <= loop.line
                for c in facts.calls)

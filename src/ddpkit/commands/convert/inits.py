@@ -153,12 +153,18 @@ def _init(call: Call, target: str, loading: bool, facts: Any = None, depth: int 
     if call.last.endswith("_") and not call.last.startswith("_") and _refers(base, target):
         return loading or call.last in RANDOM
     if (call.last in INIT_METHODS or call.last.startswith(INIT_PREFIXES)) and _refers(base, target):
-        return True
+        return _bare(call)  # (``hidden = model.init_hidden(bsz)``: a state it makes, no weight it sets)
     first = call.node.args[0].value if call.node.args else None
     fixed = call.last in ("zeros_", "ones_", "constant_", "eye_", "dirac_")  # the same on every rank
     if (call.name or "").startswith("torch.nn.init."):
         return _refers(first, target) and dotted(first) != target and (loading or not fixed)
     return facts is not None and depth < 2 and _helper(call, target, loading, facts, depth)
+
+
+def _bare(call: Call) -> bool:
+    """The call is a statement of its own, its value unused (``model.init_weights()``)."""
+    return isinstance(call.stmt, cst.SimpleStatementLine) and \
+        any(isinstance(small, cst.Expr) and small.value is call.node for small in call.stmt.body)
 
 
 def _helper(call: Call, target: str, loading: bool, facts: Any, depth: int) -> bool:
