@@ -257,3 +257,74 @@ def test_a_loop_whose_function_runs_under_no_grad_at_every_call_evaluates(tmp_pa
     assert "test_loader = ddpkit.data_loader(" in done.text and "train=False)" in done.text, done.left
     assert "total_correct = ddpkit.reduce(total_correct)" in done.text, done.text
     prints_as_one_process(tmp_path, CALLED_UNDER_NO_GRAD, done.text)
+
+
+HISTORY = """import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+g = torch.Generator().manual_seed(0)
+train_dl = DataLoader(TensorDataset(torch.randn(64, 4, generator=g), torch.randint(0, 2, (64,), generator=g)), 8,
+                      shuffle=True)
+valid_dl = DataLoader(TensorDataset(torch.randn(36, 4, generator=g), torch.randint(0, 2, (36,), generator=g)), 8)
+torch.manual_seed(0)
+model = nn.Linear(4, 2)
+loss_fn = nn.CrossEntropyLoss()
+optimizer = torch.optim.Adam(model.parameters(), lr=0.0)
+
+
+def train(model, num_epochs, train_dl, valid_dl):
+    loss_hist_train = [0] * num_epochs
+    accuracy_hist_train = [0] * num_epochs
+    loss_hist_valid = [0] * num_epochs
+    accuracy_hist_valid = [0] * num_epochs
+    for epoch in range(num_epochs):
+        model.train()
+        for x_batch, y_batch in train_dl:
+            pred = model(x_batch)
+            loss = loss_fn(pred, y_batch)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            loss_hist_train[epoch] += loss.item() * y_batch.size(0)
+            is_correct = (torch.argmax(pred, dim=1) == y_batch).float()
+            accuracy_hist_train[epoch] += is_correct.sum().item()
+        loss_hist_train[epoch] /= len(train_dl.dataset)
+        accuracy_hist_train[epoch] /= len(train_dl.dataset)
+        model.eval()
+        with torch.no_grad():
+            for x_batch, y_batch in valid_dl:
+                pred = model(x_batch)
+                loss = loss_fn(pred, y_batch)
+                loss_hist_valid[epoch] += loss.item() * y_batch.size(0)
+                is_correct = (torch.argmax(pred, dim=1) == y_batch).float()
+                accuracy_hist_valid[epoch] += is_correct.sum().item()
+        loss_hist_valid[epoch] /= len(valid_dl.dataset)
+        accuracy_hist_valid[epoch] /= len(valid_dl.dataset)
+        print(f'Epoch {epoch+1} accuracy: {accuracy_hist_train[epoch]:.4f} val_accuracy: '
+              f'{accuracy_hist_valid[epoch]:.4f} loss {loss_hist_train[epoch]:.4f} {loss_hist_valid[epoch]:.4f}')
+    return loss_hist_train, loss_hist_valid, accuracy_hist_train, accuracy_hist_valid
+
+
+hist = train(model, 2, train_dl, valid_dl)
+"""
+
+
+def test_sums_kept_in_a_history_list_and_divided_in_place_are_every_ranks(tmp_path):
+    """rasbt's lessons: ``loss_hist_train[epoch] += loss.item() * y.size(0)`` then ``loss_hist_train[epoch] /=
+    len(train_dl.dataset)`` (and the validation's alike), or a plain ``acc /= len(train_dl.dataset)``. Only plain
+    names were sums, and ``/=`` divided nothing: the training accuracy printed was rank 0's half (0.5 for 1.0),
+    and the validation loader was left whole on every rank. Both are reduced now, after each epoch's loop."""
+    done = plan(HISTORY)
+    for name in ("loss_hist_train", "accuracy_hist_train", "loss_hist_valid", "accuracy_hist_valid"):
+        assert f"{name}[epoch] = ddpkit.reduce({name}[epoch])" in done.text, done.text
+    assert "train=False)" in done.text and not done.left, done.left
+    prints_as_one_process(tmp_path, HISTORY, done.text)
+    assert plan(done.text).text == done.text  # its own output converts to itself
+    in_place = CALLED_UNDER_NO_GRAD.replace("    return total_correct / len(dataset_loader.dataset)",
+                                            "    total_correct /= len(dataset_loader.dataset)\n"
+                                            "    return total_correct")
+    assert "total_correct = ddpkit.reduce(total_correct)" in plan(in_place).text
+    trained = TRAIN_METRICS.replace("    return train_loss / total, 100. * correct / total",
+                                    "    correct /= len(trainloader.dataset)\n    return 0.0, correct")
+    assert "correct = ddpkit.reduce(correct)" in plan(trained).text, plan(trained).text

@@ -21,7 +21,7 @@ import libcst as cst
 
 from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.scan import Call, Loop, dotted
-from ddpkit.commands.convert.sums import batch_mean, batch_wide, collection, sums_after
+from ddpkit.commands.convert.sums import batch_mean, batch_wide, collection, indexed, sums_after
 
 _Work = Any  # the plan in the making (plan._Work)
 
@@ -44,7 +44,8 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
     evaluations = [loop for loop in fors if not (training and flow.trains(work.facts, loop))]
     for loop in fors:
         summed_as_training = loop not in evaluations  # a training loader's evaluation (check_accuracy) sums
-        stored = loop.stored[0] if loop.stored and not summed_as_training else None
+        items = indexed(loop)  # ``hist[epoch] += ...``: a sum, one item per epoch, not rows kept
+        stored = next((s for s in loop.stored if s[0] not in items), None) if not summed_as_training else None
         if stored is None and not summed_as_training:  # ``results += [(id, p) ...]``: rows kept in a list
             stored = next(((n, line) for n, line in loop.augmented if collection(work.facts, loop, n)), None)
         needs = next((c.last for c in loop.calls if c.last in NEEDS_GRAD and not _grad_off(c)), None)

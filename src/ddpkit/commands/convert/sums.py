@@ -108,7 +108,7 @@ def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str
     (evaluating) the loop may stop before its shard ends (``if i >= eval_iters: break``)."""
     if loop.breaks and not training:
         return None
-    candidates = [n for n, _ in loop.augmented if "." not in n]
+    candidates = [n for n, _ in loop.augmented if "." not in n] + indexed(loop)
     if not training:
         candidates += [n for n in loop.counted if "." not in n] + [
             b.target for b in facts.bindings if b.scope is loop.scope and isinstance(b.value, cst.Call)
@@ -117,13 +117,13 @@ def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str
     samples = sample_counts(loop) if training else set()
     loaders = set(loop.iter_names)
     for name in dict.fromkeys(candidates):
-        if collection(facts, loop, name):  # ``results += [(id, p) ...]``: rows kept, no sum
+        if "[" not in name and collection(facts, loop, name):  # ``results += [(id, p) ...]``: rows kept, no sum
             if training:
                 continue
             return None
-        anchor = _anchor(facts, loop, name)
+        anchor = loop if "[" in name else _anchor(facts, loop, name)  # (``hist[epoch]``: a new one each pass)
         readers: list[Any] = [s for s, sc, line in facts.statements if sc is loop.scope and line > anchor.end
-                              and name in names_in(s)]
+                              and name in _reads(s)]
         if not readers and any(n == name and sc is loop.scope and line > anchor.end for n, sc, line, _ in facts.reads):
             readers = [None]  # read in an if / while test below
         if not readers and not training and any(n == name and sc is loop.scope and line > loop.end
@@ -168,10 +168,9 @@ def _paired(facts: Facts, loop: Loop, reduced: set[str], samples: set[str]) -> s
     over: dict[str, set[str]] = {n: set() for n in samples}  # a count -> the names divided by it
     for stmt, scope, line in facts.statements:
         if scope is loop.scope and line > loop.end:
-            for d in m.findall(stmt, m.BinaryOperation(operator=m.Divide() | m.FloorDivide())):
-                assert isinstance(d, cst.BinaryOperation)
-                for n in names_in(d.right) & samples:
-                    over[n] |= names_in(d.left) & sums
+            for left, right in _divisions(stmt):
+                for n in names_in(right) & samples:
+                    over[n] |= left & sums
     kept = set(reduced)
     while True:
         dropped = {n for n in kept & samples if not over[n] & kept or over[n] - kept}
@@ -189,8 +188,8 @@ def _training_sum(facts: Facts, loop: Loop, anchor: Loop, name: str, readers: li
     and None (rank 0's, as printed) otherwise: divided by anything else (``(i + 1) * batch_size``), started
     outside this function (a running total kept across calls: reduced again at each), or added to again by a
     later loop (reduced after that one)."""
-    started = any(b.target == name and b.scope is loop.scope and b.value is not None and b.line < loop.line
-                  for b in facts.bindings)
+    started = any(b.target == name.split("[")[0] and b.scope is loop.scope and b.value is not None and
+                  b.line < loop.line for b in facts.bindings)
     later = {n for other in facts.loops if other.scope is loop.scope and other.line > anchor.end
              for n, _ in other.augmented}  # (a count a later loop adds to is not complete here either)
     if not started or name in later:
@@ -203,14 +202,46 @@ def _training_sum(facts: Facts, loop: Loop, anchor: Loop, name: str, readers: li
     return "sum" if name in samples or any(whole(d) or names_in(d) & (samples - later) for d in divisors) else None
 
 
+def _divisions(stmt: Any) -> list[tuple[set[str], Any]]:
+    """Each division in ``stmt``: the names its left side reads, and its right side (``100. * correct / total``:
+    ``({'correct'}, total)``; ``acc /= len(ds)``: ``({'acc'}, len(ds))``)."""
+    smalls = stmt.body if isinstance(stmt, cst.SimpleStatementLine) else [stmt]
+    return [(_reads(small.target), small.value) for small in smalls if isinstance(small, cst.AugAssign)
+            and isinstance(small.operator, (cst.DivideAssign, cst.FloorDivideAssign))] + \
+        [(_reads(d.left), d.right) for d in m.findall(stmt, m.BinaryOperation(operator=m.Divide() | m.FloorDivide()))
+         if isinstance(d, cst.BinaryOperation)]
+
+
+def _reads(node: Any) -> set[str]:
+    """The names ``node`` reads, and the ``name[index]`` items (:func:`indexed`) as their code."""
+    items = {_CODE.code_for_node(s) for s in m.findall(node, m.Subscript(value=m.Name()))
+             if isinstance(s, cst.Subscript) and len(s.slice) == 1 and isinstance(s.slice[0].slice, cst.Index)}
+    return names_in(node) | items
+
+
+_CODE = cst.Module(body=[])
+
+
+def indexed(loop: Loop) -> list[str]:
+    """The items a training loop adds to, indexed by an outer loop's variable: ``hist[epoch] += loss.item() *
+    y.size(0)`` (a history list, one item per epoch: rasbt's lessons). A new item each pass of that loop, so it
+    is complete, and reduced, after this one.
+
+    >>> from ddpkit.commands.convert.scan import parse, scan
+    >>> f = scan(parse("for epoch in range(2):\\n    for x in ld:\\n        h[epoch] += x\\n        g['k'] += x\\n"))
+    >>> indexed(f.loops[1])
+    ['h[epoch]']
+    """
+    outer = {t for around in loop.outer for t in around.targets}
+    return [_CODE.code_for_node(a.target) for a in m.findall(loop.node.body, m.AugAssign(operator=m.AddAssign()))
+            if isinstance(a, cst.AugAssign) and isinstance(a.target, cst.Subscript) and
+            isinstance(a.target.value, cst.Name) and len(a.target.slice) == 1 and
+            isinstance(a.target.slice[0].slice, cst.Index) and dotted(a.target.slice[0].slice.value) in outer]
+
+
 def _divisors(stmt: Any, name: str) -> list[Any]:
-    """What divides ``name`` in ``stmt``: the right side of each division whose left side reads it
-    (``100. * correct / total``: ``total``), or of ``name /= ...``."""
-    if isinstance(stmt, cst.AugAssign) and dotted(stmt.target) == name and \
-            isinstance(stmt.operator, (cst.DivideAssign, cst.FloorDivideAssign)):
-        return [stmt.value]
-    return [d.right for d in m.findall(stmt, m.BinaryOperation(operator=m.Divide() | m.FloorDivide()))
-            if isinstance(d, cst.BinaryOperation) and name in names_in(d.left)]
+    """What divides ``name`` in ``stmt``: the right side of each division whose left side reads it."""
+    return [right for left, right in _divisions(stmt) if name in left]
 
 
 def sample_counts(loop: Loop) -> set[str]:
@@ -253,7 +284,7 @@ def collection(facts: Facts, loop: Loop, name: str) -> bool:
 def _reduced(facts: Facts, loop: Loop, anchor: Loop, name: str) -> bool:
     """Converted already: a ``ddpkit.reduce`` / ``gather`` of ``name`` below the loop."""
     return any(c.scope is loop.scope and c.line > anchor.end and c.name in ("ddpkit.reduce", "ddpkit.gather")
-               and name in names_in(c.node) for c in facts.calls)
+               and name in _reads(c.node) for c in facts.calls)
 
 
 def batch_wide(facts: Facts, loop: Loop) -> tuple[str, int] | None:
@@ -282,8 +313,9 @@ def batch_mean(facts: Facts, loop: Loop, name: str) -> bool:
     ``loss.detach()``): a mean over each batch, of the name a backward is called on, not scaled by the batch."""
     losses = {dotted(c.node.func.value) for c in loop.calls if c.last == "backward" and
               isinstance(c.node.func, cst.Attribute)} - {None}
-    for node in m.findall(loop.node, m.AugAssign(target=m.Name(name), operator=m.AddAssign())):
-        assert isinstance(node, cst.AugAssign)
+    adds = [node for node in m.findall(loop.node, m.AugAssign(operator=m.AddAssign()))
+            if isinstance(node, cst.AugAssign) and _CODE.code_for_node(node.target) == name]
+    for node in adds:
         value = node.value
         while isinstance(value, cst.Call) and (isinstance(value.func, cst.Attribute) and not value.args and
                                                value.func.attr.value in ("item", "detach", "cpu") or
@@ -291,7 +323,7 @@ def batch_mean(facts: Facts, loop: Loop, name: str) -> bool:
             value = value.func.value if isinstance(value.func, cst.Attribute) else value.args[0].value
         if dotted(value) not in losses:
             return False
-    return bool(losses) and all(_mean_criterion(facts, loop, name) for name in losses if name)
+    return bool(losses and adds) and all(_mean_criterion(facts, loop, name) for name in losses if name)
 
 
 def _mean_criterion(facts: Facts, loop: Loop, loss: str) -> bool:
