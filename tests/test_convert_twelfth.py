@@ -328,3 +328,23 @@ def test_sums_kept_in_a_history_list_and_divided_in_place_are_every_ranks(tmp_pa
     trained = TRAIN_METRICS.replace("    return train_loss / total, 100. * correct / total",
                                     "    correct /= len(trainloader.dataset)\n    return 0.0, correct")
     assert "correct = ddpkit.reduce(correct)" in plan(trained).text, plan(trained).text
+
+
+def test_a_checkpoint_dict_choosing_the_model_by_a_flag_saves_the_plain_module_on_each_side():
+    """GCommandsPytorch: ``state = {'net': model.module if args.cuda else model}``. The ``.module`` side was
+    unwrapped, the other pickled the DDP wrapper (on CPU: a file that loads only where a process group runs)."""
+    source = ("import torch\nmodel = torch.nn.Linear(4, 2)\nopt = torch.optim.Adam(model.parameters())\n"
+              "cuda = False\nif cuda:\n    model = torch.nn.DataParallel(model)\n"
+              "state = {'net': model.module if cuda else model, 'epoch': 1}\ntorch.save(state, 'ckpt.t7')\n")
+    text = plan(source).text
+    assert "state = {'net': ddpkit.unwrap(model) if cuda else ddpkit.unwrap(model), 'epoch': 1}" in text, text
+
+
+def test_a_builtin_is_no_name_of_the_one_star_imported_module():
+    """pytorch-cifar-models: ``from models import *`` and ``for i, (x, y) in enumerate(train_loader)``: any name
+    read and never bound was taken for one of models', ``enumerate`` included, and listed as another module's
+    function fed by hand (exit 1)."""
+    from ddpkit.commands.convert.scan import imported_from, parse, scan
+
+    facts = scan(parse("from models import *\nfor i, x in enumerate(loader):\n    pass\n"))
+    assert imported_from(facts, "enumerate") is None and imported_from(facts, "loader") == ("models", "loader")

@@ -368,12 +368,16 @@ def _whole_model(work: _Work, call: Any) -> None:
     found = binding_of(work.facts, name, call.scope, call.line) if name else None
     held = arg if isinstance(arg, cst.Dict) else found.value if found is not None else None
     if isinstance(held, cst.Dict):  # ``{"epoch": e, "model": model}``: the model inside, unwrapped (vdsr)
-        for element in held.elements:
-            if isinstance(element, cst.DictElement) and _prepared(work, element.value, call):
-                inner = dotted(element.value)
-                work.edits.expr[id(element.value)] = lambda node, n=inner: cst.parse_expression(f"ddpkit.unwrap({n})")
-                work.note(f"{{..., {inner}}} -> {{..., ddpkit.unwrap({inner})}}", "the plain module is saved in the "
-                          "dict: a pickled wrapper loads only where a process group runs", call.line)
+        for element in held.elements:  # (``'net': model.module if args.cuda else model``: each side)
+            values = [element.value.body, element.value.orelse] if isinstance(element, cst.DictElement) and \
+                isinstance(element.value, cst.IfExp) else [element.value] if isinstance(element, cst.DictElement) \
+                else []
+            for value in values:
+                if _prepared(work, value, call):
+                    inner = dotted(value)
+                    work.edits.expr[id(value)] = lambda node, n=inner: cst.parse_expression(f"ddpkit.unwrap({n})")
+                    work.note(f"{{..., {inner}}} -> {{..., ddpkit.unwrap({inner})}}", "the plain module is saved in "
+                              "the dict: a pickled wrapper loads only where a process group runs", call.line)
         return
     if found is None or not _prepared(work, arg, call):
         return

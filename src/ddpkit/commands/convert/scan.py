@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 from collections.abc import Iterator
 from typing import Any
@@ -213,8 +214,8 @@ def imported_from(facts: Facts, name: str) -> tuple[str, str] | None:
             return None if _library(facts, module) else (module, parts[k])
     full = facts.aliases.get(parts[0])
     starred = [m for k, m in facts.modules.items() if k.startswith("* ")]
-    if full is None and len(starred) == 1:  # ``from params import *``: a name read and never bound here is its
-        return starred[0], parts[0]
+    if full is None and len(starred) == 1 and not hasattr(builtins, parts[0]):
+        return starred[0], parts[0]  # ``from params import *``: a name read and never bound here is its (not len)
     if full is None or "." not in full or parts[0] in facts.modules:
         return None
     module, remote = full.rsplit(".", 1)
