@@ -348,3 +348,38 @@ def test_a_builtin_is_no_name_of_the_one_star_imported_module():
 
     facts = scan(parse("from models import *\nfor i, x in enumerate(loader):\n    pass\n"))
     assert imported_from(facts, "enumerate") is None and imported_from(facts, "loader") == ("models", "loader")
+
+
+def test_a_batch_drawn_by_hand_each_epoch_and_a_state_sized_by_the_batch_keeps_it_per_process():
+    """rasbt's character RNN: ``seq, target = next(iter(dl))`` in the epoch loop, and ``model.init_hidden(
+    batch_size)`` beside it. No loop over the loader was found, so nothing read the batch size: the global batch
+    was kept and the hidden state (8 rows) met a batch of 4 at 2 processes. Listed and kept per process."""
+    source = ("import torch\nfrom torch.utils.data import DataLoader\nbatch_size = 8\n"
+              "dl = DataLoader(ds, batch_size=batch_size, shuffle=True, drop_last=True)\nmodel = Net()\n"
+              "opt = torch.optim.Adam(model.parameters())\nfor epoch in range(3):\n"
+              "    hidden = model.init_hidden(batch_size)\n    x, y = next(iter(dl))\n"
+              "    loss = model(x, hidden)\n    opt.zero_grad()\n    loss.backward()\n    opt.step()\n")
+    done = plan(source)
+    assert "global_batch_size" not in done.text
+    assert any("kept per process" in left.what and "line 8" in left.what for left in done.left), done.left
+
+
+def test_a_target_sized_by_a_config_items_batch_before_the_loop_keeps_it_per_process():
+    """pytorch-GANs' DCGAN: ``real_gt = torch.ones((config['batch_size'], 1))`` above the epoch loop, the BCE
+    target each step; the loader's ``batch_size=config['batch_size']``. Neither an item nor a tensor made before
+    the loops was read as sizing by the batch: the global batch was kept and BCE met 4 targets for 2 outputs."""
+    source = ("import torch\nfrom torch.utils.data import DataLoader\nconfig = {'batch_size': 4}\n"
+              "loader = DataLoader(ds, batch_size=config['batch_size'], shuffle=True)\nmodel = Net()\n"
+              "opt = torch.optim.Adam(model.parameters())\nreal_gt = torch.ones((config['batch_size'], 1))\n"
+              "for epoch in range(2):\n    for (x,) in loader:\n        loss = bce(model(x), real_gt)\n"
+              "        opt.zero_grad()\n        loss.backward()\n        opt.step()\n")
+    done = plan(source)
+    assert "global_batch_size" not in done.text
+    assert any("reads real_gt at line 7" in left.what for left in done.left), done.left
+    inside = source.replace("real_gt = torch.ones((config['batch_size'], 1))\n", "").replace(
+        "bce(model(x), real_gt)", "bce(model(x), torch.ones(config['batch_size'], 1))")
+    assert any("reads config['batch_size'] at line 9" in left.what for left in plan(inside).left), plan(inside).left
+    printed = source.replace("real_gt = torch.ones((config['batch_size'], 1))\n", "").replace(
+        "bce(model(x), real_gt)", "bce(model(x), x)").replace("        opt.step()\n", "        opt.step()\n"
+                                                              "        print(config['batch_size'])\n")
+    assert "global_batch_size=config['batch_size']" in plan(printed).text, plan(printed).left

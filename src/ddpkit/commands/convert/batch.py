@@ -65,7 +65,7 @@ def global_batch(work: _Work, call: Call, loops: list[Loop]
         work.keep(call.line, f"batch_size={size} kept per process", f"a global batch of {size} cannot be shared by "
                   f"2 or more processes: the global batch is {size} x the number of processes")
         return None, frozenset()
-    names = _names(work, call, given.value)
+    names = _names(work, call, given.value) | ({code(given.value)} if isinstance(given.value, cst.Subscript) else set())
     read = _read_in_training(work, names, loops, call)
     if read is not None:
         work.leave(call.line, f"batch_size={size} kept per process (a global batch of {size} x N): the training "
@@ -224,7 +224,33 @@ def _read_in_training(work: _Work, names: set[str], loops: list[Loop], call: Cal
     for name, _scope, line, node in work.facts.reads:
         if name in names and id(node) in inside and id(node) not in quiet:
             return name, line
+    for stmt, _scope, line in work.facts.statements:  # ``torch.ones(config['batch_size'], 1)`` in the loop
+        if id(stmt) in inside and not node_ids(stmt) <= quiet and _items(work, stmt) & names and \
+                any(id(s) not in quiet and work.facts.code(s) in names for s in m.findall(stmt, m.Subscript())):
+            return next(iter(_items(work, stmt) & names)), line
+    return _made_before(work, names, loops, inside, quiet)
+
+
+def _made_before(work: _Work, names: set[str], loops: list[Loop], inside: set[int],
+                 quiet: set[int]) -> tuple[str, int] | None:
+    """A tensor sized by the batch before the loops and read in them (pytorch-GANs' ``real_gt = torch.ones(
+    (config['batch_size'], 1))`` above the epoch loop, its BCE target each step): ``(the target, its line)``.
+    ``names`` holds the batch size's code too when it is an item (``config['batch_size']``)."""
+    scopes = {id(loop.scope) for loop in loops}
+    first = min((loop.line for loop in loops), default=0)
+    read_inside = {name for name, _scope, _line, node in work.facts.reads if id(node) in inside}
+    for b in work.facts.bindings:
+        if id(b.scope) in scopes and b.line < first and b.value is not None and b.target in read_inside and \
+                not node_ids(b.value) & quiet and isinstance(b.value, cst.Call) and \
+                (names_in(b.value) | _items(work, b.value)) & names:
+            return b.target, b.line
     return None
+
+
+def _items(work: _Work, node: cst.CSTNode) -> set[str]:
+    """The code of each ``name['key']`` item in ``node``."""
+    return {work.facts.code(s) for s in m.findall(node, m.Subscript(value=m.Name() | m.Attribute()))
+            if isinstance(s, cst.Subscript)}
 
 
 def _quiet(work: _Work, loops: list[Loop]) -> set[int]:

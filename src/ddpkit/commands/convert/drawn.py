@@ -65,3 +65,15 @@ def _assigned(call: Call) -> bool:
     """``call`` is the whole value of an assignment statement."""
     first = call.stmt.body[0] if call.stmt is not None else None
     return isinstance(first, cst.Assign) and first.value is call.node
+
+
+def drawing_loops(work: _Work, binding: Any) -> list[Any]:
+    """The loops that draw a batch from the loader by hand each pass (``seq, target = next(iter(dl))`` in the
+    epoch loop: rasbt's character RNN): the innermost loop around each ``iter(name)``. What they size from the
+    batch size is read as a training loop's is (:mod:`ddpkit.commands.convert.batch`)."""
+    if binding is None:
+        return []
+    found = [c.loops[-1] for c in work.facts.calls if c.last == "iter" and c.loops and len(c.node.args) == 1 and
+             dotted(c.node.args[0].value) == binding.target and c.scope is binding.scope]
+    return list({id(loop): loop for loop in found}.values())
+

@@ -318,7 +318,8 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
                    "ddpkit.data_loader(..., train=False) to evaluate (one loader per role)", blocks=True)
         return False
     # the batch first: a training sum over ``len(loader) * batch_size`` is every sample's only with the global batch
-    rename, batches = batch.global_batch(work, call, loops) if role == "train" else (None, frozenset[str]())
+    rename, batches = batch.global_batch(work, call, loops or drawn.drawing_loops(work, binding)) \
+        if role == "train" else (None, frozenset[str]())
     if not reductions(work, loops, call, role == "train", batches):
         return False
     how = "training: each rank takes its own shard, reshuffled every epoch" if role == "train" else \
