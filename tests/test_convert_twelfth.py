@@ -383,3 +383,56 @@ def test_a_target_sized_by_a_config_items_batch_before_the_loop_keeps_it_per_pro
         "bce(model(x), real_gt)", "bce(model(x), x)").replace("        opt.step()\n", "        opt.step()\n"
                                                               "        print(config['batch_size'])\n")
     assert "global_batch_size=config['batch_size']" in plan(printed).text, plan(printed).left
+
+
+SPLITS = """import json
+import torch
+from collections import defaultdict
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+datasets = {'train': TensorDataset(torch.randn(48, 4), torch.randn(48, 1)),
+            'valid': TensorDataset(torch.ones(20, 4), torch.arange(20.).view(20, 1))}
+model = torch.nn.Linear(4, 1)
+with torch.no_grad():
+    model.weight.zero_(); model.bias.zero_()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+batch_size = 8
+for epoch in range(1):
+    for split in ['train', 'valid']:
+        data_loader = DataLoader(dataset=datasets[split], batch_size=batch_size, shuffle=split == 'train')
+        tracker = defaultdict(torch.Tensor)
+        model.train() if split == 'train' else model.eval()
+        for iteration, (x, y) in enumerate(data_loader):
+            bs = x.size(0)
+            loss = ((model(x) - y) ** 2).sum() / bs
+            if split == 'train':
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            tracker['ELBO'] = torch.cat((tracker['ELBO'], loss.data.view(1, -1)), dim=0)
+            if split == 'valid':
+                tracker['targets'] = torch.cat((tracker['targets'], y.view(-1)), dim=0)
+        print("%s Epoch %02d, Mean ELBO %9.4f" % (split.upper(), epoch, tracker['ELBO'].mean()))
+        if split == 'valid':
+            with open('dump.json', 'w') as f:
+                json.dump({'targets': tracker['targets'].tolist()}, f)
+print('valid targets dumped:', len(json.load(open('dump.json'))['targets']))
+"""
+
+
+def test_a_loader_built_in_a_loop_over_the_splits_shards_only_the_split_it_trains_on(tmp_path):
+    """Sentence-VAE: ``for split in ['train', 'valid']: data_loader = DataLoader(datasets[split], ...)``, the step
+    under ``if split == 'train':``. Converted as one training loader, the validation split was sharded too: its
+    mean ELBO and its dump were rank 0's half. The split's string decides now, as a factory's does."""
+    done = plan(SPLITS)
+    assert "if split == 'train' else DataLoader(dataset=datasets[split]" in done.text, done.text
+    one = run_cmd([sys.executable, "-c", SPLITS], timeout=60, cwd=tmp_path)
+    script = tmp_path / "splits.py"
+    script.write_text(done.text)
+    two = launch(script, nproc=2, timeout=120, cwd=tmp_path)
+    assert two.returncode == 0, two.stderr[-2000:]
+    valid = [line for line in one.stdout.splitlines() if not line.startswith("TRAIN")]
+    assert valid == [line for line in two.stdout.splitlines() if not line.startswith("TRAIN")], (one.stdout,
+                                                                                                 two.stdout)
+    assert plan(done.text).text == done.text

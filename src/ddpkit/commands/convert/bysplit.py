@@ -132,11 +132,71 @@ def split(work: _Work, call: Call) -> Split | None:
     sites = _sites(work, call)
     kinds.update({n: kind for n, (kind, _) in sites.items()})
     decided = decide(list(kinds), kinds, params) if call.scope.name else None
-    if decided is None or rebound(work.facts, call.scope, decided[0], call.line):
+    if decided is None:
+        return _looped(work, call)
+    if rebound(work.facts, call.scope, decided[0], call.line):
         return None
     values = decided[1]
     mine = [lp for n, (kind, read) in sites.items() if kind == TRAIN for lp in read]
     return Split(decided[0], values, tuple(mine))
+
+
+def _looped(work: _Work, call: Call) -> Split | None:
+    """The loader built in a loop over the splits' strings, whose step runs for some only (Sentence-VAE: ``for
+    split in ['train', 'valid']: data_loader = DataLoader(datasets[split], ...)``, then ``if split == 'train':
+    loss.backward()``): split by that loop's variable.
+
+    >>> from ddpkit.commands.convert.plan import plan
+    >>> text = plan("import torch\\nfrom torch.utils.data import DataLoader\\nm = Net()\\n"
+    ...             "opt = torch.optim.SGD(m.parameters(), lr=1)\\nfor split in ['train', 'valid']:\\n"
+    ...             "    dl = DataLoader(ds[split], batch_size=4)\\n    for x in dl:\\n"
+    ...             "        if split == 'train':\\n            m(x).backward()\\n            opt.step()\\n").text
+    >>> next(line for line in text.splitlines() if line.startswith("    dl = ")).split(" if ")[1]
+    "split == 'train' else DataLoader(ds[split], batch_size=4)"
+    """
+    binding = next((b for b in work.facts.bindings if b.value is call.node), None)
+    over = next((lp for lp in reversed(call.loops) if len(lp.targets) == 1 and _over_strings(lp)), None)
+    if binding is None or over is None:
+        return None
+    param, splits = next(iter(over.targets)), _over_strings(over)
+    read = flow.loops_reading(work.facts, binding.target, binding.scope, since=binding)
+    steps = [c for lp in read for c in lp.calls if c.last == "backward"]
+    values: set[str] = set()
+    for c in steps:  # ``if split == 'train':`` around the step
+        for test in c.tests:
+            found = _equals(test, param)
+            values |= found & splits
+    if not steps or not values or values == splits or any(not (_tested(c, param) & values) for c in steps):
+        return None
+    return Split(param, tuple(sorted(values)), tuple(lp for lp in read if flow.trains(work.facts, lp)))
+
+
+def _over_strings(loop: Loop) -> set[Any]:
+    """The strings a ``for`` loop goes over, written as a list or tuple of them (empty: anything else)."""
+    items = getattr(loop.node, "iter", None)
+    if not isinstance(items, (cst.List, cst.Tuple)) or not items.elements:
+        return set()
+    values = [e.value.evaluated_value for e in items.elements if isinstance(e.value, cst.SimpleString)]
+    return set(values) if len(values) == len(items.elements) else set()
+
+
+def _equals(test: str, param: str) -> set[Any]:
+    """The strings ``test`` compares ``param`` to with ``==`` (``split == 'train'``)."""
+    try:
+        node = cst.parse_expression(test)
+    except cst.ParserSyntaxError:
+        return set()
+    found = set()
+    for c in m.findall(node, m.Comparison()):
+        assert isinstance(c, cst.Comparison)
+        if dotted(c.left) == param and len(c.comparisons) == 1 and isinstance(c.comparisons[0].operator, cst.Equal) \
+                and isinstance(c.comparisons[0].comparator, cst.SimpleString):
+            found.add(c.comparisons[0].comparator.evaluated_value)
+    return found
+
+
+def _tested(call: Call, param: str) -> set[Any]:
+    return {v for test in call.tests for v in _equals(test, param)}
 
 
 def _sites(work: _Work, call: Call) -> dict[str, tuple[str, list[Loop]]]:
