@@ -436,3 +436,14 @@ def test_a_loader_built_in_a_loop_over_the_splits_shards_only_the_split_it_train
     assert valid == [line for line in two.stdout.splitlines() if not line.startswith("TRAIN")], (one.stdout,
                                                                                                  two.stdout)
     assert plan(done.text).text == done.text
+
+
+def test_a_token_loss_that_sums_is_no_token_mean():
+    """Sentence-VAE: ``NLLLoss(ignore_index=pad_idx, reduction='sum')``, divided by the batch's own size, was listed
+    as a mean over the tokens it does not ignore."""
+    source = ("import torch\nmodel = Net()\nopt = torch.optim.Adam(model.parameters())\npad = vocab['<pad>']\n"
+              "NLL = torch.nn.NLLLoss(ignore_index=pad, reduction='sum')\nfor x, y in loader:\n"
+              "    loss = NLL(model(x), y) / x.size(0)\n    opt.zero_grad()\n    loss.backward()\n    opt.step()\n")
+    assert not [left for left in plan(source).left if "a mean over the tokens" in left.what]
+    mean = source.replace(", reduction='sum'", "")
+    assert [left for left in plan(mean).left if "a mean over the tokens" in left.what]

@@ -53,6 +53,9 @@ def token_mean_loss(work: _Work) -> None:
         trained = _trained(work, call)
         if call.loops and not trained:  # an evaluation's loss
             continue
+        reduction = keywords.get("reduction")
+        if isinstance(reduction, cst.SimpleString) and reduction.evaluated_value in ("sum", "none"):
+            continue  # no mean (Sentence-VAE's NLLLoss(reduction='sum'), divided by the batch's own size)
         labels: Any = None
         if call.last in TOKEN_LOSSES and (named or padded):
             labels = _target(call) if trained and not named else None
