@@ -447,3 +447,34 @@ def test_a_token_loss_that_sums_is_no_token_mean():
     assert not [left for left in plan(source).left if "a mean over the tokens" in left.what]
     mean = source.replace(", reduction='sum'", "")
     assert [left for left in plan(mean).left if "a mean over the tokens" in left.what]
+
+
+def test_second_review_history_items_batch_reads_builtins_and_init_methods():
+    """Second review: (1) one history item two training loops add to was reduced after each; (2) an item indexed
+    by a fold around the epochs (a running sum) was reduced every epoch; (3) ``preds[epoch] += out.tolist()`` was
+    taken for a sum (reduce crashed); (4) a count printed, a scheduler's, a writer's, a noise batch shown under an
+    ``if``, all made before the loops from the batch size, kept it per process; (5) a star-imported ``eval`` was
+    taken for the builtin; (6) ``n = model.init_weights()`` (its value used) was no initialisation."""
+    loops = HISTORY.replace("        loss_hist_train[epoch] /= len(train_dl.dataset)\n",
+                            "        for x_batch, y_batch in train_dl:\n"
+                            "            loss = loss_fn(model(x_batch), y_batch)\n            loss.backward()\n"
+                            "            optimizer.step()\n            loss_hist_train[epoch] += loss.item()\n"
+                            "        loss_hist_train[epoch] /= len(train_dl.dataset)\n")
+    assert plan(loops).text.count("loss_hist_train[epoch] = ddpkit.reduce(") == 1
+    folds = HISTORY.replace("    for epoch in range(num_epochs):\n", "    for epoch in range(num_epochs):\n"
+                            "      for fold in range(1):\n").replace("\n        ", "\n          ")
+    assert "loss_hist_train[epoch] = ddpkit.reduce(" not in plan(folds).text
+    listed = HISTORY.replace("loss_hist_valid[epoch] += loss.item() * y_batch.size(0)",
+                             "loss_hist_valid[epoch] += pred.argmax(1).tolist()")
+    assert "loss_hist_valid[epoch] = ddpkit.reduce(" not in plan(listed).text
+    for made in ("n_batches = int(len(train_dataset) / batch_size)\nprint(f'{n_batches}')",
+                 "sched = torch.optim.lr_scheduler.OneCycleLR(opt, 1.0, steps_per_epoch=len(train_dataset) // "
+                 "batch_size, epochs=2)", "fixed = torch.randn(batch_size, 3)"):
+        source = BAR.replace("for epoch in range(2):\n", made + "\nfor epoch in range(2):\n").replace(
+            "            t.update(len(x))\n", "            t.update(len(x))\n            if epoch == 1:\n"
+            "                print(model(fixed if 'fixed' in dir() else x).sum())\n")
+        assert "global_batch_size=batch_size" in plan(source).text, (made, plan(source).left)
+    from ddpkit.commands.convert.scan import imported_from, parse, scan
+    assert imported_from(scan(parse("from utils import *\neval(model, loader)\n")), "eval") == ("utils", "eval")
+    own = ("import torch\nmodel = Net()\nn = model.init_weights()\nopt = torch.optim.Adam(model.parameters())\n")
+    assert "n = model.init_weights()\nmodel = ddpkit.prepare_model(model)\n" in plan(own).text, plan(own).text

@@ -28,7 +28,7 @@ from ddpkit.commands.check.rules import OPTIMIZERS
 from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.flow import DEPTH, argument_for, callee
 from ddpkit.commands.convert.inits import node_ids
-from ddpkit.commands.convert.scan import Call, Loop, dotted, names_in
+from ddpkit.commands.convert.scan import Call, Loop, dotted, names_in, resolve
 
 # the plan in the making (plan._Work): facts, edits, note, leave, keep, per_process_batch
 _Work = Any
@@ -238,13 +238,20 @@ def _made_before(work: _Work, names: set[str], loops: list[Loop], inside: set[in
     ``names`` holds the batch size's code too when it is an item (``config['batch_size']``)."""
     scopes = {id(loop.scope) for loop in loops}
     first = min((loop.line for loop in loops), default=0)
-    read_inside = {name for name, _scope, _line, node in work.facts.reads if id(node) in inside}
+    # (a read under an ``if`` of the loop, ``if i % 100 == 0: fake = netG(fixed_noise)``, shows, not trains)
+    shown = quiet | {i for loop in loops for node in m.findall(loop.node.body, m.If()) for i in node_ids(node)}
+    read_inside = {name for name, _scope, _line, node in work.facts.reads if id(node) in inside - shown}
     for b in work.facts.bindings:
+        made = resolve(dotted(b.value.func), work.facts.aliases) if isinstance(b.value, cst.Call) else None
         if id(b.scope) in scopes and b.line < first and b.value is not None and b.target in read_inside and \
-                not node_ids(b.value) & quiet and isinstance(b.value, cst.Call) and \
+                (made or "").startswith("torch.") and (made or "").rsplit(".", 1)[-1] in TENSOR_MAKERS and \
                 (names_in(b.value) | _items(work, b.value)) & names:
             return b.target, b.line
     return None
+
+
+# torch's calls that make a tensor of a given size: a target or a noise batch sized by the batch size
+TENSOR_MAKERS = ("ones", "zeros", "full", "empty", "randn", "rand", "randint", "normal", "tensor")
 
 
 def _items(work: _Work, node: cst.CSTNode) -> set[str]:

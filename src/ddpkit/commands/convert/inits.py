@@ -43,6 +43,7 @@ INIT_METHODS = ("reset_parameters", "init_weights", "_init_weights", "initialize
                 "reset_weights", "init_params")  # a model's own (re-)initialisation
 # a model's own method of another module that sets weights (a sequence-labelling tutorial's
 # ``model.init_word_embeddings(embeddings)``, whose unknown words' rows are drawn at random on each rank)
+STATES = ("hidden", "state", "memory", "cache")  # what an ``init_*`` method makes rather than sets
 INIT_PREFIXES = ("init_", "_init_", "initialize_", "load_pretrained", "load_embedding", "load_weights")
 
 
@@ -152,8 +153,10 @@ def _init(call: Call, target: str, loading: bool, facts: Any = None, depth: int 
         return call.last == "apply" or loading
     if call.last.endswith("_") and not call.last.startswith("_") and _refers(base, target):
         return loading or call.last in RANDOM
-    if (call.last in INIT_METHODS or call.last.startswith(INIT_PREFIXES)) and _refers(base, target):
-        return _bare(call)  # (``hidden = model.init_hidden(bsz)``: a state it makes, no weight it sets)
+    if call.last in INIT_METHODS and _refers(base, target):
+        return True
+    if call.last.startswith(INIT_PREFIXES) and _refers(base, target):  # (``hidden = model.init_hidden(bsz)``: a
+        return _bare(call) or not any(w in call.last for w in STATES)  # state it makes, no weight it sets)
     first = call.node.args[0].value if call.node.args else None
     fixed = call.last in ("zeros_", "ones_", "constant_", "eye_", "dirac_")  # the same on every rank
     if (call.name or "").startswith("torch.nn.init."):

@@ -15,7 +15,6 @@ Example::
 
 from __future__ import annotations
 
-import builtins
 import dataclasses
 from collections.abc import Iterator
 from typing import Any
@@ -195,6 +194,14 @@ def _import_aliases(module: cst.Module) -> tuple[dict[str, str], list[cst.Simple
     return aliases, lines, modules
 
 
+# builtins no project module redefines (``eval``, ``input``, ``compile`` may well be a star-imported helper's)
+BUILTINS = frozenset({"enumerate", "len", "range", "zip", "print", "isinstance", "int", "float", "str", "list", "dict",
+                      "tuple", "set", "min", "max", "sum", "abs", "sorted", "open", "iter", "next", "getattr",
+                      "hasattr", "setattr", "type", "super", "round", "map", "filter", "any", "all", "vars", "bool",
+                      "reversed", "object", "Exception", "ValueError", "RuntimeError", "KeyError", "None", "True",
+                      "False"})
+
+
 def imported_from(facts: Facts, name: str) -> tuple[str, str] | None:
     """(the module, the name there) a name (or its head: ``model`` of ``model.fc``) comes from, when the script
     imports it from a module of its own (``from Arch.model import model as net``; ``import Arch.model as am`` then
@@ -214,7 +221,7 @@ def imported_from(facts: Facts, name: str) -> tuple[str, str] | None:
             return None if _library(facts, module) else (module, parts[k])
     full = facts.aliases.get(parts[0])
     starred = [m for k, m in facts.modules.items() if k.startswith("* ")]
-    if full is None and len(starred) == 1 and not hasattr(builtins, parts[0]):
+    if full is None and len(starred) == 1 and parts[0] not in BUILTINS:
         return starred[0], parts[0]  # ``from params import *``: a name read and never bound here is its (not len)
     if full is None or "." not in full or parts[0] in facts.modules:
         return None

@@ -191,7 +191,7 @@ def _training_sum(facts: Facts, loop: Loop, anchor: Loop, name: str, readers: li
     started = any(b.target == name.split("[")[0] and b.scope is loop.scope and b.value is not None and
                   b.line < loop.line for b in facts.bindings)
     later = {n for other in facts.loops if other.scope is loop.scope and other.line > anchor.end
-             for n, _ in other.augmented}  # (a count a later loop adds to is not complete here either)
+             for n in [*(a for a, _ in other.augmented), *indexed(other)]}  # (nor a count a later loop adds to)
     if not started or name in later:
         return None
     divisors = [d for s in readers if s is not None for d in _divisors(s, name)]
@@ -232,11 +232,15 @@ def indexed(loop: Loop) -> list[str]:
     >>> indexed(f.loops[1])
     ['h[epoch]']
     """
-    outer = {t for around in loop.outer for t in around.targets}
+    outer = set(loop.outer[-1].targets) if loop.outer else set()  # (the loop right around it: ``fold_loss[fold]``
+    # over the epochs of a fold is a running sum, not one pass's)
     return [_CODE.code_for_node(a.target) for a in m.findall(loop.node.body, m.AugAssign(operator=m.AddAssign()))
             if isinstance(a, cst.AugAssign) and isinstance(a.target, cst.Subscript) and
             isinstance(a.target.value, cst.Name) and len(a.target.slice) == 1 and
-            isinstance(a.target.slice[0].slice, cst.Index) and dotted(a.target.slice[0].slice.value) in outer]
+            isinstance(a.target.slice[0].slice, cst.Index) and dotted(a.target.slice[0].slice.value) in outer
+            and not isinstance(a.value, (cst.List, cst.ListComp, cst.Tuple)) and
+            not (isinstance(a.value, cst.Call) and isinstance(a.value.func, cst.Attribute) and
+                 a.value.func.attr.value == "tolist")]
 
 
 def _divisors(stmt: Any, name: str) -> list[Any]:
