@@ -478,3 +478,15 @@ def test_second_review_history_items_batch_reads_builtins_and_init_methods():
     assert imported_from(scan(parse("from utils import *\neval(model, loader)\n")), "eval") == ("utils", "eval")
     own = ("import torch\nmodel = Net()\nn = model.init_weights()\nopt = torch.optim.Adam(model.parameters())\n")
     assert "n = model.init_weights()\nmodel = ddpkit.prepare_model(model)\n" in plan(own).text, plan(own).text
+
+
+def test_a_history_item_over_a_count_of_samples_is_reduced_with_it():
+    """Re-read: ``hist[epoch] / total`` of ``total += y.size(0)``: the item was summed, the count it is divided by
+    dropped as unpaired (the pairing saw plain names only), and the ratio was N times one process's."""
+    source = HISTORY.replace("    for epoch in range(num_epochs):\n        model.train()\n",
+                             "    for epoch in range(num_epochs):\n        model.train()\n        total = 0\n").replace(
+        "            loss_hist_train[epoch] += loss.item() * y_batch.size(0)\n",
+        "            loss_hist_train[epoch] += loss.item() * y_batch.size(0)\n            total += y_batch.size(0)\n"
+    ).replace("        loss_hist_train[epoch] /= len(train_dl.dataset)\n", "        loss_hist_train[epoch] /= total\n")
+    text = plan(source).text
+    assert "loss_hist_train[epoch] = ddpkit.reduce(" in text and "total = ddpkit.reduce(total)" in text, text

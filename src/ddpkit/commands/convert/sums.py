@@ -164,7 +164,8 @@ def _paired(facts: Facts, loop: Loop, reduced: set[str], samples: set[str]) -> s
     (``total``) is kept only where every sum of this function divided by it below the loop is reduced too, and
     a sum divided by a count that is not, goes (``return correct, total``: neither; ``correct / total`` where a
     later loop adds to ``total`` alone: neither)."""
-    sums = {n for other in facts.loops if other.scope is loop.scope for n, _ in other.augmented}
+    sums = {n for other in facts.loops if other.scope is loop.scope
+            for n in [*(a for a, _ in other.augmented), *indexed(other)]}
     over: dict[str, set[str]] = {n: set() for n in samples}  # a count -> the names divided by it
     for stmt, scope, line in facts.statements:
         if scope is loop.scope and line > loop.end:
