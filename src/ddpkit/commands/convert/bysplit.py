@@ -161,11 +161,7 @@ def _looped(work: _Work, call: Call) -> Split | None:
     param, splits = next(iter(over.targets)), _over_strings(over)
     read = flow.loops_reading(work.facts, binding.target, binding.scope, since=binding)
     steps = [c for lp in read for c in lp.calls if c.last == "backward"]
-    values: set[str] = set()
-    for c in steps:  # ``if split == 'train':`` around the step
-        for test in c.tests:
-            found = _equals(test, param)
-            values |= found & splits
+    values = {v for c in steps for v in _tested(c, param)} & splits  # ``if split == 'train':`` around the step
     if not steps or not values or values == splits or any(not (_tested(c, param) & values) for c in steps):
         return None
     return Split(param, tuple(sorted(values)), tuple(lp for lp in read if flow.trains(work.facts, lp)))
@@ -196,6 +192,7 @@ def _equals(test: str, param: str) -> set[Any]:
 
 
 def _tested(call: Call, param: str) -> set[Any]:
+    """The strings the ``if`` tests around ``call`` compare ``param`` to."""
     return {v for test in call.tests for v in _equals(test, param)}
 
 
