@@ -288,7 +288,7 @@ def test_a_training_loader_rebound_unshuffled_for_predictions_is_kept_plain_ther
     assert first.startswith("loader = ddpkit.data_loader("), first
     rebound = next(line for line in lines if "shuffle=False" in line)
     assert rebound.startswith("loader = DataLoader("), rebound
-    assert any("keeps per-batch results" in x.what for x in result.left), result.left
+    assert any("keeps per-batch results" in x.what for x in result.kept), result.kept
     assert not result.refused, result.left
 
 

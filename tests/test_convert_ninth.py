@@ -197,7 +197,7 @@ def test_rows_an_evaluation_adds_to_a_list_are_kept_not_reduced():
         "print(len(results))\n"
     done = plan(source)
     assert "reduce(results)" not in done.text and "test = DataLoader(" in done.text
-    assert [x for x in done.left if "keeps per-batch results in results" in x.what]
+    assert [x for x in done.kept if "keeps per-batch results in results" in x.what]
 
 
 def test_a_project_whose_handed_in_loader_was_not_followed_is_not_told_to_convert_together():

@@ -28,7 +28,7 @@ from typing import Any
 import libcst as cst
 from libcst import matchers as m
 
-from ddpkit.commands.convert import flow
+from ddpkit.commands.convert import bykey, flow
 from ddpkit.commands.convert.crossing import EVAL, TRAIN, returned
 from ddpkit.commands.convert.scan import Call, Facts, Loop, Scope, dotted, unpacked
 
@@ -43,6 +43,8 @@ class Split:
     param: str
     values: tuple[str, ...]
     loops: tuple[Loop, ...] = ()
+    picker: str = ""  # the variable of a loop over every split around ``loops``: their sums are reduced for the
+    # trained splits only (``loss_sum = ddpkit.reduce(loss_sum) if phase == 'train' else loss_sum``)
 
 
 def literals(call: cst.Call, passed: Callable[[str], cst.BaseExpression | None]) -> str:
@@ -155,45 +157,26 @@ def _looped(work: _Work, call: Call) -> Split | None:
     "split == 'train' else DataLoader(ds[split], batch_size=4)"
     """
     binding = next((b for b in work.facts.bindings if b.value is call.node), None)
-    over = next((lp for lp in reversed(call.loops) if len(lp.targets) == 1 and _over_strings(lp)), None)
+    over = next((lp for lp in reversed(call.loops) if len(lp.targets) == 1 and _strings_of(lp)), None)
     if binding is None or over is None:
         return None
-    param, splits = next(iter(over.targets)), _over_strings(over)
+    param, splits = next(iter(over.targets)), _strings_of(over)
     read = flow.loops_reading(work.facts, binding.target, binding.scope, since=binding)
     steps = [c for lp in read for c in lp.calls if c.last == "backward"]
     values = {v for c in steps for v in _tested(c, param)} & splits  # ``if split == 'train':`` around the step
     if not steps or not values or values == splits or any(not (_tested(c, param) & values) for c in steps):
         return None
-    return Split(param, tuple(sorted(values)), tuple(lp for lp in read if flow.trains(work.facts, lp)))
-
-
-def _over_strings(loop: Loop) -> set[Any]:
-    """The strings a ``for`` loop goes over, written as a list or tuple of them (empty: anything else)."""
-    items = getattr(loop.node, "iter", None)
-    if not isinstance(items, (cst.List, cst.Tuple)) or not items.elements:
-        return set()
-    values = [e.value.evaluated_value for e in items.elements if isinstance(e.value, cst.SimpleString)]
-    return set(values) if len(values) == len(items.elements) else set()
-
-
-def _equals(test: str, param: str) -> set[Any]:
-    """The strings ``test`` compares ``param`` to with ``==`` (``split == 'train'``)."""
-    try:
-        node = cst.parse_expression(test)
-    except cst.ParserSyntaxError:
-        return set()
-    found = set()
-    for c in m.findall(node, m.Comparison()):
-        assert isinstance(c, cst.Comparison)
-        if dotted(c.left) == param and len(c.comparisons) == 1 and isinstance(c.comparisons[0].operator, cst.Equal) \
-                and isinstance(c.comparisons[0].comparator, cst.SimpleString):
-            found.add(c.comparisons[0].comparator.evaluated_value)
-    return found
+    return Split(param, tuple(sorted(values)), tuple(lp for lp in read if flow.trains(work.facts, lp)), param)
 
 
 def _tested(call: Call, param: str) -> set[Any]:
     """The strings the ``if`` tests around ``call`` compare ``param`` to."""
-    return {v for test in call.tests for v in _equals(test, param)}
+    return {v for test in call.tests for v in bykey.equals(test, param)}
+
+
+def _strings_of(loop: Loop) -> frozenset[str]:
+    """The strings a ``for`` loop goes over, written as a list or tuple of them (empty: anything else)."""
+    return bykey.over_strings(getattr(loop.node, "iter", None))
 
 
 def _sites(work: _Work, call: Call) -> dict[str, tuple[str, list[Loop]]]:
@@ -227,18 +210,42 @@ def _position(work: _Work, call: Call) -> int | None:
 def by_split(work: _Work, call: Call, split: Split, load: Callable[..., bool]) -> bool:
     """``ddpkit.data_loader(...) if flag == 'train' else DataLoader(...)``: sharded for the splits trained on,
     whole for those only evaluated; this file's loops over the training splits are the loader's."""
-    training = load(work, call, "train", list(split.loops))
+    when = (split.picker, _code(condition(split.picker, split.values))) if split.picker else None
+    training = load(work, call, "train", list(split.loops), when)
     work.done.extend(n for n in asked(work, call) if work.crossing.wants[n] == TRAIN)
     work.log = [e for e in work.log if not (e.line == call.line and e.what.startswith("DataLoader -> "))]
     sharded = work.edits.expr[id(call.node)]
     work.edits.expr[id(call.node)] = lambda node: cst.IfExp(test=condition(split.param, split.values),
                                                             body=sharded(node), orelse=node)
-    shown, test = " or ".join(map(repr, split.values)), cst.Module([]).code_for_node(condition(split.param,
-                                                                                                 split.values))
+    shown, test = " or ".join(map(repr, split.values)), _code(condition(split.param, split.values))
     work.note(f"DataLoader -> ddpkit.data_loader if {test}",
               f"the {shown} split is trained on, the others only evaluated: those stay whole DataLoaders (each rank "
               "evaluates every batch, which is right)", call.line)
     return training
+
+
+def by_key(work: _Work, call: Call, load: Callable[..., bool]) -> bool | None:
+    """A loader held in a dict by its split's string (:mod:`.bykey`): the comprehension split by its variable, a
+    literal's trained keys sharded and the others kept whole; whether it trains. None: not held so, or which keys
+    are trained on cannot be told (refused as any loader inside an expression)."""
+    held = bykey.holder(work.facts, call.node)
+    found = bykey.trained(work.facts, held) if held is not None else None
+    if held is None or found is None or not found[0]:
+        return None
+    keys, loops, picker = found
+    values = tuple(sorted(keys))
+    if held.key is None and keys != held.strings:
+        return by_split(work, call, Split(str(held.param), values, tuple(lp for lp, _ in loops), picker or ""), load)
+    if held.key is not None and held.key not in keys:
+        work.keep(call.line, f"the DataLoader {held.name}[{held.key!r}] left as it is", "no loop trains on it: each "
+                  "rank evaluates all of it, which is right")
+        return False
+    when = (picker, _code(condition(picker, values))) if picker and keys != held.strings else None
+    return load(work, call, "train", [lp for lp, key in loops if held.key is None or key in (held.key, None)], when)
+
+
+def _code(node: cst.CSTNode) -> str:
+    return cst.Module([]).code_for_node(node)
 
 
 def converted(node: cst.Call, module: cst.Module) -> bool:

@@ -309,5 +309,21 @@ def _argument(work: _Work, call: Call, index: int, name: str) -> Binding | None:
     positional = [a for a in call.node.args if a.keyword is None and not a.star]
     given = positional[index].value if index < len(positional) else \
         next((a.value for a in call.node.args if a.keyword is not None and a.keyword.value == name), None)
+    if isinstance(given, cst.Subscript):  # ``loaders['train']``: the value under that key of a dict literal
+        return _item(work, call, given)
     written = dotted(given) if given is not None else None
     return flow.binding_of(work.facts, written, call.scope, call.line) if written else None
+
+
+def _item(work: _Work, call: Call, given: cst.Subscript) -> Binding | None:
+    """What ``d['key']`` holds where ``d`` is bound to a dict literal with that string key: its binding, its value
+    that item's (None: anything else)."""
+    index = given.slice[0].slice if len(given.slice) == 1 else None
+    key = index.value if isinstance(index, cst.Index) else None
+    name = dotted(given.value)
+    bound = flow.binding_of(work.facts, name, call.scope, call.line) if name else None
+    if bound is None or not isinstance(bound.value, cst.Dict) or not isinstance(key, cst.SimpleString):
+        return None
+    value = next((e.value for e in bound.value.elements if isinstance(e, cst.DictElement) and
+                  isinstance(e.key, cst.SimpleString) and e.key.evaluated_value == key.evaluated_value), None)
+    return dataclasses.replace(bound, value=value) if value is not None else None

@@ -18,7 +18,7 @@ from typing import Any
 import libcst as cst
 from libcst import matchers as m
 
-from ddpkit.commands.convert import batch, bysplit, drawn, flow, handedin, imported, trained
+from ddpkit.commands.convert import batch, bykey, bysplit, drawn, flow, handedin, imported, trained
 from ddpkit.commands.convert.apply import LOADER_PARAMETERS, loader_call
 from ddpkit.commands.convert.crossing import NOT_PASSED, TRAIN
 from ddpkit.commands.convert.flow import callee, callers, loops_reading, peek, roles_said
@@ -55,10 +55,13 @@ def loaders(work: _Work) -> None:
     handedin.ask_evaluations(work)
     for call in handedin.passed_to_evaluate(work):  # another module's evaluation loops over it: kept whole
         binding = next((b for b in work.facts.bindings if b.value is call.node), None)
-        if binding is not None and not loops_reading(work.facts, binding.target, binding.scope, since=binding) and \
-                any(c is call for c in built):
+        held = bykey.holder(work.facts, call.node) if binding is None else None  # (``loaders['test']``)
+        if (binding is not None and not loops_reading(work.facts, binding.target, binding.scope, since=binding) or
+                held is not None and held.key is not None) and any(c is call for c in built):
             built = [c for c in built if c is not call]
-            work.keep(call.line, f"{binding.target} = DataLoader(...) left as it is", "another module of the "
+            shown = f"{binding.target} = DataLoader(...)" if binding is not None else \
+                f"the DataLoader {held.name}[{held.key!r}]" if held is not None else ""
+            work.keep(call.line, f"{shown} left as it is", "another module of the "
                       "project evaluates what this file hands it: each rank reads all of it, which is right")
     for call in built:
         if bysplit.converted(call.node, work.facts.module):  # a split written already: its whole side stays
@@ -67,6 +70,10 @@ def loaders(work: _Work) -> None:
         split = bysplit.split(work, call)
         if split is not None:  # one factory, every split: the string decides (bysplit.py)
             training |= bysplit.by_split(work, call, split, _loader)
+            continue
+        held_trains = bysplit.by_key(work, call, _loader)
+        if held_trains is not None:  # held in a dict by its split's string: the keys trained on decide (bykey.py)
+            training |= held_trains
             continue
         if wanted is not None and work.crossing.wants[wanted] == TRAIN:  # another module trains on it (a project)
             training |= _loader(work, call, "train")
@@ -241,9 +248,11 @@ def _wanted(work: _Work, call: Call) -> str | None:
     return next((n for n in asked if work.crossing.wants[n] == TRAIN), asked[0] if asked else None)
 
 
-def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] | None = None) -> bool:
+def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] | None = None,
+            when: tuple[str, str] | None = None) -> bool:
     """Rewrite one ``DataLoader(...)``; whether it is a training one. ``only``: its loops (a split's, bysplit.py),
-    not every loop over it."""
+    not every loop over it; ``when``: the variable of a loop over every split around them, and the test of the
+    splits this one holds (its loops' sums are reduced under it)."""
     positional = [a for a in call.node.args if a.keyword is None and not a.star]
     if len(positional) > len(LOADER_PARAMETERS) or any(a.star == "*" for a in call.node.args):
         work.leave(call.line, "DataLoader(*args) or more positional arguments than it takes",
@@ -320,7 +329,7 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
     # the batch first: a training sum over ``len(loader) * batch_size`` is every sample's only with the global batch
     rename, batches = batch.global_batch(work, call, loops or drawn.drawing_loops(work, binding)) \
         if role == "train" else (None, frozenset[str]())
-    if not reductions(work, loops, call, role == "train", batches):
+    if not reductions(work, loops, call, role == "train", batches, when):
         return False
     how = "training: each rank takes its own shard, reshuffled every epoch" if role == "train" else \
         "evaluation (train=False): each rank its part, no sample twice"

@@ -30,7 +30,7 @@ NEEDS_GRAD = ("grad", "requires_grad_", "enable_grad", "set_grad_enabled", "back
 
 
 def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool,
-                batches: frozenset[str] = frozenset()) -> bool:
+               batches: frozenset[str] = frozenset(), when: tuple[str, str] | None = None) -> bool:
     """Sum across ranks what the loops over a loader accumulate and the code below reads
     (:mod:`ddpkit.commands.convert.sums`); an evaluation loop also runs under ``torch.no_grad()`` (a DDP
     forward with gradients on is collective, and the ranks' shards differ in length: the longer one would
@@ -68,22 +68,25 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
                            "loader of its own (ddpkit.data_loader(dataset, batch_size, train=False)), or "
                            "ddpkit.gather(...) the results there, then convert again", blocks=True)
                 return False
-            work.plain.add(id(call.node))
-            work.leave(line, f"the evaluation loop {why}: the result would be this rank's only, so the "
-                       f"DataLoader at line {call.line} is left as it is (each rank evaluates the whole set)",
-                       "to share the work: ddpkit.data_loader(..., "
-                       "train=False), then ddpkit.gather(...) the results or ddpkit.reduce(...) the sums "
-                       "and counts (docs/convert.md)")
+            work.plain.add(id(call.node))  # (right as it is, only slower: kept, said, not left to the user)
+            work.keep(line, f"the evaluation loop {why}: sharded, the result would be this rank's only, so the "
+                      f"DataLoader at line {call.line} is left as it is", "each rank evaluates the whole set, which "
+                      "is right (to share the work: ddpkit.data_loader(..., train=False), then ddpkit.gather(...) the "
+                      "results or ddpkit.reduce(...) the sums and counts, docs/convert.md)")
             return False
         plans += [(summed_as_training, p) for p in plan or []]
     for summed_as_training, (anchor, names, lens, averaged) in plans:
+        if when is not None and not any(o.targets == {when[0]} for o in anchor.outer):
+            continue  # summed across every split (begun outside the loop over them): no one test says whose
         after = work.edits.after.setdefault(id(anchor.node), [])
         # a sum of the loss's batch means (``train_loss += loss.item()``), not divided by the number of batches:
         # with the global batch kept, each rank took as many steps as one process did, so the ranks' sums are
         # averaged (summed, N times one process's); a per-process batch splits the steps: summed
         means = averaged | {n for n in names if summed_as_training and not lens and not work.per_process_batch and
                             batch_mean(work.facts, anchor, n)}
-        new = [f"{n} = ddpkit.reduce({n}{', op=' + repr('mean') if n in means else ''})" for n in names
+        test = f" if {when[1]} else " if when is not None else ""  # (a split's sums: its own shard's only)
+        new = [f"{n} = ddpkit.reduce({n}{', op=' + repr('mean') if n in means else ''})"
+               f"{test + n if test else ''}" for n in names
                if not any(line.startswith(f"{n} = ddpkit.reduce({n}") for line in after)]
         if not new:  # one evaluation function called with two loaders (check_accuracy): reduced once
             continue
@@ -93,7 +96,9 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
         summed = [n for n in names if n not in means]
         if summed:
             work.note(f"after the {'training' if summed_as_training else 'evaluation'} loop: {', '.join(summed)} "
-                      "summed across ranks (ddpkit.reduce)", "each rank accumulated only its own shard", anchor.end)
+                      f"summed across ranks (ddpkit.reduce{', if ' + when[1] if when else ''})", "each rank "
+                      "accumulated only its own shard" + (" of that split; the others are whole" if when else ""),
+                      anchor.end)
         if means - averaged:
             work.note(f"after the training loop: {', '.join(sorted(means - averaged))} averaged across ranks "
                       "(ddpkit.reduce, op='mean')", "a sum of the loss's batch means: each rank took as many steps as "
@@ -104,9 +109,13 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
                       "of the ranks' means is the mean over every batch", anchor.end)
         for node in lens:  # ``total / len(loader)``: every rank's batches, as the sum is every rank's
             work.edits.expr[id(node)] = lambda n: cst.parse_expression(
-                f"ddpkit.reduce({work.facts.module.code_for_node(n)})")
-            work.note("len(loader) -> ddpkit.reduce(len(loader))", "every rank's batches, as the sum "
-                      "divided by it is every rank's", anchor.end)
+                f"ddpkit.reduce({work.facts.module.code_for_node(n)})" if when is None else
+                f"(ddpkit.reduce({work.facts.module.code_for_node(n)}) if {when[1]} else "
+                f"{work.facts.module.code_for_node(n)})")
+            sampler = (dotted(node.args[0].value) or "").endswith(".sampler")
+            work.note(f"len(loader{'.sampler' * sampler}) -> ddpkit.reduce(len(loader{'.sampler' * sampler}))",
+                      f"every rank's {'samples' if sampler else 'batches'}, as the sum divided by it is every rank's",
+                      anchor.end)
     for loop in evaluations:
         if not loop.no_grad and id(loop.node) not in work.edits.no_grad:
             work.edits.no_grad.add(id(loop.node))

@@ -71,7 +71,35 @@ def _dataset_size(facts: Facts, stmt: Any, scope: Any, datasets: set[str], loade
         return any(is_size(n) and id(n) not in divided for n in m.findall(node, m.Call() | m.BinaryOperation()))
 
     sizes = {b.target for b in facts.bindings if b.scope is scope and b.value is not None and sizes_in(b.value)}
-    return sizes_in(stmt) or bool(names_in(stmt) & sizes)
+    by_split = _size_dicts(facts, scope, loaders)
+    items = any(isinstance(s, cst.Subscript) and dotted(s.value) in by_split for s in m.findall(stmt, m.Subscript()))
+    return sizes_in(stmt) or bool(names_in(stmt) & sizes) or items
+
+
+def _size_dicts(facts: Facts, scope: Any, loaders: set[str]) -> set[str]:
+    """The dicts of the splits' sizes ``scope`` sees: every value a ``len()`` of no loader (``dataset_sizes = {x:
+    len(image_datasets[x]) for x in ['train', 'val']}``: ``running_loss / dataset_sizes[phase]`` divides by a
+    whole split)."""
+    def sizes(values: list[Any]) -> bool:
+        return bool(values) and all(isinstance(v, cst.Call) and dotted(v.func) == "len" and len(v.args) == 1 and
+                                    not names_in(v.args[0].value) & loaders for v in values)
+    found = set()
+    for b in facts.bindings:
+        if b.value is None or b.index >= 0 or not (b.scope is scope or b.scope.name == ""):
+            continue
+        if isinstance(b.value, cst.DictComp) and sizes([b.value.value]) or isinstance(b.value, cst.Dict) and \
+                sizes([e.value for e in b.value.elements if isinstance(e, cst.DictElement)]):
+            found.add(b.target)
+    return found
+
+
+def _sampler_lens(node: Any, loaders: set[str]) -> list[cst.Call]:
+    """``len(loader.sampler)`` in ``node``: the samples of this rank's shard once the loader is sharded (Udacity's
+    ``train_loss / len(train_loader.sampler)`` over a ``SubsetRandomSampler``), a count made every rank's by
+    ``ddpkit.reduce`` where the sum it divides is."""
+    return [c for c in m.findall(node, m.Call(func=m.Name("len"))) if isinstance(c, cst.Call) and len(c.args) == 1
+            and (dotted(c.args[0].value) or "").endswith(".sampler")
+            and str(dotted(c.args[0].value))[:-len(".sampler")] in loaders]
 
 
 def _anchor(facts: Facts, loop: Loop, name: str) -> Loop:
@@ -134,7 +162,8 @@ def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str
         local = _local(facts, loop) | ({n for n in loop.counted} if training else set())
         if training:
             kind = _training_sum(facts, loop, anchor, name, readers, local, samples,
-                                 lambda d: _dataset_size(facts, d, loop.scope, set(datasets), loaders, batches))
+                                 lambda d: _dataset_size(facts, d, loop.scope, set(datasets), loaders, batches)
+                                 or bool(_sampler_lens(d, loaders)))
             if kind is None:
                 continue  # rank 0's, as printed
             if kind == "mean":
@@ -149,8 +178,9 @@ def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str
         counted = {id(n) for s in readers if s is not None for p in _global_products(s, loaders, batches)
                    for n in (p.left, p.right)}
         entry.lens.extend(c.node for c in facts.calls if id(c.node) not in counted and c.name == "len"
-                          and c.stmt in readers and c.node.args
-                          and dotted(c.node.args[0].value) in loop.iter_names and c.node not in entry.lens)
+                          and c.stmt in readers and c.node.args and c.node not in entry.lens
+                          and (dotted(c.node.args[0].value) in loop.iter_names or
+                               c.node in _sampler_lens(c.node, loaders)))
     if training:
         kept = _paired(facts, loop, {n for e in plans.values() for n in e.names}, samples)
         for entry in plans.values():
