@@ -246,7 +246,7 @@ print(right / len(test_loader))
 def test_an_evaluation_whose_batch_is_one_trial_keeps_its_loader_whole(pick):
     result = plan(TRIALS.format(pick=pick))
     assert "test_loader = DataLoader(dataset, batch_size=4, shuffle=False)" in result.text, result.text
-    assert any("over each whole batch (a batch is one unit" in left.what for left in result.left), result.left
+    assert any("over each whole batch (a batch is one unit" in kept.what for kept in result.kept), result.kept
 
 
 def test_an_argmax_per_sample_still_shards_the_evaluation():

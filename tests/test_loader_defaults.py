@@ -4,7 +4,7 @@ import sys
 
 import torch
 
-from conftest import ok, run_cmd
+from conftest import launch, ok, run_cmd
 from ddpkit.data.settings import loader_defaults
 
 SCRIPT = """
@@ -89,3 +89,25 @@ def test_a_subset_of_cpu_tensors_pins_like_the_tensors():
     assert pinnable(train, 0) and pinnable(Subset(train, [0, 1]), 0)
     assert loader_defaults(Subset(train, [0, 1]), "cuda", 8) == {"pin_memory": True}  # in memory: no workers
     assert not pinnable(Subset(Drawing(), [0, 1]), 0)  # samples of unknown kind: not pinned, not read
+
+
+DROPPED = """
+import torch, ddpkit
+from torch.utils.data import TensorDataset
+ddpkit.init()
+for n in (175, 176, 190):
+    loader = ddpkit.data_loader(TensorDataset(torch.arange(n)), global_batch_size=16, drop_last=True)
+    steps = [len(b[0]) for b in loader]
+    print(n, len(loader), len(steps), set(steps))
+"""
+
+
+def test_drop_last_with_a_global_batch_takes_as_many_steps_as_one_process(tmp_path):
+    """PatchTST's training loader (``drop_last=True``, 175 windows, batch 16): 10 steps at one process, but 11 at
+    two, the shards padded to 88 each before the per-process batches of 8 dropped nothing. Unsaid: a longer epoch."""
+    script = tmp_path / "dropped.py"
+    script.write_text(DROPPED)
+    r = ok(launch(script, nproc=2, timeout=120))
+    assert [line.split()[:3] for line in r.stdout.splitlines() if line[:1].isdigit()] == \
+        [[str(n), str(n // 16), str(n // 16)] for n in (175, 176, 190)], r.stdout
+    assert "{8}" in r.stdout

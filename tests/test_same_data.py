@@ -132,3 +132,25 @@ def test_a_tensor_of_one_row_per_sample_under_any_name_is_compared():
 
     assert fingerprint(Held(x=torch.zeros(4, 6))).tolist() != fingerprint(Held(x=torch.ones(4, 6))).tolist()
     assert fingerprint(Held(buf=torch.zeros(3))).tolist() == fingerprint(Held(buf=torch.ones(3))).tolist()
+
+
+def test_a_list_of_one_tensor_per_sample_is_compared():
+    """LSTM_pytorch's Dataset: ``self.x.append(torch.from_numpy(np.random.randn(5)))`` per sample, unseeded in
+    ``__init__``: a list of tensors counted as a cache (0), so each rank trained on its own data with no word."""
+    import torch
+    from torch.utils.data import Dataset
+
+    from ddpkit.data.same import fingerprint
+
+    class Held(Dataset):
+        def __init__(self, **held):
+            self.__dict__.update(held)
+
+        def __len__(self):
+            return 4
+
+    rows = [torch.randn(5, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    others = [torch.randn(5, generator=torch.Generator().manual_seed(10 + i)) for i in range(4)]
+    assert fingerprint(Held(x=rows)).tolist() != fingerprint(Held(x=others)).tolist()
+    assert fingerprint(Held(x=rows)).tolist() != fingerprint(Held(x=rows[::-1])).tolist()
+    assert fingerprint(Held(x=rows)).tolist() == fingerprint(Held(x=[r.clone() for r in rows])).tolist()

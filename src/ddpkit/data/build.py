@@ -57,7 +57,8 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     must divide by the world size, and each process takes its share. The global batch is printed once.
 
     ``train=True``: shuffled (seed ``seed`` + epoch) and ``uneven`` decides the tail: ``pad`` (default;
-    repeats a few samples so every rank takes the same steps), ``drop``, or ``join`` (no repeats, unequal
+    repeats a few samples so every rank takes the same steps), ``drop`` (the default with ``drop_last=True``: a
+    global batch of G over n samples then takes n // G steps, as one process did), or ``join`` (no repeats, unequal
     steps; wrap the loop in :func:`join`). ``train=False`` (evaluation): dataset order, no padding, so
     metrics reduced with :func:`ddpkit.reduce` / :func:`ddpkit.gather` count every sample exactly once. In
     fsdp mode (every forward gathers parameters from all ranks) a rank with fewer samples ends its pass with
@@ -113,7 +114,9 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     if isinstance(dataset, IterableDataset):
         return _stream_loader(dataset, batch_size, state, tools, train, shuffle, uneven or "drop", seed,
                               shuffle_buffer, loader_kwargs, given_globally=global_batch_size is not None)
-    uneven = uneven or "pad"
+    # drop_last=True: the script drops its last partial batch; padded shards would add a step it never took (175
+    # samples, a global batch of 16: 10 steps, but 88 + 88 padded samples make 11 of 8): the shards drop instead
+    uneven = uneven or ("drop" if train and loader_kwargs.get("drop_last") else "pad")
     own = user_sampler(loader_kwargs.pop("sampler", None), loader_kwargs, shuffle)
     if own is not None and len(own) < state.world_size:  # type: ignore[arg-type]  # what the ranks share
         raise ValueError(too_few(own, len(own), state.world_size))  # type: ignore[arg-type]

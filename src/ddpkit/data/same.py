@@ -101,8 +101,11 @@ def _table(frame: Any) -> float:
 
 
 def _plain(items: list[Any]) -> float:
-    """An order-sensitive number for a list of plain values; 0 unless every one is plain (a list of tensors, of
-    None: a cache each rank fills with what it reads)."""
+    """An order-sensitive number for a list of plain values, or of tensors (numeric arrays) one per sample, each by
+    :func:`_rows` (LSTM_pytorch's ``self.data = [torch.randn(n_i, d) ...]`` drawn unseeded in ``__init__``); 0
+    for a mix (a cache each rank fills with what it reads: tensors beside None)."""
+    if items and all(isinstance(item, torch.Tensor) or _numbers(item) for item in items):
+        return _weighted(torch.tensor([_rows(item) + 1.0 for item in items], dtype=torch.float64))
     found = [_item(item) for item in items]
     if not found or any(f is None for f in found):
         return 0.0

@@ -26,7 +26,7 @@ import libcst.matchers as m
 
 from ddpkit.commands.check.rules import OPTIMIZERS
 from ddpkit.commands.convert import flow
-from ddpkit.commands.convert.flow import DEPTH, argument_for, callee
+from ddpkit.commands.convert.flow import DEPTH, argument_for, binding_of, callee
 from ddpkit.commands.convert.inits import node_ids
 from ddpkit.commands.convert.scan import Call, Loop, dotted, names_in, resolve
 
@@ -47,9 +47,11 @@ def global_batch(work: _Work, call: Call, loops: list[Loop]
     every sample); ``(None, ∅)`` where it stays per process (said or listed)."""
     args = call.node.args
     positional = [a for a in args if a.keyword is None and not a.star]
-    given = next((a for a in args if a.keyword is not None and a.keyword.value == "batch_size"), None) or \
+    given: Any = next((a for a in args if a.keyword is not None and a.keyword.value == "batch_size"), None) or \
         (positional[1] if len(positional) > 1 else None)
     code = work.facts.code
+    spread = _spread(work, call) if given is None else None  # ``DataLoader(ds, **train_params)``
+    given = spread[1] if spread is not None else given
     if given is None or isinstance(given.value, cst.Name) and given.value.value == "None":
         if any(a.star == "**" for a in args):
             work.keep(call.line, "the batch size in the ** arguments stays per process", "convert cannot "
@@ -73,12 +75,36 @@ def global_batch(work: _Work, call: Call, loops: list[Loop]
                    f"take {size}/N", "size it from the batch itself (x.size(0)), then convert again; or pass "
                    "--per-process-batch to keep the per-process batch (and scale the learning rate yourself)")
         return None, frozenset()
-    work.note(f"batch_size={size} -> global_batch_size={size}", f"the global batch stays {size} at any number of "
+    shown = f"batch_size={size} -> global_batch_size={size}"
+    if spread is not None:  # the key of the dict the loader alone spreads: ``'global_batch_size': 16``
+        quote = spread[0].quote
+        work.edits.expr[id(spread[0])] = lambda node: cst.SimpleString(f"{quote}global_batch_size{quote}")
+        shown = f"'batch_size': {size} -> 'global_batch_size': {size} (in {spread[2]}, spread into the loader)"
+    work.note(shown, f"the global batch stays {size} at any number of "
               f"processes, each taking {size} / N (N, the number of processes, must divide {size}); "
               f"--per-process-batch keeps {size} per process", call.line)
     _attribute_reads(work, call, given.value, loops)
     _shown_rates(work, names, loops)
-    return _rename, frozenset(names)
+    return (_rename if spread is None else None), frozenset(names)
+
+
+def _spread(work: _Work, call: Call) -> tuple[cst.SimpleString, cst.DictElement, str] | None:
+    """``DataLoader(training_set, **train_params)`` of a ``train_params = {'batch_size': 16, ...}`` that nothing
+    else reads (the Hugging Face tutorials'): (the ``'batch_size'`` key, its element, the dict's name)."""
+    spread = [a for a in call.node.args if a.star == "**"]
+    name = dotted(spread[0].value) if len(spread) == 1 else None
+    bound = binding_of(work.facts, name, call.scope, call.line) if name else None
+    if name is None or bound is None or not isinstance(bound.value, cst.Dict) or bound.index >= 0:
+        return None
+    reads = [r for r, where, _line, _node in work.facts.reads if r.split(".")[0] == name and
+             flow.visible(work.facts, name, bound.scope, where)]
+    found = [e for e in bound.value.elements if isinstance(e, cst.DictElement) and
+             isinstance(e.key, cst.SimpleString) and e.key.evaluated_value == "batch_size"]
+    if len(reads) != 1 or len(found) != 1 or any(b.target == name and b is not bound for b in work.facts.bindings):
+        return None
+    key = found[0].key
+    assert isinstance(key, cst.SimpleString)
+    return key, found[0], str(name)
 
 
 def _shown_rates(work: _Work, names: set[str], loops: list[Loop]) -> None:
@@ -221,14 +247,23 @@ def _read_in_training(work: _Work, names: set[str], loops: list[Loop], call: Cal
             inside |= {i for stmt in around.node.body.body if _starts(work, stmt) <= loop.line
                        for i in node_ids(stmt)}
     quiet = _quiet(work, loops) | node_ids(call.node)
-    for name, _scope, line, node in work.facts.reads:
-        if name in names and id(node) in inside and id(node) not in quiet:
+    for name, scope, line, node in work.facts.reads:
+        if name in names and id(node) in inside and id(node) not in quiet and not _rebound(work, name, scope, line,
+                                                                                           loops, names):
             return name, line
     for stmt, _scope, line in work.facts.statements:  # ``torch.ones(config['batch_size'], 1)`` in the loop
         if id(stmt) in inside and not node_ids(stmt) <= quiet and _items(work, stmt) & names and \
                 any(id(s) not in quiet and work.facts.code(s) in names for s in m.findall(stmt, m.Subscript())):
             return next(iter(_items(work, stmt) & names)), line
     return _made_before(work, names, loops, inside, quiet)
+
+
+def _rebound(work: _Work, name: str, scope: Any, line: int, loops: list[Loop], names: set[str]) -> bool:
+    """The read at ``line`` sees a binding the training loop made from something else (a DCGAN's ``batch_size =
+    x.size(0)`` above ``torch.randn(batch_size, nz)``): the batch's own size, not the loader's."""
+    bound = binding_of(work.facts, name, scope, line)
+    return bound is not None and bound.scope is scope and bound.line < line and bound.value is not None and \
+        any(loop.line < bound.line <= loop.end for loop in loops) and not names_in(bound.value) & names
 
 
 def _made_before(work: _Work, names: set[str], loops: list[Loop], inside: set[int],
@@ -250,8 +285,10 @@ def _made_before(work: _Work, names: set[str], loops: list[Loop], inside: set[in
     return None
 
 
-# torch's calls that make a tensor of a given size: a target or a noise batch sized by the batch size
-TENSOR_MAKERS = ("ones", "zeros", "full", "empty", "randn", "rand", "randint", "normal", "tensor")
+# torch's calls that make a tensor of a given size: a target or a noise batch sized by the batch size (and the
+# legacy typed constructors of older scripts, AC-GAN's ``aux_label = torch.LongTensor(opt.batchSize)``)
+TENSOR_MAKERS = ("ones", "zeros", "full", "empty", "randn", "rand", "randint", "normal", "tensor", "Tensor",
+                 "FloatTensor", "LongTensor", "DoubleTensor", "IntTensor", "ByteTensor", "HalfTensor", "BoolTensor")
 
 
 def _items(work: _Work, node: cst.CSTNode) -> set[str]:

@@ -101,6 +101,10 @@ def _one_path(work: _Work, binding: Binding, optimizer: Call | None) -> None:
         return
     if isinstance(holder, cst.If) and main_guard(work.facts.code(holder.test)):
         return  # ``if __name__ == "__main__":``: every rank runs the script as its main module
+    inside = node_ids(holder)
+    if isinstance(holder, cst.Try) and all(id(b.stmt) in inside for b in work.facts.bindings
+                                           if b.target == binding.target and b.scope is binding.scope):
+        return  # ``try: model = Net(); ... except KeyboardInterrupt: ...``: a path that skips it has no model at all
     work.leave(binding.line, f"{binding.target} is built in one branch of an if that does not bind it on every "
                f"path, and prepared there: on the other paths it is not (each rank would train its own copy; the "
                "first optimizer step stops it)", f"bind {binding.target} on every path (an else), or wrap it "

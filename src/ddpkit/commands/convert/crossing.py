@@ -137,9 +137,10 @@ def _crossings(plans: dict[str, Any], module_file_of: Callable[[str], str | None
 
 
 def _handed_want(rel: str, ask: Ask) -> str | None:
-    """What a caller of ``rel``'s function is asked for a model handed in (``trainer.train_model:0``: the model it
-    passes as argument 0), or for a training loader handed in (``solver:Solver.__init__:0:loader``: what it
-    passes to ``Solver(...)`` as argument 0 or ``loader=``); None for another ask.
+    """What a caller of ``rel``'s function is asked for a model handed in (``trainer.train_model:0=model``: the
+    model it passes as argument 0 or ``model=``), or for a training loader handed in
+    (``solver:Solver.__init__:0:loader``: what it passes to ``Solver(...)`` as argument 0 or ``loader=``); None for
+    another ask.
 
     >>> _handed_want("solver.py", Ask("", f"{HANDED}:Solver.__init__:0:loader", TRAIN, 9))
     'solver:Solver.__init__:0:loader'

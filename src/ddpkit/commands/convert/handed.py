@@ -35,7 +35,7 @@ def ask(work: _Work, target: str, call: Call) -> bool:
     if head not in scope.params or not scope.name or scope.cls or \
             callers(work.facts, scope):
         return False
-    name = f"{HANDED_MODEL}:{scope.name}:{scope.params.index(head)}"
+    name = f"{HANDED_MODEL}:{scope.name}:{scope.params.index(head)}={head}"  # (its position, or ``model=`` by name)
     where = work.crossing.provided.get(key("", name))
     work.asks.append(Ask("", name, "model", call.line))  # whatever the answer: settle asks in rounds
     if where is not None:
@@ -50,14 +50,17 @@ def ask(work: _Work, target: str, call: Call) -> bool:
 
 
 def wrap_passed(work: _Work, want: str) -> None:
-    """``module.function:index`` (a want of this file): wrap what this file's calls of that imported function pass
-    as argument ``index``, where it is built; said done when every such call's argument was."""
+    """``module.function:index=name`` (a want of this file): wrap what this file's calls of that imported function
+    pass as argument ``index`` or ``name=``, where it is built; said done when every such call's argument was."""
     function, index = want.rsplit(":", 1)
+    index, _, param = index.partition("=")  # (``fit(model=net, ...)``: passed by name)
     calls = [c for c in work.facts.calls if resolve(dotted(c.node.func), work.facts.aliases) == function]
     bindings = []
     for c in calls:
         positional = [a for a in c.node.args if a.keyword is None and not a.star]
-        name = dotted(positional[int(index)].value) if int(index) < len(positional) else None
+        named = [a for a in c.node.args if a.keyword is not None and a.keyword.value == param]
+        given = positional[int(index)].value if int(index) < len(positional) else named[0].value if named else None
+        name = dotted(given) if given is not None else None
         bound = binding_of(work.facts, name, c.scope, c.line) if name else None
         if bound is None or bound.value is None and bound.whole is None:  # (``model, crit = set_model()``: built)
             return

@@ -34,7 +34,7 @@ import libcst as cst
 from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.crossing import EVAL, HANDED, TRAIN, Ask, key
 from ddpkit.commands.convert.reductions import reductions
-from ddpkit.commands.convert.scan import Binding, Call, Loop, dotted, resolve
+from ddpkit.commands.convert.scan import Binding, Call, Loop, dotted, imported_from, resolve
 from ddpkit.commands.convert.sums import sums_after
 
 _Work = Any  # the plan in the making (plan._Work)
@@ -267,7 +267,7 @@ def passed(work: _Work, origin_of: Any) -> list[tuple[str, list[Call], bool | No
         for site, bound in sites:
             value = bound.value if bound is not None else None
             made = next((c.name for c in work.facts.calls if value is not None and c.node is value), None)
-            origin = origin_of(bound) if bound is not None and made not in LOADERS else None
+            origin = origin_of(bound) if bound is not None and made not in LOADERS else _imported(work, want, site)
             if made == LOADERS[0]:
                 loaders.extend(c for c in work.facts.calls if c.node is value)
             elif origin is not None:
@@ -277,6 +277,21 @@ def passed(work: _Work, origin_of: Any) -> list[tuple[str, list[Call], bool | No
                 every &= made == LOADERS[1]
         found.append((want, loaders, every if sites else None))
     return found
+
+
+def _imported(work: _Work, want: str, site: Call) -> tuple[str, str] | None:
+    """(the module, the name) of what ``site`` passes for ``want``'s argument when it is a name imported from
+    another module of the project (distiller's ``from data import train_loader``, then ``fit(net, train_loader)``)."""
+    _, _, index, name = want.split(":")
+    if "[" in name:
+        return None
+    positional = [a for a in site.node.args if a.keyword is None and not a.star]
+    given = positional[int(index)].value if int(index) < len(positional) else \
+        next((a.value for a in site.node.args if a.keyword is not None and a.keyword.value == name), None)
+    written = dotted(given) if given is not None else None
+    if not written or flow.binding_of(work.facts, written, site.scope, site.line) is not None:
+        return None
+    return imported_from(work.facts, written)
 
 
 def _calls(work: _Work, call: Call, module: str, function: str) -> bool:

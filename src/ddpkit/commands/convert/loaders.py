@@ -319,6 +319,12 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
                    "visibly: left as it is (every rank reads all of it)", "if it should be sharded: "
                    "ddpkit.data_loader(dataset, batch_size) to train, or train=False to evaluate")
         return False
+    if role is None and not loops and binding is not None and _returns(work.facts, binding) and \
+            not _called(work.facts, call):  # (a factory no one here calls: joint-vae's get_chairs_test_dataloader)
+        work.keep(call.line, "a DataLoader a function returns, called from no line of this file, left as it is",
+                  "its callers are elsewhere (or nowhere): a file of the project that loops over it asks for it, "
+                  "and it is converted then (ddpkit convert --imports SCRIPT, or a folder)")
+        return False
     if role is None:
         named = "; its name says evaluation, but it shuffles (shuffle=True), and a name is trusted only for a " \
             "loader read in order" if flow.shuffled_eval_name(work.facts, binding, call) else ""
@@ -374,12 +380,24 @@ def _unsharded_feed(work: _Work, loop: Loop) -> tuple[str, int, str | None] | No
             options = [arg.body, arg.orelse] if isinstance(arg, cst.IfExp) else [arg]
             for option in options:
                 name = dotted(option) if option is not None else None
-                bound = flow.binding_of(work.facts, name, call.scope, call.line) if name else None
+                bound = _followed(work, flow.binding_of(work.facts, name, call.scope, call.line) if name else None)
                 made = _made(work, bound)
                 if bound is None or id(made) not in built or id(made) in work.plain or \
                         id(made) in work.sharded and bound.value is None:  # (the builder's training line: char-cnn)
                     return (name or "an expression", call.line, _builder(work, bound))
     return None
+
+
+def _followed(work: _Work, bound: Binding | None) -> Binding | None:
+    """``bound`` through the names it copies (a trainer's ``self.val_loader = val_loader``, a parameter of its
+    ``__init__``, to the loader its one caller passes): the binding of what it holds."""
+    for _ in range(flow.DEPTH):
+        name = dotted(bound.value) if bound is not None and bound.value is not None else None
+        further = flow.binding_of(work.facts, name, bound.scope, bound.line) if bound is not None and name else None
+        if further is None or further is bound:
+            break
+        bound = further
+    return bound
 
 
 def _made(work: _Work, bound: Binding | None) -> cst.BaseExpression | None:
@@ -463,6 +481,12 @@ def _called(facts: Facts, call: Call) -> bool:
     return bool(callers(facts, scope)) or \
         any((read == name or read.endswith(f".{name}")) and node is not getattr(scope.node, "name", None)
             for read, _, _, node in facts.reads)  # a dict of factories, partial(f): a use that is no call
+
+
+def _returns(facts: Facts, binding: Binding) -> bool:
+    """The function that binds ``binding`` returns it (``loader = DataLoader(...)`` then ``return loader``)."""
+    return any(scope is binding.scope and any(dotted(e) == binding.target for e in unpacked(value))
+               for scope, value in facts.returns if scope.name)
 
 
 def _returned(facts: Facts, call: Call) -> list[Binding] | None:

@@ -149,15 +149,19 @@ def _holds(node: cst.CSTNode, stmt: cst.CSTNode) -> bool:
     return any(found is stmt for found in m.findall(node, m.SimpleStatementLine()))
 
 
-def _runs_before(facts: Facts, read: Any, target: Scope) -> bool:
+def _runs_before(facts: Facts, read: Any, target: Scope, depth: int = 0) -> bool:
     """``read``, in no loop of a function called in no loop (or of the module), is above every call of that
-    function that leads to ``target`` (the writing function), and there is one such call."""
+    function that leads to ``target`` (the writing function), and there is one such call; or, in a function that
+    leads to no such call, its one call site is (a trainer's ``load_checkpoint``, called at the top of ``train()``
+    under ``if resume:``, before the epochs that call ``save_checkpoint``)."""
     scope = read.scope  # (the module's own code runs once: capsnet's ``if args.weights: model.load_state_dict(
     # torch.load(args.weights))`` in its ``__main__`` block, then ``train(...)``, which saves)
     if read.loops or scope.name and not _called_once(facts, scope):
         return False
     leading = [c.line for c in facts.calls if c.scope is scope and _reaches(facts, c, target)]
-    return bool(leading) and min(leading) > read.line
+    if leading or not scope.name or depth >= 3 or scope is target:
+        return bool(leading) and min(leading) > read.line
+    return _runs_before(facts, callers(facts, scope)[0], target, depth + 1)
 
 
 def _constructs(facts: Facts, read: Any, write: Any) -> bool:

@@ -23,7 +23,7 @@ import libcst.matchers as m
 
 from ddpkit.commands.check.rules import RANK_WORDS
 from ddpkit.commands.convert.flow import in_body
-from ddpkit.commands.convert.rules import called_in_branch, main_guard, main_test, per_rank
+from ddpkit.commands.convert.rules import called_in_branch, in_main_block, main_test, per_rank
 from ddpkit.commands.convert.scan import Call
 
 # the plan in the making (plan._Work): facts, edits, note, leave
@@ -54,7 +54,7 @@ def remove(work: _Work, call: Call) -> None:
     while (outer := _sole_holder(work.facts.module, holder)) is not None:  # ``try: rmtree(d) except ...: pass``
         holder = outer
     work.edits.guard[id(holder)] = main_test(work, call.scope)
-    if not (in_body(holder, call.scope) or _in_main_block(work.facts.module, holder)) or \
+    if not (in_body(holder, call.scope) or in_main_block(work.facts.module, holder)) or \
             called_in_branch(work, call.scope):
         work.leave(call.line, f"{call.name} guarded (rank 0 removes), but under an if, in a loop or in a try: no "
                    "barrier was put after it, and another rank may go on before the folder is gone", "put ddpkit."
@@ -76,10 +76,3 @@ def _sole_holder(module: cst.Module, stmt: cst.BaseStatement) -> cst.BaseStateme
         if isinstance(body, cst.IndentedBlock) and len(body.body) == 1 and body.body[0] is stmt:
             return node  # type: ignore[return-value]
     return None
-
-
-def _in_main_block(module: cst.Module, stmt: cst.BaseStatement) -> bool:
-    """``stmt`` is a statement of the module's own ``if __name__ == "__main__":`` block (every rank runs it)."""
-    return any(isinstance(top, cst.If) and top.orelse is None and main_guard(module.code_for_node(top.test)) and
-               isinstance(top.body, cst.IndentedBlock) and any(s is stmt for s in top.body.body)
-               for top in module.body)

@@ -298,9 +298,10 @@ def wait_before(work: _Work, write: Any, reads: list[Any]) -> bool:
     read = min(reads, key=lambda c: c.line)
     # the read's own line a statement of the function's body: not under a ``with`` (open's header runs first),
     # not in a block of rank 0's own (guarded: the others would never meet the barrier)
-    if any(r.scope is not write.scope or r.tests or r.loops or r.stmt is None or r.line <= write.line
-           for r in reads) or called_in_branch(work, read.scope) or \
-            not in_body(read.stmt, read.scope) or id(read.stmt) in work.edits.guard:
+    if any(r.scope is not write.scope or [t for t in r.tests if not main_guard(t)] or r.loops or r.stmt is None
+           or r.line <= write.line for r in reads) or called_in_branch(work, read.scope) or \
+            not (in_body(read.stmt, read.scope) or in_main_block(work.facts.module, read.stmt)) or \
+            id(read.stmt) in work.edits.guard:
         return False
     waits = [c for c in work.facts.calls if c.scope is read.scope and write.line < c.line <= read.line
              and c.stmt is not None and "ddpkit.barrier()" in work.edits.before.get(id(c.stmt), ())]
@@ -325,6 +326,13 @@ def branched(work: _Work, call: Any) -> bool:
     """The call is under an ``if`` (not ``if __name__ == "__main__":``), in a loop, or in a function called under
     one: a barrier beside it is a collective that one rank may skip."""
     return any(not main_guard(t) for t in call.tests) or bool(call.loops) or called_in_branch(work, call.scope)
+
+
+def in_main_block(module: cst.Module, stmt: Any) -> bool:
+    """``stmt`` is a statement of the module's own ``if __name__ == "__main__":`` block (every rank runs it)."""
+    return any(isinstance(top, cst.If) and top.orelse is None and main_guard(module.code_for_node(top.test)) and
+               isinstance(top.body, cst.IndentedBlock) and any(s is stmt for s in top.body.body)
+               for top in module.body)
 
 
 def main_guard(test: str) -> bool:

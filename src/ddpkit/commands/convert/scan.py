@@ -184,6 +184,8 @@ def _import_aliases(module: cst.Module) -> tuple[dict[str, str], list[cst.Simple
                     aliases.setdefault(name, f"{module_name}.{name}")
                 if not small.relative and module_name.split(".")[0] not in LIBRARIES:  # a module of the project's
                     modules[f"* {module_name}"] = module_name  # (a key no name has: imported_from reads it)
+                elif not small.relative:  # a library's: ``tqdm`` of ``from tqdm import *`` is no project name
+                    modules[f"** {module_name}"] = module_name
             elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
                 lines.append(stmt)
                 base = "." * len(small.relative) + (dotted(small.module) or "")  # ``from .model import``: kept
@@ -221,7 +223,8 @@ def imported_from(facts: Facts, name: str) -> tuple[str, str] | None:
             return None if _library(facts, module) else (module, parts[k])
     full = facts.aliases.get(parts[0])
     starred = [m for k, m in facts.modules.items() if k.startswith("* ")]
-    if full is None and len(starred) == 1 and parts[0] not in BUILTINS:
+    named = {m.split(".")[-1] for k, m in facts.modules.items() if k.startswith("** ")}  # (``tqdm`` of tqdm's star)
+    if full is None and len(starred) == 1 and parts[0] not in BUILTINS and parts[0] not in named:
         return starred[0], parts[0]  # ``from params import *``: a name read and never bound here is its (not len)
     if full is None or "." not in full or parts[0] in facts.modules:
         return None

@@ -365,8 +365,10 @@ def _mean_criterion(facts: Facts, loop: Loop, loss: str) -> bool:
     """``loss`` is bound in ``loop`` to one of torch's losses with its default reduction, a mean over the batch:
     ``F.cross_entropy(...)``, or ``criterion(...)`` of ``criterion = nn.CrossEntropyLoss()``. Not with
     ``reduction='sum'`` (a VAE's), nor a loss of the script's own or of another module (its reduction unseen)."""
-    bound = [b for b in facts.bindings if b.target == loss and b.scope is loop.scope and b.value is not None]
-    value = bound[-1].value if bound else None
+    bound = [b for b in facts.bindings if b.target == loss and b.scope is loop.scope and b.value is not None and
+             b.line <= loop.end]  # (the loop's own: ``loss = total_loss / total`` below it is the epoch's value)
+    inside = [b for b in bound if b.line >= loop.line]
+    value = (inside or bound)[-1].value if bound else None
     if not isinstance(value, cst.Call):
         return False
     def torch_loss(call: cst.Call) -> bool:

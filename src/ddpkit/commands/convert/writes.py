@@ -25,9 +25,9 @@ import libcst.matchers as m
 
 from ddpkit.commands.check.rules import RANK_WORDS
 from ddpkit.commands.convert import order
-from ddpkit.commands.convert.flow import binding_of
+from ddpkit.commands.convert.flow import binding_of, in_body
 from ddpkit.commands.convert.handedin import iterated
-from ddpkit.commands.convert.rules import branched, main_test, per_rank, wait_before
+from ddpkit.commands.convert.rules import branched, in_main_block, main_test, per_rank, wait_before
 from ddpkit.commands.convert.scan import Call, dotted, resolve
 
 _Work = Any  # the plan in the making (plan._Work)
@@ -47,6 +47,7 @@ WHY = "every rank holds the same results, and N writers of one file race (an app
 def writes(work: _Work) -> None:
     """Guard each file write of the script that every rank would make (see the module's docstring)."""
     opened = {id(c.node): c for c in work.facts.calls if c.name in OPENERS and _writing(c.node)}
+    backs = []  # (the writes every rank passes first: a barrier after one of them may serve one in a loop above)
     for call in work.facts.calls:
         what = WRITERS.get(call.name or "") or (METHODS.get(call.last) if isinstance(call.node.func, cst.Attribute)
                                                  and not (call.name or "").startswith(("torch.", "ddpkit.")) else None)
@@ -60,7 +61,9 @@ def writes(work: _Work) -> None:
         if id(call.stmt) not in work.edits.guard:
             work.edits.guard[id(call.stmt)] = main_test(work, call.scope)
             work.note(f"{call.last} guarded: rank 0 writes {what}", WHY, call.line)
-            _read_back(work, call, call.stmt)
+            backs.append((call, call.stmt))
+    for call, stmt in sorted(backs, key=lambda back: branched(work, back[0])):
+        _read_back(work, call, stmt)
     blocks = _with_blocks(work.facts.module)
     within = {id(i.item) for block in blocks for i in block.items}  # (``with open(...) as f``: guarded below)
     kept = {id(b.value) for b in work.facts.bindings if b.value is not None} - within
@@ -122,7 +125,7 @@ def _read_back(work: _Work, call: Call, stmt: Any) -> None:
              and not order.read_first(work.facts, c, call)]
     if not reads:
         return
-    if branched(work, call) and wait_before(work, call, reads):
+    if branched(work, call) and (_waited(work, call, reads[0].line) or wait_before(work, call, reads)):
         return
     if branched(work, call):  # (a rank may not pass the barrier)
         work.leave(call.line, f"a file is read at line {reads[0].line} (maybe the one written here), and the write "
@@ -131,6 +134,17 @@ def _read_back(work: _Work, call: Call, stmt: Any) -> None:
         return
     work.edits.after.setdefault(id(stmt), []).append("ddpkit.barrier()")
     work.note("then every rank waits for it (barrier)", f"a file is read at line {reads[0].line}", call.line)
+
+
+def _waited(work: _Work, call: Call, read: int) -> bool:
+    """A barrier every rank passes comes between the write and the read at line ``read``: one convert puts after a
+    later write of the same function (PyTorch_Practice's GAN lesson: each epoch's figure saved in the loop, the loss
+    figure after it, then the figures read back), or one the script has."""
+    def unbranched(c: Call) -> bool:
+        return c.scope is call.scope and call.line < c.line < read and c.stmt is not None and \
+            (in_body(c.stmt, c.scope) or in_main_block(work.facts.module, c.stmt)) and not branched(work, c)
+    return any(unbranched(c) and ("ddpkit.barrier()" in work.edits.after.get(id(c.stmt), ()) or
+                                  c.name == "ddpkit.barrier") for c in work.facts.calls)
 
 
 def _writing(node: cst.Call) -> bool:
