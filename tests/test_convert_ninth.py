@@ -337,14 +337,15 @@ if __name__ == "__main__":
 def test_a_read_in_another_command_of_the_script_is_no_race():
     """pytorch-gan-collections: ``if FLAGS.generate: generate() else: train()``, generate() loads ``--pretrain``,
     train() saves in a loop: the load was said to race the save. pytorch-book's ``fire.Fire()`` exposes test() and
-    train() the same way. A run of both, one after the other, still races: said."""
+    train() the same way. A run of both, train() then generate(), still races: said."""
     gan = GAN
     assert not plan(gan).left, plan(gan).left
     fired = gan.replace("def main():\n    if flags_generate:\n        generate()\n    else:\n        train()\n",
                         "def main():\n    import fire\n    fire.Fire()\n")
     assert fired != gan and not plan(fired).left, plan(fired).left
-    both = gan.replace("    else:\n        train()\n", "    train()\n")
-    assert [left.line for left in plan(both).left if "a file is read at line 9" in left.what] == [22]
+    both = gan.replace("    if flags_generate:\n        generate()\n    else:\n        train()\n",
+                       "    train()\n    generate()\n")  # (generate() first reads before any save: no race)
+    assert both != gan and [left.line for left in plan(both).left if "a file is read at line 9" in left.what] == [22]
 
 
 def test_a_save_read_back_under_the_main_guard_is_waited_for():

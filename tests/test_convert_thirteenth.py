@@ -424,3 +424,45 @@ def test_a_trainers_loaders_kept_as_attributes_are_followed_to_where_they_are_bu
     p = plan(TRAINER_VAL)
     assert not p.left, p.left
     assert p.text.count("train=False)") == 2 and "total = ddpkit.reduce(total)" in p.text
+
+
+HELPERS = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def load_data(batch_size):
+    ds = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+    return DataLoader(ds, batch_size=batch_size, shuffle=True)
+
+
+def train(net, loader, optimizer, epochs):
+    for epoch in range(epochs):
+        for x, y in loader:
+            loss = torch.nn.functional.cross_entropy(net(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+'''
+LESSON = '''import sys
+sys.path.append("..")
+import torch
+import helpers
+
+net = torch.nn.Linear(8, 2)
+loader = helpers.load_data(batch_size=16)
+optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+helpers.train(net, loader, optimizer, 2)
+'''
+
+
+def test_an_optimizer_handed_to_a_module_the_conversion_does_not_read_is_said():
+    """Dive-into-DL's lessons: ``sys.path.append("..")``, then ``d2l.train_ch5(net, ..., optimizer, ...)`` of a
+    package beside the lesson's folder: convert prepared the model, exited 0 and said nothing; every rank then
+    trained on every batch (ddpkit's runtime warned at launch). Read together, the helpers' loader (its trainer
+    handed the optimizer, the loader built there too) was kept as "called from no line" and nothing said."""
+    said = [x for x in plan(LESSON).left if "the training runs in helpers.train()" in x.what]
+    assert said and said[0].line == 9, plan(LESSON).left
+    files = {"lesson.py": LESSON, "helpers.py": HELPERS}
+    done = settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
+    assert not done["lesson.py"].left and not done["helpers.py"].left, (done["lesson.py"].left, done["helpers.py"].left)
+    assert "return ddpkit.data_loader(ds, global_batch_size=batch_size, shuffle=True)" in done["helpers.py"].text

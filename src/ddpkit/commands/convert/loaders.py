@@ -18,7 +18,7 @@ from typing import Any
 import libcst as cst
 from libcst import matchers as m
 
-from ddpkit.commands.convert import batch, bykey, bysplit, drawn, flow, handedin, imported, trained
+from ddpkit.commands.convert import batch, bykey, bysplit, drawn, feeds, flow, handedin, imported, trained
 from ddpkit.commands.convert.apply import LOADER_PARAMETERS, loader_call
 from ddpkit.commands.convert.crossing import NOT_PASSED, TRAIN
 from ddpkit.commands.convert.flow import callee, callers, loops_reading, peek, roles_said
@@ -44,7 +44,7 @@ def loaders(work: _Work) -> None:
             work.keep(call.line, "a DataLoader under if __name__ == '__main__' left as it is", "another file of the "
                       "project imports this module: the block is its demo, which never runs then")
         built = [c for c in built if c not in demos]
-    training = False
+    training = for_others = False  # (for_others: a loader converted for another module's loop, not this file's)
     handed = handedin.passed(work, lambda binding: imported.origin_of(work.facts, binding))
     for _, made, _ in handed:  # what this file hands to another module's training loop: trained on there
         for call in made:
@@ -77,6 +77,7 @@ def loaders(work: _Work) -> None:
             continue
         if wanted is not None and work.crossing.wants[wanted] == TRAIN:  # another module trains on it (a project)
             training |= _loader(work, call, "train")
+            for_others = True
             work.done.extend(bysplit.asked(work, call))  # (each split's ask: the evaluating one learns it is sharded)
             continue
         keyed = imported.keyed(work, call, built) if wanted is None else None
@@ -122,7 +123,7 @@ def loaders(work: _Work) -> None:
     # once every loader is decided: an evaluation whose sums are reduced for one loader, also handed one left
     # unsharded (imported plain, kept plain for its stored results, not a DataLoader): that one's would count N times
     for loop in work.reduced:
-        plain = _unsharded_feed(work, loop)
+        plain = feeds.unsharded_feed(work, loop)
         if plain is not None and plain[2]:
             work.leave(loop.line, f"the evaluation loop here runs over {plain[0]} (line {plain[1]}), which "
                        f"{plain[2]}() builds with the same DataLoader line as the training loader: one line cannot "
@@ -141,6 +142,10 @@ def loaders(work: _Work) -> None:
     fors = [lp for lp in work.facts.loops if isinstance(lp.node, cst.For)]
     if not backward and not built and fors and not uses_ddpkit(work.facts):  # an evaluation of another's loader
         imported.imported_loader(work, fors[0].line)
+    if not backward and not built and not uses_ddpkit(work.facts):
+        _trained_elsewhere(work)
+    if backward and (not training or for_others) and built and not uses_ddpkit(work.facts):  # none feeds this:
+        handedin.handed_in(work, backward[0].line)  # (d2l's ``train(net, loader, optimizer)``: its callers' loader)
     if backward and not training and not built and not uses_ddpkit(work.facts):  # (ddpkit: by hand)
         if imported.imported_loader(work, backward[0].line) or _subclassed(work, backward[0].line) or \
                 handedin.handed_in(work, backward[0].line):
@@ -237,6 +242,27 @@ def _handed_to_unread(facts: Facts, node: Any, depth: int) -> bool:
     scope, skip = target
     param = next((p for p in scope.params if flow.argument_for(call, p, scope, skip) is node), None)
     return param is not None and not _read(facts, param, scope, 0, depth + 1)
+
+
+def _trained_elsewhere(work: _Work) -> None:
+    """An optimizer made here and handed to a function of a module this conversion does not read (Dive-into-DL's
+    lessons: ``sys.path.append("..")``, then ``d2l.train_ch5(net, train_iter, test_iter, batch_size, optimizer,
+    ...)``): its training loop, and the loader it runs over, are there, unconverted: every rank would train on
+    every batch. Said, not passed over."""
+    made = {b.target for b in work.facts.bindings if isinstance(b.value, cst.Call) and
+            any(c.node is b.value and trained.optimizer(c) for c in work.facts.calls)}
+    for call in work.facts.calls:
+        func = dotted(call.node.func)
+        origin = imported_from(work.facts, func) if func else None
+        if origin is None or origin[0].split(".")[0] in work.facts.own or \
+                not any(dotted(a.value) in made for a in call.node.args):
+            continue
+        work.leave(call.line, f"the training runs in {func}() of {origin[0]}, a module this conversion does not read "
+                   "(not beside the script, or converted without --imports): its loop and the loader it reads stay "
+                   "as they are, and every rank would train on every batch", "convert them together (ddpkit convert "
+                   f"--imports SCRIPT, with {origin[0]} in the script's folder), or make its loader a "
+                   "ddpkit.data_loader(dataset, global_batch_size=B) there yourself")
+        return
 
 
 def _wanted(work: _Work, call: Call) -> str | None:
@@ -362,73 +388,6 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
     work.note(f"DataLoader -> ddpkit.data_loader ({'training' if role == 'train' else 'train=False'})",
               how, call.line)
     return role == "train"
-
-def _unsharded_feed(work: _Work, loop: Loop) -> tuple[str, int, str | None] | None:
-    """(the argument, its line, the function of this file that built it with the training loader's line) of a call
-    that hands the loop's function, as the parameter it loops over, something other than a DataLoader built in this
-    file (one imported from another module, say): a loader this plan does not shard."""
-    scope = loop.scope
-    params = handedin.reads(work, loop) & set(scope.params)
-    built = {id(c.node) for c in work.facts.calls if c.name == LOADER}
-    for call in work.facts.calls if params else ():
-        target = flow.callee(work.facts, call)
-        if target is None or target[0] is not scope:
-            continue
-        for param in params:
-            arg = flow.argument_for(call, param, scope, target[1])
-            # ``valid_loader if valid_loader else test_loader``: each name it may pass
-            options = [arg.body, arg.orelse] if isinstance(arg, cst.IfExp) else [arg]
-            for option in options:
-                name = dotted(option) if option is not None else None
-                bound = _followed(work, flow.binding_of(work.facts, name, call.scope, call.line) if name else None)
-                made = _made(work, bound)
-                if bound is None or id(made) not in built or id(made) in work.plain or \
-                        id(made) in work.sharded and bound.value is None:  # (the builder's training line: char-cnn)
-                    return (name or "an expression", call.line, _builder(work, bound))
-    return None
-
-
-def _followed(work: _Work, bound: Binding | None) -> Binding | None:
-    """``bound`` through the names it copies (a trainer's ``self.val_loader = val_loader``, a parameter of its
-    ``__init__``, to the loader its one caller passes): the binding of what it holds."""
-    for _ in range(flow.DEPTH):
-        name = dotted(bound.value) if bound is not None and bound.value is not None else None
-        further = flow.binding_of(work.facts, name, bound.scope, bound.line) if bound is not None and name else None
-        if further is None or further is bound:
-            break
-        bound = further
-    return bound
-
-
-def _made(work: _Work, bound: Binding | None) -> cst.BaseExpression | None:
-    """The DataLoader call ``bound`` holds: its value, or the element a function of this file returns for it
-    (``train_dl, val_dl = get_loaders(args)``: ``val_dl = DataLoader(...)`` in ``get_loaders``, returned second)."""
-    if bound is None or bound.value is not None or not isinstance(bound.whole, cst.Call):
-        return bound.value if bound is not None else None
-    made = next((c for c in work.facts.calls if c.node is bound.whole), None)
-    target = flow.callee(work.facts, made) if made is not None else None
-    if target is None:
-        return None
-    for scope, value in work.facts.returns:
-        if scope is not target[0] or not isinstance(value, cst.Tuple) or bound.index >= len(value.elements):
-            continue
-        element = value.elements[bound.index].value
-        held = flow.binding_of(work.facts, dotted(element) or "", scope, 1 << 30) \
-            if dotted(element) else None
-        return held.value if held is not None else element
-    return None
-
-
-def _builder(work: _Work, bound: Binding | None) -> str | None:
-    """The function of this file that returned ``bound`` when it builds a training DataLoader too (char-cnn's
-    ``make_data_loader()`` for both the training and the validation loader): one DataLoader line, two roles."""
-    made = next((c for c in work.facts.calls if bound is not None and c.node is bound.whole), None)
-    target = flow.callee(work.facts, made) if made is not None else None
-    if target is None or not any(c.name == LOADER and c.scope is target[0] and id(c.node) not in work.plain
-                                 for c in work.facts.calls):
-        return None
-    return target[0].name
-
 
 def _comprehended(work: _Work, call: Call) -> bool:
     """``call`` is what a list / generator / set comprehension iterates (``[d[0] for d in DataLoader(raw)]``)."""

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import libcst as cst
+
 from ddpkit.commands.convert.crossing import MODEL
-from ddpkit.commands.convert.scan import resolve
+from ddpkit.commands.convert.scan import dotted, resolve
 
 _Work = Any  # the plan in the making (plan._Work)
 
@@ -30,9 +32,17 @@ def unwrapped(work: _Work) -> None:
             any(left.blocks for left in work.left) or \
             any("prepare_model" in e.what for e in work.log) or \
             not any(c.last == "step" for c in calls) or \
-            any(resolve(c.name, work.facts.aliases) == "ddpkit.prepare_model" for c in calls):
+            any(resolve(c.name, work.facts.aliases) == "ddpkit.prepare_model" for c in calls) or \
+            _handed_optimizer(work):
         return
     work.leave(backward[0].line, "the training loader is sharded (each rank its part of every batch), but no model "
                "that an optimizer here trains was found to prepare: nothing would average the gradients", "wrap "
                "the model where it is built: model = ddpkit.prepare_model(model), then convert again (as it is, the "
                "converted script stops at its first step)")
+
+
+def _handed_optimizer(work: _Work) -> bool:
+    """Every step is of an optimizer its function is handed (Dive-into-DL's ``train_ch5(net, ..., optimizer)``):
+    made, with its model prepared, by the caller."""
+    steps = [c for c in work.facts.calls if c.last == "step" and isinstance(c.node.func, cst.Attribute)]
+    return bool(steps) and all(dotted(c.node.func.value) in c.scope.params for c in steps)

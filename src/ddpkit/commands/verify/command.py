@@ -323,7 +323,8 @@ def _matched(script: str, script_args: Sequence[str], nproc: int, steps: int, at
                   f"{'; ' + again['rounding_note'] if again.get('rounding_note') else ''}); the other tests decide",
                   file=sys.stderr, flush=True)
     except (CannotCompare, RuntimeError) as exc:  # said: the other tests decide, and the line says why
-        print(f"{PROG}: the re-run with the draws matched could not run ({str(exc)[:300]}); the other tests decide",
+        print(f"{PROG}: the re-run with the draws matched could not run ({_shortened(str(exc))}); the other tests "
+              "decide",
               file=sys.stderr, flush=True)
         return None
     return again
@@ -496,3 +497,16 @@ def _verify_one(ns: argparse.Namespace, nproc: int, device: str | None, note: st
         if result.get("rounding_note"):
             print(f"  {result['rounding_note']}", flush=True)
     return 0 if result["passed"] else CANNOT_COMPARE if result.get("cannot_compare") else NOT_EQUIVALENT
+
+
+def _shortened(text: str, most: int = 1200) -> str:
+    """``text`` whole up to ``most`` characters; beyond, cut after its last full sentence or clause that fits (a
+    cause cut mid-word, "(an", says nothing).
+
+    >>> _shortened("a b. c d", most=6)
+    'a b. ...'
+    """
+    if len(text) <= most:
+        return text
+    cut = max(text.rfind(mark, 0, most) for mark in (". ", "; ", ": "))
+    return (text[:cut + 1] if cut > 0 else text[:most]) + " ..."
