@@ -466,3 +466,67 @@ def test_an_optimizer_handed_to_a_module_the_conversion_does_not_read_is_said():
     done = settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
     assert not done["lesson.py"].left and not done["helpers.py"].left, (done["lesson.py"].left, done["helpers.py"].left)
     assert "return ddpkit.data_loader(ds, global_batch_size=batch_size, shuffle=True)" in done["helpers.py"].text
+
+
+def test_a_batch_norm_of_the_scripts_own_is_listed():
+    """normalizing_flows' MAF: ``class BatchNorm(nn.Module)`` whose ``forward`` takes ``x.mean(0)`` / ``x.var(0)``
+    when training: each rank's statistics over its half of the batch; convert said nothing, verify FAILed it.
+    Dive-into-DL's ``batch_norm(is_training, X, ...)`` the same; a mean over features or in a plain training
+    function is no batch norm."""
+    head = ("import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\n"
+            "class BatchNorm(torch.nn.Module):\n    def forward(self, x):\n        if self.training:\n"
+            "            {stat}\n        return x\n\n\n"
+            "model = torch.nn.Sequential(torch.nn.Linear(4, 4), BatchNorm())\n"
+            "opt = torch.optim.Adam(model.parameters())\n"
+            "loader = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=8, shuffle=True)\n"
+            "for (x,) in loader:\n    model(x).mean().backward()\n    opt.step()\n")
+    listed = [x for x in plan(head.format(stat="x = (x - x.mean(0)) / x.std(0)")).left if "over the batch" in x.what]
+    assert listed and listed[0].line == 8, listed
+    assert not plan(head.format(stat="x = x - x.mean(dim=-1, keepdim=True)")).left
+
+
+XMOD_MAIN = '''import torch, torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from tools import EarlyStopping
+
+torch.manual_seed(0)
+loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8, shuffle=True)
+model = nn.Linear(4, 1)
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+stopper = EarlyStopping()
+for epoch in range(3):
+    total = 0.0
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        total += loss.item()
+    stopper(total, model, "best.pth")
+model.load_state_dict(torch.load("best.pth"))
+print("loaded the best weights")
+'''
+XMOD_TOOLS = '''import torch
+
+
+class EarlyStopping:                      # PatchTST's utils/tools.py EarlyStopping, in small
+    def __init__(self):
+        self.best = None
+
+    def __call__(self, val_loss, model, path):
+        if self.best is None or val_loss < self.best:
+            self.best = val_loss
+            torch.save(model.state_dict(), path)
+'''
+
+
+def test_a_checkpoint_another_module_saves_during_training_is_waited_for_before_it_is_read():
+    """PatchTST: ``EarlyStopping`` of ``utils/tools.py`` saves the best model in the epoch loop (rank 0's alone once
+    converted) and ``exp_main.py`` loads it after the loop: no barrier, no line; at 2 processes rank 1 read the
+    epoch-1 file and the replicas parted (a ReplicaError at the end, a second row in result.txt)."""
+    files = {"main.py": XMOD_MAIN, "tools.py": XMOD_TOOLS}
+    done = settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
+    lines = done["main.py"].text.splitlines()
+    read = next(i for i, line in enumerate(lines) if "torch.load(" in line)
+    assert lines[read - 1].strip() == "ddpkit.barrier()", done["main.py"].text
+    assert "ddpkit.barrier()" not in plan(XMOD_MAIN).text  # (alone: no project, no other module's save known)

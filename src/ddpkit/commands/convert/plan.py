@@ -27,6 +27,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ddpkit.commands.convert import (
     batch,
+    batchstats,
     branches,
     crossing,
     device,
@@ -41,6 +42,7 @@ from ddpkit.commands.convert import (
     parallel,
     partners,
     removals,
+    reread,
     rules,
     splits,
     tokens,
@@ -220,6 +222,7 @@ class _Work:
         parallel.modules(self)
         loaders.loaders(self)
         unwrapped.unwrapped(self)
+        batchstats.own_batch_norm(self)
         splits.splits(self, any(c.name in (loaders.LOADER, "ddpkit.data_loader") for c in self.facts.calls))
         batch.summed_loss(self)
         batch.whole_batch_loss(self)
@@ -228,6 +231,7 @@ class _Work:
         rules.outputs(self)
         removals.removals(self)
         writes.writes(self)
+        reread.reread(self)
 
     def _convertible(self) -> bool:
         for call in self.facts.calls:

@@ -1,0 +1,67 @@
+"""A BatchNorm of the script's own: a function or method that, when training, takes the mean or the variance over
+the batch's dimension (normalizing_flows' ``BatchNorm.forward``: ``if self.training: self.batch_mean = x.mean(0)``;
+Dive-into-DL's ``batch_norm(is_training, X, ...)``: ``X.mean(dim=0)``). Sharded, each rank's statistics are over
+its part of the global batch, not the whole batch one process saw; ``prepare_model`` synchronizes torch's own
+``nn.BatchNorm*`` layers (SyncBatchNorm), not this. Listed (left to you), where verify would FAIL it.
+
+Example::
+
+    >>> from ddpkit.commands.convert.plan import plan
+    >>> text = ("import torch\\nfrom torch.utils.data import DataLoader\\nclass BN(torch.nn.Module):\\n"
+    ...         "    def forward(self, x):\\n        if self.training:\\n            return x - x.mean(0)\\n"
+    ...         "        return x\\nm = torch.nn.Sequential(torch.nn.Linear(2, 2), BN())\\n"
+    ...         "opt = torch.optim.SGD(m.parameters(), lr=1)\\n"
+    ...         "for x in DataLoader(ds, batch_size=8, shuffle=True):\\n    m(x).sum().backward()\\n    opt.step()\\n")
+    >>> [x.line for x in plan(text).left if "statistics over the batch" in x.what]
+    [6]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libcst as cst
+from libcst import matchers as m
+
+_Work = Any  # the plan in the making (plan._Work)
+
+STATISTICS = ("mean", "var", "std", "var_mean", "std_mean")
+
+
+def own_batch_norm(work: _Work) -> None:
+    """List the first function of the script that takes training statistics over the batch's dimension, when a
+    training loader is sharded."""
+    if not work.trains:
+        return
+    for scope in work.facts.scopes.values():
+        if not scope.name or not _training(scope):
+            continue
+        stat = next((c for c in work.facts.calls if c.scope is scope and c.last in STATISTICS and
+                     isinstance(c.node.func, cst.Attribute) and _over_batch(c.node)), None)
+        if stat is None:
+            continue
+        work.leave(stat.line, f"statistics over the batch ({work.facts.code(stat.node)}) in {scope.name}(), a "
+                   "BatchNorm of the script's own: sharded, each rank's are over its part of the global batch, not "
+                   "the whole batch one process saw (prepare_model synchronizes torch's nn.BatchNorm layers only)",
+                   "use torch's nn.BatchNorm1d / 2d, or average the statistics across ranks yourself "
+                   "(ddpkit.reduce(mean, op='mean') and the same of the mean of squares)")
+        return
+
+
+def _training(scope: Any) -> bool:
+    """The function reads ``self.training`` or a parameter named for training (``is_training``)."""
+    reads = any(isinstance(a, cst.Attribute) and a.attr.value == "training" and isinstance(a.value, cst.Name) and
+                a.value.value == "self" for a in m.findall(scope.node, m.Attribute()))
+    return reads or bool(TRAINING & set(scope.params))
+
+
+TRAINING = {"training", "is_training", "is_train", "train_mode"}  # (not ``train_loader``: a training function's)
+
+
+def _over_batch(call: cst.Call) -> bool:
+    """``x.mean(0)``, ``x.var(dim=0)``, ``X.mean(dim=(0, 2, 3))``: the batch's dimension among those reduced."""
+    positional = [a.value for a in call.args if a.keyword is None]
+    dim = next((a.value for a in call.args if a.keyword is not None and a.keyword.value in ("dim", "axis")),
+               positional[0] if positional else None)
+    items = [e.value for e in dim.elements] if isinstance(dim, (cst.Tuple, cst.List)) else [dim]
+    return any(isinstance(item, cst.Integer) and item.value == "0" for item in items)

@@ -1,0 +1,51 @@
+"""A checkpoint read back after the training loop, in a project whose ``torch.save`` is in another module
+(PatchTST: ``EarlyStopping`` of ``utils/tools.py`` saves the best model during training, rank 0 alone once
+converted, and ``exp_main.py`` loads it after the epochs). Without a wait, another rank may read the file before rank
+0 has written its last version (a stale model, and the ranks part: the run stops on a ReplicaError at its end). A
+barrier goes before the read where every rank passes; elsewhere, the read is listed.
+
+Example::
+
+    >>> from ddpkit.commands.convert.crossing import Crossing
+    >>> from ddpkit.commands.convert.plan import plan
+    >>> text = ("import torch\\nfrom torch.utils.data import DataLoader\\nfrom tools import stopper\\n"
+    ...         "def train(m, opt):\\n    for x in DataLoader(ds, batch_size=8, shuffle=True):\\n"
+    ...         "        m(x).sum().backward()\\n        opt.step()\\n        stopper(m)\\n"
+    ...         "    m.load_state_dict(torch.load('best.pt'))\\n")
+    >>> done = plan(text, crossing=Crossing(own=frozenset({"tools", "main"})))
+    >>> done.text.splitlines()[-2].strip()
+    'ddpkit.barrier()'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddpkit.commands.convert import flow
+from ddpkit.commands.convert.rules import branched, in_main_block
+
+_Work = Any  # the plan in the making (plan._Work)
+
+
+def reread(work: _Work) -> None:
+    """A barrier before each ``torch.load`` below a training loop of its function, in a project file that saves
+    nothing itself (the save is another module's)."""
+    calls = work.facts.calls
+    if not work.trains or not work.crossing.own or any(c.name == "torch.save" for c in calls):
+        return
+    for load in (c for c in calls if c.name == "torch.load" and c.stmt is not None):
+        after = [lp for lp in work.facts.loops if lp.scope is load.scope and lp.end < load.line and
+                 flow.trains(work.facts, lp) and not lp.outer]
+        if not after or id(load.stmt) in work.edits.guard:
+            continue
+        every = not load.loops and not any(t for t in load.tests if "__name__" not in t) and \
+            (flow.in_body(load.stmt, load.scope) or in_main_block(work.facts.module, load.stmt)) and \
+            (not flow.callers(work.facts, load.scope) or not branched(work, load))
+        if not every:
+            work.leave(load.line, "a file read after the training loop (maybe a checkpoint another module of the "
+                       "project saved, rank 0's alone), inside an if or a loop: another rank may read it before rank "
+                       "0 has written it", "put ddpkit.barrier() before the read where every rank passes")
+            continue
+        work.edits.before.setdefault(id(load.stmt), []).append("ddpkit.barrier()")
+        work.note("ddpkit.barrier() before the read", "a checkpoint saved during training by another module of the "
+                  "project (rank 0's alone) is read here: every rank waits until it is written", load.line)
