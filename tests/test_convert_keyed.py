@@ -151,3 +151,43 @@ def test_items_of_a_dict_literal_handed_to_another_modules_loops_are_followed(tm
     two = launch(out / "train.py", nproc=2, timeout=120)
     assert two.returncode == 0, two.stderr[-2000:]
     assert two.stdout.split() == one.stdout.split(), (one.stdout, two.stdout)
+
+
+@pytest.mark.parametrize("sizes", ["len(dataloaders[phase].dataset)", "from-loaders"])
+def test_review_a_phase_loops_sums_over_the_items_dataset_are_reduced(tmp_path, sizes):
+    """Review: ``running_loss / len(dataloaders[phase].dataset)``, and sizes taken from the loaders
+    (``{x: len(dataloaders[x].dataset) ...}``), were no dataset size: the training split's loss rank 0's half."""
+    source = PHASES.replace("dataset_sizes[phase]", "len(dataloaders[phase].dataset)") if sizes != "from-loaders" \
+        else PHASES.replace("dataset_sizes = {x: len(image_datasets[x])",
+                            "dataset_sizes = {x: len(dataloaders[x].dataset)")
+    p = plan(source)
+    assert "running_loss = ddpkit.reduce(running_loss) if phase == 'train' else running_loss" in p.text, p.text
+    prints_as_one_process(tmp_path, source, p.text)
+
+
+def test_review_an_evaluation_of_the_trained_key_is_reduced_or_refused(tmp_path):
+    """Review: ``evaluate(loaders['train'])`` (one function for both keys) and a last loop over
+    ``dataloaders['train']`` read the sharded loader with nothing summing the ranks: the accuracy rank 0's."""
+    shared = LITERAL.replace("    tr, te = train_res, test_res\n",
+                             "    tr, te = evaluate(loaders['train'], model, criterion), test_res\n")
+    assert any(x.blocks and "also runs over" in x.what for x in plan(shared).left), plan(shared).left
+    final = PHASES + ("correct = 0\nwith torch.no_grad():\n    for inputs, labels in dataloaders['train']:\n"
+                      "        correct += (model(inputs).argmax(1) == labels).sum().item()\n"
+                      "print('final', correct / dataset_sizes['train'])\n")
+    p = plan(final)
+    assert "    correct = ddpkit.reduce(correct)" in p.text or "correct = ddpkit.reduce(correct)" in p.text, p.text
+    prints_as_one_process(tmp_path, final, p.text)
+
+
+def test_review_a_sum_over_every_split_begun_outside_their_loop_is_refused():
+    """Review: ``total_loss = 0.0`` per epoch, summed in both phases: skipped with no word (the trained split's
+    part rank 0's, the other's whole)."""
+    source = PHASES.replace("        for phase in ['train', 'val']:\n",
+                            "        total_loss = 0.0\n        for phase in ['train', 'val']:\n").replace(
+        "                running_loss += loss.item() * inputs.size(0)\n",
+        "                running_loss += loss.item() * inputs.size(0)\n"
+        "                total_loss += loss.item()\n").replace(
+        "    return model\n", "        print(total_loss / (dataset_sizes['train'] + dataset_sizes['val']))\n"
+                           "    return model\n")
+    assert source.count("total_loss") == 3
+    assert any(x.blocks and "total_loss summed over every split" in x.what for x in plan(source).left)

@@ -530,3 +530,31 @@ def test_a_checkpoint_another_module_saves_during_training_is_waited_for_before_
     read = next(i for i, line in enumerate(lines) if "torch.load(" in line)
     assert lines[read - 1].strip() == "ddpkit.barrier()", done["main.py"].text
     assert "ddpkit.barrier()" not in plan(XMOD_MAIN).text  # (alone: no project, no other module's save known)
+
+
+def test_review_a_read_in_a_function_the_loop_calls_is_not_answered_by_a_later_barrier():
+    """Review: ``np.save('emb.npy', ...)`` then ``report()`` (which loads it) in the epoch loop, and a final save
+    after the loop with its barrier: the later barrier was taken to answer the loop's write, though the read runs
+    before it (rank 1 read a stale file or none)."""
+    source = ("import numpy as np\nimport torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n"
+              "model = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+              "loader = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4, shuffle=True)\n\n\n"
+              "def train():\n    for epoch in range(2):\n        for (x,) in loader:\n"
+              "            model(x).mean().backward()\n            opt.step()\n"
+              "        np.save('emb.npy', np.zeros(3))\n        report()\n    np.save('final.npy', np.zeros(3))\n\n\n"
+              "def report():\n    return np.load('emb.npy')\n\n\ntrain()\n")
+    p = plan(source)
+    assert any("a file is read at line 21" in x.what and x.line == 15 for x in p.left), p.left
+
+
+def test_review_a_loader_imported_for_a_trainer_and_an_evaluation_of_another_module_is_refused():
+    """Review: ``from data import train_loader``, handed to ``fit`` (made a training loader in data.py) and to
+    ``evaluate`` of the same trainer module: the accuracy was rank 0's shard's, with exit 0."""
+    trainer = FIT + ("\n\ndef evaluate(model, loader):\n    correct = 0\n    with torch.no_grad():\n"
+                     "        for x, y in loader:\n            correct += (model(x).argmax(1) == y).sum().item()\n"
+                     "    return correct / len(loader.dataset)\n")
+    main = ("import torch\nfrom data import train_loader\nfrom trainer import fit, evaluate\n\n"
+            "net = torch.nn.Linear(8, 2)\nfit(net, train_loader, 1)\nprint(evaluate(net, train_loader))\n")
+    files = {"trainer.py": trainer, "data.py": DATA, "main.py": main}
+    done = settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
+    assert any(x.blocks and "also handed to another module's evaluation" in x.what for x in done["main.py"].left)

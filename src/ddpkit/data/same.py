@@ -71,6 +71,7 @@ def _sums(dataset: Any, depth: int) -> list[float]:
 # the attributes whose tensors and numeric arrays are the samples (torchvision's): a tensor under another name
 # may be a buffer, a stored generator state or a random jitter each process draws on purpose
 SAMPLES = ("data", "targets")
+CACHES = ("cache", "memo", "seen", "buffer")  # a list one per sample under such a name is filled as samples are read
 
 
 def _held(name: str, value: Any, length: int) -> float:
@@ -87,7 +88,9 @@ def _held(name: str, value: Any, length: int) -> float:
         if type(value).__name__ in ("DataFrame", "Series") and hasattr(value, "iloc"):
             return _table(value)
         if isinstance(value, (list, tuple)) or _array(value) and value.ndim == 1:
-            return _plain([value[i] for i in _picks(len(value)).tolist()])
+            # (tensors in a list: the samples only, one per sample, and no cache each rank fills as it reads)
+            samples = name in SAMPLES or len(value) == length and not any(w in name.lower() for w in CACHES)
+            return _plain([value[i] for i in _picks(len(value)).tolist()], tensors=samples)
     except Exception:  # noqa: BLE001  (a sparse, meta or quantized tensor, an odd array: not compared)
         return 0.0
     return 0.0
@@ -100,11 +103,11 @@ def _table(frame: Any) -> float:
     return sum((k + 1) * _plain(list(column)) for k, column in enumerate(columns))
 
 
-def _plain(items: list[Any]) -> float:
-    """An order-sensitive number for a list of plain values, or of tensors (numeric arrays) one per sample, each by
-    :func:`_rows` (LSTM_pytorch's ``self.data = [torch.randn(n_i, d) ...]`` drawn unseeded in ``__init__``); 0
-    for a mix (a cache each rank fills with what it reads: tensors beside None)."""
-    if items and all(isinstance(item, torch.Tensor) or _numbers(item) for item in items):
+def _plain(items: list[Any], tensors: bool = False) -> float:
+    """An order-sensitive number for a list of plain values, or (``tensors``: the list holds the samples) of
+    tensors or numeric arrays, each by :func:`_rows` (LSTM_pytorch's ``self.x = [torch.randn(d) ...]`` drawn
+    unseeded in ``__init__``); 0 for anything else (a cache each rank fills with what it reads)."""
+    if tensors and items and all(isinstance(item, torch.Tensor) or _numbers(item) for item in items):
         return _weighted(torch.tensor([_rows(item) + 1.0 for item in items], dtype=torch.float64))
     found = [_item(item) for item in items]
     if not found or any(f is None for f in found):

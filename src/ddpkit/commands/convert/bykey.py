@@ -89,10 +89,10 @@ def _key(loop: Loop) -> tuple[str | None, str | None] | None:
     return None
 
 
-def _handed(facts: Facts, held: Held) -> dict[int, str]:
+def _handed(facts: Facts, held: Held) -> dict[int, set[str]]:
     """The loops of the script's functions that an item written out is handed to (``train_epoch(loaders['train'],
-    ...)``): each loop's id, the key."""
-    found: dict[int, str] = {}
+    ...)``): each loop's id, the keys (``evaluate(loaders['train'])`` and ``evaluate(loaders['test'])``: both)."""
+    found: dict[int, set[str]] = {}
     for call in facts.calls:
         target = flow.callee(facts, call)
         if target is None or not flow.visible(facts, held.name, held.binding.scope, call.scope):
@@ -102,7 +102,7 @@ def _handed(facts: Facts, held: Held) -> dict[int, str]:
             if isinstance(arg, cst.Subscript) and dotted(arg.value) == held.name and len(arg.slice) == 1 and \
                     isinstance(arg.slice[0].slice, cst.Index) and _string(arg.slice[0].slice.value) is not None:
                 for loop in flow.loops_reading(facts, param, target[0], 1):
-                    found[id(loop.node)] = str(_string(arg.slice[0].slice.value))
+                    found.setdefault(id(loop.node), set()).add(str(_string(arg.slice[0].slice.value)))
     return found
 
 
@@ -115,37 +115,46 @@ def _outer_strings(loop: Loop, param: str) -> frozenset[str]:
 
 
 def trained(facts: Facts, held: Held) -> tuple[set[str], list[tuple[Loop, str | None]], str | None] | None:
-    """The keys trained on, the loops that train on them (each with its key written out, None in a loop over
-    every split), and the loop variable that picks the split
-    in a loop over every split (None: each loop reads one key written out). None when it cannot be told: a loop
-    over the dict by a key neither written nor a loop over the same strings, or a step no ``if`` on that variable
-    tells apart."""
+    """The keys trained on, the loops over them (each with its key written out, None in a loop over every split:
+    those that train, and the evaluations of a trained key, whose sums are then this rank's shard's), and the loop
+    variable that picks the split in a loop over every split (None: each loop reads one key written out). None
+    when it cannot be told: a loop over the dict by a key neither written nor a loop over the same strings, a step
+    no ``if`` on that variable tells apart, or an evaluation over every split that takes in a trained one."""
     handed = _handed(facts, held)
     keys: set[str] = set()
     loops: list[tuple[Loop, str | None]] = []
+    evaluations: list[tuple[Loop, str | None]] = []
     picker: str | None = None
     for loop in flow.loops_reading(facts, held.name, held.binding.scope, since=held.binding):
-        key = (handed[id(loop.node)], None) if id(loop.node) in handed else _key(loop)
+        if id(loop.node) in handed:  # one split or more, written out where the function is called
+            if flow.trains(facts, loop):
+                keys |= handed[id(loop.node)]
+            (loops if flow.trains(facts, loop) else evaluations).extend((loop, k) for k in handed[id(loop.node)])
+            continue
+        key = _key(loop)
         if key is None:
             return None
         if key[0] is not None:  # one split, written out
             if flow.trains(facts, loop):
                 keys.add(key[0])
-                loops.append((loop, key[0]))
+            (loops if flow.trains(facts, loop) else evaluations).append((loop, key[0]))
             continue
         param = key[1]
         if param is None or not _outer_strings(loop, param) or not _outer_strings(loop, param) <= held.strings:
             return None
         steps = [c for c in loop.calls if c.last == "backward"]
         if not steps and not flow.trains(facts, loop):
-            continue  # an evaluation over every split
+            evaluations.append((loop, None))  # an evaluation over every split
+            continue
         tested = [{v for test in c.tests for v in equals(test, param)} for c in steps]
         if not steps or any(not t for t in tested) or picker not in (None, param):
             return None
         keys |= set().union(*tested) & held.strings
         loops.append((loop, None))
         picker = param
-    return keys, loops, picker
+    if any(key is None for _, key in evaluations) and keys:
+        return None  # (its sums would mix a trained split's shard with the whole others under no one test)
+    return keys, loops + [(loop, key) for loop, key in evaluations if key in keys], picker
 
 
 def equals(test: str, param: str) -> set[str]:

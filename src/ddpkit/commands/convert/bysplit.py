@@ -213,6 +213,8 @@ def by_split(work: _Work, call: Call, split: Split, load: Callable[..., bool]) -
     when = (split.picker, _code(condition(split.picker, split.values))) if split.picker else None
     training = load(work, call, "train", list(split.loops), when)
     work.done.extend(n for n in asked(work, call) if work.crossing.wants[n] == TRAIN)
+    if id(call.node) not in work.edits.expr:  # refused or left as it is (what its loops keep, said there)
+        return training
     work.log = [e for e in work.log if not (e.line == call.line and e.what.startswith("DataLoader -> "))]
     sharded = work.edits.expr[id(call.node)]
     work.edits.expr[id(call.node)] = lambda node: cst.IfExp(test=condition(split.param, split.values),

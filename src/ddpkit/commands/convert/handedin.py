@@ -98,6 +98,20 @@ def passed_to_evaluate(work: _Work) -> list[Call]:
     return found
 
 
+def imported_evaluated(work: _Work) -> list[tuple[int, str]]:
+    """(the line, the name) of each loader imported from another module of the project that this file hands both to
+    a trainer (asked of its module as a training loader) and to another module's evaluation: sharded for the one,
+    the evaluation would count this rank's shard only."""
+    trained = {(a.module, a.name) for a in work.asks if a.kind == TRAIN}
+    found = []
+    for want, sites in _handed(work, EVAL):
+        for site, _ in sites:
+            origin = _imported(work, want, site)
+            if origin is not None and origin in trained:
+                found.append((site.line, origin[1]))
+    return found
+
+
 def _handed(work: _Work, kind: str) -> list[tuple[str, list[tuple[Call, Binding | None]]]]:
     """Each want ``module:Callable:index:param`` of ``kind`` asked of this file, with this file's calls of that
     callable and the binding of what each passes there."""

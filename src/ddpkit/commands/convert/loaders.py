@@ -53,6 +53,11 @@ def loaders(work: _Work) -> None:
     work.done.extend(want if every else f"{want} {NOT_PASSED}"  # (a trainer's file is said fed by every caller's)
                      for want, _, every in handed if every is not None)
     handedin.ask_evaluations(work)
+    for line, name in handedin.imported_evaluated(work)[:1]:
+        work.leave(line, f"{name}, imported and made a training loader where it is built (each rank its shard), is "
+                   "also handed to another module's evaluation, which would evaluate only this rank's shard",
+                   "evaluate on a loader of its own (ddpkit.data_loader(dataset, batch_size, train=False)), or "
+                   "ddpkit.reduce(...) the sums there, then convert again", blocks=True)
     for call in handedin.passed_to_evaluate(work):  # another module's evaluation loops over it: kept whole
         binding = next((b for b in work.facts.bindings if b.value is call.node), None)
         held = bykey.holder(work.facts, call.node) if binding is None else None  # (``loaders['test']``)

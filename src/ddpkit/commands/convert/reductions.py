@@ -75,16 +75,22 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
                       "results or ddpkit.reduce(...) the sums and counts, docs/convert.md)")
             return False
         plans += [(summed_as_training, p) for p in plan or []]
+    pickers = [lp for lp in work.facts.loops if when is not None and lp.targets == {when[0]}]
     for summed_as_training, (anchor, names, lens, averaged) in plans:
-        if when is not None and not any(o.targets == {when[0]} for o in anchor.outer):
-            continue  # summed across every split (begun outside the loop over them): no one test says whose
+        split = when if any(p is o for p in pickers for o in anchor.outer) else None  # (one split's sum: its test)
+        if any(p is anchor or any(anchor is o for o in p.outer) for p in pickers):  # begun outside the splits' loop
+            work.leave(anchor.line, f"{', '.join(names)} summed over every split (begun outside the loop over "
+                       "them): the trained split's part is this rank's shard, the others' whole, and no one "
+                       "reduction makes it every rank's", "sum each split apart (begin the sum inside the loop over "
+                       "the splits), then convert again", blocks=True)
+            return False
         after = work.edits.after.setdefault(id(anchor.node), [])
         # a sum of the loss's batch means (``train_loss += loss.item()``), not divided by the number of batches:
         # with the global batch kept, each rank took as many steps as one process did, so the ranks' sums are
         # averaged (summed, N times one process's); a per-process batch splits the steps: summed
         means = averaged | {n for n in names if summed_as_training and not lens and not work.per_process_batch and
                             batch_mean(work.facts, anchor, n)}
-        test = f" if {when[1]} else " if when is not None else ""  # (a split's sums: its own shard's only)
+        test = f" if {split[1]} else " if split is not None else ""  # (a split's sums: its own shard's only)
         new = [f"{n} = ddpkit.reduce({n}{', op=' + repr('mean') if n in means else ''})"
                f"{test + n if test else ''}" for n in names
                if not any(line.startswith(f"{n} = ddpkit.reduce({n}") for line in after)]
@@ -96,8 +102,8 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
         summed = [n for n in names if n not in means]
         if summed:
             work.note(f"after the {'training' if summed_as_training else 'evaluation'} loop: {', '.join(summed)} "
-                      f"summed across ranks (ddpkit.reduce{', if ' + when[1] if when else ''})", "each rank "
-                      "accumulated only its own shard" + (" of that split; the others are whole" if when else ""),
+                      f"summed across ranks (ddpkit.reduce{', if ' + split[1] if split else ''})", "each rank "
+                      "accumulated only its own shard" + (" of that split; the others are whole" if split else ""),
                       anchor.end)
         if means - averaged:
             work.note(f"after the training loop: {', '.join(sorted(means - averaged))} averaged across ranks "
@@ -108,9 +114,9 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
                       "op='mean')", "divided by this rank's count of batches: every rank took as many, so the mean "
                       "of the ranks' means is the mean over every batch", anchor.end)
         for node in lens:  # ``total / len(loader)``: every rank's batches, as the sum is every rank's
-            work.edits.expr[id(node)] = lambda n: cst.parse_expression(
-                f"ddpkit.reduce({work.facts.module.code_for_node(n)})" if when is None else
-                f"(ddpkit.reduce({work.facts.module.code_for_node(n)}) if {when[1]} else "
+            work.edits.expr[id(node)] = lambda n, split=split: cst.parse_expression(
+                f"ddpkit.reduce({work.facts.module.code_for_node(n)})" if split is None else
+                f"(ddpkit.reduce({work.facts.module.code_for_node(n)}) if {split[1]} else "
                 f"{work.facts.module.code_for_node(n)})")
             sampler = (dotted(node.args[0].value) or "").endswith(".sampler")
             work.note(f"len(loader{'.sampler' * sampler}) -> ddpkit.reduce(len(loader{'.sampler' * sampler}))",

@@ -61,8 +61,9 @@ def _dataset_size(facts: Facts, stmt: Any, scope: Any, datasets: set[str], loade
     something (``len(ds) / loader.batch_size``: a count of batches)."""
     def is_size(node: cst.CSTNode) -> bool:
         arg = dotted(node.args[0].value) if isinstance(node, cst.Call) and node.args else None
-        return isinstance(node, cst.Call) and dotted(node.func) == "len" and arg is not None and \
-            (arg.endswith(".dataset") and arg[:-len(".dataset")] in loaders or arg in datasets) or \
+        return isinstance(node, cst.Call) and dotted(node.func) == "len" and (arg is not None and (
+            arg.endswith(".dataset") and arg[:-len(".dataset")] in loaders or arg in datasets) or
+            bool(node.args) and _item_dataset(node.args[0].value, loaders)) or \
             bool(_global_products(node, loaders, batches))  # (another loader's dataset: not this sum's size)
 
     def sizes_in(node: cst.CSTNode) -> bool:
@@ -76,13 +77,20 @@ def _dataset_size(facts: Facts, stmt: Any, scope: Any, datasets: set[str], loade
     return sizes_in(stmt) or bool(names_in(stmt) & sizes) or items
 
 
+def _item_dataset(node: Any, loaders: set[str]) -> bool:
+    """``dataloaders[phase].dataset``: the dataset of an item of a dict of loaders the loop reads by key."""
+    return isinstance(node, cst.Attribute) and node.attr.value == "dataset" and \
+        isinstance(node.value, cst.Subscript) and dotted(node.value.value) in loaders
+
+
 def _size_dicts(facts: Facts, scope: Any, loaders: set[str]) -> set[str]:
     """The dicts of the splits' sizes ``scope`` sees: every value a ``len()`` of no loader (``dataset_sizes = {x:
     len(image_datasets[x]) for x in ['train', 'val']}``: ``running_loss / dataset_sizes[phase]`` divides by a
     whole split)."""
     def sizes(values: list[Any]) -> bool:
         return bool(values) and all(isinstance(v, cst.Call) and dotted(v.func) == "len" and len(v.args) == 1 and
-                                    not names_in(v.args[0].value) & loaders for v in values)
+                                    (not names_in(v.args[0].value) & loaders or _item_dataset(v.args[0].value,
+                                                                                            loaders)) for v in values)
     found = set()
     for b in facts.bindings:
         if b.value is None or b.index >= 0 or not (b.scope is scope or b.scope.name == ""):

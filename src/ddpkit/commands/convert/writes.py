@@ -125,7 +125,7 @@ def _read_back(work: _Work, call: Call, stmt: Any) -> None:
              and not order.read_first(work.facts, c, call)]
     if not reads:
         return
-    if branched(work, call) and (_waited(work, call, reads[0].line) or wait_before(work, call, reads)):
+    if branched(work, call) and (_waited(work, call, reads) or wait_before(work, call, reads)):
         return
     if branched(work, call):  # (a rank may not pass the barrier)
         work.leave(call.line, f"a file is read at line {reads[0].line} (maybe the one written here), and the write "
@@ -136,10 +136,15 @@ def _read_back(work: _Work, call: Call, stmt: Any) -> None:
     work.note("then every rank waits for it (barrier)", f"a file is read at line {reads[0].line}", call.line)
 
 
-def _waited(work: _Work, call: Call, read: int) -> bool:
-    """A barrier every rank passes comes between the write and the read at line ``read``: one convert puts after a
-    later write of the same function (PyTorch_Practice's GAN lesson: each epoch's figure saved in the loop, the loss
-    figure after it, then the figures read back), or one the script has."""
+def _waited(work: _Work, call: Call, reads: list[Call]) -> bool:
+    """A barrier every rank passes comes between the write and every read, all in the write's function and below
+    the barrier: one convert puts after a later write of the same function (PyTorch_Practice's GAN lesson: each
+    epoch's figure saved in the loop, the loss figure after it, then the figures read back), or one the script
+    has. Not a read in another function (called in the loop, it may run before the barrier)."""
+    if any(r.scope is not call.scope for r in reads):
+        return False
+    read = min(r.line for r in reads)
+
     def unbranched(c: Call) -> bool:
         return c.scope is call.scope and call.line < c.line < read and c.stmt is not None and \
             (in_body(c.stmt, c.scope) or in_main_block(work.facts.module, c.stmt)) and not branched(work, c)
