@@ -558,3 +558,29 @@ def test_review_a_loader_imported_for_a_trainer_and_an_evaluation_of_another_mod
     files = {"trainer.py": trainer, "data.py": DATA, "main.py": main}
     done = settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
     assert any(x.blocks and "also handed to another module's evaluation" in x.what for x in done["main.py"].left)
+
+
+def test_second_review_a_handed_optimizer_a_scheduler_a_mean_pool_and_an_inline_loader():
+    """Second review: a trainer stepping an optimizer it is handed hid "no model prepared" when nothing prepared one
+    (the launch then stopped); a scheduler made from the optimizer by a project helper was taken for the training;
+    a dataset's standardization in ``__init__(..., training=True)`` and a sequence mean-pool in a ``forward`` that
+    reads ``self.training`` were taken for a BatchNorm; a loader passed inline got a false "no call passes"."""
+    trainer = ("def train(net, loader, opt):\n    for (x,) in loader:\n        net(x).mean().backward()\n"
+               "        opt.step()\n\n\n")
+    made = ("import torch\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom optim_wrap import make\n\n\n"
+            + trainer + "net = torch.nn.Linear(2, 1)\nopt = make(net)\n"
+            "loader = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4, shuffle=True)\n"
+            "train(net, loader, opt)\n")
+    assert any("no model that an optimizer here trains" in x.what for x in plan(made).left), plan(made).left
+    scheduled = LESSON.replace("helpers.train(", "scheduler = Warmup(optimizer, 5)\nhelpers.train(").replace(
+        "import helpers\n", "import helpers\nfrom warmup import Warmup\n")
+    assert not any("Warmup" in x.what for x in plan(scheduled).left)
+    scaled = made.replace("from optim_wrap import make\n", "").replace("opt = make(net)\n", "opt = torch.optim.SGD("
+                                                                          "net.parameters(), lr=0.1)\n") + (
+        "\n\nclass Scaled(torch.utils.data.Dataset):\n    def __init__(self, x, training=True):\n"
+        "        self.mu = x.mean(0)\n\n\nclass Pool(torch.nn.Module):\n    def forward(self, h):\n"
+        "        h = torch.nn.functional.dropout(h, training=self.training)\n        return h.mean(dim=0)\n")
+    assert not plan(scaled).left, plan(scaled).left
+    inline = scaled.replace("loader = DataLoader(", "train(net, DataLoader(").replace(
+        "shuffle=True)\ntrain(net, loader, opt)\n", "shuffle=True), opt)\n")
+    assert [x.what[:40] for x in plan(inline).left] == ["a DataLoader built inside an expression "]

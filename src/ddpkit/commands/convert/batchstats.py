@@ -29,15 +29,16 @@ STATISTICS = ("mean", "var", "std", "var_mean", "std_mean")
 
 
 def own_batch_norm(work: _Work) -> None:
-    """List the first function of the script that takes training statistics over the batch's dimension, when a
-    training loader is sharded."""
+    """List the first function of the script (no ``__init__``: a dataset's standardization) that takes statistics
+    over the batch's dimension under a test of training, when a training loader is sharded."""
     if not work.trains:
         return
     for scope in work.facts.scopes.values():
-        if not scope.name or not _training(scope):
+        if not scope.name or scope.name.endswith("__init__") or not _training(scope):
             continue
         stat = next((c for c in work.facts.calls if c.scope is scope and c.last in STATISTICS and
-                     isinstance(c.node.func, cst.Attribute) and _over_batch(c.node)), None)
+                     any("training" in t for t in c.tests) and isinstance(c.node.func, cst.Attribute) and
+                     _over_batch(c.node)), None)  # (taken under ``if self.training:``: not a mean pool)
         if stat is None:
             continue
         work.leave(stat.line, f"statistics over the batch ({work.facts.code(stat.node)}) in {scope.name}(), a "

@@ -149,7 +149,8 @@ def loaders(work: _Work) -> None:
         imported.imported_loader(work, fors[0].line)
     if not backward and not built and not uses_ddpkit(work.facts):
         _trained_elsewhere(work)
-    if backward and (not training or for_others) and built and not uses_ddpkit(work.facts):  # none feeds this:
+    if backward and (not training or for_others) and built and not uses_ddpkit(work.facts) and \
+            not any(callers(work.facts, c.scope) for c in backward):  # none feeds this, and no call here does:
         handedin.handed_in(work, backward[0].line)  # (d2l's ``train(net, loader, optimizer)``: its callers' loader)
     if backward and not training and not built and not uses_ddpkit(work.facts):  # (ddpkit: by hand)
         if imported.imported_loader(work, backward[0].line) or _subclassed(work, backward[0].line) or \
@@ -250,17 +251,21 @@ def _handed_to_unread(facts: Facts, node: Any, depth: int) -> bool:
 
 
 def _trained_elsewhere(work: _Work) -> None:
-    """An optimizer made here and handed to a function of a module this conversion does not read (Dive-into-DL's
-    lessons: ``sys.path.append("..")``, then ``d2l.train_ch5(net, train_iter, test_iter, batch_size, optimizer,
-    ...)``): its training loop, and the loader it runs over, are there, unconverted: every rank would train on
-    every batch. Said, not passed over."""
+    """An optimizer made here and handed, with its model, to a function of a module this conversion does not read,
+    called for itself (Dive-into-DL's lessons: ``sys.path.append("..")``, then ``d2l.train_ch5(net, train_iter,
+    test_iter, batch_size, optimizer, ...)``): its training loop, and the loader it runs over, are there,
+    unconverted: every rank would train on every batch. Said, not passed over. (Not a scheduler made from it.)"""
     made = {b.target for b in work.facts.bindings if isinstance(b.value, cst.Call) and
             any(c.node is b.value and trained.optimizer(c) for c in work.facts.calls)}
+    models = {b.target for b in work.models}
     for call in work.facts.calls:
         func = dotted(call.node.func)
         origin = imported_from(work.facts, func) if func else None
-        if origin is None or origin[0].split(".")[0] in work.facts.own or \
-                not any(dotted(a.value) in made for a in call.node.args):
+        passed = {dotted(a.value) for a in call.node.args}
+        alone = call.stmt is not None and len(call.stmt.body) == 1 and isinstance(call.stmt.body[0], cst.Expr) and \
+            call.stmt.body[0].value is call.node  # (``scheduler = Warmup(opt)``: a wrapper, its value kept)
+        if origin is None or origin[0].split(".")[0] in work.facts.own or not passed & made or \
+                not passed & models or not alone:
             continue
         work.leave(call.line, f"the training runs in {func}() of {origin[0]}, a module this conversion does not read "
                    "(not beside the script, or converted without --imports): its loop and the loader it reads stay "

@@ -18,7 +18,7 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.commands.convert.crossing import MODEL
+from ddpkit.commands.convert.crossing import HANDED, MODEL, key
 from ddpkit.commands.convert.scan import dotted, resolve
 
 _Work = Any  # the plan in the making (plan._Work)
@@ -42,7 +42,8 @@ def unwrapped(work: _Work) -> None:
 
 
 def _handed_optimizer(work: _Work) -> bool:
-    """Every step is of an optimizer its function is handed (Dive-into-DL's ``train_ch5(net, ..., optimizer)``):
-    made, with its model prepared, by the caller."""
+    """Every step is of an optimizer its function is handed (Dive-into-DL's ``train_ch5(net, ..., optimizer)``), in
+    a project whose callers handed in the loader converted: made, with its model prepared, by the caller."""
     steps = [c for c in work.facts.calls if c.last == "step" and isinstance(c.node.func, cst.Attribute)]
-    return bool(steps) and all(dotted(c.node.func.value) in c.scope.params for c in steps)
+    return bool(steps) and all(dotted(c.node.func.value) in c.scope.params for c in steps) and \
+        bool(work.crossing.provided.get(key("", HANDED)))
