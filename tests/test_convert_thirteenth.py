@@ -584,3 +584,17 @@ def test_second_review_a_handed_optimizer_a_scheduler_a_mean_pool_and_an_inline_
     inline = scaled.replace("loader = DataLoader(", "train(net, DataLoader(").replace(
         "shuffle=True)\ntrain(net, loader, opt)\n", "shuffle=True), opt)\n")
     assert [x.what[:40] for x in plan(inline).left] == ["a DataLoader built inside an expression "]
+
+
+def test_second_review_a_write_block_that_runs_the_training_is_not_rank_0s():
+    """Second review (not from this change): ``with open("result.txt", "w") as f: f.write(f"{fit(model, x, y)}")``
+    was guarded to rank 0 whole, the training inside it with it: the other ranks would never join its collectives."""
+    source = ("import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\n"
+              "def fit(model, x):\n    opt = torch.optim.SGD(model.parameters(), lr=0.05)\n"
+              "    for (xb,) in DataLoader(TensorDataset(x), batch_size=16, shuffle=True):\n"
+              "        model(xb).mean().backward()\n        opt.step()\n    return model.weight.sum().item()\n\n\n"
+              "model = torch.nn.Linear(4, 1)\nwith open('result.txt', 'w') as f:\n"
+              "    f.write(f'{fit(model, torch.randn(64, 4)):.4f}')\n")
+    p = plan(source)
+    assert "is_main:\n    with open" not in p.text, p.text
+    assert any("does more than write" in x.what for x in p.left), p.left

@@ -24,7 +24,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.check.rules import RANK_WORDS
-from ddpkit.commands.convert import order
+from ddpkit.commands.convert import flow, order
 from ddpkit.commands.convert.flow import binding_of, in_body
 from ddpkit.commands.convert.handedin import iterated
 from ddpkit.commands.convert.rules import branched, in_main_block, main_test, per_rank, wait_before
@@ -196,9 +196,9 @@ def _with_blocks(module: cst.Module) -> list[cst.With]:
 
 def _only_writes(work: _Work, block: cst.With, start: int) -> bool:
     """No ``break`` / ``continue`` / ``return`` / ``yield`` (rank 0 alone would leave); no collective, save, backward
-    or optimizer step inside; no loop over anything but results the script holds
-    (a list it built, a range: not a loader, nor a function's parameter, which may be a sharded one: rank 0 would
-    write only its shard); no name bound inside that is read below the block (on the other ranks it would not
+    or optimizer step inside, nor a call of the script's function that trains; no loop over anything but results
+    the script holds (a list it built, a range: not a loader, nor a function's parameter, which may be a sharded
+    one: rank 0 would write only its shard); no name bound inside that is read below the block (on the other ranks it would not
     exist). ``print(..., file=f)`` is writing: on the other ranks the open alone empties what rank 0 wrote."""
     inside: set[int] = set()
 
@@ -214,6 +214,8 @@ def _only_writes(work: _Work, block: cst.With, start: int) -> bool:
     if any((c.name or "").startswith(("ddpkit.", "torch.distributed", "torch.save")) or c.last in
            ("barrier", "all_reduce", "reduce", "all_gather", "broadcast", "backward", "step") for c in calls):
         return False
+    if any((t := flow.callee(work.facts, c)) is not None and flow.scope_trains(work.facts, t[0]) for c in calls):
+        return False  # ``f.write(f"{fit(model, x, y):.4f}")``: the training itself, rank 0's alone (a hang)
     for loop in work.facts.loops:
         if id(loop.node) in inside and not all(_held(work, name, loop) for name in _iterated(loop)):
             return False
