@@ -198,8 +198,9 @@ def _only_writes(work: _Work, block: cst.With, start: int) -> bool:
     """No ``break`` / ``continue`` / ``return`` / ``yield`` (rank 0 alone would leave); no collective, save, backward
     or optimizer step inside, nor a call of the script's function that trains; no loop over anything but results
     the script holds (a list it built, a range: not a loader, nor a function's parameter, which may be a sharded
-    one: rank 0 would write only its shard); no name bound inside that is read below the block (on the other ranks it would not
-    exist). ``print(..., file=f)`` is writing: on the other ranks the open alone empties what rank 0 wrote."""
+    one: rank 0 would write only its shard); no name bound inside that is read below the block (on the other ranks
+    it would not exist). ``print(..., file=f)`` is writing: on the other ranks the open alone empties what rank 0
+    wrote."""
     inside: set[int] = set()
 
     class Nodes(cst.CSTVisitor):
