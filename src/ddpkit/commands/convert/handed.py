@@ -21,6 +21,7 @@ from typing import Any
 
 from ddpkit.commands.convert.crossing import HANDED_MODEL, Ask, key
 from ddpkit.commands.convert.flow import argument_for, binding_of, callee, callers
+from ddpkit.commands.convert.handedin import given_as
 from ddpkit.commands.convert.scan import Call, dotted, resolve
 from ddpkit.commands.convert.trained import parameters_of
 
@@ -57,9 +58,7 @@ def wrap_passed(work: _Work, want: str) -> None:
     calls = [c for c in work.facts.calls if resolve(dotted(c.node.func), work.facts.aliases) == function]
     bindings = []
     for c in calls:
-        positional = [a for a in c.node.args if a.keyword is None and not a.star]
-        named = [a for a in c.node.args if a.keyword is not None and a.keyword.value == param]
-        given = positional[int(index)].value if int(index) < len(positional) else named[0].value if named else None
+        given = given_as(c, int(index), param)
         name = dotted(given) if given is not None else None
         bound = binding_of(work.facts, name, c.scope, c.line) if name else None
         if bound is None or bound.value is None and bound.whole is None:  # (``model, crit = set_model()``: built)

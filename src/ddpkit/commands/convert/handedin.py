@@ -299,9 +299,7 @@ def _imported(work: _Work, want: str, site: Call) -> tuple[str, str] | None:
     _, _, index, name = want.split(":")
     if "[" in name:
         return None
-    positional = [a for a in site.node.args if a.keyword is None and not a.star]
-    given = positional[int(index)].value if int(index) < len(positional) else \
-        next((a.value for a in site.node.args if a.keyword is not None and a.keyword.value == name), None)
+    given = given_as(site, int(index), name)
     written = dotted(given) if given is not None else None
     if not written or flow.binding_of(work.facts, written, site.scope, site.line) is not None:
         return None
@@ -333,11 +331,16 @@ def _names(work: _Work, written: str | None, wanted: str) -> bool:
     return full is not None and (full == wanted or full.endswith("." + wanted))
 
 
+def given_as(call: Call, index: int, name: str) -> cst.BaseExpression | None:
+    """What ``call`` passes as positional argument ``index``, or as ``name=``."""
+    positional = [a for a in call.node.args if a.keyword is None and not a.star]
+    return positional[index].value if index < len(positional) else \
+        next((a.value for a in call.node.args if a.keyword is not None and a.keyword.value == name), None)
+
+
 def _argument(work: _Work, call: Call, index: int, name: str) -> Binding | None:
     """The binding of what ``call`` passes as argument ``index`` or ``name=``; None when it passes no name."""
-    positional = [a for a in call.node.args if a.keyword is None and not a.star]
-    given = positional[index].value if index < len(positional) else \
-        next((a.value for a in call.node.args if a.keyword is not None and a.keyword.value == name), None)
+    given = given_as(call, index, name)
     if isinstance(given, cst.Subscript):  # ``loaders['train']``: the value under that key of a dict literal
         return _item(work, call, given)
     written = dotted(given) if given is not None else None
