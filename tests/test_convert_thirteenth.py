@@ -598,3 +598,18 @@ def test_second_review_a_write_block_that_runs_the_training_is_not_rank_0s():
     p = plan(source)
     assert "is_main:\n    with open" not in p.text, p.text
     assert any("does more than write" in x.what for x in p.left), p.left
+
+
+def test_a_loader_imported_for_another_modules_evaluation_is_said_kept_for_it():
+    """The distillation project's ``DataLoader.py``: its ``test_loader``, imported by ``Main.py`` and handed to
+    ``test()`` of another module, was kept as "nothing reads test_loader" (right to keep whole, wrong as said)."""
+    trainer = FIT + ("\n\ndef evaluate(model, loader):\n    correct = 0\n    with torch.no_grad():\n"
+                     "        for x, y in loader:\n            correct += (model(x).argmax(1) == y).sum().item()\n"
+                     "    return correct / len(loader.dataset)\n")
+    main = ("import torch\nfrom data import train_loader, test_loader\nfrom trainer import fit, evaluate\n\n"
+            "net = torch.nn.Linear(8, 2)\nfit(net, train_loader, 1)\nprint(evaluate(net, test_loader))\n")
+    files = {"trainer.py": trainer, "data.py": DATA + "test_loader = DataLoader(ds, batch_size=16)\n", "main.py": main}
+    done = settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
+    kept = [k for k in done["data.py"].kept if k.what.startswith("test_loader")]
+    assert kept and "another module of the project loops over it" in kept[0].why, kept
+    assert not any(done[rel].left for rel in files)

@@ -101,7 +101,8 @@ def passed_to_evaluate(work: _Work) -> list[Call]:
 def imported_evaluated(work: _Work) -> list[tuple[int, str]]:
     """(the line, the name) of each loader imported from another module of the project that this file hands both to
     a trainer (asked of its module as a training loader) and to another module's evaluation: sharded for the one,
-    the evaluation would count this rank's shard only."""
+    the evaluation would count this rank's shard only. One handed to an evaluation alone is asked of its module as
+    an evaluation loader (kept whole there, said so)."""
     trained = {(a.module, a.name) for a in work.asks if a.kind == TRAIN}
     found = []
     for want, sites in _handed(work, EVAL):
@@ -109,6 +110,8 @@ def imported_evaluated(work: _Work) -> list[tuple[int, str]]:
             origin = _imported(work, want, site)
             if origin is not None and origin in trained:
                 found.append((site.line, origin[1]))
+            elif origin is not None:  # its module keeps it whole, told why (not "nothing reads it")
+                work.asks.append(Ask(origin[0], origin[1], EVAL, site.line))
     return found
 
 
