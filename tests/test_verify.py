@@ -9,7 +9,8 @@ import torch
 
 from conftest import WORKERS, ok, run_cmd
 from ddpkit.commands.logtail import log_tail
-from ddpkit.commands.verify.command import CANNOT_COMPARE, compare_weights
+from ddpkit.commands.verify.command import CANNOT_COMPARE
+from ddpkit.commands.verify.weights import compare_weights
 
 VERIFY = [sys.executable, "-m", "ddpkit", "verify"]
 

@@ -132,7 +132,7 @@ def likely_cause(one: dict[str, torch.Tensor] | None, many: dict[str, torch.Tens
                  random_draws: bool, nproc: int = 2, autocast: str | None = None, masked: bool | int | None = False,
                  lrs: list[float] | None = None) -> str:
     """One sentence: where the runs part (step-1 gradients or later) and why that likely is. ``one`` / ``many``:
-    the runs' step-1 gradients; ``grads``: :func:`ddpkit.commands.verify.command.compare_weights` of them (None
+    the runs' step-1 gradients; ``grads``: :func:`ddpkit.commands.verify.weights.compare_weights` of them (None
     without); ``masked``: a training loader without ``count=`` hands out labels of -100; ``lrs``: the largest
     learning rate each run stepped with."""
     where = "the runs part"

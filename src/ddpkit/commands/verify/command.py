@@ -9,7 +9,7 @@ What the script needs (ddpkit scripts usually have it already): ``ddpkit.prepare
 last ``len % N`` samples in both runs (padding would repeat samples only the N-process run sees), dropout
 layers get p=0 (``--keep-dropout`` to leave them), and TF32 is off on GPUs. The runs talk to ddpkit through
 the variables of :mod:`ddpkit.core.contract` (read by :mod:`ddpkit.commands.verify.hooks`). A PASS needs every
-weight finite in both runs (:func:`non_finite`): ``NaN > tol`` is False,
+weight finite in both runs (:func:`ddpkit.commands.verify.weights.non_finite`): ``NaN > tol`` is False,
 so a plain tolerance test would pass a diverged run.
 
 Example::
@@ -35,6 +35,7 @@ from ddpkit.commands.cli import OneLineParser, usage_error
 from ddpkit.commands.logtail import run_logged
 from ddpkit.commands.verify import causes, draws, isolate, matched, noise, rounding
 from ddpkit.commands.verify.lines import fail_line, pass_line, run_length
+from ddpkit.commands.verify.weights import compare_weights
 from ddpkit.core import contract
 from ddpkit.core.environment import visible_gpus
 from ddpkit.core.errors import CANNOT_COMPARE, NOT_EQUIVALENT, SCRIPT_FAILED, ScriptFailed, UsageError
@@ -66,100 +67,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("script")
     p.add_argument("script_args", nargs=argparse.REMAINDER)
     return p
-
-
-def compare_weights(reference: dict, candidate: dict, atol: float, rtol: float,
-                    labels: tuple[str, str] = ("the reference", "the candidate"), initial: dict | None = None,
-                    skip: dict[str, torch.Tensor] | None = None) -> dict:
-    """Compare two state dicts; report the first tensor that fails (in state-dict order).
-
-    ``skip``: per tensor, elements left out of the test and of ``max_abs_diff`` (:mod:`ddpkit.commands.verify.noise`);
-    ``excused`` counts those of them out of tolerance, ``excused_in`` names their tensors.
-
-    A tensor fails when a value is out of tolerance or when it holds NaN / inf anywhere (see
-    :func:`non_finite`), so a PASS means every weight is finite in both. ``max_abs_diff`` is over the
-    positions finite in both (a number, never NaN: the JSON stays valid).
-
-    >>> nan = float("nan")
-    >>> compare_weights({"w": torch.tensor([1.0, 2.0])}, {"w": torch.tensor([1.0, nan])}, 1e-5, 1e-4)["reason"][:75]
-    "non-finite values differ in 'w': 2 (the reference) vs nan (the candidate) a"
-    """
-    missing = sorted(set(reference) ^ set(candidate))
-    if missing:
-        return {"passed": False, "first_diverging": missing[0], "max_abs_diff": None, "non_finite": False,
-                "reason": f"keys differ: {missing[:5]}"}
-    first: dict | None = None
-    worst, worst_name = 0.0, None
-    excused, excused_in, excused_peak = 0, [], 0.0
-    for name, ref in reference.items():
-        other = candidate[name]
-        if ref.shape != other.shape:
-            return {"passed": False, "first_diverging": name, "max_abs_diff": None, "non_finite": False,
-                    "reason": f"shape {tuple(ref.shape)} vs {tuple(other.shape)}"}
-        ref, other = _real(ref), _real(other)
-        finite = ref.isfinite() & other.isfinite()
-        diff = torch.where(finite, (ref - other).abs(), 0.0)
-        skipped = (skip or {}).get(name)
-        if skipped is not None:
-            out = skipped & (diff > atol + rtol * ref.abs())
-            if bool(out.any()):
-                excused, excused_peak = excused + int(out.sum()), max(excused_peak, diff[out].max().item())
-                excused_in.append(name)
-            diff = torch.where(skipped, 0.0, diff)
-        peak = diff.max().item() if diff.numel() else 0.0
-        if peak > worst:
-            worst, worst_name = peak, name
-        if first is None:
-            # a tensor both runs left as it started (a causal mask of -inf) holds no divergence
-            kept = initial is not None and name in initial and _same(ref, other) and _same(ref, _real(initial[name]))
-            reason = None if kept else non_finite(name, ref, other, labels)
-            if reason:
-                first = {"first_diverging": name, "first_max_abs_diff": None, "non_finite": True, "reason": reason}
-            elif bool((diff > atol + rtol * ref.abs()).any()):
-                first = {"first_diverging": name, "first_max_abs_diff": peak}
-    result = {"passed": first is None, "max_abs_diff": worst, "max_abs_diff_at": worst_name,
-              "tensors": len(reference), "non_finite": False, "excused": excused, "excused_in": excused_in,
-              "excused_max_diff": excused_peak}
-    return {**result, **(first or {})}
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal everywhere, NaN where the other has NaN."""
-    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
-
-
-def _real(tensor: torch.Tensor) -> torch.Tensor:
-    """float64 values to compare; a complex tensor as its (real, imaginary) pairs (``.double()`` drops the
-    imaginary part, NaN included)."""
-    return torch.view_as_real(tensor).double() if tensor.is_complex() else tensor.double()
-
-
-def non_finite(name: str, ref: torch.Tensor, other: torch.Tensor, labels: tuple[str, str]) -> str | None:
-    """Why ``name`` fails for holding NaN / inf, or None when both are finite everywhere.
-
-    A non-finite value in one run that the other does not hold bitwise (NaN vs a number, +inf vs -inf) is a
-    mismatch: ``NaN > tol`` is False, so a plain tolerance test would PASS a diverged run. The same NaN / inf
-    in both is no PASS either: both trainings diverged and there is nothing to compare.
-
-    >>> inf = float("inf")
-    >>> non_finite("w", torch.tensor([inf]), torch.tensor([-inf]), ("1 process", "2 processes"))[:77]
-    "non-finite values differ in 'w': inf (1 process) vs -inf (2 processes) at [0]"
-    """
-    bad = ~(ref.isfinite() & other.isfinite())
-    if not bool(bad.any()):
-        return None
-    same = (ref == other) | (ref.isnan() & other.isnan())
-    mismatch = bad & ~same
-    shown = mismatch if bool(mismatch.any()) else bad
-    at = tuple(int(i) for i in torch.unravel_index(shown.flatten().nonzero()[0, 0], ref.shape))
-    where = f"at {list(at)} ({int(shown.sum())} of {ref.numel()} values)"
-    a, b = ref[at].item(), other[at].item()
-    check = "check the learning rate, loss scaling and input data"
-    if shown is mismatch:
-        return (f"non-finite values differ in {name!r}: {a:g} ({labels[0]}) vs {b:g} ({labels[1]}) {where}; "
-                f"a run with NaN / inf weights diverged: {check}, and what depends on the per-process batch")
-    return (f"both runs diverged: {name!r} holds {a:g} in both {where}; weights that are not finite cannot be "
-            f"compared: {check}")
 
 
 def _counts(text: str) -> list[int]:
