@@ -41,6 +41,9 @@ def text_of(node: cst.BaseExpression) -> str | None:
     # ``"cuda:{}".format(args.gpu)`` (Informer's experiment classes), ``f"cuda:{args.gpu}"``: the device's kind
     if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "format":
         node = node.func.value
+    # ``"cuda:" + str(args.device)`` (powerful-gnns), ``"cuda:%d" % args.gpu``: the string on the left is the kind
+    while isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Add, cst.Modulo)):
+        node = node.left
     if isinstance(node, cst.FormattedString) and node.parts and isinstance(node.parts[0], cst.FormattedStringText):
         return node.parts[0].value
     return node.evaluated_value if isinstance(node, cst.SimpleString) else None  # type: ignore[return-value]
