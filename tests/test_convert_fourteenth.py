@@ -35,3 +35,175 @@ def test_a_device_string_built_from_the_gpu_index_is_read_as_the_accelerator(dev
     assert not p.left, p.left
     assert "state = ddpkit.init()\ndevice = state.device\n" in p.text, p.text
     assert "ddpkit.prepare_model(nn.Linear(4, 2))" in p.text
+
+
+STEP_ENGINE = '''import torch
+
+
+class Engine:
+    def __init__(self, device):
+        self.model = torch.nn.Linear(4, 1)
+        self.model.to(device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-3)
+
+    def train(self, x, y):
+        self.model.train()
+        self.optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(self.model(x), y)
+        loss.backward()
+        self.optimizer.step()
+        return loss.item()
+'''
+
+STEP_MAIN = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+from engine import Engine
+
+
+def main():
+    device = torch.device("cpu")
+    g = torch.Generator().manual_seed(0)
+    ds = TensorDataset(torch.randn(64, 4, generator=g), torch.randn(64, 1, generator=g))
+    loader = DataLoader(ds, batch_size=8, shuffle=True)
+    {build}
+    for epoch in range(2):
+        for x, y in loader:
+            loss = {call}(x.to(device), y.to(device))
+        print("epoch", epoch, "loss", loss)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def _project(build, call):
+    from ddpkit.commands.convert.crossing import settle
+
+    files = {"engine.py": STEP_ENGINE, "main.py": STEP_MAIN.format(build=build, call=call)}
+    return settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
+
+
+@pytest.mark.parametrize("build, call", [("eng = Engine(device)", "eng.train"), ("pass", "Engine(device).train")])
+def test_a_training_step_of_another_modules_object_called_in_a_loop_over_a_loader_converts_both(build, call):
+    done = _project(build, call)
+    assert not done["main.py"].left and not done["engine.py"].left, (done["main.py"].left, done["engine.py"].left)
+    assert "loader = ddpkit.data_loader(ds, global_batch_size=8, shuffle=True)" in done["main.py"].text
+    assert "self.model = ddpkit.prepare_model(self.model)" in done["engine.py"].text
+    assert any("training step Engine.train" in k.what for k in done["engine.py"].kept), done["engine.py"].kept
+
+
+def test_a_training_step_converted_alone_or_called_over_a_list_is_left_with_the_fix():
+    from ddpkit.commands.convert.crossing import settle
+
+    alone = plan(STEP_ENGINE)
+    assert alone.left and "--imports" in alone.left[0].fix, alone.left
+    listed = STEP_MAIN.format(build="eng = Engine(device)", call="eng.train").replace(
+        "for x, y in loader:", "for x, y in [ds[i:i + 8] for i in range(0, 64, 8)]:")
+    files = {"engine.py": STEP_ENGINE, "main.py": listed}
+    done = settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
+    assert done["engine.py"].left, "a step fed by hand in its caller is no step fed by a loader"
+
+
+PAD_ZERO = '''import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+ids = torch.randint(1, 9, (16, 5))
+ids[::2, 3:] = 0
+loader = DataLoader(TensorDataset(ids, ids.roll(1, 1)), batch_size=4, shuffle=True)
+model = nn.Sequential(nn.Embedding(9, 8), nn.Linear(8, 9), nn.LogSoftmax(-1))
+opt = torch.optim.Adam(model.parameters())
+{criterion}
+for x, y in loader:
+    loss = {loss}
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+'''
+
+
+def test_a_loss_that_ignores_the_pad_id_zero_is_a_token_mean_counted_or_listed():
+    inline = plan(PAD_ZERO.format(criterion="", loss="nn.functional.nll_loss(model(x).transpose(1, 2), y, "
+                                  "ignore_index=0)"))
+    assert "batch_count=lambda batch: (batch[1] != 0).sum()" in inline.text, (inline.text, inline.left)
+    built = plan(PAD_ZERO.format(criterion="criterion = nn.NLLLoss(ignore_index=0)",
+                                 loss="criterion(model(x).transpose(1, 2), y)"))
+    assert any("a mean over the tokens it does not ignore" in x.what for x in built.left), built.left
+
+
+def test_a_loader_bound_to_a_name_or_none_is_converted_for_its_role():
+    source = '''import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+train_set = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
+test_set = TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,)))
+train_loader = DataLoader(train_set, batch_size=8, shuffle=True)
+test_loader = DataLoader(test_set, batch_size=8) if test_set is not None else None
+model = nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in train_loader:
+    loss = nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+if test_loader is not None:
+    correct = 0
+    with torch.no_grad():
+        for x, y in test_loader:
+            correct += (model(x).argmax(1) == y).sum().item()
+    print(correct / len(test_loader.dataset))
+'''
+    p = plan(source)
+    assert not [x for x in p.left if x.blocks], p.left
+    assert "test_loader = ddpkit.data_loader(test_set, batch_size=8, train=False) if test_set is not None else None" \
+        in p.text, p.text
+    assert "correct = ddpkit.reduce(correct)" in p.text or "ddpkit.reduce(correct)" in p.text, p.text
+
+
+FIGURES = '''import imageio
+import matplotlib.pyplot as plt
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+loader = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=4, shuffle=True)
+G = nn.Linear(4, 4)
+opt = torch.optim.Adam(G.parameters())
+hist = []
+
+
+def show_result(epoch, path='result.png'):
+    plt.plot([epoch])
+    plt.savefig(path)
+
+
+def show_train_hist(hist, save=False, path='Train_hist.png'):
+    plt.plot(hist)
+    if save:
+        plt.savefig(path)
+
+
+for epoch in range(2):
+    for (x,) in loader:
+        loss = G(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    hist.append(loss.item())
+    show_result(epoch, path='results/Fixed_results/frame_' + str(epoch + 1) + '.png')
+show_train_hist(hist, save=True, path={hist_path})
+images = []
+for e in range(2):
+    img_name = 'results/Fixed_results/frame_' + str(e + 1) + '.png'
+    images.append(imageio.imread(img_name))
+'''
+
+
+def test_a_figure_written_under_an_if_to_another_path_than_the_frames_read_back_needs_no_barrier():
+    p = plan(FIGURES.format(hist_path="'results/train_hist.png'"))
+    assert not p.left, p.left
+    assert "ddpkit.barrier()" in p.text  # (the frames: written in the loop, read back below)
+    same = plan(FIGURES.format(hist_path="f'results/Fixed_results/frame_{9}.png'"))
+    assert any("a file is read at line" in x.what for x in same.left), same.left  # (it may be one of them)

@@ -132,8 +132,11 @@ def cause(steps: list[int], differing: int, elements: int, bits: int, bit: int, 
         return ("small differences in every element: an update that is not the same on every rank (a "
                 "rank-dependent learning rate or scale, a non-deterministic op in the update, a gradient that "
                 "was not all-reduced)")
-    return ("the weights were set differently on this rank (an init or a load after prepare_model under a "
-            "per-rank seed, or a rank-dependent branch that changed them)")
+    # (prepare_model made them equal: set apart since, or updated apart by more than the all-reduced gradients)
+    return ("large differences: weights set differently on this rank after prepare_model (an init or a load under "
+            "a per-rank seed, a rank-dependent branch), or updated differently (an optimizer that preconditions with "
+            "statistics of this rank's own batches, such as K-FAC or Shampoo, or gradients changed on one rank after "
+            "the all-reduce)")
 
 
 # element size -> the integer type its bits are read as

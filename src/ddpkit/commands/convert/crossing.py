@@ -34,6 +34,10 @@ HANDED = "a loader handed in"  # an Ask's name: a training loop over a parameter
 # an Ask's name's head: an optimizer over a parameter of ``function`` (``a model handed in:train_model:0``), which
 # the files that import this one and call it pass; their wants name it ``module.function:index``
 HANDED_MODEL = "a model handed in"
+# an Ask's name's head: a function or method of this file that runs a training step on what its callers hand it
+# (``a training step:Engine.train``); the files that import this one and call it in a loop name it
+# ``module:a training step:Engine.train``, and answer done when that loop reads a training ddpkit.data_loader
+STEP = "a training step"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,34 +122,39 @@ def _crossings(plans: dict[str, Any], module_file_of: Callable[[str], str | None
                     names[ask.name] = ask.kind
                 asked.setdefault(target, []).append((rel, ask, ask.name))
     provided: dict[str, dict[str, str]] = {}
-    handed: dict[str, list[bool]] = {}  # a file whose loop reads a loader handed in: each caller's answer
+    handed: dict[tuple[str, str], list[bool]] = {}  # (a file fed by its callers, by what): each caller's answer
     for target, triples in asked.items():
         for rel, ask, want in triples:
             done = want in plans[target].done
-            if ask.name.startswith(f"{HANDED}:") and ask.kind == TRAIN:  # said fed when every caller converted it
+            fed = key("", HANDED) if ask.name.startswith(f"{HANDED}:") else \
+                key("", ask.name) if ask.name.startswith(f"{STEP}:") else None
+            if fed is not None and ask.kind == TRAIN:  # said fed when every caller converted it
                 if done or f"{want} {NOT_PASSED}" in plans[target].done:  # (a file that only imports it: no say)
-                    handed.setdefault(rel, []).append(done)
+                    handed.setdefault((rel, fed), []).append(done)
                 if done:
-                    provided.setdefault(rel, {}).setdefault(key("", HANDED), target)
+                    provided.setdefault(rel, {}).setdefault(fed, target)
             elif done:
                 provided.setdefault(rel, {})[key(ask.module, ask.name)] = target
-    for rel, answers in handed.items():
+    for (rel, fed), answers in handed.items():
         if not all(answers):  # a caller that hands in a list of batches, or what it does not convert
-            provided.get(rel, {}).pop(key("", HANDED), None)
+            provided.get(rel, {}).pop(fed, None)
     return {rel: dataclasses.replace(base[rel], wants=wants.get(rel, {}), provided=provided.get(rel, {}))
             for rel in set(wants) | set(provided)}
 
 
 def _handed_want(rel: str, ask: Ask) -> str | None:
-    """What a caller of ``rel``'s function is asked for a model handed in (``trainer.train_model:0=model``: the
-    model it passes as argument 0 or ``model=``), or for a training loader handed in
-    (``solver:Solver.__init__:0:loader``: what it passes to ``Solver(...)`` as argument 0 or ``loader=``); None for
+    """What a caller of ``rel``'s function is asked for a training step it runs (:data:`STEP`:
+    ``engine:a training step:Engine.train``), for a model handed in (``trainer.train_model:0=model``: the model it
+    passes as argument 0 or ``model=``), or for a training loader handed in (``solver:Solver.__init__:0:loader``:
+    what it passes to ``Solver(...)`` as argument 0 or ``loader=``); None for
     another ask.
 
     >>> _handed_want("solver.py", Ask("", f"{HANDED}:Solver.__init__:0:loader", TRAIN, 9))
     'solver:Solver.__init__:0:loader'
     """
     module = rel[:-3].replace("/", ".")
+    if ask.name.startswith(f"{STEP}:"):  # (``engine:a training step:Engine.train``)
+        return f"{module}:{ask.name}"
     if ask.name.startswith(f"{HANDED}:"):
         return f"{module}:{ask.name.split(':', 1)[1]}"
     if not ask.name.startswith(f"{HANDED_MODEL}:"):

@@ -66,6 +66,38 @@ def callee(facts: Facts, call: Call) -> tuple[Scope, int] | None:
     return None
 
 
+def runs(facts: Facts, call: Call, module: str, function: str) -> bool:
+    """``call`` runs ``function`` of the project's ``module``: ``train_step(...)``, ``Solver(...)`` for
+    ``Solver.__init__``, ``solver.train(...)``, ``self.solver.train(...)`` or ``Solver(...).train(...)`` for
+    ``Solver.train``, ``trainer(...)`` for ``Trainer.__call__`` (``solver``, ``trainer``: bound to that class's call).
+
+    >>> from ddpkit.commands.convert.scan import parse, scan
+    >>> f = scan(parse("from engine import Engine\\neng = Engine(2)\\neng.train(x)\\n"))
+    >>> runs(f, f.calls[-1], "engine", "Engine.train"), runs(f, f.calls[-1], "engine", "Engine.eval")
+    (True, False)
+    """
+    cls, _, method = function.rpartition(".")
+    func = call.node.func
+    if not cls or method == "__init__":
+        return _names(facts, dotted(func), f"{module}.{cls or method}")
+    if method == "__call__":
+        held: cst.BaseExpression | None = func
+    elif isinstance(func, cst.Attribute) and func.attr.value == method:
+        held = func.value
+    else:
+        return False
+    name = dotted(held) if isinstance(held, (cst.Name, cst.Attribute)) else None
+    if name:  # ``eng.train(...)``, ``self.engine.train(...)``: what the name was bound to
+        bound = binding_of(facts, name, call.scope, call.line)
+        held = bound.value if bound is not None else None
+    return isinstance(held, cst.Call) and _names(facts, dotted(held.func), f"{module}.{cls}")
+
+
+def _names(facts: Facts, written: str | None, wanted: str) -> bool:
+    full = resolve(written, facts.aliases)
+    return full is not None and (full == wanted or full.endswith("." + wanted))
+
+
 def callers(facts: Facts, scope: Scope) -> list[Call]:
     """The calls of this file that run ``scope`` (:func:`callee`); none: another module calls it, or nothing.
 
@@ -279,7 +311,7 @@ def _passes_items(value: cst.BaseExpression) -> bool:
 def trains(facts: Facts, loop: Loop, depth: int = 0) -> bool:
     """A loop that runs a backward pass: ``loss.backward()`` in it, or in a function of the script it calls."""
     for call in loop.calls:
-        if call.last == "backward":
+        if call.last == "backward" or id(call.node) in facts.steps:  # (another module's step: stepped.py)
             return True
         target = callee(facts, call) if depth < DEPTH else None
         if target is not None and scope_trains(facts, target[0], depth + 1):
@@ -305,7 +337,7 @@ def scope_trains(facts: Facts, scope: Scope, depth: int = 0) -> bool:
     for call in facts.calls:
         if call.scope is not scope and id(call.scope.node) not in inner:
             continue
-        if call.last == "backward":
+        if call.last == "backward" or id(call.node) in facts.steps:
             return True
         target = callee(facts, call) if depth < DEPTH else None
         if target is not None and target[0] is not scope and scope_trains(facts, target[0], depth + 1):

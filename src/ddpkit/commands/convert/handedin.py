@@ -34,7 +34,7 @@ import libcst as cst
 from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.crossing import EVAL, HANDED, TRAIN, Ask, key
 from ddpkit.commands.convert.reductions import reductions
-from ddpkit.commands.convert.scan import Binding, Call, Loop, dotted, imported_from, resolve
+from ddpkit.commands.convert.scan import Binding, Call, Loop, dotted, imported_from
 from ddpkit.commands.convert.sums import sums_after
 
 _Work = Any  # the plan in the making (plan._Work)
@@ -125,7 +125,7 @@ def _handed(work: _Work, kind: str) -> list[tuple[str, list[tuple[Call, Binding 
         module, function, index, name = want.split(":")
         name, _, element = name.partition("[")  # ``loaders[0]``: element 0 of what is passed as ``loaders``
         found.append((want, [(site, _part(work, site, _argument(work, site, int(index), name), element))
-                             for site in work.facts.calls if _calls(work, site, module, function)]))
+                             for site in work.facts.calls if flow.runs(work.facts, site, module, function)]))
     return found
 
 
@@ -307,31 +307,6 @@ def _imported(work: _Work, want: str, site: Call) -> tuple[str, str] | None:
     if not written or flow.binding_of(work.facts, written, site.scope, site.line) is not None:
         return None
     return imported_from(work.facts, written)
-
-
-def _calls(work: _Work, call: Call, module: str, function: str) -> bool:
-    """``call`` calls ``function`` of ``module``: ``train_step(...)``, ``Solver(...)`` for ``Solver.__init__``,
-    ``solver.train(...)`` or ``Solver(...).train(...)`` for ``Solver.train``, ``trainer(...)`` for
-    ``Trainer.__call__`` (``solver``, ``trainer``: bound to that class's call)."""
-    cls, _, method = function.rpartition(".")
-    func = call.node.func
-    if not cls or method == "__init__":
-        return _names(work, dotted(func), f"{module}.{cls or method}")
-    if method == "__call__":
-        held: cst.BaseExpression | None = func
-    elif isinstance(func, cst.Attribute) and func.attr.value == method:
-        held = func.value
-    else:
-        return False
-    if isinstance(held, cst.Name):
-        bound = flow.binding_of(work.facts, held.value, call.scope, call.line)
-        held = bound.value if bound is not None else None
-    return isinstance(held, cst.Call) and _names(work, dotted(held.func), f"{module}.{cls}")
-
-
-def _names(work: _Work, written: str | None, wanted: str) -> bool:
-    full = resolve(written, work.facts.aliases)
-    return full is not None and (full == wanted or full.endswith("." + wanted))
 
 
 def given_as(call: Call, index: int, name: str) -> cst.BaseExpression | None:

@@ -18,7 +18,7 @@ from typing import Any
 import libcst as cst
 from libcst import matchers as m
 
-from ddpkit.commands.convert import batch, bykey, bysplit, drawn, feeds, flow, handedin, imported, trained
+from ddpkit.commands.convert import batch, bykey, bysplit, drawn, feeds, flow, handedin, imported, stepped, trained
 from ddpkit.commands.convert.apply import LOADER_PARAMETERS, loader_call
 from ddpkit.commands.convert.crossing import NOT_PASSED, TRAIN
 from ddpkit.commands.convert.flow import callee, callers, loops_reading, peek, roles_said
@@ -154,7 +154,7 @@ def loaders(work: _Work) -> None:
         handedin.handed_in(work, backward[0].line)  # (d2l's ``train(net, loader, optimizer)``: its callers' loader)
     if backward and not training and not built and not uses_ddpkit(work.facts):  # (ddpkit: by hand)
         if imported.imported_loader(work, backward[0].line) or _subclassed(work, backward[0].line) or \
-                handedin.handed_in(work, backward[0].line):
+                handedin.handed_in(work, backward[0].line) or stepped.asks(work, backward[0]):
             return
         work.leave(backward[0].line, "the training batches do not come from a torch DataLoader (fed by hand): "
                    "each rank would train on all of them", "build them with a Dataset and a DataLoader, then "

@@ -45,6 +45,7 @@ from ddpkit.commands.convert import (
     reread,
     rules,
     splits,
+    stepped,
     tokens,
     trained,
     unwrapped,
@@ -105,6 +106,7 @@ def plan(source: str, per_process_batch: bool = False, crossing: Crossing | None
     wrapper = parse(scanned)
     facts = scan(wrapper)
     facts.own = crossing.own if crossing is not None else frozenset()
+    facts.steps = stepped.marked(facts, crossing)  # (another module's training step run here)
     work = _Work(facts, per_process_batch, crossing)
     work.decide()
     text = scanned
@@ -221,6 +223,7 @@ class _Work:
         partners.partners(self)
         parallel.modules(self)
         loaders.loaders(self)
+        stepped.answer(self)
         unwrapped.unwrapped(self)
         batchstats.own_batch_norm(self)
         splits.splits(self, any(c.name in (loaders.LOADER, "ddpkit.data_loader") for c in self.facts.calls))

@@ -111,6 +111,8 @@ class Facts:
     modules: dict[str, str] = dataclasses.field(default_factory=dict)  # ``import a.b as m``: m -> a.b
     # a project's own top-level modules named like a library (its ``datasets.py``): they shadow it, so followed
     own: frozenset[str] = frozenset()
+    # the calls that run another module's training step (``engine.train(x, y)``: stepped.py): they train
+    steps: set[int] = dataclasses.field(default_factory=set)
 
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)
@@ -301,10 +303,19 @@ def _targets(target: cst.BaseExpression) -> Iterator[tuple[str, int]]:
 
 def _element(value: cst.BaseExpression, index: int) -> cst.BaseExpression | None:
     if index < 0:
-        return value
+        return _or_none(value)
     if isinstance(value, (cst.Tuple, cst.List)) and index < len(value.elements):
         return value.elements[index].value
     return None  # ``a, b = f()``: bound, to something this scan cannot follow
+
+
+def _or_none(value: cst.BaseExpression) -> cst.BaseExpression:
+    """``DataLoader(...) if test_set is not None else None`` (BERT-pytorch): the call is what the name is bound to
+    (when it is bound to anything: a loop over None never runs); any other value as it is."""
+    if isinstance(value, cst.IfExp) and isinstance(value.body, cst.Call) and \
+            isinstance(value.orelse, cst.Name) and value.orelse.value == "None":
+        return value.body
+    return value
 
 
 class _Scanner(cst.CSTVisitor):

@@ -50,6 +50,8 @@ def token_mean_loss(work: _Work) -> None:
         ignored = keywords.get("ignore_index")
         # an ignore_index read from a setting (a pad id) pads; a literal one (minGPT's -1) may mark nothing
         named = ignored is not None and not isinstance(ignored, (cst.Integer, cst.UnaryOperation))
+        # ``ignore_index=0`` (BERT-pytorch's NLLLoss): a pad token's id, which every padded sequence holds
+        pad_id = isinstance(ignored, cst.Integer)
         trained = _trained(work, call)
         if call.loops and not trained:  # an evaluation's loss
             continue
@@ -57,7 +59,7 @@ def token_mean_loss(work: _Work) -> None:
         if isinstance(reduction, cst.SimpleString) and reduction.evaluated_value in ("sum", "none"):
             continue  # no mean (Sentence-VAE's NLLLoss(reduction='sum'), divided by the batch's own size)
         labels: Any = None
-        if call.last in TOKEN_LOSSES and (named or padded):
+        if call.last in TOKEN_LOSSES and (named or padded or pad_id):
             labels = _target(call) if trained and not named else None
             value = work.facts.code(ignored) if ignored is not None else "-100"
         elif "labels" in keywords and padded and trained:

@@ -24,7 +24,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.check.rules import RANK_WORDS
-from ddpkit.commands.convert import flow, order
+from ddpkit.commands.convert import flow, order, paths
 from ddpkit.commands.convert.flow import binding_of, in_body
 from ddpkit.commands.convert.handedin import iterated
 from ddpkit.commands.convert.rules import branched, in_main_block, main_test, per_rank, wait_before
@@ -123,6 +123,8 @@ def _read_back(work: _Work, call: Call, stmt: Any) -> None:
     reads = [c for c in work.facts.calls if c.line > call.line and c.name != "torch.load" and
              ((c.name in OPENERS and not _writing(c.node)) or c.last in READS and c.name not in (None, "torch.load"))
              and not order.read_first(work.facts, c, call)]
+    written = _written_path(call)
+    reads = [c for c in reads if paths.maybe_same(work.facts, call, written, c, paths.first_path(c))]
     if not reads:
         return
     if branched(work, call) and (_waited(work, call, reads) or wait_before(work, call, reads)):
@@ -134,6 +136,15 @@ def _read_back(work: _Work, call: Call, stmt: Any) -> None:
         return
     work.edits.after.setdefault(id(stmt), []).append("ddpkit.barrier()")
     work.note("then every rank waits for it (barrier)", f"a file is read at line {reads[0].line}", call.line)
+
+
+def _written_path(call: Call) -> Any:
+    """The path a write is given (``save_image(tensor, fp)``: its second)."""
+    if call.name == "torchvision.utils.save_image":
+        positional = [a.value for a in call.node.args if a.keyword is None]
+        return positional[1] if len(positional) > 1 else next(
+            (a.value for a in call.node.args if a.keyword is not None and a.keyword.value == "fp"), None)
+    return paths.first_path(call)
 
 
 def _waited(work: _Work, call: Call, reads: list[Call]) -> bool:

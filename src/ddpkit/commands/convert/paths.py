@@ -1,0 +1,138 @@
+"""What file a path expression of the script can name, as far as its text tells: the fixed start and end of each
+value it may take. Two paths that cannot agree on those name different files, so a read of the one need not
+wait for a write of the other (a GAN lesson's loss figure ``'results/train_hist.png'`` against the frames it
+reads back, ``'results/Fixed_results/frame_' + str(e + 1) + '.png'``).
+
+A path is followed through ``+``, f-strings, ``os.path.join``, a name bound once before its use, and a parameter
+(what each call of its function passes, or its default); anything else is a piece that may be any text. What
+cannot be told stays "maybe the same file": the caller then waits, as before.
+
+Example::
+
+    >>> from ddpkit.commands.convert.scan import parse, scan
+    >>> facts = scan(parse("def show(path='h.png'):\\n    savefig(path)\\nshow(path='r/hist.png')\\n"
+    ...                    "for e in range(3):\\n    imread('r/frames/f' + str(e) + '.png')\\n"))
+    >>> write, read = facts.calls[0], next(c for c in facts.calls if c.name == "imread")
+    >>> maybe_same(facts, write, first_path(write), read, first_path(read))
+    False
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import libcst as cst
+
+from ddpkit.commands.convert import flow
+from ddpkit.commands.convert.scan import Call, Facts, Scope, dotted
+
+DEPTH = 3  # names and parameters followed from one path: a script's paths are built in a line or two
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """The text a path starts and ends with; ``exact``: the whole path, when it is a fixed string."""
+    start: str = ""
+    end: str = ""
+    exact: str | None = None
+
+
+ANY = Shape()
+
+
+def first_path(call: Call) -> cst.BaseExpression | None:
+    """The path a write or read call is given: its first positional argument (``fp=`` / ``path=`` by name)."""
+    positional = [a.value for a in call.node.args if a.keyword is None and not a.star]
+    named = [a.value for a in call.node.args if a.keyword is not None and
+             a.keyword.value in ("fname", "fp", "file", "path", "path_or_buf", "filepath_or_buffer", "uri")]
+    return positional[0] if positional else named[0] if named else None
+
+
+def maybe_same(facts: Facts, write: Call, written: cst.BaseExpression | None, read: Call,
+               reading: cst.BaseExpression | None) -> bool:
+    """Whether the read may open the file the write writes (True unless their shapes cannot agree)."""
+    if written is None or reading is None:
+        return True
+    ones = shapes(facts, written, write.scope, write.line)
+    others = shapes(facts, reading, read.scope, read.line)
+    return any(_agree(a, b) for a in ones for b in others)
+
+
+def shapes(facts: Facts, node: cst.BaseExpression, scope: Scope, line: int, depth: int = 0) -> list[Shape]:
+    """Every shape ``node`` may take at ``line`` of ``scope``."""
+    if isinstance(node, cst.SimpleString) and isinstance(node.evaluated_value, str):
+        text = _plain(node.evaluated_value)
+        return [Shape(text, text, text)]
+    if isinstance(node, cst.FormattedString):
+        parts = node.parts
+        start = parts[0].value if parts and isinstance(parts[0], cst.FormattedStringText) else ""
+        end = parts[-1].value if parts and isinstance(parts[-1], cst.FormattedStringText) else ""
+        exact = _plain(start) if len(parts) == 1 and start else None
+        return [Shape(_plain(start), end, exact)]
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add):
+        return _joined(facts, [node.left, node.right], scope, line, depth, "")
+    if isinstance(node, cst.Call) and dotted(node.func) in ("os.path.join", "path.join", "join") and node.args:
+        return _joined(facts, [a.value for a in node.args], scope, line, depth, "/")
+    name = dotted(node) if isinstance(node, (cst.Name, cst.Attribute)) else None
+    if name is None or depth >= DEPTH:
+        return [ANY]
+    return _named(facts, name, scope, line, depth)
+
+
+def _named(facts: Facts, name: str, scope: Scope, line: int, depth: int) -> list[Shape]:
+    bound = flow.binding_of(facts, name, scope, line)
+    if bound is None:
+        return [ANY]
+    if bound.value is not None:
+        return shapes(facts, bound.value, bound.scope, bound.line, depth + 1)
+    if bound.stmt is not None or name not in scope.params:
+        return [ANY]  # (``for name in ...``, ``with ... as name``: anything)
+    found: list[Shape] = []  # a parameter: what each call passes, or its default
+    sites = flow.callers(facts, scope)
+    skip = 1 if scope.cls and scope.params[:1] == ["self"] else 0
+    for site in sites:
+        passed = flow.argument_for(site, name, scope, skip)
+        found += shapes(facts, passed, site.scope, site.line, depth + 1) if passed is not None else \
+            _default(facts, scope, name, depth)
+    return found or [ANY]
+
+
+def _default(facts: Facts, scope: Scope, name: str, depth: int) -> list[Shape]:
+    node = scope.node
+    params = node.params.params if isinstance(node, cst.FunctionDef) else ()
+    default = next((p.default for p in params if p.name.value == name and p.default is not None), None)
+    return shapes(facts, default, scope, 0, depth + 1) if default is not None else [ANY]
+
+
+def _joined(facts: Facts, pieces: list[cst.BaseExpression], scope: Scope, line: int, depth: int,
+            sep: str) -> list[Shape]:
+    found = [Shape("", "", "")]
+    for i, piece in enumerate(pieces):
+        options = shapes(facts, piece, scope, line, depth + 1)[:8]  # (a few values each: enough to tell files)
+        found = [_then(a, b, sep if i else "") for a in found for b in options][:32]
+    return found
+
+
+def _then(a: Shape, b: Shape, sep: str) -> Shape:
+    """``a`` followed by ``sep`` and ``b``."""
+    if a.exact is not None and b.exact is not None:
+        whole = a.exact + sep + b.exact
+        return Shape(whole, whole, whole)
+    start = a.exact + sep + b.start if a.exact is not None else a.start
+    end = a.end + sep + b.exact if b.exact is not None else b.end
+    return Shape(start, end, None)
+
+
+def _agree(a: Shape, b: Shape) -> bool:
+    if a.exact is not None and b.exact is not None:
+        return a.exact == b.exact
+    starts = a.start.startswith(b.start) or b.start.startswith(a.start)
+    ends = a.end.endswith(b.end) or b.end.endswith(a.end)
+    return starts and ends
+
+
+def _plain(text: str) -> str:
+    """``./results/x`` and ``results/x`` name one file."""
+    while text.startswith("./"):
+        text = text[2:]
+    return text

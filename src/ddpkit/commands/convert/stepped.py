@@ -1,0 +1,108 @@
+"""A training step of another module: the loop over the loader is this file's, one step of training is a method
+or function of the project's other file (Graph-WaveNet's ``engine.train(x, y)`` of ``engine.py``'s ``trainer``,
+which runs the forward, the backward and the optimizer step on what it is handed).
+
+The step's file finds a backward pass in a function no line of its own calls and no loop of its own holds: it asks
+(:data:`~ddpkit.commands.convert.crossing.STEP`) every file that imports it. A file that calls the step in a loop
+marks that call as training (:func:`marked`: ``Facts.steps``, read by :func:`.flow.trains`), so the loop's loader
+becomes a training ``ddpkit.data_loader`` there, and answers done (:func:`answer`) when every loop that runs the step
+reads such a loader. The step is then said fed by its callers (kept); converted alone, or run by a caller over
+batches it makes itself, it is left to you as batches fed by hand.
+
+Example::
+
+    >>> from ddpkit.commands.convert.crossing import settle
+    >>> from ddpkit.commands.convert.plan import plan
+    >>> files = {"engine.py": "class Engine:\\n    def step(self, x):\\n        self.model(x).sum().backward()\\n"
+    ...                       "        self.opt.step()\\n",
+    ...          "main.py": "from torch.utils.data import DataLoader\\nfrom engine import Engine\\n"
+    ...                     "eng = Engine()\\nfor x in DataLoader(ds, batch_size=8):\\n    eng.step(x)\\n"}
+    >>> done = settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
+    >>> done["main.py"].text.splitlines()[4], done["engine.py"].left
+    ('for x in ddpkit.data_loader(ds, global_batch_size=8, shuffle=False):', [])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+
+from ddpkit.commands.convert import flow
+from ddpkit.commands.convert.crossing import NOT_PASSED, STEP, TRAIN, Ask, Crossing, key
+from ddpkit.commands.convert.scan import Call, Facts
+
+_Work = Any  # the plan in the making (plan._Work)
+
+
+def asks(work: _Work, backward: Call) -> bool:
+    """The step's file: ``backward`` runs in a function that no call here runs and no loop here holds, so its
+    batches come from the callers of another module. Asked of them; kept when every one runs it over a training
+    ddpkit.data_loader, else left (with the fix). False: not such a step."""
+    scope = backward.scope
+    if not scope.name or backward.loops or flow.callers(work.facts, scope):
+        return False
+    name = f"{STEP}:{scope.name}"
+    work.asks.append(Ask("", name, TRAIN, backward.line))  # (asked whatever the answer: crossing.settle's rounds)
+    built = work.crossing.provided.get(key("", name))
+    if built:
+        work.keep(backward.line, f"the training step {scope.name}() left as it is", f"its callers in {built} run it in "
+                  "a loop over a ddpkit.data_loader for training: each rank steps on its own shard")
+        return True
+    fix = "run it in a loop over a torch DataLoader of the batches (made a ddpkit.data_loader for training)"
+    if work.crossing.own:  # converted together: a caller runs it over batches it makes itself
+        work.leave(backward.line, f"the training step {scope.name}() is run by a caller in the project that does not "
+                   "loop over a DataLoader converted for training: each rank would train on all of its batches",
+                   f"{fix}, then convert again", blocks=True)
+        return True
+    work.leave(backward.line, f"the training step {scope.name}() takes its batches from callers in another module: "
+               "each rank would train on all of them unless their loader is sharded", "convert them together (ddpkit "
+               f"convert --imports SCRIPT, or a folder), or {fix}", blocks=True)
+    return True
+
+
+def marked(facts: Facts, crossing: Crossing | None) -> set[int]:
+    """The calling file: the calls here that run a step another module asked about (``eng.train(x, y)``)."""
+    found: set[int] = set()
+    for _want, module, function in _wanted(crossing):
+        found |= {id(c.node) for c in facts.calls if flow.runs(facts, c, module, function)}
+    return found
+
+
+def answer(work: _Work) -> None:
+    """The calling file, once its loaders are decided: each step asked of it and run here is done when every loop
+    that runs it reads a DataLoader made a training ddpkit.data_loader here; not, when one does not."""
+    trained = _trained_loops(work)
+    for want, module, function in _wanted(work.crossing):
+        sites = [c for c in work.facts.calls if flow.runs(work.facts, c, module, function)]
+        if sites:
+            every = all(any(id(loop.node) in trained for loop in c.loops) for c in sites)
+            work.done.append(want if every else f"{want} {NOT_PASSED}")
+
+
+def _wanted(crossing: Crossing | None) -> list[tuple[str, str, str]]:
+    """(the want, the step's module, its function) for each step asked of this file."""
+    found = []
+    for want in crossing.wants if crossing is not None else ():
+        module, _, rest = want.partition(":")
+        if rest.startswith(f"{STEP}:"):
+            found.append((want, module, rest[len(STEP) + 1:]))
+    return found
+
+
+def _trained_loops(work: _Work) -> set[int]:
+    """The loops (their nodes' ids) over a DataLoader this file made a training ddpkit.data_loader."""
+    found: set[int] = set()
+    for binding in work.facts.bindings:
+        if binding.value is not None and id(binding.value) in work.sharded:
+            found |= {id(loop.node) for loop in flow.loops_reading(work.facts, binding.target, binding.scope,
+                                                                  since=binding)}
+    for loop in work.facts.loops:  # ``for x in DataLoader(...)``: the loader built in the loop's own line
+        if isinstance(loop.node, cst.For) and any(id(n) in work.sharded for n in _calls_in(loop.node.iter)):
+            found.add(id(loop.node))
+    return found
+
+
+def _calls_in(node: cst.CSTNode) -> list[cst.CSTNode]:
+    return list(m.findall(node, m.Call()))
