@@ -158,3 +158,30 @@ def test_a_list_of_one_tensor_per_sample_is_compared():
     # bank of noise tensors of another length, are no samples
     assert fingerprint(Held(cache=rows)).tolist() == fingerprint(Held(cache=others)).tolist()
     assert fingerprint(Held(bank=rows[:3])).tolist() == fingerprint(Held(bank=others[:3])).tolist()
+
+
+def test_a_list_of_named_tuples_holding_tuples_is_compared_in_its_order():
+    """dlwpt's LunaDataset: ``random.shuffle`` unseeded over candidates ``(is_nodule, diameter, uid, (x, y, z))``,
+    a namedtuple holding a tuple: not plain, counted as nothing, so each rank sharded its own order."""
+    from collections import namedtuple
+
+    from torch.utils.data import Dataset
+
+    from ddpkit.data.same import fingerprint
+
+    Candidate = namedtuple("Candidate", "nodule, diameter, uid, center")
+
+    class Luna(Dataset):
+        def __init__(self, candidates):
+            self.candidates = candidates
+
+        def __len__(self):
+            return len(self.candidates)
+
+        def __getitem__(self, i):
+            return self.candidates[i]
+
+    held = [Candidate(i % 3 == 0, 1.5 * i, f"1.3.6.{i}", (i, -i, 2.0 * i)) for i in range(9)]
+    assert fingerprint(Luna(held)).tolist() != fingerprint(Luna(held[::-1])).tolist()
+    assert fingerprint(Luna(held)).tolist() == fingerprint(Luna(list(held))).tolist()
+    assert fingerprint(Luna(held)).tolist() != fingerprint(Luna([c._replace(center=(0, 0, 0)) for c in held])).tolist()

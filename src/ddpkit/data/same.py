@@ -127,8 +127,20 @@ def _item(item: Any) -> float | None:
         return number if math.isfinite(number) else 0.5772
     if isinstance(item, (str, bytes)):
         return _text(item)
-    if isinstance(item, tuple) and item and all(isinstance(v, (str, bytes, bool, int, float)) for v in item):
-        return _text("\x1f".join(repr(_text(v) if isinstance(v, (str, bytes)) else v) for v in item))
+    spelled = _spelled(item, 2) if isinstance(item, tuple) and item else None
+    return _text(spelled) if spelled is not None else None
+
+
+def _spelled(value: Any, depth: int) -> str | None:
+    """A stable text for a plain value or a tuple of them, nested ``depth`` deep (dlwpt's candidates
+    ``(is_nodule, diameter, uid, (x, y, z))``); None for anything else."""
+    if isinstance(value, (str, bytes)):
+        return repr(_text(value))
+    if isinstance(value, (bool, int, float)):
+        return repr(value)
+    if isinstance(value, tuple) and depth > 0:
+        parts = [_spelled(v, depth - 1) for v in value]
+        return None if any(p is None for p in parts) else "(" + "\x1f".join(parts) + ")"  # type: ignore[arg-type]
     return None
 
 
