@@ -207,3 +207,44 @@ def test_a_figure_written_under_an_if_to_another_path_than_the_frames_read_back_
     assert "ddpkit.barrier()" in p.text  # (the frames: written in the loop, read back below)
     same = plan(FIGURES.format(hist_path="f'results/Fixed_results/frame_{9}.png'"))
     assert any("a file is read at line" in x.what for x in same.left), same.left  # (it may be one of them)
+
+
+def test_a_training_sum_of_batch_means_over_the_loaders_length_is_averaged_over_the_ranks(tmp_path):
+    from test_convert_twelfth import prints_as_one_process
+
+    source = '''import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+criterion = nn.CrossEntropyLoss()
+
+
+def train(model, train_loader, optimizer, epoch):
+    model.train()
+    total_iters = len(train_loader)
+    loss_accum = 0
+    for x, y in train_loader:
+        loss = criterion(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        loss = loss.detach().cpu().numpy()
+        loss_accum += loss
+    average_loss = loss_accum / total_iters
+    print("loss training: %.5f" % (average_loss))
+    return average_loss
+
+
+torch.manual_seed(0)
+g = torch.Generator().manual_seed(1)
+model = nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(32, 4, generator=g), torch.randint(0, 2, (32,), generator=g)),
+                    batch_size=8)
+for epoch in range(2):
+    train(model, loader, opt, epoch)
+'''
+    p = plan(source)
+    assert "loss_accum = ddpkit.reduce(loss_accum, op='mean')" in p.text, p.text
+    assert "ddpkit.reduce" in plan(source.replace("loss_accum / total_iters", "loss_accum / len(train_loader)")).text
+    prints_as_one_process(tmp_path, source, p.text)

@@ -234,11 +234,22 @@ def _training_sum(facts: Facts, loop: Loop, anchor: Loop, name: str, readers: li
     if not started or name in later:
         return None
     divisors = [d for s in readers if s is not None for d in _divisors(s, name)]
-    if divisors and all(names_in(d) and names_in(d) <= local for d in divisors):
+    if divisors and all(names_in(d) and names_in(d) <= local or _batches(facts, loop, d) for d in divisors):
         return "mean"
     if any(names_in(d) & local for d in divisors):
         return None
     return "sum" if name in samples or any(whole(d) or names_in(d) & (samples - later) for d in divisors) else None
+
+
+def _batches(facts: Facts, loop: Loop, divisor: Any) -> bool:
+    """``len(train_loader)``, or a name bound to it before the loop (powerful-gnns' ``total_iters``): this rank's
+    count of batches, as many on every rank in training."""
+    name = dotted(divisor)
+    if name is not None:
+        bound = [b.value for b in facts.bindings if b.target == name and b.scope is loop.scope and b.line < loop.line]
+        divisor = bound[-1] if len(bound) == 1 else None
+    return isinstance(divisor, cst.Call) and dotted(divisor.func) == "len" and len(divisor.args) == 1 and \
+        dotted(divisor.args[0].value) in loop.iter_names
 
 
 def _divisions(stmt: Any) -> list[tuple[set[str], Any]]:
