@@ -248,3 +248,74 @@ for epoch in range(2):
     assert "loss_accum = ddpkit.reduce(loss_accum, op='mean')" in p.text, p.text
     assert "ddpkit.reduce" in plan(source.replace("loss_accum / total_iters", "loss_accum / len(train_loader)")).text
     prints_as_one_process(tmp_path, source, p.text)
+
+
+TWO_LINE_DEVICE = '''import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def train(model, loader, device):
+    for (x,) in loader:
+        loss = model(x.to(device)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model
+
+
+if __name__ == "__main__":
+    MODEL = nn.Linear(4, 4)
+    LOADER = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=4, shuffle=True)
+    DEVICE = 'cpu'
+    if torch.cuda.is_available():
+        DEVICE = 'cuda'
+    model = MODEL.to(DEVICE)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model = train(MODEL, LOADER, DEVICE)
+    torch.save(model.state_dict(), "m.pt")
+'''
+
+
+def test_a_cpu_device_upgraded_under_an_if_and_a_model_moved_under_another_name_convert():
+    """TextAugmentation-GPT2: ``DEVICE = 'cpu'`` then ``if torch.cuda.is_available(): DEVICE = 'cuda'``; and
+    ``model = MODEL.to(DEVICE)``, the loop then handed ``MODEL`` (the same object, unprepared once converted)."""
+    p = plan(TWO_LINE_DEVICE)
+    assert not [x for x in p.left if x.blocks], p.left
+    assert "    state = ddpkit.init()\n" in p.text and "    DEVICE = state.device.type\n" in p.text, p.text
+    assert "is_available" not in p.text
+    assert "model = MODEL = ddpkit.prepare_model(MODEL)" in p.text, p.text
+
+
+def test_an_indexed_device_string_keeps_its_index_and_its_cpu_fallback_stays():
+    """AGCRN: ``DEVICE = 'cuda:0'`` (argparse's default), ``torch.cuda.set_device(int(args.device[5]))`` when
+    there is a GPU, ``else: args.device = 'cpu'``: converted to two inits hoisted to the top, the second
+    ``init(cpu=True)``, and a device string without its index."""
+    source = '''import argparse
+import os
+print(os.getcwd())
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+DEVICE = 'cuda:0'
+parser = argparse.ArgumentParser()
+parser.add_argument('--device', default=DEVICE, type=str)
+args = parser.parse_args()
+if torch.cuda.is_available():
+    torch.cuda.set_device(int(args.device[5]))
+else:
+    args.device = 'cpu'
+loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8, shuffle=True)
+model = nn.Linear(4, 1).to(args.device)
+optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+for x, y in loader:
+    loss = nn.functional.l1_loss(model(x.to(args.device)), y.to(args.device))
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+'''
+    p = plan(source)
+    assert not [x for x in p.left if x.blocks], p.left
+    assert p.text.count("ddpkit.init(") == 1 and "DEVICE = str(state.device)" in p.text, p.text
+    assert "    args.device = 'cpu'\n" in p.text, p.text

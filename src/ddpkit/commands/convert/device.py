@@ -135,6 +135,9 @@ def devices(work: _Work) -> None:
     chosen = [b for choice in _choices(work) for b in _chosen(work, *choice)]
     found = [b for b in facts.bindings if b.stmt is not None and is_device(b.value, b.target, facts.aliases)
              and b not in chosen]
+    upgraded = _upgrades(work, found)
+    found = [b for b in found if all(b is not u for _, u in upgraded.values())]
+    found = [b for b in found if not _fallback(work, b, found)]
     for b in found:
         again = [o for o in found if o.target == b.target and o.scope is b.scope and o is not b]
         if again:  # device = "cpu"; if torch.cuda.is_available(): device = "cuda": the first init would win
@@ -149,7 +152,7 @@ def devices(work: _Work) -> None:
                        f"put {b.target} = ... on a line of its own, then convert again", blocks=True)
             continue
         assert b.value is not None
-        args = init_arguments(b.value)
+        args = "" if id(b) in upgraded else init_arguments(b.value)  # (the accelerator when there is one)
         if b.target.startswith("self."):
             work.devices.append(b)
             work.edits.expr[id(b.value)] = lambda node, a=args: cst.parse_expression(f"ddpkit.init({a}).device")
@@ -159,6 +162,8 @@ def devices(work: _Work) -> None:
         work.devices.append(b)
         init = f"{work.state} = ddpkit.init({args})"
         read = f"{b.target} = {work.state}.device" + (".type" if as_string(b.value) else "")
+        if as_string(b.value) and ":" in (text_of(b.value) or ""):  # ``'cuda:0'``: its index may be read
+            read = f"{b.target} = str({work.state}.device)"  # (AGCRN's ``set_device(int(args.device[5]))``)
         early = _first_ddpkit_use(work, b.scope, b.line, names_in(b.value))
         if early is None:
             work.edits.replace[id(b.stmt)] = [init, read]
@@ -166,9 +171,50 @@ def devices(work: _Work) -> None:
             work.edits.before.setdefault(id(early.stmt), []).append(init)
             work.edits.replace[id(b.stmt)] = [read]
         work.inits.append(b.scope)
+        said = " (str(): the script's device is a string with the GPU's index, which it may read)" if "str(" in read \
+            else " (.type: the script's device is a string, and it may be tested as one)" if as_string(b.value) else ""
         work.note(f"{b.target} = ... -> {init}; {read}", "init() starts the process group and gives each rank its "
-                  "own device" + (" (.type: the script's device is a string, and it may be tested as one)"
-                                  if as_string(b.value) else ""), b.line)
+                  "own device" + said, b.line)
+
+
+def _fallback(work: _Work, b: Binding, found: list[Binding]) -> bool:
+    """``else: args.device = 'cpu'`` under ``if torch.cuda.is_available():`` (AGCRN), beside an accelerator's
+    device converted: the CPU when there is no accelerator is ddpkit.init()'s choice too: kept as it is, said."""
+    kinds = [_kind(text_of(o.value) or "") for o in found if o is not b and o.value is not None]
+    if b.value is None or _kind(text_of(b.value) or "") != "cpu" or "accelerator" not in kinds:
+        return False
+    for node in m.findall(work.facts.module, m.If()):
+        assert isinstance(node, cst.If)
+        negated = isinstance(node.test, cst.UnaryOperation) and isinstance(node.test.operator, cst.Not)
+        inner = node.test.expression if isinstance(node.test, cst.UnaryOperation) else node.test
+        block = node.body if negated else node.orelse.body if isinstance(node.orelse, cst.Else) else None
+        if _available(inner) and isinstance(block, cst.IndentedBlock) and any(s is b.stmt for s in block.body):
+            work.keep(b.line, f"{b.target} = ... (the CPU when there is no accelerator) left as it is",
+                      "ddpkit.init() makes the same choice")
+            work.devices.append(b)  # (read as converted: a model moved to it is on ddpkit's device)
+            return True
+    return False
+
+
+def _upgrades(work: _Work, found: list[Binding]) -> dict[int, tuple[Binding, Binding]]:
+    """``DEVICE = 'cpu'`` then ``if torch.cuda.is_available(): DEVICE = 'cuda'`` (TextAugmentation-GPT2): one
+    choice over two lines, the accelerator when there is one, as ddpkit.init() makes it. The ``if`` goes (its
+    only line removed); keyed by the first binding's id: (it, the one in the ``if``)."""
+    ifs = [n for n in m.findall(work.facts.module, m.If()) if isinstance(n, cst.If) and n.orelse is None and
+           _available(n.test) and isinstance(n.body, cst.IndentedBlock) and len(n.body.body) == 1]
+    pairs: dict[int, tuple[Binding, Binding]] = {}
+    for b in found:
+        later = [o for o in found if o.target == b.target and o.scope is b.scope and o is not b]
+        if len(later) != 1 or later[0].line < b.line or b.value is None or later[0].value is None or \
+                _kind(text_of(b.value) or "") != "cpu" or _kind(text_of(later[0].value) or "") != "accelerator":
+            continue
+        if any(n.body.body[0] is later[0].stmt for n in ifs):
+            work.edits.remove.add(id(later[0].stmt))
+            work.note(f"if ...is_available(): {b.target} = ... removed", "ddpkit.init() picks the accelerator when "
+                      "there is one, as this choice did", later[0].line)
+            pairs[id(b)] = (b, later[0])
+            work.devices.append(later[0])  # (converted: a model moved to it is on ddpkit's device)
+    return pairs
 
 
 def _visible_devices(work: _Work) -> None:

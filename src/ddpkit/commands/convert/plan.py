@@ -423,6 +423,10 @@ class _Work:
             assert binding.stmt is not None
             self.edits.after.setdefault(id(binding.stmt), []).append(
                 f"{binding.target} = ddpkit.prepare_model({binding.target})")
+        elif self._moved_alias(binding, value) is not None:  # ``model = MODEL.to(d)``, then MODEL trained on
+            alias = self._moved_alias(binding, value)
+            assert binding.stmt is not None
+            self.edits.replace[id(binding.stmt)] = [f"{binding.target} = {alias} = ddpkit.prepare_model({alias})"]
         else:
             self.edits.expr[id(value)] = lambda node: cst.parse_expression(
                 f"ddpkit.prepare_model({self.facts.module.code_for_node(rules.without_moves(node))})")
@@ -431,6 +435,17 @@ class _Work:
         self.note(f"{binding.target} = ddpkit.prepare_model(...)", f"the model {trains} trains: prepare_model moves "
                   "it to this rank's device, converts BatchNorm and wraps it in DDP", binding.line)
         return True
+
+    def _moved_alias(self, binding: Binding, value: cst.BaseExpression) -> str | None:
+        """``model = MODEL.to(DEVICE)`` with ``MODEL`` read below (TextAugmentation-GPT2 hands ``MODEL`` to its
+        loop): ``.to()`` returns the same module, so both names are the model; the wrap binds both."""
+        inner = rules.without_moves(value)
+        if inner is value or not isinstance(inner, cst.Name) or inner.value == binding.target or \
+                binding.stmt is None or len(binding.stmt.body) != 1 or not isinstance(binding.stmt.body[0], cst.Assign):
+            return None
+        name = inner.value
+        read = any(n == name and sc is binding.scope and line > binding.line for n, sc, line, _ in self.facts.reads)
+        return name if read else None
 
     def _at_data_parallel(self, binding: Binding, until: int) -> bool:
         """The model built under an ``if`` and wrapped in DataParallel below it, on a line under no ``if``: that line
