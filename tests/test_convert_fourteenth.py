@@ -319,3 +319,26 @@ for x, y in loader:
     assert not [x for x in p.left if x.blocks], p.left
     assert p.text.count("ddpkit.init(") == 1 and "DEVICE = str(state.device)" in p.text, p.text
     assert "    args.device = 'cpu'\n" in p.text, p.text
+
+
+def test_a_read_of_a_name_the_write_may_become_still_waits():
+    """np.save('out/w') writes out/w.npy: file names are not compared, only folders."""
+    source = '''import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+loader = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=4, shuffle=True)
+model = nn.Linear(4, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for (x,) in loader:
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+np.save('out/w', model.weight.detach().numpy())
+w = np.load('out/w.npy')
+'''
+    p = plan(source)
+    assert "np.save('out/w', model.weight.detach().numpy())\nddpkit.barrier()\n" in p.text.replace(
+        "if state.is_main:\n    ", ""), p.text

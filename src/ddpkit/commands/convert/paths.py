@@ -1,7 +1,8 @@
 """What file a path expression of the script can name, as far as its text tells: the fixed start and end of each
-value it may take. Two paths that cannot agree on those name different files, so a read of the one need not
+value it may take. Two paths in folders that cannot be one name different files, so a read of the one need not
 wait for a write of the other (a GAN lesson's loss figure ``'results/train_hist.png'`` against the frames it
-reads back, ``'results/Fixed_results/frame_' + str(e + 1) + '.png'``).
+reads back from a sub-folder, ``'results/Fixed_results/frame_' + str(e + 1) + '.png'``). File names are not
+compared: a write's name may change before the read (``np.save`` adds ``.npy``, a temporary file is renamed).
 
 A path is followed through ``+``, f-strings, ``os.path.join``, a name bound once before its use, and a parameter
 (what each call of its function passes, or its default); anything else is a piece that may be any text. What
@@ -124,11 +125,23 @@ def _then(a: Shape, b: Shape, sep: str) -> Shape:
 
 
 def _agree(a: Shape, b: Shape) -> bool:
-    if a.exact is not None and b.exact is not None:
-        return a.exact == b.exact
-    starts = a.start.startswith(b.start) or b.start.startswith(a.start)
-    ends = a.end.endswith(b.end) or b.end.endswith(a.end)
-    return starts and ends
+    """Whether two shapes may name one file. Only folders tell them apart: a file's own name may change between
+    its write and its read (``np.save('w')`` writes ``w.npy``; a save to ``p + '.tmp'`` renamed to ``p``), its
+    folder does not. Apart: folders known to differ (``runs/`` and ``res/``), or one a sub-folder of the other's
+    exact folder (``results/hist.png`` and ``results/frames/...``)."""
+    da, db = _folder(a), _folder(b)
+    if not (da.startswith(db) or db.startswith(da)):
+        return False
+    deeper = db.startswith(da) and len(db) > len(da) and a.exact is not None or \
+        da.startswith(db) and len(da) > len(db) and b.exact is not None
+    return not deeper
+
+
+def _folder(shape: Shape) -> str:
+    """The folder a shape's file is in, as far as its known start goes (``results/frames/`` of
+    ``results/frames/f`` + anything: at least that deep; exact for an exact path)."""
+    text = shape.exact if shape.exact is not None else shape.start
+    return text[:text.rfind("/") + 1]
 
 
 def _plain(text: str) -> str:
