@@ -342,3 +342,53 @@ w = np.load('out/w.npy')
     p = plan(source)
     assert "np.save('out/w', model.weight.detach().numpy())\nddpkit.barrier()\n" in p.text.replace(
         "if state.is_main:\n    ", ""), p.text
+
+
+TRAINER_TEST = '''import copy
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Trainer:
+    def __init__(self, model, loader, test_loader, best_path):
+        self.model, self.loader, self.test_loader, self.best_path = model, loader, test_loader, best_path
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def train(self):
+        for epoch in range(2):
+            for x, y in self.loader:
+                loss = nn.functional.mse_loss(self.model(x), y)
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
+            best = copy.deepcopy(self.model.state_dict())
+            if epoch % 2 == 0:
+                torch.save(best, self.best_path)
+        self.test(self.model, self.test_loader{given})
+
+    @staticmethod
+    def test(model, data_loader, path=None):
+        if path is not None:
+            model.load_state_dict(torch.load(path))
+        model.eval()
+        total = 0.0
+        with torch.no_grad():
+            for x, y in data_loader:
+                total += nn.functional.mse_loss(model(x), y, reduction="sum").item()
+        print(total / len(data_loader.dataset))
+
+
+g = torch.Generator().manual_seed(0)
+data = TensorDataset(torch.randn(32, 4, generator=g), torch.randn(32, 1, generator=g))
+Trainer(nn.Linear(4, 1), DataLoader(data, batch_size=8, shuffle=True), DataLoader(data, batch_size=8), "best.pth").train()
+'''
+
+
+def test_a_load_under_a_path_parameter_no_call_passes_owes_no_barrier():
+    """AGCRN's ``Trainer.test(..., path=None)``: the checkpoint is read only when a test-only run passes a path."""
+    p = plan(TRAINER_TEST.format(given=""))
+    assert not any("a file is read at line" in x.what for x in p.left), p.left
+    passed = plan(TRAINER_TEST.format(given=", path=self.best_path"))
+    assert any("a file is read at line" in x.what for x in passed.left) or "ddpkit.barrier()" in passed.text, \
+        (passed.left, passed.text)

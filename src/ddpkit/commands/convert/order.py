@@ -20,7 +20,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from ddpkit.commands.convert.flow import callee, callers
+from ddpkit.commands.convert.flow import argument_for, callee, callers
 from ddpkit.commands.convert.scan import Facts, Scope, dotted
 
 __all__ = ["read_first"]
@@ -30,7 +30,44 @@ def read_first(facts: Facts, read: Any, write: Any) -> bool:
     """``read`` runs before ``write`` in every run, or never in the run that writes (two commands of one script)."""
     return read.scope is not write.scope and \
         (_runs_before(facts, read, write.scope) or _constructs(facts, read, write) or _apart(facts, read, write)) \
-        or _contradict(facts, read, write)
+        or _contradict(facts, read, write) or _never_given(facts, read)
+
+
+def _never_given(facts: Facts, read: Any) -> bool:
+    """The read sits under ``if path is not None:`` (``!= None``, ``if path:``) of a parameter whose default is None
+    and that no call of its function in this file passes (AGCRN's ``Trainer.test(..., path=None)``, which loads a
+    checkpoint only when a test-only run asks): the read never runs in this file's runs."""
+    node = read.scope.node
+    if not isinstance(node, cst.FunctionDef) or not read.tests:
+        return False
+    params = [*node.params.params, *node.params.kwonly_params]
+    defaults = {p.name.value for p in params if isinstance(p.default, cst.Name) and p.default.value == "None"}
+    sites = callers(facts, read.scope)
+    skip = 1 if read.scope.cls and read.scope.params[:1] in (["self"], ["cls"]) else 0
+    for test in read.tests:
+        name = _none_tested(test)
+        if name in defaults and sites and all(_left_none(argument_for(c, name, read.scope, skip)) for c in sites):
+            return True
+    return False
+
+
+def _none_tested(test: str) -> str | None:
+    """``path`` of ``path is not None``, ``path != None``, ``path``."""
+    try:
+        node = cst.parse_expression(test)
+    except cst.ParserSyntaxError:
+        return None
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Comparison) and isinstance(node.left, cst.Name) and len(node.comparisons) == 1:
+        c = node.comparisons[0]
+        none = isinstance(c.comparator, cst.Name) and c.comparator.value == "None"
+        return node.left.value if none and isinstance(c.operator, (cst.IsNot, cst.NotEqual)) else None
+    return None
+
+
+def _left_none(value: Any) -> bool:
+    return value is None or isinstance(value, cst.Name) and value.value == "None"
 
 
 def _contradict(facts: Facts, read: Any, write: Any) -> bool:
