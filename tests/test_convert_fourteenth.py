@@ -392,3 +392,38 @@ def test_a_load_under_a_path_parameter_no_call_passes_owes_no_barrier():
     passed = plan(TRAINER_TEST.format(given=", path=self.best_path"))
     assert any("a file is read at line" in x.what for x in passed.left) or "ddpkit.barrier()" in passed.text, \
         (passed.left, passed.text)
+
+
+def test_a_folder_checked_then_asked_about_or_made_is_rank_0s_then_a_barrier():
+    """cs-kd's ``set_logging_defaults``: ``if os.path.isdir(logdir): input('Overwrite?')`` ``else:
+    os.makedirs(logdir)``: rank 1 came after rank 0 made it, and asked (EOFError at launch)."""
+    source = '''import os
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def set_logging_defaults(logdir):
+    if os.path.isdir(logdir):
+        res = input('"{}" exists. Overwrite [Y/n]? '.format(logdir))
+        if res != 'Y':
+            raise Exception('"{}" exists.'.format(logdir))
+    else:
+        os.makedirs(logdir)
+
+
+set_logging_defaults("results/run")
+loader = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=4, shuffle=True)
+model = nn.Linear(4, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for (x,) in loader:
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+'''
+    p = plan(source)
+    assert not p.left, p.left
+    assert "    if ddpkit.init().is_main:\n        if os.path.isdir(logdir):" in p.text or \
+        "    if state.is_main:\n        if os.path.isdir(logdir):" in p.text, p.text
+    assert "            os.makedirs(logdir, exist_ok=True)\n    ddpkit.barrier()\n" in p.text, p.text

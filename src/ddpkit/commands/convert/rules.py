@@ -254,6 +254,31 @@ def _mkdir(work: _Work, call: Any) -> None:
     work.edits.expr[id(node)] = safe
     work.note(f"{call.last}(...) -> {'os.makedirs' if call.name == 'os.mkdir' else call.last}(..., exist_ok=True)",
               "every rank makes the folder: all but the first would find it made (FileExistsError)", call.line)
+    asked = _asked_first(work, call)
+    if asked is not None:  # ``if os.path.isdir(d): input('Overwrite?') ... else: os.makedirs(d)`` (cs-kd)
+        work.edits.guard[id(asked)] = main_test(work, call.scope)
+        work.edits.after.setdefault(id(asked), []).append("ddpkit.barrier()")
+        work.note("if os.path.isdir(...): ... else: makedirs(...) guarded, then a barrier", "rank 0 checks and makes "
+                  "the folder: a rank that came later would find it made and take the other branch (its question, "
+                  "its error)", call.line)
+
+
+def _asked_first(work: _Work, call: Any) -> cst.If | None:
+    """The ``if`` whose ``else`` makes the folder ``call`` makes, after testing that it exists, and whose other
+    branch acts on it (asks with ``input()``, raises, removes it): each rank would take its own branch."""
+    if call.loops or call.stmt is None:
+        return None
+    for node in m.findall(work.facts.module, m.If()):
+        assert isinstance(node, cst.If)
+        test = node.test.func if isinstance(node.test, cst.Call) else None
+        if not (isinstance(node.orelse, cst.Else) and isinstance(node.orelse.body, cst.IndentedBlock) and
+                any(s is call.stmt for s in node.orelse.body.body) and (dotted(test) or "").endswith(
+                    ("path.isdir", "path.exists", ".exists", ".is_dir"))):
+            continue
+        acts = m.findall(node.body, m.Raise() | m.Call(func=m.Name("input")) | m.Call(func=m.Attribute(
+            attr=m.Name("rmtree"))))
+        return node if acts else None
+    return None
 
 
 def _a_path(work: _Work, call: Any) -> bool:
