@@ -381,7 +381,9 @@ class Trainer:
 
 g = torch.Generator().manual_seed(0)
 data = TensorDataset(torch.randn(32, 4, generator=g), torch.randn(32, 1, generator=g))
-Trainer(nn.Linear(4, 1), DataLoader(data, batch_size=8, shuffle=True), DataLoader(data, batch_size=8), "best.pth").train()
+trainer = Trainer(nn.Linear(4, 1), DataLoader(data, batch_size=8, shuffle=True), DataLoader(data, batch_size=8),
+                  "best.pth")
+trainer.train()
 '''
 
 

@@ -363,3 +363,16 @@ def test_the_no_dropout_mode_is_left_when_a_forward_raises():
         model(torch.ones(2))
     torch.manual_seed(0)
     assert not bool((F.dropout(torch.ones(1000), 0.5, training=True) == 1).all())
+
+
+@pytest.mark.parametrize("bug, passed", [("sum", False), ("none", True)])
+def test_weights_that_moved_less_than_the_tolerance_are_judged_by_the_step_1_gradients(bug, passed):
+    """BERT-pytorch's warm-up (lr ~1e-7): five steps moved no weight past atol, so a token mean weighed wrong
+    PASSed; the gradients the steps were made of tell it."""
+    r = run_cmd(VERIFY + ["--json", "--steps", "2", str(WORKERS / "verify_bugs.py"), "--bug", bug, "--lr", "1e-9"],
+                timeout=240)
+    result = json.loads(r.stdout)
+    assert result["passed"] is passed and result["gradients_decided"] is True, result
+    assert r.returncode == (0 if passed else 4), r.stderr[-2000:]
+    if not passed:
+        assert "the step-1 gradients of '" in result["reason"] and result["first_diverging"] == "0.weight", result

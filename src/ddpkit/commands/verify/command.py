@@ -35,7 +35,7 @@ from ddpkit.commands.cli import OneLineParser, usage_error
 from ddpkit.commands.logtail import run_logged
 from ddpkit.commands.verify import causes, draws, isolate, matched, noise, rounding
 from ddpkit.commands.verify.lines import fail_line, pass_line, run_length
-from ddpkit.commands.verify.weights import compare_weights
+from ddpkit.commands.verify.weights import compare_weights, gradients_apart, moved_within
 from ddpkit.core import contract
 from ddpkit.core.environment import visible_gpus
 from ddpkit.core.errors import CANNOT_COMPARE, NOT_EQUIVALENT, SCRIPT_FAILED, ScriptFailed, UsageError
@@ -158,6 +158,8 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
             raise CannotCompare(causes.trained_nothing(int(facts[0].get("batches") or 0)))
         result = compare_weights(one, many, atol, rtol, labels=("1 process", f"{nproc} processes"), initial=start,
                                  skip=skip)
+        if result["passed"] and taken and start is not None:  # (equal weights that never moved prove nothing)
+            result = {**result, **_by_gradients(ref, dist_out, taken, start, one, (atol, rtol))}
         result["lr"] = lr
         result["capped"] = all(f.get("capped") for f in facts)
         result["steps_taken"], result["cap"] = taken, facts[0].get("cap")
@@ -314,6 +316,20 @@ def _initial(path: str, models: int) -> dict[str, torch.Tensor] | None:
     if len(weights) == 1:
         return weights[0]
     return {f"model{i}.{k}": v for i, w in enumerate(weights) for k, v in w.items()}
+
+
+def _by_gradients(ref: str, dist_out: str, taken: int, start: dict, one: dict, tol: tuple[float, float]) -> dict:
+    """The verdict of runs whose trained weights moved less than the tolerance: their step-1 gradients'
+    (:func:`~ddpkit.commands.verify.weights.gradients_apart`); CannotCompare when none were recorded; nothing
+    (the weights' verdict stands) when the weights moved."""
+    g1, gn = _grads(ref), _grads(dist_out)
+    if not moved_within(start, one, *tol, set(g1) if g1 else set(one)):
+        return {}
+    if not g1 or not gn:
+        raise CannotCompare(f"the weights moved less than the tolerance in {taken} step(s) (a warm-up's tiny learning "
+                            "rate?): equal weights prove nothing, and no step-1 gradients were recorded to compare; "
+                            "run more steps (--steps) or with a larger learning rate")
+    return gradients_apart(g1, gn) or {"gradients_decided": True}
 
 
 def _grads(out: str, kind: str = "grads") -> dict[str, torch.Tensor] | None:

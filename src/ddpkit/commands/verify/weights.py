@@ -9,6 +9,8 @@ True
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -104,3 +106,43 @@ def non_finite(name: str, ref: torch.Tensor, other: torch.Tensor, labels: tuple[
                 f"a run with NaN / inf weights diverged: {check}, and what depends on the per-process batch")
     return (f"both runs diverged: {name!r} holds {a:g} in both {where}; weights that are not finite cannot be "
             f"compared: {check}")
+
+
+GRADIENT_SHARE = 1e-3  # step-1 gradients apart by more than this share of a tensor's largest |gradient|: no rounding
+
+
+def gradients_apart(one: dict, many: dict, share: float = GRADIENT_SHARE) -> dict | None:
+    """The first tensor whose step-1 gradients differ by more than ``share`` of its own largest |gradient| (the
+    runs start from the same weights and the same global batch: only rounding may part them, ~1e-6 of it), as
+    a FAIL's fields; None when every tensor agrees. For runs whose weights moved less than the tolerance (a
+    warm-up's tiny learning rate): their weights agree whatever the gradients were.
+
+    >>> g = {"w": torch.tensor([1.0, -2.0])}
+    >>> gradients_apart(g, {"w": torch.tensor([1.0, -2.0000001])}) is None
+    True
+    >>> gradients_apart(g, {"w": g["w"] * 1.04})["reason"][-70:]
+    'differ by 0.08 (0.04 of their largest 2; rounding parts them by ~1e-6)'
+    """
+    # (a tensor whose gradient is nothing, a bias before BatchNorm: ~1e-17, held to the others' scale, not its own)
+    floor = 1e-4 * max((_real(g).abs().max().item() for g in one.values() if g.numel()), default=0.0)
+    for name, ref in one.items():
+        other = many.get(name)
+        if other is None or other.shape != ref.shape:
+            continue
+        ref, other = _real(ref), _real(other)
+        scale = ref.abs().max().item() if ref.numel() else 0.0
+        gap = (ref - other).abs().max().item() if ref.numel() else 0.0
+        if gap > share * max(scale, floor) or not math.isfinite(gap):
+            return {"passed": False, "first_diverging": name, "first_max_abs_diff": gap, "gradients_decided": True,
+                    "reason": f"the weights moved less than the tolerance, and the step-1 gradients of {name!r} "
+                              f"differ by {gap:.3g} ({gap / scale if scale else float('inf'):.2g} of their largest "
+                              f"{scale:.3g}; rounding parts them by ~1e-6)"}
+    return None
+
+
+def moved_within(start: dict, final: dict, atol: float, rtol: float, names: set[str]) -> bool:
+    """Every trained weight (``names``: those with gradients; BatchNorm's running statistics move at any learning
+    rate) ended within the tolerance of where it started: equal final weights then prove nothing."""
+    shared = {k: final[k] for k in names if k in final and k in start}
+    return bool(shared) and len(shared) == len(names) and \
+        compare_weights({k: start[k] for k in shared}, shared, atol, rtol)["passed"]
