@@ -429,3 +429,37 @@ for (x,) in loader:
     assert "    if ddpkit.init().is_main:\n        if os.path.isdir(logdir):" in p.text or \
         "    if state.is_main:\n        if os.path.isdir(logdir):" in p.text, p.text
     assert "            os.makedirs(logdir, exist_ok=True)\n    ddpkit.barrier()\n" in p.text, p.text
+
+
+def test_a_handed_loader_rewrapped_in_a_progress_bar_is_still_the_callers_loader():
+    """DialoGPT's ``train_one_epoch``: ``data_loader = tqdm(data_loader, file=sys.stdout)`` before its loop."""
+    from ddpkit.commands.convert.crossing import settle
+
+    files = {"utils.py": '''import sys
+import torch
+from tqdm import tqdm
+
+
+def train_one_epoch(model, device, data_loader, optimizer):
+    model.train()
+    data_loader = tqdm(data_loader, file=sys.stdout)
+    for step, (x, y) in enumerate(data_loader):
+        loss = torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return loss.item()
+''', "train.py": '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+from utils import train_one_epoch
+
+device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8, shuffle=True)
+model = torch.nn.Linear(4, 1).to(device)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+for epoch in range(2):
+    train_one_epoch(model, device, loader, opt)
+'''}
+    done = settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
+    assert not done["utils.py"].left and not done["train.py"].left, (done["utils.py"].left, done["train.py"].left)
+    assert "ddpkit.data_loader(" in done["train.py"].text

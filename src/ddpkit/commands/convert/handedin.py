@@ -33,8 +33,9 @@ import libcst as cst
 
 from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.crossing import EVAL, HANDED, TRAIN, Ask, key
+from ddpkit.commands.convert.device import PROGRESS
 from ddpkit.commands.convert.reductions import reductions
-from ddpkit.commands.convert.scan import Binding, Call, Loop, dotted, imported_from
+from ddpkit.commands.convert.scan import Binding, Call, Loop, dotted, imported_from, resolve
 from ddpkit.commands.convert.sums import sums_after
 
 _Work = Any  # the plan in the making (plan._Work)
@@ -191,8 +192,18 @@ def parameter(work: _Work, name: str, scope: Any, line: int, depth: int = 0) -> 
         inner = parameter(work, element[0], bound.scope, bound.line, depth + 1)
         return (f"{inner[0]}[{element[1]}]", inner[1], inner[2]) if inner is not None and "[" not in inner[0] \
             else None
-    source = dotted(bound.value) if bound.value is not None else None
-    return parameter(work, source, bound.scope, bound.line, depth + 1) if source else None
+    source = dotted(_unwrapped_bar(work, bound.value)) if bound.value is not None else None
+    before = bound.line - 1 if source == name else bound.line  # (``x = tqdm(x)``: the ``x`` bound before)
+    return parameter(work, source, bound.scope, before, depth + 1) if source else None
+
+
+def _unwrapped_bar(work: _Work, value: cst.BaseExpression) -> cst.BaseExpression:
+    """``tqdm(data_loader, file=sys.stdout)`` -> ``data_loader``: a progress bar over the loader hands on its batches
+    (DialoGPT's ``data_loader = tqdm(data_loader)`` before its loop)."""
+    if isinstance(value, cst.Call) and (resolve(dotted(value.func), work.facts.aliases) or "") in PROGRESS and \
+            value.args and value.args[0].keyword is None and not value.args[0].star:
+        return value.args[0].value
+    return value
 
 
 def _element_of(bound: Binding) -> tuple[str, int] | None:
