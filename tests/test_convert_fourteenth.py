@@ -463,3 +463,9 @@ for epoch in range(2):
     done = settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
     assert not done["utils.py"].left and not done["train.py"].left, (done["utils.py"].left, done["train.py"].left)
     assert "ddpkit.data_loader(" in done["train.py"].text
+
+
+def test_a_pretty_print_is_rank_0s():
+    p = plan("from pprint import pprint\nimport pprint as pp\nimport argparse\nargs = argparse.Namespace(lr=1)\n"
+             "pprint(args.__dict__)\npp.pprint(vars(args))\n")
+    assert p.text.count("if ddpkit.init().is_main:\n    p") == 2 or p.text.count("is_main:\n    p") == 2, p.text

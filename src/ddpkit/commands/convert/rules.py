@@ -86,6 +86,11 @@ def outputs(work: _Work) -> None:
         if call.name == "print" and printing and isinstance(func, cst.Name) and not ranked:
             work.edits.expr[id(func)] = lambda node: cst.parse_expression("ddpkit.print")
             work.note("print -> ddpkit.print", "printed once, by rank 0", call.line)
+        elif call.name in ("pprint.pprint", "pprint.pp") and not ranked and call.stmt is not None and \
+                len(call.stmt.body) == 1 and isinstance(call.stmt.body[0], cst.Expr) and \
+                call.stmt.body[0].value is call.node:  # (DialoGPT's ``pprint(args.__dict__)``)
+            work.edits.guard[id(call.stmt)] = main_test(work, call.scope)
+            work.note(f"{call.last} guarded: rank 0 prints", "printed once, as print -> ddpkit.print", call.line)
         elif call.name == "logging.getLogger":
             work.edits.expr[id(call.node)] = lambda node: node.with_changes(
                 func=cst.parse_expression("ddpkit.get_logger"), args=node.args or [cst.Arg(cst.SimpleString('""'))])
