@@ -469,3 +469,33 @@ def test_a_pretty_print_is_rank_0s():
     p = plan("from pprint import pprint\nimport pprint as pp\nimport argparse\nargs = argparse.Namespace(lr=1)\n"
              "pprint(args.__dict__)\npp.pprint(vars(args))\n")
     assert p.text.count("if ddpkit.init().is_main:\n    p") == 2 or p.text.count("is_main:\n    p") == 2, p.text
+
+
+def test_an_optimizer_built_on_the_model_itself_is_listed():
+    """KFAC-Pytorch: ``KFACOptimizer(net, ...)`` hooks the layers and preconditions with this rank's statistics:
+    the replicas' updates part (the replica check stopped it, naming an init as the cause)."""
+    source = '''import argparse
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from optimizers import KFACOptimizer
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--optimizer", default="kfac")
+args = parser.parse_args()
+net = nn.Linear(4, 2)
+loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,))), batch_size=4, shuffle=True)
+if args.optimizer == "sgd":
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+else:
+    optimizer = KFACOptimizer(net, lr=0.1, damping=1e-3)
+for x, y in loader:
+    loss = nn.functional.cross_entropy(net(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+'''
+    p = plan(source)
+    assert any("an optimizer built on the model itself" in x.what and x.line == 15 for x in p.left), p.left
+    assert not any("built on the model" in x.what for x in plan(source.replace("KFACOptimizer(net,", "KFACOptimizer("
+                                                                                "net.parameters(),")).left)

@@ -23,6 +23,8 @@ from typing import Any
 import libcst as cst
 from libcst import matchers as m
 
+from ddpkit.commands.convert.scan import dotted
+
 _Work = Any  # the plan in the making (plan._Work)
 
 STATISTICS = ("mean", "var", "std", "var_mean", "std_mean")
@@ -66,3 +68,29 @@ def _over_batch(call: cst.Call) -> bool:
                positional[0] if positional else None)
     items = [e.value for e in dim.elements] if isinstance(dim, (cst.Tuple, cst.List)) else [dim]
     return any(isinstance(item, cst.Integer) and item.value == "0" for item in items)
+
+
+PRECONDITIONING = ("kfac", "shampoo", "kron", "natural", "precondition")  # names of optimizers built on the model
+
+
+def model_optimizer(work: _Work) -> None:
+    """An optimizer of the project built on the model itself (KFAC-Pytorch's ``KFACOptimizer(net, ...)``), not on its
+    parameters: such an optimizer hooks the layers and preconditions with statistics of this rank's own batches
+    (K-FAC, Shampoo), which DDP does not all-reduce, so each replica's update differs (the replica check stops the
+    run with it). Listed, when a training loader is sharded."""
+    if not work.trains:
+        return
+    models = {b.target for b in work.models}
+    for call in work.facts.calls:
+        name = (call.name or "").lower()
+        first = call.node.args[0].value if call.node.args and call.node.args[0].keyword is None else None
+        if first is None or dotted(first) not in models or name.startswith("torch.") or \
+                not (name.endswith("optimizer") or any(w in name for w in PRECONDITIONING)):
+            continue
+        built = f"{work.facts.code(call.node.func)}({dotted(first)}, ...)"
+        work.leave(call.line, f"{built}: an optimizer built on the model itself, which may precondition with "
+                   "statistics of this rank's own batches (K-FAC, Shampoo): "
+                   "DDP all-reduces the gradients only, so each replica's update would differ",
+                   "all-reduce its statistics in its step (ddpkit.reduce(..., op='mean') of each factor), or train "
+                   "with an optimizer over model.parameters()")
+        return

@@ -226,6 +226,7 @@ class _Work:
         stepped.answer(self)
         unwrapped.unwrapped(self)
         batchstats.own_batch_norm(self)
+        batchstats.model_optimizer(self)
         splits.splits(self, any(c.name in (loaders.LOADER, "ddpkit.data_loader") for c in self.facts.calls))
         batch.summed_loss(self)
         batch.whole_batch_loss(self)
