@@ -499,3 +499,29 @@ for x, y in loader:
     assert any("an optimizer built on the model itself" in x.what and x.line == 15 for x in p.left), p.left
     assert not any("built on the model" in x.what for x in plan(source.replace("KFACOptimizer(net,", "KFACOptimizer("
                                                                                 "net.parameters(),")).left)
+
+
+def test_another_modules_evaluation_step_run_over_a_loader_makes_it_an_evaluation_loader():
+    """Graph-WaveNet: ``engine.eval(x, y)`` (``self.model.eval()``, no backward) over the validation loader (here
+    under a name that says nothing of its role)."""
+    from ddpkit.commands.convert.crossing import settle
+
+    engine = STEP_ENGINE + '''
+    def eval(self, x, y):
+        self.model.eval()
+        return torch.nn.functional.mse_loss(self.model(x), y).item()
+'''
+    main = STEP_MAIN.format(build="eng = Engine(device)", call="eng.train").replace(
+        '        print("epoch", epoch, "loss", loss)\n', '''        total = 0.0
+        for x, y in second:
+            total += eng.eval(x, y) * x.size(0)
+        print("epoch", epoch, "loss", loss, total / len(second.dataset))
+''')
+    built = "    loader = DataLoader(ds, batch_size=8, shuffle=True)\n"
+    main = main.replace(built, built + "    second = DataLoader(ds, batch_size=8)\n")
+    files = {"engine.py": engine, "main.py": main}
+    done = settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
+    assert not done["main.py"].left and not done["engine.py"].left, (done["main.py"].left, done["engine.py"].left)
+    assert "second = ddpkit.data_loader(ds, batch_size=8, train=False)" in done["main.py"].text, \
+        done["main.py"].text
+    assert "total = ddpkit.reduce(total)" in done["main.py"].text

@@ -352,7 +352,8 @@ def evaluates(facts: Facts, loop: Loop) -> bool:
     if trains(facts, loop):
         return False
     sites = callers(facts, loop.scope) if loop.scope.name else []
-    if loop.no_grad or sites and all(c.no_grad for c in sites):
+    stepped = any(id(c.node) in facts.eval_steps for c in loop.calls)  # (another module's evaluation step)
+    if loop.no_grad or sites and all(c.no_grad for c in sites) or stepped:
         return True
     return any(c.scope is loop.scope and c.last == "eval" and not c.node.args and c.line <= loop.line
                for c in facts.calls)

@@ -52,7 +52,7 @@ from ddpkit.commands.convert import (
     writes,
 )
 from ddpkit.commands.convert.apply import Edits, first_use, rewrite
-from ddpkit.commands.convert.crossing import MODEL, Ask, Crossing
+from ddpkit.commands.convert.crossing import EVAL, MODEL, Ask, Crossing
 from ddpkit.commands.convert.flow import binding_of, callee, part_of
 from ddpkit.commands.convert.scan import Binding, Call, Facts, Scope, dotted, imported_from, parse, resolve, scan
 
@@ -107,6 +107,7 @@ def plan(source: str, per_process_batch: bool = False, crossing: Crossing | None
     facts = scan(wrapper)
     facts.own = crossing.own if crossing is not None else frozenset()
     facts.steps = stepped.marked(facts, crossing)  # (another module's training step run here)
+    facts.eval_steps = stepped.marked(facts, crossing, EVAL)
     work = _Work(facts, per_process_batch, crossing)
     work.decide()
     text = scanned

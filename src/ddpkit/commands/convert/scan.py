@@ -113,6 +113,7 @@ class Facts:
     own: frozenset[str] = frozenset()
     # the calls that run another module's training step (``engine.train(x, y)``: stepped.py): they train
     steps: set[int] = dataclasses.field(default_factory=set)
+    eval_steps: set[int] = dataclasses.field(default_factory=set)  # (``engine.eval(x, y)``: they evaluate)
 
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)

@@ -30,8 +30,8 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
-from ddpkit.commands.convert.crossing import NOT_PASSED, STEP, TRAIN, Ask, Crossing, key
-from ddpkit.commands.convert.scan import Call, Facts
+from ddpkit.commands.convert.crossing import EVAL, NOT_PASSED, STEP, TRAIN, Ask, Crossing, key
+from ddpkit.commands.convert.scan import Call, Facts, Scope
 
 _Work = Any  # the plan in the making (plan._Work)
 
@@ -45,6 +45,7 @@ def asks(work: _Work, backward: Call) -> bool:
         return False
     name = f"{STEP}:{scope.name}"
     work.asks.append(Ask("", name, TRAIN, backward.line))  # (asked whatever the answer: crossing.settle's rounds)
+    work.asks.extend(Ask("", f"{STEP}:{s.name}", EVAL, backward.line) for s in _evaluating(work, scope))
     built = work.crossing.provided.get(key("", name))
     if built:
         work.keep(backward.line, f"the training step {scope.name}() left as it is", f"its callers in {built} run it in "
@@ -62,10 +63,25 @@ def asks(work: _Work, backward: Call) -> bool:
     return True
 
 
-def marked(facts: Facts, crossing: Crossing | None) -> set[int]:
-    """The calling file: the calls here that run a step another module asked about (``eng.train(x, y)``)."""
+def _evaluating(work: _Work, step: Scope) -> list[Scope]:
+    """The methods of the step's class that evaluate what they are handed (Graph-WaveNet's ``trainer.eval``:
+    ``self.model.eval()``, or a ``no_grad`` block), with no backward, called by no line of this file."""
+    found = []
+    for scope in work.facts.scopes.values():
+        calls = [c for c in work.facts.calls if c.scope is scope]
+        if scope is step or not step.cls or scope.cls != step.cls or flow.callers(work.facts, scope) or \
+                any(c.last == "backward" for c in calls):
+            continue
+        if any(c.no_grad or c.last == "eval" and not c.node.args for c in calls):
+            found.append(scope)
+    return found
+
+
+def marked(facts: Facts, crossing: Crossing | None, kind: str = TRAIN) -> set[int]:
+    """The calling file: the calls here that run a step another module asked about as ``kind`` (``eng.train(x,
+    y)`` trains; ``eng.eval(x, y)`` evaluates)."""
     found: set[int] = set()
-    for _want, module, function in _wanted(crossing):
+    for _want, module, function in _wanted(crossing, kind):
         found |= {id(c.node) for c in facts.calls if flow.runs(facts, c, module, function)}
     return found
 
@@ -81,12 +97,12 @@ def answer(work: _Work) -> None:
             work.done.append(want if every else f"{want} {NOT_PASSED}")
 
 
-def _wanted(crossing: Crossing | None) -> list[tuple[str, str, str]]:
-    """(the want, the step's module, its function) for each step asked of this file."""
+def _wanted(crossing: Crossing | None, kind: str = TRAIN) -> list[tuple[str, str, str]]:
+    """(the want, the step's module, its function) for each step asked of this file as ``kind``."""
     found = []
-    for want in crossing.wants if crossing is not None else ():
+    for want, wanted in crossing.wants.items() if crossing is not None else ():
         module, _, rest = want.partition(":")
-        if rest.startswith(f"{STEP}:"):
+        if rest.startswith(f"{STEP}:") and wanted == kind:
             found.append((want, module, rest[len(STEP) + 1:]))
     return found
 
