@@ -525,3 +525,34 @@ def test_another_modules_evaluation_step_run_over_a_loader_makes_it_an_evaluatio
     assert "second = ddpkit.data_loader(ds, batch_size=8, train=False)" in done["main.py"].text, \
         done["main.py"].text
     assert "total = ddpkit.reduce(total)" in done["main.py"].text
+
+
+def test_the_mean_of_a_list_the_training_loop_appends_to_is_averaged_over_the_ranks(tmp_path):
+    """Graph-WaveNet: ``train_loss.append(loss.item())`` each step, ``mtrain_loss = np.mean(train_loss)`` printed."""
+    from test_convert_twelfth import prints_as_one_process
+
+    source = '''import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+g = torch.Generator().manual_seed(1)
+model = nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(32, 4, generator=g), torch.randint(0, 2, (32,), generator=g)),
+                    batch_size=8)
+for epoch in range(2):
+    train_loss = []
+    for x, y in loader:
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        train_loss.append(loss.item())
+    mtrain_loss = np.mean(train_loss)
+    print("epoch %d loss %.5f" % (epoch, mtrain_loss))
+'''
+    p = plan(source)
+    assert "mtrain_loss = ddpkit.reduce(mtrain_loss, op='mean')" in p.text, p.text
+    prints_as_one_process(tmp_path, source, p.text)

@@ -20,7 +20,7 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.commands.convert import flow
-from ddpkit.commands.convert.scan import Call, Loop, dotted
+from ddpkit.commands.convert.scan import Call, Loop, dotted, resolve
 from ddpkit.commands.convert.sums import batch_mean, batch_wide, collection, indexed, sums_after
 
 _Work = Any  # the plan in the making (plan._Work)
@@ -44,6 +44,8 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
     evaluations = [loop for loop in fors if not (training and flow.trains(work.facts, loop))]
     for loop in fors:
         summed_as_training = loop not in evaluations  # a training loader's evaluation (check_accuracy) sums
+        if summed_as_training:
+            _list_means(work, loop)
         items = indexed(loop)  # ``hist[epoch] += ...``: a sum, one item per epoch, not rows kept
         stored = next((s for s in loop.stored if s[0] not in items), None) if not summed_as_training else None
         if stored is None and not summed_as_training:  # ``results += [(id, p) ...]``: rows kept in a list
@@ -159,3 +161,33 @@ def _subset(work: _Work, call: Call) -> frozenset[str]:
         indices = dotted(given.args[0].value)
         return frozenset([indices]) if indices else frozenset()
     return frozenset()
+
+
+MEANS = ("numpy.mean", "statistics.mean", "statistics.fmean")
+
+
+def _list_means(work: _Work, loop: Loop) -> None:
+    """``train_loss.append(metrics[0])`` every training step into a list begun before the loop, then ``m =
+    np.mean(train_loss)`` below it (Graph-WaveNet): the mean over this rank's batches. Every rank took as many
+    steps, so the mean of the ranks' means is the mean over every batch: ``m = ddpkit.reduce(m, op='mean')``."""
+    facts = work.facts
+    appended = {name for name, _ in loop.stored if name.isidentifier()}
+    begun = {b.target for b in facts.bindings if b.target in appended and b.scope is loop.scope and
+             b.line < loop.line and isinstance(b.value, cst.List) and not b.value.elements}
+    later = {n for other in facts.loops if other.scope is loop.scope and other.line > loop.end
+             for n, _ in other.stored}  # (a list a later loop adds to: its mean is not this loop's)
+    for stmt, scope, line in facts.statements:
+        small = stmt.body[0] if len(stmt.body) == 1 else None
+        if scope is not loop.scope or line <= loop.end or not isinstance(small, cst.Assign) or \
+                len(small.targets) != 1 or not isinstance(small.targets[0].target, cst.Name):
+            continue
+        value, target = small.value, small.targets[0].target.value
+        if not (isinstance(value, cst.Call) and resolve(dotted(value.func), facts.aliases) in MEANS and
+                len(value.args) == 1 and dotted(value.args[0].value) in begun - later):
+            continue
+        after = work.edits.after.setdefault(id(stmt), [])
+        if f"{target} = ddpkit.reduce({target}, op='mean')" not in after:
+            after.append(f"{target} = ddpkit.reduce({target}, op='mean')")
+            work.note(f"{target} = np.mean(...) of the training loop's list: averaged across ranks (ddpkit.reduce, "
+                      "op='mean')", "each rank's list holds its own batches' values; every rank took as many steps",
+                      line)
