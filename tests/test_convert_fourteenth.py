@@ -556,3 +556,44 @@ for epoch in range(2):
     p = plan(source)
     assert "mtrain_loss = ddpkit.reduce(mtrain_loss, op='mean')" in p.text, p.text
     prints_as_one_process(tmp_path, source, p.text)
+
+
+def test_an_evaluation_drawn_with_next_in_a_while_loop_keeps_its_loader_whole(tmp_path):
+    """DANN's test.py: ``while i < len_dataloader: next(data_target_iter)``, sums never reduced once sharded: the
+    accuracy was over rank 0's half."""
+    from test_convert_twelfth import prints_as_one_process
+
+    source = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def test(model):
+    g = torch.Generator().manual_seed(2)
+    loader = DataLoader(TensorDataset(torch.randn(32, 4, generator=g), torch.randint(0, 2, (32,), generator=g)),
+                        batch_size=8, shuffle=False)
+    model.eval()
+    it = iter(loader)
+    i = n_total = n_correct = 0
+    while i < len(loader):
+        x, y = next(it)
+        with torch.no_grad():
+            pred = model(x).argmax(1)
+        n_correct += (pred == y).sum().item()
+        n_total += len(y)
+        i += 1
+    print('accuracy %.4f over %d samples' % (n_correct / n_total, n_total))
+
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+train = DataLoader(TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,))), batch_size=8)
+for x, y in train:
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+test(model)
+'''
+    p = plan(source)
+    assert "    loader = DataLoader(" in p.text and not [x for x in p.left if x.blocks], (p.text, p.left)
+    prints_as_one_process(tmp_path, source, p.text)

@@ -37,6 +37,14 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
     wait forever). False, before any edit: an evaluation loader is then left as it is (every rank evaluates
     the whole set, which is right, only slower), when a loop keeps results this cannot sum."""
     fors = [loop for loop in loops if isinstance(loop.node, cst.For)]
+    drawn = [loop for loop in loops if not isinstance(loop.node, cst.For) and not flow.trains(work.facts, loop)]
+    if drawn and call is not None and not training:  # DANN's ``while i < len(loader): x = next(it)``: sums unread
+        work.plain.add(id(call.node))
+        work.keep(drawn[0].line, f"the evaluation draws from the DataLoader at line {call.line} with next() in a while "
+                  "loop, whose sums convert does not follow: the loader is left as it is", "each rank evaluates the "
+                  "whole set, which is right (to share the work: a for loop over ddpkit.data_loader(..., train=False), "
+                  "then ddpkit.reduce(...) the sums)")
+        return False
     # (None: a loader built in another module of the project, whose training loops here keep sums)
     datasets = frozenset(filter(None, [dotted(call.node.args[0].value)])) if call and call.node.args else frozenset()
     datasets |= _subset(work, call) if call is not None else frozenset()
