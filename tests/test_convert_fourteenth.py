@@ -597,3 +597,36 @@ test(model)
     p = plan(source)
     assert "    loader = DataLoader(" in p.text and not [x for x in p.left if x.blocks], (p.text, p.left)
     prints_as_one_process(tmp_path, source, p.text)
+
+
+def test_a_save_each_epoch_followed_by_another_modules_function_waits_for_rank_0():
+    """DANN: ``torch.save(my_net, path)`` each epoch, then ``test(name, epoch)`` of test.py loads that file: rank 1
+    read it before rank 0 wrote it (FileNotFoundError)."""
+    from ddpkit.commands.convert.crossing import settle
+
+    files = {"test.py": '''import torch
+
+
+def test(epoch):
+    net = torch.load('models/epoch_' + str(epoch) + '.pth', weights_only=False)
+    net.eval()
+''', "main.py": '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+from test import test
+
+net = torch.nn.Linear(4, 2)
+opt = torch.optim.Adam(net.parameters())
+loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,))), batch_size=4, shuffle=True)
+for epoch in range(2):
+    for x, y in loader:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        opt.step()
+    torch.save(net, 'models/epoch_' + str(epoch) + '.pth')
+    test(epoch)
+'''}
+    done = settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
+    text = done["main.py"].text
+    assert "'models/epoch_' + str(epoch) + '.pth')\n    ddpkit.barrier()\n    test(epoch)" in text, text
+    alone = plan(files["main.py"].replace("    test(epoch)\n", "    print(epoch)\n"))
+    assert "ddpkit.barrier()" not in alone.text
