@@ -630,3 +630,18 @@ for epoch in range(2):
     assert "'models/epoch_' + str(epoch) + '.pth')\n    ddpkit.barrier()\n    test(epoch)" in text, text
     alone = plan(files["main.py"].replace("    test(epoch)\n", "    print(epoch)\n"))
     assert "ddpkit.barrier()" not in alone.text
+
+
+def test_a_typed_tensor_resized_to_each_batch_sizes_nothing():
+    """conditional-DCGAN: ``label = torch.FloatTensor(args.batch_size)``, then ``label.resize_(batch_size)`` each
+    step: listed as sized by the batch, and the global batch doubled on that false premise."""
+    source = ("import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\nbatch_size = 8\n"
+              "model = torch.nn.Sequential(torch.nn.Linear(2, 1), torch.nn.Sigmoid())\n"
+              "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+              "loader = DataLoader(TensorDataset(torch.randn(16, 2)), batch_size=batch_size, shuffle=True)\n"
+              "label = torch.FloatTensor(batch_size)\n"
+              "for (x,) in loader:\n    label.resize_(x.size(0)).fill_(1)\n"
+              "    loss = torch.nn.functional.binary_cross_entropy(model(x).view(-1), label)\n    loss.backward()\n"
+              "    opt.step()\n")
+    p = plan(source)
+    assert not p.left and "global_batch_size=batch_size" in p.text, (p.left, p.text)

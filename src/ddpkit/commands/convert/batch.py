@@ -276,6 +276,10 @@ def _made_before(work: _Work, names: set[str], loops: list[Loop], inside: set[in
     # (a read under an ``if`` of the loop, ``if i % 100 == 0: fake = netG(fixed_noise)``, shows, not trains)
     shown = quiet | {i for loop in loops for node in m.findall(loop.node.body, m.If()) for i in node_ids(node)}
     read_inside = {name for name, _scope, _line, node in work.facts.reads if id(node) in inside - shown}
+    # (``label.resize_(batch_size)`` each step, conditional-GAN's: sized by the batch it holds; not ``x.data.resize_``,
+    # which leaves ``x`` as it was: AC-GAN's IndexError)
+    read_inside -= {dotted(c.node.func.value) for loop in loops for c in loop.calls
+                    if c.last in ("resize_", "resize_as_") and isinstance(c.node.func, cst.Attribute)}
     for b in work.facts.bindings:
         made = resolve(dotted(b.value.func), work.facts.aliases) if isinstance(b.value, cst.Call) else None
         if id(b.scope) in scopes and b.line < first and b.value is not None and b.target in read_inside and \
