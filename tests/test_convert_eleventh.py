@@ -484,8 +484,8 @@ def test_a_sum_of_batch_means_over_the_samples_is_averaged_across_ranks(tmp_path
     two = launch(script, nproc=2, timeout=120)
     assert two.returncode == 0, two.stderr[-2000:]
     assert two.stdout.split() == one.stdout.split(), (one.stdout, two.stdout)
-    by_batches = BATCH_MEANS.replace("/ len(train_set)", "/ len(loader)")  # a mean of batch means: as before
-    assert "op='mean'" not in plan(by_batches).text
+    by_batches = BATCH_MEANS.replace("/ len(train_set)", "/ len(loader)")  # a mean of batch means: averaged too
+    assert "train_loss = ddpkit.reduce(train_loss, op='mean')" in plan(by_batches).text  # (fourteenth set)
 
 
 DICT_OF_LOSSES = '''import torch
