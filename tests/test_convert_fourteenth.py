@@ -645,3 +645,33 @@ def test_a_typed_tensor_resized_to_each_batch_sizes_nothing():
               "    opt.step()\n")
     p = plan(source)
     assert not p.left and "global_batch_size=batch_size" in p.text, (p.left, p.text)
+
+
+@pytest.mark.parametrize("criterion, loss", [
+    ("criterion = nn.NLLLoss(weight)", "criterion(F.log_softmax(model(xb), 1), yb)"),
+    ("criterion = nn.CrossEntropyLoss(weight=weight)", "criterion(model(xb), yb)"),
+    ("", "F.cross_entropy(model(xb), yb, weight)"),
+])
+def test_a_loss_weighed_by_class_is_listed(criterion, loss):
+    """piwise: ``NLLLoss2d(weight)`` with the background weighed 0: a mean divided by each rank's own sum of the
+    batch's weights (verify FAILs it); a class weight of None is a plain mean."""
+    source = f'''import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+loader = DataLoader(TensorDataset(torch.randn(8, 3, 4, 4), torch.randint(0, 4, (8, 4, 4))), batch_size=4)
+model = nn.Conv2d(3, 4, 3, padding=1)
+weight = torch.ones(4)
+weight[0] = 0
+{criterion}
+optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+for xb, yb in loader:
+    loss = {loss}
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+'''
+    assert any("a mean weighed by class" in x.what for x in plan(source).left), plan(source).left
+    assert not any("weighed by class" in x.what for x in plan(source.replace("weight)", "None)").replace(
+        "weight=weight", "weight=None")).left)

@@ -29,7 +29,7 @@ from ddpkit.commands.convert.scan import Call, Loop, dotted
 
 # the plan in the making (plan._Work): facts, edits, note, leave, sharded
 _Work = Any
-TOKEN_LOSSES = ("cross_entropy", "CrossEntropyLoss", "nll_loss", "NLLLoss")
+TOKEN_LOSSES = ("cross_entropy", "CrossEntropyLoss", "nll_loss", "NLLLoss", "NLLLoss2d")
 # what a loop does to its labels before the loss, keeping which tokens they are
 _KEEPS = ("view", "reshape", "flatten", "to", "cuda", "long", "contiguous", "squeeze")
 _WRAPS = ("enumerate", "tqdm", "progress", "ddpkit.progress")
@@ -59,6 +59,16 @@ def token_mean_loss(work: _Work) -> None:
         if isinstance(reduction, cst.SimpleString) and reduction.evaluated_value in ("sum", "none"):
             continue  # no mean (Sentence-VAE's NLLLoss(reduction='sum'), divided by the batch's own size)
         labels: Any = None
+        positional = [a.value for a in call.node.args if a.keyword is None and not a.star]
+        at = 0 if call.last[:1].isupper() else 2  # ``nn.NLLLoss(weight)``; ``F.cross_entropy(x, y, weight)``
+        weighed = keywords.get("weight", positional[at] if len(positional) > at else None)
+        if call.last in TOKEN_LOSSES and weighed is not None and not (isinstance(weighed, cst.Name) and
+                                                                      weighed.value == "None"):
+            loop = id(call.loops[-1]) if call.loops else 0
+            if loop not in said and (trained or not call.loops):
+                said.add(loop)
+                _weighed(work, call, work.facts.code(weighed))
+            continue
         if call.last in TOKEN_LOSSES and (named or padded or pad_id):
             labels = _target(call) if trained and not named else None
             value = work.facts.code(ignored) if ignored is not None else "-100"
@@ -292,3 +302,13 @@ def _listed(work: _Work, call: Call) -> None:
                "tell the training loader what the loss averages over: ddpkit.data_loader(..., batch_count=lambda "
                "batch: (labels != -100).sum()), labels as the batch holds them (docs/global-batch.md, "
                "token-weighted losses); or keep it if the difference is acceptable")
+
+
+def _weighed(work: _Work, call: Call, weight: str) -> None:
+    """piwise's ``NLLLoss2d(weight)`` (the background class weighed 0): a mean divided by the sum of the batch's
+    weights, each rank's by its own part's."""
+    work.leave(call.line, f"{call.last}(weight={weight}): a mean weighed by class, divided by the sum of the batch's "
+               "weights: at N processes each rank divides by its own part's sum and DDP weighs the ranks alike, "
+               "another loss than one process's (ddpkit verify FAILs it)", "tell the training loader what the loss "
+               "divides by: ddpkit.data_loader(..., batch_count=lambda batch: weight[batch[1]].sum()), the targets as "
+               "the batch holds them (docs/global-batch.md); or keep it if the difference is acceptable")
