@@ -171,6 +171,7 @@ def devices(work: _Work) -> None:
             work.edits.before.setdefault(id(early.stmt), []).append(init)
             work.edits.replace[id(b.stmt)] = [read]
         work.inits.append(b.scope)
+        work.init_lines.setdefault(id(b.scope), early.line if early is not None else b.line)
         said = " (str(): the script's device is a string with the GPU's index, which it may read)" if "str(" in read \
             else " (.type: the script's device is a string, and it may be tested as one)" if as_string(b.value) else ""
         work.note(f"{b.target} = ... -> {init}; {read}", "init() starts the process group and gives each rank its "
@@ -208,7 +209,8 @@ def _upgrades(work: _Work, found: list[Binding]) -> dict[int, tuple[Binding, Bin
         if len(later) != 1 or later[0].line < b.line or b.value is None or later[0].value is None or \
                 _kind(text_of(b.value) or "") != "cpu" or _kind(text_of(later[0].value) or "") != "accelerator":
             continue
-        if any(n.body.body[0] is later[0].stmt for n in ifs):
+        if any(n.body.body[0] is later[0].stmt for n in ifs) and later[0].stmt is not None and \
+                len(later[0].stmt.body) == 1:  # (``DEVICE = 'cuda'; torch.cuda.manual_seed_all(0)``: the rest kept)
             work.edits.remove.add(id(later[0].stmt))
             work.note(f"if ...is_available(): {b.target} = ... removed", "ddpkit.init() picks the accelerator when "
                       "there is one, as this choice did", later[0].line)
@@ -235,7 +237,8 @@ def _visible_devices(work: _Work) -> None:
             return
 
 
-STARTS_DDPKIT = ("print", "torch.utils.data.DataLoader", "torch.utils.tensorboard.SummaryWriter", *PROGRESS)
+STARTS_DDPKIT = ("print", "pprint.pprint", "pprint.pp", "torch.utils.data.DataLoader",
+                 "torch.utils.tensorboard.SummaryWriter", *PROGRESS)
 
 
 def _first_ddpkit_use(work: _Work, scope: Scope, line: int, args: set[str]) -> Any:
@@ -331,6 +334,7 @@ def _chosen(work: _Work, node: cst.If, tests: list[cst.BaseExpression], picks: l
             work.edits.replace[id(b.stmt)] = [read]
     work.devices.extend(picks)
     work.inits.append(scope)
+    work.init_lines.setdefault(id(scope), early.line if early is not None else line)
     work.note(f"{target} chosen in an if / else -> {init} above it; {read} on every path", "init() starts the "
               "process group and gives each rank its own device; every path needs the state, not one branch",
               picks[0].line)

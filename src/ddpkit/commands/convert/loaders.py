@@ -154,7 +154,7 @@ def loaders(work: _Work) -> None:
         handedin.handed_in(work, backward[0].line)  # (d2l's ``train(net, loader, optimizer)``: its callers' loader)
     if backward and not training and not built and not uses_ddpkit(work.facts):  # (ddpkit: by hand)
         if imported.imported_loader(work, backward[0].line) or _subclassed(work, backward[0].line) or \
-                handedin.handed_in(work, backward[0].line) or stepped.asks(work, backward[0]):
+                handedin.handed_in(work, backward[0].line) or stepped.asks(work, backward):
             return
         work.leave(backward[0].line, "the training batches do not come from a torch DataLoader (fed by hand): "
                    "each rank would train on all of them", "build them with a Dataset and a DataLoader, then "

@@ -44,11 +44,25 @@ def _never_given(facts: Facts, read: Any) -> bool:
     defaults = {p.name.value for p in params if isinstance(p.default, cst.Name) and p.default.value == "None"}
     sites = callers(facts, read.scope)
     skip = 1 if read.scope.cls and read.scope.params[:1] in (["self"], ["cls"]) else 0
-    for test in read.tests:
+    starred = any(a.star for c in sites for a in c.node.args)  # (``test(**cfg)``: it may pass anything)
+    for test in _body_tests(read, node):
         name = _none_tested(test)
-        if name in defaults and sites and all(_left_none(argument_for(c, name, read.scope, skip)) for c in sites):
+        rebound = any(b.target == name and b.scope is read.scope and b.stmt is not None and b.line < read.line
+                      for b in facts.bindings)  # (``path = path or 'best.pt'``: no longer the parameter)
+        if name in defaults and sites and not starred and not rebound and \
+                all(_left_none(argument_for(c, name, read.scope, skip)) for c in sites):
             return True
     return False
+
+
+def _body_tests(read: Any, function: cst.FunctionDef) -> list[str]:
+    """The tests of the ``if`` statements whose body (not their ``else``) holds the read."""
+    found = []
+    for node in m.findall(function, m.If()):
+        assert isinstance(node, cst.If)
+        if read.stmt is not None and any(s is read.stmt for s in m.findall(node.body, m.SimpleStatementLine())):
+            found.append(cst.Module(body=[]).code_for_node(node.test))
+    return found
 
 
 def _none_tested(test: str) -> str | None:

@@ -84,13 +84,18 @@ def _named(facts: Facts, name: str, scope: Scope, line: int, depth: int) -> list
     bound = flow.binding_of(facts, name, scope, line)
     if bound is None:
         return [ANY]
-    if bound.value is not None:
-        return shapes(facts, bound.value, bound.scope, bound.line, depth + 1)
+    if bound.value is not None:  # (every value it was given there: ``save_dir = 'debug/'`` under an ``if`` too)
+        values = [b for b in facts.bindings if b.target == name and b.scope is bound.scope and b.line <= bound.line]
+        if any(b.value is None for b in values):
+            return [ANY]
+        return [s for b in values if b.value is not None for s in shapes(facts, b.value, b.scope, b.line, depth + 1)]
     if bound.stmt is not None or name not in scope.params:
         return [ANY]  # (``for name in ...``, ``with ... as name``: anything)
     found: list[Shape] = []  # a parameter: what each call passes, or its default
     sites = flow.callers(facts, scope)
     skip = 1 if scope.cls and scope.params[:1] == ["self"] else 0
+    if any(a.star for site in sites for a in site.node.args):
+        return [ANY]  # (``show(**cfg)``: it may pass anything)
     for site in sites:
         passed = flow.argument_for(site, name, scope, skip)
         found += shapes(facts, passed, site.scope, site.line, depth + 1) if passed is not None else \
@@ -140,12 +145,18 @@ def _agree(a: Shape, b: Shape) -> bool:
 def _folder(shape: Shape) -> str:
     """The folder a shape's file is in, as far as its known start goes (``results/frames/`` of
     ``results/frames/f`` + anything: at least that deep; exact for an exact path)."""
-    text = shape.exact if shape.exact is not None else shape.start
+    text = _plain(shape.exact if shape.exact is not None else shape.start)
     return text[:text.rfind("/") + 1]
 
 
 def _plain(text: str) -> str:
-    """``./results/x`` and ``results/x`` name one file."""
+    """``./results/x``, ``results//x`` (``os.path.join('results/', 'x')``) and ``results/./x`` name ``results/x``.
+
+    >>> _plain("./results//./x.png")
+    'results/x.png'
+    """
+    while "//" in text or "/./" in text:
+        text = text.replace("//", "/").replace("/./", "/")
     while text.startswith("./"):
         text = text[2:]
     return text

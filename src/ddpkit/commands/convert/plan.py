@@ -197,6 +197,7 @@ class _Work:
         self.models: list[Binding] = []  # the bindings wrapped (or already wrapped) in prepare_model
         self.lists: set[str] = set()  # lists whose every model is wrapped where it is made (listed.py)
         self.inits: list[Scope] = []  # where the plan binds the state (``state = ddpkit.init()``)
+        self.init_lines: dict[int, int] = {}  # a scope's id -> the line the init goes above or at
         self.devices: list[Binding] = []  # the device set-ups converted
         self._ifs: list[cst.If] | None = None  # every `if` of the script, outermost first (found once)
         ours = all(rules.bound_to_init(b) for b in facts.bindings if b.target == "state")
@@ -447,7 +448,9 @@ class _Work:
             return None
         name = inner.value
         read = any(n == name and sc is binding.scope and line > binding.line for n, sc, line, _ in self.facts.reads)
-        return name if read else None
+        # (a module global read in a function: binding it there would make it local, UnboundLocalError)
+        local = any(b.target == name and b.scope is binding.scope for b in self.facts.bindings)
+        return name if read and local else None
 
     def _at_data_parallel(self, binding: Binding, until: int) -> bool:
         """The model built under an ``if`` and wrapped in DataParallel below it, on a line under no ``if``: that line

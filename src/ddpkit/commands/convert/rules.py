@@ -61,8 +61,11 @@ def _device_only(call: cst.Call) -> bool:
         or arg.keyword is not None and arg.keyword.value == "device"
 
 
-def main_test(work: _Work, scope: Scope) -> str:
-    """An expression for "this is rank 0" in ``scope``: ``state.is_main`` where the init's state is seen."""
+def main_test(work: _Work, scope: Scope, line: int = 0) -> str:
+    """An expression for "this is rank 0" in ``scope``: ``state.is_main`` where the init's state is seen (not on
+    a ``line`` of that scope above the init: a ``pprint`` before the device set-up)."""
+    if line and line < work.init_lines.get(id(scope), 0):
+        return "ddpkit.init().is_main"
     if any(visible(work.facts, work.state, s, scope) for s in work.inits) or \
             any(b.target == work.state and visible(work.facts, work.state, b.scope, scope)
                 for b in work.facts.bindings):
@@ -89,7 +92,7 @@ def outputs(work: _Work) -> None:
         elif call.name in ("pprint.pprint", "pprint.pp") and not ranked and call.stmt is not None and \
                 len(call.stmt.body) == 1 and isinstance(call.stmt.body[0], cst.Expr) and \
                 call.stmt.body[0].value is call.node:  # (DialoGPT's ``pprint(args.__dict__)``)
-            work.edits.guard[id(call.stmt)] = main_test(work, call.scope)
+            work.edits.guard[id(call.stmt)] = main_test(work, call.scope, call.line)
             work.note(f"{call.last} guarded: rank 0 prints", "printed once, as print -> ddpkit.print", call.line)
         elif call.name == "logging.getLogger":
             work.edits.expr[id(call.node)] = lambda node: node.with_changes(
@@ -283,7 +286,8 @@ def _mkdir(work: _Work, call: Any) -> None:
               "every rank makes the folder: all but the first would find it made (FileExistsError)", call.line)
     asked = _asked_first(work, call)
     if asked is not None:  # ``if os.path.isdir(d): input('Overwrite?') ... else: os.makedirs(d)`` (cs-kd)
-        work.edits.guard[id(asked)] = main_test(work, call.scope)
+        at = min((c.line for c in work.facts.calls if c.node is asked.test), default=call.line)
+        work.edits.guard[id(asked)] = main_test(work, call.scope, at)
         work.edits.after.setdefault(id(asked), []).append("ddpkit.barrier()")
         work.note("if os.path.isdir(...): ... else: makedirs(...) guarded, then a barrier", "rank 0 checks and makes "
                   "the folder: a rank that came later would find it made and take the other branch (its question, "
@@ -302,9 +306,19 @@ def _asked_first(work: _Work, call: Any) -> cst.If | None:
                 any(s is call.stmt for s in node.orelse.body.body) and (dotted(test) or "").endswith(
                     ("path.isdir", "path.exists", ".exists", ".is_dir"))):
             continue
-        acts = m.findall(node.body, m.Raise() | m.Call(func=m.Name("input")) | m.Call(func=m.Attribute(
-            attr=m.Name("rmtree"))))
-        return node if acts else None
+        acts = m.findall(node.body, m.Raise() | m.Call(func=m.Attribute(attr=m.Name("rmtree"))) |
+                         m.Call(func=m.Name("input")))
+        inside = {id(s) for s in m.findall(node, m.SimpleStatementLine())}
+        bound = {b.target for b in work.facts.bindings if id(b.stmt) in inside}
+        end = max((line for s, _scope, line in work.facts.statements if id(s) in inside), default=call.line)
+        # (a name bound in it and read below, ``start_epoch``: guarded, the other ranks would lack it)
+        read_below = any(n in bound and sc is call.scope and line > end for n, sc, line, _ in work.facts.reads)
+        if acts and read_below:
+            work.leave(call.line, "a folder checked, then made or asked about, in an if / else that binds names read "
+                       "below: a rank that came after rank 0 made it would take the other branch",
+                       "decide on rank 0 (under `if state.is_main:`) and hand the other ranks its choice "
+                       "(ddpkit.broadcast), with a ddpkit.barrier() after the folder is made")
+        return node if acts and not read_below else None
     return None
 
 

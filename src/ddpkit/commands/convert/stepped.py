@@ -36,13 +36,24 @@ from ddpkit.commands.convert.scan import Call, Facts, Scope
 _Work = Any  # the plan in the making (plan._Work)
 
 
-def asks(work: _Work, backward: Call) -> bool:
-    """The step's file: ``backward`` runs in a function that no call here runs and no loop here holds, so its
-    batches come from the callers of another module. Asked of them; kept when every one runs it over a training
-    ddpkit.data_loader, else left (with the fix). False: not such a step."""
-    scope = backward.scope
-    if not scope.name or backward.loops or flow.callers(work.facts, scope):
+def asks(work: _Work, backwards: list[Call]) -> bool:
+    """The step's file: every backward runs in a function that no call here runs and no loop here holds, so its
+    batches come from the callers of another module. Each step asked of them; kept when every caller runs it over
+    a training ddpkit.data_loader, else left (with the fix). False: a backward that is no such step (batches fed by
+    hand here)."""
+    if not backwards or not all(_step(work, b) for b in backwards):
         return False
+    for scope in {id(b.scope): b.scope for b in backwards}.values():
+        _ask(work, scope, next(b for b in backwards if b.scope is scope))
+    return True
+
+
+def _step(work: _Work, backward: Call) -> bool:
+    scope = backward.scope
+    return bool(scope.name) and not backward.loops and not flow.callers(work.facts, scope)
+
+
+def _ask(work: _Work, scope: Scope, backward: Call) -> None:
     name = f"{STEP}:{scope.name}"
     work.asks.append(Ask("", name, TRAIN, backward.line))  # (asked whatever the answer: crossing.settle's rounds)
     work.asks.extend(Ask("", f"{STEP}:{s.name}", EVAL, backward.line) for s in _evaluating(work, scope))
@@ -50,17 +61,16 @@ def asks(work: _Work, backward: Call) -> bool:
     if built:
         work.keep(backward.line, f"the training step {scope.name}() left as it is", f"its callers in {built} run it in "
                   "a loop over a ddpkit.data_loader for training: each rank steps on its own shard")
-        return True
+        return
     fix = "run it in a loop over a torch DataLoader of the batches (made a ddpkit.data_loader for training)"
     if work.crossing.own:  # converted together: a caller runs it over batches it makes itself
         work.leave(backward.line, f"the training step {scope.name}() is run by a caller in the project that does not "
                    "loop over a DataLoader converted for training: each rank would train on all of its batches",
                    f"{fix}, then convert again", blocks=True)
-        return True
+        return
     work.leave(backward.line, f"the training step {scope.name}() takes its batches from callers in another module: "
                "each rank would train on all of them unless their loader is sharded", "convert them together (ddpkit "
                f"convert --imports SCRIPT, or a folder), or {fix}", blocks=True)
-    return True
 
 
 def _evaluating(work: _Work, step: Scope) -> list[Scope]:

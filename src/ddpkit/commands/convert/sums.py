@@ -234,8 +234,12 @@ def _training_sum(facts: Facts, loop: Loop, anchor: Loop, name: str, readers: li
     if not started or name in later:
         return None
     divisors = [d for s in readers if s is not None for d in _divisors(s, name)]
-    if divisors and all(names_in(d) and names_in(d) <= local or _batches(facts, loop, d) for d in divisors):
+    if divisors and all(names_in(d) and names_in(d) <= local for d in divisors):
         return "mean"
+    if divisors and all(_batches(facts, loop, d) for d in divisors):
+        # (``/ len(loader)``: a mean of the loss's batch means is averaged; a sum of batch sums, ``correct +=
+        # (...).sum()``, is per batch of the global batch: summed)
+        return "mean" if batch_mean(facts, loop, name) else "sum"
     if any(names_in(d) & local for d in divisors):
         return None
     return "sum" if name in samples or any(whole(d) or names_in(d) & (samples - later) for d in divisors) else None
@@ -372,7 +376,7 @@ def batch_mean(facts: Facts, loop: Loop, name: str) -> bool:
     for node in adds:
         value = node.value
         while isinstance(value, cst.Call) and (isinstance(value.func, cst.Attribute) and not value.args and
-                                               value.func.attr.value in ("item", "detach", "cpu") or
+                                               value.func.attr.value in ("item", "detach", "cpu", "numpy") or
                                                dotted(value.func) == "float" and len(value.args) == 1):
             value = value.func.value if isinstance(value.func, cst.Attribute) else value.args[0].value
         if dotted(value) not in losses:
@@ -384,8 +388,12 @@ def _mean_criterion(facts: Facts, loop: Loop, loss: str) -> bool:
     """``loss`` is bound in ``loop`` to one of torch's losses with its default reduction, a mean over the batch:
     ``F.cross_entropy(...)``, or ``criterion(...)`` of ``criterion = nn.CrossEntropyLoss()``. Not with
     ``reduction='sum'`` (a VAE's), nor a loss of the script's own or of another module (its reduction unseen)."""
+    stepped = max((c.line for c in loop.calls if c.last == "backward" and isinstance(c.node.func, cst.Attribute)
+                   and dotted(c.node.func.value) == loss), default=loop.end)
+    # (the loop's own: ``loss = total_loss / total`` below it is the epoch's value; the one the backward was called
+    # on, not ``loss = loss.detach().cpu().numpy()`` after it, powerful-gnns')
     bound = [b for b in facts.bindings if b.target == loss and b.scope is loop.scope and b.value is not None and
-             b.line <= loop.end]  # (the loop's own: ``loss = total_loss / total`` below it is the epoch's value)
+             b.line <= stepped]
     inside = [b for b in bound if b.line >= loop.line]
     value = (inside or bound)[-1].value if bound else None
     if not isinstance(value, cst.Call):

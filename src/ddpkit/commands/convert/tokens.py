@@ -88,7 +88,7 @@ def token_mean_loss(work: _Work) -> None:
         said.add(loop)
         shift = _shift(code) if call.last not in TOKEN_LOSSES else ""
         if labels is None or shift is None or not _counted(work, call, labels, value, shift):
-            _listed(work, call)
+            _listed(work, call, value)
 
 
 def _padded(module: cst.Module) -> bool:
@@ -294,13 +294,13 @@ def _part(loop: cst.For, name: str) -> str | None:
     return None
 
 
-def _listed(work: _Work, call: Call) -> None:
+def _listed(work: _Work, call: Call, value: str = "-100") -> None:
     work.leave(call.line, f"{call.last}: a mean over the tokens it does not ignore (ignore_index, labels of -100, a "
                "boolean mask): "
                "at N processes each rank's mean is over its own tokens and DDP weighs the ranks alike, another "
                "loss than one process's mean over the step's tokens (ddpkit verify FAILs it)",
                "tell the training loader what the loss averages over: ddpkit.data_loader(..., batch_count=lambda "
-               "batch: (labels != -100).sum()), labels as the batch holds them (docs/global-batch.md, "
+               f"batch: (labels != {value}).sum()), labels as the batch holds them (docs/global-batch.md, "
                "token-weighted losses); or keep it if the difference is acceptable")
 
 

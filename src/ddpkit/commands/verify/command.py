@@ -159,7 +159,7 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
         result = compare_weights(one, many, atol, rtol, labels=("1 process", f"{nproc} processes"), initial=start,
                                  skip=skip)
         if result["passed"] and taken and start is not None:  # (equal weights that never moved prove nothing)
-            result = {**result, **_by_gradients(ref, dist_out, taken, start, one, (atol, rtol))}
+            result = {**result, **_by_gradients(ref, dist_out, taken, start, one, (atol, rtol), facts)}
         result["lr"] = lr
         result["capped"] = all(f.get("capped") for f in facts)
         result["steps_taken"], result["cap"] = taken, facts[0].get("cap")
@@ -318,13 +318,19 @@ def _initial(path: str, models: int) -> dict[str, torch.Tensor] | None:
     return {f"model{i}.{k}": v for i, w in enumerate(weights) for k, v in w.items()}
 
 
-def _by_gradients(ref: str, dist_out: str, taken: int, start: dict, one: dict, tol: tuple[float, float]) -> dict:
-    """The verdict of runs whose trained weights moved less than the tolerance: their step-1 gradients'
-    (:func:`~ddpkit.commands.verify.weights.gradients_apart`); CannotCompare when none were recorded; nothing
-    (the weights' verdict stands) when the weights moved."""
+def _by_gradients(ref: str, dist_out: str, taken: int, start: dict, one: dict, tol: tuple[float, float],
+                  facts: list[dict]) -> dict:
+    """The verdict of runs whose trained weights moved less than the tolerance: their learning rates' and their
+    step-1 gradients' (:func:`~ddpkit.commands.verify.weights.gradients_apart`); CannotCompare when no gradients
+    were recorded; nothing (the weights' verdict stands) when the weights moved."""
     g1, gn = _grads(ref), _grads(dist_out)
     if not moved_within(start, one, *tol, set(g1) if g1 else set(one)):
         return {}
+    lrs = [float(f.get("lr") or 0.0) for f in facts]
+    if abs(lrs[0] - lrs[1]) > 1e-6 * max(abs(lrs[0]), abs(lrs[1])):  # (``lr = args.lr * world_size``)
+        return {"passed": False, "first_diverging": next(iter(g1 or one)), "first_max_abs_diff": None,
+                "gradients_decided": True, "reason": f"the weights moved less than the tolerance, and the learning "
+                f"rates differ: {lrs[0]:g} (1 process) vs {lrs[1]:g} (N processes)"}
     if not g1 or not gn:
         raise CannotCompare(f"the weights moved less than the tolerance in {taken} step(s) (a warm-up's tiny learning "
                             "rate?): equal weights prove nothing, and no step-1 gradients were recorded to compare; "
