@@ -675,3 +675,33 @@ for xb, yb in loader:
     assert any("a mean weighed by class" in x.what for x in plan(source).left), plan(source).left
     assert not any("weighed by class" in x.what for x in plan(source.replace("weight)", "None)").replace(
         "weight=weight", "weight=None")).left)
+
+
+def test_a_batch_size_that_only_counts_steps_sizes_nothing():
+    """DA-RNN: ``idx += batch_size`` each step and ``losses[epoch * iters + idx / batch_size]``: a step counter,
+    read as sizing the batch, so the per-process batch was kept (the global batch doubled) and exit 1."""
+    source = '''import numpy as np
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+X, Y = torch.randn(64, 4), torch.randn(64, 1)
+batch_size = 16
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.Adam(model.parameters())
+loader = DataLoader(TensorDataset(torch.arange(64)), batch_size=batch_size, shuffle=True)
+iters = int(np.ceil(64 / batch_size))
+losses = np.zeros(2 * iters)
+for epoch in range(2):
+    idx = 0
+    for (ind,) in loader:
+        loss = torch.nn.functional.mse_loss(model(X[ind]), Y[ind])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses[int(epoch * iters + idx / batch_size)] = loss.item()
+        idx += batch_size
+'''
+    p = plan(source)
+    assert not p.left and "global_batch_size=batch_size" in p.text, p.left
+    sized = source.replace("        idx += batch_size\n", "        idx += batch_size\n        w = loss / batch_size\n")
+    assert plan(sized).left  # (a loss divided by the batch size sizes by it: still said)

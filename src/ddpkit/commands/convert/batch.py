@@ -246,7 +246,7 @@ def _read_in_training(work: _Work, names: set[str], loops: list[Loop], call: Cal
             # what follows the training loop there shows or evaluates (an image grid of sqrt(B) rows)
             inside |= {i for stmt in around.node.body.body if _starts(work, stmt) <= loop.line
                        for i in node_ids(stmt)}
-    quiet = _quiet(work, loops) | node_ids(call.node)
+    quiet = _quiet(work, loops) | node_ids(call.node) | _counting(loops, names)
     for name, scope, line, node in work.facts.reads:
         if name in names and id(node) in inside and id(node) not in quiet and not _rebound(work, name, scope, line,
                                                                                            loops, names):
@@ -264,6 +264,22 @@ def _rebound(work: _Work, name: str, scope: Any, line: int, loops: list[Loop], n
     bound = binding_of(work.facts, name, scope, line)
     return bound is not None and bound.scope is scope and bound.line < line and bound.value is not None and \
         any(loop.line < bound.line <= loop.end for loop in loops) and not names_in(bound.value) & names
+
+
+def _counting(loops: list[Loop], names: set[str]) -> set[int]:
+    """The nodes that count steps with the batch size, sizing nothing (DA-RNN's ``idx += batch_size`` and its
+    ``losses[epoch * iters + idx / batch_size]``): ``+=`` of it into a counter, and the counter divided by it."""
+    counters: set[str] = set()
+    found: set[int] = set()
+    for loop in loops:
+        for node in m.findall(loop.node, m.AugAssign(operator=m.AddAssign())):
+            if isinstance(node, cst.AugAssign) and dotted(node.value) in names and dotted(node.target):
+                counters.add(dotted(node.target) or "")
+                found |= node_ids(node.value)
+        for node in m.findall(loop.node, m.BinaryOperation(operator=m.Divide() | m.FloorDivide())):
+            if isinstance(node, cst.BinaryOperation) and dotted(node.left) in counters and dotted(node.right) in names:
+                found |= node_ids(node.right)
+    return found
 
 
 def _made_before(work: _Work, names: set[str], loops: list[Loop], inside: set[int],
