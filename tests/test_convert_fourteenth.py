@@ -705,3 +705,44 @@ for epoch in range(2):
     assert not p.left and "global_batch_size=batch_size" in p.text, p.left
     sized = source.replace("        idx += batch_size\n", "        idx += batch_size\n        w = loss / batch_size\n")
     assert plan(sized).left  # (a loss divided by the batch size sizes by it: still said)
+
+
+def test_an_evaluation_whose_helper_fills_a_container_by_index_keeps_its_loader_whole(tmp_path):
+    """dlwpt's ``computeBatchLoss(batch_ndx, batch, batch_size, metrics_g)`` writing ``metrics_g[0, start:end]``:
+    sharded, each rank filled half of the tensor and counted the other half as zeros."""
+    from test_convert_twelfth import prints_as_one_process
+
+    source = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def compute(model, batch_ndx, batch, batch_size, metrics):
+    xb, yb = batch
+    start = batch_ndx * batch_size
+    metrics[0, start:start + yb.size(0)] = yb.float()
+    metrics[1, start:start + yb.size(0)] = model(xb).softmax(1)[:, 1]
+
+
+torch.manual_seed(0)
+g = torch.Generator().manual_seed(1)
+x, y = torch.randn(16, 4, generator=g), (torch.arange(16) % 3 == 0).long()
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+train_dl = DataLoader(TensorDataset(x, y), batch_size=4)
+val_dl = DataLoader(TensorDataset(x, y), batch_size=4)
+for epoch in range(2):
+    model.train()
+    for xb, yb in train_dl:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(xb), yb).backward()
+        opt.step()
+    with torch.no_grad():
+        model.eval()
+        metrics = torch.zeros(2, len(val_dl.dataset))
+        for batch_ndx, batch in enumerate(val_dl):
+            compute(model, batch_ndx, batch, val_dl.batch_size, metrics)
+    print('epoch', epoch, 'positives', int((metrics[0] > 0.5).sum()), 'of', metrics.shape[1])
+'''
+    p = plan(source)
+    assert "val_dl = DataLoader(" in p.text and not [x for x in p.left if x.blocks], (p.text, p.left)
+    prints_as_one_process(tmp_path, source, p.text)

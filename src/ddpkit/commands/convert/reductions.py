@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import libcst as cst
+import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.scan import Call, Loop, dotted, resolve
@@ -56,6 +57,8 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
             _list_means(work, loop)
         items = indexed(loop)  # ``hist[epoch] += ...``: a sum, one item per epoch, not rows kept
         stored = next((s for s in loop.stored if s[0] not in items), None) if not summed_as_training else None
+        if stored is None and not summed_as_training:  # dlwpt's ``computeBatchLoss(..., metrics_g)``: slots filled
+            stored = _filled_by_callee(work, loop)
         if stored is None and not summed_as_training:  # ``results += [(id, p) ...]``: rows kept in a list
             stored = next(((n, line) for n, line in loop.augmented if collection(work.facts, loop, n)), None)
         needs = next((c.last for c in loop.calls if c.last in NEEDS_GRAD and not _grad_off(c)), None)
@@ -199,3 +202,21 @@ def _list_means(work: _Work, loop: Loop) -> None:
             work.note(f"{target} = np.mean(...) of the training loop's list: averaged across ranks (ddpkit.reduce, "
                       "op='mean')", "each rank's list holds its own batches' values; every rank took as many steps",
                       line)
+
+
+def _filled_by_callee(work: _Work, loop: Loop) -> tuple[str, int] | None:
+    """A container the loop hands to a function of the script that writes into it by index (dlwpt's
+    ``computeBatchLoss(batch_ndx, batch_tup, batch_size, metrics_g)`` setting ``metrics_g[0, start:end] = ...``):
+    per-sample results kept, as ``metrics[i] = ...`` in the loop itself would be."""
+    for call in loop.calls:
+        target = flow.callee(work.facts, call)
+        if target is None:
+            continue
+        scope, skip = target
+        written = {dotted(a.target.value) for a in m.findall(scope.node, m.AssignTarget(target=m.Subscript()))
+                   if isinstance(a, cst.AssignTarget) and isinstance(a.target, cst.Subscript)}
+        for param in sorted(p for p in written & set(scope.params) if p):
+            passed = flow.argument_for(call, param, scope, skip)
+            if passed is not None and dotted(passed) and dotted(passed) not in loop.targets:
+                return f"{dotted(passed)} (filled by {scope.name}())", call.line
+    return None
