@@ -746,3 +746,23 @@ for epoch in range(2):
     p = plan(source)
     assert "val_dl = DataLoader(" in p.text and not [x for x in p.left if x.blocks], (p.text, p.left)
     prints_as_one_process(tmp_path, source, p.text)
+
+
+def test_a_wav_or_an_image_written_by_scipy_or_opencv_is_rank_0s():
+    """melgan's ``save_sample`` (``scipy.io.wavfile.write``): every rank wrote the samples."""
+    source = '''import cv2
+import scipy.io.wavfile
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+model = torch.nn.Linear(4, 4)
+opt = torch.optim.Adam(model.parameters())
+for (x,) in DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=4, shuffle=True):
+    opt.zero_grad()
+    model(x).pow(2).mean().backward()
+    opt.step()
+scipy.io.wavfile.write("sample.wav", 22050, x.numpy())
+cv2.imwrite("sample.png", x.numpy())
+'''
+    text = plan(source).text
+    assert text.count("is_main:") == 2, text

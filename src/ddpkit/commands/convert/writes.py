@@ -37,7 +37,8 @@ WRITERS = {"matplotlib.pyplot.savefig": "the figure", "torchvision.utils.save_im
            "numpy.savez_compressed": "the arrays", "imageio.mimsave": "the animation", "imageio.imwrite": "the image",
            "imageio.imsave": "the image", "imageio.v2.mimsave": "the animation", "imageio.v2.imwrite": "the image",
            "imageio.v3.imwrite": "the image", "scipy.io.savemat": "the arrays", "soundfile.write": "the sound",
-           "torchaudio.save": "the sound"}
+           "torchaudio.save": "the sound", "scipy.io.wavfile.write": "the sound",  # (melgan's save_sample)
+           "librosa.output.write_wav": "the sound", "cv2.imwrite": "the image"}
 METHODS = {"savefig": "the figure", "to_csv": "the table", "to_json": "the table", "to_parquet": "the table",
            "to_excel": "the table"}  # a figure's, a pandas DataFrame's
 OPENERS = ("open", "io.open", "builtins.open")
