@@ -38,7 +38,8 @@ SAID = ("ddpkit: the training loader shards every batch across {n} processes, bu
 UNSHARDED = ("ddpkit: the model is prepared for {n} processes, but no training loader of ddpkit.data_loader was "
              "built before the first optimizer.step(): if the batches come from a plain DataLoader, every rank "
              "trains on all of them (the same work {n} times over, no speed-up); build it with "
-             "ddpkit.data_loader(dataset, batch_size=...) (ddpkit convert does, in the files it converts)")
+             "ddpkit.data_loader(dataset, batch_size=...) (ddpkit convert does, in the files it converts). A script "
+             "that makes each rank's batches itself (docs/guide.md, data without a DataLoader) has nothing to change")
 
 
 def watch(sharding: bool = True) -> None:
