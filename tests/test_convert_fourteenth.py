@@ -766,3 +766,31 @@ cv2.imwrite("sample.png", x.numpy())
 '''
     text = plan(source).text
     assert text.count("is_main:") == 2, text
+
+
+def test_a_training_loop_whose_helper_fills_a_container_by_index_is_listed():
+    """dlwpt's ``computeBatchLoss(batch_ndx, batch, batch_size, trnMetrics_g)`` over the sharded training loader:
+    each rank filled half the slots and reported the rest as zeros (negatives)."""
+    source = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def compute(model, batch_ndx, batch, batch_size, metrics):
+    xb, yb = batch
+    loss = torch.nn.functional.cross_entropy(model(xb), yb, reduction='none')
+    start = batch_ndx * batch_size
+    metrics[0, start:start + yb.size(0)] = loss.detach()
+    return loss.mean()
+
+
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+train_dl = DataLoader(TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,))), batch_size=4, shuffle=True)
+metrics = torch.zeros(1, len(train_dl.dataset))
+for batch_ndx, batch in enumerate(train_dl):
+    opt.zero_grad()
+    compute(model, batch_ndx, batch, train_dl.batch_size, metrics).backward()
+    opt.step()
+print(metrics.mean())
+'''
+    assert any("per-sample results in metrics" in x.what for x in plan(source).left), plan(source).left

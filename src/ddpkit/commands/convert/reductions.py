@@ -55,6 +55,12 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
         summed_as_training = loop not in evaluations  # a training loader's evaluation (check_accuracy) sums
         if summed_as_training:
             _list_means(work, loop)
+            filled = _filled_by_callee(work, loop)
+            if filled is not None:  # dlwpt's ``trnMetrics_g`` (a slot per sample): half of them never filled
+                work.leave(filled[1], f"the training loop keeps per-sample results in {filled[0]}: sharded, each "
+                           "rank fills the slots of its own batches only, and what it reports from the rest is what "
+                           "they were made with (zeros)", "ddpkit.gather(...) each batch's results and fill the "
+                           "slots from them on every rank, or report a sum ddpkit.reduce(...) makes every rank's")
         items = indexed(loop)  # ``hist[epoch] += ...``: a sum, one item per epoch, not rows kept
         stored = next((s for s in loop.stored if s[0] not in items), None) if not summed_as_training else None
         if stored is None and not summed_as_training:  # dlwpt's ``computeBatchLoss(..., metrics_g)``: slots filled
