@@ -195,3 +195,14 @@ def test_a_difference_the_float64_runs_shrink_a_thousandfold_is_rounding_the_tra
     for other in ({"max_abs_diff": 0.6}, {"gradient_gap": 1e-4}, {"gradient_gap": None}):
         defect = decided(f32, {**f64, **other})
         assert not defect["passed"] and "not float rounding" in defect["rounding_note"], (other, defect)
+
+
+def test_a_module_that_fails_is_named_by_its_file_not_by_the_flag(tmp_path):
+    """dlwpt's ``-m p2ch11.training``: its failure said "the 2-process run failed at -m"."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "train.py").write_text("import ddpkit\nddpkit.init()\nraise ValueError('no data here')\n")
+    r = run_cmd([sys.executable, "-m", "ddpkit", "verify", "--nproc", "2", "--steps", "3", "-m", "pkg.train"],
+                timeout=300, cwd=str(tmp_path))
+    assert r.returncode == 1 and "failed at train.py:3 (ValueError: no data here)" in r.stdout + r.stderr, \
+        r.stdout + r.stderr[-2000:]

@@ -264,8 +264,11 @@ def _run(script: str, run: str, nproc: int, cmd: list[str], env: dict[str, str],
     try:
         run_logged(cmd, env, log)
     except ScriptFailed:
+        shown = script  # (``-m p2ch11.training``: the module's file, not "-m")
+        if script == "-m" and "-m" in cmd[:-1]:
+            shown = cmd[cmd.index("-m") + 1].replace(".", os.sep) + ".py"
         with open(log, errors="replace") as f:
-            raise ScriptFailed(causes.crash_line(run, script, f.read()[-20000:], nproc)) from None
+            raise ScriptFailed(causes.crash_line(run, shown, f.read()[-20000:], nproc)) from None
     finally:
         _undo(run, before)
 
