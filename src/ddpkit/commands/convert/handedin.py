@@ -164,7 +164,7 @@ def _evaluated(work: _Work, handed: set[tuple[str, str, int]], built: str) -> No
         reductions(work, [loop], None, False)
 
 
-def _parameters(work: _Work, name: str, scope: Any, line: int) -> set[tuple[str, str, int]]:
+def _parameters(work: _Work, name: str, scope: Any, line: int, depth: int = 0) -> set[tuple[str, str, int]]:
     """:func:`parameter` of ``name`` and of each name its function binds it to (StarGAN's ``data_loader =
     self.celeba_loader`` or ``self.rafd_loader`` in an ``if`` / ``elif``: both handed in)."""
     found = {parameter(work, name, scope, line)}
@@ -173,7 +173,28 @@ def _parameters(work: _Work, name: str, scope: Any, line: int) -> set[tuple[str,
                   and b.line <= line]:
         source = dotted(bound.value)
         found.add(parameter(work, source, scope, bound.line) if source else None)
-    return {p for p in found if p is not None}
+    return {q for p in found if p is not None for q in _through_callers(work, p, depth)}
+
+
+def _through_callers(work: _Work, found: tuple[str, str, int], depth: int) -> set[tuple[str, str, int]]:
+    """A parameter of a function this file calls with different arguments (BERT-pytorch's ``iteration(epoch,
+    data_loader, train)``, called by ``train()`` with ``self.train_data`` and by ``test()`` with
+    ``self.test_data``): what each call hands in, followed to the parameters of another module's callers
+    (``BERTTrainer.__init__``'s ``train_dataloader`` and ``test_dataloader``); itself when no call here passes it."""
+    name, where, _ = found
+    scope = work.facts.scopes.get(where)
+    sites = flow.callers(work.facts, scope) if scope is not None and depth < 3 else []
+    if not sites:
+        return {found}
+    skip = 1 if scope.cls and scope.params[:1] in (["self"], ["cls"]) else 0
+    deeper: set[tuple[str, str, int]] = set()
+    for site in sites:
+        passed = dotted(flow.argument_for(site, name, scope, skip) or cst.Name("_"))
+        more = _parameters(work, passed, site.scope, site.line, depth + 1) if passed and passed != "_" else set()
+        if not more:  # (a site that hands in something else, a loader built here: not all handed in)
+            return {found}
+        deeper |= more
+    return deeper
 
 
 def parameter(work: _Work, name: str, scope: Any, line: int, depth: int = 0) -> tuple[str, str, int] | None:
