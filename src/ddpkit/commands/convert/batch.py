@@ -269,16 +269,20 @@ def _rebound(work: _Work, name: str, scope: Any, line: int, loops: list[Loop], n
 def _counting(loops: list[Loop], names: set[str]) -> set[int]:
     """The nodes that count steps with the batch size, sizing nothing (DA-RNN's ``idx += batch_size`` and its
     ``losses[epoch * iters + idx / batch_size]``): ``+=`` of it into a counter, and the counter divided by it."""
-    counters: set[str] = set()
     found: set[int] = set()
     for loop in loops:
-        for node in m.findall(loop.node, m.AugAssign(operator=m.AddAssign())):
-            if isinstance(node, cst.AugAssign) and dotted(node.value) in names and dotted(node.target):
-                counters.add(dotted(node.target) or "")
-                found |= node_ids(node.value)
-        for node in m.findall(loop.node, m.BinaryOperation(operator=m.Divide() | m.FloorDivide())):
-            if isinstance(node, cst.BinaryOperation) and dotted(node.left) in counters and dotted(node.right) in names:
-                found |= node_ids(node.right)
+        adds = [n for n in m.findall(loop.node, m.AugAssign(operator=m.AddAssign()))
+                if isinstance(n, cst.AugAssign) and dotted(n.value) in names and dotted(n.target)]
+        divisions = [n for n in m.findall(loop.node, m.BinaryOperation(operator=m.Divide() | m.FloorDivide()))
+                     if isinstance(n, cst.BinaryOperation) and dotted(n.right) in names]
+        for counter in {dotted(n.target) or "" for n in adds}:
+            # (only counted and divided back: ``preds[idx:idx + len(x)] = ...`` reads it as a position, review)
+            allowed = {id(n.target) for n in adds} | {id(n.left) for n in divisions if dotted(n.left) == counter}
+            used = [n for n in m.findall(loop.node, m.Name(value=counter) | m.Attribute()) if dotted(n) == counter]
+            if any(id(n) not in allowed for n in used):
+                continue
+            found |= {i for n in adds if dotted(n.target) == counter for i in node_ids(n.value)}
+            found |= {i for n in divisions if dotted(n.left) == counter for i in node_ids(n.right)}
     return found
 
 

@@ -171,7 +171,7 @@ def devices(work: _Work) -> None:
             work.edits.before.setdefault(id(early.stmt), []).append(init)
             work.edits.replace[id(b.stmt)] = [read]
         work.inits.append(b.scope)
-        work.init_lines.setdefault(id(b.scope), early.line if early is not None else b.line)
+        work.init_lines.setdefault(id(b.scope), (early.line if early is not None else b.line, args))
         said = " (str(): the script's device is a string with the GPU's index, which it may read)" if "str(" in read \
             else " (.type: the script's device is a string, and it may be tested as one)" if as_string(b.value) else ""
         work.note(f"{b.target} = ... -> {init}; {read}", "init() starts the process group and gives each rank its "
@@ -334,7 +334,7 @@ def _chosen(work: _Work, node: cst.If, tests: list[cst.BaseExpression], picks: l
             work.edits.replace[id(b.stmt)] = [read]
     work.devices.extend(picks)
     work.inits.append(scope)
-    work.init_lines.setdefault(id(scope), early.line if early is not None else line)
+    work.init_lines.setdefault(id(scope), (early.line if early is not None else line, args))
     work.note(f"{target} chosen in an if / else -> {init} above it; {read} on every path", "init() starts the "
               "process group and gives each rank its own device; every path needs the state, not one branch",
               picks[0].line)

@@ -197,7 +197,7 @@ class _Work:
         self.models: list[Binding] = []  # the bindings wrapped (or already wrapped) in prepare_model
         self.lists: set[str] = set()  # lists whose every model is wrapped where it is made (listed.py)
         self.inits: list[Scope] = []  # where the plan binds the state (``state = ddpkit.init()``)
-        self.init_lines: dict[int, int] = {}  # a scope's id -> the line the init goes above or at
+        self.init_lines: dict[int, tuple[int, str]] = {}  # a scope's id -> (the init's line, its arguments)
         self.devices: list[Binding] = []  # the device set-ups converted
         self._ifs: list[cst.If] | None = None  # every `if` of the script, outermost first (found once)
         ours = all(rules.bound_to_init(b) for b in facts.bindings if b.target == "state")
@@ -450,6 +450,11 @@ class _Work:
         read = any(n == name and sc is binding.scope and line > binding.line for n, sc, line, _ in self.facts.reads)
         # (a module global read in a function: binding it there would make it local, UnboundLocalError)
         local = any(b.target == name and b.scope is binding.scope for b in self.facts.bindings)
+        if read and not local:
+            self.leave(binding.line, f"{binding.target} = {name}.to(...) is the same module as {name}, which is used "
+                       f"below under that name: {name} stays unprepared (its forward outside DDP)", f"use "
+                       f"{binding.target} below, or prepare {name} where it is built ({name} = "
+                       f"ddpkit.prepare_model(...)), then convert again")
         return name if read and local else None
 
     def _at_data_parallel(self, binding: Binding, until: int) -> bool:

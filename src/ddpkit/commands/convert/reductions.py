@@ -223,6 +223,13 @@ def _filled_by_callee(work: _Work, loop: Loop) -> tuple[str, int] | None:
                    if isinstance(a, cst.AssignTarget) and isinstance(a.target, cst.Subscript)}
         for param in sorted(p for p in written & set(scope.params) if p):
             passed = flow.argument_for(call, param, scope, skip)
-            if passed is not None and dotted(passed) and dotted(passed) not in loop.targets:
-                return f"{dotted(passed)} (filled by {scope.name}())", call.line
+            name = dotted(passed) if passed is not None else None
+            made = flow.binding_of(work.facts, name, loop.scope, loop.line) if name else None
+            # (a tensor or array made before the loop to hold results: not a dict of settings, nor the batch)
+            if made is not None and made.line < loop.line and isinstance(made.value, cst.Call) and \
+                    (resolve(dotted(made.value.func), work.facts.aliases) or "") in CONTAINERS:
+                return f"{name} (filled by {scope.name}())", call.line
     return None
+
+
+CONTAINERS = tuple(f"{lib}.{f}" for lib in ("torch", "numpy") for f in ("zeros", "empty", "full", "ones"))

@@ -53,7 +53,7 @@ def remove(work: _Work, call: Call) -> None:
     holder: cst.BaseStatement = call.stmt
     while (outer := _sole_holder(work.facts.module, holder)) is not None:  # ``try: rmtree(d) except ...: pass``
         holder = outer
-    work.edits.guard[id(holder)] = main_test(work, call.scope)
+    work.edits.guard[id(holder)] = main_test(work, call.scope, call.line)
     if not (in_body(holder, call.scope) or in_main_block(work.facts.module, holder)) or \
             called_in_branch(work, call.scope):
         work.leave(call.line, f"{call.name} guarded (rank 0 removes), but under an if, in a loop or in a try: no "

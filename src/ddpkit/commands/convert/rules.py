@@ -61,10 +61,15 @@ def _device_only(call: cst.Call) -> bool:
         or arg.keyword is not None and arg.keyword.value == "device"
 
 
-def main_test(work: _Work, scope: Scope, line: int = 0) -> str:
+def main_test(work: _Work, scope: Scope, line: int = 0, said: bool = True) -> str:
     """An expression for "this is rank 0" in ``scope``: ``state.is_main`` where the init's state is seen (not on
     a ``line`` of that scope above the init: a ``pprint`` before the device set-up)."""
-    if line and line < work.init_lines.get(id(scope), 0):
+    at, args = work.init_lines.get(id(scope), (0, ""))
+    if line and line < at:
+        if said and args and not any(x.line == line and "before the device set-up" in x.what for x in work.left):
+            work.leave(line, f"this line, guarded for rank 0, comes before the device set-up at line {at}: it starts "
+                       f"ddpkit with the defaults, and the set-up's ddpkit.init({args}) comes too late to choose",
+                       "move it below the device set-up, then convert again")
         return "ddpkit.init().is_main"
     if any(visible(work.facts, work.state, s, scope) for s in work.inits) or \
             any(b.target == work.state and visible(work.facts, work.state, b.scope, scope)
@@ -118,7 +123,8 @@ def outputs(work: _Work) -> None:
             _unwaited(work, call, _read_back(work, call, loads)[0].line)
         elif call.name == "torch.load" and not any(a.keyword and a.keyword.value == "map_location"
                                                    for a in call.node.args):
-            where = f"{work.state}.device" if main_test(work, call.scope).startswith(work.state) else '"cpu"'
+            where = f"{work.state}.device" if main_test(work, call.scope, call.line, said=False).startswith(
+                work.state) else '"cpu"'
             work.edits.expr[id(call.node)] = lambda node, w=where: add_keyword(node, "map_location", w)
             work.note(f"torch.load(..., map_location={where})", "tensors load where this rank "
                       "works, not on the GPU they were saved from", call.line)
@@ -133,7 +139,7 @@ def outputs(work: _Work) -> None:
             _mkdir(work, call)
         elif call.name in FILE_OPS and not ranked and call.stmt is not None and len(call.stmt.body) == 1 and any(
                 c.name == "torch.save" and c.scope is call.scope for c in facts.calls):
-            work.edits.guard[id(call.stmt)] = main_test(work, call.scope)
+            work.edits.guard[id(call.stmt)] = main_test(work, call.scope, call.line)
             work.note(f"{call.name} guarded: rank 0 does it", "beside a torch.save that rank 0 alone makes: on "
                       "another rank the file may not be written yet (FileNotFoundError), and N copies race",
                       call.line)
@@ -154,7 +160,7 @@ def _progress(work: _Work, call: Any) -> None:
                   "disabled on the other ranks would leave at 0")
         return
     else:  # tqdm(total=...) updated by hand: no iterable to hand over; the bar shows on rank 0 only
-        flag = f"not {main_test(work, call.scope)}"
+        flag = f"not {main_test(work, call.scope, call.line)}"
         work.edits.expr[id(node)] = lambda n: add_keyword(n, "disable", flag)
     work.note(f"{call.last} -> ddpkit.progress", "one bar, on rank 0", call.line)
 
@@ -178,7 +184,7 @@ def _save(work: _Work, call: Any, loads: list[Any]) -> None:
         return
     if _per_rank(work, call):
         return
-    work.edits.guard[id(call.stmt)] = main_test(work, call.scope)
+    work.edits.guard[id(call.stmt)] = main_test(work, call.scope, call.line)
     read_back = _read_back(work, call, loads)
     if read_back and branched(work, call) and \
             wait_before(work, call, read_back):
@@ -238,7 +244,7 @@ def _pretrained(work: _Work, call: Any, ranked: bool) -> None:
         work.leave(call.line, f"{call.last} {where}: every rank writes it", "put it on a line of its own, then "
                    "convert again")
         return
-    work.edits.guard[id(call.stmt)] = main_test(work, call.scope)
+    work.edits.guard[id(call.stmt)] = main_test(work, call.scope, call.line)
     loads = [c for c in work.facts.calls if c.last == "from_pretrained"] if call.last == "save_pretrained" else []
     read_back = _read_back(work, call, loads)
     if read_back and any(c.last == "save_pretrained" and c.scope is call.scope and call.line < c.line <
@@ -310,9 +316,11 @@ def _asked_first(work: _Work, call: Any) -> cst.If | None:
                          m.Call(func=m.Name("input")))
         inside = {id(s) for s in m.findall(node, m.SimpleStatementLine())}
         bound = {b.target for b in work.facts.bindings if id(b.stmt) in inside}
-        end = max((line for s, _scope, line in work.facts.statements if id(s) in inside), default=call.line)
-        # (a name bound in it and read below, ``start_epoch``: guarded, the other ranks would lack it)
-        read_below = any(n in bound and sc is call.scope and line > end for n, sc, line, _ in work.facts.reads)
+        lines = [line for s, _scope, line in work.facts.statements if id(s) in inside] or [call.line]
+        # (a name bound in it and read outside it, below or in a function, ``start_epoch``, a module's ``resume``:
+        # guarded, the other ranks would lack it)
+        read_below = any(n in bound and not (sc is call.scope and min(lines) - 1 <= line <= max(lines))
+                         for n, sc, line, _ in work.facts.reads)
         if acts and read_below:
             work.leave(call.line, "a folder checked, then made or asked about, in an if / else that binds names read "
                        "below: a rank that came after rank 0 made it would take the other branch",

@@ -185,9 +185,11 @@ def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str
         # (``len(loader) * batch_size`` with the global batch is every sample already)
         counted = {id(n) for s in readers if s is not None for p in _global_products(s, loaders, batches)
                    for n in (p.left, p.right)}
+        # (in training every rank takes as many batches: ``len(loader)`` stays, whatever it divides; review: a loss
+        # over ``len(loader)`` beside a summed ``correct / total`` was divided by N)
         entry.lens.extend(c.node for c in facts.calls if id(c.node) not in counted and c.name == "len"
                           and c.stmt in readers and c.node.args and c.node not in entry.lens
-                          and (dotted(c.node.args[0].value) in loop.iter_names or
+                          and (dotted(c.node.args[0].value) in loop.iter_names and not training or
                                c.node in _sampler_lens(c.node, loaders)))
     if training:
         kept = _paired(facts, loop, {n for e in plans.values() for n in e.names}, samples)
@@ -237,12 +239,30 @@ def _training_sum(facts: Facts, loop: Loop, anchor: Loop, name: str, readers: li
     if divisors and all(names_in(d) and names_in(d) <= local for d in divisors):
         return "mean"
     if divisors and all(_batches(facts, loop, d) for d in divisors):
-        # (``/ len(loader)``: a mean of the loss's batch means is averaged; a sum of batch sums, ``correct +=
-        # (...).sum()``, is per batch of the global batch: summed)
-        return "mean" if batch_mean(facts, loop, name) else "sum"
+        # (``/ len(loader)``: a mean of batch means is averaged; a sum of batch sums, ``correct += (...).sum()``, is
+        # per batch of the global batch: summed; anything else rank 0's)
+        return "mean" if batch_mean(facts, loop, name) else _per_batch(facts, loop, name)
     if any(names_in(d) & local for d in divisors):
         return None
     return "sum" if name in samples or any(whole(d) or names_in(d) & (samples - later) for d in divisors) else None
+
+
+def _per_batch(facts: Facts, loop: Loop, name: str) -> str | None:
+    """What each ``name += value`` of the loop adds: "mean" for a batch's mean (``(...).float().mean().item()``),
+    "sum" for a batch's sum or size (``(...).sum().item()``, ``y.size(0)``, ``len(y)``); None when they differ or
+    cannot be told."""
+    kinds = set()
+    for node in m.findall(loop.node, m.AugAssign(operator=m.AddAssign())):
+        if not isinstance(node, cst.AugAssign) or _CODE.code_for_node(node.target) != name:
+            continue
+        value = node.value
+        while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and not value.args and \
+                value.func.attr.value in ("item", "detach", "cpu", "numpy", "float", "double"):
+            value = value.func.value
+        last = value.func.attr.value if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) else \
+            dotted(value.func) if isinstance(value, cst.Call) else None
+        kinds.add("mean" if last == "mean" else "sum" if last in ("sum", "size", "numel", "len") else None)
+    return kinds.pop() if len(kinds) == 1 else None
 
 
 def _batches(facts: Facts, loop: Loop, divisor: Any) -> bool:

@@ -65,7 +65,7 @@ def token_mean_loss(work: _Work) -> None:
         if call.last in TOKEN_LOSSES and weighed is not None and not (isinstance(weighed, cst.Name) and
                                                                       weighed.value == "None"):
             loop = id(call.loops[-1]) if call.loops else 0
-            if loop not in said and (trained or not call.loops):
+            if loop not in said and (trained or not call.loops and _trains_with(work, call)):
                 said.add(loop)
                 _weighed(work, call, work.facts.code(weighed))
             continue
@@ -304,11 +304,19 @@ def _listed(work: _Work, call: Call, value: str = "-100") -> None:
                "token-weighted losses); or keep it if the difference is acceptable")
 
 
+def _trains_with(work: _Work, call: Call) -> bool:
+    """A criterion built outside the loops (``criterion = nn.CrossEntropyLoss(weight=w)``) that a training loop
+    calls; one only a validation calls is no training loss."""
+    names = {b.target for b in work.facts.bindings if b.value is call.node}
+    return any(dotted(c.node.func) in names and c.loops and flow.trains(work.facts, c.loops[-1])
+               for c in work.facts.calls) or not names
+
+
 def _weighed(work: _Work, call: Call, weight: str) -> None:
     """piwise's ``NLLLoss2d(weight)`` (the background class weighed 0): a mean divided by the sum of the batch's
     weights, each rank's by its own part's."""
     work.leave(call.line, f"{call.last}(weight={weight}): a mean weighed by class, divided by the sum of the batch's "
                "weights: at N processes each rank divides by its own part's sum and DDP weighs the ranks alike, "
                "another loss than one process's (ddpkit verify FAILs it)", "tell the training loader what the loss "
-               "divides by: ddpkit.data_loader(..., batch_count=lambda batch: weight[batch[1]].sum()), the targets as "
-               "the batch holds them (docs/global-batch.md); or keep it if the difference is acceptable")
+               f"divides by: ddpkit.data_loader(..., batch_count=lambda batch: {weight}[batch[1]].sum()), the "
+               "targets as the batch holds them (docs/global-batch.md); or keep it if the difference is acceptable")

@@ -53,6 +53,12 @@ def writes(work: _Work) -> None:
         what = WRITERS.get(call.name or "") or (METHODS.get(call.last) if isinstance(call.node.func, cst.Attribute)
                                                  and not (call.name or "").startswith(("torch.", "ddpkit.")) else None)
         what = what or _saved_object(work, call)
+        if what is not None and call.name in WRITERS and not _ranked(call) and not _own(work, call) and \
+                call.stmt is not None and any(isinstance(small, cst.Assign) and small.value is call.node
+                                              for small in call.stmt.body):  # ``ok = cv2.imwrite(p, img)``
+            work.leave(call.line, f"{call.last}(...) whose result is kept: every rank writes {what}", "call it on a "
+                       "line of its own under `if state.is_main:` (the result is rank 0's then), then convert again")
+            continue
         if what is None or _ranked(call) or _own(work, call) or not _to_a_path(work, call):
             continue
         if call.stmt is None or len(call.stmt.body) != 1:
@@ -60,7 +66,7 @@ def writes(work: _Work) -> None:
                        "put it on a line of its own under `if state.is_main:`")
             continue
         if id(call.stmt) not in work.edits.guard:
-            work.edits.guard[id(call.stmt)] = main_test(work, call.scope)
+            work.edits.guard[id(call.stmt)] = main_test(work, call.scope, call.line)
             work.note(f"{call.last} guarded: rank 0 writes {what}", WHY, call.line)
             backs.append((call, call.stmt))
     for call, stmt in sorted(backs, key=lambda back: branched(work, back[0])):
@@ -82,7 +88,7 @@ def writes(work: _Work) -> None:
             work.leave(call.line, "a file opened for writing in a block that does more than write: every rank "
                        "writes it", "move the writing into a block of its own under `if state.is_main:`")
             continue
-        work.edits.guard[id(block)] = main_test(work, call.scope)
+        work.edits.guard[id(block)] = main_test(work, call.scope, call.line)
         for save in [c for c in work.facts.calls if c.stmt is not None and _saved_into(c, block)]:
             work.edits.guard.pop(id(save.stmt), None)  # (guarded with its block: one test, not two)
             waits = work.edits.after.pop(id(save.stmt), [])  # its barrier: after the block, where every rank is
@@ -115,6 +121,7 @@ def _to_a_path(work: _Work, call: Call) -> bool:
 
 
 READS = ("load", "read_csv", "read_json", "loadtxt", "imread", "read_parquet", "read_excel")
+READ_CALLS = ("scipy.io.wavfile.read", "soundfile.read", "scipy.io.loadmat")  # (``read`` alone is anyone's)
 
 
 def _read_back(work: _Work, call: Call, stmt: Any) -> None:
@@ -122,7 +129,8 @@ def _read_back(work: _Work, call: Call, stmt: Any) -> None:
     the other ranks wait for rank 0 (a barrier after the guarded write), as after a guarded ``torch.save``; in an
     ``if`` or a loop, where one rank may not pass, left to you."""
     reads = [c for c in work.facts.calls if c.line > call.line and c.name != "torch.load" and
-             ((c.name in OPENERS and not _writing(c.node)) or c.last in READS and c.name not in (None, "torch.load"))
+             ((c.name in OPENERS and not _writing(c.node)) or c.last in READS and c.name not in (None, "torch.load")
+              or c.name in READ_CALLS)
              and not order.read_first(work.facts, c, call)]
     written = _written_path(call)
     reads = [c for c in reads if paths.maybe_same(work.facts, call, written, c, paths.first_path(c))]
