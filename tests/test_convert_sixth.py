@@ -319,8 +319,10 @@ def test_review_a_loaders_batch_size_is_the_global_batch_only_where_it_still_mea
 
 
 @pytest.mark.parametrize("line, reduced", [
-    # a mean over every rank's batches beside a dataset-size read: both sum and count reduced
-    ("print(total / len(train_loader), correct / len(train_loader.dataset))", "ddpkit.reduce(len(train_loader))"),
+    # a mean of batch means beside a dataset-size read: the mean averaged (every rank took len(train_loader) steps:
+    # the count stays; fourteenth set), the sum summed
+    ("print(total / len(train_loader), correct / len(train_loader.dataset))",
+     "total = ddpkit.reduce(total, op='mean')"),
     # this rank's batches x the loader's own (per-rank) batch: this rank's samples, its ratio
     ("print(correct / (len(train_loader) * train_loader.batch_size))", None),
     # the dataset divided by the batch: a count of batches (the global batch's: one process's count)
