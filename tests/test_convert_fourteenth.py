@@ -867,3 +867,61 @@ def test_a_trainers_one_loop_fed_the_train_and_the_test_loader_through_its_metho
     two = launch(out / "main.py", nproc=2, timeout=120, cwd=str(out))
     assert two.returncode == 0, two.stderr[-2000:]
     assert two.stdout.split() == one.stdout.split(), (one.stdout, two.stdout)
+
+
+def test_a_mean_over_the_loaders_length_is_averaged_when_the_loop_runs_over_a_bar_around_it():
+    """powerful-gnns: ``pbar = tqdm(train_loader)``, ``for ... in pbar``, ``loss_accum / total_iters``."""
+    source = '''import torch
+from tqdm import tqdm
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def train(model, train_loader, optimizer):
+    total_iters = len(train_loader)
+    loss_accum = 0
+    pbar = tqdm(train_loader, unit='batch')
+    for x, y in pbar:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        loss_accum += loss.item()
+    print("loss training: %f" % (loss_accum / total_iters))
+
+
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=8, shuffle=True)
+train(model, loader, opt)
+'''
+    assert "loss_accum = ddpkit.reduce(loss_accum, op='mean')" in plan(source).text, plan(source).text
+
+
+def test_an_optimizer_built_on_the_model_is_listed_when_the_loader_is_another_modules():
+    """KFAC-Pytorch converted with --imports: its loaders come from utils/, so this file shards nothing itself."""
+    from ddpkit.commands.convert.crossing import settle
+
+    files = {"data_utils.py": '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def get_dataloader(batch_size):
+    ds = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
+    return DataLoader(ds, batch_size=batch_size, shuffle=True), DataLoader(ds, batch_size=batch_size)
+''', "main.py": '''import torch
+from torch import nn
+from optimizers import KFACOptimizer
+from data_utils import get_dataloader
+
+net = nn.Linear(4, 2)
+if torch.cuda.is_available():
+    net = net.cuda()
+optimizer = KFACOptimizer(net, lr=0.1) if net else torch.optim.SGD(net.parameters(), lr=0.1)
+trainloader, testloader = get_dataloader(16)
+for x, y in trainloader:
+    optimizer.zero_grad()
+    nn.functional.cross_entropy(net(x), y).backward()
+    optimizer.step()
+'''}
+    done = settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
+    assert any("an optimizer built on the model itself" in x.what for x in done["main.py"].left), done["main.py"].left

@@ -77,10 +77,10 @@ def model_optimizer(work: _Work) -> None:
     """An optimizer of the project built on the model itself (KFAC-Pytorch's ``KFACOptimizer(net, ...)``), not on its
     parameters: such an optimizer hooks the layers and preconditions with statistics of this rank's own batches
     (K-FAC, Shampoo), which DDP does not all-reduce, so each replica's update differs (the replica check stops the
-    run with it). Listed, when a training loader is sharded."""
-    if not work.trains:
+    run with it). Listed, when the model is prepared here."""
+    models = {b.target for b in work.models}  # (prepared here: its loader may be another module's, KFAC's)
+    if not models:
         return
-    models = {b.target for b in work.models}
     for call in work.facts.calls:
         name = (call.name or "").lower()
         first = call.node.args[0].value if call.node.args and call.node.args[0].keyword is None else None

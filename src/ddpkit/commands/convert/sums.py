@@ -273,7 +273,17 @@ def _batches(facts: Facts, loop: Loop, divisor: Any) -> bool:
         bound = [b.value for b in facts.bindings if b.target == name and b.scope is loop.scope and b.line < loop.line]
         divisor = bound[-1] if len(bound) == 1 else None
     return isinstance(divisor, cst.Call) and dotted(divisor.func) == "len" and len(divisor.args) == 1 and \
-        dotted(divisor.args[0].value) in loop.iter_names
+        dotted(divisor.args[0].value) in loop.iter_names | _wrapped(facts, loop)
+
+
+def _wrapped(facts: Facts, loop: Loop) -> set[str]:
+    """What the loop's iterable wraps: ``train_loader`` of ``pbar = tqdm(train_loader)`` (powerful-gnns)."""
+    found = set()
+    for b in facts.bindings:
+        if b.target in loop.iter_names and b.scope is loop.scope and b.line < loop.line and \
+                isinstance(b.value, cst.Call) and b.value.args and b.value.args[0].keyword is None:
+            found.add(dotted(b.value.args[0].value) or "")
+    return found - {""}
 
 
 def _divisions(stmt: Any) -> list[tuple[set[str], Any]]:
