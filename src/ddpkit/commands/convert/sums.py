@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import libcst as cst
 import libcst.matchers as m
 
+from ddpkit.commands.convert.device import PROGRESS
 from ddpkit.commands.convert.inits import node_ids
 from ddpkit.commands.convert.scan import Facts, Loop, dotted, names_in, resolve
 
@@ -281,7 +282,8 @@ def _wrapped(facts: Facts, loop: Loop) -> set[str]:
     found = set()
     for b in facts.bindings:
         if b.target in loop.iter_names and b.scope is loop.scope and b.line < loop.line and \
-                isinstance(b.value, cst.Call) and b.value.args and b.value.args[0].keyword is None:
+                isinstance(b.value, cst.Call) and b.value.args and b.value.args[0].keyword is None and \
+                (resolve(dotted(b.value.func), facts.aliases) or "") in PROGRESS:  # (not ``DataLoader(ds)``)
             found.add(dotted(b.value.args[0].value) or "")
     return found - {""}
 
