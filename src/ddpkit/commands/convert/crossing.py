@@ -26,6 +26,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from ddpkit.commands.convert.packages import absolute, exports, package_of
 from ddpkit.commands.convert.project import local
 
 MODEL, TRAIN, EVAL = "model", "training loader", "evaluation loader"
@@ -59,6 +60,8 @@ class Crossing:
     provided: dict[str, str] = dataclasses.field(default_factory=dict)
     own: frozenset[str] = frozenset()  # the project's top-level module names (its ``datasets.py`` is its own)
     imported: bool = False  # another file of the project imports this one: its ``__main__`` block is a demo
+    package: str = ""  # the file's package (``bert_pytorch.trainer``): what its relative imports start from
+    exported: dict[str, str] = dataclasses.field(default_factory=dict)  # packages' re-exports (:mod:`.packages`)
 
 
 def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
@@ -70,17 +73,22 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
     ``root_outer``: the package paths of the root (:func:`.project.outer`), under which a file may import its
     neighbours."""
     own = frozenset(rel.split("/")[0].removesuffix(".py") for rel in files)
+    base = {rel: Crossing(own=own, package=package_of(rel)) for rel in files}
+    plans = {rel: convert(rel, base[rel]) for rel in files}
+    exported = exports({rel: getattr(result, "source", "") for rel, result in plans.items()})
+    if exported:  # (a package's ``__init__.py`` re-exports a module's name: read through it)
+        base = {rel: dataclasses.replace(c, exported=exported) for rel, c in base.items()}
+        plans = {rel: convert(rel, base[rel]) for rel in files}
 
     def module_file_of(module: str) -> str | None:
         return module_file(files, local(module, root_outer, lambda m: module_file(files, m) is not None))
 
-    def imported(source: str) -> set[str]:
-        return {local(m, root_outer, lambda m: module_file(files, m) is not None) for m in _imported(source)}
+    def imported(rel: str, source: str) -> set[str]:
+        return {local(m, root_outer, lambda m: module_file(files, m) is not None)
+                for m in _imported(source, package_of(rel), exported)}
 
-    base = {rel: Crossing(own=own) for rel in files}
-    plans = {rel: convert(rel, base[rel]) for rel in files}
     for rel, result in plans.items():  # a module another file imports: its ``if __name__ == "__main__"`` is a demo
-        for target in filter(None, map(module_file_of, imported(getattr(result, "source", "")))):
+        for target in filter(None, map(module_file_of, imported(rel, getattr(result, "source", "")))):
             if target != rel and not base[target].imported:
                 base[target] = dataclasses.replace(base[target], imported=True)
                 plans[target] = convert(target, base[target])
@@ -100,7 +108,7 @@ ROUNDS = 8  # asks answered in turn: a loader handed to a solver, built by the e
 
 
 def _crossings(plans: dict[str, Any], module_file_of: Callable[[str], str | None],
-               imported: Callable[[str], set[str]], base: dict[str, Crossing]) -> dict[str, Crossing]:
+               imported: Callable[[str, str], set[str]], base: dict[str, Crossing]) -> dict[str, Crossing]:
     """What each file is asked for and told, from the plans as they are now."""
     wants: dict[str, dict[str, str]] = {}
     asked: dict[str, list[tuple[str, Ask, str]]] = {}  # the file asked -> (asking file, its ask, the want)
@@ -109,7 +117,7 @@ def _crossings(plans: dict[str, Any], module_file_of: Callable[[str], str | None
             want = _handed_want(rel, ask)
             if want is not None:  # a model or a loader handed in: asked of every file that imports this one
                 for other, p in plans.items():
-                    if other != rel and rel[:-3].replace("/", ".") in imported(getattr(p, "source", "")):
+                    if other != rel and rel[:-3].replace("/", ".") in imported(other, getattr(p, "source", "")):
                         kind = MODEL if ask.name.startswith(HANDED_MODEL) else ask.kind
                         if wants.setdefault(other, {}).get(want) != TRAIN:  # trained on there and evaluated: TRAIN
                             wants[other][want] = kind
@@ -168,8 +176,10 @@ def key(module: str, name: str) -> str:
     return f"{module}:{name}"
 
 
-def _imported(source: str) -> set[str]:
-    """Every module a file imports by name (``import a.b``, ``from a import b``: ``a``, ``a.b``)."""
+def _imported(source: str, package: str = "", exported: dict[str, str] | None = None) -> set[str]:
+    """Every module a file imports by name (``import a.b``, ``from a import b``: ``a``, ``a.b``; ``from .m import
+    x`` in ``package``: ``package.m``, ``package.m.x``), and where a package's ``__init__.py`` takes a name from
+    (``exported``: ``pkg.X`` -> ``pkg.mod.X`` adds ``pkg.mod``)."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -178,9 +188,16 @@ def _imported(source: str) -> set[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = absolute(node.module or "", node.level, package) if node.level else node.module
+            if module:
+                found.add(module)
+                found.update(f"{module}.{alias.name}" for alias in node.names)
+            elif node.level == 1 and not package:  # ``from . import data`` at the root
+                found.update(alias.name for alias in node.names)
+    for name in list(found):
+        if name in (exported or {}):
+            found.update({exported[name].rpartition(".")[0], exported[name]})  # type: ignore[index]
     return found
 
 

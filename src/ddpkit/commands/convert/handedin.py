@@ -189,12 +189,43 @@ def _through_callers(work: _Work, found: tuple[str, str, int], depth: int) -> se
     skip = 1 if scope.cls and scope.params[:1] in (["self"], ["cls"]) else 0
     deeper: set[tuple[str, str, int]] = set()
     for site in sites:
+        if _evaluating(work, site, scope, skip):  # (``self.iteration(epoch, self.test_data, train=False)``)
+            continue
         passed = dotted(flow.argument_for(site, name, scope, skip) or cst.Name("_"))
         more = _parameters(work, passed, site.scope, site.line, depth + 1) if passed and passed != "_" else set()
         if not more:  # (a site that hands in something else, a loader built here: not all handed in)
             return {found}
         deeper |= more
     return deeper
+
+
+def _evaluating(work: _Work, site: Call, scope: Any, skip: int) -> bool:
+    """``site`` runs the loop of ``scope`` with its backward switched off: every backward of ``scope`` is under
+    ``if train:`` (a parameter) and ``site`` passes ``train=False`` (or leaves a default of False). What it hands in
+    is evaluated, not trained: BERT-pytorch's ``test()`` calls ``iteration(epoch, self.test_data, train=False)``.
+    Not when the loop keeps sums it reduces after it: what it hands in is then sharded too, each rank counting its
+    part (kept whole, its sums would count every sample N times)."""
+    if any(sums_after(work.facts, loop, True) for loop in work.facts.loops if loop.scope is scope):
+        return False
+    backwards = [c for c in work.facts.calls if c.scope is scope and c.last == "backward"]
+    flags = {t for t in (backwards[0].tests if backwards else []) if t.isidentifier() and t in scope.params}
+    flags = {f for f in flags if all(f in c.tests for c in backwards)}
+    for flag in flags:
+        passed = flow.argument_for(site, flag, scope, skip)
+        if passed is None:
+            passed = _default(scope, flag)
+        if isinstance(passed, cst.Name) and passed.value == "False":
+            return True
+    return False
+
+
+def _default(scope: Any, param: str) -> cst.BaseExpression | None:
+    """The default value ``param`` has in the definition of ``scope`` (None: none, or not a function)."""
+    params = getattr(scope.node, "params", None)
+    for found in [*params.params, *params.kwonly_params] if params is not None else []:
+        if found.name.value == param:
+            return found.default
+    return None
 
 
 def parameter(work: _Work, name: str, scope: Any, line: int, depth: int = 0) -> tuple[str, str, int] | None:

@@ -334,6 +334,12 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
     # (nor a generator's loop that yields each batch on: no_grad there would hold in its caller's training loop)
     loops = [loop for loop in loops if loop not in peeks and not flow.passes_on(loop)]
     away = _handed_away(work, binding) if role is None and not loops and binding is not None else None
+    origin = imported_from(work.facts, away) if away is not None else None
+    if away is not None and binding is not None and origin is not None and origin[0].split(".")[0] in work.facts.own:
+        work.keep(call.line, f"{binding.target} is handed to {away} of {origin[0]}, converted with this file, which "
+                  "asks no training loader of it: left as it is", "each rank reads all of it; that module's lines "
+                  "say what its loop does with it")
+        return False
     if away is not None and binding is not None:  # its loop is in another module: its shuffle=True says nothing
         work.leave(call.line, f"{binding.target} is handed to {away}, a function of another module whose loop over "
                    "it decides its role: left as it is (each rank reads all of it)", "convert them together "
@@ -389,7 +395,8 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
         work.sharded.add(id(call.node))
         away = _handed_away(work, binding) if binding is not None else None
         origin = imported_from(work.facts, away) if away is not None else None
-        if binding is not None and away is not None and (origin is None or origin[0] not in work.facts.own):
+        if binding is not None and away is not None and \
+                (origin is None or origin[0].split(".")[0] not in work.facts.own):
             # (a module of the project converted together: it says what its loop does with the loader)
             work.leave(call.line, f"{binding.target}, a training loader now (each rank its shard), is also handed "
                        f"to {away}, a function of another module whose loop convert does not see here: what it "

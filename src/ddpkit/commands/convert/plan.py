@@ -54,6 +54,7 @@ from ddpkit.commands.convert import (
 from ddpkit.commands.convert.apply import Edits, first_use, rewrite
 from ddpkit.commands.convert.crossing import EVAL, MODEL, Ask, Crossing
 from ddpkit.commands.convert.flow import binding_of, callee, part_of
+from ddpkit.commands.convert.packages import full_name
 from ddpkit.commands.convert.scan import Binding, Call, Facts, Scope, dotted, imported_from, parse, resolve, scan
 
 HAND_DISTRIBUTED = ("torch.distributed.", "torch.nn.parallel.", "torch.nn.DataParallel", "torch.multiprocessing.")
@@ -106,6 +107,8 @@ def plan(source: str, per_process_batch: bool = False, crossing: Crossing | None
     wrapper = parse(scanned)
     facts = scan(wrapper)
     facts.own = crossing.own if crossing is not None else frozenset()
+    if crossing is not None:  # (``from .trainer import X``: the project's full name, through packages' re-exports)
+        facts.aliases = {k: full_name(v, crossing.package, crossing.exported) for k, v in facts.aliases.items()}
     facts.steps = stepped.marked(facts, crossing)  # (another module's training step run here)
     facts.eval_steps = stepped.marked(facts, crossing, EVAL)
     work = _Work(facts, per_process_batch, crossing)

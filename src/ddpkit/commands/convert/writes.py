@@ -138,6 +138,13 @@ def _read_back(work: _Work, call: Call, stmt: Any) -> None:
         return
     if branched(work, call) and (_waited(work, call, reads) or wait_before(work, call, reads)):
         return
+    apart = [c for c in reads if _pair(work, call, c, reads) or _read_before_call(work, call, c)]
+    paired = next((c for c in apart if c.scope is not call.scope and _pair(work, call, c, reads)), None)
+    if branched(work, call) and paired is not None and len(apart) == len(reads):  # (save_x / load_x: callers order)
+        work.keep(call.line, f"a file is read at line {paired.line} in {paired.scope.name}(), a function apart from "
+                  f"{call.scope.name}() that writes here; no function of this file runs both", "a caller that writes "
+                  "and then reads should put ddpkit.barrier() between the two calls")
+        return
     if branched(work, call):  # (a rank may not pass the barrier)
         work.leave(call.line, f"a file is read at line {reads[0].line} (maybe the one written here), and the write "
                    "is inside an if or a loop: the other ranks may read it before rank 0 has written it",
@@ -145,6 +152,29 @@ def _read_back(work: _Work, call: Call, stmt: Any) -> None:
         return
     work.edits.after.setdefault(id(stmt), []).append("ddpkit.barrier()")
     work.note("then every rank waits for it (barrier)", f"a file is read at line {reads[0].line}", call.line)
+
+
+def _pair(work: _Work, write: Call, read: Call, reads: list[Call]) -> bool:
+    """The write and the read are in two functions, each given its path as a parameter (the read's function opens
+    one: ``pickle.load(f)`` reads what ``open(vocab_path)`` opened), and no function of this file calls both
+    (BERT-pytorch's ``Vocab.save_vocab(self, vocab_path)`` and ``load_vocab(vocab_path)``: the build tool saves,
+    the trainer loads)."""
+    scopes = (write.scope, read.scope)
+    if not all(s.name for s in scopes) or write.scope is read.scope:
+        return False
+    if dotted(paths.first_path(write)) not in write.scope.params or not any(
+            c.scope is read.scope and dotted(paths.first_path(c)) in read.scope.params for c in reads):
+        return False
+    callers = [{c.scope.name for c in flow.callers(work.facts, s)} for s in scopes]
+    return not callers[0] & callers[1]
+
+
+def _read_before_call(work: _Work, write: Call, read: Call) -> bool:
+    """The read is in a function that runs the write's function only below it, outside any loop (BERT-pytorch's
+    ``build()`` reads its corpus, then calls ``vocab.save_vocab(path)``)."""
+    name = write.scope.name.rsplit(".", 1)[-1]  # (``vocab.save_vocab``: an inherited method is its class's too)
+    runs = [c for c in work.facts.calls if c.scope is read.scope and (c.last == name or c.name == name)]
+    return bool(runs) and not read.loops and all(c.line > read.line for c in runs)
 
 
 def _written_path(call: Call) -> Any:
