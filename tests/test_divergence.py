@@ -188,3 +188,19 @@ def test_ranks_in_one_collective_or_ahead_of_it_are_no_desync(states):
 
     assert verdict(states) is None
     assert verdict(states[:2] + _waits({"op": "broadcast", "seq": states[0]["seq"]})) is not None  # a true one
+
+
+def test_healing_is_not_offered_alone_for_differences_the_updates_make():
+    """K-FAC's preconditioner (statistics of each rank's own batches): every element differs a little after each
+    step; healing copies rank 0's weights once and the next steps part them again. A one-bit flip heals."""
+    from ddpkit.strategies.replica_repair import Finding
+
+    def finding(differing, bits, largest):
+        row = [float(differing), 4096.0, float(bits), 3.0, 7.0, largest, 1.0, 5.0]
+        return Finding(step=2, agreed=0, steps=[2, 2], classes=[[0], [1]], majority=None, reference=0,
+                       tensors=["fc.weight"], detail=[[0.0] * 7 + [5.0], row])
+
+    spread = finding(4000, 0, 0.3).message()
+    assert "heal='rank0'" in spread and "fix the cause first" in spread, spread
+    flipped = finding(1, 1, 1e-6).message()
+    assert "heal='rank0'" in flipped and "fix the cause first" not in flipped, flipped

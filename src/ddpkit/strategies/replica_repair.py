@@ -81,8 +81,20 @@ class Finding:
         else:
             fix = ("no majority to heal from" if heal is True else "with no majority (2 ranks, or a tie)") + \
                   ": prepare_model(model, heal='rank0') lets rank 0's weights win"
+        if not at_exit and self._spread():  # (K-FAC: healed, the next steps part the replicas again)
+            fix += ("; but differences in most elements come from the updates, and would part the replicas again "
+                    "after healing: fix the cause first")
         return (f"replicas out of sync at step {self.step} (equal at step {self.agreed}): {self.who()} {what}: "
                 f"{self.why()}; {fix}")
+
+    def _spread(self) -> bool:
+        """Most elements of the first differing tensor differ, with the same step counts and optimizer settings on
+        every rank: an update that is not the same everywhere, not a one-time write."""
+        if not self.detail or len(set(self.steps)) > 1:
+            return False
+        first = self.detail[self.odd()[0]]
+        hypers = {int(row[7]) for row in self.detail}
+        return len(hypers) == 1 and math.isfinite(first[5]) and first[0] > max(1, first[1] // 1000)
 
 
 def _ranks(ranks: Sequence[int]) -> str:
