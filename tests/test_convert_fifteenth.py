@@ -192,3 +192,63 @@ def test_one_token_mean_criterion_serving_two_losses_is_listed_with_both_lines()
     assert said and "serves 2 losses (lines 14, 15)" in said[0].what, p.left
     single = plan(SHARED_CRITERION.replace("next_loss = criterion(", "next_loss = nn.functional.nll_loss("))
     assert all("serves" not in e.what for e in single.left), single.left
+
+
+ON_PATH_RUN = '''import os
+import sys
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch
+from lib.data import get_loader
+from lib.inits import init_optim
+
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+seen = 0
+loader = get_loader()
+for epoch in range(2):
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        seen += len(x)
+print("seen", seen, "weight", round(float(model.weight.sum()), 6))
+'''
+
+ON_PATH_DATA = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def get_loader():
+    g = torch.Generator().manual_seed(0)
+    ds = TensorDataset(torch.randn(16, 4, generator=g), torch.randn(16, 1, generator=g))
+    return DataLoader(ds, batch_size=4)
+'''
+
+ON_PATH_INITS = '''import torch
+
+
+def init_optim(model, lr):
+    return torch.optim.Adam(model.parameters(), lr=lr)
+'''
+
+
+def test_a_script_that_puts_its_repository_on_sys_path_is_converted_with_the_modules_it_imports_there(tmp_path):
+    """AGCRN's ``model/Run.py`` appends the repository to ``sys.path`` and imports ``lib.dataloader``: --imports read
+    only the script's folder, so the loader stayed unsharded (every rank trained on every batch); an optimizer helper
+    no file calls was refused."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "model" / "run.py").write_text(ON_PATH_RUN)
+    (tmp_path / "lib" / "data.py").write_text(ON_PATH_DATA)
+    (tmp_path / "lib" / "inits.py").write_text(ON_PATH_INITS)
+    out = tmp_path / "out"
+    said = run_cmd([sys.executable, "-m", "ddpkit", "convert", "--imports", "-o", out, tmp_path / "model" / "run.py"])
+    assert said.returncode == 0, said.stderr
+    assert "ddpkit.data_loader(" in (out / "lib" / "data.py").read_text(), said.stderr
+    assert "init_optim(), which no file of the project calls" in said.stderr, said.stderr
+    one = ok(run_cmd([sys.executable, tmp_path / "model" / "run.py"], timeout=60, cwd=tmp_path))
+    two = ok(launch(out / "model" / "run.py", timeout=120, cwd=out))
+    assert one.stdout.split()[:2] == ["seen", "32"] and two.stdout.split()[:2] == ["seen", "16"], (one.stdout,
+                                                                                                two.stdout)

@@ -319,7 +319,8 @@ def _main_many(ns: argparse.Namespace) -> int:
     """A folder, or a script with the modules it imports (:mod:`ddpkit.commands.convert.project`): every file
     converted, each said; nothing written unless none is refused."""
     root, files = project.files_of(ns.script, ns.imports)
-    shown = os.path.relpath(root) if os.path.isdir(ns.script) else os.path.dirname(ns.script)
+    shown = os.path.dirname(ns.script) if not os.path.isdir(ns.script) and \
+        os.path.abspath(os.path.dirname(ns.script) or ".") == root else os.path.relpath(root)
     encodings: dict[str, str] = {}
 
     def one(rel: str, names: crossing.Crossing | None) -> Any:

@@ -62,6 +62,8 @@ class Crossing:
     imported: bool = False  # another file of the project imports this one: its ``__main__`` block is a demo
     package: str = ""  # the file's package (``bert_pytorch.trainer``): what its relative imports start from
     exported: dict[str, str] = dataclasses.field(default_factory=dict)  # packages' re-exports (:mod:`.packages`)
+    # the names the project's other files write (a function none of them names is called by none); None: not read
+    elsewhere: frozenset[str] | None = None
 
 
 def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
@@ -75,10 +77,14 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
     own = frozenset(rel.split("/")[0].removesuffix(".py") for rel in files)
     base = {rel: Crossing(own=own, package=package_of(rel)) for rel in files}
     plans = {rel: convert(rel, base[rel]) for rel in files}
-    exported = exports({rel: getattr(result, "source", "") for rel, result in plans.items()})
-    if exported:  # (a package's ``__init__.py`` re-exports a module's name: read through it)
-        base = {rel: dataclasses.replace(c, exported=exported) for rel, c in base.items()}
-        plans = {rel: convert(rel, base[rel]) for rel in files}
+    sources = {rel: getattr(result, "source", "") for rel, result in plans.items()}
+    exported = exports(sources)
+    names = {rel: _names_in(source) for rel, source in sources.items()}
+    for rel in files:  # (a package's ``__init__.py`` re-exports a module's name: read through it)
+        if exported or any(a.name.startswith(HANDED_MODEL) for a in getattr(plans[rel], "asks", ())):
+            others = frozenset().union(*(n for other, n in names.items() if other != rel))
+            base[rel] = dataclasses.replace(base[rel], exported=exported, elsewhere=others)
+            plans[rel] = convert(rel, base[rel])
 
     def module_file_of(module: str) -> str | None:
         return module_file(files, local(module, root_outer, lambda m: module_file(files, m) is not None))
@@ -199,6 +205,21 @@ def _imported(source: str, package: str = "", exported: dict[str, str] | None = 
         if name in (exported or {}):
             found.update({exported[name].rpartition(".")[0], exported[name]})  # type: ignore[index]
     return found
+
+
+def _names_in(source: str) -> frozenset[str]:
+    """Every name and attribute a file reads or writes (``init_optim``, ``self.fit``: ``fit``), and what it imports
+    under another name."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return frozenset()
+    found = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    found |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    # (``from m import fit as f``: a use of ``f`` is one of ``fit``; a name imported and never used is no call)
+    found |= {a.name.split(".")[-1] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+              for a in n.names if a.asname}
+    return frozenset(found)
 
 
 def returned(function: str, index: int) -> str:

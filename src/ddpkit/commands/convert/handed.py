@@ -43,6 +43,12 @@ def ask(work: _Work, target: str, call: Call) -> bool:
         work.keep(call.line, f"the optimizer over {head} left as it is", f"{head} is handed in by {where}, "
                   "which prepares the model it passes where it is built")
         return True
+    elsewhere = work.crossing.elsewhere if work.crossing is not None else None
+    if elsewhere is not None and scope.name.rsplit(".", 1)[-1] not in elsewhere:  # (AGCRN's unused init_optim)
+        work.keep(call.line, f"the optimizer over {head} in {scope.name}(), which no file of the project calls, left "
+                  "as it is", f"nothing runs it here; a caller outside the project should pass a model it wrapped "
+                  "where it is built: ddpkit.prepare_model(...)")
+        return True
     work.leave(call.line, f"the model {target!r} this optimizer trains is a parameter of {scope.name}(), which no "
                "line of this file calls", "convert it with the file that calls it (ddpkit convert --imports "
                "SCRIPT, or a folder), or wrap the model there where it is built: model = ddpkit.prepare_model("

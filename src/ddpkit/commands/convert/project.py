@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import os
 import shutil
+import sys
 from collections.abc import Callable, Iterator
 
 from ddpkit.core.errors import UsageError
@@ -52,11 +53,54 @@ def files_of(target: str, imports: bool) -> tuple[str, list[str]]:
     else:
         root = os.path.dirname(os.path.abspath(target))
         entry = os.path.basename(target)
+        wider = _put_on_path(root, entry) if imports else None
+        if wider is not None:  # (AGCRN's model/Run.py puts the repository on sys.path for ``lib.dataloader``)
+            root, entry = wider, os.path.relpath(os.path.abspath(target), wider).replace(os.sep, "/")
         found = [entry, *sorted(_imported(root, entry) - {entry})] if imports else [entry]
     if len(found) > LIMIT_FILES:
         raise UsageError(f"{target} holds {len(found)} .py files, more than {LIMIT_FILES}; convert the training "
                          "script with --imports (it and the modules it imports), not the whole tree")
     return root, found
+
+
+def _put_on_path(root: str, entry: str) -> str | None:
+    """The folder above the script's (up to two levels) that it puts on ``sys.path`` to import modules its own
+    folder lacks (``sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))`` then ``from
+    lib.dataloader import get_dataloader``), or None: the project's root is then that folder.
+
+    >>> import tempfile, pathlib
+    >>> top = pathlib.Path(tempfile.mkdtemp()); (top / "model").mkdir(); (top / "lib").mkdir()
+    >>> _ = (top / "lib" / "data.py").write_text("")
+    >>> _ = (top / "model" / "run.py").write_text("import sys\\nsys.path.append('..')\\nfrom lib.data import get\\n")
+    >>> _put_on_path(str(top / "model"), "run.py") == str(top)
+    True
+    """
+    try:
+        with open(os.path.join(root, entry), "rb") as f:
+            source = f.read()
+        tree = ast.parse(source)
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    if b"sys.path" not in source:
+        return None
+    heads = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+             for alias in node.names}
+    heads |= {node.module.split(".")[0] for node in ast.walk(tree)
+              if isinstance(node, ast.ImportFrom) and node.module and not node.level}
+    missing = {h for h in heads if h not in sys.stdlib_module_names and not _has_module(root, h)}
+    above = root
+    for _ in range(2):
+        above = os.path.dirname(above)
+        if any(_has_module(above, h) for h in missing):
+            return above
+    return None
+
+
+def _has_module(folder: str, name: str) -> bool:
+    return os.path.isfile(os.path.join(folder, f"{name}.py")) or os.path.isfile(os.path.join(folder, name,
+                                                                                              "__init__.py")) or \
+        os.path.isdir(os.path.join(folder, name)) and any(n.endswith(".py") for n in os.listdir(os.path.join(folder,
+                                                                                                            name)))
 
 
 def _walk(root: str) -> Iterator[str]:
