@@ -46,7 +46,7 @@ def ask(work: _Work, target: str, call: Call) -> bool:
     elsewhere = work.crossing.elsewhere if work.crossing is not None else None
     if elsewhere is not None and scope.name.rsplit(".", 1)[-1] not in elsewhere:  # (AGCRN's unused init_optim)
         work.keep(call.line, f"the optimizer over {head} in {scope.name}(), which no file of the project calls, left "
-                  "as it is", f"nothing runs it here; a caller outside the project should pass a model it wrapped "
+                  "as it is", "nothing runs it here; a caller outside the project should pass a model it wrapped "
                   "where it is built: ddpkit.prepare_model(...)")
         return True
     work.leave(call.line, f"the model {target!r} this optimizer trains is a parameter of {scope.name}(), which no "
