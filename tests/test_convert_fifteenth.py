@@ -189,9 +189,18 @@ for x, nxt in loader:
 def test_one_token_mean_criterion_serving_two_losses_is_listed_with_both_lines():
     p = plan(SHARED_CRITERION)
     said = [e for e in p.left if "NLLLoss" in e.what]
-    assert said and "serves 2 losses (lines 14, 15)" in said[0].what, p.left
+    assert said and "serves 2 losses of one step (lines 14, 15)" in said[0].what, p.left
     single = plan(SHARED_CRITERION.replace("next_loss = criterion(", "next_loss = nn.functional.nll_loss("))
     assert all("serves" not in e.what for e in single.left), single.left
+    # (review: two calls on one line are two losses; one call in each of two loops is one loss each)
+    one_line = plan(SHARED_CRITERION.replace("    next_loss = criterion(nsp(h.mean(1)).log_softmax(-1), nxt)\n", "")
+                    .replace("mask_loss = criterion(", "loss = criterion(nsp(h.mean(1)).log_softmax(-1), nxt) + "
+                             "criterion(").replace("    loss = mask_loss + next_loss\n", ""))
+    assert any("serves 2 losses of one step (line 14)" in e.what for e in one_line.left), one_line.left
+    first = SHARED_CRITERION.replace("    next_loss = criterion(nsp(h.mean(1)).log_softmax(-1), nxt)\n", "") \
+        .replace("loss = mask_loss + next_loss", "loss = mask_loss")
+    two_loops = plan(first + first[first.index("for x, nxt"):])
+    assert all("serves" not in e.what for e in two_loops.left), two_loops.left
 
 
 ON_PATH_RUN = '''import os
@@ -252,3 +261,149 @@ def test_a_script_that_puts_its_repository_on_sys_path_is_converted_with_the_mod
     two = ok(launch(out / "model" / "run.py", timeout=120, cwd=out))
     assert one.stdout.split()[:2] == ["seen", "32"] and two.stdout.split()[:2] == ["seen", "16"], (one.stdout,
                                                                                                 two.stdout)
+
+
+# the first review of this change (c8492f1): each case failed there
+
+
+def _with_loop(iteration, test_call):
+    files = dict(PACKAGE)
+    loop = files["pkg/trainer/loop.py"]
+    head = loop[:loop.index("    def iteration(")]
+    files["pkg/trainer/loop.py"] = head.replace("self.iteration(epoch, self.test_data, train=False)", test_call) + \
+        iteration
+    return _settled(files)
+
+
+ELSE_FLAG = '''    def iteration(self, epoch, data_loader, evaluate=False):
+        for x, y in data_loader:
+            loss = torch.nn.functional.mse_loss(self.model(x.to(self.device)), y.to(self.device))
+            if evaluate:
+                pass
+            else:
+                self.optim.zero_grad()
+                loss.backward()
+                self.optim.step()
+'''
+
+AMP_FLAG = '''    def iteration(self, epoch, data_loader, amp=False):
+        for x, y in data_loader:
+            loss = torch.nn.functional.mse_loss(self.model(x.to(self.device)), y.to(self.device))
+            self.optim.zero_grad()
+            if amp:
+                self.scaler.scale(loss).backward()
+            else:
+                loss.backward()
+            self.optim.step()
+'''
+
+
+@pytest.mark.parametrize("iteration, test_call, test_sharded", [
+    (ELSE_FLAG, "self.iteration(epoch, self.test_data, evaluate=True)", False),  # the backward in the else
+    (AMP_FLAG, "self.iteration(epoch, self.test_data)", True),  # a backward in each branch: both calls train
+])
+def test_a_flag_whose_backward_is_in_the_else_or_in_both_branches_is_read_right(iteration, test_call, test_sharded):
+    """Review D1: the backward in the ``else`` of ``if evaluate:`` was read as switched off when the flag is
+    False: the training call taken for an evaluation, its loader kept whole (each rank trained on all of it)."""
+    main = _with_loop(iteration, test_call)["pkg/__main__.py"]
+    assert "train_loader = ddpkit.data_loader(train_set" in main.text, main.text
+    assert ("test_loader = ddpkit.data_loader(test_set" in main.text) == test_sharded, main.text
+
+
+SUMMED_FLAG = '''    def iteration(self, epoch, data_loader, train=True):
+        total_loss, total = 0.0, 0
+        for x, y in data_loader:
+            loss = torch.nn.functional.mse_loss(self.model(x.to(self.device)), y.to(self.device), reduction="sum")
+            if train:
+                self.optim.zero_grad()
+                (loss / len(x)).backward()
+                self.optim.step()
+            total_loss += loss.item()
+            total += len(x)
+        print("EP", epoch, "train" if train else "test", total_loss / total, total)
+'''
+
+
+@pytest.mark.parametrize("iteration, said", [(SUMMED_FLAG, True),
+                                             (SUMMED_FLAG.replace("total_loss / total, total", "total"), False)])
+def test_an_evaluation_call_of_a_training_loop_that_sums_across_ranks_is_left(iteration, said):
+    """Review D3: the loop's sums reduced across ranks would count the whole test set (kept whole) N times; a loop
+    that keeps no such sum evaluates right on the whole set."""
+    done = _with_loop(iteration, "self.iteration(epoch, self.test_data, train=False)")
+    assert "test_loader = DataLoader(test_set" in done["pkg/__main__.py"].text
+    left = [x for x in done["pkg/trainer/loop.py"].left if "as an evaluation" in x.what]
+    assert bool(left) == said, (done["pkg/trainer/loop.py"].left, done["pkg/trainer/loop.py"].text)
+
+
+SAVED_THROUGH = '''import json
+
+
+def save_history(path, hist):
+    with open(path, "w") as f:
+        json.dump(hist, f)
+
+
+def load_history(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def {writer}(path):
+    for epoch in range(2):
+        if epoch == 1:  # (saved in an if: a barrier there would not be passed by every rank)
+            save_history(path, {{"loss": [1.0]}})
+
+
+def {reader}(path):
+    {body}
+
+
+def main():
+    {calls}
+
+
+main()
+'''
+
+
+@pytest.mark.parametrize("writer, reader, body, calls", [
+    ("train", "report", "print(load_history(path))", "train('h.json')\n    report('h.json')"),  # through callees
+    ("train", "step", "print(load_history(path))\n    train(path)",  # the reader runs the writer, in a loop
+     "for epoch in range(3):\n        step('h.json')"),
+])
+def test_a_write_and_a_read_some_function_runs_both_still_owe_a_barrier(writer, reader, body, calls):
+    """Review D2 / D6: only the direct callers were compared, and a function that reads and then calls the writer
+    was taken for a read before the write: rank 1 read before (or a round after) rank 0 wrote."""
+    p = plan(SAVED_THROUGH.format(writer=writer, reader=reader, body=body, calls=calls))
+    assert any("barrier" in x.fix for x in p.left), (p.left, p.kept)
+
+
+STAR_INIT = {"pkg/trainer/__init__.py": "from .loop import *\n"}
+MODULE_IMPORTED = {"pkg/__main__.py": PACKAGE["pkg/__main__.py"].replace(
+    "from .trainer import Trainer", "from . import trainer as tr").replace("Trainer(make_model()",
+                                                                          "tr.Trainer(make_model()")}
+
+
+@pytest.mark.parametrize("changed", [STAR_INIT, MODULE_IMPORTED], ids=["star", "module"])
+def test_a_star_re_export_and_a_module_imported_from_its_package_are_followed(changed):
+    """Review D8 / D5: ``from .loop import *`` in the package's init, and ``from . import trainer as tr`` then
+    ``tr.Trainer``: the trainer's module was not found, the training loader kept whole."""
+    done = _settled({**PACKAGE, **changed})
+    assert "train_loader = ddpkit.data_loader(train_set" in done["pkg/__main__.py"].text, done["pkg/__main__.py"].text
+    assert not done["pkg/trainer/loop.py"].left, done["pkg/trainer/loop.py"].left
+
+
+def test_a_loop_over_a_local_function_that_may_return_an_empty_list_converts(tmp_path):
+    """Bert-Chinese-Text-Classification's vendored tokenizer: ``return []`` in a function whose result a loop reads
+    crashed convert --imports (IndexError in imported.py)."""
+    (tmp_path / "tok.py").write_text("def split(text):\n    text = text.strip()\n    if not text:\n        return []\n"
+                                     "    return text.split()\n\n\ndef tokenize(text):\n    out = []\n"
+                                     "    toks = split(text)\n    for token in toks:\n"
+                                     "        out.append(token.lower())\n"
+                                     "    return out\n")
+    (tmp_path / "train.py").write_text(SHARED_CRITERION.replace("import torch\n", "import torch\nfrom tok import "
+                                                                "tokenize\nprint(tokenize('a B'))\n", 1))
+    said = run_cmd([sys.executable, "-m", "ddpkit", "convert", "--imports", "-o", tmp_path / "out",
+                    tmp_path / "train.py"])
+    assert "Traceback" not in said.stderr and said.returncode in (0, 1), said.stderr
+    assert "ddpkit.data_loader(" in (tmp_path / "out" / "train.py").read_text()

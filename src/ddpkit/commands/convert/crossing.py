@@ -62,6 +62,7 @@ class Crossing:
     imported: bool = False  # another file of the project imports this one: its ``__main__`` block is a demo
     package: str = ""  # the file's package (``bert_pytorch.trainer``): what its relative imports start from
     exported: dict[str, str] = dataclasses.field(default_factory=dict)  # packages' re-exports (:mod:`.packages`)
+    modules: frozenset[str] = frozenset()  # the project's modules by dotted name (``pkg.data``, ``pkg`` of its init)
     # the names the project's other files write (a function none of them names is called by none); None: not read
     elsewhere: frozenset[str] | None = None
 
@@ -75,7 +76,8 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
     ``root_outer``: the package paths of the root (:func:`.project.outer`), under which a file may import its
     neighbours."""
     own = frozenset(rel.split("/")[0].removesuffix(".py") for rel in files)
-    base = {rel: Crossing(own=own, package=package_of(rel)) for rel in files}
+    modules = frozenset(rel[:-3].replace("/", ".").removesuffix(".__init__") for rel in files)
+    base = {rel: Crossing(own=own, package=package_of(rel), modules=modules) for rel in files}
     plans = {rel: convert(rel, base[rel]) for rel in files}
     sources = {rel: getattr(result, "source", "") for rel, result in plans.items()}
     exported = exports(sources)
@@ -201,9 +203,9 @@ def _imported(source: str, package: str = "", exported: dict[str, str] | None = 
                 found.update(f"{module}.{alias.name}" for alias in node.names)
             elif node.level == 1 and not package:  # ``from . import data`` at the root
                 found.update(alias.name for alias in node.names)
-    for name in list(found):
-        if name in (exported or {}):
-            found.update({exported[name].rpartition(".")[0], exported[name]})  # type: ignore[index]
+    for name, source in (exported or {}).items():  # (a package imported runs its init, which imports these)
+        if name in found or name.rpartition(".")[0] in found:
+            found.update({source.rpartition(".")[0], source})
     return found
 
 

@@ -95,6 +95,7 @@ def runs(facts: Facts, call: Call, module: str, function: str) -> bool:
 
 def _names(facts: Facts, written: str | None, wanted: str) -> bool:
     full = resolve(written, facts.aliases)
+    full = facts.exported.get(full, full) if full is not None else None
     return full is not None and (full == wanted or full.endswith("." + wanted))
 
 

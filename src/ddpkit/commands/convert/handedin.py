@@ -31,7 +31,7 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.commands.convert import flow
+from ddpkit.commands.convert import flagged, flow
 from ddpkit.commands.convert.crossing import EVAL, HANDED, TRAIN, Ask, key
 from ddpkit.commands.convert.device import PROGRESS
 from ddpkit.commands.convert.reductions import reductions
@@ -189,7 +189,12 @@ def _through_callers(work: _Work, found: tuple[str, str, int], depth: int) -> se
     skip = 1 if scope.cls and scope.params[:1] in (["self"], ["cls"]) else 0
     deeper: set[tuple[str, str, int]] = set()
     for site in sites:
-        if _evaluating(work, site, scope, skip):  # (``self.iteration(epoch, self.test_data, train=False)``)
+        if flagged.switched_off(work.facts, site, scope, skip):  # (``iteration(e, self.test_data, train=False)``)
+            _evaluation_summed(work, scope, site)
+            passed = dotted(flow.argument_for(site, name, scope, skip) or cst.Name("_"))
+            for param, function, index in _parameters(work, passed, site.scope, site.line, depth + 1) \
+                    if passed and passed != "_" else set():  # its callers keep it whole, and say so
+                work.asks.append(Ask("", f"{HANDED}:{function}:{index}:{param}", EVAL, site.line))
             continue
         passed = dotted(flow.argument_for(site, name, scope, skip) or cst.Name("_"))
         more = _parameters(work, passed, site.scope, site.line, depth + 1) if passed and passed != "_" else set()
@@ -199,33 +204,16 @@ def _through_callers(work: _Work, found: tuple[str, str, int], depth: int) -> se
     return deeper
 
 
-def _evaluating(work: _Work, site: Call, scope: Any, skip: int) -> bool:
-    """``site`` runs the loop of ``scope`` with its backward switched off: every backward of ``scope`` is under
-    ``if train:`` (a parameter) and ``site`` passes ``train=False`` (or leaves a default of False). What it hands in
-    is evaluated, not trained: BERT-pytorch's ``test()`` calls ``iteration(epoch, self.test_data, train=False)``.
-    Not when the loop keeps sums it reduces after it: what it hands in is then sharded too, each rank counting its
-    part (kept whole, its sums would count every sample N times)."""
-    if any(sums_after(work.facts, loop, True) for loop in work.facts.loops if loop.scope is scope):
-        return False
-    backwards = [c for c in work.facts.calls if c.scope is scope and c.last == "backward"]
-    flags = {t for t in (backwards[0].tests if backwards else []) if t.isidentifier() and t in scope.params}
-    flags = {f for f in flags if all(f in c.tests for c in backwards)}
-    for flag in flags:
-        passed = flow.argument_for(site, flag, scope, skip)
-        if passed is None:
-            passed = _default(scope, flag)
-        if isinstance(passed, cst.Name) and passed.value == "False":
-            return True
-    return False
-
-
-def _default(scope: Any, param: str) -> cst.BaseExpression | None:
-    """The default value ``param`` has in the definition of ``scope`` (None: none, or not a function)."""
-    params = getattr(scope.node, "params", None)
-    for found in [*params.params, *params.kwonly_params] if params is not None else []:
-        if found.name.value == param:
-            return found.default
-    return None
+def _evaluation_summed(work: _Work, scope: Any, site: Call) -> None:
+    """``site`` runs the training loop of ``scope`` as an evaluation (:mod:`.flagged`) over a loader its callers
+    keep whole: a sum the loop reduces across ranks (summed, not averaged) would count that set N times."""
+    summed = sorted({n for loop in work.facts.loops if loop.scope is scope
+                     for r in sums_after(work.facts, loop, True) or [] for n in r.names if n not in r.averaged})
+    if summed and not any(left.line == site.line for left in work.left):
+        work.leave(site.line, f"this call runs the training loop of {scope.name} as an evaluation (its backward "
+                   "switched off) over a loader every rank reads whole, and the loop sums "
+                   f"{', '.join(summed)} across ranks: that evaluation would count its set N times",
+                   "give the evaluation a loop of its own (no backward, under torch.no_grad()), then convert again")
 
 
 def parameter(work: _Work, name: str, scope: Any, line: int, depth: int = 0) -> tuple[str, str, int] | None:

@@ -250,7 +250,8 @@ def _through_own(facts: Facts, call: cst.Call, binding: Binding) -> tuple[str, s
     scope, skip = target
     for where, value in facts.returns:
         elements = unpacked(value)
-        if where is not scope or binding.index >= len(elements) or binding.index < 0 and len(elements) > 1:
+        if where is not scope or not elements or binding.index >= len(elements) or \
+                binding.index < 0 and len(elements) > 1:  # (``return []``: nothing to follow)
             continue
         name = dotted(elements[max(binding.index, 0)])
         held = flow.binding_of(facts, name, scope, 1 << 30) if name else None

@@ -334,12 +334,6 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
     # (nor a generator's loop that yields each batch on: no_grad there would hold in its caller's training loop)
     loops = [loop for loop in loops if loop not in peeks and not flow.passes_on(loop)]
     away = _handed_away(work, binding) if role is None and not loops and binding is not None else None
-    origin = imported_from(work.facts, away) if away is not None else None
-    if away is not None and binding is not None and origin is not None and origin[0].split(".")[0] in work.facts.own:
-        work.keep(call.line, f"{binding.target} is handed to {away} of {origin[0]}, converted with this file, which "
-                  "asks no training loader of it: left as it is", "each rank reads all of it; that module's lines "
-                  "say what its loop does with it")
-        return False
     if away is not None and binding is not None:  # its loop is in another module: its shuffle=True says nothing
         work.leave(call.line, f"{binding.target} is handed to {away}, a function of another module whose loop over "
                    "it decides its role: left as it is (each rank reads all of it)", "convert them together "

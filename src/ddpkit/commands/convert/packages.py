@@ -58,12 +58,29 @@ def exports(sources: dict[str, str]) -> dict[str, str]:
             for alias in node.names:
                 if alias.name != "*":
                     found[f"{package}.{alias.asname or alias.name}"] = f"{base}.{alias.name}"
+                for name in _defined(sources, base) if alias.name == "*" else ():  # (``from .loop import *``)
+                    found.setdefault(f"{package}.{name}", f"{base}.{name}")
     for name in list(found):
         for _ in range(HOPS):  # (``a.X`` -> ``a.b.X``, which ``a/b/__init__.py`` takes from ``a.b.c``)
             if found[name] not in found or found[found[name]] == found[name]:
                 break
             found[name] = found[found[name]]
     return found
+
+
+def _defined(sources: dict[str, str], module: str) -> list[str]:
+    """The public names a project module defines at its top level (a class, a function, an assignment), what
+    ``from module import *`` binds (its ``__all__`` is not read: a star import of a project module is rare)."""
+    source = sources.get(module.replace(".", "/") + ".py")
+    try:
+        tree = ast.parse(source) if source is not None else None
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    found = [n.name for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))] \
+        if tree is not None else []
+    found += [t.id for n in (tree.body if tree is not None else []) if isinstance(n, ast.Assign)
+              for t in n.targets if isinstance(t, ast.Name)]
+    return [n for n in found if not n.startswith("_")]
 
 
 def _top_imports(source: str) -> list[ast.ImportFrom]:

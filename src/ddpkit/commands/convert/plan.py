@@ -109,6 +109,10 @@ def plan(source: str, per_process_batch: bool = False, crossing: Crossing | None
     facts.own = crossing.own if crossing is not None else frozenset()
     if crossing is not None:  # (``from .trainer import X``: the project's full name, through packages' re-exports)
         facts.aliases = {k: full_name(v, crossing.package, crossing.exported) for k, v in facts.aliases.items()}
+        # (``from . import data``, ``from pkg import data``: a module, read as ``import pkg.data as data`` is)
+        facts.modules.update({k: v for k, v in facts.aliases.items()
+                              if v in crossing.modules and k not in facts.modules})
+        facts.exported = crossing.exported
     facts.steps = stepped.marked(facts, crossing)  # (another module's training step run here)
     facts.eval_steps = stepped.marked(facts, crossing, EVAL)
     work = _Work(facts, per_process_batch, crossing)

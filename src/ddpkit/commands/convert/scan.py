@@ -111,6 +111,7 @@ class Facts:
     modules: dict[str, str] = dataclasses.field(default_factory=dict)  # ``import a.b as m``: m -> a.b
     # a project's own top-level modules named like a library (its ``datasets.py``): they shadow it, so followed
     own: frozenset[str] = frozenset()
+    exported: dict[str, str] = dataclasses.field(default_factory=dict)  # a package's re-exports (packages.py)
     # the calls that run another module's training step (``engine.train(x, y)``: stepped.py): they train
     steps: set[int] = dataclasses.field(default_factory=set)
     eval_steps: set[int] = dataclasses.field(default_factory=set)  # (``engine.eval(x, y)``: they evaluate)
@@ -222,8 +223,9 @@ def imported_from(facts: Facts, name: str) -> tuple[str, str] | None:
         return None
     for k in range(len(parts) - 1, 0, -1):  # ``import pkg.data``: ``pkg.data.train_loader`` is data's
         module = facts.modules.get(".".join(parts[:k]))
-        if module is not None:
-            return None if _library(facts, module) else (module, parts[k])
+        if module is not None:  # (``tr.Trainer`` of ``from . import trainer as tr``: where its init takes it from)
+            module, _, name = facts.exported.get(f"{module}.{parts[k]}", f"{module}.{parts[k]}").rpartition(".")
+            return None if _library(facts, module) else (module, name)
     full = facts.aliases.get(parts[0])
     starred = [m for k, m in facts.modules.items() if k.startswith("* ")]
     named = {m.split(".")[-1] for k, m in facts.modules.items() if k.startswith("** ")}  # (``tqdm`` of tqdm's star)

@@ -296,12 +296,16 @@ def _part(loop: cst.For, name: str) -> str | None:
 
 def _listed(work: _Work, call: Call, value: str = "-100") -> None:
     names = {b.target for b in work.facts.bindings if b.value is call.node}
-    uses = sorted({c.line for c in work.facts.calls if dotted(c.node.func) in names and c.loops and
-                   flow.trains(work.facts, c.loops[-1])})
+    by_loop: dict[int, list[int]] = {}  # (one training loop's calls of it: two losses of one step)
+    for c in work.facts.calls:
+        if dotted(c.node.func) in names and c.loops and flow.trains(work.facts, c.loops[-1]):
+            by_loop.setdefault(id(c.loops[-1]), []).append(c.line)
+    uses = max(by_loop.values(), key=len, default=[])
     # (BERT-pytorch's one NLLLoss(ignore_index=0) for the masked tokens and the next-sentence labels)
-    shared = f"; the same criterion serves {len(uses)} losses (lines {', '.join(map(str, uses))}), each a mean " \
-        "over its own count: one batch_count weighs one of them, so give the others a criterion that ignores " \
-        "nothing (or weigh each yourself)" if len(uses) > 1 else ""
+    shared = f"; the same criterion serves {len(uses)} losses of one step (line" \
+        f"{'s' if len(set(uses)) > 1 else ''} {', '.join(map(str, sorted(set(uses))))}), each a mean over its own " \
+        "count: one batch_count weighs one of them, so give the others a criterion that ignores nothing (or weigh " \
+        "each yourself)" if len(uses) > 1 else ""
     work.leave(call.line, f"{call.last}: a mean over the tokens it does not ignore (ignore_index, labels of -100, a "
                "boolean mask): "
                "at N processes each rank's mean is over its own tokens and DDP weighs the ranks alike, another "

@@ -156,25 +156,41 @@ def _read_back(work: _Work, call: Call, stmt: Any) -> None:
 
 def _pair(work: _Work, write: Call, read: Call, reads: list[Call]) -> bool:
     """The write and the read are in two functions, each given its path as a parameter (the read's function opens
-    one: ``pickle.load(f)`` reads what ``open(vocab_path)`` opened), and no function of this file calls both
-    (BERT-pytorch's ``Vocab.save_vocab(self, vocab_path)`` and ``load_vocab(vocab_path)``: the build tool saves,
-    the trainer loads)."""
+    one: ``pickle.load(f)`` reads what ``open(vocab_path)`` opened), and no function of this file runs both, itself
+    or through the functions it calls (BERT-pytorch's ``Vocab.save_vocab(self, vocab_path)`` and
+    ``load_vocab(vocab_path)``: the build tool saves, the trainer loads)."""
     scopes = (write.scope, read.scope)
     if not all(s.name for s in scopes) or write.scope is read.scope:
         return False
     if dotted(paths.first_path(write)) not in write.scope.params or not any(
             c.scope is read.scope and dotted(paths.first_path(c)) in read.scope.params for c in reads):
         return False
-    callers = [{c.scope.name for c in flow.callers(work.facts, s)} for s in scopes]
-    return not callers[0] & callers[1]
+    return not _runners(work, write.scope) & _runners(work, read.scope)
+
+
+def _runners(work: _Work, scope: Any, depth: int = 0) -> set[str]:
+    """``scope`` and every function of this file that runs it, directly or through others (``""``: the module's
+    own lines), a call of its name the file cannot follow (an inherited method, ``vocab.save_vocab``) too."""
+    name = scope.name.rsplit(".", 1)[-1]
+    found = {scope.name}
+    direct = {id(c.node) for c in flow.callers(work.facts, scope)}
+    named = [c for c in work.facts.calls if c.last == name and id(c.node) not in direct]  # (``vocab.save_vocab``)
+    for call in [*flow.callers(work.facts, scope), *named]:
+        if call.scope.name in found:
+            continue
+        found |= _runners(work, call.scope, depth + 1) if depth < 6 and call.scope.name else {call.scope.name}
+    return found
 
 
 def _read_before_call(work: _Work, write: Call, read: Call) -> bool:
-    """The read is in a function that runs the write's function only below it, outside any loop (BERT-pytorch's
-    ``build()`` reads its corpus, then calls ``vocab.save_vocab(path)``)."""
+    """The read is in a function that runs the write's function only below it, outside any loop, and is itself run
+    by nothing or by the module's lines outside any loop (BERT-pytorch's ``build()`` reads its corpus, then calls
+    ``vocab.save_vocab(path)``): no later write can come before that read."""
     name = write.scope.name.rsplit(".", 1)[-1]  # (``vocab.save_vocab``: an inherited method is its class's too)
     runs = [c for c in work.facts.calls if c.scope is read.scope and (c.last == name or c.name == name)]
-    return bool(runs) and not read.loops and all(c.line > read.line for c in runs)
+    callers = flow.callers(work.facts, read.scope)
+    return bool(runs) and not read.loops and all(c.line > read.line and not c.loops for c in runs) and \
+        all(not c.scope.name and not c.loops for c in callers)
 
 
 def _written_path(call: Call) -> Any:

@@ -1,0 +1,71 @@
+"""A loop that trains or evaluates by a flag: every backward of its function is in the body of ``if train:``
+(a parameter), and a call that passes ``train=False`` runs it as an evaluation (BERT-pytorch's ``iteration(epoch,
+data_loader, train=True)``, called by ``test()`` as ``iteration(epoch, self.test_data, train=False)``).
+
+What such a call hands in is evaluated, not trained: it is not asked of the callers as a training loader (they keep
+it whole, every rank reading all of it). A sum the loop reduces across ranks (summed, not averaged) would then count
+that whole set N times: said, left to the user.
+
+Example::
+
+    >>> from ddpkit.commands.convert.scan import parse, scan
+    >>> f = scan(parse("def it(ld, train=True):\\n    for x in ld:\\n        if train:\\n            x.backward()\\n"
+    ...                "it(a)\\nit(b, train=False)\\n"))
+    >>> [switched_off(f, c, f.scopes["it"], 0) for c in f.calls if c.name == "it"]
+    [False, True]
+    >>> g = scan(parse("def it(ld, ev=False):\\n    for x in ld:\\n        if ev:\\n            pass\\n        else:\\n"
+    ...                "            x.backward()\\nit(a)\\nit(b, True)\\n"))
+    >>> [switched_off(g, c, g.scopes["it"], 0) for c in g.calls if c.name == "it"]
+    [False, True]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+
+from ddpkit.commands.convert import flow
+from ddpkit.commands.convert.scan import Call, Facts, Scope
+
+
+def switched_off(facts: Facts, site: Call, scope: Scope, skip: int) -> bool:
+    """``site`` runs ``scope`` with its every backward switched off: each is in the body of an ``if flag:`` on a
+    parameter ``flag`` that ``site`` passes as ``False`` (or leaves at a default of False), or each is in its
+    ``else`` and ``site`` passes ``True`` (``if evaluate: ... else: loss.backward()``)."""
+    backwards = [c for c in facts.calls if c.scope is scope and c.last == "backward"]
+    if not backwards:
+        return False
+    for flag, off in _guarding(scope, backwards):
+        passed = flow.argument_for(site, flag, scope, skip)
+        if passed is None:
+            passed = _default(scope, flag)
+        if isinstance(passed, cst.Name) and passed.value == off:
+            return True
+    return False
+
+
+def _guarding(scope: Scope, backwards: list[Call]) -> list[tuple[str, str]]:
+    """(``p``, the value that switches the backward off) for each parameter ``p`` of ``scope`` such that every
+    backward is inside the body (off: ``False``), or every one inside the ``else`` (off: ``True``), of an ``if p:``."""
+    found = []
+    for node in m.findall(scope.node, m.If(test=m.Name())):
+        flag = node.test.value  # type: ignore[attr-defined]
+        if flag not in scope.params:
+            continue
+        for part, off in ((node.body, "False"), (node.orelse, "True")):  # type: ignore[attr-defined]
+            inside = {id(c) for c in m.findall(part, m.Call())} if isinstance(part, (cst.BaseSuite, cst.Else)) \
+                else set()
+            if all(id(c.node) in inside for c in backwards) and (flag, off) not in found:
+                found.append((flag, off))
+    return found
+
+
+def _default(scope: Scope, param: str) -> cst.BaseExpression | None:
+    """The default value ``param`` has in the definition of ``scope`` (None: none, or not a function)."""
+    params: Any = getattr(scope.node, "params", None)
+    for found in [*params.params, *params.kwonly_params] if params is not None else []:
+        if found.name.value == param:
+            return found.default
+    return None
