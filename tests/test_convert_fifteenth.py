@@ -407,3 +407,39 @@ def test_a_loop_over_a_local_function_that_may_return_an_empty_list_converts(tmp
                     tmp_path / "train.py"])
     assert "Traceback" not in said.stderr and said.returncode in (0, 1), said.stderr
     assert "ddpkit.data_loader(" in (tmp_path / "out" / "train.py").read_text()
+
+
+SKIPS_BY_SIZE = '''import argparse
+import torch
+from torch import nn
+import ddpkit
+
+p = argparse.ArgumentParser()
+p.add_argument("--batch_size", type=int, default=8)
+args = p.parse_args()
+torch.manual_seed(0)
+ds = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+loader = ddpkit.data_loader(ds, batch_size=args.batch_size, shuffle=True)
+model = ddpkit.prepare_model(nn.Linear(4, 2))
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+for epoch in range(2):
+    for x, y in loader:
+        if x.size(0) != args.batch_size:
+            continue
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+'''
+
+
+def test_verify_cannot_compare_runs_that_took_different_numbers_of_steps(tmp_path):
+    """SN-GAN skips a batch whose size is not its --batch_size: the one-process run, on the N x B batch of a kept
+    per-process batch, skipped every batch and never stepped; verify said FAIL, "rank-dependent code"."""
+    from ddpkit.commands.verify.command import CANNOT_COMPARE
+
+    script = tmp_path / "skips.py"
+    script.write_text(SKIPS_BY_SIZE)
+    r = run_cmd([sys.executable, "-m", "ddpkit", "verify", "--nproc", "2", "--steps", "3", script], timeout=300)
+    assert r.returncode == CANNOT_COMPARE, r.stdout + r.stderr[-2000:]
+    assert "different numbers of optimizer steps: 0 at 1 process" in r.stderr, r.stderr[-2000:]

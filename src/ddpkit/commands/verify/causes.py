@@ -182,6 +182,21 @@ def trained_nothing(batches: int) -> str:
 
 
 
+def steps_differ(steps: list[int], batches: list[int], nproc: int) -> str:
+    """The refusal for runs that took a different number of optimizer steps: their weights cannot be compared.
+    The script steps by what it is handed (a batch skipped for its size, ``if x.size(0) != batch_size:
+    continue``, met with the one-process run's batch of N x B; an accumulation counted in batches).
+
+    >>> steps_differ([0, 4], [5, 5], 2)[:72]
+    'the runs took different numbers of optimizer steps: 0 at 1 process (in 5'
+    """
+    return (f"the runs took different numbers of optimizer steps: {steps[0]} at 1 process (in {batches[0]} batches), "
+            f"{steps[1]} at {nproc} processes (in {batches[1]}): the script steps by what each batch holds (a batch "
+            "skipped for its size, e.g. `if x.size(0) != batch_size: continue`, meets the one-process run's batch of "
+            "N x the per-process one; or steps counted in batches); give the loader global_batch_size= and read the "
+            "batch's own size in the script, then verify again")
+
+
 def same_micro_batches(shape: dict | None, world_sizes: list[int]) -> str | None:
     """A note when every world size compared ran the step loader's micro-batches of the one-process run's size:
     a loss that depends on a micro-batch's size (a sum) then passes, however wrong at other sizes; None otherwise.

@@ -156,6 +156,9 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
                                        noise.step_bound(taken, lr))
         if taken == 0 and start is not None and _unchanged(one, start):  # capped before any update: equal, vacuously
             raise CannotCompare(causes.trained_nothing(int(facts[0].get("batches") or 0)))
+        counts = [int(f.get("steps") or 0) for f in facts]
+        if counts[0] != counts[1]:  # (SN-GAN skips a batch of another size than its flag: the reference, all)
+            raise CannotCompare(causes.steps_differ(counts, [int(f.get("batches") or 0) for f in facts], nproc))
         result = compare_weights(one, many, atol, rtol, labels=("1 process", f"{nproc} processes"), initial=start,
                                  skip=skip)
         if result["passed"] and taken and start is not None:  # (equal weights that never moved prove nothing)
