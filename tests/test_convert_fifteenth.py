@@ -443,3 +443,26 @@ def test_verify_cannot_compare_runs_that_took_different_numbers_of_steps(tmp_pat
     r = run_cmd([sys.executable, "-m", "ddpkit", "verify", "--nproc", "2", "--steps", "3", script], timeout=300)
     assert r.returncode == CANNOT_COMPARE, r.stdout + r.stderr[-2000:]
     assert "different numbers of optimizer steps: 0 at 1 process" in r.stderr, r.stderr[-2000:]
+
+
+def test_an_animation_saved_in_a_sampling_loop_is_written_by_rank_0():
+    """Conditional_Diffusion_MNIST saves a gif per guidance weight inside its epoch loop: every rank wrote it."""
+    p = plan('''import matplotlib.pyplot as plt
+from matplotlib.animation import FuncAnimation, PillowWriter
+import torch
+
+model = torch.nn.Linear(2, 2)
+opt = torch.optim.Adam(model.parameters())
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 2)), batch_size=4)
+for ep in range(2):
+    for (x,) in loader:
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    for w in (0.0, 0.5):
+        fig, ax = plt.subplots()
+        ani = FuncAnimation(fig, lambda i: None, frames=3)
+        ani.save(f"gif_ep{ep}_w{w}.gif", dpi=100, writer=PillowWriter(fps=5))
+''')
+    assert "is_main:\n            ani.save(" in p.text, p.text

@@ -244,14 +244,16 @@ SAVED = {"PIL.Image.fromarray": "the image", "PIL.Image.open": "the image", "PIL
 def _saved_object(work: _Work, call: Call) -> str | None:
     """``X.save(path)`` of an object made by one of :data:`SAVED`, in the call itself or bound to X's name."""
     func = call.node.func
-    if call.last != "save" or not isinstance(func, cst.Attribute) or call.loops:
-        return None  # (in a loop: a preparation writing a folder the ranks then read, each its own copy)
+    if call.last != "save" or not isinstance(func, cst.Attribute):
+        return None
     made: cst.BaseExpression | None = func.value
     if not isinstance(made, cst.Call) and made is not None:
         name = dotted(made)
         bound = binding_of(work.facts, name, call.scope, call.line) if name else None
         made = bound.value if bound is not None else None
     maker = resolve(dotted(made.func), work.facts.aliases) if isinstance(made, cst.Call) else None
+    if call.loops and not (maker or "").startswith("matplotlib.animation."):
+        return None  # (an image in a loop: a preparation writing a folder the ranks then read, each its own copy)
     return next((what for key, what in SAVED.items() if maker and (maker == key or key.endswith(".") and
                                                                    maker.startswith(key))), None)
 
