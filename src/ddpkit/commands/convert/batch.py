@@ -246,7 +246,11 @@ def _read_in_training(work: _Work, names: set[str], loops: list[Loop], call: Cal
             # what follows the training loop there shows or evaluates (an image grid of sqrt(B) rows)
             inside |= {i for stmt in around.node.body.body if _starts(work, stmt) <= loop.line
                        for i in node_ids(stmt)}
-    quiet = _quiet(work, loops) | node_ids(call.node) | _counting(loops, names)
+    # (the loader's own call, and a loader built again in the loop, glow's endless ``sample_data`` that rebuilds its
+    # DataLoader on StopIteration: converted by this same rule, sized by nothing of the loop)
+    rebuilt = [c.node for c in work.facts.calls if c.name == "torch.utils.data.DataLoader" and c.loops]
+    quiet = _quiet(work, loops) | node_ids(call.node) | _counting(loops, names) | \
+        {i for node in rebuilt for i in node_ids(node)}
     for name, scope, line, node in work.facts.reads:
         if name in names and id(node) in inside and id(node) not in quiet and not _rebound(work, name, scope, line,
                                                                                            loops, names):
