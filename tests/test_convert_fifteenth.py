@@ -466,3 +466,40 @@ for ep in range(2):
         ani.save(f"gif_ep{ep}_w{w}.gif", dpi=100, writer=PillowWriter(fps=5))
 ''')
     assert "is_main:\n            ani.save(" in p.text, p.text
+
+
+REBUILT_LOADER = '''import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+ds = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
+
+
+def sample_data(dataset, batch_size):
+    loader = iter(DataLoader(dataset, shuffle=True, batch_size=batch_size))
+    while True:
+        try:
+            yield next(loader)
+        except StopIteration:
+            loader = iter(DataLoader(dataset, shuffle=True, batch_size=batch_size))
+            yield next(loader)
+
+
+model = nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+data = sample_data(ds, 8)
+for i in range(8):
+    x, y = next(data)
+    loss = nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+'''
+
+
+def test_a_loader_rebuilt_when_it_runs_dry_is_no_read_sized_for_the_batch():
+    """glow-pytorch: the rebuild's ``batch_size=batch_size`` was read as the loop sizing something from the batch:
+    the first loader kept per process (global 16 at 2) and the rebuild made global (8), with a false line."""
+    p = plan(REBUILT_LOADER)
+    assert not p.left, p.left
+    assert p.text.count("global_batch_size=batch_size") == 2, p.text
