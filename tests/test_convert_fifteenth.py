@@ -476,12 +476,14 @@ ds = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
 
 
 def sample_data(dataset, batch_size):
-    loader = iter(DataLoader(dataset, shuffle=True, batch_size=batch_size))
+    loader = DataLoader(dataset, shuffle=True, batch_size=batch_size)
+    loader = iter(loader)
     while True:
         try:
             yield next(loader)
         except StopIteration:
-            loader = iter(DataLoader(dataset, shuffle=True, batch_size=batch_size))
+            loader = DataLoader(dataset, shuffle=True, batch_size=batch_size)
+            loader = iter(loader)
             yield next(loader)
 
 
