@@ -328,6 +328,9 @@ def masked_labels(loader: Any, probes: int = 8) -> int | None:
     (-100, None)
     >>> masked_labels(DataLoader([torch.tensor([5, -1]), torch.tensor([5, 6])], batch_size=2))
     -1
+    >>> masks = [torch.tensor([[5, 255]], dtype=torch.uint8), torch.tensor([[5, 6]], dtype=torch.uint8)]
+    >>> masked_labels(DataLoader(masks, batch_size=2)) is None
+    True
     """
     dataset = getattr(loader, "dataset", None)
     try:
@@ -342,7 +345,8 @@ def _kept_per_row(value: Any, depth: int) -> Iterator[tuple[int, list[int]]]:
     """For each integer tensor of a batch that holds -100 (or -1, in rows of several labels): that value, and how
     many of each row's entries are not it."""
     if isinstance(value, torch.Tensor):
-        integer = not value.is_floating_point() and not value.is_complex()
+        # (a uint8 mask holds no -1: ``value == -1`` would match its 255, DeepLab's ignored label, and name -1)
+        integer = not value.is_floating_point() and not value.is_complex() and value.dtype != torch.uint8
         for ignored in (-100, -1):
             rows = value.dim() >= (1 if ignored == -100 else 2)
             if integer and rows and bool((value == ignored).any()):
