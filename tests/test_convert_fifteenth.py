@@ -505,3 +505,47 @@ def test_a_loader_rebuilt_when_it_runs_dry_is_no_read_sized_for_the_batch():
     p = plan(REBUILT_LOADER)
     assert not p.left, p.left
     assert p.text.count("global_batch_size=batch_size") == 2, p.text
+
+
+LIST_MEAN = '''import numpy as np
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+net = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(net.parameters(), lr=0.0)
+g = torch.Generator().manual_seed(0)
+loader = DataLoader(TensorDataset(torch.randn(64, 4, generator=g), torch.randn(64, 1, generator=g)), batch_size=16)
+
+
+def train_epoch():
+    losses = []
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(net(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    {end}
+
+
+{call}
+'''
+
+
+@pytest.mark.parametrize("end, call", [
+    ("return sum(losses) / len(losses)", "print('Training loss: %.6f' % train_epoch())"),  # STGCN-PyTorch
+    ("print('Training loss: %.6f' % np.mean(losses))", "train_epoch()"),
+    ("print('Training loss: %.6f' % torch.mean(torch.FloatTensor(losses)))", "train_epoch()"),  # a DCGAN's
+])
+def test_a_mean_of_the_training_loops_list_is_averaged_where_it_is_written(tmp_path, end, call):
+    """STGCN-PyTorch returns ``sum(losses) / len(losses)`` of its training loop's list: printed and pickled, it was
+    rank 0's batches' mean (only ``m = np.mean(l)`` statements were averaged)."""
+    source = LIST_MEAN.format(end=end, call=call)
+    p = plan(source)
+    assert "ddpkit.reduce(" in p.text and "op='mean')" in p.text, p.text
+    (tmp_path / "one.py").write_text(source)
+    (tmp_path / "two.py").write_text(p.text)
+    one = ok(run_cmd([sys.executable, tmp_path / "one.py"], timeout=60))
+    two = ok(launch(tmp_path / "two.py", timeout=120))
+    assert one.stdout.split() == two.stdout.split(), (one.stdout, two.stdout)

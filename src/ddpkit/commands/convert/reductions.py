@@ -193,6 +193,7 @@ def _list_means(work: _Work, loop: Loop) -> None:
              b.line < loop.line and isinstance(b.value, cst.List) and not b.value.elements}
     later = {n for other in facts.loops if other.scope is loop.scope and other.line > loop.end
              for n, _ in other.stored}  # (a list a later loop adds to: its mean is not this loop's)
+    handled: set[int] = set()
     for stmt, scope, line in facts.statements:
         small = stmt.body[0] if len(stmt.body) == 1 else None
         if scope is not loop.scope or line <= loop.end or not isinstance(small, cst.Assign) or \
@@ -202,12 +203,54 @@ def _list_means(work: _Work, loop: Loop) -> None:
         if not (isinstance(value, cst.Call) and resolve(dotted(value.func), facts.aliases) in MEANS and
                 len(value.args) == 1 and dotted(value.args[0].value) in begun - later):
             continue
+        handled.add(id(stmt))
         after = work.edits.after.setdefault(id(stmt), [])
         if f"{target} = ddpkit.reduce({target}, op='mean')" not in after:
             after.append(f"{target} = ddpkit.reduce({target}, op='mean')")
             work.note(f"{target} = np.mean(...) of the training loop's list: averaged across ranks (ddpkit.reduce, "
                       "op='mean')", "each rank's list holds its own batches' values; every rank took as many steps",
                       line)
+
+
+    for stmt, scope, line in facts.statements:  # (``return sum(l) / len(l)``, ``print(np.mean(l))``: in place)
+        if scope is loop.scope and line > loop.end and id(stmt) not in handled:
+            for node in _list_mean_nodes(facts, stmt, begun - later):
+                if id(node) not in work.edits.expr:
+                    work.edits.expr[id(node)] = lambda n: cst.Call(
+                        cst.parse_expression("ddpkit.reduce"),
+                        [cst.Arg(n), cst.Arg(cst.SimpleString("'mean'"), keyword=cst.Name("op"), equal=TIGHT)])
+                    work.note("a mean of the training loop's list: averaged across ranks (ddpkit.reduce, op='mean')",
+                              "each rank's list holds its own batches' values; every rank took as many steps", line)
+
+
+def _list_mean_nodes(facts: Any, stmt: cst.CSTNode, lists: set[str]) -> list[cst.BaseExpression]:
+    """The means of one of ``lists`` in ``stmt``: ``np.mean(l)``, ``sum(l) / len(l)``, ``torch.mean(torch.tensor(l))``
+    (a DCGAN's ``torch.mean(torch.FloatTensor(D_losses))``); not one inside another."""
+    found: list[cst.BaseExpression] = []
+    for node in m.findall(stmt, m.Call() | m.BinaryOperation(operator=m.Divide())):
+        if any(id(node) in {id(n) for n in m.findall(f, m.Call() | m.BinaryOperation())} for f in found):
+            continue
+        if isinstance(node, cst.BinaryOperation):
+            parts = [(resolve(dotted(side.func), facts.aliases), dotted(side.args[0].value))
+                     for side in (node.left, node.right) if isinstance(side, cst.Call) and len(side.args) == 1]
+            if len(parts) == 2 and parts[0][0] == "sum" and parts[1][0] == "len" and parts[0][1] == parts[1][1] \
+                    and parts[0][1] in lists:
+                found.append(node)
+            continue
+        name = resolve(dotted(node.func), facts.aliases) if isinstance(node, cst.Call) else None
+        if not isinstance(node, cst.Call) or len(node.args) != 1:
+            continue
+        inner = node.args[0].value
+        if name in ("torch.mean", "numpy.mean") and isinstance(inner, cst.Call) and len(inner.args) == 1 and \
+                resolve(dotted(inner.func), facts.aliases) in TENSORS:
+            inner = inner.args[0].value
+        if name in (*MEANS, "torch.mean") and dotted(inner) in lists:
+            found.append(node)
+    return found
+
+
+TIGHT = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+TENSORS = ("torch.FloatTensor", "torch.tensor", "torch.Tensor", "numpy.array", "numpy.asarray")
 
 
 def _filled_by_callee(work: _Work, loop: Loop) -> tuple[str, int] | None:
