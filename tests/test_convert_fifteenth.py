@@ -324,13 +324,23 @@ SUMMED_FLAG = '''    def iteration(self, epoch, data_loader, train=True):
 '''
 
 
-@pytest.mark.parametrize("iteration, said", [(SUMMED_FLAG, True),
-                                             (SUMMED_FLAG.replace("total_loss / total, total", "total"), False)])
-def test_an_evaluation_call_of_a_training_loop_that_sums_across_ranks_is_left(iteration, said):
-    """Review D3: the loop's sums reduced across ranks would count the whole test set (kept whole) N times; a loop
-    that keeps no such sum evaluates right on the whole set."""
+MIXED_FLAG = SUMMED_FLAG.replace("            total += len(x)\n", "            total += len(x)\n"
+                                 "            hits += int((y > 0).sum())\n            seen += y.nelement()\n") \
+    .replace("total_loss, total = 0.0, 0", "total_loss, total, hits, seen = 0.0, 0, 0, 0") \
+    .replace("total_loss / total, total)", "total_loss / total, total, hits / seen)")
+
+
+@pytest.mark.parametrize("iteration, sharded, said", [
+    (SUMMED_FLAG, True, False),  # every sum summed across ranks: the test set sharded, its sums whole
+    (SUMMED_FLAG.replace("total_loss / total, total", "total"), False, False),  # no sum read: kept whole
+    (MIXED_FLAG, False, True),  # one summed, one kept rank 0's: no loader is right for both
+])
+def test_an_evaluation_call_of_a_training_loop_with_sums_shards_or_keeps_or_says(iteration, sharded, said):
+    """Review D3: the test loader was sharded as a training loader while the loop kept sums rank 0's (the test
+    accuracy of half the set); kept whole, a sum reduced across ranks would count it N times."""
     done = _with_loop(iteration, "self.iteration(epoch, self.test_data, train=False)")
-    assert "test_loader = DataLoader(test_set" in done["pkg/__main__.py"].text
+    text = done["pkg/__main__.py"].text
+    assert ("test_loader = ddpkit.data_loader(test_set" in text) == sharded, text
     left = [x for x in done["pkg/trainer/loop.py"].left if "as an evaluation" in x.what]
     assert bool(left) == said, (done["pkg/trainer/loop.py"].left, done["pkg/trainer/loop.py"].text)
 
