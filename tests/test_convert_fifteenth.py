@@ -559,3 +559,11 @@ def test_a_mean_of_the_training_loops_list_is_averaged_where_it_is_written(tmp_p
     one = ok(run_cmd([sys.executable, tmp_path / "one.py"], timeout=60))
     two = ok(launch(tmp_path / "two.py", timeout=120))
     assert one.stdout.split() == two.stdout.split(), (one.stdout, two.stdout)
+
+
+def test_a_training_loader_built_with_shuffle_false_is_said_in_order():
+    """Review note: ``DataLoader(..., shuffle=False)`` was said "reshuffled every epoch" (the output kept it)."""
+    p = plan(LIST_MEAN.format(end="pass", call="train_epoch()").replace("batch_size=16)", "batch_size=16, "
+                                                                        "shuffle=False)"))
+    said = [e.why for e in p.edits if e.what.startswith("DataLoader -> ddpkit.data_loader")]
+    assert said == ["training: each rank takes its own shard, in order (shuffle=False, kept)"], said

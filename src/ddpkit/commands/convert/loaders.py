@@ -380,6 +380,8 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
     if role == "train" and not {"shuffle", "sampler"} & set(kwargs) and not starred:
         keywords["shuffle"] = "False"  # torch's default, kept: data_loader's would shuffle
         how = "training: each rank takes its own shard, in order (shuffle=False: torch's default, kept)"
+    elif role == "train" and dotted(kwargs.get("shuffle") or cst.Name("_")) == "False":
+        how = "training: each rank takes its own shard, in order (shuffle=False, kept)"
     elif role == "train" and starred and not {"shuffle", "sampler"} & set(kwargs):
         how += " (unless the ** arguments say shuffle=False; a torch DataLoader did not shuffle by default)"
     if call.loader_class is not None:  # PyG's: its collate kept
