@@ -567,3 +567,71 @@ def test_a_training_loader_built_with_shuffle_false_is_said_in_order():
                                                                         "shuffle=False)"))
     said = [e.why for e in p.edits if e.what.startswith("DataLoader -> ddpkit.data_loader")]
     assert said == ["training: each rank takes its own shard, in order (shuffle=False, kept)"], said
+
+
+LOGGED = {
+    "train.py": '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+from utils import Logger
+
+torch.manual_seed(0)
+g = torch.Generator().manual_seed(0)
+loader = DataLoader(TensorDataset(torch.randn(32, 4, generator=g), torch.randn(32, 1, generator=g)), batch_size=8,
+                    shuffle=True)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+logger = Logger("log.txt")
+logger.set_names(["Epoch", "Loss"])
+for epoch in range(3):
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    logger.append([epoch, round(loss.item(), 3)])
+logger.close()
+''',
+    "utils/__init__.py": "from .logger import *\nfrom .misc import *\n",
+    "utils/logger.py": '''class Logger:
+    def __init__(self, fpath):
+        self.file = open(fpath, "w")
+
+    def set_names(self, names):
+        self.file.write("\\t".join(names) + "\\n")
+
+    def append(self, numbers):
+        self.file.write("\\t".join(str(n) for n in numbers) + "\\n")
+        self.file.flush()
+
+    def close(self):
+        self.file.close()
+''',
+    "utils/misc.py": '''import torch
+from torch.utils.data import DataLoader
+
+
+def get_mean_and_std(dataset):
+    loader = DataLoader(dataset, batch_size=1, shuffle=True)
+    mean = torch.zeros(3)
+    for inputs, targets in loader:
+        mean += inputs.mean()
+    return mean / len(dataset)
+''',
+}
+
+
+def test_a_logger_class_that_keeps_its_file_open_writes_one_copy_and_an_uncalled_helper_is_kept(tmp_path):
+    """RAdam's CIFAR recipe: ``Logger(path)`` from utils/ keeps ``open(fpath, 'w')`` and appends a row per epoch
+    (both ranks wrote it: rows run together); utils/misc.py's ``get_mean_and_std``, which nothing calls, refused
+    the whole --imports conversion ("a DataLoader whose role cannot be told")."""
+    for rel, text in LOGGED.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    out = tmp_path / "out"
+    said = run_cmd([sys.executable, "-m", "ddpkit", "convert", "--imports", "-o", out, tmp_path / "train.py"])
+    assert said.returncode == 0, said.stderr
+    assert "get_mean_and_std(), which no file of the project calls" in said.stderr, said.stderr
+    ok(launch(out / "train.py", timeout=120, cwd=out))
+    rows = (out / "log.txt").read_text().splitlines()
+    assert rows[0] == "Epoch\tLoss" and len(rows) == 4 and [r.split("\t")[0] for r in rows[1:]] == ["0", "1", "2"], \
+        rows

@@ -361,6 +361,10 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
                   "its callers are elsewhere (or nowhere): a file of the project that loops over it asks for it, "
                   "and it is converted then (ddpkit convert --imports SCRIPT, or a folder)")
         return False
+    if role is None and _uncalled(work, call):  # (RAdam's utils/misc.py ``get_mean_and_std``, which nothing calls)
+        work.keep(call.line, f"a DataLoader in {call.scope.name}(), which no file of the project calls, left as it "
+                  "is", "nothing runs it here")
+        return False
     if role is None:
         named = "; its name says evaluation, but it shuffles (shuffle=True), and a name is trusted only for a " \
             "loader read in order" if flow.shuffled_eval_name(work.facts, binding, call) else ""
@@ -401,6 +405,14 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
     work.note(f"DataLoader -> ddpkit.data_loader ({'training' if role == 'train' else 'train=False'})",
               how, call.line)
     return role == "train"
+
+def _uncalled(work: _Work, call: Call) -> bool:
+    """``call`` is in a function of a project module that no file of the project names, nor this one calls."""
+    elsewhere = work.crossing.elsewhere if work.crossing is not None else None
+    scope = call.scope
+    return elsewhere is not None and bool(scope.name) and scope.name.rsplit(".", 1)[-1] not in elsewhere and \
+        not callers(work.facts, scope) and not _called(work.facts, call)
+
 
 def _comprehended(work: _Work, call: Call) -> bool:
     """``call`` is what a list / generator / set comprehension iterates (``[d[0] for d in DataLoader(raw)]``)."""

@@ -76,9 +76,7 @@ def writes(work: _Work) -> None:
     kept = {id(b.value) for b in work.facts.bindings if b.value is not None} - within
     for call in opened.values():  # ``log = open("log.txt", "w")``, then ``log.write(...)`` every epoch
         if id(call.node) in kept and not _ranked(call) and not _own(work, call):
-            work.leave(call.line, "a file opened for writing and kept open (written later through its name): every "
-                       "rank writes it", "open it on rank 0 only (`if state.is_main:`, and guard its writes), or "
-                       "give the other ranks open(os.devnull, 'w')")
+            _to_null(work, call)
     for block in blocks:
         calls = [opened[id(i.item)] for i in block.items if id(i.item) in opened]
         if not calls or any(_ranked(c) or _own(work, c) for c in calls):
@@ -216,6 +214,26 @@ def _waited(work: _Work, call: Call, reads: list[Call]) -> bool:
             (in_body(c.stmt, c.scope) or in_main_block(work.facts.module, c.stmt)) and not branched(work, c)
     return any(unbranched(c) and ("ddpkit.barrier()" in work.edits.after.get(id(c.stmt), ()) or
                                   c.name == "ddpkit.barrier") for c in work.facts.calls)
+
+
+def _to_null(work: _Work, call: Call) -> None:
+    """A file opened for writing and kept open (RAdam's ``Logger``: ``self.file = open(fpath, 'w')`` in
+    ``__init__``, written by its methods): the other ranks open ``os.devnull`` instead, so every write through
+    the name stays as it is and one copy lands (a mode that also reads, ``w+``, is left to the user)."""
+    positional = [a for a in call.node.args if a.keyword is None and not a.star]
+    mode = positional[1].value if len(positional) > 1 else next(
+        (a.value for a in call.node.args if a.keyword is not None and a.keyword.value == "mode"), None)
+    if not positional or not isinstance(mode, cst.SimpleString) or "+" in mode.evaluated_value:
+        work.leave(call.line, "a file opened for writing and kept open (written later through its name): every "
+                   "rank writes it", "open it on rank 0 only (`if state.is_main:`, and guard its writes), or "
+                   "give the other ranks open(os.devnull, 'w')")
+        return
+    test = main_test(work, call.scope, call.line)
+    if work.facts.aliases.get("os") != "os" and "import os" not in work.edits.imports:
+        work.edits.imports.append("import os")
+    work.edits.expr[id(positional[0].value)] = lambda node: cst.IfExp(
+        test=cst.parse_expression(test), body=node, orelse=cst.parse_expression("os.devnull"))
+    work.note("open(..., 'w') kept open: rank 0 writes the file, the other ranks os.devnull", WHY, call.line)
 
 
 def _writing(node: cst.Call) -> bool:
