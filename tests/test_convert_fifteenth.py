@@ -635,3 +635,28 @@ def test_a_logger_class_that_keeps_its_file_open_writes_one_copy_and_an_uncalled
     rows = (out / "log.txt").read_text().splitlines()
     assert rows[0] == "Epoch\tLoss" and len(rows) == 4 and [r.split("\t")[0] for r in rows[1:]] == ["0", "1", "2"], \
         rows
+
+
+def test_a_device_chosen_after_the_loaders_from_availability_alone_converts():
+    """x-vector-pytorch: ``use_cuda = torch.cuda.is_available()`` and the device after the loaders: refused as
+    "starts ddpkit before the device set-up can say cpu=", though that choice is the defaults'."""
+    source = '''import torch
+from torch import nn
+
+torch.manual_seed(0)
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,))),
+                                     batch_size=8, shuffle=True)
+use_cuda = torch.cuda.is_available()
+device = torch.device("cuda" if use_cuda else "cpu")
+model = nn.Linear(4, 2).to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+    loss = nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+'''
+    p = plan(source)
+    assert not p.refused and not p.left, p.left
+    chosen = plan(source.replace("use_cuda = torch.cuda.is_available()", "use_cuda = args.cuda"))
+    assert chosen.refused, "a user's switch read after the loaders still cannot say cpu= in time"

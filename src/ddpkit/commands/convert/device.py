@@ -257,6 +257,8 @@ def _first_ddpkit_use(work: _Work, scope: Scope, line: int, args: set[str]) -> A
             return call
         if call.tests:  # in the ``__main__`` block, before its switch is read: the init stays at the set-up
             return None
+        if not {a for a in args if "." not in a} - {"torch"} - _availability(work, args):
+            return None  # (``use_cuda = torch.cuda.is_available()``: the defaults choose the same)
         if args - {"torch"}:  # the switch is read later than that: cpu= would come too late, and say nothing
             work.leave(call.line, f"this line starts ddpkit (with the defaults) before the device set-up at line "
                        f"{line} can say cpu=", f"move the device set-up (and what it reads) above line "
@@ -265,6 +267,18 @@ def _first_ddpkit_use(work: _Work, scope: Scope, line: int, args: set[str]) -> A
     return None
 
 
+
+
+def _availability(work: _Work, args: set[str]) -> set[str]:
+    """The names among ``args`` bound only to ``torch.cuda.is_available()`` (x-vector's ``use_cuda``): no user's
+    choice in them, what ``ddpkit.init()`` chooses by default."""
+    found = set()
+    for name in args:
+        bound = [b.value for b in work.facts.bindings if b.target == name]
+        if bound and all(isinstance(v, cst.Call) and not v.args and
+                         resolve(dotted(v.func), work.facts.aliases) == "torch.cuda.is_available" for v in bound):
+            found.add(name)
+    return found
 
 
 def _chain(node: cst.If) -> tuple[list[cst.BaseExpression], list[cst.BaseSuite], bool]:
