@@ -660,3 +660,14 @@ for x, y in loader:
     assert not p.refused and not p.left, p.left
     chosen = plan(source.replace("use_cuda = torch.cuda.is_available()", "use_cuda = args.cuda"))
     assert chosen.refused, "a user's switch read after the loaders still cannot say cpu= in time"
+
+
+@pytest.mark.parametrize("save, said", [("torch.save(net.state_dict(), 'ckpt.pth')", True),
+                                        ("torch.save(net.module.state_dict(), 'ckpt.pth')", False)])
+def test_a_deleted_dataparallel_wrap_says_the_checkpoint_keys_lose_module(save, said):
+    """Knowledge-Distillation-Zoo: the original saved its DataParallel's state_dict ('module.' keys), the project's
+    own loader keeps the keys its DataParallel model has: converted, it silently loaded 0 of 128 tensors."""
+    p = plan(LIST_MEAN.format(end="pass", call="train_epoch()").replace(
+        "opt = torch.optim.SGD(", "net = torch.nn.DataParallel(net)\nopt = torch.optim.SGD(") + save + "\n")
+    kept = [k for k in p.kept if "'module.' prefix" in k.what]
+    assert bool(kept) == said, p.kept

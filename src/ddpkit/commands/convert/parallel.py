@@ -77,10 +77,17 @@ def _wrapper(work: _Work, call: Call) -> None:
         work.note(f"{dotted(module)} = DataParallel({dotted(module)}) deleted", "prepare_model wraps the model "
                   "once, from the launch: DataParallel for one process on several GPUs, DDP under ddpkit launch",
                   call.line)
-        return
-    work.edits.expr[id(call.node)] = lambda node: node.args[0].value
-    work.note("DataParallel(m) -> m", "prepare_model wraps the model once, from the launch (DataParallel or DDP)",
-              call.line)
+    else:
+        work.edits.expr[id(call.node)] = lambda node: node.args[0].value
+        work.note("DataParallel(m) -> m", "prepare_model wraps the model once, from the launch (DataParallel or "
+                  "DDP)", call.line)
+    held = dotted(assign.targets[0].target) if isinstance(assign, cst.Assign) and len(assign.targets) == 1 else None
+    if not any(r.startswith(f"{held or dotted(module)}.module") for r, _, _, _ in work.facts.reads):
+        # (Knowledge-Distillation-Zoo's utils.load_pretrained_model keeps the keys its DataParallel model has)
+        work.keep(call.line, "its state_dict keys lose DataParallel's 'module.' prefix: a checkpoint saved from it "
+                  "now holds 'conv1.weight' where the original held 'module.conv1.weight'", "ddpkit's models load "
+                  "either; a reader of your own that matches keys by name (into an nn.DataParallel, or strict=False) "
+                  "would find none: strip or add 'module.' there")
 
 
 def _function(work: _Work, call: Call) -> None:
