@@ -671,3 +671,74 @@ def test_a_deleted_dataparallel_wrap_says_the_checkpoint_keys_lose_module(save, 
         "opt = torch.optim.SGD(", "net = torch.nn.DataParallel(net)\nopt = torch.optim.SGD(") + save + "\n")
     kept = [k for k in p.kept if "'module.' prefix" in k.what]
     assert bool(kept) == said, p.kept
+
+
+FACTOR = {
+    "data.py": '''import torch
+from torch.utils.data import DataLoader
+
+
+def return_data(args):
+    train_loader = DataLoader(torch.randn(64, 4), batch_size=args.batch_size, shuffle=True, drop_last=True)
+    data_loader = train_loader
+    return data_loader
+''',
+    "solver.py": '''import os
+import torch
+import torch.nn.functional as F
+from data import return_data
+
+
+class Solver:
+    def __init__(self, args):
+        self.batch_size = args.batch_size
+        self.data_loader = return_data(args)
+        self.D = torch.nn.Linear(4, 2)
+        self.optim = torch.optim.Adam(self.D.parameters(), lr=1e-3)
+        self.ckpt_dir = "ckpt"
+        if args.ckpt_load:
+            self.load_checkpoint(args.ckpt_load)
+
+    def train(self):
+        zeros = torch.zeros({size}, dtype=torch.long)
+        for step in range(2):
+            for x in self.data_loader:
+                loss = F.cross_entropy(self.D(x), zeros[:x.size(0)])
+                self.optim.zero_grad()
+                loss.backward()
+                self.optim.step()
+                if step == 1:
+                    self.save_checkpoint(str(step))
+
+    def save_checkpoint(self, name):
+        with open(os.path.join(self.ckpt_dir, name), "wb+") as f:
+            torch.save(self.D.state_dict(), f)
+
+    def load_checkpoint(self, name):
+        path = os.path.join(self.ckpt_dir, name)
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                self.D.load_state_dict(torch.load(f))
+''',
+    "main.py": '''import argparse
+from solver import Solver
+
+p = argparse.ArgumentParser()
+p.add_argument("--batch_size", type=int, default=16)
+p.add_argument("--ckpt_load", default=None)
+Solver(p.parse_args()).train()
+''',
+}
+
+
+@pytest.mark.parametrize("size, said", [("self.batch_size", True), ("64", False)])
+def test_factorvae_a_returned_copy_of_the_loader_a_start_up_load_and_targets_sized_by_the_batch(size, said):
+    """FactorVAE: ``data_loader = train_loader`` then ``return data_loader`` was not taken for the loader asked
+    ("not converted there", false); ``load_checkpoint`` called from ``__init__`` reads before any save (two false
+    barrier lines); ``torch.zeros(self.batch_size)`` sized targets of B for a rank's B/N batch (a crash, unsaid)."""
+    files = {rel: text.replace("{size}", size) for rel, text in FACTOR.items()}
+    done = _settled(files)
+    assert "ddpkit.data_loader(torch.randn(64, 4), global_batch_size=args.batch_size" in done["data.py"].text
+    left = done["solver.py"].left
+    assert [x.line for x in left] == ([18] if said else []), left
+    assert said == any("zeros(self.batch_size" in x.what for x in left)

@@ -117,11 +117,15 @@ def asked(work: _Work, call: Call) -> list[str]:
         names.append(f"{binding.scope.cls}().{binding.target[5:]}")
         names += [f"{scope.name}().{binding.target[5:]}" for scope, value in work.facts.returns  # ``create()``
                   if not scope.cls and isinstance(value, cst.Call) and dotted(value.func) == binding.scope.cls]
+    copies = {binding.target} if binding is not None else set()
+    for _ in range(3):  # (FactorVAE's ``data_loader = train_loader`` before ``return data_loader``)
+        copies |= {b.target for b in work.facts.bindings if binding is not None and b.scope is binding.scope and
+                   b.value is not None and dotted(b.value) in copies}
     for scope, value in work.facts.returns:
         elements = unpacked(value)
         for i, element in enumerate(elements):
             if element is call.node or binding is not None and binding.scope is scope and \
-                    dotted(element) == binding.target:
+                    dotted(element) in copies:
                 names.append(returned(scope.name, i if len(elements) > 1 else -1))
     return [n for n in work.crossing.wants if base(n) in names and work.crossing.wants[n] in (TRAIN, EVAL)]
 

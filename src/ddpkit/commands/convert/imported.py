@@ -31,7 +31,7 @@ from libcst import matchers as m
 from ddpkit.commands.convert import bysplit, flow, handedin
 from ddpkit.commands.convert.crossing import EVAL, TRAIN, Ask, key, returned
 from ddpkit.commands.convert.reductions import reductions
-from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, dotted, imported_from, unpacked
+from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, dotted, imported_from, resolve, unpacked
 from ddpkit.commands.convert.sums import sums_after
 
 _Work = Any  # the plan in the making (plan._Work)
@@ -93,6 +93,7 @@ def imported_loader(work: _Work, line: int) -> bool:
             work.keep(line, f"the training loop over {n} left as it is", f"{n} is a ddpkit.data_loader where it "
                       f"is built, in {done[n]} (imported from {origins[n][0]})")
             reductions(work, trained[n], None, True)
+            _sized_here(work, trained[n], done[n])
     fed = {b.target for n in training for lp in trained[n] if (b := _source(work.facts, n, lp)) is not None}
     _siblings(work, {origins[n] for n in training if done[n]}, fed | set(training))
     for n in [n for n in reads if not reads[n] and work.crossing.provided.get(key(*origins[n]))]:
@@ -175,6 +176,31 @@ def _returned_by_import(facts: Facts, name: str, loop: Loop) -> list[tuple[str, 
         return []
     same = [b for b in facts.bindings if b.target == binding.target and b.scope is binding.scope]
     return [origin for origin in map(lambda b: origin_of(facts, b), same) if origin is not None]
+
+
+FACTORIES = ("torch.zeros", "torch.ones", "torch.empty", "torch.full", "torch.randn", "torch.rand", "torch.randint",
+             "torch.arange", "torch.eye", "torch.FloatTensor", "torch.LongTensor", "torch.Tensor")
+
+
+def _sized_here(work: _Work, loops: list[Loop], built: str) -> None:
+    """A training loop over a loader another module builds with the global batch, whose function sizes a tensor
+    by a batch size of its own (FactorVAE's ``zeros = torch.zeros(self.batch_size)`` beside ``return_data(args)``
+    in dataset.py): each rank takes B/N there, the targets stay B."""
+    if work.per_process_batch:
+        return
+    for loop in loops:
+        for call in work.facts.calls:
+            if call.scope is not loop.scope or call.line > loop.end or \
+                    resolve(dotted(call.node.func), work.facts.aliases) not in FACTORIES:
+                continue
+            sized = next((d for a in call.node.args[:1] for d in [dotted(a.value)]
+                          if d and d.rsplit(".", 1)[-1].lower() in ("batch_size", "batchsize", "bs")), None)
+            if sized is not None:
+                work.leave(call.line, f"{call.last}({sized}, ...) is sized by a batch size of its own, for the "
+                           f"training loop over a loader {built} builds with the global batch: each rank takes "
+                           f"{sized} / N there", "size it from the batch (x.size(0)), or convert with "
+                           "--per-process-batch (the global batch is then N x the batch), then convert again")
+                return
 
 
 def _source(facts: Facts, name: str, loop: Loop) -> Binding | None:

@@ -216,11 +216,18 @@ def _runs_before(facts: Facts, read: Any, target: Scope, depth: int = 0) -> bool
 
 
 def _constructs(facts: Facts, read: Any, write: Any) -> bool:
-    """``read`` in a class's ``__init__`` (built in no loop), ``write`` in another method of that class: an object
-    is made before its methods run."""
+    """``read`` in a class's ``__init__`` (built in no loop, or built by another module), or in a method only that
+    ``__init__`` calls (FactorVAE's ``load_checkpoint``, at start-up), ``write`` in another method of that class: an
+    object is made before its methods run."""
     scope = read.scope
+    sites = callers(facts, scope)
+    if not scope.name.endswith(".__init__") and sites and all(
+            c.scope.cls == scope.cls and c.scope.name.endswith(".__init__") and not c.loops for c in sites):
+        scope = sites[0].scope  # (``if self.ckpt_load: self.load_checkpoint(...)`` in ``__init__``)
+        if write.scope is read.scope:
+            return False
     return scope.name.endswith(".__init__") and bool(scope.cls) and write.scope.cls == scope.cls and \
-        write.scope is not scope and not read.loops and _called_once(facts, scope)
+        write.scope is not scope and not read.loops and (_called_once(facts, scope) or not callers(facts, scope))
 
 
 def _called_once(facts: Facts, scope: Scope) -> bool:
