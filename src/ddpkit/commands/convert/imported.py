@@ -93,7 +93,7 @@ def imported_loader(work: _Work, line: int) -> bool:
             work.keep(line, f"the training loop over {n} left as it is", f"{n} is a ddpkit.data_loader where it "
                       f"is built, in {done[n]} (imported from {origins[n][0]})")
             reductions(work, trained[n], None, True)
-            _sized_here(work, trained[n], done[n])
+            _sized_here(work, trained[n], str(done[n]))
     fed = {b.target for n in training for lp in trained[n] if (b := _source(work.facts, n, lp)) is not None}
     _siblings(work, {origins[n] for n in training if done[n]}, fed | set(training))
     for n in [n for n in reads if not reads[n] and work.crossing.provided.get(key(*origins[n]))]:
