@@ -742,3 +742,15 @@ def test_factorvae_a_returned_copy_of_the_loader_a_start_up_load_and_targets_siz
     left = done["solver.py"].left
     assert [x.line for x in left] == ([18] if said else []), left
     assert said == any("zeros(self.batch_size" in x.what for x in left)
+
+
+def test_a_script_converted_alone_says_which_module_of_its_folder_writes_files(tmp_path):
+    """RAdam's cifar.py and randomized smoothing's train.py, converted alone: ``Logger(path)`` / ``log(path, row)``
+    of a module beside them writes log.txt, which every rank then wrote (rows twice, run together); nothing said."""
+    for rel, text in LOGGED.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text.replace("from .misc import *\n", ""))
+    said = run_cmd([sys.executable, "-m", "ddpkit", "convert", "-o", tmp_path / "alone.py", tmp_path / "train.py"])
+    assert said.returncode == 1, said.stderr
+    assert "left to you: Logger (utils/logger.py:3, open(..., 'w')) writes a file" in said.stderr, said.stderr
+    assert "ddpkit convert --imports" in said.stderr

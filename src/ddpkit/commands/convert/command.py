@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ddpkit.commands.cli import OneLineParser, usage_error
-from ddpkit.commands.convert import crossing, project
+from ddpkit.commands.convert import crossing, project, unread
 from ddpkit.core.atomic import write_atomically
 from ddpkit.core.errors import SCRIPT_FAILED, UsageError
 
@@ -199,7 +199,9 @@ def _trained_elsewhere(script: str, result) -> list[str]:
         return []
     modules = project.files_of(script, imports=True)[1][1:]
     if "prepare_model(" in result.text or "data_loader(" in result.text:
-        return _optimizers_elsewhere(script, modules, trains="prepare_model(" in result.text)
+        return _optimizers_elsewhere(script, modules, trains="prepare_model(" in result.text) or \
+            [f"  {script}: left to you: {said}; convert them together: ddpkit convert --imports {script}"
+             for said in unread.writers(script, modules, result.source)[:3]]
     if modules:
         return [f"  {script}: left to you: no model is prepared and no DataLoader converted here, and the script "
                 f"imports {', '.join(modules[:3])}{' ...' if len(modules) > 3 else ''} from its folder (its training "
