@@ -754,3 +754,12 @@ def test_a_script_converted_alone_says_which_module_of_its_folder_writes_files(t
     assert said.returncode == 1, said.stderr
     assert "left to you: Logger (utils/logger.py:3, open(..., 'w')) writes a file" in said.stderr, said.stderr
     assert "ddpkit convert --imports" in said.stderr
+
+
+def test_a_batch_sampler_that_groups_samples_is_not_told_to_become_a_sampler():
+    """triplet-reid's P x K identity sampler: "pass sampler= and batch_size=" dealt each identity's images to
+    different ranks (every anchor without a positive)."""
+    p = plan(LIST_MEAN.format(end="pass", call="train_epoch()").replace(
+        "batch_size=16)", "batch_sampler=BalancedSampler(4, 4))"))
+    said = [x for x in p.left if "batch_sampler" in x.what]
+    assert said and said[0].blocks and "groups samples: keep it per rank yourself" in said[0].fix, p.left

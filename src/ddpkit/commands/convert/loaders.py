@@ -298,8 +298,12 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
     kwargs.update({LOADER_PARAMETERS[i]: a.value for i, a in enumerate(positional) if i >= 2})
     kwargs = {k: v for k, v in kwargs.items() if not (isinstance(v, cst.Name) and v.value == "None")}
     if "batch_sampler" in kwargs:
-        work.leave(call.line, "DataLoader(batch_sampler=...): batches are not split across ranks by ddpkit",
-                   "pass sampler= and batch_size= instead, then convert again", blocks=True)
+        work.leave(call.line, "DataLoader(batch_sampler=...): ddpkit splits a stream of samples across ranks, not "
+                   "batches; a batch sampler that builds each batch by a rule (P classes x K samples of each, "
+                   "lengths alike) would lose it when its samples are dealt out", "a plain one (a BatchSampler over a "
+                   "sampler): pass that sampler as sampler= and its batch_size=, then convert again; one that groups "
+                   "samples: keep it per rank yourself (each rank builds whole batches from its own share), or run "
+                   "it as one process", blocks=True)
         return True
     binding = next((b for b in work.facts.bindings if b.value is call.node), None)
     loops = loops_reading(work.facts, binding.target, binding.scope, since=binding) if binding else \
