@@ -293,9 +293,13 @@ def test_a_device_chosen_over_several_lines_or_sharing_a_line_is_refused():
 
 
 def test_a_device_switch_read_after_a_print_that_starts_ddpkit_is_refused():
-    result = convert("print('torch', torch.__version__)\nuse_cuda = torch.cuda.is_available()\n"
+    """A user's switch (``--cuda``) read after the print: refused. ``torch.cuda.is_available()`` alone is the
+    defaults' choice: converted (x-vector-pytorch, fifteenth set)."""
+    result = convert("print('torch', torch.__version__)\nuse_cuda = args.cuda and torch.cuda.is_available()\n"
                      "device = torch.device('cuda' if use_cuda else 'cpu')\n" + TRAIN_EVAL)
     assert result.refused and any("before the device set-up" in x.what for x in result.left)
+    assert not convert("print('torch', torch.__version__)\nuse_cuda = torch.cuda.is_available()\n"
+                       "device = torch.device('cuda' if use_cuda else 'cpu')\n" + TRAIN_EVAL).refused
 
 
 def test_positional_loader_arguments_become_keywords():
