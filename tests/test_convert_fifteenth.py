@@ -763,3 +763,85 @@ def test_a_batch_sampler_that_groups_samples_is_not_told_to_become_a_sampler():
         "batch_size=16)", "batch_sampler=BalancedSampler(4, 4))"))
     said = [x for x in p.left if "batch_sampler" in x.what]
     assert said and said[0].blocks and "groups samples: keep it per rank yourself" in said[0].fix, p.left
+
+
+SCINET = {
+    "exps/__init__.py": "",
+    "exps/basic.py": '''import os
+import torch
+
+
+class ExpBasic:
+    def __init__(self, args):
+        self.args = args
+        self.model = torch.nn.Linear(4, 2)
+
+    def _acquire_device(self):
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(self.args.gpu)
+        return torch.device("cuda:0")
+''',
+    "exps/tools.py": '''import os
+import torch
+
+
+def save_model(epoch, model, model_dir):
+    if not os.path.exists(model_dir):
+        os.makedirs(model_dir)
+    torch.save({"epoch": epoch, "model": model.state_dict()}, os.path.join(model_dir, "m.bin"))
+
+
+def load_model(model, model_dir):
+    file_name = os.path.join(model_dir, "m.bin")
+    if not os.path.exists(file_name):
+        return model, 0
+    checkpoint = torch.load(file_name)
+    model.load_state_dict(checkpoint["model"])
+    return model, checkpoint["epoch"]
+''',
+    "exps/exp.py": '''import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from exps.basic import ExpBasic
+from exps.tools import load_model, save_model
+
+
+class Exp(ExpBasic):
+    def _select_optimizer(self):
+        return torch.optim.SGD(self.model.parameters(), lr=0.1)
+
+    def train(self):
+        loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,))), batch_size=8, shuffle=True)
+        opt = self._select_optimizer()
+        if self.args.resume:
+            self.model, epoch_start = load_model(self.model, "ckpt")
+        else:
+            epoch_start = 0
+        for epoch in range(epoch_start, 2):
+            for x, y in loader:
+                loss = nn.functional.cross_entropy(self.model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        save_model(2, self.model, "ckpt")
+''',
+    "run.py": '''import argparse
+from exps.exp import Exp
+
+p = argparse.ArgumentParser()
+p.add_argument("--resume", action="store_true")
+p.add_argument("--gpu", type=int, default=0)
+Exp(p.parse_args()).train()
+''',
+}
+
+
+def test_scinet_a_model_reloaded_under_resume_a_save_load_pair_and_an_uncalled_device_method():
+    """SCINet: ``self.model, e = load_model(self.model, path)`` under ``if resume`` was taken for the model's build
+    (wrapped in that branch, listed, stopped at the first step); utils/tools.py's save_model / load_model pair
+    owed a barrier in a file where nothing runs both; ``_acquire_device`` (never called) set CUDA_VISIBLE_DEVICES."""
+    done = _settled(SCINET)
+    assert "self.model = ddpkit.prepare_model(torch.nn.Linear(4, 2))" in done["exps/basic.py"].text, \
+        done["exps/basic.py"].text
+    for rel in ("exps/basic.py", "exps/exp.py", "exps/tools.py"):
+        assert not done[rel].left, (rel, done[rel].left)
+    assert any("load_model()" in k.what and "barrier" in k.why for k in done["exps/tools.py"].kept)

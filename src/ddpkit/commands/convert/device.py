@@ -19,6 +19,7 @@ from typing import Any
 import libcst as cst
 from libcst import matchers as m
 
+from ddpkit.commands.convert.flow import callers
 from ddpkit.commands.convert.scan import Binding, Scope, dotted, names_in, resolve
 
 # the plan in the making (plan._Work): facts, edits, leave, note, devices, inits, state
@@ -230,7 +231,12 @@ def _visible_devices(work: _Work) -> None:
         key = index.value if isinstance(index, cst.Index) else None
         if dotted(target.value) in ("os.environ", "environ") and isinstance(key, cst.SimpleString) and \
                 key.evaluated_value == "CUDA_VISIBLE_DEVICES":
-            line = next((n for stmt, _, n in work.facts.statements if any(b is node for b in stmt.body)), 1)
+            line, scope = next(((n, sc) for stmt, sc, n in work.facts.statements if any(b is node for b in stmt.body)),
+                               (1, None))
+            elsewhere = work.crossing.elsewhere if work.crossing is not None else None
+            if scope is not None and scope.name and elsewhere is not None and not callers(work.facts, scope) and \
+                    scope.name.rsplit(".", 1)[-1] not in elsewhere:
+                continue  # (SCINet's ``_acquire_device``, which nothing calls)
             work.leave(line, "the script sets CUDA_VISIBLE_DEVICES: every rank would see only the GPUs it names, "
                        "and ranks would share one", "remove it and choose the GPUs for the launch instead: "
                        "CUDA_VISIBLE_DEVICES=0,1 ddpkit launch --nproc-per-node 2 ...; each rank then takes its own")

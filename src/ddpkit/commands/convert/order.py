@@ -26,6 +26,28 @@ from ddpkit.commands.convert.scan import Facts, Scope, dotted
 __all__ = ["read_first"]
 
 
+def apart_functions(facts: Facts, write: Scope, read: Scope) -> bool:
+    """Two functions of this file, and none of its functions (nor its module lines) runs both, itself or through
+    the functions it calls: a save_x / load_x pair whose order only their callers elsewhere decide (SCINet's
+    utils/tools.py ``save_model`` and ``load_model``, BERT-pytorch's ``save_vocab`` and ``load_vocab``)."""
+    return bool(write.name) and bool(read.name) and write is not read and \
+        not _runners(facts, write) & _runners(facts, read)
+
+
+def _runners(facts: Facts, scope: Scope, depth: int = 0) -> set[str]:
+    """``scope`` and every function of this file that runs it, directly or through others (``""``: the module's
+    own lines), a call of its name the file cannot follow (an inherited method, ``vocab.save_vocab``) too."""
+    name = scope.name.rsplit(".", 1)[-1]
+    found = {scope.name}
+    direct = {id(c.node) for c in callers(facts, scope)}
+    named = [c for c in facts.calls if c.last == name and id(c.node) not in direct]  # (``vocab.save_vocab``)
+    for call in [*callers(facts, scope), *named]:
+        if call.scope.name in found:
+            continue
+        found |= _runners(facts, call.scope, depth + 1) if depth < 6 and call.scope.name else {call.scope.name}
+    return found
+
+
 def read_first(facts: Facts, read: Any, write: Any) -> bool:
     """``read`` runs before ``write`` in every run, or never in the run that writes (two commands of one script)."""
     return read.scope is not write.scope and \

@@ -351,6 +351,10 @@ class _Work:
         parts = target.split(".")
         for end in range(2 if parts[0] == "self" else 1, len(parts) + 1):  # model.fc.parameters(): model
             binding = binding_of(self.facts, ".".join(parts[:end]), call.scope, call.line)
+            for _ in range(3):  # (SCINet's ``self.model, lr, e = load_model(self.model, path)`` under ``if resume``)
+                if binding is None or not _reloaded(binding):
+                    break
+                binding = binding_of(self.facts, binding.target, binding.scope, binding.line - 1)
             if binding is not None and _built(binding):
                 return self._unconditional(self._source(binding))
         return None
@@ -510,6 +514,13 @@ class _Work:
                         return found
                 node = node.func.value
         return None
+
+
+def _reloaded(binding: Binding) -> bool:
+    """The model bound again from a call handed the model itself (``model = load_model(model, path)``, ``self.model,
+    lr, epoch = load_model(self.model, ...)``): the same model, loaded; its build is the binding before."""
+    value = binding.whole if binding.whole is not None else binding.value
+    return isinstance(value, cst.Call) and any(dotted(a.value) == binding.target for a in value.args)
 
 
 def _built(binding: Binding) -> bool:

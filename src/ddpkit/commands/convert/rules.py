@@ -189,6 +189,12 @@ def _save(work: _Work, call: Any, loads: list[Any]) -> None:
     if read_back and branched(work, call) and \
             wait_before(work, call, read_back):
         return
+    if read_back and branched(work, call) and all(order.apart_functions(work.facts, call.scope, r.scope)
+                                                  for r in read_back):
+        work.keep(call.line, f"a file is read at line {read_back[0].line} in {read_back[0].scope.name}(), a function "
+                  f"apart from {call.scope.name}() that saves here; no function of this file runs both", "a caller "
+                  "that saves and then loads should put ddpkit.barrier() between the two calls")
+        read_back = []
     if read_back and branched(work, call):  # (one rank may skip it)
         work.leave(call.line, f"a file is read at line {read_back[0].line} (maybe the one saved here), and the "
                    "save is inside an if or a loop: the other ranks may read it before rank 0 has written it",

@@ -163,21 +163,7 @@ def _pair(work: _Work, write: Call, read: Call, reads: list[Call]) -> bool:
     if dotted(paths.first_path(write)) not in write.scope.params or not any(
             c.scope is read.scope and dotted(paths.first_path(c)) in read.scope.params for c in reads):
         return False
-    return not _runners(work, write.scope) & _runners(work, read.scope)
-
-
-def _runners(work: _Work, scope: Any, depth: int = 0) -> set[str]:
-    """``scope`` and every function of this file that runs it, directly or through others (``""``: the module's
-    own lines), a call of its name the file cannot follow (an inherited method, ``vocab.save_vocab``) too."""
-    name = scope.name.rsplit(".", 1)[-1]
-    found = {scope.name}
-    direct = {id(c.node) for c in flow.callers(work.facts, scope)}
-    named = [c for c in work.facts.calls if c.last == name and id(c.node) not in direct]  # (``vocab.save_vocab``)
-    for call in [*flow.callers(work.facts, scope), *named]:
-        if call.scope.name in found:
-            continue
-        found |= _runners(work, call.scope, depth + 1) if depth < 6 and call.scope.name else {call.scope.name}
-    return found
+    return order.apart_functions(work.facts, write.scope, read.scope)
 
 
 def _read_before_call(work: _Work, write: Call, read: Call) -> bool:
