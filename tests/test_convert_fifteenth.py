@@ -845,3 +845,25 @@ def test_scinet_a_model_reloaded_under_resume_a_save_load_pair_and_an_uncalled_d
     for rel in ("exps/basic.py", "exps/exp.py", "exps/tools.py"):
         assert not done[rel].left, (rel, done[rel].left)
     assert any("load_model()" in k.what and "barrier" in k.why for k in done["exps/tools.py"].kept)
+
+
+def test_a_tensor_made_before_the_loop_under_a_name_the_loop_rebinds_sizes_nothing():
+    """jcjohnson's lesson with a DataLoader: ``x = torch.randn(N, D_in)`` is the data, and ``for x, y in loader``
+    rebinds ``x``: listed as "the training loop reads x, sized for a batch of N" (false)."""
+    p = plan('''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+N, D_in, D_out = 64, 10, 2
+x = torch.randn(N, D_in)
+y = torch.randn(N, D_out)
+model = torch.nn.Linear(D_in, D_out)
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+loader = DataLoader(TensorDataset(x, y), batch_size=N)
+for t in range(5):
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y, reduction="sum")
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+''')
+    assert not [x for x in p.left if "kept per process" in x.what], p.left

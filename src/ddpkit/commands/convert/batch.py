@@ -304,6 +304,8 @@ def _made_before(work: _Work, names: set[str], loops: list[Loop], inside: set[in
     # which leaves ``x`` as it was: AC-GAN's IndexError)
     read_inside -= {dotted(c.node.func.value) for loop in loops for c in loop.calls
                     if c.last in ("resize_", "resize_as_") and isinstance(c.node.func, cst.Attribute)}
+    # (the loop's own variables: jcjohnson's ``x = torch.randn(N, D_in)`` is the data, ``for x, y in loader`` rebinds)
+    read_inside -= {t for loop in loops for t in loop.targets}
     for b in work.facts.bindings:
         made = resolve(dotted(b.value.func), work.facts.aliases) if isinstance(b.value, cst.Call) else None
         if id(b.scope) in scopes and b.line < first and b.value is not None and b.target in read_inside and \
