@@ -331,13 +331,14 @@ MIXED_FLAG = SUMMED_FLAG.replace("            total += len(x)\n", "            t
 
 
 @pytest.mark.parametrize("iteration, sharded, said", [
-    (SUMMED_FLAG, True, False),  # every sum summed across ranks: the test set sharded, its sums whole
+    (SUMMED_FLAG, False, True),  # summed across ranks: kept whole it counts N times, sharded its shards pad
     (SUMMED_FLAG.replace("total_loss / total, total", "total"), False, False),  # no sum read: kept whole
-    (MIXED_FLAG, False, True),  # one summed, one kept rank 0's: no loader is right for both
+    (MIXED_FLAG, False, True),
 ])
-def test_an_evaluation_call_of_a_training_loop_with_sums_shards_or_keeps_or_says(iteration, sharded, said):
+def test_an_evaluation_call_of_a_training_loop_with_sums_keeps_or_says(iteration, sharded, said):
     """Review D3: the test loader was sharded as a training loader while the loop kept sums rank 0's (the test
-    accuracy of half the set); kept whole, a sum reduced across ranks would count it N times."""
+    accuracy of half the set); kept whole, a sum reduced across ranks would count it N times; sharded as the
+    training set is (second review), 11 test samples padded to 12 were counted."""
     done = _with_loop(iteration, "self.iteration(epoch, self.test_data, train=False)")
     text = done["pkg/__main__.py"].text
     assert ("test_loader = ddpkit.data_loader(test_set" in text) == sharded, text
@@ -513,8 +514,10 @@ def test_a_loader_rebuilt_when_it_runs_dry_is_no_read_sized_for_the_batch():
     """glow-pytorch: the rebuild's ``batch_size=batch_size`` was read as the loop sizing something from the batch:
     the first loader kept per process (global 16 at 2) and the rebuild made global (8), with a false line."""
     p = plan(REBUILT_LOADER)
-    assert not p.left, p.left
+    assert [x.line for x in p.left if "kept per process" in x.what] == [], p.left
     assert p.text.count("global_batch_size=batch_size") == 2, p.text
+    # (review: rebuilt, a ddpkit.data_loader reads epoch 0's order again each time: said where it is rebuilt)
+    assert [x.line for x in p.left] == [15] and "set_epoch" in p.left[0].fix, p.left
 
 
 LIST_MEAN = '''import numpy as np
@@ -867,3 +870,39 @@ for t in range(5):
         optimizer.step()
 ''')
     assert not [x for x in p.left if "kept per process" in x.what], p.left
+
+
+# the second review of this session's change (3b5dc89..d9cead5): each case failed at d9cead5
+
+REVIEW2_X_MODE = 'import torch\nfrom torch.utils.data import DataLoader, TensorDataset\ntorch.manual_seed(0)\nds = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))\nloader = DataLoader(ds, batch_size=8, shuffle=True)\nmodel = torch.nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\nlog = open("log.txt", "x")\nfor epoch in range(2):\n    for x, y in loader:\n        loss = torch.nn.functional.mse_loss(model(x), y)\n        opt.zero_grad()\n        loss.backward()\n        opt.step()\n        log.write(f"{loss.item()}\\n")\nlog.close()\n'
+REVIEW2_READ_BACK = 'import torch\nfrom torch.utils.data import DataLoader, TensorDataset\ntorch.manual_seed(0)\nwords = ["a", "b", "c", "d"]\nout = open("vocab.txt", "w")\nfor w in words:\n    out.write(w + "\\n")\nout.close()\nvocab = open("vocab.txt").read().split()\nds = TensorDataset(torch.randn(64, 4), torch.randn(64, len(vocab)))\nloader = DataLoader(ds, batch_size=8, shuffle=True)\nmodel = torch.nn.Linear(4, len(vocab))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor epoch in range(2):\n    for x, y in loader:\n        loss = torch.nn.functional.mse_loss(model(x), y)\n        opt.zero_grad()\n        loss.backward()\n        opt.step()\n'
+REVIEW2_SAVED_MEAN = 'import json\nimport numpy as np\nimport torch\ntorch.manual_seed(0)\nfrom torch.utils.data import DataLoader, TensorDataset\n\nds = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))\nloader = DataLoader(ds, batch_size=8, shuffle=True)\nmodel = torch.nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor epoch in range(2):\n    losses = []\n    for x, y in loader:\n        loss = torch.nn.functional.mse_loss(model(x), y)\n        opt.zero_grad()\n        loss.backward()\n        opt.step()\n        losses.append(loss.item())\n    torch.save({"model": model.state_dict(), "loss": np.mean(losses)}, "ckpt.pt")\n    with open("log.txt", "a") as f:\n        f.write(f"{epoch} {sum(losses) / len(losses)}\\n")\n'
+
+
+@pytest.mark.parametrize("source", [REVIEW2_X_MODE, REVIEW2_READ_BACK,
+                                    REVIEW2_X_MODE.replace('"x")', '"w")').replace("import torch\n", "import torch\n"
+                                                                                  "os = 3\n", 1)])
+def test_a_kept_open_file_the_null_device_cannot_stand_in_for_is_left(source):
+    """Review 2: ``open(p, "x")`` on os.devnull raised FileExistsError; a file written then read back by the script
+    got no barrier (rank 1 read before rank 0 wrote); a name ``os`` of the script's own shadowed the module."""
+    p = plan(source)
+    assert any("kept open" in x.what for x in p.left) and "os.devnull" not in p.text, p.left
+
+
+def test_a_mean_of_the_training_list_inside_a_save_rank_0_makes_is_not_reduced_there():
+    """Review 2: ``torch.save({..., "loss": np.mean(losses)})``, guarded to rank 0, got a collective inside: the
+    other ranks never joined it (a hang)."""
+    p = plan(REVIEW2_SAVED_MEAN)
+    assert "ddpkit.reduce(np.mean" not in p.text and "ddpkit.reduce(sum(" not in p.text, p.text
+
+
+REVIEW2_SKIPS_ONE = 'import torch\nimport ddpkit\ntorch.manual_seed(0)\nds = torch.utils.data.TensorDataset(torch.randn(18, 4), torch.randn(18, 1))\nloader = ddpkit.data_loader(ds, global_batch_size=8, shuffle=True)\nmodel = ddpkit.prepare_model(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 1)))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor x, y in loader:\n    if x.size(0) < 2:  # BatchNorm needs two samples\n        continue\n    loss = torch.nn.functional.mse_loss(model(x), y)\n    opt.zero_grad()\n    loss.backward()\n    opt.step()\n'
+
+
+def test_runs_that_both_stepped_a_different_number_of_times_are_still_compared(tmp_path):
+    """Review 2: a script that skips a batch of one sample (each rank's short last batch at 2 processes) took 2
+    steps where 1 process took 3: a real difference, FAILed before, then "cannot compare"."""
+    script = tmp_path / "skips_one.py"
+    script.write_text(REVIEW2_SKIPS_ONE)
+    r = run_cmd([sys.executable, "-m", "ddpkit", "verify", "--nproc", "2", "--steps", "5", script], timeout=300)
+    assert r.returncode == 4 and r.stdout.startswith("FAIL"), r.stdout + r.stderr[-2000:]

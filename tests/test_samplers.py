@@ -220,36 +220,3 @@ def test_ranks_of_a_global_rng_sampler_and_a_too_short_sampler(ranks):
     for got in ranks:
         assert got["short"].startswith("ValueError: sampler=SubsetRandomSampler(...) has 1 indices but the job "
                                        "has 2 processes")
-
-
-REBUILT = '''import torch
-import ddpkit
-from torch.utils.data import TensorDataset
-
-ddpkit.init(seed=0)
-ds = TensorDataset(torch.arange(16))
-for build in range(3):  # a loader built again on the same dataset: glow's sample_data, a loader per epoch
-    loader = ddpkit.data_loader(ds, global_batch_size=4, shuffle=True)
-    order = [int(v) for (x,) in loader for v in ddpkit.gather(x)]
-    ddpkit.print("build", build, *order)
-other = ddpkit.data_loader(TensorDataset(torch.arange(16)), global_batch_size=4, shuffle=True)
-ddpkit.print("other", *[int(v) for (x,) in other for v in ddpkit.gather(x)])
-'''
-
-
-def test_a_training_loader_built_again_on_its_dataset_reads_a_new_order_each_build(tmp_path):
-    """glow-pytorch rebuilds its shuffled DataLoader when it runs dry: converted, each build started at epoch 0 and
-    replayed one order every pass. Each build now starts past the last one's epochs; a new dataset at 0."""
-    from conftest import launch, ok
-
-    script = tmp_path / "rebuilt.py"
-    script.write_text(REBUILT)
-    one = ok(launch(script, nproc=1, timeout=120)).stdout.splitlines()
-    two = ok(launch(script, nproc=2, timeout=120)).stdout.splitlines()
-    builds = [line.split()[2:] for line in one if line.startswith("build")]
-    assert len(builds) == 3 and len({tuple(b) for b in builds}) == 3, one
-    other = next(line.split()[1:] for line in one if line.startswith("other"))
-    assert other == builds[0], (other, builds[0])  # (another dataset: its first build, epoch 0)
-    assert sorted(map(int, builds[2])) == list(range(16))
-    # the global order of each build is the same at any world size (gathered in position order)
-    assert [line.split()[2:] for line in two if line.startswith("build")] == builds, (one, two)

@@ -30,7 +30,7 @@ from ddpkit.core import process
 from ddpkit.core.environment import usable_cores
 from ddpkit.core.options import Uneven, check
 from ddpkit.core.process import State
-from ddpkit.data import rebuilt, same, streams, unprepared
+from ddpkit.data import same, streams, unprepared
 from ddpkit.data.global_batch import GlobalBatchSampler
 from ddpkit.data.loader import ShardedDataLoader
 from ddpkit.data.samplers import SamplerShard, ShardSampler, too_few, user_sampler
@@ -95,7 +95,6 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     state, tools = runtime.ensure_init(), runtime.tools()
     if train:  # sharded training batches need a prepared model by the first optimizer step
         unprepared.watch()
-    built_on = dataset  # (rebuilt.py: a loader built again on it starts past the last one's epochs)
     if train and not isinstance(dataset, IterableDataset):  # shards of different datasets train on neither
         same.check(dataset, state.device)
         dataset = tools.dataset(dataset)  # (verify: each sample's augmentation alike in both runs)
@@ -140,8 +139,6 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     loader = ShardedDataLoader(dataset, batch_size=batch_size, sampler=sampler, join=train and uneven == "join",
                                equal_steps=equal, train=train, weights=weights, **loader_kwargs)
     if train:
-        if shuffle and own is None:  # (an order of its own: the user's sampler, left as it is)
-            loader.set_epoch(rebuilt.start(built_on, loader))
         mode = state.strategy
         _announce(loader, state, tools, batch_size * mode.batch_share(state),
                   mode.describe_batch(state, batch_size, len(loader)))

@@ -189,8 +189,8 @@ def _through_callers(work: _Work, found: tuple[str, str, int], depth: int) -> se
     skip = 1 if scope.cls and scope.params[:1] in (["self"], ["cls"]) else 0
     deeper: set[tuple[str, str, int]] = set()
     for site in sites:
-        evaluated = flagged.switched_off(work.facts, site, scope, skip)  # (``iteration(..., train=False)``)
-        if evaluated and _evaluation(work, scope, site) != "sharded":
+        if flagged.switched_off(work.facts, site, scope, skip):  # (``iteration(..., train=False)``): kept whole
+            _evaluation(work, scope, site)
             passed = dotted(flow.argument_for(site, name, scope, skip) or cst.Name("_"))
             for param, function, index in _parameters(work, passed, site.scope, site.line, depth + 1) \
                     if passed and passed != "_" else set():  # its callers keep it whole, and say so
@@ -206,24 +206,20 @@ def _through_callers(work: _Work, found: tuple[str, str, int], depth: int) -> se
 
 def _evaluation(work: _Work, scope: Any, site: Call) -> str:
     """How ``site``, which runs the training loop of ``scope`` as an evaluation (:mod:`.flagged`), hands in its
-    loader: ``whole`` when the loop sums nothing across ranks (every rank evaluates the whole set, its running
-    means right); ``sharded`` when every sum read after the loop is summed across ranks (each rank its part, the
-    sums then whole: the loader asked as the training one is); ``mixed`` otherwise, left to the user (kept whole,
-    a summed sum would count it N times; sharded, one left as rank 0's would count half)."""
+    loader: ``whole`` when the loop sums nothing across ranks (every rank evaluates the whole set; a mean over the
+    ranks of the same value is that value), else ``mixed``, left to the user: kept whole, a sum reduced across
+    ranks would count it N times; sharded as the training loader is, its shards are padded (a sample counted
+    twice) and what the loop keeps unreduced (a list, a count) would be rank 0's part."""
     loops = [loop for loop in work.facts.loops if loop.scope is scope]
     summed = {n for loop in loops for r in sums_after(work.facts, loop, True) or [] for n in r.names
               if n not in r.averaged}
-    read = {n for loop in loops for n, _ in loop.augmented if "." not in n and any(
-        r == n and where is scope and line > loop.end for r, where, line, _ in work.facts.reads)}
     if not summed:
         return "whole"
-    if read <= summed:
-        return "sharded"
     if not any(left.line == site.line for left in work.left):
         work.leave(site.line, f"this call runs the training loop of {scope.name} as an evaluation (its backward "
-                   f"switched off), and the loop sums {', '.join(sorted(summed))} across ranks but keeps "
-                   f"{', '.join(sorted(read - summed))} this rank's: neither the whole set nor a shard gives one "
-                   "process's result for both", "give the evaluation a loop of its own (no backward, under "
+                   f"switched off), and the loop sums {', '.join(sorted(summed))} across ranks: over the whole set "
+                   "each rank reads that sum would count it N times, and sharded as the training set is, its "
+                   "shards are padded", "give the evaluation a loop of its own (no backward, under "
                    "torch.no_grad()), then convert again")
     return "mixed"
 

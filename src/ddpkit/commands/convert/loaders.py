@@ -388,7 +388,7 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
     if role == "train" and not {"shuffle", "sampler"} & set(kwargs) and not starred:
         keywords["shuffle"] = "False"  # torch's default, kept: data_loader's would shuffle
         how = "training: each rank takes its own shard, in order (shuffle=False: torch's default, kept)"
-    elif role == "train" and dotted(kwargs.get("shuffle") or cst.Name("_")) == "False":
+    elif role == "train" and dotted(kwargs.get("shuffle") or cst.Name("_")) == "False" and "sampler" not in kwargs:
         how = "training: each rank takes its own shard, in order (shuffle=False, kept)"
     elif role == "train" and starred and not {"shuffle", "sampler"} & set(kwargs):
         how += " (unless the ** arguments say shuffle=False; a torch DataLoader did not shuffle by default)"
@@ -397,6 +397,13 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
     work.edits.expr[id(call.node)] = lambda node: (rename or _same)(loader_call(node, keywords))
     if role == "train":
         work.sharded.add(id(call.node))
+        if call.loops and dotted(kwargs.get("shuffle") or cst.Name("_")) not in ("_", "False"):
+            # (glow's endless sample_data rebuilds its loader when it runs dry; a loader built in the epoch loop)
+            work.leave(call.line, "a shuffled training DataLoader built inside a loop, again each pass: a "
+                       "ddpkit.data_loader reads the order of its seed and epoch, so each new one reads epoch 0's "
+                       "order again, where torch's drew a new one", "build it once above the loop and iterate it "
+                       "each pass (each pass is the next epoch), or call loader.set_epoch(k) on each new one with a "
+                       "count k of the builds")
         away = _handed_away(work, binding) if binding is not None else None
         origin = imported_from(work.facts, away) if away is not None else None
         if binding is not None and away is not None and \

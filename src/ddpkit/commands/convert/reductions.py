@@ -214,13 +214,30 @@ def _list_means(work: _Work, loop: Loop) -> None:
 
     for stmt, scope, line in facts.statements:  # (``return sum(l) / len(l)``, ``print(np.mean(l))``: in place)
         if scope is loop.scope and line > loop.end and id(stmt) not in handled:
-            for node in _list_mean_nodes(facts, stmt, begun - later):
+            found = _list_mean_nodes(facts, stmt, begun - later)
+            for node in found if found and _every_rank(work, stmt) else []:
                 if id(node) not in work.edits.expr:
                     work.edits.expr[id(node)] = lambda n: cst.Call(
                         cst.parse_expression("ddpkit.reduce"),
                         [cst.Arg(n), cst.Arg(cst.SimpleString("'mean'"), keyword=cst.Name("op"), equal=TIGHT)])
                     work.note("a mean of the training loop's list: averaged across ranks (ddpkit.reduce, op='mean')",
                               "each rank's list holds its own batches' values; every rank took as many steps", line)
+
+
+def _every_rank(work: _Work, stmt: cst.SimpleStatementLine) -> bool:
+    """A statement every rank runs as it is, where a collective may go: a return, an assignment, or a print
+    (made ``ddpkit.print``, whose arguments every rank computes); not one a guard makes rank 0's (a save, a write in
+    a ``with open`` block), nor one under a test of the rank."""
+    small = stmt.body[0] if len(stmt.body) == 1 else None
+    if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+        if resolve(dotted(small.value.func), work.facts.aliases) not in ("print", "logging.info"):
+            return False
+    elif not isinstance(small, (cst.Return, cst.Assign, cst.AugAssign)):
+        return False
+    holders = [n for n in m.findall(work.facts.module, m.With() | m.If()) if any(
+        s is stmt for s in m.findall(n, m.SimpleStatementLine()))]
+    return not any(isinstance(h, cst.With) or isinstance(h, cst.If) and any(
+        w in work.facts.code(h.test).lower() for w in ("rank", "is_main", "local_rank", "master")) for h in holders)
 
 
 def _list_mean_nodes(facts: Any, stmt: cst.CSTNode, lists: set[str]) -> list[cst.BaseExpression]:

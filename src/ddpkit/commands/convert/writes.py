@@ -209,7 +209,12 @@ def _to_null(work: _Work, call: Call) -> None:
     positional = [a for a in call.node.args if a.keyword is None and not a.star]
     mode = positional[1].value if len(positional) > 1 else next(
         (a.value for a in call.node.args if a.keyword is not None and a.keyword.value == "mode"), None)
-    if not positional or not isinstance(mode, cst.SimpleString) or "+" in mode.evaluated_value:
+    shadowed = any(b.target == "os" for b in work.facts.bindings) or \
+        any("os" in scope.params for scope in work.facts.scopes.values())  # (a parameter named ``os``)
+    read = any(c.line > call.line and (c.name in OPENERS and not _writing(c.node) or c.last in READS)
+               for c in work.facts.calls)  # (a file written, then read back by the script: a barrier's business)
+    if not positional or not isinstance(mode, cst.SimpleString) or set(mode.evaluated_value) & {"+", "x"} or \
+            shadowed or read:
         work.leave(call.line, "a file opened for writing and kept open (written later through its name): every "
                    "rank writes it", "open it on rank 0 only (`if state.is_main:`, and guard its writes), or "
                    "give the other ranks open(os.devnull, 'w')")

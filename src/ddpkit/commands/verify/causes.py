@@ -183,8 +183,9 @@ def trained_nothing(batches: int) -> str:
 
 
 def steps_differ(steps: list[int], batches: list[int], nproc: int) -> str:
-    """The refusal for runs that took a different number of optimizer steps: their weights cannot be compared.
-    The script steps by what it is handed (a batch skipped for its size, ``if x.size(0) != batch_size:
+    """The refusal for runs one of which took no optimizer step while the other did: nothing to compare (runs
+    that both stepped, a different number of times, are compared: a FAIL names what differs). The script steps
+    by what it is handed (a batch skipped for its size, ``if x.size(0) != batch_size:
     continue``, met with the one-process run's batch of N x B; an accumulation counted in batches).
 
     >>> steps_differ([0, 4], [5, 5], 2)[:72]

@@ -157,7 +157,7 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
         if taken == 0 and start is not None and _unchanged(one, start):  # capped before any update: equal, vacuously
             raise CannotCompare(causes.trained_nothing(int(facts[0].get("batches") or 0)))
         counts = [int(f.get("steps") or 0) for f in facts]
-        if counts[0] != counts[1]:  # (SN-GAN skips a batch of another size than its flag: the reference, all)
+        if counts[0] != counts[1] and 0 in counts:  # (SN-GAN skips a batch of another size than its flag: all, at 1)
             raise CannotCompare(causes.steps_differ(counts, [int(f.get("batches") or 0) for f in facts], nproc))
         result = compare_weights(one, many, atol, rtol, labels=("1 process", f"{nproc} processes"), initial=start,
                                  skip=skip)
