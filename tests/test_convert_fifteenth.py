@@ -874,9 +874,65 @@ for t in range(5):
 
 # the second review of this session's change (3b5dc89..d9cead5): each case failed at d9cead5
 
-REVIEW2_X_MODE = 'import torch\nfrom torch.utils.data import DataLoader, TensorDataset\ntorch.manual_seed(0)\nds = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))\nloader = DataLoader(ds, batch_size=8, shuffle=True)\nmodel = torch.nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\nlog = open("log.txt", "x")\nfor epoch in range(2):\n    for x, y in loader:\n        loss = torch.nn.functional.mse_loss(model(x), y)\n        opt.zero_grad()\n        loss.backward()\n        opt.step()\n        log.write(f"{loss.item()}\\n")\nlog.close()\n'
-REVIEW2_READ_BACK = 'import torch\nfrom torch.utils.data import DataLoader, TensorDataset\ntorch.manual_seed(0)\nwords = ["a", "b", "c", "d"]\nout = open("vocab.txt", "w")\nfor w in words:\n    out.write(w + "\\n")\nout.close()\nvocab = open("vocab.txt").read().split()\nds = TensorDataset(torch.randn(64, 4), torch.randn(64, len(vocab)))\nloader = DataLoader(ds, batch_size=8, shuffle=True)\nmodel = torch.nn.Linear(4, len(vocab))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor epoch in range(2):\n    for x, y in loader:\n        loss = torch.nn.functional.mse_loss(model(x), y)\n        opt.zero_grad()\n        loss.backward()\n        opt.step()\n'
-REVIEW2_SAVED_MEAN = 'import json\nimport numpy as np\nimport torch\ntorch.manual_seed(0)\nfrom torch.utils.data import DataLoader, TensorDataset\n\nds = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))\nloader = DataLoader(ds, batch_size=8, shuffle=True)\nmodel = torch.nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor epoch in range(2):\n    losses = []\n    for x, y in loader:\n        loss = torch.nn.functional.mse_loss(model(x), y)\n        opt.zero_grad()\n        loss.backward()\n        opt.step()\n        losses.append(loss.item())\n    torch.save({"model": model.state_dict(), "loss": np.mean(losses)}, "ckpt.pt")\n    with open("log.txt", "a") as f:\n        f.write(f"{epoch} {sum(losses) / len(losses)}\\n")\n'
+REVIEW2_X_MODE = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+ds = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+loader = DataLoader(ds, batch_size=8, shuffle=True)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+log = open("log.txt", "x")
+for epoch in range(2):
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        log.write(f"{loss.item()}\\n")
+log.close()
+'''
+REVIEW2_READ_BACK = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(0)
+words = ["a", "b", "c", "d"]
+out = open("vocab.txt", "w")
+for w in words:
+    out.write(w + "\\n")
+out.close()
+vocab = open("vocab.txt").read().split()
+ds = TensorDataset(torch.randn(64, 4), torch.randn(64, len(vocab)))
+loader = DataLoader(ds, batch_size=8, shuffle=True)
+model = torch.nn.Linear(4, len(vocab))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(2):
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+'''
+REVIEW2_SAVED_MEAN = '''import json
+import numpy as np
+import torch
+torch.manual_seed(0)
+from torch.utils.data import DataLoader, TensorDataset
+
+ds = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+loader = DataLoader(ds, batch_size=8, shuffle=True)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(2):
+    losses = []
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    torch.save({"model": model.state_dict(), "loss": np.mean(losses)}, "ckpt.pt")
+    with open("log.txt", "a") as f:
+        f.write(f"{epoch} {sum(losses) / len(losses)}\\n")
+'''
 
 
 @pytest.mark.parametrize("source", [REVIEW2_X_MODE, REVIEW2_READ_BACK,
@@ -896,7 +952,21 @@ def test_a_mean_of_the_training_list_inside_a_save_rank_0_makes_is_not_reduced_t
     assert "ddpkit.reduce(np.mean" not in p.text and "ddpkit.reduce(sum(" not in p.text, p.text
 
 
-REVIEW2_SKIPS_ONE = 'import torch\nimport ddpkit\ntorch.manual_seed(0)\nds = torch.utils.data.TensorDataset(torch.randn(18, 4), torch.randn(18, 1))\nloader = ddpkit.data_loader(ds, global_batch_size=8, shuffle=True)\nmodel = ddpkit.prepare_model(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 1)))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor x, y in loader:\n    if x.size(0) < 2:  # BatchNorm needs two samples\n        continue\n    loss = torch.nn.functional.mse_loss(model(x), y)\n    opt.zero_grad()\n    loss.backward()\n    opt.step()\n'
+REVIEW2_SKIPS_ONE = '''import torch
+import ddpkit
+torch.manual_seed(0)
+ds = torch.utils.data.TensorDataset(torch.randn(18, 4), torch.randn(18, 1))
+loader = ddpkit.data_loader(ds, global_batch_size=8, shuffle=True)
+model = ddpkit.prepare_model(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+    if x.size(0) < 2:  # BatchNorm needs two samples
+        continue
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+'''
 
 
 def test_runs_that_both_stepped_a_different_number_of_times_are_still_compared(tmp_path):
