@@ -976,3 +976,30 @@ def test_runs_that_both_stepped_a_different_number_of_times_are_still_compared(t
     script.write_text(REVIEW2_SKIPS_ONE)
     r = run_cmd([sys.executable, "-m", "ddpkit", "verify", "--nproc", "2", "--steps", "5", script], timeout=300)
     assert r.returncode == 4 and r.stdout.startswith("FAIL"), r.stdout + r.stderr[-2000:]
+
+
+METER = LIST_MEAN.replace("def train_epoch():\n    losses = []", '''class AverageMeter:
+    def __init__(self):
+        self.sum, self.count, self.avg = 0.0, 0, 0.0
+
+    def update(self, val, n=1):
+        self.sum += val * n
+        self.count += n
+        self.avg = self.sum / self.count
+
+
+def train_epoch():
+    losses = AverageMeter()''').replace("losses.append(loss.item())", "losses.update(loss.item(), x.size(0))")
+
+
+def test_a_training_meters_average_returned_after_the_loop_is_averaged_across_ranks(tmp_path):
+    """RAdam's CIFAR recipe (and randomized smoothing): ``train()`` returns ``losses.avg`` of an AverageMeter its
+    training loop updates; logged per epoch, it was rank 0's shard's."""
+    source = METER.format(end="return losses.avg", call="print('Training loss: %.6f' % train_epoch())")
+    p = plan(source)
+    assert "return ddpkit.reduce(losses.avg, op='mean')" in p.text, p.text
+    (tmp_path / "one.py").write_text(source)
+    (tmp_path / "two.py").write_text(p.text)
+    one = ok(run_cmd([sys.executable, tmp_path / "one.py"], timeout=60))
+    two = ok(launch(tmp_path / "two.py", timeout=120))
+    assert one.stdout.split() == two.stdout.split(), (one.stdout, two.stdout)

@@ -212,16 +212,30 @@ def _list_means(work: _Work, loop: Loop) -> None:
                       line)
 
 
+    meters = _meters(facts, loop)
     for stmt, scope, line in facts.statements:  # (``return sum(l) / len(l)``, ``print(np.mean(l))``: in place)
         if scope is loop.scope and line > loop.end and id(stmt) not in handled:
-            found = _list_mean_nodes(facts, stmt, begun - later)
+            found = _list_mean_nodes(facts, stmt, begun - later) + [
+                n for n in m.findall(stmt, m.Attribute(attr=m.Name("avg")))
+                if isinstance(n, cst.Attribute) and dotted(n.value) in meters]
             for node in found if found and _every_rank(work, stmt) else []:
                 if id(node) not in work.edits.expr:
                     work.edits.expr[id(node)] = lambda n: cst.Call(
                         cst.parse_expression("ddpkit.reduce"),
                         [cst.Arg(n), cst.Arg(cst.SimpleString("'mean'"), keyword=cst.Name("op"), equal=TIGHT)])
-                    work.note("a mean of the training loop's list: averaged across ranks (ddpkit.reduce, op='mean')",
+                    work.note("a mean of the training loop's list or meter: averaged across ranks (ddpkit.reduce, "
+                              "op='mean')",
                               "each rank's list holds its own batches' values; every rank took as many steps", line)
+
+
+def _meters(facts: Any, loop: Loop) -> set[str]:
+    """The running-average meters of a training loop (bearpaw's CIFAR recipe: ``losses = AverageMeter()`` before it,
+    ``losses.update(loss.item(), inputs.size(0))`` each step): their ``.avg`` after it is this rank's batches' mean;
+    every rank took as many samples, so the mean over the ranks is every sample's."""
+    made = {b.target for b in facts.bindings if b.scope is loop.scope and b.line < loop.line and
+            isinstance(b.value, cst.Call) and (dotted(b.value.func) or "").rsplit(".", 1)[-1].endswith("Meter")}
+    return made & {dotted(c.node.func.value) for c in loop.calls
+                   if c.last == "update" and isinstance(c.node.func, cst.Attribute)}
 
 
 def _every_rank(work: _Work, stmt: cst.SimpleStatementLine) -> bool:
