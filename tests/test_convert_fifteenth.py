@@ -1003,3 +1003,28 @@ def test_a_training_meters_average_returned_after_the_loop_is_averaged_across_ra
     one = ok(run_cmd([sys.executable, tmp_path / "one.py"], timeout=60))
     two = ok(launch(tmp_path / "two.py", timeout=120))
     assert one.stdout.split() == two.stdout.split(), (one.stdout, two.stdout)
+
+
+def test_an_init_is_not_moved_above_the_attribute_its_switch_reads():
+    """Review 2 (P1, older than this change): ``args.use_cuda = ... and not args.cpu`` set below the loader; the
+    init moved above the loader read ``args.use_cuda`` unset (AttributeError): now refused with the fix."""
+    p = plan('''import argparse
+import torch
+from torch import nn
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--cpu", action="store_true")
+args = parser.parse_args()
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,))),
+                                     batch_size=8, shuffle=True)
+args.use_cuda = torch.cuda.is_available() and not args.cpu
+device = torch.device("cuda" if args.use_cuda else "cpu")
+model = nn.Linear(4, 2).to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+    loss = nn.functional.cross_entropy(model(x.to(device)), y.to(device))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+''')
+    assert p.refused and "before the device set-up" in p.left[0].what, (p.left, p.text)

@@ -259,8 +259,9 @@ def _first_ddpkit_use(work: _Work, scope: Scope, line: int, args: set[str]) -> A
             continue
         bound = {b.target for b in work.facts.bindings if b.line < call.line and (b.scope is scope or
                                                                                    not b.scope.name)}
-        if all(a in bound or a in work.facts.aliases for a in args if "." not in a):
-            return call
+        late = {b.target for b in work.facts.bindings if b.target in args and "." in b.target and b.line >= call.line}
+        if all(a in bound or a in work.facts.aliases for a in args if "." not in a) and not late - bound:
+            return call  # (not ``args.use_cuda = ...`` set below the loader: the init there would read it unset)
         if call.tests:  # in the ``__main__`` block, before its switch is read: the init stays at the set-up
             return None
         if not {a for a in args if "." not in a} - {"torch"} - _availability(work, args):
