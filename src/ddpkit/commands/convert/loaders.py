@@ -397,7 +397,8 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
     work.edits.expr[id(call.node)] = lambda node: (rename or _same)(loader_call(node, keywords))
     if role == "train":
         work.sharded.add(id(call.node))
-        if call.loops and dotted(kwargs.get("shuffle") or cst.Name("_")) not in ("_", "False"):
+        again = call.loops or call.scope.name and any(c.loops for c in callers(work.facts, call.scope))
+        if again and dotted(kwargs.get("shuffle") or cst.Name("_")) not in ("_", "False"):
             # (glow's endless sample_data rebuilds its loader when it runs dry; a loader built in the epoch loop)
             work.leave(call.line, "a shuffled training DataLoader built inside a loop, again each pass: a "
                        "ddpkit.data_loader reads the order of its seed and epoch, so each new one reads epoch 0's "

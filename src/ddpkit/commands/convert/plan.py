@@ -520,7 +520,10 @@ def _reloaded(binding: Binding) -> bool:
     """The model bound again from a call handed the model itself (``model = load_model(model, path)``, ``self.model,
     lr, epoch = load_model(self.model, ...)``): the same model, loaded; its build is the binding before."""
     value = binding.whole if binding.whole is not None else binding.value
-    return isinstance(value, cst.Call) and any(dotted(a.value) == binding.target for a in value.args)
+    name = (dotted(value.func) or "").rsplit(".", 1)[-1].lower() if isinstance(value, cst.Call) else ""
+    # (a loader's name only: ``model = WithHead(model)``, ``torch.compile(model)`` make a new module, the build)
+    return isinstance(value, cst.Call) and any(w in name for w in ("load", "restore", "resume")) and \
+        any(dotted(a.value) == binding.target for a in value.args)
 
 
 def _built(binding: Binding) -> bool:

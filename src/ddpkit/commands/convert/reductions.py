@@ -218,7 +218,7 @@ def _list_means(work: _Work, loop: Loop) -> None:
             found = _list_mean_nodes(facts, stmt, begun - later) + [
                 n for n in m.findall(stmt, m.Attribute(attr=m.Name("avg")))
                 if isinstance(n, cst.Attribute) and dotted(n.value) in meters]
-            for node in found if found and _every_rank(work, stmt) else []:
+            for node in found if found and _every_rank(work, stmt) and _reached(loop, stmt) else []:
                 if id(node) not in work.edits.expr:
                     work.edits.expr[id(node)] = lambda n: cst.Call(
                         cst.parse_expression("ddpkit.reduce"),
@@ -236,6 +236,28 @@ def _meters(facts: Any, loop: Loop) -> set[str]:
             isinstance(b.value, cst.Call) and (dotted(b.value.func) or "").rsplit(".", 1)[-1].endswith("Meter")}
     return made & {dotted(c.node.func.value) for c in loop.calls
                    if c.last == "update" and isinstance(c.node.func, cst.Attribute)}
+
+
+def _reached(loop: Loop, stmt: cst.SimpleStatementLine) -> bool:
+    """``stmt`` sits in the block of the function (or of a loop around the training loop, an epoch loop), below a
+    statement of that block that holds the training loop, with nothing between that may route a rank around it (a
+    ``return``, a ``raise``, a ``try``), and in no ``if`` / ``with`` / ``try`` of its own: every rank that ran the
+    loop runs it, so a collective there is met by all (review: ``if losses.avg < best: best = ...``, a rank's early
+    ``return`` in an ``except``)."""
+    root = loop.scope.node
+    owners = [root, *m.findall(root, m.For() | m.While())]
+    for owner in owners:
+        body = getattr(owner, "body", None)
+        tops = list(getattr(body, "body", body) or []) if not isinstance(owner, cst.Module) else list(owner.body)
+        end = next((i for i, s in enumerate(tops) if s is stmt), None)
+        if end is None:
+            continue
+        start = next((i for i, s in enumerate(tops[:end]) if s is loop.node or any(
+            n is loop.node for n in m.findall(s, m.For() | m.While()))), None)
+        between = tops[start + 1:end] if start is not None else []
+        return start is not None and not any(isinstance(s, cst.Try) or m.findall(s, m.Return() | m.Raise())
+                                             for s in between)
+    return False
 
 
 def _every_rank(work: _Work, stmt: cst.SimpleStatementLine) -> bool:
