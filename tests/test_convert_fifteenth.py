@@ -743,7 +743,8 @@ def test_factorvae_a_returned_copy_of_the_loader_a_start_up_load_and_targets_siz
     done = _settled(files)
     assert "ddpkit.data_loader(torch.randn(64, 4), global_batch_size=args.batch_size" in done["data.py"].text
     left = done["solver.py"].left
-    assert [x.line for x in left] == ([18] if said else []), left
+    # (the load in ``__init__``: main.py may build a second Solver after training; review 3 kept the barrier line)
+    assert [x.line for x in left if "barrier" not in x.fix] == ([18] if said else []), left
     assert said == any("zeros(self.batch_size" in x.what for x in left)
 
 
@@ -845,9 +846,10 @@ def test_scinet_a_model_reloaded_under_resume_a_save_load_pair_and_an_uncalled_d
     done = _settled(SCINET)
     assert "self.model = ddpkit.prepare_model(torch.nn.Linear(4, 2))" in done["exps/basic.py"].text, \
         done["exps/basic.py"].text
-    for rel in ("exps/basic.py", "exps/exp.py", "exps/tools.py"):
+    for rel in ("exps/basic.py", "exps/exp.py"):
         assert not done[rel].left, (rel, done[rel].left)
-    assert any("load_model()" in k.what and "barrier" in k.why for k in done["exps/tools.py"].kept)
+    # (exp.py runs both save_model and load_model: the pair owes its barrier there, review 3)
+    assert [x.line for x in done["exps/tools.py"].left] == [8], done["exps/tools.py"].left
 
 
 def test_a_tensor_made_before_the_loop_under_a_name_the_loop_rebinds_sizes_nothing():
@@ -1168,3 +1170,108 @@ def test_a_shuffled_loader_a_function_builds_each_epoch_is_listed():
 def test_a_model_wrapped_by_a_module_of_the_script_is_no_reload():
     """Review 3: ``model = WithHead(model)`` taken for a reload: the head's parameters never synchronised."""
     assert "ddpkit.prepare_model(WithHead(model))" in plan(REVIEW3_WRAPPED).text
+
+
+REVIEW3_CALLER_SAVES_THEN_LOADS = {
+    'main.py': '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+from utils import save_model, load_model
+
+torch.manual_seed(0)
+net = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+g = torch.Generator().manual_seed(0)
+loader = DataLoader(TensorDataset(torch.randn(64, 4, generator=g), torch.randn(64, 1, generator=g)), batch_size=16)
+
+best = 1e9
+for epoch in range(3):
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(net(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    if epoch == 2:
+        best = loss.item()
+        save_model(net, 'best.pth')
+
+net = load_model(net, 'best.pth')
+print('weight after load', net.weight.sum().item())
+''',
+    'utils.py': '''import torch
+
+
+def save_model(model, path):
+    torch.save(model.state_dict(), path)
+
+
+def load_model(model, path):
+    model.load_state_dict(torch.load(path))
+    return model
+''',
+}
+
+REVIEW3_SECOND_SOLVER = {
+    'data.py': '''import torch
+from torch.utils.data import DataLoader
+
+
+def return_data(args):
+    g = torch.Generator().manual_seed(0)
+    return DataLoader(torch.randn(64, 4, generator=g), batch_size=args.batch_size, drop_last=True)
+''',
+    'main.py': '''import argparse
+from solver import Solver
+
+p = argparse.ArgumentParser()
+p.add_argument("--batch_size", type=int, default=16)
+p.add_argument("--ckpt_load", action="store_true")
+args = p.parse_args()
+Solver(args).train()
+args.ckpt_load = True
+Solver(args)  # a second solver, resumed from the checkpoint just written
+''',
+    'solver.py': '''import os
+import torch
+from data import return_data
+
+
+class Solver:
+    def __init__(self, args):
+        self.ckpt = "ckpt.pth"
+        self.state = None
+        if args.ckpt_load:
+            self.load_checkpoint()
+        torch.manual_seed(0)
+        self.D = torch.nn.Linear(4, 1)
+        if self.state is not None:
+            self.D.load_state_dict(self.state["D"])
+        print("loaded", self.D.weight.sum().item())
+        self.optim = torch.optim.SGD(self.D.parameters(), lr=0.1)
+        self.data_loader = return_data(args)
+
+    def train(self):
+        for step in range(3):
+            for x in self.data_loader:
+                loss = self.D(x).pow(2).mean()
+                self.optim.zero_grad()
+                loss.backward()
+                self.optim.step()
+            if step == 2:
+                self.save_checkpoint()
+
+    def save_checkpoint(self):
+        torch.save({"D": self.D.state_dict(), "big": torch.zeros(3_000_000)}, self.ckpt)
+
+    def load_checkpoint(self):
+        self.state = torch.load(self.ckpt)
+''',
+}
+
+
+@pytest.mark.parametrize("files, rel", [(REVIEW3_CALLER_SAVES_THEN_LOADS, "utils.py"),
+                                        (REVIEW3_SECOND_SOLVER, "solver.py")])
+def test_a_save_load_pair_another_file_runs_both_still_owes_the_barrier(files, rel):
+    """Review 3: utils.py's save_model / load_model, which main.py calls in that order; a solver's load in
+    ``__init__`` and a second Solver built after training: "kept" with no barrier anywhere (rank 1 read first)."""
+    done = _settled(files)
+    assert any("barrier" in x.fix for x in done[rel].left), (done[rel].left, done[rel].kept)

@@ -65,6 +65,7 @@ class Crossing:
     modules: frozenset[str] = frozenset()  # the project's modules by dotted name (``pkg.data``, ``pkg`` of its init)
     # the names the project's other files write (a function none of them names is called by none); None: not read
     elsewhere: frozenset[str] | None = None
+    others: tuple[frozenset[str], ...] | None = None  # each other file's names (one that names two functions)
 
 
 def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
@@ -83,10 +84,11 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
     exported = exports(sources)
     names = {rel: _names_in(source) for rel, source in sources.items()}
     for rel in files:  # (a package's ``__init__.py`` re-exports a module's name: read through it)
-        if exported or getattr(plans[rel], "left", None) or \
+        if exported or getattr(plans[rel], "left", None) or getattr(plans[rel], "kept", None) or \
                 any(a.name.startswith(HANDED_MODEL) for a in getattr(plans[rel], "asks", ())):
-            others = frozenset().union(*(n for other, n in names.items() if other != rel))
-            base[rel] = dataclasses.replace(base[rel], exported=exported, elsewhere=others)
+            others = tuple(n for other, n in names.items() if other != rel)
+            base[rel] = dataclasses.replace(base[rel], exported=exported, elsewhere=frozenset().union(*others),
+                                            others=others)
             plans[rel] = convert(rel, base[rel])
 
     def module_file_of(module: str) -> str | None:

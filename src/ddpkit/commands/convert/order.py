@@ -34,6 +34,16 @@ def apart_functions(facts: Facts, write: Scope, read: Scope) -> bool:
         not _runners(facts, write) & _runners(facts, read)
 
 
+def runner_names(facts: Facts, scope: Scope) -> set[str]:
+    """The names another file would write to run ``scope``: its own and its runners' (:func:`_runners`), a class's
+    for its ``__init__`` (``Solver(...)`` runs ``Solver.__init__``)."""
+    found = set()
+    for name in _runners(facts, scope):
+        head, _, last = name.rpartition(".")
+        found.add(head.rsplit(".", 1)[-1] if last == "__init__" and head else last)
+    return found - {""}
+
+
 def _runners(facts: Facts, scope: Scope, depth: int = 0) -> set[str]:
     """``scope`` and every function of this file that runs it, directly or through others (``""``: the module's
     own lines), a call of its name the file cannot follow (an inherited method, ``vocab.save_vocab``) too."""
@@ -249,7 +259,7 @@ def _constructs(facts: Facts, read: Any, write: Any) -> bool:
         if write.scope is read.scope:
             return False
     return scope.name.endswith(".__init__") and bool(scope.cls) and write.scope.cls == scope.cls and \
-        write.scope is not scope and not read.loops and (_called_once(facts, scope) or not callers(facts, scope))
+        write.scope is not scope and not read.loops and _called_once(facts, scope)
 
 
 def _called_once(facts: Facts, scope: Scope) -> bool:

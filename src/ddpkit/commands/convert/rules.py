@@ -189,8 +189,7 @@ def _save(work: _Work, call: Any, loads: list[Any]) -> None:
     if read_back and branched(work, call) and \
             wait_before(work, call, read_back):
         return
-    if read_back and branched(work, call) and all(order.apart_functions(work.facts, call.scope, r.scope)
-                                                  for r in read_back):
+    if read_back and branched(work, call) and all(callers_apart(work, call.scope, r.scope) for r in read_back):
         work.keep(call.line, f"a file is read at line {read_back[0].line} in {read_back[0].scope.name}(), a function "
                   f"apart from {call.scope.name}() that saves here; no function of this file runs both", "a caller "
                   "that saves and then loads should put ddpkit.barrier() between the two calls")
@@ -358,6 +357,21 @@ def _unwaited(work: _Work, call: Any, line: int) -> None:
     work.leave(call.line, f"rank 0 saves here, and a file is read at line {line} with no barrier between: the "
                "other ranks may read it before it is written", "put ddpkit.barrier() after the save where every "
                "rank passes")
+
+
+def callers_apart(work: _Work, write: Any, read: Any) -> bool:
+    """Two functions no function of this file runs both (:func:`.order.apart_functions`), and, in a project, no
+    other file names a runner of each (main.py calling ``save_model`` then ``load_model`` of utils.py owes a barrier
+    there, so does one building a second ``Solver`` after ``train()``): a file converted alone cannot know its
+    callers, said as kept."""
+    if not order.apart_functions(work.facts, write, read):
+        return False
+    crossing = work.crossing
+    if crossing is None or not crossing.own:
+        return True
+    writing, reading = order.runner_names(work.facts, write), order.runner_names(work.facts, read)
+    # (a second ``Solver(...)`` after ``train()`` reads in ``__init__`` what the first one saved)
+    return crossing.others is not None and not any(writing & n and reading & n for n in crossing.others)
 
 
 def _read_back(work: _Work, save: Any, loads: list[Any]) -> list[Any]:

@@ -27,7 +27,7 @@ from ddpkit.commands.check.rules import RANK_WORDS
 from ddpkit.commands.convert import flow, order, paths
 from ddpkit.commands.convert.flow import binding_of, in_body
 from ddpkit.commands.convert.handedin import iterated
-from ddpkit.commands.convert.rules import branched, in_main_block, main_test, per_rank, wait_before
+from ddpkit.commands.convert.rules import branched, callers_apart, in_main_block, main_test, per_rank, wait_before
 from ddpkit.commands.convert.scan import Call, dotted, resolve
 
 _Work = Any  # the plan in the making (plan._Work)
@@ -163,7 +163,7 @@ def _pair(work: _Work, write: Call, read: Call, reads: list[Call]) -> bool:
     if dotted(paths.first_path(write)) not in write.scope.params or not any(
             c.scope is read.scope and dotted(paths.first_path(c)) in read.scope.params for c in reads):
         return False
-    return order.apart_functions(work.facts, write.scope, read.scope)
+    return callers_apart(work, write.scope, read.scope)
 
 
 def _read_before_call(work: _Work, write: Call, read: Call) -> bool:
