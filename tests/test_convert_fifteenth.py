@@ -1275,3 +1275,15 @@ def test_a_save_load_pair_another_file_runs_both_still_owes_the_barrier(files, r
     ``__init__`` and a second Solver built after training: "kept" with no barrier anywhere (rank 1 read first)."""
     done = _settled(files)
     assert any("barrier" in x.fix for x in done[rel].left), (done[rel].left, done[rel].kept)
+
+
+def test_a_score_over_lists_the_training_loop_fills_is_listed():
+    """x-vector-pytorch: ``accuracy_score(full_gts, full_preds)`` over lists each training step extends, printed as
+    the training accuracy: rank 0's shard's, nothing said."""
+    source = LIST_MEAN.format(end="print(accuracy_score(gts, preds))", call="train_epoch()").replace(
+        "import numpy as np\n", "import numpy as np\nfrom sklearn.metrics import accuracy_score\n").replace(
+        "    losses = []\n", "    losses, gts, preds = [], [], []\n").replace(
+        "        losses.append(loss.item())\n",
+        "        losses.append(loss.item())\n        gts.extend(y.tolist())\n        preds.extend(net(x).tolist())\n")
+    p = plan(source)
+    assert any("accuracy_score(...) after the training loop" in x.what for x in p.left), (p.left, source)

@@ -55,6 +55,7 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
         summed_as_training = loop not in evaluations  # a training loader's evaluation (check_accuracy) sums
         if summed_as_training:
             _list_means(work, loop)
+            _scored(work, loop)
             filled = _filled_by_callee(work, loop)
             if filled is not None:  # dlwpt's ``trnMetrics_g`` (a slot per sample): half of them never filled
                 work.leave(filled[1], f"the training loop keeps per-sample results in {filled[0]}: sharded, each "
@@ -226,6 +227,22 @@ def _list_means(work: _Work, loop: Loop) -> None:
                     work.note("a mean of the training loop's list or meter: averaged across ranks (ddpkit.reduce, "
                               "op='mean')",
                               "each rank's list holds its own batches' values; every rank took as many steps", line)
+
+
+def _scored(work: _Work, loop: Loop) -> None:
+    """A metric of scikit-learn over lists the training loop fills each step, after it (x-vector's
+    ``accuracy_score(full_gts, full_preds)``): each rank's lists hold its shard's samples only, so the score printed
+    is rank 0's part; said, with the fix."""
+    kept = {name for name, _ in loop.stored if name.isidentifier()}
+    for call in work.facts.calls:
+        name = resolve(dotted(call.node.func), work.facts.aliases) or ""
+        if call.scope is loop.scope and call.line > loop.end and name.startswith("sklearn.metrics.") and \
+                {dotted(a.value) for a in call.node.args} & kept:
+            work.leave(call.line, f"{call.last}(...) after the training loop scores lists it fills each step: each "
+                       "rank's hold its shard's samples only, so this is rank 0's part", "gather them first: "
+                       "ddpkit.gather(torch.tensor(lst)) on every rank (a tensor per list), then score the gathered "
+                       "lists")
+            return
 
 
 def _meters(facts: Any, loop: Loop) -> set[str]:
