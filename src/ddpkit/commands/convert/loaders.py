@@ -397,8 +397,7 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
     work.edits.expr[id(call.node)] = lambda node: (rename or _same)(loader_call(node, keywords))
     if role == "train":
         work.sharded.add(id(call.node))
-        again = call.loops or call.scope.name and any(c.loops for c in callers(work.facts, call.scope))
-        if again and dotted(kwargs.get("shuffle") or cst.Name("_")) not in ("_", "False"):
+        if _built_each_pass(work, call, loops) and dotted(kwargs.get("shuffle") or cst.Name("_")) not in ("_", "False"):
             # (glow's endless sample_data rebuilds its loader when it runs dry; a loader built in the epoch loop)
             work.leave(call.line, "a shuffled training DataLoader built inside a loop, again each pass: a "
                        "ddpkit.data_loader reads the order of its seed and epoch, so each new one reads epoch 0's "
@@ -417,6 +416,29 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
     work.note(f"DataLoader -> ddpkit.data_loader ({'training' if role == 'train' else 'train=False'})",
               how, call.line)
     return role == "train"
+
+def _built_each_pass(work: _Work, call: Call, loops: list[Loop]) -> bool:
+    """The loader is built again on each pass of a loop that also reads it: the loop holds the DataLoader call (not
+    in its own header, ``for x in DataLoader(...)``: built once) and a loop over it, or a ``next()`` of it (glow's
+    endless ``sample_data``); or a function builds it and a caller's loop binds it and reads it each pass (``loader =
+    make_loader()`` in the epoch loop). A loop over the splits that builds each split's loader once is no such loop."""
+    def inside(outer: Loop, line: int) -> bool:
+        return outer.line < line <= outer.end
+
+    for outer in call.loops:
+        if any(n is call.node for n in m.findall(getattr(outer.node, "iter", cst.Name("_")), m.Call())):
+            continue  # (``for x, y in DataLoader(...)``: built once, for that loop)
+        nexts = [c for c in work.facts.calls if c.name == "next" and c.scope is call.scope and inside(outer, c.line)]
+        if any(lp is not outer and inside(outer, lp.line) for lp in loops) or nexts:
+            return True
+    for site in callers(work.facts, call.scope) if call.scope.name else []:
+        bound = next((b for b in work.facts.bindings if b.value is site.node), None)
+        for outer in site.loops:
+            reading = loops_reading(work.facts, bound.target, bound.scope, since=bound) if bound is not None else []
+            if any(inside(outer, lp.line) for lp in reading):
+                return True
+    return False
+
 
 def _uncalled(work: _Work, call: Call) -> bool:
     """``call`` is in a function of a project module that no file of the project names, nor this one calls."""
