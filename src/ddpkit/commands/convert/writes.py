@@ -136,8 +136,9 @@ def _read_back(work: _Work, call: Call, stmt: Any) -> None:
         return
     if branched(work, call) and (_waited(work, call, reads) or wait_before(work, call, reads)):
         return
-    apart = [c for c in reads if _pair(work, call, c, reads) or _read_before_call(work, call, c)]
-    paired = next((c for c in apart if c.scope is not call.scope and _pair(work, call, c, reads)), None)
+    pairs = [c for c in reads if _pair(work, call, c, reads)]  # (two functions apart: order.apart_functions)
+    apart = pairs + [c for c in reads if c not in pairs and _read_before_call(work, call, c)]
+    paired = pairs[0] if pairs else None
     if branched(work, call) and paired is not None and len(apart) == len(reads):  # (save_x / load_x: callers order)
         work.keep(call.line, f"a file is read at line {paired.line} in {paired.scope.name}(), a function apart from "
                   f"{call.scope.name}() that writes here; no function of this file runs both", "a caller that writes "
@@ -157,9 +158,6 @@ def _pair(work: _Work, write: Call, read: Call, reads: list[Call]) -> bool:
     one: ``pickle.load(f)`` reads what ``open(vocab_path)`` opened), and no function of this file runs both, itself
     or through the functions it calls (BERT-pytorch's ``Vocab.save_vocab(self, vocab_path)`` and
     ``load_vocab(vocab_path)``: the build tool saves, the trainer loads)."""
-    scopes = (write.scope, read.scope)
-    if not all(s.name for s in scopes) or write.scope is read.scope:
-        return False
     if dotted(paths.first_path(write)) not in write.scope.params or not any(
             c.scope is read.scope and dotted(paths.first_path(c)) in read.scope.params for c in reads):
         return False
