@@ -550,6 +550,7 @@ def train_epoch():
     ("return sum(losses) / len(losses)", "print('Training loss: %.6f' % train_epoch())"),  # STGCN-PyTorch
     ("print('Training loss: %.6f' % np.mean(losses))", "train_epoch()"),
     ("print('Training loss: %.6f' % torch.mean(torch.FloatTensor(losses)))", "train_epoch()"),  # a DCGAN's
+    ("with torch.no_grad():\n        print('Training loss: %.6f' % np.mean(losses))", "train_epoch()"),  # review 3
 ])
 def test_a_mean_of_the_training_loops_list_is_averaged_where_it_is_written(tmp_path, end, call):
     """STGCN-PyTorch returns ``sum(losses) / len(losses)`` of its training loop's list: printed and pickled, it was
@@ -562,6 +563,17 @@ def test_a_mean_of_the_training_loops_list_is_averaged_where_it_is_written(tmp_p
     one = ok(run_cmd([sys.executable, tmp_path / "one.py"], timeout=60))
     two = ok(launch(tmp_path / "two.py", timeout=120))
     assert one.stdout.split() == two.stdout.split(), (one.stdout, two.stdout)
+
+
+def test_a_mean_a_scheduler_steps_by_is_averaged_and_one_under_a_test_is_listed():
+    """Review 3: ``sched.step(np.mean(losses))`` (ReduceLROnPlateau on each rank's own mean: the ranks' learning
+    rates could part) and a mean under an ``if`` (not every rank may reach a collective there) were said nowhere."""
+    p = plan(LIST_MEAN.format(end="sched.step(np.mean(losses))", call="train_epoch()").replace(
+        "g = torch", "sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)\ng = torch"))
+    assert "sched.step(ddpkit.reduce(np.mean(losses), op='mean'))" in p.text, p.text
+    p = plan(LIST_MEAN.format(end="if losses:\n        print(np.mean(losses))", call="train_epoch()"))
+    assert "ddpkit.reduce" not in p.text and [x.line for x in p.left] == [21], p.left
+    assert "m = ddpkit.reduce(m, op='mean') right after the loop" in p.left[0].fix, p.left
 
 
 def test_a_training_loader_built_with_shuffle_false_is_said_in_order():

@@ -1,14 +1,16 @@
 """A BatchNorm CNN trained with Adam, as public CIFAR scripts write it: each conv keeps its bias right before its
 BatchNorm (a weight whose exact gradient is 0: float noise that Adam turns into lr-sized steps).
 
-``verify_bn_adam.py [--local-bn] [--own-adam] [--own-dataset] [--forward-call]``: ``--local-bn`` keeps each
+``verify_bn_adam.py [--local-bn] [--own-adam] [--own-dataset] [--forward-call] [--pad]``: ``--local-bn`` keeps each
 rank's own BatchNorm statistics (``sync_batchnorm=False``), a real difference from one process that verify must
 still FAIL; ``--own-adam`` steps a subclass of Adam and saves the whole model first (verify's float64 hooks must
 pickle); ``--l1-bn`` adds network-slimming's L1 subgradient to every ``nn.BatchNorm2d`` weight's gradient after
 backward (found by ``isinstance`` on the prepared model); ``--forward-call`` calls ``model.forward(x)``;
 ``--mask-float`` makes a float32 tensor in the model's forward that meets its output in a ``bmm``;
 ``--own-dataset`` serves the samples, randomly flipped, from a Dataset class of the script's (ddpkit's loader then
-fetches them in worker processes, as network-slimming's did).
+fetches them in worker processes, as network-slimming's did); ``--pad`` zero-pads the first BatchNorm's output
+before a 1x1 conv and a second BatchNorm + ReLU (DeepLabV3+'s MobileNetV2: the padded border's BatchNorm output is
+a rounding error's sign at step 1, which decides its ReLU, in float64 too).
 """
 import os
 import sys
@@ -39,6 +41,14 @@ if "--own-dataset" in sys.argv:
 net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
                     nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
                     nn.Flatten(), nn.Linear(16, 10))
+if "--pad" in sys.argv:
+    class Pad(nn.Module):
+        def forward(self, x):
+            return nn.functional.pad(x, (1, 1, 1, 1))
+
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), Pad(),
+                        nn.Conv2d(8, 16, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                        nn.Flatten(), nn.Linear(16, 10))
 if "--mask-float" in sys.argv:
     class Centred(nn.Module):  # a float32 tensor made in forward meets the model's own in a bmm (R-BERT's masks)
         def __init__(self, body):

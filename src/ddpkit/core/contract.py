@@ -98,6 +98,9 @@ VERIFY_F64 = Var("DDPKIT_VERIFY_F64", VERIFY, "verify's hooks",
 VERIFY_DRAWS = Var("DDPKIT_VERIFY_DRAWS", VERIFY, "verify's hooks",
                    "K: torch's generator reseeded (seed + K x 7919) at the first training batch: the one-process "
                    "re-runs with other random draws in their steps, whose distance from the first is the draws' own")
+VERIFY_PERTURB = Var("DDPKIT_VERIFY_PERTURB", VERIFY, "verify's hooks",
+                     "K: each initial weight multiplied by 1 + eps x a draw of seed K (eps: its dtype's): the "
+                     "one-process re-runs that measure how far rounding alone moves this training")
 VERIFY_MATCHED = Var("DDPKIT_VERIFY_MATCHED", VERIFY, "verify's hooks",
                      "1: the steps' torch draws matched between 1 process and N (the re-run of a script that draws "
                      "noise in its steps: ddpkit.commands.verify.matched)")
@@ -112,7 +115,7 @@ PLAN_FAKE = Var("DDPKIT_PLAN_FAKE", PLAN, "plan's hooks",
                 "1: the planning run (fake tensors, one optimizer step); unset: a measured run")
 # what only a tool's hooks read: set without DDPKIT_TOOL they do nothing, and init() says so
 TOOL_VARIABLES = (MAX_STEPS, BATCH_SCALE, VERIFY_OUT, VERIFY_INIT, VERIFY_DROP, VERIFY_DRAWS, VERIFY_MATCHED,
-                  KEEP_DROPOUT, BENCH_OUT, BENCH_NO_COMM, COMM, PLAN_OUT, PLAN_FAKE)
+                  VERIFY_PERTURB, KEEP_DROPOUT, BENCH_OUT, BENCH_NO_COMM, COMM, PLAN_OUT, PLAN_FAKE)
 
 # -- torch's agent's, read (the launchers' rank variables belong to ddpkit.core.environment's detectors) ----
 RESTART_COUNT = Var("TORCHELASTIC_RESTART_COUNT", "torchrun", "init(), Checkpointer",

@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import libcst as cst
@@ -219,7 +220,13 @@ def _list_means(work: _Work, loop: Loop) -> None:
             found = _list_mean_nodes(facts, stmt, begun - later) + [
                 n for n in m.findall(stmt, m.Attribute(attr=m.Name("avg")))
                 if isinstance(n, cst.Attribute) and dotted(n.value) in meters]
-            for node in found if found and _every_rank(work, stmt) and _reached(loop, stmt) else []:
+            if found and not (_every_rank(work, stmt) and _reached(work.facts, loop, stmt)):
+                work.leave(line, "a mean of the training loop's list or meter under a test, in a guarded write or "
+                           "past a return: it stays this rank's (rank 0's where it is printed)", "average it on "
+                           "every rank first, where no rank can skip it: m = ddpkit.reduce(m, op='mean') right "
+                           "after the loop, then use m")
+                continue
+            for node in found:
                 if id(node) not in work.edits.expr:
                     work.edits.expr[id(node)] = lambda n: cst.Call(
                         cst.parse_expression("ddpkit.reduce"),
@@ -255,26 +262,38 @@ def _meters(facts: Any, loop: Loop) -> set[str]:
                    if c.last == "update" and isinstance(c.node.func, cst.Attribute)}
 
 
-def _reached(loop: Loop, stmt: cst.SimpleStatementLine) -> bool:
+def _reached(facts: Any, loop: Loop, stmt: cst.SimpleStatementLine) -> bool:
     """``stmt`` sits in the block of the function (or of a loop around the training loop, an epoch loop), below a
     statement of that block that holds the training loop, with nothing between that may route a rank around it (a
     ``return``, a ``raise``, a ``try``), and in no ``if`` / ``with`` / ``try`` of its own: every rank that ran the
     loop runs it, so a collective there is met by all (review: ``if losses.avg < best: best = ...``, a rank's early
-    ``return`` in an ``except``)."""
+    ``return`` in an ``except``). A ``with torch.no_grad():`` block counts as the block it sits in."""
     root = loop.scope.node
     owners = [root, *m.findall(root, m.For() | m.While())]
     for owner in owners:
         body = getattr(owner, "body", None)
-        tops = list(getattr(body, "body", body) or []) if not isinstance(owner, cst.Module) else list(owner.body)
+        tops = _flat(facts, list(getattr(body, "body", body) or []) if not isinstance(owner, cst.Module)
+                     else list(owner.body))
         end = next((i for i, s in enumerate(tops) if s is stmt), None)
         if end is None:
             continue
         start = next((i for i, s in enumerate(tops[:end]) if s is loop.node or any(
             n is loop.node for n in m.findall(s, m.For() | m.While()))), None)
-        between = tops[start + 1:end] if start is not None else []
+        between = [s for s in tops[start + 1:end] if not any(  # (not the ``with`` that holds ``stmt``)
+            n is stmt for n in m.findall(s, m.SimpleStatementLine()))] if start is not None else []
         return start is not None and not any(isinstance(s, cst.Try) or m.findall(s, m.Return() | m.Raise())
                                              for s in between)
     return False
+
+
+def _flat(facts: Any, block: list) -> list:
+    """The statements of a block, each :func:`transparent` ``with``'s own after it (in order)."""
+    out: list = []
+    for stmt in block:
+        out.append(stmt)
+        if isinstance(stmt, cst.With) and transparent(facts, stmt) and isinstance(stmt.body, cst.IndentedBlock):
+            out.extend(_flat(facts, list(stmt.body.body)))
+    return out
 
 
 def _every_rank(work: _Work, stmt: cst.SimpleStatementLine) -> bool:
@@ -283,14 +302,28 @@ def _every_rank(work: _Work, stmt: cst.SimpleStatementLine) -> bool:
     a ``with open`` block), nor one under a test of the rank."""
     small = stmt.body[0] if len(stmt.body) == 1 else None
     if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
-        if resolve(dotted(small.value.func), work.facts.aliases) not in ("print", "logging.info"):
+        name = resolve(dotted(small.value.func), work.facts.aliases) or ""
+        if name not in ("print", "logging.info") and not name.endswith(".step"):  # (``sched.step(np.mean(l))``)
             return False
     elif not isinstance(small, (cst.Return, cst.Assign, cst.AugAssign)):
         return False
     holders = [n for n in m.findall(work.facts.module, m.With() | m.If()) if any(
         s is stmt for s in m.findall(n, m.SimpleStatementLine()))]
-    return not any(isinstance(h, cst.With) or isinstance(h, cst.If) and any(
-        w in work.facts.code(h.test).lower() for w in ("rank", "is_main", "local_rank", "master")) for h in holders)
+    return not any(isinstance(h, cst.With) and not transparent(work.facts, h) or isinstance(h, cst.If) and
+                   RANK_TEST.search(work.facts.code(h.test).lower()) for h in holders)
+
+
+RANK_TEST = re.compile(r"\b(rank|local_rank|global_rank|is_main\w*|is_master|master|main_process)\b")
+# ``with`` blocks every rank runs as they are (not ``with open(...)``, which the converter guards)
+EVERY_RANK_WITH = ("torch.no_grad", "torch.inference_mode", "torch.enable_grad", "torch.set_grad_enabled",
+                   "torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast")
+
+
+def transparent(facts: Any, node: cst.With) -> bool:
+    """A ``with`` every rank runs as it is: ``with torch.no_grad():`` (review: a mean printed there stayed rank
+    0's), not ``with open(...)``."""
+    return all(isinstance(item.item, cst.Call) and resolve(dotted(item.item.func), facts.aliases) in EVERY_RANK_WITH
+               for item in node.items)
 
 
 def _list_mean_nodes(facts: Any, stmt: cst.CSTNode, lists: set[str]) -> list[cst.BaseExpression]:

@@ -33,7 +33,7 @@ import torch
 
 from ddpkit.commands.cli import OneLineParser, usage_error
 from ddpkit.commands.logtail import run_logged
-from ddpkit.commands.verify import causes, draws, isolate, matched, noise, rounding
+from ddpkit.commands.verify import causes, draws, isolate, matched, noise, perturbed, rounding
 from ddpkit.commands.verify.lines import fail_line, pass_line, run_length
 from ddpkit.commands.verify.weights import compare_weights, gradients_apart, moved_within
 from ddpkit.core import contract
@@ -180,7 +180,8 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
             if again is not None and again["passed"]:
                 return matched.decided({**result, "nproc": nproc}, again)
         if draws.worth_rerun(result) and not match:  # how far the one-process run moves with other draws alone
-            result["draws"] = _other_draws(script, script_args, nproc, tmp, common, one, many, skip, atol, rtol)
+            result["draws"] = _reruns(script, script_args, nproc, tmp, common, contract.VERIFY_DRAWS, draws.RERUNS,
+                                      one, many, skip, (atol, rtol))
             if result["draws"] is not None and not result["draws"]["reached"]:
                 result["random_draws"] = False  # draws that move no weight are no cause of the difference
             elif result["draws"] is not None:
@@ -199,6 +200,9 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
             result["cause"] = causes.likely_cause(g1, gn, grads, result["random_draws"], nproc, result["autocast"],
                                                   next((f["masked_labels"] for f in facts if f.get("masked_labels")),
                                                        None), result["lrs"])
+            if float64 and perturbed.worth_measuring(result, match):
+                result["floor"] = _reruns(script, script_args, nproc, tmp, common, contract.VERIFY_PERTURB,
+                                          perturbed.RERUNS, one, many, skip, (atol, rtol))
     return {"nproc": nproc, "mode": mode, "steps": steps, "atol": atol, "rtol": rtol, **result}
 
 
@@ -242,21 +246,27 @@ def _matched(script: str, script_args: Sequence[str], nproc: int, steps: int, at
     return again
 
 
-def _other_draws(script: str, script_args: Sequence[str], nproc: int, tmp: str, common: dict[str, str], one: dict,
-                 many: dict, skip: dict, atol: float, rtol: float) -> dict | None:
-    """The one-process run again, :data:`draws.RERUNS` times with other draws; :func:`draws.measure` of them (None:
-    a re-run failed, and the FAIL stands as it is)."""
-    others = []
-    for k in range(1, draws.RERUNS + 1):
-        out = os.path.join(tmp, f"single-draws{k}.pt")
+def _reruns(script: str, script_args: Sequence[str], nproc: int, tmp: str, common: dict[str, str],
+            variable: contract.Var, count: int, one: dict, many: dict, skip: dict,
+            tol: tuple[float, float]) -> dict | None:
+    """The one-process run again ``count`` times, ``variable`` = 1, 2 ... (other draws: :mod:`.draws`; weights
+    perturbed by rounding: :mod:`.perturbed`); :func:`draws.measure` of them (None: a re-run failed, and the FAIL
+    stands as it is)."""
+    others, what = [], RERUN_NAMES[variable.name]
+    for k in range(1, count + 1):
+        out = os.path.join(tmp, f"single-rerun{k}.pt")
         try:
-            _run(script, "one-process re-run with other random draws", nproc, [sys.executable, script, *script_args],
+            _run(script, f"one-process re-run {what}", nproc, [sys.executable, script, *script_args],
                  {**common, contract.MODE.name: "single", contract.BATCH_SCALE.name: str(nproc),
-                  contract.VERIFY_OUT.name: out, contract.VERIFY_DRAWS.name: str(k)}, os.path.join(tmp, "draws.log"))
+                  contract.VERIFY_OUT.name: out, variable.name: str(k)}, os.path.join(tmp, "rerun.log"))
             others.append(torch.load(out, weights_only=True))
         except (ScriptFailed, OSError):
             return None
-    return draws.measure(one, many, others, skip, atol, rtol)
+    return draws.measure(one, many, others, skip, *tol)
+
+
+RERUN_NAMES = {contract.VERIFY_DRAWS.name: "with other random draws",
+               contract.VERIFY_PERTURB.name: "from initial weights perturbed by rounding"}
 
 
 def _run(script: str, run: str, nproc: int, cmd: list[str], env: dict[str, str], log: str) -> None:

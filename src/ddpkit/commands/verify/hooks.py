@@ -12,6 +12,8 @@ changes, and why:
   so a script need not seed;
 - dropout is set to 0 (unless ``--keep-dropout``);
 - in the float64 re-run of a FAIL, the model is float64 (:mod:`ddpkit.commands.verify.rounding`);
+- in the re-runs that measure what rounding alone makes, the initial weights are perturbed by rounding
+  (:mod:`ddpkit.commands.verify.perturbed`);
 - in the re-run of a FAIL whose steps drew noise, the draws are matched (:mod:`ddpkit.commands.verify.matched`);
 - the :class:`~ddpkit.commands.verify.recorder.Recorder` stops both runs after K optimizer steps, saves the final
   weights and the step-1 gradients.
@@ -32,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ddpkit.commands.verify import nodropout, rounding
+from ddpkit.commands.verify import nodropout, perturbed, rounding
 from ddpkit.commands.verify.recorder import DRAWS_OFFSET, Recorder, cpu_state, dropout_off
 from ddpkit.commands.verify.samples import SampleSeeded
 from ddpkit.core import contract
@@ -41,8 +43,10 @@ from ddpkit.runtime.instrument import Hooks, OnShutdown
 
 class VerifyHooks(Hooks):
     def __init__(self, batch_scale: int = 1, drop_multiple: int | None = None, init: str | None = None,
-                 keep_dropout: bool = True, recorder: Recorder | None = None, float64: bool = False):
+                 keep_dropout: bool = True, recorder: Recorder | None = None, float64: bool = False,
+                 perturb: int = 0):
         self.batch_scale, self.drop_multiple, self.init, self.float64 = batch_scale, drop_multiple, init, float64
+        self.perturb = perturb  # K > 0: the initial weights perturbed by rounding (:mod:`.perturbed`'s re-runs)
         self.keep_dropout, self.recorder = keep_dropout, recorder
         self.models = 0  # models prepared so far: each one's initial weights are a file of its own (a GAN has two)
 
@@ -61,6 +65,8 @@ class VerifyHooks(Hooks):
             self.models += 1
             if os.path.exists(path):  # the N-process run: start where the one-process run did
                 model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+                if self.perturb:  # (after the load: the same start, rounded otherwise)
+                    perturbed.perturb(model, self.perturb)
             else:
                 weights = cpu_state(model)  # on every rank: gathering a sharded (fsdp) model is collective
                 if is_main:
@@ -100,4 +106,5 @@ def from_env(environ: Mapping[str, str]) -> VerifyHooks:
                        recorder=Recorder(out, contract.MAX_STEPS.number(environ),
                                          other_draws=contract.VERIFY_DRAWS.number(environ) or 0,
                                          matched=contract.VERIFY_MATCHED.flag(environ)) if out else None,
-                       float64=contract.VERIFY_F64.flag(environ))
+                       float64=contract.VERIFY_F64.flag(environ),
+                       perturb=contract.VERIFY_PERTURB.number(environ) or 0)

@@ -42,6 +42,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
+from ddpkit.commands.verify import perturbed
 from ddpkit.commands.verify.causes import lr_differs
 
 # optimizers that scale each element's step by its own gradient history: float noise becomes an lr-sized step
@@ -236,8 +237,11 @@ def decided(float32: dict, float64: dict | None, error: str | None = None) -> di
                     "(a defect parts the float64 runs from the first step, and as far as the float32 ones); the "
                     "comparison is weak here: verify at a lower lr, or fewer --steps, for a stronger one")
             return {**float64, "passed": True, "decided_by": "float64", "rounding_note": note}
+        floor = perturbed.decided(float64)
+        if floor is not None:  # rounding decides a step here (a ReLU at an exact 0), in float64 as in float32
+            return floor
         note = (f"the float64 re-run differs too ({float64.get('first_diverging')!r}, max abs diff "
-                f"{f64 if f64 is None else format(f64, '.3g')}): not float rounding")
+                f"{f64 if f64 is None else format(f64, '.3g')}): not float rounding{perturbed.beyond(float64)}")
     else:
         note = (f"the float64 re-run could not run: the model does not run in float64 ({error}; a line that runs "
                 "in float32), so float rounding is not ruled out")

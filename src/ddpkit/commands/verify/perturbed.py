@@ -1,0 +1,103 @@
+"""Rounding that decides a step, told from a defect: the one-process re-runs from perturbed initial weights.
+
+Some networks compute a value that is exactly 0 in exact arithmetic and branch on its sign: a zero padding after a
+BatchNorm (MobileNetV2's ``F.pad`` before a depthwise conv, a DeepLabV3+ backbone) makes a border whose BatchNorm
+output is ``-mean x invstd`` of a channel whose mean is exactly 0, so the ReLU after it passes or blocks the whole
+border on the sign of a rounding error (1e-17 in float64). One process summing the global batch and N processes
+merging their shares round differently, the border's gradient goes one way or the other, and the runs part from
+step 1 by a real amount, in float64 as in float32: the float64 re-run (:mod:`.rounding`) cannot excuse it.
+
+So when the float64 runs still differ and no cause was found, the one-process run goes again :data:`RERUNS` times
+from the same initial weights each multiplied by ``1 + eps x N(0, 1)`` (eps: float64's, 2.2e-16; a seed per
+re-run): the same training, rounded otherwise. Per tensor, the farther of them from the first run is how far
+rounding alone moves this training (its floor), and the N-process run is judged against it as the re-runs with
+other random draws judge theirs (:func:`ddpkit.commands.verify.draws.measure`, the same factor). Measured on a
+BatchNorm-pad-conv-BatchNorm-ReLU network (5 steps, float64): the perturbed re-runs parted from the first by up
+to 0.011 (a BatchNorm bias), the correct 2-process run by 0.0046 at most, within it everywhere; per-rank
+BatchNorm statistics (a defect) parted the conv weights 34x-60x beyond their floor under SGD, 18x-24x under Adam.
+Without the pad the floor is 1e-16: any defect stands out.
+
+Example::
+
+    >>> import torch
+    >>> from torch import nn
+    >>> net = nn.Linear(2, 2, dtype=torch.float64)
+    >>> before = net.weight.detach().clone()
+    >>> perturb(net, 1)
+    >>> bool((net.weight != before).any()), float((net.weight / before - 1).abs().max()) < 1e-14
+    (True, True)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ddpkit.commands.verify import draws
+from ddpkit.commands.verify.causes import lr_differs
+
+RERUNS = 2  # the floor is the farthest apart of the first run and these, every pair (as draws' is)
+SEED = 104729  # each re-run K draws its perturbation from SEED + K: not the script's own generator
+
+
+def perturb(model: nn.Module, k: int) -> None:
+    """Each floating parameter times ``1 + eps x N(0, 1)``, drawn from a generator of its own (seed ``SEED + k``):
+    the script's generator is not touched, so the training draws what the first run drew."""
+    generator = torch.Generator().manual_seed(SEED + k)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.is_floating_point():
+                noise = torch.randn(param.shape, generator=generator, dtype=torch.float64)
+                factor = 1 + torch.finfo(param.dtype).eps * noise
+                param.mul_(factor.to(device=param.device, dtype=param.dtype))
+
+
+def worth_measuring(result: dict, matched: bool = False) -> bool:
+    """A float64 FAIL of finite weights with no cause found (not a constant factor between the step-1 gradients,
+    not learning rates that differ), whose steps drew nothing, or only from torch's generator in ``matched`` runs
+    (the same numbers at 1 process and N; a loader's workers' draws count once the re-runs with other draws found
+    they move nothing): draws of their own would move the floor. What rounding alone makes there decides.
+
+    >>> worth_measuring({"passed": False, "non_finite": False, "max_abs_diff": 0.01})
+    True
+    >>> worth_measuring({"passed": False, "non_finite": False, "max_abs_diff": 0.01, "gradient_factor": 2.0})
+    False
+    >>> fail = {"passed": False, "non_finite": False, "max_abs_diff": 0.01, "random_draws": True}
+    >>> torch_only, with_random = {**fail, "draw_sources": ["torch"]}, {**fail, "draw_sources": ["random"]}
+    >>> worth_measuring(torch_only, True), worth_measuring(with_random, True), worth_measuring(torch_only)
+    (True, False, False)
+    """
+    if result.get("passed") or result.get("non_finite") or result.get("max_abs_diff") is None or \
+            result.get("autocast"):
+        return False
+    if result.get("random_draws") and not (matched and result.get("matchable", True) and
+                                           set(result.get("draw_sources") or ()) <= {"torch"}):
+        return False
+    return result.get("gradient_factor") is None and lr_differs(result.get("lrs") or []) is None
+
+
+def decided(float64: dict) -> dict | None:
+    """A PASS decided by the floor when every tensor of the float64 N-process run is within what rounding alone
+    makes; None when the floor was not measured or a tensor is beyond it (the FAIL stands: :func:`beyond`)."""
+    floor = float64.get("floor")
+    if not floor or floor["worst"] is not None or not floor["reached"]:
+        return None
+    diff = float64.get("first_max_abs_diff", float64.get("max_abs_diff"))
+    note = (f"decided by {RERUNS} one-process float64 re-runs from initial weights perturbed by rounding (x (1 + "
+            f"2.2e-16 x N(0,1))): they moved a tensor by up to {floor['floor']:.3g} (L2), and every tensor of the "
+            f"{float64['nproc']}-process run is within {draws.FACTOR:g}x of that (its largest difference "
+            f"{'n/a' if diff is None else format(diff, '.3g')}): this training turns rounding into differences of "
+            "that size (a ReLU on a value that is exactly 0 in exact arithmetic, e.g. zero padding after "
+            "BatchNorm); a defect smaller than that is not seen here")
+    return {**float64, "passed": True, "decided_by": "rounding floor", "rounding_note": note}
+
+
+def beyond(float64: dict) -> str:
+    """What the floor says of a FAIL it leaves standing ('' when none was measured)."""
+    floor = float64.get("floor")
+    if not floor or floor["worst"] is None:
+        return ""
+    name, gap, spread = floor["worst"]
+    times = f"{gap / spread:.3g}x" if spread else "while"
+    return (f"; {name!r} differs by {gap:.3g} (L2), {times} what one-process re-runs from rounding-perturbed "
+            f"initial weights make there ({spread:.3g})")
