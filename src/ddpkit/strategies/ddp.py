@@ -71,7 +71,9 @@ class DDPStrategy(Strategy):
         from ddpkit.strategies.ddp_wrapper import DDP
         from ddpkit.strategies.frozen import frozen, prepare_frozen
         from ddpkit.strategies.syncbn import sync_batchnorms
+        from ddpkit.strategies.unbatched import watch
 
+        watch(model, state.world_size)  # (an LSTM fed (batch, features) rows: one sequence, split across ranks)
         if frozen(model):  # a target or teacher network: no gradient to average, and torch's DDP refuses it
             return prepare_frozen(model, state, options.sync_batchnorm)
         if options.sync_batchnorm:

@@ -22,8 +22,9 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
-from ddpkit.commands.convert.scan import Call, Loop, dotted, resolve
-from ddpkit.commands.convert.sums import batch_mean, batch_wide, collection, indexed, sums_after
+from ddpkit.commands.convert.curves import curves
+from ddpkit.commands.convert.scan import Call, Loop, dotted, names_in, resolve
+from ddpkit.commands.convert.sums import MEANS, batch_mean, batch_wide, collection, indexed, sums_after
 
 _Work = Any  # the plan in the making (plan._Work)
 
@@ -55,7 +56,7 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
     for loop in fors:
         summed_as_training = loop not in evaluations  # a training loader's evaluation (check_accuracy) sums
         if summed_as_training:
-            _list_means(work, loop)
+            _list_means(work, loop, curves(work, loop))
             _scored(work, loop)
             filled = _filled_by_callee(work, loop)
             if filled is not None:  # dlwpt's ``trnMetrics_g`` (a slot per sample): half of them never filled
@@ -118,6 +119,7 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
         if not new:  # one evaluation function called with two loaders (check_accuracy): reduced once
             continue
         after.extend(new)
+        _running_shown(work, anchor, names)
         if not summed_as_training:
             work.reduced.extend(evaluations)
         summed = [n for n in names if n not in means]
@@ -182,17 +184,14 @@ def _subset(work: _Work, call: Call) -> frozenset[str]:
     return frozenset()
 
 
-MEANS = ("numpy.mean", "statistics.mean", "statistics.fmean")
-
-
-def _list_means(work: _Work, loop: Loop) -> None:
+def _list_means(work: _Work, loop: Loop, whole: set[str]) -> None:
     """``train_loss.append(metrics[0])`` every training step into a list begun before the loop, then ``m =
     np.mean(train_loss)`` below it (Graph-WaveNet): the mean over this rank's batches. Every rank took as many
     steps, so the mean of the ranks' means is the mean over every batch: ``m = ddpkit.reduce(m, op='mean')``."""
     facts = work.facts
     appended = {name for name, _ in loop.stored if name.isidentifier()}
     begun = {b.target for b in facts.bindings if b.target in appended and b.scope is loop.scope and
-             b.line < loop.line and isinstance(b.value, cst.List) and not b.value.elements}
+             b.line < loop.line and isinstance(b.value, cst.List) and not b.value.elements} - whole
     later = {n for other in facts.loops if other.scope is loop.scope and other.line > loop.end
              for n, _ in other.stored}  # (a list a later loop adds to: its mean is not this loop's)
     handled: set[int] = set()
@@ -250,6 +249,23 @@ def _scored(work: _Work, loop: Loop) -> None:
                        "ddpkit.gather(torch.tensor(lst)) on every rank (a tensor per list), then score the gathered "
                        "lists")
             return
+
+
+SHOWS = ("print", "progress_bar", "set_postfix", "set_description", "write", "info", "add_scalar", "log")
+
+
+def _running_shown(work: _Work, loop: Loop, names: list[str]) -> None:
+    """Sums the loop shows as each step leaves them (kuangliu's CIFAR ``progress_bar(i, len(loader), 'Acc: %.3f%%
+    (%d/%d)' % (..., correct, total))``): this rank's running share, said once a loop; after it they are every
+    rank's."""
+    for call in loop.calls:
+        if call.last in SHOWS and call.line > loop.line:
+            shown = sorted({n for a in call.node.args for n in names_in(a.value)} & set(names))
+            if shown:
+                work.keep(call.line, f"{call.last}(...) in the loop shows {', '.join(shown)} as each step leaves "
+                          "them", "this rank's running share of its shard (rank 0's on screen); after the loop "
+                          "they are every rank's")
+                return
 
 
 def _meters(facts: Any, loop: Loop) -> set[str]:

@@ -32,6 +32,8 @@ from ddpkit.commands.convert.device import PROGRESS
 from ddpkit.commands.convert.inits import node_ids
 from ddpkit.commands.convert.scan import Facts, Loop, dotted, names_in, resolve
 
+MEANS = ("numpy.mean", "statistics.mean", "statistics.fmean")  # a mean of a list's values
+
 
 class Reduction(NamedTuple):
     """Reduce ``names`` after ``anchor`` (summed, or averaged: ``averaged``), and wrap each ``len(loader)`` call of
@@ -237,6 +239,8 @@ def _training_sum(facts: Facts, loop: Loop, anchor: Loop, name: str, readers: li
     if not started or name in later:
         return None
     divisors = [d for s in readers if s is not None for d in _divisors(s, name)]
+    if not divisors and batch_mean(facts, loop, name):  # (returned or printed whole: averaged, or summed with a
+        return "sum"  # per-process batch, by :func:`~ddpkit.commands.convert.reductions.reductions`)
     if divisors and all(names_in(d) and names_in(d) <= local for d in divisors):
         return "mean"
     if divisors and all(_batches(facts, loop, d) for d in divisors):
@@ -413,10 +417,10 @@ def batch_mean(facts: Facts, loop: Loop, name: str) -> bool:
             value = value.func.value if isinstance(value.func, cst.Attribute) else value.args[0].value
         if dotted(value) not in losses:
             return False
-    return bool(losses and adds) and all(_mean_criterion(facts, loop, name) for name in losses if name)
+    return bool(losses and adds) and all(mean_criterion(facts, loop, name) for name in losses if name)
 
 
-def _mean_criterion(facts: Facts, loop: Loop, loss: str) -> bool:
+def mean_criterion(facts: Facts, loop: Loop, loss: str) -> bool:
     """``loss`` is bound in ``loop`` to one of torch's losses with its default reduction, a mean over the batch:
     ``F.cross_entropy(...)``, or ``criterion(...)`` of ``criterion = nn.CrossEntropyLoss()``. Not with
     ``reduction='sum'`` (a VAE's), nor a loss of the script's own or of another module (its reduction unseen)."""
@@ -430,13 +434,16 @@ def _mean_criterion(facts: Facts, loop: Loop, loss: str) -> bool:
     value = (inside or bound)[-1].value if bound else None
     if not isinstance(value, cst.Call):
         return False
-    def torch_loss(call: cst.Call) -> bool:
-        return (resolve(dotted(call.func), facts.aliases) or "").startswith("torch.nn.")
+    def torch_loss(call: cst.Call) -> bool:  # (``nn`` of a star import, ``from models import *``: torch's)
+        return (resolve(dotted(call.func), facts.aliases) or "").startswith(("torch.nn.", "nn."))
 
     made: cst.BaseExpression | None = value
     if not torch_loss(value):  # ``criterion(...)``: what it is bound to
         held = [b for b in facts.bindings if b.target == dotted(value.func) and isinstance(b.value, cst.Call)]
         made = held[-1].value if held else None
+    while isinstance(made, cst.Call) and isinstance(made.func, cst.Attribute) and \
+            made.func.attr.value in ("to", "cuda", "cpu"):  # ``nn.CrossEntropyLoss().to(self.device)``
+        made = made.func.value
     if not isinstance(made, cst.Call) or not torch_loss(made):
         return False
     return not any(a.keyword is not None and a.keyword.value in ("reduction", "size_average", "reduce")

@@ -108,10 +108,13 @@ def _masked(work: _Work, call: Call) -> bool:
     differs from batch to batch. A mask is a comparison (or ``.ne(0)``, ``.bool()``), or a name bound to one; a
     dict key (``outputs[t]``) is not."""
     last = call.last.lower()
-    if not (call.last in TOKEN_LOSSES or last.endswith(("loss", "loss_fct")) or last == "criterion"):
-        return False
     positional = [a.value for a in call.node.args if a.keyword is None and not a.star]
     if len(positional) < 2:
+        return False
+    if _ignored_where(work, call, positional[1]) and (last.endswith(("loss", "loss_fct", "criterion")) or
+                                                      _a_token_loss(work, call)):
+        return True
+    if not (call.last in TOKEN_LOSSES or last.endswith(("loss", "loss_fct")) or last == "criterion"):
         return False
     for value in positional[:2]:
         index = value.slice[0].slice if isinstance(value, cst.Subscript) and len(value.slice) == 1 else None
@@ -123,6 +126,26 @@ def _masked(work: _Work, call: Call) -> bool:
         if not _a_mask(mask):
             return False
     return True
+
+
+def _ignored_where(work: _Work, call: Call, target: Any) -> bool:
+    """Labels a mask sets to the ignored index (bert-entity-extraction's ``torch.where(active_loss, target.view(-1),
+    torch.tensor(lfn.ignore_index).type_as(target))``): the loss is a mean over the tokens the mask keeps."""
+    name = dotted(target)
+    bound = flow.binding_of(work.facts, name, call.scope, call.line) if name else None
+    value = bound.value if bound is not None else target
+    if not (isinstance(value, cst.Call) and (dotted(value.func) or "").rsplit(".", 1)[-1] == "where" and
+            len(value.args) == 3):
+        return False
+    other = work.facts.code(value.args[2].value).replace(" ", "")
+    return "ignore_index" in other or "-100" in other
+
+
+def _a_token_loss(work: _Work, call: Call) -> bool:
+    """``lfn(...)`` where ``lfn = nn.CrossEntropyLoss()`` (or another token loss) in the same function."""
+    bound = flow.binding_of(work.facts, dotted(call.node.func) or "", call.scope, call.line)
+    return bound is not None and isinstance(bound.value, cst.Call) and \
+        (dotted(bound.value.func) or "").rsplit(".", 1)[-1] in TOKEN_LOSSES
 
 
 def _a_mask(node: Any) -> bool:

@@ -38,7 +38,8 @@ WRITERS = {"matplotlib.pyplot.savefig": "the figure", "torchvision.utils.save_im
            "imageio.imsave": "the image", "imageio.v2.mimsave": "the animation", "imageio.v2.imwrite": "the image",
            "imageio.v3.imwrite": "the image", "scipy.io.savemat": "the arrays", "soundfile.write": "the sound",
            "torchaudio.save": "the sound", "scipy.io.wavfile.write": "the sound",  # (melgan's save_sample)
-           "librosa.output.write_wav": "the sound", "cv2.imwrite": "the image"}
+           "librosa.output.write_wav": "the sound", "cv2.imwrite": "the image",
+           "joblib.dump": "the object"}  # (bert-entity-extraction's ``joblib.dump(meta, "meta.bin")``)
 METHODS = {"savefig": "the figure", "to_csv": "the table", "to_json": "the table", "to_parquet": "the table",
            "to_excel": "the table"}  # a figure's, a pandas DataFrame's
 OPENERS = ("open", "io.open", "builtins.open")
@@ -108,10 +109,10 @@ def _to_a_path(work: _Work, call: Call) -> bool:
                    ("fname", "fp", "file", "path", "path_or_buf")), None)
     if target is None:
         return False
-    if call.name in ("torchvision.utils.save_image",):  # save_image(tensor, fp): the path comes second
+    if call.name in ("torchvision.utils.save_image", "joblib.dump"):  # save_image(tensor, fp): the path comes second
         positional = [a.value for a in call.node.args if a.keyword is None]
         target = positional[1] if len(positional) > 1 else next(
-            (a.value for a in call.node.args if a.keyword is not None and a.keyword.value == "fp"), None)
+            (a.value for a in call.node.args if a.keyword is not None and a.keyword.value in ("fp", "filename")), None)
     bound = [b.value for b in work.facts.bindings if b.target == dotted(target)] if dotted(target) else []
     memory = ("BytesIO", "StringIO")
     return target is not None and not any(
@@ -180,7 +181,7 @@ def _written_path(call: Call) -> Any:
     if call.name == "torchvision.utils.save_image":
         positional = [a.value for a in call.node.args if a.keyword is None]
         return positional[1] if len(positional) > 1 else next(
-            (a.value for a in call.node.args if a.keyword is not None and a.keyword.value == "fp"), None)
+            (a.value for a in call.node.args if a.keyword is not None and a.keyword.value in ("fp", "filename")), None)
     return paths.first_path(call)
 
 

@@ -1,0 +1,126 @@
+"""A training loop's list of per-step values kept whole (a training curve): averaged across ranks, step by step.
+
+``losses.append(loss.item())`` each step into a list begun before the loop, then the list itself returned, saved or
+plotted (video-classification's ``return losses, scores``, saved with ``np.save``): each rank's list holds its own
+part of each global batch, so what is saved is rank 0's curve. Every rank took as many steps, and each value is a
+mean over the rank's part of the batch (the loss of a mean criterion, a batch's score), so the mean over the ranks of
+step k's values is step k's value over the global batch, as one process has it. Right after the loop, every rank
+running it (no ``break`` a rank could take alone, each append a statement of the loop's own block)::
+
+    losses = ddpkit.reduce(torch.tensor(losses, dtype=torch.float64), op='mean').tolist()
+
+A list read only through a mean (``np.mean(losses)``) is left to :mod:`.reductions` (one number, not the list).
+
+Example::
+
+    >>> from ddpkit.commands.convert.plan import plan
+    >>> p = plan("import torch\\nfrom torch.utils.data import DataLoader\\nm = torch.nn.Linear(2, 1)\\n"
+    ...          "o = torch.optim.SGD(m.parameters(), lr=0.1)\\nls = []\\n"
+    ...          "for x, y in DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), "
+    ...          "batch_size=4):\\n    loss = torch.nn.functional.mse_loss(m(x), y)\\n    o.zero_grad()\\n"
+    ...          "    loss.backward()\\n    o.step()\\n    ls.append(loss.item())\\ntorch.save(ls, 'curve.pt')\\n")
+    >>> [line for line in p.text.splitlines() if line.startswith("ls = ddpkit")]
+    ["ls = ddpkit.reduce(torch.tensor(ls, dtype=torch.float64), op='mean').tolist()"]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+
+from ddpkit.commands.convert import flow
+from ddpkit.commands.convert.scan import Loop, dotted, resolve
+from ddpkit.commands.convert.sums import MEANS, mean_criterion
+
+_Work = Any  # the plan in the making (plan._Work)
+# per-batch scores that are a mean over the batch's samples
+SCORES = ("sklearn.metrics.accuracy_score",)
+
+
+def curves(work: _Work, loop: Loop) -> set[str]:
+    """Average, right after ``loop``, each list of per-step batch means it fills and the code below reads whole;
+    the names averaged (their means need nothing more)."""
+    facts = work.facts
+    if loop.breaks or not isinstance(loop.node, cst.For) or not isinstance(loop.node.body, cst.IndentedBlock) or \
+            facts.aliases.get("torch") != "torch":  # (the line it adds calls torch.tensor)
+        return set()
+    begun = {b.target for b in facts.bindings if b.scope is loop.scope and b.line < loop.line and
+             isinstance(b.value, cst.List) and not b.value.elements}
+    done = set()
+    for name in sorted({n for n, _ in loop.stored} & begun):
+        appends = [c for c in loop.calls if c.last == "append" and isinstance(c.node.func, cst.Attribute) and
+                   dotted(c.node.func.value) == name]
+        every_step = all(_own_step(loop, c.stmt) and _batch_mean(work, loop, c.node, c.line) for c in appends)
+        if not appends or not every_step or not _read_whole(work, loop, name) or \
+                any(n == name for n, _ in loop.augmented):
+            continue
+        work.edits.after.setdefault(id(loop.node), []).append(
+            f"{name} = ddpkit.reduce(torch.tensor({name}, dtype=torch.float64), op='mean').tolist()")
+        work.note(f"after the training loop: {name} averaged across ranks step by step (ddpkit.reduce, op='mean')",
+                  "each rank's list holds its part of each global batch; every rank took as many steps, so the "
+                  "mean of the ranks' values at a step is the global batch's", loop.end)
+        done.add(name)
+    return done
+
+
+def _own_step(loop: Loop, stmt: Any) -> bool:
+    """The append is a statement of the loop's own block (every step adds one, on every rank)."""
+    return stmt is not None and any(s is stmt for s in loop.node.body.body)
+
+
+def _batch_mean(work: _Work, loop: Loop, call: cst.Call, line: int) -> bool:
+    """What is appended is a mean over the rank's part of the batch: the trained loss's value (a mean
+    criterion's), or a per-batch score (``accuracy_score(y, pred)``)."""
+    if len(call.args) != 1:
+        return False
+    value = call.args[0].value
+    if isinstance(value, cst.Name):  # ``step_score = accuracy_score(...)`` in the loop, then appended
+        bound = flow.binding_of(work.facts, value.value, loop.scope, line)
+        if bound is not None and bound.value is not None and bound.line >= loop.line:
+            value = bound.value
+    if isinstance(value, cst.Call) and (resolve(dotted(value.func), work.facts.aliases) or "") in SCORES:
+        return True
+    return _loss_value(value) is not None and _loss_value(value) in _means(work, loop)
+
+
+def _loss_value(value: Any) -> str | None:
+    """``loss.item()``, ``float(loss)``, ``loss.detach().cpu().item()``: the name, else None."""
+    while isinstance(value, cst.Call):
+        if isinstance(value.func, cst.Attribute) and not value.args and \
+                value.func.attr.value in ("item", "detach", "cpu", "numpy"):
+            value = value.func.value
+        elif dotted(value.func) == "float" and len(value.args) == 1:
+            value = value.args[0].value
+        else:
+            return None
+    return dotted(value)
+
+
+def _means(work: _Work, loop: Loop) -> set[str]:
+    """The names backward is called on whose value is a mean criterion's (:func:`sums.mean_criterion`)."""
+    losses = {dotted(c.node.func.value) for c in loop.calls if c.last == "backward" and
+              isinstance(c.node.func, cst.Attribute)} - {None}
+    return {loss for loss in losses if loss and mean_criterion(work.facts, loop, loss)}
+
+
+def _read_whole(work: _Work, loop: Loop, name: str) -> bool:
+    """Below the loop, in its function, the list is read other than through a mean (returned, saved, plotted,
+    appended to another list)."""
+    for stmt, scope, line in work.facts.statements:
+        if scope is not loop.scope or line <= loop.end:
+            continue
+        for node in m.findall(stmt, m.Name(value=name)):
+            if not _in_mean(work, stmt, node):
+                return True
+    return False
+
+
+def _in_mean(work: _Work, stmt: Any, node: cst.CSTNode) -> bool:
+    """``node`` is the argument of a mean (``np.mean(l)``, ``sum(l) / len(l)``'s parts, ``len(l)``)."""
+    for call in m.findall(stmt, m.Call()):
+        if isinstance(call, cst.Call) and len(call.args) == 1 and call.args[0].value is node and \
+                resolve(dotted(call.func), work.facts.aliases) in (*MEANS, "sum", "len", "torch.mean"):
+            return True
+    return False
