@@ -194,3 +194,115 @@ def test_a_curve_appended_under_a_test_or_read_through_its_mean_only_is_not_aver
         "curve.append(losses)", "curve.append([losses])")
     text = plan(mean_only).text
     assert "losses = ddpkit.reduce(torch.tensor(losses" not in text and "ddpkit.reduce(np.mean(losses)" in text, text
+
+
+BEST = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+best_loss = float("inf")
+for x, y in DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8, shuffle=True):
+    opt.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    if {test}:
+        best_loss = loss
+        torch.save(model.state_dict(), "best_model.pth")
+    loss.backward()
+    opt.step()
+'''
+
+
+def test_a_save_chosen_by_the_ranks_own_loss_is_listed_and_one_by_the_mean_is_not():
+    """Jack-Cherish's UNet lesson: ``if loss < best_loss: torch.save(...)`` each step; the save became rank 0's,
+    chosen by rank 0's half-batch loss, and nothing said so."""
+    p = plan(BEST.format(test="loss < best_loss"))
+    assert [x.line for x in p.left] == [10] and "ddpkit.reduce(loss.item(), op='mean')" in p.left[0].fix, p.left
+    p = plan(BEST.format(test="ddpkit.reduce(loss.item(), op='mean') < best_loss"))
+    assert not [x for x in p.left if "this rank's loss" in x.what], p.left
+
+
+def test_a_load_in_a_function_called_after_the_training_function_waits_for_the_other_modules_save():
+    """hazdzz/STGCN: ``train(...)`` then ``test(...)``, whose ``torch.load`` reads what script/earlystopping.py saved
+    (rank 0 alone once converted): rank 1 read a half-written file (the barrier came only for a load below the
+    training loop in its own function)."""
+    from ddpkit.commands.convert.crossing import Crossing
+    text = '''import torch
+from torch.utils.data import DataLoader
+from script import earlystopping
+
+
+def train(model, opt, loader, es):
+    for x in loader:
+        model(x).sum().backward()
+        opt.step()
+    es(0.0, model)
+
+
+def test(model):
+    model.load_state_dict(torch.load("best.pt"))
+
+
+def main():
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(torch.randn(8, 2), batch_size=4, shuffle=True)
+    train(model, opt, loader, earlystopping.EarlyStopping(path="best.pt"))
+    test(model)
+
+
+main()
+'''
+    done = plan(text, crossing=Crossing(own=frozenset({"script", "main"})))
+    lines = done.text.splitlines()
+    at = next(i for i, line in enumerate(lines) if "torch.load" in line)
+    assert lines[at - 1].strip() == "ddpkit.barrier()", done.text
+    stop = 'earlystopping.EarlyStopping(path="best.pt")'
+    early = text.replace(f"    train(model, opt, loader, {stop})\n    test(model)",
+                         f"    test(model)\n    train(model, opt, loader, {stop})")
+    assert early != text
+    assert "ddpkit.barrier()" not in plan(early, crossing=Crossing(own=frozenset({"script", "main"}))).text
+
+
+STARS = {
+    "train.py": '''import torch
+from helpers import *
+from layers import *
+
+train_loader, valid_loader, mean = load_data(16)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.Adam(model.parameters(), lr=0.01)
+
+
+def train(epoch):
+    for batch_idx, (x, y) in enumerate(train_loader):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+
+
+for epoch in range(2):
+    train(epoch)
+''',
+    "layers.py": "import torch\n\n\ndef helper(x):\n    return x * 2\n",
+    "helpers.py": '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def load_data(batch_size):
+    x, y = torch.randn(64, 4), torch.randn(64, 1)
+    train = DataLoader(TensorDataset(x[:48], y[:48]), batch_size=batch_size, shuffle=True)
+    valid = DataLoader(TensorDataset(x[48:], y[48:]), batch_size=batch_size)
+    return train, valid, x.mean()
+''',
+}
+
+
+def test_a_loader_function_from_one_of_two_star_imports_is_followed():
+    """NRI: ``from utils import *`` beside ``from modules import *``, ``train_loader, ... = load_data(...)``: with
+    two star imports no name was taken from either, and the training was refused as "fed by hand"."""
+    from ddpkit.commands.convert.crossing import settle
+    done = settle(list(STARS), lambda rel, crossing: plan(STARS[rel], crossing=crossing))
+    assert not done["train.py"].left, done["train.py"].left
+    assert "train = ddpkit.data_loader(" in done["helpers.py"].text, done["helpers.py"].text

@@ -45,7 +45,8 @@ def absolute(module: str, level: int, package: str) -> str | None:
 
 def exports(sources: dict[str, str]) -> dict[str, str]:
     """``package.Name`` -> ``package.module.Name`` for every name a package's ``__init__.py`` imports at its top
-    level from another module (relative or by its full name), followed through nested re-exports."""
+    level from another module (relative or by its full name), followed through nested re-exports; and
+    ``*module.Name`` for each name a module star-imported by any file defines (which of two stars gives it)."""
     found: dict[str, str] = {}
     for rel, source in sources.items():
         if not rel.endswith("__init__.py"):
@@ -60,6 +61,12 @@ def exports(sources: dict[str, str]) -> dict[str, str]:
                     found[f"{package}.{alias.asname or alias.name}"] = f"{base}.{alias.name}"
                 for name in _defined(sources, base) if alias.name == "*" else ():  # (``from .loop import *``)
                     found.setdefault(f"{package}.{name}", f"{base}.{name}")
+    for rel, source in sources.items():  # (``from helpers import *`` beside another star: which defines what)
+        for node in _top_imports(source):
+            base = absolute(node.module or "", node.level, package_of(rel)) if node.level else node.module
+            if base and any(alias.name == "*" for alias in node.names):
+                for name in _defined(sources, base):
+                    found.setdefault(f"*{base}.{name}", f"{base}.{name}")
     for name in list(found):
         for _ in range(HOPS):  # (``a.X`` -> ``a.b.X``, which ``a/b/__init__.py`` takes from ``a.b.c``)
             if found[name] not in found or found[found[name]] == found[name]:

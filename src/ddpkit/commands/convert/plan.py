@@ -29,6 +29,7 @@ from ddpkit.commands.convert import (
     batch,
     batchstats,
     branches,
+    choices,
     crossing,
     device,
     handed,
@@ -244,6 +245,7 @@ class _Work:
         rules.outputs(self)
         removals.removals(self)
         writes.writes(self)
+        choices.rank_chosen_saves(self)
         reread.reread(self)
 
     def _convertible(self) -> bool:

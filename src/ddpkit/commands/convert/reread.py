@@ -28,15 +28,15 @@ _Work = Any  # the plan in the making (plan._Work)
 
 
 def reread(work: _Work) -> None:
-    """A barrier before each ``torch.load`` below a training loop of its function, in a project file that saves
-    nothing itself (the save is another module's)."""
+    """A barrier before each ``torch.load`` below a training loop of its function (or in a function called below a
+    call of one that trains), in a project file that saves nothing itself (the save is another module's)."""
     calls = work.facts.calls
     if not work.trains or not work.crossing.own or any(c.name == "torch.save" for c in calls):
         return
     for load in (c for c in calls if c.name == "torch.load" and c.stmt is not None):
         after = [lp for lp in work.facts.loops if lp.scope is load.scope and lp.end < load.line and
                  flow.trains(work.facts, lp) and not lp.outer]
-        if not after or id(load.stmt) in work.edits.guard:
+        if (not after and not _after_training(work, load)) or id(load.stmt) in work.edits.guard:
             continue
         every = not load.loops and not any(t for t in load.tests if "__name__" not in t) and \
             (flow.in_body(load.stmt, load.scope) or in_main_block(work.facts.module, load.stmt)) and \
@@ -49,3 +49,14 @@ def reread(work: _Work) -> None:
         work.edits.before.setdefault(id(load.stmt), []).append("ddpkit.barrier()")
         work.note("ddpkit.barrier() before the read", "a checkpoint saved during training by another module of the "
                   "project (rank 0's alone) is read here: every rank waits until it is written", load.line)
+
+
+def _after_training(work: _Work, load: Any) -> bool:
+    """The load's function (``test()``) is called, where it is called, below a call of a function that trains
+    (hazdzz/STGCN's ``train(...)`` then ``test(...)``, whose ``torch.load`` reads what the EarlyStopping of
+    another module saved during training)."""
+    runs = flow.callers(work.facts, load.scope)
+    trainers = {id(lp.scope) for lp in work.facts.loops if flow.trains(work.facts, lp)}
+    return bool(runs) and all(any(c.scope is run.scope and c.line < run.line and
+                                  id((flow.callee(work.facts, c) or (None,))[0]) in trainers
+                                  for c in work.facts.calls) for run in runs)

@@ -231,6 +231,9 @@ def imported_from(facts: Facts, name: str) -> tuple[str, str] | None:
     named = {m.split(".")[-1] for k, m in facts.modules.items() if k.startswith("** ")}  # (``tqdm`` of tqdm's star)
     if full is None and len(starred) == 1 and parts[0] not in BUILTINS and parts[0] not in named:
         return starred[0], parts[0]  # ``from params import *``: a name read and never bound here is its (not len)
+    defining = [m for m in starred if f"*{m}.{parts[0]}" in facts.exported]  # (packages.exports: which defines it)
+    if full is None and defining and parts[0] not in BUILTINS:
+        return defining[-1], parts[0]  # (the last star import that defines it binds it, as Python does)
     if full is None or "." not in full or parts[0] in facts.modules:
         return None
     module, remote = full.rsplit(".", 1)
