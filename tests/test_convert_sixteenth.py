@@ -1,5 +1,6 @@
 """What the sixteenth held-out set showed ``ddpkit convert`` owes public scripts (docs/convert.md): each a case
 written in our own words after the pattern met."""
+import os
 import sys
 
 import pytest
@@ -306,3 +307,32 @@ def test_a_loader_function_from_one_of_two_star_imports_is_followed():
     done = settle(list(STARS), lambda rel, crossing: plan(STARS[rel], crossing=crossing))
     assert not done["train.py"].left, done["train.py"].left
     assert "train = ddpkit.data_loader(" in done["helpers.py"].text, done["helpers.py"].text
+
+
+def test_a_run_folder_named_by_the_clock_is_rank_0s_on_every_rank(tmp_path):
+    """NRI: ``timestamp = now.isoformat()`` names ``exp<timestamp>/`` under ``if args.save_folder:``: each rank
+    read its own clock, named its own folder, and rank 1 later loaded an encoder from a folder no one wrote to."""
+    source = '''import argparse
+import datetime
+import os
+import time
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--save-folder", default="logs")
+args = parser.parse_args()
+if args.save_folder:
+    now = datetime.datetime.now()
+    timestamp = now.isoformat()
+    save_folder = "{}/exp{}/".format(args.save_folder, timestamp)
+    os.makedirs(save_folder)
+    time.sleep(0.01 * int(os.environ.get("RANK", "0")))
+stamp = time.strftime("%H%M%S")
+print(sorted(os.listdir(args.save_folder)))
+'''
+    p = plan(source)
+    assert "timestamp = ddpkit.broadcast(now.isoformat())" in p.text, p.text
+    assert 'stamp = ddpkit.broadcast(time.strftime("%H%M%S"))' in p.text, p.text
+    (tmp_path / "train.py").write_text(p.text)
+    r = ok(launch(tmp_path / "train.py", timeout=120, cwd=tmp_path))
+    assert len(os.listdir(tmp_path / "logs")) == 1, (os.listdir(tmp_path / "logs"), r.stdout)

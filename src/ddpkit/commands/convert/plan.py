@@ -40,6 +40,7 @@ from ddpkit.commands.convert import (
     listed,
     loaders,
     methods,
+    moments,
     parallel,
     partners,
     removals,
@@ -238,6 +239,7 @@ class _Work:
         batchstats.own_batch_norm(self)
         batchstats.model_optimizer(self)
         splits.splits(self, any(c.name in (loaders.LOADER, "ddpkit.data_loader") for c in self.facts.calls))
+        moments.moments(self)
         batch.summed_loss(self)
         batch.whole_batch_loss(self)
         tokens.token_mean_loss(self)

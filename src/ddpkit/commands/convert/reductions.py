@@ -219,11 +219,12 @@ def _list_means(work: _Work, loop: Loop, whole: set[str]) -> None:
             found = _list_mean_nodes(facts, stmt, begun - later) + [
                 n for n in m.findall(stmt, m.Attribute(attr=m.Name("avg")))
                 if isinstance(n, cst.Attribute) and dotted(n.value) in meters]
-            if found and not (_every_rank(work, stmt) and _reached(work.facts, loop, stmt)):
-                work.leave(line, "a mean of the training loop's list or meter under a test, in a guarded write or "
-                           "past a return: it stays this rank's (rank 0's where it is printed)", "average it on "
-                           "every rank first, where no rank can skip it: m = ddpkit.reduce(m, op='mean') right "
-                           "after the loop, then use m")
+            reached = _reached(work.facts, loop, stmt)
+            if found and not (reached and _every_rank(work, stmt)):
+                where = "under a test or past a return" if not reached else "in a write rank 0 alone makes"
+                work.leave(line, f"a mean of the training loop's list or meter {where}: it stays this rank's (rank "
+                           "0's where it is written)", "average it on every rank first, where no rank can skip it: "
+                           "m = ddpkit.reduce(m, op='mean') right after the loop, then use m")
                 continue
             for node in found:
                 if id(node) not in work.edits.expr:
@@ -319,7 +320,7 @@ def _every_rank(work: _Work, stmt: cst.SimpleStatementLine) -> bool:
     small = stmt.body[0] if len(stmt.body) == 1 else None
     if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
         name = resolve(dotted(small.value.func), work.facts.aliases) or ""
-        if name not in ("print", "logging.info") and not name.endswith(".step"):  # (``sched.step(np.mean(l))``)
+        if name.rsplit(".", 1)[-1] in GUARDED:  # (a write the converter makes rank 0's: a collective there hangs)
             return False
     elif not isinstance(small, (cst.Return, cst.Assign, cst.AugAssign)):
         return False
@@ -329,6 +330,11 @@ def _every_rank(work: _Work, stmt: cst.SimpleStatementLine) -> bool:
                    RANK_TEST.search(work.facts.code(h.test).lower()) for h in holders)
 
 
+# calls the converter guards (rank 0 alone runs them): a print, a log call, ``l.append(m)``, ``sched.step(m)`` are
+# every rank's (review: ``logger.info(np.mean(l))`` was listed)
+GUARDED = ("save", "savefig", "save_image", "imwrite", "imsave", "mimsave", "savetxt", "savez", "savez_compressed",
+           "to_csv", "to_json", "to_parquet", "to_excel", "dump", "write", "writerow", "writerows", "savemat",
+           "pprint", "pp")
 RANK_TEST = re.compile(r"\b(rank|local_rank|global_rank|is_main\w*|is_master|master|main_process)\b")
 # ``with`` blocks every rank runs as they are (not ``with open(...)``, which the converter guards)
 EVERY_RANK_WITH = ("torch.no_grad", "torch.inference_mode", "torch.enable_grad", "torch.set_grad_enabled",

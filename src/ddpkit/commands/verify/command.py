@@ -180,8 +180,9 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
             if again is not None and again["passed"]:
                 return matched.decided({**result, "nproc": nproc}, again)
         if draws.worth_rerun(result) and not match:  # how far the one-process run moves with other draws alone
-            result["draws"] = _reruns(script, script_args, nproc, tmp, common, contract.VERIFY_DRAWS, draws.RERUNS,
-                                      one, many, skip, (atol, rtol))
+            others = _reruns(script, script_args, nproc, tmp, common, contract.VERIFY_DRAWS,
+                             range(1, draws.RERUNS + 1))
+            result["draws"] = draws.measure(one, many, others, skip, atol, rtol) if others is not None else None
             if result["draws"] is not None and not result["draws"]["reached"]:
                 result["random_draws"] = False  # draws that move no weight are no cause of the difference
             elif result["draws"] is not None:
@@ -201,8 +202,9 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
                                                   next((f["masked_labels"] for f in facts if f.get("masked_labels")),
                                                        None), result["lrs"])
             if float64 and perturbed.worth_measuring(result, match):
-                result["floor"] = _reruns(script, script_args, nproc, tmp, common, contract.VERIFY_PERTURB,
-                                          perturbed.RERUNS, one, many, skip, (atol, rtol))
+                runs = _reruns(script, script_args, nproc, tmp, common, contract.VERIFY_PERTURB,
+                               range(perturbed.RERUNS + 1))
+                result["floor"] = perturbed.measure(one, many, runs, (atol, rtol)) if runs is not None else None
     return {"nproc": nproc, "mode": mode, "steps": steps, "atol": atol, "rtol": rtol, **result}
 
 
@@ -247,13 +249,12 @@ def _matched(script: str, script_args: Sequence[str], nproc: int, steps: int, at
 
 
 def _reruns(script: str, script_args: Sequence[str], nproc: int, tmp: str, common: dict[str, str],
-            variable: contract.Var, count: int, one: dict, many: dict, skip: dict,
-            tol: tuple[float, float]) -> dict | None:
-    """The one-process run again ``count`` times, ``variable`` = 1, 2 ... (other draws: :mod:`.draws`; weights
-    perturbed by rounding: :mod:`.perturbed`); :func:`draws.measure` of them (None: a re-run failed, and the FAIL
-    stands as it is)."""
+            variable: contract.Var, values: Sequence[int]) -> list[dict] | None:
+    """The one-process run again with ``variable`` = each of ``values`` (other draws: :mod:`.draws`; weights
+    perturbed by rounding: :mod:`.perturbed`, 0 for none): the weights each ended with (None: a re-run failed, and
+    the FAIL stands as it is)."""
     others, what = [], RERUN_NAMES[variable.name]
-    for k in range(1, count + 1):
+    for k in values:
         out = os.path.join(tmp, f"single-rerun{k}.pt")
         try:
             _run(script, f"one-process re-run {what}", nproc, [sys.executable, script, *script_args],
@@ -262,7 +263,7 @@ def _reruns(script: str, script_args: Sequence[str], nproc: int, tmp: str, commo
             others.append(torch.load(out, weights_only=True))
         except (ScriptFailed, OSError):
             return None
-    return draws.measure(one, many, others, skip, *tol)
+    return others
 
 
 RERUN_NAMES = {contract.VERIFY_DRAWS.name: "with other random draws",

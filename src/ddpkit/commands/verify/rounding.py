@@ -245,4 +245,5 @@ def decided(float32: dict, float64: dict | None, error: str | None = None) -> di
     else:
         note = (f"the float64 re-run could not run: the model does not run in float64 ({error}; a line that runs "
                 "in float32), so float rounding is not ruled out")
-    return {**float32, "decided_by": "float32", "rounding_note": note}
+    floor = {"floor": float64["floor"]} if float64 is not None and float64.get("floor") else {}
+    return {**float32, **floor, "decided_by": "float32", "rounding_note": note}

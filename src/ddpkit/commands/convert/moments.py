@@ -1,0 +1,88 @@
+"""A run folder named by the clock: one name, rank 0's, on every rank.
+
+``timestamp = datetime.datetime.now().isoformat()`` then ``save_folder = f'{args.save_folder}/exp{timestamp}/'``
+(NRI's train.py): each process reads its own clock, so the ranks name different folders, rank 0 saves the
+encoder into its own and another rank later loads from a folder no one wrote to. The string the clock gives is
+made rank 0's on every rank, ``ddpkit.broadcast(...)`` (JSON between ranks). Only where every rank runs the line:
+the module's top level or its main block, under tests of the script's settings alone (``if args.save_folder:``).
+
+Example::
+
+    >>> from ddpkit.commands.convert.plan import plan
+    >>> text = plan("import datetime\\nimport os\\nnow = datetime.datetime.now()\\nstamp = now.isoformat()\\n"
+    ...             "os.makedirs('runs/' + stamp, exist_ok=True)\\n").text
+    >>> [line for line in text.splitlines() if line.startswith("stamp")]
+    ['stamp = ddpkit.broadcast(now.isoformat())']
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+
+from ddpkit.commands.convert.inits import node_ids
+from ddpkit.commands.convert.rules import in_main_block
+from ddpkit.commands.convert.scan import dotted, resolve
+
+_Work = Any  # the plan in the making (plan._Work)
+CLOCKS = ("datetime.datetime.now", "datetime.datetime.today", "datetime.datetime.utcnow", "datetime.now",
+          "datetime.today", "datetime.utcnow", "datetime.date.today")
+TEXTS = ("isoformat", "strftime", "ctime")  # a clock's value as text
+TIME_TEXTS = ("time.strftime", "time.ctime", "time.asctime")
+SETTINGS = re.compile(r"^(not\s+)?(args|opt|opts|config|cfg|FLAGS|options)\.\w+$")
+
+
+def moments(work: _Work) -> None:
+    """``ddpkit.broadcast`` around each clock-made string a top-level statement binds (see the module)."""
+    facts = work.facts
+    clocks = {b.target for b in facts.bindings if isinstance(b.value, cst.Call) and
+              resolve(dotted(b.value.func), facts.aliases) in CLOCKS}
+    for stmt, scope, line in facts.statements:
+        small = stmt.body[0] if len(stmt.body) == 1 else None
+        if scope.name or not isinstance(small, cst.Assign) or len(small.targets) != 1 or \
+                not isinstance(small.targets[0].target, cst.Name) or not _clock_text(facts, small.value, clocks):
+            continue
+        tests: list[str] = next((c.tests for c in facts.calls if id(c.node) in node_ids(small.value)), [])
+        if not all(t.strip() == "__name__ == '__main__'" or t.strip() == '__name__ == "__main__"' or
+                   SETTINGS.match(t.strip()) for t in tests) or not _top(facts, stmt):
+            continue
+        work.edits.expr[id(small.value)] = lambda node: cst.Call(cst.parse_expression("ddpkit.broadcast"),
+                                                                 [cst.Arg(node)])
+        work.note(f"{small.targets[0].target.value} = ddpkit.broadcast(...)", "a name made from the clock: each "
+                  "process reads its own, so the ranks would name different folders or files; rank 0's on every "
+                  "rank", line)
+
+
+def _clock_text(facts: Any, value: Any, clocks: set[str]) -> bool:
+    """``now.isoformat()``, ``datetime.now().strftime(...)``, ``time.strftime(...)``, ``str(datetime.now())``."""
+    if not isinstance(value, cst.Call):
+        return False
+    name = resolve(dotted(value.func), facts.aliases) or ""
+    if name in TIME_TEXTS:
+        return True
+    if name == "str" and len(value.args) == 1:
+        inner = value.args[0].value
+        return isinstance(inner, cst.Call) and resolve(dotted(inner.func), facts.aliases) in CLOCKS or \
+            dotted(inner) in clocks
+    if isinstance(value.func, cst.Attribute) and value.func.attr.value in TEXTS:
+        made = value.func.value
+        return dotted(made) in clocks or isinstance(made, cst.Call) and \
+            resolve(dotted(made.func), facts.aliases) in CLOCKS
+    return False
+
+
+def _top(facts: Any, stmt: Any) -> bool:
+    """The statement runs once on every rank: at the module's top level (in ``if`` blocks alone) or in its main
+    block, in no loop."""
+    if in_main_block(facts.module, stmt):
+        return not m.findall(facts.module, m.For() | m.While()) or not any(
+            any(s is stmt for s in m.findall(loop, m.SimpleStatementLine()))
+            for loop in m.findall(facts.module, m.For() | m.While()))
+    for top in facts.module.body:
+        if top is stmt or isinstance(top, cst.If) and any(s is stmt for s in m.findall(top, m.SimpleStatementLine())):
+            return not any(any(s is stmt for s in m.findall(loop, m.SimpleStatementLine()))
+                           for loop in m.findall(top, m.For() | m.While()))
+    return False
