@@ -336,3 +336,30 @@ print(sorted(os.listdir(args.save_folder)))
     (tmp_path / "train.py").write_text(p.text)
     r = ok(launch(tmp_path / "train.py", timeout=120, cwd=tmp_path))
     assert len(os.listdir(tmp_path / "logs")) == 1, (os.listdir(tmp_path / "logs"), r.stdout)
+
+
+def test_a_writer_imported_in_a_try_and_a_summed_loss_over_the_kept_tokens_are_seen():
+    """GPT2-NewsTitle: ``try: from torch.utils.tensorboard import SummaryWriter / except ImportError: from
+    tensorboardX import ...`` (two event files: the import in a try was not read), and ``CrossEntropyLoss(
+    ignore_index=0, reduction="sum")`` divided by ``labels.ne(0).long().sum().item()`` (a token mean, said nowhere)."""
+    p = plan('''import torch
+try:
+    from torch.utils.tensorboard import SummaryWriter
+except ImportError:
+    from tensorboardX import SummaryWriter
+
+writer = SummaryWriter()
+''')
+    assert "writer = ddpkit.summary_writer()" in p.text and "\nimport ddpkit\n" in p.text, p.text  # (not in the try)
+    p = plan('''import torch
+from torch import nn
+
+
+class Head(nn.Module):
+    def forward(self, logits, labels):
+        loss_fct = nn.CrossEntropyLoss(ignore_index=0, reduction="sum")
+        loss = loss_fct(logits.view(-1, logits.size(-1)), labels.view(-1))
+        num = labels.ne(0).long().sum().item()
+        return loss / num
+''')
+    assert [x.line for x in p.left] == [7] and "a mean over the tokens" in p.left[0].what, p.left

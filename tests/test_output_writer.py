@@ -31,3 +31,14 @@ def test_the_rank_0_logger_takes_the_loggers_own_configuration():
     assert handler in logging.getLogger("ddpkit-test-config").handlers and log.handlers == [handler]
     log.removeHandler(handler)
     assert not logging.getLogger("ddpkit-test-config").handlers
+
+
+def test_a_disabled_bars_write_prints_nothing_on_the_other_ranks(tmp_path):
+    """hkproj/pytorch-transformer validates with ``print_msg = lambda m: batch_iterator.write(m)``: tqdm's write
+    prints whether the bar is disabled or not, so every line came once per rank."""
+    (tmp_path / "train.py").write_text(
+        "import ddpkit\nddpkit.init()\nbar = ddpkit.progress(range(3))\nfor i in bar:\n    pass\n"
+        "bar.write('validated once')\n")
+    r = ok(launch(tmp_path / "train.py", timeout=120, cwd=tmp_path))
+    said = [line for line in (r.stdout + r.stderr).splitlines() if "validated once" in line]
+    assert said == ["validated once"], said

@@ -175,9 +175,17 @@ def _phase_scalars(writer: Any, step: int, windows: list[dict[str, Any]]) -> Non
 
 def progress(iterable: Iterable, **tqdm_kwargs: Any) -> Iterable:
     """``tqdm(iterable, ...)`` on rank 0; a disabled tqdm elsewhere: the same items, no bar, and the bar's
-    methods (``bar.set_postfix(loss=...)``, ``bar.update()``) do nothing instead of raising."""
+    methods (``bar.set_postfix(loss=...)``, ``bar.update()``, ``bar.write(msg)``) do nothing instead of raising.
+    (tqdm's own ``write`` prints whether the bar is disabled or not: a validation's ``bar.write(...)`` lines came
+    once per rank.)"""
     from tqdm import tqdm
 
-    if not runtime.ensure_init().is_main:
-        tqdm_kwargs["disable"] = True
-    return tqdm(iterable, **tqdm_kwargs)
+    if runtime.ensure_init().is_main:
+        return tqdm(iterable, **tqdm_kwargs)
+    bar = tqdm(iterable, **{**tqdm_kwargs, "disable": True})
+    bar.write = _silent  # (this instance's, not the class's: rank 0's bar writes)
+    return bar
+
+
+def _silent(*args: Any, **kwargs: Any) -> None:
+    """A disabled bar's ``write``: rank 0's bar prints the line once."""

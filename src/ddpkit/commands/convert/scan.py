@@ -171,6 +171,8 @@ def _import_aliases(module: cst.Module) -> tuple[dict[str, str], list[cst.Simple
     modules: dict[str, str] = {}
     lines = []
     for stmt in module.body:
+        if isinstance(stmt, cst.Try):  # ``try: from torch.utils.tensorboard import SummaryWriter`` / ``except``
+            _tried(stmt, aliases)
         if not isinstance(stmt, cst.SimpleStatementLine):
             continue
         for small in stmt.body:
@@ -198,6 +200,16 @@ def _import_aliases(module: cst.Module) -> tuple[dict[str, str], list[cst.Simple
                     local = dotted(alias.asname.name) if alias.asname else name
                     aliases[local or name] = f"{base}.{name}"
     return aliases, lines, modules
+
+
+def _tried(stmt: cst.Try, aliases: dict[str, str]) -> None:
+    """The names a top-level ``try:`` imports in its body (the import that runs where the package is there), each
+    unless the script imports it plainly too; not its import lines (``import ddpkit`` goes below the plain ones,
+    never into the ``try``)."""
+    body = [s for s in stmt.body.body if isinstance(s, cst.SimpleStatementLine)]
+    found, _, _ = _import_aliases(cst.Module(body=body))
+    for local, full in found.items():
+        aliases.setdefault(local, full)
 
 
 # builtins no project module redefines (``eval``, ``input``, ``compile`` may well be a star-imported helper's)

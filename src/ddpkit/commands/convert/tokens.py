@@ -56,7 +56,8 @@ def token_mean_loss(work: _Work) -> None:
         if call.loops and not trained:  # an evaluation's loss
             continue
         reduction = keywords.get("reduction")
-        if isinstance(reduction, cst.SimpleString) and reduction.evaluated_value in ("sum", "none"):
+        if isinstance(reduction, cst.SimpleString) and reduction.evaluated_value in ("sum", "none") and \
+                not (reduction.evaluated_value == "sum" and _over_tokens(work, call)):
             continue  # no mean (Sentence-VAE's NLLLoss(reduction='sum'), divided by the batch's own size)
         labels: Any = None
         positional = [a.value for a in call.node.args if a.keyword is None and not a.star]
@@ -139,6 +140,16 @@ def _ignored_where(work: _Work, call: Call, target: Any) -> bool:
         return False
     other = work.facts.code(value.args[2].value).replace(" ", "")
     return "ignore_index" in other or "-100" in other
+
+
+def _over_tokens(work: _Work, call: Call) -> bool:
+    """A summed loss divided, in the same function, by a count of the tokens kept (GPT2-NewsTitle's ``num =
+    shift_labels.ne(0).long().sum().item()`` then ``loss = loss / num``): a token mean after all."""
+    counts = {b.target for b in work.facts.bindings if b.scope is call.scope and b.value is not None and
+              re.search(r"(\.ne\(|!=|\.eq\(|==).*\.sum\(", work.facts.code(b.value))}
+    return any(isinstance(d, cst.BinaryOperation) and dotted(d.right) in counts  # (``loss = loss / num``, a return)
+               for stmt, scope, line in work.facts.statements if scope is call.scope and line > call.line
+               for d in m.findall(stmt, m.BinaryOperation(operator=m.Divide())))
 
 
 def _a_token_loss(work: _Work, call: Call) -> bool:
