@@ -363,3 +363,54 @@ class Head(nn.Module):
         return loss / num
 ''')
     assert [x.line for x in p.left] == [7] and "a mean over the tokens" in p.left[0].what, p.left
+
+
+def test_a_load_after_a_training_loop_fed_from_another_module_waits():
+    """FEDformer's exp_main.py: ``train()`` loops over a loader data_provider builds (a ddpkit.data_loader there),
+    then loads the checkpoint utils/tools.py's EarlyStopping saved: no barrier, because no loader of this file
+    was converted for training."""
+    from ddpkit.commands.convert.crossing import Crossing
+    text = '''import torch
+from data_provider.data_factory import data_provider
+from utils.tools import EarlyStopping
+
+
+class Exp:
+    def train(self, model, opt):
+        train_loader = data_provider("train")
+        stop = EarlyStopping()
+        for epoch in range(2):
+            for x, y in train_loader:
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+            stop(0.0, model, "best.pth")
+        model.load_state_dict(torch.load("best.pth"))
+        return model
+'''
+    lines = plan(text, crossing=Crossing(own=frozenset({"data_provider", "utils", "exp"}))).text.splitlines()
+    at = next(i for i, line in enumerate(lines) if "torch.load" in line)
+    assert lines[at - 1].strip() == "ddpkit.barrier()", lines
+
+
+def test_a_file_written_with_open_is_not_waited_for_by_a_read_of_another_name():
+    """The SSD tutorial's create_data_lists(): ``TRAIN_images.json`` written with ``open(..., 'w')``, then
+    ``ImageSets/Main/test.txt`` read: three false "left to you" lines (file names were never compared)."""
+    text = '''import json
+import os
+
+
+def create_data_lists(voc07_path, output_folder):
+    images = []
+    with open(os.path.join(voc07_path, 'ImageSets/Main/trainval.txt')) as f:
+        images = f.read().splitlines()
+    with open(os.path.join(output_folder, 'TRAIN_images.json'), 'w') as j:
+        json.dump(images, j)
+    with open(os.path.join(voc07_path, 'ImageSets/Main/test.txt')) as f:
+        ids = f.read().splitlines()
+    return ids
+'''
+    assert not plan(text).left, plan(text).left
+    same = text.replace("'ImageSets/Main/test.txt'", "'TRAIN_images.json'").replace("voc07_path, 'TRAIN",
+                                                                                      "output_folder, 'TRAIN")
+    assert plan(same).left or "ddpkit.barrier()" in plan(same).text, plan(same).text

@@ -56,7 +56,21 @@ def maybe_same(facts: Facts, write: Call, written: cst.BaseExpression | None, re
         return True
     ones = shapes(facts, written, write.scope, write.line)
     others = shapes(facts, reading, read.scope, read.line)
-    return any(_agree(a, b) for a in ones for b in others)
+    # ``open(p, 'w')`` then ``open(q)``: no name changes between them unless the script renames a file (the SSD
+    # tutorial's ``TRAIN_images.json`` written, ``test.txt`` read: a false wait)
+    named = write.name in OPENERS and read.name in OPENERS and not any(c.name in RENAMES for c in facts.calls)
+    return any(_agree(a, b) and (not named or _same_end(a, b)) for a in ones for b in others)
+
+
+OPENERS = ("open", "io.open", "builtins.open")
+RENAMES = ("os.rename", "os.replace", "shutil.move", "shutil.copy", "shutil.copyfile", "shutil.copy2")
+
+
+def _same_end(a: Shape, b: Shape) -> bool:
+    """Whether two shapes' known ends (their files' names, as far as known) may be one name."""
+    ea = _plain(a.exact) if a.exact is not None else a.end
+    eb = _plain(b.exact) if b.exact is not None else b.end
+    return ea.endswith(eb) or eb.endswith(ea)
 
 
 def shapes(facts: Facts, node: cst.BaseExpression, scope: Scope, line: int, depth: int = 0) -> list[Shape]:

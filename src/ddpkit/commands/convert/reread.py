@@ -31,7 +31,9 @@ def reread(work: _Work) -> None:
     """A barrier before each ``torch.load`` below a training loop of its function (or in a function called below a
     call of one that trains), in a project file that saves nothing itself (the save is another module's)."""
     calls = work.facts.calls
-    if not work.trains or not work.crossing.own or any(c.name == "torch.save" for c in calls):
+    # (a loop of this file trains: its model and loader may be another module's, FEDformer's exp_main.py)
+    if not any(flow.trains(work.facts, lp) for lp in work.facts.loops) or not work.crossing.own or \
+            any(c.name == "torch.save" for c in calls):
         return
     for load in (c for c in calls if c.name == "torch.load" and c.stmt is not None):
         after = [lp for lp in work.facts.loops if lp.scope is load.scope and lp.end < load.line and
