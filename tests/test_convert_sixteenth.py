@@ -414,3 +414,31 @@ def create_data_lists(voc07_path, output_folder):
     same = text.replace("'ImageSets/Main/test.txt'", "'TRAIN_images.json'").replace("voc07_path, 'TRAIN",
                                                                                       "output_folder, 'TRAIN")
     assert plan(same).left or "ddpkit.barrier()" in plan(same).text, plan(same).text
+
+
+def test_an_evaluation_that_saves_a_picture_of_its_first_batch_keeps_its_loader_whole():
+    """unnir/cVAE: ``if i == 0: save_image(comparison, ...)`` in the test loop; sharded, rank 0's first batch held
+    samples 0, 2, 4, ... and the reconstruction picture showed other digits than one process's."""
+    text = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+from torchvision.utils import save_image
+
+model = torch.nn.Linear(4, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+train_loader = DataLoader(TensorDataset(torch.randn(32, 4)), batch_size=8, shuffle=True)
+test_loader = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=8)
+for (x,) in train_loader:
+    opt.zero_grad()
+    model(x).pow(2).mean().backward()
+    opt.step()
+test_loss = 0
+with torch.no_grad():
+    for i, (x,) in enumerate(test_loader):
+        test_loss += model(x).pow(2).sum().item()
+        if i == 0:
+            save_image(model(x).view(-1, 1, 2, 2), "reconstruction.png")
+print(test_loss / len(test_loader.dataset))
+'''
+    p = plan(text)
+    assert "test_loader = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=8)" in p.text, p.text
+    assert any("save_image()" in k.what for k in p.kept), p.kept

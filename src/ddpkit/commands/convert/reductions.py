@@ -70,6 +70,9 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
             stored = _filled_by_callee(work, loop)
         if stored is None and not summed_as_training:  # ``results += [(id, p) ...]``: rows kept in a list
             stored = next(((n, line) for n, line in loop.augmented if collection(work.facts, loop, n)), None)
+        if stored is None and not summed_as_training:  # cVAE's ``if i == 0: save_image(comparison, ...)``
+            stored = next(((f"an image of a batch, {c.last}()", c.line) for c in loop.calls
+                           if c.last in BATCH_IMAGES), None)
         needs = next((c.last for c in loop.calls if c.last in NEEDS_GRAD and not _grad_off(c)), None)
         if not summed_as_training and not loop.no_grad and stored is None and needs:
             stored = (f"{needs}() results (it needs gradients, so it cannot run under no_grad)", loop.line)
@@ -330,6 +333,8 @@ def _every_rank(work: _Work, stmt: cst.SimpleStatementLine) -> bool:
                    RANK_TEST.search(work.facts.code(h.test).lower()) for h in holders)
 
 
+# an evaluation loop that saves a picture of one of its batches: sharded, rank 0's batch holds samples 0, N, 2N...
+BATCH_IMAGES = ("save_image", "imwrite", "imsave", "savefig", "add_image", "add_images")
 # calls the converter guards (rank 0 alone runs them): a print, a log call, ``l.append(m)``, ``sched.step(m)`` are
 # every rank's (review: ``logger.info(np.mean(l))`` was listed)
 GUARDED = ("save", "savefig", "save_image", "imwrite", "imsave", "mimsave", "savetxt", "savez", "savez_compressed",
