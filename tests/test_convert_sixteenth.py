@@ -442,3 +442,18 @@ print(test_loss / len(test_loader.dataset))
     p = plan(text)
     assert "test_loader = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=8)" in p.text, p.text
     assert any("save_image()" in k.what for k in p.kept), p.kept
+
+
+def test_a_device_chosen_as_text_then_made_a_device_converts():
+    """hkproj/pytorch-transformer: ``device = "cuda" if ... else "mps" if ... else "cpu"``, printed, then ``device =
+    torch.device(device)``: refused as "chosen over several lines", though the choice is one line."""
+    p = plan('''import torch
+
+device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+print("Using device:", device)
+device = torch.device(device)
+model = torch.nn.Linear(2, 1).to(device)
+''')
+    assert not p.left, p.left
+    lines = p.text.splitlines()
+    assert "device = state.device.type" in lines and "device = state.device" in lines, p.text

@@ -138,7 +138,7 @@ def devices(work: _Work) -> None:
              and b not in chosen]
     upgraded = _upgrades(work, found)
     found = [b for b in found if all(b is not u for _, u in upgraded.values())]
-    found = [b for b in found if not _fallback(work, b, found)]
+    found = [b for b in found if not _fallback(work, b, found) and not _rewrapped(work, b, found)]
     for b in found:
         again = [o for o in found if o.target == b.target and o.scope is b.scope and o is not b]
         if again:  # device = "cpu"; if torch.cuda.is_available(): device = "cuda": the first init would win
@@ -196,6 +196,23 @@ def _fallback(work: _Work, b: Binding, found: list[Binding]) -> bool:
             work.devices.append(b)  # (read as converted: a model moved to it is on ddpkit's device)
             return True
     return False
+
+
+def _rewrapped(work: _Work, b: Binding, found: list[Binding]) -> bool:
+    """``device = torch.device(device)`` below ``device = "cuda" if ... else "cpu"`` (hkproj's transformer: the
+    string chosen, printed, then made a device): the choice converts, and this line becomes ``state.device``."""
+    value = b.value
+    if not (isinstance(value, cst.Call) and (resolve(dotted(value.func), work.facts.aliases) or "") == "torch.device"
+            and len(value.args) == 1 and dotted(value.args[0].value) == b.target and b.stmt is not None and
+            len(b.stmt.body) == 1 and isinstance(b.stmt.body[0], cst.Assign)):
+        return False
+    if not any(o.target == b.target and o.scope is b.scope and o.line < b.line and o is not b for o in found):
+        return False
+    work.edits.replace[id(b.stmt)] = [f"{b.target} = {work.state}.device"]
+    work.devices.append(b)
+    work.note(f"{b.target} = torch.device({b.target}) -> {b.target} = {work.state}.device", "the choice above "
+              "became ddpkit's device (as text there, for the lines that read it as one)", b.line)
+    return True
 
 
 def _upgrades(work: _Work, found: list[Binding]) -> dict[int, tuple[Binding, Binding]]:
