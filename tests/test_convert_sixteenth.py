@@ -457,3 +457,70 @@ model = torch.nn.Linear(2, 1).to(device)
     assert not p.left, p.left
     lines = p.text.splitlines()
     assert "device = state.device.type" in lines and "device = state.device" in lines, p.text
+
+
+STEP = '''import shutil
+import time
+import numpy as np
+import torch
+from sklearn.metrics import accuracy_score
+from torch.utils.data import DataLoader, TensorDataset
+
+m = torch.nn.Linear(2, 3)
+o = torch.optim.SGD(m.parameters(), lr=0.1)
+ds = TensorDataset(torch.randn(16, 2), torch.randint(0, 3, (16,)))
+losses = []
+for x, y in DataLoader(ds, batch_size=4):
+    out = m(x)
+    loss = torch.nn.functional.cross_entropy(out, y)
+    o.zero_grad()
+    loss.backward()
+    o.step()
+    {step}
+{after}
+'''
+
+
+@pytest.mark.parametrize("step, after", [
+    ("losses.append(loss.detach())", "print(torch.stack(losses))"),  # tensors the script stacks
+    ("if loss.item() > 3.0:\n        continue\n    losses.append(loss.item())", "print(losses)"),  # lengths differ
+    ("losses.append(accuracy_score(y.numpy(), out.argmax(1).numpy(), normalize=False))", "print(losses)"),  # counts
+])
+def test_no_curve_averaged_that_is_no_list_of_batch_means_of_every_step(step, after):
+    """Review of the curves: a curve of tensors became floats (``torch.stack`` raised), a ``continue`` before the
+    append made the ranks' lists differ in length (the reduce failed), ``normalize=False`` counts were halved."""
+    assert "ddpkit.reduce(torch.tensor(losses" not in plan(STEP.format(step=step, after=after)).text
+
+
+def test_a_mean_in_a_copy_the_converter_guards_is_listed_not_reduced():
+    """Review: ``shutil.copy(p, 'model_%.4f.pt' % np.mean(losses))`` became rank 0's with a collective inside."""
+    p = plan(STEP.format(step="losses.append(loss.item())", after="torch.save(m.state_dict(), 'm.pt')\n"
+                         "shutil.copy('m.pt', 'm_%.4f.pt' % np.mean(losses))"))
+    assert "reduce(np.mean" not in p.text and any("a write rank 0 alone makes" in x.what for x in p.left), p.left
+
+
+def test_a_clock_name_outside_the_main_block_or_above_the_init_is_listed():
+    """Review: a top-level ``stamp = ddpkit.broadcast(...)`` ran again in each spawned loader worker (killed), and
+    one above the script's own ``ddpkit.init(cpu=...)`` started ddpkit with the defaults first."""
+    outside = "import time\nstamp = time.strftime('%H%M%S')\n\n\ndef main():\n    print(stamp)\n\n\n" \
+              "if __name__ == '__main__':\n    main()\n"
+    p = plan(outside)
+    assert "broadcast" not in p.text and [x.line for x in p.left] == [2], p.left
+    above = "import time\nimport torch\nstamp = time.strftime('%H%M%S')\n" \
+            "device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\nprint(stamp, device)\n"
+    p = plan(above)
+    assert "broadcast" not in p.text and [x.line for x in p.left] == [3], (p.left, p.text)
+
+
+def test_an_epoch_mean_named_loss_and_a_summed_masked_loss_give_no_false_line():
+    """Review: ``loss = total / len(loader)`` after the step loop, tested against the best (averaged across ranks
+    already) was listed as a rank's own loss; ``CrossEntropyLoss(reduction='sum')`` over ``torch.where`` labels was
+    listed as a token mean beside the converter's own "a sum over the batch" line."""
+    epoch = BEST.replace("    if {test}:", "    pass\n    if {test}:").format(test="loss < best_loss")
+    epoch = epoch.replace("for x, y in DataLoader(", "total = 0.0\nfor x, y in DataLoader(").replace(
+        "    pass\n    if loss < best_loss:", "    total += loss.item()\nloss = total / 4\nif loss < best_loss:")
+    epoch = epoch.replace("        best_loss = loss\n        torch.save", "    best_loss = loss\n    torch.save")
+    p = plan(epoch)
+    assert not [x for x in p.left if "this rank's loss" in x.what], (p.left, epoch)
+    summed = MASKED_LABELS.replace("crit = nn.CrossEntropyLoss()", "crit = nn.CrossEntropyLoss(reduction='sum')")
+    assert not [x for x in plan(summed).left if "a mean over the tokens" in x.what]

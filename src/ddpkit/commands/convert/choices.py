@@ -38,8 +38,9 @@ def rank_chosen_saves(work: _Work) -> None:
     for loop in facts.loops:
         if not flow.trains(facts, loop):
             continue
-        losses = {dotted(c.node.func.value) for c in loop.calls if c.last == "backward" and
-                  isinstance(c.node.func, cst.Attribute)} - {None}
+        # (the step's own loop: an epoch loop's ``loss = total / len(loader)`` is another value, review)
+        losses = {dotted(c.node.func.value) for c in loop.calls if c.last == "backward" and c.loops and
+                  c.loops[-1] is loop and isinstance(c.node.func, cst.Attribute)} - {None}
         for node in m.findall(loop.node, m.If()):
             if id(node) in said or not isinstance(node, cst.If) or not _own(node.test) & losses:
                 continue

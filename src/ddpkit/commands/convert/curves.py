@@ -44,6 +44,7 @@ def curves(work: _Work, loop: Loop) -> set[str]:
     the names averaged (their means need nothing more)."""
     facts = work.facts
     if loop.breaks or not isinstance(loop.node, cst.For) or not isinstance(loop.node.body, cst.IndentedBlock) or \
+            m.findall(loop.node.body, m.Continue()) or \
             facts.aliases.get("torch") != "torch":  # (the line it adds calls torch.tensor)
         return set()
     begun = {b.target for b in facts.bindings if b.scope is loop.scope and b.line < loop.line and
@@ -81,12 +82,17 @@ def _batch_mean(work: _Work, loop: Loop, call: cst.Call, line: int) -> bool:
         if bound is not None and bound.value is not None and bound.line >= loop.line:
             value = bound.value
     if isinstance(value, cst.Call) and (resolve(dotted(value.func), work.facts.aliases) or "") in SCORES:
-        return True
+        return not any(a.keyword is not None and a.keyword.value == "normalize" for a in value.args)  # (a count)
     return _loss_value(value) is not None and _loss_value(value) in _means(work, loop)
 
 
 def _loss_value(value: Any) -> str | None:
-    """``loss.item()``, ``float(loss)``, ``loss.detach().cpu().item()``: the name, else None."""
+    """``loss.item()``, ``float(loss)``, ``loss.detach().cpu().item()``: the name, else None; a number only, not
+    ``loss.detach()`` (a tensor the script may ``torch.stack``: review)."""
+    number = isinstance(value, cst.Call) and (
+        isinstance(value.func, cst.Attribute) and value.func.attr.value == "item" or dotted(value.func) == "float")
+    if not number:
+        return None
     while isinstance(value, cst.Call):
         if isinstance(value.func, cst.Attribute) and not value.args and \
                 value.func.attr.value in ("item", "detach", "cpu", "numpy"):

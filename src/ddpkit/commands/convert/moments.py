@@ -49,9 +49,18 @@ def moments(work: _Work) -> None:
         if not all(t.strip() == "__name__ == '__main__'" or t.strip() == '__name__ == "__main__"' or
                    SETTINGS.match(t.strip()) for t in tests) or not _top(facts, stmt):
             continue
+        name = small.targets[0].target.value
+        # (a top-level line outside the main block runs again in each spawned loader worker, review; a broadcast
+        # above the script's own ddpkit.init(cpu=...) would start ddpkit with the defaults first)
+        later = [first for first, _ in work.init_lines.values() if first > line]
+        if _main_block(facts) and not in_main_block(facts.module, stmt) or later:
+            work.leave(line, f"{name} is made from the clock: each process reads its own, so the ranks would name "
+                       "different folders or files", f"take rank 0's where every rank passes, below ddpkit.init() "
+                       f"and inside the main block: {name} = ddpkit.broadcast(...)")
+            continue
         work.edits.expr[id(small.value)] = lambda node: cst.Call(cst.parse_expression("ddpkit.broadcast"),
                                                                  [cst.Arg(node)])
-        work.note(f"{small.targets[0].target.value} = ddpkit.broadcast(...)", "a name made from the clock: each "
+        work.note(f"{name} = ddpkit.broadcast(...)", "a name made from the clock: each "
                   "process reads its own, so the ranks would name different folders or files; rank 0's on every "
                   "rank", line)
 
@@ -86,3 +95,8 @@ def _top(facts: Any, stmt: Any) -> bool:
             return not any(any(s is stmt for s in m.findall(loop, m.SimpleStatementLine()))
                            for loop in m.findall(top, m.For() | m.While()))
     return False
+
+
+def _main_block(facts: Any) -> bool:
+    """The script has an ``if __name__ == "__main__":`` block."""
+    return any(isinstance(top, cst.If) and "__main__" in facts.code(top.test) for top in facts.module.body)

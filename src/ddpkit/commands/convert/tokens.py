@@ -112,9 +112,11 @@ def _masked(work: _Work, call: Call) -> bool:
     positional = [a.value for a in call.node.args if a.keyword is None and not a.star]
     if len(positional) < 2:
         return False
-    if _ignored_where(work, call, positional[1]) and (last.endswith(("loss", "loss_fct", "criterion")) or
-                                                      _a_token_loss(work, call)):
-        return True
+    if _ignored_where(work, call, positional[1]):
+        bound = flow.binding_of(work.facts, dotted(call.node.func) or "", call.scope, call.line)
+        summed = bound is not None and isinstance(bound.value, cst.Call) and any(
+            a.keyword is not None and a.keyword.value == "reduction" for a in bound.value.args)  # (review)
+        return not summed and (last.endswith(("loss", "loss_fct", "criterion")) or _a_token_loss(work, call))
     if not (call.last in TOKEN_LOSSES or last.endswith(("loss", "loss_fct")) or last == "criterion"):
         return False
     for value in positional[:2]:
@@ -156,7 +158,8 @@ def _a_token_loss(work: _Work, call: Call) -> bool:
     """``lfn(...)`` where ``lfn = nn.CrossEntropyLoss()`` (or another token loss) in the same function."""
     bound = flow.binding_of(work.facts, dotted(call.node.func) or "", call.scope, call.line)
     return bound is not None and isinstance(bound.value, cst.Call) and \
-        (dotted(bound.value.func) or "").rsplit(".", 1)[-1] in TOKEN_LOSSES
+        (dotted(bound.value.func) or "").rsplit(".", 1)[-1] in TOKEN_LOSSES and not any(
+            a.keyword is not None and a.keyword.value == "reduction" for a in bound.value.args)  # (a sum: review)
 
 
 def _a_mask(node: Any) -> bool:

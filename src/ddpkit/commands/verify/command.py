@@ -32,13 +32,12 @@ from collections.abc import Sequence
 import torch
 
 from ddpkit.commands.cli import OneLineParser, usage_error
-from ddpkit.commands.logtail import run_logged
-from ddpkit.commands.verify import causes, draws, isolate, matched, noise, perturbed, rounding
+from ddpkit.commands.verify import causes, draws, matched, noise, perturbed, rounding, runs
 from ddpkit.commands.verify.lines import fail_line, pass_line, run_length
 from ddpkit.commands.verify.weights import compare_weights, gradients_apart, moved_within
 from ddpkit.core import contract
 from ddpkit.core.environment import visible_gpus
-from ddpkit.core.errors import CANNOT_COMPARE, NOT_EQUIVALENT, SCRIPT_FAILED, ScriptFailed, UsageError
+from ddpkit.core.errors import CANNOT_COMPARE, NOT_EQUIVALENT, SCRIPT_FAILED, UsageError
 from ddpkit.strategies import table as strategy
 
 PROG = "ddpkit verify"
@@ -132,7 +131,7 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
             common[contract.VERIFY_F64.name] = "1"
         if match:
             common[contract.VERIFY_MATCHED.name] = "1"
-        _run(script, "one-process run", nproc, [sys.executable, script, *script_args],
+        runs.run(script, "one-process run", nproc, [sys.executable, script, *script_args],
              {**common, contract.MODE.name: "single", contract.BATCH_SCALE.name: str(nproc),
               contract.VERIFY_OUT.name: ref}, os.path.join(tmp, "single.log"))
         why = causes.refusal(_facts(ref))
@@ -142,7 +141,7 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
         # its workers' logs in the temporary folder: not a runs/logs/ left in the user's folder by each verify
         launch = [sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", str(nproc), "--mode", mode,
                   "--log-dir", os.path.join(tmp, "logs")]
-        _run(script, f"{nproc}-process run", nproc, [*launch, script, *script_args],
+        runs.run(script, f"{nproc}-process run", nproc, [*launch, script, *script_args],
              {**common, contract.MODE.name: mode, contract.VERIFY_OUT.name: dist_out}, os.path.join(tmp, "ddp.log"))
         facts = [_facts(ref) or {}, _facts(dist_out) or {}]
         if not os.path.exists(ref) or not os.path.exists(dist_out):
@@ -180,7 +179,7 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
             if again is not None and again["passed"]:
                 return matched.decided({**result, "nproc": nproc}, again)
         if draws.worth_rerun(result) and not match:  # how far the one-process run moves with other draws alone
-            others = _reruns(script, script_args, nproc, tmp, common, contract.VERIFY_DRAWS,
+            others = runs.reruns(script, script_args, nproc, tmp, common, contract.VERIFY_DRAWS,
                              range(1, draws.RERUNS + 1))
             result["draws"] = draws.measure(one, many, others, skip, atol, rtol) if others is not None else None
             if result["draws"] is not None and not result["draws"]["reached"]:
@@ -202,9 +201,9 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
                                                   next((f["masked_labels"] for f in facts if f.get("masked_labels")),
                                                        None), result["lrs"])
             if float64 and perturbed.worth_measuring(result, match):
-                runs = _reruns(script, script_args, nproc, tmp, common, contract.VERIFY_PERTURB,
-                               range(perturbed.RERUNS + 1))
-                result["floor"] = perturbed.measure(one, many, runs, (atol, rtol)) if runs is not None else None
+                floors = runs.reruns(script, script_args, nproc, tmp, common, contract.VERIFY_PERTURB,
+                                 range(perturbed.RERUNS + 1))
+                result["floor"] = perturbed.measure(one, many, floors, (atol, rtol)) if floors is not None else None
     return {"nproc": nproc, "mode": mode, "steps": steps, "atol": atol, "rtol": rtol, **result}
 
 
@@ -248,66 +247,6 @@ def _matched(script: str, script_args: Sequence[str], nproc: int, steps: int, at
     return again
 
 
-def _reruns(script: str, script_args: Sequence[str], nproc: int, tmp: str, common: dict[str, str],
-            variable: contract.Var, values: Sequence[int]) -> list[dict] | None:
-    """The one-process run again with ``variable`` = each of ``values`` (other draws: :mod:`.draws`; weights
-    perturbed by rounding: :mod:`.perturbed`, 0 for none): the weights each ended with (None: a re-run failed, and
-    the FAIL stands as it is)."""
-    others, what = [], RERUN_NAMES[variable.name]
-    for k in values:
-        out = os.path.join(tmp, f"single-rerun{k}.pt")
-        try:
-            _run(script, f"one-process re-run {what}", nproc, [sys.executable, script, *script_args],
-                 {**common, contract.MODE.name: "single", contract.BATCH_SCALE.name: str(nproc),
-                  contract.VERIFY_OUT.name: out, variable.name: str(k)}, os.path.join(tmp, "rerun.log"))
-            others.append(torch.load(out, weights_only=True))
-        except (ScriptFailed, OSError):
-            return None
-    return others
-
-
-RERUN_NAMES = {contract.VERIFY_DRAWS.name: "with other random draws",
-               contract.VERIFY_PERTURB.name: "from initial weights perturbed by rounding"}
-
-
-def _run(script: str, run: str, nproc: int, cmd: list[str], env: dict[str, str], log: str) -> None:
-    """One of verify's runs; its failure is one line naming the script's line (the temporary log goes away). What
-    it writes under the working directory and the script's folder is removed after it (:mod:`.isolate`): the next
-    run does not resume from its checkpoint."""
-    before = isolate.listing([os.getcwd(), os.path.dirname(os.path.abspath(script))])
-    try:
-        run_logged(cmd, env, log)
-    except ScriptFailed:
-        shown = script  # (``-m p2ch11.training``: the module's file, not "-m")
-        if script == "-m" and "-m" in cmd[:-1]:
-            shown = cmd[cmd.index("-m") + 1].replace(".", os.sep) + ".py"
-        with open(log, errors="replace") as f:
-            raise ScriptFailed(causes.crash_line(run, shown, f.read()[-20000:], nproc)) from None
-    finally:
-        _undo(run, before)
-
-
-def _undo(run: str, before: isolate.Listing) -> None:
-    """The checkpoints the run saved removed (:mod:`.isolate`), each said once; one it saved over, named once."""
-    if not before.complete and "listing" not in _SAID:
-        _SAID.add("listing")
-        print(f"{PROG}: more than {isolate.LIMIT} files under {', '.join(before.roots)}: the checkpoints each run "
-              "saves are not removed after it, and a run that resumes from one starts where the one before stopped; "
-              "run verify from a folder of the script's code alone", file=sys.stderr)
-    removed, changed = isolate.undo(before)
-    if removed:
-        print(f"{PROG}: removed the checkpoints the {run} saved: {', '.join(map(os.path.relpath, removed[:5]))}"
-              f"{' and more' if len(removed) > 5 else ''} (the next run starts without them)", file=sys.stderr)
-    changed = [p for p in changed if p not in _SAID]
-    _SAID.update(changed)
-    if changed:
-        print(f"{PROG}: the {run} saved over {', '.join(map(os.path.relpath, changed[:3]))}"
-              f"{' and more' if len(changed) > 3 else ''}, a checkpoint there before verify started, which the "
-              "next run reads as saved: if the script resumes from it, move it away and verify again",
-              file=sys.stderr)
-
-
-_SAID: set[str] = set()  # files said changed once, not once per run
 
 
 def _facts(out: str) -> dict | None:
