@@ -524,3 +524,48 @@ def test_an_epoch_mean_named_loss_and_a_summed_masked_loss_give_no_false_line():
     assert not [x for x in p.left if "this rank's loss" in x.what], (p.left, epoch)
     summed = MASKED_LABELS.replace("crit = nn.CrossEntropyLoss()", "crit = nn.CrossEntropyLoss(reduction='sum')")
     assert not [x for x in plan(summed).left if "a mean over the tokens" in x.what]
+
+
+def test_third_review_of_the_sixteenth_fixes():
+    """Review 3: a ``self.device`` re-wrap became ``state.device`` with no ``state`` (NameError: refused again, as
+    before); ``reduction="mean"`` read as a sum (a token mean unsaid); a summed loss over the kept tokens also got
+    the "a sum over the batch" line (whose fix would scale each step by N); an epoch loop's test of the last step's
+    loss (rank 0's) no longer listed; a ``continue`` of an inner loop turned the curve off."""
+    rewrap = '''import torch
+
+
+class Trainer:
+    def __init__(self):
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(self.device)
+        self.model = torch.nn.Linear(2, 1).to(self.device)
+'''
+    assert "state.device" not in plan(rewrap).text.replace("ddp_state", "")
+    mean = MASKED_LABELS.replace("crit = nn.CrossEntropyLoss()", 'crit = nn.CrossEntropyLoss(reduction="mean")')
+    assert [x.line for x in plan(mean).left] == [10], plan(mean).left
+    over = STEP.format(step="losses.append(loss.item())", after="").replace(
+        "loss = torch.nn.functional.cross_entropy(out, y)",
+        "loss = torch.nn.CrossEntropyLoss(ignore_index=0, reduction='sum')(out, y)\n"
+        "    loss = loss / y.ne(0).long().sum().item()")
+    assert not [x for x in plan(over).left if "a sum over the batch" in x.what], plan(over).left
+    last = """import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+best_loss = float("inf")
+for epoch in range(2):
+    for x, y in DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8, shuffle=True):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+    if {test}:
+        best_loss = loss.item()
+        torch.save(model.state_dict(), "best_model.pth")
+"""
+    p = plan(last.format(test="loss.item() < best_loss"))
+    assert [x for x in p.left if "this rank's loss" in x.what], (p.left, last)
+    inner = STEP.format(step="for q in m.parameters():\n        if q.grad is None:\n            continue\n"
+                             "    losses.append(loss.item())", after="print(losses)")
+    assert "losses = ddpkit.reduce(torch.tensor(losses" in plan(inner).text

@@ -29,6 +29,7 @@ from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.flow import DEPTH, argument_for, binding_of, callee
 from ddpkit.commands.convert.inits import node_ids
 from ddpkit.commands.convert.scan import Call, Loop, dotted, names_in, resolve
+from ddpkit.commands.convert.tokens import over_tokens
 
 # the plan in the making (plan._Work): facts, edits, note, leave, keep, per_process_batch
 _Work = Any
@@ -378,6 +379,8 @@ def summed_loss(work: _Work) -> None:
         trains = not call.no_grad and (call.loops and id(call.loops[-1]) in training or id(call.scope) in helpers
                                        or any(dotted(c.node.func) in bound and c.loops and id(c.loops[-1])
                                               in training and not c.no_grad for c in work.facts.calls))
+        if summed_reduction and over_tokens(work, call):  # (divided by the kept tokens: tokens.py lists it)
+            continue
         if summed_backward or summed_reduction and trains:
             work.leave(call.line, SUMMED, "average it (reduction='mean', loss.mean()), or keep the sum and multiply "
                        "it by the number of processes (loss.sum() * state.world_size) where it trains")

@@ -38,20 +38,24 @@ def rank_chosen_saves(work: _Work) -> None:
     for loop in facts.loops:
         if not flow.trains(facts, loop):
             continue
-        # (the step's own loop: an epoch loop's ``loss = total / len(loader)`` is another value, review)
-        losses = {dotted(c.node.func.value) for c in loop.calls if c.last == "backward" and c.loops and
-                  c.loops[-1] is loop and isinstance(c.node.func, cst.Attribute)} - {None}
+        losses = {dotted(c.node.func.value) for c in loop.calls if c.last == "backward" and
+                  isinstance(c.node.func, cst.Attribute)} - {None}
         for node in m.findall(loop.node, m.If()):
-            if id(node) in said or not isinstance(node, cst.If) or not _own(node.test) & losses:
+            if id(node) in said or not isinstance(node, cst.If):
+                continue
+            tested = {id(n) for n in m.findall(node.test, m.Name() | m.Attribute())}
+            line = next((ln for _, _, ln, n in facts.reads if id(n) in tested), 0)
+            # (the step's value, bound in the loop that steps: not an epoch mean rebound below it, review)
+            stepped = sorted(n for n in _own(node.test) & losses if _step_value(facts, loop, n, line))
+            if not stepped:
                 continue
             inside = {id(n) for n in m.findall(node.body, m.Call())}
             saves = [c for c in loop.calls if c.name == "torch.save" and id(c.node) in inside]
             if not saves:
                 continue
             said.add(id(node))
-            tested = {id(n) for n in m.findall(node.test, m.Name() | m.Attribute())}
-            line = next((ln for _, _, ln, n in facts.reads if id(n) in tested), saves[0].line)
-            loss = sorted(_own(node.test) & losses)[0]
+            line = line or saves[0].line
+            loss = stepped[0]
             work.leave(line, f"the test compares this rank's loss ({loss}, a mean over its part of the global batch) "
                        f"and decides the save at line {saves[0].line}: rank 0's half picks the weights saved",
                        f"compare the mean over the ranks: {loss}_all = ddpkit.reduce({loss}.item(), op='mean') on "
@@ -63,3 +67,11 @@ def _own(test: cst.BaseExpression) -> set[str]:
     reduced = {id(n) for c in m.findall(test, m.Call()) if isinstance(c, cst.Call) and
                dotted(c.func) == "ddpkit.reduce" for n in m.findall(c, m.Name() | m.Attribute())}
     return {dotted(n) or "" for n in m.findall(test, m.Name() | m.Attribute()) if id(n) not in reduced} - {""}
+
+
+def _step_value(facts: Any, loop: Any, name: str, line: int) -> bool:
+    """``name`` where the test reads it is bound in a loop that calls ``name.backward()`` (the step's loss)."""
+    bound = flow.binding_of(facts, name, loop.scope, line) if line else None
+    steppers = [c.loops[-1] for c in facts.calls if c.last == "backward" and c.loops and
+                isinstance(c.node.func, cst.Attribute) and dotted(c.node.func.value) == name]
+    return bound is not None and any(lp.line <= bound.line <= lp.end for lp in steppers)

@@ -44,7 +44,7 @@ def curves(work: _Work, loop: Loop) -> set[str]:
     the names averaged (their means need nothing more)."""
     facts = work.facts
     if loop.breaks or not isinstance(loop.node, cst.For) or not isinstance(loop.node.body, cst.IndentedBlock) or \
-            m.findall(loop.node.body, m.Continue()) or \
+            _skips(loop.node.body) or \
             facts.aliases.get("torch") != "torch":  # (the line it adds calls torch.tensor)
         return set()
     begun = {b.target for b in facts.bindings if b.scope is loop.scope and b.line < loop.line and
@@ -82,7 +82,8 @@ def _batch_mean(work: _Work, loop: Loop, call: cst.Call, line: int) -> bool:
         if bound is not None and bound.value is not None and bound.line >= loop.line:
             value = bound.value
     if isinstance(value, cst.Call) and (resolve(dotted(value.func), work.facts.aliases) or "") in SCORES:
-        return not any(a.keyword is not None and a.keyword.value == "normalize" for a in value.args)  # (a count)
+        return not any(a.keyword is not None and a.keyword.value == "normalize" and  # (False: a count)
+                       not (isinstance(a.value, cst.Name) and a.value.value == "True") for a in value.args)
     return _loss_value(value) is not None and _loss_value(value) in _means(work, loop)
 
 
@@ -130,3 +131,12 @@ def _in_mean(work: _Work, stmt: Any, node: cst.CSTNode) -> bool:
                 resolve(dotted(call.func), work.facts.aliases) in (*MEANS, "sum", "len", "torch.mean"):
             return True
     return False
+
+
+def _skips(node: cst.CSTNode) -> bool:
+    """A ``continue`` of this loop's own (not one of a loop inside it): a step that skips its append."""
+    if isinstance(node, cst.Continue):
+        return True
+    if isinstance(node, (cst.For, cst.While, cst.FunctionDef, cst.ClassDef)):
+        return False
+    return any(_skips(child) for child in node.children)

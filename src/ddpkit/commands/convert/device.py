@@ -202,6 +202,8 @@ def _rewrapped(work: _Work, b: Binding, found: list[Binding]) -> bool:
     """``device = torch.device(device)`` below ``device = "cuda" if ... else "cpu"`` (hkproj's transformer: the
     string chosen, printed, then made a device): the choice converts, and this line becomes ``state.device``."""
     value = b.value
+    if "." in b.target:  # (``self.device``: its choice becomes ``ddpkit.init().device``, no state name: review)
+        return False
     if not (isinstance(value, cst.Call) and (resolve(dotted(value.func), work.facts.aliases) or "") == "torch.device"
             and len(value.args) == 1 and dotted(value.args[0].value) == b.target and b.stmt is not None and
             len(b.stmt.body) == 1 and isinstance(b.stmt.body[0], cst.Assign)):

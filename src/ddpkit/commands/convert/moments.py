@@ -52,7 +52,8 @@ def moments(work: _Work) -> None:
         name = small.targets[0].target.value
         # (a top-level line outside the main block runs again in each spawned loader worker, review; a broadcast
         # above the script's own ddpkit.init(cpu=...) would start ddpkit with the defaults first)
-        later = [first for first, _ in work.init_lines.values() if first > line]
+        # (an init in a function, ``main()``'s, runs after the main block's line whatever their line numbers)
+        later = [first for sid, (first, _) in work.init_lines.items() if sid != id(scope) or first > line]
         if _main_block(facts) and not in_main_block(facts.module, stmt) or later:
             work.leave(line, f"{name} is made from the clock: each process reads its own, so the ranks would name "
                        "different folders or files", f"take rank 0's where every rank passes, below ddpkit.init() "

@@ -21,10 +21,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
+from ddpkit.commands.convert.listmeans import RANK_TEST
 from ddpkit.commands.convert.rules import branched, in_main_block
+from ddpkit.commands.convert.scan import dotted
 
 _Work = Any  # the plan in the making (plan._Work)
 
@@ -61,10 +64,13 @@ def _after_training(work: _Work, load: Any) -> bool:
     another module saved during training)."""
     runs = flow.callers(work.facts, load.scope)
     trainers = {id(lp.scope) for lp in work.facts.loops if flow.trains(work.facts, lp)}
-    withs = [w for w in m.findall(work.facts.module, m.With())]
-    if any(run.loops or [t for t in run.tests if "__name__" not in t] or
-           any(any(n is run.node for n in m.findall(w, m.Call())) for w in withs) for run in runs):
-        return False  # (called in a ``with open(...)`` block rank 0 alone runs: a barrier there hangs, review)
+    # (called in a ``with open(...)`` block the converter makes rank 0's, or under a test of the rank: a barrier
+    # there hangs; a loop or a test of the settings every rank passes alike: review)
+    opens = [w for w in m.findall(work.facts.module, m.With()) if isinstance(w, cst.With) and any(
+        isinstance(i.item, cst.Call) and dotted(i.item.func) in ("open", "io.open") for i in w.items)]
+    if any(RANK_TEST.search(" ".join(run.tests).lower()) or
+           any(any(n is run.node for n in m.findall(w, m.Call())) for w in opens) for run in runs):
+        return False
     return bool(runs) and all(any(c.scope is run.scope and c.line < run.line and
                                   id((flow.callee(work.facts, c) or (None,))[0]) in trainers
                                   for c in work.facts.calls) for run in runs)

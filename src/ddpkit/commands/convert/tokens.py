@@ -57,7 +57,7 @@ def token_mean_loss(work: _Work) -> None:
             continue
         reduction = keywords.get("reduction")
         if isinstance(reduction, cst.SimpleString) and reduction.evaluated_value in ("sum", "none") and \
-                not (reduction.evaluated_value == "sum" and _over_tokens(work, call)):
+                not (reduction.evaluated_value == "sum" and over_tokens(work, call)):
             continue  # no mean (Sentence-VAE's NLLLoss(reduction='sum'), divided by the batch's own size)
         labels: Any = None
         positional = [a.value for a in call.node.args if a.keyword is None and not a.star]
@@ -114,8 +114,7 @@ def _masked(work: _Work, call: Call) -> bool:
         return False
     if _ignored_where(work, call, positional[1]):
         bound = flow.binding_of(work.facts, dotted(call.node.func) or "", call.scope, call.line)
-        summed = bound is not None and isinstance(bound.value, cst.Call) and any(
-            a.keyword is not None and a.keyword.value == "reduction" for a in bound.value.args)  # (review)
+        summed = bound is not None and isinstance(bound.value, cst.Call) and _summed(bound.value)  # (review)
         return not summed and (last.endswith(("loss", "loss_fct", "criterion")) or _a_token_loss(work, call))
     if not (call.last in TOKEN_LOSSES or last.endswith(("loss", "loss_fct")) or last == "criterion"):
         return False
@@ -144,22 +143,29 @@ def _ignored_where(work: _Work, call: Call, target: Any) -> bool:
     return "ignore_index" in other or "-100" in other
 
 
-def _over_tokens(work: _Work, call: Call) -> bool:
+def over_tokens(work: _Work, call: Call) -> bool:
     """A summed loss divided, in the same function, by a count of the tokens kept (GPT2-NewsTitle's ``num =
     shift_labels.ne(0).long().sum().item()`` then ``loss = loss / num``): a token mean after all."""
     counts = {b.target for b in work.facts.bindings if b.scope is call.scope and b.value is not None and
               re.search(r"(\.ne\(|!=|\.eq\(|==).*\.sum\(", work.facts.code(b.value))}
-    return any(isinstance(d, cst.BinaryOperation) and dotted(d.right) in counts  # (``loss = loss / num``, a return)
+    counted = re.compile(r"(\.ne\(|!=|\.eq\(|==).*\.sum\(")
+    return any(isinstance(d, cst.BinaryOperation) and (dotted(d.right) in counts or  # (``loss / num``, a return)
+                                                       bool(counted.search(work.facts.code(d.right))))
                for stmt, scope, line in work.facts.statements if scope is call.scope and line > call.line
                for d in m.findall(stmt, m.BinaryOperation(operator=m.Divide())))
+
+
+def _summed(made: cst.Call) -> bool:
+    """A criterion built with ``reduction='sum'`` or ``'none'`` (not ``'mean'``: review)."""
+    return any(a.keyword is not None and a.keyword.value == "reduction" and isinstance(a.value, cst.SimpleString)
+               and a.value.evaluated_value in ("sum", "none") for a in made.args)
 
 
 def _a_token_loss(work: _Work, call: Call) -> bool:
     """``lfn(...)`` where ``lfn = nn.CrossEntropyLoss()`` (or another token loss) in the same function."""
     bound = flow.binding_of(work.facts, dotted(call.node.func) or "", call.scope, call.line)
     return bound is not None and isinstance(bound.value, cst.Call) and \
-        (dotted(bound.value.func) or "").rsplit(".", 1)[-1] in TOKEN_LOSSES and not any(
-            a.keyword is not None and a.keyword.value == "reduction" for a in bound.value.args)  # (a sum: review)
+        (dotted(bound.value.func) or "").rsplit(".", 1)[-1] in TOKEN_LOSSES and not _summed(bound.value)
 
 
 def _a_mask(node: Any) -> bool:
