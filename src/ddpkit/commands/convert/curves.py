@@ -32,7 +32,7 @@ import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.scan import Loop, dotted, resolve
-from ddpkit.commands.convert.sums import MEANS, mean_criterion
+from ddpkit.commands.convert.sums import MEANS, loss_name, mean_criterion
 
 _Work = Any  # the plan in the making (plan._Work)
 # per-batch scores that are a mean over the batch's samples
@@ -88,21 +88,11 @@ def _batch_mean(work: _Work, loop: Loop, call: cst.Call, line: int) -> bool:
 
 
 def _loss_value(value: Any) -> str | None:
-    """``loss.item()``, ``float(loss)``, ``loss.detach().cpu().item()``: the name, else None; a number only, not
-    ``loss.detach()`` (a tensor the script may ``torch.stack``: review)."""
+    """``loss.item()``, ``float(loss)``, ``loss.detach().cpu().item()``: the name (:func:`sums.loss_name`), else
+    None; a number only, not ``loss.detach()`` (a tensor the script may ``torch.stack``: review)."""
     number = isinstance(value, cst.Call) and (
         isinstance(value.func, cst.Attribute) and value.func.attr.value == "item" or dotted(value.func) == "float")
-    if not number:
-        return None
-    while isinstance(value, cst.Call):
-        if isinstance(value.func, cst.Attribute) and not value.args and \
-                value.func.attr.value in ("item", "detach", "cpu", "numpy"):
-            value = value.func.value
-        elif dotted(value.func) == "float" and len(value.args) == 1:
-            value = value.args[0].value
-        else:
-            return None
-    return dotted(value)
+    return loss_name(value) if number else None
 
 
 def _means(work: _Work, loop: Loop) -> set[str]:

@@ -410,14 +410,22 @@ def batch_mean(facts: Facts, loop: Loop, name: str) -> bool:
     adds = [node for node in m.findall(loop.node, m.AugAssign(operator=m.AddAssign()))
             if isinstance(node, cst.AugAssign) and _CODE.code_for_node(node.target) == name]
     for node in adds:
-        value = node.value
-        while isinstance(value, cst.Call) and (isinstance(value.func, cst.Attribute) and not value.args and
-                                               value.func.attr.value in ("item", "detach", "cpu", "numpy") or
-                                               dotted(value.func) == "float" and len(value.args) == 1):
-            value = value.func.value if isinstance(value.func, cst.Attribute) else value.args[0].value
-        if dotted(value) not in losses:
+        if loss_name(node.value) not in losses:
             return False
     return bool(losses and adds) and all(mean_criterion(facts, loop, name) for name in losses if name)
+
+
+def loss_name(value: Any) -> str | None:
+    """The name a loss value is read from: ``loss`` of ``loss.item()``, ``float(loss)``, ``loss.detach().cpu()``.
+
+    >>> loss_name(cst.parse_expression("float(loss.detach())")), loss_name(cst.parse_expression("f(loss)"))
+    ('loss', None)
+    """
+    while isinstance(value, cst.Call) and (isinstance(value.func, cst.Attribute) and not value.args and
+                                           value.func.attr.value in ("item", "detach", "cpu", "numpy") or
+                                           dotted(value.func) == "float" and len(value.args) == 1):
+        value = value.func.value if isinstance(value.func, cst.Attribute) else value.args[0].value
+    return None if isinstance(value, cst.Call) else dotted(value)
 
 
 def mean_criterion(facts: Facts, loop: Loop, loss: str) -> bool:

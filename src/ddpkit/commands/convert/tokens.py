@@ -143,14 +143,17 @@ def _ignored_where(work: _Work, call: Call, target: Any) -> bool:
     return "ignore_index" in other or "-100" in other
 
 
+# a count of the tokens a mask keeps: ``labels.ne(0).long().sum()``, ``(y != -100).sum()``
+KEPT_COUNT = re.compile(r"(\.ne\(|!=|\.eq\(|==).*\.sum\(")
+
+
 def over_tokens(work: _Work, call: Call) -> bool:
     """A summed loss divided, in the same function, by a count of the tokens kept (GPT2-NewsTitle's ``num =
     shift_labels.ne(0).long().sum().item()`` then ``loss = loss / num``): a token mean after all."""
     counts = {b.target for b in work.facts.bindings if b.scope is call.scope and b.value is not None and
-              re.search(r"(\.ne\(|!=|\.eq\(|==).*\.sum\(", work.facts.code(b.value))}
-    counted = re.compile(r"(\.ne\(|!=|\.eq\(|==).*\.sum\(")
+              KEPT_COUNT.search(work.facts.code(b.value))}
     return any(isinstance(d, cst.BinaryOperation) and (dotted(d.right) in counts or  # (``loss / num``, a return)
-                                                       bool(counted.search(work.facts.code(d.right))))
+                                                       bool(KEPT_COUNT.search(work.facts.code(d.right))))
                for stmt, scope, line in work.facts.statements if scope is call.scope and line > call.line
                for d in m.findall(stmt, m.BinaryOperation(operator=m.Divide())))
 
