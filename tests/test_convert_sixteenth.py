@@ -569,3 +569,14 @@ for epoch in range(2):
     inner = STEP.format(step="for q in m.parameters():\n        if q.grad is None:\n            continue\n"
                              "    losses.append(loss.item())", after="print(losses)")
     assert "losses = ddpkit.reduce(torch.tensor(losses" in plan(inner).text
+
+
+def test_a_mean_by_np_from_a_star_import_is_averaged_once_said():
+    """NRI (after-fix re-run): ``from utils import *`` gives ``np``; ``print(..., np.mean(nll_train), ...)`` after
+    the training loop and a validation loop printed rank 0's batches' mean, with no line."""
+    from test_convert_fifteenth import LIST_MEAN
+    p = plan(LIST_MEAN.format(end="print('a', np.mean(losses), 'b', np.mean(losses))", call="train_epoch()")
+             .replace("import numpy as np\n", "from utils import *\n"))
+    assert "print('a', ddpkit.reduce(np.mean(losses), op='mean'), 'b', ddpkit.reduce(np.mean(losses), op='mean'))" \
+        in p.text, p.text
+    assert len([e for e in p.edits if e.what.startswith("a mean of the training loop's list")]) == 1, p.edits

@@ -75,14 +75,15 @@ def list_means(work: _Work, loop: Loop, whole: set[str]) -> None:
                            "0's where it is written)", "average it on every rank first, where no rank can skip it: "
                            "m = ddpkit.reduce(m, op='mean') right after the loop, then use m")
                 continue
-            for node in found:
-                if id(node) not in work.edits.expr:
-                    work.edits.expr[id(node)] = lambda n: cst.Call(
-                        cst.parse_expression("ddpkit.reduce"),
-                        [cst.Arg(n), cst.Arg(cst.SimpleString("'mean'"), keyword=cst.Name("op"), equal=TIGHT)])
-                    work.note("a mean of the training loop's list or meter: averaged across ranks (ddpkit.reduce, "
-                              "op='mean')",
-                              "each rank's list holds its own batches' values; every rank took as many steps", line)
+            fresh = [node for node in found if id(node) not in work.edits.expr]
+            for node in fresh:
+                work.edits.expr[id(node)] = lambda n: cst.Call(
+                    cst.parse_expression("ddpkit.reduce"),
+                    [cst.Arg(n), cst.Arg(cst.SimpleString("'mean'"), keyword=cst.Name("op"), equal=TIGHT)])
+            if fresh:  # (one line for a statement's means: NRI prints four)
+                work.note("a mean of the training loop's list or meter: averaged across ranks (ddpkit.reduce, "
+                          "op='mean')", "each rank's list holds its own batches' values; every rank took as many steps",
+                          line)
 
 
 def _meters(facts: Any, loop: Loop) -> set[str]:

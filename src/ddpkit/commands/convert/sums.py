@@ -32,7 +32,8 @@ from ddpkit.commands.convert.device import PROGRESS
 from ddpkit.commands.convert.inits import node_ids
 from ddpkit.commands.convert.scan import Facts, Loop, dotted, names_in, resolve
 
-MEANS = ("numpy.mean", "statistics.mean", "statistics.fmean")  # a mean of a list's values
+# a mean of a list's values (``np`` unresolved: numpy's through a star import, NRI's ``from utils import *``)
+MEANS = ("numpy.mean", "statistics.mean", "statistics.fmean", "np.mean")
 
 
 class Reduction(NamedTuple):
