@@ -27,6 +27,7 @@ import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.scan import dotted
+from ddpkit.commands.convert.sums import stepped_losses
 
 _Work = Any  # the plan in the making (plan._Work)
 
@@ -38,8 +39,7 @@ def rank_chosen_saves(work: _Work) -> None:
     for loop in facts.loops:
         if not flow.trains(facts, loop):
             continue
-        losses = {dotted(c.node.func.value) for c in loop.calls if c.last == "backward" and
-                  isinstance(c.node.func, cst.Attribute)} - {None}
+        losses = stepped_losses(loop)
         for node in m.findall(loop.node, m.If()):
             if id(node) in said or not isinstance(node, cst.If):
                 continue

@@ -32,7 +32,7 @@ import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.scan import Loop, dotted, resolve
-from ddpkit.commands.convert.sums import MEANS, loss_name, mean_criterion
+from ddpkit.commands.convert.sums import MEANS, loss_name, mean_criterion, stepped_losses
 
 _Work = Any  # the plan in the making (plan._Work)
 # per-batch scores that are a mean over the batch's samples
@@ -97,9 +97,7 @@ def _loss_value(value: Any) -> str | None:
 
 def _means(work: _Work, loop: Loop) -> set[str]:
     """The names backward is called on whose value is a mean criterion's (:func:`sums.mean_criterion`)."""
-    losses = {dotted(c.node.func.value) for c in loop.calls if c.last == "backward" and
-              isinstance(c.node.func, cst.Attribute)} - {None}
-    return {loss for loss in losses if loss and mean_criterion(work.facts, loop, loss)}
+    return {loss for loss in stepped_losses(loop) if mean_criterion(work.facts, loop, loss)}
 
 
 def _read_whole(work: _Work, loop: Loop, name: str) -> bool:

@@ -403,11 +403,16 @@ def batch_wide(facts: Facts, loop: Loop) -> tuple[str, int] | None:
     return None
 
 
+def stepped_losses(loop: Loop) -> set[str]:
+    """The names ``loop`` calls ``backward()`` on (``loss`` of ``loss.backward()``), nested loops included."""
+    return {n for c in loop.calls if c.last == "backward" and isinstance(c.node.func, cst.Attribute)
+            and (n := dotted(c.node.func.value)) is not None}
+
+
 def batch_mean(facts: Facts, loop: Loop, name: str) -> bool:
     """``name`` is summed from the loss's own value in ``loop`` (``train_loss += loss.item()``, ``float(loss)``,
     ``loss.detach()``): a mean over each batch, of the name a backward is called on, not scaled by the batch."""
-    losses = {dotted(c.node.func.value) for c in loop.calls if c.last == "backward" and
-              isinstance(c.node.func, cst.Attribute)} - {None}
+    losses = stepped_losses(loop)
     adds = [node for node in m.findall(loop.node, m.AugAssign(operator=m.AddAssign()))
             if isinstance(node, cst.AugAssign) and _CODE.code_for_node(node.target) == name]
     for node in adds:
