@@ -28,7 +28,8 @@ from ddpkit.commands.check.rules import OPTIMIZERS
 from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.flow import DEPTH, argument_for, binding_of, callee
 from ddpkit.commands.convert.inits import node_ids
-from ddpkit.commands.convert.scan import Call, Loop, dotted, names_in, resolve
+from ddpkit.commands.convert.names import dotted, names_in, resolve
+from ddpkit.commands.convert.scan import Call, Loop
 from ddpkit.commands.convert.tokens import over_tokens
 
 # the plan in the making (plan._Work): facts, edits, note, leave, keep, per_process_batch

@@ -23,7 +23,7 @@ from typing import Any
 import libcst as cst
 from libcst import matchers as m
 
-from ddpkit.commands.convert.scan import dotted
+from ddpkit.commands.convert.names import dotted
 
 _Work = Any  # the plan in the making (plan._Work)
 

@@ -25,8 +25,8 @@ import libcst.matchers as m
 
 from ddpkit.commands.convert import inits
 from ddpkit.commands.convert.inits import node_ids
-from ddpkit.commands.convert.rules import main_guard
 from ddpkit.commands.convert.scan import Binding, Call
+from ddpkit.commands.convert.waits import main_guard
 
 # the plan in the making (plan._Work): facts, edits, note
 _Work = Any

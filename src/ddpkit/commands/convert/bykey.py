@@ -31,7 +31,8 @@ import libcst as cst
 from libcst import matchers as m
 
 from ddpkit.commands.convert import flow
-from ddpkit.commands.convert.scan import Binding, Facts, Loop, dotted
+from ddpkit.commands.convert.names import dotted
+from ddpkit.commands.convert.scan import Binding, Facts, Loop
 
 
 @dataclasses.dataclass(frozen=True)

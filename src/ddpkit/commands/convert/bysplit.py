@@ -30,7 +30,8 @@ from libcst import matchers as m
 
 from ddpkit.commands.convert import bykey, flow
 from ddpkit.commands.convert.crossing import EVAL, TRAIN, returned
-from ddpkit.commands.convert.scan import Call, Facts, Loop, Scope, dotted, unpacked
+from ddpkit.commands.convert.names import dotted, unpacked
+from ddpkit.commands.convert.scan import Call, Facts, Loop, Scope
 
 _Work = Any  # the plan in the making (plan._Work)
 

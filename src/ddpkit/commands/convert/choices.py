@@ -26,7 +26,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
-from ddpkit.commands.convert.scan import dotted
+from ddpkit.commands.convert.names import dotted
 from ddpkit.commands.convert.sums import stepped_losses
 
 _Work = Any  # the plan in the making (plan._Work)

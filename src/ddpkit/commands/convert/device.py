@@ -20,7 +20,8 @@ import libcst as cst
 from libcst import matchers as m
 
 from ddpkit.commands.convert.flow import callers
-from ddpkit.commands.convert.scan import Binding, Scope, dotted, names_in, resolve
+from ddpkit.commands.convert.names import dotted, names_in, resolve
+from ddpkit.commands.convert.scan import Binding, Scope
 
 # the plan in the making (plan._Work): facts, edits, leave, note, devices, inits, state
 _Work = Any

@@ -20,7 +20,8 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.commands.convert.scan import Call, dotted
+from ddpkit.commands.convert.names import dotted
+from ddpkit.commands.convert.scan import Call
 
 # the plan in the making (plan._Work): facts
 _Work = Any

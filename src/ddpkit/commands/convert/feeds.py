@@ -20,7 +20,8 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.commands.convert import flow, handedin
-from ddpkit.commands.convert.scan import Binding, Loop, dotted
+from ddpkit.commands.convert.names import dotted
+from ddpkit.commands.convert.scan import Binding, Loop
 
 _Work = Any  # the plan in the making (plan._Work)
 

@@ -23,7 +23,8 @@ from collections.abc import Callable
 import libcst as cst
 import libcst.matchers as m
 
-from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, Scope, dotted, names_in, resolve, unpacked
+from ddpkit.commands.convert.names import dotted, names_in, resolve, unpacked
+from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, Scope
 
 # methods of torch's modules, optimizers and schedulers: called on anything but ``self``, not the script's own
 # method of the same name (a Runner.train(), a Trainer.step())

@@ -22,7 +22,8 @@ from typing import Any
 from ddpkit.commands.convert.crossing import HANDED_MODEL, Ask, key
 from ddpkit.commands.convert.flow import argument_for, binding_of, callee, callers
 from ddpkit.commands.convert.handedin import given_as
-from ddpkit.commands.convert.scan import Call, dotted, resolve
+from ddpkit.commands.convert.names import dotted, resolve
+from ddpkit.commands.convert.scan import Call
 from ddpkit.commands.convert.trained import parameters_of
 
 _Work = Any  # the plan in the making (plan._Work)

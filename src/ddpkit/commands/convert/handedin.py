@@ -34,8 +34,9 @@ import libcst as cst
 from ddpkit.commands.convert import flagged, flow
 from ddpkit.commands.convert.crossing import EVAL, HANDED, TRAIN, Ask, key
 from ddpkit.commands.convert.device import PROGRESS
+from ddpkit.commands.convert.names import dotted, resolve
 from ddpkit.commands.convert.reductions import reductions
-from ddpkit.commands.convert.scan import Binding, Call, Loop, dotted, imported_from, resolve
+from ddpkit.commands.convert.scan import Binding, Call, Loop, imported_from
 from ddpkit.commands.convert.sums import sums_after
 
 _Work = Any  # the plan in the making (plan._Work)

@@ -26,7 +26,7 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.commands.convert.scan import dotted
+from ddpkit.commands.convert.names import dotted
 
 __all__ = ["single_device", "line_map"]
 

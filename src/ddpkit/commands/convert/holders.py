@@ -23,7 +23,8 @@ import libcst as cst
 from ddpkit.commands.convert import inherited
 from ddpkit.commands.convert.crossing import MODEL, Ask, key
 from ddpkit.commands.convert.flow import binding_of
-from ddpkit.commands.convert.scan import Binding, Call, Facts, dotted, imported_from
+from ddpkit.commands.convert.names import dotted
+from ddpkit.commands.convert.scan import Binding, Call, Facts, imported_from
 
 _Work = Any  # the plan in the making (plan._Work)
 

@@ -30,8 +30,9 @@ from libcst import matchers as m
 
 from ddpkit.commands.convert import bysplit, flow, handedin
 from ddpkit.commands.convert.crossing import EVAL, TRAIN, Ask, key, returned
+from ddpkit.commands.convert.names import dotted, resolve, unpacked
 from ddpkit.commands.convert.reductions import reductions
-from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, dotted, imported_from, resolve, unpacked
+from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, imported_from
 from ddpkit.commands.convert.sums import sums_after
 
 _Work = Any  # the plan in the making (plan._Work)

@@ -23,7 +23,8 @@ import libcst as cst
 from libcst import matchers as m
 
 from ddpkit.commands.convert.crossing import MODEL, Ask, key
-from ddpkit.commands.convert.scan import Binding, Call, Facts, dotted, imported_from, names_in
+from ddpkit.commands.convert.names import dotted, names_in
+from ddpkit.commands.convert.scan import Binding, Call, Facts, imported_from
 
 _Work = Any  # the plan in the making (plan._Work)
 

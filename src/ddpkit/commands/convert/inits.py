@@ -30,8 +30,9 @@ import libcst.matchers as m
 
 from ddpkit.commands.convert import parallel
 from ddpkit.commands.convert.flow import argument_for, callee, scope_trains
+from ddpkit.commands.convert.names import dotted
 from ddpkit.commands.convert.rules import without_moves
-from ddpkit.commands.convert.scan import Binding, Call, dotted
+from ddpkit.commands.convert.scan import Binding, Call
 
 # the plan in the making (plan._Work): facts, edits, note, leave
 _Work = Any

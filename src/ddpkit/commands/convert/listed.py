@@ -19,8 +19,9 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert.flow import binding_of
+from ddpkit.commands.convert.names import dotted, resolve
 from ddpkit.commands.convert.rules import without_moves
-from ddpkit.commands.convert.scan import Binding, Call, dotted, resolve
+from ddpkit.commands.convert.scan import Binding, Call
 
 _Work = Any  # the plan in the making (plan._Work)
 

@@ -27,7 +27,8 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from ddpkit.commands.convert.scan import Loop, dotted, resolve
+from ddpkit.commands.convert.names import dotted, resolve
+from ddpkit.commands.convert.scan import Loop
 from ddpkit.commands.convert.sums import MEANS
 
 _Work = Any  # the plan in the making (plan._Work)

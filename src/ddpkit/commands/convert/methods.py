@@ -26,7 +26,7 @@ import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.apply import add_keyword
-from ddpkit.commands.convert.scan import dotted, names_in
+from ddpkit.commands.convert.names import dotted, names_in
 
 # the plan in the making (plan._Work): facts, models, note
 _Work = Any

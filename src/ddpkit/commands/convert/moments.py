@@ -24,8 +24,8 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert.inits import node_ids
-from ddpkit.commands.convert.rules import in_main_block
-from ddpkit.commands.convert.scan import dotted, resolve
+from ddpkit.commands.convert.names import dotted, resolve
+from ddpkit.commands.convert.waits import in_main_block
 
 _Work = Any  # the plan in the making (plan._Work)
 CLOCKS = ("datetime.datetime.now", "datetime.datetime.today", "datetime.datetime.utcnow", "datetime.now",

@@ -21,7 +21,8 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert.flow import argument_for, callee, callers
-from ddpkit.commands.convert.scan import Facts, Scope, dotted
+from ddpkit.commands.convert.names import dotted
+from ddpkit.commands.convert.scan import Facts, Scope
 
 __all__ = ["read_first"]
 

@@ -21,8 +21,9 @@ from typing import Any
 
 import libcst as cst
 
+from ddpkit.commands.convert.names import dotted, resolve
 from ddpkit.commands.convert.rules import without_moves
-from ddpkit.commands.convert.scan import Call, dotted, resolve
+from ddpkit.commands.convert.scan import Call
 
 WRAPPERS = ("torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
             "torch.nn.parallel.data_parallel.DataParallel")

@@ -26,8 +26,9 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.commands.convert import flow
+from ddpkit.commands.convert.names import dotted, names_in
 from ddpkit.commands.convert.rules import without_moves
-from ddpkit.commands.convert.scan import Call, dotted, names_in
+from ddpkit.commands.convert.scan import Call
 from ddpkit.commands.convert.trained import trained
 
 _Work = Any  # the plan in the making (plan._Work)

@@ -25,7 +25,8 @@ import dataclasses
 import libcst as cst
 
 from ddpkit.commands.convert import flow
-from ddpkit.commands.convert.scan import Call, Facts, Scope, dotted
+from ddpkit.commands.convert.names import dotted
+from ddpkit.commands.convert.scan import Call, Facts, Scope
 
 DEPTH = 3  # names and parameters followed from one path: a script's paths are built in a line or two
 

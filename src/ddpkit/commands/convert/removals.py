@@ -23,8 +23,9 @@ import libcst.matchers as m
 
 from ddpkit.commands.check.rules import RANK_WORDS
 from ddpkit.commands.convert.flow import in_body
-from ddpkit.commands.convert.rules import called_in_branch, in_main_block, main_test, per_rank
+from ddpkit.commands.convert.rules import per_rank
 from ddpkit.commands.convert.scan import Call
+from ddpkit.commands.convert.waits import called_in_branch, in_main_block, main_test
 
 # the plan in the making (plan._Work): facts, edits, note, leave
 _Work = Any

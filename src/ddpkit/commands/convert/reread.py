@@ -26,8 +26,8 @@ import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.listmeans import RANK_TEST
-from ddpkit.commands.convert.rules import branched, in_main_block
-from ddpkit.commands.convert.scan import dotted
+from ddpkit.commands.convert.names import dotted
+from ddpkit.commands.convert.waits import branched, in_main_block
 
 _Work = Any  # the plan in the making (plan._Work)
 

@@ -18,17 +18,17 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.check.rules import RANK_WORDS
-from ddpkit.commands.convert import order
+from ddpkit.commands.convert import folders, waits
 from ddpkit.commands.convert.apply import add_keyword
 from ddpkit.commands.convert.device import ACCELERATORS, PROGRESS, text_of
-from ddpkit.commands.convert.flow import binding_of, callers, in_body, visible
-from ddpkit.commands.convert.scan import Binding, Scope, dotted, imported_from, names_in, resolve
+from ddpkit.commands.convert.flow import binding_of, callers, visible
+from ddpkit.commands.convert.names import dotted, names_in, resolve
+from ddpkit.commands.convert.scan import Binding, imported_from
 
 # the plan in the making (plan._Work, which imports this module): facts, edits, log, left, models, state
 _Work = Any
 
 LOG_CALLS = ("debug", "info", "warning", "warn", "error", "critical", "exception", "log")
-BARRIER_FIX = "put ddpkit.barrier() after the save where every rank passes (outside rank- or data-dependent branches)"
 # what copies or moves a file: beside a guarded torch.save (bearpaw's copy of the best checkpoint), rank 0's too
 FILE_OPS = ("shutil.copyfile", "shutil.copy", "shutil.copy2", "shutil.move", "os.rename", "os.replace")
 PRETRAINED = ("save_pretrained", "push_to_hub")  # Hugging Face's saves (a model's, a tokenizer's)
@@ -61,23 +61,6 @@ def _device_only(call: cst.Call) -> bool:
         or arg.keyword is not None and arg.keyword.value == "device"
 
 
-def main_test(work: _Work, scope: Scope, line: int = 0, said: bool = True) -> str:
-    """An expression for "this is rank 0" in ``scope``: ``state.is_main`` where the init's state is seen (not on
-    a ``line`` of that scope above the init: a ``pprint`` before the device set-up)."""
-    at, args = work.init_lines.get(id(scope), (0, ""))
-    if line and line < at:
-        if said and args and not any(x.line == line and "before the device set-up" in x.what for x in work.left):
-            work.leave(line, f"this line, guarded for rank 0, comes before the device set-up at line {at}: it starts "
-                       f"ddpkit with the defaults, and the set-up's ddpkit.init({args}) comes too late to choose",
-                       "move it below the device set-up, then convert again")
-        return "ddpkit.init().is_main"
-    if any(visible(work.facts, work.state, s, scope) for s in work.inits) or \
-            any(b.target == work.state and visible(work.facts, work.state, b.scope, scope)
-                for b in work.facts.bindings):
-        return f"{work.state}.is_main"
-    return "ddpkit.init().is_main"
-
-
 def outputs(work: _Work) -> None:
     facts = work.facts
     printing = "print" not in {b.target for b in facts.bindings} and "print" not in facts.aliases
@@ -97,7 +80,7 @@ def outputs(work: _Work) -> None:
         elif call.name in ("pprint.pprint", "pprint.pp") and not ranked and call.stmt is not None and \
                 len(call.stmt.body) == 1 and isinstance(call.stmt.body[0], cst.Expr) and \
                 call.stmt.body[0].value is call.node:  # (DialoGPT's ``pprint(args.__dict__)``)
-            work.edits.guard[id(call.stmt)] = main_test(work, call.scope, call.line)
+            work.edits.guard[id(call.stmt)] = waits.main_test(work, call.scope, call.line)
             work.note(f"{call.last} guarded: rank 0 prints", "printed once, as print -> ddpkit.print", call.line)
         elif call.name == "logging.getLogger":
             work.edits.expr[id(call.node)] = lambda node: node.with_changes(
@@ -118,12 +101,12 @@ def outputs(work: _Work) -> None:
             _save(work, call, loads)
         elif call.last in PRETRAINED and isinstance(func, cst.Attribute):
             _pretrained(work, call, ranked)
-        elif call.name == "torch.save" and _read_back(work, call, loads) and not any(
+        elif call.name == "torch.save" and waits.read_back(work, call, loads) and not any(
                 c.name == "ddpkit.barrier" or c.last == "barrier" for c in facts.calls):
-            _unwaited(work, call, _read_back(work, call, loads)[0].line)
+            waits.unwaited(work, call, waits.read_back(work, call, loads)[0].line)
         elif call.name == "torch.load" and not any(a.keyword and a.keyword.value == "map_location"
                                                    for a in call.node.args):
-            where = f"{work.state}.device" if main_test(work, call.scope, call.line, said=False).startswith(
+            where = f"{work.state}.device" if waits.main_test(work, call.scope, call.line, said=False).startswith(
                 work.state) else '"cpu"'
             work.edits.expr[id(call.node)] = lambda node, w=where: add_keyword(node, "map_location", w)
             work.note(f"torch.load(..., map_location={where})", "tensors load where this rank "
@@ -135,11 +118,11 @@ def outputs(work: _Work) -> None:
             work.edits.expr[id(func.value)] = _unwrapped
             work.note(f"{dotted(func.value)}.{call.last}() -> ddpkit.unwrap(...).{call.last}()", "the prepared "
                       "model's only child is the wrapped module: a walk over its layers needs the module", call.line)
-        elif call.name in ("os.mkdir", "os.makedirs") or call.last == "mkdir" and _a_path(work, call):
-            _mkdir(work, call)
+        elif call.name in ("os.mkdir", "os.makedirs") or call.last == "mkdir" and folders.a_path(work, call):
+            folders.mkdir(work, call)
         elif call.name in FILE_OPS and not ranked and call.stmt is not None and len(call.stmt.body) == 1 and any(
                 c.name == "torch.save" and c.scope is call.scope for c in facts.calls):
-            work.edits.guard[id(call.stmt)] = main_test(work, call.scope, call.line)
+            work.edits.guard[id(call.stmt)] = waits.main_test(work, call.scope, call.line)
             work.note(f"{call.name} guarded: rank 0 does it", "beside a torch.save that rank 0 alone makes: on "
                       "another rank the file may not be written yet (FileNotFoundError), and N copies race",
                       call.line)
@@ -160,7 +143,7 @@ def _progress(work: _Work, call: Any) -> None:
                   "disabled on the other ranks would leave at 0")
         return
     else:  # tqdm(total=...) updated by hand: no iterable to hand over; the bar shows on rank 0 only
-        flag = f"not {main_test(work, call.scope, call.line)}"
+        flag = f"not {waits.main_test(work, call.scope, call.line)}"
         work.edits.expr[id(node)] = lambda n: add_keyword(n, "disable", flag)
     work.note(f"{call.last} -> ddpkit.progress", "one bar, on rank 0", call.line)
 
@@ -184,20 +167,21 @@ def _save(work: _Work, call: Any, loads: list[Any]) -> None:
         return
     if _per_rank(work, call):
         return
-    work.edits.guard[id(call.stmt)] = main_test(work, call.scope, call.line)
-    read_back = _read_back(work, call, loads)
-    if read_back and branched(work, call) and \
-            wait_before(work, call, read_back):
+    work.edits.guard[id(call.stmt)] = waits.main_test(work, call.scope, call.line)
+    read_back = waits.read_back(work, call, loads)
+    if read_back and waits.branched(work, call) and \
+            waits.wait_before(work, call, read_back):
         return
-    if read_back and branched(work, call) and all(callers_apart(work, call.scope, r.scope) for r in read_back):
+    if read_back and waits.branched(work, call) and \
+            all(waits.callers_apart(work, call.scope, r.scope) for r in read_back):
         work.keep(call.line, f"a file is read at line {read_back[0].line} in {read_back[0].scope.name}(), a function "
                   f"apart from {call.scope.name}() that saves here; no function of this file runs both", "a caller "
                   "that saves and then loads should put ddpkit.barrier() between the two calls")
         read_back = []
-    if read_back and branched(work, call):  # (one rank may skip it)
+    if read_back and waits.branched(work, call):  # (one rank may skip it)
         work.leave(call.line, f"a file is read at line {read_back[0].line} (maybe the one saved here), and the "
                    "save is inside an if or a loop: the other ranks may read it before rank 0 has written it",
-                   BARRIER_FIX)
+                   waits.BARRIER_FIX)
         read_back = []
     elsewhere = _read_elsewhere(work, call) if not read_back else None
     if elsewhere is not None:  # DANN: ``torch.save(net, path)`` each epoch, then ``test(...)`` of test.py loads it
@@ -217,14 +201,14 @@ def _read_elsewhere(work: _Work, call: Any) -> str | None:
     """The function of another module of the project called next after the save, in the same loop (an epoch loop
     over ``range``) under no ``if``: it may load what was saved (DANN's ``test(dataset, epoch)``). None where a
     barrier after the save could be skipped by one rank."""
-    if [t for t in call.tests if not main_guard(t)] or called_in_branch(work, call.scope) or \
+    if [t for t in call.tests if not waits.main_guard(t)] or waits.called_in_branch(work, call.scope) or \
             any(not (isinstance(lp.node, cst.For) and isinstance(lp.node.iter, cst.Call) and
                      dotted(lp.node.iter.func) == "range") for lp in call.loops):
         return None
     for later in work.facts.calls:
         name = dotted(later.node.func)
         if later.scope is call.scope and later.line > call.line and name and later.loops == call.loops and \
-                not [t for t in later.tests if not main_guard(t)] and imported_from(work.facts, name) is not None:
+                not [t for t in later.tests if not waits.main_guard(t)] and imported_from(work.facts, name) is not None:
             return name
     return None
 
@@ -249,189 +233,20 @@ def _pretrained(work: _Work, call: Any, ranked: bool) -> None:
         work.leave(call.line, f"{call.last} {where}: every rank writes it", "put it on a line of its own, then "
                    "convert again")
         return
-    work.edits.guard[id(call.stmt)] = main_test(work, call.scope, call.line)
+    work.edits.guard[id(call.stmt)] = waits.main_test(work, call.scope, call.line)
     loads = [c for c in work.facts.calls if c.last == "from_pretrained"] if call.last == "save_pretrained" else []
-    read_back = _read_back(work, call, loads)
+    read_back = waits.read_back(work, call, loads)
     if read_back and any(c.last == "save_pretrained" and c.scope is call.scope and call.line < c.line <
                          read_back[0].line for c in work.facts.calls):
         read_back = []  # (a tokenizer saved below it: one barrier, after the last save, does for both)
-    if read_back and branched(work, call):
+    if read_back and waits.branched(work, call):
         work.leave(call.line, f"{call.last} inside an if or a loop, and from_pretrained reads at line "
-                   f"{read_back[0].line}: the other ranks may read before rank 0 has written", BARRIER_FIX)
+                   f"{read_back[0].line}: the other ranks may read before rank 0 has written", waits.BARRIER_FIX)
     elif read_back:
         work.edits.after.setdefault(id(call.stmt), []).append("ddpkit.barrier()")
     work.note(f"{call.last} guarded: rank 0 {'pushes' if call.last == 'push_to_hub' else 'saves'}" +
               (", then every rank waits for it (barrier)" if read_back and id(call.stmt) in work.edits.after else ""),
               "every rank holds the same weights; N writers of one folder race (N pushes: N commits)", call.line)
-
-
-def _mkdir(work: _Work, call: Any) -> None:
-    """``os.mkdir(d)`` / ``os.makedirs(d)`` / ``Path(d).mkdir()`` -> ``os.makedirs(d, exist_ok=True)`` (``.mkdir(...,
-    exist_ok=True)``): every rank runs it, and all but the first find the folder made (FileExistsError), also
-    behind an ``if not os.path.isdir(d)`` test, which they may all pass before any makes it."""
-    node, func = call.node, call.node.func
-    said = [a for a in node.args if a.keyword is not None and a.keyword.value == "exist_ok"]
-    if said and isinstance(said[0].value, cst.Name) and said[0].value.value == "True":
-        return
-    if call.name == "os.mkdir" and not isinstance(func, cst.Attribute) or \
-            any(a.keyword is not None and a.keyword.value == "dir_fd" for a in node.args):
-        work.leave(call.line, "a folder made on every rank: all but the first find it made (FileExistsError)",
-                   "write os.makedirs(path, exist_ok=True)")
-        return
-    positional = [a for a in node.args if a.keyword is None and not a.star]
-    keep = 2 if call.last != "mkdir" or call.name == "os.mkdir" else 1  # (path, mode); Path.mkdir(mode, parents)
-    cut = len(positional) > keep  # ``os.makedirs(d, 0o755, False)``: its exist_ok goes by name
-
-    def safe(n: cst.Call) -> cst.Call:
-        args = [a for a in n.args if not (a.keyword is not None and a.keyword.value == "exist_ok")]
-        if cut:
-            args = args[:keep] + args[keep + 1:]
-        if call.name == "os.mkdir":
-            n = n.with_changes(func=n.func.with_changes(attr=cst.Name("makedirs")))
-        if args and len(args) < len(n.args):  # one went: the new last one ends the call
-            args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-        return add_keyword(n.with_changes(args=args), "exist_ok", "True")
-
-    work.edits.expr[id(node)] = safe
-    work.note(f"{call.last}(...) -> {'os.makedirs' if call.name == 'os.mkdir' else call.last}(..., exist_ok=True)",
-              "every rank makes the folder: all but the first would find it made (FileExistsError)", call.line)
-    asked = _asked_first(work, call)
-    if asked is not None:  # ``if os.path.isdir(d): input('Overwrite?') ... else: os.makedirs(d)`` (cs-kd)
-        at = min((c.line for c in work.facts.calls if c.node is asked.test), default=call.line)
-        work.edits.guard[id(asked)] = main_test(work, call.scope, at)
-        work.edits.after.setdefault(id(asked), []).append("ddpkit.barrier()")
-        work.note("if os.path.isdir(...): ... else: makedirs(...) guarded, then a barrier", "rank 0 checks and makes "
-                  "the folder: a rank that came later would find it made and take the other branch (its question, "
-                  "its error)", call.line)
-
-
-def _asked_first(work: _Work, call: Any) -> cst.If | None:
-    """The ``if`` whose ``else`` makes the folder ``call`` makes, after testing that it exists, and whose other
-    branch acts on it (asks with ``input()``, raises, removes it): each rank would take its own branch."""
-    if call.loops or call.stmt is None:
-        return None
-    for node in m.findall(work.facts.module, m.If()):
-        assert isinstance(node, cst.If)
-        test = node.test.func if isinstance(node.test, cst.Call) else None
-        if not (isinstance(node.orelse, cst.Else) and isinstance(node.orelse.body, cst.IndentedBlock) and
-                any(s is call.stmt for s in node.orelse.body.body) and (dotted(test) or "").endswith(
-                    ("path.isdir", "path.exists", ".exists", ".is_dir"))):
-            continue
-        acts = m.findall(node.body, m.Raise() | m.Call(func=m.Attribute(attr=m.Name("rmtree"))) |
-                         m.Call(func=m.Name("input")))
-        inside = {id(s) for s in m.findall(node, m.SimpleStatementLine())}
-        bound = {b.target for b in work.facts.bindings if id(b.stmt) in inside}
-        lines = [line for s, _scope, line in work.facts.statements if id(s) in inside] or [call.line]
-        # (a name bound in it and read outside it, below or in a function, ``start_epoch``, a module's ``resume``:
-        # guarded, the other ranks would lack it)
-        read_below = any(n in bound and not (sc is call.scope and min(lines) - 1 <= line <= max(lines))
-                         for n, sc, line, _ in work.facts.reads)
-        if acts and read_below:
-            work.leave(call.line, "a folder checked, then made or asked about, in an if / else that binds names read "
-                       "below: a rank that came after rank 0 made it would take the other branch",
-                       "decide on rank 0 (under `if state.is_main:`) and hand the other ranks its choice "
-                       "(ddpkit.broadcast), with a ddpkit.barrier() after the folder is made")
-        return node if acts and not read_below else None
-    return None
-
-
-def _a_path(work: _Work, call: Any) -> bool:
-    """``Path(d).mkdir()``, or ``p.mkdir()`` of a ``p`` bound to a ``Path(...)`` (other ``mkdir`` methods, an
-    FTP client's, may take no exist_ok)."""
-    func = call.node.func
-    base = func.value if isinstance(func, cst.Attribute) else None
-    if isinstance(base, cst.Name):
-        bound = [b.value for b in work.facts.bindings if b.target == base.value and b.value is not None]
-        base = bound[-1] if bound else base
-    return isinstance(base, cst.Call) and (resolve(dotted(base.func), work.facts.aliases) or "").endswith("Path")
-
-
-def _unwaited(work: _Work, call: Any, line: int) -> None:
-    """A save rank 0 makes with a load below and no barrier: said as the first conversion said it when the save
-    is also inside a branch or a loop (a second conversion of its output says nothing new)."""
-    others = [t for t in call.tests if not any(w in t.lower() for w in RANK_WORDS)]
-    if others or call.loops or called_in_branch(work, call.scope):
-        work.leave(call.line, f"a file is read at line {line} (maybe the one saved here), and the save is inside an "
-                   "if or a loop: the other ranks may read it before rank 0 has written it", BARRIER_FIX)
-        return
-    work.leave(call.line, f"rank 0 saves here, and a file is read at line {line} with no barrier between: the "
-               "other ranks may read it before it is written", "put ddpkit.barrier() after the save where every "
-               "rank passes")
-
-
-def callers_apart(work: _Work, write: Any, read: Any) -> bool:
-    """Two functions no function of this file runs both (:func:`.order.apart_functions`), and, in a project, no
-    other file names a runner of each (main.py calling ``save_model`` then ``load_model`` of utils.py owes a barrier
-    there, so does one building a second ``Solver`` after ``train()``): a file converted alone cannot know its
-    callers, said as kept."""
-    if not order.apart_functions(work.facts, write, read):
-        return False
-    crossing = work.crossing
-    if crossing is None or not crossing.own:
-        return True
-    writing, reading = order.runner_names(work.facts, write), order.runner_names(work.facts, read)
-    # (a second ``Solver(...)`` after ``train()`` reads in ``__init__`` what the first one saved)
-    return crossing.others is not None and not any(writing & n and reading & n for n in crossing.others)
-
-
-def _read_back(work: _Work, save: Any, loads: list[Any]) -> list[Any]:
-    """The loads that may read what ``save`` wrote: below it, or in a function (defined above, it may run after
-    the save); a load above in the same block ran before (a resume at the start), and so did one in a function
-    that runs once and reaches the save only through a call below the load (``main()`` loads ``--resume``, then
-    calls ``train()``, which saves). The loads below the save come first (the line said is the likeliest)."""
-    found = [c for c in loads if (c.line > save.line or c.scope is not save.scope and c.scope.name) and
-             not order.read_first(work.facts, c, save)]
-    return sorted(found, key=lambda c: (c.line < save.line, c.line))
-
-
-def wait_before(work: _Work, write: Any, reads: list[Any]) -> bool:
-    """A write rank 0 makes in an ``if`` or a loop, read back below at the top of the same function (``torch.load``
-    of the best model after the epochs): every rank reaches that read, so a barrier just before it is one all
-    ranks pass, after rank 0's last write. False, with nothing done, where the read is itself in a branch or a
-    loop, in another function, or in a function called under an ``if``."""
-    read = min(reads, key=lambda c: c.line)
-    # the read's own line a statement of the function's body: not under a ``with`` (open's header runs first),
-    # not in a block of rank 0's own (guarded: the others would never meet the barrier)
-    if any(r.scope is not write.scope or [t for t in r.tests if not main_guard(t)] or r.loops or r.stmt is None
-           or r.line <= write.line for r in reads) or called_in_branch(work, read.scope) or \
-            not (in_body(read.stmt, read.scope) or in_main_block(work.facts.module, read.stmt)) or \
-            id(read.stmt) in work.edits.guard:
-        return False
-    waits = [c for c in work.facts.calls if c.scope is read.scope and write.line < c.line <= read.line
-             and c.stmt is not None and "ddpkit.barrier()" in work.edits.before.get(id(c.stmt), ())]
-    if not waits:  # (one barrier, before the first read, does for every write above it)
-        work.edits.before.setdefault(id(read.stmt), []).append("ddpkit.barrier()")
-    work.note("guarded: rank 0 writes, and every rank waits for it before the read (barrier)",
-              f"the file is read at line {read.line}, which every rank reaches", write.line)
-    return True
-
-
-def called_in_branch(work: _Work, scope: Scope, depth: int = 0) -> bool:
-    """A function some call of which sits under an ``if`` (or any call of which cannot be found): a barrier in it
-    would be a collective that one rank may skip."""
-    if not scope.name or depth > 3:
-        return False
-    sites = callers(work.facts, scope)
-    return not sites or any([t for t in c.tests if not main_guard(t)] or called_in_branch(work, c.scope, depth + 1)
-                            for c in sites)
-
-
-def branched(work: _Work, call: Any) -> bool:
-    """The call is under an ``if`` (not ``if __name__ == "__main__":``), in a loop, or in a function called under
-    one: a barrier beside it is a collective that one rank may skip."""
-    return any(not main_guard(t) for t in call.tests) or bool(call.loops) or called_in_branch(work, call.scope)
-
-
-def in_main_block(module: cst.Module, stmt: Any) -> bool:
-    """``stmt`` is a statement of the module's own ``if __name__ == "__main__":`` block (every rank runs it)."""
-    return any(isinstance(top, cst.If) and top.orelse is None and main_guard(module.code_for_node(top.test)) and
-               isinstance(top.body, cst.IndentedBlock) and any(s is stmt for s in top.body.body)
-               for top in module.body)
-
-
-def main_guard(test: str) -> bool:
-    """``if __name__ == "__main__":``: every rank runs the script as its main module, so passes it."""
-    return test.replace("'", '"').replace(" ", "") in ('__name__=="__main__"', '"__main__"==__name__')
 
 
 def _per_rank(work: _Work, call: Any) -> bool:

@@ -22,6 +22,15 @@ from typing import Any
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from ddpkit.commands.convert.names import (
+    BUILTINS,
+    LIBRARIES,
+    dotted,
+    import_aliases,
+    names_in,
+    resolve,
+)
+
 # methods that keep what a loop hands them (a list, a metric object, a meter): their totals are per rank
 # ``preds = np.concatenate((preds, out))``: calls that return their arguments joined
 JOINING = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack", "column_stack", "append"})
@@ -120,106 +129,6 @@ class Facts:
         return self.module.code_for_node(node)
 
 
-def unpacked(value: cst.BaseExpression) -> list[cst.BaseExpression]:
-    """The elements of a tuple or list (``return train_dl, test_dl``: what ``a, b = f()`` binds one by one), or the
-    value alone.
-
-    >>> [dotted(e) for e in unpacked(cst.parse_expression("a, b")) + unpacked(cst.parse_expression("c"))]
-    ['a', 'b', 'c']
-    """
-    return [e.value for e in value.elements] if isinstance(value, (cst.Tuple, cst.List)) else [value]
-
-
-def dotted(node: cst.CSTNode | None) -> str | None:
-    """``torch.cuda.is_available`` for the attribute chain, None for anything else.
-
-    >>> dotted(cst.parse_expression("self.model.fc")), dotted(cst.parse_expression("f().x"))
-    ('self.model.fc', None)
-    """
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        base = dotted(node.value)
-        return f"{base}.{node.attr.value}" if base else None
-    return None
-
-
-def names_in(node: cst.CSTNode) -> set[str]:
-    """Every dotted name (and each of its prefixes) read in an expression: ``enumerate(tqdm(self.loader))``
-    reads ``enumerate``, ``tqdm``, ``self`` and ``self.loader``."""
-    found: set[str] = set()
-
-    class Names(cst.CSTVisitor):
-        def visit_Attribute(self, node: cst.Attribute) -> bool:
-            name = dotted(node)
-            if name:
-                found.add(name)
-            node.value.visit(self)
-            return False  # ``.cuda`` of ``torch.cuda`` is no name of its own
-
-        def visit_Name(self, node: cst.Name) -> None:
-            found.add(node.value)
-
-    node.visit(Names())
-    return found
-
-
-def _import_aliases(module: cst.Module) -> tuple[dict[str, str], list[cst.SimpleStatementLine], dict[str, str]]:
-    """(local name -> dotted full name, the import lines, modules bound by ``import`` statements: as the script
-    spells them -> their full names: ``import pkg.data`` gives ``pkg.data``, ``import pkg.data as d`` ``d``)."""
-    aliases: dict[str, str] = {}
-    modules: dict[str, str] = {}
-    lines = []
-    for stmt in module.body:
-        if isinstance(stmt, cst.Try):  # ``try: from torch.utils.tensorboard import SummaryWriter`` / ``except``
-            _tried(stmt, aliases)
-        if not isinstance(stmt, cst.SimpleStatementLine):
-            continue
-        for small in stmt.body:
-            if isinstance(small, cst.Import):
-                lines.append(stmt)
-                for alias in small.names:
-                    full = dotted(alias.name) or ""
-                    local = alias.asname.name.value if alias.asname else full.split(".")[0]  # type: ignore[union-attr]
-                    aliases[local] = full if alias.asname else local
-                    modules[local if alias.asname else full] = full
-            elif isinstance(small, cst.ImportFrom) and isinstance(small.names, cst.ImportStar):
-                lines.append(stmt)  # ``from torch.utils.data import *``: the names convert looks for
-                module_name = dotted(small.module) or ""
-                for name in STARRED.get(module_name, ()):
-                    aliases.setdefault(name, f"{module_name}.{name}")
-                if not small.relative and module_name.split(".")[0] not in LIBRARIES:  # a module of the project's
-                    modules[f"* {module_name}"] = module_name  # (a key no name has: imported_from reads it)
-                elif not small.relative:  # a library's: ``tqdm`` of ``from tqdm import *`` is no project name
-                    modules[f"** {module_name}"] = module_name
-            elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
-                lines.append(stmt)
-                base = "." * len(small.relative) + (dotted(small.module) or "")  # ``from .model import``: kept
-                for alias in small.names:
-                    name = dotted(alias.name) or ""
-                    local = dotted(alias.asname.name) if alias.asname else name
-                    aliases[local or name] = f"{base}.{name}"
-    return aliases, lines, modules
-
-
-def _tried(stmt: cst.Try, aliases: dict[str, str]) -> None:
-    """The names a top-level ``try:`` imports in its body (the import that runs where the package is there), each
-    unless the script imports it plainly too; not its import lines (``import ddpkit`` goes below the plain ones,
-    never into the ``try``)."""
-    body = [s for s in stmt.body.body if isinstance(s, cst.SimpleStatementLine)]
-    found, _, _ = _import_aliases(cst.Module(body=body))
-    for local, full in found.items():
-        aliases.setdefault(local, full)
-
-
-# builtins no project module redefines (``eval``, ``input``, ``compile`` may well be a star-imported helper's)
-BUILTINS = frozenset({"enumerate", "len", "range", "zip", "print", "isinstance", "int", "float", "str", "list", "dict",
-                      "tuple", "set", "min", "max", "sum", "abs", "sorted", "open", "iter", "next", "getattr",
-                      "hasattr", "setattr", "type", "super", "round", "map", "filter", "any", "all", "vars", "bool",
-                      "reversed", "object", "Exception", "ValueError", "RuntimeError", "KeyError", "None", "True",
-                      "False"})
-
-
 def imported_from(facts: Facts, name: str) -> tuple[str, str] | None:
     """(the module, the name there) a name (or its head: ``model`` of ``model.fc``) comes from, when the script
     imports it from a module of its own (``from Arch.model import model as net``; ``import Arch.model as am`` then
@@ -256,46 +165,6 @@ def imported_from(facts: Facts, name: str) -> tuple[str, str] | None:
 def _library(facts: Facts, module: str) -> bool:
     """A library's module, not the project's: a project's ``datasets.py`` beside the script shadows HF datasets."""
     return module.split(".")[0] in LIBRARIES and module.split(".")[0] not in facts.own
-
-
-# what ``from <module> import *`` binds among the names convert reads (torch's modules define ``__all__``)
-STARRED = {"torch.utils.data": ("DataLoader", "Dataset", "TensorDataset", "Subset", "ConcatDataset", "random_split",
-                                "DistributedSampler", "RandomSampler", "SequentialSampler", "IterableDataset"),
-           "torch.optim": ("SGD", "Adam", "AdamW", "Adagrad", "Adadelta", "Adamax", "RMSprop", "NAdam", "RAdam",
-                           "LBFGS", "SparseAdam", "Rprop", "ASGD", "Adafactor", "Muon"),
-           "torch.nn": ("DataParallel", "Module", "Linear", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d"),
-           "torch.nn.parallel": ("DataParallel", "DistributedDataParallel", "data_parallel")}
-
-# where a name imported is no module of the script's own project
-LIBRARIES = {"torch", "torchvision", "torchaudio", "torchtext", "transformers", "datasets", "numpy", "sklearn",
-             "accelerate", "lightning", "pytorch_lightning", "timm", "ddpkit", "tqdm", "matplotlib", "pandas", "PIL",
-             "cv2", "albumentations", "scipy", "tensorboardX", "wandb", "yaml", "omegaconf", "hydra",
-             # the standard library's modules no project names its own (``code``, ``random``, ``logging``,
-             # ``types`` may be a project's package: not listed, so its names are still followed)
-             "os", "sys", "math", "time", "re", "argparse", "collections", "itertools", "functools", "pathlib",
-             "typing", "pickle", "shutil", "datetime", "subprocess", "warnings", "abc", "dataclasses", "enum",
-             "contextlib", "io", "gc", "socket", "threading", "multiprocessing", "tempfile", "heapq", "bisect",
-             "operator", "textwrap", "traceback", "uuid", "hashlib", "zipfile", "tarfile", "builtins"}
-
-# torch's modules that define what the package exports: a name imported from one is the package's
-# (minGPT's ``from torch.utils.data.dataloader import DataLoader`` is torch.utils.data.DataLoader)
-CANONICAL = {"torch.utils.data.dataloader.": "torch.utils.data.", "torch.utils.data.dataset.": "torch.utils.data.",
-             "torch.utils.data.sampler.": "torch.utils.data."}
-
-
-def resolve(name: str | None, aliases: dict[str, str]) -> str | None:
-    """``nn.Linear`` -> ``torch.nn.Linear`` when the script did ``from torch import nn``; a name of a defining
-    module as the package's (:data:`CANONICAL`).
-
-    >>> resolve("DataLoader", {"DataLoader": "torch.utils.data.dataloader.DataLoader"})
-    'torch.utils.data.DataLoader'
-    """
-    if name is None:
-        return None
-    head, _, rest = name.partition(".")
-    full = aliases.get(head, head)
-    full = f"{full}.{rest}" if rest else full
-    return next((to + full[len(prefix):] for prefix, to in CANONICAL.items() if full.startswith(prefix)), full)
 
 
 def _joins(value: cst.BaseExpression, name: str) -> bool:
@@ -536,7 +405,7 @@ class _Scanner(cst.CSTVisitor):
 
 def scan(wrapper: MetadataWrapper) -> Facts:
     module = wrapper.module
-    aliases, imports, modules = _import_aliases(module)
+    aliases, imports, modules = import_aliases(module)
     facts = Facts(module, aliases, {"": Scope("", module)}, [], [], [], [], imports, modules=modules)
     wrapper.visit(_Scanner(facts))
     return facts

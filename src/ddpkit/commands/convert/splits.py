@@ -31,7 +31,8 @@ import libcst as cst
 from ddpkit.commands.convert.apply import add_keyword
 from ddpkit.commands.convert.flow import DEPTH, called_from_loop, callee, callers
 from ddpkit.commands.convert.inits import node_ids
-from ddpkit.commands.convert.scan import Call, Scope, dotted, names_in
+from ddpkit.commands.convert.names import dotted, names_in
+from ddpkit.commands.convert.scan import Call, Scope
 
 # the plan in the making (plan._Work): facts, edits, note, leave
 _Work = Any

@@ -30,7 +30,8 @@ import libcst.matchers as m
 
 from ddpkit.commands.convert.device import PROGRESS
 from ddpkit.commands.convert.inits import node_ids
-from ddpkit.commands.convert.scan import Facts, Loop, dotted, names_in, resolve
+from ddpkit.commands.convert.names import dotted, names_in, resolve
+from ddpkit.commands.convert.scan import Facts, Loop
 
 # a mean of a list's values (``np`` unresolved: numpy's through a star import, NRI's ``from utils import *``)
 MEANS = ("numpy.mean", "statistics.mean", "statistics.fmean", "np.mean")

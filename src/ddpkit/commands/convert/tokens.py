@@ -25,7 +25,8 @@ import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.apply import add_keyword
-from ddpkit.commands.convert.scan import Call, Loop, dotted
+from ddpkit.commands.convert.names import dotted
+from ddpkit.commands.convert.scan import Call, Loop
 
 # the plan in the making (plan._Work): facts, edits, note, leave, sharded
 _Work = Any

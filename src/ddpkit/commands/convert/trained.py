@@ -19,7 +19,8 @@ from libcst import matchers as m
 
 from ddpkit.commands.check.rules import OPTIMIZERS
 from ddpkit.commands.convert.flow import binding_of, callers
-from ddpkit.commands.convert.scan import Call, Facts, dotted, names_in
+from ddpkit.commands.convert.names import dotted, names_in
+from ddpkit.commands.convert.scan import Call, Facts
 
 
 def trained_all(facts: Facts, call: Call) -> list[str]:

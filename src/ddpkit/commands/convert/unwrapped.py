@@ -19,7 +19,7 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.commands.convert.crossing import HANDED, MODEL, key
-from ddpkit.commands.convert.scan import dotted, resolve
+from ddpkit.commands.convert.names import dotted, resolve
 
 _Work = Any  # the plan in the making (plan._Work)
 

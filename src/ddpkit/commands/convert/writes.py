@@ -27,8 +27,10 @@ from ddpkit.commands.check.rules import RANK_WORDS
 from ddpkit.commands.convert import flow, order, paths
 from ddpkit.commands.convert.flow import binding_of, in_body
 from ddpkit.commands.convert.handedin import iterated
-from ddpkit.commands.convert.rules import branched, callers_apart, in_main_block, main_test, per_rank, wait_before
-from ddpkit.commands.convert.scan import Call, dotted, resolve
+from ddpkit.commands.convert.names import dotted, resolve
+from ddpkit.commands.convert.rules import per_rank
+from ddpkit.commands.convert.scan import Call
+from ddpkit.commands.convert.waits import branched, callers_apart, in_main_block, main_test, wait_before
 
 _Work = Any  # the plan in the making (plan._Work)
 

@@ -1,0 +1,104 @@
+"""Folders every rank makes: ``os.mkdir(d)`` / ``os.makedirs(d)`` / ``Path(d).mkdir()`` get ``exist_ok=True`` (all
+but the first rank would find the folder made), and an ``if os.path.isdir(d): ... else: os.makedirs(d)`` that
+asks or raises is decided on rank 0, then a barrier.
+
+Example::
+
+    >>> from ddpkit.commands.convert.plan import plan
+    >>> print(plan("import os\\nos.mkdir('out')\\n").text.splitlines()[-1])
+    os.makedirs('out', exist_ok=True)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+
+from ddpkit.commands.convert import waits
+from ddpkit.commands.convert.apply import add_keyword
+from ddpkit.commands.convert.names import dotted, resolve
+
+_Work = Any  # the plan in the making (plan._Work)
+
+
+def mkdir(work: _Work, call: Any) -> None:
+    """``os.mkdir(d)`` / ``os.makedirs(d)`` / ``Path(d).mkdir()`` -> ``os.makedirs(d, exist_ok=True)`` (``.mkdir(...,
+    exist_ok=True)``): every rank runs it, and all but the first find the folder made (FileExistsError), also
+    behind an ``if not os.path.isdir(d)`` test, which they may all pass before any makes it."""
+    node, func = call.node, call.node.func
+    said = [a for a in node.args if a.keyword is not None and a.keyword.value == "exist_ok"]
+    if said and isinstance(said[0].value, cst.Name) and said[0].value.value == "True":
+        return
+    if call.name == "os.mkdir" and not isinstance(func, cst.Attribute) or \
+            any(a.keyword is not None and a.keyword.value == "dir_fd" for a in node.args):
+        work.leave(call.line, "a folder made on every rank: all but the first find it made (FileExistsError)",
+                   "write os.makedirs(path, exist_ok=True)")
+        return
+    positional = [a for a in node.args if a.keyword is None and not a.star]
+    keep = 2 if call.last != "mkdir" or call.name == "os.mkdir" else 1  # (path, mode); Path.mkdir(mode, parents)
+    cut = len(positional) > keep  # ``os.makedirs(d, 0o755, False)``: its exist_ok goes by name
+
+    def safe(n: cst.Call) -> cst.Call:
+        args = [a for a in n.args if not (a.keyword is not None and a.keyword.value == "exist_ok")]
+        if cut:
+            args = args[:keep] + args[keep + 1:]
+        if call.name == "os.mkdir":
+            n = n.with_changes(func=n.func.with_changes(attr=cst.Name("makedirs")))
+        if args and len(args) < len(n.args):  # one went: the new last one ends the call
+            args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return add_keyword(n.with_changes(args=args), "exist_ok", "True")
+
+    work.edits.expr[id(node)] = safe
+    work.note(f"{call.last}(...) -> {'os.makedirs' if call.name == 'os.mkdir' else call.last}(..., exist_ok=True)",
+              "every rank makes the folder: all but the first would find it made (FileExistsError)", call.line)
+    asked = _asked_first(work, call)
+    if asked is not None:  # ``if os.path.isdir(d): input('Overwrite?') ... else: os.makedirs(d)`` (cs-kd)
+        at = min((c.line for c in work.facts.calls if c.node is asked.test), default=call.line)
+        work.edits.guard[id(asked)] = waits.main_test(work, call.scope, at)
+        work.edits.after.setdefault(id(asked), []).append("ddpkit.barrier()")
+        work.note("if os.path.isdir(...): ... else: makedirs(...) guarded, then a barrier", "rank 0 checks and makes "
+                  "the folder: a rank that came later would find it made and take the other branch (its question, "
+                  "its error)", call.line)
+
+
+def _asked_first(work: _Work, call: Any) -> cst.If | None:
+    """The ``if`` whose ``else`` makes the folder ``call`` makes, after testing that it exists, and whose other
+    branch acts on it (asks with ``input()``, raises, removes it): each rank would take its own branch."""
+    if call.loops or call.stmt is None:
+        return None
+    for node in m.findall(work.facts.module, m.If()):
+        assert isinstance(node, cst.If)
+        test = node.test.func if isinstance(node.test, cst.Call) else None
+        if not (isinstance(node.orelse, cst.Else) and isinstance(node.orelse.body, cst.IndentedBlock) and
+                any(s is call.stmt for s in node.orelse.body.body) and (dotted(test) or "").endswith(
+                    ("path.isdir", "path.exists", ".exists", ".is_dir"))):
+            continue
+        acts = m.findall(node.body, m.Raise() | m.Call(func=m.Attribute(attr=m.Name("rmtree"))) |
+                         m.Call(func=m.Name("input")))
+        inside = {id(s) for s in m.findall(node, m.SimpleStatementLine())}
+        bound = {b.target for b in work.facts.bindings if id(b.stmt) in inside}
+        lines = [line for s, _scope, line in work.facts.statements if id(s) in inside] or [call.line]
+        # (a name bound in it and read outside it, below or in a function, ``start_epoch``, a module's ``resume``:
+        # guarded, the other ranks would lack it)
+        read_below = any(n in bound and not (sc is call.scope and min(lines) - 1 <= line <= max(lines))
+                         for n, sc, line, _ in work.facts.reads)
+        if acts and read_below:
+            work.leave(call.line, "a folder checked, then made or asked about, in an if / else that binds names read "
+                       "below: a rank that came after rank 0 made it would take the other branch",
+                       "decide on rank 0 (under `if state.is_main:`) and hand the other ranks its choice "
+                       "(ddpkit.broadcast), with a ddpkit.barrier() after the folder is made")
+        return node if acts and not read_below else None
+    return None
+
+
+def a_path(work: _Work, call: Any) -> bool:
+    """``Path(d).mkdir()``, or ``p.mkdir()`` of a ``p`` bound to a ``Path(...)`` (other ``mkdir`` methods, an
+    FTP client's, may take no exist_ok)."""
+    func = call.node.func
+    base = func.value if isinstance(func, cst.Attribute) else None
+    if isinstance(base, cst.Name):
+        bound = [b.value for b in work.facts.bindings if b.target == base.value and b.value is not None]
+        base = bound[-1] if bound else base
+    return isinstance(base, cst.Call) and (resolve(dotted(base.func), work.facts.aliases) or "").endswith("Path")

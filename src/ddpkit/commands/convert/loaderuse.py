@@ -1,0 +1,196 @@
+"""What a script does with a loader's name, read off the scan: nothing (an unused ``test_loader``), a read,
+handing it to another module's function, returning it, building it again on each pass of a loop that reads it.
+:mod:`ddpkit.commands.convert.loaders` decides each loader's role and rewrite from these.
+
+Example::
+
+    >>> from ddpkit.commands.convert.scan import parse, scan
+    >>> facts = scan(parse("from torch.utils.data import DataLoader\\nclass A(DataLoader): pass\\nclass B(A): pass\\n"))
+    >>> sorted(loader_classes(facts.module, facts.aliases))
+    ['A', 'B']
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libcst as cst
+from libcst import matchers as m
+
+from ddpkit.commands.convert import flow, trained
+from ddpkit.commands.convert.flow import callee, callers, loops_reading
+from ddpkit.commands.convert.names import dotted, resolve, unpacked
+from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, imported_from
+
+_Work = Any  # the plan in the making (plan._Work)
+
+LOADER = "torch.utils.data.DataLoader"
+
+
+def loader_classes(module: cst.Module, aliases: dict[str, str]) -> set[str]:
+    """The script's classes that derive from torch's DataLoader, directly or through each other.
+
+    >>> from ddpkit.commands.convert.scan import parse, scan
+    >>> facts = scan(parse("from torch.utils.data import DataLoader\\nclass A(DataLoader): pass\\nclass B(A): pass\\n"))
+    >>> sorted(loader_classes(facts.module, facts.aliases))
+    ['A', 'B']
+    """
+    bases: dict[str, set[str]] = {}
+    for stmt in module.body:
+        if isinstance(stmt, cst.ClassDef):
+            bases[stmt.name.value] = {resolve(dotted(b.value), aliases) or "" for b in stmt.bases}
+    found: set[str] = set()
+    while True:
+        more = {c for c, b in bases.items() if c not in found and (LOADER in b or b & found)}
+        if not more:
+            return found
+        found |= more
+
+
+def unused(work: _Work, call: Call) -> bool:
+    """``test_loader = DataLoader(...)`` whose name nothing reads, as a variable or as an attribute of anything
+    (``data.test_loader``): no rank takes a batch from it, so it stays as it is, said as kept (a loader of unknown
+    role would otherwise be refused, one named for evaluation left to you)."""
+    binding = next((b for b in work.facts.bindings if b.value is call.node), None)
+    # (a binding in a loop: the loop's next pass reads it above its line)
+    if binding is None or read(work.facts, binding.target, binding.scope,
+                                binding.line if flow.top_level(binding) else 0):
+        return False
+    name = binding.target
+    work.keep(call.line, f"{name} = DataLoader(...) left as it is", f"nothing reads {name}: no rank takes a "
+              "batch from it")
+    return True
+
+
+def read(facts: Facts, name: str, scope: Any, since: int, depth: int = 0) -> bool:
+    """Whether anything reads ``name`` (bound in ``scope`` at line ``since``), as a variable or as an attribute
+    of anything; handing it to a function of the script whose parameter is read nowhere there is no read
+    (``train(model, train_loader, validation_loader)`` where ``train`` never uses ``validation_loader``)."""
+    attribute = f".{name.rsplit('.', 1)[-1]}"  # ``self.train_loader`` read as ``data.train_loader``
+    if any(read.endswith(attribute) and read != name for read, _where, _line, _node in facts.reads):
+        return True
+    own = _param_names(scope.node)  # the def's own names are no read
+    return any((read == name or read.startswith(f"{name}.")) and flow.visible(facts, name, scope, where) and
+               (where is not scope or line >= since) and id(node) not in own and
+               not _handed_to_unread(facts, node, depth) for read, where, line, node in facts.reads)
+
+
+def _param_names(node: Any) -> set[int]:
+    if not isinstance(node, cst.FunctionDef):
+        return set()
+    params = node.params
+    return {id(p.name) for p in (*params.posonly_params, *params.params, *params.kwonly_params)}
+
+
+def _handed_to_unread(facts: Facts, node: Any, depth: int) -> bool:
+    """``node`` is a whole argument of a call of the script's own function, landing in a parameter that the
+    function reads nowhere (followed :data:`flow.DEPTH` calls deep)."""
+    call = next((c for c in facts.calls if any(a.value is node for a in c.node.args)), None)
+    target = callee(facts, call) if call is not None and depth < flow.DEPTH else None
+    if call is None or target is None:
+        return False
+    scope, skip = target
+    param = next((p for p in scope.params if flow.argument_for(call, p, scope, skip) is node), None)
+    return param is not None and not read(facts, param, scope, 0, depth + 1)
+
+
+def built_each_pass(work: _Work, call: Call, loops: list[Loop]) -> bool:
+    """The loader is built again on each pass of a loop that also reads it: the loop holds the DataLoader call (not
+    in its own header, ``for x in DataLoader(...)``: built once) and a loop over it, or a ``next()`` of it (glow's
+    endless ``sample_data``); or a function builds it and a caller's loop binds it and reads it each pass (``loader =
+    make_loader()`` in the epoch loop). A loop over the splits that builds each split's loader once is no such loop."""
+    def inside(outer: Loop, line: int) -> bool:
+        return outer.line < line <= outer.end
+
+    for outer in call.loops:
+        if any(n is call.node for n in m.findall(getattr(outer.node, "iter", cst.Name("_")), m.Call())):
+            continue  # (``for x, y in DataLoader(...)``: built once, for that loop)
+        nexts = [c for c in work.facts.calls if c.name == "next" and c.scope is call.scope and inside(outer, c.line)]
+        if any(lp is not outer and inside(outer, lp.line) for lp in loops) or nexts:
+            return True
+    for site in callers(work.facts, call.scope) if call.scope.name else []:
+        bound = next((b for b in work.facts.bindings if b.value is site.node), None)
+        for outer in site.loops:
+            reading = loops_reading(work.facts, bound.target, bound.scope, since=bound) if bound is not None else []
+            if any(inside(outer, lp.line) for lp in reading):
+                return True
+    return False
+
+
+def uncalled(work: _Work, call: Call) -> bool:
+    """``call`` is in a function of a project module that no file of the project names, nor this one calls."""
+    elsewhere = work.crossing.elsewhere if work.crossing is not None else None
+    scope = call.scope
+    return elsewhere is not None and bool(scope.name) and scope.name.rsplit(".", 1)[-1] not in elsewhere and \
+        not callers(work.facts, scope) and not called(work.facts, call)
+
+
+def comprehended(work: _Work, call: Call) -> bool:
+    """``call`` is what a list / generator / set comprehension iterates (``[d[0] for d in DataLoader(raw)]``)."""
+    for node in m.findall(call.scope.node, m.ListComp() | m.GeneratorExp() | m.SetComp()):
+        comp: Any = node.for_in  # type: ignore[attr-defined]
+        while comp is not None:
+            if comp.iter is call.node:
+                return True
+            comp = comp.inner_for_in
+    return False
+
+
+def beside_asked(work: _Work, call: Call) -> bool:
+    """``call``'s loader is returned by a function another module asks one of its other values of (``get_data()[0]``
+    asked, this one ``get_data()[1]``, an unread ``val_iter``): its role is not guessed from its shuffle."""
+    binding = next((b for b in work.facts.bindings if b.value is call.node), None)
+    for scope, value in work.facts.returns:
+        elements = unpacked(value)
+        mine = any(e is call.node or binding is not None and binding.scope is scope and dotted(e) == binding.target
+                   for e in elements)
+        if mine and any(w.startswith(f"{scope.name}()") for w in work.crossing.wants):
+            return True
+    return False
+
+
+def handed_away(work: _Work, binding: Binding) -> str | None:
+    """The function of another module of the project that a call of this file hands ``binding``'s loader to
+    (clovaai's ``validation(model, valid_loader)``, imported from ``evaluate``), or None; not a call that hands it
+    an optimizer too (``fit_epoch(model, loader, opt)`` trains: the loader's shuffle=True is believed)."""
+    stepped = {dotted(c.node.func.value) for c in work.facts.calls
+               if c.last in ("step", "zero_grad") and isinstance(c.node.func, cst.Attribute)}
+    made = {id(c.node) for c in work.facts.calls if trained.optimizer(c)}
+    stepped |= {b.target for b in work.facts.bindings if id(b.value) in made}  # (``opt = SGD(...)``)
+    for call in work.facts.calls:
+        func = dotted(call.node.func)
+        if func is None or imported_from(work.facts, func) is None or \
+                any(dotted(a.value) in stepped for a in call.node.args):
+            continue
+        for arg in call.node.args:
+            name = dotted(arg.value)
+            if name == binding.target and flow.binding_of(work.facts, name, call.scope, call.line) is binding:
+                return func
+    return None
+
+
+def called(facts: Facts, call: Call) -> bool:
+    """The function whose ``return`` holds ``call`` is called somewhere in this file."""
+    scope = call.scope
+    name = scope.name.rsplit(".", 1)[-1]
+    return bool(callers(facts, scope)) or \
+        any((read == name or read.endswith(f".{name}")) and node is not getattr(scope.node, "name", None)
+            for read, _, _, node in facts.reads)  # a dict of factories, partial(f): a use that is no call
+
+
+def returns(facts: Facts, binding: Binding) -> bool:
+    """The function that binds ``binding`` returns it (``loader = DataLoader(...)`` then ``return loader``)."""
+    return any(scope is binding.scope and any(dotted(e) == binding.target for e in unpacked(value))
+               for scope, value in facts.returns if scope.name)
+
+
+def returned(facts: Facts, call: Call) -> list[Binding] | None:
+    """``return DataLoader(...)`` (or one of a returned tuple): what the function's callers bind it to
+    (``train_loader = get_loader(args)``); None when the call is not returned."""
+    for scope, value in facts.returns:
+        elements = unpacked(value)
+        if any(e is call.node for e in elements):
+            index = next(i for i, e in enumerate(elements) if e is call.node) if len(elements) > 1 else -1
+            sites = [id(c.node) for c in callers(facts, scope)]
+            return [b for b in facts.bindings if id(b.whole) in sites and b.index == index]
+    return None

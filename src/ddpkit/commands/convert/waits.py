@@ -1,0 +1,132 @@
+"""Where every rank passes: a barrier after a write rank 0 makes, before the ranks read it back, goes only where
+no rank can route around it (not under an ``if`` other than the main guard, not in a loop, not in a function
+called under one); a write and a read no function runs both owe none.
+
+:mod:`ddpkit.commands.convert.rules` and :mod:`ddpkit.commands.convert.writes` guard the writes; this module says
+where the wait goes.
+
+Example::
+
+    >>> main_guard("__name__ == '__main__'"), main_guard("args.save")
+    (True, False)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libcst as cst
+
+from ddpkit.commands.check.rules import RANK_WORDS
+from ddpkit.commands.convert import order
+from ddpkit.commands.convert.flow import callers, in_body, visible
+from ddpkit.commands.convert.scan import Scope
+
+_Work = Any  # the plan in the making (plan._Work)
+
+BARRIER_FIX = "put ddpkit.barrier() after the save where every rank passes (outside rank- or data-dependent branches)"
+
+
+def main_test(work: _Work, scope: Scope, line: int = 0, said: bool = True) -> str:
+    """An expression for "this is rank 0" in ``scope``: ``state.is_main`` where the init's state is seen (not on
+    a ``line`` of that scope above the init: a ``pprint`` before the device set-up)."""
+    at, args = work.init_lines.get(id(scope), (0, ""))
+    if line and line < at:
+        if said and args and not any(x.line == line and "before the device set-up" in x.what for x in work.left):
+            work.leave(line, f"this line, guarded for rank 0, comes before the device set-up at line {at}: it starts "
+                       f"ddpkit with the defaults, and the set-up's ddpkit.init({args}) comes too late to choose",
+                       "move it below the device set-up, then convert again")
+        return "ddpkit.init().is_main"
+    if any(visible(work.facts, work.state, s, scope) for s in work.inits) or \
+            any(b.target == work.state and visible(work.facts, work.state, b.scope, scope)
+                for b in work.facts.bindings):
+        return f"{work.state}.is_main"
+    return "ddpkit.init().is_main"
+
+
+def unwaited(work: _Work, call: Any, line: int) -> None:
+    """A save rank 0 makes with a load below and no barrier: said as the first conversion said it when the save
+    is also inside a branch or a loop (a second conversion of its output says nothing new)."""
+    others = [t for t in call.tests if not any(w in t.lower() for w in RANK_WORDS)]
+    if others or call.loops or called_in_branch(work, call.scope):
+        work.leave(call.line, f"a file is read at line {line} (maybe the one saved here), and the save is inside an "
+                   "if or a loop: the other ranks may read it before rank 0 has written it", BARRIER_FIX)
+        return
+    work.leave(call.line, f"rank 0 saves here, and a file is read at line {line} with no barrier between: the "
+               "other ranks may read it before it is written", "put ddpkit.barrier() after the save where every "
+               "rank passes")
+
+
+def callers_apart(work: _Work, write: Any, read: Any) -> bool:
+    """Two functions no function of this file runs both (:func:`.order.apart_functions`), and, in a project, no
+    other file names a runner of each (main.py calling ``save_model`` then ``load_model`` of utils.py owes a barrier
+    there, so does one building a second ``Solver`` after ``train()``): a file converted alone cannot know its
+    callers, said as kept."""
+    if not order.apart_functions(work.facts, write, read):
+        return False
+    crossing = work.crossing
+    if crossing is None or not crossing.own:
+        return True
+    writing, reading = order.runner_names(work.facts, write), order.runner_names(work.facts, read)
+    # (a second ``Solver(...)`` after ``train()`` reads in ``__init__`` what the first one saved)
+    return crossing.others is not None and not any(writing & n and reading & n for n in crossing.others)
+
+
+def read_back(work: _Work, save: Any, loads: list[Any]) -> list[Any]:
+    """The loads that may read what ``save`` wrote: below it, or in a function (defined above, it may run after
+    the save); a load above in the same block ran before (a resume at the start), and so did one in a function
+    that runs once and reaches the save only through a call below the load (``main()`` loads ``--resume``, then
+    calls ``train()``, which saves). The loads below the save come first (the line said is the likeliest)."""
+    found = [c for c in loads if (c.line > save.line or c.scope is not save.scope and c.scope.name) and
+             not order.read_first(work.facts, c, save)]
+    return sorted(found, key=lambda c: (c.line < save.line, c.line))
+
+
+def wait_before(work: _Work, write: Any, reads: list[Any]) -> bool:
+    """A write rank 0 makes in an ``if`` or a loop, read back below at the top of the same function (``torch.load``
+    of the best model after the epochs): every rank reaches that read, so a barrier just before it is one all
+    ranks pass, after rank 0's last write. False, with nothing done, where the read is itself in a branch or a
+    loop, in another function, or in a function called under an ``if``."""
+    read = min(reads, key=lambda c: c.line)
+    # the read's own line a statement of the function's body: not under a ``with`` (open's header runs first),
+    # not in a block of rank 0's own (guarded: the others would never meet the barrier)
+    if any(r.scope is not write.scope or [t for t in r.tests if not main_guard(t)] or r.loops or r.stmt is None
+           or r.line <= write.line for r in reads) or called_in_branch(work, read.scope) or \
+            not (in_body(read.stmt, read.scope) or in_main_block(work.facts.module, read.stmt)) or \
+            id(read.stmt) in work.edits.guard:
+        return False
+    waits = [c for c in work.facts.calls if c.scope is read.scope and write.line < c.line <= read.line
+             and c.stmt is not None and "ddpkit.barrier()" in work.edits.before.get(id(c.stmt), ())]
+    if not waits:  # (one barrier, before the first read, does for every write above it)
+        work.edits.before.setdefault(id(read.stmt), []).append("ddpkit.barrier()")
+    work.note("guarded: rank 0 writes, and every rank waits for it before the read (barrier)",
+              f"the file is read at line {read.line}, which every rank reaches", write.line)
+    return True
+
+
+def called_in_branch(work: _Work, scope: Scope, depth: int = 0) -> bool:
+    """A function some call of which sits under an ``if`` (or any call of which cannot be found): a barrier in it
+    would be a collective that one rank may skip."""
+    if not scope.name or depth > 3:
+        return False
+    sites = callers(work.facts, scope)
+    return not sites or any([t for t in c.tests if not main_guard(t)] or called_in_branch(work, c.scope, depth + 1)
+                            for c in sites)
+
+
+def branched(work: _Work, call: Any) -> bool:
+    """The call is under an ``if`` (not ``if __name__ == "__main__":``), in a loop, or in a function called under
+    one: a barrier beside it is a collective that one rank may skip."""
+    return any(not main_guard(t) for t in call.tests) or bool(call.loops) or called_in_branch(work, call.scope)
+
+
+def in_main_block(module: cst.Module, stmt: Any) -> bool:
+    """``stmt`` is a statement of the module's own ``if __name__ == "__main__":`` block (every rank runs it)."""
+    return any(isinstance(top, cst.If) and top.orelse is None and main_guard(module.code_for_node(top.test)) and
+               isinstance(top.body, cst.IndentedBlock) and any(s is stmt for s in top.body.body)
+               for top in module.body)
+
+
+def main_guard(test: str) -> bool:
+    """``if __name__ == "__main__":``: every rank runs the script as its main module, so passes it."""
+    return test.replace("'", '"').replace(" ", "") in ('__name__=="__main__"', '"__main__"==__name__')
