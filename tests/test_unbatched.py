@@ -46,3 +46,51 @@ def test_a_two_dimensional_batch_to_an_lstm_is_said_once_and_a_batched_one_is_no
     assert "one sequence of 4 steps" in said[0], said
     r = ok(launch(tmp_path / "train.py", "--batched", timeout=120, cwd=tmp_path))
     assert "got a 2-D input" not in r.stderr, r.stderr[-3000:]
+
+
+TIME_MAJOR = '''import sys
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+import ddpkit
+
+ddpkit.init(seed=0)
+
+
+class Net(nn.Module):  # closeheat's text generator: (batch, seq) ids, embedded, into an LSTM left time-major
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.Embedding(10, 4)
+        self.lstm = nn.LSTM(4, 8)
+        self.out = nn.Linear(8, 10)
+
+    def forward(self, x):
+        e = self.embedding(x)
+        if "--time-major" in sys.argv:  # (seq, batch, features): what batch_first=False reads
+            e = e.transpose(0, 1)
+        h, _ = self.lstm(e)
+        return self.out(h)
+
+
+model = ddpkit.prepare_model(Net())
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+g = torch.Generator().manual_seed(0)
+for (x,) in ddpkit.data_loader(TensorDataset(torch.randint(0, 10, (24, 3), generator=g)), global_batch_size=12):
+    opt.zero_grad()
+    model(x).sum().backward()
+    opt.step()
+ddpkit.print("done")
+'''
+
+
+def test_a_batch_major_input_to_a_time_major_lstm_is_said_once_and_a_time_major_one_is_not(tmp_path):
+    """closeheat's LSTM tutorial (sixteenth set): (batch, seq) ids embedded and handed to nn.LSTM without
+    batch_first: the recurrence runs across the batch's samples, each rank's share at N processes (verify FAILed,
+    nothing said why). The loader's batch per process (6) on the time axis, not on the batch axis: said."""
+    (tmp_path / "train.py").write_text(TIME_MAJOR)
+    r = ok(launch(tmp_path / "train.py", timeout=120, cwd=tmp_path))
+    said = [line for line in r.stderr.splitlines() if "batch_first=False) got" in line]
+    assert len(said) == 1 and "'lstm' (LSTM, batch_first=False) got (6, 3, 4)" in said[0], r.stderr[-3000:]
+    assert "6 is the training loader's batch per process" in said[0], said
+    r = ok(launch(tmp_path / "train.py", "--time-major", timeout=120, cwd=tmp_path))
+    assert "batch_first=False) got" not in r.stderr and "done" in r.stdout, r.stderr[-3000:]

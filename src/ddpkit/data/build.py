@@ -125,6 +125,7 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     sampler_uneven = "join"  # evaluation: no sample repeated or left out
     if train:
         batch_size = tools.train_batch(batch_size, global_batch_size is not None)  # verify: the global batch
+        process.current().train_batches.add(batch_size)  # (an RNN whose time axis is this size: strategies.unbatched)
         sampler_uneven = tools.uneven(uneven)
     multiple = tools.multiple()  # verify: both runs keep a multiple of N samples (with "drop": training)
     sampler = ShardSampler(len(dataset), state.rank, state.world_size, shuffle, seed, sampler_uneven,
@@ -264,6 +265,7 @@ def _stream_loader(dataset: IterableDataset, batch_size: int, state: State, tool
         loader_kwargs.setdefault("pin_memory", True)
     if train:
         batch_size = tools.train_batch(batch_size, given_globally)
+        process.current().train_batches.add(batch_size)
     loader = streams.stream_loader(dataset, batch_size, state, train=train, uneven=uneven,
                                    shuffle=train if shuffle is None else shuffle, seed=seed,
                                    shuffle_buffer=shuffle_buffer,

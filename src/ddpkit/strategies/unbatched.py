@@ -7,6 +7,12 @@ sequence, so the training differs from one process's (ML-LSTM in the fifteenth h
 FAILed, rightly, and nothing said why). The hooks look at the first training forward of each such layer and
 are removed after it: no cost per step.
 
+The same for a 3-D input with ``batch_first=False`` whose first axis, which torch reads as time, is the batch size of
+a training loader of ``ddpkit.data_loader`` and whose second is not (closeheat's LSTM tutorial embeds ``(batch,
+seq)`` rows and hands them on as they are): a batch-major input read time-major, each rank's "sequence" its share of
+the batch. A time-major input (``pad_sequence``'s ``(T, B, ...)``) has the loader's batch on its second axis: nothing
+said.
+
 Example::
 
     >>> import warnings
@@ -28,6 +34,8 @@ import warnings
 
 import torch
 from torch import nn
+
+from ddpkit.core import process
 
 
 def watch(model: nn.Module, world_size: int) -> None:
@@ -55,3 +63,19 @@ def _first(module: nn.Module, args: tuple, name: str, world_size: int) -> None:
             "shorter sequence of the batch's rows and the training differs from one process's; if each row is a "
             "sample, give it a time axis (x.unsqueeze(1) with batch_first=True: (batch, 1, features))",
             stacklevel=2)
+    elif isinstance(x, torch.Tensor) and _batch_as_time(module, x):
+        warnings.warn(
+            f"ddpkit: {name!r} ({type(module).__name__}, batch_first=False) got {tuple(x.shape)}: torch reads its "
+            f"first axis as time, and {x.shape[0]} is the training loader's batch per process, so each of the "
+            f"{world_size} processes runs the recurrence across its share of the batch's samples and the training "
+            "differs from one process's; if the input is (batch, seq, features), pass batch_first=True to "
+            f"{type(module).__name__} (its hidden state stays (layers, batch, hidden)), or x.transpose(0, 1)",
+            stacklevel=2)
+
+
+def _batch_as_time(module: nn.Module, x: torch.Tensor) -> bool:
+    """A 3-D input whose time axis (``batch_first=False``) has a training loader's per-process batch size and whose
+    batch axis has none (the same size on both: nothing can be told)."""
+    batches = process.current().train_batches
+    return x.dim() == 3 and not getattr(module, "batch_first", True) and x.shape[0] in batches and \
+        x.shape[1] not in batches

@@ -26,8 +26,8 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
+from ddpkit.commands.convert.batchmeans import stepped_losses
 from ddpkit.commands.convert.names import dotted
-from ddpkit.commands.convert.sums import stepped_losses
 
 _Work = Any  # the plan in the making (plan._Work)
 

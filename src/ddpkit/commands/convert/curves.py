@@ -31,9 +31,9 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
+from ddpkit.commands.convert.batchmeans import MEANS, loss_name, mean_criterion, stepped_losses
 from ddpkit.commands.convert.names import dotted, resolve
 from ddpkit.commands.convert.scan import Loop
-from ddpkit.commands.convert.sums import MEANS, loss_name, mean_criterion, stepped_losses
 
 _Work = Any  # the plan in the making (plan._Work)
 # per-batch scores that are a mean over the batch's samples

@@ -132,12 +132,18 @@ def _siblings(work: _Work, made: set[tuple[str, str]], fed: set[str]) -> None:
     training loops read (a name bound from that call alone is the training loader itself)."""
     by_origin: dict[tuple[str, str], list[Binding]] = {}
     made = {(module, bysplit.base(name)) for module, name in made}  # (each split's call of one factory alike)
-    whole = {(a.module, a.name) for a in work.asks if a.kind == EVAL and key(a.module, a.name)
-             not in work.crossing.provided}  # a split asked for evaluation, and kept whole there (bysplit.py)
     for binding in work.facts.bindings:
         origin = origin_of(work.facts, binding) if binding.whole is not None else None
-        if origin is not None and (origin[0], bysplit.base(origin[1])) in made and origin not in whole:
+        if origin is not None and (origin[0], bysplit.base(origin[1])) in made:
             by_origin.setdefault((origin[0], bysplit.base(origin[1])), []).append(binding)
+            if bysplit.MARK in origin[1] and binding.target not in fed and \
+                    not any(a.module == origin[0] and a.name == origin[1] for a in work.asks):
+                # (``self._get_data(flag='val')``, evaluated in a method it is handed to: asked too, so the factory
+                # says whether its string keeps it whole, iTransformer's ``if flag == 'train' else DataLoader``)
+                work.asks.append(Ask(origin[0], origin[1], EVAL, binding.line))
+    whole = {(a.module, a.name) for a in work.asks if a.kind == EVAL and key(a.module, a.name)
+             not in work.crossing.provided}  # a split asked for evaluation, and kept whole there (bysplit.py)
+    by_origin = {o: [b for b in bound if origin_of(work.facts, b) not in whole] for o, bound in by_origin.items()}
     for origin, bound in by_origin.items():
         if len({b.target for b in bound}) < 2:
             continue

@@ -27,9 +27,9 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
+from ddpkit.commands.convert.batchmeans import MEANS
 from ddpkit.commands.convert.names import dotted, resolve
 from ddpkit.commands.convert.scan import Loop
-from ddpkit.commands.convert.sums import MEANS
 
 _Work = Any  # the plan in the making (plan._Work)
 

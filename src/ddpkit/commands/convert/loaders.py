@@ -27,15 +27,17 @@ from ddpkit.commands.convert import (
     handedin,
     imported,
     loaderuse,
+    roles,
     stepped,
     trained,
 )
 from ddpkit.commands.convert.apply import LOADER_PARAMETERS, loader_call
 from ddpkit.commands.convert.crossing import NOT_PASSED, TRAIN
-from ddpkit.commands.convert.flow import callers, loops_reading, peek, roles_said
+from ddpkit.commands.convert.flow import callers, loops_reading
 from ddpkit.commands.convert.loaderuse import LOADER
 from ddpkit.commands.convert.names import dotted
 from ddpkit.commands.convert.reductions import reductions
+from ddpkit.commands.convert.roles import peek, roles_said
 from ddpkit.commands.convert.scan import Call, Facts, Loop, imported_from
 
 # the plan in the making (plan._Work): facts, edits, note, leave
@@ -281,7 +283,7 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
         return False
     peeks = [loop for loop in loops if peek(loop)]  # a look at the first batch: no role, nothing to sum
     # (nor a generator's loop that yields each batch on: no_grad there would hold in its caller's training loop)
-    loops = [loop for loop in loops if loop not in peeks and not flow.passes_on(loop)]
+    loops = [loop for loop in loops if loop not in peeks and not roles.passes_on(loop)]
     away = loaderuse.handed_away(work, binding) if role is None and not loops and binding is not None else None
     if away is not None and binding is not None:  # its loop is in another module: its shuffle=True says nothing
         work.leave(call.line, f"{binding.target} is handed to {away}, a function of another module whose loop over "
@@ -293,7 +295,7 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
         work.keep(call.line, f"a DataLoader drawn from once (next(iter({binding.target})) outside any loop) left as "
                   "it is", "one batch taken before the loops (a fixed sample to show): no training step reads it")
         return False
-    role = role or flow.role(work.facts, loops, binding, call)
+    role = role or roles.role(work.facts, loops, binding, call)
     if role == "eval" and not loops:  # said by a name only: its loop, and what it sums, were not found
         work.keep(call.line, "an evaluation DataLoader (by its name) whose loop is not in this file, left as it "
                   "is", "every rank evaluates the whole set, which is right (to share the work: ddpkit.data_loader("
@@ -316,7 +318,7 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
         return False
     if role is None:
         named = "; its name says evaluation, but it shuffles (shuffle=True), and a name is trusted only for a " \
-            "loader read in order" if flow.shuffled_eval_name(work.facts, binding, call) else ""
+            "loader read in order" if roles.shuffled_eval_name(work.facts, binding, call) else ""
         work.leave(call.line, f"a DataLoader whose role cannot be told: {roles_said(work.facts, loops)}{named}",
                    "convert it yourself: ddpkit.data_loader(dataset, batch_size) to train, "
                    "ddpkit.data_loader(..., train=False) to evaluate (one loader per role)", blocks=True)

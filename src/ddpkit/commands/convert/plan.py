@@ -26,12 +26,13 @@ from libcst import matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ddpkit.commands.convert import (
-    batch,
     batchstats,
     choices,
+    counted,
     device,
     handmade,
     loaders,
+    losses,
     methods,
     models,
     moments,
@@ -226,10 +227,11 @@ class _Work:
         batchstats.model_optimizer(self)
         splits.splits(self, any(c.name in (loaders.LOADER, "ddpkit.data_loader") for c in self.facts.calls))
         moments.moments(self)
-        batch.summed_loss(self)
-        batch.whole_batch_loss(self)
+        losses.summed_loss(self)
+        losses.whole_batch_loss(self)
         tokens.token_mean_loss(self)
-        batch.contrastive_loss(self)
+        losses.contrastive_loss(self)
+        counted.count_normalised_loss(self)
         rules.outputs(self)
         removals.removals(self)
         writes.writes(self)

@@ -21,11 +21,12 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
+from ddpkit.commands.convert.batchmeans import batch_mean
 from ddpkit.commands.convert.curves import curves
 from ddpkit.commands.convert.listmeans import list_means
 from ddpkit.commands.convert.names import dotted, names_in, resolve
 from ddpkit.commands.convert.scan import Call, Loop
-from ddpkit.commands.convert.sums import batch_mean, batch_wide, collection, indexed, sums_after
+from ddpkit.commands.convert.sums import batch_wide, collection, indexed, sums_after
 
 _Work = Any  # the plan in the making (plan._Work)
 

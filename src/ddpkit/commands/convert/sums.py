@@ -28,13 +28,11 @@ from typing import Any, NamedTuple
 import libcst as cst
 import libcst.matchers as m
 
+from ddpkit.commands.convert.batchmeans import batch_mean
 from ddpkit.commands.convert.device import PROGRESS
 from ddpkit.commands.convert.inits import node_ids
 from ddpkit.commands.convert.names import dotted, names_in, resolve
 from ddpkit.commands.convert.scan import Facts, Loop
-
-# a mean of a list's values (``np`` unresolved: numpy's through a star import, NRI's ``from utils import *``)
-MEANS = ("numpy.mean", "statistics.mean", "statistics.fmean", "np.mean")
 
 
 class Reduction(NamedTuple):
@@ -402,64 +400,3 @@ def batch_wide(facts: Facts, loop: Loop) -> tuple[str, int] | None:
         if axis is None or isinstance(axis, cst.Integer) and axis.value == "0":
             return f"{name}(...)", next((c.line for c in facts.calls if c.node is call), loop.line)
     return None
-
-
-def stepped_losses(loop: Loop) -> set[str]:
-    """The names ``loop`` calls ``backward()`` on (``loss`` of ``loss.backward()``), nested loops included."""
-    return {n for c in loop.calls if c.last == "backward" and isinstance(c.node.func, cst.Attribute)
-            and (n := dotted(c.node.func.value)) is not None}
-
-
-def batch_mean(facts: Facts, loop: Loop, name: str) -> bool:
-    """``name`` is summed from the loss's own value in ``loop`` (``train_loss += loss.item()``, ``float(loss)``,
-    ``loss.detach()``): a mean over each batch, of the name a backward is called on, not scaled by the batch."""
-    losses = stepped_losses(loop)
-    adds = [node for node in m.findall(loop.node, m.AugAssign(operator=m.AddAssign()))
-            if isinstance(node, cst.AugAssign) and _CODE.code_for_node(node.target) == name]
-    for node in adds:
-        if loss_name(node.value) not in losses:
-            return False
-    return bool(losses and adds) and all(mean_criterion(facts, loop, name) for name in losses if name)
-
-
-def loss_name(value: Any) -> str | None:
-    """The name a loss value is read from: ``loss`` of ``loss.item()``, ``float(loss)``, ``loss.detach().cpu()``.
-
-    >>> loss_name(cst.parse_expression("float(loss.detach())")), loss_name(cst.parse_expression("f(loss)"))
-    ('loss', None)
-    """
-    while isinstance(value, cst.Call) and (isinstance(value.func, cst.Attribute) and not value.args and
-                                           value.func.attr.value in ("item", "detach", "cpu", "numpy") or
-                                           dotted(value.func) == "float" and len(value.args) == 1):
-        value = value.func.value if isinstance(value.func, cst.Attribute) else value.args[0].value
-    return None if isinstance(value, cst.Call) else dotted(value)
-
-
-def mean_criterion(facts: Facts, loop: Loop, loss: str) -> bool:
-    """``loss`` is bound in ``loop`` to one of torch's losses with its default reduction, a mean over the batch:
-    ``F.cross_entropy(...)``, or ``criterion(...)`` of ``criterion = nn.CrossEntropyLoss()``. Not with
-    ``reduction='sum'`` (a VAE's), nor a loss of the script's own or of another module (its reduction unseen)."""
-    stepped = max((c.line for c in loop.calls if c.last == "backward" and isinstance(c.node.func, cst.Attribute)
-                   and dotted(c.node.func.value) == loss), default=loop.end)
-    # (the loop's own: ``loss = total_loss / total`` below it is the epoch's value; the one the backward was called
-    # on, not ``loss = loss.detach().cpu().numpy()`` after it, powerful-gnns')
-    bound = [b for b in facts.bindings if b.target == loss and b.scope is loop.scope and b.value is not None and
-             b.line <= stepped]
-    inside = [b for b in bound if b.line >= loop.line]
-    value = (inside or bound)[-1].value if bound else None
-    if not isinstance(value, cst.Call):
-        return False
-    def torch_loss(call: cst.Call) -> bool:  # (``nn`` of a star import, ``from models import *``: torch's)
-        return (resolve(dotted(call.func), facts.aliases) or "").startswith(("torch.nn.", "nn."))
-
-    made: cst.BaseExpression | None = value
-    if not torch_loss(value):  # ``criterion(...)``: what it is bound to
-        held = [b for b in facts.bindings if b.target == dotted(value.func) and isinstance(b.value, cst.Call)]
-        made = held[-1].value if held else None
-    while isinstance(made, cst.Call) and isinstance(made.func, cst.Attribute) and \
-            made.func.attr.value in ("to", "cuda", "cpu"):  # ``nn.CrossEntropyLoss().to(self.device)``
-        made = made.func.value
-    if not isinstance(made, cst.Call) or not torch_loss(made):
-        return False
-    return not any(a.keyword is not None and a.keyword.value in ("reduction", "size_average", "reduce")
-                   for a in (*value.args, *made.args))

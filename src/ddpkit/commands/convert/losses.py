@@ -1,0 +1,136 @@
+"""Training losses whose value depends on how the batch is split: at N processes each rank's loss is over its
+share and DDP averages the ranks' gradients, which equals one process's step only for a mean of per-sample terms.
+A loss summed over the batch (with SGD's kin: its steps N times smaller), a contrastive loss whose negatives are
+the batch, a loss over the whole batch at once (Dice, IoU): listed once with the fix; lightly's gathering losses
+told to gather (``gather_distributed=True``).
+
+Example::
+
+    >>> from ddpkit.commands.convert.plan import plan
+    >>> p = plan("import torch\\nmodel = Net()\\nopt = torch.optim.SGD(model.parameters(), lr=1)\\n"
+    ...          "for x in ddpkit.data_loader(ds, global_batch_size=4):\\n    model(x).sum().backward()\\n")
+    >>> [x.what[:40] for x in p.left]
+    ['the training loss is a sum over the batc']
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libcst as cst
+
+from ddpkit.commands.check.rules import OPTIMIZERS
+from ddpkit.commands.convert import flow
+from ddpkit.commands.convert.flow import callee
+from ddpkit.commands.convert.names import dotted
+from ddpkit.commands.convert.tokens import over_tokens
+
+_Work = Any  # the plan in the making (plan._Work): facts, edits, note, leave, models
+
+
+# optimizers whose step is normalised by the gradient's own size: a sum's 1/N scale leaves it as it was (the
+# pytorch/examples VAE sums its loss and trains with Adam)
+SCALE_FREE = {"Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop", "SparseAdam"}
+SUMMED = ("the training loss is a sum over the batch, not a mean: DDP averages the ranks' gradients, so each "
+          "rank's sum over B/N samples makes every step 1/N of the original's")
+
+
+def summed_loss(work: _Work) -> None:
+    """A training loss summed over the batch (``loss.sum().backward()``, ``reduction='sum'`` or the old
+    ``size_average=False`` in a training loop, a function it calls, or a criterion it calls), stepped by an
+    optimizer whose step follows the gradient's scale (SGD; not Adam's kin): listed once, with the fix (converting
+    it silently gave steps N times smaller; ``ddpkit verify`` names it)."""
+    stepping = {c.last for c in work.facts.calls if c.last in OPTIMIZERS}
+    if not work.models or stepping and stepping <= SCALE_FREE:
+        return
+    backwards = [c for c in work.facts.calls if c.last == "backward"]
+    training = {id(c.loops[-1]) for c in backwards if c.loops}  # an evaluation's summed loss is no step's
+    # and the functions a training loop calls (the VAE's loss_function(recon, x, mu, logvar))
+    helpers = {id((callee(work.facts, c) or (None,))[0]) for c in work.facts.calls
+               if any(id(loop) in training for loop in c.loops)}
+    for call in work.facts.calls:
+        func = call.node.func
+        summed_backward = call.last == "backward" and isinstance(func, cst.Attribute) and \
+            isinstance(func.value, cst.Call) and isinstance(func.value.func, cst.Attribute) and \
+            func.value.func.attr.value == "sum"
+        summed_reduction = any(a.keyword is not None and (
+            a.keyword.value == "reduction" and isinstance(a.value, cst.SimpleString) and
+            a.value.evaluated_value == "sum" or a.keyword.value == "size_average" and
+            isinstance(a.value, cst.Name) and a.value.value == "False") for a in call.node.args)
+        # (a criterion built before the loop, ``nn.MSELoss(size_average=False)``, called in it: vdsr)
+        bound = {b.target for b in work.facts.bindings if b.value is call.node}
+        # (its innermost loop trains: an evaluation loop inside the epoch loop, under no_grad, does not)
+        trains = not call.no_grad and (call.loops and id(call.loops[-1]) in training or id(call.scope) in helpers
+                                       or any(dotted(c.node.func) in bound and c.loops and id(c.loops[-1])
+                                              in training and not c.no_grad for c in work.facts.calls))
+        if summed_reduction and over_tokens(work, call):  # (divided by the kept tokens: tokens.py lists it)
+            continue
+        if summed_backward or summed_reduction and trains:
+            work.leave(call.line, SUMMED, "average it (reduction='mean', loss.mean()), or keep the sum and multiply "
+                       "it by the number of processes (loss.sum() * state.world_size) where it trains")
+            return
+
+
+# lightly's losses that take their negatives (or statistics) from the batch, and gather them across ranks when told
+GATHERING = ("NTXentLoss", "DCLLoss", "DCLWLoss", "BarlowTwinsLoss", "VICRegLoss", "TiCoLoss")
+# (not a Siamese network's ``ContrastiveLoss``: a margin loss over given pairs, no negatives from the batch)
+CONTRASTIVE = ("ntxent", "nt_xent", "infonce", "info_nce", "supcon", "simclr", "barlow", "vicreg")
+
+
+def contrastive_loss(work: _Work) -> None:
+    """A loss whose negatives are the other samples of the batch (SimCLR's NT-Xent): at N processes each rank
+    contrasts its share only, another objective. lightly's losses gather the batch across ranks when told
+    (``gather_distributed=True``, added); another such loss is listed (lightly's SimCLR example ran on, silently)."""
+    if not work.models:
+        return
+    for call in work.facts.calls:
+        keywords = {a.keyword.value for a in call.node.args if a.keyword is not None}
+        if (call.name or "").startswith("lightly.loss") and call.last in GATHERING:
+            positional = any(a.keyword is None for a in call.node.args)  # (its place differs by class: named)
+            if positional and "gather_distributed" not in keywords:
+                work.leave(call.line, f"{call.last}: its negatives are this rank's share of the batch at N "
+                           "processes", f"pass gather_distributed=True to {call.last}(...) (its arguments by name), "
+                           "then convert again")
+            elif "gather_distributed" not in keywords:
+                work.edits.expr[id(call.node)] = lambda node: node.with_changes(args=[
+                    *node.args, cst.Arg(keyword=cst.Name("gather_distributed"), value=cst.Name("True"),
+                                        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                                              whitespace_after=cst.SimpleWhitespace("")))])
+                work.note(f"{call.last}(...) -> {call.last}(..., gather_distributed=True)", "its negatives are "
+                          "the whole global batch, as one process's were, not this rank's share", call.line)
+            continue
+        word = call.last.lower()  # a loss by its name (SupConLoss, info_nce_loss), not SimCLRProjectionHead
+        if any(w in word for w in CONTRASTIVE) and "loss" in word or word in ("ntxent", "nt_xent", "infonce"):
+            work.leave(call.line, f"{call.last}: a contrastive loss over the batch: at N processes each rank's "
+                       "negatives are its share of the batch only, another objective than one process's",
+                       "gather the embeddings across ranks before the loss (ddpkit.gather keeps no gradient: use "
+                       "torch.distributed.nn.functional.all_gather), or keep it if that is acceptable")
+            return
+
+
+# losses of the whole batch at once (an overlap ratio): not a mean of per-sample terms
+WHOLE = ("dice", "iou", "jaccard", "tversky", "lovasz")
+METRICS = ("metric", "score", "coef", "acc", "eval")  # a measure logged beside the loss, not what trains
+
+
+def whole_batch_loss(work: _Work) -> None:
+    """A training loss over the whole batch at once (``DiceLoss()``, ``dice_loss(pred, y)``, a Tversky or Lovasz
+    loss): at N processes each rank's is over its share, and DDP averages the ranks' gradients, which is not the
+    one-process loss of the global batch. Listed once (``ddpkit verify`` FAILs it; converting it said nothing)."""
+    if not work.models:
+        return
+    facts = work.facts
+    called = {dotted(c.node.func) for c in facts.calls if any(flow.trains(facts, loop) for loop in c.loops)}
+    for c in facts.calls:
+        word = c.last.lower()
+        if not any(w in word for w in WHOLE) or any(w in word for w in METRICS):
+            continue
+        bound = [b.target for b in facts.bindings if b.value is c.node]
+        if dotted(c.node.func) in called or any(name in called for name in bound):
+            work.leave(c.line, f"{c.last}: a loss over the whole batch at once, not a mean over its samples: at N "
+                       "processes each rank's is over its share of the batch, and DDP averages the ranks' "
+                       "gradients, which is not the one-process loss of the global batch (ddpkit verify FAILs it)",
+                       "keep it if that is acceptable (the usual DDP behaviour of such losses), or compute it on "
+                       "every rank's predictions and targets gathered with ddpkit.gather(...)")
+            return
+
