@@ -126,3 +126,65 @@ def test_a_split_the_factory_keeps_whole_is_not_said_to_see_a_shard():
     assert ") if flag == 'train' else" in done["data_provider/data_factory.py"].text
     said = [item.what for item in done["exp/exp_main.py"].left]
     assert not any("shard only" in w for w in said), said
+
+
+EVAL_MEANS = '''import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+train = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+test = TensorDataset(torch.randn(100, 4), torch.randint(0, 2, (100,)))
+net = nn.Linear(4, 2)
+opt = torch.optim.Adam(net.parameters())
+crit = nn.CrossEntropyLoss()
+for x, y in DataLoader(train, batch_size=16, shuffle=True):
+    opt.zero_grad()
+    crit(net(x), y).backward()
+    opt.step()
+avg_loss, correct = 0.0, 0
+with torch.no_grad():
+    for x, y in DataLoader(test, batch_size=1024):
+        out = net(x)
+        avg_loss += crit(out, y).sum()
+        correct += out.max(1)[1].eq(y).sum()
+avg_loss /= len(test)
+print("Test Avg. Loss: %f, Accuracy: %f" % (avg_loss.item(), float(correct) / len(test)))
+'''
+
+
+def test_an_evaluation_adding_up_batch_means_keeps_its_loader_whole():
+    """LeNet-5: ``avg_loss += criterion(output, labels).sum()`` (a batch mean) over ``len(data_test)``: summed across
+    ranks it doubled at 2 processes; averaged it is wrong whenever a rank takes several batches. Kept whole."""
+    p = plan(EVAL_MEANS)
+    assert "DataLoader(test, batch_size=1024)" in p.text and "ddpkit.reduce" not in p.text, p.text
+    assert any("adds up the loss's batch means in avg_loss" in k.what for k in p.kept), p.kept
+
+
+@pytest.mark.parametrize("change", [
+    ("avg_loss += crit(out, y).sum()", "avg_loss += nn.functional.cross_entropy(out, y, reduction='sum')"),
+    ("avg_loss /= len(test)", "avg_loss /= 1"),
+])
+def test_a_sum_over_samples_is_still_reduced_and_a_mean_over_batches_too(change):
+    text = EVAL_MEANS.replace(*change)
+    if change[1] == "avg_loss /= 1":  # a mean of the batch means over the number of batches
+        text = text.replace("avg_loss /= 1", "avg_loss /= len(loader)").replace(
+            "    for x, y in DataLoader(test, batch_size=1024):", "    loader = DataLoader(test, batch_size=1024)\n"
+            "    for x, y in loader:")
+    p = plan(text)
+    assert "avg_loss = ddpkit.reduce(avg_loss)" in p.text, p.text
+
+
+def test_an_onnx_export_is_written_by_rank_0():
+    """LeNet-5 exports the model each epoch (``torch.onnx.export(net, dummy, "lenet.onnx")``) and reads it back with
+    ``onnx.load``: both ranks wrote the file while the other read it."""
+    p = plan(EVAL_MEANS + 'torch.onnx.export(net, torch.randn(1, 4), "lenet.onnx")\n')
+    lines = p.text.splitlines()
+    assert lines[-1] == '    torch.onnx.export(ddpkit.unwrap(net), torch.randn(1, 4), "lenet.onnx")', p.text
+    assert lines[-2].startswith("if ") and lines[-2].endswith(".is_main:"), p.text
+
+
+def test_the_size_of_a_dataset_the_loop_builds_its_loader_from_is_not_reduced():
+    """``for x, y in DataLoader(test, ...)`` then ``correct / len(test)``: ``test`` is the dataset, whose size
+    every rank knows whole; reduced like a loader's batch count it doubled at 2 processes (accuracy halved)."""
+    p = plan(EVAL_MEANS.replace("        avg_loss += crit(out, y).sum()\n", ""))
+    assert "correct = ddpkit.reduce(correct)" in p.text and "reduce(len(test))" not in p.text, p.text

@@ -69,8 +69,12 @@ def mean_criterion(facts: Facts, loop: Loop, loss: str) -> bool:
              b.line <= stepped]
     inside = [b for b in bound if b.line >= loop.line]
     value = (inside or bound)[-1].value if bound else None
-    if not isinstance(value, cst.Call):
-        return False
+    return isinstance(value, cst.Call) and mean_call(facts, value)
+
+
+def mean_call(facts: Facts, value: cst.Call) -> bool:
+    """``value`` calls one of torch's losses with its default reduction (``F.cross_entropy(...)``, ``criterion(...)``
+    of ``criterion = nn.CrossEntropyLoss()``)."""
     def torch_loss(call: cst.Call) -> bool:  # (``nn`` of a star import, ``from models import *``: torch's)
         return (resolve(dotted(call.func), facts.aliases) or "").startswith(("torch.nn.", "nn."))
 
@@ -85,3 +89,36 @@ def mean_criterion(facts: Facts, loop: Loop, loss: str) -> bool:
         return False
     return not any(a.keyword is not None and a.keyword.value in ("reduction", "size_average", "reduce")
                    for a in (*value.args, *made.args))
+
+
+def summed_means(facts: Facts, loop: Loop, name: str) -> bool:
+    """``name`` adds up a loss criterion's batch means in ``loop`` (LeNet-5's evaluation: ``avg_loss +=
+    criterion(output, labels).sum()``, or ``loss = crit(...)`` then ``total += loss.item()``), not a sum over samples.
+
+    >>> from ddpkit.commands.convert.scan import parse, scan
+    >>> f = scan(parse("import torch.nn as nn\\nc = nn.CrossEntropyLoss()\\nt = 0\\nfor x, y in ld:\\n"
+    ...                "    t += c(x, y).sum()\\n"))
+    >>> summed_means(f, f.loops[0], "t")
+    True
+    """
+    adds = [node for node in m.findall(loop.node, m.AugAssign(operator=m.AddAssign()))
+            if isinstance(node, cst.AugAssign) and _CODE.code_for_node(node.target) == name]
+    if not adds:
+        return False
+    for node in adds:
+        value: Any = node.value
+        while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and not value.args and \
+                value.func.attr.value in ("sum", "item", "detach", "cpu", "mean"):
+            value = value.func.value
+        if isinstance(value, cst.Call) and dotted(value.func) == "float" and len(value.args) == 1:
+            value = value.args[0].value
+        named = dotted(value)
+        if named is not None and "." not in named and mean_criterion(facts, loop, named):
+            continue
+        last = (dotted(value.func) or "").rsplit(".", 1)[-1].lower() if isinstance(value, cst.Call) else ""
+        lossy = "loss" in last or "entropy" in last or last == "kl_div" or isinstance(value, cst.Call) and \
+            any(b.target == dotted(value.func) and "loss" in _CODE.code_for_node(b.value).lower()
+                for b in facts.bindings if b.value is not None)
+        if not (isinstance(value, cst.Call) and lossy and mean_call(facts, value)):
+            return False
+    return True

@@ -21,7 +21,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
-from ddpkit.commands.convert.batchmeans import batch_mean
+from ddpkit.commands.convert.batchmeans import batch_mean, summed_means
 from ddpkit.commands.convert.curves import curves
 from ddpkit.commands.convert.listmeans import list_means
 from ddpkit.commands.convert.names import dotted, names_in, resolve
@@ -85,9 +85,12 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
         if plan is None and not summed_as_training:
             assert call is not None  # (without a call, only training loops are handed in)
             line = stored[1] if stored else wide[1] if wide else loop.line
+            meant = next((n for n, _ in loop.augmented if summed_means(work.facts, loop, n)), None)
             why = f"keeps per-batch results in {stored[0]}" if stored else f"takes {wide[0]} over each whole " \
                 "batch (a batch is one unit, such as an N-way trial; sharded sample by sample, a rank's batch " \
                 "would mix units)" if wide else "may stop before its shard ends (a break)" if loop.breaks else \
+                f"adds up the loss's batch means in {meant} (each rank's batches are its shard's: neither the " \
+                "ranks' sum nor their mean is one process's)" if meant else \
                 "divides by a count of its own batches (its loop variable)"
             if training:  # the loader must be sharded to train: its evaluation would then be rank 0's shard only
                 work.leave(line, f"the evaluation loop over the training DataLoader at line {call.line} {why}: "

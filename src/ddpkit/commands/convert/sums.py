@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import libcst as cst
 import libcst.matchers as m
 
-from ddpkit.commands.convert.batchmeans import batch_mean
+from ddpkit.commands.convert.batchmeans import batch_mean, summed_means
 from ddpkit.commands.convert.device import PROGRESS
 from ddpkit.commands.convert.inits import node_ids
 from ddpkit.commands.convert.names import dotted, names_in, resolve
@@ -148,10 +148,11 @@ def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str
     if loop.breaks and not training:
         return None
     candidates = [n for n, _ in loop.augmented if "." not in n] + indexed(loop)
+    named = loop.iter_names - built_from(loop)  # (``len(test)`` of ``DataLoader(test, ...)``: the dataset's size)
     if not training:
         candidates += [n for n in loop.counted if "." not in n] + [
             b.target for b in facts.bindings if b.scope is loop.scope and isinstance(b.value, cst.Call)
-            and dotted(b.value.func) == "len" and b.value.args and dotted(b.value.args[0].value) in loop.iter_names]
+            and dotted(b.value.func) == "len" and b.value.args and dotted(b.value.args[0].value) in named]
     plans: dict[int, Reduction] = {}
     samples = sample_counts(loop) if training else set()
     loaders = set(loop.iter_names)
@@ -181,6 +182,10 @@ def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str
                 plans.setdefault(id(anchor), Reduction(anchor, [], [], set())).averaged.add(name)
         elif any(s is not None and names_in(s) & local for s in readers):
             return None  # ``total / (i + 1)``: i counts this rank's batches only
+        elif summed_means(facts, loop, name) and not any(
+                c.name == "len" and c.stmt in readers and c.node.args and dotted(c.node.args[0].value) in named
+                for c in facts.calls):
+            return None  # LeNet-5's ``avg_loss += criterion(out, y).sum()`` over ``len(test_set)``: batch means
         entry = plans.setdefault(id(anchor), Reduction(anchor, [], [], set()))
         entry.names.append(name)
         if name in entry.averaged:
@@ -192,7 +197,7 @@ def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str
         # over ``len(loader)`` beside a summed ``correct / total`` was divided by N)
         entry.lens.extend(c.node for c in facts.calls if id(c.node) not in counted and c.name == "len"
                           and c.stmt in readers and c.node.args and c.node not in entry.lens
-                          and (dotted(c.node.args[0].value) in loop.iter_names and not training or
+                          and (dotted(c.node.args[0].value) in named and not training or
                                c.node in _sampler_lens(c.node, loaders)))
     if training:
         kept = _paired(facts, loop, {n for e in plans.values() for n in e.names}, samples)
@@ -200,6 +205,23 @@ def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str
             entry.names[:] = [n for n in entry.names if n in kept]
             entry.averaged.intersection_update(kept)
     return [entry for entry in plans.values() if entry.names]
+
+
+def built_from(loop: Loop) -> set[str]:
+    """The names a loader built in the loop's own header is made from (``test``, ``bs`` of ``for x in
+    DataLoader(test, batch_size=bs)``): a dataset and settings, no loader.
+
+    >>> from ddpkit.commands.convert.scan import parse, scan
+    >>> loop = scan(parse("for x, y in enumerate(DataLoader(test, batch_size=bs)):\\n    pass\\n")).loops[0]
+    >>> sorted(built_from(loop))
+    ['bs', 'test']
+    """
+    found: set[str] = set()
+    for call in m.findall(getattr(loop.node, "iter", cst.Name("_")), m.Call()):
+        assert isinstance(call, cst.Call)
+        if (dotted(call.func) or "").rsplit(".", 1)[-1] in ("DataLoader", "data_loader"):
+            found |= {n for a in call.args for n in names_in(a.value)}
+    return found
 
 
 def _paired(facts: Facts, loop: Loop, reduced: set[str], samples: set[str]) -> set[str]:

@@ -41,7 +41,8 @@ WRITERS = {"matplotlib.pyplot.savefig": "the figure", "torchvision.utils.save_im
            "imageio.v3.imwrite": "the image", "scipy.io.savemat": "the arrays", "soundfile.write": "the sound",
            "torchaudio.save": "the sound", "scipy.io.wavfile.write": "the sound",  # (melgan's save_sample)
            "librosa.output.write_wav": "the sound", "cv2.imwrite": "the image",
-           "joblib.dump": "the object"}  # (bert-entity-extraction's ``joblib.dump(meta, "meta.bin")``)
+           "joblib.dump": "the object",  # (bert-entity-extraction's ``joblib.dump(meta, "meta.bin")``)
+           "torch.onnx.export": "the exported model"}  # (LeNet-5 exports each epoch, then ``onnx.load``\ s it)
 METHODS = {"savefig": "the figure", "to_csv": "the table", "to_json": "the table", "to_parquet": "the table",
            "to_excel": "the table"}  # a figure's, a pandas DataFrame's
 OPENERS = ("open", "io.open", "builtins.open")
@@ -111,10 +112,12 @@ def _to_a_path(work: _Work, call: Call) -> bool:
                    ("fname", "fp", "file", "path", "path_or_buf")), None)
     if target is None:
         return False
-    if call.name in ("torchvision.utils.save_image", "joblib.dump"):  # save_image(tensor, fp): the path comes second
+    place = {"torchvision.utils.save_image": 1, "joblib.dump": 1, "torch.onnx.export": 2}.get(call.name or "")
+    if place is not None:  # save_image(tensor, fp): the path comes second; onnx.export(model, args, f): third
         positional = [a.value for a in call.node.args if a.keyword is None]
-        target = positional[1] if len(positional) > 1 else next(
-            (a.value for a in call.node.args if a.keyword is not None and a.keyword.value in ("fp", "filename")), None)
+        target = positional[place] if len(positional) > place else next(
+            (a.value for a in call.node.args if a.keyword is not None and a.keyword.value in ("fp", "filename", "f")),
+            None)
     bound = [b.value for b in work.facts.bindings if b.target == dotted(target)] if dotted(target) else []
     memory = ("BytesIO", "StringIO")
     return target is not None and not any(
