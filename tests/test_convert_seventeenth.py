@@ -188,3 +188,81 @@ def test_the_size_of_a_dataset_the_loop_builds_its_loader_from_is_not_reduced():
     every rank knows whole; reduced like a loader's batch count it doubled at 2 processes (accuracy halved)."""
     p = plan(EVAL_MEANS.replace("        avg_loss += crit(out, y).sum()\n", ""))
     assert "correct = ddpkit.reduce(correct)" in p.text and "reduce(len(test))" not in p.text, p.text
+
+
+BAR = '''import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from tqdm import tqdm
+
+loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,))), batch_size=16, shuffle=True)
+model = nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+train_loss, total, correct = 0.0, 0, 0
+with tqdm(total=len(loader.dataset)) as bar:
+    for x, y in loader:
+        out = model(x)
+        loss = nn.functional.cross_entropy(out, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        train_loss += loss.item() * y.size(0)
+        total += y.size(0)
+        correct += out.argmax(1).eq(y).sum().item()
+        bar.set_postfix(loss=train_loss / total, acc=100.0 * correct / total)
+        bar.update(y.size(0))
+'''
+
+
+def test_a_bars_running_sums_and_sample_count_are_said_to_be_this_ranks():
+    """PyHessian: ``progressbar.set_postfix(loss=train_loss / total_num, ...)`` and ``progressbar.update(
+    target.size(0))`` of ``tqdm(total=len(train_loader.dataset))``: rank 0's running share, and a bar that stops at
+    1/N; unsaid."""
+    p = plan(BAR)
+    said = {k.line: k.what for k in p.kept}
+    assert "shows correct, total, train_loss as each step leaves them" in said.get(20, ""), p.kept
+    assert "bar.update(...) counts this rank's samples" in said.get(21, ""), p.kept
+
+
+def test_a_sample_count_printed_alone_after_training_is_every_ranks():
+    p = plan(BAR + "print('samples seen', total)\n")
+    assert "    total = ddpkit.reduce(total)" in p.text.splitlines(), p.text
+
+
+def test_a_sample_count_returned_beside_an_unreduced_sum_stays_rank_0s():
+    """The earlier review's case: ``return correct, total`` (a caller divides them): neither reduced alone."""
+    text = "def train():\n" + "".join(f"    {line}\n" if line else "\n" for line in BAR.splitlines()[6:])
+    p = plan(BAR.splitlines(keepends=True)[0] + "".join(BAR.splitlines(keepends=True)[1:6]) + text +
+             "    return correct, total\n\n\nprint(train())\n")
+    assert "ddpkit.reduce(total)" not in p.text, p.text
+
+
+STEP_IMAGES = '''import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from torchvision.utils import save_image
+
+loader = DataLoader(TensorDataset(torch.rand(6, 1, 8, 8), torch.randint(0, 2, (6, 8, 8))), batch_size=2,
+                    shuffle=True)
+net = nn.Conv2d(1, 2, 3, padding=1)
+opt = torch.optim.Adam(net.parameters())
+for i, (image, seg) in enumerate(loader):
+    out = net(image)
+    loss = nn.functional.cross_entropy(out, seg)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    pred = out[0].argmax(0).unsqueeze(0).float()
+    save_image(torch.stack([seg[0].unsqueeze(0).float(), pred]), f"train_image/{i}.png")
+    if i == 0:
+        save_image(image, "first_batch.png")
+'''
+
+
+def test_a_picture_of_each_steps_batch_named_by_the_step_is_listed():
+    """pytorch-UNet: ``save_image(img, f'{save_path}/{i}.png')`` each step: guarded, rank 0 wrote 3 of the 6 files
+    (its samples only) under "every rank holds the same results"."""
+    p = plan(STEP_IMAGES)
+    assert [x.line for x in p.left] == [17] and "1/N of the files" in p.left[0].what, p.left
+    why = {e.line: e.why for e in p.edits}
+    assert "rank 0's share of the step's batch" in why[17] and "rank 0's share of the step's batch" in why[19], why

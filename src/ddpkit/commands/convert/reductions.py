@@ -105,6 +105,8 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
                       "results or ddpkit.reduce(...) the sums and counts, docs/convert.md)")
             return False
         plans += [(summed_as_training, p) for p in plan or []]
+        if summed_as_training and not plan:  # (PyHessian's bar: ``set_postfix(loss=train_loss / total)``)
+            _running_shown(work, loop, [n for n, _ in loop.augmented], after=False)
     pickers = [lp for lp in work.facts.loops if when is not None and lp.targets == {when[0]}]
     for summed_as_training, (anchor, names, lens, averaged) in plans:
         split = when if any(p is o for p in pickers for o in anchor.outer) else None  # (one split's sum: its test)
@@ -211,18 +213,37 @@ def _scored(work: _Work, loop: Loop) -> None:
 SHOWS = ("print", "progress_bar", "set_postfix", "set_description", "write", "info", "add_scalar", "log")
 
 
-def _running_shown(work: _Work, loop: Loop, names: list[str]) -> None:
+def _running_shown(work: _Work, loop: Loop, names: list[str], after: bool = True) -> None:
     """Sums the loop shows as each step leaves them (kuangliu's CIFAR ``progress_bar(i, len(loader), 'Acc: %.3f%%
-    (%d/%d)' % (..., correct, total))``): this rank's running share, said once a loop; after it they are every
-    rank's."""
+    (%d/%d)' % (..., correct, total))``, PyHessian's ``bar.set_postfix(loss=train_loss / total_num)``): this rank's
+    running share, said once a loop (``after``: reduced after it, so every rank's there); and a bar counted by
+    samples (``bar.update(target.size(0))`` of ``tqdm(total=len(loader.dataset))``): this rank's, it stops at 1/N."""
     for call in loop.calls:
         if call.last in SHOWS and call.line > loop.line:
             shown = sorted({n for a in call.node.args for n in names_in(a.value)} & set(names))
             if shown:
                 work.keep(call.line, f"{call.last}(...) in the loop shows {', '.join(shown)} as each step leaves "
-                          "them", "this rank's running share of its shard (rank 0's on screen); after the loop "
-                          "they are every rank's")
-                return
+                          "them", "this rank's running share of its shard (rank 0's on screen)" +
+                          ("; after the loop they are every rank's" if after else ""))
+                break
+    for call in loop.calls:
+        bar = dotted(call.node.func.value) if call.last == "update" and isinstance(call.node.func, cst.Attribute) \
+            else None
+        if bar is not None and call.node.args and _counted_bar(work, bar):
+            work.keep(call.line, f"{bar}.update(...) counts this rank's samples", f"at N processes {bar} ends at 1/N "
+                      "of its total (rank 0's on screen): each rank takes its share of every batch")
+            return
+
+
+def _counted_bar(work: _Work, bar: str) -> bool:
+    """``bar`` is a progress bar made with a ``total=`` (``with tqdm(total=n) as bar:``, ``bar = tqdm(total=n)``)."""
+    made: list[cst.BaseExpression] = [b.value for b in work.facts.bindings
+                                      if b.target == bar and isinstance(b.value, cst.Call)]
+    for node in m.findall(work.facts.module, m.With()):
+        assert isinstance(node, cst.With)
+        made += [i.item for i in node.items if i.asname is not None and dotted(i.asname.name) == bar]
+    return any(isinstance(v, cst.Call) and (dotted(v.func) or "").rsplit(".", 1)[-1] in ("tqdm", "progress") and
+               any(a.keyword is not None and a.keyword.value == "total" for a in v.args) for v in made)
 
 
 # an evaluation loop that saves a picture of one of its batches: sharded, rank 0's batch holds samples 0, N, 2N...

@@ -28,9 +28,9 @@ from typing import Any, NamedTuple
 import libcst as cst
 import libcst.matchers as m
 
+from ddpkit.commands.convert import sizes
 from ddpkit.commands.convert.batchmeans import batch_mean, summed_means
 from ddpkit.commands.convert.device import PROGRESS
-from ddpkit.commands.convert.inits import node_ids
 from ddpkit.commands.convert.names import dotted, names_in, resolve
 from ddpkit.commands.convert.scan import Facts, Loop
 
@@ -42,75 +42,6 @@ class Reduction(NamedTuple):
     names: list[str]
     lens: list[Any]
     averaged: set[str]
-
-
-def _global_products(stmt: Any, loaders: set[str], batches: frozenset[str]) -> list[cst.BinaryOperation]:
-    """``len(loader) * batch_size`` in ``stmt``, the batch being the global one (``batches``: its names): this
-    rank's batches times the global batch, every sample."""
-    def is_len(node: cst.CSTNode) -> bool:
-        return isinstance(node, cst.Call) and dotted(node.func) == "len" and bool(node.args) and \
-            dotted(node.args[0].value) in loaders
-
-    return [node for node in m.findall(stmt, m.BinaryOperation(operator=m.Multiply()))
-            if isinstance(node, cst.BinaryOperation) and batches and
-            (is_len(node.left) and dotted(node.right) in batches or
-             is_len(node.right) and dotted(node.left) in batches)]
-
-
-def _dataset_size(facts: Facts, stmt: Any, scope: Any, datasets: set[str], loaders: set[str],
-                  batches: frozenset[str]) -> bool:
-    """The statement divides by the whole dataset: ``len(X.dataset)``, ``len(train_ds)`` (the loader's own
-    dataset), ``len(loader) * batch_size`` with the global batch, or a name bound to one. Not a size divided by
-    something (``len(ds) / loader.batch_size``: a count of batches)."""
-    def is_size(node: cst.CSTNode) -> bool:
-        arg = dotted(node.args[0].value) if isinstance(node, cst.Call) and node.args else None
-        return isinstance(node, cst.Call) and dotted(node.func) == "len" and (arg is not None and (
-            arg.endswith(".dataset") and arg[:-len(".dataset")] in loaders or arg in datasets) or
-            bool(node.args) and _item_dataset(node.args[0].value, loaders)) or \
-            bool(_global_products(node, loaders, batches))  # (another loader's dataset: not this sum's size)
-
-    def sizes_in(node: cst.CSTNode) -> bool:
-        divided = {i for d in m.findall(node, m.BinaryOperation(operator=m.Divide() | m.FloorDivide()))
-                   if isinstance(d, cst.BinaryOperation) for i in node_ids(d.left)}  # ((len(ds) + b - 1) // b)
-        return any(is_size(n) and id(n) not in divided for n in m.findall(node, m.Call() | m.BinaryOperation()))
-
-    sizes = {b.target for b in facts.bindings if b.scope is scope and b.value is not None and sizes_in(b.value)}
-    by_split = _size_dicts(facts, scope, loaders)
-    items = any(isinstance(s, cst.Subscript) and dotted(s.value) in by_split for s in m.findall(stmt, m.Subscript()))
-    return sizes_in(stmt) or bool(names_in(stmt) & sizes) or items
-
-
-def _item_dataset(node: Any, loaders: set[str]) -> bool:
-    """``dataloaders[phase].dataset``: the dataset of an item of a dict of loaders the loop reads by key."""
-    return isinstance(node, cst.Attribute) and node.attr.value == "dataset" and \
-        isinstance(node.value, cst.Subscript) and dotted(node.value.value) in loaders
-
-
-def _size_dicts(facts: Facts, scope: Any, loaders: set[str]) -> set[str]:
-    """The dicts of the splits' sizes ``scope`` sees: every value a ``len()`` of no loader (``dataset_sizes = {x:
-    len(image_datasets[x]) for x in ['train', 'val']}``: ``running_loss / dataset_sizes[phase]`` divides by a
-    whole split)."""
-    def sizes(values: list[Any]) -> bool:
-        return bool(values) and all(isinstance(v, cst.Call) and dotted(v.func) == "len" and len(v.args) == 1 and
-                                    (not names_in(v.args[0].value) & loaders or _item_dataset(v.args[0].value,
-                                                                                            loaders)) for v in values)
-    found = set()
-    for b in facts.bindings:
-        if b.value is None or b.index >= 0 or not (b.scope is scope or b.scope.name == ""):
-            continue
-        if isinstance(b.value, cst.DictComp) and sizes([b.value.value]) or isinstance(b.value, cst.Dict) and \
-                sizes([e.value for e in b.value.elements if isinstance(e, cst.DictElement)]):
-            found.add(b.target)
-    return found
-
-
-def _sampler_lens(node: Any, loaders: set[str]) -> list[cst.Call]:
-    """``len(loader.sampler)`` in ``node``: the samples of this rank's shard once the loader is sharded (Udacity's
-    ``train_loss / len(train_loader.sampler)`` over a ``SubsetRandomSampler``), a count made every rank's by
-    ``ddpkit.reduce`` where the sum it divides is."""
-    return [c for c in m.findall(node, m.Call(func=m.Name("len"))) if isinstance(c, cst.Call) and len(c.args) == 1
-            and (dotted(c.args[0].value) or "").endswith(".sampler")
-            and str(dotted(c.args[0].value))[:-len(".sampler")] in loaders]
 
 
 def _anchor(facts: Facts, loop: Loop, name: str) -> Loop:
@@ -174,8 +105,8 @@ def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str
         local = _local(facts, loop) | ({n for n in loop.counted} if training else set())
         if training:
             kind = _training_sum(facts, loop, anchor, name, readers, local, samples,
-                                 lambda d: _dataset_size(facts, d, loop.scope, set(datasets), loaders, batches)
-                                 or bool(_sampler_lens(d, loaders)))
+                                 lambda d: sizes.dataset_size(facts, d, loop.scope, set(datasets), loaders, batches)
+                                 or bool(sizes.sampler_lens(d, loaders)))
             if kind is None:
                 continue  # rank 0's, as printed
             if kind == "mean":
@@ -191,14 +122,14 @@ def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str
         if name in entry.averaged:
             continue
         # (``len(loader) * batch_size`` with the global batch is every sample already)
-        counted = {id(n) for s in readers if s is not None for p in _global_products(s, loaders, batches)
+        counted = {id(n) for s in readers if s is not None for p in sizes.global_products(s, loaders, batches)
                    for n in (p.left, p.right)}
         # (in training every rank takes as many batches: ``len(loader)`` stays, whatever it divides; review: a loss
         # over ``len(loader)`` beside a summed ``correct / total`` was divided by N)
         entry.lens.extend(c.node for c in facts.calls if id(c.node) not in counted and c.name == "len"
                           and c.stmt in readers and c.node.args and c.node not in entry.lens
                           and (dotted(c.node.args[0].value) in named and not training or
-                               c.node in _sampler_lens(c.node, loaders)))
+                               c.node in sizes.sampler_lens(c.node, loaders)))
     if training:
         kept = _paired(facts, loop, {n for e in plans.values() for n in e.names}, samples)
         for entry in plans.values():
@@ -238,12 +169,21 @@ def _paired(facts: Facts, loop: Loop, reduced: set[str], samples: set[str]) -> s
                 for n in names_in(right) & samples:
                     over[n] |= left & sums
     kept = set(reduced)
+    shown = {n for n in samples if not over[n] and _only_printed(facts, loop, n)}  # ("samples seen", total)
     while True:
-        dropped = {n for n in kept & samples if not over[n] & kept or over[n] - kept}
+        dropped = {n for n in kept & samples - shown if not over[n] & kept or over[n] - kept}
         dropped |= {name for n in (samples - kept) | dropped for name in over[n] & kept}
         if not dropped & kept:
             return kept
         kept -= dropped
+
+
+def _only_printed(facts: Facts, loop: Loop, name: str) -> bool:
+    """Every statement below the loop that reads ``name`` prints it (no ratio or return made of it elsewhere)."""
+    readers = [s for s, sc, line in facts.statements if sc is loop.scope and line > loop.end and name in _reads(s)]
+    return bool(readers) and all(len(s.body) == 1 and isinstance(s.body[0], cst.Expr) and
+                                 isinstance(s.body[0].value, cst.Call) and
+                                 dotted(s.body[0].value.func) in ("print", "ddpkit.print") for s in readers)
 
 
 def _training_sum(facts: Facts, loop: Loop, anchor: Loop, name: str, readers: list[Any], local: set[str],

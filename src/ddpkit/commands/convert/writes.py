@@ -27,7 +27,7 @@ from ddpkit.commands.check.rules import RANK_WORDS
 from ddpkit.commands.convert import flow, order, paths
 from ddpkit.commands.convert.flow import binding_of, in_body
 from ddpkit.commands.convert.handedin import iterated
-from ddpkit.commands.convert.names import dotted, resolve
+from ddpkit.commands.convert.names import dotted, names_in, resolve
 from ddpkit.commands.convert.rules import per_rank
 from ddpkit.commands.convert.scan import Call
 from ddpkit.commands.convert.waits import branched, callers_apart, in_main_block, main_test, wait_before
@@ -71,7 +71,14 @@ def writes(work: _Work) -> None:
             continue
         if id(call.stmt) not in work.edits.guard:
             work.edits.guard[id(call.stmt)] = main_test(work, call.scope, call.line)
-            work.note(f"{call.last} guarded: rank 0 writes {what}", WHY, call.line)
+            stepped = _of_the_step(work, call)
+            work.note(f"{call.last} guarded: rank 0 writes {what}", WHY if stepped is None else "N writers of one "
+                      "file race; what it shows is rank 0's share of the step's batch", call.line)
+            if stepped:  # (pytorch-UNet's ``save_image(img, f'{save_path}/{i}.png')`` each step)
+                work.leave(call.line, f"{call.last}(...) writes {what} of each training step's batch under the step's "
+                           f"number ({stepped}): at N processes rank 0 writes its share's only, 1/N of the files",
+                           "name the file by the global sample (i * state.world_size + state.rank) and let every "
+                           "rank write its own (no guard), or keep rank 0's if a sample of them is enough")
             backs.append((call, call.stmt))
     for call, stmt in sorted(backs, key=lambda back: branched(work, back[0])):
         _read_back(work, call, stmt)
@@ -99,6 +106,25 @@ def writes(work: _Work) -> None:
         work.note("open(..., 'w') guarded: rank 0 writes the file", WHY, call.line)
         if "ddpkit.barrier()" not in work.edits.after.get(id(block), []):
             _read_back(work, call, block)
+
+
+def _of_the_step(work: _Work, call: Call) -> str | None:
+    """The loop variable a write in a training loop names its file by (``i`` of ``for i, (x, y) in
+    enumerate(loader)``), where what it writes reads the loop's batch or what the loop makes of it ("": no such
+    name); None where it writes nothing of the step's."""
+    loop = next((lp for lp in reversed(call.loops) if flow.trains(work.facts, lp)), None)
+    if loop is None or not call.node.args:
+        return None
+    made = set(loop.targets) | {b.target for b in work.facts.bindings if b.scope is loop.scope and
+                                loop.line < b.line <= loop.end}
+    values = [a.value for a in call.node.args]
+    written = set().union(*(names_in(v) for v in values))
+    named = set().union(*(names_in(v) for v in values[1:] if isinstance(v, (cst.FormattedString, cst.BinaryOperation,
+                                                                            cst.Call, cst.ConcatenatedString))))
+    counter = sorted(named & loop.targets)
+    if not written & made - set(counter):
+        return None
+    return counter[0] if counter else ""
 
 
 def _to_a_path(work: _Work, call: Call) -> bool:
