@@ -1,6 +1,10 @@
 """What the sixteenth set left and the seventeenth held-out set showed ``ddpkit convert`` owes public scripts
 (docs/convert.md): each a case written in our own words after the pattern met."""
+import sys
+
 import pytest
+
+from conftest import run_cmd
 
 pytest.importorskip("libcst")
 
@@ -266,3 +270,130 @@ def test_a_picture_of_each_steps_batch_named_by_the_step_is_listed():
     assert [x.line for x in p.left] == [17] and "1/N of the files" in p.left[0].what, p.left
     why = {e.line: e.why for e in p.edits}
     assert "rank 0's share of the step's batch" in why[17] and "rank 0's share of the step's batch" in why[19], why
+
+
+STOPPER = '''import torch
+
+
+class EarlyStopping:
+    def __init__(self):
+        self.best = float("inf")
+
+    def __call__(self, val_loss, model, path):
+        if val_loss < self.best:
+            self.best = val_loss
+            torch.save(model.state_dict(), path + "/checkpoint.pth")
+'''
+
+RESAVED = '''import os
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from tools import EarlyStopping
+
+path = "ckpt"
+os.makedirs(path, exist_ok=True)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+stopper = EarlyStopping()
+for epoch in range(3):
+    for x, y in DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=16, shuffle=True):
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+    stopper(loss.item(), model, path)
+model.load_state_dict(torch.load(path + "/checkpoint.pth"))
+torch.save(model.state_dict(), path + "/checkpoint.pth")
+'''
+
+
+def test_a_best_model_read_back_and_saved_again_waits_before_the_read_and_before_the_save():
+    """Crossformer: the EarlyStopping of utils/tools.py saves during training; the experiment loads the best model,
+    then saves it again over the same path. Its own save stopped the barrier before the read (rank 1: EOFError)."""
+    from ddpkit.commands.convert.crossing import settle
+
+    files = {"tools.py": STOPPER, "train.py": RESAVED}
+    done = settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
+    lines = done["train.py"].text.splitlines()
+    at = next(i for i, line in enumerate(lines) if "torch.load(" in line)
+    assert lines[at - 1] == "ddpkit.barrier()" and lines[at + 1] == "ddpkit.barrier()", "\n".join(lines)
+    assert lines[at + 2].startswith("if ") and "torch.save(" in lines[at + 3], "\n".join(lines)
+
+
+INSTANCE_CONTRAST = '''import torch
+import torch.nn.functional as F
+
+
+def instance_contrastive_loss(z1, z2):
+    B = z1.size(0)
+    z = torch.cat([z1, z2], dim=0)
+    sim = torch.matmul(z, z.transpose(0, 1))
+    logits = -F.log_softmax(sim, dim=-1)
+    i = torch.arange(B)
+    return (logits[i, B + i].mean() + logits[B + i, i].mean()) / 2
+
+
+def temporal_contrastive_loss(z1, z2):
+    z = torch.cat([z1, z2], dim=1)
+    sim = torch.matmul(z, z.transpose(1, 2))
+    return -F.log_softmax(sim, dim=-1).mean()
+
+
+def margin_loss(a, b, same, margin=1.0):
+    d = F.pairwise_distance(a, b)
+    return (same * d ** 2 + (1 - same) * F.relu(margin - d) ** 2).mean()
+'''
+
+
+def test_a_loss_that_contrasts_the_batchs_samples_is_listed_where_it_is_defined():
+    """ts2vec's models/losses.py: ``instance_contrastive_loss`` joins the two views on the batch axis and takes a
+    softmax over every pair: each rank's negatives are its share (epoch loss 3.82 at 2 processes, 7.41 at one;
+    nothing said). Not the temporal one (over one sample's time steps) nor a margin loss over given pairs."""
+    p = plan(INSTANCE_CONTRAST)
+    assert [x.line for x in p.left] == [5] and "instance_contrastive_loss()" in p.left[0].what, p.left
+
+
+TRAINER = '''import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Trainer:
+    def __init__(self, device="cuda"):
+        self.device = device
+        self.net = nn.Linear(4, 1).to(self.device)
+
+    def fit(self, x, y, epochs=2):
+        loader = DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True)
+        opt = torch.optim.SGD(self.net.parameters(), lr=0.1)
+        for _ in range(epochs):
+            for xb, yb in loader:
+                xb, yb = xb.to(self.device), yb.to(self.device)
+                opt.zero_grad()
+                loss = ((self.net(xb) - yb) ** 2).mean()
+                loss.backward()
+                opt.step()
+'''
+
+
+def test_a_device_handed_to_the_trainer_is_the_callers_not_a_refusal():
+    """ts2vec's ``TS2Vec(device=device)`` keeps ``self.device = device``: refused as "a form convert does not read",
+    though the caller's device set-up was converted in the same run."""
+    p = plan(TRAINER)
+    assert not p.refused and "self.net = ddpkit.prepare_model(nn.Linear(4, 1))" in p.text, p.left
+    assert any("handed in by the caller" in k.what for k in p.kept), p.kept
+
+
+def test_indentation_mixing_tabs_and_spaces_python_reads_is_converted(tmp_path):
+    """improved-wgan-pytorch: a line indented ``4 spaces + TAB + 4 spaces`` under an 8-space block runs in CPython
+    (a tab to the next multiple of 8) but libcst could not parse it: exit 2, "not Python libcst can parse"."""
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nx = torch.ones(2)\nif x.sum() > 0:\n        with torch.no_grad():\n"
+                      "    \t    y = 2\nprint(y)\n")
+    r = run_cmd([sys.executable, "-m", "ddpkit", "convert", "-o", str(tmp_path / "out.py"), str(script)], timeout=60)
+    assert r.returncode == 0 and "tabs in the indentation expanded to spaces" in r.stderr, r.stderr
+    text = (tmp_path / "out.py").read_text()
+    assert "\t" not in text and "            y = 2\n" in text and "ddpkit.print(y)" in text, text
+    script.write_text('s = """\n\tkept\n"""\nif s:\n        if s:\n    \t    y = 2\n')  # a string's tab
+    r = run_cmd([sys.executable, "-m", "ddpkit", "convert", "-o", str(tmp_path / "out2.py"), str(script)], timeout=60)
+    assert r.returncode == 2 and "not Python libcst can parse" in r.stderr, r.stderr  # (expanding it changes s)

@@ -88,13 +88,48 @@ def convert_file(path: str, per_process_batch: bool = False, crossing=None):
             (exc.msg if isinstance(exc, SyntaxError) else f"{type(exc).__name__}: {exc}")
         raise UsageError(f"{path} is not Python 3 this tool can parse ({detail}); fix the syntax, then convert "
                          "again") from None
+    unparsed = f"{path} is Python, but not Python libcst can parse (line {{}}: {{}}); convert it by hand " \
+        "(docs/convert.md lists the edits)"
     try:
-        return plan(source, per_process_batch, crossing), encoding
+        try:
+            return plan(source, per_process_batch, crossing), encoding
+        except ParserSyntaxError as exc:
+            expanded = _tabs_expanded(source)  # (improved-wgan's ``12 spaces + TAB + 4 spaces``: Python's tab stops)
+            if expanded is None:
+                raise UsageError(unparsed.format(exc.raw_line, exc.message)) from None
+        result = plan(expanded, per_process_batch, crossing)
     except ParserSyntaxError as exc:
-        raise UsageError(f"{path} is Python, but not Python libcst can parse (line {exc.raw_line}: "
-                         f"{exc.message}); convert it by hand (docs/convert.md lists the edits)") from None
+        raise UsageError(unparsed.format(exc.raw_line, exc.message)) from None
     except RecursionError:
         raise UsageError(f"{path} nests too deeply to convert; expected a training script") from None
+    from ddpkit.commands.convert.plan import Edit
+
+    result.edits.insert(0, Edit(1, "tabs in the indentation expanded to spaces", "the file mixes tabs and spaces "
+                                "in a way Python reads (a tab to the next multiple of 8) and libcst does not; the "
+                                "code is the same (its syntax trees compared)"))
+    return result, encoding
+
+
+def _tabs_expanded(source: str) -> str | None:
+    """``source`` with the tabs of each line's indentation expanded as Python reads them (to the next multiple of
+    8), where that changes no string and no code (the syntax trees compared); None where it would, or there are none.
+
+    >>> _tabs_expanded("if x:\\n        if y:\\n    \\t    z = 1\\n")
+    'if x:\\n        if y:\\n            z = 1\\n'
+    """
+    out = []
+    for line in source.splitlines(keepends=True):
+        body = line.lstrip(" \t")
+        indent = line[:len(line) - len(body)]
+        out.append(indent.expandtabs(8) + body if "\t" in indent else line)
+    expanded = "".join(out)
+    if expanded == source:
+        return None
+    try:
+        same = ast.dump(ast.parse(expanded)) == ast.dump(ast.parse(source))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    return expanded if same else None
 
 
 def report(result, path: str) -> list[str]:

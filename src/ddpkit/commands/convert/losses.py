@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import libcst as cst
+import libcst.matchers as m
 
 from ddpkit.commands.check.rules import OPTIMIZERS
 from ddpkit.commands.convert import flow
@@ -80,7 +81,16 @@ CONTRASTIVE = ("ntxent", "nt_xent", "infonce", "info_nce", "supcon", "simclr", "
 def contrastive_loss(work: _Work) -> None:
     """A loss whose negatives are the other samples of the batch (SimCLR's NT-Xent): at N processes each rank
     contrasts its share only, another objective. lightly's losses gather the batch across ranks when told
-    (``gather_distributed=True``, added); another such loss is listed (lightly's SimCLR example ran on, silently)."""
+    (``gather_distributed=True``, added); another such loss is listed (lightly's SimCLR example ran on, silently),
+    and so is a loss function of the script's own that contrasts the batch's samples (:func:`_in_batch`)."""
+    own = _in_batch(work)
+    if own is not None:
+        work.leave(own[1], f"{own[0]}(): a contrastive loss over the batch's samples (joined on the batch axis, "
+                   "compared with each other, a softmax over them): at N processes each rank's negatives are its "
+                   "share of the batch only, another objective than one process's", "gather the embeddings across "
+                   "ranks before comparing them (torch.distributed.nn.functional.all_gather keeps the gradient), or "
+                   "keep it if that is acceptable")
+        return
     if not work.models:
         return
     for call in work.facts.calls:
@@ -134,3 +144,28 @@ def whole_batch_loss(work: _Work) -> None:
                        "every rank's predictions and targets gathered with ddpkit.gather(...)")
             return
 
+
+
+_COMPARED = ("matmul", "mm", "bmm", "einsum", "cosine_similarity")
+_SOFTMAX = ("log_softmax", "cross_entropy", "logsumexp", "softmax", "nll_loss")
+
+
+def _in_batch(work: _Work) -> tuple[str, int] | None:
+    """A loss function of this file (``loss`` in its name) that joins two views on the batch axis (``torch.cat([z1,
+    z2], dim=0)``), compares every row with every other (``z @ z.T``, ``torch.matmul``) and takes a softmax over
+    them: an InfoNCE over the batch (ts2vec's ``instance_contrastive_loss``); its name and line."""
+    for scope in work.facts.scopes.values():
+        name = scope.name.rsplit(".", 1)[-1]
+        if "loss" not in name.lower() or not isinstance(scope.node, cst.FunctionDef):
+            continue
+        calls = [c for c in work.facts.calls if c.scope is scope]
+        joined = any(c.last in ("cat", "concat") and not any(
+            a.keyword is not None and a.keyword.value == "dim" and not (isinstance(a.value, cst.Integer) and
+                                                                        a.value.value == "0") for a in c.node.args)
+            and len([a for a in c.node.args if a.keyword is None]) == 1 for c in calls)
+        compared = any(c.last in _COMPARED for c in calls) or bool(
+            m.findall(scope.node, m.BinaryOperation(operator=m.MatrixMultiply())))
+        if joined and compared and any(c.last in _SOFTMAX for c in calls):
+            line = min((c.line for c in calls), default=0) - 1
+            return name, max(line, 1)
+    return None

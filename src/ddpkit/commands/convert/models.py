@@ -280,11 +280,23 @@ def _unread_device(work: _Work, nodes: list[cst.CSTNode], model: Binding) -> Bin
                 name = dotted(node.args[0].value)
                 found = binding_of(work.facts, name, model.scope, model.line) if name else None
                 if found is not None and found.value is not None and found not in work.devices and \
-                        not (dotted(found.value) or "").endswith(".device") and not _returns_device(work, found):
+                        not (dotted(found.value) or "").endswith(".device") and not _returns_device(work, found) \
+                        and not _handed_in(work, found):
                     return found
             node = node.func.value
     return None
 
+
+
+def _handed_in(work: _Work, found: Binding) -> bool:
+    """``self.device = device`` of a parameter (ts2vec's ``TS2Vec(device=device)``): the caller's device, which a
+    converted caller makes ddpkit's; said as kept."""
+    if not (isinstance(found.value, cst.Name) and found.value.value in found.scope.params):
+        return False
+    work.keep(found.line, f"{found.target} = {found.value.value}: the device the model and data move to is handed in "
+              f"by the caller", "prepare_model puts the model on this rank's device: the caller should pass it "
+              "(state.device; a device set-up ddpkit convert rewrites does)")
+    return True
 
 
 def _handed_out(call: Call) -> bool:

@@ -34,13 +34,17 @@ _Work = Any  # the plan in the making (plan._Work)
 
 def reread(work: _Work) -> None:
     """A barrier before each ``torch.load`` below a training loop of its function (or in a function called below a
-    call of one that trains), in a project file that saves nothing itself (the save is another module's)."""
+    call of one that trains), in a project file that saves nothing above it itself (the save is another module's)."""
     calls = work.facts.calls
     # (a loop of this file trains: its model and loader may be another module's, FEDformer's exp_main.py)
-    if not any(flow.trains(work.facts, lp) for lp in work.facts.loops) or not work.crossing.own or \
-            any(c.name == "torch.save" for c in calls):
+    if not any(flow.trains(work.facts, lp) for lp in work.facts.loops) or not work.crossing.own:
         return
+    saves = [c for c in calls if c.name == "torch.save"]
     for load in (c for c in calls if c.name == "torch.load" and c.stmt is not None):
+        # (a save of this file above the read, or in another function, is rules.py's to wait for; one below it in
+        # the same function writes after the read: Crossformer's re-save of the best model it has just loaded)
+        if any(s.line < load.line or s.scope is not load.scope for s in saves):
+            continue
         after = [lp for lp in work.facts.loops if lp.scope is load.scope and lp.end < load.line and
                  flow.trains(work.facts, lp) and not lp.outer]
         if (not after and not _after_training(work, load)) or id(load.stmt) in work.edits.guard:
@@ -56,6 +60,14 @@ def reread(work: _Work) -> None:
         work.edits.before.setdefault(id(load.stmt), []).append("ddpkit.barrier()")
         work.note("ddpkit.barrier() before the read", "a checkpoint saved during training by another module of the "
                   "project (rank 0's alone) is read here: every rank waits until it is written", load.line)
+        again = next((s for s in saves if s.line > load.line and s.stmt is not None and not s.loops and
+                      (flow.in_body(s.stmt, s.scope) or in_main_block(work.facts.module, s.stmt))), None)
+        if again is not None and "ddpkit.barrier()" not in work.edits.before.get(id(again.stmt), []):
+            # (Crossformer loads the best model, then saves it again over the same path: rank 0 must not write
+            # while another rank still reads)
+            work.edits.before.setdefault(id(again.stmt), []).append("ddpkit.barrier()")
+            work.note("ddpkit.barrier() before the save", f"the file read at line {load.line} may be the one written "
+                      "here: every rank has read it before rank 0 writes it again", again.line)
 
 
 def _after_training(work: _Work, load: Any) -> bool:
