@@ -49,7 +49,7 @@ def test_a_criterion_dividing_by_the_positives_it_matched_is_listed():
     p = plan(POSITIVES)
     assert [x.line for x in p.left] == [14], p.left
     assert "divided by a count its step takes of the batch (n_pos.sum().float())" in p.left[0].what, p.left
-    assert "ddpkit.reduce(n_pos.sum().float(), op='mean')" in p.left[0].fix, p.left
+    assert "ddpkit.reduce(n_pos.sum(), op='mean') (every rank" in p.left[0].fix, p.left
 
 
 def test_a_loss_over_a_mask_the_batch_brings_is_listed_and_an_accuracy_beside_it_is_not():
@@ -397,3 +397,74 @@ def test_indentation_mixing_tabs_and_spaces_python_reads_is_converted(tmp_path):
     script.write_text('s = """\n\tkept\n"""\nif s:\n        if s:\n    \t    y = 2\n')  # a string's tab
     r = run_cmd([sys.executable, "-m", "ddpkit", "convert", "-o", str(tmp_path / "out2.py"), str(script)], timeout=60)
     assert r.returncode == 2 and "not Python libcst can parse" in r.stderr, r.stderr  # (expanding it changes s)
+
+
+@pytest.mark.parametrize("line", [
+    "    loss = (((model(x) - t) ** 2) * valid).sum() / torch.sum(valid)",
+    "    loss = (((model(x) - t) ** 2) * valid).sum() / (valid.sum() + 1e-8)",
+    "    loss = (((model(x) - t) ** 2) * valid).sum()\n    loss = loss / valid.sum()",
+    "    loss = (((model(x) - t) ** 2) * valid).sum()\n    loss /= valid.sum()",
+    "    n_valid = valid.sum()\n    loss = (((model(x) - t) ** 2) * valid).sum() / n_valid.clamp(min=1)",
+    "    loss = nn.functional.mse_loss(model(x) * valid, t * valid, reduction='sum') / valid.sum()",
+])
+def test_the_forms_of_a_count_divisor_are_listed(line):
+    """Review: ``torch.sum(mask)``, an epsilon, the division on a line of its own, a clamped count bound above, a
+    summed criterion (said as a count, not as a sum to multiply by the world size)."""
+    lines = MASKED_LOOP.replace("import torch\n", "import torch\nfrom torch import nn\n").splitlines()
+    at = next(i for i, text in enumerate(lines) if text.startswith("    loss = "))
+    text = "\n".join(lines[:at] + line.splitlines() + lines[at + 1:]) + "\n"
+    p = plan(text.replace("    acc = ((model(x) > 0) == (t > 0)).float().sum() / valid.sum()\n", ""))
+    assert [x for x in p.left if "a count its step takes" in x.what], p.left
+    assert not [x for x in p.left if "a sum over the batch, not a mean" in x.what], p.left
+    if "clamp" in line:
+        assert "ddpkit.reduce(valid.sum(), op='mean') (a clamp or an epsilon" in p.left[0].fix, p.left
+
+
+COUNT_ELSEWHERE = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def masked_mse_loss(pred, target, mask):
+    return (((pred - target) ** 2) * mask).sum() / mask.sum()
+
+
+def loss_stats(p, t):
+    right = (p.argmax(1) == t.argmax(1))
+    return right.sum().float() / (t > -9).sum()
+
+
+def evaluate_loss(model, loader):
+    model.eval()
+    total = 0.0
+    for x, y in loader:
+        m = y != 0
+        total += (((model(x) - y) ** 2) * m).sum() / m.sum()
+    return total
+
+
+model = torch.nn.Linear(6, 6)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+X, T = torch.randn(32, 6), torch.randn(32, 6)
+n_valid = (T > 0).sum()
+data = TensorDataset(X, (torch.rand(32, 6) > 0.5).float(), T)
+for epoch in range(2):
+    for x, valid, t in DataLoader(data, batch_size=8, shuffle=True):
+        opt.zero_grad()
+        loss = FORM
+        loss.backward()
+        opt.step()
+        print(loss_stats(model(x), t), (((model(x) - t) ** 2) * valid).sum().item() / valid.sum().item())
+    model.eval()
+    for x, valid, t in DataLoader(data, batch_size=8):
+        val_loss = (((model(x) - t) ** 2) * valid).sum() / valid.sum()
+'''
+
+
+@pytest.mark.parametrize("form, line", [("masked_mse_loss(model(x), t, valid)", 6),
+                                        ("(((model(x) - t) ** 2) * (t > 0)).sum() / n_valid", None)])
+def test_a_count_is_listed_in_a_loss_function_and_not_in_a_metric_an_evaluation_or_the_datasets(form, line):
+    """Review: a masked loss helper handed the mask is the common form; an accuracy in ``loss_stats``, a value
+    logged with ``.item()``, a count taken over the whole dataset before the loop (the same on every rank), an
+    evaluation function (``model.eval()``) and an evaluation loop inside the epoch loop are not listed."""
+    p = plan(COUNT_ELSEWHERE.replace("FORM", form))
+    assert [x.line for x in p.left if "a count its step takes" in x.what] == ([line] if line else []), p.left

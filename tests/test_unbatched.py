@@ -68,7 +68,7 @@ class Net(nn.Module):  # closeheat's text generator: (batch, seq) ids, embedded,
         e = self.embedding(x)
         if "--time-major" in sys.argv:  # (seq, batch, features): what batch_first=False reads
             e = e.transpose(0, 1)
-        h, _ = self.lstm(e)
+        h, _ = self.lstm(input=e) if "--keyword" in sys.argv else self.lstm(e)
         return self.out(h)
 
 
@@ -88,9 +88,30 @@ def test_a_batch_major_input_to_a_time_major_lstm_is_said_once_and_a_time_major_
     batch_first: the recurrence runs across the batch's samples, each rank's share at N processes (verify FAILed,
     nothing said why). The loader's batch per process (6) on the time axis, not on the batch axis: said."""
     (tmp_path / "train.py").write_text(TIME_MAJOR)
-    r = ok(launch(tmp_path / "train.py", timeout=120, cwd=tmp_path))
+    r = ok(launch(tmp_path / "train.py", "--keyword", timeout=120, cwd=tmp_path))  # (``self.lstm(input=e)``)
     said = [line for line in r.stderr.splitlines() if "batch_first=False) got" in line]
     assert len(said) == 1 and "'lstm' (LSTM, batch_first=False) got (6, 3, 4)" in said[0], r.stderr[-3000:]
     assert "6 is the training loader's batch per process" in said[0], said
     r = ok(launch(tmp_path / "train.py", "--time-major", timeout=120, cwd=tmp_path))
     assert "batch_first=False) got" not in r.stderr and "done" in r.stdout, r.stderr[-3000:]
+
+
+def test_a_time_major_input_whose_batch_axis_folds_the_batch_is_not_said():
+    """Review: a hierarchical model's ``(words, batch x sentences, features)`` with as many words as the batch is
+    time-major, right; and the batch size of a sweep's earlier run is forgotten (the last loader's only)."""
+    import torch
+    from torch import nn
+
+    from ddpkit.core import process
+    from ddpkit.strategies.unbatched import _batch_as_time
+
+    lstm, proc = nn.LSTM(4, 8), process.current()
+    before = proc.train_batch
+    try:
+        proc.train_batch = 4
+        assert _batch_as_time(lstm, torch.zeros(4, 3, 4)) and not _batch_as_time(lstm, torch.zeros(4, 12, 4))
+        assert not _batch_as_time(nn.LSTM(4, 8, batch_first=True), torch.zeros(4, 3, 4))
+        proc.train_batch = 6  # (a second run of a sweep: 4 no longer counts)
+        assert not _batch_as_time(lstm, torch.zeros(4, 3, 4)) and _batch_as_time(lstm, torch.zeros(6, 4, 4))
+    finally:
+        proc.train_batch = before

@@ -78,8 +78,8 @@ class Process:
     prepared: int = 0  # models through ddpkit.prepare_model: sharded training batches need one (data.unprepared)
     step_checked: bool = False  # data.unprepared looked at this run's first optimizer step
     sharding: bool = False  # a training loader of ddpkit.data_loader was built (data.unprepared)
-    train_batches: set[int] = dataclasses.field(default_factory=set)  # per-process batch sizes of the training
-    # loaders built: a recurrent layer's time axis of that size is a batch read as time (strategies.unbatched)
+    train_batch: int | None = None  # the per-process batch of the last training loader built: a recurrent
+    # layer's time axis of that size is a batch read as time (strategies.unbatched)
     groups: int = 0  # the process groups this process started: each one's exit keys in the store apart
     store: Any = None  # the group's store, held: it outlives a destroy_process_group() of the script's
     # called by ddpkit's DDP wrapper as its forward starts (True: before its buffer broadcast) and as the module's

@@ -125,7 +125,7 @@ def data_loader(dataset: Any, batch_size: int | None = None, *, global_batch_siz
     sampler_uneven = "join"  # evaluation: no sample repeated or left out
     if train:
         batch_size = tools.train_batch(batch_size, global_batch_size is not None)  # verify: the global batch
-        process.current().train_batches.add(batch_size)  # (an RNN whose time axis is this size: strategies.unbatched)
+        process.current().train_batch = batch_size  # (an RNN whose time axis is this size: strategies.unbatched)
         sampler_uneven = tools.uneven(uneven)
     multiple = tools.multiple()  # verify: both runs keep a multiple of N samples (with "drop": training)
     sampler = ShardSampler(len(dataset), state.rank, state.world_size, shuffle, seed, sampler_uneven,
@@ -180,6 +180,7 @@ def _step_loader(dataset: Any, global_batch: int | None, micro: int | None, accu
                                  drop_last=bool(loader_kwargs.pop("drop_last", False)))
     loader = GlobalBatchLoader(dataset, sampler, count, **_with_defaults(dataset, state, seed, loader_kwargs))
     largest = max(max(shape.mine(sampler.rank)) for shape in sampler.shapes(0)) if len(loader) else 0
+    process.current().train_batch = largest or None  # (strategies.unbatched: a micro-batch read as time)
     processes = f"{share} process{'es' if share != 1 else ''}"
     _announce(loader, state, tools, global_batch, f"global batch {global_batch} over {processes} in "
               f"{loader.micro_steps} micro-step{'s' if loader.micro_steps != 1 else ''} of <= {largest} per "
@@ -265,7 +266,7 @@ def _stream_loader(dataset: IterableDataset, batch_size: int, state: State, tool
         loader_kwargs.setdefault("pin_memory", True)
     if train:
         batch_size = tools.train_batch(batch_size, given_globally)
-        process.current().train_batches.add(batch_size)
+        process.current().train_batch = batch_size
     loader = streams.stream_loader(dataset, batch_size, state, train=train, uneven=uneven,
                                    shuffle=train if shuffle is None else shuffle, seed=seed,
                                    shuffle_buffer=shuffle_buffer,

@@ -46,16 +46,16 @@ def watch(model: nn.Module, world_size: int) -> None:
     for name, module in model.named_modules():
         if isinstance(module, nn.RNNBase):
             module.register_forward_pre_hook(functools.partial(_first, name=name or "the model",
-                                                               world_size=world_size))
+                                                               world_size=world_size), with_kwargs=True)
 
 
-def _first(module: nn.Module, args: tuple, name: str, world_size: int) -> None:
+def _first(module: nn.Module, args: tuple, kwargs: dict, name: str, world_size: int) -> None:
     if not module.training:
         return
     hooks = module._forward_pre_hooks
     for key in [k for k, h in hooks.items() if getattr(h, "func", None) is _first]:
         del hooks[key]
-    x = args[0] if args else None
+    x = args[0] if args else kwargs.get("input")  # (``self.lstm(input=x)``)
     if isinstance(x, torch.Tensor) and x.dim() == 2:
         warnings.warn(
             f"ddpkit: {name!r} ({type(module).__name__}) got a 2-D input {tuple(x.shape)}: torch reads it as one "
@@ -74,8 +74,9 @@ def _first(module: nn.Module, args: tuple, name: str, world_size: int) -> None:
 
 
 def _batch_as_time(module: nn.Module, x: torch.Tensor) -> bool:
-    """A 3-D input whose time axis (``batch_first=False``) has a training loader's per-process batch size and whose
-    batch axis has none (the same size on both: nothing can be told)."""
-    batches = process.current().train_batches
-    return x.dim() == 3 and not getattr(module, "batch_first", True) and x.shape[0] in batches and \
-        x.shape[1] not in batches
+    """A 3-D input whose time axis (``batch_first=False``) has the last training loader's per-process batch size
+    and whose batch axis is no multiple of it (the same size on both, or a batch folded into it: nothing told)."""
+    batch = process.current().train_batch
+    # (the second axis a multiple of the batch: a hierarchical model's (words, batch x sentences, ...), time-major)
+    return batch is not None and x.dim() == 3 and not getattr(module, "batch_first", True) and \
+        x.shape[0] == batch and x.shape[1] % batch != 0

@@ -89,7 +89,7 @@ def _batch_mean(work: _Work, loop: Loop, call: cst.Call, line: int) -> bool:
 
 
 def _loss_value(value: Any) -> str | None:
-    """``loss.item()``, ``float(loss)``, ``loss.detach().cpu().item()``: the name (:func:`sums.loss_name`), else
+    """``loss.item()``, ``float(loss)``, ``loss.detach().cpu().item()``: the name (:func:`.batchmeans.loss_name`), else
     None; a number only, not ``loss.detach()`` (a tensor the script may ``torch.stack``: review)."""
     number = isinstance(value, cst.Call) and (
         isinstance(value.func, cst.Attribute) and value.func.attr.value == "item" or dotted(value.func) == "float")
@@ -97,7 +97,7 @@ def _loss_value(value: Any) -> str | None:
 
 
 def _means(work: _Work, loop: Loop) -> set[str]:
-    """The names backward is called on whose value is a mean criterion's (:func:`sums.mean_criterion`)."""
+    """The names backward is called on whose value is a mean criterion's (:func:`.batchmeans.mean_criterion`)."""
     return {loss for loss in stepped_losses(loop) if mean_criterion(work.facts, loop, loss)}
 
 

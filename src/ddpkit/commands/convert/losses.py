@@ -21,7 +21,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.check.rules import OPTIMIZERS
-from ddpkit.commands.convert import flow
+from ddpkit.commands.convert import counted, flow
 from ddpkit.commands.convert.flow import callee
 from ddpkit.commands.convert.names import dotted
 from ddpkit.commands.convert.tokens import over_tokens
@@ -65,6 +65,8 @@ def summed_loss(work: _Work) -> None:
                                        or any(dotted(c.node.func) in bound and c.loops and id(c.loops[-1])
                                               in training and not c.no_grad for c in work.facts.calls))
         if summed_reduction and over_tokens(work, call):  # (divided by the kept tokens: tokens.py lists it)
+            continue
+        if (summed_backward or summed_reduction) and counted.divided_by_count(work, call.line):  # (counted.py's)
             continue
         if summed_backward or summed_reduction and trains:
             work.leave(call.line, SUMMED, "average it (reduction='mean', loss.mean()), or keep the sum and multiply "

@@ -80,10 +80,12 @@ def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str
         return None
     candidates = [n for n, _ in loop.augmented if "." not in n] + indexed(loop)
     named = loop.iter_names - built_from(loop)  # (``len(test)`` of ``DataLoader(test, ...)``: the dataset's size)
-    if not training:
-        candidates += [n for n in loop.counted if "." not in n] + [
-            b.target for b in facts.bindings if b.scope is loop.scope and isinstance(b.value, cst.Call)
+    # the loop's batches counted: ``num_batches = len(dataloader)``, ``n += 1`` (a mean over batches divides by one)
+    lens = [b.target for b in facts.bindings if b.scope is loop.scope and isinstance(b.value, cst.Call)
             and dotted(b.value.func) == "len" and b.value.args and dotted(b.value.args[0].value) in named]
+    if not training:
+        candidates += [n for n in loop.counted if "." not in n] + lens
+    counts = set(lens) | set(loop.counted)
     plans: dict[int, Reduction] = {}
     samples = sample_counts(loop) if training else set()
     loaders = set(loop.iter_names)
@@ -115,7 +117,7 @@ def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str
             return None  # ``total / (i + 1)``: i counts this rank's batches only
         elif summed_means(facts, loop, name) and not any(
                 c.name == "len" and c.stmt in readers and c.node.args and dotted(c.node.args[0].value) in named
-                for c in facts.calls):
+                for c in facts.calls) and not any(s is not None and names_in(s) & counts for s in readers):
             return None  # LeNet-5's ``avg_loss += criterion(out, y).sum()`` over ``len(test_set)``: batch means
         entry = plans.setdefault(id(anchor), Reduction(anchor, [], [], set()))
         entry.names.append(name)
