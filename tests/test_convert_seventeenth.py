@@ -468,3 +468,60 @@ def test_a_count_is_listed_in_a_loss_function_and_not_in_a_metric_an_evaluation_
     evaluation function (``model.eval()``) and an evaluation loop inside the epoch loop are not listed."""
     p = plan(COUNT_ELSEWHERE.replace("FORM", form))
     assert [x.line for x in p.left if "a count its step takes" in x.what] == ([line] if line else []), p.left
+
+
+def test_a_model_built_with_the_batch_size_keeps_the_batch_per_process_and_says_so():
+    """Hierarchical-attention-networks: ``HierAttNet(..., opt.batch_size, ...)`` sizes its GRU state for the batch;
+    converted to a global batch, each rank's half-batch crashed at step 1 ("Expected hidden size (1, 4, 6)")."""
+    p = plan('''import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Net(nn.Module):
+    def __init__(self, batch_size):
+        super().__init__()
+        self.gru = nn.GRU(4, 6, batch_first=True)
+        self.h = torch.zeros(1, batch_size, 6)
+        self.fc = nn.Linear(6, 2)
+
+    def forward(self, x):
+        return self.fc(self.gru(x, self.h)[0][:, -1])
+
+
+batch_size = 8
+loader = DataLoader(TensorDataset(torch.randn(32, 5, 4), torch.randint(0, 2, (32,))), batch_size=batch_size,
+                    shuffle=True, drop_last=True)
+model = Net(batch_size)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+''')
+    said = [x for x in p.left if "kept per process" in x.what]
+    assert said and "the model is built with it at line 20 (Net(...))" in said[0].what, p.left
+    assert "global_batch_size" not in p.text and "ddpkit.data_loader(" in p.text, p.text
+
+
+def test_a_sample_count_made_from_the_batch_and_printed_in_the_loop_is_said():
+    """PyTorch's quickstart: ``loss, current = loss.item(), (batch + 1) * len(X)`` printed as ``[current/size]``:
+    rank 0's count, [32/300] where one process prints [64/300]; unsaid."""
+    p = plan('''import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+loader = DataLoader(TensorDataset(torch.randn(300, 4), torch.randint(0, 2, (300,))), batch_size=64)
+model = nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+size = len(loader.dataset)
+for batch, (X, y) in enumerate(loader):
+    loss = nn.functional.cross_entropy(model(X), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    if batch % 2 == 0:
+        loss, current = loss.item(), (batch + 1) * len(X)
+        print(f"loss: {loss:>7f}  [{current:>5d}/{size:>5d}]")
+''')
+    assert [k.line for k in p.kept if "a count of this rank's samples" in k.what] == [16], p.kept

@@ -69,9 +69,12 @@ def global_batch(work: _Work, call: Call, loops: list[Loop]
         return None, frozenset()
     names = _names(work, call, given.value) | ({code(given.value)} if isinstance(given.value, cst.Subscript) else set())
     read = _read_in_training(work, names, loops, call)
-    if read is not None:
-        work.leave(call.line, f"batch_size={size} kept per process (a global batch of {size} x N): the training "
-                   f"loop reads {read[0]} at line {read[1]}, sized for a batch of {size}, and each process would "
+    built = _built_with(work, names) if read is None else None
+    if read is not None or built is not None:
+        why = f"the training loop reads {read[0]} at line {read[1]}" if read is not None else \
+            f"the model is built with it at line {built[1]} ({built[0]})" if built is not None else ""
+        work.leave(call.line, f"batch_size={size} kept per process (a global batch of {size} x N): {why}, sized "
+                   f"for a batch of {size}, and each process would "
                    f"take {size}/N", "size it from the batch itself (x.size(0)), then convert again; or pass "
                    "--per-process-batch to keep the per-process batch (and scale the learning rate yourself)")
         return None, frozenset()
@@ -86,6 +89,17 @@ def global_batch(work: _Work, call: Call, loops: list[Loop]
     _attribute_reads(work, call, given.value, loops)
     _shown_rates(work, names, loops)
     return (_rename if spread is None else None), frozenset(names)
+
+
+def _built_with(work: _Work, names: set[str]) -> tuple[str, int] | None:
+    """The model is built with the batch size (HAN's ``HierAttNet(..., opt.batch_size, ...)`` sizes its recurrent
+    state for that batch): the constructor's call and its line."""
+    for model in work.models:
+        for made in m.findall(model.value, m.Call()) if model.value is not None else []:
+            assert isinstance(made, cst.Call)
+            if any(names_in(a.value) & names for a in made.args):
+                return f"{work.facts.code(made.func)}(...)", model.line
+    return None
 
 
 def _spread(work: _Work, call: Call) -> tuple[cst.SimpleString, cst.DictElement, str] | None:

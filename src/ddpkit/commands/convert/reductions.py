@@ -107,6 +107,8 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
         plans += [(summed_as_training, p) for p in plan or []]
         if summed_as_training and not plan:  # (PyHessian's bar: ``set_postfix(loss=train_loss / total)``)
             _running_shown(work, loop, [n for n, _ in loop.augmented], after=False)
+        if summed_as_training:
+            _count_shown(work, loop)
     pickers = [lp for lp in work.facts.loops if when is not None and lp.targets == {when[0]}]
     for summed_as_training, (anchor, names, lens, averaged) in plans:
         split = when if any(p is o for p in pickers for o in anchor.outer) else None  # (one split's sum: its test)
@@ -233,6 +235,24 @@ def _running_shown(work: _Work, loop: Loop, names: list[str], after: bool = True
             work.keep(call.line, f"{bar}.update(...) counts this rank's samples", f"at N processes {bar} ends at 1/N "
                       "of its total (rank 0's on screen): each rank takes its share of every batch")
             return
+
+
+def _count_shown(work: _Work, loop: Loop) -> None:
+    """A count of the samples so far made in the loop from this rank's batch and shown there (PyTorch's quickstart:
+    ``current = (batch + 1) * len(X)`` in ``print(f"[{current:>5d}/{size:>5d}]")``): rank 0's, half the samples at 2
+    processes; said once a loop."""
+    sized = {f"len({t})" for t in loop.targets} | {f"{t}.size(0)" for t in loop.targets} | \
+        {f"{t}.shape[0]" for t in loop.targets}
+    made = {b.target: b for b in work.facts.bindings if b.scope is loop.scope and loop.line < b.line <= loop.end
+            and b.value is not None and any(z in work.facts.code(b.value).replace(" ", "") for z in sized)}
+    for call in loop.calls:
+        if call.last in ("print", "info", "write", "set_description") and call.line > loop.line:
+            shown = sorted({n for a in call.node.args for n in names_in(a.value)} & set(made))
+            if shown:
+                work.keep(call.line, f"{call.last}(...) in the loop shows {shown[0]}, a count of this rank's samples",
+                          "at N processes each rank takes 1/N of every batch: the count is rank 0's share (the "
+                          "steps are the same)")
+                return
 
 
 def _counted_bar(work: _Work, bar: str) -> bool:
