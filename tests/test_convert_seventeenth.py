@@ -525,3 +525,28 @@ for batch, (X, y) in enumerate(loader):
         print(f"loss: {loss:>7f}  [{current:>5d}/{size:>5d}]")
 ''')
     assert [k.line for k in p.kept if "a count of this rank's samples" in k.what] == [16], p.kept
+
+
+def test_a_refusal_names_the_results_an_evaluation_keeps_not_its_timer():
+    """MixMatch: the Train Stats evaluation over the training loader was refused naming ``data_time`` (a timer
+    meter updated first), not the losses it keeps."""
+    p = plan('''import torch
+from torch.utils.data import DataLoader, TensorDataset
+from utils import AverageMeter
+
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,))), batch_size=4, shuffle=True)
+for x, y in loader:
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+data_time, losses = AverageMeter(), AverageMeter()
+with torch.no_grad():
+    for x, y in loader:
+        data_time.update(0.1)
+        losses.update(torch.nn.functional.cross_entropy(model(x), y).item(), x.size(0))
+print(losses.avg)
+''')
+    said = [x.what for x in p.left if "keeps per-batch results" in x.what]
+    assert said and "results in losses" in said[0], p.left

@@ -67,7 +67,9 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
                            "they were made with (zeros)", "ddpkit.gather(...) each batch's results and fill the "
                            "slots from them on every rank, or report a sum ddpkit.reduce(...) makes every rank's")
         items = indexed(loop)  # ``hist[epoch] += ...``: a sum, one item per epoch, not rows kept
-        stored = next((s for s in loop.stored if s[0] not in items), None) if not summed_as_training else None
+        # (the results, not a timer: MixMatch's ``data_time.update(...)`` comes before ``losses.update(...)``)
+        kept_rows = sorted((s for s in loop.stored if s[0] not in items), key=lambda s: "time" in s[0].lower())
+        stored = next(iter(kept_rows), None) if not summed_as_training else None
         if stored is None and not summed_as_training:  # dlwpt's ``computeBatchLoss(..., metrics_g)``: slots filled
             stored = _filled_by_callee(work, loop)
         if stored is None and not summed_as_training:  # ``results += [(id, p) ...]``: rows kept in a list
