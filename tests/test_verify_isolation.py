@@ -85,3 +85,17 @@ def test_a_named_pipe_a_run_leaves_is_not_opened_and_a_tree_too_big_to_list_is_s
                 timeout=300, cwd=str(tmp_path))
     assert f"more than {isolate.LIMIT} files under" in r.stderr and "folder of the script's code alone" in r.stderr, \
         r.stderr[-2000:]
+
+
+def test_the_tensorboard_log_a_run_leaves_is_removed_with_its_folder(tmp_path):
+    """pixel-cnn-pp refuses to start when ``runs/<name>`` exists: verify's one-process run left it, and the
+    N-process run stopped on "already exists!" (the seventeenth held-out set)."""
+    from ddpkit.commands.verify.isolate import listing, undo
+
+    (tmp_path / "data.csv").write_text("x")
+    before = listing([str(tmp_path)])
+    (tmp_path / "runs" / "pixelcnn").mkdir(parents=True)
+    (tmp_path / "runs" / "pixelcnn" / "events.out.tfevents.1765000000.host.1.0").write_bytes(b"\x00" * 16)
+    removed, _ = undo(before)
+    assert [p.rsplit("/", 1)[-1] for p in removed] == ["events.out.tfevents.1765000000.host.1.0"], removed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.csv"]

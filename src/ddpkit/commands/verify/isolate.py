@@ -4,9 +4,9 @@ A script that saves a checkpoint and resumes from it when it is there (Beta-VAE'
 ``if os.path.exists(ckpt): load``) would otherwise make the N-process run resume from the one-process run's
 checkpoint, and compare a run of K steps with one of none; and a user's next real run would resume from verify's
 5-step checkpoint. So the files under the working directory and the script's folder are listed before each run,
-and the new ``torch.save`` archives it leaves (a zip with a ``data.pkl``: what ``torch.save`` writes) are removed
-after it, with the folders it made that are then empty. Anything else stays: a dataset the run downloaded is read
-again by the next run, not fetched again. A checkpoint that was there before and that a run changed cannot be put
+and the new ``torch.save`` archives it leaves (a zip with a ``data.pkl``: what ``torch.save`` writes) and
+TensorBoard event files are removed after it, with the folders it made that are then empty. Anything else stays:
+a dataset the run downloaded is read again by the next run, not fetched again. A checkpoint that was there before and that a run changed cannot be put
 back: it is named, once. What is removed is said, by path: another process of the user that saves a checkpoint in
 the same folder while verify runs would lose it (its file looks like the run's), and would read why. A tree of more
 than 20000 files is not listed (a dataset beside the script): said, and nothing is removed.
@@ -81,7 +81,7 @@ def undo(before: Listing) -> tuple[list[str], list[str]]:
         elif stat is None or not stat_module.S_ISREG(stat.st_mode):  # a pipe, a socket: opening it could block
             continue
         elif path not in before.files:
-            if stat.st_mtime_ns >= before.started - COARSE_NS and _saved(path):
+            if stat.st_mtime_ns >= before.started - COARSE_NS and (_saved(path) or _events(path)):
                 _remove(path)
                 removed.append(path)
         elif (stat.st_size, stat.st_mtime_ns) != before.files[path] and _saved(path):
@@ -118,6 +118,13 @@ def _saved(path: str) -> bool:
             return any(name == "data.pkl" or name.endswith("/data.pkl") for name in archive.namelist()[:64])
     except (OSError, zipfile.BadZipFile, ValueError):
         return False
+
+
+def _events(path: str) -> bool:
+    """A TensorBoard event file (``events.out.tfevents.<time>.<host>...``): the run's log, not data. A script that
+    refuses to start when its log folder exists (pixel-cnn-pp's ``runs/<name> already exists!``) would stop verify's
+    next run on the one before's."""
+    return os.path.basename(path).startswith("events.out.tfevents.")
 
 
 def _remove(path: str) -> None:
