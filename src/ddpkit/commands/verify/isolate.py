@@ -6,10 +6,11 @@ checkpoint, and compare a run of K steps with one of none; and a user's next rea
 5-step checkpoint. So the files under the working directory and the script's folder are listed before each run,
 and the new ``torch.save`` archives it leaves (a zip with a ``data.pkl``: what ``torch.save`` writes) and
 TensorBoard event files are removed after it, with the folders it made that are then empty. Anything else stays:
-a dataset the run downloaded is read again by the next run, not fetched again. A checkpoint that was there before and that a run changed cannot be put
-back: it is named, once. What is removed is said, by path: another process of the user that saves a checkpoint in
-the same folder while verify runs would lose it (its file looks like the run's), and would read why. A tree of more
-than 20000 files is not listed (a dataset beside the script): said, and nothing is removed.
+a dataset the run downloaded is read again by the next run, not fetched again. A checkpoint that was there before
+and that a run changed cannot be put back: it is named, once. What is removed is said, by path: another process of
+the user that saves a checkpoint in the same folder while verify runs would lose it (its file looks like the run's),
+and would read why. A tree of more than 20000 files is not listed (a dataset beside the script): said, and nothing
+is removed.
 
 Example::
 
