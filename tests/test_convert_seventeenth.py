@@ -226,6 +226,9 @@ def test_a_bars_running_sums_and_sample_count_are_said_to_be_this_ranks():
     said = {k.line: k.what for k in p.kept}
     assert "shows correct, total, train_loss as each step leaves them" in said.get(20, ""), p.kept
     assert "bar.update(...) counts this rank's samples" in said.get(21, ""), p.kept
+    stepped = plan(BAR.replace("total=len(loader.dataset)", "total=len(loader)").replace("update(y.size(0))",
+                                                                                      "update(1)"))
+    assert not [k for k in stepped.kept if "counts this rank's samples" in k.what], stepped.kept  # (every rank: all)
 
 
 def test_a_sample_count_printed_alone_after_training_is_every_ranks():
@@ -250,6 +253,7 @@ loader = DataLoader(TensorDataset(torch.rand(6, 1, 8, 8), torch.randint(0, 2, (6
                     shuffle=True)
 net = nn.Conv2d(1, 2, 3, padding=1)
 opt = torch.optim.Adam(net.parameters())
+fixed = torch.rand(1, 1, 8, 8)
 for i, (image, seg) in enumerate(loader):
     out = net(image)
     loss = nn.functional.cross_entropy(out, seg)
@@ -260,16 +264,18 @@ for i, (image, seg) in enumerate(loader):
     save_image(torch.stack([seg[0].unsqueeze(0).float(), pred]), f"train_image/{i}.png")
     if i == 0:
         save_image(image, "first_batch.png")
+    save_image(net(fixed), f"fixed/{i}.png")
 '''
 
 
 def test_a_picture_of_each_steps_batch_named_by_the_step_is_listed():
-    """pytorch-UNet: ``save_image(img, f'{save_path}/{i}.png')`` each step: guarded, rank 0 wrote 3 of the 6 files
-    (its samples only) under "every rank holds the same results"."""
+    """pytorch-UNet: ``save_image(img, f'{save_path}/{i}.png')`` each step: guarded, rank 0's samples only (with its
+    per-process batch of 1, 3 of the 6 files) under "every rank holds the same results". Not a picture of fixed
+    noise (review 23), not one a step's batch plays no part in."""
     p = plan(STEP_IMAGES)
-    assert [x.line for x in p.left] == [17] and "1/N of the files" in p.left[0].what, p.left
+    assert [x.line for x in p.left] == [18] and "rank 0's share of the batch" in p.left[0].what, p.left
     why = {e.line: e.why for e in p.edits}
-    assert "rank 0's share of the step's batch" in why[17] and "rank 0's share of the step's batch" in why[19], why
+    assert "rank 0's share of the step's batch" in why[18] and "rank 0's share of the step's batch" in why[20], why
 
 
 STOPPER = '''import torch
@@ -382,6 +388,8 @@ def test_a_device_handed_to_the_trainer_is_the_callers_not_a_refusal():
     p = plan(TRAINER)
     assert not p.refused and "self.net = ddpkit.prepare_model(nn.Linear(4, 1))" in p.text, p.left
     assert any("handed in by the caller" in k.what for k in p.kept), p.kept
+    for caller in ("Trainer(device='cuda:0')", "Trainer()"):  # (review 23: a caller here fixing it, or the default)
+        assert plan(TRAINER + f"\n\n{caller}.fit(torch.randn(8, 4), torch.randn(8, 1))\n").refused, caller
 
 
 def test_indentation_mixing_tabs_and_spaces_python_reads_is_converted(tmp_path):
@@ -550,3 +558,15 @@ print(losses.avg)
 ''')
     said = [x.what for x in p.left if "keeps per-batch results" in x.what]
     assert said and "results in losses" in said[0], p.left
+
+
+def test_a_resave_inside_a_block_waits_before_the_block():
+    """Review 23: the re-save under ``if True:`` got no barrier between the read and rank 0's write."""
+    from ddpkit.commands.convert.crossing import settle
+
+    resaved = RESAVED.replace('torch.save(model.state_dict(), path + "/checkpoint.pth")',
+                              'if path:\n    torch.save(model.state_dict(), path + "/checkpoint.pth")')
+    files = {"tools.py": STOPPER, "train.py": resaved}
+    lines = settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))["train.py"].text.splitlines()
+    at = next(i for i, line in enumerate(lines) if "torch.load(" in line)
+    assert lines[at + 1:at + 3] == ["ddpkit.barrier()", "if path:"], "\n".join(lines)

@@ -96,9 +96,9 @@ def test_a_batch_major_input_to_a_time_major_lstm_is_said_once_and_a_time_major_
     assert "batch_first=False) got" not in r.stderr and "done" in r.stdout, r.stderr[-3000:]
 
 
-def test_a_time_major_input_whose_batch_axis_folds_the_batch_is_not_said():
-    """Review: a hierarchical model's ``(words, batch x sentences, features)`` with as many words as the batch is
-    time-major, right; and the batch size of a sweep's earlier run is forgotten (the last loader's only)."""
+def test_the_batch_on_the_time_axis_is_told_by_the_last_training_loader():
+    """Reviews: a sequence length that is a multiple of the batch is said (review 23: the common case); the batch
+    size of a sweep's earlier run is forgotten (the last loader's only)."""
     import torch
     from torch import nn
 
@@ -109,7 +109,8 @@ def test_a_time_major_input_whose_batch_axis_folds_the_batch_is_not_said():
     before = proc.train_batch
     try:
         proc.train_batch = 4
-        assert _batch_as_time(lstm, torch.zeros(4, 3, 4)) and not _batch_as_time(lstm, torch.zeros(4, 12, 4))
+        assert _batch_as_time(lstm, torch.zeros(4, 3, 4)) and _batch_as_time(lstm, torch.zeros(4, 32, 4))
+        assert not _batch_as_time(lstm, torch.zeros(4, 4, 4))  # (the same size on both axes: nothing told)
         assert not _batch_as_time(nn.LSTM(4, 8, batch_first=True), torch.zeros(4, 3, 4))
         proc.train_batch = 6  # (a second run of a sweep: 4 no longer counts)
         assert not _batch_as_time(lstm, torch.zeros(4, 3, 4)) and _batch_as_time(lstm, torch.zeros(6, 4, 4))

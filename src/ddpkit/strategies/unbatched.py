@@ -69,14 +69,16 @@ def _first(module: nn.Module, args: tuple, kwargs: dict, name: str, world_size: 
             f"first axis as time, and {x.shape[0]} is the training loader's batch per process, so each of the "
             f"{world_size} processes runs the recurrence across its share of the batch's samples and the training "
             "differs from one process's; if the input is (batch, seq, features), pass batch_first=True to "
-            f"{type(module).__name__} (its hidden state stays (layers, batch, hidden)), or x.transpose(0, 1)",
+            f"{type(module).__name__} (its hidden state stays (layers, batch, hidden)), or x.transpose(0, 1)" +
+            (f"; if its second axis folds the batch with another ({x.shape[1]} = {x.shape[0]} x "
+             f"{x.shape[1] // x.shape[0]}, a hierarchical model's words of each sentence), this is right"
+             if x.shape[1] % x.shape[0] == 0 else ""),
             stacklevel=2)
 
 
 def _batch_as_time(module: nn.Module, x: torch.Tensor) -> bool:
     """A 3-D input whose time axis (``batch_first=False``) has the last training loader's per-process batch size
-    and whose batch axis is no multiple of it (the same size on both, or a batch folded into it: nothing told)."""
+    and whose batch axis has not (the same size on both: nothing can be told)."""
     batch = process.current().train_batch
-    # (the second axis a multiple of the batch: a hierarchical model's (words, batch x sentences, ...), time-major)
     return batch is not None and x.dim() == 3 and not getattr(module, "batch_first", True) and \
-        x.shape[0] == batch and x.shape[1] % batch != 0
+        x.shape[0] == batch and x.shape[1] != batch

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import difflib
 import io
 import json
@@ -107,7 +108,8 @@ def convert_file(path: str, per_process_batch: bool = False, crossing=None):
     result.edits.insert(0, Edit(1, "tabs in the indentation expanded to spaces", "the file mixes tabs and spaces "
                                 "in a way Python reads (a tab to the next multiple of 8) and libcst does not; the "
                                 "code is the same (its syntax trees compared)"))
-    return result, encoding
+    # (the diff and what is written are against the file as it is: review 23's ``--json`` diff did not apply)
+    return dataclasses.replace(result, source=source, text=source if result.refused else result.text), encoding
 
 
 def _tabs_expanded(source: str) -> str | None:

@@ -137,12 +137,13 @@ def _a_loss(stmt: cst.SimpleStatementLine, loops: list[Any]) -> bool:
 
 
 def _evaluates(facts: Facts, scope: Scope, line: int) -> bool:
-    """The line runs under ``no_grad``, or its function evaluates (``model.eval()`` in it, or eval / valid / test
-    in its name): an evaluation's loss, no step's."""
+    """The line runs under ``no_grad``, or its function evaluates and trains nothing itself (``model.eval()`` in it,
+    or eval / valid / test in its name): an evaluation's loss, no step's."""
     name = scope.name.rsplit(".", 1)[-1].lower()
+    trains = any(lp.scope is scope and flow.trains(facts, lp) for lp in facts.loops)  # (``train_and_validate``)
     return any(c.no_grad for c in facts.calls if c.scope is scope and c.line == line) or \
-        bool(scope.name) and (any(w in name for w in ("eval", "valid", "test")) or
-                              any(c.scope is scope and c.last == "eval" and not c.node.args for c in facts.calls))
+        bool(scope.name) and not trains and (any(w in name for w in ("eval", "valid", "test")) or any(
+            c.scope is scope and c.last == "eval" and not c.node.args for c in facts.calls))
 
 
 CRITERIA = ("loss_fn", "compute_loss", "calc_loss", "get_loss", "criterion")

@@ -23,7 +23,7 @@ import libcst.matchers as m
 from ddpkit.commands.check.rules import OPTIMIZERS
 from ddpkit.commands.convert import counted, flow
 from ddpkit.commands.convert.flow import callee
-from ddpkit.commands.convert.names import dotted
+from ddpkit.commands.convert.names import dotted, names_in
 from ddpkit.commands.convert.tokens import over_tokens
 
 _Work = Any  # the plan in the making (plan._Work): facts, edits, note, leave, models
@@ -92,7 +92,6 @@ def contrastive_loss(work: _Work) -> None:
                    "share of the batch only, another objective than one process's", "gather the embeddings across "
                    "ranks before comparing them (torch.distributed.nn.functional.all_gather keeps the gradient), or "
                    "keep it if that is acceptable")
-        return
     if not work.models:
         return
     for call in work.facts.calls:
@@ -153,21 +152,30 @@ _SOFTMAX = ("log_softmax", "cross_entropy", "logsumexp", "softmax", "nll_loss")
 
 
 def _in_batch(work: _Work) -> tuple[str, int] | None:
-    """A loss function of this file (``loss`` in its name) that joins two views on the batch axis (``torch.cat([z1,
-    z2], dim=0)``), compares every row with every other (``z @ z.T``, ``torch.matmul``) and takes a softmax over
-    them: an InfoNCE over the batch (ts2vec's ``instance_contrastive_loss``); its name and line."""
+    """A loss function of this file (``loss`` in its name) that joins two views on the batch axis (``z =
+    torch.cat([z1, z2], dim=0)``), compares that with itself (``z @ z.T``, ``torch.matmul(z, z.transpose(1, 2))``)
+    and takes a softmax: an InfoNCE over the batch (ts2vec's ``instance_contrastive_loss``); its name and line."""
+    lines = work.facts.module.code.splitlines()
     for scope in work.facts.scopes.values():
         name = scope.name.rsplit(".", 1)[-1]
         if "loss" not in name.lower() or not isinstance(scope.node, cst.FunctionDef):
             continue
         calls = [c for c in work.facts.calls if c.scope is scope]
-        joined = any(c.last in ("cat", "concat") and not any(
-            a.keyword is not None and a.keyword.value == "dim" and not (isinstance(a.value, cst.Integer) and
-                                                                        a.value.value == "0") for a in c.node.args)
-            and len([a for a in c.node.args if a.keyword is None]) == 1 for c in calls)
-        compared = any(c.last in _COMPARED for c in calls) or bool(
-            m.findall(scope.node, m.BinaryOperation(operator=m.MatrixMultiply())))
-        if joined and compared and any(c.last in _SOFTMAX for c in calls):
-            line = min((c.line for c in calls), default=0) - 1
-            return name, max(line, 1)
+        joined = {b.target for b in work.facts.bindings if b.scope is scope and isinstance(b.value, cst.Call) and
+                  any(c.node is b.value and c.last in ("cat", "concat") and _on_batch_axis(c.node) for c in calls)}
+        pairs = [(c.node.args[0].value, c.node.args[1].value) for c in calls if c.last in _COMPARED and
+                 len(c.node.args) >= 2] + [(o.left, o.right) for o in m.findall(
+                     scope.node, m.BinaryOperation(operator=m.MatrixMultiply())) if isinstance(o, cst.BinaryOperation)]
+        itself = any(names_in(a) & joined and names_in(b) & joined for a, b in pairs)
+        if itself and any(c.last in _SOFTMAX for c in calls):
+            at = next((n for n, text in enumerate(lines, 1) if text.lstrip().startswith(f"def {name}(")), 1)
+            return name, at
     return None
+
+
+def _on_batch_axis(call: cst.Call) -> bool:
+    """``torch.cat([a, b])``, ``torch.cat([a, b], dim=0)``, ``torch.cat([a, b], 0)``."""
+    rest = call.args[1:]
+    return all(isinstance(a.value, cst.Integer) and a.value.value == "0" and (a.keyword is None or
+                                                                            a.keyword.value in ("dim", "axis"))
+               for a in rest)

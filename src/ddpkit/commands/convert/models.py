@@ -293,10 +293,37 @@ def _handed_in(work: _Work, found: Binding) -> bool:
     converted caller makes ddpkit's; said as kept."""
     if not (isinstance(found.value, cst.Name) and found.value.value in found.scope.params):
         return False
+    param = found.value.value
+    node = found.scope.node
+    made = [c for c in work.facts.calls if found.scope.cls and found.scope.name.endswith(".__init__") and
+            dotted(c.node.func) == found.scope.cls]  # (``Trainer(device='cuda:0')`` in this file)
+    for call in made:
+        given = _argument(call.node, param, found.scope.params)
+        if given is None and isinstance(node, cst.FunctionDef):  # the default: ``device='cuda'``
+            given = next((p.default for p in node.params.params if p.name.value == param), None)
+        if given is None or _fixed(given) or dotted(given) is not None and \
+                not any(d.target == dotted(given) for d in work.devices):
+            return False  # a device the caller fixes (or one no device set-up here makes): as before, refused
     work.keep(found.line, f"{found.target} = {found.value.value}: the device the model and data move to is handed in "
               f"by the caller", "prepare_model puts the model on this rank's device: the caller should pass it "
               "(state.device; a device set-up ddpkit convert rewrites does)")
     return True
+
+
+def _argument(call: cst.Call, param: str, params: list[str]) -> cst.BaseExpression | None:
+    """What ``call`` passes for ``param`` (by name, or by its place after ``self``)."""
+    named = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == param), None)
+    if named is not None:
+        return named
+    positional = [a.value for a in call.args if a.keyword is None and not a.star]
+    at = params.index(param) - 1 if param in params and params[:1] == ["self"] else -1
+    return positional[at] if 0 <= at < len(positional) else None
+
+
+def _fixed(node: cst.BaseExpression) -> bool:
+    """A literal device: ``'cuda:0'``, ``torch.device('cuda')``."""
+    return isinstance(node, cst.SimpleString) or isinstance(node, cst.Call) and \
+        any(isinstance(a.value, cst.SimpleString) for a in node.args)
 
 
 def _handed_out(call: Call) -> bool:

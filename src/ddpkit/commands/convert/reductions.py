@@ -233,7 +233,8 @@ def _running_shown(work: _Work, loop: Loop, names: list[str], after: bool = True
     for call in loop.calls:
         bar = dotted(call.node.func.value) if call.last == "update" and isinstance(call.node.func, cst.Attribute) \
             else None
-        if bar is not None and call.node.args and _counted_bar(work, bar):
+        counted = call.node.args and names_in(call.node.args[0].value) & loop.targets  # (``update(y.size(0))``)
+        if bar is not None and counted and _counted_bar(work, bar):
             work.keep(call.line, f"{bar}.update(...) counts this rank's samples", f"at N processes {bar} ends at 1/N "
                       "of its total (rank 0's on screen): each rank takes its share of every batch")
             return

@@ -61,13 +61,29 @@ def reread(work: _Work) -> None:
         work.note("ddpkit.barrier() before the read", "a checkpoint saved during training by another module of the "
                   "project (rank 0's alone) is read here: every rank waits until it is written", load.line)
         again = next((s for s in saves if s.line > load.line and s.stmt is not None and not s.loops and
-                      (flow.in_body(s.stmt, s.scope) or in_main_block(work.facts.module, s.stmt))), None)
-        if again is not None and "ddpkit.barrier()" not in work.edits.before.get(id(again.stmt), []):
+                      s.scope is load.scope), None)
+        top = _holder(work, again) if again is not None else None
+        if again is not None and top is not None and "ddpkit.barrier()" not in work.edits.before.get(id(top), []):
             # (Crossformer loads the best model, then saves it again over the same path: rank 0 must not write
-            # while another rank still reads)
-            work.edits.before.setdefault(id(again.stmt), []).append("ddpkit.barrier()")
+            # while another rank still reads; before the block that holds the save, where every rank passes)
+            work.edits.before.setdefault(id(top), []).append("ddpkit.barrier()")
             work.note("ddpkit.barrier() before the save", f"the file read at line {load.line} may be the one written "
                       "here: every rank has read it before rank 0 writes it again", again.line)
+
+
+def _holder(work: _Work, save: Any) -> Any:
+    """The statement of the save's function body (or of the main block) that holds it: the save's own line, or
+    the ``if`` / ``with`` around it."""
+    node = save.scope.node
+    body = list(node.body.body) if isinstance(node, cst.FunctionDef) and isinstance(node.body, cst.IndentedBlock) \
+        else list(work.facts.module.body)
+    main = [top for top in body if isinstance(top, cst.If) and in_main_block(work.facts.module, save.stmt) and
+            isinstance(top.body, cst.IndentedBlock) and
+            any(s is save.stmt for s in m.findall(top, m.SimpleStatementLine()))]
+    if main:
+        body = list(main[0].body.body)
+    return next((top for top in body if top is save.stmt or any(s is save.stmt for s in m.findall(
+        top, m.SimpleStatementLine()))), None)
 
 
 def _after_training(work: _Work, load: Any) -> bool:

@@ -76,9 +76,9 @@ def writes(work: _Work) -> None:
                       "file race; what it shows is rank 0's share of the step's batch", call.line)
             if stepped:  # (pytorch-UNet's ``save_image(img, f'{save_path}/{i}.png')`` each step)
                 work.leave(call.line, f"{call.last}(...) writes {what} of each training step's batch under the step's "
-                           f"number ({stepped}): at N processes rank 0 writes its share's only, 1/N of the files",
-                           "name the file by the global sample (i * state.world_size + state.rank) and let every "
-                           "rank write its own (no guard), or keep rank 0's if a sample of them is enough")
+                           f"number ({stepped}): at N processes it shows rank 0's share of the batch (with a batch "
+                           "kept per process, rank 0's steps: 1/N of the files)", "gather the batch's pictures before "
+                           "the guarded write (ddpkit.gather(...)), or keep rank 0's if a sample of them is enough")
             backs.append((call, call.stmt))
     for call, stmt in sorted(backs, key=lambda back: branched(work, back[0])):
         _read_back(work, call, stmt)
@@ -115,8 +115,11 @@ def _of_the_step(work: _Work, call: Call) -> str | None:
     loop = next((lp for lp in reversed(call.loops) if flow.trains(work.facts, lp)), None)
     if loop is None or not call.node.args:
         return None
-    made = set(loop.targets) | {b.target for b in work.facts.bindings if b.scope is loop.scope and
-                                loop.line < b.line <= loop.end}
+    made = set(loop.targets)  # the batch, and what the step makes of it (not ``fake = G(fixed_noise)``)
+    for b in sorted((b for b in work.facts.bindings if b.scope is loop.scope and loop.line < b.line <= loop.end
+                     and b.value is not None), key=lambda b: b.line):
+        if names_in(b.value) & made:
+            made.add(b.target)
     values = [a.value for a in call.node.args]
     written = set().union(*(names_in(v) for v in values))
     named = set().union(*(names_in(v) for v in values[1:] if isinstance(v, (cst.FormattedString, cst.BinaryOperation,
