@@ -171,7 +171,10 @@ def _paired(facts: Facts, loop: Loop, reduced: set[str], samples: set[str]) -> s
                 for n in names_in(right) & samples:
                     over[n] |= left & sums
     kept = set(reduced)
-    shown = {n for n in samples if not over[n] and _only_printed(facts, loop, n)}  # ("samples seen", total)
+    # ("samples seen", total); not in a loop that trains or evaluates by a flag (its backward under an ``if``: an
+    # evaluation call over a whole loader would count N times)
+    steps = any(c.last == "backward" and not c.tests for c in loop.calls)
+    shown = {n for n in samples if steps and not over[n] and _only_printed(facts, loop, n)}
     while True:
         dropped = {n for n in kept & samples - shown if not over[n] & kept or over[n] - kept}
         dropped |= {name for n in (samples - kept) | dropped for name in over[n] & kept}
