@@ -203,8 +203,9 @@ class _Work:
         self.log.append(Edit(line, what, why))
 
     def keep(self, line: int, what: str, why: str) -> None:
-        """A line left as it is because that is right for N processes (no edit, nothing to do)."""
-        self.kept.append(Edit(line, what, why))
+        """A line left as it is because that is right for N processes (no edit, nothing to do); said once."""
+        if not any(k.line == line and k.what == what for k in self.kept):  # (two loaders over one loop)
+            self.kept.append(Edit(line, what, why))
 
     def import_line(self) -> int:
         return max(self.facts.import_lines, default=1)
