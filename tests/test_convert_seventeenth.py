@@ -570,3 +570,13 @@ def test_a_resave_inside_a_block_waits_before_the_block():
     lines = settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))["train.py"].text.splitlines()
     at = next(i for i, line in enumerate(lines) if "torch.load(" in line)
     assert lines[at + 1:at + 3] == ["ddpkit.barrier()", "if path:"], "\n".join(lines)
+
+
+def test_a_mean_criterion_over_the_entries_a_mask_picks_is_listed():
+    """SSD's ``loc_loss = self.smooth_l1(predicted_locs[positive_priors], true_locs[positive_priors])`` (the re-run
+    of the sixteenth set): an L1 mean over as many entries as the batch's mask holds; verify FAILed 1.15e-2."""
+    p = plan(MASKED_LOOP.replace("    loss = (((model(x) - t) ** 2) * valid).sum() / valid.sum()\n",
+                                 "    keep = valid > 0\n    loss = l1(model(x)[keep], t[keep])\n")
+             .replace("opt = torch.optim", "l1 = torch.nn.L1Loss()\nopt = torch.optim"))
+    said = [x for x in p.left if "a mean over the entries keep picks" in x.what]
+    assert said and "ddpkit.reduce(keep.sum(), op='mean')" in said[0].fix, p.left

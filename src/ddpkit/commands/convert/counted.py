@@ -27,7 +27,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
-from ddpkit.commands.convert.batchmeans import stepped_losses
+from ddpkit.commands.convert.batchmeans import mean_call, stepped_losses
 from ddpkit.commands.convert.flow import callee
 from ddpkit.commands.convert.names import dotted, names_in
 from ddpkit.commands.convert.scan import Facts, Scope
@@ -44,7 +44,14 @@ def count_normalised_loss(work: _Work) -> None:
     """Each division of a summed loss by a count of the batch on the training path: the first listed (one in a
     training loop before one in a loss function), once a file."""
     found = sorted(_divided(work), key=lambda item: not item[0])
-    if found:
+    if found and found[0][3].startswith("the entries "):  # a mean criterion over picked entries
+        _, line, raw, whole = found[0]
+        work.leave(line, f"the loss is a mean over {whole} (a count its step takes of the batch): at N processes each "
+                   "rank's mean is over its share's entries, and DDP weighs the ranks alike, which is not one "
+                   "process's mean over the step's entries (ddpkit verify FAILs it)", "sum over them "
+                   f"(reduction='sum') and divide by the count's mean over the ranks: ... / ddpkit.reduce({raw}, "
+                   "op='mean') (every rank reaches it at every training step), or keep it if that is acceptable")
+    elif found:
         _, line, raw, whole = found[0]
         eased = " (a clamp or an epsilon on it then takes its value / state.world_size)" \
             if any(w in whole for w in ("clamp", "max(", "+")) else ""
@@ -78,6 +85,10 @@ def _divided(work: _Work) -> list[tuple[bool, int, str, str]]:
         if not (inner or id(scope) in helpers or criterion) or _evaluates(facts, scope, line) or \
                 not (criterion or _a_loss(stmt, [inner] if inner else [])):
             continue
+        for call in (c for c in facts.calls if c.scope is scope and c.line == line and mean_call(facts, c.node)):
+            picked = _picked(facts, scope, call.node, line)  # (SSD's ``smooth_l1(locs[positive], true[positive])``)
+            if picked is not None:
+                found.append((inner is not None, line, f"{picked}.sum()", f"the entries {picked} picks"))
         for left, right in _divisions(stmt):
             if _detached(left) or not (_summed(left) or _summed_name(facts, scope, left, line)):
                 continue
@@ -87,6 +98,19 @@ def _divided(work: _Work) -> list[tuple[bool, int, str, str]]:
             if counted is not None and not KEPT_COUNT.search(facts.code(right)):
                 found.append((inner is not None, line, counted, facts.code(right)))
     return found
+
+
+def _picked(facts: Facts, scope: Scope, call: cst.Call, line: int) -> str | None:
+    """The mask a mean criterion's input is picked by (``l1(out[m], y[m])``): a mean over as many entries as the
+    mask holds, a count of the batch like a division by it."""
+    for arg in call.args:
+        value = arg.value
+        if isinstance(value, cst.Subscript) and len(value.slice) == 1 and \
+                isinstance(value.slice[0].slice, cst.Index):
+            index = value.slice[0].slice.value
+            if _a_mask(facts, scope, index, line, 0):
+                return facts.code(index)
+    return None
 
 
 def _divisions(stmt: cst.SimpleStatementLine) -> list[tuple[cst.BaseExpression, cst.BaseExpression]]:
