@@ -580,3 +580,10 @@ def test_a_mean_criterion_over_the_entries_a_mask_picks_is_listed():
              .replace("opt = torch.optim", "l1 = torch.nn.L1Loss()\nopt = torch.optim"))
     said = [x for x in p.left if "a mean over the entries keep picks" in x.what]
     assert said and "ddpkit.reduce(keep.sum(), op='mean')" in said[0].fix, p.left
+
+
+def test_a_weighted_average_of_the_training_loops_list_is_listed():
+    """The re-run's probe: ``np.average(train_loss, weights=sizes)`` printed rank 0's weighted mean, unsaid."""
+    p = plan(AVERAGED_LIST.replace("train_loss = np.average(train_loss)", "train_loss = np.average(train_loss, "
+                                   "weights=[1.0] * len(train_loss))"))
+    assert [x.line for x in p.left if "a weighted mean of the training loop's list" in x.what] == [23], p.left

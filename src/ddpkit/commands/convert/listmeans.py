@@ -51,6 +51,13 @@ def list_means(work: _Work, loop: Loop, whole: set[str]) -> None:
                 len(small.targets) != 1 or not isinstance(small.targets[0].target, cst.Name):
             continue
         value, target = small.value, small.targets[0].target.value
+        if isinstance(value, cst.Call) and resolve(dotted(value.func), facts.aliases) in MEANS and \
+                len(value.args) > 1 and dotted(value.args[0].value) in begun - later:
+            handled.add(id(stmt))  # (``np.average(losses, weights=sizes)``: a weighted mean over this rank's)
+            work.leave(line, f"{target} = a weighted mean of the training loop's list: over this rank's batches only "
+                       "(rank 0's)", "reduce its two sums: ddpkit.reduce(float(np.sum(np.multiply(values, weights)))) "
+                       "/ ddpkit.reduce(float(np.sum(weights)))")
+            continue
         if not (isinstance(value, cst.Call) and resolve(dotted(value.func), facts.aliases) in MEANS and
                 len(value.args) == 1 and dotted(value.args[0].value) in begun - later):
             continue
