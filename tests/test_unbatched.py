@@ -116,3 +116,17 @@ def test_the_batch_on_the_time_axis_is_told_by_the_last_training_loader():
         assert not _batch_as_time(lstm, torch.zeros(4, 3, 4)) and _batch_as_time(lstm, torch.zeros(6, 4, 4))
     finally:
         proc.train_batch = before
+
+
+def test_verify_names_the_rnn_note_under_its_fail(tmp_path):
+    """closeheat's re-run: verify FAILed, rightly, and its cause line listed generic causes while the N-process run
+    had said what is wrong; the note now follows the FAIL."""
+    import sys
+
+    from conftest import run_cmd
+
+    (tmp_path / "train.py").write_text(TIME_MAJOR)
+    r = run_cmd([sys.executable, "-m", "ddpkit", "verify", "--nproc", "2", "--steps", "2", "train.py"], timeout=400,
+                cwd=str(tmp_path))
+    assert r.returncode != 0 and "FAIL" in r.stdout, r.stdout + r.stderr[-2000:]
+    assert "the 2-process run said: ddpkit: 'lstm' (LSTM, batch_first=False) got (6, 3, 4)" in r.stdout, r.stdout

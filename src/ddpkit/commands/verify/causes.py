@@ -250,3 +250,22 @@ def crash_line(run: str, script: str, output: str, nproc: int) -> str:
                  "batch), so a tensor sized from a fixed batch size breaks there: size it from the batch "
                  "(x.shape[0]), or give the loader global_batch_size=")
     return line
+
+
+# what the runtime says of a model that trains differently at N processes, found in the N-process run's output
+RUNTIME_NOTES = ("batch_first=False) got", "got a 2-D input")
+
+
+def runtime_notes(output: str) -> list[str]:
+    """The runtime's own notes on why N processes train differently (an RNN reading the batch as time), each once,
+    from the N-process run's output: a FAIL's likeliest cause when there is one.
+
+    >>> runtime_notes("x\\n[rank0] ddpkit: 'lstm' (LSTM, batch_first=False) got (8, 4, 2): ...\\n" * 2)
+    ["ddpkit: 'lstm' (LSTM, batch_first=False) got (8, 4, 2): ..."]
+    """
+    found: list[str] = []
+    for line in output.splitlines():
+        at = line.find("ddpkit: ")
+        if at >= 0 and any(n in line for n in RUNTIME_NOTES) and line[at:] not in found:
+            found.append(line[at:])
+    return found[:2]

@@ -144,6 +144,8 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
         runs.run(script, f"{nproc}-process run", nproc, [*launch, script, *script_args],
              {**common, contract.MODE.name: mode, contract.VERIFY_OUT.name: dist_out}, os.path.join(tmp, "ddp.log"))
         facts = [_facts(ref) or {}, _facts(dist_out) or {}]
+        with open(os.path.join(tmp, "ddp.log"), errors="replace") as f:
+            notes = causes.runtime_notes(f.read())  # (closeheat's LSTM reading the batch as time: said at the FAIL)
         if not os.path.exists(ref) or not os.path.exists(dist_out):
             raise CannotCompare(causes.refusal(facts[1], f"{nproc}-process run") or causes.NEEDS_MODEL)
         one, many = (torch.load(path, weights_only=True) for path in (ref, dist_out))
@@ -162,7 +164,7 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
                                  skip=skip)
         if result["passed"] and taken and start is not None:  # (equal weights that never moved prove nothing)
             result = {**result, **_by_gradients(ref, dist_out, taken, start, one, (atol, rtol), facts)}
-        result["lr"] = lr
+        result["lr"], result["notes"] = lr, notes
         result["capped"] = all(f.get("capped") for f in facts)
         result["steps_taken"], result["cap"] = taken, facts[0].get("cap")
         result["batches"] = int(facts[0].get("batches") or 0)
@@ -379,6 +381,8 @@ def _verify_one(ns: argparse.Namespace, nproc: int, device: str | None, note: st
         pass
     else:
         print(fail_line(result, ns.steps, ns.atol, ns.rtol), flush=True)
+        for note in result.get("notes") or ():
+            print(f"  the {nproc}-process run said: {note}", flush=True)
         if result.get("rounding_note"):
             print(f"  {result['rounding_note']}", flush=True)
     return 0 if result["passed"] else CANNOT_COMPARE if result.get("cannot_compare") else NOT_EQUIVALENT
