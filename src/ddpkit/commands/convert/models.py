@@ -33,7 +33,7 @@ from ddpkit.commands.convert import (
     trained,
 )
 from ddpkit.commands.convert.crossing import MODEL, Ask
-from ddpkit.commands.convert.flow import binding_of, callee, part_of
+from ddpkit.commands.convert.flow import argument_for, binding_of, callee, part_of
 from ddpkit.commands.convert.names import dotted, resolve
 from ddpkit.commands.convert.scan import Binding, Call, imported_from
 
@@ -298,7 +298,7 @@ def _handed_in(work: _Work, found: Binding) -> bool:
     made = [c for c in work.facts.calls if found.scope.cls and found.scope.name.endswith(".__init__") and
             dotted(c.node.func) == found.scope.cls]  # (``Trainer(device='cuda:0')`` in this file)
     for call in made:
-        given = _argument(call.node, param, found.scope.params)
+        given = argument_for(call, param, found.scope, 1)  # (after ``self``)
         if given is None and isinstance(node, cst.FunctionDef):  # the default: ``device='cuda'``
             given = next((p.default for p in node.params.params if p.name.value == param), None)
         if given is None or _fixed(given) or dotted(given) is not None and \
@@ -308,16 +308,6 @@ def _handed_in(work: _Work, found: Binding) -> bool:
               f"by the caller", "prepare_model puts the model on this rank's device: the caller should pass it "
               "(state.device; a device set-up ddpkit convert rewrites does)")
     return True
-
-
-def _argument(call: cst.Call, param: str, params: list[str]) -> cst.BaseExpression | None:
-    """What ``call`` passes for ``param`` (by name, or by its place after ``self``)."""
-    named = next((a.value for a in call.args if a.keyword is not None and a.keyword.value == param), None)
-    if named is not None:
-        return named
-    positional = [a.value for a in call.args if a.keyword is None and not a.star]
-    at = params.index(param) - 1 if param in params and params[:1] == ["self"] else -1
-    return positional[at] if 0 <= at < len(positional) else None
 
 
 def _fixed(node: cst.BaseExpression) -> bool:
