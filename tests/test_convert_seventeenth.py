@@ -579,7 +579,12 @@ def test_a_mean_criterion_over_the_entries_a_mask_picks_is_listed():
                                  "    keep = valid > 0\n    loss = l1(model(x)[keep], t[keep])\n")
              .replace("opt = torch.optim", "l1 = torch.nn.L1Loss()\nopt = torch.optim"))
     said = [x for x in p.left if "a mean over the entries keep picks" in x.what]
-    assert said and "ddpkit.reduce(keep.sum(), op='mean')" in said[0].fix, p.left
+    assert said and "ddpkit.reduce(model(x)[keep].numel(), op='mean')" in said[0].fix, p.left
+    # (review 24: the mean covers every element picked, ``numel()``; integer indices, a graph's nodes, pick no mask)
+    nodes = plan(MASKED_LOOP.replace("    loss = (((model(x) - t) ** 2) * valid).sum() / valid.sum()\n",
+                                     "    idx = t.argmax(1)\n    loss = l1(model(x)[idx], t[idx])\n")
+                 .replace("opt = torch.optim", "l1 = torch.nn.L1Loss()\nopt = torch.optim"))
+    assert not [x for x in nodes.left if "picks" in x.what], nodes.left
 
 
 def test_a_weighted_average_of_the_training_loops_list_is_listed():
@@ -587,3 +592,28 @@ def test_a_weighted_average_of_the_training_loops_list_is_listed():
     p = plan(AVERAGED_LIST.replace("train_loss = np.average(train_loss)", "train_loss = np.average(train_loss, "
                                    "weights=[1.0] * len(train_loss))"))
     assert [x.line for x in p.left if "a weighted mean of the training loop's list" in x.what] == [23], p.left
+
+
+def test_review_24_cases():
+    """Review 24: a count printed alone after a loop whose backward is in both branches of ``if use_amp:`` is
+    reduced; an unweighted ``np.mean(l, axis=0)`` is no weighted mean; the count rule's fix, applied, draws no "sum
+    over the batch" line; ``x.view(x.size(0), -1)`` is no sample count; a width made from the batch size is no
+    model built with it."""
+    amp = BAR.replace("        loss.backward()\n", "        if use_amp:\n            loss.backward()\n"
+                      "        else:\n            loss.backward()\n")
+    amp = amp.replace("import torch\n", "import torch\nuse_amp = False\n", 1)
+    assert "    total = ddpkit.reduce(total)" in plan(amp + "print('samples seen', total)\n").text.splitlines()
+    axis = plan(AVERAGED_LIST.replace("np.average(train_loss)", "np.average(train_loss, axis=0)"))
+    assert not [x for x in axis.left if "weighted" in x.what], axis.left
+    fixed = plan(MASKED_LOOP.replace("/ valid.sum()\n    acc", "/ ddpkit.reduce(valid.sum(), op='mean')\n    acc")
+                 .replace("import torch\n", "import torch\nimport ddpkit\n", 1))
+    assert not [x for x in fixed.left if "a sum over the batch" in x.what or "a count its step" in x.what], \
+        fixed.left
+    view = plan(BAR.replace("        out = model(x)\n", "        flat = x.view(x.size(0), -1)\n"
+                            "        out = model(flat)\n        print(flat.shape)\n"))
+    assert not [k for k in view.kept if "a count of this rank's samples" in k.what], view.kept
+    wide = plan(MASKED_LOOP.replace("model = torch.nn.Linear(6, 6)", "model = torch.nn.Sequential("
+                                    "torch.nn.Linear(6, 8), torch.nn.Linear(8, 6))").replace("batch_size=8",
+                                                                                               "batch_size=bs")
+                .replace("model = ", "bs = 8\nmodel = ", 1).replace("torch.nn.Linear(6, 8)", "torch.nn.Linear(6, bs)"))
+    assert not [x for x in wide.left if "kept per process" in x.what], wide.left

@@ -95,10 +95,13 @@ def _built_with(work: _Work, names: set[str]) -> tuple[str, int] | None:
     """The model is built with the batch size (HAN's ``HierAttNet(..., opt.batch_size, ...)`` sizes its recurrent
     state for that batch): the constructor's call and its line."""
     for model in work.models:
-        for made in m.findall(model.value, m.Call()) if model.value is not None else []:
-            assert isinstance(made, cst.Call)
-            if any(names_in(a.value) & names for a in made.args):
-                return f"{work.facts.code(made.func)}(...)", model.line
+        made = model.value
+        while isinstance(made, cst.Call) and isinstance(made.func, cst.Attribute) and \
+                made.func.attr.value in ("to", "cuda", "cpu"):  # (``Net(batch_size).to(device)``)
+            made = made.func.value
+        # the constructor's own argument, the batch size as it is (not ``hidden=batch_size * 2``, nor a layer's)
+        if isinstance(made, cst.Call) and any(dotted(a.value) in names for a in made.args):
+            return f"{work.facts.code(made.func)}(...)", model.line
     return None
 
 

@@ -85,10 +85,12 @@ def _divided(work: _Work) -> list[tuple[bool, int, str, str]]:
         if not (inner or id(scope) in helpers or criterion) or _evaluates(facts, scope, line) or \
                 not (criterion or _a_loss(stmt, [inner] if inner else [])):
             continue
+        if any(x.line == line for x in work.left):  # (said already: a token mean, one line each)
+            continue
         for call in (c for c in facts.calls if c.scope is scope and c.line == line and mean_call(facts, c.node)):
             picked = _picked(facts, scope, call.node, line)  # (SSD's ``smooth_l1(locs[positive], true[positive])``)
-            if picked is not None:
-                found.append((inner is not None, line, f"{picked}.sum()", f"the entries {picked} picks"))
+            if picked is not None:  # (the mean covers every element picked: ``out[m].numel()``, not ``m.sum()``)
+                found.append((inner is not None, line, f"{picked[1]}.numel()", f"the entries {picked[0]} picks"))
         for left, right in _divisions(stmt):
             if _detached(left) or not (_summed(left) or _summed_name(facts, scope, left, line)):
                 continue
@@ -100,16 +102,21 @@ def _divided(work: _Work) -> list[tuple[bool, int, str, str]]:
     return found
 
 
-def _picked(facts: Facts, scope: Scope, call: cst.Call, line: int) -> str | None:
-    """The mask a mean criterion's input is picked by (``l1(out[m], y[m])``): a mean over as many entries as the
-    mask holds, a count of the batch like a division by it."""
+def _picked(facts: Facts, scope: Scope, call: cst.Call, line: int) -> tuple[str, str] | None:
+    """(the mask, the first input it picks from) where a mean criterion's input is picked by a boolean mask
+    (``l1(out[m], y[m])``): a mean over as many entries as the mask holds, a count of the batch like a division by
+    it. A mask is a comparison, a name bound to one in the step, or a part of the batch named for one (``valid``,
+    ``mask``); not integer indices (a graph's ``out[batch_idx]``)."""
     for arg in call.args:
         value = arg.value
         if isinstance(value, cst.Subscript) and len(value.slice) == 1 and \
                 isinstance(value.slice[0].slice, cst.Index):
             index = value.slice[0].slice.value
-            if _a_mask(facts, scope, index, line, 0):
-                return facts.code(index)
+            bound = _bound(facts, scope, index, line, step=True)
+            name = (dotted(index) or "").lower()
+            if isinstance(index, cst.Comparison) or isinstance(bound, cst.Comparison) or \
+                    any(w in name for w in ("mask", "valid", "keep", "pos")) and _a_mask(facts, scope, index, line, 0):
+                return facts.code(index), facts.code(value)
     return None
 
 

@@ -52,7 +52,8 @@ def list_means(work: _Work, loop: Loop, whole: set[str]) -> None:
             continue
         value, target = small.value, small.targets[0].target.value
         if isinstance(value, cst.Call) and resolve(dotted(value.func), facts.aliases) in MEANS and \
-                len(value.args) > 1 and dotted(value.args[0].value) in begun - later:
+                any(a.keyword is not None and a.keyword.value == "weights" for a in value.args) and \
+                dotted(value.args[0].value) in begun - later:
             handled.add(id(stmt))  # (``np.average(losses, weights=sizes)``: a weighted mean over this rank's)
             work.leave(line, f"{target} = a weighted mean of the training loop's list: over this rank's batches only "
                        "(rank 0's)", "reduce its two sums: ddpkit.reduce(float(np.sum(np.multiply(values, weights)))) "

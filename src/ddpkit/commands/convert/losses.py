@@ -68,6 +68,8 @@ def summed_loss(work: _Work) -> None:
             continue
         if (summed_backward or summed_reduction) and counted.divided_by_count(work, call.line):  # (counted.py's)
             continue
+        if call.stmt is not None and "/ ddpkit.reduce(" in work.facts.code(call.stmt):  # (counted.py's fix, applied)
+            continue
         if summed_backward or summed_reduction and trains:
             work.leave(call.line, SUMMED, "average it (reduction='mean', loss.mean()), or keep the sum and multiply "
                        "it by the number of processes (loss.sum() * state.world_size) where it trains")

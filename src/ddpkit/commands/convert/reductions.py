@@ -246,8 +246,10 @@ def _count_shown(work: _Work, loop: Loop) -> None:
     processes; said once a loop."""
     sized = {f"len({t})" for t in loop.targets} | {f"{t}.size(0)" for t in loop.targets} | \
         {f"{t}.shape[0]" for t in loop.targets}
+    # (a step times the batch's size, ``(batch + 1) * len(X)``: not ``loss / len(X)``, not ``x.view(x.size(0), -1)``)
     made = {b.target: b for b in work.facts.bindings if b.scope is loop.scope and loop.line < b.line <= loop.end
-            and b.value is not None and any(z in work.facts.code(b.value).replace(" ", "") for z in sized)}
+            and isinstance(b.value, cst.BinaryOperation) and isinstance(b.value.operator, cst.Multiply)
+            and any(work.facts.code(side).replace(" ", "") in sized for side in (b.value.left, b.value.right))}
     for call in loop.calls:
         if call.last in ("print", "info", "write", "set_description") and call.line > loop.line:
             shown = sorted({n for a in call.node.args for n in names_in(a.value)} & set(made))

@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import re
 from typing import Any, NamedTuple
 
 import libcst as cst
@@ -171,9 +172,11 @@ def _paired(facts: Facts, loop: Loop, reduced: set[str], samples: set[str]) -> s
                 for n in names_in(right) & samples:
                     over[n] |= left & sums
     kept = set(reduced)
-    # ("samples seen", total); not in a loop that trains or evaluates by a flag (its backward under an ``if``: an
-    # evaluation call over a whole loader would count N times)
-    steps = any(c.last == "backward" and not c.tests for c in loop.calls)
+    # ("samples seen", total); not in a loop that trains or evaluates by a flag (its backward under an ``if`` of a
+    # parameter: an evaluation call over a whole loader would count N times; ``if use_amp:`` / ``else:`` steps both)
+    flags = {p for p in loop.scope.params if p != "self"}
+    steps = any(c.last == "backward" and not any(set(re.findall(r"\w+", t)) & flags for t in c.tests)
+                for c in loop.calls)
     shown = {n for n in samples if steps and not over[n] and _only_printed(facts, loop, n)}
     while True:
         dropped = {n for n in kept & samples - shown if not over[n] & kept or over[n] - kept}
