@@ -8,8 +8,8 @@ and the new ``torch.save`` archives it leaves (a zip with a ``data.pkl``: what `
 TensorBoard event files are removed after it, with the folders it made that are then empty. Anything else stays:
 a dataset the run downloaded is read again by the next run, not fetched again. A checkpoint that was there before
 and that a run changed cannot be put back: it is named, once. What is removed is said, by path: another process of
-the user that saves a checkpoint in the same folder while verify runs would lose it (its file looks like the run's),
-and would read why. A tree of more than 20000 files is not listed (a dataset beside the script): said, and nothing
+the user that saves a checkpoint (or writes a new TensorBoard event file) in the same folder while verify runs would
+lose it (its file looks like the run's), and would read why. A tree of more than 20000 files is not listed (a dataset beside the script): said, and nothing
 is removed.
 
 Example::
