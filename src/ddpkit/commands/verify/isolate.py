@@ -9,8 +9,8 @@ TensorBoard event files are removed after it, with the folders it made that are 
 a dataset the run downloaded is read again by the next run, not fetched again. A checkpoint that was there before
 and that a run changed cannot be put back: it is named, once. What is removed is said, by path: another process of
 the user that saves a checkpoint (or writes a new TensorBoard event file) in the same folder while verify runs would
-lose it (its file looks like the run's), and would read why. A tree of more than 20000 files is not listed (a dataset beside the script): said, and nothing
-is removed.
+lose it (its file looks like the run's), and would read why. A tree of more than 20000 files is not listed (a
+dataset beside the script): said, and nothing is removed.
 
 Example::
 
