@@ -24,7 +24,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from ddpkit.commands.convert import flow
+from ddpkit.commands.convert import flow, handsize
 from ddpkit.commands.convert.flow import DEPTH, argument_for, binding_of, callee
 from ddpkit.commands.convert.inits import node_ids
 from ddpkit.commands.convert.names import dotted, names_in, resolve
@@ -68,11 +68,15 @@ def global_batch(work: _Work, call: Call, loops: list[Loop]
                   f"2 or more processes: the global batch is {size} x the number of processes")
         return None, frozenset()
     names = _names(work, call, given.value) | ({code(given.value)} if isinstance(given.value, cst.Subscript) else set())
-    read = _read_in_training(work, names, loops, call)
+    read = read_in_training(work, names, loops, call)
     built = _built_with(work, names) if read is None else None
-    if read is not None or built is not None:
+    params = [p for p in call.scope.params if p not in ("self", "cls")]
+    elsewhere = handsize.read_elsewhere(work.crossing.wants, call.scope.name, params, names) \
+        if read is None and built is None else None
+    if read is not None or built is not None or elsewhere is not None:
         why = f"the training loop reads {read[0]} at line {read[1]}" if read is not None else \
-            f"the model is built with it at line {built[1]} ({built[0]})" if built is not None else ""
+            f"the model is built with it at line {built[1]} ({built[0]})" if built is not None else str(elsewhere)
+        work.done.extend(handsize.answered(work.crossing.wants, call.scope.name, params, names))
         work.leave(call.line, f"batch_size={size} kept per process (a global batch of {size} x N): {why}, sized "
                    f"for a batch of {size}, and each process would "
                    f"take {size}/N", "size it from the batch itself (x.size(0)), then convert again; or pass "
@@ -250,10 +254,10 @@ def _names(work: _Work, call: Call, size: cst.BaseExpression) -> set[str]:
     return names
 
 
-def _read_in_training(work: _Work, names: set[str], loops: list[Loop], call: Call) -> tuple[str, int] | None:
+def read_in_training(work: _Work, names: set[str], loops: list[Loop], call: Call | None) -> tuple[str, int] | None:
     """A read of the batch size's names (``batch_size``, ``args.batch_size``, ``bsz``) in a training loop's body or
     the loops around it, outside a print, a progress bar's total and the loader's own call (``call``, built in
-    the loop over the splits): what the loop sizes from it."""
+    the loop over the splits; None: a loader another module builds, handsize.py): what the loop sizes from it."""
     if not names:
         return None
     inside: set[int] = set()
@@ -266,7 +270,7 @@ def _read_in_training(work: _Work, names: set[str], loops: list[Loop], call: Cal
     # (the loader's own call, and a loader built again in the loop, glow's endless ``sample_data`` that rebuilds its
     # DataLoader on StopIteration: converted by this same rule, sized by nothing of the loop)
     rebuilt = [c.node for c in work.facts.calls if c.name == "torch.utils.data.DataLoader" and c.loops]
-    quiet = _quiet(work, loops) | node_ids(call.node) | _counting(loops, names) | \
+    quiet = _quiet(work, loops) | (node_ids(call.node) if call is not None else set()) | _counting(loops, names) | \
         {i for node in rebuilt for i in node_ids(node)}
     for name, scope, line, node in work.facts.reads:
         if name in names and id(node) in inside and id(node) not in quiet and not _rebound(work, name, scope, line,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +40,9 @@ HANDED_MODEL = "a model handed in"
 # (``a training step:Engine.train``); the files that import this one and call it in a loop name it
 # ``module:a training step:Engine.train``, and answer done when that loop reads a training ddpkit.data_loader
 STEP = "a training step"
+# an Ask's kind: an argument of a function of the asked module (a loader's factory) that the asking file's training
+# loop reads too (handsize.py); its want names the asking file last, for the line said there
+SIZED = "a batch size read"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +139,11 @@ def _crossings(plans: dict[str, Any], module_file_of: Callable[[str], str | None
                         asked.setdefault(other, []).append((rel, ask, want))
                 continue
             target = module_file_of(ask.module) if ask.name != HANDED else None
-            if target is not None and target != rel:
+            if target is not None and target != rel and ask.kind == SIZED:
+                want = json.dumps([*json.loads(ask.name), rel])
+                wants.setdefault(target, {})[want] = SIZED
+                asked.setdefault(target, []).append((rel, ask, want))
+            elif target is not None and target != rel:
                 names = wants.setdefault(target, {})
                 if names.get(ask.name) != TRAIN:  # one file trains on it, another evaluates: a training loader
                     names[ask.name] = ask.kind

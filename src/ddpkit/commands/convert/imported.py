@@ -28,7 +28,7 @@ from typing import Any
 import libcst as cst
 from libcst import matchers as m
 
-from ddpkit.commands.convert import bysplit, flow, handedin
+from ddpkit.commands.convert import bysplit, flow, handedin, handsize
 from ddpkit.commands.convert.crossing import EVAL, TRAIN, Ask, key, returned
 from ddpkit.commands.convert.names import dotted, resolve, unpacked
 from ddpkit.commands.convert.reductions import reductions
@@ -94,7 +94,8 @@ def imported_loader(work: _Work, line: int) -> bool:
             work.keep(line, f"the training loop over {n} left as it is", f"{n} is a ddpkit.data_loader where it "
                       f"is built, in {done[n]} (imported from {origins[n][0]})")
             reductions(work, trained[n], None, True)
-            _sized_here(work, trained[n], str(done[n]))
+            if not handsize.kept(work, origins[n]):  # (kept per process there: the loop's sizes hold)
+                _sized_here(work, trained[n], str(done[n]))
     fed = {b.target for n in training for lp in trained[n] if (b := _source(work.facts, n, lp)) is not None}
     _siblings(work, {origins[n] for n in training if done[n]}, fed | set(training))
     for n in [n for n in reads if not reads[n] and work.crossing.provided.get(key(*origins[n]))]:

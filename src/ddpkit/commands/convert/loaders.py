@@ -25,6 +25,7 @@ from ddpkit.commands.convert import (
     feeds,
     flow,
     handedin,
+    handsize,
     imported,
     loaderuse,
     roles,
@@ -58,6 +59,8 @@ def loaders(work: _Work) -> None:
             work.keep(call.line, "a DataLoader under if __name__ == '__main__' left as it is", "another file of the "
                       "project imports this module: the block is its demo, which never runs then")
         built = [c for c in built if c not in demos]
+    # (batch.py's reading of a loop, handed in: batch.py asks handsize.py what another file's loop reads)
+    handsize.ask(work, lambda names, loops, call: batch.read_in_training(work, names, loops, call))
     training = for_others = False  # (for_others: a loader converted for another module's loop, not this file's)
     handed = handedin.passed(work, lambda binding: imported.origin_of(work.facts, binding))
     for _, made, _ in handed:  # what this file hands to another module's training loop: trained on there

@@ -1,0 +1,68 @@
+"""What the seventeenth set left and the eighteenth held-out set showed ``ddpkit convert`` owes public scripts
+(docs/convert.md): each a case written in our own words after the pattern met."""
+import pytest
+
+pytest.importorskip("libcst")
+
+from ddpkit.commands.convert.crossing import settle  # noqa: E402
+from ddpkit.commands.convert.plan import plan  # noqa: E402
+
+# a project whose data module builds the training loader with the batch size it is handed, and whose training
+# loop hands the same batch size to helpers that size tensors by it (a WGAN's noise and gradient penalty)
+HELPERS = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def load_data(root, batch_size=64, workers=0):
+    data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+    return DataLoader(data, batch_size=batch_size, shuffle=True, drop_last=True, num_workers=workers)
+
+
+def noise(batch_size):
+    return torch.randn(batch_size, 4)
+'''
+
+TRAINER = '''import torch
+from helpers import load_data, noise
+
+
+def train(batch_size, epochs, workers):
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = load_data("data", batch_size=batch_size, workers=workers)
+    for epoch in range(epochs):
+        for x, y in loader:
+            z = noise(batch_size)
+            loss = ((model(x + z) - y) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        print(epoch, workers, batch_size)
+
+
+train(8, 2, 0)
+'''
+
+
+def _settled(files):
+    return settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
+
+
+def test_a_batch_size_handed_to_another_modules_loader_and_read_by_the_loop_stays_per_process():
+    """improved-wgan-pytorch: ``load_data(..., batch_size=batch_size)`` in training_utils.py made the loader's batch
+    global, while train.py's loop sized ``gen_rand_noise(batch_size)`` and the gradient penalty's ``alpha`` by the
+    whole batch: launch at 2 crashed at step 1 ("shape '[8, 3, 16, 16]' is invalid"), convert said nothing."""
+    done = _settled({"helpers.py": HELPERS, "train.py": TRAINER})
+    helpers = done["helpers.py"]
+    assert "ddpkit.data_loader(data, batch_size=batch_size" in helpers.text, helpers.text
+    said = [x for x in helpers.left if "kept per process" in x.what]
+    assert [x.line for x in said] == [7], helpers.left
+    assert "train.py reads batch_size at line 11" in said[0].what, said[0].what
+    assert not [x for x in done["train.py"].left if "batch" in x.what], done["train.py"].left
+
+
+def test_a_batch_size_handed_on_and_read_only_by_a_print_is_global():
+    quiet = TRAINER.replace("z = noise(batch_size)", "z = noise(x.size(0))")
+    done = _settled({"helpers.py": HELPERS, "train.py": quiet})
+    assert "global_batch_size=batch_size" in done["helpers.py"].text, done["helpers.py"].left
+    assert not [x for x in done["helpers.py"].left if "kept per process" in x.what], done["helpers.py"].left
