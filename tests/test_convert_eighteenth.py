@@ -66,3 +66,51 @@ def test_a_batch_size_handed_on_and_read_only_by_a_print_is_global():
     done = _settled({"helpers.py": HELPERS, "train.py": quiet})
     assert "global_batch_size=batch_size" in done["helpers.py"].text, done["helpers.py"].left
     assert not [x for x in done["helpers.py"].left if "kept per process" in x.what], done["helpers.py"].left
+
+
+# a recurrent model whose constructor reads the batch size from the options object it is handed
+OPTIONS_MODEL = '''import argparse
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--batch_size", type=int, default=8)
+opt = parser.parse_args()
+
+
+class Net(nn.Module):
+    def __init__(self, options, width=8):
+        super().__init__()
+        self.gru = nn.GRU(4, width)
+        self.hidden = torch.zeros(1, options.batch_size, width)
+
+    def forward(self, x):
+        out, _ = self.gru(x, self.hidden)
+        return out[-1]
+
+
+model = Net(opt)
+optimizer = torch.optim.Adam(model.parameters())
+data = TensorDataset(torch.randn(32, 5, 4), torch.randn(32, 8))
+for x, y in DataLoader(data, batch_size=opt.batch_size, shuffle=True, drop_last=True):
+    loss = ((model(x.transpose(0, 1)) - y) ** 2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+'''
+
+
+def test_a_model_whose_constructor_reads_the_batch_size_from_the_options_it_is_handed_keeps_it_per_process():
+    """HAN's pattern, one step further: ``Net(opt)`` whose ``__init__`` sizes its hidden state by
+    ``options.batch_size``: a global batch would hand each process B/N samples for a state of B."""
+    p = plan(OPTIONS_MODEL)
+    said = [x for x in p.left if "kept per process" in x.what]
+    assert [x.line for x in said] == [25], p.left
+    assert "the model is built with it at line 22 (Net(...))" in said[0].what, said[0].what
+    assert "global_batch_size" not in p.text
+
+
+def test_a_model_handed_the_options_whose_constructor_reads_no_batch_size_gets_the_global_batch():
+    p = plan(OPTIONS_MODEL.replace("options.batch_size", "3"))
+    assert "global_batch_size=opt.batch_size" in p.text, p.left

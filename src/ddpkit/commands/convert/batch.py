@@ -104,9 +104,24 @@ def _built_with(work: _Work, names: set[str]) -> tuple[str, int] | None:
                 made.func.attr.value in ("to", "cuda", "cpu"):  # (``Net(batch_size).to(device)``)
             made = made.func.value
         # the constructor's own argument, the batch size as it is (not ``hidden=batch_size * 2``, nor a layer's)
-        if isinstance(made, cst.Call) and any(dotted(a.value) in names for a in made.args):
+        if isinstance(made, cst.Call) and (any(dotted(a.value) in names for a in made.args) or
+                                           _read_in_init(work, made, names)):
             return f"{work.facts.code(made.func)}(...)", model.line
     return None
+
+
+def _read_in_init(work: _Work, made: cst.Call, names: set[str]) -> bool:
+    """``Net(opt)`` of a class of this file whose ``__init__`` reads the batch size off what it is handed
+    (``torch.zeros(1, options.batch_size, width)``, for the ``opt.batch_size`` of the loader)."""
+    init = work.facts.scopes.get(f"{dotted(made.func)}.__init__")
+    params = init.params[1:] if init is not None else []
+    for i, arg in enumerate(made.args):
+        held = dotted(arg.value)
+        param = arg.keyword.value if arg.keyword is not None else params[i] if i < len(params) else None
+        wanted = {param + n[len(held):] for n in names if held and param and n.startswith(held + ".")}
+        if any(read in wanted and scope is init for read, scope, _line, _node in work.facts.reads):
+            return True
+    return False
 
 
 def _spread(work: _Work, call: Call) -> tuple[cst.SimpleString, cst.DictElement, str] | None:
