@@ -114,3 +114,53 @@ def test_a_model_whose_constructor_reads_the_batch_size_from_the_options_it_is_h
 def test_a_model_handed_the_options_whose_constructor_reads_no_batch_size_gets_the_global_batch():
     p = plan(OPTIONS_MODEL.replace("options.batch_size", "3"))
     assert "global_batch_size=opt.batch_size" in p.text, p.left
+
+
+# a CIFAR recipe's training function: running meters updated each step and shown every few steps
+METERS = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class AverageMeter:
+    def __init__(self, name):
+        self.name, self.val, self.sum, self.count, self.avg = name, 0, 0, 0, 0
+
+    def update(self, val, n=1):
+        self.val, self.sum, self.count = val, self.sum + val * n, self.count + n
+        self.avg = self.sum / self.count
+
+
+def train(loader, model, optimizer, epoch, log):
+    losses = AverageMeter("Loss")
+    for i, (x, y) in enumerate(loader):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        losses.update(loss.item(), x.size(0))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if i % 2 == 0:
+            output = "Epoch: [{0}][{1}] Loss {loss.val:.4f} ({loss.avg:.4f})".format(epoch, i, loss=losses)
+            print(output)
+            log.write(output + "\\n")
+    print("train", losses.avg)
+
+
+model = torch.nn.Linear(3, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+data = TensorDataset(torch.randn(32, 3), torch.randn(32, 1))
+loader = DataLoader(data, batch_size=8, shuffle=True)
+log = open("log.txt", "w")
+for epoch in range(2):
+    train(loader, model, optimizer, epoch, log)
+'''
+
+
+def test_a_running_meter_shown_inside_the_training_loop_is_said_to_be_this_ranks():
+    """LDAM-DRW's ``train()``: ``'Loss {loss.val:.4f} ({loss.avg:.4f})'.format(..., loss=losses)`` every print_freq
+    steps, printed and written to log_train.csv: rank 0's running meter, over half the samples at 2 processes; the
+    mean after the loop was reduced, the lines inside it were not said."""
+    p = plan(METERS)
+    said = [x for x in p.kept if "losses" in x.what and "as each step leaves" in x.what]
+    assert [x.line for x in said] == [23], p.kept
+    assert "this rank's running share" in said[0].why, said[0]
+    assert "ddpkit.reduce(losses.avg, op='mean')" in p.text

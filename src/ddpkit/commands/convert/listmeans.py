@@ -28,7 +28,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert.batchmeans import MEANS
-from ddpkit.commands.convert.names import dotted, resolve
+from ddpkit.commands.convert.names import dotted, names_in, resolve
 from ddpkit.commands.convert.scan import Loop
 
 _Work = Any  # the plan in the making (plan._Work)
@@ -71,6 +71,7 @@ def list_means(work: _Work, loop: Loop, whole: set[str]) -> None:
                       line)
 
 
+    _meters_shown(work, loop)
     meters = _meters(facts, loop)
     for stmt, scope, line in facts.statements:  # (``return sum(l) / len(l)``, ``print(np.mean(l))``: in place)
         if scope is loop.scope and line > loop.end and id(stmt) not in handled:
@@ -93,6 +94,25 @@ def list_means(work: _Work, loop: Loop, whole: set[str]) -> None:
                 work.note("a mean of the training loop's list or meter: averaged across ranks (ddpkit.reduce, "
                           "op='mean')", "each rank's list holds its own batches' values; every rank took as many steps",
                           line)
+
+
+# what shows a value as it is: a running meter handed to one of these inside the loop is seen as it stands
+SHOWN = ("print", "format", "info", "write", "log", "set_postfix", "set_description", "add_scalar", "progress_bar")
+
+
+def _meters_shown(work: _Work, loop: Loop) -> None:
+    """A running meter shown inside the training loop (LDAM-DRW's ``'Loss {loss.val:.4f} ({loss.avg:.4f})'.format(
+    ..., loss=losses)`` every ``print_freq`` steps): this rank's running share, rank 0's on screen and in the log;
+    said once a loop (its mean after the loop is reduced above, or listed)."""
+    meters = _meters(work.facts, loop)
+    for call in loop.calls if meters else ():
+        if call.last in SHOWN and call.line > loop.line:
+            shown = sorted({n.split(".")[0] for a in call.node.args for n in names_in(a.value)} & meters)
+            if shown:
+                work.keep(call.line, f"{call.last}(...) in the loop shows the meter {', '.join(shown)} as each step "
+                          "leaves it", "this rank's running share of its shard, over 1/N of the samples (rank 0's "
+                          "on screen and in a log); its mean after the loop is every rank's where it is reduced")
+                return
 
 
 def _meters(facts: Any, loop: Loop) -> set[str]:
