@@ -104,7 +104,10 @@ def _meters_shown(work: _Work, loop: Loop) -> None:
     """A running meter shown inside the training loop (LDAM-DRW's ``'Loss {loss.val:.4f} ({loss.avg:.4f})'.format(
     ..., loss=losses)`` every ``print_freq`` steps): this rank's running share, rank 0's on screen and in the log;
     said once a loop (its mean after the loop is reduced above, or listed)."""
-    meters = _meters(work.facts, loop)
+    # (not a timer: ``data_time.update(time.time() - end)`` times this rank's steps, which is what it shows)
+    timers = {dotted(c.node.func.value) for c in loop.calls if c.last == "update" and isinstance(
+        c.node.func, cst.Attribute) and "time" in "".join(work.facts.code(a.value) for a in c.node.args)}
+    meters = _meters(work.facts, loop) - timers
     for call in loop.calls if meters else ():
         if call.last in SHOWN and call.line > loop.line:
             shown = sorted({n.split(".")[0] for a in call.node.args for n in names_in(a.value)} & meters)
