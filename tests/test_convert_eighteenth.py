@@ -164,3 +164,109 @@ def test_a_running_meter_shown_inside_the_training_loop_is_said_to_be_this_ranks
     assert [x.line for x in said] == [23], p.kept
     assert "this rank's running share" in said[0].why, said[0]
     assert "ddpkit.reduce(losses.avg, op='mean')" in p.text
+
+
+# a segmentation lesson: a list extended each step, its mean logged after the loop, the name reused by validation
+EXTENDED = '''import numpy as np
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.tensorboard import SummaryWriter
+
+net = torch.nn.Linear(3, 1)
+optim = torch.optim.Adam(net.parameters())
+loader_train = DataLoader(TensorDataset(torch.randn(32, 3), torch.randn(32, 1)), batch_size=8, shuffle=True)
+loader_val = DataLoader(TensorDataset(torch.randn(16, 3), torch.randn(16, 1)), batch_size=8)
+writer = SummaryWriter()
+for epoch in range(2):
+    loss_arr = []
+    for x, y in loader_train:
+        loss = ((net(x) - y) ** 2).mean()
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+        loss_arr += [loss.item()]
+    writer.add_scalar("loss", np.mean(loss_arr), epoch)
+    with torch.no_grad():
+        loss_arr = []
+        for x, y in loader_val:
+            loss_arr += [((net(x) - y) ** 2).mean().item()]
+        writer.add_scalar("val", np.mean(loss_arr), epoch)
+'''
+
+
+def test_a_list_extended_each_step_has_its_mean_reduced_though_validation_reuses_its_name():
+    """hanyoseob's UNet lesson: ``loss_arr += [loss.item()]``, ``writer_train.add_scalar('loss', np.mean(loss_arr),
+    epoch)``, then ``loss_arr = []`` again for validation: the scalar logged was rank 0's shard's mean, unsaid."""
+    lines = plan(EXTENDED).text.splitlines()
+    assert lines[19].strip() == 'writer.add_scalar("loss", ddpkit.reduce(np.mean(loss_arr), op=\'mean\'), epoch)', \
+        lines[19]
+    assert lines[24].strip() == 'writer.add_scalar("val", np.mean(loss_arr), epoch)', lines[24]
+
+
+# a lesson's one script for two modes: the epochs save checkpoints, the test mode loads the last one
+MODES = '''import argparse
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--mode", default="train", choices=["train", "test"])
+args = parser.parse_args()
+net = torch.nn.Linear(3, 1)
+optim = torch.optim.Adam(net.parameters())
+loader = DataLoader(TensorDataset(torch.randn(32, 3), torch.randn(32, 1)), batch_size=8, shuffle=True)
+if args.mode == "train":
+    for epoch in range(2):
+        for x, y in loader:
+            loss = ((net(x) - y) ** 2).mean()
+            optim.zero_grad()
+            loss.backward()
+            optim.step()
+        torch.save(net.state_dict(), "net_%d.pth" % epoch)
+else:
+    net.load_state_dict(torch.load("net_1.pth"))
+'''
+
+
+def test_a_load_in_the_other_mode_of_the_script_owes_no_barrier_after_the_epochs_saves():
+    """hanyoseob's UNet lesson: ``if mode == 'train':`` saves in its epoch loop, ``else:`` loads: no run does both;
+    the loop inside one side was taken for a loop around both, and a barrier was left to the user."""
+    p = plan(MODES)
+    assert not [x for x in p.left if "barrier" in x.fix or "read" in x.what], p.left
+    assert "if state.is_main:" in p.text or "ddpkit.init().is_main" in p.text, p.text
+
+
+UTIL = '''import os
+import torch
+
+
+def save(ckpt_dir, net, epoch):
+    os.makedirs(ckpt_dir, exist_ok=True)
+    torch.save(net.state_dict(), "%s/model_epoch%d.pth" % (ckpt_dir, epoch))
+
+
+def load(ckpt_dir, net):
+    if not os.path.exists(ckpt_dir):
+        return net, 0
+    last = sorted(os.listdir(ckpt_dir))[-1]
+    net.load_state_dict(torch.load(os.path.join(ckpt_dir, last)))
+    return net, int(last.split("epoch")[1].split(".pth")[0])
+'''
+
+LESSON = MODES.replace("import torch\n", "import torch\nfrom util import load, save\n", 1).replace(
+    'torch.save(net.state_dict(), "net_%d.pth" % epoch)', 'save("ckpt", net, epoch)').replace(
+    'net.load_state_dict(torch.load("net_1.pth"))', 'net, _ = load("ckpt", net)').replace(
+    "    for epoch in range(2):", "    net, start = load(\"ckpt\", net)\n    for epoch in range(start, 2):")
+
+
+def test_a_helper_modules_save_and_load_called_in_an_order_that_never_reads_after_a_save_owe_no_barrier():
+    """The UNet and GAN lessons' util.py: ``save`` and ``load``, which train.py calls as a resume before the epochs,
+    a save in them, and a load in its test mode: util.py, converted with it, left a barrier to the user."""
+    done = _settled({"util.py": UTIL, "train.py": LESSON})
+    assert not done["util.py"].left, done["util.py"].left
+    assert not done["train.py"].left, done["train.py"].left
+
+
+def test_a_helper_modules_load_called_after_its_save_still_owes_the_barrier():
+    after = LESSON.replace('else:\n    net, _ = load("ckpt", net)', 'net, _ = load("ckpt", net)')
+    done = _settled({"util.py": UTIL, "train.py": after})
+    assert [x.line for x in done["util.py"].left] == [7], done["util.py"].left

@@ -43,6 +43,9 @@ STEP = "a training step"
 # an Ask's kind: an argument of a function of the asked module (a loader's factory) that the asking file's training
 # loop reads too (handsize.py); its want names the asking file last, for the line said there
 SIZED = "a batch size read"
+# an Ask's kind: two functions of the asked module the asking file calls, and whether it may run the second after
+# the first (a save, then a load: calledorder.py); its want names the asking file last
+ORDER = "an order of calls"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,9 +142,9 @@ def _crossings(plans: dict[str, Any], module_file_of: Callable[[str], str | None
                         asked.setdefault(other, []).append((rel, ask, want))
                 continue
             target = module_file_of(ask.module) if ask.name != HANDED else None
-            if target is not None and target != rel and ask.kind == SIZED:
+            if target is not None and target != rel and ask.kind in (SIZED, ORDER):
                 want = json.dumps([*json.loads(ask.name), rel])
-                wants.setdefault(target, {})[want] = SIZED
+                wants.setdefault(target, {})[want] = ask.kind
                 asked.setdefault(target, []).append((rel, ask, want))
             elif target is not None and target != rel:
                 names = wants.setdefault(target, {})

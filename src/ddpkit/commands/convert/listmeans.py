@@ -39,11 +39,18 @@ def list_means(work: _Work, loop: Loop, whole: set[str]) -> None:
     np.mean(train_loss)`` below it (Graph-WaveNet): the mean over this rank's batches. Every rank took as many
     steps, so the mean of the ranks' means is the mean over every batch: ``m = ddpkit.reduce(m, op='mean')``."""
     facts = work.facts
-    appended = {name for name, _ in loop.stored if name.isidentifier()}
+    # (``loss_arr += [loss.item()]``, a UNet lesson's: a list extended, as an append)
+    appended = {name for name, _ in [*loop.stored, *loop.augmented] if name.isidentifier()}
     begun = {b.target for b in facts.bindings if b.target in appended and b.scope is loop.scope and
              b.line < loop.line and isinstance(b.value, cst.List) and not b.value.elements} - whole
-    later = {n for other in facts.loops if other.scope is loop.scope and other.line > loop.end
-             for n, _ in other.stored}  # (a list a later loop adds to: its mean is not this loop's)
+
+    def lists(line: int) -> set[str]:
+        """The lists still this loop's at ``line``: none a later loop above it added to (its mean is not this
+        loop's), nor bound again between (an evaluation's ``loss_arr = []`` reusing the name)."""
+        later = {n for other in facts.loops if other.scope is loop.scope and loop.end < other.line < line
+                 for n, _ in [*other.stored, *other.augmented]}
+        later |= {b.target for b in facts.bindings if b.scope is loop.scope and loop.end < b.line < line}
+        return begun - later
     handled: set[int] = set()
     for stmt, scope, line in facts.statements:
         small = stmt.body[0] if len(stmt.body) == 1 else None
@@ -53,14 +60,14 @@ def list_means(work: _Work, loop: Loop, whole: set[str]) -> None:
         value, target = small.value, small.targets[0].target.value
         if isinstance(value, cst.Call) and resolve(dotted(value.func), facts.aliases) in MEANS and \
                 any(a.keyword is not None and a.keyword.value == "weights" for a in value.args) and \
-                dotted(value.args[0].value) in begun - later:
+                dotted(value.args[0].value) in lists(line):
             handled.add(id(stmt))  # (``np.average(losses, weights=sizes)``: a weighted mean over this rank's)
             work.leave(line, f"{target} = a weighted mean of the training loop's list: over this rank's batches only "
                        "(rank 0's)", "reduce its two sums: ddpkit.reduce(float(np.sum(np.multiply(values, weights)))) "
                        "/ ddpkit.reduce(float(np.sum(weights)))")
             continue
         if not (isinstance(value, cst.Call) and resolve(dotted(value.func), facts.aliases) in MEANS and
-                len(value.args) == 1 and dotted(value.args[0].value) in begun - later):
+                len(value.args) == 1 and dotted(value.args[0].value) in lists(line)):
             continue
         handled.add(id(stmt))
         after = work.edits.after.setdefault(id(stmt), [])
@@ -75,7 +82,7 @@ def list_means(work: _Work, loop: Loop, whole: set[str]) -> None:
     meters = _meters(facts, loop)
     for stmt, scope, line in facts.statements:  # (``return sum(l) / len(l)``, ``print(np.mean(l))``: in place)
         if scope is loop.scope and line > loop.end and id(stmt) not in handled:
-            found = _list_mean_nodes(facts, stmt, begun - later) + [
+            found = _list_mean_nodes(facts, stmt, lists(line)) + [
                 n for n in m.findall(stmt, m.Attribute(attr=m.Name("avg")))
                 if isinstance(n, cst.Attribute) and dotted(n.value) in meters]
             reached = _reached(work.facts, loop, stmt)

@@ -121,9 +121,12 @@ def _contradict(facts: Facts, read: Any, write: Any) -> bool:
     """The read and the write sit under tests that cannot both hold in one run: the two sides of one ``if`` /
     ``else``, or ``if args.resume:`` against ``if args.dump and not args.resume:`` (loss-landscape's resume and
     its dump), in one function."""
-    if read.scope is not write.scope or read.stmt is None or write.stmt is None or read.loops or write.loops or \
+    # (in a loop around both, or a function run twice, both sides run in one run, one after the other; a loop
+    # inside one side, the epochs under ``if mode == 'train':``, does not: the UNet lesson's test-mode load)
+    common = [lp for lp in read.loops if any(lp is other for other in write.loops)]
+    if read.scope is not write.scope or read.stmt is None or write.stmt is None or common or \
             not _called_once_or_top(facts, read.scope):
-        return False  # (in a loop, or a function run twice, both sides run in one run, one after the other)
+        return False
     if _exclusive(facts, read, write):
         return True
     mine, theirs = _literals(facts, read.stmt), _literals(facts, write.stmt)

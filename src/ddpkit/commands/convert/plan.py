@@ -27,6 +27,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ddpkit.commands.convert import (
     batchstats,
+    calledorder,
     choices,
     counted,
     device,
@@ -238,6 +239,7 @@ class _Work:
         writes.writes(self)
         choices.rank_chosen_saves(self)
         reread.reread(self)
+        calledorder.tell(self)
 
     def _convertible(self) -> bool:
         for call in self.facts.calls:

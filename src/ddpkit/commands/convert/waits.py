@@ -18,7 +18,7 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.commands.check.rules import RANK_WORDS
-from ddpkit.commands.convert import order
+from ddpkit.commands.convert import calledorder, order
 from ddpkit.commands.convert.flow import callers, in_body, visible
 from ddpkit.commands.convert.scan import Scope
 
@@ -68,8 +68,9 @@ def callers_apart(work: _Work, write: Any, read: Any) -> bool:
     if crossing is None or not crossing.own:
         return True
     writing, reading = order.runner_names(work.facts, write), order.runner_names(work.facts, read)
-    # (a second ``Solver(...)`` after ``train()`` reads in ``__init__`` what the first one saved)
-    return crossing.others is not None and not any(writing & n and reading & n for n in crossing.others)
+    # (a second ``Solver(...)`` after ``train()`` reads in ``__init__`` what the first one saved); a file that
+    # names both may have told the order it runs them in (a load before the epochs' saves: calledorder.py)
+    return crossing.others is not None and calledorder.apart(crossing.wants, list(crossing.others), writing, reading)
 
 
 def read_back(work: _Work, save: Any, loads: list[Any]) -> list[Any]:
