@@ -270,3 +270,14 @@ def test_a_helper_modules_load_called_after_its_save_still_owes_the_barrier():
     after = LESSON.replace('else:\n    net, _ = load("ckpt", net)', 'net, _ = load("ckpt", net)')
     done = _settled({"util.py": UTIL, "train.py": after})
     assert [x.line for x in done["util.py"].left] == [7], done["util.py"].left
+
+
+def test_a_picture_of_the_training_batch_handed_to_tensorboard_each_step_is_said_to_be_rank_0s_share():
+    """The UNet lesson's ``writer_train.add_image('input', input, step, dataformats='NHWC')`` each step: the event
+    file showed 2 of the batch's 4 samples at 2 processes, unsaid."""
+    shown = EXTENDED.replace("        loss_arr += [loss.item()]\n",
+                             "        loss_arr += [loss.item()]\n        writer.add_image('x', x, epoch)\n", 1)
+    said = [k for k in plan(shown).kept if "shows the training step's batch" in k.what]
+    assert [k.line for k in said] == [19], plan(shown).kept
+    assert not [k for k in plan(EXTENDED.replace("writer.add_scalar(\"val\"", "writer.add_image(\"val\"")).kept
+                if "shows the training step's batch" in k.what]

@@ -82,6 +82,7 @@ def writes(work: _Work) -> None:
             backs.append((call, call.stmt))
     for call, stmt in sorted(backs, key=lambda back: branched(work, back[0])):
         _read_back(work, call, stmt)
+    _shown_batches(work)
     blocks = _with_blocks(work.facts.module)
     within = {id(i.item) for block in blocks for i in block.items}  # (``with open(...) as f``: guarded below)
     kept = {id(b.value) for b in work.facts.bindings if b.value is not None} - within
@@ -106,6 +107,36 @@ def writes(work: _Work) -> None:
         work.note("open(..., 'w') guarded: rank 0 writes the file", WHY, call.line)
         if "ddpkit.barrier()" not in work.edits.after.get(id(block), []):
             _read_back(work, call, block)
+
+
+def _shown_batches(work: _Work) -> None:
+    """A picture of the training step's batch handed to TensorBoard each step (a UNet lesson's
+    ``writer_train.add_image('input', input, step, dataformats='NHWC')``): the writer is rank 0's, and what it shows
+    is rank 0's share of the batch; said once a loop."""
+    said: set[int] = set()
+    for call in work.facts.calls:
+        loop = call.loops[-1] if call.loops and flow.trains(work.facts, call.loops[-1]) else None
+        if call.last not in TB_PICTURES or not isinstance(call.node.func, cst.Attribute) or loop is None or \
+                id(loop) in said or isinstance(loop.node, cst.For) and isinstance(loop.node.iter, cst.Call) and \
+                dotted(loop.node.iter.func) == "range":  # (an epoch loop: its pictures are no step's)
+            continue
+        # the picture (not the tag, nor the step's number): the batch, or what the step makes of it
+        picture = next((a.value for a in call.node.args if a.keyword is not None and a.keyword.value in
+                        ("img_tensor", "figure", "vid_tensor")), None) or \
+            next((a.value for i, a in enumerate(call.node.args) if i == 1 and a.keyword is None), None)
+        made = set(loop.targets)
+        for b in sorted((b for b in work.facts.bindings if b.scope is loop.scope and loop.line < b.line <= call.line
+                         and b.value is not None), key=lambda b: b.line):
+            if names_in(b.value) & made:
+                made.add(b.target)
+        if picture is not None and names_in(picture) & made:
+            said.add(id(loop))
+            work.keep(call.line, f"{call.last}(...) shows the training step's batch each step", "rank 0's writer, "
+                      "and rank 0's share of the batch at N processes (1/N of its samples): ddpkit.gather(...) "
+                      "the pictures first to show the whole batch")
+
+
+TB_PICTURES = ("add_image", "add_images", "add_figure", "add_video", "add_mesh")
 
 
 def _of_the_step(work: _Work, call: Call) -> str | None:
