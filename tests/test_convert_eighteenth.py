@@ -281,3 +281,36 @@ def test_a_picture_of_the_training_batch_handed_to_tensorboard_each_step_is_said
     assert [k.line for k in said] == [19], plan(shown).kept
     assert not [k for k in plan(EXTENDED.replace("writer.add_scalar(\"val\"", "writer.add_image(\"val\"")).kept
                 if "shows the training step's batch" in k.what]
+
+
+# a lesson's epoch loop: the number of batches from the data's size, each batch's cost added over it
+STEP_COUNT = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+batch_size = 16
+train_set = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+loader = DataLoader(dataset=train_set, batch_size=batch_size, shuffle=True, drop_last=True)
+model = torch.nn.Linear(4, 2)
+optimizer = torch.optim.Adam(model.parameters())
+criterion = torch.nn.CrossEntropyLoss()
+for epoch in range(2):
+    avg_cost = 0
+    total_batch = len(train_set) // batch_size
+    for x, y in loader:
+        cost = criterion(model(x), y)
+        optimizer.zero_grad()
+        cost.backward()
+        optimizer.step()
+        avg_cost += cost.data / total_batch
+    print("epoch", epoch, "cost =", float(avg_cost))
+'''
+
+
+def test_a_step_count_from_the_datas_size_keeps_the_global_batch_and_the_cost_over_it_is_averaged():
+    """DeepLearningZeroToAll's lab 11: ``total_batch = len(mnist_train) // batch_size`` was taken for a tensor sized by
+    the batch: the batch stayed per process (global 200, not 100) under a false line, and ``avg_cost += cost.data /
+    total_batch`` printed rank 0's mean over twice the batch, half the one-process cost."""
+    p = plan(STEP_COUNT)
+    assert "global_batch_size=batch_size" in p.text, p.left
+    assert not p.left, p.left
+    assert "    avg_cost = ddpkit.reduce(avg_cost, op='mean')" in p.text.splitlines(), p.text

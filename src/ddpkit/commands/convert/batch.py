@@ -286,6 +286,7 @@ def read_in_training(work: _Work, names: set[str], loops: list[Loop], call: Call
     # DataLoader on StopIteration: converted by this same rule, sized by nothing of the loop)
     rebuilt = [c.node for c in work.facts.calls if c.name == "torch.utils.data.DataLoader" and c.loops]
     quiet = _quiet(work, loops) | (node_ids(call.node) if call is not None else set()) | _counting(loops, names) | \
+        _step_counts(loops, names) | \
         {i for node in rebuilt for i in node_ids(node)}
     for name, scope, line, node in work.facts.reads:
         if name in names and id(node) in inside and id(node) not in quiet and not _rebound(work, name, scope, line,
@@ -304,6 +305,23 @@ def _rebound(work: _Work, name: str, scope: Any, line: int, loops: list[Loop], n
     bound = binding_of(work.facts, name, scope, line)
     return bound is not None and bound.scope is scope and bound.line < line and bound.value is not None and \
         any(loop.line < bound.line <= loop.end for loop in loops) and not names_in(bound.value) & names
+
+
+def _step_counts(loops: list[Loop], names: set[str]) -> set[int]:
+    """The batch size dividing the data's size into a count of steps (DeepLearningZeroToAll's ``total_batch =
+    len(mnist_train) // batch_size`` in the epoch loop, its ``avg_cost += cost / total_batch``): a global batch keeps
+    that count on every rank, so it sizes nothing."""
+    def sized(node: cst.CSTNode) -> bool:  # ``len(ds)``, ``x.shape[0]``, ``n_train``, ``num_samples``
+        name = (dotted(node) or "").rsplit(".", 1)[-1].lower()
+        return bool(m.findall(node, m.Call(func=m.Name("len")) | m.Attribute(attr=m.Name("shape")))) or \
+            any(w in name for w in ("len", "size", "num", "count", "total", "samples")) or name.startswith("n_")
+    found: set[int] = set()
+    for loop in loops:
+        for owner in [loop, *loop.outer]:
+            for div in m.findall(owner.node, m.BinaryOperation(operator=m.Divide() | m.FloorDivide())):
+                if isinstance(div, cst.BinaryOperation) and dotted(div.right) in names and sized(div.left):
+                    found |= node_ids(div.right)
+    return found
 
 
 def _counting(loops: list[Loop], names: set[str]) -> set[int]:

@@ -38,10 +38,20 @@ def batch_mean(facts: Facts, loop: Loop, name: str) -> bool:
     losses = stepped_losses(loop)
     adds = [node for node in m.findall(loop.node, m.AugAssign(operator=m.AddAssign()))
             if isinstance(node, cst.AugAssign) and _CODE.code_for_node(node.target) == name]
+    inside = {b for b in loop.targets} | {dotted(n.targets[0].target) for n in m.findall(loop.node, m.Assign())
+                                          if isinstance(n, cst.Assign) and len(n.targets) == 1}
     for node in adds:
-        if loss_name(node.value) not in losses:
+        value = node.value  # (``avg_cost += cost / total_batch``: over a count the loop does not change, still a mean)
+        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Divide) and \
+                not _names(value.right) & inside:
+            value = value.left
+        if loss_name(value) not in losses:
             return False
     return bool(losses and adds) and all(mean_criterion(facts, loop, name) for name in losses if name)
+
+
+def _names(node: cst.CSTNode) -> set[str]:
+    return {n.value for n in m.findall(node, m.Name()) if isinstance(n, cst.Name)}
 
 
 def loss_name(value: Any) -> str | None:
@@ -54,6 +64,8 @@ def loss_name(value: Any) -> str | None:
                                            value.func.attr.value in ("item", "detach", "cpu", "numpy") or
                                            dotted(value.func) == "float" and len(value.args) == 1):
         value = value.func.value if isinstance(value.func, cst.Attribute) else value.args[0].value
+    if isinstance(value, cst.Attribute) and value.attr.value == "data":  # (``cost.data``: the tensor's value)
+        return loss_name(value.value)
     return None if isinstance(value, cst.Call) else dotted(value)
 
 
