@@ -314,3 +314,47 @@ def test_a_step_count_from_the_datas_size_keeps_the_global_batch_and_the_cost_ov
     assert "global_batch_size=batch_size" in p.text, p.left
     assert not p.left, p.left
     assert "    avg_cost = ddpkit.reduce(avg_cost, op='mean')" in p.text.splitlines(), p.text
+
+
+# a point-cloud recipe's epoch: a training sum over the samples counted, then a test pass reusing the count's name
+COUNT_REUSED = '''import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def train(epochs):
+    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+    loader = DataLoader(data, batch_size=16, shuffle=True, drop_last=True)
+    test_loader = DataLoader(data, batch_size=16)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(epochs):
+        train_loss = 0.0
+        count = 0.0
+        for x, label in loader:
+            loss = F.cross_entropy(model(x), label)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            count += x.size(0)
+            train_loss += loss.item() * x.size(0)
+        print("train loss: %.6f" % (train_loss * 1.0 / count))
+        test_loss = 0.0
+        count = 0.0
+        for x, label in test_loader:
+            count += x.size(0)
+            test_loss += F.cross_entropy(model(x), label).item() * x.size(0)
+        print("test loss: %.6f" % (test_loss * 1.0 / count))
+
+
+train(2)
+'''
+
+
+def test_a_training_sum_over_a_count_the_test_pass_starts_again_is_reduced():
+    """dgcnn's main.py: ``count = 0.0`` again before the test loop made the training loop's ``train_loss`` and
+    ``count`` look added to later: neither was reduced, the printed train loss was rank 0's."""
+    lines = plan(COUNT_REUSED).text.splitlines()
+    at = lines.index("        count = ddpkit.reduce(count)")
+    assert lines[at + 1] == "        train_loss = ddpkit.reduce(train_loss)", lines[at:at + 3]
+    assert lines[at + 2].strip().startswith("ddpkit.print(\"train loss"), lines[at + 2]

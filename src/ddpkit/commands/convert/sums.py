@@ -166,11 +166,14 @@ def _paired(facts: Facts, loop: Loop, reduced: set[str], samples: set[str]) -> s
     sums = {n for other in facts.loops if other.scope is loop.scope
             for n in [*(a for a, _ in other.augmented), *indexed(other)]}
     over: dict[str, set[str]] = {n: set() for n in samples}  # a count -> the names divided by it
+    # (up to where the count is bound again: dgcnn's ``count = 0.0`` before its test loop starts another count)
+    until = {n: min((b.line for b in facts.bindings if b.target == n and b.scope is loop.scope and b.line > loop.end),
+                    default=1 << 30) for n in samples}
     for stmt, scope, line in facts.statements:
         if scope is loop.scope and line > loop.end:
             for left, right in _divisions(stmt):
                 for n in names_in(right) & samples:
-                    over[n] |= left & sums
+                    over[n] |= left & sums if line < until[n] else set()
     kept = set(reduced)
     # ("samples seen", total); not in a loop that trains or evaluates by a flag (its backward under an ``if`` of a
     # parameter: an evaluation call over a whole loader would count N times; ``if use_amp:`` / ``else:`` steps both)
@@ -204,8 +207,12 @@ def _training_sum(facts: Facts, loop: Loop, anchor: Loop, name: str, readers: li
     later loop (reduced after that one)."""
     started = any(b.target == name.split("[")[0] and b.scope is loop.scope and b.value is not None and
                   b.line < loop.line for b in facts.bindings)
+    # (nor a count a later loop adds to; one bound again before it, dgcnn's ``count = 0.0`` for its test loop, is
+    # that loop's own)
     later = {n for other in facts.loops if other.scope is loop.scope and other.line > anchor.end
-             for n in [*(a for a, _ in other.augmented), *indexed(other)]}  # (nor a count a later loop adds to)
+             for n in [*(a for a, _ in other.augmented), *indexed(other)]
+             if not any(b.target == n and b.scope is loop.scope and anchor.end < b.line < other.line
+                        for b in facts.bindings)}
     if not started or name in later:
         return None
     divisors = [d for s in readers if s is not None for d in _divisors(s, name)]
