@@ -358,3 +358,27 @@ def test_a_training_sum_over_a_count_the_test_pass_starts_again_is_reduced():
     at = lines.index("        count = ddpkit.reduce(count)")
     assert lines[at + 1] == "        train_loss = ddpkit.reduce(train_loss)", lines[at:at + 3]
     assert lines[at + 2].strip().startswith("ddpkit.print(\"train loss"), lines[at + 2]
+
+
+def test_a_loss_summed_over_the_batch_stepped_by_adam_and_printed_each_step_is_said_to_be_this_ranks_share():
+    """CVAE-GAN-zoos' VAE: ``reduction='sum'`` stepped by Adam (the steps hold), ``print(..., vae_loss.item())``
+    each step: at 2 processes it printed 17450.99 where one process printed 34836.85, unsaid."""
+    summed = STEP_COUNT.replace("torch.nn.CrossEntropyLoss()", "torch.nn.CrossEntropyLoss(reduction='sum')").replace(
+        "        avg_cost += cost.data / total_batch\n", "        avg_cost += cost.data / total_batch\n"
+        "        print('step cost', cost.item())\n")
+    p = plan(summed)
+    said = [k for k in p.kept if "a loss summed over the batch" in k.what]
+    assert [k.line for k in said] == [19], p.kept
+    assert not p.left, p.left
+
+
+def test_the_model_output_unpacked_from_a_tuple_and_saved_each_step_is_said_to_be_rank_0s_share():
+    """CVAE-GAN-zoos' AE and VAE: ``code, recon = model(img)`` then ``save_image(recon.data, ...)`` each step: the
+    guard said "every rank holds the same results", and the grid held half the reconstructions."""
+    source = STEP_COUNT.replace("        cost = criterion(model(x), y)\n",
+                                "        code, out = model(x)\n        cost = criterion(out, y)\n") \
+        .replace("import torch\n", "import torch\nfrom torchvision.utils import save_image\n", 1) \
+        .replace("        avg_cost += cost.data / total_batch\n",
+                 "        avg_cost += cost.data / total_batch\n        save_image(out.data, 'out.png')\n")
+    edits = [e for e in plan(source).edits if e.what.startswith("save_image guarded")]
+    assert len(edits) == 1 and "rank 0's share of the step's batch" in edits[0].why, edits

@@ -24,6 +24,7 @@ from ddpkit.commands.check.rules import OPTIMIZERS
 from ddpkit.commands.convert import counted, flow
 from ddpkit.commands.convert.flow import callee
 from ddpkit.commands.convert.names import dotted, names_in
+from ddpkit.commands.convert.scan import Call
 from ddpkit.commands.convert.tokens import over_tokens
 
 _Work = Any  # the plan in the making (plan._Work): facts, edits, note, leave, models
@@ -40,10 +41,23 @@ def summed_loss(work: _Work) -> None:
     """A training loss summed over the batch (``loss.sum().backward()``, ``reduction='sum'`` or the old
     ``size_average=False`` in a training loop, a function it calls, or a criterion it calls), stepped by an
     optimizer whose step follows the gradient's scale (SGD; not Adam's kin): listed once, with the fix (converting
-    it silently gave steps N times smaller; ``ddpkit verify`` names it)."""
+    it silently gave steps N times smaller; ``ddpkit verify`` names it). Stepped by Adam's kin, the steps hold,
+    but a value of it shown each step is this rank's share of the sum: said (a VAE's printed loss, halved)."""
     stepping = {c.last for c in work.facts.calls if c.last in OPTIMIZERS}
-    if not work.models or stepping and stepping <= SCALE_FREE:
+    if not work.models:
         return
+    call = _summed(work)
+    if call is None:
+        return
+    if stepping and stepping <= SCALE_FREE:
+        _summed_shown(work, call)
+        return
+    work.leave(call.line, SUMMED, "average it (reduction='mean', loss.mean()), or keep the sum and multiply "
+               "it by the number of processes (loss.sum() * state.world_size) where it trains")
+
+
+def _summed(work: _Work) -> Call | None:
+    """The first training loss summed over the batch (see :func:`summed_loss`)."""
     backwards = [c for c in work.facts.calls if c.last == "backward"]
     training = {id(c.loops[-1]) for c in backwards if c.loops}  # an evaluation's summed loss is no step's
     # and the functions a training loop calls (the VAE's loss_function(recon, x, mu, logvar))
@@ -71,8 +85,26 @@ def summed_loss(work: _Work) -> None:
         if call.stmt is not None and "/ ddpkit.reduce(" in work.facts.code(call.stmt):  # (counted.py's fix, applied)
             continue
         if summed_backward or summed_reduction and trains:
-            work.leave(call.line, SUMMED, "average it (reduction='mean', loss.mean()), or keep the sum and multiply "
-                       "it by the number of processes (loss.sum() * state.world_size) where it trains")
+            return call
+    return None
+
+
+def _summed_shown(work: _Work, call: Call) -> None:
+    """The summed loss ``call`` makes, bound in a training loop and shown there each step (``print(..., loss.item())``):
+    this rank's share of the batch's sum, 1/N of one process's."""
+    made = call
+    if not call.loops:  # (a criterion built before the loop, ``criterion = nn.BCELoss(reduction='sum')``: its call)
+        criteria = {b.target for b in work.facts.bindings if b.value is call.node}
+        made = next((c for c in work.facts.calls if c.loops and dotted(c.node.func) in criteria), call)
+    named = {b.target for b in work.facts.bindings if b.value is made.node}
+    loop = made.loops[-1] if made.loops else None
+    for shown in loop.calls if loop is not None and named else ():
+        if shown.last in ("print", "format", "info", "write", "set_postfix", "add_scalar", "log") and \
+                shown.line > made.line and {n for a in shown.node.args for n in names_in(a.value)} & named:
+            work.keep(shown.line, f"{shown.last}(...) shows {sorted(named)[0]}, a loss summed over the batch, each "
+                      "step", "this rank's share of the batch's sum: 1/N of one process's at N processes (the steps "
+                      "hold: the optimizer does not follow the gradient's scale); ddpkit.reduce(loss.detach()) shows "
+                      "the whole batch's")
             return
 
 

@@ -126,14 +126,20 @@ def _shown_batches(work: _Work) -> None:
             next((a.value for i, a in enumerate(call.node.args) if i == 1 and a.keyword is None), None)
         made = set(loop.targets)
         for b in sorted((b for b in work.facts.bindings if b.scope is loop.scope and loop.line < b.line <= call.line
-                         and b.value is not None), key=lambda b: b.line):
-            if names_in(b.value) & made:
+                         and _value(b) is not None), key=lambda b: b.line):
+            if names_in(_value(b)) & made:
                 made.add(b.target)
         if picture is not None and names_in(picture) & made:
             said.add(id(loop))
             work.keep(call.line, f"{call.last}(...) shows the training step's batch each step", "rank 0's writer, "
                       "and rank 0's share of the batch at N processes (1/N of its samples): ddpkit.gather(...) "
                       "the pictures first to show the whole batch")
+
+
+def _value(binding: Any) -> Any:
+    """What a binding was made from: its value, or the whole call a tuple is unpacked from (``code, recon =
+    model(img)``: each name is the step's)."""
+    return binding.value if binding.value is not None else binding.whole
 
 
 TB_PICTURES = ("add_image", "add_images", "add_figure", "add_video", "add_mesh")
@@ -148,8 +154,8 @@ def _of_the_step(work: _Work, call: Call) -> str | None:
         return None
     made = set(loop.targets)  # the batch, and what the step makes of it (not ``fake = G(fixed_noise)``)
     for b in sorted((b for b in work.facts.bindings if b.scope is loop.scope and loop.line < b.line <= loop.end
-                     and b.value is not None), key=lambda b: b.line):
-        if names_in(b.value) & made:
+                     and _value(b) is not None), key=lambda b: b.line):
+        if names_in(_value(b)) & made:
             made.add(b.target)
     values = [a.value for a in call.node.args]
     written = set().union(*(names_in(v) for v in values))
