@@ -382,3 +382,25 @@ def test_the_model_output_unpacked_from_a_tuple_and_saved_each_step_is_said_to_b
                  "        avg_cost += cost.data / total_batch\n        save_image(out.data, 'out.png')\n")
     edits = [e for e in plan(source).edits if e.what.startswith("save_image guarded")]
     assert len(edits) == 1 and "rank 0's share of the step's batch" in edits[0].why, edits
+
+
+CRITERION_ATTRIBUTE = STEP_COUNT.replace("model = torch.nn.Linear(4, 2)\n", """class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 2)
+        self.criterion = torch.nn.CrossEntropyLoss()
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+model = Net()
+""").replace("cost = criterion(model(x), y)", "cost = model.criterion(model(x), y)")
+
+
+def test_a_loss_module_the_model_keeps_as_an_attribute_is_no_forward_method():
+    """DeepLearningZeroToAll's lab 11-3: ``self.criterion = nn.CrossEntropyLoss()`` called as ``model.criterion(
+    model(x), y)``: it was named in ``forward_methods=('criterion',)``, which prepare_model refused at start."""
+    p = plan(CRITERION_ATTRIBUTE)
+    assert "model = ddpkit.prepare_model(Net())" in p.text, p.text
+    assert "forward_methods" not in p.text

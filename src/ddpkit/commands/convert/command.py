@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ddpkit.commands.cli import OneLineParser, usage_error
-from ddpkit.commands.convert import crossing, project, unread
+from ddpkit.commands.convert import crossing, project, tabs, unread
 from ddpkit.core.atomic import write_atomically
 from ddpkit.core.errors import SCRIPT_FAILED, UsageError
 
@@ -67,7 +67,7 @@ def convert_file(path: str, per_process_batch: bool = False, crossing=None):
     (UsageError: not readable as Python, or libcst missing). The bytes are decoded as Python reads them
     (PEP 263, a BOM) and line endings are kept (CRLF stays CRLF)."""
     try:
-        from libcst import ParserSyntaxError
+        from libcst import ParserSyntaxError, parse_module
 
         from ddpkit.commands.convert.plan import plan
     except ImportError as exc:
@@ -91,18 +91,26 @@ def convert_file(path: str, per_process_batch: bool = False, crossing=None):
                          "again") from None
     unparsed = f"{path} is Python, but not Python libcst can parse (line {{}}: {{}}); convert it by hand " \
         "(docs/convert.md lists the edits)"
+    # (the file parsed first, apart: a parse error inside the plan is the converter's, not the script's)
+    expanded, deep = None, f"{path} nests too deeply to convert; expected a training script"
     try:
         try:
-            return plan(source, per_process_batch, crossing), encoding
+            parse_module(source)
         except ParserSyntaxError as exc:
-            expanded = _tabs_expanded(source)  # (improved-wgan's ``12 spaces + TAB + 4 spaces``: Python's tab stops)
+            expanded = tabs.expanded(source)  # (improved-wgan's ``12 spaces + TAB + 4 spaces``: Python's tab stops)
             if expanded is None:
                 raise UsageError(unparsed.format(exc.raw_line, exc.message)) from None
-        result = plan(expanded, per_process_batch, crossing)
+            parse_module(expanded)
     except ParserSyntaxError as exc:
         raise UsageError(unparsed.format(exc.raw_line, exc.message)) from None
     except RecursionError:
-        raise UsageError(f"{path} nests too deeply to convert; expected a training script") from None
+        raise UsageError(deep) from None
+    try:
+        result = plan(source if expanded is None else expanded, per_process_batch, crossing)
+    except RecursionError:
+        raise UsageError(deep) from None
+    if expanded is None:
+        return result, encoding
     from ddpkit.commands.convert.plan import Edit
 
     result.edits.insert(0, Edit(1, "tabs in the indentation expanded to spaces", "the file mixes tabs and spaces "
@@ -110,28 +118,6 @@ def convert_file(path: str, per_process_batch: bool = False, crossing=None):
                                 "code is the same (its syntax trees compared)"))
     # (the diff and what is written are against the file as it is: review 23's ``--json`` diff did not apply)
     return dataclasses.replace(result, source=source, text=source if result.refused else result.text), encoding
-
-
-def _tabs_expanded(source: str) -> str | None:
-    """``source`` with the tabs of each line's indentation expanded as Python reads them (to the next multiple of
-    8), where that changes no string and no code (the syntax trees compared); None where it would, or there are none.
-
-    >>> _tabs_expanded("if x:\\n        if y:\\n    \\t    z = 1\\n")
-    'if x:\\n        if y:\\n            z = 1\\n'
-    """
-    out = []
-    for line in source.splitlines(keepends=True):
-        body = line.lstrip(" \t")
-        indent = line[:len(line) - len(body)]
-        out.append(indent.expandtabs(8) + body if "\t" in indent else line)
-    expanded = "".join(out)
-    if expanded == source:
-        return None
-    try:
-        same = ast.dump(ast.parse(expanded)) == ast.dump(ast.parse(source))
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
-    return expanded if same else None
 
 
 def report(result, path: str) -> list[str]:

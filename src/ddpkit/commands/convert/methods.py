@@ -42,12 +42,23 @@ def loss_methods(work: _Work) -> dict[str, list[str]]:
         for call in (c for c in work.facts.calls if c.last == "backward" and c.loops and c.loops[-1] is loop
                      and isinstance(c.node.func, cst.Attribute)):
             for owner, method, line in _made_from(work, loop, call):
-                if owner in models and method not in found.setdefault(owner, []):
-                    found[owner].append(method)
+                if owner in models and method not in found.get(owner, []) and not _attribute_of(work, owner, method):
+                    found.setdefault(owner, []).append(method)
                     work.note(f"{owner}.{method}(...) makes the loss: forward_methods=({method!r},) given to "
                               f"the wrap of {owner}", "it then runs as DDP's forward and its gradients are averaged "
                               "(a method called on the module alone runs outside DDP)", line)
     return found
+
+
+def _attribute_of(work: _Work, owner: str, name: str) -> bool:
+    """``name`` is an attribute the model's class of this file sets (``self.criterion = nn.CrossEntropyLoss()``, a
+    lesson's), not a method it defines: no forward method to name (prepare_model would refuse it)."""
+    made = next((b.value for b in work.models if b.target == owner), None)
+    while isinstance(made, cst.Call) and dotted(made.func) == "ddpkit.prepare_model" and made.args:
+        made = made.args[0].value
+    cls = dotted(made.func) if isinstance(made, cst.Call) else None
+    return cls is not None and f"{cls}.{name}" not in work.facts.scopes and any(
+        b.target == f"self.{name}" and b.scope.cls == cls for b in work.facts.bindings)
 
 
 def _made_from(work: _Work, loop: Any, backward: Any) -> list[tuple[str, str, int]]:
