@@ -50,7 +50,11 @@ def _may_follow(work: _Work, later: Call, earlier: Call) -> bool:
     """``later`` may run after ``earlier`` in one run: below it, in another function, or in a loop around both;
     not when it runs first in every run or never in the same run (:func:`.order.read_first`)."""
     around = any(lp is other for lp in later.loops for other in earlier.loops)
-    placed = later.line > earlier.line or later.scope is not earlier.scope and bool(later.scope.name) or around
+    # (a function that runs both may run twice, called from elsewhere: SCINet's ``Exp.train``, a second experiment's
+    # resume reading the first one's save; the module's own lines, or a function called once here, run once)
+    again = later.scope is earlier.scope and not order.called_once_or_top(work.facts, later.scope)
+    placed = later.line > earlier.line or later.scope is not earlier.scope and bool(later.scope.name) or around or \
+        again
     return placed and (around or not order.read_first(work.facts, later, earlier))
 
 

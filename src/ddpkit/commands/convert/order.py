@@ -125,7 +125,7 @@ def _contradict(facts: Facts, read: Any, write: Any) -> bool:
     # inside one side, the epochs under ``if mode == 'train':``, does not: the UNet lesson's test-mode load)
     common = [lp for lp in read.loops if any(lp is other for other in write.loops)]
     if read.scope is not write.scope or read.stmt is None or write.stmt is None or common or \
-            not _called_once_or_top(facts, read.scope):
+            not called_once_or_top(facts, read.scope):
         return False
     if _exclusive(facts, read, write):
         return True
@@ -190,11 +190,11 @@ def _apart(facts: Facts, read: Any, write: Any) -> bool:
         return any(c.name == "fire.Fire" and not c.node.args for c in facts.calls)
     # (each dispatched once: an if / else in a loop runs both sides in one run, one after the other)
     return len(read_sites) == 1 and len(write_sites) == 1 and not read_sites[0].loops and \
-        not write_sites[0].loops and _called_once_or_top(facts, read_sites[0].scope) and \
+        not write_sites[0].loops and called_once_or_top(facts, read_sites[0].scope) and \
         _exclusive(facts, read_sites[0], write_sites[0])
 
 
-def _called_once_or_top(facts: Facts, scope: Scope) -> bool:
+def called_once_or_top(facts: Facts, scope: Scope) -> bool:
     """The dispatching function runs once a run: the module itself, a function called once in no loop, or one
     handed to a runner at the module's level (absl's ``app.run(main)``, ``fire.Fire(main)``)."""
     if not scope.name or _called_once(facts, scope):
