@@ -404,3 +404,60 @@ def test_a_loss_module_the_model_keeps_as_an_attribute_is_no_forward_method():
     p = plan(CRITERION_ATTRIBUTE)
     assert "model = ddpkit.prepare_model(Net())" in p.text, p.text
     assert "forward_methods" not in p.text
+
+
+# a hand-written Hugging Face fine-tune's shape: a typed options class, loaders kept as annotated attributes
+ANNOTATED = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Args:
+    batch_size: int = 8
+    device: str = "cuda:0"
+
+
+class Experiment:
+    def __init__(self, args):
+        self.args = args
+        self.model = torch.nn.Linear(4, 2).to(args.device)
+        self.optimizer = torch.optim.AdamW(self.model.parameters())
+        self.train_dataloader: DataLoader = self.load_dataset(split="train", shuffle=True)
+        self.val_dataloader: DataLoader = self.load_dataset(split="val")
+
+    def load_dataset(self, split, shuffle=False) -> DataLoader:
+        seeded = torch.Generator().manual_seed(0)
+        data = TensorDataset(torch.randn(32, 4, generator=seeded), torch.randint(0, 2, (32,), generator=seeded))
+        return DataLoader(data, batch_size=self.args.batch_size, shuffle=shuffle)
+
+    def run(self):
+        for epoch in range(2):
+            self.model.train()
+            for x, y in self.train_dataloader:
+                loss = torch.nn.functional.cross_entropy(self.model(x.to(self.args.device)), y)
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
+            print(self.evaluate(self.val_dataloader))
+
+    @torch.no_grad()
+    def evaluate(self, dataloader):
+        self.model.eval()
+        total = 0.0
+        for x, y in dataloader:
+            total += torch.nn.functional.cross_entropy(self.model(x), y, reduction="sum").item()
+        return total / len(dataloader.dataset)
+
+
+Experiment(Args()).run()
+'''
+
+
+def test_an_options_class_default_device_and_annotated_loader_attributes_convert():
+    """bert-classification-tutorial: ``device: str = "cuda:0"`` in its Tap options class was refused ("shares its
+    line with other statements"), and ``self.train_dataloader: DataLoader = self.load_dataset(split="train", ...)``
+    was not followed ("no loop over what its callers bind"): nothing written."""
+    p = plan(ANNOTATED)
+    assert not p.left, p.left
+    assert '    device: str = str(ddpkit.init().device)' in p.text.splitlines(), p.text
+    assert "ddpkit.data_loader(data, global_batch_size=self.args.batch_size, shuffle=shuffle) if split == 'train'" \
+        in p.text, p.text

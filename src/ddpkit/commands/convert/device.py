@@ -148,6 +148,16 @@ def devices(work: _Work) -> None:
                        "'cpu'), then convert again", blocks=True)
             return
     for b in found:
+        small = b.stmt.body[0] if len(b.stmt.body) == 1 else None
+        if isinstance(small, cst.AnnAssign) and small.value is not None and _in_class(work, b.stmt):
+            # (an options class's default, a Tap / dataclass ``device: str = "cuda:0"``: read as ``args.device``)
+            args = init_arguments(b.value)
+            work.devices.append(b)
+            work.edits.expr[id(b.value)] = lambda node, a=args: cst.parse_expression(f"str(ddpkit.init({a}).device)")
+            work.note(f"{b.target}: ... = str(ddpkit.init().device)", "the options' default device: init() starts "
+                      "the process group and gives each rank its own (a --device given on the command line wins)",
+                      b.line)
+            continue
         if len(b.stmt.body) != 1 or not isinstance(b.stmt.body[0], cst.Assign) \
                 or len(b.stmt.body[0].targets) != 1:
             work.leave(b.line, "the device set-up shares its line with other statements: left as it is",
@@ -178,6 +188,12 @@ def devices(work: _Work) -> None:
             else " (.type: the script's device is a string, and it may be tested as one)" if as_string(b.value) else ""
         work.note(f"{b.target} = ... -> {init}; {read}", "init() starts the process group and gives each rank its "
                   "own device" + said, b.line)
+
+
+def _in_class(work: _Work, stmt: cst.CSTNode) -> bool:
+    """``stmt`` is a statement of a class's own body (a class attribute)."""
+    return any(isinstance(c, cst.ClassDef) and isinstance(c.body, cst.IndentedBlock) and
+               any(s is stmt for s in c.body.body) for c in m.findall(work.facts.module, m.ClassDef()))
 
 
 def _fallback(work: _Work, b: Binding, found: list[Binding]) -> bool:

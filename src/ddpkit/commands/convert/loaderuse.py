@@ -187,10 +187,19 @@ def returns(facts: Facts, binding: Binding) -> bool:
 def returned(facts: Facts, call: Call) -> list[Binding] | None:
     """``return DataLoader(...)`` (or one of a returned tuple): what the function's callers bind it to
     (``train_loader = get_loader(args)``); None when the call is not returned."""
+    return _returned(facts, call.node)
+
+
+def _returned(facts: Facts, node: cst.CSTNode, depth: int = 0) -> list[Binding] | None:
+    """:func:`returned` of a returned call, followed through functions that return their call of it in turn
+    (bert-classification-tutorial's ``load_dataset`` returning ``self.create_loader(...)``, three deep)."""
     for scope, value in facts.returns:
         elements = unpacked(value)
-        if any(e is call.node for e in elements):
-            index = next(i for i, e in enumerate(elements) if e is call.node) if len(elements) > 1 else -1
-            sites = [id(c.node) for c in callers(facts, scope)]
-            return [b for b in facts.bindings if id(b.whole) in sites and b.index == index]
+        if any(e is node for e in elements):
+            index = next(i for i, e in enumerate(elements) if e is node) if len(elements) > 1 else -1
+            sites = callers(facts, scope)
+            found = [b for b in facts.bindings if any(b.whole is c.node for c in sites) and b.index == index]
+            for site in sites if index == -1 and depth < 3 else ():
+                found += _returned(facts, site.node, depth + 1) or []
+            return found
     return None

@@ -353,8 +353,9 @@ class _Scanner(cst.CSTVisitor):
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         name = dotted(node.target)
-        if name:
+        if name:  # (``self.train_dataloader: DataLoader = self.load_dataset(...)``: its callers' binding too)
             self._bind(name, node.value)
+            self.facts.bindings[-1].whole = node.value
 
     def visit_AugAssign(self, node: cst.AugAssign) -> None:
         name = dotted(node.target)
