@@ -461,3 +461,56 @@ def test_an_options_class_default_device_and_annotated_loader_attributes_convert
     assert '    device: str = str(ddpkit.init().device)' in p.text.splitlines(), p.text
     assert "ddpkit.data_loader(data, global_batch_size=self.args.batch_size, shuffle=shuffle) if split == 'train'" \
         in p.text, p.text
+
+
+# a GAN lesson's train(): the networks built under the one network its options allow, initialised by a helper of
+# another module, reloaded from a checkpoint when continuing
+LESSON_GAN = '''import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from util import init_weights, load
+
+
+def train(network, lr, resume):
+    loader = DataLoader(TensorDataset(torch.randn(32, 4)), batch_size=8, shuffle=True)
+    if network == "DCGAN":
+        netG = nn.Linear(2, 4)
+        netD = nn.Linear(4, 1)
+        init_weights(netG, init_type="normal", init_gain=0.02)
+        init_weights(netD, init_type="normal", init_gain=0.02)
+    optimG = torch.optim.Adam(netG.parameters(), lr=lr)
+    optimD = torch.optim.Adam(netD.parameters(), lr=lr)
+    if resume:
+        netG, netD = load(netG, netD)
+    for (x,) in loader:
+        fake = netG(torch.randn(x.size(0), 2))
+        loss_d = netD(fake.detach()).mean() - netD(x).mean()
+        optimD.zero_grad()
+        loss_d.backward()
+        optimD.step()
+        loss_g = -netD(fake).mean()
+        optimG.zero_grad()
+        loss_g.backward()
+        optimG.step()
+
+
+train("DCGAN", 2e-4, False)
+'''
+
+
+def test_networks_initialised_by_an_imported_helper_are_prepared_below_it_in_their_only_branch():
+    """The GAN, CNP and STN lessons: ``init_weights(netG, ...)`` from util.py (``init_net`` from model.py) after the
+    build: prepare_model went at the build, above it (the first step stopped: "ranks start different"); and the
+    ``if network == "DCGAN":`` its options allow alone was listed as a branch not every path takes."""
+    p = plan(LESSON_GAN)
+    lines = p.text.splitlines()
+    assert lines.index("        netD = ddpkit.prepare_model(netD)") > lines.index(
+        '        init_weights(netD, init_type="normal", init_gain=0.02)'), p.text
+    assert "        netG = ddpkit.prepare_model(netG)" in lines, p.text
+    assert not p.left, p.left
+
+
+def test_a_network_built_in_a_branch_of_a_loop_stays_listed():
+    looped = LESSON_GAN.replace('    if network == "DCGAN":\n', '    for stage in range(1):\n     if network:\n')
+    looped = looped.replace("\n        net", "\n         net").replace("\n        init", "\n         init")
+    assert any("one branch of an if" in x.what for x in plan(looped).left), plan(looped).left

@@ -25,6 +25,7 @@ import libcst.matchers as m
 
 from ddpkit.commands.convert import inits
 from ddpkit.commands.convert.inits import node_ids
+from ddpkit.commands.convert.names import names_in
 from ddpkit.commands.convert.scan import Binding, Call
 from ddpkit.commands.convert.waits import main_guard
 
@@ -102,9 +103,19 @@ def _one_path(work: _Work, binding: Binding, optimizer: Call | None) -> None:
     if isinstance(holder, cst.If) and main_guard(work.facts.code(holder.test)):
         return  # ``if __name__ == "__main__":``: every rank runs the script as its main module
     inside = node_ids(holder)
-    if isinstance(holder, cst.Try) and all(id(b.stmt) in inside for b in work.facts.bindings
-                                           if b.target == binding.target and b.scope is binding.scope):
+    # (a rebinding from the model itself, ``netG, ... = load(..., netG=netG)``, needs it bound first: no other source)
+    alone = all(id(b.stmt) in inside for b in work.facts.bindings
+                if b.target == binding.target and b.scope is binding.scope and
+                not (b.whole is not None and binding.target in names_in(b.whole)))
+    if isinstance(holder, cst.Try) and alone:
         return  # ``try: model = Net(); ... except KeyboardInterrupt: ...``: a path that skips it has no model at all
+    # the GAN lesson's ``def train(args):`` ... ``if network == "DCGAN":`` with no else (its argparse ``choices=
+    # ["DCGAN"]``): a local name only that branch binds, in no loop: a path that skips it stops at the optimizer
+    # (UnboundLocalError), so the one that trains runs the branch (at a module's level a star import may bind it)
+    if isinstance(holder, cst.If) and alone and binding.scope.name and "." not in binding.target and \
+            binding.target not in binding.scope.params and not any(
+                id(binding.stmt) in node_ids(lp.node) for lp in work.facts.loops if lp.scope is binding.scope):
+        return
     work.leave(binding.line, f"{binding.target} is built in one branch of an if that does not bind it on every "
                f"path, and prepared there: on the other paths it is not (each rank would train its own copy; the "
                "first optimizer step stops it)", f"bind {binding.target} on every path (an else), or wrap it "
