@@ -514,3 +514,11 @@ def test_a_network_built_in_a_branch_of_a_loop_stays_listed():
     looped = LESSON_GAN.replace('    if network == "DCGAN":\n', '    for stage in range(1):\n     if network:\n')
     looped = looped.replace("\n        net", "\n         net").replace("\n        init", "\n         init")
     assert any("one branch of an if" in x.what for x in plan(looped).left), plan(looped).left
+
+
+def test_an_image_written_with_pyplots_imsave_is_rank_0s():
+    """pytorch-cnp and the GAN lesson: ``plt.imsave(os.path.join(result_dir, 'png', name), img)`` was left to every
+    rank (savefig and np.save were guarded): both ranks wrote one file."""
+    source = STEP_COUNT.replace("import torch\n", "import matplotlib.pyplot as plt\nimport torch\n", 1) + \
+        "plt.imsave('last.png', model.weight.detach().numpy())\n"
+    assert "    plt.imsave('last.png', model.weight.detach().numpy())" in plan(source).text, plan(source).text

@@ -35,6 +35,7 @@ from ddpkit.commands.convert.waits import branched, callers_apart, in_main_block
 _Work = Any  # the plan in the making (plan._Work)
 
 WRITERS = {"matplotlib.pyplot.savefig": "the figure", "torchvision.utils.save_image": "the image",
+           "matplotlib.pyplot.imsave": "the image", "matplotlib.image.imsave": "the image",  # (the UNet lessons')
            "numpy.save": "the array", "numpy.savetxt": "the array", "numpy.savez": "the arrays",
            "numpy.savez_compressed": "the arrays", "imageio.mimsave": "the animation", "imageio.imwrite": "the image",
            "imageio.imsave": "the image", "imageio.v2.mimsave": "the animation", "imageio.v2.imwrite": "the image",
