@@ -522,3 +522,21 @@ def test_an_image_written_with_pyplots_imsave_is_rank_0s():
     source = STEP_COUNT.replace("import torch\n", "import matplotlib.pyplot as plt\nimport torch\n", 1) + \
         "plt.imsave('last.png', model.weight.detach().numpy())\n"
     assert "    plt.imsave('last.png', model.weight.detach().numpy())" in plan(source).text, plan(source).text
+
+
+def test_a_script_whose_training_function_and_loaders_come_from_a_package_outside_its_folder_is_not_exit_0(
+        tmp_path, capsys):
+    """swa_gaussian's experiments/train/run_swag.py: ``from swag import data, utils``, ``utils.train_epoch(
+    loaders["train"], model, ...)``: the package is outside the script's folder; convert --imports exited 0 with
+    nothing said, and every rank trained on all the data."""
+    from ddpkit.commands.convert.command import main
+
+    script = tmp_path / "experiments" / "run.py"
+    script.parent.mkdir()
+    script.write_text("import torch\nfrom swag import data, utils\n\nmodel = torch.nn.Linear(4, 2)\n"
+                      "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\nloaders = data.loaders(8)\n"
+                      "for epoch in range(2):\n    res = utils.train_epoch(loaders['train'], model, optimizer)\n"
+                      "    print(epoch, res['loss'])\n")
+    for flags in ([], ["--imports"]):
+        assert main([*flags, "-o", str(tmp_path / f"out{len(flags)}"), str(script)]) == 1
+        assert "the training loop and its loader are elsewhere" in capsys.readouterr().err

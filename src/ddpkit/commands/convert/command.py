@@ -35,13 +35,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from ddpkit.commands.cli import OneLineParser, usage_error
-from ddpkit.commands.convert import crossing, project, tabs, unread
+from ddpkit.commands.convert import crossing, project, tabs, trainedelsewhere
 from ddpkit.core.atomic import write_atomically
 from ddpkit.core.errors import SCRIPT_FAILED, UsageError
 
 PROG = "ddpkit convert"
-MODULE_BYTES = 4 << 20  # a module of the folder read for its optimizers: larger is no training code of the script's
-TRAINS = {"run", "fit", "train_model", "run_training", "train_loop", "training_loop"}  # or a train(...) of a module
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -198,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "diff": _diff(result, ns.script)}))
     else:
         sys.stdout.write(_diff(result, ns.script))
-    elsewhere = _trained_elsewhere(ns.script, result)
+    elsewhere = trainedelsewhere.lines(ns.script, result)
     for line in report(result, ns.script) + elsewhere:
         print(line, file=sys.stderr)
     if result.refused:
@@ -213,66 +211,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.verify:
         code = max(code, _verify(result, ns, written, encoding))
     return code
-
-
-def _trained_elsewhere(script: str, result) -> list[str]:
-    """The line for a script that prepares no model and converts no loader, but imports modules of its folder:
-    its training loop is likely there (minGPT's Trainer), and converting the script alone distributes nothing."""
-    if result.refused:
-        return []
-    modules = project.files_of(script, imports=True)[1][1:]
-    if "prepare_model(" in result.text or "data_loader(" in result.text:
-        return _optimizers_elsewhere(script, modules, trains="prepare_model(" in result.text) or \
-            [f"  {script}: left to you: {said}; convert them together: ddpkit convert --imports {script}"
-             for said in unread.writers(script, modules, result.source)[:3]]
-    if modules:
-        return [f"  {script}: left to you: no model is prepared and no DataLoader converted here, and the script "
-                f"imports {', '.join(modules[:3])}{' ...' if len(modules) > 3 else ''} from its folder (its training "
-                f"loop?): convert them together: ddpkit convert --imports {script}"]
-    calls = [node for node in ast.walk(ast.parse(result.source)) if isinstance(node, ast.Call)]
-    called = {node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-              for node in calls}
-    # what hands the training to another module: train(epoch), trainer.run(), Trainer(...), model.fit(...)
-    hands = any(name in TRAINS or "Trainer" in name for name in called) or any(
-        node.args and (isinstance(node.func, ast.Name) and node.func.id == "train" or
-                       isinstance(node.func, ast.Attribute) and node.func.attr == "train") for node in calls)
-    if called & {"backward", "step", "DataLoader"} or not hands:
-        return []
-    return [f"  {script}: left to you: no training loop here (no backward, optimizer step or DataLoader), so nothing "
-            "is distributed: if a module it imports trains (a Trainer's run()), convert that module with it: ddpkit "
-            f"convert --imports {script}, or ddpkit convert FOLDER for a package outside the script's folder"]
-
-
-def _optimizers_elsewhere(script: str, modules: list[str], trains: bool) -> list[str]:
-    """The line for a script converted alone while a module of its folder builds an optimizer of its own and takes a
-    backward (a layer that trains itself inside ``forward``, a Trainer that makes its optimizer): the model that one
-    trains is out of this file's reach, and each rank would train its own copy. Where the script prepares no model,
-    also a module that only builds its optimizer (``optimizer = set_optimizer(opt, model)``); where it prepares one,
-    such a module trains nothing itself (nanoGPT's ``configure_optimizers``)."""
-    from ddpkit.commands.check.rules import OPTIMIZERS
-
-    root = os.path.dirname(os.path.abspath(script))
-    for rel in modules:
-        path = os.path.join(root, rel)
-        try:
-            if os.path.getsize(path) > MODULE_BYTES:
-                continue
-            with open(path, "rb") as f:
-                tree = ast.parse(f.read())
-        except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
-            continue  # (converting it together says what is wrong with it)
-        calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
-        names = [(node, node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", ""))
-                 for node in calls]
-        if trains and not any(name == "backward" for _, name in names):
-            continue  # it builds the script's optimizer (nanoGPT's configure_optimizers), whose model is prepared
-        for node, name in names:
-            if name in OPTIMIZERS:
-                return [f"  {script}: left to you: {rel}:{node.lineno} (imported from the script's folder) builds "
-                        f"an optimizer ({name}): converted alone, this file cannot prepare the "
-                        "model it trains, and each rank would train its own copy; convert them together: ddpkit "
-                        f"convert --imports {script}"]
-    return []
 
 
 def _write(result, ns: argparse.Namespace, encoding: str) -> str | None:
@@ -387,7 +325,10 @@ def _main_many(ns: argparse.Namespace) -> int:
     except OSError as exc:
         return usage_error(PROG, f"cannot write {ns.output or root!r} ({exc.__class__.__name__}: "
                                  f"{exc.strerror or exc}); expected a writable folder")
-    code = SCRIPT_FAILED if any(r.left for _, _, r, _ in done) else 0
+    outside = trainedelsewhere.outside(ns.script, plans[files[0]], [r for _, _, r, _ in done])
+    for line in outside:
+        print(line, file=sys.stderr)
+    code = SCRIPT_FAILED if any(r.left for _, _, r, _ in done) or outside else 0
     if ns.verify:
         entry = os.path.join(ns.output, files[0]) if ns.output else os.path.join(root, files[0])
         verified, lines = verify_and_check(entry, ns.script_args, ns.nproc_per_node, ns.steps)
