@@ -540,3 +540,10 @@ def test_a_script_whose_training_function_and_loaders_come_from_a_package_outsid
     for flags in ([], ["--imports"]):
         assert main([*flags, "-o", str(tmp_path / f"out{len(flags)}"), str(script)]) == 1
         assert "the training loop and its loader are elsewhere" in capsys.readouterr().err
+
+
+def test_an_old_size_average_false_criterion_is_no_mean_over_the_tokens():
+    """NCRFpp's ``nn.NLLLoss(ignore_index=0, size_average=False)``: listed as "a mean over the tokens" (false: the
+    old flag makes it a sum)."""
+    source = STEP_COUNT.replace("torch.nn.CrossEntropyLoss()", "torch.nn.NLLLoss(ignore_index=0, size_average=False)")
+    assert not [x for x in plan(source).left if "a mean over the tokens" in x.what], plan(source).left

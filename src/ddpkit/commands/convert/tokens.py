@@ -60,6 +60,8 @@ def token_mean_loss(work: _Work) -> None:
         if isinstance(reduction, cst.SimpleString) and reduction.evaluated_value in ("sum", "none") and \
                 not (reduction.evaluated_value == "sum" and over_tokens(work, call)):
             continue  # no mean (Sentence-VAE's NLLLoss(reduction='sum'), divided by the batch's own size)
+        if _false(keywords.get("size_average")) or _false(keywords.get("reduce")):
+            continue  # the old ``size_average=False`` (NCRFpp's NLLLoss): a sum, said as one by losses.py
         labels: Any = None
         positional = [a.value for a in call.node.args if a.keyword is None and not a.star]
         at = 0 if call.last[:1].isupper() else 2  # ``nn.NLLLoss(weight)``; ``F.cross_entropy(x, y, weight)``
@@ -160,9 +162,16 @@ def over_tokens(work: _Work, call: Call) -> bool:
 
 
 def _summed(made: cst.Call) -> bool:
-    """A criterion built with ``reduction='sum'`` or ``'none'`` (not ``'mean'``: review)."""
-    return any(a.keyword is not None and a.keyword.value == "reduction" and isinstance(a.value, cst.SimpleString)
-               and a.value.evaluated_value in ("sum", "none") for a in made.args)
+    """A criterion built with ``reduction='sum'`` or ``'none'`` (not ``'mean'``: review), or the old
+    ``size_average=False`` / ``reduce=False``."""
+    return any(a.keyword is not None and (a.keyword.value == "reduction" and isinstance(a.value, cst.SimpleString)
+                                          and a.value.evaluated_value in ("sum", "none") or
+                                          a.keyword.value in ("size_average", "reduce") and _false(a.value))
+               for a in made.args)
+
+
+def _false(value: Any) -> bool:
+    return isinstance(value, cst.Name) and value.value == "False"
 
 
 def _a_token_loss(work: _Work, call: Call) -> bool:
