@@ -547,3 +547,14 @@ def test_an_old_size_average_false_criterion_is_no_mean_over_the_tokens():
     old flag makes it a sum)."""
     source = STEP_COUNT.replace("torch.nn.CrossEntropyLoss()", "torch.nn.NLLLoss(ignore_index=0, size_average=False)")
     assert not [x for x in plan(source).left if "a mean over the tokens" in x.what], plan(source).left
+
+
+def test_a_results_file_appended_above_a_load_of_another_path_goes_to_rank_0_alone():
+    """SparseTSF's ``f = open("result.txt", 'a')`` then ``f.write(...)`` lines, above a ``torch.load(best_model_path)``
+    of a checkpoint: the load was taken for a read of result.txt, and the open left to the user (2 rows at 2)."""
+    source = STEP_COUNT + ("f = open('result.txt', 'a')\nf.write('cost %f\\n' % float(avg_cost))\nf.close()\n"
+                           "path = 'checkpoints/' + str(epoch) + '/checkpoint.pth'\n"
+                           "model.load_state_dict(torch.load(path))\n")
+    p = plan(source)
+    assert not p.left, p.left
+    assert "f = open('result.txt' if ddpkit.init().is_main else os.devnull, 'a')" in p.text, p.text

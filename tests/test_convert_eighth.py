@@ -82,7 +82,7 @@ def test_two_loaders_a_builder_returns_as_a_tuple_are_each_their_own_line():
 def test_device_chains_of_the_eighth_set_convert():
     """pyg's ``if cuda: ... elif mps: torch.device('cpu') else: torch.device('cpu')`` and an experiment class's
     ``_acquire_device()`` (``torch.device("cuda:{}".format(args.gpu))`` / ``"cpu"``, returned into
-    ``self.device``) were refused as "chosen over several lines"; its ``CUDA_VISIBLE_DEVICES`` is listed."""
+    ``self.device``) were refused as "chosen over several lines"; its ``CUDA_VISIBLE_DEVICES`` goes, said."""
     body = "loader = DataLoader(TensorDataset(torch.randn(64, 8), torch.randn(64, 1)), batch_size=8, shuffle=True)\n"
     chain = "import torch\nfrom torch import nn\nfrom torch.utils.data import DataLoader, TensorDataset\n" \
         "if torch.cuda.is_available():\n    device = torch.device('cuda')\nelif torch.backends.mps.is_available():\n" \
@@ -104,7 +104,9 @@ def test_device_chains_of_the_eighth_set_convert():
         "            loss.backward()\n            opt.step()\n"
     result = plan(exp)
     assert not result.refused and "state = ddpkit.init(cpu=not self.args.use_gpu)" in result.text, result.left
-    assert [x.line for x in result.left if "CUDA_VISIBLE_DEVICES" in x.what] == [14], result.left
+    # (removed since the eighteenth set, said: the launch chooses the GPUs, each rank its own)
+    assert "CUDA_VISIBLE_DEVICES" not in result.text and not result.left, result.left
+    assert [e.line for e in result.edits if "CUDA_VISIBLE_DEVICES" in e.what] == [14], result.edits
 
 
 def test_a_model_saved_inside_a_dict_is_unwrapped_and_parameter_groups_from_its_methods_prepare_it():

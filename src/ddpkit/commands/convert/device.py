@@ -19,7 +19,7 @@ from typing import Any
 import libcst as cst
 from libcst import matchers as m
 
-from ddpkit.commands.convert.flow import callers
+from ddpkit.commands.convert import visible
 from ddpkit.commands.convert.names import dotted, names_in, resolve
 from ddpkit.commands.convert.scan import Binding, Scope
 
@@ -133,7 +133,7 @@ def devices(work: _Work) -> None:
     """``device = torch.device(...)`` -> ``state = ddpkit.init(...)`` and ``device = state.device``; a device
     chosen in an ``if`` / ``else``: one init above it (:func:`_chosen`)."""
     facts = work.facts
-    _visible_devices(work)
+    visible.visible_devices(work)
     chosen = [b for choice in _choices(work) for b in _chosen(work, *choice)]
     found = [b for b in facts.bindings if b.stmt is not None and is_device(b.value, b.target, facts.aliases)
              and b not in chosen]
@@ -254,29 +254,6 @@ def _upgrades(work: _Work, found: list[Binding]) -> dict[int, tuple[Binding, Bin
             pairs[id(b)] = (b, later[0])
             work.devices.append(later[0])  # (converted: a model moved to it is on ddpkit's device)
     return pairs
-
-
-def _visible_devices(work: _Work) -> None:
-    """``os.environ["CUDA_VISIBLE_DEVICES"] = str(args.gpu)`` in the script: every rank would see only that GPU,
-    and all share it. Listed once: the launch chooses the GPUs, each rank its own."""
-    for node in m.findall(work.facts.module, m.Assign(targets=[m.AssignTarget(target=m.Subscript())])):
-        assert isinstance(node, cst.Assign)
-        target = node.targets[0].target
-        assert isinstance(target, cst.Subscript)
-        index = target.slice[0].slice if target.slice else None
-        key = index.value if isinstance(index, cst.Index) else None
-        if dotted(target.value) in ("os.environ", "environ") and isinstance(key, cst.SimpleString) and \
-                key.evaluated_value == "CUDA_VISIBLE_DEVICES":
-            line, scope = next(((n, sc) for stmt, sc, n in work.facts.statements if any(b is node for b in stmt.body)),
-                               (1, None))
-            elsewhere = work.crossing.elsewhere if work.crossing is not None else None
-            if scope is not None and scope.name and elsewhere is not None and not callers(work.facts, scope) and \
-                    scope.name.rsplit(".", 1)[-1] not in elsewhere:
-                continue  # (SCINet's ``_acquire_device``, which nothing calls)
-            work.leave(line, "the script sets CUDA_VISIBLE_DEVICES: every rank would see only the GPUs it names, "
-                       "and ranks would share one", "remove it and choose the GPUs for the launch instead: "
-                       "CUDA_VISIBLE_DEVICES=0,1 ddpkit launch --nproc-per-node 2 ...; each rank then takes its own")
-            return
 
 
 STARTS_DDPKIT = ("print", "pprint.pprint", "pprint.pp", "torch.utils.data.DataLoader",

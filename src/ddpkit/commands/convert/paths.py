@@ -57,9 +57,10 @@ def maybe_same(facts: Facts, write: Call, written: cst.BaseExpression | None, re
         return True
     ones = shapes(facts, written, write.scope, write.line)
     others = shapes(facts, reading, read.scope, read.line)
-    # ``open(p, 'w')`` then ``open(q)``: no name changes between them unless the script renames a file (the SSD
-    # tutorial's ``TRAIN_images.json`` written, ``test.txt`` read: a false wait)
-    named = write.name in OPENERS and read.name in OPENERS and not any(c.name in RENAMES for c in facts.calls)
+    # ``open(p, 'w')`` then ``open(q)`` or another reader: an opened file's name is the one given, and no name
+    # changes before the read unless the script renames a file (the SSD tutorial's ``TRAIN_images.json`` written,
+    # ``test.txt`` read; SparseTSF's ``result.txt`` appended, a ``.../checkpoint.pth`` loaded: false waits)
+    named = write.name in OPENERS and not any(c.name in RENAMES for c in facts.calls)
     return any(_agree(a, b) and (not named or _same_end(a, b)) for a in ones for b in others)
 
 

@@ -282,8 +282,11 @@ def _to_null(work: _Work, call: Call) -> None:
         (a.value for a in call.node.args if a.keyword is not None and a.keyword.value == "mode"), None)
     shadowed = any(b.target == "os" for b in work.facts.bindings) or \
         any("os" in scope.params for scope in work.facts.scopes.values())  # (a parameter named ``os``)
-    read = any(c.line > call.line and (c.name in OPENERS and not _writing(c.node) or c.last in READS)
-               for c in work.facts.calls)  # (a file written, then read back by the script: a barrier's business)
+    # (a file written, then read back by the script: a barrier's business; not a read of another path, SparseTSF's
+    # ``result.txt`` above a ``np.load`` of its own outputs)
+    read = any(c.line > call.line and (c.name in OPENERS and not _writing(c.node) or c.last in READS) and
+               paths.maybe_same(work.facts, call, paths.first_path(call), c, paths.first_path(c))
+               for c in work.facts.calls)
     if not positional or not isinstance(mode, cst.SimpleString) or set(mode.evaluated_value) & {"+", "x"} or \
             shadowed or read:
         work.leave(call.line, "a file opened for writing and kept open (written later through its name): every "
