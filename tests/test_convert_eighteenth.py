@@ -558,3 +558,104 @@ def test_a_results_file_appended_above_a_load_of_another_path_goes_to_rank_0_alo
     p = plan(source)
     assert not p.left, p.left
     assert "f = open('result.txt' if ddpkit.init().is_main else os.devnull, 'a')" in p.text, p.text
+
+
+@pytest.mark.parametrize("step", ["total_loss = criterion(model(x), y) * 2\n        loss = total_loss / batch_size",
+                                  "loss = criterion(model(x), y) * x.shape[0] / batch_size"])
+def test_review_a_loss_divided_by_the_batch_size_is_no_step_count(step):
+    """Review 25: ``total_loss / batch_size`` (and a partial batch's ``x.shape[0] / batch_size``) were taken for a
+    count of steps: the global batch made, each rank's loss over B/N divided by B (verify FAILed)."""
+    source = STEP_COUNT.replace("        cost = criterion(model(x), y)\n",
+                                f"        {step}\n        cost = loss\n").replace(
+        "        avg_cost += cost.data / total_batch\n", "")
+    p = plan(source)
+    assert "global_batch_size" not in p.text, p.text
+    assert any("kept per process" in x.what for x in p.left), p.left
+
+
+def test_review_a_cost_over_the_step_count_of_a_batch_kept_per_process_is_summed():
+    """Review 25: with the batch kept per process (noise sized by it), each rank takes 1/N of the steps, so
+    ``avg_cost += cost / total_batch`` over them adds up across ranks: it was averaged (half the cost)."""
+    source = STEP_COUNT.replace("        cost = criterion(model(x), y)\n",
+                                "        cost = criterion(model(x + torch.randn(batch_size, 4)), y)\n")
+    lines = plan(source).text.splitlines()
+    assert "    avg_cost = ddpkit.reduce(avg_cost)" in lines, lines
+
+
+def test_review_a_list_turned_into_an_array_after_the_loop_keeps_its_mean_reduced():
+    """Review 25: ``losses = np.array(losses)`` after the loop was taken for a new list: ``np.mean(losses)`` stayed
+    rank 0's."""
+    source = EXTENDED.replace('    writer.add_scalar("loss", np.mean(loss_arr), epoch)\n',
+                              '    loss_arr = np.array(loss_arr)\n    train_mean = np.mean(loss_arr)\n'
+                              '    writer.add_scalar("loss", train_mean, epoch)\n')
+    assert "    train_mean = ddpkit.reduce(train_mean, op='mean')" in plan(source).text.splitlines(), plan(source).text
+
+
+def test_review_a_count_clamped_after_the_loop_is_still_reduced_with_its_sum():
+    """Review 25: ``count = max(count, 1)`` after the training loop ended the count: ``train_loss`` reduced alone,
+    the printed loss N times one process's."""
+    source = COUNT_REUSED.replace('        print("train loss: %.6f" % (train_loss * 1.0 / count))\n',
+                                  '        count = max(count, 1)\n'
+                                  '        print("train loss: %.6f" % (train_loss * 1.0 / count))\n')
+    lines = plan(source).text.splitlines()
+    at = lines.index("        count = ddpkit.reduce(count)")
+    assert lines[at + 1] == "        train_loss = ddpkit.reduce(train_loss)", lines[at:at + 3]
+
+
+def test_review_a_flag_set_after_the_epochs_may_run_the_load_after_the_save():
+    """Review 25: ``if not args.evaluate:`` epochs that save, ``args.evaluate = True``, then ``if args.evaluate:`` a
+    load: taken for two sides no run takes both; the barrier went (rank 1: FileNotFoundError)."""
+    flipped = MODES.replace('if args.mode == "train":', "if not args.evaluate:").replace(
+        "else:\n    net.load_state_dict", 'args.evaluate = True\nif args.evaluate:\n    net.load_state_dict').replace(
+        'parser.add_argument("--mode", default="train", choices=["train", "test"])',
+        'parser.add_argument("--evaluate", action="store_true")')
+    assert [x.line for x in plan(flipped).left if "read" in x.what] == [18], plan(flipped).left
+
+
+def test_review_an_options_device_that_is_a_torch_device_stays_one():
+    """Review 25: ``device: torch.device = torch.device("cuda:0")`` became ``str(...)``: ``cfg.device.type`` raised."""
+    source = ANNOTATED.replace('device: str = "cuda:0"', 'device: torch.device = torch.device("cuda:0")')
+    assert "    device: torch.device = ddpkit.init().device" in plan(source).text.splitlines(), plan(source).text
+
+
+def test_review_a_helper_class_pinning_its_own_device_is_no_options_default():
+    """Review 25: any class's ``device: str = "cpu"`` became ``ddpkit.init(cpu=True)`` at its definition: the whole
+    run on the CPU. Only a class of options (Tap, a dataclass, ``...Args``) holds the run's default."""
+    source = ANNOTATED.replace("class Args:", "class Helper:").replace("Experiment(Args())", "Experiment(Helper())")
+    assert "ddpkit.init" not in plan(source).text.split("class Experiment")[0], plan(source).text
+
+
+def test_review_a_mean_of_the_list_under_a_data_dependent_if_is_listed_not_reduced_there():
+    """Review 25: ``if epoch_loss_seen: m = np.mean(losses)``: a ddpkit.reduce inside the ``if`` one rank may skip
+    (the other ranks waited, then the connection closed)."""
+    source = EXTENDED.replace('    writer.add_scalar("loss", np.mean(loss_arr), epoch)\n',
+                              '    if loss.item() < 1.0:\n        low = np.mean(loss_arr)\n'
+                              '        writer.add_scalar("low", low, epoch)\n')
+    p = plan(source)
+    assert "ddpkit.reduce(low" not in p.text, p.text
+    assert [x.line for x in p.left if "under a test" in x.what] == [20], p.left
+
+
+def test_review_a_layer_the_model_keeps_as_an_attribute_and_calls_is_still_named_for_ddps_forward():
+    """Review 25: ``model.body(x)`` of ``self.body = nn.Sequential(...)`` was taken for a loss attribute: nothing
+    said, the first step stopped (ReplicaError). Only a loss module (``...Loss()``) is left out."""
+    source = CRITERION_ATTRIBUTE.replace("self.criterion = torch.nn.CrossEntropyLoss()",
+                                         "self.criterion = torch.nn.Linear(2, 2)")
+    assert "forward_methods=('criterion',)" in plan(source).text, plan(source).text
+
+
+def test_review_a_model_declared_global_and_rebound_in_one_branch_stays_listed():
+    """Review 25: ``global model`` then ``if args.big: model = Big()``: the module's model on the other path."""
+    source = LESSON_GAN.replace("def train(network, lr, resume):\n", "netG = netD = None\n\n\n"
+                                "def train(network, lr, resume):\n    global netG, netD\n")
+    assert any("one branch of an if" in x.what for x in plan(source).left), plan(source).left
+
+
+def test_review_a_function_another_file_runs_twice_may_load_after_its_save():
+    """Review 25: sweep.py runs train.py's ``main()`` twice; train.py told util.py its load never follows its save
+    (main is called once there): the second run's resume read the first one's save with no barrier."""
+    trainer = LESSON.replace("if args.mode", "def main():\n  if args.mode").replace("\n    ", "\n      ") \
+        .replace("\nelse:", "\n  else:") + "\n\nif __name__ == '__main__':\n    main()\n"
+    files = {"util.py": UTIL, "train.py": trainer, "sweep.py": "import train\n\nfor _ in range(2):\n    train.main()\n"}
+    done = _settled(files)
+    assert [x.line for x in done["util.py"].left] == [7], done["util.py"].left

@@ -77,6 +77,7 @@ def global_batch(work: _Work, call: Call, loops: list[Loop]
         why = f"the training loop reads {read[0]} at line {read[1]}" if read is not None else \
             f"the model is built with it at line {built[1]} ({built[0]})" if built is not None else str(elsewhere)
         work.done.extend(handsize.answered(work.crossing.wants, call.scope.name, params, names))
+        work.per_process.add(id(call.node))  # (its loops' sums of batch means then add, not average: reductions)
         work.leave(call.line, f"batch_size={size} kept per process (a global batch of {size} x N): {why}, sized "
                    f"for a batch of {size}, and each process would "
                    f"take {size}/N", "size it from the batch itself (x.size(0)), then convert again; or pass "
@@ -286,7 +287,7 @@ def read_in_training(work: _Work, names: set[str], loops: list[Loop], call: Call
     # DataLoader on StopIteration: converted by this same rule, sized by nothing of the loop)
     rebuilt = [c.node for c in work.facts.calls if c.name == "torch.utils.data.DataLoader" and c.loops]
     quiet = _quiet(work, loops) | (node_ids(call.node) if call is not None else set()) | _counting(loops, names) | \
-        _step_counts(loops, names) | \
+        _step_counts(work, loops, names) | \
         {i for node in rebuilt for i in node_ids(node)}
     for name, scope, line, node in work.facts.reads:
         if name in names and id(node) in inside and id(node) not in quiet and not _rebound(work, name, scope, line,
@@ -307,19 +308,22 @@ def _rebound(work: _Work, name: str, scope: Any, line: int, loops: list[Loop], n
         any(loop.line < bound.line <= loop.end for loop in loops) and not names_in(bound.value) & names
 
 
-def _step_counts(loops: list[Loop], names: set[str]) -> set[int]:
+def _step_counts(work: _Work, loops: list[Loop], names: set[str]) -> set[int]:
     """The batch size dividing the data's size into a count of steps (DeepLearningZeroToAll's ``total_batch =
     len(mnist_train) // batch_size`` in the epoch loop, its ``avg_cost += cost / total_batch``): a global batch keeps
-    that count on every rank, so it sizes nothing."""
-    def sized(node: cst.CSTNode) -> bool:  # ``len(ds)``, ``x.shape[0]``, ``n_train``, ``num_samples``
-        name = (dotted(node) or "").rsplit(".", 1)[-1].lower()
-        return bool(m.findall(node, m.Call(func=m.Name("len")) | m.Attribute(attr=m.Name("shape")))) or \
-            any(w in name for w in ("len", "size", "num", "count", "total", "samples")) or name.startswith("n_")
+    that count on every rank, so it sizes nothing. The data's size only: ``len(...)``, or a name bound to one
+    (review: ``total_loss / batch_size`` and ``loss * x.shape[0] / batch_size`` size the loss by the batch)."""
+    def sized(node: cst.CSTNode, scope: Any, line: int) -> bool:
+        if isinstance(node, cst.Call) and dotted(node.func) == "len":
+            return True
+        bound = binding_of(work.facts, dotted(node) or "", scope, line) if isinstance(node, cst.Name) else None
+        return bound is not None and isinstance(bound.value, cst.Call) and dotted(bound.value.func) == "len"
     found: set[int] = set()
     for loop in loops:
         for owner in [loop, *loop.outer]:
             for div in m.findall(owner.node, m.BinaryOperation(operator=m.Divide() | m.FloorDivide())):
-                if isinstance(div, cst.BinaryOperation) and dotted(div.right) in names and sized(div.left):
+                if isinstance(div, cst.BinaryOperation) and dotted(div.right) in names and \
+                        sized(div.left, loop.scope, loop.line):
                     found |= node_ids(div.right)
     return found
 

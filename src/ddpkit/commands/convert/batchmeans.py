@@ -38,20 +38,27 @@ def batch_mean(facts: Facts, loop: Loop, name: str) -> bool:
     losses = stepped_losses(loop)
     adds = [node for node in m.findall(loop.node, m.AugAssign(operator=m.AddAssign()))
             if isinstance(node, cst.AugAssign) and _CODE.code_for_node(node.target) == name]
-    inside = {b for b in loop.targets} | {dotted(n.targets[0].target) for n in m.findall(loop.node, m.Assign())
-                                          if isinstance(n, cst.Assign) and len(n.targets) == 1}
     for node in adds:
-        value = node.value  # (``avg_cost += cost / total_batch``: over a count the loop does not change, still a mean)
+        value = node.value  # (``avg_cost += cost / total_batch``, ``total_batch = len(ds) // batch_size``: over the
+        # data's count of steps, the same on every rank with the global batch; review: not ``len(loader)``, a rank's)
         if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Divide) and \
-                not _names(value.right) & inside:
+                _step_count(facts, loop, value.right):
             value = value.left
         if loss_name(value) not in losses:
             return False
     return bool(losses and adds) and all(mean_criterion(facts, loop, name) for name in losses if name)
 
 
-def _names(node: cst.CSTNode) -> set[str]:
-    return {n.value for n in m.findall(node, m.Name()) if isinstance(n, cst.Name)}
+def _step_count(facts: Facts, loop: Loop, node: cst.BaseExpression) -> bool:
+    """``node`` names a count of steps made from the data's size before the loop: ``total_batch = len(ds) //
+    batch_size`` (or ``/``), not a loader's length."""
+    name = dotted(node) if isinstance(node, cst.Name) else None
+    made = [b.value for b in facts.bindings if name and b.target == name and b.scope is loop.scope and
+            b.line < loop.line]
+    value = made[-1] if made else None
+    return isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.FloorDivide, cst.Divide)) and \
+        isinstance(value.left, cst.Call) and dotted(value.left.func) == "len" and bool(value.left.args) and \
+        not any(w in (dotted(value.left.args[0].value) or "").lower() for w in ("loader", "iter"))
 
 
 def loss_name(value: Any) -> str | None:

@@ -112,8 +112,10 @@ def _one_path(work: _Work, binding: Binding, optimizer: Call | None) -> None:
     # the GAN lesson's ``def train(args):`` ... ``if network == "DCGAN":`` with no else (its argparse ``choices=
     # ["DCGAN"]``): a local name only that branch binds, in no loop: a path that skips it stops at the optimizer
     # (UnboundLocalError), so the one that trains runs the branch (at a module's level a star import may bind it)
+    declared = {item.name.value for g in m.findall(binding.scope.node, m.Global() | m.Nonlocal())
+                for item in getattr(g, "names", ())} if binding.scope.name else set()  # (review: ``global model``)
     if isinstance(holder, cst.If) and alone and binding.scope.name and "." not in binding.target and \
-            binding.target not in binding.scope.params and not any(
+            binding.target not in {*binding.scope.params, *declared} and not any(
                 id(binding.stmt) in node_ids(lp.node) for lp in work.facts.loops if lp.scope is binding.scope):
         return
     work.leave(binding.line, f"{binding.target} is built in one branch of an if that does not bind it on every "

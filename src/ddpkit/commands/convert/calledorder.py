@@ -52,10 +52,18 @@ def _may_follow(work: _Work, later: Call, earlier: Call) -> bool:
     around = any(lp is other for lp in later.loops for other in earlier.loops)
     # (a function that runs both may run twice, called from elsewhere: SCINet's ``Exp.train``, a second experiment's
     # resume reading the first one's save; the module's own lines, or a function called once here, run once)
-    again = later.scope is earlier.scope and not order.called_once_or_top(work.facts, later.scope)
+    again = later.scope is earlier.scope and bool(later.scope.name) and (
+        not order.called_once_or_top(work.facts, later.scope) or _named_elsewhere(work, later.scope.name))
     placed = later.line > earlier.line or later.scope is not earlier.scope and bool(later.scope.name) or around or \
         again
     return placed and (around or not order.read_first(work.facts, later, earlier))
+
+
+def _named_elsewhere(work: _Work, function: str) -> bool:
+    """Another file of the project may call ``function`` (its names, when known; unknown: it may): review, a
+    sweep.py that runs train.py's ``main()`` twice, its second run reading the first one's save."""
+    names = work.crossing.elsewhere
+    return names is None or function.rsplit(".", 1)[-1] in names
 
 
 def apart(wants: dict[str, str], others: list[frozenset[str]], writing: set[str], reading: set[str]) -> bool:

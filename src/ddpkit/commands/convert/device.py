@@ -149,14 +149,16 @@ def devices(work: _Work) -> None:
             return
     for b in found:
         small = b.stmt.body[0] if len(b.stmt.body) == 1 else None
-        if isinstance(small, cst.AnnAssign) and small.value is not None and _in_class(work, b.stmt):
-            # (an options class's default, a Tap / dataclass ``device: str = "cuda:0"``: read as ``args.device``)
-            args = init_arguments(b.value)
+        if isinstance(small, cst.AnnAssign) and small.value is not None and _options(work, b.stmt):
+            # (an options class's default, a Tap / dataclass ``device: str = "cuda:0"``: read as ``args.device``; a
+            # string stays a string, a ``torch.device`` a device: review, ``cfg.device.type``)
+            args, text = init_arguments(b.value), as_string(b.value)
             work.devices.append(b)
-            work.edits.expr[id(b.value)] = lambda node, a=args: cst.parse_expression(f"str(ddpkit.init({a}).device)")
-            work.note(f"{b.target}: ... = str(ddpkit.init().device)", "the options' default device: init() starts "
-                      "the process group and gives each rank its own (a --device given on the command line wins)",
-                      b.line)
+            work.edits.expr[id(b.value)] = lambda node, a=args, t=text: cst.parse_expression(
+                f"str(ddpkit.init({a}).device)" if t else f"ddpkit.init({a}).device")
+            work.note(f"{b.target}: ... = {'str(' if text else ''}ddpkit.init().device{')' if text else ''}", "the "
+                      "options' default device: init() starts the process group and gives each rank its own (a "
+                      "--device given on the command line wins)", b.line)
             continue
         if len(b.stmt.body) != 1 or not isinstance(b.stmt.body[0], cst.Assign) \
                 or len(b.stmt.body[0].targets) != 1:
@@ -190,10 +192,21 @@ def devices(work: _Work) -> None:
                   "own device" + said, b.line)
 
 
-def _in_class(work: _Work, stmt: cst.CSTNode) -> bool:
-    """``stmt`` is a statement of a class's own body (a class attribute)."""
-    return any(isinstance(c, cst.ClassDef) and isinstance(c.body, cst.IndentedBlock) and
-               any(s is stmt for s in c.body.body) for c in m.findall(work.facts.module, m.ClassDef()))
+def _options(work: _Work, stmt: cst.CSTNode) -> bool:
+    """``stmt`` is a statement of the body of a class of options (a Tap, a pydantic model, a dataclass, a class
+    named ``...Args`` / ``...Config``): a default the command line may override, not a helper's own pin (review)."""
+    for c in m.findall(work.facts.module, m.ClassDef()):
+        if isinstance(c, cst.ClassDef) and isinstance(c.body, cst.IndentedBlock) and \
+                any(s is stmt for s in c.body.body):
+            bases = {(dotted(a.value) or "").rsplit(".", 1)[-1] for a in c.bases}
+            decorated = {(dotted(d.decorator) or dotted(getattr(d.decorator, "func", None)) or "").rsplit(".", 1)[-1]
+                         for d in c.decorators}
+            return bool(bases & OPTION_BASES or "dataclass" in decorated or c.name.value.endswith(OPTION_NAMES))
+    return False
+
+
+OPTION_BASES = {"Tap", "BaseModel", "BaseSettings", "Namespace"}
+OPTION_NAMES = ("Args", "Arguments", "Config", "Options", "Params", "Settings", "Hparams", "HParams")
 
 
 def _fallback(work: _Work, b: Binding, found: list[Binding]) -> bool:

@@ -49,7 +49,8 @@ def list_means(work: _Work, loop: Loop, whole: set[str]) -> None:
         loop's), nor bound again between (an evaluation's ``loss_arr = []`` reusing the name)."""
         later = {n for other in facts.loops if other.scope is loop.scope and loop.end < other.line < line
                  for n, _ in [*other.stored, *other.augmented]}
-        later |= {b.target for b in facts.bindings if b.scope is loop.scope and loop.end < b.line < line}
+        later |= {b.target for b in facts.bindings if b.scope is loop.scope and loop.end < b.line < line and
+                  not (b.value is not None and b.target in names_in(b.value))}  # (not ``l = np.array(l)``)
         return begun - later
     handled: set[int] = set()
     for stmt, scope, line in facts.statements:
@@ -70,6 +71,11 @@ def list_means(work: _Work, loop: Loop, whole: set[str]) -> None:
                 len(value.args) == 1 and dotted(value.args[0].value) in lists(line)):
             continue
         handled.add(id(stmt))
+        if not (_reached(facts, loop, stmt) and _every_rank(work, stmt)):  # (review: under a data-dependent ``if``,
+            work.leave(line, f"{target} = a mean of the training loop's list under a test or past a return: it stays "
+                       "this rank's (rank 0's where it is shown)", "average it on every rank first, where no rank can "
+                       "skip it: m = ddpkit.reduce(m, op='mean') right after the loop, then use m")
+            continue  # a collective one rank may skip hangs the others)
         after = work.edits.after.setdefault(id(stmt), [])
         if f"{target} = ddpkit.reduce({target}, op='mean')" not in after:
             after.append(f"{target} = ddpkit.reduce({target}, op='mean')")

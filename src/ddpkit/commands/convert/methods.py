@@ -57,8 +57,11 @@ def _attribute_of(work: _Work, owner: str, name: str) -> bool:
     while isinstance(made, cst.Call) and dotted(made.func) == "ddpkit.prepare_model" and made.args:
         made = made.args[0].value
     cls = dotted(made.func) if isinstance(made, cst.Call) else None
+    # (a loss module, ``nn.CrossEntropyLoss()``: no parameters; review: ``self.body = nn.Sequential(...)`` called as
+    # ``model.body(x)`` runs layers outside DDP, and prepare_model's refusal of it names the cause)
     return cls is not None and f"{cls}.{name}" not in work.facts.scopes and any(
-        b.target == f"self.{name}" and b.scope.cls == cls for b in work.facts.bindings)
+        b.target == f"self.{name}" and b.scope.cls == cls and isinstance(b.value, cst.Call) and
+        (dotted(b.value.func) or "").endswith("Loss") for b in work.facts.bindings)
 
 
 def _made_from(work: _Work, loop: Any, backward: Any) -> list[tuple[str, str, int]]:

@@ -142,7 +142,8 @@ def _fixed(facts: Facts, code: str) -> bool:
         return False
     if dotted(node) is None:
         return False
-    return sum(1 for b in facts.bindings if b.target == code) <= 1 and \
+    # (an attribute set anywhere, ``args.evaluate = True`` after the epochs, is changed between two ifs: review)
+    return sum(1 for b in facts.bindings if b.target == code) <= (0 if "." in code else 1) and \
         not any(b.target == code.split(".")[0] and b.scope.name for b in facts.bindings if "." in code)
 
 

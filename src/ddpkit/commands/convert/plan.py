@@ -180,6 +180,7 @@ class _Work:
     def __init__(self, facts: Facts, per_process_batch: bool = False, crossing: Crossing | None = None):
         self.facts = facts
         self.per_process_batch = per_process_batch
+        self.per_process: set[int] = set()  # the training DataLoader calls whose batch stays per process (batch.py)
         self.crossing = crossing or Crossing()
         self.asks: list[Ask] = []  # what another module of the project should convert for this one
         self.done: list[str] = []  # the crossing's wants converted here

@@ -124,7 +124,8 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
         # a sum of the loss's batch means (``train_loss += loss.item()``), not divided by the number of batches:
         # with the global batch kept, each rank took as many steps as one process did, so the ranks' sums are
         # averaged (summed, N times one process's); a per-process batch splits the steps: summed
-        means = averaged | {n for n in names if summed_as_training and not lens and not work.per_process_batch and
+        kept = work.per_process_batch or call is not None and id(call.node) in work.per_process
+        means = averaged | {n for n in names if summed_as_training and not lens and not kept and
                             batch_mean(work.facts, anchor, n)}
         test = f" if {split[1]} else " if split is not None else ""  # (a split's sums: its own shard's only)
         new = [f"{n} = ddpkit.reduce({n}{', op=' + repr('mean') if n in means else ''})"

@@ -167,7 +167,8 @@ def _paired(facts: Facts, loop: Loop, reduced: set[str], samples: set[str]) -> s
             for n in [*(a for a, _ in other.augmented), *indexed(other)]}
     over: dict[str, set[str]] = {n: set() for n in samples}  # a count -> the names divided by it
     # (up to where the count is bound again: dgcnn's ``count = 0.0`` before its test loop starts another count)
-    until = {n: min((b.line for b in facts.bindings if b.target == n and b.scope is loop.scope and b.line > loop.end),
+    until = {n: min((b.line for b in facts.bindings if b.target == n and b.scope is loop.scope and b.line > loop.end
+                     and not (b.value is not None and n in names_in(b.value))),  # (not ``count = max(count, 1)``)
                     default=1 << 30) for n in samples}
     for stmt, scope, line in facts.statements:
         if scope is loop.scope and line > loop.end:
@@ -211,8 +212,8 @@ def _training_sum(facts: Facts, loop: Loop, anchor: Loop, name: str, readers: li
     # that loop's own)
     later = {n for other in facts.loops if other.scope is loop.scope and other.line > anchor.end
              for n in [*(a for a, _ in other.augmented), *indexed(other)]
-             if not any(b.target == n and b.scope is loop.scope and anchor.end < b.line < other.line
-                        for b in facts.bindings)}
+             if not any(b.target == n and b.scope is loop.scope and anchor.end < b.line < other.line and
+                        not (b.value is not None and n in names_in(b.value)) for b in facts.bindings)}
     if not started or name in later:
         return None
     divisors = [d for s in readers if s is not None for d in _divisors(s, name)]
