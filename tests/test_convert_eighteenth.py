@@ -659,3 +659,13 @@ def test_review_a_function_another_file_runs_twice_may_load_after_its_save():
     files = {"util.py": UTIL, "train.py": trainer, "sweep.py": "import train\n\nfor _ in range(2):\n    train.main()\n"}
     done = _settled(files)
     assert [x.line for x in done["util.py"].left] == [7], done["util.py"].left
+
+
+def test_review_an_annotated_mean_of_the_list_is_reduced_as_a_plain_one():
+    """Review 25: ``mean_loss: float = np.mean(losses)`` was said to be "in a write rank 0 alone makes"."""
+    source = EXTENDED.replace('    writer.add_scalar("loss", np.mean(loss_arr), epoch)\n',
+                              '    train_mean: float = np.mean(loss_arr)\n'
+                              '    writer.add_scalar("loss", train_mean, epoch)\n')
+    p = plan(source)
+    assert "    train_mean: float = ddpkit.reduce(np.mean(loss_arr), op='mean')" in p.text.splitlines(), p.text
+    assert not p.left, p.left

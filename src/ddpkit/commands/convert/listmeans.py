@@ -184,7 +184,7 @@ def _every_rank(work: _Work, stmt: cst.SimpleStatementLine) -> bool:
         name = resolve(dotted(small.value.func), work.facts.aliases) or ""
         if name.rsplit(".", 1)[-1] in GUARDED:  # (a write the converter makes rank 0's: a collective there hangs)
             return False
-    elif not isinstance(small, (cst.Return, cst.Assign, cst.AugAssign)):
+    elif not isinstance(small, (cst.Return, cst.Assign, cst.AugAssign, cst.AnnAssign)):
         return False
     holders = [n for n in m.findall(work.facts.module, m.With() | m.If()) if any(
         s is stmt for s in m.findall(n, m.SimpleStatementLine()))]
