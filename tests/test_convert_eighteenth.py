@@ -636,12 +636,17 @@ def test_review_a_mean_of_the_list_under_a_data_dependent_if_is_listed_not_reduc
     assert [x.line for x in p.left if "under a test" in x.what] == [20], p.left
 
 
-def test_review_a_layer_the_model_keeps_as_an_attribute_and_calls_is_still_named_for_ddps_forward():
+def test_review_a_layer_the_model_keeps_as_an_attribute_and_calls_outside_its_forward_is_listed():
     """Review 25: ``model.body(x)`` of ``self.body = nn.Sequential(...)`` was taken for a loss attribute: nothing
-    said, the first step stopped (ReplicaError). Only a loss module (``...Loss()``) is left out."""
+    said, the first step stopped (ReplicaError). Review 26: naming an attribute in forward_methods makes prepare_model
+    refuse at start: a layer attribute is listed, a loss one (however spelled, ``.to(device)``) left as it is."""
     source = CRITERION_ATTRIBUTE.replace("self.criterion = torch.nn.CrossEntropyLoss()",
-                                         "self.criterion = torch.nn.Linear(2, 2)")
-    assert "forward_methods=('criterion',)" in plan(source).text, plan(source).text
+                                         "self.head = torch.nn.Linear(2, 2)").replace("model.criterion(model(x), y)",
+                                                                                      "criterion(model.head(x), y)")
+    p = plan(source)
+    assert "forward_methods" not in p.text and [x.line for x in p.left if "a layer model holds" in x.what], p.left
+    custom = CRITERION_ATTRIBUTE.replace("torch.nn.CrossEntropyLoss()", "Smoothed().to('cpu')")
+    assert "forward_methods" not in plan(custom).text and not plan(custom).left, plan(custom).left
 
 
 def test_review_a_model_declared_global_and_rebound_in_one_branch_stays_listed():

@@ -36,13 +36,22 @@ def loss_methods(work: _Work) -> dict[str, list[str]]:
     """{a prepared model's name: the methods of it the training losses are made from}, each said once."""
     models = {b.target for b in work.models}
     found: dict[str, list[str]] = {}
+    said: set[tuple[str, str]] = set()
     for loop in work.facts.loops:
         if not flow.trains(work.facts, loop):
             continue
         for call in (c for c in work.facts.calls if c.last == "backward" and c.loops and c.loops[-1] is loop
                      and isinstance(c.node.func, cst.Attribute)):
             for owner, method, line in _made_from(work, loop, call):
-                if owner in models and method not in found.get(owner, []) and not _attribute_of(work, owner, method):
+                held = _attribute_of(work, owner, method) if owner in models else None
+                loss = held is not None and (held.endswith(LOSSES) or any(w in method.lower() for w in LOSS_NAMES))
+                if held is not None and not loss and (owner, method) not in said:
+                    said.add((owner, method))  # (a layer the model holds, called on the module: outside DDP)
+                    work.leave(line, f"{owner}.{method}(...) makes the loss: {method} is a layer {owner} holds "
+                               f"({held}(...)), called outside its forward, which DDP does not see (each rank would "
+                               "train its own copy; the first step stops it)", f"call {owner}.{method} inside "
+                               f"{owner}'s forward (or a method of its class), then convert again")
+                if owner in models and method not in found.get(owner, []) and held is None:
                     found.setdefault(owner, []).append(method)
                     work.note(f"{owner}.{method}(...) makes the loss: forward_methods=({method!r},) given to "
                               f"the wrap of {owner}", "it then runs as DDP's forward and its gradients are averaged "
@@ -50,18 +59,29 @@ def loss_methods(work: _Work) -> dict[str, list[str]]:
     return found
 
 
-def _attribute_of(work: _Work, owner: str, name: str) -> bool:
-    """``name`` is an attribute the model's class of this file sets (``self.criterion = nn.CrossEntropyLoss()``, a
-    lesson's), not a method it defines: no forward method to name (prepare_model would refuse it)."""
+def _attribute_of(work: _Work, owner: str, name: str) -> str | None:
+    """What the model's class of this file sets ``self.<name>`` to (``nn.CrossEntropyLoss`` of a lesson's
+    ``self.criterion = nn.CrossEntropyLoss().to(device)``), where ``name`` is no method it defines: no forward
+    method to name (prepare_model refuses an attribute: review 26); None where it is a method, or not known."""
     made = next((b.value for b in work.models if b.target == owner), None)
     while isinstance(made, cst.Call) and dotted(made.func) == "ddpkit.prepare_model" and made.args:
         made = made.args[0].value
     cls = dotted(made.func) if isinstance(made, cst.Call) else None
-    # (a loss module, ``nn.CrossEntropyLoss()``: no parameters; review: ``self.body = nn.Sequential(...)`` called as
-    # ``model.body(x)`` runs layers outside DDP, and prepare_model's refusal of it names the cause)
-    return cls is not None and f"{cls}.{name}" not in work.facts.scopes and any(
-        b.target == f"self.{name}" and b.scope.cls == cls and isinstance(b.value, cst.Call) and
-        (dotted(b.value.func) or "").endswith("Loss") for b in work.facts.bindings)
+    if cls is None or f"{cls}.{name}" in work.facts.scopes:
+        return None
+    for b in work.facts.bindings:
+        if b.target == f"self.{name}" and b.scope.cls == cls and isinstance(b.value, cst.Call):
+            value = b.value
+            while isinstance(value.func, cst.Attribute) and value.func.attr.value in ("to", "cuda", "cpu") and \
+                    isinstance(value.func.value, cst.Call):
+                value = value.func.value  # (``nn.CrossEntropyLoss().to(device)``)
+            return dotted(value.func) or "a call"
+    return None
+
+
+# what names a criterion (no parameters): a model's attribute of one is called on the module rightly
+LOSSES = ("Loss", "Criterion", "Entropy", "loss", "criterion")
+LOSS_NAMES = ("loss", "criterion", "crit")  # (an attribute so named: ``self.criterion = SmoothedCE()``, review 26)
 
 
 def _made_from(work: _Work, loop: Any, backward: Any) -> list[tuple[str, str, int]]:
