@@ -674,3 +674,28 @@ def test_review_an_annotated_mean_of_the_list_is_reduced_as_a_plain_one():
     p = plan(source)
     assert "    train_mean: float = ddpkit.reduce(np.mean(loss_arr), op='mean')" in p.text.splitlines(), p.text
     assert not p.left, p.left
+
+
+@pytest.mark.parametrize("count", ["len(loader)", "int(len(train_set) / batch_size)"])
+def test_review_a_cost_over_any_fixed_count_is_averaged_with_the_global_batch(count):
+    """Review 26: ``avg_cost += cost / total_batch`` over ``len(loader)`` (lab 10's) or ``int(len(ds) / bs)`` was no
+    longer reduced (rank 0's mean printed): with the global batch each rank takes every step, a mean over any count."""
+    source = STEP_COUNT.replace("len(train_set) // batch_size", count)
+    assert "    avg_cost = ddpkit.reduce(avg_cost, op='mean')" in plan(source).text.splitlines(), plan(source).text
+
+
+def test_review_a_cost_over_a_ranks_own_count_of_batches_is_averaged_with_a_batch_kept_per_process():
+    """Review 25: with --per-process-batch, a cost over ``len(loader)`` (each rank's own count) was summed."""
+    source = STEP_COUNT.replace("len(train_set) // batch_size", "len(loader)")
+    lines = plan(source, per_process_batch=True).text.splitlines()
+    assert "    avg_cost = ddpkit.reduce(avg_cost, op='mean')" in lines, lines
+
+
+def test_review_a_visible_devices_line_read_back_or_set_twice_is_listed_not_removed():
+    """Review 26: the removed ``os.environ["CUDA_VISIBLE_DEVICES"] = ...`` was read back (KeyError on every rank);
+    a second such line stayed, unsaid."""
+    base = "import os\nos.environ['CUDA_VISIBLE_DEVICES'] = '1'\n"
+    read = plan(base + "print(os.environ['CUDA_VISIBLE_DEVICES'])\n")
+    assert "os.environ['CUDA_VISIBLE_DEVICES'] = '1'" in read.text and read.left, read.left
+    twice = plan(base + "if os.cpu_count() > 8:\n    os.environ['CUDA_VISIBLE_DEVICES'] = '2'\n")
+    assert "CUDA_VISIBLE_DEVICES" not in twice.text, twice.text

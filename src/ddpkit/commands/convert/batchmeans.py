@@ -32,17 +32,21 @@ def stepped_losses(loop: Loop) -> set[str]:
             and (n := dotted(c.node.func.value)) is not None}
 
 
-def batch_mean(facts: Facts, loop: Loop, name: str) -> bool:
+def batch_mean(facts: Facts, loop: Loop, name: str, counted: bool = False) -> bool:
     """``name`` is summed from the loss's own value in ``loop`` (``train_loss += loss.item()``, ``float(loss)``,
     ``loss.detach()``): a mean over each batch, of the name a backward is called on, not scaled by the batch."""
     losses = stepped_losses(loop)
     adds = [node for node in m.findall(loop.node, m.AugAssign(operator=m.AddAssign()))
             if isinstance(node, cst.AugAssign) and _CODE.code_for_node(node.target) == name]
+    inside = set(loop.targets) | {dotted(n.targets[0].target) for n in m.findall(loop.node, m.Assign())
+                                  if isinstance(n, cst.Assign) and len(n.targets) == 1}
     for node in adds:
-        value = node.value  # (``avg_cost += cost / total_batch``, ``total_batch = len(ds) // batch_size``: over the
-        # data's count of steps, the same on every rank with the global batch; review: not ``len(loader)``, a rank's)
+        value = node.value  # (``avg_cost += cost / total_batch``: over a count the loop does not change, a mean of
+        # batch means; ``counted``: only over the data's count of steps, ``len(ds) // batch_size``, not a rank's own
+        # ``len(loader)``: where the batch stays per process, the ranks' sums add up only over the data's count)
         if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Divide) and \
-                _step_count(facts, loop, value.right):
+                not {n.value for n in m.findall(value.right, m.Name()) if isinstance(n, cst.Name)} & inside and \
+                (not counted or _step_count(facts, loop, value.right)):
             value = value.left
         if loss_name(value) not in losses:
             return False
@@ -53,9 +57,11 @@ def _step_count(facts: Facts, loop: Loop, node: cst.BaseExpression) -> bool:
     """``node`` names a count of steps made from the data's size before the loop: ``total_batch = len(ds) //
     batch_size`` (or ``/``), not a loader's length."""
     name = dotted(node) if isinstance(node, cst.Name) else None
-    made = [b.value for b in facts.bindings if name and b.target == name and b.scope is loop.scope and
-            b.line < loop.line]
+    made = [b.value for b in facts.bindings if name and b.target == name and b.line < loop.line and
+            (b.scope is loop.scope or not b.scope.name)]
     value = made[-1] if made else None
+    while isinstance(value, cst.Call) and dotted(value.func) in ("int", "math.ceil", "math.floor") and value.args:
+        value = value.args[0].value  # (``int(len(ds) / batch_size)``)
     return isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.FloorDivide, cst.Divide)) and \
         isinstance(value.left, cst.Call) and dotted(value.left.func) == "len" and bool(value.left.args) and \
         not any(w in (dotted(value.left.args[0].value) or "").lower() for w in ("loader", "iter"))

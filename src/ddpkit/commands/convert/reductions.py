@@ -125,8 +125,10 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
         # with the global batch kept, each rank took as many steps as one process did, so the ranks' sums are
         # averaged (summed, N times one process's); a per-process batch splits the steps: summed
         kept = work.per_process_batch or call is not None and id(call.node) in work.per_process
-        means = averaged | {n for n in names if summed_as_training and not lens and not kept and
-                            batch_mean(work.facts, anchor, n)}
+        # (a batch kept per process splits the steps: a sum of batch means over no count, or over the data's count
+        # of steps, adds up across ranks; one over a rank's own count, ``len(loader)``, is still averaged)
+        means = averaged | {n for n in names if summed_as_training and not lens and batch_mean(work.facts, anchor, n)
+                            and not (kept and batch_mean(work.facts, anchor, n, counted=True))}
         test = f" if {split[1]} else " if split is not None else ""  # (a split's sums: its own shard's only)
         new = [f"{n} = ddpkit.reduce({n}{', op=' + repr('mean') if n in means else ''})"
                f"{test + n if test else ''}" for n in names

@@ -27,6 +27,7 @@ def visible_devices(work: _Work) -> None:
     """``os.environ["CUDA_VISIBLE_DEVICES"] = str(args.gpu)`` in the script: every rank would see only that GPU,
     and all share it. Removed where it is a line of its own (said), listed elsewhere: the launch chooses the GPUs,
     each rank its own."""
+    found = []  # (the statement, its line) of each such assignment that may run
     for node in m.findall(work.facts.module, m.Assign(targets=[m.AssignTarget(target=m.Subscript())])):
         assert isinstance(node, cst.Assign)
         target = node.targets[0].target
@@ -35,20 +36,25 @@ def visible_devices(work: _Work) -> None:
         key = index.value if isinstance(index, cst.Index) else None
         if dotted(target.value) in ("os.environ", "environ") and isinstance(key, cst.SimpleString) and \
                 key.evaluated_value == "CUDA_VISIBLE_DEVICES":
-            line, scope = next(((n, sc) for stmt, sc, n in work.facts.statements if any(b is node for b in stmt.body)),
-                               (1, None))
+            stmt, scope, line = next(((st, sc, n) for st, sc, n in work.facts.statements
+                                      if any(b is node for b in st.body)), (None, None, 1))
             elsewhere = work.crossing.elsewhere if work.crossing is not None else None
             if scope is not None and scope.name and elsewhere is not None and not callers(work.facts, scope) and \
                     scope.name.rsplit(".", 1)[-1] not in elsewhere:
                 continue  # (SCINet's ``_acquire_device``, which nothing calls)
-            stmt = next((st for st, _sc, n in work.facts.statements if any(b is node for b in st.body)), None)
-            if stmt is not None and len(stmt.body) == 1:  # (a line of its own: it goes, said)
-                work.edits.remove.add(id(stmt))
-                work.note("os.environ['CUDA_VISIBLE_DEVICES'] = ... removed", "every rank would see only the GPUs it "
-                          "names and share one; the launch chooses them (CUDA_VISIBLE_DEVICES=2,3 ddpkit launch "
-                          "--nproc-per-node 2 ...), each rank its own", line)
-                return
-            work.leave(line, "the script sets CUDA_VISIBLE_DEVICES: every rank would see only the GPUs it names, "
-                       "and ranks would share one", "remove it and choose the GPUs for the launch instead: "
-                       "CUDA_VISIBLE_DEVICES=0,1 ddpkit launch --nproc-per-node 2 ...; each rank then takes its own")
-            return
+            found.append((stmt, line))
+    if not found:
+        return
+    # removed only where each is a line of its own and nothing reads the variable back (review 26: a print of it,
+    # ``len(os.environ["CUDA_VISIBLE_DEVICES"].split(","))``: a KeyError once it is gone)
+    mentions = work.facts.module.code.count("CUDA_VISIBLE_DEVICES")
+    if all(stmt is not None and len(stmt.body) == 1 for stmt, _ in found) and mentions == len(found):
+        for stmt, line in found:
+            work.edits.remove.add(id(stmt))
+            work.note("os.environ['CUDA_VISIBLE_DEVICES'] = ... removed", "every rank would see only the GPUs it "
+                      "names and share one; the launch chooses them (CUDA_VISIBLE_DEVICES=2,3 ddpkit launch "
+                      "--nproc-per-node 2 ...), each rank its own", line)
+        return
+    work.leave(found[0][1], "the script sets CUDA_VISIBLE_DEVICES: every rank would see only the GPUs it names, "
+               "and ranks would share one", "remove it and choose the GPUs for the launch instead: "
+               "CUDA_VISIBLE_DEVICES=0,1 ddpkit launch --nproc-per-node 2 ...; each rank then takes its own")
