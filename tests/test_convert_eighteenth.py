@@ -699,3 +699,40 @@ def test_review_a_visible_devices_line_read_back_or_set_twice_is_listed_not_remo
     assert "os.environ['CUDA_VISIBLE_DEVICES'] = '1'" in read.text and read.left, read.left
     twice = plan(base + "if os.cpu_count() > 8:\n    os.environ['CUDA_VISIBLE_DEVICES'] = '2'\n")
     assert "CUDA_VISIBLE_DEVICES" not in twice.text, twice.text
+
+
+def test_review_the_batchs_own_length_over_the_batch_size_is_no_step_count():
+    """Review 26: ``loss * (len(x) / batch_size)``, a partial batch's weight: the global batch made, each rank's
+    loss weighted 1/N (verify FAILed by a factor of 2)."""
+    source = STEP_COUNT.replace("        cost = criterion(model(x), y)\n",
+                                "        cost = criterion(model(x), y) * (len(x) / batch_size)\n")
+    assert "global_batch_size" not in plan(source).text, plan(source).left
+
+
+def test_review_a_size_average_false_loss_over_the_kept_tokens_is_still_listed():
+    """Review 26: ``NLLLoss(ignore_index=0, size_average=False)`` divided by the count of kept tokens is a mean over
+    them, as its ``reduction='sum'`` twin: it was no longer listed."""
+    source = STEP_COUNT.replace("torch.nn.CrossEntropyLoss()", "torch.nn.NLLLoss(ignore_index=0, size_average=False)") \
+        .replace("cost = criterion(model(x), y)", "cost = criterion(model(x), y) / y.ne(0).long().sum()")
+    assert [x for x in plan(source).left if "a mean over the tokens" in x.what], plan(source).left
+
+
+def test_review_a_mean_shown_every_few_epochs_is_reduced_in_its_if_and_a_hiding_visible_devices_stays():
+    """Review 26: ``if (epoch + 1) % 2 == 0: m = np.mean(losses)``, a test every rank takes alike, was listed;
+    ``os.environ['CUDA_VISIBLE_DEVICES'] = ''`` (a --cpu run) was removed: the run took the GPUs."""
+    source = EXTENDED.replace('    writer.add_scalar("loss", np.mean(loss_arr), epoch)\n',
+                              '    if (epoch + 1) % 2 == 0:\n        low = np.mean(loss_arr)\n'
+                              '        writer.add_scalar("low", low, epoch)\n')
+    assert "        low = ddpkit.reduce(low, op='mean')" in plan(source).text.splitlines(), plan(source).left
+    hidden = plan("import os\nos.environ['CUDA_VISIBLE_DEVICES'] = ''\n")
+    assert "CUDA_VISIBLE_DEVICES" in hidden.text and hidden.left, hidden.left
+
+
+def test_review_a_flag_set_once_above_both_tests_is_fixed_and_a_lone_mains_helper_pair_owes_no_barrier():
+    """Review 26: ``args.evaluate = args.evaluate or args.test`` above ``if not args.evaluate:`` (saves) and ``if
+    args.evaluate:`` (loads) made the barrier come back; so did train.py's ``main()`` run once, with no other file."""
+    flag = MODES.replace('if args.mode == "train":', 'args.mode = args.mode or "train"\nif args.mode == "train":')
+    assert not [x for x in plan(flag).left if "read" in x.what], plan(flag).left
+    trainer = LESSON.replace("if args.mode", "def main():\n  if args.mode").replace("\n    ", "\n      ") \
+        .replace("\nelse:", "\n  else:") + "\n\nif __name__ == '__main__':\n    main()\n"
+    assert not _settled({"util.py": UTIL, "train.py": trainer})["util.py"].left

@@ -313,11 +313,16 @@ def _step_counts(work: _Work, loops: list[Loop], names: set[str]) -> set[int]:
     len(mnist_train) // batch_size`` in the epoch loop, its ``avg_cost += cost / total_batch``): a global batch keeps
     that count on every rank, so it sizes nothing. The data's size only: ``len(...)``, or a name bound to one
     (review: ``total_loss / batch_size`` and ``loss * x.shape[0] / batch_size`` size the loss by the batch)."""
+    def data(call: cst.BaseExpression, scope: Any, line: int) -> bool:  # ``len(ds)`` of a name bound before the loop
+        held = dotted(call.args[0].value) if isinstance(call, cst.Call) and dotted(call.func) == "len" and \
+            call.args else None  # (review 26: ``len(x)`` of the batch is the batch's size)
+        bound = binding_of(work.facts, held, scope, line) if held else None
+        return bound is not None and bound.line < line and bound.value is not None
     def sized(node: cst.CSTNode, scope: Any, line: int) -> bool:
-        if isinstance(node, cst.Call) and dotted(node.func) == "len":
-            return True
+        if isinstance(node, cst.Call):
+            return data(node, scope, line)
         bound = binding_of(work.facts, dotted(node) or "", scope, line) if isinstance(node, cst.Name) else None
-        return bound is not None and isinstance(bound.value, cst.Call) and dotted(bound.value.func) == "len"
+        return bound is not None and bound.value is not None and data(bound.value, bound.scope, bound.line)
     found: set[int] = set()
     for loop in loops:
         for owner in [loop, *loop.outer]:

@@ -92,7 +92,7 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
     names = {rel: _names_in(source) for rel, source in sources.items()}
     for rel in files:  # (a package's ``__init__.py`` re-exports a module's name: read through it)
         if exported or getattr(plans[rel], "left", None) or getattr(plans[rel], "kept", None) or \
-                any(a.name.startswith(HANDED_MODEL) for a in getattr(plans[rel], "asks", ())):
+                any(a.name.startswith(HANDED_MODEL) or a.kind == ORDER for a in getattr(plans[rel], "asks", ())):
             others = tuple(n for other, n in names.items() if other != rel)
             base[rel] = dataclasses.replace(base[rel], exported=exported, elsewhere=frozenset().union(*others),
                                             others=others)

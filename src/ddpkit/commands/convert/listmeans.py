@@ -71,7 +71,8 @@ def list_means(work: _Work, loop: Loop, whole: set[str]) -> None:
                 len(value.args) == 1 and dotted(value.args[0].value) in lists(line)):
             continue
         handled.add(id(stmt))
-        if not (_reached(facts, loop, stmt) and _every_rank(work, stmt)):  # (review: under a data-dependent ``if``,
+        if not _every_rank(work, stmt) or not _reached(facts, loop, stmt) and _data_tested(facts, loop, stmt):
+            # (review 25: under a data-dependent ``if``,
             work.leave(line, f"{target} = a mean of the training loop's list under a test or past a return: it stays "
                        "this rank's (rank 0's where it is shown)", "average it on every rank first, where no rank can "
                        "skip it: m = ddpkit.reduce(m, op='mean') right after the loop, then use m")
@@ -129,6 +130,17 @@ def _meters_shown(work: _Work, loop: Loop) -> None:
                           "leaves it", "this rank's running share of its shard, over 1/N of the samples (rank 0's "
                           "on screen and in a log); its mean after the loop is every rank's where it is reduced")
                 return
+
+
+def _data_tested(facts: Any, loop: Loop, stmt: cst.CSTNode) -> bool:
+    """``stmt`` sits under an ``if`` whose test reads what the training loop made (a loss, a metric, its list):
+    ranks may take it apart. A test of the epoch or an option (``if (epoch + 1) % 2 == 0:``) every rank takes alike
+    (review 26)."""
+    made = set(loop.targets) | {b.target for b in facts.bindings if loop.line <= b.line <= loop.end} | \
+        {n for n, _ in [*loop.stored, *loop.augmented]}
+    holders = [n for n in m.findall(loop.scope.node, m.If()) if isinstance(n, cst.If) and
+               any(s is stmt for s in m.findall(n.body, m.SimpleStatementLine()))]
+    return any(names_in(h.test) & made for h in holders) or not holders
 
 
 def _meters(facts: Any, loop: Loop) -> set[str]:

@@ -130,10 +130,11 @@ def _contradict(facts: Facts, read: Any, write: Any) -> bool:
     if _exclusive(facts, read, write):
         return True
     mine, theirs = _literals(facts, read.stmt), _literals(facts, write.stmt)
-    return any((code, not sign) in theirs and _fixed(facts, code) for code, sign in mine)
+    first = min(read.line, write.line)
+    return any((code, not sign) in theirs and _fixed(facts, code, first) for code, sign in mine)
 
 
-def _fixed(facts: Facts, code: str) -> bool:
+def _fixed(facts: Facts, code: str, since: int = 0) -> bool:
     """A test term that nothing changes between two ifs: a plain name or attribute (``args.resume``), never
     rebound with a value (its parse), not a call (``os.path.exists(p)``: the save itself may change it)."""
     try:
@@ -143,7 +144,9 @@ def _fixed(facts: Facts, code: str) -> bool:
     if dotted(node) is None:
         return False
     # (an attribute set anywhere, ``args.evaluate = True`` after the epochs, is changed between two ifs: review)
-    return sum(1 for b in facts.bindings if b.target == code) <= (0 if "." in code else 1) and \
+    # (set once above both, ``args.evaluate = args.evaluate or args.test_only``, it is fixed by then: review 26)
+    return sum(1 for b in facts.bindings if b.target == code and ("." not in code or b.line >= since)) <= \
+        (0 if "." in code else 1) and \
         not any(b.target == code.split(".")[0] and b.scope.name for b in facts.bindings if "." in code)
 
 

@@ -60,8 +60,9 @@ def token_mean_loss(work: _Work) -> None:
         if isinstance(reduction, cst.SimpleString) and reduction.evaluated_value in ("sum", "none") and \
                 not (reduction.evaluated_value == "sum" and over_tokens(work, call)):
             continue  # no mean (Sentence-VAE's NLLLoss(reduction='sum'), divided by the batch's own size)
-        if _false(keywords.get("size_average")) or _false(keywords.get("reduce")):
-            continue  # the old ``size_average=False`` (NCRFpp's NLLLoss): a sum, said as one by losses.py
+        if _false(keywords.get("reduce")) or _false(keywords.get("size_average")) and not over_tokens(work, call):
+            continue  # the old ``size_average=False`` (NCRFpp's NLLLoss): a sum, said as one by losses.py; divided
+            # by the kept tokens, a mean over them (review 26), as ``reduction='sum'``
         labels: Any = None
         positional = [a.value for a in call.node.args if a.keyword is None and not a.star]
         at = 0 if call.last[:1].isupper() else 2  # ``nn.NLLLoss(weight)``; ``F.cross_entropy(x, y, weight)``

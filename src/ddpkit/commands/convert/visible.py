@@ -48,7 +48,10 @@ def visible_devices(work: _Work) -> None:
     # removed only where each is a line of its own and nothing reads the variable back (review 26: a print of it,
     # ``len(os.environ["CUDA_VISIBLE_DEVICES"].split(","))``: a KeyError once it is gone)
     mentions = work.facts.module.code.count("CUDA_VISIBLE_DEVICES")
-    if all(stmt is not None and len(stmt.body) == 1 for stmt, _ in found) and mentions == len(found):
+    # (nor one that hides the GPUs, ``= ""`` / ``"-1"`` for a --cpu run: gone, the run would take the GPUs)
+    hides = any(isinstance(v, cst.SimpleString) and v.evaluated_value in ("", "-1") for stmt, _ in found
+                if stmt is not None for small in stmt.body if isinstance(small, cst.Assign) for v in [small.value])
+    if all(stmt is not None and len(stmt.body) == 1 for stmt, _ in found) and mentions == len(found) and not hides:
         for stmt, line in found:
             work.edits.remove.add(id(stmt))
             work.note("os.environ['CUDA_VISIBLE_DEVICES'] = ... removed", "every rank would see only the GPUs it "
