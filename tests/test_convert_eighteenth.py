@@ -736,3 +736,15 @@ def test_review_a_flag_set_once_above_both_tests_is_fixed_and_a_lone_mains_helpe
     trainer = LESSON.replace("if args.mode", "def main():\n  if args.mode").replace("\n    ", "\n      ") \
         .replace("\nelse:", "\n  else:") + "\n\nif __name__ == '__main__':\n    main()\n"
     assert not _settled({"util.py": UTIL, "train.py": trainer})["util.py"].left
+
+
+def test_a_loss_summed_in_a_loss_function_of_the_script_and_printed_each_step_is_said():
+    """After-fix re-run: the VAE's ``loss_function(recon_x, x, mean, std)`` returns BCE + KLD summed over the batch;
+    ``print(..., vae_loss.item())`` each step still printed half the one-process value, unsaid."""
+    source = STEP_COUNT.replace("criterion = torch.nn.CrossEntropyLoss()\n",
+                                "def loss_function(out, y):\n"
+                                "    return torch.nn.functional.cross_entropy(out, y, reduction='sum')\n\n\n") \
+        .replace("cost = criterion(model(x), y)", "cost = loss_function(model(x), y)") \
+        .replace("        avg_cost += cost.data / total_batch\n", "        print('step', cost.item())\n")
+    said = [k for k in plan(source).kept if "a loss summed over the batch" in k.what]
+    assert [k.line for k in said] == [21], plan(source).kept

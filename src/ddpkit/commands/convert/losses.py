@@ -93,9 +93,11 @@ def _summed_shown(work: _Work, call: Call) -> None:
     """The summed loss ``call`` makes, bound in a training loop and shown there each step (``print(..., loss.item())``):
     this rank's share of the batch's sum, 1/N of one process's."""
     made = call
-    if not call.loops:  # (a criterion built before the loop, ``criterion = nn.BCELoss(reduction='sum')``: its call)
+    if not call.loops:  # (a criterion built before the loop, ``criterion = nn.BCELoss(reduction='sum')``: its call;
+        # or a loss function of the script's, the VAE's ``loss_function(recon_x, x, mean, std)``: the loop's call of it)
         criteria = {b.target for b in work.facts.bindings if b.value is call.node}
-        made = next((c for c in work.facts.calls if c.loops and dotted(c.node.func) in criteria), call)
+        made = next((c for c in work.facts.calls if c.loops and (dotted(c.node.func) in criteria or call.scope.name
+                     and (callee(work.facts, c) or (None,))[0] is call.scope)), call)
     named = {b.target for b in work.facts.bindings if b.value is made.node}
     loop = made.loops[-1] if made.loops else None
     for shown in loop.calls if loop is not None and named else ():
