@@ -748,3 +748,35 @@ def test_a_loss_summed_in_a_loss_function_of_the_script_and_printed_each_step_is
         .replace("        avg_cost += cost.data / total_batch\n", "        print('step', cost.item())\n")
     said = [k for k in plan(source).kept if "a loss summed over the batch" in k.what]
     assert [k.line for k in said] == [21], plan(source).kept
+
+
+@pytest.mark.parametrize("count", ["x_all.shape[0] // batch_size", "n_train // batch_size",
+                                   "len(loader.dataset) // batch_size"])
+def test_review_a_step_count_from_the_datas_shape_or_a_count_keeps_the_global_batch(count):
+    """Review 26: ``x_train.shape[0] // batch_size``, ``n_train // batch_size`` and ``len(loader.dataset) //
+    batch_size`` were taken for reads that size by the batch: a false "kept per process" line."""
+    source = STEP_COUNT.replace("len(train_set) // batch_size", count).replace(
+        "batch_size = 16\n", "batch_size = 16\nx_all = torch.randn(64, 4)\nn_train = x_all.shape[0]\n")
+    p = plan(source)
+    assert "global_batch_size=batch_size" in p.text and not p.left, p.left
+
+
+def test_review_a_criterion_handed_to_the_model_and_a_cfg_class_device_convert():
+    """Review 26: ``self.criterion = criterion`` handed to ``__init__`` was named in forward_methods (prepare_model
+    refused it at start); a Kaggle notebook's ``class CFG:`` with ``device: str = ...`` was refused."""
+    handed = CRITERION_ATTRIBUTE.replace("def __init__(self):", "def __init__(self, criterion):").replace(
+        "self.criterion = torch.nn.CrossEntropyLoss()", "self.criterion = criterion").replace(
+        "model = Net()", "model = Net(torch.nn.CrossEntropyLoss())")
+    assert "forward_methods" not in plan(handed).text, plan(handed).text
+    cfg = ANNOTATED.replace("class Args:", "class CFG:").replace("Experiment(Args())", "Experiment(CFG())")
+    assert not plan(cfg).left and "device: str = str(ddpkit.init().device)" in plan(cfg).text, plan(cfg).left
+
+
+def test_review_a_log_read_back_by_a_function_defined_above_its_open_stays_listed():
+    """Review 26: a log every rank reads back (``best_epoch(log_path)`` defined above, ``np.genfromtxt``) was given
+    to rank 0 alone, with no barrier before the read."""
+    source = "def best(path):\n    with open(path) as f:\n        return f.read()\n\n\n" + STEP_COUNT.replace(
+        "for epoch in range(2):\n", "log = open('log.txt', 'w')\nfor epoch in range(2):\n") + \
+        "log.write('done')\nlog.close()\nprint(best('log.txt'))\n"
+    p = plan(source)
+    assert any("kept open" in x.what for x in p.left), p.left

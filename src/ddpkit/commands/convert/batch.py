@@ -313,16 +313,26 @@ def _step_counts(work: _Work, loops: list[Loop], names: set[str]) -> set[int]:
     len(mnist_train) // batch_size`` in the epoch loop, its ``avg_cost += cost / total_batch``): a global batch keeps
     that count on every rank, so it sizes nothing. The data's size only: ``len(...)``, or a name bound to one
     (review: ``total_loss / batch_size`` and ``loss * x.shape[0] / batch_size`` size the loss by the batch)."""
-    def data(call: cst.BaseExpression, scope: Any, line: int) -> bool:  # ``len(ds)`` of a name bound before the loop
-        held = dotted(call.args[0].value) if isinstance(call, cst.Call) and dotted(call.func) == "len" and \
-            call.args else None  # (review 26: ``len(x)`` of the batch is the batch's size)
-        bound = binding_of(work.facts, held, scope, line) if held else None
-        return bound is not None and bound.line < line and bound.value is not None
-    def sized(node: cst.CSTNode, scope: Any, line: int) -> bool:
-        if isinstance(node, cst.Call):
-            return data(node, scope, line)
+    batch = {t for loop in loops for t in loop.targets} | {b.target for loop in loops for b in work.facts.bindings
+                                                           if loop.line <= b.line <= loop.end}
+
+    def measured(node: cst.BaseExpression) -> str | None:  # X of ``len(X)``, ``X.size(0)``, ``X.shape[0]``
+        if isinstance(node, cst.Call) and dotted(node.func) == "len" and node.args:
+            return dotted(node.args[0].value)
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "size":
+            return dotted(node.func.value)
+        if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Attribute) and \
+                node.value.attr.value == "shape":
+            return dotted(node.value.value)
+        return None
+
+    def sized(node: cst.CSTNode, scope: Any, line: int, depth: int = 0) -> bool:
+        held = measured(node) if isinstance(node, cst.BaseExpression) else None
+        if held is not None:  # the data's size, not the batch's (review 26: ``len(x)`` of the batch)
+            return held.split(".")[0] not in batch
         bound = binding_of(work.facts, dotted(node) or "", scope, line) if isinstance(node, cst.Name) else None
-        return bound is not None and bound.value is not None and data(bound.value, bound.scope, bound.line)
+        return bound is not None and bound.value is not None and bound.line < line and depth < 2 and \
+            (isinstance(bound.value, cst.Integer) or sized(bound.value, bound.scope, bound.line, depth + 1))
     found: set[int] = set()
     for loop in loops:
         for owner in [loop, *loop.outer]:

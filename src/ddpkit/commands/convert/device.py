@@ -206,7 +206,8 @@ def _options(work: _Work, stmt: cst.CSTNode) -> bool:
 
 
 OPTION_BASES = {"Tap", "BaseModel", "BaseSettings", "Namespace"}
-OPTION_NAMES = ("Args", "Arguments", "Config", "Options", "Params", "Settings", "Hparams", "HParams")
+OPTION_NAMES = ("Args", "Arguments", "Config", "Options", "Params", "Settings", "Hparams", "HParams", "CFG", "Cfg",
+                "Conf", "Opt", "Opts")  # (a Kaggle notebook's ``class CFG:``, review 26)
 
 
 def _fallback(work: _Work, b: Binding, found: list[Binding]) -> bool:

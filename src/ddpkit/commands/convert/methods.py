@@ -70,12 +70,13 @@ def _attribute_of(work: _Work, owner: str, name: str) -> str | None:
     if cls is None or f"{cls}.{name}" in work.facts.scopes:
         return None
     for b in work.facts.bindings:
-        if b.target == f"self.{name}" and b.scope.cls == cls and isinstance(b.value, cst.Call):
+        if b.target == f"self.{name}" and b.scope.cls == cls and b.value is not None:
             value = b.value
-            while isinstance(value.func, cst.Attribute) and value.func.attr.value in ("to", "cuda", "cpu") and \
-                    isinstance(value.func.value, cst.Call):
+            while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and \
+                    value.func.attr.value in ("to", "cuda", "cpu") and isinstance(value.func.value, cst.Call):
                 value = value.func.value  # (``nn.CrossEntropyLoss().to(device)``)
-            return dotted(value.func) or "a call"
+            # (a criterion handed to ``__init__``, ``self.criterion = criterion``: named by what it is bound from)
+            return dotted(value.func) or "a call" if isinstance(value, cst.Call) else dotted(value) or "a value"
     return None
 
 

@@ -284,7 +284,9 @@ def _to_null(work: _Work, call: Call) -> None:
         any("os" in scope.params for scope in work.facts.scopes.values())  # (a parameter named ``os``)
     # (a file written, then read back by the script: a barrier's business; not a read of another path, SparseTSF's
     # ``result.txt`` above a ``np.load`` of its own outputs)
-    read = any(c.line > call.line and (c.name in OPENERS and not _writing(c.node) or c.last in READS) and
+    # (review 26: a reader in a function defined above may run after, ``np.genfromtxt`` reads too)
+    read = any((c.line > call.line or c.scope is not call.scope and c.scope.name) and
+               (c.name in OPENERS and not _writing(c.node) or c.last in READS or c.last == "genfromtxt") and
                paths.maybe_same(work.facts, call, paths.first_path(call), c, paths.first_path(c))
                for c in work.facts.calls)
     if not positional or not isinstance(mode, cst.SimpleString) or set(mode.evaluated_value) & {"+", "x"} or \
