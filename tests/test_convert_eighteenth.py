@@ -780,3 +780,19 @@ def test_review_a_log_read_back_by_a_function_defined_above_its_open_stays_liste
         "log.write('done')\nlog.close()\nprint(best('log.txt'))\n"
     p = plan(source)
     assert any("kept open" in x.what for x in p.left), p.left
+
+
+def test_a_picture_written_each_step_is_not_read_back_by_a_checkpoint_load():
+    """After-fix re-run: pytorch-cnp's per-step ``plt.imsave`` PNGs in train() got "a file is read at line 361 (maybe
+    the one written here)": line 361 was ``self.load()`` of a checkpoint in test()."""
+    source = STEP_COUNT.replace("import torch\n", "import matplotlib.pyplot as plt\nimport torch\n", 1).replace(
+        "        avg_cost += cost.data / total_batch\n",
+        "        avg_cost += cost.data / total_batch\n        plt.imsave('png/%04d.png' % epoch, x.numpy())\n") + \
+        "\n\ndef test(store):\n    model.load_state_dict(store.load('png/best.pth'))\n"
+    assert not [x for x in plan(source).left if "read" in x.what], plan(source).left
+
+
+def test_a_line_printed_with_tqdms_write_is_rank_0s():
+    """After-fix re-run: the BERT tutorial's ``tqdm.write(...)`` epoch line was printed by both ranks, unsaid."""
+    text = plan("from tqdm import tqdm\n\nfor epoch in range(2):\n    tqdm.write(f'epoch {epoch}')\n").text
+    assert "    if ddpkit.init().is_main:\n        tqdm.write(f'epoch {epoch}')" in text, text

@@ -61,6 +61,10 @@ def _device_only(call: cst.Call) -> bool:
         or arg.keyword is not None and arg.keyword.value == "device"
 
 
+# a progress bar's class method that prints a line above the bars (bert-classification-tutorial's epoch line)
+TQDM_WRITES = ("tqdm.tqdm.write", "tqdm.write", "tqdm.auto.tqdm.write", "tqdm.std.tqdm.write")
+
+
 def outputs(work: _Work) -> None:
     facts = work.facts
     printing = "print" not in {b.target for b in facts.bindings} and "print" not in facts.aliases
@@ -77,7 +81,7 @@ def outputs(work: _Work) -> None:
         if call.name == "print" and printing and isinstance(func, cst.Name) and not ranked:
             work.edits.expr[id(func)] = lambda node: cst.parse_expression("ddpkit.print")
             work.note("print -> ddpkit.print", "printed once, by rank 0", call.line)
-        elif call.name in ("pprint.pprint", "pprint.pp") and not ranked and call.stmt is not None and \
+        elif call.name in ("pprint.pprint", "pprint.pp", *TQDM_WRITES) and not ranked and call.stmt is not None and \
                 len(call.stmt.body) == 1 and isinstance(call.stmt.body[0], cst.Expr) and \
                 call.stmt.body[0].value is call.node:  # (DialoGPT's ``pprint(args.__dict__)``)
             work.edits.guard[id(call.stmt)] = waits.main_test(work, call.scope, call.line)

@@ -205,6 +205,9 @@ def _read_back(work: _Work, call: Call, stmt: Any) -> None:
              and not order.read_first(work.facts, c, call)]
     written = _written_path(call)
     reads = [c for c in reads if paths.maybe_same(work.facts, call, written, c, paths.first_path(c))]
+    if WRITERS.get(call.name or "") in ("the image", "the figure", "the animation"):  # (a picture is read as one:
+        # pytorch-cnp's per-step ``plt.imsave`` PNGs are no checkpoint its ``self.load()`` reads)
+        reads = [c for c in reads if c.name in OPENERS or c.last in ("imread", "mimread", "read_image", "open")]
     if not reads:
         return
     if branched(work, call) and (_waited(work, call, reads) or wait_before(work, call, reads)):
