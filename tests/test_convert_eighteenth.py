@@ -796,3 +796,10 @@ def test_a_line_printed_with_tqdms_write_is_rank_0s():
     """After-fix re-run: the BERT tutorial's ``tqdm.write(...)`` epoch line was printed by both ranks, unsaid."""
     text = plan("from tqdm import tqdm\n\nfor epoch in range(2):\n    tqdm.write(f'epoch {epoch}')\n").text
     assert "    if ddpkit.init().is_main:\n        tqdm.write(f'epoch {epoch}')" in text, text
+
+
+def test_a_cost_made_by_the_models_criterion_attribute_over_a_step_count_is_averaged():
+    """After-fix re-run: lab 11-3's ``cost = model.criterion(model(X), Y)`` (``self.criterion =
+    nn.CrossEntropyLoss()``): ``avg_cost += cost.data / total_batch`` was not reduced (rank 0's printed)."""
+    assert "    avg_cost = ddpkit.reduce(avg_cost, op='mean')" in plan(CRITERION_ATTRIBUTE).text.splitlines(), \
+        plan(CRITERION_ATTRIBUTE).text

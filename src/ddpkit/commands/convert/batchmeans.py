@@ -106,6 +106,9 @@ def mean_call(facts: Facts, value: cst.Call) -> bool:
     made: cst.BaseExpression | None = value
     if not torch_loss(value):  # ``criterion(...)``: what it is bound to
         held = [b for b in facts.bindings if b.target == dotted(value.func) and isinstance(b.value, cst.Call)]
+        if not held and isinstance(value.func, cst.Attribute):  # ``model.criterion(...)``: the class's own
+            held = [b for b in facts.bindings if b.target == f"self.{value.func.attr.value}" and b.scope.cls and
+                    isinstance(b.value, cst.Call)]  # (``self.criterion = nn.CrossEntropyLoss()``, lab 11-3's)
         made = held[-1].value if held else None
     while isinstance(made, cst.Call) and isinstance(made.func, cst.Attribute) and \
             made.func.attr.value in ("to", "cuda", "cpu"):  # ``nn.CrossEntropyLoss().to(self.device)``
