@@ -18,8 +18,9 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
+from ddpkit.commands.convert.flow import binding_of
 from ddpkit.commands.convert.names import dotted, resolve
-from ddpkit.commands.convert.scan import Facts, Loop
+from ddpkit.commands.convert.scan import Facts, Loop, Scope
 
 # a mean of a list's values (``np`` unresolved: numpy's through a star import, NRI's ``from utils import *``)
 MEANS = ("numpy.mean", "numpy.average", "statistics.mean", "statistics.fmean", "np.mean", "np.average")
@@ -46,14 +47,14 @@ def batch_mean(facts: Facts, loop: Loop, name: str, counted: bool = False) -> bo
         # ``len(loader)``: where the batch stays per process, the ranks' sums add up only over the data's count)
         if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Divide) and \
                 not {n.value for n in m.findall(value.right, m.Name()) if isinstance(n, cst.Name)} & inside and \
-                (not counted or _step_count(facts, loop, value.right)):
+                (not counted or step_count(facts, loop, value.right)):
             value = value.left
         if loss_name(value) not in losses:
             return False
     return bool(losses and adds) and all(mean_criterion(facts, loop, name) for name in losses if name)
 
 
-def _step_count(facts: Facts, loop: Loop, node: cst.BaseExpression) -> bool:
+def step_count(facts: Facts, loop: Loop, node: cst.BaseExpression) -> bool:
     """``node`` names a count of steps made from the data's size before the loop: ``total_batch = len(ds) //
     batch_size`` (or ``/``), not a loader's length."""
     name = dotted(node) if isinstance(node, cst.Name) else None
@@ -94,7 +95,27 @@ def mean_criterion(facts: Facts, loop: Loop, loss: str) -> bool:
              b.line <= stepped]
     inside = [b for b in bound if b.line >= loop.line]
     value = (inside or bound)[-1].value if bound else None
-    return isinstance(value, cst.Call) and mean_call(facts, value)
+    return _mean_terms(facts, value)
+
+
+def _mean_terms(facts: Facts, value: Any) -> bool:
+    """``value`` is a mean over the batch: a call of one of torch's losses with its default reduction, a
+    ``.mean()`` / ``torch.mean(...)``, or a sum of such terms, each maybe weighted by a number or a name (a VAE's
+    ``F.binary_cross_entropy(out, x) + beta * torch.mean(mu ** 2)``)."""
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Add, cst.Subtract)):
+        return _mean_terms(facts, value.left) and _mean_terms(facts, value.right)
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Multiply):
+        terms = [side for side in (value.left, value.right)
+                 if not isinstance(side, (cst.Integer, cst.Float, cst.Name, cst.Attribute))]  # (not the weight)
+        return len(terms) == 1 and _mean_terms(facts, terms[0])
+    if isinstance(value, cst.UnaryOperation):  # (``-elbo.mean()``)
+        return _mean_terms(facts, value.expression)
+    if not isinstance(value, cst.Call):
+        return False
+    if isinstance(value.func, cst.Attribute) and value.func.attr.value == "mean" and not value.args or \
+            (resolve(dotted(value.func), facts.aliases) or "") == "torch.mean" and len(value.args) == 1:
+        return True
+    return mean_call(facts, value)
 
 
 def mean_call(facts: Facts, value: cst.Call) -> bool:
@@ -150,3 +171,54 @@ def summed_means(facts: Facts, loop: Loop, name: str) -> bool:
         if not (isinstance(value, cst.Call) and lossy and mean_call(facts, value)):
             return False
     return True
+
+
+def step_kind(facts: Facts, scope: Scope, value: Any, line: int, depth: int = 0) -> str | None:
+    """What a value a loop adds up each step is: "mean" for a mean over the batch (``(...).float().mean()``,
+    ``correct / y.shape[0]``, or a name bound to one, or a call of the script's own function returning one: a
+    CIFAR project's ``acc = accuracy(out, y)``, its returns read at its end), "sum" for a sum or a size
+    (``(...).sum()``, ``y.size(0)``); None when it cannot be told.
+
+    >>> from ddpkit.commands.convert.scan import parse, scan
+    >>> f = scan(parse("def acc(o, y):\\n    return (o == y).sum() / y.shape[0]\\n"))
+    >>> step_kind(f, f.scopes[""], cst.parse_expression("acc(o, y).item()"), 9)
+    'mean'
+    """
+    while isinstance(value, cst.Call) and (isinstance(value.func, cst.Attribute) and not value.args and
+                                           value.func.attr.value in ("item", "detach", "cpu", "numpy", "float",
+                                                                     "double") or
+                                           dotted(value.func) == "float" and len(value.args) == 1):
+        value = value.func.value if isinstance(value.func, cst.Attribute) else value.args[0].value
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Divide):
+        return "mean" if _batch_size(value.right) else None
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Multiply):  # (``100. * acc``)
+        kinds = {step_kind(facts, scope, side, line, depth) for side in (value.left, value.right)
+                 if not isinstance(side, (cst.Integer, cst.Float))}
+        return kinds.pop() if len(kinds) == 1 else None
+    if not isinstance(value, (cst.Call, cst.Name)) or depth > 3:
+        return None
+    if isinstance(value, cst.Name):  # (``acc = accuracy(out, y)`` in the loop, above ``epoch_acc += acc.item()``)
+        bound = binding_of(facts, value.value, scope, line)
+        return step_kind(facts, bound.scope, bound.value, bound.line, depth + 1) \
+            if bound is not None and bound.value is not None and bound.line < line else None
+    last = value.func.attr.value if isinstance(value.func, cst.Attribute) else dotted(value.func)
+    if last in ("mean",):
+        return "mean"
+    if last in ("sum", "size", "numel", "len"):
+        return "sum"
+    own = facts.scopes.get(dotted(value.func) or "") if isinstance(value.func, cst.Name) else None
+    kinds = {step_kind(facts, own, r, 1 << 30, depth + 1) for s, r in facts.returns if s is own} \
+        if own is not None else set()
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def _batch_size(node: Any) -> bool:
+    """``len(y)``, ``y.size(0)``, ``y.shape[0]``, ``y.numel()``: the size of a batch a helper is handed."""
+    if isinstance(node, cst.Call) and dotted(node.func) == "len" and len(node.args) == 1:
+        return dotted(node.args[0].value) is not None
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value in ("size",
+                                                                                                     "numel"):
+        return True
+    return isinstance(node, cst.Subscript) and isinstance(node.value, cst.Attribute) and \
+        node.value.attr.value == "shape"
+

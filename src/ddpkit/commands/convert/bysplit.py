@@ -42,16 +42,16 @@ MARK = "@"  # between what a function returns and the strings its call passes (J
 class Split:
     """The factory's ``param``, the strings of the splits trained on, and this file's loops that train on them."""
     param: str
-    values: tuple[str, ...]
+    values: tuple[str | bool, ...]  # (``train=True``: a flag)
     loops: tuple[Loop, ...] = ()
     picker: str = ""  # the variable of a loop over every split around ``loops``: their sums are reduced for the
     # trained splits only (``loss_sum = ddpkit.reduce(loss_sum) if phase == 'train' else loss_sum``)
 
 
 def literals(call: cst.Call, passed: Callable[[str], cst.BaseExpression | None]) -> str:
-    """The plain strings ``call`` passes, as a qualifier (``@[["#1", "train"]]``; "" when none): written there,
-    or a parameter of the enclosing function that its caller passes one for (``passed(name)``: what the caller
-    passes as that parameter, None when not one or when the function rebinds it)."""
+    """The plain strings (and True / False) ``call`` passes, as a qualifier (``@[["#1", "train"]]``; "" when none):
+    written there, or a parameter of the enclosing function that its caller passes one for (``passed(name)``: what
+    the caller passes as that parameter, None when not one or when the function rebinds it)."""
     found = []
     position = 0
     for arg in call.args:
@@ -60,6 +60,9 @@ def literals(call: cst.Call, passed: Callable[[str], cst.BaseExpression | None])
         where = arg.keyword.value if arg.keyword is not None else f"#{position}"
         position += arg.keyword is None
         value = arg.value
+        if isinstance(value, cst.Name) and value.value in ("True", "False"):  # ``get_dataloader(ds, bs, train=False)``
+            found.append([where, value.value == "True"])
+            continue
         if isinstance(value, cst.Name):
             value = passed(value.value) or value
         if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str):
@@ -72,7 +75,7 @@ def base(name: str) -> str:
     return name.split(MARK, 1)[0]
 
 
-def _strings(name: str, params: list[str]) -> dict[str, str]:
+def _strings(name: str, params: list[str]) -> dict[str, str | bool]:
     """``{'flag': 'train'}`` of ``get()[0]@[["#1", "train"]]`` for a factory ``get(args, flag)``: each string by
     the parameter it lands in (``self`` left out of ``params``)."""
     found = {}
@@ -84,7 +87,7 @@ def _strings(name: str, params: list[str]) -> dict[str, str]:
     return found
 
 
-def decide(names: list[str], kinds: dict[str, str], params: list[str]) -> tuple[str, tuple[str, ...]] | None:
+def decide(names: list[str], kinds: dict[str, str], params: list[str]) -> tuple[str, tuple[str | bool, ...]] | None:
     """(the parameter, the training strings) when the asks ``names`` of one returned value (with their ``kinds``)
     split by the string passed as one parameter: every training ask passes one, every evaluation ask one of
     others; None when they do not (one role, or no string tells them apart)."""
@@ -96,7 +99,7 @@ def decide(names: list[str], kinds: dict[str, str], params: list[str]) -> tuple[
         told = {t.get(param) for t in train}
         if None in told or any(e.get(param) in told | {None} for e in evaluate):
             continue
-        return param, tuple(sorted(v for v in told if v is not None))
+        return param, tuple(sorted((v for v in told if v is not None), key=repr))
     return None
 
 
@@ -225,8 +228,10 @@ def by_split(work: _Work, call: Call, split: Split, load: Callable[..., bool]) -
     work.edits.expr[id(call.node)] = lambda node: cst.IfExp(test=condition(split.param, split.values),
                                                             body=sharded(node), orelse=node)
     shown, test = " or ".join(map(repr, split.values)), _code(condition(split.param, split.values))
+    what = f"the loader made with {split.param}={split.values[0]}" if isinstance(split.values[0], bool) else \
+        f"the {shown} split"
     work.note(f"DataLoader -> ddpkit.data_loader if {test}",
-              f"the {shown} split is trained on, the others only evaluated: those stay whole DataLoaders (each rank "
+              f"{what} is trained on, the others only evaluated: those stay whole DataLoaders (each rank "
               "evaluates every batch, which is right)", call.line)
     return training
 
@@ -265,8 +270,11 @@ def converted(node: cst.Call, module: cst.Module) -> bool:
     return False
 
 
-def condition(param: str, values: tuple[str, ...]) -> cst.BaseExpression:
-    """``flag == 'train'``, or ``flag in ('TRAIN', 'train')``."""
+def condition(param: str, values: tuple[str | bool, ...]) -> cst.BaseExpression:
+    """``flag == 'train'``, or ``flag in ('TRAIN', 'train')``; ``train`` for a flag the training calls pass True
+    (``not train``: False)."""
+    if values in ((True,), (False,)):
+        return cst.parse_expression(param if values[0] else f"not {param}")
     if len(values) == 1:
         return cst.parse_expression(f"{param} == {values[0]!r}")
     return cst.parse_expression(f"{param} in ({', '.join(map(repr, values))})")

@@ -275,7 +275,10 @@ def reads(work: _Work, loop: Loop) -> set[str]:
     found |= names
     for name in names:
         bound = flow.binding_of(work.facts, name, loop.scope, loop.line)
-        if bound is not None and isinstance(bound.value, cst.Call):
+        # (not what a factory of the project's own is handed: ``get_dataloader(train_set, bs, train=True)`` builds
+        # the loader from a dataset, it wraps no loader)
+        if bound is not None and isinstance(bound.value, cst.Call) and \
+                imported_from(work.facts, dotted(bound.value.func) or "") is None:
             found |= iterated(bound.value)
     for call in loop.calls:
         if call.name == "next" and call.node.args:

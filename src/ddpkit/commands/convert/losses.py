@@ -100,11 +100,14 @@ def _summed_shown(work: _Work, call: Call) -> None:
                      and (callee(work.facts, c) or (None,))[0] is call.scope)), call)
     named = {b.target for b in work.facts.bindings if b.value is made.node}
     loop = made.loops[-1] if made.loops else None
-    for shown in loop.calls if loop is not None and named else ():
+    # (in the loop each step, or after it, the last batch's: Soooda/vae's ``print(..., loss.item())`` an epoch)
+    after = [c for c in work.facts.calls if loop is not None and c.scope is loop.scope and c.line > loop.end]
+    for shown in [*loop.calls, *after] if loop is not None and named else ():
         if shown.last in ("print", "format", "info", "write", "set_postfix", "add_scalar", "log") and \
                 shown.line > made.line and {n for a in shown.node.args for n in names_in(a.value)} & named:
-            work.keep(shown.line, f"{shown.last}(...) shows {sorted(named)[0]}, a loss summed over the batch, each "
-                      "step", "this rank's share of the batch's sum: 1/N of one process's at N processes (the steps "
+            work.keep(shown.line, f"{shown.last}(...) shows {sorted(named)[0]}, a loss summed over the batch, " +
+                      ("each step" if loop is None or shown.line <= loop.end else "of the training loop's last batch"),
+                      "this rank's share of the batch's sum: 1/N of one process's at N processes (the steps "
                       "hold: the optimizer does not follow the gradient's scale); ddpkit.reduce(loss.detach()) shows "
                       "the whole batch's")
             return

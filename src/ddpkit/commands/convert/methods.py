@@ -95,18 +95,20 @@ def _made_from(work: _Work, loop: Any, backward: Any) -> list[tuple[str, str, in
     inside = {id(n) for n in m.findall(loop.node, m.SimpleStatementLine())}
     batch = _batch_names(work, loop, inside)
     for _ in range(3):
-        values = [b for b in facts.bindings if b.target in frontier - seen and id(b.stmt) in inside and
-                  b.value is not None and b.line <= backward.line]
+        # (``mean, log_var = model.encoding(x)``: an unpacked binding's whole value)
+        values = [(b, b.value if b.value is not None else b.whole) for b in facts.bindings if b.target in
+                  frontier - seen and id(b.stmt) in inside and (b.value or b.whole) is not None and
+                  b.line <= backward.line]
         seen |= frontier
         frontier = set()
-        for binding in values:
-            for call in m.findall(binding.value, m.Call(func=m.Attribute())):
+        for binding, value in values:
+            for call in m.findall(value, m.Call(func=m.Attribute())):
                 assert isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
                 owner, method = dotted(call.func.value), call.func.attr.value
                 fed = set().union(*(names_in(a.value) for a in call.args)) if call.args else set()
                 if owner and method not in flow.TORCH_METHODS and not method.startswith("_") and fed & batch:
                     found.append((owner, method, binding.line))
-            frontier |= names_in(binding.value)
+            frontier |= names_in(value)
     return found
 
 
@@ -115,8 +117,8 @@ def _batch_names(work: _Work, loop: Any, inside: set[int]) -> set[str]:
     (``x = x.to(device)``): a method fed with the batch runs the layers on it (``init_hidden(bsz)`` is not fed)."""
     names = set(loop.targets)
     for _ in range(2):
-        names |= {b.target for b in work.facts.bindings if id(b.stmt) in inside and b.value is not None
-                  and names_in(b.value) & names}
+        names |= {b.target for b in work.facts.bindings if id(b.stmt) in inside and (b.value or b.whole) is not None
+                  and names_in(b.value if b.value is not None else b.whole) & names}
     return names
 
 

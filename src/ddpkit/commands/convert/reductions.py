@@ -82,7 +82,8 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
             stored = (f"{needs}() results (it needs gradients, so it cannot run under no_grad)", loop.line)
         # a batch that is one unit (a trial); a batch of one sample is a unit whichever rank takes it
         wide = None if summed_as_training or call is None or _one_sample(call) else batch_wide(work.facts, loop)
-        plan = sums_after(work.facts, loop, summed_as_training, datasets, batches) \
+        shares: list[tuple[str, int]] = []
+        plan = sums_after(work.facts, loop, summed_as_training, datasets, batches, shares) \
             if stored is None and wide is None else None
         if plan is None and not summed_as_training:
             assert call is not None  # (without a call, only training loops are handed in)
@@ -111,6 +112,7 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
             _running_shown(work, loop, [n for n, _ in loop.augmented], after=False)
         if summed_as_training:
             _count_shown(work, loop)
+            _shares(work, shares)
     pickers = [lp for lp in work.facts.loops if when is not None and lp.targets == {when[0]}]
     for summed_as_training, (anchor, names, lens, averaged) in plans:
         split = when if any(p is o for p in pickers for o in anchor.outer) else None  # (one split's sum: its test)
@@ -241,6 +243,15 @@ def _running_shown(work: _Work, loop: Loop, names: list[str], after: bool = True
             work.keep(call.line, f"{bar}.update(...) counts this rank's samples", f"at N processes {bar} ends at 1/N "
                       "of its total (rank 0's on screen): each rank takes its share of every batch")
             return
+
+
+def _shares(work: _Work, shares: list[tuple[str, int]]) -> None:
+    """Sums of the training loop read after it that no reduction here makes every rank's (a sum over a script
+    loss whose reduction is unseen, divided by nothing or by something else): rank 0's where shown; said."""
+    for name, line in shares:
+        work.keep(line, f"{name}, added up over the training loop's batches, is read here as this rank's sum",
+                  "rank 0's share where it is shown (convert cannot tell what it adds up): ddpkit.reduce("
+                  f"{name}, op='mean') averages it over the ranks, ddpkit.reduce({name}) adds the ranks' up")
 
 
 def _count_shown(work: _Work, loop: Loop) -> None:

@@ -30,7 +30,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert import sizes
-from ddpkit.commands.convert.batchmeans import batch_mean, summed_means
+from ddpkit.commands.convert.batchmeans import batch_mean, step_count, step_kind, summed_means
 from ddpkit.commands.convert.device import PROGRESS
 from ddpkit.commands.convert.names import dotted, names_in, resolve
 from ddpkit.commands.convert.scan import Facts, Loop
@@ -72,9 +72,10 @@ def _local(facts: Facts, loop: Loop) -> set[str]:
 
 
 def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str] = frozenset(),
-               batches: frozenset[str] = frozenset()) -> list[Reduction] | None:
+               batches: frozenset[str] = frozenset(), shares: list[tuple[str, int]] | None = None) \
+        -> list[Reduction] | None:
     """``batches``: the names of the loader's batch size when it is the global batch (``len(loader) * batch_size``
-    is then every sample).
+    is then every sample); ``shares`` gets each training sum left rank 0's and the line that first reads it.
     The :class:`Reduction` s to make; None: what follows the loop reads a local count this cannot reduce, or
     (evaluating) the loop may stop before its shard ends (``if i >= eval_iters: break``)."""
     if loop.breaks and not training:
@@ -110,8 +111,11 @@ def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str
             kind = _training_sum(facts, loop, anchor, name, readers, local, samples,
                                  lambda d: sizes.dataset_size(facts, d, loop.scope, set(datasets), loaders, batches)
                                  or bool(sizes.sampler_lens(d, loaders)))
-            if kind is None:
-                continue  # rank 0's, as printed
+            if kind is None and shares is not None:  # rank 0's, as read: said where ``shares`` asks
+                lines = [line for st, _, line in facts.statements if any(st is r for r in readers)]
+                shares.append((name, min(lines, default=anchor.end)))
+            if kind in (None, "later"):
+                continue
             if kind == "mean":
                 plans.setdefault(id(anchor), Reduction(anchor, [], [], set())).averaged.add(name)
         elif any(s is not None and names_in(s) & local for s in readers):
@@ -203,9 +207,9 @@ def _training_sum(facts: Facts, loop: Loop, anchor: Loop, name: str, readers: li
     """How a training loop's sum read after it is made every rank's: "sum" where what divides it counts every
     sample (``whole``: the dataset's size; or a sum of batch sizes, ``correct / total``), "mean" where it is
     divided by this rank's count of batches alone (``loss / (i + 1)``, ``/ n_batches``: every rank took as many),
-    and None (rank 0's, as printed) otherwise: divided by anything else (``(i + 1) * batch_size``), started
-    outside this function (a running total kept across calls: reduced again at each), or added to again by a
-    later loop (reduced after that one)."""
+    "later" where a later loop adds to it (reduced after that one), and None (rank 0's, as read) otherwise:
+    divided by anything else (``(i + 1) * batch_size``), or started outside this function (a running total kept
+    across calls: reduced again at each)."""
     started = any(b.target == name.split("[")[0] and b.scope is loop.scope and b.value is not None and
                   b.line < loop.line for b in facts.bindings)
     # (nor a count a later loop adds to; one bound again before it, dgcnn's ``count = 0.0`` for its test loop, is
@@ -215,7 +219,7 @@ def _training_sum(facts: Facts, loop: Loop, anchor: Loop, name: str, readers: li
              if not any(b.target == n and b.scope is loop.scope and anchor.end < b.line < other.line and
                         not (b.value is not None and n in names_in(b.value)) for b in facts.bindings)}
     if not started or name in later:
-        return None
+        return "later" if started else None  # (a later loop's sum: reduced after it, not said here)
     divisors = [d for s in readers if s is not None for d in _divisors(s, name)]
     if not divisors and batch_mean(facts, loop, name):  # (returned or printed whole: averaged, or summed with a
         return "sum"  # per-process batch, by :func:`~ddpkit.commands.convert.reductions.reductions`)
@@ -225,27 +229,30 @@ def _training_sum(facts: Facts, loop: Loop, anchor: Loop, name: str, readers: li
         # (``/ len(loader)``: a mean of batch means is averaged; a sum of batch sums, ``correct += (...).sum()``, is
         # per batch of the global batch: summed; anything else rank 0's)
         return "mean" if batch_mean(facts, loop, name) else _per_batch(facts, loop, name)
+    if divisors and all(step_count(facts, loop, d) for d in divisors) and batch_mean(facts, loop, name):
+        # (``total / train_steps`` of ``train_steps = len(ds) // batch_size``: the data's count of steps; summed
+        # here, the reduction then averages it with the global batch, each rank taking as many steps, and adds
+        # the ranks' up with a per-process batch, each taking 1/N of them)
+        return "sum"
     if any(names_in(d) & local for d in divisors):
         return None
     return "sum" if name in samples or any(whole(d) or names_in(d) & (samples - later) for d in divisors) else None
 
 
 def _per_batch(facts: Facts, loop: Loop, name: str) -> str | None:
-    """What each ``name += value`` of the loop adds: "mean" for a batch's mean (``(...).float().mean().item()``),
-    "sum" for a batch's sum or size (``(...).sum().item()``, ``y.size(0)``, ``len(y)``); None when they differ or
-    cannot be told."""
-    kinds = set()
-    for node in m.findall(loop.node, m.AugAssign(operator=m.AddAssign())):
-        if not isinstance(node, cst.AugAssign) or _CODE.code_for_node(node.target) != name:
-            continue
-        value = node.value
-        while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and not value.args and \
-                value.func.attr.value in ("item", "detach", "cpu", "numpy", "float", "double"):
-            value = value.func.value
-        last = value.func.attr.value if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) else \
-            dotted(value.func) if isinstance(value, cst.Call) else None
-        kinds.add("mean" if last == "mean" else "sum" if last in ("sum", "size", "numel", "len") else None)
+    """What each ``name += value`` of the loop adds: "mean" for a batch's mean (``(...).float().mean().item()``,
+    ``acc.item()`` of ``acc = accuracy(out, y)``), "sum" for a batch's sum or size (``(...).sum().item()``,
+    ``y.size(0)``, ``len(y)``); None when they differ or cannot be told."""
+    kinds = {step_kind(facts, loop.scope, node.value, _line_of(facts, loop, node))
+             for node in m.findall(loop.node, m.AugAssign(operator=m.AddAssign()))
+             if isinstance(node, cst.AugAssign) and _CODE.code_for_node(node.target) == name}
     return kinds.pop() if len(kinds) == 1 else None
+
+
+def _line_of(facts: Facts, loop: Loop, node: cst.AugAssign) -> int:
+    """The line of ``node``, a statement of the loop (its bindings above it are what it reads)."""
+    return next((line for stmt, scope, line in facts.statements if scope is loop.scope and node in stmt.body),
+                loop.end)
 
 
 def _batches(facts: Facts, loop: Loop, divisor: Any) -> bool:

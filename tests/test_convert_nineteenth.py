@@ -1,0 +1,234 @@
+"""What the nineteenth held-out set showed ``ddpkit convert`` owes public scripts (docs/convert.md): each a case
+written in our own words after the pattern met."""
+import pytest
+
+pytest.importorskip("libcst")
+
+from ddpkit.commands.convert.plan import plan  # noqa: E402
+
+# a CIFAR project's epoch: the loss and an accuracy from the script's own helper, both summed per batch and
+# divided by the loader's length on return
+ACCURACY = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+ds = TensorDataset(torch.randn(64, 5), torch.randint(0, 3, (64,)))
+
+
+def hits(out, y):
+    right = (out.argmax(1) == y).float().sum()
+    return right / y.shape[0]
+
+
+def one_epoch(net, loader, opt):
+    batches = len(loader)
+    total_loss, total_hits = 0.0, 0.0
+    for x, y in loader:
+        out = net(x)
+        loss = nn.functional.cross_entropy(out, y)
+        score = hits(out, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        total_loss += loss.item()
+        total_hits += score.item()
+    return total_loss / batches, total_hits / batches
+
+
+net = nn.Linear(5, 3)
+opt = torch.optim.Adam(net.parameters())
+loader = DataLoader(ds, batch_size=16, shuffle=True)
+for epoch in range(2):
+    print(epoch, *one_epoch(net, loader, opt))
+'''
+
+
+def test_an_accuracy_from_the_scripts_own_helper_summed_per_batch_is_averaged_like_the_loss():
+    """cifar10-pytorch: ``epoch_acc += acc.item()`` of ``acc = accuracy(out, y)`` (a mean over the batch, its own
+    helper) returned ``/ num_batches`` beside the loss: only the loss was averaged; "Train Acc" rank 0's, unsaid."""
+    text = plan(ACCURACY).text
+    assert "total_hits = ddpkit.reduce(total_hits, op='mean')" in text, text
+    assert "total_loss = ddpkit.reduce(total_loss, op='mean')" in text, text
+
+
+# a project's data module: one factory for both loaders, told apart by a ``train`` flag that sets the shuffle
+FACTORY = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def get_dataset():
+    return TensorDataset(torch.randn(40, 6)), TensorDataset(torch.randn(8, 6))
+
+
+def get_dataloader(dataset, batch_size, train=True):
+    if train:
+        shuffle = True
+        drop_last = True
+    else:
+        shuffle = False
+        drop_last = False
+    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last)
+'''
+
+FLAGGED = '''import torch
+from utils import get_dataset, get_dataloader
+
+
+def validation(model, loader):
+    total = 0.0
+    with torch.no_grad():
+        for (x,) in loader:
+            total += ((model(x) - x) ** 2).mean().item()
+    return total / len(loader)
+
+
+def main():
+    model = torch.nn.Linear(6, 6)
+    opt = torch.optim.Adam(model.parameters())
+    train_set, valid_set = get_dataset()
+    train_loader = get_dataloader(train_set, 8, train=True)
+    valid_loader = get_dataloader(valid_set, 8, train=False)
+    for epoch in range(2):
+        for (x,) in train_loader:
+            loss = ((model(x) - x) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        print(epoch, validation(model, valid_loader))
+
+
+main()
+'''
+
+
+def _settled(files):
+    from ddpkit.commands.convert.crossing import settle
+    return settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
+
+
+def test_a_factory_told_by_a_train_flag_shards_the_training_loader_and_keeps_the_other_whole():
+    """pytorch-VAE-MNIST: ``get_dataloader(valid_dataset, batch_size, train=False)`` of utils.py made a training
+    loader for both: the validation was listed as rank 0's shard (falsely: its sums were reduced) and the loops of
+    train.py were said to read a training loader "not converted there" (it was)."""
+    done = _settled({"utils.py": FACTORY, "train.py": FLAGGED})
+    utils, train = done["utils.py"], done["train.py"]
+    assert "return ddpkit.data_loader(dataset, global_batch_size=batch_size, shuffle=shuffle, drop_last=drop_last) " \
+        "if train else DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last)" \
+        in utils.text, utils.text
+    assert not train.left and not utils.left, (train.left, utils.left)
+    assert "ddpkit.reduce" not in train.text, train.text  # (each rank validates every batch: nothing to reduce)
+
+
+# a VAE trained through two methods of its model, its loss a torch criterion plus a weighted mean
+METHODS = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Coder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.down = nn.Linear(10, 6)
+        self.up = nn.Linear(3, 10)
+
+    def encode(self, x):
+        h = self.down(x)
+        return h[:, :3], h[:, 3:]
+
+    def decode(self, z):
+        return torch.sigmoid(self.up(z))
+
+
+coder = Coder()
+opt = torch.optim.Adam(coder.parameters())
+loader = DataLoader(TensorDataset(torch.rand(48, 10)), batch_size=12, shuffle=True)
+for epoch in range(2):
+    running = 0.0
+    for (x,) in loader:
+        mu, logvar = coder.encode(x)
+        z = mu + torch.randn_like(mu) * (0.5 * logvar).exp()
+        loss = nn.functional.binary_cross_entropy(coder.decode(z), x) + 0.1 * torch.mean(mu ** 2)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        running += loss.item()
+    running /= len(loader)
+    print(epoch, running)
+'''
+
+
+def test_a_loss_from_methods_fed_through_an_unpacked_pair_names_both_and_its_mean_is_averaged():
+    """pytorch-VAE-MNIST: ``mean, log_var = model.encoding(x)`` then ``model.decoding(z)``: no forward_methods
+    (launch stopped at the first step), and ``total_loss /= len(train_loader)`` of a BCE plus a weighted mean left
+    rank 0's, unsaid."""
+    text = plan(METHODS).text
+    assert "coder = ddpkit.prepare_model(Coder(), forward_methods=('decode', 'encode',))" in text, text
+    assert "    running = ddpkit.reduce(running, op='mean')" in text, text
+
+
+# a UNet lesson: the loss summed over the epoch, divided by the data's count of steps fixed before the loop
+STEPS = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+BATCH = 8
+data = TensorDataset(torch.arange(64.0).view(64, 1), torch.zeros(64, 1))
+loader = DataLoader(data, shuffle=True, batch_size=BATCH)
+net = torch.nn.Linear(1, 1)
+opt = torch.optim.Adam(net.parameters())
+lossFunc = torch.nn.L1Loss()
+steps = len(data) // BATCH
+for e in range(2):
+    total = 0
+    for (i, (x, y)) in enumerate(loader):
+        loss = lossFunc(net(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        total += loss
+    print("train loss {:.6f}".format(total / steps))
+'''
+
+
+@pytest.mark.parametrize("per_process, reduced", [(False, "ddpkit.reduce(total, op='mean')"),
+                                                  (True, "ddpkit.reduce(total)")])
+def test_a_loss_summed_over_the_datas_count_of_steps_is_averaged_with_the_global_batch(per_process, reduced):
+    """RTU-PyTorch-Project's UNet: ``avgTrainLoss = totalTrainLoss / trainSteps`` of ``trainSteps = len(trainDS) //
+    BATCH_SIZE``: printed and plotted rank 0's, unsaid. With the global batch each rank takes every step (averaged);
+    with a per-process batch 1/N of them (added up)."""
+    text = plan(STEPS, per_process_batch=per_process).text
+    assert f"    total = {reduced}" in text, text
+
+
+# a VAE's loss summed over the batch, its last value printed once an epoch
+LAST = '''import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+loader = DataLoader(TensorDataset(torch.rand(64, 4)), batch_size=16, shuffle=True)
+net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Sigmoid())
+opt = torch.optim.Adam(net.parameters())
+for epoch in range(2):
+    for (x,) in loader:
+        opt.zero_grad()
+        loss = F.binary_cross_entropy(net(x), x, reduction="sum")
+        loss.backward()
+        opt.step()
+    print("Epoch {} Loss: {:.4f}".format(epoch, loss.item()))
+'''
+
+
+def test_a_summed_loss_printed_after_the_loop_is_said_to_be_this_ranks_share_of_the_last_batch():
+    """Soooda/vae: ``print(..., loss.item())`` once an epoch of a ``reduction="sum"`` loss: half the original's value
+    at 2 processes, unsaid."""
+    kept = [k for k in plan(LAST).kept if "summed over the batch" in k.what]
+    assert [k.line for k in kept] == [14], kept
+    assert "last batch" in kept[0].what and "1/N of one process's" in kept[0].why, kept
+
+
+def test_a_training_sum_convert_cannot_tell_is_said_to_be_this_ranks():
+    """What convert reduces nowhere (a score of the script's own whose reduction it cannot see) is no longer
+    silently rank 0's where it is read."""
+    source = ACCURACY.replace("score = hits(out, y)", "score = custom_score(out, y)")
+    kept = [k for k in plan(source).kept if "total_hits" in k.what]
+    assert [k.line for k in kept] == [25], kept
+    assert "rank 0's share" in kept[0].why, kept
