@@ -232,3 +232,84 @@ def test_a_training_sum_convert_cannot_tell_is_said_to_be_this_ranks():
     kept = [k for k in plan(source).kept if "total_hits" in k.what]
     assert [k.line for k in kept] == [25], kept
     assert "rank 0's share" in kept[0].why, kept
+
+
+OWN_LOSS = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def l2_loss(pred, label):
+    return torch.nn.functional.mse_loss(pred, label)
+
+
+def train_once(model, loader, opt):
+    total = 0
+    for x, y in loader:
+        opt.zero_grad()
+        loss = l2_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        total += loss.detach().item()
+    total /= len(loader)
+    return total
+
+
+model = torch.nn.Linear(2, 1)
+opt = torch.optim.Adam(model.parameters())
+loader = DataLoader(TensorDataset(torch.randn(32, 2), torch.randn(32, 1)), batch_size=8, shuffle=True)
+for epoch in range(2):
+    print(epoch, train_once(model, loader, opt))
+'''
+
+
+def test_a_loss_function_of_the_scripts_own_returning_a_torch_mean_is_a_batch_mean():
+    """lstm_stock_pred: ``loss = l2_loss(output, label)`` wrapping ``F.mse_loss``, summed and divided by
+    ``len(loader)``: the epoch loss printed was rank 0's, unsaid (the same loss written inline was averaged)."""
+    assert "    total = ddpkit.reduce(total, op='mean')" in plan(OWN_LOSS).text
+
+
+def test_the_steps_mean_loss_shown_after_the_loop_is_said_once_with_the_global_batch():
+    """Text-Generation-BiLSTM, karinvk/CIFAR10: ``print("Epoch", e, "loss", loss.item())`` after the loop, or a bar's
+    per-step loss: rank 0's half of the batch, unsaid. Kept per process, each rank's batch is one process's."""
+    source = LAST.replace(', reduction="sum"', "")
+    kept = [k for k in plan(source).kept if "the step's loss" in k.what]
+    assert [(k.line, k.what) for k in kept] == [(14, "print(...) shows loss, the step's loss, the training loop's "
+                                                     "last")], kept
+    assert not [k for k in plan(source, per_process_batch=True).kept if "the step's loss" in k.what]
+
+
+SEEDED_GAN = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+loader = DataLoader(TensorDataset(torch.rand(32, 2)), batch_size=8, shuffle=True)
+G = nn.Linear(3, 2)
+D = nn.Sequential(nn.Linear(2, 1), nn.Sigmoid())
+opt_g = torch.optim.Adam(G.parameters())
+opt_d = torch.optim.Adam(D.parameters())
+bce = nn.BCELoss()
+for epoch in range(2):
+    for (real,) in loader:
+        noise = torch.randn(real.size(0), 3)
+        fake = G(noise)
+        opt_d.zero_grad()
+        d_loss = bce(D(real), torch.ones(real.size(0), 1)) + bce(D(fake.detach()), torch.zeros(real.size(0), 1))
+        d_loss.backward()
+        opt_d.step()
+        opt_g.zero_grad()
+        bce(D(fake), torch.ones(real.size(0), 1)).backward()
+        opt_g.step()
+'''
+
+
+def test_a_gans_noise_from_a_generator_the_script_seeds_is_listed_as_the_same_on_every_rank():
+    """martinyanev94's GAN lesson (seeded at the top, the DCGAN ``--manualSeed`` habit): every rank drew the same
+    noise each step, the global batch of fakes N copies; convert said nothing and verify (draws matched) passed."""
+    left = [x for x in plan(SEEDED_GAN).left if "same noise" in x.what]
+    assert [x.line for x in left] == [14], left
+    assert "torch.randn(..., generator=gen)" in left[0].fix, left
+    unseeded = SEEDED_GAN.replace("torch.manual_seed(0)\n", "")
+    assert not [x for x in plan(unseeded).left if "same noise" in x.what]
+    own = SEEDED_GAN.replace("torch.randn(real.size(0), 3)", "torch.randn(real.size(0), 3, generator=g)")
+    assert not [x for x in plan(own).left if "same noise" in x.what]

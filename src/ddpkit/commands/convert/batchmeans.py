@@ -98,23 +98,27 @@ def mean_criterion(facts: Facts, loop: Loop, loss: str) -> bool:
     return _mean_terms(facts, value)
 
 
-def _mean_terms(facts: Facts, value: Any) -> bool:
+def _mean_terms(facts: Facts, value: Any, depth: int = 0) -> bool:
     """``value`` is a mean over the batch: a call of one of torch's losses with its default reduction, a
     ``.mean()`` / ``torch.mean(...)``, or a sum of such terms, each maybe weighted by a number or a name (a VAE's
     ``F.binary_cross_entropy(out, x) + beta * torch.mean(mu ** 2)``)."""
     if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Add, cst.Subtract)):
-        return _mean_terms(facts, value.left) and _mean_terms(facts, value.right)
+        return _mean_terms(facts, value.left, depth) and _mean_terms(facts, value.right, depth)
     if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Multiply):
         terms = [side for side in (value.left, value.right)
                  if not isinstance(side, (cst.Integer, cst.Float, cst.Name, cst.Attribute))]  # (not the weight)
-        return len(terms) == 1 and _mean_terms(facts, terms[0])
+        return len(terms) == 1 and _mean_terms(facts, terms[0], depth)
     if isinstance(value, cst.UnaryOperation):  # (``-elbo.mean()``)
-        return _mean_terms(facts, value.expression)
+        return _mean_terms(facts, value.expression, depth)
     if not isinstance(value, cst.Call):
         return False
     if isinstance(value.func, cst.Attribute) and value.func.attr.value == "mean" and not value.args or \
             (resolve(dotted(value.func), facts.aliases) or "") == "torch.mean" and len(value.args) == 1:
         return True
+    own = facts.scopes.get(value.func.value) if isinstance(value.func, cst.Name) and depth < 2 else None
+    if own is not None:  # a loss function of the script's (``l2_loss(out, y)`` returning ``F.mse_loss(out, y)``)
+        returned = [r for s, r in facts.returns if s is own]
+        return bool(returned) and all(_mean_terms(facts, r, depth + 1) for r in returned)
     return mean_call(facts, value)
 
 

@@ -22,6 +22,7 @@ import libcst.matchers as m
 
 from ddpkit.commands.check.rules import OPTIMIZERS
 from ddpkit.commands.convert import counted, flow
+from ddpkit.commands.convert.batchmeans import stepped_losses
 from ddpkit.commands.convert.flow import callee
 from ddpkit.commands.convert.names import dotted, names_in
 from ddpkit.commands.convert.scan import Call
@@ -111,6 +112,32 @@ def _summed_shown(work: _Work, call: Call) -> None:
                       "hold: the optimizer does not follow the gradient's scale); ddpkit.reduce(loss.detach()) shows "
                       "the whole batch's")
             return
+
+
+SHOWN = ("print", "format", "info", "write", "set_postfix", "set_description", "add_scalar", "log")
+
+
+def step_loss_shown(work: _Work) -> None:
+    """The loss a training loop steps on, shown as it is, each step or after the loop (its last batch's:
+    ``print(f"epoch {e} loss {loss.item()}")``): with the global batch kept, a mean over this rank's 1/N of the
+    batch, rank 0's on screen; said once (a summed one is said by :func:`_summed_shown`)."""
+    if not work.models or work.per_process_batch or not any(e.what.startswith("batch_size=") and
+                                                            "global_batch_size=" in e.what for e in work.log):
+        return
+    if any("a loss summed over the batch" in k.what for k in work.kept):
+        return
+    for loop in sorted((lp for lp in work.facts.loops if flow.trains(work.facts, lp)), key=lambda lp: -len(lp.outer)):
+        losses = stepped_losses(loop)
+        after = [c for c in work.facts.calls if c.scope is loop.scope and c.line > loop.end and
+                 all(o.line <= c.line <= o.end for o in loop.outer)]  # (within the epoch loop around it)
+        for shown in [*loop.calls, *after]:
+            named = sorted({n for a in shown.node.args for n in names_in(a.value)} & losses)
+            if shown.last in SHOWN and named and shown.line > min(c.line for c in loop.calls if c.last == "backward"):
+                work.keep(shown.line, f"{shown.last}(...) shows {named[0]}, the step's loss" +
+                          (", the training loop's last" if shown.line > loop.end else ""), "this rank's: a mean over "
+                          "its 1/N of the global batch (rank 0's on screen), the same quantity from fewer samples; "
+                          f"ddpkit.reduce({named[0]}.detach(), op='mean') shows the whole batch's")
+                return
 
 
 # lightly's losses that take their negatives (or statistics) from the batch, and gather them across ranks when told

@@ -42,6 +42,7 @@ from ddpkit.commands.convert import (
     removals,
     reread,
     rules,
+    seeded,
     splits,
     stepped,
     tokens,
@@ -231,6 +232,8 @@ class _Work:
         splits.splits(self, any(c.name in (loaders.LOADER, "ddpkit.data_loader") for c in self.facts.calls))
         moments.moments(self)
         losses.summed_loss(self)
+        losses.step_loss_shown(self)
+        seeded.seeded_noise(self)
         losses.whole_batch_loss(self)
         tokens.token_mean_loss(self)
         losses.contrastive_loss(self)
