@@ -237,8 +237,16 @@ def test_a_validation_loader_from_the_training_loaders_helper_is_listed():
                    "    print(sum(model(x).sum().item() for (x,) in val))\n",
     }
     done = settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
-    assert "ddpkit.data_loader(" in done["helpers.py"].text
-    assert [left.line for left in done["main.py"].left if "val comes from make() of helpers" in left.what] == [5]
+    # (the calls tell the roles apart by the flag they pass, True and False: since the nineteenth set, the helper's
+    # loader is sharded for the True call only, and the validation stays whole, each rank evaluating all of it)
+    assert "ddpkit.data_loader(TensorDataset(data), global_batch_size=4, shuffle=shuffle) if shuffle else " \
+        "DataLoader(" in done["helpers.py"].text, done["helpers.py"].text
+    assert not done["main.py"].left, done["main.py"].left
+    told = dict(files, **{"main.py": files["main.py"].replace("True)", "len(sys.argv) > 0)").replace(
+        "False)", "len(sys.argv) < 0)").replace("import torch\n", "import sys\nimport torch\n")})
+    done = settle(list(told), lambda rel, crossing: plan(told[rel], crossing=crossing))
+    assert "ddpkit.data_loader(" in done["helpers.py"].text and " if shuffle else " not in done["helpers.py"].text
+    assert [left.line for left in done["main.py"].left if "val comes from make() of helpers" in left.what] == [6]
     both = dict(files, **{"main.py": files["main.py"].split("with torch.no_grad()")[0] +
                           "for (x,) in val:\n    opt.zero_grad()\n    model(x).sum().backward()\n    opt.step()\n"})
     done = settle(list(both), lambda rel, crossing: plan(both[rel], crossing=crossing))
