@@ -313,3 +313,53 @@ def test_a_gans_noise_from_a_generator_the_script_seeds_is_listed_as_the_same_on
     assert not [x for x in plan(unseeded).left if "same noise" in x.what]
     own = SEEDED_GAN.replace("torch.randn(real.size(0), 3)", "torch.randn(real.size(0), 3, generator=g)")
     assert not [x for x in plan(own).left if "same noise" in x.what]
+
+
+# a DCGAN project's settings module: it imports torch, builds both models and their optimizers; the training
+# script takes everything from it with a star import (and never imports torch itself)
+SETTINGS = '''import torch
+import torch.nn as nn
+import torch.optim as optim
+
+device = torch.device("cpu")
+batch_size = 8
+generator = nn.Linear(4, 6).to(device)
+discriminator = nn.Linear(6, 1).to(device)
+g_optimizer = optim.Adam(generator.parameters())
+d_optimizer = optim.Adam(discriminator.parameters())
+criterion = nn.BCEWithLogitsLoss()
+'''
+
+STARRED = '''from torch.utils.data import DataLoader, TensorDataset
+from settings import *
+
+loader = DataLoader(TensorDataset(torch.randn(32, 6)), batch_size=batch_size, shuffle=True, drop_last=True)
+for epoch in range(2):
+    for (real,) in loader:
+        real = real.to(device)
+        fake = generator(torch.randn(real.size(0), 4))
+        d_optimizer.zero_grad()
+        d_loss = criterion(discriminator(real), torch.ones(real.size(0), 1)) + \\
+            criterion(discriminator(fake.detach()), torch.zeros(real.size(0), 1))
+        d_loss.backward()
+        d_optimizer.step()
+        g_optimizer.zero_grad()
+        g_loss = criterion(discriminator(fake), torch.ones(real.size(0), 1))
+        g_loss.backward()
+        g_optimizer.step()
+    torch.save(discriminator.state_dict(), "d_%d.pth" % epoch)
+    torch.save(generator.state_dict(), "g_%d.pth" % epoch)
+    with torch.no_grad():
+        generator.eval()
+'''
+
+
+def test_a_star_imported_settings_modules_optimizers_and_torch_are_not_taken_for_the_projects_functions():
+    """Lornatang/DCGAN-PyTorch: ``from config import *`` hands on the models, their optimizers and torch: the
+    loop's step was said to train "no model found to prepare" (both prepared in config.py), and each save owed a
+    barrier because ``torch.save()`` / ``torch.no_grad()`` / ``generator.eval()`` "of another module" ran next."""
+    done = _settled({"settings.py": SETTINGS, "train.py": STARRED})
+    train = done["train.py"]
+    assert "generator = ddpkit.prepare_model(nn.Linear(4, 6))" in done["settings.py"].text, done["settings.py"].text
+    assert not train.left, train.left
+    assert "ddpkit.barrier()" not in train.text, train.text

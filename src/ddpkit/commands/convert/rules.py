@@ -211,8 +211,14 @@ def _read_elsewhere(work: _Work, call: Any) -> str | None:
         return None
     for later in work.facts.calls:
         name = dotted(later.node.func)
+        # (a function: ``test(...)``, ``evaluate.test(...)``; not a method of an object another module made,
+        # ``generator.eval()`` of ``from config import *``)
+        objects = {read.split(".")[0] for read, _, _, _ in work.facts.reads if "." in read}  # (``generator.eval()``)
+        function = "." not in name and name not in objects if name else False
+        function = function or bool(name) and str(name).rsplit(".", 1)[0] in work.facts.modules
         if later.scope is call.scope and later.line > call.line and name and later.loops == call.loops and \
-                not [t for t in later.tests if not waits.main_guard(t)] and imported_from(work.facts, name) is not None:
+                not [t for t in later.tests if not waits.main_guard(t)] and function and \
+                imported_from(work.facts, name) is not None:
             return name
     return None
 

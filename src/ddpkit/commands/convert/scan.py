@@ -150,7 +150,10 @@ def imported_from(facts: Facts, name: str) -> tuple[str, str] | None:
     full = facts.aliases.get(parts[0])
     starred = [m for k, m in facts.modules.items() if k.startswith("* ")]
     named = {m.split(".")[-1] for k, m in facts.modules.items() if k.startswith("** ")}  # (``tqdm`` of tqdm's star)
-    if full is None and len(starred) == 1 and parts[0] not in BUILTINS and parts[0] not in named:
+    # (not a library the star-imported module imports and so hands on: ``torch.save`` of ``from config import *``
+    # whose config.py imports torch is torch's)
+    handed_on = len(parts) > 1 and (_library(facts, parts[0]) or parts[0] in STAR_ALIASES)
+    if full is None and len(starred) == 1 and parts[0] not in BUILTINS and parts[0] not in named and not handed_on:
         return starred[0], parts[0]  # ``from params import *``: a name read and never bound here is its (not len)
     defining = [m for m in starred if f"*{m}.{parts[0]}" in facts.exported]  # (packages.exports: which defines it)
     if full is None and defining and parts[0] not in BUILTINS:
@@ -160,6 +163,10 @@ def imported_from(facts: Facts, name: str) -> tuple[str, str] | None:
     module, remote = full.rsplit(".", 1)
     # a relative import (``from .model import net``) is not followed: its module is its package's
     return None if not module or module.startswith(".") or _library(facts, module) else (module, remote)
+
+
+# the names libraries are imported as by habit (``import numpy as np``), which a star import hands on
+STAR_ALIASES = {"np", "nn", "F", "plt", "optim", "pd", "cudnn", "vutils", "transforms", "dist"}
 
 
 def _library(facts: Facts, module: str) -> bool:

@@ -20,6 +20,7 @@ import libcst as cst
 
 from ddpkit.commands.convert.crossing import HANDED, MODEL, key
 from ddpkit.commands.convert.names import dotted, resolve
+from ddpkit.commands.convert.scan import imported_from
 
 _Work = Any  # the plan in the making (plan._Work)
 
@@ -33,7 +34,7 @@ def unwrapped(work: _Work) -> None:
             any("prepare_model" in e.what for e in work.log) or \
             not any(c.last == "step" for c in calls) or \
             any(resolve(c.name, work.facts.aliases) == "ddpkit.prepare_model" for c in calls) or \
-            _handed_optimizer(work):
+            _handed_optimizer(work) or _imported_optimizer(work):
         return
     work.leave(backward[0].line, "the training loader is sharded (each rank its part of every batch), but no model "
                "that an optimizer here trains was found to prepare: nothing would average the gradients", "wrap "
@@ -47,3 +48,11 @@ def _handed_optimizer(work: _Work) -> bool:
     steps = [c for c in work.facts.calls if c.last == "step" and isinstance(c.node.func, cst.Attribute)]
     return bool(steps) and all(dotted(c.node.func.value) in c.scope.params for c in steps) and \
         bool(work.crossing.provided.get(key("", HANDED)))
+
+
+def _imported_optimizer(work: _Work) -> bool:
+    """Every step is of an optimizer imported from a module of the project converted with this file (a DCGAN's
+    ``from config import *`` that builds both models and their optimizers): its model is prepared there."""
+    steps = [c for c in work.facts.calls if c.last == "step" and isinstance(c.node.func, cst.Attribute)]
+    return bool(steps) and bool(work.crossing.own) and \
+        all(imported_from(work.facts, dotted(c.node.func.value) or "") is not None for c in steps)
