@@ -303,16 +303,29 @@ for epoch in range(2):
 '''
 
 
-def test_a_gans_noise_from_a_generator_the_script_seeds_is_listed_as_the_same_on_every_rank():
+def test_a_gans_noise_from_a_generator_the_script_seeds_is_drawn_from_a_generator_of_each_ranks():
     """martinyanev94's GAN lesson (seeded at the top, the DCGAN ``--manualSeed`` habit): every rank drew the same
     noise each step, the global batch of fakes N copies; convert said nothing and verify (draws matched) passed."""
-    left = [x for x in plan(SEEDED_GAN).left if "same noise" in x.what]
-    assert [x.line for x in left] == [14], left
-    assert "torch.randn(..., generator=gen)" in left[0].fix, left
+    result = plan(SEEDED_GAN)
+    lines = [line.strip() for line in result.text.splitlines()]
+    assert lines[12] == "noise_generator = torch.Generator().manual_seed(torch.initial_seed() + ddpkit.init().rank)", \
+        result.text
+    assert "noise = torch.randn(real.size(0), 3, generator=noise_generator)" in lines, result.text
+    assert not result.left and plan(result.text).edits == [], result.left
     unseeded = SEEDED_GAN.replace("torch.manual_seed(0)\n", "")
-    assert not [x for x in plan(unseeded).left if "same noise" in x.what]
-    own = SEEDED_GAN.replace("torch.randn(real.size(0), 3)", "torch.randn(real.size(0), 3, generator=g)")
-    assert not [x for x in plan(own).left if "same noise" in x.what]
+    assert "noise_generator" not in plan(unseeded).text
+    like = SEEDED_GAN.replace("torch.randn(real.size(0), 3)", "torch.randn_like(real[:, :1].expand(-1, 3))")
+    assert [x.line for x in plan(like).left if "same noise" in x.what] == [14]
+
+
+def test_the_rank_generator_draws_distinct_noise_on_each_rank_and_the_same_at_one_process():
+    """What the edit writes, run: two ranks' generators differ, and a second run at the same seed repeats."""
+    import torch
+    torch.manual_seed(7)
+    draws = [torch.randn(3, generator=torch.Generator().manual_seed(torch.initial_seed() + rank)) for rank in (0, 1)]
+    assert not torch.equal(draws[0], draws[1])
+    torch.manual_seed(7)
+    assert torch.equal(torch.randn(3, generator=torch.Generator().manual_seed(torch.initial_seed())), draws[0])
 
 
 # a DCGAN project's settings module: it imports torch, builds both models and their optimizers; the training
@@ -363,3 +376,15 @@ def test_a_star_imported_settings_modules_optimizers_and_torch_are_not_taken_for
     assert "generator = ddpkit.prepare_model(nn.Linear(4, 6))" in done["settings.py"].text, done["settings.py"].text
     assert not train.left, train.left
     assert "ddpkit.barrier()" not in train.text, train.text
+
+
+def test_a_second_backward_through_one_generator_forward_is_listed():
+    """HarshvirSandhu's CIFAR GAN: the discriminator's loss backpropagated with ``retain_graph=True`` through the
+    generator (the fake not detached), then the generator's loss through the same forward: convert exit 0, and at 2
+    processes the replica check stopped it a step later with other causes named."""
+    source = SEEDED_GAN.replace("torch.manual_seed(0)\n", "").replace("D(fake.detach())", "D(fake)").replace(
+        "d_loss.backward()", "d_loss.backward(retain_graph=True)")
+    left = [x for x in plan(source).left if "retain_graph" in x.what]
+    assert [x.line for x in left] == [18], left
+    assert "fake.detach()" in left[0].fix
+    assert not [x for x in plan(SEEDED_GAN).left if "retain_graph" in x.what]

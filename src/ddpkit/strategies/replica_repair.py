@@ -147,8 +147,9 @@ def cause(steps: list[int], differing: int, elements: int, bits: int, bit: int, 
     # (prepare_model made them equal: set apart since, or updated apart by more than the all-reduced gradients)
     return ("large differences: weights set differently on this rank after prepare_model (an init or a load under "
             "a per-rank seed, a rank-dependent branch), or updated differently (an optimizer that preconditions with "
-            "statistics of this rank's own batches, such as K-FAC or Shampoo, or gradients changed on one rank after "
-            "the all-reduce)")
+            "statistics of this rank's own batches, such as K-FAC or Shampoo, gradients changed on one rank after "
+            "the all-reduce, or a second backward through one forward of the model, backward(retain_graph=True) "
+            "then another: DDP averages the gradients once per forward)")
 
 
 # element size -> the integer type its bits are read as

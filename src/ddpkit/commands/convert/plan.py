@@ -41,6 +41,7 @@ from ddpkit.commands.convert import (
     partners,
     removals,
     reread,
+    retained,
     rules,
     seeded,
     splits,
@@ -234,6 +235,7 @@ class _Work:
         losses.summed_loss(self)
         losses.step_loss_shown(self)
         seeded.seeded_noise(self)
+        retained.retained_graph(self)
         losses.whole_batch_loss(self)
         tokens.token_mean_loss(self)
         losses.contrastive_loss(self)
