@@ -388,3 +388,15 @@ def test_a_second_backward_through_one_generator_forward_is_listed():
     assert [x.line for x in left] == [17], left  # (the seed's line taken out above it)
     assert "fake.detach()" in left[0].fix
     assert not [x for x in plan(SEEDED_GAN).left if "retain_graph" in x.what]
+
+
+def test_a_batch_size_rebound_from_the_batch_and_read_after_the_loop_is_said_to_be_this_ranks_share():
+    """HarshvirSandhu's CIFAR GAN: ``batch_size = real.shape[0]`` in the loop sized the epoch's sample grid after
+    it: half the images at 2 processes, unsaid."""
+    source = SEEDED_GAN.replace("        noise = torch.randn(real.size(0), 3)\n",
+                                "        size = real.shape[0]\n        noise = torch.randn(size, 3)\n") + \
+        "    grid = G(torch.randn(size, 3))\n"
+    kept = [k for k in plan(source).kept if "last batch" in k.why]
+    assert [(k.line, k.what) for k in kept] == [(24, "size, bound in the training loop from its batch (line 14), is "
+                                                     "read after it")], kept
+    assert not [k for k in plan(source, per_process_batch=True).kept if "last batch" in k.why]

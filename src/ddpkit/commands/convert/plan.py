@@ -32,6 +32,7 @@ from ddpkit.commands.convert import (
     counted,
     device,
     handmade,
+    lastbatch,
     loaders,
     losses,
     methods,
@@ -236,6 +237,7 @@ class _Work:
         losses.step_loss_shown(self)
         seeded.seeded_noise(self)
         retained.retained_graph(self)
+        lastbatch.last_batch_size(self)
         losses.whole_batch_loss(self)
         tokens.token_mean_loss(self)
         losses.contrastive_loss(self)
