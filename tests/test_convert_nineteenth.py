@@ -400,3 +400,30 @@ def test_a_batch_size_rebound_from_the_batch_and_read_after_the_loop_is_said_to_
     assert [(k.line, k.what) for k in kept] == [(24, "size, bound in the training loop from its batch (line 14), is "
                                                      "read after it")], kept
     assert not [k for k in plan(source, per_process_batch=True).kept if "last batch" in k.why]
+
+
+def test_an_init_helper_imported_under_any_init_name_is_prepared_below():
+    """DCGAN-CIFAR10-Pytorch: ``weight_init(netg)`` of dcgan.py, in the ``else`` of a resume: the wrap stayed at
+    the build (exit 0) and launch stopped at the first step, the ranks' weights apart."""
+    source = ("import os\nimport torch\nfrom torch.utils.data import DataLoader\nfrom initmod import weight_init\n\n"
+              "net = torch.nn.Linear(4, 2)\nif os.path.exists('net.pt'):\n"
+              "    net.load_state_dict(torch.load('net.pt'))\n"
+              "else:\n    weight_init(net)\nopt = torch.optim.Adam(net.parameters())\n"
+              "for x, y in DataLoader(ds, batch_size=8, shuffle=True):\n    opt.zero_grad()\n"
+              "    torch.nn.functional.cross_entropy(net(x), y).backward()\n    opt.step()\n")
+    lines = plan(source).text.splitlines()
+    assert "net = ddpkit.prepare_model(net)" in lines and "net = torch.nn.Linear(4, 2)" in lines, lines
+
+
+def test_torch_imported_from_a_module_of_the_project_is_torch():
+    """Test-Task (ozone LSTM): ``from main import torch, DataLoader, nn, optim``: the device line convert asks for
+    was refused again, and the loader said to be built in main.py."""
+    source = ("from common import torch, DataLoader, nn, optim\n\n"
+              "ds = torch.utils.data.TensorDataset(torch.randn(8, 2))\n"
+              "loader = DataLoader(ds, batch_size=4, shuffle=True)\n"
+              "device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\n"
+              "model = nn.Linear(2, 1).to(device)\nopt = optim.Adam(model.parameters())\nfor (x,) in loader:\n"
+              "    opt.zero_grad()\n    model(x.to(device)).mean().backward()\n    opt.step()\n")
+    result = plan(source)
+    assert not result.refused and not result.left, result.left
+    assert "loader = ddpkit.data_loader(ds, global_batch_size=4, shuffle=True)" in result.text, result.text

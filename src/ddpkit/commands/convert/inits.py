@@ -161,9 +161,10 @@ def _init(call: Call, target: str, loading: bool, facts: Any = None, depth: int 
     first = call.node.args[0].value if call.node.args else None
     # (a helper imported from another module that initialises what it is handed: the GAN lessons' util.py
     # ``init_weights(netG, init_type='normal')``, model.py's ``init_net(netG, ...)``; its body is not read here)
+    # (or named for an init anyhow: DCGAN-CIFAR10's ``weight_init(netg)`` of dcgan.py)
     if base is None and dotted(first) == target and (call.last in INIT_METHODS or call.last.startswith(
-            INIT_PREFIXES)) and not any(w in call.last for w in STATES) and (facts is None or callee(facts, call)
-                                                                              is None):
+            INIT_PREFIXES) or "init" in call.last.lower()) and not any(w in call.last for w in STATES) and \
+            (facts is None or callee(facts, call) is None):
         return True
     fixed = call.last in ("zeros_", "ones_", "constant_", "eye_", "dirac_")  # the same on every rank
     if (call.name or "").startswith("torch.nn.init."):

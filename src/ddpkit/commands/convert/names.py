@@ -94,7 +94,20 @@ def import_aliases(module: cst.Module) -> tuple[dict[str, str], list[cst.SimpleS
                     name = dotted(alias.name) or ""
                     local = dotted(alias.asname.name) if alias.asname else name
                     aliases[local or name] = f"{base}.{name}"
+                    # (a library a module of the project imports and hands on: ``from common import torch, nn``)
+                    if name in HANDED_ON and base and not small.relative and base.split(".")[0] not in LIBRARIES:
+                        aliases[local or name] = HANDED_ON[name]
+                        if name in MODULES_HANDED_ON:
+                            modules[local or name] = HANDED_ON[name]
     return aliases, lines, modules
+
+
+# what a module of the project imports by habit and another imports from it as if from the library
+HANDED_ON = {"torch": "torch", "nn": "torch.nn", "optim": "torch.optim", "F": "torch.nn.functional", "np": "numpy",
+             "numpy": "numpy", "plt": "matplotlib.pyplot", "DataLoader": "torch.utils.data.DataLoader",
+             "Dataset": "torch.utils.data.Dataset", "TensorDataset": "torch.utils.data.TensorDataset",
+             "torchvision": "torchvision", "transforms": "torchvision.transforms"}
+MODULES_HANDED_ON = ("torch", "nn", "optim", "F", "np", "numpy", "plt", "torchvision", "transforms")
 
 
 def _tried(stmt: cst.Try, aliases: dict[str, str]) -> None:
