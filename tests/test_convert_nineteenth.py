@@ -427,3 +427,18 @@ def test_torch_imported_from_a_module_of_the_project_is_torch():
     result = plan(source)
     assert not result.refused and not result.left, result.left
     assert "loader = ddpkit.data_loader(ds, global_batch_size=4, shuffle=True)" in result.text, result.text
+
+
+def test_a_gans_discriminator_loss_summed_from_two_stepped_means_is_averaged_in_its_curve():
+    """AugustMe/DCGAN-Pytorch: ``loss_D = loss_D_real + loss_D_fake`` (each backpropagated) appended to
+    ``D_losses`` beside ``G_losses``: only G's curve was averaged, D's plotted rank 0's."""
+    source = SEEDED_GAN.replace(
+        "        d_loss = bce(D(real), torch.ones(real.size(0), 1)) + "
+        "bce(D(fake.detach()), torch.zeros(real.size(0), 1))\n        d_loss.backward()\n",
+        "        d_real = bce(D(real), torch.ones(real.size(0), 1))\n        d_real.backward()\n"
+        "        d_fake = bce(D(fake.detach()), torch.zeros(real.size(0), 1))\n        d_fake.backward()\n"
+        "        d_loss = d_real + d_fake\n").replace("for epoch in range(2):", "d_losses = []\nfor epoch in range(2):")
+    source = source.replace("        opt_d.step()\n", "        opt_d.step()\n        d_losses.append(d_loss.item())\n")
+    source += "print(d_losses)\n"
+    text = plan(source).text
+    assert "d_losses = ddpkit.reduce(torch.tensor(d_losses, dtype=torch.float64), op='mean').tolist()" in text, text

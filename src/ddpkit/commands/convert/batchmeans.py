@@ -83,7 +83,7 @@ def loss_name(value: Any) -> str | None:
     return None if isinstance(value, cst.Call) else dotted(value)
 
 
-def mean_criterion(facts: Facts, loop: Loop, loss: str) -> bool:
+def mean_criterion(facts: Facts, loop: Loop, loss: str, depth: int = 0) -> bool:
     """``loss`` is bound in ``loop`` to one of torch's losses with its default reduction, a mean over the batch:
     ``F.cross_entropy(...)``, or ``criterion(...)`` of ``criterion = nn.CrossEntropyLoss()``. Not with
     ``reduction='sum'`` (a VAE's), nor a loss of the script's own or of another module (its reduction unseen)."""
@@ -95,21 +95,25 @@ def mean_criterion(facts: Facts, loop: Loop, loss: str) -> bool:
              b.line <= stepped]
     inside = [b for b in bound if b.line >= loop.line]
     value = (inside or bound)[-1].value if bound else None
-    return _mean_terms(facts, value)
+    return _mean_terms(facts, value, named=lambda name: name != loss and depth < 3 and
+                       mean_criterion(facts, loop, name, depth + 1))
 
 
-def _mean_terms(facts: Facts, value: Any, depth: int = 0) -> bool:
+def _mean_terms(facts: Facts, value: Any, depth: int = 0, named: Any = None) -> bool:
     """``value`` is a mean over the batch: a call of one of torch's losses with its default reduction, a
     ``.mean()`` / ``torch.mean(...)``, or a sum of such terms, each maybe weighted by a number or a name (a VAE's
-    ``F.binary_cross_entropy(out, x) + beta * torch.mean(mu ** 2)``)."""
+    ``F.binary_cross_entropy(out, x) + beta * torch.mean(mu ** 2)``); ``named(name)``: whether a name the loop binds
+    is one (a GAN's ``loss_D = loss_D_real + loss_D_fake``)."""
     if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Add, cst.Subtract)):
-        return _mean_terms(facts, value.left, depth) and _mean_terms(facts, value.right, depth)
+        return _mean_terms(facts, value.left, depth, named) and _mean_terms(facts, value.right, depth, named)
     if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Multiply):
         terms = [side for side in (value.left, value.right)
                  if not isinstance(side, (cst.Integer, cst.Float, cst.Name, cst.Attribute))]  # (not the weight)
-        return len(terms) == 1 and _mean_terms(facts, terms[0], depth)
+        return len(terms) == 1 and _mean_terms(facts, terms[0], depth, named)
     if isinstance(value, cst.UnaryOperation):  # (``-elbo.mean()``)
-        return _mean_terms(facts, value.expression, depth)
+        return _mean_terms(facts, value.expression, depth, named)
+    if isinstance(value, cst.Name) and named is not None and depth < 3:
+        return bool(named(value.value))
     if not isinstance(value, cst.Call):
         return False
     if isinstance(value.func, cst.Attribute) and value.func.attr.value == "mean" and not value.args or \

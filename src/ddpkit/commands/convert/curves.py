@@ -85,7 +85,8 @@ def _batch_mean(work: _Work, loop: Loop, call: cst.Call, line: int) -> bool:
     if isinstance(value, cst.Call) and (resolve(dotted(value.func), work.facts.aliases) or "") in SCORES:
         return not any(a.keyword is not None and a.keyword.value == "normalize" and  # (False: a count)
                        not (isinstance(a.value, cst.Name) and a.value.value == "True") for a in value.args)
-    return _loss_value(value) is not None and _loss_value(value) in _means(work, loop)
+    name = _loss_value(value)  # (a stepped loss, or one the loop sums from them: a GAN's ``loss_D``)
+    return name is not None and (name in _means(work, loop) or mean_criterion(work.facts, loop, name))
 
 
 def _loss_value(value: Any) -> str | None:
