@@ -442,3 +442,13 @@ def test_a_gans_discriminator_loss_summed_from_two_stepped_means_is_averaged_in_
     source += "print(d_losses)\n"
     text = plan(source).text
     assert "d_losses = ddpkit.reduce(torch.tensor(d_losses, dtype=torch.float64), op='mean').tolist()" in text, text
+
+
+def test_noise_fed_to_a_model_of_a_settings_module_that_seeds_torch_is_drawn_per_rank():
+    """Lornatang/DCGAN-PyTorch: config.py calls ``torch.manual_seed(0)`` at import, train.py draws the noise
+    (``from config import *``): every rank's fakes were the same, unsaid."""
+    seeding = SETTINGS.replace('device = torch.device("cpu")\n', 'torch.manual_seed(0)\ndevice = torch.device("cpu")\n')
+    train = _settled({"settings.py": seeding, "train.py": STARRED})["train.py"]
+    assert "        fake = generator(torch.randn(real.size(0), 4, generator=noise_generator))" in train.text, train.text
+    assert "in settings.py" in next(e.why for e in train.edits if "noise_generator" in e.what)
+    assert "noise_generator" not in _settled({"settings.py": SETTINGS, "train.py": STARRED})["train.py"].text

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -73,6 +74,7 @@ class Crossing:
     # the names the project's other files write (a function none of them names is called by none); None: not read
     elsewhere: frozenset[str] | None = None
     others: tuple[frozenset[str], ...] | None = None  # each other file's names (one that names two functions)
+    seeded: frozenset[str] = frozenset()  # the project's modules that seed torch's generator (:mod:`.seeded`)
 
 
 def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
@@ -96,6 +98,13 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
             others = tuple(n for other, n in names.items() if other != rel)
             base[rel] = dataclasses.replace(base[rel], exported=exported, elsewhere=frozenset().union(*others),
                                             others=others)
+            plans[rel] = convert(rel, base[rel])
+
+    # (a settings module that seeds torch's generator at import: its importers' noise is drawn alike on every rank)
+    seeding = frozenset(rel[:-3].replace("/", ".") for rel, source in sources.items() if SEEDING.search(source))
+    for rel in files:
+        if seeding - {rel[:-3].replace("/", ".")} and "rand" in sources[rel]:
+            base[rel] = dataclasses.replace(base[rel], seeded=seeding)
             plans[rel] = convert(rel, base[rel])
 
     def module_file_of(module: str) -> str | None:
@@ -122,6 +131,7 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
     return plans
 
 
+SEEDING = re.compile(r"\b(manual_seed|seed_everything)\(")
 ROUNDS = 8  # asks answered in turn: a loader handed to a solver, built by the entry from a data module, takes five
 
 

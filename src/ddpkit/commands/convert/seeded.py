@@ -29,6 +29,7 @@ import libcst.matchers as m
 from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.apply import add_keyword
 from ddpkit.commands.convert.names import dotted, names_in, resolve
+from ddpkit.commands.convert.scan import imported_from
 
 _Work = Any  # the plan in the making (plan._Work): facts, models, leave
 
@@ -42,8 +43,9 @@ def seeded_noise(work: _Work) -> None:
     """The first such draw of a training loop, listed once (see the module)."""
     aliases = work.facts.aliases
     seed = next((c for c in work.facts.calls if resolve(dotted(c.node.func), aliases) in SEEDS), None)
-    models = {b.target for b in work.models}
-    if seed is None or not models:
+    where = f"line {seed.line}" if seed is not None else _seeded_by_import(work)
+    models = {b.target for b in work.models} | _imported_models(work)
+    if where is None or not models:
         return
     for loop in (lp for lp in work.facts.loops if flow.trains(work.facts, lp)):
         fed = [c for c in loop.calls if dotted(c.node.func) in models]
@@ -56,11 +58,11 @@ def seeded_noise(work: _Work) -> None:
             into = next((c for c in fed if id(draw.node) in inside or
                          any(names_in(a.value) & bound for a in c.node.args)), None)
             if into is not None:
-                _own_generator(work, loop, draw, str(dotted(into.node.func)), seed.line)
+                _own_generator(work, loop, draw, str(dotted(into.node.func)), where)
                 return
 
 
-def _own_generator(work: _Work, loop: Any, draw: Any, fed: str, seeded: int) -> None:
+def _own_generator(work: _Work, loop: Any, draw: Any, fed: str, seeded: str) -> None:
     """The draw made from a generator of this rank's, or listed (see the module)."""
     drawn = str(dotted(draw.node.func))
     top = (loop.outer or [loop])[0]
@@ -70,7 +72,7 @@ def _own_generator(work: _Work, loop: Any, draw: Any, fed: str, seeded: int) -> 
         for b in work.facts.bindings))
     if drawn.endswith("_like") or made_in_loop:
         work.leave(draw.line, f"{drawn}(...) draws the noise {fed} is fed from torch's generator, seeded alike on "
-                   f"every rank (line {seeded}): every rank draws the same noise, so the global batch holds N "
+                   f"every rank ({seeded}): every rank draws the same noise, so the global batch holds N "
                    "copies of B/N draws, not B distinct ones", "draw it from a generator of this rank's, made once "
                    "above the loop: gen = torch.Generator(device=device).manual_seed(torch.initial_seed() + "
                    f"ddpkit.init().rank), then {drawn}(..., generator=gen)")
@@ -83,5 +85,26 @@ def _own_generator(work: _Work, loop: Any, draw: Any, fed: str, seeded: int) -> 
         f"{name} = {library}.Generator({where}).manual_seed({library}.initial_seed() + ddpkit.init().rank)")
     work.edits.expr[id(draw.node)] = lambda node: add_keyword(node, "generator", name)
     work.note(f"{drawn}(...) -> {drawn}(..., generator={name})", f"the noise {fed} is fed: the script seeds torch's "
-              f"generator alike on every rank (line {seeded}), so each would draw the same noise; {name}, made "
+              f"generator alike on every rank ({seeded}), so each would draw the same noise; {name}, made "
               "above the training loop from that seed plus the rank, draws this rank's own", draw.line)
+
+
+def _imported_modules(work: _Work) -> set[str]:
+    """The modules this file imports names from, or itself (``config`` of ``from config import *``)."""
+    starred = {m for k, m in work.facts.modules.items()}
+    return starred | {full.rsplit(".", 1)[0] for full in work.facts.aliases.values() if "." in full}
+
+
+def _seeded_by_import(work: _Work) -> str | None:
+    """``in config.py``: a module of the project this file imports from seeds torch's generator (a DCGAN's
+    ``from config import *`` whose config.py calls ``torch.manual_seed(0)`` at import); None otherwise."""
+    found = sorted(_imported_modules(work) & set(work.crossing.seeded))
+    return f"in {found[0].replace('.', '/')}.py" if found else None
+
+
+def _imported_models(work: _Work) -> set[str]:
+    """The names this file reads from a module of the project, where torch's generator is seeded by one (a
+    ``generator`` of ``from config import *`` that config.py builds and prepares): what the noise may be fed to."""
+    if not work.crossing.seeded:
+        return set()
+    return {name for name, _, _, _ in work.facts.reads if "." not in name and imported_from(work.facts, name)}
