@@ -452,3 +452,43 @@ def test_noise_fed_to_a_model_of_a_settings_module_that_seeds_torch_is_drawn_per
     assert "        fake = generator(torch.randn(real.size(0), 4, generator=noise_generator))" in train.text, train.text
     assert "in settings.py" in next(e.why for e in train.edits if "noise_generator" in e.what)
     assert "noise_generator" not in _settled({"settings.py": SETTINGS, "train.py": STARRED})["train.py"].text
+
+
+GAN_PARTS = '''import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+from ganmodel import GAN
+
+loader = DataLoader(TensorDataset(torch.randn(64, 6)), batch_size=16, shuffle=True, drop_last=True)
+model = GAN()
+model.to("cpu")
+g_opt = torch.optim.Adam(model.generator.parameters(), lr=1e-3)
+d_opt = torch.optim.Adam(model.discriminator.parameters(), lr=1e-3)
+for (real,) in loader:
+    fake = model.sample(real.size(0))
+    d_loss = F.binary_cross_entropy_with_logits(model.discriminator(fake.detach()), torch.zeros(real.size(0), 1))
+    d_opt.zero_grad()
+    d_loss.backward()
+    d_opt.step()
+    g_loss = F.binary_cross_entropy_with_logits(model.discriminator(fake), torch.ones(real.size(0), 1))
+    g_opt.zero_grad()
+    g_loss.backward()
+    g_opt.step()
+'''
+
+
+def test_a_containers_parts_each_with_its_own_optimizer_are_wrapped_each_on_its_own():
+    """mamaj/Pytorch-GAN-MNIST: a GAN class of model.py holding ``.generator`` and ``.discriminator``, each with its
+    own optimizer, the loop calling ``model.discriminator(x)``: convert wrapped the whole model with
+    ``forward_methods=('discriminator',)``, an attribute, and prepare_model refused it at the start."""
+    result = plan(GAN_PARTS)
+    lines = result.text.splitlines()
+    at = lines.index("g_opt = torch.optim.Adam(model.generator.parameters(), lr=1e-3)")
+    assert lines[at - 2:at] == ["model.generator = ddpkit.prepare_model(model.generator)",
+                                "model.discriminator = ddpkit.prepare_model(model.discriminator)"], result.text
+    assert "forward_methods" not in result.text and "model = ddpkit.prepare_model" not in result.text
+    again = plan(result.text)
+    assert again.text == result.text and not again.left, again.left
+    whole = GAN_PARTS.replace("model.generator.parameters()", "model.parameters()")
+    assert "model.generator = ddpkit" not in plan(whole).text

@@ -29,6 +29,7 @@ from ddpkit.commands.convert import (
     inits,
     listed,
     parallel,
+    parts,
     rules,
     trained,
 )
@@ -41,9 +42,13 @@ _Work = Any  # the plan in the making (plan._Work)
 
 
 def models(work: _Work) -> None:
+    held = parts.containers(work)  # (a GAN class's generator and discriminator, each its own optimizer's)
+    for head, pairs in held.items():
+        parts.wrap_parts(work, head, pairs)
     for call in work.facts.calls:
         for target in trained.trained_all(work.facts, call):
-            _model_of(work, target, call)
+            if target.split(".")[0] not in held:
+                _model_of(work, target, call)
     for name, kind in work.crossing.wants.items():
         if kind == MODEL and ":" in name:  # a model this file hands to a function of another (handed.py)
             handed.wrap_passed(work, name)
