@@ -492,3 +492,12 @@ def test_a_containers_parts_each_with_its_own_optimizer_are_wrapped_each_on_its_
     assert again.text == result.text and not again.left, again.left
     whole = GAN_PARTS.replace("model.generator.parameters()", "model.parameters()")
     assert "model.generator = ddpkit" not in plan(whole).text
+
+
+def test_a_projects_own_dataloader_class_imported_alone_stays_the_projects():
+    """Review 27: ``from data import DataLoader`` of a hand-written class (x, y, batch_size) was taken for torch's
+    and rewritten with ``global_batch_size=`` twice (a SyntaxError)."""
+    source = ("import torch\nfrom data import DataLoader\n\nnet = torch.nn.Linear(5, 3)\n"
+              "opt = torch.optim.SGD(net.parameters(), lr=0.1)\nloader = DataLoader(x, y, batch_size=16)\n"
+              "for xb, yb in loader:\n    opt.zero_grad()\n    net(xb).sum().backward()\n    opt.step()\n")
+    assert "loader = DataLoader(x, y, batch_size=16)" in plan(source).text

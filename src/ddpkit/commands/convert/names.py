@@ -90,12 +90,16 @@ def import_aliases(module: cst.Module) -> tuple[dict[str, str], list[cst.SimpleS
             elif isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
                 lines.append(stmt)
                 base = "." * len(small.relative) + (dotted(small.module) or "")  # ``from .model import``: kept
+                # (a library a module of the project imports and hands on: ``from common import torch, nn``; its
+                # classes only beside such a module, a project's own ``DataLoader`` class stays the project's)
+                names = {dotted(alias.name) for alias in small.names}
+                handing = bool(names & {"torch", "nn", "optim", "F"}) and base.split(".")[0] not in LIBRARIES and \
+                    not small.relative
                 for alias in small.names:
                     name = dotted(alias.name) or ""
                     local = dotted(alias.asname.name) if alias.asname else name
                     aliases[local or name] = f"{base}.{name}"
-                    # (a library a module of the project imports and hands on: ``from common import torch, nn``)
-                    if name in HANDED_ON and base and not small.relative and base.split(".")[0] not in LIBRARIES:
+                    if handing and name in HANDED_ON:
                         aliases[local or name] = HANDED_ON[name]
                         if name in MODULES_HANDED_ON:
                             modules[local or name] = HANDED_ON[name]
