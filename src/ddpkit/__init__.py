@@ -30,6 +30,7 @@ _EXPORTS = {
     "join": "data.join",
     "reduce": "runtime.collectives",
     "gather": "runtime.collectives",
+    "rank_generator": "runtime.rankgen",
     "barrier": "runtime.control",
     "broadcast": "runtime.control",
     "gather_object": "runtime.control",
@@ -62,6 +63,7 @@ if _typing.TYPE_CHECKING:  # pragma: no cover
     from ddpkit.runtime.collectives import gather, reduce
     from ddpkit.runtime.control import all_ranks, any_rank, barrier, broadcast, gather_object, main_process_first
     from ddpkit.runtime.group import init, shutdown
+    from ddpkit.runtime.rankgen import rank_generator
     from ddpkit.strategies.comm import CommConfig
 
 

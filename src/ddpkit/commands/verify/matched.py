@@ -31,6 +31,8 @@ import torch
 from torch.nn import functional
 from torch.overrides import TorchFunctionMode
 
+from ddpkit.runtime import rankgen
+
 SEED = 0x5EED  # any constant: the same in both runs, whatever the script's seed (init(seed=) adds the rank)
 
 
@@ -52,6 +54,8 @@ class MatchedDraws(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None) -> Any:
         kwargs = dict(kwargs or {})
         handler = _HANDLERS.get(func)
+        if rankgen.is_rank_generator(kwargs.get("generator")):  # ddpkit.rank_generator's: matched as torch's own
+            kwargs.pop("generator")
         if handler is None or kwargs.get("generator") is not None:  # a script's own generator: its choice
             return func(*args, **kwargs)
         try:

@@ -47,6 +47,7 @@ from torch.utils.data import default_collate, default_convert
 from ddpkit.commands.verify.matched import MatchedDraws
 from ddpkit.commands.verify.samples import SampleSeeded
 from ddpkit.data.global_batch import GlobalBatchSampler
+from ddpkit.runtime import rankgen
 
 OnShutdown = Callable[[Callable[[], None]], None]
 
@@ -380,6 +381,7 @@ def _rng_state() -> tuple[torch.Tensor, int, bytes | None]:
     states = [torch.random.get_rng_state()]
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         states += [s.cpu() for s in torch.cuda.get_rng_state_all()]
+    states += [g.get_state().cpu() for g in rankgen.made()]  # (ddpkit.rank_generator's: the step's noise)
     numpy = sys.modules.get("numpy")
     drawn = None
     if numpy is not None:
@@ -398,6 +400,8 @@ def _drawn(before: tuple, after: tuple) -> list[str]:
 def _reseed(seed: int) -> None:
     """Every global generator a script's steps may draw from, reseeded (the re-runs with other draws)."""
     torch.manual_seed(seed)
+    for k, generator in enumerate(rankgen.made()):  # (made since: seeded from torch's new seed)
+        generator.manual_seed(seed + 7919 * (k + 1))
     random.seed(seed)
     numpy = sys.modules.get("numpy")
     if numpy is not None:
