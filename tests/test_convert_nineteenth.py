@@ -535,3 +535,10 @@ def test_a_seeded_gan_converted_draws_each_ranks_noise_and_verify_passes(tmp_pat
     r = run_cmd([sys.executable, "-m", "ddpkit", "verify", "--nproc", "2", "--steps", "3", script], timeout=300,
                 cwd=tmp_path)
     assert r.returncode == 0 and "PASS" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_a_retained_graph_whose_second_loss_runs_its_own_forward_is_not_listed():
+    """Review 27: ``lossD`` from ``D(fake.detach())`` backwarded with ``retain_graph=True``, then ``lossG`` from a
+    new ``D(fake)``: no forward is backwarded twice (both ranks ended equal), yet it was listed."""
+    source = SEEDED_GAN.replace("d_loss.backward()", "d_loss.backward(retain_graph=True)")
+    assert not [x for x in plan(source).left if "retain_graph" in x.what]

@@ -19,26 +19,68 @@ from __future__ import annotations
 from typing import Any
 
 import libcst as cst
+import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
+from ddpkit.commands.convert.names import dotted
 
 _Work = Any  # the plan in the making (plan._Work): facts, models, leave
 
 
 def retained_graph(work: _Work) -> None:
-    """The first ``backward(retain_graph=True)`` of a training loop that another backward follows, listed once."""
+    """The first ``backward(retain_graph=True)`` of a training loop that a later backward follows through an output
+    of a prepared model both losses read (not detached, not made again between), listed once."""
     if not work.models:
         return
+    models = {b.target for b in work.models}
     for loop in (lp for lp in work.facts.loops if flow.trains(work.facts, lp)):
         backwards = [c for c in loop.calls if c.last == "backward"]
         for call in backwards:
             retains = any(a.keyword is not None and a.keyword.value == "retain_graph" and
                           not (isinstance(a.value, cst.Name) and a.value.value in ("False", "None"))
                           for a in call.node.args)
-            if retains and any(c.line > call.line for c in backwards):
+            if retains and any(_shared(work, loop, call, c, models) for c in backwards if c.line > call.line):
                 work.leave(call.line, "backward(retain_graph=True) keeps the graph for a later backward through "
                            "the same forward: a prepared model's gradients are averaged across ranks once per "
                            "forward, so the second backward's stay each rank's own and the ranks' weights part",
                            "make the second loss from a new forward (run the model again), or keep the first loss "
                            "off that model (fake.detach() in a GAN's discriminator loss), and drop retain_graph")
                 return
+
+
+def _shared(work: _Work, loop: Any, first: Any, second: Any, models: set[str]) -> bool:
+    """Both backwards go through one forward of a prepared model: the same loss, or losses that read one output
+    of a model's call (``fake = G(z)``, read as ``D(fake)`` by both; ``D(fake.detach())`` in the first is not)."""
+    a, b = (dotted(c.node.func.value) if isinstance(c.node.func, cst.Attribute) else None for c in (first, second))
+    if a is None or b is None or a == b:
+        return True  # (what they are made of cannot be told: listed)
+    both = _reach(work, loop, a, first.line) & _reach(work, loop, b, second.line)
+    return any(_forward(work, loop, name, models) for name in both)
+
+
+def _reach(work: _Work, loop: Any, name: str, line: int) -> set[str]:
+    """The names a loss is made of in the loop, three bindings deep, those read only detached left out."""
+    seen, frontier = {name}, {name}
+    for _ in range(3):
+        values = [b.value if b.value is not None else b.whole for b in work.facts.bindings
+                  if b.target in frontier and b.scope is loop.scope and loop.line <= b.line <= line]
+        frontier = {n for v in values if v is not None for n in _reads(v)} - seen
+        seen |= frontier
+    return seen
+
+
+def _reads(node: cst.CSTNode) -> set[str]:
+    """The names ``node`` reads outside ``x.detach()``."""
+    hidden = {id(n) for c in m.findall(node, m.Call(func=m.Attribute(attr=m.Name("detach"))))
+              if isinstance(c, cst.Call) and isinstance(c.func, cst.Attribute)
+              for n in m.findall(c.func.value, m.Name())}
+    return {n.value for n in m.findall(node, m.Name()) if isinstance(n, cst.Name) and id(n) not in hidden}
+
+
+def _forward(work: _Work, loop: Any, name: str, models: set[str]) -> bool:
+    """``name`` is bound in the loop from a call of a prepared model (``fake = G(z)``, ``out = model.decode(h)``)."""
+    return any(b.target == name and b.scope is loop.scope and loop.line <= b.line <= loop.end and
+               (value := b.value if b.value is not None else b.whole) is not None and
+               any(isinstance(c, cst.Call) and (dotted(c.func) or "").split(".")[0] in models
+                   for c in m.findall(value, m.Call()))
+               for b in work.facts.bindings)
