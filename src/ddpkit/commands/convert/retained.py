@@ -51,16 +51,17 @@ def retained_graph(work: _Work) -> None:
 def _shared(work: _Work, loop: Any, first: Any, second: Any, models: set[str]) -> bool:
     """Both backwards go through one forward of a prepared model: the same loss, or losses that read one output
     of a model's call (``fake = G(z)``, read as ``D(fake)`` by both; ``D(fake.detach())`` in the first is not)."""
-    a, b = (dotted(c.node.func.value) if isinstance(c.node.func, cst.Attribute) else None for c in (first, second))
-    if a is None or b is None or a == b:
-        return True  # (what they are made of cannot be told: listed)
-    both = _reach(work, loop, a, first.line) & _reach(work, loop, b, second.line)
+    losses = [c.node.func.value for c in (first, second) if isinstance(c.node.func, cst.Attribute)]
+    if len(losses) < 2 or dotted(losses[0]) is not None and dotted(losses[0]) == dotted(losses[1]):
+        return True  # (the same loss twice, or what they are made of cannot be told: listed)
+    both = _reach(work, loop, losses[0], first.line) & _reach(work, loop, losses[1], second.line)
     return any(_forward(work, loop, name, models) for name in both)
 
 
-def _reach(work: _Work, loop: Any, name: str, line: int) -> set[str]:
-    """The names a loss is made of in the loop, three bindings deep, those read only detached left out."""
-    seen, frontier = {name}, {name}
+def _reach(work: _Work, loop: Any, loss: cst.BaseExpression, line: int) -> set[str]:
+    """The names a loss (a name, or ``bce(D(fake), y)`` written in place) is made of in the loop, three bindings
+    deep, those read only detached left out."""
+    seen = frontier = _reads(loss)
     for _ in range(3):
         values = [b.value if b.value is not None else b.whole for b in work.facts.bindings
                   if b.target in frontier and b.scope is loop.scope and loop.line <= b.line <= line]
