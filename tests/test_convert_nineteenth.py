@@ -542,3 +542,11 @@ def test_a_retained_graph_whose_second_loss_runs_its_own_forward_is_not_listed()
     new ``D(fake)``: no forward is backwarded twice (both ranks ended equal), yet it was listed."""
     source = SEEDED_GAN.replace("d_loss.backward()", "d_loss.backward(retain_graph=True)")
     assert not [x for x in plan(source).left if "retain_graph" in x.what]
+
+
+def test_the_steps_loss_shown_is_said_where_the_training_loader_is_built_in_another_module():
+    """Review 27 (trbocode/mlstuff): the loader built in a module of the project, ``print(loss.item())`` in the
+    loop: rank 0's half of the batch, unsaid (the line came only where this file made the batch global)."""
+    shows = FLAGGED.replace("            opt.step()\n", "            opt.step()\n            print(loss.item())\n")
+    train = _settled({"utils.py": FACTORY, "train.py": shows})["train.py"]
+    assert [k.line for k in train.kept if "the step's loss" in k.what] == [25], train.kept

@@ -20,7 +20,7 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.commands.convert import flow
+from ddpkit.commands.convert import flow, sizes
 from ddpkit.commands.convert.names import dotted
 
 _Work = Any  # the plan in the making (plan._Work): facts, log, keep
@@ -28,8 +28,7 @@ _Work = Any  # the plan in the making (plan._Work): facts, log, keep
 
 def last_batch_size(work: _Work) -> None:
     """Each such size, said once, at its first read after the loop (see the module)."""
-    if work.per_process_batch or not any(e.what.startswith("batch_size=") and "global_batch_size=" in e.what
-                                         for e in work.log):
+    if not sizes.global_batch_kept(work):
         return
     for loop in (lp for lp in work.facts.loops if isinstance(lp.node, cst.For) and flow.trains(work.facts, lp)):
         for bound in work.facts.bindings:

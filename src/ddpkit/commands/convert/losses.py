@@ -21,7 +21,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.check.rules import OPTIMIZERS
-from ddpkit.commands.convert import counted, flow
+from ddpkit.commands.convert import counted, flow, sizes
 from ddpkit.commands.convert.batchmeans import stepped_losses
 from ddpkit.commands.convert.flow import callee
 from ddpkit.commands.convert.names import dotted, names_in
@@ -121,8 +121,7 @@ def step_loss_shown(work: _Work) -> None:
     """The loss a training loop steps on, shown as it is, each step or after the loop (its last batch's:
     ``print(f"epoch {e} loss {loss.item()}")``): with the global batch kept, a mean over this rank's 1/N of the
     batch, rank 0's on screen; said once (a summed one is said by :func:`_summed_shown`)."""
-    if not work.models or work.per_process_batch or not any(e.what.startswith("batch_size=") and
-                                                            "global_batch_size=" in e.what for e in work.log):
+    if not work.models or not sizes.global_batch_kept(work):
         return
     if any("a loss summed over the batch" in k.what for k in work.kept):
         return

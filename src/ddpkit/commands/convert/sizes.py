@@ -89,3 +89,12 @@ def sampler_lens(node: Any, loaders: set[str]) -> list[cst.Call]:
     return [c for c in m.findall(node, m.Call(func=m.Name("len"))) if isinstance(c, cst.Call) and len(c.args) == 1
             and (dotted(c.args[0].value) or "").endswith(".sampler")
             and str(dotted(c.args[0].value))[:-len(".sampler")] in loaders]
+
+
+def global_batch_kept(work: Any) -> bool:
+    """The training loader's batch is the global one (each rank's batch is B/N): this file made it so
+    (``batch_size=B -> global_batch_size=B``), or the module that builds it in a project did (the loop "left as it
+    is"), and the conversion keeps no batch per process."""
+    return not work.per_process_batch and (
+        any(e.what.startswith("batch_size=") and "global_batch_size=" in e.what for e in work.log) or
+        any("is a ddpkit.data_loader where it is built" in k.why for k in work.kept))
