@@ -550,3 +550,28 @@ def test_the_steps_loss_shown_is_said_where_the_training_loader_is_built_in_anot
     shows = FLAGGED.replace("            opt.step()\n", "            opt.step()\n            print(loss.item())\n")
     train = _settled({"utils.py": FACTORY, "train.py": shows})["train.py"]
     assert [k.line for k in train.kept if "the step's loss" in k.what] == [25], train.kept
+
+
+def test_models_a_gradient_penalty_differentiates_twice_keep_their_batchnorm_per_rank():
+    """Review 27 (yashrathi-git/wgan-gp-pytorch): the critic's gradient penalty (``create_graph=True``) in a
+    trainer class of training.py, the models prepared in main.py with SyncBatchNorm: torch warned the double
+    backward may be silently incorrect, and nothing was said."""
+    trainer = ("import torch\n\n\nclass Trainer:\n    def __init__(self, critic, opt):\n"
+               "        self.critic, self.opt = critic, opt\n\n    def train(self, loader):\n"
+               "        for (x,) in loader:\n            x.requires_grad_(True)\n            out = self.critic(x)\n"
+               "            g = torch.autograd.grad(outputs=out.sum(), inputs=x, create_graph=True)[0]\n"
+               "            self.opt.zero_grad()\n            (out.mean() + g.norm()).backward()\n"
+               "            self.opt.step()\n")
+    main = ("import torch\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom trainer import Trainer\n\n"
+            "critic = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 1))\n"
+            "opt = torch.optim.Adam(critic.parameters())\n"
+            "loader = DataLoader(TensorDataset(torch.randn(32, 4)), batch_size=8, shuffle=True)\n"
+            "Trainer(critic, opt).train(loader)\n")
+    done = _settled({"trainer.py": trainer, "main.py": main})["main.py"]
+    assert ", sync_batchnorm=False)" in done.text, done.text
+    assert [k.line for k in done.kept if "sync_batchnorm=False" in k.what] == [5], done.kept
+    alone = plan(main.replace("from trainer import Trainer\n", "").replace("Trainer(critic, opt).train(loader)\n",
+                                                                      "for (x,) in loader:\n    opt.zero_grad()\n"
+                                                                      "    critic(x).mean().backward()\n"
+                                                                      "    opt.step()\n"))
+    assert "sync_batchnorm" not in alone.text

@@ -75,6 +75,7 @@ class Crossing:
     elsewhere: frozenset[str] | None = None
     others: tuple[frozenset[str], ...] | None = None  # each other file's names (one that names two functions)
     seeded: frozenset[str] = frozenset()  # the project's modules that seed torch's generator (:mod:`.seeded`)
+    twice: str = ""  # a file of the project that differentiates a model's output twice (:mod:`.gradpen`)
 
 
 def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
@@ -102,9 +103,12 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
 
     # (a settings module that seeds torch's generator at import: its importers' noise is drawn alike on every rank)
     seeding = frozenset(rel[:-3].replace("/", ".") for rel, source in sources.items() if SEEDING.search(source))
+    twice = next((rel for rel, source in sources.items() if "create_graph=True" in source), "")
     for rel in files:
-        if seeding - {rel[:-3].replace("/", ".")} and "rand" in sources[rel]:
-            base[rel] = dataclasses.replace(base[rel], seeded=seeding)
+        seeded = seeding if seeding - {rel[:-3].replace("/", ".")} and "rand" in sources[rel] else frozenset()
+        told = twice if twice != rel and "prepare_model" in getattr(plans[rel], "text", "") else ""
+        if seeded or told:
+            base[rel] = dataclasses.replace(base[rel], seeded=seeded, twice=told)
             plans[rel] = convert(rel, base[rel])
 
     def module_file_of(module: str) -> str | None:

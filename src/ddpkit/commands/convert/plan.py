@@ -31,6 +31,7 @@ from ddpkit.commands.convert import (
     choices,
     counted,
     device,
+    gradpen,
     handmade,
     lastbatch,
     loaders,
@@ -121,6 +122,7 @@ def plan(source: str, per_process_batch: bool = False, crossing: Crossing | None
         anchor = _import_place(wrapper, work) if "ddpkit" not in facts.aliases else None  # (``import ddpkit as
         # dk`` too: the edits say ``ddpkit.``)
         text = methods.name_methods(rewrite(wrapper, work.edits, anchor), methods.loss_methods(work))
+        text = gradpen.keep_batchnorm(text, gradpen.differentiated_twice(work))  # (a gradient penalty's model)
     said = [e for e in work.log if "prepare_model(" in e.what]
     if said and text.count("prepare_model(") < len(said) and text != source:  # said, and lost to another edit
         work.leave(said[0].line, "convert said it prepares the model here, but its edits lost the wrap (a case it "
