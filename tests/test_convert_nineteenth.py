@@ -332,7 +332,11 @@ def test_the_rank_generator_is_made_once_a_process_and_device_from_torchs_seed()
     rankgen._MADE.clear()
     torch.manual_seed(7)
     first = ddpkit.rank_generator()
-    assert first is ddpkit.rank_generator("cpu") and first.initial_seed() == 7
+    assert first is ddpkit.rank_generator("cpu") and first.initial_seed() == 7 + rankgen.OFFSET
+    torch.manual_seed(8)  # (a new seed: a new generator; review 28)
+    assert ddpkit.rank_generator() is not first and ddpkit.rank_generator().initial_seed() == 8 + rankgen.OFFSET
+    torch.manual_seed(7)
+    first = ddpkit.rank_generator()
     drawn = [torch.randn(2, generator=ddpkit.rank_generator()) for _ in range(2)]
     assert not torch.equal(drawn[0], drawn[1])  # (the stream goes on)
     rankgen._MADE.clear()
@@ -575,3 +579,36 @@ def test_models_a_gradient_penalty_differentiates_twice_keep_their_batchnorm_per
                                                                       "    critic(x).mean().backward()\n"
                                                                       "    opt.step()\n"))
     assert "sync_batchnorm" not in alone.text
+
+
+def test_a_checkpoint_keeps_the_rank_generators_stream_for_a_resume(tmp_path):
+    """Review 28: a resume drew the noise of step 0 again (the rank generator's state was not saved)."""
+    import torch
+
+    import ddpkit
+    from ddpkit.runtime import rankgen
+    rankgen._MADE.clear()
+    rankgen._MADE_FOR.clear()
+    torch.manual_seed(3)
+    model = ddpkit.prepare_model(torch.nn.Linear(2, 1))
+    torch.randn(2, generator=ddpkit.rank_generator())
+    ckpt = ddpkit.Checkpointer(str(tmp_path / "ckpt"), resume=True)
+    ckpt.save(1, model=model)
+    expected = torch.randn(2, generator=ddpkit.rank_generator())
+    torch.randn(5, generator=ddpkit.rank_generator())  # (drawn on, past the checkpoint)
+    assert ddpkit.Checkpointer(str(tmp_path / "ckpt"), resume=True).restore(model=model) == 1
+    assert torch.equal(torch.randn(2, generator=ddpkit.rank_generator()), expected)
+    rankgen._MADE.clear()
+    rankgen._MADE_FOR.clear()
+
+
+def test_a_crafted_rank_generator_state_is_refused_before_it_is_set():
+    """A file someone else crafted: a ``rankgen.*`` name of no device ddpkit saves, or a CPU state of the wrong
+    size, is refused by the checkpoint's bounds before any generator is touched."""
+    import torch
+
+    from ddpkit.checkpoint.bounds import _rng_problem
+    good = torch.get_rng_state().unsqueeze(0)
+    assert _rng_problem("rankgen.cpu", good) is None
+    assert "expected uint8" in _rng_problem("rankgen.cpu", good[:, :10])
+    assert "expected rankgen.cpu or rankgen.cuda" in _rng_problem("rankgen.meta", good)

@@ -182,11 +182,13 @@ def _rng_problem(name: str, rows: torch.Tensor) -> str | None:
         bound = 3 if name == "python_gauss" else 624  # random's state version; numpy's position
         return None if ok and bool(((rows[:, 0] >= 0) & (rows[:, 0] <= bound)).all()) else \
             f"{rows.dtype} {list(rows.shape[1:])} with values out of range, expected float64 [3] per rank"
-    if name == "torch" or name.startswith("loader."):
+    if name == "torch" or name.startswith("loader.") or name == "rankgen.cpu":
         return None if rows.dtype == torch.uint8 and tuple(rows.shape[1:]) == (_TORCH_RNG,) else \
             f"{rows.dtype} {list(rows.shape[1:])}, expected uint8 [{_TORCH_RNG}] per rank"
-    if name == "cuda":
+    if name in ("cuda", "rankgen.cuda"):
         return None if rows.dtype == torch.uint8 and rows.dim() in (2, 3) else f"{rows.dtype}, expected uint8 rows"
+    if name.startswith("rankgen."):  # (ddpkit.rank_generator's: a cpu or a cuda one, no other)
+        return "a generator of no device ddpkit saves, expected rankgen.cpu or rankgen.cuda"
     return None  # a state ddpkit does not restore
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from ddpkit.runtime import rankgen
 from ddpkit.strategies.generators import host, set_host
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -32,6 +33,7 @@ def local(loaders: dict[str, ShardedDataLoader], mode: Strategy) -> dict[str, to
         generator = loader.generator_state()
         if generator is not None:
             state[f"loader.{name}"] = generator
+    state.update({f"rankgen.{kind}": g for kind, g in rankgen.states().items()})  # (a step's noise: the stream on)
     return state
 
 
@@ -59,6 +61,9 @@ def _restore(state: dict[str, torch.Tensor], loaders: dict[str, ShardedDataLoade
     for name, loader in loaders.items():
         if f"loader.{name}" in state and loader.generator is not None:
             loader.generator.set_state(state[f"loader.{name}"])
+    for name in state:
+        if name.startswith("rankgen."):
+            rankgen.set_state(name[len("rankgen."):], state[name])
 
 
 def gather(local: dict[str, torch.Tensor], state: State) -> dict[str, torch.Tensor] | None:
