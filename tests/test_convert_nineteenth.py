@@ -612,3 +612,24 @@ def test_a_crafted_rank_generator_state_is_refused_before_it_is_set():
     assert _rng_problem("rankgen.cpu", good) is None
     assert "expected uint8" in _rng_problem("rankgen.cpu", good[:, :10])
     assert "expected rankgen.cpu or rankgen.cuda" in _rng_problem("rankgen.meta", good)
+
+
+def test_review_28_draws_where_their_tensor_is_a_retained_graph_through_a_helper_and_numpy_handed_on():
+    """Review 28: ``torch.normal(mu, 1.0)`` / ``torch.bernoulli(p)`` got a CPU generator (a device mismatch on a
+    GPU); a retained graph read through ``out = run(model, x)`` went unlisted; ``np`` imported from a module of the
+    project on its own line was no longer numpy (its ``np.save`` left to every rank)."""
+    drawn = SEEDED_GAN.replace("noise = torch.randn(real.size(0), 3)",
+                               "noise = torch.normal(real[:, :1].expand(-1, 3), 1.0)")
+    assert "torch.normal(real[:, :1].expand(-1, 3), 1.0, generator=ddpkit.rank_generator(real.device))" in \
+        plan(drawn).text
+    helper = ("import torch\nfrom torch.utils.data import DataLoader\n\n\ndef run(m, x):\n    return m(x)\n\n\n"
+              "net = torch.nn.Linear(2, 2)\nopt = torch.optim.Adam(net.parameters())\n"
+              "for (x,) in DataLoader(ds, batch_size=8):\n    out = run(net, x)\n    a = out.sum()\n"
+              "    a.backward(retain_graph=True)\n    b = out.mean()\n    b.backward()\n    opt.step()\n")
+    assert [x.line for x in plan(helper).left if "retain_graph" in x.what] == [14]
+    numpy = ("import torch\nfrom torch.utils.data import DataLoader\nfrom helpers import np\n\n"
+             "net = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(net.parameters(), lr=0.1)\nlosses = []\n"
+             "for (x,) in DataLoader(ds, batch_size=8):\n    loss = net(x).mean()\n    opt.zero_grad()\n"
+             "    loss.backward()\n    opt.step()\n    losses.append(loss.item())\n"
+             "np.save('losses.npy', np.array(losses))\n")
+    assert "if state.is_main:" in plan(numpy).text or "is_main" in plan(numpy).text, plan(numpy).text

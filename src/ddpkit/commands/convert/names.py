@@ -99,7 +99,9 @@ def import_aliases(module: cst.Module) -> tuple[dict[str, str], list[cst.SimpleS
                     name = dotted(alias.name) or ""
                     local = dotted(alias.asname.name) if alias.asname else name
                     aliases[local or name] = f"{base}.{name}"
-                    if handing and name in HANDED_ON:
+                    # (a module, ``np`` or ``plt``, is the library's wherever it is handed on)
+                    if name in HANDED_ON and (handing or name in MODULES_HANDED_ON and not small.relative and
+                                              base.split(".")[0] not in LIBRARIES):
                         aliases[local or name] = HANDED_ON[name]
                         if name in MODULES_HANDED_ON:
                             modules[local or name] = HANDED_ON[name]

@@ -82,6 +82,7 @@ def _forward(work: _Work, loop: Any, name: str, models: set[str]) -> bool:
     """``name`` is bound in the loop from a call of a prepared model (``fake = G(z)``, ``out = model.decode(h)``)."""
     return any(b.target == name and b.scope is loop.scope and loop.line <= b.line <= loop.end and
                (value := b.value if b.value is not None else b.whole) is not None and
-               any(isinstance(c, cst.Call) and (dotted(c.func) or "").split(".")[0] in models
+               any(isinstance(c, cst.Call) and ((dotted(c.func) or "").split(".")[0] in models or
+                                                 any(dotted(a.value) in models for a in c.args))  # (``run(model, x)``)
                    for c in m.findall(value, m.Call()))
                for b in work.facts.bindings)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
@@ -36,6 +37,10 @@ SEEDS = ("torch.manual_seed", "torch.random.manual_seed", "torch.cuda.manual_see
          "pytorch_lightning.seed_everything", "lightning.seed_everything", "lightning.pytorch.seed_everything")
 DRAWS = ("torch.randn", "torch.rand", "torch.randint", "torch.normal", "torch.randn_like", "torch.rand_like",
          "torch.randint_like", "torch.multinomial", "torch.bernoulli")
+
+
+# draws made where their first argument (a tensor) is: ``torch.normal(mu, 1.0)``, ``torch.bernoulli(p)``
+TENSOR_DRAWS = ("normal", "bernoulli", "multinomial", "poisson")
 
 
 def seeded_noise(work: _Work) -> None:
@@ -74,11 +79,28 @@ def _own_generator(work: _Work, draw: Any, fed: str, seeded: str) -> None:
                    "x.device))")
         return
     device = next((a.value for a in draw.node.args if a.keyword is not None and a.keyword.value == "device"), None)
-    made = f"ddpkit.rank_generator({work.facts.code(device) if device is not None else ''})"
+    where = work.facts.code(device) if device is not None else ""
+    first = draw.node.args[0].value if draw.node.args and draw.node.args[0].keyword is None else None
+    if device is None and drawn.rsplit(".", 1)[-1] in TENSOR_DRAWS and first is not None:
+        where = _device_of(work, first)  # (``torch.bernoulli(p)``: drawn where ``p`` is)
+    made = f"ddpkit.rank_generator({where})"
     work.edits.expr[id(draw.node)] = lambda node: add_keyword(node, "generator", made)
     work.note(f"{drawn}(...) -> {drawn}(..., generator={made})", f"the noise {fed} is fed: the script seeds "
               f"torch's generator alike on every rank ({seeded}), so each would draw the same noise; this rank's "
               "generator (torch's seed plus the rank, made once) draws its own", draw.line)
+
+
+def _device_of(work: _Work, tensor: Any) -> str:
+    """Where a tensor argument is: ``mu.device`` of ``mu.expand(b, 4)``; the ``device=`` it is made with
+    (``torch.full(..., device=device)``); "" (the CPU) when neither is written."""
+    root = tensor
+    while isinstance(root, (cst.Call, cst.Attribute, cst.Subscript)):
+        root = root.func if isinstance(root, cst.Call) else root.value
+    if isinstance(root, cst.Name) and root.value not in ("torch", "np", "numpy", "F"):
+        return f"{root.value}.device"
+    made = next((a.value for a in m.findall(tensor, m.Arg(keyword=m.Name("device"))) if isinstance(a, cst.Arg)),
+                None)
+    return work.facts.code(made) if made is not None else ""
 
 
 def _imported_modules(work: _Work) -> set[str]:
