@@ -633,3 +633,14 @@ def test_review_28_draws_where_their_tensor_is_a_retained_graph_through_a_helper
              "    loss.backward()\n    opt.step()\n    losses.append(loss.item())\n"
              "np.save('losses.npy', np.array(losses))\n")
     assert "if state.is_main:" in plan(numpy).text or "is_main" in plan(numpy).text, plan(numpy).text
+
+
+def test_a_position_pointer_set_again_after_the_loop_is_no_rank_sum():
+    """The re-run (Char-RNN): ``data_ptr += seq_len`` each step, then ``data_ptr = 0`` after the loop for the
+    sample: said to be "this rank's sum" on the reset line, falsely."""
+    source = ACCURACY.replace("        total_hits += score.item()\n",
+                              "        total_hits += score.item()\n        ptr += 10\n").replace(
+        "    batches = len(loader)\n", "    batches = len(loader)\n    ptr = 0\n").replace(
+        "    return total_loss / batches, total_hits / batches\n",
+        "    ptr = 0\n    print(ptr)\n    return total_loss / batches, total_hits / batches\n")
+    assert not [k for k in plan(source).kept if k.what.startswith("ptr,")], plan(source).kept

@@ -112,8 +112,13 @@ def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str
                                  lambda d: sizes.dataset_size(facts, d, loop.scope, set(datasets), loaders, batches)
                                  or bool(sizes.sampler_lens(d, loaders)))
             if kind is None and shares is not None:  # rank 0's, as read: said where ``shares`` asks
-                lines = [line for st, _, line in facts.statements if any(st is r for r in readers)]
-                shares.append((name, min(lines, default=anchor.end)))
+                # (read before the name is bound anew: ``data_ptr = 0`` after the loop starts another count)
+                anew = min((b.line for b in facts.bindings if b.target == name and b.scope is loop.scope and
+                            b.line > anchor.end and b.value is not None and name not in names_in(b.value)),
+                           default=1 << 30)
+                lines = [line for st, _, line in facts.statements if any(st is r for r in readers) and line < anew]
+                if lines or None in readers:
+                    shares.append((name, min(lines, default=anchor.end)))
             if kind in (None, "later"):
                 continue
             if kind == "mean":
