@@ -638,9 +638,12 @@ def test_review_28_draws_where_their_tensor_is_a_retained_graph_through_a_helper
 def test_a_position_pointer_set_again_after_the_loop_is_no_rank_sum():
     """The re-run (Char-RNN): ``data_ptr += seq_len`` each step, then ``data_ptr = 0`` after the loop for the
     sample: said to be "this rank's sum" on the reset line, falsely."""
-    source = ACCURACY.replace("        total_hits += score.item()\n",
-                              "        total_hits += score.item()\n        ptr += 10\n").replace(
-        "    batches = len(loader)\n", "    batches = len(loader)\n    ptr = 0\n").replace(
-        "    return total_loss / batches, total_hits / batches\n",
-        "    ptr = 0\n    print(ptr)\n    return total_loss / batches, total_hits / batches\n")
+    source = ("import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n"
+              "loader = DataLoader(TensorDataset(torch.randn(16, 2)), batch_size=4)\nnet = torch.nn.Linear(2, 2)\n"
+              "opt = torch.optim.Adam(net.parameters())\nstep = 10\nfor epoch in range(2):\n    ptr = 0\n"
+              "    for (x,) in loader:\n"
+              "        loss = net(x).pow(2).mean()\n        opt.zero_grad()\n        loss.backward()\n"
+              "        opt.step()\n        ptr += step\n    ptr = 0\n    seq = x[ptr:ptr + 1]\n")
     assert not [k for k in plan(source).kept if k.what.startswith("ptr,")], plan(source).kept
+    kept = plan(source.replace("    ptr = 0\n    seq", "    seq")).kept
+    assert [k.line for k in kept if k.what.startswith("ptr,")] == [16], kept
