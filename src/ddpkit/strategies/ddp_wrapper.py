@@ -74,6 +74,7 @@ class DDP(PlainStateDict, DistributedDataParallel):
     def __init__(self, module: nn.Module, *args: Any, check_sync_every: int | str = "auto",
                  heal: bool | str = False, **kwargs: Any):
         super().__init__(module, *args, **kwargs)
+        self.accept_plain_keys()  # (a part of a container: the container's checkpoint loads at any N)
         # every time, not only for the first DDP: a worker forked from a kernel that held DDP models starts with
         # fresh shutdown hooks (process.reset) but the kernel's _LIVE_DDP; on_shutdown keeps one copy
         process.on_shutdown(_release_reducers, always=True)

@@ -273,6 +273,17 @@ class PlainStateDict(ForwardsAttributes):
         consume_prefix_in_state_dict_if_present(state_dict, "module.")
         return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
 
+    def accept_plain_keys(self) -> None:
+        """As a part of a container (``gan.generator = ddpkit.prepare_model(gan.generator)``), the container's
+        ``load_state_dict`` reaches this wrapper through its children, under ``prefix``: its plain keys
+        (``generator.0.weight``, what its ``state_dict`` wrote) are the module's (``generator.module.0.weight``)."""
+        def plain(state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
+            inner = prefix + "module."
+            for key in [k for k in state_dict if k.startswith(prefix) and not k.startswith(inner)]:
+                state_dict[inner + key[len(prefix):]] = state_dict.pop(key)
+
+        self._register_load_state_dict_pre_hook(plain)
+
 
 def uncompiled(model: nn.Module) -> nn.Module:
     """The module under ``torch.compile``'s handles: the DDP / FSDP wrapper inside decides what a context such

@@ -63,20 +63,31 @@ def _attribute_of(work: _Work, owner: str, name: str) -> str | None:
     """What the model's class of this file sets ``self.<name>`` to (``nn.CrossEntropyLoss`` of a lesson's
     ``self.criterion = nn.CrossEntropyLoss().to(device)``), where ``name`` is no method it defines: no forward
     method to name (prepare_model refuses an attribute: review 26); None where it is a method, or not known."""
-    made = next((b.value for b in work.models if b.target == owner), None)
-    while isinstance(made, cst.Call) and dotted(made.func) == "ddpkit.prepare_model" and made.args:
-        made = made.args[0].value
+    made: Any = next((b.value for b in work.models if b.target == owner), None)
+    while isinstance(made, cst.Call) and (dotted(made.func) == "ddpkit.prepare_model" and made.args or
+                                          isinstance(made.func, cst.Attribute) and
+                                          made.func.attr.value in ("to", "cuda", "cpu")):  # (``Gan().to(device)``)
+        func: Any = made.func
+        made = made.args[0].value if dotted(func) == "ddpkit.prepare_model" else func.value
     cls = dotted(made.func) if isinstance(made, cst.Call) else None
     if cls is None or f"{cls}.{name}" in work.facts.scopes:
         return None
     for b in work.facts.bindings:
-        if b.target == f"self.{name}" and b.scope.cls == cls and b.value is not None:
-            value = b.value
+        value = b.value if b.value is not None else _element(b)  # (``self.gen, self.disc = A(), B()``)
+        if b.target == f"self.{name}" and b.scope.cls == cls and value is not None:
             while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and \
                     value.func.attr.value in ("to", "cuda", "cpu") and isinstance(value.func.value, cst.Call):
                 value = value.func.value  # (``nn.CrossEntropyLoss().to(device)``)
             # (a criterion handed to ``__init__``, ``self.criterion = criterion``: named by what it is bound from)
             return dotted(value.func) or "a call" if isinstance(value, cst.Call) else dotted(value) or "a value"
+    return None
+
+
+def _element(binding: Any) -> Any:
+    """The element an unpacked binding takes from a tuple written out (``a, b = A(), B()``), else None."""
+    whole = binding.whole
+    if isinstance(whole, cst.Tuple) and 0 <= binding.index < len(whole.elements):
+        return whole.elements[binding.index].value
     return None
 
 

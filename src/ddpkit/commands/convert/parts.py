@@ -45,7 +45,19 @@ def containers(work: _Work) -> dict[str, list[tuple[str, Call]]]:
             else:
                 whole.add(parts[0])
     return {head: pairs for head, pairs in found.items() if head not in whole and
-            len({t for t, _ in pairs}) >= 2 and _built_here(work, head, pairs[0][1])}
+            len({t for t, _ in pairs}) >= 2 and _built_here(work, head, pairs[0][1]) and not _whole_used(work, head)}
+
+
+def _whole_used(work: _Work, head: str) -> bool:
+    """The container itself runs layers or holds weights of its own: called (``gan(x)``, its forward), or its
+    class of this file sets an ``nn.Parameter`` of its own (review 28: ``self.scale``, trained beside a part):
+    wrapped whole, as any model."""
+    called = any(dotted(c.node.func) == head for c in work.facts.calls)
+    bound = binding_of(work.facts, head, work.facts.scopes[""], 1 << 30)
+    cls = dotted(bound.value.func) if bound is not None and isinstance(bound.value, cst.Call) else None
+    own = any(b.scope.cls == cls and b.target.startswith("self.") and isinstance(b.value, cst.Call) and
+              (dotted(b.value.func) or "").endswith("Parameter") for b in work.facts.bindings) if cls else False
+    return called or own
 
 
 def _built_here(work: _Work, head: str, call: Call) -> bool:
