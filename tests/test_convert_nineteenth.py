@@ -698,3 +698,19 @@ def test_a_container_called_whole_or_holding_its_own_weights_is_wrapped_whole():
     result = plan(source)
     assert "gan = ddpkit.prepare_model(Gan())" in result.text and "gan.gen = ddpkit" not in result.text, result.text
     assert [x.line for x in result.left if "disc is a layer gan holds" in x.what] == [21], result.left
+
+
+def test_each_of_a_gans_step_losses_shown_is_said():
+    """The re-run (four DCGANs): ``add_scalar('loss_g', ...)`` was said, ``add_scalar('loss_d', ...)`` beside it
+    (``loss_d = loss_real + loss_fake``) not."""
+    source = SEEDED_GAN.replace(
+        "        d_loss = bce(D(real), torch.ones(real.size(0), 1)) + "
+        "bce(D(fake.detach()), torch.zeros(real.size(0), 1))\n        d_loss.backward()\n",
+        "        d_real = bce(D(real), torch.ones(real.size(0), 1))\n        d_real.backward()\n"
+        "        d_fake = bce(D(fake.detach()), torch.zeros(real.size(0), 1))\n        d_fake.backward()\n"
+        "        d_loss = d_real + d_fake\n").replace(
+        "        opt_g.step()\n", "        opt_g.step()\n        print(g_loss.item())\n        print(d_loss.item())\n"
+    ).replace("        bce(D(fake), torch.ones(real.size(0), 1)).backward()\n",
+              "        g_loss = bce(D(fake), torch.ones(real.size(0), 1))\n        g_loss.backward()\n")
+    kept = [(k.line, k.what) for k in plan(source).kept if "the step's loss" in k.what]
+    assert [what.split(" shows ")[1].split(",")[0] for _, what in kept] == ["g_loss", "d_loss"], kept

@@ -120,23 +120,29 @@ SHOWN = ("print", "format", "info", "write", "set_postfix", "set_description", "
 def step_loss_shown(work: _Work) -> None:
     """The loss a training loop steps on, shown as it is, each step or after the loop (its last batch's:
     ``print(f"epoch {e} loss {loss.item()}")``): with the global batch kept, a mean over this rank's 1/N of the
-    batch, rank 0's on screen; said once (a summed one is said by :func:`_summed_shown`)."""
+    batch, rank 0's on screen; said once for each loss (a GAN's two), at the first line showing it (a summed one is
+    said by :func:`_summed_shown`)."""
     if not work.models or not sizes.global_batch_kept(work):
         return
     if any("a loss summed over the batch" in k.what for k in work.kept):
         return
+    said: set[str] = set()
     for loop in sorted((lp for lp in work.facts.loops if flow.trains(work.facts, lp)), key=lambda lp: -len(lp.outer)):
         losses = stepped_losses(loop)
+        losses |= {b.target for b in work.facts.bindings if b.scope is loop.scope and loop.line < b.line <= loop.end
+                   and isinstance(b.value, cst.BinaryOperation) and names_in(b.value) and
+                   names_in(b.value) <= losses}  # (a GAN's ``loss_d = loss_real + loss_fake``)
         after = [c for c in work.facts.calls if c.scope is loop.scope and c.line > loop.end and
                  all(o.line <= c.line <= o.end for o in loop.outer)]  # (within the epoch loop around it)
         for shown in [*loop.calls, *after]:
-            named = sorted({n for a in shown.node.args for n in names_in(a.value)} & losses)
+            named = sorted({n for a in shown.node.args for n in names_in(a.value)} & losses - said)
             if shown.last in SHOWN and named and shown.line > min(c.line for c in loop.calls if c.last == "backward"):
-                work.keep(shown.line, f"{shown.last}(...) shows {named[0]}, the step's loss" +
+                said.update(named)
+                work.keep(shown.line, f"{shown.last}(...) shows {', '.join(named)}, the step's loss" +
+                          ("es" if len(named) > 1 else "") +
                           (", the training loop's last" if shown.line > loop.end else ""), "this rank's: a mean over "
                           "its 1/N of the global batch (rank 0's on screen), the same quantity from fewer samples; "
                           f"ddpkit.reduce({named[0]}.detach(), op='mean') shows the whole batch's")
-                return
 
 
 # lightly's losses that take their negatives (or statistics) from the batch, and gather them across ranks when told
