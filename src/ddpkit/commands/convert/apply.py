@@ -23,6 +23,8 @@ from typing import Any
 import libcst as cst
 from libcst.metadata import MetadataWrapper
 
+from ddpkit.commands.convert.names import dotted
+
 
 @dataclasses.dataclass
 class Edits:
@@ -66,6 +68,28 @@ def add_keyword(call: cst.Call, name: str, value: str) -> cst.Call:
     if args:
         args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
     return call.with_changes(args=[*args, new])
+
+
+def keyword_on_wraps(text: str, keyword: str, values: dict[str, str]) -> str:
+    """Each ``name = ddpkit.prepare_model(...)`` of the converted ``text`` whose name ``values`` holds gets
+    ``keyword=values[name]``, unless it has that keyword (``forward_methods=``, ``sync_batchnorm=``).
+
+    >>> keyword_on_wraps("m = ddpkit.prepare_model(Net())\\n", "sync_batchnorm", {"m": "False"})
+    'm = ddpkit.prepare_model(Net(), sync_batchnorm=False)\\n'
+    """
+    if not values:
+        return text
+
+    class Named(cst.CSTTransformer):
+        def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
+            target = dotted(updated.targets[0].target) if len(updated.targets) == 1 else None
+            value = updated.value
+            if target in values and isinstance(value, cst.Call) and dotted(value.func) == "ddpkit.prepare_model" \
+                    and not any(a.keyword is not None and a.keyword.value == keyword for a in value.args):
+                return updated.with_changes(value=add_keyword(value, keyword, values[target]))
+            return updated
+
+    return cst.parse_module(text).visit(Named()).code
 
 
 def loader_call(call: cst.Call, keywords: dict[str, str]) -> cst.Call:

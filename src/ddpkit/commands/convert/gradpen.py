@@ -24,7 +24,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
-from ddpkit.commands.convert.apply import add_keyword
+from ddpkit.commands.convert.apply import keyword_on_wraps
 from ddpkit.commands.convert.names import dotted, names_in, resolve
 
 _Work = Any  # the plan in the making (plan._Work): facts, models, keep
@@ -70,16 +70,4 @@ def _models_under(work: _Work, loop: Any, node: cst.BaseExpression, models: set[
 
 def keep_batchnorm(text: str, models: set[str]) -> str:
     """``model = ddpkit.prepare_model(...)`` in the converted ``text`` gets ``sync_batchnorm=False``."""
-    if not models:
-        return text
-
-    class Kept(cst.CSTTransformer):
-        def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
-            target = dotted(updated.targets[0].target) if len(updated.targets) == 1 else None
-            value = updated.value
-            if target in models and isinstance(value, cst.Call) and dotted(value.func) == "ddpkit.prepare_model" \
-                    and not any(a.keyword is not None and a.keyword.value == "sync_batchnorm" for a in value.args):
-                return updated.with_changes(value=add_keyword(value, "sync_batchnorm", "False"))
-            return updated
-
-    return cst.parse_module(text).visit(Kept()).code
+    return keyword_on_wraps(text, "sync_batchnorm", dict.fromkeys(models, "False"))

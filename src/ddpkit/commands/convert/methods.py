@@ -25,7 +25,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
-from ddpkit.commands.convert.apply import add_keyword
+from ddpkit.commands.convert.apply import keyword_on_wraps
 from ddpkit.commands.convert.names import dotted, names_in
 
 # the plan in the making (plan._Work): facts, models, note
@@ -135,17 +135,5 @@ def _batch_names(work: _Work, loop: Any, inside: set[int]) -> set[str]:
 
 def name_methods(text: str, methods: dict[str, list[str]]) -> str:
     """``model = ddpkit.prepare_model(...)`` in the converted ``text`` gets ``forward_methods=(...)``."""
-    if not methods:
-        return text
-
-    class Named(cst.CSTTransformer):
-        def leave_Assign(self, original: cst.Assign, updated: cst.Assign) -> cst.Assign:
-            target = dotted(updated.targets[0].target) if len(updated.targets) == 1 else None
-            value = updated.value
-            if target in methods and isinstance(value, cst.Call) and dotted(value.func) == "ddpkit.prepare_model" \
-                    and not any(a.keyword is not None and a.keyword.value == "forward_methods" for a in value.args):
-                names = ", ".join(repr(name) for name in methods[target]) + ","
-                return updated.with_changes(value=add_keyword(value, "forward_methods", f"({names})"))
-            return updated
-
-    return cst.parse_module(text).visit(Named()).code
+    return keyword_on_wraps(text, "forward_methods", {target: "(" + ", ".join(repr(n) for n in names) + ",)"
+                                                      for target, names in methods.items()})
