@@ -714,3 +714,37 @@ def test_each_of_a_gans_step_losses_shown_is_said():
               "        g_loss = bce(D(fake), torch.ones(real.size(0), 1))\n        g_loss.backward()\n")
     kept = [(k.line, k.what) for k in plan(source).kept if "the step's loss" in k.what]
     assert [what.split(" shows ")[1].split(",")[0] for _, what in kept] == ["g_loss", "d_loss"], kept
+
+
+RESUMES = '''import os
+import torch
+import ddpkit
+
+ds = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+loader = ddpkit.data_loader(ds, global_batch_size=8, shuffle=True)
+model = ddpkit.prepare_model(torch.nn.Linear(4, 1))
+opt = torch.optim.Adam(model.parameters())
+start = 2 if os.path.exists("done.pt") else 0  # (its own resume: past the last epoch once a run ended)
+for epoch in range(start, 2):
+    for x, y in loader:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+torch.save(ddpkit.unwrap(model).state_dict(), "done.pt")
+'''
+
+
+def test_verify_names_a_training_loop_that_never_ran_after_a_resume(tmp_path):
+    """The re-run (Soooda/vae): a launch left the script's checkpoints, from which it resumed past its last epoch:
+    verify said the script "feeds batches of its own" (it uses ddpkit.data_loader)."""
+    import sys
+
+    from conftest import ok, run_cmd
+    script = tmp_path / "resumes.py"
+    script.write_text(RESUMES)
+    ok(run_cmd([sys.executable, script], timeout=120, cwd=tmp_path))
+    r = run_cmd([sys.executable, "-m", "ddpkit", "verify", "--nproc", "2", "--steps", "3", script], timeout=200,
+                cwd=tmp_path)
+    assert r.returncode != 0 and "handed out no batch: the training loop never ran" in r.stdout + r.stderr, \
+        r.stdout + r.stderr
+    assert "feeds batches of its own" not in r.stdout + r.stderr

@@ -32,6 +32,9 @@ NEEDS_LOADER = ("no ddpkit.data_loader training loader handed out a batch (the s
                 "so the one-process run cannot take the N processes' global batch; build the training loader with "
                 "ddpkit.data_loader(dataset, batch_size=...) (tensors of its own: wrap them in a "
                 "TensorDataset; the loader shards it per rank)")
+NO_BATCHES = ("a ddpkit.data_loader was built but handed out no batch: the training loop never ran (the script "
+              "resumed from a checkpoint it found at start, past its last epoch, or had no epoch to train); remove "
+              "what an earlier run left there (its checkpoints) or give it an epoch, then verify again")
 NEEDS_MODEL = ("the script prepared no model, so there are no weights to compare; wrap the model with "
                "model = ddpkit.prepare_model(model) before training")
 NO_WEIGHTS = ("the {run} prepared a model but ended without writing its weights (os._exit, or killed before "
@@ -44,6 +47,8 @@ def refusal(facts: dict | None, run: str = "one-process run") -> str | None:
 
     >>> refusal({"models": 1, "batches": 0}) == NEEDS_LOADER, refusal({"models": 1, "batches": 3})
     (True, None)
+    >>> refusal({"models": 1, "batches": 0, "loaders": 1}) == NO_BATCHES
+    True
     >>> refusal({"models": 1, "batches": 3, "finished": False})[:49]
     'the one-process run prepared a model but ended wi'
     """
@@ -51,8 +56,8 @@ def refusal(facts: dict | None, run: str = "one-process run") -> str | None:
         return NEEDS_MODEL
     if facts.get("finished") is False:
         return NO_WEIGHTS.format(run=run)
-    if not facts.get("batches"):
-        return NEEDS_LOADER
+    if not facts.get("batches"):  # (a loader made and never drawn from: the loop did not run)
+        return NO_BATCHES if facts.get("loaders") else NEEDS_LOADER
     return None
 
 
