@@ -27,7 +27,7 @@ import libcst.matchers as m
 from ddpkit.commands.convert import flow, handsize
 from ddpkit.commands.convert.flow import DEPTH, argument_for, binding_of, callee
 from ddpkit.commands.convert.inits import node_ids
-from ddpkit.commands.convert.names import dotted, names_in, resolve
+from ddpkit.commands.convert.names import dotted, measured, names_in, resolve
 from ddpkit.commands.convert.scan import Call, Loop
 
 # the plan in the making (plan._Work): facts, edits, note, leave, keep, per_process_batch
@@ -315,16 +315,6 @@ def _step_counts(work: _Work, loops: list[Loop], names: set[str]) -> set[int]:
     (review: ``total_loss / batch_size`` and ``loss * x.shape[0] / batch_size`` size the loss by the batch)."""
     batch = {t for loop in loops for t in loop.targets} | {b.target for loop in loops for b in work.facts.bindings
                                                            if loop.line <= b.line <= loop.end}
-
-    def measured(node: cst.BaseExpression) -> str | None:  # X of ``len(X)``, ``X.size(0)``, ``X.shape[0]``
-        if isinstance(node, cst.Call) and dotted(node.func) == "len" and node.args:
-            return dotted(node.args[0].value)
-        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "size":
-            return dotted(node.func.value)
-        if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Attribute) and \
-                node.value.attr.value == "shape":
-            return dotted(node.value.value)
-        return None
 
     def sized(node: cst.CSTNode, scope: Any, line: int, depth: int = 0) -> bool:
         held = measured(node) if isinstance(node, cst.BaseExpression) else None

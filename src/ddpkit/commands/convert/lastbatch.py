@@ -21,7 +21,7 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.commands.convert import flow, sizes
-from ddpkit.commands.convert.names import dotted
+from ddpkit.commands.convert.names import measured
 
 _Work = Any  # the plan in the making (plan._Work): facts, log, keep
 
@@ -33,7 +33,7 @@ def last_batch_size(work: _Work) -> None:
     for loop in (lp for lp in work.facts.loops if isinstance(lp.node, cst.For) and flow.trains(work.facts, lp)):
         for bound in work.facts.bindings:
             if bound.scope is not loop.scope or not loop.line < bound.line <= loop.end or bound.value is None or \
-                    _measured(bound.value) not in loop.targets:
+                    measured(bound.value) not in loop.targets:
                 continue
             again = min((b.line for b in work.facts.bindings if b.target == bound.target and b.scope is loop.scope
                          and b.line > loop.end), default=1 << 30)
@@ -45,13 +45,3 @@ def last_batch_size(work: _Work) -> None:
                           "sized it B), as what it sizes here (a sample, a grid) is")
                 return
 
-
-def _measured(node: cst.BaseExpression) -> str | None:
-    """X of ``X.shape[0]``, ``X.size(0)``, ``len(X)``."""
-    if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Attribute) and node.value.attr.value == "shape":
-        return dotted(node.value.value)
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "size":
-        return dotted(node.func.value)
-    if isinstance(node, cst.Call) and dotted(node.func) == "len" and len(node.args) == 1:
-        return dotted(node.args[0].value)
-    return None

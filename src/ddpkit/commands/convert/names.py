@@ -172,3 +172,18 @@ def resolve(name: str | None, aliases: dict[str, str]) -> str | None:
     full = aliases.get(head, head)
     full = f"{full}.{rest}" if rest else full
     return next((to + full[len(prefix):] for prefix, to in CANONICAL.items() if full.startswith(prefix)), full)
+
+
+def measured(node: cst.CSTNode) -> str | None:
+    """The name whose size ``node`` reads: X of ``len(X)``, ``X.size(0)``, ``X.shape[0]``; None for anything else.
+
+    >>> [measured(cst.parse_expression(c)) for c in ("len(ds)", "x.size(0)", "batch.x.shape[0]", "n")]
+    ['ds', 'x', 'batch.x', None]
+    """
+    if isinstance(node, cst.Call) and dotted(node.func) == "len" and len(node.args) == 1:
+        return dotted(node.args[0].value)
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "size":
+        return dotted(node.func.value)
+    if isinstance(node, cst.Subscript) and isinstance(node.value, cst.Attribute) and node.value.attr.value == "shape":
+        return dotted(node.value.value)
+    return None
