@@ -104,9 +104,9 @@ def _device_of(work: _Work, tensor: Any) -> str:
 
 
 def _imported_modules(work: _Work) -> set[str]:
-    """The modules this file imports names from, or itself (``config`` of ``from config import *``)."""
-    starred = {m for k, m in work.facts.modules.items()}
-    return starred | {full.rsplit(".", 1)[0] for full in work.facts.aliases.values() if "." in full}
+    """The modules this file imports, or imports names from (``config`` of ``from config import *``)."""
+    return set(work.facts.modules.values()) | {full.rsplit(".", 1)[0] for full in work.facts.aliases.values()
+                                               if "." in full}
 
 
 def _seeded_by_import(work: _Work) -> str | None:
