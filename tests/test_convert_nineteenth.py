@@ -342,6 +342,25 @@ def test_the_rank_generator_is_made_once_a_process_and_device_from_torchs_seed()
     rankgen._MADE.clear()
 
 
+def test_seeds_at_the_top_of_torchs_range_wrap_for_the_rank_generator_and_verifys_reseed():
+    """``torch.seed()`` draws up to 2**64 - 1: the rank generator's seed and verify's re-run with other draws
+    (seed + an offset) wrap into 63 bits instead of manual_seed refusing them (CI: a doctest after a test that
+    called torch.seed() compared without the wrap)."""
+    import torch
+
+    from ddpkit.commands.verify import recorder
+    from ddpkit.runtime import rankgen
+    rankgen._MADE.clear()
+    rankgen._MADE_FOR.clear()
+    with torch.random.fork_rng():
+        torch.manual_seed(2**64 - 1)
+        assert rankgen.rank_generator("cpu").initial_seed() == rankgen.first_seed(2**64 - 1, 0) == 1_000_002
+        recorder._reseed(2**64 - 1 + recorder.DRAWS_OFFSET)
+        assert torch.initial_seed() == (2**64 - 1 + recorder.DRAWS_OFFSET) % 2**63
+    rankgen._MADE.clear()
+    rankgen._MADE_FOR.clear()
+
+
 # a DCGAN project's settings module: it imports torch, builds both models and their optimizers; the training
 # script takes everything from it with a star import (and never imports torch itself)
 SETTINGS = '''import torch

@@ -13,8 +13,10 @@ Example::
 
     >>> import torch
     >>> g = rank_generator("cpu")
-    >>> g is rank_generator("cpu"), g.initial_seed() == torch.initial_seed() + OFFSET * (ddpkit_rank() + 1)
+    >>> g is rank_generator("cpu"), g.initial_seed() == first_seed(torch.initial_seed(), ddpkit_rank())
     (True, True)
+    >>> first_seed(999, 0), first_seed(999, 1), first_seed(2**64 - 1, 0)  # torch.seed() draws up to 2**64 - 1
+    (1001002, 2001005, 1000002)
 """
 
 from __future__ import annotations
@@ -38,6 +40,12 @@ def ddpkit_rank() -> int:
     return int(state.rank) if state is not None else 0
 
 
+def first_seed(seed: int, rank: int) -> int:
+    """The seed rank ``rank``'s stream starts from, for torch's seed ``seed``: ``seed + OFFSET * (rank + 1)``,
+    wrapped into 63 bits (``torch.seed()`` draws up to 2**64 - 1, beyond which manual_seed refuses)."""
+    return (seed + OFFSET * (rank + 1)) % 2**63
+
+
 def rank_generator(device: Any = None) -> torch.Generator:
     """This rank's generator on ``device`` (a ``torch.device``, a string, None: the CPU), seeded from torch's seed
     (CUDA's for a CUDA device) and the rank the first time it is asked for; the same object after, in this
@@ -50,7 +58,7 @@ def rank_generator(device: Any = None) -> torch.Generator:
     seed = torch.cuda.initial_seed() if where.type == "cuda" else torch.initial_seed()
     made_for = (os.getpid(), rank, seed)
     if _MADE_FOR.get(key) != made_for:
-        _MADE[key] = torch.Generator(device=where).manual_seed((seed + OFFSET * (rank + 1)) % 2**63)
+        _MADE[key] = torch.Generator(device=where).manual_seed(first_seed(seed, rank))
         _MADE_FOR[key] = made_for
     return _MADE[key]
 

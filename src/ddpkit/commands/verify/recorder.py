@@ -170,7 +170,7 @@ class Recorder:
             self.loader_workers = self.loader_workers or custom or not seeded
             generator = getattr(loader, "generator", None)
             if self.draws_k and generator is not None:  # the workers' seeds come from it at iter(): other draws
-                generator.manual_seed(generator.initial_seed() + DRAWS_OFFSET * self.draws_k)
+                generator.manual_seed((generator.initial_seed() + DRAWS_OFFSET * self.draws_k) % 2**63)
         if self.masked is None and getattr(loader, "count", None) is None:
             self.masked = masked_labels(loader)
         sampler = getattr(loader, "batch_sampler", None)
@@ -398,7 +398,9 @@ def _drawn(before: tuple, after: tuple) -> list[str]:
 
 
 def _reseed(seed: int) -> None:
-    """Every global generator a script's steps may draw from, reseeded (the re-runs with other draws)."""
+    """Every global generator a script's steps may draw from, reseeded (the re-runs with other draws); the seed
+    wrapped into 63 bits: a script's ``torch.seed()`` draws up to 2**64 - 1, beyond which manual_seed refuses."""
+    seed %= 2**63
     torch.manual_seed(seed)
     for k, generator in enumerate(rankgen.made()):  # (made since: seeded from torch's new seed)
         generator.manual_seed(seed + 7919 * (k + 1))
