@@ -40,6 +40,15 @@ def test_cpu_syncbn_equals_batchnorm_on_the_global_batch_with_unequal_sizes(rank
             assert torch.allclose(r[key], ref[key], rtol=0, atol=ATOL), key
 
 
+def test_a_batch_the_same_on_every_rank_updates_the_running_variance_as_one_process_does(ranks):
+    """A sample grid drawn from one fixed noise in train mode (a GAN's G(fixed_noise)): every rank normalises the
+    same batch; its running variance takes that batch's n/(n-1), not that of N copies (verify: 'cannot compare')."""
+    bn = nn.BatchNorm1d(4, momentum=0.3)
+    bn(ranks[0]["full"])
+    for r in ranks:
+        assert torch.allclose(r["replicated_running_var"], bn.running_var, rtol=0, atol=ATOL)
+
+
 def test_per_rank_streams_differ_and_repeat(ranks, tmp_path):
     assert not torch.equal(ranks[0]["rng"], ranks[1]["rng"]) and ranks[0]["py_rng"] != ranks[1]["py_rng"]
     assert ranks[0]["workers"] != ranks[1]["workers"]  # DataLoader workers seeded per rank

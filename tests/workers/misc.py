@@ -58,7 +58,10 @@ def syncbn_seeds():
     torch.distributed.all_reduce(sync.weight.grad)
     torch.distributed.all_reduce(sync.bias.grad)
     sync.eval()
-    return {"y": y.detach(), "dx": x.grad, "dw": sync.weight.grad, "db": sync.bias.grad,
+    same = convert_sync_batchnorm(nn.BatchNorm1d(4, momentum=0.3), torch.device("cpu"))
+    same(full)  # the same batch on every rank (a fixed noise for samples, in train mode): one batch, not N copies
+    return {"replicated_running_var": same.running_var.clone(),
+            "y": y.detach(), "dx": x.grad, "dw": sync.weight.grad, "db": sync.bias.grad,
             "running_mean": sync.running_mean.clone(), "running_var": sync.running_var.clone(),
             "eval_y": sync(full[mine]).detach(), "sizes": sizes, "full": full, "upstream": upstream,
             "rng": torch.rand(3), "py_rng": random.random(),

@@ -37,8 +37,11 @@ def _channel_view(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return t.view([1, -1] + [1] * (x.dim() - 2))
 
 
-def _global_stats(x: torch.Tensor, group) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Merge every rank's (count, mean, M2) into the global mean, biased variance and count."""
+def _global_stats(x: torch.Tensor, group) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Merge every rank's (count, mean, M2) into the global mean, biased variance and count; and the count the
+    running variance's unbiased correction takes: one rank's when every rank's statistics are the same (the
+    same batch on every rank: a fixed noise for a sample grid run in train mode), as one process would see
+    that batch once, not N copies of it."""
     dims = _reduce_dims(x)
     count = x.numel() // x.size(1)
     acc = x.double()  # merging in float64 keeps the result within fp32 rounding of the single-batch value
@@ -57,17 +60,19 @@ def _global_stats(x: torch.Tensor, group) -> tuple[torch.Tensor, torch.Tensor, t
         raise ValueError(f"expected more than 1 value per channel across all ranks when training, got {int(total)}")
     g_mean = (counts * means).sum(0) / total
     g_m2 = (m2s + counts * (means - g_mean) ** 2).sum(0)
-    return g_mean, g_m2 / total, total
+    # (merged, N copies of one batch have its mean and biased variance: only the n/(n-1) differs)
+    once = counts[0, 0] if counts[0, 0] > 1 and bool((stats == stats[0]).all()) else total
+    return g_mean, g_m2 / total, total, once
 
 
 class _SyncBatchNormCPU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, eps, momentum, group):
-        mean, var, total = _global_stats(x, group)
+        mean, var, total, once = _global_stats(x, group)
         if running_mean is not None:
             with torch.no_grad():
                 running_mean.mul_(1 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
-                unbiased = var * total / (total - 1)
+                unbiased = var * once / (once - 1)
                 running_var.mul_(1 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
         invstd = torch.rsqrt(var + eps).to(x.dtype)
         xhat = (x - _channel_view(mean.to(x.dtype), x)) * _channel_view(invstd, x)
