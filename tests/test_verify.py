@@ -160,12 +160,14 @@ def test_sampling_noise_passes_with_the_draws_matched_and_a_defect_beside_it_fai
     assert "with the draws matched the runs still differ (" in r.stderr, r.stderr  # how far, said
 
 
-@pytest.mark.parametrize("case", ["augpy", "augnp"])
+@pytest.mark.parametrize("case", ["augpy", "augnp", "augtorch"])
 def test_augmentation_drawn_by_python_numpy_or_a_loader_worker_passes(case):
     """Issue 44: a Dataset that augments with Python's ``random`` (in the training process) or numpy (in a loader
     worker, seeded per rank, where verify sees no draw) was a FAIL naming "rank-dependent code", then "cannot
     compare exactly" (the held-out CIFAR scripts with a random crop and flip). Each sample's draws are seeded from
-    its index in both runs now (verify/samples.py): sample i is augmented alike, and the runs compare exactly."""
+    its index in both runs now (verify/samples.py): sample i is augmented alike, and the runs compare exactly.
+    augtorch: torch's draws in the fetch beside a GAN's z in the step; the re-run with the step's draws matched
+    had taken the fetch's draws too (each rank's samples then alike: held-out DCGAN on FakeData, 23.5x)."""
     r = ok(run_cmd(VERIFY + ["--steps", "3", CASES, "--case", case], timeout=240))
     assert r.stdout.startswith("PASS: 2 processes match 1 process"), r.stdout + r.stderr[-3000:]
 

@@ -20,6 +20,9 @@
   loader worker (``np.random.default_rng()``, as albumentations' ``Compose`` without ``seed=``) / with a fixed seed
   in this process (``default_rng(0)``: its draws follow the order of the fetches): sample i differs when fetched
   twice alike, so no run matches another: cannot compare exactly, naming that dataset, not a FAIL.
+- augtorch: the augmentation drawn from torch's generator in this process (torchvision's RandomHorizontalFlip
+  draws ``torch.rand(1)``) and a GAN's z drawn in the step: the re-run with the step's draws matched must leave
+  the fetch's draws alone (it made each rank's samples alike, a FAIL or "cannot compare"): must PASS.
 - handshard: batches sharded by hand (no ddpkit loader), as an LSTM LM's batchified columns: verify refuses.
 - noprepare: a ddpkit loader, but the model is not prepared: verify refuses.
 - badbytes: prints bytes that are not UTF-8, then fails: verify shows the output's tail, no UnicodeDecodeError.
@@ -47,7 +50,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--case", required=True, choices=["seq", "attn", "global", "noise", "handshard", "noprepare",
                                                      "badbytes", "gan", "manual", "phases", "bnplain", "exit",
                                                      "accum8", "noisebug", "noisefirst", "noisenp", "augpy",
-                                                     "augnp", "augown", "augseeded"])
+                                                     "augnp", "augown", "augseeded", "augtorch"])
 args = parser.parse_args()
 torch.set_num_threads(1)
 state = ddpkit.init()
@@ -120,6 +123,8 @@ class Augmented(torch.utils.data.Dataset):
             import random
 
             flip, scale = random.random() < 0.5, random.uniform(0.8, 1.2)
+        elif args.case == "augtorch":
+            flip, scale = torch.rand(1).item() < 0.5, float(torch.empty(1).uniform_(0.8, 1.2))
         elif args.case in ("augown", "augseeded"):
             flip, scale = self.rng.random() < 0.5, float(self.rng.uniform(0.8, 1.2))
         else:
@@ -129,7 +134,7 @@ class Augmented(torch.utils.data.Dataset):
         return (x.flip(0) if flip else x) * scale, y
 
 
-if args.case in ("augpy", "augnp", "augown", "augseeded"):
+if args.case in ("augpy", "augnp", "augown", "augseeded", "augtorch"):
     data = Augmented(data)
 if args.case in ("gan", "manual", "phases", "bnplain", "exit", "accum8"):  # shapes of a second review (issue 26.2)
     import verify_shapes  # noqa: E402 (next to this file)
@@ -142,7 +147,7 @@ opt = (torch.optim.AdamW(model.parameters(), lr=1e-3) if args.case == "attn"
 
 
 def train_step(x, y):
-    if args.case == "noisefirst":  # drawn before the step's first forward, as a GAN draws z
+    if args.case in ("noisefirst", "augtorch"):  # drawn before the step's first forward, as a GAN draws z
         x = x + torch.randn_like(x)
     loss = nn.functional.mse_loss(model(x), y) * (1 + 9 * state.rank if args.case == "noisebug" else 1)
     opt.zero_grad()
@@ -162,7 +167,7 @@ elif args.case == "global":
             train_step(x, y)
 else:  # a Trainer's endless loop: it stops at its own max_iters, verify's cap must stop it earlier and cleanly
     # augpy draws in this process, augnp in a loader worker (whose seeds are per rank)
-    workers = {"augpy": 0, "augnp": 1, "augown": 1}
+    workers = {"augpy": 0, "augnp": 1, "augown": 1, "augtorch": 0}
     loader = ddpkit.data_loader(data, batch_size=8, **({"num_workers": workers[args.case]}
                                                        if args.case in workers else {}))
     it = iter(loader)

@@ -46,6 +46,14 @@ class MatchedDraws(TorchFunctionMode):
         self.step, self.count = 0, 0
         self.matched = 0  # draws made so far: the re-run's line says whether any was
         self.unmatched = 0  # draws in a form the handlers could not match: made as the script wrote them
+        self.fetching = False  # a ddpkit loader is fetching a batch: its draws are the samples' (see fetch)
+
+    def fetch(self, asking: bool | None) -> None:
+        """A ddpkit loader's fetch watcher: while it fetches a batch (``asking``), draws pass through as drawn.
+        A dataset's draws (an augmentation's ``torch.rand(1)``, torchvision's FakeData) are each sample's own,
+        seeded per sample in both runs (samples.py); made per step and place here, each rank's 16 samples
+        would have taken the same draws as each other rank's, and the one process's 32 others."""
+        self.fetching = asking is True
 
     def next_step(self) -> None:
         """An optimizer stepped: the next draws are the next step's."""
@@ -53,6 +61,8 @@ class MatchedDraws(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None) -> Any:
         kwargs = dict(kwargs or {})
+        if self.fetching:
+            return func(*args, **kwargs)
         handler = _HANDLERS.get(func)
         if rankgen.is_rank_generator(kwargs.get("generator")):  # ddpkit.rank_generator's: matched as torch's own
             kwargs.pop("generator")

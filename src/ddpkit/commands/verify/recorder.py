@@ -156,6 +156,8 @@ class Recorder:
         if self.match and self.matching is None and self.matchable:
             world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
             self.matching = MatchedDraws(loader.batch_size, rank, world)
+        if self.matching is not None and hasattr(loader, "watch_fetch"):
+            loader.watch_fetch(self.matching.fetch)  # (a fetch's draws are the samples', not the step's)
         loader.observe(self._on_batch)
         if not self.steps and self.max_steps is not None:  # K batches in all: a script may build one per epoch
             cap = max(0, self.max_steps - self._batches())
