@@ -91,12 +91,25 @@ def mean_criterion(facts: Facts, loop: Loop, loss: str, depth: int = 0) -> bool:
                    and dotted(c.node.func.value) == loss), default=loop.end)
     # (the loop's own: ``loss = total_loss / total`` below it is the epoch's value; the one the backward was called
     # on, not ``loss = loss.detach().cpu().numpy()`` after it, powerful-gnns')
-    bound = [b for b in facts.bindings if b.target == loss and b.scope is loop.scope and b.value is not None and
-             b.line <= stepped]
+    bound = [b for b in facts.bindings if b.target == loss and b.scope is loop.scope and b.line <= stepped and
+             (b.value is not None or isinstance(b.whole, cst.Call) and b.index >= 0)]
     inside = [b for b in bound if b.line >= loop.line]
-    value = (inside or bound)[-1].value if bound else None
+    chosen = (inside or bound)[-1] if bound else None
+    if chosen is not None and chosen.value is None:  # ``loss, score = loss_and_score(net, x)``: the element
+        return _unpacked_mean(facts, chosen)
+    value = chosen.value if chosen is not None else None
     return _mean_terms(facts, value, named=lambda name: name != loss and depth < 3 and
                        mean_criterion(facts, loop, name, depth + 1))
+
+
+def _unpacked_mean(facts: Facts, binding: Any) -> bool:
+    """Element ``binding.index`` of what the script's own function returns is a mean over the batch in each of its
+    returns (a GAN helper's ``return crit(out, ones), out.mean().item()``, unpacked ``g, score = gen_loss(...)``)."""
+    call = binding.whole
+    own = facts.scopes.get(call.func.value) if isinstance(call.func, cst.Name) else None
+    returned = [r for s, r in facts.returns if s is own] if own is not None else []
+    return bool(returned) and all(isinstance(r, cst.Tuple) and binding.index < len(r.elements) and
+                                  _mean_terms(facts, r.elements[binding.index].value, 1) for r in returned)
 
 
 def _mean_terms(facts: Facts, value: Any, depth: int = 0, named: Any = None) -> bool:

@@ -75,24 +75,33 @@ def base(name: str) -> str:
     return name.split(MARK, 1)[0]
 
 
-def _strings(name: str, params: list[str]) -> dict[str, str | bool]:
+def _strings(name: str, params: list[str], defaults: dict[str, str | bool] | None = None) -> dict[str, str | bool]:
     """``{'flag': 'train'}`` of ``get()[0]@[["#1", "train"]]`` for a factory ``get(args, flag)``: each string by
-    the parameter it lands in (``self`` left out of ``params``)."""
-    found = {}
+    the parameter it lands in (``self`` left out of ``params``); a parameter the call leaves out holds its
+    literal default (``make_loader(16)`` of ``make_loader(batch_size, is_training=True)``)."""
+    found: dict[str, str | bool] = {}
     for where, value in json.loads(name.split(MARK, 1)[1]) if MARK in name else ():
         index = int(where[1:]) if where.startswith("#") else -1
         param = params[index] if 0 <= index < len(params) else where if where in params else None
         if param is not None:
             found[param] = value
+    for param, value in (defaults or {}).items():  # (after those passed: a string passed decides first)
+        found.setdefault(param, value)
     return found
 
 
-def decide(names: list[str], kinds: dict[str, str], params: list[str]) -> tuple[str, tuple[str | bool, ...]] | None:
+def decide(names: list[str], kinds: dict[str, str], params: list[str],
+           defaults: dict[str, str | bool] | None = None) -> tuple[str, tuple[str | bool, ...]] | None:
     """(the parameter, the training strings) when the asks ``names`` of one returned value (with their ``kinds``)
-    split by the string passed as one parameter: every training ask passes one, every evaluation ask one of
-    others; None when they do not (one role, or no string tells them apart)."""
-    train = [_strings(n, params) for n in names if kinds[n] == TRAIN]
-    evaluate = [_strings(n, params) for n in names if kinds[n] == EVAL]
+    split by the string passed as one parameter (or its literal default, ``defaults``): every training ask passes
+    one, every evaluation ask one of others; None when they do not (one role, or no string tells them apart).
+
+    >>> decide(["get()@[]", 'get()@[["#1", false]]'], {"get()@[]": TRAIN, 'get()@[["#1", false]]': EVAL},
+    ...        ["bs", "is_training"], {"is_training": True})
+    ('is_training', (True,))
+    """
+    train = [_strings(n, params, defaults) for n in names if kinds[n] == TRAIN]
+    evaluate = [_strings(n, params, defaults) for n in names if kinds[n] == EVAL]
     if not train or not evaluate:
         return None
     for param in train[0]:
@@ -141,7 +150,7 @@ def split(work: _Work, call: Call) -> Split | None:
     kinds = {n: work.crossing.wants[n] for n in asked(work, call)}
     sites = _sites(work, call)
     kinds.update({n: kind for n, (kind, _) in sites.items()})
-    decided = decide(list(kinds), kinds, params) if call.scope.name else None
+    decided = decide(list(kinds), kinds, params, _defaults(call.scope.node)) if call.scope.name else None
     if decided is None:
         return _looped(work, call)
     if rebound(work.facts, call.scope, decided[0], call.line):
@@ -149,6 +158,19 @@ def split(work: _Work, call: Call) -> Split | None:
     values = decided[1]
     mine = [lp for n, (kind, read) in sites.items() if kind == TRAIN for lp in read]
     return Split(decided[0], values, tuple(mine))
+
+
+def _defaults(function: cst.CSTNode) -> dict[str, str | bool]:
+    """A function's parameters whose default is a plain string or True / False (``is_training=True``)."""
+    found: dict[str, str | bool] = {}
+    params = function.params if isinstance(function, cst.FunctionDef) else None
+    for param in [*params.params, *params.kwonly_params] if params is not None else []:
+        value = param.default
+        if isinstance(value, cst.Name) and value.value in ("True", "False"):
+            found[param.name.value] = value.value == "True"
+        elif isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str):
+            found[param.name.value] = value.evaluated_value
+    return found
 
 
 def _looped(work: _Work, call: Call) -> Split | None:

@@ -100,16 +100,19 @@ def passed_to_evaluate(work: _Work) -> list[Call]:
     return found
 
 
-def imported_evaluated(work: _Work) -> list[tuple[int, str]]:
+def imported_evaluated(work: _Work, origin_of: Any) -> list[tuple[int, str]]:
     """(the line, the name) of each loader imported from another module of the project that this file hands both to
     a trainer (asked of its module as a training loader) and to another module's evaluation: sharded for the one,
     the evaluation would count this rank's shard only. One handed to an evaluation alone is asked of its module as
-    an evaluation loader (kept whole there, said so)."""
+    an evaluation loader (kept whole there, said so); so is what an imported factory returns (``test_loader =
+    make_loader(100, is_training=False)``, then ``test(test_loader)``: the factory splits by the flag)."""
     trained = {(a.module, a.name) for a in work.asks if a.kind == TRAIN}
     found = []
     for want, sites in _handed(work, EVAL):
-        for site, _ in sites:
-            origin = _imported(work, want, site)
+        for site, bound in sites:
+            made = bound.whole if bound is not None and isinstance(bound.whole, cst.Call) else None
+            origin = origin_of(bound) if made is not None and dotted(made.func) not in LOADERS else None
+            origin = origin or _imported(work, want, site)
             if origin is not None and origin in trained:
                 found.append((site.line, origin[1]))
             elif origin is not None:  # its module keeps it whole, told why (not "nothing reads it")

@@ -27,6 +27,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
+from ddpkit.commands.convert.accumulated import accumulated
 from ddpkit.commands.convert.batchmeans import MEANS
 from ddpkit.commands.convert.names import dotted, names_in, resolve
 from ddpkit.commands.convert.scan import Loop
@@ -86,6 +87,7 @@ def list_means(work: _Work, loop: Loop, whole: set[str]) -> None:
 
 
     _meters_shown(work, loop)
+    accumulated(work, loop)
     meters = _meters(facts, loop)
     for stmt, scope, line in facts.statements:  # (``return sum(l) / len(l)``, ``print(np.mean(l))``: in place)
         if scope is loop.scope and line > loop.end and id(stmt) not in handled:

@@ -70,7 +70,7 @@ def loaders(work: _Work) -> None:
     work.done.extend(want if every else f"{want} {NOT_PASSED}"  # (a trainer's file is said fed by every caller's)
                      for want, _, every in handed if every is not None)
     handedin.ask_evaluations(work)
-    for line, name in handedin.imported_evaluated(work)[:1]:
+    for line, name in handedin.imported_evaluated(work, lambda binding: imported.origin_of(work.facts, binding))[:1]:
         work.leave(line, f"{name}, imported and made a training loader where it is built (each rank its shard), is "
                    "also handed to another module's evaluation, which would evaluate only this rank's shard",
                    "evaluate on a loader of its own (ddpkit.data_loader(dataset, batch_size, train=False)), or "
@@ -92,6 +92,7 @@ def loaders(work: _Work) -> None:
         split = bysplit.split(work, call)
         if split is not None:  # one factory, every split: the string decides (bysplit.py)
             training |= bysplit.by_split(work, call, split, _loader)
+            for_others |= not split.loops  # (trained on in another module: this file's handed-in loops still ask)
             continue
         held_trains = bysplit.by_key(work, call, _loader)
         if held_trains is not None:  # held in a dict by its split's string: the keys trained on decide (bykey.py)

@@ -136,9 +136,13 @@ def step_loss_shown(work: _Work) -> None:
                  all(o.line <= c.line <= o.end for o in loop.outer)]  # (within the epoch loop around it)
         for shown in [*loop.calls, *after]:
             named = sorted({n for a in shown.node.args for n in names_in(a.value)} & losses - said)
-            if shown.last in SHOWN and named and shown.line > min(c.line for c in loop.calls if c.last == "backward"):
+            # (or kept after the loop, once an epoch: a/s02's ``losses.append(loss.item())``, then written)
+            kept = shown.last == "append" and shown.line > loop.end
+            if (shown.last in SHOWN or kept) and named and \
+                    shown.line > min(c.line for c in loop.calls if c.last == "backward"):
                 said.update(named)
-                work.keep(shown.line, f"{shown.last}(...) shows {', '.join(named)}, the step's loss" +
+                work.keep(shown.line, f"{shown.last}(...) {'keeps' if kept else 'shows'} {', '.join(named)}, "
+                          "the step's loss" +
                           ("es" if len(named) > 1 else "") +
                           (", the training loop's last" if shown.line > loop.end else ""), "this rank's: a mean over "
                           "its 1/N of the global batch (rank 0's on screen), the same quantity from fewer samples; "

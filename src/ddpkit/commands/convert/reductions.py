@@ -24,6 +24,7 @@ from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.batchmeans import batch_mean, summed_means
 from ddpkit.commands.convert.curves import curves
 from ddpkit.commands.convert.listmeans import list_means
+from ddpkit.commands.convert.losses import SHOWN
 from ddpkit.commands.convert.names import dotted, names_in, resolve
 from ddpkit.commands.convert.scan import Call, Loop
 from ddpkit.commands.convert.sums import batch_wide, collection, indexed, sums_after
@@ -108,6 +109,8 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
                       "results or ddpkit.reduce(...) the sums and counts, docs/convert.md)")
             return False
         plans += [(summed_as_training, p) for p in plan or []]
+        if not summed_as_training and call is not None:
+            _last_shown(work, loop, {n for p in plan or [] for n in p[1]})
         if summed_as_training and not plan:  # (PyHessian's bar: ``set_postfix(loss=train_loss / total)``)
             _running_shown(work, loop, [n for n, _ in loop.augmented], after=False)
         if summed_as_training:
@@ -286,6 +289,22 @@ def _counted_bar(work: _Work, bar: str) -> bool:
 
 
 # an evaluation loop that saves a picture of one of its batches: sharded, rank 0's batch holds samples 0, N, 2N...
+def _last_shown(work: _Work, loop: Loop, reduced: set[str]) -> None:
+    """A value the sharded evaluation loop binds each batch (``loss = criterion(outputs, y)``), shown after it
+    (``print(... loss.item(), 100. * correct / total)``): the last batch's, of this rank's shard; said beside the
+    reduced sums (wide-resnet's "Validation Epoch #N Loss:")."""
+    bound = {b.target for b in work.facts.bindings if b.scope is loop.scope and loop.line < b.line <= loop.end and
+             b.value is not None} - reduced - loop.targets
+    for shown in (c for c in work.facts.calls if c.scope is loop.scope and c.line > loop.end and c.last in SHOWN):
+        named = sorted({n for a in shown.node.args for n in names_in(a.value)} & bound)
+        if named:
+            work.keep(shown.line, f"{shown.last}(...) shows {named[0]}, the evaluation loop's last batch's",
+                      "this rank's last batch of its shard (rank 0's on screen); the sums beside it are every "
+                      f"rank's: ddpkit.reduce({named[0]}.detach(), op='mean') shows the mean over the ranks' last "
+                      "batches")
+            return
+
+
 BATCH_IMAGES = ("save_image", "imwrite", "imsave", "savefig", "add_image", "add_images")
 def _filled_by_callee(work: _Work, loop: Loop) -> tuple[str, int] | None:
     """A container the loop hands to a function of the script that writes into it by index (dlwpt's

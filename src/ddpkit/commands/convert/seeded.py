@@ -50,22 +50,44 @@ def seeded_noise(work: _Work) -> None:
     seed = next((c for c in work.facts.calls if resolve(dotted(c.node.func), aliases) in SEEDS), None)
     where = f"line {seed.line}" if seed is not None else _seeded_by_import(work)
     models = {b.target for b in work.models} | _imported_models(work)
-    if where is None or not models:
+    if where is None or not models and not work.crossing.seeded:
         return
     done: set[int] = set()
     for loop in (lp for lp in work.facts.loops if flow.trains(work.facts, lp)):
-        fed = [c for c in loop.calls if dotted(c.node.func) in models]
-        inside = {id(n) for c in fed for a in c.node.args for n in m.findall(a.value, m.Call())}
-        for draw in loop.calls:
-            if id(draw.node) in done or resolve(dotted(draw.node.func), aliases) not in DRAWS or \
-                    any(a.keyword is not None and a.keyword.value == "generator" for a in draw.node.args):
-                continue
-            bound = {b.target for b in work.facts.bindings if b.value is draw.node}
-            into = next((c for c in fed if id(draw.node) in inside or
-                         any(names_in(a.value) & bound for a in c.node.args)), None)
-            if into is not None:
-                done.add(id(draw.node))
-                _own_generator(work, draw, str(dotted(into.node.func)), where)
+        # (a module's training function called with the models, seeded by the script that calls it: its params)
+        handed = set(loop.scope.params) if work.crossing.seeded else set()
+        _draws_fed(work, loop.calls, models | handed, done, where)
+    for scope in _penalties(work):  # a gradient penalty's interpolation weights, drawn in a helper of its own
+        _draws_fed(work, [c for c in work.facts.calls if c.scope is scope], set(scope.params) | models, done, where)
+
+
+def _draws_fed(work: _Work, calls: list[Any], models: set[str], done: set[int], where: str) -> None:
+    """Each draw among ``calls`` fed to a call of one of ``models``: in its arguments, or through names bound to it
+    and to what is made from it (a GP's ``alpha``, then ``x = alpha * real + (1 - alpha) * fake``, then ``D(x)``)."""
+    aliases = work.facts.aliases
+    fed = [c for c in calls if dotted(c.node.func) in models]
+    inside = {id(n) for c in fed for a in c.node.args for n in m.findall(a.value, m.Call())}
+    for draw in calls:
+        if id(draw.node) in done or resolve(dotted(draw.node.func), aliases) not in DRAWS or \
+                any(a.keyword is not None and a.keyword.value == "generator" for a in draw.node.args):
+            continue
+        bound = {b.target for b in work.facts.bindings if b.value is draw.node}
+        for _ in range(2):  # (two steps of names made from it, in its function)
+            bound |= {b.target for b in work.facts.bindings if b.scope is draw.scope and b.value is not None and
+                      b.line > draw.line and names_in(b.value) & bound}
+        into = next((c for c in fed if id(draw.node) in inside or
+                     any(names_in(a.value) & bound for a in c.node.args)), None)
+        if into is not None:
+            done.add(id(draw.node))
+            _own_generator(work, draw, str(dotted(into.node.func)), where)
+
+
+def _penalties(work: _Work) -> list[Any]:
+    """The functions that differentiate a model's output with respect to its input (``torch.autograd.grad(...,
+    create_graph=True)``: a WGAN-GP's gradient penalty), where a training step calls them."""
+    return [c.scope for c in work.facts.calls if c.scope.name and
+            resolve(dotted(c.node.func), work.facts.aliases) == "torch.autograd.grad" and
+            any(a.keyword is not None and a.keyword.value == "create_graph" for a in c.node.args)]
 
 
 def _own_generator(work: _Work, draw: Any, fed: str, seeded: str) -> None:
@@ -112,7 +134,9 @@ def _imported_modules(work: _Work) -> set[str]:
 def _seeded_by_import(work: _Work) -> str | None:
     """``in config.py``: a module of the project this file imports from seeds torch's generator (a DCGAN's
     ``from config import *`` whose config.py calls ``torch.manual_seed(0)`` at import); None otherwise."""
-    found = sorted(_imported_modules(work) & set(work.crossing.seeded))
+    found = sorted(_imported_modules(work) & set(work.crossing.seeded)) or sorted(work.crossing.seeded)
+    # (or any module of the project: the main script's ``torch.manual_seed(999)`` seeds the one generator of the
+    # process before it calls the training function of the module it imports, a/s01 of the twentieth set)
     return f"in {found[0].replace('.', '/')}.py" if found else None
 
 

@@ -52,7 +52,7 @@ WHY = "every rank holds the same results, and N writers of one file race (an app
 
 def writes(work: _Work) -> None:
     """Guard each file write of the script that every rank would make (see the module's docstring)."""
-    opened = {id(c.node): c for c in work.facts.calls if c.name in OPENERS and _writing(c.node)}
+    opened = {id(c.node): c for c in work.facts.calls if c.name in OPENERS and _writing(c.node, c, work.facts)}
     backs = []  # (the writes every rank passes first: a barrier after one of them may serve one in a loop above)
     for call in work.facts.calls:
         what = WRITERS.get(call.name or "") or (METHODS.get(call.last) if isinstance(call.node.func, cst.Attribute)
@@ -281,8 +281,7 @@ def _to_null(work: _Work, call: Call) -> None:
     ``__init__``, written by its methods): the other ranks open ``os.devnull`` instead, so every write through
     the name stays as it is and one copy lands (a mode that also reads, ``w+``, is left to the user)."""
     positional = [a for a in call.node.args if a.keyword is None and not a.star]
-    mode = positional[1].value if len(positional) > 1 else next(
-        (a.value for a in call.node.args if a.keyword is not None and a.keyword.value == "mode"), None)
+    modes = _modes(call.node, call, work.facts)
     shadowed = any(b.target == "os" for b in work.facts.bindings) or \
         any("os" in scope.params for scope in work.facts.scopes.values())  # (a parameter named ``os``)
     # (a file written, then read back by the script: a barrier's business; not a read of another path, SparseTSF's
@@ -292,8 +291,7 @@ def _to_null(work: _Work, call: Call) -> None:
                (c.name in OPENERS and not _writing(c.node) or c.last in READS or c.last == "genfromtxt") and
                paths.maybe_same(work.facts, call, paths.first_path(call), c, paths.first_path(c))
                for c in work.facts.calls)
-    if not positional or not isinstance(mode, cst.SimpleString) or set(mode.evaluated_value) & {"+", "x"} or \
-            shadowed or read:
+    if not positional or not modes or set("".join(modes)) & {"+", "x"} or shadowed or read:
         work.leave(call.line, "a file opened for writing and kept open (written later through its name): every "
                    "rank writes it", "open it on rank 0 only (`if state.is_main:`, and guard its writes), or "
                    "give the other ranks open(os.devnull, 'w')")
@@ -306,12 +304,26 @@ def _to_null(work: _Work, call: Call) -> None:
     work.note("open(..., 'w') kept open: rank 0 writes the file, the other ranks os.devnull", WHY, call.line)
 
 
-def _writing(node: cst.Call) -> bool:
-    """``open(path, "w")`` / ``"a"`` / ``"wb"`` / ``mode="x"``: a mode that writes, given as a string."""
+def _writing(node: cst.Call, call: Call | None = None, facts: Any = None) -> bool:
+    """``open(path, "w")`` / ``"a"`` / ``"wb"`` / ``mode="x"``: a mode that writes, given as a string, or a name
+    bound to one or to a choice of them (:func:`_modes`)."""
+    return any(c in mode for mode in _modes(node, call, facts) for c in "wax")
+
+
+def _modes(node: cst.Call, call: Call | None = None, facts: Any = None) -> set[str]:
+    """The mode strings ``open(...)`` may get: written there, or through a name its function binds above it to one or
+    to a choice of them (a logger's ``mode = "a" if append else "w"``, then ``open(path, mode)``); empty when
+    they cannot be told."""
     positional = [a for a in node.args if a.keyword is None]
     mode = positional[1].value if len(positional) > 1 else next(
         (a.value for a in node.args if a.keyword is not None and a.keyword.value == "mode"), None)
-    return isinstance(mode, cst.SimpleString) and any(c in mode.evaluated_value for c in "wax")
+    if isinstance(mode, cst.Name) and call is not None and facts is not None:
+        bound = binding_of(facts, mode.value, call.scope, call.line)
+        mode = bound.value if bound is not None and bound.line < call.line else None
+    choices = [mode.body, mode.orelse] if isinstance(mode, cst.IfExp) else [mode]
+    found = {c.evaluated_value for c in choices if isinstance(c, cst.SimpleString) and
+             isinstance(c.evaluated_value, str)}
+    return found if len(found) == len(choices) else set()
 
 
 def _ranked(call: Call) -> bool:
@@ -326,6 +338,8 @@ def _own(work: _Work, call: Call) -> bool:
 # what makes an object whose ``.save(path)`` writes a file: a PIL image (Diffusion-Models-pytorch's
 # ``Image.fromarray(ndarr).save(path)``), a matplotlib animation (InfoGAN's ``anim.save('gan.gif')``)
 SAVED = {"PIL.Image.fromarray": "the image", "PIL.Image.open": "the image", "PIL.Image.new": "the image",
+         "torchvision.transforms.functional.to_pil_image": "the image",
+         "torchvision.transforms.ToPILImage": "the image",  # (made and called: ``ToPILImage()(img.cpu())``)
          "matplotlib.animation.": "the animation"}
 
 
@@ -339,6 +353,8 @@ def _saved_object(work: _Work, call: Call) -> str | None:
         name = dotted(made)
         bound = binding_of(work.facts, name, call.scope, call.line) if name else None
         made = bound.value if bound is not None else None
+    if isinstance(made, cst.Call) and isinstance(made.func, cst.Call):  # ``transforms.ToPILImage()(img)``
+        made = made.func
     maker = resolve(dotted(made.func), work.facts.aliases) if isinstance(made, cst.Call) else None
     if call.loops and not (maker or "").startswith("matplotlib.animation."):
         return None  # (an image in a loop: a preparation writing a folder the ranks then read, each its own copy)

@@ -1,0 +1,311 @@
+"""What the twentieth held-out set showed ``ddpkit convert`` owes public scripts (docs/convert.md): each a case
+written in our own words after the pattern met."""
+import pytest
+
+pytest.importorskip("libcst")
+
+from ddpkit.commands.convert.plan import plan  # noqa: E402
+
+# a tutorial's module: one loader factory for both sets, told apart by a flag whose default is True (the training
+# call leaves it out), and the loops the script's main module calls
+LOADERS = '''import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+TRAIN = TensorDataset(torch.randn(64, 4), torch.randint(0, 3, (64,)))
+TEST = TensorDataset(torch.randn(40, 4), torch.randint(0, 3, (40,)))
+
+
+def make_loader(batch_size, is_training=True):
+    return DataLoader(TRAIN if is_training else TEST, batch_size=batch_size, shuffle=True)
+
+
+def train(loader, net, opt):
+    for x, y in loader:
+        opt.zero_grad()
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+
+
+def test(loader, net):
+    correct = 0
+    with torch.no_grad():
+        for x, y in loader:
+            correct += (net(x).argmax(1) == y).sum().item()
+    print(correct, len(loader.dataset))
+'''
+MAIN = '''import torch
+import torch.nn as nn
+from loaders import make_loader, train, test
+
+train_loader = make_loader(16)
+test_loader = make_loader(100, is_training=False)
+net = nn.Linear(4, 3)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+for epoch in range(2):
+    train(train_loader, net, opt)
+    test(test_loader, net)
+'''
+SPLIT = ("return ddpkit.data_loader(TRAIN if is_training else TEST, global_batch_size=batch_size, shuffle=True) "
+         "if is_training else DataLoader(TRAIN if is_training else TEST, batch_size=batch_size, shuffle=True)")
+
+
+def _settled(files):
+    from ddpkit.commands.convert.crossing import settle
+    return settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
+
+
+def test_a_factory_whose_training_call_leaves_its_flag_at_the_default_splits_by_the_flag():
+    """lcary/pytorch-mnist-tutorial: ``make_loader(16)`` trains, ``make_loader(100, is_training=False)`` is only
+    evaluated. In one file it was refused (one DataLoader line for both); split over two files the test loader
+    became a training shard and the printed accuracy counted rank 0's half, with no line. The flag's default
+    (True) is what the training call passes."""
+    one = plan(LOADERS + MAIN.replace("from loaders import make_loader, train, test\n", ""))
+    assert SPLIT in one.text and not one.left, (one.left, one.text)
+    done = _settled({"loaders.py": LOADERS, "main.py": MAIN})
+    assert SPLIT in done["loaders.py"].text, done["loaders.py"].text
+    assert not done["loaders.py"].left and not done["main.py"].left, (done["loaders.py"].left, done["main.py"].left)
+    assert any("training loop over loader" in k for k in map(str, done["loaders.py"].kept)), done["loaders.py"].kept
+
+
+# a GAN project: the main script seeds torch's generator, builds both models and calls the training function of a
+# module it imports, which draws the noise each step
+SEEDING_MAIN = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from loop import train_gan
+
+torch.manual_seed(999)
+loader = DataLoader(TensorDataset(torch.randn(32, 4)), batch_size=8, shuffle=True)
+netG = nn.Linear(2, 4)
+netD = nn.Sequential(nn.Linear(4, 1), nn.Sigmoid())
+optG = torch.optim.Adam(netG.parameters(), lr=1e-3)
+optD = torch.optim.Adam(netD.parameters(), lr=1e-3)
+train_gan(loader, netG, netD, optG, optD)
+'''
+LOOP = '''import torch
+import torch.nn as nn
+
+
+def train_gan(loader, netG, netD, optG, optD):
+    crit = nn.BCELoss()
+    for (real,) in loader:
+        b = real.size(0)
+        fake = netG(torch.randn(b, 2))
+        optD.zero_grad()
+        d = crit(netD(real).view(-1), torch.ones(b)) + crit(netD(fake.detach()).view(-1), torch.zeros(b))
+        d.backward()
+        optD.step()
+        optG.zero_grad()
+        crit(netD(fake).view(-1), torch.ones(b)).backward()
+        optG.step()
+'''
+
+
+def test_noise_drawn_in_an_imported_training_function_of_a_seeded_script_is_drawn_per_rank():
+    """vltkv/Generate-faces-with-GAN: main.py seeds torch's generator and calls training/training.py's loop, which
+    draws the noise: every rank drew the same noise (the same noise in one file got the rank's generator)."""
+    done = _settled({"main.py": SEEDING_MAIN, "loop.py": LOOP})
+    assert "fake = netG(torch.randn(b, 2, generator=ddpkit.rank_generator()))" in done["loop.py"].text, \
+        done["loop.py"].text
+
+
+def test_a_loss_unpacked_from_the_scripts_own_helper_fills_a_curve_averaged_step_by_step():
+    """vltkv's GAN: ``g, score = gen_loss(netD, fake, crit)`` (the helper returns the criterion's mean and a
+    score), then ``G_losses.append(g.item())``, plotted and written: D_losses was averaged step by step, G_losses
+    stayed rank 0's with no line."""
+    text = plan('''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def loss_and_score(net, x):
+    out = net(x)
+    return out.pow(2).mean(), out.mean().item()
+
+
+net = nn.Linear(4, 1)
+opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+losses = []
+for (x,) in DataLoader(TensorDataset(torch.randn(32, 4)), batch_size=16, shuffle=True):
+    loss, score = loss_and_score(net, x)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    losses.append(loss.item())
+torch.save(losses, "curve.pt")
+''').text
+    assert "losses = ddpkit.reduce(torch.tensor(losses, dtype=torch.float64), op='mean').tolist()" in text, text
+
+
+def test_a_logger_opening_its_file_with_a_mode_chosen_by_a_flag_is_rank_0s():
+    """H0rvex/resnet-cifar10's logger: ``mode = "a" if append else "w"``, then ``open(path, mode)`` kept open and
+    written each epoch: every rank wrote metrics.jsonl (rank 1's values in it, interleaved lines)."""
+    text = plan('''import json
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Logger:
+    def __init__(self, path, append=False):
+        mode = "a" if append else "w"
+        self._f = open(path, mode, encoding="utf-8")
+
+    def log(self, epoch, loss):
+        self._f.write(json.dumps({"epoch": epoch, "loss": loss}) + "\\n")
+
+
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+logger = Logger("metrics.jsonl")
+for epoch in range(2):
+    for (x,) in DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=16, shuffle=True):
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    logger.log(epoch, loss.item())
+''').text
+    assert "self._f = open(path if ddpkit.init().is_main else os.devnull, mode, encoding=\"utf-8\")" in text, text
+
+
+def test_an_image_made_by_torchvisions_to_pil_transform_is_saved_by_rank_0():
+    """MahyadSaedpanah/GAN: ``img = transforms.ToPILImage()(img.cpu())``, then ``img.save(path)``: every rank
+    wrote the picture."""
+    text = plan('import torch\nimport torchvision.transforms as transforms\nimport ddpkit\nstate = ddpkit.init()\n'
+                'img = transforms.ToPILImage()(torch.rand(3, 8, 8))\nimg.save("a.png")\n').text
+    assert 'if state.is_main:\n    img.save("a.png")' in text, text
+
+
+def test_the_last_batchs_loss_shown_after_a_sharded_evaluation_is_said_to_be_this_ranks():
+    """wide-resnet.pytorch: ``print("Validation Epoch #%d Loss: %.4f Acc@1: %.2f%%" % (epoch, loss.item(), ...))``
+    after the evaluation loop: the accuracy's sums are reduced, the loss was rank 0's last batch with no line."""
+    done = plan('''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+train_set = TensorDataset(torch.randn(64, 4), torch.randint(0, 3, (64,)))
+test_set = TensorDataset(torch.randn(40, 4), torch.randint(0, 3, (40,)))
+trainloader = DataLoader(train_set, batch_size=16, shuffle=True)
+testloader = DataLoader(test_set, batch_size=100, shuffle=False)
+net = nn.Linear(4, 3)
+criterion = nn.CrossEntropyLoss()
+optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+
+
+def test(epoch):
+    correct, total = 0, 0
+    with torch.no_grad():
+        for x, y in testloader:
+            outputs = net(x)
+            loss = criterion(outputs, y)
+            correct += (outputs.argmax(1) == y).sum().item()
+            total += y.size(0)
+    print("Epoch #%d Loss: %.4f Acc: %.2f%%" % (epoch, loss.item(), 100. * correct / total))
+
+
+for epoch in range(2):
+    for x, y in trainloader:
+        optimizer.zero_grad()
+        loss = criterion(net(x), y)
+        loss.backward()
+        optimizer.step()
+    test(epoch)
+''')
+    assert any(k.what == "print(...) shows loss, the evaluation loop's last batch's" and k.line == 22
+               for k in done.kept), done.kept
+
+
+def test_the_last_steps_loss_kept_once_an_epoch_after_the_loop_is_said_to_be_this_ranks():
+    """MahyadSaedpanah/GAN: ``g_losses.append(g_loss.item())`` once an epoch, after the training loop, then written
+    to a report: rank 0's last batch's loss, with no line."""
+    done = plan('''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+G = torch.nn.Linear(2, 4)
+opt = torch.optim.Adam(G.parameters(), lr=1e-3)
+losses = []
+for epoch in range(2):
+    for (x,) in DataLoader(TensorDataset(torch.rand(32, 4)), batch_size=8, shuffle=True):
+        loss = (G(torch.randn(x.size(0), 2)) - x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    losses.append(loss.item())
+with open("report.txt", "w") as f:
+    f.write(str(sum(losses) / len(losses)))
+''')
+    assert any(k.what.startswith("append(...) keeps loss, the step's loss, the training loop's last") and k.line == 13
+               for k in done.kept), done.kept
+
+
+def test_an_evaluator_of_the_scripts_own_fed_each_training_batch_is_said_where_it_is_read():
+    """longrootchen/cifar10-pytorch: ``evaluator.update_matrix(y, out.argmax(1))`` each training step, then ``return
+    evaluator.error()``, printed, logged and saved as the epoch's error rate: rank 0's shard, with no line."""
+    done = plan('''import numpy as np
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Evaluator:
+    def __init__(self, n):
+        self.m = np.zeros((n, n), dtype=int)
+
+    def update_matrix(self, trues, preds):
+        self.m += np.bincount(len(self.m) * trues + preds, minlength=len(self.m) ** 2).reshape(self.m.shape)
+
+    def error(self):
+        return 1 - np.diag(self.m).sum() / self.m.sum()
+
+
+def train(model, loader, optimizer):
+    evaluator = Evaluator(3)
+    for x, y in loader:
+        out = model(x)
+        loss = torch.nn.functional.cross_entropy(out, y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        evaluator.update_matrix(y.numpy(), out.argmax(1).numpy())
+    return evaluator.error()
+
+
+model = torch.nn.Linear(4, 3)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randint(0, 3, (64,))), batch_size=16, shuffle=True)
+print(train(model, loader, opt))
+''')
+    assert any(k.what == "evaluator is fed each training batch (evaluator.update_matrix(...)) and read here" and
+               k.line == 26 for k in done.kept), done.kept
+
+
+def test_a_gradient_penaltys_interpolation_weights_drawn_in_its_helper_are_drawn_per_rank():
+    """Lornatang/WassersteinGAN_GP-PyTorch: ``alpha = torch.rand(b, 1)`` in the gradient penalty's helper, mixed
+    into ``x = alpha * real + (1 - alpha) * fake`` and fed to D: the generator's noise got the rank's generator, the
+    penalty's weights stayed the same on every rank."""
+    text = plan('''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def gradient_penalty(D, real, fake):
+    alpha = torch.rand(real.size(0), 1)
+    x = (alpha * real + (1 - alpha) * fake).requires_grad_(True)
+    g = torch.autograd.grad(D(x).sum(), x, create_graph=True)[0]
+    return ((g.norm(2, dim=1) - 1) ** 2).mean()
+
+
+torch.manual_seed(0)
+G = nn.Linear(4, 8)
+D = nn.Linear(8, 1)
+oG = torch.optim.Adam(G.parameters())
+oD = torch.optim.Adam(D.parameters())
+for (real,) in DataLoader(TensorDataset(torch.randn(32, 8)), batch_size=8):
+    fake = G(torch.randn(real.size(0), 4))
+    lossD = D(fake.detach()).mean() - D(real).mean() + 10 * gradient_penalty(D, real, fake.detach())
+    oD.zero_grad()
+    lossD.backward()
+    oD.step()
+''').text
+    assert "alpha = torch.rand(real.size(0), 1, generator=ddpkit.rank_generator())" in text, text
