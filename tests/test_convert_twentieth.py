@@ -309,3 +309,112 @@ for (real,) in DataLoader(TensorDataset(torch.randn(32, 8)), batch_size=8):
     oD.step()
 ''').text
     assert "alpha = torch.rand(real.size(0), 1, generator=ddpkit.rank_generator())" in text, text
+
+
+def test_loaders_handed_to_a_trainer_in_a_dict_by_their_splits_name_convert():
+    """deepshiksharma/vae-mnist: ``dataloaders = {'train': train_loader, 'val': val_loader}`` handed to
+    ``trainer.train(model, device, dataloaders)``, which loops over ``dataloaders['train']``: refused as batches
+    "fed by hand"."""
+    done = _settled({"main.py": '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+import trainer
+
+train_loader = DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=8, shuffle=True)
+val_loader = DataLoader(TensorDataset(torch.randn(16, 4)), batch_size=8)
+dataloaders = {'train': train_loader, 'val': val_loader}
+net = nn.Linear(4, 4)
+model = trainer.train(net, dataloaders)
+''', "trainer.py": '''import torch
+
+
+def train(model, dataloaders):
+    train_loader = dataloaders['train']
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for (x,) in train_loader:
+        loss = (model(x) - x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model
+'''})
+    assert not done["trainer.py"].left and not done["main.py"].left, (done["trainer.py"].left, done["main.py"].left)
+    assert "train_loader = ddpkit.data_loader(TensorDataset(torch.randn(64, 4)), global_batch_size=8, shuffle=True)" \
+        in done["main.py"].text, done["main.py"].text
+
+
+def test_an_evaluation_loop_over_a_helper_that_steps_only_when_told_is_no_training_loop():
+    """gmuraleekrishna/fashion-mnist-pytorch: ``network_pass(..., train=True)`` steps under ``if train:``, and the
+    test loop calls it with the default ``train=False``: the test loader was converted as the training one."""
+    done = plan('''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def load_data(batch_size):
+    train_loader = DataLoader(TensorDataset(torch.randn(120, 4), torch.randint(0, 2, (120,))), batch_size=batch_size,
+                              shuffle=True)
+    test_loader = DataLoader(TensorDataset(torch.randn(20, 4), torch.randint(0, 2, (20,))), batch_size=4,
+                             shuffle=True)
+    return train_loader, test_loader
+
+
+def network_pass(net, x, y, crit, optimizer=None, train=False):
+    loss = crit(net(x), y)
+    if train:
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return loss
+
+
+def train(net, loader, optimizer, crit):
+    for x, y in loader:
+        network_pass(net, x, y, crit, optimizer=optimizer, train=True)
+
+
+def test(net, loader, crit):
+    total = 0.0
+    for x, y in loader:
+        total += network_pass(net, x, y, crit).item()
+    print("test loss", total / len(loader))
+
+
+net = nn.Linear(4, 2)
+opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+crit = nn.CrossEntropyLoss()
+train_loader, test_loader = load_data(10)
+train(net, train_loader, opt, crit)
+test(net, test_loader, crit)
+''')
+    text = done.text
+    assert "train_loader = ddpkit.data_loader(TensorDataset(" in text, text
+    assert "test_loader = DataLoader(" in text or "train=False" in text, text
+
+
+def test_a_flag_passed_as_a_variable_is_not_taken_for_the_parameters_default():
+    """Review 29: ``get_loader(train_ds, 16, shuffle=SHUFFLE)`` (a flag of the script, False) beside
+    ``get_loader(val_ds, 20, shuffle=False)``: the default ``shuffle=True`` was read for the training call, the
+    factory split on ``shuffle`` and the training loader stayed a plain DataLoader on every rank."""
+    text = plan('''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+SHUFFLE = False
+train_ds = TensorDataset(torch.randn(64, 4), torch.randint(0, 3, (64,)))
+val_ds = TensorDataset(torch.randn(40, 4), torch.randint(0, 3, (40,)))
+
+
+def get_loader(ds, batch_size, shuffle=True):
+    return DataLoader(ds, batch_size=batch_size, shuffle=shuffle)
+
+
+train_loader = get_loader(train_ds, 16, shuffle=SHUFFLE)
+val_loader = get_loader(val_ds, 20, shuffle=False)
+net = torch.nn.Linear(4, 3)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+for x, y in train_loader:
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(net(x), y).backward()
+    opt.step()
+''').text
+    assert "if shuffle else" not in text and "return ddpkit.data_loader(ds, global_batch_size=batch_size" in text, text

@@ -47,6 +47,11 @@ def test_a_batch_the_same_on_every_rank_updates_the_running_variance_as_one_proc
     bn(ranks[0]["full"])
     for r in ranks:
         assert torch.allclose(r["replicated_running_var"], bn.running_var, rtol=0, atol=ATOL)
+    # other samples with the very same statistics (a binary feature): still the global batch (review 29)
+    binary = nn.BatchNorm1d(1, momentum=0.3)
+    binary(torch.tensor([[0.0], [1.0], [0.0], [1.0], [1.0], [0.0], [1.0], [0.0]]))
+    for r in ranks:
+        assert torch.allclose(r["binary_running_var"], binary.running_var, rtol=0, atol=ATOL)
 
 
 def test_per_rank_streams_differ_and_repeat(ranks, tmp_path):

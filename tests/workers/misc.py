@@ -60,7 +60,9 @@ def syncbn_seeds():
     sync.eval()
     same = convert_sync_batchnorm(nn.BatchNorm1d(4, momentum=0.3), torch.device("cpu"))
     same(full)  # the same batch on every rank (a fixed noise for samples, in train mode): one batch, not N copies
-    return {"replicated_running_var": same.running_var.clone(),
+    binary = convert_sync_batchnorm(nn.BatchNorm1d(1, momentum=0.3), torch.device("cpu"))
+    binary(torch.tensor([[0.0], [1.0], [0.0], [1.0]]).roll(rank, 0))  # other samples, the same statistics
+    return {"replicated_running_var": same.running_var.clone(), "binary_running_var": binary.running_var.clone(),
             "y": y.detach(), "dx": x.grad, "dw": sync.weight.grad, "db": sync.bias.grad,
             "running_mean": sync.running_mean.clone(), "running_var": sync.running_var.clone(),
             "eval_y": sync(full[mine]).detach(), "sizes": sizes, "full": full, "upstream": upstream,

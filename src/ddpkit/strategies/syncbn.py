@@ -39,9 +39,10 @@ def _channel_view(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 def _global_stats(x: torch.Tensor, group) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Merge every rank's (count, mean, M2) into the global mean, biased variance and count; and the count the
-    running variance's unbiased correction takes: one rank's when every rank's statistics are the same (the
-    same batch on every rank: a fixed noise for a sample grid run in train mode), as one process would see
-    that batch once, not N copies of it."""
+    running variance's unbiased correction takes: one rank's when every rank holds the very same batch (its
+    statistics and a fingerprint of its values: a fixed noise for a sample grid run in train mode), as one
+    process would see that batch once, not N copies of it. (A batch-sized input the same on every rank, N
+    copies in one process's batch, is counted once too: a difference of n/(n-1) in what only eval reads.)"""
     dims = _reduce_dims(x)
     count = x.numel() // x.size(1)
     acc = x.double()  # merging in float64 keeps the result within fp32 rounding of the single-batch value
@@ -50,11 +51,14 @@ def _global_stats(x: torch.Tensor, group) -> tuple[torch.Tensor, torch.Tensor, t
         m2 = ((acc - _channel_view(mean, acc)) ** 2).sum(dims)
     else:  # an empty batch still takes part in the collective, with weight zero
         mean = m2 = acc.new_zeros(x.size(1))
-    local = torch.cat([acc.new_tensor([count]), mean, m2])
+    # (a fingerprint of the batch itself: ranks whose different samples share their statistics, a binary feature's
+    # [0, 1, 0, 1] and [1, 0, 1, 0], are not one batch seen N times; review 29)
+    weights = torch.arange(acc.numel(), dtype=acc.dtype, device=acc.device).mul_(0.6180339887498949).frac_()
+    local = torch.cat([acc.new_tensor([count]), mean, m2, (acc.flatten() * weights).sum().reshape(1)])
     gathered = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
     dist.all_gather(gathered, local, group=group)
     stats = torch.stack(gathered)
-    counts, means, m2s = stats[:, :1], stats[:, 1:1 + x.size(1)], stats[:, 1 + x.size(1):]
+    counts, means, m2s = stats[:, :1], stats[:, 1:1 + x.size(1)], stats[:, 1 + x.size(1):-1]
     total = counts.sum()
     if total < 2:
         raise ValueError(f"expected more than 1 value per channel across all ranks when training, got {int(total)}")

@@ -33,13 +33,16 @@ def accumulated(work: _Work, loop: Loop) -> None:
     facts = work.facts
     classes = {s.cls for s in facts.scopes.values() if s.cls}
     made = {b.target: b for b in facts.bindings if b.scope is loop.scope and b.line < loop.line and
-            isinstance(b.value, cst.Call) and dotted(b.value.func) in classes}
-    batch = set(loop.targets) | {b.target for b in facts.bindings if loop.line < b.line <= loop.end}
+            isinstance(b.value, cst.Call) and dotted(b.value.func) in classes and
+            not (dotted(b.value.func) or "").endswith("Meter")}  # (a meter's mean: listmeans.py reduces it)
+    # (what the step computes from its batch, ``out`` of ``out = model(x)``: not a step counter or the model, an
+    # EMA's ``ema.update(model, i)``, nor the batch alone, a timer's ``timer.tick(x)``; review 29)
+    computed = {b.target for b in facts.bindings if loop.line < b.line <= loop.end and b.value is not None}
     fed = {}
     for call in loop.calls:
         func = call.node.func
         holder = dotted(func.value) if isinstance(func, cst.Attribute) else None
-        if holder in made and holder not in fed and any(names_in(a.value) & batch for a in call.node.args):
+        if holder in made and holder not in fed and any(names_in(a.value) & computed for a in call.node.args):
             fed[holder] = call.last
     for name, method in fed.items():
         read = next((line for n, scope, line, _ in facts.reads if scope is loop.scope and line > loop.end and

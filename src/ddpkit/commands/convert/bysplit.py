@@ -67,7 +67,18 @@ def literals(call: cst.Call, passed: Callable[[str], cst.BaseExpression | None])
             value = passed(value.value) or value
         if isinstance(value, cst.SimpleString) and isinstance(value.evaluated_value, str):
             found.append([where, value.evaluated_value])
+        else:  # passed, not as a literal (``shuffle=SHUFFLE``): not the parameter's default (review 29)
+            found.append([where, None])
     return MARK + json.dumps(found) if found else ""
+
+
+def told(name: str) -> bool:
+    """A qualified ask names at least one string (or True / False) its call passes.
+
+    >>> told('get()[0]@[["#0", null], ["#1", "train"]]'), told('get()[0]@[["#0", null]]'), told("get()[0]")
+    (True, False, False)
+    """
+    return MARK in name and any(value is not None for _, value in json.loads(name.split(MARK, 1)[1]))
 
 
 def base(name: str) -> str:
@@ -75,15 +86,16 @@ def base(name: str) -> str:
     return name.split(MARK, 1)[0]
 
 
-def _strings(name: str, params: list[str], defaults: dict[str, str | bool] | None = None) -> dict[str, str | bool]:
+def _strings(name: str, params: list[str],
+             defaults: dict[str, str | bool] | None = None) -> dict[str, str | bool | None]:
     """``{'flag': 'train'}`` of ``get()[0]@[["#1", "train"]]`` for a factory ``get(args, flag)``: each string by
     the parameter it lands in (``self`` left out of ``params``); a parameter the call leaves out holds its
     literal default (``make_loader(16)`` of ``make_loader(batch_size, is_training=True)``)."""
-    found: dict[str, str | bool] = {}
+    found: dict[str, str | bool | None] = {}
     for where, value in json.loads(name.split(MARK, 1)[1]) if MARK in name else ():
         index = int(where[1:]) if where.startswith("#") else -1
         param = params[index] if 0 <= index < len(params) else where if where in params else None
-        if param is not None:
+        if param is not None:  # (None: passed as something else than a literal, which cannot be told)
             found[param] = value
     for param, value in (defaults or {}).items():  # (after those passed: a string passed decides first)
         found.setdefault(param, value)

@@ -101,22 +101,26 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
                                             others=others)
             plans[rel] = convert(rel, base[rel])
 
-    # (a settings module that seeds torch's generator at import: its importers' noise is drawn alike on every rank)
-    seeding = frozenset(rel[:-3].replace("/", ".") for rel, source in sources.items() if SEEDING.search(source))
-    twice = next((rel for rel, source in sources.items() if "create_graph=True" in source), "")
-    for rel in files:
-        seeded = seeding if seeding - {rel[:-3].replace("/", ".")} and "rand" in sources[rel] else frozenset()
-        told = twice if twice != rel and "prepare_model" in getattr(plans[rel], "text", "") else ""
-        if seeded or told:
-            base[rel] = dataclasses.replace(base[rel], seeded=seeded, twice=told)
-            plans[rel] = convert(rel, base[rel])
-
     def module_file_of(module: str) -> str | None:
         return module_file(files, local(module, root_outer, lambda m: module_file(files, m) is not None))
 
     def imported(rel: str, source: str) -> set[str]:
         return {local(m, root_outer, lambda m: module_file(files, m) is not None)
                 for m in _imported(source, package_of(rel), exported)}
+
+    # (a module that seeds torch's generator, and imports this one or is imported by it: a settings module seeding
+    # at import, or the main script seeding before it calls this module's training function; its noise is drawn
+    # alike on every rank)
+    seeding = {rel for rel, source in sources.items() if SEEDING.search(source)}
+    uses = {rel: set(filter(None, map(module_file_of, imported(rel, sources[rel])))) for rel in sources}
+    twice = next((rel for rel, source in sources.items() if "create_graph=True" in source), "")
+    for rel in files:
+        linked = [s for s in seeding if s != rel and (rel in uses[s] or s in uses[rel])]
+        seeded = frozenset(s[:-3].replace("/", ".") for s in linked) if "rand" in sources[rel] else frozenset()
+        told = twice if twice != rel and "prepare_model" in getattr(plans[rel], "text", "") else ""
+        if seeded or told:
+            base[rel] = dataclasses.replace(base[rel], seeded=seeded, twice=told)
+            plans[rel] = convert(rel, base[rel])
 
     for rel, result in plans.items():  # a module another file imports: its ``if __name__ == "__main__"`` is a demo
         for target in filter(None, map(module_file_of, imported(rel, getattr(result, "source", "")))):

@@ -26,8 +26,17 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.scan import Call, Facts, Scope
+
+
+def argument_for(call: Call, param: str, scope: Scope, skip: int) -> cst.BaseExpression | None:
+    """The expression ``call`` passes as ``param`` of ``scope`` (``skip``: 1 when ``self`` is not written)."""
+    positional = [a for a in call.node.args if a.keyword is None and not a.star]
+    for arg in call.node.args:
+        if arg.keyword is not None and arg.keyword.value == param:
+            return arg.value
+    index = scope.params.index(param) - skip if param in scope.params else -1
+    return positional[index].value if 0 <= index < len(positional) else None
 
 
 def switched_off(facts: Facts, site: Call, scope: Scope, skip: int) -> bool:
@@ -38,7 +47,7 @@ def switched_off(facts: Facts, site: Call, scope: Scope, skip: int) -> bool:
     if not backwards:
         return False
     for flag, off in _guarding(scope, backwards):
-        passed = flow.argument_for(site, flag, scope, skip)
+        passed = argument_for(site, flag, scope, skip)
         if passed is None:
             passed = _default(scope, flag)
         if isinstance(passed, cst.Name) and passed.value == off:

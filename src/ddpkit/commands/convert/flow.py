@@ -22,6 +22,7 @@ from collections.abc import Callable
 import libcst as cst
 import libcst.matchers as m
 
+from ddpkit.commands.convert.flagged import argument_for, switched_off
 from ddpkit.commands.convert.names import dotted, names_in, resolve, unpacked
 from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, Scope
 
@@ -117,16 +118,6 @@ def _class_of(facts: Facts, node: cst.BaseExpression) -> str | None:
         node = bound[-1] if len(bound) == 1 else node
     name = dotted(node.func) if isinstance(node, cst.Call) else None
     return name if name and any(s.cls == name for s in facts.scopes.values()) else None
-
-
-def argument_for(call: Call, param: str, scope: Scope, skip: int) -> cst.BaseExpression | None:
-    """The expression ``call`` passes as ``param`` of ``scope``."""
-    positional = [a for a in call.node.args if a.keyword is None and not a.star]
-    for arg in call.node.args:
-        if arg.keyword is not None and arg.keyword.value == param:
-            return arg.value
-    index = scope.params.index(param) - skip if param in scope.params else -1
-    return positional[index].value if 0 <= index < len(positional) else None
 
 
 def binding_of(facts: Facts, name: str, scope: Scope, line: int, depth: int = 0) -> Binding | None:
@@ -315,7 +306,9 @@ def trains(facts: Facts, loop: Loop, depth: int = 0) -> bool:
         if call.last == "backward" or id(call.node) in facts.steps:  # (another module's step: stepped.py)
             return True
         target = callee(facts, call) if depth < DEPTH else None
-        if target is not None and scope_trains(facts, target[0], depth + 1):
+        # (not a helper whose step this call switches off: ``network_pass(..., train=False)``, a/s06)
+        if target is not None and scope_trains(facts, target[0], depth + 1) and \
+                not switched_off(facts, call, target[0], target[1]):
             return True
     return False
 

@@ -140,6 +140,13 @@ def _part(work: _Work, site: Call, bound: Binding | None, element: str) -> Bindi
     ``get_loaders()[k]``)."""
     if not element or bound is None or bound.value is None:
         return bound if not element else None
+    if element.startswith("'"):  # ``dataloaders['train']``: the item of a dict literal passed as ``dataloaders``
+        key = element.rstrip("]").strip("'")
+        item = next((e.value for e in bound.value.elements if isinstance(e, cst.DictElement) and
+                     isinstance(e.key, cst.SimpleString) and e.key.evaluated_value == key), None) \
+            if isinstance(bound.value, cst.Dict) else None
+        name = dotted(item) if item is not None else None
+        return flow.binding_of(work.facts, name, site.scope, site.line) if name else None
     k = int(element.rstrip("]"))
     value = bound.value
     if isinstance(value, (cst.Tuple, cst.List)):
@@ -242,7 +249,7 @@ def parameter(work: _Work, name: str, scope: Any, line: int, depth: int = 0) -> 
     element = _element_of(bound)
     if element is not None:  # ``self.train_loader = loaders[0]``, ``train, valid = loaders``: a handed-in tuple's
         inner = parameter(work, element[0], bound.scope, bound.line, depth + 1)
-        return (f"{inner[0]}[{element[1]}]", inner[1], inner[2]) if inner is not None and "[" not in inner[0] \
+        return (f"{inner[0]}[{element[1]!r}]", inner[1], inner[2]) if inner is not None and "[" not in inner[0] \
             else None
     source = dotted(_unwrapped_bar(work, bound.value)) if bound.value is not None else None
     before = bound.line - 1 if source == name else bound.line  # (``x = tqdm(x)``: the ``x`` bound before)
@@ -258,12 +265,17 @@ def _unwrapped_bar(work: _Work, value: cst.BaseExpression) -> cst.BaseExpression
     return value
 
 
-def _element_of(bound: Binding) -> tuple[str, int] | None:
-    """(the name, k) where ``bound`` is element k of a name: ``x = held[0]``, or ``a, b = held``."""
+def _element_of(bound: Binding) -> tuple[str, int | str] | None:
+    """(the name, k) where ``bound`` is element k of a name: ``x = held[0]``, or ``a, b = held``; or item k of a
+    dict: ``train_loader = dataloaders['train']`` (a key a want can carry: no quote, colon or bracket in it)."""
     value = bound.value
     if isinstance(value, cst.Subscript) and len(value.slice) == 1 and isinstance(value.slice[0].slice, cst.Index) \
             and isinstance(value.slice[0].slice.value, cst.Integer) and dotted(value.value):
         return str(dotted(value.value)), int(value.slice[0].slice.value.value)
+    if isinstance(value, cst.Subscript) and len(value.slice) == 1 and isinstance(value.slice[0].slice, cst.Index) \
+            and isinstance(key := value.slice[0].slice.value, cst.SimpleString) and dotted(value.value) and \
+            isinstance(key.evaluated_value, str) and not set(key.evaluated_value) & set(":'\"[]"):
+        return str(dotted(value.value)), key.evaluated_value
     if value is None and bound.index >= 0 and bound.whole is not None and dotted(bound.whole):
         return str(dotted(bound.whole)), bound.index
     return None

@@ -137,7 +137,7 @@ def _siblings(work: _Work, made: set[tuple[str, str]], fed: set[str]) -> None:
         origin = origin_of(work.facts, binding) if binding.whole is not None else None
         if origin is not None and (origin[0], bysplit.base(origin[1])) in made:
             by_origin.setdefault((origin[0], bysplit.base(origin[1])), []).append(binding)
-            if bysplit.MARK in origin[1] and binding.target not in fed and \
+            if bysplit.told(origin[1]) and binding.target not in fed and \
                     not any(a.module == origin[0] and a.name == origin[1] for a in work.asks):
                 # (``self._get_data(flag='val')``, evaluated in a method it is handed to: asked too, so the factory
                 # says whether its string keeps it whole, iTransformer's ``if flag == 'train' else DataLoader``)

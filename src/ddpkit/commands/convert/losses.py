@@ -137,7 +137,9 @@ def step_loss_shown(work: _Work) -> None:
         for shown in [*loop.calls, *after]:
             named = sorted({n for a in shown.node.args for n in names_in(a.value)} & losses - said)
             # (or kept after the loop, once an epoch: a/s02's ``losses.append(loss.item())``, then written)
-            kept = shown.last == "append" and shown.line > loop.end
+            kept = shown.last == "append" and shown.line > loop.end and all(  # (not rebound after it: review 29)
+                (b := flow.binding_of(work.facts, n, loop.scope, shown.line)) is not None and b.line <= loop.end
+                for n in named)
             if (shown.last in SHOWN or kept) and named and \
                     shown.line > min(c.line for c in loop.calls if c.last == "backward"):
                 said.update(named)

@@ -296,13 +296,20 @@ def _last_shown(work: _Work, loop: Loop, reduced: set[str]) -> None:
     bound = {b.target for b in work.facts.bindings if b.scope is loop.scope and loop.line < b.line <= loop.end and
              b.value is not None} - reduced - loop.targets
     for shown in (c for c in work.facts.calls if c.scope is loop.scope and c.line > loop.end and c.last in SHOWN):
-        named = sorted({n for a in shown.node.args for n in names_in(a.value)} & bound)
+        named = sorted(n for n in {n for a in shown.node.args for n in names_in(a.value)} & bound
+                       if _from_loop(work, n, loop, shown.line))
         if named:
             work.keep(shown.line, f"{shown.last}(...) shows {named[0]}, the evaluation loop's last batch's",
                       "this rank's last batch of its shard (rank 0's on screen); the sums beside it are every "
                       f"rank's: ddpkit.reduce({named[0]}.detach(), op='mean') shows the mean over the ranks' last "
                       "batches")
             return
+
+
+def _from_loop(work: _Work, name: str, loop: Loop, line: int) -> bool:
+    """What ``name`` holds at ``line``, below ``loop``, was bound in it (not rebound after it: review 29)."""
+    bound = flow.binding_of(work.facts, name, loop.scope, line)
+    return bound is not None and loop.line < bound.line <= loop.end
 
 
 BATCH_IMAGES = ("save_image", "imwrite", "imsave", "savefig", "add_image", "add_images")

@@ -16,19 +16,23 @@ import re
 import libcst as cst
 import libcst.matchers as m
 
-from ddpkit.commands.convert.flow import callers, trains
+from ddpkit.commands.convert.flagged import switched_off
+from ddpkit.commands.convert.flow import callee, callers, trains
 from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop
 
 
 def evaluates(facts: Facts, loop: Loop) -> bool:
     """A loop with positive signs of evaluation: no backward pass, and under ``no_grad`` / ``inference_mode``
     (its own, or at every call of its function: torchdiffeq's ``with torch.no_grad(): acc =
-    accuracy(model, test_loader)``) or after ``model.eval()`` in the same function."""
+    accuracy(model, test_loader)``), after ``model.eval()`` in the same function, or calling a helper whose step
+    it switches off (``network_pass(..., train=False)``)."""
     if trains(facts, loop):
         return False
     sites = callers(facts, loop.scope) if loop.scope.name else []
     stepped = any(id(c.node) in facts.eval_steps for c in loop.calls)  # (another module's evaluation step)
-    if loop.no_grad or sites and all(c.no_grad for c in sites) or stepped:
+    # (a helper of the script's whose step this call switches off: ``network_pass(net, x, y, crit)``, train=False)
+    off = any((t := callee(facts, c)) is not None and switched_off(facts, c, t[0], t[1]) for c in loop.calls)
+    if loop.no_grad or sites and all(c.no_grad for c in sites) or stepped or off:
         return True
     return any(c.scope is loop.scope and c.last == "eval" and not c.node.args and c.line <= loop.line
                for c in facts.calls)
