@@ -418,3 +418,83 @@ for x, y in train_loader:
     opt.step()
 ''').text
     assert "if shuffle else" not in text and "return ddpkit.data_loader(ds, global_batch_size=batch_size" in text, text
+
+
+def test_an_imported_evaluator_and_a_penalty_seeded_in_its_own_module_are_said_and_drawn_per_rank():
+    """After-fix re-run: the same patterns across modules. ``from meters import Evaluator`` fed each training batch
+    got no line; a gradient penalty in gp.py, which also holds the ``init_seeds`` that seeds torch, drew alike."""
+    done = _settled({"meters.py": '''import numpy as np
+
+
+class Evaluator:
+    def __init__(self, n):
+        self.m = np.zeros((n, n), dtype=int)
+
+    def update(self, trues, preds):
+        self.m[trues, preds] += 1
+''', "gp.py": '''import torch
+
+
+def init_seeds(seed):
+    torch.manual_seed(seed)
+
+
+def gradient_penalty(D, real, fake):
+    alpha = torch.rand(real.size(0), 1)
+    x = (alpha * real + (1 - alpha) * fake).requires_grad_(True)
+    g = torch.autograd.grad(D(x).sum(), x, create_graph=True)[0]
+    return ((g.norm(2, dim=1) - 1) ** 2).mean()
+''', "main.py": '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from gp import gradient_penalty, init_seeds
+from meters import Evaluator
+
+init_seeds(0)
+G = nn.Linear(4, 8)
+D = nn.Linear(8, 1)
+oD = torch.optim.Adam(D.parameters())
+evaluator = Evaluator(2)
+for (real,) in DataLoader(TensorDataset(torch.randn(32, 8)), batch_size=8):
+    fake = G(torch.randn(real.size(0), 4))
+    out = D(real)
+    lossD = D(fake.detach()).mean() - out.mean() + 10 * gradient_penalty(D, real, fake.detach())
+    oD.zero_grad()
+    lossD.backward()
+    oD.step()
+    evaluator.update(real.argmax(1).numpy(), out.argmax(1).numpy())
+print(evaluator.m)
+'''})
+    assert "alpha = torch.rand(real.size(0), 1, generator=ddpkit.rank_generator())" in done["gp.py"].text, \
+        done["gp.py"].text
+    assert any(k.what.startswith("evaluator is fed each training batch") for k in done["main.py"].kept), \
+        done["main.py"].kept
+
+
+def test_images_saved_in_a_loop_of_a_helper_called_after_training_are_rank_0s():
+    """MahyadSaedpanah/GAN: ``save_image_grid(fake, ...)`` after the epochs saves each generated image in a loop
+    (``transforms.ToPILImage()(img).save(...)``): every rank wrote them (a save in a loop was taken for a data
+    preparation's)."""
+    text = plan('''import os
+import torch
+import torchvision.transforms as transforms
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def save_image_grid(images, folder):
+    for i, img in enumerate(images):
+        img = transforms.ToPILImage()(img)
+        img.save(os.path.join(folder, f"fake_{i}.png"))
+
+
+G = torch.nn.Linear(2, 64)
+opt = torch.optim.Adam(G.parameters(), lr=1e-3)
+for (x,) in DataLoader(TensorDataset(torch.rand(32, 64)), batch_size=8, shuffle=True):
+    loss = (G(torch.randn(x.size(0), 2)) - x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+with torch.no_grad():
+    save_image_grid(G(torch.randn(4, 2)).view(4, 1, 8, 8), "out")
+''').text
+    assert "        if ddpkit.init().is_main:\n            img.save(os.path.join(folder" in text, text

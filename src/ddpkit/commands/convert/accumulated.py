@@ -22,7 +22,7 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.commands.convert.names import dotted, names_in
-from ddpkit.commands.convert.scan import Loop
+from ddpkit.commands.convert.scan import Loop, imported_from
 
 _Work = Any  # the plan in the making (plan._Work)
 
@@ -31,7 +31,9 @@ def accumulated(work: _Work, loop: Loop) -> None:
     """Say, at its first read below ``loop``, each object of the script's own class the loop feeds its batches'
     results (see the module)."""
     facts = work.facts
-    classes = {s.cls for s in facts.scopes.values() if s.cls}
+    # (the script's classes, and those it imports from a module of the project: a recipe's ``utils.Evaluator``)
+    classes = {s.cls for s in facts.scopes.values() if s.cls} | {
+        name for name, _, _, _ in facts.reads if name[:1].isupper() and imported_from(facts, name) is not None}
     made = {b.target: b for b in facts.bindings if b.scope is loop.scope and b.line < loop.line and
             isinstance(b.value, cst.Call) and dotted(b.value.func) in classes and
             not (dotted(b.value.func) or "").endswith("Meter")}  # (a meter's mean: listmeans.py reduces it)

@@ -50,14 +50,15 @@ def seeded_noise(work: _Work) -> None:
     seed = next((c for c in work.facts.calls if resolve(dotted(c.node.func), aliases) in SEEDS), None)
     where = f"line {seed.line}" if seed is not None else _seeded_by_import(work)
     models = {b.target for b in work.models} | _imported_models(work)
-    if where is None or not models and not work.crossing.seeded:
+    penalties = _penalties(work)
+    if where is None or not models and not work.crossing.seeded and not penalties:
         return
     done: set[int] = set()
     for loop in (lp for lp in work.facts.loops if flow.trains(work.facts, lp)):
         # (a module's training function called with the models, seeded by the script that calls it: its params)
         handed = set(loop.scope.params) if work.crossing.seeded else set()
         _draws_fed(work, loop.calls, models | handed, done, where)
-    for scope in _penalties(work):  # a gradient penalty's interpolation weights, drawn in a helper of its own
+    for scope in penalties:  # a gradient penalty's interpolation weights, drawn in a helper of its own
         _draws_fed(work, [c for c in work.facts.calls if c.scope is scope], set(scope.params) | models, done, where)
 
 

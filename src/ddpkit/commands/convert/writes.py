@@ -356,10 +356,18 @@ def _saved_object(work: _Work, call: Call) -> str | None:
     if isinstance(made, cst.Call) and isinstance(made.func, cst.Call):  # ``transforms.ToPILImage()(img)``
         made = made.func
     maker = resolve(dotted(made.func), work.facts.aliases) if isinstance(made, cst.Call) else None
-    if call.loops and not (maker or "").startswith("matplotlib.animation."):
+    if call.loops and not (maker or "").startswith("matplotlib.animation.") and not _after_training(work, call):
         return None  # (an image in a loop: a preparation writing a folder the ranks then read, each its own copy)
     return next((what for key, what in SAVED.items() if maker and (maker == key or key.endswith(".") and
                                                                    maker.startswith(key))), None)
+
+
+def _after_training(work: _Work, call: Call) -> bool:
+    """``call`` is in a function called below a training loop (a GAN's ``save_image_grid(fake, ...)`` after the
+    epochs, saving each generated image in a loop): the samples of the trained model, not a preparation."""
+    sites = flow.callers(work.facts, call.scope) if call.scope.name else []
+    return any(lp.scope is site.scope and lp.end < site.line and flow.trains(work.facts, lp)
+               for site in sites for lp in work.facts.loops)
 
 
 def _with_blocks(module: cst.Module) -> list[cst.With]:
