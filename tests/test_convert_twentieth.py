@@ -498,3 +498,52 @@ with torch.no_grad():
     save_image_grid(G(torch.randn(4, 2)).view(4, 1, 8, 8), "out")
 ''').text
     assert "        if ddpkit.init().is_main:\n            img.save(os.path.join(folder" in text, text
+
+
+@pytest.mark.parametrize("call", ["step(*batch, True)", "step(*batch, **opts)", "step(batch[0])"])
+def test_a_training_loop_whose_helper_steps_under_a_flag_stays_one_when_the_flag_cannot_be_told(call):
+    """Review 30: ``step(*batch, True)`` and ``step(x, y, **opts)`` were read as leaving ``train`` at its default
+    False, and a helper that trains through ``d_step(...)`` beside its flagged backward as switched off: the
+    training loop became an evaluation (no_grad, a whole loader), and the launch crashed."""
+    text = plan(f'''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+G = torch.nn.Linear(4, 4)
+D = torch.nn.Linear(4, 1)
+oG = torch.optim.SGD(G.parameters(), lr=0.1)
+oD = torch.optim.SGD(D.parameters(), lr=0.1)
+opts = {{"train": True}}
+
+
+def d_step(real):
+    loss = D(G(torch.randn_like(real)).detach()).mean() - D(real).mean()
+    oD.zero_grad()
+    loss.backward()
+    oD.step()
+
+
+def step(real, y=None, train=False):
+    {"d_step(real)" if call == "step(batch[0])" else "pass"}
+    loss = -D(G(torch.randn_like(real))).mean()
+    if train:
+        oG.zero_grad()
+        loss.backward()
+        oG.step()
+
+
+loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 4)), batch_size=8, shuffle=True)
+for batch in loader:
+    {call}
+''').text
+    assert "ddpkit.data_loader(TensorDataset(torch.randn(64, 4), torch.randn(64, 4)), global_batch_size=8" in text \
+        and "shuffle=True, train=False" not in text and "no_grad" not in text, text
+
+
+def test_a_seed_set_by_a_utils_helper_the_main_script_calls_reaches_the_training_module():
+    """Review 30: main.py calls ``utils.seed_all(0)``, then ``gan.train_gan(...)``: gan.py and utils.py import
+    neither each other, and the noise gan.py draws stayed alike on every rank."""
+    done = _settled({"utils.py": "import torch\n\n\ndef seed_all(seed):\n    torch.manual_seed(seed)\n",
+                     "gan.py": LOOP, "main.py": SEEDING_MAIN.replace("torch.manual_seed(999)", "seed_all(999)")
+                     .replace("from loop import train_gan", "from loop import train_gan\nfrom utils import seed_all")
+                     .replace("from loop", "from gan")})
+    assert "generator=ddpkit.rank_generator()" in done["gan.py"].text, done["gan.py"].text

@@ -25,6 +25,9 @@ from ddpkit.commands.convert.names import dotted, names_in
 from ddpkit.commands.convert.scan import Loop, imported_from
 
 _Work = Any  # the plan in the making (plan._Work)
+# objects that record, time or follow the step rather than add up its samples (a meter's mean: listmeans.py reduces
+# it; a logger's loss has its own line; a timer, an EMA, an early stopper hold no samples: review 29, 30)
+KEEPERS = ("meter", "log", "timer", "clock", "writer", "monitor", "record", "saver", "stop", "ema", "average")
 
 
 def accumulated(work: _Work, loop: Loop) -> None:
@@ -36,7 +39,7 @@ def accumulated(work: _Work, loop: Loop) -> None:
         name for name, _, _, _ in facts.reads if name[:1].isupper() and imported_from(facts, name) is not None}
     made = {b.target: b for b in facts.bindings if b.scope is loop.scope and b.line < loop.line and
             isinstance(b.value, cst.Call) and dotted(b.value.func) in classes and
-            not (dotted(b.value.func) or "").endswith("Meter")}  # (a meter's mean: listmeans.py reduces it)
+            not any(word in (dotted(b.value.func) or "").lower() for word in KEEPERS)}
     # (what the step computes from its batch, ``out`` of ``out = model(x)``: not a step counter or the model, an
     # EMA's ``ema.update(model, i)``, nor the batch alone, a timer's ``timer.tick(x)``; review 29)
     computed = {b.target for b in facts.bindings if loop.line < b.line <= loop.end and b.value is not None}

@@ -115,7 +115,9 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
     uses = {rel: set(filter(None, map(module_file_of, imported(rel, sources[rel])))) for rel in sources}
     twice = next((rel for rel, source in sources.items() if "create_graph=True" in source), "")
     for rel in files:
-        linked = [s for s in seeding if s != rel and (rel in uses[s] or s in uses[rel])]
+        # (or both imported by one module: main.py calls utils.seed_all(0), then gan.py's training; review 30)
+        linked = [s for s in seeding if s != rel and (rel in uses[s] or s in uses[rel] or
+                                                      any(rel in used and s in used for used in uses.values()))]
         seeded = frozenset(s[:-3].replace("/", ".") for s in linked) if "rand" in sources[rel] else frozenset()
         told = twice if twice != rel and "prepare_model" in getattr(plans[rel], "text", "") else ""
         if seeded or told:

@@ -44,7 +44,7 @@ def switched_off(facts: Facts, site: Call, scope: Scope, skip: int) -> bool:
     parameter ``flag`` that ``site`` passes as ``False`` (or leaves at a default of False), or each is in its
     ``else`` and ``site`` passes ``True`` (``if evaluate: ... else: loss.backward()``)."""
     backwards = [c for c in facts.calls if c.scope is scope and c.last == "backward"]
-    if not backwards:
+    if not backwards or any(a.star for a in site.node.args):  # (``step(*batch, True)``: what lands where, unknown)
         return False
     for flag, off in _guarding(scope, backwards):
         passed = argument_for(site, flag, scope, skip)

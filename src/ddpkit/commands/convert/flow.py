@@ -307,10 +307,20 @@ def trains(facts: Facts, loop: Loop, depth: int = 0) -> bool:
             return True
         target = callee(facts, call) if depth < DEPTH else None
         # (not a helper whose step this call switches off: ``network_pass(..., train=False)``, a/s06)
-        if target is not None and scope_trains(facts, target[0], depth + 1) and \
-                not switched_off(facts, call, target[0], target[1]):
+        if target is not None and scope_trains(facts, target[0], depth + 1) and not step_off(facts, call, depth):
             return True
     return False
+
+
+def step_off(facts: Facts, call: Call, depth: int = 0) -> bool:
+    """``call`` runs a helper of the script with its every backward switched off (:func:`.flagged.switched_off`)
+    and no function it calls training (review 30: ``d_step(real)`` beside ``if update_g: loss.backward()``)."""
+    target = callee(facts, call)
+    if target is None or not switched_off(facts, call, target[0], target[1]):
+        return False
+    inner = [c for c in facts.calls if c.scope is target[0]]
+    return not any((t := callee(facts, c)) is not None and t[0] is not target[0] and
+                   scope_trains(facts, t[0], depth + 1) for c in inner if depth < DEPTH)
 
 
 def called_from_loop(facts: Facts, scope: Scope, accept: Callable[[Loop], bool] = lambda loop: True,

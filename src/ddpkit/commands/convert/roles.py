@@ -16,8 +16,7 @@ import re
 import libcst as cst
 import libcst.matchers as m
 
-from ddpkit.commands.convert.flagged import switched_off
-from ddpkit.commands.convert.flow import callee, callers, trains
+from ddpkit.commands.convert.flow import callers, step_off, trains
 from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop
 
 
@@ -31,7 +30,7 @@ def evaluates(facts: Facts, loop: Loop) -> bool:
     sites = callers(facts, loop.scope) if loop.scope.name else []
     stepped = any(id(c.node) in facts.eval_steps for c in loop.calls)  # (another module's evaluation step)
     # (a helper of the script's whose step this call switches off: ``network_pass(net, x, y, crit)``, train=False)
-    off = any((t := callee(facts, c)) is not None and switched_off(facts, c, t[0], t[1]) for c in loop.calls)
+    off = any(step_off(facts, c) for c in loop.calls)
     if loop.no_grad or sites and all(c.no_grad for c in sites) or stepped or off:
         return True
     return any(c.scope is loop.scope and c.last == "eval" and not c.node.args and c.line <= loop.line
