@@ -172,12 +172,12 @@ def _returned_by_import(facts: Facts, name: str, loop: Loop) -> list[tuple[str, 
 
     >>> from ddpkit.commands.convert.scan import parse, scan
     >>> facts = scan(parse("from data import get\\ntr, te = get(8)\\nfor x in tr:\\n    pass\\n"))
-    >>> _returned_by_import(facts, "tr", facts.loops[0])
-    [('data', 'get()[0]')]
+    >>> _returned_by_import(facts, "tr", facts.loops[0])  # (``8``: passed, not a string; bysplit.literals)
+    [('data', 'get()[0]@[["#0", null]]')]
     >>> facts = scan(parse("import data\\nif a:\\n    tr, s = data.one(8)\\nelse:\\n    tr, s = data.two(8)\\n"
     ...                    "for x in tr:\\n    pass\\n"))
     >>> _returned_by_import(facts, "tr", facts.loops[0])
-    [('data', 'one()[0]'), ('data', 'two()[0]')]
+    [('data', 'one()[0]@[["#0", null]]'), ('data', 'two()[0]@[["#0", null]]')]
     """
     binding = _source(facts, name, loop)
     if binding is None or origin_of(facts, binding) is None:  # what the loop reads is no such call
