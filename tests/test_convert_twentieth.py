@@ -547,3 +547,70 @@ def test_a_seed_set_by_a_utils_helper_the_main_script_calls_reaches_the_training
                      .replace("from loop import train_gan", "from loop import train_gan\nfrom utils import seed_all")
                      .replace("from loop", "from gan")})
     assert "generator=ddpkit.rank_generator()" in done["gan.py"].text, done["gan.py"].text
+
+
+def test_a_loss_rebound_to_the_epochs_mean_and_printed_is_not_said_to_be_the_steps():
+    """WKUAILAB's lesson: ``loss = running_loss / n_batch`` after the inner loop (its sum reduced), then printed in
+    the epoch loop: it was said to be "the step's loss: this rank's" (false: every rank's mean)."""
+    done = plan('''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,))), batch_size=16, shuffle=True)
+net = nn.Linear(4, 2)
+criterion = nn.CrossEntropyLoss()
+optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+for epoch in range(2):
+    running_loss = 0.0
+    n_batch = len(loader)
+    for inputs, labels in loader:
+        optimizer.zero_grad()
+        loss = criterion(net(inputs), labels)
+        loss.backward()
+        optimizer.step()
+        running_loss += loss.item()
+    loss = running_loss / n_batch
+    print(f"loss: {loss:.3f}, epoch: {epoch}")
+''')
+    assert not any("the step's loss" in k.what for k in done.kept), done.kept
+    assert "running_loss = ddpkit.reduce(running_loss, op='mean')" in done.text, done.text
+
+
+@pytest.mark.parametrize("where", ["here", "utils.py"])
+def test_only_the_model_a_penalty_helper_is_handed_is_prepared_without_syncbatchnorm(where):
+    """Lornatang/WassersteinGAN_GP-PyTorch: ``calculate_gradient_penalty(self.discriminator, real, fake)`` of
+    another module differentiates the critic twice; the generator, never differentiated twice, was prepared with
+    ``sync_batchnorm=False`` too (its BatchNorm then normalised each rank's half: not what one process does)."""
+    helper = '''def penalty(D, real, fake):
+    alpha = torch.rand(real.size(0), 1)
+    x = (alpha * real + (1 - alpha) * fake).requires_grad_(True)
+    g = torch.autograd.grad(D(x).sum(), x, create_graph=True)[0]
+    return ((g.norm(2, dim=1) - 1) ** 2).mean()
+'''
+    main = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+{imports}
+G = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8))
+D = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 1))
+oG = torch.optim.Adam(G.parameters())
+oD = torch.optim.Adam(D.parameters())
+for (real,) in DataLoader(TensorDataset(torch.randn(32, 8)), batch_size=8):
+    fake = G(torch.randn(real.size(0), 4))
+    lossD = D(fake.detach()).mean() - D(real).mean() + 10 * penalty(D, real, fake.detach())
+    oD.zero_grad()
+    lossD.backward()
+    oD.step()
+    lossG = -D(fake).mean()
+    oG.zero_grad()
+    lossG.backward()
+    oG.step()
+'''
+    if where == "here":
+        text = plan(main.format(imports="\n\n" + helper)).text
+    else:
+        text = _settled({"utils.py": "import torch\n\n\n" + helper,
+                         "main.py": main.format(imports="from utils import penalty\n")})["main.py"].text
+    assert "D = ddpkit.prepare_model(nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 1)), " \
+        "sync_batchnorm=False)" in text, text
+    assert "G = ddpkit.prepare_model(nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8)))" in text, text

@@ -26,6 +26,7 @@ import libcst.matchers as m
 from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.apply import keyword_on_wraps
 from ddpkit.commands.convert.names import dotted, names_in, resolve
+from ddpkit.commands.convert.scan import imported_from
 
 _Work = Any  # the plan in the making (plan._Work): facts, models, keep
 
@@ -43,16 +44,27 @@ def differentiated_twice(work: _Work) -> set[str]:
         loop = next((lp for lp in reversed(call.loops) if flow.trains(work.facts, lp)), None)
         outputs = next((a.value for a in call.node.args if a.keyword is None or a.keyword.value == "outputs"), None)
         reached = _models_under(work, loop, outputs, models) if loop is not None and outputs is not None else set()
-        for model in reached or models:  # (not told apart: every model of the file)
+        # (a helper of the file's, ``gradient_penalty(D, real, fake)``: the models its callers hand it)
+        handed = _handed(work, lambda c, scope=call.scope: (flow.callee(work.facts, c) or (None,))[0] is scope,
+                         models) if loop is None and call.scope.name else set()
+        for model in reached or handed or models:  # (not told apart: every model of the file)
             found.setdefault(model, call.line)
     if not grads and work.crossing.twice:
-        found = {model: next(b.line for b in work.models if b.target == model) for model in models}
+        module = work.crossing.twice[:-3].replace("/", ".")
+        handed = _handed(work, lambda c: (imported_from(work.facts, dotted(c.node.func) or "") or ("",))[0] == module,
+                         models)  # (the critic handed to the penalty of another module: b/s01's ``calc_gp(D, ...)``)
+        found = {model: next(b.line for b in work.models if b.target == model) for model in handed or models}
     for model, line in sorted(found.items()):
         where = "here" if grads else f"in {work.crossing.twice}"
         work.keep(line, f"{model} is prepared with sync_batchnorm=False: a model's output is differentiated twice "
                   f"{where} (create_graph=True), which SyncBatchNorm does not support", "its BatchNorm layers, if "
                   "any, keep statistics over each rank's part of the batch (B/N), not the global batch's")
     return set(found)
+
+
+def _handed(work: _Work, picks: Any, models: set[str]) -> set[str]:
+    """The models the calls ``picks`` accepts pass as an argument (by name)."""
+    return {n for c in work.facts.calls if picks(c) for a in c.node.args if (n := dotted(a.value)) in models}
 
 
 def _models_under(work: _Work, loop: Any, node: cst.BaseExpression, models: set[str]) -> set[str]:
