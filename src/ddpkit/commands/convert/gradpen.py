@@ -36,9 +36,7 @@ def differentiated_twice(work: _Work) -> set[str]:
     ``torch.autograd.grad`` reaches; every prepared model of the file where the grad is taken elsewhere (a helper
     handed the critic, a trainer class of another module of the project: ``crossing.twice``). Said once each."""
     models = {b.target for b in work.models}
-    grads = [c for c in work.facts.calls if resolve(dotted(c.node.func), work.facts.aliases) == "torch.autograd.grad"
-             and any(a.keyword is not None and a.keyword.value == "create_graph" and
-                     not (isinstance(a.value, cst.Name) and a.value.value == "False") for a in c.node.args)]
+    grads = double_grads(work.facts)
     found: dict[str, int] = {}
     for call in grads:
         loop = next((lp for lp in reversed(call.loops) if flow.trains(work.facts, lp)), None)
@@ -60,6 +58,14 @@ def differentiated_twice(work: _Work) -> set[str]:
                   f"{where} (create_graph=True), which SyncBatchNorm does not support", "its BatchNorm layers, if "
                   "any, keep statistics over each rank's part of the batch (B/N), not the global batch's")
     return set(found)
+
+
+def double_grads(facts: Any) -> list[Any]:
+    """The ``torch.autograd.grad(..., create_graph=True)`` calls (not ``create_graph=False``): a gradient that a
+    backward goes through again (a gradient penalty)."""
+    return [c for c in facts.calls if resolve(dotted(c.node.func), facts.aliases) == "torch.autograd.grad"
+            and any(a.keyword is not None and a.keyword.value == "create_graph" and
+                    not (isinstance(a.value, cst.Name) and a.value.value == "False") for a in c.node.args)]
 
 
 def _handed(work: _Work, picks: Any, models: set[str]) -> set[str]:

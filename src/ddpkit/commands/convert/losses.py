@@ -134,17 +134,17 @@ def step_loss_shown(work: _Work) -> None:
                    names_in(b.value) <= losses}  # (a GAN's ``loss_d = loss_real + loss_fake``)
         after = [c for c in work.facts.calls if c.scope is loop.scope and c.line > loop.end and
                  all(o.line <= c.line <= o.end for o in loop.outer)]  # (within the epoch loop around it)
+        backwards = [c.line for c in loop.calls if c.last == "backward"]
+        first, stepped = min(backwards, default=loop.end), max(backwards, default=loop.end)
         for shown in [*loop.calls, *after]:
             named = sorted({n for a in shown.node.args for n in names_in(a.value)} & losses - said)
             # (what the name holds there is the stepped loss, not one rebound below the step: review 29, b/s02's
             # ``loss = running_loss / n_batch`` after the inner loop, then printed in the epoch loop)
-            stepped = max((c.line for c in loop.calls if c.last == "backward"), default=loop.end)
             named = [n for n in named if (b := flow.binding_of(work.facts, n, loop.scope, shown.line)) is not None
                      and b.line <= stepped]
             # (or kept after the loop, once an epoch: a/s02's ``losses.append(loss.item())``, then written)
             kept = shown.last == "append" and shown.line > loop.end
-            if (shown.last in SHOWN or kept) and named and \
-                    shown.line > min(c.line for c in loop.calls if c.last == "backward"):
+            if (shown.last in SHOWN or kept) and named and shown.line > first:
                 said.update(named)
                 work.keep(shown.line, f"{shown.last}(...) {'keeps' if kept else 'shows'} {', '.join(named)}, "
                           "the step's loss" +

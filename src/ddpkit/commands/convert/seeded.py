@@ -28,6 +28,7 @@ import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.apply import add_keyword
+from ddpkit.commands.convert.gradpen import double_grads
 from ddpkit.commands.convert.names import dotted, names_in, resolve
 from ddpkit.commands.convert.scan import imported_from
 
@@ -85,10 +86,8 @@ def _draws_fed(work: _Work, calls: list[Any], models: set[str], done: set[int], 
 
 def _penalties(work: _Work) -> list[Any]:
     """The functions that differentiate a model's output with respect to its input (``torch.autograd.grad(...,
-    create_graph=True)``: a WGAN-GP's gradient penalty), where a training step calls them."""
-    return [c.scope for c in work.facts.calls if c.scope.name and
-            resolve(dotted(c.node.func), work.facts.aliases) == "torch.autograd.grad" and
-            any(a.keyword is not None and a.keyword.value == "create_graph" for a in c.node.args)]
+    create_graph=True)``: a WGAN-GP's gradient penalty, :func:`.gradpen.double_grads`)."""
+    return [c.scope for c in double_grads(work.facts) if c.scope.name]
 
 
 def _own_generator(work: _Work, draw: Any, fed: str, seeded: str) -> None:
@@ -136,8 +135,8 @@ def _seeded_by_import(work: _Work) -> str | None:
     """``in config.py``: a module of the project this file imports from seeds torch's generator (a DCGAN's
     ``from config import *`` whose config.py calls ``torch.manual_seed(0)`` at import); None otherwise."""
     found = sorted(_imported_modules(work) & set(work.crossing.seeded)) or sorted(work.crossing.seeded)
-    # (or any module of the project: the main script's ``torch.manual_seed(999)`` seeds the one generator of the
-    # process before it calls the training function of the module it imports, a/s01 of the twentieth set)
+    # (or a seeding module that imports this one, or shares an importer with it (crossing.py): the main script's
+    # ``torch.manual_seed(999)`` seeds the process's generator before it calls this module's training function)
     return f"in {found[0].replace('.', '/')}.py" if found else None
 
 
