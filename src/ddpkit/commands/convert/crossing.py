@@ -76,6 +76,8 @@ class Crossing:
     others: tuple[frozenset[str], ...] | None = None  # each other file's names (one that names two functions)
     seeded: frozenset[str] = frozenset()  # the project's modules that seed torch's generator (:mod:`.seeded`)
     twice: str = ""  # a file of the project that differentiates a model's output twice (:mod:`.gradpen`)
+    # the project's functions that return ddpkit's device once converted (``utils.get_device``: plan.Plan.devices)
+    devices: frozenset[str] = frozenset()
 
 
 def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
@@ -114,14 +116,19 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
     seeding = {rel for rel, source in sources.items() if SEEDING.search(source)}
     uses = {rel: set(filter(None, map(module_file_of, imported(rel, sources[rel])))) for rel in sources}
     twice = next((rel for rel, source in sources.items() if "create_graph=True" in source), "")
+    devices = {rel: frozenset(f"{rel[:-3].replace('/', '.')}.{f}" for f in getattr(result, "devices", ()))
+               for rel, result in plans.items()}
     for rel in files:
         # (or both imported by one module: main.py calls utils.seed_all(0), then gan.py's training; review 30)
         linked = [s for s in seeding if s != rel and (rel in uses[s] or s in uses[rel] or
                                                       any(rel in used and s in used for used in uses.values()))]
         seeded = frozenset(s[:-3].replace("/", ".") for s in linked) if "rand" in sources[rel] else frozenset()
         told = twice if twice != rel and "prepare_model" in getattr(plans[rel], "text", "") else ""
-        if seeded or told:
-            base[rel] = dataclasses.replace(base[rel], seeded=seeded, twice=told)
+        # (``device = utils.get_device()``, which utils.py's conversion makes ddpkit's: not refused as unread)
+        returning = frozenset().union(*(d for other, d in devices.items() if other != rel)) \
+            if getattr(plans[rel], "left", None) else frozenset()
+        if seeded or told or returning:
+            base[rel] = dataclasses.replace(base[rel], seeded=seeded, twice=told, devices=returning)
             plans[rel] = convert(rel, base[rel])
 
     for rel, result in plans.items():  # a module another file imports: its ``if __name__ == "__main__"`` is a demo

@@ -387,3 +387,12 @@ def _chosen(work: _Work, node: cst.If, tests: list[cst.BaseExpression], picks: l
               "process group and gives each rank its own device; every path needs the state, not one branch",
               picks[0].line)
     return picks
+
+
+def returning(work: _Work) -> frozenset[str]:
+    """The module-level functions that return a device set-up converted here (``def get_device(): if
+    torch.cuda.is_available(): ... return device``): another module's ``device = utils.get_device()`` is then
+    ddpkit's device (crossing.devices)."""
+    return frozenset(scope.name for scope, value in work.facts.returns if scope.name and "." not in scope.name and
+                     any(d.target == dotted(value) and d.scope is scope for d in work.devices))
+

@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import libcst as cst
 import libcst.matchers as m
@@ -159,37 +160,50 @@ def loops_reading(facts: Facts, name: str, scope: Scope, depth: int = 0, since: 
     (``self.train_loader``) every read of that attribute on another object (``data.train_loader``). With
     ``since``, one binding of ``name``: only the reads in ``scope`` it reaches (a script that rebinds
     ``train_loader`` to an unshuffled one to plot its predictions has two loaders of two roles)."""
+    return reading(facts, name, scope, _loops, depth, since)
+
+
+Pick = Callable[[Facts, str, Scope, Callable[[Scope, int], bool]], list[Any]]
+
+
+def _loops(facts: Facts, name: str, scope: Scope, reached: Callable[[Scope, int], bool]) -> list[Any]:
+    found = [loop for loop in facts.loops if name in loop.iter_names and visible(facts, name, scope, loop.scope)
+             and reached(loop.scope, loop.line)]
+    return found + [call.loops[-1] for call in facts.calls if call.name == "next" and call.loops and call.node.args
+                    and dotted(call.node.args[0].value) == name and visible(facts, name, scope, call.scope)
+                    and reached(call.scope, call.line)]
+
+
+def reading(facts: Facts, name: str, scope: Scope, pick: Pick, depth: int = 0, since: Binding | None = None) -> \
+        list[Any]:
+    """What ``pick`` finds reading ``name`` (bound in ``scope``) where the value goes (:func:`loops_reading`'s
+    ways); ``pick(facts, name, scope, reached)`` gives the readers of one name, ``reached(scope, line)`` saying
+    whether ``since`` reaches a line."""
     if depth >= DEPTH:
         return []
     window = _reach(facts, since) if since is not None else None
 
     def reached(where: Scope, line: int) -> bool:
         return window is None or where is not scope or window[0] <= line < window[1]
-    found = [loop for loop in facts.loops if name in loop.iter_names and visible(facts, name, scope, loop.scope)
-             and reached(loop.scope, loop.line)]
+    found = pick(facts, name, scope, reached)
     for other, where in attribute_reads(facts, name, scope) if depth == 0 else ():
-        found += loops_reading(facts, other, where, depth + 1)
+        found += reading(facts, other, where, pick, depth + 1)
     for call in facts.calls:
-        if not visible(facts, name, scope, call.scope) or not reached(call.scope, call.line):
-            continue
-        if call.name == "next" and call.node.args and dotted(call.node.args[0].value) == name and call.loops:
-            found.append(call.loops[-1])
-        target = callee(facts, call)
-        if target is None:
-            continue
-        for param in target[0].params:
-            arg = argument_for(call, param, target[0], target[1])
+        target = callee(facts, call) if visible(facts, name, scope, call.scope) and reached(call.scope, call.line) \
+            else None
+        for param in target[0].params if target is not None else ():
+            arg = argument_for(call, param, target[0], target[1])  # type: ignore[index]
             if arg is not None and name in names_in(arg):
-                found += loops_reading(facts, param, target[0], depth + 1)
+                found += reading(facts, param, target[0], pick, depth + 1)  # type: ignore[index]
     for returned_by, value in facts.returns:  # ``return train_dl, test_dl``: where the caller binds them
         if returned_by is scope:
-            found += _returned(facts, name, scope, value, depth)
+            found += _returned(facts, name, scope, value, depth, pick)
     for b in facts.bindings:  # ``self.loader = loader``, ``it = iter(loader)``, ``bar = tqdm(loader)``
         if b.value is not None and b.target != name and visible(facts, name, scope, b.scope) \
                 and name in names_in(b.value) and _passes_items(b.value) and reached(b.scope, b.line) \
                 and not _returns_other(facts, b.value):
-            found += loops_reading(facts, b.target, b.scope, depth + 1)
-    unique: dict[int, Loop] = {id(loop): loop for loop in found}
+            found += reading(facts, b.target, b.scope, pick, depth + 1)
+    unique: dict[int, Any] = {id(item): item for item in found}
     return list(unique.values())
 
 
@@ -263,7 +277,7 @@ def attribute_reads(facts: Facts, name: str, scope: Scope) -> list[tuple[str, Sc
     return list(found.values())
 
 
-def _returned(facts: Facts, name: str, scope: Scope, value: cst.BaseExpression, depth: int) -> list[Loop]:
+def _returned(facts: Facts, name: str, scope: Scope, value: cst.BaseExpression, depth: int, pick: Pick) -> list[Any]:
     elements = unpacked(value)
     indexes = [i for i, e in enumerate(elements) if dotted(e) == name]
     if not indexes:
@@ -276,7 +290,7 @@ def _returned(facts: Facts, name: str, scope: Scope, value: cst.BaseExpression, 
             continue
         for b in facts.bindings:
             if b.whole is call.node and b.index == index:
-                found += loops_reading(facts, b.target, b.scope, depth + 1)
+                found += reading(facts, b.target, b.scope, pick, depth + 1)
     return found
 
 

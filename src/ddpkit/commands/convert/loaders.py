@@ -295,6 +295,10 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
                    "(ddpkit convert --imports SCRIPT, or a folder), or make it ddpkit.data_loader(dataset, "
                    "global_batch_size=B) yourself if that loop trains")
         return False
+    comprehended = loaderuse.comprehensions_reading(work.facts, returned or ([binding] if binding else [])) \
+        if role is None and not loops else []
+    if comprehended:  # ``sum(f(x) for x, y in test_loader)``: read whole there, whatever its shuffle says
+        return _comprehended(work, call, comprehended)
     if role is None and not loops and binding is not None and drawn.drawn_once(work, binding):
         work.keep(call.line, f"a DataLoader drawn from once (next(iter({binding.target})) outside any loop) left as "
                   "it is", "one batch taken before the loops (a fixed sample to show): no training step reads it")
@@ -332,6 +336,12 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
         if role == "train" else (None, frozenset[str]())
     if not reductions(work, loops, call, role == "train", batches, when):
         return False
+    shared = loaderuse.comprehensions_reading(work.facts, returned or ([binding] if binding else [])) \
+        if role == "train" else []
+    for line in sorted({line for line, trains in shared if not trains}):  # (review 30's D5: no loop to reduce)
+        work.leave(line, "a comprehension over a loader sharded for training: each rank reads its own shard there, "
+                   "so what it computes is this rank's share", "write it as a for loop over the loader (its sums are "
+                   "then reduced), or ddpkit.reduce what it computes")
     how = "training: each rank takes its own shard, reshuffled every epoch" if role == "train" else \
         "evaluation (train=False): each rank its part, no sample twice"
     starred = any(a.star == "**" for a in call.node.args)
@@ -368,6 +378,21 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
     work.note(f"DataLoader -> ddpkit.data_loader ({'training' if role == 'train' else 'train=False'})",
               how, call.line)
     return role == "train"
+
+def _comprehended(work: _Work, call: Call, comprehended: list[tuple[int, bool]]) -> bool:
+    """A loader read only by comprehensions: one that trains is refused (no loop to shard and reduce in); an
+    evaluation stays whole, each rank reading every batch (its sum is then the whole set's on every rank)."""
+    where = ", ".join(str(line) for line, _ in comprehended)
+    if any(trains for _, trains in comprehended):
+        work.leave(call.line, f"a DataLoader read by a comprehension that trains (line {where}): its batches "
+                   "cannot be shared out there", "write the training as a for loop over the loader, then convert "
+                   "again", blocks=True)
+        return True
+    work.keep(call.line, f"a DataLoader read only by a comprehension (line {where}) that does not train, left as "
+              "it is", "an evaluation (sum(f(x) for x in loader)): every rank evaluates the whole set, which is "
+              "right (to share the work: write it as a for loop, and convert again)")
+    return False
+
 
 def _same(node: cst.Call) -> cst.Call:
     return node

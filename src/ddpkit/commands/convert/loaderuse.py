@@ -20,7 +20,7 @@ from libcst import matchers as m
 from ddpkit.commands.convert import flow, trained
 from ddpkit.commands.convert.flow import callee, callers, loops_reading
 from ddpkit.commands.convert.names import dotted, resolve, unpacked
-from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, imported_from
+from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, Scope, imported_from
 
 _Work = Any  # the plan in the making (plan._Work)
 
@@ -203,3 +203,38 @@ def _returned(facts: Facts, node: cst.CSTNode, depth: int = 0) -> list[Binding] 
                 found += _returned(facts, site.node, depth + 1) or []
             return found
     return None
+
+
+def comprehensions_reading(facts: Facts, bindings: list[Binding]) -> list[tuple[int, bool]]:
+    """(line, it trains) of each comprehension that iterates the loader these bind, where its value goes (the ways
+    of :func:`~ddpkit.commands.convert.flow.loops_reading`): an evaluation written ``sum(f(x) for x, y in
+    test_loader)`` has no loop, yet reads the loader whole; one whose element runs a backward (itself or through
+    a helper of the script whose step it leaves on) trains.
+
+    >>> from ddpkit.commands.convert.scan import parse, scan
+    >>> facts = scan(parse("ld = f()\\ndef ev(d):\\n    return sum(g(x) for x in d)\\nprint(ev(ld))\\n"))
+    >>> comprehensions_reading(facts, [facts.bindings[0]])
+    [(3, False)]
+    """
+    comps = m.findall(facts.module, m.ListComp() | m.GeneratorExp() | m.SetComp() | m.DictComp())
+    held = {id(node): comp for comp in comps for clause in m.findall(comp, m.CompFor())
+            for node in [clause.iter, *m.findall(clause.iter, m.Name() | m.Attribute())]}  # type: ignore[attr-defined]
+
+    def pick(facts: Facts, name: str, scope: Scope, reached: Any) -> list[Any]:
+        if any(b.target == name and b.scope is scope and isinstance(b.value, cst.Call) and dotted(b.value.func) ==
+               "next" for b in facts.bindings):  # (``batch = next(it)``: one batch, its tensors comprehended)
+            return []
+        return [read for read in facts.reads if read[0] == name and id(read[3]) in held and
+                flow.visible(facts, name, scope, read[1]) and reached(read[1], read[2])]
+    found = [read for b in bindings for read in flow.reading(facts, b.target, b.scope, pick, since=b)]
+    return sorted({(read[2], _comprehension_trains(facts, held[id(read[3])])) for read in found})
+
+
+def _comprehension_trains(facts: Facts, comp: cst.CSTNode) -> bool:
+    inside = {id(node) for node in m.findall(comp, m.Call())}
+    for call in (c for c in facts.calls if id(c.node) in inside):
+        target = callee(facts, call)
+        if call.last == "backward" or id(call.node) in facts.steps or target is not None and \
+                flow.scope_trains(facts, target[0]) and not flow.step_off(facts, call):
+            return True
+    return False

@@ -276,6 +276,14 @@ def _returns_device(work: _Work, binding: Binding) -> bool:
     return bool(returned) and all(any(d.target == r and d.scope is target[0] for d in work.devices)
                                   for r in returned if target is not None)
 
+def _imported_device(work: _Work, binding: Binding) -> bool:
+    """``device = utils.get_device()``: a function of another module of the project whose returned device that
+    module's conversion makes ddpkit's (:attr:`.crossing.Crossing.devices`)."""
+    called = dotted(binding.value.func) if isinstance(binding.value, cst.Call) else None
+    origin = imported_from(work.facts, called) if called and work.crossing is not None else None
+    return origin is not None and f"{origin[0]}.{origin[1]}" in work.crossing.devices
+
+
 def _unread_device(work: _Work, nodes: list[cst.CSTNode], model: Binding) -> Binding | None:
     """The binding of a device the model is moved to (``.to(device)``) that the device rules did not
     convert: the data would still go there while prepare_model picks ddpkit's."""
@@ -286,7 +294,7 @@ def _unread_device(work: _Work, nodes: list[cst.CSTNode], model: Binding) -> Bin
                 found = binding_of(work.facts, name, model.scope, model.line) if name else None
                 if found is not None and found.value is not None and found not in work.devices and \
                         not (dotted(found.value) or "").endswith(".device") and not _returns_device(work, found) \
-                        and not _handed_in(work, found):
+                        and not _imported_device(work, found) and not _handed_in(work, found):
                     return found
             node = node.func.value
     return None

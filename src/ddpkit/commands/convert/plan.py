@@ -92,6 +92,8 @@ class Plan:
     asks: list[Ask] = dataclasses.field(default_factory=list)  # names another module of the project builds
     done: list[str] = dataclasses.field(default_factory=list)  # the names asked of this one, converted
     trains: bool = False  # a training DataLoader of this file became a ddpkit.data_loader
+    # this module's functions whose returned device became ddpkit's (``def get_device(): ... return device``)
+    devices: frozenset[str] = frozenset()
 
     @property
     def refused(self) -> bool:
@@ -133,7 +135,7 @@ def plan(source: str, per_process_batch: bool = False, crossing: Crossing | None
         _undone(work, source, single)
         text = source if any(left.blocks for left in work.left) else text
     return Plan(source, sorted(work.log, key=lambda e: e.line), sorted(work.left, key=lambda e: e.line), text,
-                sorted(work.kept, key=lambda e: e.line), work.asks, work.done, work.trains)
+                sorted(work.kept, key=lambda e: e.line), work.asks, work.done, work.trains, device.returning(work))
 
 
 def _undone(work: _Work, source: str, single: str) -> None:

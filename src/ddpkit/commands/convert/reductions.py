@@ -111,8 +111,10 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
         plans += [(summed_as_training, p) for p in plan or []]
         if not summed_as_training and call is not None:
             _last_shown(work, loop, {n for p in plan or [] for n in p[1]})
-        if summed_as_training and not plan:  # (PyHessian's bar: ``set_postfix(loss=train_loss / total)``)
-            _running_shown(work, loop, [n for n, _ in loop.augmented], after=False)
+        if summed_as_training:  # (PyHessian's bar: ``set_postfix(loss=train_loss / total)``; a step sum shown and
+            # reset each k steps beside an epoch sum reduced after the loop: tuguldurio's ``running_loss / k``)
+            reduced = {n for p in plan or [] for n in p[1]}
+            _running_shown(work, loop, [n for n, _ in loop.augmented if n not in reduced], after=False)
         if summed_as_training:
             _count_shown(work, loop)
             _shares(work, shares)

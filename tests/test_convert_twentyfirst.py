@@ -1,0 +1,201 @@
+"""What the twenty-first held-out set and its run-up showed ``ddpkit convert`` owes public scripts
+(docs/convert.md): each a case written in our own words after the pattern met."""
+import pytest
+
+pytest.importorskip("libcst")
+
+from ddpkit.commands.convert.plan import plan  # noqa: E402
+
+# an evaluation written as a generator expression, over a test loader that shuffles, in a helper the loaders'
+# factory feeds: no loop reads it, so its shuffle=True once made it a training loader (each rank half the set)
+GENEXP = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def load(batch_size):
+    ds = TensorDataset(torch.randn(120, 4), torch.randint(0, 2, (120,)))
+    test_ds = TensorDataset(torch.randn(20, 4), torch.randint(0, 2, (20,)))
+    train_loader = DataLoader(ds, batch_size=batch_size, shuffle=True)
+    test_loader = DataLoader(test_ds, batch_size=1, shuffle=True)
+    return train_loader, test_loader
+
+
+def step(net, x, y, crit, opt=None, train=False):
+    loss = crit(net(x), y)
+    if train:
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return loss
+
+
+def fit(net, loader, opt, crit):
+    for x, y in loader:
+        step(net, x, y, crit, opt=opt, train=True)
+
+
+def test(net, loader, crit):
+    with torch.no_grad():
+        total = sum(step(net, x, y, crit).item() for x, y in loader)
+    print("test loss", total / len(loader))
+
+
+net = nn.Linear(4, 2)
+opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+crit = nn.CrossEntropyLoss()
+train_loader, test_loader = load(10)
+fit(net, train_loader, opt, crit)
+test(net, test_loader, crit)
+'''
+
+
+def test_a_loader_read_only_by_a_generator_expression_stays_whole():
+    result = plan(GENEXP)
+    assert "test_loader = DataLoader(test_ds, batch_size=1, shuffle=True)" in result.text
+    assert "train_loader = ddpkit.data_loader(ds, global_batch_size=batch_size, shuffle=True)" in result.text
+    kept = [k for k in result.kept if k.line == 10]
+    assert kept and "comprehension (line 30)" in kept[0].what, result.kept
+    assert not [a for a in result.left if a.blocks], result.left
+
+
+def test_a_loader_a_comprehension_trains_on_is_refused():
+    source = GENEXP.replace("fit(net, train_loader, opt, crit)", "[step(net, x, y, crit, opt, True) for x, y in "
+                            "train_loader]")
+    left = [a for a in plan(source).left if a.line == 9]
+    assert left and left[0].blocks and "comprehension that trains" in left[0].what, left
+
+
+# one factory for both sets, the training call's shuffle an expression (so no split by it): the validation
+# loader is sharded with the training one, and its generator-expression evaluation counts this rank's share
+SHARED = '''import argparse
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--no-shuffle", action="store_true")
+args = parser.parse_args()
+train_ds = TensorDataset(torch.randn(64, 4), torch.randint(0, 3, (64,)))
+val_ds = TensorDataset(torch.randn(41, 4), torch.zeros(41, dtype=torch.long))
+
+
+def get_loader(ds, batch_size, shuffle=True):
+    return DataLoader(ds, batch_size=batch_size, shuffle=shuffle)
+
+
+train_loader = get_loader(train_ds, 16, shuffle=not args.no_shuffle)
+val_loader = get_loader(val_ds, 20, shuffle=False)
+net = torch.nn.Linear(4, 3)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+for x, y in train_loader:
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(net(x), y).backward()
+    opt.step()
+with torch.no_grad():
+    correct = sum((net(x).argmax(1) == y).sum().item() for x, y in val_loader)
+print(correct)
+'''
+
+
+def test_a_generator_expression_over_a_sharded_loader_is_said():
+    result = plan(SHARED)
+    assert "return ddpkit.data_loader(" in result.text
+    left = [a for a in result.left if a.line == 25]
+    assert left and not left[0].blocks and "this rank's share" in left[0].what, result.left
+
+
+def test_a_batch_taken_by_next_is_no_loader_in_a_comprehension():
+    source = ('import torch\nfrom torch.utils.data import DataLoader\nnet = torch.nn.Linear(4, 2)\n'
+              'opt = torch.optim.SGD(net.parameters(), lr=0.1)\nloader = DataLoader(ds, batch_size=4, shuffle=True)\n'
+              'it = iter(loader)\nfor _ in range(10):\n    batch = next(it)\n    x, y = [t.float() for t in batch]\n'
+              '    net(x).sum().backward()\n    opt.step()\n')
+    result = plan(source)
+    assert "ddpkit.data_loader(ds" in result.text
+    assert not [a for a in result.left if "comprehension" in a.what], result.left
+
+
+def _settled(files):
+    from ddpkit.commands.convert.crossing import settle
+    return settle(list(files), lambda rel, c: plan(files[rel], crossing=c))
+
+
+# a project's helper picks the device in an if / else and returns it; the entry moves its model there
+HELPERS = '''import torch
+
+
+def get_device():
+    if torch.cuda.is_available():
+        device = torch.device('cuda:0')
+    else:
+        device = torch.device('cpu')
+    return device
+'''
+ENTRY = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+import helpers
+
+
+def main():
+    device = helpers.get_device()
+    loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,))), batch_size=8, shuffle=True)
+    model = nn.Linear(4, 2).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x.to(device)), y.to(device)).backward()
+        opt.step()
+'''
+
+
+@pytest.mark.parametrize("imported", ["import helpers", "from helpers import get_device"])
+def test_a_device_a_project_helper_returns_is_read_as_ddpkit_s(imported):
+    entry = ENTRY if imported == "import helpers" else \
+        ENTRY.replace("import helpers", imported).replace("helpers.get_device()", "get_device()")
+    plans = _settled({"helpers.py": HELPERS, "main.py": entry})
+    assert "device = state.device" in plans["helpers.py"].text
+    assert not plans["main.py"].left, plans["main.py"].left
+    assert "model = ddpkit.prepare_model(nn.Linear(4, 2))" in plans["main.py"].text
+
+
+def test_a_device_helper_left_unconverted_is_still_refused():
+    helpers = "import torch\n\n\ndef get_device():\n    return torch.device(open('dev.txt').read())\n"
+    plans = _settled({"helpers.py": helpers, "main.py": ENTRY})
+    assert [a for a in plans["main.py"].left if a.blocks and "a form convert does not read" in a.what]
+
+
+# a CIFAR recipe's training function: an epoch sum reduced after the loop, and a step sum printed and reset every
+# k steps, which stays this rank's
+STEPS = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def train(model, loader, opt):
+    epoch_loss = 0.0
+    step_loss = 0.0
+    for i, (x, y) in enumerate(loader, 1):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        epoch_loss += loss.item() * x.size(0)
+        step_loss += loss.item()
+        if i % 2 == 0:
+            print('step {} loss: {:.4f}'.format(i, step_loss / 2))
+            step_loss = 0.0
+    return epoch_loss / len(loader.dataset)
+
+
+model = nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,))), batch_size=16)
+print(train(model, loader, opt))
+'''
+
+
+def test_a_step_sum_shown_beside_a_reduced_epoch_sum_is_said_rank_0_s():
+    result = plan(STEPS)
+    assert "epoch_loss = ddpkit.reduce(epoch_loss)" in result.text
+    kept = [k for k in result.kept if k.line == 17]
+    assert kept and "step_loss" in kept[0].what and "rank 0's" in kept[0].why, result.kept
