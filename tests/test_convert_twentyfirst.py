@@ -199,3 +199,66 @@ def test_a_step_sum_shown_beside_a_reduced_epoch_sum_is_said_rank_0_s():
     assert "epoch_loss = ddpkit.reduce(epoch_loss)" in result.text
     kept = [k for k in result.kept if k.line == 17]
     assert kept and "step_loss" in kept[0].what and "rank 0's" in kept[0].why, result.kept
+
+
+def test_a_src_layout_entry_converted_with_imports_names_the_package_module(tmp_path):
+    import sys
+
+    from conftest import run_cmd
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "src" / "cifar_pkg").mkdir(parents=True)
+    (tmp_path / "src" / "cifar_pkg" / "__init__.py").write_text("")
+    package = STEPS.replace("print(train(", "def main():\n    print(train(")
+    (tmp_path / "src" / "cifar_pkg" / "train.py").write_text(package)
+    (tmp_path / "scripts" / "train.py").write_text(
+        "from cifar_pkg.train import build_parser, train\n\n\ndef main():\n    args = build_parser().parse_args()\n"
+        "    train(args, resume=args.resume)\n\n\nif __name__ == '__main__':\n    main()\n")
+    done = run_cmd([sys.executable, "-m", "ddpkit", "convert", "--imports", "-o", tmp_path / "out",
+                    "scripts/train.py"], cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert "train() comes from cifar_pkg.train" in done.stderr
+    assert "ddpkit convert --imports src/cifar_pkg/train.py" in done.stderr
+
+
+# a GAN project: the discriminator's loss comes from another module's helper, unpacked with a score; the noise is
+# drawn in the call that hands the helper the model; the losses are kept step by step and saved
+GAN_LOSSES = '''import torch
+
+
+def d_loss_fn(netD, real, fake, criterion):
+    out_r = netD(real).view(-1)
+    out_f = netD(fake.detach()).view(-1)
+    loss = criterion(out_r, torch.ones_like(out_r)) + criterion(out_f, torch.zeros_like(out_f))
+    return loss, out_r.mean().item()
+'''
+GAN_MAIN = '''import numpy as np
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from losses import d_loss_fn
+
+torch.manual_seed(0)
+loader = DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=8, shuffle=True)
+netD = nn.Linear(4, 1)
+opt = torch.optim.Adam(netD.parameters(), lr=1e-3)
+crit = nn.BCEWithLogitsLoss()
+D_losses = []
+for (real,) in loader:
+    opt.zero_grad()
+    d_loss, score = d_loss_fn(netD, real, torch.randn(real.size(0), 4), crit)
+    d_loss.backward()
+    opt.step()
+    D_losses.append(d_loss.item())
+np.save("d_losses.npy", np.array(D_losses))
+'''
+
+
+def test_a_loss_list_from_another_module_s_helper_is_said_rank_0_s():
+    main = _settled({"losses.py": GAN_LOSSES, "main.py": GAN_MAIN})["main.py"]
+    kept = [k for k in main.kept if k.line == 18]
+    assert kept and "D_losses keeps this rank's loss" in kept[0].what, main.kept
+
+
+def test_noise_handed_to_a_helper_with_the_model_is_drawn_per_rank():
+    main = _settled({"losses.py": GAN_LOSSES, "main.py": GAN_MAIN})["main.py"]
+    assert "torch.randn(real.size(0), 4, generator=ddpkit.rank_generator())" in main.text

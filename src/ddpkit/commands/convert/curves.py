@@ -55,8 +55,10 @@ def curves(work: _Work, loop: Loop) -> set[str]:
         appends = [c for c in loop.calls if c.last == "append" and isinstance(c.node.func, cst.Attribute) and
                    dotted(c.node.func.value) == name]
         every_step = all(_own_step(loop, c.stmt) and _batch_mean(work, loop, c.node, c.line) for c in appends)
-        if not appends or not every_step or not _read_whole(work, loop, name) or \
-                any(n == name for n, _ in loop.augmented):
+        if not appends or not _read_whole(work, loop, name) or any(n == name for n, _ in loop.augmented):
+            continue
+        if not every_step:
+            _unknown_means(work, loop, name, appends)
             continue
         work.edits.after.setdefault(id(loop.node), []).append(
             f"{name} = ddpkit.reduce(torch.tensor({name}, dtype=torch.float64), op='mean').tolist()")
@@ -65,6 +67,19 @@ def curves(work: _Work, loop: Loop) -> set[str]:
                   "mean of the ranks' values at a step is the global batch's", loop.end)
         done.add(name)
     return done
+
+
+def _unknown_means(work: _Work, loop: Loop, name: str, appends: list[Any]) -> None:
+    """A list of the trained loss's values, step by step, whose mean over the batch convert cannot see (a loss of
+    another module's function, ``d_loss, score = discriminator_loss(...)``; vltkv's ``D_losses``): kept, said."""
+    stepped = stepped_losses(loop)
+    shown = [c for c in appends if _own_step(loop, c.stmt) and len(c.node.args) == 1 and
+             _loss_value(c.node.args[0].value) in stepped]
+    if shown and len(shown) == len(appends):
+        work.keep(shown[0].line, f"{name} keeps this rank's loss step by step (rank 0's curve where it is saved or "
+                  "shown): convert cannot tell it is a mean over the batch (a loss of another module's function)",
+                  f"if it is: {name} = ddpkit.reduce(torch.tensor({name}, dtype=torch.float64), op='mean').tolist() "
+                  "after the loop averages the ranks' step by step")
 
 
 def _own_step(loop: Loop, stmt: Any) -> bool:

@@ -67,7 +67,8 @@ def _draws_fed(work: _Work, calls: list[Any], models: set[str], done: set[int], 
     """Each draw among ``calls`` fed to a call of one of ``models``: in its arguments, or through names bound to it
     and to what is made from it (a GP's ``alpha``, then ``x = alpha * real + (1 - alpha) * fake``, then ``D(x)``)."""
     aliases = work.facts.aliases
-    fed = [c for c in calls if dotted(c.node.func) in models]
+    # (or a helper handed a model with it: ``d_loss_fn(netD, real, torch.randn(b, nz), crit)``)
+    fed = [c for c in calls if dotted(c.node.func) in models or any(dotted(a.value) in models for a in c.node.args)]
     inside = {id(n) for c in fed for a in c.node.args for n in m.findall(a.value, m.Call())}
     for draw in calls:
         if id(draw.node) in done or resolve(dotted(draw.node.func), aliases) not in DRAWS or \

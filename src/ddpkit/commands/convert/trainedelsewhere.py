@@ -23,12 +23,53 @@ def outside(script: str, entry, results: list) -> list[str]:
     calls = [node for node in ast.walk(ast.parse(entry.source)) if isinstance(node, ast.Call)]
     called = {node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
               for node in calls}
+    if not any("prepare_model(" in r.text for r in results) and "DataLoader" not in called:
+        return _unread_package(script, calls, entry.source)
     if "prepare_model(" not in entry.text or "DataLoader" in called or \
             not any(name in TRAINS or "Trainer" in name or name.startswith("train") for name in called):
         return []
     return [f"  {script}: left to you: no DataLoader converted and no backward in what was read: the training loop "
             "and its loader are elsewhere (a package of the project outside the script's folder?) and stay as they "
             "are: every rank would train on every batch; convert them with it: ddpkit convert FOLDER (the project's)"]
+
+
+def _unread_package(script: str, calls: list[ast.Call], source: str) -> list[str]:
+    """The line for a project none of whose files converts anything, whose entry calls a training function it
+    imports from a module the project's files do not hold (a ``src/`` layout: ``from resnet_cifar10.train import
+    train``, the package in ``src/resnet_cifar10/``): named, with the file to convert where it is found."""
+    called = {node.func.id for node in calls if isinstance(node.func, ast.Name)}
+    for node in ast.walk(ast.parse(source)):
+        names = [a.asname or a.name for a in node.names] if isinstance(node, ast.ImportFrom) and node.module and \
+            not node.level else []
+        handed = next((n for n in names if n in called and (n in TRAINS or n.startswith("train") or "Trainer" in n)),
+                      None)
+        if handed is None:
+            continue
+        assert isinstance(node, ast.ImportFrom) and node.module
+        parts = node.module.split(".")
+        here = os.path.join(os.path.dirname(os.path.abspath(script)), *parts)
+        if os.path.isfile(here + ".py") or os.path.isdir(here):
+            return []  # (a module of the script's folder: read, and it trains nothing convert can see)
+        found = _module_path(script, node.module)
+        fix = f"ddpkit convert --imports {found}" if found else "ddpkit convert --imports on the file that defines " \
+            f"{handed} (or ddpkit convert FOLDER on its package)"
+        return [f"  {script}: left to you: nothing was converted: {handed}() comes from {node.module}, which is not "
+                "among the files read (a src/ layout, or an installed package?), so its training loop and loader stay "
+                f"as they are and every rank would train on every batch; convert the module that trains: {fix}"]
+    return []
+
+
+def _module_path(script: str, module: str) -> str | None:
+    """The file of ``module`` in a folder above the script's or in its ``src/`` (three levels up at most), as a path
+    from the working directory; None when not found."""
+    folder = os.path.dirname(os.path.abspath(script))
+    for _ in range(4):
+        for base in (folder, os.path.join(folder, "src")):
+            path = os.path.join(base, *module.split(".")) + ".py"
+            if os.path.isfile(path):
+                return os.path.relpath(path)
+        folder = os.path.dirname(folder)
+    return None
 
 
 def lines(script: str, result) -> list[str]:
