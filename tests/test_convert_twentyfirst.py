@@ -262,3 +262,41 @@ def test_a_loss_list_from_another_module_s_helper_is_said_rank_0_s():
 def test_noise_handed_to_a_helper_with_the_model_is_drawn_per_rank():
     main = _settled({"losses.py": GAN_LOSSES, "main.py": GAN_MAIN})["main.py"]
     assert "torch.randn(real.size(0), 4, generator=ddpkit.rank_generator())" in main.text
+
+
+# a DCGAN's look at real images after training: one batch of the training loader, saved
+PEEK = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+import torchvision.utils as vutils
+
+
+def get_loader(bs):
+    return DataLoader(TensorDataset(torch.randn(64, 3, 8, 8)), batch_size=bs, shuffle=True)
+
+
+dataloader = get_loader(16)
+net = nn.Conv2d(3, 3, 3)
+opt = torch.optim.Adam(net.parameters())
+for (x,) in dataloader:
+    opt.zero_grad()
+    net(x).mean().backward()
+    opt.step()
+real_batch = next(iter(dataloader))
+vutils.save_image(real_batch[0], "real.png")
+'''
+
+
+@pytest.mark.parametrize("peek", ["real_batch = next(iter(dataloader))",
+                                  "it = iter(dataloader)\nreal_batch = next(it)"])
+def test_a_batch_peeked_from_a_training_loader_is_said_rank_0_s_part(peek):
+    result = plan(PEEK.replace("real_batch = next(iter(dataloader))", peek))
+    line = 18 if "it =" not in peek else 19
+    kept = [k for k in result.kept if k.line == line]
+    assert kept and "rank 0's part" in kept[0].what, result.kept
+
+
+def test_a_batch_stepped_in_a_training_loop_is_no_peek():
+    source = PEEK.replace("for (x,) in dataloader:\n", "it = iter(dataloader)\nfor _ in range(4):\n    (x,) = next(it)\n")
+    source = source.replace("real_batch = next(iter(dataloader))\n", "")
+    assert not [k for k in plan(source).kept if "rank 0's part" in k.what]

@@ -20,6 +20,7 @@ from typing import Any
 
 import libcst as cst
 
+from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.names import dotted
 from ddpkit.commands.convert.scan import Call
 
@@ -78,3 +79,29 @@ def drawing_loops(work: _Work, binding: Any) -> list[Any]:
              dotted(c.node.args[0].value) == binding.target and c.scope is binding.scope]
     return list({id(loop): loop for loop in found}.values())
 
+
+
+def peeked(work: _Work, bindings: list[Any]) -> list[int]:
+    """The lines of ``next(iter(loader))`` outside any loop, for the loader these bind, where its value goes (the
+    ways of :func:`~ddpkit.commands.convert.flow.loops_reading`): a DCGAN's ``real_batch = next(iter(dataloader))``,
+    whose images it saves. Sharded for training, that batch is this rank's part of one.
+
+    >>> from ddpkit.commands.convert.plan import plan
+    >>> kept = plan("import torch\\nfrom torch.utils.data import DataLoader\\nm = torch.nn.Linear(2, 1)\\n"
+    ...             "o = torch.optim.SGD(m.parameters(), lr=1)\\nld = DataLoader(ds, batch_size=8)\\nfor x in ld:\\n"
+    ...             "    m(x).sum().backward()\\n    o.step()\\nshown = next(iter(ld))\\n").kept
+    >>> [k.line for k in kept if "rank 0's part" in k.what]
+    [9]
+    """
+    iters = {id(c.node.args[0].value): c for c in work.facts.calls if c.last == "iter" and not c.loops and
+             len(c.node.args) == 1}
+    nexts = {id(a.value) for c in work.facts.calls if c.last == "next" and not c.loops for a in c.node.args[:1]}
+
+    stepped = {b.target for b in work.facts.bindings if id(b.value) in {id(c.node) for c in iters.values()}}
+
+    def pick(facts: Any, name: str, scope: Any, reached: Any) -> list[Any]:
+        # (``next(iter(loader))``, or ``it = iter(loader)`` then ``images, labels = next(it)``: a tutorial's peek)
+        return [read for read in facts.reads if read[0] == name and (
+            id(read[3]) in iters and id(iters[id(read[3])].node) in nexts or name in stepped and id(read[3]) in nexts)
+            and flow.visible(facts, name, scope, read[1]) and reached(read[1], read[2])]
+    return sorted({read[2] for b in bindings for read in flow.reading(work.facts, b.target, b.scope, pick, since=b)})
