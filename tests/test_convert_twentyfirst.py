@@ -297,6 +297,7 @@ def test_a_batch_peeked_from_a_training_loader_is_said_rank_0_s_part(peek):
 
 
 def test_a_batch_stepped_in_a_training_loop_is_no_peek():
-    source = PEEK.replace("for (x,) in dataloader:\n", "it = iter(dataloader)\nfor _ in range(4):\n    (x,) = next(it)\n")
+    looped = "it = iter(dataloader)\nfor _ in range(4):\n    (x,) = next(it)\n"
+    source = PEEK.replace("for (x,) in dataloader:\n", looped)
     source = source.replace("real_batch = next(iter(dataloader))\n", "")
     assert not [k for k in plan(source).kept if "rank 0's part" in k.what]
