@@ -301,3 +301,99 @@ def test_a_batch_stepped_in_a_training_loop_is_no_peek():
     source = PEEK.replace("for (x,) in dataloader:\n", looped)
     source = source.replace("real_batch = next(iter(dataloader))\n", "")
     assert not [k for k in plan(source).kept if "rank 0's part" in k.what]
+
+
+def test_the_quickstart_s_rebound_step_loss_is_said_rank_0_s():
+    source = STEPS.replace('''        if i % 2 == 0:
+            print('step {} loss: {:.4f}'.format(i, step_loss / 2))
+            step_loss = 0.0
+''', '''        if i % 2 == 0:
+            loss, current = loss.item(), i * len(x)
+            print(f"loss: {loss:.4f} [{current}]")
+''')
+    kept = [k for k in plan(source).kept if k.line == 18]
+    assert any("shows loss, the step's loss" in k.what for k in kept), kept
+
+
+# a lesson's shared module: the loop builds its own loader and steps the optimizer its caller hands it
+COMMON = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def train_loop(model, optimizer):
+    loader = DataLoader(TensorDataset(torch.randn(64, 5), torch.randint(0, 2, (64,))), batch_size=16, shuffle=True)
+    criterion = nn.CrossEntropyLoss()
+    for epoch in range(2):
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+        print(f"epoch {epoch} loss {loss.item():.4f}")
+'''
+LESSON = '''import torch.nn as nn
+import torch.optim as optim
+
+from common import train_loop
+
+
+def main():
+    model = nn.Linear(5, 2)
+    optimizer = optim.SGD(model.parameters(), lr=0.1)
+    train_loop(model, optimizer)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_a_loop_handed_the_optimizer_by_another_file_is_not_said_unprepared():
+    plans = _settled({"common.py": COMMON, "lesson.py": LESSON})
+    assert "model = ddpkit.prepare_model(nn.Linear(5, 2))" in plans["lesson.py"].text
+    assert not plans["common.py"].left, plans["common.py"].left
+    assert [k for k in plans["common.py"].kept if k.line == 15 and "the step's loss" in k.what]
+
+
+def test_a_module_imported_by_its_package_path_is_read(tmp_path):
+    import sys
+
+    from conftest import run_cmd
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "common.py").write_text(COMMON)
+    (tmp_path / "pkg" / "lesson.py").write_text(LESSON.replace("from common import", "from pkg.common import"))
+    done = run_cmd([sys.executable, "-m", "ddpkit", "convert", "--imports", "-o", tmp_path / "out",
+                    "pkg/lesson.py"], cwd=tmp_path)
+    assert "a module this conversion does not read" not in done.stderr, done.stderr
+    assert "common.py:7: DataLoader -> ddpkit.data_loader (training)" in done.stderr, done.stderr
+
+
+def test_a_write_s_named_fix_names_a_guard_the_file_can_run():
+    source = ("import numpy as np\nimport torch\nfrom torch.utils.data import DataLoader\n"
+              "net = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(net.parameters(), lr=0.1)\nlosses = []\n"
+              "for x in DataLoader(ds, batch_size=4):\n    loss = net(x).pow(2).mean()\n    loss.backward()\n"
+              "    opt.step()\n    losses.append(loss.item())\nlosses = np.array(losses)\n"
+              "with open('results.txt', 'w') as f:\n    for i, v in enumerate(losses):\n"
+              "        f.write(f'{i} {v}')\n")
+    result = plan(source)  # (a copy of the list the loop filled, written in a loop: only writing)
+    assert "if ddpkit.init().is_main:\n    with open('results.txt', 'w') as f:" in result.text, result.left
+    shown = source.replace("with open('results.txt', 'w') as f:\n    for i, v in enumerate(losses):\n"
+                           "        f.write(f'{i} {v}')\n",
+                           "def write(rows):\n    with open('results.txt', 'w') as f:\n"
+                           "        for i, v in enumerate(rows):\n            f.write(f'{i} {v}')\n\n\nwrite(losses)\n")
+    fixes = [a.fix for a in plan(shown).left if "more than write" in a.what]
+    assert fixes and "ddpkit.init().is_main" in fixes[0] and "state.is_main" not in fixes[0], fixes
+
+
+def test_a_training_loop_in_a_function_no_file_calls_is_kept():
+    helpers = ("import torch\n\n\ndef find_lr(data_loader, net, criterion):\n    for x, y in data_loader:\n"
+               "        opt = torch.optim.SGD(net.parameters(), lr=0.1)\n        criterion(net(x), y).backward()\n"
+               "        opt.step()\n")
+    plans = _settled({"helpers.py": helpers, "lesson.py": LESSON.replace("from common import train_loop",
+                                                                          "from common import train_loop\n"
+                                                                          "from helpers import *"),
+                      "common.py": COMMON})
+    assert not plans["helpers.py"].left, plans["helpers.py"].left
+    assert [k for k in plans["helpers.py"].kept if k.line == 5 and "which no file of the project calls" in k.what]

@@ -89,6 +89,7 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
     ``root_outer``: the package paths of the root (:func:`.project.outer`), under which a file may import its
     neighbours."""
     own = frozenset(rel.split("/")[0].removesuffix(".py") for rel in files)
+    own |= frozenset(o.split(".")[0] for o in root_outer)  # (``from pkg.common import f`` inside pkg/: its own)
     modules = frozenset(rel[:-3].replace("/", ".").removesuffix(".__init__") for rel in files)
     base = {rel: Crossing(own=own, package=package_of(rel), modules=modules) for rel in files}
     plans = {rel: convert(rel, base[rel]) for rel in files}

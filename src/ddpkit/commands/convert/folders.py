@@ -87,7 +87,7 @@ def _asked_first(work: _Work, call: Any) -> cst.If | None:
         if acts and read_below:
             work.leave(call.line, "a folder checked, then made or asked about, in an if / else that binds names read "
                        "below: a rank that came after rank 0 made it would take the other branch",
-                       "decide on rank 0 (under `if state.is_main:`) and hand the other ranks its choice "
+                       "decide on rank 0 (under `if ddpkit.init().is_main:`) and hand the other ranks its choice "
                        "(ddpkit.broadcast), with a ddpkit.barrier() after the folder is made")
         return node if acts and not read_below else None
     return None

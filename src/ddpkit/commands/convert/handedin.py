@@ -52,6 +52,12 @@ def handed_in(work: _Work, line: int) -> bool:
         if not handed or not flow.trains(work.facts, loop):
             continue
         name, where, index = handed[0]
+        elsewhere = work.crossing.elsewhere if work.crossing is not None else None
+        if elsewhere is not None and loop.scope.name and loop.scope.name.rsplit(".", 1)[-1] not in elsewhere and \
+                not flow.callers(work.facts, loop.scope):  # (killf's ``find_lr(data_loader, net, ...)``, unused)
+            work.keep(loop.line, f"the training loop over {name} in {loop.scope.name}(), which no file of the project "
+                      "calls, left as it is", "nothing runs it here")
+            return True
         # asked whatever the answer: a project settles its asks in rounds (crossing.settle), and an ask dropped once
         # answered would take the answer back in the next round
         work.asks.append(Ask("", HANDED, TRAIN, loop.line))

@@ -122,8 +122,8 @@ def step_loss_shown(work: _Work) -> None:
     ``print(f"epoch {e} loss {loss.item()}")``): with the global batch kept, a mean over this rank's 1/N of the
     batch, rank 0's on screen; said once for each loss (a GAN's two), at the first line showing it (a summed one is
     said by :func:`_summed_shown`)."""
-    if not work.models or not sizes.global_batch_kept(work):
-        return
+    if not work.models and not work.trains or not sizes.global_batch_kept(work):  # (or a loader sharded here, its
+        return                                                                   # model handed in by another file)
     if any("a loss summed over the batch" in k.what for k in work.kept):
         return
     said: set[str] = set()
@@ -140,8 +140,11 @@ def step_loss_shown(work: _Work) -> None:
             named = sorted({n for a in shown.node.args for n in names_in(a.value)} & losses - said)
             # (what the name holds there is the stepped loss, not one rebound below the step: review 29, b/s02's
             # ``loss = running_loss / n_batch`` after the inner loop, then printed in the epoch loop)
+            # (a rebinding that reads the loss alone still holds it: the quickstart's ``loss, current = loss.item(),
+            # (batch + 1) * len(X)``)
             named = [n for n in named if (b := flow.binding_of(work.facts, n, loop.scope, shown.line)) is not None
-                     and b.line <= stepped]
+                     and (b.line <= stepped or b.value is not None and {x.split(".")[0] for x in names_in(b.value)}
+                          == {n})]
             # (or kept after the loop, once an epoch: a/s02's ``losses.append(loss.item())``, then written)
             kept = shown.last == "append" and shown.line > loop.end
             if (shown.last in SHOWN or kept) and named and shown.line > first:

@@ -46,8 +46,12 @@ def _handed_optimizer(work: _Work) -> bool:
     """Every step is of an optimizer its function is handed (Dive-into-DL's ``train_ch5(net, ..., optimizer)``), in
     a project whose callers handed in the loader converted: made, with its model prepared, by the caller."""
     steps = [c for c in work.facts.calls if c.last == "step" and isinstance(c.node.func, cst.Attribute)]
+    elsewhere = work.crossing.elsewhere or frozenset()
+    # (or a function another file of the project calls, handing it the optimizer it made: ZZy979's ``train_loop(model,
+    # optimizer)`` building its own loader; a caller that prepared no model stops at the first step, loudly)
     return bool(steps) and all(dotted(c.node.func.value) in c.scope.params for c in steps) and \
-        bool(work.crossing.provided.get(key("", HANDED)))
+        (bool(work.crossing.provided.get(key("", HANDED))) or
+         all(c.scope.name and c.scope.name.rsplit(".", 1)[-1] in elsewhere for c in steps))
 
 
 def _imported_optimizer(work: _Work) -> bool:

@@ -62,13 +62,14 @@ def writes(work: _Work) -> None:
                 call.stmt is not None and any(isinstance(small, cst.Assign) and small.value is call.node
                                               for small in call.stmt.body):  # ``ok = cv2.imwrite(p, img)``
             work.leave(call.line, f"{call.last}(...) whose result is kept: every rank writes {what}", "call it on a "
-                       "line of its own under `if state.is_main:` (the result is rank 0's then), then convert again")
+                       "line of its own under `if ddpkit.init().is_main:` (the result is rank 0's then), then convert "
+                       "again")
             continue
         if what is None or _ranked(call) or _own(work, call) or not _to_a_path(work, call):
             continue
         if call.stmt is None or len(call.stmt.body) != 1:
             work.leave(call.line, f"{call.last}(...) inside a larger statement: every rank writes {what}",
-                       "put it on a line of its own under `if state.is_main:`")
+                       "put it on a line of its own under `if ddpkit.init().is_main:`")
             continue
         if id(call.stmt) not in work.edits.guard:
             work.edits.guard[id(call.stmt)] = main_test(work, call.scope, call.line)
@@ -97,7 +98,7 @@ def writes(work: _Work) -> None:
         call = calls[0]
         if not _only_writes(work, block, call.line):
             work.leave(call.line, "a file opened for writing in a block that does more than write: every rank "
-                       "writes it", "move the writing into a block of its own under `if state.is_main:`")
+                       "writes it", "move the writing into a block of its own under `if ddpkit.init().is_main:`")
             continue
         work.edits.guard[id(block)] = main_test(work, call.scope, call.line)
         for save in [c for c in work.facts.calls if c.stmt is not None and _saved_into(c, block)]:
@@ -293,7 +294,8 @@ def _to_null(work: _Work, call: Call) -> None:
                for c in work.facts.calls)
     if not positional or not modes or set("".join(modes)) & {"+", "x"} or shadowed or read:
         work.leave(call.line, "a file opened for writing and kept open (written later through its name): every "
-                   "rank writes it", "open it on rank 0 only (`if state.is_main:`, and guard its writes), or "
+                   "rank writes it", "open it on rank 0 only (`if ddpkit.init().is_main:`, and guard its "
+                   "writes), or "
                    "give the other ranks open(os.devnull, 'w')")
         return
     test = main_test(work, call.scope, call.line)
@@ -421,6 +423,21 @@ def _held(work: _Work, name: str, loop: Any) -> bool:
     comprehension (a parameter, a loader, or a call's result may be a sharded loader)."""
     if name == "<while>":
         return True
-    binding = binding_of(work.facts, name, loop.scope, loop.line)
-    return binding is not None and isinstance(binding.value, (cst.List, cst.Tuple, cst.Dict, cst.ListComp,
-                                                              cst.DictComp, cst.Set, cst.SimpleString))
+    return _built_here(work, name, loop.scope, loop.line)
+
+
+# a copy of what it is handed, in another container (``losses = np.array(losses)`` of a list the loop filled)
+COPIES = ("numpy.array", "numpy.asarray", "torch.tensor", "list", "tuple", "sorted", "reversed", "enumerate", "zip")
+
+
+def _built_here(work: _Work, name: str, scope: Any, line: int, depth: int = 0) -> bool:
+    binding = binding_of(work.facts, name, scope, line)
+    value = binding.value if binding is not None else None
+    if isinstance(value, (cst.List, cst.Tuple, cst.Dict, cst.ListComp, cst.DictComp, cst.Set, cst.SimpleString)):
+        return True
+    copied = isinstance(value, cst.Call) and resolve(dotted(value.func), work.facts.aliases) in COPIES and \
+        bool(value.args) and depth < 3
+    held = [dotted(a.value) for a in value.args] if copied else []  # type: ignore[union-attr]
+    return copied and all(h is not None and h != name and _built_here(work, h, scope, line, depth + 1) or
+                          h == name and binding is not None and _built_here(work, h, scope, binding.line - 1, depth + 1)
+                          for h in held)
