@@ -397,3 +397,73 @@ def test_a_training_loop_in_a_function_no_file_calls_is_kept():
                       "common.py": COMMON})
     assert not plans["helpers.py"].left, plans["helpers.py"].left
     assert [k for k in plans["helpers.py"].kept if k.line == 5 and "which no file of the project calls" in k.what]
+
+
+# a seeded GAN script whose training step lives in another module, with no loop of its own
+STEP = '''import torch
+
+
+def train_step(g, d, g_opt, x):
+    z = torch.randn(x.size(0), 4)
+    g_opt.zero_grad()
+    loss = (d(g(z)) - x).pow(2).mean()
+    loss.backward()
+    g_opt.step()
+    return loss
+'''
+STEPPER = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+import step
+
+torch.manual_seed(0)
+loader = DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4, shuffle=True)
+g = nn.Linear(4, 4)
+d = nn.Linear(4, 4)
+g_opt = torch.optim.Adam(g.parameters())
+for (x,) in loader:
+    step.train_step(g, d, g_opt, x)
+'''
+
+
+def test_noise_drawn_in_another_module_s_step_is_drawn_per_rank():
+    plans = _settled({"step.py": STEP, "train.py": STEPPER})
+    assert "z = torch.randn(x.size(0), 4, generator=ddpkit.rank_generator())" in plans["step.py"].text
+
+
+def test_noise_filled_in_place_is_drawn_per_rank():
+    source = PEEK.replace("net(x).mean().backward()", "c = torch.zeros(x.size(0), 3, 8, 8).normal_()\n"
+                          "    net(x + c).mean().backward()").replace("import torch\n", "import torch\n"
+                                                                       "torch.manual_seed(1)\n", 1)
+    assert ".normal_(generator=ddpkit.rank_generator())" in plan(source).text
+
+
+# a VAE's summed loss (reduction="sum") trained with AdamW, added up each step and shown over the step count
+SUMMED_BAR = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from tqdm import tqdm
+
+loader = DataLoader(TensorDataset(torch.rand(64, 16)), batch_size=16, shuffle=True)
+model = nn.Sequential(nn.Linear(16, 16), nn.Sigmoid())
+loss_fn = nn.BCELoss(reduction="sum")
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+tr_loss, tr_step = 0, 0
+with tqdm(loader) as t:
+    for (x,) in t:
+        loss = loss_fn(model(x), x)
+        loss.backward()
+        opt.step()
+        model.zero_grad()
+        tr_loss += loss.item()
+        tr_step += 1
+        status = {"loss": tr_loss / tr_step}
+        t.set_postfix(status)
+print("final", tr_loss / tr_step)
+'''
+
+
+def test_a_summed_loss_over_the_step_count_adds_the_ranks_up():
+    result = plan(SUMMED_BAR)
+    assert "tr_loss = ddpkit.reduce(tr_loss)\n" in result.text, result.text
+    assert [k for k in result.kept if k.line == 20 and "tr_loss" in k.what and "rank 0's" in k.why], result.kept

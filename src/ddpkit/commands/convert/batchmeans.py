@@ -225,12 +225,29 @@ def step_kind(facts: Facts, scope: Scope, value: Any, line: int, depth: int = 0)
     last = value.func.attr.value if isinstance(value.func, cst.Attribute) else dotted(value.func)
     if last in ("mean",):
         return "mean"
+    if _summed_call(facts, scope, value, line):  # (``loss_fn(out, x)`` of ``nn.BCELoss(reduction="sum")``)
+        return "sum"
     if last in ("sum", "size", "numel", "len"):
         return "sum"
     own = facts.scopes.get(dotted(value.func) or "") if isinstance(value.func, cst.Name) else None
     kinds = {step_kind(facts, own, r, 1 << 30, depth + 1) for s, r in facts.returns if s is own} \
         if own is not None else set()
     return kinds.pop() if len(kinds) == 1 else None
+
+
+def _summed_call(facts: Facts, scope: Scope, value: cst.Call, line: int) -> bool:
+    """``value`` is a loss summed over the batch: written with ``reduction='sum'`` (or the old ``size_average=False``),
+    or a call of a criterion so built (mnist-vae's ``loss_fn = nn.BCELoss(reduction="sum")``)."""
+    def summing(call: Any) -> bool:
+        return isinstance(call, cst.Call) and any(a.keyword is not None and (
+            a.keyword.value == "reduction" and isinstance(a.value, cst.SimpleString) and
+            a.value.evaluated_value == "sum" or a.keyword.value == "size_average" and
+            isinstance(a.value, cst.Name) and a.value.value == "False") for a in call.args)
+    if summing(value):
+        return True
+    name = dotted(value.func)
+    bound = binding_of(facts, name, scope, line) if name else None
+    return bound is not None and summing(bound.value)
 
 
 def _batch_size(node: Any) -> bool:

@@ -232,9 +232,15 @@ def _running_shown(work: _Work, loop: Loop, names: list[str], after: bool = True
     (%d/%d)' % (..., correct, total))``, PyHessian's ``bar.set_postfix(loss=train_loss / total_num)``): this rank's
     running share, said once a loop (``after``: reduced after it, so every rank's there); and a bar counted by
     samples (``bar.update(target.size(0))`` of ``tqdm(total=len(loader.dataset))``): this rank's, it stops at 1/N."""
+    # (or a name the loop makes from them: mnist-vae's ``status = {"loss": tr_loss / tr_step}``, then
+    # ``t.set_postfix(status)``)
+    made = {b.target: b for b in work.facts.bindings if b.scope is loop.scope and loop.line < b.line <= loop.end and
+            b.value is not None and names_in(b.value) & set(names)}
     for call in loop.calls:
         if call.last in SHOWS and call.line > loop.line:
-            shown = sorted({n for a in call.node.args for n in names_in(a.value)} & set(names))
+            read = {n for a in call.node.args for n in names_in(a.value)}
+            shown = sorted(read & set(names) | {x for k in read & set(made) for x in names_in(made[k].value)
+                                                 if x in names})
             if shown:
                 work.keep(call.line, f"{call.last}(...) in the loop shows {', '.join(shown)} as each step leaves "
                           "them", "this rank's running share of its shard (rank 0's on screen)" +

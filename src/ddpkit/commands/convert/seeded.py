@@ -42,6 +42,12 @@ DRAWS = ("torch.randn", "torch.rand", "torch.randint", "torch.normal", "torch.ra
 
 # draws made where their first argument (a tensor) is: ``torch.normal(mu, 1.0)``, ``torch.bernoulli(p)``
 TENSOR_DRAWS = ("normal", "bernoulli", "multinomial", "poisson")
+# a tensor filled in place from torch's generator (InfoGAN's ``torch.zeros(b, 2).normal_()``, ``z.uniform_(-1, 1)``)
+IN_PLACE = ("normal_", "uniform_", "bernoulli_", "random_", "exponential_", "cauchy_", "geometric_", "log_normal_")
+
+
+def _in_place(call: Any) -> bool:
+    return isinstance(call.node.func, cst.Attribute) and call.node.func.attr.value in IN_PLACE
 
 
 def seeded_noise(work: _Work) -> None:
@@ -59,6 +65,11 @@ def seeded_noise(work: _Work) -> None:
         # (a module's training function called with the models, seeded by the script that calls it: its params)
         handed = set(loop.scope.params) if work.crossing.seeded else set()
         _draws_fed(work, loop.calls, models | handed, done, where)
+    if work.crossing.seeded:  # (a module's training step, no loop of its own, called by the seeded script's loop:
+        # niccolot's ``train_step(g, d, g_opt, x)`` drawing ``z = torch.randn(...)``)
+        for scope in (s for s in work.facts.scopes.values() if s.name and flow.scope_trains(work.facts, s)):
+            _draws_fed(work, [c for c in work.facts.calls if c.scope is scope], set(scope.params) | models, done,
+                       where)
     for scope in penalties:  # a gradient penalty's interpolation weights, drawn in a helper of its own
         _draws_fed(work, [c for c in work.facts.calls if c.scope is scope], set(scope.params) | models, done, where)
 
@@ -71,10 +82,12 @@ def _draws_fed(work: _Work, calls: list[Any], models: set[str], done: set[int], 
     fed = [c for c in calls if dotted(c.node.func) in models or any(dotted(a.value) in models for a in c.node.args)]
     inside = {id(n) for c in fed for a in c.node.args for n in m.findall(a.value, m.Call())}
     for draw in calls:
-        if id(draw.node) in done or resolve(dotted(draw.node.func), aliases) not in DRAWS or \
+        if id(draw.node) in done or resolve(dotted(draw.node.func), aliases) not in DRAWS and not _in_place(draw) or \
                 any(a.keyword is not None and a.keyword.value == "generator" for a in draw.node.args):
             continue
         bound = {b.target for b in work.facts.bindings if b.value is draw.node}
+        filled = dotted(draw.node.func.value) if _in_place(draw) else None  # (``z.normal_()``: z is the noise)
+        bound |= {filled} if filled else set()
         for _ in range(2):  # (two steps of names made from it, in its function)
             bound |= {b.target for b in work.facts.bindings if b.scope is draw.scope and b.value is not None and
                       b.line > draw.line and names_in(b.value) & bound}
@@ -93,6 +106,14 @@ def _penalties(work: _Work) -> list[Any]:
 
 def _own_generator(work: _Work, draw: Any, fed: str, seeded: str) -> None:
     """The draw made from this rank's generator, or listed where it cannot take one (see the module)."""
+    if _in_place(draw):  # (drawn where the tensor it fills is)
+        method = draw.node.func.attr.value
+        made = f"ddpkit.rank_generator({_device_of(work, draw.node.func.value)})"
+        work.edits.expr[id(draw.node)] = lambda node: add_keyword(node, "generator", made)
+        work.note(f".{method}() -> .{method}(generator={made})", f"the noise {fed} is fed: the script seeds torch's "
+                  f"generator alike on every rank ({seeded}), so each would draw the same noise; this rank's generator "
+                  "(torch's seed plus the rank, made once) draws its own", draw.line)
+        return
     drawn = str(dotted(draw.node.func))
     if drawn.endswith("_like"):  # (``*_like`` take no generator in every torch)
         work.leave(draw.line, f"{drawn}(...) draws the noise {fed} is fed from torch's generator, seeded alike on "

@@ -229,7 +229,9 @@ def _training_sum(facts: Facts, loop: Loop, anchor: Loop, name: str, readers: li
     if not divisors and batch_mean(facts, loop, name):  # (returned or printed whole: averaged, or summed with a
         return "sum"  # per-process batch, by :func:`~ddpkit.commands.convert.reductions.reductions`)
     if divisors and all(names_in(d) and names_in(d) <= local for d in divisors):
-        return "mean"
+        # (over this rank's count of steps: each rank took as many, so batch means are averaged, and batch sums, a
+        # ``reduction="sum"`` loss's, added up: mnist-vae's ``tr_loss / tr_step``)
+        return "sum" if _per_batch(facts, loop, name) == "sum" else "mean"
     if divisors and all(_batches(facts, loop, d) for d in divisors):
         # (``/ len(loader)``: a mean of batch means is averaged; a sum of batch sums, ``correct += (...).sum()``, is
         # per batch of the global batch: summed; anything else rank 0's)
