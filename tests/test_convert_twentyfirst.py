@@ -1,5 +1,7 @@
 """What the twenty-first held-out set and its run-up showed ``ddpkit convert`` owes public scripts
 (docs/convert.md): each a case written in our own words after the pattern met."""
+import os
+
 import pytest
 
 pytest.importorskip("libcst")
@@ -467,3 +469,22 @@ def test_a_summed_loss_over_the_step_count_adds_the_ranks_up():
     result = plan(SUMMED_BAR)
     assert "tr_loss = ddpkit.reduce(tr_loss)\n" in result.text, result.text
     assert [k for k in result.kept if k.line == 20 and "tr_loss" in k.what and "rank 0's" in k.why], result.kept
+
+
+def test_a_run_folder_numbered_by_probing_is_rank_0_s(tmp_path):
+    from conftest import launch, ok
+    source = ("import os\nimport torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+              "device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\nrun = 0\n"
+              "current = 'logs/run-{}'.format(run)\nwhile os.path.exists(current):\n    run += 1\n"
+              "    current = 'logs/run-{}'.format(run)\nos.makedirs(current)\n"
+              "loader = DataLoader(TensorDataset(torch.ones(8, 2)), batch_size=4)\n"
+              "net = torch.nn.Linear(2, 1).to(device)\n"
+              "opt = torch.optim.SGD(net.parameters(), lr=0.1)\nfor (x,) in loader:\n"
+              "    net(x.to(device)).mean().backward()\n    opt.step()\ntorch.save(net.state_dict(), os.path.join(current, 'model-{}.pt'.format(run)))\n")
+    text = plan(source).text
+    assert "current, run = ddpkit.broadcast([current, run])" in text
+    (tmp_path / "t.py").write_text(text)
+    for _ in range(2):
+        ok(launch(tmp_path / "t.py", cwd=tmp_path))
+    assert sorted(os.listdir(tmp_path / "logs")) == ["run-0", "run-1"]
+    assert os.listdir(tmp_path / "logs" / "run-1") == ["model-1.pt"]

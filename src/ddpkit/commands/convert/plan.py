@@ -41,6 +41,7 @@ from ddpkit.commands.convert import (
     moments,
     parallel,
     partners,
+    probed,
     removals,
     reread,
     retained,
@@ -237,6 +238,7 @@ class _Work:
         batchstats.model_optimizer(self)
         splits.splits(self, any(c.name in (loaders.LOADER, "ddpkit.data_loader") for c in self.facts.calls))
         moments.moments(self)
+        probed.probed(self)
         losses.summed_loss(self)
         losses.step_loss_shown(self)
         seeded.seeded_noise(self)
