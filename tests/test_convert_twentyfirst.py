@@ -480,7 +480,8 @@ def test_a_run_folder_numbered_by_probing_is_rank_0_s(tmp_path):
               "loader = DataLoader(TensorDataset(torch.ones(8, 2)), batch_size=4)\n"
               "net = torch.nn.Linear(2, 1).to(device)\n"
               "opt = torch.optim.SGD(net.parameters(), lr=0.1)\nfor (x,) in loader:\n"
-              "    net(x.to(device)).mean().backward()\n    opt.step()\ntorch.save(net.state_dict(), os.path.join(current, 'model-{}.pt'.format(run)))\n")
+              "    net(x.to(device)).mean().backward()\n    opt.step()\n"
+              "torch.save(net.state_dict(), os.path.join(current, 'model-{}.pt'.format(run)))\n")
     text = plan(source).text
     assert "current, run = ddpkit.broadcast([current, run])" in text
     (tmp_path / "t.py").write_text(text)
@@ -488,3 +489,69 @@ def test_a_run_folder_numbered_by_probing_is_rank_0_s(tmp_path):
         ok(launch(tmp_path / "t.py", cwd=tmp_path))
     assert sorted(os.listdir(tmp_path / "logs")) == ["run-0", "run-1"]
     assert os.listdir(tmp_path / "logs" / "run-1") == ["model-1.pt"]
+
+
+# review 31's finds in this set's changes, each failed first
+def test_review_a_summed_loss_over_the_step_count_is_averaged_with_a_per_process_batch():
+    text = plan(SUMMED_BAR, per_process_batch=True).text
+    assert "tr_loss = ddpkit.reduce(tr_loss, op='mean')" in text, text
+
+
+@pytest.mark.parametrize("drawn", ["Tensor(x.size(0), 3, 8, 8).normal_(0, 1)",
+                                   "nn.init.normal_(torch.empty(x.size(0), 3, 8, 8), std=0.1)"])
+def test_review_noise_filled_in_a_tensor_of_unknown_device_is_listed_not_guessed(drawn):
+    source = PEEK.replace("net(x).mean().backward()", f"c = {drawn}\n    net(x + c).mean().backward()").replace(
+        "import torch\n", "import torch\ntorch.manual_seed(1)\nTensor = torch.FloatTensor\n", 1)
+    result = plan(source)
+    assert "rank_generator" not in result.text
+    assert [a for a in result.left if "fills the noise" in a.what and not a.blocks], result.left
+
+
+def test_review_noise_filled_after_a_move_is_drawn_where_it_went():
+    source = PEEK.replace("net(x).mean().backward()", "c = torch.empty(x.size(0), 3, 8, 8).to(dev).normal_()\n"
+                          "    net(x + c).mean().backward()").replace("import torch\n", "import torch\n"
+                                                                       "torch.manual_seed(1)\ndev = 'cpu'\n", 1)
+    assert ".to(dev).normal_(generator=ddpkit.rank_generator(dev))" in plan(source).text
+
+
+def test_review_a_loader_preloaded_by_a_comprehension_and_trained_on_is_sharded():
+    source = ("import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+              "loader = DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=8, shuffle=True)\n"
+              "batches = [x for (x,) in loader]\nnet = torch.nn.Linear(4, 1)\n"
+              "opt = torch.optim.SGD(net.parameters(), lr=0.1)\nfor epoch in range(3):\n    for x in batches:\n"
+              "        net(x).mean().backward()\n        opt.step()\n")
+    result = plan(source)
+    assert "loader = ddpkit.data_loader(" in result.text
+    assert not [k for k in result.kept if "comprehension" in k.what]
+
+
+def test_review_a_table_of_numbers_sized_by_the_loader_is_no_read_of_it():
+    source = STEPS.replace("def train(model, loader, opt):\n",
+                           "def train(model, loader, opt):\n    lrs = [0.1 * i for i in range(2 * len(loader))]\n")
+    assert not [a for a in plan(source).left if "comprehension" in a.what]
+
+
+def test_review_a_device_helper_imported_by_its_package_path_is_read(tmp_path):
+    import sys
+
+    from conftest import run_cmd
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "helpers.py").write_text(HELPERS)
+    (tmp_path / "pkg" / "main.py").write_text(ENTRY.replace("import helpers", "from pkg.helpers import get_device")
+                                              .replace("helpers.get_device()", "get_device()"))
+    done = run_cmd([sys.executable, "-m", "ddpkit", "convert", "--imports", "-o", tmp_path / "out", "pkg/main.py"],
+                   cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+
+
+def test_review_a_trainer_of_an_installed_library_is_no_unread_package(tmp_path):
+    import sys
+
+    from conftest import run_cmd
+    (tmp_path / "train.py").write_text("from lightning import Trainer\nfrom mymodel import Net\n\n\ndef main():\n"
+                                       "    Trainer(max_epochs=1).fit(Net())\n\n\nmain()\n")
+    (tmp_path / "mymodel.py").write_text("import torch\n\n\nclass Net(torch.nn.Module):\n    pass\n")
+    done = run_cmd([sys.executable, "-m", "ddpkit", "convert", "--imports", "-o", tmp_path / "out", "train.py"],
+                   cwd=tmp_path)
+    assert "comes from lightning" not in done.stderr, done.stderr

@@ -225,14 +225,25 @@ def step_kind(facts: Facts, scope: Scope, value: Any, line: int, depth: int = 0)
     last = value.func.attr.value if isinstance(value.func, cst.Attribute) else dotted(value.func)
     if last in ("mean",):
         return "mean"
-    if _summed_call(facts, scope, value, line):  # (``loss_fn(out, x)`` of ``nn.BCELoss(reduction="sum")``)
-        return "sum"
     if last in ("sum", "size", "numel", "len"):
         return "sum"
     own = facts.scopes.get(dotted(value.func) or "") if isinstance(value.func, cst.Name) else None
     kinds = {step_kind(facts, own, r, 1 << 30, depth + 1) for s, r in facts.returns if s is own} \
         if own is not None else set()
     return kinds.pop() if len(kinds) == 1 else None
+
+
+def summed_value(facts: Facts, scope: Scope, value: Any, line: int) -> bool:
+    """``value`` (``loss.item()``, ``loss`` bound above ``line``) is a loss summed over the batch
+    (:func:`_summed_call`): mnist-vae's ``tr_loss += loss.item()`` of ``loss = loss_fn(out, x)``, ``loss_fn =
+    nn.BCELoss(reduction="sum")``."""
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and not value.args and \
+            value.func.attr.value in ("item", "detach", "cpu", "numpy", "float", "double"):
+        value = value.func.value
+    if isinstance(value, cst.Name):
+        bound = binding_of(facts, value.value, scope, line)
+        value = bound.value if bound is not None and bound.line < line else None
+    return isinstance(value, cst.Call) and _summed_call(facts, scope, value, line)
 
 
 def _summed_call(facts: Facts, scope: Scope, value: cst.Call, line: int) -> bool:

@@ -216,9 +216,12 @@ def comprehensions_reading(facts: Facts, bindings: list[Binding]) -> list[tuple[
     >>> comprehensions_reading(facts, [facts.bindings[0]])
     [(3, False)]
     """
-    comps = m.findall(facts.module, m.ListComp() | m.GeneratorExp() | m.SetComp() | m.DictComp())
+    # (not one whose list a loop then trains on, ``batches = [b for b in loader]``: its loops decide)
+    looped = {id(b.value) for b in facts.bindings if b.value is not None and loops_reading(facts, b.target, b.scope)}
+    comps = [c for c in m.findall(facts.module, m.ListComp() | m.GeneratorExp() | m.SetComp() | m.DictComp())
+             if id(c) not in looped]
     held = {id(node): comp for comp in comps for clause in m.findall(comp, m.CompFor())
-            for node in [clause.iter, *m.findall(clause.iter, m.Name() | m.Attribute())]}  # type: ignore[attr-defined]
+            for node in _items(clause.iter)}  # type: ignore[attr-defined]
 
     def pick(facts: Facts, name: str, scope: Scope, reached: Any) -> list[Any]:
         if any(b.target == name and b.scope is scope and isinstance(b.value, cst.Call) and dotted(b.value.func) ==
@@ -228,6 +231,16 @@ def comprehensions_reading(facts: Facts, bindings: list[Binding]) -> list[tuple[
                 flow.visible(facts, name, scope, read[1]) and reached(read[1], read[2])]
     found = [read for b in bindings for read in flow.reading(facts, b.target, b.scope, pick, since=b)]
     return sorted({(read[2], _comprehension_trains(facts, held[id(read[3])])) for read in found})
+
+
+def _items(node: cst.BaseExpression) -> list[cst.BaseExpression]:
+    """The names a comprehension's ``in`` takes items from: ``loader`` of ``enumerate(tqdm(loader))``, not of
+    ``range(epochs * len(loader))`` (a table of numbers)."""
+    if isinstance(node, (cst.Name, cst.Attribute)):
+        return [node]
+    if isinstance(node, cst.Call) and (dotted(node.func) or "").rsplit(".", 1)[-1] not in ("len", "range", "int"):
+        return [n for a in node.args for n in _items(a.value)]
+    return []
 
 
 def _comprehension_trains(facts: Facts, comp: cst.CSTNode) -> bool:

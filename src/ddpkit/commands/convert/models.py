@@ -281,7 +281,8 @@ def _imported_device(work: _Work, binding: Binding) -> bool:
     module's conversion makes ddpkit's (:attr:`.crossing.Crossing.devices`)."""
     called = dotted(binding.value.func) if isinstance(binding.value, cst.Call) else None
     origin = imported_from(work.facts, called) if called and work.crossing is not None else None
-    return origin is not None and f"{origin[0]}.{origin[1]}" in work.crossing.devices
+    full = f"{origin[0]}.{origin[1]}" if origin is not None else ""  # (``pkg.helpers.get_device`` inside pkg/)
+    return bool(full) and any(full == d or full.endswith(f".{d}") for d in work.crossing.devices)
 
 
 def _unread_device(work: _Work, nodes: list[cst.CSTNode], model: Binding) -> Binding | None:

@@ -119,7 +119,7 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
             _count_shown(work, loop)
             _shares(work, shares)
     pickers = [lp for lp in work.facts.loops if when is not None and lp.targets == {when[0]}]
-    for summed_as_training, (anchor, names, lens, averaged) in plans:
+    for summed_as_training, (anchor, names, lens, averaged, batch_sums) in plans:
         split = when if any(p is o for p in pickers for o in anchor.outer) else None  # (one split's sum: its test)
         if any(p is anchor or any(anchor is o for o in p.outer) for p in pickers):  # begun outside the splits' loop
             work.leave(anchor.line, f"{', '.join(names)} summed over every split (begun outside the loop over "
@@ -136,6 +136,7 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
         # of steps, adds up across ranks; one over a rank's own count, ``len(loader)``, is still averaged)
         means = averaged | {n for n in names if summed_as_training and not lens and batch_mean(work.facts, anchor, n)
                             and not (kept and batch_mean(work.facts, anchor, n, counted=True))}
+        means -= set() if kept else batch_sums  # (a summed loss over this rank's steps: 1/N of the batch, added up)
         test = f" if {split[1]} else " if split is not None else ""  # (a split's sums: its own shard's only)
         new = [f"{n} = ddpkit.reduce({n}{', op=' + repr('mean') if n in means else ''})"
                f"{test + n if test else ''}" for n in names

@@ -46,8 +46,32 @@ TENSOR_DRAWS = ("normal", "bernoulli", "multinomial", "poisson")
 IN_PLACE = ("normal_", "uniform_", "bernoulli_", "random_", "exponential_", "cauchy_", "geometric_", "log_normal_")
 
 
+# torch's factories whose ``device=`` says where the tensor filled in place lives
+FACTORIES = ("torch.zeros", "torch.ones", "torch.empty", "torch.full", "torch.randn", "torch.rand", "torch.tensor",
+             "torch.zeros_like", "torch.ones_like", "torch.empty_like")
+
+
 def _in_place(call: Any) -> bool:
     return isinstance(call.node.func, cst.Attribute) and call.node.func.attr.value in IN_PLACE
+
+
+def _filled_device(work: _Work, tensor: Any) -> str | None:
+    """Where the tensor a draw fills in place lives, as code for ``rank_generator(...)``: ``z.device`` of a name
+    bound in the script (not a module: ``nn.init.normal_(w)``), the ``.to(d)`` last in its chain, or the ``device=``
+    of one of torch's factories (none written: the CPU, ""); None when it cannot be told (a ``Tensor(b, n)`` of
+    ``Tensor = torch.cuda.FloatTensor``, a ``.cuda()``)."""
+    if isinstance(tensor, cst.Name):
+        bound = any(b.target == tensor.value for b in work.facts.bindings)
+        return f"{tensor.value}.device" if bound and tensor.value not in work.facts.aliases else None
+    if isinstance(tensor, cst.Call) and isinstance(tensor.func, cst.Attribute) and tensor.func.attr.value == "to":
+        device = next((a.value for a in tensor.args if a.keyword is None or a.keyword.value == "device"), None)
+        # (not a dtype: ``.to(torch.half)``)
+        dtype = isinstance(device, cst.Attribute) and (dotted(device) or "").startswith("torch.")
+        return work.facts.code(device) if device is not None and not dtype else None
+    if isinstance(tensor, cst.Call) and resolve(dotted(tensor.func), work.facts.aliases) in FACTORIES:
+        device = next((a.value for a in tensor.args if a.keyword is not None and a.keyword.value == "device"), None)
+        return work.facts.code(device) if device is not None else ""
+    return None
 
 
 def seeded_noise(work: _Work) -> None:
@@ -108,7 +132,13 @@ def _own_generator(work: _Work, draw: Any, fed: str, seeded: str) -> None:
     """The draw made from this rank's generator, or listed where it cannot take one (see the module)."""
     if _in_place(draw):  # (drawn where the tensor it fills is)
         method = draw.node.func.attr.value
-        made = f"ddpkit.rank_generator({_device_of(work, draw.node.func.value)})"
+        device = _filled_device(work, draw.node.func.value)
+        if device is None:
+            work.leave(draw.line, f".{method}() fills the noise {fed} is fed from torch's generator, seeded alike on "
+                       f"every rank ({seeded}): every rank draws the same noise", f"draw it from this rank's "
+                       f"generator: .{method}(..., generator=ddpkit.rank_generator(device)), the tensor's device")
+            return
+        made = f"ddpkit.rank_generator({device})"
         work.edits.expr[id(draw.node)] = lambda node: add_keyword(node, "generator", made)
         work.note(f".{method}() -> .{method}(generator={made})", f"the noise {fed} is fed: the script seeds torch's "
                   f"generator alike on every rank ({seeded}), so each would draw the same noise; this rank's generator "

@@ -30,7 +30,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert import sizes
-from ddpkit.commands.convert.batchmeans import batch_mean, step_count, step_kind, summed_means
+from ddpkit.commands.convert.batchmeans import batch_mean, step_count, step_kind, summed_means, summed_value
 from ddpkit.commands.convert.device import PROGRESS
 from ddpkit.commands.convert.names import dotted, names_in, resolve
 from ddpkit.commands.convert.scan import Facts, Loop
@@ -43,6 +43,9 @@ class Reduction(NamedTuple):
     names: list[str]
     lens: list[Any]
     averaged: set[str]
+    # of ``averaged``, sums of a loss summed over the batch over this rank's count of steps (mnist-vae's ``tr_loss /
+    # tr_step``): with the global batch kept, each rank's batch is 1/N of one, so they add up (reductions.py)
+    batch_sums: set[str]
 
 
 def _anchor(facts: Facts, loop: Loop, name: str) -> Loop:
@@ -122,14 +125,17 @@ def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str
             if kind in (None, "later"):
                 continue
             if kind == "mean":
-                plans.setdefault(id(anchor), Reduction(anchor, [], [], set())).averaged.add(name)
+                entry = plans.setdefault(id(anchor), Reduction(anchor, [], [], set(), set()))
+                entry.averaged.add(name)
+                if _summed_adds(facts, loop, name):
+                    entry.batch_sums.add(name)
         elif any(s is not None and names_in(s) & local for s in readers):
             return None  # ``total / (i + 1)``: i counts this rank's batches only
         elif summed_means(facts, loop, name) and not any(
                 c.name == "len" and c.stmt in readers and c.node.args and dotted(c.node.args[0].value) in named
                 for c in facts.calls) and not any(s is not None and names_in(s) & counts for s in readers):
             return None  # LeNet-5's ``avg_loss += criterion(out, y).sum()`` over ``len(test_set)``: batch means
-        entry = plans.setdefault(id(anchor), Reduction(anchor, [], [], set()))
+        entry = plans.setdefault(id(anchor), Reduction(anchor, [], [], set(), set()))
         entry.names.append(name)
         if name in entry.averaged:
             continue
@@ -229,9 +235,7 @@ def _training_sum(facts: Facts, loop: Loop, anchor: Loop, name: str, readers: li
     if not divisors and batch_mean(facts, loop, name):  # (returned or printed whole: averaged, or summed with a
         return "sum"  # per-process batch, by :func:`~ddpkit.commands.convert.reductions.reductions`)
     if divisors and all(names_in(d) and names_in(d) <= local for d in divisors):
-        # (over this rank's count of steps: each rank took as many, so batch means are averaged, and batch sums, a
-        # ``reduction="sum"`` loss's, added up: mnist-vae's ``tr_loss / tr_step``)
-        return "sum" if _per_batch(facts, loop, name) == "sum" else "mean"
+        return "mean"  # (over this rank's count of steps: averaged; a summed loss's, Reduction.batch_sums)
     if divisors and all(_batches(facts, loop, d) for d in divisors):
         # (``/ len(loader)``: a mean of batch means is averaged; a sum of batch sums, ``correct += (...).sum()``, is
         # per batch of the global batch: summed; anything else rank 0's)
@@ -254,6 +258,13 @@ def _per_batch(facts: Facts, loop: Loop, name: str) -> str | None:
              for node in m.findall(loop.node, m.AugAssign(operator=m.AddAssign()))
              if isinstance(node, cst.AugAssign) and _CODE.code_for_node(node.target) == name}
     return kinds.pop() if len(kinds) == 1 else None
+
+
+def _summed_adds(facts: Facts, loop: Loop, name: str) -> bool:
+    """Each ``name += value`` of the loop adds a loss summed over the batch (:func:`.batchmeans.summed_value`)."""
+    adds = [node for node in m.findall(loop.node, m.AugAssign(operator=m.AddAssign()))
+            if isinstance(node, cst.AugAssign) and _CODE.code_for_node(node.target) == name]
+    return bool(adds) and all(summed_value(facts, loop.scope, node.value, _line_of(facts, loop, node)) for node in adds)
 
 
 def _line_of(facts: Facts, loop: Loop, node: cst.AugAssign) -> int:

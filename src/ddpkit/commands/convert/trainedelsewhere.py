@@ -51,11 +51,11 @@ def _unread_package(script: str, calls: list[ast.Call], source: str) -> list[str
         if os.path.isfile(here + ".py") or os.path.isdir(here):
             return []  # (a module of the script's folder: read, and it trains nothing convert can see)
         found = _module_path(script, node.module)
-        fix = f"ddpkit convert --imports {found}" if found else "ddpkit convert --imports on the file that defines " \
-            f"{handed} (or ddpkit convert FOLDER on its package)"
+        if found is None:  # (an installed library's: Lightning's Trainer, transformers' Trainer)
+            continue
         return [f"  {script}: left to you: nothing was converted: {handed}() comes from {node.module}, which is not "
-                "among the files read (a src/ layout, or an installed package?), so its training loop and loader stay "
-                f"as they are and every rank would train on every batch; convert the module that trains: {fix}"]
+                "among the files read (a src/ layout?), so its training loop and loader stay as they are and every "
+                f"rank would train on every batch; convert the module that trains: ddpkit convert --imports {found}"]
     return []
 
 
