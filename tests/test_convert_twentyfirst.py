@@ -555,3 +555,107 @@ def test_review_a_trainer_of_an_installed_library_is_no_unread_package(tmp_path)
     done = run_cmd([sys.executable, "-m", "ddpkit", "convert", "--imports", "-o", tmp_path / "out", "train.py"],
                    cwd=tmp_path)
     assert "comes from lightning" not in done.stderr, done.stderr
+
+
+def test_a_validation_loader_run_through_the_training_loop_switched_off_is_said():
+    source = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+train_loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,))), batch_size=16, shuffle=True)
+val_loader = DataLoader(TensorDataset(torch.randn(51, 4), torch.randint(0, 2, (51,))), batch_size=16)
+
+
+def run_model(net, loader, opt, train=True):
+    correct = 0
+    for x, y in loader:
+        with torch.set_grad_enabled(train):
+            out = net(x)
+            loss = nn.functional.cross_entropy(out, y)
+        if train:
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        correct += (out.argmax(1) == y).sum().item()
+    return correct / len(loader.dataset)
+
+
+net = nn.Linear(4, 2)
+opt = torch.optim.Adam(net.parameters())
+for epoch in range(2):
+    run_model(net, train_loader, opt)
+    print(run_model(net, val_loader, opt, False))
+'''
+    left = [a for a in plan(source).left if a.line == 6]
+    assert left and not left[0].blocks and "step switched off" in left[0].what, left
+
+
+@pytest.mark.parametrize("draw, said", [("torch.randn_like(mu)", "left"),
+                                        ("torch.randn(mu.shape, device=mu.device)", "rewritten")])
+def test_noise_drawn_in_the_trained_model_s_forward_is_per_rank_or_said(draw, said):
+    source = f'''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(1)
+
+
+class TinyVAE(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Linear(8, 4)
+        self.dec = nn.Linear(2, 8)
+
+    def forward(self, x):
+        mu, logvar = self.enc(x).chunk(2, dim=1)
+        eps = {draw}
+        return self.dec(mu + eps * torch.exp(0.5 * logvar))
+
+
+loader = DataLoader(TensorDataset(torch.rand(64, 8)), batch_size=16, shuffle=True)
+model = TinyVAE()
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+for (x,) in loader:
+    opt.zero_grad()
+    nn.functional.mse_loss(model(x), x).backward()
+    opt.step()
+'''
+    result = plan(source)
+    if said == "left":
+        assert [a for a in result.left if a.line == 16 and "the same noise" in a.what], result.left
+    else:
+        assert "generator=ddpkit.rank_generator(mu.device)" in result.text
+
+
+# the reviewer's five more public scripts (after the fixes above): each failed first
+def test_extra_data_parallel_around_a_move_is_undone_inside_the_wrap():
+    source = ("import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader\n"
+              "device = torch.device('cpu')\nnet = nn.DataParallel(nn.Linear(4, 2).to(device))\n"
+              "opt = torch.optim.Adam(net.parameters())\nfor x in DataLoader(ds, batch_size=8):\n"
+              "    net(x.to(device)).mean().backward()\n    opt.step()\n")
+    assert "net = ddpkit.prepare_model(nn.Linear(4, 2))" in plan(source).text
+
+
+def test_extra_noise_made_of_a_draw_on_its_line_is_drawn_per_rank():
+    source = PEEK.replace("net(x).mean().backward()", "noise = (torch.rand(x.shape[0], 3, 8, 8) - 0.5) / 0.5\n"
+                          "    net(noise).mean().backward()").replace("import torch\n", "import torch\n"
+                                                                         "torch.manual_seed(1)\n", 1)
+    assert "torch.rand(x.shape[0], 3, 8, 8, generator=ddpkit.rank_generator())" in plan(source).text
+
+
+def test_extra_a_module_that_only_guards_a_write_with_ddpkit_is_still_converted():
+    data = ("import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\ndef get_loaders(bs):\n"
+            "    ds = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))\n"
+            "    return DataLoader(ds, batch_size=bs, shuffle=True), DataLoader(ds, batch_size=bs)\n")
+    trainer = ("import torch.nn.functional as F\nimport ddpkit\n\n\nclass Trainer:\n"
+               "    def __init__(self, model, opt, loader):\n        self.model, self.opt, self.loader = model, opt, "
+               "loader\n\n    def train(self, epochs):\n        for epoch in range(epochs):\n"
+               "            if ddpkit.init().is_main:\n                with open('log.csv', 'w') as f:\n"
+               "                    f.write('epoch,loss')\n            for x, y in self.loader:\n"
+               "                self.opt.zero_grad()\n                F.cross_entropy(self.model(x), y).backward()\n"
+               "                self.opt.step()\n")
+    main = ("import torch\nfrom data import get_loaders\nfrom trainer import Trainer\n\n"
+            "train_loader, test_loader = get_loaders(16)\nmodel = torch.nn.Linear(4, 2)\n"
+            "opt = torch.optim.Adam(model.parameters(), lr=1e-3)\nTrainer(model, opt, train_loader).train(2)\n")
+    plans = _settled({"data.py": data, "trainer.py": trainer, "main.py": main})
+    assert "return ddpkit.data_loader(ds, global_batch_size=bs, shuffle=True)" in plans["data.py"].text

@@ -36,7 +36,7 @@ from ddpkit.commands.convert.apply import LOADER_PARAMETERS, loader_call
 from ddpkit.commands.convert.crossing import NOT_PASSED, TRAIN
 from ddpkit.commands.convert.flow import callers, loops_reading
 from ddpkit.commands.convert.loaderuse import LOADER
-from ddpkit.commands.convert.names import dotted
+from ddpkit.commands.convert.names import dotted, resolve
 from ddpkit.commands.convert.reductions import reductions
 from ddpkit.commands.convert.roles import peek, roles_said
 from ddpkit.commands.convert.scan import Call, Facts, Loop, imported_from
@@ -298,12 +298,19 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
     comprehended = loaderuse.comprehensions_reading(work.facts, returned or ([binding] if binding else [])) \
         if role is None and not loops else []
     if comprehended:  # ``sum(f(x) for x, y in test_loader)``: read whole there, whatever its shuffle says
-        return _comprehended(work, call, comprehended)
+        return loaderuse.comprehended_only(work, call, comprehended)
     if role is None and not loops and binding is not None and drawn.drawn_once(work, binding):
         work.keep(call.line, f"a DataLoader drawn from once (next(iter({binding.target})) outside any loop) left as "
                   "it is", "one batch taken before the loops (a fixed sample to show): no training step reads it")
         return False
     role = role or roles.role(work.facts, loops, binding, call)
+    if role == "train" and binding is not None and roles.flagged_off(work.facts, binding, loops):
+        # (kefth's ``run_model(net, val_loader, opt, False)``: its loop trains only when told; one loop, two roles)
+        work.leave(call.line, f"{binding.target} is handed only to a training loop with its step switched off (an "
+                   "evaluation through the training function): sharded as a training loader, each rank evaluates its "
+                   "shard padded to the global batch, so what it counts there differs a little from one process's",
+                   "evaluate it in a loop of its own over ddpkit.data_loader(dataset, batch_size, train=False), "
+                   "then convert again")
     if role == "eval" and not loops:  # said by a name only: its loop, and what it sums, were not found
         work.keep(call.line, "an evaluation DataLoader (by its name) whose loop is not in this file, left as it "
                   "is", "every rank evaluates the whole set, which is right (to share the work: ddpkit.data_loader("
@@ -383,25 +390,11 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
               how, call.line)
     return role == "train"
 
-def _comprehended(work: _Work, call: Call, comprehended: list[tuple[int, bool]]) -> bool:
-    """A loader read only by comprehensions: one that trains is refused (no loop to shard and reduce in); an
-    evaluation stays whole, each rank reading every batch (its sum is then the whole set's on every rank)."""
-    where = ", ".join(str(line) for line, _ in comprehended)
-    if any(trains for _, trains in comprehended):
-        work.leave(call.line, f"a DataLoader read by a comprehension that trains (line {where}): its batches "
-                   "cannot be shared out there", "write the training as a for loop over the loader, then convert "
-                   "again", blocks=True)
-        return True
-    work.keep(call.line, f"a DataLoader read only by a comprehension (line {where}) that does not train, left as "
-              "it is", "an evaluation (sum(f(x) for x in loader)): every rank evaluates the whole set, which is "
-              "right (to share the work: write it as a for loop, and convert again)")
-    return False
-
-
 def _same(node: cst.Call) -> cst.Call:
     return node
 
 
 def uses_ddpkit(facts: Facts) -> bool:
-    """The script imports ddpkit (under any name)."""
-    return any(full == "ddpkit" or full.startswith("ddpkit.") for full in facts.aliases.values())
+    """The script distributes with ddpkit already: it calls ``ddpkit.data_loader`` or ``ddpkit.prepare_model``
+    (under any name); not one that only guards a write with ``ddpkit.init().is_main`` (a named fix applied by hand)."""
+    return any(resolve(c.name, facts.aliases) in ("ddpkit.data_loader", "ddpkit.prepare_model") for c in facts.calls)

@@ -251,3 +251,18 @@ def _comprehension_trains(facts: Facts, comp: cst.CSTNode) -> bool:
                 flow.scope_trains(facts, target[0]) and not flow.step_off(facts, call):
             return True
     return False
+
+
+def comprehended_only(work: _Work, call: Call, comprehended: list[tuple[int, bool]]) -> bool:
+    """A loader read only by comprehensions: one that trains is refused (no loop to shard and reduce in); an
+    evaluation stays whole, each rank reading every batch (its sum is then the whole set's on every rank)."""
+    where = ", ".join(str(line) for line, _ in comprehended)
+    if any(trains for _, trains in comprehended):
+        work.leave(call.line, f"a DataLoader read by a comprehension that trains (line {where}): its batches "
+                   "cannot be shared out there", "write the training as a for loop over the loader, then convert "
+                   "again", blocks=True)
+        return True
+    work.keep(call.line, f"a DataLoader read only by a comprehension (line {where}) that does not train, left as "
+              "it is", "an evaluation (sum(f(x) for x in loader)): every rank evaluates the whole set, which is "
+              "right (to share the work: write it as a for loop, and convert again)")
+    return False

@@ -109,7 +109,9 @@ def _summed_shown(work: _Work, call: Call) -> None:
             work.keep(shown.line, f"{shown.last}(...) shows {sorted(named)[0]}, a loss summed over the batch, " +
                       ("each step" if loop is None or shown.line <= loop.end else "of the training loop's last batch"),
                       "this rank's share of the batch's sum: 1/N of one process's at N processes (the steps "
-                      "hold: the optimizer does not follow the gradient's scale); ddpkit.reduce(loss.detach()) shows "
+                      "nearly hold: the optimizer follows the gradient's scale only through its eps, so ddpkit verify "
+                      "may still tell the runs apart; loss.sum() * state.world_size keeps them exact); "
+                      "ddpkit.reduce(loss.detach()) shows "
                       "the whole batch's")
             return
 

@@ -217,8 +217,10 @@ def wrap(work: _Work, binding: Binding, optimizer: Call | None) -> bool:
         assert binding.stmt is not None
         work.edits.replace[id(binding.stmt)] = [f"{binding.target} = {alias} = ddpkit.prepare_model({alias})"]
     else:
+        # (after an edit of the same node: ``nn.DataParallel(Net().to(device))``, undone to its module first)
+        before = work.edits.expr.get(id(value), lambda node: node)
         work.edits.expr[id(value)] = lambda node: cst.parse_expression(
-            f"ddpkit.prepare_model({work.facts.module.code_for_node(rules.without_moves(node))})")
+            f"ddpkit.prepare_model({work.facts.module.code_for_node(rules.without_moves(before(node)))})")
     trains = f"the optimizer at line {optimizer.line}" if optimizer is not None else "an optimizer in " \
         "another module of the project"
     work.note(f"{binding.target} = ddpkit.prepare_model(...)", f"the model {trains} trains: prepare_model moves "

@@ -16,7 +16,9 @@ import re
 import libcst as cst
 import libcst.matchers as m
 
-from ddpkit.commands.convert.flow import callers, step_off, trains
+from ddpkit.commands.convert.flagged import switched_off
+from ddpkit.commands.convert.flow import callee, callers, step_off, trains
+from ddpkit.commands.convert.names import names_in
 from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop
 
 
@@ -56,6 +58,19 @@ def role(facts: Facts, loops: list[Loop], binding: Binding | None, call: Call) -
     if shuffled or "train" in words:
         return "train"
     return "eval" if named_eval else _branch_role(facts, call)
+
+
+def flagged_off(facts: Facts, binding: Binding, loops: list[Loop]) -> bool:
+    """Every loop over ``binding``'s loader is in a function of the script that trains or evaluates by a flag, and
+    every call handing it the loader switches the backward off (``run_model(net, val_loader, opt, False)`` of
+    ``if train: loss.backward()``: :func:`.flagged.switched_off`): the loader is evaluated there."""
+    scopes = {id(loop.scope): loop.scope for loop in loops}
+    if any(not scope.name for scope in scopes.values()):
+        return False
+    sites = [c for c in facts.calls if (t := callee(facts, c)) is not None and id(t[0]) in scopes and
+             any(binding.target in names_in(a.value) for a in c.node.args)]
+    return bool(sites) and all(switched_off(facts, c, t[0], t[1]) for c in sites
+                               if (t := callee(facts, c)) is not None)
 
 
 def _branch_role(facts: Facts, call: Call) -> str | None:

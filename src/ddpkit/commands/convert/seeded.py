@@ -96,6 +96,20 @@ def seeded_noise(work: _Work) -> None:
                        where)
     for scope in penalties:  # a gradient penalty's interpolation weights, drawn in a helper of its own
         _draws_fed(work, [c for c in work.facts.calls if c.scope is scope], set(scope.params) | models, done, where)
+    for draw in _forward_draws(work, done):  # (a VAE's ``eps = torch.randn_like(mu)`` in the trained model's forward)
+        done.add(id(draw.node))
+        _own_generator(work, draw, f"{draw.scope.cls}.forward", where)
+
+
+def _forward_draws(work: _Work, done: set[int]) -> list[Any]:
+    """The draws made in the ``forward`` of a class of the script's whose instance an optimizer trains here: every
+    training step makes them, for the batch."""
+    classes = {s.cls for s in work.facts.scopes.values() if s.cls}
+    trained = {dotted(c.func) for b in work.models if b.value is not None for c in m.findall(b.value, m.Call())
+               if isinstance(c, cst.Call)} & classes
+    return [c for c in work.facts.calls if c.scope.cls in trained and c.scope.name.endswith(".forward") and
+            id(c.node) not in done and resolve(dotted(c.node.func), work.facts.aliases) in DRAWS and
+            not any(a.keyword is not None and a.keyword.value == "generator" for a in c.node.args)]
 
 
 def _draws_fed(work: _Work, calls: list[Any], models: set[str], done: set[int], where: str) -> None:
@@ -109,7 +123,10 @@ def _draws_fed(work: _Work, calls: list[Any], models: set[str], done: set[int], 
         if id(draw.node) in done or resolve(dotted(draw.node.func), aliases) not in DRAWS and not _in_place(draw) or \
                 any(a.keyword is not None and a.keyword.value == "generator" for a in draw.node.args):
             continue
-        bound = {b.target for b in work.facts.bindings if b.value is draw.node}
+        # (bound to it, or to what is made of it on that line: ``noise = (torch.rand(b, 8) - 0.5) / 0.5``)
+        bound = {b.target for b in work.facts.bindings if b.value is draw.node or b.scope is draw.scope and
+                 b.line == draw.line and b.value is not None and
+                 any(n is draw.node for n in m.findall(b.value, m.Call()))}
         filled = dotted(draw.node.func.value) if _in_place(draw) else None  # (``z.normal_()``: z is the noise)
         bound |= {filled} if filled else set()
         for _ in range(2):  # (two steps of names made from it, in its function)
