@@ -659,3 +659,25 @@ def test_extra_a_module_that_only_guards_a_write_with_ddpkit_is_still_converted(
             "opt = torch.optim.Adam(model.parameters(), lr=1e-3)\nTrainer(model, opt, train_loader).train(2)\n")
     plans = _settled({"data.py": data, "trainer.py": trainer, "main.py": main})
     assert "return ddpkit.data_loader(ds, global_batch_size=bs, shuffle=True)" in plans["data.py"].text
+
+
+# the after-fix re-run's finds
+def test_after_a_summed_loss_shown_per_sample_is_no_share_of_a_sum():
+    source = ("import torch\nimport torch.nn.functional as F\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+              "loader = DataLoader(TensorDataset(torch.rand(64, 8)), batch_size=16, shuffle=True)\n"
+              "model = torch.nn.Linear(8, 8)\nopt = torch.optim.Adam(model.parameters(), lr=1e-3)\n"
+              "for (data,) in loader:\n    opt.zero_grad()\n"
+              "    loss = F.mse_loss(model(data), data, reduction='sum')\n    loss.backward()\n    opt.step()\n"
+              "    print('loss: {:.6f}'.format(loss.item() / len(data)))\n")
+    kept = [k for k in plan(source).kept if k.line == 12]
+    assert kept and not [k for k in kept if "summed over the batch" in k.what], kept
+
+
+def test_after_an_evaluation_nested_in_the_training_loop_is_no_running_share():
+    source = STEPS.replace("        if i % 2 == 0:\n", "        if i % 2 == 0:\n            correct = 0\n"
+                           "            with torch.no_grad():\n                for tx, ty in test_loader:\n"
+                           "                    correct += (model(tx).argmax(1) == ty).sum().item()\n"
+                           "            print('acc', correct)\n").replace(
+        "loader = DataLoader(", "test_loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.zeros(8).long()))\n"
+        "loader = DataLoader(")
+    assert not [k for k in plan(source).kept if "shows correct" in k.what]

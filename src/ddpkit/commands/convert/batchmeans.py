@@ -211,7 +211,7 @@ def step_kind(facts: Facts, scope: Scope, value: Any, line: int, depth: int = 0)
                                            dotted(value.func) == "float" and len(value.args) == 1):
         value = value.func.value if isinstance(value.func, cst.Attribute) else value.args[0].value
     if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Divide):
-        return "mean" if _batch_size(value.right) else None
+        return "mean" if batch_size(value.right) else None
     if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, cst.Multiply):  # (``100. * acc``)
         kinds = {step_kind(facts, scope, side, line, depth) for side in (value.left, value.right)
                  if not isinstance(side, (cst.Integer, cst.Float))}
@@ -261,7 +261,7 @@ def _summed_call(facts: Facts, scope: Scope, value: cst.Call, line: int) -> bool
     return bound is not None and summing(bound.value)
 
 
-def _batch_size(node: Any) -> bool:
+def batch_size(node: Any) -> bool:
     """``len(y)``, ``y.size(0)``, ``y.shape[0]``, ``y.numel()``: the size of a batch a helper is handed."""
     if isinstance(node, cst.Call) and dotted(node.func) == "len" and len(node.args) == 1:
         return dotted(node.args[0].value) is not None

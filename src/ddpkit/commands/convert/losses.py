@@ -22,7 +22,7 @@ import libcst.matchers as m
 
 from ddpkit.commands.check.rules import OPTIMIZERS
 from ddpkit.commands.convert import counted, flow, sizes
-from ddpkit.commands.convert.batchmeans import stepped_losses
+from ddpkit.commands.convert.batchmeans import batch_size, stepped_losses
 from ddpkit.commands.convert.flow import callee
 from ddpkit.commands.convert.names import dotted, names_in
 from ddpkit.commands.convert.scan import Call
@@ -104,6 +104,10 @@ def _summed_shown(work: _Work, call: Call) -> None:
     # (in the loop each step, or after it, the last batch's: Soooda/vae's ``print(..., loss.item())`` an epoch)
     after = [c for c in work.facts.calls if loop is not None and c.scope is loop.scope and c.line > loop.end]
     for shown in [*loop.calls, *after] if loop is not None and named else ():
+        per_sample = any(isinstance(d, cst.BinaryOperation) and names_in(d.left) & named and batch_size(d.right)
+                         for a in shown.node.args for d in m.findall(a.value, m.BinaryOperation(operator=m.Divide())))
+        if per_sample:  # (``loss.item() / len(data)``: a mean over this rank's samples, the same scale: yakhyo's VAE)
+            continue
         if shown.last in ("print", "format", "info", "write", "set_postfix", "add_scalar", "log") and \
                 shown.line > made.line and {n for a in shown.node.args for n in names_in(a.value)} & named:
             work.keep(shown.line, f"{shown.last}(...) shows {sorted(named)[0]}, a loss summed over the batch, " +

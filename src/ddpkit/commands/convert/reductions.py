@@ -114,7 +114,12 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
         if summed_as_training:  # (PyHessian's bar: ``set_postfix(loss=train_loss / total)``; a step sum shown and
             # reset each k steps beside an epoch sum reduced after the loop: tuguldurio's ``running_loss / k``)
             reduced = {n for p in plan or [] for n in p[1]}
-            _running_shown(work, loop, [n for n, _ in loop.augmented if n not in reduced], after=False)
+            # (not a sum of an evaluation nested in it, over a loader of its own: ZZy979's ``correct`` of the test
+            # loop run every N steps, which every rank reads whole)
+            nested = [lp for lp in work.facts.loops if loop in lp.outer]
+            own = [n for n, line in loop.augmented if n not in reduced and
+                   not any(lp.line <= line <= lp.end for lp in nested)]
+            _running_shown(work, loop, own, after=False)
         if summed_as_training:
             _count_shown(work, loop)
             _shares(work, shares)
