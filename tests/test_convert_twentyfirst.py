@@ -681,3 +681,15 @@ def test_after_an_evaluation_nested_in_the_training_loop_is_no_running_share():
         "loader = DataLoader(", "test_loader = DataLoader(TensorDataset(torch.randn(8, 4), torch.zeros(8).long()))\n"
         "loader = DataLoader(")
     assert not [k for k in plan(source).kept if "shows correct" in k.what]
+
+
+def test_after_a_loop_module_handed_its_loader_says_the_step_loss_rank_0_s():
+    steps = ("def train(model, dataloader, loss_fn, optimizer):\n    for batch, (X, y) in enumerate(dataloader):\n"
+             "        loss = loss_fn(model(X), y)\n        optimizer.zero_grad()\n        loss.backward()\n"
+             "        optimizer.step()\n        if batch % 2 == 0:\n            print(loss.item())\n")
+    main = ("import torch\nfrom torch.utils.data import DataLoader, TensorDataset\nfrom steps import train\n"
+            "loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,))), batch_size=16)\n"
+            "model = torch.nn.Linear(4, 2)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "train(model, loader, torch.nn.CrossEntropyLoss(), opt)\n")
+    plans = _settled({"steps.py": steps, "main.py": main})
+    assert [k for k in plans["steps.py"].kept if k.line == 8 and "the step's loss" in k.what], plans["steps.py"].kept

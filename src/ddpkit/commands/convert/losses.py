@@ -23,6 +23,7 @@ import libcst.matchers as m
 from ddpkit.commands.check.rules import OPTIMIZERS
 from ddpkit.commands.convert import counted, flow, sizes
 from ddpkit.commands.convert.batchmeans import batch_size, stepped_losses
+from ddpkit.commands.convert.crossing import HANDED, key
 from ddpkit.commands.convert.flow import callee
 from ddpkit.commands.convert.names import dotted, names_in
 from ddpkit.commands.convert.scan import Call
@@ -128,8 +129,11 @@ def step_loss_shown(work: _Work) -> None:
     ``print(f"epoch {e} loss {loss.item()}")``): with the global batch kept, a mean over this rank's 1/N of the
     batch, rank 0's on screen; said once for each loss (a GAN's two), at the first line showing it (a summed one is
     said by :func:`_summed_shown`)."""
-    if not work.models and not work.trains or not sizes.global_batch_kept(work):  # (or a loader sharded here, its
-        return                                                                   # model handed in by another file)
+    # (or a loader sharded here, or handed in converted by another file, with the model: Amaurydpk's loop module)
+    handed = bool(work.crossing.provided.get(key("", HANDED))) if work.crossing is not None else False
+    if not work.models and not work.trains and not handed or \
+            not (sizes.global_batch_kept(work) or handed and not work.per_process_batch):
+        return
     if any("a loss summed over the batch" in k.what for k in work.kept):
         return
     said: set[str] = set()
