@@ -693,3 +693,11 @@ def test_after_a_loop_module_handed_its_loader_says_the_step_loss_rank_0_s():
             "train(model, loader, torch.nn.CrossEntropyLoss(), opt)\n")
     plans = _settled({"steps.py": steps, "main.py": main})
     assert [k for k in plans["steps.py"].kept if k.line == 8 and "the step's loss" in k.what], plans["steps.py"].kept
+
+
+def test_a_copy_made_after_training_is_rank_0_s():
+    source = ("import shutil\nimport torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+              "loader = DataLoader(TensorDataset(torch.ones(8, 2)), batch_size=4)\nnet = torch.nn.Linear(2, 1)\n"
+              "opt = torch.optim.SGD(net.parameters(), lr=0.1)\nfor (x,) in loader:\n    net(x).mean().backward()\n"
+              "    opt.step()\nprint('done')\nshutil.copyfile('config.yaml', 'runs/config.yaml')\n")
+    assert "if ddpkit.init().is_main:\n    shutil.copyfile('config.yaml', 'runs/config.yaml')" in plan(source).text
