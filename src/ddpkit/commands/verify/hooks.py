@@ -38,6 +38,7 @@ from ddpkit.commands.verify import nodropout, perturbed, rounding
 from ddpkit.commands.verify.recorder import DRAWS_OFFSET, Recorder, cpu_state, dropout_off
 from ddpkit.commands.verify.samples import SampleSeeded
 from ddpkit.core import contract
+from ddpkit.core.atomic import write_atomically
 from ddpkit.runtime.instrument import Hooks, OnShutdown
 
 
@@ -69,8 +70,8 @@ class VerifyHooks(Hooks):
                     perturbed.perturb(model, self.perturb)
             else:
                 weights = cpu_state(model)  # on every rank: gathering a sharded (fsdp) model is collective
-                if is_main:
-                    torch.save(weights, path)
+                if is_main:  # (whole or absent: another run's prepare_model reads it)
+                    write_atomically(path, lambda f: torch.save(weights, f))
 
     def train_batch(self, batch_size: int, given_globally: bool = False) -> int:
         """The one-process run takes N x the per-process batch; a ``global_batch_size`` is one already."""
