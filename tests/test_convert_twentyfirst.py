@@ -620,11 +620,9 @@ for (x,) in loader:
     nn.functional.mse_loss(model(x), x).backward()
     opt.step()
 '''
-    result = plan(source)
-    if said == "left":
-        assert [a for a in result.left if a.line == 16 and "the same noise" in a.what], result.left
-    else:
-        assert "generator=ddpkit.rank_generator(mu.device)" in result.text
+    result = plan(source)  # (listed, never rewritten: the forward evaluates too, and may draw a shape: review 32)
+    assert [a for a in result.left if a.line == 16 and "the same noise" in a.what and not a.blocks], result.left
+    assert "rank_generator" not in result.text, said
 
 
 # the reviewer's five more public scripts (after the fixes above): each failed first
@@ -641,24 +639,6 @@ def test_extra_noise_made_of_a_draw_on_its_line_is_drawn_per_rank():
                           "    net(noise).mean().backward()").replace("import torch\n", "import torch\n"
                                                                          "torch.manual_seed(1)\n", 1)
     assert "torch.rand(x.shape[0], 3, 8, 8, generator=ddpkit.rank_generator())" in plan(source).text
-
-
-def test_extra_a_module_that_only_guards_a_write_with_ddpkit_is_still_converted():
-    data = ("import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\ndef get_loaders(bs):\n"
-            "    ds = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))\n"
-            "    return DataLoader(ds, batch_size=bs, shuffle=True), DataLoader(ds, batch_size=bs)\n")
-    trainer = ("import torch.nn.functional as F\nimport ddpkit\n\n\nclass Trainer:\n"
-               "    def __init__(self, model, opt, loader):\n        self.model, self.opt, self.loader = model, opt, "
-               "loader\n\n    def train(self, epochs):\n        for epoch in range(epochs):\n"
-               "            if ddpkit.init().is_main:\n                with open('log.csv', 'w') as f:\n"
-               "                    f.write('epoch,loss')\n            for x, y in self.loader:\n"
-               "                self.opt.zero_grad()\n                F.cross_entropy(self.model(x), y).backward()\n"
-               "                self.opt.step()\n")
-    main = ("import torch\nfrom data import get_loaders\nfrom trainer import Trainer\n\n"
-            "train_loader, test_loader = get_loaders(16)\nmodel = torch.nn.Linear(4, 2)\n"
-            "opt = torch.optim.Adam(model.parameters(), lr=1e-3)\nTrainer(model, opt, train_loader).train(2)\n")
-    plans = _settled({"data.py": data, "trainer.py": trainer, "main.py": main})
-    assert "return ddpkit.data_loader(ds, global_batch_size=bs, shuffle=True)" in plans["data.py"].text
 
 
 # the after-fix re-run's finds
@@ -695,9 +675,32 @@ def test_after_a_loop_module_handed_its_loader_says_the_step_loss_rank_0_s():
     assert [k for k in plans["steps.py"].kept if k.line == 8 and "the step's loss" in k.what], plans["steps.py"].kept
 
 
-def test_a_copy_made_after_training_is_rank_0_s():
-    source = ("import shutil\nimport torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
-              "loader = DataLoader(TensorDataset(torch.ones(8, 2)), batch_size=4)\nnet = torch.nn.Linear(2, 1)\n"
-              "opt = torch.optim.SGD(net.parameters(), lr=0.1)\nfor (x,) in loader:\n    net(x).mean().backward()\n"
-              "    opt.step()\nprint('done')\nshutil.copyfile('config.yaml', 'runs/config.yaml')\n")
-    assert "if ddpkit.init().is_main:\n    shutil.copyfile('config.yaml', 'runs/config.yaml')" in plan(source).text
+# review 32's finds in the commits after review 31, each failed first
+def test_review_a_number_drawn_per_batch_is_no_noise():
+    source = PEEK.replace("net(x).mean().backward()", "steps = int(torch.randint(1, 4, (1,)).item())\n"
+                          "    for _ in range(steps):\n        x = net(x)\n    x.mean().backward()").replace(
+        "import torch\n", "import torch\ntorch.manual_seed(1)\n", 1)
+    assert "rank_generator" not in plan(source).text
+
+
+def test_review_a_hand_written_ddpkit_script_keeps_its_plain_loader():
+    source = ("import torch\nimport ddpkit\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+              "state = ddpkit.init()\nstats = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4)\n"
+              "total = 0.0\nfor (x,) in stats:\n    total += x.sum().item()\nddpkit.print(total)\n")
+    assert not [a for a in plan(source).left if a.blocks]
+
+
+def test_review_a_running_sum_in_a_nested_accumulation_loop_is_still_said():
+    source = STEPS.replace("        step_loss += loss.item()\n", "        for k in range(2):\n"
+                           "            step_loss += loss.item() / 2\n")
+    assert [k for k in plan(source).kept if "step_loss" in k.what and "rank 0's" in k.why]
+
+
+def test_review_a_sum_over_the_dataset_is_no_per_sample_mean():
+    source = ("import torch\nimport torch.nn.functional as F\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+              "loader = DataLoader(TensorDataset(torch.rand(64, 8)), batch_size=16, shuffle=True)\n"
+              "model = torch.nn.Linear(8, 8)\nopt = torch.optim.Adam(model.parameters(), lr=1e-3)\n"
+              "for (data,) in loader:\n    opt.zero_grad()\n"
+              "    loss = F.mse_loss(model(data), data, reduction='sum')\n    loss.backward()\n    opt.step()\n"
+              "    print(loss.item(), loss.item() / len(data))\n")
+    assert [k for k in plan(source).kept if k.line == 12 and "summed over the batch" in k.what]

@@ -36,7 +36,7 @@ from ddpkit.commands.convert.apply import LOADER_PARAMETERS, loader_call
 from ddpkit.commands.convert.crossing import NOT_PASSED, TRAIN
 from ddpkit.commands.convert.flow import callers, loops_reading
 from ddpkit.commands.convert.loaderuse import LOADER
-from ddpkit.commands.convert.names import dotted, resolve
+from ddpkit.commands.convert.names import dotted
 from ddpkit.commands.convert.reductions import reductions
 from ddpkit.commands.convert.roles import peek, roles_said
 from ddpkit.commands.convert.scan import Call, Facts, Loop, imported_from
@@ -395,6 +395,5 @@ def _same(node: cst.Call) -> cst.Call:
 
 
 def uses_ddpkit(facts: Facts) -> bool:
-    """The script distributes with ddpkit already: it calls ``ddpkit.data_loader`` or ``ddpkit.prepare_model``
-    (under any name); not one that only guards a write with ``ddpkit.init().is_main`` (a named fix applied by hand)."""
-    return any(resolve(c.name, facts.aliases) in ("ddpkit.data_loader", "ddpkit.prepare_model") for c in facts.calls)
+    """The script imports ddpkit (under any name): a hand-written ddpkit script's plain loaders are its choice."""
+    return any(full == "ddpkit" or full.startswith("ddpkit.") for full in facts.aliases.values())

@@ -105,8 +105,7 @@ def _summed_shown(work: _Work, call: Call) -> None:
     # (in the loop each step, or after it, the last batch's: Soooda/vae's ``print(..., loss.item())`` an epoch)
     after = [c for c in work.facts.calls if loop is not None and c.scope is loop.scope and c.line > loop.end]
     for shown in [*loop.calls, *after] if loop is not None and named else ():
-        per_sample = any(isinstance(d, cst.BinaryOperation) and names_in(d.left) & named and batch_size(d.right)
-                         for a in shown.node.args for d in m.findall(a.value, m.BinaryOperation(operator=m.Divide())))
+        per_sample = _per_sample(shown, named, loop.targets if loop is not None else set())
         if per_sample:  # (``loss.item() / len(data)``: a mean over this rank's samples, the same scale: yakhyo's VAE)
             continue
         if shown.last in ("print", "format", "info", "write", "set_postfix", "add_scalar", "log") and \
@@ -119,6 +118,17 @@ def _summed_shown(work: _Work, call: Call) -> None:
                       "ddpkit.reduce(loss.detach()) shows "
                       "the whole batch's")
             return
+
+
+def _per_sample(shown: Call, named: set[str], targets: set[str]) -> bool:
+    """Every read of the loss in ``shown`` is divided by the size of the loop's batch (``loss.item() / len(data)``,
+    ``data`` the loop's): a mean over this rank's samples, not a share of the batch's sum."""
+    divisions = [d for a in shown.node.args for d in m.findall(a.value, m.BinaryOperation(operator=m.Divide()))
+                 if isinstance(d, cst.BinaryOperation) and batch_size(d.right) and names_in(d.right) & targets]
+    inside = {id(n) for d in divisions for n in m.findall(d.left, m.Name())}
+    reads = [n for a in shown.node.args for n in m.findall(a.value, m.Name()) if isinstance(n, cst.Name) and
+             n.value in named]
+    return bool(reads) and all(id(n) in inside for n in reads)
 
 
 SHOWN = ("print", "format", "info", "write", "set_postfix", "set_description", "add_scalar", "log")

@@ -116,7 +116,8 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
             reduced = {n for p in plan or [] for n in p[1]}
             # (not a sum of an evaluation nested in it, over a loader of its own: ZZy979's ``correct`` of the test
             # loop run every N steps, which every rank reads whole)
-            nested = [lp for lp in work.facts.loops if loop in lp.outer]
+            nested = [lp for lp in work.facts.loops if loop in lp.outer and isinstance(lp.node, cst.For) and
+                      not flow.trains(work.facts, lp) and lp.iter_names and not lp.iter_names <= {"range"}]
             own = [n for n, line in loop.augmented if n not in reduced and
                    not any(lp.line <= line <= lp.end for lp in nested)]
             _running_shown(work, loop, own, after=False)

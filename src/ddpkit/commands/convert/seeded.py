@@ -51,6 +51,14 @@ FACTORIES = ("torch.zeros", "torch.ones", "torch.empty", "torch.full", "torch.ra
              "torch.zeros_like", "torch.ones_like", "torch.empty_like")
 
 
+def _number(value: Any) -> bool:
+    """A number made from a draw (``int(torch.randint(1, 4, (1,)).item())``: a decision, alike on every rank), not
+    noise."""
+    numbers = m.Call(func=m.Name("int") | m.Name("float") | m.Name("bool") | m.Name("round")) | \
+        m.Call(func=m.Attribute(attr=m.Name("item") | m.Name("tolist")))
+    return bool(m.findall(value, numbers))
+
+
 def _in_place(call: Any) -> bool:
     return isinstance(call.node.func, cst.Attribute) and call.node.func.attr.value in IN_PLACE
 
@@ -97,8 +105,12 @@ def seeded_noise(work: _Work) -> None:
     for scope in penalties:  # a gradient penalty's interpolation weights, drawn in a helper of its own
         _draws_fed(work, [c for c in work.facts.calls if c.scope is scope], set(scope.params) | models, done, where)
     for draw in _forward_draws(work, done):  # (a VAE's ``eps = torch.randn_like(mu)`` in the trained model's forward)
-        done.add(id(draw.node))
-        _own_generator(work, draw, f"{draw.scope.cls}.forward", where)
+        done.add(id(draw.node))  # listed, not rewritten: the same forward evaluates too (every rank its own noise
+        # would part their validation losses), and a draw may decide the network's shape (review 32)
+        work.leave(draw.line, f"{dotted(draw.node.func)}(...) in {draw.scope.name}() draws from torch's generator, "
+                   f"seeded alike on every rank ({where}): in training every rank draws the same noise for its part "
+                   "of the batch", "if it is noise over the batch, draw it from this rank's generator in training "
+                   "only: generator=ddpkit.rank_generator(x.device) when self.training")
 
 
 def _forward_draws(work: _Work, done: set[int]) -> list[Any]:
@@ -125,7 +137,7 @@ def _draws_fed(work: _Work, calls: list[Any], models: set[str], done: set[int], 
             continue
         # (bound to it, or to what is made of it on that line: ``noise = (torch.rand(b, 8) - 0.5) / 0.5``)
         bound = {b.target for b in work.facts.bindings if b.value is draw.node or b.scope is draw.scope and
-                 b.line == draw.line and b.value is not None and
+                 b.line == draw.line and b.value is not None and not _number(b.value) and
                  any(n is draw.node for n in m.findall(b.value, m.Call()))}
         filled = dotted(draw.node.func.value) if _in_place(draw) else None  # (``z.normal_()``: z is the noise)
         bound |= {filled} if filled else set()

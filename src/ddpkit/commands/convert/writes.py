@@ -43,9 +43,7 @@ WRITERS = {"matplotlib.pyplot.savefig": "the figure", "torchvision.utils.save_im
            "torchaudio.save": "the sound", "scipy.io.wavfile.write": "the sound",  # (melgan's save_sample)
            "librosa.output.write_wav": "the sound", "cv2.imwrite": "the image",
            "joblib.dump": "the object",  # (bert-entity-extraction's ``joblib.dump(meta, "meta.bin")``)
-           "torch.onnx.export": "the exported model",  # (LeNet-5 exports each epoch, then ``onnx.load``\ s it)
-           # (SabaMG's ``shutil.copyfile(best, final)`` after training: each rank copying one file onto another)
-           "shutil.copyfile": "the copy", "shutil.copy": "the copy", "shutil.copy2": "the copy"}
+           "torch.onnx.export": "the exported model"}  # (LeNet-5 exports each epoch, then ``onnx.load``\ s it)
 METHODS = {"savefig": "the figure", "to_csv": "the table", "to_json": "the table", "to_parquet": "the table",
            "to_excel": "the table"}  # a figure's, a pandas DataFrame's
 OPENERS = ("open", "io.open", "builtins.open")
@@ -182,8 +180,7 @@ def _to_a_path(work: _Work, call: Call) -> bool:
                    ("fname", "fp", "file", "path", "path_or_buf")), None)
     if target is None:
         return False
-    place = {"torchvision.utils.save_image": 1, "joblib.dump": 1, "torch.onnx.export": 2, "shutil.copyfile": 1,
-             "shutil.copy": 1, "shutil.copy2": 1}.get(call.name or "")
+    place = {"torchvision.utils.save_image": 1, "joblib.dump": 1, "torch.onnx.export": 2}.get(call.name or "")
     if place is not None:  # save_image(tensor, fp): the path comes second; onnx.export(model, args, f): third
         positional = [a.value for a in call.node.args if a.keyword is None]
         target = positional[place] if len(positional) > place else next(
