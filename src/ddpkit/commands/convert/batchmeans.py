@@ -246,14 +246,18 @@ def summed_value(facts: Facts, scope: Scope, value: Any, line: int) -> bool:
     return isinstance(value, cst.Call) and _summed_call(facts, scope, value, line)
 
 
+def summing(call: Any) -> bool:
+    """``call`` is written with ``reduction='sum'`` (or the old ``size_average=False``): a loss summed over the batch,
+    or a criterion that makes one."""
+    return isinstance(call, cst.Call) and any(a.keyword is not None and (
+        a.keyword.value == "reduction" and isinstance(a.value, cst.SimpleString) and
+        a.value.evaluated_value == "sum" or a.keyword.value == "size_average" and
+        isinstance(a.value, cst.Name) and a.value.value == "False") for a in call.args)
+
+
 def _summed_call(facts: Facts, scope: Scope, value: cst.Call, line: int) -> bool:
-    """``value`` is a loss summed over the batch: written with ``reduction='sum'`` (or the old ``size_average=False``),
-    or a call of a criterion so built (mnist-vae's ``loss_fn = nn.BCELoss(reduction="sum")``)."""
-    def summing(call: Any) -> bool:
-        return isinstance(call, cst.Call) and any(a.keyword is not None and (
-            a.keyword.value == "reduction" and isinstance(a.value, cst.SimpleString) and
-            a.value.evaluated_value == "sum" or a.keyword.value == "size_average" and
-            isinstance(a.value, cst.Name) and a.value.value == "False") for a in call.args)
+    """``value`` is a loss summed over the batch (:func:`summing`), or a call of a criterion so built (mnist-vae's
+    ``loss_fn = nn.BCELoss(reduction="sum")``)."""
     if summing(value):
         return True
     name = dotted(value.func)

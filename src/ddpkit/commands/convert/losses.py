@@ -22,7 +22,7 @@ import libcst.matchers as m
 
 from ddpkit.commands.check.rules import OPTIMIZERS
 from ddpkit.commands.convert import counted, flow, sizes
-from ddpkit.commands.convert.batchmeans import batch_size, stepped_losses
+from ddpkit.commands.convert.batchmeans import batch_size, stepped_losses, summing
 from ddpkit.commands.convert.crossing import HANDED, key
 from ddpkit.commands.convert.flow import callee
 from ddpkit.commands.convert.names import dotted, names_in
@@ -70,10 +70,7 @@ def _summed(work: _Work) -> Call | None:
         summed_backward = call.last == "backward" and isinstance(func, cst.Attribute) and \
             isinstance(func.value, cst.Call) and isinstance(func.value.func, cst.Attribute) and \
             func.value.func.attr.value == "sum"
-        summed_reduction = any(a.keyword is not None and (
-            a.keyword.value == "reduction" and isinstance(a.value, cst.SimpleString) and
-            a.value.evaluated_value == "sum" or a.keyword.value == "size_average" and
-            isinstance(a.value, cst.Name) and a.value.value == "False") for a in call.node.args)
+        summed_reduction = summing(call.node)
         # (a criterion built before the loop, ``nn.MSELoss(size_average=False)``, called in it: vdsr)
         bound = {b.target for b in work.facts.bindings if b.value is call.node}
         # (its innermost loop trains: an evaluation loop inside the epoch loop, under no_grad, does not)
