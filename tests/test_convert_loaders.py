@@ -129,7 +129,7 @@ def test_a_training_loader_whose_evaluation_keeps_a_list_is_refused_with_the_fix
     assert result.refused, result.text
     said = [x for x in result.left if x.blocks]
     assert said and "the evaluation loop over the training DataLoader at line 7 keeps per-batch results" in \
-        said[0].what and "train=False" in said[0].fix, said
+        said[0].what and "a DataLoader of its own (DataLoader(dataset, batch_size)" in said[0].fix, said
 
 
 @pytest.mark.parametrize("setup", [

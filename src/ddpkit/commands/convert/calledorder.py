@@ -21,8 +21,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import libcst as cst
+
 from ddpkit.commands.convert import order
 from ddpkit.commands.convert.crossing import ORDER, Ask
+from ddpkit.commands.convert.flow import binding_of
 from ddpkit.commands.convert.names import dotted
 from ddpkit.commands.convert.scan import Call, imported_from
 
@@ -36,7 +39,7 @@ def tell(work: _Work) -> None:
         return
     called: dict[tuple[str, str], list[Call]] = {}  # (module, function) -> its calls here
     for call in work.facts.calls:
-        origin = imported_from(work.facts, dotted(call.node.func) or "")
+        origin = imported_from(work.facts, dotted(call.node.func) or "") or _method_of(work, call)
         if origin is not None and "." not in origin[1]:
             called.setdefault(origin, []).append(call)
     for (module, first), firsts in called.items():
@@ -44,6 +47,18 @@ def tell(work: _Work) -> None:
             if other == module and second != first:
                 may = any(_may_follow(work, later, earlier) for earlier in firsts for later in seconds)
                 work.asks.append(Ask(module, json.dumps([first, second, may]), ORDER, seconds[0].line))
+
+
+def _method_of(work: _Work, call: Call) -> tuple[str, str] | None:
+    """(module, method) for ``model.save_to(...)`` where ``model`` is bound here to an instance of a class that
+    module defines (``model = Model(...)``, ``from build_gan import Model``): named by the method alone, as
+    :func:`.order.runner_names` names it there."""
+    func = call.node.func
+    held = dotted(func.value) if isinstance(func, cst.Attribute) else None
+    bound = binding_of(work.facts, held, call.scope, call.line) if held else None
+    made = bound.value if bound is not None and isinstance(bound.value, cst.Call) else None
+    origin = imported_from(work.facts, dotted(made.func) or "") if made is not None else None
+    return (origin[0], func.attr.value) if origin is not None and isinstance(func, cst.Attribute) else None
 
 
 def _may_follow(work: _Work, later: Call, earlier: Call) -> bool:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import libcst as cst
+
 from ddpkit.commands.convert.crossing import HANDED_MODEL, Ask, key
 from ddpkit.commands.convert.flow import argument_for, binding_of, callee, callers
 from ddpkit.commands.convert.handedin import given_as
@@ -86,11 +88,15 @@ def passed_here(work: _Work, target: str, call: Call) -> list[tuple[Call, list[s
     scope = call.scope
     if target not in scope.params or not scope.name:
         return []
+    # (``train_model(model, loader)``, whose ``Adam(model.parameters())`` trains the model itself: what each call
+    # passes is the model, built in each caller, an LSTM notebook's two experiments)
+    whole = target in parameters_of(call.node)
     found = []
     for site in work.facts.calls:
         made = callee(work.facts, site)
         if made is None or made[0] is not scope:
             continue
         arg = argument_for(site, target, scope, made[1])
-        found.append((site, parameters_of(arg) if arg is not None else []))
+        name = dotted(arg) if whole and isinstance(arg, (cst.Name, cst.Attribute)) else None
+        found.append((site, [name] if name else parameters_of(arg) if arg is not None else []))
     return found

@@ -30,6 +30,7 @@ import dataclasses
 from typing import Any
 
 import libcst as cst
+import libcst.matchers as m
 
 from ddpkit.commands.convert import flagged, flow
 from ddpkit.commands.convert.crossing import EVAL, HANDED, TRAIN, Ask, key
@@ -135,9 +136,15 @@ def _handed(work: _Work, kind: str) -> list[tuple[str, list[tuple[Call, Binding 
             continue
         module, function, index, name = want.split(":")
         name, _, element = name.partition("[")  # ``loaders[0]``: element 0 of what is passed as ``loaders``
+        # (a call that hands in ``None``, a GAN book's evaluation mode ``Model(..., None, ...)``, hands in no loader)
         found.append((want, [(site, _part(work, site, _argument(work, site, int(index), name), element))
-                             for site in work.facts.calls if flow.runs(work.facts, site, module, function)]))
+                             for site in work.facts.calls if flow.runs(work.facts, site, module, function) and
+                             not _none(given_as(site, int(index), name))]))
     return found
+
+
+def _none(given: cst.BaseExpression | None) -> bool:
+    return given is not None and m.matches(given, m.Name("None"))
 
 
 def _part(work: _Work, site: Call, bound: Binding | None, element: str) -> Binding | None:
@@ -175,8 +182,8 @@ def _evaluated(work: _Work, handed: set[tuple[str, str, int]], built: str) -> No
         if loop.stored or loop.breaks or sums_after(work.facts, loop, False, frozenset()) is None:
             work.leave(loop.line, f"this evaluation loops over the loader its callers in {built} pass, sharded "
                        "for training, and keeps what it cannot sum across ranks: each rank would report its shard "
-                       "only", "evaluate on a loader of its own (ddpkit.data_loader(dataset, batch_size, "
-                       "train=False)), then convert again", blocks=True)
+                       "only", "evaluate on a DataLoader of its own (DataLoader(dataset, batch_size): convert "
+                       "keeps it whole, every rank evaluating the whole set), then convert again", blocks=True)
             return
         reductions(work, [loop], None, False)
 

@@ -104,8 +104,9 @@ def imported_loader(work: _Work, line: int) -> bool:
         if any(lp.stored or lp.breaks or sums_after(work.facts, lp, False, frozenset()) is None for lp in fors):
             work.leave(fors[0].line if fors else line, f"{n} is sharded for training where it is built, in "
                        f"{work.crossing.provided[key(*origins[n])]}, and this evaluation keeps what it cannot sum "
-                       "across ranks: each rank would report its shard only", "evaluate on a loader of its own "
-                       "(ddpkit.data_loader(dataset, batch_size, train=False)), then convert again", blocks=True)
+                       "across ranks: each rank would report its shard only", "evaluate on a DataLoader of its own "
+                       "(DataLoader(dataset, batch_size): convert keeps it whole, every rank evaluating the whole "
+                       "set), then convert again", blocks=True)
             return True
         reductions(work, fors, None, False)
     missing = [n for n in training if not done[n]]

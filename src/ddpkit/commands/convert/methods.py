@@ -42,9 +42,12 @@ def loss_methods(work: _Work) -> dict[str, list[str]]:
             continue
         for call in (c for c in work.facts.calls if c.last == "backward" and c.loops and c.loops[-1] is loop
                      and isinstance(c.node.func, cst.Attribute)):
-            for owner, method, line in _made_from(work, loop, call):
+            for owner, method, line, outputs in _made_from(work, loop, call):
                 held = _attribute_of(work, owner, method) if owner in models else None
-                loss = held is not None and (held.endswith(LOSSES) or any(w in method.lower() for w in LOSS_NAMES))
+                named = any(w in method.lower() for w in LOSS_NAMES)
+                if held is None and named and outputs:  # (a class this file cannot see: a GAN book's two)
+                    held = "a criterion on its outputs"  # ``netD.adv_loss(netD(x), real)``: no forward to name
+                loss = held is not None and (held.endswith(LOSSES) or named)
                 if held is not None and not loss and (owner, method) not in said:
                     said.add((owner, method))  # (a layer the model holds, called on the module: outside DDP)
                     work.leave(line, f"{owner}.{method}(...) makes the loss: {method} is a layer {owner} holds "
@@ -96,15 +99,18 @@ LOSSES = ("Loss", "Criterion", "Entropy", "loss", "criterion")
 LOSS_NAMES = ("loss", "criterion", "crit")  # (an attribute so named: ``self.criterion = SmoothedCE()``, review 26)
 
 
-def _made_from(work: _Work, loop: Any, backward: Any) -> list[tuple[str, str, int]]:
-    """(model, method, line) of each ``model.method(...)`` in the loss ``backward`` is called on, followed through
-    the assignments of the loop (three deep)."""
+def _made_from(work: _Work, loop: Any, backward: Any) -> list[tuple[str, str, int, bool]]:
+    """(model, method, line, on its outputs) of each ``model.method(...)`` in the loss ``backward`` is called on,
+    followed through the assignments of the loop (three deep); on its outputs: an argument is what a call of the
+    model itself returned in the loop (``y = netD(x)``, then ``netD.adv_loss(y, real)``)."""
     facts = work.facts
     frontier = names_in(backward.node.func.value)
     seen: set[str] = set()
-    found: list[tuple[str, str, int]] = []
+    found: list[tuple[str, str, int, bool]] = []
     inside = {id(n) for n in m.findall(loop.node, m.SimpleStatementLine())}
     batch = _batch_names(work, loop, inside)
+    outputs = {(dotted(v.func), b.target) for b in facts.bindings if id(b.stmt) in inside and
+               isinstance(v := b.value if b.value is not None else b.whole, cst.Call)}
     for _ in range(3):
         # (``mean, log_var = model.encoding(x)``: an unpacked binding's whole value)
         values = [(b, b.value if b.value is not None else b.whole) for b in facts.bindings if b.target in
@@ -118,7 +124,7 @@ def _made_from(work: _Work, loop: Any, backward: Any) -> list[tuple[str, str, in
                 owner, method = dotted(call.func.value), call.func.attr.value
                 fed = set().union(*(names_in(a.value) for a in call.args)) if call.args else set()
                 if owner and method not in flow.TORCH_METHODS and not method.startswith("_") and fed & batch:
-                    found.append((owner, method, binding.line))
+                    found.append((owner, method, binding.line, any((owner, n) in outputs for n in fed)))
             frontier |= names_in(value)
     return found
 

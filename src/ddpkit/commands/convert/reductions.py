@@ -99,8 +99,9 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
             if training:  # the loader must be sharded to train: its evaluation would then be rank 0's shard only
                 work.leave(line, f"the evaluation loop over the training DataLoader at line {call.line} {why}: "
                            "sharded for training, each rank would evaluate only its shard", "evaluate on a "
-                           "loader of its own (ddpkit.data_loader(dataset, batch_size, train=False)), or "
-                           "ddpkit.gather(...) the results there, then convert again", blocks=True)
+                           "DataLoader of its own (DataLoader(dataset, batch_size): convert keeps it whole, every "
+                           "rank evaluating the whole set), or ddpkit.gather(...) the results there, then convert "
+                           "again", blocks=True)
                 return False
             work.plain.add(id(call.node))  # (right as it is, only slower: kept, said, not left to the user)
             work.keep(line, f"the evaluation loop {why}: sharded, the result would be this rank's only, so the "

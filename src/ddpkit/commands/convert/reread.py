@@ -25,6 +25,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
+from ddpkit.commands.convert.crossing import STEP, TRAIN
 from ddpkit.commands.convert.listmeans import RANK_TEST
 from ddpkit.commands.convert.names import dotted
 from ddpkit.commands.convert.waits import branched, in_main_block
@@ -36,8 +37,10 @@ def reread(work: _Work) -> None:
     """A barrier before each ``torch.load`` below a training loop of its function (or in a function called below a
     call of one that trains), in a project file that saves nothing above it itself (the save is another module's)."""
     calls = work.facts.calls
-    # (a loop of this file trains: its model and loader may be another module's, FEDformer's exp_main.py)
-    if not any(flow.trains(work.facts, lp) for lp in work.facts.loops) or not work.crossing.own:
+    # (a loop of this file trains: its model and loader may be another module's, FEDformer's exp_main.py; or a call
+    # runs another module's training loop on what this file hands it, SabaMG's ``train(model, loader, ...)``)
+    elsewhere = [c for c in calls if _trains_elsewhere(work, c)]
+    if not work.crossing.own or not elsewhere and not any(flow.trains(work.facts, lp) for lp in work.facts.loops):
         return
     saves = [c for c in calls if c.name == "torch.save"]
     for load in (c for c in calls if c.name == "torch.load" and c.stmt is not None):
@@ -48,6 +51,7 @@ def reread(work: _Work) -> None:
             continue
         after = [lp for lp in work.facts.loops if lp.scope is load.scope and lp.end < load.line and
                  flow.trains(work.facts, lp) and not lp.outer]
+        after += [c for c in elsewhere if c.scope is load.scope and c.line < load.line]
         if (not after and not _after_training(work, load)) or id(load.stmt) in work.edits.guard:
             continue
         every = not load.loops and not any(t for t in load.tests if "__name__" not in t) and \
@@ -87,6 +91,19 @@ def _holder(work: _Work, save: Any) -> Any:
         top, m.SimpleStatementLine()))), None)
 
 
+def _trains_elsewhere(work: _Work, call: Any) -> bool:
+    """``call`` runs a function of another module of the project whose training loop reads what its callers hand
+    it (this file's wants ``trainer:train:1:train_loader`` or ``engine:a training step:Engine.train``, as a training
+    loader): the checkpoint that function saves may be read below the call."""
+    for want, kind in work.crossing.wants.items():
+        parts = want.split(":")
+        if kind != TRAIN or len(parts) < 3 or (len(parts) != 4 and parts[1] != STEP):
+            continue
+        if flow.runs(work.facts, call, parts[0], parts[2] if parts[1] == STEP else parts[1]):
+            return True
+    return False
+
+
 def _after_training(work: _Work, load: Any) -> bool:
     """The load's function (``test()``) is called, where it is called, below a call of a function that trains
     (hazdzz/STGCN's ``train(...)`` then ``test(...)``, whose ``torch.load`` reads what the EarlyStopping of
@@ -101,5 +118,5 @@ def _after_training(work: _Work, load: Any) -> bool:
            any(any(n is run.node for n in m.findall(w, m.Call())) for w in opens) for run in runs):
         return False
     return bool(runs) and all(any(c.scope is run.scope and c.line < run.line and
-                                  id((flow.callee(work.facts, c) or (None,))[0]) in trainers
-                                  for c in work.facts.calls) for run in runs)
+                                  (id((flow.callee(work.facts, c) or (None,))[0]) in trainers or
+                                   _trains_elsewhere(work, c)) for c in work.facts.calls) for run in runs)
