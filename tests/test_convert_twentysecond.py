@@ -256,3 +256,228 @@ def test_methods_that_save_then_load_one_after_the_other_still_owe_one():
     plans = _settled({"build_gan.py": BUILD, "main.py": MAIN.format(more=more)})
     told = plans["build_gan.py"].left + [x for x in plans["build_gan.py"].kept if "barrier" in x.why]
     assert any("read at line" in x.what for x in told), told
+
+
+# a tutorial's CNN ends in nn.LazyLinear and sizes it with one forward on a sample, below the build
+LAZY = '''import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+ds = TensorDataset(torch.rand(64, 1, 8, 8), torch.randint(0, 3, (64,)))
+model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Flatten(), nn.LazyLinear(3)).to(device)
+{dummy}
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+for x, y in DataLoader(ds, batch_size=16, shuffle=True):
+    x, y = x.to(device), y.to(device)
+    loss = nn.functional.cross_entropy(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+'''
+
+
+def test_a_lazy_layer_sized_by_a_forward_below_the_build_is_prepared_below_that_forward_on_the_device():
+    done = plan(LAZY.format(dummy="model(ds[0][0][None].to(device))"))
+    lines = done.text.splitlines()
+    at = lines.index("model = ddpkit.prepare_model(model)")
+    assert lines[at - 1] == "model(ds[0][0][None].to(device))", done.text
+    assert "nn.LazyLinear(3)).to(device)" in lines[at - 2], done.text  # (the sample is on the device)
+    assert not [x for x in done.left if "Lazy" in x.what], done.left
+
+
+def test_a_lazy_layer_no_forward_sizes_before_the_wrap_is_said():
+    done = plan(LAZY.format(dummy=""))
+    assert [x.line for x in done.left if "nn.LazyLinear sizes its weights" in x.what] == [7], done.left
+
+
+# the loaders' class of a data module: a helper builds each DataLoader, a method binds one and returns it
+LOADERS = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Loaders:
+    def __init__(self, batch_size):
+        self.batch_size = batch_size
+
+    def _make(self, dataset, shuffle):
+        return DataLoader(dataset, batch_size=self.batch_size, shuffle=shuffle)
+
+    def get(self):
+        ds = TensorDataset(torch.randn(256, 8), torch.randn(256, 1))
+        train_loader = self._make(ds, shuffle=True)
+        return train_loader
+'''
+LOADERS_MAIN = '''import torch
+from data import Loaders
+
+{bind}
+model = torch.nn.Linear(8, 1)
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+for epoch in range(2):
+    for x, y in train_loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+'''
+
+
+@pytest.mark.parametrize("bind", ["loaders = Loaders(32)\ntrain_loader = loaders.get()",
+                                  "train_loader = Loaders(32).get()"])
+def test_a_loader_a_helper_builds_and_a_method_returns_is_made_a_training_loader(bind):
+    plans = _settled({"data.py": LOADERS, "main.py": LOADERS_MAIN.format(bind=bind)})
+    assert not plans["data.py"].refused and not plans["main.py"].refused, (plans["data.py"].left, plans["main.py"].left)
+    assert "return ddpkit.data_loader(dataset, global_batch_size=self.batch_size, shuffle=shuffle)" in \
+        plans["data.py"].text, plans["data.py"].text
+
+
+# a step of another module's class run in a loop over a data module's loader attribute
+ALGO = '''class Algo:
+    def optimize(self, model, opt, x):
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+'''
+HELD = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Data:
+    def __init__(self, m):
+        self.dataloader = DataLoader(TensorDataset(torch.rand(256, 16), torch.zeros(256)), batch_size=m, shuffle=True)
+'''
+HELD_MAIN = '''import torch
+from torch import nn
+from data import Data
+from algo import Algo
+
+model = nn.Linear(16, 1)
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+data, algo = Data(32), Algo()
+for epoch in range(2):
+    for x, _ in data.dataloader:
+        loss = algo.optimize(model, opt, x)
+'''
+
+
+def test_a_step_of_another_module_run_over_a_loader_attribute_of_a_data_module_is_said_fed():
+    plans = _settled({"algo.py": ALGO, "data.py": HELD, "main.py": HELD_MAIN})
+    assert not any(p.refused for p in plans.values()), {r: p.left for r, p in plans.items()}
+    assert any("each rank steps on its own shard" in k.why for k in plans["algo.py"].kept), plans["algo.py"].kept
+
+
+# a mean-prediction baseline read over the training loader, in the function that trains, through a helper also
+# called on the validation loader: sharded, each rank's baseline would be its half's
+BASELINE_DATA = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def prepare_data(batch_size):
+    train_ds = TensorDataset(torch.randn(256, 8), torch.randn(256, 3))
+    val_ds = TensorDataset(torch.randn(64, 8), torch.randn(64, 3))
+    return DataLoader(train_ds, batch_size=batch_size, shuffle=True), DataLoader(val_ds, batch_size=batch_size)
+'''
+BASELINE_MAIN = '''import torch
+from data import prepare_data
+
+
+def train_and_evaluate(epochs):
+    train_loader, val_loader = prepare_data(32)
+    model = torch.nn.Linear(8, 3)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+
+    def baseline(loader):
+        total = 0.0
+        for _, y in loader:
+            total += y.pow(2).sum().item()
+        return total / len(loader.dataset)
+
+    print(baseline(train_loader), baseline(val_loader))
+    for epoch in range(epochs):
+        for x, y in train_loader:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+
+if __name__ == "__main__":
+    train_and_evaluate(2)
+'''
+
+
+def test_a_pass_over_an_imported_training_loader_in_the_function_that_trains_on_it_is_not_passed_over():
+    plans = _settled({"data.py": BASELINE_DATA, "main.py": BASELINE_MAIN})
+    assert any("is also evaluated here" in x.what for x in plans["main.py"].left), plans["main.py"].left
+
+
+# a DCGAN project's trainer class is handed both models by keyword and builds their optimizers in __init__
+TRAINER_CLASS = '''import torch
+import torch.nn.functional as F
+
+
+class Trainer:
+    def __init__(self, net, device):
+        self.net = net
+        self.device = device
+        self.opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+    def train(self, data, epochs):
+        for epoch in range(epochs):
+            for x, y in data:
+                self.opt.zero_grad()
+                F.mse_loss(self.net(x), y).backward()
+                self.opt.step()
+'''
+TRAINER_MAIN = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+from trainer import Trainer
+
+loader = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=16, shuffle=True)
+net = torch.nn.Linear(4, 1)
+t = Trainer({args})
+t.train(loader, epochs=1)
+'''
+
+
+@pytest.mark.parametrize("args", ["net=net, device='cpu'", "net, 'cpu'"])
+def test_models_handed_to_a_trainer_classes_constructor_are_prepared_where_they_are_built(args):
+    plans = _settled({"trainer.py": TRAINER_CLASS, "main.py": TRAINER_MAIN.format(args=args)})
+    assert not plans["trainer.py"].refused, plans["trainer.py"].left
+    assert "net = ddpkit.prepare_model(torch.nn.Linear(4, 1))" in plans["main.py"].text, plans["main.py"].text
+
+
+# a WGAN-GP script's per-step losses, plotted and saved every few steps inside the training loop
+CURVE = '''import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+loader = DataLoader(TensorDataset(torch.randn(64, 8), torch.randn(64, 1)), batch_size=16, shuffle=True)
+model = nn.Linear(8, 1)
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+losses = []
+for epoch in range(2):
+    for i, (x, y) in enumerate(loader):
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if i % 4 == 0:
+            {read}
+'''
+
+
+def test_a_curve_read_inside_the_loop_averages_each_value_as_it_is_appended():
+    text = plan(CURVE.format(read='torch.save({"losses": losses}, "ckpt.pt")')).text
+    averaged = "losses.append(ddpkit.reduce(torch.tensor(loss.item(), dtype=torch.float64), op='mean').item())"
+    assert averaged in text, text
+
+
+def test_a_curve_read_inside_the_loop_only_through_a_mean_is_not_averaged_there():
+    # (``np.mean(losses)`` is one number: :mod:`.reductions`' to say, not a curve)
+    text = plan(CURVE.format(read="print(sum(losses) / len(losses))")).text
+    assert "losses.append(loss.item())" in text, text

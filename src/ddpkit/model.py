@@ -188,6 +188,7 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
         warnings.warn(f"prepare_model(model): the model holds {', '.join(map(repr, inner))}, prepared already: "
                       "its plain module is put back in its place, and the whole model is prepared once (a part "
                       "trained alone first, then a model built around it)", stacklevel=2)
+    lazy_refused(model)
     state = runtime.ensure_init()
     mode = state.strategy
     # each mode keeps the options it uses and ignores the others on purpose: the same script runs in every mode
@@ -205,6 +206,29 @@ def prepare_model(model: nn.Module, *, sync_batchnorm: bool = True, check_sync_e
         mode.compile(wrapped, {} if compile is True else dict(compile))
     phases.watch_model(wrapped, compiled=bool(compile))  # under ddpkit launch: where each step's time goes
     return wrapped
+
+
+def lazy_refused(model: nn.Module) -> None:
+    """A model with lazy layers (``nn.LazyLinear``) not sized yet is refused in every mode, in one line: DDP cannot
+    wrap parameters that do not exist yet, nor FSDP shard them, nor the first step compare them across ranks.
+
+    >>> lazy_refused(nn.Linear(2, 2))
+    >>> try:
+    ...     lazy_refused(nn.Sequential(nn.LazyLinear(3)))
+    ... except ValueError as e:
+    ...     print(str(e)[:60], "...", str(e)[-35:])
+    prepare_model(model): 0.weight, 0.bias are lazy (nn.LazyLine ... build nn.Linear with its input size
+    """
+    lazy = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if nn.parameter.is_lazy(t)]
+    if not lazy:
+        return
+    layer = next(type(m).__name__ for m in model.modules() if any(nn.parameter.is_lazy(t) for t in m.parameters(
+        recurse=False)) or any(nn.parameter.is_lazy(t) for t in m.buffers(recurse=False)))
+    shown = ", ".join(lazy[:3]) + (f" and {len(lazy) - 3} more" if len(lazy) > 3 else "")
+    plain = layer[4:] if layer.startswith("Lazy") else layer
+    raise ValueError(f"prepare_model(model): {shown} are lazy (nn.{layer}, sized by the first forward), not sized "
+                     "yet; expected a model whose parameters exist; run one forward on a sample batch before "
+                     f"prepare_model (with torch.no_grad(): model(x)), or build nn.{plain} with its input size")
 
 
 def prepared_inside(model: nn.Module) -> list[str]:

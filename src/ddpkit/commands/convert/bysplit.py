@@ -28,7 +28,7 @@ from typing import Any
 import libcst as cst
 from libcst import matchers as m
 
-from ddpkit.commands.convert import bykey, flow
+from ddpkit.commands.convert import bykey, flow, loaderuse
 from ddpkit.commands.convert.crossing import EVAL, TRAIN, returned
 from ddpkit.commands.convert.names import dotted, unpacked
 from ddpkit.commands.convert.scan import Call, Facts, Loop, Scope
@@ -142,16 +142,22 @@ def asked(work: _Work, call: Call) -> list[str]:
         names.append(f"{binding.scope.cls}().{binding.target[5:]}")
         names += [f"{scope.name}().{binding.target[5:]}" for scope, value in work.facts.returns  # ``create()``
                   if not scope.cls and isinstance(value, cst.Call) and dotted(value.func) == binding.scope.cls]
-    copies = {binding.target} if binding is not None else set()
-    for _ in range(3):  # (FactorVAE's ``data_loader = train_loader`` before ``return data_loader``)
-        copies |= {b.target for b in work.facts.bindings if binding is not None and b.scope is binding.scope and
-                   b.value is not None and dotted(b.value) in copies}
+    # (a helper's ``return DataLoader(...)`` that a method binds and returns in turn: ``train_loader =
+    # self._make(ds, shuffle=True)``, ``return train_loader`` in ``Loaders.get``, asked as ``Loaders.get()``)
+    holders = [binding] if binding is not None else loaderuse.returned(work.facts, call) or []
+    for holder in holders:
+        copies = {holder.target}
+        for _ in range(3):  # (FactorVAE's ``data_loader = train_loader`` before ``return data_loader``)
+            copies |= {b.target for b in work.facts.bindings if b.scope is holder.scope and
+                       b.value is not None and dotted(b.value) in copies}
+        for scope, value in work.facts.returns:
+            elements = unpacked(value)
+            names += [returned(scope.name, i if len(elements) > 1 else -1) for i, element in enumerate(elements)
+                      if holder.scope is scope and dotted(element) in copies]
     for scope, value in work.facts.returns:
         elements = unpacked(value)
-        for i, element in enumerate(elements):
-            if element is call.node or binding is not None and binding.scope is scope and \
-                    dotted(element) in copies:
-                names.append(returned(scope.name, i if len(elements) > 1 else -1))
+        names += [returned(scope.name, i if len(elements) > 1 else -1) for i, element in enumerate(elements)
+                  if element is call.node]
     return [n for n in work.crossing.wants if base(n) in names and work.crossing.wants[n] in (TRAIN, EVAL)]
 
 

@@ -55,6 +55,10 @@ def curves(work: _Work, loop: Loop) -> set[str]:
         appends = [c for c in loop.calls if c.last == "append" and isinstance(c.node.func, cst.Attribute) and
                    dotted(c.node.func.value) == name]
         every_step = all(_own_step(loop, c.stmt) and _batch_mean(work, loop, c.node, c.line) for c in appends)
+        if appends and every_step and not _read_whole(work, loop, name) and _read_inside(work, loop, name, appends):
+            _averaged_each(work, name, appends)  # (WGAN-GP's curve plotted and saved every few steps, in the loop)
+            done.add(name)
+            continue
         if not appends or not _read_whole(work, loop, name) or any(n == name for n, _ in loop.augmented):
             continue
         if not every_step:
@@ -67,6 +71,29 @@ def curves(work: _Work, loop: Loop) -> set[str]:
                   "mean of the ranks' values at a step is the global batch's", loop.end)
         done.add(name)
     return done
+
+
+def _read_inside(work: _Work, loop: Loop, name: str, appends: list[Any]) -> bool:
+    """Inside the loop, the list is read other than by its appends and through a mean (plotted, saved)."""
+    own = {id(c.stmt) for c in appends}
+    for stmt, scope, line in work.facts.statements:
+        if scope is loop.scope and loop.line < line <= loop.end and id(stmt) not in own and \
+                any(not _in_mean(work, stmt, node) for node in m.findall(stmt, m.Name(value=name))):
+            return True
+    return False
+
+
+def _averaged_each(work: _Work, name: str, appends: list[Any]) -> None:
+    """Each value averaged across ranks as it is appended: the list, read inside the loop, is one process's curve
+    at every read (one scalar all-reduce a step, where ``.item()`` waits for the step already)."""
+    for call in appends:
+        value = call.node.args[0].value
+        code = work.facts.module.code_for_node(value)
+        work.edits.expr[id(value)] = lambda _node, code=code: cst.parse_expression(
+            f"ddpkit.reduce(torch.tensor({code}, dtype=torch.float64), op='mean').item()")
+        work.note(f"{name}.append(...): each value averaged across ranks (ddpkit.reduce, op='mean')", "the list is "
+                  "read inside the loop (plotted or saved there), and each rank's value is a mean over its part of the "
+                  "global batch: the ranks' mean is the global batch's, as one process has it", call.line)
 
 
 def _unknown_means(work: _Work, loop: Loop, name: str, appends: list[Any]) -> None:

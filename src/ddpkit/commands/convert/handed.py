@@ -36,10 +36,14 @@ def ask(work: _Work, target: str, call: Call) -> bool:
     said done where a file that calls it wrapped what it passes; else asked of the project and left to you. False
     for any other target."""
     head, scope = target.split(".")[0], call.scope
-    if head not in scope.params or not scope.name or scope.cls or \
+    # (a class's ``__init__`` handed the models it trains, a DCGAN project's ``Trainer(gen=G, dis=D)``: asked as
+    # ``Trainer``, the call that runs it, by position after ``self``)
+    built = scope.cls is not None and scope.name == f"{scope.cls}.__init__"
+    if head not in scope.params or not scope.name or scope.cls and not built or head == "self" or \
             callers(work.facts, scope):
         return False
-    name = f"{HANDED_MODEL}:{scope.name}:{scope.params.index(head)}={head}"  # (its position, or ``model=`` by name)
+    index = scope.params.index(head) - (1 if built else 0)
+    name = f"{HANDED_MODEL}:{scope.cls if built else scope.name}:{index}={head}"  # (its position, or by name)
     where = work.crossing.provided.get(key("", name))
     work.asks.append(Ask("", name, "model", call.line))  # whatever the answer: settle asks in rounds
     if where is not None:

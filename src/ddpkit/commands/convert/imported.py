@@ -81,7 +81,10 @@ def imported_loader(work: _Work, line: int) -> bool:
                                                                    for o in every[n]) else None
             for n in training}
     for n in training:
-        home = flow.binding_of(work.facts, n, work.facts.scopes[""], line)
+        # (bound in the function that trains on it, easy_lstm's ``train_and_evaluate``: its scope, not the module's)
+        at = trained[n][0] if trained.get(n) else None
+        home = flow.binding_of(work.facts, n, at.scope if at is not None else work.facts.scopes[""],
+                               at.line if at is not None else line)
         scope = home.scope if home is not None else work.facts.scopes[""]
         evaluated = [lp for lp in flow.loops_reading(work.facts, n, scope) if not flow.trains(work.facts, lp)]
         if done[n] and evaluated:  # sharded there for training: here each rank would evaluate only its shard
@@ -91,6 +94,7 @@ def imported_loader(work: _Work, line: int) -> bool:
                        "that loop, then convert again", blocks=True)
             return True
         if done[n]:  # sharded there: the sums its training loops keep here are this rank's shard's
+            work.fed |= {id(lp.node) for lp in trained[n]}  # (a step of another module run there: fed, stepped.py)
             work.keep(line, f"the training loop over {n} left as it is", f"{n} is a ddpkit.data_loader where it "
                       f"is built, in {done[n]} (imported from {origins[n][0]})")
             reductions(work, trained[n], None, True)
@@ -301,12 +305,15 @@ def _through_own(facts: Facts, call: cst.Call, binding: Binding) -> tuple[str, s
 
 
 def _instance_method(facts: Facts, call: cst.Call, binding: Binding) -> tuple[str, str] | None:
-    """(the module, ``Class.method``) of ``obj.method(...)`` where ``obj`` is bound to ``Class(...)``, a class
-    imported from a module of the project; None otherwise."""
-    if not isinstance(call.func, cst.Attribute) or not isinstance(call.func.value, cst.Name):
+    """(the module, ``Class.method``) of ``obj.method(...)`` where ``obj`` is bound to ``Class(...)``, or of
+    ``Class(...).method(...)`` (chained), a class imported from a module of the project; None otherwise."""
+    if not isinstance(call.func, cst.Attribute) or not isinstance(call.func.value, (cst.Name, cst.Call)):
         return None
-    held = flow.binding_of(facts, call.func.value.value, binding.scope, binding.line)
-    made = held.value if held is not None else None
+    if isinstance(call.func.value, cst.Call):
+        made: cst.BaseExpression | None = call.func.value
+    else:
+        held = flow.binding_of(facts, call.func.value.value, binding.scope, binding.line)
+        made = held.value if held is not None else None
     origin = imported_from(facts, dotted(made.func) or "") if isinstance(made, cst.Call) else None
     return (origin[0], f"{origin[1]}.{call.func.attr.value}") if origin is not None else None
 

@@ -79,6 +79,9 @@ def place(work: _Work, binding: Binding, moves: list[Call], anchor: cst.If | Non
         _late(work, target, block[stop:], moves[-1].line if moves else binding.line)
         return False
     value = None if anchor is not None else binding.value  # (a build in a branch stays as it is)
+    inside = {i for st in [stmt, *block[start:last + 1]] for i in node_ids(st)}
+    if any(id(c.node) in inside and sized_by(work, c, target) for c in work.facts.calls):
+        value, moves = None, []  # (a forward on a sample on the device sizes it: the model must be there first)
     if value is not None and dotted(without_moves(value)) == target and binding.stmt is not None and \
             len(binding.stmt.body) == 1:  # ``net = net.to(device)``: prepare_model moves it, the line goes
         work.edits.remove.add(id(binding.stmt))
@@ -117,12 +120,19 @@ def _statement(work: _Work, target: str, stmt: cst.CSTNode, allowed: set[int]) -
         return "use"  # a new model under the old name
     calls = [c for c in work.facts.calls if id(c.node) in inside]
     inits = [c for c in calls if _init(c, target, loading=True, facts=work.facts)] + _walks(work, stmt, target) + \
-        [_Node(t) for t in _set_parts(stmt, target)]
+        [_Node(t) for t in _set_parts(stmt, target)] + [c for c in calls if sized_by(work, c, target)]
     fine = allowed | {i for c in inits for i in node_ids(c.node)} | \
         {i for c in calls if c.name in HARMLESS for i in node_ids(c.node)} | _peeks(reads, calls, target)
     if any(id(r[3]) not in fine for r in reads):
         return "use"
     return "init" if inits else None
+
+
+def sized_by(work: _Work, call: Call, target: str) -> bool:
+    """``model(sample)`` in a file that builds a lazy layer (``nn.LazyLinear``): a forward that sizes its weights,
+    which prepare_model needs sized (an init, as the wrap's place goes)."""
+    return dotted(call.node.func) == target and \
+        any((c.name or "").startswith("torch.nn.Lazy") for c in work.facts.calls)
 
 
 def _late(work: _Work, target: str, rest: Sequence[cst.CSTNode], wrapped_at: int) -> None:

@@ -34,6 +34,7 @@ from ddpkit.commands.convert import (
     gradpen,
     handmade,
     lastbatch,
+    lazy,
     loaders,
     losses,
     methods,
@@ -195,6 +196,7 @@ class _Work:
         self.trains = False  # a training DataLoader converted here (a project's loop elsewhere may be fed by it)
         self.plain: set[int] = set()  # the DataLoader calls left plain (each rank reads all of it)
         self.sharded: set[int] = set()  # the DataLoader calls made training ddpkit.data_loaders
+        self.fed: set[int] = set()  # the loops (nodes' ids) over a training loader another module made one (imported)
         self.reduced: list[Any] = []  # evaluation loops whose sums a ddpkit.reduce follows
         self.edits = Edits()
         self.log: list[Edit] = []
@@ -254,6 +256,7 @@ class _Work:
         choices.rank_chosen_saves(self)
         reread.reread(self)
         calledorder.tell(self)
+        lazy.lazy_layers(self)
 
     def _convertible(self) -> bool:
         for call in self.facts.calls:

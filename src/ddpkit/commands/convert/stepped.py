@@ -118,8 +118,9 @@ def _wanted(crossing: Crossing | None, kind: str = TRAIN) -> list[tuple[str, str
 
 
 def _trained_loops(work: _Work) -> set[int]:
-    """The loops (their nodes' ids) over a DataLoader this file made a training ddpkit.data_loader."""
-    found: set[int] = set()
+    """The loops (their nodes' ids) over a DataLoader this file made a training ddpkit.data_loader, or one another
+    module of the project made one (``for x, _ in data.dataloader``, ``Data`` of data.py)."""
+    found: set[int] = set(work.fed)
     for binding in work.facts.bindings:
         if binding.value is not None and id(binding.value) in work.sharded:
             found |= {id(loop.node) for loop in flow.loops_reading(work.facts, binding.target, binding.scope,

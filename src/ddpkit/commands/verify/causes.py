@@ -181,9 +181,10 @@ def trained_nothing(batches: int) -> str:
     'both runs trained nothing in the 5 batches they were given'
     """
     return (f"both runs trained nothing in the {batches} batches they were given (no optimizer.step() and no "
-            "weight changed, e.g. gradients accumulated over more micro-batches than that): pass a --steps larger "
-            "than the micro-batches per optimizer step (until the first step, --steps K caps the loaders at K "
-            "batches)")
+            "weight changed: gradients accumulated over more micro-batches than that, or a pass over the training "
+            "loader before training, a baseline or its statistics, that read them): pass a --steps larger than the "
+            "batches read before the first optimizer step (until that step, --steps K caps the training loaders at "
+            "K batches in all)")
 
 
 
