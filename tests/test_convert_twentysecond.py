@@ -481,3 +481,119 @@ def test_a_curve_read_inside_the_loop_only_through_a_mean_is_not_averaged_there(
     # (``np.mean(losses)`` is one number: :mod:`.reductions`' to say, not a curve)
     text = plan(CURVE.format(read="print(sum(losses) / len(losses))")).text
     assert "losses.append(loss.item())" in text, text
+
+
+def test_a_device_flag_picked_when_a_gpu_is_there_else_the_cpu_is_a_device_set_up():
+    # (an InfoGAN project's ``torch.device(args.device) if torch.cuda.is_available() else torch.device("cpu")``)
+    done = plan("import torch\nfrom torch.utils.data import DataLoader\n"
+                "device = torch.device(args.device) if torch.cuda.is_available() else torch.device('cpu')\n"
+                "model = torch.nn.Linear(4, 1).to(device)\nopt = torch.optim.Adam(model.parameters())\n"
+                "for x, y in DataLoader(ds, batch_size=8, shuffle=True):\n"
+                "    torch.nn.functional.mse_loss(model(x.to(device)), y.to(device)).backward()\n    opt.step()\n")
+    assert not done.refused, done.left
+    assert "state = ddpkit.init()\ndevice = state.device\n" in done.text, done.text
+
+
+def test_a_sample_count_written_in_the_print_itself_is_said():
+    # (pytorch/examples' ``'[{}/{}]'.format(batch_idx * len(data), len(train_loader.dataset))``: rank 0's share)
+    done = plan("import torch\nfrom torch.utils.data import DataLoader\nmodel = torch.nn.Linear(4, 1)\n"
+                "opt = torch.optim.Adam(model.parameters())\n"
+                "for batch_idx, (data, target) in enumerate(DataLoader(ds, batch_size=16, shuffle=True)):\n"
+                "    loss = torch.nn.functional.mse_loss(model(data), target)\n    loss.backward()\n    opt.step()\n"
+                "    print('[{}/{}]'.format(batch_idx * len(data), len(ds)))\n")
+    assert [k.line for k in done.kept if "batch_idx * len(data), a count of this rank's samples" in k.what] == [9], \
+        done.kept
+
+
+# a CIFAR recipe's data class: its loaders are attributes one method sets, another returns
+DATASET = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class DATASET:
+    def __init__(self, bs):
+        self.bs = bs
+        self.train_dataset = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+        self.val_dataset = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+        self.data_loaders()
+
+    def data_loaders(self):
+        self.train_loader = DataLoader(self.train_dataset, batch_size=self.bs, shuffle=True)
+        self.val_loader = DataLoader(self.val_dataset, batch_size=self.bs, shuffle=False)
+
+    def load(self):
+        return {returned}
+'''
+DATASET_MAIN = '''import torch
+import torch.nn.functional as F
+from data import DATASET
+
+
+def train_epoch(model, train_loader, opt):
+    total = 0
+    for x, y in train_loader:
+        loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        total += y.size(0)
+    print(f"trained on {{total}} samples")
+
+
+def main():
+    {bind}
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    train_epoch(model, train_loader, opt)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+@pytest.mark.parametrize("returned, bind", [
+    ("self.train_loader, self.val_loader", "train_loader, val_loader = DATASET(16).load()"),
+    ("self.train_loader", "dataset = DATASET(16)\n    train_loader = dataset.load()"),
+])
+def test_a_loader_attribute_one_method_sets_and_another_returns_is_made_a_training_loader(returned, bind):
+    plans = _settled({"data.py": DATASET.format(returned=returned), "main.py": DATASET_MAIN.format(bind=bind)})
+    assert not plans["main.py"].left and not plans["main.py"].refused, plans["main.py"].left
+    assert "self.train_loader = ddpkit.data_loader(" in plans["data.py"].text, plans["data.py"].text
+    assert "total = ddpkit.reduce(total)" in plans["main.py"].text, plans["main.py"].text
+
+
+# a weather model's helper returns the device's name, picked by what is available; the entry moves its model there
+DEVICE_HELPER = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def get_device():
+    {body}
+
+
+if __name__ == "__main__":
+    device = get_device()
+    loader = DataLoader(TensorDataset(torch.randn(64, 8), torch.randn(64, 1)), batch_size=16, shuffle=True)
+    model = torch.nn.Linear(8, 1)
+    model.to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for x, y in loader:
+        torch.nn.functional.mse_loss(model(x.to(device)), y.to(device)).backward()
+        opt.step()
+'''
+
+
+def test_a_helper_returning_the_device_by_availability_returns_ddpkits():
+    body = "if torch.cuda.is_available():\n        return 'cuda'\n    return 'cpu'"
+    done = plan(DEVICE_HELPER.format(body=body))
+    assert not done.refused, done.left
+    assert done.text.count("return ddpkit.init().device.type") == 2, done.text
+    assert "model = ddpkit.prepare_model(model)" in done.text, done.text
+
+
+def test_a_helper_returning_the_device_by_a_flag_of_its_own_is_still_refused():
+    # (``if args.cpu: return 'cpu'``: a switch init() does not know, not ddpkit's choice)
+    body = "if args.cpu:\n        return 'cpu'\n    return 'cuda'"
+    done = plan(DEVICE_HELPER.format(body=body))
+    assert done.refused and "return 'cpu'" in done.text, done.left

@@ -150,10 +150,14 @@ def asked(work: _Work, call: Call) -> list[str]:
         for _ in range(3):  # (FactorVAE's ``data_loader = train_loader`` before ``return data_loader``)
             copies |= {b.target for b in work.facts.bindings if b.scope is holder.scope and
                        b.value is not None and dotted(b.value) in copies}
+        # (an attribute set in one method and returned by another of its class: ``self.train_loader`` of
+        # ``data_loaders()``, returned by ``load()`` as ``return self.train_loader, self.val_loader``)
+        kept = holder.target.startswith("self.") and holder.scope.cls is not None
         for scope, value in work.facts.returns:
             elements = unpacked(value)
+            mine = holder.scope is scope or kept and scope.cls == holder.scope.cls
             names += [returned(scope.name, i if len(elements) > 1 else -1) for i, element in enumerate(elements)
-                      if holder.scope is scope and dotted(element) in copies]
+                      if mine and dotted(element) in copies]
     for scope, value in work.facts.returns:
         elements = unpacked(value)
         names += [returned(scope.name, i if len(elements) > 1 else -1) for i, element in enumerate(elements)

@@ -90,6 +90,9 @@ def is_device(value: cst.BaseExpression | None, target: str, aliases: dict[str, 
             (not fixed or target.split(".")[-1] == "device")
     if isinstance(value, cst.IfExp):  # "cuda" if a else "mps" if b else "cpu"; "cpu" if a else "cuda" if b ...
         kinds = [_kind(b) for b in _branches(value)]
+        if kinds[0] == "" and _available(value.test) and isinstance(value.body, cst.Call) and \
+                resolve(dotted(value.body.func), aliases) == "torch.device":
+            kinds[0] = "accelerator"  # (InfoGAN's ``torch.device(args.device) if cuda.is_available() else ...``)
         return "" not in kinds and kinds.count("cpu") == 1 and kinds[0] != kinds[-1] and \
             (kinds[-1] == "cpu" or kinds[0] == "cpu")
     text = text_of(value) if value is not None else None
@@ -394,5 +397,6 @@ def returning(work: _Work) -> frozenset[str]:
     torch.cuda.is_available(): ... return device``): another module's ``device = utils.get_device()`` is then
     ddpkit's device (crossing.devices)."""
     return frozenset(scope.name for scope, value in work.facts.returns if scope.name and "." not in scope.name and
-                     any(d.target == dotted(value) and d.scope is scope for d in work.devices))
+                     (any(d.target == dotted(value) and d.scope is scope for d in work.devices) or
+                      any(s is scope for s in work.device_functions)))
 

@@ -274,6 +274,8 @@ def _returns_device(work: _Work, binding: Binding) -> bool:
     set-up converted here (Informer's experiment classes)."""
     made = next((c for c in work.facts.calls if c.node is binding.value), None)
     target = callee(work.facts, made) if made is not None else None
+    if target is not None and any(s is target[0] for s in work.device_functions):  # (devicehelper.py)
+        return True
     returned = [dotted(v) for s, v in work.facts.returns if target is not None and s is target[0]]
     return bool(returned) and all(any(d.target == r and d.scope is target[0] for d in work.devices)
                                   for r in returned if target is not None)

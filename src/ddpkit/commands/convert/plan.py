@@ -31,6 +31,7 @@ from ddpkit.commands.convert import (
     choices,
     counted,
     device,
+    devicehelper,
     gradpen,
     handmade,
     lastbatch,
@@ -207,6 +208,7 @@ class _Work:
         self.inits: list[Scope] = []  # where the plan binds the state (``state = ddpkit.init()``)
         self.init_lines: dict[int, tuple[int, str]] = {}  # a scope's id -> (the init's line, its arguments)
         self.devices: list[Binding] = []  # the device set-ups converted
+        self.device_functions: list[Scope] = []  # functions whose returns became ddpkit's device (devicehelper.py)
         self._ifs: list[cst.If] | None = None  # every `if` of the script, outermost first (found once)
         ours = all(rules.bound_to_init(b) for b in facts.bindings if b.target == "state")
         self.state = "state" if ours else "ddp_state"  # a script's own ``state`` keeps its name
@@ -229,6 +231,7 @@ class _Work:
         if not self._convertible():
             return
         device.devices(self)
+        devicehelper.device_functions(self)
         parallel.undo(self)
         models.models(self)
         partners.partners(self)

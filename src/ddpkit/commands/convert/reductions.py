@@ -283,9 +283,17 @@ def _count_shown(work: _Work, loop: Loop) -> None:
     made = {b.target: b for b in work.facts.bindings if b.scope is loop.scope and loop.line < b.line <= loop.end
             and isinstance(b.value, cst.BinaryOperation) and isinstance(b.value.operator, cst.Multiply)
             and any(work.facts.code(side).replace(" ", "") in sized for side in (b.value.left, b.value.right))}
+    def counts(node: cst.CSTNode) -> bool:  # (pytorch/examples' ``batch_idx * len(data)`` in the print itself)
+        return any(isinstance(p, cst.BinaryOperation) and any(work.facts.code(side).replace(" ", "") in sized
+                                                               for side in (p.left, p.right))
+                   for p in m.findall(node, m.BinaryOperation(operator=m.Multiply())))
+
     for call in loop.calls:
         if call.last in ("print", "info", "write", "set_description") and call.line > loop.line:
             shown = sorted({n for a in call.node.args for n in names_in(a.value)} & set(made))
+            written = next((work.facts.code(p) for a in call.node.args for p in m.findall(
+                a.value, m.BinaryOperation(operator=m.Multiply())) if counts(p)), None) if not shown else None
+            shown = shown or ([written] if written else [])
             if shown:
                 work.keep(call.line, f"{call.last}(...) in the loop shows {shown[0]}, a count of this rank's samples",
                           "at N processes each rank takes 1/N of every batch: the count is rank 0's share (the "
