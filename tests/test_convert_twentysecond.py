@@ -597,3 +597,69 @@ def test_a_helper_returning_the_device_by_a_flag_of_its_own_is_still_refused():
     body = "if args.cpu:\n        return 'cpu'\n    return 'cuda'"
     done = plan(DEVICE_HELPER.format(body=body))
     assert done.refused and "return 'cpu'" in done.text, done.left
+
+
+def test_a_peek_at_a_training_loader_another_module_builds_is_said_rank_0s_part():
+    # (an InfoGAN's "Training Images" picture: ``next(iter(loader))`` of ``loader = get_data(16)``)
+    data = ("import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n\ndef get_data(batch_size):\n"
+            "    return DataLoader(TensorDataset(torch.rand(64, 4)), batch_size=batch_size, shuffle=True)\n")
+    main = ("import torch\nfrom data import get_data\n\nloader = get_data(16)\nsample = next(iter(loader))\n"
+            "model = torch.nn.Linear(4, 1)\nopt = torch.optim.Adam(model.parameters())\nfor (x,) in loader:\n"
+            "    model(x).pow(2).mean().backward()\n    opt.step()\n")
+    plans = _settled({"data.py": data, "main.py": main})
+    assert [k.line for k in plans["main.py"].kept if "next(iter(...)) takes one batch" in k.what] == [5], \
+        plans["main.py"].kept
+
+
+# a course's training loop counts the samples shown with the batch-size constant and prints a loss over it
+BATCH_CONST = '''import torch
+from torch.utils.data import DataLoader
+
+B = 16
+loader = DataLoader(ds, batch_size=B, shuffle=True)
+model = torch.nn.Linear(4, 3)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+training_loss, num_batches, num_display = 0.0, 0, 0
+for inputs, labels in loader:
+    opt.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(inputs), labels)
+    loss.backward()
+    opt.step()
+    training_loss = training_loss + loss.item()
+    num_batches = num_batches + 1
+    num_display = num_display + {counted}
+    if num_display > 32:
+        num_display = 0
+        print('avg loss = {{0:8.6f}}'.format((training_loss / num_batches) / B))
+'''
+
+
+def test_a_sample_counter_of_the_batch_size_constant_keeps_the_global_batch():
+    done = plan(BATCH_CONST.format(counted="B"))
+    assert "ddpkit.data_loader(ds, global_batch_size=B, shuffle=True)" in done.text, (done.text, done.left)
+    assert not done.left, done.left
+
+
+def test_a_mean_loss_shown_over_the_batch_size_is_no_rate_of_a_count():
+    done = plan(BATCH_CONST.format(counted="inputs.size(0)"))
+    assert not [x for x in done.left if "a rate shown over B" in x.what], done.left
+
+
+@pytest.mark.parametrize("fed", ["torch.unsqueeze(inputs, dim=0)", "inputs[None]", "inputs.unsqueeze(0)"])
+def test_a_batch_fed_as_one_sequence_is_listed(fed):
+    # (an LSTM forecaster: the whole batch's rows are the time axis of one sequence; sharded, each rank's is shorter)
+    done = plan("import torch\nfrom torch.utils.data import DataLoader\nmodel = torch.nn.LSTM(8, 2, batch_first=True)\n"
+                "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                "for inputs, target in DataLoader(ds, batch_size=32):\n    inputs = inputs.to(device)\n"
+                f"    out, _ = model({fed})\n    torch.nn.functional.mse_loss(out[0], target).backward()\n"
+                "    opt.step()\n")
+    assert [x.line for x in done.left if "reads the whole batch as one sample" in x.what] == [7], done.left
+
+
+def test_a_sample_made_one_batch_of_its_own_inside_the_step_is_not_listed():
+    # (``x[0].unsqueeze(0)``: one sample of the batch given its own batch axis, not the batch made a sequence)
+    done = plan("import torch\nfrom torch.utils.data import DataLoader\nmodel = torch.nn.Linear(8, 2)\n"
+                "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                "for inputs, target in DataLoader(ds, batch_size=32):\n"
+                "    model(inputs[0].unsqueeze(0)).sum().backward()\n    opt.step()\n")
+    assert not [x for x in done.left if "one sample" in x.what], done.left

@@ -306,6 +306,14 @@ def test_runs_the_cap_stopped_before_any_update_are_refused_not_passed():
     assert r.returncode == CANNOT_COMPARE and "trained nothing in the 3 batches" in line, r.stdout + r.stderr
 
 
+def test_runs_whose_only_change_is_batchnorms_statistics_trained_nothing():
+    """Held-out set 22 (InfoGAN): a preview batch used the cap of 1, the loop got none, and a sample drawn in train
+    mode after it moved BatchNorm's running statistics: counted as trained, the runs PASSed having compared nothing."""
+    r = run_cmd(VERIFY + ["--steps", "1", CASES, "--case", "peekbn"], timeout=240)
+    line = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == CANNOT_COMPARE and "trained nothing in the 1 batches" in line, r.stdout + r.stderr
+
+
 ATTENTION = '''
 import torch
 import torch.nn as nn

@@ -49,7 +49,7 @@ import ddpkit
 parser = argparse.ArgumentParser()
 parser.add_argument("--case", required=True, choices=["seq", "attn", "global", "noise", "handshard", "noprepare",
                                                      "badbytes", "gan", "manual", "phases", "bnplain", "exit",
-                                                     "accum8", "noisebug", "noisefirst", "noisenp", "augpy",
+                                                     "accum8", "peekbn", "noisebug", "noisefirst", "noisenp", "augpy",
                                                      "augnp", "augown", "augseeded", "augtorch"])
 args = parser.parse_args()
 torch.set_num_threads(1)
@@ -136,7 +136,8 @@ class Augmented(torch.utils.data.Dataset):
 
 if args.case in ("augpy", "augnp", "augown", "augseeded", "augtorch"):
     data = Augmented(data)
-if args.case in ("gan", "manual", "phases", "bnplain", "exit", "accum8"):  # shapes of a second review (issue 26.2)
+# shapes of a second review (issue 26.2), and of held-out set 22
+if args.case in ("gan", "manual", "phases", "bnplain", "exit", "accum8", "peekbn"):
     import verify_shapes  # noqa: E402 (next to this file)
     verify_shapes.run(args.case, data, state)
     raise SystemExit(0)

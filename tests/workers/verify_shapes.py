@@ -49,6 +49,15 @@ def run(case: str, data, state) -> None:
             if (i + 1) % 8 == 0:
                 opt.step()
                 opt.zero_grad()
+    elif case == "peekbn":  # a preview batch takes the cap of 1, then a train-mode forward moves BatchNorm only
+        loader = ddpkit.data_loader(data, batch_size=8)
+        next(iter(loader))
+        model = ddpkit.prepare_model(mlp(12, norm=True))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            sgd_step(model, opt, mse(model(x), y))
+        with torch.no_grad():
+            model(torch.randn(8, 12))
     elif case == "phases":  # a warm-up optimizer steps twice, then the main one
         model = ddpkit.prepare_model(mlp(12))
         loader = ddpkit.data_loader(data, batch_size=8)

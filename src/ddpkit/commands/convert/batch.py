@@ -25,6 +25,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert import flow, handsize
+from ddpkit.commands.convert.batchmeans import stepped_losses
 from ddpkit.commands.convert.flow import DEPTH, argument_for, binding_of, callee
 from ddpkit.commands.convert.inits import node_ids
 from ddpkit.commands.convert.names import dotted, measured, names_in, resolve
@@ -154,11 +155,17 @@ def _shown_rates(work: _Work, names: set[str], loops: list[Loop]) -> None:
             continue
         # a per-batch quantity the loop computes (``correct``), over B: not a count of steps (``n_train // B``)
         computed = {b.target for b in work.facts.bindings if id(b.stmt) in node_ids(loop.node.body)}
+        # (a sum of the stepped loss's batch means, ``training_loss += loss.item()``: a mean already, whatever share
+        # of the batch each rank takes; over B it is no count's rate: a course's ``(training_loss / n) / B``)
+        losses = stepped_losses(loop)
+        means = {b.target for b in work.facts.bindings if id(b.stmt) in node_ids(loop.node.body) and
+                 b.value is not None and {n.split(".")[0] for n in names_in(b.value)} & losses}
         for div in m.findall(loop.node.body, m.BinaryOperation(operator=m.Divide())):
             inside = node_ids(div.right) if isinstance(div, cst.BinaryOperation) else set()
             read = next(((name, line) for name, _scope, line, node in work.facts.reads
                          if name in names and id(node) in inside), None)
-            per_batch = isinstance(div, cst.BinaryOperation) and bool(names_in(div.left) & computed)
+            per_batch = isinstance(div, cst.BinaryOperation) and bool(names_in(div.left) & computed) and \
+                not names_in(div.left) & means
             if id(div) in quiet and read is not None and per_batch:
                 work.leave(read[1], f"a rate shown over {read[0]}, the global batch now: each process's batch is "
                            f"{read[0]}/N, so what is shown is 1/N of the one-process value", "divide by the "
@@ -335,22 +342,40 @@ def _step_counts(work: _Work, loops: list[Loop], names: set[str]) -> set[int]:
 
 def _counting(loops: list[Loop], names: set[str]) -> set[int]:
     """The nodes that count steps with the batch size, sizing nothing (DA-RNN's ``idx += batch_size`` and its
-    ``losses[epoch * iters + idx / batch_size]``): ``+=`` of it into a counter, and the counter divided by it."""
+    ``losses[epoch * iters + idx / batch_size]``): ``+=`` of it into a counter (or ``n = n + B``), and the counter
+    divided by it, compared (``if n > 32:``, a display every so many samples) or set back to a number."""
     found: set[int] = set()
     for loop in loops:
-        adds = [n for n in m.findall(loop.node, m.AugAssign(operator=m.AddAssign()))
-                if isinstance(n, cst.AugAssign) and dotted(n.value) in names and dotted(n.target)]
+        adds: list[Any] = [n for n in m.findall(loop.node, m.AugAssign(operator=m.AddAssign()))
+                           if isinstance(n, cst.AugAssign) and dotted(n.value) in names and dotted(n.target)]
+        adds += [_Added(a.targets[0].target, a.value.right) for a in m.findall(loop.node, m.Assign())
+                 if isinstance(a, cst.Assign) and len(a.targets) == 1 and isinstance(a.value, cst.BinaryOperation)
+                 and isinstance(a.value.operator, cst.Add) and dotted(a.value.right) in names and
+                 dotted(a.value.left) == dotted(a.targets[0].target) and dotted(a.value.left)]
+        reads = {id(a.value.left) for a in m.findall(loop.node, m.Assign()) if isinstance(a, cst.Assign) and
+                 isinstance(a.value, cst.BinaryOperation) and any(id(a.value.right) == id(n.value) for n in adds)}
+        resets = {id(t.target) for a in m.findall(loop.node, m.Assign()) if isinstance(a, cst.Assign) and
+                  isinstance(a.value, (cst.Integer, cst.Float)) for t in a.targets}
+        compared = {id(c.left) for c in m.findall(loop.node, m.Comparison()) if isinstance(c, cst.Comparison)}
         divisions = [n for n in m.findall(loop.node, m.BinaryOperation(operator=m.Divide() | m.FloorDivide()))
                      if isinstance(n, cst.BinaryOperation) and dotted(n.right) in names]
         for counter in {dotted(n.target) or "" for n in adds}:
             # (only counted and divided back: ``preds[idx:idx + len(x)] = ...`` reads it as a position, review)
-            allowed = {id(n.target) for n in adds} | {id(n.left) for n in divisions if dotted(n.left) == counter}
+            allowed = {id(n.target) for n in adds} | {id(n.left) for n in divisions if dotted(n.left) == counter} | \
+                reads | resets | compared
             used = [n for n in m.findall(loop.node, m.Name(value=counter) | m.Attribute()) if dotted(n) == counter]
             if any(id(n) not in allowed for n in used):
                 continue
             found |= {i for n in adds if dotted(n.target) == counter for i in node_ids(n.value)}
             found |= {i for n in divisions if dotted(n.left) == counter for i in node_ids(n.right)}
     return found
+
+
+class _Added:
+    """``n = n + B`` read as ``n += B``: the counter (``target``) and what it adds (``value``)."""
+
+    def __init__(self, target: cst.BaseExpression, value: cst.BaseExpression):
+        self.target, self.value = target, value
 
 
 def _made_before(work: _Work, names: set[str], loops: list[Loop], inside: set[int],

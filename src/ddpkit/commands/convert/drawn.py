@@ -105,3 +105,12 @@ def peeked(work: _Work, bindings: list[Any]) -> list[int]:
             id(read[3]) in iters and id(iters[id(read[3])].node) in nexts or name in stepped and id(read[3]) in nexts)
             and flow.visible(facts, name, scope, read[1]) and reached(read[1], read[2])]
     return sorted({read[2] for b in bindings for read in flow.reading(work.facts, b.target, b.scope, pick, since=b)})
+
+
+def said_peeked(work: _Work, bindings: list[Any]) -> None:
+    """Each :func:`peeked` line of a loader sharded for training, said (built here, or in another module of the
+    project: an InfoGAN's ``next(iter(get_data(...)))`` picture of the training images)."""
+    for line in peeked(work, bindings):
+        work.keep(line, "next(iter(...)) takes one batch of this rank's shard: its part of one (B/N samples at N "
+                  "processes), so what is shown or saved from it is rank 0's part", "to keep a whole batch: "
+                  "ddpkit.gather(t) each of its tensors (on every rank), or draw it from the dataset")

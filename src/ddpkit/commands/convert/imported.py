@@ -28,7 +28,7 @@ from typing import Any
 import libcst as cst
 from libcst import matchers as m
 
-from ddpkit.commands.convert import bysplit, flow, handedin, handsize
+from ddpkit.commands.convert import bysplit, drawn, flow, handedin, handsize
 from ddpkit.commands.convert.crossing import EVAL, TRAIN, Ask, key, returned
 from ddpkit.commands.convert.names import dotted, resolve, unpacked
 from ddpkit.commands.convert.reductions import reductions
@@ -98,6 +98,8 @@ def imported_loader(work: _Work, line: int) -> bool:
             work.keep(line, f"the training loop over {n} left as it is", f"{n} is a ddpkit.data_loader where it "
                       f"is built, in {done[n]} (imported from {origins[n][0]})")
             reductions(work, trained[n], None, True)
+            first = trained[n][0]  # (a peek at its first batch, here: rank 0's part of one, as one built here)
+            drawn.said_peeked(work, [b for b in [flow.binding_of(work.facts, n, first.scope, first.line)] if b])
             if not handsize.kept(work, origins[n]):  # (kept per process there: the loop's sizes hold)
                 _sized_here(work, trained[n], str(done[n]))
     fed = {b.target for n in training for lp in trained[n] if (b := _source(work.facts, n, lp)) is not None}

@@ -345,10 +345,8 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
         return False
     shared = loaderuse.comprehensions_reading(work.facts, returned or ([binding] if binding else [])) \
         if role == "train" else []
-    for line in drawn.peeked(work, returned or ([binding] if binding else [])) if role == "train" else []:
-        work.keep(line, "next(iter(...)) takes one batch of this rank's shard: its part of one (B/N samples at N "
-                  "processes), so what is shown or saved from it is rank 0's part", "to keep a whole batch: "
-                  "ddpkit.gather(t) each of its tensors (on every rank), or draw it from the dataset")
+    if role == "train":
+        drawn.said_peeked(work, returned or ([binding] if binding else []))
     for line in sorted({line for line, trains in shared if not trains}):  # (review 30's D5: no loop to reduce)
         work.leave(line, "a comprehension over a loader sharded for training: each rank reads its own shard there, "
                    "so what it computes is this rank's share", "write it as a for loop over the loader (its sums are "

@@ -53,6 +53,7 @@ from ddpkit.commands.convert import (
     stepped,
     tokens,
     unwrapped,
+    wholebatch,
     writes,
 )
 from ddpkit.commands.convert.apply import Edits, first_use, rewrite
@@ -260,6 +261,7 @@ class _Work:
         reread.reread(self)
         calledorder.tell(self)
         lazy.lazy_layers(self)
+        wholebatch.whole_batch(self)
 
     def _convertible(self) -> bool:
         for call in self.facts.calls:

@@ -260,8 +260,21 @@ def _facts(out: str) -> dict | None:
         return json.load(f)
 
 
+# what a forward in train mode moves without any update: BatchNorm's running statistics (a sample drawn after the
+# capped loop, an InfoGAN's ``netG(fixed_noise)`` with no ``eval()``), no sign that anything trained
+STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
+
+
 def _unchanged(final: dict[str, torch.Tensor], initial: dict[str, torch.Tensor]) -> bool:
-    return final.keys() == initial.keys() and all(torch.equal(final[k], initial[k]) for k in final)
+    """No weight moved; BatchNorm's running statistics may have (a forward is no update).
+
+    >>> w, s = torch.zeros(2), torch.zeros(2)
+    >>> moved = {"w": w, "bn.running_mean": s + 1}
+    >>> _unchanged(moved, {"w": w, "bn.running_mean": s}), _unchanged({"w": w + 1}, {"w": w})
+    (True, False)
+    """
+    return final.keys() == initial.keys() and all(torch.equal(final[k], initial[k]) or
+                                                  k.rsplit(".", 1)[-1] in STATISTICS for k in final)
 
 
 def _initial(path: str, models: int) -> dict[str, torch.Tensor] | None:
