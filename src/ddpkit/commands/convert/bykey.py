@@ -78,11 +78,17 @@ def holder(facts: Facts, node: cst.Call) -> Held | None:
     return None
 
 
-def _key(loop: Loop) -> tuple[str | None, str | None] | None:
+def _key(loop: Loop, facts: Facts | None = None) -> tuple[str | None, str | None] | None:
     """How the loop's iterable picks its item: (a string, None) for ``d['train']``, (None, the name) for
-    ``d[phase]``; None for neither (the loop reads an item handed to its function)."""
-    for sub in m.findall(loop.node.iter, m.Subscript(value=m.Name() | m.Attribute())) \
-            if isinstance(loop.node, cst.For) else []:
+    ``d[phase]``, also through a name bound to it just above (``data_loader = data_loaders[split]``, a language
+    model's); None for neither (the loop reads an item handed to its function)."""
+    source: cst.CSTNode = loop.node.iter if isinstance(loop.node, cst.For) else cst.Name("_")
+    if isinstance(source, cst.Name) and facts is not None:
+        bound = flow.binding_of(facts, source.value, loop.scope, loop.line)
+        if bound is not None and isinstance(bound.value, cst.Subscript) and \
+                all(o.line <= bound.line for o in loop.outer[-1:]):  # (bound in the loop over the splits)
+            source = bound.value
+    for sub in m.findall(source, m.Subscript(value=m.Name() | m.Attribute())):
         assert isinstance(sub, cst.Subscript)
         index = sub.slice[0].slice if len(sub.slice) == 1 else None
         if isinstance(index, cst.Index):
@@ -126,13 +132,17 @@ def trained(facts: Facts, held: Held) -> tuple[set[str], list[tuple[Loop, str | 
     loops: list[tuple[Loop, str | None]] = []
     evaluations: list[tuple[Loop, str | None]] = []
     picker: str | None = None
-    for loop in flow.loops_reading(facts, held.name, held.binding.scope, since=held.binding):
+    reading = flow.loops_reading(facts, held.name, held.binding.scope, since=held.binding)
+    for b in facts.bindings:  # (``data_loader = data_loaders[split]`` in the loop over the splits, then its loop)
+        if isinstance(b.value, cst.Subscript) and dotted(b.value.value) == held.name and b.line > held.binding.line:
+            reading += [lp for lp in flow.loops_reading(facts, b.target, b.scope, since=b) if lp not in reading]
+    for loop in reading:
         if id(loop.node) in handed:  # one split or more, written out where the function is called
             if flow.trains(facts, loop):
                 keys |= handed[id(loop.node)]
             (loops if flow.trains(facts, loop) else evaluations).extend((loop, k) for k in handed[id(loop.node)])
             continue
-        key = _key(loop)
+        key = _key(loop, facts)
         if key is None:
             return None
         if key[0] is not None:  # one split, written out

@@ -55,7 +55,8 @@ def curves(work: _Work, loop: Loop) -> set[str]:
         appends = [c for c in loop.calls if c.last == "append" and isinstance(c.node.func, cst.Attribute) and
                    dotted(c.node.func.value) == name]
         every_step = all(_own_step(loop, c.stmt) and _batch_mean(work, loop, c.node, c.line) for c in appends)
-        if appends and every_step and not _read_whole(work, loop, name) and _read_inside(work, loop, name, appends):
+        if appends and every_step and _read_inside(work, loop, name, appends) and \
+                not any(n == name for n, _ in loop.augmented):  # (read inside: averaged as it grows, read after too)
             _averaged_each(work, name, appends)  # (WGAN-GP's curve plotted and saved every few steps, in the loop)
             done.add(name)
             continue
@@ -110,8 +111,13 @@ def _unknown_means(work: _Work, loop: Loop, name: str, appends: list[Any]) -> No
 
 
 def _own_step(loop: Loop, stmt: Any) -> bool:
-    """The append is a statement of the loop's own block (every step adds one, on every rank)."""
-    return stmt is not None and any(s is stmt for s in loop.node.body.body)
+    """The append is a statement of the loop's own block, or of a ``with`` there (``with torch.no_grad():``, a
+    WGAN-GP's bookkeeping): every step adds one, on every rank."""
+    block = list(loop.node.body.body)
+    while any(isinstance(s, cst.With) for s in block):
+        block = [t for s in block for t in (s.body.body if isinstance(s, cst.With) and
+                                            isinstance(s.body, cst.IndentedBlock) else [s])]
+    return stmt is not None and any(s is stmt for s in block)
 
 
 def _batch_mean(work: _Work, loop: Loop, call: cst.Call, line: int) -> bool:

@@ -22,6 +22,7 @@ from libcst import matchers as m
 from ddpkit.commands.convert import visible
 from ddpkit.commands.convert.names import dotted, names_in, resolve
 from ddpkit.commands.convert.scan import Binding, Scope
+from ddpkit.commands.convert.waits import main_guard
 
 # the plan in the making (plan._Work): facts, edits, leave, note, devices, inits, state
 _Work = Any
@@ -148,7 +149,8 @@ def devices(work: _Work) -> None:
         if again:  # device = "cpu"; if torch.cuda.is_available(): device = "cuda": the first init would win
             work.leave(b.line, f"{b.target} is chosen over several lines ({', '.join(str(o.line) for o in again)})",
                        f"write it as one: {b.target} = torch.device('cuda' if torch.cuda.is_available() else "
-                       "'cpu'), then convert again", blocks=True)
+                       "'cpu'), a switch of the script's own in the test ('cuda' if args.use_cuda and "
+                       "torch.cuda.is_available() else 'cpu'), then convert again", blocks=True)
             return
     for b in found:
         small = b.stmt.body[0] if len(b.stmt.body) == 1 else None
@@ -177,17 +179,28 @@ def devices(work: _Work) -> None:
                       "gives each rank its own device", b.line)
             continue
         work.devices.append(b)
+        if isinstance(b.value, cst.IfExp) and _available(b.value.test) and isinstance(b.value.body, cst.Call) and \
+                b.value.body.args and not isinstance(b.value.body.args[0].value, cst.SimpleString):
+            # (an InfoGAN's ``torch.device(args.device) if torch.cuda.is_available() else ...``, ``--device 1``)
+            work.keep(b.line, f"{work.facts.code(b.value.body)} is not read", "where a GPU is available init() "
+                      "gives each rank its own (the GPUs a run may use are the launch's: CUDA_VISIBLE_DEVICES); a "
+                      "flag naming the CPU there is not read: launch with --device cpu for that")
         init = f"{work.state} = ddpkit.init({args})"
         read = f"{b.target} = {work.state}.device" + (".type" if as_string(b.value) else "")
         if as_string(b.value) and ":" in (text_of(b.value) or ""):  # ``'cuda:0'``: its index may be read
             read = f"{b.target} = str({work.state}.device)"  # (AGCRN's ``set_device(int(args.device[5]))``)
-        early = _first_ddpkit_use(work, b.scope, b.line, names_in(b.value))
+        # (what the init's own arguments read: ``torch.device(args.device) if ...`` reads ``args`` for no cpu=)
+        given: Any = cst.parse_expression(f"f({args})")
+        early = _first_ddpkit_use(work, b.scope, b.line, names_in(b.value) & set().union(
+            *(names_in(a.value) for a in given.args)))
         if early is None:
             work.edits.replace[id(b.stmt)] = [init, read]
         else:  # a loader or a print above would start ddpkit with the defaults first: start it there, as asked
             work.edits.before.setdefault(id(early.stmt), []).append(init)
             work.edits.replace[id(b.stmt)] = [read]
-        work.inits.append(b.scope)
+        guard = work._guard(b.stmt)  # (bound under ``if args.no_cuda:`` only: ``state`` may be unbound below)
+        if guard is None or main_guard(work.facts.module.code_for_node(guard.test)):
+            work.inits.append(b.scope)
         work.init_lines.setdefault(id(b.scope), (early.line if early is not None else b.line, args))
         said = " (str(): the script's device is a string with the GPU's index, which it may read)" if "str(" in read \
             else " (.type: the script's device is a string, and it may be tested as one)" if as_string(b.value) else ""
@@ -263,8 +276,12 @@ def _upgrades(work: _Work, found: list[Binding]) -> dict[int, tuple[Binding, Bin
         if len(later) != 1 or later[0].line < b.line or b.value is None or later[0].value is None or \
                 _kind(text_of(b.value) or "") != "cpu" or _kind(text_of(later[0].value) or "") != "accelerator":
             continue
-        if any(n.body.body[0] is later[0].stmt for n in ifs) and later[0].stmt is not None and \
-                len(later[0].stmt.body) == 1:  # (``DEVICE = 'cuda'; torch.cuda.manual_seed_all(0)``: the rest kept)
+        # (the ``if`` a statement beside the first binding: one nested in ``if args.use_cuda:`` keeps a switch)
+        beside = next((blk.body for blk in [work.facts.module, *m.findall(work.facts.module, m.IndentedBlock())]
+                       if isinstance(blk, (cst.Module, cst.IndentedBlock)) and any(st is b.stmt for st in blk.body)),
+                      ())
+        if any(n.body.body[0] is later[0].stmt and any(n is st for st in beside) for n in ifs) and \
+                later[0].stmt is not None and len(later[0].stmt.body) == 1:  # (``DEVICE = 'cuda'; ...``: kept)
             work.edits.remove.add(id(later[0].stmt))
             work.note(f"if ...is_available(): {b.target} = ... removed", "ddpkit.init() picks the accelerator when "
                       "there is one, as this choice did", later[0].line)

@@ -25,7 +25,7 @@ import libcst.matchers as m
 
 from ddpkit.commands.convert.flagged import argument_for, switched_off
 from ddpkit.commands.convert.names import dotted, names_in, resolve, unpacked
-from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, Scope
+from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, Scope, imported_from
 
 # methods of torch's modules, optimizers and schedulers: called on anything but ``self``, not the script's own
 # method of the same name (a Runner.train(), a Trainer.step())
@@ -98,6 +98,9 @@ def runs(facts: Facts, call: Call, module: str, function: str) -> bool:
 def _names(facts: Facts, written: str | None, wanted: str) -> bool:
     full = resolve(written, facts.aliases)
     full = facts.exported.get(full, full) if full is not None else None
+    starred = imported_from(facts, written) if written and full == written and "." not in written else None
+    if starred is not None:  # (``from pkg.trainer import *``, then ``train(...)``: a CIFAR project's main.py)
+        full = f"{starred[0]}.{starred[1]}"
     return full is not None and (full == wanted or full.endswith("." + wanted))
 
 

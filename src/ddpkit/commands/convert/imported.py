@@ -90,7 +90,8 @@ def imported_loader(work: _Work, line: int) -> bool:
         if done[n] and evaluated:  # sharded there for training: here each rank would evaluate only its shard
             work.leave(evaluated[0].line, f"{n}, a ddpkit.data_loader for training in {done[n]}, is also "
                        "evaluated here: each rank would evaluate only its shard, and nothing here sums the "
-                       "ranks' results", "evaluate on a loader of its own, or ddpkit.reduce(...) the sums after "
+                       "ranks' results", "evaluate on a DataLoader of its own, its loop under torch.no_grad() "
+                       "(convert keeps it whole: every rank reads all of it), or ddpkit.reduce(...) the sums after "
                        "that loop, then convert again", blocks=True)
             return True
         if done[n]:  # sharded there: the sums its training loops keep here are this rank's shard's

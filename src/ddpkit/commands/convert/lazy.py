@@ -33,6 +33,9 @@ def lazy_layers(work: _Work) -> None:
     if call is None or not models or any(sized_by(work, c, dotted(c.node.func) or "") and not c.loops
                                          for c in work.facts.calls if dotted(c.node.func) in models):
         return
+    if any(dotted(c.node.func) in ("self", "self.forward") and c.scope.name.endswith(".__init__")
+           for c in work.facts.calls):  # (the model sizes itself: ``self(torch.zeros(1, 3, 32, 32))`` in __init__)
+        return
     layer = call.name.rsplit(".", 1)[-1]
     work.leave(call.line, f"nn.{layer} sizes its weights at the model's first forward, and prepare_model needs them "
                "sized (DDP cannot wrap weights that do not exist yet): it refuses the model as built",

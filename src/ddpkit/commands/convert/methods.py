@@ -111,6 +111,10 @@ def _made_from(work: _Work, loop: Any, backward: Any) -> list[tuple[str, str, in
     batch = _batch_names(work, loop, inside)
     outputs = {(dotted(v.func), b.target) for b in facts.bindings if id(b.stmt) in inside and
                isinstance(v := b.value if b.value is not None else b.whole, cst.Call)}
+    raw = set(loop.targets) | {b.target for b in facts.bindings if id(b.stmt) in inside and  # (``x = x.to(d)``)
+                               isinstance(b.value, cst.Call) and isinstance(b.value.func, cst.Attribute) and
+                               b.value.func.attr.value in ("to", "cuda", "float") and
+                               dotted(b.value.func.value) in loop.targets}
     for _ in range(3):
         # (``mean, log_var = model.encoding(x)``: an unpacked binding's whole value)
         values = [(b, b.value if b.value is not None else b.whole) for b in facts.bindings if b.target in
@@ -124,7 +128,12 @@ def _made_from(work: _Work, loop: Any, backward: Any) -> list[tuple[str, str, in
                 owner, method = dotted(call.func.value), call.func.attr.value
                 fed = set().union(*(names_in(a.value) for a in call.args)) if call.args else set()
                 if owner and method not in flow.TORCH_METHODS and not method.startswith("_") and fed & batch:
-                    found.append((owner, method, binding.line, any((owner, n) in outputs for n in fed)))
+                    # (on its outputs only: a method fed what the model's own forward reads, ``consistency_loss(
+                    # target, x)``, may run the layers: review 33's self-distillation; labels are no input)
+                    inputs = {n for c in m.findall(loop.node, m.Call()) if isinstance(c, cst.Call) and
+                              dotted(c.func) == owner for a in c.args for n in names_in(a.value)} & raw
+                    found.append((owner, method, binding.line,
+                                  any((owner, n) in outputs for n in fed) and not fed & inputs))
             frontier |= names_in(value)
     return found
 

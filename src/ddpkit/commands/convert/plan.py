@@ -49,6 +49,7 @@ from ddpkit.commands.convert import (
     retained,
     rules,
     seeded,
+    shownbatch,
     splits,
     stepped,
     tokens,
@@ -262,6 +263,7 @@ class _Work:
         calledorder.tell(self)
         lazy.lazy_layers(self)
         wholebatch.whole_batch(self)
+        shownbatch.shown_batches(self)
 
     def _convertible(self) -> bool:
         for call in self.facts.calls:

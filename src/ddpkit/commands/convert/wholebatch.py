@@ -5,9 +5,9 @@ shorter sequence: a different training, which verify shows as a FAIL. Listed, wi
 Example::
 
     >>> from ddpkit.commands.convert.plan import plan
-    >>> done = plan("import torch\\nfrom torch.utils.data import DataLoader\\nm = torch.nn.LSTM(4, 4)\\n"
+    >>> done = plan("import torch\\nfrom torch.utils.data import DataLoader\\nm = torch.nn.Linear(4, 4)\\n"
     ...             "o = torch.optim.SGD(m.parameters(), lr=0.1)\\nfor x, y in DataLoader(ds, batch_size=8):\\n"
-    ...             "    out, _ = m(x.unsqueeze(0))\\n    out.sum().backward()\\n    o.step()\\n")
+    ...             "    out = m(x.unsqueeze(0))\\n    out.sum().backward()\\n    o.step()\\n")
     >>> [x.line for x in done.left if "one sample" in x.what]
     [6]
 """
@@ -23,11 +23,16 @@ from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.names import dotted, names_in
 
 _Work = Any  # the plan in the making (plan._Work): facts, models, leave
+RNNS = ("LSTM", "GRU", "RNN")
 
 
 def whole_batch(work: _Work) -> None:
     """Leave a line at the first call of a prepared model on its batch made one sample, in a training loop."""
     models = {b.target for b in work.models}
+    if any((c.name or "").rsplit(".", 1)[-1] in RNNS and not any(
+            a.keyword is not None and a.keyword.value == "batch_first" and dotted(a.value) == "True"
+            for a in c.node.args) for c in work.facts.calls):
+        return  # (a sequence-first RNN: ``x.unsqueeze(0)`` is a sequence of length 1 per sample, review 33)
     for loop in (lp for lp in work.facts.loops if flow.trains(work.facts, lp)):
         inside = {id(n) for n in m.findall(loop.node, m.SimpleStatementLine())}
         batch = set(loop.targets)

@@ -1,0 +1,58 @@
+"""A training loop that hands its batch to a helper of another module of the project that shows or saves it (a DCGAN
+project's ``save_images(x, 'real')``, whose ``vutils.save_image`` that module's conversion makes rank 0's): sharded,
+the batch is this rank's part of the global one, so the picture is rank 0's part (B/N images). Said at the call; the
+helper's own file cannot know what it is handed.
+
+Example::
+
+    >>> from ddpkit.commands.convert.crossing import Crossing
+    >>> from ddpkit.commands.convert.plan import plan
+    >>> done = plan("import torch\\nfrom torch.utils.data import DataLoader\\nfrom saver import save_images\\n"
+    ...             "m = torch.nn.Linear(4, 1)\\no = torch.optim.SGD(m.parameters(), lr=0.1)\\n"
+    ...             "for x, y in DataLoader(ds, batch_size=8, shuffle=True):\\n    m(x).sum().backward()\\n"
+    ...             "    o.step()\\n    save_images(x, 'real')\\n", crossing=Crossing(own=frozenset({"saver"})))
+    >>> [k.line for k in done.kept if "this rank's part of the batch" in k.what]
+    [9]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+
+from ddpkit.commands.convert import flow
+from ddpkit.commands.convert.crossing import HANDED, key
+from ddpkit.commands.convert.names import dotted, names_in
+from ddpkit.commands.convert.scan import imported_from
+
+_Work = Any  # the plan in the making (plan._Work): facts, crossing, sharded, keep
+SHOWS = ("save", "plot", "show", "image", "visual", "draw", "grid", "log")
+
+
+def shown_batches(work: _Work) -> None:
+    """Keep a line at each call, in a training loop over a loader sharded here, of a project function whose name
+    shows or saves, handed the batch itself (a loop target, or one moved: ``x = x.to(device)``)."""
+    handed = bool(work.crossing.provided.get(key("", HANDED)))  # (a trainer's loop over what its callers hand in)
+    if not work.crossing.own or not work.sharded and not work.fed and not handed:
+        return
+    for loop in (lp for lp in work.facts.loops if flow.trains(work.facts, lp)):
+        inside = {id(n) for n in _statements(loop)}
+        batch = set(loop.targets) | {b.target for b in work.facts.bindings if id(b.stmt) in inside and
+                                     isinstance(b.value, cst.Call) and names_in(b.value) & set(loop.targets) and
+                                     isinstance(b.value.func, cst.Attribute) and b.value.func.attr.value == "to"}
+        for call in loop.calls:
+            origin = imported_from(work.facts, dotted(call.node.func) or "")
+            name = origin[1].rsplit(".", 1)[-1].lower() if origin is not None else ""
+            given = [str(dotted(a.value)) for a in call.node.args if dotted(a.value) in batch]
+            if origin is not None and origin[0].split(".")[0] in work.crossing.own and given and \
+                    any(w in name for w in SHOWS):
+                work.keep(call.line, f"{dotted(call.node.func)}({given[0]}, ...) gets this rank's part of the batch",
+                          f"{given[0]} is this rank's B/N samples of the global batch: what {origin[1]} of "
+                          f"{origin[0]} shows or saves from it is rank 0's part (ddpkit.gather({given[0]}) on every "
+                          "rank hands it the whole batch)")
+
+
+def _statements(loop: Any) -> list[cst.CSTNode]:
+    return list(m.findall(loop.node, m.SimpleStatementLine()))
