@@ -797,3 +797,43 @@ def test_a_batch_handed_to_another_modules_image_saver_in_the_training_loop_is_s
     plans = _settled({"saver.py": saver, "trainer.py": trainer, "main.py": main})
     assert [k.line for k in plans["trainer.py"].kept if "gets this rank's part of the batch" in k.what] == [14], \
         plans["trainer.py"].kept
+
+
+# review 34 of the changes above
+
+
+def test_a_one_line_with_in_a_loop_filling_a_list_converts():
+    # (``with torch.no_grad(): norm = ...`` on one line once made the step's unwrapping loop forever)
+    one_line = "        opt.step()\n        with torch.no_grad(): norm = loss.item()\n"
+    source = CURVE.replace("        opt.step()\n", one_line)
+    text = plan(source.format(read='torch.save({"losses": losses}, "ckpt.pt")')).text
+    assert "losses.append(ddpkit.reduce(" in text, text
+
+
+def test_a_lazy_layer_of_the_trained_model_is_listed_beside_another_class_that_sizes_itself():
+    done = plan("import torch\nfrom torch import nn\nfrom torch.utils.data import DataLoader\n\n\n"
+                "class Encoder(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                "        self.proj = nn.LazyLinear(16)\n        self(torch.zeros(1, 12))\n\n"
+                "    def forward(self, x):\n        return self.proj(x)\n\n\nclass Head(nn.Module):\n"
+                "    def __init__(self):\n        super().__init__()\n        self.fc = nn.LazyLinear(1)\n\n"
+                "    def forward(self, h):\n        return self.fc(h)\n\n\nencoder, model = Encoder(), Head()\n"
+                "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor x, y in DataLoader(ds, batch_size=8):\n"
+                "    model(encoder(x)).sum().backward()\n    opt.step()\n")
+    assert [x.line for x in done.left if "nn.LazyLinear sizes its weights" in x.what] == [19], done.left
+
+
+def test_a_batch_transformed_by_another_modules_helper_named_like_an_image_is_not_said_shown():
+    # (``x = normalize_images(x)``: a step of the batch's own, bound back, not a picture)
+    utils = "def normalize_images(x):\n    return x / 255\n"
+    main = ("import torch\nfrom torch.utils.data import DataLoader\nfrom utils import normalize_images\n\n"
+            "model = torch.nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "for x, y in DataLoader(ds, batch_size=8, shuffle=True):\n    x = normalize_images(x)\n"
+            "    model(x).sum().backward()\n    opt.step()\n")
+    plans = _settled({"utils.py": utils, "main.py": main})
+    assert not [k for k in plans["main.py"].kept if "this rank's part of the batch" in k.what], plans["main.py"].kept
+
+
+def test_a_device_flag_inside_the_device_call_is_said_not_read_too():
+    done = plan("import torch\ndevice = torch.device(args.device if torch.cuda.is_available() else 'cpu')\n"
+                "model = torch.nn.Linear(4, 1).to(device)\nopt = torch.optim.Adam(model.parameters())\n")
+    assert [k.line for k in done.kept if "args.device is not read" in k.what] == [2], done.kept

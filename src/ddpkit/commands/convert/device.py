@@ -119,6 +119,18 @@ def init_arguments(value: cst.BaseExpression) -> str:
     return "cpu=True" if text is not None and text.startswith("cpu") else ""
 
 
+def _flag(value: Any) -> Any:
+    """The script's own pick where a GPU is available (``torch.device(args.device) if torch.cuda.is_available() else
+    ...``, ``torch.device(args.device if torch.cuda.is_available() else "cpu")``): init() gives each rank its own
+    there; None where that branch is a literal."""
+    if isinstance(value, cst.Call) and value.args and isinstance(value.args[0].value, cst.IfExp):
+        value = value.args[0].value
+    if not isinstance(value, cst.IfExp) or not _available(value.test):
+        return None
+    body = value.body.args[0].value if isinstance(value.body, cst.Call) and value.body.args else value.body
+    return None if isinstance(body, cst.SimpleString) else value.body
+
+
 def _available(test: cst.BaseExpression) -> bool:
     """``torch.cuda.is_available()`` and the like: ddpkit asks that itself, no ``cpu=`` needed."""
     return isinstance(test, cst.Call) and (dotted(test.func) or "").endswith(AVAILABLE)
@@ -179,10 +191,9 @@ def devices(work: _Work) -> None:
                       "gives each rank its own device", b.line)
             continue
         work.devices.append(b)
-        if isinstance(b.value, cst.IfExp) and _available(b.value.test) and isinstance(b.value.body, cst.Call) and \
-                b.value.body.args and not isinstance(b.value.body.args[0].value, cst.SimpleString):
-            # (an InfoGAN's ``torch.device(args.device) if torch.cuda.is_available() else ...``, ``--device 1``)
-            work.keep(b.line, f"{work.facts.code(b.value.body)} is not read", "where a GPU is available init() "
+        flag = _flag(b.value)
+        if flag is not None:  # (an InfoGAN's ``torch.device(args.device) if torch.cuda.is_available() else ...``)
+            work.keep(b.line, f"{work.facts.code(flag)} is not read", "where a GPU is available init() "
                       "gives each rank its own (the GPUs a run may use are the launch's: CUDA_VISIBLE_DEVICES); a "
                       "flag naming the CPU there is not read: launch with --device cpu for that")
         init = f"{work.state} = ddpkit.init({args})"

@@ -28,13 +28,14 @@ def lazy_layers(work: _Work) -> None:
     """Leave a line at the first lazy layer of ``torch.nn`` built in a file that prepares a model, unless a forward
     of a prepared model sizes it before the wrap (``model(sample)`` below the build: :func:`.inits.sized_by` moves
     the wrap below it). A file that only defines the model class says nothing: the script that builds it may size it."""
-    call = next((c for c in work.facts.calls if c.name and c.name.startswith("torch.nn.Lazy")), None)
+    # (not one whose class sizes itself: ``self(torch.zeros(1, 3, 32, 32))`` in its own __init__)
+    sizing = {c.scope.cls for c in work.facts.calls if dotted(c.node.func) in ("self", "self.forward") and
+              c.scope.cls is not None and c.scope.name == f"{c.scope.cls}.__init__"}
+    call = next((c for c in work.facts.calls if c.name and c.name.startswith("torch.nn.Lazy") and
+                 (c.scope.cls is None or c.scope.cls not in sizing)), None)
     models = {b.target for b in work.models}
     if call is None or not models or any(sized_by(work, c, dotted(c.node.func) or "") and not c.loops
                                          for c in work.facts.calls if dotted(c.node.func) in models):
-        return
-    if any(dotted(c.node.func) in ("self", "self.forward") and c.scope.name.endswith(".__init__")
-           for c in work.facts.calls):  # (the model sizes itself: ``self(torch.zeros(1, 3, 32, 32))`` in __init__)
         return
     layer = call.name.rsplit(".", 1)[-1]
     work.leave(call.line, f"nn.{layer} sizes its weights at the model's first forward, and prepare_model needs them "
