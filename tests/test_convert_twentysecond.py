@@ -837,3 +837,17 @@ def test_a_device_flag_inside_the_device_call_is_said_not_read_too():
     done = plan("import torch\ndevice = torch.device(args.device if torch.cuda.is_available() else 'cpu')\n"
                 "model = torch.nn.Linear(4, 1).to(device)\nopt = torch.optim.Adam(model.parameters())\n")
     assert [k.line for k in done.kept if "args.device is not read" in k.what] == [2], done.kept
+
+
+def test_a_print_at_import_above_a_functions_device_switch_is_listed():
+    # (``print(torch.__version__)`` at the top: converted, it starts ddpkit before main()'s init(cpu=not args.cuda))
+    done = plan("import torch\nprint(torch.__version__)\n\n\ndef main(args):\n"
+                "    device = torch.device('cuda' if args.cuda else 'cpu')\n"
+                "    model = torch.nn.Linear(4, 1).to(device)\n"
+                "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n")
+    assert [x.line for x in done.left if "starts ddpkit at import" in x.what] == [2], done.left
+    plain = plan("import torch\nprint(torch.__version__)\n\n\ndef main():\n"
+                 "    device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\n"
+                 "    model = torch.nn.Linear(4, 1).to(device)\n"
+                 "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n")
+    assert not plain.left, plain.left  # (no switch to lose: init() picks the same)

@@ -6,10 +6,12 @@ every path has its state; each branch then reads ``state.device``.
 
 Example::
 
-    >>> init_arguments(cst.parse_expression('torch.device("cuda" if torch.cuda.is_available() else "cpu")'))
-    ''
-    >>> init_arguments(cst.parse_expression('torch.device(args.device)'))
-    'cpu=torch.device(args.device).type == "cpu"'
+    >>> from ddpkit.commands.convert.plan import plan
+    >>> text = plan("import torch\\ndevice = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\\n").text
+    >>> text.splitlines()[-2:]
+    ['state = ddpkit.init()', 'device = state.device']
+
+What a device expression says (its string, ``cpu=``) is :mod:`ddpkit.commands.convert.devicetext`'s.
 """
 
 from __future__ import annotations
@@ -20,130 +22,23 @@ import libcst as cst
 from libcst import matchers as m
 
 from ddpkit.commands.convert import visible
+from ddpkit.commands.convert.devicetext import (
+    PROGRESS,
+    as_string,
+    available,
+    cpu_when,
+    flag_of,
+    init_arguments,
+    is_device,
+    kind_of,
+    text_of,
+)
 from ddpkit.commands.convert.names import dotted, names_in, resolve
 from ddpkit.commands.convert.scan import Binding, Scope
 from ddpkit.commands.convert.waits import main_guard
 
 # the plan in the making (plan._Work): facts, edits, leave, note, devices, inits, state
 _Work = Any
-
-ACCELERATORS = ("cuda", "mps", "xpu", "accelerator")  # "accelerator": torch.accelerator.current_accelerator()
-AVAILABLE = ("cuda.is_available", "mps.is_available", "accelerator.is_available")
-PROGRESS = ("tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.std.tqdm")
-
-
-def text_of(node: cst.BaseExpression) -> str | None:
-    """A device string: ``"cuda"``, or ``torch.device("cuda")``'s; ``"accelerator"`` for
-    ``torch.accelerator.current_accelerator()`` (and its ``.type``)."""
-    if isinstance(node, cst.Attribute) and node.attr.value == "type":
-        node = node.value
-    if isinstance(node, cst.Call) and (dotted(node.func) or "").endswith("accelerator.current_accelerator"):
-        return "accelerator"
-    if isinstance(node, cst.Call) and dotted(node.func) in ("torch.device", "device") and len(node.args) == 1:
-        node = node.args[0].value
-    # ``"cuda:{}".format(args.gpu)`` (Informer's experiment classes), ``f"cuda:{args.gpu}"``: the device's kind
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) and node.func.attr.value == "format":
-        node = node.func.value
-    # ``"cuda:" + str(args.device)`` (powerful-gnns), ``"cuda:%d" % args.gpu``: the string on the left is the kind
-    while isinstance(node, cst.BinaryOperation) and isinstance(node.operator, (cst.Add, cst.Modulo)):
-        node = node.left
-    if isinstance(node, cst.FormattedString) and node.parts and isinstance(node.parts[0], cst.FormattedStringText):
-        return node.parts[0].value
-    return node.evaluated_value if isinstance(node, cst.SimpleString) else None  # type: ignore[return-value]
-
-
-def _branches(value: cst.BaseExpression) -> list[str]:
-    """``"cuda" if a else "mps" if b else "cpu"``: ["cuda", "mps", "cpu"] ("" for a branch that is no string)."""
-    found = []
-    while isinstance(value, cst.IfExp):
-        found.append(text_of(value.body) or "")
-        value = value.orelse
-    return [*found, text_of(value) or ""]
-
-
-def as_string(value: cst.BaseExpression | None) -> bool:
-    """A device given as a string (``"cuda" if ... else "cpu"``, ``"cuda"``), not a ``torch.device``: the script may
-    test it as one (``'cuda' in device``, ``device.startswith('cuda')``), so its converted value is
-    ``state.device.type``, a string too (``"cuda"``: the rank's own GPU, which ``init()`` made the current one).
-
-    >>> expr = cst.parse_expression
-    >>> as_string(expr('"cuda" if ok else "cpu"')), as_string(expr('torch.device("cpu")'))
-    (True, False)
-    """
-    while isinstance(value, cst.IfExp):
-        if not as_string(value.body):
-            return False
-        value = value.orelse
-    return isinstance(value, cst.SimpleString) or isinstance(value, cst.Attribute) and value.attr.value == "type"
-
-
-def _kind(text: str) -> str:
-    return "cpu" if text.startswith("cpu") else "accelerator" if text.startswith(ACCELERATORS) else ""
-
-
-def is_device(value: cst.BaseExpression | None, target: str, aliases: dict[str, str]) -> bool:
-    """``torch.device(...)``, ``"cuda" if ... else "cpu"`` (either way round, or of ``torch.device`` calls), or
-    a device string bound to a ``*device`` name."""
-    if isinstance(value, cst.Call) and text_of(value) != "accelerator":  # (a fixed torch.device("cpu") is a
-        # set-up only as the script's ``device``)
-        fixed = text_of(value) is not None and _kind(text_of(value) or "") == "cpu"
-        return resolve(dotted(value.func), aliases) == "torch.device" and \
-            (not fixed or target.split(".")[-1] == "device")
-    if isinstance(value, cst.IfExp):  # "cuda" if a else "mps" if b else "cpu"; "cpu" if a else "cuda" if b ...
-        kinds = [_kind(b) for b in _branches(value)]
-        if kinds[0] == "" and _available(value.test) and isinstance(value.body, cst.Call) and \
-                resolve(dotted(value.body.func), aliases) == "torch.device":
-            kinds[0] = "accelerator"  # (InfoGAN's ``torch.device(args.device) if cuda.is_available() else ...``)
-        return "" not in kinds and kinds.count("cpu") == 1 and kinds[0] != kinds[-1] and \
-            (kinds[-1] == "cpu" or kinds[0] == "cpu")
-    text = text_of(value) if value is not None else None
-    return "device" in target.lower() and text is not None and _kind(text) != ""
-
-
-def init_arguments(value: cst.BaseExpression) -> str:
-    """What ``ddpkit.init(...)`` needs to pick the device the script picked: nothing where it picks an
-    accelerator when there is one (ddpkit does too, one per rank), ``cpu=...`` where the script can be told
-    to stay on the CPU."""
-    module = cst.Module(body=[])
-    if isinstance(value, cst.Call) and value.args:
-        inner = value.args[0].value
-        if isinstance(inner, (cst.IfExp, cst.SimpleString)):
-            return init_arguments(inner)
-        return f'cpu=torch.device({module.code_for_node(inner)}).type == "cpu"'
-    if isinstance(value, cst.IfExp):
-        test, on_cpu = value.test, _kind(text_of(value.body) or "") == "cpu"  # "cpu" if args.no_cuda else "cuda"
-        if not on_cpu and _available(test):
-            return ""
-        return _cpu_when(test, not on_cpu)
-    text = text_of(value) if isinstance(value, cst.SimpleString) else None
-    return "cpu=True" if text is not None and text.startswith("cpu") else ""
-
-
-def _flag(value: Any) -> Any:
-    """The script's own pick where a GPU is available (``torch.device(args.device) if torch.cuda.is_available() else
-    ...``, ``torch.device(args.device if torch.cuda.is_available() else "cpu")``): init() gives each rank its own
-    there; None where that branch is a literal."""
-    if isinstance(value, cst.Call) and value.args and isinstance(value.args[0].value, cst.IfExp):
-        value = value.args[0].value
-    if not isinstance(value, cst.IfExp) or not _available(value.test):
-        return None
-    body = value.body.args[0].value if isinstance(value.body, cst.Call) and value.body.args else value.body
-    return None if isinstance(body, cst.SimpleString) else value.body
-
-
-def _available(test: cst.BaseExpression) -> bool:
-    """``torch.cuda.is_available()`` and the like: ddpkit asks that itself, no ``cpu=`` needed."""
-    return isinstance(test, cst.Call) and (dotted(test.func) or "").endswith(AVAILABLE)
-
-
-def _cpu_when(test: cst.BaseExpression, negate: bool) -> str:
-    """``cpu=test`` (``cpu=not test`` when the test picks the accelerator), in parentheses where needed."""
-    code = cst.Module(body=[]).code_for_node(test)
-    simple = isinstance(test, (cst.Name, cst.Attribute, cst.Call))
-    if negate:
-        return f"cpu=not {code}" if simple else f"cpu=not ({code})"
-    return f"cpu={code}" if simple else f"cpu=bool({code})"
-
 
 def devices(work: _Work) -> None:
     """``device = torch.device(...)`` -> ``state = ddpkit.init(...)`` and ``device = state.device``; a device
@@ -191,7 +86,7 @@ def devices(work: _Work) -> None:
                       "gives each rank its own device", b.line)
             continue
         work.devices.append(b)
-        flag = _flag(b.value)
+        flag = flag_of(b.value)
         if flag is not None:  # (an InfoGAN's ``torch.device(args.device) if torch.cuda.is_available() else ...``)
             work.keep(b.line, f"{work.facts.code(flag)} is not read", "where a GPU is available init() "
                       "gives each rank its own (the GPUs a run may use are the launch's: CUDA_VISIBLE_DEVICES); a "
@@ -204,6 +99,8 @@ def devices(work: _Work) -> None:
         given: Any = cst.parse_expression(f"f({args})")
         early = _first_ddpkit_use(work, b.scope, b.line, names_in(b.value) & set().union(
             *(names_in(a.value) for a in given.args)))
+        if early is None and args and b.scope.name:
+            _at_import(work, b)  # (a print at the module's top runs at import, before this function's init)
         if early is None:
             work.edits.replace[id(b.stmt)] = [init, read]
         else:  # a loader or a print above would start ddpkit with the defaults first: start it there, as asked
@@ -240,15 +137,15 @@ OPTION_NAMES = ("Args", "Arguments", "Config", "Options", "Params", "Settings", 
 def _fallback(work: _Work, b: Binding, found: list[Binding]) -> bool:
     """``else: args.device = 'cpu'`` under ``if torch.cuda.is_available():`` (AGCRN), beside an accelerator's
     device converted: the CPU when there is no accelerator is ddpkit.init()'s choice too: kept as it is, said."""
-    kinds = [_kind(text_of(o.value) or "") for o in found if o is not b and o.value is not None]
-    if b.value is None or _kind(text_of(b.value) or "") != "cpu" or "accelerator" not in kinds:
+    kinds = [kind_of(text_of(o.value) or "") for o in found if o is not b and o.value is not None]
+    if b.value is None or kind_of(text_of(b.value) or "") != "cpu" or "accelerator" not in kinds:
         return False
     for node in m.findall(work.facts.module, m.If()):
         assert isinstance(node, cst.If)
         negated = isinstance(node.test, cst.UnaryOperation) and isinstance(node.test.operator, cst.Not)
         inner = node.test.expression if isinstance(node.test, cst.UnaryOperation) else node.test
         block = node.body if negated else node.orelse.body if isinstance(node.orelse, cst.Else) else None
-        if _available(inner) and isinstance(block, cst.IndentedBlock) and any(s is b.stmt for s in block.body):
+        if available(inner) and isinstance(block, cst.IndentedBlock) and any(s is b.stmt for s in block.body):
             work.keep(b.line, f"{b.target} = ... (the CPU when there is no accelerator) left as it is",
                       "ddpkit.init() makes the same choice")
             work.devices.append(b)  # (read as converted: a model moved to it is on ddpkit's device)
@@ -280,12 +177,12 @@ def _upgrades(work: _Work, found: list[Binding]) -> dict[int, tuple[Binding, Bin
     choice over two lines, the accelerator when there is one, as ddpkit.init() makes it. The ``if`` goes (its
     only line removed); keyed by the first binding's id: (it, the one in the ``if``)."""
     ifs = [n for n in m.findall(work.facts.module, m.If()) if isinstance(n, cst.If) and n.orelse is None and
-           _available(n.test) and isinstance(n.body, cst.IndentedBlock) and len(n.body.body) == 1]
+           available(n.test) and isinstance(n.body, cst.IndentedBlock) and len(n.body.body) == 1]
     pairs: dict[int, tuple[Binding, Binding]] = {}
     for b in found:
         later = [o for o in found if o.target == b.target and o.scope is b.scope and o is not b]
         if len(later) != 1 or later[0].line < b.line or b.value is None or later[0].value is None or \
-                _kind(text_of(b.value) or "") != "cpu" or _kind(text_of(later[0].value) or "") != "accelerator":
+                kind_of(text_of(b.value) or "") != "cpu" or kind_of(text_of(later[0].value) or "") != "accelerator":
             continue
         # (the ``if`` a statement beside the first binding: one nested in ``if args.use_cuda:`` keeps a switch)
         beside = next((blk.body for blk in [work.facts.module, *m.findall(work.facts.module, m.IndentedBlock())]
@@ -334,6 +231,18 @@ def _first_ddpkit_use(work: _Work, scope: Scope, line: int, args: set[str]) -> A
 
 
 
+def _at_import(work: _Work, b: Binding) -> None:
+    """A call at the module's own level (not under ``if __name__ == "__main__":``) that starts ddpkit once converted
+    (``print(torch.__version__)``): it runs at import, before the function's ``init(cpu=...)``, which then finds
+    ddpkit started with the defaults (on a GPU host the script's CPU switch is lost). Listed (review 34)."""
+    top = next((c for c in work.facts.calls if not c.scope.name and not c.tests and not c.loops and
+                c.name in STARTS_DDPKIT and c.stmt is not None), None)
+    if top is not None:
+        work.leave(top.line, f"this line starts ddpkit at import, with the defaults, before the device set-up of "
+                   f"{b.scope.name}() at line {b.line} can say cpu=: there the script's CPU switch would be lost",
+                   f"move it into {b.scope.name}() below the device set-up, then convert again")
+
+
 def _availability(work: _Work, args: set[str]) -> set[str]:
     """The names among ``args`` bound only to ``torch.cuda.is_available()`` (x-vector's ``use_cuda``): no user's
     choice in them, what ``ddpkit.init()`` chooses by default."""
@@ -371,7 +280,7 @@ def _choices(work: _Work) -> list[tuple[cst.If, list[cst.BaseExpression], list[B
         tests, blocks, ends_in_else = _chain(node)
         if id(node) in elifs or not ends_in_else:
             continue
-        picks = [[b for b in facts.bindings if b.value is not None and _kind(text_of(b.value) or "")
+        picks = [[b for b in facts.bindings if b.value is not None and kind_of(text_of(b.value) or "")
                   and any(b.stmt is s for s in block.body)] for block in blocks]
         if all(len(p) == 1 for p in picks) and len({p[0].target for p in picks}) == 1:
             found.append((node, tests, [p[0] for p in picks]))
@@ -382,19 +291,19 @@ def _chosen(work: _Work, node: cst.If, tests: list[cst.BaseExpression], picks: l
     """One ``state = ddpkit.init(...)`` above the chain (every path needs the state, not only the branch that
     bound it), and ``device = state.device`` in each branch; the chain itself goes when it did nothing else.
     The bindings converted, or none (a CPU branch between two accelerator ones: the switch is not one test)."""
-    kinds = [_kind(text_of(b.value) or "") for b in picks]  # type: ignore[arg-type]
+    kinds = [kind_of(text_of(b.value) or "") for b in picks]  # type: ignore[arg-type]
     first = kinds.index("cpu") if "cpu" in kinds else len(kinds)
     cpu_tail = first > 0 and all(k == "cpu" for k in kinds[first:])  # (pyg's cuda / elif mps: cpu / else cpu)
     if not cpu_tail and (kinds.count("cpu") > 1 or "cpu" in kinds[1:-1]):
         return []
     code = cst.Module(body=[]).code_for_node
-    if "cpu" not in kinds or cpu_tail and all(_available(t) for t in tests[:first]):
+    if "cpu" not in kinds or cpu_tail and all(available(t) for t in tests[:first]):
         args = ""  # an accelerator whenever there is one: ddpkit's own choice
     elif kinds[0] == "cpu":
-        args = _cpu_when(tests[0], negate=False)
+        args = cpu_when(tests[0], negate=False)
     else:  # the CPU when no test before the first CPU branch holds
         before = tests[:first]
-        args = _cpu_when(before[0] if len(before) == 1 else cst.parse_expression(
+        args = cpu_when(before[0] if len(before) == 1 else cst.parse_expression(
             " or ".join(code(t) if isinstance(t, (cst.Name, cst.Attribute, cst.Call)) else f"({code(t)})"
                         for t in before)), negate=True)
     target, scope, line = picks[0].target, picks[0].scope, picks[0].line - 1

@@ -20,7 +20,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from ddpkit.commands.convert.device import AVAILABLE, as_string, init_arguments, is_device, text_of
+from ddpkit.commands.convert.devicetext import AVAILABLE, as_string, init_arguments, is_device, text_of
 from ddpkit.commands.convert.names import dotted
 
 _Work = Any  # the plan in the making (plan._Work): facts, edits, note, device_functions

@@ -34,7 +34,7 @@ import libcst.matchers as m
 
 from ddpkit.commands.convert import flagged, flow
 from ddpkit.commands.convert.crossing import EVAL, HANDED, TRAIN, Ask, key
-from ddpkit.commands.convert.device import PROGRESS
+from ddpkit.commands.convert.devicetext import PROGRESS
 from ddpkit.commands.convert.names import dotted, resolve
 from ddpkit.commands.convert.reductions import reductions
 from ddpkit.commands.convert.scan import Binding, Call, Loop, imported_from

@@ -20,7 +20,7 @@ import libcst.matchers as m
 from ddpkit.commands.check.rules import RANK_WORDS
 from ddpkit.commands.convert import folders, waits
 from ddpkit.commands.convert.apply import add_keyword
-from ddpkit.commands.convert.device import ACCELERATORS, PROGRESS, text_of
+from ddpkit.commands.convert.devicetext import ACCELERATORS, PROGRESS, text_of
 from ddpkit.commands.convert.flow import binding_of, callers, visible
 from ddpkit.commands.convert.names import dotted, names_in, resolve
 from ddpkit.commands.convert.scan import Binding, imported_from

@@ -31,7 +31,7 @@ import libcst.matchers as m
 
 from ddpkit.commands.convert import sizes
 from ddpkit.commands.convert.batchmeans import batch_mean, step_count, step_kind, summed_means, summed_value
-from ddpkit.commands.convert.device import PROGRESS
+from ddpkit.commands.convert.devicetext import PROGRESS
 from ddpkit.commands.convert.names import dotted, names_in, resolve
 from ddpkit.commands.convert.scan import Facts, Loop
 
