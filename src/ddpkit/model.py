@@ -222,8 +222,7 @@ def lazy_refused(model: nn.Module) -> None:
     lazy = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if nn.parameter.is_lazy(t)]
     if not lazy:
         return
-    layer = next(type(m).__name__ for m in model.modules() if any(nn.parameter.is_lazy(t) for t in m.parameters(
-        recurse=False)) or any(nn.parameter.is_lazy(t) for t in m.buffers(recurse=False)))
+    layer = type(model.get_submodule(lazy[0].rpartition(".")[0])).__name__  # (the first one's layer)
     shown = ", ".join(lazy[:3]) + (f" and {len(lazy) - 3} more" if len(lazy) > 3 else "")
     plain = layer[4:] if layer.startswith("Lazy") else layer
     raise ValueError(f"prepare_model(model): {shown} are lazy (nn.{layer}, sized by the first forward), not sized "

@@ -346,36 +346,30 @@ def _counting(loops: list[Loop], names: set[str]) -> set[int]:
     divided by it, compared (``if n > 32:``, a display every so many samples) or set back to a number."""
     found: set[int] = set()
     for loop in loops:
-        adds: list[Any] = [n for n in m.findall(loop.node, m.AugAssign(operator=m.AddAssign()))
-                           if isinstance(n, cst.AugAssign) and dotted(n.value) in names and dotted(n.target)]
-        adds += [_Added(a.targets[0].target, a.value.right) for a in m.findall(loop.node, m.Assign())
+        # (counter, what it adds, the counter's read in ``n = n + B``): ``+=`` and its spelled-out form
+        adds: list[tuple[Any, Any, Any]] = [
+            (n.target, n.value, None) for n in m.findall(loop.node, m.AugAssign(operator=m.AddAssign()))
+            if isinstance(n, cst.AugAssign) and dotted(n.value) in names and dotted(n.target)]
+        adds += [(a.targets[0].target, a.value.right, a.value.left) for a in m.findall(loop.node, m.Assign())
                  if isinstance(a, cst.Assign) and len(a.targets) == 1 and isinstance(a.value, cst.BinaryOperation)
                  and isinstance(a.value.operator, cst.Add) and dotted(a.value.right) in names and
                  dotted(a.value.left) == dotted(a.targets[0].target) and dotted(a.value.left)]
-        reads = {id(a.value.left) for a in m.findall(loop.node, m.Assign()) if isinstance(a, cst.Assign) and
-                 isinstance(a.value, cst.BinaryOperation) and any(id(a.value.right) == id(n.value) for n in adds)}
+        reads = {id(left) for _, _, left in adds if left is not None}
         resets = {id(t.target) for a in m.findall(loop.node, m.Assign()) if isinstance(a, cst.Assign) and
                   isinstance(a.value, (cst.Integer, cst.Float)) for t in a.targets}
         compared = {id(c.left) for c in m.findall(loop.node, m.Comparison()) if isinstance(c, cst.Comparison)}
         divisions = [n for n in m.findall(loop.node, m.BinaryOperation(operator=m.Divide() | m.FloorDivide()))
                      if isinstance(n, cst.BinaryOperation) and dotted(n.right) in names]
-        for counter in {dotted(n.target) or "" for n in adds}:
+        for counter in {dotted(t) or "" for t, _, _ in adds}:
             # (only counted and divided back: ``preds[idx:idx + len(x)] = ...`` reads it as a position, review)
-            allowed = {id(n.target) for n in adds} | {id(n.left) for n in divisions if dotted(n.left) == counter} | \
+            allowed = {id(t) for t, _, _ in adds} | {id(n.left) for n in divisions if dotted(n.left) == counter} | \
                 reads | resets | compared
             used = [n for n in m.findall(loop.node, m.Name(value=counter) | m.Attribute()) if dotted(n) == counter]
             if any(id(n) not in allowed for n in used):
                 continue
-            found |= {i for n in adds if dotted(n.target) == counter for i in node_ids(n.value)}
+            found |= {i for t, v, _ in adds if dotted(t) == counter for i in node_ids(v)}
             found |= {i for n in divisions if dotted(n.left) == counter for i in node_ids(n.right)}
     return found
-
-
-class _Added:
-    """``n = n + B`` read as ``n += B``: the counter (``target``) and what it adds (``value``)."""
-
-    def __init__(self, target: cst.BaseExpression, value: cst.BaseExpression):
-        self.target, self.value = target, value
 
 
 def _made_before(work: _Work, names: set[str], loops: list[Loop], inside: set[int],

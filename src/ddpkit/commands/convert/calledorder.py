@@ -25,7 +25,7 @@ import libcst as cst
 
 from ddpkit.commands.convert import order
 from ddpkit.commands.convert.crossing import ORDER, Ask
-from ddpkit.commands.convert.flow import binding_of
+from ddpkit.commands.convert.flow import instance_class
 from ddpkit.commands.convert.names import dotted
 from ddpkit.commands.convert.scan import Call, imported_from
 
@@ -54,11 +54,10 @@ def _method_of(work: _Work, call: Call) -> tuple[str, str] | None:
     module defines (``model = Model(...)``, ``from build_gan import Model``): named by the method alone, as
     :func:`.order.runner_names` names it there."""
     func = call.node.func
-    held = dotted(func.value) if isinstance(func, cst.Attribute) else None
-    bound = binding_of(work.facts, held, call.scope, call.line) if held else None
-    made = bound.value if bound is not None and isinstance(bound.value, cst.Call) else None
-    origin = imported_from(work.facts, dotted(made.func) or "") if made is not None else None
-    return (origin[0], func.attr.value) if origin is not None and isinstance(func, cst.Attribute) else None
+    if not isinstance(func, cst.Attribute) or not isinstance(func.value, (cst.Name, cst.Attribute)):
+        return None
+    origin = instance_class(work.facts, func.value, call.scope, call.line)
+    return (origin[0], func.attr.value) if origin is not None else None
 
 
 def _may_follow(work: _Work, later: Call, earlier: Call) -> bool:

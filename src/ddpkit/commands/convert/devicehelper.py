@@ -20,7 +20,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from ddpkit.commands.convert.devicetext import AVAILABLE, as_string, init_arguments, is_device, text_of
+from ddpkit.commands.convert.devicetext import AVAILABLE, as_string, init_arguments, is_device, kind_of, text_of
 from ddpkit.commands.convert.names import dotted
 
 _Work = Any  # the plan in the making (plan._Work): facts, edits, note, device_functions
@@ -36,10 +36,10 @@ def device_functions(work: _Work) -> None:
         returns = [v for s, v in work.facts.returns if s is scope]
         if not isinstance(node, cst.FunctionDef) or not returns or not _picks(node):
             continue
-        kinds = {_kind(v) for v in returns}
+        kinds = {kind_of(text_of(v) or "") for v in returns}
         # (``return torch.device('cuda' if torch.cuda.is_available() else 'cpu')``: the one-line set-up, returned)
         picked = all(is_device(v, "device", work.facts.aliases) and not init_arguments(v) for v in returns)
-        if not picked and (None in kinds or kinds != {"cpu", "accelerator"}):
+        if not picked and kinds != {"cpu", "accelerator"}:
             continue
         for value in returns:
             string = isinstance(value, cst.SimpleString) or as_string(value)
@@ -49,13 +49,6 @@ def device_functions(work: _Work) -> None:
         line = min((line for _stmt, where, line in work.facts.statements if where is scope), default=1)
         work.note(f"{scope.name}() returns ddpkit.init().device", "it picked the accelerator when there is one, else "
                   "the CPU, as init() does: now one device per rank, the process group started", line)
-
-
-def _kind(value: cst.BaseExpression) -> str | None:
-    text = text_of(value) if isinstance(value, (cst.SimpleString, cst.Call)) else None
-    if text is None:
-        return None
-    return "cpu" if text.startswith("cpu") else "accelerator" if text.startswith(("cuda", "mps", "xpu")) else None
 
 
 def _picks(node: cst.FunctionDef) -> bool:

@@ -364,3 +364,47 @@ def scope_trains(facts: Facts, scope: Scope, depth: int = 0) -> bool:
         if target is not None and target[0] is not scope and scope_trains(facts, target[0], depth + 1):
             return True
     return False
+
+
+MOVES = ("to", "cuda", "cpu", "float", "double")  # a batch moved or cast is still the batch
+
+
+def batch_names(facts: Facts, loop: Loop) -> set[str]:
+    """The loop's batch itself: its targets, and the names bound in it to one of them moved or cast (``x =
+    x.to(device)``, ``inputs = inputs.float().cuda()``), what the step feeds, shows or reshapes.
+
+    >>> from ddpkit.commands.convert.scan import parse, scan
+    >>> f = scan(parse("for x, y in dl:\\n    x = x.float().to(d)\\n    z = x * 2\\n"))
+    >>> sorted(batch_names(f, f.loops[0]))
+    ['x', 'y']
+    """
+    inside = {id(n) for n in m.findall(loop.node, m.SimpleStatementLine())}
+    found = set(loop.targets)
+    for _ in range(2):
+        for b in facts.bindings:
+            value = b.value
+            if id(b.stmt) not in inside or not isinstance(value, cst.Call):
+                continue
+            while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and \
+                    value.func.attr.value in MOVES:
+                value = value.func.value
+            if value is not b.value and dotted(value) in found:
+                found.add(b.target)
+    return found
+
+
+def instance_class(facts: Facts, held: cst.BaseExpression, scope: Scope, line: int) -> tuple[str, str] | None:
+    """(module, class) of the instance ``held`` names: ``Class(...)`` written there, or a name bound to it above
+    ``line`` in ``scope`` (``model = Model(...)``), a class imported from a module of the project; else None.
+
+    >>> from ddpkit.commands.convert.scan import parse, scan
+    >>> f = scan(parse("from data import Loaders\\nld = Loaders(32)\\nld.get()\\n"))
+    >>> instance_class(f, cst.Name("ld"), f.scopes[""], 3), instance_class(f, cst.Name("x"), f.scopes[""], 3)
+    (('data', 'Loaders'), None)
+    """
+    made: cst.BaseExpression | None = held
+    if not isinstance(held, cst.Call):
+        name = dotted(held)
+        bound = binding_of(facts, name, scope, line) if name else None
+        made = bound.value if bound is not None else None
+    return imported_from(facts, dotted(made.func) or "") if isinstance(made, cst.Call) else None

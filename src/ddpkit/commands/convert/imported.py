@@ -312,12 +312,7 @@ def _instance_method(facts: Facts, call: cst.Call, binding: Binding) -> tuple[st
     ``Class(...).method(...)`` (chained), a class imported from a module of the project; None otherwise."""
     if not isinstance(call.func, cst.Attribute) or not isinstance(call.func.value, (cst.Name, cst.Call)):
         return None
-    if isinstance(call.func.value, cst.Call):
-        made: cst.BaseExpression | None = call.func.value
-    else:
-        held = flow.binding_of(facts, call.func.value.value, binding.scope, binding.line)
-        made = held.value if held is not None else None
-    origin = imported_from(facts, dotted(made.func) or "") if isinstance(made, cst.Call) else None
+    origin = flow.instance_class(facts, call.func.value, binding.scope, binding.line)
     return (origin[0], f"{origin[1]}.{call.func.attr.value}") if origin is not None else None
 
 

@@ -111,10 +111,7 @@ def _made_from(work: _Work, loop: Any, backward: Any) -> list[tuple[str, str, in
     batch = _batch_names(work, loop, inside)
     outputs = {(dotted(v.func), b.target) for b in facts.bindings if id(b.stmt) in inside and
                isinstance(v := b.value if b.value is not None else b.whole, cst.Call)}
-    raw = set(loop.targets) | {b.target for b in facts.bindings if id(b.stmt) in inside and  # (``x = x.to(d)``)
-                               isinstance(b.value, cst.Call) and isinstance(b.value.func, cst.Attribute) and
-                               b.value.func.attr.value in ("to", "cuda", "float") and
-                               dotted(b.value.func.value) in loop.targets}
+    raw = flow.batch_names(facts, loop)  # (``x = x.to(d)``: what the model's own forward may read)
     for _ in range(3):
         # (``mean, log_var = model.encoding(x)``: an unpacked binding's whole value)
         values = [(b, b.value if b.value is not None else b.whole) for b in facts.bindings if b.target in

@@ -52,7 +52,7 @@ def reread(work: _Work) -> None:
         after = [lp for lp in work.facts.loops if lp.scope is load.scope and lp.end < load.line and
                  flow.trains(work.facts, lp) and not lp.outer]
         after += [c for c in elsewhere if c.scope is load.scope and c.line < load.line]
-        if (not after and not _after_training(work, load)) or id(load.stmt) in work.edits.guard:
+        if (not after and not _after_training(work, load, elsewhere)) or id(load.stmt) in work.edits.guard:
             continue
         every = not load.loops and not any(t for t in load.tests if "__name__" not in t) and \
             (flow.in_body(load.stmt, load.scope) or in_main_block(work.facts.module, load.stmt)) and \
@@ -104,10 +104,10 @@ def _trains_elsewhere(work: _Work, call: Any) -> bool:
     return False
 
 
-def _after_training(work: _Work, load: Any) -> bool:
+def _after_training(work: _Work, load: Any, elsewhere: list[Any]) -> bool:
     """The load's function (``test()``) is called, where it is called, below a call of a function that trains
     (hazdzz/STGCN's ``train(...)`` then ``test(...)``, whose ``torch.load`` reads what the EarlyStopping of
-    another module saved during training)."""
+    another module saved during training), or below one of ``elsewhere`` (another module's training run here)."""
     runs = flow.callers(work.facts, load.scope)
     trainers = {id(lp.scope) for lp in work.facts.loops if flow.trains(work.facts, lp)}
     # (called in a ``with open(...)`` block the converter makes rank 0's, or under a test of the rank: a barrier
@@ -119,4 +119,4 @@ def _after_training(work: _Work, load: Any) -> bool:
         return False
     return bool(runs) and all(any(c.scope is run.scope and c.line < run.line and
                                   (id((flow.callee(work.facts, c) or (None,))[0]) in trainers or
-                                   _trains_elsewhere(work, c)) for c in work.facts.calls) for run in runs)
+                                   any(c is e for e in elsewhere)) for c in work.facts.calls) for run in runs)

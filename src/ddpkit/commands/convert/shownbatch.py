@@ -20,11 +20,10 @@ from __future__ import annotations
 from typing import Any
 
 import libcst as cst
-import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.crossing import HANDED, key
-from ddpkit.commands.convert.names import dotted, names_in
+from ddpkit.commands.convert.names import dotted
 from ddpkit.commands.convert.scan import imported_from
 
 _Work = Any  # the plan in the making (plan._Work): facts, crossing, sharded, keep
@@ -38,10 +37,7 @@ def shown_batches(work: _Work) -> None:
     if not work.crossing.own or not work.sharded and not work.fed and not handed:
         return
     for loop in (lp for lp in work.facts.loops if flow.trains(work.facts, lp)):
-        inside = {id(n) for n in _statements(loop)}
-        batch = set(loop.targets) | {b.target for b in work.facts.bindings if id(b.stmt) in inside and
-                                     isinstance(b.value, cst.Call) and names_in(b.value) & set(loop.targets) and
-                                     isinstance(b.value.func, cst.Attribute) and b.value.func.attr.value == "to"}
+        batch = flow.batch_names(work.facts, loop)
         for call in loop.calls:
             origin = imported_from(work.facts, dotted(call.node.func) or "")
             name = origin[1].rsplit(".", 1)[-1].lower() if origin is not None else ""
@@ -54,7 +50,3 @@ def shown_batches(work: _Work) -> None:
                           f"{given[0]} is this rank's B/N samples of the global batch: what {origin[1]} of "
                           f"{origin[0]} shows or saves from it is rank 0's part (ddpkit.gather({given[0]}) on every "
                           "rank hands it the whole batch)")
-
-
-def _statements(loop: Any) -> list[cst.CSTNode]:
-    return list(m.findall(loop.node, m.SimpleStatementLine()))

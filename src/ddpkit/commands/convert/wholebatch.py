@@ -17,10 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 import libcst as cst
-import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
-from ddpkit.commands.convert.names import dotted, names_in
+from ddpkit.commands.convert.names import dotted
 
 _Work = Any  # the plan in the making (plan._Work): facts, models, leave
 RNNS = ("LSTM", "GRU", "RNN")
@@ -34,11 +33,7 @@ def whole_batch(work: _Work) -> None:
             for a in c.node.args) for c in work.facts.calls):
         return  # (a sequence-first RNN: ``x.unsqueeze(0)`` is a sequence of length 1 per sample, review 33)
     for loop in (lp for lp in work.facts.loops if flow.trains(work.facts, lp)):
-        inside = {id(n) for n in m.findall(loop.node, m.SimpleStatementLine())}
-        batch = set(loop.targets)
-        for _ in range(2):  # (``inputs = inputs.to(device)``: still the batch)
-            batch |= {b.target for b in work.facts.bindings if id(b.stmt) in inside and b.value is not None and
-                      names_in(b.value) & batch and _moved(b.value)}
+        batch = flow.batch_names(work.facts, loop)  # (``inputs = inputs.to(device)``: still the batch)
         for call in loop.calls:
             first = call.node.args[0].value if call.node.args else None
             if dotted(call.node.func) in models and first is not None and _one_sample(first, batch):
@@ -47,12 +42,6 @@ def whole_batch(work: _Work) -> None:
                            "own B/N rows as a shorter sequence, a different training", "keep each sample a sequence "
                            "of its own (batch the sequences, not the rows), or run it as one process")
                 return
-
-
-def _moved(value: cst.BaseExpression) -> bool:
-    """``x.to(device)``, ``x.float()``, ``x.cuda()``: the batch itself, moved or cast."""
-    return isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and \
-        value.func.attr.value in ("to", "cuda", "float", "double", "cpu")
 
 
 def _one_sample(node: cst.BaseExpression, batch: set[str]) -> bool:
