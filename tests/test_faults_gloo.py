@@ -184,3 +184,18 @@ def test_a_rank_failing_before_init_is_reported_with_its_traceback(tmp_path):
     assert r.returncode == 1, r.stderr[-2000:]
     assert "rank 1 failed first: ValueError: bad config on rank 1, before init" in r.stderr, r.stderr[-2000:]
     assert "Traceback (most recent call last)" in r.stderr and "without a Python exception" not in r.stderr
+
+
+def test_a_target_sized_by_the_global_batch_is_named_as_the_likely_cause(tmp_path):
+    # (DiscoGAN's label tensor sized by config.batch_size in a trainer module the loader's batch size never
+    # reached: each rank takes 4 of the global 8, and BCE's size error alone does not say why)
+    script = tmp_path / "sized.py"
+    script.write_text(
+        "import torch\nimport ddpkit\nddpkit.init()\ntorch.manual_seed(0)\n"
+        "loader = ddpkit.data_loader(torch.utils.data.TensorDataset(torch.randn(32, 4)), global_batch_size=8)\n"
+        "model = ddpkit.prepare_model(torch.nn.Sequential(torch.nn.Linear(4, 1), torch.nn.Sigmoid()))\n"
+        "real = torch.ones(8)\nfor (x,) in loader:\n"
+        "    torch.nn.functional.binary_cross_entropy(model(x).squeeze(1), real).backward()\n")
+    r = launch(script)
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "likely cause: a tensor sized by the global batch (8) met this rank's batch (4" in r.stderr, r.stderr[-2000:]

@@ -185,3 +185,27 @@ def test_a_list_of_named_tuples_holding_tuples_is_compared_in_its_order():
     assert fingerprint(Luna(held)).tolist() != fingerprint(Luna(held[::-1])).tolist()
     assert fingerprint(Luna(held)).tolist() == fingerprint(Luna(list(held))).tolist()
     assert fingerprint(Luna(held)).tolist() != fingerprint(Luna([c._replace(center=(0, 0, 0)) for c in held])).tolist()
+
+
+def test_an_attribute_only_the_length_reads_is_not_compared():
+    """ECNU's graph Dataset keeps an id list shuffled by an unseeded ``random.shuffle`` for its length only and
+    serves ``(index, labels[index])``: every rank serves the same samples, yet the check stopped the run. What
+    ``__getitem__`` (or a method it calls) reads is compared; what only ``__init__`` and ``__len__`` read is not."""
+    import torch
+    from torch.utils.data import Dataset
+
+    from ddpkit.data.same import fingerprint
+
+    class Ids(Dataset):
+        def __init__(self, ids, labels):
+            self.data, self.labels = ids, labels
+
+        def __len__(self):
+            return len(self.data)
+
+        def __getitem__(self, i):
+            return i, self.labels[i]
+
+    labels = torch.arange(4)
+    assert fingerprint(Ids([3, 1, 2, 0], labels)).tolist() == fingerprint(Ids([0, 2, 1, 3], labels)).tolist()
+    assert fingerprint(Ids([3, 1, 2, 0], labels)).tolist() != fingerprint(Ids([3, 1, 2, 0], labels.flip(0))).tolist()

@@ -21,8 +21,10 @@ Example::
 from __future__ import annotations
 
 import hashlib
+import inspect
 import math
 import os
+import re
 import sys
 from typing import Any
 
@@ -58,14 +60,40 @@ def _sums(dataset: Any, depth: int) -> list[float]:
             tensors, indices = tensors + inner[0], indices + inner[1]
     elif depth > 0:  # a Dataset of its own: what its attributes hold (torchvision's .data / .targets, a list
         # of texts, of (path, label) pairs, a DataFrame)
+        served = _served(type(dataset))
         for name in sorted(getattr(dataset, "__dict__", {})):
             value = dataset.__dict__[name]
+            if served is not None and name not in served:  # (only its length read: a shuffled id list, ECNU's)
+                continue
             if isinstance(value, Dataset):
                 inner = _sums(value, depth - 1)
                 tensors, indices, parts = tensors + inner[0], indices + inner[1], parts + inner[2]
             else:
                 tensors += _held(name, value, len(dataset))
     return [tensors, indices, parts]
+
+
+def _served(cls: type) -> set[str] | None:
+    """The attributes a Dataset class's methods read other than ``__init__`` and ``__len__`` (``self.labels`` of
+    ``__getitem__``, or of a helper it calls): what its samples can come from; None when a method's source cannot
+    be read (every attribute then counts)."""
+    found: set[str] = set()
+    own = [k for k in cls.__mro__ if k.__module__ not in ("builtins", "typing") and
+           not k.__module__.startswith("torch.")]
+    if not any("__getitem__" in vars(k) for k in own):
+        return None  # (no map-style sampling of its own to read: every attribute counts)
+    for klass in own:
+        for name, member in vars(klass).items():
+            if name in ("__init__", "__len__") or not inspect.isfunction(member):
+                continue
+            try:
+                source = inspect.getsource(member)
+            except (OSError, TypeError):
+                return None
+            if re.search(r"getattr\(\s*self\s*,|self\.__dict__|vars\(\s*self\s*\)", source):
+                return None  # (attributes read by name: any may be served)
+            found |= set(re.findall(r"\bself\.(\w+)", source))
+    return found
 
 
 # the attributes whose tensors and numeric arrays are the samples (torchvision's): a tensor under another name
@@ -222,5 +250,5 @@ def check(dataset: Any, device: torch.device) -> None:
                      "which differ per rank, or ordered by a set or a hash of strings, whose order differs per "
                      "process unless PYTHONHASHSEED is one value (ddpkit launch sets it; torchrun does not), or "
                      "read from per-rank files: build it the same on every rank (seed it first: "
-                     "torch.manual_seed(0), numpy.random.seed(0); pass random_split a generator="
+                     "torch.manual_seed(0), numpy.random.seed(0), random.seed(0); pass random_split a generator="
                      "torch.Generator().manual_seed(0); sorted(set(...)) for a set)")

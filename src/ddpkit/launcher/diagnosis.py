@@ -115,6 +115,7 @@ def report(report_dir: str, crashed: dict[int, str] | None = None, stderr_tails:
             "another node: see that node's launcher output (it may have been killed or lost)")
     if not first.get("hang"):
         head = f"ddpkit: rank {first['rank']} on {first['host']} failed first: {said(first)}"
+        head += f"\nddpkit: likely cause: {first['hint']}" if isinstance(first.get("hint"), str) else ""
         others = sorted(e["rank"] for e in errors if e is not first)
         tail = f"\n(ranks {others} failed after it; each rank's traceback is in its stderr.log)" if others else ""
         return SCRIPT_FAILED, f"{head}\n{first['traceback'].rstrip()}{tail}"

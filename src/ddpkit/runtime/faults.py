@@ -92,10 +92,13 @@ def install(rank: int, local_rank: int, report_dir: str, timeout_s: float) -> No
     def excepthook(kind, value, tb):
         text = "".join(traceback.format_exception(kind, value, tb))
         hang = collective_timeout(kind, str(value))
-        _write_record(report_dir, rank, local_rank, kind.__name__, str(value), text, hang)
+        state = process.current().state
+        hint = batch_hint(str(value), process.current().train_batch, state.world_size if state else 1)
+        _write_record(report_dir, rank, local_rank, kind.__name__, str(value), text, hang, hint)
         # the traceback goes into this rank's log (the report directory is gone after the launch), in a block
         # the console leaves out: the launcher's report prints the first failure's once
         print(f"{_said(rank, kind, value)} (its traceback is in this rank's stderr.log)\n"
+              + (f"ddpkit: likely cause: {hint}\n" if hint else "") +
               f"{traceback_block(text, block_tag(os.path.dirname(report_dir)))}", file=sys.stderr, flush=True)
         if hang:
             _signal_siblings()
@@ -107,12 +110,37 @@ def install(rank: int, local_rank: int, report_dir: str, timeout_s: float) -> No
                      name="ddpkit-hang-watchdog").start()
 
 
+def batch_hint(message: str, batch: int | None, world_size: int) -> str | None:
+    """A shape error naming both the global batch and this rank's share of it (a target sized by the script's
+    batch size, which the data loader now splits across the ranks): said once, with the two ways out.
+
+    >>> batch_hint("Using a target size (torch.Size([16, 1])) that is different to the input size "
+    ...            "(torch.Size([8, 1]))", 8, 2)[:40]
+    'a tensor sized by the global batch (16) '
+    >>> batch_hint("mat1 and mat2 shapes cannot be multiplied (8x4 and 8x1)", 8, 2) is None
+    True
+    """
+    if not batch or world_size < 2 or not _SHAPES.search(message):
+        return None
+    numbers = set(re.findall(r"\d+", message))
+    if str(batch) not in numbers or str(batch * world_size) not in numbers:
+        return None
+    return (f"a tensor sized by the global batch ({batch * world_size}) met this rank's batch ({batch} = "
+            f"{batch * world_size} / {world_size} processes): size it from the batch itself (x.size(0)), or keep "
+            "the batch per process (ddpkit.data_loader(..., batch_size=B); ddpkit convert --per-process-batch)")
+
+
+_SHAPES = re.compile(r"size|shape|match|dimension", re.IGNORECASE)
+
+
 def _write_record(report_dir: str, rank: int, local_rank: int, kind: str, message: str, text: str,
-                  hang: bool) -> None:
+                  hang: bool, hint: str | None = None) -> None:
     """This rank's failure, for the launcher's report: whole or not at all (a full disk must not leave the launcher
     half a report)."""
     record = {"rank": rank, "local_rank": local_rank, "host": socket.gethostname(), "pid": os.getpid(),
               "time": time.time(), "type": kind, "message": message, "traceback": text, "hang": hang}
+    if hint:
+        record["hint"] = hint
     try:
         write_atomically(os.path.join(report_dir, f"error-rank{rank}.json"),
                          lambda f: f.write(json.dumps(record).encode()))

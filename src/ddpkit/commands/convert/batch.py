@@ -26,19 +26,15 @@ import libcst.matchers as m
 
 from ddpkit.commands.convert import flow, handsize
 from ddpkit.commands.convert.batchmeans import stepped_losses
+from ddpkit.commands.convert.batchreads import forward_read, quiet_nodes, read_in_training
 from ddpkit.commands.convert.flow import DEPTH, argument_for, binding_of, callee
 from ddpkit.commands.convert.inits import node_ids
-from ddpkit.commands.convert.names import dotted, measured, names_in, resolve
+from ddpkit.commands.convert.names import dotted, names_in
 from ddpkit.commands.convert.scan import Call, Loop
 
 # the plan in the making (plan._Work): facts, edits, note, leave, keep, per_process_batch
 _Work = Any
 _NO_SPACE = cst.AssignEqual(cst.SimpleWhitespace(""), cst.SimpleWhitespace(""))
-QUIET = ("print", "ddpkit.print")  # a read of the batch size that sizes nothing
-# what only shows or logs a value: a batch size read there sizes nothing (``save_image(..., nrow=int(math.sqrt(
-# opt.batch_size)))`` in PyTorch-GAN, a progress line's "%d/%d")
-SHOWS = {"save_image", "make_grid", "info", "debug", "warning", "log", "write", "add_scalar", "add_scalars",
-         "add_image", "add_images", "set_description", "set_postfix", "format", "savefig", "imshow"}
 
 
 def global_batch(work: _Work, call: Call, loops: list[Loop]
@@ -70,12 +66,15 @@ def global_batch(work: _Work, call: Call, loops: list[Loop]
         return None, frozenset()
     names = _names(work, call, given.value) | ({code(given.value)} if isinstance(given.value, cst.Subscript) else set())
     read = read_in_training(work, names, loops, call)
+    forward = forward_read(work, names) if read is None else None
+    read = read or forward
     built = _built_with(work, names) if read is None else None
     params = [p for p in call.scope.params if p not in ("self", "cls")]
     elsewhere = handsize.read_elsewhere(work.crossing.wants, call.scope.name, params, names) \
         if read is None and built is None else None
     if read is not None or built is not None or elsewhere is not None:
-        why = f"the training loop reads {read[0]} at line {read[1]}" if read is not None else \
+        why = f"the model's forward reads {forward[0]} at line {forward[1]}" if forward is not None else \
+            f"the training loop reads {read[0]} at line {read[1]}" if read is not None else \
             f"the model is built with it at line {built[1]} ({built[0]})" if built is not None else str(elsewhere)
         work.done.extend(handsize.answered(work.crossing.wants, call.scope.name, params, names))
         work.per_process.add(id(call.node))  # (its loops' sums of batch means then add, not average: reductions)
@@ -149,7 +148,7 @@ def _shown_rates(work: _Work, names: set[str], loops: list[Loop]) -> None:
     """A rate the training loop shows over the batch size's name (pointnet's ``correct.item() /
     float(opt.batchSize)`` accuracy, printed every step): each process's batch is now B/N, so the rate shown is 1/N
     of the one-process value. Listed, with the fix (the batch's own size)."""
-    quiet = _quiet(work, loops)
+    quiet = quiet_nodes(work, loops)
     for loop in loops:
         if not flow.trains(work.facts, loop):
             continue
@@ -186,7 +185,7 @@ def _attribute_reads(work: _Work, call: Call, size: cst.BaseExpression, loops: l
     facts = work.facts
     if any(not flow.trains(facts, loop) for loop in loops):
         return
-    quiet = _quiet(work, loops)
+    quiet = quiet_nodes(work, loops)
     products = [p for p in m.findall(facts.module, m.BinaryOperation(operator=m.Multiply()))
                 if isinstance(p, cst.BinaryOperation) and (_is_len(p.left) or _is_len(p.right))]
     for name, scope, line, node in facts.reads:
@@ -275,151 +274,3 @@ def _names(work: _Work, call: Call, size: cst.BaseExpression) -> set[str]:
             break
         names = more
     return names
-
-
-def read_in_training(work: _Work, names: set[str], loops: list[Loop], call: Call | None) -> tuple[str, int] | None:
-    """A read of the batch size's names (``batch_size``, ``args.batch_size``, ``bsz``) in a training loop's body or
-    the loops around it, outside a print, a progress bar's total and the loader's own call (``call``, built in
-    the loop over the splits; None: a loader another module builds, handsize.py): what the loop sizes from it."""
-    if not names:
-        return None
-    inside: set[int] = set()
-    for loop in loops:
-        inside |= node_ids(loop.node.body)
-        for around in loop.outer:  # the loops around it, above the training loop (an epoch's init_hidden(B)):
-            # what follows the training loop there shows or evaluates (an image grid of sqrt(B) rows)
-            inside |= {i for stmt in around.node.body.body if _starts(work, stmt) <= loop.line
-                       for i in node_ids(stmt)}
-    # (the loader's own call, and a loader built again in the loop, glow's endless ``sample_data`` that rebuilds its
-    # DataLoader on StopIteration: converted by this same rule, sized by nothing of the loop)
-    rebuilt = [c.node for c in work.facts.calls if c.name == "torch.utils.data.DataLoader" and c.loops]
-    quiet = _quiet(work, loops) | (node_ids(call.node) if call is not None else set()) | _counting(loops, names) | \
-        _step_counts(work, loops, names) | \
-        {i for node in rebuilt for i in node_ids(node)}
-    for name, scope, line, node in work.facts.reads:
-        if name in names and id(node) in inside and id(node) not in quiet and not _rebound(work, name, scope, line,
-                                                                                           loops, names):
-            return name, line
-    for stmt, _scope, line in work.facts.statements:  # ``torch.ones(config['batch_size'], 1)`` in the loop
-        if id(stmt) in inside and not node_ids(stmt) <= quiet and _items(work, stmt) & names and \
-                any(id(s) not in quiet and work.facts.code(s) in names for s in m.findall(stmt, m.Subscript())):
-            return next(iter(_items(work, stmt) & names)), line
-    return _made_before(work, names, loops, inside, quiet)
-
-
-def _rebound(work: _Work, name: str, scope: Any, line: int, loops: list[Loop], names: set[str]) -> bool:
-    """The read at ``line`` sees a binding the training loop made from something else (a DCGAN's ``batch_size =
-    x.size(0)`` above ``torch.randn(batch_size, nz)``): the batch's own size, not the loader's."""
-    bound = binding_of(work.facts, name, scope, line)
-    return bound is not None and bound.scope is scope and bound.line < line and bound.value is not None and \
-        any(loop.line < bound.line <= loop.end for loop in loops) and not names_in(bound.value) & names
-
-
-def _step_counts(work: _Work, loops: list[Loop], names: set[str]) -> set[int]:
-    """The batch size dividing the data's size into a count of steps (DeepLearningZeroToAll's ``total_batch =
-    len(mnist_train) // batch_size`` in the epoch loop, its ``avg_cost += cost / total_batch``): a global batch keeps
-    that count on every rank, so it sizes nothing. The data's size only: ``len(...)``, or a name bound to one
-    (review: ``total_loss / batch_size`` and ``loss * x.shape[0] / batch_size`` size the loss by the batch)."""
-    batch = {t for loop in loops for t in loop.targets} | {b.target for loop in loops for b in work.facts.bindings
-                                                           if loop.line <= b.line <= loop.end}
-
-    def sized(node: cst.CSTNode, scope: Any, line: int, depth: int = 0) -> bool:
-        held = measured(node) if isinstance(node, cst.BaseExpression) else None
-        if held is not None:  # the data's size, not the batch's (review 26: ``len(x)`` of the batch)
-            return held.split(".")[0] not in batch
-        bound = binding_of(work.facts, dotted(node) or "", scope, line) if isinstance(node, cst.Name) else None
-        return bound is not None and bound.value is not None and bound.line < line and depth < 2 and \
-            (isinstance(bound.value, cst.Integer) or sized(bound.value, bound.scope, bound.line, depth + 1))
-    found: set[int] = set()
-    for loop in loops:
-        for owner in [loop, *loop.outer]:
-            for div in m.findall(owner.node, m.BinaryOperation(operator=m.Divide() | m.FloorDivide())):
-                if isinstance(div, cst.BinaryOperation) and dotted(div.right) in names and \
-                        sized(div.left, loop.scope, loop.line):
-                    found |= node_ids(div.right)
-    return found
-
-
-def _counting(loops: list[Loop], names: set[str]) -> set[int]:
-    """The nodes that count steps with the batch size, sizing nothing (DA-RNN's ``idx += batch_size`` and its
-    ``losses[epoch * iters + idx / batch_size]``): ``+=`` of it into a counter (or ``n = n + B``), and the counter
-    divided by it, compared (``if n > 32:``, a display every so many samples) or set back to a number."""
-    found: set[int] = set()
-    for loop in loops:
-        # (counter, what it adds, the counter's read in ``n = n + B``): ``+=`` and its spelled-out form
-        adds: list[tuple[Any, Any, Any]] = [
-            (n.target, n.value, None) for n in m.findall(loop.node, m.AugAssign(operator=m.AddAssign()))
-            if isinstance(n, cst.AugAssign) and dotted(n.value) in names and dotted(n.target)]
-        adds += [(a.targets[0].target, a.value.right, a.value.left) for a in m.findall(loop.node, m.Assign())
-                 if isinstance(a, cst.Assign) and len(a.targets) == 1 and isinstance(a.value, cst.BinaryOperation)
-                 and isinstance(a.value.operator, cst.Add) and dotted(a.value.right) in names and
-                 dotted(a.value.left) == dotted(a.targets[0].target) and dotted(a.value.left)]
-        reads = {id(left) for _, _, left in adds if left is not None}
-        resets = {id(t.target) for a in m.findall(loop.node, m.Assign()) if isinstance(a, cst.Assign) and
-                  isinstance(a.value, (cst.Integer, cst.Float)) for t in a.targets}
-        compared = {id(c.left) for c in m.findall(loop.node, m.Comparison()) if isinstance(c, cst.Comparison)}
-        divisions = [n for n in m.findall(loop.node, m.BinaryOperation(operator=m.Divide() | m.FloorDivide()))
-                     if isinstance(n, cst.BinaryOperation) and dotted(n.right) in names]
-        for counter in {dotted(t) or "" for t, _, _ in adds}:
-            # (only counted and divided back: ``preds[idx:idx + len(x)] = ...`` reads it as a position, review)
-            allowed = {id(t) for t, _, _ in adds} | {id(n.left) for n in divisions if dotted(n.left) == counter} | \
-                reads | resets | compared
-            used = [n for n in m.findall(loop.node, m.Name(value=counter) | m.Attribute()) if dotted(n) == counter]
-            if any(id(n) not in allowed for n in used):
-                continue
-            found |= {i for t, v, _ in adds if dotted(t) == counter for i in node_ids(v)}
-            found |= {i for n in divisions if dotted(n.left) == counter for i in node_ids(n.right)}
-    return found
-
-
-def _made_before(work: _Work, names: set[str], loops: list[Loop], inside: set[int],
-                 quiet: set[int]) -> tuple[str, int] | None:
-    """A tensor sized by the batch before the loops and read in them (pytorch-GANs' ``real_gt = torch.ones(
-    (config['batch_size'], 1))`` above the epoch loop, its BCE target each step): ``(the target, its line)``.
-    ``names`` holds the batch size's code too when it is an item (``config['batch_size']``)."""
-    scopes = {id(loop.scope) for loop in loops}
-    first = min((loop.line for loop in loops), default=0)
-    # (a read under an ``if`` of the loop, ``if i % 100 == 0: fake = netG(fixed_noise)``, shows, not trains)
-    shown = quiet | {i for loop in loops for node in m.findall(loop.node.body, m.If()) for i in node_ids(node)}
-    read_inside = {name for name, _scope, _line, node in work.facts.reads if id(node) in inside - shown}
-    # (``label.resize_(batch_size)`` each step, conditional-GAN's: sized by the batch it holds; not ``x.data.resize_``,
-    # which leaves ``x`` as it was: AC-GAN's IndexError)
-    read_inside -= {dotted(c.node.func.value) for loop in loops for c in loop.calls
-                    if c.last in ("resize_", "resize_as_") and isinstance(c.node.func, cst.Attribute)}
-    # (the loop's own variables: jcjohnson's ``x = torch.randn(N, D_in)`` is the data, ``for x, y in loader`` rebinds)
-    read_inside -= {t for loop in loops for t in loop.targets}
-    for b in work.facts.bindings:
-        made = resolve(dotted(b.value.func), work.facts.aliases) if isinstance(b.value, cst.Call) else None
-        if id(b.scope) in scopes and b.line < first and b.value is not None and b.target in read_inside and \
-                (made or "").startswith("torch.") and (made or "").rsplit(".", 1)[-1] in TENSOR_MAKERS and \
-                (names_in(b.value) | _items(work, b.value)) & names:
-            return b.target, b.line
-    return None
-
-
-# torch's calls that make a tensor of a given size: a target or a noise batch sized by the batch size (and the
-# legacy typed constructors of older scripts, AC-GAN's ``aux_label = torch.LongTensor(opt.batchSize)``)
-TENSOR_MAKERS = ("ones", "zeros", "full", "empty", "randn", "rand", "randint", "normal", "tensor", "Tensor",
-                 "FloatTensor", "LongTensor", "DoubleTensor", "IntTensor", "ByteTensor", "HalfTensor", "BoolTensor")
-
-
-def _items(work: _Work, node: cst.CSTNode) -> set[str]:
-    """The code of each ``name['key']`` item in ``node``."""
-    return {work.facts.code(s) for s in m.findall(node, m.Subscript(value=m.Name() | m.Attribute()))
-            if isinstance(s, cst.Subscript)}
-
-
-def _quiet(work: _Work, loops: list[Loop]) -> set[int]:
-    """The nodes that only show a value: a print's or a logger's arguments, an f-string, ``"%d" % ...``, a progress
-    bar's ``total=`` (``tqdm(total=len(ds) - len(ds) % batch_size)``: what the bar counts to)."""
-    quiet = {i for c in work.facts.calls if c.name in QUIET or c.last in SHOWS for i in node_ids(c.node)}
-    quiet |= {i for c in work.facts.calls if c.last in ("tqdm", "trange") for a in c.node.args
-              if a.keyword is not None and a.keyword.value in ("total", "desc", "postfix") for i in node_ids(a.value)}
-    return quiet | {i for loop in loops for n in m.findall(loop.node, m.FormattedString() | m.BinaryOperation(
-        operator=m.Modulo(), left=m.SimpleString())) for i in node_ids(n)}
-
-
-def _starts(work: _Work, stmt: cst.CSTNode) -> int:
-    """The first line of a statement the scan recorded (0: none)."""
-    inside = node_ids(stmt)
-    return min((line for s, _scope, line in work.facts.statements if id(s) in inside), default=0)

@@ -23,7 +23,9 @@ from typing import Any
 import libcst as cst
 from libcst import matchers as m
 
+from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.names import dotted
+from ddpkit.commands.convert.scan import Call
 
 _Work = Any  # the plan in the making (plan._Work)
 
@@ -70,6 +72,14 @@ def _over_batch(call: cst.Call) -> bool:
     return any(isinstance(item, cst.Integer) and item.value == "0" for item in items)
 
 
+def _torch_built(work: _Work, call: Call) -> bool:
+    """``call`` runs a function of the script that builds a torch optimizer (a runner's ``build_optimizer(net)``
+    returning ``torch.optim.SGD(net.parameters(), ...)``): one over the parameters, whatever its name says."""
+    target = flow.callee(work.facts, call)
+    return target is not None and any(c.scope is target[0] and (c.name or "").startswith("torch.optim.") and
+                                      "lr_scheduler" not in (c.name or "") for c in work.facts.calls)
+
+
 PRECONDITIONING = ("kfac", "shampoo", "kron", "natural", "precondition")  # names of optimizers built on the model
 
 
@@ -85,7 +95,7 @@ def model_optimizer(work: _Work) -> None:
         name = (call.name or "").lower()
         first = call.node.args[0].value if call.node.args and call.node.args[0].keyword is None else None
         if first is None or dotted(first) not in models or name.startswith("torch.") or \
-                not (name.endswith("optimizer") or any(w in name for w in PRECONDITIONING)):
+                not (name.endswith("optimizer") or any(w in name for w in PRECONDITIONING)) or _torch_built(work, call):
             continue
         built = f"{work.facts.code(call.node.func)}({dotted(first)}, ...)"
         work.leave(call.line, f"{built}: an optimizer built on the model itself, which may precondition with "

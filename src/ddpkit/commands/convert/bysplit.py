@@ -28,10 +28,10 @@ from typing import Any
 import libcst as cst
 from libcst import matchers as m
 
-from ddpkit.commands.convert import bykey, flow, loaderuse
+from ddpkit.commands.convert import bykey, flow, loaderuse, roles
 from ddpkit.commands.convert.crossing import EVAL, TRAIN, returned
 from ddpkit.commands.convert.names import dotted, unpacked
-from ddpkit.commands.convert.scan import Call, Facts, Loop, Scope
+from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, Scope
 
 _Work = Any  # the plan in the making (plan._Work)
 
@@ -158,19 +158,49 @@ def asked(work: _Work, call: Call) -> list[str]:
             mine = holder.scope is scope or kept and scope.cls == holder.scope.cls
             names += [returned(scope.name, i if len(elements) > 1 else -1) for i, element in enumerate(elements)
                       if mine and dotted(element) in copies]
+    # (``return self._make(train, True), self._make(test, False)``: each call of the helper that returns it,
+    # returned in turn as one of a tuple, is asked by its index)
+    sites = {id(c.node) for c in flow.callers(work.facts, call.scope)} if _position(work, call) == -1 else set()
     for scope, value in work.facts.returns:
         elements = unpacked(value)
         names += [returned(scope.name, i if len(elements) > 1 else -1) for i, element in enumerate(elements)
-                  if element is call.node]
-    return [n for n in work.crossing.wants if base(n) in names and work.crossing.wants[n] in (TRAIN, EVAL)]
+                  if element is call.node or id(element) in sites and len(elements) > 1]
+    names += [returned(lp.scope.name, -1) for lp in _generators(work.facts, binding)]
+    return [n for n in work.crossing.wants if base(n) in names and work.crossing.wants[n] in (TRAIN, EVAL) and
+            not _contradicted(call, n)]
+
+
+def _contradicted(call: Call, name: str) -> bool:
+    """The strings an ask passes never reach ``call``: it sits under ``if phase == 'test':`` and the ask passes
+    ``phase='train'`` (yakunpku's ``create_dataloader``, one DataLoader a branch, each returned)."""
+    params = [p for p in call.scope.params if p not in ("self", "cls")]
+    passed = _strings(name, params, _defaults(call.scope.node))
+    for test in call.tests:
+        for param, value in passed.items():
+            compared = bykey.equals(test, param)
+            if compared and isinstance(value, str) and value not in compared:
+                return True
+    return False
+
+
+def _generators(facts: Facts, binding: Binding | None) -> list[Loop]:
+    """The loops of generators that yield the batches of the loader ``binding`` holds, one by one (gandalf's
+    ``def batches(self): for img, _ in self.dataloader: yield img.view(...)``): another module's loop over
+    ``data.batches()`` trains on that loader."""
+    if binding is None or binding.scope.name and not binding.target.startswith("self."):
+        return []  # (a function's local loader: no generator of another function reads it)
+    mine = binding.target.startswith("self.")
+    return [lp for lp in facts.loops if isinstance(lp.node, cst.For) and lp.scope.name and roles.passes_on(lp) and
+            dotted(lp.node.iter) == binding.target and (not mine or lp.scope.cls == binding.scope.cls)]
 
 
 def split(work: _Work, call: Call) -> Split | None:
     """How ``call``'s loader splits (:class:`Split`), from the asks of other modules (:func:`asked`) and the calls
     of its function in this file (:func:`_sites`); None when it does not."""
     params = [p for p in call.scope.params if p not in ("self", "cls")]
-    kinds = {n: work.crossing.wants[n] for n in asked(work, call)}
     sites = _sites(work, call)
+    tupled = {_tuple_element(work, site)[0] for site in flow.callers(work.facts, call.scope)} - {None}
+    kinds = {n: work.crossing.wants[n] for n in asked(work, call) if base(n) not in tupled}  # (told by sites)
     kinds.update({n: kind for n, (kind, _) in sites.items()})
     decided = decide(list(kinds), kinds, params, _defaults(call.scope.node)) if call.scope.name else None
     if decided is None:
@@ -238,13 +268,29 @@ def _sites(work: _Work, call: Call) -> dict[str, tuple[str, list[Loop]]]:
     found: dict[str, tuple[str, list[Loop]]] = {}
     if index is None:
         return found
-    for n, site in enumerate(c for c in work.facts.calls if (t := flow.callee(work.facts, c)) and t[0] is call.scope):
-        bound = [b for b in work.facts.bindings if b.index == index and
-                 (b.whole is site.node if index >= 0 else b.value is site.node)]
+    for n, site in enumerate(flow.callers(work.facts, call.scope)):
+        bound = [b for b in work.facts.bindings if (b.index == index and b.whole is site.node if index >= 0 else
+                                                    b.value is site.node)]  # (``a, b = f(x), f(y)``: each)
+        name, asked = _tuple_element(work, site) if index == -1 and not bound else (None, [])
+        if name is not None and not asked and not loaderuse.returned(work.facts, site):
+            continue  # (an element nothing reads, here or elsewhere)
+        bound = bound or loaderuse.returned(work.facts, site) or []
         read = [lp for b in bound for lp in flow.loops_reading(work.facts, b.target, b.scope, since=b)]
-        kind = TRAIN if any(flow.trains(work.facts, lp) for lp in read) else EVAL
+        kind = TRAIN if TRAIN in asked or any(flow.trains(work.facts, lp) for lp in read) else EVAL
         found[f"{n}(){literals(site.node, lambda _: None)}"] = (kind, read)
     return found
+
+
+def _tuple_element(work: _Work, site: Call) -> tuple[str | None, list[str]]:
+    """What ``site`` (a call of the loader's function) is returned as, one of a tuple (``return self._make(train,
+    True), self._make(test, False)``: ``Loaders.get()[0]``), and the kinds other modules ask of it; (None, [])
+    when it is no element of a returned tuple."""
+    for scope, value in work.facts.returns:
+        elements = unpacked(value)
+        if len(elements) > 1 and any(e is site.node for e in elements):
+            name = returned(scope.name, next(i for i, e in enumerate(elements) if e is site.node))
+            return name, [kind for n, kind in work.crossing.wants.items() if base(n) == name]
+    return None, []
 
 
 def _position(work: _Work, call: Call) -> int | None:

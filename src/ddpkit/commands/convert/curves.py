@@ -60,9 +60,11 @@ def curves(work: _Work, loop: Loop) -> set[str]:
             _averaged_each(work, name, appends)  # (WGAN-GP's curve plotted and saved every few steps, in the loop)
             done.add(name)
             continue
-        if not appends or not _read_whole(work, loop, name) or any(n == name for n, _ in loop.augmented):
+        inside = bool(appends) and not every_step and _read_inside(work, loop, name, appends)
+        if not inside and (not appends or not _read_whole(work, loop, name)) or \
+                any(n == name for n, _ in loop.augmented):
             continue
-        if not every_step:
+        if not every_step:  # (read whole after the loop, or inside it: ChatBotCHS's mean of the last few steps)
             _unknown_means(work, loop, name, appends)
             continue
         work.edits.after.setdefault(id(loop.node), []).append(
@@ -105,7 +107,7 @@ def _unknown_means(work: _Work, loop: Loop, name: str, appends: list[Any]) -> No
              _loss_value(c.node.args[0].value) in stepped]
     if shown and len(shown) == len(appends):
         work.keep(shown[0].line, f"{name} keeps this rank's loss step by step (rank 0's curve where it is saved or "
-                  "shown): convert cannot tell it is a mean over the batch (a loss of another module's function)",
+                  "shown): convert cannot tell it is a mean over the batch (a loss a function returns)",
                   f"if it is: {name} = ddpkit.reduce(torch.tensor({name}, dtype=torch.float64), op='mean').tolist() "
                   "after the loop averages the ranks' step by step")
 

@@ -56,6 +56,9 @@ def callee(facts: Facts, call: Call) -> tuple[Scope, int] | None:
     if isinstance(call.node.func, cst.Attribute):
         methods = [s for s in facts.scopes.values() if s.cls and s.name.endswith(f".{call.last}")]
         owner, cls = dotted(call.node.func.value), _class_of(facts, call.node.func.value)
+        head = (owner or "").split(".")[0]
+        if head in facts.aliases and not any(b.target == head for b in facts.bindings):
+            return None  # (``torch.load(path)`` beside a class's ``load`` method: a module's function, not it)
         if owner == "self" and call.scope.cls:
             methods = [s for s in methods if s.cls == call.scope.cls]
         elif cls is not None:  # ``Runner(...).train()``, ``runner.train()`` with ``runner = Runner(...)``

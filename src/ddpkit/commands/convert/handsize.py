@@ -21,6 +21,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import libcst as cst
+
 from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.bysplit import base
 from ddpkit.commands.convert.crossing import SIZED, Ask, key
@@ -51,7 +53,9 @@ def ask(work: _Work, read_in: Callable[[set[str], list[Loop], Call], tuple[str, 
                 break  # positions after ``*args`` cannot be told
             where = arg.keyword.value if arg.keyword is not None else f"#{position}"
             position += arg.keyword is None
-            for name, suffix in _named(work, dotted(arg.value)):
+            subscript = isinstance(arg.value, cst.Subscript)
+            written = dotted(arg.value) or (work.facts.code(arg.value) if subscript else None)
+            for name, suffix in _named(work, written):  # (``cfg['batch_size']``: DeepConvGAN's, read as written)
                 read = read_in({name}, loops, made)
                 if read is not None:
                     asked = json.dumps([origin[1], where, suffix, read[0], read[1]])

@@ -19,6 +19,7 @@ import libcst as cst
 
 from ddpkit.commands.convert import (
     batch,
+    batchreads,
     bykey,
     bysplit,
     drawn,
@@ -60,7 +61,7 @@ def loaders(work: _Work) -> None:
                       "project imports this module: the block is its demo, which never runs then")
         built = [c for c in built if c not in demos]
     # (batch.py's reading of a loop, handed in: batch.py asks handsize.py what another file's loop reads)
-    handsize.ask(work, lambda names, loops, call: batch.read_in_training(work, names, loops, call))
+    handsize.ask(work, lambda names, loops, call: batchreads.read_in_training(work, names, loops, call))
     training = for_others = False  # (for_others: a loader converted for another module's loop, not this file's)
     handed = handedin.passed(work, lambda binding: imported.origin_of(work.facts, binding))
     for _, made, _ in handed:  # what this file hands to another module's training loop: trained on there
@@ -119,9 +120,10 @@ def loaders(work: _Work) -> None:
                       f"trains on the one {call.scope.name}() returns under the training key: each rank reads all of "
                       "this one, which is right for an evaluation")
             continue
-        if wanted is None and loaderuse.beside_asked(work, call):  # returned beside an asked loader, and read by no one
+        if wanted is None and loaderuse.beside_asked(work, call):  # returned beside an asked loader, trained on by none
             work.keep(call.line, "a DataLoader a function returns beside the one asked for, left as it is",
-                      "no module of the project loops over it")
+                      "no module of the project trains on it: where it is read, each rank reads all of it, which is "
+                      "right for an evaluation")
             continue
         if wanted is not None:  # another module's loop reads it, and does not train
             name = bysplit.base(wanted)
@@ -135,6 +137,9 @@ def loaders(work: _Work) -> None:
             built = [c for c in built if c is not call]
             continue
         training |= _loader(work, call)
+    for call in [c for c in work.facts.calls if c.name == "ddpkit.data_loader" and not _evaluating(c)]:
+        # (made one by hand, the fix a line named: another module's loop over it is fed, as by one converted here)
+        work.done.extend(n for n in bysplit.asked(work, call) if work.crossing.wants[n] == TRAIN)
     work.trains = training
     for call in handedin.passed_to_evaluate(work):  # a training loader another module evaluates: its shard only
         if id(call.node) in work.sharded:
@@ -179,6 +184,12 @@ def loaders(work: _Work) -> None:
                    "convert again; or split them by state.rank yourself (docs/guide.md); a full-batch training "
                    "(one graph, one tensor, each step over all of it) has nothing to split: run it as one process",
                    blocks=True)
+
+def _evaluating(call: Call) -> bool:
+    """``ddpkit.data_loader(..., train=False)``: an evaluation's loader."""
+    return any(a.keyword is not None and a.keyword.value == "train" and dotted(a.value) != "True"
+               for a in call.node.args)
+
 
 def _subclassed(work: _Work, line: int) -> bool:
     """The training loop reads a loader of the script's own DataLoader subclass (pytorch-template's

@@ -198,7 +198,8 @@ def _returned(facts: Facts, node: cst.CSTNode, depth: int = 0) -> list[Binding] 
         if any(e is node for e in elements):
             index = next(i for i, e in enumerate(elements) if e is node) if len(elements) > 1 else -1
             sites = callers(facts, scope)
-            found = [b for b in facts.bindings if any(b.whole is c.node for c in sites) and b.index == index]
+            found = [b for b in facts.bindings if any(b.whole is c.node for c in sites) and b.index == index or
+                     index == -1 and b.index >= 0 and any(b.value is c.node for c in sites)]  # ``a, b = f(x), f(y)``
             for site in sites if index == -1 and depth < 3 else ():
                 found += _returned(facts, site.node, depth + 1) or []
             return found

@@ -22,11 +22,11 @@ import libcst.matchers as m
 
 from ddpkit.commands.check.rules import OPTIMIZERS
 from ddpkit.commands.convert import counted, flow, sizes
-from ddpkit.commands.convert.batchmeans import batch_size, stepped_losses, summing
+from ddpkit.commands.convert.batchmeans import batch_size, loss_name, stepped_losses, summing
 from ddpkit.commands.convert.crossing import HANDED, key
 from ddpkit.commands.convert.flow import callee
-from ddpkit.commands.convert.names import dotted, names_in
-from ddpkit.commands.convert.scan import Call
+from ddpkit.commands.convert.names import dotted, names_in, unpacked
+from ddpkit.commands.convert.scan import Call, Loop
 from ddpkit.commands.convert.tokens import over_tokens
 
 _Work = Any  # the plan in the making (plan._Work): facts, edits, note, leave, models
@@ -145,7 +145,7 @@ def step_loss_shown(work: _Work) -> None:
         return
     said: set[str] = set()
     for loop in sorted((lp for lp in work.facts.loops if flow.trains(work.facts, lp)), key=lambda lp: -len(lp.outer)):
-        losses = stepped_losses(loop)
+        losses = stepped_losses(loop) | _stepped_by_helper(work, loop)
         losses |= {b.target for b in work.facts.bindings if b.scope is loop.scope and loop.line < b.line <= loop.end
                    and isinstance(b.value, cst.BinaryOperation) and names_in(b.value) and
                    names_in(b.value) <= losses}  # (a GAN's ``loss_d = loss_real + loss_fake``)
@@ -153,7 +153,10 @@ def step_loss_shown(work: _Work) -> None:
                  all(o.line <= c.line <= o.end for o in loop.outer)]  # (within the epoch loop around it)
         backwards = [c.line for c in loop.calls if c.last == "backward"]
         first, stepped = min(backwards, default=loop.end), max(backwards, default=loop.end)
+        outputs = _outputs(work, loop)
         for shown in [*loop.calls, *after]:
+            read = {n.split(".")[0] for a in shown.node.args for n in names_in(a.value)}
+            also = sorted(read & outputs - losses - said) if shown.last in SHOWN and shown.line > first else []
             named = sorted({n for a in shown.node.args for n in names_in(a.value)} & losses - said)
             # (what the name holds there is the stepped loss, not one rebound below the step: review 29, b/s02's
             # ``loss = running_loss / n_batch`` after the inner loop, then printed in the epoch loop)
@@ -164,14 +167,51 @@ def step_loss_shown(work: _Work) -> None:
                           == {n})]
             # (or kept after the loop, once an epoch: a/s02's ``losses.append(loss.item())``, then written)
             kept = shown.last == "append" and shown.line > loop.end
-            if (shown.last in SHOWN or kept) and named and shown.line > first:
-                said.update(named)
-                work.keep(shown.line, f"{shown.last}(...) {'keeps' if kept else 'shows'} {', '.join(named)}, "
-                          "the step's loss" +
-                          ("es" if len(named) > 1 else "") +
+            if (shown.last in SHOWN or kept) and (named or also) and shown.line > first:
+                said.update(named + also)
+                what = [f"{', '.join(named)}, the step's loss" + ("es" if len(named) > 1 else "")] if named else []
+                what += [f"{', '.join(also)}, of the model's outputs on the batch"] if also else []
+                work.keep(shown.line, f"{shown.last}(...) {'keeps' if kept else 'shows'} {'; '.join(what)}" +
                           (", the training loop's last" if shown.line > loop.end else ""), "this rank's: a mean over "
                           "its 1/N of the global batch (rank 0's on screen), the same quantity from fewer samples; "
-                          f"ddpkit.reduce({named[0]}.detach(), op='mean') shows the whole batch's")
+                          f"ddpkit.reduce({(named or also)[0]}.detach(), op='mean') shows the whole batch's")
+
+
+def _outputs(work: _Work, loop: Loop) -> set[str]:
+    """The names ``loop`` binds to the prepared model's output on the batch, or to a value read from it alone (a
+    GAN's ``D_x = output.mean().item()``, ``score = out``); not a running sum (``c = c + ...``: reduced, or said,
+    as a sum)."""
+    models = {b.target for b in work.models}
+    # (not in an evaluation nested in the epoch's loop: a whole loader's outputs are every rank's)
+    evaluations = [lp for lp in work.facts.loops if loop in lp.outer and not flow.trains(work.facts, lp)]
+    inside = [b for b in work.facts.bindings if b.scope is loop.scope and loop.line < b.line <= loop.end and
+              b.value is not None and b.target not in {n.split(".")[0] for n in names_in(b.value)} and
+              not any(lp.line <= b.line <= lp.end for lp in evaluations)]
+    found = {b.target for b in inside if isinstance(b.value, cst.Call) and dotted(b.value.func) in models}
+    for _ in range(2):  # (``out = D(x)``, ``score = out``, ``shown = score.mean().item()``)
+        found |= {b.target for b in inside if "." not in b.target and
+                  {n.split(".")[0] for n in names_in(b.value)} & found}
+    return found
+
+
+def _stepped_by_helper(work: _Work, loop: Loop) -> set[str]:
+    """The names ``loop`` binds to the loss a step function of this file returns after its backward
+    (``loss = step(model, opt, x)``, whose body ends ``loss.backward(); opt.step(); return loss``)."""
+    found = set()
+    for b in work.facts.bindings:
+        made = next((c for c in loop.calls if c.node is b.whole), None) if b.scope is loop.scope else None
+        target = callee(work.facts, made) if made is not None else None
+        if made is None or target is None:
+            continue
+        backed = {dotted(c.node.func.value) for c in work.facts.calls if c.scope is target[0] and
+                  c.last == "backward" and isinstance(c.node.func, cst.Attribute)} - {None}
+        for where, value in work.facts.returns:
+            elements = unpacked(value)
+            element = elements[b.index] if where is target[0] and 0 <= b.index < len(elements) else \
+                value if where is target[0] and b.index < 0 else None
+            if element is not None and loss_name(element) in backed:
+                found.add(b.target)
+    return found
 
 
 # lightly's losses that take their negatives (or statistics) from the batch, and gather them across ranks when told

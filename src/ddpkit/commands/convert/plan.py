@@ -44,6 +44,7 @@ from ddpkit.commands.convert import (
     parallel,
     partners,
     probed,
+    prompts,
     removals,
     reread,
     retained,
@@ -264,6 +265,7 @@ class _Work:
         lazy.lazy_layers(self)
         wholebatch.whole_batch(self)
         shownbatch.shown_batches(self)
+        prompts.prompts(self)
 
     def _convertible(self) -> bool:
         for call in self.facts.calls:

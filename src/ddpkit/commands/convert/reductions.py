@@ -27,7 +27,7 @@ from ddpkit.commands.convert.listmeans import list_means
 from ddpkit.commands.convert.losses import SHOWN
 from ddpkit.commands.convert.names import dotted, names_in, resolve
 from ddpkit.commands.convert.scan import Call, Loop
-from ddpkit.commands.convert.sums import batch_wide, collection, indexed, sums_after
+from ddpkit.commands.convert.sums import batch_wide, collection, indexed, over_own_batch, sums_after
 
 _Work = Any  # the plan in the making (plan._Work)
 
@@ -78,6 +78,9 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
         if stored is None and not summed_as_training:  # cVAE's ``if i == 0: save_image(comparison, ...)``
             stored = next(((f"an image of a batch, {c.last}()", c.line) for c in loop.calls
                            if c.last in BATCH_IMAGES), None)
+        if stored is None and not summed_as_training:  # a figure drawn from each batch (``plt.scatter(out[:, 0],
+            stored = next(((f"a figure of its batches, {c.last}()", c.line) for c in loop.calls  # ...)``)
+                           if _drawn(work, c)), None)
         needs = next((c.last for c in loop.calls if c.last in NEEDS_GRAD and not _grad_off(c)), None)
         if not summed_as_training and not loop.no_grad and stored is None and needs:
             stored = (f"{needs}() results (it needs gradients, so it cannot run under no_grad)", loop.line)
@@ -124,7 +127,7 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
             _running_shown(work, loop, own, after=False)
         if summed_as_training:
             _count_shown(work, loop)
-            _shares(work, shares)
+            _shares(work, loop, shares)
     pickers = [lp for lp in work.facts.loops if when is not None and lp.targets == {when[0]}]
     for summed_as_training, (anchor, names, lens, averaged, batch_sums) in plans:
         split = when if any(p is o for p in pickers for o in anchor.outer) else None  # (one split's sum: its test)
@@ -264,10 +267,15 @@ def _running_shown(work: _Work, loop: Loop, names: list[str], after: bool = True
             return
 
 
-def _shares(work: _Work, shares: list[tuple[str, int]]) -> None:
+def _shares(work: _Work, loop: Loop, shares: list[tuple[str, int]]) -> None:
     """Sums of the training loop read after it that no reduction here makes every rank's (a sum over a script
     loss whose reduction is unseen, divided by nothing or by something else): rank 0's where shown; said."""
     for name, line in shares:
+        if over_own_batch(work.facts, loop, name):
+            work.leave(line, f"{name} adds the loss divided by the batch's own size: each rank's batch is B/N, so "
+                       "each term, and the sum read here, is N times one process's (rank 0's on screen)", "divide by "
+                       f"the global batch instead, or show ddpkit.reduce({name}, op='mean') / state.world_size")
+            continue
         work.keep(line, f"{name}, added up over the training loop's batches, is read here as this rank's sum",
                   "rank 0's share where it is shown (convert cannot tell what it adds up): ddpkit.reduce("
                   f"{name}, op='mean') averages it over the ranks, ddpkit.reduce({name}) adds the ranks' up")
@@ -337,6 +345,15 @@ def _from_loop(work: _Work, name: str, loop: Loop, line: int) -> bool:
 
 
 BATCH_IMAGES = ("save_image", "imwrite", "imsave", "savefig", "add_image", "add_images")
+FIGURES = ("scatter", "imshow", "plot", "hist", "bar", "contour", "contourf", "pcolormesh")
+
+
+def _drawn(work: _Work, call: Call) -> bool:
+    """``call`` draws into a matplotlib figure: a pyplot function, or a plotting method of an axes
+    (``ax.scatter(...)``)."""
+    name = resolve(call.name or "", work.facts.aliases) or ""
+    return name.startswith("matplotlib.") and call.last in FIGURES or "." in (call.name or "") and \
+        call.last in FIGURES[:2]
 def _filled_by_callee(work: _Work, loop: Loop) -> tuple[str, int] | None:
     """A container the loop hands to a function of the script that writes into it by index (dlwpt's
     ``computeBatchLoss(batch_ndx, batch_tup, batch_size, metrics_g)`` setting ``metrics_g[0, start:end] = ...``):

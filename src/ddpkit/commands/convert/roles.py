@@ -35,8 +35,17 @@ def evaluates(facts: Facts, loop: Loop) -> bool:
     off = any(step_off(facts, c) for c in loop.calls)
     if loop.no_grad or sites and all(c.no_grad for c in sites) or stepped or off:
         return True
+    # (or at every call of its function, after ``model.eval()`` there: marinepal's ``self.model.eval()``, then
+    # ``print(self.metrics())``, whose loop only collects predictions)
     return any(c.scope is loop.scope and c.last == "eval" and not c.node.args and c.line <= loop.line
-               for c in facts.calls)
+               for c in facts.calls) or bool(sites) and all(_after_eval(facts, site) for site in sites)
+
+
+def _after_eval(facts: Facts, site: Call) -> bool:
+    """``site`` comes after a ``.eval()`` of its function, with no ``.train()`` between."""
+    switches = [c for c in facts.calls if c.scope is site.scope and c.last in ("eval", "train") and
+                not c.node.args and c.line <= site.line and c is not site]
+    return bool(switches) and max(switches, key=lambda c: c.line).last == "eval"
 
 
 def role(facts: Facts, loops: list[Loop], binding: Binding | None, call: Call) -> str | None:

@@ -30,7 +30,16 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert import sizes
-from ddpkit.commands.convert.batchmeans import batch_mean, step_count, step_kind, summed_means, summed_value
+from ddpkit.commands.convert.batchmeans import (
+    batch_mean,
+    batch_size,
+    loss_name,
+    step_count,
+    step_kind,
+    stepped_losses,
+    summed_means,
+    summed_value,
+)
 from ddpkit.commands.convert.devicetext import PROGRESS
 from ddpkit.commands.convert.names import dotted, names_in, resolve
 from ddpkit.commands.convert.scan import Facts, Loop
@@ -232,6 +241,8 @@ def _training_sum(facts: Facts, loop: Loop, anchor: Loop, name: str, readers: li
     if not started or name in later:
         return "later" if started else None  # (a later loop's sum: reduced after it, not said here)
     divisors = [d for s in readers if s is not None for d in _divisors(s, name)]
+    if over_own_batch(facts, loop, name):  # (each term N times one process's: said rank 0's, never averaged)
+        return None
     if not divisors and batch_mean(facts, loop, name):  # (returned or printed whole: averaged, or summed with a
         return "sum"  # per-process batch, by :func:`~ddpkit.commands.convert.reductions.reductions`)
     if divisors and all(names_in(d) and names_in(d) <= local for d in divisors):
@@ -248,6 +259,23 @@ def _training_sum(facts: Facts, loop: Loop, anchor: Loop, name: str, readers: li
     if any(names_in(d) & local for d in divisors):
         return None
     return "sum" if name in samples or any(whole(d) or names_in(d) & (samples - later) for d in divisors) else None
+
+
+def over_own_batch(facts: Facts, loop: Loop, name: str) -> bool:
+    """Some ``name += value`` of the loop divides a batch's mean by the batch's own size (generative-models'
+    ``total += loss.item() / batch_size`` of ``batch_size = x.size(0)``): with the global batch kept, a rank's
+    batch is B/N, so each term is N times one process's, and no reduction of the sums gives one process's."""
+    for node in m.findall(loop.node, m.AugAssign(operator=m.AddAssign())):
+        value = node.value if isinstance(node, cst.AugAssign) and _CODE.code_for_node(node.target) == name else None
+        if not isinstance(node, cst.AugAssign) or not isinstance(value, cst.BinaryOperation) or \
+                not isinstance(value.operator, cst.Divide):
+            continue
+        right, line = value.right, _line_of(facts, loop, node)
+        held = [b.value for b in facts.bindings if b.target == dotted(right) and b.scope is loop.scope and
+                loop.line < b.line <= line]
+        if (batch_size(right) or held and batch_size(held[-1])) and loss_name(value.left) in stepped_losses(loop):
+            return True
+    return False
 
 
 def _per_batch(facts: Facts, loop: Loop, name: str) -> str | None:

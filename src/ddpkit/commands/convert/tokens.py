@@ -363,6 +363,17 @@ def _listed(work: _Work, call: Call, value: str = "-100") -> None:
         f"{'s' if len(set(uses)) > 1 else ''} {', '.join(map(str, sorted(set(uses))))}), each a mean over its own " \
         "count: one batch_count weighs one of them, so give the others a criterion that ignores nothing (or weigh " \
         "each yourself)" if len(uses) > 1 else ""
+    stepped = next((c for c in work.facts.calls if dotted(c.node.func) in names and len(c.loops) > 1 and
+                    _over_range(c.loops[-1]) and flow.trains(work.facts, c.loops[-2])), None)
+    if stepped is not None:  # (the chatbot tutorial's ``loss += criterion(out[:, t], y[:, t])`` per time step)
+        work.leave(call.line, f"{call.last}: a mean over the tokens it does not ignore, added up over the time steps "
+                   f"of the loop at line {stepped.loops[-1].line}, each step's over its own tokens: at N processes "
+                   "each rank's step means are over its own tokens, and no one count weighs a sum of per-step means "
+                   "(ddpkit verify FAILs it)", "weigh each step by the whole batch's count of its tokens: once a "
+                   f"batch counts = ddpkit.reduce((labels != {value}).sum(0)), then each step adds {call.last}(..., "
+                   "reduction='sum') * state.world_size / counts[t] (DDP averages the ranks' gradients: the sum "
+                   "over ranks is one process's step mean); or keep it if the difference is acceptable")
+        return
     work.leave(call.line, f"{call.last}: a mean over the tokens it does not ignore (ignore_index, labels of -100, a "
                "boolean mask): "
                "at N processes each rank's mean is over its own tokens and DDP weighs the ranks alike, another "
@@ -370,6 +381,12 @@ def _listed(work: _Work, call: Call, value: str = "-100") -> None:
                "tell the training loader what the loss averages over: ddpkit.data_loader(..., batch_count=lambda "
                f"batch: (labels != {value}).sum()), labels as the batch holds them (docs/global-batch.md, "
                "token-weighted losses); or keep it if the difference is acceptable")
+
+
+def _over_range(loop: Loop) -> bool:
+    """``for t in range(...)``: a loop over positions (time steps), not over data."""
+    made = loop.node.iter if isinstance(loop.node, cst.For) else None
+    return isinstance(made, cst.Call) and dotted(made.func) == "range"
 
 
 def _trains_with(work: _Work, call: Call) -> bool:
