@@ -209,3 +209,60 @@ def test_an_attribute_only_the_length_reads_is_not_compared():
     labels = torch.arange(4)
     assert fingerprint(Ids([3, 1, 2, 0], labels)).tolist() == fingerprint(Ids([0, 2, 1, 3], labels)).tolist()
     assert fingerprint(Ids([3, 1, 2, 0], labels)).tolist() != fingerprint(Ids([3, 1, 2, 0], labels.flip(0))).tolist()
+
+
+def test_what_a_property_a_cached_helper_or_a_helper_function_reads_is_still_compared():
+    """Review 35: the attributes were read only by ``__getitem__``'s own source, so samples kept under a mangled
+    name, read through a property or an ``lru_cache`` method, or by a function handed ``self`` slipped through
+    unseeded."""
+    import functools
+
+    import torch
+    from torch.utils.data import Dataset
+
+    from ddpkit.data.same import fingerprint
+
+    def row(ds, i):
+        return ds.rows[i]
+
+    class Mangled(Dataset):
+        def __init__(self, x):
+            self.__x = x
+
+        def __len__(self):
+            return len(self.__x)
+
+        def __getitem__(self, i):
+            return self.__x[i]
+
+    class Cached(Dataset):
+        def __init__(self, x):
+            self.x = x
+
+        def __len__(self):
+            return 4
+
+        @property
+        def data(self):
+            return self.x
+
+        @functools.cache  # noqa: B019  (the pattern reviewed: a cached getter)
+        def get(self, i):
+            return self.data[i]
+
+        def __getitem__(self, i):
+            return self.get(i)
+
+    class Handed(Dataset):
+        def __init__(self, rows):
+            self.rows = rows
+
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return row(self, i)
+
+    a, b = torch.zeros(4, 2), torch.ones(4, 2)
+    for cls in (Mangled, Cached, Handed):
+        assert fingerprint(cls(a)).tolist() != fingerprint(cls(b)).tolist(), cls.__name__

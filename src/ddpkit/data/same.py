@@ -20,12 +20,14 @@ Example::
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
 import math
 import os
 import re
 import sys
+import textwrap
 from typing import Any
 
 import torch
@@ -84,16 +86,40 @@ def _served(cls: type) -> set[str] | None:
         return None  # (no map-style sampling of its own to read: every attribute counts)
     for klass in own:
         for name, member in vars(klass).items():
-            if name in ("__init__", "__len__") or not inspect.isfunction(member):
+            function = _function(member)
+            if name in ("__init__", "__len__") or function is None:
                 continue
             try:
-                source = inspect.getsource(member)
+                source = inspect.getsource(function)
             except (OSError, TypeError):
                 return None
-            if re.search(r"getattr\(\s*self\s*,|self\.__dict__|vars\(\s*self\s*\)", source):
-                return None  # (attributes read by name: any may be served)
-            found |= set(re.findall(r"\bself\.(\w+)", source))
+            # (attributes read by name, or ``self`` handed to another function: any may be served)
+            if re.search(r"getattr\(\s*self\s*,|self\.__dict__|vars\(\s*self\s*\)", source) or _hands_self(source):
+                return None
+            read = set(re.findall(r"\bself\.(\w+)", source))
+            found |= read | {f"_{klass.__name__.lstrip('_')}{n}" for n in read if n.startswith("__")}  # (mangled)
     return found
+
+
+def _hands_self(source: str) -> bool:
+    """A call in the method's source passes ``self`` itself (``row(self, i)``): that function may read anything."""
+    try:
+        tree = ast.parse(textwrap.dedent(source))
+    except SyntaxError:
+        return True
+    return any(isinstance(a, ast.Name) and a.id == "self" for node in ast.walk(tree) if isinstance(node, ast.Call)
+               for a in [*node.args, *(k.value for k in node.keywords)])
+
+
+def _function(member: Any) -> Any:
+    """The function a class member runs: a method, a property's getter, a static or class method's, through
+    decorators that keep ``__wrapped__`` (``functools.lru_cache``); None for anything else."""
+    if isinstance(member, property):
+        member = member.fget
+    elif isinstance(member, (staticmethod, classmethod)):
+        member = member.__func__
+    member = inspect.unwrap(member) if callable(member) else member
+    return member if inspect.isfunction(member) else None
 
 
 # the attributes whose tensors and numeric arrays are the samples (torchvision's): a tensor under another name

@@ -117,20 +117,28 @@ def batch_hint(message: str, batch: int | None, world_size: int) -> str | None:
     >>> batch_hint("Using a target size (torch.Size([16, 1])) that is different to the input size "
     ...            "(torch.Size([8, 1]))", 8, 2)[:40]
     'a tensor sized by the global batch (16) '
-    >>> batch_hint("mat1 and mat2 shapes cannot be multiplied (8x4 and 8x1)", 8, 2) is None
+    >>> batch_hint("mat1 and mat2 shapes cannot be multiplied (8x4 and 8x1)", 4, 2) is None
     True
+    >>> batch_hint("Given groups=1, weight of size [8, 3, 3, 3], expected input[4, 1, 5, 5] to have 3 channels", 4,
+    ...            2) is None
+    True
+    >>> batch_hint("The size of tensor a (16) must match the size of tensor b (8) at non-singleton dimension 0", 8,
+    ...            2)[:40]
+    'a tensor sized by the global batch (16) '
     """
-    if not batch or world_size < 2 or not _SHAPES.search(message):
+    if not batch or world_size < 2:
         return None
-    numbers = set(re.findall(r"\d+", message))
-    if str(batch) not in numbers or str(batch * world_size) not in numbers:
+    # (the leading sizes the message names: a Size's first dim, a batch_size, a tensor's size at a dim; not any
+    # number, the channels of a conv or the digits of ``mat1``)
+    leading = {int(n) for found in _LEADING.findall(message) for n in found if n}
+    if batch not in leading or batch * world_size not in leading:
         return None
     return (f"a tensor sized by the global batch ({batch * world_size}) met this rank's batch ({batch} = "
             f"{batch * world_size} / {world_size} processes): size it from the batch itself (x.size(0)), or keep "
             "the batch per process (ddpkit.data_loader(..., batch_size=B); ddpkit convert --per-process-batch)")
 
 
-_SHAPES = re.compile(r"size|shape|match|dimension", re.IGNORECASE)
+_LEADING = re.compile(r"Size\(\[(\d+)|batch_size \((\d+)\)|size of tensor \w \((\d+)\)|\bshape \[(\d+)")
 
 
 def _write_record(report_dir: str, rank: int, local_rank: int, kind: str, message: str, text: str,

@@ -73,7 +73,7 @@ def global_batch(work: _Work, call: Call, loops: list[Loop]
     elsewhere = handsize.read_elsewhere(work.crossing.wants, call.scope.name, params, names) \
         if read is None and built is None else None
     if read is not None or built is not None or elsewhere is not None:
-        why = f"the model's forward reads {forward[0]} at line {forward[1]}" if forward is not None else \
+        why = f"the model reads {forward[0]} at line {forward[1]}" if forward is not None else \
             f"the training loop reads {read[0]} at line {read[1]}" if read is not None else \
             f"the model is built with it at line {built[1]} ({built[0]})" if built is not None else str(elsewhere)
         work.done.extend(handsize.answered(work.crossing.wants, call.scope.name, params, names))

@@ -66,11 +66,15 @@ def read_in_training(work: _Work, names: set[str], loops: list[Loop], call: Call
 
 
 def forward_read(work: _Work, names: set[str]) -> tuple[str, int] | None:
-    """A read of a module-level batch-size name in a ``forward`` of the script's own classes (an autoencoder's
-    ``x.view(batch_size, -1)``): the model sizes each batch by it, and each rank would take batch_size / N."""
+    """A read of a module-level batch-size name in a method of the script's own model classes (an autoencoder's
+    ``x.view(batch_size, -1)`` in ``forward``): the model sizes each batch by it, and each rank would take
+    batch_size / N."""
     for name, scope, line, _node in work.facts.reads:
         local = name in scope.params or any(b.target == name and b.scope is scope for b in work.facts.bindings)
-        if name in names and "." not in name and scope.cls and scope.name.endswith(".forward") and not local:
+        # (any method of a model class: ``forward``, an ``init_hidden`` it calls, an ``__init__`` keeping
+        # ``self.bs = batch_size`` for ``forward``)
+        model = scope.cls is not None and f"{scope.cls}.forward" in work.facts.scopes
+        if name in names and "." not in name and model and not local:
             return name, line
     return None
 
@@ -150,8 +154,10 @@ def _made_before(work: _Work, names: set[str], loops: list[Loop], inside: set[in
     # (a read under an ``if`` of the loop, ``if i % 100 == 0: fake = netG(fixed_noise)``, shows, not trains)
     shown = quiet | {i for loop in loops for node in m.findall(loop.node.body, m.If()) for i in node_ids(node)}
     # (``noise[:x.size(0)]``: cut to the batch each step, the named fix for a tensor made before the loop)
+    sizes = {b.target for b in work.facts.bindings if any(lp.line < b.line <= lp.end for lp in loops) and
+             b.value is not None and batch_size(b.value)}  # (``b = x.size(0)``, then ``noise[:b]``)
     trimmed = {id(sub.value) for loop in loops for sub in m.findall(loop.node.body, m.Subscript())
-               if isinstance(sub, cst.Subscript) and _to_batch(sub)}
+               if isinstance(sub, cst.Subscript) and _to_batch(sub, sizes)}
     read_inside = {name for name, _scope, _line, node in work.facts.reads if id(node) in inside - shown - trimmed}
     # (``label.resize_(batch_size)`` each step, conditional-GAN's: sized by the batch it holds; not ``x.data.resize_``,
     # which leaves ``x`` as it was: AC-GAN's IndexError)
@@ -168,11 +174,12 @@ def _made_before(work: _Work, names: set[str], loops: list[Loop], inside: set[in
     return None
 
 
-def _to_batch(sub: cst.Subscript) -> bool:
-    """``t[:x.size(0)]`` (``len(x)``, ``x.shape[0]``): the first rows of ``t``, as many as the batch holds."""
+def _to_batch(sub: cst.Subscript, sizes: set[str]) -> bool:
+    """``t[:x.size(0)]`` (``len(x)``, ``x.shape[0]``, or a name bound to one in the loop, ``sizes``): the first rows
+    of ``t``, as many as the batch holds."""
     first = sub.slice[0].slice if sub.slice else None
     return isinstance(first, cst.Slice) and first.lower is None and first.step is None and \
-        first.upper is not None and batch_size(first.upper)
+        first.upper is not None and (batch_size(first.upper) or dotted(first.upper) in sizes)
 
 
 # torch's calls that make a tensor of a given size: a target or a noise batch sized by the batch size (and the

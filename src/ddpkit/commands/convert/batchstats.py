@@ -24,7 +24,7 @@ import libcst as cst
 from libcst import matchers as m
 
 from ddpkit.commands.convert import flow
-from ddpkit.commands.convert.names import dotted
+from ddpkit.commands.convert.names import dotted, resolve
 from ddpkit.commands.convert.scan import Call
 
 _Work = Any  # the plan in the making (plan._Work)
@@ -76,8 +76,17 @@ def _torch_built(work: _Work, call: Call) -> bool:
     """``call`` runs a function of the script that builds a torch optimizer (a runner's ``build_optimizer(net)``
     returning ``torch.optim.SGD(net.parameters(), ...)``): one over the parameters, whatever its name says."""
     target = flow.callee(work.facts, call)
-    return target is not None and any(c.scope is target[0] and (c.name or "").startswith("torch.optim.") and
-                                      "lr_scheduler" not in (c.name or "") for c in work.facts.calls)
+    if target is None:
+        return False
+
+    def torch_optimizer(value: Any) -> bool:  # (``torch.optim.SGD(...)``, or a name bound to one there)
+        bound = flow.binding_of(work.facts, dotted(value) or "", target[0], 1 << 30) if dotted(value) else None
+        made = bound.value if bound is not None else value
+        name = resolve(dotted(made.func), work.facts.aliases) or "" if isinstance(made, cst.Call) else ""
+        return name.startswith("torch.optim.") and "lr_scheduler" not in name
+    returns = [value for scope, value in work.facts.returns if scope is target[0]]
+    # (every value it returns: a helper that returns KFACOptimizer(model) for one setting is no torch optimizer)
+    return bool(returns) and all(torch_optimizer(v) for v in returns)
 
 
 PRECONDITIONING = ("kfac", "shampoo", "kron", "natural", "precondition")  # names of optimizers built on the model

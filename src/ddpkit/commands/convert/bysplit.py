@@ -175,12 +175,28 @@ def _contradicted(call: Call, name: str) -> bool:
     ``phase='train'`` (yakunpku's ``create_dataloader``, one DataLoader a branch, each returned)."""
     params = [p for p in call.scope.params if p not in ("self", "cls")]
     passed = _strings(name, params, _defaults(call.scope.node))
-    for test in call.tests:
+    for test, holds in _branches(call):
         for param, value in passed.items():
             compared = bykey.equals(test, param)
-            if compared and isinstance(value, str) and value not in compared:
+            # (in the ``if``'s body the test holds: the string must be one it compares to; in its ``else`` or
+            # a later ``elif``, it does not: the string must be none of them)
+            if compared and isinstance(value, str) and (value not in compared if holds else value in compared):
                 return True
     return False
+
+
+def _branches(call: Call) -> list[tuple[str, bool]]:
+    """Each ``if`` of ``call``'s function around it: (its test, whether ``call`` is in its body, where the test
+    holds, rather than its ``else`` / ``elif``)."""
+    code = cst.Module(body=[]).code_for_node
+    found = []
+    for node in m.findall(call.scope.node, m.If()):
+        assert isinstance(node, cst.If)
+        if any(n is call.node for n in m.findall(node.body, m.Call())):
+            found.append((code(node.test), True))
+        elif node.orelse is not None and any(n is call.node for n in m.findall(node.orelse, m.Call())):
+            found.append((code(node.test), False))
+    return found
 
 
 def _generators(facts: Facts, binding: Binding | None) -> list[Loop]:
@@ -279,6 +295,20 @@ def _sites(work: _Work, call: Call) -> dict[str, tuple[str, list[Loop]]]:
         kind = TRAIN if TRAIN in asked or any(flow.trains(work.facts, lp) for lp in read) else EVAL
         found[f"{n}(){literals(site.node, lambda _: None)}"] = (kind, read)
     return found
+
+
+def both_roles(work: _Work, call: Call) -> bool:
+    """``call``'s function is returned as elements of a tuple, one trained on and one evaluated (``return
+    self._make(train), self._make(test)``), with no argument that tells them apart (:func:`split` found none)."""
+    if _position(work, call) != -1:
+        return False
+    kinds: set[str] = set()
+    for site in flow.callers(work.facts, call.scope):
+        name, asked = _tuple_element(work, site)
+        read = [lp for b in (loaderuse.returned(work.facts, site) or []) if name is not None
+                for lp in flow.loops_reading(work.facts, b.target, b.scope, since=b)]
+        kinds |= set(asked) | ({TRAIN if any(flow.trains(work.facts, lp) for lp in read) else EVAL} if read else set())
+    return {TRAIN, EVAL} <= kinds
 
 
 def _tuple_element(work: _Work, site: Call) -> tuple[str | None, list[str]]:

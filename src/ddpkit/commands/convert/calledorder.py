@@ -77,6 +77,8 @@ def _named_elsewhere(work: _Work, function: str) -> bool:
     """Another file of the project may call ``function`` (its names, when known; unknown: it may): review, a
     sweep.py that runs train.py's ``main()`` twice, its second run reading the first one's save."""
     names = work.crossing.elsewhere
+    if "." not in function and not work.crossing.imported:  # (a function of a file no other file imports: no one
+        return False  # else calls it, whatever the name means there, DiscoGAN's ``self.main`` of models.py)
     return names is None or function.rsplit(".", 1)[-1] in names
 
 

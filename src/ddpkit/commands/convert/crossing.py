@@ -221,6 +221,35 @@ def _handed_want(rel: str, ask: Ask) -> str | None:
     return f"{module}.{function}:{index}"
 
 
+@dataclasses.dataclass(frozen=True)
+class Want:
+    """A want of a caller's file read back: a training step it runs (``engine:a training step:Engine.train``), or
+    what it hands a function (``trainer:train:1:train_loader``: argument 1, or ``train_loader=``)."""
+    module: str
+    function: str
+    step: bool
+    index: int = -1
+    param: str = ""
+
+
+def want_of(want: str) -> Want | None:
+    """The :class:`Want` a want names; None for another kind of want (a module's name, a model handed in, a JSON
+    ask).
+
+    >>> want_of("engine:a training step:Engine.train").function, want_of("trainer:train:1:loader").param
+    ('Engine.train', 'loader')
+    >>> want_of("get_loaders()[0]") is None
+    True
+    """
+    module, _, rest = want.partition(":")
+    if rest.startswith(f"{STEP}:"):
+        return Want(module, rest[len(STEP) + 1:], True)
+    parts = want.split(":")
+    if len(parts) == 4 and parts[2].isdigit():
+        return Want(parts[0], parts[1], False, int(parts[2]), parts[3])
+    return None
+
+
 def key(module: str, name: str) -> str:
     """How ``provided`` names a module's name: ``Arch.model:model`` (two modules may both build a ``model``)."""
     return f"{module}:{name}"
@@ -280,6 +309,8 @@ def module_file(files: list[str], module: str) -> str | None:
 
     >>> module_file(["train.py", "Arch/model.py"], "Arch.model"), module_file(["train.py"], "torch.nn")
     ('Arch/model.py', None)
+    >>> module_file(["main.py", "datasets/__init__.py"], "datasets")  # (a package's own functions: its init)
+    'datasets/__init__.py'
     """
-    path = module.replace(".", "/") + ".py"
-    return path if path in files else None
+    path = module.replace(".", "/")
+    return next((p for p in (path + ".py", path + "/__init__.py") if p in files), None)

@@ -40,6 +40,16 @@ from ddpkit.commands.convert.waits import main_guard
 # the plan in the making (plan._Work): facts, edits, leave, note, devices, inits, state
 _Work = Any
 
+def _followed(binding: Binding) -> bool:
+    """``dv = 'cuda' if x.is_cuda else 'cpu'`` in a method, ``x`` its parameter: the device of a tensor it is
+    handed (a model's ``forward``), no set-up; not ``opt.is_cuda`` of the script's options."""
+    test = binding.value.test if isinstance(binding.value, cst.IfExp) else None
+    name = dotted(test) or "" if test is not None else ""
+    head, _, attr = name.partition(".")
+    return attr in ("is_cuda", "is_mps", "is_cpu") and bool(binding.scope.cls) and head in binding.scope.params and \
+        head != "self"
+
+
 def devices(work: _Work) -> None:
     """``device = torch.device(...)`` -> ``state = ddpkit.init(...)`` and ``device = state.device``; a device
     chosen in an ``if`` / ``else``: one init above it (:func:`_chosen`)."""
@@ -47,7 +57,7 @@ def devices(work: _Work) -> None:
     visible.visible_devices(work)
     chosen = [b for choice in _choices(work) for b in _chosen(work, *choice)]
     found = [b for b in facts.bindings if b.stmt is not None and is_device(b.value, b.target, facts.aliases)
-             and b not in chosen]
+             and b not in chosen and not _followed(b)]
     upgraded = _upgrades(work, found)
     found = [b for b in found if all(b is not u for _, u in upgraded.values())]
     found = [b for b in found if not _fallback(work, b, found) and not _rewrapped(work, b, found)]

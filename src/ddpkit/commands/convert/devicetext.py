@@ -81,8 +81,6 @@ def is_device(value: cst.BaseExpression | None, target: str, aliases: dict[str, 
         return resolve(dotted(value.func), aliases) == "torch.device" and \
             (not fixed or target.split(".")[-1] == "device")
     if isinstance(value, cst.IfExp):  # "cuda" if a else "mps" if b else "cpu"; "cpu" if a else "cuda" if b ...
-        if (dotted(value.test) or "").endswith((".is_cuda", ".is_mps", ".is_cpu")):
-            return False  # (``'cuda' if x.is_cuda else 'cpu'`` in a forward: a tensor's own device, no set-up)
         kinds = [kind_of(b) for b in branches(value)]
         if kinds[0] == "" and available(value.test) and isinstance(value.body, cst.Call) and \
                 resolve(dotted(value.body.func), aliases) == "torch.device":

@@ -33,7 +33,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert import flagged, flow
-from ddpkit.commands.convert.crossing import EVAL, HANDED, TRAIN, Ask, key
+from ddpkit.commands.convert.crossing import EVAL, HANDED, TRAIN, Ask, key, want_of
 from ddpkit.commands.convert.devicetext import PROGRESS
 from ddpkit.commands.convert.names import dotted, resolve
 from ddpkit.commands.convert.reductions import reductions
@@ -132,14 +132,14 @@ def _handed(work: _Work, kind: str) -> list[tuple[str, list[tuple[Call, Binding 
     callable and the binding of what each passes there."""
     found = []
     for want, wanted in work.crossing.wants.items():
-        if wanted != kind or want.count(":") != 3:
+        w = want_of(want)
+        if wanted != kind or w is None or w.step:
             continue
-        module, function, index, name = want.split(":")
-        name, _, element = name.partition("[")  # ``loaders[0]``: element 0 of what is passed as ``loaders``
+        name, _, element = w.param.partition("[")  # ``loaders[0]``: element 0 of what is passed as ``loaders``
         # (a call that hands in ``None``, a GAN book's evaluation mode ``Model(..., None, ...)``, hands in no loader)
-        found.append((want, [(site, _part(work, site, _argument(work, site, int(index), name), element))
-                             for site in work.facts.calls if flow.runs(work.facts, site, module, function) and
-                             not _none(given_as(site, int(index), name))]))
+        found.append((want, [(site, _part(work, site, _argument(work, site, w.index, name), element))
+                             for site in work.facts.calls if flow.runs(work.facts, site, w.module, w.function) and
+                             not _none(given_as(site, w.index, name))]))
     return found
 
 

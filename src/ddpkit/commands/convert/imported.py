@@ -270,14 +270,19 @@ def _picked(facts: Facts, name: str, loop: Loop) -> list[tuple[tuple[str, str], 
         return []
     trains = flow.trains(facts, loop)
     steps = [c for c in loop.calls if c.last == "backward"]
-    told = trains and bool(steps) and all(facts.code(bound.value.test) in c.tests for c in steps)
+    test = facts.code(bound.value.test)
+    # (the step under ``if is_train:`` trains on the first branch; under ``if not is_eval:``, on the second)
+    body = all(test in c.tests for c in steps) if steps else None
+    orelse = all(f"not {test}" in c.tests for c in steps) if steps else None
+    if trains and not body and not orelse:
+        return []  # (which branch the step trains on cannot be told: not followed, as before)
     found = []
-    for branch, taken in ((bound.value.body, True), (bound.value.orelse, False)):
+    for branch, taken in ((bound.value.body, bool(body)), (bound.value.orelse, bool(orelse))):
         head, _, attr = (dotted(branch) or "").partition(".")
         made = _instance(facts, head, bound.scope, bound.line) if attr and "." not in attr else None
         if made is None:
             return []
-        found.append(((made[0], f"{made[1]}().{attr}"), taken if told else trains))
+        found.append(((made[0], f"{made[1]}().{attr}"), taken if trains else False))
     return found
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import libcst as cst
+import libcst.matchers as m
 
 from ddpkit.commands.convert import (
     batch,
@@ -37,7 +38,7 @@ from ddpkit.commands.convert.apply import LOADER_PARAMETERS, loader_call
 from ddpkit.commands.convert.crossing import NOT_PASSED, TRAIN
 from ddpkit.commands.convert.flow import callers, loops_reading
 from ddpkit.commands.convert.loaderuse import LOADER
-from ddpkit.commands.convert.names import dotted
+from ddpkit.commands.convert.names import dotted, unpacked
 from ddpkit.commands.convert.reductions import reductions
 from ddpkit.commands.convert.roles import peek, roles_said
 from ddpkit.commands.convert.scan import Call, Facts, Loop, imported_from
@@ -91,6 +92,14 @@ def loaders(work: _Work) -> None:
             continue
         wanted = _wanted(work, call)
         split = bysplit.split(work, call)
+        if split is None and bysplit.both_roles(work, call):
+            work.leave(call.line, f"one DataLoader line builds both a training and an evaluation loader "
+                       f"({call.scope.name}() is called for each, and returned as one of a tuple), and no argument "
+                       "of those calls tells them apart: sharded for training, the evaluation would read padded "
+                       "shards", "give the function an argument that differs between the two calls (shuffle=True "
+                       "for the training one only, or train=True / False), or build the evaluation loader with a "
+                       "DataLoader line of its own, then convert again", blocks=True)
+            continue
         if split is not None:  # one factory, every split: the string decides (bysplit.py)
             training |= bysplit.by_split(work, call, split, _loader)
             for_others |= not split.loops  # (trained on in another module: this file's handed-in loops still ask)
@@ -184,6 +193,22 @@ def loaders(work: _Work) -> None:
                    "convert again; or split them by state.rank yourself (docs/guide.md); a full-batch training "
                    "(one graph, one tensor, each step over all of it) has nothing to split: run it as one process",
                    blocks=True)
+
+def _held_in_return(work: _Work, binding: Any) -> bool:
+    """``binding``'s loader is returned by its function, which no line of this file calls, inside a dict or a nested
+    tuple (``return {"dataloaders": (train_dl, test_dl)}``), a shape another module's ask does not name."""
+    if callers(work.facts, binding.scope):  # (its callers here: their loops decide)
+        return False
+    for scope, value in work.facts.returns:
+        if scope is not binding.scope or not scope.name or not isinstance(value, (cst.Dict, cst.Tuple, cst.List)):
+            continue
+        held = [n for e in unpacked(value) if not isinstance(e, cst.Name) for n in m.findall(e, m.Name())]
+        if isinstance(value, cst.Dict):
+            held = [n for el in value.elements for n in m.findall(el, m.Name())]
+        if any(isinstance(n, cst.Name) and n.value == binding.target for n in held):
+            return True
+    return False
+
 
 def _evaluating(call: Call) -> bool:
     """``ddpkit.data_loader(..., train=False)``: an evaluation's loader."""
@@ -305,6 +330,12 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
                    "it decides its role: left as it is (each rank reads all of it)", "convert them together "
                    "(ddpkit convert --imports SCRIPT, or a folder), or make it ddpkit.data_loader(dataset, "
                    "global_batch_size=B) yourself if that loop trains")
+        return False
+    if role is None and not loops and binding is not None and _held_in_return(work, binding):
+        work.keep(call.line, f"{binding.target}, returned inside what {binding.scope.name}() returns (a dict or a "
+                  "tuple holding it), left as it is", "no loop of this file reads it and its callers' reads through "
+                  "that value are not followed: each rank reads all of it, right for an evaluation; make it "
+                  "ddpkit.data_loader(dataset, global_batch_size=B) yourself where a loop trains on it")
         return False
     comprehended = loaderuse.comprehensions_reading(work.facts, returned or ([binding] if binding else [])) \
         if role is None and not loops else []

@@ -171,10 +171,12 @@ def step_loss_shown(work: _Work) -> None:
                 said.update(named + also)
                 what = [f"{', '.join(named)}, the step's loss" + ("es" if len(named) > 1 else "")] if named else []
                 what += [f"{', '.join(also)}, of the model's outputs on the batch"] if also else []
+                whole = f"ddpkit.reduce({named[0]}.detach(), op='mean')" if named else \
+                    f"ddpkit.reduce({also[0]}, op='mean')"
                 work.keep(shown.line, f"{shown.last}(...) {'keeps' if kept else 'shows'} {'; '.join(what)}" +
                           (", the training loop's last" if shown.line > loop.end else ""), "this rank's: a mean over "
                           "its 1/N of the global batch (rank 0's on screen), the same quantity from fewer samples; "
-                          f"ddpkit.reduce({(named or also)[0]}.detach(), op='mean') shows the whole batch's")
+                          f"{whole} shows the whole batch's")
 
 
 def _outputs(work: _Work, loop: Loop) -> set[str]:
@@ -182,12 +184,16 @@ def _outputs(work: _Work, loop: Loop) -> set[str]:
     GAN's ``D_x = output.mean().item()``, ``score = out``); not a running sum (``c = c + ...``: reduced, or said,
     as a sum)."""
     models = {b.target for b in work.models}
-    # (not in an evaluation nested in the epoch's loop: a whole loader's outputs are every rank's)
+    # (not in an evaluation nested in the epoch's loop: a whole loader's outputs are every rank's; nor the model's
+    # outputs on anything but a training batch: a fixed validation tensor's, ``model(X_val)``, are every rank's)
     evaluations = [lp for lp in work.facts.loops if loop in lp.outer and not flow.trains(work.facts, lp)]
+    trained = [loop] + [lp for lp in work.facts.loops if loop in lp.outer and lp not in evaluations]
+    batch = {n for lp in trained for n in flow.batch_names(work.facts, lp)}
     inside = [b for b in work.facts.bindings if b.scope is loop.scope and loop.line < b.line <= loop.end and
               b.value is not None and b.target not in {n.split(".")[0] for n in names_in(b.value)} and
               not any(lp.line <= b.line <= lp.end for lp in evaluations)]
-    found = {b.target for b in inside if isinstance(b.value, cst.Call) and dotted(b.value.func) in models}
+    found = {b.target for b in inside if isinstance(b.value, cst.Call) and dotted(b.value.func) in models and
+             any({n.split(".")[0] for n in names_in(a.value)} & batch for a in b.value.args)}
     for _ in range(2):  # (``out = D(x)``, ``score = out``, ``shown = score.mean().item()``)
         found |= {b.target for b in inside if "." not in b.target and
                   {n.split(".")[0] for n in names_in(b.value)} & found}

@@ -28,7 +28,8 @@ ASKS = ("input", "builtins.input", "getpass.getpass")
 
 def prompts(work: _Work) -> None:
     """Leave a line at the first question a file that prepares a model asks the terminal."""
-    call = next((c for c in work.facts.calls if c.name in ASKS and not _guarded(work, c)), None)
+    call = next((c for c in work.facts.calls if c.name in ASKS and not _guarded(work, c) and not _shared(work, c)),
+                None)
     if call is None or not work.models:
         return
     work.leave(call.line, f"{call.last}() reads the terminal, which under ddpkit launch only rank 0 has: every other "
@@ -42,3 +43,12 @@ def _guarded(work: _Work, call: Call) -> bool:
     guarded = [node for node in m.findall(work.facts.module, m.If() | m.SimpleStatementLine() | m.With() | m.For())
                if id(node) in work.edits.guard]
     return any(node is call.node for block in guarded for node in m.findall(block, m.Call()))
+
+
+def _shared(work: _Work, call: Call) -> bool:
+    """Asked by rank 0 alone already: under a test of ``is_main``, or inside ``ddpkit.broadcast(...)`` (the fix
+    this line names, applied)."""
+    inside = call.stmt is not None and any(
+        c.name == "ddpkit.broadcast" and any(n is call.node for n in m.findall(c.node, m.Call()))
+        for c in work.facts.calls if c.stmt is call.stmt)
+    return inside or any("is_main" in t or "rank == 0" in t for t in call.tests)

@@ -22,7 +22,7 @@ from ddpkit.commands.convert.flow import binding_of, in_body
 from ddpkit.commands.convert.names import names_in
 from ddpkit.commands.convert.paths import OPENERS
 from ddpkit.commands.convert.scan import Call
-from ddpkit.commands.convert.waits import branched, callers_apart, in_main_block, wait_before
+from ddpkit.commands.convert.waits import branched, callers_apart, in_main_block, read_elsewhere, wait_before
 
 _Work = Any  # the plan in the making (plan._Work)
 
@@ -44,9 +44,15 @@ def read_back(work: _Work, call: Call, stmt: Any, what: str | None = None) -> No
     if what in ("the image", "the figure", "the animation"):  # (a picture is read as one:
         # pytorch-cnp's per-step ``plt.imsave`` PNGs are no checkpoint its ``self.load()`` reads)
         reads = [c for c in reads if c.name in OPENERS or c.last in ("imread", "mimread", "read_image", "open")]
-    if not reads:
+    if not reads:  # (nothing here reads it: a function of another module called next may, ChatBotCHS's
+        # ``load_vocab(Path('.'))`` right below the guarded write of ``vocab.dict``)
+        elsewhere = read_elsewhere(work, call)
+        if elsewhere is not None and not branched(work, call):
+            work.edits.after.setdefault(id(stmt), []).append("ddpkit.barrier()")
+            work.note("then every rank waits for it (barrier)", f"{elsewhere}() of another module of the project "
+                      "runs next and may read the file", call.line)
         return
-    if branched(work, call) and (_waited(work, call, reads) or _own_barrier(work, call) or
+    if branched(work, call) and (_waited(work, call, reads) or _own_barrier(work, call, reads) or
                                  wait_before(work, call, reads)):
         return
     pairs = [c for c in reads if _pair(work, call, c, reads)]  # (two functions apart: order.apart_functions)
@@ -119,12 +125,14 @@ def _waited(work: _Work, call: Call, reads: list[Call]) -> bool:
                                   c.name == "ddpkit.barrier") for c in work.facts.calls)
 
 
-def _own_barrier(work: _Work, call: Call) -> bool:
+def _own_barrier(work: _Work, call: Call, reads: list[Call]) -> bool:
     """The script's own ``ddpkit.barrier()`` follows the write in its function, at the level of the write's own
     branch or above (marinepal's ``save()``: the file written, then the barrier): whatever the read, rank 0's
     write is waited for there; where that function runs is the script's choice, as it wrote it."""
     return any(c.scope is call.scope and c.name == "ddpkit.barrier" and c.line > call.line and
-               set(c.tests) <= set(call.tests) and len(c.loops) <= len(call.loops) for c in work.facts.calls)
+               set(c.tests) <= set(call.tests) and len(c.loops) <= len(call.loops) and
+               not any(r.scope is call.scope and call.line < r.line < c.line for r in reads)  # (read before it)
+               for c in work.facts.calls)
 
 
 def writing(node: cst.Call, call: Call | None = None, facts: Any = None) -> bool:

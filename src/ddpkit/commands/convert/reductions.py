@@ -87,7 +87,8 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
         # a batch that is one unit (a trial); a batch of one sample is a unit whichever rank takes it
         wide = None if summed_as_training or call is None or _one_sample(call) else batch_wide(work.facts, loop)
         shares: list[tuple[str, int]] = []
-        plan = sums_after(work.facts, loop, summed_as_training, datasets, batches, shares) \
+        shared = not (work.per_process_batch or call is not None and id(call.node) in work.per_process)
+        plan = sums_after(work.facts, loop, summed_as_training, datasets, batches, shares, shared) \
             if stored is None and wide is None else None
         if plan is None and not summed_as_training:
             assert call is not None  # (without a call, only training loops are handed in)
@@ -271,7 +272,7 @@ def _shares(work: _Work, loop: Loop, shares: list[tuple[str, int]]) -> None:
     """Sums of the training loop read after it that no reduction here makes every rank's (a sum over a script
     loss whose reduction is unseen, divided by nothing or by something else): rank 0's where shown; said."""
     for name, line in shares:
-        if over_own_batch(work.facts, loop, name):
+        if not work.per_process_batch and over_own_batch(work.facts, loop, name):
             work.leave(line, f"{name} adds the loss divided by the batch's own size: each rank's batch is B/N, so "
                        "each term, and the sum read here, is N times one process's (rank 0's on screen)", "divide by "
                        f"the global batch instead, or show ddpkit.reduce({name}, op='mean') / state.world_size")
@@ -349,11 +350,18 @@ FIGURES = ("scatter", "imshow", "plot", "hist", "bar", "contour", "contourf", "p
 
 
 def _drawn(work: _Work, call: Call) -> bool:
-    """``call`` draws into a matplotlib figure: a pyplot function, or a plotting method of an axes
-    (``ax.scatter(...)``)."""
+    """``call`` draws into a matplotlib figure: a pyplot function, or a plotting method of an axes pyplot made
+    (``ax.scatter(...)`` of ``fig, ax = plt.subplots()``)."""
     name = resolve(call.name or "", work.facts.aliases) or ""
-    return name.startswith("matplotlib.") and call.last in FIGURES or "." in (call.name or "") and \
-        call.last in FIGURES[:2]
+    if name.startswith("matplotlib."):
+        return call.last in FIGURES
+    # (an axes matplotlib made, ``fig, ax = plt.subplots()``: not a tensor's ``x.scatter(dim, index, src)``)
+    owner = call.node.func.value if isinstance(call.node.func, cst.Attribute) else None
+    head = work.facts.code(owner).split("[")[0].split(".")[0] if owner is not None else ""
+    held = flow.binding_of(work.facts, head, call.scope, call.line) if head else None
+    made = (held.whole or held.value) if held is not None else None
+    return call.last in FIGURES and isinstance(made, cst.Call) and \
+        (resolve(dotted(made.func), work.facts.aliases) or "").startswith("matplotlib.")
 def _filled_by_callee(work: _Work, loop: Loop) -> tuple[str, int] | None:
     """A container the loop hands to a function of the script that writes into it by index (dlwpt's
     ``computeBatchLoss(batch_ndx, batch_tup, batch_size, metrics_g)`` setting ``metrics_g[0, start:end] = ...``):

@@ -25,7 +25,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
-from ddpkit.commands.convert.crossing import STEP, TRAIN
+from ddpkit.commands.convert.crossing import TRAIN, want_of
 from ddpkit.commands.convert.listmeans import RANK_TEST
 from ddpkit.commands.convert.names import dotted
 from ddpkit.commands.convert.waits import branched, in_main_block
@@ -95,13 +95,8 @@ def _trains_elsewhere(work: _Work, call: Any) -> bool:
     """``call`` runs a function of another module of the project whose training loop reads what its callers hand
     it (this file's wants ``trainer:train:1:train_loader`` or ``engine:a training step:Engine.train``, as a training
     loader): the checkpoint that function saves may be read below the call."""
-    for want, kind in work.crossing.wants.items():
-        parts = want.split(":")
-        if kind != TRAIN or len(parts) < 3 or (len(parts) != 4 and parts[1] != STEP):
-            continue
-        if flow.runs(work.facts, call, parts[0], parts[2] if parts[1] == STEP else parts[1]):
-            return True
-    return False
+    wants = [w for want, kind in work.crossing.wants.items() if kind == TRAIN and (w := want_of(want)) is not None]
+    return any(flow.runs(work.facts, call, w.module, w.function) for w in wants)
 
 
 def _after_training(work: _Work, load: Any, elsewhere: list[Any]) -> bool:

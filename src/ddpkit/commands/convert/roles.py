@@ -41,11 +41,16 @@ def evaluates(facts: Facts, loop: Loop) -> bool:
                for c in facts.calls) or bool(sites) and all(_after_eval(facts, site) for site in sites)
 
 
-def _after_eval(facts: Facts, site: Call) -> bool:
-    """``site`` comes after a ``.eval()`` of its function, with no ``.train()`` between."""
+def _after_eval(facts: Facts, site: Call, depth: int = 0) -> bool:
+    """``site`` comes after a ``.eval()`` of its function, with no ``.train()`` between; or its function switches
+    nothing and every call of it does (marinepal's ``get_metrics()`` in ``save()``, called after ``model.eval()``
+    in ``train()``), three calls deep at most."""
     switches = [c for c in facts.calls if c.scope is site.scope and c.last in ("eval", "train") and
                 not c.node.args and c.line <= site.line and c is not site]
-    return bool(switches) and max(switches, key=lambda c: c.line).last == "eval"
+    if switches:
+        return max(switches, key=lambda c: c.line).last == "eval"
+    sites = callers(facts, site.scope) if site.scope.name and depth < 3 else []
+    return bool(sites) and all(_after_eval(facts, s, depth + 1) for s in sites)
 
 
 def role(facts: Facts, loops: list[Loop], binding: Binding | None, call: Call) -> str | None:

@@ -23,7 +23,7 @@ from ddpkit.commands.convert.apply import add_keyword
 from ddpkit.commands.convert.devicetext import ACCELERATORS, PROGRESS, text_of
 from ddpkit.commands.convert.flow import binding_of, callers, visible
 from ddpkit.commands.convert.names import dotted, names_in, resolve
-from ddpkit.commands.convert.scan import Binding, imported_from
+from ddpkit.commands.convert.scan import Binding
 
 # the plan in the making (plan._Work, which imports this module): facts, edits, log, left, models, state
 _Work = Any
@@ -187,7 +187,7 @@ def _save(work: _Work, call: Any, loads: list[Any]) -> None:
                    "save is inside an if or a loop: the other ranks may read it before rank 0 has written it",
                    waits.BARRIER_FIX)
         read_back = []
-    elsewhere = _read_elsewhere(work, call) if not read_back else None
+    elsewhere = waits.read_elsewhere(work, call) if not read_back else None
     if elsewhere is not None:  # DANN: ``torch.save(net, path)`` each epoch, then ``test(...)`` of test.py loads it
         work.edits.after.setdefault(id(call.stmt), []).append("ddpkit.barrier()")
         work.note("torch.save guarded: rank 0 saves, then every rank waits for it (barrier)", f"{elsewhere}() of "
@@ -199,28 +199,6 @@ def _save(work: _Work, call: Any, loads: list[Any]) -> None:
                                                                if read_back else ""),
               "every rank holds the same weights; N writers of one file race" +
               (f"; a file is read at line {read_back[0].line}" if read_back else ""), call.line)
-
-
-def _read_elsewhere(work: _Work, call: Any) -> str | None:
-    """The function of another module of the project called next after the save, in the same loop (an epoch loop
-    over ``range``) under no ``if``: it may load what was saved (DANN's ``test(dataset, epoch)``). None where a
-    barrier after the save could be skipped by one rank."""
-    if [t for t in call.tests if not waits.main_guard(t)] or waits.called_in_branch(work, call.scope) or \
-            any(not (isinstance(lp.node, cst.For) and isinstance(lp.node.iter, cst.Call) and
-                     dotted(lp.node.iter.func) == "range") for lp in call.loops):
-        return None
-    for later in work.facts.calls:
-        name = dotted(later.node.func)
-        # (a function: ``test(...)``, ``evaluate.test(...)``; not a method of an object another module made,
-        # ``generator.eval()`` of ``from config import *``)
-        objects = {read.split(".")[0] for read, _, _, _ in work.facts.reads if "." in read}  # (``generator.eval()``)
-        function = "." not in name and name not in objects if name else False
-        function = function or bool(name) and str(name).rsplit(".", 1)[0] in work.facts.modules
-        if later.scope is call.scope and later.line > call.line and name and later.loops == call.loops and \
-                not [t for t in later.tests if not waits.main_guard(t)] and function and \
-                imported_from(work.facts, name) is not None:
-            return name
-    return None
 
 
 def _pretrained(work: _Work, call: Any, ranked: bool) -> None:

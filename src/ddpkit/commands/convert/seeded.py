@@ -97,6 +97,8 @@ def seeded_noise(work: _Work) -> None:
         # (a module's training function called with the models, seeded by the script that calls it: its params)
         handed = set(loop.scope.params) if work.crossing.seeded else set()
         _draws_fed(work, loop.calls, models | handed, done, where)
+    for loop in (lp for lp in work.facts.loops if flow.trains(work.facts, lp)):
+        _helper_draws(work, loop, models, done, where)
     if work.crossing.seeded:  # (a module's training step, no loop of its own, called by the seeded script's loop:
         # niccolot's ``train_step(g, d, g_opt, x)`` drawing ``z = torch.randn(...)``)
         for scope in (s for s in work.facts.scopes.values() if s.name and flow.scope_trains(work.facts, s)):
@@ -111,6 +113,38 @@ def seeded_noise(work: _Work) -> None:
                    f"seeded alike on every rank ({where}): in training every rank draws the same noise for its part "
                    "of the batch", "if it is noise over the batch, draw it from this rank's generator in training "
                    "only: generator=ddpkit.rank_generator(x.device) when self.training")
+
+
+def _helper_draws(work: _Work, loop: Any, models: set[str], done: set[int], where: str) -> None:
+    """Noise a helper returns to the training loop, which feeds it to a model (InfoGAN's ``z = noise_sample(...)``):
+    a helper of this file has its draws given this rank's generator; one imported, whose body this file cannot
+    rewrite, is listed when its name says noise."""
+    fed = {n for c in loop.calls if dotted(c.node.func) in models for a in c.node.args for n in names_in(a.value)}
+    for call in loop.calls:
+        bound = {b.target for b in work.facts.bindings if call.node in (b.value, b.whole)}
+        if not bound & fed:
+            continue
+        target = flow.callee(work.facts, call)
+        if target is not None and not target[0].cls:
+            returned = {id(n) for scope, value in work.facts.returns if scope is target[0]
+                        for n in m.findall(value, m.Call())}
+            returned |= {id(n) for b in work.facts.bindings if b.scope is target[0] and b.value is not None and
+                         any(dotted(v) == b.target for scope, value in work.facts.returns if scope is target[0]
+                             for v in [value]) for n in m.findall(b.value, m.Call())}
+            for draw in (c for c in work.facts.calls if c.scope is target[0] and id(c.node) in returned):
+                if id(draw.node) in done or resolve(dotted(draw.node.func), work.facts.aliases) not in DRAWS or \
+                        any(a.keyword is not None and a.keyword.value == "generator" for a in draw.node.args):
+                    continue
+                done.add(id(draw.node))
+                _own_generator(work, draw, "the model", where)
+            continue
+        name = dotted(call.node.func) or ""
+        if target is None and imported_from(work.facts, name) is not None and id(call.node) not in done and \
+                any(w in name.rsplit(".", 1)[-1].lower() for w in ("noise", "latent", "random")):
+            done.add(id(call.node))
+            work.leave(call.line, f"{name}() of another module likely draws the noise the model is fed from torch's "
+                       f"generator, seeded alike on every rank ({where}): every rank would draw the same noise",
+                       "give its draws this rank's generator: generator=ddpkit.rank_generator(device) there")
 
 
 def _forward_draws(work: _Work, done: set[int]) -> list[Any]:

@@ -30,7 +30,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
-from ddpkit.commands.convert.crossing import EVAL, NOT_PASSED, STEP, TRAIN, Ask, Crossing, key
+from ddpkit.commands.convert.crossing import EVAL, NOT_PASSED, STEP, TRAIN, Ask, Crossing, key, want_of
 from ddpkit.commands.convert.scan import Call, Facts, Scope
 
 _Work = Any  # the plan in the making (plan._Work)
@@ -109,12 +109,8 @@ def answer(work: _Work) -> None:
 
 def _wanted(crossing: Crossing | None, kind: str = TRAIN) -> list[tuple[str, str, str]]:
     """(the want, the step's module, its function) for each step asked of this file as ``kind``."""
-    found = []
-    for want, wanted in crossing.wants.items() if crossing is not None else ():
-        module, _, rest = want.partition(":")
-        if rest.startswith(f"{STEP}:") and wanted == kind:
-            found.append((want, module, rest[len(STEP) + 1:]))
-    return found
+    return [(want, w.module, w.function) for want, wanted in (crossing.wants.items() if crossing is not None else ())
+            if wanted == kind and (w := want_of(want)) is not None and w.step]
 
 
 def _trained_loops(work: _Work) -> set[int]:

@@ -34,6 +34,7 @@ from ddpkit.commands.convert.batchmeans import (
     batch_mean,
     batch_size,
     loss_name,
+    mean_criterion,
     step_count,
     step_kind,
     stepped_losses,
@@ -84,10 +85,11 @@ def _local(facts: Facts, loop: Loop) -> set[str]:
 
 
 def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str] = frozenset(),
-               batches: frozenset[str] = frozenset(), shares: list[tuple[str, int]] | None = None) \
-        -> list[Reduction] | None:
+               batches: frozenset[str] = frozenset(), shares: list[tuple[str, int]] | None = None,
+               split: bool = True) -> list[Reduction] | None:
     """``batches``: the names of the loader's batch size when it is the global batch (``len(loader) * batch_size``
-    is then every sample); ``shares`` gets each training sum left rank 0's and the line that first reads it.
+    is then every sample); ``shares`` gets each training sum left rank 0's and the line that first reads it;
+    ``split``: each rank takes a share of the global batch (not a batch of its own, --per-process-batch).
     The :class:`Reduction` s to make; None: what follows the loop reads a local count this cannot reduce, or
     (evaluating) the loop may stop before its shard ends (``if i >= eval_iters: break``)."""
     if loop.breaks and not training:
@@ -122,7 +124,7 @@ def sums_after(facts: Facts, loop: Loop, training: bool, datasets: frozenset[str
         if training:
             kind = _training_sum(facts, loop, anchor, name, readers, local, samples,
                                  lambda d: sizes.dataset_size(facts, d, loop.scope, set(datasets), loaders, batches)
-                                 or bool(sizes.sampler_lens(d, loaders)))
+                                 or bool(sizes.sampler_lens(d, loaders)), split)
             if kind is None and shares is not None:  # rank 0's, as read: said where ``shares`` asks
                 # (read before the name is bound anew: ``data_ptr = 0`` after the loop starts another count)
                 anew = min((b.line for b in facts.bindings if b.target == name and b.scope is loop.scope and
@@ -223,7 +225,7 @@ def _only_printed(facts: Facts, loop: Loop, name: str) -> bool:
 
 
 def _training_sum(facts: Facts, loop: Loop, anchor: Loop, name: str, readers: list[Any], local: set[str],
-                  samples: set[str], whole: Any) -> str | None:
+                  samples: set[str], whole: Any, split: bool = True) -> str | None:
     """How a training loop's sum read after it is made every rank's: "sum" where what divides it counts every
     sample (``whole``: the dataset's size; or a sum of batch sizes, ``correct / total``), "mean" where it is
     divided by this rank's count of batches alone (``loss / (i + 1)``, ``/ n_batches``: every rank took as many),
@@ -241,7 +243,7 @@ def _training_sum(facts: Facts, loop: Loop, anchor: Loop, name: str, readers: li
     if not started or name in later:
         return "later" if started else None  # (a later loop's sum: reduced after it, not said here)
     divisors = [d for s in readers if s is not None for d in _divisors(s, name)]
-    if over_own_batch(facts, loop, name):  # (each term N times one process's: said rank 0's, never averaged)
+    if split and over_own_batch(facts, loop, name):  # (each term N times one process's: said, never averaged)
         return None
     if not divisors and batch_mean(facts, loop, name):  # (returned or printed whole: averaged, or summed with a
         return "sum"  # per-process batch, by :func:`~ddpkit.commands.convert.reductions.reductions`)
@@ -273,7 +275,9 @@ def over_own_batch(facts: Facts, loop: Loop, name: str) -> bool:
         right, line = value.right, _line_of(facts, loop, node)
         held = [b.value for b in facts.bindings if b.target == dotted(right) and b.scope is loop.scope and
                 loop.line < b.line <= line]
-        if (batch_size(right) or held and batch_size(held[-1])) and loss_name(value.left) in stepped_losses(loop):
+        loss = loss_name(value.left)  # (a mean criterion's: a summed loss over its batch is a per-sample mean)
+        if (batch_size(right) or held and batch_size(held[-1])) and loss in stepped_losses(loop) and loss and \
+                mean_criterion(facts, loop, loss):
             return True
     return False
 

@@ -363,8 +363,8 @@ def _listed(work: _Work, call: Call, value: str = "-100") -> None:
         f"{'s' if len(set(uses)) > 1 else ''} {', '.join(map(str, sorted(set(uses))))}), each a mean over its own " \
         "count: one batch_count weighs one of them, so give the others a criterion that ignores nothing (or weigh " \
         "each yourself)" if len(uses) > 1 else ""
-    stepped = next((c for c in work.facts.calls if dotted(c.node.func) in names and len(c.loops) > 1 and
-                    _over_range(c.loops[-1]) and flow.trains(work.facts, c.loops[-2])), None)
+    stepped = next((c for c in work.facts.calls if dotted(c.node.func) in names and c.loops and
+                    _over_range(c.loops[-1]) and _added_up(c) and _in_training(work, c)), None)
     if stepped is not None:  # (the chatbot tutorial's ``loss += criterion(out[:, t], y[:, t])`` per time step)
         work.leave(call.line, f"{call.last}: a mean over the tokens it does not ignore, added up over the time steps "
                    f"of the loop at line {stepped.loops[-1].line}, each step's over its own tokens: at N processes "
@@ -381,6 +381,23 @@ def _listed(work: _Work, call: Call, value: str = "-100") -> None:
                "tell the training loader what the loss averages over: ddpkit.data_loader(..., batch_count=lambda "
                f"batch: (labels != {value}).sum()), labels as the batch holds them (docs/global-batch.md, "
                "token-weighted losses); or keep it if the difference is acceptable")
+
+
+def _in_training(work: _Work, call: Call) -> bool:
+    """The loop over positions around ``call`` runs in a training loop: nested in one, or in a function a training
+    loop calls (ChatBotCHS's ``train_decode_step``, its ``for t in range(max_len)`` adding up each step's loss)."""
+    if len(call.loops) > 1:
+        return flow.trains(work.facts, call.loops[-2])
+    return any(site.loops and flow.trains(work.facts, site.loops[-1]) for site in flow.callers(work.facts, call.scope))
+
+
+def _added_up(call: Call) -> bool:
+    """``loss += criterion(...)`` in a loop over positions with no backward of its own: the steps' means are added
+    up into one loss (not truncated BPTT, each chunk stepping on its own)."""
+    inner = call.loops[-1]
+    adds = [a for a in m.findall(inner.node, m.AugAssign(operator=m.AddAssign()))
+            if any(n is call.node for n in m.findall(a, m.Call()))]
+    return bool(adds) and not any(c.last == "backward" for c in inner.calls)
 
 
 def _over_range(loop: Loop) -> bool:

@@ -20,7 +20,8 @@ import libcst as cst
 from ddpkit.commands.check.rules import RANK_WORDS
 from ddpkit.commands.convert import calledorder, order
 from ddpkit.commands.convert.flow import callers, in_body, visible
-from ddpkit.commands.convert.scan import Scope
+from ddpkit.commands.convert.names import dotted
+from ddpkit.commands.convert.scan import Scope, imported_from
 
 _Work = Any  # the plan in the making (plan._Work)
 
@@ -131,3 +132,25 @@ def in_main_block(module: cst.Module, stmt: Any) -> bool:
 def main_guard(test: str) -> bool:
     """``if __name__ == "__main__":``: every rank runs the script as its main module, so passes it."""
     return test.replace("'", '"').replace(" ", "") in ('__name__=="__main__"', '"__main__"==__name__')
+
+
+def read_elsewhere(work: _Work, call: Any) -> str | None:
+    """The function of another module of the project called next after the save, in the same loop (an epoch loop
+    over ``range``) under no ``if``: it may load what was saved (DANN's ``test(dataset, epoch)``). None where a
+    barrier after the save could be skipped by one rank."""
+    if [t for t in call.tests if not main_guard(t)] or called_in_branch(work, call.scope) or \
+            any(not (isinstance(lp.node, cst.For) and isinstance(lp.node.iter, cst.Call) and
+                     dotted(lp.node.iter.func) == "range") for lp in call.loops):
+        return None
+    for later in work.facts.calls:
+        name = dotted(later.node.func)
+        # (a function: ``test(...)``, ``evaluate.test(...)``; not a method of an object another module made,
+        # ``generator.eval()`` of ``from config import *``)
+        objects = {read.split(".")[0] for read, _, _, _ in work.facts.reads if "." in read}  # (``generator.eval()``)
+        function = "." not in name and name not in objects if name else False
+        function = function or bool(name) and str(name).rsplit(".", 1)[0] in work.facts.modules
+        if later.scope is call.scope and later.line > call.line and name and later.loops == call.loops and \
+                not [t for t in later.tests if not main_guard(t)] and function and \
+                imported_from(work.facts, name) is not None:
+            return name
+    return None

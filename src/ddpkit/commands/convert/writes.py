@@ -174,9 +174,8 @@ def _of_the_step(work: _Work, call: Call) -> str | None:
 def _to_a_path(work: _Work, call: Call) -> bool:
     """The write is a statement of its own (``report = df.to_json()`` returns the text: guarded, the other ranks
     would lack ``report``) and goes to a file: a path is given, and it is no in-memory buffer (``io.BytesIO``)."""
-    stmt = call.stmt
-    if stmt is None or len(stmt.body) != 1 or not isinstance(stmt.body[0], cst.Expr) or \
-            stmt.body[0].value is not call.node:
+    stmt = call.stmt  # (one of the statements of a ``;``-joined line too: said there, ``fig.savefig(p); plt.close()``)
+    if stmt is None or not any(isinstance(small, cst.Expr) and small.value is call.node for small in stmt.body):
         return False
     target = next((a.value for a in call.node.args if a.keyword is None or a.keyword.value in
                    ("fname", "fp", "file", "path", "path_or_buf")), None)
