@@ -28,11 +28,11 @@ from typing import Any
 import libcst as cst
 from libcst import matchers as m
 
-from ddpkit.commands.convert import bysplit, drawn, flagged, flow, handedin, handsize
+from ddpkit.commands.convert import bysplit, drawn, flow, handedin, handsize, sources
 from ddpkit.commands.convert.crossing import EVAL, TRAIN, Ask, key, returned
 from ddpkit.commands.convert.names import dotted, resolve, unpacked
 from ddpkit.commands.convert.reductions import reductions
-from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, Scope, imported_from
+from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, imported_from
 from ddpkit.commands.convert.sums import sums_after
 
 _Work = Any  # the plan in the making (plan._Work)
@@ -53,12 +53,12 @@ def imported_loader(work: _Work, line: int) -> bool:
     trained: dict[str, list[Loop]] = {}  # name -> the training loops over it
     looped: dict[str, list[Loop]] = {}  # name -> every loop over it
     for loop in work.facts.loops:
-        generated = _generated(work.facts, loop)
+        generated = sources.generated(work.facts, loop)
         for name in handedin.reads(work, loop) or ([generated[0]] if generated else []):
             imported = imported_from(work.facts, name) if not generated else None
             found = [generated[1]] if generated else [imported] if imported else \
                 _returned_by_import(work.facts, name, loop) or _attribute(work.facts, name, loop)
-            picked = _picked(work.facts, name, loop) if not found else []
+            picked = sources.picked(work.facts, name, loop) if not found else []
             if picked:  # ``data_loader = loader.train_loader if is_train else loader.test_loader``
                 for origin, trains in picked:
                     roles[origin] = roles.get(origin, False) or trains
@@ -231,73 +231,6 @@ def _sized_here(work: _Work, loops: list[Loop], built: str) -> None:
                            f"{sized} / N there", "size it from the batch (x.size(0)), or convert with "
                            "--per-process-batch (the global batch is then N x the batch), then convert again")
                 return
-
-
-def _generated(facts: Facts, loop: Loop) -> tuple[str, tuple[str, str]] | None:
-    """(the call as written, (the module, ``Data.batches()``)) of a ``for`` loop over what a generator of another
-    module of the project yields, called with no loader of this file (gandalf's ``for x in data.batches()``, where
-    ``data = Data(32)`` and ``batches`` yields its DataLoader's batches): asked as that function's value; None
-    otherwise.
-
-    >>> from ddpkit.commands.convert.scan import parse, scan
-    >>> facts = scan(parse("from data import Data\\nd = Data(8)\\nfor x in enumerate(d.batches()):\\n    pass\\n"))
-    >>> _generated(facts, facts.loops[0])
-    ('d.batches()', ('data', 'Data.batches()'))
-    """
-    made = loop.node.iter if isinstance(loop.node, cst.For) else None
-    while isinstance(made, cst.Call) and dotted(made.func) in WRAPPERS and made.args:
-        made = made.args[0].value  # (``enumerate(...)``, ``tqdm(...)``)
-    if not isinstance(made, cst.Call) or handedin.iterated(made):
-        return None
-    func = dotted(made.func)
-    origin = imported_from(facts, func) if func else None
-    if origin is None and isinstance(made.func, cst.Attribute):  # ``data.batches()`` of ``data = Data(32)``
-        held = flow.instance_class(facts, made.func.value, loop.scope, loop.line)
-        origin = (held[0], f"{held[1]}.{made.func.attr.value}") if held is not None else None
-    return (facts.code(made), (origin[0], returned(origin[1], -1))) if origin is not None else None
-
-
-WRAPPERS = ("enumerate", "tqdm", "tqdm.tqdm", "iter")
-
-
-def _picked(facts: Facts, name: str, loop: Loop) -> list[tuple[tuple[str, str], bool]]:
-    """Each branch of a loader picked by a conditional expression from the attributes of an imported class's
-    instance (generative-models' ``data_loader = loader.train_loader if is_train else loader.test_loader``, the
-    instance handed in as ``loader``), with whether the loop's step runs for it: every backward under ``if
-    is_train:`` trains on the first branch only; else the loop's role holds for both. [] when not such a pick."""
-    bound = flow.binding_of(facts, name, loop.scope, loop.line)
-    if bound is None or not isinstance(bound.value, cst.IfExp):
-        return []
-    trains = flow.trains(facts, loop)
-    steps = [c for c in loop.calls if c.last == "backward"]
-    test = facts.code(bound.value.test)
-    # (the step under ``if is_train:`` trains on the first branch; under ``if not is_eval:``, on the second)
-    body = all(test in c.tests for c in steps) if steps else None
-    orelse = all(f"not {test}" in c.tests for c in steps) if steps else None
-    if trains and not body and not orelse:
-        return []  # (which branch the step trains on cannot be told: not followed, as before)
-    found = []
-    for branch, taken in ((bound.value.body, bool(body)), (bound.value.orelse, bool(orelse))):
-        head, _, attr = (dotted(branch) or "").partition(".")
-        made = _instance(facts, head, bound.scope, bound.line) if attr and "." not in attr else None
-        if made is None:
-            return []
-        found.append(((made[0], f"{made[1]}().{attr}"), taken if trains else False))
-    return found
-
-
-def _instance(facts: Facts, head: str, scope: Scope, line: int) -> tuple[str, str] | None:
-    """(module, class) of the imported class's instance ``head`` names there: bound to it, or a parameter every
-    caller of this file passes one of them as (``train_validate(model, opt, loader, True)``)."""
-    held = flow.binding_of(facts, head, scope, line)
-    if held is None or held.value is not None or head not in scope.params:
-        return flow.instance_class(facts, cst.Name(head), scope, line)
-    made = set()
-    for site in flow.callers(facts, scope):
-        target = flow.callee(facts, site)
-        passed = flagged.argument_for(site, head, scope, target[1]) if target else None
-        made.add(flow.instance_class(facts, passed, site.scope, site.line) if passed is not None else None)
-    return made.pop() if len(made) == 1 else None
 
 
 def _source(facts: Facts, name: str, loop: Loop) -> Binding | None:
