@@ -300,15 +300,8 @@ def _sites(work: _Work, call: Call) -> dict[str, tuple[str, list[Loop]]]:
 def both_roles(work: _Work, call: Call) -> bool:
     """``call``'s function is returned as elements of a tuple, one trained on and one evaluated (``return
     self._make(train), self._make(test)``), with no argument that tells them apart (:func:`split` found none)."""
-    if _position(work, call) != -1:
-        return False
-    kinds: set[str] = set()
-    for site in flow.callers(work.facts, call.scope):
-        name, asked = _tuple_element(work, site)
-        read = [lp for b in (loaderuse.returned(work.facts, site) or []) if name is not None
-                for lp in flow.loops_reading(work.facts, b.target, b.scope, since=b)]
-        kinds |= set(asked) | ({TRAIN if any(flow.trains(work.facts, lp) for lp in read) else EVAL} if read else set())
-    return {TRAIN, EVAL} <= kinds
+    tupled = any(_tuple_element(work, site)[0] is not None for site in flow.callers(work.facts, call.scope))
+    return tupled and {TRAIN, EVAL} <= {kind for kind, _ in _sites(work, call).values()}
 
 
 def _tuple_element(work: _Work, site: Call) -> tuple[str | None, list[str]]:
