@@ -29,7 +29,7 @@ from ddpkit.commands.convert.batchmeans import stepped_losses
 from ddpkit.commands.convert.batchreads import forward_read, quiet_nodes, read_in_training
 from ddpkit.commands.convert.flow import DEPTH, argument_for, binding_of, callee
 from ddpkit.commands.convert.inits import node_ids
-from ddpkit.commands.convert.names import dotted, names_in
+from ddpkit.commands.convert.names import dotted, heads, names_in
 from ddpkit.commands.convert.scan import Call, Loop
 
 # the plan in the making (plan._Work): facts, edits, note, leave, keep, per_process_batch
@@ -158,7 +158,7 @@ def _shown_rates(work: _Work, names: set[str], loops: list[Loop]) -> None:
         # of the batch each rank takes; over B it is no count's rate: a course's ``(training_loss / n) / B``)
         losses = stepped_losses(loop)
         means = {b.target for b in work.facts.bindings if id(b.stmt) in node_ids(loop.node.body) and
-                 b.value is not None and {n.split(".")[0] for n in names_in(b.value)} & losses}
+                 b.value is not None and heads(b.value) & losses}
         for div in m.findall(loop.node.body, m.BinaryOperation(operator=m.Divide())):
             inside = node_ids(div.right) if isinstance(div, cst.BinaryOperation) else set()
             read = next(((name, line) for name, _scope, line, node in work.facts.reads
@@ -209,7 +209,7 @@ def _global_read(work: _Work, call: Call, size: cst.BaseExpression, name: str, s
     of ``size`` means something else there, or where an f-string's quotes would close around it."""
     facts, text = work.facts, work.facts.code(size)
     same = all(flow.binding_of(facts, root, scope, line) is flow.binding_of(facts, root, call.scope, call.line)
-               for root in {n.split(".")[0] for n in names_in(size)})
+               for root in heads(size))
     quotes = [f for f in m.findall(facts.module, m.FormattedString())
               if isinstance(f, cst.FormattedString) and id(node) in node_ids(f)]
     if quotes:  # ``f"...{config["bs"]}"``: before Python 3.12 the expression's ``"`` would close the string

@@ -25,7 +25,7 @@ from ddpkit.commands.convert import counted, flow, sizes
 from ddpkit.commands.convert.batchmeans import batch_size, loss_name, stepped_losses, summing
 from ddpkit.commands.convert.crossing import HANDED, key
 from ddpkit.commands.convert.flow import callee
-from ddpkit.commands.convert.names import dotted, names_in, unpacked
+from ddpkit.commands.convert.names import dotted, heads, names_in, unpacked
 from ddpkit.commands.convert.scan import Call, Loop
 from ddpkit.commands.convert.tokens import over_tokens
 
@@ -163,8 +163,7 @@ def step_loss_shown(work: _Work) -> None:
             # (a rebinding that reads the loss alone still holds it: the quickstart's ``loss, current = loss.item(),
             # (batch + 1) * len(X)``)
             named = [n for n in named if (b := flow.binding_of(work.facts, n, loop.scope, shown.line)) is not None
-                     and (b.line <= stepped or b.value is not None and {x.split(".")[0] for x in names_in(b.value)}
-                          == {n})]
+                     and (b.line <= stepped or b.value is not None and heads(b.value) == {n})]
             # (or kept after the loop, once an epoch: a/s02's ``losses.append(loss.item())``, then written)
             kept = shown.last == "append" and shown.line > loop.end
             if (shown.last in SHOWN or kept) and (named or also) and shown.line > first:
@@ -190,13 +189,13 @@ def _outputs(work: _Work, loop: Loop) -> set[str]:
     trained = [loop] + [lp for lp in work.facts.loops if loop in lp.outer and lp not in evaluations]
     batch = {n for lp in trained for n in flow.batch_names(work.facts, lp)}
     inside = [b for b in work.facts.bindings if b.scope is loop.scope and loop.line < b.line <= loop.end and
-              b.value is not None and b.target not in {n.split(".")[0] for n in names_in(b.value)} and
+              b.value is not None and b.target not in heads(b.value) and
               not any(lp.line <= b.line <= lp.end for lp in evaluations)]
     found = {b.target for b in inside if isinstance(b.value, cst.Call) and dotted(b.value.func) in models and
-             any({n.split(".")[0] for n in names_in(a.value)} & batch for a in b.value.args)}
+             any(heads(a.value) & batch for a in b.value.args)}
     for _ in range(2):  # (``out = D(x)``, ``score = out``, ``shown = score.mean().item()``)
         found |= {b.target for b in inside if "." not in b.target and
-                  {n.split(".")[0] for n in names_in(b.value)} & found}
+                  heads(b.value) & found}
     return found
 
 

@@ -59,6 +59,15 @@ def names_in(node: cst.CSTNode) -> set[str]:
     return found
 
 
+
+def heads(node: cst.CSTNode) -> set[str]:
+    """The first name of each dotted name read in an expression (``x.size(0) * self.k``: ``x``, ``self``).
+
+    >>> sorted(heads(cst.parse_expression("x.size(0) * self.k")))
+    ['self', 'x']
+    """
+    return {n.split(".")[0] for n in names_in(node)}
+
 def import_aliases(module: cst.Module) -> tuple[dict[str, str], list[cst.SimpleStatementLine], dict[str, str]]:
     """(local name -> dotted full name, the import lines, modules bound by ``import`` statements: as the script
     spells them -> their full names: ``import pkg.data`` gives ``pkg.data``, ``import pkg.data as d`` ``d``)."""

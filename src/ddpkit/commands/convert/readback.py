@@ -19,7 +19,7 @@ import libcst as cst
 
 from ddpkit.commands.convert import flow, order, paths
 from ddpkit.commands.convert.flow import binding_of, in_body
-from ddpkit.commands.convert.names import names_in
+from ddpkit.commands.convert.names import heads
 from ddpkit.commands.convert.paths import OPENERS
 from ddpkit.commands.convert.scan import Call
 from ddpkit.commands.convert.waits import branched, callers_apart, in_main_block, read_elsewhere, wait_before
@@ -86,7 +86,7 @@ def _pair(work: _Work, write: Call, read: Call, reads: list[Call]) -> bool:
 def _given(call: Call) -> bool:
     """The path ``call`` opens is a parameter of its function, or made from one."""
     path = paths.first_path(call)
-    return path is not None and bool({n.split(".")[0] for n in names_in(path)} & set(call.scope.params))
+    return path is not None and bool(heads(path) & set(call.scope.params))
 
 
 def _read_before_call(work: _Work, write: Call, read: Call) -> bool:
