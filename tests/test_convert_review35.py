@@ -146,3 +146,30 @@ def test_a_cuda_switch_of_the_options_named_is_cuda_is_a_device_set_up():
             '    optimizer.step()\n')
     p = plan(text)
     assert not p.refused and "ddpkit.init(cpu=not opt.is_cuda)" in p.text, (p.left, p.text)
+
+
+# review 36, on the fixes of review 35
+
+
+@pytest.mark.parametrize("pick, step", [("loader.test_loader if is_train else loader.train_loader",
+                                         "        if is_train:\n            pass\n        else:\n"),
+                                        ("loader.train_loader if is_train else loader.test_loader",
+                                         "        if not is_train:\n            pass\n        else:\n")])
+def test_a_pick_whose_step_sits_in_an_else_is_read_as_the_else(pick, step):
+    picker = PICKER.replace("loader.train_loader if is_train else loader.test_loader", pick).replace(
+        "        if is_train:\n", step)
+    text = _settled({"loaders.py": PICKED, "train.py": picker})["loaders.py"].text
+    # (either way the step runs for the training loader: it alone is sharded)
+    assert "ddpkit.data_loader(train_set" in text and "= DataLoader(test_set" in text, text
+
+
+def test_a_noise_helper_that_also_builds_a_fixed_validation_set_draws_alike_on_every_rank():
+    from test_convert_twentythird import NOISE
+    helper = "\n\ndef noise_sample(n_z, b):\n    return torch.randn(b, n_z)\n\n\nval = noise_sample(4, 64)\n"
+    assert "rank_generator" not in plan(NOISE.format(helper=helper)).text
+
+
+def test_a_librarys_noise_function_is_no_helper_of_the_project():
+    from test_convert_twentythird import NOISE
+    p = plan(NOISE.format(helper="from skimage.util import random_noise as noise_sample\n"))
+    assert not any("another module" in x.what for x in p.left), p.left

@@ -266,3 +266,56 @@ def test_what_a_property_a_cached_helper_or_a_helper_function_reads_is_still_com
     a, b = torch.zeros(4, 2), torch.ones(4, 2)
     for cls in (Mangled, Cached, Handed):
         assert fingerprint(cls(a)).tolist() != fingerprint(cls(b)).tolist(), cls.__name__
+
+
+def test_a_cached_property_an_alias_of_self_or_self_in_a_tuple_is_compared_and_len_self_is_not_a_reader():
+    """Review 36: ``functools.cached_property``, ``ds = self; ds.x[i]`` and ``load((self, i))`` let unseeded data
+    through; ``len(self)`` in ``__getitem__`` made every attribute count (a per-rank id list stopped the run)."""
+    import functools
+
+    import torch
+    from torch.utils.data import Dataset
+
+    from ddpkit.data.same import fingerprint
+
+    def load(pair):
+        return pair[0].x[pair[1]]
+
+    class Cached(Dataset):
+        def __init__(self, x):
+            self.x = x
+
+        def __len__(self):
+            return 4
+
+        @functools.cached_property
+        def rows(self):
+            return self.x
+
+        def __getitem__(self, i):
+            return self.rows[i]
+
+    class Alias(Cached):
+        def __getitem__(self, i):
+            ds = self
+            return ds.x[i]
+
+    class InTuple(Cached):
+        def __getitem__(self, i):
+            return load((self, i))
+
+    class Ids(Dataset):
+        def __init__(self, ids, labels):
+            self.data, self.labels = ids, labels
+
+        def __len__(self):
+            return len(self.data)
+
+        def __getitem__(self, i):
+            return i % len(self), self.labels[i]
+
+    a, b = torch.zeros(4, 2), torch.ones(4, 2)
+    for cls in (Cached, Alias, InTuple):
+        assert fingerprint(cls(a)).tolist() != fingerprint(cls(b)).tolist(), cls.__name__
+    labels = torch.arange(4)
+    assert fingerprint(Ids([3, 1, 2, 0], labels)).tolist() == fingerprint(Ids([0, 2, 1, 3], labels)).tolist()

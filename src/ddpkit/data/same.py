@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import inspect
 import math
@@ -107,8 +108,16 @@ def _hands_self(source: str) -> bool:
         tree = ast.parse(textwrap.dedent(source))
     except SyntaxError:
         return True
+    if any(isinstance(n, ast.Assign) and isinstance(n.value, ast.Name) and n.value.id == "self"
+           for n in ast.walk(tree)):
+        return True  # (``ds = self``: read under another name)
+    # (not a builtin that only measures or names it: ``len(self)``, ``isinstance(self, ...)``)
     return any(isinstance(a, ast.Name) and a.id == "self" for node in ast.walk(tree) if isinstance(node, ast.Call)
-               for a in [*node.args, *(k.value for k in node.keywords)])
+               and not (isinstance(node.func, ast.Name) and node.func.id in _MEASURES)
+               for arg in [*node.args, *(k.value for k in node.keywords)] for a in ast.walk(arg))
+
+
+_MEASURES = ("len", "isinstance", "type", "id", "hash", "repr", "str", "print", "super")
 
 
 def _function(member: Any) -> Any:
@@ -116,6 +125,8 @@ def _function(member: Any) -> Any:
     decorators that keep ``__wrapped__`` (``functools.lru_cache``); None for anything else."""
     if isinstance(member, property):
         member = member.fget
+    elif isinstance(member, functools.cached_property):
+        member = member.func
     elif isinstance(member, (staticmethod, classmethod)):
         member = member.__func__
     member = inspect.unwrap(member) if callable(member) else member

@@ -175,7 +175,7 @@ def _contradicted(call: Call, name: str) -> bool:
     ``phase='train'`` (yakunpku's ``create_dataloader``, one DataLoader a branch, each returned)."""
     params = [p for p in call.scope.params if p not in ("self", "cls")]
     passed = _strings(name, params, _defaults(call.scope.node))
-    for test, holds in _branches(call):
+    for test, holds in branches(call):
         for param, value in passed.items():
             compared = bykey.equals(test, param)
             # (in the ``if``'s body the test holds: the string must be one it compares to; in its ``else`` or
@@ -185,7 +185,7 @@ def _contradicted(call: Call, name: str) -> bool:
     return False
 
 
-def _branches(call: Call) -> list[tuple[str, bool]]:
+def branches(call: Call) -> list[tuple[str, bool]]:
     """Each ``if`` of ``call``'s function around it: (its test, whether ``call`` is in its body, where the test
     holds, rather than its ``else`` / ``elif``)."""
     code = cst.Module(body=[]).code_for_node

@@ -125,7 +125,10 @@ def _helper_draws(work: _Work, loop: Any, models: set[str], done: set[int], wher
         if not bound & fed:
             continue
         target = flow.callee(work.facts, call)
-        if target is not None and not target[0].cls:
+        # (only a helper no other line calls outside training: one that also builds a fixed validation set, or
+        # data, must draw alike on every rank there)
+        if target is not None and not target[0].cls and all(
+                site.loops and flow.trains(work.facts, site.loops[-1]) for site in flow.callers(work.facts, target[0])):
             returned = {id(n) for scope, value in work.facts.returns if scope is target[0]
                         for n in m.findall(value, m.Call())}
             returned |= {id(n) for b in work.facts.bindings if b.scope is target[0] and b.value is not None and
@@ -139,7 +142,8 @@ def _helper_draws(work: _Work, loop: Any, models: set[str], done: set[int], wher
                 _own_generator(work, draw, "the model", where)
             continue
         name = dotted(call.node.func) or ""
-        if target is None and imported_from(work.facts, name) is not None and id(call.node) not in done and \
+        origin = imported_from(work.facts, name) if target is None else None
+        if origin is not None and origin[0].split(".")[0] in work.facts.own and id(call.node) not in done and \
                 any(w in name.rsplit(".", 1)[-1].lower() for w in ("noise", "latent", "random")):
             done.add(id(call.node))
             work.leave(call.line, f"{name}() of another module likely draws the noise the model is fed from torch's "

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ddpkit.commands.convert import flagged, flow, handedin
+from ddpkit.commands.convert import bysplit, flagged, flow, handedin
 from ddpkit.commands.convert.crossing import returned
 from ddpkit.commands.convert.names import dotted
 from ddpkit.commands.convert.scan import Facts, Loop, Scope, imported_from
@@ -60,9 +60,12 @@ def picked(facts: Facts, name: str, loop: Loop) -> list[tuple[tuple[str, str], b
     trains = flow.trains(facts, loop)
     steps = [c for c in loop.calls if c.last == "backward"]
     test = facts.code(bound.value.test)
-    # (the step under ``if is_train:`` trains on the first branch; under ``if not is_eval:``, on the second)
-    body = all(test in c.tests for c in steps) if steps else None
-    orelse = all(f"not {test}" in c.tests for c in steps) if steps else None
+    # (the step in the body of ``if is_train:`` or the ``else`` of ``if not is_train:`` trains on the first branch;
+    # in the body of ``if not is_eval:`` or the ``else`` of ``if is_eval:``, on the second; the tests read per
+    # branch, an ``else`` being where its test does not hold)
+    sides = [{(t == test) == holds for t, holds in bysplit.branches(c) if t in (test, f"not {test}")} for c in steps]
+    body = bool(steps) and all(side == {True} for side in sides)
+    orelse = bool(steps) and all(side == {False} for side in sides)
     if trains and not body and not orelse:
         return []  # (which branch the step trains on cannot be told: not followed, as before)
     found = []
