@@ -313,10 +313,13 @@ def _returns_other(facts: Facts, value: cst.BaseExpression) -> bool:
 
 
 def _passes_items(value: cst.BaseExpression) -> bool:
-    """A value that hands on the loader's items: the name itself, or a call such as ``iter``, ``tqdm``,
-    ``enumerate`` over it (not ``len(loader)``, not ``loader.dataset``)."""
+    """A value that hands on the loader's items: the name itself, a split's entry of a dict of loaders, or a call
+    such as ``iter``, ``tqdm``, ``enumerate`` over it (not ``len(loader)``, not ``loader.dataset``)."""
     if isinstance(value, (cst.Name, cst.Attribute)):
         return True
+    if isinstance(value, cst.Subscript):  # ``train_loader = self.loaders['train']``: a dict's loader by its split
+        index = value.slice[0].slice if len(value.slice) == 1 else None
+        return isinstance(index, cst.Index) and isinstance(index.value, cst.SimpleString)
     return isinstance(value, cst.Call) and (dotted(value.func) or "").split(".")[-1] not in ("len", "list", "sum")
 
 

@@ -122,7 +122,8 @@ def _statement(work: _Work, target: str, stmt: cst.CSTNode, allowed: set[int]) -
     inits = [c for c in calls if _init(c, target, loading=True, facts=work.facts)] + _walks(work, stmt, target) + \
         [_Node(t) for t in _set_parts(stmt, target)] + [c for c in calls if sized_by(work, c, target)]
     fine = allowed | {i for c in inits for i in node_ids(c.node)} | \
-        {i for c in calls if c.name in HARMLESS for i in node_ids(c.node)} | _peeks(reads, calls, target)
+        {i for c in calls if c.name in HARMLESS for i in node_ids(c.node)} | _peeks(reads, calls, target) | \
+        _sizes(stmt)
     if any(id(r[3]) not in fine for r in reads):
         return "use"
     return "init" if inits else None
@@ -265,6 +266,28 @@ def _peeks(reads: list[Any], calls: list[Call], target: str) -> set[int]:
     return {i for name, _where, _line, node in reads if name.startswith(f"{target}.") and id(node) not in called
             and not name.endswith((".parameters", ".named_parameters", ".state_dict", ".modules", ".children"))
             for i in node_ids(node)}
+
+
+_SIZES = ("in_features", "out_features", "in_channels", "out_channels", "num_features", "embedding_dim",
+          "num_embeddings", "hidden_size", "shape")
+
+
+def _sizes(stmt: cst.CSTNode) -> set[int]:
+    """Values of ``n = ...`` that end in a layer's size (``next(l for l in model.classifier.children() if
+    isinstance(l, nn.Linear)).in_features``; ``list(model.fc.modules())[-1].weight.shape[1]``): a walk of the old
+    head that sizes the new one reads the model as a peek does, whatever it calls on the way."""
+    lines = [stmt] if isinstance(stmt, cst.SimpleStatementLine) else \
+        [n for n in m.findall(stmt, m.SimpleStatementLine()) if isinstance(n, cst.SimpleStatementLine)] \
+        if isinstance(stmt, cst.If) else []
+    found: set[int] = set()
+    for small in (s for line in lines for s in line.body):
+        value = small.value if isinstance(small, cst.Assign) and all(
+            isinstance(t.target, cst.Name) for t in small.targets) else None
+        while isinstance(value, cst.Subscript):
+            value = value.value
+        if isinstance(value, cst.Attribute) and value.attr.value in _SIZES:
+            found |= node_ids(value)
+    return found
 
 
 class _Node:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import os
+from collections.abc import Sequence
 
 # the calls that write a file (a mode that writes is checked for ``open``)
 WRITES = {"save", "savefig", "save_image", "imwrite", "imsave", "mimsave", "to_csv", "to_json", "dump", "savez",
@@ -26,20 +27,37 @@ LIMIT = 1 << 20  # a module larger than this is not read here (converting it tog
 def writers(script: str, modules: list[str], source: str) -> list[str]:
     """One sentence per name the script uses that a module of ``modules`` (paths relative to the script's folder)
     defines at its top level with a file write inside; [] when none."""
-    used = _names(source)
+    used, any_class = _names(source)
     root = os.path.dirname(os.path.abspath(script))
+    trees = [(rel, _tree(os.path.join(root, rel))) for rel in modules]
+    defined = [(rel, node) for rel, tree in trees for node in (tree.body if tree is not None else [])
+               if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
+    used |= {node.name for _, node in defined if any_class and isinstance(node, ast.ClassDef)}
+    used |= _bases(defined, used)
     found = []
-    for rel in modules:
-        tree = _tree(os.path.join(root, rel))
-        for node in tree.body if tree is not None else []:
-            if not isinstance(node, (ast.FunctionDef, ast.ClassDef)) or node.name not in used:
-                continue
+    for rel, node in defined:
+        if node.name in used:
             write = next((c for c in ast.walk(node) if isinstance(c, ast.Call) and _writes(c)), None)
             if write is not None:
                 what = "open(..., 'w')" if _name(write) == "open" else f"{_name(write)}(...)"
                 what = f"open(..., {_mode(write)!r})" if _name(write) == "open" else what
                 found.append(f"{node.name} ({rel}:{write.lineno}, {what}) writes a file from a module this "
                              "conversion does not read: every rank would write it")
+    return found
+
+
+def _bases(defined: Sequence[tuple[str, ast.stmt]], used: set[str]) -> set[str]:
+    """The classes of the modules that a used class of theirs derives from, at any depth (``class GCN(BasicModule)``
+    whose base's ``save()`` writes the checkpoint: ``model.save()`` runs the base's)."""
+    classes = {node.name: node for _, node in defined if isinstance(node, ast.ClassDef)}
+    found: set[str] = set()
+    todo = [name for name in used if name in classes]
+    while todo:
+        for base in classes[todo.pop()].bases:
+            name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", "")
+            if name in classes and name not in found | used:
+                found.add(name)
+                todo.append(name)
     return found
 
 
@@ -53,13 +71,22 @@ def _tree(path: str) -> ast.Module | None:
         return None
 
 
-def _names(source: str) -> set[str]:
+def _names(source: str) -> tuple[set[str], bool]:
+    """The names the script reads (``getattr(models, 'Net')``'s text among them), and whether it picks a class of an
+    imported module by a name it computes (``getattr(models, opt.model)``: any class of the modules may be the
+    model)."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return set()
+        return set(), False
+    imported = {(a.asname or a.name).split(".")[0] for n in ast.walk(tree)
+                if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}  # (``getattr(args, k)``: no module)
+    picks = [n.args[1] for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and
+             n.func.id == "getattr" and len(n.args) >= 2 and getattr(n.args[0], "id", None) in imported]
+    named = {p.value for p in picks if isinstance(p, ast.Constant) and isinstance(p.value, str)}
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | \
-        {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)} | named, \
+        any(not isinstance(p, ast.Constant) for p in picks)
 
 
 def _name(call: ast.Call) -> str:
