@@ -232,3 +232,23 @@ def test_the_rounding_floor_adds_no_tolerance_and_needs_a_repeatable_run():
     assert measure(one, many, [one, {"w": torch.full((100,), 2e-4, dtype=torch.float64)}, near],
                    (1e-5, 1e-4))["worst"] is None
     assert measure(one, many, [near, near, near], (1e-5, 1e-4)).get("unrepeatable")
+
+
+def test_a_failed_two_process_run_names_the_ranks_likely_cause(tmp_path):
+    """Set 23: verify's error for a 2-process run that failed on a tensor sized by the global batch named the line
+    and the exception only; the launcher's report, for the same run, gave the likely cause and its fix."""
+    (tmp_path / "fixed.py").write_text(
+        "import torch\nimport ddpkit\nstate = ddpkit.init(seed=0)\n"
+        "model = ddpkit.prepare_model(torch.nn.Linear(3, 1))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "ds = torch.utils.data.TensorDataset(torch.randn(32, 3, generator=torch.Generator().manual_seed(0)))\n"
+        "target = torch.zeros(8, 1)  # sized by the batch the script was written for\n"
+        "for (x,) in ddpkit.data_loader(ds, global_batch_size=8):\n"
+        "    loss = torch.nn.functional.mse_loss(model(x), target)\n"
+        "    opt.zero_grad()\n    loss.backward()\n    opt.step()\n")
+    r = run_cmd([sys.executable, "-m", "ddpkit", "verify", "--nproc", "2", "--steps", "2", "fixed.py"],
+                timeout=300, cwd=str(tmp_path))
+    errors = [line for line in r.stderr.splitlines() if line.startswith("ddpkit verify: error:")]
+    assert r.returncode != 0 and len(errors) == 1, r.stdout + r.stderr[-2000:]
+    assert "failed at fixed.py:9" in errors[0] and \
+        "likely cause: a tensor sized by the global batch (8) met this rank's batch (4" in errors[0], errors[0]

@@ -237,11 +237,14 @@ def same_micro_batches(shape: dict | None, world_sizes: list[int]) -> str | None
 
 def crash_line(run: str, script: str, output: str, nproc: int) -> str:
     """One line for a verify run that exited non-zero: the script's line, the exception, and why the run may fail
-    where the script alone does not (the one-process run takes N x the per-process batch).
+    where the script alone does not (the rank's own likely cause, as the launcher says it; the one-process run
+    takes N x the per-process batch).
 
     >>> out = "Traceback ...\\n  File \\"/x/t.py\\", line 12, in <module>\\nRuntimeError: tensor a (16) vs b (8)\\n"
     >>> crash_line("one-process run", "/x/t.py", out, 2)[:76]
     'the one-process run failed at t.py:12 (RuntimeError: tensor a (16) vs b (8))'
+    >>> crash_line("2-process run", "/x/t.py", out + "ddpkit: likely cause: a tensor sized by the batch\\n", 2)[74:]
+    '; likely cause: a tensor sized by the batch'
     """
     name = os.path.basename(script)
     paths = "|".join(re.escape(p) for p in {script, os.path.abspath(script)})  # not mytrain.py, nor torch's module.py
@@ -251,6 +254,9 @@ def crash_line(run: str, script: str, output: str, nproc: int) -> str:
     raised = next((line for line in reversed(tail) if re.match(r"^[\w.]+(Error|Exception|Exit|Interrupt)\b", line)),
                   tail[-1] if tail else "no output")
     line = f"the {run} failed at {where} ({raised[:300]})"
+    said = re.search(r"ddpkit: likely cause: (.+)", output)  # (the rank's own hint, as the launcher's report gives)
+    if said:
+        return f"{line}; likely cause: {said.group(1).strip()[:400]}"
     if run.startswith("one-process") and re.search(r"\bsize\b|\bshape\b", raised):
         line += (f"; verify's one-process run takes the {nproc} processes' global batch ({nproc} x the per-process "
                  "batch), so a tensor sized from a fixed batch size breaks there: size it from the batch "
