@@ -19,7 +19,7 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.commands.convert import flow, handedin
+from ddpkit.commands.convert import flow, handedin, returns
 from ddpkit.commands.convert.names import dotted
 from ddpkit.commands.convert.scan import Binding, Loop
 
@@ -74,12 +74,8 @@ def _made(work: _Work, bound: Binding | None) -> cst.BaseExpression | None:
     target = flow.callee(work.facts, made) if made is not None else None
     if target is None:
         return None
-    for scope, value in work.facts.returns:
-        if scope is not target[0] or not isinstance(value, cst.Tuple) or bound.index >= len(value.elements):
-            continue
-        element = value.elements[bound.index].value
-        held = flow.binding_of(work.facts, dotted(element) or "", scope, 1 << 30) \
-            if dotted(element) else None
+    for element in returns.at(work.facts, target[0], bound.index):
+        held = flow.binding_of(work.facts, dotted(element) or "", target[0], 1 << 30) if dotted(element) else None
         return held.value if held is not None else element
     return None
 

@@ -28,7 +28,7 @@ from typing import Any
 import libcst as cst
 from libcst import matchers as m
 
-from ddpkit.commands.convert import bysplit, drawn, flow, handedin, handsize, sources
+from ddpkit.commands.convert import bysplit, drawn, flow, handedin, handsize, returns, sources
 from ddpkit.commands.convert.crossing import EVAL, TRAIN, Ask, key, returned
 from ddpkit.commands.convert.names import dotted, resolve, unpacked
 from ddpkit.commands.convert.reductions import reductions
@@ -304,12 +304,8 @@ def _through_own(facts: Facts, call: cst.Call, binding: Binding) -> tuple[str, s
     if made is None or target is None:
         return None
     scope, skip = target
-    for where, value in facts.returns:
-        elements = unpacked(value)
-        if where is not scope or not elements or binding.index >= len(elements) or \
-                binding.index < 0 and len(elements) > 1:  # (``return []``: nothing to follow)
-            continue
-        name = dotted(elements[max(binding.index, 0)])
+    for element in returns.at(facts, scope, binding.index):  # (``return a, b`` bound whole: no name to follow)
+        name = dotted(element)
         held = flow.binding_of(facts, name, scope, 1 << 30) if name else None
         inner = held.whole if held is not None else None
         origin = imported_from(facts, dotted(inner.func) or "") if isinstance(inner, cst.Call) else None

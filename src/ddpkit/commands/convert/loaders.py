@@ -23,25 +23,23 @@ from ddpkit.commands.convert import (
     batchreads,
     bykey,
     bysplit,
+    decided,
     drawn,
-    feeds,
-    flow,
     handedin,
     handsize,
     imported,
     loaderuse,
     roles,
-    stepped,
-    trained,
 )
 from ddpkit.commands.convert.apply import LOADER_PARAMETERS, loader_call
 from ddpkit.commands.convert.crossing import NOT_PASSED, TRAIN
+from ddpkit.commands.convert.decided import uses_ddpkit
 from ddpkit.commands.convert.flow import callers, loops_reading
 from ddpkit.commands.convert.loaderuse import LOADER
 from ddpkit.commands.convert.names import dotted, unpacked
 from ddpkit.commands.convert.reductions import reductions
 from ddpkit.commands.convert.roles import peek, roles_said
-from ddpkit.commands.convert.scan import Call, Facts, Loop, imported_from
+from ddpkit.commands.convert.scan import Call, Loop, imported_from
 
 # the plan in the making (plan._Work): facts, edits, note, leave
 _Work = Any
@@ -51,19 +49,40 @@ _Work = Any
 def loaders(work: _Work) -> None:
     """Every DataLoader: a training or an evaluation one, by what its loops do; refused where batches are fed
     by hand."""
-    built = [c for c in work.facts.calls if c.name == LOADER]
+    built = _demos(work, [c for c in work.facts.calls if c.name == LOADER])
+    # (batch.py's reading of a loop, handed in: batch.py asks handsize.py what another file's loop reads)
+    handsize.ask(work, lambda names, loops, call: batchreads.read_in_training(work, names, loops, call))
+    built, training = _handed(work, built)
+    for_others = False  # (a loader converted for another module's loop, not this file's)
+    for call in list(built):
+        trains, for_other, unused = _one(work, call, built)
+        training, for_others = training or trains, for_others or for_other
+        built = [c for c in built if c is not call] if unused else built
+    for call in [c for c in work.facts.calls if c.name == "ddpkit.data_loader" and not _evaluating(c)]:
+        # (made one by hand, the fix a line named: another module's loop over it is fed, as by one converted here)
+        work.done.extend(n for n in bysplit.asked(work, call) if work.crossing.wants[n] == TRAIN)
+    work.trains = training
+    decided.check(work, built, training, for_others)
+
+
+def _demos(work: _Work, built: list[Call]) -> list[Call]:
+    """``built`` less a module's demo loaders (``if __name__ == "__main__":``), which never run when another file of
+    the project imports it; a block that trains is the script's own training (an entry that a sibling imports for
+    its model), not a demo."""
     main = [c for c in work.facts.calls if any("__name__" in t and "__main__" in t for t in c.tests)]
-    # a module's demo (``if __name__ == "__main__":``) never runs when it is imported; a block that trains is the
-    # script's own training (an entry that a sibling imports for its model), not a demo
     if work.crossing.imported and not any(c.last == "backward" for c in main):
         demos = [c for c in built if any(c is d for d in main)]
         for call in demos:
             work.keep(call.line, "a DataLoader under if __name__ == '__main__' left as it is", "another file of the "
                       "project imports this module: the block is its demo, which never runs then")
         built = [c for c in built if c not in demos]
-    # (batch.py's reading of a loop, handed in: batch.py asks handsize.py what another file's loop reads)
-    handsize.ask(work, lambda names, loops, call: batchreads.read_in_training(work, names, loops, call))
-    training = for_others = False  # (for_others: a loader converted for another module's loop, not this file's)
+    return built
+
+
+def _handed(work: _Work, built: list[Call]) -> tuple[list[Call], bool]:
+    """The loaders this file hands to another module: to a training loop (trained on there: converted), to an
+    evaluation (kept whole); ``built`` less those decided here, and whether one is trained on."""
+    training = False
     handed = handedin.passed(work, lambda binding: imported.origin_of(work.facts, binding))
     for _, made, _ in handed:  # what this file hands to another module's training loop: trained on there
         for call in made:
@@ -87,112 +106,67 @@ def loaders(work: _Work) -> None:
                 f"the DataLoader {held.name}[{held.key!r}]" if held is not None else ""
             work.keep(call.line, f"{shown} left as it is", "another module of the "
                       "project evaluates what this file hands it: each rank reads all of it, which is right")
-    for call in built:
-        if bysplit.converted(call.node, work.facts.module):  # a split written already: its whole side stays
-            continue
-        wanted = _wanted(work, call)
-        split = bysplit.split(work, call)
-        if split is None and bysplit.both_roles(work, call):
-            work.leave(call.line, f"one DataLoader line builds both a training and an evaluation loader "
-                       f"({call.scope.name}() is called for each, and returned as one of a tuple), and no argument "
-                       "of those calls tells them apart: sharded for training, the evaluation would read padded "
-                       "shards", "give the function an argument that differs between the two calls (shuffle=True "
-                       "for the training one only, or train=True / False), or build the evaluation loader with a "
-                       "DataLoader line of its own, then convert again", blocks=True)
-            continue
-        if split is not None:  # one factory, every split: the string decides (bysplit.py)
-            training |= bysplit.by_split(work, call, split, _loader)
-            for_others |= not split.loops  # (trained on in another module: this file's handed-in loops still ask)
-            continue
-        held_trains = bysplit.by_key(work, call, _loader)
-        if held_trains is not None:  # held in a dict by its split's string: the keys trained on decide (bykey.py)
-            training |= held_trains
-            continue
-        if wanted is not None and work.crossing.wants[wanted] == TRAIN:  # another module trains on it (a project)
-            training |= _loader(work, call, "train")
-            for_others = True
-            work.done.extend(bysplit.asked(work, call))  # (each split's ask: the evaluating one learns it is sharded)
-            continue
-        keyed = imported.keyed(work, call, built) if wanted is None else None
-        if keyed is not None and keyed[1] == TRAIN:  # the one that shuffles, of a dict of loaders asked for
-            training |= _loader(work, call, "train")
-            work.done.append(keyed[0])
-            continue
-        if keyed is not None and not keyed[1]:
-            work.leave(call.line, f"another module of the project trains on {keyed[0]}, and which of the "
-                       f"DataLoaders of {call.scope.name}() that key holds is not followed (told by shuffle=True "
-                       "when exactly one shuffles, written out)", "make the training loader the only one built with "
-                       "shuffle=True, or build it in a function of its own, then convert again", blocks=True)
-            continue
-        if keyed is not None:
-            work.keep(call.line, f"the DataLoader {keyed[0]} holds left as it is", "another module of the project "
-                      f"trains on the one {call.scope.name}() returns under the training key: each rank reads all of "
-                      "this one, which is right for an evaluation")
-            continue
-        if wanted is None and loaderuse.beside_asked(work, call):  # returned beside an asked loader, trained on by none
-            work.keep(call.line, "a DataLoader a function returns beside the one asked for, left as it is",
-                      "no module of the project trains on it: where it is read, each rank reads all of it, which is "
-                      "right for an evaluation")
-            continue
-        if wanted is not None:  # another module's loop reads it, and does not train
-            name = bysplit.base(wanted)
-            shown = f"{name} = DataLoader(...)" if "(" not in name or "()." in name else \
-                f"the DataLoader {name} returns"
-            work.keep(call.line, f"{shown} left as it is", "another module of the project "
-                      "loops over it without training: each rank reads all of it, which is right for an evaluation "
-                      "(ddpkit.data_loader(..., train=False) and a ddpkit.reduce of the sums there would share it)")
-            continue
-        if loaderuse.unused(work, call):
-            built = [c for c in built if c is not call]
-            continue
-        training |= _loader(work, call)
-    for call in [c for c in work.facts.calls if c.name == "ddpkit.data_loader" and not _evaluating(c)]:
-        # (made one by hand, the fix a line named: another module's loop over it is fed, as by one converted here)
-        work.done.extend(n for n in bysplit.asked(work, call) if work.crossing.wants[n] == TRAIN)
-    work.trains = training
-    for call in handedin.passed_to_evaluate(work):  # a training loader another module evaluates: its shard only
-        if id(call.node) in work.sharded:
-            work.leave(call.line, "this training loader is also handed to another module's evaluation, which would "
-                       "evaluate only this rank's shard, with nothing summing the ranks' results", "evaluate on a "
-                       "loader of its own (ddpkit.data_loader(dataset, batch_size, train=False)), or ddpkit.reduce("
-                       "...) the sums there, then convert again", blocks=True)
-            break
-    # once every loader is decided: an evaluation whose sums are reduced for one loader, also handed one left
-    # unsharded (imported plain, kept plain for its stored results, not a DataLoader): that one's would count N times
-    for loop in work.reduced:
-        plain = feeds.unsharded_feed(work, loop)
-        if plain is not None and plain[2]:
-            work.leave(loop.line, f"the evaluation loop here runs over {plain[0]} (line {plain[1]}), which "
-                       f"{plain[2]}() builds with the same DataLoader line as the training loader: one line cannot "
-                       "be both a sharded training loader and a whole evaluation one", f"build the evaluation loader "
-                       f"with a DataLoader line of its own, in a function other than {plain[2]}(), then "
-                       "convert again", blocks=True)
-            break
-        if plain is not None:
-            work.leave(loop.line, f"the evaluation loop here also runs over {plain[0]} (line {plain[1]}), a loader "
-                       "left unsharded: with its sums reduced across ranks, that one's would count N times",
-                       "make that loader a ddpkit.data_loader(..., train=False) where it is built, or evaluate it "
-                       "in a function of its own, then convert again", blocks=True)
-            break
-    backward = [c for c in work.facts.calls if c.last == "backward"]
-    training |= any(c.name == "ddpkit.data_loader" for c in work.facts.calls)
-    fors = [lp for lp in work.facts.loops if isinstance(lp.node, cst.For)]
-    if not backward and not built and fors and not uses_ddpkit(work.facts):  # an evaluation of another's loader
-        imported.imported_loader(work, fors[0].line)
-    if not backward and not built and not uses_ddpkit(work.facts):
-        _trained_elsewhere(work)
-    if backward and (not training or for_others) and built and not uses_ddpkit(work.facts) and \
-            not any(callers(work.facts, c.scope) for c in backward):  # none feeds this, and no call here does:
-        handedin.handed_in(work, backward[0].line)  # (d2l's ``train(net, loader, optimizer)``: its callers' loader)
-    if backward and not training and not built and not uses_ddpkit(work.facts):  # (ddpkit: by hand)
-        if imported.imported_loader(work, backward[0].line) or _subclassed(work, backward[0].line) or \
-                handedin.handed_in(work, backward[0].line) or stepped.asks(work, backward):
-            return
-        work.leave(backward[0].line, "the training batches do not come from a torch DataLoader (fed by hand): "
-                   "each rank would train on all of them", "build them with a Dataset and a DataLoader, then "
-                   "convert again; or split them by state.rank yourself (docs/guide.md); a full-batch training "
-                   "(one graph, one tensor, each step over all of it) has nothing to split: run it as one process",
-                   blocks=True)
+    return built, training
+
+
+def _one(work: _Work, call: Call, built: list[Call]) -> tuple[bool, bool, bool]:
+    """One DataLoader this file builds, decided: whether it is trained on, whether for another module's loop, and
+    whether nothing reads it (dropped from ``built``)."""
+    if bysplit.converted(call.node, work.facts.module):  # a split written already: its whole side stays
+        return False, False, False
+    wanted = _wanted(work, call)
+    split = bysplit.split(work, call)
+    if split is None and bysplit.both_roles(work, call):
+        work.leave(call.line, f"one DataLoader line builds both a training and an evaluation loader "
+                   f"({call.scope.name}() is called for each, and returned as one of a tuple), and no argument "
+                   "of those calls tells them apart: sharded for training, the evaluation would read padded "
+                   "shards", "give the function an argument that differs between the two calls (shuffle=True "
+                   "for the training one only, or train=True / False), or build the evaluation loader with a "
+                   "DataLoader line of its own, then convert again", blocks=True)
+        return False, False, False
+    if split is not None:  # one factory, every split: the string decides (bysplit.py)
+        # (for another module's loop when trained on there: this file's handed-in loops still ask)
+        return bysplit.by_split(work, call, split, _loader), not split.loops, False
+    held_trains = bysplit.by_key(work, call, _loader)
+    if held_trains is not None:  # held in a dict by its split's string: the keys trained on decide (bykey.py)
+        return held_trains, False, False
+    if wanted is not None and work.crossing.wants[wanted] == TRAIN:  # another module trains on it (a project)
+        trains = _loader(work, call, "train")
+        work.done.extend(bysplit.asked(work, call))  # (each split's ask: the evaluating one learns it is sharded)
+        return trains, True, False
+    keyed = imported.keyed(work, call, built) if wanted is None else None
+    if keyed is not None and keyed[1] == TRAIN:  # the one that shuffles, of a dict of loaders asked for
+        trains = _loader(work, call, "train")
+        work.done.append(keyed[0])
+        return trains, False, False
+    if keyed is not None and not keyed[1]:
+        work.leave(call.line, f"another module of the project trains on {keyed[0]}, and which of the "
+                   f"DataLoaders of {call.scope.name}() that key holds is not followed (told by shuffle=True "
+                   "when exactly one shuffles, written out)", "make the training loader the only one built with "
+                   "shuffle=True, or build it in a function of its own, then convert again", blocks=True)
+        return False, False, False
+    if keyed is not None:
+        work.keep(call.line, f"the DataLoader {keyed[0]} holds left as it is", "another module of the project "
+                  f"trains on the one {call.scope.name}() returns under the training key: each rank reads all of "
+                  "this one, which is right for an evaluation")
+        return False, False, False
+    if wanted is None and loaderuse.beside_asked(work, call):  # returned beside an asked loader, trained on by none
+        work.keep(call.line, "a DataLoader a function returns beside the one asked for, left as it is",
+                  "no module of the project trains on it: where it is read, each rank reads all of it, which is "
+                  "right for an evaluation")
+        return False, False, False
+    if wanted is not None:  # another module's loop reads it, and does not train
+        name = bysplit.base(wanted)
+        shown = f"{name} = DataLoader(...)" if "(" not in name or "()." in name else \
+            f"the DataLoader {name} returns"
+        work.keep(call.line, f"{shown} left as it is", "another module of the project "
+                  "loops over it without training: each rank reads all of it, which is right for an evaluation "
+                  "(ddpkit.data_loader(..., train=False) and a ddpkit.reduce of the sums there would share it)")
+        return False, False, False
+    if loaderuse.unused(work, call):
+        return False, False, True
+    return _loader(work, call), False, False
+
 
 def _held_in_return(work: _Work, binding: Any) -> bool:
     """``binding``'s loader is returned by its function, which no line of this file calls, inside a dict or a nested
@@ -214,52 +188,6 @@ def _evaluating(call: Call) -> bool:
     """``ddpkit.data_loader(..., train=False)``: an evaluation's loader."""
     return any(a.keyword is not None and a.keyword.value == "train" and dotted(a.value) != "True"
                for a in call.node.args)
-
-
-def _subclassed(work: _Work, line: int) -> bool:
-    """The training loop reads a loader of the script's own DataLoader subclass (pytorch-template's
-    ``BaseDataLoader``): not batches fed by hand, but a class convert does not rewrite (its ``__init__`` may
-    split, sample or batch the data itself). Refused, saying so, with the fix."""
-    classes = loaderuse.loader_classes(work.facts.module, work.facts.aliases)
-    built = {b.target: b for b in work.facts.bindings if isinstance(b.value, cst.Call) and
-             dotted(b.value.func) in classes}
-    for loop in work.facts.loops:
-        found = sorted(loop.iter_names & set(built))
-        if found and flow.trains(work.facts, loop):
-            name, cls = found[0], dotted(built[found[0]].value.func)
-            work.leave(built[name].line, f"the training batches come from {name} = {cls}(...), a subclass of "
-                       "DataLoader of the script's own: convert does not rewrite a subclass (its __init__ may split, "
-                       "sample or batch the data itself), and as it is every rank reads every batch", "build the "
-                       f"training loader with ddpkit.data_loader(dataset, global_batch_size=B, ...) where {cls}(...) "
-                       "is called (what the subclass adds goes in the Dataset or a collate_fn), then convert again",
-                       blocks=True)
-            return True
-    return False
-
-
-def _trained_elsewhere(work: _Work) -> None:
-    """An optimizer made here and handed, with its model, to a function of a module this conversion does not read,
-    called for itself (Dive-into-DL's lessons: ``sys.path.append("..")``, then ``d2l.train_ch5(net, train_iter,
-    test_iter, batch_size, optimizer, ...)``): its training loop, and the loader it runs over, are there,
-    unconverted: every rank would train on every batch. Said, not passed over. (Not a scheduler made from it.)"""
-    made = {b.target for b in work.facts.bindings if isinstance(b.value, cst.Call) and
-            any(c.node is b.value and trained.optimizer(c) for c in work.facts.calls)}
-    models = {b.target for b in work.models}
-    for call in work.facts.calls:
-        func = dotted(call.node.func)
-        origin = imported_from(work.facts, func) if func else None
-        passed = {dotted(a.value) for a in call.node.args}
-        alone = call.stmt is not None and len(call.stmt.body) == 1 and isinstance(call.stmt.body[0], cst.Expr) and \
-            call.stmt.body[0].value is call.node  # (``scheduler = Warmup(opt)``: a wrapper, its value kept)
-        if origin is None or origin[0].split(".")[0] in work.facts.own or not passed & made or \
-                not passed & models or not alone:
-            continue
-        work.leave(call.line, f"the training runs in {func}() of {origin[0]}, a module this conversion does not read "
-                   "(not beside the script, or converted without --imports): its loop and the loader it reads stay "
-                   "as they are, and every rank would train on every batch", "convert them together (ddpkit convert "
-                   f"--imports SCRIPT, with {origin[0]} in the script's folder), or make its loader a "
-                   "ddpkit.data_loader(dataset, global_batch_size=B) there yourself")
-        return
 
 
 def _wanted(work: _Work, call: Call) -> str | None:
@@ -432,8 +360,3 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
 
 def _same(node: cst.Call) -> cst.Call:
     return node
-
-
-def uses_ddpkit(facts: Facts) -> bool:
-    """The script imports ddpkit (under any name): a hand-written ddpkit script's plain loaders are its choice."""
-    return any(full == "ddpkit" or full.startswith("ddpkit.") for full in facts.aliases.values())

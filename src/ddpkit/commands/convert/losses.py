@@ -21,11 +21,11 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.check.rules import OPTIMIZERS
-from ddpkit.commands.convert import counted, flow, sizes
+from ddpkit.commands.convert import counted, flow, returns, sizes
 from ddpkit.commands.convert.batchmeans import batch_size, loss_name, stepped_losses, summing
 from ddpkit.commands.convert.crossing import HANDED, key
 from ddpkit.commands.convert.flow import callee
-from ddpkit.commands.convert.names import dotted, heads, names_in, unpacked
+from ddpkit.commands.convert.names import dotted, heads, names_in
 from ddpkit.commands.convert.scan import Call, Loop
 from ddpkit.commands.convert.tokens import over_tokens
 
@@ -210,12 +210,8 @@ def _stepped_by_helper(work: _Work, loop: Loop) -> set[str]:
             continue
         backed = {dotted(c.node.func.value) for c in work.facts.calls if c.scope is target[0] and
                   c.last == "backward" and isinstance(c.node.func, cst.Attribute)} - {None}
-        for where, value in work.facts.returns:
-            elements = unpacked(value)
-            element = elements[b.index] if where is target[0] and 0 <= b.index < len(elements) else \
-                value if where is target[0] and b.index < 0 else None
-            if element is not None and loss_name(element) in backed:
-                found.add(b.target)
+        if any(loss_name(element) in backed for element in returns.at(work.facts, target[0], b.index)):
+            found.add(b.target)
     return found
 
 

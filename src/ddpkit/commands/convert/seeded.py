@@ -26,7 +26,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from ddpkit.commands.convert import flow
+from ddpkit.commands.convert import flow, returns
 from ddpkit.commands.convert.apply import add_keyword
 from ddpkit.commands.convert.gradpen import double_grads
 from ddpkit.commands.convert.names import dotted, names_in, resolve
@@ -129,11 +129,8 @@ def _helper_draws(work: _Work, loop: Any, models: set[str], done: set[int], wher
         # data, must draw alike on every rank there)
         if target is not None and not target[0].cls and all(
                 site.loops and flow.trains(work.facts, site.loops[-1]) for site in flow.callers(work.facts, target[0])):
-            returned = {id(n) for scope, value in work.facts.returns if scope is target[0]
-                        for n in m.findall(value, m.Call())}
-            returned |= {id(n) for b in work.facts.bindings if b.scope is target[0] and b.value is not None and
-                         any(dotted(v) == b.target for scope, value in work.facts.returns if scope is target[0]
-                             for v in [value]) for n in m.findall(b.value, m.Call())}
+            returned = {id(n) for whole in returns.at(work.facts, target[0], -1)
+                        for value in returns.through(work.facts, target[0], whole) for n in m.findall(value, m.Call())}
             for draw in (c for c in work.facts.calls if c.scope is target[0] and id(c.node) in returned):
                 if id(draw.node) in done or resolve(dotted(draw.node.func), work.facts.aliases) not in DRAWS or \
                         any(a.keyword is not None and a.keyword.value == "generator" for a in draw.node.args):

@@ -1,0 +1,126 @@
+"""What ``ddpkit convert`` checks once every loader of a file is decided (:mod:`.loaders`): a training loader
+also handed to another module's evaluation (which would evaluate this rank's shard); an evaluation whose sums are
+reduced over a loader also left whole (counted N times); and a training loop whose batches come from no loader
+converted here: another module's (asked there), a DataLoader subclass of the script's own, a function of a module
+this conversion does not read, or batches fed by hand, each said or refused with its fix.
+
+Example::
+
+    >>> from ddpkit.commands.convert.plan import plan
+    >>> p = plan("import torch\\nx = torch.randn(8, 2)\\nfor i in range(3):\\n    x.sum().backward()\\n")
+    >>> [x.what[:60] for x in p.left]
+    ['the training batches do not come from a torch DataLoader (fe']
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libcst as cst
+
+from ddpkit.commands.convert import feeds, flow, handedin, imported, loaderuse, stepped, trained
+from ddpkit.commands.convert.flow import callers
+from ddpkit.commands.convert.names import dotted
+from ddpkit.commands.convert.scan import Call, Facts, imported_from
+
+# the plan in the making (plan._Work): facts, edits, note, leave
+_Work = Any
+
+
+def check(work: _Work, built: list[Call], training: bool, for_others: bool) -> None:
+    """The checks above, once ``training`` (a loader of this file is trained on) and ``for_others`` (one is
+    converted for another module's loop) are known; ``built``: the DataLoaders this file makes and reads."""
+    for call in handedin.passed_to_evaluate(work):  # a training loader another module evaluates: its shard only
+        if id(call.node) in work.sharded:
+            work.leave(call.line, "this training loader is also handed to another module's evaluation, which would "
+                       "evaluate only this rank's shard, with nothing summing the ranks' results", "evaluate on a "
+                       "loader of its own (ddpkit.data_loader(dataset, batch_size, train=False)), or ddpkit.reduce("
+                       "...) the sums there, then convert again", blocks=True)
+            break
+    # once every loader is decided: an evaluation whose sums are reduced for one loader, also handed one left
+    # unsharded (imported plain, kept plain for its stored results, not a DataLoader): that one's would count N times
+    for loop in work.reduced:
+        plain = feeds.unsharded_feed(work, loop)
+        if plain is not None and plain[2]:
+            work.leave(loop.line, f"the evaluation loop here runs over {plain[0]} (line {plain[1]}), which "
+                       f"{plain[2]}() builds with the same DataLoader line as the training loader: one line cannot "
+                       "be both a sharded training loader and a whole evaluation one", f"build the evaluation loader "
+                       f"with a DataLoader line of its own, in a function other than {plain[2]}(), then "
+                       "convert again", blocks=True)
+            break
+        if plain is not None:
+            work.leave(loop.line, f"the evaluation loop here also runs over {plain[0]} (line {plain[1]}), a loader "
+                       "left unsharded: with its sums reduced across ranks, that one's would count N times",
+                       "make that loader a ddpkit.data_loader(..., train=False) where it is built, or evaluate it "
+                       "in a function of its own, then convert again", blocks=True)
+            break
+    backward = [c for c in work.facts.calls if c.last == "backward"]
+    training |= any(c.name == "ddpkit.data_loader" for c in work.facts.calls)
+    fors = [lp for lp in work.facts.loops if isinstance(lp.node, cst.For)]
+    if not backward and not built and fors and not uses_ddpkit(work.facts):  # an evaluation of another's loader
+        imported.imported_loader(work, fors[0].line)
+    if not backward and not built and not uses_ddpkit(work.facts):
+        _trained_elsewhere(work)
+    if backward and (not training or for_others) and built and not uses_ddpkit(work.facts) and \
+            not any(callers(work.facts, c.scope) for c in backward):  # none feeds this, and no call here does:
+        handedin.handed_in(work, backward[0].line)  # (d2l's ``train(net, loader, optimizer)``: its callers' loader)
+    if backward and not training and not built and not uses_ddpkit(work.facts):  # (ddpkit: by hand)
+        if imported.imported_loader(work, backward[0].line) or _subclassed(work, backward[0].line) or \
+                handedin.handed_in(work, backward[0].line) or stepped.asks(work, backward):
+            return
+        work.leave(backward[0].line, "the training batches do not come from a torch DataLoader (fed by hand): "
+                   "each rank would train on all of them", "build them with a Dataset and a DataLoader, then "
+                   "convert again; or split them by state.rank yourself (docs/guide.md); a full-batch training "
+                   "(one graph, one tensor, each step over all of it) has nothing to split: run it as one process",
+                   blocks=True)
+
+
+def _subclassed(work: _Work, line: int) -> bool:
+    """The training loop reads a loader of the script's own DataLoader subclass (pytorch-template's
+    ``BaseDataLoader``): not batches fed by hand, but a class convert does not rewrite (its ``__init__`` may
+    split, sample or batch the data itself). Refused, saying so, with the fix."""
+    classes = loaderuse.loader_classes(work.facts.module, work.facts.aliases)
+    built = {b.target: b for b in work.facts.bindings if isinstance(b.value, cst.Call) and
+             dotted(b.value.func) in classes}
+    for loop in work.facts.loops:
+        found = sorted(loop.iter_names & set(built))
+        if found and flow.trains(work.facts, loop):
+            name, cls = found[0], dotted(built[found[0]].value.func)
+            work.leave(built[name].line, f"the training batches come from {name} = {cls}(...), a subclass of "
+                       "DataLoader of the script's own: convert does not rewrite a subclass (its __init__ may split, "
+                       "sample or batch the data itself), and as it is every rank reads every batch", "build the "
+                       f"training loader with ddpkit.data_loader(dataset, global_batch_size=B, ...) where {cls}(...) "
+                       "is called (what the subclass adds goes in the Dataset or a collate_fn), then convert again",
+                       blocks=True)
+            return True
+    return False
+
+
+def _trained_elsewhere(work: _Work) -> None:
+    """An optimizer made here and handed, with its model, to a function of a module this conversion does not read,
+    called for itself (Dive-into-DL's lessons: ``sys.path.append("..")``, then ``d2l.train_ch5(net, train_iter,
+    test_iter, batch_size, optimizer, ...)``): its training loop, and the loader it runs over, are there,
+    unconverted: every rank would train on every batch. Said, not passed over. (Not a scheduler made from it.)"""
+    made = {b.target for b in work.facts.bindings if isinstance(b.value, cst.Call) and
+            any(c.node is b.value and trained.optimizer(c) for c in work.facts.calls)}
+    models = {b.target for b in work.models}
+    for call in work.facts.calls:
+        func = dotted(call.node.func)
+        origin = imported_from(work.facts, func) if func else None
+        passed = {dotted(a.value) for a in call.node.args}
+        alone = call.stmt is not None and len(call.stmt.body) == 1 and isinstance(call.stmt.body[0], cst.Expr) and \
+            call.stmt.body[0].value is call.node  # (``scheduler = Warmup(opt)``: a wrapper, its value kept)
+        if origin is None or origin[0].split(".")[0] in work.facts.own or not passed & made or \
+                not passed & models or not alone:
+            continue
+        work.leave(call.line, f"the training runs in {func}() of {origin[0]}, a module this conversion does not read "
+                   "(not beside the script, or converted without --imports): its loop and the loader it reads stay "
+                   "as they are, and every rank would train on every batch", "convert them together (ddpkit convert "
+                   f"--imports SCRIPT, with {origin[0]} in the script's folder), or make its loader a "
+                   "ddpkit.data_loader(dataset, global_batch_size=B) there yourself")
+        return
+
+
+def uses_ddpkit(facts: Facts) -> bool:
+    """The script imports ddpkit (under any name): a hand-written ddpkit script's plain loaders are its choice."""
+    return any(full == "ddpkit" or full.startswith("ddpkit.") for full in facts.aliases.values())
