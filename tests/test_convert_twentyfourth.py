@@ -115,3 +115,117 @@ def test_getattr_of_a_computed_name_on_no_module_reads_no_class(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("for k in vars(args):\n    print(k, getattr(args, k))\n")
     assert unread.writers(str(script), ["nets.py"], script.read_text()) == []
+
+
+HANDMADE = '''import torch
+import ddpkit
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def unroll(model, x, y):
+    loss = 0
+    for t in range(y.size(1)):
+        loss += torch.nn.functional.mse_loss(model(x)[:, t], y[:, t])
+    return loss
+
+
+data = TensorDataset(torch.randn(64, 6), torch.randn(64, 3))
+loader = {loader}
+model = torch.nn.Linear(6, 3)
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+for epoch in range(2):
+    recent = []
+    total = 0.0
+    for x, y in loader:
+        opt.zero_grad()
+        loss = unroll(model, x, y)
+        recent.append(loss.item())
+        total += loss.item()
+        loss.backward()
+        opt.step()
+    print(epoch, sum(recent) / len(recent), total)
+'''
+
+
+def test_a_hand_made_training_loader_gets_what_a_converted_one_gets():
+    """Set 23's chatbot (c/s04) after its named fix: the training loader written by hand as
+    ``ddpkit.data_loader(..., global_batch_size=16)``, the rest as it was. Convert then said nothing of the loop's
+    per-step loss list or its sums (the plain DataLoader form said the list is this rank's and reduced the sum):
+    the printed average was rank 0's, unsaid."""
+    from ddpkit.commands.convert.plan import plan
+
+    plain = plan(HANDMADE.format(loader="DataLoader(data, batch_size=16, shuffle=True)"))
+    by_hand = plan(HANDMADE.format(loader="ddpkit.data_loader(data, global_batch_size=16, shuffle=True)"))
+    said = sorted((x.line, x.what) for x in plain.kept + plain.left)
+    assert said and sorted((x.line, x.what) for x in by_hand.kept + by_hand.left) == said, (said, by_hand.kept)
+    assert by_hand.text.count("ddpkit.reduce") == plain.text.count("ddpkit.reduce"), by_hand.text
+    again = plan(by_hand.text)  # (its own output: nothing new)
+    assert again.text == by_hand.text and not again.left, again.text
+
+
+def test_one_helper_for_both_loaders_bound_to_names_before_the_return_is_refused_with_that_cause():
+    """Review 36: ``train_loader = self._make(train); test_loader = self._make(test); return train_loader,
+    test_loader`` (the tuple of the calls themselves was refused right): the test loader was sharded for
+    training and its sum reduced over padded shards, nothing said."""
+    from test_convert_twentythird import LOADERS, USE, _settled
+
+    loaders = LOADERS.replace("def _make(self, dataset, shuffle):", "def _make(self, dataset):").replace(
+        "shuffle=shuffle)", "shuffle=True)").replace(
+        "        return self._make(train, shuffle=True), self._make(test, shuffle=False)\n",
+        "        train_loader = self._make(train)\n        test_loader = self._make(test)\n"
+        "        return train_loader, test_loader\n")
+    assert "return train_loader, test_loader" in loaders
+    main = USE.format(head="import torch\nfrom data import Loaders\ntrain_loader, test_loader = Loaders(32).get()")
+    plans = _settled({"data.py": loaders, "main.py": main})
+    said = [x for x in plans["data.py"].left if "both a training and an evaluation loader" in x.what]
+    assert said and said[0].blocks, plans["data.py"].left
+
+
+STAGES = {
+    "stages.py": "import importlib\n\nstep = importlib.import_module('fit')\nfor stage in range(2):\n    step.main()\n",
+    "fit.py": '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import store
+
+
+def main():
+    net = torch.nn.Linear(4, 1)
+    store.restore(net, "last.pt")
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    data = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8, shuffle=True)
+    for x, y in data:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(net(x), y).backward()
+        opt.step()
+    store.keep(net, "last.pt")
+
+
+if __name__ == "__main__":
+    main()
+''',
+    "store.py": '''import os
+
+import torch
+
+
+def keep(net, path):
+    torch.save(net.state_dict(), path)
+
+
+def restore(net, path):
+    if os.path.exists(path):
+        net.load_state_dict(torch.load(path))
+''',
+}
+
+
+def test_a_module_run_through_importlib_may_run_its_main_again():
+    """Review 36: a sweep running ``fit.main()`` stage after stage through ``importlib.import_module("fit")``, each
+    stage restoring the last one's save: no file imported fit.py by name, so its ``main()`` was taken to run once and
+    the save-then-restore barrier line was dropped (a rank could restore a half-written file)."""
+    from test_convert_twentythird import _settled
+
+    plans = _settled(STAGES)
+    said = [x for x in plans["store.py"].left if "before rank 0 has written it" in x.what]
+    assert said, [(x.line, x.what) for x in plans["store.py"].left + plans["store.py"].kept]

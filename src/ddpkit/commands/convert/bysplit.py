@@ -287,8 +287,9 @@ def _sites(work: _Work, call: Call) -> dict[str, tuple[str, list[Loop]]]:
     for n, site in enumerate(flow.callers(work.facts, call.scope)):
         bound = [b for b in work.facts.bindings if (b.index == index and b.whole is site.node if index >= 0 else
                                                     b.value is site.node)]  # (``a, b = f(x), f(y)``: each)
-        name, asked = _tuple_element(work, site) if index == -1 and not bound else (None, [])
-        if name is not None and not asked and not loaderuse.returned(work.facts, site):
+        # (``return self._make(a), self._make(b)``, or each bound to a name first: other modules' asks)
+        name, asked = _tuple_element(work, site) if index == -1 else (None, [])
+        if name is not None and not asked and not bound and not loaderuse.returned(work.facts, site):
             continue  # (an element nothing reads, here or elsewhere)
         bound = bound or loaderuse.returned(work.facts, site) or []
         read = [lp for b in bound for lp in flow.loops_reading(work.facts, b.target, b.scope, since=b)]
@@ -307,11 +308,17 @@ def both_roles(work: _Work, call: Call) -> bool:
 def _tuple_element(work: _Work, site: Call) -> tuple[str | None, list[str]]:
     """What ``site`` (a call of the loader's function) is returned as, one of a tuple (``return self._make(train,
     True), self._make(test, False)``: ``Loaders.get()[0]``), and the kinds other modules ask of it; (None, [])
-    when it is no element of a returned tuple."""
+    when it is no element of a returned tuple. Also through a name bound to it first (``train_loader =
+    self._make(train)``, then ``return train_loader, test_loader``)."""
+    bound = {b.target for b in work.facts.bindings if b.value is site.node and b.scope is site.scope}
+
+    def mine(element: cst.BaseExpression) -> bool:
+        return element is site.node or dotted(element) in bound
     for scope, value in work.facts.returns:
         elements = unpacked(value)
-        if len(elements) > 1 and any(e is site.node for e in elements):
-            name = returned(scope.name, next(i for i, e in enumerate(elements) if e is site.node))
+        if len(elements) > 1 and any(mine(e) for e in elements) and \
+                (scope is site.scope or any(e is site.node for e in elements)):
+            name = returned(scope.name, next(i for i, e in enumerate(elements) if mine(e)))
             return name, [kind for n, kind in work.crossing.wants.items() if base(n) == name]
     return None, []
 

@@ -258,7 +258,12 @@ def key(module: str, name: str) -> str:
 def _imported(source: str, package: str = "", exported: dict[str, str] | None = None) -> set[str]:
     """Every module a file imports by name (``import a.b``, ``from a import b``: ``a``, ``a.b``; ``from .m import
     x`` in ``package``: ``package.m``, ``package.m.x``), and where a package's ``__init__.py`` takes a name from
-    (``exported``: ``pkg.X`` -> ``pkg.mod.X`` adds ``pkg.mod``)."""
+    (``exported``: ``pkg.X`` -> ``pkg.mod.X`` adds ``pkg.mod``); also one named by a string to
+    ``importlib.import_module`` (a sweep that runs ``train.main()`` again and again).
+
+    >>> sorted(_imported("import importlib\\nrun = importlib.import_module('train')\\n"))
+    ['importlib', 'train']
+    """
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -274,10 +279,20 @@ def _imported(source: str, package: str = "", exported: dict[str, str] | None = 
                 found.update(f"{module}.{alias.name}" for alias in node.names)
             elif node.level == 1 and not package:  # ``from . import data`` at the root
                 found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) and \
+                isinstance(node.args[0].value, str) and _dynamic(node.func):  # (a sweep's ``import_module("train")``)
+            found.add(node.args[0].value.removesuffix(".py").replace("/", "."))
     for name, source in (exported or {}).items():  # (a package imported runs its init, which imports these)
         if name in found or name.rpartition(".")[0] in found:
             found.update({source.rpartition(".")[0], source})
     return found
+
+
+def _dynamic(func: ast.expr) -> bool:
+    """A call that imports or runs a module named by a string: ``importlib.import_module``, ``__import__``,
+    ``runpy.run_module`` / ``run_path``."""
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    return name in ("import_module", "__import__", "run_module", "run_path")
 
 
 def _names_in(source: str) -> frozenset[str]:

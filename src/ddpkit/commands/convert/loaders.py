@@ -25,6 +25,7 @@ from ddpkit.commands.convert import (
     bysplit,
     decided,
     drawn,
+    flow,
     handedin,
     handsize,
     imported,
@@ -61,8 +62,21 @@ def loaders(work: _Work) -> None:
     for call in [c for c in work.facts.calls if c.name == "ddpkit.data_loader" and not _evaluating(c)]:
         # (made one by hand, the fix a line named: another module's loop over it is fed, as by one converted here)
         work.done.extend(n for n in bysplit.asked(work, call) if work.crossing.wants[n] == TRAIN)
+        _by_hand(work, call)
     work.trains = training
     decided.check(work, built, training, for_others)
+
+
+def _by_hand(work: _Work, call: Call) -> None:
+    """A training ``ddpkit.data_loader`` written by hand in a script convert has not run on (no model prepared, no
+    sum reduced: the named fix of a loader line, the rest as it was): its loops' sums and per-step lists are
+    this rank's, reduced or said as a converted loader's are. A script written with ddpkit is left to its author."""
+    if any(c.name in ("ddpkit.prepare_model", "ddpkit.reduce") for c in work.facts.calls):
+        return
+    binding = next((b for b in work.facts.bindings if b.value is call.node), None)
+    loops = loops_reading(work.facts, binding.target, binding.scope, since=binding) if binding is not None else []
+    if any(flow.trains(work.facts, loop) for loop in loops):
+        reductions(work, loops, call, True)
 
 
 def _demos(work: _Work, built: list[Call]) -> list[Call]:
