@@ -229,3 +229,480 @@ def test_a_module_run_through_importlib_may_run_its_main_again():
     plans = _settled(STAGES)
     said = [x for x in plans["store.py"].left if "before rank 0 has written it" in x.what]
     assert said, [(x.line, x.what) for x in plans["store.py"].left + plans["store.py"].kept]
+
+
+ONE_LOOP = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def run_epoch(model, loader, optimiser=None):
+    hits = seen = 0
+    for x, y in loader:
+        out = model(x)
+        loss = torch.nn.functional.cross_entropy(out, y)
+        if optimiser is not None:
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+        hits += (out.argmax(1) == y).sum().item()
+        seen += y.numel()
+    return hits / seen
+
+
+model = torch.nn.Linear(6, 3)
+opt = torch.optim.SGD(model.parameters(), lr=0.3)
+train_loader = DataLoader(TensorDataset(torch.randn(48, 6), torch.randint(0, 3, (48,))), batch_size=8, shuffle=True)
+dev_loader = DataLoader(TensorDataset(torch.randn(24, 6), torch.randint(0, 3, (24,))), batch_size=8)
+best = 0.0
+for epoch in range(20):
+    run_epoch(model, train_loader, opt)
+    acc = run_epoch(model, dev_loader{dev})
+    if acc <= best:
+        break
+    best = acc
+'''
+
+
+@pytest.mark.parametrize("dev", [", None", "", ", optimiser=None"])
+def test_an_evaluation_through_the_training_function_handed_no_optimizer_is_said(dev):
+    """Set 24's seq2seq (c/s03): ``run_epoch(model, dev_loader, None)``, whose step runs under ``if optimiser is
+    not None:``. The dev loader was sharded as a training loader with nothing said, and the early stop on each
+    rank's half of the dev set sent the ranks out of the epoch loop at different epochs."""
+    from ddpkit.commands.convert.plan import plan
+
+    result = plan(ONE_LOOP.format(dev=dev))
+    said = [x for x in result.left if x.line == 22 and "step switched off" in x.what]
+    assert said, [(x.line, x.what) for x in result.left]
+
+
+PHASES = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def fit(net, loaders, opt, epochs=2):
+    for epoch in range(epochs):
+        for phase in ("train", "val"):
+            net.train(phase == "train")
+            loss_sum, right = 0.0, 0
+            for x, y in loaders[phase]:
+                opt.zero_grad()
+                with torch.set_grad_enabled(phase == "train"):
+                    out = net(x)
+                    loss = torch.nn.functional.cross_entropy(out, y)
+                    if phase == "train":
+                        loss.backward()
+                        opt.step()
+                loss_sum += loss.item() * x.size(0)
+                right += (out.argmax(1) == y).sum().item()
+            print(epoch, phase, loss_sum / len(loaders[phase].dataset), right / len(loaders[phase].dataset))
+
+
+tr = TensorDataset(torch.randn(48, 5), torch.randint(0, 2, (48,)))
+va = TensorDataset(torch.randn(20, 5), torch.randint(0, 2, (20,)))
+train_loader = DataLoader(tr, batch_size=8, shuffle=True)
+val_loader = DataLoader(va, batch_size=8)
+loaders = {"train": train_loader, "val": val_loader}
+net = torch.nn.Linear(5, 2)
+fit(net, loaders, torch.optim.Adam(net.parameters()))
+'''
+
+
+def test_named_loaders_put_in_a_dict_by_phase_get_the_phase_loops_sums_reduced():
+    """Set 24's lesson series (b/s02): the transfer-learning tutorial's loop over ``dataloaders[phase]``, the loaders
+    bound to names first and then put in the dict. The training loader was sharded by its name's role, the phase
+    loop never found: its sums stayed each rank's (the printed train loss and accuracy about half, the best epoch
+    picked per rank), and the val loader was said to have no loop in this file."""
+    from ddpkit.commands.convert.plan import plan
+
+    result = plan(PHASES)
+    assert "ddpkit.data_loader(tr, global_batch_size=8, shuffle=True)" in result.text, result.text
+    assert "val_loader = DataLoader(va, batch_size=8)" in result.text, result.text
+    assert "loss_sum = ddpkit.reduce(loss_sum) if phase == 'train' else loss_sum" in result.text, result.text
+    assert not [x for x in result.kept if "whose loop is not in this file" in x.what], result.kept
+
+
+def test_a_named_loader_also_looped_by_its_name_is_no_dict_entry():
+    from ddpkit.commands.convert.plan import plan
+
+    """Read by its own name too (the lesson's last test loop): no entry of the dict alone, as before."""
+    text = PHASES + "hits = 0\nwith torch.no_grad():\n    for x, y in val_loader:\n" \
+        "        hits += (net(x).argmax(1) == y).sum().item()\nprint(hits)\n"
+    result = plan(text)
+    assert result.text.count("ddpkit.data_loader(tr") == 1 and "hits = ddpkit.reduce(hits)" in result.text, \
+        result.text
+
+
+BEST = '''import torch
+import ddpkit
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def train(net, loader, epochs):
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    best = None
+    for epoch in range(epochs):
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(net(x), y).backward()
+            opt.step()
+        if best is None or epoch % 2 == 0:
+            torch.save(net.state_dict(), "best.pth")
+        ddpkit.barrier()
+
+
+loader = DataLoader(TensorDataset(torch.randn(32, 3), torch.randn(32, 1)), batch_size=8, shuffle=True)
+net = torch.nn.Linear(3, 1)
+train(net, loader, 3)
+net.load_state_dict(torch.load("best.pth"))
+'''
+
+
+def test_the_scripts_own_barrier_after_a_branched_save_in_a_training_function_is_seen():
+    """Set 24's CIFAR recipe (a/s01) after its named fix: ``ddpkit.barrier()`` in the epoch loop right after the
+    best model's guarded save, the read after the training function returns; convert still said "put
+    ddpkit.barrier() after the save" (it saw a script's own barrier after other writes, not after torch.save)."""
+    from ddpkit.commands.convert.plan import plan
+
+    result = plan(BEST)
+    assert not [x for x in result.left if "barrier" in x.what + x.fix], [(x.line, x.what) for x in result.left]
+    unwaited = plan(BEST.replace("        ddpkit.barrier()\n", ""))
+    assert [x.line for x in unwaited.left if "barrier" in x.fix] == [15], unwaited.left
+
+
+METER = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+from tqdm import tqdm
+
+
+class AvgMeter:
+    def __init__(self):
+        self.total, self.n, self.avg = 0.0, 0, 0.0
+
+    def add(self, value, n=1):
+        self.total += value * n
+        self.n += n
+        self.avg = self.total / self.n
+
+
+net = torch.nn.Linear(5, 2)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(64, 5), torch.randint(0, 2, (64,))), batch_size=16, shuffle=True)
+for epoch in range(2):
+    meter = AvgMeter()
+    bar = tqdm(loader)
+    for x, y in bar:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(x), y)
+        loss.backward()
+        opt.step()
+        meter.add(loss.item(), x.size(0))
+        bar.set_postfix({"loss": meter.avg})
+print(meter.avg)
+'''
+
+
+def test_a_meter_fed_by_add_and_shown_in_the_bar_is_said_and_its_mean_after_the_loop_reduced():
+    """Set 24's CIFAR recipe (a/s01): ``loss_meter.add(loss.item(), n)`` each step (an ``AvgMeter``, fed by ``add``
+    rather than ``update``) shown in the bar's postfix: rank 0's running share on screen, nothing said."""
+    from ddpkit.commands.convert.plan import plan
+
+    result = plan(METER)
+    assert [x.line for x in result.kept if "shows the meter meter" in x.what] == [28], result.kept
+    assert "ddpkit.reduce(meter.avg, op='mean')" in result.text, result.text
+
+
+STEPS = '''import numpy as np
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+net = torch.nn.Linear(6, 1)
+opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+crit = torch.nn.MSELoss()
+
+
+def step(x, y):
+    opt.zero_grad()
+    {loss}
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+loader = DataLoader(TensorDataset(torch.randn(64, 6), torch.randn(64, 1)), batch_size=16, shuffle=True)
+for epoch in range(2):
+    history = []
+    for x, y in loader:
+        history.append(step(x, y))
+    print(epoch, np.array(history).mean())
+'''
+
+
+def test_a_list_of_what_a_training_step_returns_is_averaged_step_by_step():
+    """Set 24's LSGAN (a/s02): ``d_loss.append(self.train_discriminator(...))``, the step returning
+    ``loss.item()``: the epoch's mean loss was printed from rank 0's halves, only "printed once" said (the same
+    list filled with ``loss.item()`` in the loop itself was averaged across ranks)."""
+    from ddpkit.commands.convert.plan import plan
+
+    result = plan(STEPS.format(loss="loss = crit(net(x), y)"))
+    assert "history = ddpkit.reduce(torch.tensor(history, dtype=torch.float64), op='mean').tolist()" in \
+        result.text, result.text
+
+
+def test_a_list_of_a_training_steps_loss_of_unknown_reduction_is_said():
+    from ddpkit.commands.convert.plan import plan
+
+    result = plan(STEPS.format(loss="real, fake = crit(net(x), y), crit(net(-x), y)\n    loss = real + fake"))
+    assert "ddpkit.reduce(torch.tensor(history" not in result.text, result.text
+    assert [x.line for x in result.kept if "history keeps this rank's loss step by step" in x.what] == [23], \
+        [(x.line, x.what) for x in result.kept]
+
+
+CLEAN = '''import os
+import shutil
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+os.makedirs("run", exist_ok=True)
+net = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+for x, y in DataLoader(TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,))), batch_size=4, shuffle=True):
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(net(x), y).backward()
+    opt.step()
+torch.save(net.state_dict(), "run/net.pth")
+copy = torch.nn.Linear(4, 2)
+copy.load_state_dict(torch.load("run/net.pth"))
+if os.path.exists("run"):
+    shutil.rmtree("run")
+    print("removed")
+'''
+
+
+def test_a_clean_up_after_the_reads_waits_for_every_rank_before_and_after():
+    """Set 24's lesson 14 (b/s05): the folder read back, then removed under ``if os.path.exists(d):`` with a print
+    beside the removal. Convert guarded the removal, listed a barrier "after it", and rank 0 removed the folder
+    while rank 1 still loaded from it (FileNotFoundError): the named fix did not help."""
+    from ddpkit.commands.convert.plan import plan
+
+    result = plan(CLEAN)
+    lines = result.text.splitlines()
+    at = lines.index('if os.path.exists("run"):')
+    assert lines[at - 1] == "ddpkit.barrier()" and lines[at + 1] == "    if ddpkit.init().is_main:", result.text
+    assert lines[at + 4] == "ddpkit.barrier()", result.text
+    assert not [x for x in result.left if "rmtree" in x.what], result.left
+
+
+HANDED_CRITERION = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def fit(net, loader, opt, criterion, epochs=2):
+    for epoch in range(epochs):
+        running = 0.0
+        for x, y in loader:
+            opt.zero_grad()
+            loss = criterion(net(x), y)
+            loss.backward()
+            opt.step()
+            running += loss.item()
+        running = running / len(loader)
+        print(epoch, running)
+
+
+net = torch.nn.Linear(4, 2)
+data = DataLoader(TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,))), batch_size=8, shuffle=True)
+fit(net, data, torch.optim.Adam(net.parameters()), {criterion})
+'''
+
+
+@pytest.mark.parametrize("criterion, averaged", [
+    ("torch.nn.CrossEntropyLoss()", True),
+    ("torch.nn.CrossEntropyLoss(reduction='sum')", False),
+])
+def test_a_criterion_handed_to_the_training_function_is_read_where_it_is_made(criterion, averaged):
+    """Set 24's LSTM lesson and course project (b/s03, b/s04): ``train_loss / len(train_loader)`` in a training
+    function whose criterion is a parameter was only named ("cannot tell what it adds up"); the same lines with the
+    criterion bound at the top were averaged across ranks."""
+    from ddpkit.commands.convert.plan import plan
+
+    result = plan(HANDED_CRITERION.format(criterion=criterion))
+    assert ("running = ddpkit.reduce(running, op='mean')" in result.text) == averaged, result.text
+
+
+TWO_SAVES = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+net = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8, shuffle=True)
+
+
+def train(epochs):
+    for epoch in range(epochs):
+        for x, y in loader:
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(net(x), y).backward()
+            opt.step()
+        if epoch == 1:
+            torch.save(net.state_dict(), "best.pth")
+        torch.save(net.state_dict(), "last.pth")
+
+
+train(3)
+net.load_state_dict(torch.load("best.pth"))
+'''
+
+
+def test_a_save_of_another_file_than_the_one_read_owes_no_barrier():
+    """Set 24's CIFAR recipe (a/s01): the latest checkpoint saved each epoch beside the best one, only
+    ``best.pth`` read after training; both saves were said to need a barrier ("maybe the one saved here")."""
+    from ddpkit.commands.convert.plan import plan
+
+    result = plan(TWO_SAVES)
+    assert [x.line for x in result.left if "barrier" in x.fix] == [16], [(x.line, x.what) for x in result.left]
+
+
+PREDICT = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def predict(net, data):
+    loader = DataLoader(data, batch_size=len(data), shuffle=False)
+    with torch.no_grad():
+        for x, _ in loader:
+            return net(x).argmax(1)
+
+
+net = torch.nn.Linear(6, 3)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+train = TensorDataset(torch.randn(32, 6), torch.randint(0, 3, (32,)))
+for x, y in DataLoader(train, batch_size=8, shuffle=True):
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(net(x), y).backward()
+    opt.step()
+print(len(predict(net, TensorDataset(torch.randn(50, 6), torch.zeros(50)))))
+'''
+
+
+def test_an_evaluation_that_returns_from_inside_its_loop_keeps_its_loader_whole():
+    """Set 24's Fashion-MNIST project (c/s05): ``predict()`` loads the whole test set as one batch and returns its
+    argmax from inside the loop; made a sharded ``train=False`` loader, rank 0 wrote 25 of the 50 predictions."""
+    from ddpkit.commands.convert.plan import plan
+
+    result = plan(PREDICT)
+    assert "loader = DataLoader(data, batch_size=len(data), shuffle=False)" in result.text, result.text
+    assert [x.line for x in result.kept if "returns from inside the loop" in x.what], result.kept
+
+
+WRAPPED_LOSS = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Runner:
+    def __init__(self, net):
+        self.net, self.loss_function = net, torch.nn.functional.cross_entropy
+
+    def fit(self, opt, data):
+        return fit(self.net, opt, data, self.loss_function)
+
+
+def fit(net, opt, data, loss_function):
+    running, seen = 0.0, 0
+    for x, y in DataLoader(data, batch_size=16, shuffle=True):
+        opt.zero_grad()
+        loss = loss_function(net(x), y)
+        loss.backward()
+        opt.step()
+        running += loss.item()
+        seen += y.size(0)
+    return running / seen
+
+
+net = torch.nn.Linear(8, 3)
+print(Runner(net).fit(torch.optim.SGD(net.parameters(), lr=0.1), TensorDataset(torch.randn(64, 8),
+                                                                                torch.randint(0, 3, (64,)))))
+'''
+
+
+def test_a_loss_function_kept_on_the_object_and_handed_in_is_a_batch_mean():
+    """Set 24's Fashion-MNIST project (c/s05): ``self.loss_function = F.nll_loss`` handed to the training
+    function, whose ``running_loss += loss.item()`` was then summed across ranks as a sample sum (the printed loss
+    twice one process's)."""
+    from ddpkit.commands.convert.plan import plan
+
+    result = plan(WRAPPED_LOSS)
+    assert "running = ddpkit.reduce(running, op='mean')" in result.text, result.text
+
+
+PICKLED = '''import joblib
+import torch
+
+
+def load_data():
+    return joblib.load("loader.pkl")
+
+
+loader = load_data()
+net = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+for x, y in loader:
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(net(x), y).backward()
+    opt.step()
+'''
+
+
+def test_a_loader_loaded_from_a_file_is_refused_with_that_cause():
+    """Set 24's LSGAN (a/s02): its DataLoader pickled by another script and ``joblib.load``-ed in a helper; the
+    refusal said "fed by hand" and sent the user to build a Dataset."""
+    from ddpkit.commands.convert.plan import plan
+
+    result = plan(PICKLED)
+    said = [x for x in result.left if x.blocks]
+    assert len(said) == 1 and "loaded from a file (joblib.load at line 6)" in said[0].what and \
+        "DataLoader(loader.dataset, batch_size=loader.batch_size, shuffle=True)" in said[0].fix, said
+
+
+def test_a_copy_written_deeper_than_the_project_says_what_finds_paths_from_its_own_file(tmp_path):
+    """Set 24's LSTM lesson (b/s03): ``-o ddp_out`` inside src/ moved ``__file__`` one folder down and the data
+    two folders above it was not found (FileNotFoundError at launch), nothing said."""
+    import subprocess
+    import sys
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "data.py").write_text("import os\nROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))\n")
+    (src / "main.py").write_text("import data\nprint(data.ROOT)\n")
+    done = subprocess.run([sys.executable, "-m", "ddpkit", "convert", "--imports", "-o", "ddp_out", "main.py"],
+                          cwd=src, capture_output=True, text=True)
+    assert "data.py makes paths from __file__ (line 2)" in done.stderr, done.stderr
+    beside = subprocess.run([sys.executable, "-m", "ddpkit", "convert", "--imports", "-o", "../src_ddp", "main.py"],
+                            cwd=src, capture_output=True, text=True)
+    assert "__file__" not in beside.stderr, beside.stderr
+
+
+DX = '''import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+net = torch.nn.Sequential(torch.nn.Linear(8, 1), torch.nn.Sigmoid())
+opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+crit = torch.nn.BCELoss()
+loader = DataLoader(TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)).float()), batch_size=16, shuffle=True)
+for i, (x, y) in enumerate(loader):
+    net.zero_grad()
+    out = net(x).view(-1)
+    err = crit(out, y)
+    err.backward()
+    D_x = out.mean().item()
+    opt.step()
+    print("[%d] loss %.4f D(x) %.4f" % (i, err.item(), D_x))
+'''
+
+
+def test_a_score_of_the_models_output_reshaped_is_said_beside_the_loss():
+    """Set 24's DCGAN (b/s01): ``output = netD(real).view(-1)`` then ``D_x = output.mean().item()`` printed beside
+    the losses; the kept line named the losses only (a model's output read through ``.view`` was not followed)."""
+    from ddpkit.commands.convert.plan import plan
+
+    said = [x.what for x in plan(DX).kept if x.line == 15]
+    assert said and "D_x, of the model's outputs on the batch" in said[0], said

@@ -252,3 +252,24 @@ def test_a_failed_two_process_run_names_the_ranks_likely_cause(tmp_path):
     assert r.returncode != 0 and len(errors) == 1, r.stdout + r.stderr[-2000:]
     assert "failed at fixed.py:9" in errors[0] and \
         "likely cause: a tensor sized by the global batch (8) met this rank's batch (4" in errors[0], errors[0]
+
+
+def test_a_project_package_named_like_the_standard_librarys_does_not_break_the_launch(tmp_path):
+    """Set 24's LSGAN keeps its tests in a package ``unittest/`` at the project's root: ``python train.py`` and
+    ``ddpkit launch`` ran, but verify's N-process run (``python -m ddpkit launch``, the working directory first on
+    sys.path) failed in torch's own ``import unittest.mock``."""
+    (tmp_path / "unittest").mkdir()
+    (tmp_path / "unittest" / "__init__.py").write_text("")
+    (tmp_path / "src").mkdir()  # (the script in a folder of its own: beside unittest/, python fit.py breaks too)
+    (tmp_path / "src" / "fit.py").write_text(
+        "import torch\nimport ddpkit\nstate = ddpkit.init(seed=0)\n"
+        "model = ddpkit.prepare_model(torch.nn.Linear(3, 1))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "ds = torch.utils.data.TensorDataset(torch.randn(16, 3, generator=torch.Generator().manual_seed(0)))\n"
+        "for (x,) in ddpkit.data_loader(ds, global_batch_size=4):\n"
+        "    loss = model(x).pow(2).mean()\n    opt.zero_grad()\n    loss.backward()\n    opt.step()\n")
+    # (cold: a warm fork has torch, and so unittest.mock, imported already)
+    from ddpkit.commands import itself  # (as the ddpkit command runs: not python -m, which has the same trouble)
+
+    r = run_cmd(itself.command("verify", "--nproc", "2", "--steps", "2", "src/fit.py"),
+                timeout=300, cwd=str(tmp_path), env={"DDPKIT_TEST_WARM": "0"})
+    assert r.returncode == 0 and r.stdout.startswith("PASS"), r.stdout + r.stderr[-2000:]

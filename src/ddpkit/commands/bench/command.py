@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ddpkit.commands import itself
 from ddpkit.commands.bench import stats
 from ddpkit.commands.bench.phases import phase_comm, phase_figures, phase_line
 from ddpkit.commands.cli import OneLineParser, usage_error
@@ -98,8 +99,8 @@ def run_once(script: str, args: Sequence[str], nproc: int, steps: int, warmup: i
     """One launch of the script; returns :func:`read_records` of its ranks, with ``phases``: :func:`phase_comm`
     of its phase report (which ``ddpkit launch`` runs by default)."""
     with tempfile.TemporaryDirectory(prefix="ddpkit-bench-") as out:
-        cmd = [sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", str(nproc),
-               "--log-dir", os.path.join(out, "logs"), script, *args]
+        cmd = itself.command("launch", "--nproc-per-node", str(nproc),
+                             "--log-dir", os.path.join(out, "logs"), script, *args)
         log = os.path.join(out, "launch.log")
         # the workers load bench's hooks by module (a checkout on PYTHONPATH works): step cap, hand-out times,
         # the DDP sizes

@@ -18,7 +18,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from ddpkit.commands.convert.flow import binding_of
+from ddpkit.commands.convert.flow import argument_for, binding_of, callee
 from ddpkit.commands.convert.names import dotted, resolve
 from ddpkit.commands.convert.scan import Facts, Loop, Scope
 
@@ -102,6 +102,23 @@ def mean_criterion(facts: Facts, loop: Loop, loss: str, depth: int = 0) -> bool:
                        mean_criterion(facts, loop, name, depth + 1))
 
 
+def stepped_mean(facts: Facts, scope: Scope, mean: bool = True) -> bool:
+    """Every value the script's function ``scope`` returns is the number of a loss it calls ``backward()`` on, a
+    mean over the batch (a training step's ``loss.backward(); opt.step(); return loss.item()``, its caller
+    appending each step's value to a list); without ``mean``, whatever that loss is."""
+    values = [value for where, value in facts.returns if where is scope]
+    for value in values:
+        number = isinstance(value, cst.Call) and (
+            isinstance(value.func, cst.Attribute) and value.func.attr.value == "item" or dotted(value.func) == "float")
+        name = loss_name(value) if number else None
+        stepped = [c.line for c in facts.calls if c.scope is scope and c.last == "backward" and
+                   isinstance(c.node.func, cst.Attribute) and dotted(c.node.func.value) == name]
+        bound = binding_of(facts, name, scope, min(stepped)) if name and stepped else None
+        if bound is None or mean and not _mean_terms(facts, bound.value, 1):
+            return False
+    return bool(values)
+
+
 def _unpacked_mean(facts: Facts, binding: Any) -> bool:
     """Element ``binding.index`` of what the script's own function returns is a mean over the batch in each of its
     returns (a GAN helper's ``return crit(out, ones), out.mean().item()``, unpacked ``g, score = gen_loss(...)``)."""
@@ -145,20 +162,43 @@ def mean_call(facts: Facts, value: cst.Call) -> bool:
     def torch_loss(call: cst.Call) -> bool:  # (``nn`` of a star import, ``from models import *``: torch's)
         return (resolve(dotted(call.func), facts.aliases) or "").startswith(("torch.nn.", "nn."))
 
-    made: cst.BaseExpression | None = value
+    made: list[cst.BaseExpression | None] = [value]
     if not torch_loss(value):  # ``criterion(...)``: what it is bound to
         held = [b for b in facts.bindings if b.target == dotted(value.func) and isinstance(b.value, cst.Call)]
         if not held and isinstance(value.func, cst.Attribute):  # ``model.criterion(...)``: the class's own
             held = [b for b in facts.bindings if b.target == f"self.{value.func.attr.value}" and b.scope.cls and
                     isinstance(b.value, cst.Call)]  # (``self.criterion = nn.CrossEntropyLoss()``, lab 11-3's)
-        made = held[-1].value if held else None
-    while isinstance(made, cst.Call) and isinstance(made.func, cst.Attribute) and \
-            made.func.attr.value in ("to", "cuda", "cpu"):  # ``nn.CrossEntropyLoss().to(self.device)``
-        made = made.func.value
-    if not isinstance(made, cst.Call) or not torch_loss(made):
-        return False
-    return not any(a.keyword is not None and a.keyword.value in ("reduction", "size_average", "reduce")
-                   for a in (*value.args, *made.args))
+        made = [held[-1].value] if held else _passed(facts, value.func)
+    for one in made or [None]:
+        while isinstance(one, cst.Call) and isinstance(one.func, cst.Attribute) and \
+                one.func.attr.value in ("to", "cuda", "cpu"):  # ``nn.CrossEntropyLoss().to(self.device)``
+            one = one.func.value
+        if isinstance(one, (cst.Name, cst.Attribute)) and one is not value and \
+                (resolve(dotted(one), facts.aliases) or "").startswith("torch.nn.functional."):
+            one = cst.Call(one)  # (``self.loss_function = F.cross_entropy``, handed on: called with its default)
+        if not isinstance(one, cst.Call) or not torch_loss(one) or any(
+                a.keyword is not None and a.keyword.value in ("reduction", "size_average", "reduce")
+                for a in (*value.args, *one.args)):
+            return False
+    return True
+
+
+def _passed(facts: Facts, func: cst.BaseExpression) -> list[cst.BaseExpression | None]:
+    """What each call of the script's function hands in as its parameter ``func`` (``train_model(model, loader,
+    opt, nn.CrossEntropyLoss(), device)`` for ``criterion``), through a name bound to it; [] when none does."""
+    name = func.value if isinstance(func, cst.Name) else None
+    found: list[cst.BaseExpression | None] = []
+    for call in facts.calls if name else ():
+        target = callee(facts, call)
+        if target is None or name not in target[0].params:
+            continue
+        given = argument_for(call, str(name), target[0], target[1])
+        bound = binding_of(facts, dotted(given) or "", call.scope, call.line) if isinstance(given, cst.Name) else None
+        if isinstance(given, cst.Attribute) and (dotted(given) or "").startswith("self.") and call.scope.cls:
+            held = [b for b in facts.bindings if b.target == dotted(given) and b.scope.cls == call.scope.cls]
+            bound = held[-1] if len(held) == 1 else None  # (``self.loss_function`` set once in the class)
+        found.append(bound.value if bound is not None else given)
+    return found
 
 
 def summed_means(facts: Facts, loop: Loop, name: str) -> bool:

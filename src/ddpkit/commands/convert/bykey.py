@@ -60,15 +60,19 @@ def over_strings(node: Any) -> frozenset[str]:
 
 
 def holder(facts: Facts, node: cst.Call) -> Held | None:
-    """The dict ``node`` is held in (:class:`Held`); None when it is not a value of a dict literal with string keys,
-    or of a comprehension over a list of strings keyed by its variable, bound to a plain name."""
+    """The dict ``node`` is held in (:class:`Held`), directly or by the name nothing else reads it by; None when it
+    is not a value of a dict literal with string keys, or of a comprehension over a list of strings keyed by its
+    variable, bound to a plain name."""
+    named = _named(facts, node)
     for b in facts.bindings:
         value = b.value
         if b.index >= 0 or "." in b.target or "[" in b.target:
             continue
         if isinstance(value, cst.Dict):
             keys = [_string(e.key) if isinstance(e, cst.DictElement) else None for e in value.elements]
-            mine = [k for e, k in zip(value.elements, keys) if isinstance(e, cst.DictElement) and e.value is node]
+            mine = [k for e, k in zip(value.elements, keys) if isinstance(e, cst.DictElement) and (
+                e.value is node or named is not None and named.scope is b.scope and named.line <= b.line and
+                dotted(e.value) == named.target)]
             if mine and None not in keys:
                 return Held(b.target, b, mine[0], None, frozenset(k for k in keys if k is not None))
         if isinstance(value, cst.DictComp) and value.value is node and value.for_in.inner_for_in is None and \
@@ -76,6 +80,16 @@ def holder(facts: Facts, node: cst.Call) -> Held | None:
                 dotted(value.key) == value.for_in.target.value and over_strings(value.for_in.iter):
             return Held(b.target, b, None, value.for_in.target.value, over_strings(value.for_in.iter))
     return None
+
+
+def _named(facts: Facts, node: cst.Call) -> Binding | None:
+    """The name ``node``'s loader is bound to when nothing but a dict then reads it (``train_loader =
+    DataLoader(...)``, then ``loaders = {'train': train_loader, 'val': val_loader}``: the tutorials' other
+    spelling); None when a loop reads the name itself."""
+    bound = next((b for b in facts.bindings if b.value is node and b.index < 0 and "." not in b.target), None)
+    if bound is None or flow.loops_reading(facts, bound.target, bound.scope, since=bound):
+        return None
+    return bound
 
 
 def _key(loop: Loop, facts: Facts | None = None) -> tuple[str | None, str | None] | None:

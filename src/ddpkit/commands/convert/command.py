@@ -34,6 +34,7 @@ import tokenize
 from collections.abc import Sequence
 from typing import Any
 
+from ddpkit.commands import itself
 from ddpkit.commands.cli import OneLineParser, usage_error
 from ddpkit.commands.convert import crossing, project, tabs, trainedelsewhere
 from ddpkit.core.atomic import write_atomically
@@ -143,8 +144,7 @@ def verify_and_check(converted: str, script_args: list[str], nproc: int, steps: 
     """``ddpkit verify`` on the converted script (a subprocess: it launches processes), then ``ddpkit check``."""
     from ddpkit.commands.check.command import analyze
 
-    cmd = [sys.executable, "-m", "ddpkit", "verify", "--nproc-per-node", str(nproc), "--steps", str(steps),
-           converted, *script_args]
+    cmd = itself.command("verify", "--nproc-per-node", str(nproc), "--steps", str(steps), converted, *script_args)
     done = subprocess.run(cmd, capture_output=True, text=True)
     # the verdict, its cause, and which test decided it (a float64 or a matched-draws re-run)
     said = [line.strip() for line in done.stdout.splitlines()
@@ -322,6 +322,8 @@ def _main_many(ns: argparse.Namespace) -> int:
                 write_atomically(target, lambda f: f.write(data))  # noqa: B023 (called at once)
         if ns.output:
             _companions(root, files, ns.output)
+            for line in project.moved_file_paths(root, ns.output, {rel: r.source for rel, _, r, _ in done}):
+                print(f"{PROG}: {line}", file=sys.stderr)
     except OSError as exc:
         return usage_error(PROG, f"cannot write {ns.output or root!r} ({exc.__class__.__name__}: "
                                  f"{exc.strerror or exc}); expected a writable folder")

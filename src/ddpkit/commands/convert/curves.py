@@ -31,7 +31,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
-from ddpkit.commands.convert.batchmeans import MEANS, loss_name, mean_criterion, stepped_losses
+from ddpkit.commands.convert.batchmeans import MEANS, loss_name, mean_criterion, stepped_losses, stepped_mean
 from ddpkit.commands.convert.names import dotted, resolve
 from ddpkit.commands.convert.scan import Loop
 
@@ -104,12 +104,20 @@ def _unknown_means(work: _Work, loop: Loop, name: str, appends: list[Any]) -> No
     another module's function, ``d_loss, score = discriminator_loss(...)``; vltkv's ``D_losses``): kept, said."""
     stepped = stepped_losses(loop)
     shown = [c for c in appends if _own_step(loop, c.stmt) and len(c.node.args) == 1 and
-             _loss_value(c.node.args[0].value) in stepped]
+             (_loss_value(c.node.args[0].value) in stepped or _stepped_by(work, loop, c.node.args[0].value))]
     if shown and len(shown) == len(appends):
         work.keep(shown[0].line, f"{name} keeps this rank's loss step by step (rank 0's curve where it is saved or "
                   "shown): convert cannot tell it is a mean over the batch (a loss a function returns)",
                   f"if it is: {name} = ddpkit.reduce(torch.tensor({name}, dtype=torch.float64), op='mean').tolist() "
                   "after the loop averages the ranks' step by step")
+
+
+def _stepped_by(work: _Work, loop: Loop, value: Any) -> bool:
+    """``value`` calls the script's own training step, which returns the number of the loss it steps (LSGAN's
+    ``d_loss.append(self.train_discriminator(...))``, its ``return total_loss.item()``)."""
+    made = next((c for c in loop.calls if c.node is value), None)
+    own = flow.callee(work.facts, made) if made is not None else None
+    return own is not None and stepped_mean(work.facts, own[0], mean=False)
 
 
 def _own_step(loop: Loop, stmt: Any) -> bool:
@@ -136,6 +144,10 @@ def _batch_mean(work: _Work, loop: Loop, call: cst.Call, line: int) -> bool:
     if isinstance(value, cst.Call) and (resolve(dotted(value.func), work.facts.aliases) or "") in SCORES:
         return not any(a.keyword is not None and a.keyword.value == "normalize" and  # (False: a count)
                        not (isinstance(a.value, cst.Name) and a.value.value == "True") for a in value.args)
+    made = next((c for c in loop.calls if c.node is value), None)  # (``losses.append(step(x, y))``)
+    own = flow.callee(work.facts, made) if made is not None else None
+    if own is not None:
+        return stepped_mean(work.facts, own[0])
     name = _loss_value(value)  # (a stepped loss, or one the loop sums from them: a GAN's ``loss_D``)
     return name is not None and (name in _means(work, loop) or mean_criterion(work.facts, loop, name))
 

@@ -66,13 +66,38 @@ def check(work: _Work, built: list[Call], training: bool, for_others: bool) -> N
         handedin.handed_in(work, backward[0].line)  # (d2l's ``train(net, loader, optimizer)``: its callers' loader)
     if backward and not training and not built and not uses_ddpkit(work.facts):  # (ddpkit: by hand)
         if imported.imported_loader(work, backward[0].line) or _subclassed(work, backward[0].line) or \
-                handedin.handed_in(work, backward[0].line) or stepped.asks(work, backward):
+                handedin.handed_in(work, backward[0].line) or stepped.asks(work, backward) or _unpickled(work):
             return
         work.leave(backward[0].line, "the training batches do not come from a torch DataLoader (fed by hand): "
                    "each rank would train on all of them", "build them with a Dataset and a DataLoader, then "
                    "convert again; or split them by state.rank yourself (docs/guide.md); a full-batch training "
                    "(one graph, one tensor, each step over all of it) has nothing to split: run it as one process",
                    blocks=True)
+
+
+UNPICKLERS = ("joblib.load", "pickle.load", "dill.load", "torch.load")
+
+
+def _unpickled(work: _Work) -> bool:
+    """The training loop reads a loader loaded from a file (LSGAN's ``joblib.load("dataloader.pkl")``, in a
+    helper it calls or in place): a DataLoader built elsewhere, which convert never sees built. Refused with that
+    cause and the line that rebuilds it (not "fed by hand")."""
+    for loop in (lp for lp in work.facts.loops if flow.trains(work.facts, lp)):
+        for name in sorted(loop.iter_names):
+            bound = flow.binding_of(work.facts, name, loop.scope, loop.line)
+            made = next((c for c in work.facts.calls if bound is not None and c.node is bound.value), None)
+            own = flow.callee(work.facts, made) if made is not None else None
+            inner = [c for c in work.facts.calls if own is not None and c.scope is own[0]] + ([made] if made else [])
+            load = next((c for c in inner if c.name in UNPICKLERS), None)
+            if load is None or bound is None:
+                continue
+            work.leave(bound.line, f"the training batches come from {name}, a loader loaded from a file ({load.name}"
+                       f" at line {load.line}): convert cannot shard a DataLoader it does not see built, and as it "
+                       "is every rank reads every batch", f"rebuild it where it is loaded: {name} = DataLoader("
+                       f"{name}.dataset, batch_size={name}.batch_size, shuffle=True), then convert again",
+                       blocks=True)
+            return True
+    return False
 
 
 def _subclassed(work: _Work, line: int) -> bool:

@@ -17,6 +17,10 @@ Example::
     ...                "            x.backward()\\nit(a)\\nit(b, True)\\n"))
     >>> [switched_off(g, c, g.scopes["it"], 0) for c in g.calls if c.name == "it"]
     [False, True]
+    >>> h = scan(parse("def it(ld, opt=None):\\n    for x in ld:\\n        if opt is not None:\\n"
+    ...                "            x.backward()\\nit(a, sgd)\\nit(b, None)\\nit(c)\\n"))
+    >>> [switched_off(h, c, h.scopes["it"], 0) for c in h.calls if c.name == "it"]
+    [False, True, True]
 """
 
 from __future__ import annotations
@@ -50,25 +54,42 @@ def switched_off(facts: Facts, site: Call, scope: Scope, skip: int) -> bool:
         passed = argument_for(site, flag, scope, skip)
         if passed is None:
             passed = _default(scope, flag)
-        if isinstance(passed, cst.Name) and passed.value == off:
+        if isinstance(passed, cst.Name) and passed.value in off:
             return True
     return False
 
 
-def _guarding(scope: Scope, backwards: list[Call]) -> list[tuple[str, str]]:
-    """(``p``, the value that switches the backward off) for each parameter ``p`` of ``scope`` such that every
-    backward is inside the body (off: ``False``), or every one inside the ``else`` (off: ``True``), of an ``if p:``."""
-    found = []
-    for node in m.findall(scope.node, m.If(test=m.Name())):
-        flag = node.test.value  # type: ignore[attr-defined]
+def _guarding(scope: Scope, backwards: list[Call]) -> list[tuple[str, tuple[str, ...]]]:
+    """(``p``, the values that switch the backward off) for each parameter ``p`` of ``scope`` such that every
+    backward is inside the body (off: ``False`` or ``None``), or every one inside the ``else`` (off: ``True``), of an
+    ``if p:``; or inside the body of ``if p is not None:`` / the ``else`` of ``if p is None:`` (off: ``None``, a
+    helper handed no optimizer to evaluate: ``run_epoch(model, dev_loader, optimiser=None)``)."""
+    found: list[tuple[str, tuple[str, ...]]] = []
+    for node in m.findall(scope.node, m.If()):
+        assert isinstance(node, cst.If)
+        flag, offs = _flag(node.test)
         if flag not in scope.params:
             continue
-        for part, off in ((node.body, "False"), (node.orelse, "True")):  # type: ignore[attr-defined]
+        for part, off in zip((node.body, node.orelse), offs):
             inside = {id(c) for c in m.findall(part, m.Call())} if isinstance(part, (cst.BaseSuite, cst.Else)) \
                 else set()
-            if all(id(c.node) in inside for c in backwards) and (flag, off) not in found:
+            if off and all(id(c.node) in inside for c in backwards) and (flag, off) not in found:
                 found.append((flag, off))
     return found
+
+
+def _flag(test: cst.BaseExpression) -> tuple[str | None, tuple[tuple[str, ...], tuple[str, ...]]]:
+    """The parameter an ``if`` tests, and the values that make it take the body, the ``else`` off (``if p:``:
+    False or None off the body, True off the ``else``)."""
+    if isinstance(test, cst.Name):
+        return test.value, (("False", "None"), ("True",))
+    if isinstance(test, cst.Comparison) and isinstance(test.left, cst.Name) and len(test.comparisons) == 1 and \
+            isinstance(test.comparisons[0].comparator, cst.Name) and test.comparisons[0].comparator.value == "None":
+        if isinstance(test.comparisons[0].operator, cst.IsNot):
+            return test.left.value, (("None",), ())
+        if isinstance(test.comparisons[0].operator, cst.Is):
+            return test.left.value, ((), ("None",))
+    return None, ((), ())
 
 
 def _default(scope: Scope, param: str) -> cst.BaseExpression | None:

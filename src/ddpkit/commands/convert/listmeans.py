@@ -150,9 +150,15 @@ def _meters(facts: Any, loop: Loop) -> set[str]:
     ``losses.update(loss.item(), inputs.size(0))`` each step): their ``.avg`` after it is this rank's batches' mean;
     every rank took as many samples, so the mean over the ranks is every sample's."""
     made = {b.target for b in facts.bindings if b.scope is loop.scope and b.line < loop.line and
-            isinstance(b.value, cst.Call) and (dotted(b.value.func) or "").rsplit(".", 1)[-1].endswith("Meter")}
+            isinstance(b.value, cst.Call) and (dotted(b.value.func) or "").rsplit(".", 1)[-1].endswith(METERS)}
     return made & {dotted(c.node.func.value) for c in loop.calls
-                   if c.last == "update" and isinstance(c.node.func, cst.Attribute)}
+                   if c.last in FEEDS and isinstance(c.node.func, cst.Attribute)}
+
+
+# a running average's class (``AverageMeter``, ``AvgMeter``, ``Averager``) and what feeds it a step's value
+# (a CIFAR recipe's ``meter.add(loss.item(), x.size(0))`` as ``update``)
+METERS = ("Meter", "Averager", "RunningAverage")
+FEEDS = ("update", "add", "record", "push", "accumulate")
 
 
 def _reached(facts: Any, loop: Loop, stmt: cst.SimpleStatementLine) -> bool:

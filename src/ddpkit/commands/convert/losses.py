@@ -178,6 +178,14 @@ def step_loss_shown(work: _Work) -> None:
                           f"{whole} shows the whole batch's")
 
 
+def _called(value: cst.Call) -> cst.Call:
+    """The call a chain of methods starts from: ``net(x)`` of ``net(x).view(-1)`` (DCGAN's ``output =
+    netD(real).view(-1)``)."""
+    while isinstance(value.func, cst.Attribute) and isinstance(value.func.value, cst.Call):
+        value = value.func.value
+    return value
+
+
 def _outputs(work: _Work, loop: Loop) -> set[str]:
     """The names ``loop`` binds to the prepared model's output on the batch, or to a value read from it alone (a
     GAN's ``D_x = output.mean().item()``, ``score = out``); not a running sum (``c = c + ...``: reduced, or said,
@@ -191,8 +199,8 @@ def _outputs(work: _Work, loop: Loop) -> set[str]:
     inside = [b for b in work.facts.bindings if b.scope is loop.scope and loop.line < b.line <= loop.end and
               b.value is not None and b.target not in heads(b.value) and
               not any(lp.line <= b.line <= lp.end for lp in evaluations)]
-    found = {b.target for b in inside if isinstance(b.value, cst.Call) and dotted(b.value.func) in models and
-             any(heads(a.value) & batch for a in b.value.args)}
+    found = {b.target for b in inside if isinstance(b.value, cst.Call) and dotted((c := _called(b.value)).func) in
+             models and any(heads(a.value) & batch for a in c.args)}
     for _ in range(2):  # (``out = D(x)``, ``score = out``, ``shown = score.mean().item()``)
         found |= {b.target for b in inside if "." not in b.target and
                   heads(b.value) & found}

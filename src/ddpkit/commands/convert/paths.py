@@ -60,7 +60,8 @@ def maybe_same(facts: Facts, write: Call, written: cst.BaseExpression | None, re
     # ``open(p, 'w')`` then ``open(q)`` or another reader: an opened file's name is the one given, and no name
     # changes before the read unless the script renames a file (the SSD tutorial's ``TRAIN_images.json`` written,
     # ``test.txt`` read; SparseTSF's ``result.txt`` appended, a ``.../checkpoint.pth`` loaded: false waits)
-    named = write.name in OPENERS and not any(c.name in RENAMES for c in facts.calls)
+    # (nor does torch.save's: it writes the name it is given, ``last.pth`` saved is no ``best.pth`` read)
+    named = (write.name in OPENERS or write.name == "torch.save") and not any(c.name in RENAMES for c in facts.calls)
     return any(_agree(a, b) and (not named or _same_end(a, b)) for a in ones for b in others)
 
 
@@ -104,7 +105,9 @@ def _named(facts: Facts, name: str, scope: Scope, line: int, depth: int) -> list
         values = [b for b in facts.bindings if b.target == name and b.scope is bound.scope and b.line <= bound.line]
         if any(b.value is None for b in values):
             return [ANY]
-        return [s for b in values if b.value is not None for s in shapes(facts, b.value, b.scope, b.line, depth + 1)]
+        # (none found: a binding of another scope's, ``self.best_path`` set in ``__init__``: anything)
+        return [s for b in values if b.value is not None for s in shapes(facts, b.value, b.scope, b.line, depth + 1)] \
+            or [ANY]
     if bound.stmt is not None or name not in scope.params:
         return [ANY]  # (``for name in ...``, ``with ... as name``: anything)
     found: list[Shape] = []  # a parameter: what each call passes, or its default

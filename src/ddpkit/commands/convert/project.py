@@ -241,6 +241,28 @@ def _module_file(root: str, parts: list[str]) -> str | None:
     return module if parts and os.path.isfile(os.path.join(root, module)) else None
 
 
+def moved_file_paths(root: str, out: str, sources: dict[str, str]) -> list[str]:
+    """The converted copy written at another depth than the project (``-o ddp_out`` inside it): a file that makes
+    paths from its own ``__file__`` (``dirname(dirname(abspath(__file__)))``, the data two folders up) finds
+    other folders there. Said, once, with the file and the fix.
+
+    >>> moved_file_paths("/p/src", "/p/src/out", {"data.py": "root = os.path.dirname(__file__)\\n"})[0][:46]
+    'data.py makes paths from __file__ (line 1), an'
+    """
+    depth = os.path.realpath(out).rstrip(os.sep).count(os.sep)
+    if depth == os.path.realpath(root).rstrip(os.sep).count(os.sep):  # (beside the project: ``-o ../src_ddp``)
+        return []
+    for rel, source in sorted(sources.items()):
+        line = next((n for n, text in enumerate(source.splitlines(), 1) if "__file__" in text and
+                     "dirname" in text or "__file__" in text and ".parent" in text), None)
+        if line is not None:
+            beside = os.path.realpath(root) + "_ddp"
+            return [f"{rel} makes paths from __file__ (line {line}), and {out} is not at the depth of {root}: the "
+                    f"paths it makes there name other folders; write the copy beside the project (-o {beside}), or "
+                    "link what it reads"]
+    return []
+
+
 def companions(root: str, files: list[str], out: str) -> tuple[int, list[str]]:
     r"""Copy the project's other files (a JSON config, a vocabulary, a small data folder) from ``root`` into ``out``
     at their relative paths, so that the converted project runs there as the original ran in ``root``: (how many

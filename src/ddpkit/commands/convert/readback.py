@@ -22,7 +22,14 @@ from ddpkit.commands.convert.flow import binding_of, in_body
 from ddpkit.commands.convert.names import heads
 from ddpkit.commands.convert.paths import OPENERS
 from ddpkit.commands.convert.scan import Call
-from ddpkit.commands.convert.waits import branched, callers_apart, in_main_block, read_elsewhere, wait_before
+from ddpkit.commands.convert.waits import (
+    branched,
+    callers_apart,
+    in_main_block,
+    own_barrier,
+    read_elsewhere,
+    wait_before,
+)
 
 _Work = Any  # the plan in the making (plan._Work)
 
@@ -52,7 +59,7 @@ def read_back(work: _Work, call: Call, stmt: Any, what: str | None = None) -> No
             work.note("then every rank waits for it (barrier)", f"{elsewhere}() of another module of the project "
                       "runs next and may read the file", call.line)
         return
-    if branched(work, call) and (_waited(work, call, reads) or _own_barrier(work, call, reads) or
+    if branched(work, call) and (_waited(work, call, reads) or own_barrier(work, call, reads) or
                                  wait_before(work, call, reads)):
         return
     pairs = [c for c in reads if _pair(work, call, c, reads)]  # (two functions apart: order.apart_functions)
@@ -123,16 +130,6 @@ def _waited(work: _Work, call: Call, reads: list[Call]) -> bool:
             (in_body(c.stmt, c.scope) or in_main_block(work.facts.module, c.stmt)) and not branched(work, c)
     return any(unbranched(c) and ("ddpkit.barrier()" in work.edits.after.get(id(c.stmt), ()) or
                                   c.name == "ddpkit.barrier") for c in work.facts.calls)
-
-
-def _own_barrier(work: _Work, call: Call, reads: list[Call]) -> bool:
-    """The script's own ``ddpkit.barrier()`` follows the write in its function, at the level of the write's own
-    branch or above (marinepal's ``save()``: the file written, then the barrier): whatever the read, rank 0's
-    write is waited for there; where that function runs is the script's choice, as it wrote it."""
-    return any(c.scope is call.scope and c.name == "ddpkit.barrier" and c.line > call.line and
-               set(c.tests) <= set(call.tests) and len(c.loops) <= len(call.loops) and
-               not any(r.scope is call.scope and call.line < r.line < c.line for r in reads)  # (read before it)
-               for c in work.facts.calls)
 
 
 def writing(node: cst.Call, call: Call | None = None, facts: Any = None) -> bool:

@@ -75,6 +75,8 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
             stored = _filled_by_callee(work, loop)
         if stored is None and not summed_as_training:  # ``results += [(id, p) ...]``: rows kept in a list
             stored = next(((n, line) for n, line in loop.augmented if collection(work.facts, loop, n)), None)
+        if stored is None and not summed_as_training and _returns_inside(loop):  # (``return model(x).argmax(1)``)
+            stored = ("what it returns from inside the loop", loop.line)
         if stored is None and not summed_as_training:  # cVAE's ``if i == 0: save_image(comparison, ...)``
             stored = next(((f"an image of a batch, {c.last}()", c.line) for c in loop.calls
                            if c.last in BATCH_IMAGES), None)
@@ -203,6 +205,13 @@ def _grad_off(call: Call) -> bool:
     """``torch.set_grad_enabled(False)``: gradients off, as under ``no_grad``."""
     first = call.node.args[0].value if call.node.args else None
     return call.last == "set_grad_enabled" and isinstance(first, cst.Name) and first.value == "False"
+
+
+def _returns_inside(loop: Loop) -> bool:
+    """The loop hands back a value from inside (a predict helper's ``for x, _ in loader: return
+    model(x).argmax(1)`` over one batch of the whole set): sharded, that would be this rank's part."""
+    return any(isinstance(r, cst.Return) and r.value is not None and dotted(r.value) != "None"
+               for r in m.findall(loop.node.body, m.Return()))
 
 
 def _subset(work: _Work, call: Call) -> frozenset[str]:

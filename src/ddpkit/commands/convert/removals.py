@@ -23,6 +23,7 @@ import libcst.matchers as m
 
 from ddpkit.commands.check.rules import RANK_WORDS
 from ddpkit.commands.convert.flow import in_body
+from ddpkit.commands.convert.readback import writing
 from ddpkit.commands.convert.rules import per_rank
 from ddpkit.commands.convert.scan import Call
 from ddpkit.commands.convert.waits import called_in_branch, in_main_block, main_test
@@ -55,16 +56,48 @@ def remove(work: _Work, call: Call) -> None:
     while (outer := _sole_holder(work.facts.module, holder)) is not None:  # ``try: rmtree(d) except ...: pass``
         holder = outer
     work.edits.guard[id(holder)] = main_test(work, call.scope, call.line)
-    if not (in_body(holder, call.scope) or in_main_block(work.facts.module, holder)) or \
-            called_in_branch(work, call.scope):
+    top = holder if _passed(work, holder, call) else _top_if(work, holder, call)
+    if top is None or called_in_branch(work, call.scope):
         work.leave(call.line, f"{call.name} guarded (rank 0 removes), but under an if, in a loop or in a try: no "
                    "barrier was put after it, and another rank may go on before the folder is gone", "put ddpkit."
                    "barrier() after it where every rank passes")
         return
-    work.edits.after.setdefault(id(holder), []).append("ddpkit.barrier()")
-    work.note(f"{call.name} guarded: rank 0 removes, then every rank waits for it (barrier)", "on every rank the "
-              "removal races: one removes what another has just tested or made (FileNotFoundError, or files lost)",
-              call.line)
+    read = _read_before(work, call)
+    if read is not None:  # (a clean-up after the reads: a slower rank may still be reading what rank 0 removes)
+        work.edits.before.setdefault(id(top), []).append("ddpkit.barrier()")
+    work.edits.after.setdefault(id(top), []).append("ddpkit.barrier()")
+    work.note(f"{call.name} guarded: rank 0 removes, " + ("once every rank has read what it holds, " if read else "")
+              + "then every rank waits for it (barrier)", "on every rank the removal races: one removes what "
+              "another has just tested, made" + (f" or still reads (line {read})" if read else "") +
+              " (FileNotFoundError, or files lost)", call.line)
+
+
+def _passed(work: _Work, stmt: cst.BaseStatement, call: Call) -> bool:
+    """Every rank that runs the removal's function passes ``stmt``: a statement of its own body, or of the
+    module's ``if __name__ == "__main__":`` block."""
+    return in_body(stmt, call.scope) or in_main_block(work.facts.module, stmt)
+
+
+def _top_if(work: _Work, holder: cst.BaseStatement, call: Call) -> cst.BaseStatement | None:
+    """The ``if`` every rank passes that holds the removal with other lines (``if os.path.exists(d):
+    shutil.rmtree(d); print("cleaned")``): the barriers go around it. None for a loop or a ``try`` (a rank may
+    leave it part way)."""
+    for node in m.findall(work.facts.module, m.If()):
+        if isinstance(node, cst.If) and _passed(work, node, call) and \
+                any(n is holder for n in m.findall(node, m.SimpleStatementLine())) and \
+                not m.findall(node, m.For() | m.While() | m.Try() | m.Return() | m.Break() | m.Continue()):
+            return node
+    return None
+
+
+READS = ("load", "load_state_dict", "read_csv", "imread", "loadtxt")
+
+
+def _read_before(work: _Work, call: Call) -> int | None:
+    """The line of a file read in the removal's function above it (``torch.load``, ``np.load``, ``open`` to
+    read): a slower rank may still be reading there when rank 0 removes."""
+    return next((c.line for c in work.facts.calls if c.scope is call.scope and c.line < call.line and
+                 (c.last in READS or c.name == "open" and not writing(c.node))), None)
 
 
 def _sole_holder(module: cst.Module, stmt: cst.BaseStatement) -> cst.BaseStatement | None:

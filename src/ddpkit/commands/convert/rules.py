@@ -18,7 +18,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.check.rules import RANK_WORDS
-from ddpkit.commands.convert import folders, waits
+from ddpkit.commands.convert import folders, paths, waits
 from ddpkit.commands.convert.apply import add_keyword
 from ddpkit.commands.convert.devicetext import ACCELERATORS, PROGRESS, text_of
 from ddpkit.commands.convert.flow import binding_of, callers, visible
@@ -172,9 +172,11 @@ def _save(work: _Work, call: Any, loads: list[Any]) -> None:
     if _per_rank(work, call):
         return
     work.edits.guard[id(call.stmt)] = waits.main_test(work, call.scope, call.line)
-    read_back = waits.read_back(work, call, loads)
+    saved = _saved_to(call)  # (``last.pth`` saved, ``best.pth`` read: no wait owed for the first)
+    read_back = [r for r in waits.read_back(work, call, loads)
+                 if paths.maybe_same(work.facts, call, saved, r, paths.first_path(r))]
     if read_back and waits.branched(work, call) and \
-            waits.wait_before(work, call, read_back):
+            (waits.wait_before(work, call, read_back) or waits.own_barrier(work, call, read_back)):
         return
     if read_back and waits.branched(work, call) and \
             all(waits.callers_apart(work, call.scope, r.scope) for r in read_back):
@@ -235,6 +237,13 @@ def _pretrained(work: _Work, call: Any, ranked: bool) -> None:
     work.note(f"{call.last} guarded: rank 0 {'pushes' if call.last == 'push_to_hub' else 'saves'}" +
               (", then every rank waits for it (barrier)" if read_back and id(call.stmt) in work.edits.after else ""),
               "every rank holds the same weights; N writers of one folder race (N pushes: N commits)", call.line)
+
+
+def _saved_to(call: Any) -> Any:
+    """The file ``torch.save(obj, f)`` writes: its second argument, or ``f=``."""
+    positional = [a.value for a in call.node.args if a.keyword is None and not a.star]
+    named = [a.value for a in call.node.args if a.keyword is not None and a.keyword.value == "f"]
+    return positional[1] if len(positional) > 1 else named[0] if named else None
 
 
 def _per_rank(work: _Work, call: Any) -> bool:

@@ -154,3 +154,14 @@ def read_elsewhere(work: _Work, call: Any) -> str | None:
                 imported_from(work.facts, name) is not None:
             return name
     return None
+
+
+def own_barrier(work: _Work, call: Any, reads: list[Any]) -> bool:
+    """The script's own ``ddpkit.barrier()`` follows the write in its function, at the level of the write's own
+    branch or above (marinepal's ``save()``: the file written, then the barrier): whatever the read, rank 0's
+    write is waited for there; where that function runs is the script's choice, as it wrote it (a training
+    function's epoch loop: the best model saved under an ``if``, then the barrier)."""
+    return any(c.scope is call.scope and c.name == "ddpkit.barrier" and c.line > call.line and
+               set(c.tests) <= set(call.tests) and len(c.loops) <= len(call.loops) and
+               not any(r.scope is call.scope and call.line < r.line < c.line for r in reads)  # (read before it)
+               for c in work.facts.calls)

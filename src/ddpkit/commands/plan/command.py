@@ -27,6 +27,7 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
+from ddpkit.commands import itself
 from ddpkit.commands.cli import OK, OneLineParser, usage_error
 from ddpkit.commands.logtail import ScriptFailed, log_tail, run_logged
 from ddpkit.commands.plan import memory
@@ -100,8 +101,8 @@ def _counts(text: str) -> list[int]:
 def run_once(script: str, args: Sequence[str], nproc: int, mode: str, env: dict[str, str]) -> list[dict[str, Any]]:
     """One launch with plan's hooks; each rank's record."""
     with tempfile.TemporaryDirectory(prefix="ddpkit-plan-") as out:
-        cmd = [sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", str(nproc), "--mode", mode,
-               "--log-dir", os.path.join(out, "logs"), script, *args]
+        cmd = itself.command("launch", "--nproc-per-node", str(nproc), "--mode", mode,
+                             "--log-dir", os.path.join(out, "logs"), script, *args)
         log = os.path.join(out, "launch.log")
         try:
             run_logged(cmd, {contract.TOOL.name: "ddpkit.commands.plan.hooks:from_env", contract.PLAN_OUT.name: out,

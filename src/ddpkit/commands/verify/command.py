@@ -31,6 +31,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ddpkit.commands import itself
 from ddpkit.commands.cli import OneLineParser, usage_error
 from ddpkit.commands.verify import causes, draws, matched, noise, perturbed, rounding, runs
 from ddpkit.commands.verify.lines import fail_line, pass_line, run_length
@@ -139,8 +140,8 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
             raise CannotCompare(why)
         # the mode in the environment too: launch refuses a --mode that contradicts an exported DDPKIT_MODE
         # its workers' logs in the temporary folder: not a runs/logs/ left in the user's folder by each verify
-        launch = [sys.executable, "-m", "ddpkit", "launch", "--nproc-per-node", str(nproc), "--mode", mode,
-                  "--log-dir", os.path.join(tmp, "logs")]
+        launch = itself.command("launch", "--nproc-per-node", str(nproc), "--mode", mode,
+                                "--log-dir", os.path.join(tmp, "logs"))
         runs.run(script, f"{nproc}-process run", nproc, [*launch, script, *script_args],
              {**common, contract.MODE.name: mode, contract.VERIFY_OUT.name: dist_out}, os.path.join(tmp, "ddp.log"))
         facts = [_facts(ref) or {}, _facts(dist_out) or {}]
