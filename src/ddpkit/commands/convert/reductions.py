@@ -21,13 +21,14 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
+from ddpkit.commands.convert.accumulates import batch_wide, collection, indexed
 from ddpkit.commands.convert.batchmeans import batch_mean, summed_means
 from ddpkit.commands.convert.curves import curves
 from ddpkit.commands.convert.listmeans import list_means
 from ddpkit.commands.convert.losses import SHOWN
 from ddpkit.commands.convert.names import dotted, names_in, resolve
 from ddpkit.commands.convert.scan import Call, Loop
-from ddpkit.commands.convert.sums import batch_wide, collection, indexed, over_own_batch, sums_after
+from ddpkit.commands.convert.sums import over_own_batch, sums_after
 
 _Work = Any  # the plan in the making (plan._Work)
 

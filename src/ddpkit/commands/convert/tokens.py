@@ -23,7 +23,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from ddpkit.commands.convert import flow
+from ddpkit.commands.convert import flow, tokensaid
 from ddpkit.commands.convert.apply import add_keyword
 from ddpkit.commands.convert.names import dotted
 from ddpkit.commands.convert.scan import Call, Loop
@@ -72,7 +72,7 @@ def token_mean_loss(work: _Work) -> None:
             loop = id(call.loops[-1]) if call.loops else 0
             if loop not in said and (trained or not call.loops and _trains_with(work, call)):
                 said.add(loop)
-                _weighed(work, call, work.facts.code(weighed))
+                tokensaid.weighed(work, call, work.facts.code(weighed))
             continue
         if call.last in TOKEN_LOSSES and (named or padded or pad_id):
             labels = _target(call) if trained and not named else None
@@ -93,7 +93,7 @@ def token_mean_loss(work: _Work) -> None:
         said.add(loop)
         shift = _shift(code) if call.last not in TOKEN_LOSSES else ""
         if labels is None or shift is None or not _counted(work, call, labels, value, shift):
-            _listed(work, call, value)
+            tokensaid.listed(work, call, value)
 
 
 def _padded(module: cst.Module) -> bool:
@@ -351,74 +351,9 @@ def _part(loop: cst.For, name: str) -> str | None:
     return None
 
 
-def _listed(work: _Work, call: Call, value: str = "-100") -> None:
-    names = {b.target for b in work.facts.bindings if b.value is call.node}
-    by_loop: dict[int, list[int]] = {}  # (one training loop's calls of it: two losses of one step)
-    for c in work.facts.calls:
-        if dotted(c.node.func) in names and c.loops and flow.trains(work.facts, c.loops[-1]):
-            by_loop.setdefault(id(c.loops[-1]), []).append(c.line)
-    uses = max(by_loop.values(), key=len, default=[])
-    # (BERT-pytorch's one NLLLoss(ignore_index=0) for the masked tokens and the next-sentence labels)
-    shared = f"; the same criterion serves {len(uses)} losses of one step (line" \
-        f"{'s' if len(set(uses)) > 1 else ''} {', '.join(map(str, sorted(set(uses))))}), each a mean over its own " \
-        "count: one batch_count weighs one of them, so give the others a criterion that ignores nothing (or weigh " \
-        "each yourself)" if len(uses) > 1 else ""
-    stepped = next((c for c in work.facts.calls if dotted(c.node.func) in names and c.loops and
-                    _over_range(c.loops[-1]) and _added_up(c) and _in_training(work, c)), None)
-    if stepped is not None:  # (the chatbot tutorial's ``loss += criterion(out[:, t], y[:, t])`` per time step)
-        work.leave(call.line, f"{call.last}: a mean over the tokens it does not ignore, added up over the time steps "
-                   f"of the loop at line {stepped.loops[-1].line}, each step's over its own tokens: at N processes "
-                   "each rank's step means are over its own tokens, and no one count weighs a sum of per-step means "
-                   "(ddpkit verify FAILs it)", "weigh each step by the whole batch's count of its tokens: once a "
-                   f"batch counts = ddpkit.reduce((labels != {value}).sum(0)), then each step adds {call.last}(..., "
-                   "reduction='sum') * state.world_size / counts[t] (DDP averages the ranks' gradients: the sum "
-                   "over ranks is one process's step mean); or keep it if the difference is acceptable")
-        return
-    work.leave(call.line, f"{call.last}: a mean over the tokens it does not ignore (ignore_index, labels of -100, a "
-               "boolean mask): "
-               "at N processes each rank's mean is over its own tokens and DDP weighs the ranks alike, another "
-               f"loss than one process's mean over the step's tokens (ddpkit verify FAILs it){shared}",
-               "tell the training loader what the loss averages over: ddpkit.data_loader(..., batch_count=lambda "
-               f"batch: (labels != {value}).sum()), labels as the batch holds them (docs/global-batch.md, "
-               "token-weighted losses); or keep it if the difference is acceptable")
-
-
-def _in_training(work: _Work, call: Call) -> bool:
-    """The loop over positions around ``call`` runs in a training loop: nested in one, or in a function a training
-    loop calls (ChatBotCHS's ``train_decode_step``, its ``for t in range(max_len)`` adding up each step's loss)."""
-    if len(call.loops) > 1:
-        return flow.trains(work.facts, call.loops[-2])
-    return any(site.loops and flow.trains(work.facts, site.loops[-1]) for site in flow.callers(work.facts, call.scope))
-
-
-def _added_up(call: Call) -> bool:
-    """``loss += criterion(...)`` in a loop over positions with no backward of its own: the steps' means are added
-    up into one loss (not truncated BPTT, each chunk stepping on its own)."""
-    inner = call.loops[-1]
-    adds = [a for a in m.findall(inner.node, m.AugAssign(operator=m.AddAssign()))
-            if any(n is call.node for n in m.findall(a, m.Call()))]
-    return bool(adds) and not any(c.last == "backward" for c in inner.calls)
-
-
-def _over_range(loop: Loop) -> bool:
-    """``for t in range(...)``: a loop over positions (time steps), not over data."""
-    made = loop.node.iter if isinstance(loop.node, cst.For) else None
-    return isinstance(made, cst.Call) and dotted(made.func) == "range"
-
-
 def _trains_with(work: _Work, call: Call) -> bool:
     """A criterion built outside the loops (``criterion = nn.CrossEntropyLoss(weight=w)``) that a training loop
     calls; one only a validation calls is no training loss."""
     names = {b.target for b in work.facts.bindings if b.value is call.node}
     return any(dotted(c.node.func) in names and c.loops and flow.trains(work.facts, c.loops[-1])
                for c in work.facts.calls) or not names
-
-
-def _weighed(work: _Work, call: Call, weight: str) -> None:
-    """piwise's ``NLLLoss2d(weight)`` (the background class weighed 0): a mean divided by the sum of the batch's
-    weights, each rank's by its own part's."""
-    work.leave(call.line, f"{call.last}(weight={weight}): a mean weighed by class, divided by the sum of the batch's "
-               "weights: at N processes each rank divides by its own part's sum and DDP weighs the ranks alike, "
-               "another loss than one process's (ddpkit verify FAILs it)", "tell the training loader what the loss "
-               f"divides by: ddpkit.data_loader(..., batch_count=lambda batch: {weight}[batch[1]].sum()), the "
-               "targets as the batch holds them (docs/global-batch.md); or keep it if the difference is acceptable")
