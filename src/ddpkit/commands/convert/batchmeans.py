@@ -168,7 +168,7 @@ def mean_call(facts: Facts, value: cst.Call) -> bool:
         if not held and isinstance(value.func, cst.Attribute):  # ``model.criterion(...)``: the class's own
             held = [b for b in facts.bindings if b.target == f"self.{value.func.attr.value}" and b.scope.cls and
                     isinstance(b.value, cst.Call)]  # (``self.criterion = nn.CrossEntropyLoss()``, lab 11-3's)
-        made = [held[-1].value] if held else _passed(facts, value.func)
+        made = [held[-1].value] if held else _passed(facts, value)
     for one in made or [None]:
         while isinstance(one, cst.Call) and isinstance(one.func, cst.Attribute) and \
                 one.func.attr.value in ("to", "cuda", "cpu"):  # ``nn.CrossEntropyLoss().to(self.device)``
@@ -183,14 +183,16 @@ def mean_call(facts: Facts, value: cst.Call) -> bool:
     return True
 
 
-def _passed(facts: Facts, func: cst.BaseExpression) -> list[cst.BaseExpression | None]:
-    """What each call of the script's function hands in as its parameter ``func`` (``train_model(model, loader,
-    opt, nn.CrossEntropyLoss(), device)`` for ``criterion``), through a name bound to it; [] when none does."""
-    name = func.value if isinstance(func, cst.Name) else None
+def _passed(facts: Facts, value: cst.Call) -> list[cst.BaseExpression | None]:
+    """What each call of the script's function that calls ``value`` hands in as its parameter ``value.func``
+    (``train_model(model, loader, opt, nn.CrossEntropyLoss(), device)`` for ``criterion``), through a name bound to
+    it; [] when none does, or the function is called where its callers are not all seen (none found)."""
+    name = value.func.value if isinstance(value.func, cst.Name) else None
+    scope = next((c.scope for c in facts.calls if c.node is value), None)
     found: list[cst.BaseExpression | None] = []
-    for call in facts.calls if name else ():
+    for call in facts.calls if name and scope is not None and name in scope.params else ():
         target = callee(facts, call)
-        if target is None or name not in target[0].params:
+        if target is None or target[0] is not scope:
             continue
         given = argument_for(call, str(name), target[0], target[1])
         bound = binding_of(facts, dotted(given) or "", call.scope, call.line) if isinstance(given, cst.Name) else None

@@ -289,10 +289,10 @@ def _imported(source: str, package: str = "", exported: dict[str, str] | None = 
 
 
 def _dynamic(func: ast.expr) -> bool:
-    """A call that imports or runs a module named by a string: ``importlib.import_module``, ``__import__``,
-    ``runpy.run_module`` / ``run_path``."""
+    """A call that imports a module named by a string: ``importlib.import_module``, ``__import__`` (not runpy's
+    ``run_path(..., run_name="__main__")``, which runs the file's main block as its own training)."""
     name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-    return name in ("import_module", "__import__", "run_module", "run_path")
+    return name in ("import_module", "__import__")
 
 
 def _names_in(source: str) -> frozenset[str]:

@@ -87,8 +87,9 @@ def _unpickled(work: _Work) -> bool:
             bound = flow.binding_of(work.facts, name, loop.scope, loop.line)
             made = next((c for c in work.facts.calls if bound is not None and c.node is bound.value), None)
             own = flow.callee(work.facts, made) if made is not None else None
-            inner = [c for c in work.facts.calls if own is not None and c.scope is own[0]] + ([made] if made else [])
-            load = next((c for c in inner if c.name in UNPICKLERS), None)
+            returned = {id(v) for where, v in work.facts.returns if own is not None and where is own[0]}
+            inner = [c for c in work.facts.calls if own is not None and c.scope is own[0] and id(c.node) in returned]
+            load = next((c for c in inner + ([made] if made else []) if c.name in UNPICKLERS), None)
             if load is None or bound is None:
                 continue
             work.leave(bound.line, f"the training batches come from {name}, a loader loaded from a file ({load.name}"

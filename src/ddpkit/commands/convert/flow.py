@@ -320,7 +320,9 @@ def _passes_items(value: cst.BaseExpression) -> bool:
     if isinstance(value, cst.Subscript):  # ``train_loader = self.loaders['train']``: a dict's loader by its split
         index = value.slice[0].slice if len(value.slice) == 1 else None
         return isinstance(index, cst.Index) and isinstance(index.value, cst.SimpleString)
-    return isinstance(value, cst.Call) and (dotted(value.func) or "").split(".")[-1] not in ("len", "list", "sum")
+    # (``batch = next(iter(loader))``: one batch, whose ``batch["x"]`` a loop may split by hand: no loader)
+    return isinstance(value, cst.Call) and \
+        (dotted(value.func) or "").split(".")[-1] not in ("len", "list", "sum", "next")
 
 
 def trains(facts: Facts, loop: Loop, depth: int = 0) -> bool:

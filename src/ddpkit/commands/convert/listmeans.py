@@ -121,7 +121,7 @@ def _meters_shown(work: _Work, loop: Loop) -> None:
     ..., loss=losses)`` every ``print_freq`` steps): this rank's running share, rank 0's on screen and in the log;
     said once a loop (its mean after the loop is reduced above, or listed)."""
     # (not a timer: ``data_time.update(time.time() - end)`` times this rank's steps, which is what it shows)
-    timers = {dotted(c.node.func.value) for c in loop.calls if c.last == "update" and isinstance(
+    timers = {dotted(c.node.func.value) for c in loop.calls if c.last in FEEDS and isinstance(
         c.node.func, cst.Attribute) and "time" in "".join(work.facts.code(a.value) for a in c.node.args)}
     meters = _meters(work.facts, loop) - timers
     for call in loop.calls if meters else ():

@@ -156,7 +156,9 @@ def step_loss_shown(work: _Work) -> None:
         outputs = _outputs(work, loop)
         for shown in [*loop.calls, *after]:
             read = {n.split(".")[0] for a in shown.node.args for n in names_in(a.value)}
-            also = sorted(read & outputs - losses - said) if shown.last in SHOWN and shown.line > first else []
+            # (in the loop before the backward too: ``print(f"Loss: {loss:.3f}")`` above ``loss.backward()``)
+            inside = shown.line > first or loop.line < shown.line <= loop.end
+            also = sorted(read & outputs - losses - said) if shown.last in SHOWN and inside else []
             named = sorted({n for a in shown.node.args for n in names_in(a.value)} & losses - said)
             # (what the name holds there is the stepped loss, not one rebound below the step: review 29, b/s02's
             # ``loss = running_loss / n_batch`` after the inner loop, then printed in the epoch loop)
@@ -166,7 +168,7 @@ def step_loss_shown(work: _Work) -> None:
                      and (b.line <= stepped or b.value is not None and heads(b.value) == {n})]
             # (or kept after the loop, once an epoch: a/s02's ``losses.append(loss.item())``, then written)
             kept = shown.last == "append" and shown.line > loop.end
-            if (shown.last in SHOWN or kept) and (named or also) and shown.line > first:
+            if (shown.last in SHOWN or kept) and (named or also) and inside:
                 said.update(named + also)
                 what = [f"{', '.join(named)}, the step's loss" + ("es" if len(named) > 1 else "")] if named else []
                 what += [f"{', '.join(also)}, of the model's outputs on the batch"] if also else []

@@ -61,7 +61,8 @@ def maybe_same(facts: Facts, write: Call, written: cst.BaseExpression | None, re
     # changes before the read unless the script renames a file (the SSD tutorial's ``TRAIN_images.json`` written,
     # ``test.txt`` read; SparseTSF's ``result.txt`` appended, a ``.../checkpoint.pth`` loaded: false waits)
     # (nor does torch.save's: it writes the name it is given, ``last.pth`` saved is no ``best.pth`` read)
-    named = (write.name in OPENERS or write.name == "torch.save") and not any(c.name in RENAMES for c in facts.calls)
+    named = (write.name in OPENERS or write.name == "torch.save" and isinstance(
+        written, (cst.SimpleString, cst.FormattedString))) and not any(c.name in RENAMES for c in facts.calls)
     return any(_agree(a, b) and (not named or _same_end(a, b)) for a in ones for b in others)
 
 

@@ -246,15 +246,16 @@ def moved_file_paths(root: str, out: str, sources: dict[str, str]) -> list[str]:
     paths from its own ``__file__`` (``dirname(dirname(abspath(__file__)))``, the data two folders up) finds
     other folders there. Said, once, with the file and the fix.
 
-    >>> moved_file_paths("/p/src", "/p/src/out", {"data.py": "root = os.path.dirname(__file__)\\n"})[0][:46]
+    >>> moved_file_paths("/p/src", "/p/src/out", {"data.py": "r = dirname(dirname(__file__))\\n"})[0][:46]
     'data.py makes paths from __file__ (line 1), an'
     """
     depth = os.path.realpath(out).rstrip(os.sep).count(os.sep)
     if depth == os.path.realpath(root).rstrip(os.sep).count(os.sep):  # (beside the project: ``-o ../src_ddp``)
         return []
     for rel, source in sorted(sources.items()):
-        line = next((n for n, text in enumerate(source.splitlines(), 1) if "__file__" in text and
-                     "dirname" in text or "__file__" in text and ".parent" in text), None)
+        line = next((n for n, text in enumerate(source.splitlines(), 1) if "__file__" in text and (
+                     text.count("dirname") > 1 or ".parent.parent" in text or "'..'" in text or '".."' in text)),
+                    None)  # (one that climbs out of the file's own folder: ``dirname(dirname(abspath(__file__)))``)
         if line is not None:
             beside = os.path.realpath(root) + "_ddp"
             return [f"{rel} makes paths from __file__ (line {line}), and {out} is not at the depth of {root}: the "

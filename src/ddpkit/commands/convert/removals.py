@@ -26,7 +26,7 @@ from ddpkit.commands.convert.flow import in_body
 from ddpkit.commands.convert.readback import writing
 from ddpkit.commands.convert.rules import per_rank
 from ddpkit.commands.convert.scan import Call
-from ddpkit.commands.convert.waits import called_in_branch, in_main_block, main_test
+from ddpkit.commands.convert.waits import called_in_branch, in_main_block, main_guard, main_test
 
 # the plan in the making (plan._Work): facts, edits, note, leave
 _Work = Any
@@ -82,12 +82,18 @@ def _top_if(work: _Work, holder: cst.BaseStatement, call: Call) -> cst.BaseState
     """The ``if`` every rank passes that holds the removal with other lines (``if os.path.exists(d):
     shutil.rmtree(d); print("cleaned")``): the barriers go around it. None for a loop or a ``try`` (a rank may
     leave it part way)."""
-    for node in m.findall(work.facts.module, m.If()):
-        if isinstance(node, cst.If) and _passed(work, node, call) and \
+    found = None
+    for node in m.findall(work.facts.module, m.If()):  # (outer first: the last found is the innermost)
+        if isinstance(node, cst.If) and _passed(work, node, call) and not main_guard(
+                work.facts.module.code_for_node(node.test)) and \
                 any(n is holder for n in m.findall(node, m.SimpleStatementLine())) and \
                 not m.findall(node, m.For() | m.While() | m.Try() | m.Return() | m.Break() | m.Continue()):
-            return node
-    return None
+            found = node
+    read = _read_before(work, call)
+    inside = {id(n) for n in m.findall(found, m.Call())} if found is not None else set()
+    if read is not None and any(c.line == read and id(c.node) in inside for c in work.facts.calls):
+        return None  # (the read it must wait for is inside that if: no barrier before it waits for the read)
+    return found
 
 
 READS = ("load", "load_state_dict", "read_csv", "imread", "loadtxt")

@@ -27,7 +27,8 @@ LIMIT = 1 << 20  # a module larger than this is not read here (converting it tog
 def writers(script: str, modules: list[str], source: str) -> list[str]:
     """One sentence per name the script uses that a module of ``modules`` (paths relative to the script's folder)
     defines at its top level with a file write inside; [] when none."""
-    used, any_class = _names(source)
+    stems = {part for rel in modules for part in rel[:-3].replace("\\", "/").split("/")}
+    used, any_class = _names(source, stems)
     root = os.path.dirname(os.path.abspath(script))
     trees = [(rel, _tree(os.path.join(root, rel))) for rel in modules]
     defined = [(rel, node) for rel, tree in trees for node in (tree.body if tree is not None else [])
@@ -71,7 +72,7 @@ def _tree(path: str) -> ast.Module | None:
         return None
 
 
-def _names(source: str) -> tuple[set[str], bool]:
+def _names(source: str, stems: set[str]) -> tuple[set[str], bool]:
     """The names the script reads (``getattr(models, 'Net')``'s text among them), and whether it picks a class of an
     imported module by a name it computes (``getattr(models, opt.model)``: any class of the modules may be the
     model)."""
@@ -80,7 +81,8 @@ def _names(source: str) -> tuple[set[str], bool]:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return set(), False
     imported = {(a.asname or a.name).split(".")[0] for n in ast.walk(tree)
-                if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}  # (``getattr(args, k)``: no module)
+                if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names
+                if a.name.split(".")[-1] in stems}  # (``getattr(args, k)``, torch's ``optim``: no project module)
     picks = [n.args[1] for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and
              n.func.id == "getattr" and len(n.args) >= 2 and getattr(n.args[0], "id", None) in imported]
     named = {p.value for p in picks if isinstance(p, ast.Constant) and isinstance(p.value, str)}
