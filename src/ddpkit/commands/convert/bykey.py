@@ -38,12 +38,14 @@ from ddpkit.commands.convert.scan import Binding, Facts, Loop
 @dataclasses.dataclass(frozen=True)
 class Held:
     """The dict ``name`` (its ``binding``) holding a loader: under ``key`` in a literal, or for every string of
-    ``strings`` in a comprehension over them (``key`` None, ``param`` its variable)."""
+    ``strings`` in a comprehension over them (``key`` None, ``param`` its variable); ``evaluated``: held by a name
+    that evaluation loops also read on their own (``test_loader``, put in the dict and looped by a last test)."""
     name: str
     binding: Binding
     key: str | None
     param: str | None
     strings: frozenset[str]
+    evaluated: bool = False
 
 
 def _string(node: Any) -> str | None:
@@ -74,7 +76,9 @@ def holder(facts: Facts, node: cst.Call) -> Held | None:
                 e.value is node or named is not None and named.scope is b.scope and named.line <= b.line and
                 dotted(e.value) == named.target)]
             if mine and None not in keys:
-                return Held(b.target, b, mine[0], None, frozenset(k for k in keys if k is not None))
+                evaluated = named is not None and bool(flow.loops_reading(facts, named.target, named.scope,
+                                                                          since=named))
+                return Held(b.target, b, mine[0], None, frozenset(k for k in keys if k is not None), evaluated)
         if isinstance(value, cst.DictComp) and value.value is node and value.for_in.inner_for_in is None and \
                 not value.for_in.ifs and isinstance(value.for_in.target, cst.Name) and \
                 dotted(value.key) == value.for_in.target.value and over_strings(value.for_in.iter):
@@ -85,9 +89,11 @@ def holder(facts: Facts, node: cst.Call) -> Held | None:
 def _named(facts: Facts, node: cst.Call) -> Binding | None:
     """The name ``node``'s loader is bound to when nothing but a dict then reads it (``train_loader =
     DataLoader(...)``, then ``loaders = {'train': train_loader, 'val': val_loader}``: the tutorials' other
-    spelling); None when a loop reads the name itself."""
+    spelling); None when a loop that trains reads the name itself (one that evaluates may: the loader then stays
+    whole, for both)."""
     bound = next((b for b in facts.bindings if b.value is node and b.index < 0 and "." not in b.target), None)
-    if bound is None or flow.loops_reading(facts, bound.target, bound.scope, since=bound):
+    if bound is None or any(flow.trains(facts, lp) for lp in flow.loops_reading(facts, bound.target, bound.scope,
+                                                                                 since=bound)):
         return None
     return bound
 

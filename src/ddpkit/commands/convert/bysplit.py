@@ -365,6 +365,8 @@ def by_key(work: _Work, call: Call, load: Callable[..., bool]) -> bool | None:
     if held is None or found is None or not found[0]:
         return None
     keys, loops, picker = found
+    if held.evaluated and held.key in keys:  # (trained on, and evaluated by its own name: the loops say apart)
+        return None
     values = tuple(sorted(keys))
     if held.key is None and keys != held.strings:
         return by_split(work, call, Split(str(held.param), values, tuple(lp for lp, _ in loops), picker or ""), load)

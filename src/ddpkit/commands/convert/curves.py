@@ -122,11 +122,12 @@ def _stepped_by(work: _Work, loop: Loop, value: Any) -> bool:
 
 def _own_step(loop: Loop, stmt: Any) -> bool:
     """The append is a statement of the loop's own block, or of a ``with`` there (``with torch.no_grad():``, a
-    WGAN-GP's bookkeeping): every step adds one, on every rank."""
+    WGAN-GP's bookkeeping) or of a ``try`` body (LSGAN's ``try: d_loss.append(...)``): every step adds one, on
+    every rank."""
     block, found = list(loop.node.body.body), []
     while block:  # (a one-line ``with x: y = ...`` holds no statement line of its own: review 34's hang)
-        found += [s for s in block if not isinstance(s, cst.With)]
-        block = [t for s in block if isinstance(s, cst.With) and isinstance(s.body, cst.IndentedBlock)
+        found += [s for s in block if not isinstance(s, (cst.With, cst.Try))]
+        block = [t for s in block if isinstance(s, (cst.With, cst.Try)) and isinstance(s.body, cst.IndentedBlock)
                  for t in s.body.body]
     return stmt is not None and any(s is stmt for s in found)
 
