@@ -102,15 +102,21 @@ def mean_criterion(facts: Facts, loop: Loop, loss: str, depth: int = 0) -> bool:
                        mean_criterion(facts, loop, name, depth + 1))
 
 
+def loss_number(value: Any) -> str | None:
+    """``loss.item()``, ``float(loss)``, ``loss.detach().cpu().item()``: the name (:func:`loss_name`), else None; a
+    number only, not ``loss.detach()`` (a tensor the script may ``torch.stack``: review)."""
+    number = isinstance(value, cst.Call) and (
+        isinstance(value.func, cst.Attribute) and value.func.attr.value == "item" or dotted(value.func) == "float")
+    return loss_name(value) if number else None
+
+
 def stepped_mean(facts: Facts, scope: Scope, mean: bool = True) -> bool:
     """Every value the script's function ``scope`` returns is the number of a loss it calls ``backward()`` on, a
     mean over the batch (a training step's ``loss.backward(); opt.step(); return loss.item()``, its caller
     appending each step's value to a list); without ``mean``, whatever that loss is."""
     values = [value for where, value in facts.returns if where is scope]
     for value in values:
-        number = isinstance(value, cst.Call) and (
-            isinstance(value.func, cst.Attribute) and value.func.attr.value == "item" or dotted(value.func) == "float")
-        name = loss_name(value) if number else None
+        name = loss_number(value)
         stepped = [c.line for c in facts.calls if c.scope is scope and c.last == "backward" and
                    isinstance(c.node.func, cst.Attribute) and dotted(c.node.func.value) == name]
         bound = binding_of(facts, name, scope, min(stepped)) if name and stepped else None

@@ -31,7 +31,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
-from ddpkit.commands.convert.batchmeans import MEANS, loss_name, mean_criterion, stepped_losses, stepped_mean
+from ddpkit.commands.convert.batchmeans import MEANS, loss_number, mean_criterion, stepped_losses, stepped_mean
 from ddpkit.commands.convert.names import dotted, resolve
 from ddpkit.commands.convert.scan import Loop
 
@@ -104,7 +104,7 @@ def _unknown_means(work: _Work, loop: Loop, name: str, appends: list[Any]) -> No
     another module's function, ``d_loss, score = discriminator_loss(...)``; vltkv's ``D_losses``): kept, said."""
     stepped = stepped_losses(loop)
     shown = [c for c in appends if _own_step(loop, c.stmt) and len(c.node.args) == 1 and
-             (_loss_value(c.node.args[0].value) in stepped or _stepped_by(work, loop, c.node.args[0].value))]
+             (loss_number(c.node.args[0].value) in stepped or _stepped_by(work, loop, c.node.args[0].value))]
     if shown and len(shown) == len(appends):
         work.keep(shown[0].line, f"{name} keeps this rank's loss step by step (rank 0's curve where it is saved or "
                   "shown): convert cannot tell it is a mean over the batch (a loss a function returns)",
@@ -149,16 +149,8 @@ def _batch_mean(work: _Work, loop: Loop, call: cst.Call, line: int) -> bool:
     own = flow.callee(work.facts, made) if made is not None else None
     if own is not None:
         return stepped_mean(work.facts, own[0])
-    name = _loss_value(value)  # (a stepped loss, or one the loop sums from them: a GAN's ``loss_D``)
+    name = loss_number(value)  # (a stepped loss, or one the loop sums from them: a GAN's ``loss_D``)
     return name is not None and (name in _means(work, loop) or mean_criterion(work.facts, loop, name))
-
-
-def _loss_value(value: Any) -> str | None:
-    """``loss.item()``, ``float(loss)``, ``loss.detach().cpu().item()``: the name (:func:`.batchmeans.loss_name`), else
-    None; a number only, not ``loss.detach()`` (a tensor the script may ``torch.stack``: review)."""
-    number = isinstance(value, cst.Call) and (
-        isinstance(value.func, cst.Attribute) and value.func.attr.value == "item" or dotted(value.func) == "float")
-    return loss_name(value) if number else None
 
 
 def _means(work: _Work, loop: Loop) -> set[str]:

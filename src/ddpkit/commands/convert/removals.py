@@ -22,6 +22,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.check.rules import RANK_WORDS
+from ddpkit.commands.convert import readback
 from ddpkit.commands.convert.flow import in_body
 from ddpkit.commands.convert.readback import writing
 from ddpkit.commands.convert.rules import per_rank
@@ -56,13 +57,13 @@ def remove(work: _Work, call: Call) -> None:
     while (outer := _sole_holder(work.facts.module, holder)) is not None:  # ``try: rmtree(d) except ...: pass``
         holder = outer
     work.edits.guard[id(holder)] = main_test(work, call.scope, call.line)
-    top = holder if _passed(work, holder, call) else _top_if(work, holder, call)
+    read = _read_before(work, call)
+    top = holder if _passed(work, holder, call) else _top_if(work, holder, call, read)
     if top is None or called_in_branch(work, call.scope):
         work.leave(call.line, f"{call.name} guarded (rank 0 removes), but under an if, in a loop or in a try: no "
                    "barrier was put after it, and another rank may go on before the folder is gone", "put ddpkit."
                    "barrier() after it where every rank passes")
         return
-    read = _read_before(work, call)
     if read is not None:  # (a clean-up after the reads: a slower rank may still be reading what rank 0 removes)
         work.edits.before.setdefault(id(top), []).append("ddpkit.barrier()")
     work.edits.after.setdefault(id(top), []).append("ddpkit.barrier()")
@@ -78,10 +79,10 @@ def _passed(work: _Work, stmt: cst.BaseStatement, call: Call) -> bool:
     return in_body(stmt, call.scope) or in_main_block(work.facts.module, stmt)
 
 
-def _top_if(work: _Work, holder: cst.BaseStatement, call: Call) -> cst.BaseStatement | None:
+def _top_if(work: _Work, holder: cst.BaseStatement, call: Call, read: int | None) -> cst.BaseStatement | None:
     """The ``if`` every rank passes that holds the removal with other lines (``if os.path.exists(d):
     shutil.rmtree(d); print("cleaned")``): the barriers go around it. None for a loop or a ``try`` (a rank may
-    leave it part way)."""
+    leave it part way), or one that holds the ``read`` line the removal must wait for."""
     found = None
     for node in m.findall(work.facts.module, m.If()):  # (outer first: the last found is the innermost)
         if isinstance(node, cst.If) and _passed(work, node, call) and not main_guard(
@@ -89,14 +90,13 @@ def _top_if(work: _Work, holder: cst.BaseStatement, call: Call) -> cst.BaseState
                 any(n is holder for n in m.findall(node, m.SimpleStatementLine())) and \
                 not m.findall(node, m.For() | m.While() | m.Try() | m.Return() | m.Break() | m.Continue()):
             found = node
-    read = _read_before(work, call)
     inside = {id(n) for n in m.findall(found, m.Call())} if found is not None else set()
     if read is not None and any(c.line == read and id(c.node) in inside for c in work.facts.calls):
         return None  # (the read it must wait for is inside that if: no barrier before it waits for the read)
     return found
 
 
-READS = ("load", "load_state_dict", "read_csv", "imread", "loadtxt")
+READS = (*readback.READS, "load_state_dict")  # (a checkpoint loaded into a model: its file read)
 
 
 def _read_before(work: _Work, call: Call) -> int | None:
