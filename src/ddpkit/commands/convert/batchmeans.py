@@ -20,6 +20,7 @@ import libcst.matchers as m
 
 from ddpkit.commands.convert.flow import argument_for, binding_of, callee
 from ddpkit.commands.convert.names import dotted, resolve
+from ddpkit.commands.convert.returns import at
 from ddpkit.commands.convert.scan import Facts, Loop, Scope
 
 # a mean of a list's values (``np`` unresolved: numpy's through a star import, NRI's ``from utils import *``)
@@ -170,11 +171,11 @@ def mean_call(facts: Facts, value: cst.Call) -> bool:
 
     made: list[cst.BaseExpression | None] = [value]
     if not torch_loss(value):  # ``criterion(...)``: what it is bound to
-        held = [b for b in facts.bindings if b.target == dotted(value.func) and isinstance(b.value, cst.Call)]
+        held: list[cst.BaseExpression | None] = [b.value for b in facts.bindings if b.target == dotted(value.func)
+                                                 and isinstance(b.value, cst.Call)]
         if not held and isinstance(value.func, cst.Attribute):  # ``model.criterion(...)``: the class's own
-            held = [b for b in facts.bindings if b.target == f"self.{value.func.attr.value}" and b.scope.cls and
-                    isinstance(b.value, cst.Call)]  # (``self.criterion = nn.CrossEntropyLoss()``, lab 11-3's)
-        made = [held[-1].value] if held else _passed(facts, value)
+            held = [kept] if (kept := _kept(facts, value.func)) is not None else []
+        made = held[-1:] or _passed(facts, value)
     for one in made or [None]:
         while isinstance(one, cst.Call) and isinstance(one.func, cst.Attribute) and \
                 one.func.attr.value in ("to", "cuda", "cpu"):  # ``nn.CrossEntropyLoss().to(self.device)``
@@ -202,11 +203,27 @@ def _passed(facts: Facts, value: cst.Call) -> list[cst.BaseExpression | None]:
             continue
         given = argument_for(call, str(name), target[0], target[1])
         bound = binding_of(facts, dotted(given) or "", call.scope, call.line) if isinstance(given, cst.Name) else None
-        if isinstance(given, cst.Attribute) and (dotted(given) or "").startswith("self.") and call.scope.cls:
-            held = [b for b in facts.bindings if b.target == dotted(given) and b.scope.cls == call.scope.cls]
-            bound = held[-1] if len(held) == 1 else None  # (``self.loss_function`` set once in the class)
+        kept = _kept(facts, given, call.scope.cls) if isinstance(given, cst.Attribute) else None
+        given = kept if kept is not None else given
         found.append(bound.value if bound is not None else given)
     return found
+
+
+def _kept(facts: Facts, attribute: cst.Attribute, cls: str | None = None) -> cst.BaseExpression | None:
+    """What an object of the script's classes holds as ``attribute`` (``model.criterion``, ``self.loss_function``):
+    the value the class binds to ``self.<name>`` (``nn.CrossEntropyLoss()``, lab 11-3's; ``F.cross_entropy``), else
+    the one value its ``@property`` of that name returns (a Fashion-MNIST wrapper's ``loss_function``); None when
+    no class, or several properties, hold it. ``cls``: the class of ``self.`` (else any one class of the script)."""
+    name, own = attribute.attr.value, cls if dotted(attribute.value) == "self" else None
+    held = [b.value for b in facts.bindings if b.target == f"self.{name}" and b.scope.cls and
+            (own is None or b.scope.cls == own) and isinstance(b.value, (cst.Call, cst.Name, cst.Attribute))]
+    if held:
+        return held[-1]  # (the last the class binds, as the loop would call it after __init__'s)
+    made = [scope for key, scope in facts.scopes.items() if key.endswith(f".{name}") and key.count(".") == 1 and
+            (own is None or scope.cls == own) and isinstance(scope.node, cst.FunctionDef) and
+            any(dotted(d.decorator) == "property" for d in scope.node.decorators)]
+    values = at(facts, made[0], -1) if len(made) == 1 else []
+    return values[0] if len(values) == 1 else None
 
 
 def summed_means(facts: Facts, loop: Loop, name: str) -> bool:

@@ -18,7 +18,7 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.commands.convert import feeds, flow, handedin, imported, loaderuse, stepped, trained
+from ddpkit.commands.convert import feeds, flow, handedin, imported, loaderuse, returns, stepped, trained
 from ddpkit.commands.convert.flow import callers
 from ddpkit.commands.convert.names import dotted
 from ddpkit.commands.convert.scan import Call, Facts, imported_from
@@ -87,7 +87,7 @@ def _unpickled(work: _Work) -> bool:
             bound = flow.binding_of(work.facts, name, loop.scope, loop.line)
             made = next((c for c in work.facts.calls if bound is not None and c.node is bound.value), None)
             own = flow.callee(work.facts, made) if made is not None else None
-            returned = {id(v) for where, v in work.facts.returns if own is not None and where is own[0]}
+            returned = {id(v) for v in returns.at(work.facts, own[0], -1)} if own is not None else set()
             inner = [c for c in work.facts.calls if own is not None and c.scope is own[0] and id(c.node) in returned]
             load = next((c for c in inner + ([made] if made else []) if c.name in UNPICKLERS), None)
             if load is None or bound is None:

@@ -173,9 +173,12 @@ def _init(call: Call, target: str, loading: bool, facts: Any = None, depth: int 
     # (a helper imported from another module that initialises what it is handed: the GAN lessons' util.py
     # ``init_weights(netG, init_type='normal')``, model.py's ``init_net(netG, ...)``; its body is not read here)
     # (or named for an init anyhow: DCGAN-CIFAR10's ``weight_init(netg)`` of dcgan.py)
+    # (and, right below the build, one named for a load: the pytorch-gan lesson's ``load_model(disc, path,
+    # device)``, which draws an init when the file is not there; a load before the wrap is right anyhow)
     if base is None and dotted(first) == target and (call.last in INIT_METHODS or call.last.startswith(
-            INIT_PREFIXES) or "init" in call.last.lower()) and not any(w in call.last for w in STATES) and \
-            (facts is None or callee(facts, call) is None):
+            INIT_PREFIXES) or "init" in call.last.lower() or loading and any(
+            w in call.last.lower() for w in ("load", "restore", "resume"))) and \
+            not any(w in call.last for w in STATES) and (facts is None or callee(facts, call) is None):
         return True
     fixed = call.last in ("zeros_", "ones_", "constant_", "eye_", "dirac_")  # the same on every rank
     if (call.name or "").startswith("torch.nn.init."):

@@ -62,17 +62,48 @@ def loss_methods(work: _Work) -> dict[str, list[str]]:
     return found
 
 
-def _attribute_of(work: _Work, owner: str, name: str) -> str | None:
-    """What the model's class of this file sets ``self.<name>`` to (``nn.CrossEntropyLoss`` of a lesson's
-    ``self.criterion = nn.CrossEntropyLoss().to(device)``), where ``name`` is no method it defines: no forward
-    method to name (prepare_model refuses an attribute: review 26); None where it is a method, or not known."""
+def self_trained(work: _Work) -> None:
+    """List a training loop written as a method of the prepared model's own class (``class Net(nn.Module): def
+    fit(self, loader): ... out = self(x)``, called ``model.fit(loader)``): ``self`` there is the plain module, its
+    forward outside DDP, so each rank would train its own copy (ddpkit's first step stops it).
+
+    >>> from ddpkit.commands.convert.plan import plan
+    >>> text = ("import torch\\nfrom torch.utils.data import DataLoader\\nclass Net(torch.nn.Linear):\\n"
+    ...         "    def fit(self, opt, ds):\\n        for x in DataLoader(ds, batch_size=8, shuffle=True):\\n"
+    ...         "            self(x).mean().backward()\\n            opt.step()\\nnet = Net(2, 2)\\n"
+    ...         "net.fit(torch.optim.SGD(net.parameters(), lr=0.1), ds)\\n")
+    >>> [(left.line, left.what[:48]) for left in plan(text).left]
+    [(5, 'the training loop of Net.fit runs the model as s')]
+    """
+    classes = {cls for b in work.models if (cls := _class_of(work, b.target)) is not None}
+    for loop in work.facts.loops:
+        if loop.scope.cls not in classes or loop.outer or not flow.trains(work.facts, loop):
+            continue
+        if any(dotted(c.node.func) in ("self", "self.forward") for c in loop.calls):
+            method = loop.scope.name
+            work.leave(loop.line, f"the training loop of {method} runs the model as self(...): a method of the "
+                       "model's own class, called on the prepared model, runs the plain module outside DDP's forward "
+                       "(each rank would train its own copy; the first step stops it)", "move the loop out of the "
+                       f"class into a function handed the model (def {method.split('.')[-1]}(model, ...), model(x) "
+                       "for self(x)), call it with the prepared model, then convert again")
+
+
+def _class_of(work: _Work, owner: str) -> str | None:
+    """The class of the script a prepared model is built from (``Gan`` of ``Gan().to(device)``), or None."""
     made: Any = next((b.value for b in work.models if b.target == owner), None)
     while isinstance(made, cst.Call) and (dotted(made.func) == "ddpkit.prepare_model" and made.args or
                                           isinstance(made.func, cst.Attribute) and
                                           made.func.attr.value in ("to", "cuda", "cpu")):  # (``Gan().to(device)``)
         func: Any = made.func
         made = made.args[0].value if dotted(func) == "ddpkit.prepare_model" else func.value
-    cls = dotted(made.func) if isinstance(made, cst.Call) else None
+    return dotted(made.func) if isinstance(made, cst.Call) else None
+
+
+def _attribute_of(work: _Work, owner: str, name: str) -> str | None:
+    """What the model's class of this file sets ``self.<name>`` to (``nn.CrossEntropyLoss`` of a lesson's
+    ``self.criterion = nn.CrossEntropyLoss().to(device)``), where ``name`` is no method it defines: no forward
+    method to name (prepare_model refuses an attribute: review 26); None where it is a method, or not known."""
+    cls = _class_of(work, owner)
     if cls is None or f"{cls}.{name}" in work.facts.scopes:
         return None
     for b in work.facts.bindings:

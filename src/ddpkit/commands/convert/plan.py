@@ -242,6 +242,7 @@ class _Work:
         loaders.loaders(self)
         stepped.answer(self)
         unwrapped.unwrapped(self)
+        methods.self_trained(self)
         batchstats.own_batch_norm(self)
         batchstats.model_optimizer(self)
         splits.splits(self, any(c.name in (loaders.LOADER, "ddpkit.data_loader") for c in self.facts.calls))
