@@ -255,7 +255,7 @@ def test_the_second_reviews_shapes_are_refused_or_listed_not_converted_wrong():
                                             "with torch.no_grad():\n    for x, y in test_loader:\n"
                                             "        preds.append(model(x))\ncheck_accuracy(train_loader, model)\n")
     result = plan(shared)
-    assert result.refused and any("a loader left unsharded" in x.what for x in result.left), result.left
+    assert result.refused and any("a loader kept whole" in x.what for x in result.left), result.left
     factory = ("import torch\nfrom torch.utils.data import DataLoader\n\n\ndef make(bs):\n"
                "    return DataLoader(ds, batch_size=bs, shuffle=True)\n\n\nFACTORIES = {'train': make}\n"
                "loader = FACTORIES['train'](8)\nmodel = torch.nn.Linear(2, 1)\n"

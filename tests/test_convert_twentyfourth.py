@@ -354,8 +354,8 @@ def test_the_scripts_own_barrier_after_a_branched_save_in_a_training_function_is
 
     result = plan(BEST)
     assert not [x for x in result.left if "barrier" in x.what + x.fix], [(x.line, x.what) for x in result.left]
-    unwaited = plan(BEST.replace("        ddpkit.barrier()\n", ""))
-    assert [x.line for x in unwaited.left if "barrier" in x.fix] == [15], unwaited.left
+    unwaited = plan(BEST.replace("        ddpkit.barrier()\n", ""))  # (waited for before the read: set 25's c/s06)
+    assert not unwaited.left and "train(net, loader, 3)\nddpkit.barrier()\nnet.load_state_dict(" in unwaited.text
 
 
 METER = '''import torch
@@ -547,8 +547,9 @@ def test_a_save_of_another_file_than_the_one_read_owes_no_barrier():
     ``best.pth`` read after training; both saves were said to need a barrier ("maybe the one saved here")."""
     from ddpkit.commands.convert.plan import plan
 
-    result = plan(TWO_SAVES)
-    assert [x.line for x in result.left if "barrier" in x.fix] == [16], [(x.line, x.what) for x in result.left]
+    result = plan(TWO_SAVES)  # (best.pth waited for before its read, which every rank reaches: set 25's c/s06)
+    assert not result.left and result.text.count("ddpkit.barrier()") == 1, result.text
+    assert "train(3)\nddpkit.barrier()\nnet.load_state_dict(" in result.text, result.text
 
 
 PREDICT = '''import torch

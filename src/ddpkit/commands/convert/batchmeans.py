@@ -171,15 +171,15 @@ def mean_call(facts: Facts, value: cst.Call) -> bool:
 
     made: list[cst.BaseExpression | None] = [value]
     if not torch_loss(value):  # ``criterion(...)``: what it is bound to
+        # (not ``loss_fn = loss_fn.to(device)``, the tutorial's: the same criterion, moved)
         held: list[cst.BaseExpression | None] = [b.value for b in facts.bindings if b.target == dotted(value.func)
-                                                 and isinstance(b.value, cst.Call)]
+                                                 and isinstance(b.value, cst.Call) and dotted(_unmoved(b.value))
+                                                 != b.target]
         if not held and isinstance(value.func, cst.Attribute):  # ``model.criterion(...)``: the class's own
             held = [kept] if (kept := _kept(facts, value.func)) is not None else []
         made = held[-1:] or _passed(facts, value)
     for one in made or [None]:
-        while isinstance(one, cst.Call) and isinstance(one.func, cst.Attribute) and \
-                one.func.attr.value in ("to", "cuda", "cpu"):  # ``nn.CrossEntropyLoss().to(self.device)``
-            one = one.func.value
+        one = _unmoved(one)  # ``nn.CrossEntropyLoss().to(self.device)``
         if isinstance(one, (cst.Name, cst.Attribute)) and one is not value and \
                 (resolve(dotted(one), facts.aliases) or "").startswith("torch.nn.functional."):
             one = cst.Call(one)  # (``self.loss_function = F.cross_entropy``, handed on: called with its default)
@@ -207,6 +207,14 @@ def _passed(facts: Facts, value: cst.Call) -> list[cst.BaseExpression | None]:
         given = kept if kept is not None else given
         found.append(bound.value if bound is not None else given)
     return found
+
+
+def _unmoved(value: Any) -> Any:
+    """``nn.CrossEntropyLoss().to(device).cuda()`` -> ``nn.CrossEntropyLoss()``."""
+    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and \
+            value.func.attr.value in ("to", "cuda", "cpu"):
+        value = value.func.value
+    return value
 
 
 def _kept(facts: Facts, attribute: cst.Attribute, cls: str | None = None) -> cst.BaseExpression | None:

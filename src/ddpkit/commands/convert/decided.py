@@ -48,11 +48,14 @@ def check(work: _Work, built: list[Call], training: bool, for_others: bool) -> N
                        f"with a DataLoader line of its own, in a function other than {plain[2]}(), then "
                        "convert again", blocks=True)
             break
-        if plain is not None:
-            work.leave(loop.line, f"the evaluation loop here also runs over {plain[0]} (line {plain[1]}), a loader "
-                       "left unsharded: with its sums reduced across ranks, that one's would count N times",
-                       "make that loader a ddpkit.data_loader(..., train=False) where it is built, or evaluate it "
-                       "in a function of its own, then convert again", blocks=True)
+        if plain is not None:  # (kept whole for another loop's results: sharded, those would be rank 0's)
+            name, line, _, why = plain
+            work.leave(loop.line, f"the evaluation loop here also runs over {name} (line {line}), "
+                       f"{why or 'a loader left unsharded'}: this loop's sums are reduced across ranks for the "
+                       "sharded loader, and one function cannot reduce them for one loader and not the other",
+                       ("" if why else "make that loader a ddpkit.data_loader(..., train=False) where it is built, "
+                        "or ") + f"evaluate {name} in a function of its own (a copy of {loop.scope.name or 'the loop'}"
+                       "), then convert again", blocks=True)
             break
     backward = [c for c in work.facts.calls if c.last == "backward"]
     training |= any(c.name == "ddpkit.data_loader" for c in work.facts.calls)

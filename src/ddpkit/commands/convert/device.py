@@ -290,18 +290,30 @@ def _choices(work: _Work) -> list[tuple[cst.If, list[cst.BaseExpression], list[B
         tests, blocks, ends_in_else = _chain(node)
         if id(node) in elifs or not ends_in_else:
             continue
-        picks = [[b for b in facts.bindings if b.value is not None and kind_of(text_of(b.value) or "")
+        picks = [[b for b in facts.bindings if b.value is not None and _kind(b.value)
                   and any(b.stmt is s for s in block.body)] for block in blocks]
         if all(len(p) == 1 for p in picks) and len({p[0].target for p in picks}) == 1:
             found.append((node, tests, [p[0] for p in picks]))
     return found
 
 
+def _kind(value: Any) -> str:
+    """"cpu" or "accelerator" for a device a branch binds; an accelerator whenever one is available, else the CPU
+    (``torch.device('cuda:0' if torch.cuda.is_available() else 'cpu')``, in each branch of a ``multigpu`` switch)
+    is ddpkit's own choice, read as "accelerator"; "" for anything else."""
+    if isinstance(value, cst.Call) and dotted(value.func) in ("torch.device", "device") and len(value.args) == 1:
+        value = value.args[0].value
+    if isinstance(value, cst.IfExp) and available(value.test) and not isinstance(value.orelse, cst.IfExp) and \
+            kind_of(text_of(value.body) or "") == "accelerator" and kind_of(text_of(value.orelse) or "") == "cpu":
+        return "accelerator"
+    return kind_of(text_of(value) or "")
+
+
 def _chosen(work: _Work, node: cst.If, tests: list[cst.BaseExpression], picks: list[Binding]) -> list[Binding]:
     """One ``state = ddpkit.init(...)`` above the chain (every path needs the state, not only the branch that
     bound it), and ``device = state.device`` in each branch; the chain itself goes when it did nothing else.
     The bindings converted, or none (a CPU branch between two accelerator ones: the switch is not one test)."""
-    kinds = [kind_of(text_of(b.value) or "") for b in picks]  # type: ignore[arg-type]
+    kinds = [_kind(b.value) for b in picks]
     first = kinds.index("cpu") if "cpu" in kinds else len(kinds)
     cpu_tail = first > 0 and all(k == "cpu" for k in kinds[first:])  # (pyg's cuda / elif mps: cpu / else cpu)
     if not cpu_tail and (kinds.count("cpu") > 1 or "cpu" in kinds[1:-1]):

@@ -28,13 +28,15 @@ _Work = Any  # the plan in the making (plan._Work)
 LOADER = "torch.utils.data.DataLoader"
 
 
-def unsharded_feed(work: _Work, loop: Loop) -> tuple[str, int, str | None] | None:
-    """(the argument, its line, the function of this file that built it with the training loader's line) of a call
-    that hands the loop's function, as the parameter it loops over, something other than a DataLoader built in this
-    file (one imported from another module, say): a loader this plan does not shard."""
+def unsharded_feed(work: _Work, loop: Loop) -> tuple[str, int, str | None, str] | None:
+    """(the argument, its line, the function of this file that built it with the training loader's line, why a
+    ``ddpkit.data_loader`` there is no fix: kept whole for another loop's results, or one already) of a call that
+    hands the loop's function, as the parameter it loops over, something other than a DataLoader built in this file
+    (one imported from another module, say): a loader this plan does not shard."""
     scope = loop.scope
     params = handedin.reads(work, loop) & set(scope.params)
     built = {id(c.node) for c in work.facts.calls if c.name == LOADER}
+    by_hand = {id(c.node) for c in work.facts.calls if c.name == "ddpkit.data_loader"}
     for call in work.facts.calls if params else ():
         target = flow.callee(work.facts, call)
         if target is None or target[0] is not scope:
@@ -49,7 +51,10 @@ def unsharded_feed(work: _Work, loop: Loop) -> tuple[str, int, str | None] | Non
                 made = _made(work, bound)
                 if bound is None or id(made) not in built or id(made) in work.plain or \
                         id(made) in work.sharded and bound.value is None:  # (the builder's training line: char-cnn)
-                    return (name or "an expression", call.line, _builder(work, bound))
+                    why = "a loader kept whole (another loop keeps results of it that cannot be summed)" if \
+                        id(made) in work.plain else "a ddpkit.data_loader written in (its other loops convert does " \
+                        "not follow)" if id(made) in by_hand else ""
+                    return (name or "an expression", call.line, _builder(work, bound), why)
     return None
 
 

@@ -391,14 +391,21 @@ def batch_names(facts: Facts, loop: Loop) -> set[str]:
     for _ in range(2):
         for b in facts.bindings:
             value = b.value
+            if id(b.stmt) in inside and value is None and dotted(b.whole) in found:
+                found.add(b.target)  # (DCGAN's ``for i, data in enumerate(loader)``, then ``x, _ = data``)
             if id(b.stmt) not in inside or not isinstance(value, cst.Call):
                 continue
-            while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and \
-                    value.func.attr.value in MOVES:
-                value = value.func.value
+            while isinstance(value, cst.Call) and (isinstance(value.func, cst.Attribute) and
+                                                   value.func.attr.value in MOVES or _variable(value)):
+                value = value.func.value if isinstance(value.func, cst.Attribute) else value.args[0].value
             if value is not b.value and dotted(value) in found:
                 found.add(b.target)
     return found
+
+
+def _variable(call: cst.Call) -> bool:
+    """``Variable(x)``, the old autograd wrapper (``xin = Variable(x).to(device)``): the batch itself."""
+    return (dotted(call.func) or "").split(".")[-1] == "Variable" and len(call.args) == 1
 
 
 def instance_class(facts: Facts, held: cst.BaseExpression, scope: Scope, line: int) -> tuple[str, str] | None:

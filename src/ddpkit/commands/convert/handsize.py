@@ -47,6 +47,10 @@ def ask(work: _Work, read_in: Callable[[set[str], list[Loop], Call], tuple[str, 
                  flow.trains(work.facts, lp)] if origin is not None else []
         if origin is None or "." in origin[1] or not loops:
             continue
+        # (the loops over what it returns, as a loader's own loops are read in one file: not the epoch loop around
+        # them, whose ``torch.randn(args.batch_size, z_dim)`` draws a picture's latents, a VAE's)
+        bound = {b.target for b in work.facts.bindings if b.whole is made.node}
+        loops = [lp for lp in loops if lp.iter_names & bound] or loops
         position = 0
         for arg in made.node.args:
             if arg.star:

@@ -232,7 +232,8 @@ def transparent(facts: Any, node: cst.With) -> bool:
 
 def _list_mean_nodes(facts: Any, stmt: cst.CSTNode, lists: set[str]) -> list[cst.BaseExpression]:
     """The means of one of ``lists`` in ``stmt``: ``np.mean(l)``, ``sum(l) / len(l)``, ``torch.mean(torch.tensor(l))``
-    (a DCGAN's ``torch.mean(torch.FloatTensor(D_losses))``); not one inside another."""
+    (a DCGAN's ``torch.mean(torch.FloatTensor(D_losses))``), ``torch.stack(l).mean()`` (a VAE project's epoch
+    loss); not one inside another."""
     found: list[cst.BaseExpression] = []
     for node in m.findall(stmt, m.Call() | m.BinaryOperation(operator=m.Divide())):
         if any(id(node) in {id(n) for n in m.findall(f, m.Call() | m.BinaryOperation())} for f in found):
@@ -245,6 +246,12 @@ def _list_mean_nodes(facts: Any, stmt: cst.CSTNode, lists: set[str]) -> list[cst
                 found.append(node)
             continue
         name = resolve(dotted(node.func), facts.aliases) if isinstance(node, cst.Call) else None
+        held = node.func.value if isinstance(node, cst.Call) and not node.args and isinstance(
+            node.func, cst.Attribute) and node.func.attr.value == "mean" else None  # (``torch.stack(l).mean()``)
+        if isinstance(node, cst.Call) and isinstance(held, cst.Call) and len(held.args) == 1 and \
+                dotted(held.args[0].value) in lists and resolve(dotted(held.func), facts.aliases) in TENSORS:
+            found.append(node)
+            continue
         if not isinstance(node, cst.Call) or len(node.args) != 1:
             continue
         inner = node.args[0].value
@@ -257,6 +264,6 @@ def _list_mean_nodes(facts: Any, stmt: cst.CSTNode, lists: set[str]) -> list[cst
 
 
 TIGHT = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
-TENSORS = ("torch.FloatTensor", "torch.tensor", "torch.Tensor", "numpy.array", "numpy.asarray")
+TENSORS = ("torch.FloatTensor", "torch.tensor", "torch.Tensor", "numpy.array", "numpy.asarray", "torch.stack")
 
 

@@ -242,8 +242,16 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
         loops = list({id(lp): lp for b in returned for lp in loops_reading(work.facts, b.target, b.scope)}.values())
         binding = returned[0] if len(returned) == 1 else None
     loops = loops if only is None else only
+    unbound = loaderuse.iterated_in_place(work.facts, call) if returned and loops else []
     if role is not None:  # another module of the project trains on it (crossing): its loops are there
         pass
+    elif unbound:  # (an LSTM lesson's ``sum(... for x, y in create_dataset(dev, batch_size=1))``: an evaluation)
+        work.leave(call.line, f"the function returning this DataLoader is also called at line {unbound[0].line}, "
+                   "its loader iterated in place, unbound: convert cannot tell that loader's role (an evaluation "
+                   "would be sharded with the training one)", "bind it to a name where it is called (eval_loader "
+                   "= ...(...)) and loop over that name, or build the evaluation loader with a DataLoader line of "
+                   "its own, then convert again", blocks=True)
+        return False
     elif returned is not None and not loops and not loaderuse.called(work.facts, call):
         work.keep(call.line, "a DataLoader a function returns, called from no line of this file, left as it is",
                   "its callers are elsewhere (or nowhere): a file of the project that trains on it asks for it, "

@@ -184,6 +184,15 @@ def returns(facts: Facts, binding: Binding) -> bool:
                for scope, value in facts.returns if scope.name)
 
 
+def iterated_in_place(facts: Facts, call: Call) -> list[Call]:
+    """The calls of the function that returns ``call``'s loader whose value no name holds (``for x, y in
+    create_dataset(dev, batch_size=1)``, in a generator or a for statement); none where it is not returned."""
+    returning = [scope for scope, value in facts.returns if any(e is call.node for e in unpacked(value))]
+    held = {id(b.whole) for b in facts.bindings} | {id(b.value) for b in facts.bindings}
+    return [c for scope in returning[:1] for c in callers(facts, scope) if id(c.node) not in held and
+            isinstance(c.node, cst.Call)]
+
+
 def returned(facts: Facts, call: Call) -> list[Binding] | None:
     """``return DataLoader(...)`` (or one of a returned tuple): what the function's callers bind it to
     (``train_loader = get_loader(args)``); None when the call is not returned."""

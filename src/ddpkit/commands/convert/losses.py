@@ -75,8 +75,9 @@ def _summed(work: _Work) -> Call | None:
         bound = {b.target for b in work.facts.bindings if b.value is call.node}
         # (its innermost loop trains: an evaluation loop inside the epoch loop, under no_grad, does not)
         trains = not call.no_grad and (call.loops and id(call.loops[-1]) in training or id(call.scope) in helpers
-                                       or any(dotted(c.node.func) in bound and c.loops and id(c.loops[-1])
-                                              in training and not c.no_grad for c in work.facts.calls))
+                                       or any(dotted(c.node.func) in bound and not c.no_grad and (
+                                           c.loops and id(c.loops[-1]) in training or id(c.scope) in helpers)
+                                              for c in work.facts.calls))  # (in a step helper: an LSTM's apply())
         if summed_reduction and over_tokens(work, call):  # (divided by the kept tokens: tokens.py lists it)
             continue
         if (summed_backward or summed_reduction) and counted.divided_by_count(work, call.line):  # (counted.py's)
@@ -97,7 +98,7 @@ def _summed_shown(work: _Work, call: Call) -> None:
         criteria = {b.target for b in work.facts.bindings if b.value is call.node}
         made = next((c for c in work.facts.calls if c.loops and (dotted(c.node.func) in criteria or call.scope.name
                      and (callee(work.facts, c) or (None,))[0] is call.scope)), call)
-    named = {b.target for b in work.facts.bindings if b.value is made.node}
+    named = {b.target for b in work.facts.bindings if b.value is made.node} | _unpacked_sums(work, made, call)
     loop = made.loops[-1] if made.loops else None
     # (in the loop each step, or after it, the last batch's: Soooda/vae's ``print(..., loss.item())`` an epoch)
     after = [c for c in work.facts.calls if loop is not None and c.scope is loop.scope and c.line > loop.end]
@@ -115,6 +116,26 @@ def _summed_shown(work: _Work, call: Call) -> None:
                       "ddpkit.reduce(loss.detach()) shows "
                       "the whole batch's")
             return
+
+
+def _unpacked_sums(work: _Work, made: Call, summed: Call) -> set[str]:
+    """What ``loss, rec, kld = loss_func(recon, x)`` (``made``, a function of the script's) takes from its returns
+    that holds its summed call ``summed`` (``rec = F.binary_cross_entropy(..., reduction='sum')``, ``loss = rec +
+    kld``, ``return loss, rec, kld``): the VAE's elements, each a share of the batch's sum."""
+    target = callee(work.facts, made)
+    if target is None or target[0] is not summed.scope:
+        return set()
+    scope, found = target[0], set()
+    for b in (b for b in work.facts.bindings if b.whole is made.node and b.value is None and b.index >= 0):
+        values = [v for element in returns.at(work.facts, scope, b.index) for v in returns.through(work.facts, scope,
+                                                                                                  element)]
+        for _ in range(2):  # (``loss = rec + kld``: through the names the element is made from)
+            names = {n for v in values for n in names_in(v)}
+            values += [x.value for x in work.facts.bindings if x.scope is scope and x.target in names and
+                       x.value is not None and all(x.value is not v for v in values)]
+        if any(v is summed.node or any(n is summed.node for n in m.findall(v, m.Call())) for v in values):
+            found.add(b.target)
+    return found
 
 
 def _per_sample(shown: Call, named: set[str], targets: set[str]) -> bool:
@@ -153,12 +174,13 @@ def step_loss_shown(work: _Work) -> None:
                  all(o.line <= c.line <= o.end for o in loop.outer)]  # (within the epoch loop around it)
         backwards = [c.line for c in loop.calls if c.last == "backward"]
         first, stepped = min(backwards, default=loop.end), max(backwards, default=loop.end)
-        outputs = _outputs(work, loop)
+        outputs, terms = _outputs(work, loop), _terms(work, loop, losses)
         for shown in [*loop.calls, *after]:
             read = {n.split(".")[0] for a in shown.node.args for n in names_in(a.value)}
             # (in the loop before the backward too: ``print(f"Loss: {loss:.3f}")`` above ``loss.backward()``)
             inside = shown.line > first or loop.line < shown.line <= loop.end
             also = sorted(read & outputs - losses - said) if shown.last in SHOWN and inside else []
+            parts = sorted(read & terms - set(also) - said) if shown.last in SHOWN and inside else []
             named = sorted({n for a in shown.node.args for n in names_in(a.value)} & losses - said)
             # (what the name holds there is the stepped loss, not one rebound below the step: review 29, b/s02's
             # ``loss = running_loss / n_batch`` after the inner loop, then printed in the epoch loop)
@@ -168,12 +190,13 @@ def step_loss_shown(work: _Work) -> None:
                      and (b.line <= stepped or b.value is not None and heads(b.value) == {n})]
             # (or kept after the loop, once an epoch: a/s02's ``losses.append(loss.item())``, then written)
             kept = shown.last == "append" and shown.line > loop.end
-            if (shown.last in SHOWN or kept) and (named or also) and inside:
-                said.update(named + also)
+            if (shown.last in SHOWN or kept) and (named or also or parts) and inside:
+                said.update(named + also + parts)
                 what = [f"{', '.join(named)}, the step's loss" + ("es" if len(named) > 1 else "")] if named else []
                 what += [f"{', '.join(also)}, of the model's outputs on the batch"] if also else []
+                what += [f"{', '.join(parts)}, terms of the step's loss"] if parts else []
                 whole = f"ddpkit.reduce({named[0]}.detach(), op='mean')" if named else \
-                    f"ddpkit.reduce({also[0]}, op='mean')"
+                    f"ddpkit.reduce({(also or parts)[0]}, op='mean')"
                 work.keep(shown.line, f"{shown.last}(...) {'keeps' if kept else 'shows'} {'; '.join(what)}" +
                           (", the training loop's last" if shown.line > loop.end else ""), "this rank's: a mean over "
                           "its 1/N of the global batch (rank 0's on screen), the same quantity from fewer samples; "
@@ -186,6 +209,15 @@ def _called(value: cst.Call) -> cst.Call:
     while isinstance(value.func, cst.Attribute) and isinstance(value.func.value, cst.Call):
         value = value.func.value
     return value
+
+
+def _terms(work: _Work, loop: Loop, losses: set[str]) -> set[str]:
+    """The names a stepped loss is summed from in ``loop`` (an f-GAN's ``errD = errD_real + errD_fake``, each of
+    the step's batch), each bound in the loop itself (not a weight set above it)."""
+    within = [b for b in work.facts.bindings if b.scope is loop.scope and loop.line < b.line <= loop.end]
+    summed = {n for b in within if b.target in losses and isinstance(b.value, cst.BinaryOperation)
+              for n in names_in(b.value) if "." not in n}
+    return {b.target for b in within if b.target in summed - losses}
 
 
 def _outputs(work: _Work, loop: Loop) -> set[str]:

@@ -258,6 +258,7 @@ class _Work:
         losses.contrastive_loss(self)
         counted.count_normalised_loss(self)
         rules.outputs(self)
+        rules.class_reads(self)
         removals.removals(self)
         writes.writes(self)
         choices.rank_chosen_saves(self)
@@ -266,6 +267,7 @@ class _Work:
         lazy.lazy_layers(self)
         wholebatch.whole_batch(self)
         shownbatch.shown_batches(self)
+        shownbatch.peeks(self)
         prompts.prompts(self)
 
     def _convertible(self) -> bool:

@@ -23,6 +23,8 @@ from ddpkit.commands.convert.names import heads
 from ddpkit.commands.convert.paths import OPENERS
 from ddpkit.commands.convert.scan import Call
 from ddpkit.commands.convert.waits import (
+    barrier_between,
+    branch_said,
     branched,
     callers_apart,
     in_main_block,
@@ -60,7 +62,7 @@ def read_back(work: _Work, call: Call, stmt: Any, what: str | None = None) -> No
                       "runs next and may read the file", call.line)
         return
     if branched(work, call) and (_waited(work, call, reads) or own_barrier(work, call, reads) or
-                                 wait_before(work, call, reads)):
+                                 barrier_between(work, call, reads) or wait_before(work, call, reads)):
         return
     pairs = [c for c in reads if _pair(work, call, c, reads)]  # (two functions apart: order.apart_functions)
     apart = pairs + [c for c in reads if c not in pairs and _read_before_call(work, call, c)]
@@ -72,7 +74,7 @@ def read_back(work: _Work, call: Call, stmt: Any, what: str | None = None) -> No
         return
     if branched(work, call):  # (a rank may not pass the barrier)
         work.leave(call.line, f"a file is read at line {reads[0].line} (maybe the one written here), and the write "
-                   "is inside an if or a loop: the other ranks may read it before rank 0 has written it",
+                   f"is {branch_said(work, call)}: the other ranks may read it before rank 0 has written it",
                    "put ddpkit.barrier() after the write where every rank passes")
         return
     work.edits.after.setdefault(id(stmt), []).append("ddpkit.barrier()")

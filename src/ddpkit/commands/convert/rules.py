@@ -132,6 +132,19 @@ def outputs(work: _Work) -> None:
                       call.line)
 
 
+def class_reads(work: _Work) -> None:
+    """``model.__class__`` (``'VGG' in model.__class__.__name__``, an image-classifier's save helper) ->
+    ``ddpkit.unwrap(model).__class__``: the prepared model's class is the wrapper's (DDP), as ``type()`` is."""
+    wrapped = {b.target for b in work.models}
+    for node in m.findall(work.facts.module, m.Attribute(attr=m.Name("__class__"))):
+        assert isinstance(node, cst.Attribute)
+        if dotted(node.value) in wrapped and id(node.value) not in work.edits.expr:
+            work.edits.expr[id(node.value)] = _unwrapped
+            line = next((r[2] for r in work.facts.reads if r[3] is node.value or r[3] is node), None)
+            work.note(f"{dotted(node.value)}.__class__ -> ddpkit.unwrap(...).__class__", "the prepared model is a "
+                      "wrapper; its class is the module's inside it", line or work.import_line())
+
+
 def _progress(work: _Work, call: Any) -> None:
     node = call.node
     positional = [a for a in node.args if a.keyword is None]
@@ -176,7 +189,8 @@ def _save(work: _Work, call: Any, loads: list[Any]) -> None:
     read_back = [r for r in waits.read_back(work, call, loads)
                  if paths.maybe_same(work.facts, call, saved, r, paths.first_path(r))]
     if read_back and waits.branched(work, call) and \
-            (waits.wait_before(work, call, read_back) or waits.own_barrier(work, call, read_back)):
+            (waits.wait_before(work, call, read_back) or waits.own_barrier(work, call, read_back) or
+             waits.barrier_between(work, call, read_back)):
         return
     if read_back and waits.branched(work, call) and \
             all(waits.callers_apart(work, call.scope, r.scope) for r in read_back):
@@ -186,7 +200,7 @@ def _save(work: _Work, call: Any, loads: list[Any]) -> None:
         read_back = []
     if read_back and waits.branched(work, call):  # (one rank may skip it)
         work.leave(call.line, f"a file is read at line {read_back[0].line} (maybe the one saved here), and the "
-                   "save is inside an if or a loop: the other ranks may read it before rank 0 has written it",
+                   f"save is {waits.branch_said(work, call)}: the other ranks may read it before rank 0 has written it",
                    waits.BARRIER_FIX)
         read_back = []
     elsewhere = waits.read_elsewhere(work, call) if not read_back else None

@@ -399,6 +399,10 @@ class _Scanner(cst.CSTVisitor):
             if last in ACCUMULATING and isinstance(func, cst.Attribute):  # per-batch results kept in an object
                 loop.stored.append((self.facts.code(func.value), call.line))
 
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if node.keyword is not None:  # ``f(batch_size=x.size(0))`` reads no variable ``batch_size``
+            self.written.add(id(node.keyword))
+
     def visit_Name(self, node: cst.Name) -> None:
         if id(node) in self.written:
             return

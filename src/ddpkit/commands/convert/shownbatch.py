@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 import libcst as cst
+import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.crossing import HANDED, key
@@ -50,3 +51,32 @@ def shown_batches(work: _Work) -> None:
                           f"{given[0]} is this rank's B/N samples of the global batch: what {origin[1]} of "
                           f"{origin[0]} shows or saves from it is rank 0's part (ddpkit.gather({given[0]}) on every "
                           "rank hands it the whole batch)")
+
+
+def peeks(work: _Work) -> None:
+    """Keep a line at a ``print`` of the first batch's shape in a loop over a training loader sharded here that only
+    looks (the PyTorch quickstart's ``for X, y in loader: print(X.shape); break``): the shape is rank 0's part of
+    the global batch (B/N rows), not the batch the script trains on.
+
+    >>> from ddpkit.commands.convert.plan import plan
+    >>> done = plan("import torch\\nfrom torch.utils.data import DataLoader\\nld = DataLoader(ds, batch_size=8)\\n"
+    ...             "for x, y in ld:\\n    print(x.shape)\\n    break\\nm = torch.nn.Linear(4, 1)\\n"
+    ...             "o = torch.optim.SGD(m.parameters(), lr=0.1)\\nfor x, y in ld:\\n    m(x).mean().backward()\\n"
+    ...             "    o.step()\\n")
+    >>> [k.line for k in done.kept if "the first batch of a training loader" in k.what]
+    [5]
+    """
+    loaders = {b.target for b in work.facts.bindings if id(b.value) in work.sharded}
+    for loop in work.facts.loops:
+        if not loop.breaks or not loop.iter_names & loaders or flow.trains(work.facts, loop):
+            continue
+        batch = flow.batch_names(work.facts, loop)
+        for call in (c for c in loop.calls if c.last == "print" and c.loops and c.loops[-1] is loop):
+            shapes = [str(dotted(n.value)) for n in m.findall(call.node, m.Attribute(attr=m.Name("shape") |
+                                                                                       m.Name("size")))
+                      if isinstance(n, cst.Attribute) and dotted(n.value) in batch]
+            if shapes:
+                work.keep(call.line, f"print(...) shows {shapes[0]}'s shape, the first batch of a training loader",
+                          "sharded, that batch is rank 0's part of the global batch (B/N rows; the global batch is "
+                          "N times as many)")
+                break

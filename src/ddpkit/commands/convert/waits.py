@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import libcst as cst
@@ -90,14 +91,20 @@ def wait_before(work: _Work, write: Any, reads: list[Any]) -> bool:
     ranks pass, after rank 0's last write. False, with nothing done, where the read is itself in a branch or a
     loop, in another function, or in a function called under an ``if``."""
     read = min(reads, key=lambda c: c.line)
+    # (or a write in a function this one calls only above the read: ``save_checkpoint(path, model)`` under the
+    # epoch loop's ``if``, then the load after the loop)
+    sites = [write] if read.scope is write.scope else \
+        [c for c in callers(work.facts, write.scope) if c.scope is read.scope] if write.scope.name else []
+    if not sites or len(sites) < len(callers(work.facts, write.scope)) and read.scope is not write.scope:
+        return False
     # the read's own line a statement of the function's body: not under a ``with`` (open's header runs first),
     # not in a block of rank 0's own (guarded: the others would never meet the barrier)
-    if any(r.scope is not write.scope or [t for t in r.tests if not main_guard(t)] or r.loops or r.stmt is None
-           or r.line <= write.line for r in reads) or called_in_branch(work, read.scope) or \
+    if any(r.scope is not read.scope or [t for t in r.tests if not main_guard(t)] or r.loops or r.stmt is None
+           or any(r.line <= site.line for site in sites) for r in reads) or called_in_branch(work, read.scope) or \
             not (in_body(read.stmt, read.scope) or in_main_block(work.facts.module, read.stmt)) or \
             id(read.stmt) in work.edits.guard:
         return False
-    waits = [c for c in work.facts.calls if c.scope is read.scope and write.line < c.line <= read.line
+    waits = [c for c in work.facts.calls if c.scope is read.scope and max(s.line for s in sites) < c.line <= read.line
              and c.stmt is not None and "ddpkit.barrier()" in work.edits.before.get(id(c.stmt), ())]
     if not waits:  # (one barrier, before the first read, does for every write above it)
         work.edits.before.setdefault(id(read.stmt), []).append("ddpkit.barrier()")
@@ -120,6 +127,14 @@ def branched(work: _Work, call: Any) -> bool:
     """The call is under an ``if`` (not ``if __name__ == "__main__":``), in a loop, or in a function called under
     one: a barrier beside it is a collective that one rank may skip."""
     return any(not main_guard(t) for t in call.tests) or bool(call.loops) or called_in_branch(work, call.scope)
+
+
+def branch_said(work: _Work, call: Any) -> str:
+    """Where :func:`branched` found ``call``, in words: under an ``if`` or a loop, or in a function no line of this
+    file calls (a scaler's ``save()`` method, its callers in other files: one may call it under an ``if``)."""
+    if any(not main_guard(t) for t in call.tests) or call.loops or callers(work.facts, call.scope):
+        return "inside an if or a loop"
+    return f"in {call.scope.name}(), which no line of this file calls (a caller elsewhere may skip a barrier)"
 
 
 def in_main_block(module: cst.Module, stmt: Any) -> bool:
@@ -149,11 +164,29 @@ def read_elsewhere(work: _Work, call: Any) -> str | None:
         objects = {read.split(".")[0] for read, _, _, _ in work.facts.reads if "." in read}  # (``generator.eval()``)
         function = "." not in name and name not in objects if name else False
         function = function or bool(name) and str(name).rsplit(".", 1)[0] in work.facts.modules
+        origin = imported_from(work.facts, name) if name else None
         if later.scope is call.scope and later.line > call.line and name and later.loops == call.loops and \
-                not [t for t in later.tests if not main_guard(t)] and function and \
-                imported_from(work.facts, name) is not None:
+                not [t for t in later.tests if not main_guard(t)] and function and origin is not None and \
+                origin[0].split(".")[0] not in sys.stdlib_module_names:  # (``json.dump(opt, f)``: no module of ours)
             return name
     return None
+
+
+def barrier_between(work: _Work, call: Any, reads: list[Any]) -> bool:
+    """The script's own ``ddpkit.barrier()`` stands before each read, in the read's function, on a line every rank
+    reaching the read passes, below the write or below every call of the write's function there (a best checkpoint
+    saved by ``save_checkpoint(path, model)`` under an ``if`` in the epoch loop, the barrier after the loop, then
+    the load: the fix convert names, written in)."""
+    def after_write(barrier: Any) -> bool:
+        if barrier.scope is call.scope:
+            return barrier.line > call.line
+        sites = [c for c in callers(work.facts, call.scope) if c.scope is barrier.scope]
+        return bool(sites) and all(site.line < barrier.line for site in sites)
+
+    return bool(reads) and all(any(
+        c.name == "ddpkit.barrier" and c.scope is r.scope and c.line < r.line and set(c.tests) <= set(r.tests) and
+        all(any(lp is o for o in r.loops) for lp in c.loops) and after_write(c) for c in work.facts.calls)
+        for r in reads)
 
 
 def own_barrier(work: _Work, call: Any, reads: list[Any]) -> bool:

@@ -297,8 +297,12 @@ def _only_writes(work: _Work, block: cst.With, start: int) -> bool:
         if id(loop.node) in inside and not all(_held(work, name, loop) for name in _iterated(loop)):
             return False
     bound = {b.target for b in work.facts.bindings if b.stmt is not None and id(b.stmt) in inside}
-    return not any(name in bound and id(node) not in inside and line > start
-                   for name, _, line, node in work.facts.reads)
+    # (not one bound again before it is read: a CSV log's ``writer = csv.writer(f)`` in each of its blocks)
+    again = [b for b in work.facts.bindings if b.target in bound and b.line > start and
+             (b.stmt is None or id(b.stmt) not in inside)]
+    return not any(name in bound and id(node) not in inside and line > start and
+                   not any(b.target == name and b.scope is scope and b.line <= line for b in again)
+                   for name, scope, line, node in work.facts.reads)
 
 
 def _saved_into(call: Call, block: cst.With) -> bool:
