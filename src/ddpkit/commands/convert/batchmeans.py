@@ -209,6 +209,17 @@ def _passed(facts: Facts, value: cst.Call) -> list[cst.BaseExpression | None]:
     return found
 
 
+def _class_of(facts: Facts, attribute: cst.Attribute) -> str | None:
+    """The script's class the object ``attribute`` is read from was made of (``model`` of ``model = Net()`` or
+    ``Net().to(device)``, bound above the read in its function), else None."""
+    call = next((c for c in facts.calls if c.node.func is attribute), None)
+    name = dotted(attribute.value)
+    bound = binding_of(facts, name, call.scope, call.line) if call is not None and name else None
+    made = _unmoved(bound.value) if bound is not None else None
+    cls = dotted(made.func) if isinstance(made, cst.Call) else None
+    return cls if cls and any(key.startswith(f"{cls}.") for key in facts.scopes) else None
+
+
 def _unmoved(value: Any) -> Any:
     """``nn.CrossEntropyLoss().to(device).cuda()`` -> ``nn.CrossEntropyLoss()``."""
     while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and \
@@ -222,11 +233,13 @@ def _kept(facts: Facts, attribute: cst.Attribute, cls: str | None = None) -> cst
     the value the class binds to ``self.<name>`` (``nn.CrossEntropyLoss()``, lab 11-3's; ``F.cross_entropy``), else
     the one value its ``@property`` of that name returns (a Fashion-MNIST wrapper's ``loss_function``); None when
     no class, or several properties, hold it. ``cls``: the class of ``self.`` (else any one class of the script)."""
-    name, own = attribute.attr.value, cls if dotted(attribute.value) == "self" else None
-    held = [b.value for b in facts.bindings if b.target == f"self.{name}" and b.scope.cls and
+    name, own = attribute.attr.value, cls if dotted(attribute.value) == "self" else _class_of(facts, attribute)
+    held = [b for b in facts.bindings if b.target == f"self.{name}" and b.scope.cls and
             (own is None or b.scope.cls == own) and isinstance(b.value, (cst.Call, cst.Name, cst.Attribute))]
+    if len({b.scope.cls for b in held}) > 1:  # (two classes of the script hold one: which, unknown)
+        return None
     if held:
-        return held[-1]  # (the last the class binds, as the loop would call it after __init__'s)
+        return held[-1].value  # (the last the class binds, as the loop would call it after __init__'s)
     made = [scope for key, scope in facts.scopes.items() if key.endswith(f".{name}") and key.count(".") == 1 and
             (own is None or scope.cls == own) and isinstance(scope.node, cst.FunctionDef) and
             any(dotted(d.decorator) == "property" for d in scope.node.decorators)]

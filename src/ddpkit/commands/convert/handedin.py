@@ -32,7 +32,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from ddpkit.commands.convert import flagged, flow
+from ddpkit.commands.convert import flagged, flow, loaderuse
 from ddpkit.commands.convert.crossing import EVAL, HANDED, TRAIN, Ask, key, want_of
 from ddpkit.commands.convert.devicetext import PROGRESS
 from ddpkit.commands.convert.names import dotted, resolve
@@ -44,19 +44,6 @@ _Work = Any  # the plan in the making (plan._Work)
 LOADERS = ("torch.utils.data.DataLoader", "ddpkit.data_loader")
 
 
-def _iterated_call(work: _Work, loop: Loop) -> str | None:
-    """The function of another module of the project whose call a for loop iterates, itself or through
-    ``enumerate`` / ``tqdm`` (an LSTM project's ``for x, y in utils.create_dataset(train, batch_size=bs):``)."""
-    node = loop.node.iter if isinstance(loop.node, cst.For) else None
-    while isinstance(node, cst.Call) and (dotted(node.func) or "").split(".")[-1] in ("enumerate", "tqdm", "iter") \
-            and node.args:
-        node = node.args[0].value
-    name = dotted(node.func) if isinstance(node, cst.Call) else None
-    origin = imported_from(work.facts, name) if name else None
-    own = work.crossing.own if work.crossing is not None else frozenset()
-    return name if origin is not None and origin[0].split(".")[0] in own else None
-
-
 def handed_in(work: _Work, line: int) -> bool:
     """The training loop reads a parameter of its function that no call in this file passes: said fed (kept) in a
     project where the callers' loader became a ``ddpkit.data_loader`` for training; else left to you (the runtime
@@ -65,7 +52,8 @@ def handed_in(work: _Work, line: int) -> bool:
         handed = sorted({p for n in reads(work, loop) for p in _parameters(work, n, loop.scope, loop.line)})
         if not handed or not flow.trains(work.facts, loop):
             continue
-        made = _iterated_call(work, loop)
+        made = loaderuse.iterated_call(work.facts, loop, work.crossing.own if work.crossing is not None else
+                                       frozenset())
         if made is not None:  # (as one file's ``for x, y in get_loader(train):`` is refused)
             work.leave(loop.line, f"the training loop iterates what {made}(...) returns, a function of another module "
                        "of the project: convert follows a loader bound to a name", f"bind it where it is called "

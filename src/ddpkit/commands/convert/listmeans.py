@@ -27,8 +27,9 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
+from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.accumulated import accumulated
-from ddpkit.commands.convert.batchmeans import MEANS
+from ddpkit.commands.convert.batchmeans import MEANS, loss_name, summing
 from ddpkit.commands.convert.names import dotted, names_in, resolve
 from ddpkit.commands.convert.scan import Loop
 
@@ -53,6 +54,12 @@ def list_means(work: _Work, loop: Loop, whole: set[str]) -> None:
         later |= {b.target for b in facts.bindings if b.scope is loop.scope and loop.end < b.line < line and
                   not (b.value is not None and b.target in names_in(b.value))}  # (not ``l = np.array(l)``)
         return begun - later
+    summed = {name for name in begun if _summed_values(work, loop, name)}
+    for name in sorted(summed):  # (a VAE's ``losses.append(loss.detach())`` of ``reduction="sum"``: review 38)
+        work.keep(loop.line, f"the training loop's list {name} holds losses summed over each rank's part of the batch",
+                  "a mean of it is this rank's (1/N of one process's sums at N processes): ddpkit.reduce(m) of that "
+                  "mean (op='sum') gives one process's")
+    begun -= summed
     handled: set[int] = set()
     for stmt, scope, line in facts.statements:
         small = stmt.body[0] if len(stmt.body) == 1 else None
@@ -114,6 +121,22 @@ def list_means(work: _Work, loop: Loop, whole: set[str]) -> None:
 
 # what shows a value as it is: a running meter handed to one of these inside the loop is seen as it stands
 SHOWN = ("print", "format", "info", "write", "log", "set_postfix", "set_description", "add_scalar", "progress_bar")
+
+
+def _summed_values(work: _Work, loop: Loop, name: str) -> bool:
+    """What the loop appends to ``name`` is a loss summed over the batch (``reduction="sum"``, or a criterion built
+    so), bound in the loop."""
+    appends = [c for c in loop.calls if c.last == "append" and isinstance(c.node.func, cst.Attribute) and
+               dotted(c.node.func.value) == name and c.node.args]
+    for call in appends:
+        loss = loss_name(call.node.args[0].value) or dotted(call.node.args[0].value)
+        bound = flow.binding_of(work.facts, loss, loop.scope, call.line) if loss else None
+        value = bound.value if bound is not None else None
+        criteria = [b.value for b in work.facts.bindings if isinstance(value, cst.Call) and
+                    b.target == dotted(value.func)]
+        if summing(value) or any(summing(c) for c in criteria):
+            return True
+    return False
 
 
 def _meters_shown(work: _Work, loop: Loop) -> None:

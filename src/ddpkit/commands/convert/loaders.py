@@ -247,10 +247,9 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
         pass
     elif unbound:  # (an LSTM lesson's ``sum(... for x, y in create_dataset(dev, batch_size=1))``: an evaluation)
         work.leave(call.line, f"the function returning this DataLoader is also called at line {unbound[0].line}, "
-                   "its loader iterated in place, unbound: convert cannot tell that loader's role (an evaluation "
-                   "would be sharded with the training one)", "bind it to a name where it is called (eval_loader "
-                   "= ...(...)) and loop over that name, or build the evaluation loader with a DataLoader line of "
-                   "its own, then convert again", blocks=True)
+                   "its loader iterated there or handed on, unbound: convert cannot tell that loader's role (an "
+                   "evaluation would be sharded with the training one)", "build the evaluation loader with a "
+                   "DataLoader line of its own (or a function of its own), then convert again", blocks=True)
         return False
     elif returned is not None and not loops and not loaderuse.called(work.facts, call):
         work.keep(call.line, "a DataLoader a function returns, called from no line of this file, left as it is",

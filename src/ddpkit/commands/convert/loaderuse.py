@@ -184,13 +184,34 @@ def returns(facts: Facts, binding: Binding) -> bool:
                for scope, value in facts.returns if scope.name)
 
 
+def iterated_call(facts: Facts, loop: Loop, own: frozenset[str]) -> str | None:
+    """The function of another module of the project (``own``: its modules) whose call a for loop iterates, itself
+    or through ``enumerate`` / ``tqdm`` (an LSTM project's ``for x, y in utils.create_dataset(train, bs):``)."""
+    node = loop.node.iter if isinstance(loop.node, cst.For) else None
+    while isinstance(node, cst.Call) and (dotted(node.func) or "").split(".")[-1] in ("enumerate", "tqdm", "iter") \
+            and node.args:
+        node = node.args[0].value
+    name = dotted(node.func) if isinstance(node, cst.Call) else None
+    origin = imported_from(facts, name) if name else None
+    return name if origin is not None and origin[0].split(".")[0] in own else None
+
+
 def iterated_in_place(facts: Facts, call: Call) -> list[Call]:
-    """The calls of the function that returns ``call``'s loader whose value no name holds (``for x, y in
-    create_dataset(dev, batch_size=1)``, in a generator or a for statement); none where it is not returned."""
+    """The calls of the function that returns ``call``'s loader whose value no name holds, iterated in place (``for
+    x, y in create_dataset(dev, batch_size=1)``, in a generator or a for statement) or handed on to a function;
+    none where it is not returned."""
     returning = [scope for scope, value in facts.returns if any(e is call.node for e in unpacked(value))]
-    held = {id(b.whole) for b in facts.bindings} | {id(b.value) for b in facts.bindings}
-    return [c for scope in returning[:1] for c in callers(facts, scope) if id(c.node) not in held and
-            isinstance(c.node, cst.Call)]
+    iterated = set()  # (what a for statement or a comprehension loops over, through enumerate / tqdm / iter)
+    for node in m.findall(facts.module, m.For() | m.CompFor()):
+        over = node.iter if isinstance(node, (cst.For, cst.CompFor)) else None
+        while isinstance(over, cst.Call) and (dotted(over.func) or "").split(".")[-1] in ("enumerate", "tqdm",
+                                                                                        "iter") and over.args:
+            over = over.args[0].value
+        iterated.add(id(over))
+    # (or handed on to a function: ``evaluate(model, make_loader(128, 64))``, not ``len(make_loader(...))``)
+    iterated |= {id(a.value) for c in facts.calls if c.last not in ("len", "print", "str", "repr", "type")
+                 for a in c.node.args}
+    return [c for scope in returning[:1] for c in callers(facts, scope) if id(c.node) in iterated]
 
 
 def returned(facts: Facts, call: Call) -> list[Binding] | None:

@@ -73,6 +73,10 @@ def _summed(work: _Work) -> Call | None:
         summed_reduction = summing(call.node)
         # (a criterion built before the loop, ``nn.MSELoss(size_average=False)``, called in it: vdsr)
         bound = {b.target for b in work.facts.bindings if b.value is call.node}
+        # (``self.criterion = nn.CrossEntropyLoss(reduction="sum")`` in the model's class, called ``model.criterion``)
+        held = {name[5:] for name in bound if name.startswith("self.")}
+        bound |= {f"{dotted(c.node.func.value)}.{c.last}" for c in work.facts.calls if held and c.last in held and
+                  isinstance(c.node.func, cst.Attribute) and dotted(c.node.func.value)}
         # (its innermost loop trains: an evaluation loop inside the epoch loop, under no_grad, does not)
         trains = not call.no_grad and (call.loops and id(call.loops[-1]) in training or id(call.scope) in helpers
                                        or any(dotted(c.node.func) in bound and not c.no_grad and (
@@ -98,6 +102,10 @@ def _summed_shown(work: _Work, call: Call) -> None:
         criteria = {b.target for b in work.facts.bindings if b.value is call.node}
         made = next((c for c in work.facts.calls if c.loops and (dotted(c.node.func) in criteria or call.scope.name
                      and (callee(work.facts, c) or (None,))[0] is call.scope)), call)
+        if made is call:  # (the criterion called in a step helper the loop calls: an LSTM's ``apply(...)``)
+            inner = [c for c in work.facts.calls if dotted(c.node.func) in criteria and not c.loops]
+            made, call = next(((c, i) for i in inner for c in work.facts.calls if c.loops and i.scope.name and
+                               (callee(work.facts, c) or (None,))[0] is i.scope), (call, call))
     named = {b.target for b in work.facts.bindings if b.value is made.node} | _unpacked_sums(work, made, call)
     loop = made.loops[-1] if made.loops else None
     # (in the loop each step, or after it, the last batch's: Soooda/vae's ``print(..., loss.item())`` an epoch)
@@ -106,9 +114,10 @@ def _summed_shown(work: _Work, call: Call) -> None:
         per_sample = _per_sample(shown, named, loop.targets if loop is not None else set())
         if per_sample:  # (``loss.item() / len(data)``: a mean over this rank's samples, the same scale: yakhyo's VAE)
             continue
+        read = {n for a in shown.node.args for n in names_in(a.value)} & named
         if shown.last in ("print", "format", "info", "write", "set_postfix", "add_scalar", "log") and \
-                shown.line > made.line and {n for a in shown.node.args for n in names_in(a.value)} & named:
-            work.keep(shown.line, f"{shown.last}(...) shows {sorted(named)[0]}, a loss summed over the batch, " +
+                shown.line > made.line and read:
+            work.keep(shown.line, f"{shown.last}(...) shows {sorted(read)[0]}, a loss summed over the batch, " +
                       ("each step" if loop is None or shown.line <= loop.end else "of the training loop's last batch"),
                       "this rank's share of the batch's sum: 1/N of one process's at N processes (the steps "
                       "nearly hold: the optimizer follows the gradient's scale only through its eps, so ddpkit verify "
@@ -127,8 +136,9 @@ def _unpacked_sums(work: _Work, made: Call, summed: Call) -> set[str]:
         return set()
     scope, found = target[0], set()
     for b in (b for b in work.facts.bindings if b.whole is made.node and b.value is None and b.index >= 0):
-        values = [v for element in returns.at(work.facts, scope, b.index) for v in returns.through(work.facts, scope,
-                                                                                                  element)]
+        elements = [e for e in returns.at(work.facts, scope, b.index) if not (isinstance(e, cst.BinaryOperation) and
+                    isinstance(e.operator, cst.Divide) and batch_size(e.right))]  # (``rec / x.size(0)``: per sample)
+        values = [v for element in elements for v in returns.through(work.facts, scope, element)]
         for _ in range(2):  # (``loss = rec + kld``: through the names the element is made from)
             names = {n for v in values for n in names_in(v)}
             values += [x.value for x in work.facts.bindings if x.scope is scope and x.target in names and
@@ -215,9 +225,15 @@ def _terms(work: _Work, loop: Loop, losses: set[str]) -> set[str]:
     """The names a stepped loss is summed from in ``loop`` (an f-GAN's ``errD = errD_real + errD_fake``, each of
     the step's batch), each bound in the loop itself (not a weight set above it)."""
     within = [b for b in work.facts.bindings if b.scope is loop.scope and loop.line < b.line <= loop.end]
-    summed = {n for b in within if b.target in losses and isinstance(b.value, cst.BinaryOperation)
-              for n in names_in(b.value) if "." not in n}
+    summed = {n for b in within if b.target in losses for n in _added(b.value)}
     return {b.target for b in within if b.target in summed - losses}
+
+
+def _added(value: Any) -> list[str]:
+    """The names a sum adds (``errD_real + errD_fake``): not a weight or what it weighs (``beta * kld``)."""
+    if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Add, cst.Subtract)):
+        return _added(value.left) + _added(value.right)
+    return [value.value] if isinstance(value, cst.Name) else []
 
 
 def _outputs(work: _Work, loop: Loop) -> set[str]:

@@ -79,8 +79,10 @@ def self_trained(work: _Work) -> None:
     for loop in work.facts.loops:
         if loop.scope.cls not in classes or loop.outer or not flow.trains(work.facts, loop):
             continue
-        if any(dotted(c.node.func) in ("self", "self.forward") for c in loop.calls):
-            method = loop.scope.name
+        method = loop.scope.name
+        run = any(c.last == method.split(".")[-1] and isinstance(c.node.func, cst.Attribute) for c in
+                  work.facts.calls)  # (``model.fit(...)``: a method no line calls trains nothing here)
+        if run and any(dotted(c.node.func) in ("self", "self.forward") for c in loop.calls):
             work.leave(loop.line, f"the training loop of {method} runs the model as self(...): a method of the "
                        "model's own class, called on the prepared model, runs the plain module outside DDP's forward "
                        "(each rank would train its own copy; the first step stops it)", "move the loop out of the "

@@ -132,9 +132,17 @@ def branched(work: _Work, call: Any) -> bool:
 def branch_said(work: _Work, call: Any) -> str:
     """Where :func:`branched` found ``call``, in words: under an ``if`` or a loop, or in a function no line of this
     file calls (a scaler's ``save()`` method, its callers in other files: one may call it under an ``if``)."""
-    if any(not main_guard(t) for t in call.tests) or call.loops or callers(work.facts, call.scope):
-        return "inside an if or a loop"
-    return f"in {call.scope.name}(), which no line of this file calls (a caller elsewhere may skip a barrier)"
+    scope, sites = call.scope, [call]
+    for _ in range(4):  # (up the callers: the first function no line calls, or the first call under a test)
+        if any(any(not main_guard(t) for t in c.tests) or c.loops for c in sites):
+            return "inside an if or a loop" if sites[0] is call else f"in {scope.name}(), called inside an if or a loop"
+        if not scope.name:
+            break
+        sites = callers(work.facts, scope)
+        if not sites:
+            return f"in {scope.name}(), which no line of this file calls (a caller elsewhere may skip a barrier)"
+        scope = sites[0].scope
+    return "inside an if or a loop"
 
 
 def in_main_block(module: cst.Module, stmt: Any) -> bool:
