@@ -18,7 +18,7 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.commands.convert import feeds, flow, handedin, imported, loaderuse, returns, stepped, trained
+from ddpkit.commands.convert import feeds, flow, handedin, imported, loaderuse, returns, sources, stepped, trained
 from ddpkit.commands.convert.flow import callers
 from ddpkit.commands.convert.names import dotted
 from ddpkit.commands.convert.scan import Call, Facts, imported_from
@@ -68,7 +68,8 @@ def check(work: _Work, built: list[Call], training: bool, for_others: bool) -> N
             not any(callers(work.facts, c.scope) for c in backward):  # none feeds this, and no call here does:
         handedin.handed_in(work, backward[0].line)  # (d2l's ``train(net, loader, optimizer)``: its callers' loader)
     if backward and not training and not built and not uses_ddpkit(work.facts):  # (ddpkit: by hand)
-        if imported.imported_loader(work, backward[0].line) or _subclassed(work, backward[0].line) or \
+        if _iterated_elsewhere(work) or imported.imported_loader(work, backward[0].line) or \
+                _subclassed(work, backward[0].line) or \
                 handedin.handed_in(work, backward[0].line) or stepped.asks(work, backward) or _unpickled(work):
             return
         work.leave(backward[0].line, "the training batches do not come from a torch DataLoader (fed by hand): "
@@ -100,6 +101,57 @@ def _unpickled(work: _Work) -> bool:
                        "is every rank reads every batch", f"rebuild it where it is loaded: {name} = DataLoader("
                        f"{name}.dataset, batch_size={name}.batch_size, shuffle=True), then convert again",
                        blocks=True)
+            return True
+    return False
+
+
+def _iterated_elsewhere(work: _Work) -> bool:
+    """A training loop iterates in place a call of another module's function that is handed this file's data (an
+    LSTM project's ``for x, y in utils.create_dataset(train, ...)``): refused, as one file's is, with the binding
+    that lets convert follow it (its arguments were taken for loaders of other modules). And a function that builds
+    the training loader here, whose loader an evaluation iterates in place or is handed (``for ... in
+    utils.create_dataset(dev, ...)``, a generator, ``evaluate(model, make(dev))``): sharded for training there too,
+    refused. An evaluation loader bound to a name is the crossing's (asked for its own role)."""
+    own = work.crossing.own if work.crossing is not None else frozenset()
+    trained = [lp for lp in work.facts.loops if flow.trains(work.facts, lp)]
+    for loop in trained:
+        made = loaderuse.iterated_call(work.facts, loop, own)
+        if made is not None and sources.generated(work.facts, loop) is None and not _handed_made(work, loop, own):
+            work.leave(loop.line, f"the training loop iterates what {made}(...) returns, a function of another module "
+                       "of the project: convert follows a loader bound to a name", f"bind it where it is called "
+                       f"(train_loader = {made}(...)) and loop over that name, then convert again", blocks=True)
+            return True
+    makers = {loaderuse.iterated_call(work.facts, lp, own, bound=True) for lp in trained} - {None}
+    if not makers:
+        return False
+    in_place = loaderuse.comprehended_calls(work.facts) | {
+        id(a.value) for c in work.facts.calls if c.last not in ("len", "print", "str", "repr", "type")
+        for a in c.node.args}  # (handed on: ``evaluate(model, make(dev))``)
+    others = [(lp.line, loaderuse.iterated_call(work.facts, lp, own)) for lp in work.facts.loops
+              if lp not in trained] + [(c.line, dotted(c.node.func)) for c in work.facts.calls
+                                       if id(c.node) in in_place]
+    for line, made in others:
+        if made in makers:
+            work.leave(line, f"an evaluation here iterates a loader of {made}(...), unbound, which also builds the "
+                       "training loader: one function cannot build both a sharded training loader and a whole "
+                       "evaluation one", f"build the evaluation loader with a DataLoader line of its own (or a "
+                       f"function other than {made}), then convert again", blocks=True)
+            return True
+    return False
+
+
+def _handed_made(work: _Work, loop: Any, own: frozenset[str]) -> bool:
+    """The call a loop iterates is handed a value another module of the project made (``utils.on_device(train_dl,
+    device)``, ``train_dl, _ = utils.get_data(...)``): followed there (imported.py), not refused here."""
+    call = loop.node.iter
+    while isinstance(call, cst.Call) and (dotted(call.func) or "").split(".")[-1] in ("enumerate", "tqdm", "iter"):
+        call = call.args[0].value if call.args else None
+    for arg in call.args if isinstance(call, cst.Call) else ():
+        bound = flow.binding_of(work.facts, dotted(arg.value) or "", loop.scope, loop.line) if dotted(arg.value) \
+            else None
+        value = (bound.value if bound.value is not None else bound.whole) if bound is not None else None
+        origin = imported_from(work.facts, dotted(value.func) or "") if isinstance(value, cst.Call) else None
+        if origin is not None and origin[0].split(".")[0] in own:
             return True
     return False
 
@@ -151,5 +203,18 @@ def _trained_elsewhere(work: _Work) -> None:
 
 
 def uses_ddpkit(facts: Facts) -> bool:
-    """The script imports ddpkit (under any name): a hand-written ddpkit script's plain loaders are its choice."""
-    return any(full == "ddpkit" or full.startswith("ddpkit.") for full in facts.aliases.values())
+    """The script is written with ddpkit: it shards or prepares with it (``ddpkit.data_loader``,
+    ``ddpkit.prepare_model``, under any name ddpkit is imported as); a hand-written ddpkit script's plain loaders are
+    its choice. Not an ``import ddpkit`` alone, for ``state.world_size`` (a fix convert names: set 25's a/s05)."""
+    names = [c.name or "" for c in facts.calls]
+    if any(n in ("ddpkit.data_loader", "ddpkit.prepare_model") for n in names):
+        return True
+    # (a script of ddpkit's that trains nothing, its loader for statistics: its choice too; or one that splits its
+    # data by ``state.rank`` itself, as a refusal advises)
+    inits = {id(c.node) for c in facts.calls if c.name == "ddpkit.init"}
+    states = {b.target for b in facts.bindings if id(b.value) in inits}
+    ranked = any(r.rsplit(".", 1)[-1] in ("rank", "local_rank") and (r.rsplit(".", 1)[0] in states or
+                                                                     r.startswith("ddpkit.init().")) for r, *_ in
+                 facts.reads)
+    return ranked or any(n == "ddpkit" or n.startswith("ddpkit.") for n in names) and \
+        not any(c.last == "backward" for c in facts.calls)

@@ -32,7 +32,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from ddpkit.commands.convert import flagged, flow, loaderuse
+from ddpkit.commands.convert import flagged, flow
 from ddpkit.commands.convert.crossing import EVAL, HANDED, TRAIN, Ask, key, want_of
 from ddpkit.commands.convert.devicetext import PROGRESS
 from ddpkit.commands.convert.names import dotted, resolve
@@ -52,13 +52,6 @@ def handed_in(work: _Work, line: int) -> bool:
         handed = sorted({p for n in reads(work, loop) for p in _parameters(work, n, loop.scope, loop.line)})
         if not handed or not flow.trains(work.facts, loop):
             continue
-        made = loaderuse.iterated_call(work.facts, loop, work.crossing.own if work.crossing is not None else
-                                       frozenset())
-        if made is not None:  # (as one file's ``for x, y in get_loader(train):`` is refused)
-            work.leave(loop.line, f"the training loop iterates what {made}(...) returns, a function of another module "
-                       "of the project: convert follows a loader bound to a name", f"bind it where it is called "
-                       f"(train_loader = {made}(...)) and loop over that name, then convert again", blocks=True)
-            return True
         name, where, index = handed[0]
         elsewhere = work.crossing.elsewhere if work.crossing is not None else None
         if elsewhere is not None and loop.scope.name and loop.scope.name.rsplit(".", 1)[-1] not in elsewhere and \

@@ -184,16 +184,34 @@ def returns(facts: Facts, binding: Binding) -> bool:
                for scope, value in facts.returns if scope.name)
 
 
-def iterated_call(facts: Facts, loop: Loop, own: frozenset[str]) -> str | None:
+def iterated_call(facts: Facts, loop: Loop, own: frozenset[str], bound: bool = False) -> str | None:
     """The function of another module of the project (``own``: its modules) whose call a for loop iterates, itself
-    or through ``enumerate`` / ``tqdm`` (an LSTM project's ``for x, y in utils.create_dataset(train, bs):``)."""
+    or through ``enumerate`` / ``tqdm`` (an LSTM project's ``for x, y in utils.create_dataset(train, bs):``); with
+    ``bound``, also through a name bound to that call above the loop (``train_loader = utils.create_dataset(...)``).
+    """
     node = loop.node.iter if isinstance(loop.node, cst.For) else None
     while isinstance(node, cst.Call) and (dotted(node.func) or "").split(".")[-1] in ("enumerate", "tqdm", "iter") \
             and node.args:
         node = node.args[0].value
+    if bound and not isinstance(node, cst.Call) and dotted(node):
+        held = flow.binding_of(facts, str(dotted(node)), loop.scope, loop.line)
+        node = held.value if held is not None else None
     name = dotted(node.func) if isinstance(node, cst.Call) else None
     origin = imported_from(facts, name) if name else None
     return name if origin is not None and origin[0].split(".")[0] in own else None
+
+
+def comprehended_calls(facts: Facts) -> set[int]:
+    """The calls a comprehension iterates in place (``for x, y in make(dev)`` of a generator), through enumerate /
+    tqdm / iter."""
+    found = set()
+    for node in m.findall(facts.module, m.CompFor()):
+        over = node.iter if isinstance(node, cst.CompFor) else None
+        while isinstance(over, cst.Call) and (dotted(over.func) or "").split(".")[-1] in ("enumerate", "tqdm",
+                                                                                        "iter") and over.args:
+            over = over.args[0].value
+        found.add(id(over))
+    return found
 
 
 def iterated_in_place(facts: Facts, call: Call) -> list[Call]:

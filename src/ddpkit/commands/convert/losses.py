@@ -54,8 +54,24 @@ def summed_loss(work: _Work) -> None:
     if stepping and stepping <= SCALE_FREE:
         _summed_shown(work, call)
         return
+    if _scaled(work):  # (the fix this line names, written in: ``loss.sum() * state.world_size``)
+        return
     work.leave(call.line, SUMMED, "average it (reduction='mean', loss.mean()), or keep the sum and multiply "
                "it by the number of processes (loss.sum() * state.world_size) where it trains")
+
+
+def _scaled(work: _Work) -> bool:
+    """A training loss multiplied by the number of processes (``loss.sum() * state.world_size``,
+    ``(loss * ddpkit.init().world_size).backward()``) in a loop that steps: the sum made one process's again."""
+    for loop in (lp for lp in work.facts.loops if flow.trains(work.facts, lp)):
+        losses = stepped_losses(loop)  # (the loss itself, not a count: ``seen += x.size(0) * state.world_size``)
+        for node in m.findall(loop.node, m.BinaryOperation(operator=m.Multiply())):
+            assert isinstance(node, cst.BinaryOperation)
+            sides = [work.facts.code(side) for side in (node.left, node.right)]
+            if any("world_size" in side for side in sides) and \
+                    any(names_in(side) & losses for side in (node.left, node.right)):
+                return True
+    return False
 
 
 def _summed(work: _Work) -> Call | None:

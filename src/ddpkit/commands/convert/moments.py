@@ -1,4 +1,4 @@
-"""A run folder named by the clock: one name, rank 0's, on every rank.
+"""A run folder named by the clock (or a random id, ``uuid.uuid4()``): one name, rank 0's, on every rank.
 
 ``timestamp = datetime.datetime.now().isoformat()`` then ``save_folder = f'{args.save_folder}/exp{timestamp}/'``
 (NRI's train.py): each process reads its own clock, so the ranks name different folders, rank 0 saves the
@@ -43,7 +43,8 @@ def moments(work: _Work) -> None:
     for stmt, scope, line in facts.statements:
         small = stmt.body[0] if len(stmt.body) == 1 else None
         if scope.name or not isinstance(small, cst.Assign) or len(small.targets) != 1 or \
-                not isinstance(small.targets[0].target, cst.Name) or not _clock_text(facts, small.value, clocks):
+                not isinstance(small.targets[0].target, cst.Name) or not (_clock_text(facts, small.value, clocks) or
+                                                                          _drawn_id(facts, small.value)):
             continue
         tests: list[str] = next((c.tests for c in facts.calls if id(c.node) in node_ids(small.value)), [])
         if not all(t.strip() == "__name__ == '__main__'" or t.strip() == '__name__ == "__main__"' or
@@ -55,15 +56,27 @@ def moments(work: _Work) -> None:
         # (an init in a function, ``main()``'s, runs after the main block's line whatever their line numbers)
         later = [first for sid, (first, _) in work.init_lines.items() if sid != id(scope) or first > line]
         if _main_block(facts) and not in_main_block(facts.module, stmt) or later:
-            work.leave(line, f"{name} is made from the clock: each process reads its own, so the ranks would name "
-                       "different folders or files", f"take rank 0's where every rank passes, below ddpkit.init() "
-                       f"and inside the main block: {name} = ddpkit.broadcast(...)")
+            work.leave(line, f"{name} is made from the clock (or a random id): each process reads its own, so the "
+                       "ranks would name different folders or files", "take rank 0's where every rank passes, "
+                       f"below ddpkit.init() and inside the main block: {name} = ddpkit.broadcast(...)")
             continue
         work.edits.expr[id(small.value)] = lambda node: cst.Call(cst.parse_expression("ddpkit.broadcast"),
                                                                  [cst.Arg(node)])
-        work.note(f"{name} = ddpkit.broadcast(...)", "a name made from the clock: each "
+        work.note(f"{name} = ddpkit.broadcast(...)", "a name made from the clock (or a random id): each "
                   "process reads its own, so the ranks would name different folders or files; rank 0's on every "
                   "rank", line)
+
+
+def _drawn_id(facts: Any, value: Any) -> bool:
+    """``f"run-{str(uuid.uuid4())[:4]}"``, ``uuid.uuid4().hex``, ``secrets.token_hex(4)``: a random id in the value,
+    which each process draws its own of (a ResNet recipe's run folder)."""
+    if isinstance(value, cst.Call) and resolve(dotted(value.func), facts.aliases) in IDS[:2]:
+        return False  # (``uuid.uuid4()`` itself: an object, not the text broadcast sends as JSON)
+    return any(isinstance(c, cst.Call) and resolve(dotted(c.func), facts.aliases) in IDS
+               for c in m.findall(value, m.Call()))
+
+
+IDS = ("uuid.uuid1", "uuid.uuid4", "secrets.token_hex", "secrets.token_urlsafe")
 
 
 def _clock_text(facts: Any, value: Any, clocks: set[str]) -> bool:

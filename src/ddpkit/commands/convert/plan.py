@@ -127,8 +127,8 @@ def plan(source: str, per_process_batch: bool = False, crossing: Crossing | None
     work.decide()
     text = scanned
     if work.edits and not any(left.blocks for left in work.left):
-        anchor = _import_place(wrapper, work) if "ddpkit" not in facts.aliases else None  # (``import ddpkit as
-        # dk`` too: the edits say ``ddpkit.``)
+        anchor = _import_place(wrapper, work) if "ddpkit" not in facts.aliases or _imported_late(work) else None
+        # (``import ddpkit as dk`` too: the edits say ``ddpkit.``; or the script's own import below their first use)
         text = methods.name_methods(rewrite(wrapper, work.edits, anchor), methods.loss_methods(work))
         text = gradpen.keep_batchnorm(text, gradpen.differentiated_twice(work))  # (a gradient penalty's model)
     said = [e for e in work.log if "prepare_model(" in e.what]
@@ -164,6 +164,17 @@ def _undone(work: _Work, source: str, single: str) -> None:
               "converted (DistributedSampler, DistributedDataParallel and init_process_group went with the other "
               "branches); ddpkit launch passes no --local_rank", first)
 
+
+
+def _imported_late(work: _Work) -> bool:
+    """The script imports ddpkit itself only below the first statement the edits make use it (a user's ``import
+    ddpkit`` written above the line a fix asked for, below ``logger = logging.getLogger(...)``)."""
+    facts = work.facts
+    defined = {s.name.value for s in facts.module.body if isinstance(s, (cst.FunctionDef, cst.ClassDef))}
+    use = first_use(facts.module, work.edits, defined)
+    order = {id(s): i for i, s in enumerate(facts.module.body)}
+    own = [order[id(s)] for s in facts.imports if "ddpkit" in facts.code(s) and id(s) in order]
+    return use is not None and id(use) in order and not any(i < order[id(use)] for i in own)
 
 
 def _import_place(wrapper: MetadataWrapper, work: _Work) -> cst.CSTNode | None:

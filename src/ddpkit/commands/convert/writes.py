@@ -78,6 +78,11 @@ def writes(work: _Work) -> None:
             stepped = _of_the_step(work, call)
             work.note(f"{call.last} guarded: rank 0 writes {what}", WHY if stepped is None else "N writers of one "
                       "file race; what it shows is rank 0's share of the step's batch", call.line)
+            last = _last_batch(work, call) if stepped is None else None
+            if last:  # (a VAE lesson's reconstruction of the epoch's last batch, saved after the loop)
+                work.keep(call.line, f"{call.last}(...) writes {what} of {last}, the training loop's last batch",
+                          "at N processes that batch is rank 0's part of the global one (B/N samples); "
+                          f"ddpkit.gather({last}) before the guarded write shows the whole batch")
             if stepped:  # (pytorch-UNet's ``save_image(img, f'{save_path}/{i}.png')`` each step)
                 work.leave(call.line, f"{call.last}(...) writes {what} of each training step's batch under the step's "
                            f"number ({stepped}): at N processes it shows rank 0's share of the batch (with a batch "
@@ -169,6 +174,27 @@ def _of_the_step(work: _Work, call: Call) -> str | None:
     if not written & made - set(counter):
         return None
     return counter[0] if counter else ""
+
+
+def _last_batch(work: _Work, call: Call) -> str | None:
+    """The training loop's batch (a loop target, as it stands after the loop) that what ``call`` writes is made of,
+    the call below that loop in its function: the last batch's picture; None where it writes none."""
+    facts = work.facts
+    for loop in (lp for lp in facts.loops if lp.scope is call.scope and lp.end < call.line and
+                 flow.trains(facts, lp) and all(any(o is c for c in call.loops) for o in lp.outer)):
+        made = set(flow.batch_names(facts, loop))
+        again = {b.target for b in facts.bindings if b.scope is call.scope and loop.end < b.line < call.line and
+                 b.target in made and not names_in(_value(b) or cst.Name("_")) & made}
+        made -= again  # (bound anew after the loop: no longer the batch)
+        for b in sorted((b for b in facts.bindings if b.scope is call.scope and loop.line < b.line < call.line and
+                         _value(b) is not None), key=lambda b: b.line):
+            if names_in(_value(b)) & made:
+                made.add(b.target)
+        first = call.node.args[0].value if call.node.args else None
+        read = sorted(names_in(first) & made) if first is not None else []
+        if read:
+            return read[0]
+    return None
 
 
 def _to_a_path(work: _Work, call: Call) -> bool:
