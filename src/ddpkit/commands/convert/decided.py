@@ -124,9 +124,7 @@ def _iterated_elsewhere(work: _Work) -> bool:
     makers = {loaderuse.iterated_call(work.facts, lp, own, bound=True) for lp in trained} - {None}
     if not makers:
         return False
-    in_place = loaderuse.comprehended_calls(work.facts) | {
-        id(a.value) for c in work.facts.calls if c.last not in ("len", "print", "str", "repr", "type")
-        for a in c.node.args}  # (handed on: ``evaluate(model, make(dev))``)
+    in_place = loaderuse.iterated_ids(work.facts, statements=False) | loaderuse.handed_on(work.facts)
     others = [(lp.line, loaderuse.iterated_call(work.facts, lp, own)) for lp in work.facts.loops
               if lp not in trained] + [(c.line, dotted(c.node.func)) for c in work.facts.calls
                                        if id(c.node) in in_place]
@@ -143,9 +141,7 @@ def _iterated_elsewhere(work: _Work) -> bool:
 def _handed_made(work: _Work, loop: Any, own: frozenset[str]) -> bool:
     """The call a loop iterates is handed a value another module of the project made (``utils.on_device(train_dl,
     device)``, ``train_dl, _ = utils.get_data(...)``): followed there (imported.py), not refused here."""
-    call = loop.node.iter
-    while isinstance(call, cst.Call) and (dotted(call.func) or "").split(".")[-1] in ("enumerate", "tqdm", "iter"):
-        call = call.args[0].value if call.args else None
+    call = loaderuse.unwrapped(loop.node.iter)
     for arg in call.args if isinstance(call, cst.Call) else ():
         bound = flow.binding_of(work.facts, dotted(arg.value) or "", loop.scope, loop.line) if dotted(arg.value) \
             else None

@@ -184,15 +184,36 @@ def returns(facts: Facts, binding: Binding) -> bool:
                for scope, value in facts.returns if scope.name)
 
 
+WRAPS = ("enumerate", "tqdm", "iter")  # what a loop iterates through to its iterable
+UNHANDED = ("len", "print", "str", "repr", "type")  # calls that read a loader without taking it on
+
+
+def unwrapped(node: Any) -> Any:
+    """``enumerate(tqdm(make(dev)))`` -> ``make(dev)``: the iterable a loop takes its items from."""
+    while isinstance(node, cst.Call) and (dotted(node.func) or "").split(".")[-1] in WRAPS and node.args:
+        node = node.args[0].value
+    return node
+
+
+def iterated_ids(facts: Facts, statements: bool = True) -> set[int]:
+    """The nodes comprehensions iterate (``for x, y in make(dev)`` of a generator), and with ``statements`` for
+    statements too, through enumerate / tqdm / iter."""
+    kinds = m.For() | m.CompFor() if statements else m.CompFor()
+    return {id(unwrapped(n.iter)) for n in m.findall(facts.module, kinds) if isinstance(n, (cst.For, cst.CompFor))}
+
+
+def handed_on(facts: Facts) -> set[int]:
+    """The nodes handed to a call as an argument (``evaluate(model, make_loader(128, 64))``), not to one that only
+    reads them (``len(make_loader(...))``)."""
+    return {id(a.value) for c in facts.calls if c.last not in UNHANDED for a in c.node.args}
+
+
 def iterated_call(facts: Facts, loop: Loop, own: frozenset[str], bound: bool = False) -> str | None:
     """The function of another module of the project (``own``: its modules) whose call a for loop iterates, itself
     or through ``enumerate`` / ``tqdm`` (an LSTM project's ``for x, y in utils.create_dataset(train, bs):``); with
     ``bound``, also through a name bound to that call above the loop (``train_loader = utils.create_dataset(...)``).
     """
-    node = loop.node.iter if isinstance(loop.node, cst.For) else None
-    while isinstance(node, cst.Call) and (dotted(node.func) or "").split(".")[-1] in ("enumerate", "tqdm", "iter") \
-            and node.args:
-        node = node.args[0].value
+    node = unwrapped(loop.node.iter) if isinstance(loop.node, cst.For) else None
     if bound and not isinstance(node, cst.Call) and dotted(node):
         held = flow.binding_of(facts, str(dotted(node)), loop.scope, loop.line)
         node = held.value if held is not None else None
@@ -201,35 +222,13 @@ def iterated_call(facts: Facts, loop: Loop, own: frozenset[str], bound: bool = F
     return name if origin is not None and origin[0].split(".")[0] in own else None
 
 
-def comprehended_calls(facts: Facts) -> set[int]:
-    """The calls a comprehension iterates in place (``for x, y in make(dev)`` of a generator), through enumerate /
-    tqdm / iter."""
-    found = set()
-    for node in m.findall(facts.module, m.CompFor()):
-        over = node.iter if isinstance(node, cst.CompFor) else None
-        while isinstance(over, cst.Call) and (dotted(over.func) or "").split(".")[-1] in ("enumerate", "tqdm",
-                                                                                        "iter") and over.args:
-            over = over.args[0].value
-        found.add(id(over))
-    return found
-
-
 def iterated_in_place(facts: Facts, call: Call) -> list[Call]:
     """The calls of the function that returns ``call``'s loader whose value no name holds, iterated in place (``for
     x, y in create_dataset(dev, batch_size=1)``, in a generator or a for statement) or handed on to a function;
     none where it is not returned."""
     returning = [scope for scope, value in facts.returns if any(e is call.node for e in unpacked(value))]
-    iterated = set()  # (what a for statement or a comprehension loops over, through enumerate / tqdm / iter)
-    for node in m.findall(facts.module, m.For() | m.CompFor()):
-        over = node.iter if isinstance(node, (cst.For, cst.CompFor)) else None
-        while isinstance(over, cst.Call) and (dotted(over.func) or "").split(".")[-1] in ("enumerate", "tqdm",
-                                                                                        "iter") and over.args:
-            over = over.args[0].value
-        iterated.add(id(over))
-    # (or handed on to a function: ``evaluate(model, make_loader(128, 64))``, not ``len(make_loader(...))``)
-    iterated |= {id(a.value) for c in facts.calls if c.last not in ("len", "print", "str", "repr", "type")
-                 for a in c.node.args}
-    return [c for scope in returning[:1] for c in callers(facts, scope) if id(c.node) in iterated]
+    unbound = iterated_ids(facts) | handed_on(facts)
+    return [c for scope in returning[:1] for c in callers(facts, scope) if id(c.node) in unbound]
 
 
 def returned(facts: Facts, call: Call) -> list[Binding] | None:
