@@ -69,6 +69,8 @@ def test_rank0_stream_equals_a_one_process_run(ranks):
 
 @pytest.mark.parametrize("case, message", [
     ("unused", "2 parameter(s) got no gradient in the first backward: spare.weight, spare.bias"),
+    # set 25's DCGAN project: DDP's own error gave parameter indices only
+    ("unused_later", "2 parameter(s) got no gradient in the step before this forward: extra.weight, extra.bias"),
     ("desync", "replicas out of sync at step 1 (equal at step 0): rank 1 differs from rank 0 (no majority: which "
                "is right cannot be told) in 'spare.bias'"),
     ("desync_nan", "replicas out of sync at step 1 (equal at step 0): rank 1 differs from rank 0"),

@@ -1,7 +1,7 @@
 """Worker for single-purpose gloo checks: ``ddpkit launch --nproc-per-node 2 misc.py CASE OUT``.
 
-CASE is one of: syncbn_seeds (saves OUT/rank<R>.pt), unused, desync, desync_nan, diverged, tiny, global_batch,
-boom (each should fail clearly), sleep (writes OUT/pid<R> and sleeps, for signal tests).
+CASE is one of: syncbn_seeds (saves OUT/rank<R>.pt), unused, unused_later, desync, desync_nan, diverged, tiny,
+global_batch, boom (each should fail clearly), sleep (writes OUT/pid<R> and sleeps, for signal tests).
 """
 import random
 import sys
@@ -93,6 +93,21 @@ elif case in ("unused", "desync", "desync_nan", "diverged"):
         if case in ("desync", "desync_nan") and rank == 1:
             with torch.no_grad():  # a rank-dependent update outside backward
                 model.module.spare.bias.add_(1.0 if case == "desync" else float("nan"))
+elif case == "unused_later":  # a head used in step 0 only (a discriminator's extra head in its own step)
+    class Extra(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.extra = nn.Linear(4, 2), nn.Linear(4, 2)
+
+        def forward(self, x, extra=False):
+            return self.used(x) + (self.extra(x) if extra else 0)
+
+    model = ddpkit.prepare_model(Extra())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        model(torch.randn(2, 4), extra=step == 0).sum().backward()
+        print(f"STEP {step} backward done", flush=True)
+        opt.step()
 elif case == "init_after_wrap":  # DCGAN's order: wrap, then model.apply(init) under init(seed=)'s per-rank seed
     def weights_init(m):
         if isinstance(m, nn.Linear):

@@ -13,6 +13,9 @@
   one-process re-run with other draws is as far from the first.
 - noisebug: the same noise 100x smaller, and rank 1's loss 10x (a rank-dependent scale): must FAIL, beyond what
   the draws make.
+- noisekl: the VAE's noise, and a second term weighted by the batch's own size over the data's (a KL weight of
+  ``x.size(0) / len(data)``, halved per rank): within what other draws make, yet apart with the draws matched,
+  in float64 too: must FAIL, decided by the matched re-run (it was "cannot compare exactly", held-out set 25).
 - augpy / augnp: a Dataset whose ``__getitem__`` augments each sample with Python's ``random`` (in this process) /
   numpy's global generator (in a loader worker): a random flip and scale, as public scripts write by hand: cannot
   compare exactly, not a FAIL.
@@ -49,7 +52,8 @@ import ddpkit
 parser = argparse.ArgumentParser()
 parser.add_argument("--case", required=True, choices=["seq", "attn", "global", "noise", "handshard", "noprepare",
                                                      "badbytes", "gan", "manual", "phases", "bnplain", "exit",
-                                                     "accum8", "peekbn", "noisebug", "noisefirst", "noisenp", "augpy",
+                                                     "accum8", "peekbn", "noisebug", "noisefirst", "noisenp", "noisekl",
+                                                     "augpy",
                                                      "augnp", "augown", "augseeded", "augtorch"])
 args = parser.parse_args()
 torch.set_num_threads(1)
@@ -141,7 +145,7 @@ if args.case in ("gan", "manual", "phases", "bnplain", "exit", "accum8", "peekbn
     import verify_shapes  # noqa: E402 (next to this file)
     verify_shapes.run(args.case, data, state)
     raise SystemExit(0)
-net = {"noise": Noisy, "noisebug": Noisy, "noisenp": Noisy, "attn": Attn}.get(args.case, Seq)()
+net = {"noise": Noisy, "noisebug": Noisy, "noisenp": Noisy, "noisekl": Noisy, "attn": Attn}.get(args.case, Seq)()
 model = net if args.case == "noprepare" else ddpkit.prepare_model(net)
 opt = (torch.optim.AdamW(model.parameters(), lr=1e-3) if args.case == "attn"
        else torch.optim.SGD(model.parameters(), lr=0.1))
@@ -151,6 +155,8 @@ def train_step(x, y):
     if args.case in ("noisefirst", "augtorch"):  # drawn before the step's first forward, as a GAN draws z
         x = x + torch.randn_like(x)
     loss = nn.functional.mse_loss(model(x), y) * (1 + 9 * state.rank if args.case == "noisebug" else 1)
+    if args.case == "noisekl":  # a weight of the batch's share of the data: a per-rank batch halves it
+        loss = loss + x.size(0) / len(data) * 2 * sum(p.pow(2).sum() for p in model.parameters())
     opt.zero_grad()
     loss.backward()
     opt.step()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import faulthandler
 import json
+import math
 import os
 import re
 import signal
@@ -125,12 +126,22 @@ def batch_hint(message: str, batch: int | None, world_size: int) -> str | None:
     >>> batch_hint("The size of tensor a (16) must match the size of tensor b (8) at non-singleton dimension 0", 8,
     ...            2)[:40]
     'a tensor sized by the global batch (16) '
+    >>> batch_hint("shape '[16, 784]' is invalid for input of size 6272", 8, 2)[:40]  # x.view(16, 784) in a model
+    'a tensor sized by the global batch (16) '
+    >>> batch_hint("shape '[16, 784]' is invalid for input of size 6000", 8, 2) is None
+    True
     """
     if not batch or world_size < 2:
         return None
     # (the leading sizes the message names: a Size's first dim, a batch_size, a tensor's size at a dim; not any
     # number, the channels of a conv or the digits of ``mat1``)
     leading = {int(n) for found in _LEADING.findall(message) for n in found if n}
+    viewed = _VIEW.search(message)  # ``x.view(16, 784)`` of a batch of 8: the view names the 16, the size 8 x 784
+    if viewed is not None:
+        dims = [int(d) for d in viewed.group(1).split(",") if d.strip().lstrip("-").isdigit()]
+        rest = math.prod(dims[1:]) if dims and all(d > 0 for d in dims[1:]) else 0
+        if dims and dims[0] == batch * world_size and rest and int(viewed.group(2)) == batch * rest:
+            leading |= {batch, batch * world_size}
     if batch not in leading or batch * world_size not in leading:
         return None
     return (f"a tensor sized by the global batch ({batch * world_size}) met this rank's batch ({batch} = "
@@ -139,6 +150,7 @@ def batch_hint(message: str, batch: int | None, world_size: int) -> str | None:
 
 
 _LEADING = re.compile(r"Size\(\[(\d+)|batch_size \((\d+)\)|size of tensor \w \((\d+)\)|\bshape \[(\d+)")
+_VIEW = re.compile(r"shape '\[([-\d, ]+)\]' is invalid for input of size (\d+)")
 
 
 def _write_record(report_dir: str, rank: int, local_rank: int, kind: str, message: str, text: str,

@@ -16,6 +16,8 @@ Example::
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -50,6 +52,40 @@ class FirstBackwardCheck:
                 "all-reduce them; pass prepare_model(model, find_unused_parameters=True) if some layers are "
                 "skipped on purpose (comm=ddpkit.CommConfig(static_graph=True) when always the same ones), or "
                 "freeze them with requires_grad_(False)")
+
+
+REDUCTION = "Expected to have finished reduction in the prior iteration"
+
+
+def unused_later(module: nn.Module, ignore: frozenset[str] | set[str], message: str) -> str | None:
+    """DDP's "Expected to have finished reduction" at a forward (a step after the first skipped parameters the
+    first backward had: a discriminator's extra head used only in its own step, not in the generator's), said
+    with the parameters' names and what to do; None for any other error. DDP gives only their indices in its
+    reducer's order (trainable parameters, module by module, each once, those ignored left out).
+
+    >>> net = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
+    >>> unused_later(net, set(), REDUCTION + " ... did not receive grad for rank 1: 2 3\\n")[:62]
+    '2 parameter(s) got no gradient in the step before this forward'
+    """
+    if REDUCTION not in message:
+        return None
+    found = re.search(r"did not receive grad for rank \d+: ([\d ]+)", message)
+    order: dict[int, str] = {}  # (a parameter shared by two modules: once, where first met)
+    for prefix, sub in module.named_modules():
+        for name, p in sub.named_parameters(recurse=False):
+            full = f"{prefix}.{name}" if prefix else name
+            if p.requires_grad and full not in ignore:
+                order.setdefault(id(p), full)
+    names = list(order.values())
+    unused = [names[int(i)] for i in (found.group(1).split() if found else ()) if int(i) < len(names)]
+    shown = ", ".join(unused[:5]) + (f" and {len(unused) - 5} more" if len(unused) > 5 else "") if unused else \
+        "some parameters (DDP named none)"
+    return (f"{len(unused) or 'some'} parameter(s) got no gradient in the step before this forward: {shown} (a "
+            "branch of forward that step skipped, or an output left out of its loss, though the first backward had "
+            "them all): DDP all-reduces every parameter each step; pass prepare_model(model, "
+            "find_unused_parameters=True) if some steps skip them on purpose (then call the model once per "
+            "backward: a GAN's discriminator on torch.cat([real, fake]), not twice), or freeze them with "
+            "requires_grad_(False) where they are not trained")
 
 
 def local_buffers(module: nn.Module) -> set[str]:

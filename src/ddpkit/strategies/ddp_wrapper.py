@@ -22,10 +22,10 @@ from torch.distributed.algorithms.join import JoinHook
 from torch.nn.parallel import DistributedDataParallel
 
 from ddpkit.core import process
-from ddpkit.strategies.consistency import FirstBackwardCheck, check_in_sync
+from ddpkit.strategies.consistency import FirstBackwardCheck, check_in_sync, unused_later
 from ddpkit.strategies.forwarding import PlainStateDict, user_method
 from ddpkit.strategies.redirect import through_forward
-from ddpkit.strategies.replicas import Replicas
+from ddpkit.strategies.replicas import ReplicaError, Replicas
 
 # Every DDP model this interpreter made, released at shutdown. Not run state for core.process to reset: it is a
 # registry of torch objects in this heap, and a worker forked from a notebook kernel holds copies of the
@@ -131,12 +131,33 @@ class DDP(PlainStateDict, DistributedDataParallel):
                 replicas = self._replicas
                 replicas.seen = self._training_steps
                 if replicas.every and self._training_steps >= replicas.next and replicas.tensors:
-                    replicas.check(self._training_steps)
+                    try:
+                        replicas.check(self._training_steps)
+                    except ReplicaError:
+                        self._reduced_before()  # (parted by a step DDP never reduced: that said instead)
+                        raise
             self._training_steps += 1
         process.heartbeat()
         if (stamp := process.current().on_ddp_forward) is not None:
             stamp(self, True)  # the phase report: DDP's own part of the forward (the buffer broadcast) waits
-        return super().forward(*args, **kwargs)
+        try:
+            return super().forward(*args, **kwargs)
+        except RuntimeError as exc:  # (DDP names unused parameters by index only: said by name)
+            said = unused_later(self.module, set(self.parameters_to_ignore), str(exc))
+            if said is None:
+                raise
+            raise RuntimeError(said) from exc
+
+    def _reduced_before(self) -> None:
+        """Raise what DDP would at this forward when its reducer never finished the step before (parameters that
+        step left without a gradient): the replicas parted there because those gradients were never averaged,
+        which the replica check found first. Only on the way to an error: DDP asks its reducer at every forward."""
+        try:
+            self.reducer._rebuild_buckets()
+        except RuntimeError as exc:
+            said = unused_later(self.module, set(self.parameters_to_ignore), str(exc))
+            if said is not None:
+                raise RuntimeError(said) from exc
 
     # Not traced either (torch's own frame here is not: a traced one would be a new compiled frame)
     @torch.compiler.disable(recursive=False)

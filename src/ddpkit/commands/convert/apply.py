@@ -204,4 +204,33 @@ def rewrite(wrapper: MetadataWrapper, edits: Edits, last_import: cst.CSTNode | N
     module = wrapper.module.visit(_Rewrite(edits, last_import))
     if edits.imports and last_import is None:
         module = module.with_changes(body=[*(statement(c) for c in edits.imports), *module.body])
-    return module.code
+    return module.visit(_Quotes()).code
+
+
+class _Quotes(cst.CSTTransformer):
+    """A string inside an f-string's braces quoted as the f-string is, which Python before 3.12 cannot read
+    (``f'loss {ddpkit.reduce(m, op='mean')}'``, an edit's ``op='mean'`` in a notebook's single-quoted print: a
+    SyntaxError on 3.11), takes the other quote.
+
+    >>> print(cst.parse_module("print(f'a {f(x, op='b')}')\\n").visit(_Quotes()).code, end="")
+    print(f'a {f(x, op="b")}')
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quotes: list[str] = []
+
+    def visit_FormattedString(self, node: cst.FormattedString) -> None:
+        self.quotes.append(node.quote)
+
+    def leave_FormattedString(self, original: cst.FormattedString, updated: cst.FormattedString) -> Any:
+        self.quotes.pop()
+        return updated
+
+    def leave_SimpleString(self, original: cst.SimpleString, updated: cst.SimpleString) -> Any:
+        quote = self.quotes[-1] if self.quotes else None
+        other = {"'": '"', '"': "'"}.get(quote or "")
+        body = updated.value[len(updated.prefix) + 1:-1]
+        if other is None or updated.quote != quote or other in body or "\\" in body:
+            return updated
+        return updated.with_changes(value=f"{updated.prefix}{other}{body}{other}")

@@ -26,7 +26,7 @@ import libcst.matchers as m
 
 from ddpkit.commands.convert import flow, handsize
 from ddpkit.commands.convert.batchmeans import stepped_losses
-from ddpkit.commands.convert.batchreads import forward_read, quiet_nodes, read_in_training
+from ddpkit.commands.convert.batchreads import forward_literal, forward_read, quiet_nodes, read_in_training
 from ddpkit.commands.convert.flow import DEPTH, argument_for, binding_of, callee
 from ddpkit.commands.convert.inits import node_ids
 from ddpkit.commands.convert.names import dotted, heads, names_in
@@ -66,7 +66,7 @@ def global_batch(work: _Work, call: Call, loops: list[Loop]
         return None, frozenset()
     names = _names(work, call, given.value) | ({code(given.value)} if isinstance(given.value, cst.Subscript) else set())
     read = read_in_training(work, names, loops, call)
-    forward = forward_read(work, names) if read is None else None
+    forward = (forward_read(work, names) or forward_literal(work, given.value, call)) if read is None else None
     read = read or forward
     built = _built_with(work, names) if read is None else None
     params = [p for p in call.scope.params if p not in ("self", "cls")]
@@ -259,6 +259,7 @@ def _names(work: _Work, call: Call, size: cst.BaseExpression) -> set[str]:
     names = {n for n in read if ("." in n or n == (size.value if isinstance(size, cst.Name) else "")) and
              not any(other.startswith(n + ".") for other in read)}
     facts = work.facts
+    live = {id(call.scope)}  # the functions whose names these are: the loader's, and its callers that pass them
     for _round in range(DEPTH):
         more = set(names)
         for site in facts.calls:  # a parameter: what the calls of its function pass
@@ -266,9 +267,14 @@ def _names(work: _Work, call: Call, size: cst.BaseExpression) -> set[str]:
             if target is not None and target[0] is call.scope:
                 passed = [argument_for(site, n, call.scope, target[1]) for n in names if n in call.scope.params]
                 more |= {name for arg in passed if (name := dotted(arg)) is not None}
+                if passed:
+                    live.add(id(site.scope))
         for b in facts.bindings:  # ``bsz = args.batch_size`` (either way round)
             value = dotted(b.value) if b.value is not None else None
-            if value in names or b.target in names and value is not None:
+            # (a name bound again in another function is that function's own: a model's ``generate`` with its local
+            # ``batch_size = None``, set 26, made ``None`` a name of the batch size)
+            elsewhere = id(b.scope) not in live and b.scope.name != "" and "." not in b.target
+            if value in names or b.target in names and value is not None and not elsewhere:
                 more |= {b.target, value} if value else {b.target}
         if more == names:
             break

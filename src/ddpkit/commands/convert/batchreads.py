@@ -79,6 +79,23 @@ def forward_read(work: _Work, names: set[str]) -> tuple[str, int] | None:
     return None
 
 
+def forward_literal(work: _Work, size: cst.BaseExpression, call: Call) -> tuple[str, int] | None:
+    """The batch size, a number (``batch_size=16``, or a name bound once to one), written as a number into a
+    reshape of a method of the script's own model classes (a homework FCN's ``x = x.view(16, 784)`` in
+    ``forward``, set 26): each rank would take 16/N rows. ``(the code, its line)``."""
+    bound = binding_of(work.facts, dotted(size) or "", call.scope, call.line) if isinstance(size, cst.Name) else None
+    number = size if isinstance(size, cst.Integer) else bound.value if bound is not None else None
+    if not isinstance(number, cst.Integer):
+        return None
+    classes = {s.cls for s in work.facts.scopes.values() if s.cls and s.name.endswith(".forward")}
+    for c in work.facts.calls:
+        first = c.node.args[0].value if c.node.args and c.node.args[0].keyword is None else None
+        if c.scope.cls in classes and c.last in ("view", "reshape") and isinstance(first, cst.Integer) and \
+                first.evaluated_value == number.evaluated_value:
+            return work.facts.code(c.node), c.line
+    return None
+
+
 def _rebound(work: _Work, name: str, scope: Any, line: int, loops: list[Loop], names: set[str]) -> bool:
     """The read at ``line`` sees a binding the training loop made from something else (a DCGAN's ``batch_size =
     x.size(0)`` above ``torch.randn(batch_size, nz)``): the batch's own size, not the loader's."""
@@ -91,24 +108,31 @@ def _step_counts(work: _Work, loops: list[Loop], names: set[str]) -> set[int]:
     """The batch size dividing the data's size into a count of steps (DeepLearningZeroToAll's ``total_batch =
     len(mnist_train) // batch_size`` in the epoch loop, its ``avg_cost += cost / total_batch``): a global batch keeps
     that count on every rank, so it sizes nothing. The data's size only: ``len(...)``, or a name bound to one
-    (review: ``total_loss / batch_size`` and ``loss * x.shape[0] / batch_size`` size the loss by the batch)."""
+    (review: ``total_loss / batch_size`` and ``loss * x.shape[0] / batch_size`` size the loss by the batch).
+    So does its inverse, the batch's share of the data (a VAE's KL weight ``batch_size / total_train_samples``,
+    set 25: the global batch's share, what one process weighted by; the named fix ``x.size(0)`` halved it)."""
     batch = {t for loop in loops for t in loop.targets} | {b.target for loop in loops for b in work.facts.bindings
                                                            if loop.line <= b.line <= loop.end}
 
-    def sized(node: cst.CSTNode, scope: Any, line: int, depth: int = 0) -> bool:
+    def sized(node: cst.CSTNode, scope: Any, line: int, depth: int = 0, numbers: bool = True) -> bool:
         held = measured(node) if isinstance(node, cst.BaseExpression) else None
         if held is not None:  # the data's size, not the batch's (review 26: ``len(x)`` of the batch)
             return held.split(".")[0] not in batch
         bound = binding_of(work.facts, dotted(node) or "", scope, line) if isinstance(node, cst.Name) else None
         return bound is not None and bound.value is not None and bound.line < line and depth < 2 and \
-            (isinstance(bound.value, cst.Integer) or sized(bound.value, bound.scope, bound.line, depth + 1))
+            (numbers and isinstance(bound.value, cst.Integer) or
+             sized(bound.value, bound.scope, bound.line, depth + 1, numbers))
     found: set[int] = set()
     for loop in loops:
         for owner in [loop, *loop.outer]:
             for div in m.findall(owner.node, m.BinaryOperation(operator=m.Divide() | m.FloorDivide())):
-                if isinstance(div, cst.BinaryOperation) and dotted(div.right) in names and \
-                        sized(div.left, loop.scope, loop.line):
+                if not isinstance(div, cst.BinaryOperation):
+                    continue
+                if dotted(div.right) in names and sized(div.left, loop.scope, loop.line):
                     found |= node_ids(div.right)
+                elif dotted(div.left) in names and isinstance(div.operator, cst.Divide) and \
+                        sized(div.right, loop.scope, loop.line, numbers=False):  # (``B / half``: a size)
+                    found |= node_ids(div.left)
     return found
 
 

@@ -78,6 +78,8 @@ class Crossing:
     twice: str = ""  # a file of the project that differentiates a model's output twice (:mod:`.gradpen`)
     # the project's functions that return ddpkit's device once converted (``utils.get_device``: plan.Plan.devices)
     devices: frozenset[str] = frozenset()
+    # the classes of the project's other modules that sum a loss over the batch (``loss.YoloLoss``: :func:`summing`)
+    summed: frozenset[str] = frozenset()
 
 
 def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
@@ -125,11 +127,12 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
                                                       any(rel in used and s in used for used in uses.values()))]
         seeded = frozenset(s[:-3].replace("/", ".") for s in linked) if "rand" in sources[rel] else frozenset()
         told = twice if twice != rel and "prepare_model" in getattr(plans[rel], "text", "") else ""
+        sums = frozenset(c for other in uses[rel] for c in summing(sources.get(other, ""), other))
         # (``device = utils.get_device()``, which utils.py's conversion makes ddpkit's: not refused as unread)
         returning = frozenset().union(*(d for other, d in devices.items() if other != rel)) \
             if getattr(plans[rel], "left", None) else frozenset()
-        if seeded or told or returning:
-            base[rel] = dataclasses.replace(base[rel], seeded=seeded, twice=told, devices=returning)
+        if seeded or told or returning or sums:
+            base[rel] = dataclasses.replace(base[rel], seeded=seeded, twice=told, devices=returning, summed=sums)
             plans[rel] = convert(rel, base[rel])
 
     for rel, result in plans.items():  # a module another file imports: its ``if __name__ == "__main__"`` is a demo
@@ -293,6 +296,31 @@ def _dynamic(func: ast.expr) -> bool:
     ``run_path(..., run_name="__main__")``, which runs the file's main block as its own training)."""
     name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
     return name in ("import_module", "__import__")
+
+
+def summing(source: str, rel: str) -> frozenset[str]:
+    """The classes of module ``rel`` whose code sums a loss over the batch (``nn.MSELoss(reduction="sum")``, the old
+    ``size_average=False``) and divides nothing (YOLO's loss.py: ``self.mse = nn.MSELoss(reduction="sum")``, its
+    terms added up): ``module.Class``, as the files importing it read it.
+
+    >>> sorted(summing("import torch.nn as nn\\nclass L(nn.Module):\\n    def __init__(self):\\n"
+    ...                "        self.f = nn.MSELoss(reduction='sum')\\n", "pkg/loss.py"))
+    ['pkg.loss.L']
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return frozenset()
+    found = set()
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+        calls = [n for n in ast.walk(cls) if isinstance(n, ast.Call)]
+        summed = any(isinstance(k.value, ast.Constant) and (k.arg == "reduction" and k.value.value == "sum" or
+                                                              k.arg == "size_average" and k.value.value is False)
+                     for c in calls for k in c.keywords)
+        divides = any(isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Div, ast.FloorDiv)) for n in ast.walk(cls))
+        if summed and not divides:
+            found.add(f"{rel[:-3].replace('/', '.')}.{cls.name}")
+    return frozenset(found)
 
 
 def _names_in(source: str) -> frozenset[str]:

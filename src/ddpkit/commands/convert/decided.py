@@ -67,6 +67,9 @@ def check(work: _Work, built: list[Call], training: bool, for_others: bool) -> N
     if backward and (not training or for_others) and built and not uses_ddpkit(work.facts) and \
             not any(callers(work.facts, c.scope) for c in backward):  # none feeds this, and no call here does:
         handedin.handed_in(work, backward[0].line)  # (d2l's ``train(net, loader, optimizer)``: its callers' loader)
+    if backward and not training and not built and _prepared_here(work.facts):  # (a trainer given its models'
+        # wrap by a fix convert named, set 26's DCGAN project: its loop over what callers hand in is still theirs)
+        handedin.handed_in(work, backward[0].line)
     if backward and not training and not built and not uses_ddpkit(work.facts):  # (ddpkit: by hand)
         if _iterated_elsewhere(work) or imported.imported_loader(work, backward[0].line) or \
                 _subclassed(work, backward[0].line) or \
@@ -196,6 +199,13 @@ def _trained_elsewhere(work: _Work) -> None:
                    f"--imports SCRIPT, with {origin[0]} in the script's folder), or make its loader a "
                    "ddpkit.data_loader(dataset, global_batch_size=B) there yourself")
         return
+
+
+def _prepared_here(facts: Facts) -> bool:
+    """A file that prepares a model with ddpkit and neither shards nor reads a rank itself."""
+    names = {c.name for c in facts.calls}
+    return "ddpkit.prepare_model" in names and "ddpkit.data_loader" not in names and \
+        not any(r.rsplit(".", 1)[-1] in ("rank", "local_rank") for r, *_ in facts.reads)
 
 
 def uses_ddpkit(facts: Facts) -> bool:

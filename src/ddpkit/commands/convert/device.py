@@ -62,7 +62,9 @@ def devices(work: _Work) -> None:
     found = [b for b in found if all(b is not u for _, u in upgraded.values())]
     found = [b for b in found if not _fallback(work, b, found) and not _rewrapped(work, b, found)]
     for b in found:
-        again = [o for o in found if o.target == b.target and o.scope is b.scope and o is not b]
+        # (the same set-up written again, a notebook's cell repeated: one init each, the same device; set 26)
+        again = [o for o in found if o.target == b.target and o.scope is b.scope and o is not b and
+                 work.facts.code(o.value) != work.facts.code(b.value)]
         if again:  # device = "cpu"; if torch.cuda.is_available(): device = "cuda": the first init would win
             work.leave(b.line, f"{b.target} is chosen over several lines ({', '.join(str(o.line) for o in again)})",
                        f"write it as one: {b.target} = torch.device('cuda' if torch.cuda.is_available() else "
@@ -209,7 +211,7 @@ def _upgrades(work: _Work, found: list[Binding]) -> dict[int, tuple[Binding, Bin
 
 
 STARTS_DDPKIT = ("print", "pprint.pprint", "pprint.pp", "torch.utils.data.DataLoader",
-                 "torch.utils.tensorboard.SummaryWriter", *PROGRESS)
+                 "torch.utils.tensorboard.SummaryWriter", "torch.utils.tensorboard.writer.SummaryWriter", *PROGRESS)
 
 
 def _first_ddpkit_use(work: _Work, scope: Scope, line: int, args: set[str]) -> Any:

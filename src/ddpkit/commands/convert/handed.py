@@ -29,6 +29,7 @@ from ddpkit.commands.convert.scan import Call
 from ddpkit.commands.convert.trained import parameters_of
 
 _Work = Any  # the plan in the making (plan._Work)
+INITS = ("apply", "load_state_dict")  # calls that set a model's weights in place
 
 
 def ask(work: _Work, target: str, call: Call) -> bool:
@@ -46,6 +47,17 @@ def ask(work: _Work, target: str, call: Call) -> bool:
     name = f"{HANDED_MODEL}:{scope.cls if built else scope.name}:{index}={head}"  # (its position, or by name)
     where = work.crossing.provided.get(key("", name))
     work.asks.append(Ask("", name, "model", call.line))  # whatever the answer: settle asks in rounds
+    inits = [c for c in work.facts.calls if c.scope is scope and c.line <= call.line and c.last in INITS and
+             isinstance(c.node.func, cst.Attribute) and dotted(c.node.func.value) == head]
+    if where is not None and inits:  # (a DCGAN project's ``self.generator = generator.apply(weights)``: set 26)
+        held = next((b.target for b in work.facts.bindings if b.value is inits[0].node), None)
+        fix = f"{held} = ddpkit.prepare_model({work.facts.code(inits[0].node)}) there, the optimizer over " \
+            f"{held}.parameters()" if held else f"{head} = ddpkit.prepare_model({head}) right below it"
+        work.leave(inits[0].line, f"{head}.{inits[0].last}(...) sets the weights of the model {where} prepared and "
+                   "hands in: each rank would set its own after the wrap made them equal (the launch stops at "
+                   "the first step: ranks start different)", f"prepare it here instead: {fix}, and leave it "
+                   "unwrapped where it is built")
+        return True
     if where is not None:
         work.keep(call.line, f"the optimizer over {head} left as it is", f"{head} is handed in by {where}, "
                   "which prepares the model it passes where it is built")

@@ -26,7 +26,7 @@ from ddpkit.commands.convert.batchmeans import batch_size, loss_name, stepped_lo
 from ddpkit.commands.convert.crossing import HANDED, key
 from ddpkit.commands.convert.flow import callee
 from ddpkit.commands.convert.names import dotted, heads, names_in
-from ddpkit.commands.convert.scan import Call, Loop
+from ddpkit.commands.convert.scan import Call, Loop, imported_from
 from ddpkit.commands.convert.tokens import over_tokens
 
 _Work = Any  # the plan in the making (plan._Work): facts, edits, note, leave, models
@@ -51,13 +51,37 @@ def summed_loss(work: _Work) -> None:
     call = _summed(work)
     if call is None:
         return
-    if stepping and stepping <= SCALE_FREE:
+    decayed = _coupled_decay(work)
+    if stepping and stepping <= SCALE_FREE and decayed is None:
         _summed_shown(work, call)
         return
     if _scaled(work):  # (the fix this line names, written in: ``loss.sum() * state.world_size``)
         return
-    work.leave(call.line, SUMMED, "average it (reduction='mean', loss.mean()), or keep the sum and multiply "
-               "it by the number of processes (loss.sum() * state.world_size) where it trains")
+    why = SUMMED if decayed is None else (
+        f"the training loss is a sum over the batch, not a mean, stepped by {decayed} with weight_decay= (an L2 "
+        "term added to the gradient): DDP averages the ranks' gradients, so each rank's sum over B/N samples is "
+        "1/N of the original's while the decay is not, and Adam's step follows their ratio")
+    fix = "average it (reduction='mean', loss.mean()), or keep the sum and multiply it by the number of processes " \
+        "(loss.sum() * state.world_size) where it trains" if decayed is None else "keep the sum and multiply it by " \
+        "the number of processes (loss.sum() * state.world_size) where it trains (a mean would weigh the decay B " \
+        "times more than the original did)"
+    work.leave(call.line, why, fix)
+
+
+def _coupled_decay(work: _Work) -> str | None:
+    """An optimizer of Adam's kin given a weight decay added to the gradient (``Adam(..., weight_decay=1e-4)``, not
+    AdamW's decoupled one): its step follows the loss's gradient against the decay's, so a sum's 1/N scale moves
+    it (set 26's homework VAE). Its name, or None."""
+    for c in work.facts.calls:
+        if c.last not in SCALE_FREE or c.last == "AdamW":
+            continue
+        given = {a.keyword.value: a.value for a in c.node.args if a.keyword is not None}
+        decay, decoupled = given.get("weight_decay"), given.get("decoupled_weight_decay")
+        if decay is not None and not (isinstance(decay, (cst.Integer, cst.Float)) and
+                                      float(decay.evaluated_value) == 0.0) and \
+                not (isinstance(decoupled, cst.Name) and decoupled.value == "True"):
+            return c.last
+    return None
 
 
 def _scaled(work: _Work) -> bool:
@@ -80,13 +104,13 @@ def _summed(work: _Work) -> Call | None:
     training = {id(c.loops[-1]) for c in backwards if c.loops}  # an evaluation's summed loss is no step's
     # and the functions a training loop calls (the VAE's loss_function(recon, x, mu, logvar))
     helpers = {id((callee(work.facts, c) or (None,))[0]) for c in work.facts.calls
-               if any(id(loop) in training for loop in c.loops)}
+               if any(id(loop) in training for loop in c.loops)} | _handed_criteria(work)
     for call in work.facts.calls:
         func = call.node.func
         summed_backward = call.last == "backward" and isinstance(func, cst.Attribute) and \
             isinstance(func.value, cst.Call) and isinstance(func.value.func, cst.Attribute) and \
             func.value.func.attr.value == "sum"
-        summed_reduction = summing(call.node)
+        summed_reduction = summing(call.node) or _summed_class(work, call)
         # (a criterion built before the loop, ``nn.MSELoss(size_average=False)``, called in it: vdsr)
         bound = {b.target for b in work.facts.bindings if b.value is call.node}
         # (``self.criterion = nn.CrossEntropyLoss(reduction="sum")`` in the model's class, called ``model.criterion``)
@@ -107,6 +131,27 @@ def _summed(work: _Work) -> Call | None:
         if summed_backward or summed_reduction and trains:
             return call
     return None
+
+
+def _handed_criteria(work: _Work) -> set[int]:
+    """The functions of this file handed, by name, to a call that hands an optimizer too (``train(model, loader,
+    optimizer, criterion, device)`` of another module, set 26's VAE: ``def criterion(...)`` summing): the loss
+    that call's training loop steps by."""
+    optimizers = {b.target for b in work.facts.bindings if isinstance(b.value, cst.Call) and
+                  (dotted(b.value.func) or "").rsplit(".", 1)[-1] in OPTIMIZERS}
+    found: set[int] = set()
+    for c in work.facts.calls:
+        given = [dotted(a.value) for a in c.node.args]
+        if optimizers & set(given):
+            found |= {id(work.facts.scopes[g]) for g in given if g in work.facts.scopes}
+    return found
+
+
+def _summed_class(work: _Work, call: Call) -> bool:
+    """``call`` builds a loss class of another module of the project that sums over the batch (``loss_fn =
+    YoloLoss()`` of loss.py: ``nn.MSELoss(reduction="sum")`` inside; set 26, gradients 1/N with no line)."""
+    origin = imported_from(work.facts, dotted(call.node.func) or "") if work.crossing is not None else None
+    return origin is not None and f"{origin[0]}.{origin[1]}" in work.crossing.summed
 
 
 def _summed_shown(work: _Work, call: Call) -> None:

@@ -73,7 +73,7 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
         kept_rows = sorted((s for s in loop.stored if s[0] not in items), key=lambda s: "time" in s[0].lower())
         stored = next(iter(kept_rows), None) if not summed_as_training else None
         if stored is None and not summed_as_training:  # dlwpt's ``computeBatchLoss(..., metrics_g)``: slots filled
-            stored = _filled_by_callee(work, loop)
+            stored = _filled_by_callee(work, loop, counts=True)
         if stored is None and not summed_as_training:  # ``results += [(id, p) ...]``: rows kept in a list
             stored = next(((n, line) for n, line in loop.augmented if collection(work.facts, loop, n)), None)
         if stored is None and not summed_as_training and _returns_inside(loop):  # (``return model(x).argmax(1)``)
@@ -372,10 +372,12 @@ def _drawn(work: _Work, call: Call) -> bool:
     made = (held.whole or held.value) if held is not None else None
     return call.last in FIGURES and isinstance(made, cst.Call) and \
         (resolve(dotted(made.func), work.facts.aliases) or "").startswith("matplotlib.")
-def _filled_by_callee(work: _Work, loop: Loop) -> tuple[str, int] | None:
+def _filled_by_callee(work: _Work, loop: Loop, counts: bool = False) -> tuple[str, int] | None:
     """A container the loop hands to a function of the script that writes into it by index (dlwpt's
     ``computeBatchLoss(batch_ndx, batch_tup, batch_size, metrics_g)`` setting ``metrics_g[0, start:end] = ...``):
-    per-sample results kept, as ``metrics[i] = ...`` in the loop itself would be."""
+    per-sample results kept, as ``metrics[i] = ...`` in the loop itself would be. ``counts`` (an evaluation): also
+    a dict of sums made above the loop that the function adds to (``update_metrics(val_metrics, out, y)``'s
+    ``metrics['total_correct'] += ...``, set 26: sharded, the printed accuracy was rank 0's half)."""
     for call in loop.calls:
         target = flow.callee(work.facts, call)
         if target is None:
@@ -383,7 +385,9 @@ def _filled_by_callee(work: _Work, loop: Loop) -> tuple[str, int] | None:
         scope, skip = target
         written = {dotted(a.target.value) for a in m.findall(scope.node, m.AssignTarget(target=m.Subscript()))
                    if isinstance(a, cst.AssignTarget) and isinstance(a.target, cst.Subscript)}
-        for param in sorted(p for p in written & set(scope.params) if p):
+        added = {dotted(a.target.value) for a in m.findall(scope.node, m.AugAssign(target=m.Subscript()))
+                 if isinstance(a, cst.AugAssign) and isinstance(a.target, cst.Subscript)} if counts else set()
+        for param in sorted(p for p in (written | added) & set(scope.params) if p):
             passed = flow.argument_for(call, param, scope, skip)
             name = dotted(passed) if passed is not None else None
             made = flow.binding_of(work.facts, name, loop.scope, loop.line) if name else None
@@ -391,7 +395,19 @@ def _filled_by_callee(work: _Work, loop: Loop) -> tuple[str, int] | None:
             if made is not None and made.line < loop.line and isinstance(made.value, cst.Call) and \
                     (resolve(dotted(made.value.func), work.facts.aliases) or "") in CONTAINERS:
                 return f"{name} (filled by {scope.name}())", call.line
+            if made is not None and made.line < loop.line and param in added and _a_dict(work, made.value):
+                return f"{name} (added to by {scope.name}())", call.line
     return None
+
+
+def _a_dict(work: _Work, value: cst.BaseExpression | None) -> bool:
+    """``{...}``, ``dict(...)``, or a call of a function of the script that returns a dict literal
+    (``reset_metrics()``)."""
+    if isinstance(value, cst.Dict) or isinstance(value, cst.Call) and dotted(value.func) == "dict":
+        return True
+    made = flow.callee(work.facts, next(c for c in work.facts.calls if c.node is value)) \
+        if isinstance(value, cst.Call) and any(c.node is value for c in work.facts.calls) else None
+    return made is not None and bool(m.findall(made[0].node, m.Return(value=m.Dict())))
 
 
 CONTAINERS = tuple(f"{lib}.{f}" for lib in ("torch", "numpy") for f in ("zeros", "empty", "full", "ones"))

@@ -27,6 +27,10 @@ from ddpkit.commands.convert.scan import Binding
 
 # the plan in the making (plan._Work, which imports this module): facts, edits, log, left, models, state
 _Work = Any
+# TensorBoard's writer as scripts import it (``from torch.utils.tensorboard.writer import SummaryWriter``, its own
+# module: set 26, every rank wrote its event files into one folder)
+WRITERS = ("tensorboard.SummaryWriter", "tensorboardX.SummaryWriter", "tensorboard.writer.SummaryWriter",
+           "tensorboardX.writer.SummaryWriter")
 
 LOG_CALLS = ("debug", "info", "warning", "warn", "error", "critical", "exception", "log")
 # what copies or moves a file: beside a guarded torch.save (bearpaw's copy of the best checkpoint), rank 0's too
@@ -94,7 +98,7 @@ def outputs(work: _Work) -> None:
             work.edits.expr[id(func)] = lambda node, f=call.last: cst.parse_expression(f'ddpkit.get_logger("").{f}')
             work.note(f"logging.{call.last} -> ddpkit.get_logger(\"\").{call.last}", "logs on rank 0 "
                       "only", call.line)
-        elif (call.name or "").endswith(("tensorboard.SummaryWriter", "tensorboardX.SummaryWriter")):
+        elif (call.name or "").endswith(WRITERS):
             work.edits.expr[id(func)] = lambda node: cst.parse_expression("ddpkit.summary_writer")
             work.note("SummaryWriter -> ddpkit.summary_writer", "one event file, written by rank 0 "
                       "(the others get a writer that does nothing)", call.line)

@@ -28,6 +28,7 @@ import libcst.matchers as m
 
 from ddpkit.commands.convert import flow, returns
 from ddpkit.commands.convert.apply import add_keyword
+from ddpkit.commands.convert.flagged import argument_for
 from ddpkit.commands.convert.gradpen import double_grads
 from ddpkit.commands.convert.names import dotted, names_in, resolve
 from ddpkit.commands.convert.scan import imported_from
@@ -102,8 +103,14 @@ def seeded_noise(work: _Work) -> None:
     if work.crossing.seeded:  # (a module's training step, no loop of its own, called by the seeded script's loop:
         # niccolot's ``train_step(g, d, g_opt, x)`` drawing ``z = torch.randn(...)``)
         for scope in (s for s in work.facts.scopes.values() if s.name and flow.scope_trains(work.facts, s)):
-            _draws_fed(work, [c for c in work.facts.calls if c.scope is scope], set(scope.params) | models, done,
-                       where)
+            # (a function with loops of its own draws per step in them only: MonoFlow's ``main`` draws its picture's
+            # ``fixed_noise`` once above the epoch loop, the same on every rank as in one process; set 26)
+            looped = any(lp.scope is scope for lp in work.facts.loops)
+            _draws_fed(work, [c for c in work.facts.calls if c.scope is scope and (not looped or any(
+                flow.trains(work.facts, lp) for lp in c.loops))], set(scope.params) | models, done, where)
+    for scope, handed in _step_helpers(work, models):  # (a step of this file's, handed the models by the loop:
+        # MonoFlow-like ``train(x, netG, netD, optD, optG, device)`` drawing ``z`` itself; set 26)
+        _draws_fed(work, [c for c in work.facts.calls if c.scope is scope], handed | models, done, where)
     for scope in penalties:  # a gradient penalty's interpolation weights, drawn in a helper of its own
         _draws_fed(work, [c for c in work.facts.calls if c.scope is scope], set(scope.params) | models, done, where)
     for draw in _forward_draws(work, done):  # (a VAE's ``eps = torch.randn_like(mu)`` in the trained model's forward)
@@ -113,6 +120,25 @@ def seeded_noise(work: _Work) -> None:
                    f"seeded alike on every rank ({where}): in training every rank draws the same noise for its part "
                    "of the batch", "if it is noise over the batch, draw it from this rank's generator in training "
                    "only: generator=ddpkit.rank_generator(x.device) when self.training")
+
+
+def _step_helpers(work: _Work, models: set[str]) -> list[tuple[Any, set[str]]]:
+    """The functions of this file a training loop calls with models (its step), each with the parameters the
+    models are handed as (every call passing a model there, from a training loop)."""
+    found = []
+    for scope in (s for s in work.facts.scopes.values() if s.name and not s.cls):
+        sites = flow.callers(work.facts, scope)
+        if not sites or not all(site.loops and flow.trains(work.facts, site.loops[-1]) for site in sites):
+            continue
+        handed = set()
+        for param in scope.params:
+            given = [argument_for(site, param, scope, (flow.callee(work.facts, site) or (None, 0))[1])
+                     for site in sites]
+            if all(dotted(g) in models for g in given if g is not None) and any(g is not None for g in given):
+                handed.add(param)
+        if handed:
+            found.append((scope, handed))
+    return found
 
 
 def _helper_draws(work: _Work, loop: Any, models: set[str], done: set[int], where: str) -> None:

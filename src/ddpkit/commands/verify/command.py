@@ -177,10 +177,12 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
         result["unrepeatable"] = any(f.get("unrepeatable") for f in facts)  # a sample's own generator: not seen
         result["matchable"] = all(f.get("matchable", True) for f in facts)
         result["autocast"] = next((f["autocast"] for f in facts if f.get("autocast")), None)
+        result.update(matched.counts(facts))
         if not match and matched.worth_rerun(result):  # the draws matched: a correct script then compares exactly
             again = _matched(script, script_args, nproc, steps, atol, rtol, device, keep_dropout, mode, float64)
             if again is not None and again["passed"]:
                 return matched.decided({**result, "nproc": nproc}, again)
+            result["matched_defect"] = matched.defect(again) if again is not None else None
         if draws.worth_rerun(result) and not match:  # how far the one-process run moves with other draws alone
             others = runs.reruns(script, script_args, nproc, tmp, common, contract.VERIFY_DRAWS,
                              range(1, draws.RERUNS + 1))
@@ -373,6 +375,8 @@ def _verify_one(ns: argparse.Namespace, nproc: int, device: str | None, note: st
             result = rounding.decided(result, None, str(exc))
     if result.get("draws") and result["draws"]["reached"]:  # draws that moved no weight left the cause as it was
         verdict, line = draws.decided(result["draws"])
+        if verdict == "cannot compare" and result.get("matched_defect"):  # within the draws' spread, yet the
+            verdict, line = "fail", result["matched_defect"]  # draws matched apart beyond rounding: a defect
         result["cannot_compare"] = verdict == "cannot compare"
         if result["cannot_compare"]:  # as every "cannot compare" is said: the line on stderr, error and reason
             result["error"], result["reason"] = "cannot compare", line

@@ -168,10 +168,11 @@ def _in_place(mode: MatchedDraws, func: Any, args: list[Any], kwargs: dict[str, 
 
 
 def _dropout(mode: MatchedDraws, func: Any, args: list[Any], kwargs: dict[str, Any]) -> Any:
-    """``F.dropout(x, p, training)``: a matched keep-mask, scaled as dropout scales."""
+    """``F.dropout(x, p, training)`` / ``torch.dropout(x, p, train)``: a matched keep-mask, scaled as dropout
+    scales."""
     x = args[0] if args else kwargs["input"]
     p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
-    training = args[2] if len(args) > 2 else kwargs.get("training", True)
+    training = args[2] if len(args) > 2 else kwargs.get("training", kwargs.get("train", True))
     inplace = args[3] if len(args) > 3 else kwargs.get("inplace", False)
     if not training or p == 0 or p == 1 or not isinstance(x, torch.Tensor):
         return func(*args, **kwargs)
@@ -183,7 +184,7 @@ def _dropout(mode: MatchedDraws, func: Any, args: list[Any], kwargs: dict[str, A
 _HANDLERS: dict[Any, Callable[[MatchedDraws, Any, list[Any], dict[str, Any]], Any]] = {
     torch.randn: _creator, torch.rand: _creator, torch.randint: _creator,
     torch.randn_like: _like, torch.rand_like: _like, torch.randint_like: _like,
-    torch.normal: _normal, torch.bernoulli: _bernoulli, functional.dropout: _dropout,
+    torch.normal: _normal, torch.bernoulli: _bernoulli, functional.dropout: _dropout, torch.dropout: _dropout,
     torch.Tensor.normal_: _in_place, torch.Tensor.uniform_: _in_place, torch.Tensor.bernoulli_: _in_place,
 }
 
@@ -200,6 +201,44 @@ def worth_rerun(result: dict) -> bool:
     """
     return not result.get("passed") and not result.get("non_finite") and bool(result.get("random_draws")) and \
         "torch" in (result.get("draw_sources") or ()) and result.get("matchable", True)
+
+
+def counts(facts: list[dict]) -> dict:
+    """The draws both runs matched, and those in a form they could not (each run's facts, ``recorder.py``).
+
+    >>> counts([{"matched_draws": 3, "unmatched_draws": 0}, {"matched_draws": 6, "unmatched_draws": 1}])
+    {'matched_draws': 9, 'unmatched_draws': 1}
+    """
+    return {key: sum(int(f.get(key) or 0) for f in facts) for key in ("matched_draws", "unmatched_draws")}
+
+
+def defect(again: dict) -> str | None:
+    """The line of a FAIL that the draws' spread would hide: with every draw of the steps matched (from torch's
+    generator only, none in a form left unmatched, no loader worker's) the runs still end apart in float64 too,
+    beyond rounding; None when that re-run cannot tell (it passed, a draw went unmatched, float64 did not run).
+
+    A correct script at N processes computes with matched draws what one process computes (the module's
+    docstring); a defect within what other draws make (a KL weight of ``x.size(0) / len(data)``, halved per
+    rank: 3.85e5 x the rounding floor, within 3 x the draws' own spread) is told this way only.
+
+    >>> again = {"passed": False, "matched_draws": 8, "unmatched_draws": 0, "draw_sources": [],
+    ...          "float64_apart": {"name": "enc.weight", "diff": 0.047}}
+    >>> defect(again)[:61]
+    "'enc.weight' differs by 0.047 (max abs diff) with the steps' "
+    >>> defect({**again, "unmatched_draws": 1}) is None, defect({**again, "draw_sources": ["torch"]}) is None
+    (True, True)
+    """
+    apart = again.get("float64_apart")
+    # (a draw left to a global generator in the matched re-run, ``torch.dropout`` before it was matched, a loader's
+    # iter() at an epoch's end: the runs may differ by it)
+    if again.get("passed") or not apart or apart.get("diff") is None or again.get("unmatched_draws") or \
+            not again.get("matched_draws") or again.get("draw_sources") or again.get("loader_workers") or \
+            again.get("unrepeatable"):
+        return None
+    return (f"{apart['name']!r} differs by {apart['diff']:.3g} (max abs diff) with the steps' random draws matched, "
+            f"in float64 too: not the draws, not float rounding; decided by a re-run with the draws matched: "
+            f"rank-dependent code (a loss or scale that depends on the per-process batch, such as x.size(0) / "
+            f"len(data), a branch on the rank, per-rank statistics)")
 
 
 def decided(first: dict, again: dict) -> dict:

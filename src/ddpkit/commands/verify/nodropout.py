@@ -13,14 +13,15 @@ Example::
     >>> import torch
     >>> x = torch.ones(2, 4)
     >>> with NoDropout():
-    ...     bool((F.dropout(x, 0.5, training=True) == x).all())
-    True
+    ...     bool((F.dropout(x, 0.5, training=True) == x).all()), bool((torch.dropout(x, 0.5, train=True) == x).all())
+    (True, True)
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
@@ -28,6 +29,10 @@ from torch.overrides import TorchFunctionMode
 __all__ = ["NoDropout", "watch"]
 
 _DROPOUTS = {F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout}
+# torch's own forms, ``torch.dropout(x, p, train)`` (a course's MLP wrote ``torch.dropout(z, 0.2, train=True)``:
+# on in verify's runs while its line said dropout was off, then "cannot compare exactly"); ``train`` by keyword
+_TORCH_DROPOUTS = {torch.dropout, torch.dropout_, torch.alpha_dropout, torch.alpha_dropout_, torch.feature_dropout,
+                   torch.feature_dropout_, torch.feature_alpha_dropout, torch.feature_alpha_dropout_}
 _ENTERED: list[TorchFunctionMode] = []  # the modes of the forwards in progress (a model in a model)
 
 
@@ -41,11 +46,11 @@ class NoDropout(TorchFunctionMode):
                 args = (*args[:4], 0.0, *args[5:])
             else:
                 kwargs["dropout_p"] = 0.0
-        elif func in _DROPOUTS:
+        elif func in _DROPOUTS or func in _TORCH_DROPOUTS:
             if len(args) > 2:  # (input, p, training, inplace)
                 args = (*args[:2], False, *args[3:])
             else:
-                kwargs["training"] = False
+                kwargs["train" if func in _TORCH_DROPOUTS else "training"] = False
         return func(*args, **kwargs)
 
 

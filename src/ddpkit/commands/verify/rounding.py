@@ -246,4 +246,7 @@ def decided(float32: dict, float64: dict | None, error: str | None = None) -> di
         note = (f"the float64 re-run could not run: the model does not run in float64 ({error}; a line that runs "
                 "in float32), so float rounding is not ruled out")
     floor = {"floor": float64["floor"]} if float64 is not None and float64.get("floor") else {}
-    return {**float32, **floor, "decided_by": "float32", "rounding_note": note}
+    # (what matched.defect weighs: apart in float64 too, not rounding that a step decides)
+    apart = {"float64_apart": {"name": float64.get("first_diverging"), "diff": float64.get(
+        "first_max_abs_diff", float64.get("max_abs_diff"))}} if float64 is not None else {}
+    return {**float32, **floor, **apart, "decided_by": "float32", "rounding_note": note}
