@@ -498,3 +498,43 @@ def test_a_summing_criterion_handed_to_another_modules_training_function_is_list
     files = {"main.py": ENGINE_MAIN.format(reduction=reduction), "engine.py": ENGINE}
     left = settle(list(files), lambda rel, c: plan(files[rel], crossing=c))["main.py"].left
     assert any("sum over the batch" in x.what for x in left) == listed, [x.what for x in left]
+
+
+TEST_BAR = '''import torch, torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def progress_bar(i, n, msg):
+    print(f"{i + 1}/{n} {msg}")
+
+
+train_loader = DataLoader(TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,))), batch_size=16)
+test_loader = DataLoader(TensorDataset(torch.randn(200, 8), torch.randint(0, 2, (200,))), batch_size=100)
+net = nn.Linear(8, 2)
+criterion = nn.CrossEntropyLoss()
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+for x, y in train_loader:
+    opt.zero_grad()
+    criterion(net(x), y).backward()
+    opt.step()
+test_loss, correct, total = 0, 0, 0
+with torch.no_grad():
+    for batch_idx, (x, y) in enumerate(test_loader):
+        out = net(x)
+        test_loss += criterion(out, y).item()
+        total += y.size(0)
+        correct += out.argmax(1).eq(y).sum().item()
+        progress_bar(batch_idx, len(test_loader), 'Loss: %.3f | Acc: %.3f%%' % (test_loss / (batch_idx + 1),
+                                                                                 100. * correct / total))
+'''
+
+
+def test_an_evaluation_shown_only_by_its_progress_line_keeps_its_loader_whole():
+    """Set 26 (kuangliu-style CIFAR: the test loop's only output its progress line): sharded, it showed rank 0's
+    running half, said by no line. Each rank evaluates the whole set now; with an accuracy read after the loop, the
+    shown test loss that nothing reduces is named on the bar's line."""
+    p = plan(TEST_BAR)
+    assert "test_loader = DataLoader(" in p.text and any("progress_bar(...), read nowhere" in k.what for k in p.kept)
+    p = plan(TEST_BAR + "acc = 100. * correct / total\nprint(acc)\n")
+    shown = [k for k in p.kept if k.what.startswith("progress_bar(...) in the loop shows")]
+    assert shown and "test_loss stays this rank's" in shown[0].why, [k.what for k in p.kept]

@@ -61,3 +61,13 @@ def test_the_mode_keeps_leaves_gradients_and_layouts():
 def test_no_rerun_without_a_batch_to_match_by():
     facts = {"passed": False, "non_finite": False, "random_draws": True, "draw_sources": ["torch"]}
     assert worth_rerun(facts) and not worth_rerun({**facts, "matchable": False})
+
+
+def test_a_draw_from_the_scripts_own_generator_counts_as_unmatched():
+    """Review 40: a draw given a generator of the script's own passes as written, and was counted as nothing, so
+    verify took "every draw matched" for true and FAILed a correct script whose noise came from a per-rank
+    generator of its own."""
+    own = torch.Generator().manual_seed(1)
+    with MatchedDraws(4, 0, 1) as mode:
+        torch.randn(4, 3, generator=own)
+    assert mode.unmatched == 1 and mode.matched == 0

@@ -87,10 +87,12 @@ def forward_literal(work: _Work, size: cst.BaseExpression, call: Call) -> tuple[
     number = size if isinstance(size, cst.Integer) else bound.value if bound is not None else None
     if not isinstance(number, cst.Integer):
         return None
-    classes = {s.cls for s in work.facts.scopes.values() if s.cls and s.name.endswith(".forward")}
     for c in work.facts.calls:
         first = c.node.args[0].value if c.node.args and c.node.args[0].keyword is None else None
-        if c.scope.cls in classes and c.last in ("view", "reshape") and isinstance(first, cst.Integer) and \
+        # (of what ``forward`` is handed: not a constant table reshaped in ``__init__``, review 40)
+        held = dotted(c.node.func.value) if isinstance(c.node.func, cst.Attribute) else None
+        if c.scope.cls and c.scope.name.endswith(".forward") and c.last in ("view", "reshape") and \
+                held in c.scope.params and held != "self" and isinstance(first, cst.Integer) and \
                 first.evaluated_value == number.evaluated_value:
             return work.facts.code(c.node), c.line
     return None

@@ -317,7 +317,9 @@ def summing(source: str, rel: str) -> frozenset[str]:
         summed = any(isinstance(k.value, ast.Constant) and (k.arg == "reduction" and k.value.value == "sum" or
                                                               k.arg == "size_average" and k.value.value is False)
                      for c in calls for k in c.keywords)
-        divides = any(isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Div, ast.FloorDiv)) for n in ast.walk(cls))
+        divides = any(isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Div, ast.FloorDiv)) for n in ast.walk(cls)) \
+            or any(isinstance(c.func, ast.Attribute) and c.func.attr in ("div", "div_", "true_divide", "mean")
+                   for c in calls)  # (``.div(pred.size(0))``: review 40)
         if summed and not divides:
             found.add(f"{rel[:-3].replace('/', '.')}.{cls.name}")
     return frozenset(found)

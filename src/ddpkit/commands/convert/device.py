@@ -21,7 +21,7 @@ from typing import Any
 import libcst as cst
 from libcst import matchers as m
 
-from ddpkit.commands.convert import visible
+from ddpkit.commands.convert import flow, visible
 from ddpkit.commands.convert.devicetext import (
     PROGRESS,
     as_string,
@@ -221,8 +221,8 @@ def _first_ddpkit_use(work: _Work, scope: Scope, line: int, args: set[str]) -> A
     for call in work.facts.calls:
         # (under ``if __name__ == "__main__":`` as the device set-up: the same block, every path)
         tests = [t for t in call.tests if "__main__" not in t]
-        if call.scope is not scope or call.line >= line or call.name not in STARTS_DDPKIT \
-                or call.stmt is None or call.loops or tests:
+        if call.scope is not scope or call.line >= line or not (call.name in STARTS_DDPKIT or _starts_within(
+                work, call)) or call.stmt is None or call.loops or tests:
             continue
         bound = {b.target for b in work.facts.bindings if b.line < call.line and (b.scope is scope or
                                                                                    not b.scope.name)}
@@ -241,6 +241,15 @@ def _first_ddpkit_use(work: _Work, scope: Scope, line: int, args: set[str]) -> A
     return None
 
 
+
+
+def _starts_within(work: _Work, call: Any) -> bool:
+    """``call`` runs a function of this file that makes such a call itself (a homework's ``train_loader =
+    get_loaders(16)`` above ``device = ...``, its DataLoader a ddpkit.data_loader once converted: set 26, the
+    init below it with ``cpu=`` came too late, and its flag was not read)."""
+    target = flow.callee(work.facts, call)
+    return target is not None and not target[0].cls and any(
+        c.scope is target[0] and c.name in STARTS_DDPKIT and c.name != "print" for c in work.facts.calls)
 
 
 def _at_import(work: _Work, b: Binding) -> None:

@@ -60,10 +60,11 @@ def callee(facts: Facts, call: Call) -> tuple[Scope, int] | None:
         if head in facts.aliases and not any(b.target == head for b in facts.bindings):
             return None  # (``torch.load(path)`` beside a class's ``load`` method: a module's function, not it)
         if isinstance(call.node.func.value, cst.Call) and dotted(call.node.func.value.func) == "super":
-            # (``super(DCGAN, self).__init__()`` runs a base's, never the class's own: a DCGAN project's trainer
-            # class "called" its own __init__, and the models handed to it were asked of no file; set 26)
-            methods = [s for s in methods if s.cls != call.scope.cls]
-        elif owner == "self" and call.scope.cls:
+            # (``super(DCGAN, self).__init__()`` runs a base's, never the class's own, nor another class's of the
+            # file that is no base of it: a DCGAN project's trainer "called" its own __init__, and the models handed
+            # to it were asked of no file; set 26 and its review)
+            return None
+        if owner == "self" and call.scope.cls:
             methods = [s for s in methods if s.cls == call.scope.cls]
         elif cls is not None:  # ``Runner(...).train()``, ``runner.train()`` with ``runner = Runner(...)``
             methods = [s for s in methods if s.cls == cls]

@@ -29,7 +29,7 @@ from ddpkit.commands.convert.scan import Call
 from ddpkit.commands.convert.trained import parameters_of
 
 _Work = Any  # the plan in the making (plan._Work)
-INITS = ("apply", "load_state_dict")  # calls that set a model's weights in place
+INITS = ("apply",)  # a call that sets a model's weights in place (not a load: every rank reads the same file)
 
 
 def ask(work: _Work, target: str, call: Call) -> bool:
@@ -63,7 +63,9 @@ def ask(work: _Work, target: str, call: Call) -> bool:
                   "which prepares the model it passes where it is built")
         return True
     elsewhere = work.crossing.elsewhere if work.crossing is not None else None
-    if elsewhere is not None and scope.name.rsplit(".", 1)[-1] not in elsewhere:  # (AGCRN's unused init_optim)
+    # (a class's __init__ runs where the class is named: ``dcgan(nn.Linear(4, 8), ...)`` of ``DCGAN as dcgan``)
+    called = scope.cls if built else scope.name.rsplit(".", 1)[-1]
+    if elsewhere is not None and called not in elsewhere:  # (AGCRN's unused init_optim)
         work.keep(call.line, f"the optimizer over {head} in {scope.name}(), which no file of the project calls, left "
                   "as it is", "nothing runs it here; a caller outside the project should pass a model it wrapped "
                   "where it is built: ddpkit.prepare_model(...)")

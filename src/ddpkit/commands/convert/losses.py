@@ -51,7 +51,7 @@ def summed_loss(work: _Work) -> None:
     call = _summed(work)
     if call is None:
         return
-    decayed = _coupled_decay(work)
+    decayed = _coupled_decay(work, call)
     if stepping and stepping <= SCALE_FREE and decayed is None:
         _summed_shown(work, call)
         return
@@ -68,11 +68,26 @@ def summed_loss(work: _Work) -> None:
     work.leave(call.line, why, fix)
 
 
-def _coupled_decay(work: _Work) -> str | None:
-    """An optimizer of Adam's kin given a weight decay added to the gradient (``Adam(..., weight_decay=1e-4)``, not
-    AdamW's decoupled one): its step follows the loss's gradient against the decay's, so a sum's 1/N scale moves
-    it (set 26's homework VAE). Its name, or None."""
-    for c in work.facts.calls:
+def _coupled_decay(work: _Work, call: Call) -> str | None:
+    """The optimizer stepping the summed loss ``call`` makes, of Adam's kin and given a weight decay added to the
+    gradient (``Adam(..., weight_decay=1e-4)``, not AdamW's decoupled one): its step follows the loss's gradient
+    against the decay's, so a sum's 1/N scale moves it (set 26's homework VAE). Its name, or None. The optimizer
+    is the file's only one, or one whose ``step()`` the loop of the loss calls (review 40: a classifier's decay
+    beside a VAE's plain Adam)."""
+    made = [c for c in work.facts.calls if c.last in OPTIMIZERS]
+    if len(made) > 1:
+        names = {b.target: b.value for b in work.facts.bindings if any(b.value is c.node for c in made)}
+        criteria = {b.target for b in work.facts.bindings if b.value is call.node}
+        loops = {id(lp) for c in work.facts.calls if c is call or dotted(c.node.func) in criteria for lp in c.loops}
+        stepped = {dotted(c.node.func.value) for c in work.facts.calls if c.last == "step" and
+                   isinstance(c.node.func, cst.Attribute) and any(id(lp) in loops for lp in c.loops)}
+        made = [c for c in made if any(names.get(n) is c.node for n in stepped)]
+        # (and of those, the one over the model the loss is made of: ``recon(vae(x), x)`` and ``Adam(vae...)``)
+        fed = {n.split(".")[0] for c in work.facts.calls if c is call or dotted(c.node.func) in criteria
+               for a in c.node.args for n in names_in(a.value)}
+        made = [c for c in made if c.node.args and {n.split(".")[0] for n in names_in(c.node.args[0].value)} & fed
+                ] or made
+    for c in made:
         if c.last not in SCALE_FREE or c.last == "AdamW":
             continue
         given = {a.keyword.value: a.value for a in c.node.args if a.keyword is not None}

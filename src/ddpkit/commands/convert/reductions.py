@@ -84,6 +84,8 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
         if stored is None and not summed_as_training:  # a figure drawn from each batch (``plt.scatter(out[:, 0],
             stored = next(((f"a figure of its batches, {c.last}()", c.line) for c in loop.calls  # ...)``)
                            if _drawn(work, c)), None)
+        if stored is None and not summed_as_training:  # kuangliu's test bar, the loop's only output (set 26)
+            stored = _shown_only(work, loop)
         needs = next((c.last for c in loop.calls if c.last in NEEDS_GRAD and not _grad_off(c)), None)
         if not summed_as_training and not loop.no_grad and stored is None and needs:
             stored = (f"{needs}() results (it needs gradients, so it cannot run under no_grad)", loop.line)
@@ -263,10 +265,14 @@ def _running_shown(work: _Work, loop: Loop, names: list[str], after: bool = True
             read = {n for a in call.node.args for n in names_in(a.value)}
             shown = sorted(read & set(names) | {x for k in read & set(made) for x in names_in(made[k].value)
                                                  if x in names})
+            # (a sum shown and read nowhere after the loop, reduced by nothing: kuangliu's test bar's ``test_loss``
+            # beside its ``correct, total``; set 26)
+            alone = sorted({n for n, _ in loop.augmented} & read - set(names) - set(shown)) if after else []
             if shown:
-                work.keep(call.line, f"{call.last}(...) in the loop shows {', '.join(shown)} as each step leaves "
-                          "them", "this rank's running share of its shard (rank 0's on screen)" +
-                          ("; after the loop they are every rank's" if after else ""))
+                work.keep(call.line, f"{call.last}(...) in the loop shows {', '.join(shown + alone)} as each step "
+                          "leaves them", "this rank's running share of its shard (rank 0's on screen)" +
+                          (f"; after the loop {', '.join(shown)} are every rank's" if after else "") +
+                          (f", {', '.join(alone)} stays this rank's (read nowhere after it)" if alone else ""))
                 break
     for call in loop.calls:
         bar = dotted(call.node.func.value) if call.last == "update" and isinstance(call.node.func, cst.Attribute) \
@@ -276,6 +282,19 @@ def _running_shown(work: _Work, loop: Loop, names: list[str], after: bool = True
             work.keep(call.line, f"{bar}.update(...) counts this rank's samples", f"at N processes {bar} ends at 1/N "
                       "of its total (rank 0's on screen): each rank takes its share of every batch")
             return
+
+
+def _shown_only(work: _Work, loop: Loop) -> tuple[str, int] | None:
+    """An evaluation whose sums are shown each step (``progress_bar(i, n, 'Loss: %.3f' % (test_loss / (i + 1)))``)
+    and read nowhere after the loop: sharded, what it shows would be rank 0's running share, and no reduction after
+    the loop reaches the screen. ``(what it keeps, the line)``."""
+    sums = {n for n, _ in loop.augmented}
+    after = {name for name, scope, line, _node in work.facts.reads if scope is loop.scope and line > loop.end}
+    shown = next((c for c in loop.calls if c.last in SHOWS and c.line > loop.line and
+                  {n for a in c.node.args for n in names_in(a.value)} & sums), None)
+    if shown is None or sums & after:
+        return None
+    return f"the running sums it shows each step ({shown.last}(...), read nowhere after it)", shown.line
 
 
 def _shares(work: _Work, loop: Loop, shares: list[tuple[str, int]]) -> None:

@@ -105,7 +105,8 @@ def seeded_noise(work: _Work) -> None:
         for scope in (s for s in work.facts.scopes.values() if s.name and flow.scope_trains(work.facts, s)):
             # (a function with loops of its own draws per step in them only: MonoFlow's ``main`` draws its picture's
             # ``fixed_noise`` once above the epoch loop, the same on every rank as in one process; set 26)
-            looped = any(lp.scope is scope for lp in work.facts.loops)
+            # (a loop of its own that trains: a WGAN step's weight-clipping ``for p in d.parameters()`` is none)
+            looped = any(lp.scope is scope and flow.trains(work.facts, lp) for lp in work.facts.loops)
             _draws_fed(work, [c for c in work.facts.calls if c.scope is scope and (not looped or any(
                 flow.trains(work.facts, lp) for lp in c.loops))], set(scope.params) | models, done, where)
     for scope, handed in _step_helpers(work, models):  # (a step of this file's, handed the models by the loop:
@@ -126,7 +127,8 @@ def _step_helpers(work: _Work, models: set[str]) -> list[tuple[Any, set[str]]]:
     """The functions of this file a training loop calls with models (its step), each with the parameters the
     models are handed as (every call passing a model there, from a training loop)."""
     found = []
-    for scope in (s for s in work.facts.scopes.values() if s.name and not s.cls):
+    # (one that trains: a preview helper ``show(netG, i)`` drawing a fixed-size z under no_grad is none; review 40)
+    for scope in (s for s in work.facts.scopes.values() if s.name and not s.cls and flow.scope_trains(work.facts, s)):
         sites = flow.callers(work.facts, scope)
         if not sites or not all(site.loops and flow.trains(work.facts, site.loops[-1]) for site in sites):
             continue
