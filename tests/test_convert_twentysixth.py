@@ -538,3 +538,38 @@ def test_an_evaluation_shown_only_by_its_progress_line_keeps_its_loader_whole():
     p = plan(TEST_BAR + "acc = 100. * correct / total\nprint(acc)\n")
     shown = [k for k in p.kept if k.what.startswith("progress_bar(...) in the loop shows")]
     assert shown and "test_loss stays this rank's" in shown[0].why, [k.what for k in p.kept]
+
+
+INIT_ORDER = '''import argparse, torch, torch.nn as nn, torch.nn.functional as F
+from torch.utils.data import TensorDataset, DataLoader
+
+
+def get_loaders(bs):
+    return DataLoader(TensorDataset(torch.rand(64, 784), torch.randint(0, 10, (64,))), batch_size=bs, shuffle=True)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument('--cuda', default=1)
+    use_cuda = int(p.parse_args().cuda)
+    train_loader = get_loaders(16)
+    device = torch.device("cuda" if use_cuda else "cpu")
+    model = nn.Linear(784, 10).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for data, target in train_loader:
+        opt.zero_grad()
+        F.cross_entropy(model(data.to(device)), target.to(device)).backward()
+        opt.step()
+
+
+main()
+'''
+
+
+def test_init_goes_above_a_call_of_the_files_own_loader_builder():
+    """Set 26 (a homework: ``train_loader = get_loaders(16)`` above ``device = torch.device("cuda" if use_cuda
+    ...)``): ``init(cpu=not use_cuda)`` came below the call, whose ddpkit.data_loader had started ddpkit with the
+    defaults already (a second init returns that state): ``--cuda 0`` was not read on a GPU machine."""
+    lines = plan(INIT_ORDER).text.splitlines()
+    init = next(i for i, line in enumerate(lines) if "ddpkit.init(cpu=not use_cuda)" in line)
+    assert init < next(i for i, line in enumerate(lines) if "train_loader = get_loaders(16)" in line), lines
