@@ -573,3 +573,46 @@ def test_init_goes_above_a_call_of_the_files_own_loader_builder():
     lines = plan(INIT_ORDER).text.splitlines()
     init = next(i for i, line in enumerate(lines) if "ddpkit.init(cpu=not use_cuda)" in line)
     assert init < next(i for i, line in enumerate(lines) if "train_loader = get_loaders(16)" in line), lines
+
+
+EVAL_UTIL = '''import torch
+
+
+def get_preds(loader, model):
+    all_pred, all_true = [], []
+    for x, y in loader:
+        with torch.no_grad():
+            out = model(x)
+        for i in range(x.shape[0]):
+            all_pred.append(int(out[i].argmax()))
+            all_true.append(int(y[i]))
+    return all_pred, all_true
+'''
+EVAL_TRAIN = '''import torch, torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from evalutil import get_preds
+
+ds = TensorDataset(torch.randn(64, 10), torch.randint(0, 3, (64,)))
+train_loader = DataLoader(ds, batch_size=16, shuffle=True)
+{evaluated}model = nn.Linear(10, 3)
+opt = torch.optim.Adam(model.parameters(), lr=0.01)
+for epoch in range(2):
+    pred, true = get_preds({handed}, model)
+    for x, y in train_loader:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+'''
+
+
+def test_the_fix_named_for_a_training_loader_another_module_evaluates_converts_right():
+    """Set 26 (yolo_v1's ``get_bboxes(train_loader, ...)``): the refusal named a ``ddpkit.data_loader(...,
+    train=False)`` of its own, which, applied, converted with nothing said while the other module's evaluation
+    collected one rank's half. It names a plain loader of its own now, which convert leaves whole."""
+    files = {"evalutil.py": EVAL_UTIL, "train.py": EVAL_TRAIN.format(evaluated="", handed="train_loader")}
+    left = [x for x in settle(list(files), lambda rel, c: plan(files[rel], crossing=c))["train.py"].left if x.blocks]
+    assert left and "DataLoader(dataset, batch_size)" in left[0].fix, [x.fix for x in left]
+    files["train.py"] = EVAL_TRAIN.format(evaluated="eval_loader = DataLoader(ds, batch_size=16)\n",
+                                          handed="eval_loader")
+    done = settle(list(files), lambda rel, c: plan(files[rel], crossing=c))["train.py"]
+    assert "eval_loader = DataLoader(ds, batch_size=16)" in done.text and not done.left, done.text

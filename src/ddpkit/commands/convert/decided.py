@@ -34,8 +34,9 @@ def check(work: _Work, built: list[Call], training: bool, for_others: bool) -> N
         if id(call.node) in work.sharded:
             work.leave(call.line, "this training loader is also handed to another module's evaluation, which would "
                        "evaluate only this rank's shard, with nothing summing the ranks' results", "evaluate on a "
-                       "loader of its own (ddpkit.data_loader(dataset, batch_size, train=False)), or ddpkit.reduce("
-                       "...) the sums there, then convert again", blocks=True)
+                       "plain loader of its own (DataLoader(dataset, batch_size): handed to another module's "
+                       "evaluation, convert leaves it whole, every rank evaluating the whole set), then convert "
+                       "again", blocks=True)
             break
     # once every loader is decided: an evaluation whose sums are reduced for one loader, also handed one left
     # unsharded (imported plain, kept plain for its stored results, not a DataLoader): that one's would count N times

@@ -108,8 +108,9 @@ def _handed(work: _Work, built: list[Call]) -> tuple[list[Call], bool]:
     for line, name in handedin.imported_evaluated(work, lambda binding: imported.origin_of(work.facts, binding))[:1]:
         work.leave(line, f"{name}, imported and made a training loader where it is built (each rank its shard), is "
                    "also handed to another module's evaluation, which would evaluate only this rank's shard",
-                   "evaluate on a loader of its own (ddpkit.data_loader(dataset, batch_size, train=False)), or "
-                   "ddpkit.reduce(...) the sums there, then convert again", blocks=True)
+                   "evaluate on a plain loader of its own (DataLoader(dataset, batch_size): handed to another "
+                   "module's evaluation, convert leaves it whole, every rank evaluating the whole set), then convert "
+                   "again", blocks=True)
     for call in handedin.passed_to_evaluate(work):  # another module's evaluation loops over it: kept whole
         binding = next((b for b in work.facts.bindings if b.value is call.node), None)
         held = bykey.holder(work.facts, call.node) if binding is None else None  # (``loaders['test']``)
