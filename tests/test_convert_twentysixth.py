@@ -616,3 +616,30 @@ def test_the_fix_named_for_a_training_loader_another_module_evaluates_converts_r
                                           handed="eval_loader")
     done = settle(list(files), lambda rel, c: plan(files[rel], crossing=c))["train.py"]
     assert "eval_loader = DataLoader(ds, batch_size=16)" in done.text and not done.left, done.text
+
+
+FIXED_PICTURE = '''import torch, torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from torchvision.utils import save_image
+
+loader = DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=16, shuffle=True)
+G, D = nn.Linear(8, 4), nn.Linear(4, 1)
+opt = torch.optim.Adam(D.parameters(), lr=1e-3)
+fixed_noise = torch.randn(16, 8)
+for epoch in range(3):
+    for (x,) in loader:
+        opt.zero_grad()
+        D(x).mean().backward()
+        opt.step()
+    with torch.no_grad():
+        fake = G(fixed_noise)
+    path = f"gan-{epoch}.png"
+    save_image(fake, path)
+'''
+
+
+def test_a_picture_of_fixed_noise_named_by_the_epoch_is_no_share_of_a_batch():
+    """Set 26 (MonoFlow: ``netG(fixed_noise)`` saved as ``gan-{epoch}.png`` in the epoch loop): its guard's note
+    said "what it shows is rank 0's share of the step's batch"; the epoch count is no batch."""
+    notes = [e.why for e in plan(FIXED_PICTURE).edits if e.what.startswith("save_image guarded")]
+    assert notes and "share of the step's batch" not in notes[0], notes

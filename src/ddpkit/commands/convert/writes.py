@@ -161,7 +161,7 @@ def _of_the_step(work: _Work, call: Call) -> str | None:
     loop = next((lp for lp in reversed(call.loops) if flow.trains(work.facts, lp)), None)
     if loop is None or not call.node.args:
         return None
-    made = set(loop.targets)  # the batch, and what the step makes of it (not ``fake = G(fixed_noise)``)
+    made = _batch_targets(loop)  # the batch, and what the step makes of it (not ``fake = G(fixed_noise)``)
     for b in sorted((b for b in work.facts.bindings if b.scope is loop.scope and loop.line < b.line <= loop.end
                      and _value(b) is not None), key=lambda b: b.line):
         if names_in(_value(b)) & made:
@@ -174,6 +174,21 @@ def _of_the_step(work: _Work, call: Call) -> str | None:
     if not written & made - set(counter):
         return None
     return counter[0] if counter else ""
+
+
+def _batch_targets(loop: Any) -> set[str]:
+    """The names a loop binds to its batch: none for a count (``for epoch in range(n)``: a GAN's picture of
+    ``netG(fixed_noise)`` saved as ``f"gan-{epoch}.png"`` was said "rank 0's share of the step's batch", set 26),
+    not the index of ``enumerate``."""
+    it = loop.node.iter if isinstance(loop.node, cst.For) else None
+    called = dotted(it.func) if isinstance(it, cst.Call) else None
+    if called in ("range", "trange", "tqdm.trange"):
+        return set()
+    target = loop.node.target if isinstance(loop.node, cst.For) else None
+    if called == "enumerate" and isinstance(target, cst.Tuple) and target.elements and \
+            isinstance(target.elements[0].value, cst.Name):
+        return set(loop.targets) - {target.elements[0].value.value}
+    return set(loop.targets)
 
 
 def _last_batch(work: _Work, call: Call) -> str | None:
