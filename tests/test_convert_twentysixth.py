@@ -643,3 +643,37 @@ def test_a_picture_of_fixed_noise_named_by_the_epoch_is_no_share_of_a_batch():
     said "what it shows is rank 0's share of the step's batch"; the epoch count is no batch."""
     notes = [e.why for e in plan(FIXED_PICTURE).edits if e.what.startswith("save_image guarded")]
     assert notes and "share of the step's batch" not in notes[0], notes
+
+
+COUNTED_DATA = '''import torch, ddpkit
+from torch.utils.data import TensorDataset
+
+
+def get_dataloader(batch_size):
+    src = torch.randint(1, 50, (256, 10))
+    return ddpkit.data_loader(TensorDataset(src, src.clone()), global_batch_size=batch_size, shuffle=True{count})
+'''
+COUNTED_MAIN = '''import torch, torch.nn as nn
+from data import get_dataloader
+
+loader = get_dataloader(32)
+model = nn.Sequential(nn.Embedding(50, 16), nn.Linear(16, 50))
+criterion = nn.CrossEntropyLoss(ignore_index=0)
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+for src, tgt in loader:
+    loss = criterion(model(src[:, :-1]).reshape(-1, 50), tgt[:, 1:].reshape(-1))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+'''
+
+
+@pytest.mark.parametrize("count, listed", [("", True),
+                                           (",\n                              batch_count=lambda b: (b[1] != 0).sum()",
+                                            False)])
+def test_a_token_count_told_in_the_module_that_builds_the_loader_is_seen(count, listed):
+    """Set 26 (a Transformer project: ``ignore_index=0`` in main.py, its loader built in data.py): with the named
+    fix written in data.py (``batch_count=``), main.py listed the token mean again."""
+    files = {"data.py": COUNTED_DATA.format(count=count), "main.py": COUNTED_MAIN}
+    left = settle(list(files), lambda rel, c: plan(files[rel], crossing=c))["main.py"].left
+    assert any("batch_count" in x.fix for x in left) == listed, [x.what for x in left]

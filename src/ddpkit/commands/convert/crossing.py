@@ -80,6 +80,8 @@ class Crossing:
     devices: frozenset[str] = frozenset()
     # the classes of the project's other modules that sum a loss over the batch (``loss.YoloLoss``: :func:`summing`)
     summed: frozenset[str] = frozenset()
+    # a module this file imports builds a training loader told what its loss averages over (``batch_count=``)
+    counted: bool = False
 
 
 def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
@@ -128,11 +130,13 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
         seeded = frozenset(s[:-3].replace("/", ".") for s in linked) if "rand" in sources[rel] else frozenset()
         told = twice if twice != rel and "prepare_model" in getattr(plans[rel], "text", "") else ""
         sums = frozenset(c for other in uses[rel] for c in summing(sources.get(other, ""), other))
+        counts = any(COUNTED.search(sources.get(other, "")) for other in uses[rel])  # (set 26's fix in data.py)
         # (``device = utils.get_device()``, which utils.py's conversion makes ddpkit's: not refused as unread)
         returning = frozenset().union(*(d for other, d in devices.items() if other != rel)) \
             if getattr(plans[rel], "left", None) else frozenset()
-        if seeded or told or returning or sums:
-            base[rel] = dataclasses.replace(base[rel], seeded=seeded, twice=told, devices=returning, summed=sums)
+        if seeded or told or returning or sums or counts:
+            base[rel] = dataclasses.replace(base[rel], seeded=seeded, twice=told, devices=returning, summed=sums,
+                                            counted=counts)
             plans[rel] = convert(rel, base[rel])
 
     for rel, result in plans.items():  # a module another file imports: its ``if __name__ == "__main__"`` is a demo
@@ -153,6 +157,7 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
 
 
 SEEDING = re.compile(r"\b(manual_seed|seed_everything)\(")
+COUNTED = re.compile(r"\bbatch_count\s*=")
 ROUNDS = 8  # asks answered in turn: a loader handed to a solver, built by the entry from a data module, takes five
 
 

@@ -43,6 +43,8 @@ def token_mean_loss(work: _Work) -> None:
     if any(a.keyword is not None and a.keyword.value in ("count", "batch_count") for c in work.facts.calls
            if c.name == "ddpkit.data_loader" for a in c.node.args):
         return
+    if work.crossing is not None and work.crossing.counted:  # (told in the module that builds it: set 26)
+        return
     code = work.facts.module.code
     padded = _padded(work.facts.module)
     said: set[int] = set()  # the loops (0: none) already counted or listed
