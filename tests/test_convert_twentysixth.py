@@ -74,13 +74,13 @@ for epoch in range(2):
     ("RMSprop(model.parameters(), weight_decay=wd)", True),
     ("Adam(model.parameters(), lr=1e-2)", False), ("AdamW(model.parameters(), weight_decay=0.1)", False),
     ("Adam(model.parameters(), weight_decay=0.1, decoupled_weight_decay=True)", False),
-    ("Adam(model.parameters(), weight_decay=0)", False)])
+    ("Adam(model.parameters(), weight_decay=0)", False), ("Adam(model.parameters(), weight_decay=NONE)", False)])
 def test_a_summed_loss_stepped_by_adam_with_a_coupled_weight_decay_is_listed(optimizer, listed):
     """Set 26 (a homework VAE: BCE summed, ``Adam(weight_decay=...)``): Adam's step follows the gradient against the
     L2 term the decay adds to it, and a rank's sum over B/N samples is 1/N of the original's while the decay is
     not: verify FAILed, convert said nothing (it listed summed losses with SGD only). AdamW's decay is decoupled."""
-    left = [x for x in plan(SUM_DECAY.format(optimizer=optimizer).replace("crit =", "wd = 0.1\ncrit =")).left
-            if "sum over the batch" in x.what]
+    src = SUM_DECAY.format(optimizer=optimizer).replace("crit =", "wd = 0.1\nNONE = 0.0\ncrit =")
+    left = [x for x in plan(src).left if "sum over the batch" in x.what]
     assert bool(left) == listed, [x.what for x in left]
     if listed:
         assert "weight_decay=" in left[0].what and "state.world_size" in left[0].fix and "reduction" not in left[0].fix
