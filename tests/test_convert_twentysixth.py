@@ -677,3 +677,14 @@ def test_a_token_count_told_in_the_module_that_builds_the_loader_is_seen(count, 
     files = {"data.py": COUNTED_DATA.format(count=count), "main.py": COUNTED_MAIN}
     left = settle(list(files), lambda rel, c: plan(files[rel], crossing=c))["main.py"].left
     assert any("batch_count" in x.fix for x in left) == listed, [x.what for x in left]
+
+
+def test_a_shuffled_loader_read_only_to_print_predictions_stays_whole():
+    """Set 26 (yolo_v1: a shuffled ``test_loader`` read after training only to run the model and plot, no
+    no_grad, no eval()): refused as "a DataLoader whose role cannot be told"; it trains nothing, and every rank
+    reading all of it is right."""
+    src = KL_WEIGHT.format(weight="0.1").replace(
+        "loader = DataLoader(", "test_loader = DataLoader(TensorDataset(torch.randn(16, 8)), batch_size=16, "
+        "shuffle=True)\nloader = DataLoader(") + "for (x,) in test_loader:\n    print(model(x)[0].tolist())\n"
+    p = plan(src)
+    assert "test_loader = DataLoader(" in p.text and not p.left, [x.what for x in p.left]

@@ -323,6 +323,10 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
         work.keep(call.line, f"a DataLoader in {call.scope.name}(), which no file of the project calls, left as it "
                   "is", "nothing runs it here")
         return False
+    if role is None and loops and _only_runs(work, loops):
+        work.keep(call.line, f"a DataLoader only read by loops that run the model and train nothing "
+                  f"({roles_said(work.facts, loops)}), left as it is", "every rank reads all of it, which is right")
+        return False
     if role is None:
         named = "; its name says evaluation, but it shuffles (shuffle=True), and a name is trusted only for a " \
             "loader read in order" if roles.shuffled_eval_name(work.facts, binding, call) else ""
@@ -382,3 +386,14 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
 
 def _same(node: cst.Call) -> cst.Call:
     return node
+
+
+def _only_runs(work: _Work, loops: list[Loop]) -> bool:
+    """Each loop over the loader trains nothing and calls nothing that might (no step, no backward, no function of
+    another module of the project), in a script that trains elsewhere: yolo_v1's shuffled ``test_loader`` read
+    after training to print the model's predictions (set 26, refused as of a role that cannot be told)."""
+    trains = any(flow.trains(work.facts, lp) for lp in work.facts.loops)
+    return trains and all(not flow.trains(work.facts, lp) and not any(
+        c.last in ("step", "backward") or imported_from(work.facts, c.name or "") is not None for c in lp.calls)
+        for lp in loops)
+
