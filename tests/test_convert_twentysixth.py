@@ -688,3 +688,34 @@ def test_a_shuffled_loader_read_only_to_print_predictions_stays_whole():
         "shuffle=True)\nloader = DataLoader(") + "for (x,) in test_loader:\n    print(model(x)[0].tolist())\n"
     p = plan(src)
     assert "test_loader = DataLoader(" in p.text and not p.left, [x.what for x in p.left]
+
+
+CLOSURE = '''import torch, torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def main():
+    trainloader = DataLoader(TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,))), batch_size=16)
+    net = nn.Linear(8, 2)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+
+    def train(epoch):
+        for inputs, targets in trainloader:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(net(inputs), targets).backward()
+            optimizer.step()
+
+    for epoch in range(2):
+        train(epoch)
+
+
+main()
+'''
+
+
+def test_a_training_loop_in_a_nested_function_reads_the_enclosing_functions_loader():
+    """Set 26's extra five (a course lab: ``def train(epoch):`` inside ``main()``, over main's ``trainloader``): the
+    closure's names were not read through, and the script was refused as "fed by hand"."""
+    p = plan(CLOSURE)
+    assert "trainloader = ddpkit.data_loader(" in p.text and "net = ddpkit.prepare_model(" in p.text and not p.left, \
+        [x.what for x in p.left]

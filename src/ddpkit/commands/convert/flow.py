@@ -42,7 +42,16 @@ def visible(facts: Facts, name: str, bound: Scope, used: Scope) -> bool:
         return bound.cls is not None and bound.cls == used.cls
     if bound is used:
         return True
-    return bound.name == "" and not any(b.target == name and b.scope is used for b in facts.bindings)
+    if any(b.target == name and b.scope is used for b in facts.bindings):
+        return False  # (bound in ``used`` itself: its own)
+    outer = used.outer  # a nested function reads its enclosing functions' names (a lab's ``def train(epoch):``
+    while outer is not None:  # in ``main()`` over main's ``trainloader``: set 26's extra five)
+        if outer is bound:
+            return True
+        if any(b.target == name and b.scope is outer for b in facts.bindings):
+            return False
+        outer = outer.outer
+    return bound.name == ""
 
 
 def callee(facts: Facts, call: Call) -> tuple[Scope, int] | None:

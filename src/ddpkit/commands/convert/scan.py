@@ -52,6 +52,7 @@ class Scope:
     node: cst.CSTNode
     cls: str | None = None
     params: list[str] = dataclasses.field(default_factory=list)
+    outer: Scope | None = None  # the function a nested one is defined in (its closure reads that one's names)
 
 
 @dataclasses.dataclass(eq=False)
@@ -242,7 +243,8 @@ class _Scanner(cst.CSTVisitor):
         name = f"{cls}.{node.name.value}" if cls else node.name.value
         params = [p.name.value for p in (*node.params.posonly_params, *node.params.params)]
         self._bind(node.name.value, None, node)  # ``def print(...)``: the script's own print
-        scope = Scope(name, node, cls, params)
+        enclosing = self.scopes[-1] if self.scopes and self.scopes[-1].name and not cls else None
+        scope = Scope(name, node, cls, params, enclosing)
         self.facts.scopes.setdefault(name, scope)
         for param in params + [p.name.value for p in node.params.kwonly_params]:
             self.facts.bindings.append(Binding(param, None, None, scope, self.line(node)))
