@@ -719,3 +719,15 @@ def test_a_training_loop_in_a_nested_function_reads_the_enclosing_functions_load
     p = plan(CLOSURE)
     assert "trainloader = ddpkit.data_loader(" in p.text and "net = ddpkit.prepare_model(" in p.text and not p.left, \
         [x.what for x in p.left]
+
+
+def test_a_name_bound_again_after_the_loop_to_fixed_noise_samples_is_no_last_batch():
+    """Set 26's extra five (a DCGAN: ``fake = G(fixed_z)`` after the training loop, then ``save_image(fake, ...)``):
+    said "the training loop's last batch ... ddpkit.gather(fake)", which would double the picture."""
+    src = FIXED_PICTURE.replace("    path = f\"gan-{epoch}.png\"\n    save_image(fake, path)\n",
+                                "    save_image(fake, 'gan-{}.png'.format(epoch))\n").replace(
+        "        D(x).mean().backward()\n", "        fake = G(torch.randn(x.size(0), 8))\n"
+        "        (D(x).mean() - D(fake).mean()).backward()\n")
+    assert ".format(epoch)" in src
+    kept = [k.what for k in plan(src).kept if "last batch" in k.what]
+    assert not kept, kept

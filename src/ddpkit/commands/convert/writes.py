@@ -205,6 +205,8 @@ def _last_batch(work: _Work, call: Call) -> str | None:
                          _value(b) is not None), key=lambda b: b.line):
             if names_in(_value(b)) & made:
                 made.add(b.target)
+            elif b.line > loop.end:  # (``fake = G(fixed_z)`` after the loop: no longer what the step made)
+                made.discard(b.target)
         first = call.node.args[0].value if call.node.args else None
         read = sorted(names_in(first) & made) if first is not None else []
         if read:
