@@ -731,3 +731,40 @@ def test_a_name_bound_again_after_the_loop_to_fixed_noise_samples_is_no_last_bat
     assert ".format(epoch)" in src
     kept = [k.what for k in plan(src).kept if "last batch" in k.what]
     assert not kept, kept
+
+
+ROWS_BY_HAND = '''import torch
+import ddpkit
+
+data = [torch.rand(3, 8, 8) for _ in range(64)]
+loader = torch.utils.data.DataLoader(data, batch_size=16)
+eval_loader = ddpkit.data_loader(data, batch_size=16, train=False)
+model = torch.nn.Conv2d(3, 3, 3, padding=1)
+opt = torch.optim.Adam(model.parameters(), lr=0.01)
+for x in loader:
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), x).backward()
+    opt.step()
+errs = []
+with torch.no_grad():
+    for x in eval_loader:
+        errs.append(torch.nn.functional.mse_loss(model(x), x).item())
+print(sum(errs) / len(errs))
+'''
+
+
+def test_per_sample_rows_of_a_hand_written_evaluation_loader_are_listed():
+    """Set 26's extra five (an autoencoder's evaluation over ``ddpkit.data_loader(..., train=False)``, the fix a
+    refusal used to name, collecting one error per sample): exit 0, nothing said, its count rank 0's half."""
+    left = [x for x in plan(ROWS_BY_HAND).left if "per-sample results in errs" in x.what]
+    assert left and "ddpkit.gather(errs)" in left[0].fix, [x.what for x in plan(ROWS_BY_HAND).left]
+
+
+def test_running_sums_shown_in_an_evaluation_whose_function_returns_only_a_timing_are_said():
+    """Set 26's extra five (a course lab's ``test()``: prints ``(correct/total)`` each step, returns its data time):
+    the time was reduced after the loop and the shown counts said by nothing ((10/20) for (18/40))."""
+    src = TEST_BAR.replace("test_loss, correct, total = 0, 0, 0\n", "test_loss, correct, total, seen = 0, 0, 0, 0\n")
+    src = src.replace("        total += y.size(0)\n", "        total += y.size(0)\n        seen += y.size(0)\n")
+    kept = [k for k in plan(src + "print(seen / len(test_loader.dataset))\n").kept
+            if k.what.startswith("progress_bar(...) in the loop shows")]
+    assert kept and "reduced by nothing" in kept[0].why, [k.what for k in plan(src).kept]

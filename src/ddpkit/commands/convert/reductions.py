@@ -268,11 +268,12 @@ def _running_shown(work: _Work, loop: Loop, names: list[str], after: bool = True
             # (a sum shown and read nowhere after the loop, reduced by nothing: kuangliu's test bar's ``test_loss``
             # beside its ``correct, total``; set 26)
             alone = sorted({n for n, _ in loop.augmented} & read - set(names) - set(shown)) if after else []
-            if shown:
+            if shown or alone:
                 work.keep(call.line, f"{call.last}(...) in the loop shows {', '.join(shown + alone)} as each step "
                           "leaves them", "this rank's running share of its shard (rank 0's on screen)" +
-                          (f"; after the loop {', '.join(shown)} are every rank's" if after else "") +
-                          (f", {', '.join(alone)} stays this rank's (read nowhere after it)" if alone else ""))
+                          (f"; after the loop {', '.join(shown)} are every rank's" if after and shown else "") +
+                          (f", {', '.join(alone)} stays this rank's (read nowhere after it)" if alone and shown
+                           else "; read nowhere after the loop, reduced by nothing" if alone else ""))
                 break
     for call in loop.calls:
         bar = dotted(call.node.func.value) if call.last == "update" and isinstance(call.node.func, cst.Attribute) \
