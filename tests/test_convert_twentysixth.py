@@ -768,3 +768,16 @@ def test_running_sums_shown_in_an_evaluation_whose_function_returns_only_a_timin
     kept = [k for k in plan(src + "print(seen / len(test_loader.dataset))\n").kept
             if k.what.startswith("progress_bar(...) in the loop shows")]
     assert kept and "reduced by nothing" in kept[0].why, [k.what for k in plan(src).kept]
+
+
+def test_a_value_a_step_helper_reads_from_a_model_it_is_handed_and_returns_is_said_when_printed():
+    """Set 26 (MonoFlow: ``return lossD.item(), d.mean().item()`` of ``d = netD(fake)``, printed after the loop as
+    ``loss_g``): rank 0's last half batch, said by nothing."""
+    src = STEP_HELPER.replace("    bce(netD(fake), torch.ones(x.size(0), 1)).backward()\n",
+                              "    d = netD(fake)\n    bce(d, torch.ones(x.size(0), 1)).backward()\n").replace(
+        "    optG.step()\n\n\ndef main", "    optG.step()\n    return d.mean().item()\n\n\ndef main").replace(
+        "            train(x.to(device), netG, netD, optD, optG, device)\n",
+        "            g_loss = train(x.to(device), netG, netD, optD, optG, device)\n        print(g_loss)\n")
+    assert "return d.mean().item()" in src and "print(g_loss)" in src
+    kept = [k.what for k in plan(src).kept if "g_loss" in k.what]
+    assert kept and "of the model's outputs on the batch" in kept[0], [k.what for k in plan(src).kept]

@@ -296,6 +296,23 @@ def _outputs(work: _Work, loop: Loop) -> set[str]:
     for _ in range(2):  # (``out = D(x)``, ``score = out``, ``shown = score.mean().item()``)
         found |= {b.target for b in inside if "." not in b.target and
                   heads(b.value) & found}
+    return found | _helper_outputs(work, loop)
+
+
+def _helper_outputs(work: _Work, loop: Loop) -> set[str]:
+    """The names ``loop`` binds to what a training step of this file returns read from a model it is handed
+    (MonoFlow's ``return lossD.item(), d.mean().item()`` of ``d = netD(fake)``, printed after the loop as
+    ``loss_g``: rank 0's last half batch; set 26)."""
+    found = set()
+    for b in work.facts.bindings:
+        made = next((c for c in loop.calls if c.node is b.whole), None) if b.scope is loop.scope else None
+        target = callee(work.facts, made) if made is not None else None
+        if target is None or not flow.scope_trains(work.facts, target[0]):
+            continue
+        ran = {h.target for h in work.facts.bindings if h.scope is target[0] and isinstance(h.value, cst.Call) and
+               dotted(_called(h.value).func) in target[0].params}
+        if any(heads(element) & ran for element in returns.at(work.facts, target[0], b.index)):
+            found.add(b.target)
     return found
 
 
