@@ -119,3 +119,16 @@ def test_a_loss_class_dividing_by_a_method_is_a_mean():
              "myloss.py": BOX_LOSS.format(divided="").replace("self.mse(pred, target)",
                                                                "self.mse(pred, target).div(pred.size(0))")}
     assert not [x.what for x in _settled(files)["train.py"].left if "sum over the batch" in x.what]
+
+
+def test_a_wgan_generator_step_after_its_critic_loop_keeps_its_rank_noise():
+    """The guard of set 26's re-run fix (a picture's samples drawn after an epoch's steps stay alike): a generator
+    step below its critic's loop, held by the loop over the loader, still draws from this rank's generator."""
+    src = STEP_MAIN.replace("from steps import train_step\n", "").replace(
+        "        train_step(g, d, g_opt, d_opt, x)\n",
+        "        for _ in range(2):\n            z = torch.randn(x.size(0), 8)\n            d_opt.zero_grad()\n"
+        "            (d(g(z).detach()).mean() - d(x).mean()).backward()\n            d_opt.step()\n"
+        "        z = torch.randn(x.size(0), 8)\n        g_opt.zero_grad()\n        (-d(g(z)).mean()).backward()\n"
+        "        g_opt.step()\n")
+    text = plan(src).text
+    assert text.count("generator=ddpkit.rank_generator()") == 2, text

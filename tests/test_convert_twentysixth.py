@@ -781,3 +781,14 @@ def test_a_value_a_step_helper_reads_from_a_model_it_is_handed_and_returns_is_sa
     assert "return d.mean().item()" in src and "print(g_loss)" in src
     kept = [k.what for k in plan(src).kept if "g_loss" in k.what]
     assert kept and "of the model's outputs on the batch" in kept[0], [k.what for k in plan(src).kept]
+
+
+def test_samples_drawn_once_an_epoch_after_its_steps_stay_alike_on_every_rank():
+    """Set 26's re-run (a GAN drawing ``z = torch.randn(10, 8)`` after each epoch's steps, under no_grad, for a
+    picture through G in train mode): given this rank's generator, each rank's picture batch differed, and G's
+    BatchNorm statistics with it. The step's noise keeps it (a WGAN's after its critic loop: test_convert_review40)."""
+    src = STEP_HELPER.replace("            train(x.to(device), netG, netD, optD, optG, device)\n",
+                              "            train(x.to(device), netG, netD, optD, optG, device)\n"
+                              "        with torch.no_grad():\n            sample = netG(torch.randn(10, 8))\n")
+    text = plan(src).text
+    assert "sample = netG(torch.randn(10, 8))" in text and "generator=ddpkit.rank_generator(device))" in text, text

@@ -97,7 +97,7 @@ def seeded_noise(work: _Work) -> None:
     for loop in (lp for lp in work.facts.loops if flow.trains(work.facts, lp)):
         # (a module's training function called with the models, seeded by the script that calls it: its params)
         handed = set(loop.scope.params) if work.crossing.seeded else set()
-        _draws_fed(work, loop.calls, models | handed, done, where)
+        _draws_fed(work, [c for c in loop.calls if not _after_steps(work, c)], models | handed, done, where)
     for loop in (lp for lp in work.facts.loops if flow.trains(work.facts, lp)):
         _helper_draws(work, loop, models, done, where)
     if work.crossing.seeded:  # (a module's training step, no loop of its own, called by the seeded script's loop:
@@ -105,8 +105,10 @@ def seeded_noise(work: _Work) -> None:
         for scope in (s for s in work.facts.scopes.values() if s.name and flow.scope_trains(work.facts, s)):
             # (a function with loops of its own draws per step in them only: MonoFlow's ``main`` draws its picture's
             # ``fixed_noise`` once above the epoch loop, the same on every rank as in one process; set 26)
-            # (a loop of its own that trains: a WGAN step's weight-clipping ``for p in d.parameters()`` is none)
-            looped = any(lp.scope is scope and flow.trains(work.facts, lp) for lp in work.facts.loops)
+            # (a loop of its own that trains over data: a WGAN step's weight-clipping ``for p in d.parameters()`` is
+            # none, nor its critic's ``for _ in range(5)``: a step, each of whose draws is per step)
+            looped = any(lp.scope is scope and flow.trains(work.facts, lp) and not _counts(lp)
+                         for lp in work.facts.loops)
             _draws_fed(work, [c for c in work.facts.calls if c.scope is scope and (not looped or any(
                 flow.trains(work.facts, lp) for lp in c.loops))], set(scope.params) | models, done, where)
     for scope, handed in _step_helpers(work, models):  # (a step of this file's, handed the models by the loop:
@@ -121,6 +123,24 @@ def seeded_noise(work: _Work) -> None:
                    f"seeded alike on every rank ({where}): in training every rank draws the same noise for its part "
                    "of the batch", "if it is noise over the batch, draw it from this rank's generator in training "
                    "only: generator=ddpkit.rank_generator(x.device) when self.training")
+
+
+def _counts(loop: Any) -> bool:
+    """The loop runs over a count (``for epoch in range(n)``), not over data."""
+    it = loop.node.iter if isinstance(loop.node, cst.For) else None
+    return isinstance(it, cst.Call) and dotted(it.func) in ("range", "trange", "tqdm.trange")
+
+
+def _after_steps(work: _Work, call: Any) -> bool:
+    """A draw in a loop over a count (an epoch's ``for epoch in range(n)``) below the training loops it holds: once
+    an epoch, after its steps, a picture's samples (a GAN's ``z = torch.randn(10, nz)`` under no_grad; set 26's
+    re-run), alike on every rank as in one process; not a WGAN's generator step after its critic's loop, which a
+    loop over the loader holds."""
+    loop = call.loops[-1] if call.loops else None
+    if loop is None or not _counts(loop):
+        return False
+    inner = [lp for lp in work.facts.loops if loop in lp.outer and flow.trains(work.facts, lp)]
+    return bool(inner) and call.line > max(lp.end for lp in inner)
 
 
 def _step_helpers(work: _Work, models: set[str]) -> list[tuple[Any, set[str]]]:
