@@ -71,6 +71,11 @@ class Loop:
     breaks: bool = False  # a ``break`` in its own body: it may end before its loader does
     stored: list[tuple[str, int]] = dataclasses.field(default_factory=list)  # ``m[k] += ...``, ``xs.append()``
 
+    def over_count(self) -> bool:
+        """The loop runs over a count (``for epoch in range(n)``, ``trange(n)``), not over data."""
+        it = self.node.iter if isinstance(self.node, cst.For) else None
+        return isinstance(it, cst.Call) and dotted(it.func) in ("range", "trange", "tqdm.trange")
+
 
 @dataclasses.dataclass(eq=False)
 class Call:

@@ -107,7 +107,7 @@ def seeded_noise(work: _Work) -> None:
             # ``fixed_noise`` once above the epoch loop, the same on every rank as in one process; set 26)
             # (a loop of its own that trains over data: a WGAN step's weight-clipping ``for p in d.parameters()`` is
             # none, nor its critic's ``for _ in range(5)``: a step, each of whose draws is per step)
-            looped = any(lp.scope is scope and flow.trains(work.facts, lp) and not _counts(lp)
+            looped = any(lp.scope is scope and flow.trains(work.facts, lp) and not lp.over_count()
                          for lp in work.facts.loops)
             _draws_fed(work, [c for c in work.facts.calls if c.scope is scope and (not looped or any(
                 flow.trains(work.facts, lp) for lp in c.loops))], set(scope.params) | models, done, where)
@@ -125,19 +125,13 @@ def seeded_noise(work: _Work) -> None:
                    "only: generator=ddpkit.rank_generator(x.device) when self.training")
 
 
-def _counts(loop: Any) -> bool:
-    """The loop runs over a count (``for epoch in range(n)``), not over data."""
-    it = loop.node.iter if isinstance(loop.node, cst.For) else None
-    return isinstance(it, cst.Call) and dotted(it.func) in ("range", "trange", "tqdm.trange")
-
-
 def _after_steps(work: _Work, call: Any) -> bool:
     """A draw in a loop over a count (an epoch's ``for epoch in range(n)``) below the training loops it holds: once
     an epoch, after its steps, a picture's samples (a GAN's ``z = torch.randn(10, nz)`` under no_grad; set 26's
     re-run), alike on every rank as in one process; not a WGAN's generator step after its critic's loop, which a
     loop over the loader holds."""
     loop = call.loops[-1] if call.loops else None
-    if loop is None or not _counts(loop):
+    if loop is None or not loop.over_count():
         return False
     inner = [lp for lp in work.facts.loops if loop in lp.outer and flow.trains(work.facts, lp)]
     return bool(inner) and call.line > max(lp.end for lp in inner)

@@ -180,13 +180,12 @@ def _batch_targets(loop: Any) -> set[str]:
     """The names a loop binds to its batch: none for a count (``for epoch in range(n)``: a GAN's picture of
     ``netG(fixed_noise)`` saved as ``f"gan-{epoch}.png"`` was said "rank 0's share of the step's batch", set 26),
     not the index of ``enumerate``."""
-    it = loop.node.iter if isinstance(loop.node, cst.For) else None
-    called = dotted(it.func) if isinstance(it, cst.Call) else None
-    if called in ("range", "trange", "tqdm.trange"):
+    if loop.over_count():
         return set()
+    it = loop.node.iter if isinstance(loop.node, cst.For) else None
     target = loop.node.target if isinstance(loop.node, cst.For) else None
-    if called == "enumerate" and isinstance(target, cst.Tuple) and target.elements and \
-            isinstance(target.elements[0].value, cst.Name):
+    if isinstance(it, cst.Call) and dotted(it.func) == "enumerate" and isinstance(target, cst.Tuple) and \
+            target.elements and isinstance(target.elements[0].value, cst.Name):
         return set(loop.targets) - {target.elements[0].value.value}
     return set(loop.targets)
 
