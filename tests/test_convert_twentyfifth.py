@@ -249,8 +249,10 @@ def test_an_evaluation_shared_by_a_kept_loader_names_the_fix_that_works(val):
     applied gave the same refusal (and would have halved the predictions): only the function of its own is named."""
     result = plan(("import ddpkit\n" if "ddpkit" in val else "") + SHARED_EVALUATE.format(val=val))
     assert result.refused, result.left
-    assert [x.fix.split(" in a function")[0] for x in result.left] == ["evaluate val_loader"], result.left
-    assert "kept whole" in result.left[0].what or "written in" in result.left[0].what, result.left
+    # (set 26: a hand-written train=False loader's loop keeping rows is listed too, a true line beside the refusal)
+    refused = [x for x in result.left if x.blocks]
+    assert [x.fix.split(" in a function")[0] for x in refused] == ["evaluate val_loader"], result.left
+    assert "kept whole" in refused[0].what or "written in" in refused[0].what, result.left
 
 
 FGAN_STEP = '''import torch

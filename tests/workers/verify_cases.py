@@ -156,7 +156,7 @@ def train_step(x, y):
         x = x + torch.randn_like(x)
     loss = nn.functional.mse_loss(model(x), y) * (1 + 9 * state.rank if args.case == "noisebug" else 1)
     if args.case == "noisekl":  # a weight of the batch's share of the data: a per-rank batch halves it
-        loss = loss + x.size(0) / len(data) * 2 * sum(p.pow(2).sum() for p in model.parameters())
+        loss = loss + x.size(0) / len(data) * 0.5 * sum(p.pow(2).sum() for p in model.parameters())
     opt.zero_grad()
     loss.backward()
     opt.step()

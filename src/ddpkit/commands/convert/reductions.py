@@ -267,7 +267,9 @@ def _running_shown(work: _Work, loop: Loop, names: list[str], after: bool = True
                                                  if x in names})
             # (a sum shown and read nowhere after the loop, reduced by nothing: kuangliu's test bar's ``test_loss``
             # beside its ``correct, total``; set 26)
-            alone = sorted({n for n, _ in loop.augmented} & read - set(names) - set(shown)) if after else []
+            nested = [lp for lp in work.facts.loops if loop in lp.outer]  # (an evaluation's sums, reduced there)
+            own = {n for n, at in loop.augmented if not any(lp.line <= at <= lp.end for lp in nested)}
+            alone = sorted(own & read - set(names) - set(shown)) if after else []
             if shown or alone:
                 work.keep(call.line, f"{call.last}(...) in the loop shows {', '.join(shown + alone)} as each step "
                           "leaves them", "this rank's running share of its shard (rank 0's on screen)" +
