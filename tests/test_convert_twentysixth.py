@@ -792,3 +792,49 @@ def test_samples_drawn_once_an_epoch_after_its_steps_stay_alike_on_every_rank():
                               "        with torch.no_grad():\n            sample = netG(torch.randn(10, 8))\n")
     text = plan(src).text
     assert "sample = netG(torch.randn(10, 8))" in text and "generator=ddpkit.rank_generator(device))" in text, text
+
+
+# review 41 (a reviewer on the late fixes, /work/review41_out): its three regressions, each failing first
+WGAN_COUNT = '''import torch, torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+torch.manual_seed(1)
+loader = DataLoader(TensorDataset(torch.randn(256, 4)), batch_size=32, shuffle=True, drop_last=True)
+G, D = nn.Linear(8, 4), nn.Linear(4, 1)
+g_opt = torch.optim.Adam(G.parameters(), lr=1e-3)
+d_opt = torch.optim.Adam(D.parameters(), lr=1e-3)
+for it in range(10):
+    for (x,) in loader:
+        d_opt.zero_grad()
+        (D(G(torch.randn(x.size(0), 8)).detach()).mean() - D(x).mean()).backward()
+        d_opt.step()
+    noise = torch.randn(x.size(0), 8)
+    g_opt.zero_grad()
+    (-D(G(noise)).mean()).backward()
+    g_opt.step()
+'''
+
+
+def test_a_generator_step_after_the_critic_loop_in_a_count_loop_keeps_its_rank_noise():
+    """Review 41's D01: a draw after a count loop's training loops was taken for a picture's samples, also where a
+    step follows it (not under no_grad): every rank drew the same noise for the generator's step."""
+    assert "noise = torch.randn(x.size(0), 8, generator=ddpkit.rank_generator())" in plan(WGAN_COUNT).text
+
+
+def test_a_weight_decay_parameter_is_not_read_through_a_module_global_of_its_name():
+    """Review 41's D03: ``weight_decay=weight_decay`` in ``main(weight_decay=1e-4)`` was read as the module's
+    ``weight_decay = 0.0``: the summed loss under Adam's decay went unlisted."""
+    src = SUM_DECAY.format(optimizer="Adam(model.parameters(), lr=1e-2, weight_decay=weight_decay)")
+    body = "\n".join("    " + line if line else line for line in src.split("\n")[3:])
+    src = "\n".join(src.split("\n")[:3]) + "\nweight_decay = 0.0\n\n\ndef main(weight_decay=1e-4):\n" + body + \
+        "\nmain()\n"
+    assert any("sum over the batch" in x.what for x in plan(src).left), src
+
+
+def test_a_name_bound_again_only_under_an_if_after_the_loop_may_still_be_the_last_batch():
+    """Review 41's D06: ``if use_fixed: fake = G(fixed)`` after the loop dropped the last batch's note for the
+    path that keeps the step's fakes."""
+    src = FIXED_PICTURE.split("fixed_noise = torch.randn(16, 8)\n")[0] + (
+        "fixed = torch.randn(16, 8)\nuse_fixed = False\nfor (x,) in loader:\n    fake = G(torch.randn(x.size(0), 8))\n"
+        "    opt.zero_grad()\n    (D(x).mean() - D(fake).mean()).backward()\n    opt.step()\n"
+        "if use_fixed:\n    fake = G(fixed)\nsave_image(fake, 'last.png')\n")
+    assert any("the training loop's last batch" in k.what for k in plan(src).kept), plan(src).text

@@ -21,6 +21,7 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.commands.check.rules import OPTIMIZERS
+from ddpkit.commands.convert.flow import binding_of
 from ddpkit.commands.convert.names import dotted, names_in
 from ddpkit.commands.convert.scan import Call
 
@@ -54,9 +55,10 @@ def coupled(work: _Work, call: Call) -> str | None:
             continue
         given = {a.keyword.value: a.value for a in c.node.args if a.keyword is not None}
         decay, decoupled = given.get("weight_decay"), given.get("decoupled_weight_decay")
-        if isinstance(decay, cst.Name):  # (``weight_decay=WEIGHT_DECAY`` of ``WEIGHT_DECAY = 0.0``: yolo_v1's, none)
-            bound = [b.value for b in work.facts.bindings if b.target == decay.value and b.value is not None]
-            decay = bound[0] if len(bound) == 1 and isinstance(bound[0], (cst.Integer, cst.Float)) else decay
+        if isinstance(decay, cst.Name):  # (``weight_decay=WEIGHT_DECAY`` of ``WEIGHT_DECAY = 0.0``: yolo_v1's, none;
+            # the binding the call sees, not one of another scope: a parameter stays unknown, review 41)
+            bound = binding_of(work.facts, decay.value, c.scope, c.line)
+            decay = bound.value if bound is not None and isinstance(bound.value, (cst.Integer, cst.Float)) else decay
         if decay is not None and not (isinstance(decay, (cst.Integer, cst.Float)) and
                                       float(decay.evaluated_value) == 0.0) and \
                 not (isinstance(decoupled, cst.Name) and decoupled.value == "True"):

@@ -127,12 +127,11 @@ def seeded_noise(work: _Work) -> None:
 
 def _after_steps(work: _Work, call: Any) -> bool:
     """A draw in a loop over a count (an epoch's ``for epoch in range(n)``) below the training loops it holds: once
-    an epoch, after its steps, a picture's samples (a GAN's ``z = torch.randn(10, nz)`` under no_grad; set 26's
-    re-run), alike on every rank as in one process; not a WGAN's generator step after its critic's loop, which a
-    loop over the loader holds."""
+    an epoch, after its steps, under no_grad: a picture's samples (a GAN's ``z = torch.randn(10, nz)``; set 26's
+    re-run), alike on every rank as in one process; not a WGAN's generator step after its critic's loop."""
     loop = call.loops[-1] if call.loops else None
-    if loop is None or not loop.over_count():
-        return False
+    if loop is None or not loop.over_count() or not call.no_grad:  # (a picture's, under no_grad: not a WGAN's
+        return False  # generator step after its critic loop in ``for it in range(N)``, review 41)
     inner = [lp for lp in work.facts.loops if loop in lp.outer and flow.trains(work.facts, lp)]
     return bool(inner) and call.line > max(lp.end for lp in inner)
 

@@ -176,6 +176,15 @@ def _of_the_step(work: _Work, call: Call) -> str | None:
     return counter[0] if counter else ""
 
 
+def _branched(call: Call, binding: Any) -> bool:
+    """``binding`` is made under an ``if`` that does not hold ``call`` too (``if use_fixed: fake = G(fixed)``)."""
+    for branch in m.findall(call.scope.node, m.If()):
+        holds = any(s is binding.stmt for s in m.findall(branch, m.SimpleStatementLine()))
+        if holds and not any(c is call.node for c in m.findall(branch, m.Call())):
+            return True
+    return False
+
+
 def _batch_targets(loop: Any) -> set[str]:
     """The names a loop binds to its batch: none for a count (``for epoch in range(n)``: a GAN's picture of
     ``netG(fixed_noise)`` saved as ``f"gan-{epoch}.png"`` was said "rank 0's share of the step's batch", set 26),
@@ -204,8 +213,8 @@ def _last_batch(work: _Work, call: Call) -> str | None:
                          _value(b) is not None), key=lambda b: b.line):
             if names_in(_value(b)) & made:
                 made.add(b.target)
-            elif b.line > loop.end:  # (``fake = G(fixed_z)`` after the loop: no longer what the step made)
-                made.discard(b.target)
+            elif b.line > loop.end and not _branched(call, b):  # (``fake = G(fixed_z)`` after the loop: no longer
+                made.discard(b.target)  # what the step made; under an ``if`` of its own, maybe still: review 41)
         first = call.node.args[0].value if call.node.args else None
         read = sorted(names_in(first) & made) if first is not None else []
         if read:
