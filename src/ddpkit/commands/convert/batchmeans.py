@@ -346,6 +346,10 @@ def _summed_call(facts: Facts, scope: Scope, value: cst.Call, line: int) -> bool
     ``loss_fn = nn.BCELoss(reduction="sum")``)."""
     if summing(value):
         return True
+    # (``((model(x) - y) ** 2).sum()``, ``torch.sum(err)``: every element summed, the batch's too; set 27's VAE)
+    if isinstance(value.func, cst.Attribute) and value.func.attr.value == "sum" and not value.args and \
+            not isinstance(value.func.value, cst.Name) or dotted(value.func) == "torch.sum" and len(value.args) == 1:
+        return True
     name = dotted(value.func)
     bound = binding_of(facts, name, scope, line) if name else None
     return bound is not None and summing(bound.value)

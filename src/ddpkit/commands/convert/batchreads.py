@@ -70,11 +70,12 @@ def forward_read(work: _Work, names: set[str]) -> tuple[str, int] | None:
     ``x.view(batch_size, -1)`` in ``forward``): the model sizes each batch by it, and each rank would take
     batch_size / N."""
     for name, scope, line, _node in work.facts.reads:
-        local = name in scope.params or any(b.target == name and b.scope is scope for b in work.facts.bindings)
+        head = name.split(".")[0]  # (``args.batch_size`` of the module's settings too: set 27's homework)
+        local = head in scope.params or any(b.target == head and b.scope is scope for b in work.facts.bindings)
         # (any method of a model class: ``forward``, an ``init_hidden`` it calls, an ``__init__`` keeping
         # ``self.bs = batch_size`` for ``forward``)
         model = scope.cls is not None and f"{scope.cls}.forward" in work.facts.scopes
-        if name in names and "." not in name and model and not local:
+        if name in names and head != "self" and model and not local:
             return name, line
     return None
 
@@ -193,7 +194,11 @@ def _made_before(work: _Work, names: set[str], loops: list[Loop], inside: set[in
     read_inside -= {t for loop in loops for t in loop.targets}
     for b in work.facts.bindings:
         made = resolve(dotted(b.value.func), work.facts.aliases) if isinstance(b.value, cst.Call) else None
-        if id(b.scope) in scopes and b.line < first and b.value is not None and b.target in read_inside and \
+        # (or kept by the class's ``__init__``, ``self.target_real = torch.ones(self.batch_size, 1)``, read in its
+        # training method: a GAN trainer's targets, set 27)
+        held = b.target.startswith("self.") and b.scope.cls is not None and b.scope.name.endswith(".__init__") and \
+            any(loop.scope.cls == b.scope.cls for loop in loops)
+        if (id(b.scope) in scopes and b.line < first or held) and b.value is not None and b.target in read_inside and \
                 (made or "").startswith("torch.") and (made or "").rsplit(".", 1)[-1] in TENSOR_MAKERS and \
                 (names_in(b.value) | items_of(work, b.value)) & names:
             return b.target, b.line

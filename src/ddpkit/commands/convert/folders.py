@@ -28,6 +28,14 @@ def mkdir(work: _Work, call: Any) -> None:
     exist_ok=True)``): every rank runs it, and all but the first find the folder made (FileExistsError), also
     behind an ``if not os.path.isdir(d)`` test, which they may all pass before any makes it."""
     node, func = call.node, call.node.func
+    tried = _tried_first(work, call)
+    if tried is not None:  # ``try: os.mkdir(d) except FileExistsError: sys.exit(1)``: the script's own refusal
+        work.edits.guard[id(tried)] = waits.main_test(work, call.scope, call.line)
+        work.edits.after.setdefault(id(tried), []).append("ddpkit.barrier()")
+        work.note(f"try: {call.last}(...) except FileExistsError guarded, then a barrier", "rank 0 makes the folder "
+                  "or refuses as the script does (its exit ends the launch); a later rank would find it made and "
+                  "refuse a new run, and exist_ok=True would drop the refusal", call.line)
+        return
     said = [a for a in node.args if a.keyword is not None and a.keyword.value == "exist_ok"]
     if said and isinstance(said[0].value, cst.Name) and said[0].value.value == "True":
         return
@@ -61,6 +69,27 @@ def mkdir(work: _Work, call: Any) -> None:
         work.note("if os.path.isdir(...): ... else: makedirs(...) guarded, then a barrier", "rank 0 checks and makes "
                   "the folder: a rank that came later would find it made and take the other branch (its question, "
                   "its error)", call.line)
+
+
+EXISTS = ("FileExistsError", "OSError", "IOError", "Exception")  # what a made folder raises, as a handler names it
+
+
+def _tried_first(work: _Work, call: Any) -> cst.Try | None:
+    """The ``try`` that makes the folder ``call`` makes, alone in its body, with a handler of an existing folder
+    (``except FileExistsError: print(...); sys.exit(1)``: a homework's refusal to overwrite a run; set 27); None
+    when it binds a name (the other ranks would lack it) or runs in a loop."""
+    if call.loops or call.stmt is None:
+        return None
+    for node in m.findall(work.facts.module, m.Try()):
+        assert isinstance(node, cst.Try)
+        body = node.body.body if isinstance(node.body, cst.IndentedBlock) else []
+        caught = {n for h in node.handlers for n in ([dotted(h.type)] if h.type is not None and
+                  not isinstance(h.type, cst.Tuple) else [dotted(e.value) for e in h.type.elements]
+                  if isinstance(h.type, cst.Tuple) else ["Exception"])}
+        if len(body) == 1 and body[0] is call.stmt and caught & set(EXISTS) and \
+                not any(b.stmt is call.stmt for b in work.facts.bindings):
+            return node
+    return None
 
 
 def _asked_first(work: _Work, call: Any) -> cst.If | None:

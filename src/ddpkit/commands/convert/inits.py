@@ -45,6 +45,9 @@ INIT_METHODS = ("reset_parameters", "init_weights", "_init_weights", "initialize
 # a model's own method of another module that sets weights (a sequence-labelling tutorial's
 # ``model.init_word_embeddings(embeddings)``, whose unknown words' rows are drawn at random on each rank)
 STATES = ("hidden", "state", "memory", "cache")  # what an ``init_*`` method makes rather than sets
+# torch's quantization set-up that swaps a model's layers in place (fake-quantised ones, a Conv+BN+ReLU fused)
+QUANTIZING = ("prepare_qat", "prepare", "fuse_modules", "fuse_modules_qat")
+MODES = ("train", "eval")  # ``model.train()`` before the wrap or after: the same (DDP's passes it on)
 INIT_PREFIXES = ("init_", "_init_", "initialize_", "load_pretrained", "load_embedding", "load_weights")
 
 
@@ -122,11 +125,18 @@ def _statement(work: _Work, target: str, stmt: cst.CSTNode, allowed: set[int]) -
     inits = [c for c in calls if _init(c, target, loading=True, facts=work.facts)] + _walks(work, stmt, target) + \
         [_Node(t) for t in _set_parts(stmt, target)] + [c for c in calls if sized_by(work, c, target)]
     fine = allowed | {i for c in inits for i in node_ids(c.node)} | \
-        {i for c in calls if c.name in HARMLESS for i in node_ids(c.node)} | _peeks(reads, calls, target) | \
-        _sizes(stmt)
+        {i for c in calls if c.name in HARMLESS or _mode(c, target) for i in node_ids(c.node)} | \
+        _peeks(reads, calls, target) | _sizes(stmt)
     if any(id(r[3]) not in fine for r in reads):
         return "use"
     return "init" if inits else None
+
+
+def _mode(call: Call, target: str) -> bool:
+    """``target.train()`` / ``target.eval()`` alone: a mode the wrapped model passes on as the plain one would."""
+    func = call.node.func
+    return call.last in MODES and not call.node.args and isinstance(func, cst.Attribute) and \
+        dotted(func.value) == target
 
 
 def sized_by(work: _Work, call: Call, target: str) -> bool:
@@ -167,6 +177,9 @@ def _init(call: Call, target: str, loading: bool, facts: Any = None, depth: int 
         return loading or call.last in RANDOM
     if call.last in INIT_METHODS and _refers(base, target):
         return True
+    if call.last in QUANTIZING and (call.name or "").startswith(("torch.quantization.", "torch.ao.quantization.")) \
+            and call.node.args and dotted(call.node.args[0].value) == target:
+        return loading  # (``prepare_qat(model, inplace=True)`` swaps its layers: the wrap goes below; set 26's QAT)
     if call.last.startswith(INIT_PREFIXES) and _refers(base, target):  # (``hidden = model.init_hidden(bsz)``: a
         return _bare(call) or not any(w in call.last for w in STATES)  # state it makes, no weight it sets)
     first = call.node.args[0].value if call.node.args else None

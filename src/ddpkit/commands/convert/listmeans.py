@@ -1,8 +1,8 @@
 """Means of a training loop's list or meter, made every rank's where they are written.
 
 ``train_loss.append(metrics[0])`` each step into a list begun before the loop, then ``np.mean(train_loss)``,
-``sum(l) / len(l)`` or an ``AverageMeter``'s ``.avg`` below it: each rank's value is the mean over its own batches;
-every rank took as many steps, so the mean of the ranks' means is the mean over every batch. Wrapped in
+``sum(l) / len(l)`` or an ``AverageMeter``'s ``.avg`` (``.average``) below it: each rank's value is the mean over
+its own batches; every rank took as many steps, so the mean of the ranks' means is the mean over every batch. Wrapped in
 ``ddpkit.reduce(..., op='mean')`` (a collective) only where every rank that ran the loop passes: the loop's own
 block (a ``with torch.no_grad():`` block counts as it), no ``return`` / ``raise`` / ``try`` between, no test of its
 own, not a write the converter makes rank 0's; anywhere else the mean is listed.
@@ -99,8 +99,10 @@ def list_means(work: _Work, loop: Loop, whole: set[str]) -> None:
     for stmt, scope, line in facts.statements:  # (``return sum(l) / len(l)``, ``print(np.mean(l))``: in place)
         if scope is loop.scope and line > loop.end and id(stmt) not in handled:
             found = _list_mean_nodes(facts, stmt, lists(line)) + [
-                n for n in m.findall(stmt, m.Attribute(attr=m.Name("avg")))
-                if isinstance(n, cst.Attribute) and dotted(n.value) in meters]
+                n for n in m.findall(stmt, m.Attribute(attr=m.Name("avg") | m.Name("average")))
+                if isinstance(n, cst.Attribute) and dotted(n.value) in meters and id(n) not in _called(stmt)] + [
+                c for c in m.findall(stmt, m.Call(func=m.Attribute(attr=m.Name("avg") | m.Name("average")), args=[]))
+                if isinstance(c, cst.Call) and isinstance(c.func, cst.Attribute) and dotted(c.func.value) in meters]
             reached = _reached(work.facts, loop, stmt)
             if found and not (reached and _every_rank(work, stmt)):
                 where = "under a test or past a return" if not reached else "in a write rank 0 alone makes"
@@ -166,6 +168,11 @@ def _data_tested(facts: Any, loop: Loop, stmt: cst.CSTNode) -> bool:
     holders = [n for n in m.findall(loop.scope.node, m.If()) if isinstance(n, cst.If) and
                any(s is stmt for s in m.findall(n.body, m.SimpleStatementLine()))]
     return any(names_in(h.test) & made for h in holders) or not holders
+
+
+def _called(stmt: cst.CSTNode) -> set[int]:
+    """The attributes ``stmt`` calls (``meter.average()``, a method: its value, not the attribute, is the mean)."""
+    return {id(c.func) for c in m.findall(stmt, m.Call()) if isinstance(c, cst.Call)}
 
 
 def _meters(facts: Any, loop: Loop) -> set[str]:

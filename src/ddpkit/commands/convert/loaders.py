@@ -77,6 +77,8 @@ def _by_hand(work: _Work, call: Call) -> None:
         return
     binding = next((b for b in work.facts.bindings if b.value is call.node), None)
     loops = loops_reading(work.facts, binding.target, binding.scope, since=binding) if binding is not None else []
+    loops += [lp for lp in work.facts.loops if isinstance(lp.node, cst.For)  # (``for x in ddpkit.data_loader(...)``)
+              and any(n is call.node for n in m.findall(lp.node.iter, m.Call()))]
     if any(flow.trains(work.facts, loop) for loop in loops):
         reductions(work, loops, call, True)
 
@@ -90,6 +92,8 @@ def _rows_by_hand(work: _Work, call: Call) -> None:
         return  # (a script written with ddpkit: its author's)
     binding = next((b for b in work.facts.bindings if b.value is call.node), None)
     loops = loops_reading(work.facts, binding.target, binding.scope, since=binding) if binding is not None else []
+    loops += [lp for lp in work.facts.loops if isinstance(lp.node, cst.For)  # (``for x in ddpkit.data_loader(...)``)
+              and any(n is call.node for n in m.findall(lp.node.iter, m.Call()))]
     rows = next(((n, line) for lp in loops if not flow.trains(work.facts, lp) for n, line in lp.stored), None)
     if rows is not None:
         work.leave(rows[1], f"the evaluation over the ddpkit.data_loader(..., train=False) at line {call.line} keeps "

@@ -1,8 +1,7 @@
 """Training losses whose value depends on how the batch is split: at N processes each rank's loss is over its
 share and DDP averages the ranks' gradients, which equals one process's step only for a mean of per-sample terms.
-A loss summed over the batch (with SGD's kin: its steps N times smaller), a contrastive loss whose negatives are
-the batch, a loss over the whole batch at once (Dice, IoU): listed once with the fix; lightly's gathering losses
-told to gather (``gather_distributed=True``).
+A loss summed over the batch (with SGD's kin: its steps N times smaller): listed once with the fix; a loss's value
+shown from this rank's share said so (contrastive and whole-batch losses: :mod:`.batchwide`).
 
 Example::
 
@@ -24,6 +23,7 @@ from ddpkit.commands.check.rules import OPTIMIZERS
 from ddpkit.commands.convert import counted, decay, flow, returns, sizes
 from ddpkit.commands.convert.batchmeans import batch_size, loss_name, stepped_losses, summing
 from ddpkit.commands.convert.crossing import HANDED, key
+from ddpkit.commands.convert.flagged import argument_for
 from ddpkit.commands.convert.flow import callee
 from ddpkit.commands.convert.names import dotted, heads, names_in
 from ddpkit.commands.convert.scan import Call, Loop, imported_from
@@ -58,9 +58,12 @@ def summed_loss(work: _Work) -> None:
         f"the training loss is a sum over the batch, not a mean, stepped by {decayed} with weight_decay= (an L2 "
         "term added to the gradient): DDP averages the ranks' gradients, so each rank's sum over B/N samples is "
         "1/N of the original's while the decay is not, and Adam's step follows their ratio")
+    # (scaled in the backward alone: a value the loop shows or sums across ranks stays the loss; set 26's cVAE
+    # printed twice its loss with ``loss = loss * state.world_size``)
     fix = "average it (reduction='mean', loss.mean()), or keep the sum and multiply it by the number of processes " \
-        "(loss.sum() * state.world_size) where it trains" if decayed is None else "keep the sum and multiply it by " \
-        "the number of processes (loss.sum() * state.world_size) where it trains (a mean would weigh the decay B " \
+        "in the backward alone ((loss * state.world_size).backward())" if decayed is None else "keep the sum and " \
+        "multiply it by the number of processes in the backward alone ((loss * state.world_size).backward(); a " \
+        "mean would weigh the decay B " \
         "times more than the original did)"
     work.leave(call.line, why, fix)
 
@@ -68,14 +71,24 @@ def summed_loss(work: _Work) -> None:
 def _scaled(work: _Work) -> bool:
     """A training loss multiplied by the number of processes (``loss.sum() * state.world_size``,
     ``(loss * ddpkit.init().world_size).backward()``) in a loop that steps: the sum made one process's again."""
+    def scaled(node: cst.BaseExpression) -> bool:
+        return isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Multiply) and \
+            any("world_size" in work.facts.code(side) for side in (node.left, node.right))
+
     for loop in (lp for lp in work.facts.loops if flow.trains(work.facts, lp)):
         losses = stepped_losses(loop)  # (the loss itself, not a count: ``seen += x.size(0) * state.world_size``)
         for node in m.findall(loop.node, m.BinaryOperation(operator=m.Multiply())):
             assert isinstance(node, cst.BinaryOperation)
-            sides = [work.facts.code(side) for side in (node.left, node.right)]
-            if any("world_size" in side for side in sides) and \
-                    any(names_in(side) & losses for side in (node.left, node.right)):
+            if scaled(node) and any(names_in(side) & losses for side in (node.left, node.right)):
                 return True
+        # (the fix written as ``(loss * state.world_size).backward()``, or ``loss = criterion(...) * world_size``
+        # then ``loss.backward()``: the line stayed listed after its own fix; set 27's run-up)
+        if any(c.last == "backward" and isinstance(c.node.func, cst.Attribute) and scaled(c.node.func.value)
+               for c in loop.calls):
+            return True
+        if any(isinstance(b, cst.Assign) and dotted(b.targets[0].target) in losses and scaled(b.value)
+               for b in m.findall(loop.node, m.Assign())):
+            return True
     return False
 
 
@@ -217,8 +230,9 @@ def step_loss_shown(work: _Work) -> None:
     if any("a loss summed over the batch" in k.what for k in work.kept):
         return
     said: set[str] = set()
+    summed = _summed(work) is not None
     for loop in sorted((lp for lp in work.facts.loops if flow.trains(work.facts, lp)), key=lambda lp: -len(lp.outer)):
-        losses = stepped_losses(loop) | _stepped_by_helper(work, loop)
+        losses = stepped_losses(loop) | _stepped_by_helper(work, loop) | _scaled_losses(work, loop)
         losses |= {b.target for b in work.facts.bindings if b.scope is loop.scope and loop.line < b.line <= loop.end
                    and isinstance(b.value, cst.BinaryOperation) and names_in(b.value) and
                    names_in(b.value) <= losses}  # (a GAN's ``loss_d = loss_real + loss_fake``)
@@ -249,10 +263,20 @@ def step_loss_shown(work: _Work) -> None:
                 what += [f"{', '.join(parts)}, terms of the step's loss"] if parts else []
                 whole = f"ddpkit.reduce({named[0]}.detach(), op='mean')" if named else \
                     f"ddpkit.reduce({(also or parts)[0]}, op='mean')"
+                why = "this rank's: a mean over its 1/N of the global batch (rank 0's on screen), the same quantity " \
+                    f"from fewer samples; {whole} shows the whole batch's"
+                if summed and named:  # (set 26's YOLO and VAE: a sum called "the same quantity", which it is not)
+                    why = "this rank's: a sum over its 1/N of the global batch (rank 0's on screen), about 1/N of " \
+                        f"the whole batch's sum; ddpkit.reduce({named[0]}.detach(), op='sum') shows the whole batch's"
                 work.keep(shown.line, f"{shown.last}(...) {'keeps' if kept else 'shows'} {'; '.join(what)}" +
-                          (", the training loop's last" if shown.line > loop.end else ""), "this rank's: a mean over "
-                          "its 1/N of the global batch (rank 0's on screen), the same quantity from fewer samples; "
-                          f"{whole} shows the whole batch's")
+                          (", the training loop's last" if shown.line > loop.end else ""), why)
+
+
+def _scaled_losses(work: _Work, loop: Loop) -> set[str]:
+    """The losses ``loop`` steps as ``(loss * state.world_size).backward()`` (a summed loss's named fix)."""
+    return {n for c in loop.calls if c.last == "backward" and isinstance(c.node.func, cst.Attribute)
+            for n in names_in(c.node.func.value) if "world_size" in work.facts.code(c.node.func.value)
+            and "world_size" not in n}
 
 
 def _called(value: cst.Call) -> cst.Call:
@@ -307,13 +331,24 @@ def _helper_outputs(work: _Work, loop: Loop) -> set[str]:
     for b in work.facts.bindings:
         made = next((c for c in loop.calls if c.node is b.whole), None) if b.scope is loop.scope else None
         target = callee(work.facts, made) if made is not None else None
-        if target is None or not flow.scope_trains(work.facts, target[0]):
+        if made is None or target is None or not flow.scope_trains(work.facts, target[0]):
             continue
         ran = {h.target for h in work.facts.bindings if h.scope is target[0] and isinstance(h.value, cst.Call) and
-               dotted(_called(h.value).func) in target[0].params}
+               dotted(_called(h.value).func) in target[0].params and
+               not _a_function(work, argument_for(made, dotted(_called(h.value).func) or "", *target))}
         if any(heads(element) & ran for element in returns.at(work.facts, target[0], b.index)):
             found.add(b.target)
     return found
+
+
+def _a_function(work: _Work, passed: cst.BaseExpression | None) -> bool:
+    """What a step helper is handed is a function, not a model: a lambda, a function of the file, a ``partial``
+    (``lr = lr_at(step)`` of a schedule: the same on every rank, no share of a batch; review 41)."""
+    if isinstance(passed, cst.Call):
+        return dotted(passed.func) in ("partial", "functools.partial")
+    name = dotted(passed) if passed is not None else None
+    return isinstance(passed, cst.Lambda) or name is not None and name in work.facts.scopes and \
+        not work.facts.scopes[name].cls
 
 
 def _stepped_by_helper(work: _Work, loop: Loop) -> set[str]:
@@ -330,110 +365,3 @@ def _stepped_by_helper(work: _Work, loop: Loop) -> set[str]:
         if any(loss_name(element) in backed for element in returns.at(work.facts, target[0], b.index)):
             found.add(b.target)
     return found
-
-
-# lightly's losses that take their negatives (or statistics) from the batch, and gather them across ranks when told
-GATHERING = ("NTXentLoss", "DCLLoss", "DCLWLoss", "BarlowTwinsLoss", "VICRegLoss", "TiCoLoss")
-# (not a Siamese network's ``ContrastiveLoss``: a margin loss over given pairs, no negatives from the batch)
-CONTRASTIVE = ("ntxent", "nt_xent", "infonce", "info_nce", "supcon", "simclr", "barlow", "vicreg")
-
-
-def contrastive_loss(work: _Work) -> None:
-    """A loss whose negatives are the other samples of the batch (SimCLR's NT-Xent): at N processes each rank
-    contrasts its share only, another objective. lightly's losses gather the batch across ranks when told
-    (``gather_distributed=True``, added); another such loss is listed (lightly's SimCLR example ran on, silently),
-    and so is a loss function of the script's own that contrasts the batch's samples (:func:`_in_batch`)."""
-    own = _in_batch(work)
-    if own is not None:
-        work.leave(own[1], f"{own[0]}(): a contrastive loss over the batch's samples (joined on the batch axis, "
-                   "compared with each other, a softmax over them): at N processes each rank's negatives are its "
-                   "share of the batch only, another objective than one process's", "gather the embeddings across "
-                   "ranks before comparing them (torch.distributed.nn.functional.all_gather keeps the gradient), or "
-                   "keep it if that is acceptable")
-    if not work.models:
-        return
-    for call in work.facts.calls:
-        keywords = {a.keyword.value for a in call.node.args if a.keyword is not None}
-        if (call.name or "").startswith("lightly.loss") and call.last in GATHERING:
-            positional = any(a.keyword is None for a in call.node.args)  # (its place differs by class: named)
-            if positional and "gather_distributed" not in keywords:
-                work.leave(call.line, f"{call.last}: its negatives are this rank's share of the batch at N "
-                           "processes", f"pass gather_distributed=True to {call.last}(...) (its arguments by name), "
-                           "then convert again")
-            elif "gather_distributed" not in keywords:
-                work.edits.expr[id(call.node)] = lambda node: node.with_changes(args=[
-                    *node.args, cst.Arg(keyword=cst.Name("gather_distributed"), value=cst.Name("True"),
-                                        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
-                                                              whitespace_after=cst.SimpleWhitespace("")))])
-                work.note(f"{call.last}(...) -> {call.last}(..., gather_distributed=True)", "its negatives are "
-                          "the whole global batch, as one process's were, not this rank's share", call.line)
-            continue
-        word = call.last.lower()  # a loss by its name (SupConLoss, info_nce_loss), not SimCLRProjectionHead
-        if any(w in word for w in CONTRASTIVE) and "loss" in word or word in ("ntxent", "nt_xent", "infonce"):
-            work.leave(call.line, f"{call.last}: a contrastive loss over the batch: at N processes each rank's "
-                       "negatives are its share of the batch only, another objective than one process's",
-                       "gather the embeddings across ranks before the loss (ddpkit.gather keeps no gradient: use "
-                       "torch.distributed.nn.functional.all_gather), or keep it if that is acceptable")
-            return
-
-
-# losses of the whole batch at once (an overlap ratio): not a mean of per-sample terms
-WHOLE = ("dice", "iou", "jaccard", "tversky", "lovasz")
-METRICS = ("metric", "score", "coef", "acc", "eval")  # a measure logged beside the loss, not what trains
-
-
-def whole_batch_loss(work: _Work) -> None:
-    """A training loss over the whole batch at once (``DiceLoss()``, ``dice_loss(pred, y)``, a Tversky or Lovasz
-    loss): at N processes each rank's is over its share, and DDP averages the ranks' gradients, which is not the
-    one-process loss of the global batch. Listed once (``ddpkit verify`` FAILs it; converting it said nothing)."""
-    if not work.models:
-        return
-    facts = work.facts
-    called = {dotted(c.node.func) for c in facts.calls if any(flow.trains(facts, loop) for loop in c.loops)}
-    for c in facts.calls:
-        word = c.last.lower()
-        if not any(w in word for w in WHOLE) or any(w in word for w in METRICS):
-            continue
-        bound = [b.target for b in facts.bindings if b.value is c.node]
-        if dotted(c.node.func) in called or any(name in called for name in bound):
-            work.leave(c.line, f"{c.last}: a loss over the whole batch at once, not a mean over its samples: at N "
-                       "processes each rank's is over its share of the batch, and DDP averages the ranks' "
-                       "gradients, which is not the one-process loss of the global batch (ddpkit verify FAILs it)",
-                       "keep it if that is acceptable (the usual DDP behaviour of such losses), or compute it on "
-                       "every rank's predictions and targets gathered with ddpkit.gather(...)")
-            return
-
-
-
-_COMPARED = ("matmul", "mm", "bmm", "einsum", "cosine_similarity")
-_SOFTMAX = ("log_softmax", "cross_entropy", "logsumexp", "softmax", "nll_loss")
-
-
-def _in_batch(work: _Work) -> tuple[str, int] | None:
-    """A loss function of this file (``loss`` in its name) that joins two views on the batch axis (``z =
-    torch.cat([z1, z2], dim=0)``), compares that with itself (``z @ z.T``, ``torch.matmul(z, z.transpose(1, 2))``)
-    and takes a softmax: an InfoNCE over the batch (ts2vec's ``instance_contrastive_loss``); its name and line."""
-    lines = work.facts.module.code.splitlines()
-    for scope in work.facts.scopes.values():
-        name = scope.name.rsplit(".", 1)[-1]
-        if "loss" not in name.lower() or not isinstance(scope.node, cst.FunctionDef):
-            continue
-        calls = [c for c in work.facts.calls if c.scope is scope]
-        joined = {b.target for b in work.facts.bindings if b.scope is scope and isinstance(b.value, cst.Call) and
-                  any(c.node is b.value and c.last in ("cat", "concat") and _on_batch_axis(c.node) for c in calls)}
-        pairs = [(c.node.args[0].value, c.node.args[1].value) for c in calls if c.last in _COMPARED and
-                 len(c.node.args) >= 2] + [(o.left, o.right) for o in m.findall(
-                     scope.node, m.BinaryOperation(operator=m.MatrixMultiply())) if isinstance(o, cst.BinaryOperation)]
-        itself = any(names_in(a) & joined and names_in(b) & joined for a, b in pairs)
-        if itself and any(c.last in _SOFTMAX for c in calls):
-            at = next((n for n, text in enumerate(lines, 1) if text.lstrip().startswith(f"def {name}(")), 1)
-            return name, at
-    return None
-
-
-def _on_batch_axis(call: cst.Call) -> bool:
-    """``torch.cat([a, b])``, ``torch.cat([a, b], dim=0)``, ``torch.cat([a, b], 0)``."""
-    rest = call.args[1:]
-    return all(isinstance(a.value, cst.Integer) and a.value.value == "0" and (a.keyword is None or
-                                                                            a.keyword.value in ("dim", "axis"))
-               for a in rest)

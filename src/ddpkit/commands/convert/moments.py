@@ -48,7 +48,7 @@ def moments(work: _Work) -> None:
             continue
         tests: list[str] = next((c.tests for c in facts.calls if id(c.node) in node_ids(small.value)), [])
         if not all(t.strip() == "__name__ == '__main__'" or t.strip() == '__name__ == "__main__"' or
-                   SETTINGS.match(t.strip()) for t in tests) or not _top(facts, stmt):
+                   SETTINGS.match(t.strip()) or _settled(facts, t) for t in tests) or not _top(facts, stmt):
             continue
         name = small.targets[0].target.value
         # (a top-level line outside the main block runs again in each spawned loader worker, review; a broadcast
@@ -79,8 +79,28 @@ def _drawn_id(facts: Any, value: Any) -> bool:
 IDS = ("uuid.uuid1", "uuid.uuid4", "secrets.token_hex", "secrets.token_urlsafe")
 
 
+def _settled(facts: Any, test: str) -> bool:
+    """A test of the script's settings alone, through a name bound from them at the top level (``log_dir =
+    args.log_dir`` then ``if log_dir is None:``, set 27's homework): the same on every rank."""
+    try:
+        expression = cst.parse_expression(test)
+    except cst.ParserSyntaxError:
+        return False
+    names = {n.value for n in m.findall(expression, m.Name()) if isinstance(n, cst.Name)} - {"None", "not"}
+    top = facts.scopes.get("")
+    return bool(names) and all(any(b.target == n and b.scope is top and b.value is not None and
+                                   SETTINGS.match(dotted(b.value) or "") for b in facts.bindings) for n in names)
+
+
 def _clock_text(facts: Any, value: Any, clocks: set[str]) -> bool:
-    """``now.isoformat()``, ``datetime.now().strftime(...)``, ``time.strftime(...)``, ``str(datetime.now())``."""
+    """``now.isoformat()``, ``datetime.now().strftime(...)``, ``time.strftime(...)``, ``str(datetime.now())``, and
+    text joined with one (``'log/' + str(datetime.datetime.now())``, an f-string, ``os.path.join``)."""
+    if isinstance(value, (cst.BinaryOperation, cst.FormattedString)) or isinstance(value, cst.Call) and \
+            resolve(dotted(value.func), facts.aliases) == "os.path.join":
+        return any(_clock_text(facts, c, clocks) for c in m.findall(value, m.Call()) if c is not value) or any(
+            isinstance(e, cst.FormattedStringExpression) and (dotted(e.expression) in clocks or isinstance(
+                e.expression, cst.Call) and resolve(dotted(e.expression.func), facts.aliases) in CLOCKS)
+            for e in m.findall(value, m.FormattedStringExpression()))  # (``f'log/{datetime.now()}'``)
     if not isinstance(value, cst.Call):
         return False
     name = resolve(dotted(value.func), facts.aliases) or ""

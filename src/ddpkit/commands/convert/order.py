@@ -63,7 +63,17 @@ def read_first(facts: Facts, read: Any, write: Any) -> bool:
     """``read`` runs before ``write`` in every run, or never in the run that writes (two commands of one script)."""
     return read.scope is not write.scope and \
         (_runs_before(facts, read, write.scope) or _constructs(facts, read, write) or _apart(facts, read, write)) \
-        or _contradict(facts, read, write) or _never_given(facts, read)
+        or _contradict(facts, read, write) or _never_given(facts, read) or _called_apart(facts, read, write)
+
+
+def _called_apart(facts: Facts, read: Any, write: Any) -> bool:
+    """The read's function is run only from the other side of an ``if`` / ``elif`` than the write, in no loop:
+    ``elif args.mode == 'eval': net = load_trained(net, path)`` beside the training branch that saves (set 27's
+    CIFAR classifier)."""
+    entry = _entry(facts, read.scope)
+    sites = _sites(facts, entry) if entry.name and entry is not write.scope else []
+    return bool(sites) and all(not site.loops and site.scope is write.scope and _exclusive(facts, site, write)
+                               for site in sites) and called_once_or_top(facts, write.scope)
 
 
 def _never_given(facts: Facts, read: Any) -> bool:

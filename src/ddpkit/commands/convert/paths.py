@@ -23,9 +23,10 @@ from __future__ import annotations
 import dataclasses
 
 import libcst as cst
+import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
-from ddpkit.commands.convert.names import dotted
+from ddpkit.commands.convert.names import dotted, resolve
 from ddpkit.commands.convert.scan import Call, Facts, Scope
 
 DEPTH = 3  # names and parameters followed from one path: a script's paths are built in a line or two
@@ -180,3 +181,18 @@ def _plain(text: str) -> str:
     while text.startswith("./"):
         text = text[2:]
     return text
+
+
+def path_open(facts: Facts, call: Call) -> bool:
+    """``path.open("a")`` of pathlib (set 27's CSV history logger, ``self.path.open("a", newline="")``): a path
+    made by ``Path(...)``, or a name that says it is one (``csv_path``, ``self.path``)."""
+    func = call.node.func
+    if call.last != "open" or not isinstance(func, cst.Attribute) or call.name in OPENERS:
+        return False
+    base = dotted(func.value) or ""
+    made = [b.value for b in facts.bindings if base and b.target == base and b.value is not None]
+    calls = [c for v in made for c in m.findall(v, m.Call()) if isinstance(c, cst.Call)]
+    if isinstance(func.value, cst.Call):
+        calls.append(func.value)
+    return any((resolve(dotted(c.func), facts.aliases) or "").endswith("Path") for c in calls) or \
+        "path" in base.rsplit(".", 1)[-1].lower()

@@ -27,6 +27,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ddpkit.commands.convert import (
     batchstats,
+    batchwide,
     calledorder,
     choices,
     counted,
@@ -45,6 +46,7 @@ from ddpkit.commands.convert import (
     partners,
     probed,
     prompts,
+    quantized,
     removals,
     reread,
     retained,
@@ -264,9 +266,9 @@ class _Work:
         seeded.seeded_noise(self)
         retained.retained_graph(self)
         lastbatch.last_batch_size(self)
-        losses.whole_batch_loss(self)
+        batchwide.whole_batch_loss(self)
         tokens.token_mean_loss(self)
-        losses.contrastive_loss(self)
+        batchwide.contrastive_loss(self)
         counted.count_normalised_loss(self)
         rules.outputs(self)
         rules.class_reads(self)
@@ -276,6 +278,7 @@ class _Work:
         reread.reread(self)
         calledorder.tell(self)
         lazy.lazy_layers(self)
+        quantized.quantized(self)
         wholebatch.whole_batch(self)
         shownbatch.shown_batches(self)
         shownbatch.peeks(self)

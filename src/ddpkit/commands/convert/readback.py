@@ -145,6 +145,8 @@ def modes(node: cst.Call, call: Call | None = None, facts: Any = None) -> set[st
     to a choice of them (a logger's ``mode = "a" if append else "w"``, then ``open(path, mode)``); empty when
     they cannot be told."""
     positional = [a for a in node.args if a.keyword is None]
+    if call is not None and call.name not in OPENERS:  # (``path.open("a")``: pathlib's mode comes first)
+        positional = [None, *positional]  # type: ignore[list-item]
     mode = positional[1].value if len(positional) > 1 else next(
         (a.value for a in node.args if a.keyword is not None and a.keyword.value == "mode"), None)
     if isinstance(mode, cst.Name) and call is not None and facts is not None:

@@ -165,16 +165,20 @@ def reductions(work: _Work, loops: list[Loop], call: Call | None, training: bool
             work.reduced.extend(evaluations)
         summed = [n for n in names if n not in means]
         if summed:
+            # (a summed loss's batch sums over this rank's count of steps, a VAE's: its batch is 1/N of one)
+            why = "each rank accumulated only its own shard" + (" of that split; the others are whole" if split
+                                                                 else "")
+            if set(summed) <= averaged & batch_sums:
+                why = "each step's loss is a sum over this rank's 1/N of the global batch: the ranks' add up to it"
             work.note(f"after the {'training' if summed_as_training else 'evaluation'} loop: {', '.join(summed)} "
-                      f"summed across ranks (ddpkit.reduce{', if ' + split[1] if split else ''})", "each rank "
-                      "accumulated only its own shard" + (" of that split; the others are whole" if split else ""),
-                      anchor.end)
+                      f"summed across ranks (ddpkit.reduce{', if ' + split[1] if split else ''})", why, anchor.end)
         if means - averaged:
             work.note(f"after the training loop: {', '.join(sorted(means - averaged))} averaged across ranks "
                       "(ddpkit.reduce, op='mean')", "a sum of the loss's batch means: each rank took as many steps as "
                       "one process, each over its part of the global batch", anchor.end)
-        if averaged:
-            work.note(f"after the training loop: {', '.join(sorted(averaged))} averaged across ranks (ddpkit.reduce, "
+        if averaged & means:
+            work.note(f"after the training loop: {', '.join(sorted(averaged & means))} averaged across ranks "
+                      "(ddpkit.reduce, "
                       "op='mean')", "divided by this rank's count of batches: every rank took as many, so the mean "
                       "of the ranks' means is the mean over every batch", anchor.end)
         for node in lens:  # ``total / len(loader)``: every rank's batches, as the sum is every rank's

@@ -21,7 +21,7 @@ from ddpkit.commands.check.rules import RANK_WORDS
 from ddpkit.commands.convert import folders, paths, waits
 from ddpkit.commands.convert.apply import add_keyword
 from ddpkit.commands.convert.devicetext import ACCELERATORS, PROGRESS, text_of
-from ddpkit.commands.convert.flow import binding_of, callers, visible
+from ddpkit.commands.convert.flow import argument_for, binding_of, callers, visible
 from ddpkit.commands.convert.names import dotted, names_in, resolve
 from ddpkit.commands.convert.scan import Binding
 
@@ -142,11 +142,26 @@ def class_reads(work: _Work) -> None:
     wrapped = {b.target for b in work.models}
     for node in m.findall(work.facts.module, m.Attribute(attr=m.Name("__class__"))):
         assert isinstance(node, cst.Attribute)
-        if dotted(node.value) in wrapped and id(node.value) not in work.edits.expr:
+        if _holds_model(work, node.value, wrapped) and id(node.value) not in work.edits.expr:
             work.edits.expr[id(node.value)] = _unwrapped
             line = next((r[2] for r in work.facts.reads if r[3] is node.value or r[3] is node), None)
             work.note(f"{dotted(node.value)}.__class__ -> ddpkit.unwrap(...).__class__", "the prepared model is a "
                       "wrapper; its class is the module's inside it", line or work.import_line())
+
+
+def _holds_model(work: _Work, value: cst.BaseExpression, wrapped: set[str]) -> bool:
+    """``value`` names a prepared model: its binding, or a parameter of the script's function every call of which
+    hands it one (``train_model(net, ...)``, then ``model.__class__.__name__`` in it; set 27's CIFAR classifier)."""
+    name = dotted(value)
+    if name in wrapped:
+        return True
+    scope = next((r[1] for r in work.facts.reads if r[3] is value), None)
+    if scope is None or name is None or name not in scope.params:
+        return False
+    skip = 1 if scope.cls and scope.params[:1] in (["self"], ["cls"]) else 0
+    sites = callers(work.facts, scope)
+    given = [argument_for(site, name, scope, skip) for site in sites]
+    return bool(given) and all(g is not None and dotted(g) in wrapped for g in given)
 
 
 def _progress(work: _Work, call: Any) -> None:

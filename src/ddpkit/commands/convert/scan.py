@@ -34,6 +34,7 @@ from ddpkit.commands.convert.names import (
 # methods that keep what a loop hands them (a list, a metric object, a meter): their totals are per rank
 # ``preds = np.concatenate((preds, out))``: calls that return their arguments joined
 JOINING = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack", "column_stack", "append"})
+_ROWS = (cst.List, cst.ListComp, cst.Tuple)  # what ``xs += ...`` extends a list by
 ACCUMULATING = ("append", "extend", "add_batch", "update", "add", "accumulate", "record", "push", "insert",
                 "update_state", "log", "add_scalar", "add_scalars")
 
@@ -377,6 +378,8 @@ class _Scanner(cst.CSTVisitor):
         for loop in self.loops:
             if name and isinstance(node.operator, cst.AddAssign) and isinstance(node.value, cst.Integer):
                 loop.counted.append(name)
+            elif name and isinstance(node.operator, cst.AddAssign) and isinstance(node.value, _ROWS):
+                loop.stored.append((name, self.line(node)))  # ``errs += [e]``: rows kept, not a sum (review 41)
             elif name and isinstance(node.operator, cst.AddAssign):
                 loop.augmented.append((name, self.line(node)))
             elif name:  # ``x -= ...``, ``x *= ...``: not a sum this tool can reduce

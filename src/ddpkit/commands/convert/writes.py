@@ -54,7 +54,8 @@ WHY = "every rank holds the same results, and N writers of one file race (an app
 
 def writes(work: _Work) -> None:
     """Guard each file write of the script that every rank would make (see the module's docstring)."""
-    opened = {id(c.node): c for c in work.facts.calls if c.name in OPENERS and writing(c.node, c, work.facts)}
+    opened = {id(c.node): c for c in work.facts.calls if (c.name in OPENERS or paths.path_open(work.facts, c)) and
+              writing(c.node, c, work.facts)}
     backs = []  # (the writes every rank passes first: a barrier after one of them may serve one in a loop above)
     for call in work.facts.calls:
         what = WRITERS.get(call.name or "") or (METHODS.get(call.last) if isinstance(call.node.func, cst.Attribute)
