@@ -26,7 +26,7 @@ import libcst.matchers as m
 
 from ddpkit.commands.convert import flow, handsize
 from ddpkit.commands.convert.batchmeans import stepped_losses
-from ddpkit.commands.convert.batchreads import forward_literal, forward_read, quiet_nodes, read_in_training
+from ddpkit.commands.convert.batchreads import forward_literal, forward_read, quiet_nodes, reads_in_training
 from ddpkit.commands.convert.flow import DEPTH, argument_for, binding_of, callee
 from ddpkit.commands.convert.inits import node_ids
 from ddpkit.commands.convert.names import dotted, heads, names_in
@@ -65,7 +65,8 @@ def global_batch(work: _Work, call: Call, loops: list[Loop]
                   f"2 or more processes: the global batch is {size} x the number of processes")
         return None, frozenset()
     names = _names(work, call, given.value) | ({code(given.value)} if isinstance(given.value, cst.Subscript) else set())
-    read = read_in_training(work, names, loops, call)
+    every = reads_in_training(work, names, loops, call)
+    read = every[0] if every else None
     forward = (forward_read(work, names) or forward_literal(work, given.value, call)) if read is None else None
     read = read or forward
     built = _built_with(work, names) if read is None else None
@@ -74,7 +75,7 @@ def global_batch(work: _Work, call: Call, loops: list[Loop]
         if read is None and built is None else None
     if read is not None or built is not None or elsewhere is not None:
         why = f"the model reads {forward[0]} at line {forward[1]}" if forward is not None else \
-            f"the training loop reads {read[0]} at line {read[1]}" if read is not None else \
+            f"the training loop reads {read[0]} at line {read[1]}" + _also(every[1:]) if read is not None else \
             f"the model is built with it at line {built[1]} ({built[0]})" if built is not None else str(elsewhere)
         work.done.extend(handsize.answered(work.crossing.wants, call.scope.name, params, names))
         work.per_process.add(id(call.node))  # (its loops' sums of batch means then add, not average: reductions)
@@ -94,6 +95,11 @@ def global_batch(work: _Work, call: Call, loops: list[Loop]
     _attribute_reads(work, call, given.value, loops)
     _shown_rates(work, names, loops)
     return (_rename if spread is None else None), frozenset(names)
+
+
+def _also(more: list[tuple[str, int]]) -> str:
+    """The other reads, so that one round of fixes meets them all: `` (also real_labels at line 70, ...)``."""
+    return f" (also {', '.join(f'{name} at line {line}' for name, line in more[:6])})" if more else ""
 
 
 def _built_with(work: _Work, names: set[str]) -> tuple[str, int] | None:

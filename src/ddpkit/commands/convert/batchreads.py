@@ -37,11 +37,17 @@ SHOWS = {"save_image", "make_grid", "info", "debug", "warning", "log", "write", 
 
 
 def read_in_training(work: _Work, names: set[str], loops: list[Loop], call: Call | None) -> tuple[str, int] | None:
+    """The first of :func:`reads_in_training`, or None."""
+    found = reads_in_training(work, names, loops, call)
+    return found[0] if found else None
+
+
+def reads_in_training(work: _Work, names: set[str], loops: list[Loop], call: Call | None) -> list[tuple[str, int]]:
     """A read of the batch size's names (``batch_size``, ``args.batch_size``, ``bsz``) in a training loop's body or
     the loops around it, outside a print, a progress bar's total and the loader's own call (``call``, built in
     the loop over the splits; None: a loader another module builds, handsize.py): what the loop sizes from it."""
     if not names:
-        return None
+        return []
     inside: set[int] = set()
     for loop in loops:
         inside |= node_ids(loop.node.body)
@@ -54,15 +60,14 @@ def read_in_training(work: _Work, names: set[str], loops: list[Loop], call: Call
     rebuilt = [c.node for c in work.facts.calls if c.name == "torch.utils.data.DataLoader" and c.loops]
     quiet = quiet_nodes(work, loops) | (node_ids(call.node) if call is not None else set()) | \
         _counting(loops, names) | _step_counts(work, loops, names) | {i for node in rebuilt for i in node_ids(node)}
-    for name, scope, line, node in work.facts.reads:
-        if name in names and id(node) in inside and id(node) not in quiet and not _rebound(work, name, scope, line,
-                                                                                           loops, names):
-            return name, line
+    found = [(name, line) for name, scope, line, node in work.facts.reads if name in names and id(node) in inside
+             and id(node) not in quiet and not _rebound(work, name, scope, line, loops, names)]
     for stmt, _scope, line in work.facts.statements:  # ``torch.ones(config['batch_size'], 1)`` in the loop
         if id(stmt) in inside and not node_ids(stmt) <= quiet and items_of(work, stmt) & names and \
                 any(id(s) not in quiet and work.facts.code(s) in names for s in m.findall(stmt, m.Subscript())):
-            return next(iter(items_of(work, stmt) & names)), line
-    return _made_before(work, names, loops, inside, quiet)
+            found.append((next(iter(items_of(work, stmt) & names)), line))
+    # (every read, in the order of the file: set 27's GAN lesson named one a round, three rounds for one cause)
+    return list(dict.fromkeys(found + _made_before(work, names, loops, inside, quiet)))
 
 
 def forward_read(work: _Work, names: set[str]) -> tuple[str, int] | None:
@@ -172,7 +177,7 @@ def _counting(loops: list[Loop], names: set[str]) -> set[int]:
 
 
 def _made_before(work: _Work, names: set[str], loops: list[Loop], inside: set[int],
-                 quiet: set[int]) -> tuple[str, int] | None:
+                 quiet: set[int]) -> list[tuple[str, int]]:
     """A tensor sized by the batch before the loops and read in them (pytorch-GANs' ``real_gt = torch.ones(
     (config['batch_size'], 1))`` above the epoch loop, its BCE target each step): ``(the target, its line)``.
     ``names`` holds the batch size's code too when it is an item (``config['batch_size']``)."""
@@ -192,6 +197,7 @@ def _made_before(work: _Work, names: set[str], loops: list[Loop], inside: set[in
                     if c.last in ("resize_", "resize_as_") and isinstance(c.node.func, cst.Attribute)}
     # (the loop's own variables: jcjohnson's ``x = torch.randn(N, D_in)`` is the data, ``for x, y in loader`` rebinds)
     read_inside -= {t for loop in loops for t in loop.targets}
+    found = []
     for b in work.facts.bindings:
         made = resolve(dotted(b.value.func), work.facts.aliases) if isinstance(b.value, cst.Call) else None
         # (or kept by the class's ``__init__``, ``self.target_real = torch.ones(self.batch_size, 1)``, read in its
@@ -201,8 +207,8 @@ def _made_before(work: _Work, names: set[str], loops: list[Loop], inside: set[in
         if (id(b.scope) in scopes and b.line < first or held) and b.value is not None and b.target in read_inside and \
                 (made or "").startswith("torch.") and (made or "").rsplit(".", 1)[-1] in TENSOR_MAKERS and \
                 (names_in(b.value) | items_of(work, b.value)) & names:
-            return b.target, b.line
-    return None
+            found.append((b.target, b.line))
+    return found
 
 
 def _to_batch(sub: cst.Subscript, sizes: set[str]) -> bool:

@@ -437,3 +437,4 @@ def instance_class(facts: Facts, held: cst.BaseExpression, scope: Scope, line: i
         bound = binding_of(facts, name, scope, line) if name else None
         made = bound.value if bound is not None else None
     return imported_from(facts, dotted(made.func) or "") if isinstance(made, cst.Call) else None
+

@@ -31,6 +31,7 @@ from ddpkit.commands.convert import (
     parallel,
     parts,
     rules,
+    stepped,
     trained,
 )
 from ddpkit.commands.convert.crossing import MODEL, Ask
@@ -113,6 +114,10 @@ def _model_of(work: _Work, target: str, call: Call) -> None:
         work.keep(call.line, "an optimizer the model's own method makes over self.parameters() left as it is",
                   "the class does not train itself: the script that calls the method prepares the model, and "
                   "the method, called through the wrapper, makes it over the same parameters")
+    elif binding is None and target == "self" and work.crossing is not None and \
+            stepped.unreached(work.facts, call.scope, work.crossing.elsewhere):
+        work.keep(call.line, f"an optimizer {call.scope.cls or call.scope.name} makes over self.parameters() left as "
+                  "it is", "no file of the project builds that class: nothing runs it")
     elif binding is None and target == "self":  # a module that owns its optimizer
         work.leave(call.line, "the model this optimizer trains is the class itself (an optimizer over "
                    "self.parameters(), made in its own method)", "build the optimizer outside the class, over "

@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 
 def unpacked(value: cst.BaseExpression) -> list[cst.BaseExpression]:
@@ -114,7 +115,29 @@ def import_aliases(module: cst.Module) -> tuple[dict[str, str], list[cst.SimpleS
                         aliases[local or name] = HANDED_ON[name]
                         if name in MODULES_HANDED_ON:
                             modules[local or name] = HANDED_ON[name]
+    _nested(module, aliases)
     return aliases, lines, modules
+
+
+def _nested(module: cst.Module, aliases: dict[str, str]) -> None:
+    """Names a library import below the top level binds (``from torchvision.utils import save_image`` inside the
+    block that saves, a function's ``import matplotlib.pyplot as plt``; set 27's course lab), where the top level
+    binds none of that name: the calls they make are the library's."""
+    top = {id(small) for stmt in module.body if isinstance(stmt, cst.SimpleStatementLine) for small in stmt.body}
+    for small in m.findall(module, m.ImportFrom() | m.Import()):
+        if id(small) in top or isinstance(small, cst.ImportFrom) and (
+                small.relative or isinstance(small.names, cst.ImportStar) or
+                (dotted(small.module) or "").split(".")[0] not in LIBRARIES):
+            continue
+        assert isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar)
+        for alias in small.names:
+            name = dotted(alias.name) or ""
+            if isinstance(small, cst.Import) and alias.asname is None:
+                aliases.setdefault(name.split(".")[0], name.split(".")[0])
+                continue
+            local = dotted(alias.asname.name) if alias.asname else name
+            base = f"{dotted(small.module)}." if isinstance(small, cst.ImportFrom) else ""
+            aliases.setdefault(local or name, f"{base}{name}")
 
 
 # what a module of the project imports by habit and another imports from it as if from the library

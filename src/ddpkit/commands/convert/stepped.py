@@ -63,6 +63,9 @@ def _ask(work: _Work, scope: Scope, backward: Call) -> None:
                   "a loop over a ddpkit.data_loader for training: each rank steps on its own shard")
         return
     fix = "run it in a loop over a torch DataLoader of the batches (made a ddpkit.data_loader for training)"
+    if unreached(work.facts, scope, work.crossing.elsewhere):
+        work.keep(backward.line, f"the training step {scope.name}() left as it is", "no file of the project runs it")
+        return
     if work.crossing.own:  # converted together: a caller runs it over batches it makes itself
         work.leave(backward.line, f"the training step {scope.name}() is run by a caller in the project that does not "
                    "loop over a DataLoader converted for training: each rank would train on all of its batches",
@@ -129,3 +132,15 @@ def _trained_loops(work: _Work) -> set[int]:
 
 def _calls_in(node: cst.CSTNode) -> list[cst.CSTNode]:
     return list(m.findall(node, m.Call()))
+
+
+def unreached(facts: Facts, scope: Scope, elsewhere: frozenset[str] | None) -> bool:
+    """No file of the project runs ``scope``: a method of a class no file names and this one never builds (a model
+    module's old self-training class the script imports and never uses, set 27's GCN), or a function no file names
+    and none here calls. False when the project's names are not read (``elsewhere`` None)."""
+    if elsewhere is None:
+        return False
+    if scope.cls is not None:
+        return scope.cls not in elsewhere and not any(c.name == scope.cls or c.last == scope.cls
+                                                      for c in facts.calls)
+    return bool(scope.name) and scope.name not in elsewhere and not flow.callers(facts, scope)

@@ -56,7 +56,7 @@ def token_mean_loss(work: _Work) -> None:
         # ``ignore_index=0`` (BERT-pytorch's NLLLoss): a pad token's id, which every padded sequence holds
         pad_id = isinstance(ignored, cst.Integer)
         trained = _trained(work, call)
-        if call.loops and not trained:  # an evaluation's loss
+        if call.loops and not trained or not call.loops and _evaluated_only(work, call):  # an evaluation's loss
             continue
         reduction = keywords.get("reduction")
         if isinstance(reduction, cst.SimpleString) and reduction.evaluated_value in ("sum", "none") and \
@@ -351,6 +351,15 @@ def _part(loop: cst.For, name: str) -> str | None:
             if isinstance(element.value, cst.Name) and element.value.value == name:
                 return f"batch[{k}]"
     return None
+
+
+def _evaluated_only(work: _Work, call: Call) -> bool:
+    """A criterion built outside the loops whose every call evaluates: under ``no_grad``, or in a loop that does not
+    train (set 27's seq2seq after its own fix: the training step builds its summed loss inline, and the criterion
+    is ``validate()``'s alone)."""
+    names = {b.target for b in work.facts.bindings if b.value is call.node}
+    uses = [c for c in work.facts.calls if dotted(c.node.func) in names]
+    return bool(uses) and all(c.no_grad or c.loops and not flow.trains(work.facts, c.loops[-1]) for c in uses)
 
 
 def _trains_with(work: _Work, call: Call) -> bool:
