@@ -732,3 +732,51 @@ def test_a_self_training_class_no_file_builds_does_not_refuse_the_project():
     built = dict(OLD_CLASS, **{"main.py": OLD_CLASS["main.py"] + "old = OldNet()\n"})
     done = settle(list(built), lambda rel, c: plan(built[rel], crossing=c))
     assert any(x.blocks for x in done["mod.py"].left)
+
+
+SAVE_THEN_LOAD = {"main.py": '''import train_part
+import eval_part
+
+train_part.train()
+eval_part.evaluate()
+''', "train_part.py": '''import torch, torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def train():
+    loader = DataLoader(TensorDataset(torch.randn(256, 8), torch.randn(256, 1)), batch_size=16, shuffle=True)
+    model = nn.Linear(8, 1)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for x, y in loader:
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    {save}
+''', "eval_part.py": '''import torch, torch.nn as nn
+
+
+def evaluate():
+    model = nn.Linear(8, 1)
+    model.load_state_dict(torch.load("model.pt"))
+'''}
+
+
+def test_a_save_another_module_of_the_project_may_load_next_is_waited_for():
+    """Set 27's VAE project: train.py saves (rank 0's once converted), then main.py calls test.py, which loads the
+    file: rank 1 read it half-written (2 launches in 3 crashed). A barrier after the save, which every rank
+    passes."""
+    files = dict(SAVE_THEN_LOAD, **{"train_part.py": SAVE_THEN_LOAD["train_part.py"].replace(
+        "{save}", 'torch.save(model.state_dict(), "model.pt")')})
+    done = settle(list(files), lambda rel, c: plan(files[rel], crossing=c))
+    assert 'torch.save(model.state_dict(), "model.pt")\n    ddpkit.barrier()' in done["train_part.py"].text
+    branched = dict(files, **{"train_part.py": files["train_part.py"].replace(
+        "    torch.save(", "    if opt:\n        torch.save(")})
+    done = settle(list(branched), lambda rel, c: plan(branched[rel], crossing=c))
+    assert "ddpkit.barrier()" not in done["train_part.py"].text
+
+
+def test_a_summed_loss_scaled_where_it_is_bound_is_said_the_whole_batchs_sum():
+    p = plan(SUM_SHOWN.format(reduction="sum", backward="loss.backward()").replace(
+        "loss = criterion(model(x), y)", "loss = criterion(model(x), y) * state.world_size"))
+    shown = [k.why for k in p.kept if "set_postfix" in k.what]
+    assert shown and "N times its sum" in shown[0] and "op='mean'" in shown[0], shown

@@ -82,6 +82,9 @@ class Crossing:
     summed: frozenset[str] = frozenset()
     # a module this file imports builds a training loader told what its loss averages over (``batch_count=``)
     counted: bool = False
+    # the project's files beside this one (importing it, imported by it, or imported by one file with it) that read a
+    # file with ``torch.load``: what this file saves, they may read next (:func:`.waits.loaded_elsewhere`)
+    loads: frozenset[str] = frozenset()
 
 
 def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
@@ -119,6 +122,7 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
     # at import, or the main script seeding before it calls this module's training function; its noise is drawn
     # alike on every rank)
     seeding = {rel for rel, source in sources.items() if SEEDING.search(source)}
+    loading = {rel for rel, source in sources.items() if "torch.load(" in source}
     uses = {rel: set(filter(None, map(module_file_of, imported(rel, sources[rel])))) for rel in sources}
     twice = next((rel for rel, source in sources.items() if "create_graph=True" in source), "")
     devices = {rel: frozenset(f"{rel[:-3].replace('/', '.')}.{f}" for f in getattr(result, "devices", ()))
@@ -135,9 +139,12 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
         # (``device = utils.get_device()``, which utils.py's conversion makes ddpkit's: not refused as unread)
         returning = frozenset().union(*(d for other, d in devices.items() if other != rel)) \
             if getattr(plans[rel], "left", None) else frozenset()
-        if seeded or told or returning or sums or counts:
+        # (a save at the end of train_part.train(), then eval_part.evaluate() loads it, both called by main.py)
+        loads = frozenset(r for r in loading if r != rel and (rel in uses[r] or r in uses[rel] or any(
+            rel in used and r in used for used in uses.values()))) if "torch.save" in sources[rel] else frozenset()
+        if seeded or told or returning or sums or counts or loads:
             base[rel] = dataclasses.replace(base[rel], seeded=seeded, twice=told, devices=returning, summed=sums,
-                                            counted=counts)
+                                            counted=counts, loads=loads)
             plans[rel] = convert(rel, base[rel])
 
     for rel, result in plans.items():  # a module another file imports: its ``if __name__ == "__main__"`` is a demo

@@ -268,6 +268,10 @@ def step_loss_shown(work: _Work) -> None:
                 if summed and named:  # (set 26's YOLO and VAE: a sum called "the same quantity", which it is not)
                     why = "this rank's: a sum over its 1/N of the global batch (rank 0's on screen), about 1/N of " \
                         f"the whole batch's sum; ddpkit.reduce({named[0]}.detach(), op='sum') shows the whole batch's"
+                    bound = flow.binding_of(work.facts, named[0], loop.scope, shown.line)
+                    if bound is not None and bound.value is not None and "world_size" in work.facts.code(bound.value):
+                        why = "this rank's: N times its sum over 1/N of the global batch (rank 0's on screen), about " \
+                            f"the whole batch's sum; ddpkit.reduce({named[0]}.detach(), op='mean') shows it exactly"
                 work.keep(shown.line, f"{shown.last}(...) {'keeps' if kept else 'shows'} {'; '.join(what)}" +
                           (", the training loop's last" if shown.line > loop.end else ""), why)
 

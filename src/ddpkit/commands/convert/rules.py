@@ -228,6 +228,12 @@ def _save(work: _Work, call: Any, loads: list[Any]) -> None:
         work.note("torch.save guarded: rank 0 saves, then every rank waits for it (barrier)", f"{elsewhere}() of "
                   "another module of the project runs next and may read the file", call.line)
         return
+    loader = waits.loaded_elsewhere(work, call) if not read_back else None
+    if loader is not None:
+        work.edits.after.setdefault(id(call.stmt), []).append("ddpkit.barrier()")
+        work.note("torch.save guarded: rank 0 saves, then every rank waits for it (barrier)", f"{loader}, another "
+                  "module of the project, loads a file with torch.load and may run next", call.line)
+        return
     if read_back:  # the file is read again below: the other ranks wait until rank 0 has written it
         work.edits.after.setdefault(id(call.stmt), []).append("ddpkit.barrier()")
     work.note("torch.save guarded: rank 0 saves" + (", then every rank waits for it (barrier)"

@@ -180,6 +180,23 @@ def read_elsewhere(work: _Work, call: Any) -> str | None:
     return None
 
 
+def loaded_elsewhere(work: _Work, call: Any) -> str | None:
+    """Another file of the project beside this one loads a file (``torch.load``), and the save is on a line every
+    rank passes (under no test of its own, in no loop but over ``range``, in a function called under no ``if``
+    here): a barrier after it costs nothing and keeps a rank from reading it before rank 0 has written it (set 27's
+    VAE: train.py saves, then main.py calls test.py, which loads it: rank 1 read a half-written file). The file's
+    name; None otherwise."""
+    loads = work.crossing.loads if work.crossing is not None else frozenset()
+    # (a function no line here calls: the project's caller runs it, and every rank runs a training function)
+    entry = bool(call.scope.name) and not callers(work.facts, call.scope) and not call.scope.cls
+    if not loads or [t for t in call.tests if not main_guard(t)] or \
+            not entry and called_in_branch(work, call.scope) or \
+            any(not (isinstance(lp.node, cst.For) and isinstance(lp.node.iter, cst.Call) and
+                     dotted(lp.node.iter.func) == "range") for lp in call.loops):
+        return None
+    return sorted(loads)[0]
+
+
 def barrier_between(work: _Work, call: Any, reads: list[Any]) -> bool:
     """The script's own ``ddpkit.barrier()`` stands before each read, in the read's function, on a line every rank
     reaching the read passes, below the write or below every call of the write's function there (a best checkpoint
