@@ -780,3 +780,35 @@ def test_a_summed_loss_scaled_where_it_is_bound_is_said_the_whole_batchs_sum():
         "loss = criterion(model(x), y)", "loss = criterion(model(x), y) * state.world_size"))
     shown = [k.why for k in p.kept if "set_postfix" in k.what]
     assert shown and "N times its sum" in shown[0] and "op='mean'" in shown[0], shown
+
+
+NOISE_TRAIN = '''import torch, torch.nn as nn
+
+
+def train(G, D, loader):
+    g_opt = torch.optim.Adam(G.parameters(), lr=1e-3)
+    for (x,) in loader:
+        z = torch.randn(x.size(0), 8)
+        g_opt.zero_grad()
+        D(G(z)).mean().backward()
+        g_opt.step()
+'''
+NOISE_MAIN = '''import torch, torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from train import train
+
+{seed}
+loader = DataLoader(TensorDataset(torch.rand(64, 4, generator=g)), batch_size=16, shuffle=True)
+G, D = nn.Linear(8, 4), nn.Linear(4, 1)
+train(G, D, loader)
+'''
+
+
+@pytest.mark.parametrize("seed, said", [("g = torch.Generator().manual_seed(0)", False),
+                                        ("torch.manual_seed(0)\ng = None", True)])
+def test_a_generator_of_the_scripts_own_seeded_is_not_torchs_generator_seeded(seed, said):
+    """Set 27's conditional DCGAN: ``torch.Generator().manual_seed(0)`` for the data was read as seeding torch's
+    generator alike on every rank, the reason given for the noise's rank generator (false: each rank's own)."""
+    files = {"main.py": NOISE_MAIN.format(seed=seed), "train.py": NOISE_TRAIN}
+    done = settle(list(files), lambda rel, c: plan(files[rel], crossing=c))
+    assert any("seeds torch's generator" in e.why for e in done["train.py"].edits) == said

@@ -46,7 +46,7 @@ def test_a_script_that_resumes_from_its_checkpoint_verifies_and_leaves_no_checkp
     assert r.returncode == 0 and r.stdout.startswith("PASS") and "after 6 steps" in r.stdout, r.stdout + r.stderr
     assert "float64" not in r.stdout + r.stderr, r.stdout + r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "train.py"]  # ckpt/ and its file: gone
-    assert "removed the checkpoints the one-process run saved: ckpt/last.pt" in r.stderr, r.stderr[-2000:]
+    assert "removed the files the one-process run saved: ckpt/last.pt" in r.stderr, r.stderr[-2000:]
 
 
 def test_a_checkpoint_there_before_verify_that_a_run_saves_over_is_named_once(tmp_path):

@@ -164,7 +164,9 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
     return plans
 
 
-SEEDING = re.compile(r"\b(manual_seed|seed_everything)\(")
+# torch's generator seeded: ``torch.manual_seed(0)``, ``seed_everything(0)``; not a generator of the script's own
+# (``torch.Generator().manual_seed(0)``, ``g.manual_seed(0)``: set 27's synthetic data, said to seed every rank alike)
+SEEDING = re.compile(r"\btorch\.(cuda\.)?manual_seed(_all)?\(|(?<![.\w])manual_seed\(|\bseed_everything\(")
 ROUNDS = 8  # asks answered in turn: a loader handed to a solver, built by the entry from a data module, takes five
 
 

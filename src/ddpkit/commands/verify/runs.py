@@ -93,7 +93,7 @@ def _undo(run: str, before: isolate.Listing) -> None:
               "run verify from a folder of the script's code alone", file=sys.stderr)
     removed, changed = isolate.undo(before)
     if removed:
-        print(f"{PROG}: removed the checkpoints the {run} saved: {', '.join(map(os.path.relpath, removed[:5]))}"
+        print(f"{PROG}: removed the files the {run} saved: {', '.join(map(os.path.relpath, removed[:5]))}"
               f"{' and more' if len(removed) > 5 else ''} (the next run starts without them)", file=sys.stderr)
     changed = [p for p in changed if p not in _SAID]
     _SAID.update(changed)
