@@ -303,14 +303,20 @@ def _returned(facts: Facts, name: str, scope: Scope, value: cst.BaseExpression, 
     if not indexes:
         return []
     index = indexes[0] if len(elements) > 1 else -1
+    return [r for b in _bound_from(facts, scope, index) for r in reading(facts, b.target, b.scope, pick, depth + 1)]
+
+
+def _bound_from(facts: Facts, scope: Scope, index: int, depth: int = 0) -> list[Binding]:
+    """The bindings of element ``index`` of what the calls of ``scope`` return, also through a function that
+    returns such a call as it is (``return loaders(tr, te, bs)`` in ``get_dataset``, set 27's layer-wise trainer)."""
     found = []
     for call in facts.calls:
         target = callee(facts, call)
         if target is None or target[0] is not scope:
             continue
-        for b in facts.bindings:
-            if b.whole is call.node and b.index == index:
-                found += reading(facts, b.target, b.scope, pick, depth + 1)
+        found += [b for b in facts.bindings if b.whole is call.node and b.index == index]
+        found += [b for outer, value in facts.returns if value is call.node and depth < 3
+                  for b in _bound_from(facts, outer, index, depth + 1)]
     return found
 
 

@@ -291,9 +291,11 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
                   "there (statistics of the data): each rank reads all of it, which is right")
         return False
     elif binding is None and not loops:  # in a comprehension or an argument: one call, maybe several roles
-        work.leave(call.line, "a DataLoader built inside an expression (a comprehension, a call's argument): "
-                   "its loaders' roles cannot be followed", "bind each loader to a name (train_loader = "
-                   "DataLoader(...)), then convert again", blocks=True)
+        stored = _stored_into(work, call)  # (``groups_loader[group] = DataLoader(...)`` in a loop: set 27)
+        where = f"stored into {stored} (an entry of a dict or list)" if stored else \
+            "built inside an expression (a comprehension, a call's argument)"
+        work.leave(call.line, f"a DataLoader {where}: its loaders' roles cannot be followed", "bind each loader to a "
+                   "name (train_loader = DataLoader(...)), then convert again", blocks=True)
         return False
     peeks = [loop for loop in loops if peek(loop)]  # a look at the first batch: no role, nothing to sum
     # (nor a generator's loop that yields each batch on: no_grad there would hold in its caller's training loop)
@@ -421,3 +423,12 @@ def _only_runs(work: _Work, loops: list[Loop]) -> bool:
         c.last in ("step", "backward") or imported_from(work.facts, c.name or "") is not None for c in lp.calls)
         for lp in loops)
 
+
+def _stored_into(work: _Work, call: Call) -> str:
+    """``d[k]`` of ``d[k] = DataLoader(...)``: the entry the loader is stored into; empty otherwise."""
+    small = call.stmt.body[0] if isinstance(call.stmt, cst.SimpleStatementLine) and len(call.stmt.body) == 1 \
+        else None
+    if isinstance(small, cst.Assign) and small.value is call.node and len(small.targets) == 1 and \
+            isinstance(small.targets[0].target, cst.Subscript):
+        return work.facts.code(small.targets[0].target)
+    return ""

@@ -18,7 +18,7 @@ import libcst as cst
 from libcst import matchers as m
 
 from ddpkit.commands.check.rules import OPTIMIZERS
-from ddpkit.commands.convert.flow import binding_of, callers
+from ddpkit.commands.convert.flow import binding_of, callers, part_of
 from ddpkit.commands.convert.names import dotted, names_in
 from ddpkit.commands.convert.scan import Call, Facts
 
@@ -188,7 +188,8 @@ def trained(call: Call) -> list[str]:
 def parameters_of(node: cst.CSTNode) -> list[str]:
     """``M`` of every ``M.parameters()`` / ``M.named_parameters()`` in ``node``, in the order a visit meets them
     ("" for one built in place)."""
-    return [dotted(call.func.value) or "" for call in m.findall(node, m.Call())
+    # (``model[0].parameters()``: a part of ``model``, set 27's layer-wise groups; not one built in place)
+    return [part_of(call.func.value) or "" for call in m.findall(node, m.Call())
             if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute)
             and (call.func.attr.value in ("parameters", "named_parameters") or _params_method(call.func.attr.value))]
 
