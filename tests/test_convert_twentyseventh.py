@@ -899,3 +899,11 @@ def test_a_loader_stored_into_a_dicts_entry_is_refused_with_what_it_is():
            "    d[g] = DataLoader(ds, batch_size=4, shuffle=True)\nm = torch.nn.Linear(2, 1)\n"
            "o = torch.optim.SGD(m.parameters(), lr=0.1)\nfor x in d['a']:\n    m(x).mean().backward()\n    o.step()\n")
     assert any("stored into d[g]" in x.what for x in plan(src).left), [x.what for x in plan(src).left]
+
+
+def test_a_folder_made_in_a_try_that_passes_on_an_existing_one_gets_exist_ok():
+    """The DCGAN example's ``try: os.makedirs(opt.outf) except OSError: pass`` refuses nothing: exist_ok=True, no
+    guard (subset run of the change above: the corpus diff moved)."""
+    text = plan(MKDIR_TRY.format(caught="OSError").replace(
+        '    print("cannot create log dir,", log_dir, "already exists")\n    sys.exit(1)\n', "    pass\n")).text
+    assert "os.makedirs(log_dir, exist_ok=True)" in text and "barrier" not in text, text

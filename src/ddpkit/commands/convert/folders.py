@@ -86,7 +86,12 @@ def _tried_first(work: _Work, call: Any) -> cst.Try | None:
         caught = {n for h in node.handlers for n in ([dotted(h.type)] if h.type is not None and
                   not isinstance(h.type, cst.Tuple) else [dotted(e.value) for e in h.type.elements]
                   if isinstance(h.type, cst.Tuple) else ["Exception"])}
-        if len(body) == 1 and body[0] is call.stmt and caught & set(EXISTS) and \
+        # (a handler that refuses: raises, exits or returns; ``except OSError: pass``, the DCGAN example's, is
+        # exist_ok=True already)
+        refuses = any(m.findall(h.body, m.Raise() | m.Return() | m.Call(func=m.Name("exit") | m.Name("quit") |
+                                                                          m.Attribute(attr=m.Name("exit"))))
+                      for h in node.handlers)
+        if len(body) == 1 and body[0] is call.stmt and caught & set(EXISTS) and refuses and \
                 not any(b.stmt is call.stmt for b in work.facts.bindings):
             return node
     return None
