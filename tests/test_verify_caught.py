@@ -36,3 +36,31 @@ def test_a_step_cap_caught_by_a_unittest_runner_still_compares(tmp_path):
     script.write_text(UNIT)
     r = ok(run_cmd(VERIFY + ["--steps", "2", str(script)], timeout=240))
     assert r.stdout.startswith("PASS") and "caught verify's stop" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+UNSEEDED = '''import torch
+import ddpkit
+
+state = ddpkit.init(cpu=True)
+g = torch.Generator().manual_seed(0)
+loader = ddpkit.data_loader(torch.utils.data.TensorDataset(torch.randn(64, 8, generator=g)), global_batch_size=16)
+gen = ddpkit.prepare_model(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 8)))
+opt = torch.optim.Adam(gen.parameters(), lr=1e-2)
+fixed_noise = torch.randn(10, 4)  # unseeded, each run its own
+for (x,) in loader:
+    loss = ((gen(x[:, :4] * 0.5) - x) ** 2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    fake = gen(fixed_noise)  # a picture in train mode: BatchNorm's statistics move with the noise
+'''
+
+
+def test_a_fail_against_a_one_process_run_that_does_not_repeat_itself_cannot_compare(tmp_path):
+    """Set 27's cGAN: a sample picture of unseeded fixed noise drawn in train mode moves BatchNorm's statistics
+    differently in every run; verify saw the one-process run, run again unchanged, end elsewhere and still said
+    FAIL naming rank-dependent code. It cannot compare such runs, and says why."""
+    script = tmp_path / "cgan.py"
+    script.write_text(UNSEEDED)
+    r = run_cmd(VERIFY + ["--steps", "2", str(script)], timeout=400)
+    assert r.returncode == 5 and "did not end where it did" in r.stderr, r.stdout + r.stderr[-3000:]

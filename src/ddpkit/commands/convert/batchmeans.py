@@ -332,6 +332,22 @@ def summed_value(facts: Facts, scope: Scope, value: Any, line: int) -> bool:
     return isinstance(value, cst.Call) and _summed_call(facts, scope, value, line)
 
 
+def elements_summed(value: cst.Call) -> bool:
+    """``((model(x) - y) ** 2).sum()``, ``torch.sum(err ** 2)``: every element summed, the batch's too (set 27's
+    VAE); not a sum of losses that are means already (``torch.stack([mse, l1]).sum()``: review 42), nor of a name
+    (what it holds is unseen here)."""
+    summed = value.func.value if isinstance(value.func, cst.Attribute) and value.func.attr.value == "sum" and \
+        not value.args else value.args[0].value if dotted(value.func) == "torch.sum" and len(value.args) == 1 else None
+    if summed is None or isinstance(summed, cst.Name):
+        return False
+    # (a loss with ``reduction='none'`` inside is elementwise: ``F.mse_loss(o, y, reduction='none').sum()``)
+    inner = [dotted(c.func) or "" for c in m.findall(summed, m.Call()) if isinstance(c, cst.Call) and not any(
+        a.keyword is not None and a.keyword.value == "reduction" and isinstance(a.value, cst.SimpleString) and
+        a.value.evaluated_value == "none" for a in c.args)]
+    return not any(f.rsplit(".", 1)[-1] in ("mean", "stack", "cat", "tensor") or f.lower().endswith(("loss", "entropy"))
+                   for f in inner)
+
+
 def summing(call: Any) -> bool:
     """``call`` is written with ``reduction='sum'`` (or the old ``size_average=False``): a loss summed over the batch,
     or a criterion that makes one."""
@@ -346,9 +362,7 @@ def _summed_call(facts: Facts, scope: Scope, value: cst.Call, line: int) -> bool
     ``loss_fn = nn.BCELoss(reduction="sum")``)."""
     if summing(value):
         return True
-    # (``((model(x) - y) ** 2).sum()``, ``torch.sum(err)``: every element summed, the batch's too; set 27's VAE)
-    if isinstance(value.func, cst.Attribute) and value.func.attr.value == "sum" and not value.args and \
-            not isinstance(value.func.value, cst.Name) or dotted(value.func) == "torch.sum" and len(value.args) == 1:
+    if elements_summed(value):
         return True
     name = dotted(value.func)
     bound = binding_of(facts, name, scope, line) if name else None

@@ -359,6 +359,9 @@ def counting(source: str) -> frozenset[str]:
                    and any(k.arg in ("count", "batch_count") for k in c.keywords) for c in ast.walk(node))
     defined = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
     found = {n.name for n in tree.body if isinstance(n, defined) and tells(n)}
+    for _ in range(3):  # (a builder that hands off to a helper of its module that tells: review 42)
+        found |= {n.name for n in tree.body if isinstance(n, defined) and any(
+            isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in found for c in ast.walk(n))}
     if any(not isinstance(n, defined) and tells(n) for n in tree.body):
         found.add("*")
     return frozenset(found)

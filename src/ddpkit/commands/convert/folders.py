@@ -28,6 +28,8 @@ def mkdir(work: _Work, call: Any) -> None:
     exist_ok=True)``): every rank runs it, and all but the first find the folder made (FileExistsError), also
     behind an ``if not os.path.isdir(d)`` test, which they may all pass before any makes it."""
     node, func = call.node, call.node.func
+    if any(main_guard_of(t) for t in call.tests):  # (made by rank 0 already: a second conversion's input)
+        return
     tried = _tried_first(work, call)
     if tried is not None:  # ``try: os.mkdir(d) except FileExistsError: sys.exit(1)``: the script's own refusal
         work.edits.guard[id(tried)] = waits.main_test(work, call.scope, call.line)
@@ -74,11 +76,18 @@ def mkdir(work: _Work, call: Any) -> None:
 EXISTS = ("FileExistsError", "OSError", "IOError", "Exception")  # what a made folder raises, as a handler names it
 
 
+def main_guard_of(test: str) -> bool:
+    """A test of ddpkit's rank 0 (``ddpkit.init().is_main``, ``state.is_main``): a conversion's own guard."""
+    return test.strip().endswith(".is_main")
+
+
 def _tried_first(work: _Work, call: Any) -> cst.Try | None:
     """The ``try`` that makes the folder ``call`` makes, alone in its body, with a handler of an existing folder
     (``except FileExistsError: print(...); sys.exit(1)``: a homework's refusal to overwrite a run; set 27); None
     when it binds a name (the other ranks would lack it) or runs in a loop."""
-    if call.loops or call.stmt is None:
+    # (under a test of its own, ``if not os.path.exists(d):``, a rank that tests after rank 0 made it would skip
+    # the barrier: review 42)
+    if call.loops or call.stmt is None or [t for t in call.tests if not waits.main_guard(t)]:
         return None
     for node in m.findall(work.facts.module, m.Try()):
         assert isinstance(node, cst.Try)
@@ -91,9 +100,15 @@ def _tried_first(work: _Work, call: Any) -> cst.Try | None:
         refuses = any(m.findall(h.body, m.Raise() | m.Return() | m.Call(func=m.Name("exit") | m.Name("quit") |
                                                                           m.Attribute(attr=m.Name("exit"))))
                       for h in node.handlers)
-        if len(body) == 1 and body[0] is call.stmt and caught & set(EXISTS) and refuses and \
-                not any(b.stmt is call.stmt for b in work.facts.bindings):
-            return node
+        inside = {id(n) for n in m.findall(node, m.SimpleStatementLine())}
+        if len(body) == 1 and body[0] is call.stmt and caught & set(EXISTS):
+            if any(id(b.stmt) in inside for b in work.facts.bindings):  # (``except ...: resume = True``: rank 0's
+                work.leave(call.line, "a folder made in a try whose handler sets names the script reads (a resume "
+                           "when it exists): a rank that came after rank 0 made it would take the handler",
+                           "decide on rank 0 (under `if ddpkit.init().is_main:`) and hand the other ranks its "
+                           "choice (ddpkit.broadcast), with a ddpkit.barrier() after the folder is made")
+                return None
+            return node if refuses else None
     return None
 
 

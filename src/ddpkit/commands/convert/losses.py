@@ -21,7 +21,7 @@ import libcst.matchers as m
 
 from ddpkit.commands.check.rules import OPTIMIZERS
 from ddpkit.commands.convert import counted, decay, flow, returns, sizes
-from ddpkit.commands.convert.batchmeans import batch_size, loss_name, stepped_losses, summing
+from ddpkit.commands.convert.batchmeans import batch_size, elements_summed, loss_name, stepped_losses, summing
 from ddpkit.commands.convert.crossing import HANDED, key
 from ddpkit.commands.convert.flagged import argument_for
 from ddpkit.commands.convert.flow import callee
@@ -104,7 +104,7 @@ def _summed(work: _Work) -> Call | None:
         summed_backward = call.last == "backward" and isinstance(func, cst.Attribute) and \
             isinstance(func.value, cst.Call) and isinstance(func.value.func, cst.Attribute) and \
             func.value.func.attr.value == "sum"
-        summed_reduction = summing(call.node) or _summed_class(work, call)
+        summed_reduction = summing(call.node) or _summed_class(work, call) or _stepped_sum(work, call)
         # (a criterion built before the loop, ``nn.MSELoss(size_average=False)``, called in it: vdsr)
         bound = {b.target for b in work.facts.bindings if b.value is call.node}
         # (``self.criterion = nn.CrossEntropyLoss(reduction="sum")`` in the model's class, called ``model.criterion``)
@@ -125,6 +125,30 @@ def _summed(work: _Work) -> Call | None:
         if summed_backward or summed_reduction and trains:
             return call
     return None
+
+
+def _summed_names(work: _Work, call: Call | None) -> set[str]:
+    """The names that hold the summed loss ``call`` makes: bound to it, to a call of a criterion bound to it, or to
+    a value reading one of those (``loss = recon + kld``); not another loss of the file (review 42: a mean ``aux``
+    beside a summed loss was said a sum)."""
+    if call is None:
+        return set()
+    found = {b.target for b in work.facts.bindings if b.value is not None and
+             any(n is call.node for n in m.findall(b.value, m.Call()))}
+    for _ in range(3):
+        found |= {b.target for b in work.facts.bindings if b.value is not None and b.target not in found and
+                  (names_in(b.value) & found or any(isinstance(c, cst.Call) and dotted(c.func) in found
+                                                    for c in m.findall(b.value, m.Call())))}
+    return found
+
+
+def _stepped_sum(work: _Work, call: Call) -> bool:
+    """``loss = ((out - y) ** 2).sum()`` bound and stepped on in a training loop: every element summed, the
+    batch's too (review 42: its running total was summed across ranks, the line under SGD missing)."""
+    if not call.loops or not elements_summed(call.node):
+        return False
+    stepped = stepped_losses(call.loops[-1])
+    return any(b.value is call.node and b.target in stepped for b in work.facts.bindings)
 
 
 def _handed_criteria(work: _Work) -> set[int]:
@@ -230,7 +254,7 @@ def step_loss_shown(work: _Work) -> None:
     if any("a loss summed over the batch" in k.what for k in work.kept):
         return
     said: set[str] = set()
-    summed = _summed(work) is not None
+    summed = _summed_names(work, _summed(work))
     for loop in sorted((lp for lp in work.facts.loops if flow.trains(work.facts, lp)), key=lambda lp: -len(lp.outer)):
         losses = stepped_losses(loop) | _stepped_by_helper(work, loop) | _scaled_losses(work, loop)
         losses |= {b.target for b in work.facts.bindings if b.scope is loop.scope and loop.line < b.line <= loop.end
@@ -265,7 +289,7 @@ def step_loss_shown(work: _Work) -> None:
                     f"ddpkit.reduce({(also or parts)[0]}, op='mean')"
                 why = "this rank's: a mean over its 1/N of the global batch (rank 0's on screen), the same quantity " \
                     f"from fewer samples; {whole} shows the whole batch's"
-                if summed and named:  # (set 26's YOLO and VAE: a sum called "the same quantity", which it is not)
+                if named and named[0] in summed:  # (set 26's YOLO and VAE: a sum called "the same quantity")
                     why = "this rank's: a sum over its 1/N of the global batch (rank 0's on screen), about 1/N of " \
                         f"the whole batch's sum; ddpkit.reduce({named[0]}.detach(), op='sum') shows the whole batch's"
                     bound = flow.binding_of(work.facts, named[0], loop.scope, shown.line)

@@ -124,6 +124,10 @@ def _nested(module: cst.Module, aliases: dict[str, str]) -> None:
     block that saves, a function's ``import matplotlib.pyplot as plt``; set 27's course lab), where the top level
     binds none of that name: the calls they make are the library's."""
     top = {id(small) for stmt in module.body if isinstance(stmt, cst.SimpleStatementLine) for small in stmt.body}
+    # (not a name the file defines itself at its top level: its own ``class DataLoader``, review 42)
+    own = {stmt.name.value for stmt in module.body if isinstance(stmt, (cst.ClassDef, cst.FunctionDef))} | \
+        {t.target.value for stmt in module.body if isinstance(stmt, cst.SimpleStatementLine) for small in stmt.body
+         if isinstance(small, cst.Assign) for t in small.targets if isinstance(t.target, cst.Name)}
     for small in m.findall(module, m.ImportFrom() | m.Import()):
         if id(small) in top or isinstance(small, cst.ImportFrom) and (
                 small.relative or isinstance(small.names, cst.ImportStar) or
@@ -133,11 +137,13 @@ def _nested(module: cst.Module, aliases: dict[str, str]) -> None:
         for alias in small.names:
             name = dotted(alias.name) or ""
             if isinstance(small, cst.Import) and alias.asname is None:
-                aliases.setdefault(name.split(".")[0], name.split(".")[0])
+                if name.split(".")[0] not in own:
+                    aliases.setdefault(name.split(".")[0], name.split(".")[0])
                 continue
             local = dotted(alias.asname.name) if alias.asname else name
             base = f"{dotted(small.module)}." if isinstance(small, cst.ImportFrom) else ""
-            aliases.setdefault(local or name, f"{base}{name}")
+            if (local or name) not in own:
+                aliases.setdefault(local or name, f"{base}{name}")
 
 
 # what a module of the project imports by habit and another imports from it as if from the library

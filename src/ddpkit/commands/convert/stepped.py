@@ -140,7 +140,7 @@ def unreached(facts: Facts, scope: Scope, elsewhere: frozenset[str] | None) -> b
     and none here calls. False when the project's names are not read (``elsewhere`` None)."""
     if elsewhere is None:
         return False
-    if scope.cls is not None:
-        return scope.cls not in elsewhere and not any(c.name == scope.cls or c.last == scope.cls
-                                                      for c in facts.calls)
+    if scope.cls is not None:  # (named anywhere but its own line: a subclass's base, a registry's entry)
+        named = [n for n in m.findall(facts.module, m.Name(scope.cls))]
+        return scope.cls not in elsewhere and len(named) <= 1
     return bool(scope.name) and scope.name not in elsewhere and not flow.callers(facts, scope)

@@ -359,7 +359,11 @@ def _evaluated_only(work: _Work, call: Call) -> bool:
     is ``validate()``'s alone)."""
     names = {b.target for b in work.facts.bindings if b.value is call.node}
     uses = [c for c in work.facts.calls if dotted(c.node.func) in names]
-    return bool(uses) and all(c.no_grad or c.loops and not flow.trains(work.facts, c.loops[-1]) for c in uses)
+    called = {id(c.node.func) for c in uses}
+    # (read otherwise, handed to a training function as ``loss_fn=criterion``: that one trains with it; review 42)
+    handed = any(name in names and id(node) not in called for name, _scope, _line, node in work.facts.reads)
+    return bool(uses) and not handed and \
+        all(c.no_grad or c.loops and not flow.trains(work.facts, c.loops[-1]) for c in uses)
 
 
 def _trains_with(work: _Work, call: Call) -> bool:

@@ -17,10 +17,11 @@ import sys
 from typing import Any
 
 import libcst as cst
+import libcst.matchers as m
 
 from ddpkit.commands.check.rules import RANK_WORDS
 from ddpkit.commands.convert import calledorder, order
-from ddpkit.commands.convert.flow import callers, in_body, visible
+from ddpkit.commands.convert.flow import callers, in_body, scope_trains, visible
 from ddpkit.commands.convert.names import dotted
 from ddpkit.commands.convert.scan import Scope, imported_from
 
@@ -181,18 +182,19 @@ def read_elsewhere(work: _Work, call: Any) -> str | None:
 
 
 def loaded_elsewhere(work: _Work, call: Any) -> str | None:
-    """Another file of the project beside this one loads a file (``torch.load``), and the save is on a line every
-    rank passes (under no test of its own, in no loop but over ``range``, in a function called under no ``if``
-    here): a barrier after it costs nothing and keeps a rank from reading it before rank 0 has written it (set 27's
-    VAE: train.py saves, then main.py calls test.py, which loads it: rank 1 read a half-written file). The file's
-    name; None otherwise."""
+    """Another file of the project beside this one loads a file (``torch.load``), and the save is a statement of
+    its training function's own body (after its loops, under no test, no ``return`` above it), a function no line
+    here calls: its caller runs it on every rank, as a training function is. A barrier after it keeps a rank from
+    reading the file before rank 0 has written it (set 27's VAE: train.py saves, then main.py calls test.py, which
+    loads it: rank 1 read a half-written file). The file's name; None otherwise (a save helper a caller may run
+    under its own rank's test, a save in a loop a ``continue`` may route around: review 42)."""
     loads = work.crossing.loads if work.crossing is not None else frozenset()
-    # (a function no line here calls: the project's caller runs it, and every rank runs a training function)
-    entry = bool(call.scope.name) and not callers(work.facts, call.scope) and not call.scope.cls
-    if not loads or [t for t in call.tests if not main_guard(t)] or \
-            not entry and called_in_branch(work, call.scope) or \
-            any(not (isinstance(lp.node, cst.For) and isinstance(lp.node.iter, cst.Call) and
-                     dotted(lp.node.iter.func) == "range") for lp in call.loops):
+    scope = call.scope
+    if not loads or not scope.name or scope.cls or callers(work.facts, scope) or call.tests or call.loops or \
+            not in_body(call.stmt, scope) or not scope_trains(work.facts, scope):
+        return None
+    if any(sc is scope and line < call.line and m.findall(stmt, m.Return())
+           for stmt, sc, line in work.facts.statements):
         return None
     return sorted(loads)[0]
 

@@ -97,7 +97,11 @@ def writes(work: _Work) -> None:
     within = {id(i.item) for block in blocks for i in block.items}  # (``with open(...) as f``: guarded below)
     kept = {id(b.value) for b in work.facts.bindings if b.value is not None} - within
     for call in opened.values():  # ``log = open("log.txt", "w")``, then ``log.write(...)`` every epoch
-        if id(call.node) in kept and not _ranked(call) and not _own(work, call):
+        if id(call.node) in kept and not _ranked(call) and not _own(work, call) and call.name not in OPENERS:
+            work.leave(call.line, "a file opened for writing with pathlib's path.open(...) and kept: every rank "
+                       "writes it", "open it with open(path, mode) (the others then write to os.devnull), or write "
+                       "it under `if ddpkit.init().is_main:`")  # (its first argument is the mode: review 42)
+        elif id(call.node) in kept and not _ranked(call) and not _own(work, call):
             _to_null(work, call)
     for block in blocks:
         calls = [opened[id(i.item)] for i in block.items if id(i.item) in opened]
