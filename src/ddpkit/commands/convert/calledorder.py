@@ -25,7 +25,7 @@ import libcst as cst
 
 from ddpkit.commands.convert import order
 from ddpkit.commands.convert.crossing import ORDER, Ask
-from ddpkit.commands.convert.flow import instance_class
+from ddpkit.commands.convert.instances import instance_class
 from ddpkit.commands.convert.names import dotted
 from ddpkit.commands.convert.scan import Call, imported_from
 

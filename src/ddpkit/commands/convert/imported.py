@@ -30,6 +30,7 @@ from libcst import matchers as m
 
 from ddpkit.commands.convert import bysplit, drawn, flow, handedin, handsize, returns, sources
 from ddpkit.commands.convert.crossing import EVAL, TRAIN, Ask, key, returned
+from ddpkit.commands.convert.instances import instance_class
 from ddpkit.commands.convert.names import dotted, resolve, unpacked
 from ddpkit.commands.convert.reductions import reductions
 from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, imported_from
@@ -322,7 +323,7 @@ def _instance_method(facts: Facts, call: cst.Call, binding: Binding) -> tuple[st
     ``Class(...).method(...)`` (chained), a class imported from a module of the project; None otherwise."""
     if not isinstance(call.func, cst.Attribute) or not isinstance(call.func.value, (cst.Name, cst.Call)):
         return None
-    origin = flow.instance_class(facts, call.func.value, binding.scope, binding.line)
+    origin = instance_class(facts, call.func.value, binding.scope, binding.line)
     return (origin[0], f"{origin[1]}.{call.func.attr.value}") if origin is not None else None
 
 

@@ -20,7 +20,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.check.rules import OPTIMIZERS
-from ddpkit.commands.convert import counted, decay, flow, returns, sizes
+from ddpkit.commands.convert import batchnames, counted, decay, flow, returns, sizes
 from ddpkit.commands.convert.batchmeans import batch_size, elements_summed, loss_name, stepped_losses, summing
 from ddpkit.commands.convert.crossing import HANDED, key
 from ddpkit.commands.convert.flagged import argument_for
@@ -339,7 +339,7 @@ def _outputs(work: _Work, loop: Loop) -> set[str]:
     # outputs on anything but a training batch: a fixed validation tensor's, ``model(X_val)``, are every rank's)
     evaluations = [lp for lp in work.facts.loops if loop in lp.outer and not flow.trains(work.facts, lp)]
     trained = [loop] + [lp for lp in work.facts.loops if loop in lp.outer and lp not in evaluations]
-    batch = {n for lp in trained for n in flow.batch_names(work.facts, lp)}
+    batch = {n for lp in trained for n in batchnames.batch_names(work.facts, lp)}
     inside = [b for b in work.facts.bindings if b.scope is loop.scope and loop.line < b.line <= loop.end and
               b.value is not None and b.target not in heads(b.value) and
               not any(lp.line <= b.line <= lp.end for lp in evaluations)]

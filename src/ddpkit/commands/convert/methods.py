@@ -24,7 +24,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from ddpkit.commands.convert import flow
+from ddpkit.commands.convert import batchnames, flow
 from ddpkit.commands.convert.apply import keyword_on_wraps
 from ddpkit.commands.convert.names import dotted, names_in
 
@@ -144,7 +144,7 @@ def _made_from(work: _Work, loop: Any, backward: Any) -> list[tuple[str, str, in
     batch = _batch_names(work, loop, inside)
     outputs = {(dotted(v.func), b.target) for b in facts.bindings if id(b.stmt) in inside and
                isinstance(v := b.value if b.value is not None else b.whole, cst.Call)}
-    raw = flow.batch_names(facts, loop)  # (``x = x.to(d)``: what the model's own forward may read)
+    raw = batchnames.batch_names(facts, loop)  # (``x = x.to(d)``: what the model's own forward may read)
     for _ in range(3):
         # (``mean, log_var = model.encoding(x)``: an unpacked binding's whole value)
         values = [(b, b.value if b.value is not None else b.whole) for b in facts.bindings if b.target in

@@ -22,7 +22,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from ddpkit.commands.convert import flow
+from ddpkit.commands.convert import batchnames, flow
 from ddpkit.commands.convert.crossing import HANDED, key
 from ddpkit.commands.convert.names import dotted
 from ddpkit.commands.convert.scan import imported_from
@@ -38,7 +38,7 @@ def shown_batches(work: _Work) -> None:
     if not work.crossing.own or not work.sharded and not work.fed and not handed:
         return
     for loop in (lp for lp in work.facts.loops if flow.trains(work.facts, lp)):
-        batch = flow.batch_names(work.facts, loop)
+        batch = batchnames.batch_names(work.facts, loop)
         for call in loop.calls:
             origin = imported_from(work.facts, dotted(call.node.func) or "")
             name = origin[1].rsplit(".", 1)[-1].lower() if origin is not None else ""
@@ -70,7 +70,7 @@ def peeks(work: _Work) -> None:
     for loop in work.facts.loops:
         if not loop.breaks or not loop.iter_names & loaders or flow.trains(work.facts, loop):
             continue
-        batch = flow.batch_names(work.facts, loop)
+        batch = batchnames.batch_names(work.facts, loop)
         for call in (c for c in loop.calls if c.last == "print" and c.loops and c.loops[-1] is loop):
             shapes = [str(dotted(n.value)) for n in m.findall(call.node, m.Attribute(attr=m.Name("shape") |
                                                                                        m.Name("size")))

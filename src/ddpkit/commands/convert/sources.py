@@ -18,6 +18,7 @@ import libcst as cst
 
 from ddpkit.commands.convert import bysplit, flagged, flow, handedin
 from ddpkit.commands.convert.crossing import returned
+from ddpkit.commands.convert.instances import instance_class
 from ddpkit.commands.convert.names import dotted
 from ddpkit.commands.convert.scan import Facts, Loop, Scope, imported_from
 
@@ -41,7 +42,7 @@ def generated(facts: Facts, loop: Loop) -> tuple[str, tuple[str, str]] | None:
     func = dotted(made.func)
     origin = imported_from(facts, func) if func else None
     if origin is None and isinstance(made.func, cst.Attribute):  # ``data.batches()`` of ``data = Data(32)``
-        held = flow.instance_class(facts, made.func.value, loop.scope, loop.line)
+        held = instance_class(facts, made.func.value, loop.scope, loop.line)
         origin = (held[0], f"{held[1]}.{made.func.attr.value}") if held is not None else None
     return (facts.code(made), (origin[0], returned(origin[1], -1))) if origin is not None else None
 
@@ -83,10 +84,10 @@ def instance(facts: Facts, head: str, scope: Scope, line: int) -> tuple[str, str
     caller of this file passes one of them as (``train_validate(model, opt, loader, True)``)."""
     held = flow.binding_of(facts, head, scope, line)
     if held is None or held.value is not None or head not in scope.params:
-        return flow.instance_class(facts, cst.Name(head), scope, line)
+        return instance_class(facts, cst.Name(head), scope, line)
     made = set()
     for site in flow.callers(facts, scope):
         target = flow.callee(facts, site)
         passed = flagged.argument_for(site, head, scope, target[1]) if target else None
-        made.add(flow.instance_class(facts, passed, site.scope, site.line) if passed is not None else None)
+        made.add(instance_class(facts, passed, site.scope, site.line) if passed is not None else None)
     return made.pop() if len(made) == 1 else None

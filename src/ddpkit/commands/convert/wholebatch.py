@@ -18,7 +18,7 @@ from typing import Any
 
 import libcst as cst
 
-from ddpkit.commands.convert import flow
+from ddpkit.commands.convert import batchnames, flow
 from ddpkit.commands.convert.names import dotted
 
 _Work = Any  # the plan in the making (plan._Work): facts, models, leave
@@ -33,7 +33,7 @@ def whole_batch(work: _Work) -> None:
             for a in c.node.args) for c in work.facts.calls):
         return  # (a sequence-first RNN: ``x.unsqueeze(0)`` is a sequence of length 1 per sample, review 33)
     for loop in (lp for lp in work.facts.loops if flow.trains(work.facts, lp)):
-        batch = flow.batch_names(work.facts, loop)  # (``inputs = inputs.to(device)``: still the batch)
+        batch = batchnames.batch_names(work.facts, loop)  # (``inputs = inputs.to(device)``: still the batch)
         for call in loop.calls:
             first = call.node.args[0].value if call.node.args else None
             if dotted(call.node.func) in models and first is not None and _one_sample(first, batch):

@@ -24,7 +24,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.check.rules import RANK_WORDS
-from ddpkit.commands.convert import flow, paths
+from ddpkit.commands.convert import batchnames, flow, paths
 from ddpkit.commands.convert.flow import binding_of
 from ddpkit.commands.convert.handedin import iterated
 from ddpkit.commands.convert.names import dotted, names_in, resolve
@@ -210,7 +210,7 @@ def _last_batch(work: _Work, call: Call) -> str | None:
     facts = work.facts
     for loop in (lp for lp in facts.loops if lp.scope is call.scope and lp.end < call.line and
                  flow.trains(facts, lp) and all(any(o is c for c in call.loops) for o in lp.outer)):
-        made = set(flow.batch_names(facts, loop))
+        made = set(batchnames.batch_names(facts, loop))
         again = {b.target for b in facts.bindings if b.scope is call.scope and loop.end < b.line < call.line and
                  b.target in made and not names_in(_value(b) or cst.Name("_")) & made}
         made -= again  # (bound anew after the loop: no longer the batch)
