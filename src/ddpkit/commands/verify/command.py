@@ -33,7 +33,7 @@ import torch
 
 from ddpkit.commands import itself
 from ddpkit.commands.cli import OneLineParser, usage_error
-from ddpkit.commands.verify import causes, draws, matched, noise, perturbed, rounding, runs
+from ddpkit.commands.verify import causes, draws, matched, noise, outputs, perturbed, rounding, runs
 from ddpkit.commands.verify.lines import fail_line, pass_line, run_length
 from ddpkit.commands.verify.weights import compare_weights, gradients_apart, moved_within
 from ddpkit.core import contract
@@ -135,7 +135,7 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
         runs.run(script, "one-process run", nproc, [sys.executable, script, *script_args],
              {**common, contract.MODE.name: "single", contract.BATCH_SCALE.name: str(nproc),
               contract.VERIFY_OUT.name: ref}, os.path.join(tmp, "single.log"))
-        why = causes.refusal(_facts(ref))
+        why = causes.refusal(outputs.facts(ref))
         if why:
             raise CannotCompare(why)
         # the mode in the environment too: launch refuses a --mode that contradicts an exported DDPKIT_MODE
@@ -144,19 +144,19 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
                                 "--log-dir", os.path.join(tmp, "logs"))
         runs.run(script, f"{nproc}-process run", nproc, [*launch, script, *script_args],
              {**common, contract.MODE.name: mode, contract.VERIFY_OUT.name: dist_out}, os.path.join(tmp, "ddp.log"))
-        facts = [_facts(ref) or {}, _facts(dist_out) or {}]
+        facts = [outputs.facts(ref) or {}, outputs.facts(dist_out) or {}]
         with open(os.path.join(tmp, "ddp.log"), errors="replace") as f:
             notes = causes.runtime_notes(f.read())  # (closeheat's LSTM reading the batch as time: said at the FAIL)
         if not os.path.exists(ref) or not os.path.exists(dist_out):
             raise CannotCompare(causes.refusal(facts[1], f"{nproc}-process run") or causes.NEEDS_MODEL)
         one, many = (torch.load(path, weights_only=True) for path in (ref, dist_out))
-        start = _initial(os.path.join(tmp, "init.pt"), int(facts[0].get("models") or 0))
+        start = outputs.initial(os.path.join(tmp, "init.pt"), int(facts[0].get("models") or 0))
         lr = max(float(f.get("lr") or 0.0) for f in facts)
         taken = max(int(f.get("steps") or 0) for f in facts)
         # elements whose gradients were only float noise in both runs, within what the optimizer can move them
-        skip = noise.noise_mask(one, many, _grads(ref, "gradpeak") or {}, _grads(dist_out, "gradpeak") or {},
-                                       noise.step_bound(taken, lr))
-        if taken == 0 and start is not None and _unchanged(one, start):  # capped before any update: equal, vacuously
+        peaks = outputs.grads(ref, "gradpeak") or {}, outputs.grads(dist_out, "gradpeak") or {}
+        skip = noise.noise_mask(one, many, *peaks, noise.step_bound(taken, lr))
+        if taken == 0 and start is not None and outputs.unchanged(one, start):  # capped before any update: vacuous
             raise CannotCompare(causes.trained_nothing(int(facts[0].get("batches") or 0)))
         counts = [int(f.get("steps") or 0) for f in facts]
         if counts[0] != counts[1] and 0 in counts:  # (SN-GAN skips a batch of another size than its flag: all, at 1)
@@ -196,7 +196,7 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
         if not result["passed"] and result["unrepeatable"] and not (result.get("draws") or {}).get("reached"):
             raise CannotCompare(UNREPEATABLE)  # other draws do not move such a generator: no spread to judge by
         if not result["passed"] and not result["non_finite"]:
-            g1, gn = (_grads(path) for path in (ref, dist_out))
+            g1, gn = (outputs.grads(path) for path in (ref, dist_out))
             grads = compare_weights(g1, gn, atol, rtol) if g1 and gn else None
             result["first_gradient_diverging"] = grads.get("first_diverging") if grads else None
             result["gradient_gap"] = causes.gradient_gap(g1, gn) if g1 and gn else None
@@ -260,50 +260,12 @@ def _matched(script: str, script_args: Sequence[str], nproc: int, steps: int, at
 
 
 
-def _facts(out: str) -> dict | None:
-    """What a run recorded (:mod:`ddpkit.commands.verify.recorder`); None when it never prepared a model or loader."""
-    path = f"{out}.json"
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
-
-
-# what a forward in train mode moves without any update: BatchNorm's running statistics (a sample drawn after the
-# capped loop, an InfoGAN's ``netG(fixed_noise)`` with no ``eval()``), no sign that anything trained
-STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
-
-
-def _unchanged(final: dict[str, torch.Tensor], initial: dict[str, torch.Tensor]) -> bool:
-    """No weight moved; BatchNorm's running statistics may have (a forward is no update).
-
-    >>> w, s = torch.zeros(2), torch.zeros(2)
-    >>> moved = {"w": w, "bn.running_mean": s + 1}
-    >>> _unchanged(moved, {"w": w, "bn.running_mean": s}), _unchanged({"w": w + 1}, {"w": w})
-    (True, False)
-    """
-    return final.keys() == initial.keys() and all(torch.equal(final[k], initial[k]) or
-                                                  k.rsplit(".", 1)[-1] in STATISTICS for k in final)
-
-
-def _initial(path: str, models: int) -> dict[str, torch.Tensor] | None:
-    """The prepared models' initial weights (``<path>.<i>``, written by :mod:`ddpkit.commands.verify.hooks`), named as
-    the runs save them: ``model<i>.`` prefixes with two models or more."""
-    files = [f"{path}.{i}" for i in range(max(models, 1))]
-    if not all(os.path.exists(f) for f in files):
-        return None
-    weights = [torch.load(f, weights_only=True) for f in files]
-    if len(weights) == 1:
-        return weights[0]
-    return {f"model{i}.{k}": v for i, w in enumerate(weights) for k, v in w.items()}
-
-
 def _by_gradients(ref: str, dist_out: str, taken: int, start: dict, one: dict, tol: tuple[float, float],
                   facts: list[dict]) -> dict:
     """The verdict of runs whose trained weights moved less than the tolerance: their learning rates' and their
     step-1 gradients' (:func:`~ddpkit.commands.verify.weights.gradients_apart`); CannotCompare when no gradients
     were recorded; nothing (the weights' verdict stands) when the weights moved."""
-    g1, gn = _grads(ref), _grads(dist_out)
+    g1, gn = outputs.grads(ref), outputs.grads(dist_out)
     if not moved_within(start, one, *tol, set(g1) if g1 else set(one)):
         return {}
     lrs = [float(f.get("lr") or 0.0) for f in facts]
@@ -316,12 +278,6 @@ def _by_gradients(ref: str, dist_out: str, taken: int, start: dict, one: dict, t
                             "rate?): equal weights prove nothing, and no step-1 gradients were recorded to compare; "
                             "run more steps (--steps) or with a larger learning rate")
     return gradients_apart(g1, gn) or {"gradients_decided": True}
-
-
-def _grads(out: str, kind: str = "grads") -> dict[str, torch.Tensor] | None:
-    """A run's step-1 gradients (``grads``) or largest |gradient| per element (``gradpeak``), if it wrote them."""
-    path = f"{out}.{kind}"
-    return torch.load(path, weights_only=True) if os.path.exists(path) else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
