@@ -354,16 +354,15 @@ def _part(loop: cst.For, name: str) -> str | None:
 
 
 def _evaluated_only(work: _Work, call: Call) -> bool:
-    """A criterion built outside the loops whose every call evaluates: under ``no_grad``, or in a loop that does not
-    train (set 27's seq2seq after its own fix: the training step builds its summed loss inline, and the criterion
-    is ``validate()``'s alone)."""
+    """A criterion built outside the loops whose every call evaluates, under ``no_grad`` (set 27's seq2seq after its
+    own fix: the training step builds its summed loss inline, and the criterion is ``validate()``'s alone)."""
     names = {b.target for b in work.facts.bindings if b.value is call.node}
     uses = [c for c in work.facts.calls if dotted(c.node.func) in names]
     called = {id(c.node.func) for c in uses}
     # (read otherwise, handed to a training function as ``loss_fn=criterion``: that one trains with it; review 42)
     handed = any(name in names and id(node) not in called for name, _scope, _line, node in work.facts.reads)
     return bool(uses) and not handed and \
-        all(c.no_grad or c.loops and not flow.trains(work.facts, c.loops[-1]) for c in uses)
+        all(c.no_grad for c in uses)  # (not a loop over time steps, in the step or a helper it calls: review)
 
 
 def _trains_with(work: _Work, call: Call) -> bool:
