@@ -21,6 +21,7 @@ import libcst.matchers as m
 from ddpkit.commands.convert import (
     batch,
     batchreads,
+    byhand,
     bykey,
     bysplit,
     decided,
@@ -62,45 +63,11 @@ def loaders(work: _Work) -> None:
     for call in [c for c in work.facts.calls if c.name == "ddpkit.data_loader" and not _evaluating(c)]:
         # (made one by hand, the fix a line named: another module's loop over it is fed, as by one converted here)
         work.done.extend(n for n in bysplit.asked(work, call) if work.crossing.wants[n] == TRAIN)
-        _by_hand(work, call)
+        byhand.trained(work, call)
     for call in [c for c in work.facts.calls if c.name == "ddpkit.data_loader" and _evaluating(c)]:
-        _rows_by_hand(work, call)
+        byhand.rows(work, call)
     work.trains = training
     decided.check(work, built, training, for_others)
-
-
-def _by_hand(work: _Work, call: Call) -> None:
-    """A training ``ddpkit.data_loader`` written by hand in a script convert has not run on (no model prepared, no
-    sum reduced: the named fix of a loader line, the rest as it was): its loops' sums and per-step lists are
-    this rank's, reduced or said as a converted loader's are. A script written with ddpkit is left to its author."""
-    if any(c.name in ("ddpkit.prepare_model", "ddpkit.reduce") for c in work.facts.calls):
-        return
-    binding = next((b for b in work.facts.bindings if b.value is call.node), None)
-    loops = loops_reading(work.facts, binding.target, binding.scope, since=binding) if binding is not None else []
-    loops += [lp for lp in work.facts.loops if isinstance(lp.node, cst.For)  # (``for x in ddpkit.data_loader(...)``)
-              and any(n is call.node for n in m.findall(lp.node.iter, m.Call()))]
-    if any(flow.trains(work.facts, loop) for loop in loops):
-        reductions(work, loops, call, True)
-
-
-def _rows_by_hand(work: _Work, call: Call) -> None:
-    """An evaluation ``ddpkit.data_loader(..., train=False)`` written by hand (an earlier fix of the kind a refusal
-    used to name) in a script convert has not run on, whose loop keeps per-sample results (``errs.append(...)``):
-    each rank holds its shard's rows only, and what is made of them after the loop is rank 0's part; listed (set
-    26's extra five: an autoencoder's anomaly count, 501 of 1001 images, said by nothing)."""
-    if any(c.name in ("ddpkit.prepare_model", "ddpkit.gather") for c in work.facts.calls):
-        return  # (a script written with ddpkit: its author's)
-    binding = next((b for b in work.facts.bindings if b.value is call.node), None)
-    loops = loops_reading(work.facts, binding.target, binding.scope, since=binding) if binding is not None else []
-    loops += [lp for lp in work.facts.loops if isinstance(lp.node, cst.For)  # (``for x in ddpkit.data_loader(...)``)
-              and any(n is call.node for n in m.findall(lp.node.iter, m.Call()))]
-    rows = next(((n, line) for lp in loops if not flow.trains(work.facts, lp) for n, line in lp.stored), None)
-    if rows is not None:
-        work.leave(rows[1], f"the evaluation over the ddpkit.data_loader(..., train=False) at line {call.line} keeps "
-                   f"per-sample results in {rows[0]}: each rank holds its shard's only, and what is made of them "
-                   "after the loop is rank 0's part", "evaluate on a plain DataLoader(dataset, batch_size) (convert "
-                   f"leaves it whole, every rank evaluating the whole set), or ddpkit.gather({rows[0]}) after the "
-                   "loop")
 
 
 def _demos(work: _Work, built: list[Call]) -> list[Call]:
