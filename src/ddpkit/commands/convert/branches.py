@@ -197,6 +197,12 @@ def _selects(work: _Work, chain: Any, bound: set[int], tops: list[Any], binding:
     keeps the last pass's model (prepared already)."""
     branches = _branches(chain)[:-1] if isinstance(chain, cst.If) and not isinstance(chain.orelse, cst.Else) else []
     inside, end = node_ids(chain), inits.line_of(work, chain)
+    # (a binding in another branch of an ``if`` around this chain runs on no path through it: set 27's extra five,
+    # each dataset's branch picking the model by name)
+    for top in _tops(work):
+        held = next((blk for blk in _blocks(top) if id(chain) in node_ids(blk)), None)
+        if held is not None:
+            inside |= node_ids(top) - node_ids(held)
     looped = any(id(chain) in node_ids(loop) for loop in m.findall(binding.scope.node, m.For() | m.While()))
     return len(branches) > 1 and not looped and all(_binds(b, bound, tops) for b in branches) and not any(
         b.target == binding.target and b.scope is binding.scope and b.line <= end and id(b.stmt) not in inside
@@ -229,8 +235,16 @@ def _binds(block: cst.IndentedBlock, bound: set[int], tops: list[cst.If]) -> boo
     every branch."""
     return not _jumps(block) and any(id(stmt) in bound or _leaves(stmt) or (isinstance(stmt, (cst.If, cst.Try)) and
                                                       any(stmt is top for top in tops) and
-                                                      all(_binds(b, bound, tops) for b in _paths(stmt)))
+                                                      (all(_binds(b, bound, tops) for b in _paths(stmt)) or
+                                                       _picks(stmt, bound, tops)))
                for stmt in block.body)
+
+
+def _picks(stmt: Any, bound: set[int], tops: list[Any]) -> bool:
+    """A nested ``if`` / ``elif`` chain with no ``else`` whose every branch binds the name, as :func:`_selects` takes
+    one at the top (``if arch == 'a': ... elif arch == 'b': ...`` inside each dataset's branch: set 27's extra five)."""
+    branches = _branches(stmt)[:-1] if isinstance(stmt, cst.If) and not isinstance(stmt.orelse, cst.Else) else []
+    return len(branches) > 1 and all(_binds(b, bound, tops) for b in branches)
 
 
 def _leaves(stmt: cst.BaseStatement) -> bool:

@@ -166,6 +166,7 @@ def asked(work: _Work, call: Call) -> list[str]:
         names += [returned(scope.name, i if len(elements) > 1 else -1) for i, element in enumerate(elements)
                   if element is call.node or id(element) in sites and len(elements) > 1]
     names += [returned(lp.scope.name, -1) for lp in _generators(work.facts, binding)]
+    names += loaderuse.passed_up(work.facts, names)  # (returned by another function of the file in turn)
     return [n for n in work.crossing.wants if base(n) in names and work.crossing.wants[n] in (TRAIN, EVAL) and
             not _contradicted(call, n)]
 

@@ -69,8 +69,9 @@ def check(work: _Work, built: list[Call], training: bool, for_others: bool) -> N
             not any(callers(work.facts, c.scope) for c in backward):  # none feeds this, and no call here does:
         handedin.handed_in(work, backward[0].line)  # (d2l's ``train(net, loader, optimizer)``: its callers' loader)
     if backward and not training and not built and _prepared_here(work.facts):  # (a trainer given its models'
-        # wrap by a fix convert named, set 26's DCGAN project: its loop over what callers hand in is still theirs)
-        handedin.handed_in(work, backward[0].line)
+        # wrap by a fix convert named, set 26's DCGAN project: its loop over what callers hand in is still theirs;
+        # or over a loader another module builds, its sums this rank's: set 27's extra five)
+        _ = imported.imported_loader(work, backward[0].line) or handedin.handed_in(work, backward[0].line)
     if backward and not training and not built and not uses_ddpkit(work.facts):  # (ddpkit: by hand)
         if _iterated_elsewhere(work) or imported.imported_loader(work, backward[0].line) or \
                 _subclassed(work, backward[0].line) or \
