@@ -1024,3 +1024,16 @@ def test_a_model_picked_by_nested_if_elif_chains_is_prepared_below_them():
     p = plan(NESTED)
     assert "        model = nn.Sequential(nn.Linear(8, 2))\nmodel = ddpkit.prepare_model(model)\n" in p.text, p.text
     assert not p.left, [x.what for x in p.left]
+
+
+def test_a_script_of_a_package_that_imports_relatively_keeps_its_package(tmp_path):
+    """The extra five's VAE package: ``convert --imports -o OUT src/train.py`` (``from .data import ...``) wrote
+    OUT/train.py and OUT/data.py flat, with no ``src/__init__.py``: the relative import failed, and ``python -m
+    src.train`` had no package to run."""
+    from ddpkit.commands.convert.project import files_of
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "__init__.py").write_text("")
+    (tmp_path / "src" / "data.py").write_text("def get_loader():\n    return []\n")
+    (tmp_path / "src" / "train.py").write_text("from .data import get_loader\n")
+    root, files = files_of(str(tmp_path / "src" / "train.py"), imports=True)
+    assert root == str(tmp_path) and files[0] == "src/train.py" and "src/__init__.py" in files, (root, files)

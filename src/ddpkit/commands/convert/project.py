@@ -54,6 +54,7 @@ def files_of(target: str, imports: bool) -> tuple[str, list[str]]:
         root = os.path.dirname(os.path.abspath(target))
         entry = os.path.basename(target)
         wider = _put_on_path(root, entry) if imports else None
+        wider = wider or (_package_parent(root, entry) if imports else None)
         if wider is not None:  # (AGCRN's model/Run.py puts the repository on sys.path for ``lib.dataloader``)
             root, entry = wider, os.path.relpath(os.path.abspath(target), wider).replace(os.sep, "/")
         found = [entry, *sorted(_imported(root, entry) - {entry})] if imports else [entry]
@@ -61,6 +62,24 @@ def files_of(target: str, imports: bool) -> tuple[str, list[str]]:
         raise UsageError(f"{target} holds {len(found)} .py files, more than {LIMIT_FILES}; convert the training "
                          "script with --imports (it and the modules it imports), not the whole tree")
     return root, found
+
+
+def _package_parent(root: str, entry: str) -> str | None:
+    """The folder above the package ``entry`` belongs to when it imports relatively (``from .data import
+    get_loader`` in ``src/train.py``, run as ``python -m src.train``): the project's root, so that the converted
+    package keeps its folder and its ``__init__.py`` (set 27's extra five: written flat, its imports failed)."""
+    try:
+        with open(os.path.join(root, entry), encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None
+    if not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree)) or \
+            not os.path.exists(os.path.join(root, "__init__.py")):
+        return None
+    top = root
+    while os.path.exists(os.path.join(os.path.dirname(top), "__init__.py")) and os.path.dirname(top) != top:
+        top = os.path.dirname(top)
+    return os.path.dirname(top)
 
 
 def _put_on_path(root: str, entry: str) -> str | None:
