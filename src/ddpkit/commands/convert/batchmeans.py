@@ -319,56 +319,6 @@ def step_kind(facts: Facts, scope: Scope, value: Any, line: int, depth: int = 0)
     return kinds.pop() if len(kinds) == 1 else None
 
 
-def summed_value(facts: Facts, scope: Scope, value: Any, line: int) -> bool:
-    """``value`` (``loss.item()``, ``loss`` bound above ``line``) is a loss summed over the batch
-    (:func:`_summed_call`): mnist-vae's ``tr_loss += loss.item()`` of ``loss = loss_fn(out, x)``, ``loss_fn =
-    nn.BCELoss(reduction="sum")``."""
-    while isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and not value.args and \
-            value.func.attr.value in ("item", "detach", "cpu", "numpy", "float", "double"):
-        value = value.func.value
-    if isinstance(value, cst.Name):
-        bound = binding_of(facts, value.value, scope, line)
-        value = bound.value if bound is not None and bound.line < line else None
-    return isinstance(value, cst.Call) and _summed_call(facts, scope, value, line)
-
-
-def elements_summed(value: cst.Call) -> bool:
-    """``((model(x) - y) ** 2).sum()``, ``torch.sum(err ** 2)``: every element summed, the batch's too (set 27's
-    VAE); not a sum of losses that are means already (``torch.stack([mse, l1]).sum()``: review 42), nor of a name
-    (what it holds is unseen here)."""
-    summed = value.func.value if isinstance(value.func, cst.Attribute) and value.func.attr.value == "sum" and \
-        not value.args else value.args[0].value if dotted(value.func) == "torch.sum" and len(value.args) == 1 else None
-    if summed is None or isinstance(summed, cst.Name):
-        return False
-    # (a loss with ``reduction='none'`` inside is elementwise: ``F.mse_loss(o, y, reduction='none').sum()``)
-    inner = [dotted(c.func) or "" for c in m.findall(summed, m.Call()) if isinstance(c, cst.Call) and not any(
-        a.keyword is not None and a.keyword.value == "reduction" and isinstance(a.value, cst.SimpleString) and
-        a.value.evaluated_value == "none" for a in c.args)]
-    return not any(f.rsplit(".", 1)[-1] in ("mean", "stack", "cat", "tensor") or f.lower().endswith(("loss", "entropy"))
-                   for f in inner)
-
-
-def summing(call: Any) -> bool:
-    """``call`` is written with ``reduction='sum'`` (or the old ``size_average=False``): a loss summed over the batch,
-    or a criterion that makes one."""
-    return isinstance(call, cst.Call) and any(a.keyword is not None and (
-        a.keyword.value == "reduction" and isinstance(a.value, cst.SimpleString) and
-        a.value.evaluated_value == "sum" or a.keyword.value == "size_average" and
-        isinstance(a.value, cst.Name) and a.value.value == "False") for a in call.args)
-
-
-def _summed_call(facts: Facts, scope: Scope, value: cst.Call, line: int) -> bool:
-    """``value`` is a loss summed over the batch (:func:`summing`), or a call of a criterion so built (mnist-vae's
-    ``loss_fn = nn.BCELoss(reduction="sum")``)."""
-    if summing(value):
-        return True
-    if elements_summed(value):
-        return True
-    name = dotted(value.func)
-    bound = binding_of(facts, name, scope, line) if name else None
-    return bound is not None and summing(bound.value)
-
-
 def batch_size(node: Any) -> bool:
     """``len(y)``, ``y.size(0)``, ``y.shape[0]``, ``y.numel()``: the size of a batch a helper is handed."""
     if isinstance(node, cst.Call) and dotted(node.func) == "len" and len(node.args) == 1:

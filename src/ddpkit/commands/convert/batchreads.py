@@ -22,7 +22,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from ddpkit.commands.convert.batchmeans import batch_size
+from ddpkit.commands.convert.batchmeans import batch_size, stepped_losses
 from ddpkit.commands.convert.flow import binding_of
 from ddpkit.commands.convert.inits import node_ids
 from ddpkit.commands.convert.names import dotted, measured, names_in, resolve
@@ -184,7 +184,11 @@ def _made_before(work: _Work, names: set[str], loops: list[Loop], inside: set[in
     scopes = {id(loop.scope) for loop in loops}
     first = min((loop.line for loop in loops), default=0)
     # (a read under an ``if`` of the loop, ``if i % 100 == 0: fake = netG(fixed_noise)``, shows, not trains)
-    shown = quiet | {i for loop in loops for node in m.findall(loop.node.body, m.If()) for i in node_ids(node)}
+    # (not one that computes the loss the step takes: ``if p: loss = crit(D(x), self.target_real)``, set 27)
+    stepped = {n for loop in loops for n in stepped_losses(loop)}
+    shown = quiet | {i for loop in loops for node in m.findall(loop.node.body, m.If()) if not any(
+        isinstance(a, cst.Assign) and any(dotted(t.target) in stepped for t in a.targets)
+        for a in m.findall(node, m.Assign())) for i in node_ids(node)}
     # (``noise[:x.size(0)]``: cut to the batch each step, the named fix for a tensor made before the loop)
     sizes = {b.target for b in work.facts.bindings if any(lp.line < b.line <= lp.end for lp in loops) and
              b.value is not None and batch_size(b.value)}  # (``b = x.size(0)``, then ``noise[:b]``)

@@ -29,9 +29,10 @@ import libcst.matchers as m
 
 from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.accumulated import accumulated
-from ddpkit.commands.convert.batchmeans import MEANS, loss_name, summing
+from ddpkit.commands.convert.batchmeans import MEANS, loss_name
 from ddpkit.commands.convert.names import dotted, names_in, resolve
 from ddpkit.commands.convert.scan import Loop
+from ddpkit.commands.convert.summedloss import summing
 
 _Work = Any  # the plan in the making (plan._Work)
 

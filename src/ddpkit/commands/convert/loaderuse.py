@@ -355,6 +355,8 @@ def passed_up(facts: Facts, names: list[str]) -> list[str]:
                     ahead += [f"{outer.name}()" + (f"[{i}]" if len(elements) > 1 else "")
                               for i, e in enumerate(elements) if outer is site.scope and outer.name and
                               dotted(e) in held]
+                    # (``return loaders(tr, te, bs)``: the call returned as it is, its elements the same)
+                    ahead += [f"{outer.name}(){rest}"] if value is site.node and outer.name else []
         found += [n for n in ahead if n not in found and n not in names]
         frontier = ahead
     return found

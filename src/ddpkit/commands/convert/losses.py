@@ -21,12 +21,13 @@ import libcst.matchers as m
 
 from ddpkit.commands.check.rules import OPTIMIZERS
 from ddpkit.commands.convert import batchnames, counted, decay, flow, returns, sizes
-from ddpkit.commands.convert.batchmeans import batch_size, elements_summed, loss_name, stepped_losses, summing
+from ddpkit.commands.convert.batchmeans import batch_size, loss_name, stepped_losses
 from ddpkit.commands.convert.crossing import HANDED, key
 from ddpkit.commands.convert.flagged import argument_for
 from ddpkit.commands.convert.flow import callee
 from ddpkit.commands.convert.names import dotted, heads, names_in
 from ddpkit.commands.convert.scan import Call, Loop, imported_from
+from ddpkit.commands.convert.summedloss import elements_summed, summing
 from ddpkit.commands.convert.tokens import over_tokens
 
 _Work = Any  # the plan in the making (plan._Work): facts, edits, note, leave, models
@@ -147,8 +148,17 @@ def _stepped_sum(work: _Work, call: Call) -> bool:
     batch's too (review 42: its running total was summed across ranks, the line under SGD missing)."""
     if not call.loops or not elements_summed(call.node):
         return False
-    stepped = stepped_losses(call.loops[-1])
-    return any(b.value is call.node and b.target in stepped for b in work.facts.bindings)
+    loop = call.loops[-1]
+    stepped = stepped_losses(loop)
+    backward = max((c.line for c in loop.calls if c.last == "backward"), default=loop.end)
+    for b in (b for b in work.facts.bindings if b.value is call.node and b.target in stepped):
+        # (divided after, ``loss = loss / valid.sum()`` or ``loss /= n``: a mean then, counted.py's)
+        again = any(o.target == b.target and o.scope is b.scope and b.line < o.line <= backward
+                    for o in work.facts.bindings) or any(n == b.target and b.line < line <= backward
+                                                         for n, line in loop.stored)
+        if not again:
+            return True
+    return False
 
 
 def _handed_criteria(work: _Work) -> set[int]:

@@ -115,7 +115,7 @@ def _model_of(work: _Work, target: str, call: Call) -> None:
                   "the class does not train itself: the script that calls the method prepares the model, and "
                   "the method, called through the wrapper, makes it over the same parameters")
     elif binding is None and target == "self" and work.crossing is not None and \
-            stepped.unreached(work.facts, call.scope, work.crossing.elsewhere):
+            stepped.unreached(work.facts, call.scope, work.crossing.elsewhere, work.crossing.imported):
         work.keep(call.line, f"an optimizer {call.scope.cls or call.scope.name} makes over self.parameters() left as "
                   "it is", "no file of the project builds that class: nothing runs it")
     elif binding is None and target == "self":  # a module that owns its optimizer

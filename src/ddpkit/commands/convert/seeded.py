@@ -195,7 +195,11 @@ def _forward_draws(work: _Work, done: set[int]) -> list[Any]:
     classes = {s.cls for s in work.facts.scopes.values() if s.cls}
     trained = {dotted(c.func) for b in work.models if b.value is not None for c in m.findall(b.value, m.Call())
                if isinstance(c, cst.Call)} & classes
-    return [c for c in work.facts.calls if c.scope.cls in trained and c.scope.name.endswith(".forward") and
+    # (or in a method ``forward`` calls on ``self``: a VAE's ``eps = self.reparameterize(x)``; the after-fix re-run)
+    called = {f"{c.scope.cls}.{c.last}" for c in work.facts.calls if c.scope.cls in trained and
+              c.scope.name.endswith(".forward") and dotted(c.node.func) == f"self.{c.last}"}
+    return [c for c in work.facts.calls if c.scope.cls in trained and (c.scope.name.endswith(".forward") or
+                                                                       c.scope.name in called) and
             id(c.node) not in done and resolve(dotted(c.node.func), work.facts.aliases) in DRAWS and
             not any(a.keyword is not None and a.keyword.value == "generator" for a in c.node.args)]
 

@@ -50,7 +50,15 @@ def asks(work: _Work, backwards: list[Call]) -> bool:
 
 def _step(work: _Work, backward: Call) -> bool:
     scope = backward.scope
-    return bool(scope.name) and not backward.loops and not flow.callers(work.facts, scope)
+    return bool(scope.name) and not backward.loops and not _live(work, flow.callers(work.facts, scope))
+
+
+def _live(work: _Work, calls: list[Call]) -> list[Call]:
+    """``calls`` less those of the module's ``if __name__ == "__main__":`` demo, where another file of the project
+    imports it: that block never runs then (set 27's GCN module with a self-test; the after-fix re-run)."""
+    if work.crossing is None or not work.crossing.imported:
+        return calls
+    return [c for c in calls if not any("__name__" in t and "__main__" in t for t in c.tests)]
 
 
 def _ask(work: _Work, scope: Scope, backward: Call) -> None:
@@ -63,7 +71,7 @@ def _ask(work: _Work, scope: Scope, backward: Call) -> None:
                   "a loop over a ddpkit.data_loader for training: each rank steps on its own shard")
         return
     fix = "run it in a loop over a torch DataLoader of the batches (made a ddpkit.data_loader for training)"
-    if unreached(work.facts, scope, work.crossing.elsewhere):
+    if unreached(work.facts, scope, work.crossing.elsewhere, work.crossing.imported):
         work.keep(backward.line, f"the training step {scope.name}() left as it is", "no file of the project runs it")
         return
     if work.crossing.own:  # converted together: a caller runs it over batches it makes itself
@@ -134,13 +142,15 @@ def _calls_in(node: cst.CSTNode) -> list[cst.CSTNode]:
     return list(m.findall(node, m.Call()))
 
 
-def unreached(facts: Facts, scope: Scope, elsewhere: frozenset[str] | None) -> bool:
+def unreached(facts: Facts, scope: Scope, elsewhere: frozenset[str] | None, imported: bool = False) -> bool:
     """No file of the project runs ``scope``: a method of a class no file names and this one never builds (a model
     module's old self-training class the script imports and never uses, set 27's GCN), or a function no file names
     and none here calls. False when the project's names are not read (``elsewhere`` None)."""
     if elsewhere is None:
         return False
     if scope.cls is not None:  # (named anywhere but its own line: a subclass's base, a registry's entry)
-        named = [n for n in m.findall(facts.module, m.Name(scope.cls))]
+        demo = [n for top in facts.module.body if imported and isinstance(top, cst.If) and
+                "__main__" in facts.code(top.test) for n in m.findall(top, m.Name(scope.cls))]  # (never runs)
+        named = [n for n in m.findall(facts.module, m.Name(scope.cls)) if all(n is not d for d in demo)]
         return scope.cls not in elsewhere and len(named) <= 1
     return bool(scope.name) and scope.name not in elsewhere and not flow.callers(facts, scope)

@@ -40,11 +40,11 @@ from ddpkit.commands.convert.batchmeans import (
     step_kind,
     stepped_losses,
     summed_means,
-    summed_value,
 )
 from ddpkit.commands.convert.devicetext import PROGRESS
 from ddpkit.commands.convert.names import dotted, names_in, resolve
 from ddpkit.commands.convert.scan import Facts, Loop
+from ddpkit.commands.convert.summedloss import summed_value
 
 
 class Reduction(NamedTuple):
