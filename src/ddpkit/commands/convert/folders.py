@@ -87,7 +87,8 @@ def _tried_first(work: _Work, call: Any) -> cst.Try | None:
     when it binds a name (the other ranks would lack it) or runs in a loop."""
     # (under a test of its own, ``if not os.path.exists(d):``, a rank that tests after rank 0 made it would skip
     # the barrier: review 42)
-    if call.loops or call.stmt is None or [t for t in call.tests if not waits.main_guard(t)]:
+    if call.loops or call.stmt is None or [t for t in call.tests if not waits.main_guard(t)] or \
+            waits.called_in_branch(work, call.scope):  # (a helper called under ``if not exists``: review 43)
         return None
     for node in m.findall(work.facts.module, m.Try()):
         assert isinstance(node, cst.Try)
@@ -97,12 +98,16 @@ def _tried_first(work: _Work, call: Any) -> cst.Try | None:
                   if isinstance(h.type, cst.Tuple) else ["Exception"])}
         # (a handler that refuses: raises, exits or returns; ``except OSError: pass``, the DCGAN example's, is
         # exist_ok=True already)
-        refuses = any(m.findall(h.body, m.Raise() | m.Return() | m.Call(func=m.Name("exit") | m.Name("quit") |
-                                                                          m.Attribute(attr=m.Name("exit"))))
+        # (not a ``return``: rank 0 would return past the barrier the others wait in; review 43)
+        refuses = any(m.findall(h.body, m.Raise() | m.Call(func=m.Name("exit") | m.Name("quit") |
+                                                           m.Attribute(attr=m.Name("exit"))))
                       for h in node.handlers)
         inside = {id(n) for n in m.findall(node, m.SimpleStatementLine())}
         if len(body) == 1 and body[0] is call.stmt and caught & set(EXISTS):
-            if any(id(b.stmt) in inside for b in work.facts.bindings):  # (``except ...: resume = True``: rank 0's
+            bound = {b.target for b in work.facts.bindings if id(b.stmt) in inside}
+            within = {id(n) for n in m.findall(node, m.Name())}
+            # (names read after the try: ``msg = ...; sys.exit(msg)`` in the handler reads its own: review 43)
+            if any(n in bound and id(r) not in within for n, _s, _l, r in work.facts.reads):  # (``resume = True``
                 work.leave(call.line, "a folder made in a try whose handler sets names the script reads (a resume "
                            "when it exists): a rank that came after rank 0 made it would take the handler",
                            "decide on rank 0 (under `if ddpkit.init().is_main:`) and hand the other ranks its "

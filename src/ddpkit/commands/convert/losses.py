@@ -136,6 +136,9 @@ def _summed_names(work: _Work, call: Call | None) -> set[str]:
         return set()
     found = {b.target for b in work.facts.bindings if b.value is not None and
              any(n is call.node for n in m.findall(b.value, m.Call()))}
+    helper = call.scope.name if call.scope.name and not call.scope.cls else ""  # (``loss_function``'s sum: review 43)
+    found |= {b.target for b in work.facts.bindings if helper and isinstance(b.value, cst.Call) and
+              dotted(b.value.func) == helper}
     for _ in range(3):
         found |= {b.target for b in work.facts.bindings if b.value is not None and b.target not in found and
                   (names_in(b.value) & found or any(isinstance(c, cst.Call) and dotted(c.func) in found
@@ -146,7 +149,7 @@ def _summed_names(work: _Work, call: Call | None) -> set[str]:
 def _stepped_sum(work: _Work, call: Call) -> bool:
     """``loss = ((out - y) ** 2).sum()`` bound and stepped on in a training loop: every element summed, the
     batch's too (review 42: its running total was summed across ranks, the line under SGD missing)."""
-    if not call.loops or not elements_summed(call.node):
+    if not call.loops or not elements_summed(call.node, work.facts):
         return False
     loop = call.loops[-1]
     stepped = stepped_losses(loop)

@@ -131,9 +131,21 @@ def _model_of(work: _Work, target: str, call: Call) -> None:
         work.leave(call.line, f"the model {target!r} this optimizer trains: where it is built was not "
                    "found", f"wrap it yourself where it is built: {target} = ddpkit.prepare_model("
                    f"{target})", blocks=True)
+    elif _collection(binding):  # (``nets = [G, D]``, then ``Adam(nets[0].parameters())``: review 43)
+        work.leave(call.line, f"the optimizer trains a part of {binding.target}, a collection of models: "
+                   "prepare_model wraps one model", f"prepare each model where it is built ({binding.target}'s "
+                   "elements: G = ddpkit.prepare_model(G)) and build the optimizer over that one's parameters, then "
+                   "convert again", blocks=True)
     elif all(b is not binding for b in work.models):
         work.models.append(binding)
         wrap(work, binding, call)
+
+def _collection(binding: Binding) -> bool:
+    """A list, tuple or dict of models (``[G, D]``, ``nn.ModuleList([...])``), not one model."""
+    value = binding.value
+    return isinstance(value, (cst.List, cst.Tuple, cst.Dict)) or isinstance(value, cst.Call) and \
+        (dotted(value.func) or "").endswith(("ModuleList", "ModuleDict"))
+
 
 def model_binding(work: _Work, target: str, call: Call) -> Binding | None:
     parts = target.split(".")

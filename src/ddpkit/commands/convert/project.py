@@ -76,6 +76,12 @@ def _package_parent(root: str, entry: str) -> str | None:
     if not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree)) or \
             not os.path.exists(os.path.join(root, "__init__.py")):
         return None
+    # (an entry that also imports a module of its folder by its plain name, ``import utils``, runs as a script
+    # there too: a dual-mode ``try: from .data ... except ImportError: from data ...``; review 43)
+    plain = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | \
+        {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level}
+    if any(_has_module(root, name) for name in plain if name):
+        return None
     top = root
     while os.path.exists(os.path.join(os.path.dirname(top), "__init__.py")) and os.path.dirname(top) != top:
         top = os.path.dirname(top)

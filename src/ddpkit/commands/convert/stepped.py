@@ -151,6 +151,9 @@ def unreached(facts: Facts, scope: Scope, elsewhere: frozenset[str] | None, impo
     if scope.cls is not None:  # (named anywhere but its own line: a subclass's base, a registry's entry)
         demo = [n for top in facts.module.body if imported and isinstance(top, cst.If) and
                 "__main__" in facts.code(top.test) for n in m.findall(top, m.Name(scope.cls))]  # (never runs)
-        named = [n for n in m.findall(facts.module, m.Name(scope.cls)) if all(n is not d for d in demo)]
+        # (nor the class's own ``super(OldNet, self).__init__()``: review 43)
+        own = [c.args[0].value for c in m.findall(facts.module, m.Call(func=m.Name("super")))
+               if isinstance(c, cst.Call) and c.args]
+        named = [n for n in m.findall(facts.module, m.Name(scope.cls)) if all(n is not d for d in demo + own)]
         return scope.cls not in elsewhere and len(named) <= 1
     return bool(scope.name) and scope.name not in elsewhere and not flow.callers(facts, scope)

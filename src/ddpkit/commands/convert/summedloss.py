@@ -53,7 +53,7 @@ def _summed_expr(facts: Facts, scope: Scope, node: cst.BaseExpression, depth: in
     if depth > 4:
         return False
     if isinstance(node, cst.Call):
-        return summing(node) or elements_summed(node)
+        return summing(node) or elements_summed(node, facts)
     if isinstance(node, cst.Name):
         bound = binding_of(facts, node.value, scope, 1 << 30)
         return bound is not None and bound.scope is scope and bound.value is not None and \
@@ -67,7 +67,7 @@ def _summed_expr(facts: Facts, scope: Scope, node: cst.BaseExpression, depth: in
     return False
 
 
-def elements_summed(value: cst.Call) -> bool:
+def elements_summed(value: cst.Call, facts: Facts | None = None) -> bool:
     """``((model(x) - y) ** 2).sum()``, ``torch.sum(err ** 2)``: every element summed, the batch's too (set 27's
     VAE); not a sum of losses that are means already (``torch.stack([mse, l1]).sum()``: review 42), nor of a name
     (what it holds is unseen here)."""
@@ -75,12 +75,22 @@ def elements_summed(value: cst.Call) -> bool:
         not value.args else value.args[0].value if dotted(value.func) == "torch.sum" and len(value.args) == 1 else None
     if summed is None or isinstance(summed, cst.Name):
         return False
-    # (a loss with ``reduction='none'`` inside is elementwise: ``F.mse_loss(o, y, reduction='none').sum()``)
-    inner = [dotted(c.func) or "" for c in m.findall(summed, m.Call()) if isinstance(c, cst.Call) and not any(
-        a.keyword is not None and a.keyword.value == "reduction" and isinstance(a.value, cst.SimpleString) and
-        a.value.evaluated_value == "none" for a in c.args)]
-    return not any(f.rsplit(".", 1)[-1] in ("mean", "stack", "cat", "tensor") or f.lower().endswith(("loss", "entropy"))
-                   for f in inner)
+    # (a loss with ``reduction='none'`` inside is elementwise: ``F.mse_loss(o, y, reduction='none').sum()``, or a
+    # criterion so built, ``mse_loss = nn.MSELoss(reduction='none')``: review 43)
+    inner = [c for c in m.findall(summed, m.Call()) if isinstance(c, cst.Call) and not _none(c) and
+             not (facts is not None and isinstance(c.func, cst.Name) and _none_criterion(facts, c.func.value))]
+    return not any((dotted(c.func) or "").rsplit(".", 1)[-1] in ("mean", "stack", "cat", "tensor") or
+                   (dotted(c.func) or "").lower().endswith(("loss", "entropy")) for c in inner)
+
+
+def _none(call: cst.Call) -> bool:
+    return any(a.keyword is not None and a.keyword.value == "reduction" and isinstance(a.value, cst.SimpleString)
+               and a.value.evaluated_value == "none" for a in call.args)
+
+
+def _none_criterion(facts: Facts, name: str) -> bool:
+    """``name`` is bound to a criterion built with ``reduction='none'``: its calls are elementwise."""
+    return any(b.target == name and isinstance(b.value, cst.Call) and _none(b.value) for b in facts.bindings)
 
 
 def summing(call: Any) -> bool:
@@ -97,7 +107,7 @@ def _summed_call(facts: Facts, scope: Scope, value: cst.Call, line: int) -> bool
     ``loss_fn = nn.BCELoss(reduction="sum")``)."""
     if summing(value):
         return True
-    if elements_summed(value) or _returns_sum(facts, value):
+    if elements_summed(value, facts) or _returns_sum(facts, value):
         return True
     name = dotted(value.func)
     bound = binding_of(facts, name, scope, line) if name else None

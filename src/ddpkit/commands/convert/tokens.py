@@ -361,8 +361,13 @@ def _evaluated_only(work: _Work, call: Call) -> bool:
     called = {id(c.node.func) for c in uses}
     # (read otherwise, handed to a training function as ``loss_fn=criterion``: that one trains with it; review 42)
     handed = any(name in names and id(node) not in called for name, _scope, _line, node in work.facts.reads)
-    return bool(uses) and not handed and \
-        all(c.no_grad for c in uses)  # (not a loop over time steps, in the step or a helper it calls: review)
+    def evaluates(c: Call) -> bool:  # (not a loop over time steps, in the step or a helper it calls: review)
+        trains = lambda lp: flow.trains(work.facts, lp)  # noqa: E731
+        data = [lp for lp in c.loops if not lp.over_count()]  # (the innermost loop over data decides)
+        return c.no_grad or bool(data) and not trains(data[-1]) and \
+            not flow.called_from_loop(work.facts, c.scope, trains)
+    # (a validation loop with no backward and no no_grad, ``model.eval()`` alone: review 43)
+    return bool(uses) and not handed and all(evaluates(c) for c in uses)
 
 
 def _trains_with(work: _Work, call: Call) -> bool:

@@ -345,7 +345,12 @@ def _verify_one(ns: argparse.Namespace, nproc: int, device: str | None, note: st
             print(f"{PROG}: {line}", file=sys.stderr, flush=True)
         else:
             result["cause"] = line
-    if not result["passed"] and not result.get("cannot_compare") and (result.get("floor") or {}).get("unrepeatable"):
+    floor = result.get("floor") or {}
+    apart = (result.get("float64_apart") or {}).get("diff") or result.get("max_abs_diff") or 0.0
+    # (only where the control's own drift reaches the gap: a gap far beyond it is a FAIL still, review 43's per-rank
+    # BatchNorm beside one unseeded draw that moved a statistic by 1e-9)
+    if not result["passed"] and not result.get("cannot_compare") and floor.get("unrepeatable") and \
+            apart <= 10 * floor.get("control_diff", float("inf")):
         # (the one-process run ran again unchanged ended elsewhere: a FAIL against it says nothing; set 27's cGAN,
         # whose fixed noise an unseeded draw made, moving BatchNorm's statistics differently in every run)
         result["cannot_compare"], result["error"], result["reason"] = True, "cannot compare", UNREPEATED

@@ -89,7 +89,11 @@ def measure(one: dict, many: dict, runs: list[dict], tol: tuple[float, float]) -
     :func:`draws.factor` times the farthest apart of the one-process runs; the worst beyond, else None."""
     control, others = runs[0], runs[1:]
     if control.keys() != one.keys() or not all(torch.equal(control[k], one[k]) for k in one):
-        return {"worst": None, "floor": 0.0, "reached": False, "unrepeatable": True}
+        # (how far apart the two unchanged runs ended, against how far the N-process run is: review 43)
+        moved = max((float((control[k].double() - one[k].double()).abs().max()) for k in one
+                     if k in control and one[k].is_floating_point() and control[k].shape == one[k].shape),
+                    default=float("inf"))
+        return {"worst": None, "floor": 0.0, "reached": False, "unrepeatable": True, "control_diff": moved}
     atol, rtol = tol
     worst, floor = None, 0.0
     for name, ref in one.items():
