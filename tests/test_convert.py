@@ -6,6 +6,7 @@ Regenerate the expected diffs after an intended change of the converter (and rea
 ``python tests/test_convert.py --regenerate``.
 """
 import json
+import re
 import sys
 
 import pytest
@@ -37,10 +38,13 @@ def test_the_corpus_converts_to_its_expected_diff(name):
 
 @pytest.mark.parametrize("name", CONVERTIBLE)
 def test_a_converted_script_has_nothing_left_for_check_or_a_second_conversion(name):
-    converted = plan((CORPUS / f"{name}.py").read_text()).text
+    first = plan((CORPUS / f"{name}.py").read_text())
+    converted = first.text
     assert analyze(converted) == []
-    again = plan(converted)
-    assert again.text == converted and again.edits == [] and again.left == []
+    again = plan(converted)  # (a line left to the user the first time stays left: the VAE's seeded noise)
+    def said(left):  # (its line numbers move with the conversion's edits)
+        return {re.sub(r"\d+", "", x.what) for x in left}
+    assert again.text == converted and again.edits == [] and said(again.left) <= said(first.left), again.left
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "tests" / "realworld").glob("*.py")) +
