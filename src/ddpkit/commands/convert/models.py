@@ -141,10 +141,9 @@ def _model_of(work: _Work, target: str, call: Call) -> None:
         wrap(work, binding, call)
 
 def _collection(binding: Binding) -> bool:
-    """A list, tuple or dict of models (``[G, D]``, ``nn.ModuleList([...])``), not one model."""
-    value = binding.value
-    return isinstance(value, (cst.List, cst.Tuple, cst.Dict)) or isinstance(value, cst.Call) and \
-        (dotted(value.func) or "").endswith(("ModuleList", "ModuleDict"))
+    """A Python list, tuple or dict of models (``[G, D]``), not one model (an ``nn.ModuleList`` is a module
+    prepare_model wraps as one)."""
+    return isinstance(binding.value, (cst.List, cst.Tuple, cst.Dict))
 
 
 def model_binding(work: _Work, target: str, call: Call) -> Binding | None:
