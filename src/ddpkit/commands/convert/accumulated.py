@@ -22,7 +22,8 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.commands.convert.names import dotted, names_in
-from ddpkit.commands.convert.scan import Loop, imported_from
+from ddpkit.commands.convert.origins import imported_from
+from ddpkit.commands.convert.scan import Loop
 
 _Work = Any  # the plan in the making (plan._Work)
 # objects that record, time or follow the step rather than add up its samples (a meter's mean: listmeans.py reduces

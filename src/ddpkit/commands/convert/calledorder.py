@@ -27,7 +27,8 @@ from ddpkit.commands.convert import order
 from ddpkit.commands.convert.crossing import ORDER, Ask
 from ddpkit.commands.convert.instances import instance_class
 from ddpkit.commands.convert.names import dotted
-from ddpkit.commands.convert.scan import Call, imported_from
+from ddpkit.commands.convert.origins import imported_from
+from ddpkit.commands.convert.scan import Call
 
 _Work = Any  # the plan in the making (plan._Work)
 

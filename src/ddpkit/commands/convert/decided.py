@@ -21,7 +21,8 @@ import libcst as cst
 from ddpkit.commands.convert import feeds, flow, handedin, imported, loaderuse, returns, sources, stepped, trained
 from ddpkit.commands.convert.flow import callers
 from ddpkit.commands.convert.names import dotted
-from ddpkit.commands.convert.scan import Call, Facts, imported_from
+from ddpkit.commands.convert.origins import imported_from
+from ddpkit.commands.convert.scan import Call, Facts
 
 # the plan in the making (plan._Work): facts, edits, note, leave
 _Work = Any

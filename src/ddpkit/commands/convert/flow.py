@@ -25,7 +25,8 @@ import libcst.matchers as m
 
 from ddpkit.commands.convert.flagged import argument_for, switched_off
 from ddpkit.commands.convert.names import dotted, names_in, resolve, unpacked
-from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, Scope, imported_from
+from ddpkit.commands.convert.origins import imported_from
+from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, Scope
 
 # methods of torch's modules, optimizers and schedulers: called on anything but ``self``, not the script's own
 # method of the same name (a Runner.train(), a Trainer.step())

@@ -26,7 +26,7 @@ import libcst.matchers as m
 from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.apply import keyword_on_wraps
 from ddpkit.commands.convert.names import dotted, names_in, resolve
-from ddpkit.commands.convert.scan import imported_from
+from ddpkit.commands.convert.origins import imported_from
 
 _Work = Any  # the plan in the making (plan._Work): facts, models, keep
 

@@ -36,8 +36,9 @@ from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.crossing import EVAL, HANDED, TRAIN, Ask, key, want_of
 from ddpkit.commands.convert.handedparams import parameter, parameters
 from ddpkit.commands.convert.names import dotted
+from ddpkit.commands.convert.origins import imported_from
 from ddpkit.commands.convert.reductions import reductions
-from ddpkit.commands.convert.scan import Binding, Call, Loop, imported_from
+from ddpkit.commands.convert.scan import Binding, Call, Loop
 from ddpkit.commands.convert.sums import sums_after
 
 _Work = Any  # the plan in the making (plan._Work)

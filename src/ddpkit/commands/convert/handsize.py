@@ -27,7 +27,8 @@ from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.bysplit import base
 from ddpkit.commands.convert.crossing import SIZED, Ask, key
 from ddpkit.commands.convert.names import dotted
-from ddpkit.commands.convert.scan import Call, Loop, imported_from
+from ddpkit.commands.convert.origins import imported_from
+from ddpkit.commands.convert.scan import Call, Loop
 
 _Work = Any  # the plan in the making (plan._Work)
 

@@ -32,8 +32,9 @@ from ddpkit.commands.convert import bysplit, drawn, flow, handedin, handsize, re
 from ddpkit.commands.convert.crossing import EVAL, TRAIN, Ask, key, returned
 from ddpkit.commands.convert.instances import instance_class
 from ddpkit.commands.convert.names import dotted, resolve, unpacked
+from ddpkit.commands.convert.origins import imported_from
 from ddpkit.commands.convert.reductions import reductions
-from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, imported_from
+from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop
 from ddpkit.commands.convert.sums import sums_after
 
 _Work = Any  # the plan in the making (plan._Work)

@@ -24,7 +24,8 @@ from libcst import matchers as m
 
 from ddpkit.commands.convert.crossing import MODEL, Ask, key
 from ddpkit.commands.convert.names import dotted, names_in
-from ddpkit.commands.convert.scan import Binding, Call, Facts, imported_from
+from ddpkit.commands.convert.origins import imported_from
+from ddpkit.commands.convert.scan import Binding, Call, Facts
 
 _Work = Any  # the plan in the making (plan._Work)
 

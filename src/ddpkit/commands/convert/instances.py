@@ -7,7 +7,8 @@ import libcst as cst
 
 from ddpkit.commands.convert.flow import binding_of
 from ddpkit.commands.convert.names import dotted
-from ddpkit.commands.convert.scan import Facts, Scope, imported_from
+from ddpkit.commands.convert.origins import imported_from
+from ddpkit.commands.convert.scan import Facts, Scope
 
 
 def instance_class(facts: Facts, held: cst.BaseExpression, scope: Scope, line: int) -> tuple[str, str] | None:

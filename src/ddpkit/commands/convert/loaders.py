@@ -39,9 +39,10 @@ from ddpkit.commands.convert.decided import uses_ddpkit
 from ddpkit.commands.convert.flow import callers, loops_reading
 from ddpkit.commands.convert.loaderuse import LOADER
 from ddpkit.commands.convert.names import dotted, unpacked
+from ddpkit.commands.convert.origins import imported_from
 from ddpkit.commands.convert.reductions import reductions
 from ddpkit.commands.convert.roles import peek, roles_said
-from ddpkit.commands.convert.scan import Call, Loop, imported_from
+from ddpkit.commands.convert.scan import Call, Loop
 
 # the plan in the making (plan._Work): facts, edits, note, leave
 _Work = Any

@@ -20,7 +20,8 @@ from libcst import matchers as m
 from ddpkit.commands.convert import flow, trained
 from ddpkit.commands.convert.flow import callee, callers, loops_reading
 from ddpkit.commands.convert.names import dotted, resolve, unpacked
-from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, Scope, imported_from
+from ddpkit.commands.convert.origins import imported_from
+from ddpkit.commands.convert.scan import Binding, Call, Facts, Loop, Scope
 
 _Work = Any  # the plan in the making (plan._Work)
 

@@ -26,7 +26,8 @@ from ddpkit.commands.convert.crossing import HANDED, key
 from ddpkit.commands.convert.flagged import argument_for
 from ddpkit.commands.convert.flow import callee
 from ddpkit.commands.convert.names import dotted, heads, names_in
-from ddpkit.commands.convert.scan import Call, Loop, imported_from
+from ddpkit.commands.convert.origins import imported_from
+from ddpkit.commands.convert.scan import Call, Loop
 from ddpkit.commands.convert.summedloss import elements_summed, summing
 from ddpkit.commands.convert.tokens import over_tokens
 

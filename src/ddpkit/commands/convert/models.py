@@ -37,7 +37,8 @@ from ddpkit.commands.convert import (
 from ddpkit.commands.convert.crossing import MODEL, Ask
 from ddpkit.commands.convert.flow import argument_for, binding_of, callee, part_of
 from ddpkit.commands.convert.names import dotted, resolve
-from ddpkit.commands.convert.scan import Binding, Call, imported_from
+from ddpkit.commands.convert.origins import imported_from
+from ddpkit.commands.convert.scan import Binding, Call
 
 _Work = Any  # the plan in the making (plan._Work)
 

@@ -31,7 +31,7 @@ from ddpkit.commands.convert.apply import add_keyword
 from ddpkit.commands.convert.flagged import argument_for
 from ddpkit.commands.convert.gradpen import double_grads
 from ddpkit.commands.convert.names import dotted, names_in, resolve
-from ddpkit.commands.convert.scan import imported_from
+from ddpkit.commands.convert.origins import imported_from
 
 _Work = Any  # the plan in the making (plan._Work): facts, models, leave
 

@@ -25,7 +25,7 @@ import libcst.matchers as m
 from ddpkit.commands.convert import batchnames, flow
 from ddpkit.commands.convert.crossing import HANDED, key
 from ddpkit.commands.convert.names import dotted
-from ddpkit.commands.convert.scan import imported_from
+from ddpkit.commands.convert.origins import imported_from
 
 _Work = Any  # the plan in the making (plan._Work): facts, crossing, sharded, keep
 SHOWS = ("save", "plot", "show", "image", "visual", "draw", "grid", "log")

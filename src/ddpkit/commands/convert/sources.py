@@ -20,7 +20,8 @@ from ddpkit.commands.convert import bysplit, flagged, flow, handedin
 from ddpkit.commands.convert.crossing import returned
 from ddpkit.commands.convert.instances import instance_class
 from ddpkit.commands.convert.names import dotted
-from ddpkit.commands.convert.scan import Facts, Loop, Scope, imported_from
+from ddpkit.commands.convert.origins import imported_from
+from ddpkit.commands.convert.scan import Facts, Loop, Scope
 
 
 def generated(facts: Facts, loop: Loop) -> tuple[str, tuple[str, str]] | None:

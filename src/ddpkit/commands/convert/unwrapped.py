@@ -20,7 +20,7 @@ import libcst as cst
 
 from ddpkit.commands.convert.crossing import HANDED, MODEL, key
 from ddpkit.commands.convert.names import dotted, resolve
-from ddpkit.commands.convert.scan import imported_from
+from ddpkit.commands.convert.origins import imported_from
 
 _Work = Any  # the plan in the making (plan._Work)
 

@@ -23,7 +23,8 @@ from ddpkit.commands.check.rules import RANK_WORDS
 from ddpkit.commands.convert import calledorder, order
 from ddpkit.commands.convert.flow import callers, in_body, scope_trains, visible
 from ddpkit.commands.convert.names import dotted
-from ddpkit.commands.convert.scan import Scope, imported_from
+from ddpkit.commands.convert.origins import imported_from
+from ddpkit.commands.convert.scan import Scope
 
 _Work = Any  # the plan in the making (plan._Work)
 
