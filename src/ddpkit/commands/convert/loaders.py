@@ -19,6 +19,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.convert import (
+    askedkeys,
     batch,
     batchreads,
     byhand,
@@ -141,7 +142,7 @@ def _one(work: _Work, call: Call, built: list[Call]) -> tuple[bool, bool, bool]:
         trains = _loader(work, call, "train")
         work.done.extend(bysplit.asked(work, call))  # (each split's ask: the evaluating one learns it is sharded)
         return trains, True, False
-    keyed = imported.keyed(work, call, built) if wanted is None else None
+    keyed = askedkeys.keyed(work, call, built) if wanted is None else None
     if keyed is not None and keyed[1] == TRAIN:  # the one that shuffles, of a dict of loaders asked for
         trains = _loader(work, call, "train")
         work.done.append(keyed[0])
