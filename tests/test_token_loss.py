@@ -150,7 +150,7 @@ def test_verify_names_a_missing_count_only_where_counts_vary_by_sample_also_afte
     padding (samples without -100 of their own) was not."""
     from torch.utils.data import DataLoader
 
-    from ddpkit.commands.verify.recorder import masked_labels
+    from ddpkit.commands.verify.masked import masked_labels
 
     fixed = [{"labels": torch.tensor([-100, -100, 5, 6])} for _ in range(4)]
     lengths = [{"labels": torch.arange(n)} for n in (2, 5, 3)]
