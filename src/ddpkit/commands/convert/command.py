@@ -180,9 +180,29 @@ def _arguments(ns: argparse.Namespace) -> None:
                          f"{ns.nproc_per_node} --steps {ns.steps}")
 
 
+def _parsed(argv: list[str]) -> argparse.Namespace:
+    """The options, also when typed after the script (``ddpkit convert train.py -o out.py``, the order people
+    type): without --verify nothing after the script is the script's, so it is read as convert's own; what convert
+    does not know keeps the one-line error that it goes to the script under --verify only.
+
+    >>> vars(_parsed(["train.py", "-o", "out.py"]))["output"], _parsed(["train.py", "--lr", "1"]).script_args
+    ('out.py', ['--lr', '1'])
+    """
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if not ns.script_args or ns.verify:
+        return ns
+    at = len(argv) - len(ns.script_args) - 1  # the script's place: REMAINDER is what follows it
+    try:
+        again = parser.parse_args([*argv[:at], *ns.script_args, argv[at]])
+    except UsageError:
+        return ns
+    return again
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+        ns = _parsed(list(sys.argv[1:] if argv is None else argv))
         _arguments(ns)
         if os.path.isdir(ns.script) or ns.imports:
             return _main_many(ns)
