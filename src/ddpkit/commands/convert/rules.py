@@ -228,6 +228,12 @@ def _save(work: _Work, call: Any, loads: list[Any]) -> None:
         work.note("torch.save guarded: rank 0 saves, then every rank waits for it (barrier)", f"{elsewhere}() of "
                   "another module of the project runs next and may read the file", call.line)
         return
+    skipped = waits.skipped_read(work, call) if not read_back else None
+    if skipped is not None:
+        work.leave(call.line, f"{skipped}() of another module of the project runs next and may read the file, and a "
+                   "continue, break or return of the loop may take one rank around this save (a barrier here could "
+                   "hang)", waits.BARRIER_FIX)
+        return
     loader = waits.loaded_elsewhere(work, call) if not read_back else None
     if loader is not None:
         work.edits.after.setdefault(id(call.stmt), []).append("ddpkit.barrier()")

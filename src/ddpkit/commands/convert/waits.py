@@ -162,11 +162,51 @@ def main_guard(test: str) -> bool:
 def read_elsewhere(work: _Work, call: Any) -> str | None:
     """The function of another module of the project called next after the save, in the same loop (an epoch loop
     over ``range``) under no ``if``: it may load what was saved (DANN's ``test(dataset, epoch)``). None where a
-    barrier after the save could be skipped by one rank."""
-    if [t for t in call.tests if not main_guard(t)] or called_in_branch(work, call.scope) or \
-            any(not (isinstance(lp.node, cst.For) and isinstance(lp.node.iter, cst.Call) and
-                     dotted(lp.node.iter.func) == "range") for lp in call.loops):
-        return None
+    barrier after the save could be skipped by one rank (:func:`skipped_read` then names it)."""
+    return _called_next(work, call) if _counted(work, call) and not any(leaves_early(lp.node) for lp in call.loops) \
+        else None
+
+
+def skipped_read(work: _Work, call: Any) -> str | None:
+    """The function :func:`read_elsewhere` would name, where a ``continue``, ``break`` or ``return`` of the epoch
+    loop may take one rank around the save (``if loss.item() > 5: continue``): a barrier there could hang, so it
+    is listed instead."""
+    return _called_next(work, call) if _counted(work, call) and any(leaves_early(lp.node) for lp in call.loops) \
+        else None
+
+
+def _counted(work: _Work, call: Any) -> bool:
+    """Under no ``if`` but the main guard, in a function no line calls under one, in loops over ``range`` only."""
+    return not [t for t in call.tests if not main_guard(t)] and not called_in_branch(work, call.scope) and \
+        all(isinstance(lp.node, cst.For) and isinstance(lp.node.iter, cst.Call) and
+            dotted(lp.node.iter.func) == "range" for lp in call.loops)
+
+
+def leaves_early(loop: cst.CSTNode) -> bool:
+    """A ``continue``, ``break`` or ``return`` of this loop itself (not of a loop or function inside it): a rank may
+    leave a pass before its end.
+
+    >>> import libcst as cst
+    >>> leaves_early(cst.parse_statement("for e in range(3):\\n    for b in d:\\n        break\\n    f()\\n"))
+    False
+    >>> leaves_early(cst.parse_statement("for e in range(3):\\n    if e > 1:\\n        continue\\n    f()\\n"))
+    True
+    """
+    def walk(node: cst.CSTNode, inner: bool) -> bool:
+        if isinstance(node, cst.Return):
+            return True
+        if isinstance(node, (cst.Continue, cst.Break)):
+            return not inner  # (an inner loop's own continue / break ends that loop's pass only)
+        if isinstance(node, (cst.FunctionDef, cst.ClassDef, cst.Lambda)):
+            return False
+        inner = inner or isinstance(node, (cst.For, cst.While))
+        return any(walk(child, inner) for child in node.children)
+
+    body = getattr(loop, "body", None)
+    return body is not None and walk(body, False)
+
+
+def _called_next(work: _Work, call: Any) -> str | None:
     for later in work.facts.calls:
         name = dotted(later.node.func)
         # (a function: ``test(...)``, ``evaluate.test(...)``; not a method of an object another module made,
@@ -192,8 +232,7 @@ def loaded_elsewhere(work: _Work, call: Any) -> str | None:
     loads = work.crossing.loads if work.crossing is not None else frozenset()
     scope = call.scope
     # (in epoch loops over ``range`` that nothing skips or ends early: every rank passes each save; review 43)
-    looped = all(isinstance(lp.node, cst.For) and lp.over_count() and not m.findall(
-        lp.node.body, m.Continue() | m.Break() | m.Return()) for lp in call.loops)
+    looped = all(isinstance(lp.node, cst.For) and lp.over_count() and not leaves_early(lp.node) for lp in call.loops)
     outer = call.loops[0].node if call.loops else call.stmt
     if not loads or not scope.name or scope.cls or callers(work.facts, scope) or call.tests or not looped or \
             not in_body(outer, scope) or not scope_trains(work.facts, scope):
