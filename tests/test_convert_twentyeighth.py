@@ -40,7 +40,8 @@ def _project(skip: str) -> dict:
                         "shuffle=True)\nfor epoch in range(3):\n    for i, (x, y) in enumerate(loader):\n"
                         "        if i > 5:\n            break\n        opt.zero_grad()\n"
                         "        loss = torch.nn.functional.cross_entropy(model(x), y)\n        loss.backward()\n"
-                        f"        opt.step()\n{skip}    torch.save(model.state_dict(), 'm.pt')\n    test(model, epoch)\n"}
+                        f"        opt.step()\n{skip}    torch.save(model.state_dict(), 'm.pt')\n"
+                        "    test(model, epoch)\n"}
 
 
 @pytest.mark.parametrize("skip", ["", "    if loss.item() > 5:\n        continue\n"])
