@@ -47,6 +47,7 @@ from ddpkit.commands.convert import (
     probed,
     prompts,
     quantized,
+    randomdata,
     removals,
     reread,
     retained,
@@ -259,6 +260,7 @@ class _Work:
         batchstats.own_batch_norm(self)
         batchstats.model_optimizer(self)
         splits.splits(self, any(c.name in (loaders.LOADER, "ddpkit.data_loader") for c in self.facts.calls))
+        randomdata.random_data(self)
         moments.moments(self)
         probed.probed(self)
         losses.summed_loss(self)

@@ -26,7 +26,7 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
-from ddpkit.commands.convert import flow, returns
+from ddpkit.commands.convert import flow, returns, splits
 from ddpkit.commands.convert.apply import add_keyword
 from ddpkit.commands.convert.flagged import argument_for
 from ddpkit.commands.convert.gradpen import double_grads
@@ -87,7 +87,9 @@ def seeded_noise(work: _Work) -> None:
     """Each such draw of a training loop given ``generator=ddpkit.rank_generator(...)``, or listed (see the
     module)."""
     aliases = work.facts.aliases
-    seed = next((c for c in work.facts.calls if resolve(dotted(c.node.func), aliases) in SEEDS), None)
+    # (not a seed given a fresh one below it, around a dataset drawn at random: randomdata.py)
+    seed = next((c for c in work.facts.calls if resolve(dotted(c.node.func), aliases) in SEEDS and
+                 not splits.unseeded_after(work, c, 1 << 30)), None)
     where = f"line {seed.line}" if seed is not None else _seeded_by_import(work)
     models = {b.target for b in work.models} | _imported_models(work)
     penalties = _penalties(work)

@@ -136,7 +136,7 @@ def seeded(work: _Work, scope: Scope, line: int, tests: list[str], library: str,
     for seed in work.facts.calls:
         inside = seed.tests == tests[:len(seed.tests)]  # (under the split's own ``if __name__ == ...``)
         if seed.line < line and inside and not seed.loops and seed.scope in (scope, module) and \
-                _seeds(work, seed, library) and _same_everywhere(work, seed):
+                _seeds(work, seed, library) and _same_everywhere(work, seed) and not unseeded_after(work, seed, line):
             return seed
     sites = callers(work.facts, scope)
     if scope is module or depth >= DEPTH or not sites:
@@ -181,3 +181,22 @@ def _same_everywhere(work: _Work, seed: Call) -> bool:
 def _torch(work: _Work) -> str:
     """The script's name for torch (``import torch``), or "" when it has none."""
     return next((local for local, full in work.facts.aliases.items() if full == "torch"), "")
+
+
+def fresh_seed(call: Call) -> str | None:
+    """The library a call gives a fresh, unfixed seed (``torch.seed()``, ``np.random.seed()``, ``random.seed()``),
+    or None."""
+    if call.node.args or call.last != "seed":
+        return None
+    name = call.name or ""
+    return {"torch.seed": "torch", "torch.random.seed": "torch", "numpy.random.seed": "numpy",
+            "random.seed": "random"}.get(name)
+
+
+def unseeded_after(work: _Work, seed: Call, line: int) -> bool:
+    """A seed given a fresh one below it in its function, above ``line`` (``torch.manual_seed(0)`` then
+    ``torch.seed()``, as :mod:`.randomdata` writes around a dataset drawn at random): it seeds nothing below."""
+    library = next((lib for lib, names in SEEDS.items() if (seed.name or "") in names), "torch")
+    return any(c.scope is seed.scope and seed.line < c.line < line and fresh_seed(c) == library
+               for c in work.facts.calls)
+
