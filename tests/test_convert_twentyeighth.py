@@ -8,7 +8,6 @@ import pytest
 pytest.importorskip("libcst")
 
 from conftest import launch  # noqa: E402
-
 from ddpkit.commands.convert.command import main  # noqa: E402
 from ddpkit.commands.convert.plan import plan  # noqa: E402
 

@@ -21,6 +21,8 @@ Example::
 
 from __future__ import annotations
 
+import copy
+import copyreg
 import sys
 from typing import Any
 
@@ -135,28 +137,61 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         return 0.0 if self.momentum is None else self.momentum
 
 
-class SyncBatchNorm1d(SyncBatchNorm, nn.BatchNorm1d):
+class _SavedPlain:
+    """Pickled as the BatchNorm it stands in for: ``torch.save(ddpkit.unwrap(model), path)`` of a whole model (what
+    convert writes for ``torch.save(model, path)``) holds ``nn.BatchNorm2d``, as the one-process run's file does, and
+    opens where ddpkit is not installed (its process group, not picklable, stays behind). A deep copy (a
+    moving-average model made after the wrap) keeps the synchronised class: it trains over the global batch too."""
+
+    PLAIN: type = nn.BatchNorm2d
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        state = {k: v for k, v in self.__dict__.items() if k != "process_group"}
+        # (copyreg's reconstructor makes any class, where pickle's NEWOBJ insists on the object's own)
+        return copyreg._reconstructor, (self.PLAIN, object, None), state  # type: ignore[attr-defined]
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        twin = type(self).__new__(type(self))
+        memo[id(self)] = twin
+        twin.__dict__.update(copy.deepcopy({k: v for k, v in self.__dict__.items() if k != "process_group"}, memo))
+        twin.__dict__["process_group"] = self.__dict__.get("process_group")  # (a group is shared, not copied)
+        return twin
+
+
+class SyncBatchNorm1d(_SavedPlain, SyncBatchNorm, nn.BatchNorm1d):
     """:class:`SyncBatchNorm` in place of an ``nn.BatchNorm1d``, still one to ``isinstance`` (see :data:`KINDS`)."""
 
+    PLAIN = nn.BatchNorm1d
 
-class SyncBatchNorm2d(SyncBatchNorm, nn.BatchNorm2d):
+
+class SyncBatchNorm2d(_SavedPlain, SyncBatchNorm, nn.BatchNorm2d):
     """:class:`SyncBatchNorm` in place of an ``nn.BatchNorm2d``, still one to ``isinstance``."""
 
+    PLAIN = nn.BatchNorm2d
 
-class SyncBatchNorm3d(SyncBatchNorm, nn.BatchNorm3d):
+
+class SyncBatchNorm3d(_SavedPlain, SyncBatchNorm, nn.BatchNorm3d):
     """:class:`SyncBatchNorm` in place of an ``nn.BatchNorm3d``, still one to ``isinstance``."""
 
+    PLAIN = nn.BatchNorm3d
 
-class TorchSyncBatchNorm1d(nn.SyncBatchNorm, nn.BatchNorm1d):
+
+class TorchSyncBatchNorm1d(_SavedPlain, nn.SyncBatchNorm, nn.BatchNorm1d):
     """torch's ``nn.SyncBatchNorm`` (CUDA) in place of an ``nn.BatchNorm1d``, still one to ``isinstance``."""
 
+    PLAIN = nn.BatchNorm1d
 
-class TorchSyncBatchNorm2d(nn.SyncBatchNorm, nn.BatchNorm2d):
+
+class TorchSyncBatchNorm2d(_SavedPlain, nn.SyncBatchNorm, nn.BatchNorm2d):
     """torch's ``nn.SyncBatchNorm`` (CUDA) in place of an ``nn.BatchNorm2d``, still one to ``isinstance``."""
 
+    PLAIN = nn.BatchNorm2d
 
-class TorchSyncBatchNorm3d(nn.SyncBatchNorm, nn.BatchNorm3d):
+
+class TorchSyncBatchNorm3d(_SavedPlain, nn.SyncBatchNorm, nn.BatchNorm3d):
     """torch's ``nn.SyncBatchNorm`` (CUDA) in place of an ``nn.BatchNorm3d``, still one to ``isinstance``."""
+
+    PLAIN = nn.BatchNorm3d
 
 
 # a script's own code after the wrap asks ``isinstance(m, nn.BatchNorm2d)`` (network-slimming's L1 subgradient on the
