@@ -130,3 +130,78 @@ def test_module_level_random_data_fed_to_a_loader_is_seeded_unless_the_script_se
     lines = done.text.splitlines()
     assert "seed" not in lines[lines.index("fixed_z = torch.randn(8, 5)") - 1]  # (no data: drawn as it was)
     assert done.text.count("seed()") == len(expected)
+
+
+HEAD = ("import numpy as np\nimport torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, "
+        "TensorDataset\ntorch.manual_seed(0)\nds = TensorDataset(torch.randn(64, 8), torch.randint(0, 4, (64,)))\n")
+
+
+def test_a_picture_batch_sized_by_batch_size_under_no_grad_leaves_the_loader_global():
+    """A cGAN's side samples (measurer b, D1): ``fixed_noise`` of ``batch_size`` rows made once, and labels for it
+    drawn under ``no_grad`` in the training loop, sized for each other: not the training batch."""
+    done = plan(HEAD + "bs = 16\nloader = DataLoader(ds, batch_size=bs, shuffle=True)\nG = nn.Linear(8, 8)\n"
+                "emb = nn.Embedding(4, 8)\nopt = torch.optim.Adam(G.parameters())\nfixed = torch.randn(bs, 8)\n"
+                "pics = []\nfor x, y in loader:\n    loss = (G(x) - x).pow(2).mean()\n    opt.zero_grad()\n"
+                "    loss.backward()\n    opt.step()\n    with torch.no_grad():\n"
+                "        lab = torch.LongTensor(np.random.randint(0, 4, bs))\n"
+                "        pics.append(G(fixed + emb(lab)))\n")
+    assert "global_batch_size=bs" in done.text and not done.left, [x.what for x in done.left]
+
+
+STEP = ("loader = DataLoader(ds, batch_size=16, shuffle=True)\nG = nn.Embedding(4, 8)\n"
+        "opt = torch.optim.Adam(G.parameters())\nfor x, y in loader:\n{draw}"
+        "    loss = G(c).pow(2).mean()\n    opt.zero_grad()\n    loss.backward()\n    opt.step()\n")
+
+
+@pytest.mark.parametrize("seed, draw, listed", [
+    ("np.random.seed(69)\n", "    c = torch.LongTensor(np.random.randint(0, 4, x.size(0)))\n", True),
+    ("", "    c = torch.LongTensor(np.random.randint(0, 4, x.size(0)))\n", False),  # (unseeded: each rank its own)
+    ("np.random.seed(69)\n", "    c = y * 0 + int(np.random.randint(0, 4))\n", False),  # (one number a step)
+])
+def test_batch_sized_numpy_draws_fed_to_the_model_under_a_seed_alike_on_every_rank_are_listed(seed, draw, listed):
+    """A cGAN's fake labels from numpy's generator seeded alike on every rank (measurer b, D2): every rank drew the
+    same labels for its part of the batch, unsaid (torch's noise beside them took this rank's generator)."""
+    done = plan(HEAD + seed + STEP.format(draw=draw))
+    said = [x.what for x in done.left if "numpy's generator" in x.what]
+    assert bool(said) is listed, [x.what for x in done.left]
+    if listed:
+        assert said[0].startswith("np.random.randint(...) draws what G is fed from numpy's generator, seeded alike "
+                                  "on every rank (line 7)")
+
+
+def test_a_load_inside_a_block_writing_a_report_owes_no_barrier():
+    """measurer b, D3: the best model loaded inside ``with open("report.txt", "w")``, a block rank 0 alone runs
+    after its own save: the barrier line was false."""
+    done = plan(HEAD + "loader = DataLoader(ds, batch_size=16, shuffle=True)\nmodel = nn.Linear(8, 4)\n"
+                "opt = torch.optim.Adam(model.parameters())\nfor epoch in range(2):\n    for x, y in loader:\n"
+                "        loss = nn.functional.cross_entropy(model(x), y)\n        opt.zero_grad()\n"
+                "        loss.backward()\n        opt.step()\n    if epoch % 2 == 0:\n"
+                "        torch.save(model.state_dict(), 'best.pth')\nwith open('report.txt', 'w') as f:\n"
+                "    model.load_state_dict(torch.load('best.pth'))\n    f.write(str(model(torch.zeros(1, 8))))\n")
+    assert not [x.what for x in done.left if "barrier" in x.fix], [x.what for x in done.left]
+    assert "if ddpkit.init().is_main:\n    with open('report.txt', 'w') as f:" in done.text
+
+
+def test_a_summing_criterion_local_to_an_evaluation_function_is_not_the_training_loss():
+    """measurer b, D4: ``criterion = nn.CrossEntropyLoss(reduction='sum')`` bound in ``eval_net`` and the training
+    loop's own mean ``criterion`` of the same name (optimizer picked in an ``if``): said a training sum."""
+    done = plan(HEAD + "def eval_net(loader):\n    criterion = nn.CrossEntropyLoss(reduction='sum')\n    total = 0\n"
+                "    with torch.no_grad():\n        for x, y in loader:\n            total += criterion(net(x), y)\n"
+                "    return total\nloader = DataLoader(ds, batch_size=16, shuffle=True)\nnet = nn.Linear(8, 4)\n"
+                "criterion = nn.CrossEntropyLoss()\nif True:\n    opt = torch.optim.Adam(net.parameters())\nelse:\n"
+                "    opt = torch.optim.SGD(net.parameters(), lr=0.1)\nfor x, y in loader:\n    opt.zero_grad()\n"
+                "    loss = criterion(net(x), y)\n    loss.backward()\n    opt.step()\nprint(eval_net(loader))\n")
+    assert not [x.what for x in done.left if "sum over the batch" in x.what], [x.what for x in done.left]
+
+
+@pytest.mark.parametrize("size", ["5", "bs"])
+def test_an_odd_literal_batch_stays_per_process_said(size):
+    """measurer b, D5: ``batch_size = 5`` became ``global_batch_size=5``, which no even number of processes
+    divides: the converted script stopped at its first launch at 2."""
+    done = plan(HEAD + f"bs = 5\nloader = DataLoader(ds, batch_size={size}, shuffle=True)\nnet = nn.Linear(8, 4)\n"
+                "opt = torch.optim.SGD(net.parameters(), lr=0.1)\nfor x, y in loader:\n    opt.zero_grad()\n"
+                "    nn.functional.cross_entropy(net(x), y).backward()\n    opt.step()\n")
+    assert "global_batch_size" not in done.text and not done.left
+    assert [k.why for k in done.kept if k.what == f"batch_size={size} kept per process"] == [
+        "a global batch of 5 splits evenly over no even number of processes (N must divide 5): the global batch is "
+        "5 x the number of processes; an even batch_size keeps it global"]

@@ -64,6 +64,12 @@ def global_batch(work: _Work, call: Call, loops: list[Loop]
         work.keep(call.line, f"batch_size={size} kept per process", f"a global batch of {size} cannot be shared by "
                   f"2 or more processes: the global batch is {size} x the number of processes")
         return None, frozenset()
+    odd = _literal(work, given.value)
+    if odd is not None and odd % 2:  # (set 28's ``batch_size = 5``: ``data_loader`` would stop at 2 processes)
+        work.keep(call.line, f"batch_size={size} kept per process", f"a global batch of {odd} splits evenly over no "
+                  f"even number of processes (N must divide {odd}): the global batch is {odd} x the number of "
+                  "processes; an even batch_size keeps it global")
+        return None, frozenset()
     names = _names(work, call, given.value) | ({code(given.value)} if isinstance(given.value, cst.Subscript) else set())
     every = reads_in_training(work, names, loops, call)
     read = every[0] if every else None
@@ -95,6 +101,23 @@ def global_batch(work: _Work, call: Call, loops: list[Loop]
     _attribute_reads(work, call, given.value, loops)
     _shown_rates(work, names, loops)
     return (_rename if spread is None else None), frozenset(names)
+
+
+def _literal(work: _Work, size: cst.BaseExpression) -> int | None:
+    """The whole number a batch size is: written (``batch_size=5``) or a name every binding of which writes it
+    (``batch_size = 5`` above); None otherwise (a setting, a computation).
+
+    >>> from ddpkit.commands.convert.scan import parse, scan
+    >>> class W:
+    ...     facts = scan(parse("b = 5\\nc = int(x)\\n"))
+    >>> _literal(W, cst.Name("b")), _literal(W, cst.Name("c")), _literal(W, cst.Integer("7"))
+    (5, None, 7)
+    """
+    if isinstance(size, cst.Integer):
+        return int(size.evaluated_value)
+    bound = [b.value for b in work.facts.bindings if isinstance(size, cst.Name) and b.target == size.value]
+    values = {int(v.evaluated_value) if isinstance(v, cst.Integer) else None for v in bound}
+    return values.pop() if len(values) == 1 and bound else None
 
 
 def _also(more: list[tuple[str, int]]) -> str:

@@ -59,7 +59,8 @@ def reads_in_training(work: _Work, names: set[str], loops: list[Loop], call: Cal
     # DataLoader on StopIteration: converted by this same rule, sized by nothing of the loop)
     rebuilt = [c.node for c in work.facts.calls if c.name == "torch.utils.data.DataLoader" and c.loops]
     quiet = quiet_nodes(work, loops) | (node_ids(call.node) if call is not None else set()) | \
-        _counting(loops, names) | _step_counts(work, loops, names) | {i for node in rebuilt for i in node_ids(node)}
+        _counting(loops, names) | _step_counts(work, loops, names) | {i for node in rebuilt for i in node_ids(node)} | \
+        _aside(work, loops)
     found = [(name, line) for name, scope, line, node in work.facts.reads if name in names and id(node) in inside
              and id(node) not in quiet and not _rebound(work, name, scope, line, loops, names)]
     for stmt, _scope, line in work.facts.statements:  # ``torch.ones(config['batch_size'], 1)`` in the loop
@@ -110,6 +111,29 @@ def _rebound(work: _Work, name: str, scope: Any, line: int, loops: list[Loop], n
     bound = binding_of(work.facts, name, scope, line)
     return bound is not None and bound.scope is scope and bound.line < line and bound.value is not None and \
         any(loop.line < bound.line <= loop.end for loop in loops) and not names_in(bound.value) & names
+
+
+def _aside(work: _Work, loops: list[Loop]) -> set[int]:
+    """The ``with torch.no_grad():`` blocks of the loops whose names nothing outside them reads: samples drawn on
+    the side (set 28's cGAN: ``lab = torch.LongTensor(np.random.randint(0, 10, batch_size))`` beside a
+    ``fixed_noise`` of ``batch_size`` rows, collected for a picture), sized for each other, not for the batch."""
+    aside: set[int] = set()
+    for loop in loops:
+        body = node_ids(loop.node)
+        for block in m.findall(loop.node.body, m.With()):
+            assert isinstance(block, cst.With)
+            if not any(m.findall(item.item, m.Attribute(attr=m.Name("no_grad") | m.Name("inference_mode")) |
+                                 m.Name("no_grad")) for item in block.items):
+                continue
+            ids = node_ids(block)
+            bound = {dotted(t.target) for a in m.findall(block, m.Assign()) if isinstance(a, cst.Assign)
+                     for t in a.targets} | {dotted(a.target) for a in m.findall(block, m.AugAssign())
+                                            if isinstance(a, cst.AugAssign)}
+            outside = {name for name, _scope, _line, node in work.facts.reads
+                       if id(node) in body and id(node) not in ids}
+            if not (bound - {None}) & outside:
+                aside |= ids
+    return aside
 
 
 def _step_counts(work: _Work, loops: list[Loop], names: set[str]) -> set[int]:

@@ -117,7 +117,8 @@ def _summed(work: _Work) -> Call | None:
         trains = not call.no_grad and (call.loops and id(call.loops[-1]) in training or id(call.scope) in helpers
                                        or any(dotted(c.node.func) in bound and not c.no_grad and (
                                            c.loops and id(c.loops[-1]) in training or id(c.scope) in helpers)
-                                              for c in work.facts.calls))  # (in a step helper: an LSTM's apply())
+                                              and _calls_it(work, c, call) for c in work.facts.calls))
+        # (in a step helper: an LSTM's apply())
         if summed_reduction and over_tokens(work, call):  # (divided by the kept tokens: tokens.py lists it)
             continue
         if (summed_backward or summed_reduction) and counted.divided_by_count(work, call.line):  # (counted.py's)
@@ -127,6 +128,17 @@ def _summed(work: _Work) -> Call | None:
         if summed_backward or summed_reduction and trains:
             return call
     return None
+
+
+def _calls_it(work: _Work, use: Call, made: Call) -> bool:
+    """``use`` calls the criterion ``made`` builds, by the binding its name has there: not another function's
+    criterion of the same name (set 28: ``criterion = nn.CrossEntropyLoss(reduction='sum')`` local to an
+    evaluation function, beside the training loop's mean ``criterion``)."""
+    name = dotted(use.node.func) or ""
+    if name.startswith("self."):  # (a class's criterion called through an instance: followed by its name only)
+        return True
+    found = flow.binding_of(work.facts, name, use.scope, use.line)
+    return found is None or found.value is None or found.value is made.node
 
 
 def _summed_names(work: _Work, call: Call | None) -> set[str]:

@@ -42,6 +42,7 @@ from ddpkit.commands.convert import (
     methods,
     models,
     moments,
+    numpydraws,
     parallel,
     partners,
     probed,
@@ -266,6 +267,7 @@ class _Work:
         losses.summed_loss(self)
         losses.step_loss_shown(self)
         seeded.seeded_noise(self)
+        numpydraws.numpy_draws(self)
         retained.retained_graph(self)
         lastbatch.last_batch_size(self)
         batchwide.whole_batch_loss(self)
