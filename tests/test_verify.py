@@ -170,6 +170,16 @@ def test_a_defect_within_the_draws_spread_fails_when_the_matched_float64_runs_di
     assert "with the steps' random draws matched, in float64 too: not the draws" in r.stdout, r.stdout
 
 
+def test_a_summed_loss_beside_a_vaes_noise_fails_naming_the_factor():
+    """Held-out set 28 (a VAE whose KL term is summed over the batch, two of them): the draws matched, the step-1
+    gradients stayed a factor of 2 apart, yet "cannot compare exactly" (within what other draws make) hid it. The
+    matched re-run's cause decides now: FAIL, naming the factor."""
+    r = run_cmd(VERIFY + ["--steps", "3", CASES, "--case", "noisesum"], timeout=300)
+    assert r.returncode == 4 and r.stdout.startswith("FAIL"), r.stdout + r.stderr[-3000:]
+    assert "differ by a factor of 2" in r.stdout and "decided by a re-run with the steps' random draws matched" in \
+        r.stdout, r.stdout
+
+
 @pytest.mark.parametrize("case", ["augpy", "augnp", "augtorch"])
 def test_augmentation_drawn_by_python_numpy_or_a_loader_worker_passes(case):
     """Issue 44: a Dataset that augments with Python's ``random`` (in the training process) or numpy (in a loader

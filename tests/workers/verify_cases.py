@@ -16,6 +16,8 @@
 - noisekl: the VAE's noise, and a second term weighted by the batch's own size over the data's (a KL weight of
   ``x.size(0) / len(data)``, halved per rank): within what other draws make, yet apart with the draws matched,
   in float64 too: must FAIL, decided by the matched re-run (it was "cannot compare exactly", held-out set 25).
+- noisesum: the VAE's noise and a loss summed over the batch (DDP averages the ranks' halves): must FAIL, the
+  step-1 gradients a factor of 2 apart with the draws matched (it was "cannot compare exactly", held-out set 28).
 - augpy / augnp: a Dataset whose ``__getitem__`` augments each sample with Python's ``random`` (in this process) /
   numpy's global generator (in a loader worker): a random flip and scale, as public scripts write by hand: cannot
   compare exactly, not a FAIL.
@@ -53,6 +55,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--case", required=True, choices=["seq", "attn", "global", "noise", "handshard", "noprepare",
                                                      "badbytes", "gan", "manual", "phases", "bnplain", "exit",
                                                      "accum8", "peekbn", "noisebug", "noisefirst", "noisenp", "noisekl",
+                                                     "noisesum",
                                                      "augpy",
                                                      "augnp", "augown", "augseeded", "augtorch"])
 args = parser.parse_args()
@@ -145,7 +148,8 @@ if args.case in ("gan", "manual", "phases", "bnplain", "exit", "accum8", "peekbn
     import verify_shapes  # noqa: E402 (next to this file)
     verify_shapes.run(args.case, data, state)
     raise SystemExit(0)
-net = {"noise": Noisy, "noisebug": Noisy, "noisenp": Noisy, "noisekl": Noisy, "attn": Attn}.get(args.case, Seq)()
+net = {"noise": Noisy, "noisebug": Noisy, "noisenp": Noisy, "noisekl": Noisy, "noisesum": Noisy,
+       "attn": Attn}.get(args.case, Seq)()
 model = net if args.case == "noprepare" else ddpkit.prepare_model(net)
 opt = (torch.optim.AdamW(model.parameters(), lr=1e-3) if args.case == "attn"
        else torch.optim.SGD(model.parameters(), lr=0.1))
@@ -155,6 +159,8 @@ def train_step(x, y):
     if args.case in ("noisefirst", "augtorch"):  # drawn before the step's first forward, as a GAN draws z
         x = x + torch.randn_like(x)
     loss = nn.functional.mse_loss(model(x), y) * (1 + 9 * state.rank if args.case == "noisebug" else 1)
+    if args.case == "noisesum":  # summed over the batch, as a VAE's ELBO often is: a per-rank batch halves it
+        loss = nn.functional.mse_loss(model(x), y, reduction="sum")
     if args.case == "noisekl":  # a weight of the batch's share of the data: a per-rank batch halves it
         loss = loss + x.size(0) / len(data) * 0.5 * sum(p.pow(2).sum() for p in model.parameters())
     opt.zero_grad()
