@@ -344,7 +344,8 @@ def test_a_builtin_is_no_name_of_the_one_star_imported_module():
     """pytorch-cifar-models: ``from models import *`` and ``for i, (x, y) in enumerate(train_loader)``: any name
     read and never bound was taken for one of models', ``enumerate`` included, and listed as another module's
     function fed by hand (exit 1)."""
-    from ddpkit.commands.convert.scan import imported_from, parse, scan
+    from ddpkit.commands.convert.origins import imported_from
+    from ddpkit.commands.convert.scan import parse, scan
 
     facts = scan(parse("from models import *\nfor i, x in enumerate(loader):\n    pass\n"))
     assert imported_from(facts, "enumerate") is None and imported_from(facts, "loader") == ("models", "loader")
@@ -474,7 +475,8 @@ def test_second_review_history_items_batch_reads_builtins_and_init_methods():
             "            t.update(len(x))\n", "            t.update(len(x))\n            if epoch == 1:\n"
             "                print(model(fixed if 'fixed' in dir() else x).sum())\n")
         assert "global_batch_size=batch_size" in plan(source).text, (made, plan(source).left)
-    from ddpkit.commands.convert.scan import imported_from, parse, scan
+    from ddpkit.commands.convert.origins import imported_from
+    from ddpkit.commands.convert.scan import parse, scan
     assert imported_from(scan(parse("from utils import *\neval(model, loader)\n")), "eval") == ("utils", "eval")
     own = ("import torch\nmodel = Net()\nn = model.init_weights()\nopt = torch.optim.Adam(model.parameters())\n")
     assert "n = model.init_weights()\nmodel = ddpkit.prepare_model(model)\n" in plan(own).text, plan(own).text

@@ -205,3 +205,35 @@ def test_an_odd_literal_batch_stays_per_process_said(size):
     assert [k.why for k in done.kept if k.what == f"batch_size={size} kept per process"] == [
         "a global batch of 5 splits evenly over no even number of processes (N must divide 5): the global batch is "
         "5 x the number of processes; an even batch_size keeps it global"]
+
+
+VAE = ("import torch\nimport torch.nn.functional as F\nfrom torch.utils.data import DataLoader\n"
+       "enc, dec = torch.nn.Linear(16, 8), torch.nn.Linear(4, 16)\nmodel = torch.nn.ModuleList([enc, dec])\n"
+       "opt = torch.optim.Adam(model.parameters(), lr=1e-3)\n{helper}for (x,) in DataLoader(ds, batch_size=32):\n"
+       "    mu, logvar = enc(x).chunk(2, dim=1)\n    recon = torch.sigmoid(dec(mu))\n{step}"
+       "    opt.zero_grad()\n    loss.backward()\n    opt.step()\n")
+
+
+@pytest.mark.parametrize("helper, step, listed", [
+    # a KL summed over the batch beside a mean reconstruction (measurer a, D4)
+    ("", "    kld = -0.5 * torch.sum(1 + logvar - mu ** 2 - logvar.exp())\n    loss = F.mse_loss(recon, x) + kld\n",
+     "kld = kld * ddpkit.init().world_size"),
+    # the same in a loss helper, divided by a constant (measurer b, D7)
+    ("def loss_function(r, x, mu):\n    BCE = F.binary_cross_entropy(r, x)\n    KLD = 0.5 * torch.sum(mu.pow(2))\n"
+     "    KLD /= 32 * 16\n    return BCE + KLD\n", "    loss = loss_function(recon, x, mu)\n",
+     "KLD = KLD * ddpkit.init().world_size"),
+    # a per-sample loss summed (measurer c, D6)
+    ("", "    per_sample = F.binary_cross_entropy(recon, x, reduction='none').sum(1)\n    loss = per_sample.sum()\n",
+     "loss = loss * ddpkit.init().world_size"),
+    # a mean: divided by the batch's own size; an L2 penalty over the weights reads no batch
+    ("", "    kld = torch.sum(mu ** 2) / x.size(0)\n    loss = F.mse_loss(recon, x) + kld\n", None),
+    ("", "    l2 = sum(torch.sum(p ** 2) for p in model.parameters())\n    loss = F.mse_loss(recon, x) + 1e-4 * l2\n",
+     None),
+])
+def test_a_term_of_the_training_loss_summed_over_the_batch_is_listed_with_its_scale(helper, step, listed):
+    """Set 28's VAEs (measurers a D4, b D7 / D8, c D6): a KL term summed over the batch beside a mean (or divided by
+    a constant, or the per-sample losses summed) weighs 1/N at N processes, DDP averaging the ranks' gradients;
+    convert said nothing."""
+    done = plan(VAE.format(helper=helper, step=step))
+    fixes = [x.fix for x in done.left if "summed over the batch" in x.what]
+    assert (fixes[0].split(": ")[1].split(" (")[0] if fixes else None) == listed, [x.what for x in done.left]

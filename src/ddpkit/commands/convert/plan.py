@@ -57,6 +57,7 @@ from ddpkit.commands.convert import (
     shownbatch,
     splits,
     stepped,
+    summedterms,
     tokens,
     unwrapped,
     wholebatch,
@@ -265,6 +266,7 @@ class _Work:
         moments.moments(self)
         probed.probed(self)
         losses.summed_loss(self)
+        summedterms.summed_terms(self)
         losses.step_loss_shown(self)
         seeded.seeded_noise(self)
         numpydraws.numpy_draws(self)

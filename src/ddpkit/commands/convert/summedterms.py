@@ -1,0 +1,123 @@
+"""A term of the training loss summed over the batch beside a mean (a VAE's ``kld = -0.5 * torch.sum(1 + logvar -
+mu ** 2 - logvar.exp())`` added to a mean reconstruction loss, or divided by a constant, ``KLD.sum() /
+(batch_size * 784)``; a per-sample loss summed, ``per_sample.sum()``). At N processes each rank sums its own B/N
+samples and DDP averages the ranks' gradients, so the term weighs 1/N of what it weighs in one process. Nothing
+fails; the term is listed with the fix, scaling it by the number of processes in training. A sum over the model's
+weights (an L2 penalty) reads no batch: not listed; one divided by the batch's own size (``x.size(0)``) is a mean.
+
+Example::
+
+    >>> from ddpkit.commands.convert.plan import plan
+    >>> p = plan("import torch\\nfrom torch.utils.data import DataLoader\\nm = torch.nn.Linear(4, 4)\\n"
+    ...          "opt = torch.optim.Adam(m.parameters())\\nfor x in DataLoader(ds, batch_size=8):\\n"
+    ...          "    mu = m(x)\\n    kld = 0.5 * torch.sum(mu ** 2)\\n"
+    ...          "    loss = torch.nn.functional.mse_loss(mu, x) + kld\\n    loss.backward()\\n    opt.step()\\n")
+    >>> [x.line for x in p.left], p.left[0].fix[:55]
+    ([7], 'scale it by the number of processes in training: kld = ')
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import libcst as cst
+import libcst.matchers as m
+
+from ddpkit.commands.convert import flow
+from ddpkit.commands.convert.batchmeans import batch_size, stepped_losses
+from ddpkit.commands.convert.counted import divided_by_count
+from ddpkit.commands.convert.names import dotted, names_in
+from ddpkit.commands.convert.scan import Call, Scope
+
+_Work = Any  # the plan in the making (plan._Work): facts, models, leave
+
+WHY = ("a term of the training loss is summed over the batch ({code}): at N processes each rank sums its own B/N "
+       "samples and DDP averages the ranks' gradients, so the term weighs 1/N of what it weighs in one process")
+
+
+def summed_terms(work: _Work) -> None:
+    """List each such term (see the module), once; not where the whole loss is listed as a sum already."""
+    if any(x.what.startswith("the training loss is a sum over the batch") for x in work.left):
+        return
+    models = {b.target for b in work.models}
+    said: set[int] = set()
+    for loop in (lp for lp in work.facts.loops if flow.trains(work.facts, lp)):
+        feeds = _feeding(work, loop.scope, stepped_losses(loop), (loop.line, loop.end))
+        batchy = _batchy(work, loop.scope, set(loop.targets), models, (loop.line, loop.end))
+        _terms(work, [c for c in loop.calls if c.scope is loop.scope], feeds, batchy, said)
+        for call in loop.calls:  # (a loss helper of the file: ``loss = loss_function(recon, x, mu)``)
+            target = flow.callee(work.facts, call)
+            bound = {b.target for b in work.facts.bindings if b.value is call.node}
+            if target is None or target[0].cls or not bound & feeds:
+                continue
+            scope, skip = target
+            handed = {p for p, a in zip(scope.params[skip:], call.node.args) if a.keyword is None and
+                      names_in(a.value) & batchy}
+            returned = {n for s, v in work.facts.returns if s is scope for n in names_in(v)}
+            whole = (0, 1 << 30)
+            _terms(work, [c for c in work.facts.calls if c.scope is scope], _feeding(work, scope, returned, whole),
+                   _batchy(work, scope, handed, models, whole), said)
+
+
+def _terms(work: _Work, calls: list[Call], feeds: set[str], batchy: set[str], said: set[int]) -> None:
+    for call in calls:
+        summed = _total(call.node)
+        if summed is None or id(call.node) in said or not (names_in(summed) & batchy) or \
+                divided_by_count(work, call.line):
+            continue
+        holders = [b for b in work.facts.bindings if b.scope is call.scope and b.value is not None and
+                   any(n is call.node for n in m.findall(b.value, m.Call()))]
+        if not any(b.target in feeds for b in holders) or any(_over_batch(work, b.target, call) for b in holders) or \
+                any(_divides_by_batch(b.value) for b in holders):
+            continue
+        said.add(id(call.node))
+        name = holders[0].target
+        work.leave(call.line, WHY.format(code=work.facts.code(call.node)[:60]), f"scale it by the number of processes "
+                   f"in training: {name} = {name} * ddpkit.init().world_size (or average it over the batch, "
+                   "x.size(0), and set its weight again)")
+
+
+def _total(node: cst.Call) -> cst.BaseExpression | None:
+    """What ``x.sum()`` / ``torch.sum(x)`` sums over every element (no ``dim``); None for any other call."""
+    if isinstance(node.func, cst.Attribute) and node.func.attr.value == "sum" and not node.args:
+        return node.func.value
+    if dotted(node.func) == "torch.sum" and len(node.args) == 1 and node.args[0].keyword is None:
+        return node.args[0].value
+    return None
+
+
+def _feeding(work: _Work, scope: Scope, names: set[str], lines: tuple[int, int]) -> set[str]:
+    """``names`` and the names bound (between ``lines``, in ``scope``) that they are made from."""
+    feeds = set(names)
+    bound = [b for b in work.facts.bindings if b.scope is scope and b.value is not None and
+             lines[0] <= b.line <= lines[1]]
+    for _ in range(4):
+        feeds |= {n for b in bound if b.target in feeds for n in names_in(b.value)}
+    return feeds
+
+
+def _batchy(work: _Work, scope: Scope, names: set[str], models: set[str], lines: tuple[int, int]) -> set[str]:
+    """``names`` (the batch) and what is made of them, or of a model's output, between ``lines`` in ``scope``."""
+    batchy = set(names)
+    bound = [b for b in work.facts.bindings if b.scope is scope and lines[0] <= b.line <= lines[1]]
+    for _ in range(4):
+        batchy |= {b.target for b in bound if b.value is not None and (names_in(b.value) & batchy or any(
+            isinstance(c, cst.Call) and dotted(c.func) in models for c in m.findall(b.value, m.Call())))}
+        batchy |= {b.target for b in bound if b.value is None and isinstance(b.whole, cst.Call) and (
+            names_in(b.whole) & batchy or dotted(b.whole.func) in models)}
+    return batchy
+
+
+def _divides_by_batch(value: cst.BaseExpression) -> bool:
+    """``torch.sum(...) / x.size(0)``: a mean over this rank's batch."""
+    return any(isinstance(d, cst.BinaryOperation) and isinstance(d.operator, cst.Divide) and
+               any(batch_size(n) for n in [d.right, *m.findall(d.right, m.Call() | m.Subscript())])
+               for d in m.findall(value, m.BinaryOperation()))
+
+
+def _over_batch(work: _Work, name: str, call: Call) -> bool:
+    """``kld /= x.size(0)`` below the sum, in its function: a mean then."""
+    return any(isinstance(a, cst.AugAssign) and isinstance(a.operator, cst.DivideAssign) and
+               dotted(a.target) == name and (batch_size(a.value) or any(
+                   batch_size(n) for n in m.findall(a.value, m.Call() | m.Subscript())))
+               for a in m.findall(call.scope.node, m.AugAssign()))
