@@ -237,3 +237,26 @@ def test_a_term_of_the_training_loss_summed_over_the_batch_is_listed_with_its_sc
     done = plan(VAE.format(helper=helper, step=step))
     fixes = [x.fix for x in done.left if "summed over the batch" in x.what]
     assert (fixes[0].split(": ")[1].split(" (")[0] if fixes else None) == listed, [x.what for x in done.left]
+
+
+@pytest.mark.parametrize("update", ["p -= lr * p.grad", "p.data.add_(p.grad, alpha=-lr)"])
+def test_a_model_stepped_by_hand_is_prepared_and_trains_one_model_on_every_rank(tmp_path, update):
+    """measurer c, D4: ``for p in model.parameters(): p -= lr * p.grad`` (no optimizer) left the model unprepared
+    beside a sharded loader: each rank trained a model of its own, unsaid. Launched at 2, the ranks end alike."""
+    text = ("import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+            "torch.manual_seed(0)\nds = TensorDataset(torch.randn(64, 8), torch.randint(0, 4, (64,)))\n"
+            "loader = DataLoader(ds, batch_size=16, shuffle=True)\n"
+            "model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))\nlr = 0.5\n"
+            "for x, y in loader:\n    model.zero_grad()\n    nn.functional.cross_entropy(model(x), y).backward()\n"
+            f"    with torch.no_grad():\n        for p in model.parameters():\n            {update}\n"
+            "import os, sys\ntotal = sum(p.sum().item() for p in model.parameters())\n"
+            "sys.stderr.write(f\"weights {os.environ['RANK']} {total:.6f}\\n\")\n")
+    done = plan(text)
+    assert "model = ddpkit.prepare_model(nn.Sequential(" in done.text and not done.left, done.text
+    assert any("the update by hand at line 13" in e.why for e in done.edits)
+    script = tmp_path / "byhand.py"
+    script.write_text(done.text)
+    run = launch(script, launcher_args=["--console-ranks", "all"], cwd=tmp_path)
+    sums = {line.split()[-1] for line in run.stderr.splitlines() if "weights " in line}
+    ranks = {line.split()[-2] for line in run.stderr.splitlines() if "weights " in line}
+    assert run.returncode == 0 and ranks == {"0", "1"} and len(sums) == 1, run.stdout + run.stderr[-2000:]

@@ -240,6 +240,8 @@ def wrap(work: _Work, binding: Binding, optimizer: Call | None) -> bool:
             f"ddpkit.prepare_model({work.facts.module.code_for_node(rules.without_moves(before(node)))})")
     trains = f"the optimizer at line {optimizer.line}" if optimizer is not None else "an optimizer in " \
         "another module of the project"
+    if optimizer is not None and optimizer.last == "parameters":  # (``for p in model.parameters(): p -= ...``)
+        trains = f"the update by hand at line {optimizer.line}"
     work.note(f"{binding.target} = ddpkit.prepare_model(...)", f"the model {trains} trains: prepare_model moves "
               "it to this rank's device, converts BatchNorm and wraps it in DDP", binding.line)
     return True

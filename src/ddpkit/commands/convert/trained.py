@@ -27,7 +27,7 @@ def trained_all(facts: Facts, call: Call) -> list[str]:
     """Every model an optimizer call trains (:func:`trained`), also through a name its argument is bound to
     (``params = list(enc.parameters()) + list(dec.parameters()); Adam(params)``: both), two names deep
     (``groups = [{"params": [p for n, p in named ...]}]``, ``named = list(model.named_parameters())``)."""
-    found = trained(call) or _stepped(facts, call)
+    found = trained(call) or _stepped(facts, call) or by_hand(facts, call)
     # (a class of the script's own over a name: ``self.opt.optimizer(_params, lr=...)``, ``_params = filter(...,
     # self.model.parameters())``: followed as an optimizer's argument is, before it is read as handed out)
     if not (optimizer(call) or found or _steps(facts, call)) or not call.node.args:
@@ -183,6 +183,31 @@ def trained(call: Call) -> list[str]:
     for arg in call.node.args:
         found += parameters_of(arg.value)
     return list(dict.fromkeys(found))
+
+
+def by_hand(facts: Facts, call: Call) -> list[str]:
+    """The model whose ``.parameters()`` ``call`` hands to a loop that steps each by its gradient, no optimizer
+    (``for p in model.parameters(): p -= lr * p.grad``, ``p.data.add_(p.grad, alpha=-lr)``: Zaremba's LSTM, course
+    homework; set 28: never prepared, each rank trained a model of its own).
+
+    >>> from ddpkit.commands.convert.scan import parse, scan
+    >>> f = scan(parse("for p in net.parameters():\\n    p.data -= 0.1 * p.grad\\n"
+    ...                "for q in net.parameters():\\n    q.requires_grad = False\\n"))
+    >>> [by_hand(f, c) for c in f.calls if c.last == "parameters"]
+    [['net'], []]
+    """
+    loop = next((lp.node for lp in facts.loops if isinstance(lp.node, cst.For) and lp.node.iter is call.node), None)
+    if loop is None or not isinstance(loop.target, cst.Name):
+        return []
+    p = loop.target.value
+    graded = {f"{p}.grad", f"{p}.grad.data"}
+    stepped = any(isinstance(a, cst.AugAssign) and dotted(a.target) in (p, f"{p}.data") and
+                  names_in(a.value) & graded for a in m.findall(loop.body, m.AugAssign())) or any(
+        isinstance(c, cst.Call) and isinstance(c.func, cst.Attribute) and c.func.attr.value in ("add_", "sub_",
+                                                                                                  "copy_")
+        and dotted(c.func.value) in (p, f"{p}.data") and any(names_in(a.value) & graded for a in c.args)
+        for c in m.findall(loop.body, m.Call()))
+    return [name for name in parameters_of(call.node) if name] if stepped else []
 
 
 def parameters_of(node: cst.CSTNode) -> list[str]:
