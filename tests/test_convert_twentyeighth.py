@@ -260,3 +260,21 @@ def test_a_model_stepped_by_hand_is_prepared_and_trains_one_model_on_every_rank(
     sums = {line.split()[-1] for line in run.stderr.splitlines() if "weights " in line}
     ranks = {line.split()[-2] for line in run.stderr.splitlines() if "weights " in line}
     assert run.returncode == 0 and ranks == {"0", "1"} and len(sums) == 1, run.stdout + run.stderr[-2000:]
+
+
+@pytest.mark.parametrize("mode, expected", [
+    ("", "wandb.init(project='demo', mode=None if ddpkit.init().is_main else 'disabled')"),
+    (", mode='offline'", "wandb.init(project='demo', mode=('offline') if ddpkit.init().is_main else 'disabled')"),
+])
+def test_a_wandb_run_is_rank_zeros(mode, expected):
+    """measurer a, D5: ``wandb.init`` and ``wandb.log`` were left on every rank (two runs of one name, each its
+    rank's loss), said "rank 0's on screen". The others' run is disabled now (their log calls do nothing), and the
+    logged loss is said rank 0's in the log."""
+    done = plan("import torch\nimport wandb\nfrom torch.utils.data import DataLoader\n"
+                f"wandb.init(project='demo'{mode})\nm = torch.nn.Linear(4, 1)\n"
+                "opt = torch.optim.SGD(m.parameters(), lr=0.1)\nfor (x,) in DataLoader(ds, batch_size=16):\n"
+                "    loss = m(x).pow(2).mean()\n    opt.zero_grad()\n    loss.backward()\n    opt.step()\n"
+                "    wandb.log({'loss': loss.item()})\n")
+    assert expected in done.text.splitlines() and not done.left
+    assert [k.why.split(": ")[1].split(",")[0] for k in done.kept if "loss" in k.what] == [
+        "a mean over its 1/N of the global batch (rank 0's in the log)"]

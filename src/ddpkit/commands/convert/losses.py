@@ -313,10 +313,11 @@ def step_loss_shown(work: _Work) -> None:
                 what += [f"{', '.join(parts)}, terms of the step's loss"] if parts else []
                 whole = f"ddpkit.reduce({named[0]}.detach(), op='mean')" if named else \
                     f"ddpkit.reduce({(also or parts)[0]}, op='mean')"
-                why = "this rank's: a mean over its 1/N of the global batch (rank 0's on screen), the same quantity " \
+                where = "in the log" if shown.last == "log" else "in the list" if kept else "on screen"
+                why = f"this rank's: a mean over its 1/N of the global batch (rank 0's {where}), the same quantity " \
                     f"from fewer samples; {whole} shows the whole batch's"
                 if named and named[0] in summed:  # (set 26's YOLO and VAE: a sum called "the same quantity")
-                    why = "this rank's: a sum over its 1/N of the global batch (rank 0's on screen), about 1/N of " \
+                    why = f"this rank's: a sum over its 1/N of the global batch (rank 0's {where}), about 1/N of " \
                         f"the whole batch's sum; ddpkit.reduce({named[0]}.detach(), op='sum') shows the whole batch's"
                     bound = flow.binding_of(work.facts, named[0], loop.scope, shown.line)
                     if bound is not None and bound.value is not None and "world_size" in work.facts.code(bound.value):

@@ -59,6 +59,7 @@ from ddpkit.commands.convert import (
     stepped,
     summedterms,
     tokens,
+    trackers,
     unwrapped,
     wholebatch,
     writes,
@@ -280,6 +281,7 @@ class _Work:
         rules.class_reads(self)
         removals.removals(self)
         writes.writes(self)
+        trackers.trackers(self)
         choices.rank_chosen_saves(self)
         reread.reread(self)
         calledorder.tell(self)
