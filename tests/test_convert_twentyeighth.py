@@ -278,3 +278,14 @@ def test_a_wandb_run_is_rank_zeros(mode, expected):
     assert expected in done.text.splitlines() and not done.left
     assert [k.why.split(": ")[1].split(",")[0] for k in done.kept if "loss" in k.what] == [
         "a mean over its 1/N of the global batch (rank 0's in the log)"]
+
+
+@pytest.mark.parametrize("signature, body", [
+    ("netG: torch.nn.Module, dl", "    for x in dl:\n        pass\n"),  # annotated
+    ("netG, dl", "    netG.train()\n"),  # used as a module
+])
+def test_a_whole_model_handed_to_a_trainer_of_another_module_is_saved_unwrapped(signature, body):
+    """measurer c, D2 (a cGAN project): ``torch.save(netG, path)`` in a trainer whose ``netG`` the entry script
+    prepares and hands in pickled the wrapper at the first save (only ``model``/``net`` names were unwrapped)."""
+    done = plan(f"import torch\ndef train({signature}, path):\n{body}    torch.save(netG, path)\n")
+    assert "        torch.save(ddpkit.unwrap(netG), path)" in done.text.splitlines(), done.text

@@ -369,9 +369,17 @@ def _handed_model(work: _Work, found: Binding) -> bool:
     """A parameter named for a model (``model``, ``net``, ``encoder_model``) of a function no line of this file
     calls: another module passes it (a tutorial's ``utils.save_checkpoint(epoch, model, ...)``), and the model it
     prepares is a wrapper. (``ddpkit.unwrap`` hands back anything else as it is.)"""
-    return found.value is None and found.whole is None and found.stmt is None and found.target in \
-        found.scope.params and bool(re.fullmatch(r"(\w+_)?(model|net|network)", found.target)) and \
-        not callers(work.facts, found.scope)
+    if not (found.value is None and found.whole is None and found.stmt is None and found.target in
+            found.scope.params and not callers(work.facts, found.scope)):
+        return False
+    # (or used as one there: ``netG.train()``, ``netG.zero_grad()``, or annotated ``netG: torch.nn.Module``; set
+    # 28's cGAN trainer, whose ``torch.save(netG, path)`` pickled the wrapper and crashed)
+    used = {f"{found.target}.{method}" for method in ("train", "eval", "zero_grad", "parameters", "state_dict")}
+    params = m.findall(found.scope.node, m.Param(name=m.Name(found.target)))
+    return bool(re.fullmatch(r"(\w+_)?(model|net|network)", found.target)) or any(
+        c.scope is found.scope and dotted(c.node.func) in used for c in work.facts.calls) or any(
+        isinstance(p, cst.Param) and p.annotation is not None and
+        "Module" in work.facts.code(p.annotation.annotation) for p in params)
 
 
 def _unwrap(work: _Work, call: Any) -> None:
