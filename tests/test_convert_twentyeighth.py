@@ -289,3 +289,15 @@ def test_a_whole_model_handed_to_a_trainer_of_another_module_is_saved_unwrapped(
     prepares and hands in pickled the wrapper at the first save (only ``model``/``net`` names were unwrapped)."""
     done = plan(f"import torch\ndef train({signature}, path):\n{body}    torch.save(netG, path)\n")
     assert "        torch.save(ddpkit.unwrap(netG), path)" in done.text.splitlines(), done.text
+
+
+def test_a_gpu_written_into_a_settings_dict_is_listed():
+    """measurer a, D6: ``config["device"] = torch.device("cuda:0")`` in the device ``if`` / ``else`` was left as it
+    was, unsaid: on 2 GPUs rank 1 would move its batches to cuda:0."""
+    done = plan("import torch\nconfig = {'device': 'cuda'}\nif torch.cuda.is_available():\n"
+                "    config['device'] = torch.device('cuda:0')\nelse:\n    config['device'] = torch.device('cpu')\n"
+                "m = torch.nn.Linear(4, 1).to(config['device'])\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                "for x in torch.utils.data.DataLoader(ds, batch_size=16):\n"
+                "    m(x.to(config['device'])).mean().backward()\n    opt.step()\n")
+    assert [(x.line, x.fix) for x in done.left] == [
+        (4, "take this rank's device from ddpkit: config['device'] = ddpkit.init().device")]

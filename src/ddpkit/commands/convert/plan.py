@@ -33,6 +33,7 @@ from ddpkit.commands.convert import (
     counted,
     device,
     devicehelper,
+    devicekeys,
     gradpen,
     handmade,
     lastbatch,
@@ -251,6 +252,7 @@ class _Work:
         if not self._convertible():
             return
         device.devices(self)
+        devicekeys.device_keys(self)
         devicehelper.device_functions(self)
         parallel.undo(self)
         models.models(self)
