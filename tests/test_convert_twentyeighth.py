@@ -301,3 +301,24 @@ def test_a_gpu_written_into_a_settings_dict_is_listed():
                 "    m(x.to(config['device'])).mean().backward()\n    opt.step()\n")
     assert [(x.line, x.fix) for x in done.left] == [
         (4, "take this rank's device from ddpkit: config['device'] = ddpkit.init().device")]
+
+
+def test_a_layer_no_forward_reaches_gets_the_wrap_told_and_trains_at_two(tmp_path):
+    """measurer b, D6: ``self.spare`` built and read only by a method nothing calls: convert said nothing and the
+    first backward at 2 processes stopped ("parameters got no gradient")."""
+    text = ("import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+            "class AE(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.enc = nn.Linear(16, 4)\n        self.dec = nn.Linear(4, 16)\n"
+            "        self.spare = nn.Linear(4, 16)\n"
+            "    def decode_old(self, z):\n        return self.spare(z)\n"
+            "    def forward(self, x):\n        return self.dec(torch.relu(self.enc(x)))\n"
+            "torch.manual_seed(1)\n"
+            "loader = DataLoader(TensorDataset(torch.rand(64, 16)), batch_size=16, shuffle=True)\n"
+            "model = AE()\nopt = torch.optim.Adam(model.parameters(), lr=1e-3)\nfor (x,) in loader:\n"
+            "    loss = (model(x) - x).pow(2).mean()\n    opt.zero_grad()\n    loss.backward()\n    opt.step()\n")
+    done = plan(text)
+    assert "model = ddpkit.prepare_model(AE(), find_unused_parameters=True)" in done.text and not done.left
+    script = tmp_path / "spare.py"
+    script.write_text(done.text)
+    run = launch(script, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]

@@ -33,6 +33,7 @@ from ddpkit.commands.convert import (
     rules,
     stepped,
     trained,
+    unusedlayers,
 )
 from ddpkit.commands.convert.crossing import MODEL, Ask
 from ddpkit.commands.convert.flow import argument_for, binding_of, callee, part_of
@@ -218,9 +219,15 @@ def wrap(work: _Work, binding: Binding, optimizer: Call | None) -> bool:
         return True
     if inits.place(work, binding, moves):  # ``netG.apply(weights_init)`` below the build: the wrap below it
         return True
+    spare = unusedlayers.unused(work.facts, value)  # (layers no forward reaches: DDP told to look for them)
+    extra = ", find_unused_parameters=True" if spare else ""
+    if spare:
+        work.note(f"{binding.target}'s wrap told find_unused_parameters=True", f"{', '.join(spare)} "
+                  "is built and no forward reaches it: its parameters get no gradient, which DDP stops at unless "
+                  "told (or delete the layer)", binding.line)
     if moves:  # ``model.to(device)`` on its own line: that line becomes the wrap
         move = moves[-1]
-        work.edits.replace[id(move.stmt)] = [f"{binding.target} = ddpkit.prepare_model({binding.target})"]
+        work.edits.replace[id(move.stmt)] = [f"{binding.target} = ddpkit.prepare_model({binding.target}{extra})"]
         work.note(f"{binding.target}.{move.last}(...) -> {binding.target} = ddpkit.prepare_model("
                   f"{binding.target})", "prepare_model moves it to this rank's device, converts BatchNorm to "
                   "SyncBatchNorm and wraps it in DDP", move.line)
@@ -237,7 +244,7 @@ def wrap(work: _Work, binding: Binding, optimizer: Call | None) -> bool:
         # (after an edit of the same node: ``nn.DataParallel(Net().to(device))``, undone to its module first)
         before = work.edits.expr.get(id(value), lambda node: node)
         work.edits.expr[id(value)] = lambda node: cst.parse_expression(
-            f"ddpkit.prepare_model({work.facts.module.code_for_node(rules.without_moves(before(node)))})")
+            f"ddpkit.prepare_model({work.facts.module.code_for_node(rules.without_moves(before(node)))}{extra})")
     trains = f"the optimizer at line {optimizer.line}" if optimizer is not None else "an optimizer in " \
         "another module of the project"
     if optimizer is not None and optimizer.last == "parameters":  # (``for p in model.parameters(): p -= ...``)
