@@ -322,3 +322,24 @@ def test_a_layer_no_forward_reaches_gets_the_wrap_told_and_trains_at_two(tmp_pat
     script.write_text(done.text)
     run = launch(script, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_a_data_objects_evaluation_loader_read_by_another_module_is_not_said_unread():
+    """measurer a, D3: ``self.test_loader`` of a ``Data`` class, read by the script as ``data.test_loader`` every
+    epoch, was kept with "nothing reads self.test_loader" (false); it is left whole, said so."""
+    from ddpkit.commands.convert.crossing import settle
+
+    files = {"data.py": "import torch\nclass Data:\n    def __init__(self):\n"
+                        "        self.train_loader = torch.utils.data.DataLoader(tr, batch_size=16, shuffle=True)\n"
+                        "        self.test_loader = torch.utils.data.DataLoader(te, batch_size=8, shuffle=True)\n",
+             "train.py": "import torch\nfrom data import Data\ndef show(model, data):\n"
+                         "    (x,) = next(iter(data.test_loader))\n    return model(x).detach()\n"
+                         "data = Data()\nmodel = torch.nn.Linear(10, 10)\n"
+                         "opt = torch.optim.Adam(model.parameters())\nfor epoch in range(2):\n"
+                         "    for (x,) in data.train_loader:\n        loss = (model(x) - x).pow(2).mean()\n"
+                         "        opt.zero_grad()\n        loss.backward()\n        opt.step()\n"
+                         "    print(show(model, data).shape)\n"}
+    done = settle(list(files), lambda rel, c: plan(files[rel], crossing=c))
+    why = [k.why for k in done["data.py"].kept if k.what.startswith("self.test_loader")]
+    assert why == ["nothing in this file reads self.test_loader: left whole, a reader in another module takes every "
+                   "batch on every rank"], [(k.what, k.why) for k in done["data.py"].kept]
