@@ -190,7 +190,8 @@ def test_numpy_counts_are_numbers_and_a_stream_with_count_is_refused_with_a_work
 def plain_loop(tmp_path_factory):
     out = tmp_path_factory.mktemp("batch_count")
     ok(run_cmd([sys.executable, str(WORKERS / "batch_count.py"), str(out), "counted"]))
-    for world, case in ((2, "counted"), (3, "counted"), (2, "plain"), (2, "rewrap")):
+    ok(run_cmd([sys.executable, str(WORKERS / "batch_count.py"), str(out), "bn"]))
+    for world, case in ((2, "counted"), (3, "counted"), (2, "plain"), (2, "rewrap"), (2, "bn")):
         ok(launch(WORKERS / "batch_count.py", out, case, nproc=world))
     return {name.stem: torch.load(name) for name in out.glob("w*.pt")}
 
@@ -204,6 +205,17 @@ def test_batch_count_weighs_a_plain_loops_gradients_as_one_process_takes_the_tok
     assert _largest_difference(one, plain_loop["w3_counted"]) <= 1e-6
     assert _largest_difference(one, plain_loop["w2_plain"]) > 1e-2  # the loss the line above corrects
     assert _largest_difference(one, plain_loop["w2_rewrap"]) <= 1e-6  # review: prepared twice, weighed twice
+
+
+def test_batch_count_weighs_a_model_with_batchnorm_as_one_process(plain_loop):
+    """Set 28 (a class-weighted loss with the batch_count= fix convert names, in a CNN with BatchNorm): the
+    synchronised BatchNorm's backward all-reduces sums of the gradient reaching it, and each rank's parameter
+    gradients were weighed after it, so the layers below parted from one process (verify FAILed the fixed script).
+    The outputs' gradients are weighed instead where a model synchronises its BatchNorm."""
+    # (the parameters: the evaluation between epochs runs in train mode, which counts its batches per rank)
+    weights = [{k: v for k, v in plain_loop[w].items() if "running" not in k and "tracked" not in k}
+               for w in ("w1_bn", "w2_bn")]
+    assert _largest_difference(*weights) <= 1e-5
 
 
 @pytest.mark.parametrize("kwargs, said", [

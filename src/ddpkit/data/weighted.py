@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from ddpkit.data.steps import checked_count
 from ddpkit.strategies import ddp_wrapper
+from ddpkit.strategies.syncbn import SyncBatchNorm
 
 __all__ = ["BatchWeights"]
 
@@ -45,6 +46,8 @@ _SCALE: list[float | None] = [None]
 # the parameters that carry the hook, by id (a tensor compares by value: no set of them), each once however many
 # wrappers a module was prepared in
 _HOOKED: dict[int, weakref.ref[torch.Tensor]] = {}
+# the modules whose outputs carry it instead (a model with synchronised BatchNorm), by id, each once
+_OUTPUTS: dict[int, weakref.ref[torch.nn.Module]] = {}
 
 
 class BatchWeights:
@@ -81,8 +84,16 @@ class BatchWeights:
 
 def _hook_models() -> None:
     """Each trainable parameter of the prepared DDP models gets the hook once; looked over at every batch, so that
-    a model prepared later and a layer unfrozen later (gradual unfreezing) get it too."""
+    a model prepared later and a layer unfrozen later (gradual unfreezing) get it too. A model with synchronised
+    BatchNorm has its outputs' gradients scaled instead: that layer's backward all-reduces sums of the gradient
+    reaching it, which must be weighed already (the layers below it parted from one process's; set 28)."""
     for model in ddp_wrapper.live_models():
+        if _synced(model.module):
+            known = _OUTPUTS.get(id(model.module))
+            if known is None or known() is not model.module:
+                _OUTPUTS[id(model.module)] = weakref.ref(model.module)
+                model.module.register_forward_hook(_weigh_outputs)
+            continue
         for param in model.module.parameters():
             if not param.requires_grad:
                 continue
@@ -98,3 +109,22 @@ def _scaled(grad: torch.Tensor) -> torch.Tensor | None:
     if scale is None:  # a backward outside a counted batch: as the script wrote it
         return None
     return torch.zeros_like(grad) if scale == 0 else grad * scale
+
+
+def _synced(module: torch.nn.Module) -> bool:
+    return any(isinstance(m, (SyncBatchNorm, torch.nn.SyncBatchNorm)) for m in module.modules())
+
+
+def _weigh_outputs(_module: torch.nn.Module, _args: Any, output: Any) -> None:
+    """Each output tensor that needs a gradient gets the scale of the batch on its gradient (a forward hook)."""
+    stack, seen = [output], 0
+    while stack and seen < 64:  # (a tensor, or tuples, lists and dicts of them: a Hugging Face model's output)
+        item, seen = stack.pop(), seen + 1
+        if isinstance(item, torch.Tensor):
+            if item.requires_grad:
+                item.register_hook(_scaled)
+        elif isinstance(item, (tuple, list)):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+
