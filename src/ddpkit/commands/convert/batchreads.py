@@ -129,8 +129,9 @@ def _aside(work: _Work, loops: list[Loop]) -> set[int]:
             bound = {dotted(t.target) for a in m.findall(block, m.Assign()) if isinstance(a, cst.Assign)
                      for t in a.targets} | {dotted(a.target) for a in m.findall(block, m.AugAssign())
                                             if isinstance(a, cst.AugAssign)}
-            outside = {name for name, _scope, _line, node in work.facts.reads
-                       if id(node) in body and id(node) not in ids}
+            # (read anywhere in the function outside it: ``acc += ... / batch_size`` shown after the loop; review 44)
+            outside = {name for name, scope, _line, node in work.facts.reads
+                       if (scope is loop.scope or id(node) in body) and id(node) not in ids}
             if not (bound - {None}) & outside:
                 aside |= ids
     return aside

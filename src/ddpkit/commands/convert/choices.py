@@ -8,14 +8,14 @@ would pick. Listed with the fix: the mean over the ranks, computed on every rank
 Example::
 
     >>> from ddpkit.commands.convert.plan import plan
-    >>> p = plan("import torch\\nfrom torch.utils.data import DataLoader\\nm = torch.nn.Linear(2, 1)\\n"
-    ...          "o = torch.optim.SGD(m.parameters(), lr=0.1)\\nbest = 9.0\\n"
+    >>> p = plan("import torch\\nfrom torch.utils.data import DataLoader\\ntorch.manual_seed(0)\\n"
+    ...          "m = torch.nn.Linear(2, 1)\\no = torch.optim.SGD(m.parameters(), lr=0.1)\\nbest = 9.0\\n"
     ...          "for x, y in DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), "
     ...          "batch_size=4):\\n    loss = torch.nn.functional.mse_loss(m(x), y)\\n    if loss < best:\\n"
     ...          "        best = loss\\n        torch.save(m.state_dict(), 'best.pth')\\n    o.zero_grad()\\n"
     ...          "    loss.backward()\\n    o.step()\\n")
     >>> [(x.line, x.what[:27]) for x in p.left]
-    [(8, 'the test compares this rank')]
+    [(9, 'the test compares this rank')]
 """
 
 from __future__ import annotations

@@ -33,8 +33,13 @@ def device_keys(work: _Work) -> None:
             target = node.targets[0].target
             key = target.slice[0].slice if isinstance(target, cst.Subscript) and len(target.slice) == 1 else None
             value = work.facts.code(node.value)
+            # (a GPU by its index, ``torch.device("cuda:0")``, ``f"cuda:{gpu}"``: an index-less "cuda" is the one
+            # ddpkit sets per rank, and ``device_count()`` no device; review 44)
+            indexed = m.matches(node.value, m.Call(func=m.Attribute(attr=m.Name("device")) | m.Name("device"))) and \
+                any(s in value for s in ("cuda:", "'cuda', ", '"cuda", ')) or \
+                isinstance(node.value, (cst.SimpleString, cst.FormattedString)) and "cuda:" in value
             if isinstance(key, cst.Index) and isinstance(key.value, cst.SimpleString) and \
-                    "device" in str(key.value.evaluated_value).lower() and "cuda" in value and "ddpkit" not in value:
+                    "device" in str(key.value.evaluated_value).lower() and indexed and "ddpkit" not in value:
                 entry = work.facts.code(target)
                 work.leave(lines.get(id(stmt), 0), f"{entry} = {value[:50]}: every rank would take that GPU, while "
                            "prepare_model puts each rank's model on its own", f"take this rank's device from ddpkit: "

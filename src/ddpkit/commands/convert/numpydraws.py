@@ -29,7 +29,7 @@ _Work = Any  # the plan in the making (plan._Work): facts, models, leave
 
 # numpy's draws and where their size is: (its position, keyword); the batch-sized ones (a size given)
 SIZED = {"randint": 2, "normal": 2, "uniform": 2, "choice": 1, "binomial": 2, "poisson": 1, "beta": 2,
-         "exponential": 1, "rand": 0, "randn": 0, "random": 0, "random_sample": 0, "permutation": 0}
+         "exponential": 1, "rand": 0, "randn": 0, "random": 0, "random_sample": 0}
 TORCH = {"randint": "torch.randint(low, high, (b,), generator=ddpkit.rank_generator())",
          "normal": "torch.normal(mean, std, (b, n), generator=ddpkit.rank_generator())",
          "uniform": "torch.empty(b, n).uniform_(low, high, generator=ddpkit.rank_generator())"}
@@ -47,7 +47,8 @@ def numpy_draws(work: _Work) -> None:
         fed = [c for c in loop.calls if dotted(c.node.func) in models]
         for draw in loop.calls:
             name = draw.name or ""
-            if id(draw.node) in said or not name.startswith("numpy.random.") or not _sized(draw):
+            # (not a sample picture's labels under no_grad; a permutation, mixup's, reorders the rank's own rows)
+            if id(draw.node) in said or not name.startswith("numpy.random.") or not _sized(draw) or draw.no_grad:
                 continue
             bound = {b.target for b in work.facts.bindings if b.scope is draw.scope and b.line == draw.line and
                      b.value is not None and any(n is draw.node for n in m.findall(b.value, m.Call()))}

@@ -22,7 +22,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddpkit.commands.convert import splits
+import libcst as cst
+import libcst.matchers as m
+
+from ddpkit.commands.convert import flow, splits
 from ddpkit.commands.convert.flow import called_from_loop
 from ddpkit.commands.convert.names import names_in
 from ddpkit.commands.convert.scan import Call
@@ -49,15 +52,19 @@ def random_data(work: _Work) -> None:
         return
     sites: dict[int, tuple[Call, str]] = {}
     for call, library in _sites(work):
-        sites.setdefault(call.line, (call, library))
+        for site in _once(work, call):  # (a helper's return: where each of its calls runs, review 44)
+            sites.setdefault(site.line, (site, library))
     for k, (call, library) in enumerate(sorted(sites.values(), key=lambda s: s[0].line)):
         alias = next((local for local, full in work.facts.aliases.items() if full == library), None)
-        if alias is None or _reseeded(work, call, library) or \
-                splits.seeded(work, call.scope, call.line, call.tests, library) is not None:
+        if alias is None or _reseeded(work, call, library) or _seeded_anywhere(work, library):
             continue
-        if call.stmt is None or call.loops or called_from_loop(work.facts, call.scope):
-            work.leave(call.line, f"the data is {WHY.split(':')[0]}, and built here in a loop: each rank would draw "
-                       "its own", f"seed it above: {RESEED[library][0].format(alias, 0)}")
+        # (in a function: one that runs once, ``main()``; a return, or a function called twice, would draw alike)
+        if call.stmt is None or call.loops or called_from_loop(work.facts, call.scope) or _returns(call) or \
+                call.scope.name and len(flow.callers(work.facts, call.scope)) != 1:
+            work.leave(call.line, f"the data is {WHY.split(':')[0]}, and built where no seed goes around it alone (a "
+                       "loop, its header, a function run more than once): each rank would draw its own", "seed it "
+                       "once above: "
+                       f"{RESEED[library][0].format(alias, 0)}")
             continue
         seed, fresh = (text.format(alias, k) for text in RESEED[library])
         work.edits.before.setdefault(id(call.stmt), []).append(seed)
@@ -81,7 +88,32 @@ def _sites(work: _Work) -> list[tuple[Call, str]]:
             found += [(c, library) for c in facts.calls if c.name == owner]
         elif draw.stmt is not None and any(b.stmt is draw.stmt and b.target in fed for b in facts.bindings):
             found.append((draw, library))
+        elif any(c.name in (LOADER, "ddpkit.data_loader") and any(n is draw.node for n in m.findall(c.node, m.Call()))
+                 for c in facts.calls if c.stmt is draw.stmt):  # (``DataLoader(TensorDataset(torch.randn(..)))``)
+            found.append((draw, library))
     return found
+
+
+def _once(work: _Work, call: Call, depth: int = 0) -> list[Call]:
+    """Where to seed ``call``'s statement: itself; for a ``return`` of a helper, each call of the helper
+    (``train_set = make_set(256)``, ``test_set = make_set(64)``: a seed above the ``return`` would give both the
+    same draws, and a fresh one after it never runs; review 44)."""
+    if not call.scope.name or depth >= 3 or not _returns(call):
+        return [call]
+    sites = flow.callers(work.facts, call.scope)
+    return [s for site in sites for s in _once(work, site, depth + 1)] or [call]
+
+
+def _returns(call: Call) -> bool:
+    return call.stmt is not None and any(isinstance(node, cst.Return) for node in call.stmt.body)
+
+
+def _seeded_anywhere(work: _Work, library: str) -> bool:
+    """The script seeds the library somewhere, under an ``if`` too (``if args.seed is not None:
+    torch.manual_seed(args.seed)``): its seed, not this module's, decides (review 44: a fixed seed around the
+    data threw the user's away); unseeded at run time, the loader's check stops at once, naming the fix."""
+    return any(c.node.args and ((c.name or "") in splits.SEEDS[library] or c.last in splits.HELPERS)
+               for c in work.facts.calls)
 
 
 def _fed(work: _Work) -> set[str]:

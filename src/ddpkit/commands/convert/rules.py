@@ -18,7 +18,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from ddpkit.commands.check.rules import RANK_WORDS
-from ddpkit.commands.convert import folders, paths, readback, waits
+from ddpkit.commands.convert import folders, paths, waits
 from ddpkit.commands.convert.apply import add_keyword
 from ddpkit.commands.convert.devicetext import ACCELERATORS, PROGRESS, text_of
 from ddpkit.commands.convert.flow import argument_for, binding_of, callers, visible
@@ -193,16 +193,6 @@ def _counted_bar(work: _Work, call: Any) -> bool:
     return any(name in {f"{n}.n" for n in names if n} for name, _scope, _line, _node in work.facts.reads)
 
 
-def _written_around(work: _Work, read: Any) -> bool:
-    """The read is in a ``with open(path, "w") as f:`` block (set 28's ``model.load_state_dict(torch.load(best))``
-    in the block writing its report): a block rank 0 alone runs (writes.py guards it, or lists it), after its own
-    save, so no other rank reads and no barrier is owed."""
-    return any(isinstance(node, cst.With) and any(
-        isinstance(i.item, cst.Call) and dotted(i.item.func) in paths.OPENERS and readback.writing(i.item)
-        for i in node.items) and any(n is read.node for n in m.findall(node.body, m.Call()))
-        for node in m.findall(work.facts.module, m.With()))
-
-
 def _save(work: _Work, call: Any, loads: list[Any]) -> None:
     if call.stmt is None or len(call.stmt.body) > 1:
         if _per_rank(work, call):
@@ -216,7 +206,7 @@ def _save(work: _Work, call: Any, loads: list[Any]) -> None:
     work.edits.guard[id(call.stmt)] = waits.main_test(work, call.scope, call.line)
     saved = _saved_to(call)  # (``last.pth`` saved, ``best.pth`` read: no wait owed for the first)
     read_back = [r for r in waits.read_back(work, call, loads)
-                 if paths.maybe_same(work.facts, call, saved, r, paths.first_path(r)) and not _written_around(work, r)]
+                 if paths.maybe_same(work.facts, call, saved, r, paths.first_path(r))]
     if read_back and waits.branched(work, call) and \
             (waits.wait_before(work, call, read_back) or waits.own_barrier(work, call, read_back) or
              waits.barrier_between(work, call, read_back)):

@@ -116,8 +116,19 @@ def _divides_by_batch(value: cst.BaseExpression) -> bool:
 
 
 def _over_batch(work: _Work, name: str, call: Call) -> bool:
-    """``kld /= x.size(0)`` below the sum, in its function: a mean then."""
-    return any(isinstance(a, cst.AugAssign) and isinstance(a.operator, cst.DivideAssign) and
-               dotted(a.target) == name and (batch_size(a.value) or any(
-                   batch_size(n) for n in m.findall(a.value, m.Call() | m.Subscript())))
-               for a in m.findall(call.scope.node, m.AugAssign()))
+    """``kld /= x.size(0)``, ``kld = kld / x.size(0)``, ``loss = bce + kld / bs`` (``bs = len(x)``) in its function:
+    a mean over this rank's batch then (review 44: the line's fix would have scaled a mean by N)."""
+    sizes = {b.target for b in work.facts.bindings if b.scope is call.scope and b.value is not None and
+             _sized(b.value, set())}
+    if any(isinstance(a, cst.AugAssign) and isinstance(a.operator, cst.DivideAssign) and dotted(a.target) == name
+           and _sized(a.value, sizes) for a in m.findall(call.scope.node, m.AugAssign())):
+        return True
+    return any(isinstance(d, cst.BinaryOperation) and isinstance(d.operator, cst.Divide) and
+               name in names_in(d.left) and _sized(d.right, sizes) for d in m.findall(call.scope.node,
+                                                                                        m.BinaryOperation()))
+
+
+def _sized(node: cst.BaseExpression, sizes: set[str]) -> bool:
+    """``x.size(0)``, ``len(x)``, ``x.shape[0]``, or a name bound to one (``bs``), in ``node``."""
+    return batch_size(node) or dotted(node) in sizes or any(
+        batch_size(n) for n in m.findall(node, m.Call() | m.Subscript())) or bool(names_in(node) & sizes)

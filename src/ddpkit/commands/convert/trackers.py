@@ -20,6 +20,7 @@ from typing import Any
 import libcst as cst
 
 from ddpkit.commands.convert.apply import add_keyword
+from ddpkit.commands.convert.waits import main_test
 
 _Work = Any  # the plan in the making (plan._Work): facts, edits, note
 
@@ -32,17 +33,21 @@ def trackers(work: _Work) -> None:
         if call.name not in STARTS:
             continue
         given = next((a for a in call.node.args if a.keyword is not None and a.keyword.value == "mode"), None)
+        if given is not None and "is_main" in work.facts.code(given.value):  # (a first conversion's: review 44)
+            continue
+        # (``state.is_main`` below the device set-up; above it, listed: an init there would lose its cpu=)
+        test = main_test(work, call.scope, call.line)
         if any(a.star for a in call.node.args):  # (``wandb.init(**cfg)``: a mode may be in it)
             work.leave(call.line, "wandb.init(**...) starts a W&B run on every rank", "pass mode='disabled' on the "
                        "ranks other than 0: wandb.init(..., mode=None if ddpkit.init().is_main else 'disabled')")
             continue
         if given is not None:
             own = work.facts.code(given.value)
-            work.edits.expr[id(given.value)] = lambda node, own=own: cst.parse_expression(
-                f"({own}) if ddpkit.init().is_main else 'disabled'")
+            work.edits.expr[id(given.value)] = lambda node, own=own, test=test: cst.parse_expression(
+                f"({own}) if {test} else 'disabled'")
         else:
-            work.edits.expr[id(call.node)] = lambda node: add_keyword(
-                node, "mode", "None if ddpkit.init().is_main else 'disabled'")
+            work.edits.expr[id(call.node)] = lambda node, test=test: add_keyword(
+                node, "mode", f"None if {test} else 'disabled'")
         work.note("wandb.init(...) -> a W&B run on rank 0 only (mode='disabled' on the others)", "every rank would "
                   "start a run of its own: one run, whose wandb.log shows rank 0's values (ddpkit.reduce(...) a "
                   "value first to log the whole batch's)", call.line)

@@ -203,6 +203,9 @@ def by_hand(facts: Facts, call: Call) -> list[str]:
     graded = {f"{p}.grad", f"{p}.grad.data"}
     stepped = any(isinstance(a, cst.AugAssign) and dotted(a.target) in (p, f"{p}.data") and
                   names_in(a.value) & graded for a in m.findall(loop.body, m.AugAssign())) or any(
+        # (``p.data = p.data - lr * p.grad.data``: review 44)
+        isinstance(a, cst.Assign) and any(dotted(t.target) == f"{p}.data" for t in a.targets) and
+        names_in(a.value) & graded for a in m.findall(loop.body, m.Assign())) or any(
         isinstance(c, cst.Call) and isinstance(c.func, cst.Attribute) and c.func.attr.value in ("add_", "sub_",
                                                                                                   "copy_")
         and dotted(c.func.value) in (p, f"{p}.data") and any(names_in(a.value) & graded for a in c.args)

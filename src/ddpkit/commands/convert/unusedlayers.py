@@ -19,7 +19,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from ddpkit.commands.convert.names import dotted
+from ddpkit.commands.convert.names import dotted, names_in
 from ddpkit.commands.convert.scan import Facts
 
 
@@ -32,7 +32,10 @@ def unused(facts: Facts, value: cst.BaseExpression | None) -> list[str]:
         return []
     layers = [b.target for b in facts.bindings if b.scope is init and b.target.startswith("self.") and
               b.target.count(".") == 1 and isinstance(b.value, cst.Call) and
-              (dotted(b.value.func) or "").split(".")[-1][:1].isupper()]
+              (dotted(b.value.func) or "").split(".")[-1][:1].isupper() and
+              (dotted(b.value.func) or "").split(".")[-1] not in NO_PARAMETERS]
+    # (a layer ``__init__`` puts in another, ``self.net = nn.Sequential(self.fc1, ...)``: reached through it)
+    held = {n for b in facts.bindings if b.scope is init and b.value is not None for n in names_in(b.value)}
     reached, todo = {forward.name}, [forward]
     while todo:  # (forward and the methods it calls on self, and theirs)
         scope = todo.pop()
@@ -48,4 +51,15 @@ def unused(facts: Facts, value: cst.BaseExpression | None) -> list[str]:
                                                         "named_modules") for c in facts.calls)
     if loose or any(m.findall(facts.scopes[n].node, m.Call(func=m.Name("getattr"))) for n in reached):
         return []
-    return [layer for layer in dict.fromkeys(layers) if not any(r == layer or r.startswith(f"{layer}.") for r in read)]
+    return [layer for layer in dict.fromkeys(layers) if layer not in held and
+            not any(r == layer or r.startswith(f"{layer}.") for r in read)]
+
+
+# torch's layers that hold no parameters (an unused ``self.relu = nn.ReLU()`` costs DDP nothing; review 44)
+NO_PARAMETERS = {"ReLU", "ReLU6", "LeakyReLU", "PReLU6", "ELU", "SELU", "CELU", "GELU", "SiLU", "Mish", "Sigmoid",
+                 "Tanh", "Softmax", "LogSoftmax", "Softplus", "Hardtanh", "Hardswish", "Hardsigmoid", "Dropout",
+                 "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout", "Identity", "Flatten", "Unflatten",
+                 "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d",
+                 "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "Upsample",
+                 "UpsamplingNearest2d", "UpsamplingBilinear2d", "PixelShuffle", "ZeroPad2d", "ReflectionPad2d",
+                 "CrossEntropyLoss", "MSELoss", "BCELoss", "BCEWithLogitsLoss", "L1Loss", "NLLLoss"}
