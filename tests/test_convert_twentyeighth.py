@@ -209,7 +209,7 @@ def test_an_odd_literal_batch_stays_per_process_said(size):
 
 VAE = ("import torch\nimport torch.nn.functional as F\nfrom torch.utils.data import DataLoader\n"
        "enc, dec = torch.nn.Linear(16, 8), torch.nn.Linear(4, 16)\nmodel = torch.nn.ModuleList([enc, dec])\n"
-       "opt = torch.optim.Adam(model.parameters(), lr=1e-3)\n{helper}for (x,) in DataLoader(ds, batch_size=32):\n"
+       "opt = torch.optim.{optim}(model.parameters(), lr=1e-3)\n{helper}for (x,) in DataLoader(ds, batch_size=32):\n"
        "    mu, logvar = enc(x).chunk(2, dim=1)\n    recon = torch.sigmoid(dec(mu))\n{step}"
        "    opt.zero_grad()\n    loss.backward()\n    opt.step()\n")
 
@@ -234,9 +234,13 @@ def test_a_term_of_the_training_loss_summed_over_the_batch_is_listed_with_its_sc
     """Set 28's VAEs (measurers a D4, b D7 / D8, c D6): a KL term summed over the batch beside a mean (or divided by
     a constant, or the per-sample losses summed) weighs 1/N at N processes, DDP averaging the ranks' gradients;
     convert said nothing."""
-    done = plan(VAE.format(helper=helper, step=step))
+    done = plan(VAE.format(helper=helper, step=step, optim="SGD"))
     fixes = [x.fix for x in done.left if "summed over the batch" in x.what]
     assert (fixes[0].split(": ")[1].split(" (")[0] if fixes else None) == listed, [x.what for x in done.left]
+    if listed and "kld" in listed:  # (a term: weighed against the mean beside it under Adam too)
+        assert [x for x in plan(VAE.format(helper=helper, step=step, optim="Adam")).left if "summed" in x.what]
+    if listed and listed.startswith("loss ="):  # (the whole loss summed: Adam's steps hold at any scale)
+        assert not [x for x in plan(VAE.format(helper=helper, step=step, optim="Adam")).left if "summed" in x.what]
 
 
 @pytest.mark.parametrize("update", ["p -= lr * p.grad", "p.data.add_(p.grad, alpha=-lr)"])

@@ -60,7 +60,7 @@ def random_data(work: _Work) -> None:
             continue
         # (in a function: one that runs once, ``main()``; a return, or a function called twice, would draw alike)
         if call.stmt is None or call.loops or called_from_loop(work.facts, call.scope) or _returns(call) or \
-                call.scope.name and len(flow.callers(work.facts, call.scope)) != 1:
+                call.scope.name and len(flow.callers(work.facts, call.scope)) > 1:  # (none: a CLI's, ``fire``)
             work.leave(call.line, f"the data is {WHY.split(':')[0]}, and built where no seed goes around it alone (a "
                        "loop, its header, a function run more than once): each rank would draw its own", "seed it "
                        "once above: "

@@ -23,11 +23,14 @@ from typing import Any
 import libcst as cst
 import libcst.matchers as m
 
+from ddpkit.commands.check.rules import OPTIMIZERS
 from ddpkit.commands.convert import flow
 from ddpkit.commands.convert.batchmeans import batch_size, stepped_losses
 from ddpkit.commands.convert.counted import divided_by_count
+from ddpkit.commands.convert.decay import SCALE_FREE
 from ddpkit.commands.convert.names import dotted, names_in
 from ddpkit.commands.convert.scan import Call, Scope
+from ddpkit.commands.convert.summedloss import elements_summed
 
 _Work = Any  # the plan in the making (plan._Work): facts, models, leave
 
@@ -41,10 +44,14 @@ def summed_terms(work: _Work) -> None:
         return
     models = {b.target for b in work.models}
     said: set[int] = set()
+    # (a whole loss summed, stepped by Adam's kin: its steps hold at any scale, losses.py's rule; a term beside a
+    # mean is weighed against it whatever the optimizer)
+    free = {c.last for c in work.facts.calls if c.last in OPTIMIZERS} <= SCALE_FREE
     for loop in (lp for lp in work.facts.loops if flow.trains(work.facts, lp)):
-        feeds = _feeding(work, loop.scope, stepped_losses(loop), (loop.line, loop.end))
+        stepped = stepped_losses(loop)
+        feeds = _feeding(work, loop.scope, stepped, (loop.line, loop.end))
         batchy = _batchy(work, loop.scope, set(loop.targets), models, (loop.line, loop.end))
-        _terms(work, [c for c in loop.calls if c.scope is loop.scope], feeds, batchy, said)
+        _terms(work, [c for c in loop.calls if c.scope is loop.scope], feeds, batchy, said, stepped if free else set())
         for call in loop.calls:  # (a loss helper of the file: ``loss = loss_function(recon, x, mu)``)
             target = flow.callee(work.facts, call)
             bound = {b.target for b in work.facts.bindings if b.value is call.node}
@@ -55,20 +62,27 @@ def summed_terms(work: _Work) -> None:
                       names_in(a.value) & batchy}
             returned = {n for s, v in work.facts.returns if s is scope for n in names_in(v)}
             whole = (0, 1 << 30)
+            alone = all(isinstance(v, cst.Name) for s, v in work.facts.returns if s is scope)  # (``return loss``)
             _terms(work, [c for c in work.facts.calls if c.scope is scope], _feeding(work, scope, returned, whole),
-                   _batchy(work, scope, handed, models, whole), said)
+                   _batchy(work, scope, handed, models, whole), said, returned if free and alone else set())
 
 
-def _terms(work: _Work, calls: list[Call], feeds: set[str], batchy: set[str], said: set[int]) -> None:
+def _terms(work: _Work, calls: list[Call], feeds: set[str], batchy: set[str], said: set[int],
+           whole: set[str]) -> None:
+    """``whole``: the names of a loss that, summed and nothing else, is not listed (stepped by Adam's kin)."""
     for call in calls:
         summed = _total(call.node)
         if summed is None or id(call.node) in said or not (names_in(summed) & batchy) or \
-                divided_by_count(work, call.line):
+                divided_by_count(work, call.line) or not _elementwise(work, call, summed):
             continue
         holders = [b for b in work.facts.bindings if b.scope is call.scope and b.value is not None and
                    any(n is call.node for n in m.findall(b.value, m.Call()))]
         if not any(b.target in feeds for b in holders) or any(_over_batch(work, b.target, call) for b in holders) or \
-                any(_divides_by_batch(b.value) for b in holders):
+                any(_divides_by_batch(b.value) for b in holders) or any(_scaled(work, b.target, call) for b in holders):
+            continue
+        if any(b.target in whole and _only(b.value, call.node) for b in holders):  # the loss is the sum alone
+            continue
+        if any(_divisor(call, b.target) for b in holders):  # (``n_valid = valid.sum()``, then ``/ n_valid``: a count)
             continue
         said.add(id(call.node))
         name = holders[0].target
@@ -132,3 +146,43 @@ def _sized(node: cst.BaseExpression, sizes: set[str]) -> bool:
     """``x.size(0)``, ``len(x)``, ``x.shape[0]``, or a name bound to one (``bs``), in ``node``."""
     return batch_size(node) or dotted(node) in sizes or any(
         batch_size(n) for n in m.findall(node, m.Call() | m.Subscript())) or bool(names_in(node) & sizes)
+
+
+def _only(value: cst.BaseExpression, summed: cst.Call) -> bool:
+    """``value`` is the sum, scaled by numbers at most (``-0.5 * torch.sum(...)``)."""
+    while isinstance(value, (cst.BinaryOperation, cst.UnaryOperation)):
+        if isinstance(value, cst.UnaryOperation):
+            value = value.expression
+        elif isinstance(value.left, (cst.Integer, cst.Float)):
+            value = value.right
+        elif isinstance(value.right, (cst.Integer, cst.Float)):
+            value = value.left
+        else:
+            return False
+    return value is summed
+
+
+def _scaled(work: _Work, name: str, call: Call) -> bool:
+    """``kld = kld * ddpkit.init().world_size`` (the fix named, written in), or the loss scaled so in the backward."""
+    return any("world_size" in work.facts.code(b.value) and name in names_in(b.value) for b in work.facts.bindings
+               if b.scope is call.scope and b.value is not None) or any(
+        c.last == "backward" and "world_size" in work.facts.code(c.node) for c in work.facts.calls
+        if c.scope is call.scope)
+
+
+def _elementwise(work: _Work, call: Call, summed: cst.BaseExpression) -> bool:
+    """What is summed holds the batch's elements: not losses that are means already (``torch.stack([mse,
+    l1]).sum()``: review 42); a name, by what its function binds it to."""
+    if not isinstance(summed, cst.Name):
+        return elements_summed(call.node, work.facts)
+    bound = [b.value for b in work.facts.bindings if b.scope is call.scope and b.target == summed.value and
+             b.value is not None and b.line <= call.line]
+    return bool(bound) and all(not isinstance(v, cst.Call) or elements_summed(
+        cst.Call(func=cst.Attribute(value=v, attr=cst.Name("sum"))), work.facts) for v in bound)
+
+
+def _divisor(call: Call, name: str) -> bool:
+    """``name`` divides something in the function: a count, not a term."""
+    return any(isinstance(d, cst.BinaryOperation) and isinstance(d.operator, cst.Divide) and name in names_in(d.right)
+               for d in m.findall(call.scope.node, m.BinaryOperation()))
+
