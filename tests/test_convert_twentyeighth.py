@@ -347,3 +347,22 @@ def test_a_data_objects_evaluation_loader_read_by_another_module_is_not_said_unr
     why = [k.why for k in done["data.py"].kept if k.what.startswith("self.test_loader")]
     assert why == ["nothing in this file reads self.test_loader: left whole, a reader in another module takes every "
                    "batch on every rank"], [(k.what, k.why) for k in done["data.py"].kept]
+
+
+def test_a_cpu_device_read_only_as_a_loads_map_location_is_no_device_set_up():
+    """Extra five, D1: ``device = torch.device('cpu')`` under a resume, read only by ``torch.load(...,
+    map_location=device)``, became ``ddpkit.init(cpu=True)``: a GPU run pinned to the CPU."""
+    done = plan("import os\nimport torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader\n"
+                "net = nn.Linear(8, 2)\nif os.path.isfile('d1.pt'):\n    device = torch.device('cpu')\n"
+                "    net.load_state_dict(torch.load('d1.pt', map_location=device))\n"
+                "net = net.cuda() if torch.cuda.is_available() else net\n"
+                "opt = torch.optim.SGD(net.parameters(), lr=0.1)\nfor x, y in DataLoader(ds, batch_size=8):\n"
+                "    nn.functional.cross_entropy(net(x), y).backward()\n    opt.step()\n")
+    assert "cpu=True" not in done.text and "    device = torch.device('cpu')" in done.text.splitlines(), done.text
+
+
+def test_the_seeded_split_fix_in_a_script_without_torch_imported_names_the_import():
+    """Extra five, D4: ``random_split`` imported alone; the fix named ``torch.Generator()`` in a script with no
+    ``import torch``: applied as named, a NameError."""
+    done = plan("from torch.utils.data import random_split\ntr, te = random_split(ds, [80, 20])\n")
+    assert [x.fix for x in done.left] == ["import torch, then pass generator=torch.Generator().manual_seed(0)"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import libcst as cst
-from libcst import matchers as m
+import libcst.matchers as m
 
 from ddpkit.commands.convert import flow, visible
 from ddpkit.commands.convert.devicetext import (
@@ -50,6 +50,17 @@ def _followed(binding: Binding) -> bool:
         head != "self"
 
 
+def _loading_only(work: _Work, binding: Binding) -> bool:
+    """A device read only as a load's ``map_location=`` (a resume loaded on the CPU, ``torch.load(p,
+    map_location=device)``): where the checkpoint's tensors land, not where training runs (extra five of set 28:
+    ``init(cpu=True)`` pinned a GPU run to the CPU)."""
+    places = {id(n) for c in work.facts.calls for a in c.node.args if a.keyword is not None and
+              a.keyword.value == "map_location" for n in m.findall(a.value, m.Name())}
+    reads = [node for name, scope, _line, node in work.facts.reads if name == binding.target and
+             (scope is binding.scope or not binding.scope.name)]
+    return bool(reads) and all(id(node) in places for node in reads)
+
+
 def devices(work: _Work) -> None:
     """``device = torch.device(...)`` -> ``state = ddpkit.init(...)`` and ``device = state.device``; a device
     chosen in an ``if`` / ``else``: one init above it (:func:`_chosen`)."""
@@ -57,7 +68,7 @@ def devices(work: _Work) -> None:
     visible.visible_devices(work)
     chosen = [b for choice in _choices(work) for b in _chosen(work, *choice)]
     found = [b for b in facts.bindings if b.stmt is not None and is_device(b.value, b.target, facts.aliases)
-             and b not in chosen and not _followed(b)]
+             and b not in chosen and not _followed(b) and not _loading_only(work, b)]
     upgraded = _upgrades(work, found)
     found = [b for b in found if all(b is not u for _, u in upgraded.values())]
     found = [b for b in found if not _fallback(work, b, found) and not _rewrapped(work, b, found)]
