@@ -366,3 +366,17 @@ def test_the_seeded_split_fix_in_a_script_without_torch_imported_names_the_impor
     ``import torch``: applied as named, a NameError."""
     done = plan("from torch.utils.data import random_split\ntr, te = random_split(ds, [80, 20])\n")
     assert [x.fix for x in done.left] == ["import torch, then pass generator=torch.Generator().manual_seed(0)"]
+
+
+def test_a_name_bound_again_to_a_fixed_sample_before_its_picture_is_no_batch():
+    """Extra five, D5 (ACGAN): ``g_out`` holds the step's fakes, then ``g_out = G(fixed_noise)...`` under an ``if``
+    before ``save_image(g_out, ...)``: said rank 0's share of the batch and listed with a gather (exit 1), falsely."""
+    done = plan("import torch\nimport torch.nn as nn\nfrom torch.utils.data import DataLoader\n"
+                "from torchvision.utils import save_image\nG, D = nn.Linear(4, 16), nn.Linear(16, 1)\n"
+                "opt = torch.optim.Adam(G.parameters())\nfixed = torch.randn(10, 4)\n"
+                "for i, (real,) in enumerate(DataLoader(ds, batch_size=8, shuffle=True)):\n"
+                "    g_out = G(torch.randn(real.size(0), 4))\n    opt.zero_grad()\n    D(g_out).mean().backward()\n"
+                "    opt.step()\n    if i % 3 == 0:\n        g_out = G(fixed).detach()\n"
+                "        save_image(g_out, 'samples/{}.png'.format(i))\n")
+    assert not [x.what for x in done.left if "save_image" in x.what], [x.what for x in done.left]
+    assert not [e for e in done.edits if "share of the step's batch" in e.why]

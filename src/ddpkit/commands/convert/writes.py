@@ -177,6 +177,9 @@ def _of_the_step(work: _Work, call: Call) -> str | None:
     named = set().union(*(names_in(v) for v in values[1:] if isinstance(v, (cst.FormattedString, cst.BinaryOperation,
                                                                             cst.Call, cst.ConcatenatedString))))
     counter = sorted(named & loop.targets)
+    # (a name bound again before the write to what no batch makes, ``g_out = G(fixed_noise)``: extra five of set 28)
+    written = {n for n in written if (b := flow.binding_of(work.facts, n, call.scope, call.line)) is None or
+               _value(b) is None or names_in(_value(b)) & made or n in loop.targets}
     if not written & made - set(counter):
         return None
     return counter[0] if counter else ""
