@@ -380,3 +380,14 @@ def test_a_name_bound_again_to_a_fixed_sample_before_its_picture_is_no_batch():
                 "        save_image(g_out, 'samples/{}.png'.format(i))\n")
     assert not [x.what for x in done.left if "save_image" in x.what], [x.what for x in done.left]
     assert not [e for e in done.edits if "share of the step's batch" in e.why]
+
+
+def test_a_sample_kept_for_a_picture_under_no_grad_reading_nothing_of_the_batch_leaves_the_loader_global():
+    """The after-fix re-run (MNIST-CGAN): ``fake = netG(fixed_noise, labels_of_batch_size)`` under ``no_grad``, kept
+    in a picture list after the block: it reads nothing the step's batch makes."""
+    done = plan(HEAD + "bs = 16\nloader = DataLoader(ds, batch_size=bs, shuffle=True)\nG = nn.Linear(8, 8)\n"
+                "opt = torch.optim.Adam(G.parameters())\nfixed = torch.randn(bs, 8)\npics = []\n"
+                "for x, y in loader:\n    loss = (G(x) - x).pow(2).mean()\n    opt.zero_grad()\n    loss.backward()\n"
+                "    opt.step()\n    with torch.no_grad():\n        fake = G(fixed + torch.zeros(bs, 8))\n"
+                "    pics.append(fake.cpu())\n")
+    assert "global_batch_size=bs" in done.text and not done.left, [x.what for x in done.left]

@@ -114,12 +114,19 @@ def _rebound(work: _Work, name: str, scope: Any, line: int, loops: list[Loop], n
 
 
 def _aside(work: _Work, loops: list[Loop]) -> set[int]:
-    """The ``with torch.no_grad():`` blocks of the loops whose names nothing outside them reads: samples drawn on
-    the side (set 28's cGAN: ``lab = torch.LongTensor(np.random.randint(0, 10, batch_size))`` beside a
-    ``fixed_noise`` of ``batch_size`` rows, collected for a picture), sized for each other, not for the batch."""
+    """The ``with torch.no_grad():`` blocks of the loops whose names nothing outside them reads, or that read
+    nothing the loop's batch makes: samples drawn on the side (set 28's cGAN: ``lab = torch.LongTensor(
+    np.random.randint(0, 10, batch_size))`` beside a ``fixed_noise`` of ``batch_size`` rows, collected for a
+    picture), sized for each other, not for the batch."""
     aside: set[int] = set()
     for loop in loops:
         body = node_ids(loop.node)
+        # (what the loop's batch makes: a block that reads none of it shows samples of its own, whatever it keeps,
+        # MNIST-CGAN's ``fake = netG(fixed_noise, labels)`` kept in a picture list; the after-fix re-run)
+        made = set(loop.targets)
+        for _ in range(3):
+            made |= {b.target for b in work.facts.bindings if b.scope is loop.scope and b.value is not None and
+                     loop.line <= b.line <= loop.end and names_in(b.value) & made}
         for block in m.findall(loop.node.body, m.With()):
             assert isinstance(block, cst.With)
             if not any(m.findall(item.item, m.Attribute(attr=m.Name("no_grad") | m.Name("inference_mode")) |
@@ -132,7 +139,8 @@ def _aside(work: _Work, loops: list[Loop]) -> set[int]:
             # (read anywhere in the function outside it: ``acc += ... / batch_size`` shown after the loop; review 44)
             outside = {name for name, scope, _line, node in work.facts.reads
                        if (scope is loop.scope or id(node) in body) and id(node) not in ids}
-            if not (bound - {None}) & outside:
+            read = {name for name, _scope, _line, node in work.facts.reads if id(node) in ids}
+            if not (bound - {None}) & outside or not read & made:
                 aside |= ids
     return aside
 
