@@ -391,3 +391,14 @@ def test_a_sample_kept_for_a_picture_under_no_grad_reading_nothing_of_the_batch_
                 "    opt.step()\n    with torch.no_grad():\n        fake = G(fixed + torch.zeros(bs, 8))\n"
                 "    pics.append(fake.cpu())\n")
     assert "global_batch_size=bs" in done.text and not done.left, [x.what for x in done.left]
+
+
+def test_a_retained_graph_is_listed_with_the_fix_that_trains():
+    """Extra five, D3 (ACGAN's two heads): the fix named, "a new forward", stopped at 2 processes (a head's
+    parameters got no gradient); the one that works is one backward of the losses' sum."""
+    done = plan("import torch\nfrom torch.utils.data import DataLoader\nnet = torch.nn.Linear(8, 5)\n"
+                "opt = torch.optim.SGD(net.parameters(), lr=0.1)\nfor x, y in DataLoader(ds, batch_size=8):\n"
+                "    out = net(x)\n    loss_a, loss_b = out[:, 0].mean(), torch.nn.functional.cross_entropy(out, y)\n"
+                "    loss_a.backward(retain_graph=True)\n    loss_b.backward()\n    opt.step()\n")
+    assert [x.fix.split(":")[0] for x in done.left if "retain_graph" in x.what] == [
+        "add the losses and call backward once ((loss_a + loss_b).backward()"]

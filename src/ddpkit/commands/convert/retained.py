@@ -28,8 +28,9 @@ _Work = Any  # the plan in the making (plan._Work): facts, models, leave
 
 
 def retained_graph(work: _Work) -> None:
-    """The first ``backward(retain_graph=True)`` of a training loop that a later backward follows through an output
-    of a prepared model both losses read (not detached, not made again between), listed once."""
+    """Each ``backward(retain_graph=True)`` of a training loop that a later backward follows through an output of
+    a prepared model both losses read (not detached, not made again between), listed (a two-head model's two
+    pairs in a step: both)."""
     if not work.models:
         return
     models = {b.target for b in work.models}
@@ -39,13 +40,14 @@ def retained_graph(work: _Work) -> None:
             retains = any(a.keyword is not None and a.keyword.value == "retain_graph" and
                           not (isinstance(a.value, cst.Name) and a.value.value in ("False", "None"))
                           for a in call.node.args)
-            if retains and any(_shared(work, loop, call, c, models) for c in backwards if c.line > call.line):
+            if retains and not any(x.line == call.line and "retain_graph" in x.what for x in work.left) and \
+                    any(_shared(work, loop, call, c, models) for c in backwards if c.line > call.line):
                 work.leave(call.line, "backward(retain_graph=True) keeps the graph for a later backward through "
                            "the same forward: a prepared model's gradients are averaged across ranks once per "
                            "forward, so the second backward's stay each rank's own and the ranks' weights part",
-                           "make the second loss from a new forward (run the model again), or keep the first loss "
-                           "off that model (fake.detach() in a GAN's discriminator loss), and drop retain_graph")
-                return
+                           "add the losses and call backward once ((loss_a + loss_b).backward(): the same "
+                           "gradients, averaged once), or keep the first loss off that model (fake.detach() in a "
+                           "GAN's discriminator loss), and drop retain_graph")  # (each pair: extra five of set 28)
 
 
 def _shared(work: _Work, loop: Any, first: Any, second: Any, models: set[str]) -> bool:

@@ -51,8 +51,11 @@ def unused(facts: Facts, value: cst.BaseExpression | None) -> list[str]:
                                                         "named_modules") for c in facts.calls)
     if loose or any(m.findall(facts.scopes[n].node, m.Call(func=m.Name("getattr"))) for n in reached):
         return []
+    # (or reached from outside the class, ``gan.disc(fake)`` of a GAN container: a use convert does not weigh here)
+    outside = {n.split(".", 1)[1] for n, scope, _line, _node in facts.reads if scope.cls != cls and "." in n}
     return [layer for layer in dict.fromkeys(layers) if layer not in held and
-            not any(r == layer or r.startswith(f"{layer}.") for r in read)]
+            not any(r == layer or r.startswith(f"{layer}.") for r in read) and
+            not any(o == layer[5:] or o.startswith(f"{layer[5:]}.") for o in outside)]
 
 
 # torch's layers that hold no parameters (an unused ``self.relu = nn.ReLU()`` costs DDP nothing; review 44)
