@@ -402,3 +402,23 @@ def test_a_retained_graph_is_listed_with_the_fix_that_trains():
                 "    loss_a.backward(retain_graph=True)\n    loss_b.backward()\n    opt.step()\n")
     assert [x.fix.split(":")[0] for x in done.left if "retain_graph" in x.what] == [
         "add the losses and call backward once ((loss_a + loss_b).backward()"]
+
+
+def test_a_kl_summed_in_a_loss_helper_over_an_unpacked_model_output_is_listed():
+    """The after-fix re-run, D1: ``recon, mu, log_var = out`` (the model's output handed in), ``kl = -0.5 *
+    torch.sum(...)``, ``kl = torch.mean(kl)``: a mean of one number, still the batch's sum; no line was said."""
+    done = plan(VAE.format(optim="SGD", helper="def calc_loss(out, target):\n    recon, mu = out\n"
+                           "    kl = -0.5 * torch.sum(1 - mu ** 2)\n    kl = torch.mean(kl)\n"
+                           "    return F.mse_loss(recon, target) + 0.1 * kl\n",
+                           step="    loss = calc_loss((recon, mu), x)\n"))
+    assert [x.line for x in done.left if "summed over the batch" in x.what] == [9], [x.what for x in done.left]
+
+
+def test_a_model_a_training_function_prepares_and_returns_is_saved_unwrapped_by_its_caller():
+    """The after-fix re-run, D2: ``model = train(...)`` (built, prepared and trained inside), then
+    ``torch.save(model, 'model.pkl')`` pickled the wrapper: a crash at 2 processes and a cut-off file."""
+    done = plan("import torch\nfrom torch.utils.data import DataLoader\ndef train():\n    net = torch.nn.Linear(4, 2)\n"
+                "    opt = torch.optim.SGD(net.parameters(), lr=0.1)\n    for (x,) in DataLoader(ds, batch_size=8):\n"
+                "        net(x).mean().backward()\n        opt.step()\n    return net\nmodel = train()\n"
+                "torch.save(model, 'model.pkl')\n")
+    assert "    torch.save(ddpkit.unwrap(model), 'model.pkl')" in done.text.splitlines(), done.text

@@ -352,7 +352,16 @@ def _prepared(work: _Work, value: Any, call: Any) -> bool:
     found = binding_of(work.facts, name, call.scope, call.line) if name else None
     return found is not None and any(found is b or found.target == b.target and any(visible(
         work.facts, b.target, b.scope, s) for s in (call.scope, found.scope)) for b in work.models) or \
-        found is not None and _handed_model(work, found)
+        found is not None and (_handed_model(work, found) or _returned_model(work, found))
+
+
+def _returned_model(work: _Work, found: Binding) -> bool:
+    """Bound to what a function of the file returns, a model it prepared (``vae = train(...)``, ``train`` building,
+    preparing and training it: the after-fix re-run's whole-model save of the wrapper)."""
+    func = dotted(found.value.func) if isinstance(found.value, cst.Call) else None
+    scope = work.facts.scopes.get(func or "")
+    return scope is not None and any(s is scope and isinstance(v, cst.Name) and any(
+        b.target == v.value and b.scope is scope for b in work.models) for s, v in work.facts.returns)
 
 
 def _handed_model(work: _Work, found: Binding) -> bool:

@@ -119,6 +119,9 @@ def _batchy(work: _Work, scope: Scope, names: set[str], models: set[str], lines:
             isinstance(c, cst.Call) and dotted(c.func) in models for c in m.findall(b.value, m.Call())))}
         batchy |= {b.target for b in bound if b.value is None and isinstance(b.whole, cst.Call) and (
             names_in(b.whole) & batchy or dotted(b.whole.func) in models)}
+        # (``recon, mu, log_var = out`` of a handed model output: the after-fix re-run's loss helper)
+        batchy |= {b.target for b in bound if b.value is None and isinstance(b.whole, cst.Name) and
+                   b.whole.value in batchy}
     return batchy
 
 
