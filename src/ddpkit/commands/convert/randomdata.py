@@ -56,7 +56,8 @@ def random_data(work: _Work) -> None:
             sites.setdefault(site.line, (site, library))
     for k, (call, library) in enumerate(sorted(sites.values(), key=lambda s: s[0].line)):
         alias = next((local for local, full in work.facts.aliases.items() if full == library), None)
-        if alias is None or _reseeded(work, call, library) or _seeded_anywhere(work, library):
+        if alias is None or _reseeded(work, call, library) or _seeded_anywhere(work, library) or \
+                _returns(call) and not flow.callers(work.facts, call.scope):  # (nothing here runs it)
             continue
         # (in a function: one that runs once, ``main()``; a return, or a function called twice, would draw alike)
         if call.stmt is None or call.loops or called_from_loop(work.facts, call.scope) or _returns(call) or \
