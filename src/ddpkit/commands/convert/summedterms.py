@@ -127,8 +127,7 @@ def _batchy(work: _Work, scope: Scope, names: set[str], models: set[str], lines:
 
 def _divides_by_batch(value: cst.BaseExpression) -> bool:
     """``torch.sum(...) / x.size(0)``: a mean over this rank's batch."""
-    return any(isinstance(d, cst.BinaryOperation) and isinstance(d.operator, cst.Divide) and
-               any(batch_size(n) for n in [d.right, *m.findall(d.right, m.Call() | m.Subscript())])
+    return any(isinstance(d, cst.BinaryOperation) and isinstance(d.operator, cst.Divide) and _sized(d.right, set())
                for d in m.findall(value, m.BinaryOperation()))
 
 
