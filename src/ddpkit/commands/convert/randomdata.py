@@ -56,7 +56,8 @@ def random_data(work: _Work) -> None:
             sites.setdefault(site.line, (site, library))
     for k, (call, library) in enumerate(sorted(sites.values(), key=lambda s: s[0].line)):
         alias = next((local for local, full in work.facts.aliases.items() if full == library), None)
-        if alias is None or _reseeded(work, call, library) or _seeded_anywhere(work, library) or \
+        # (a first conversion's ``torch.manual_seed(0)`` counts too: a second one says nothing)
+        if alias is None or _seeded_anywhere(work, library) or \
                 _returns(call) and not flow.callers(work.facts, call.scope):  # (nothing here runs it)
             continue
         # (in a function: one that runs once, ``main()``; a return, or a function called twice, would draw alike)
@@ -137,10 +138,3 @@ def _library(call: Call) -> str | None:
     if name.startswith("random.") and name.count(".") == 1 and call.last not in UNDRAWN and name not in splits.DRAWS:
         return "random"
     return None
-
-
-def _reseeded(work: _Work, call: Call, library: str) -> bool:
-    """A fresh seed below ``call`` in its function (``torch.seed()``): its statement was seeded this way already, by
-    a first conversion (a second one says nothing)."""
-    return any(c.scope is call.scope and c.line > call.line and splits.fresh_seed(c) == library
-               for c in work.facts.calls)
