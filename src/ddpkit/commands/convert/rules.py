@@ -42,8 +42,9 @@ UNWRAP = ("isinstance", "type", "copy.deepcopy", "torch.jit.script", "torch.jit.
 # a TensorBoard writer's graph traces the model: through DDP it meets the process group (a RuntimeError on rank 0)
 UNWRAP_METHODS = ("add_graph",)
 # a walk over the layers (ABSA's ``for child in self.model.children(): if type(child) != BertModel: init``): the
-# wrapper's one child is the whole module, and its names carry a ``module.`` prefix
-WALKS = ("children", "named_children", "named_modules")
+# wrapper's one child is the whole module, and its names carry a ``module.`` prefix (a log of gradient norms keyed
+# by ``named_parameters()`` would read ``module.0.weight`` where one process writes ``0.weight``)
+WALKS = ("children", "named_children", "named_modules", "named_parameters", "named_buffers")
 
 
 def without_moves(node: cst.BaseExpression) -> cst.BaseExpression:
@@ -125,7 +126,9 @@ def outputs(work: _Work) -> None:
                 dotted(func.value) in {b.target for b in work.models}:
             work.edits.expr[id(func.value)] = _unwrapped
             work.note(f"{dotted(func.value)}.{call.last}() -> ddpkit.unwrap(...).{call.last}()", "the prepared "
-                      "model's only child is the wrapped module: a walk over its layers needs the module", call.line)
+                      "model's only child is the wrapped module: a walk over its layers needs the module" if
+                      call.last.endswith(("children", "modules")) else "the prepared model's names carry a "
+                      "'module.' prefix; the module's are the names one process has", call.line)
         elif call.name in ("os.mkdir", "os.makedirs") or call.last == "mkdir" and folders.a_path(work, call):
             folders.mkdir(work, call)
         elif call.name in FILE_OPS and not ranked and call.stmt is not None and len(call.stmt.body) == 1 and any(
