@@ -123,14 +123,17 @@ if __name__ == "__main__" and "--regenerate" in sys.argv:
 
 
 # the CLI on what a reviewer handed it
-def test_output_is_always_written_and_a_missing_folder_is_one_line(tmp_path, capsys):
+def test_output_is_always_written_its_folder_made_and_an_unwritable_path_is_one_line(tmp_path, capsys):
     done = tmp_path / "done.py"
     done.write_text((ROOT / "examples" / "digits.py").read_text())
     out = tmp_path / "out.py"
     out.write_text("stale")
     assert main(["-o", str(out), str(done)]) == 0 and out.read_text() == done.read_text()  # not the stale one
     capsys.readouterr()
-    assert main(["-o", str(tmp_path / "missing" / "out.py"), str(CORPUS / "vae.py")]) == 2
+    made = tmp_path / "conv" / "deeper" / "out.py"  # set 29: ``-o conv/train.py`` before conv/ exists
+    assert main(["-o", str(made), str(done)]) == 0 and made.read_text() == done.read_text()
+    capsys.readouterr()
+    assert main(["-o", str(done / "out.py"), str(CORPUS / "vae.py")]) == 2  # under a file: no folder can be made
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("ddpkit convert: error: cannot write") and "Traceback" not in "".join(err)
 

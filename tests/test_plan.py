@@ -25,10 +25,12 @@ def plan(*args, timeout=600):
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_estimates_are_within_15_percent_of_the_measured_peak(name, tmp_path):
     out = tmp_path / "plan.json"
-    r = ok(plan("--nproc-per-node", "1,2,3", "--measure", "--steps", "2", "--json", out, *SCRIPTS[name]))
+    counts = (2, 3) if name == "big" else (2,)  # 3 processes once: where the sharded state must shrink with them
+    r = ok(plan("--nproc-per-node", ",".join(map(str, (1, *counts))), "--measure", "--steps", "2", "--json", out,
+                *SCRIPTS[name]))
     rows = json.loads(out.read_text())["rows"]
     assert {(row["mode"], row["nproc"]) for row in rows} == {
-        ("single", 1), *((m, n) for m in ("ddp", "fsdp", "hsdp") for n in (2, 3))}, r.stdout
+        ("single", 1), *((m, n) for m in ("ddp", "fsdp", "hsdp") for n in counts)}, r.stdout
     for row in rows:
         assert isinstance(row["measured"], int), (row, r.stdout)
         error = row["bytes"] / row["measured"] - 1
@@ -107,7 +109,7 @@ def test_scripts_the_first_plan_failed_on(case, tmp_path):
     run before the generator stepped (-75 %), and a no_grad forward before training counted the data made after
     it as activations (fsdp -35 %), and a linear probe's gradients that no optimizer zeroes were missed (-19 %)."""
     out = tmp_path / "plan.json"
-    r = ok(plan("--nproc-per-node", "2,3", "--modes", "ddp,fsdp", "--measure", "--steps", "2", "--json", out,
+    r = ok(plan("--nproc-per-node", "2", "--modes", "ddp,fsdp", "--measure", "--steps", "2", "--json", out,
                 WORKERS / "plan_edges.py", case))
     for row in json.loads(out.read_text())["rows"]:
         assert isinstance(row["measured"], int), (row, r.stdout)
