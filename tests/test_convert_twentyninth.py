@@ -34,3 +34,57 @@ def test_names_read_from_the_prepared_model_are_the_modules_own():
     assert "[n for n, _ in ddpkit.unwrap(model).named_buffers()]" in p.text, p.text
     assert any("'module.' prefix" in e.why for e in p.edits), [e.why for e in p.edits]
     assert not p.left, [left.what for left in p.left]
+
+
+def test_an_argmax_of_each_row_of_an_evaluated_training_batch_is_per_sample():
+    """Set 29 (c, D1): ``for idx, i in enumerate(output): if torch.argmax(i) == y[idx]`` was read as an argmax over
+    each whole batch (a unit), and the script refused; a row is one sample: the counts are summed across ranks."""
+    text = ("import torch\nfrom torch.utils.data import DataLoader\nmodel = torch.nn.Linear(4, 3)\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nloader = DataLoader(ds, batch_size=10, shuffle=True)\n"
+            "for X, y in loader:\n    opt.zero_grad()\n    torch.nn.functional.cross_entropy(model(X), y).backward()\n"
+            "    opt.step()\ncorrect = total = 0\nwith torch.no_grad():\n    for X, y in loader:\n"
+            "        output = model(X)\n        for idx, i in enumerate(output):\n"
+            "            if torch.argmax(i) == y[idx]:\n                correct += 1\n            total += 1\n"
+            "print(correct / total)\n")
+    p = plan(text)
+    assert not p.left, [left.what for left in p.left]
+    assert any("correct, total summed across ranks" in e.what for e in p.edits), [e.what for e in p.edits]
+    whole = plan(text.replace("for idx, i in enumerate(output):\n            if torch.argmax(i) == y[idx]",
+                              "for idx in range(1):\n            if torch.argmax(output) == y[idx]"))
+    assert any("over each whole batch" in left.what for left in whole.left), [x.what for x in whole.left]
+
+
+def _settle(files: dict) -> dict:
+    from ddpkit.commands.convert.crossing import settle
+    return settle(list(files), lambda rel, c: plan(files[rel], crossing=c))
+
+
+TRAIN = ("import torch\nfrom torch.utils.data import DataLoader\n{imp}\nmodel = torch.nn.Linear(4, 1)\n"
+         "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor x, y in DataLoader(ds, batch_size={size}):\n"
+         "    opt.zero_grad()\n    torch.nn.functional.mse_loss(model(x), y).backward()\n    opt.step()\n")
+
+
+@pytest.mark.parametrize("imp, size, value, kept", [
+    ("from settings import *", "batch_size", 1, True),
+    ("from settings import batch_size as bs", "bs", 9, True),
+    ("import settings", "settings.batch_size", 9, True),
+    ("from settings import *", "batch_size", 8, False),
+])
+def test_an_odd_batch_size_set_in_a_settings_module_stays_per_process(imp, size, value, kept):
+    """Set 29 (c, D3): ``batch_size = 1`` in variables.py, read through ``from variables import *``, became
+    ``global_batch_size=batch_size`` and every rank stopped at the loader (1 does not divide by 2)."""
+    done = _settle({"settings.py": f"batch_size = {value}\nepochs = 1\n",
+                    "train.py": TRAIN.format(imp=imp, size=size)})
+    text = done["train.py"].text
+    assert ("global_batch_size" not in text) is kept, text
+    assert any("splits evenly over no even number" in k.why for k in done["train.py"].kept) is kept
+
+
+def test_a_project_helper_nothing_calls_writing_a_file_beside_a_reader_is_no_line():
+    """Set 29 (c, D2): utils.py's ``write_json`` (open, write, close), beside its ``read_json``, and called by no
+    file, was "a file opened for writing and kept open ... every rank writes it", left to the user (exit 1)."""
+    utils = ("import json\ndef write_json(data, name):\n    f = open(name, 'w')\n    f.write(json.dumps(data))\n"
+             "    f.close()\ndef read_json(name):\n    with open(name) as f:\n        return json.load(f)\n")
+    done = _settle({"utils.py": utils, "train.py": TRAIN.format(imp="import utils", size=8) +
+                    "print(utils.read_json.__name__)\n"})
+    assert not done["utils.py"].left, [left.what for left in done["utils.py"].left]

@@ -94,8 +94,24 @@ def batch_wide(facts: Facts, loop: Loop) -> tuple[str, int] | None:
         of = func.value if method and isinstance(func, cst.Attribute) else positional[0] if positional else None
         if isinstance(of, cst.Subscript) and len(of.slice) == 1 and isinstance(of.slice[0].slice, cst.Index):
             continue  # ``out[i].argmax()``: one sample's (``out[:, 1]`` is still the whole batch)
+        if isinstance(of, cst.Name) and of.value in _rows(loop.node.body):
+            continue  # ``for idx, i in enumerate(output): torch.argmax(i)``: a row, one sample's (set 29)
         axis = next((a.value for a in call.args if a.keyword is not None and a.keyword.value in ("axis", "dim")),
                     positional[0 if method else 1] if len(positional) > (0 if method else 1) else None)
         if axis is None or isinstance(axis, cst.Integer) and axis.value == "0":
             return f"{name}(...)", next((c.line for c in facts.calls if c.node is call), loop.line)
     return None
+
+
+def _rows(body: cst.CSTNode) -> set[str]:
+    """Names an inner loop or a comprehension binds to the items it walks (``for idx, i in enumerate(output)``,
+    ``[o.argmax() for o in out]``): iterating a batch yields its rows, one sample each.
+
+    >>> sorted(_rows(cst.parse_module("for i, row in enumerate(out):\\n    pass\\nk = [o for o, t in zip(a, b)]\\n")))
+    ['i', 'o', 'row', 't']
+    """
+    found: set[str] = set()
+    for node in m.findall(body, m.For() | m.CompFor()):
+        assert isinstance(node, (cst.For, cst.CompFor))
+        found |= {n.value for n in m.findall(node.target, m.Name()) if isinstance(n, cst.Name)}
+    return found

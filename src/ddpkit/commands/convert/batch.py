@@ -30,6 +30,7 @@ from ddpkit.commands.convert.batchreads import forward_literal, forward_read, qu
 from ddpkit.commands.convert.flow import DEPTH, argument_for, binding_of, callee
 from ddpkit.commands.convert.inits import node_ids
 from ddpkit.commands.convert.names import dotted, heads, names_in
+from ddpkit.commands.convert.origins import imported_from
 from ddpkit.commands.convert.scan import Call, Loop
 
 # the plan in the making (plan._Work): facts, edits, note, leave, keep, per_process_batch
@@ -115,6 +116,9 @@ def _literal(work: _Work, size: cst.BaseExpression) -> int | None:
     """
     if isinstance(size, cst.Integer):
         return int(size.evaluated_value)
+    origin = imported_from(work.facts, dotted(size) or "") if getattr(work, "crossing", None) else None
+    if origin is not None:  # (a settings module's ``batch_size = 1``, imported: :mod:`.constants`)
+        return work.crossing.odd.get(".".join(origin))
     bound = [b.value for b in work.facts.bindings if isinstance(size, cst.Name) and b.target == size.value]
     values = {int(v.evaluated_value) if isinstance(v, cst.Integer) else None for v in bound}
     return values.pop() if len(values) == 1 and bound else None

@@ -28,6 +28,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from ddpkit.commands.convert.constants import odd_numbers
 from ddpkit.commands.convert.packages import absolute, exports, package_of
 from ddpkit.commands.convert.project import local
 
@@ -85,6 +86,8 @@ class Crossing:
     # the project's files beside this one (importing it, imported by it, or imported by one file with it) that read a
     # file with ``torch.load``: what this file saves, they may read next (:func:`.waits.loaded_elsewhere`)
     loads: frozenset[str] = frozenset()
+    # odd whole numbers the modules this file imports set at their top level (:mod:`.constants`), the names it reads
+    odd: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
@@ -142,9 +145,12 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
         # (a save at the end of train_part.train(), then eval_part.evaluate() loads it, both called by main.py)
         loads = frozenset(r for r in loading if r != rel and (rel in uses[r] or r in uses[rel] or any(
             rel in used and r in used for used in uses.values()))) if "torch.save" in sources[rel] else frozenset()
-        if seeded or told or returning or sums or counts or loads:
+        # (set 29's ``batch_size = 1`` of settings.py, read through ``from settings import *``)
+        odd = {k: v for other in uses[rel] for k, v in odd_numbers(sources[other], other).items()
+               if k.rsplit(".", 1)[-1] in names[rel]} if "DataLoader" in sources[rel] else {}
+        if seeded or told or returning or sums or counts or loads or odd:
             base[rel] = dataclasses.replace(base[rel], seeded=seeded, twice=told, devices=returning, summed=sums,
-                                            counted=counts, loads=loads)
+                                            counted=counts, loads=loads, odd=odd)
             plans[rel] = convert(rel, base[rel])
 
     for rel, result in plans.items():  # a module another file imports: its ``if __name__ == "__main__"`` is a demo

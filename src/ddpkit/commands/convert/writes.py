@@ -27,6 +27,7 @@ from ddpkit.commands.check.rules import RANK_WORDS
 from ddpkit.commands.convert import batchnames, flow, paths
 from ddpkit.commands.convert.flow import binding_of
 from ddpkit.commands.convert.handedin import iterated
+from ddpkit.commands.convert.loaderuse import uncalled
 from ddpkit.commands.convert.names import dotted, names_in, resolve
 from ddpkit.commands.convert.readback import READS, read_back, writing
 from ddpkit.commands.convert.readback import modes as open_modes
@@ -264,7 +265,9 @@ def _to_null(work: _Work, call: Call) -> None:
     # (a file written, then read back by the script: a barrier's business; not a read of another path, SparseTSF's
     # ``result.txt`` above a ``np.load`` of its own outputs)
     # (review 26: a reader in a function defined above may run after, ``np.genfromtxt`` reads too)
-    read = any((c.line > call.line or c.scope is not call.scope and c.scope.name) and
+    # (not from a helper of a project module that nothing calls: utils.py's ``write_json`` beside its ``read_json``,
+    # set 29; its writes go to one copy all the same)
+    read = not uncalled(work, call) and any((c.line > call.line or c.scope is not call.scope and c.scope.name) and
                (c.name in OPENERS and not writing(c.node) or c.last in READS or c.last == "genfromtxt") and
                paths.maybe_same(work.facts, call, paths.first_path(call), c, paths.first_path(c))
                for c in work.facts.calls)
