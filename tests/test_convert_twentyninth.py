@@ -88,3 +88,82 @@ def test_a_project_helper_nothing_calls_writing_a_file_beside_a_reader_is_no_lin
     done = _settle({"utils.py": utils, "train.py": TRAIN.format(imp="import utils", size=8) +
                     "print(utils.read_json.__name__)\n"})
     assert not done["utils.py"].left, [left.what for left in done["utils.py"].left]
+
+
+def test_a_batch_size_a_model_reads_from_its_settings_dict_stays_per_process_listed():
+    """Set 29 (a, D1): ``config = {"batch_size": BATCH}``, ``Enc(config)`` sizing its recurrent state with
+    ``cfg["batch_size"]``: the loader's BATCH became global and each rank's batch of BATCH/N met a state of BATCH."""
+    text = ("import torch\nfrom torch.utils.data import DataLoader\nBATCH = 8\nconfig = {'batch_size': BATCH}\n"
+            "class Enc(torch.nn.Module):\n    def __init__(self, cfg):\n        super().__init__()\n"
+            "        self.b = cfg['batch_size']\n        self.rnn = torch.nn.GRU(4, 4)\n"
+            "    def forward(self, x):\n        return self.rnn(x, torch.zeros(1, self.b, 4))[0]\n"
+            "model = Enc(config)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "for x, y in DataLoader(ds, batch_size=BATCH, shuffle=True):\n    opt.zero_grad()\n"
+            "    model(x).mean().backward()\n    opt.step()\n")
+    p = plan(text)
+    assert "global_batch_size" not in p.text
+    assert any("the model is built with it at line 12 (Enc(...))" in left.what for left in p.left), p.left
+
+
+def test_a_loss_method_another_file_calls_is_named_in_forward_methods():
+    """Set 29 (a, D2): main.py hands the model to training.py's ``train(model, ...)``, which backwards
+    ``model.loss(batch)``: the wrap lacked ``forward_methods=('loss',)`` and the first step stopped."""
+    main = ("import torch\nfrom torch.utils.data import DataLoader\nfrom training import train\n"
+            "class Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.fc = torch.nn.Linear(4, 1)\n    def loss(self, batch):\n        x, y = batch\n"
+            "        return ((self.fc(x) - y) ** 2).mean()\n"
+            "model = Net()\nopt = torch.optim.Adam(model.parameters())\n"
+            "loader = DataLoader(ds, batch_size=8, shuffle=True)\ntrain(model, opt, loader)\n")
+    training = ("def train(model, optimizer, loader):\n    for batch in loader:\n        loss = model.loss(batch)\n"
+                "        optimizer.zero_grad()\n        loss.backward()\n        optimizer.step()\n")
+    done = _settle({"main.py": main, "training.py": training})
+    assert "ddpkit.prepare_model(Net(), forward_methods=('loss',))" in done["main.py"].text, done["main.py"].text
+    assert not done["main.py"].left and not done["training.py"].left
+
+
+def test_an_init_loop_after_a_loop_over_the_settings_is_still_listed():
+    """Set 29 (a, D3): a ``for k, v in config.items(): print(k, v)`` between the optimizer and an init loop over
+    ``model.named_parameters()`` was taken for training: the init after the wrap went unsaid."""
+    text = ("import torch\nfrom torch.utils.data import DataLoader\nconfig = {'lr': 0.1}\n"
+            "model = torch.nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr=config['lr'])\n"
+            "for k, v in config.items():\n    print(k, v)\nfor name, p in model.named_parameters():\n"
+            "    torch.nn.init.normal_(p)\nfor x, y in DataLoader(ds, batch_size=8, shuffle=True):\n"
+            "    opt.zero_grad()\n    model(x).mean().backward()\n    opt.step()\n")
+    p = plan(text)
+    assert [left.line for left in p.left if "initialised here, after prepare_model" in left.what] == [8], p.left
+
+
+def test_a_spread_dict_updated_with_other_keys_keeps_its_batch_global():
+    """Set 29 (a, D5): pytorch/examples' ``train_kwargs.update(cuda_kwargs)`` kept the batch per process (the
+    global batch doubled at 2 processes); an update holding no 'batch_size' leaves the batch the spread one."""
+    text = ("import torch\nfrom torch.utils.data import DataLoader\nmodel = torch.nn.Linear(4, 2)\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\ntrain_kwargs = {'batch_size': 32, 'shuffle': True}\n"
+            "extra = {'num_workers': 1, 'pin_memory': True}\nif torch.cuda.is_available():\n"
+            "    train_kwargs.update(extra)\n    train_kwargs.update({'persistent_workers': True})\n"
+            "for x, y in DataLoader(ds, **train_kwargs):\n    opt.zero_grad()\n"
+            "    torch.nn.functional.cross_entropy(model(x), y).backward()\n    opt.step()\n")
+    assert "'global_batch_size': 32" in plan(text).text
+    resized = plan(text.replace("{'persistent_workers': True}", "{'batch_size': 8}")).text
+    assert "'global_batch_size'" not in resized
+
+
+def test_a_dataset_of_feature_label_pairs_drawn_apart_differs_in_its_fingerprint():
+    """Set 29 (a, D4): a toy Dataset holding ``[(np.array, float), ...]`` drawn with ``random`` unseeded: every
+    rank's differed, and the check before training saw only its length."""
+    import numpy as np
+    from torch.utils.data import Dataset
+
+    from ddpkit.data.same import fingerprint
+
+    class Toy(Dataset):
+        def __init__(self, k):
+            self.set = [(np.full(3, float(k + i), dtype=np.float32), float(i)) for i in range(8)]
+
+        def __len__(self):
+            return len(self.set)
+
+        def __getitem__(self, i):
+            return self.set[i]
+
+    assert bool((fingerprint(Toy(0)) == fingerprint(Toy(0))).all())
+    assert not bool((fingerprint(Toy(0)) == fingerprint(Toy(1))).all())

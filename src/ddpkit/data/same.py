@@ -29,6 +29,7 @@ import os
 import re
 import sys
 import textwrap
+import warnings
 from typing import Any
 
 import torch
@@ -174,10 +175,21 @@ def _plain(items: list[Any], tensors: bool = False) -> float:
     unseeded in ``__init__``); 0 for anything else (a cache each rank fills with what it reads)."""
     if tensors and items and all(isinstance(item, torch.Tensor) or _numbers(item) for item in items):
         return _weighted(torch.tensor([_rows(item) + 1.0 for item in items], dtype=torch.float64))
+    if tensors and items and all(isinstance(item, tuple) and item for item in items):  # (array, label) pairs
+        pairs = [_pair(item) for item in items]  # (set 29: a toy dataset's list drawn with ``random``, unseeded)
+        if all(p is not None for p in pairs):
+            return _weighted(torch.tensor(pairs, dtype=torch.float64))
     found = [_item(item) for item in items]
     if not found or any(f is None for f in found):
         return 0.0
     return _weighted(torch.tensor(found, dtype=torch.float64))
+
+
+def _pair(item: tuple) -> float | None:
+    """A sample held as a tuple of tensors, numeric arrays and plain values (``(features, label)``): each by
+    :func:`_rows` or :func:`_item`, in order; None when a part is neither."""
+    parts = [_rows(v) + 1.0 if isinstance(v, torch.Tensor) or _numbers(v) else _item(v) for v in item]
+    return None if any(p is None for p in parts) else _weighted(torch.tensor(parts, dtype=torch.float64))
 
 
 def _item(item: Any) -> float | None:
@@ -239,7 +251,9 @@ def _rows(value: Any) -> float:
     if not isinstance(value, torch.Tensor) and not _numbers(value):
         return 0.0
     try:
-        tensor = torch.as_tensor(value)
+        with warnings.catch_warnings():  # (a read-only array: torch warns it may not be written; nothing writes it)
+            warnings.simplefilter("ignore", UserWarning)
+            tensor = torch.as_tensor(value)
     except (TypeError, ValueError, RuntimeError):  # a big-endian or strided array torch does not take
         return 0.0
     if tensor.dim() == 0 or tensor.shape[0] == 0:

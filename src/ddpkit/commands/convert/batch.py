@@ -155,7 +155,31 @@ def _read_in_init(work: _Work, made: cst.Call, names: set[str]) -> bool:
         wanted = {param + n[len(held):] for n in names if held and param and n.startswith(held + ".")}
         if any(read in wanted and scope is init for read, scope, _line, _node in work.facts.reads):
             return True
+        if init is not None and param and held and _keyed(work, held, names) & _subscripted(init.node, param):
+            return True  # ``Enc(config)`` of ``config = {"batch_size": BATCH}``, read as ``cfg["batch_size"]`` (set 29)
     return False
+
+
+def _keyed(work: _Work, held: str, names: set[str]) -> set[str]:
+    """The keys of the dict literal ``held`` is bound to whose values are the batch size's names."""
+    return {key.evaluated_value for b in work.facts.bindings if b.target == held and isinstance(b.value, cst.Dict)
+            for e in b.value.elements if isinstance(e, cst.DictElement) and dotted(e.value) in names
+            and isinstance(key := e.key, cst.SimpleString) and isinstance(key.evaluated_value, str)}
+
+
+def _subscripted(node: cst.CSTNode, param: str) -> set[str]:
+    """The string keys ``node`` reads off ``param`` (``cfg["batch_size"]``, ``cfg.get("batch_size")``)."""
+    found: set[str] = set()
+    for sub in m.findall(node, m.Subscript(value=m.Name(param))):
+        assert isinstance(sub, cst.Subscript)
+        index = sub.slice[0].slice if len(sub.slice) == 1 else None
+        if isinstance(index, cst.Index) and isinstance(index.value, cst.SimpleString):
+            found.add(str(index.value.evaluated_value))
+    for call in m.findall(node, m.Call(func=m.Attribute(value=m.Name(param), attr=m.Name("get")))):
+        assert isinstance(call, cst.Call)
+        if call.args and isinstance(call.args[0].value, cst.SimpleString):
+            found.add(str(call.args[0].value.evaluated_value))
+    return found
 
 
 def _spread(work: _Work, call: Call) -> tuple[cst.SimpleString, cst.DictElement, str] | None:
@@ -166,8 +190,8 @@ def _spread(work: _Work, call: Call) -> tuple[cst.SimpleString, cst.DictElement,
     bound = binding_of(work.facts, name, call.scope, call.line) if name else None
     if name is None or bound is None or not isinstance(bound.value, cst.Dict) or bound.index >= 0:
         return None
-    reads = [r for r, where, _line, _node in work.facts.reads if r.split(".")[0] == name and
-             flow.visible(work.facts, name, bound.scope, where)]
+    reads = [r for r, where, _line, node in work.facts.reads if r.split(".")[0] == name and
+             flow.visible(work.facts, name, bound.scope, where) and not _updated_apart(work, node)]
     found = [e for e in bound.value.elements if isinstance(e, cst.DictElement) and
              isinstance(e.key, cst.SimpleString) and e.key.evaluated_value == "batch_size"]
     if len(reads) != 1 or len(found) != 1 or any(b.target == name and b is not bound for b in work.facts.bindings):
@@ -175,6 +199,22 @@ def _spread(work: _Work, call: Call) -> tuple[cst.SimpleString, cst.DictElement,
     key = found[0].key
     assert isinstance(key, cst.SimpleString)
     return key, found[0], str(name)
+
+
+def _updated_apart(work: _Work, node: cst.CSTNode) -> bool:
+    """``train_kwargs.update({'num_workers': 1})`` (pytorch/examples' MNIST: ``train_kwargs.update(cuda_kwargs)``):
+    an update with a dict written out, or named, that holds no ``'batch_size'``: the batch size stays the one the
+    loader spreads (set 29)."""
+    call = next((c.node for c in work.facts.calls if c.last == "update" and c.node.func is node or
+                 isinstance(c.node.func, cst.Attribute) and c.node.func.value is node and c.last == "update"), None)
+    if call is None or len(call.args) != 1 or call.args[0].star:
+        return False
+    value = call.args[0].value
+    bound = [b.value for b in work.facts.bindings if isinstance(value, cst.Name) and b.target == value.value]
+    given = value if isinstance(value, cst.Dict) else bound[0] if len(bound) == 1 else None
+    return isinstance(given, cst.Dict) and all(
+        isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString) and
+        e.key.evaluated_value != "batch_size" for e in given.elements)
 
 
 def _shown_rates(work: _Work, names: set[str], loops: list[Loop]) -> None:

@@ -107,7 +107,9 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
     exported = exports(sources)
     names = {rel: _names_in(source) for rel, source in sources.items()}
     for rel in files:  # (a package's ``__init__.py`` re-exports a module's name: read through it)
+        # (a model's loss method, which another file may call: :func:`.methods.loss_methods` names it then)
         if exported or getattr(plans[rel], "left", None) or getattr(plans[rel], "kept", None) or \
+                LOSS_METHOD.search(sources[rel]) and "prepare_model" in getattr(plans[rel], "text", "") or \
                 any(a.name.startswith(HANDED_MODEL) or a.kind == ORDER for a in getattr(plans[rel], "asks", ())):
             others = tuple(n for other, n in names.items() if other != rel)
             base[rel] = dataclasses.replace(base[rel], exported=exported, elsewhere=frozenset().union(*others),
@@ -173,6 +175,7 @@ def settle(files: list[str], convert: Callable[[str, Crossing | None], Any],
 # torch's generator seeded: ``torch.manual_seed(0)``, ``seed_everything(0)``; not a generator of the script's own
 # (``torch.Generator().manual_seed(0)``, ``g.manual_seed(0)``: set 27's synthetic data, said to seed every rank alike)
 SEEDING = re.compile(r"\btorch\.(cuda\.)?manual_seed(_all)?\(|(?<![.\w])manual_seed\(|\bseed_everything\(")
+LOSS_METHOD = re.compile(r"def \w*(loss|criterion)\w*\(\s*self\b")
 ROUNDS = 8  # asks answered in turn: a loader handed to a solver, built by the entry from a data module, takes five
 
 

@@ -149,8 +149,10 @@ def sized_by(work: _Work, call: Call, target: str) -> bool:
 def _late(work: _Work, target: str, rest: Sequence[cst.CSTNode], wrapped_at: int) -> None:
     """An ``apply`` / ``nn.init`` / init loop / init helper of ``target`` below its first other use: listed, the
     wrap cannot pass that use (an optimizer built over the plain model's parameters would miss SyncBatchNorm's)."""
+    # (a loop that reads the model: one over the settings, ``for k, v in config.items(): print(k, v)``, is no
+    # training; set 29)
     loop = next((i for i, s in enumerate(rest) if isinstance(s, (cst.For, cst.While)) and
-                 not _walks(work, s, target, drawing=True)), len(rest))
+                 not _walks(work, s, target, drawing=True) and _reads(work, s, target)), len(rest))
     inside = {i for s in rest[:loop] for i in node_ids(s)}  # (once training starts, an apply is no init)
     lines = [c.line for c in work.facts.calls if id(c.node) in inside and _init(c, target, False, work.facts)]
     lines += [lp.line for lp in work.facts.loops if id(lp.node) in inside and _walks(work, lp.node, target, True)]
@@ -313,6 +315,12 @@ class _Node:
 
 def _of(name: str, target: str) -> bool:
     return name == target or name.startswith(f"{target}.")
+
+
+def _reads(work: _Work, stmt: cst.CSTNode, target: str) -> bool:
+    """``stmt`` reads ``target`` (or a part of it) somewhere inside."""
+    inside = node_ids(stmt)
+    return any(id(r[3]) in inside and _of(r[0], target) for r in work.facts.reads)
 
 
 def _refers(node: cst.CSTNode | None, target: str) -> bool:

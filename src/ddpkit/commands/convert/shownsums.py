@@ -119,8 +119,8 @@ def count_shown(work: _Work, loop: Loop) -> None:
             shown = shown or ([written] if written else [])
             if shown:
                 work.keep(call.line, f"{call.last}(...) in the loop shows {shown[0]}, a count of this rank's samples",
-                          "at N processes each rank takes 1/N of every batch: the count is rank 0's share (the "
-                          "steps are the same)")
+                          "at N processes each rank takes 1/N of the samples (of every batch; of the batches, "
+                          "where the batch stays per process): the count is rank 0's share")
                 return
 
 
