@@ -167,3 +167,29 @@ def test_a_dataset_of_feature_label_pairs_drawn_apart_differs_in_its_fingerprint
 
     assert bool((fingerprint(Toy(0)) == fingerprint(Toy(0))).all())
     assert not bool((fingerprint(Toy(0)) == fingerprint(Toy(1))).all())
+
+
+def test_a_picture_a_datasets_getitem_writes_of_each_sample_stays_every_ranks():
+    """Set 29 (c, D4): ``plt.savefig(f"dbg/sample_{idx}.png")`` in a Dataset's ``__getitem__`` was guarded to rank 0
+    ("every rank holds the same results"): each rank reads its own samples, and half the pictures went missing."""
+    text = ("import torch\nimport matplotlib.pyplot as plt\nfrom torch.utils.data import DataLoader, Dataset\n"
+            "class Noisy(Dataset):\n    def __len__(self):\n        return 32\n    def __getitem__(self, idx):\n"
+            "        x = torch.rand(1, 8, 8)\n        plt.imshow(x[0])\n        plt.savefig(f'dbg/{idx}.png')\n"
+            "        return x, x.mean()\nmodel = torch.nn.Linear(64, 1)\nopt = torch.optim.SGD(model.parameters(), lr=1)\n"
+            "for x, y in DataLoader(Noisy(), batch_size=8, shuffle=True):\n    opt.zero_grad()\n"
+            "    ((model(x.flatten(1)).squeeze(1) - y) ** 2).mean().backward()\n    opt.step()\n")
+    p = plan(text)
+    assert "is_main" not in p.text.split("def __getitem__")[1].split("return")[0], p.text
+    assert any("in Noisy.__getitem__ left as it is" in k.what for k in p.kept), p.kept
+
+
+def test_a_counted_bar_disabled_off_rank_zero_says_what_was_written():
+    """Set 29 (c, D5): ``with tqdm(total=len(loader)) as pbar`` got ``disable=not ...is_main``, said as
+    "tqdm -> ddpkit.progress", an edit it did not make."""
+    text = ("import torch\nfrom tqdm import tqdm\nfrom torch.utils.data import DataLoader\nmodel = torch.nn.Linear(4, 1)\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=1)\nloader = DataLoader(ds, batch_size=8, shuffle=True)\n"
+            "with tqdm(total=len(loader)) as pbar:\n    for x, y in loader:\n        opt.zero_grad()\n"
+            "        model(x).mean().backward()\n        opt.step()\n        pbar.update(1)\n")
+    p = plan(text)
+    assert "disable=not ddpkit.init().is_main" in p.text
+    assert [e.what for e in p.edits if e.line == 7] == ["tqdm(...) -> tqdm(..., disable=not ddpkit.init().is_main)"]

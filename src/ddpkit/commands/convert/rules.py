@@ -184,6 +184,8 @@ def _progress(work: _Work, call: Any) -> None:
     else:  # tqdm(total=...) updated by hand: no iterable to hand over; the bar shows on rank 0 only
         flag = f"not {waits.main_test(work, call.scope, call.line)}"
         work.edits.expr[id(node)] = lambda n: add_keyword(n, "disable", flag)
+        work.note(f"{call.last}(...) -> {call.last}(..., disable={flag})", "one bar, on rank 0", call.line)
+        return
     work.note(f"{call.last} -> ddpkit.progress", "one bar, on rank 0", call.line)
 
 

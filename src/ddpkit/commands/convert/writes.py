@@ -71,6 +71,11 @@ def writes(work: _Work) -> None:
             continue
         if what is None or _ranked(call) or _own(work, call) or not _to_a_path(work, call):
             continue
+        if call.scope.name.endswith(".__getitem__"):  # (set 29: a Dataset's picture of each sample it serves)
+            work.keep(call.line, f"{call.last}(...) in {call.scope.name} left as it is: it writes {what} of each "
+                      "sample the loader reads", "each rank reads its own samples and writes theirs (guarded, only "
+                      "rank 0's would be written)")
+            continue
         if call.stmt is None or len(call.stmt.body) != 1:
             work.leave(call.line, f"{call.last}(...) inside a larger statement: every rank writes {what}",
                        "put it on a line of its own under `if ddpkit.init().is_main:`")
