@@ -175,7 +175,8 @@ def test_a_picture_a_datasets_getitem_writes_of_each_sample_stays_every_ranks():
     text = ("import torch\nimport matplotlib.pyplot as plt\nfrom torch.utils.data import DataLoader, Dataset\n"
             "class Noisy(Dataset):\n    def __len__(self):\n        return 32\n    def __getitem__(self, idx):\n"
             "        x = torch.rand(1, 8, 8)\n        plt.imshow(x[0])\n        plt.savefig(f'dbg/{idx}.png')\n"
-            "        return x, x.mean()\nmodel = torch.nn.Linear(64, 1)\nopt = torch.optim.SGD(model.parameters(), lr=1)\n"
+            "        return x, x.mean()\nmodel = torch.nn.Linear(64, 1)\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=1)\n"
             "for x, y in DataLoader(Noisy(), batch_size=8, shuffle=True):\n    opt.zero_grad()\n"
             "    ((model(x.flatten(1)).squeeze(1) - y) ** 2).mean().backward()\n    opt.step()\n")
     p = plan(text)
