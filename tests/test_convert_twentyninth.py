@@ -187,7 +187,8 @@ def test_a_picture_a_datasets_getitem_writes_of_each_sample_stays_every_ranks():
 def test_a_counted_bar_disabled_off_rank_zero_says_what_was_written():
     """Set 29 (c, D5): ``with tqdm(total=len(loader)) as pbar`` got ``disable=not ...is_main``, said as
     "tqdm -> ddpkit.progress", an edit it did not make."""
-    text = ("import torch\nfrom tqdm import tqdm\nfrom torch.utils.data import DataLoader\nmodel = torch.nn.Linear(4, 1)\n"
+    text = ("import torch\nfrom tqdm import tqdm\nfrom torch.utils.data import DataLoader\n"
+            "model = torch.nn.Linear(4, 1)\n"
             "opt = torch.optim.SGD(model.parameters(), lr=1)\nloader = DataLoader(ds, batch_size=8, shuffle=True)\n"
             "with tqdm(total=len(loader)) as pbar:\n    for x, y in loader:\n        opt.zero_grad()\n"
             "        model(x).mean().backward()\n        opt.step()\n        pbar.update(1)\n")
