@@ -195,3 +195,35 @@ def test_a_counted_bar_disabled_off_rank_zero_says_what_was_written():
     p = plan(text)
     assert "disable=not ddpkit.init().is_main" in p.text
     assert [e.what for e in p.edits if e.line == 7] == ["tqdm(...) -> tqdm(..., disable=not ddpkit.init().is_main)"]
+
+
+def test_a_homework_batchnorm_always_normalising_by_the_batch_is_listed():
+    """Set 29 (b, D2): ``MyBN.forward`` taking ``x.mean(dim=(0, 2, 3))`` and ``x.var(...)`` with no test of training
+    went unsaid ("prepare_model converts BatchNorm"); each rank's statistics are over its share."""
+    text = ("import torch\nfrom torch.utils.data import DataLoader\nclass MyBN(torch.nn.Module):\n"
+            "    def forward(self, x):\n        m = x.mean(dim=(0, 2, 3), keepdim=True)\n"
+            "        v = x.var(dim=(0, 2, 3), keepdim=True)\n        return (x - m) / (v + 1e-5).sqrt()\n"
+            "model = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), MyBN())\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=1)\n"
+            "for x in DataLoader(ds, batch_size=8, shuffle=True):\n    opt.zero_grad()\n"
+            "    model(x).mean().backward()\n    opt.step()\n")
+    assert [x.line for x in plan(text).left if "statistics over the batch" in x.what] == [6]
+    pooled = text.replace("        v = x.var(dim=(0, 2, 3), keepdim=True)\n", "        v = 1.0\n")
+    assert not plan(pooled).left  # a mean over dim 0 alone may be over time (a sequence-first tensor)
+
+
+@pytest.mark.parametrize("optimizer, listed", [("Adam", []), ("SGD", ["the training loss is a sum"])])
+def test_a_loss_whose_every_term_is_a_sum_is_not_a_term_beside_a_mean(optimizer, listed):
+    """Set 29 (b, D3): ``BCE = F.binary_cross_entropy(..., reduction='sum')`` plus ``KLD = -0.5 * torch.sum(...)``:
+    convert listed the KLD alone as a term beside a mean, and its fix made a correct Adam script differ."""
+    text = ("import torch\nimport torch.nn.functional as F\nfrom torch.utils.data import DataLoader\n"
+            "def vae_loss(recon, x, mu, logvar):\n    BCE = F.binary_cross_entropy(recon, x, reduction='sum')\n"
+            "    KLD = -0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp())\n    return BCE + KLD\n"
+            f"model = Vae()\nopt = torch.optim.{optimizer}(model.parameters(), lr=1e-3)\n"
+            "for x, _ in DataLoader(ds, batch_size=8, shuffle=True):\n    opt.zero_grad()\n"
+            "    recon, mu, logvar = model(x)\n    loss = vae_loss(recon, x, mu, logvar)\n    loss.backward()\n"
+            "    opt.step()\n")
+    p = plan(text)
+    assert [x.what[:26] for x in p.left] == listed, [x.what for x in p.left]
+    beside = plan(text.replace("reduction='sum'", "reduction='mean'"))
+    assert [x.line for x in beside.left if "a term of the training loss is summed" in x.what] == [6]

@@ -51,7 +51,11 @@ def summed_terms(work: _Work) -> None:
         stepped = stepped_losses(loop)
         feeds = _feeding(work, loop.scope, stepped, (loop.line, loop.end))
         batchy = _batchy(work, loop.scope, set(loop.targets), models, (loop.line, loop.end))
-        _terms(work, [c for c in loop.calls if c.scope is loop.scope], feeds, batchy, said, stepped if free else set())
+        made = [b.value for b in work.facts.bindings if b.scope is loop.scope and b.target in stepped and
+                b.value is not None and loop.line <= b.line <= loop.end]
+        if not (free and _all_sums(work, loop.scope, made)):  # (``loss = bce_sum + kld``: a sum, under Adam)
+            _terms(work, [c for c in loop.calls if c.scope is loop.scope], feeds, batchy, said,
+                   stepped if free else set())
         for call in loop.calls:  # (a loss helper of the file: ``loss = loss_function(recon, x, mu)``)
             target = flow.callee(work.facts, call)
             bound = {b.target for b in work.facts.bindings if b.value is call.node}
@@ -63,6 +67,8 @@ def summed_terms(work: _Work) -> None:
             returned = {n for s, v in work.facts.returns if s is scope for n in names_in(v)}
             whole = (0, 1 << 30)
             alone = all(isinstance(v, cst.Name) for s, v in work.facts.returns if s is scope)  # (``return loss``)
+            if free and _all_sums(work, scope, [v for s, v in work.facts.returns if s is scope]):
+                continue  # (set 29: ``return BCE + KLD``, BCE of ``reduction='sum'``: the whole loss is a sum)
             _terms(work, [c for c in work.facts.calls if c.scope is scope], _feeding(work, scope, returned, whole),
                    _batchy(work, scope, handed, models, whole), said, returned if free and alone else set())
 
@@ -188,3 +194,33 @@ def _divisor(call: Call, name: str) -> bool:
     return any(isinstance(d, cst.BinaryOperation) and isinstance(d.operator, cst.Divide) and name in names_in(d.right)
                for d in m.findall(call.scope.node, m.BinaryOperation()))
 
+
+
+def _all_sums(work: _Work, scope: Scope, values: list[cst.BaseExpression]) -> bool:
+    """Every term added up in ``values`` (the loss, or what a loss helper returns) is a sum over the batch: a
+    ``torch.sum`` / ``.sum()`` of it, or a criterion told ``reduction='sum'`` (``size_average=False``), named or
+    written in, scaled by numbers at most: the whole loss is a sum, which Adam's kin step alike at any scale."""
+    terms: list[cst.BaseExpression] = []
+    pending = list(values)
+    while pending:
+        value = pending.pop()
+        if isinstance(value, cst.BinaryOperation) and isinstance(value.operator, (cst.Add, cst.Subtract)):
+            pending += [value.left, value.right]
+        else:
+            terms.append(value)
+    for term in terms:
+        if isinstance(term, cst.Name):
+            bound = [b.value for b in work.facts.bindings if b.scope is scope and b.target == term.value]
+            term = bound[-1] if len(bound) == 1 and bound[-1] is not None else term
+        calls = [c for c in m.findall(term, m.Call()) if isinstance(c, cst.Call)]
+        if not any(_total(c) is not None or _summing(c) for c in calls):
+            return False
+    return bool(terms)
+
+
+def _summing(call: cst.Call) -> bool:
+    """``F.binary_cross_entropy(..., reduction='sum')``, ``nn.MSELoss(size_average=False)(...)``."""
+    given = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
+    reduction, average = given.get("reduction"), given.get("size_average")
+    return isinstance(reduction, cst.SimpleString) and reduction.evaluated_value == "sum" or \
+        isinstance(average, cst.Name) and average.value == "False"
