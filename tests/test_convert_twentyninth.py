@@ -227,3 +227,27 @@ def test_a_loss_whose_every_term_is_a_sum_is_not_a_term_beside_a_mean(optimizer,
     assert [x.what[:26] for x in p.left] == listed, [x.what for x in p.left]
     beside = plan(text.replace("reduction='sum'", "reduction='mean'"))
     assert [x.line for x in beside.left if "a term of the training loss is summed" in x.what] == [6]
+
+
+def test_a_whole_model_saved_moved_to_the_cpu_is_unwrapped():
+    """Set 29 (c, D6): a trainer's ``torch.save(self.model.cpu(), path)`` pickled the DDP wrapper and rank 0 died
+    in the save, a truncated file left behind."""
+    text = ("import torch\nfrom torch.utils.data import DataLoader\nclass Trainer:\n"
+            "    def __init__(self, loader):\n        self.model = torch.nn.Linear(4, 2)\n"
+            "        self.opt = torch.optim.Adam(self.model.parameters())\n        self.loader = loader\n"
+            "    def train(self):\n        for x, y in self.loader:\n            self.opt.zero_grad()\n"
+            "            torch.nn.functional.cross_entropy(self.model(x), y).backward()\n            self.opt.step()\n"
+            "    def save(self, path):\n        torch.save(self.model.cpu(), path)\n"
+            "loader = DataLoader(ds, batch_size=8, shuffle=True)\nt = Trainer(loader)\nt.train()\nt.save('m.pt')\n")
+    p = plan(text)
+    assert "torch.save(ddpkit.unwrap(self.model).cpu(), path)" in p.text, p.text
+
+
+def test_a_prepared_models_forward_called_by_name_becomes_a_call():
+    """Set 29 (c, D7): ``model.forward(x)`` skipped the module's hooks, verify's dropout-off among them, in the
+    one-process run only (DDP's forward calls the module): a false FAIL. The call runs the same path in both."""
+    text = ("import torch\nfrom torch.utils.data import DataLoader\nmodel = torch.nn.Linear(4, 2)\n"
+            "opt = torch.optim.Adam(model.parameters())\nfor x, y in DataLoader(ds, batch_size=8, shuffle=True):\n"
+            "    opt.zero_grad()\n    torch.nn.functional.cross_entropy(model.forward(x), y).backward()\n"
+            "    opt.step()\n")
+    assert "cross_entropy(model(x), y)" in plan(text).text

@@ -49,6 +49,17 @@ def test_a_script_that_resumes_from_its_checkpoint_verifies_and_leaves_no_checkp
     assert "removed the files the one-process run saved: ckpt/last.pt" in r.stderr, r.stderr[-2000:]
 
 
+def test_a_script_in_the_folder_of_verifys_own_temporary_files_verifies(tmp_path):
+    """Set 29 (c, D8): a script in /tmp, where verify keeps its runs' weights: they were removed after the first run
+    as files the script saved, and verify said "the script prepared no model"."""
+    (tmp_path / "train.py").write_text(SCRIPT)
+    (tmp_path / "tmp").mkdir()
+    r = run_cmd([sys.executable, "-m", "ddpkit", "verify", "--nproc", "2", "--steps", "2", "train.py"],
+                timeout=300, cwd=str(tmp_path), env={"TMPDIR": str(tmp_path)})
+    assert r.returncode == 0 and r.stdout.startswith("PASS"), r.stdout + r.stderr[-2000:]
+    assert "ddpkit-verify-" not in r.stderr, r.stderr[-2000:]
+
+
 def test_a_checkpoint_there_before_verify_that_a_run_saves_over_is_named_once(tmp_path):
     (tmp_path / "train.py").write_text(SCRIPT.replace("range(start, 3)", "range(start, 1 if start == 0 else 3)"))
     first = run_cmd([sys.executable, "train.py"], timeout=120, cwd=str(tmp_path))  # the user's own run: epoch 0

@@ -361,6 +361,7 @@ def child(request: dict, fds: list[int], conn: socket.socket, shim: str, server_
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    tempfile.tempdir = None  # (found again from TMPDIR, as a fresh interpreter does: the server's may be cached)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN if request.get("sigint_ignored") else signal.default_int_handler)

@@ -84,6 +84,27 @@ def _called_elsewhere(work: _Work, found: dict[str, list[str]]) -> None:
                       "(a method called on the module alone runs outside DDP)", b.line)
 
 
+def forward_called(work: _Work) -> None:
+    """``model.forward(x)`` of a prepared model -> ``model(x)``: the call runs the module's hooks, which ``forward``
+    skips (DDP's own forward runs either way); one process then runs the same path as N (set 29: verify's
+    dropout-off hooks ran in the N-process run only, a false FAIL).
+
+    >>> from ddpkit.commands.convert.plan import plan
+    >>> text = plan("import torch\\nfrom torch.utils.data import DataLoader\\nnet = torch.nn.Linear(2, 2)\\n"
+    ...             "opt = torch.optim.SGD(net.parameters(), lr=1)\\nfor (x,) in DataLoader(ds, batch_size=8):\\n"
+    ...             "    net.forward(x).sum().backward()\\n    opt.step()\\n").text
+    >>> text.splitlines()[-2]
+    '    net(x).sum().backward()'
+    """
+    models = {b.target for b in work.models}
+    for call in work.facts.calls:
+        func = call.node.func
+        if call.last == "forward" and isinstance(func, cst.Attribute) and dotted(func.value) in models:
+            work.edits.expr[id(func)] = lambda node: node.value
+            work.note(f"{dotted(func.value)}.forward(...) -> {dotted(func.value)}(...)", "a call of the model runs "
+                      "its hooks, which .forward skips: one process and N then run the same path", call.line)
+
+
 def self_trained(work: _Work) -> None:
     """List a training loop written as a method of the prepared model's own class (``class Net(nn.Module): def
     fit(self, loader): ... out = self(x)``, called ``model.fit(loader)``): ``self`` there is the plain module, its

@@ -262,6 +262,7 @@ class _Work:
         stepped.answer(self)
         unwrapped.unwrapped(self)
         methods.self_trained(self)
+        methods.forward_called(self)
         batchstats.own_batch_norm(self)
         batchstats.model_optimizer(self)
         splits.splits(self, any(c.name in (loaders.LOADER, "ddpkit.data_loader") for c in self.facts.calls))

@@ -319,6 +319,9 @@ def per_rank(work: _Work, paths: list[cst.BaseExpression]) -> bool:
     return False
 
 
+MOVES = ("cpu", "cuda", "to", "eval", "float", "half", "double")  # what hands back the module it moved
+
+
 def _whole_model(work: _Work, call: Any) -> None:
     """``torch.save(model, f)`` of the prepared model -> ``torch.save(ddpkit.unwrap(model), f)``: a pickled DDP
     wrapper loads only where a process group runs, so the script's own inference code could not read it."""
@@ -327,6 +330,15 @@ def _whole_model(work: _Work, call: Any) -> None:
         work.edits.expr[id(arg)] = lambda node: cst.parse_expression(f"ddpkit.unwrap({work.facts.code(node)})")
         work.note(f"torch.save({work.facts.code(arg)}, ...) -> torch.save(ddpkit.unwrap(...), ...)", "the plain "
                   "module is saved: a pickled wrapper loads only where a process group runs", call.line)
+        return
+    moved = arg  # ``torch.save(self.model.cpu(), path)``: the model it moves (set 29's trainer)
+    while isinstance(moved, cst.Call) and isinstance(moved.func, cst.Attribute) and moved.func.attr.value in MOVES:
+        moved = moved.func.value
+    if moved is not arg and dotted(moved) and _prepared(work, moved, call):
+        inner = dotted(moved)
+        work.edits.expr[id(moved)] = lambda node: cst.parse_expression(f"ddpkit.unwrap({inner})")
+        work.note(f"torch.save({inner}..., ...) -> torch.save(ddpkit.unwrap({inner})..., ...)", "the plain module is "
+                  "saved: a pickled wrapper loads only where a process group runs", call.line)
         return
     name = dotted(arg)
     found = binding_of(work.facts, name, call.scope, call.line) if name else None

@@ -33,7 +33,7 @@ import torch
 
 from ddpkit.commands import itself
 from ddpkit.commands.cli import OneLineParser, usage_error
-from ddpkit.commands.verify import causes, draws, matched, noise, outputs, perturbed, rounding, runs
+from ddpkit.commands.verify import causes, draws, isolate, matched, noise, outputs, perturbed, rounding, runs
 from ddpkit.commands.verify.lines import fail_line, pass_line, run_length
 from ddpkit.commands.verify.weights import compare_weights, gradients_apart, moved_within
 from ddpkit.core import contract
@@ -125,7 +125,7 @@ def verify(script: str, script_args: Sequence[str], nproc: int, steps: int, atol
     """Run both trainings in a temporary directory and compare them; :class:`CannotCompare` when the
     one-process run shows there is nothing comparable (checked before the N-process run starts). ``float64``,
     ``match``: the re-runs of :mod:`~ddpkit.commands.verify.rounding` and :mod:`~ddpkit.commands.verify.matched`."""
-    with tempfile.TemporaryDirectory(prefix="ddpkit-verify-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=isolate.OWN) as tmp:
         ref, dist_out = os.path.join(tmp, "single.pt"), os.path.join(tmp, "ddp.pt")
         common = run_env(tmp, nproc, steps, device, keep_dropout)
         if float64:

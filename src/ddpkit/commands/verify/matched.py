@@ -233,6 +233,10 @@ def defect(again: dict) -> str | None:
     (True, True)
     >>> defect({**again, "float64_apart": None, "gradient_factor": 2.0, "cause": "a factor of 2"})
     "a factor of 2 (decided by a re-run with the steps' random draws matched)"
+    >>> defect({**again, "float64_apart": None, "gradient_gap": 1.7, "first_diverging": "enc.weight"})[:60]
+    "'enc.weight' differs with the steps' random draws matched, a"
+    >>> defect({**again, "float64_apart": None, "gradient_gap": 0.2, "first_diverging": "enc.weight"}) is None
+    True
     """
     apart = again.get("float64_apart")
     # (a draw left to a global generator in the matched re-run, ``torch.dropout`` before it was matched, a loader's
@@ -243,6 +247,14 @@ def defect(again: dict) -> str | None:
     if again.get("gradient_factor") is not None and again.get("cause"):  # (a VAE's KL summed over the batch: its
         # step-1 gradients 2x apart at 2 processes with the noise matched; set 28: "cannot compare" hid it)
         return f"{again['cause']} (decided by a re-run with the steps' random draws matched)"
+    gap = again.get("gradient_gap")
+    if (not apart or apart.get("diff") is None) and gap is not None and gap >= 1.0 and again.get("first_diverging"):
+        # (set 29: a KL term weighted N times beside a summed reconstruction: the step-1 gradients further apart
+        # than their own size, which no rounding makes; the float64 pair is not run then)
+        return (f"{again['first_diverging']!r} differs with the steps' random draws matched, and the step-1 gradients "
+                f"are {gap:.3g} apart (relative), beyond what float rounding makes: rank-dependent code (a loss or "
+                "scale that depends on the per-process batch or the number of processes, a branch on the rank, "
+                "per-rank statistics); decided by a re-run with the draws matched")
     if not apart or apart.get("diff") is None:
         return None
     return (f"{apart['name']!r} differs by {apart['diff']:.3g} (max abs diff) with the steps' random draws matched, "
