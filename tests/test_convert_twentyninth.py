@@ -251,3 +251,29 @@ def test_a_prepared_models_forward_called_by_name_becomes_a_call():
             "    opt.zero_grad()\n    torch.nn.functional.cross_entropy(model.forward(x), y).backward()\n"
             "    opt.step()\n")
     assert "cross_entropy(model(x), y)" in plan(text).text
+
+
+def test_a_homework_batch_norm_function_taking_its_statistics_before_the_flag_is_listed():
+    """Set 29 (b, s03): Dive-into-DL's ``batch_norm(X, ..., is_training)`` takes ``torch.mean(X, dim=0)`` first and
+    picks by the flag after: unsaid, while each rank normalised by its own share of the batch."""
+    text = ("import torch\nfrom torch.utils.data import DataLoader\n"
+            "def batch_norm(X, gamma, is_training=True):\n    mean = torch.mean(X, dim=0, keepdim=True)\n"
+            "    var = torch.mean((X - mean) ** 2, dim=0, keepdim=True)\n    if is_training:\n"
+            "        return gamma * (X - mean) / torch.sqrt(var + 1e-5)\n    return X\n"
+            "class BN(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.gamma = torch.nn.Parameter(torch.ones(2))\n"
+            "    def forward(self, x):\n        return batch_norm(x, self.gamma, self.training)\n"
+            "model = torch.nn.Sequential(torch.nn.Linear(2, 2), BN())\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=1)\n"
+            "for x in DataLoader(ds, batch_size=8, shuffle=True):\n    opt.zero_grad()\n    model(x).sum().backward()\n"
+            "    opt.step()\n")
+    assert [x.line for x in plan(text).left if "statistics over the batch" in x.what] == [4]
+
+
+def test_output_into_a_folder_writes_the_script_there(tmp_path, capsys):
+    """Set 29 (b): ``-o conv/`` for one script wrote nothing ("cannot write 'conv/'"); the script's name inside it."""
+    from ddpkit.commands.convert.command import main
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nprint(torch.zeros(1))\n")
+    assert main([str(script), "-o", str(tmp_path / "conv") + "/"]) == 0, capsys.readouterr().err
+    assert (tmp_path / "conv" / "train.py").read_text().startswith("import torch")

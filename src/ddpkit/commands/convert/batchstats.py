@@ -45,7 +45,10 @@ def own_batch_norm(work: _Work) -> None:
                 isinstance(c.node.func, cst.Attribute) and _over_batch(c.node)]
         # (taken under ``if self.training:``: not a mean pool; or a forward that always normalises by the batch's
         # mean and variance, a homework's ``MyBN``: set 29; a mean alone over dim 0 may be over time)
-        stat = next((c for c in over if any("training" in t for t in c.tests)), None) if _training(scope) else None
+        # (or before its test: Dive-into-DL's homework ``batch_norm(X, ..., is_training)`` takes them first, then
+        # picks by the flag; set 29)
+        stat = next((c for c in over if any("training" in t for t in c.tests)), over[0] if over else None) \
+            if _training(scope) else None
         if stat is None and scope.name.endswith(".forward") and any(c.last in SPREAD for c in over):
             stat = next(c for c in over if c.last in SPREAD)
         if stat is None:

@@ -239,6 +239,8 @@ def _write(result, ns: argparse.Namespace, encoding: str) -> str | None:
     if ns.output is None and not (ns.write and result.text != result.source):
         return None
     target = ns.output if ns.output is not None else os.path.realpath(ns.script)
+    if ns.output is not None and (target.endswith(("/", os.sep)) or os.path.isdir(target)):
+        target = os.path.join(target, os.path.basename(ns.script))  # ``-o conv/``: the script's name inside it
     # ``-o conv/train.py`` with no conv/ yet: made, as the folder of a project's -o is (two measurers of set 29
     # met the error first)
     os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
