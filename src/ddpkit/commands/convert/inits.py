@@ -165,6 +165,14 @@ def _late(work: _Work, target: str, rest: Sequence[cst.CSTNode], wrapped_at: int
                    "it), then convert again")
 
 
+def _reads(work: _Work, stmt: cst.CSTNode, target: str) -> bool:
+    """``stmt`` reads ``target`` (or a part of it) somewhere inside, or calls a function of the script, which may
+    (``for epoch in range(2): train(epoch)`` training the global model: review 45)."""
+    inside = node_ids(stmt)
+    return any(id(r[3]) in inside and _of(r[0], target) for r in work.facts.reads) or \
+        any(id(c.node) in inside and callee(work.facts, c) is not None for c in work.facts.calls)
+
+
 def _init(call: Call, target: str, loading: bool, facts: Any = None, depth: int = 0) -> bool:
     """``target.apply(f)``, ``target.x.weight.data.normal_()`` / ``target[3].bias.fill_(0)`` (an in-place method),
     ``nn.init.*(target.x...)``, ``target.reset_parameters()``, a helper of the script's that initialises what it is
@@ -315,12 +323,6 @@ class _Node:
 
 def _of(name: str, target: str) -> bool:
     return name == target or name.startswith(f"{target}.")
-
-
-def _reads(work: _Work, stmt: cst.CSTNode, target: str) -> bool:
-    """``stmt`` reads ``target`` (or a part of it) somewhere inside."""
-    inside = node_ids(stmt)
-    return any(id(r[3]) in inside and _of(r[0], target) for r in work.facts.reads)
 
 
 def _refers(node: cst.CSTNode | None, target: str) -> bool:

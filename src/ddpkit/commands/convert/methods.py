@@ -65,18 +65,19 @@ def loss_methods(work: _Work) -> dict[str, list[str]]:
 
 def _called_elsewhere(work: _Work, found: dict[str, list[str]]) -> None:
     """A loss method of a prepared model's class of this file that another file of the project calls (set 29: main.py
-    hands the model to training.py's ``train(model, ...)``, which backwards ``model.loss(batch)``), and that does not
-    run the model's own forward (``self(x)``): named in ``forward_methods`` as a loop of this file would have it."""
+    hands the model to training.py's ``train(model, ...)``, which backwards ``model.loss(batch)``): named in
+    ``forward_methods`` as a loop of this file would have it."""
     elsewhere = work.crossing.elsewhere if work.crossing is not None else None
     if not elsewhere:
         return
     for b in work.models:
         cls = _class_of(work, b.target)
-        for name, scope in work.facts.scopes.items():
+        for name in work.facts.scopes:
             method = name.rsplit(".", 1)[-1]
+            # (one that runs ``self(x)`` too: called on the wrapper, it reaches the module's forward outside DDP's;
+            # named, DDP's forward runs it: review 45)
             if cls is None or name != f"{cls}.{method}" or method not in elsewhere or \
-                    not any(w in method.lower() for w in LOSS_NAMES) or method in found.get(b.target, []) or \
-                    any(dotted(c.node.func) in ("self", "self.forward") for c in work.facts.calls if c.scope is scope):
+                    not any(w in method.lower() for w in LOSS_NAMES) or method in found.get(b.target, []):
                 continue
             found.setdefault(b.target, []).append(method)
             work.note(f"{b.target}.{method}(...) makes the loss in another file: forward_methods=({method!r},) given "
