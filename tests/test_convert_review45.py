@@ -54,3 +54,18 @@ def test_a_loss_method_running_the_models_own_forward_called_elsewhere_is_named(
     files = {"main.py": main, "training.py": training}
     done = settle(list(files), lambda rel, c: plan(files[rel], crossing=c))
     assert "ddpkit.prepare_model(Net(), forward_methods=('loss',))" in done["main.py"].text, done["main.py"].text
+
+
+@pytest.mark.parametrize("saved, hoisted, kept", [
+    ("model.eval()", "    model.eval()\n", "torch.save(ddpkit.unwrap(model), 'ckpt.pt')"),
+    ("model.cpu().state_dict()", "    model.cpu()\n", "torch.save(model.state_dict(), 'ckpt.pt')"),
+])
+def test_a_move_or_mode_change_inside_a_saved_expression_runs_on_every_rank(saved, hoisted, kept):
+    """R10: ``torch.save(model.eval(), path)`` each epoch became a guarded save of ``ddpkit.unwrap(model).eval()``:
+    rank 0's model alone went to eval, its SyncBatchNorm collectives no longer paired the others', and the run hung."""
+    text = ("import torch\nfrom torch.utils.data import DataLoader\nmodel = torch.nn.Sequential(torch.nn.Linear(4, 2), "
+            "torch.nn.BatchNorm1d(2))\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor epoch in range(3):\n"
+            "    model.train()\n    for x in DataLoader(ds, batch_size=8, shuffle=True):\n        opt.zero_grad()\n"
+            f"        model(x).sum().backward()\n        opt.step()\n    torch.save({saved}, 'ckpt.pt')\n")
+    text = plan(text).text
+    assert f"{hoisted}    if ddpkit.init().is_main:\n        {kept}\n" in text, text

@@ -240,7 +240,8 @@ def test_a_whole_model_saved_moved_to_the_cpu_is_unwrapped():
             "    def save(self, path):\n        torch.save(self.model.cpu(), path)\n"
             "loader = DataLoader(ds, batch_size=8, shuffle=True)\nt = Trainer(loader)\nt.train()\nt.save('m.pt')\n")
     p = plan(text)
-    assert "torch.save(ddpkit.unwrap(self.model).cpu(), path)" in p.text, p.text
+    assert "        self.model.cpu()\n        if ddpkit.init().is_main:\n" \
+        "            torch.save(ddpkit.unwrap(self.model), path)" in p.text, p.text
 
 
 def test_a_prepared_models_forward_called_by_name_becomes_a_call():

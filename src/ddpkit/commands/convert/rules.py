@@ -331,14 +331,7 @@ def _whole_model(work: _Work, call: Any) -> None:
         work.note(f"torch.save({work.facts.code(arg)}, ...) -> torch.save(ddpkit.unwrap(...), ...)", "the plain "
                   "module is saved: a pickled wrapper loads only where a process group runs", call.line)
         return
-    moved = arg  # ``torch.save(self.model.cpu(), path)``: the model it moves (set 29's trainer)
-    while isinstance(moved, cst.Call) and isinstance(moved.func, cst.Attribute) and moved.func.attr.value in MOVES:
-        moved = moved.func.value
-    if moved is not arg and dotted(moved) and _prepared(work, moved, call):
-        inner = dotted(moved)
-        work.edits.expr[id(moved)] = lambda node: cst.parse_expression(f"ddpkit.unwrap({inner})")
-        work.note(f"torch.save({inner}..., ...) -> torch.save(ddpkit.unwrap({inner})..., ...)", "the plain module is "
-                  "saved: a pickled wrapper loads only where a process group runs", call.line)
+    if arg is not None and call.stmt is not None and _moves_hoisted(work, call, arg):
         return
     name = dotted(arg)
     found = binding_of(work.facts, name, call.scope, call.line) if name else None
@@ -360,6 +353,30 @@ def _whole_model(work: _Work, call: Any) -> None:
     work.edits.expr[id(arg)] = lambda node: cst.parse_expression(f"ddpkit.unwrap({name})")
     work.note(f"torch.save({name}, ...) -> torch.save(ddpkit.unwrap({name}), ...)", "the plain module is saved: "
               "a pickled wrapper loads only where a process group runs", call.line)
+
+
+def _moves_hoisted(work: _Work, call: Any, arg: cst.BaseExpression) -> bool:
+    """``torch.save(self.model.cpu(), path)`` (set 29's trainer), ``torch.save(model.cpu().state_dict(), f)``: the
+    move, or ``.eval()``, of a prepared model is made on every rank above the save, which rank 0 alone makes (inside
+    its guard, rank 0's model alone would change, and SyncBatchNorm's collectives no longer pair: review 45's hang);
+    the model saved whole is the plain module."""
+    for node in m.findall(arg, m.Call(func=m.Attribute(attr=m.OneOf(*(m.Name(n) for n in MOVES))))):
+        assert isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+        moved = node.func.value
+        while isinstance(moved, cst.Call) and isinstance(moved.func, cst.Attribute) and moved.func.attr.value in MOVES:
+            moved = moved.func.value
+        if not dotted(moved) or not _prepared(work, moved, call):
+            continue
+        inner, code = dotted(moved), work.facts.code(node)
+        work.edits.before.setdefault(id(call.stmt), []).append(code)
+        whole = node is arg
+        text = f"ddpkit.unwrap({inner})" if whole else str(inner)
+        work.edits.expr[id(node)] = lambda _n, t=text: cst.parse_expression(t)
+        work.note(f"torch.save({work.facts.code(arg)}, ...) -> {code} above it", "moved on every rank (inside the "
+                  "save's guard rank 0's model alone would move)" + (", and the plain module saved: a pickled wrapper "
+                  "loads only where a process group runs" if whole else ""), call.line)
+        return True
+    return False
 
 
 def _prepared(work: _Work, value: Any, call: Any) -> bool:
