@@ -69,3 +69,17 @@ def test_a_move_or_mode_change_inside_a_saved_expression_runs_on_every_rank(save
             f"        model(x).sum().backward()\n        opt.step()\n    torch.save({saved}, 'ckpt.pt')\n")
     text = plan(text).text
     assert f"{hoisted}    if ddpkit.init().is_main:\n        {kept}\n" in text, text
+
+
+def test_statistics_pooling_over_time_and_a_parameters_spread_are_no_batchnorm():
+    """R8: ``torch.cat([h.mean(0), h.std(0)], 1)`` over a sequence-first GRU's time, and prototypes standardised over
+    their own rows, were listed as a BatchNorm of the script's own (a false line, exit 1)."""
+    text = ("import torch\nfrom torch.utils.data import DataLoader\nclass Pool(torch.nn.Module):\n"
+            "    def __init__(self):\n        super().__init__()\n        self.rnn = torch.nn.GRU(4, 4)\n"
+            "        self.protos = torch.nn.Parameter(torch.randn(5, 8))\n    def forward(self, x):\n"
+            "        h, _ = self.rnn(x)\n        pooled = torch.cat([h.mean(0), h.std(0)], dim=1)\n"
+            "        protos = (self.protos - self.protos.mean(0)) / self.protos.std(0)\n"
+            "        return pooled @ protos.t()\nmodel = Pool()\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "for x, y in DataLoader(ds, batch_size=8, shuffle=True):\n    opt.zero_grad()\n"
+            "    torch.nn.functional.cross_entropy(model(x), y).backward()\n    opt.step()\n")
+    assert not plan(text).left, [x.what for x in plan(text).left]

@@ -49,8 +49,9 @@ def own_batch_norm(work: _Work) -> None:
         # picks by the flag; set 29)
         stat = next((c for c in over if any("training" in t for t in c.tests)), over[0] if over else None) \
             if _training(scope) else None
-        if stat is None and scope.name.endswith(".forward") and any(c.last in SPREAD for c in over):
-            stat = next(c for c in over if c.last in SPREAD)
+        if stat is None and scope.name.endswith(".forward"):  # (and the tensor centred by it, ``x - m``: not a
+            # statistics pooling over time, ``torch.cat([h.mean(0), h.std(0)], 1)``, nor a parameter's spread)
+            stat = next((c for c in over if c.last in SPREAD and _centred(scope, _of_tensor(c.node))), None)
         if stat is None:
             continue
         work.leave(stat.line, f"statistics over the batch ({work.facts.code(stat.node)}) in {scope.name}(), a "
@@ -69,6 +70,21 @@ def _training(scope: Any) -> bool:
 
 
 TRAINING = {"training", "is_training", "is_train", "train_mode"}  # (not ``train_loader``: a training function's)
+
+
+def _of_tensor(call: cst.Call) -> str | None:
+    """What a statistic is taken of: ``x`` of ``x.var(...)`` and of ``torch.var(x, ...)``."""
+    func = call.func
+    if isinstance(func, cst.Attribute) and dotted(func.value) not in ("torch", "np", "numpy"):
+        return dotted(func.value)
+    return dotted(call.args[0].value) if call.args else None
+
+
+def _centred(scope: Any, tensor: str | None) -> bool:
+    """``tensor - ...`` somewhere in the function: the tensor normalised by its statistics."""
+    return tensor is not None and not tensor.startswith("self.") and any(  # (a parameter's own rows: no batch)
+        isinstance(op, cst.BinaryOperation) and dotted(op.left) == tensor
+        for op in m.findall(scope.node, m.BinaryOperation(operator=m.Subtract())))
 
 
 def _over_batch(call: cst.Call) -> bool:
