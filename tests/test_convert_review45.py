@@ -83,3 +83,14 @@ def test_statistics_pooling_over_time_and_a_parameters_spread_are_no_batchnorm()
             "for x, y in DataLoader(ds, batch_size=8, shuffle=True):\n    opt.zero_grad()\n"
             "    torch.nn.functional.cross_entropy(model(x), y).backward()\n    opt.step()\n")
     assert not plan(text).left, [x.what for x in plan(text).left]
+
+
+def test_a_dict_spread_updated_with_one_filled_later_keeps_the_batch_per_process():
+    """R9: ``extra = {'shuffle': True}; extra['batch_size'] = 16; train_kwargs.update(extra)`` was read as an update
+    without a batch size: 'global_batch_size' beside the update's 'batch_size' stopped the loader at launch."""
+    text = ("import torch\nfrom torch.utils.data import DataLoader\nmodel = torch.nn.Linear(4, 2)\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\ntrain_kwargs = {'batch_size': 8}\n"
+            "extra = {'shuffle': True}\nextra['batch_size'] = 16\ntrain_kwargs.update(extra)\n"
+            "for x, y in DataLoader(ds, **train_kwargs):\n    opt.zero_grad()\n"
+            "    torch.nn.functional.cross_entropy(model(x), y).backward()\n    opt.step()\n")
+    assert "global_batch_size" not in plan(text).text

@@ -212,9 +212,19 @@ def _updated_apart(work: _Work, node: cst.CSTNode) -> bool:
     value = call.args[0].value
     bound = [b.value for b in work.facts.bindings if isinstance(value, cst.Name) and b.target == value.value]
     given = value if isinstance(value, cst.Dict) else bound[0] if len(bound) == 1 else None
+    if isinstance(value, cst.Name) and _filled(work, value.value):
+        return False  # (``cuda_kwargs['batch_size'] = 16`` after it is written: review 45)
     return isinstance(given, cst.Dict) and all(
         isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString) and
         e.key.evaluated_value != "batch_size" for e in given.elements)
+
+
+def _filled(work: _Work, name: str) -> bool:
+    """The dict ``name`` gets keys after it is written: ``name[k] = v``, ``name.update(...)``, ``setdefault``."""
+    items = m.findall(work.facts.module, m.AssignTarget(target=m.Subscript(value=m.Name(name))))
+    return bool(items) or any(c.last in ("update", "setdefault", "__setitem__") and
+                              isinstance(c.node.func, cst.Attribute) and dotted(c.node.func.value) == name
+                              for c in work.facts.calls)
 
 
 def _shown_rates(work: _Work, names: set[str], loops: list[Loop]) -> None:
