@@ -94,3 +94,21 @@ def test_a_dict_spread_updated_with_one_filled_later_keeps_the_batch_per_process
             "for x, y in DataLoader(ds, **train_kwargs):\n    opt.zero_grad()\n"
             "    torch.nn.functional.cross_entropy(model(x), y).backward()\n    opt.step()\n")
     assert "global_batch_size" not in plan(text).text
+
+
+@pytest.mark.parametrize("made, size", [
+    ("config = {'batch_size': 8}", "config['batch_size']"),
+    ("B = 8\nconfig = dict(batch_size=B)", "B"),
+])
+def test_a_settings_dict_the_loader_and_the_model_both_read_keeps_the_batch_per_process(made, size):
+    """R7: the loader reading ``config["batch_size"]`` itself (or the dict made by ``dict(batch_size=B)``), the
+    model's __init__ sizing a GRU state by ``cfg["batch_size"]``: the batch became global, the first forward failed."""
+    text = ("import torch\nfrom torch.utils.data import DataLoader\n" + made + "\n"
+            "class Enc(torch.nn.Module):\n    def __init__(self, cfg):\n        super().__init__()\n"
+            "        self.b = cfg['batch_size']\n        self.rnn = torch.nn.GRU(4, 4)\n"
+            "    def forward(self, x):\n        return self.rnn(x, torch.zeros(1, self.b, 4))[0]\n"
+            "model = Enc(config)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            f"for x, y in DataLoader(ds, batch_size={size}, shuffle=True):\n    opt.zero_grad()\n"
+            "    model(x).mean().backward()\n    opt.step()\n")
+    p = plan(text)
+    assert "global_batch_size" not in p.text and any("(Enc(...))" in x.what for x in p.left), p.left

@@ -18,6 +18,7 @@ Example (the rewrite of a converted call's batch size)::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -162,9 +163,14 @@ def _read_in_init(work: _Work, made: cst.Call, names: set[str]) -> bool:
 
 def _keyed(work: _Work, held: str, names: set[str]) -> set[str]:
     """The keys of the dict literal ``held`` is bound to whose values are the batch size's names."""
-    return {key.evaluated_value for b in work.facts.bindings if b.target == held and isinstance(b.value, cst.Dict)
+    keys = {key.evaluated_value for b in work.facts.bindings if b.target == held and isinstance(b.value, cst.Dict)
             for e in b.value.elements if isinstance(e, cst.DictElement) and dotted(e.value) in names
             and isinstance(key := e.key, cst.SimpleString) and isinstance(key.evaluated_value, str)}
+    # (``dict(batch_size=B)``; the loader reading the dict itself, ``batch_size=config["batch_size"]``: review 45)
+    keys |= {a.keyword.value for b in work.facts.bindings if b.target == held and isinstance(b.value, cst.Call) and
+             dotted(b.value.func) == "dict" for a in b.value.args if a.keyword is not None and dotted(a.value) in names}
+    keys |= {match.group(2) for n in names if (match := re.fullmatch(rf"{re.escape(held)}\[(['\"])(\w+)\1\]", n))}
+    return keys
 
 
 def _subscripted(node: cst.CSTNode, param: str) -> set[str]:
