@@ -278,3 +278,19 @@ def test_output_into_a_folder_writes_the_script_there(tmp_path, capsys):
     script.write_text("import torch\nprint(torch.zeros(1))\n")
     assert main([str(script), "-o", str(tmp_path / "conv") + "/"]) == 0, capsys.readouterr().err
     assert (tmp_path / "conv" / "train.py").read_text().startswith("import torch")
+
+
+@pytest.mark.parametrize("extra, order", [
+    ("", "{'batch_size': 8, 'shuffle': False}"),  # as torch's loader read it: in order
+    ("train_kwargs['shuffle'] = True\n", None),  # its own say, below
+])
+def test_a_spread_dict_without_shuffle_keeps_the_order_torch_gave_it(extra, order):
+    """Extra five of set 29 (D2): ``DataLoader(ds, **train_kwargs)`` with no 'shuffle' (pytorch/examples' MNIST
+    adds it on CUDA only) became a shuffling ddpkit.data_loader: the CPU run trained in another order."""
+    text = ("import torch\nfrom torch.utils.data import DataLoader\nmodel = torch.nn.Linear(4, 2)\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\ntrain_kwargs = {'batch_size': 8}\n" + extra +
+            "if torch.cuda.is_available():\n    train_kwargs.update({'shuffle': True, 'num_workers': 1})\n"
+            "for x, y in DataLoader(ds, **train_kwargs):\n    opt.zero_grad()\n"
+            "    torch.nn.functional.cross_entropy(model(x), y).backward()\n    opt.step()\n")
+    text = plan(text).text
+    assert ("'shuffle': False}" in text) is (order is not None), text

@@ -207,6 +207,26 @@ def _spread(work: _Work, call: Call) -> tuple[cst.SimpleString, cst.DictElement,
     return key, found[0], str(name)
 
 
+def in_order(work: _Work, call: Call) -> bool:
+    """``DataLoader(ds, **train_kwargs)`` of a ``train_kwargs = {...}`` written out with no ``'shuffle'`` (nor
+    ``'sampler'``), which torch's loader read as no shuffle: ``'shuffle': False`` added to the dict, so that
+    ``ddpkit.data_loader`` keeps the order (pytorch/examples' MNIST shuffles on CUDA only, by an update; set 29's
+    extra five saw the CPU run reshuffled). True where added."""
+    spread = [a for a in call.node.args if a.star == "**"]
+    name = dotted(spread[0].value) if len(spread) == 1 else None
+    bound = binding_of(work.facts, name, call.scope, call.line) if name else None
+    if bound is None or not isinstance(bound.value, cst.Dict) or bound.index >= 0 or \
+            any(b.target == name and b is not bound for b in work.facts.bindings) or any(
+                not isinstance(e, cst.DictElement) or not isinstance(e.key, cst.SimpleString) or
+                e.key.evaluated_value in ("shuffle", "sampler", "batch_sampler") for e in bound.value.elements):
+        return False
+    if m.findall(work.facts.module, m.AssignTarget(target=m.Subscript(value=m.Name(str(name))))):
+        return False  # (``train_kwargs['shuffle'] = True`` below: its own say)
+    element = cst.DictElement(cst.SimpleString("'shuffle'"), cst.Name("False"))
+    work.edits.expr[id(bound.value)] = lambda node: node.with_changes(elements=[*node.elements, element])
+    return True
+
+
 def _updated_apart(work: _Work, node: cst.CSTNode) -> bool:
     """``train_kwargs.update({'num_workers': 1})`` (pytorch/examples' MNIST: ``train_kwargs.update(cuda_kwargs)``):
     an update with a dict written out, or named, that holds no ``'batch_size'``: the batch size stays the one the

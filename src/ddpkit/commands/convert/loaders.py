@@ -351,6 +351,9 @@ def _loader(work: _Work, call: Call, role: str | None = None, only: list[Loop] |
         how = "training: each rank takes its own shard, in order (shuffle=False: torch's default, kept)"
     elif role == "train" and dotted(kwargs.get("shuffle") or cst.Name("_")) == "False" and "sampler" not in kwargs:
         how = "training: each rank takes its own shard, in order (shuffle=False, kept)"
+    elif role == "train" and starred and not {"shuffle", "sampler"} & set(kwargs) and batch.in_order(work, call):
+        how = "training: each rank takes its own shard, in order ('shuffle': False added to the ** dict: torch's " \
+            "default, kept; an update of the dict still decides)"
     elif role == "train" and starred and not {"shuffle", "sampler"} & set(kwargs):
         how += " (unless the ** arguments say shuffle=False; a torch DataLoader did not shuffle by default)"
     if call.loader_class is not None:  # PyG's: its collate kept
