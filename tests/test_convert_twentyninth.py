@@ -294,3 +294,19 @@ def test_a_spread_dict_without_shuffle_keeps_the_order_torch_gave_it(extra, orde
             "    torch.nn.functional.cross_entropy(model(x), y).backward()\n    opt.step()\n")
     text = plan(text).text
     assert ("'shuffle': False}" in text) is (order is not None), text
+
+
+def test_a_meter_of_the_training_batches_printed_whole_is_said_to_be_this_ranks():
+    """Extra five of set 29 (D3): ``print("loss", losses)`` of an AverageMeter formatting itself (the ImageNet
+    example's idiom) showed rank 0's half of the epoch as the whole, and nothing was said."""
+    text = ("import torch\nfrom torch.utils.data import DataLoader\nclass AverageMeter:\n    def __init__(self):\n"
+            "        self.sum, self.count = 0.0, 0\n    def update(self, val, n=1):\n"
+            "        self.sum += val * n\n        self.count += n\n    def __str__(self):\n"
+            "        return f'{self.sum / self.count:.4f}'\nmodel = torch.nn.Linear(8, 2)\n"
+            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor epoch in range(2):\n"
+            "    losses, acc = AverageMeter(), AverageMeter()\n"
+            "    for x, y in DataLoader(ds, batch_size=32, shuffle=True):\n        out = model(x)\n"
+            "        loss = torch.nn.functional.cross_entropy(out, y)\n        losses.update(loss.item(), x.size(0))\n"
+            "        opt.zero_grad()\n        loss.backward()\n        opt.step()\n    print(epoch, losses)\n")
+    assert [k.what for k in plan(text).kept if k.what.startswith("losses")] == [
+        "losses is fed each training batch (losses.update(...)) and read here"]

@@ -38,9 +38,12 @@ def accumulated(work: _Work, loop: Loop) -> None:
     # (the script's classes, and those it imports from a module of the project: a recipe's ``utils.Evaluator``)
     classes = {s.cls for s in facts.scopes.values() if s.cls} | {
         name for name, _, _, _ in facts.reads if name[:1].isupper() and imported_from(facts, name) is not None}
-    made = {b.target: b for b in facts.bindings if b.scope is loop.scope and b.line < loop.line and
-            isinstance(b.value, cst.Call) and dotted(b.value.func) in classes and
-            not any(word in (dotted(b.value.func) or "").lower() for word in KEEPERS)}
+    built = {b.target: dotted(v.func) or "" for b in facts.bindings if b.scope is loop.scope and b.line < loop.line
+             and isinstance(v := _value(b), cst.Call) and dotted(v.func) in classes}
+    made = {t for t, cls in built.items() if not any(word in cls.lower() for word in KEEPERS)}
+    # (a meter read whole, ``print("loss", losses)`` formatting itself by its ``__str__``: its mean is no ``.avg``
+    # listmeans.py reduces; set 29's extra five, the ImageNet example's ProgressMeter)
+    meters = {t for t, cls in built.items() if any(word in cls.lower() for word in ("meter", "average"))}
     # (what the step computes from its batch, ``out`` of ``out = model(x)``: not a step counter or the model, an
     # EMA's ``ema.update(model, i)``, nor the batch alone, a timer's ``timer.tick(x)``; review 29)
     computed = {b.target for b in facts.bindings if loop.line < b.line <= loop.end and b.value is not None}
@@ -48,13 +51,25 @@ def accumulated(work: _Work, loop: Loop) -> None:
     for call in loop.calls:
         func = call.node.func
         holder = dotted(func.value) if isinstance(func, cst.Attribute) else None
-        if holder in made and holder not in fed and any(names_in(a.value) & computed for a in call.node.args):
+        if holder in made | meters and holder not in fed and \
+                any(names_in(a.value) & computed for a in call.node.args):
             fed[holder] = call.last
     for name, method in fed.items():
+        whole = name in meters  # (a meter: read whole only; its ``.avg`` is listmeans.py's)
         read = next((line for n, scope, line, _ in facts.reads if scope is loop.scope and line > loop.end and
-                     (n == name or n.startswith(f"{name}."))), None)
+                     (n == name or not whole and n.startswith(f"{name}."))), None)
         if read is not None:
             work.keep(read, f"{name} is fed each training batch ({name}.{method}(...)) and read here",
                       "it holds this rank's shard of the samples only (rank 0's where it is shown): sum its counts "
                       "across ranks (ddpkit.reduce(...)) or ddpkit.gather(...) the batches' results to read every "
                       "rank's")
+
+
+def _value(binding: Any) -> Any:
+    """What a binding is bound to; for ``a, b = M(), M()``, its element."""
+    if binding.value is not None:
+        return binding.value
+    whole = binding.whole
+    if isinstance(whole, cst.Tuple) and 0 <= binding.index < len(whole.elements):
+        return whole.elements[binding.index].value
+    return None
