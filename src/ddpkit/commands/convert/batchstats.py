@@ -47,7 +47,9 @@ def own_batch_norm(work: _Work) -> None:
         # mean and variance, a homework's ``MyBN``: set 29; a mean alone over dim 0 may be over time)
         # (or before its test: Dive-into-DL's homework ``batch_norm(X, ..., is_training)`` takes them first, then
         # picks by the flag; set 29)
-        stat = next((c for c in over if any("training" in t for t in c.tests)), over[0] if over else None) \
+        centred = [c for c in over if _centred(scope, _of_tensor(c.node))]  # (not a mean pool beside dropout's
+        # ``training=self.training``: review 40)
+        stat = next((c for c in over if any("training" in t for t in c.tests)), centred[0] if centred else None) \
             if _training(scope) else None
         if stat is None and scope.name.endswith(".forward"):  # (and the tensor centred by it, ``x - m``: not a
             # statistics pooling over time, ``torch.cat([h.mean(0), h.std(0)], 1)``, nor a parameter's spread)
