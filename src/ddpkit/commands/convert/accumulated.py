@@ -39,7 +39,7 @@ def accumulated(work: _Work, loop: Loop) -> None:
     classes = {s.cls for s in facts.scopes.values() if s.cls} | {
         name for name, _, _, _ in facts.reads if name[:1].isupper() and imported_from(facts, name) is not None}
     built = {b.target: dotted(v.func) or "" for b in facts.bindings if b.scope is loop.scope and b.line < loop.line
-             and isinstance(v := _value(b), cst.Call) and dotted(v.func) in classes}
+             and isinstance(v := b.value, cst.Call) and dotted(v.func) in classes}
     made = {t for t, cls in built.items() if not any(word in cls.lower() for word in KEEPERS)}
     # (a meter read whole, ``print("loss", losses)`` formatting itself by its ``__str__``: its mean is no ``.avg``
     # listmeans.py reduces; set 29's extra five, the ImageNet example's ProgressMeter)
@@ -64,12 +64,3 @@ def accumulated(work: _Work, loop: Loop) -> None:
                       "across ranks (ddpkit.reduce(...)) or ddpkit.gather(...) the batches' results to read every "
                       "rank's")
 
-
-def _value(binding: Any) -> Any:
-    """What a binding is bound to; for ``a, b = M(), M()``, its element."""
-    if binding.value is not None:
-        return binding.value
-    whole = binding.whole
-    if isinstance(whole, cst.Tuple) and 0 <= binding.index < len(whole.elements):
-        return whole.elements[binding.index].value
-    return None

@@ -30,7 +30,7 @@ from ddpkit.commands.convert.counted import divided_by_count
 from ddpkit.commands.convert.decay import SCALE_FREE
 from ddpkit.commands.convert.names import dotted, names_in
 from ddpkit.commands.convert.scan import Call, Scope
-from ddpkit.commands.convert.summedloss import elements_summed
+from ddpkit.commands.convert.summedloss import elements_summed, summing
 
 _Work = Any  # the plan in the making (plan._Work): facts, models, leave
 
@@ -215,7 +215,7 @@ def _all_sums(work: _Work, scope: Scope, values: list[cst.BaseExpression]) -> bo
         if _divides_by_batch(term):  # (``F.bce(..., reduction='sum') / x.size(0)``: a mean; review 45)
             return False
         calls = [c for c in m.findall(term, m.Call()) if isinstance(c, cst.Call)]
-        if not any(_total(c) is not None or _summing(c) or _summing_criterion(work, c) for c in calls):
+        if not any(_total(c) is not None or summing(c) or _summing_criterion(work, c) for c in calls):
             return False
     return bool(terms)
 
@@ -224,12 +224,4 @@ def _summing_criterion(work: _Work, call: cst.Call) -> bool:
     """``crit(recon, x)`` of a ``crit = nn.BCELoss(reduction='sum')`` (review 45: a criterion named, not written in)."""
     name = dotted(call.func)
     made = [b.value for b in work.facts.bindings if name and b.target == name]
-    return len(made) == 1 and isinstance(made[0], cst.Call) and _summing(made[0])
-
-
-def _summing(call: cst.Call) -> bool:
-    """``F.binary_cross_entropy(..., reduction='sum')``, ``nn.MSELoss(size_average=False)(...)``."""
-    given = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
-    reduction, average = given.get("reduction"), given.get("size_average")
-    return isinstance(reduction, cst.SimpleString) and reduction.evaluated_value == "sum" or \
-        isinstance(average, cst.Name) and average.value == "False"
+    return len(made) == 1 and summing(made[0])
