@@ -93,3 +93,11 @@ def has_cuda():
 
     return torch.cuda.is_available()
 
+
+
+def settled(files):
+    """Every file's convert plan of a project given as ``{relative path: source}``, the asks between them settled
+    (:func:`ddpkit.commands.convert.crossing.settle`)."""
+    from ddpkit.commands.convert.crossing import settle
+    from ddpkit.commands.convert.plan import plan
+    return settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))

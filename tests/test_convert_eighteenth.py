@@ -2,9 +2,10 @@
 (docs/convert.md): each a case written in our own words after the pattern met."""
 import pytest
 
+from conftest import settled
+
 pytest.importorskip("libcst")
 
-from ddpkit.commands.convert.crossing import settle  # noqa: E402
 from ddpkit.commands.convert.plan import plan  # noqa: E402
 
 # a project whose data module builds the training loader with the batch size it is handed, and whose training
@@ -44,15 +45,11 @@ train(8, 2, 0)
 '''
 
 
-def _settled(files):
-    return settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
-
-
 def test_a_batch_size_handed_to_another_modules_loader_and_read_by_the_loop_stays_per_process():
     """improved-wgan-pytorch: ``load_data(..., batch_size=batch_size)`` in training_utils.py made the loader's batch
     global, while train.py's loop sized ``gen_rand_noise(batch_size)`` and the gradient penalty's ``alpha`` by the
     whole batch: launch at 2 crashed at step 1 ("shape '[8, 3, 16, 16]' is invalid"), convert said nothing."""
-    done = _settled({"helpers.py": HELPERS, "train.py": TRAINER})
+    done = settled({"helpers.py": HELPERS, "train.py": TRAINER})
     helpers = done["helpers.py"]
     assert "ddpkit.data_loader(data, batch_size=batch_size" in helpers.text, helpers.text
     said = [x for x in helpers.left if "kept per process" in x.what]
@@ -63,7 +60,7 @@ def test_a_batch_size_handed_to_another_modules_loader_and_read_by_the_loop_stay
 
 def test_a_batch_size_handed_on_and_read_only_by_a_print_is_global():
     quiet = TRAINER.replace("z = noise(batch_size)", "z = noise(x.size(0))")
-    done = _settled({"helpers.py": HELPERS, "train.py": quiet})
+    done = settled({"helpers.py": HELPERS, "train.py": quiet})
     assert "global_batch_size=batch_size" in done["helpers.py"].text, done["helpers.py"].left
     assert not [x for x in done["helpers.py"].left if "kept per process" in x.what], done["helpers.py"].left
 
@@ -260,14 +257,14 @@ LESSON = MODES.replace("import torch\n", "import torch\nfrom util import load, s
 def test_a_helper_modules_save_and_load_called_in_an_order_that_never_reads_after_a_save_owe_no_barrier():
     """The UNet and GAN lessons' util.py: ``save`` and ``load``, which train.py calls as a resume before the epochs,
     a save in them, and a load in its test mode: util.py, converted with it, left a barrier to the user."""
-    done = _settled({"util.py": UTIL, "train.py": LESSON})
+    done = settled({"util.py": UTIL, "train.py": LESSON})
     assert not done["util.py"].left, done["util.py"].left
     assert not done["train.py"].left, done["train.py"].left
 
 
 def test_a_helper_modules_load_called_after_its_save_still_owes_the_barrier():
     after = LESSON.replace('else:\n    net, _ = load("ckpt", net)', 'net, _ = load("ckpt", net)')
-    done = _settled({"util.py": UTIL, "train.py": after})
+    done = settled({"util.py": UTIL, "train.py": after})
     assert [x.line for x in done["util.py"].left] == [7], done["util.py"].left
 
 
@@ -661,7 +658,7 @@ def test_review_a_function_another_file_runs_twice_may_load_after_its_save():
     trainer = LESSON.replace("if args.mode", "def main():\n  if args.mode").replace("\n    ", "\n      ") \
         .replace("\nelse:", "\n  else:") + "\n\nif __name__ == '__main__':\n    main()\n"
     files = {"util.py": UTIL, "train.py": trainer, "sweep.py": "import train\n\nfor _ in range(2):\n    train.main()\n"}
-    done = _settled(files)
+    done = settled(files)
     assert [x.line for x in done["util.py"].left] == [7], done["util.py"].left
 
 
@@ -734,7 +731,7 @@ def test_review_a_flag_set_once_above_both_tests_is_fixed_and_a_lone_mains_helpe
     assert not [x for x in plan(flag).left if "read" in x.what], plan(flag).left
     trainer = LESSON.replace("if args.mode", "def main():\n  if args.mode").replace("\n    ", "\n      ") \
         .replace("\nelse:", "\n  else:") + "\n\nif __name__ == '__main__':\n    main()\n"
-    assert not _settled({"util.py": UTIL, "train.py": trainer})["util.py"].left
+    assert not settled({"util.py": UTIL, "train.py": trainer})["util.py"].left
 
 
 def test_a_loss_summed_in_a_loss_function_of_the_script_and_printed_each_step_is_said():

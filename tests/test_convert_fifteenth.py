@@ -4,11 +4,10 @@ import sys
 
 import pytest
 
-from conftest import launch, ok, run_cmd
+from conftest import launch, ok, run_cmd, settled
 
 pytest.importorskip("libcst")
 
-from ddpkit.commands.convert.crossing import settle  # noqa: E402
 from ddpkit.commands.convert.plan import plan  # noqa: E402
 
 # a package run as ``python -m pkg`` (BERT-pytorch's layout): the entry imports its trainer relatively, through
@@ -70,12 +69,8 @@ class Trainer:
 }
 
 
-def _settled(files):
-    return settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
-
-
 def test_a_package_trainer_imported_relatively_through_its_init_is_fed_by_its_callers_loader():
-    done = _settled(PACKAGE)
+    done = settled(PACKAGE)
     main, loop = done["pkg/__main__.py"], done["pkg/trainer/loop.py"]
     assert not main.left and not loop.left, (main.left, loop.left)
     assert "train_loader = ddpkit.data_loader(train_set, global_batch_size=4" in main.text, main.text
@@ -90,7 +85,7 @@ def test_a_trainers_evaluation_call_through_its_training_loop_asks_no_training_l
     loader handed in was asked as a training loader, a false "left to you" on a right conversion."""
     files = {rel: text.replace("from .trainer import Trainer", "from pkg.trainer.loop import Trainer")
              for rel, text in PACKAGE.items()}
-    done = _settled(files)
+    done = settled(files)
     assert not done["pkg/trainer/loop.py"].left, done["pkg/trainer/loop.py"].left
     assert "test_loader = DataLoader(test_set" in done["pkg/__main__.py"].text, "the evaluation set was sharded"
 
@@ -103,7 +98,7 @@ def test_a_second_call_that_trains_still_asks_for_both_loaders(call):
     files = dict(PACKAGE)
     files["pkg/trainer/loop.py"] = files["pkg/trainer/loop.py"].replace(
         "self.iteration(epoch, self.test_data, train=False)", call)
-    done = _settled(files)
+    done = settled(files)
     assert "test_loader = ddpkit.data_loader(test_set" in done["pkg/__main__.py"].text, done["pkg/__main__.py"].text
     assert any("test_loader" in k.what for k in done["pkg/trainer/loop.py"].kept), done["pkg/trainer/loop.py"].kept
 
@@ -273,7 +268,7 @@ def _with_loop(iteration, test_call):
     head = loop[:loop.index("    def iteration(")]
     files["pkg/trainer/loop.py"] = head.replace("self.iteration(epoch, self.test_data, train=False)", test_call) + \
         iteration
-    return _settled(files)
+    return settled(files)
 
 
 ELSE_FLAG = '''    def iteration(self, epoch, data_loader, evaluate=False):
@@ -400,7 +395,7 @@ MODULE_IMPORTED = {"pkg/__main__.py": PACKAGE["pkg/__main__.py"].replace(
 def test_a_star_re_export_and_a_module_imported_from_its_package_are_followed(changed):
     """Review D8 / D5: ``from .loop import *`` in the package's init, and ``from . import trainer as tr`` then
     ``tr.Trainer``: the trainer's module was not found, the training loader kept whole."""
-    done = _settled({**PACKAGE, **changed})
+    done = settled({**PACKAGE, **changed})
     assert "train_loader = ddpkit.data_loader(train_set" in done["pkg/__main__.py"].text, done["pkg/__main__.py"].text
     assert not done["pkg/trainer/loop.py"].left, done["pkg/trainer/loop.py"].left
 
@@ -757,7 +752,7 @@ def test_factorvae_a_returned_copy_of_the_loader_a_start_up_load_and_targets_siz
     ("not converted there", false); ``load_checkpoint`` called from ``__init__`` reads before any save (two false
     barrier lines); ``torch.zeros(self.batch_size)`` sized targets of B for a rank's B/N batch (a crash, unsaid)."""
     files = {rel: text.replace("{size}", size) for rel, text in FACTOR.items()}
-    done = _settled(files)
+    done = settled(files)
     assert "ddpkit.data_loader(torch.randn(64, 4), global_batch_size=args.batch_size" in done["data.py"].text
     left = done["solver.py"].left
     # (the load in ``__init__``: main.py may build a second Solver after training; review 3 kept the barrier line)
@@ -860,7 +855,7 @@ def test_scinet_a_model_reloaded_under_resume_a_save_load_pair_and_an_uncalled_d
     """SCINet: ``self.model, e = load_model(self.model, path)`` under ``if resume`` was taken for the model's build
     (wrapped in that branch, listed, stopped at the first step); utils/tools.py's save_model / load_model pair
     owed a barrier in a file where nothing runs both; ``_acquire_device`` (never called) set CUDA_VISIBLE_DEVICES."""
-    done = _settled(SCINET)
+    done = settled(SCINET)
     assert "self.model = ddpkit.prepare_model(torch.nn.Linear(4, 2))" in done["exps/basic.py"].text, \
         done["exps/basic.py"].text
     for rel in ("exps/basic.py", "exps/exp.py"):
@@ -1293,7 +1288,7 @@ class Solver:
 def test_a_save_load_pair_another_file_runs_both_still_owes_the_barrier(files, rel):
     """Review 3: utils.py's save_model / load_model, which main.py calls in that order; a solver's load in
     ``__init__`` and a second Solver built after training: "kept" with no barrier anywhere (rank 1 read first)."""
-    done = _settled(files)
+    done = settled(files)
     assert any("barrier" in x.fix for x in done[rel].left), (done[rel].left, done[rel].kept)
 
 

@@ -2,6 +2,8 @@
 written in our own words after the pattern met."""
 import pytest
 
+from conftest import settled
+
 pytest.importorskip("libcst")
 
 from ddpkit.commands.convert.plan import plan  # noqa: E402
@@ -101,16 +103,11 @@ main()
 '''
 
 
-def _settled(files):
-    from ddpkit.commands.convert.crossing import settle
-    return settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
-
-
 def test_a_factory_told_by_a_train_flag_shards_the_training_loader_and_keeps_the_other_whole():
     """pytorch-VAE-MNIST: ``get_dataloader(valid_dataset, batch_size, train=False)`` of utils.py made a training
     loader for both: the validation was listed as rank 0's shard (falsely: its sums were reduced) and the loops of
     train.py were said to read a training loader "not converted there" (it was)."""
-    done = _settled({"utils.py": FACTORY, "train.py": FLAGGED})
+    done = settled({"utils.py": FACTORY, "train.py": FLAGGED})
     utils, train = done["utils.py"], done["train.py"]
     assert "return ddpkit.data_loader(dataset, global_batch_size=batch_size, shuffle=shuffle, drop_last=drop_last) " \
         "if train else DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last)" \
@@ -404,7 +401,7 @@ def test_a_star_imported_settings_modules_optimizers_and_torch_are_not_taken_for
     """Lornatang/DCGAN-PyTorch: ``from config import *`` hands on the models, their optimizers and torch: the
     loop's step was said to train "no model found to prepare" (both prepared in config.py), and each save owed a
     barrier because ``torch.save()`` / ``torch.no_grad()`` / ``generator.eval()`` "of another module" ran next."""
-    done = _settled({"settings.py": SETTINGS, "train.py": STARRED})
+    done = settled({"settings.py": SETTINGS, "train.py": STARRED})
     train = done["train.py"]
     assert "generator = ddpkit.prepare_model(nn.Linear(4, 6))" in done["settings.py"].text, done["settings.py"].text
     assert not train.left, train.left
@@ -481,11 +478,11 @@ def test_noise_fed_to_a_model_of_a_settings_module_that_seeds_torch_is_drawn_per
     """Lornatang/DCGAN-PyTorch: config.py calls ``torch.manual_seed(0)`` at import, train.py draws the noise
     (``from config import *``): every rank's fakes were the same, unsaid."""
     seeding = SETTINGS.replace('device = torch.device("cpu")\n', 'torch.manual_seed(0)\ndevice = torch.device("cpu")\n')
-    train = _settled({"settings.py": seeding, "train.py": STARRED})["train.py"]
+    train = settled({"settings.py": seeding, "train.py": STARRED})["train.py"]
     assert "        fake = generator(torch.randn(real.size(0), 4, generator=ddpkit.rank_generator()))" in train.text, \
         train.text
     assert "in settings.py" in next(e.why for e in train.edits if "rank_generator" in e.what)
-    assert "rank_generator" not in _settled({"settings.py": SETTINGS, "train.py": STARRED})["train.py"].text
+    assert "rank_generator" not in settled({"settings.py": SETTINGS, "train.py": STARRED})["train.py"].text
 
 
 GAN_PARTS = '''import torch
@@ -571,7 +568,7 @@ def test_the_steps_loss_shown_is_said_where_the_training_loader_is_built_in_anot
     """Review 27 (trbocode/mlstuff): the loader built in a module of the project, ``print(loss.item())`` in the
     loop: rank 0's half of the batch, unsaid (the line came only where this file made the batch global)."""
     shows = FLAGGED.replace("            opt.step()\n", "            opt.step()\n            print(loss.item())\n")
-    train = _settled({"utils.py": FACTORY, "train.py": shows})["train.py"]
+    train = settled({"utils.py": FACTORY, "train.py": shows})["train.py"]
     assert [k.line for k in train.kept if "the step's loss" in k.what] == [25], train.kept
 
 
@@ -590,7 +587,7 @@ def test_models_a_gradient_penalty_differentiates_twice_keep_their_batchnorm_per
             "opt = torch.optim.Adam(critic.parameters())\n"
             "loader = DataLoader(TensorDataset(torch.randn(32, 4)), batch_size=8, shuffle=True)\n"
             "Trainer(critic, opt).train(loader)\n")
-    done = _settled({"trainer.py": trainer, "main.py": main})["main.py"]
+    done = settled({"trainer.py": trainer, "main.py": main})["main.py"]
     assert ", sync_batchnorm=False)" in done.text, done.text
     assert [k.line for k in done.kept if "sync_batchnorm=False" in k.what] == [5], done.kept
     alone = plan(main.replace("from trainer import Trainer\n", "").replace("Trainer(critic, opt).train(loader)\n",

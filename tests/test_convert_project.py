@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, run_cmd
+from conftest import ROOT, run_cmd, settled
 
 CORPUS = ROOT / "tests" / "convert_corpus" / "char_transformer.py"
 CONVERT = [sys.executable, "-m", "ddpkit", "convert"]
@@ -143,13 +143,6 @@ def test_names_imported_across_a_projects_modules_convert_where_they_are_built_a
         alone.stderr and "ddpkit convert --imports" in alone.stderr, alone.stderr
 
 
-def _settled(files):
-    from ddpkit.commands.convert.crossing import settle
-    from ddpkit.commands.convert.plan import plan
-
-    return settle(list(files), lambda rel, crossing: plan(files[rel], crossing=crossing))
-
-
 def test_a_projects_crossing_names_are_asked_of_the_right_module_once():
     """Review: one file training on a loader and another evaluating on it left it plain while the trainer was told
     it was converted; two modules' ``model`` (a GAN's ``gen`` and ``disc``) were told apart by name only; a module
@@ -157,19 +150,19 @@ def test_a_projects_crossing_names_are_asked_of_the_right_module_once():
     loop = "for x, y in {0}:\n    opt.zero_grad()\n    (model(x) - y).pow(2).mean().backward()\n    opt.step()\n"
     head = "import torch\nfrom data import loader\nmodel = torch.nn.Linear(2, 1)\n" \
            "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-    done = _settled({"data.py": "import torch\nfrom torch.utils.data import DataLoader\n"
+    done = settled({"data.py": "import torch\nfrom torch.utils.data import DataLoader\n"
                                 "loader = DataLoader(ds, batch_size=8, shuffle=True)\n",
                      "a_train.py": head + loop.format("loader"),
                      "b_eval.py": "import torch\nfrom data import loader\nfor x, y in loader:\n    print(x)\n"})
     assert "loader = ddpkit.data_loader(ds, global_batch_size=8, shuffle=True)" in done["data.py"].text
-    gan = _settled({"gen.py": "import torch\nmodel = torch.nn.Linear(2, 2)\n",
+    gan = settled({"gen.py": "import torch\nmodel = torch.nn.Linear(2, 2)\n",
                     "disc.py": "import torch\nmodel = None\n",
                     "train.py": "import torch\nfrom gen import model as G\nfrom disc import model as D\n"
                                 "og = torch.optim.SGD(G.parameters(), lr=0.1)\nod = torch.optim.SGD(D.parameters(), "
                                 "lr=0.1)\n"})
     assert "prepare_model" not in gan["disc.py"].text, gan["disc.py"].text
     assert [x.line for x in gan["train.py"].left] == [5], gan["train.py"].left  # D: not prepared anywhere
-    twice = _settled({"m.py": "import torch\nmodel = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(model.parameters()"
+    twice = settled({"m.py": "import torch\nmodel = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(model.parameters()"
                               ", lr=0.1)\nmodel = torch.compile(model)\n",
                       "train.py": "import torch\nfrom m import model\nopt2 = torch.optim.SGD(model.parameters(), "
                                   "lr=0.1)\n"})
@@ -215,7 +208,7 @@ def test_a_module_imported_whole_is_followed_to_its_names():
     """``import data.sets as ds`` then ``ds.train_loader``, ``import models.net`` then ``models.net.model``: the
     names of those modules, asked of them (they were read as ``data``'s ``sets``, or not at all)."""
     loop = "for x, y in {0}:\n    opt.zero_grad()\n    (model(x) - y).pow(2).mean().backward()\n    opt.step()\n"
-    done = _settled({"data/sets.py": "import torch\nfrom torch.utils.data import DataLoader\n"
+    done = settled({"data/sets.py": "import torch\nfrom torch.utils.data import DataLoader\n"
                                      "train_loader = DataLoader(ds, batch_size=8, shuffle=True)\n",
                      "models/net.py": "import torch\nmodel = torch.nn.Linear(2, 1)\n",
                      "train.py": "import torch\nimport data.sets as ds\nimport models.net\nmodel = models.net.model\n"
@@ -240,7 +233,7 @@ def test_a_loop_over_a_loader_handed_in_by_another_module_is_fed_by_its_converte
                          "data_setup.get_loaders(16)\nmodel = torch.nn.Linear(20, 4)\n"
                          "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
                          "engine.train_step(model, train_loader, opt)\n"}
-    done = _settled(files)
+    done = settled(files)
     assert not any(p.refused or p.left for p in done.values()), {k: p.left for k, p in done.items()}
     assert "ddpkit.data_loader(ds, global_batch_size=batch_size" in done["data_setup.py"].text
     assert any("the training loop over dataloader (a parameter of train_step) left as it is" in k.what and
@@ -265,13 +258,13 @@ def test_an_evaluation_a_sharded_and_an_unsharded_loader_share_or_a_provided_tra
             "    opt.step()\n")
     head = "import torch\nimport torch.nn.functional as F\nfrom torch.utils.data import DataLoader\n"
     model = "model = torch.nn.Linear(4, 2)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-    done = _settled({"data.py": "from torch.utils.data import DataLoader\nval_loader = DataLoader(val, batch_size=8)\n",
+    done = settled({"data.py": "from torch.utils.data import DataLoader\nval_loader = DataLoader(val, batch_size=8)\n",
                      "train.py": head + "from data import val_loader\ntrain_loader = DataLoader(ds, batch_size=8, "
                      "shuffle=True)\n" + model + check + loop + "print(check_accuracy(train_loader, model))\n"
                      "print(check_accuracy(val_loader, model))\n"})
     said = [x for x in done["train.py"].left if x.blocks]
     assert said and "also runs over val_loader" in said[0].what, done["train.py"].left
-    done = _settled({"data.py": GETTER["data.py"],
+    done = settled({"data.py": GETTER["data.py"],
                      "train.py": head + "from data import get_loaders\ntrain_loader, test_loader = get_loaders(8)\n" +
                      model + check + loop + "print(check_accuracy(train_loader, model))\n"})
     said = [x for x in done["train.py"].left if x.blocks]
@@ -284,7 +277,7 @@ def test_a_loop_over_a_loader_handed_in_is_not_said_fed_by_an_unrelated_files_lo
     because ``pretrain.py``, which never calls it, had a training loader. Only a file that reaches it counts."""
     loop = ("    for x, y in {0}:\n        opt.zero_grad()\n        (model(x) - y).pow(2).mean().backward()\n"
             "        opt.step()\n")
-    done = _settled({"engine.py": "def train_epoch(model, dataloader, opt):\n" + loop.format("dataloader"),
+    done = settled({"engine.py": "def train_epoch(model, dataloader, opt):\n" + loop.format("dataloader"),
                      "pretrain.py": "import torch\nfrom torch.utils.data import DataLoader\n"
                                     "model = torch.nn.Linear(2, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
                                     "loader = DataLoader(ds, batch_size=8, shuffle=True)\n"

@@ -2,17 +2,13 @@
 words (tests/test_convert_twentythird.py holds the fixes' own cases)."""
 import pytest
 
+from conftest import settled
+
 pytest.importorskip("libcst")
 
 from test_convert_twentythird import FACTORY, LOADERS, PICKED, PICKER, RUNNER, USE  # noqa: E402
 
-from ddpkit.commands.convert.crossing import settle  # noqa: E402
 from ddpkit.commands.convert.plan import plan  # noqa: E402
-
-
-def _settled(files):
-    return settle(list(files), lambda rel, c: plan(files[rel], crossing=c))
-
 
 LOOP = '''import torch
 from torch.utils.data import DataLoader
@@ -69,7 +65,7 @@ def test_one_helper_for_both_loaders_with_no_argument_telling_them_apart_is_refu
         "shuffle=shuffle)", "shuffle=True)").replace("self._make(train, shuffle=True), self._make(test, shuffle=False)",
                                                      "self._make(train), self._make(test)")
     main = USE.format(head="import torch\nfrom data import Loaders\ntrain_loader, test_loader = Loaders(32).get()")
-    plans = _settled({"data.py": loaders, "main.py": main})
+    plans = settled({"data.py": loaders, "main.py": main})
     said = [x for x in plans["data.py"].left if "both a training and an evaluation loader" in x.what]
     assert said and said[0].blocks, plans["data.py"].left
 
@@ -78,7 +74,7 @@ def test_a_loader_picked_the_other_way_round_under_a_negated_step_is_asked_branc
     picker = PICKER.replace("loader.train_loader if is_train else loader.test_loader",
                             "loader.test_loader if is_train else loader.train_loader").replace(
         "        if is_train:", "        if not is_train:")
-    text = _settled({"loaders.py": PICKED, "train.py": picker})["loaders.py"].text
+    text = settled({"loaders.py": PICKED, "train.py": picker})["loaders.py"].text
     assert "self.train_loader = ddpkit.data_loader(train_set" in text, text
     assert "self.test_loader = DataLoader(test_set" in text, text
 
@@ -123,7 +119,7 @@ def test_a_factorys_else_branch_is_the_one_the_test_does_not_hold_for():
         "    if phase == 'train':", "    if phase == 'test':").replace(
         "    elif phase == 'test':\n        return torch.utils.data.DataLoader(ds, batch_size=1, shuffle=False)",
         "    else:\n        return torch.utils.data.DataLoader(ds, batch_size=options['batch_size'], shuffle=True)")
-    text = _settled({"data.py": factory, "main.py": RUNNER})["data.py"].text
+    text = settled({"data.py": factory, "main.py": RUNNER})["data.py"].text
     assert "return ddpkit.data_loader(ds, global_batch_size=options['batch_size']" in text, text
     assert "return torch.utils.data.DataLoader(ds, batch_size=1, shuffle=False)" in text, text
 
@@ -158,7 +154,7 @@ def test_a_cuda_switch_of_the_options_named_is_cuda_is_a_device_set_up():
 def test_a_pick_whose_step_sits_in_an_else_is_read_as_the_else(pick, step):
     picker = PICKER.replace("loader.train_loader if is_train else loader.test_loader", pick).replace(
         "        if is_train:\n", step)
-    text = _settled({"loaders.py": PICKED, "train.py": picker})["loaders.py"].text
+    text = settled({"loaders.py": PICKED, "train.py": picker})["loaders.py"].text
     # (either way the step runs for the training loader: it alone is sharded)
     assert "ddpkit.data_loader(train_set" in text and "= DataLoader(test_set" in text, text
 

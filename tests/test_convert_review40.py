@@ -2,18 +2,15 @@
 words; each test failed on the tree it reviewed."""
 import pytest
 
+from conftest import settled
+
 pytest.importorskip("libcst")
 
 from test_convert_twentysixth import BOX_LOSS, BOX_TRAIN, HANDED_GAN, HANDED_RUN, SUM_DECAY, VIEW_LITERAL  # noqa: E402
 
-from ddpkit.commands.convert.crossing import settle  # noqa: E402
 from ddpkit.commands.convert.flow import callee  # noqa: E402
 from ddpkit.commands.convert.plan import plan  # noqa: E402
 from ddpkit.commands.convert.scan import parse, scan  # noqa: E402
-
-
-def _settled(files):
-    return settle(list(files), lambda rel, c: plan(files[rel], crossing=c))
 
 
 def test_super_init_runs_no_method_of_the_file():
@@ -58,7 +55,7 @@ for epoch in range(2):
 def test_a_wgan_step_of_another_module_with_a_clipping_loop_keeps_its_rank_noise():
     """D01: the weight-clipping ``for p in d.parameters()`` made the step "a function with loops of its own", whose
     draws outside them were then left plain: every rank drew the same z."""
-    text = _settled({"main.py": STEP_MAIN, "steps.py": STEP})["steps.py"].text
+    text = settled({"main.py": STEP_MAIN, "steps.py": STEP})["steps.py"].text
     assert text.count("generator=ddpkit.rank_generator()") == 2, text
 
 
@@ -68,7 +65,7 @@ def test_a_checkpoint_loaded_into_a_handed_model_is_no_init_after_the_wrap():
     gan = HANDED_GAN.format(init="", trained="").replace(
         "        self.generator = generator\n",
         "        generator.load_state_dict(torch.load('g.pt'))\n        self.generator = generator\n")
-    done = _settled({"run.py": HANDED_RUN, "gan/__init__.py": "", "gan/GAN.py": gan})
+    done = settled({"run.py": HANDED_RUN, "gan/__init__.py": "", "gan/GAN.py": gan})
     assert not done["gan/GAN.py"].left, [x.what for x in done["gan/GAN.py"].left]
 
 
@@ -77,7 +74,7 @@ def test_models_built_inline_in_the_trainer_classs_call_are_listed():
     class's ``__init__`` was taken as called by no file of the project)."""
     run = HANDED_RUN.replace("gan = dcgan(generator, discriminator, dataloader)",
                              "gan = dcgan(nn.Linear(4, 8), nn.Linear(8, 1), dataloader)")
-    done = _settled({"run.py": run, "gan/__init__.py": "", "gan/GAN.py": HANDED_GAN.format(init="", trained="")})
+    done = settled({"run.py": run, "gan/__init__.py": "", "gan/GAN.py": HANDED_GAN.format(init="", trained="")})
     left = [x.what for p in done.values() for x in p.left]
     assert any("a parameter of DCGAN.__init__()" in w for w in left) or \
         any("prepare_model" in p.text for p in done.values()), left
@@ -118,7 +115,7 @@ def test_a_loss_class_dividing_by_a_method_is_a_mean():
     files = {"train.py": BOX_TRAIN,
              "myloss.py": BOX_LOSS.format(divided="").replace("self.mse(pred, target)",
                                                                "self.mse(pred, target).div(pred.size(0))")}
-    assert not [x.what for x in _settled(files)["train.py"].left if "sum over the batch" in x.what]
+    assert not [x.what for x in settled(files)["train.py"].left if "sum over the batch" in x.what]
 
 
 def test_a_wgan_generator_step_after_its_critic_loop_keeps_its_rank_noise():

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import settled
+
 pytest.importorskip("libcst")
 
 from ddpkit.commands.convert.plan import plan  # noqa: E402
@@ -42,7 +44,6 @@ def test_a_training_loop_through_a_function_ends_the_search_for_late_initialisat
 def test_a_loss_method_running_the_models_own_forward_called_elsewhere_is_named():
     """R5: ``def loss(self, batch): return ((self(x) - y) ** 2).mean()``, called by training.py: left unnamed, the
     first step stopped ("the prepared model's forward never ran")."""
-    from ddpkit.commands.convert.crossing import settle
     main = ("import torch\nfrom torch.utils.data import DataLoader\nfrom training import train\n"
             "class Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
             "        self.fc = torch.nn.Linear(4, 1)\n    def forward(self, x):\n        return self.fc(x)\n"
@@ -51,8 +52,7 @@ def test_a_loss_method_running_the_models_own_forward_called_elsewhere_is_named(
             "loader = DataLoader(ds, batch_size=8, shuffle=True)\ntrain(model, opt, loader)\n")
     training = ("def train(model, optimizer, loader):\n    for batch in loader:\n        loss = model.loss(batch)\n"
                 "        optimizer.zero_grad()\n        loss.backward()\n        optimizer.step()\n")
-    files = {"main.py": main, "training.py": training}
-    done = settle(list(files), lambda rel, c: plan(files[rel], crossing=c))
+    done = settled({"main.py": main, "training.py": training})
     assert "ddpkit.prepare_model(Net(), forward_methods=('loss',))" in done["main.py"].text, done["main.py"].text
 
 

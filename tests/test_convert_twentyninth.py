@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import settled
+
 pytest.importorskip("libcst")
 
 from ddpkit.commands.convert.plan import plan  # noqa: E402
@@ -54,11 +56,6 @@ def test_an_argmax_of_each_row_of_an_evaluated_training_batch_is_per_sample():
     assert any("over each whole batch" in left.what for left in whole.left), [x.what for x in whole.left]
 
 
-def _settle(files: dict) -> dict:
-    from ddpkit.commands.convert.crossing import settle
-    return settle(list(files), lambda rel, c: plan(files[rel], crossing=c))
-
-
 TRAIN = ("import torch\nfrom torch.utils.data import DataLoader\n{imp}\nmodel = torch.nn.Linear(4, 1)\n"
          "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor x, y in DataLoader(ds, batch_size={size}):\n"
          "    opt.zero_grad()\n    torch.nn.functional.mse_loss(model(x), y).backward()\n    opt.step()\n")
@@ -73,7 +70,7 @@ TRAIN = ("import torch\nfrom torch.utils.data import DataLoader\n{imp}\nmodel = 
 def test_an_odd_batch_size_set_in_a_settings_module_stays_per_process(imp, size, value, kept):
     """Set 29 (c, D3): ``batch_size = 1`` in variables.py, read through ``from variables import *``, became
     ``global_batch_size=batch_size`` and every rank stopped at the loader (1 does not divide by 2)."""
-    done = _settle({"settings.py": f"batch_size = {value}\nepochs = 1\n",
+    done = settled({"settings.py": f"batch_size = {value}\nepochs = 1\n",
                     "train.py": TRAIN.format(imp=imp, size=size)})
     text = done["train.py"].text
     assert ("global_batch_size" not in text) is kept, text
@@ -85,7 +82,7 @@ def test_a_project_helper_nothing_calls_writing_a_file_beside_a_reader_is_no_lin
     file, was "a file opened for writing and kept open ... every rank writes it", left to the user (exit 1)."""
     utils = ("import json\ndef write_json(data, name):\n    f = open(name, 'w')\n    f.write(json.dumps(data))\n"
              "    f.close()\ndef read_json(name):\n    with open(name) as f:\n        return json.load(f)\n")
-    done = _settle({"utils.py": utils, "train.py": TRAIN.format(imp="import utils", size=8) +
+    done = settled({"utils.py": utils, "train.py": TRAIN.format(imp="import utils", size=8) +
                     "print(utils.read_json.__name__)\n"})
     assert not done["utils.py"].left, [left.what for left in done["utils.py"].left]
 
@@ -116,7 +113,7 @@ def test_a_loss_method_another_file_calls_is_named_in_forward_methods():
             "loader = DataLoader(ds, batch_size=8, shuffle=True)\ntrain(model, opt, loader)\n")
     training = ("def train(model, optimizer, loader):\n    for batch in loader:\n        loss = model.loss(batch)\n"
                 "        optimizer.zero_grad()\n        loss.backward()\n        optimizer.step()\n")
-    done = _settle({"main.py": main, "training.py": training})
+    done = settled({"main.py": main, "training.py": training})
     assert "ddpkit.prepare_model(Net(), forward_methods=('loss',))" in done["main.py"].text, done["main.py"].text
     assert not done["main.py"].left and not done["training.py"].left
 
