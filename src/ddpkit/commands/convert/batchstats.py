@@ -43,17 +43,16 @@ def own_batch_norm(work: _Work) -> None:
             continue
         over = [c for c in work.facts.calls if c.scope is scope and c.last in STATISTICS and
                 isinstance(c.node.func, cst.Attribute) and _over_batch(c.node)]
-        # (taken under ``if self.training:``: not a mean pool; or a forward that always normalises by the batch's
-        # mean and variance, a homework's ``MyBN``: set 29; a mean alone over dim 0 may be over time)
-        # (or before its test: Dive-into-DL's homework ``batch_norm(X, ..., is_training)`` takes them first, then
-        # picks by the flag; set 29)
-        centred = [c for c in over if _centred(scope, _of_tensor(c.node))]  # (not a mean pool beside dropout's
-        # ``training=self.training``: review 40)
+        # those that centre their tensor (``x - m``): not a mean pool beside dropout's ``training=self.training``
+        # (review 40), not statistics pooling over time, ``torch.cat([h.mean(0), h.std(0)], 1)``, nor a parameter's
+        # own spread (review 45)
+        centred = [c for c in over if _centred(scope, _of_tensor(c.node))]
+        # taken under ``if self.training:``, or before the flag picks (Dive-into-DL's homework ``batch_norm(X, ...,
+        # is_training)``); or a forward that always normalises by the batch's variance (a homework's ``MyBN``: set 29)
         stat = next((c for c in over if any("training" in t for t in c.tests)), centred[0] if centred else None) \
             if _training(scope) else None
-        if stat is None and scope.name.endswith(".forward"):  # (and the tensor centred by it, ``x - m``: not a
-            # statistics pooling over time, ``torch.cat([h.mean(0), h.std(0)], 1)``, nor a parameter's spread)
-            stat = next((c for c in over if c.last in SPREAD and _centred(scope, _of_tensor(c.node))), None)
+        if stat is None and scope.name.endswith(".forward"):
+            stat = next((c for c in centred if c.last in SPREAD), None)
         if stat is None:
             continue
         work.leave(stat.line, f"statistics over the batch ({work.facts.code(stat.node)}) in {scope.name}(), a "

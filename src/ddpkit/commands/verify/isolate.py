@@ -33,8 +33,9 @@ import zipfile
 
 # folders no training run writes a file of its own to, or whose files come and go on their own
 SKIP = {".git", "__pycache__", ".venv", "venv", "env", "site-packages", "node_modules", ".ipynb_checkpoints"}
-# the temporary folders of verify's runs, this one's and another verify's beside it (a script in /tmp: set 29's
-# measurers saw one verify remove another's weights, which then said "the script prepared no model")
+# the temporary folders of verify's runs (command.py names them so), this one's and another verify's beside it: a
+# script in /tmp saw its own weights removed, and set 29's measurers one verify remove another's, which then said
+# "the script prepared no model"
 OWN = "ddpkit-verify-"
 LIMIT = 20000  # a tree of more files is no project folder (a home directory, a dataset): nothing is listed
 
@@ -48,9 +49,6 @@ class Listing:
     folders: set[str]
     started: int  # time.time_ns() at the listing: only what is newer is removed
     complete: bool  # False: more than LIMIT files, nothing is removed
-    # folders never entered: verify's own temporary folder, where a script in /tmp has its root above it (its
-    # weights, written by the run, are no checkpoint of the script's: set 29 saw them removed)
-    skip: frozenset[str] = frozenset()
 
 
 # a file's modification time comes from the kernel's coarse clock, up to a tick (<= 10 ms) behind time.time_ns():
@@ -58,22 +56,21 @@ class Listing:
 COARSE_NS = 100_000_000
 
 
-def listing(roots: list[str], skip: tuple[str, ...] = ()) -> Listing:
-    """Every file and folder under ``roots`` (each root once; the skipped folders, and ``skip``, not entered)."""
+def listing(roots: list[str]) -> Listing:
+    """Every file and folder under ``roots`` (each root once; the skipped folders not entered)."""
     started = time.time_ns()
     files: dict[str, tuple[int, int]] = {}
     folders: set[str] = set()
     real = sorted({os.path.realpath(r) for r in roots if os.path.isdir(r)})
     unique = [r for r in real if not any(r.startswith(other.rstrip(os.sep) + os.sep) for other in real)]
-    skipped = frozenset(os.path.realpath(s) for s in skip)
-    for path, is_dir, stat in _walk(unique, skipped):
+    for path, is_dir, stat in _walk(unique):
         if len(files) > LIMIT:
-            return Listing(unique, {}, set(), started, False, skipped)
+            return Listing(unique, {}, set(), started, False)
         if is_dir:
             folders.add(path)
         elif stat is not None:
             files[path] = (stat.st_size, stat.st_mtime_ns)
-    return Listing(unique, files, folders, started, True, skipped)
+    return Listing(unique, files, folders, started, True)
 
 
 def undo(before: Listing) -> tuple[list[str], list[str]]:
@@ -82,7 +79,7 @@ def undo(before: Listing) -> tuple[list[str], list[str]]:
     if not before.complete:
         return [], []
     changed, made, removed = [], [], []
-    for path, is_dir, stat in _walk(before.roots, before.skip):
+    for path, is_dir, stat in _walk(before.roots):
         if is_dir:
             if path not in before.folders:
                 made.append(path)
@@ -102,13 +99,12 @@ def undo(before: Listing) -> tuple[list[str], list[str]]:
     return removed, changed
 
 
-def _walk(roots: list[str], skip: frozenset[str] = frozenset()):
-    """(path, is a folder, its stat or None) under ``roots``, not under ``skip``; links are not followed (nor
-    removed as folders)."""
+def _walk(roots: list[str]):
+    """(path, is a folder, its stat or None) under ``roots``; links are not followed (nor removed as folders)."""
     for root in roots:
         for folder, dirs, names in os.walk(root):
             dirs[:] = [d for d in dirs if d not in SKIP and not d.startswith(OWN) and
-                       not os.path.islink(os.path.join(folder, d)) and os.path.join(folder, d) not in skip]
+                       not os.path.islink(os.path.join(folder, d))]
             for d in dirs:
                 yield os.path.join(folder, d), True, None
             for name in names:

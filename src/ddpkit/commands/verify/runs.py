@@ -51,9 +51,7 @@ def run(script: str, run: str, nproc: int, cmd: list[str], env: dict[str, str], 
     """One of verify's runs; its failure is one line naming the script's line (the temporary log goes away). What
     it writes under the working directory and the script's folder is removed after it (:mod:`.isolate`): the next
     run does not resume from its checkpoint."""
-    out = env.get(contract.VERIFY_OUT.name, "")
-    before = isolate.listing([os.getcwd(), os.path.dirname(os.path.abspath(script))],
-                             skip=(os.path.dirname(out),) if out else ())
+    before = isolate.listing([os.getcwd(), os.path.dirname(os.path.abspath(script))])
     try:
         run_logged(cmd, env, log)
     except ScriptFailed:
