@@ -57,10 +57,13 @@ def loss_methods(work: _Work) -> dict[str, list[str]]:
                 if owner in models and method not in found.get(owner, []) and held is None:
                     found.setdefault(owner, []).append(method)
                     work.note(f"{owner}.{method}(...) makes the loss: forward_methods=({method!r},) given to "
-                              f"the wrap of {owner}", "it then runs as DDP's forward and its gradients are averaged "
-                              "(a method called on the module alone runs outside DDP)", line)
+                              f"the wrap of {owner}", NAMED, line)
     _called_elsewhere(work, found)
     return found
+
+
+NAMED = "it then runs as DDP's forward and its gradients are averaged (a method called on the module alone runs " \
+    "outside DDP)"
 
 
 def _called_elsewhere(work: _Work, found: dict[str, list[str]]) -> None:
@@ -72,17 +75,15 @@ def _called_elsewhere(work: _Work, found: dict[str, list[str]]) -> None:
         return
     for b in work.models:
         cls = _class_of(work, b.target)
-        for name in work.facts.scopes:
-            method = name.rsplit(".", 1)[-1]
-            # (one that runs ``self(x)`` too: called on the wrapper, it reaches the module's forward outside DDP's;
-            # named, DDP's forward runs it: review 45)
-            if cls is None or name != f"{cls}.{method}" or method not in elsewhere or \
-                    not any(w in method.lower() for w in LOSS_NAMES) or method in found.get(b.target, []):
-                continue
-            found.setdefault(b.target, []).append(method)
-            work.note(f"{b.target}.{method}(...) makes the loss in another file: forward_methods=({method!r},) given "
-                      f"to the wrap of {b.target}", "it then runs as DDP's forward and its gradients are averaged "
-                      "(a method called on the module alone runs outside DDP)", b.line)
+        # (one that runs ``self(x)`` too: called on the wrapper, it reaches the module's forward outside DDP's;
+        # named, DDP's forward runs it: review 45)
+        methods = [n.rsplit(".", 1)[-1] for n in work.facts.scopes if cls is not None and n.rpartition(".")[0] == cls]
+        for method in methods:
+            if method in elsewhere and any(w in method.lower() for w in LOSS_NAMES) and \
+                    method not in found.get(b.target, []):
+                found.setdefault(b.target, []).append(method)
+                work.note(f"{b.target}.{method}(...) makes the loss in another file: forward_methods=({method!r},) "
+                          f"given to the wrap of {b.target}", NAMED, b.line)
 
 
 def forward_called(work: _Work) -> None:
